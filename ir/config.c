@@ -1,0 +1,177 @@
+/* ir/config.c: the training settings. One table of keys serves the `train` section of a
+ * .fsm file and the `--key value` flags of fsc, so both accept the same spellings and
+ * give the same messages. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+
+static const char *const SHARDS[SHARD_COUNT] = {"none", "ddp", "zero1", "zero2", "fsdp"};
+static const char *const PRECS[PREC_COUNT] = {"fp32", "fp16", "bf16"};
+static const char *const OPTIMS[OPTIM_COUNT] = {"sgd", "adamw"};
+static const char *const OFFLOADS[OFFLOAD_COUNT] = {"none", "optimizer", "params"};
+static const char *const SCHEDS[SCHED_COUNT] = {"gpipe", "1f1b"};
+static const char *const LR_SCHEDS[LR_COUNT] = {"constant", "cosine"};
+
+const char *shard_name(ShardKind s) { return (unsigned)s < SHARD_COUNT ? SHARDS[s] : "?"; }
+const char *precision_name(Precision p) { return (unsigned)p < PREC_COUNT ? PRECS[p] : "?"; }
+const char *optim_name(OptimKind o) { return (unsigned)o < OPTIM_COUNT ? OPTIMS[o] : "?"; }
+const char *offload_name(OffloadKind o) { return (unsigned)o < OFFLOAD_COUNT ? OFFLOADS[o] : "?"; }
+const char *sched_name(PipeSchedule s) { return (unsigned)s < SCHED_COUNT ? SCHEDS[s] : "?"; }
+const char *lr_schedule_name(LrSchedule s) { return (unsigned)s < LR_COUNT ? LR_SCHEDS[s] : "?"; }
+
+void config_default(TrainConfig *c)
+{
+    *c = (TrainConfig){
+        .optimizer = OPTIM_ADAMW, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+        .weight_decay = 0.0, .momentum = 0.0, .clip = 0.0, .lr_schedule = LR_CONSTANT,
+        .warmup = 0, .min_lr = 0.0, .steps = 1000, .precision = PREC_FP32,
+        .reduce_dtype = PREC_FP32, .shard = SHARD_NONE, .reshard_after_forward = 1, .world = 1,
+        .stages = 1, .microbatches = 1, .schedule = SCHED_1F1B, .offload = OFFLOAD_NONE,
+        .seed = 1234,
+    };
+    strcpy(c->recompute, "none");
+}
+
+typedef enum { K_F64, K_INT, K_ENUM, K_TEXT, K_SEED } KeyType;
+
+typedef struct {
+    ConfigKey key;
+    KeyType type;
+    size_t offset;                /* into TrainConfig */
+    double lo, hi;                /* accepted range, inclusive (K_F64, K_INT) */
+    const char *const *names;     /* K_ENUM: accepted spellings, index = enum value */
+    int n_names;
+} KeyDef;
+
+#define F64(k, field, lo, hi, help) {{k, help}, K_F64, offsetof(TrainConfig, field), lo, hi, NULL, 0}
+#define INT(k, field, lo, hi, help) {{k, help}, K_INT, offsetof(TrainConfig, field), lo, hi, NULL, 0}
+#define ENUM(k, field, names, help) {{k, help}, K_ENUM, offsetof(TrainConfig, field), 0, 0, names, sizeof names / sizeof *names}
+
+static const KeyDef KEYS[] = {
+    ENUM("optimizer", optimizer, OPTIMS, "adamw or sgd"),
+    F64("lr", lr, 0, 1e3, "peak learning rate"),
+    F64("beta1", beta1, 0, 0.999999, "AdamW beta1"),
+    F64("beta2", beta2, 0, 0.999999999, "AdamW beta2"),
+    F64("eps", eps, 0, 1, "AdamW epsilon (outside the square root)"),
+    F64("weight_decay", weight_decay, 0, 10, "decoupled weight decay (AdamW), L2 (SGD)"),
+    F64("momentum", momentum, 0, 0.999999, "SGD momentum"),
+    F64("clip", clip, 0, 1e9, "clip gradients to this global norm; 0: off"),
+    ENUM("lr_schedule", lr_schedule, LR_SCHEDS, "constant or cosine (after warmup)"),
+    INT("warmup", warmup, 0, 1e9, "steps of linear learning-rate warmup"),
+    F64("min_lr", min_lr, 0, 1e3, "learning rate at the end of the cosine decay"),
+    INT("steps", steps, 1, 1e9, "length of the learning-rate schedule"),
+    ENUM("precision", precision, PRECS, "fp32, fp16 or bf16"),
+    ENUM("reduce_dtype", reduce_dtype, PRECS, "dtype gradients are reduced in"),
+    ENUM("shard", shard, SHARDS, "none, ddp, zero1 (oss), zero2 (sdp), fsdp (zero3)"),
+    INT("reshard_after_forward", reshard_after_forward, 0, 1, "fsdp: free gathered params after forward (1) or keep them (0)"),
+    INT("world", world, 1, 1 << 20, "number of ranks"),
+    {{"recompute", "none, all, or layer names (A,B)"}, K_TEXT, offsetof(TrainConfig, recompute), 0, 0, NULL, 0},
+    INT("stages", stages, 1, 1024, "pipeline stages"),
+    INT("microbatches", microbatches, 1, 1 << 16, "pipeline micro-batches per step"),
+    ENUM("schedule", schedule, SCHEDS, "pipeline schedule: gpipe or 1f1b"),
+    ENUM("offload", offload, OFFLOADS, "none, optimizer, or params (+ fp32 master weights)"),
+    {{"seed", "seed of parameter init and data order"}, K_SEED, offsetof(TrainConfig, seed), 0, 0, NULL, 0},
+};
+enum { N_KEYS = sizeof KEYS / sizeof *KEYS };
+
+/* FairScale's and DeepSpeed's names for the same strategies. */
+static const struct { const char *alias, *name; } ALIASES[] = {
+    {"oss", "zero1"}, {"sdp", "zero2"}, {"zero3", "fsdp"}, {"float32", "fp32"},
+    {"float16", "fp16"}, {"bfloat16", "bf16"}, {"1F1B", "1f1b"},
+};
+
+const ConfigKey *config_keys(int *n)
+{
+    static ConfigKey keys[N_KEYS];
+    for (int i = 0; i < N_KEYS; i++) keys[i] = KEYS[i].key;
+    *n = N_KEYS;
+    return keys;
+}
+
+static int set_enum(const KeyDef *k, int *field, const char *value, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < sizeof ALIASES / sizeof *ALIASES; i++)
+        if (!strcmp(value, ALIASES[i].alias)) value = ALIASES[i].name;
+    for (int i = 0; i < k->n_names; i++)
+        if (!strcmp(value, k->names[i])) {
+            *field = i;
+            return 0;
+        }
+    char list[160] = "";
+    for (int i = 0; i < k->n_names; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", k->names[i]);
+    const char *near = diag_closest(value, k->names, k->n_names);
+    snprintf(err, errlen, "%s: unknown value '%s'%s%s%s (expected one of: %s)", k->key.key, value,
+             near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "", list);
+    return -1;
+}
+
+static int set_number(const KeyDef *k, TrainConfig *c, const char *value, char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(value, &end);
+    if (end == value || *end || errno || !isfinite(x)) {
+        snprintf(err, errlen, "%s: expected a number, got '%s'", k->key.key, value);
+        return -1;
+    }
+    if (k->type == K_INT && x != floor(x)) {
+        snprintf(err, errlen, "%s: expected an integer, got '%s'", k->key.key, value);
+        return -1;
+    }
+    if (x < k->lo || x > k->hi) {
+        snprintf(err, errlen, "%s: %s is out of range [%g, %g]", k->key.key, value, k->lo, k->hi);
+        return -1;
+    }
+    void *field = (char *)c + k->offset;
+    if (k->type == K_INT)
+        *(int *)field = (int)x;
+    else
+        *(double *)field = x;
+    return 0;
+}
+
+int config_set(TrainConfig *c, const char *key, const char *value, char *err, size_t errlen)
+{
+    const KeyDef *k = NULL;
+    for (int i = 0; i < N_KEYS; i++)
+        if (!strcmp(key, KEYS[i].key.key)) k = &KEYS[i];
+    if (!k) {
+        const char *names[N_KEYS];
+        for (int i = 0; i < N_KEYS; i++) names[i] = KEYS[i].key.key;
+        const char *near = diag_closest(key, names, N_KEYS);
+        snprintf(err, errlen, "unknown setting '%s'%s%s%s", key, near ? "; did you mean '" : "",
+                 near ? near : "", near ? "'?" : "");
+        return -1;
+    }
+    void *field = (char *)c + k->offset;
+    switch (k->type) {
+    case K_ENUM:
+        return set_enum(k, field, value, err, errlen);
+    case K_F64:
+    case K_INT:
+        return set_number(k, c, value, err, errlen);
+    case K_SEED: {
+        char *end;
+        errno = 0;
+        unsigned long long s = strtoull(value, &end, 10);
+        if (end == value || *end || errno || value[0] == '-') {
+            snprintf(err, errlen, "seed: expected a non-negative integer, got '%s'", value);
+            return -1;
+        }
+        c->seed = s;
+        return 0;
+    }
+    case K_TEXT:
+        if (strlen(value) >= sizeof c->recompute || !*value) {
+            snprintf(err, errlen, "%s: value must be 1 to %zu characters", key, sizeof c->recompute - 1);
+            return -1;
+        }
+        strcpy(field, value);
+        return 0;
+    }
+    return -1;
+}

@@ -1,0 +1,89 @@
+/* ir/flops.c: forward FLOPs of every op (flops_NAME, one per ops.def row).
+ *
+ * Conventions, so that numbers can be checked by hand:
+ *  - a multiply-add is 2 FLOPs: matmul is 2*M*N*K per batch item;
+ *  - every scalar add, multiply, compare, divide or transcendental function (exp, log,
+ *    sqrt, tanh) counts 1; the per-element constants below follow from each op's formula;
+ *  - attention counts its two matmuls only, in full: 2*T*S*D + 2*T*S*Dv per batch item
+ *    (4*T*S*D when Dv == D). A causal mask does not halve it and the softmax is not
+ *    added, the convention of the usual MFU arithmetic;
+ *  - moving elements (views, layout ops, gathers, constants) costs 0.
+ * Backward FLOPs are the backward nodes' own forward counts; nothing here is doubled.
+ *
+ * Where it sits: the cost model (pipeline balancing) and reports sum these per node.
+ */
+#include "ir.h"
+
+/* Scalar operations per element of each formula. */
+enum {
+    SIGMOID_FLOPS = 4,    // 1 / (1 + exp(-x)): neg, exp, add, div
+    SILU_FLOPS = 5,       // x * sigmoid(x)
+    GELU_FLOPS = 9,       // 0.5 x (1 + tanh(k (x + 0.044715 x^3))): 3 mul for x^3 and its
+                          // factor, add, mul by k, tanh, add 1, two muls
+    MEAN_FLOPS = 1,       // add; the divide is per output element
+    SOFTMAX_FLOPS = 5,    // max, sub, exp, sum, div
+    LAYERNORM_FLOPS = 7,  // sum, sub, square, sum, mul by rstd, mul w, add b
+    RMSNORM_FLOPS = 4,    // square, sum, mul by rstd, mul w
+    XENT_FLOPS = 4,       // max, sub, exp, sum (the log and pick are per row)
+    ROPE_FLOPS = 3,       // x * cos + rotate_half(x) * sin, tables precomputed
+};
+
+static double in_numel(const Graph *g, const Node *n, int i) { return (double)ir_numel(ir_value(g, ir_in(g, n, i))); }
+static double out_numel(const Graph *g, const Node *n) { return (double)ir_numel(ir_value(g, ir_out(g, n, 0))); }
+
+/* 2 * (output elements) * K, K the contracted dim: this is 2*M*N*K*batch for every form
+ * of torch.matmul, 1-D operands included. */
+double flops_matmul(const Graph *g, const Node *n)
+{
+    const Value *a = ir_value(g, ir_in(g, n, 0));
+    return 2.0 * out_numel(g, n) * (double)a->shape[a->rank - 1];
+}
+
+double flops_add(const Graph *g, const Node *n) { return out_numel(g, n); }
+double flops_sub(const Graph *g, const Node *n) { return out_numel(g, n); }
+double flops_mul(const Graph *g, const Node *n) { return out_numel(g, n); }
+double flops_div(const Graph *g, const Node *n) { return out_numel(g, n); }
+double flops_neg(const Graph *g, const Node *n) { return out_numel(g, n); }
+double flops_exp(const Graph *g, const Node *n) { return out_numel(g, n); }
+double flops_log(const Graph *g, const Node *n) { return out_numel(g, n); }
+double flops_sqrt(const Graph *g, const Node *n) { return out_numel(g, n); }
+double flops_rsqrt(const Graph *g, const Node *n) { return out_numel(g, n); }
+double flops_tanh(const Graph *g, const Node *n) { return out_numel(g, n); }
+double flops_sigmoid(const Graph *g, const Node *n) { return SIGMOID_FLOPS * out_numel(g, n); }
+double flops_relu(const Graph *g, const Node *n) { return out_numel(g, n); }
+double flops_gelu(const Graph *g, const Node *n) { return GELU_FLOPS * out_numel(g, n); }
+double flops_silu(const Graph *g, const Node *n) { return SILU_FLOPS * out_numel(g, n); }
+
+double flops_sum(const Graph *g, const Node *n) { return in_numel(g, n, 0); }
+double flops_mean(const Graph *g, const Node *n) { return MEAN_FLOPS * in_numel(g, n, 0) + out_numel(g, n); }
+double flops_max(const Graph *g, const Node *n) { return in_numel(g, n, 0); }
+double flops_softmax(const Graph *g, const Node *n) { return SOFTMAX_FLOPS * in_numel(g, n, 0); }
+double flops_layernorm(const Graph *g, const Node *n) { return LAYERNORM_FLOPS * in_numel(g, n, 0); }
+double flops_rmsnorm(const Graph *g, const Node *n) { return RMSNORM_FLOPS * in_numel(g, n, 0); }
+double flops_embedding(const Graph *g, const Node *n) { return 0; }
+double flops_cross_entropy(const Graph *g, const Node *n) { return XENT_FLOPS * in_numel(g, n, 0); }
+
+double flops_reshape(const Graph *g, const Node *n) { return 0; }
+double flops_transpose(const Graph *g, const Node *n) { return 0; }
+double flops_permute(const Graph *g, const Node *n) { return 0; }
+double flops_split(const Graph *g, const Node *n) { return 0; }
+double flops_concat(const Graph *g, const Node *n) { return 0; }
+double flops_heads(const Graph *g, const Node *n) { return 0; }
+double flops_merge_heads(const Graph *g, const Node *n) { return 0; }
+
+double flops_rope(const Graph *g, const Node *n) { return ROPE_FLOPS * in_numel(g, n, 0); }
+
+/* q (..., T, D), k (..., S, D), v (..., S, Dv): QK^T then PV, both in full. */
+double flops_attention(const Graph *g, const Node *n)
+{
+    const Value *q = ir_value(g, ir_in(g, n, 0)), *k = ir_value(g, ir_in(g, n, 1)), *v = ir_value(g, ir_in(g, n, 2));
+    int r = q->rank;
+    double batch = 1;
+    for (int d = 0; d < r - 2; d++) batch *= (double)q->shape[d];
+    double T = (double)q->shape[r - 2], S = (double)k->shape[r - 2];
+    double D = (double)q->shape[r - 1], Dv = (double)v->shape[r - 1];
+    return batch * 2.0 * T * S * (D + Dv);
+}
+
+double flops_arange(const Graph *g, const Node *n) { return 0; }
+double flops_scalar(const Graph *g, const Node *n) { return 0; }

@@ -1,0 +1,182 @@
+/* ir/graph.c: building and reading a Graph. All arrays grow inside the graph's arena.
+ * ir_node_add is the one way nodes are made: it runs the op's shape rule, so every node
+ * in a graph has typed, shaped outputs, and a failed rule leaves the graph untouched. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include "ir.h"
+
+#define GROW(g, arr, n, cap, need) ((g)->arr = arena_grow((g)->arena, (g)->arr, &(g)->cap, (need), sizeof *(g)->arr))
+
+Graph *ir_graph_new(const char *model)
+{
+    Arena *a = arena_new();
+    Graph *g = arena_alloc(a, sizeof *g);
+    g->arena = a;
+    g->model = arena_strdup(a, model ? model : "model");
+    return g;
+}
+
+void ir_graph_free(Graph *g)
+{
+    if (g) arena_free(g->arena);
+}
+
+int ir_value_add(Graph *g, const Value *v)
+{
+    GROW(g, values, n_values, cap_values, g->n_values + 1);
+    Value *nv = &g->values[g->n_values];
+    *nv = *v;
+    if (v->name) nv->name = arena_strdup(g->arena, v->name);
+    return g->n_values++;
+}
+
+int ir_block_add(Graph *g, const char *name, const char *layer, int index)
+{
+    GROW(g, blocks, n_blocks, cap_blocks, g->n_blocks + 1);
+    g->blocks[g->n_blocks] = (Block){arena_strdup(g->arena, name), arena_strdup(g->arena, layer), index};
+    return g->n_blocks++;
+}
+
+void ir_output_add(Graph *g, int value)
+{
+    FS_ASSERT(value >= 0 && value < g->n_values);
+    GROW(g, outputs, n_outputs, cap_outputs, g->n_outputs + 1);
+    g->outputs[g->n_outputs++] = value;
+}
+
+/* Appends the attributes; an ATTR_INTS list moves from the caller's Attr.ints into
+ * g->ints, and Attr.list becomes its offset there. */
+static int add_attrs(Graph *g, const Attr *attrs, int n)
+{
+    int start = g->n_attrs;
+    GROW(g, attrs, n_attrs, cap_attrs, g->n_attrs + n);
+    for (int i = 0; i < n; i++) {
+        Attr a = attrs[i];
+        a.key = arena_strdup(g->arena, a.key);
+        if (a.kind == ATTR_INTS) {
+            GROW(g, ints, n_ints, cap_ints, g->n_ints + a.n_list);
+            if (a.n_list) memcpy(&g->ints[g->n_ints], a.ints, sizeof(int64_t) * (size_t)a.n_list);
+            a.list = g->n_ints;
+            a.ints = NULL;
+            g->n_ints += a.n_list;
+        }
+        g->attrs[g->n_attrs++] = a;
+    }
+    return start;
+}
+
+int ir_node_add(Graph *g, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr,
+                int block, Phase phase, Loc loc, char *err, size_t errlen)
+{
+    const OpInfo *info = op_info(op);
+    FS_ASSERT(n_in >= 0 && n_in <= IR_MAX_IN);
+    FS_ASSERT(info->n_tensors < 0 || info->n_tensors == n_in);
+    /* Remember the sizes so a failed shape rule can roll everything back. */
+    int n_attrs0 = g->n_attrs, n_ints0 = g->n_ints, n_ids0 = g->n_ids;
+
+    GROW(g, nodes, n_nodes, cap_nodes, g->n_nodes + 1);
+    Node *n = &g->nodes[g->n_nodes];
+    *n = (Node){.op = op, .block = block, .phase = phase, .loc = loc};
+    n->attr = add_attrs(g, attrs, n_attr);
+    n->n_attr = n_attr;
+    GROW(g, ids, n_ids, cap_ids, g->n_ids + n_in);
+    n->in = g->n_ids;
+    n->n_in = n_in;
+    for (int i = 0; i < n_in; i++) {
+        FS_ASSERT(in[i] >= 0 && in[i] < g->n_values);
+        g->ids[g->n_ids++] = in[i];
+    }
+
+    ShapeCtx c = {.g = g, .node = n, .n_in = n_in, .n_out = info->n_out, .err = err, .errlen = errlen};
+    for (int i = 0; i < n_in; i++) c.in[i] = &g->values[in[i]];
+    if (info->shape(&c) != 0) {
+        g->n_attrs = n_attrs0, g->n_ints = n_ints0, g->n_ids = n_ids0;
+        return -1;
+    }
+    FS_ASSERT(c.n_out >= 1 && c.n_out <= IR_MAX_OUT);
+
+    int id = g->n_nodes++;
+    GROW(g, ids, n_ids, cap_ids, g->n_ids + c.n_out);
+    n = &g->nodes[id];
+    n->out = g->n_ids;
+    n->n_out = c.n_out;
+    for (int i = 0; i < c.n_out; i++) {
+        Value v = c.out[i];
+        v.role = ROLE_ACT;
+        v.block = block;
+        v.place = PLACE_DEVICE;
+        v.name = NULL;
+        v.loc = loc;
+        v.producer = id;
+        v.init = INIT_NONE;
+        v.tied_to = -1;
+        g->ids[g->n_ids++] = ir_value_add(g, &v);
+    }
+    return id;
+}
+
+static const Attr *find_attr(const Graph *g, const Node *n, const char *key)
+{
+    for (int i = 0; i < n->n_attr; i++)
+        if (!strcmp(g->attrs[n->attr + i].key, key)) return &g->attrs[n->attr + i];
+    return NULL;
+}
+
+int64_t ir_attr_int(const Graph *g, const Node *n, const char *key, int64_t def)
+{
+    const Attr *a = find_attr(g, n, key);
+    return a && a->kind == ATTR_INT ? a->i : a && a->kind == ATTR_FLOAT ? (int64_t)a->f : def;
+}
+
+double ir_attr_float(const Graph *g, const Node *n, const char *key, double def)
+{
+    const Attr *a = find_attr(g, n, key);
+    return a && a->kind == ATTR_FLOAT ? a->f : a && a->kind == ATTR_INT ? (double)a->i : def;
+}
+
+const int64_t *ir_attr_ints(const Graph *g, const Node *n, const char *key, int *len)
+{
+    const Attr *a = find_attr(g, n, key);
+    if (!a || a->kind != ATTR_INTS) {
+        *len = 0;
+        return NULL;
+    }
+    *len = a->n_list;
+    return &g->ints[a->list];
+}
+
+int64_t ir_numel(const Value *v)
+{
+    int64_t n = 1;
+    for (int i = 0; i < v->rank; i++) n *= v->shape[i];
+    return n;
+}
+
+int64_t ir_nbytes(const Value *v) { return ir_numel(v) * dtype_size(v->dtype); }
+
+char *ir_shape_str(const Value *v, char *buf, size_t len)
+{
+    size_t at = 0;
+    at += (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < v->rank && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%" PRId64, i ? ", " : "", v->shape[i]);
+    if (at < len) snprintf(buf + at, len - at, "]");
+    return buf;
+}
+
+char *ir_type_str(const Value *v, char *buf, size_t len)
+{
+    char shape[160];
+    snprintf(buf, len, "%s%s", dtype_name(v->dtype), ir_shape_str(v, shape, sizeof shape));
+    return buf;
+}
+
+int64_t ir_param_count(const Graph *g)
+{
+    int64_t n = 0;
+    for (int i = 0; i < g->n_values; i++)
+        if (g->values[i].role == ROLE_PARAM && g->values[i].tied_to < 0) n += ir_numel(&g->values[i]);
+    return n;
+}

@@ -1,0 +1,327 @@
+/* ir/ir.h: the intermediate representation, and what every layer above it shares.
+ *
+ * One Graph per compilation. Values and nodes live in arrays and refer to each other by
+ * integer id, never by pointer, so a graph prints, verifies and serializes without
+ * fix-ups. Everything a graph owns (its arrays, names, attribute lists) comes from its
+ * Arena and is freed at once by ir_graph_free.
+ *
+ * Where it sits: frontend (lower) builds a Graph; passes rewrite it; codegen turns it
+ * into a plan. This header is grouped by the file that defines each declaration.
+ */
+#ifndef FS_IR_H
+#define FS_IR_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define FS_VERSION "0.1.0"
+
+/* ---- ir/arena.c: one allocation region per compilation, freed at once ---------- */
+
+typedef struct Arena Arena;
+Arena *arena_new(void);
+void arena_free(Arena *a);
+/* Zeroed memory; aborts the process with a message when the system is out of memory
+ * (a compiler has nothing to save). */
+void *arena_alloc(Arena *a, size_t n);
+char *arena_strdup(Arena *a, const char *s);
+char *arena_strndup(Arena *a, const char *s, size_t n);
+char *arena_printf(Arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Grows an array kept in the arena to hold at least `need` items of `size` bytes;
+ * `*cap` is its capacity in items. The old block is abandoned, not freed. */
+void *arena_grow(Arena *a, void *p, int *cap, int need, size_t size);
+
+/* ---- ir/diag.c: user-facing diagnostics, gcc style ------------------------------ */
+
+/* A source span: 1-based line and column, length in bytes. line == 0: no location. */
+typedef struct {
+    int line, col, len;
+} Loc;
+
+enum { DIAG_MAX_ERRORS = 20 };
+
+typedef struct Diag {
+    const char *file;  // name printed before each message
+    const char *src;   // source text, for the quoted line; may be NULL
+    size_t src_len;
+    FILE *out;         // where messages go (stderr in the tools, a memstream in tests)
+    int n_errors, n_warnings;
+    int stopped;       // DIAG_MAX_ERRORS reached: further errors are dropped
+} Diag;
+
+void diag_init(Diag *d, const char *file, const char *src, size_t src_len, FILE *out);
+/* `file:line:col: error: msg`, then the source line and a caret under the span. */
+void diag_error(Diag *d, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void diag_warning(Diag *d, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void diag_note(Diag *d, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void diag_verror(Diag *d, Loc loc, const char *fmt, va_list ap);
+/* The closest of `n` candidates to `name` by edit distance, or NULL if none is close. */
+const char *diag_closest(const char *name, const char *const *cands, int n);
+
+/* Internal errors: a broken invariant of the compiler itself, never a user error. */
+#define FS_ASSERT(c)                                                                     \
+    do {                                                                                 \
+        if (!(c)) fs_internal_error(__FILE__, __LINE__, #c);                             \
+    } while (0)
+_Noreturn void fs_internal_error(const char *file, int line, const char *what);
+
+/* ---- ir/types.c: dtypes, roles, placements, phases -------------------------------- */
+
+typedef enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_COUNT } DType;
+typedef enum {
+    ROLE_INPUT,      // a batch from the data loader
+    ROLE_PARAM,      // a trainable weight
+    ROLE_GRAD,       // gradient of a param
+    ROLE_ACT,        // an activation or other intermediate
+    ROLE_OPT_STATE,  // optimizer state (AdamW m, v; SGD momentum)
+    ROLE_MASTER,     // fp32 master copy of a low-precision param
+    ROLE_COMM,       // a buffer a collective reads or writes
+    ROLE_SCRATCH,    // op workspace
+    ROLE_CONST,      // a compile-time constant (scalar, arange)
+    ROLE_COUNT
+} Role;
+typedef enum { PLACE_DEVICE, PLACE_HOST, PLACE_COUNT } Placement;
+typedef enum { PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE, PHASE_OPTIMIZER, PHASE_COMM, PHASE_COUNT } Phase;
+typedef enum { INIT_NONE, INIT_ZEROS, INIT_ONES, INIT_NORMAL, INIT_UNIFORM, INIT_COUNT } InitKind;
+
+const char *dtype_name(DType t);    // "f32", "f16", "bf16", "i32"
+int dtype_size(DType t);            // bytes per element
+int dtype_is_float(DType t);
+int dtype_parse(const char *s, DType *out);  // 0 on success
+const char *role_name(Role r);      // "input", "param", ...
+const char *placement_name(Placement p);
+const char *phase_name(Phase p);
+const char *init_name(InitKind k);  // "zeros", "ones", "normal", "uniform"
+
+/* ---- ir/ops.c: the op table, generated from ir/ops.def ---------------------------- */
+
+enum { OPF_ELEMWISE = 1, OPF_REDUCE = 2, OPF_VIEW = 4, OPF_LAYOUT = 8, OPF_HIDDEN = 16 };
+
+typedef enum {
+#define OP(name, n_out, flags, sig) OP_##name,
+#include "ops.def"
+#undef OP
+    OP_COUNT
+} OpKind;
+
+#define IR_MAX_RANK 6
+#define IR_MAX_IN 16
+#define IR_MAX_OUT 16
+#define IR_MAX_PARAMS 8  // parameters in one op signature
+
+typedef enum { ARG_TENSOR, ARG_TENSORS, ARG_INT, ARG_FLOAT, ARG_INTS, ARG_FLAG } ArgKind;
+
+/* One parameter of an op's signature, parsed from its ops.def string. */
+typedef struct {
+    const char *name;
+    ArgKind kind;
+    int has_default;
+    double def;  // the default of an int, float or flag parameter
+} OpParam;
+
+typedef struct ShapeCtx ShapeCtx;
+typedef struct Graph Graph;
+typedef struct Node Node;
+
+typedef struct {
+    const char *name;
+    int n_out;  // -1: decided by the shape rule
+    int flags;
+    const char *sig;
+    OpParam params[IR_MAX_PARAMS];
+    int n_params;
+    int n_tensors;  // tensor parameters; -1 when variadic
+    int (*shape)(ShapeCtx *c);
+    double (*flops)(const Graph *g, const Node *n);
+} OpInfo;
+
+/* The table, indexed by OpKind; signatures parsed on first use. */
+const OpInfo *op_info(OpKind op);
+/* OP_COUNT when no op has that name. */
+OpKind op_lookup(const char *name);
+const char *op_name(OpKind op);
+
+/* ---- ir/graph.c: building and reading the graph ---------------------------------- */
+
+typedef struct {
+    DType dtype;
+    int rank;
+    int64_t shape[IR_MAX_RANK];  // elements along each dim; rank 0 is a scalar
+    Role role;
+    int block;                   // Graph.blocks index, -1 for none (the model's root)
+    Placement place;
+    const char *name;            // params and inputs: their full name ("h.3.attn.w")
+    Loc loc;                     // the source that made it
+    int producer;                // node id, -1 for inputs and params
+    InitKind init;               // params: how they start
+    double init_a, init_b;       // normal: (std, unused); uniform: (low, high)
+    int tied_to;                 // value id of the param this one aliases, or -1
+} Value;
+
+typedef enum { ATTR_INT, ATTR_FLOAT, ATTR_INTS } AttrKind;
+
+typedef struct {
+    const char *key;
+    AttrKind kind;
+    int64_t i;
+    double f;
+    int list, n_list;    // ATTR_INTS: range in Graph.ints (set by ir_node_add)
+    const int64_t *ints; // ATTR_INTS passed to ir_node_add: the n_list items to copy
+} Attr;
+
+struct Node {
+    OpKind op;
+    int block;          // -1 for none
+    Phase phase;
+    Loc loc;
+    int in, n_in;       // range in Graph.ids: input value ids
+    int out, n_out;     // range in Graph.ids: output value ids
+    int attr, n_attr;   // range in Graph.attrs
+};
+
+typedef struct {
+    const char *name;   // "h.3"
+    const char *layer;  // "Block"
+    int index;          // 3
+} Block;
+
+struct Graph {
+    Arena *arena;
+    const char *model;  // the model's name
+    Value *values;
+    int n_values, cap_values;
+    Node *nodes;
+    int n_nodes, cap_nodes;
+    int *ids;
+    int n_ids, cap_ids;
+    Attr *attrs;
+    int n_attrs, cap_attrs;
+    int64_t *ints;
+    int n_ints, cap_ints;
+    Block *blocks;
+    int n_blocks, cap_blocks;
+    int *outputs;       // value ids the step produces; outputs[0] is the loss
+    int n_outputs, cap_outputs;
+};
+
+Graph *ir_graph_new(const char *model);
+void ir_graph_free(Graph *g);
+
+/* Adds a value that no node produces (input, param, const); returns its id. */
+int ir_value_add(Graph *g, const Value *v);
+int ir_block_add(Graph *g, const char *name, const char *layer, int index);
+void ir_output_add(Graph *g, int value);
+
+/* Adds node `op` with inputs `in` and attributes `attrs`, then runs the op's shape rule,
+ * which creates the outputs (role ROLE_ACT, the node's block and loc). Returns the node
+ * id; or -1 with a message in `err` (the graph is then unchanged). */
+int ir_node_add(Graph *g, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr,
+                int block, Phase phase, Loc loc, char *err, size_t errlen);
+
+static inline const Value *ir_value(const Graph *g, int id) { return &g->values[id]; }
+static inline const Node *ir_node(const Graph *g, int id) { return &g->nodes[id]; }
+static inline int ir_in(const Graph *g, const Node *n, int i) { return g->ids[n->in + i]; }
+static inline int ir_out(const Graph *g, const Node *n, int i) { return g->ids[n->out + i]; }
+/* Typed attribute getters; the default when the node has no such key. */
+int64_t ir_attr_int(const Graph *g, const Node *n, const char *key, int64_t def);
+double ir_attr_float(const Graph *g, const Node *n, const char *key, double def);
+/* The list and its length (0 and NULL when absent). */
+const int64_t *ir_attr_ints(const Graph *g, const Node *n, const char *key, int *len);
+
+int64_t ir_numel(const Value *v);
+int64_t ir_nbytes(const Value *v);
+/* "f32[4, 64, 768]" into buf; returns buf. */
+char *ir_type_str(const Value *v, char *buf, size_t len);
+/* "[4, 64, 768]" into buf; returns buf. */
+char *ir_shape_str(const Value *v, char *buf, size_t len);
+/* Trainable parameter elements (tied params counted once). */
+int64_t ir_param_count(const Graph *g);
+
+/* ---- ir/shape.c: shape rules, one per op (shape_NAME, declared via ops.def) ------- */
+
+struct ShapeCtx {
+    const Graph *g;
+    const Node *node;           // attributes are read from it with ir_attr_*
+    const Value *in[IR_MAX_IN];
+    int n_in;
+    Value out[IR_MAX_OUT];      // to fill: dtype, rank, shape
+    int n_out;                  // to set when the op's n_out is -1
+    char *err;
+    size_t errlen;
+};
+/* Formats an error into c->err and returns -1, for `return shape_fail(c, ...)`. */
+int shape_fail(ShapeCtx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define OP(name, n_out, flags, sig) int shape_##name(ShapeCtx *c);
+#include "ops.def"
+#undef OP
+
+/* ---- ir/flops.c: forward FLOP counts, one per op -------------------------------- */
+#define OP(name, n_out, flags, sig) double flops_##name(const Graph *g, const Node *n);
+#include "ops.def"
+#undef OP
+
+/* ---- ir/config.c: training settings, from the `train` section and the command line -- */
+
+typedef enum { SHARD_NONE, SHARD_DDP, SHARD_ZERO1, SHARD_ZERO2, SHARD_FSDP, SHARD_COUNT } ShardKind;
+typedef enum { PREC_FP32, PREC_FP16, PREC_BF16, PREC_COUNT } Precision;
+typedef enum { OPTIM_SGD, OPTIM_ADAMW, OPTIM_COUNT } OptimKind;
+typedef enum { OFFLOAD_NONE, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS, OFFLOAD_COUNT } OffloadKind;
+typedef enum { SCHED_GPIPE, SCHED_1F1B, SCHED_COUNT } PipeSchedule;
+typedef enum { LR_CONSTANT, LR_COSINE, LR_COUNT } LrSchedule;
+
+typedef struct {
+    OptimKind optimizer;
+    double lr, beta1, beta2, eps, weight_decay, momentum;
+    double clip;          // clip grads to this global norm; 0: off
+    LrSchedule lr_schedule;
+    int warmup;           // steps of linear warmup
+    double min_lr;        // cosine decays to this
+    int steps;            // the schedule's length
+    Precision precision;
+    Precision reduce_dtype;  // dtype grads are reduced in
+    ShardKind shard;
+    int reshard_after_forward;
+    int world;
+    char recompute[256];  // "none", "all" or comma-separated layer names
+    int stages, microbatches;
+    PipeSchedule schedule;
+    OffloadKind offload;
+    uint64_t seed;
+} TrainConfig;
+
+typedef struct {
+    const char *key;   // the `train` section's name and the `--key` on the command line
+    const char *help;  // one line, for --help
+} ConfigKey;
+
+void config_default(TrainConfig *c);
+/* Sets `key` from text; on a bad key or value returns -1 with a message (naming the
+ * closest key or the accepted values) in err. */
+int config_set(TrainConfig *c, const char *key, const char *value, char *err, size_t errlen);
+/* The keys config_set accepts, for help text and suggestions. */
+const ConfigKey *config_keys(int *n);
+/* Printable settings: "fsdp", "bf16", ... */
+const char *shard_name(ShardKind s);
+const char *precision_name(Precision p);
+const char *optim_name(OptimKind o);
+const char *offload_name(OffloadKind o);
+const char *sched_name(PipeSchedule s);
+const char *lr_schedule_name(LrSchedule s);
+
+/* ---- ir/verify.c ------------------------------------------------------------------ */
+
+/* Checks every structural invariant (ids in range, each value produced once and before
+ * use, outputs typed as the shape rule says). Returns 0, or -1 after printing what is
+ * broken to `out`. */
+int ir_verify(const Graph *g, FILE *out);
+
+/* ---- ir/print.c and ir/json.c ------------------------------------------------------ */
+
+/* The stable text form of `fsc --emit ir`. */
+void ir_print(const Graph *g, FILE *out);
+/* The same as JSON (`--emit ir-json`); returns 0 or -1. */
+int ir_print_json(const Graph *g, FILE *out);
+
+#endif

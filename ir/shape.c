@@ -1,0 +1,503 @@
+/* ir/shape.c: the shape rule of every op (shape_NAME, one per ops.def row).
+ *
+ * A rule reads its inputs (c->in) and attributes (ir_attr_*), and fills the dtype, rank
+ * and shape of each output in c->out; split also sets c->n_out. On a bad call it returns
+ * shape_fail(c, ...) with a short lowercase message that starts with the op's name and
+ * names every shape involved, e.g.
+ *   matmul: inner dims differ: f32[4, 128] @ f32[256, 64] (128 vs 256)
+ * The semantics are PyTorch's; where PyTorch would promote dtypes we demand equal ones
+ * (a cast is the precision pass's job, not an op's). i32 tensors are indices: they may
+ * be added, subtracted, multiplied, negated and moved around (layout and view ops), and
+ * they feed embedding, cross_entropy and arange; every other op wants floats.
+ *
+ * Where it sits: ir_node_add runs the rule when a node is made, ir_verify re-runs it.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include "ir.h"
+
+#define TYPE(v, buf) ir_type_str((v), (buf), sizeof(buf))
+#define SHAPE(v, buf) ir_shape_str((v), (buf), sizeof(buf))
+
+int shape_fail(ShapeCtx *c, const char *fmt, ...)
+{
+    if (c->err && c->errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->err, c->errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static const char *name_of(const ShapeCtx *c) { return op_name(c->node->op); }
+
+/* ---- helpers every rule shares --------------------------------------------------- */
+
+static int want_inputs(ShapeCtx *c, int n)
+{
+    if (c->n_in != n) return shape_fail(c, "%s: expects %d tensor%s, got %d", name_of(c), n, n == 1 ? "" : "s", c->n_in);
+    return 0;
+}
+
+static int want_float(ShapeCtx *c, const Value *v)
+{
+    char t[192];
+    if (!dtype_is_float(v->dtype)) return shape_fail(c, "%s: expects a float tensor, got %s", name_of(c), TYPE(v, t));
+    return 0;
+}
+
+static int want_rank(ShapeCtx *c, const Value *v, int min)
+{
+    char t[192];
+    if (v->rank < min) return shape_fail(c, "%s: expects a tensor of rank >= %d, got %s", name_of(c), min, TYPE(v, t));
+    return 0;
+}
+
+static int want_same_dtype(ShapeCtx *c, const Value *a, const Value *b)
+{
+    char ta[192], tb[192];
+    if (a->dtype != b->dtype) return shape_fail(c, "%s: dtypes differ: %s and %s", name_of(c), TYPE(a, ta), TYPE(b, tb));
+    return 0;
+}
+
+/* Output ranks can grow past the limit (heads, embedding, reshape). */
+static int want_out_rank(ShapeCtx *c, int rank, const Value *from)
+{
+    char t[192];
+    if (rank > IR_MAX_RANK)
+        return shape_fail(c, "%s: result of rank %d exceeds the limit of %d (from %s)", name_of(c), rank, IR_MAX_RANK, TYPE(from, t));
+    return 0;
+}
+
+/* Normalizes a possibly negative axis of a rank-`rank` tensor into [0, rank). */
+static int norm_axis(ShapeCtx *c, const char *what, int64_t axis, const Value *v, int *out)
+{
+    char t[192];
+    if (axis < -v->rank || axis >= v->rank)
+        return shape_fail(c, "%s: %s %" PRId64 " is out of range for %s (rank %d)", name_of(c), what, axis, TYPE(v, t), v->rank);
+    *out = (int)(axis < 0 ? axis + v->rank : axis);
+    return 0;
+}
+
+static void set_out(ShapeCtx *c, int i, DType dt, int rank, const int64_t *shape)
+{
+    c->out[i].dtype = dt;
+    c->out[i].rank = rank;
+    for (int d = 0; d < rank; d++) c->out[i].shape[d] = shape[d];
+}
+
+static void same_as(ShapeCtx *c, const Value *v) { set_out(c, 0, v->dtype, v->rank, v->shape); }
+
+/* numpy broadcasting of a's and b's shapes into out. */
+static int broadcast(ShapeCtx *c, const Value *a, const Value *b, int64_t *out, int *rout)
+{
+    int ra = a->rank, rb = b->rank, r = ra > rb ? ra : rb;
+    for (int i = 1; i <= r; i++) {
+        int64_t da = i <= ra ? a->shape[ra - i] : 1, db = i <= rb ? b->shape[rb - i] : 1;
+        if (da != db && da != 1 && db != 1) {
+            char sa[160], sb[160];
+            return shape_fail(c, "%s: shapes do not broadcast: %s and %s (dim -%d: %" PRId64 " vs %" PRId64 ")",
+                              name_of(c), SHAPE(a, sa), SHAPE(b, sb), i, da, db);
+        }
+        out[r - i] = da == 1 ? db : da;
+    }
+    *rout = r;
+    return 0;
+}
+
+/* ---- matmul and elementwise ------------------------------------------------------ */
+
+/* torch.matmul: a 1-D operand is a vector (its dim is dropped from the result); for
+ * rank >= 2 the dims before the last two broadcast. */
+int shape_matmul(ShapeCtx *c)
+{
+    if (want_inputs(c, 2)) return -1;
+    const Value *a = c->in[0], *b = c->in[1];
+    char ta[192], tb[192];
+    if (want_rank(c, a, 1) || want_rank(c, b, 1) || want_float(c, a) || want_float(c, b) || want_same_dtype(c, a, b))
+        return -1;
+    int64_t ka = a->shape[a->rank - 1], kb = b->rank == 1 ? b->shape[0] : b->shape[b->rank - 2];
+    if (ka != kb)
+        return shape_fail(c, "matmul: inner dims differ: %s @ %s (%" PRId64 " vs %" PRId64 ")", TYPE(a, ta), TYPE(b, tb), ka, kb);
+    int64_t shape[IR_MAX_RANK];
+    int rank = 0;
+    if (a->rank >= 2 && b->rank >= 2) {
+        int ra = a->rank - 2, rb = b->rank - 2;
+        rank = ra > rb ? ra : rb;
+        for (int i = 1; i <= rank; i++) {
+            int64_t da = i <= ra ? a->shape[ra - i] : 1, db = i <= rb ? b->shape[rb - i] : 1;
+            if (da != db && da != 1 && db != 1)
+                return shape_fail(c, "matmul: batch dims do not broadcast: %s @ %s (dim -%d: %" PRId64 " vs %" PRId64 ")",
+                                  TYPE(a, ta), TYPE(b, tb), i + 2, da, db);
+            shape[rank - i] = da == 1 ? db : da;
+        }
+        shape[rank++] = a->shape[a->rank - 2];
+        shape[rank++] = b->shape[b->rank - 1];
+    } else if (a->rank >= 2) {  // [..., M, K] @ [K]
+        rank = a->rank - 1;
+        memcpy(shape, a->shape, sizeof(int64_t) * (size_t)rank);
+    } else if (b->rank >= 2) {  // [K] @ [..., K, N]
+        rank = b->rank - 1;
+        memcpy(shape, b->shape, sizeof(int64_t) * (size_t)(rank - 1));
+        shape[rank - 1] = b->shape[b->rank - 1];
+    }                           // [K] @ [K]: a scalar
+    set_out(c, 0, a->dtype, rank, shape);
+    return 0;
+}
+
+static int binary(ShapeCtx *c, int ints_ok)
+{
+    if (want_inputs(c, 2)) return -1;
+    const Value *a = c->in[0], *b = c->in[1];
+    if (want_same_dtype(c, a, b)) return -1;
+    if (!ints_ok && (want_float(c, a) || want_float(c, b))) return -1;
+    int64_t shape[IR_MAX_RANK];
+    int rank;
+    if (broadcast(c, a, b, shape, &rank)) return -1;
+    set_out(c, 0, a->dtype, rank, shape);
+    return 0;
+}
+
+int shape_add(ShapeCtx *c) { return binary(c, 1); }
+int shape_sub(ShapeCtx *c) { return binary(c, 1); }
+int shape_mul(ShapeCtx *c) { return binary(c, 1); }
+/* PyTorch's true division of integers yields floats; we do not promote. */
+int shape_div(ShapeCtx *c) { return binary(c, 0); }
+
+static int unary(ShapeCtx *c, int ints_ok)
+{
+    if (want_inputs(c, 1)) return -1;
+    if (!ints_ok && want_float(c, c->in[0])) return -1;
+    same_as(c, c->in[0]);
+    return 0;
+}
+
+int shape_neg(ShapeCtx *c) { return unary(c, 1); }
+int shape_exp(ShapeCtx *c) { return unary(c, 0); }
+int shape_log(ShapeCtx *c) { return unary(c, 0); }
+int shape_sqrt(ShapeCtx *c) { return unary(c, 0); }
+int shape_rsqrt(ShapeCtx *c) { return unary(c, 0); }
+int shape_tanh(ShapeCtx *c) { return unary(c, 0); }
+int shape_sigmoid(ShapeCtx *c) { return unary(c, 0); }
+int shape_relu(ShapeCtx *c) { return unary(c, 0); }
+int shape_gelu(ShapeCtx *c) { return unary(c, 0); }
+int shape_silu(ShapeCtx *c) { return unary(c, 0); }
+
+/* ---- reductions and normalizations ----------------------------------------------- */
+
+static int reduce(ShapeCtx *c)
+{
+    if (want_inputs(c, 1)) return -1;
+    const Value *x = c->in[0];
+    int axis;
+    if (want_float(c, x) || want_rank(c, x, 1) || norm_axis(c, "axis", ir_attr_int(c->g, c->node, "axis", -1), x, &axis))
+        return -1;
+    int keep = ir_attr_int(c->g, c->node, "keepdim", 0) != 0;
+    int64_t shape[IR_MAX_RANK];
+    int rank = 0;
+    for (int d = 0; d < x->rank; d++) {
+        if (d != axis) shape[rank++] = x->shape[d];
+        else if (keep) shape[rank++] = 1;
+    }
+    set_out(c, 0, x->dtype, rank, shape);
+    return 0;
+}
+
+int shape_sum(ShapeCtx *c) { return reduce(c); }
+int shape_mean(ShapeCtx *c) { return reduce(c); }
+int shape_max(ShapeCtx *c) { return reduce(c); }
+
+int shape_softmax(ShapeCtx *c)
+{
+    if (want_inputs(c, 1)) return -1;
+    int axis;
+    if (want_float(c, c->in[0]) || want_rank(c, c->in[0], 1) ||
+        norm_axis(c, "axis", ir_attr_int(c->g, c->node, "axis", -1), c->in[0], &axis))
+        return -1;
+    same_as(c, c->in[0]);
+    return 0;
+}
+
+/* A norm's weight (and bias) must be [C], C the last dim of x, of x's dtype. */
+static int want_channel_vec(ShapeCtx *c, const Value *x, const Value *w, const char *what)
+{
+    char tx[192], tw[192];
+    int64_t C = x->shape[x->rank - 1];
+    if (w->rank != 1 || w->shape[0] != C)
+        return shape_fail(c, "%s: %s must be [%" PRId64 "] for input %s, got %s", name_of(c), what, C, TYPE(x, tx), TYPE(w, tw));
+    return want_same_dtype(c, x, w);
+}
+
+static int want_eps(ShapeCtx *c)
+{
+    double eps = ir_attr_float(c->g, c->node, "eps", 1e-5);
+    if (!(eps >= 0)) return shape_fail(c, "%s: eps must be >= 0, got %g", name_of(c), eps);
+    return 0;
+}
+
+int shape_layernorm(ShapeCtx *c)
+{
+    if (want_inputs(c, 3)) return -1;
+    const Value *x = c->in[0];
+    if (want_float(c, x) || want_rank(c, x, 1) || want_channel_vec(c, x, c->in[1], "weight") ||
+        want_channel_vec(c, x, c->in[2], "bias") || want_eps(c))
+        return -1;
+    same_as(c, x);
+    return 0;
+}
+
+int shape_rmsnorm(ShapeCtx *c)
+{
+    if (want_inputs(c, 2)) return -1;
+    const Value *x = c->in[0];
+    if (want_float(c, x) || want_rank(c, x, 1) || want_channel_vec(c, x, c->in[1], "weight") || want_eps(c)) return -1;
+    same_as(c, x);
+    return 0;
+}
+
+/* ---- lookups and the loss -------------------------------------------------------- */
+
+int shape_embedding(ShapeCtx *c)
+{
+    if (want_inputs(c, 2)) return -1;
+    const Value *table = c->in[0], *idx = c->in[1];
+    char tt[192], ti[192];
+    if (table->rank != 2 || !dtype_is_float(table->dtype))
+        return shape_fail(c, "embedding: table must be a float [V, C] tensor, got %s (indices %s)", TYPE(table, tt), TYPE(idx, ti));
+    if (idx->dtype != DT_I32)
+        return shape_fail(c, "embedding: indices must be i32, got %s (table %s)", TYPE(idx, ti), TYPE(table, tt));
+    if (want_out_rank(c, idx->rank + 1, idx)) return -1;
+    int64_t shape[IR_MAX_RANK];
+    memcpy(shape, idx->shape, sizeof(int64_t) * (size_t)idx->rank);
+    shape[idx->rank] = table->shape[1];
+    set_out(c, 0, table->dtype, idx->rank + 1, shape);
+    return 0;
+}
+
+/* logits [..., V] and i32 targets [...]: the mean loss, an f32 scalar. */
+int shape_cross_entropy(ShapeCtx *c)
+{
+    if (want_inputs(c, 2)) return -1;
+    const Value *lg = c->in[0], *tg = c->in[1];
+    char tl[192], tt[192];
+    if (want_float(c, lg) || want_rank(c, lg, 1)) return -1;
+    if (tg->dtype != DT_I32)
+        return shape_fail(c, "cross_entropy: targets must be i32, got %s (logits %s)", TYPE(tg, tt), TYPE(lg, tl));
+    int ok = tg->rank == lg->rank - 1;
+    for (int d = 0; ok && d < tg->rank; d++) ok = tg->shape[d] == lg->shape[d];
+    if (!ok) {
+        Value lead = *lg;
+        lead.rank = lg->rank - 1;
+        char want[160];
+        return shape_fail(c, "cross_entropy: targets %s do not match logits %s (expected %s)", TYPE(tg, tt), TYPE(lg, tl),
+                          SHAPE(&lead, want));
+    }
+    set_out(c, 0, DT_F32, 0, NULL);
+    return 0;
+}
+
+/* ---- views and layout ------------------------------------------------------------ */
+
+int shape_reshape(ShapeCtx *c)
+{
+    if (want_inputs(c, 1)) return -1;
+    const Value *x = c->in[0];
+    int n;
+    const int64_t *dims = ir_attr_ints(c->g, c->node, "shape", &n);
+    char tx[192], want[192];
+    Value to = {.rank = n <= IR_MAX_RANK ? n : 0};  // only for printing the request
+    for (int d = 0; d < to.rank; d++) to.shape[d] = dims[d];
+    if (want_out_rank(c, n, x)) return -1;
+    int64_t known = 1;
+    int infer = -1;
+    for (int d = 0; d < n; d++) {
+        if (dims[d] == -1 && infer < 0) infer = d;
+        else if (dims[d] == -1) return shape_fail(c, "reshape: more than one -1 in %s (input %s)", SHAPE(&to, want), TYPE(x, tx));
+        else if (dims[d] <= 0)
+            return shape_fail(c, "reshape: dim %d of %s must be positive or -1 (input %s)", d, SHAPE(&to, want), TYPE(x, tx));
+        else known *= dims[d];
+    }
+    int64_t numel = ir_numel(x);
+    if (infer >= 0 ? numel % known != 0 : numel != known)
+        return shape_fail(c, "reshape: cannot reshape %s (%" PRId64 " elements) to %s", TYPE(x, tx), numel, SHAPE(&to, want));
+    if (infer >= 0) to.shape[infer] = numel / known;
+    set_out(c, 0, x->dtype, n, to.shape);
+    return 0;
+}
+
+int shape_transpose(ShapeCtx *c)
+{
+    if (want_inputs(c, 1)) return -1;
+    const Value *x = c->in[0];
+    int a, b;
+    if (norm_axis(c, "dim", ir_attr_int(c->g, c->node, "a", -2), x, &a) ||
+        norm_axis(c, "dim", ir_attr_int(c->g, c->node, "b", -1), x, &b))
+        return -1;
+    same_as(c, x);
+    c->out[0].shape[a] = x->shape[b];
+    c->out[0].shape[b] = x->shape[a];
+    return 0;
+}
+
+int shape_permute(ShapeCtx *c)
+{
+    if (want_inputs(c, 1)) return -1;
+    const Value *x = c->in[0];
+    int n;
+    const int64_t *dims = ir_attr_ints(c->g, c->node, "dims", &n);
+    char tx[192];
+    if (n != x->rank) return shape_fail(c, "permute: %d dims given for %s (rank %d)", n, TYPE(x, tx), x->rank);
+    int seen[IR_MAX_RANK] = {0};
+    int64_t shape[IR_MAX_RANK];
+    for (int i = 0; i < n; i++) {
+        int d;
+        if (norm_axis(c, "dim", dims[i], x, &d)) return -1;
+        if (seen[d]++) return shape_fail(c, "permute: dim %" PRId64 " appears twice for %s", dims[i], TYPE(x, tx));
+        shape[i] = x->shape[d];
+    }
+    set_out(c, 0, x->dtype, n, shape);
+    return 0;
+}
+
+int shape_split(ShapeCtx *c)
+{
+    if (want_inputs(c, 1)) return -1;
+    const Value *x = c->in[0];
+    int64_t n = ir_attr_int(c->g, c->node, "n", 1);
+    int axis;
+    char tx[192], sx[160];
+    if (n < 1 || n > IR_MAX_OUT)
+        return shape_fail(c, "split: n must be in [1, %d], got %" PRId64 " (input %s)", IR_MAX_OUT, n, TYPE(x, tx));
+    if (want_rank(c, x, 1) || norm_axis(c, "axis", ir_attr_int(c->g, c->node, "axis", -1), x, &axis)) return -1;
+    if (x->shape[axis] % n)
+        return shape_fail(c, "split: dim %d of %s (%" PRId64 ") is not divisible by %" PRId64, axis, SHAPE(x, sx),
+                          x->shape[axis], n);
+    c->n_out = (int)n;
+    for (int i = 0; i < n; i++) {
+        set_out(c, i, x->dtype, x->rank, x->shape);
+        c->out[i].shape[axis] = x->shape[axis] / n;
+    }
+    return 0;
+}
+
+int shape_concat(ShapeCtx *c)
+{
+    char ta[192], tb[192];
+    if (c->n_in < 1) return shape_fail(c, "concat: expects at least 1 tensor, got 0");
+    const Value *a = c->in[0];
+    int axis;
+    if (want_rank(c, a, 1) || norm_axis(c, "axis", ir_attr_int(c->g, c->node, "axis", -1), a, &axis)) return -1;
+    int64_t total = 0;
+    for (int i = 0; i < c->n_in; i++) {
+        const Value *b = c->in[i];
+        if (want_same_dtype(c, a, b)) return -1;
+        if (b->rank != a->rank)
+            return shape_fail(c, "concat: ranks differ: %s and %s (input %d)", TYPE(a, ta), TYPE(b, tb), i);
+        for (int d = 0; d < a->rank; d++)
+            if (d != axis && a->shape[d] != b->shape[d])
+                return shape_fail(c, "concat: shapes differ outside axis %d: %s and %s (dim %d: %" PRId64 " vs %" PRId64 ")",
+                                  axis, TYPE(a, ta), TYPE(b, tb), d, a->shape[d], b->shape[d]);
+        total += b->shape[axis];
+    }
+    same_as(c, a);
+    c->out[0].shape[axis] = total;
+    return 0;
+}
+
+/* (..., T, C) -> (..., n, T, C/n) */
+int shape_heads(ShapeCtx *c)
+{
+    if (want_inputs(c, 1)) return -1;
+    const Value *x = c->in[0];
+    int64_t n = ir_attr_int(c->g, c->node, "n", 1);
+    char tx[192];
+    if (want_rank(c, x, 2) || want_out_rank(c, x->rank + 1, x)) return -1;
+    int r = x->rank;
+    int64_t T = x->shape[r - 2], C = x->shape[r - 1];
+    if (n < 1) return shape_fail(c, "heads: n must be positive, got %" PRId64 " (input %s)", n, TYPE(x, tx));
+    if (C % n) return shape_fail(c, "heads: last dim of %s (%" PRId64 ") is not divisible by %" PRId64, TYPE(x, tx), C, n);
+    set_out(c, 0, x->dtype, r + 1, x->shape);
+    c->out[0].shape[r - 2] = n;
+    c->out[0].shape[r - 1] = T;
+    c->out[0].shape[r] = C / n;
+    return 0;
+}
+
+/* (..., n, T, D) -> (..., T, n*D) */
+int shape_merge_heads(ShapeCtx *c)
+{
+    if (want_inputs(c, 1)) return -1;
+    const Value *x = c->in[0];
+    if (want_rank(c, x, 3)) return -1;
+    int r = x->rank;
+    set_out(c, 0, x->dtype, r - 1, x->shape);
+    c->out[0].shape[r - 3] = x->shape[r - 2];
+    c->out[0].shape[r - 2] = x->shape[r - 3] * x->shape[r - 1];
+    return 0;
+}
+
+/* ---- attention ------------------------------------------------------------------- */
+
+int shape_rope(ShapeCtx *c)
+{
+    if (want_inputs(c, 1)) return -1;
+    const Value *x = c->in[0];
+    char tx[192];
+    if (want_float(c, x) || want_rank(c, x, 2)) return -1;
+    if (x->shape[x->rank - 1] % 2) return shape_fail(c, "rope: last dim of %s must be even", TYPE(x, tx));
+    double theta = ir_attr_float(c->g, c->node, "theta", 10000);
+    if (!(theta > 0)) return shape_fail(c, "rope: theta must be positive, got %g", theta);
+    same_as(c, x);
+    return 0;
+}
+
+/* q (..., T, D), k (..., S, D), v (..., S, Dv) -> (..., T, Dv); batch dims equal. */
+int shape_attention(ShapeCtx *c)
+{
+    if (want_inputs(c, 3)) return -1;
+    const Value *q = c->in[0], *k = c->in[1], *v = c->in[2];
+    char tq[192], tk[192], tv[192];
+    for (int i = 0; i < 3; i++)
+        if (want_float(c, c->in[i]) || want_rank(c, c->in[i], 2)) return -1;
+    if (want_same_dtype(c, q, k) || want_same_dtype(c, q, v)) return -1;
+    int r = q->rank;
+    if (k->rank != r || v->rank != r)
+        return shape_fail(c, "attention: ranks differ: q %s, k %s, v %s", TYPE(q, tq), TYPE(k, tk), TYPE(v, tv));
+    for (int d = 0; d < r - 2; d++)
+        if (k->shape[d] != q->shape[d] || v->shape[d] != q->shape[d])
+            return shape_fail(c, "attention: batch dims differ: q %s, k %s, v %s (dim %d)", TYPE(q, tq), TYPE(k, tk), TYPE(v, tv), d);
+    int64_t T = q->shape[r - 2], S = k->shape[r - 2];
+    if (k->shape[r - 1] != q->shape[r - 1])
+        return shape_fail(c, "attention: head dims differ: q %s, k %s (%" PRId64 " vs %" PRId64 ")", TYPE(q, tq), TYPE(k, tk),
+                          q->shape[r - 1], k->shape[r - 1]);
+    if (v->shape[r - 2] != S)
+        return shape_fail(c, "attention: k and v lengths differ: k %s, v %s (%" PRId64 " vs %" PRId64 ")", TYPE(k, tk), TYPE(v, tv),
+                          S, v->shape[r - 2]);
+    if (ir_attr_int(c->g, c->node, "causal", 0) && T != S)
+        return shape_fail(c, "attention: causal needs equal lengths: q %s, k %s (%" PRId64 " vs %" PRId64 ")", TYPE(q, tq),
+                          TYPE(k, tk), T, S);
+    set_out(c, 0, q->dtype, r, q->shape);
+    c->out[0].shape[r - 1] = v->shape[r - 1];
+    return 0;
+}
+
+/* ---- constants ------------------------------------------------------------------- */
+
+int shape_arange(ShapeCtx *c)
+{
+    if (want_inputs(c, 0)) return -1;
+    int64_t n = ir_attr_int(c->g, c->node, "n", 0);
+    if (n < 1) return shape_fail(c, "arange: n must be positive, got %" PRId64, n);
+    set_out(c, 0, DT_I32, 1, &n);
+    return 0;
+}
+
+int shape_scalar(ShapeCtx *c)
+{
+    if (want_inputs(c, 0)) return -1;
+    set_out(c, 0, DT_F32, 0, NULL);
+    return 0;
+}

@@ -1,0 +1,51 @@
+/* passes/passes.c: the pass list as data, and the driver that runs it. Later passes
+ * (autodiff, optimizer, precision, recompute, shard, pipeline, offload, fuse, schedule,
+ * memplan) join this table in DESIGN.md's order as they are written. */
+#include <string.h>
+
+#include "passes.h"
+
+static const PassInfo PASSES[] = {
+    {"dce", "a forward graph from lower", "every node contributes to an output; unused params warned",
+     pass_dce},
+};
+enum { N_PASSES = sizeof PASSES / sizeof *PASSES };
+
+const PassInfo *passes_list(int *n)
+{
+    *n = N_PASSES;
+    return PASSES;
+}
+
+static void print_graph(const Graph *g, const Options *o)
+{
+    FILE *out = o->print_out ? o->print_out : stdout;
+    if (o->print_json)
+        ir_print_json(g, out);
+    else
+        ir_print(g, out);
+}
+
+int passes_run(Graph *g, const Options *o, Diag *d)
+{
+    int found = !o->print_after || !strcmp(o->print_after, "lower");
+    for (int i = 0; i < N_PASSES && !found; i++) found = !strcmp(o->print_after, PASSES[i].name);
+    if (!found) {
+        const char *names[N_PASSES + 1] = {"lower"};
+        for (int i = 0; i < N_PASSES; i++) names[i + 1] = PASSES[i].name;
+        const char *near = diag_closest(o->print_after, names, N_PASSES + 1);
+        diag_error(d, (Loc){0}, "--print-after: no pass named '%s'%s%s%s", o->print_after,
+                   near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
+        return -1;
+    }
+    if (o->print_after && !strcmp(o->print_after, "lower")) print_graph(g, o);
+    for (int i = 0; i < N_PASSES; i++) {
+        if (PASSES[i].run(g, o, d) != 0 || d->n_errors) return -1;
+        if (o->verify && ir_verify(g, stderr) != 0) {
+            diag_error(d, (Loc){0}, "internal error: the IR is invalid after pass '%s'", PASSES[i].name);
+            return -1;
+        }
+        if (o->print_after && !strcmp(o->print_after, PASSES[i].name)) print_graph(g, o);
+    }
+    return 0;
+}

@@ -1,0 +1,33 @@
+/* passes/passes.h: the pass pipeline. Each pass is one file and one entry point that
+ * rewrites the graph and leaves it valid (ir_verify runs after every pass when asked).
+ * The order is the table in passes.c; `fsc --print-after NAME` prints the IR there. */
+#ifndef FS_PASSES_H
+#define FS_PASSES_H
+
+#include "ir.h"
+
+typedef struct Options {
+    TrainConfig train;
+    const char *print_after;  // a pass name, or NULL
+    int print_json;           // print as JSON rather than text
+    FILE *print_out;          // where --print-after goes (stdout)
+    int verify;               // ir_verify after every pass
+} Options;
+
+typedef struct {
+    const char *name;
+    const char *needs;  // what the pass expects of the graph
+    const char *gives;  // what holds after it
+    int (*run)(Graph *g, const Options *o, Diag *d);
+} PassInfo;
+
+/* The pipeline, in order. */
+const PassInfo *passes_list(int *n);
+/* Runs every pass; returns 0, or -1 after a pass reported an error. An unknown
+ * o->print_after is reported before anything runs. */
+int passes_run(Graph *g, const Options *o, Diag *d);
+
+/* ---- one file each ---------------------------------------------------------------- */
+int pass_dce(Graph *g, const Options *o, Diag *d);  // passes/dce.c
+
+#endif

@@ -1,0 +1,101 @@
+/* plan/format.h: the byte layout of a plan file, private to plan/ (read.c and write.c).
+ * plan.h describes the header; this file lists the sections and their records.
+ *
+ * Sections of version 1.0, in the order the writer puts them (all required):
+ *
+ *   STRS  u32 count, then count x { u32 len, len bytes (no NUL) }
+ *   META  records { i32 key, u8 kind, 3 pad, 8-byte value: i64, f64 bits, or i32 string }
+ *   BLKS  records { i32 name, i32 layer, i32 index }
+ *   TENS  records { i32 name, u8 dtype, u8 role, u8 place, u8 init, u8 rank, 3 pad,
+ *                   i32 block, i32 producer, i32 tied_to, f64 init_a, f64 init_b,
+ *                   i64 shape[6] }
+ *   NODE  records { i32 op (string), i32 block, u8 phase, 3 pad, i32 line, i32 col,
+ *                   i32 in, i32 n_in, i32 out, i32 n_out, i32 attr, i32 n_attr }
+ *   IDS   u32 count, then count x i32 (tensor ids)
+ *   ATTR  records { i32 key, u8 kind, 3 pad, 8-byte value: i64, f64 bits, or
+ *                   i32 list, i32 n_list (range in INTS) }
+ *   INTS  u32 count, then count x i64
+ *   OUTS  u32 count, then count x i32 (tensor ids)
+ *
+ * "records" means: u32 count, u32 record size, then count records of that size. A reader
+ * needs at least the size it knows and skips the rest of each record, so a later minor
+ * version may append fields. Absent ids (PLAN_NONE) are stored as -1.
+ */
+#ifndef FS_PLAN_FORMAT_H
+#define FS_PLAN_FORMAT_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define PLAN_MAGIC "\x89" "FSP\r\n\x1a\n"
+enum {
+    PLAN_MAGIC_LEN = 8,
+    PLAN_HEADER_SIZE = 32,      // magic, version, counts, size, crc, reserved
+    PLAN_ENTRY_SIZE = 24,       // one section table entry
+    PLAN_HEADER_CRC_AT = 24,    // where the header CRC sits (read as zero when computed)
+};
+
+/* The sections, in file order. */
+#define PLAN_SECTIONS(X) \
+    X(STRS, "STRS")      \
+    X(META, "META")      \
+    X(BLKS, "BLKS")      \
+    X(TENS, "TENS")      \
+    X(NODE, "NODE")      \
+    X(IDS, "IDS ")       \
+    X(ATTR, "ATTR")      \
+    X(INTS, "INTS")      \
+    X(OUTS, "OUTS")
+
+typedef enum {
+#define X(id, tag) SEC_##id,
+    PLAN_SECTIONS(X)
+#undef X
+    SEC_COUNT
+} SectionId;
+
+/* Record sizes of version 1.0: the least a reader accepts. */
+enum {
+    REC_META = 16,
+    REC_BLKS = 12,
+    REC_TENS = 88,
+    REC_NODE = 44,
+    REC_ATTR = 16,
+};
+
+/* ---- little-endian encoding, byte by byte, whatever the host --------------------- */
+
+static inline void put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t get_u64(const uint8_t *p) { return get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
+
+static inline uint64_t f64_bits(double f)
+{
+    uint64_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static inline double bits_f64(uint64_t u)
+{
+    double f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+#endif

@@ -1,0 +1,207 @@
+/* plan/plan.h: the plan file, the one thing the compiler (fsc) and the runtime (fsexec)
+ * share. This layer depends on neither: it knows tensors, ops and attributes as plain
+ * arrays of integers and string ids, never the IR's enums, so the file format does not
+ * change when ir/ops.def is reordered (an op is stored by NAME).
+ *
+ * In memory a Plan is a handful of arrays that refer to each other by index, like the
+ * IR: tensors and ops by id, strings by id into one string table, the inputs and
+ * outputs of every op as ranges in one id pool, attributes as ranges in one attr pool.
+ *
+ * On disk (all integers little-endian, whatever the host):
+ *
+ *   offset  size
+ *   0       8     magic "\x89FSP\r\n\x1a\n" (PNG-style: catches 7-bit and CRLF damage)
+ *   8       2     major version (a reader refuses a newer major)
+ *   10      2     minor version (a newer minor only adds: it is read, extras skipped)
+ *   12      4     number of sections
+ *   16      8     total file size in bytes
+ *   24      4     CRC-32 of the header and section table, this field read as zero
+ *   28      4     reserved, 0
+ *   32      24*n  section table: tag[4], CRC-32 u32, offset u64, length u64
+ *   ...           the sections, back to back in table order, up to the end of the file
+ *
+ * Every byte of the file is covered by a checksum. Sections (PLAN_TAG_*) are listed in
+ * plan/format.h; unknown tags are skipped. A section of records starts with its record
+ * count and record size, so a newer minor version can append fields to a record.
+ *
+ * Reading checks the magic, version, header checksum, size, bounds and every section's
+ * checksum, each with its own message, before it decodes anything; decoding then checks
+ * every count, id and range, so that no file, however made, can crash the reader.
+ */
+#ifndef FS_PLAN_H
+#define FS_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PLAN_MAJOR 1
+#define PLAN_MINOR 0
+#define PLAN_MAX_RANK 6
+#define PLAN_NONE (-1)  // an absent string, block, producer or tied tensor
+
+/* ---- the small enums of the format (their numbers are part of it) --------------- */
+
+typedef enum { PLAN_DT_F32, PLAN_DT_F16, PLAN_DT_BF16, PLAN_DT_I32, PLAN_DT_COUNT } PlanDType;
+typedef enum {
+    PLAN_ROLE_INPUT, PLAN_ROLE_PARAM, PLAN_ROLE_GRAD, PLAN_ROLE_ACT, PLAN_ROLE_OPT_STATE,
+    PLAN_ROLE_MASTER, PLAN_ROLE_COMM, PLAN_ROLE_SCRATCH, PLAN_ROLE_CONST, PLAN_ROLE_COUNT
+} PlanRole;
+typedef enum { PLAN_PLACE_DEVICE, PLAN_PLACE_HOST, PLAN_PLACE_COUNT } PlanPlace;
+typedef enum {
+    PLAN_PHASE_FORWARD, PLAN_PHASE_BACKWARD, PLAN_PHASE_RECOMPUTE, PLAN_PHASE_OPTIMIZER,
+    PLAN_PHASE_COMM, PLAN_PHASE_COUNT
+} PlanPhase;
+typedef enum { PLAN_INIT_NONE, PLAN_INIT_ZEROS, PLAN_INIT_ONES, PLAN_INIT_NORMAL, PLAN_INIT_UNIFORM, PLAN_INIT_COUNT } PlanInit;
+typedef enum { PLAN_META_STR, PLAN_META_INT, PLAN_META_FLOAT, PLAN_META_COUNT } PlanMetaKind;
+typedef enum { PLAN_ATTR_INT, PLAN_ATTR_FLOAT, PLAN_ATTR_INTS, PLAN_ATTR_COUNT } PlanAttrKind;
+
+/* ---- the in-memory plan ----------------------------------------------------------- */
+
+/* A typed setting: model name, compiler version, every training setting. */
+typedef struct {
+    int32_t key;        // string id
+    PlanMetaKind kind;
+    int32_t s;          // PLAN_META_STR: string id
+    int64_t i;          // PLAN_META_INT
+    double f;           // PLAN_META_FLOAT
+} PlanMeta;
+
+typedef struct {
+    int32_t name;   // string id: "h.3"
+    int32_t layer;  // string id: "Block"
+    int32_t index;  // 3
+} PlanBlock;
+
+typedef struct {
+    int32_t name;       // string id, PLAN_NONE for unnamed intermediates
+    PlanDType dtype;
+    PlanRole role;
+    PlanPlace place;
+    PlanInit init;      // params: how they start
+    int32_t rank;       // 0..PLAN_MAX_RANK; 0 is a scalar
+    int64_t shape[PLAN_MAX_RANK];  // elements along each dim, >= 0
+    int32_t block;      // block id or PLAN_NONE
+    int32_t producer;   // op id or PLAN_NONE (inputs, params, constants)
+    int32_t tied_to;    // tensor id of the param this one aliases, or PLAN_NONE
+    double init_a, init_b;  // normal: (std, 0); uniform: (low, high)
+} PlanTensor;
+
+typedef struct {
+    int32_t op;         // string id of the op's name ("matmul")
+    int32_t block;      // block id or PLAN_NONE
+    PlanPhase phase;
+    int32_t line, col;  // the source location that made it; 0: none
+    int32_t in, n_in;   // range in Plan.ids: input tensor ids
+    int32_t out, n_out; // range in Plan.ids: output tensor ids
+    int32_t attr, n_attr;  // range in Plan.attrs
+} PlanOp;
+
+typedef struct {
+    int32_t key;        // string id
+    PlanAttrKind kind;
+    int64_t i;          // PLAN_ATTR_INT
+    double f;           // PLAN_ATTR_FLOAT
+    int32_t list, n_list;  // PLAN_ATTR_INTS: range in Plan.ints
+} PlanAttr;
+
+/* A section as the file lists it; filled by plan_read, for inspection. */
+typedef struct {
+    char tag[5];        // printable (other bytes shown as '?'), NUL-terminated
+    uint32_t crc;
+    uint64_t offset, length;
+} PlanSection;
+
+typedef struct Plan {
+    uint16_t major, minor;  // the file's version (PLAN_MAJOR/MINOR for a new plan)
+    char **strs;            // the string table, each NUL-terminated
+    int32_t n_strs;
+    PlanMeta *meta;
+    int32_t n_meta;
+    PlanBlock *blocks;
+    int32_t n_blocks;
+    PlanTensor *tensors;    // the IR's values, same ids
+    int32_t n_tensors;
+    PlanOp *ops;            // the IR's nodes, same ids
+    int32_t n_ops;
+    int32_t *ids;           // tensor ids, for PlanOp in/out ranges
+    int32_t n_ids;
+    PlanAttr *attrs;
+    int32_t n_attrs;
+    int64_t *ints;          // PLAN_ATTR_INTS lists
+    int32_t n_ints;
+    int32_t *outputs;       // tensor ids the step produces; outputs[0] is the loss
+    int32_t n_outputs;
+    PlanSection *sections;  // as read from a file; none for a plan built in memory
+    int32_t n_sections;
+    struct PlanBuild *build;  // growth state while a plan is being built
+} Plan;
+
+/* ---- plan/alloc.c: the allocation hook -------------------------------------------- */
+
+/* Every allocation this layer makes goes through these (malloc and free by default), so
+ * tests can make the k-th one fail. NULL restores the defaults. */
+void plan_set_alloc(void *(*alloc_fn)(size_t), void (*free_fn)(void *));
+void *plan_alloc(size_t n);  // NULL on failure (or n == 0 overflow checks by callers)
+void plan_dealloc(void *p);
+
+/* ---- plan/build.c: making a plan in memory, and reading one ---------------------- */
+
+Plan *plan_new(void);  // empty, version PLAN_MAJOR.PLAN_MINOR; NULL when out of memory
+void plan_free(Plan *p);
+
+/* Each returns the new item's id (or the string's id), or -1 when out of memory; after a
+ * failure the plan is unchanged and can still be freed. */
+int32_t plan_intern(Plan *p, const char *s);  // the id of s, added once
+int plan_meta_set_str(Plan *p, const char *key, const char *value);
+int plan_meta_set_int(Plan *p, const char *key, int64_t value);
+int plan_meta_set_float(Plan *p, const char *key, double value);
+int32_t plan_block_add(Plan *p, const char *name, const char *layer, int32_t index);
+int32_t plan_tensor_add(Plan *p, const PlanTensor *t);
+int32_t plan_id_add(Plan *p, int32_t id);
+int32_t plan_int_add(Plan *p, int64_t v);
+int32_t plan_attr_add(Plan *p, const PlanAttr *a);
+int32_t plan_op_add(Plan *p, const PlanOp *op);
+int32_t plan_output_add(Plan *p, int32_t tensor);
+
+/* "" for PLAN_NONE or an id out of range. */
+const char *plan_str(const Plan *p, int32_t id);
+/* The last meta entry named key, or NULL. */
+const PlanMeta *plan_meta_find(const Plan *p, const char *key);
+const char *plan_meta_str(const Plan *p, const char *key, const char *def);
+int64_t plan_meta_int(const Plan *p, const char *key, int64_t def);
+double plan_meta_float(const Plan *p, const char *key, double def);
+
+const char *plan_dtype_name(PlanDType t);  // "f32", "f16", "bf16", "i32"; "?" if unknown
+int plan_dtype_size(PlanDType t);          // bytes per element; 0 if unknown
+const char *plan_role_name(PlanRole r);    // "input", "param", "grad", "act", ...
+const char *plan_place_name(PlanPlace p);  // "device", "host"
+const char *plan_phase_name(PlanPhase p);  // "forward", "backward", ...
+const char *plan_init_name(PlanInit k);    // "none", "zeros", "ones", "normal", "uniform"
+
+/* Elements and bytes of a tensor (shapes are checked by the reader to fit in int64). */
+int64_t plan_tensor_numel(const PlanTensor *t);
+int64_t plan_tensor_nbytes(const PlanTensor *t);
+
+/* ---- plan/write.c ------------------------------------------------------------------ */
+
+/* Encodes the plan into a new buffer (free with plan_dealloc). 0, or -1 with a message. */
+int plan_write_mem(const Plan *p, void **buf, size_t *len, char *err, size_t errlen);
+/* Writes the plan to path atomically: a temporary file in the same directory, flushed
+ * and fsync'ed, then renamed over path. On failure path is untouched and no temporary
+ * file is left. 0, or -1 with a message (without the path) in err. */
+int plan_write(const Plan *p, const char *path, char *err, size_t errlen);
+
+/* ---- plan/read.c ------------------------------------------------------------------- */
+
+/* The plan in buf, or NULL with a message in err ("truncated: ...", "not an fsc plan
+ * (bad magic)", "section NODE: checksum mismatch (file damaged)", ...). */
+Plan *plan_read_mem(const void *buf, size_t len, char *err, size_t errlen);
+/* The same for a file; messages do not repeat the path. */
+Plan *plan_read(const char *path, char *err, size_t errlen);
+
+/* ---- plan/crc32.c ------------------------------------------------------------------ */
+
+/* CRC-32 (IEEE 802.3, as zlib and PNG): crc = plan_crc32(0, buf, n) or continue one. */
+uint32_t plan_crc32(uint32_t crc, const void *buf, size_t n);
+
+#endif

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Command-line checks of fsc and fsexec as a user runs them: exit codes, the summary,
+# error messages for bad flags and files, and a plan round trip through --inspect.
+# usage: run.sh FSC FSEXEC SOURCE_DIR
+set -uo pipefail
+FSC=$1 FSEXEC=$2 SRC=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+
+# expect NAME WANT_RC WANT_SUBSTRING -- COMMAND...: runs it, checks rc and output.
+expect() {
+  local name=$1 want_rc=$2 want=$3
+  shift 4
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne "$want_rc" ] || ! grep -qF -- "$want" <<<"$out"; then
+    echo "FAIL $name: rc=$rc (want $want_rc), output lacks '$want':"
+    sed 's/^/    /' <<<"$out" | head -20
+    failures=$((failures + 1))
+  else
+    echo "ok   $name"
+  fi
+}
+
+expect help 0 "usage: fsc" -- "$FSC" --help
+expect help-lists-settings 0 "--shard VALUE" -- "$FSC" --help
+expect version 0 "fsc 0.1.0" -- "$FSC" --version
+expect no-input 1 "no input file" -- "$FSC"
+expect missing-file 1 "nope.fsm: No such file or directory" -- "$FSC" "$tmp/nope.fsm"
+expect directory 1 "not a regular file" -- "$FSC" "$tmp"
+expect bad-flag 1 "unknown option '-x'" -- "$FSC" "$SRC/samples/mlp.fsm" -x
+expect bad-define 1 "expected NAME=VALUE" -- "$FSC" "$SRC/samples/mlp.fsm" -D L
+expect bad-define-value 1 "VALUE must be an integer" -- "$FSC" "$SRC/samples/mlp.fsm" -D L=two
+expect unknown-dim 1 "did you mean 'L'" -- "$FSC" "$SRC/samples/mlp.fsm" -D LL=3
+expect bad-setting 1 "did you mean 'fsdp'" -- "$FSC" "$SRC/samples/mlp.fsm" --shard fsdb
+expect unknown-setting 1 "did you mean 'shard'" -- "$FSC" "$SRC/samples/mlp.fsm" --shrd fsdp
+expect bad-print-after 1 "no pass named 'dcee'; did you mean 'dce'" -- "$FSC" "$SRC/samples/mlp.fsm" --print-after dcee
+expect bad-emit 1 "--emit: expected 'ir' or 'ir-json'" -- "$FSC" "$SRC/samples/mlp.fsm" --emit asm
+
+# GPT-2 124M: the parameter count the issue pins down.
+expect gpt2-params 0 "gpt2: 124,439,808 params" -- "$FSC" "$SRC/samples/gpt2.fsm"
+expect gpt2-ir 0 "attention(" -- "$FSC" "$SRC/samples/gpt2.fsm" --emit ir -q
+expect llama 0 "llama:" -- "$FSC" "$SRC/samples/llama.fsm"
+expect mlp-override 0 "shard fsdp, world 4" -- "$FSC" "$SRC/samples/mlp.fsm" --shard=zero3 --world 4
+expect ir-json 0 '"model"' -- "$FSC" "$SRC/samples/mlp.fsm" --emit ir-json -q
+expect print-after-lower 0 "matmul(" -- "$FSC" "$SRC/samples/mlp.fsm" --print-after lower -q
+
+# A syntax error: file:line:col, the line and a caret; exit 1.
+printf 'model m {\n  dim B = 4;\n  input x: f32[B, 8]\n  loss = sum(x);\n}\n' >"$tmp/bad.fsm"
+expect syntax-error 1 "bad.fsm:4:3: error:" -- "$FSC" "$tmp/bad.fsm"
+
+# Plan: write, inspect, reject damage.
+expect write-plan 0 "wrote $tmp/gpt2.plan" -- "$FSC" "$SRC/samples/gpt2.fsm" -D L=2 -D C=64 -D NH=4 -D T=32 -D V=256 -o "$tmp/gpt2.plan"
+expect inspect 0 "gpt2" -- "$FSEXEC" --inspect "$tmp/gpt2.plan"
+head -c 100 "$tmp/gpt2.plan" >"$tmp/short.plan"
+expect inspect-truncated 1 "truncated" -- "$FSEXEC" --inspect "$tmp/short.plan"
+expect inspect-text 1 "bad magic" -- "$FSEXEC" --inspect "$SRC/samples/mlp.fsm"
+expect inspect-missing 1 "No such file" -- "$FSEXEC" --inspect "$tmp/none.plan"
+expect fsexec-help 0 "usage: fsexec" -- "$FSEXEC" --help
+expect write-unwritable 1 "fsc: error:" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/no/such/dir/x.plan"
+
+echo "$failures failure(s)"
+[ "$failures" -eq 0 ]

@@ -1,0 +1,229 @@
+/* tools/fsc.c: the compiler's main. Parses flags, then frontend -> passes -> codegen ->
+ * plan file, and reports. Every decision lives in a layer; this file only wires them. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "codegen.h"
+#include "frontend.h"
+#include "passes.h"
+#include "plan.h"
+
+enum { MAX_SOURCE = 16 << 20, MAX_FLAGS = 256 };
+
+typedef enum { EMIT_NONE, EMIT_IR, EMIT_IR_JSON } Emit;
+
+typedef struct {
+    const char *input, *output, *print_after;
+    Emit emit;
+    Define defines[MAX_FLAGS];
+    int n_defines;
+    Setting settings[MAX_FLAGS];
+    int n_settings;
+    int quiet;
+} Flags;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: fsc MODEL.fsm [-o PLAN] [options]\n"
+            "\n"
+            "Compiles a model into a static training plan for every rank.\n"
+            "\n"
+            "  -o PLAN               write the plan file\n"
+            "  -D NAME=VALUE         override a dim (repeatable): -D L=4 -D C=128\n"
+            "  --emit ir|ir-json     print the graph after all passes to stdout\n"
+            "  --print-after PASS    print the graph after PASS (lower");
+    int n;
+    const PassInfo *p = passes_list(&n);
+    for (int i = 0; i < n; i++) fprintf(out, ", %s", p[i].name);
+    fprintf(out, ")\n"
+                 "  -q, --quiet           no summary on stderr\n"
+                 "  -h, --help            this text\n"
+                 "  --version             the version\n"
+                 "\n"
+                 "Training settings (override the model's `train` section):\n");
+    const ConfigKey *keys = config_keys(&n);
+    for (int i = 0; i < n; i++) {
+        char flag[48];
+        snprintf(flag, sizeof flag, "--%s VALUE", keys[i].key);
+        fprintf(out, "  %-30s %s\n", flag, keys[i].help);
+    }
+    fprintf(out, "\nThe language: docs/language.md. Examples: samples/*.fsm.\n");
+}
+
+static int fail(const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "fsc: error: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\n(run 'fsc --help' for usage)\n");
+    return -1;
+}
+
+static int parse_define(Flags *f, const char *text)
+{
+    const char *eq = strchr(text, '=');
+    char *end;
+    if (!eq || eq == text) return fail("-D %s: expected NAME=VALUE%s", text, "");
+    errno = 0;
+    long long v = strtoll(eq + 1, &end, 10);
+    if (end == eq + 1 || *end || errno) return fail("-D %s: VALUE must be an integer%s", text, "");
+    if (f->n_defines == MAX_FLAGS) return fail("too many -D flags%s%s", "", "");
+    char *name = strndup(text, (size_t)(eq - text));
+    f->defines[f->n_defines++] = (Define){name, v};
+    return 0;
+}
+
+/* A `--key value` or `--key=value` training setting; config_set validates it later. */
+static int parse_setting(Flags *f, const char *arg, const char *next, int *used_next)
+{
+    const char *key = arg + 2, *eq = strchr(key, '=');
+    if (f->n_settings == MAX_FLAGS) return fail("too many settings%s%s", "", "");
+    if (eq) {
+        f->settings[f->n_settings++] = (Setting){strndup(key, (size_t)(eq - key)), eq + 1};
+        return 0;
+    }
+    if (!next) return fail("%s needs a value%s", arg, "");
+    f->settings[f->n_settings++] = (Setting){strdup(key), next};
+    *used_next = 1;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, Flags *f)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
+        int used = 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            exit(0);
+        } else if (!strcmp(a, "--version")) {
+            printf("fsc %s (plan format %d.%d)\n", FS_VERSION, PLAN_MAJOR, PLAN_MINOR);
+            exit(0);
+        } else if (!strcmp(a, "-o")) {
+            if (!next) return fail("-o needs a file name%s%s", "", "");
+            f->output = next, used = 1;
+        } else if (!strncmp(a, "-D", 2)) {
+            const char *def = a[2] ? a + 2 : next;
+            if (!def) return fail("-D needs NAME=VALUE%s%s", "", "");
+            if (parse_define(f, def)) return -1;
+            used = !a[2];
+        } else if (!strcmp(a, "--emit") || !strncmp(a, "--emit=", 7)) {
+            const char *what = a[6] == '=' ? a + 7 : next;
+            used = a[6] != '=';
+            if (what && !strcmp(what, "ir"))
+                f->emit = EMIT_IR;
+            else if (what && !strcmp(what, "ir-json"))
+                f->emit = EMIT_IR_JSON;
+            else
+                return fail("--emit: expected 'ir' or 'ir-json', got '%s'%s", what ? what : "", "");
+        } else if (!strcmp(a, "--print-after")) {
+            if (!next) return fail("--print-after needs a pass name%s%s", "", "");
+            f->print_after = next, used = 1;
+        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+            f->quiet = 1;
+        } else if (!strncmp(a, "--", 2) && a[2]) {
+            if (parse_setting(f, a, next, &used)) return -1;
+        } else if (a[0] == '-' && a[1]) {
+            return fail("unknown option '%s'%s", a, "");
+        } else if (f->input) {
+            return fail("more than one input file ('%s' and '%s')", f->input, a);
+        } else {
+            f->input = a;
+        }
+        i += used;
+    }
+    if (!f->input) return fail("no input file%s%s", "", "");
+    return 0;
+}
+
+/* The whole file, NUL-terminated; NULL after printing why. */
+static char *read_source(const char *path, size_t *len)
+{
+    struct stat st;
+    FILE *fp = fopen(path, "rb");
+    if (!fp || fstat(fileno(fp), &st) != 0) {
+        fprintf(stderr, "fsc: error: %s: %s\n", path, strerror(errno));
+        if (fp) fclose(fp);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_size > MAX_SOURCE) {
+        fprintf(stderr, "fsc: error: %s: %s\n", path,
+                S_ISREG(st.st_mode) ? "too large for a model source (over 16 MiB)" : "not a regular file");
+        fclose(fp);
+        return NULL;
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    *len = buf ? fread(buf, 1, (size_t)st.st_size, fp) : 0;
+    fclose(fp);
+    if (!buf || *len != (size_t)st.st_size) {
+        fprintf(stderr, "fsc: error: %s: could not read the file\n", path);
+        free(buf);
+        return NULL;
+    }
+    buf[*len] = 0;
+    return buf;
+}
+
+static void summary(const Graph *g, const TrainConfig *t)
+{
+    int64_t params = ir_param_count(g);
+    double flops = 0;
+    for (int i = 0; i < g->n_nodes; i++) flops += op_info(g->nodes[i].op)->flops(g, &g->nodes[i]);
+    char num[32], *p = num + sizeof num - 1;
+    *p = 0;
+    int64_t x = params;
+    for (int d = 0; d == 0 || x; d++, x /= 10) {
+        if (d && d % 3 == 0) *--p = ',';
+        *--p = (char)('0' + x % 10);
+    }
+    fprintf(stderr, "%s: %s params (%.1f MiB in f32), %d blocks, %d values, %d nodes, %.3g GFLOP forward\n",
+            g->model, p, (double)params * 4 / (1 << 20), g->n_blocks, g->n_values, g->n_nodes, flops / 1e9);
+    fprintf(stderr, "train: %s, lr %g, precision %s, shard %s, world %d, recompute %s\n",
+            optim_name(t->optimizer), t->lr, precision_name(t->precision), shard_name(t->shard), t->world,
+            t->recompute);
+}
+
+static int write_plan(const Graph *g, const TrainConfig *t, const char *path, int quiet)
+{
+    char err[512];
+    Plan *plan = codegen_plan(g, t);
+    int rc = plan ? plan_write(plan, path, err, sizeof err) : -1;
+    if (!plan) snprintf(err, sizeof err, "out of memory building the plan");
+    if (rc)
+        fprintf(stderr, "fsc: error: %s: %s\n", path, err);
+    else if (!quiet)
+        fprintf(stderr, "wrote %s\n", path);
+    plan_free(plan);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    Flags f = {0};
+    if (parse_args(argc, argv, &f)) return 1;
+    size_t len;
+    char *src = read_source(f.input, &len);
+    if (!src) return 1;
+
+    Diag d;
+    diag_init(&d, f.input, src, len, stderr);
+    FrontendOptions fo = {f.defines, f.n_defines, f.settings, f.n_settings};
+    Options o = {.print_after = f.print_after, .print_out = stdout, .verify = 1,
+                 .print_json = f.emit == EMIT_IR_JSON};
+    Graph *g = fe_compile(src, len, &fo, &o.train, &d);
+    int rc = !g || passes_run(g, &o, &d) != 0;
+    if (!rc && f.emit == EMIT_IR) ir_print(g, stdout);
+    if (!rc && f.emit == EMIT_IR_JSON) rc = ir_print_json(g, stdout) != 0;
+    if (!rc && !f.quiet) summary(g, &o.train);
+    if (!rc && f.output) rc = write_plan(g, &o.train, f.output, f.quiet) != 0;
+    if (d.n_errors) fprintf(stderr, "%d error%s\n", d.n_errors, d.n_errors == 1 ? "" : "s");
+
+    ir_graph_free(g);
+    free(src);
+    for (int i = 0; i < f.n_defines; i++) free((char *)f.defines[i].name);
+    for (int i = 0; i < f.n_settings; i++) free((char *)f.settings[i].key);
+    return rc;
+}
