@@ -123,7 +123,10 @@ static int set_number(const KeyDef *k, TrainConfig *c, const char *value, char *
         return -1;
     }
     if (x < k->lo || x > k->hi) {
-        snprintf(err, errlen, "%s: %s is out of range [%g, %g]", k->key.key, value, k->lo, k->hi);
+        if (k->type == K_INT)
+            snprintf(err, errlen, "%s: %s is out of range [%.0f, %.0f]", k->key.key, value, k->lo, k->hi);
+        else
+            snprintf(err, errlen, "%s: %s is out of range [%g, %g]", k->key.key, value, k->lo, k->hi);
         return -1;
     }
     void *field = (char *)c + k->offset;

@@ -26,6 +26,12 @@ enum {
     RMSNORM_FLOPS = 4,    // square, sum, mul by rstd, mul w
     XENT_FLOPS = 4,       // max, sub, exp, sum (the log and pick are per row)
     ROPE_FLOPS = 3,       // x * cos + rotate_half(x) * sin, tables precomputed
+    GELU_BWD_FLOPS = 14,  // the tanh, its square, the polynomial and its derivative
+    SILU_BWD_FLOPS = 8,   // sigmoid, then dy * s * (1 + x (1 - s))
+    LAYERNORM_BWD_FLOPS = 12,  // the stats again, two row sums, dx, dw and db
+    RMSNORM_BWD_FLOPS = 8,
+    ADAMW_FLOPS = 14,     // decay, two moments, two bias corrections, sqrt, div, update
+    SGD_FLOPS = 5,        // decay, momentum, update
 };
 
 static double in_numel(const Graph *g, const Node *n, int i) { return (double)ir_numel(ir_value(g, ir_in(g, n, i))); }
@@ -36,7 +42,8 @@ static double out_numel(const Graph *g, const Node *n) { return (double)ir_numel
 double flops_matmul(const Graph *g, const Node *n)
 {
     const Value *a = ir_value(g, ir_in(g, n, 0));
-    return 2.0 * out_numel(g, n) * (double)a->shape[a->rank - 1];
+    int ta = ir_attr_int(g, n, "ta", 0) != 0;
+    return 2.0 * out_numel(g, n) * (double)a->shape[a->rank - 1 - ta];
 }
 
 double flops_add(const Graph *g, const Node *n) { return out_numel(g, n); }
@@ -87,3 +94,42 @@ double flops_attention(const Graph *g, const Node *n)
 
 double flops_arange(const Graph *g, const Node *n) { return 0; }
 double flops_scalar(const Graph *g, const Node *n) { return 0; }
+
+/* ---- compiler-made ops: constants, backward, optimizer ------------------------------ */
+
+double flops_full(const Graph *g, const Node *n) { return 0; }
+double flops_sum_to(const Graph *g, const Node *n) { return in_numel(g, n, 0); }
+double flops_expand(const Graph *g, const Node *n) { return 0; }
+double flops_relu_bwd(const Graph *g, const Node *n) { return out_numel(g, n); }
+double flops_gelu_bwd(const Graph *g, const Node *n) { return GELU_BWD_FLOPS * out_numel(g, n); }
+double flops_silu_bwd(const Graph *g, const Node *n) { return SILU_BWD_FLOPS * out_numel(g, n); }
+double flops_tanh_bwd(const Graph *g, const Node *n) { return 3 * out_numel(g, n); }
+double flops_sigmoid_bwd(const Graph *g, const Node *n) { return 3 * out_numel(g, n); }
+double flops_sqrt_bwd(const Graph *g, const Node *n) { return 2 * out_numel(g, n); }
+double flops_rsqrt_bwd(const Graph *g, const Node *n) { return 4 * out_numel(g, n); }
+double flops_max_bwd(const Graph *g, const Node *n) { return out_numel(g, n); }
+double flops_softmax_bwd(const Graph *g, const Node *n) { return 4 * out_numel(g, n); }
+double flops_layernorm_bwd(const Graph *g, const Node *n) { return LAYERNORM_BWD_FLOPS * in_numel(g, n, 0); }
+double flops_rmsnorm_bwd(const Graph *g, const Node *n) { return RMSNORM_BWD_FLOPS * in_numel(g, n, 0); }
+double flops_embedding_bwd(const Graph *g, const Node *n) { return in_numel(g, n, 1); }
+double flops_cross_entropy_bwd(const Graph *g, const Node *n) { return XENT_FLOPS * out_numel(g, n); }
+double flops_slice(const Graph *g, const Node *n) { return 0; }
+
+/* Backward redoes Q K^T, then dP = dO V^T, dV = P^T dO, dQ = dS K and dK = dS^T Q:
+ * five products where the forward had two. */
+double flops_attention_bwd(const Graph *g, const Node *n)
+{
+    const Value *q = ir_value(g, ir_in(g, n, 0)), *k = ir_value(g, ir_in(g, n, 1)), *v = ir_value(g, ir_in(g, n, 2));
+    int r = q->rank;
+    double batch = 1;
+    for (int d = 0; d < r - 2; d++) batch *= (double)q->shape[d];
+    double T = (double)q->shape[r - 2], S = (double)k->shape[r - 2];
+    double D = (double)q->shape[r - 1], Dv = (double)v->shape[r - 1];
+    return batch * 2.0 * T * S * (3 * D + 2 * Dv);
+}
+
+double flops_sumsq(const Graph *g, const Node *n) { return 2 * in_numel(g, n, 0); }
+double flops_lr_at(const Graph *g, const Node *n) { return 0; }
+double flops_clip_coef(const Graph *g, const Node *n) { return 0; }
+double flops_adamw(const Graph *g, const Node *n) { return ADAMW_FLOPS * in_numel(g, n, 0); }
+double flops_sgd(const Graph *g, const Node *n) { return SGD_FLOPS * in_numel(g, n, 0); }

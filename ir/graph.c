@@ -29,6 +29,10 @@ int ir_value_add(Graph *g, const Value *v)
     Value *nv = &g->values[g->n_values];
     *nv = *v;
     if (v->name) nv->name = arena_strdup(g->arena, v->name);
+    /* What passes compute starts unset, whatever the caller's copy held. */
+    nv->grad = nv->alias = -1;
+    nv->offset = 0;
+    nv->live_start = nv->live_end = 0;
     return g->n_values++;
 }
 
@@ -95,7 +99,7 @@ int ir_node_add(Graph *g, OpKind op, const int *in, int n_in, const Attr *attrs,
         g->n_attrs = n_attrs0, g->n_ints = n_ints0, g->n_ids = n_ids0;
         return -1;
     }
-    FS_ASSERT(c.n_out >= 1 && c.n_out <= IR_MAX_OUT);
+    FS_ASSERT(c.n_out >= ((info->flags & OPF_EFFECT) ? 0 : 1) && c.n_out <= IR_MAX_OUT);
 
     int id = g->n_nodes++;
     GROW(g, ids, n_ids, cap_ids, g->n_ids + c.n_out);

@@ -97,10 +97,10 @@ const char *init_name(InitKind k);  // "zeros", "ones", "normal", "uniform"
 
 /* ---- ir/ops.c: the op table, generated from ir/ops.def ---------------------------- */
 
-enum { OPF_ELEMWISE = 1, OPF_REDUCE = 2, OPF_VIEW = 4, OPF_LAYOUT = 8, OPF_HIDDEN = 16 };
+enum { OPF_ELEMWISE = 1, OPF_REDUCE = 2, OPF_VIEW = 4, OPF_LAYOUT = 8, OPF_HIDDEN = 16, OPF_SAVES = 32, OPF_EFFECT = 64 };
 
 typedef enum {
-#define OP(name, n_out, flags, sig) OP_##name,
+#define OP(name, n_out, flags, sig, grad) OP_##name,
 #include "ops.def"
 #undef OP
     OP_COUNT
@@ -109,7 +109,7 @@ typedef enum {
 #define IR_MAX_RANK 6
 #define IR_MAX_IN 16
 #define IR_MAX_OUT 16
-#define IR_MAX_PARAMS 8  // parameters in one op signature
+#define IR_MAX_PARAMS 16  // parameters in one op signature
 
 typedef enum { ARG_TENSOR, ARG_TENSORS, ARG_INT, ARG_FLOAT, ARG_INTS, ARG_FLAG } ArgKind;
 
@@ -122,6 +122,7 @@ typedef struct {
 } OpParam;
 
 typedef struct ShapeCtx ShapeCtx;
+typedef struct GradCtx GradCtx;
 typedef struct Graph Graph;
 typedef struct Node Node;
 
@@ -135,6 +136,7 @@ typedef struct {
     int n_tensors;  // tensor parameters; -1 when variadic
     int (*shape)(ShapeCtx *c);
     double (*flops)(const Graph *g, const Node *n);
+    int (*grad)(GradCtx *c);  // grad_none for ops no gradient flows through
 } OpInfo;
 
 /* The table, indexed by OpKind; signatures parsed on first use. */
@@ -158,6 +160,11 @@ typedef struct {
     InitKind init;               // params: how they start
     double init_a, init_b;       // normal: (std, unused); uniform: (low, high)
     int tied_to;                 // value id of the param this one aliases, or -1
+    int grad;                    // params, after autodiff: the value holding the gradient, or -1
+    int64_t offset;              // after memplan: byte offset in the rank's arena
+    int live_start, live_end;    // after memplan: first writer and last reader (node indices;
+                                 // n_nodes: live to the end of the step)
+    int alias;                   // after memplan: the value whose buffer this view shares, or -1
 } Value;
 
 typedef enum { ATTR_INT, ATTR_FLOAT, ATTR_INTS } AttrKind;
@@ -204,6 +211,7 @@ struct Graph {
     int n_blocks, cap_blocks;
     int *outputs;       // value ids the step produces; outputs[0] is the loss
     int n_outputs, cap_outputs;
+    int64_t arena_bytes;  // after memplan: the size of each rank's arena
 };
 
 Graph *ir_graph_new(const char *model);
@@ -253,12 +261,27 @@ struct ShapeCtx {
 };
 /* Formats an error into c->err and returns -1, for `return shape_fail(c, ...)`. */
 int shape_fail(ShapeCtx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-#define OP(name, n_out, flags, sig) int shape_##name(ShapeCtx *c);
+/* Sets output i's dtype and shape. */
+void shape_set(ShapeCtx *c, int i, DType dt, int rank, const int64_t *shape);
+#define OP(name, n_out, flags, sig, grad) int shape_##name(ShapeCtx *c);
 #include "ops.def"
 #undef OP
 
 /* ---- ir/flops.c: forward FLOP counts, one per op -------------------------------- */
-#define OP(name, n_out, flags, sig) double flops_##name(const Graph *g, const Node *n);
+#define OP(name, n_out, flags, sig, grad) double flops_##name(const Graph *g, const Node *n);
+#include "ops.def"
+#undef OP
+
+/* ---- ir/grad.c: gradient rules (grad_GRAD, named by ops.def's last column) --------- */
+
+struct GradCtx {
+    Graph *g;
+    int node;                // the forward node
+    int dout[IR_MAX_OUT];    // the gradient of each output, -1 when none flows
+    int need[IR_MAX_IN];     // whether input i needs a gradient
+    int din[IR_MAX_IN];      // to fill: the gradient of each needed input, or -1
+};
+#define OP(name, n_out, flags, sig, grad) int grad_##grad(GradCtx *c);
 #include "ops.def"
 #undef OP
 

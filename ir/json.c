@@ -12,8 +12,9 @@
  *    "outputs": [40]}                                                     (loss first)
  *
  * Ids are array indices, as in the text form; `block` is an index into "blocks" or null.
- * Everything is built as one jansson tree, dumped, then released; a failed allocation
- * anywhere makes the whole call return -1.
+ * One item per line: each block, value and node is built as a jansson object, dumped on
+ * its own line and released, so memory stays small on large graphs and diffs stay
+ * readable. A failed allocation or write anywhere makes the call return -1.
  */
 #include <jansson.h>
 
@@ -131,47 +132,51 @@ static json_t *node_json(const Graph *g, int id, int *bad)
     return o;
 }
 
-static json_t *graph_json(const Graph *g, int *bad)
+static json_t *block_json(const Graph *g, int id, int *bad)
 {
-    json_t *root = json_object(), *blocks = json_array(), *values = json_array(), *nodes = json_array(),
-           *outputs = json_array();
-    if (!root || !blocks || !values || !nodes || !outputs) {
-        json_decref(root);
-        json_decref(blocks);
-        json_decref(values);
-        json_decref(nodes);
-        json_decref(outputs);
+    json_t *b = json_object();
+    if (!b) {
         *bad = 1;
         return NULL;
     }
-    put(root, "model", json_string(g->model ? g->model : ""), bad);
-    for (int i = 0; i < g->n_blocks; i++) {
-        json_t *b = json_object();
-        if (!b) {
-            *bad = 1;
-            continue;
-        }
-        put(b, "name", json_string(g->blocks[i].name), bad);
-        put(b, "layer", g->blocks[i].layer ? json_string(g->blocks[i].layer) : json_null(), bad);
-        put(b, "index", json_integer(g->blocks[i].index), bad);
-        push(blocks, b, bad);
+    put(b, "name", json_string(g->blocks[id].name), bad);
+    put(b, "layer", g->blocks[id].layer ? json_string(g->blocks[id].layer) : json_null(), bad);
+    put(b, "index", json_integer(g->blocks[id].index), bad);
+    return b;
+}
+
+/* Dumps one item on one line and releases it. */
+static void dump(json_t *item, FILE *out, int *bad)
+{
+    if (!item || json_dumpf(item, out, JSON_ENCODE_ANY) != 0) *bad = 1;
+    json_decref(item);
+}
+
+/* ` "key": [` then one item per line, built, dumped and released one at a time. */
+static void dump_list(const Graph *g, const char *key, int n, json_t *(*make)(const Graph *, int, int *), FILE *out,
+                      int *bad)
+{
+    fprintf(out, ",\n \"%s\": [", key);
+    for (int i = 0; i < n && !*bad; i++) {
+        fputs(i ? ",\n  " : "\n  ", out);
+        dump(make(g, i, bad), out, bad);
     }
-    put(root, "blocks", blocks, bad);
-    for (int i = 0; i < g->n_values; i++) push(values, value_json(g, i, bad), bad);
-    put(root, "values", values, bad);
-    for (int i = 0; i < g->n_nodes; i++) push(nodes, node_json(g, i, bad), bad);
-    put(root, "nodes", nodes, bad);
-    for (int i = 0; i < g->n_outputs; i++) push(outputs, json_integer(g->outputs[i]), bad);
-    put(root, "outputs", outputs, bad);
-    return root;
+    fputs(n ? "\n ]" : "]", out);
 }
 
 int ir_print_json(const Graph *g, FILE *out)
 {
     int bad = 0;
-    json_t *root = graph_json(g, &bad);
-    if (!bad && json_dumpf(root, out, JSON_INDENT(1)) != 0) bad = 1;
-    if (!bad) fputc('\n', out);
-    json_decref(root);
-    return bad ? -1 : 0;
+    fputs("{\n \"model\": ", out);
+    dump(json_string(g->model ? g->model : ""), out, &bad);
+    dump_list(g, "blocks", g->n_blocks, block_json, out, &bad);
+    dump_list(g, "values", g->n_values, value_json, out, &bad);
+    dump_list(g, "nodes", g->n_nodes, node_json, out, &bad);
+    fputs(",\n \"outputs\": ", out);
+    json_t *outputs = json_array();
+    if (!outputs) bad = 1;
+    for (int i = 0; i < g->n_outputs && outputs; i++) push(outputs, json_integer(g->outputs[i]), &bad);
+    dump(outputs, out, &bad);
+    fputs("\n}\n", out);
+    return bad || ferror(out) ? -1 : 0;
 }

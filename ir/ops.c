@@ -6,9 +6,9 @@
 #include "ir.h"
 
 static OpInfo table[OP_COUNT] = {
-#define OP(name_, n_out_, flags_, sig_)                                                  \
+#define OP(name_, n_out_, flags_, sig_, g_)                                              \
     {.name = #name_, .n_out = n_out_, .flags = flags_, .sig = sig_,                      \
-     .shape = shape_##name_, .flops = flops_##name_},
+     .shape = shape_##name_, .flops = flops_##name_, .grad = grad_##g_},
 #include "ops.def"
 #undef OP
 };

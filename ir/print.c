@@ -134,8 +134,11 @@ static void print_outputs(const Graph *g, const Node *n, FILE *out)
 static void print_node(const Graph *g, int id, FILE *out)
 {
     const Node *n = ir_node(g, id);
-    print_outputs(g, n, out);
-    fprintf(out, " = %s(", op_name(n->op));
+    if (n->n_out) {
+        print_outputs(g, n, out);
+        fputs(" = ", out);
+    }
+    fprintf(out, "%s(", op_name(n->op));
     for (int i = 0; i < n->n_in; i++) {
         if (i) fputs(", ", out);
         print_ref(g, ir_in(g, n, i), out);

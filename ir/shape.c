@@ -82,14 +82,14 @@ static int norm_axis(ShapeCtx *c, const char *what, int64_t axis, const Value *v
     return 0;
 }
 
-static void set_out(ShapeCtx *c, int i, DType dt, int rank, const int64_t *shape)
+void shape_set(ShapeCtx *c, int i, DType dt, int rank, const int64_t *shape)
 {
     c->out[i].dtype = dt;
     c->out[i].rank = rank;
     for (int d = 0; d < rank; d++) c->out[i].shape[d] = shape[d];
 }
 
-static void same_as(ShapeCtx *c, const Value *v) { set_out(c, 0, v->dtype, v->rank, v->shape); }
+static void same_as(ShapeCtx *c, const Value *v) { shape_set(c, 0, v->dtype, v->rank, v->shape); }
 
 /* numpy broadcasting of a's and b's shapes into out. */
 static int broadcast(ShapeCtx *c, const Value *a, const Value *b, int64_t *out, int *rout)
@@ -110,15 +110,29 @@ static int broadcast(ShapeCtx *c, const Value *a, const Value *b, int64_t *out, 
 
 /* ---- matmul and elementwise ------------------------------------------------------ */
 
+/* Applies a transpose flag (matmul's ta / tb) to a copy of an operand. */
+static int transposed(ShapeCtx *c, Value *v, const char *flag)
+{
+    char t[192];
+    if (!ir_attr_int(c->g, c->node, flag, 0)) return 0;
+    if (v->rank < 2) return shape_fail(c, "matmul: %s needs a matrix, got %s", flag, TYPE(v, t));
+    int64_t last = v->shape[v->rank - 1];
+    v->shape[v->rank - 1] = v->shape[v->rank - 2];
+    v->shape[v->rank - 2] = last;
+    return 0;
+}
+
 /* torch.matmul: a 1-D operand is a vector (its dim is dropped from the result); for
  * rank >= 2 the dims before the last two broadcast. */
 int shape_matmul(ShapeCtx *c)
 {
     if (want_inputs(c, 2)) return -1;
-    const Value *a = c->in[0], *b = c->in[1];
+    Value at = *c->in[0], bt = *c->in[1];  // as the product sees them: ta / tb applied
+    const Value *a = &at, *b = &bt;
     char ta[192], tb[192];
     if (want_rank(c, a, 1) || want_rank(c, b, 1) || want_float(c, a) || want_float(c, b) || want_same_dtype(c, a, b))
         return -1;
+    if (transposed(c, &at, "ta") || transposed(c, &bt, "tb")) return -1;
     int64_t ka = a->shape[a->rank - 1], kb = b->rank == 1 ? b->shape[0] : b->shape[b->rank - 2];
     if (ka != kb)
         return shape_fail(c, "matmul: inner dims differ: %s @ %s (%" PRId64 " vs %" PRId64 ")", TYPE(a, ta), TYPE(b, tb), ka, kb);
@@ -144,7 +158,7 @@ int shape_matmul(ShapeCtx *c)
         memcpy(shape, b->shape, sizeof(int64_t) * (size_t)(rank - 1));
         shape[rank - 1] = b->shape[b->rank - 1];
     }                           // [K] @ [K]: a scalar
-    set_out(c, 0, a->dtype, rank, shape);
+    shape_set(c, 0, a->dtype, rank, shape);
     return 0;
 }
 
@@ -155,9 +169,9 @@ static int binary(ShapeCtx *c, int ints_ok)
     if (want_same_dtype(c, a, b)) return -1;
     if (!ints_ok && (want_float(c, a) || want_float(c, b))) return -1;
     int64_t shape[IR_MAX_RANK];
-    int rank;
+    int rank = 0;
     if (broadcast(c, a, b, shape, &rank)) return -1;
-    set_out(c, 0, a->dtype, rank, shape);
+    shape_set(c, 0, a->dtype, rank, shape);
     return 0;
 }
 
@@ -192,7 +206,7 @@ static int reduce(ShapeCtx *c)
 {
     if (want_inputs(c, 1)) return -1;
     const Value *x = c->in[0];
-    int axis;
+    int axis = 0;
     if (want_float(c, x) || want_rank(c, x, 1) || norm_axis(c, "axis", ir_attr_int(c->g, c->node, "axis", -1), x, &axis))
         return -1;
     int keep = ir_attr_int(c->g, c->node, "keepdim", 0) != 0;
@@ -202,7 +216,7 @@ static int reduce(ShapeCtx *c)
         if (d != axis) shape[rank++] = x->shape[d];
         else if (keep) shape[rank++] = 1;
     }
-    set_out(c, 0, x->dtype, rank, shape);
+    shape_set(c, 0, x->dtype, rank, shape);
     return 0;
 }
 
@@ -213,7 +227,7 @@ int shape_max(ShapeCtx *c) { return reduce(c); }
 int shape_softmax(ShapeCtx *c)
 {
     if (want_inputs(c, 1)) return -1;
-    int axis;
+    int axis = 0;
     if (want_float(c, c->in[0]) || want_rank(c, c->in[0], 1) ||
         norm_axis(c, "axis", ir_attr_int(c->g, c->node, "axis", -1), c->in[0], &axis))
         return -1;
@@ -273,7 +287,7 @@ int shape_embedding(ShapeCtx *c)
     int64_t shape[IR_MAX_RANK];
     memcpy(shape, idx->shape, sizeof(int64_t) * (size_t)idx->rank);
     shape[idx->rank] = table->shape[1];
-    set_out(c, 0, table->dtype, idx->rank + 1, shape);
+    shape_set(c, 0, table->dtype, idx->rank + 1, shape);
     return 0;
 }
 
@@ -295,7 +309,7 @@ int shape_cross_entropy(ShapeCtx *c)
         return shape_fail(c, "cross_entropy: targets %s do not match logits %s (expected %s)", TYPE(tg, tt), TYPE(lg, tl),
                           SHAPE(&lead, want));
     }
-    set_out(c, 0, DT_F32, 0, NULL);
+    shape_set(c, 0, DT_F32, 0, NULL);
     return 0;
 }
 
@@ -318,13 +332,15 @@ int shape_reshape(ShapeCtx *c)
         else if (dims[d] == -1) return shape_fail(c, "reshape: more than one -1 in %s (input %s)", SHAPE(&to, want), TYPE(x, tx));
         else if (dims[d] <= 0)
             return shape_fail(c, "reshape: dim %d of %s must be positive or -1 (input %s)", d, SHAPE(&to, want), TYPE(x, tx));
+        else if (dims[d] > (INT64_C(1) << 48) / known)
+            return shape_fail(c, "reshape: %s has more than 2^48 elements (input %s)", SHAPE(&to, want), TYPE(x, tx));
         else known *= dims[d];
     }
     int64_t numel = ir_numel(x);
     if (infer >= 0 ? numel % known != 0 : numel != known)
         return shape_fail(c, "reshape: cannot reshape %s (%" PRId64 " elements) to %s", TYPE(x, tx), numel, SHAPE(&to, want));
     if (infer >= 0) to.shape[infer] = numel / known;
-    set_out(c, 0, x->dtype, n, to.shape);
+    shape_set(c, 0, x->dtype, n, to.shape);
     return 0;
 }
 
@@ -332,7 +348,7 @@ int shape_transpose(ShapeCtx *c)
 {
     if (want_inputs(c, 1)) return -1;
     const Value *x = c->in[0];
-    int a, b;
+    int a = 0, b = 0;
     if (norm_axis(c, "dim", ir_attr_int(c->g, c->node, "a", -2), x, &a) ||
         norm_axis(c, "dim", ir_attr_int(c->g, c->node, "b", -1), x, &b))
         return -1;
@@ -353,12 +369,12 @@ int shape_permute(ShapeCtx *c)
     int seen[IR_MAX_RANK] = {0};
     int64_t shape[IR_MAX_RANK];
     for (int i = 0; i < n; i++) {
-        int d;
+        int d = 0;
         if (norm_axis(c, "dim", dims[i], x, &d)) return -1;
         if (seen[d]++) return shape_fail(c, "permute: dim %" PRId64 " appears twice for %s", dims[i], TYPE(x, tx));
         shape[i] = x->shape[d];
     }
-    set_out(c, 0, x->dtype, n, shape);
+    shape_set(c, 0, x->dtype, n, shape);
     return 0;
 }
 
@@ -367,7 +383,7 @@ int shape_split(ShapeCtx *c)
     if (want_inputs(c, 1)) return -1;
     const Value *x = c->in[0];
     int64_t n = ir_attr_int(c->g, c->node, "n", 1);
-    int axis;
+    int axis = 0;
     char tx[192], sx[160];
     if (n < 1 || n > IR_MAX_OUT)
         return shape_fail(c, "split: n must be in [1, %d], got %" PRId64 " (input %s)", IR_MAX_OUT, n, TYPE(x, tx));
@@ -377,7 +393,7 @@ int shape_split(ShapeCtx *c)
                           x->shape[axis], n);
     c->n_out = (int)n;
     for (int i = 0; i < n; i++) {
-        set_out(c, i, x->dtype, x->rank, x->shape);
+        shape_set(c, i, x->dtype, x->rank, x->shape);
         c->out[i].shape[axis] = x->shape[axis] / n;
     }
     return 0;
@@ -388,7 +404,7 @@ int shape_concat(ShapeCtx *c)
     char ta[192], tb[192];
     if (c->n_in < 1) return shape_fail(c, "concat: expects at least 1 tensor, got 0");
     const Value *a = c->in[0];
-    int axis;
+    int axis = 0;
     if (want_rank(c, a, 1) || norm_axis(c, "axis", ir_attr_int(c->g, c->node, "axis", -1), a, &axis)) return -1;
     int64_t total = 0;
     for (int i = 0; i < c->n_in; i++) {
@@ -419,7 +435,7 @@ int shape_heads(ShapeCtx *c)
     int64_t T = x->shape[r - 2], C = x->shape[r - 1];
     if (n < 1) return shape_fail(c, "heads: n must be positive, got %" PRId64 " (input %s)", n, TYPE(x, tx));
     if (C % n) return shape_fail(c, "heads: last dim of %s (%" PRId64 ") is not divisible by %" PRId64, TYPE(x, tx), C, n);
-    set_out(c, 0, x->dtype, r + 1, x->shape);
+    shape_set(c, 0, x->dtype, r + 1, x->shape);
     c->out[0].shape[r - 2] = n;
     c->out[0].shape[r - 1] = T;
     c->out[0].shape[r] = C / n;
@@ -433,7 +449,7 @@ int shape_merge_heads(ShapeCtx *c)
     const Value *x = c->in[0];
     if (want_rank(c, x, 3)) return -1;
     int r = x->rank;
-    set_out(c, 0, x->dtype, r - 1, x->shape);
+    shape_set(c, 0, x->dtype, r - 1, x->shape);
     c->out[0].shape[r - 3] = x->shape[r - 2];
     c->out[0].shape[r - 2] = x->shape[r - 3] * x->shape[r - 1];
     return 0;
@@ -454,7 +470,8 @@ int shape_rope(ShapeCtx *c)
     return 0;
 }
 
-/* q (..., T, D), k (..., S, D), v (..., S, Dv) -> (..., T, Dv); batch dims equal. */
+/* q (..., T, D), k (..., S, D), v (..., S, Dv) -> (..., T, Dv) and the f32 row
+ * log-sum-exp (..., T); batch dims equal. */
 int shape_attention(ShapeCtx *c)
 {
     if (want_inputs(c, 3)) return -1;
@@ -479,8 +496,9 @@ int shape_attention(ShapeCtx *c)
     if (ir_attr_int(c->g, c->node, "causal", 0) && T != S)
         return shape_fail(c, "attention: causal needs equal lengths: q %s, k %s (%" PRId64 " vs %" PRId64 ")", TYPE(q, tq),
                           TYPE(k, tk), T, S);
-    set_out(c, 0, q->dtype, r, q->shape);
+    shape_set(c, 0, q->dtype, r, q->shape);
     c->out[0].shape[r - 1] = v->shape[r - 1];
+    shape_set(c, 1, DT_F32, r - 1, q->shape);  // the row log-sum-exp, saved for backward
     return 0;
 }
 
@@ -491,13 +509,13 @@ int shape_arange(ShapeCtx *c)
     if (want_inputs(c, 0)) return -1;
     int64_t n = ir_attr_int(c->g, c->node, "n", 0);
     if (n < 1) return shape_fail(c, "arange: n must be positive, got %" PRId64, n);
-    set_out(c, 0, DT_I32, 1, &n);
+    shape_set(c, 0, DT_I32, 1, &n);
     return 0;
 }
 
 int shape_scalar(ShapeCtx *c)
 {
     if (want_inputs(c, 0)) return -1;
-    set_out(c, 0, DT_F32, 0, NULL);
+    shape_set(c, 0, DT_F32, 0, NULL);
     return 0;
 }

@@ -1,6 +1,6 @@
-/* passes/passes.c: the pass list as data, and the driver that runs it. Later passes
- * (autodiff, optimizer, precision, recompute, shard, pipeline, offload, fuse, schedule,
- * memplan) join this table in DESIGN.md's order as they are written. */
+/* passes/passes.c: the pass list as data, and the driver that runs it. The passes not
+ * written yet (precision, recompute, shard, pipeline, offload, fuse, schedule) join this
+ * table in DESIGN.md's order. */
 #include <string.h>
 
 #include "passes.h"
@@ -8,6 +8,12 @@
 static const PassInfo PASSES[] = {
     {"dce", "a forward graph from lower", "every node contributes to an output; unused params warned",
      pass_dce},
+    {"autodiff", "outputs[0] is a float scalar loss", "backward nodes; Value.grad of every used param",
+     pass_autodiff},
+    {"optimizer", "param gradients", "step input, lr and grad_norm outputs, state tensors, update nodes",
+     pass_optimizer},
+    {"memplan", "the final node order", "Value.offset and live range of every value; Graph.arena_bytes",
+     pass_memplan},
 };
 enum { N_PASSES = sizeof PASSES / sizeof *PASSES };
 

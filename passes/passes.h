@@ -27,7 +27,10 @@ const PassInfo *passes_list(int *n);
  * o->print_after is reported before anything runs. */
 int passes_run(Graph *g, const Options *o, Diag *d);
 
-/* ---- one file each ---------------------------------------------------------------- */
-int pass_dce(Graph *g, const Options *o, Diag *d);  // passes/dce.c
+/* ---- one file each, in pipeline order ------------------------------------------------ */
+int pass_dce(Graph *g, const Options *o, Diag *d);        // passes/dce.c
+int pass_autodiff(Graph *g, const Options *o, Diag *d);   // passes/autodiff.c
+int pass_optimizer(Graph *g, const Options *o, Diag *d);  // passes/optimizer.c
+int pass_memplan(Graph *g, const Options *o, Diag *d);    // passes/memplan.c
 
 #endif

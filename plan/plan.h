@@ -20,9 +20,10 @@
  *   32      24*n  section table: tag[4], CRC-32 u32, offset u64, length u64
  *   ...           the sections, back to back in table order, up to the end of the file
  *
- * Every byte of the file is covered by a checksum. Sections (PLAN_TAG_*) are listed in
- * plan/format.h; unknown tags are skipped. A section of records starts with its record
- * count and record size, so a newer minor version can append fields to a record.
+ * Every byte of the file is covered by a checksum. The sections of version 1.0 (STRS,
+ * META, BLKS, TENS, NODE, IDS, ATTR, INTS, OUTS) and their records are laid out in
+ * plan/format.h; a reader skips tags it does not know. A section of records starts
+ * with its record count and record size, so a newer minor version can append fields.
  *
  * Reading checks the magic, version, header checksum, size, bounds and every section's
  * checksum, each with its own message, before it decodes anything; decoding then checks
@@ -84,6 +85,12 @@ typedef struct {
     int32_t producer;   // op id or PLAN_NONE (inputs, params, constants)
     int32_t tied_to;    // tensor id of the param this one aliases, or PLAN_NONE
     double init_a, init_b;  // normal: (std, 0); uniform: (low, high)
+    int32_t grad;       // params: the tensor holding its gradient, or PLAN_NONE
+    /* The memory plan (memplan): where the tensor lives in its rank's arena (meta
+     * "arena_bytes" long) and when. Checked against the arena by the executor. */
+    int64_t offset;     // bytes from the arena's start
+    int32_t live_start, live_end;  // first writer and last reader, op ids; n_ops: to the step's end
+    int32_t alias;      // the tensor whose buffer this view shares, or PLAN_NONE
 } PlanTensor;
 
 typedef struct {
@@ -141,7 +148,7 @@ typedef struct Plan {
 /* Every allocation this layer makes goes through these (malloc and free by default), so
  * tests can make the k-th one fail. NULL restores the defaults. */
 void plan_set_alloc(void *(*alloc_fn)(size_t), void (*free_fn)(void *));
-void *plan_alloc(size_t n);  // NULL on failure (or n == 0 overflow checks by callers)
+void *plan_alloc(size_t n);  // NULL on failure; n == 0 allocates one byte
 void plan_dealloc(void *p);
 
 /* ---- plan/build.c: making a plan in memory, and reading one ---------------------- */
@@ -149,8 +156,9 @@ void plan_dealloc(void *p);
 Plan *plan_new(void);  // empty, version PLAN_MAJOR.PLAN_MINOR; NULL when out of memory
 void plan_free(Plan *p);
 
-/* Each returns the new item's id (or the string's id), or -1 when out of memory; after a
- * failure the plan is unchanged and can still be freed. */
+/* Each returns the new item's id (the string's id; 0 for meta), or -1 when out of
+ * memory; after a failure the plan stays valid (at most a string more) and can be freed.
+ * plan_meta_set_* replaces an existing key's value. */
 int32_t plan_intern(Plan *p, const char *s);  // the id of s, added once
 int plan_meta_set_str(Plan *p, const char *key, const char *value);
 int plan_meta_set_int(Plan *p, const char *key, int64_t value);
@@ -181,6 +189,13 @@ const char *plan_init_name(PlanInit k);    // "none", "zeros", "ones", "normal",
 /* Elements and bytes of a tensor (shapes are checked by the reader to fit in int64). */
 int64_t plan_tensor_numel(const PlanTensor *t);
 int64_t plan_tensor_nbytes(const PlanTensor *t);
+
+/* ---- plan/check.c ------------------------------------------------------------------ */
+
+/* Checks every string id, tensor id, range and enum of a plan, so code that walks one
+ * can index without checking. 0, or -1 with a message ("tensor 12: block 9 out of range
+ * (4 blocks)"). plan_read runs it on every file, plan_write on every plan. */
+int plan_check(const Plan *p, char *err, size_t errlen);
 
 /* ---- plan/write.c ------------------------------------------------------------------ */
 

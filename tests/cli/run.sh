@@ -49,7 +49,7 @@ expect print-after-lower 0 "matmul(" -- "$FSC" "$SRC/samples/mlp.fsm" --print-af
 
 # A syntax error: file:line:col, the line and a caret; exit 1.
 printf 'model m {\n  dim B = 4;\n  input x: f32[B, 8]\n  loss = sum(x);\n}\n' >"$tmp/bad.fsm"
-expect syntax-error 1 "bad.fsm:4:3: error:" -- "$FSC" "$tmp/bad.fsm"
+expect syntax-error 1 "bad.fsm:3:21: error: expected ';'" -- "$FSC" "$tmp/bad.fsm"
 
 # Plan: write, inspect, reject damage.
 expect write-plan 0 "wrote $tmp/gpt2.plan" -- "$FSC" "$SRC/samples/gpt2.fsm" -D L=2 -D C=64 -D NH=4 -D T=32 -D V=256 -o "$tmp/gpt2.plan"

@@ -1,0 +1,659 @@
+/* frontend/expr.c: assignments and expressions, to IR nodes.
+ *
+ * An expression lowers to an RVal: a value id; a number not yet made a tensor (so that
+ * `2 * 3` or `C / NH` folds into one `scalar` node); a tuple (split, a layer with several
+ * returns), which only an assignment may take apart; or poison, the result of anything
+ * that already reported an error, which every consumer passes on silently.
+ *
+ * Op calls bind their arguments to the op's signature from ops.def (tensors first, then
+ * attributes by position or keyword, bare flag names), and store every attribute on the
+ * node, defaults included. A layer call creates one block per instance and lowers the
+ * forward body once per instance, chaining results into the next instance's arguments.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "lower.h"
+
+static RVal poison(void) { return (RVal){.kind = RV_POISON, .id = -1}; }
+static RVal value(int id) { return (RVal){.kind = RV_VALUE, .id = id}; }
+static RVal constant(double c) { return (RVal){.kind = RV_CONST, .id = -1, .c = c}; }
+
+static RVal tuple(Lower *L, const int *ids, int n, const char *what)
+{
+    RVal r = {.kind = RV_TUPLE, .id = -1, .n = n, .what = what};
+    r.ids = arena_alloc(L->tmp, sizeof(int) * (size_t)(n > 0 ? n : 1));
+    memcpy(r.ids, ids, sizeof(int) * (size_t)n);
+    return r;
+}
+
+/* An op's message may already start with its name ("matmul: inner dims differ"). */
+static void node_error(Lower *L, OpKind op, Loc loc, const char *err)
+{
+    const char *name = op_name(op);
+    size_t n = strlen(name);
+    if (strncmp(err, name, n) == 0 && err[n] == ':')
+        diag_error(L->d, loc, "%s", err);
+    else
+        diag_error(L->d, loc, "%s: %s", name, err[0] ? err : "invalid arguments");
+}
+
+int lower_too_big(Lower *L, Loc loc)
+{
+    if (L->g->n_nodes + L->g->n_values < LOWER_MAX_ITEMS) return 0;
+    if (!L->big_reported)
+        diag_error(L->d, loc, "the model has more than %d nodes and values; make it smaller",
+                   LOWER_MAX_ITEMS);
+    L->big_reported = 1;
+    return 1;
+}
+
+static RVal add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *attrs,
+                     int n_attr, Loc loc)
+{
+    char err[512] = "";
+    if (lower_too_big(L, loc)) return poison();
+    int id = ir_node_add(L->g, op, in, n_in, attrs, n_attr, L->block, PHASE_FORWARD, loc, err,
+                         sizeof err);
+    if (id < 0) {
+        node_error(L, op, loc, err);
+        return poison();
+    }
+    const Node *nd = ir_node(L->g, id);
+    int outs[IR_MAX_OUT];
+    for (int i = 0; i < nd->n_out; i++) {
+        const Value *v = ir_value(L->g, ir_out(L->g, nd, i));
+        if (ce_numel(v) < 0) {
+            char buf[256];
+            diag_error(L->d, loc, "%s: its result %s has more than 2^48 elements", op_name(op),
+                       ir_type_str(v, buf, sizeof buf));
+            return poison();
+        }
+        outs[i] = ir_out(L->g, nd, i);
+    }
+    /* An op's saved state (attention's log-sum-exp) is for backward, not for source. */
+    if (nd->n_out == 1 || (op_info(op)->flags & OPF_SAVES)) return value(outs[0]);
+    return tuple(L, outs, nd->n_out, op_name(op));
+}
+
+static int scalar_of(Lower *L, double c, Loc loc)
+{
+    Attr a = {.key = "value", .kind = ATTR_FLOAT, .f = c};
+    RVal r = add_node(L, OP_scalar, NULL, 0, &a, 1, loc);
+    return r.kind == RV_VALUE ? r.id : -1;
+}
+
+/* The one tensor `r` stands for, or -1 (after an error when it is a tuple). */
+static int one_value(Lower *L, RVal r, Loc loc)
+{
+    switch (r.kind) {
+    case RV_VALUE: return r.id;
+    case RV_CONST: return scalar_of(L, r.c, loc);
+    case RV_TUPLE:
+        diag_error(L->d, loc, "%s gives %d values where one is expected; assign them to %d names first",
+                   r.what, r.n, r.n);
+        return -1;
+    default: return -1;
+    }
+}
+
+static RVal lower_name(Lower *L, Scope *s, const Expr *e)
+{
+    const Binding *b = scope_find(s, e->name);
+    if (!b) {
+        lower_unknown(L, s, e->name, e->loc, 0);
+        return poison();
+    }
+    if (b->poisoned) return poison();
+    if (b->kind == B_DIM) return constant((double)b->dim);
+    return value(b->value);
+}
+
+static RVal lower_neg(Lower *L, Scope *s, const Expr *e)
+{
+    RVal r = lower_expr(L, s, e->lhs);
+    if (r.kind == RV_CONST) return constant(-r.c);
+    int x = one_value(L, r, e->lhs->loc);
+    return x < 0 ? poison() : add_node(L, OP_neg, &x, 1, NULL, 0, e->loc);
+}
+
+static RVal lower_binary(Lower *L, Scope *s, const Expr *e)
+{
+    RVal a = lower_expr(L, s, e->lhs), b = lower_expr(L, s, e->rhs);
+    if (a.kind == RV_CONST && b.kind == RV_CONST && e->op != '@') {
+        double c = 0;
+        switch (e->op) {
+        case '+': c = a.c + b.c; break;
+        case '-': c = a.c - b.c; break;
+        case '*': c = a.c * b.c; break;
+        case '/':
+            if (b.c == 0) {
+                diag_error(L->d, e->loc, "division by zero");
+                return poison();
+            }
+            c = a.c / b.c;
+            break;
+        }
+        if (!isfinite(c)) {
+            diag_error(L->d, e->loc, "the constant %g %c %g is too large", a.c, e->op, b.c);
+            return poison();
+        }
+        return constant(c);
+    }
+    int x = one_value(L, a, e->lhs->loc), y = one_value(L, b, e->rhs->loc);
+    if (x < 0 || y < 0) return poison();
+    OpKind op = e->op == '+' ? OP_add : e->op == '-' ? OP_sub : e->op == '*' ? OP_mul
+              : e->op == '/' ? OP_div : OP_matmul;
+    int in[2] = {x, y};
+    return add_node(L, op, in, 2, NULL, 0, e->loc);
+}
+
+/* ---- op calls ------------------------------------------------------------------------ */
+
+static int param_index(const OpInfo *info, const char *name)
+{
+    for (int k = 0; k < info->n_params; k++)
+        if (strcmp(info->params[k].name, name) == 0) return k;
+    return -1;
+}
+
+static int is_flag_name(const OpInfo *info, const Expr *e)
+{
+    if (e->kind != EX_NAME) return -1;
+    int k = param_index(info, e->name);
+    return k >= 0 && info->params[k].kind == ARG_FLAG ? k : -1;
+}
+
+/* In concat(x, y, -1), the trailing numbers and lists are attributes, not tensors. */
+static int attr_like(const Expr *e)
+{
+    return e->kind == EX_NUM || e->kind == EX_LIST || (e->kind == EX_NEG && e->lhs->kind == EX_NUM);
+}
+
+static int any_default(const OpInfo *info)
+{
+    for (int k = 0; k < info->n_params; k++)
+        if (info->params[k].has_default) return 1;
+    return 0;
+}
+
+static void too_many(Lower *L, const Expr *e, const OpInfo *info, int got)
+{
+    if (info->n_tensors < 0)
+        diag_error(L->d, e->loc, "%s: expects its tensors and at most %d more argument%s, got %d",
+                   info->name, info->n_params - 1, info->n_params == 2 ? "" : "s", got);
+    else if (any_default(info))
+        diag_error(L->d, e->loc, "%s: expects at most %d argument%s, got %d", info->name,
+                   info->n_params, info->n_params == 1 ? "" : "s", got);
+    else
+        diag_error(L->d, e->loc, "%s: expects %d argument%s, got %d", info->name, info->n_params,
+                   info->n_params == 1 ? "" : "s", got);
+}
+
+static int bind_keyword(Lower *L, const OpInfo *info, const Arg *a, const Expr **slot)
+{
+    int k = param_index(info, a->key);
+    if (k < 0) {
+        const char *names[IR_MAX_PARAMS];
+        for (int i = 0; i < info->n_params; i++) names[i] = info->params[i].name;
+        const char *best = diag_closest(a->key, names, info->n_params);
+        if (best)
+            diag_error(L->d, a->key_loc, "%s: no parameter named '%s'; did you mean '%s'?",
+                       info->name, a->key, best);
+        else
+            diag_error(L->d, a->key_loc, "%s: no parameter named '%s' (its signature is %s(%s))",
+                       info->name, a->key, info->name, info->sig);
+        return -1;
+    }
+    if (info->params[k].kind == ARG_TENSORS) {
+        diag_error(L->d, a->key_loc, "%s: its tensors are passed by position, not as '%s ='",
+                   info->name, a->key);
+        return -1;
+    }
+    if (slot[k]) {
+        diag_error(L->d, a->key_loc, "%s: argument '%s' given twice", info->name, a->key);
+        return -1;
+    }
+    slot[k] = a->value;
+    return 0;
+}
+
+/* Puts each argument of call `e` in the slot of its parameter; a variadic op's tensors
+ * go to xs. */
+static int bind_args(Lower *L, const Expr *e, const OpInfo *info, const Expr **slot,
+                     const Expr **xs, int *n_xs)
+{
+    int variadic = info->n_tensors < 0, rc = 0, np = 0, got = 0, seen_key = 0;
+    for (const Arg *a = e->args; a; a = a->next) got++;
+    const Expr **pos = arena_alloc(L->tmp, sizeof *pos * (size_t)(got + 1));
+    for (const Arg *a = e->args; a; a = a->next) {
+        int k;
+        if (a->key) {
+            seen_key = 1;
+        } else if (seen_key) {
+            diag_error(L->d, a->value->loc, "%s: positional argument after keyword arguments",
+                       info->name);
+            rc = -1;
+        } else if ((k = is_flag_name(info, a->value)) >= 0) {
+            if (slot[k]) {
+                diag_error(L->d, a->value->loc, "%s: argument '%s' given twice", info->name,
+                           info->params[k].name);
+                rc = -1;
+            }
+            slot[k] = a->value;
+        } else {
+            pos[np++] = a->value;
+        }
+    }
+    int first = 0, n_tens = variadic ? np : info->n_tensors;
+    if (variadic) {
+        while (n_tens > 1 && attr_like(pos[n_tens - 1])) n_tens--;
+        if (n_tens > IR_MAX_IN) {
+            diag_error(L->d, e->loc, "%s: at most %d tensors, got %d", info->name, IR_MAX_IN, n_tens);
+            return -1;
+        }
+        for (int i = 0; i < n_tens; i++) xs[i] = pos[i];
+        *n_xs = n_tens;
+        first = 1;
+    } else if (np > info->n_params) {
+        too_many(L, e, info, got);
+        return -1;
+    }
+    for (int i = variadic ? n_tens : 0; i < np; i++) {
+        int k = variadic ? first + i - n_tens : i;
+        if (k >= info->n_params) {
+            too_many(L, e, info, got);
+            return -1;
+        }
+        if (slot[k]) {
+            diag_error(L->d, pos[i]->loc, "%s: argument '%s' given twice", info->name,
+                       info->params[k].name);
+            rc = -1;
+        }
+        slot[k] = pos[i];
+    }
+    for (const Arg *a = e->args; a; a = a->next)  // after positionals: `given twice` at the key
+        if (a->key && bind_keyword(L, info, a, slot)) rc = -1;
+    if (variadic && *n_xs == 0) {
+        diag_error(L->d, e->loc, "%s: expects at least one tensor", info->name);
+        rc = -1;
+    }
+    for (int k = first; k < info->n_params; k++)
+        if (!slot[k] && !info->params[k].has_default) {
+            diag_error(L->d, e->loc, "%s: missing argument '%s'", info->name, info->params[k].name);
+            rc = -1;
+        }
+    return rc;
+}
+
+static int tensor_arg(Lower *L, Scope *s, const OpInfo *info, const char *pname, const Expr *x)
+{
+    if (x->kind == EX_LIST) {
+        diag_error(L->d, x->loc, "%s: argument '%s' must be a tensor, not a list", info->name, pname);
+        return -1;
+    }
+    return one_value(L, lower_expr(L, s, x), x->loc);
+}
+
+static int ints_attr(Lower *L, Scope *s, const char *what, const Expr *x, Attr *a)
+{
+    if (x->kind != EX_LIST) {
+        diag_error(L->d, x->loc, "%s must be a list like [B, T, C]", what);
+        return -1;
+    }
+    int64_t items[LOWER_MAX_LIST];
+    int n = 0, rc = 0;
+    for (const Expr *it = x->items; it; it = it->next) {
+        if (n == LOWER_MAX_LIST) {
+            diag_error(L->d, it->loc, "%s: at most %d items", what, LOWER_MAX_LIST);
+            return -1;
+        }
+        if (ce_int(L, s, it, what, &items[n++])) rc = -1;
+    }
+    if (rc) return -1;
+    /* A list is a shape or a permutation: its sizes multiply to the elements of a tensor. */
+    int64_t numel = 1;
+    for (int i = 0; i < n; i++) {
+        int64_t v = items[i] < 0 ? (items[i] == INT64_MIN ? INT64_MAX : -items[i]) : items[i];
+        if (v > 0 && (__builtin_mul_overflow(numel, v, &numel) || numel > LOWER_MAX_NUMEL)) {
+            diag_error(L->d, x->loc, "%s: its sizes multiply to more than 2^48", what);
+            return -1;
+        }
+    }
+    int64_t *copy = arena_alloc(L->tmp, sizeof *copy * (size_t)(n + 1));
+    memcpy(copy, items, sizeof *items * (size_t)n);
+    a->kind = ATTR_INTS;
+    a->ints = copy;  // ir_node_add copies them into the graph
+    a->n_list = n;
+    return 0;
+}
+
+/* One attribute, from its argument or its default. */
+static int attr_arg(Lower *L, Scope *s, const OpInfo *info, int k, const Expr *x, Attr *a)
+{
+    const OpParam *p = &info->params[k];
+    memset(a, 0, sizeof *a);
+    a->key = p->name;
+    a->kind = p->kind == ARG_FLOAT ? ATTR_FLOAT : ATTR_INT;
+    a->i = (int64_t)p->def;
+    a->f = p->def;
+    if (!x) return 0;
+    char *what = arena_printf(L->tmp, "%s: argument '%s'", info->name, p->name);
+    switch (p->kind) {
+    case ARG_INT: return ce_int(L, s, x, what, &a->i);
+    case ARG_FLOAT: return ce_float(L, s, x, what, &a->f);
+    case ARG_INTS: return ints_attr(L, s, what, x, a);
+    case ARG_FLAG:
+        if (x->kind == EX_NAME && strcmp(x->name, p->name) == 0) {
+            a->i = 1;
+            return 0;
+        }
+        if (ce_int(L, s, x, what, &a->i)) return -1;
+        if (a->i != 0 && a->i != 1) {
+            diag_error(L->d, x->loc, "%s: flag '%s' must be 0 or 1, got %lld", info->name, p->name,
+                       (long long)a->i);
+            return -1;
+        }
+        return 0;
+    default: FS_ASSERT(!"tensor parameter after attributes"); return -1;
+    }
+}
+
+static RVal lower_op_call(Lower *L, Scope *s, const Expr *e, OpKind op)
+{
+    const OpInfo *info = op_info(op);
+    const Expr *slot[IR_MAX_PARAMS] = {0}, *xs[IR_MAX_IN];
+    int n_xs = 0;
+    if (bind_args(L, e, info, slot, xs, &n_xs)) return poison();
+    int variadic = info->n_tensors < 0, rc = 0, in[IR_MAX_IN], n_in = 0;
+    int first = variadic ? 1 : info->n_tensors;
+    if (variadic) {
+        for (int i = 0; i < n_xs; i++)
+            if ((in[n_in++] = tensor_arg(L, s, info, info->params[0].name, xs[i])) < 0) rc = -1;
+    } else if (op == OP_sqrt && slot[0]->kind != EX_LIST) {
+        RVal x = lower_expr(L, s, slot[0]);  // sqrt of a constant folds
+        if (x.kind == RV_CONST && x.c < 0) {
+            diag_error(L->d, e->loc, "sqrt of a negative number (%g)", x.c);
+            return poison();
+        }
+        if (x.kind == RV_CONST) return constant(sqrt(x.c));
+        if ((in[n_in++] = one_value(L, x, slot[0]->loc)) < 0) rc = -1;
+    } else {
+        for (int k = 0; k < first; k++)
+            if ((in[n_in++] = tensor_arg(L, s, info, info->params[k].name, slot[k])) < 0) rc = -1;
+    }
+    Attr attrs[IR_MAX_PARAMS];
+    int n_attr = 0;
+    for (int k = first; k < info->n_params; k++)
+        if (attr_arg(L, s, info, k, slot[k], &attrs[n_attr++])) rc = -1;
+    if (rc) return poison();
+    return add_node(L, op, in, n_in, attrs, n_attr, e->loc);
+}
+
+/* ---- layer instances ----------------------------------------------------------------- */
+
+/* Lowers one instance's params and forward; its return values into ret. */
+static int lower_instance(Lower *L, const Layer *ly, const char *prefix, int block,
+                          const int *args, int *ret)
+{
+    const Stmt *def = ly->def;
+    Scope sc;
+    scope_init(&sc, &L->model);
+    const Layer *saved_layer = L->in_layer;
+    int saved_block = L->block, rc = 0;
+    L->in_layer = ly;
+    L->block = block;
+    for (const Stmt *st = def->body; st; st = st->next) {
+        if (st->kind == ST_DIM) lower_dim(L, &sc, st, NULL);
+        if (st->kind != ST_PARAM) continue;
+        char *full = arena_printf(L->tmp, "%s.%s", prefix, st->name);
+        int id = lower_param(L, &sc, st, full, block);
+        Binding *b = scope_bind(L, &sc, st->name, B_PARAM, st->name_loc);
+        b->value = id;
+        b->poisoned = id < 0;
+        if (id < 0) rc = -1;
+    }
+    int j = 0;
+    for (const Name *nm = def->targets; nm; nm = nm->next, j++)
+        scope_bind(L, &sc, nm->name, B_VALUE, nm->loc)->value = args[j];
+    for (const Stmt *st = def->fwd; st && !L->d->stopped; st = st->next) {
+        if (st->kind == ST_ASSIGN) lower_assign(L, &sc, st);
+        if (st->kind != ST_RETURN) continue;
+        j = 0;
+        for (const Expr *x = st->value; x; x = x->next, j++)
+            if ((ret[j] = one_value(L, lower_expr(L, &sc, x), x->loc)) < 0) rc = -1;
+        break;
+    }
+    L->in_layer = saved_layer;
+    L->block = saved_block;
+    return rc;
+}
+
+/* Chained instances must return what they take: result j feeds argument j. */
+static int check_chain(Lower *L, const Expr *e, const Layer *ly, int64_t count, const int *args,
+                       const int *ret)
+{
+    for (int j = 0; j < ly->n_ret; j++) {
+        const Value *r = ir_value(L->g, ret[j]), *a = ir_value(L->g, args[j]);
+        int same = r->dtype == a->dtype && r->rank == a->rank;
+        for (int i = 0; same && i < r->rank; i++) same = r->shape[i] == a->shape[i];
+        if (same) continue;
+        char rb[128], ab[128];
+        diag_error(L->d, e->loc,
+                   "%s[%lld]: chained instances must return what they take, but result %d is %s "
+                   "and argument %d is %s",
+                   ly->def->name, (long long)count, j + 1, ir_type_str(r, rb, sizeof rb), j + 1,
+                   ir_type_str(a, ab, sizeof ab));
+        if (ly->ret) diag_note(L->d, ly->ret->loc, "'%s' returns here", ly->def->name);
+        return -1;
+    }
+    return 0;
+}
+
+/* `as NAME` (or the default "h") must name one group of instances only, and no
+ * model-level name may look like one of theirs (h.0.w). */
+static int claim_name(Lower *L, const char *name, Loc loc, int explicit)
+{
+    size_t len = strlen(name);
+    for (const Stmt *st = L->body; st; st = st->next) {
+        int decl = st->kind == ST_DIM || st->kind == ST_INPUT || st->kind == ST_PARAM;
+        if (!decl || strncmp(st->name, name, len) != 0 || st->name[len] != '.') continue;
+        diag_error(L->d, loc, "instance name '%s' clashes with the name of %s '%s'%s", name,
+                   st->kind == ST_INPUT ? "input" : st->kind == ST_DIM ? "dim" : "param",
+                   st->name, explicit ? "" : "; name the instances with `as NAME`");
+        diag_note(L->d, st->name_loc, "'%s' is declared here", st->name);
+        return -1;
+    }
+    for (int i = 0; i < L->n_insts; i++) {
+        if (strcmp(L->insts[i].name, name) != 0) continue;
+        if (explicit)
+            diag_error(L->d, loc, "instance name '%s' is already used", name);
+        else
+            diag_error(L->d, loc, "instances named '%s' already exist; name these with `as NAME`",
+                       name);
+        diag_note(L->d, L->insts[i].loc, "'%s' was first used here", name);
+        return -1;
+    }
+    L->insts = arena_grow(L->tmp, L->insts, &L->cap_insts, L->n_insts + 1, sizeof *L->insts);
+    L->insts[L->n_insts++] = (InstName){name, loc};
+    return 0;
+}
+
+static int inst_args(Lower *L, Scope *s, const Expr *e, const Layer *ly, int *args)
+{
+    int n = 0, rc = 0;
+    for (const Arg *a = e->args; a; a = a->next, n++) {
+        if (a->key) {
+            diag_error(L->d, a->key_loc, "%s: layer arguments are positional; drop '%s ='",
+                       e->name, a->key);
+            rc = -1;
+            continue;
+        }
+        int id = one_value(L, lower_expr(L, s, a->value), a->value->loc);
+        if (n < IR_MAX_IN) args[n] = id;
+        if (id < 0) rc = -1;
+    }
+    if (n != ly->n_args) {
+        diag_error(L->d, e->loc, "%s: expects %d argument%s, got %d", e->name, ly->n_args,
+                   ly->n_args == 1 ? "" : "s", n);
+        diag_note(L->d, ly->def->fwd_loc, "'%s' takes its arguments here", e->name);
+        return -1;
+    }
+    return rc;
+}
+
+static RVal lower_instances(Lower *L, Scope *s, const Expr *e, const Layer *ly)
+{
+    if (L->in_layer) {
+        diag_error(L->d, e->loc, "layers cannot be nested: '%s' is used inside the forward of '%s'",
+                   e->name, L->in_layer->def->name);
+        return poison();
+    }
+    int64_t count = 1;
+    int rc = 0;
+    if (e->kind == EX_INST && e->count) {
+        char *what = arena_printf(L->tmp, "the count of %s[N]", e->name);
+        if (ce_int(L, s, e->count, what, &count)) {
+            rc = -1;
+        } else if (count < 1 || count > LOWER_MAX_INSTANCES) {
+            diag_error(L->d, e->count->loc, "%s[%lld]: the count must be between 1 and %d",
+                       e->name, (long long)count, LOWER_MAX_INSTANCES);
+            rc = -1;
+        }
+    }
+    int named = e->kind == EX_INST && e->as_name;
+    const char *base = named ? e->as_name : "h";
+    if (claim_name(L, base, named ? e->as_loc : e->loc, named)) rc = -1;
+    int args[IR_MAX_IN];
+    if (ly->n_args > IR_MAX_IN) rc = -1;
+    if (inst_args(L, s, e, ly, args)) rc = -1;
+    if (rc || !ly->ok) return poison();
+    if (count > 1 && ly->n_ret > ly->n_args) {
+        diag_error(L->d, e->loc,
+                   "%s[%lld]: each instance's %d results feed the next one, which takes %d argument%s",
+                   e->name, (long long)count, ly->n_ret, ly->n_args, ly->n_args == 1 ? "" : "s");
+        return poison();
+    }
+    int *ret = arena_alloc(L->tmp, sizeof(int) * (size_t)ly->n_ret);
+    for (int64_t i = 0; i < count; i++) {
+        int before = L->d->n_errors;
+        const char *name = arena_printf(L->tmp, "%s.%lld", base, (long long)i);
+        int block = ir_block_add(L->g, name, ly->def->name, (int)i);
+        if (lower_too_big(L, e->loc) || lower_instance(L, ly, name, block, args, ret) ||
+            L->d->n_errors > before)
+            return poison();
+        if (count > 1 && i == 0 && check_chain(L, e, ly, count, args, ret)) return poison();
+        for (int j = 0; j < ly->n_ret && i + 1 < count; j++) args[j] = ret[j];
+    }
+    return ly->n_ret == 1 ? value(ret[0]) : tuple(L, ret, ly->n_ret, ly->def->name);
+}
+
+/* ---- expressions and assignments ------------------------------------------------------ */
+
+static RVal lower_call(Lower *L, Scope *s, const Expr *e)
+{
+    OpKind op = op_lookup(e->name);
+    const Layer *ly = lower_layer_find(L, e->name);
+    if (lower_is_init_name(e->name)) {
+        lower_unknown(L, s, e->name, e->loc, 0);
+    } else if (op != OP_COUNT && (op_info(op)->flags & OPF_HIDDEN)) {
+        diag_error(L->d, e->loc, "'%s' is made by the compiler and cannot be called", e->name);
+    } else if (e->kind == EX_INST && !ly) {
+        if (op != OP_COUNT)
+            diag_error(L->d, e->loc, "'%s' is an op, not a layer; call it as %s(...)", e->name,
+                       e->name);
+        else
+            lower_unknown(L, s, e->name, e->loc, 1);
+    } else if (op != OP_COUNT) {
+        return lower_op_call(L, s, e, op);
+    } else if (ly) {
+        return lower_instances(L, s, e, ly);
+    } else {
+        lower_unknown(L, s, e->name, e->loc, 1);
+    }
+    return poison();
+}
+
+static RVal expr_body(Lower *L, Scope *s, const Expr *e)
+{
+    switch (e->kind) {
+    case EX_NUM: return constant(e->num);
+    case EX_NAME: return lower_name(L, s, e);
+    case EX_NEG: return lower_neg(L, s, e);
+    case EX_BINARY: return lower_binary(L, s, e);
+    case EX_CALL:
+    case EX_INST: return lower_call(L, s, e);
+    case EX_STR: diag_error(L->d, e->loc, "a string is not a tensor"); break;
+    case EX_LIST:
+        diag_error(L->d, e->loc,
+                   "a list is not a tensor; lists are op arguments, as in reshape(x, [B, T, C])");
+        break;
+    }
+    return poison();
+}
+
+RVal lower_expr(Lower *L, Scope *s, const Expr *e)
+{
+    if (lower_enter(L, e->loc)) return poison();
+    RVal r = expr_body(L, s, e);
+    L->depth--;
+    return r;
+}
+
+static int check_targets(Lower *L, const Scope *s, const Stmt *st, int *bad)
+{
+    int n = 0, rc = 0;
+    for (const Name *t = st->targets; t; t = t->next, n++) {
+        const Binding *b = scope_find(s, t->name);
+        bad[n] = 0;
+        const Layer *ly = lower_layer_find(L, t->name);
+        if (b && b->kind != B_VALUE) {
+            diag_error(L->d, t->loc, "cannot assign to %s '%s'", bind_kind_name(b->kind), t->name);
+            diag_note(L->d, b->loc, "'%s' is declared here", t->name);
+            bad[n] = 1;
+            rc = -1;
+        } else if (ly) {
+            diag_error(L->d, t->loc, "cannot assign to layer '%s'", t->name);
+            diag_note(L->d, ly->def->name_loc, "'%s' is declared here", t->name);
+            bad[n] = 1;
+            rc = -1;
+        }
+        for (const Name *u = st->targets; u != t; u = u->next)
+            if (strcmp(u->name, t->name) == 0) {
+                diag_error(L->d, t->loc, "'%s' is assigned twice in one statement", t->name);
+                bad[n] = 1;
+                rc = -1;
+                break;
+            }
+    }
+    return rc;
+}
+
+void lower_assign(Lower *L, Scope *s, const Stmt *st)
+{
+    int n = 0, before = L->d->n_errors;
+    for (const Name *t = st->targets; t; t = t->next) n++;
+    int *bad = arena_alloc(L->tmp, sizeof(int) * (size_t)(n + 1));
+    int *ids = arena_alloc(L->tmp, sizeof(int) * (size_t)(n + 1));
+    check_targets(L, s, st, bad);
+    RVal r = lower_expr(L, s, st->value);
+    if (r.kind == RV_CONST) r = value(scalar_of(L, r.c, st->value->loc));
+    int got = r.kind == RV_TUPLE ? r.n : 1;
+    if (r.kind != RV_POISON && r.id >= 0 && n == 1) {
+        ids[0] = r.id;
+    } else if (r.kind == RV_TUPLE && got == n) {
+        memcpy(ids, r.ids, sizeof(int) * (size_t)n);
+    } else if (r.kind == RV_TUPLE || (r.kind == RV_VALUE && n > 1)) {
+        diag_error(L->d, st->value->loc, "%s gives %d value%s, but %d name%s assigned",
+                   r.kind == RV_TUPLE ? r.what : "this expression", got, got == 1 ? "" : "s", n,
+                   n == 1 ? " is" : "s are");
+    }
+    int failed = L->d->n_errors > before || r.kind == RV_POISON || (r.kind == RV_VALUE && r.id < 0);
+    int i = 0;
+    for (const Name *t = st->targets; t; t = t->next, i++) {
+        if (bad[i]) continue;
+        Binding *b = scope_bind(L, s, t->name, B_VALUE, t->loc);
+        b->poisoned = failed;
+        b->value = failed ? -1 : ids[i];
+    }
+}

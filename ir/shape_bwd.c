@@ -1,0 +1,188 @@
+/* ir/shape_bwd.c: shape rules of the ops the compiler makes itself: constants, the
+ * backward ops autodiff emits, and the optimizer's ops. They are never written in
+ * source, so a failing rule here means a pass built a bad node; the messages still name
+ * the shapes, for whoever debugs that pass.
+ *
+ * Where it sits: with ir/shape.c, called by ir_node_add and ir_verify.
+ */
+#include <inttypes.h>
+#include <string.h>
+
+#include "ir.h"
+
+static int want_in(ShapeCtx *c, int n)
+{
+    if (c->n_in != n) return shape_fail(c, "%s: expects %d tensors, got %d", op_name(c->node->op), n, c->n_in);
+    return 0;
+}
+
+static int same_shape(const Value *a, const Value *b)
+{
+    return a->rank == b->rank && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->rank);
+}
+
+/* Output i typed like value v. */
+static void like(ShapeCtx *c, int i, const Value *v) { shape_set(c, i, v->dtype, v->rank, v->shape); }
+
+/* The `shape` attribute as the output's shape, with x's dtype. */
+static int shape_attr(ShapeCtx *c, DType dt)
+{
+    int n;
+    const int64_t *s = ir_attr_ints(c->g, c->node, "shape", &n);
+    if (n < 0 || n > IR_MAX_RANK) return shape_fail(c, "%s: rank %d out of range", op_name(c->node->op), n);
+    for (int i = 0; i < n; i++)
+        if (s[i] < 1) return shape_fail(c, "%s: dim %d of the shape is %" PRId64, op_name(c->node->op), i, s[i]);
+    shape_set(c, 0, dt, n, s);
+    return 0;
+}
+
+/* Whether `small` broadcasts to `big` (numpy rules, aligned right). */
+static int broadcasts_to(const int64_t *small, int rs, const Value *big)
+{
+    if (rs > big->rank) return 0;
+    for (int i = 1; i <= rs; i++)
+        if (small[rs - i] != 1 && small[rs - i] != big->shape[big->rank - i]) return 0;
+    return 1;
+}
+
+int shape_full(ShapeCtx *c) { return want_in(c, 0) ? -1 : shape_attr(c, DT_F32); }
+
+/* sum_to(x, shape): x reduced to a shape that broadcasts to x's. */
+int shape_sum_to(ShapeCtx *c)
+{
+    if (want_in(c, 1) || shape_attr(c, c->in[0]->dtype)) return -1;
+    char t[192];
+    if (!broadcasts_to(c->out[0].shape, c->out[0].rank, c->in[0]))
+        return shape_fail(c, "sum_to: shape does not broadcast to %s", ir_type_str(c->in[0], t, sizeof t));
+    return 0;
+}
+
+/* expand(x, shape): x broadcast up to shape. */
+int shape_expand(ShapeCtx *c)
+{
+    if (want_in(c, 1) || shape_attr(c, c->in[0]->dtype)) return -1;
+    char t[192];
+    if (!broadcasts_to(c->in[0]->shape, c->in[0]->rank, &c->out[0]))
+        return shape_fail(c, "expand: %s does not broadcast to the shape", ir_type_str(c->in[0], t, sizeof t));
+    return 0;
+}
+
+/* (x or y, dy) -> dx, all of one shape. */
+static int pointwise_bwd(ShapeCtx *c)
+{
+    char a[192], b[192];
+    if (want_in(c, 2)) return -1;
+    if (!same_shape(c->in[0], c->in[1]) || c->in[0]->dtype != c->in[1]->dtype)
+        return shape_fail(c, "%s: %s and %s differ", op_name(c->node->op), ir_type_str(c->in[0], a, sizeof a),
+                          ir_type_str(c->in[1], b, sizeof b));
+    like(c, 0, c->in[0]);
+    return 0;
+}
+
+int shape_relu_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
+int shape_gelu_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
+int shape_silu_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
+int shape_tanh_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
+int shape_sigmoid_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
+int shape_sqrt_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
+int shape_rsqrt_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
+int shape_softmax_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
+
+int shape_max_bwd(ShapeCtx *c)
+{
+    if (want_in(c, 2)) return -1;
+    like(c, 0, c->in[0]);
+    return 0;
+}
+
+/* (x, w, dy) -> dx like x, then dw (and db) like w. */
+static int norm_bwd(ShapeCtx *c, int n_out)
+{
+    if (want_in(c, 3)) return -1;
+    char a[192], b[192];
+    if (!same_shape(c->in[0], c->in[2]))
+        return shape_fail(c, "%s: x %s and dy %s differ", op_name(c->node->op), ir_type_str(c->in[0], a, sizeof a),
+                          ir_type_str(c->in[2], b, sizeof b));
+    like(c, 0, c->in[0]);
+    for (int i = 1; i < n_out; i++) like(c, i, c->in[1]);
+    return 0;
+}
+
+int shape_layernorm_bwd(ShapeCtx *c) { return norm_bwd(c, 3); }
+int shape_rmsnorm_bwd(ShapeCtx *c) { return norm_bwd(c, 2); }
+
+/* (idx [...], dy [..., C], rows) -> [rows, C] */
+int shape_embedding_bwd(ShapeCtx *c)
+{
+    if (want_in(c, 2)) return -1;
+    const Value *dy = c->in[1];
+    int64_t s[2] = {ir_attr_int(c->g, c->node, "rows", 0), dy->shape[dy->rank - 1]};
+    if (s[0] < 1 || dy->rank != c->in[0]->rank + 1) return shape_fail(c, "embedding_bwd: bad rows or dy rank");
+    shape_set(c, 0, dy->dtype, 2, s);
+    return 0;
+}
+
+int shape_cross_entropy_bwd(ShapeCtx *c)
+{
+    if (want_in(c, 3)) return -1;
+    like(c, 0, c->in[0]);
+    return 0;
+}
+
+int shape_slice(ShapeCtx *c)
+{
+    if (want_in(c, 1)) return -1;
+    const Value *x = c->in[0];
+    int64_t axis = ir_attr_int(c->g, c->node, "axis", 0), start = ir_attr_int(c->g, c->node, "start", 0),
+            len = ir_attr_int(c->g, c->node, "len", 0);
+    char t[192];
+    if (axis < 0) axis += x->rank;
+    if (axis < 0 || axis >= x->rank || start < 0 || len < 1 || start + len > x->shape[axis])
+        return shape_fail(c, "slice: [%" PRId64 ", +%" PRId64 ") along axis %" PRId64 " is outside %s", start, len, axis,
+                          ir_type_str(x, t, sizeof t));
+    like(c, 0, x);
+    c->out[0].shape[axis] = len;
+    return 0;
+}
+
+/* (q, k, v, o, lse, dout) -> dq, dk, dv */
+int shape_attention_bwd(ShapeCtx *c)
+{
+    if (want_in(c, 6)) return -1;
+    for (int i = 0; i < 3; i++) like(c, i, c->in[i]);
+    return 0;
+}
+
+/* ---- optimizer --------------------------------------------------------------------- */
+
+int shape_sumsq(ShapeCtx *c)
+{
+    if (want_in(c, 1)) return -1;
+    shape_set(c, 0, DT_F32, 0, NULL);
+    return 0;
+}
+
+int shape_lr_at(ShapeCtx *c)
+{
+    if (want_in(c, 1)) return -1;
+    shape_set(c, 0, DT_F32, 0, NULL);
+    return 0;
+}
+
+int shape_clip_coef(ShapeCtx *c) { return shape_sumsq(c); }
+
+/* In-place updates: the state tensors must match the param; nothing is produced. */
+static int update(ShapeCtx *c, int n_in, int n_state)
+{
+    if (want_in(c, n_in)) return -1;
+    char a[192], b[192];
+    for (int i = 1; i < n_state; i++)
+        if (!same_shape(c->in[0], c->in[i]))
+            return shape_fail(c, "%s: %s and %s differ", op_name(c->node->op), ir_type_str(c->in[0], a, sizeof a),
+                              ir_type_str(c->in[i], b, sizeof b));
+    c->n_out = 0;
+    return 0;
+}
+
+int shape_adamw(ShapeCtx *c) { return update(c, 7, 4); }
+int shape_sgd(ShapeCtx *c) { return update(c, 6, 3); }

@@ -1,0 +1,110 @@
+/* passes/autodiff.c: reverse-mode differentiation of the forward graph.
+ *
+ * Needs: a forward graph whose outputs[0] is the scalar loss.
+ * Gives: backward nodes (phase backward) from each op's gradient rule (ir/grad.c), and
+ * for every trainable param a gradient value (role grad, named "<param>.grad"). A value
+ * used several times gets the sum of its uses' gradients (a tied embedding included).
+ * Only values that depend on a param get gradients; inputs and constants never do.
+ */
+#include <string.h>
+
+#include "passes.h"
+
+typedef struct {
+    Graph *g;
+    int *grad;   // per value: its gradient's value id, or -1
+    char *need;  // per value: depends on a param, so a gradient must reach it
+} Autodiff;
+
+/* grad[v] += d, adding a node when v already has a gradient. */
+static void accumulate(Autodiff *a, int v, int d, const Node *from)
+{
+    if (a->grad[v] < 0) {
+        a->grad[v] = d;
+        return;
+    }
+    char err[256];
+    int n = ir_node_add(a->g, OP_add, (int[]){a->grad[v], d}, 2, NULL, 0, from->block, PHASE_BACKWARD,
+                        from->loc, err, sizeof err);
+    FS_ASSERT(n >= 0);
+    a->grad[v] = ir_out(a->g, ir_node(a->g, n), 0);
+}
+
+static void mark_needed(const Graph *g, char *need)
+{
+    for (int v = 0; v < g->n_values; v++) need[v] = g->values[v].role == ROLE_PARAM;
+    for (int n = 0; n < g->n_nodes; n++) {
+        const Node *node = ir_node(g, n);
+        int any = 0;
+        for (int i = 0; i < node->n_in; i++) any |= need[ir_in(g, node, i)];
+        for (int i = 0; i < node->n_out; i++) need[ir_out(g, node, i)] = (char)any;
+    }
+}
+
+static void backward_node(Autodiff *a, int id)
+{
+    Graph *g = a->g;
+    GradCtx c = {.g = g, .node = id};
+    Node node = *ir_node(g, id);  // a copy: rules grow the node array
+    int any_dout = 0, any_need = 0;
+    for (int i = 0; i < node.n_out; i++) {
+        c.dout[i] = a->grad[ir_out(g, &node, i)];
+        any_dout |= c.dout[i] >= 0;
+    }
+    for (int i = 0; i < node.n_in; i++) {
+        c.need[i] = a->need[ir_in(g, &node, i)];
+        c.din[i] = -1;
+        any_need |= c.need[i];
+    }
+    if (!any_dout || !any_need) return;
+    /* Rules expect the gradient of the first output; a saved output (attention's lse)
+     * never gets one. */
+    if (c.dout[0] < 0) return;
+    op_info(node.op)->grad(&c);
+    for (int i = 0; i < node.n_in; i++)
+        if (c.need[i] && c.din[i] >= 0) accumulate(a, ir_in(g, &node, i), c.din[i], &node);
+}
+
+/* Links each trainable param to its gradient, and names and roles the gradient. */
+static void label_grads(Autodiff *a, int n_forward_values)
+{
+    Graph *g = a->g;
+    for (int v = 0; v < n_forward_values; v++) {
+        Value *p = &g->values[v];
+        if (p->role != ROLE_PARAM) continue;
+        int d = p->grad = a->grad[v];
+        if (d < 0 || g->values[d].role == ROLE_GRAD) continue;
+        g->values[d].role = ROLE_GRAD;
+        g->values[d].name = arena_printf(g->arena, "%s.grad", p->name);
+    }
+}
+
+int pass_autodiff(Graph *g, const Options *o, Diag *d)
+{
+    (void)o;
+    FS_ASSERT(g->n_outputs > 0);
+    const Value *loss = ir_value(g, g->outputs[0]);
+    if (loss->rank != 0 || !dtype_is_float(loss->dtype)) {
+        diag_error(d, loss->loc, "the loss must be a float scalar to differentiate");
+        return -1;
+    }
+    /* Gradients are tracked for the forward values only: nothing differentiates the
+     * values the backward pass adds. */
+    int n_values = g->n_values;
+    Autodiff a = {g, arena_alloc(g->arena, sizeof(int) * (size_t)n_values), arena_alloc(g->arena, (size_t)n_values)};
+    memset(a.grad, -1, sizeof(int) * (size_t)n_values);
+    mark_needed(g, a.need);
+
+    char err[256];
+    const Node *ln = g->values[g->outputs[0]].producer >= 0 ? ir_node(g, g->values[g->outputs[0]].producer) : NULL;
+    int seed = ir_node_add(g, OP_scalar, NULL, 0, &(Attr){.key = "value", .kind = ATTR_FLOAT, .f = 1.0}, 1,
+                           ln ? ln->block : -1, PHASE_BACKWARD, ln ? ln->loc : (Loc){0}, err, sizeof err);
+    FS_ASSERT(seed >= 0);
+    a.grad[g->outputs[0]] = ir_out(g, ir_node(g, seed), 0);
+
+    int n_forward = g->n_nodes - 1;
+    for (int n = n_forward - 1; n >= 0; n--)
+        if (g->nodes[n].phase == PHASE_FORWARD) backward_node(&a, n);
+    label_grads(&a, n_values);
+    return 0;
+}

@@ -1,0 +1,105 @@
+/* passes/optimizer.c: the optimizer step, as nodes.
+ *
+ * Needs: autodiff's gradients (Value.grad of each param).
+ * Gives: a `step` input (i32 scalar, 1-based, set by the runtime before each step); the
+ * global gradient norm (output "grad_norm"), the learning rate of this step (output
+ * "lr", from the schedule), the clipping coefficient (torch's clip_grad_norm_), and per
+ * param its state (AdamW: exp_avg, exp_avg_sq; SGD with momentum: momentum_buffer, as
+ * torch names them; zeros at the start) and one in-place update node.
+ */
+#include "passes.h"
+
+typedef struct {
+    Graph *g;
+    const TrainConfig *t;
+} Opt;
+
+static int node_out(Opt *o, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, int block, Loc loc)
+{
+    char err[256];
+    int n = ir_node_add(o->g, op, in, n_in, attrs, n_attr, block, PHASE_OPTIMIZER, loc, err, sizeof err);
+    if (n < 0) fprintf(stderr, "optimizer: %s\n", err);
+    FS_ASSERT(n >= 0);
+    return ir_node(o->g, n)->n_out ? ir_out(o->g, ir_node(o->g, n), 0) : -1;
+}
+
+static void name_output(Opt *o, int v, const char *name)
+{
+    o->g->values[v].name = arena_strdup(o->g->arena, name);
+    ir_output_add(o->g, v);
+}
+
+/* A zero-initialized state tensor shaped like param p. */
+static int state_like(Opt *o, int p, const char *suffix)
+{
+    Value s = *ir_value(o->g, p);
+    s.role = ROLE_OPT_STATE;
+    s.init = INIT_ZEROS;
+    s.init_a = s.init_b = 0;
+    s.tied_to = s.grad = -1;
+    s.name = arena_printf(o->g->arena, "%s.%s", s.name, suffix);
+    return ir_value_add(o->g, &s);
+}
+
+/* sqrt(sum over params of sum(grad^2)). */
+static int global_norm(Opt *o)
+{
+    int total = -1, n_values = o->g->n_values;
+    for (int v = 0; v < n_values; v++) {
+        const Value *p = ir_value(o->g, v);
+        if (p->role != ROLE_PARAM || p->grad < 0) continue;
+        int s = node_out(o, OP_sumsq, &p->grad, 1, NULL, 0, -1, p->loc);
+        total = total < 0 ? s : node_out(o, OP_add, (int[]){total, s}, 2, NULL, 0, -1, (Loc){0});
+    }
+    return total < 0 ? -1 : node_out(o, OP_sqrt, &total, 1, NULL, 0, -1, (Loc){0});
+}
+
+static void update(Opt *o, int p, int lr, int coef, int step)
+{
+    const TrainConfig *t = o->t;
+    const Value *pv = ir_value(o->g, p);
+    int block = pv->block, grad = pv->grad;
+    Loc loc = pv->loc;
+    if (t->optimizer == OPTIM_ADAMW) {
+        int m = state_like(o, p, "exp_avg"), v = state_like(o, p, "exp_avg_sq");
+        Attr at[4] = {{.key = "beta1", .kind = ATTR_FLOAT, .f = t->beta1},
+                      {.key = "beta2", .kind = ATTR_FLOAT, .f = t->beta2},
+                      {.key = "eps", .kind = ATTR_FLOAT, .f = t->eps},
+                      {.key = "weight_decay", .kind = ATTR_FLOAT, .f = t->weight_decay}};
+        node_out(o, OP_adamw, (int[]){p, grad, m, v, lr, coef, step}, 7, at, 4, block, loc);
+    } else {
+        /* Without momentum there is no buffer: the kernel leaves `buf` alone. */
+        int buf = t->momentum > 0 ? state_like(o, p, "momentum_buffer") : grad;
+        Attr at[2] = {{.key = "momentum", .kind = ATTR_FLOAT, .f = t->momentum},
+                      {.key = "weight_decay", .kind = ATTR_FLOAT, .f = t->weight_decay}};
+        node_out(o, OP_sgd, (int[]){p, grad, buf, lr, coef, step}, 6, at, 2, block, loc);
+    }
+}
+
+int pass_optimizer(Graph *g, const Options *opts, Diag *d)
+{
+    (void)d;
+    Opt o = {g, &opts->train};
+    const TrainConfig *t = &opts->train;
+    Value sv = {.dtype = DT_I32, .rank = 0, .role = ROLE_INPUT, .block = -1, .name = "step",
+                .producer = -1, .tied_to = -1, .grad = -1};
+    int step = ir_value_add(g, &sv);
+
+    Attr lat[5] = {{.key = "lr", .kind = ATTR_FLOAT, .f = t->lr},
+                   {.key = "schedule", .kind = ATTR_INT, .i = t->lr_schedule},
+                   {.key = "warmup", .kind = ATTR_INT, .i = t->warmup},
+                   {.key = "steps", .kind = ATTR_INT, .i = t->steps},
+                   {.key = "min_lr", .kind = ATTR_FLOAT, .f = t->min_lr}};
+    int lr = node_out(&o, OP_lr_at, &step, 1, lat, 5, -1, (Loc){0});
+    name_output(&o, lr, "lr");
+    int norm = global_norm(&o);
+    if (norm < 0) return 0;  // nothing to train
+    name_output(&o, norm, "grad_norm");
+    Attr cat = {.key = "max_norm", .kind = ATTR_FLOAT, .f = t->clip};
+    int coef = node_out(&o, OP_clip_coef, &norm, 1, &cat, 1, -1, (Loc){0});
+
+    int n_values = g->n_values;
+    for (int v = 0; v < n_values; v++)
+        if (g->values[v].role == ROLE_PARAM && g->values[v].grad >= 0) update(&o, v, lr, coef, step);
+    return 0;
+}

@@ -1,0 +1,260 @@
+/* plan/build.c: a Plan in memory: making one item by item (codegen does, through
+ * plan_*_add), freeing it, and reading it back (strings, meta, names of the enums).
+ *
+ * Arrays grow by doubling through plan_alloc; strings are interned through an
+ * open-addressing hash table that lives only while a plan is being built. Every add
+ * either succeeds or leaves the plan as it was, so a failed allocation can be reported
+ * and the plan freed without leaks.
+ */
+#include <string.h>
+
+#include "plan.h"
+
+struct PlanBuild {
+    int32_t cap_strs, cap_meta, cap_blocks, cap_tensors, cap_ops, cap_ids, cap_attrs, cap_ints,
+        cap_outputs;
+    int32_t *hash;  // string id + 1 per slot, 0 when empty; a power of two in size
+    int32_t hash_cap;
+};
+
+Plan *plan_new(void)
+{
+    Plan *p = plan_alloc(sizeof *p);
+    if (!p) return NULL;
+    memset(p, 0, sizeof *p);
+    p->major = PLAN_MAJOR;
+    p->minor = PLAN_MINOR;
+    return p;
+}
+
+void plan_free(Plan *p)
+{
+    if (!p) return;
+    for (int32_t i = 0; i < p->n_strs; i++) plan_dealloc(p->strs[i]);
+    plan_dealloc(p->strs);
+    plan_dealloc(p->meta);
+    plan_dealloc(p->blocks);
+    plan_dealloc(p->tensors);
+    plan_dealloc(p->ops);
+    plan_dealloc(p->ids);
+    plan_dealloc(p->attrs);
+    plan_dealloc(p->ints);
+    plan_dealloc(p->outputs);
+    plan_dealloc(p->sections);
+    if (p->build) plan_dealloc(p->build->hash);
+    plan_dealloc(p->build);
+    plan_dealloc(p);
+}
+
+/* ---- growth ----------------------------------------------------------------------- */
+
+static struct PlanBuild *build_state(Plan *p)
+{
+    if (p->build) return p->build;
+    struct PlanBuild *b = plan_alloc(sizeof *b);
+    if (!b) return NULL;
+    /* A plan that was read has arrays exactly as long as their counts. */
+    *b = (struct PlanBuild){p->n_strs, p->n_meta, p->n_blocks, p->n_tensors, p->n_ops,
+                            p->n_ids, p->n_attrs, p->n_ints, p->n_outputs, NULL, 0};
+    return p->build = b;
+}
+
+/* Returns arr with room for one more item (n items of elem bytes, capacity *cap), or
+ * NULL when out of memory (arr is then unchanged). */
+static void *grow(void *arr, int32_t n, int32_t *cap, size_t elem)
+{
+    if (n < *cap) return arr;
+    if (n >= INT32_MAX / 2) return NULL;
+    int32_t ncap = *cap ? *cap * 2 : 16;
+    if ((size_t)ncap > SIZE_MAX / elem) return NULL;
+    void *na = plan_alloc((size_t)ncap * elem);
+    if (!na) return NULL;
+    if (n) memcpy(na, arr, (size_t)n * elem);
+    plan_dealloc(arr);
+    *cap = ncap;
+    return na;
+}
+
+#define PUSH(p, field, count, capname, item)                                             \
+    do {                                                                                 \
+        struct PlanBuild *b_ = build_state(p);                                           \
+        void *a_ = b_ ? grow((p)->field, (p)->count, &b_->capname, sizeof *(p)->field) : NULL; \
+        if (!a_) return -1;                                                              \
+        (p)->field = a_;                                                                 \
+        (p)->field[(p)->count] = (item);                                                 \
+        return (p)->count++;                                                             \
+    } while (0)
+
+/* ---- strings ---------------------------------------------------------------------- */
+
+static uint32_t hash_str(const char *s)
+{
+    uint32_t h = 2166136261u;  // FNV-1a
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
+static int32_t *hash_slot(const Plan *p, const char *s)
+{
+    const struct PlanBuild *b = p->build;
+    uint32_t mask = (uint32_t)b->hash_cap - 1;
+    for (uint32_t i = hash_str(s) & mask;; i = (i + 1) & mask) {
+        int32_t *slot = &b->hash[i];
+        if (!*slot || !strcmp(p->strs[*slot - 1], s)) return slot;
+    }
+}
+
+/* Keeps the table at most half full, so lookups end at an empty slot. */
+static int hash_reserve(Plan *p, int32_t n)
+{
+    struct PlanBuild *b = p->build;
+    if (b->hash && n <= b->hash_cap / 2) return 0;
+    int32_t cap = b->hash_cap ? b->hash_cap : 64;
+    while (n > cap / 2) {
+        if (cap >= INT32_MAX / 4) return -1;
+        cap *= 2;
+    }
+    int32_t *h = plan_alloc(sizeof *h * (size_t)cap);
+    if (!h) return -1;
+    memset(h, 0, sizeof *h * (size_t)cap);
+    plan_dealloc(b->hash);
+    b->hash = h;
+    b->hash_cap = cap;
+    for (int32_t i = 0; i < p->n_strs; i++) {
+        int32_t *slot = hash_slot(p, p->strs[i]);
+        if (!*slot) *slot = i + 1;
+    }
+    return 0;
+}
+
+int32_t plan_intern(Plan *p, const char *s)
+{
+    struct PlanBuild *b = build_state(p);
+    if (!b || hash_reserve(p, p->n_strs + 1)) return -1;
+    int32_t *slot = hash_slot(p, s);
+    if (*slot) return *slot - 1;
+    size_t n = strlen(s);
+    char *copy = plan_alloc(n + 1);
+    if (!copy) return -1;
+    memcpy(copy, s, n + 1);
+    char **strs = grow(p->strs, p->n_strs, &b->cap_strs, sizeof *p->strs);
+    if (!strs) {
+        plan_dealloc(copy);
+        return -1;
+    }
+    p->strs = strs;
+    p->strs[p->n_strs] = copy;
+    *slot = p->n_strs + 1;
+    return p->n_strs++;
+}
+
+const char *plan_str(const Plan *p, int32_t id)
+{
+    return id >= 0 && id < p->n_strs ? p->strs[id] : "";
+}
+
+/* ---- items ------------------------------------------------------------------------ */
+
+static int meta_set(Plan *p, const char *key, PlanMeta m)
+{
+    m.key = plan_intern(p, key);
+    if (m.key < 0) return -1;
+    for (int32_t i = 0; i < p->n_meta; i++)
+        if (p->meta[i].key == m.key) {
+            p->meta[i] = m;
+            return 0;
+        }
+    struct PlanBuild *b = build_state(p);
+    PlanMeta *meta = b ? grow(p->meta, p->n_meta, &b->cap_meta, sizeof *p->meta) : NULL;
+    if (!meta) return -1;
+    p->meta = meta;
+    p->meta[p->n_meta++] = m;
+    return 0;
+}
+
+int plan_meta_set_str(Plan *p, const char *key, const char *value)
+{
+    int32_t s = plan_intern(p, value);
+    return s < 0 ? -1 : meta_set(p, key, (PlanMeta){.kind = PLAN_META_STR, .s = s});
+}
+
+int plan_meta_set_int(Plan *p, const char *key, int64_t value)
+{
+    return meta_set(p, key, (PlanMeta){.kind = PLAN_META_INT, .s = PLAN_NONE, .i = value});
+}
+
+int plan_meta_set_float(Plan *p, const char *key, double value)
+{
+    return meta_set(p, key, (PlanMeta){.kind = PLAN_META_FLOAT, .s = PLAN_NONE, .f = value});
+}
+
+int32_t plan_block_add(Plan *p, const char *name, const char *layer, int32_t index)
+{
+    int32_t n = plan_intern(p, name), l = plan_intern(p, layer);
+    if (n < 0 || l < 0) return -1;
+    PUSH(p, blocks, n_blocks, cap_blocks, ((PlanBlock){n, l, index}));
+}
+
+int32_t plan_tensor_add(Plan *p, const PlanTensor *t) { PUSH(p, tensors, n_tensors, cap_tensors, *t); }
+int32_t plan_id_add(Plan *p, int32_t id) { PUSH(p, ids, n_ids, cap_ids, id); }
+int32_t plan_int_add(Plan *p, int64_t v) { PUSH(p, ints, n_ints, cap_ints, v); }
+int32_t plan_attr_add(Plan *p, const PlanAttr *a) { PUSH(p, attrs, n_attrs, cap_attrs, *a); }
+int32_t plan_op_add(Plan *p, const PlanOp *op) { PUSH(p, ops, n_ops, cap_ops, *op); }
+int32_t plan_output_add(Plan *p, int32_t tensor) { PUSH(p, outputs, n_outputs, cap_outputs, tensor); }
+
+/* ---- reading ---------------------------------------------------------------------- */
+
+const PlanMeta *plan_meta_find(const Plan *p, const char *key)
+{
+    for (int32_t i = p->n_meta - 1; i >= 0; i--)
+        if (!strcmp(plan_str(p, p->meta[i].key), key)) return &p->meta[i];
+    return NULL;
+}
+
+const char *plan_meta_str(const Plan *p, const char *key, const char *def)
+{
+    const PlanMeta *m = plan_meta_find(p, key);
+    return m && m->kind == PLAN_META_STR ? plan_str(p, m->s) : def;
+}
+
+int64_t plan_meta_int(const Plan *p, const char *key, int64_t def)
+{
+    const PlanMeta *m = plan_meta_find(p, key);
+    return m && m->kind == PLAN_META_INT ? m->i : def;
+}
+
+double plan_meta_float(const Plan *p, const char *key, double def)
+{
+    const PlanMeta *m = plan_meta_find(p, key);
+    return m && m->kind == PLAN_META_FLOAT ? m->f : m && m->kind == PLAN_META_INT ? (double)m->i : def;
+}
+
+#define NAME_OF(table, i) ((unsigned)(i) < sizeof table / sizeof *table ? table[i] : "?")
+
+static const char *const DTYPES[PLAN_DT_COUNT] = {"f32", "f16", "bf16", "i32"};
+static const int DTYPE_SIZES[PLAN_DT_COUNT] = {4, 2, 2, 4};
+static const char *const ROLES[PLAN_ROLE_COUNT] = {"input", "param", "grad", "act", "opt_state",
+                                                   "master", "comm", "scratch", "const"};
+static const char *const PLACES[PLAN_PLACE_COUNT] = {"device", "host"};
+static const char *const PHASES[PLAN_PHASE_COUNT] = {"forward", "backward", "recompute",
+                                                     "optimizer", "comm"};
+static const char *const INITS[PLAN_INIT_COUNT] = {"none", "zeros", "ones", "normal", "uniform"};
+
+const char *plan_dtype_name(PlanDType t) { return NAME_OF(DTYPES, t); }
+int plan_dtype_size(PlanDType t) { return (unsigned)t < PLAN_DT_COUNT ? DTYPE_SIZES[t] : 0; }
+const char *plan_role_name(PlanRole r) { return NAME_OF(ROLES, r); }
+const char *plan_place_name(PlanPlace p) { return NAME_OF(PLACES, p); }
+const char *plan_phase_name(PlanPhase p) { return NAME_OF(PHASES, p); }
+const char *plan_init_name(PlanInit k) { return NAME_OF(INITS, k); }
+
+int64_t plan_tensor_numel(const PlanTensor *t)
+{
+    uint64_t n = 1;
+    for (int32_t i = 0; i < t->rank && i < PLAN_MAX_RANK; i++) n *= (uint64_t)t->shape[i];
+    return (int64_t)n;
+}
+
+int64_t plan_tensor_nbytes(const PlanTensor *t)
+{
+    return (int64_t)((uint64_t)plan_tensor_numel(t) * (uint64_t)plan_dtype_size(t->dtype));
+}

@@ -1,0 +1,143 @@
+/* plan/check.c: the invariants of a Plan. The reader has already made sure every byte
+ * is the one the writer wrote; this makes sure that what the writer wrote is whole:
+ * every id in range, every range inside its pool, every enum known, every shape small
+ * enough that its byte count fits in int64. After it passes, the runtime may index the
+ * plan's arrays without further checks. Shared by plan_read and plan_write.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "plan.h"
+
+typedef struct {
+    const Plan *p;
+    char *err;
+    size_t errlen;
+} Check;
+
+__attribute__((format(printf, 2, 3))) static int fail(Check *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, c->errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int in_range(int32_t id, int32_t n) { return id >= 0 && id < n; }
+static int opt_in_range(int32_t id, int32_t n) { return id == PLAN_NONE || in_range(id, n); }
+/* [start, start + n) inside a pool of `pool` items. */
+static int range_ok(int32_t start, int32_t n, int32_t pool)
+{
+    return start >= 0 && n >= 0 && (int64_t)start + n <= pool;
+}
+
+static int check_tensor(Check *c, int32_t i, const PlanTensor *t)
+{
+    const Plan *p = c->p;
+    if (!opt_in_range(t->name, p->n_strs))
+        return fail(c, "tensor %d: name %d out of range (%d strings)", i, t->name, p->n_strs);
+    if ((unsigned)t->dtype >= PLAN_DT_COUNT) return fail(c, "tensor %d: unknown dtype %d", i, (int)t->dtype);
+    if ((unsigned)t->role >= PLAN_ROLE_COUNT) return fail(c, "tensor %d: unknown role %d", i, (int)t->role);
+    if ((unsigned)t->place >= PLAN_PLACE_COUNT)
+        return fail(c, "tensor %d: unknown placement %d", i, (int)t->place);
+    if ((unsigned)t->init >= PLAN_INIT_COUNT) return fail(c, "tensor %d: unknown init %d", i, (int)t->init);
+    if (t->rank < 0 || t->rank > PLAN_MAX_RANK)
+        return fail(c, "tensor %d: rank %d out of range (at most %d)", i, t->rank, PLAN_MAX_RANK);
+    int64_t n = plan_dtype_size(t->dtype);
+    for (int32_t d = 0; d < t->rank; d++) {
+        if (t->shape[d] < 0) return fail(c, "tensor %d: negative dim %" PRId64, i, t->shape[d]);
+        if (t->shape[d] && n > INT64_MAX / t->shape[d]) return fail(c, "tensor %d: shape too large", i);
+        n *= t->shape[d];
+    }
+    if (!opt_in_range(t->block, p->n_blocks))
+        return fail(c, "tensor %d: block %d out of range (%d blocks)", i, t->block, p->n_blocks);
+    if (!opt_in_range(t->producer, p->n_ops))
+        return fail(c, "tensor %d: producer %d out of range (%d ops)", i, t->producer, p->n_ops);
+    if (!opt_in_range(t->tied_to, p->n_tensors))
+        return fail(c, "tensor %d: tied to %d, out of range (%d tensors)", i, t->tied_to, p->n_tensors);
+    if (!opt_in_range(t->grad, p->n_tensors))
+        return fail(c, "tensor %d: grad %d out of range (%d tensors)", i, t->grad, p->n_tensors);
+    if (!opt_in_range(t->alias, p->n_tensors))
+        return fail(c, "tensor %d: alias %d out of range (%d tensors)", i, t->alias, p->n_tensors);
+    return 0;
+}
+
+static int check_op(Check *c, int32_t i, const PlanOp *o)
+{
+    const Plan *p = c->p;
+    if (!in_range(o->op, p->n_strs)) return fail(c, "op %d: name %d out of range (%d strings)", i, o->op, p->n_strs);
+    const char *name = p->strs[o->op];
+    if (!opt_in_range(o->block, p->n_blocks))
+        return fail(c, "op %d (%s): block %d out of range (%d blocks)", i, name, o->block, p->n_blocks);
+    if ((unsigned)o->phase >= PLAN_PHASE_COUNT) return fail(c, "op %d (%s): unknown phase %d", i, name, (int)o->phase);
+    if (!range_ok(o->in, o->n_in, p->n_ids) || !range_ok(o->out, o->n_out, p->n_ids))
+        return fail(c, "op %d (%s): inputs or outputs out of range (%d ids)", i, name, p->n_ids);
+    if (!range_ok(o->attr, o->n_attr, p->n_attrs))
+        return fail(c, "op %d (%s): attributes out of range (%d attrs)", i, name, p->n_attrs);
+    for (int32_t k = 0; k < o->n_out; k++) {
+        int32_t t = p->ids[o->out + k];
+        if (in_range(t, p->n_tensors) && p->tensors[t].producer != i)
+            return fail(c, "op %d (%s): output tensor %d names op %d as its producer", i, name, t,
+                        p->tensors[t].producer);
+    }
+    return 0;
+}
+
+static int check_attr(Check *c, int32_t i, const PlanAttr *a)
+{
+    const Plan *p = c->p;
+    if (!in_range(a->key, p->n_strs)) return fail(c, "attr %d: key %d out of range (%d strings)", i, a->key, p->n_strs);
+    if ((unsigned)a->kind >= PLAN_ATTR_COUNT) return fail(c, "attr %d: unknown kind %d", i, (int)a->kind);
+    if (a->kind == PLAN_ATTR_INTS && !range_ok(a->list, a->n_list, p->n_ints))
+        return fail(c, "attr %d: list out of range (%d ints)", i, p->n_ints);
+    return 0;
+}
+
+static int check_counts(Check *c)
+{
+    const Plan *p = c->p;
+    const struct { const char *what; int32_t n; const void *arr; } pools[] = {
+        {"strings", p->n_strs, p->strs},     {"meta", p->n_meta, p->meta},
+        {"blocks", p->n_blocks, p->blocks},  {"tensors", p->n_tensors, p->tensors},
+        {"ops", p->n_ops, p->ops},           {"ids", p->n_ids, p->ids},
+        {"attrs", p->n_attrs, p->attrs},     {"ints", p->n_ints, p->ints},
+        {"outputs", p->n_outputs, p->outputs},
+    };
+    for (size_t i = 0; i < sizeof pools / sizeof *pools; i++)
+        if (pools[i].n < 0 || (pools[i].n && !pools[i].arr))
+            return fail(c, "%s: bad count %d", pools[i].what, pools[i].n);
+    for (int32_t i = 0; i < p->n_strs; i++)
+        if (!p->strs[i]) return fail(c, "string %d missing", i);
+    return 0;
+}
+
+int plan_check(const Plan *p, char *err, size_t errlen)
+{
+    Check c = {p, err, errlen};
+    if (check_counts(&c)) return -1;
+    for (int32_t i = 0; i < p->n_meta; i++) {
+        const PlanMeta *m = &p->meta[i];
+        if (!in_range(m->key, p->n_strs)) return fail(&c, "meta %d: key %d out of range (%d strings)", i, m->key, p->n_strs);
+        if ((unsigned)m->kind >= PLAN_META_COUNT) return fail(&c, "meta %s: unknown kind %d", p->strs[m->key], (int)m->kind);
+        if (m->kind == PLAN_META_STR && !in_range(m->s, p->n_strs))
+            return fail(&c, "meta %s: value %d out of range (%d strings)", p->strs[m->key], m->s, p->n_strs);
+    }
+    for (int32_t i = 0; i < p->n_blocks; i++)
+        if (!in_range(p->blocks[i].name, p->n_strs) || !in_range(p->blocks[i].layer, p->n_strs))
+            return fail(&c, "block %d: name out of range (%d strings)", i, p->n_strs);
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (check_tensor(&c, i, &p->tensors[i])) return -1;
+    for (int32_t i = 0; i < p->n_ids; i++)
+        if (!in_range(p->ids[i], p->n_tensors))
+            return fail(&c, "id %d: tensor %d out of range (%d tensors)", i, p->ids[i], p->n_tensors);
+    for (int32_t i = 0; i < p->n_attrs; i++)
+        if (check_attr(&c, i, &p->attrs[i])) return -1;
+    for (int32_t i = 0; i < p->n_ops; i++)
+        if (check_op(&c, i, &p->ops[i])) return -1;
+    for (int32_t i = 0; i < p->n_outputs; i++)
+        if (!in_range(p->outputs[i], p->n_tensors))
+            return fail(&c, "output %d: tensor %d out of range (%d tensors)", i, p->outputs[i], p->n_tensors);
+    return 0;
+}

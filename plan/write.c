@@ -1,0 +1,283 @@
+/* plan/write.c: Plan -> bytes -> file. The layout is in plan.h (header) and format.h
+ * (sections). A plan is checked (plan_check) before it is encoded, so fsc never writes
+ * a file fsexec would refuse; the file appears under its name only once it is complete
+ * and on disk (temporary file, fsync, rename), so a crash or a full disk never leaves a
+ * half-written plan where a good one was.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "format.h"
+#include "plan.h"
+
+static const char TAGS[SEC_COUNT][5] = {
+#define X(id, tag) tag,
+    PLAN_SECTIONS(X)
+#undef X
+};
+
+/* Bytes of each section, or 0 when the plan is too large for the format. */
+static uint64_t section_size(const Plan *p, int s)
+{
+    switch ((SectionId)s) {
+    case SEC_STRS: {
+        uint64_t n = 4;
+        for (int32_t i = 0; i < p->n_strs; i++) {
+            size_t len = strlen(p->strs[i]);
+            if (len > UINT32_MAX) return 0;
+            n += 4 + (uint64_t)len;
+        }
+        return n;
+    }
+    case SEC_META: return 8 + (uint64_t)p->n_meta * REC_META;
+    case SEC_BLKS: return 8 + (uint64_t)p->n_blocks * REC_BLKS;
+    case SEC_TENS: return 8 + (uint64_t)p->n_tensors * REC_TENS;
+    case SEC_NODE: return 8 + (uint64_t)p->n_ops * REC_NODE;
+    case SEC_IDS: return 4 + (uint64_t)p->n_ids * 4;
+    case SEC_ATTR: return 8 + (uint64_t)p->n_attrs * REC_ATTR;
+    case SEC_INTS: return 4 + (uint64_t)p->n_ints * 8;
+    case SEC_OUTS: return 4 + (uint64_t)p->n_outputs * 4;
+    case SEC_COUNT: break;
+    }
+    return 0;
+}
+
+/* Writes count and record size; returns where the first record goes. */
+static uint8_t *records(uint8_t *w, int32_t count, uint32_t size)
+{
+    put_u32(w, (uint32_t)count);
+    put_u32(w + 4, size);
+    return w + 8;
+}
+
+static void put_i32(uint8_t *w, int32_t v) { put_u32(w, (uint32_t)v); }
+
+static void encode_tensor(uint8_t *w, const PlanTensor *t)
+{
+    memset(w, 0, REC_TENS);
+    put_i32(w, t->name);
+    w[4] = (uint8_t)t->dtype, w[5] = (uint8_t)t->role, w[6] = (uint8_t)t->place;
+    w[7] = (uint8_t)t->init, w[8] = (uint8_t)t->rank;
+    put_i32(w + 12, t->block);
+    put_i32(w + 16, t->producer);
+    put_i32(w + 20, t->tied_to);
+    put_u64(w + 24, f64_bits(t->init_a));
+    put_u64(w + 32, f64_bits(t->init_b));
+    for (int i = 0; i < PLAN_MAX_RANK; i++) put_u64(w + 40 + 8 * i, (uint64_t)(i < t->rank ? t->shape[i] : 0));
+    put_i32(w + 88, t->grad);
+    put_i32(w + 92, t->live_start);
+    put_i32(w + 96, t->live_end);
+    put_i32(w + 100, t->alias);
+    put_u64(w + 104, (uint64_t)t->offset);
+}
+
+static void encode_op(uint8_t *w, const PlanOp *o)
+{
+    memset(w, 0, REC_NODE);
+    put_i32(w, o->op);
+    put_i32(w + 4, o->block);
+    w[8] = (uint8_t)o->phase;
+    const int32_t rest[] = {o->line, o->col, o->in, o->n_in, o->out, o->n_out, o->attr, o->n_attr};
+    for (int i = 0; i < 8; i++) put_i32(w + 12 + 4 * i, rest[i]);
+}
+
+/* key, kind, then an 8-byte value: the shape of META and ATTR records. */
+static void encode_kv(uint8_t *w, int32_t key, int kind, uint64_t value)
+{
+    memset(w, 0, 16);
+    put_i32(w, key);
+    w[4] = (uint8_t)kind;
+    put_u64(w + 8, value);
+}
+
+static void encode(const Plan *p, int s, uint8_t *w)
+{
+    switch ((SectionId)s) {
+    case SEC_STRS:
+        put_u32(w, (uint32_t)p->n_strs);
+        w += 4;
+        for (int32_t i = 0; i < p->n_strs; i++) {
+            size_t len = strlen(p->strs[i]);
+            put_u32(w, (uint32_t)len);
+            memcpy(w + 4, p->strs[i], len);
+            w += 4 + len;
+        }
+        break;
+    case SEC_META:
+        w = records(w, p->n_meta, REC_META);
+        for (int32_t i = 0; i < p->n_meta; i++, w += REC_META) {
+            const PlanMeta *m = &p->meta[i];
+            uint64_t v = m->kind == PLAN_META_STR ? (uint32_t)m->s
+                         : m->kind == PLAN_META_INT ? (uint64_t)m->i : f64_bits(m->f);
+            encode_kv(w, m->key, m->kind, v);
+        }
+        break;
+    case SEC_BLKS:
+        w = records(w, p->n_blocks, REC_BLKS);
+        for (int32_t i = 0; i < p->n_blocks; i++, w += REC_BLKS) {
+            put_i32(w, p->blocks[i].name);
+            put_i32(w + 4, p->blocks[i].layer);
+            put_i32(w + 8, p->blocks[i].index);
+        }
+        break;
+    case SEC_TENS:
+        w = records(w, p->n_tensors, REC_TENS);
+        for (int32_t i = 0; i < p->n_tensors; i++, w += REC_TENS) encode_tensor(w, &p->tensors[i]);
+        break;
+    case SEC_NODE:
+        w = records(w, p->n_ops, REC_NODE);
+        for (int32_t i = 0; i < p->n_ops; i++, w += REC_NODE) encode_op(w, &p->ops[i]);
+        break;
+    case SEC_IDS:
+        put_u32(w, (uint32_t)p->n_ids);
+        for (int32_t i = 0; i < p->n_ids; i++) put_i32(w + 4 + 4 * (size_t)i, p->ids[i]);
+        break;
+    case SEC_ATTR:
+        w = records(w, p->n_attrs, REC_ATTR);
+        for (int32_t i = 0; i < p->n_attrs; i++, w += REC_ATTR) {
+            const PlanAttr *a = &p->attrs[i];
+            uint64_t v = a->kind == PLAN_ATTR_INT ? (uint64_t)a->i
+                         : a->kind == PLAN_ATTR_FLOAT ? f64_bits(a->f)
+                         : (uint32_t)a->list | (uint64_t)(uint32_t)a->n_list << 32;
+            encode_kv(w, a->key, a->kind, v);
+        }
+        break;
+    case SEC_INTS:
+        put_u32(w, (uint32_t)p->n_ints);
+        for (int32_t i = 0; i < p->n_ints; i++) put_u64(w + 4 + 8 * (size_t)i, (uint64_t)p->ints[i]);
+        break;
+    case SEC_OUTS:
+        put_u32(w, (uint32_t)p->n_outputs);
+        for (int32_t i = 0; i < p->n_outputs; i++) put_i32(w + 4 + 4 * (size_t)i, p->outputs[i]);
+        break;
+    case SEC_COUNT:
+        break;
+    }
+}
+
+int plan_write_mem(const Plan *p, void **out, size_t *out_len, char *err, size_t errlen)
+{
+    *out = NULL;
+    *out_len = 0;
+    char why[200];
+    if (plan_check(p, why, sizeof why)) {
+        snprintf(err, errlen, "cannot write an invalid plan: %s", why);
+        return -1;
+    }
+    uint64_t size[SEC_COUNT], off[SEC_COUNT];
+    uint64_t total = PLAN_HEADER_SIZE + (uint64_t)PLAN_ENTRY_SIZE * SEC_COUNT;
+    for (int s = 0; s < SEC_COUNT; s++) {
+        size[s] = section_size(p, s);
+        off[s] = total;
+        total += size[s];
+        if (!size[s] || total > SIZE_MAX / 2) {
+            snprintf(err, errlen, "plan too large to write (section %s)", TAGS[s]);
+            return -1;
+        }
+    }
+    uint8_t *buf = plan_alloc((size_t)total);
+    if (!buf) {
+        snprintf(err, errlen, "out of memory encoding a %llu-byte plan", (unsigned long long)total);
+        return -1;
+    }
+    memcpy(buf, PLAN_MAGIC, PLAN_MAGIC_LEN);
+    put_u16(buf + 8, PLAN_MAJOR);
+    put_u16(buf + 10, PLAN_MINOR);
+    put_u32(buf + 12, SEC_COUNT);
+    put_u64(buf + 16, total);
+    put_u32(buf + 24, 0);
+    put_u32(buf + 28, 0);
+    for (int s = 0; s < SEC_COUNT; s++) {
+        uint8_t *data = buf + off[s], *e = buf + PLAN_HEADER_SIZE + PLAN_ENTRY_SIZE * s;
+        encode(p, s, data);
+        memcpy(e, TAGS[s], 4);
+        put_u32(e + 4, plan_crc32(0, data, (size_t)size[s]));
+        put_u64(e + 8, off[s]);
+        put_u64(e + 16, size[s]);
+    }
+    /* The CRC field is still zero, which is how the reader computes it too. */
+    put_u32(buf + PLAN_HEADER_CRC_AT, plan_crc32(0, buf, PLAN_HEADER_SIZE + PLAN_ENTRY_SIZE * SEC_COUNT));
+    *out = buf;
+    *out_len = (size_t)total;
+    return 0;
+}
+
+/* ---- the file ----------------------------------------------------------------------- */
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Makes the rename itself durable; a failure here loses nothing, so it is not reported. */
+static void sync_dir(const char *path)
+{
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        strcpy(dir, ".");
+    else if (slash == path)
+        strcpy(dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else
+        return;
+    int fd = open(dir, O_RDONLY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+int plan_write(const Plan *p, const char *path, char *err, size_t errlen)
+{
+    void *buf;
+    size_t len;
+    if (plan_write_mem(p, &buf, &len, err, errlen)) return -1;
+
+    /* Same directory as path, so the rename cannot cross file systems. */
+    static unsigned counter;
+    char tmp[4096];
+    int fd = -1;
+    for (int tries = 0; fd < 0 && tries < 100; tries++) {
+        if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), counter++) >= sizeof tmp) {
+            snprintf(err, errlen, "path too long");
+            plan_dealloc(buf);
+            return -1;
+        }
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+        plan_dealloc(buf);
+        return -1;
+    }
+    const char *what = NULL;
+    if (write_all(fd, buf, len))
+        what = "write";
+    else if (fsync(fd))
+        what = "fsync";
+    int saved = errno;
+    if (close(fd) && !what) what = "close", saved = errno;
+    plan_dealloc(buf);
+    if (!what && rename(tmp, path)) what = "rename", saved = errno;
+    if (what) {
+        unlink(tmp);
+        snprintf(err, errlen, "cannot write plan (%s): %s", what, strerror(saved));
+        return -1;
+    }
+    sync_dir(path);
+    return 0;
+}

@@ -1,0 +1,247 @@
+/* runtime/cpu/attention.c: scaled dot-product attention (forward and backward) and
+ * rotary position embedding.
+ *
+ * attention(q [BH, T, D], k [BH, S, D], v [BH, S, Dv], causal) -> out [BH, T, Dv] and
+ * lse [BH, T], the log-sum-exp of each row of scaled, masked scores. No T x S matrix is
+ * ever stored: the forward is flash attention. A task owns a block of BQ query rows and
+ * walks blocks of bk keys, with one score tile on the stack, cblas_sgemm for both
+ * products, and an online softmax (running max m and sum l per row) that rescales the
+ * output rows it accumulates in place.
+ *
+ * The backward recomputes each tile's probabilities from lse, P = exp(S - lse), then
+ *   dP = dO V^T,  dS = P * (dP - rowsum(dO * O)),
+ *   dV += P^T dO, dK += scale dS^T Q, dQ += scale dS K.
+ * With many (batch, head) slices a task takes a whole slice and walks its tiles in
+ * order; with few, one pass over (slice, key block) tasks accumulates dK and dV and a
+ * second over (slice, query block) tasks accumulates dQ, recomputing the tiles. Each
+ * gradient block sums its tiles in the same order either way (dK, dV over query blocks,
+ * dQ over key blocks, ascending) with the same calls, so the result is bitwise the same
+ * whatever the thread count.
+ *
+ * Tile GEMMs stay at or below OpenBLAS's single-thread size (m*n*k <= 2^18), so OpenBLAS
+ * never starts its own threads inside our parallel regions.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu_impl.h"
+
+#define BQ 64  // query rows per tile
+#define BK 64  // keys per tile, at most
+#define GEMM_SERIAL_MNK 262144
+
+typedef struct {
+    const float *q, *k, *v, *o, *lse, *dout;  // o, lse, dout: backward only
+    float *out, *lse_out, *dq, *dk, *dv;
+    int64_t BH, T, S, D, Dv, bk;
+    float scale;
+    int causal;
+} Att;
+
+static void att_init(Att *a, const KCall *k, int causal)
+{
+    const KTensor *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2];
+    int r = q->rank;
+    KCHECK(q->dtype == KT_F32 && kk->dtype == KT_F32 && v->dtype == KT_F32, "attention: unsupported dtype");
+    a->T = q->shape[r - 2], a->D = q->shape[r - 1], a->S = kk->shape[r - 2], a->Dv = v->shape[r - 1];
+    a->BH = q->numel / (a->T * a->D);
+    KCHECK(kk->shape[r - 1] == a->D && v->shape[r - 2] == a->S && (!causal || a->T == a->S), "attention: bad shapes");
+    int64_t dmax = imax(a->D, a->Dv);
+    a->bk = imax(8, imin(BK, GEMM_SERIAL_MNK / (BQ * dmax)));
+    a->scale = 1.0f / sqrtf((float)a->D);
+    a->causal = causal;
+    a->q = fdata(q), a->k = fdata(kk), a->v = fdata(v);
+}
+
+/* Keys of a tile that query row i may see: [j0, j0 + result). */
+static int64_t visible(const Att *a, int64_t i, int64_t j0, int64_t nk)
+{
+    return a->causal ? imax(0, imin(nk, i - j0 + 1)) : nk;
+}
+
+/* ---- forward ---------------------------------------------------------------------- */
+
+static void fwd_block(const Att *a, int64_t bh, int64_t i0)
+{
+    int64_t nq = imin(BQ, a->T - i0), D = a->D, Dv = a->Dv;
+    int64_t jend = a->causal ? i0 + nq : a->S;
+    const float *q = a->q + (bh * a->T + i0) * D;
+    float *o = a->out + (bh * a->T + i0) * Dv, s[BQ * BK], m[BQ], l[BQ];
+    for (int64_t r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
+    memset(o, 0, sizeof(float) * (size_t)(nq * Dv));
+    for (int64_t j0 = 0; j0 < jend; j0 += a->bk) {
+        int64_t nk = imin(a->bk, jend - j0);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, q, (int)D,
+                    a->k + (bh * a->S + j0) * D, (int)D, 0.0f, s, (int)nk);
+        for (int64_t r = 0; r < nq; r++) {
+            float *row = s + r * nk, *orow = o + r * Dv;
+            int64_t lim = visible(a, i0 + r, j0, nk);
+            float mx = row_max(row, lim);
+            mx = m[r] > mx ? m[r] : mx;
+            float corr = m[r] == mx ? 1.0f : fexp(m[r] - mx);  // first tile: m[r] = -inf, corr = 0
+            VEC_LOOP
+            for (int64_t c = 0; c < lim; c++) row[c] = fexp(row[c] - mx);
+            float sum = vsum(row, lim);
+            for (int64_t c = lim; c < nk; c++) row[c] = 0;
+            if (corr != 1.0f) {
+                VEC_LOOP
+                for (int64_t c = 0; c < Dv; c++) orow[c] *= corr;
+            }
+            l[r] = l[r] * corr + sum, m[r] = mx;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)Dv, (int)nk, 1.0f, s, (int)nk,
+                    a->v + (bh * a->S + j0) * Dv, (int)Dv, 1.0f, o, (int)Dv);
+    }
+    for (int64_t r = 0; r < nq; r++) {
+        float inv = 1.0f / l[r];
+        VEC_LOOP
+        for (int64_t c = 0; c < Dv; c++) o[r * Dv + c] *= inv;
+        a->lse_out[bh * a->T + i0 + r] = m[r] + logf(l[r]);
+    }
+}
+
+void cpu_attention(const KCall *k)
+{
+    Att a;
+    att_init(&a, k, k_int(k, 3));
+    a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
+    int64_t nb = (a.T + BQ - 1) / BQ;
+#pragma omp parallel for if (a.BH * a.T * a.S * a.D > PAR_MIN) schedule(dynamic)
+    for (int64_t t = 0; t < a.BH * nb; t++) fwd_block(&a, t / nb, t % nb * BQ);
+}
+
+/* ---- backward --------------------------------------------------------------------- */
+
+/* One (query block i0, key block j0) tile of slice bh; dr holds rowsum(dO * O). */
+static void bwd_tile(const Att *a, int64_t bh, int64_t i0, int64_t j0, const float *dr, int do_kv, int do_q)
+{
+    int64_t nq = imin(BQ, a->T - i0), nk = imin(a->bk, a->S - j0), D = a->D, Dv = a->Dv;
+    const float *q = a->q + (bh * a->T + i0) * D, *kj = a->k + (bh * a->S + j0) * D;
+    const float *vj = a->v + (bh * a->S + j0) * Dv, *go = a->dout + (bh * a->T + i0) * Dv;
+    const float *lse = a->lse + bh * a->T + i0;
+    float p[BQ * BK], ds[BQ * BK];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, q, (int)D, kj, (int)D, 0.0f, p,
+                (int)nk);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)Dv, 1.0f, go, (int)Dv, vj, (int)Dv, 0.0f, ds,
+                (int)nk);
+    for (int64_t r = 0; r < nq; r++) {
+        float *pr = p + r * nk, *dsr = ds + r * nk;
+        int64_t lim = visible(a, i0 + r, j0, nk);
+        VEC_LOOP
+        for (int64_t c = 0; c < lim; c++) {
+            pr[c] = fexp(pr[c] - lse[r]);
+            dsr[c] = pr[c] * (dsr[c] - dr[r]);
+        }
+        for (int64_t c = lim; c < nk; c++) pr[c] = 0, dsr[c] = 0;
+    }
+    if (do_kv) {
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)Dv, (int)nq, 1.0f, p, (int)nk, go, (int)Dv, 1.0f,
+                    a->dv + (bh * a->S + j0) * Dv, (int)Dv);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)D, (int)nq, a->scale, ds, (int)nk, q, (int)D, 1.0f,
+                    a->dk + (bh * a->S + j0) * D, (int)D);
+    }
+    if (do_q)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, a->scale, ds, (int)nk, kj, (int)D,
+                    1.0f, a->dq + (bh * a->T + i0) * D, (int)D);
+}
+
+static void row_dots(const Att *a, int64_t bh, int64_t i0, float *dr)
+{
+    int64_t nq = imin(BQ, a->T - i0), off = (bh * a->T + i0) * a->Dv;
+    for (int64_t r = 0; r < nq; r++) dr[r] = vdot(a->dout + off + r * a->Dv, a->o + off + r * a->Dv, a->Dv);
+}
+
+/* Does tile (i0, j0) see any key? (causal: not when every key follows every query) */
+static int live(const Att *a, int64_t i0, int64_t j0) { return !a->causal || j0 <= imin(a->T, i0 + BQ) - 1; }
+
+static void bwd_slice(const Att *a, int64_t bh)
+{
+    memset(a->dq + bh * a->T * a->D, 0, sizeof(float) * (size_t)(a->T * a->D));
+    memset(a->dk + bh * a->S * a->D, 0, sizeof(float) * (size_t)(a->S * a->D));
+    memset(a->dv + bh * a->S * a->Dv, 0, sizeof(float) * (size_t)(a->S * a->Dv));
+    for (int64_t i0 = 0; i0 < a->T; i0 += BQ) {
+        float dr[BQ];
+        row_dots(a, bh, i0, dr);
+        for (int64_t j0 = 0; j0 < a->S && live(a, i0, j0); j0 += a->bk) bwd_tile(a, bh, i0, j0, dr, 1, 1);
+    }
+}
+
+static void bwd_kv_block(const Att *a, int64_t bh, int64_t j0)
+{
+    int64_t nk = imin(a->bk, a->S - j0);
+    memset(a->dk + (bh * a->S + j0) * a->D, 0, sizeof(float) * (size_t)(nk * a->D));
+    memset(a->dv + (bh * a->S + j0) * a->Dv, 0, sizeof(float) * (size_t)(nk * a->Dv));
+    for (int64_t i0 = 0; i0 < a->T; i0 += BQ) {
+        if (!live(a, i0, j0)) continue;
+        float dr[BQ];
+        row_dots(a, bh, i0, dr);
+        bwd_tile(a, bh, i0, j0, dr, 1, 0);
+    }
+}
+
+static void bwd_q_block(const Att *a, int64_t bh, int64_t i0)
+{
+    float dr[BQ];
+    memset(a->dq + (bh * a->T + i0) * a->D, 0, sizeof(float) * (size_t)(imin(BQ, a->T - i0) * a->D));
+    row_dots(a, bh, i0, dr);
+    for (int64_t j0 = 0; j0 < a->S && live(a, i0, j0); j0 += a->bk) bwd_tile(a, bh, i0, j0, dr, 0, 1);
+}
+
+/* attention_bwd(q, k, v, o, lse, dout, causal) -> dq, dk, dv */
+void cpu_attention_bwd(const KCall *k)
+{
+    Att a;
+    att_init(&a, k, k_int(k, 6));
+    a.o = fdata(&k->in[3]), a.lse = fdata(&k->in[4]), a.dout = fdata(&k->in[5]);
+    a.dq = fdata(&k->out[0]), a.dk = fdata(&k->out[1]), a.dv = fdata(&k->out[2]);
+    int par = a.BH * a.T * a.S * a.D > PAR_MIN;
+    int64_t threads = par ? omp_get_max_threads() : 1;
+    if (a.BH >= 2 * threads || a.BH % threads == 0) {
+#pragma omp parallel for if (par) schedule(dynamic)
+        for (int64_t bh = 0; bh < a.BH; bh++) bwd_slice(&a, bh);
+        return;
+    }
+    int64_t nkb = (a.S + a.bk - 1) / a.bk, nqb = (a.T + BQ - 1) / BQ;
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t t = 0; t < a.BH * nkb; t++) bwd_kv_block(&a, t / nkb, t % nkb * a.bk);
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t t = 0; t < a.BH * nqb; t++) bwd_q_block(&a, t / nqb, t % nqb * BQ);
+}
+
+/* ---- rope ------------------------------------------------------------------------- */
+
+#define ROPE_PAIRS 256  // (cos, sin) pairs per stack table; longer heads go in pieces
+
+/* rope(x [..., T, D], theta, inverse): pairs (i, i + D/2) of the row at position t turn
+ * by t * theta^(-2i/D) (backwards under inverse, which is also rope's backward). */
+void cpu_rope(const KCall *k)
+{
+    const KTensor *X = &k->in[0];
+    KCHECK(X->dtype == KT_F32 && X->rank >= 2 && X->shape[X->rank - 1] % 2 == 0, "rope: bad input");
+    int64_t T = X->shape[X->rank - 2], D = X->shape[X->rank - 1], H = D / 2, outer = X->numel / (T * D);
+    double theta = k->attr[1], sign = k_int(k, 2) ? -1.0 : 1.0;
+    const float *x = fdata(X);
+    float *y = fdata(&k->out[0]);
+#pragma omp parallel for if (X->numel > PAR_MIN) schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        float cs[ROPE_PAIRS], sn[ROPE_PAIRS];
+        for (int64_t h0 = 0; h0 < H; h0 += ROPE_PAIRS) {
+            int64_t nh = imin(ROPE_PAIRS, H - h0);
+            for (int64_t i = 0; i < nh; i++) {
+                double ang = sign * (double)t * pow(theta, -2.0 * (double)(h0 + i) / (double)D);
+                cs[i] = (float)cos(ang), sn[i] = (float)sin(ang);
+            }
+            for (int64_t o = 0; o < outer; o++) {
+                const float *a = x + (o * T + t) * D + h0, *b = a + H;
+                float *ya = y + (o * T + t) * D + h0, *yb = ya + H;
+                VEC_LOOP
+                for (int64_t i = 0; i < nh; i++) {
+                    float u = a[i], w = b[i];
+                    ya[i] = u * cs[i] - w * sn[i];
+                    yb[i] = w * cs[i] + u * sn[i];
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,132 @@
+/* runtime/cpu/norm.c: layernorm and rmsnorm over the last dim, and their backward ops.
+ *
+ * x is (rows, C). The forward kernels work row by row (statistics in two passes over a
+ * row that sits in L1: mean, then the centred sum of squares, as PyTorch's biased
+ * variance). The backward kernels need per-row statistics for dx and column sums over
+ * all rows for dw (and db); with no scratch to keep per-row state, they run in three
+ * parallel passes that use dx itself as scratch:
+ *   1. rows:    dx = xhat
+ *   2. columns: dw = sum_r dy * xhat, db = sum_r dy   (each column in row order)
+ *   3. rows:    dx from xhat, dy, w and the recomputed rstd
+ * Every sum runs in a fixed order, so results do not depend on the thread count.
+ * dx must not share a buffer with x or dy.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_impl.h"
+
+static void ln_stats(const float *x, int64_t C, float eps, float *mean, float *rstd)
+{
+    float m = vsum(x, C) / (float)C;
+    *mean = m;
+    *rstd = 1.0f / sqrtf(vsqdev(x, m, C) / (float)C + eps);
+}
+
+static float rms_rstd(const float *x, int64_t C, float eps) { return 1.0f / sqrtf(vdot(x, x, C) / (float)C + eps); }
+
+static int64_t rows_of(const KTensor *x) { return x->numel / x->shape[x->rank - 1]; }
+
+void cpu_layernorm(const KCall *k)
+{
+    const KTensor *X = &k->in[0];
+    KCHECK(X->dtype == KT_F32, "layernorm: unsupported dtype %d", X->dtype);
+    int64_t C = X->shape[X->rank - 1], rows = rows_of(X);
+    const float *x = fdata(X), *w = fdata(&k->in[1]), *b = fdata(&k->in[2]);
+    float *y = fdata(&k->out[0]), eps = (float)k->attr[3];
+#pragma omp parallel for if (X->numel > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * C;
+        float *yr = y + r * C, m, s;
+        ln_stats(xr, C, eps, &m, &s);
+        VEC_LOOP
+        for (int64_t c = 0; c < C; c++) yr[c] = (xr[c] - m) * s * w[c] + b[c];
+    }
+}
+
+void cpu_rmsnorm(const KCall *k)
+{
+    const KTensor *X = &k->in[0];
+    KCHECK(X->dtype == KT_F32, "rmsnorm: unsupported dtype %d", X->dtype);
+    int64_t C = X->shape[X->rank - 1], rows = rows_of(X);
+    const float *x = fdata(X), *w = fdata(&k->in[1]);
+    float *y = fdata(&k->out[0]), eps = (float)k->attr[2];
+#pragma omp parallel for if (X->numel > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * C;
+        float *yr = y + r * C, s = rms_rstd(xr, C, eps);
+        VEC_LOOP
+        for (int64_t c = 0; c < C; c++) yr[c] = xr[c] * s * w[c];
+    }
+}
+
+/* Pass 2: dw[c] = sum_r dy[r, c] * xhat[r, c] and, when db, db[c] = sum_r dy[r, c]. */
+static void column_sums(const float *dy, const float *xhat, int64_t rows, int64_t C, float *dw, float *db)
+{
+    int64_t ch = col_chunk(1, C), nch = (C + ch - 1) / ch;
+#pragma omp parallel for if (rows * C > PAR_MIN) schedule(static)
+    for (int64_t t = 0; t < nch; t++) {
+        int64_t c0 = t * ch, len = imin(ch, C - c0);
+        float *gw = dw + c0, *gb = db ? db + c0 : NULL;
+        memset(gw, 0, sizeof(float) * (size_t)len);
+        if (gb) memset(gb, 0, sizeof(float) * (size_t)len);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *g = dy + r * C + c0, *h = xhat + r * C + c0;
+            VEC_LOOP
+            for (int64_t c = 0; c < len; c++) gw[c] += g[c] * h[c];
+            if (gb) {
+                VEC_LOOP
+                for (int64_t c = 0; c < len; c++) gb[c] += g[c];
+            }
+        }
+    }
+}
+
+/* Pass 3, one row: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w; dx
+ * holds xhat on entry. rms drops the mean(g) term. */
+static void dx_row(const float *dy, const float *w, float *dx, int64_t C, float rstd, int rms)
+{
+    float sg[LANES] = {0}, sgx[LANES] = {0}, a = 0, b = 0;
+    int64_t c = 0;
+    for (; c + LANES <= C; c += LANES)
+        for (int j = 0; j < LANES; j++) {
+            float g = dy[c + j] * w[c + j];
+            sg[j] += g, sgx[j] += g * dx[c + j];
+        }
+    for (; c < C; c++) a += dy[c] * w[c], b += dy[c] * w[c] * dx[c];
+    for (int j = 0; j < LANES; j++) a += sg[j], b += sgx[j];
+    a = rms ? 0.0f : a / (float)C, b /= (float)C;
+    VEC_LOOP
+    for (c = 0; c < C; c++) dx[c] = rstd * (dy[c] * w[c] - a - dx[c] * b);
+}
+
+static void norm_bwd(const KCall *k, int rms)
+{
+    const KTensor *X = &k->in[0];
+    KCHECK(X->dtype == KT_F32, "%s_bwd: unsupported dtype %d", rms ? "rmsnorm" : "layernorm", X->dtype);
+    int64_t C = X->shape[X->rank - 1], rows = rows_of(X);
+    const float *x = fdata(X), *w = fdata(&k->in[1]), *dy = fdata(&k->in[2]);
+    float *dx = fdata(&k->out[0]), *dw = fdata(&k->out[1]), *db = rms ? NULL : fdata(&k->out[2]);
+    float eps = (float)k->attr[3];
+#pragma omp parallel for if (X->numel > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * C;
+        float *h = dx + r * C, m = 0, s;
+        if (rms) s = rms_rstd(xr, C, eps);
+        else ln_stats(xr, C, eps, &m, &s);
+        VEC_LOOP
+        for (int64_t c = 0; c < C; c++) h[c] = (xr[c] - m) * s;
+    }
+    column_sums(dy, dx, rows, C, dw, db);
+#pragma omp parallel for if (X->numel > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * C;
+        float m, s;
+        if (rms) s = rms_rstd(xr, C, eps);
+        else ln_stats(xr, C, eps, &m, &s);
+        dx_row(dy + r * C, w, dx + r * C, C, s, rms);
+    }
+}
+
+void cpu_layernorm_bwd(const KCall *k) { norm_bwd(k, 0); }
+void cpu_rmsnorm_bwd(const KCall *k) { norm_bwd(k, 1); }

@@ -1,0 +1,97 @@
+/* runtime/cpu/optim.c: the optimizer step: lr_at (the learning-rate schedule),
+ * clip_coef (global-norm clipping), adamw and sgd.
+ *
+ * Scalars travel as rank-0 tensors (f32; the step is an i32 holding the 1-based step
+ * number) so the whole update is part of the plan. adamw and sgd follow
+ * torch.optim.AdamW and torch.optim.SGD operation for operation (float arithmetic per
+ * element, bias corrections in double as Python computes them) and update p and their
+ * state in place; the gradient is scaled by the clipping coefficient first.
+ */
+#include <math.h>
+
+#include "cpu_impl.h"
+
+static float scalar_f(const KTensor *t) { return fdata(t)[0]; }
+static int64_t scalar_i(const KTensor *t) { return idata(t)[0]; }
+
+/* lr_at(step; lr, schedule, warmup, steps, min_lr): 0 constant, 1 cosine; linear warmup
+ * from lr/warmup at step 1 to lr at step == warmup under both. */
+void cpu_lr_at(const KCall *k)
+{
+    int64_t step = scalar_i(&k->in[0]), warmup = k_int(k, 3), steps = k_int(k, 4);
+    double lr = k->attr[1], min_lr = k->attr[5], out = lr;
+    int schedule = k_int(k, 2);
+    KCHECK(schedule == 0 || schedule == 1, "lr_at: unknown schedule %d", schedule);
+    if (warmup > 0 && step <= warmup) {
+        out = lr * (double)step / (double)warmup;
+    } else if (schedule == 1) {
+        double progress = (double)(step - warmup) / (double)imax(1, steps - warmup);
+        progress = progress < 0 ? 0 : progress > 1 ? 1 : progress;
+        out = min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(KPI * progress));
+    }
+    fdata(&k->out[0])[0] = (float)out;
+}
+
+/* clip_coef(norm; max_norm) = min(1, max_norm / (norm + 1e-6)); 1 when max_norm <= 0. */
+void cpu_clip_coef(const KCall *k)
+{
+    double norm = scalar_f(&k->in[0]), max_norm = k->attr[1], c = 1.0;
+    if (max_norm > 0) {
+        c = max_norm / (norm + 1e-6);
+        c = c < 1.0 ? c : 1.0;
+    }
+    fdata(&k->out[0])[0] = (float)c;
+}
+
+#define CHUNK 4096  // elements per task
+
+/* adamw(p, g, m, v, lr, coef, step; beta1, beta2, eps, weight_decay) */
+void cpu_adamw(const KCall *k)
+{
+    int64_t n = k->in[0].numel, step = scalar_i(&k->in[6]);
+    float *p = fdata(&k->in[0]), *m = fdata(&k->in[2]), *v = fdata(&k->in[3]);
+    const float *g = fdata(&k->in[1]);
+    double lr = scalar_f(&k->in[4]), b1 = k->attr[7], b2 = k->attr[8];
+    float coef = scalar_f(&k->in[5]), eps = (float)k->attr[9];
+    float decay = (float)(1.0 - lr * k->attr[10]);
+    float step_size = (float)(lr / (1.0 - pow(b1, (double)step)));
+    float bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)step));
+    float w1 = (float)(1.0 - b1), fb2 = (float)b2, w2 = (float)(1.0 - b2);
+    int lerp_low = w1 < 0.5f;  // torch's lerp: two formulas, picked by the weight
+    KCHECK(step >= 1, "adamw: step %lld is not 1-based", (long long)step);
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t t = 0; t < (n + CHUNK - 1) / CHUNK; t++) {
+        int64_t i1 = imin(n, (t + 1) * CHUNK);
+        VEC_LOOP
+        for (int64_t i = t * CHUNK; i < i1; i++) {
+            float gi = g[i] * coef;
+            m[i] = lerp_low ? m[i] + w1 * (gi - m[i]) : gi - (gi - m[i]) * (1.0f - w1);  // m.lerp_(g, 1 - beta1)
+            v[i] = v[i] * fb2 + w2 * gi * gi;                                              // v.mul_(b2).addcmul_(g, g, 1 - b2)
+            float denom = sqrtf(v[i]) / bc2_sqrt + eps;
+            p[i] = p[i] * decay + -step_size * m[i] / denom;  // p.mul_(1 - lr wd).addcdiv_(m, denom, -step_size)
+        }
+    }
+}
+
+/* sgd(p, g, buf, lr, coef, step; momentum, weight_decay): dampening 0, no nesterov. */
+void cpu_sgd(const KCall *k)
+{
+    int64_t n = k->in[0].numel, step = scalar_i(&k->in[5]);
+    float *p = fdata(&k->in[0]), *buf = fdata(&k->in[2]);
+    const float *g = fdata(&k->in[1]);
+    float lr = scalar_f(&k->in[3]), coef = scalar_f(&k->in[4]);
+    float mom = (float)k->attr[6], wd = (float)k->attr[7];
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t t = 0; t < (n + CHUNK - 1) / CHUNK; t++) {
+        int64_t i1 = imin(n, (t + 1) * CHUNK);
+        VEC_LOOP
+        for (int64_t i = t * CHUNK; i < i1; i++) {
+            float d = g[i] * coef + wd * p[i];
+            if (mom != 0.0f) {
+                buf[i] = step == 1 ? d : buf[i] * mom + d;
+                d = buf[i];
+            }
+            p[i] = p[i] - lr * d;
+        }
+    }
+}

@@ -1,0 +1,279 @@
+/* runtime/cpu/reduce.c: reductions: sum, mean, max, softmax and their backward ops
+ * (max_bwd, softmax_bwd), sum_to (the adjoint of broadcasting) and sumsq.
+ *
+ * One engine sums over any set of dims (sum_dims): unit dims are dropped and neighbours
+ * of the same kind merged, leaving alternating kept and reduced groups. When the
+ * innermost group is kept, each output row accumulates whole input rows, vectorized,
+ * over the reduced index in increasing order; when it is reduced, each output element
+ * sums its contiguous runs (in float lanes, the runs in double). Either way an element's sum runs in one fixed
+ * order whatever the thread count: results are bitwise reproducible.
+ *
+ * Axis ops (max, softmax) view x as (outer, n, inner). inner == 1 works row by row;
+ * otherwise a task takes a chunk of at most COLS inner columns and keeps per-column
+ * state on the stack.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_impl.h"
+
+#define COLS 256  // inner columns per task in the strided axis kernels
+
+/* out = scale * (x summed over the dims d with red[d]); out holds the kept dims. */
+static void sum_dims(const float *x, int rank, const int64_t *shape, const int *red, float *out, float scale)
+{
+    int64_t sz[K_MAX_RANK], st[K_MAX_RANK];
+    int mk[K_MAX_RANK], g = 0;
+    for (int d = 0; d < rank; d++) {
+        if (shape[d] == 1) continue;
+        if (g > 0 && mk[g - 1] == (red[d] != 0)) sz[g - 1] *= shape[d];
+        else sz[g] = shape[d], mk[g] = red[d] != 0, g++;
+    }
+    if (g == 0) {
+        out[0] = x[0] * scale;
+        return;
+    }
+    st[g - 1] = 1;
+    for (int d = g - 2; d >= 0; d--) st[d] = st[d + 1] * sz[d + 1];
+    int64_t ksz[K_MAX_RANK], kst[K_MAX_RANK], rsz[K_MAX_RANK], rst[K_MAX_RANK], nout = 1, nred = 1, total = 1;
+    int nk = 0, nr = 0;
+    for (int d = 0; d < g; d++) {
+        total *= sz[d];
+        if (mk[d]) rsz[nr] = sz[d], rst[nr++] = st[d], nred *= sz[d];
+        else ksz[nk] = sz[d], kst[nk++] = st[d], nout *= sz[d];
+    }
+    if (!mk[g - 1]) {  // innermost kept: add whole rows
+        int64_t inner = sz[g - 1], rows = nout / inner, ch = col_chunk(rows, inner), nch = (inner + ch - 1) / ch;
+#pragma omp parallel for if (total > PAR_MIN) schedule(static)
+        for (int64_t t = 0; t < rows * nch; t++) {
+            int64_t r = t / nch, c0 = (t % nch) * ch, len = imin(ch, inner - c0);
+            float *acc = out + r * inner + c0;
+            const float *xr = x + offset_of(r, nk - 1, ksz, kst) + c0;
+            memset(acc, 0, sizeof(float) * (size_t)len);
+            for (int64_t q = 0; q < nred; q++) {
+                const float *xq = xr + offset_of(q, nr, rsz, rst);
+                VEC_LOOP
+                for (int64_t i = 0; i < len; i++) acc[i] += xq[i];
+            }
+            if (scale != 1.0f) {
+                VEC_LOOP
+                for (int64_t i = 0; i < len; i++) acc[i] *= scale;
+            }
+        }
+    } else {  // innermost reduced: each output sums contiguous runs of m
+        int64_t m = sz[g - 1], runs = nred / m;
+#pragma omp parallel for if (total > PAR_MIN) schedule(static)
+        for (int64_t e = 0; e < nout; e++) {
+            const float *xe = x + offset_of(e, nk, ksz, kst);
+            double s = 0;
+            for (int64_t q = 0; q < runs; q++) {
+                s += vsum(xe + offset_of(q, nr - 1, rsz, rst), m);
+            }
+            out[e] = (float)(s * scale);
+        }
+    }
+}
+
+static void reduce_axis_sum(const KCall *k, int mean)
+{
+    const KTensor *x = &k->in[0];
+    KCHECK(x->dtype == KT_F32, "sum/mean: unsupported dtype %d", x->dtype);
+    int axis = norm_axis(k_int(k, 1), x->rank), red[K_MAX_RANK] = {0};
+    red[axis] = 1;
+    sum_dims(fdata(x), x->rank, x->shape, red, fdata(&k->out[0]), mean ? 1.0f / (float)x->shape[axis] : 1.0f);
+}
+
+void cpu_sum(const KCall *k) { reduce_axis_sum(k, 0); }
+void cpu_mean(const KCall *k) { reduce_axis_sum(k, 1); }
+
+/* sum_to(x, shape): x summed down to the output's shape (rank <= x's, aligned right;
+ * output dims of size 1 are summed too). */
+void cpu_sum_to(const KCall *k)
+{
+    const KTensor *x = &k->in[0], *o = &k->out[0];
+    int off = x->rank - o->rank, red[K_MAX_RANK] = {0};
+    KCHECK(x->dtype == KT_F32 && off >= 0, "sum_to: bad call (dtype %d, rank %d to %d)", x->dtype, x->rank, o->rank);
+    for (int d = 0; d < x->rank; d++) {
+        if (d < off) {
+            red[d] = 1;
+            continue;
+        }
+        int64_t want = o->shape[d - off];
+        KCHECK(want == x->shape[d] || want == 1, "sum_to: dim %d: %lld does not reduce to %lld", d, (long long)x->shape[d],
+               (long long)want);
+        red[d] = want != x->shape[d];
+    }
+    sum_dims(fdata(x), x->rank, x->shape, red, fdata(o), 1.0f);
+}
+
+/* ---- max ---------------------------------------------------------------------------- */
+
+void cpu_max(const KCall *k)
+{
+    const KTensor *X = &k->in[0];
+    KCHECK(X->dtype == KT_F32, "max: unsupported dtype %d", X->dtype);
+    int64_t outer, n, inner;
+    around_axis(X, norm_axis(k_int(k, 1), X->rank), &outer, &n, &inner);
+    const float *x = fdata(X);
+    float *out = fdata(&k->out[0]);
+    if (inner == 1) {
+#pragma omp parallel for if (X->numel > PAR_MIN) schedule(static)
+        for (int64_t o = 0; o < outer; o++) out[o] = row_max(x + o * n, n);
+        return;
+    }
+    int64_t ch = col_chunk(outer, inner), nch = (inner + ch - 1) / ch;
+#pragma omp parallel for if (X->numel > PAR_MIN) schedule(static)
+    for (int64_t t = 0; t < outer * nch; t++) {
+        int64_t o = t / nch, c0 = (t % nch) * ch, len = imin(ch, inner - c0);
+        const float *xo = x + o * n * inner + c0;
+        float *m = out + o * inner + c0;
+        memcpy(m, xo, sizeof(float) * (size_t)len);
+        for (int64_t j = 1; j < n; j++)
+            VEC_LOOP
+            for (int64_t i = 0; i < len; i++) m[i] = xo[j * inner + i] > m[i] ? xo[j * inner + i] : m[i];
+    }
+}
+
+/* dx is dy at the first maximum along the axis, 0 elsewhere. dy has outer * inner
+ * elements in the same order with or without keepdim. */
+void cpu_max_bwd(const KCall *k)
+{
+    const KTensor *X = &k->in[0];
+    int64_t outer, n, inner;
+    around_axis(X, norm_axis(k_int(k, 2), X->rank), &outer, &n, &inner);
+    const float *x = fdata(X), *dy = fdata(&k->in[1]);
+    float *dx = fdata(&k->out[0]);
+    int64_t ch = imin(COLS, col_chunk(outer, inner)), nch = (inner + ch - 1) / ch;
+#pragma omp parallel for if (X->numel > PAR_MIN) schedule(static)
+    for (int64_t t = 0; t < outer * nch; t++) {
+        int64_t o = t / nch, c0 = (t % nch) * ch, len = imin(ch, inner - c0);
+        const float *xo = x + o * n * inner + c0;
+        float *dxo = dx + o * n * inner + c0;
+        float best[COLS];
+        int64_t arg[COLS];
+        for (int64_t i = 0; i < len; i++) best[i] = xo[i], arg[i] = 0;
+        for (int64_t j = 1; j < n; j++)
+            for (int64_t i = 0; i < len; i++)
+                if (xo[j * inner + i] > best[i]) best[i] = xo[j * inner + i], arg[i] = j;
+        for (int64_t j = 0; j < n; j++) memset(dxo + j * inner, 0, sizeof(float) * (size_t)len);
+        VEC_LOOP
+        for (int64_t i = 0; i < len; i++) dxo[arg[i] * inner + i] = dy[o * inner + c0 + i];
+    }
+}
+
+/* ---- softmax ------------------------------------------------------------------------ */
+
+KSIMD static void softmax_row(const float *x, float *y, int64_t n)
+{
+    float m = row_max(x, n);
+    VEC_LOOP
+    for (int64_t j = 0; j < n; j++) y[j] = fexp(x[j] - m);
+    float r = 1.0f / vsum(y, n);
+    VEC_LOOP
+    for (int64_t j = 0; j < n; j++) y[j] *= r;
+}
+
+/* Softmax down the columns c0..c0+len of one (n, inner) slab. */
+KSIMD static void softmax_cols(const float *x, float *y, int64_t n, int64_t inner, int64_t len)
+{
+    float m[COLS], s[COLS];
+    for (int64_t i = 0; i < len; i++) m[i] = -INFINITY, s[i] = 0;
+    for (int64_t j = 0; j < n; j++)
+        VEC_LOOP
+        for (int64_t i = 0; i < len; i++) m[i] = x[j * inner + i] > m[i] ? x[j * inner + i] : m[i];
+    for (int64_t j = 0; j < n; j++)
+        VEC_LOOP
+        for (int64_t i = 0; i < len; i++) {
+            float e = fexp(x[j * inner + i] - m[i]);
+            y[j * inner + i] = e;
+            s[i] += e;
+        }
+    VEC_LOOP
+    for (int64_t i = 0; i < len; i++) s[i] = 1.0f / s[i];
+    for (int64_t j = 0; j < n; j++)
+        VEC_LOOP
+        for (int64_t i = 0; i < len; i++) y[j * inner + i] *= s[i];
+}
+
+void cpu_softmax(const KCall *k)
+{
+    const KTensor *X = &k->in[0];
+    KCHECK(X->dtype == KT_F32, "softmax: unsupported dtype %d", X->dtype);
+    int64_t outer, n, inner;
+    around_axis(X, norm_axis(k_int(k, 1), X->rank), &outer, &n, &inner);
+    const float *x = fdata(X);
+    float *y = fdata(&k->out[0]);
+    if (inner == 1) {
+#pragma omp parallel for if (X->numel > PAR_MIN) schedule(static)
+        for (int64_t o = 0; o < outer; o++) softmax_row(x + o * n, y + o * n, n);
+        return;
+    }
+    int64_t nch = (inner + COLS - 1) / COLS;
+#pragma omp parallel for if (X->numel > PAR_MIN) schedule(static)
+    for (int64_t t = 0; t < outer * nch; t++) {
+        int64_t o = t / nch, c0 = (t % nch) * COLS;
+        softmax_cols(x + o * n * inner + c0, y + o * n * inner + c0, n, inner, imin(COLS, inner - c0));
+    }
+}
+
+/* dx = y * (dy - sum(dy * y, axis)) */
+void cpu_softmax_bwd(const KCall *k)
+{
+    const KTensor *Y = &k->in[0];
+    int64_t outer, n, inner;
+    around_axis(Y, norm_axis(k_int(k, 2), Y->rank), &outer, &n, &inner);
+    const float *y = fdata(Y), *dy = fdata(&k->in[1]);
+    float *dx = fdata(&k->out[0]);
+    int64_t nch = (inner + COLS - 1) / COLS;
+#pragma omp parallel for if (Y->numel > PAR_MIN) schedule(static)
+    for (int64_t t = 0; t < outer * nch; t++) {
+        int64_t o = t / nch, c0 = (t % nch) * COLS, len = imin(COLS, inner - c0), base = o * n * inner + c0;
+        const float *yo = y + base, *go = dy + base;
+        float *dxo = dx + base;
+        if (inner == 1) {
+            float sf = vdot(yo, go, n);
+            VEC_LOOP
+            for (int64_t j = 0; j < n; j++) dxo[j] = yo[j] * (go[j] - sf);
+            continue;
+        }
+        float s[COLS];
+        for (int64_t i = 0; i < len; i++) s[i] = 0;
+        for (int64_t j = 0; j < n; j++)
+            VEC_LOOP
+            for (int64_t i = 0; i < len; i++) s[i] += yo[j * inner + i] * go[j * inner + i];
+        for (int64_t j = 0; j < n; j++)
+            VEC_LOOP
+            for (int64_t i = 0; i < len; i++) dxo[j * inner + i] = yo[j * inner + i] * (go[j * inner + i] - s[i]);
+    }
+}
+
+/* ---- sumsq ---------------------------------------------------------------------------- */
+
+#define SUMSQ_BLOCKS 64  // fixed partition: the result does not depend on the thread count
+
+/* sum(x^2) in double, over 8 lanes so it vectorizes. */
+static double dsumsq(const float *x, int64_t n)
+{
+    double a[8] = {0}, s = 0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) a[j] += (double)x[i + j] * x[i + j];
+    for (; i < n; i++) s += (double)x[i] * x[i];
+    for (int j = 0; j < 8; j++) s += a[j];
+    return s;
+}
+
+void cpu_sumsq(const KCall *k)
+{
+    const float *x = fdata(&k->in[0]);
+    int64_t n = k->in[0].numel, bs = (n + SUMSQ_BLOCKS - 1) / SUMSQ_BLOCKS;
+    double part[SUMSQ_BLOCKS];
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int b = 0; b < SUMSQ_BLOCKS; b++) {
+        int64_t i0 = imin(n, b * bs);
+        part[b] = dsumsq(x + i0, imin(n, i0 + bs) - i0);
+    }
+    double s = 0;
+    for (int b = 0; b < SUMSQ_BLOCKS; b++) s += part[b];
+    fdata(&k->out[0])[0] = (float)s;
+}

@@ -1,0 +1,419 @@
+/* runtime/data.c: the batches a plan's inputs get, one step at a time.
+ *
+ * Two kinds of model are fed, told apart by their inputs (the "step" input aside):
+ *   language model   two i32 [B, T] inputs, tokens then targets: B windows of T + 1
+ *                    consecutive tokens from a token file (llm.c's format or raw uint16),
+ *                    or without a file from a built-in corpus (the bytes of a text every
+ *                    Debian machine has; token = byte, so the vocab must be >= 256);
+ *   classifier       f32 [B, D] and i32 [B]: Gaussian blobs, K classes (the last dim of
+ *                    the output "logits", else 2), centers ~ N(0, 1) fixed by the seed,
+ *                    x = center[y] + 0.5 * N(0, 1).
+ * Every number comes from Philox (runtime/init.c) keyed by the seed and counted by
+ * (step, row, ...), so a batch is a pure function of (seed, step): any rank can make its
+ * own rows of the global batch, and the run is the same whatever the thread count.
+ *
+ * Window starts of step s (1-based), row b, with M = N - T - 1 (the last valid start):
+ *   random      uniform in [0, M]: Philox(seed ^ RT_DATA_KEY, (s, b, 0)), 64 bits mod (M + 1)
+ *   sequential  ((s - 1) * B + b) * T mod M
+ * Token files are mapped, not read: a file of any size costs no memory up front. Every
+ * token is checked against the vocab once, when the file is opened.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "runtime.h"
+
+enum { LLMC_MAGIC = 20240520, LLMC_VERSION = 1, LLMC_HEADER = 256 * 4 };
+
+#define BLOB_CENTER_KEY 0xC1A55u
+
+/* Texts tried in order for the built-in corpus. */
+static const char *const CORPUS_PATHS[] = {
+    "/usr/share/common-licenses/GPL-3",
+    "/usr/share/dict/words",
+    "/usr/share/common-licenses/GPL-2",
+    "/usr/share/common-licenses/Apache-2.0",
+};
+
+struct RtData {
+    RtDataKind kind;
+    RtDataOrder order;
+    uint64_t seed;
+    int64_t B, T, D, K;
+    void *x;                   // tokens (i32 [B, T]) or features (f32 [B, D])
+    int32_t *y;                // targets (i32 [B, T]) or labels (i32 [B])
+    const uint16_t *tok;       // the token stream
+    int64_t n_tok;
+    void *map;                 // the mapped file, or NULL
+    size_t map_len;
+    uint16_t *owned;           // the built-in corpus (plan_alloc), or NULL
+    float *centers;            // [K, D] (plan_alloc), classifier only
+    char describe[256];
+};
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* ---- token files --------------------------------------------------------------------- */
+
+int rt_tokens_parse(const void *buf, size_t len, RtTokens *out, char *err, size_t errlen)
+{
+    const uint8_t *b = buf;
+    if (len >= LLMC_HEADER && le32(b) == LLMC_MAGIC) {
+        uint32_t version = le32(b + 4), count = le32(b + 8);
+        if (version != LLMC_VERSION)
+            return fail(err, errlen, "llm.c token file of version %" PRIu32 "; this fsexec reads version %d "
+                        "(uint16 tokens)", version, LLMC_VERSION);
+        if ((uint64_t)count * 2 != len - LLMC_HEADER)
+            return fail(err, errlen, "llm.c token file says %" PRIu32 " tokens (%" PRIu64 " bytes) but holds %zu "
+                        "bytes after its header (truncated or damaged)", count, (uint64_t)count * 2, len - LLMC_HEADER);
+        *out = (RtTokens){(const uint16_t *)(b + LLMC_HEADER), count, RT_TOKENS_LLMC};
+    } else {
+        if (len % 2)
+            return fail(err, errlen, "not a token file: neither llm.c's format (magic %d) nor raw uint16 tokens "
+                        "(odd size, %zu bytes)", LLMC_MAGIC, len);
+        *out = (RtTokens){(const uint16_t *)b, (int64_t)(len / 2), RT_TOKENS_RAW};
+    }
+    if (out->n == 0) return fail(err, errlen, "the token file holds no tokens");
+    return 0;
+}
+
+int rt_tokens_check(const RtTokens *t, int64_t vocab, char *err, size_t errlen)
+{
+    for (int64_t i = 0; i < t->n; i++)
+        if (t->tok[i] >= vocab)
+            return fail(err, errlen, "token %" PRId64 " is %u, outside the model's vocab of %" PRId64 " (V)", i,
+                        (unsigned)t->tok[i], vocab);
+    return 0;
+}
+
+int64_t rt_lm_window_start(RtDataOrder order, uint64_t seed, int64_t step, int64_t B, int64_t b, int64_t T,
+                           int64_t n_tok)
+{
+    uint64_t m = (uint64_t)(n_tok - T - 1);  // the last valid start; the caller ensures > 0
+    if (order == RT_ORDER_SEQUENTIAL)
+        return (int64_t)((((uint64_t)step - 1) * (uint64_t)B + (uint64_t)b) * (uint64_t)T % m);
+    uint32_t ctr[4] = {(uint32_t)step, (uint32_t)((uint64_t)step >> 32), (uint32_t)b, 0}, w[4];
+    rt_philox(seed ^ RT_DATA_KEY, ctr, w);
+    return (int64_t)(((uint64_t)w[0] << 32 | w[1]) % (m + 1));
+}
+
+void rt_lm_batch(const RtTokens *t, RtDataOrder order, uint64_t seed, int64_t step, int64_t B, int64_t T,
+                 int32_t *tokens, int32_t *targets)
+{
+    for (int64_t b = 0; b < B; b++) {
+        const uint16_t *w = t->tok + rt_lm_window_start(order, seed, step, B, b, T, t->n);
+        for (int64_t i = 0; i < T; i++) tokens[b * T + i] = w[i], targets[b * T + i] = w[i + 1];
+    }
+}
+
+/* ---- Gaussian blobs ----------------------------------------------------------------- */
+
+void rt_blob_centers(uint64_t seed, int64_t K, int64_t D, float *centers)
+{
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t d = 0; d < D; d++) {
+            uint32_t ctr[4] = {(uint32_t)k, (uint32_t)d, 0, 0}, w[4];
+            rt_philox(seed ^ BLOB_CENTER_KEY, ctr, w);
+            centers[k * D + d] = (float)rt_normal(w);
+        }
+}
+
+void rt_blobs_batch(const float *centers, uint64_t seed, int64_t step, int64_t B, int64_t D, int64_t K, float *x,
+                    int32_t *y)
+{
+    uint32_t s0 = (uint32_t)step, s1 = (uint32_t)((uint64_t)step >> 32), w[4];
+    for (int64_t b = 0; b < B; b++) {
+        rt_philox(seed ^ RT_DATA_KEY, (uint32_t[4]){s0, s1, (uint32_t)b, 0}, w);
+        int64_t c = (int64_t)(((uint64_t)w[0] << 32 | w[1]) % (uint64_t)K);
+        y[b] = (int32_t)c;
+        for (int64_t d = 0; d < D; d++) {
+            rt_philox(seed ^ RT_DATA_KEY, (uint32_t[4]){s0, s1, (uint32_t)b, (uint32_t)d + 1}, w);
+            x[b * D + d] = centers[c * D + d] + 0.5f * (float)rt_normal(w);
+        }
+    }
+}
+
+/* ---- what a plan needs ----------------------------------------------------------------- */
+
+int rt_data_inputs(const Plan *p, int32_t *a, int32_t *b)
+{
+    int n = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        if (t->role != PLAN_ROLE_INPUT || !strcmp(plan_str(p, t->name), "step")) continue;
+        if (n == 0) *a = i;
+        if (n == 1) *b = i;
+        n++;
+    }
+    return n == 2 ? 0 : -1;
+}
+
+static int32_t find_output(const Plan *p, const char *name)
+{
+    for (int32_t i = 0; i < p->n_outputs; i++)
+        if (!strcmp(plan_str(p, p->tensors[p->outputs[i]].name), name)) return p->outputs[i];
+    return PLAN_NONE;
+}
+
+int64_t rt_plan_vocab(const Plan *p)
+{
+    int64_t v = plan_meta_int(p, "vocab", 0);
+    if (v > 0) return v;
+    int32_t tokens, targets;
+    if (rt_data_inputs(p, &tokens, &targets)) return 65536;
+    v = 65536;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        const PlanOp *op = &p->ops[k];
+        const char *name = plan_str(p, op->op);
+        if (!strcmp(name, "embedding") && op->n_in == 2 && p->ids[op->in + 1] == tokens) {
+            const PlanTensor *table = &p->tensors[p->ids[op->in]];
+            if (table->rank == 2 && table->shape[0] < v) v = table->shape[0];
+        }
+        if (!strcmp(name, "cross_entropy") && op->n_in == 2 && p->ids[op->in + 1] == targets) {
+            const PlanTensor *logits = &p->tensors[p->ids[op->in]];
+            if (logits->rank >= 1 && logits->shape[logits->rank - 1] < v) v = logits->shape[logits->rank - 1];
+        }
+    }
+    return v;
+}
+
+static int is_shape(const PlanTensor *t, PlanDType dt, int rank)
+{
+    return t->dtype == dt && t->rank == rank;
+}
+
+RtDataKind rt_data_kind(const Plan *p)
+{
+    int32_t a, b;
+    if (rt_data_inputs(p, &a, &b)) return RT_DATA_NONE;
+    const PlanTensor *x = &p->tensors[a], *y = &p->tensors[b];
+    if (is_shape(x, PLAN_DT_I32, 2) && is_shape(y, PLAN_DT_I32, 2) && x->shape[0] == y->shape[0] &&
+        x->shape[1] == y->shape[1])
+        return RT_DATA_LM;
+    if (is_shape(x, PLAN_DT_F32, 2) && is_shape(y, PLAN_DT_I32, 1) && x->shape[0] == y->shape[0])
+        return RT_DATA_CLASSES;
+    return RT_DATA_NONE;
+}
+
+static int open_file(RtData *d, const char *path, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY);
+    struct stat st;
+    if (fd < 0) return fail(err, errlen, "%s: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return fail(err, errlen, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail(err, errlen, "%s: not a regular file", path);
+    }
+    if (st.st_size == 0) {
+        close(fd);
+        return fail(err, errlen, "%s: empty file", path);
+    }
+    d->map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (d->map == MAP_FAILED) {
+        d->map = NULL;
+        return fail(err, errlen, "%s: cannot map the file: %s", path, strerror(e));
+    }
+    d->map_len = (size_t)st.st_size;
+    RtTokens t;
+    char why[256];
+    if (rt_tokens_parse(d->map, d->map_len, &t, why, sizeof why)) return fail(err, errlen, "%s: %s", path, why);
+    d->tok = t.tok, d->n_tok = t.n;
+    snprintf(d->describe, sizeof d->describe, "%s (%" PRId64 " tokens, %s)", path, t.n,
+             t.format == RT_TOKENS_LLMC ? "llm.c format" : "raw uint16");
+    return 0;
+}
+
+/* The bytes of a regular file of 1 KiB to 256 MiB into d->owned, one token each; 0, or
+ * -1 when the file is unusable (err set only when out of memory). */
+static int load_text(RtData *d, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    long len = -1;
+    if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
+    if (len < 1024 || len > (1L << 28) || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return -1;
+    }
+    uint8_t *bytes = plan_alloc((size_t)len);
+    uint16_t *tok = plan_alloc(sizeof *tok * (size_t)len);
+    size_t got = bytes && tok ? fread(bytes, 1, (size_t)len, f) : 0;
+    fclose(f);
+    if (!bytes || !tok) {
+        plan_dealloc(bytes);
+        plan_dealloc(tok);
+        return fail(err, errlen, "out of memory reading the built-in corpus");
+    }
+    for (size_t j = 0; j < got; j++) tok[j] = bytes[j];
+    plan_dealloc(bytes);
+    if (got != (size_t)len) {
+        plan_dealloc(tok);
+        return -1;
+    }
+    d->owned = tok, d->tok = tok, d->n_tok = len;
+    snprintf(d->describe, sizeof d->describe, "built-in corpus: the bytes of %s (%ld tokens)", path, len);
+    return 0;
+}
+
+/* Any package's copyright file: every Debian package has one. The largest is taken, so
+ * the choice does not depend on the order readdir lists them in. */
+static int largest_doc(char *path, size_t n)
+{
+    DIR *dir = opendir("/usr/share/doc");
+    if (!dir) return -1;
+    off_t best = 0;
+    struct dirent *ent;
+    while ((ent = readdir(dir))) {
+        char p[600];
+        struct stat st;
+        if (ent->d_name[0] == '.') continue;
+        snprintf(p, sizeof p, "/usr/share/doc/%s/copyright", ent->d_name);
+        if (stat(p, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > best && st.st_size <= (1L << 28))
+            best = st.st_size, snprintf(path, n, "%s", p);
+    }
+    closedir(dir);
+    return best ? 0 : -1;
+}
+
+/* The built-in corpus: the first usable text of CORPUS_PATHS, else a copyright file. */
+static int open_builtin(RtData *d, int64_t vocab, char *err, size_t errlen)
+{
+    if (vocab < 256)
+        return fail(err, errlen, "without --data the tokens are bytes (0-255), but this model's vocab V is %" PRId64
+                    "; give a token file with --data", vocab);
+    err[0] = 0;
+    for (size_t i = 0; i < sizeof CORPUS_PATHS / sizeof *CORPUS_PATHS; i++)
+        if (!load_text(d, CORPUS_PATHS[i], err, errlen)) return 0;
+    char doc[600];
+    if (!err[0] && !largest_doc(doc, sizeof doc) && !load_text(d, doc, err, errlen)) return 0;
+    if (err[0]) return -1;
+    return fail(err, errlen, "no --data file given and no text for the built-in corpus found (tried %s, "
+                "/usr/share/dict/words and /usr/share/doc); give a token file with --data", CORPUS_PATHS[0]);
+}
+
+static int open_lm(RtData *d, const Plan *p, const char *path, char *err, size_t errlen)
+{
+    int64_t vocab = rt_plan_vocab(p);
+    if (path ? open_file(d, path, err, errlen) : open_builtin(d, vocab, err, errlen)) return -1;
+    if (d->n_tok < d->T + 2)
+        return fail(err, errlen, "%s: %" PRId64 " tokens; a window needs T + 1 = %" PRId64 " and there must be more "
+                    "than one", path ? path : "the corpus", d->n_tok, d->T + 1);
+    RtTokens t = {d->tok, d->n_tok, RT_TOKENS_RAW};
+    char why[256];
+    if (rt_tokens_check(&t, vocab, why, sizeof why))
+        return fail(err, errlen, "%s: %s", path ? path : "the corpus", why);
+    return 0;
+}
+
+static int open_classes(RtData *d, const Plan *p, const char *path, char *err, size_t errlen)
+{
+    if (path)
+        return fail(err, errlen, "--data gives tokens, but this model's inputs are f32 [B, D] features and i32 [B] "
+                    "labels; it trains on synthetic Gaussian blobs (drop --data)");
+    int32_t logits = find_output(p, "logits");
+    const PlanTensor *lt = logits == PLAN_NONE ? NULL : &p->tensors[logits];
+    d->K = lt && lt->rank >= 1 ? lt->shape[lt->rank - 1] : 2;
+    if (d->K < 1 || d->K > INT32_MAX) return fail(err, errlen, "the output 'logits' has %" PRId64 " classes", d->K);
+    d->centers = plan_alloc(sizeof *d->centers * (size_t)(d->K * d->D));
+    if (!d->centers) return fail(err, errlen, "out of memory");
+    rt_blob_centers(d->seed, d->K, d->D, d->centers);
+    snprintf(d->describe, sizeof d->describe, "synthetic Gaussian blobs (%" PRId64 " classes, %" PRId64 " features)",
+             d->K, d->D);
+    return 0;
+}
+
+static int setup(RtData *d, const Plan *p, Exec *e, const char *path, char *err, size_t errlen)
+{
+    int32_t a, b;
+    d->kind = rt_data_kind(p);
+    if (d->kind == RT_DATA_NONE) {
+        char shapes[256] = "";
+        size_t at = 0;
+        for (int32_t i = 0; i < p->n_tensors && at < sizeof shapes; i++) {
+            const PlanTensor *t = &p->tensors[i];
+            if (t->role != PLAN_ROLE_INPUT || !strcmp(plan_str(p, t->name), "step")) continue;
+            at += (size_t)snprintf(shapes + at, sizeof shapes - at, "%s%s %s rank %d", at ? ", " : "",
+                                   plan_str(p, t->name), plan_dtype_name(t->dtype), t->rank);
+        }
+        return fail(err, errlen, "this fsexec can feed two kinds of inputs: tokens and targets (i32 [B, T] each) or "
+                    "features and labels (f32 [B, D], i32 [B]); this plan's are: %s", at ? shapes : "none");
+    }
+    rt_data_inputs(p, &a, &b);
+    RtTensor x, y;
+    rt_exec_tensor_id(e, a, &x);
+    rt_exec_tensor_id(e, b, &y);
+    d->x = x.data, d->y = y.data;
+    d->B = x.shape[0];
+    if (d->kind == RT_DATA_LM) {
+        d->T = x.shape[1];
+        return open_lm(d, p, path, err, errlen);
+    }
+    d->D = x.shape[1];
+    return open_classes(d, p, path, err, errlen);
+}
+
+RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed, char *err, size_t errlen)
+{
+    RtData *d = plan_alloc(sizeof *d);
+    if (!d) {
+        fail(err, errlen, "out of memory");
+        return NULL;
+    }
+    memset(d, 0, sizeof *d);
+    d->order = order, d->seed = seed;
+    if (setup(d, rt_exec_plan(e), e, path, err, errlen)) {
+        rt_data_close(d);
+        return NULL;
+    }
+    return d;
+}
+
+void rt_data_fill(RtData *d, int64_t step)
+{
+    if (d->kind == RT_DATA_LM) {
+        RtTokens t = {d->tok, d->n_tok, RT_TOKENS_RAW};
+        rt_lm_batch(&t, d->order, d->seed, step, d->B, d->T, d->x, d->y);
+    } else {
+        rt_blobs_batch(d->centers, d->seed, step, d->B, d->D, d->K, d->x, d->y);
+    }
+}
+
+RtDataKind rt_data_get_kind(const RtData *d) { return d->kind; }
+const char *rt_data_describe(const RtData *d) { return d->describe; }
+int64_t rt_data_items(const RtData *d) { return d->kind == RT_DATA_LM ? d->B * d->T : d->B; }
+
+void rt_data_close(RtData *d)
+{
+    if (!d) return;
+    if (d->map) munmap(d->map, d->map_len);
+    plan_dealloc(d->owned);
+    plan_dealloc(d->centers);
+    plan_dealloc(d);
+}

@@ -1,0 +1,385 @@
+/* runtime/exec.c: the executor of one rank, on the CPU backend.
+ *
+ * rt_exec_new does all the work a step could need up front: it allocates the rank's
+ * arena once (exactly the plan's arena_bytes, through the plan layer's allocation hook),
+ * checks that every tensor lies inside it, resolves every op to its kernel by name, and
+ * fills one KCall per op (pointers = arena + offset, shapes, attributes by signature
+ * position, defaults for absent ones). The step loop then only writes the step number
+ * and calls kernels in plan order: nothing allocates, nothing is looked up.
+ *
+ * Views (OPF_VIEW ops whose output shares its input's buffer) are skipped: the bytes are
+ * already where the output says. Effect ops (adamw, sgd) have no outputs and update
+ * their inputs in place.
+ *
+ * Persistent tensors (params, optimizer state, master weights, inputs) and any other
+ * tensor no op produces are initialized here: from their init kind (rt_init_param,
+ * keyed by name, so the values do not depend on the layout), zeros by default.
+ *
+ * Debug mode (nan_fill): the arena starts as all-ones bytes (NaN in every float dtype,
+ * -1 in i32) except what is initialized, and after each op every buffer whose live
+ * range ends there is filled again, so a plan that reads a buffer after its last planned
+ * use produces NaN instead of a silently plausible number.
+ *
+ * The plan must outlive the Exec: list attributes point into it.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <cblas.h>
+
+#include "ir.h"
+#include "kernels.h"
+#include "runtime.h"
+
+enum { ARENA_ALIGN = 64 };
+
+typedef struct {
+    CpuKernel fn;
+    KCall call;
+    unsigned phase_bit;
+    int skip;               // a view: nothing to compute
+    int32_t dead, n_dead;   // range in Exec.dead: buffers whose life ends after this op
+} ExecOp;
+
+struct Exec {
+    const Plan *plan;
+    void *block;            // what plan_alloc returned
+    uint8_t *arena;         // block, rounded up to ARENA_ALIGN
+    int64_t arena_bytes;
+    ExecOp *ops;
+    int32_t n_ops;
+    int32_t *dead;          // tensor ids, grouped by the op after which they die
+    int32_t *step;          // the "step" input, or NULL
+    int nan_fill;
+};
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static const char *tname(const Plan *p, int32_t id)
+{
+    const char *s = plan_str(p, p->tensors[id].name);
+    return *s ? s : "(unnamed)";
+}
+
+static int persistent(const PlanTensor *t)
+{
+    return t->role == PLAN_ROLE_PARAM || t->role == PLAN_ROLE_OPT_STATE || t->role == PLAN_ROLE_MASTER ||
+           t->role == PLAN_ROLE_INPUT;
+}
+
+static int ktype(PlanDType t)
+{
+    switch (t) {
+    case PLAN_DT_F32: return KT_F32;
+    case PLAN_DT_F16: return KT_F16;
+    case PLAN_DT_BF16: return KT_BF16;
+    case PLAN_DT_I32: return KT_I32;
+    case PLAN_DT_COUNT: break;
+    }
+    return KT_F32;
+}
+
+/* Every tensor inside the arena, aligned, with sane live ranges and aliases. */
+static int check_layout(const Plan *p, int64_t arena_bytes, char *err, size_t errlen)
+{
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        int64_t n = plan_tensor_nbytes(t);
+        if (t->offset < 0 || t->offset % ARENA_ALIGN || t->offset > arena_bytes || n > arena_bytes - t->offset)
+            return fail(err, errlen,
+                        "tensor %d (%s): bytes [%lld, %lld) lie outside the %lld-byte arena or are not %d-aligned "
+                        "(plan damaged, or made by a different fsc)",
+                        i, tname(p, i), (long long)t->offset, (long long)(t->offset + n), (long long)arena_bytes,
+                        ARENA_ALIGN);
+        if (t->live_start < 0 || t->live_end < t->live_start || t->live_end > p->n_ops)
+            return fail(err, errlen, "tensor %d (%s): live range [%d, %d] outside the %d ops", i, tname(p, i),
+                        t->live_start, t->live_end, p->n_ops);
+        if (t->alias != PLAN_NONE && (t->alias < 0 || t->alias >= p->n_tensors || t->alias == i ||
+                                      p->tensors[t->alias].offset != t->offset))
+            return fail(err, errlen, "tensor %d (%s): alias %d is not a tensor at the same offset", i, tname(p, i),
+                        t->alias);
+    }
+    return 0;
+}
+
+static void ktensor(const Exec *e, int32_t id, KTensor *k)
+{
+    const PlanTensor *t = &e->plan->tensors[id];
+    k->data = e->arena + t->offset;
+    k->dtype = ktype(t->dtype);
+    k->rank = t->rank;
+    for (int d = 0; d < t->rank; d++) k->shape[d] = t->shape[d];
+    k->numel = plan_tensor_numel(t);
+}
+
+/* Attributes by position in the op's signature; defaults for absent ones. */
+static int bind_attrs(const Plan *p, int32_t k, const OpInfo *info, KCall *c, char *err, size_t errlen)
+{
+    const PlanOp *op = &p->ops[k];
+    const char *name = plan_str(p, op->op);
+    if (info->n_params > K_MAX_ATTRS)
+        return fail(err, errlen, "op '%s' has %d signature parameters; the CPU kernel ABI takes %d", name,
+                    info->n_params, K_MAX_ATTRS);
+    for (int32_t a = 0; a < op->n_attr; a++) {
+        const char *key = plan_str(p, p->attrs[op->attr + a].key);
+        int known = 0;
+        for (int i = 0; i < info->n_params && !known; i++)
+            known = info->params[i].kind != ARG_TENSOR && info->params[i].kind != ARG_TENSORS &&
+                    !strcmp(info->params[i].name, key);
+        if (!known)
+            return fail(err, errlen, "op %d (%s): attribute '%s' is not in this fsexec's signature \"%s\"; rebuild "
+                        "fsexec or recompile the plan", k, name, key, info->sig);
+    }
+    int have_ints = 0;
+    for (int i = 0; i < info->n_params; i++) {
+        const OpParam *pr = &info->params[i];
+        if (pr->kind == ARG_TENSOR || pr->kind == ARG_TENSORS) continue;
+        const PlanAttr *at = NULL;
+        for (int32_t a = 0; a < op->n_attr; a++)
+            if (!strcmp(plan_str(p, p->attrs[op->attr + a].key), pr->name)) at = &p->attrs[op->attr + a];
+        if (pr->kind == ARG_INTS) {
+            if (at && at->kind != PLAN_ATTR_INTS)
+                return fail(err, errlen, "op %d (%s): attribute '%s' should be a list", k, name, pr->name);
+            if (have_ints++)
+                return fail(err, errlen, "op '%s' has two list attributes; the CPU kernel ABI takes one", name);
+            c->ints = at ? &p->ints[at->list] : NULL;
+            c->n_ints = at ? at->n_list : 0;
+            if (!at && !pr->has_default)
+                return fail(err, errlen, "op %d (%s): attribute '%s' is missing", k, name, pr->name);
+            continue;
+        }
+        if (!at) {
+            if (!pr->has_default)
+                return fail(err, errlen, "op %d (%s): attribute '%s' is missing", k, name, pr->name);
+            c->attr[i] = pr->def;
+        } else if (at->kind == PLAN_ATTR_INTS) {
+            return fail(err, errlen, "op %d (%s): attribute '%s' should be a number, not a list", k, name, pr->name);
+        } else {
+            c->attr[i] = at->kind == PLAN_ATTR_INT ? (double)at->i : at->f;
+        }
+    }
+    return 0;
+}
+
+static int build_op(Exec *e, int32_t k, char *err, size_t errlen)
+{
+    const Plan *p = e->plan;
+    const PlanOp *op = &p->ops[k];
+    const char *name = plan_str(p, op->op);
+    OpKind kind = op_lookup(name);
+    CpuKernel fn = kind == OP_COUNT ? NULL : cpu_kernel_by_name(name);
+    if (!fn) return fail(err, errlen, "plan uses op '%s' that this fsexec does not know; rebuild fsexec", name);
+    const OpInfo *info = op_info(kind);
+    if ((info->n_tensors >= 0 && op->n_in != info->n_tensors) || (info->n_tensors < 0 && op->n_in < 1) ||
+        (info->n_out >= 0 && op->n_out != info->n_out))
+        return fail(err, errlen, "op %d (%s): %d inputs and %d outputs do not fit this fsexec's \"%s\"; rebuild "
+                    "fsexec or recompile the plan", k, name, op->n_in, op->n_out, info->sig);
+    if (op->n_in > K_MAX_TENSORS || op->n_out > K_MAX_TENSORS)
+        return fail(err, errlen, "op %d (%s): %d inputs, %d outputs; the CPU kernel ABI takes at most %d", k, name,
+                    op->n_in, op->n_out, K_MAX_TENSORS);
+    ExecOp *x = &e->ops[k];
+    x->fn = fn;
+    x->phase_bit = 1u << op->phase;
+    x->call.n_in = op->n_in;
+    x->call.n_out = op->n_out;
+    for (int32_t i = 0; i < op->n_in; i++) ktensor(e, p->ids[op->in + i], &x->call.in[i]);
+    for (int32_t i = 0; i < op->n_out; i++) ktensor(e, p->ids[op->out + i], &x->call.out[i]);
+    if ((info->flags & OPF_VIEW) && op->n_in >= 1 && op->n_out == 1) {
+        const PlanTensor *in = &p->tensors[p->ids[op->in]], *out = &p->tensors[p->ids[op->out]];
+        x->skip = out->offset == in->offset;
+    }
+    return bind_attrs(p, k, info, &x->call, err, errlen);
+}
+
+/* Buffers to poison after each op: roots that are neither persistent nor outputs. */
+static int build_dead_lists(Exec *e, char *err, size_t errlen)
+{
+    const Plan *p = e->plan;
+    int32_t n = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        if (t->alias == PLAN_NONE && !persistent(t) && t->live_end < p->n_ops) e->ops[t->live_end].n_dead++, n++;
+    }
+    e->dead = plan_alloc(sizeof *e->dead * (size_t)n);
+    if (!e->dead) return fail(err, errlen, "out of memory");
+    int32_t at = 0;
+    for (int32_t k = 0; k < p->n_ops; k++) e->ops[k].dead = at, at += e->ops[k].n_dead, e->ops[k].n_dead = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        if (t->alias == PLAN_NONE && !persistent(t) && t->live_end < p->n_ops) {
+            ExecOp *x = &e->ops[t->live_end];
+            e->dead[x->dead + x->n_dead++] = i;
+        }
+    }
+    return 0;
+}
+
+/* Every tensor no op writes starts from its init kind; float params and state need f32. */
+static int init_tensors(Exec *e, uint64_t seed, char *err, size_t errlen)
+{
+    const Plan *p = e->plan;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        if (t->producer != PLAN_NONE || t->alias != PLAN_NONE) continue;
+        uint8_t *data = e->arena + t->offset;
+        int64_t n = plan_tensor_numel(t);
+        if (t->init == PLAN_INIT_NONE || t->init == PLAN_INIT_ZEROS) {
+            memset(data, 0, (size_t)plan_tensor_nbytes(t));
+            continue;
+        }
+        if (t->dtype != PLAN_DT_F32)
+            return fail(err, errlen, "tensor '%s' is %s with init %s; this fsexec initializes f32 tensors only",
+                        tname(p, i), plan_dtype_name(t->dtype), plan_init_name(t->init));
+        /* A tied param starts as the param it is tied to: same name, same values. */
+        int32_t from = t->tied_to != PLAN_NONE ? t->tied_to : i;
+        rt_init_param(plan_str(p, p->tensors[from].name), seed, t->init, t->init_a, t->init_b, 0, n, (float *)data);
+    }
+    return 0;
+}
+
+static int find_step(Exec *e, char *err, size_t errlen)
+{
+    const Plan *p = e->plan;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        if (t->role != PLAN_ROLE_INPUT || strcmp(plan_str(p, t->name), "step")) continue;
+        if (t->dtype != PLAN_DT_I32 || t->rank != 0)
+            return fail(err, errlen, "the 'step' input is %s of rank %d; expected an i32 scalar",
+                        plan_dtype_name(t->dtype), t->rank);
+        e->step = (int32_t *)(e->arena + t->offset);
+    }
+    return 0;
+}
+
+static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
+{
+    const Plan *p = e->plan;
+    const PlanMeta *m = plan_meta_find(p, "arena_bytes");
+    if (!m || m->kind != PLAN_META_INT)
+        return fail(err, errlen, "the plan has no memory plan (meta 'arena_bytes'); recompile it with this "
+                    "version of fsc");
+    if (m->i < 0 || (uint64_t)m->i > SIZE_MAX - 2 * ARENA_ALIGN)
+        return fail(err, errlen, "the plan's arena_bytes (%lld) is not a size this machine can allocate",
+                    (long long)m->i);
+    e->arena_bytes = m->i;
+    if (check_layout(p, e->arena_bytes, err, errlen)) return -1;
+    e->block = plan_alloc((size_t)e->arena_bytes + ARENA_ALIGN - 1);
+    if (!e->block)
+        return fail(err, errlen, "cannot allocate the %.1f MiB arena the plan needs (out of memory)",
+                    (double)e->arena_bytes / (1 << 20));
+    e->arena = (uint8_t *)(((uintptr_t)e->block + ARENA_ALIGN - 1) & ~(uintptr_t)(ARENA_ALIGN - 1));
+    e->ops = plan_alloc(sizeof *e->ops * (size_t)p->n_ops);
+    if (!e->ops) return fail(err, errlen, "out of memory");
+    memset(e->ops, 0, sizeof *e->ops * (size_t)p->n_ops);
+    e->n_ops = p->n_ops;
+    for (int32_t k = 0; k < p->n_ops; k++)
+        if (build_op(e, k, err, errlen)) return -1;
+    if ((e->nan_fill && build_dead_lists(e, err, errlen)) || find_step(e, err, errlen)) return -1;
+    if (e->nan_fill) memset(e->arena, 0xff, (size_t)e->arena_bytes);
+    return init_tensors(e, o->seed, err, errlen);
+}
+
+Exec *rt_exec_new(const Plan *p, const ExecOptions *o, char *err, size_t errlen)
+{
+    Exec *e = plan_alloc(sizeof *e);
+    if (!e) {
+        fail(err, errlen, "out of memory");
+        return NULL;
+    }
+    memset(e, 0, sizeof *e);
+    e->plan = p;
+    e->nan_fill = o->nan_fill;
+    if (setup(e, o, err, errlen)) {
+        rt_exec_free(e);
+        return NULL;
+    }
+    return e;
+}
+
+void rt_exec_free(Exec *e)
+{
+    if (!e) return;
+    plan_dealloc(e->block);
+    plan_dealloc(e->ops);
+    plan_dealloc(e->dead);
+    plan_dealloc(e);
+}
+
+int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned phases)
+{
+    if (step < 1 || step > INT32_MAX || from < 0 || to > e->n_ops) return -1;
+    if (e->step) *e->step = (int32_t)step;
+    const PlanTensor *t = e->plan->tensors;
+    for (int32_t k = from; k < to; k++) {
+        const ExecOp *x = &e->ops[k];
+        if (!(x->phase_bit & phases)) continue;
+        if (!x->skip) x->fn(&x->call);
+        for (int32_t d = 0; d < x->n_dead; d++) {
+            const PlanTensor *dt = &t[e->dead[x->dead + d]];
+            memset(e->arena + dt->offset, 0xff, (size_t)plan_tensor_nbytes(dt));
+        }
+    }
+    return 0;
+}
+
+int rt_exec_run(Exec *e, int64_t step, unsigned phases) { return rt_exec_run_ops(e, step, 0, e->n_ops, phases); }
+
+int32_t rt_exec_first_op(const Exec *e, PlanPhase phase)
+{
+    for (int32_t k = 0; k < e->n_ops; k++)
+        if (e->plan->ops[k].phase == phase) return k;
+    return e->n_ops;
+}
+
+void rt_exec_tensor_id(const Exec *e, int32_t id, RtTensor *out)
+{
+    const PlanTensor *t = &e->plan->tensors[id];
+    *out = (RtTensor){.id = id, .name = plan_str(e->plan, t->name), .data = e->arena + t->offset,
+                      .dtype = t->dtype, .role = t->role, .rank = t->rank, .shape = t->shape,
+                      .numel = plan_tensor_numel(t)};
+}
+
+int rt_exec_tensor(const Exec *e, const char *name, RtTensor *out)
+{
+    const Plan *p = e->plan;
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (!strcmp(plan_str(p, p->tensors[i].name), name)) {
+            rt_exec_tensor_id(e, i, out);
+            return 0;
+        }
+    return -1;
+}
+
+const Plan *rt_exec_plan(const Exec *e) { return e->plan; }
+int64_t rt_exec_arena_bytes(const Exec *e) { return e->arena_bytes; }
+const void *rt_exec_arena(const Exec *e) { return e->arena; }
+
+void rt_set_threads(int n)
+{
+    if (n < 1) return;
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#endif
+    openblas_set_num_threads(n);
+}
+
+int rt_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}

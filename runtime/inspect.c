@@ -1,0 +1,292 @@
+/* runtime/inspect.c: `fsexec --inspect PLAN`. Prints what a plan holds, in sections with
+ * aligned columns, from the plan alone (no backend, no ranks): a user reads here what
+ * the compiler decided before asking a cluster for anything.
+ *
+ * Names come from a file and may be anything: each is printed through `clean`, which
+ * replaces control bytes and caps the length, so a hostile plan cannot garble the
+ * terminal or the layout. Scratch arrays come from plan_alloc; without them a listing
+ * says so and the rest still prints.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime.h"
+
+enum { NAME_MAX_SHOWN = 48 };
+
+/* s with control and non-ASCII bytes as '?', cut to NAME_MAX_SHOWN with "...". */
+static const char *clean(const char *s, char *buf, size_t n)
+{
+    size_t i = 0, len = strlen(s);
+    for (; s[i] && i + 1 < n && i < NAME_MAX_SHOWN; i++)
+        buf[i] = (unsigned char)s[i] >= 0x20 && (unsigned char)s[i] < 0x7f ? s[i] : '?';
+    buf[i] = 0;
+    if (len > i && i >= 3) memcpy(buf + i - 3, "...", 3);
+    return buf;
+}
+
+/* Sums of sizes a hostile plan could make overflow (each size alone fits). */
+static int64_t add_sat(int64_t a, int64_t b) { return a > INT64_MAX - b ? INT64_MAX : a + b; }
+static int64_t mul_sat(int64_t a, int64_t b) { return b && a > INT64_MAX / b ? INT64_MAX : a * b; }
+
+/* 1234567 -> "1,234,567" */
+static const char *grouped(int64_t v, char *buf, size_t n)
+{
+    char digits[32];
+    int len = snprintf(digits, sizeof digits, "%" PRIu64, v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v);
+    size_t at = 0;
+    if (v < 0 && at + 1 < n) buf[at++] = '-';
+    for (int i = 0; i < len && at + 1 < n; i++) {
+        if (i && (len - i) % 3 == 0 && at + 1 < n) buf[at++] = ',';
+        if (at + 1 < n) buf[at++] = digits[i];
+    }
+    buf[at] = 0;
+    return buf;
+}
+
+/* 1536 -> "1.5 KiB" */
+static const char *human(int64_t bytes, char *buf, size_t n)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double x = (double)bytes;
+    int u = 0;
+    while (x >= 1024 && u < 6) x /= 1024, u++;
+    if (u == 0)
+        snprintf(buf, n, "%" PRId64 " B", bytes);
+    else
+        snprintf(buf, n, "%.1f %s", x, units[u]);
+    return buf;
+}
+
+/* "i32[4, 64]" */
+static const char *type_str(const PlanTensor *t, char *buf, size_t n)
+{
+    size_t at = (size_t)snprintf(buf, n, "%s[", plan_dtype_name(t->dtype));
+    for (int32_t d = 0; d < t->rank && at < n; d++)
+        at += (size_t)snprintf(buf + at, n - at, "%s%" PRId64, d ? ", " : "", t->shape[d]);
+    if (at < n) snprintf(buf + at, n - at, "]");
+    return buf;
+}
+
+static const char *tensor_name(const Plan *p, int32_t id, char *buf, size_t n)
+{
+    const char *s = plan_str(p, p->tensors[id].name);
+    if (*s) return clean(s, buf, n);
+    snprintf(buf, n, "%%%d", id);
+    return buf;
+}
+
+static void print_meta_value(const Plan *p, const PlanMeta *m, FILE *out)
+{
+    char buf[64];
+    switch (m->kind) {
+    case PLAN_META_STR: fprintf(out, "%s\n", clean(plan_str(p, m->s), buf, sizeof buf)); break;
+    case PLAN_META_INT: fprintf(out, "%" PRId64 "\n", m->i); break;
+    case PLAN_META_FLOAT: fprintf(out, "%g\n", m->f); break;
+    case PLAN_META_COUNT: fprintf(out, "?\n"); break;
+    }
+}
+
+static void print_summary(const Plan *p, FILE *out)
+{
+    char a[64], b[64], c[64], e[64];
+    int64_t world = plan_meta_int(p, "world", 1), stages = plan_meta_int(p, "stages", 1);
+    fprintf(out, "plan format   %u.%u\n", p->major, p->minor);
+    fprintf(out, "model         %s\n", clean(plan_meta_str(p, "model", "?"), a, sizeof a));
+    fprintf(out, "compiler      %s\n", clean(plan_meta_str(p, "compiler", "?"), a, sizeof a));
+    fprintf(out, "ranks         %" PRId64 " (%" PRId64 " data-parallel x %" PRId64 " pipeline stage%s)\n",
+            world, stages > 0 ? world / stages : world, stages, stages == 1 ? "" : "s");
+    fprintf(out, "strategy      shard %s, precision %s, recompute %s, offload %s\n",
+            clean(plan_meta_str(p, "shard", "?"), a, sizeof a), clean(plan_meta_str(p, "precision", "?"), b, sizeof b),
+            clean(plan_meta_str(p, "recompute", "?"), c, sizeof c), clean(plan_meta_str(p, "offload", "?"), e, sizeof e));
+
+    int64_t count[PLAN_DT_COUNT] = {0}, total = 0, bytes = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        if (t->role != PLAN_ROLE_PARAM || t->tied_to != PLAN_NONE) continue;
+        count[t->dtype] = add_sat(count[t->dtype], plan_tensor_numel(t));
+        total = add_sat(total, plan_tensor_numel(t));
+        bytes = add_sat(bytes, plan_tensor_nbytes(t));
+    }
+    const PlanMeta *arena = plan_meta_find(p, "arena_bytes");
+    if (arena && arena->kind == PLAN_META_INT)
+        fprintf(out, "arena         %s per rank (%s bytes)\n", human(arena->i, a, sizeof a), grouped(arena->i, b, sizeof b));
+    else
+        fprintf(out, "arena         none (no memory plan)\n");
+    fprintf(out, "params        %s (%s)\n", grouped(total, a, sizeof a), human(bytes, b, sizeof b));
+    for (int d = 0; d < PLAN_DT_COUNT; d++)
+        if (count[d])
+            fprintf(out, "  %-10s  %15s  %10s\n", plan_dtype_name((PlanDType)d), grouped(count[d], a, sizeof a),
+                    human(mul_sat(count[d], plan_dtype_size((PlanDType)d)), b, sizeof b));
+}
+
+static void print_settings(const Plan *p, FILE *out)
+{
+    static const char *const shown[] = {"model", "compiler", "params", "arena_bytes"};
+    char buf[64];
+    fprintf(out, "\ntraining settings\n");
+    for (int32_t i = 0; i < p->n_meta; i++) {
+        const char *key = plan_str(p, p->meta[i].key);
+        int skip = 0;
+        for (size_t k = 0; k < sizeof shown / sizeof *shown; k++) skip |= !strcmp(key, shown[k]);
+        if (skip) continue;
+        fprintf(out, "  %-22s ", clean(key, buf, sizeof buf));
+        print_meta_value(p, &p->meta[i], out);
+    }
+}
+
+/* Inputs (the batch the data loader fills) and outputs (outputs[0] is the loss). */
+static void print_io(const Plan *p, FILE *out)
+{
+    char n[64], t[128], b[32];
+    int w = 8;
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].role == PLAN_ROLE_INPUT) {
+            int len = (int)strlen(tensor_name(p, i, n, sizeof n));
+            if (len > w) w = len;
+        }
+    for (int32_t i = 0; i < p->n_outputs; i++) {
+        int len = (int)strlen(tensor_name(p, p->outputs[i], n, sizeof n));
+        if (len > w) w = len;
+    }
+    fprintf(out, "\ninputs\n");
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].role == PLAN_ROLE_INPUT)
+            fprintf(out, "  %-*s  %-24s %10s\n", w, tensor_name(p, i, n, sizeof n),
+                    type_str(&p->tensors[i], t, sizeof t), human(plan_tensor_nbytes(&p->tensors[i]), b, sizeof b));
+    fprintf(out, "\noutputs\n");
+    for (int32_t i = 0; i < p->n_outputs; i++) {
+        int32_t id = p->outputs[i];
+        fprintf(out, "  %-*s  %-24s %10s%s\n", w, tensor_name(p, id, n, sizeof n), type_str(&p->tensors[id], t, sizeof t),
+                human(plan_tensor_nbytes(&p->tensors[id]), b, sizeof b), i == 0 ? "  (loss)" : "");
+    }
+}
+
+static void print_blocks(const Plan *p, FILE *out)
+{
+    fprintf(out, "\nblocks (%d)\n", p->n_blocks);
+    if (!p->n_blocks) return;
+    int64_t *params = plan_alloc(sizeof *params * (size_t)p->n_blocks * 2);
+    if (!params) {
+        fprintf(out, "  (out of memory)\n");
+        return;
+    }
+    int64_t *ops = params + p->n_blocks;
+    memset(params, 0, sizeof *params * (size_t)p->n_blocks * 2);
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        if (t->block >= 0 && t->role == PLAN_ROLE_PARAM && t->tied_to == PLAN_NONE)
+            params[t->block] = add_sat(params[t->block], plan_tensor_numel(t));
+    }
+    for (int32_t i = 0; i < p->n_ops; i++)
+        if (p->ops[i].block >= 0) ops[p->ops[i].block]++;
+    char name[64], layer[64], a[32], b[32];
+    int w = 6;
+    for (int32_t i = 0; i < p->n_blocks; i++) {
+        int len = (int)strlen(clean(plan_str(p, p->blocks[i].name), name, sizeof name));
+        if (len > w) w = len;
+    }
+    fprintf(out, "  %-*s  %-16s %8s %15s\n", w, "block", "layer", "ops", "params");
+    for (int32_t i = 0; i < p->n_blocks; i++)
+        fprintf(out, "  %-*s  %-16s %8s %15s\n", w, clean(plan_str(p, p->blocks[i].name), name, sizeof name),
+                clean(plan_str(p, p->blocks[i].layer), layer, sizeof layer), grouped(ops[i], a, sizeof a),
+                grouped(params[i], b, sizeof b));
+    plan_dealloc(params);
+}
+
+typedef struct {
+    const char *name;
+    int64_t count;
+} OpCount;
+
+static int by_count(const void *x, const void *y)
+{
+    const OpCount *a = x, *b = y;
+    if (a->count != b->count) return a->count < b->count ? 1 : -1;
+    return strcmp(a->name, b->name);
+}
+
+/* How many of each op, most frequent first. */
+static void print_ops(const Plan *p, FILE *out)
+{
+    fprintf(out, "\nops (%d)\n", p->n_ops);
+    if (!p->n_ops) return;
+    int64_t *by_str = plan_alloc(sizeof *by_str * (size_t)(p->n_strs ? p->n_strs : 1));
+    OpCount *rows = plan_alloc(sizeof *rows * (size_t)p->n_ops);
+    if (!by_str || !rows) {
+        plan_dealloc(by_str);
+        plan_dealloc(rows);
+        fprintf(out, "  (out of memory)\n");
+        return;
+    }
+    memset(by_str, 0, sizeof *by_str * (size_t)p->n_strs);
+    for (int32_t i = 0; i < p->n_ops; i++) by_str[p->ops[i].op]++;
+    int n = 0, w = 8;
+    char name[64], a[32];
+    for (int32_t s = 0; s < p->n_strs; s++)
+        if (by_str[s]) {
+            rows[n++] = (OpCount){p->strs[s], by_str[s]};
+            int len = (int)strlen(clean(p->strs[s], name, sizeof name));
+            if (len > w) w = len;
+        }
+    qsort(rows, (size_t)n, sizeof *rows, by_count);
+    for (int i = 0; i < n; i++)
+        fprintf(out, "  %-*s %10s\n", w, clean(rows[i].name, name, sizeof name), grouped(rows[i].count, a, sizeof a));
+    plan_dealloc(by_str);
+    plan_dealloc(rows);
+}
+
+static void print_roles(const Plan *p, FILE *out)
+{
+    int64_t count[PLAN_ROLE_COUNT] = {0}, bytes[PLAN_ROLE_COUNT] = {0}, total = 0, tied = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        PlanRole r = p->tensors[i].role;
+        count[r]++;
+        if (p->tensors[i].tied_to != PLAN_NONE) {  // its bytes are another tensor's
+            tied++;
+            continue;
+        }
+        bytes[r] = add_sat(bytes[r], plan_tensor_nbytes(&p->tensors[i]));
+        total = add_sat(total, plan_tensor_nbytes(&p->tensors[i]));
+    }
+    char a[32], b[32], c[32];
+    fprintf(out, "\ntensors by role\n");
+    fprintf(out, "  %-10s %10s %18s\n", "role", "tensors", "bytes");
+    for (int r = 0; r < PLAN_ROLE_COUNT; r++)
+        if (count[r])
+            fprintf(out, "  %-10s %10s %18s %12s\n", plan_role_name((PlanRole)r), grouped(count[r], a, sizeof a),
+                    grouped(bytes[r], b, sizeof b), human(bytes[r], c, sizeof c));
+    fprintf(out, "  %-10s %10s %18s %12s\n", "total", grouped(p->n_tensors, a, sizeof a), grouped(total, b, sizeof b),
+            human(total, c, sizeof c));
+    if (tied)
+        fprintf(out, "  (%s tied tensor%s: %s another's bytes, counted once)\n", grouped(tied, a, sizeof a),
+                tied == 1 ? "" : "s", tied == 1 ? "shares" : "share");
+}
+
+static void print_sections(const Plan *p, FILE *out)
+{
+    fprintf(out, "\nsections\n");
+    if (!p->n_sections) {
+        fprintf(out, "  (a plan built in memory, not read from a file)\n");
+        return;
+    }
+    char a[32], b[32];
+    fprintf(out, "  %-4s %14s %14s  %s\n", "tag", "offset", "bytes", "crc32");
+    for (int32_t i = 0; i < p->n_sections; i++) {
+        const PlanSection *s = &p->sections[i];
+        fprintf(out, "  %-4s %14s %14s  %08" PRIx32 "\n", s->tag, grouped((int64_t)s->offset, a, sizeof a),
+                grouped((int64_t)s->length, b, sizeof b), s->crc);
+    }
+}
+
+void rt_inspect(const Plan *p, FILE *out)
+{
+    print_summary(p, out);
+    print_settings(p, out);
+    print_io(p, out);
+    print_blocks(p, out);
+    print_ops(p, out);
+    print_roles(p, out);
+    print_sections(p, out);
+}

@@ -1,0 +1,418 @@
+/* runtime/safetensors.c: weights and gradients in and out as safetensors, the format
+ * PyTorch, JAX and Hugging Face read (torch: safetensors.torch.load_file).
+ *
+ *   u64 little-endian N, then N bytes of JSON:
+ *     {"__metadata__": {"format": "pt", "step": "12"},
+ *      "h.0.w": {"dtype": "F32", "shape": [64, 64], "data_offsets": [0, 16384]}, ...}
+ *   padded with spaces so the data starts 8-aligned, then the tensors' bytes,
+ *   little-endian, back to back in header order.
+ *
+ * Names are the model's param names ("h.3.attn.w"); gradients are saved under their
+ * param's name. Writing is atomic (a temporary file in the same directory, flushed,
+ * fsync'ed, renamed over the target), so a crash or a full disk never leaves half a
+ * file. Reading checks the whole header (sizes, JSON, every dtype, shape and offset, the
+ * offsets tiling the data exactly, every name against the model, both ways) before it
+ * writes a single byte into the arena: a damaged or foreign file is an error, never a
+ * crash, and never half-loaded weights.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "runtime.h"
+
+enum { MAX_HEADER = 100 << 20 };  // as the safetensors library
+
+static const char *const ST_DTYPES[PLAN_DT_COUNT] = {"F32", "F16", "BF16", "I32"};
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int little_endian(void)
+{
+    const uint16_t one = 1;
+    return *(const uint8_t *)&one == 1;
+}
+
+static int64_t numel(const StEntry *t)
+{
+    int64_t n = 1;
+    for (int d = 0; d < t->rank; d++) n *= t->shape[d];
+    return n;
+}
+
+static int64_t nbytes(const StEntry *t) { return numel(t) * plan_dtype_size(t->dtype); }
+
+static char *shape_str(PlanDType dt, int rank, const int64_t *shape, char *buf, size_t n)
+{
+    size_t at = (size_t)snprintf(buf, n, "%s [", dt < PLAN_DT_COUNT ? ST_DTYPES[dt] : "?");
+    for (int d = 0; d < rank && at < n; d++)
+        at += (size_t)snprintf(buf + at, n - at, "%s%" PRId64, d ? ", " : "", shape[d]);
+    if (at < n) snprintf(buf + at, n - at, "]");
+    return buf;
+}
+
+/* ---- writing ------------------------------------------------------------------------ */
+
+static json_t *header_json(const StEntry *t, int32_t n, int64_t step)
+{
+    json_t *h = json_object(), *meta = json_object();
+    char s[32];
+    snprintf(s, sizeof s, "%" PRId64, step);
+    int bad = !h || !meta || json_object_set_new(meta, "format", json_string("pt")) ||
+              json_object_set_new(meta, "step", json_string(s)) || json_object_set_new(h, "__metadata__", meta);
+    if (!h || !meta) json_decref(meta);
+    int64_t at = 0;
+    for (int32_t i = 0; i < n && !bad; i++) {
+        json_t *e = json_object(), *shape = json_array(), *off = json_array();
+        for (int d = 0; d < t[i].rank && shape; d++) bad |= json_array_append_new(shape, json_integer(t[i].shape[d]));
+        if (off)
+            bad |= json_array_append_new(off, json_integer(at)) ||
+                   json_array_append_new(off, json_integer(at + nbytes(&t[i])));
+        at += nbytes(&t[i]);
+        if (!e || !shape || !off) {
+            json_decref(e), json_decref(shape), json_decref(off);
+            bad = 1;
+            break;
+        }
+        bad |= json_object_set_new(e, "dtype", json_string(ST_DTYPES[t[i].dtype])) ||
+               json_object_set_new(e, "shape", shape) || json_object_set_new(e, "data_offsets", off) ||
+               json_object_set_new(h, t[i].name, e);
+    }
+    if (bad) {
+        json_decref(h);
+        return NULL;
+    }
+    return h;
+}
+
+static int write_all(FILE *f, const StEntry *t, int32_t n, int64_t step, char *err, size_t errlen)
+{
+    json_t *h = header_json(t, n, step);
+    char *text = h ? json_dumps(h, JSON_COMPACT) : NULL;
+    json_decref(h);
+    if (!text) return fail(err, errlen, "out of memory building the header (or a name that is not UTF-8)");
+    size_t len = strlen(text), padded = (len + 7) / 8 * 8;
+    uint8_t n8[8];
+    for (int i = 0; i < 8; i++) n8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    int bad = fwrite(n8, 1, 8, f) != 8 || fwrite(text, 1, len, f) != len;
+    free(text);
+    for (size_t i = len; i < padded && !bad; i++) bad = fputc(' ', f) == EOF;
+    for (int32_t i = 0; i < n && !bad; i++)
+        bad = fwrite(t[i].data, 1, (size_t)nbytes(&t[i]), f) != (size_t)nbytes(&t[i]);
+    if (bad) return fail(err, errlen, "write failed: %s", strerror(errno));
+    return 0;
+}
+
+/* Makes the rename itself durable; a failure here loses nothing, so it is not reported. */
+static void sync_dir(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else
+        return;
+    int fd = open(dir, O_RDONLY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+int rt_st_write(const char *path, const StEntry *t, int32_t n, int64_t step, char *err, size_t errlen)
+{
+    if (!little_endian()) return fail(err, errlen, "%s: safetensors output needs a little-endian host", path);
+    /* Same directory as path, so the rename cannot cross file systems. */
+    static unsigned counter;
+    char tmp[4096];
+    int fd = -1;
+    for (int tries = 0; fd < 0 && tries < 100; tries++) {
+        if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), counter++) >= sizeof tmp)
+            return fail(err, errlen, "%s: path too long", path);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) return fail(err, errlen, "%s: cannot create a temporary file next to it: %s", path, strerror(errno));
+    FILE *f = fdopen(fd, "wb");
+    char why[256] = "";
+    int rc = f ? write_all(f, t, n, step, why, sizeof why) : fail(why, sizeof why, "%s", strerror(errno));
+    if (!rc && (fflush(f) != 0 || fsync(fileno(f)) != 0))
+        rc = fail(why, sizeof why, "flush failed: %s", strerror(errno));
+    if ((f ? fclose(f) : close(fd)) != 0 && !rc) rc = fail(why, sizeof why, "close failed: %s", strerror(errno));
+    if (!rc && rename(tmp, path) != 0)
+        rc = fail(why, sizeof why, "cannot rename the temporary file: %s", strerror(errno));
+    if (rc) {
+        unlink(tmp);
+        return fail(err, errlen, "%s: %s", path, why);
+    }
+    sync_dir(path);
+    return 0;
+}
+
+/* ---- reading ------------------------------------------------------------------------ */
+
+typedef struct {
+    const char *name;
+    PlanDType dtype;
+    int rank;
+    int64_t shape[PLAN_MAX_RANK];
+    uint64_t begin, end;
+} FileEntry;
+
+static int by_begin(const void *a, const void *b)
+{
+    const FileEntry *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+static int parse_entry(const char *key, json_t *v, uint64_t data_len, FileEntry *fe, char *err, size_t errlen)
+{
+    json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"),
+           *off = json_object_get(v, "data_offsets");
+    if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(shape) || !json_is_array(off) ||
+        json_array_size(off) != 2)
+        return fail(err, errlen, "tensor '%s': needs \"dtype\", \"shape\" and \"data_offsets\" [begin, end]", key);
+    fe->name = key;
+    fe->dtype = PLAN_DT_COUNT;
+    for (int d = 0; d < PLAN_DT_COUNT; d++)
+        if (!strcmp(json_string_value(dt), ST_DTYPES[d])) fe->dtype = (PlanDType)d;
+    if (fe->dtype == PLAN_DT_COUNT)
+        return fail(err, errlen, "tensor '%s': dtype %s; this fsexec reads F32, F16, BF16 and I32", key,
+                    json_string_value(dt));
+    if (json_array_size(shape) > PLAN_MAX_RANK)
+        return fail(err, errlen, "tensor '%s': rank %zu; at most %d", key, json_array_size(shape), PLAN_MAX_RANK);
+    fe->rank = (int)json_array_size(shape);
+    uint64_t bytes = (uint64_t)plan_dtype_size(fe->dtype);
+    for (int d = 0; d < fe->rank; d++) {
+        json_t *x = json_array_get(shape, (size_t)d);
+        if (!json_is_integer(x) || json_integer_value(x) < 0)
+            return fail(err, errlen, "tensor '%s': shape must hold non-negative integers", key);
+        fe->shape[d] = json_integer_value(x);
+        if (fe->shape[d] && bytes > data_len / (uint64_t)fe->shape[d])
+            return fail(err, errlen, "tensor '%s': shape larger than the file", key);
+        bytes *= (uint64_t)fe->shape[d];
+    }
+    json_t *b = json_array_get(off, 0), *e = json_array_get(off, 1);
+    if (!json_is_integer(b) || !json_is_integer(e) || json_integer_value(b) < 0 ||
+        json_integer_value(e) < json_integer_value(b))
+        return fail(err, errlen, "tensor '%s': data_offsets must be integers 0 <= begin <= end", key);
+    fe->begin = (uint64_t)json_integer_value(b), fe->end = (uint64_t)json_integer_value(e);
+    if (fe->end > data_len)
+        return fail(err, errlen, "tensor '%s': data_offsets end %" PRIu64 " past the %" PRIu64 " bytes of data "
+                    "(truncated?)", key, fe->end, data_len);
+    if (fe->end - fe->begin != bytes)
+        return fail(err, errlen, "tensor '%s': %" PRIu64 " bytes of data for a shape that needs %" PRIu64, key,
+                    fe->end - fe->begin, bytes);
+    return 0;
+}
+
+/* The header's tensors; they must tile [0, data_len) exactly, as the library demands. */
+static int parse_header(json_t *h, uint64_t data_len, FileEntry *fe, size_t *n, char *err, size_t errlen)
+{
+    const char *key;
+    json_t *v;
+    *n = 0;
+    if (!json_is_object(h)) return fail(err, errlen, "the header is not a JSON object");
+    json_object_foreach(h, key, v)
+    {
+        if (!strcmp(key, "__metadata__")) {
+            const char *mk;
+            json_t *mv;
+            if (!json_is_object(v)) return fail(err, errlen, "__metadata__ is not an object");
+            json_object_foreach(v, mk, mv) if (!json_is_string(mv))
+                return fail(err, errlen, "__metadata__ '%s' is not a string", mk);
+            continue;
+        }
+        if (parse_entry(key, v, data_len, &fe[*n], err, errlen)) return -1;
+        ++*n;
+    }
+    qsort(fe, *n, sizeof *fe, by_begin);
+    uint64_t at = 0;
+    for (size_t i = 0; i < *n; i++) {
+        if (fe[i].begin != at)
+            return fail(err, errlen, "tensor '%s': data at %" PRIu64 ", expected %" PRIu64 " (overlapping or gaps)",
+                        fe[i].name, fe[i].begin, at);
+        at = fe[i].end;
+    }
+    if (at != data_len)
+        return fail(err, errlen, "the tensors cover %" PRIu64 " of the %" PRIu64 " bytes of data", at, data_len);
+    return 0;
+}
+
+/* Every wanted tensor in the file with its dtype and shape, and nothing else. */
+static int match(const StEntry *t, int32_t n, const FileEntry *fe, size_t nf, size_t *where, char *err, size_t errlen)
+{
+    char a[128], b[128];
+    for (int32_t i = 0; i < n; i++) {
+        size_t j = 0;
+        while (j < nf && strcmp(fe[j].name, t[i].name)) j++;
+        if (j == nf) return fail(err, errlen, "no tensor '%s', which the model has", t[i].name);
+        int same = fe[j].dtype == t[i].dtype && fe[j].rank == t[i].rank;
+        for (int d = 0; same && d < t[i].rank; d++) same = fe[j].shape[d] == t[i].shape[d];
+        if (!same)
+            return fail(err, errlen, "tensor '%s' is %s in the file but %s in the model", t[i].name,
+                        shape_str(fe[j].dtype, fe[j].rank, fe[j].shape, a, sizeof a),
+                        shape_str(t[i].dtype, t[i].rank, t[i].shape, b, sizeof b));
+        where[i] = j;
+    }
+    if (nf > (size_t)n) {
+        for (size_t j = 0; j < nf; j++) {
+            int32_t i = 0;
+            while (i < n && strcmp(fe[j].name, t[i].name)) i++;
+            if (i == n) return fail(err, errlen, "tensor '%s' is not in the model", fe[j].name);
+        }
+    }
+    return 0;
+}
+
+static int read_at(int fd, void *buf, uint64_t len, uint64_t off)
+{
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t got = pread(fd, p, len > (1u << 30) ? (1u << 30) : (size_t)len, (off_t)off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return -1;
+        p += got, len -= (uint64_t)got, off += (uint64_t)got;
+    }
+    return 0;
+}
+
+static int read_file(int fd, uint64_t size, const StEntry *t, int32_t n, char *err, size_t errlen)
+{
+    uint8_t n8[8];
+    if (size < 8 || read_at(fd, n8, 8, 0)) return fail(err, errlen, "too short for a safetensors file");
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++) hlen |= (uint64_t)n8[i] << (8 * i);
+    if (hlen > size - 8) return fail(err, errlen, "header of %" PRIu64 " bytes in a %" PRIu64 "-byte file "
+                                     "(truncated, or not a safetensors file)", hlen, size);
+    if (hlen > MAX_HEADER) return fail(err, errlen, "header of %" PRIu64 " bytes; at most %d", hlen, MAX_HEADER);
+    char *text = plan_alloc((size_t)hlen + 1);
+    if (!text) return fail(err, errlen, "out of memory");
+    if (read_at(fd, text, hlen, 8)) {
+        plan_dealloc(text);
+        return fail(err, errlen, "cannot read the header: %s", strerror(errno));
+    }
+    json_error_t je;
+    json_t *h = json_loadb(text, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
+    plan_dealloc(text);
+    if (!h) return fail(err, errlen, "header is not valid JSON: %s (at byte %d)", je.text, je.position);
+    size_t nkeys = json_is_object(h) ? json_object_size(h) : 0, nf = 0;
+    FileEntry *fe = plan_alloc(sizeof *fe * (nkeys + 1));
+    size_t *where = plan_alloc(sizeof *where * ((size_t)n + 1));
+    uint64_t base = 8 + hlen;
+    int rc = !fe || !where ? fail(err, errlen, "out of memory") : parse_header(h, size - base, fe, &nf, err, errlen);
+    if (!rc) rc = match(t, n, fe, nf, where, err, errlen);
+    for (int32_t i = 0; i < n && !rc; i++)
+        if (read_at(fd, t[i].data, fe[where[i]].end - fe[where[i]].begin, base + fe[where[i]].begin))
+            rc = fail(err, errlen, "cannot read tensor '%s': %s", t[i].name, errno ? strerror(errno) : "short read");
+    plan_dealloc(fe);
+    plan_dealloc(where);
+    json_decref(h);
+    return rc;
+}
+
+int rt_st_read(const char *path, const StEntry *t, int32_t n, char *err, size_t errlen)
+{
+    if (!little_endian()) return fail(err, errlen, "%s: safetensors input needs a little-endian host", path);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return fail(err, errlen, "%s: %s", path, strerror(errno));
+    struct stat st;
+    char why[512];
+    int rc = fstat(fd, &st) ? fail(why, sizeof why, "%s", strerror(errno))
+             : !S_ISREG(st.st_mode) ? fail(why, sizeof why, "not a regular file")
+                                    : read_file(fd, (uint64_t)st.st_size, t, n, why, sizeof why);
+    close(fd);
+    if (rc) fail(err, errlen, "%s: %s", path, why);
+    return rc;
+}
+
+/* ---- the model's params and grads ---------------------------------------------------- */
+
+static int is_saved_param(const PlanTensor *t) { return t->role == PLAN_ROLE_PARAM && t->tied_to == PLAN_NONE; }
+
+/* The entries of every param (grads: each param's "<name>.grad"), in tensor order. */
+static int collect(const Exec *e, int grads, StEntry **out, int32_t *n, char *err, size_t errlen)
+{
+    const Plan *p = rt_exec_plan(e);
+    *out = plan_alloc(sizeof **out * (size_t)(p->n_tensors + 1));
+    char *name = plan_alloc(1024);
+    if (!*out || !name) {
+        plan_dealloc(name);
+        return fail(err, errlen, "out of memory");
+    }
+    *n = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        if (!is_saved_param(&p->tensors[i])) continue;
+        RtTensor t;
+        rt_exec_tensor_id(e, i, &t);
+        if (grads) {
+            RtTensor g;
+            snprintf(name, 1024, "%s.grad", t.name);
+            if (rt_exec_tensor(e, name, &g) || g.role != PLAN_ROLE_GRAD) continue;  // no gradient reaches it
+            t.data = g.data;
+        }
+        (*out)[(*n)++] = (StEntry){t.name, t.dtype, t.rank, t.shape, t.data};
+    }
+    plan_dealloc(name);
+    if (grads && !*n) return fail(err, errlen, "the plan has no gradients to save");
+    return 0;
+}
+
+static int save(const Exec *e, int grads, const char *path, int64_t step, char *err, size_t errlen)
+{
+    StEntry *t;
+    int32_t n;
+    int rc = collect(e, grads, &t, &n, err, errlen);
+    if (!rc) rc = rt_st_write(path, t, n, step, err, errlen);
+    plan_dealloc(t);
+    return rc;
+}
+
+int rt_save_weights(const Exec *e, const char *path, int64_t step, char *err, size_t errlen)
+{
+    return save(e, 0, path, step, err, errlen);
+}
+
+int rt_save_grads(const Exec *e, const char *path, int64_t step, char *err, size_t errlen)
+{
+    return save(e, 1, path, step, err, errlen);
+}
+
+int rt_load_weights(Exec *e, const char *path, char *err, size_t errlen)
+{
+    StEntry *t;
+    int32_t n;
+    int rc = collect(e, 0, &t, &n, err, errlen);
+    if (!rc) rc = rt_st_read(path, t, n, err, errlen);
+    plan_dealloc(t);
+    if (rc) return rc;
+    /* Tied params that have bytes of their own start again from their target. */
+    const Plan *p = rt_exec_plan(e);
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *pt = &p->tensors[i];
+        if (pt->role != PLAN_ROLE_PARAM || pt->tied_to == PLAN_NONE) continue;
+        RtTensor dst, src;
+        rt_exec_tensor_id(e, i, &dst);
+        rt_exec_tensor_id(e, pt->tied_to, &src);
+        if (dst.data != src.data) memmove(dst.data, src.data, (size_t)plan_tensor_nbytes(pt));
+    }
+    return 0;
+}

@@ -1,0 +1,905 @@
+/* tests/unit/test_plan.c: the plan file. A small real model (built through ir.h and
+ * codegen_plan) round-trips through bytes and through a file field for field; then the
+ * reader meets every kind of damage: truncation at every byte, every bit of the header
+ * and of every section flipped, wrong magic (and text-mode damage), other versions,
+ * unknown, duplicate and missing sections, longer records from a newer minor, hostile
+ * files with valid checksums, and the k-th allocation failing for every k. rt_inspect's
+ * report is checked for the lines a user reads.
+ *
+ * The layout is decoded here by hand, from the description in plan/plan.h, rather than
+ * with plan/format.h, so the test also holds the documented format.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "codegen.h"
+#include "ir.h"
+#include "runtime.h"
+
+/* ---- allocation hook: counts, and fails the k-th call when asked -------------------- */
+
+static long n_allocs, live, fail_at;
+
+static void *test_alloc(size_t n)
+{
+    if (fail_at && ++n_allocs == fail_at) return NULL;
+    if (!fail_at) n_allocs++;
+    void *p = malloc(n);
+    if (p) live++;
+    return p;
+}
+
+static void test_free(void *p)
+{
+    if (p) live--;
+    free(p);
+}
+
+static void count_allocs(long fail)
+{
+    n_allocs = 0;
+    fail_at = fail;
+    plan_set_alloc(test_alloc, test_free);
+}
+
+/* ---- the model --------------------------------------------------------------------- */
+
+static Graph *g;
+static TrainConfig cfg;
+static Plan *plan;      // codegen_plan(g, &cfg)
+static uint8_t *bytes;  // plan_write_mem(plan)
+static size_t n_bytes;
+static char err[512];
+
+static int value(Role role, const char *name, DType dt, const int64_t *shape, int rank, int block)
+{
+    Value v = {.dtype = dt, .rank = rank, .role = role, .block = block, .name = name, .producer = -1, .tied_to = -1};
+    for (int i = 0; i < rank; i++) v.shape[i] = shape[i];
+    return ir_value_add(g, &v);
+}
+#define DIMS(...) (int64_t[]){__VA_ARGS__}, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
+#define INS(...) (int[]){__VA_ARGS__}, (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int))
+#define ATTRS(...) (Attr[]){__VA_ARGS__}, (int)(sizeof((Attr[]){__VA_ARGS__}) / sizeof(Attr))
+#define AI(k, v) ((Attr){.key = (k), .kind = ATTR_INT, .i = (v)})
+#define AF(k, v) ((Attr){.key = (k), .kind = ATTR_FLOAT, .f = (v)})
+#define AL(k, ...) ((Attr){.key = (k), .kind = ATTR_INTS, .ints = (int64_t[]){__VA_ARGS__}, \
+                          .n_list = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t))})
+
+static int node(OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, int block, Phase phase, Loc loc)
+{
+    int id = ir_node_add(g, op, in, n_in, attrs, n_attr, block, phase, loc, err, sizeof err);
+    cr_assert_geq(id, 0, "%s: %s", op_name(op), err);
+    return id;
+}
+static int out0(int n) { return ir_out(g, ir_node(g, n), 0); }
+
+/* embedding -> block h.0 (layernorm, matmul, add, split) -> tied logits -> loss, a
+ * reshape with a list attribute, and a grad made in the backward phase. */
+static void build_graph(void)
+{
+    g = ir_graph_new("tiny");
+    int h0 = ir_block_add(g, "h.0", "Block", 0);
+    int tokens = value(ROLE_INPUT, "tokens", DT_I32, DIMS(2, 4), -1);
+    int targets = value(ROLE_INPUT, "targets", DT_I32, DIMS(2, 4), -1);
+    int wte = value(ROLE_PARAM, "wte", DT_F32, DIMS(16, 8), -1);
+    int lw = value(ROLE_PARAM, "h.0.ln.w", DT_F32, DIMS(8), h0);
+    int lb = value(ROLE_PARAM, "h.0.ln.b", DT_F32, DIMS(8), h0);
+    int w = value(ROLE_PARAM, "h.0.w", DT_F32, DIMS(8, 24), h0);
+    int b = value(ROLE_PARAM, "h.0.b", DT_F32, DIMS(24), h0);
+    int tied = value(ROLE_PARAM, "lm_head", DT_F32, DIMS(16, 8), -1);
+    g->values[tied].tied_to = wte;
+    g->values[wte].init = INIT_NORMAL, g->values[wte].init_a = 0.02;
+    g->values[w].init = INIT_UNIFORM, g->values[w].init_a = -0.5, g->values[w].init_b = 0.5;
+    g->values[lw].init = INIT_ONES;
+    g->values[b].init = INIT_ZEROS;
+    g->values[lb].place = PLACE_HOST;
+
+    int x = out0(node(OP_embedding, INS(wte, tokens), NULL, 0, -1, PHASE_FORWARD, (Loc){12, 7, 9}));
+    int y = out0(node(OP_layernorm, INS(x, lw, lb), ATTRS(AF("eps", 1e-5)), h0, PHASE_FORWARD, (Loc){14, 9, 1}));
+    y = out0(node(OP_matmul, INS(y, w), NULL, 0, h0, PHASE_FORWARD, (Loc){14, 20, 1}));
+    y = out0(node(OP_add, INS(y, b), NULL, 0, h0, PHASE_FORWARD, (Loc){14, 24, 1}));
+    int s = node(OP_split, INS(y), ATTRS(AI("n", 3), AI("axis", -1)), h0, PHASE_FORWARD, (Loc){15, 7, 5});
+    int q = ir_out(g, ir_node(g, s), 0);
+    int wt = out0(node(OP_transpose, INS(wte), ATTRS(AI("a", -2), AI("b", -1)), -1, PHASE_FORWARD, (Loc){17, 20, 9}));
+    int logits = out0(node(OP_matmul, INS(q, wt), NULL, 0, -1, PHASE_FORWARD, (Loc){17, 18, 1}));
+    int loss = out0(node(OP_cross_entropy, INS(logits, targets), NULL, 0, -1, PHASE_FORWARD, (Loc){17, 10, 13}));
+    int r = out0(node(OP_reshape, INS(logits), ATTRS(AL("shape", 8, -1)), -1, PHASE_BACKWARD, (Loc){0}));
+    g->values[r].role = ROLE_GRAD;
+    g->values[r].name = "logits.grad";
+    ir_output_add(g, loss);
+    ir_output_add(g, r);
+    /* A memory plan, as memplan would leave it: the reshape is a view of logits. */
+    for (int i = 0; i < g->n_values; i++) {
+        g->values[i].offset = 64 * i;
+        g->values[i].live_start = i % 3;
+        g->values[i].live_end = g->n_nodes - i % 2;
+    }
+    g->values[r].alias = logits;
+    g->values[r].offset = g->values[logits].offset;
+    g->values[wte].grad = r;
+    g->arena_bytes = 64 * g->n_values;
+}
+
+static void setup(void)
+{
+    plan_set_alloc(NULL, NULL);
+    build_graph();
+    config_default(&cfg);
+    const char *set[][2] = {{"shard", "fsdp"}, {"precision", "bf16"}, {"world", "8"}, {"stages", "2"},
+                            {"recompute", "Block"}, {"lr", "6e-4"}, {"seed", "42"}};
+    for (size_t i = 0; i < sizeof set / sizeof *set; i++)
+        cr_assert_eq(config_set(&cfg, set[i][0], set[i][1], err, sizeof err), 0, "%s", err);
+    plan = codegen_plan(g, &cfg);
+    cr_assert_not_null(plan);
+    void *buf;
+    cr_assert_eq(plan_write_mem(plan, &buf, &n_bytes, err, sizeof err), 0, "%s", err);
+    bytes = buf;
+}
+
+static void teardown(void)
+{
+    plan_set_alloc(NULL, NULL);
+    plan_dealloc(bytes);
+    plan_free(plan);
+    ir_graph_free(g);
+}
+
+TestSuite(plan, .init = setup, .fini = teardown);
+
+/* ---- comparing plans ---------------------------------------------------------------- */
+
+static void assert_same_double(double a, double b, const char *what)
+{
+    cr_assert(!memcmp(&a, &b, sizeof a), "%s: %g vs %g", what, a, b);
+}
+
+static void assert_plans_equal(const Plan *a, const Plan *b)
+{
+    cr_assert_eq(a->n_strs, b->n_strs);
+    for (int i = 0; i < a->n_strs; i++) cr_assert_str_eq(a->strs[i], b->strs[i]);
+    cr_assert_eq(a->n_meta, b->n_meta);
+    for (int i = 0; i < a->n_meta; i++) {
+        const PlanMeta *x = &a->meta[i], *y = &b->meta[i];
+        cr_assert_eq(x->key, y->key);
+        cr_assert_eq(x->kind, y->kind);
+        if (x->kind == PLAN_META_STR) cr_assert_eq(x->s, y->s);
+        if (x->kind == PLAN_META_INT) cr_assert_eq(x->i, y->i);
+        if (x->kind == PLAN_META_FLOAT) assert_same_double(x->f, y->f, plan_str(a, x->key));
+    }
+    cr_assert_eq(a->n_blocks, b->n_blocks);
+    for (int i = 0; i < a->n_blocks; i++) {
+        cr_assert_eq(a->blocks[i].name, b->blocks[i].name);
+        cr_assert_eq(a->blocks[i].layer, b->blocks[i].layer);
+        cr_assert_eq(a->blocks[i].index, b->blocks[i].index);
+    }
+    cr_assert_eq(a->n_tensors, b->n_tensors);
+    for (int i = 0; i < a->n_tensors; i++) {
+        const PlanTensor *x = &a->tensors[i], *y = &b->tensors[i];
+        cr_assert_eq(x->name, y->name, "tensor %d", i);
+        cr_assert_eq(x->dtype, y->dtype, "tensor %d", i);
+        cr_assert_eq(x->role, y->role, "tensor %d", i);
+        cr_assert_eq(x->place, y->place, "tensor %d", i);
+        cr_assert_eq(x->init, y->init, "tensor %d", i);
+        cr_assert_eq(x->rank, y->rank, "tensor %d", i);
+        for (int d = 0; d < x->rank; d++) cr_assert_eq(x->shape[d], y->shape[d], "tensor %d dim %d", i, d);
+        cr_assert_eq(x->block, y->block, "tensor %d", i);
+        cr_assert_eq(x->producer, y->producer, "tensor %d", i);
+        cr_assert_eq(x->tied_to, y->tied_to, "tensor %d", i);
+        assert_same_double(x->init_a, y->init_a, "init_a");
+        assert_same_double(x->init_b, y->init_b, "init_b");
+        cr_assert_eq(x->grad, y->grad, "tensor %d", i);
+        cr_assert_eq(x->offset, y->offset, "tensor %d", i);
+        cr_assert_eq(x->live_start, y->live_start, "tensor %d", i);
+        cr_assert_eq(x->live_end, y->live_end, "tensor %d", i);
+        cr_assert_eq(x->alias, y->alias, "tensor %d", i);
+    }
+    cr_assert_eq(a->n_ops, b->n_ops);
+    for (int i = 0; i < a->n_ops; i++) {
+        const PlanOp *x = &a->ops[i], *y = &b->ops[i];
+        cr_assert_eq(x->op, y->op, "op %d", i);
+        cr_assert_eq(x->block, y->block, "op %d", i);
+        cr_assert_eq(x->phase, y->phase, "op %d", i);
+        cr_assert_eq(x->line, y->line, "op %d", i);
+        cr_assert_eq(x->col, y->col, "op %d", i);
+        cr_assert_eq(x->in, y->in, "op %d", i);
+        cr_assert_eq(x->n_in, y->n_in, "op %d", i);
+        cr_assert_eq(x->out, y->out, "op %d", i);
+        cr_assert_eq(x->n_out, y->n_out, "op %d", i);
+        cr_assert_eq(x->attr, y->attr, "op %d", i);
+        cr_assert_eq(x->n_attr, y->n_attr, "op %d", i);
+    }
+    cr_assert_eq(a->n_ids, b->n_ids);
+    for (int i = 0; i < a->n_ids; i++) cr_assert_eq(a->ids[i], b->ids[i]);
+    cr_assert_eq(a->n_attrs, b->n_attrs);
+    for (int i = 0; i < a->n_attrs; i++) {
+        const PlanAttr *x = &a->attrs[i], *y = &b->attrs[i];
+        cr_assert_eq(x->key, y->key);
+        cr_assert_eq(x->kind, y->kind);
+        if (x->kind == PLAN_ATTR_INT) cr_assert_eq(x->i, y->i);
+        if (x->kind == PLAN_ATTR_FLOAT) assert_same_double(x->f, y->f, "attr");
+        if (x->kind == PLAN_ATTR_INTS) cr_assert(x->list == y->list && x->n_list == y->n_list);
+    }
+    cr_assert_eq(a->n_ints, b->n_ints);
+    for (int i = 0; i < a->n_ints; i++) cr_assert_eq(a->ints[i], b->ints[i]);
+    cr_assert_eq(a->n_outputs, b->n_outputs);
+    for (int i = 0; i < a->n_outputs; i++) cr_assert_eq(a->outputs[i], b->outputs[i]);
+}
+
+/* ---- the round trip ------------------------------------------------------------------ */
+
+Test(plan, codegen_keeps_the_graph)
+{
+    cr_assert_eq(plan->n_tensors, g->n_values);
+    cr_assert_eq(plan->n_ops, g->n_nodes);
+    cr_assert_eq(plan->n_blocks, 1);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = ir_node(g, i);
+        cr_assert_str_eq(plan_str(plan, plan->ops[i].op), op_name(n->op));
+        cr_assert_eq(plan->ops[i].n_in, n->n_in);
+        for (int k = 0; k < n->n_in; k++) cr_assert_eq(plan->ids[plan->ops[i].in + k], ir_in(g, n, k));
+        for (int k = 0; k < n->n_out; k++) cr_assert_eq(plan->ids[plan->ops[i].out + k], ir_out(g, n, k));
+    }
+    for (int i = 0; i < g->n_values; i++) {
+        const Value *v = ir_value(g, i);
+        const PlanTensor *t = &plan->tensors[i];
+        cr_assert_str_eq(plan_dtype_name(t->dtype), dtype_name(v->dtype));
+        cr_assert_str_eq(plan_role_name(t->role), role_name(v->role));
+        cr_assert_str_eq(plan_place_name(t->place), placement_name(v->place));
+        cr_assert_str_eq(plan_init_name(t->init), init_name(v->init));
+        cr_assert_str_eq(plan_str(plan, t->name), v->name ? v->name : "");
+        cr_assert_eq(plan_tensor_nbytes(t), ir_nbytes(v));
+        cr_assert(t->offset == v->offset && t->live_start == v->live_start && t->live_end == v->live_end);
+        cr_assert(t->alias == v->alias && t->grad == v->grad && t->tied_to == v->tied_to);
+    }
+    cr_assert_eq(plan_meta_int(plan, "arena_bytes", 0), g->arena_bytes);
+    /* Without a memory plan, no arena size: fsexec must not take 0 for one. */
+    g->arena_bytes = 0;
+    Plan *q = codegen_plan(g, &cfg);
+    cr_assert_null(plan_meta_find(q, "arena_bytes"));
+    plan_free(q);
+    cr_assert_str_eq(plan_meta_str(plan, "model", ""), "tiny");
+    cr_assert_str_eq(plan_meta_str(plan, "compiler", ""), "fsc " FS_VERSION);
+    cr_assert_str_eq(plan_meta_str(plan, "shard", ""), "fsdp");
+    cr_assert_str_eq(plan_meta_str(plan, "precision", ""), "bf16");
+    cr_assert_str_eq(plan_meta_str(plan, "recompute", ""), "Block");
+    cr_assert_eq(plan_meta_int(plan, "world", 0), 8);
+    cr_assert_eq(plan_meta_int(plan, "stages", 0), 2);
+    cr_assert_eq(plan_meta_int(plan, "seed", 0), 42);
+    cr_assert_eq(plan_meta_int(plan, "params", 0), ir_param_count(g));
+    cr_assert_float_eq(plan_meta_float(plan, "lr", 0), 6e-4, 1e-12);
+    /* Every key config_set accepts is in the plan. */
+    int n;
+    const ConfigKey *keys = config_keys(&n);
+    for (int i = 0; i < n; i++) cr_assert_not_null(plan_meta_find(plan, keys[i].key), "%s", keys[i].key);
+    cr_assert_str_eq(RT_VERSION, FS_VERSION);
+}
+
+Test(plan, round_trip)
+{
+    Plan *back = plan_read_mem(bytes, n_bytes, err, sizeof err);
+    cr_assert_not_null(back, "%s", err);
+    cr_assert_eq(back->major, PLAN_MAJOR);
+    cr_assert_eq(back->minor, PLAN_MINOR);
+    assert_plans_equal(plan, back);
+    cr_assert_eq(back->n_sections, 9);
+    /* Written again, the same bytes. */
+    void *again;
+    size_t n;
+    cr_assert_eq(plan_write_mem(back, &again, &n, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(n, n_bytes);
+    cr_assert(!memcmp(again, bytes, n));
+    plan_dealloc(again);
+    plan_free(back);
+}
+
+static uint32_t le32(const uint8_t *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t le64(const uint8_t *p) { return le32(p) | (uint64_t)le32(p + 4) << 32; }
+static void set32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+static void set64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+
+Test(plan, layout_is_little_endian_with_checksums)
+{
+    cr_assert(!memcmp(bytes, "\x89" "FSP\r\n\x1a\n", 8));
+    cr_assert(bytes[8] == 1 && bytes[9] == 0 && bytes[10] == 0 && bytes[11] == 0);
+    cr_assert_eq(le32(bytes + 12), 9);
+    cr_assert_eq(le64(bytes + 16), n_bytes);
+    cr_assert_eq(plan_crc32(0, "123456789", 9), 0xCBF43926u);  // the standard check value
+    for (uint32_t i = 0; i < 9; i++) {
+        const uint8_t *e = bytes + 32 + 24 * i;
+        cr_assert_eq(plan_crc32(0, bytes + le64(e + 8), le64(e + 16)), le32(e + 4));
+    }
+    cr_assert(!memcmp(bytes + 32 + 24 * 4, "NODE", 4));
+}
+
+/* ---- damage ------------------------------------------------------------------------- */
+
+static Plan *read_copy(const uint8_t *b, size_t n)
+{
+    uint8_t *copy = malloc(n ? n : 1);  // exactly n bytes, so ASan sees any overread
+    memcpy(copy, b, n);
+    Plan *p = plan_read_mem(copy, n, err, sizeof err);
+    free(copy);
+    return p;
+}
+
+Test(plan, truncated_at_every_byte)
+{
+    for (size_t n = 0; n < n_bytes; n++) {
+        err[0] = 0;
+        Plan *p = read_copy(bytes, n);
+        cr_assert_null(p, "truncated to %zu bytes, yet read", n);
+        cr_assert(!strncmp(err, "truncated: ", 11), "at %zu: %s", n, err);
+    }
+    read_copy(bytes, 0);
+    cr_assert_str_eq(err, "truncated: the file is empty");
+}
+
+Test(plan, trailing_bytes)
+{
+    uint8_t *b = malloc(n_bytes + 3);
+    memcpy(b, bytes, n_bytes);
+    memcpy(b + n_bytes, "xyz", 3);
+    cr_assert_null(plan_read_mem(b, n_bytes + 3, err, sizeof err));
+    cr_assert(strstr(err, "trailing bytes"), "%s", err);
+    free(b);
+}
+
+static size_t table_end(void) { return 32 + 24 * (size_t)le32(bytes + 12); }
+
+Test(plan, every_header_bit_flip_fails)
+{
+    uint8_t *b = malloc(n_bytes);
+    for (size_t i = 0; i < table_end(); i++)
+        for (int bit = 0; bit < 8; bit++) {
+            memcpy(b, bytes, n_bytes);
+            b[i] ^= (uint8_t)(1 << bit);
+            err[0] = 0;
+            cr_assert_null(plan_read_mem(b, n_bytes, err, sizeof err), "flip at %zu bit %d read", i, bit);
+            cr_assert(err[0], "no message for flip at %zu", i);
+        }
+    free(b);
+}
+
+Test(plan, every_section_bit_flip_fails_its_checksum)
+{
+    uint8_t *b = malloc(n_bytes);
+    char want[64];
+    for (uint32_t s = 0; s < 9; s++) {
+        const uint8_t *e = bytes + 32 + 24 * s;
+        snprintf(want, sizeof want, "section %.4s: checksum mismatch (file damaged)", (const char *)e);
+        for (size_t i = le64(e + 8); i < le64(e + 8) + le64(e + 16); i++)
+            for (int bit = 0; bit < 8; bit++) {
+                memcpy(b, bytes, n_bytes);
+                b[i] ^= (uint8_t)(1 << bit);
+                cr_assert_null(plan_read_mem(b, n_bytes, err, sizeof err), "flip at %zu read", i);
+                cr_assert_str_eq(err, want, "flip at %zu bit %d", i, bit);
+            }
+    }
+    cr_assert_eq(table_end() + 0, le64(bytes + 32 + 8), "the first section follows the table");
+    free(b);
+}
+
+static void expect_magic_error(const void *b, size_t n, const char *part)
+{
+    cr_assert_null(plan_read_mem(b, n, err, sizeof err));
+    cr_assert(!strncmp(err, "not an fsc plan (bad magic)", 27), "%s", err);
+    if (part) cr_assert(strstr(err, part), "'%s' lacks '%s'", err, part);
+}
+
+/* What a text-mode copy does: every "\n" becomes "\r\n" (to_crlf) or the reverse. */
+static uint8_t *convert(int to_crlf, size_t *n)
+{
+    uint8_t *out = malloc(2 * n_bytes);
+    size_t k = 0;
+    for (size_t i = 0; i < n_bytes; i++) {
+        if (!to_crlf && bytes[i] == '\r' && i + 1 < n_bytes && bytes[i + 1] == '\n') continue;
+        if (to_crlf && bytes[i] == '\n') out[k++] = '\r';
+        out[k++] = bytes[i];
+    }
+    *n = k;
+    return out;
+}
+
+Test(plan, wrong_magic)
+{
+    const char *src = "model gpt2 {\n  dim B = 4;\n}\n";
+    expect_magic_error(src, strlen(src), "looks like a text file");
+    expect_magic_error("\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 33, NULL);
+    expect_magic_error("\x7f" "ELF", 4, NULL);
+
+    size_t n;
+    uint8_t *b = convert(0, &n);
+    expect_magic_error(b, n, "CRLF to LF");
+    free(b);
+    b = convert(1, &n);
+    expect_magic_error(b, n, "LF to CRLF");
+    free(b);
+    b = malloc(n_bytes);
+    for (size_t i = 0; i < n_bytes; i++) b[i] = bytes[i] & 0x7f;
+    expect_magic_error(b, n_bytes, "7-bit");
+    free(b);
+}
+
+/* ---- other versions and sections: files reassembled with valid checksums ------------ */
+
+typedef struct {
+    char tag[4];
+    uint8_t *data;
+    size_t len;
+} Sec;
+
+static int split_sections(Sec *s)
+{
+    int n = (int)le32(bytes + 12);
+    for (int i = 0; i < n; i++) {
+        const uint8_t *e = bytes + 32 + 24 * i;
+        memcpy(s[i].tag, e, 4);
+        s[i].len = le64(e + 16);
+        s[i].data = malloc(s[i].len + 1);
+        memcpy(s[i].data, bytes + le64(e + 8), s[i].len);
+    }
+    return n;
+}
+
+static void free_sections(Sec *s, int n)
+{
+    for (int i = 0; i < n; i++) free(s[i].data);
+}
+
+/* A well-formed file (every checksum right) around these sections. */
+static uint8_t *assemble(const Sec *s, int n, uint16_t major, uint16_t minor, size_t *len)
+{
+    size_t total = 32 + 24 * (size_t)n;
+    for (int i = 0; i < n; i++) total += s[i].len;
+    uint8_t *b = calloc(1, total);
+    memcpy(b, "\x89" "FSP\r\n\x1a\n", 8);
+    b[8] = (uint8_t)major, b[9] = (uint8_t)(major >> 8), b[10] = (uint8_t)minor, b[11] = (uint8_t)(minor >> 8);
+    set32(b + 12, (uint32_t)n);
+    set64(b + 16, total);
+    size_t at = 32 + 24 * (size_t)n;
+    for (int i = 0; i < n; i++) {
+        uint8_t *e = b + 32 + 24 * i;
+        memcpy(e, s[i].tag, 4);
+        set32(e + 4, plan_crc32(0, s[i].data, s[i].len));
+        set64(e + 8, at);
+        set64(e + 16, s[i].len);
+        memcpy(b + at, s[i].data, s[i].len);
+        at += s[i].len;
+    }
+    set32(b + 24, plan_crc32(0, b, 32 + 24 * (size_t)n));
+    *len = total;
+    return b;
+}
+
+static Plan *read_sections(const Sec *s, int n, uint16_t major, uint16_t minor)
+{
+    size_t len;
+    uint8_t *b = assemble(s, n, major, minor, &len);
+    Plan *p = read_copy(b, len);
+    free(b);
+    return p;
+}
+
+static int find(const Sec *s, int n, const char *tag)
+{
+    for (int i = 0; i < n; i++)
+        if (!memcmp(s[i].tag, tag, 4)) return i;
+    cr_assert_fail("no section %s", tag);
+    return -1;
+}
+
+Test(plan, reassembled_file_reads)
+{
+    Sec s[16];
+    int n = split_sections(s);
+    size_t len;
+    uint8_t *b = assemble(s, n, 1, 0, &len);
+    cr_assert_eq(len, n_bytes);
+    cr_assert(!memcmp(b, bytes, len), "the test's assembler agrees with plan_write_mem");
+    free(b);
+    free_sections(s, n);
+}
+
+Test(plan, newer_major_refused)
+{
+    Sec s[16];
+    int n = split_sections(s);
+    cr_assert_null(read_sections(s, n, 2, 0));
+    cr_assert_str_eq(err, "plan version 2.0 is newer than this fsexec supports (1.x); rebuild fsexec or "
+                          "recompile the plan");
+    /* Before the header checksum: a newer major may lay its header out differently. */
+    uint8_t *b = malloc(n_bytes);
+    memcpy(b, bytes, n_bytes);
+    b[8] = 3;
+    cr_assert_null(plan_read_mem(b, n_bytes, err, sizeof err));
+    cr_assert(strstr(err, "plan version 3.0 is newer"), "%s", err);
+    cr_assert_null(read_sections(s, n, 0, 9));
+    cr_assert(strstr(err, "plan version 0.9 is older"), "%s", err);
+    free(b);
+    free_sections(s, n);
+}
+
+Test(plan, newer_minor_read)
+{
+    Sec s[16];
+    int n = split_sections(s);
+    Plan *p = read_sections(s, n, 1, 7);
+    cr_assert_not_null(p, "%s", err);
+    cr_assert_eq(p->minor, 7);
+    assert_plans_equal(plan, p);
+    plan_free(p);
+    free_sections(s, n);
+}
+
+Test(plan, unknown_section_skipped)
+{
+    Sec s[16];
+    int n = split_sections(s);
+    /* An unknown section in the middle, and one at the end. */
+    memmove(&s[3], &s[2], sizeof *s * (size_t)(n - 2));
+    s[2] = (Sec){"XTRA", (uint8_t *)strdup("whatever a newer fsc writes"), 27};
+    s[n + 1] = (Sec){"zz\x01\xff", (uint8_t *)strdup(""), 0};
+    Plan *p = read_sections(s, n + 2, 1, 3);
+    cr_assert_not_null(p, "%s", err);
+    assert_plans_equal(plan, p);
+    cr_assert_eq(p->n_sections, n + 2);
+    cr_assert_str_eq(p->sections[2].tag, "XTRA");
+    cr_assert_str_eq(p->sections[n + 1].tag, "zz??");
+    plan_free(p);
+    free_sections(s, n + 2);
+}
+
+Test(plan, missing_and_duplicate_sections)
+{
+    Sec s[16];
+    int n = split_sections(s);
+    int node_at = find(s, n, "NODE");
+    Sec node = s[node_at];
+    memcpy(s[node_at].tag, "NOPE", 4);
+    cr_assert_null(read_sections(s, n, 1, 0));
+    cr_assert_str_eq(err, "missing section NODE (not a complete plan)");
+    s[node_at] = node;
+    s[n] = (Sec){"NODE", node.data, node.len};
+    cr_assert_null(read_sections(s, n + 1, 1, 0));
+    cr_assert_str_eq(err, "section NODE appears twice");
+    free_sections(s, n);
+}
+
+/* A newer minor version appends fields to records: a reader skips what it does not know. */
+Test(plan, longer_records_read)
+{
+    Sec s[16];
+    int n = split_sections(s);
+    const char *tags[] = {"META", "BLKS", "TENS", "NODE", "ATTR"};
+    for (int t = 0; t < 5; t++) {
+        Sec *x = &s[find(s, n, tags[t])];
+        uint32_t count = le32(x->data), rec = le32(x->data + 4), extra = 12;
+        size_t len = 8 + (size_t)count * (rec + extra);
+        uint8_t *d = malloc(len);
+        memcpy(d, x->data, 8);
+        set32(d + 4, rec + extra);
+        for (uint32_t i = 0; i < count; i++) {
+            memcpy(d + 8 + i * (rec + extra), x->data + 8 + i * rec, rec);
+            memset(d + 8 + i * (rec + extra) + rec, 0xab, extra);
+        }
+        free(x->data);
+        x->data = d, x->len = len;
+    }
+    Plan *p = read_sections(s, n, 1, 1);
+    cr_assert_not_null(p, "%s", err);
+    assert_plans_equal(plan, p);
+    plan_free(p);
+    free_sections(s, n);
+}
+
+/* Files whose checksums are right but whose contents are not: each must be refused with
+ * a message, without reading out of bounds or allocating what the file cannot hold. */
+static void expect_hostile(const char *tag, size_t at, uint64_t value, int width, const char *part)
+{
+    Sec s[16];
+    int n = split_sections(s);
+    Sec *x = &s[find(s, n, tag)];
+    cr_assert_leq(at + (size_t)width, x->len);
+    if (width == 1) x->data[at] = (uint8_t)value;
+    if (width == 4) set32(x->data + at, (uint32_t)value);
+    if (width == 8) set64(x->data + at, value);
+    cr_assert_null(read_sections(s, n, 1, 0), "%s+%zu = %llu was read", tag, at, (unsigned long long)value);
+    cr_assert(strstr(err, part), "%s+%zu: '%s' lacks '%s'", tag, at, err, part);
+    free_sections(s, n);
+}
+
+Test(plan, hostile_contents_refused)
+{
+    /* counts that the bytes cannot hold */
+    expect_hostile("STRS", 0, 0xffffffffu, 4, "section STRS");
+    expect_hostile("STRS", 4, 0x7fffffffu, 4, "runs past");
+    expect_hostile("TENS", 0, 0x10000000u, 4, "section TENS");
+    expect_hostile("TENS", 4, 8, 4, "records of 8 bytes");
+    expect_hostile("IDS ", 0, 0xfffffff0u, 4, "section IDS");
+    expect_hostile("INTS", 0, 3, 4, "section INTS");
+    /* ids out of range; TENS records start at 8, 88 bytes each */
+    expect_hostile("TENS", 8 + 0, 999999, 4, "tensor 0: name");
+    expect_hostile("TENS", 8 + 4, 9, 1, "tensor 0: unknown dtype");
+    expect_hostile("TENS", 8 + 5, 200, 1, "tensor 0: unknown role");
+    expect_hostile("TENS", 8 + 8, 7, 1, "tensor 0: rank 7");
+    expect_hostile("TENS", 8 + 12, 5, 4, "tensor 0: block 5");
+    expect_hostile("TENS", 8 + 16, 12345, 4, "tensor 0: producer");
+    expect_hostile("TENS", 8 + 20, 0x80000000u, 4, "tensor 0: tied");
+    expect_hostile("TENS", 8 + 40, (uint64_t)-5, 8, "negative dim");
+    expect_hostile("TENS", 8 + 40, (uint64_t)1 << 62, 8, "shape too large");
+    expect_hostile("TENS", 8 + 88, 5000, 4, "tensor 0: grad 5000");
+    expect_hostile("TENS", 8 + 100, (uint64_t)-2, 4, "tensor 0: alias -2");
+    /* NODE records: op, block, phase, line, col, in, n_in, out, n_out, attr, n_attr */
+    expect_hostile("NODE", 8 + 0, (uint64_t)-1, 4, "op 0: name");
+    expect_hostile("NODE", 8 + 8, 77, 1, "unknown phase");
+    expect_hostile("NODE", 8 + 20, 0x7ffffff0u, 4, "inputs or outputs out of range");
+    expect_hostile("NODE", 8 + 24, 0x7fffffffu, 4, "inputs or outputs out of range");
+    expect_hostile("NODE", 8 + 24, (uint64_t)-3, 4, "inputs or outputs out of range");
+    expect_hostile("NODE", 8 + 40, 1000, 4, "attributes out of range");
+    expect_hostile("IDS ", 4, 4000, 4, "id 0: tensor 4000");
+    expect_hostile("OUTS", 4, (uint64_t)-1, 4, "output 0");
+    expect_hostile("META", 8 + 4, 9, 1, "unknown kind");
+    expect_hostile("ATTR", 8 + 4, 3, 1, "attr 0: unknown kind");
+    expect_hostile("BLKS", 8 + 4, 1u << 30, 4, "block 0");
+    /* a string with a NUL in it */
+    expect_hostile("STRS", 8, 0, 1, "NUL");
+}
+
+/* Random damage under valid checksums: never a crash (ASan and UBSan watch the rest). */
+Test(plan, random_hostile_files)
+{
+    Sec s[16];
+    int n = split_sections(s);
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    int read = 0;
+    for (int iter = 0; iter < 4000; iter++) {
+        Sec m[16];
+        memcpy(m, s, sizeof *s * (size_t)n);
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int k = (int)(x % (uint64_t)n);
+        m[k].data = malloc(s[k].len + 1);
+        memcpy(m[k].data, s[k].data, s[k].len);
+        int flips = 1 + (int)(x >> 60 & 3);
+        for (int f = 0; f < flips && m[k].len; f++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            size_t at = (size_t)(x % m[k].len);
+            uint8_t v = (uint8_t)(x >> 32);
+            m[k].data[at] = (x >> 40 & 1) ? v : (x >> 41 & 1) ? 0xff : 0;
+        }
+        Plan *p = read_sections(m, n, 1, 0);
+        if (p) {
+            FILE *f = fopen("/dev/null", "w");
+            rt_inspect(p, f);
+            fclose(f);
+            plan_free(p);
+            read++;
+        }
+        free(m[k].data);
+    }
+    cr_assert_lt(read, 4000, "some damage must be caught");
+    free_sections(s, n);
+}
+
+/* ---- allocation failure ------------------------------------------------------------- */
+
+Test(plan, read_survives_every_allocation_failure)
+{
+    count_allocs(0);
+    Plan *p = plan_read_mem(bytes, n_bytes, err, sizeof err);
+    cr_assert_not_null(p, "%s", err);
+    plan_free(p);
+    long total = n_allocs;
+    cr_assert_gt(total, 5);
+    cr_assert_eq(live, 0);
+    for (long k = 1; k <= total; k++) {
+        count_allocs(k);
+        err[0] = 0;
+        cr_assert_null(plan_read_mem(bytes, n_bytes, err, sizeof err), "allocation %ld failed, yet read", k);
+        cr_assert(strstr(err, "out of memory"), "allocation %ld: %s", k, err);
+        cr_assert_eq(live, 0, "allocation %ld failed: %ld blocks leaked", k, live);
+    }
+    count_allocs(total + 1);
+    p = plan_read_mem(bytes, n_bytes, err, sizeof err);
+    cr_assert_not_null(p);
+    plan_free(p);
+}
+
+Test(plan, codegen_and_write_survive_every_allocation_failure)
+{
+    count_allocs(0);
+    Plan *p = codegen_plan(g, &cfg);
+    cr_assert_not_null(p);
+    plan_free(p);
+    long total = n_allocs;
+    cr_assert_eq(live, 0);
+    for (long k = 1; k <= total; k++) {
+        count_allocs(k);
+        cr_assert_null(codegen_plan(g, &cfg), "allocation %ld failed, yet built", k);
+        cr_assert_eq(live, 0, "allocation %ld failed: %ld blocks leaked", k, live);
+    }
+    void *buf;
+    size_t len;
+    count_allocs(1);
+    cr_assert_eq(plan_write_mem(plan, &buf, &len, err, sizeof err), -1);
+    cr_assert(strstr(err, "out of memory"), "%s", err);
+    cr_assert_null(buf);
+    cr_assert_eq(live, 0);
+}
+
+/* ---- the builder and the writer's own checks ---------------------------------------- */
+
+Test(plan, interning_and_meta)
+{
+    Plan *p = plan_new();
+    cr_assert_not_null(p);
+    char name[32];
+    for (int i = 0; i < 1000; i++) {
+        snprintf(name, sizeof name, "s%d", i);
+        cr_assert_eq(plan_intern(p, name), i);
+    }
+    cr_assert_eq(plan_intern(p, "s500"), 500);
+    cr_assert_eq(plan_meta_set_int(p, "world", 4), 0);
+    cr_assert_eq(plan_meta_set_int(p, "world", 8), 0);
+    cr_assert_eq(p->n_meta, 1);
+    cr_assert_eq(plan_meta_int(p, "world", 0), 8);
+    cr_assert_str_eq(plan_meta_str(p, "nope", "def"), "def");
+    plan_free(p);
+
+    /* A plan that was read can be added to. */
+    p = plan_read_mem(bytes, n_bytes, err, sizeof err);
+    cr_assert_not_null(p, "%s", err);
+    int32_t id = plan_intern(p, "wte");
+    cr_assert_str_eq(p->strs[id], "wte");
+    cr_assert_eq(plan_intern(p, "a new string"), p->n_strs - 1);
+    cr_assert_eq(plan_meta_set_str(p, "note", "added"), 0);
+    cr_assert_str_eq(plan_meta_str(p, "note", ""), "added");
+    plan_free(p);
+}
+
+Test(plan, writer_refuses_invalid_plans)
+{
+    void *buf;
+    size_t len;
+    plan->ids[0] = plan->n_tensors;
+    cr_assert_eq(plan_write_mem(plan, &buf, &len, err, sizeof err), -1);
+    cr_assert(strstr(err, "cannot write an invalid plan: id 0"), "%s", err);
+    plan->ids[0] = 0;
+    plan->tensors[3].rank = PLAN_MAX_RANK + 1;
+    cr_assert_eq(plan_write_mem(plan, &buf, &len, err, sizeof err), -1);
+    cr_assert(strstr(err, "tensor 3: rank"), "%s", err);
+}
+
+/* ---- files ---------------------------------------------------------------------------- */
+
+static char dir[64];
+
+static int count_entries(void)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(d);
+    return n;
+}
+
+Test(plan, written_atomically_to_disk)
+{
+    strcpy(dir, "/tmp/test_plan.XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/tiny.plan", dir);
+
+    cr_assert_eq(plan_write(plan, path, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(count_entries(), 1, "only the plan, no temporary file");
+    Plan *p = plan_read(path, err, sizeof err);
+    cr_assert_not_null(p, "%s", err);
+    assert_plans_equal(plan, p);
+    cr_assert_eq(p->n_sections, 9);
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0);
+    cr_assert_eq((size_t)st.st_size, n_bytes);
+
+    /* Over an existing file: replaced whole. */
+    cr_assert_eq(plan_meta_set_str(plan, "model", "other"), 0);
+    cr_assert_eq(plan_write(plan, path, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(count_entries(), 1);
+    Plan *q = plan_read(path, err, sizeof err);
+    cr_assert_not_null(q, "%s", err);
+    cr_assert_str_eq(plan_meta_str(q, "model", ""), "other");
+    plan_free(q);
+    plan_free(p);
+
+    /* Failures: a message, nothing left behind. */
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/no/such/dir/x.plan", dir);
+    cr_assert_eq(plan_write(plan, bad, err, sizeof err), -1);
+    cr_assert(strstr(err, "cannot create"), "%s", err);
+    cr_assert_null(plan_read(bad, err, sizeof err));
+    cr_assert(strstr(err, "cannot open: No such file"), "%s", err);
+    cr_assert_null(plan_read(dir, err, sizeof err));
+    cr_assert_str_eq(err, "is a directory");
+    snprintf(bad, sizeof bad, "%s/sub", dir);
+    cr_assert_eq(mkdir(bad, 0700), 0);
+    cr_assert_eq(plan_write(plan, bad, err, sizeof err), -1, "rename over a directory fails");
+    cr_assert_eq(count_entries(), 2, "the plan and sub/, no temporary file");
+    rmdir(bad);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* ---- inspect ---------------------------------------------------------------------------- */
+
+static char *inspect(const Plan *p)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    rt_inspect(p, f);
+    fclose(f);
+    return buf;
+}
+
+Test(plan, inspect_reports_what_a_plan_holds)
+{
+    Plan *p = plan_read_mem(bytes, n_bytes, err, sizeof err);
+    cr_assert_not_null(p, "%s", err);
+    char *out = inspect(p);
+    const char *want[] = {
+        "plan format   1.0\n",
+        "model         tiny\n",
+        "compiler      fsc " FS_VERSION "\n",
+        "ranks         8 (4 data-parallel x 2 pipeline stages)\n",
+        "strategy      shard fsdp, precision bf16, recompute Block, offload none\n",
+        "arena         1.2 KiB per rank (1,216 bytes)\n",
+        "params        360 (1.4 KiB)\n",   // wte 128 + ln 16 + w 192 + b 24; lm_head is tied
+        "\ntraining settings\n",
+        "  lr                     0.0006\n",
+        "  world                  8\n",
+        "\ninputs\n",
+        "  tokens       i32[2, 4]                      32 B\n",
+        "  targets      i32[2, 4]                      32 B\n",
+        "\noutputs\n",
+        "  %17          f32[]                           4 B  (loss)\n",
+        "\nblocks (1)\n",
+        "  h.0     Block                   4             232\n",
+        "\nops (9)\n",
+        "  matmul                 2\n",
+        "  layernorm              1\n",
+        "  split                  1\n",
+        "\ntensors by role\n",
+        "  param               6              1,440      1.4 KiB\n",
+        "  total              19              5,860      5.7 KiB\n",
+        "  (1 tied tensor: shares another's bytes, counted once)\n",
+        "\nsections\n",
+        "  tag          offset          bytes  crc32\n",
+        "  STRS            248",
+        "  NODE",
+        "  OUTS",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_assert(strstr(out, want[i]), "missing '%s' in:\n%s", want[i], out);
+    free(out);
+    plan_free(p);
+
+    out = inspect(plan);
+    cr_assert(strstr(out, "not read from a file"), "%s", out);
+    free(out);
+    const PlanMeta *arena = plan_meta_find(plan, "arena_bytes");
+    ((PlanMeta *)arena)->kind = PLAN_META_STR;  // as a plan without a memory plan reads
+    out = inspect(plan);
+    cr_assert(strstr(out, "arena         none (no memory plan)\n"), "%s", out);
+    free(out);
+}
