@@ -175,6 +175,27 @@ static int32_t find_output(const Plan *p, const char *name)
     return PLAN_NONE;
 }
 
+/* The logits input of the first cross_entropy whose targets are tensor `targets`. */
+static int32_t loss_logits(const Plan *p, int32_t targets)
+{
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        const PlanOp *op = &p->ops[k];
+        if (!strcmp(plan_str(p, op->op), "cross_entropy") && op->n_in == 2 && p->ids[op->in + 1] == targets)
+            return p->ids[op->in];
+    }
+    return PLAN_NONE;
+}
+
+int32_t rt_plan_logits(const Plan *p)
+{
+    int32_t logits = find_output(p, "logits"), x, y;
+    if (logits != PLAN_NONE || rt_data_inputs(p, &x, &y)) return logits;
+    logits = loss_logits(p, y);
+    for (int32_t i = 0; i < p->n_outputs && logits != PLAN_NONE; i++)
+        if (p->outputs[i] == logits) return logits;
+    return PLAN_NONE;
+}
+
 int64_t rt_plan_vocab(const Plan *p)
 {
     int64_t v = plan_meta_int(p, "vocab", 0);
@@ -184,16 +205,14 @@ int64_t rt_plan_vocab(const Plan *p)
     v = 65536;
     for (int32_t k = 0; k < p->n_ops; k++) {
         const PlanOp *op = &p->ops[k];
-        const char *name = plan_str(p, op->op);
-        if (!strcmp(name, "embedding") && op->n_in == 2 && p->ids[op->in + 1] == tokens) {
+        if (!strcmp(plan_str(p, op->op), "embedding") && op->n_in == 2 && p->ids[op->in + 1] == tokens) {
             const PlanTensor *table = &p->tensors[p->ids[op->in]];
             if (table->rank == 2 && table->shape[0] < v) v = table->shape[0];
         }
-        if (!strcmp(name, "cross_entropy") && op->n_in == 2 && p->ids[op->in + 1] == targets) {
-            const PlanTensor *logits = &p->tensors[p->ids[op->in]];
-            if (logits->rank >= 1 && logits->shape[logits->rank - 1] < v) v = logits->shape[logits->rank - 1];
-        }
     }
+    int32_t logits = loss_logits(p, targets);
+    const PlanTensor *lt = logits == PLAN_NONE ? NULL : &p->tensors[logits];
+    if (lt && lt->rank >= 1 && lt->shape[lt->rank - 1] < v) v = lt->shape[lt->rank - 1];
     return v;
 }
 
@@ -337,10 +356,12 @@ static int open_classes(RtData *d, const Plan *p, const char *path, char *err, s
     if (path)
         return fail(err, errlen, "--data gives tokens, but this model's inputs are f32 [B, D] features and i32 [B] "
                     "labels; it trains on synthetic Gaussian blobs (drop --data)");
-    int32_t logits = find_output(p, "logits");
+    int32_t x, y, logits = rt_plan_logits(p);
+    rt_data_inputs(p, &x, &y);
+    if (logits == PLAN_NONE) logits = loss_logits(p, y);
     const PlanTensor *lt = logits == PLAN_NONE ? NULL : &p->tensors[logits];
     d->K = lt && lt->rank >= 1 ? lt->shape[lt->rank - 1] : 2;
-    if (d->K < 1 || d->K > INT32_MAX) return fail(err, errlen, "the output 'logits' has %" PRId64 " classes", d->K);
+    if (d->K < 1 || d->K > INT32_MAX) return fail(err, errlen, "the logits have %" PRId64 " classes", d->K);
     d->centers = plan_alloc(sizeof *d->centers * (size_t)(d->K * d->D));
     if (!d->centers) return fail(err, errlen, "out of memory");
     rt_blob_centers(d->seed, d->K, d->D, d->centers);

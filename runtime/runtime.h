@@ -117,7 +117,8 @@ int64_t rt_lm_window_start(RtDataOrder order, uint64_t seed, int64_t step, int64
 /* B windows of T + 1 tokens: tokens [B, T] and targets [B, T] (the same, one later). */
 void rt_lm_batch(const RtTokens *t, RtDataOrder order, uint64_t seed, int64_t step, int64_t B, int64_t T,
                  int32_t *tokens, int32_t *targets);
-/* Class centers [K, D] ~ N(0, 1), fixed by the seed. */
+/* Class centers [K, D] ~ N(0, 1), fixed by the seed. K: the last dim of the logits (see
+ * rt_plan_logits; else of the labels' cross-entropy input; else 2). */
 void rt_blob_centers(uint64_t seed, int64_t K, int64_t D, float *centers);
 /* Labels y [B] uniform in [0, K), features x [B, D] = centers[y] + 0.5 * N(0, 1). */
 void rt_blobs_batch(const float *centers, uint64_t seed, int64_t step, int64_t B, int64_t D, int64_t K, float *x,
@@ -127,6 +128,9 @@ void rt_blobs_batch(const float *centers, uint64_t seed, int64_t step, int64_t B
 int rt_data_inputs(const Plan *p, int32_t *a, int32_t *b);
 /* Which kind of data a plan's inputs take (RT_DATA_NONE: neither). */
 RtDataKind rt_data_kind(const Plan *p);
+/* A classifier's logits [B, K]: the output named "logits", else the input of the
+ * cross-entropy that the labels feed when it is an output; PLAN_NONE if neither. */
+int32_t rt_plan_logits(const Plan *p);
 /* The vocab tokens must stay below: meta "vocab", else the rows of the embedding table
  * the tokens index and the classes of the cross-entropy the targets feed, else 65536. */
 int64_t rt_plan_vocab(const Plan *p);

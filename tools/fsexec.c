@@ -97,28 +97,63 @@ static int parse_int(const char *flag, const char *s, int64_t lo, int64_t hi, in
     return 0;
 }
 
-/* `--name VALUE` or `--name=VALUE`: the value, or NULL when a is not that flag. */
-static const char *value_of(const char *a, const char *name, int argc, char **argv, int *i, int *missing)
+/* The flags that take a value, as `--name VALUE` or `--name=VALUE`. */
+typedef enum {
+    V_INSPECT, V_STEPS, V_SEED, V_THREADS, V_DATA, V_DATA_ORDER, V_LOG, V_LOG_EVERY, V_SAVE_WEIGHTS,
+    V_LOAD_WEIGHTS, V_SAVE_GRADS, V_COUNT
+} ValueFlag;
+
+static const char *const VALUE_FLAGS[V_COUNT] = {
+    "--inspect", "--steps", "--seed", "--threads", "--data", "--data-order", "--log", "--log-every",
+    "--save-weights", "--load-weights", "--save-grads",
+};
+
+/* 0, or the exit status of a usage error (after its message). */
+static int set_value(Flags *f, ValueFlag which, const char *v)
 {
-    size_t n = strlen(name);
-    if (strncmp(a, name, n)) return NULL;
-    if (a[n] == '=') return a + n + 1;
-    if (a[n]) return NULL;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return NULL;
+    const char *flag = VALUE_FLAGS[which];
+    int64_t n;
+    switch (which) {
+    case V_INSPECT: f->inspect = v; return 0;
+    case V_STEPS: return parse_int(flag, v, 0, INT32_MAX, &f->steps) ? 2 : 0;
+    case V_SEED: {
+        char *end;
+        errno = 0;
+        f->seed = strtoull(v, &end, 0);
+        if (end == v || *end || errno || v[0] == '-')
+            return usage_error("--seed: expected a non-negative integer, got '%s'", v);
+        f->has_seed = 1;
+        return 0;
     }
-    return argv[++*i];
+    case V_THREADS:
+        if (parse_int(flag, v, 1, 4096, &n)) return 2;
+        f->threads = (int)n;
+        return 0;
+    case V_DATA: f->data = v; return 0;
+    case V_DATA_ORDER:
+        if (!strcmp(v, "random") || !strcmp(v, "sequential")) {
+            f->order = v[0] == 'r' ? RT_ORDER_RANDOM : RT_ORDER_SEQUENTIAL;
+            return 0;
+        }
+        return usage_error("--data-order: expected 'random' or 'sequential', got '%s'", v);
+    case V_LOG: f->log = v; return 0;
+    case V_LOG_EVERY:
+        if (parse_int(flag, v, 1, INT32_MAX, &n)) return 2;
+        f->log_every = (int)n;
+        return 0;
+    case V_SAVE_WEIGHTS: f->save_weights = v; return 0;
+    case V_LOAD_WEIGHTS: f->load_weights = v; return 0;
+    case V_SAVE_GRADS: f->save_grads = v; return 0;
+    case V_COUNT: break;
+    }
+    return 2;
 }
 
 static int parse_args(int argc, char **argv, Flags *f)
 {
     f->steps = 100;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        int missing = 0;
-        int64_t n;
-#define FLAG(name) ((v = value_of(a, name, argc, argv, &i, &missing)) != NULL || missing)
+        const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(USAGE, stdout);
             exit(0);
@@ -137,50 +172,17 @@ static int parse_args(int argc, char **argv, Flags *f)
             f->plan = a;
             continue;
         }
-        if (FLAG("--inspect")) {
-            if (missing) return usage_error("%s needs a plan file", a);
-            f->inspect = v;
-            continue;
+        int which = 0;
+        size_t n = 0;
+        for (; which < V_COUNT; which++) {
+            n = strlen(VALUE_FLAGS[which]);
+            if (!strncmp(a, VALUE_FLAGS[which], n) && (a[n] == '=' || !a[n])) break;
         }
-        if (!FLAG("--steps") && !FLAG("--seed") && !FLAG("--threads") && !FLAG("--data") && !FLAG("--data-order") &&
-            !FLAG("--log") && !FLAG("--log-every") && !FLAG("--save-weights") && !FLAG("--load-weights") &&
-            !FLAG("--save-grads"))
-            return usage_error("unknown option '%s'", a);
-#undef FLAG
-        if (missing) return usage_error("%s needs a value", a);
-        if (!strncmp(a, "--steps", 7)) {
-            if (parse_int("--steps", v, 0, INT32_MAX, &f->steps)) return 2;
-        } else if (!strncmp(a, "--seed", 6)) {
-            char *end;
-            errno = 0;
-            f->seed = strtoull(v, &end, 0);
-            if (end == v || *end || errno || v[0] == '-')
-                return usage_error("--seed: expected a non-negative integer, got '%s'", v);
-            f->has_seed = 1;
-        } else if (!strncmp(a, "--threads", 9)) {
-            if (parse_int("--threads", v, 1, 4096, &n)) return 2;
-            f->threads = (int)n;
-        } else if (!strncmp(a, "--data-order", 12)) {
-            if (!strcmp(v, "random"))
-                f->order = RT_ORDER_RANDOM;
-            else if (!strcmp(v, "sequential"))
-                f->order = RT_ORDER_SEQUENTIAL;
-            else
-                return usage_error("--data-order: expected 'random' or 'sequential', got '%s'", v);
-        } else if (!strncmp(a, "--data", 6)) {
-            f->data = v;
-        } else if (!strncmp(a, "--log-every", 11)) {
-            if (parse_int("--log-every", v, 1, INT32_MAX, &n)) return 2;
-            f->log_every = (int)n;
-        } else if (!strncmp(a, "--log", 5)) {
-            f->log = v;
-        } else if (!strncmp(a, "--save-weights", 14)) {
-            f->save_weights = v;
-        } else if (!strncmp(a, "--load-weights", 14)) {
-            f->load_weights = v;
-        } else {
-            f->save_grads = v;
-        }
+        if (which == V_COUNT) return usage_error("unknown option '%s'", a);
+        if (!a[n] && i + 1 >= argc)
+            return usage_error(which == V_INSPECT ? "%s needs a plan file" : "%s needs a value", a);
+        int rc = set_value(f, (ValueFlag)which, a[n] ? a + n + 1 : argv[++i]);
+        if (rc) return rc;
     }
     if (f->inspect && f->plan) return usage_error("--inspect takes one plan; '%s' is extra", f->plan);
     if (!f->inspect && !f->plan) return usage_error("%s", "no plan given");
@@ -200,19 +202,15 @@ static const float *scalar_output(const Exec *e, const char *name)
 static int accuracy_inputs(const Exec *e, const float **logits, const int32_t **y, int64_t *B, int64_t *K)
 {
     const Plan *p = rt_exec_plan(e);
-    int32_t xi, yi;
-    if (rt_data_inputs(p, &xi, &yi)) return -1;
-    for (int32_t i = 0; i < p->n_outputs; i++) {
-        RtTensor lt, yt;
-        rt_exec_tensor_id(e, p->outputs[i], &lt);
-        rt_exec_tensor_id(e, yi, &yt);
-        if (strcmp(lt.name, "logits") || lt.dtype != PLAN_DT_F32 || lt.rank != 2 || yt.dtype != PLAN_DT_I32 ||
-            yt.rank != 1 || yt.shape[0] != lt.shape[0])
-            continue;
-        *logits = lt.data, *y = yt.data, *B = lt.shape[0], *K = lt.shape[1];
-        return 0;
-    }
-    return -1;
+    int32_t xi, yi, li = rt_plan_logits(p);
+    if (li == PLAN_NONE || rt_data_inputs(p, &xi, &yi)) return -1;
+    RtTensor lt, yt;
+    rt_exec_tensor_id(e, li, &lt);
+    rt_exec_tensor_id(e, yi, &yt);
+    if (lt.dtype != PLAN_DT_F32 || lt.rank != 2 || yt.dtype != PLAN_DT_I32 || yt.rank != 1 || yt.shape[0] != lt.shape[0])
+        return -1;
+    *logits = lt.data, *y = yt.data, *B = lt.shape[0], *K = lt.shape[1];
+    return 0;
 }
 
 typedef struct {

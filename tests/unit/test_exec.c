@@ -1043,6 +1043,10 @@ static void expect_training(const Plan *p, int steps)
 Test(e2e, mlp_sample_trains)
 {
     Plan *p = compile_sample("mlp.fsm", NULL, 0, NULL, 0);
+    cr_assert_eq(rt_data_kind(p), RT_DATA_CLASSES);
+    int32_t logits = rt_plan_logits(p);
+    cr_assert_neq(logits, PLAN_NONE, "the logits output is found, named or not");
+    cr_assert_eq(p->tensors[logits].shape[1], 4, "K = 4 classes");
     expect_training(p, 30);
     plan_free(p);
 }
