@@ -18,8 +18,8 @@
  * dQ over key blocks, ascending) with the same calls, so the result is bitwise the same
  * whatever the thread count.
  *
- * Tile GEMMs stay at or below OpenBLAS's single-thread size (m*n*k <= 2^18), so OpenBLAS
- * never starts its own threads inside our parallel regions.
+ * Tile GEMMs stay at or below OpenBLAS's single-thread size (m*n*k <= 2^18, for head
+ * dims up to 512), so OpenBLAS never starts its own threads inside our parallel regions.
  */
 #include <cblas.h>
 #include <math.h>

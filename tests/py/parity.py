@@ -1,0 +1,228 @@
+#!/usr/bin/python3
+"""fsexec vs PyTorch parity (DESIGN.md invariant 3, "Matches the ecosystem").
+
+For a tiny GPT-2 (samples/gpt2.fsm) and a tiny Llama (samples/llama.fsm):
+  1. fsc compiles the model with an explicit AdamW / clip / warmup+cosine setup;
+  2. a random raw uint16 token file is written (values < V, small enough that the
+     sequential windows wrap around: the offset formula is tested too);
+  3. fsexec runs  --steps 0 --save-weights init  |  --steps 1 --save-grads  |  --steps 10;
+  4. the same weights train in PyTorch (tests/py/models.py) in float32 and float64.
+Compared, each as max|a - b| / max|b| (per tensor for tensors):
+  step-1 loss (1e-5), every param's step-1 gradient (1e-4), every param after 10 steps
+  (1e-4), the loss of each of the 10 steps (1e-5), the grad norm of each step (1e-4) and
+  the learning rate of each step (1e-6).
+A check passes when fsexec is within the tolerance of the float64 reference. When it is
+not, but fsexec is within the tolerance of PyTorch float32 while float32 PyTorch itself
+misses the float64 reference by more than the tolerance (float32 rounding alone
+exceeds it), it passes with a note; the reverse case (fsexec vs float32 misses, both are
+within the tolerance of float64) is noted too.
+
+usage: /usr/bin/python3 tests/py/parity.py --fsc build/fsc --fsexec build/fsexec [--samples DIR]
+Exit status 0: every check passes; 1: a check failed (the message names the tensor);
+2: setup error (no torch, a tool failed).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+try:
+    import numpy as np
+    import torch
+except ImportError as e:  # CI installs python3-torch / python3-numpy: never skip silently
+    sys.exit(f"parity.py: FAIL: cannot import torch/numpy ({e}); "
+             f"run with Debian's /usr/bin/python3 and apt-get install python3-torch python3-numpy")
+
+import models  # noqa: E402
+
+CONFIGS = {
+    "gpt2": {"file": "gpt2.fsm", "dims": {"L": 2, "C": 64, "NH": 4, "T": 32, "V": 256, "B": 4}},
+    "llama": {"file": "llama.fsm", "dims": {"L": 2, "C": 64, "NH": 4, "F": 176, "T": 32, "V": 256, "B": 4}},
+}
+HP = {"optimizer": "adamw", "lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
+      "clip": 1.0, "lr_schedule": "cosine", "warmup": 3, "min_lr": 1e-4, "steps": 10}
+NSTEPS = 10
+N_TOKENS = 1001          # windows of step 10 start past N - T - 1: the modulo wraps
+TOL = {"loss1": 1e-5, "grad": 1e-4, "param": 1e-4, "losses": 1e-5, "grad_norm": 1e-4, "lr": 1e-6}
+
+
+def run(cmd, cwd):
+    r = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        print(f"parity.py: FAIL: command exited {r.returncode}: {' '.join(cmd)}\n{r.stdout}", file=sys.stderr)
+        sys.exit(2)
+    return r.stdout
+
+
+def read_log(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def rel_err(a, b):
+    """max|a - b| / max|b| in float64 (max|a - b| when b is all zeros)."""
+    a = torch.as_tensor(a, dtype=torch.float64)
+    b = torch.as_tensor(b, dtype=torch.float64)
+    d = (a - b).abs().max().item()
+    s = b.abs().max().item()
+    return d / s if s > 0 else d
+
+
+class Check:
+    """One compared quantity: the worst of fsexec-vs-f32, fsexec-vs-f64 and f32-vs-f64 over its items."""
+
+    def __init__(self, model, what, tol):
+        self.model, self.what, self.tol = model, what, tol
+        self.items = []   # (name, e32, e64, t64)
+
+    def add(self, name, fs, t32, t64):
+        self.items.append((name, rel_err(fs, t32), rel_err(fs, t64), rel_err(t32, t64)))
+
+    def verdict(self):
+        """(ok, note, worst row) -- judged item by item."""
+        notes, bad = set(), None
+        for name, e32, e64, t64 in self.items:
+            if e64 <= self.tol:
+                if e32 > self.tol:
+                    notes.add("fsexec vs torch f32 misses the tolerance, but both are within it of f64")
+            elif e32 <= self.tol and t64 > self.tol:
+                notes.add("float32 rounding alone exceeds the tolerance (torch f32 vs f64 too); fsexec matches torch f32")
+            elif bad is None or e64 > bad[2]:
+                bad = (name, e32, e64, t64)
+        worst = bad or max(self.items, key=lambda r: r[2])
+        return bad is None, "; ".join(sorted(notes)), worst
+
+
+def run_model(name, args, work):
+    cfg = CONFIGS[name]
+    dims = cfg["dims"]
+    B, T, V, NH, L = dims["B"], dims["T"], dims["V"], dims["NH"], dims["L"]
+    wd = os.path.join(work, name)
+    os.makedirs(wd, exist_ok=True)
+
+    # 1. compile
+    cmd = [args.fsc, os.path.join(args.samples, cfg["file"]), "-q", "-o", "model.plan"]
+    for k, v in dims.items():
+        cmd += ["-D", f"{k}={v}"]
+    for k, v in HP.items():
+        cmd += [f"--{k}", str(v)]
+    run(cmd, wd)
+
+    # 2. data: raw uint16 tokens < V
+    rng = np.random.default_rng(1234 + len(name))
+    tok = rng.integers(0, V, size=N_TOKENS, dtype=np.uint16)
+    tok.astype("<u2").tofile(os.path.join(wd, "tokens.bin"))
+
+    # 3. fsexec
+    base = [args.fsexec, "model.plan", "--data", "tokens.bin", "--data-order", "sequential"]
+    if args.threads:
+        base += ["--threads", str(args.threads)]
+    run(base + ["--steps", "0", "--save-weights", "init.safetensors"], wd)
+    run(base + ["--steps", "1", "--save-grads", "g.safetensors", "--log", "l1.jsonl"], wd)
+    run(base + ["--steps", str(NSTEPS), "--log", "l10.jsonl", "--save-weights", "final.safetensors"], wd)
+    init = models.load_safetensors(os.path.join(wd, "init.safetensors"))
+    fs_grads = models.load_safetensors(os.path.join(wd, "g.safetensors"))
+    fs_final = models.load_safetensors(os.path.join(wd, "final.safetensors"))
+    l1 = read_log(os.path.join(wd, "l1.jsonl"))
+    l10 = read_log(os.path.join(wd, "l10.jsonl"))
+
+    failures = []
+    for what, d in (("gradients", fs_grads), ("final weights", fs_final)):
+        if set(d) != set(init):
+            failures.append(f"{name}: {what} hold tensors {sorted(set(d) ^ set(init))} that the initial "
+                            f"weights do not (or the reverse)")
+    if len(l1) != 1 or len(l10) != NSTEPS:
+        failures.append(f"{name}: expected 1 and {NSTEPS} log lines, got {len(l1)} and {len(l10)}")
+    if failures:
+        return [], failures
+    if models.num_layers(init, name) != L:
+        return [], [f"{name}: the weights hold {models.num_layers(init, name)} layers, not {L}"]
+
+    # 4. PyTorch, float32 and float64, from the same initial weights
+    loss_fn = lambda p, x, y: models.MODELS[name](p, x, y, L, NH)
+    tok64 = models.read_tokens(os.path.join(wd, "tokens.bin"))
+    ref = {}
+    for dt in (torch.float32, torch.float64):
+        params = {k: v.clone().to(dt) for k, v in init.items()}
+        got = {}
+
+        def on_step(s, loss, grads, got=got):
+            if s == 1:
+                got["grads"] = grads
+        log = models.train(params, loss_fn, tok64, B, T, NSTEPS, HP, on_step)
+        ref[dt] = {"log": log, "grads": got["grads"], "final": {k: v.detach() for k, v in params.items()}}
+    r32, r64 = ref[torch.float32], ref[torch.float64]
+
+    checks = []
+    c = Check(name, "step-1 loss", TOL["loss1"])
+    c.add("loss", l1[0]["loss"], r32["log"][0]["loss"], r64["log"][0]["loss"])
+    checks.append(c)
+    c = Check(name, "step-1 gradient", TOL["grad"])
+    for k in init:
+        c.add(k, fs_grads[k], r32["grads"][k], r64["grads"][k])
+    checks.append(c)
+    c = Check(name, f"weights after {NSTEPS} steps", TOL["param"])
+    for k in init:
+        c.add(k, fs_final[k], r32["final"][k], r64["final"][k])
+    checks.append(c)
+    for key, label in (("loss", "loss of each step"), ("grad_norm", "grad norm of each step"), ("lr", "lr of each step")):
+        c = Check(name, label, TOL["losses" if key == "loss" else key])
+        for i in range(NSTEPS):
+            c.add(f"step {i + 1}", l10[i][key], r32["log"][i][key], r64["log"][i][key])
+        checks.append(c)
+    return checks, []
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--fsc", required=True)
+    ap.add_argument("--fsexec", required=True)
+    ap.add_argument("--samples", default=os.path.join(HERE, "..", "..", "samples"))
+    ap.add_argument("--models", default="gpt2,llama")
+    ap.add_argument("--threads", type=int, default=0, help="fsexec --threads (default: fsexec's)")
+    ap.add_argument("--keep", metavar="DIR", help="work in DIR and keep the files")
+    args = ap.parse_args()
+    args.fsc, args.fsexec = os.path.abspath(args.fsc), os.path.abspath(args.fsexec)
+    args.samples = os.path.abspath(args.samples)
+    torch.manual_seed(0)
+
+    tmp = None
+    if args.keep:
+        work = os.path.abspath(args.keep)
+        os.makedirs(work, exist_ok=True)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="fs-parity-")
+        work = tmp.name
+
+    checks, failures = [], []
+    for name in args.models.split(","):
+        c, f = run_model(name, args, work)
+        checks += c
+        failures += f
+
+    print(f"{'model':6} {'check':26} {'tol':>7} {'worst item':22} {'fs-vs-f32':>10} {'fs-vs-f64':>10} "
+          f"{'f32-vs-f64':>10}  status")
+    for c in checks:
+        ok, note, (item, e32, e64, t64) = c.verdict()
+        print(f"{c.model:6} {c.what:26} {c.tol:7.0e} {item:22} {e32:10.2e} {e64:10.2e} {t64:10.2e}  "
+              f"{'ok' if ok else 'FAIL'}{'  (' + note + ')' if note else ''}")
+        if not ok:
+            failures.append(f"{c.model}: {c.what}: '{item}' differs from the float64 reference by {e64:.3e} "
+                            f"(from torch float32 by {e32:.3e}), tolerance {c.tol:.0e}")
+    if failures:
+        for f in failures:
+            print(f"parity.py: FAIL: {f}", file=sys.stderr)
+        if tmp:
+            print("parity.py: rerun with --keep DIR to keep the plans, weights and logs", file=sys.stderr)
+        return 1
+    print("parity.py: all checks pass")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
