@@ -289,6 +289,14 @@ static void lower_statements(Lower *L, const Stmt *body)
     }
 }
 
+/* Outputs are found by name in the plan (the runtime logs "loss", reports accuracy
+ * from "logits"); an intermediate keeps the name it is bound to in source. */
+static void name_value(Lower *L, int v, const char *name)
+{
+    Value *val = &L->g->values[v];
+    if (!val->name) val->name = arena_strdup(L->g->arena, name);
+}
+
 static void add_output(Lower *L, const Name *nm)
 {
     const Binding *b = scope_find(&L->model, nm->name);
@@ -303,6 +311,7 @@ static void add_output(Lower *L, const Name *nm)
     }
     for (int i = 0; i < L->g->n_outputs; i++)
         if (L->g->outputs[i] == b->value) return;
+    name_value(L, b->value, nm->name);
     ir_output_add(L->g, b->value);
 }
 
@@ -316,6 +325,7 @@ static void lower_objective(Lower *L, const Program *p)
                    p->name);
     const Value *v = !b || b->kind == B_DIM || b->poisoned ? NULL : ir_value(L->g, b->value);
     if (v && v->dtype == DT_F32 && v->rank == 0) {
+        name_value(L, b->value, "loss");
         ir_output_add(L->g, b->value);
     } else if (b && !b->poisoned) {
         char buf[256];
