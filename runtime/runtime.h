@@ -1,7 +1,9 @@
 /* runtime/runtime.h: fsexec's side of the plan. It loads a plan (plan/plan.h: checked,
- * never trusted), reports what it holds, and (in later versions) finds its rank, picks
- * a backend and runs the static schedule step after step. Grouped by the file that
- * defines each declaration.
+ * never trusted), reports what it holds, and runs its static schedule step after step
+ * on the CPU backend (runtime/cpu/) of one rank: one arena carved by the plan's offsets,
+ * params from a counter-based RNG, batches from token files or synthetic data. Finding
+ * ranks and the CUDA backend come later. Grouped by the file that defines each
+ * declaration.
  */
 #ifndef FS_RUNTIME_H
 #define FS_RUNTIME_H

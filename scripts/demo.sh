@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The main job, for now: build, compile a small GPT-2, print its IR and summary, write
-# its plan and show what the plan holds. (Training lands with the CPU backend.)
+# The main job: build, compile a small GPT-2 (byte-level vocabulary) and train it on the
+# CPU for a few hundred steps on a text every Debian machine has; the loss falls from
+# ln(256) = 5.5 to about 2. Then show what the plan holds. About a minute on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-small=(-D L=4 -D C=128 -D NH=4 -D T=64 -D V=512 -D B=4)
-echo "== fsc samples/gpt2.fsm ${small[*]} --emit ir"
-build/fsc samples/gpt2.fsm "${small[@]}" --emit ir
+mkdir -p build/demo
+small=(-D V=256 -D L=4 -D C=128 -D NH=4 -D T=128 -D B=8)
+build/fsc samples/gpt2.fsm "${small[@]}" --lr 2e-3 --warmup 30 --lr_schedule cosine --steps 400 --min_lr 2e-4 \
+  -o build/demo/gpt2-small.plan
+build/fsexec build/demo/gpt2-small.plan --steps 400 --log build/demo/train.jsonl \
+  --save-weights build/demo/gpt2-small.safetensors
 echo
-echo "== fsc samples/gpt2.fsm (GPT-2 124M) -o build/gpt2.plan"
-build/fsc samples/gpt2.fsm -o build/gpt2.plan
+echo "per-step log: build/demo/train.jsonl; weights (safetensors, loadable in PyTorch): build/demo/gpt2-small.safetensors"
 echo
-echo "== fsexec --inspect build/gpt2.plan"
-build/fsexec --inspect build/gpt2.plan
+build/fsexec --inspect build/demo/gpt2-small.plan | head -40

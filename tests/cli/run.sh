@@ -61,5 +61,20 @@ expect inspect-missing 1 "No such file" -- "$FSEXEC" --inspect "$tmp/none.plan"
 expect fsexec-help 0 "usage: fsexec" -- "$FSEXEC" --help
 expect write-unwritable 1 "fsc: error:" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/no/such/dir/x.plan"
 
+# Training from the command line.
+expect mlp-plan 0 "wrote $tmp/mlp.plan" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/mlp.plan"
+expect train-mlp 0 "acc" -- "$FSEXEC" "$tmp/mlp.plan" --steps 3
+expect train-gpt2 0 "step 2/2" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 2 --log "$tmp/log.jsonl"
+expect log-lines 0 '"step": 2' -- cat "$tmp/log.jsonl"
+expect export-weights 0 "0 steps" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 0 --save-weights "$tmp/w.safetensors"
+expect import-weights 0 "step 1/1" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --load-weights "$tmp/w.safetensors"
+expect import-wrong-model 1 "no tensor 'w_in', which the model has" -- "$FSEXEC" "$tmp/mlp.plan" --steps 1 --load-weights "$tmp/w.safetensors"
+expect import-missing 1 "none.safetensors: No such file or directory" -- "$FSEXEC" "$tmp/gpt2.plan" --load-weights "$tmp/none.safetensors"
+expect bad-data-order 2 "expected 'random' or 'sequential', got 'foo'" -- "$FSEXEC" "$tmp/gpt2.plan" --data-order foo
+printf 'abc' >"$tmp/odd.bin"
+expect odd-data-file 1 "not a token file" -- "$FSEXEC" "$tmp/gpt2.plan" --data "$tmp/odd.bin"
+expect world-2 0 "wrote" -- "$FSC" "$SRC/samples/mlp.fsm" --world 2 -o "$tmp/w2.plan"
+expect world-2-refused 2 "multi-rank execution is not available yet" -- "$FSEXEC" "$tmp/w2.plan"
+
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]
