@@ -184,23 +184,30 @@ def main():
     ap.add_argument("--configs", default="tiny,124m")
     ap.add_argument("--sgemm-n", type=int, default=2048)
     ap.add_argument("--sgemm", choices=("auto", "numpy", "c"), default="auto")
+    ap.add_argument("--omp-wait", choices=("default", "passive"), default="default",
+                    help="passive: OMP_WAIT_POLICY=PASSIVE for fsexec, torch and sgemm alike (idle OpenMP "
+                         "threads sleep instead of spinning; matters when OpenBLAS's own threads share the cores)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args()
     args.fsc, args.fsexec = os.path.abspath(args.fsc), os.path.abspath(args.fsexec)
 
     # The same OpenBLAS thread count for every party; then torch's own.
     os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
+    if args.omp_wait == "passive":
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"   # before torch loads libgomp; inherited by fsexec
     try:
         import torch
     except ImportError as e:
         sys.exit(f"train_step.py: cannot import torch ({e}); use Debian's /usr/bin/python3 with python3-torch")
     torch.set_num_threads(args.threads)
 
+    load0 = " ".join(open("/proc/loadavg").read().split()[:3]) if os.path.exists("/proc/loadavg") else "?"
     with tempfile.TemporaryDirectory(prefix="fs-bench-") as work:
         gflops, how = sgemm_rate(args.sgemm_n, args.threads, args.sgemm, work)
         results = [bench_config(c, CONFIGS[c], args, work) for c in args.configs.split(",")]
 
-    print(f"threads {args.threads} | torch {torch.__version__} (threads {torch.get_num_threads()}) | "
+    print(f"threads {args.threads} | OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', '(unset)')} | "
+          f"load average before: {load0} | torch {torch.__version__} (threads {torch.get_num_threads()}) | "
           f"cpu: {cpu_name()}")
     print(f"OpenBLAS sgemm {args.sgemm_n}^3: {gflops:.1f} GFLOP/s (best of 5), measured with {how}")
     print(f"step time: median of {args.steps} steps after {args.warmup} warm-up steps; useful FLOPs per step = "

@@ -206,6 +206,18 @@ int plan_write_mem(const Plan *p, void **buf, size_t *len, char *err, size_t err
  * file is left. 0, or -1 with a message (without the path) in err. */
 int plan_write(const Plan *p, const char *path, char *err, size_t errlen);
 
+/* ---- plan/atomic.c ----------------------------------------------------------------- */
+
+typedef struct {
+    const void *data;
+    size_t len;
+} PlanChunk;
+
+/* Writes the chunks, in order, as the file at path: to a temporary file in the same
+ * directory, fsync'ed, then renamed over path. On failure path is untouched and no
+ * temporary file is left. 0, or -1 with a message (without the path) in err. */
+int plan_write_atomic(const char *path, const PlanChunk *chunks, int n, char *err, size_t errlen);
+
 /* ---- plan/read.c ------------------------------------------------------------------- */
 
 /* The plan in buf, or NULL with a message in err ("truncated: ...", "not an fsc plan

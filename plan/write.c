@@ -208,76 +208,13 @@ int plan_write_mem(const Plan *p, void **out, size_t *out_len, char *err, size_t
 
 /* ---- the file ----------------------------------------------------------------------- */
 
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-/* Makes the rename itself durable; a failure here loses nothing, so it is not reported. */
-static void sync_dir(const char *path)
-{
-    char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        strcpy(dir, ".");
-    else if (slash == path)
-        strcpy(dir, "/");
-    else if ((size_t)(slash - path) < sizeof dir)
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    else
-        return;
-    int fd = open(dir, O_RDONLY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-}
-
 int plan_write(const Plan *p, const char *path, char *err, size_t errlen)
 {
     void *buf;
     size_t len;
     if (plan_write_mem(p, &buf, &len, err, errlen)) return -1;
-
-    /* Same directory as path, so the rename cannot cross file systems. */
-    static unsigned counter;
-    char tmp[4096];
-    int fd = -1;
-    for (int tries = 0; fd < 0 && tries < 100; tries++) {
-        if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), counter++) >= sizeof tmp) {
-            snprintf(err, errlen, "path too long");
-            plan_dealloc(buf);
-            return -1;
-        }
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
-        if (fd < 0 && errno != EEXIST) break;
-    }
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
-        plan_dealloc(buf);
-        return -1;
-    }
-    const char *what = NULL;
-    if (write_all(fd, buf, len))
-        what = "write";
-    else if (fsync(fd))
-        what = "fsync";
-    int saved = errno;
-    if (close(fd) && !what) what = "close", saved = errno;
+    PlanChunk whole = {buf, len};
+    int rc = plan_write_atomic(path, &whole, 1, err, errlen);
     plan_dealloc(buf);
-    if (!what && rename(tmp, path)) what = "rename", saved = errno;
-    if (what) {
-        unlink(tmp);
-        snprintf(err, errlen, "cannot write plan (%s): %s", what, strerror(saved));
-        return -1;
-    }
-    sync_dir(path);
-    return 0;
+    return rc;
 }

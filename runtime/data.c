@@ -58,16 +58,6 @@ struct RtData {
     char describe[256];
 };
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 static uint32_t le32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -81,19 +71,19 @@ int rt_tokens_parse(const void *buf, size_t len, RtTokens *out, char *err, size_
     if (len >= LLMC_HEADER && le32(b) == LLMC_MAGIC) {
         uint32_t version = le32(b + 4), count = le32(b + 8);
         if (version != LLMC_VERSION)
-            return fail(err, errlen, "llm.c token file of version %" PRIu32 "; this fsexec reads version %d "
+            return rt_fail(err, errlen, "llm.c token file of version %" PRIu32 "; this fsexec reads version %d "
                         "(uint16 tokens)", version, LLMC_VERSION);
         if ((uint64_t)count * 2 != len - LLMC_HEADER)
-            return fail(err, errlen, "llm.c token file says %" PRIu32 " tokens (%" PRIu64 " bytes) but holds %zu "
+            return rt_fail(err, errlen, "llm.c token file says %" PRIu32 " tokens (%" PRIu64 " bytes) but holds %zu "
                         "bytes after its header (truncated or damaged)", count, (uint64_t)count * 2, len - LLMC_HEADER);
         *out = (RtTokens){(const uint16_t *)(b + LLMC_HEADER), count, RT_TOKENS_LLMC};
     } else {
         if (len % 2)
-            return fail(err, errlen, "not a token file: neither llm.c's format (magic %d) nor raw uint16 tokens "
+            return rt_fail(err, errlen, "not a token file: neither llm.c's format (magic %d) nor raw uint16 tokens "
                         "(odd size, %zu bytes)", LLMC_MAGIC, len);
         *out = (RtTokens){(const uint16_t *)b, (int64_t)(len / 2), RT_TOKENS_RAW};
     }
-    if (out->n == 0) return fail(err, errlen, "the token file holds no tokens");
+    if (out->n == 0) return rt_fail(err, errlen, "the token file holds no tokens");
     return 0;
 }
 
@@ -101,7 +91,7 @@ int rt_tokens_check(const RtTokens *t, int64_t vocab, char *err, size_t errlen)
 {
     for (int64_t i = 0; i < t->n; i++)
         if (t->tok[i] >= vocab)
-            return fail(err, errlen, "token %" PRId64 " is %u, outside the model's vocab of %" PRId64 " (V)", i,
+            return rt_fail(err, errlen, "token %" PRId64 " is %u, outside the model's vocab of %" PRId64 " (V)", i,
                         (unsigned)t->tok[i], vocab);
     return 0;
 }
@@ -238,31 +228,31 @@ static int open_file(RtData *d, const char *path, char *err, size_t errlen)
 {
     int fd = open(path, O_RDONLY);
     struct stat st;
-    if (fd < 0) return fail(err, errlen, "%s: %s", path, strerror(errno));
+    if (fd < 0) return rt_fail(err, errlen, "%s: %s", path, strerror(errno));
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return fail(err, errlen, "%s: %s", path, strerror(e));
+        return rt_fail(err, errlen, "%s: %s", path, strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(err, errlen, "%s: not a regular file", path);
+        return rt_fail(err, errlen, "%s: not a regular file", path);
     }
     if (st.st_size == 0) {
         close(fd);
-        return fail(err, errlen, "%s: empty file", path);
+        return rt_fail(err, errlen, "%s: empty file", path);
     }
     d->map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
     if (d->map == MAP_FAILED) {
         d->map = NULL;
-        return fail(err, errlen, "%s: cannot map the file: %s", path, strerror(e));
+        return rt_fail(err, errlen, "%s: cannot map the file: %s", path, strerror(e));
     }
     d->map_len = (size_t)st.st_size;
     RtTokens t;
     char why[256];
-    if (rt_tokens_parse(d->map, d->map_len, &t, why, sizeof why)) return fail(err, errlen, "%s: %s", path, why);
+    if (rt_tokens_parse(d->map, d->map_len, &t, why, sizeof why)) return rt_fail(err, errlen, "%s: %s", path, why);
     d->tok = t.tok, d->n_tok = t.n;
     snprintf(d->describe, sizeof d->describe, "%s (%" PRId64 " tokens, %s)", path, t.n,
              t.format == RT_TOKENS_LLMC ? "llm.c format" : "raw uint16");
@@ -288,7 +278,7 @@ static int load_text(RtData *d, const char *path, char *err, size_t errlen)
     if (!bytes || !tok) {
         plan_dealloc(bytes);
         plan_dealloc(tok);
-        return fail(err, errlen, "out of memory reading the built-in corpus");
+        return rt_fail(err, errlen, "out of memory reading the built-in corpus");
     }
     for (size_t j = 0; j < got; j++) tok[j] = bytes[j];
     plan_dealloc(bytes);
@@ -325,7 +315,7 @@ static int largest_doc(char *path, size_t n)
 static int open_builtin(RtData *d, int64_t vocab, char *err, size_t errlen)
 {
     if (vocab < 256)
-        return fail(err, errlen, "without --data the tokens are bytes (0-255), but this model's vocab V is %" PRId64
+        return rt_fail(err, errlen, "without --data the tokens are bytes (0-255), but this model's vocab V is %" PRId64
                     "; give a token file with --data", vocab);
     err[0] = 0;
     for (size_t i = 0; i < sizeof CORPUS_PATHS / sizeof *CORPUS_PATHS; i++)
@@ -333,7 +323,7 @@ static int open_builtin(RtData *d, int64_t vocab, char *err, size_t errlen)
     char doc[600];
     if (!err[0] && !largest_doc(doc, sizeof doc) && !load_text(d, doc, err, errlen)) return 0;
     if (err[0]) return -1;
-    return fail(err, errlen, "no --data file given and no text for the built-in corpus found (tried %s, "
+    return rt_fail(err, errlen, "no --data file given and no text for the built-in corpus found (tried %s, "
                 "/usr/share/dict/words and /usr/share/doc); give a token file with --data", CORPUS_PATHS[0]);
 }
 
@@ -342,28 +332,28 @@ static int open_lm(RtData *d, const Plan *p, const char *path, char *err, size_t
     int64_t vocab = rt_plan_vocab(p);
     if (path ? open_file(d, path, err, errlen) : open_builtin(d, vocab, err, errlen)) return -1;
     if (d->n_tok < d->T + 2)
-        return fail(err, errlen, "%s: %" PRId64 " tokens; a window needs T + 1 = %" PRId64 " and there must be more "
+        return rt_fail(err, errlen, "%s: %" PRId64 " tokens; a window needs T + 1 = %" PRId64 " and there must be more "
                     "than one", path ? path : "the corpus", d->n_tok, d->T + 1);
     RtTokens t = {d->tok, d->n_tok, RT_TOKENS_RAW};
     char why[256];
     if (rt_tokens_check(&t, vocab, why, sizeof why))
-        return fail(err, errlen, "%s: %s", path ? path : "the corpus", why);
+        return rt_fail(err, errlen, "%s: %s", path ? path : "the corpus", why);
     return 0;
 }
 
 static int open_classes(RtData *d, const Plan *p, const char *path, char *err, size_t errlen)
 {
     if (path)
-        return fail(err, errlen, "--data gives tokens, but this model's inputs are f32 [B, D] features and i32 [B] "
+        return rt_fail(err, errlen, "--data gives tokens, but this model's inputs are f32 [B, D] features and i32 [B] "
                     "labels; it trains on synthetic Gaussian blobs (drop --data)");
     int32_t x, y, logits = rt_plan_logits(p);
     rt_data_inputs(p, &x, &y);
     if (logits == PLAN_NONE) logits = loss_logits(p, y);
     const PlanTensor *lt = logits == PLAN_NONE ? NULL : &p->tensors[logits];
     d->K = lt && lt->rank >= 1 ? lt->shape[lt->rank - 1] : 2;
-    if (d->K < 1 || d->K > INT32_MAX) return fail(err, errlen, "the logits have %" PRId64 " classes", d->K);
+    if (d->K < 1 || d->K > INT32_MAX) return rt_fail(err, errlen, "the logits have %" PRId64 " classes", d->K);
     d->centers = plan_alloc(sizeof *d->centers * (size_t)(d->K * d->D));
-    if (!d->centers) return fail(err, errlen, "out of memory");
+    if (!d->centers) return rt_fail(err, errlen, "out of memory");
     rt_blob_centers(d->seed, d->K, d->D, d->centers);
     snprintf(d->describe, sizeof d->describe, "synthetic Gaussian blobs (%" PRId64 " classes, %" PRId64 " features)",
              d->K, d->D);
@@ -383,7 +373,7 @@ static int setup(RtData *d, const Plan *p, Exec *e, const char *path, char *err,
             at += (size_t)snprintf(shapes + at, sizeof shapes - at, "%s%s %s rank %d", at ? ", " : "",
                                    plan_str(p, t->name), plan_dtype_name(t->dtype), t->rank);
         }
-        return fail(err, errlen, "this fsexec can feed two kinds of inputs: tokens and targets (i32 [B, T] each) or "
+        return rt_fail(err, errlen, "this fsexec can feed two kinds of inputs: tokens and targets (i32 [B, T] each) or "
                     "features and labels (f32 [B, D], i32 [B]); this plan's are: %s", at ? shapes : "none");
     }
     rt_data_inputs(p, &a, &b);
@@ -404,7 +394,7 @@ RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed
 {
     RtData *d = plan_alloc(sizeof *d);
     if (!d) {
-        fail(err, errlen, "out of memory");
+        rt_fail(err, errlen, "out of memory");
         return NULL;
     }
     memset(d, 0, sizeof *d);

@@ -57,16 +57,6 @@ struct Exec {
     int nan_fill;
 };
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 static const char *tname(const Plan *p, int32_t id)
 {
     const char *s = plan_str(p, p->tensors[id].name);
@@ -91,6 +81,16 @@ static int ktype(PlanDType t)
     return KT_F32;
 }
 
+
+int rt_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
 /* Every tensor inside the arena, aligned, with sane live ranges and aliases. */
 static int check_layout(const Plan *p, int64_t arena_bytes, char *err, size_t errlen)
 {
@@ -98,17 +98,17 @@ static int check_layout(const Plan *p, int64_t arena_bytes, char *err, size_t er
         const PlanTensor *t = &p->tensors[i];
         int64_t n = plan_tensor_nbytes(t);
         if (t->offset < 0 || t->offset % ARENA_ALIGN || t->offset > arena_bytes || n > arena_bytes - t->offset)
-            return fail(err, errlen,
+            return rt_fail(err, errlen,
                         "tensor %d (%s): bytes [%lld, %lld) lie outside the %lld-byte arena or are not %d-aligned "
                         "(plan damaged, or made by a different fsc)",
                         i, tname(p, i), (long long)t->offset, (long long)(t->offset + n), (long long)arena_bytes,
                         ARENA_ALIGN);
         if (t->live_start < 0 || t->live_end < t->live_start || t->live_end > p->n_ops)
-            return fail(err, errlen, "tensor %d (%s): live range [%d, %d] outside the %d ops", i, tname(p, i),
+            return rt_fail(err, errlen, "tensor %d (%s): live range [%d, %d] outside the %d ops", i, tname(p, i),
                         t->live_start, t->live_end, p->n_ops);
         if (t->alias != PLAN_NONE && (t->alias < 0 || t->alias >= p->n_tensors || t->alias == i ||
                                       p->tensors[t->alias].offset != t->offset))
-            return fail(err, errlen, "tensor %d (%s): alias %d is not a tensor at the same offset", i, tname(p, i),
+            return rt_fail(err, errlen, "tensor %d (%s): alias %d is not a tensor at the same offset", i, tname(p, i),
                         t->alias);
     }
     return 0;
@@ -130,7 +130,7 @@ static int bind_attrs(const Plan *p, int32_t k, const OpInfo *info, KCall *c, ch
     const PlanOp *op = &p->ops[k];
     const char *name = plan_str(p, op->op);
     if (info->n_params > K_MAX_ATTRS)
-        return fail(err, errlen, "op '%s' has %d signature parameters; the CPU kernel ABI takes %d", name,
+        return rt_fail(err, errlen, "op '%s' has %d signature parameters; the CPU kernel ABI takes %d", name,
                     info->n_params, K_MAX_ATTRS);
     for (int32_t a = 0; a < op->n_attr; a++) {
         const char *key = plan_str(p, p->attrs[op->attr + a].key);
@@ -139,7 +139,7 @@ static int bind_attrs(const Plan *p, int32_t k, const OpInfo *info, KCall *c, ch
             known = info->params[i].kind != ARG_TENSOR && info->params[i].kind != ARG_TENSORS &&
                     !strcmp(info->params[i].name, key);
         if (!known)
-            return fail(err, errlen, "op %d (%s): attribute '%s' is not in this fsexec's signature \"%s\"; rebuild "
+            return rt_fail(err, errlen, "op %d (%s): attribute '%s' is not in this fsexec's signature \"%s\"; rebuild "
                         "fsexec or recompile the plan", k, name, key, info->sig);
     }
     int have_ints = 0;
@@ -151,21 +151,21 @@ static int bind_attrs(const Plan *p, int32_t k, const OpInfo *info, KCall *c, ch
             if (!strcmp(plan_str(p, p->attrs[op->attr + a].key), pr->name)) at = &p->attrs[op->attr + a];
         if (pr->kind == ARG_INTS) {
             if (at && at->kind != PLAN_ATTR_INTS)
-                return fail(err, errlen, "op %d (%s): attribute '%s' should be a list", k, name, pr->name);
+                return rt_fail(err, errlen, "op %d (%s): attribute '%s' should be a list", k, name, pr->name);
             if (have_ints++)
-                return fail(err, errlen, "op '%s' has two list attributes; the CPU kernel ABI takes one", name);
+                return rt_fail(err, errlen, "op '%s' has two list attributes; the CPU kernel ABI takes one", name);
             c->ints = at ? &p->ints[at->list] : NULL;
             c->n_ints = at ? at->n_list : 0;
             if (!at && !pr->has_default)
-                return fail(err, errlen, "op %d (%s): attribute '%s' is missing", k, name, pr->name);
+                return rt_fail(err, errlen, "op %d (%s): attribute '%s' is missing", k, name, pr->name);
             continue;
         }
         if (!at) {
             if (!pr->has_default)
-                return fail(err, errlen, "op %d (%s): attribute '%s' is missing", k, name, pr->name);
+                return rt_fail(err, errlen, "op %d (%s): attribute '%s' is missing", k, name, pr->name);
             c->attr[i] = pr->def;
         } else if (at->kind == PLAN_ATTR_INTS) {
-            return fail(err, errlen, "op %d (%s): attribute '%s' should be a number, not a list", k, name, pr->name);
+            return rt_fail(err, errlen, "op %d (%s): attribute '%s' should be a number, not a list", k, name, pr->name);
         } else {
             c->attr[i] = at->kind == PLAN_ATTR_INT ? (double)at->i : at->f;
         }
@@ -180,14 +180,14 @@ static int build_op(Exec *e, int32_t k, char *err, size_t errlen)
     const char *name = plan_str(p, op->op);
     OpKind kind = op_lookup(name);
     CpuKernel fn = kind == OP_COUNT ? NULL : cpu_kernel_by_name(name);
-    if (!fn) return fail(err, errlen, "plan uses op '%s' that this fsexec does not know; rebuild fsexec", name);
+    if (!fn) return rt_fail(err, errlen, "plan uses op '%s' that this fsexec does not know; rebuild fsexec", name);
     const OpInfo *info = op_info(kind);
     if ((info->n_tensors >= 0 && op->n_in != info->n_tensors) || (info->n_tensors < 0 && op->n_in < 1) ||
         (info->n_out >= 0 && op->n_out != info->n_out))
-        return fail(err, errlen, "op %d (%s): %d inputs and %d outputs do not fit this fsexec's \"%s\"; rebuild "
+        return rt_fail(err, errlen, "op %d (%s): %d inputs and %d outputs do not fit this fsexec's \"%s\"; rebuild "
                     "fsexec or recompile the plan", k, name, op->n_in, op->n_out, info->sig);
     if (op->n_in > K_MAX_TENSORS || op->n_out > K_MAX_TENSORS)
-        return fail(err, errlen, "op %d (%s): %d inputs, %d outputs; the CPU kernel ABI takes at most %d", k, name,
+        return rt_fail(err, errlen, "op %d (%s): %d inputs, %d outputs; the CPU kernel ABI takes at most %d", k, name,
                     op->n_in, op->n_out, K_MAX_TENSORS);
     ExecOp *x = &e->ops[k];
     x->fn = fn;
@@ -213,7 +213,7 @@ static int build_dead_lists(Exec *e, char *err, size_t errlen)
         if (t->alias == PLAN_NONE && !persistent(t) && t->live_end < p->n_ops) e->ops[t->live_end].n_dead++, n++;
     }
     e->dead = plan_alloc(sizeof *e->dead * (size_t)n);
-    if (!e->dead) return fail(err, errlen, "out of memory");
+    if (!e->dead) return rt_fail(err, errlen, "out of memory");
     int32_t at = 0;
     for (int32_t k = 0; k < p->n_ops; k++) e->ops[k].dead = at, at += e->ops[k].n_dead, e->ops[k].n_dead = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {
@@ -240,7 +240,7 @@ static int init_tensors(Exec *e, uint64_t seed, char *err, size_t errlen)
             continue;
         }
         if (t->dtype != PLAN_DT_F32)
-            return fail(err, errlen, "tensor '%s' is %s with init %s; this fsexec initializes f32 tensors only",
+            return rt_fail(err, errlen, "tensor '%s' is %s with init %s; this fsexec initializes f32 tensors only",
                         tname(p, i), plan_dtype_name(t->dtype), plan_init_name(t->init));
         /* A tied param starts as the param it is tied to: same name, same values. */
         int32_t from = t->tied_to != PLAN_NONE ? t->tied_to : i;
@@ -256,7 +256,7 @@ static int find_step(Exec *e, char *err, size_t errlen)
         const PlanTensor *t = &p->tensors[i];
         if (t->role != PLAN_ROLE_INPUT || strcmp(plan_str(p, t->name), "step")) continue;
         if (t->dtype != PLAN_DT_I32 || t->rank != 0)
-            return fail(err, errlen, "the 'step' input is %s of rank %d; expected an i32 scalar",
+            return rt_fail(err, errlen, "the 'step' input is %s of rank %d; expected an i32 scalar",
                         plan_dtype_name(t->dtype), t->rank);
         e->step = (int32_t *)(e->arena + t->offset);
     }
@@ -268,20 +268,20 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
     const Plan *p = e->plan;
     const PlanMeta *m = plan_meta_find(p, "arena_bytes");
     if (!m || m->kind != PLAN_META_INT)
-        return fail(err, errlen, "the plan has no memory plan (meta 'arena_bytes'); recompile it with this "
+        return rt_fail(err, errlen, "the plan has no memory plan (meta 'arena_bytes'); recompile it with this "
                     "version of fsc");
     if (m->i < 0 || (uint64_t)m->i > SIZE_MAX - 2 * ARENA_ALIGN)
-        return fail(err, errlen, "the plan's arena_bytes (%lld) is not a size this machine can allocate",
+        return rt_fail(err, errlen, "the plan's arena_bytes (%lld) is not a size this machine can allocate",
                     (long long)m->i);
     e->arena_bytes = m->i;
     if (check_layout(p, e->arena_bytes, err, errlen)) return -1;
     e->block = plan_alloc((size_t)e->arena_bytes + ARENA_ALIGN - 1);
     if (!e->block)
-        return fail(err, errlen, "cannot allocate the %.1f MiB arena the plan needs (out of memory)",
+        return rt_fail(err, errlen, "cannot allocate the %.1f MiB arena the plan needs (out of memory)",
                     (double)e->arena_bytes / (1 << 20));
     e->arena = (uint8_t *)(((uintptr_t)e->block + ARENA_ALIGN - 1) & ~(uintptr_t)(ARENA_ALIGN - 1));
     e->ops = plan_alloc(sizeof *e->ops * (size_t)p->n_ops);
-    if (!e->ops) return fail(err, errlen, "out of memory");
+    if (!e->ops) return rt_fail(err, errlen, "out of memory");
     memset(e->ops, 0, sizeof *e->ops * (size_t)p->n_ops);
     e->n_ops = p->n_ops;
     for (int32_t k = 0; k < p->n_ops; k++)
@@ -295,7 +295,7 @@ Exec *rt_exec_new(const Plan *p, const ExecOptions *o, char *err, size_t errlen)
 {
     Exec *e = plan_alloc(sizeof *e);
     if (!e) {
-        fail(err, errlen, "out of memory");
+        rt_fail(err, errlen, "out of memory");
         return NULL;
     }
     memset(e, 0, sizeof *e);

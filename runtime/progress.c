@@ -28,16 +28,6 @@ struct Progress {
     int drawn;                  // a bar is on the screen
 };
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 double rt_now(void)
 {
     struct timespec ts;
@@ -63,7 +53,7 @@ Progress *rt_progress_new(const ProgressOptions *o, char *err, size_t errlen)
 {
     Progress *p = plan_alloc(sizeof *p);
     if (!p) {
-        fail(err, errlen, "out of memory");
+        rt_fail(err, errlen, "out of memory");
         return NULL;
     }
     memset(p, 0, sizeof *p);
@@ -75,7 +65,7 @@ Progress *rt_progress_new(const ProgressOptions *o, char *err, size_t errlen)
     if (o->log_path) {
         p->log = fopen(o->log_path, "w");
         if (!p->log) {
-            fail(err, errlen, "%s: %s", o->log_path, strerror(errno));
+            rt_fail(err, errlen, "%s: %s", o->log_path, strerror(errno));
             plan_dealloc(p);
             return NULL;
         }
@@ -159,7 +149,7 @@ int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen)
         json_number(p->log, "ms", s->ms);
         if (!isnan(s->accuracy)) json_number(p->log, "accuracy", s->accuracy);
         if (fputs("}\n", p->log) == EOF || fflush(p->log) != 0)
-            return fail(err, errlen, "%s: write failed: %s", p->o.log_path, strerror(errno));
+            return rt_fail(err, errlen, "%s: write failed: %s", p->o.log_path, strerror(errno));
     }
     int last = s->step >= p->o.steps;
     if (p->tty) {
@@ -184,7 +174,7 @@ int rt_progress_end(Progress *p, char *err, size_t errlen)
         fprintf(p->o.out, "done: %.1f s, %s %s/s on average\n", rt_now() - p->t0,
                 rate(p->items / p->seconds, r, sizeof r), p->o.unit);
     }
-    if (p->log && fclose(p->log) != 0) rc = fail(err, errlen, "%s: %s", p->o.log_path, strerror(errno));
+    if (p->log && fclose(p->log) != 0) rc = rt_fail(err, errlen, "%s: %s", p->o.log_path, strerror(errno));
     plan_dealloc(p);
     return rc;
 }

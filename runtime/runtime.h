@@ -46,6 +46,10 @@ void rt_init_param(const char *name, uint64_t seed, PlanInit kind, double a, dou
 
 typedef struct Exec Exec;
 
+/* Formats a message into err and returns -1: `return rt_fail(err, errlen, ...)`. */
+int rt_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+
 typedef struct {
     uint64_t seed;   // parameter init
     int nan_fill;    // debug: fill every buffer with NaN outside its planned live range

@@ -31,16 +31,6 @@ enum { MAX_HEADER = 100 << 20 };  // as the safetensors library
 
 static const char *const ST_DTYPES[PLAN_DT_COUNT] = {"F32", "F16", "BF16", "I32"};
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 static int little_endian(void)
 {
     const uint16_t one = 1;
@@ -99,72 +89,32 @@ static json_t *header_json(const StEntry *t, int32_t n, int64_t step)
     return h;
 }
 
-static int write_all(FILE *f, const StEntry *t, int32_t n, int64_t step, char *err, size_t errlen)
+int rt_st_write(const char *path, const StEntry *t, int32_t n, int64_t step, char *err, size_t errlen)
 {
+    if (!little_endian()) return rt_fail(err, errlen, "%s: safetensors output needs a little-endian host", path);
     json_t *h = header_json(t, n, step);
     char *text = h ? json_dumps(h, JSON_COMPACT) : NULL;
     json_decref(h);
-    if (!text) return fail(err, errlen, "out of memory building the header (or a name that is not UTF-8)");
-    size_t len = strlen(text), padded = (len + 7) / 8 * 8;
-    uint8_t n8[8];
-    for (int i = 0; i < 8; i++) n8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    int bad = fwrite(n8, 1, 8, f) != 8 || fwrite(text, 1, len, f) != len;
+    size_t len = text ? strlen(text) : 0, padded = (len + 7) / 8 * 8;
+    /* The header: its padded length (u64 LE), then the JSON padded with spaces. */
+    uint8_t *head = text ? plan_alloc(8 + padded) : NULL;
+    PlanChunk *chunks = head ? plan_alloc(sizeof *chunks * ((size_t)n + 1)) : NULL;
+    if (!chunks) {
+        free(text);
+        plan_dealloc(head);
+        return rt_fail(err, errlen, "%s: out of memory building the header (or a name that is not UTF-8)", path);
+    }
+    for (int i = 0; i < 8; i++) head[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    memcpy(head + 8, text, len);
+    memset(head + 8 + len, ' ', padded - len);
     free(text);
-    for (size_t i = len; i < padded && !bad; i++) bad = fputc(' ', f) == EOF;
-    for (int32_t i = 0; i < n && !bad; i++)
-        bad = fwrite(t[i].data, 1, (size_t)nbytes(&t[i]), f) != (size_t)nbytes(&t[i]);
-    if (bad) return fail(err, errlen, "write failed: %s", strerror(errno));
-    return 0;
-}
-
-/* Makes the rename itself durable; a failure here loses nothing, so it is not reported. */
-static void sync_dir(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    char dir[4096];
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
-    else if ((size_t)(slash - path) < sizeof dir)
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    else
-        return;
-    int fd = open(dir, O_RDONLY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-}
-
-int rt_st_write(const char *path, const StEntry *t, int32_t n, int64_t step, char *err, size_t errlen)
-{
-    if (!little_endian()) return fail(err, errlen, "%s: safetensors output needs a little-endian host", path);
-    /* Same directory as path, so the rename cannot cross file systems. */
-    static unsigned counter;
-    char tmp[4096];
-    int fd = -1;
-    for (int tries = 0; fd < 0 && tries < 100; tries++) {
-        if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), counter++) >= sizeof tmp)
-            return fail(err, errlen, "%s: path too long", path);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
-        if (fd < 0 && errno != EEXIST) break;
-    }
-    if (fd < 0) return fail(err, errlen, "%s: cannot create a temporary file next to it: %s", path, strerror(errno));
-    FILE *f = fdopen(fd, "wb");
-    char why[256] = "";
-    int rc = f ? write_all(f, t, n, step, why, sizeof why) : fail(why, sizeof why, "%s", strerror(errno));
-    if (!rc && (fflush(f) != 0 || fsync(fileno(f)) != 0))
-        rc = fail(why, sizeof why, "flush failed: %s", strerror(errno));
-    if ((f ? fclose(f) : close(fd)) != 0 && !rc) rc = fail(why, sizeof why, "close failed: %s", strerror(errno));
-    if (!rc && rename(tmp, path) != 0)
-        rc = fail(why, sizeof why, "cannot rename the temporary file: %s", strerror(errno));
-    if (rc) {
-        unlink(tmp);
-        return fail(err, errlen, "%s: %s", path, why);
-    }
-    sync_dir(path);
-    return 0;
+    chunks[0] = (PlanChunk){head, 8 + padded};
+    for (int32_t i = 0; i < n; i++) chunks[i + 1] = (PlanChunk){t[i].data, (size_t)nbytes(&t[i])};
+    char why[256];
+    int rc = plan_write_atomic(path, chunks, n + 1, why, sizeof why);
+    plan_dealloc(chunks);
+    plan_dealloc(head);
+    return rc ? rt_fail(err, errlen, "%s: %s", path, why) : 0;
 }
 
 /* ---- reading ------------------------------------------------------------------------ */
@@ -189,37 +139,37 @@ static int parse_entry(const char *key, json_t *v, uint64_t data_len, FileEntry 
            *off = json_object_get(v, "data_offsets");
     if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(shape) || !json_is_array(off) ||
         json_array_size(off) != 2)
-        return fail(err, errlen, "tensor '%s': needs \"dtype\", \"shape\" and \"data_offsets\" [begin, end]", key);
+        return rt_fail(err, errlen, "tensor '%s': needs \"dtype\", \"shape\" and \"data_offsets\" [begin, end]", key);
     fe->name = key;
     fe->dtype = PLAN_DT_COUNT;
     for (int d = 0; d < PLAN_DT_COUNT; d++)
         if (!strcmp(json_string_value(dt), ST_DTYPES[d])) fe->dtype = (PlanDType)d;
     if (fe->dtype == PLAN_DT_COUNT)
-        return fail(err, errlen, "tensor '%s': dtype %s; this fsexec reads F32, F16, BF16 and I32", key,
+        return rt_fail(err, errlen, "tensor '%s': dtype %s; this fsexec reads F32, F16, BF16 and I32", key,
                     json_string_value(dt));
     if (json_array_size(shape) > PLAN_MAX_RANK)
-        return fail(err, errlen, "tensor '%s': rank %zu; at most %d", key, json_array_size(shape), PLAN_MAX_RANK);
+        return rt_fail(err, errlen, "tensor '%s': rank %zu; at most %d", key, json_array_size(shape), PLAN_MAX_RANK);
     fe->rank = (int)json_array_size(shape);
     uint64_t bytes = (uint64_t)plan_dtype_size(fe->dtype);
     for (int d = 0; d < fe->rank; d++) {
         json_t *x = json_array_get(shape, (size_t)d);
         if (!json_is_integer(x) || json_integer_value(x) < 0)
-            return fail(err, errlen, "tensor '%s': shape must hold non-negative integers", key);
+            return rt_fail(err, errlen, "tensor '%s': shape must hold non-negative integers", key);
         fe->shape[d] = json_integer_value(x);
         if (fe->shape[d] && bytes > data_len / (uint64_t)fe->shape[d])
-            return fail(err, errlen, "tensor '%s': shape larger than the file", key);
+            return rt_fail(err, errlen, "tensor '%s': shape larger than the file", key);
         bytes *= (uint64_t)fe->shape[d];
     }
     json_t *b = json_array_get(off, 0), *e = json_array_get(off, 1);
     if (!json_is_integer(b) || !json_is_integer(e) || json_integer_value(b) < 0 ||
         json_integer_value(e) < json_integer_value(b))
-        return fail(err, errlen, "tensor '%s': data_offsets must be integers 0 <= begin <= end", key);
+        return rt_fail(err, errlen, "tensor '%s': data_offsets must be integers 0 <= begin <= end", key);
     fe->begin = (uint64_t)json_integer_value(b), fe->end = (uint64_t)json_integer_value(e);
     if (fe->end > data_len)
-        return fail(err, errlen, "tensor '%s': data_offsets end %" PRIu64 " past the %" PRIu64 " bytes of data "
+        return rt_fail(err, errlen, "tensor '%s': data_offsets end %" PRIu64 " past the %" PRIu64 " bytes of data "
                     "(truncated?)", key, fe->end, data_len);
     if (fe->end - fe->begin != bytes)
-        return fail(err, errlen, "tensor '%s': %" PRIu64 " bytes of data for a shape that needs %" PRIu64, key,
+        return rt_fail(err, errlen, "tensor '%s': %" PRIu64 " bytes of data for a shape that needs %" PRIu64, key,
                     fe->end - fe->begin, bytes);
     return 0;
 }
@@ -230,15 +180,15 @@ static int parse_header(json_t *h, uint64_t data_len, FileEntry *fe, size_t *n, 
     const char *key;
     json_t *v;
     *n = 0;
-    if (!json_is_object(h)) return fail(err, errlen, "the header is not a JSON object");
+    if (!json_is_object(h)) return rt_fail(err, errlen, "the header is not a JSON object");
     json_object_foreach(h, key, v)
     {
         if (!strcmp(key, "__metadata__")) {
             const char *mk;
             json_t *mv;
-            if (!json_is_object(v)) return fail(err, errlen, "__metadata__ is not an object");
+            if (!json_is_object(v)) return rt_fail(err, errlen, "__metadata__ is not an object");
             json_object_foreach(v, mk, mv) if (!json_is_string(mv))
-                return fail(err, errlen, "__metadata__ '%s' is not a string", mk);
+                return rt_fail(err, errlen, "__metadata__ '%s' is not a string", mk);
             continue;
         }
         if (parse_entry(key, v, data_len, &fe[*n], err, errlen)) return -1;
@@ -248,12 +198,12 @@ static int parse_header(json_t *h, uint64_t data_len, FileEntry *fe, size_t *n, 
     uint64_t at = 0;
     for (size_t i = 0; i < *n; i++) {
         if (fe[i].begin != at)
-            return fail(err, errlen, "tensor '%s': data at %" PRIu64 ", expected %" PRIu64 " (overlapping or gaps)",
+            return rt_fail(err, errlen, "tensor '%s': data at %" PRIu64 ", expected %" PRIu64 " (overlapping or gaps)",
                         fe[i].name, fe[i].begin, at);
         at = fe[i].end;
     }
     if (at != data_len)
-        return fail(err, errlen, "the tensors cover %" PRIu64 " of the %" PRIu64 " bytes of data", at, data_len);
+        return rt_fail(err, errlen, "the tensors cover %" PRIu64 " of the %" PRIu64 " bytes of data", at, data_len);
     return 0;
 }
 
@@ -264,11 +214,11 @@ static int match(const StEntry *t, int32_t n, const FileEntry *fe, size_t nf, si
     for (int32_t i = 0; i < n; i++) {
         size_t j = 0;
         while (j < nf && strcmp(fe[j].name, t[i].name)) j++;
-        if (j == nf) return fail(err, errlen, "no tensor '%s', which the model has", t[i].name);
+        if (j == nf) return rt_fail(err, errlen, "no tensor '%s', which the model has", t[i].name);
         int same = fe[j].dtype == t[i].dtype && fe[j].rank == t[i].rank;
         for (int d = 0; same && d < t[i].rank; d++) same = fe[j].shape[d] == t[i].shape[d];
         if (!same)
-            return fail(err, errlen, "tensor '%s' is %s in the file but %s in the model", t[i].name,
+            return rt_fail(err, errlen, "tensor '%s' is %s in the file but %s in the model", t[i].name,
                         shape_str(fe[j].dtype, fe[j].rank, fe[j].shape, a, sizeof a),
                         shape_str(t[i].dtype, t[i].rank, t[i].shape, b, sizeof b));
         where[i] = j;
@@ -277,7 +227,7 @@ static int match(const StEntry *t, int32_t n, const FileEntry *fe, size_t nf, si
         for (size_t j = 0; j < nf; j++) {
             int32_t i = 0;
             while (i < n && strcmp(fe[j].name, t[i].name)) i++;
-            if (i == n) return fail(err, errlen, "tensor '%s' is not in the model", fe[j].name);
+            if (i == n) return rt_fail(err, errlen, "tensor '%s' is not in the model", fe[j].name);
         }
     }
     return 0;
@@ -298,31 +248,31 @@ static int read_at(int fd, void *buf, uint64_t len, uint64_t off)
 static int read_file(int fd, uint64_t size, const StEntry *t, int32_t n, char *err, size_t errlen)
 {
     uint8_t n8[8];
-    if (size < 8 || read_at(fd, n8, 8, 0)) return fail(err, errlen, "too short for a safetensors file");
+    if (size < 8 || read_at(fd, n8, 8, 0)) return rt_fail(err, errlen, "too short for a safetensors file");
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++) hlen |= (uint64_t)n8[i] << (8 * i);
-    if (hlen > size - 8) return fail(err, errlen, "header of %" PRIu64 " bytes in a %" PRIu64 "-byte file "
+    if (hlen > size - 8) return rt_fail(err, errlen, "header of %" PRIu64 " bytes in a %" PRIu64 "-byte file "
                                      "(truncated, or not a safetensors file)", hlen, size);
-    if (hlen > MAX_HEADER) return fail(err, errlen, "header of %" PRIu64 " bytes; at most %d", hlen, MAX_HEADER);
+    if (hlen > MAX_HEADER) return rt_fail(err, errlen, "header of %" PRIu64 " bytes; at most %d", hlen, MAX_HEADER);
     char *text = plan_alloc((size_t)hlen + 1);
-    if (!text) return fail(err, errlen, "out of memory");
+    if (!text) return rt_fail(err, errlen, "out of memory");
     if (read_at(fd, text, hlen, 8)) {
         plan_dealloc(text);
-        return fail(err, errlen, "cannot read the header: %s", strerror(errno));
+        return rt_fail(err, errlen, "cannot read the header: %s", strerror(errno));
     }
     json_error_t je;
     json_t *h = json_loadb(text, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
     plan_dealloc(text);
-    if (!h) return fail(err, errlen, "header is not valid JSON: %s (at byte %d)", je.text, je.position);
+    if (!h) return rt_fail(err, errlen, "header is not valid JSON: %s (at byte %d)", je.text, je.position);
     size_t nkeys = json_is_object(h) ? json_object_size(h) : 0, nf = 0;
     FileEntry *fe = plan_alloc(sizeof *fe * (nkeys + 1));
     size_t *where = plan_alloc(sizeof *where * ((size_t)n + 1));
     uint64_t base = 8 + hlen;
-    int rc = !fe || !where ? fail(err, errlen, "out of memory") : parse_header(h, size - base, fe, &nf, err, errlen);
+    int rc = !fe || !where ? rt_fail(err, errlen, "out of memory") : parse_header(h, size - base, fe, &nf, err, errlen);
     if (!rc) rc = match(t, n, fe, nf, where, err, errlen);
     for (int32_t i = 0; i < n && !rc; i++)
         if (read_at(fd, t[i].data, fe[where[i]].end - fe[where[i]].begin, base + fe[where[i]].begin))
-            rc = fail(err, errlen, "cannot read tensor '%s': %s", t[i].name, errno ? strerror(errno) : "short read");
+            rc = rt_fail(err, errlen, "cannot read tensor '%s': %s", t[i].name, errno ? strerror(errno) : "short read");
     plan_dealloc(fe);
     plan_dealloc(where);
     json_decref(h);
@@ -331,16 +281,16 @@ static int read_file(int fd, uint64_t size, const StEntry *t, int32_t n, char *e
 
 int rt_st_read(const char *path, const StEntry *t, int32_t n, char *err, size_t errlen)
 {
-    if (!little_endian()) return fail(err, errlen, "%s: safetensors input needs a little-endian host", path);
+    if (!little_endian()) return rt_fail(err, errlen, "%s: safetensors input needs a little-endian host", path);
     int fd = open(path, O_RDONLY);
-    if (fd < 0) return fail(err, errlen, "%s: %s", path, strerror(errno));
+    if (fd < 0) return rt_fail(err, errlen, "%s: %s", path, strerror(errno));
     struct stat st;
     char why[512];
-    int rc = fstat(fd, &st) ? fail(why, sizeof why, "%s", strerror(errno))
-             : !S_ISREG(st.st_mode) ? fail(why, sizeof why, "not a regular file")
+    int rc = fstat(fd, &st) ? rt_fail(why, sizeof why, "%s", strerror(errno))
+             : !S_ISREG(st.st_mode) ? rt_fail(why, sizeof why, "not a regular file")
                                     : read_file(fd, (uint64_t)st.st_size, t, n, why, sizeof why);
     close(fd);
-    if (rc) fail(err, errlen, "%s: %s", path, why);
+    if (rc) rt_fail(err, errlen, "%s: %s", path, why);
     return rc;
 }
 
@@ -356,7 +306,7 @@ static int collect(const Exec *e, int grads, StEntry **out, int32_t *n, char *er
     char *name = plan_alloc(1024);
     if (!*out || !name) {
         plan_dealloc(name);
-        return fail(err, errlen, "out of memory");
+        return rt_fail(err, errlen, "out of memory");
     }
     *n = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {
@@ -372,7 +322,7 @@ static int collect(const Exec *e, int grads, StEntry **out, int32_t *n, char *er
         (*out)[(*n)++] = (StEntry){t.name, t.dtype, t.rank, t.shape, t.data};
     }
     plan_dealloc(name);
-    if (grads && !*n) return fail(err, errlen, "the plan has no gradients to save");
+    if (grads && !*n) return rt_fail(err, errlen, "the plan has no gradients to save");
     return 0;
 }
 
