@@ -81,7 +81,6 @@ static int ktype(PlanDType t)
     return KT_F32;
 }
 
-
 int rt_fail(char *err, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
