@@ -38,11 +38,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
+sys.dont_write_bytecode = True   # no __pycache__ in the source tree
 
 CONFIGS = {
     "tiny": {"L": 4, "C": 128, "NH": 4, "T": 64, "V": 512, "B": 4},
     "124m": {"L": 12, "C": 768, "NH": 12, "T": 64, "V": 50257, "B": 4},
 }
+TIMED_STEPS = {"tiny": 20, "124m": 5}   # default --steps: a tiny step is ~20 ms, a 124M one ~2 s
 HP = {"optimizer": "adamw", "lr": 6e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
       "clip": 1.0, "lr_schedule": "cosine", "warmup": 2, "min_lr": 6e-5, "steps": 1000}
 
@@ -120,7 +122,8 @@ def bench_config(name, dims, args, work):
     wd = os.path.join(work, name)
     os.makedirs(wd, exist_ok=True)
     B, T, V, C, L, NH = (dims[k] for k in ("B", "T", "V", "C", "L", "NH"))
-    nsteps = args.warmup + args.steps
+    timed = args.steps or TIMED_STEPS.get(name, 5)
+    nsteps = args.warmup + timed
 
     cmd = [args.fsc, os.path.join(ROOT, "samples", "gpt2.fsm"), "-q", "-o", "gpt2.plan"]
     for k, v in dims.items():
@@ -168,7 +171,7 @@ def bench_config(name, dims, args, work):
     del params, plist, opt
 
     flops = 6.0 * P * B * T + 12.0 * L * C * T * T * B
-    return {"name": name, "dims": dims, "params": P, "flops": flops,
+    return {"name": name, "dims": dims, "timed": timed, "params": P, "flops": flops,
             "fs_ms": statistics.median(fs_ms), "fs_all": [r["ms"] for r in rows], "fs_wall": fs_wall,
             "pt_ms": statistics.median(pt_ms[args.warmup:]), "pt_all": pt_ms,
             "loss_fs": rows[0]["loss"], "loss_pt": pt_loss[0]}
@@ -179,7 +182,7 @@ def main():
     ap.add_argument("--fsc", required=True)
     ap.add_argument("--fsexec", required=True)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--steps", type=int, default=5, help="timed steps (median)")
+    ap.add_argument("--steps", type=int, default=0, help="timed steps, median taken (default: tiny 20, 124m 5)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--configs", default="tiny,124m")
     ap.add_argument("--sgemm-n", type=int, default=2048)
@@ -210,16 +213,16 @@ def main():
           f"load average before: {load0} | torch {torch.__version__} (threads {torch.get_num_threads()}) | "
           f"cpu: {cpu_name()}")
     print(f"OpenBLAS sgemm {args.sgemm_n}^3: {gflops:.1f} GFLOP/s (best of 5), measured with {how}")
-    print(f"step time: median of {args.steps} steps after {args.warmup} warm-up steps; useful FLOPs per step = "
+    print(f"step time: median of the timed steps after {args.warmup} warm-up steps; useful FLOPs per step = "
           f"6*P*B*T + 12*L*C*T^2*B")
-    hdr = (f"{'config':6} {'params':>12} {'B':>2} {'T':>4} {'GFLOP/step':>10} {'fsexec ms':>10} {'torch ms':>10} "
+    hdr = (f"{'config':6} {'params':>12} {'B':>2} {'T':>4} {'steps':>5} {'GFLOP/step':>10} {'fsexec ms':>10} {'torch ms':>10} "
            f"{'fs/torch':>8} {'fs GFLOP/s':>10} {'of sgemm':>8} {'torch GFLOP/s':>13}")
     print(hdr)
     for r in results:
         d = r["dims"]
         fs_rate = r["flops"] / (r["fs_ms"] / 1e3) / 1e9
         pt_rate = r["flops"] / (r["pt_ms"] / 1e3) / 1e9
-        print(f"{r['name']:6} {r['params']:12,d} {d['B']:2d} {d['T']:4d} {r['flops'] / 1e9:10.2f} "
+        print(f"{r['name']:6} {r['params']:12,d} {d['B']:2d} {d['T']:4d} {r['timed']:5d} {r['flops'] / 1e9:10.2f} "
               f"{r['fs_ms']:10.2f} {r['pt_ms']:10.2f} {r['fs_ms'] / r['pt_ms']:8.2f} {fs_rate:10.1f} "
               f"{fs_rate / gflops:8.1%} {pt_rate:13.1f}")
         r.update(fs_gflops=fs_rate, pt_gflops=pt_rate, fs_over_pt=r["fs_ms"] / r["pt_ms"],

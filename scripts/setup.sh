@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake pkg-config flex bison libjansson-dev libcriterion-dev
-          libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin python3-torch python3-numpy)
+          libopenblas-dev libopenmpi-dev openmpi-bin python3-torch python3-numpy)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
