@@ -36,6 +36,7 @@ static PlanRole map_role(Role r)
     case ROLE_COMM: return PLAN_ROLE_COMM;
     case ROLE_SCRATCH: return PLAN_ROLE_SCRATCH;
     case ROLE_CONST: return PLAN_ROLE_CONST;
+    case ROLE_GATHERED: return PLAN_ROLE_GATHERED;
     case ROLE_COUNT: break;
     }
     FS_ASSERT(!"unknown role");
@@ -129,6 +130,7 @@ static int add_tensor(Plan *p, const Value *v)
         .init = map_init(v->init), .rank = v->rank, .block = v->block, .producer = v->producer,
         .tied_to = v->tied_to, .init_a = v->init_a, .init_b = v->init_b, .grad = v->grad,
         .offset = v->offset, .live_start = v->live_start, .live_end = v->live_end, .alias = v->alias,
+        .rank_stride = v->rank_stride, .unit = v->unit, .flat_offset = v->flat_offset, .sharded = (uint8_t)v->sharded,
     };
     if (v->name && t.name < 0) return -1;
     for (int d = 0; d < v->rank; d++) t.shape[d] = v->shape[d];

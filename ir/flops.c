@@ -133,3 +133,9 @@ double flops_lr_at(const Graph *g, const Node *n) { return 0; }
 double flops_clip_coef(const Graph *g, const Node *n) { return 0; }
 double flops_adamw(const Graph *g, const Node *n) { return ADAMW_FLOPS * in_numel(g, n, 0); }
 double flops_sgd(const Graph *g, const Node *n) { return SGD_FLOPS * in_numel(g, n, 0); }
+
+/* Communication moves bytes; the reductions' additions are the network's, not ours. */
+double flops_copy(const Graph *g, const Node *n) { return 0; }
+double flops_all_reduce(const Graph *g, const Node *n) { return 0; }
+double flops_reduce_scatter(const Graph *g, const Node *n) { return 0; }
+double flops_all_gather(const Graph *g, const Node *n) { return 0; }

@@ -30,9 +30,9 @@ int ir_value_add(Graph *g, const Value *v)
     *nv = *v;
     if (v->name) nv->name = arena_strdup(g->arena, v->name);
     /* What passes compute starts unset, whatever the caller's copy held. */
-    nv->grad = nv->alias = -1;
-    nv->offset = 0;
-    nv->live_start = nv->live_end = 0;
+    nv->grad = nv->alias = nv->view_of = nv->unit = -1;
+    nv->offset = nv->rank_stride = nv->view_offset = nv->view_rank_stride = nv->flat_offset = 0;
+    nv->live_start = nv->live_end = nv->sharded = 0;
     return g->n_values++;
 }
 

@@ -80,6 +80,7 @@ typedef enum {
     ROLE_COMM,       // a buffer a collective reads or writes
     ROLE_SCRATCH,    // op workspace
     ROLE_CONST,      // a compile-time constant (scalar, arange)
+    ROLE_GATHERED,   // a block's params all-gathered from their shards (fsdp)
     ROLE_COUNT
 } Role;
 typedef enum { PLACE_DEVICE, PLACE_HOST, PLACE_COUNT } Placement;
@@ -97,7 +98,10 @@ const char *init_name(InitKind k);  // "zeros", "ones", "normal", "uniform"
 
 /* ---- ir/ops.c: the op table, generated from ir/ops.def ---------------------------- */
 
-enum { OPF_ELEMWISE = 1, OPF_REDUCE = 2, OPF_VIEW = 4, OPF_LAYOUT = 8, OPF_HIDDEN = 16, OPF_SAVES = 32, OPF_EFFECT = 64 };
+enum {
+    OPF_ELEMWISE = 1, OPF_REDUCE = 2, OPF_VIEW = 4, OPF_LAYOUT = 8, OPF_HIDDEN = 16, OPF_SAVES = 32, OPF_EFFECT = 64,
+    OPF_COLLECTIVE = 128
+};
 
 typedef enum {
 #define OP(name, n_out, flags, sig, grad) OP_##name,
@@ -164,7 +168,16 @@ typedef struct {
     int64_t offset;              // after memplan: byte offset in the rank's arena
     int live_start, live_end;    // after memplan: first writer and last reader (node indices;
                                  // n_nodes: live to the end of the step)
-    int alias;                   // after memplan: the value whose buffer this view shares, or -1
+    int alias;                   // after memplan: the root value whose buffer this lies in, or -1
+    int64_t rank_stride;         // after memplan: bytes added to offset per rank
+    /* Views and flat layouts, set by the shard pass (ir_value_add starts them unset). */
+    int view_of;                 // the value whose buffer this lies in, or -1
+    int64_t view_offset;         // bytes into view_of's buffer ...
+    int64_t view_rank_stride;    // ... plus this many per rank (a rank's shard)
+    int unit;                    // the flat unit (block; n_blocks: params outside blocks), or -1
+    int64_t flat_offset;         // elements: a param's start in its unit's flat layout, or a
+                                 // storage's first element on rank 0
+    int sharded;                 // holds only this rank's shard of its unit
 } Value;
 
 typedef enum { ATTR_INT, ATTR_FLOAT, ATTR_INTS } AttrKind;

@@ -186,3 +186,45 @@ static int update(ShapeCtx *c, int n_in, int n_state)
 
 int shape_adamw(ShapeCtx *c) { return update(c, 7, 4); }
 int shape_sgd(ShapeCtx *c) { return update(c, 6, 3); }
+
+/* ---- communication and copies ---------------------------------------------------------- */
+
+int shape_copy(ShapeCtx *c)
+{
+    if (want_in(c, 1)) return -1;
+    like(c, 0, c->in[0]);
+    return 0;
+}
+
+static int64_t world_of(ShapeCtx *c) { return ir_attr_int(c->g, c->node, "world", 0); }
+
+int shape_all_reduce(ShapeCtx *c)
+{
+    if (want_in(c, 1)) return -1;
+    if (world_of(c) < 1) return shape_fail(c, "all_reduce: world must be positive");
+    like(c, 0, c->in[0]);
+    return 0;
+}
+
+/* Flat buffers: [n * world] -> [n], each rank keeps its n. */
+int shape_reduce_scatter(ShapeCtx *c)
+{
+    if (want_in(c, 1)) return -1;
+    int64_t w = world_of(c), n = ir_numel(c->in[0]);
+    if (w < 1 || c->in[0]->rank != 1 || n % w)
+        return shape_fail(c, "reduce_scatter: a flat buffer of %" PRId64 " elements does not split over %" PRId64 " ranks", n, w);
+    int64_t s = n / w;
+    shape_set(c, 0, c->in[0]->dtype, 1, &s);
+    return 0;
+}
+
+/* [n] on each rank -> [n * world], rank r's part at r * n. */
+int shape_all_gather(ShapeCtx *c)
+{
+    if (want_in(c, 1)) return -1;
+    int64_t w = world_of(c);
+    if (w < 1 || c->in[0]->rank != 1) return shape_fail(c, "all_gather: needs a flat buffer and a positive world");
+    int64_t s = ir_numel(c->in[0]) * w;
+    shape_set(c, 0, c->in[0]->dtype, 1, &s);
+    return 0;
+}

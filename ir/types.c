@@ -6,7 +6,7 @@
 static const char *const DTYPES[DT_COUNT] = {"f32", "f16", "bf16", "i32"};
 static const int DTYPE_SIZES[DT_COUNT] = {4, 2, 2, 4};
 static const char *const ROLES[ROLE_COUNT] = {"input", "param", "grad", "act", "opt_state",
-                                              "master", "comm", "scratch", "const"};
+                                              "master", "comm", "scratch", "const", "gathered"};
 static const char *const PLACES[PLACE_COUNT] = {"device", "host"};
 static const char *const PHASES[PHASE_COUNT] = {"forward", "backward", "recompute", "optimizer",
                                                 "comm"};

@@ -234,7 +234,7 @@ double plan_meta_float(const Plan *p, const char *key, double def)
 static const char *const DTYPES[PLAN_DT_COUNT] = {"f32", "f16", "bf16", "i32"};
 static const int DTYPE_SIZES[PLAN_DT_COUNT] = {4, 2, 2, 4};
 static const char *const ROLES[PLAN_ROLE_COUNT] = {"input", "param", "grad", "act", "opt_state",
-                                                   "master", "comm", "scratch", "const"};
+                                                   "master", "comm", "scratch", "const", "gathered"};
 static const char *const PLACES[PLAN_PLACE_COUNT] = {"device", "host"};
 static const char *const PHASES[PLAN_PHASE_COUNT] = {"forward", "backward", "recompute",
                                                      "optimizer", "comm"};

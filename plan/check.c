@@ -61,6 +61,11 @@ static int check_tensor(Check *c, int32_t i, const PlanTensor *t)
         return fail(c, "tensor %d: grad %d out of range (%d tensors)", i, t->grad, p->n_tensors);
     if (!opt_in_range(t->alias, p->n_tensors))
         return fail(c, "tensor %d: alias %d out of range (%d tensors)", i, t->alias, p->n_tensors);
+    if (!opt_in_range(t->unit, p->n_blocks + 1))
+        return fail(c, "tensor %d: unit %d out of range (%d blocks)", i, t->unit, p->n_blocks);
+    if (t->sharded > 1 || t->rank_stride < 0 || t->flat_offset < 0)
+        return fail(c, "tensor %d: bad flat layout (sharded %d, rank stride %" PRId64 ", flat offset %" PRId64 ")", i,
+                    t->sharded, t->rank_stride, t->flat_offset);
     return 0;
 }
 

@@ -9,7 +9,8 @@
  *   TENS  records { i32 name, u8 dtype, u8 role, u8 place, u8 init, u8 rank, 3 pad,
  *                   i32 block, i32 producer, i32 tied_to, f64 init_a, f64 init_b,
  *                   i64 shape[6], i32 grad, i32 live_start, i32 live_end, i32 alias,
- *                   i64 offset }
+ *                   i64 offset, i64 rank_stride, i64 flat_offset, i32 unit, u8 sharded,
+ *                   3 pad }
  *   NODE  records { i32 op (string), i32 block, u8 phase, 3 pad, i32 line, i32 col,
  *                   i32 in, i32 n_in, i32 out, i32 n_out, i32 attr, i32 n_attr }
  *   IDS   u32 count, then count x i32 (tensor ids)
@@ -59,7 +60,7 @@ typedef enum {
 enum {
     REC_META = 16,
     REC_BLKS = 12,
-    REC_TENS = 112,
+    REC_TENS = 136,
     REC_NODE = 44,
     REC_ATTR = 16,
 };

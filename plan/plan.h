@@ -45,7 +45,7 @@
 typedef enum { PLAN_DT_F32, PLAN_DT_F16, PLAN_DT_BF16, PLAN_DT_I32, PLAN_DT_COUNT } PlanDType;
 typedef enum {
     PLAN_ROLE_INPUT, PLAN_ROLE_PARAM, PLAN_ROLE_GRAD, PLAN_ROLE_ACT, PLAN_ROLE_OPT_STATE,
-    PLAN_ROLE_MASTER, PLAN_ROLE_COMM, PLAN_ROLE_SCRATCH, PLAN_ROLE_CONST, PLAN_ROLE_COUNT
+    PLAN_ROLE_MASTER, PLAN_ROLE_COMM, PLAN_ROLE_SCRATCH, PLAN_ROLE_CONST, PLAN_ROLE_GATHERED, PLAN_ROLE_COUNT
 } PlanRole;
 typedef enum { PLAN_PLACE_DEVICE, PLAN_PLACE_HOST, PLAN_PLACE_COUNT } PlanPlace;
 typedef enum {
@@ -90,7 +90,15 @@ typedef struct {
      * "arena_bytes" long) and when. Checked against the arena by the executor. */
     int64_t offset;     // bytes from the arena's start
     int32_t live_start, live_end;  // first writer and last reader, op ids; n_ops: to the step's end
-    int32_t alias;      // the tensor whose buffer this view shares, or PLAN_NONE
+    int32_t alias;      // the root tensor whose buffer this view lies in, or PLAN_NONE
+    int64_t rank_stride;  // bytes added to offset per rank: rank r's data is at
+                          // offset + r * rank_stride (a rank's shard of a flat buffer)
+    int32_t unit;       // flat layout (sharding): the unit (block, or n_blocks for the
+                        // params outside blocks) whose flat buffer this lies in; PLAN_NONE
+    int64_t flat_offset;  // elements: a param's start in its unit's flat layout; for a
+                          // unit's storage, rank 0's first element (see sharded)
+    uint8_t sharded;    // storage holding only this rank's shard of its unit: rank r
+                        // holds flat elements [flat_offset + r * numel, + numel)
 } PlanTensor;
 
 typedef struct {

@@ -268,6 +268,8 @@ static int read_tensors(Reader *r, const Sec *s, Plan *p)
             .init_a = bits_f64(get_u64(b + 24)), .init_b = bits_f64(get_u64(b + 32)),
             .grad = get_i32(b + 88), .live_start = get_i32(b + 92), .live_end = get_i32(b + 96),
             .alias = get_i32(b + 100), .offset = (int64_t)get_u64(b + 104),
+            .rank_stride = (int64_t)get_u64(b + 112), .flat_offset = (int64_t)get_u64(b + 120),
+            .unit = get_i32(b + 128), .sharded = b[132],
         };
         for (int d = 0; d < t->rank && d < PLAN_MAX_RANK; d++) t->shape[d] = (int64_t)get_u64(b + 40 + 8 * d);
     }

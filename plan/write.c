@@ -73,6 +73,10 @@ static void encode_tensor(uint8_t *w, const PlanTensor *t)
     put_i32(w + 96, t->live_end);
     put_i32(w + 100, t->alias);
     put_u64(w + 104, (uint64_t)t->offset);
+    put_u64(w + 112, (uint64_t)t->rank_stride);
+    put_u64(w + 120, (uint64_t)t->flat_offset);
+    put_i32(w + 128, t->unit);
+    w[132] = t->sharded;
 }
 
 static void encode_op(uint8_t *w, const PlanOp *o)
