@@ -33,6 +33,41 @@ static int parse_dtype(Lower *L, const Stmt *st, DType *out)
     return -1;
 }
 
+/* The model's batch dim is the global batch of one optimizer step; each data-parallel
+ * rank's program takes its equal part. */
+static int split_batch(Lower *L, const Stmt *st, int64_t *v)
+{
+    if (*v % L->batch_split == 0) {
+        *v /= L->batch_split;
+        return 0;
+    }
+    diag_error(L->d, st->name_loc,
+               "the batch dim %s = %lld (the global batch of one step) does not split evenly over %lld "
+               "data-parallel ranks; make it a multiple of %lld",
+               st->name, (long long)*v, (long long)L->batch_split, (long long)L->batch_split);
+    return -1;
+}
+
+/* With several data-parallel ranks: the batch dim is the first dim of the first input,
+ * which must be a plain dim name for fsc to split it. */
+static void find_batch_dim(Lower *L, const Stmt *body, const TrainConfig *t)
+{
+    if (t->world <= 1) return;
+    for (const Stmt *st = body; st; st = st->next) {
+        if (st->kind != ST_INPUT) continue;
+        if (st->shape && st->shape->kind == EX_NAME) {
+            L->batch_dim = st->shape->name;
+            L->batch_split = t->world;
+        } else {
+            diag_error(L->d, st->shape ? st->shape->loc : st->name_loc,
+                       "with world %d, the first dim of input '%s' must be a dim name (the batch, which "
+                       "fsc splits over the ranks), as in `input %s: i32[B, T];`",
+                       t->world, st->name, st->name);
+        }
+        return;
+    }
+}
+
 void lower_dim(Lower *L, Scope *s, const Stmt *st, const Define *def)
 {
     int64_t v = 0;
@@ -52,6 +87,7 @@ void lower_dim(Lower *L, Scope *s, const Stmt *st, const Define *def)
             rc = -1;
         }
     }
+    if (rc == 0 && L->batch_dim && s == &L->model && !strcmp(st->name, L->batch_dim)) rc = split_batch(L, st, &v);
     Binding *b = scope_bind(L, s, st->name, B_DIM, st->name_loc);
     b->dim = v;
     b->poisoned = rc != 0;
@@ -360,10 +396,12 @@ Graph *fe_compile(const char *src, size_t len, const FrontendOptions *opt, Train
     check_redefinitions(&L, p->body, dup);
     collect_layers(&L, p->body, dup);
     check_defines(&L, p->body);
+    /* Settings first: the world decides each rank's share of the batch. */
+    lower_settings(&L, p, train);
+    if (d->n_errors == before) find_batch_dim(&L, p->body, train);
     lower_decls(&L, p->body, dup);
     lower_statements(&L, p->body);
     if (!d->stopped) lower_objective(&L, p);
-    if (!d->stopped) lower_settings(&L, p, train);
     arena_free(tmp);
     if (d->n_errors > before) {
         ir_graph_free(L.g);

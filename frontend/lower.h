@@ -74,6 +74,8 @@ typedef struct {
     int depth;              // expression nesting, against LOWER_MAX_DEPTH
     int deep_reported;
     int big_reported;       // LOWER_MAX_ITEMS was reached
+    const char *batch_dim;  // the dim each data-parallel rank takes a part of, or NULL
+    int64_t batch_split;    // into how many parts (the data-parallel degree)
 } Lower;
 
 /* The value of an expression. */

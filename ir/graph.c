@@ -184,3 +184,18 @@ int64_t ir_param_count(const Graph *g)
         if (g->values[i].role == ROLE_PARAM && g->values[i].tied_to < 0) n += ir_numel(&g->values[i]);
     return n;
 }
+
+void ir_nodes_reorder(Graph *g, const int *order)
+{
+    Node *nodes = arena_alloc(g->arena, sizeof(Node) * (size_t)g->n_nodes + 1);
+    int *pos = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1);
+    for (int i = 0; i < g->n_nodes; i++) {
+        FS_ASSERT(order[i] >= 0 && order[i] < g->n_nodes);
+        nodes[i] = g->nodes[order[i]];
+        pos[order[i]] = i;
+    }
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].producer >= 0) g->values[v].producer = pos[g->values[v].producer];
+    g->nodes = nodes;
+    g->cap_nodes = g->n_nodes;
+}

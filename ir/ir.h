@@ -241,6 +241,10 @@ void ir_output_add(Graph *g, int value);
 int ir_node_add(Graph *g, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr,
                 int block, Phase phase, Loc loc, char *err, size_t errlen);
 
+/* Puts the nodes in `order` (a permutation of the node ids, which then become the
+ * positions); values keep their ids. The new order must respect every dependency. */
+void ir_nodes_reorder(Graph *g, const int *order);
+
 static inline const Value *ir_value(const Graph *g, int id) { return &g->values[id]; }
 static inline const Node *ir_node(const Graph *g, int id) { return &g->nodes[id]; }
 static inline int ir_in(const Graph *g, const Node *n, int i) { return g->ids[n->in + i]; }

@@ -41,17 +41,24 @@ static int state_like(Opt *o, int p, const char *suffix)
     return ir_value_add(o->g, &s);
 }
 
-/* sqrt(sum over params of sum(grad^2)). */
+/* sqrt(sum over params of sum(grad^2)); where gradients are sharded over the ranks the
+ * sums of squares of the shards add up over the world first. */
 static int global_norm(Opt *o)
 {
-    int total = -1, n_values = o->g->n_values;
+    int total = -1, sharded = 0, n_values = o->g->n_values;
     for (int v = 0; v < n_values; v++) {
         const Value *p = ir_value(o->g, v);
         if (p->role != ROLE_PARAM || p->grad < 0) continue;
+        sharded |= ir_value(o->g, p->grad)->sharded;
         int s = node_out(o, OP_sumsq, &p->grad, 1, NULL, 0, -1, p->loc);
         total = total < 0 ? s : node_out(o, OP_add, (int[]){total, s}, 2, NULL, 0, -1, (Loc){0});
     }
-    return total < 0 ? -1 : node_out(o, OP_sqrt, &total, 1, NULL, 0, -1, (Loc){0});
+    if (total < 0) return -1;
+    if (sharded) {
+        Attr w = {.key = "world", .kind = ATTR_INT, .i = o->t->world};
+        total = node_out(o, OP_all_reduce, &total, 1, &w, 1, -1, (Loc){0});
+    }
+    return node_out(o, OP_sqrt, &total, 1, NULL, 0, -1, (Loc){0});
 }
 
 static void update(Opt *o, int p, int lr, int coef, int step)

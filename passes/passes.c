@@ -1,6 +1,7 @@
 /* passes/passes.c: the pass list as data, and the driver that runs it. The passes not
- * written yet (precision, recompute, shard, pipeline, offload, fuse, schedule) join this
- * table in DESIGN.md's order. */
+ * written yet (precision, recompute, pipeline, offload, fuse, schedule) join this table
+ * in DESIGN.md's order. Unlike DESIGN.md's order, shard runs before optimizer: it
+ * decides what the optimizer updates (a unit's flat buffer, or this rank's shard). */
 #include <string.h>
 
 #include "passes.h"
@@ -10,7 +11,10 @@ static const PassInfo PASSES[] = {
      pass_dce},
     {"autodiff", "outputs[0] is a float scalar loss", "backward nodes; Value.grad of every used param",
      pass_autodiff},
-    {"optimizer", "param gradients", "step input, lr and grad_norm outputs, state tensors, update nodes",
+    {"shard", "param gradients; each rank's part of the batch",
+     "flat param and grad buffers per unit, collectives in place in the order; Value.grad on what the optimizer updates",
+     pass_shard},
+    {"optimizer", "Value.grad on each param (or flat storage) to update", "step input, lr and grad_norm outputs, state tensors, update nodes",
      pass_optimizer},
     {"memplan", "the final node order", "Value.offset and live range of every value; Graph.arena_bytes",
      pass_memplan},

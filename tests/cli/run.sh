@@ -73,8 +73,8 @@ expect import-missing 1 "none.safetensors: No such file or directory" -- "$FSEXE
 expect bad-data-order 2 "expected 'random' or 'sequential', got 'foo'" -- "$FSEXEC" "$tmp/gpt2.plan" --data-order foo
 printf 'abc' >"$tmp/odd.bin"
 expect odd-data-file 1 "not a token file" -- "$FSEXEC" "$tmp/gpt2.plan" --data "$tmp/odd.bin"
-expect world-2 0 "wrote" -- "$FSC" "$SRC/samples/mlp.fsm" --world 2 -o "$tmp/w2.plan"
-expect world-2-refused 2 "multi-rank execution is not available yet" -- "$FSEXEC" "$tmp/w2.plan"
+expect world-2-no-strategy 1 "world 2 needs a data-parallel strategy" -- "$FSC" "$SRC/samples/mlp.fsm" --world 2
+expect world-2 0 "wrote" -- "$FSC" "$SRC/samples/mlp.fsm" --world 2 --shard ddp -o "$tmp/w2.plan"
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

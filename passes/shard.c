@@ -1,0 +1,380 @@
+/* passes/shard.c: data parallelism and ZeRO sharding, decided at compile time.
+ *
+ * Needs: autodiff's gradients; the batch inputs already hold one rank's part of the
+ *        global batch (the frontend splits the batch dim by the world).
+ * Gives: for `--shard` ddp, zero1, zero2 or fsdp over `world` ranks, one program that
+ *        every rank runs:
+ *  - The params of each unit (a block, or the params outside blocks) live in one flat
+ *    f32 buffer, padded to a multiple of the world; each param is a view into it at its
+ *    flat offset. Its storage: the whole buffer (ddp, zero1, zero2) or only this rank's
+ *    contiguous shard (fsdp).
+ *  - Gradients are views into a flat gradient buffer per unit (zeroed first, so padding
+ *    and unused params contribute zeros), averaged over ranks right after the unit's
+ *    backward: all_reduce (ddp, zero1) or reduce_scatter to this rank's shard (zero2,
+ *    fsdp).
+ *  - The optimizer (next pass) updates each unit's storage from its gradient: the whole
+ *    buffer (ddp) or this rank's shard (zero1, zero2, fsdp; their state is shard-sized).
+ *  - zero1 and zero2 all-gather the updated shards into the full buffer at the start of
+ *    the next step; fsdp all-gathers a block's params before its forward, prefetched one
+ *    block ahead, frees them after it (reshard_after_forward) and gathers them again
+ *    before its backward. The params outside blocks stay gathered for the whole step.
+ *  - The loss is averaged over ranks, so every world size logs the global batch's loss.
+ * Every collective and copy is placed in the node order here; the order is the schedule.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+typedef struct {
+    int block;            // -1: the params outside blocks
+    int *params;          // value ids, in value order
+    int n_params;
+    int64_t numel, padded, shard;  // elements
+    int storage;          // the persistent buffer (full, or the shard for fsdp)
+    int shard_view;       // the value the optimizer updates (storage, or a rank's part of it)
+    int gathered;         // the full flat params the forward reads
+    int regathered;       // fsdp: a second gather for backward, or -1
+    int fgrad;            // the flat gradient buffer
+    int fwd_first, bwd_first, grad_first, grad_last;  // node positions, INT_MAX if none
+} Unit;
+
+/* Where a new node goes: before original node `at` (after it when `after`). */
+typedef struct {
+    int node, at, after;
+} Placed;
+
+typedef struct {
+    Graph *g;
+    const TrainConfig *t;
+    int world;
+    Unit *units;
+    int n_units;
+    int n_orig;           // nodes before this pass
+    Placed *placed;
+    int n_placed;
+} Shard;
+
+enum { NONE = 1 << 30 };
+
+static const char *unit_name(const Shard *s, const Unit *u)
+{
+    return u->block >= 0 ? s->g->blocks[u->block].name : s->g->model;
+}
+
+static int new_value(Shard *s, const Unit *u, Role role, int64_t numel, const char *suffix)
+{
+    Value v = {.dtype = DT_F32, .rank = 1, .shape = {numel}, .role = role, .block = u->block, .producer = -1,
+               .tied_to = -1};
+    v.name = suffix ? arena_printf(s->g->arena, "%s.%s", unit_name(s, u), suffix) : NULL;
+    int id = ir_value_add(s->g, &v);
+    s->g->values[id].unit = (int)(u - s->units);
+    return id;
+}
+
+static void make_view(Shard *s, int v, int of, int64_t offset_elems, int64_t rank_stride_elems)
+{
+    Value *val = &s->g->values[v];
+    val->view_of = of;
+    val->view_offset = offset_elems * 4;
+    val->view_rank_stride = rank_stride_elems * 4;
+}
+
+/* Adds a node for the schedule to place before (or after) original node `at`. */
+static int place(Shard *s, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, int block, int at,
+                 int after)
+{
+    char err[256];
+    Phase ph = op_info(op)->flags & OPF_COLLECTIVE ? PHASE_COMM : PHASE_BACKWARD;
+    int n = ir_node_add(s->g, op, in, n_in, attrs, n_attr, block, ph, (Loc){0}, err, sizeof err);
+    if (n < 0) fprintf(stderr, "shard: %s\n", err);
+    FS_ASSERT(n >= 0);
+    s->placed[s->n_placed++] = (Placed){n, at, after};
+    return ir_out(s->g, ir_node(s->g, n), 0);
+}
+
+static int collective(Shard *s, OpKind op, int x, int avg, int block, int at, int after)
+{
+    Attr at_[2] = {{.key = "world", .kind = ATTR_INT, .i = s->world}, {.key = "avg", .kind = ATTR_INT, .i = avg}};
+    return place(s, op, &x, 1, at_, op == OP_all_gather ? 1 : 2, block, at, after);
+}
+
+/* ---- units and where they are used -------------------------------------------------- */
+
+static void collect_units(Shard *s)
+{
+    Graph *g = s->g;
+    s->n_units = g->n_blocks + 1;
+    s->units = arena_alloc(g->arena, sizeof(Unit) * (size_t)s->n_units);
+    for (int i = 0; i < s->n_units; i++) {
+        Unit *u = &s->units[i];
+        u->block = i < g->n_blocks ? i : -1;
+        u->params = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
+        u->regathered = -1;
+        u->fwd_first = u->bwd_first = u->grad_first = NONE;
+        u->grad_last = -1;
+    }
+    for (int v = 0; v < g->n_values; v++) {
+        const Value *p = ir_value(g, v);
+        if (p->role != ROLE_PARAM || p->tied_to >= 0) continue;
+        FS_ASSERT(p->dtype == DT_F32);
+        Unit *u = &s->units[p->block >= 0 ? p->block : g->n_blocks];
+        u->params[u->n_params++] = v;
+        u->numel += ir_numel(p);
+    }
+    for (int i = 0; i < s->n_units; i++) {
+        Unit *u = &s->units[i];
+        u->padded = (u->numel + s->world - 1) / s->world * s->world;
+        u->shard = u->padded / s->world;
+    }
+}
+
+/* First forward and backward readers of each unit's params, first and last writers of
+ * its gradients; positions in the original order. */
+static void find_uses(Shard *s, const int *unit_of)
+{
+    Graph *g = s->g;
+    for (int n = 0; n < s->n_orig; n++) {
+        const Node *node = ir_node(g, n);
+        for (int i = 0; i < node->n_in; i++) {
+            int u = unit_of[ir_in(g, node, i)];
+            if (u < 0) continue;
+            int *first = node->phase == PHASE_FORWARD ? &s->units[u].fwd_first : &s->units[u].bwd_first;
+            if (n < *first) *first = n;
+        }
+    }
+    for (int i = 0; i < s->n_units; i++) {
+        Unit *u = &s->units[i];
+        for (int k = 0; k < u->n_params; k++) {
+            int gv = ir_value(g, u->params[k])->grad;
+            int at = gv >= 0 ? ir_value(g, gv)->producer : -1;
+            if (at < 0) continue;
+            if (at < u->grad_first) u->grad_first = at;
+            if (at > u->grad_last) u->grad_last = at;
+        }
+    }
+}
+
+/* ---- params: storage, views, gathers ----------------------------------------------- */
+
+static void layout_params(Shard *s, Unit *u)
+{
+    Graph *g = s->g;
+    int fsdp = s->t->shard == SHARD_FSDP;
+    u->storage = new_value(s, u, ROLE_PARAM, fsdp ? u->shard : u->padded, "flat_param");
+    if (fsdp) {
+        g->values[u->storage].sharded = 1;
+        u->shard_view = u->storage;
+    } else if (s->t->shard == SHARD_DDP) {
+        u->shard_view = u->storage;
+    } else {
+        u->shard_view = new_value(s, u, ROLE_PARAM, u->shard, NULL);
+        make_view(s, u->shard_view, u->storage, 0, u->shard);
+        g->values[u->shard_view].sharded = 1;
+    }
+    u->gathered = u->storage;
+    if (fsdp) {
+        u->gathered = collective(s, OP_all_gather, u->storage, 0, u->block, 0, 0);
+        g->values[u->gathered].role = ROLE_GATHERED;
+    } else if (s->t->shard != SHARD_DDP) {
+        /* In place: the shards all-gathered into the full buffer they belong to. */
+        u->gathered = collective(s, OP_all_gather, u->shard_view, 0, u->block, 0, 0);
+        make_view(s, u->gathered, u->storage, 0, 0);
+    }
+    g->values[u->gathered].unit = (int)(u - s->units);
+    int64_t at = 0;
+    for (int k = 0; k < u->n_params; k++) {
+        Value *p = &g->values[u->params[k]];
+        make_view(s, u->params[k], u->gathered, at, 0);
+        p->unit = (int)(u - s->units);
+        p->flat_offset = at;
+        at += ir_numel(p);
+    }
+}
+
+/* fsdp, a block's params freed after its forward: a second gather for its backward,
+ * and the backward reads the params through it. */
+static void regather(Shard *s, Unit *u)
+{
+    Graph *g = s->g;
+    u->regathered = collective(s, OP_all_gather, u->storage, 0, u->block, 0, 0);
+    g->values[u->regathered].role = ROLE_GATHERED;
+    g->values[u->regathered].unit = (int)(u - s->units);
+    for (int k = 0; k < u->n_params; k++) {
+        int p = u->params[k];
+        Value copy = *ir_value(g, p);
+        int p2 = ir_value_add(g, &copy);
+        make_view(s, p2, u->regathered, g->values[p].flat_offset, 0);
+        g->values[p2].unit = g->values[p].unit;
+        g->values[p2].flat_offset = g->values[p].flat_offset;
+        for (int n = 0; n < s->n_orig; n++) {
+            Node *node = &g->nodes[n];
+            if (node->phase == PHASE_FORWARD) continue;
+            for (int i = 0; i < node->n_in; i++)
+                if (g->ids[node->in + i] == p) g->ids[node->in + i] = p2;
+        }
+    }
+}
+
+/* ---- gradients ---------------------------------------------------------------------- */
+
+/* Whether gradient value gv can be made in place inside the flat gradient buffer: made
+ * by a backward op of its own (not a view), and read by nobody (the reduction that
+ * follows may average the buffer in place). */
+static int own_grad(const Graph *g, int gv, const char *taken, int n_orig)
+{
+    const Value *v = ir_value(g, gv);
+    if (v->producer < 0 || v->view_of >= 0 || taken[gv]) return 0;
+    const Node *n = ir_node(g, v->producer);
+    if (n->phase != PHASE_BACKWARD || (op_info(n->op)->flags & OPF_VIEW)) return 0;
+    for (int m = 0; m < n_orig; m++)
+        for (int i = 0; i < g->nodes[m].n_in; i++)
+            if (ir_in(g, &g->nodes[m], i) == gv) return 0;
+    return 1;
+}
+
+static void layout_grads(Shard *s, Unit *u, char *taken)
+{
+    Graph *g = s->g;
+    int at = u->grad_first < NONE ? u->grad_first : s->n_orig, after = u->grad_last >= 0 ? u->grad_last : s->n_orig;
+    Attr zero[2] = {{.key = "value", .kind = ATTR_FLOAT, .f = 0},
+                    {.key = "shape", .kind = ATTR_INTS, .ints = &u->padded, .n_list = 1}};
+    u->fgrad = place(s, OP_full, NULL, 0, zero, 2, u->block, at, 0);
+    g->values[u->fgrad].role = ROLE_GRAD;
+    g->values[u->fgrad].name = arena_printf(g->arena, "%s.flat_grad", unit_name(s, u));
+    g->values[u->fgrad].unit = (int)(u - s->units);
+    for (int k = 0; k < u->n_params; k++) {
+        Value *p = &g->values[u->params[k]];
+        int gv = p->grad;
+        p->grad = -1;  // the optimizer updates the storage, not the param
+        if (gv < 0) continue;
+        if (!own_grad(g, gv, taken, s->n_orig)) gv = place(s, OP_copy, &gv, 1, NULL, 0, u->block, after, 1);
+        taken[gv] = 1;
+        make_view(s, gv, u->fgrad, g->values[u->params[k]].flat_offset, 0);
+        g->values[gv].role = ROLE_GRAD;
+    }
+}
+
+static void reduce_grads(Shard *s, Unit *u)
+{
+    Graph *g = s->g;
+    int after = u->grad_last >= 0 ? u->grad_last : s->n_orig, grad;
+    if (s->t->shard == SHARD_DDP || s->t->shard == SHARD_ZERO1) {
+        int r = collective(s, OP_all_reduce, u->fgrad, 1, u->block, after, 1);
+        make_view(s, r, u->fgrad, 0, 0);
+        grad = r;
+        if (s->t->shard == SHARD_ZERO1) {
+            grad = new_value(s, u, ROLE_GRAD, u->shard, NULL);
+            make_view(s, grad, r, 0, u->shard);
+            g->values[grad].sharded = 1;
+        }
+    } else {
+        grad = collective(s, OP_reduce_scatter, u->fgrad, 1, u->block, after, 1);
+        g->values[grad].sharded = 1;
+    }
+    g->values[grad].role = ROLE_GRAD;
+    g->values[grad].unit = (int)(u - s->units);
+    g->values[grad].name = arena_printf(g->arena, "%s.flat_grad%s", unit_name(s, u),
+                                        g->values[grad].sharded ? "_shard" : "");
+    g->values[u->shard_view].grad = grad;
+}
+
+/* ---- the schedule --------------------------------------------------------------------- */
+
+static int by_first(const void *a, const void *b, int which_bwd, const Shard *s)
+{
+    const Unit *x = &s->units[*(const int *)a], *y = &s->units[*(const int *)b];
+    int fx = which_bwd ? x->bwd_first : x->fwd_first, fy = which_bwd ? y->bwd_first : y->fwd_first;
+    return fx != fy ? (fx < fy ? -1 : 1) : *(const int *)a - *(const int *)b;
+}
+static const Shard *sort_ctx;
+static int by_fwd(const void *a, const void *b) { return by_first(a, b, 0, sort_ctx); }
+static int by_bwd(const void *a, const void *b) { return by_first(a, b, 1, sort_ctx); }
+
+/* fsdp prefetch: each unit's gather goes before the previous unit (in use order) starts
+ * computing, so it overlaps that unit's compute. */
+static void prefetch(Shard *s, int bwd)
+{
+    int *order = arena_alloc(s->g->arena, sizeof(int) * (size_t)s->n_units);
+    for (int i = 0; i < s->n_units; i++) order[i] = i;
+    sort_ctx = s;
+    qsort(order, (size_t)s->n_units, sizeof *order, bwd ? by_bwd : by_fwd);
+    for (int i = 0; i < s->n_units; i++) {
+        const Unit *u = &s->units[order[i]];
+        int v = bwd ? u->regathered : u->gathered;
+        if (v < 0) continue;
+        int first = bwd ? u->bwd_first : u->fwd_first, prev = i ? (bwd ? s->units[order[i - 1]].bwd_first
+                                                                        : s->units[order[i - 1]].fwd_first)
+                                                                 : first;
+        int at = prev < first ? prev : first;
+        for (int k = 0; k < s->n_placed; k++)
+            if (ir_out(s->g, ir_node(s->g, s->placed[k].node), 0) == v) s->placed[k].at = at < NONE ? at : 0;
+    }
+}
+
+static int by_position(const void *a, const void *b)
+{
+    const Placed *x = a, *y = b;
+    long kx = 2L * x->at + x->after, ky = 2L * y->at + y->after;
+    return kx != ky ? (kx < ky ? -1 : 1) : x->node - y->node;
+}
+
+static void schedule(Shard *s)
+{
+    qsort(s->placed, (size_t)s->n_placed, sizeof *s->placed, by_position);
+    int *order = arena_alloc(s->g->arena, sizeof(int) * (size_t)s->g->n_nodes);
+    int n = 0, k = 0;
+    for (int i = 0; i <= s->n_orig; i++) {
+        while (k < s->n_placed && s->placed[k].at == i && !s->placed[k].after) order[n++] = s->placed[k++].node;
+        if (i < s->n_orig) order[n++] = i;
+        while (k < s->n_placed && s->placed[k].at == i && s->placed[k].after) order[n++] = s->placed[k++].node;
+    }
+    FS_ASSERT(k == s->n_placed && n == s->g->n_nodes);
+    ir_nodes_reorder(s->g, order);
+}
+
+/* The loss each rank computed is its part's mean; the step's loss is their mean. */
+static void average_loss(Shard *s)
+{
+    Graph *g = s->g;
+    int loss = g->outputs[0], at = ir_value(g, loss)->producer;
+    int avg = collective(s, OP_all_reduce, loss, 1, -1, at >= 0 ? at : 0, 1);
+    g->values[avg].name = g->values[loss].name;
+    g->values[loss].name = arena_printf(g->arena, "%s.local", g->values[loss].name ? g->values[loss].name : "loss");
+    g->outputs[0] = avg;
+}
+
+int pass_shard(Graph *g, const Options *o, Diag *d)
+{
+    const TrainConfig *t = &o->train;
+    if (t->shard == SHARD_NONE) {
+        if (t->world > 1)
+            diag_error(d, (Loc){0}, "world %d needs a data-parallel strategy: --shard ddp, zero1, zero2 or fsdp",
+                       t->world);
+        return t->world > 1 ? -1 : 0;
+    }
+    Shard s = {.g = g, .t = t, .world = t->world, .n_orig = g->n_nodes};
+    collect_units(&s);
+    s.placed = arena_alloc(g->arena, sizeof(Placed) * (size_t)(8 * s.n_units + g->n_values + 8));
+    int *unit_of = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
+    memset(unit_of, -1, sizeof(int) * (size_t)g->n_values);
+    for (int i = 0; i < s.n_units; i++)
+        for (int k = 0; k < s.units[i].n_params; k++) unit_of[s.units[i].params[k]] = i;
+    find_uses(&s, unit_of);
+    char *taken = arena_alloc(g->arena, (size_t)g->n_values * 2 + 64 * (size_t)s.n_units + 64);
+    for (int i = 0; i < s.n_units; i++) {
+        Unit *u = &s.units[i];
+        if (!u->n_params) continue;
+        layout_params(&s, u);
+        if (t->shard == SHARD_FSDP && t->reshard_after_forward && u->block >= 0 && u->bwd_first < NONE) regather(&s, u);
+        layout_grads(&s, u, taken);
+        reduce_grads(&s, u);
+    }
+    if (t->shard == SHARD_FSDP) {
+        prefetch(&s, 0);
+        prefetch(&s, 1);
+    }
+    average_loss(&s);
+    schedule(&s);
+    return 0;
+}
