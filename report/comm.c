@@ -1,0 +1,81 @@
+/* report/comm.c: what a plan sends, per rank and step: every collective with its bytes.
+ *
+ * Bytes follow the ZeRO paper's accounting, per rank, for a buffer of Psi bytes (the
+ * whole flat buffer, padding included): an all-reduce moves 2 Psi (a reduce-scatter then
+ * an all-gather), a reduce-scatter Psi and an all-gather Psi. So DDP moves 2 Psi a step,
+ * ZeRO-1 and ZeRO-2 2 Psi, and ZeRO-3 (fsdp) 3 Psi: 1.5 times DDP. The exact bytes a
+ * ring sends are (world - 1) / world of these; both are listed.
+ */
+#include <string.h>
+
+#include "report.h"
+
+typedef struct {
+    const char *name;
+    double factor;  // per-rank traffic in units of the buffer's full size
+} Kind;
+
+static const Kind KINDS[] = {{"all_reduce", 2.0}, {"reduce_scatter", 1.0}, {"all_gather", 1.0}};
+
+/* The collective's kind, or NULL for any other op. */
+static const Kind *kind_of(const Plan *p, const PlanOp *op)
+{
+    const char *name = plan_str(p, op->op);
+    for (size_t i = 0; i < sizeof KINDS / sizeof *KINDS; i++)
+        if (!strcmp(name, KINDS[i].name)) return &KINDS[i];
+    return NULL;
+}
+
+/* The full buffer: the input of an all-reduce or reduce-scatter, the output of a gather. */
+static int64_t full_bytes(const Plan *p, const PlanOp *op, const Kind *k)
+{
+    int32_t t = strcmp(k->name, "all_gather") ? p->ids[op->in] : p->ids[op->out];
+    return plan_tensor_nbytes(&p->tensors[t]);
+}
+
+CommTotals comm_totals(const Plan *p)
+{
+    CommTotals c = {.world = plan_meta_int(p, "world", 1)};
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        const PlanOp *op = &p->ops[i];
+        const Kind *k = kind_of(p, op);
+        if (!k || op->n_in < 1 || op->n_out < 1) continue;
+        double b = k->factor * (double)full_bytes(p, op, k);
+        c.collectives++;
+        c.bytes += b;
+        c.ring_bytes += c.world > 1 ? b * (double)(c.world - 1) / (double)c.world : 0;
+    }
+    return c;
+}
+
+static const char *what_of(const Plan *p, const PlanOp *op)
+{
+    int32_t t = p->ids[op->out];
+    const char *name = plan_str(p, p->tensors[t].name);
+    if (*name) return name;
+    name = plan_str(p, p->tensors[p->ids[op->in]].name);
+    return *name ? name : "";
+}
+
+void comm_report(const Plan *p, FILE *out)
+{
+    CommTotals c = comm_totals(p);
+    fprintf(out, "communication per step, each of ranks 0-%lld (strategy %s):\n", (long long)(c.world - 1),
+            plan_meta_str(p, "shard", "none"));
+    if (!c.collectives) {
+        fprintf(out, "  none\n");
+        return;
+    }
+    fprintf(out, "  %5s  %-14s %-28s %-10s %14s %14s\n", "op", "collective", "buffer", "phase", "bytes", "ring bytes");
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        const PlanOp *op = &p->ops[i];
+        const Kind *k = kind_of(p, op);
+        if (!k || op->n_in < 1 || op->n_out < 1) continue;
+        double b = k->factor * (double)full_bytes(p, op, k);
+        double ring = c.world > 1 ? b * (double)(c.world - 1) / (double)c.world : 0;
+        fprintf(out, "  %5d  %-14s %-28s %-10s %14.0f %14.0f\n", i, k->name, what_of(p, op),
+                plan_phase_name(op->phase), b, ring);
+    }
+    fprintf(out, "  total: %d collectives, %.0f bytes (%.2f MiB); a ring sends %.0f bytes\n", c.collectives, c.bytes,
+            c.bytes / (1 << 20), c.ring_bytes);
+}

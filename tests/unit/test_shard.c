@@ -1,0 +1,159 @@
+/* tests/unit/test_shard.c: what the shard pass plans, checked from first principles.
+ *  - Model-state bytes per rank follow ZeRO's accounting for every strategy and world:
+ *    with Psi the fp32 bytes of a unit's params padded to a multiple of the world,
+ *    params Psi (fsdp: Psi/N), gradients the optimizer reads Psi (zero2, fsdp: Psi/N),
+ *    optimizer state K Psi (zero1, zero2, fsdp: K Psi/N; AdamW K = 2, SGD with momentum 1).
+ *  - Communication per rank and step: ddp 2 Psi, zero1 (FairScale's OSS: all-reduce,
+ *    then all-gather of the updated shards) 3 Psi, zero2 2 Psi, fsdp 3 Psi = 1.5 x ddp
+ *    for blocks; fsdp keeps the params outside blocks gathered from forward to backward
+ *    (like FairScale's root instance), 2 Psi for those.
+ *  - The plan does not grow with the world.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+#include "frontend.h"
+#include "passes.h"
+#include "report.h"
+
+static Plan *compile(const char *file, const char *shard, int world)
+{
+    char path[512], w[16];
+    snprintf(path, sizeof path, "%s/samples/%s", FS_SOURCE_DIR, file);
+    snprintf(w, sizeof w, "%d", world);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f);
+    static char src[1 << 16];
+    size_t len = fread(src, 1, sizeof src - 1, f);
+    fclose(f);
+    src[len] = 0;
+    /* B = 24 splits over 1, 2, 3 and 4 ranks. */
+    const Define small[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 24}};
+    Setting set[] = {{"shard", shard}, {"world", w}};
+    int gpt = !strcmp(file, "gpt2.fsm");
+    FrontendOptions fo = {gpt ? small : small + 5, gpt ? 6 : 1, set, 2};
+    Diag d;
+    diag_init(&d, file, src, len, stderr);
+    Options o = {0};
+    Graph *g = fe_compile(src, len, &fo, &o.train, &d);
+    cr_assert_not_null(g);
+    cr_assert_eq(passes_run(g, &o, &d), 0);
+    Plan *p = codegen_plan(g, &o.train);
+    ir_graph_free(g);
+    return p;
+}
+
+/* Elements of each unit's params in the unsharded plan: blocks, then outside blocks. */
+static void unit_sizes(const Plan *p, int64_t *numel)
+{
+    for (int32_t i = 0; i <= p->n_blocks; i++) numel[i] = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        if (t->role == PLAN_ROLE_PARAM) numel[t->block >= 0 ? t->block : p->n_blocks] += plan_tensor_numel(t);
+    }
+}
+
+typedef struct {
+    int64_t params, grads, state;
+} State;
+
+/* Model state as the plan holds it: param storage, the gradients the optimizer reads,
+ * optimizer state; each buffer once. */
+static State plan_state(const Plan *p)
+{
+    State s = {0};
+    char *seen = calloc((size_t)p->n_tensors, 1);
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        if (t->role == PLAN_ROLE_PARAM && t->alias == PLAN_NONE) s.params += plan_tensor_nbytes(t);
+        if (t->role == PLAN_ROLE_OPT_STATE) s.state += plan_tensor_nbytes(t);
+        if (t->role == PLAN_ROLE_PARAM && t->grad != PLAN_NONE) {
+            int32_t g = p->tensors[t->grad].alias == PLAN_NONE ? t->grad : p->tensors[t->grad].alias;
+            if (!seen[g]) s.grads += plan_tensor_nbytes(&p->tensors[g]);
+            seen[g] = 1;
+        }
+    }
+    free(seen);
+    return s;
+}
+
+static void check_accounting(const char *file)
+{
+    static const char *const strategies[] = {"ddp", "zero1", "zero2", "fsdp"};
+    Plan *none = compile(file, "none", 1);
+    int64_t numel[64], K = strcmp(plan_meta_str(none, "optimizer", "adamw"), "sgd") ? 2 : 1;
+    unit_sizes(none, numel);
+    for (int w = 1; w <= 4; w++)
+        for (int k = 0; k < 4; k++) {
+            int64_t psi = 0, root = 4 * ((numel[none->n_blocks] + w - 1) / w * w);
+            for (int32_t u = 0; u <= none->n_blocks; u++) psi += 4 * ((numel[u] + w - 1) / w * w);
+            Plan *p = compile(file, strategies[k], w);
+            State s = plan_state(p);
+            int params_sharded = k == 3, grads_sharded = k >= 2, state_sharded = k >= 1;
+            cr_expect_eq(s.params, params_sharded ? psi / w : psi, "%s %s world %d: params %ld, expected %ld", file,
+                         strategies[k], w, (long)s.params, (long)(params_sharded ? psi / w : psi));
+            cr_expect_eq(s.grads, grads_sharded ? psi / w : psi, "%s %s world %d: grads %ld", file, strategies[k], w,
+                         (long)s.grads);
+            cr_expect_eq(s.state, state_sharded ? K * psi / w : K * psi, "%s %s world %d: optimizer state %ld",
+                         file, strategies[k], w, (long)s.state);
+            /* The collectives: grads and params as above, plus two scalars (the loss and
+             * the sum of squares of sharded gradients). */
+            static const double psis[] = {2, 3, 2, 3};
+            CommTotals c = comm_totals(p);
+            double scalars = 8 + (grads_sharded || k == 1 ? 8 : 0);
+            double want = psis[k] * (double)psi - (k == 3 ? (double)root : 0);
+            cr_expect(c.bytes >= want && c.bytes <= want + scalars, "%s %s world %d: %.0f bytes sent, expected %.0f",
+                      file, strategies[k], w, c.bytes, want);
+            plan_free(p);
+        }
+    plan_free(none);
+}
+
+Test(shard, zero_accounting_gpt2) { check_accounting("gpt2.fsm"); }
+Test(shard, zero_accounting_mlp) { check_accounting("mlp.fsm"); }
+
+/* Bytes of the collectives on blocks' buffers (not the params outside blocks). */
+static double block_bytes(const Plan *p)
+{
+    double b = 0;
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        const char *name = plan_str(p, p->ops[i].op);
+        if (p->ops[i].block < 0) continue;
+        int gather = !strcmp(name, "all_gather"), reduce = !strcmp(name, "all_reduce"), rs = !strcmp(name, "reduce_scatter");
+        if (!gather && !reduce && !rs) continue;
+        const PlanTensor *t = &p->tensors[gather ? p->ids[p->ops[i].out] : p->ids[p->ops[i].in]];
+        b += (reduce ? 2.0 : 1.0) * (double)plan_tensor_nbytes(t);
+    }
+    return b;
+}
+
+Test(shard, fsdp_moves_one_and_a_half_times_ddp)
+{
+    Plan *ddp = compile("gpt2.fsm", "ddp", 4), *fsdp = compile("gpt2.fsm", "fsdp", 4);
+    double r = block_bytes(fsdp) / block_bytes(ddp);
+    cr_expect(r > 1.4999 && r < 1.5001, "fsdp / ddp bytes for the blocks = %.4f", r);
+    plan_free(ddp);
+    plan_free(fsdp);
+}
+
+Test(shard, plan_does_not_grow_with_world)
+{
+    for (int k = 0; k < 4; k++) {
+        static const char *const strategies[] = {"ddp", "zero1", "zero2", "fsdp"};
+        Plan *a = compile("gpt2.fsm", strategies[k], 2), *b = compile("gpt2.fsm", strategies[k], 4);
+        cr_expect_eq(a->n_ops, b->n_ops, "%s", strategies[k]);
+        cr_expect_eq(a->n_tensors, b->n_tensors, "%s", strategies[k]);
+        void *ba, *bb;
+        size_t la, lb;
+        char err[256];
+        cr_assert_eq(plan_write_mem(a, &ba, &la, err, sizeof err), 0);
+        cr_assert_eq(plan_write_mem(b, &bb, &lb, err, sizeof err), 0);
+        cr_expect_eq(la, lb, "%s: plan of world 2 has %zu bytes, of world 4 %zu", strategies[k], la, lb);
+        plan_dealloc(ba);
+        plan_dealloc(bb);
+        plan_free(a);
+        plan_free(b);
+    }
+}
