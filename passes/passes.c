@@ -1,5 +1,5 @@
 /* passes/passes.c: the pass list as data, and the driver that runs it. The passes not
- * written yet (precision, recompute, pipeline, offload, fuse, schedule) join this table
+ * written yet (precision, pipeline, offload, fuse, schedule) join this table
  * in DESIGN.md's order. Unlike DESIGN.md's order, shard runs before optimizer: it
  * decides what the optimizer updates (a unit's flat buffer, or this rank's shard). */
 #include <string.h>
@@ -11,6 +11,9 @@ static const PassInfo PASSES[] = {
      pass_dce},
     {"autodiff", "outputs[0] is a float scalar loss", "backward nodes; Value.grad of every used param",
      pass_autodiff},
+    {"recompute", "backward nodes; the recompute setting names layers",
+     "checkpointed blocks rerun their forward (phase recompute) just before their backward, which reads the copies",
+     pass_recompute},
     {"shard", "param gradients; each rank's part of the batch",
      "flat param and grad buffers per unit, collectives in place in the order; Value.grad on what the optimizer updates",
      pass_shard},

@@ -1,0 +1,109 @@
+/* passes/recompute.c: activation checkpointing (FairScale's checkpoint_wrapper) planned
+ * ahead of time.
+ *
+ * Needs: autodiff's backward nodes; `recompute` names layers ("all": every block).
+ * Gives: for each checkpointed block, a copy of its forward (phase recompute) placed just
+ *        before its backward, which then reads the copies instead of the activations the
+ *        forward made. The forward's activations die as soon as the forward is done with
+ *        them; only what other blocks read stays (a block's input is the previous one's
+ *        output). The copies compute exactly what the forward did, so gradients are
+ *        bit-identical; the memory plan shows the saving, the FLOP count the extra work.
+ */
+#include <string.h>
+
+#include "passes.h"
+
+/* Whether block b's layer is named in `recompute` ("all", or a comma-separated list). */
+static int checkpointed(const Graph *g, int b, const char *recompute)
+{
+    if (!strcmp(recompute, "all")) return 1;
+    const char *layer = g->blocks[b].layer;
+    size_t n = strlen(layer);
+    for (const char *p = recompute; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && !strncmp(p, layer, n)) return 1;
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
+typedef struct {
+    Graph *g;
+    int *clone_of;   // per value: its recomputed copy, or -1
+    int *placed_at;  // per new node: the original node it goes before, or -1
+    int n_orig;
+} Recompute;
+
+/* Copies forward node n with inputs mapped to earlier copies; returns the copy's id. */
+static int clone_node(Recompute *r, int n)
+{
+    Graph *g = r->g;
+    Node node = g->nodes[n];
+    int in[IR_MAX_IN];
+    for (int i = 0; i < node.n_in; i++) {
+        int v = ir_in(g, &node, i);
+        in[i] = r->clone_of[v] >= 0 ? r->clone_of[v] : v;
+    }
+    Attr attrs[IR_MAX_PARAMS];
+    for (int i = 0; i < node.n_attr; i++) {
+        attrs[i] = g->attrs[node.attr + i];
+        if (attrs[i].kind == ATTR_INTS) attrs[i].ints = &g->ints[attrs[i].list];
+    }
+    char err[256];
+    int c = ir_node_add(g, node.op, in, node.n_in, attrs, node.n_attr, node.block, PHASE_RECOMPUTE, node.loc, err,
+                        sizeof err);
+    FS_ASSERT(c >= 0);
+    for (int i = 0; i < node.n_out; i++) r->clone_of[ir_out(g, &node, i)] = ir_out(g, ir_node(g, c), i);
+    return c;
+}
+
+static void recompute_block(Recompute *r, int b)
+{
+    Graph *g = r->g;
+    int first_bwd = -1;
+    for (int n = 0; n < r->n_orig && first_bwd < 0; n++)
+        if (g->nodes[n].block == b && g->nodes[n].phase == PHASE_BACKWARD) first_bwd = n;
+    if (first_bwd < 0) return;  // nothing differentiates through this block
+    for (int n = 0; n < r->n_orig; n++)
+        if (g->nodes[n].block == b && g->nodes[n].phase == PHASE_FORWARD) r->placed_at[clone_node(r, n)] = first_bwd;
+    /* The block's own backward reads the copies; other blocks keep what they read. */
+    for (int n = first_bwd; n < r->n_orig; n++) {
+        Node *node = &g->nodes[n];
+        if (node->block != b || node->phase != PHASE_BACKWARD) continue;
+        for (int i = 0; i < node->n_in; i++) {
+            int v = g->ids[node->in + i];
+            if (r->clone_of[v] >= 0) g->ids[node->in + i] = r->clone_of[v];
+        }
+    }
+    /* The next block's copies must read what its own forward read, not these. */
+    for (int n = 0; n < r->n_orig; n++)
+        if (g->nodes[n].block == b && g->nodes[n].phase == PHASE_FORWARD)
+            for (int i = 0; i < g->nodes[n].n_out; i++) r->clone_of[ir_out(g, &g->nodes[n], i)] = -1;
+}
+
+int pass_recompute(Graph *g, const Options *o, Diag *d)
+{
+    (void)d;
+    const char *which = o->train.recompute;
+    if (!strcmp(which, "none")) return 0;
+    int n_values = g->n_values;
+    Recompute r = {g, arena_alloc(g->arena, sizeof(int) * (size_t)n_values * 4 + 1),
+                   arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes * 3 + 1), g->n_nodes};
+    memset(r.clone_of, -1, sizeof(int) * (size_t)n_values * 4);
+    memset(r.placed_at, -1, sizeof(int) * (size_t)g->n_nodes * 3);
+    for (int b = 0; b < g->n_blocks; b++)
+        if (checkpointed(g, b, which)) recompute_block(&r, b);
+    if (g->n_nodes == r.n_orig) return 0;
+
+    /* The copies go, in the order they were made, just before their block's backward. */
+    int *order = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes);
+    int k = 0;
+    for (int n = 0; n < r.n_orig; n++) {
+        for (int c = r.n_orig; c < g->n_nodes; c++)
+            if (r.placed_at[c] == n) order[k++] = c;
+        order[k++] = n;
+    }
+    FS_ASSERT(k == g->n_nodes);
+    ir_nodes_reorder(g, order);
+    return 0;
+}
