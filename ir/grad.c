@@ -320,6 +320,14 @@ int grad_concat(GradCtx *c)
     return 0;
 }
 
+/* A cast's gradient is cast back: fp32 master weights get fp32 gradients. */
+int grad_cast(GradCtx *c)
+{
+    Attr at = aint("to", val(c, in_of(c, 0))->dtype);
+    c->din[0] = emit(c, OP_cast, &c->dout[0], 1, &at, 1);
+    return 0;
+}
+
 int grad_heads(GradCtx *c) { return c->din[0] = emit1(c, OP_merge_heads, c->dout[0]), 0; }
 
 int grad_merge_heads(GradCtx *c)

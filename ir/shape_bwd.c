@@ -228,3 +228,16 @@ int shape_all_gather(ShapeCtx *c)
     shape_set(c, 0, c->in[0]->dtype, 1, &s);
     return 0;
 }
+
+/* cast(x, to): x's shape in DType `to` (f32, f16, bf16: round to nearest even). */
+int shape_cast(ShapeCtx *c)
+{
+    if (want_in(c, 1)) return -1;
+    int64_t to = ir_attr_int(c->g, c->node, "to", 0);
+    char t[192];
+    if (to < 0 || to >= DT_COUNT || !dtype_is_float((DType)to) || !dtype_is_float(c->in[0]->dtype))
+        return shape_fail(c, "cast: %s to dtype %ld: only float dtypes convert", ir_type_str(c->in[0], t, sizeof t), (long)to);
+    like(c, 0, c->in[0]);
+    c->out[0].dtype = (DType)to;
+    return 0;
+}

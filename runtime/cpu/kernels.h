@@ -44,6 +44,13 @@ typedef struct {
 
 typedef void (*CpuKernel)(const KCall *k);
 
+/* runtime/cpu/cast.c: 16-bit floats, rounded to nearest even (PyTorch's .half(),
+ * .bfloat16()). */
+uint16_t cpu_f32_to_f16(float f);
+float cpu_f16_to_f32(uint16_t h);
+uint16_t cpu_f32_to_bf16(float f);
+float cpu_bf16_to_f32(uint16_t h);
+
 /* The kernel of each op, by the op's index in ir/ops.def; never NULL. */
 #define OP(name, n_out, flags, sig, grad) void cpu_##name(const KCall *k);
 #include "ops.def"
