@@ -177,11 +177,16 @@ char *ir_type_str(const Value *v, char *buf, size_t len)
     return buf;
 }
 
+/* The model's params, once each: not the flat buffers and shards the shard pass makes
+ * to hold them (unnamed, or a unit's storage), nor second views of one (tied). */
 int64_t ir_param_count(const Graph *g)
 {
     int64_t n = 0;
-    for (int i = 0; i < g->n_values; i++)
-        if (g->values[i].role == ROLE_PARAM && g->values[i].tied_to < 0) n += ir_numel(&g->values[i]);
+    for (int i = 0; i < g->n_values; i++) {
+        const Value *v = &g->values[i];
+        int storage = v->unit >= 0 && v->view_of < 0;
+        if (v->role == ROLE_PARAM && v->tied_to < 0 && v->name && !storage) n += ir_numel(v);
+    }
     return n;
 }
 

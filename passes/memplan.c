@@ -9,9 +9,15 @@
  * node that makes it to its last reader (the step's outputs: to the end of the step).
  * A view (OPF_VIEW: reshape, or a value the shard pass placed inside another: a param
  * inside its block's flat buffer, a rank's shard) lies in its root's buffer at a fixed
- * offset (plus a per-rank stride for shards); a root's range covers all its views. Groups are placed largest first, each at the lowest offset that no
- * group with an overlapping live range occupies (best fit would pack no better here and
- * the order makes the plan deterministic).
+ * offset (plus a per-rank stride for shards); a root's range covers all its views.
+ * Groups are placed one at a time, each at the lowest offset that no placed group with
+ * an overlapping live range occupies, in two orders (largest first, and schedule order);
+ * the smaller arena wins. Best fit packed no better on the samples; fixed orders keep
+ * the plan deterministic.
+ *
+ * A collective runs on while the ops after it do, but its buffers end their lives here
+ * as for any op: the runtime completes a collective before any later op touches a byte
+ * of its input or output, so whoever reuses the bytes first waits for it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -73,25 +79,6 @@ static void find_roots(const Graph *g, int *root, int64_t *at, int64_t *stride)
     }
 }
 
-/* A collective runs on while the ops after it do: its input must stay untouched until
- * the first op that touches its output's buffer, where the runtime waits for it. */
-static void hold_collective_inputs(const Graph *g, const int *root, int *end)
-{
-    for (int n = 0; n < g->n_nodes; n++) {
-        const Node *node = ir_node(g, n);
-        if (!(op_info(node->op)->flags & OPF_COLLECTIVE)) continue;
-        int out = root[ir_out(g, node, 0)], in = root[ir_in(g, node, 0)], first = g->n_nodes;
-        for (int m = n + 1; m < g->n_nodes && first == g->n_nodes; m++) {
-            const Node *later = ir_node(g, m);
-            for (int i = 0; i < later->n_in; i++)
-                if (root[ir_in(g, later, i)] == out) first = m;
-            for (int i = 0; i < later->n_out; i++)
-                if (root[ir_out(g, later, i)] == out) first = m;
-        }
-        if (first > end[in]) end[in] = first;
-    }
-}
-
 static void live_ranges(const Graph *g, const int *root, int *start, int *end)
 {
     for (int v = 0; v < g->n_values; v++) {
@@ -103,14 +90,14 @@ static void live_ranges(const Graph *g, const int *root, int *start, int *end)
         for (int i = 0; i < node->n_in; i++) end[ir_in(g, node, i)] = n;
     }
     for (int i = 0; i < g->n_outputs; i++) end[g->outputs[i]] = g->n_nodes;
-    /* A buffer lives as long as anything inside it does. */
+    /* A buffer lives as long as anything inside it does. A view no node makes (a param
+     * inside an all-gathered buffer) exists once its buffer does: it starts nothing. */
     for (int v = 0; v < g->n_values; v++) {
         int r = root[v];
         if (r == v) continue;
-        if (start[v] < start[r]) start[r] = start[v];
+        if (ir_value(g, v)->producer >= 0 && start[v] < start[r]) start[r] = start[v];
         if (end[v] > end[r]) end[r] = end[v];
     }
-    hold_collective_inputs(g, root, end);
 }
 
 static int by_size_desc(const void *a, const void *b)
@@ -119,6 +106,14 @@ static int by_size_desc(const void *a, const void *b)
     if (x->bytes != y->bytes) return x->bytes > y->bytes ? -1 : 1;
     if (x->start != y->start) return x->start - y->start;
     return x->root - y->root;
+}
+
+/* Lifetimes in schedule order, as a stack allocator would see them. */
+static int by_start(const void *a, const void *b)
+{
+    const Group *x = a, *y = b;
+    if (x->start != y->start) return x->start - y->start;
+    return by_size_desc(a, b);
 }
 
 static int by_offset(const void *a, const void *b)
@@ -141,6 +136,38 @@ static int64_t place(Group *grp, Group *placed, int n_placed, Group **scratch, i
         if (top > at) at = top;
     }
     return at;
+}
+
+/* Places every non-persistent group above base, first fit in `order`; returns the top. */
+static int64_t place_all(Group *groups, int ng, int64_t base, int (*order)(const void *, const void *), Group *placed,
+                         Group **scratch)
+{
+    qsort(groups, (size_t)ng, sizeof *groups, order);
+    int64_t top = base;
+    int n_placed = 0;
+    for (int i = 0; i < ng; i++) {
+        Group *grp = &groups[i];
+        if (grp->persistent) continue;
+        grp->offset = place(grp, placed, n_placed, scratch, base);
+        placed[n_placed++] = *grp;
+        if (grp->offset + align_up(grp->bytes) > top) top = grp->offset + align_up(grp->bytes);
+    }
+    return top;
+}
+
+/* No placement needs less than the most aligned bytes live at one node. */
+static int64_t lower_bound(Arena *a, const Group *groups, int ng, int n_nodes)
+{
+    int64_t *diff = arena_alloc(a, sizeof(int64_t) * ((size_t)n_nodes + 2)), live = 0, most = 0;
+    for (int i = 0; i < ng; i++) {
+        diff[groups[i].start] += align_up(groups[i].bytes);
+        diff[groups[i].end + 1] -= align_up(groups[i].bytes);
+    }
+    for (int n = 0; n <= n_nodes; n++) {
+        live += diff[n];
+        if (live > most) most = live;
+    }
+    return most;
 }
 
 int pass_memplan(Graph *g, const Options *o, Diag *d)
@@ -168,16 +195,16 @@ int pass_memplan(Graph *g, const Options *o, Diag *d)
         if (groups[i].persistent) groups[i].offset = top, top += align_up(groups[i].bytes);
     int64_t base = top;
 
-    qsort(groups, (size_t)ng, sizeof *groups, by_size_desc);
+    /* Largest first packs the transformers to the lower bound; schedule order packs
+     * better where big buffers are short-lived (a small Llama: 2.0% above its peak
+     * largest first, 0.01% in schedule order). */
     Group *placed = arena_alloc(g->arena, sizeof(Group) * (size_t)ng + 1);
     Group **scratch = arena_alloc(g->arena, sizeof(Group *) * (size_t)ng + 1);
-    int n_placed = 0;
-    for (int i = 0; i < ng; i++) {
-        Group *grp = &groups[i];
-        if (grp->persistent) continue;
-        grp->offset = place(grp, placed, n_placed, scratch, base);
-        placed[n_placed++] = *grp;
-        if (grp->offset + align_up(grp->bytes) > top) top = grp->offset + align_up(grp->bytes);
+    top = place_all(groups, ng, base, by_size_desc, placed, scratch);
+    if (top > lower_bound(g->arena, groups, ng, g->n_nodes)) {
+        int64_t by_size = top;
+        top = place_all(groups, ng, base, by_start, placed, scratch);
+        if (by_size <= top) top = place_all(groups, ng, base, by_size_desc, placed, scratch);
     }
 
     for (int i = 0; i < ng; i++) {

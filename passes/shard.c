@@ -207,6 +207,7 @@ static void regather(Shard *s, Unit *u)
         make_view(s, p2, u->regathered, g->values[p].flat_offset, 0);
         g->values[p2].unit = g->values[p].unit;
         g->values[p2].flat_offset = g->values[p].flat_offset;
+        g->values[p2].tied_to = p;  // the same param, seen through the second gather
         for (int n = 0; n < s->n_orig; n++) {
             Node *node = &g->nodes[n];
             if (node->phase == PHASE_FORWARD) continue;

@@ -10,7 +10,10 @@
  *                    x = center[y] + 0.5 * N(0, 1).
  * Every number comes from Philox (runtime/init.c) keyed by the seed and counted by
  * (step, row, ...), so a batch is a pure function of (seed, step): any rank can make its
- * own rows of the global batch, and the run is the same whatever the thread count.
+ * own rows of the global batch, and the run is the same whatever the thread count. The
+ * plan's inputs hold one rank's B rows; in a world of N, rank r fills rows [r * B,
+ * (r + 1) * B) of the global batch of N * B rows (B in the formulas below is N * B), so
+ * every world size trains on the same global batches, row for row.
  *
  * Window starts of step s (1-based), row b, with M = N - T - 1 (the last valid start):
  *   random      uniform in [0, M]: Philox(seed ^ RT_DATA_KEY, (s, b, 0)), 64 bits mod (M + 1)
@@ -46,7 +49,8 @@ struct RtData {
     RtDataKind kind;
     RtDataOrder order;
     uint64_t seed;
-    int64_t B, T, D, K;
+    int64_t B, T, D, K;        // B: this rank's rows
+    int64_t row0, B_global;    // this rank's first row of the global batch, and its rows
     void *x;                   // tokens (i32 [B, T]) or features (f32 [B, D])
     int32_t *y;                // targets (i32 [B, T]) or labels (i32 [B])
     const uint16_t *tok;       // the token stream
@@ -107,13 +111,19 @@ int64_t rt_lm_window_start(RtDataOrder order, uint64_t seed, int64_t step, int64
     return (int64_t)(((uint64_t)w[0] << 32 | w[1]) % (m + 1));
 }
 
+void rt_lm_rows(const RtTokens *t, RtDataOrder order, uint64_t seed, int64_t step, int64_t B_global, int64_t row0,
+                int64_t rows, int64_t T, int32_t *tokens, int32_t *targets)
+{
+    for (int64_t b = 0; b < rows; b++) {
+        const uint16_t *w = t->tok + rt_lm_window_start(order, seed, step, B_global, row0 + b, T, t->n);
+        for (int64_t i = 0; i < T; i++) tokens[b * T + i] = w[i], targets[b * T + i] = w[i + 1];
+    }
+}
+
 void rt_lm_batch(const RtTokens *t, RtDataOrder order, uint64_t seed, int64_t step, int64_t B, int64_t T,
                  int32_t *tokens, int32_t *targets)
 {
-    for (int64_t b = 0; b < B; b++) {
-        const uint16_t *w = t->tok + rt_lm_window_start(order, seed, step, B, b, T, t->n);
-        for (int64_t i = 0; i < T; i++) tokens[b * T + i] = w[i], targets[b * T + i] = w[i + 1];
-    }
+    rt_lm_rows(t, order, seed, step, B, 0, B, T, tokens, targets);
 }
 
 /* ---- Gaussian blobs ----------------------------------------------------------------- */
@@ -128,19 +138,26 @@ void rt_blob_centers(uint64_t seed, int64_t K, int64_t D, float *centers)
         }
 }
 
-void rt_blobs_batch(const float *centers, uint64_t seed, int64_t step, int64_t B, int64_t D, int64_t K, float *x,
-                    int32_t *y)
+void rt_blobs_rows(const float *centers, uint64_t seed, int64_t step, int64_t row0, int64_t rows, int64_t D,
+                   int64_t K, float *x, int32_t *y)
 {
     uint32_t s0 = (uint32_t)step, s1 = (uint32_t)((uint64_t)step >> 32), w[4];
-    for (int64_t b = 0; b < B; b++) {
-        rt_philox(seed ^ RT_DATA_KEY, (uint32_t[4]){s0, s1, (uint32_t)b, 0}, w);
+    for (int64_t b = 0; b < rows; b++) {
+        uint32_t row = (uint32_t)(row0 + b);
+        rt_philox(seed ^ RT_DATA_KEY, (uint32_t[4]){s0, s1, row, 0}, w);
         int64_t c = (int64_t)(((uint64_t)w[0] << 32 | w[1]) % (uint64_t)K);
         y[b] = (int32_t)c;
         for (int64_t d = 0; d < D; d++) {
-            rt_philox(seed ^ RT_DATA_KEY, (uint32_t[4]){s0, s1, (uint32_t)b, (uint32_t)d + 1}, w);
+            rt_philox(seed ^ RT_DATA_KEY, (uint32_t[4]){s0, s1, row, (uint32_t)d + 1}, w);
             x[b * D + d] = centers[c * D + d] + 0.5f * (float)rt_normal(w);
         }
     }
+}
+
+void rt_blobs_batch(const float *centers, uint64_t seed, int64_t step, int64_t B, int64_t D, int64_t K, float *x,
+                    int32_t *y)
+{
+    rt_blobs_rows(centers, seed, step, 0, B, D, K, x, y);
 }
 
 /* ---- what a plan needs ----------------------------------------------------------------- */
@@ -382,6 +399,8 @@ static int setup(RtData *d, const Plan *p, Exec *e, const char *path, char *err,
     rt_exec_tensor_id(e, b, &y);
     d->x = x.data, d->y = y.data;
     d->B = x.shape[0];
+    d->row0 = (int64_t)rt_exec_rank(e) * d->B;
+    d->B_global = (int64_t)rt_exec_world(e) * d->B;
     if (d->kind == RT_DATA_LM) {
         d->T = x.shape[1];
         return open_lm(d, p, path, err, errlen);
@@ -410,15 +429,15 @@ void rt_data_fill(RtData *d, int64_t step)
 {
     if (d->kind == RT_DATA_LM) {
         RtTokens t = {d->tok, d->n_tok, RT_TOKENS_RAW};
-        rt_lm_batch(&t, d->order, d->seed, step, d->B, d->T, d->x, d->y);
+        rt_lm_rows(&t, d->order, d->seed, step, d->B_global, d->row0, d->B, d->T, d->x, d->y);
     } else {
-        rt_blobs_batch(d->centers, d->seed, step, d->B, d->D, d->K, d->x, d->y);
+        rt_blobs_rows(d->centers, d->seed, step, d->row0, d->B, d->D, d->K, d->x, d->y);
     }
 }
 
 RtDataKind rt_data_get_kind(const RtData *d) { return d->kind; }
 const char *rt_data_describe(const RtData *d) { return d->describe; }
-int64_t rt_data_items(const RtData *d) { return d->kind == RT_DATA_LM ? d->B * d->T : d->B; }
+int64_t rt_data_items(const RtData *d) { return d->kind == RT_DATA_LM ? d->B_global * d->T : d->B_global; }
 
 void rt_data_close(RtData *d)
 {

@@ -9,11 +9,20 @@
  *
  * Views (OPF_VIEW ops whose output shares its input's buffer) are skipped: the bytes are
  * already where the output says. Effect ops (adamw, sgd) have no outputs and update
- * their inputs in place.
+ * their inputs in place. A tensor with a rank_stride lies at offset + rank * rank_stride
+ * (this rank's shard of a flat buffer); a view lies inside its root's bytes, for every
+ * rank of the world.
+ *
+ * Collectives (OPF_COLLECTIVE) of a world of one are the kernels of cpu/comm_local.c; in
+ * a larger world they run through MPI (comm.c), nonblocking: started when reached,
+ * tested between ops so they progress, and waited for just before an op (or, in debug
+ * mode, a poison fill) touches bytes overlapping their input or output. The bytes each
+ * op touches are computed once here; every collective is complete when a run returns.
  *
  * Persistent tensors (params, optimizer state, master weights, inputs) and any other
  * tensor no op produces are initialized here: from their init kind (rt_init_param,
- * keyed by name, so the values do not depend on the layout), zeros by default.
+ * keyed by name, so the values do not depend on the layout), zeros by default; a flat
+ * storage from the params of its unit (rt_flat_init), its part on this rank.
  *
  * Debug mode (nan_fill): the arena starts as all-ones bytes (NaN in every float dtype,
  * -1 in i32) except what is initialized, and after each op every buffer whose live
@@ -43,6 +52,8 @@ typedef struct {
     unsigned phase_bit;
     int skip;               // a view: nothing to compute
     int32_t dead, n_dead;   // range in Exec.dead: buffers whose life ends after this op
+    int32_t touch, n_touch; // range in Exec.touch: the bytes its inputs and outputs span
+    RtColl *coll;           // world > 1: the collective this op is, else NULL
 } ExecOp;
 
 struct Exec {
@@ -55,6 +66,12 @@ struct Exec {
     int32_t *dead;          // tensor ids, grouped by the op after which they die
     int32_t *step;          // the "step" input, or NULL
     int nan_fill;
+    int rank, world;
+    RtRange *touch;         // per op (ExecOp.touch), for hazards against collectives
+    RtColl *colls;          // world > 1: one per collective op
+    RtCommQueue *queue;     // world > 1: collectives in flight
+    Guard *guard;           // debug: every op checked to stay inside its buffers (guard.c)
+    char guard_err[512];    // the guard's last finding
 };
 
 static const char *tname(const Plan *p, int32_t id)
@@ -90,33 +107,47 @@ int rt_fail(char *err, size_t errlen, const char *fmt, ...)
     return -1;
 }
 
-/* Every tensor inside the arena, aligned, with sane live ranges and aliases. */
-static int check_layout(const Plan *p, int64_t arena_bytes, char *err, size_t errlen)
+/* The bytes rank r's part of t spans: [offset + r * rank_stride, + nbytes). Every tensor
+ * inside the arena for every rank of the world (roots 64-aligned, views aligned to their
+ * dtype and inside their root), with sane live ranges and aliases. */
+static int check_layout(const Plan *p, int64_t arena_bytes, int world, char *err, size_t errlen)
 {
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *t = &p->tensors[i];
-        int64_t n = plan_tensor_nbytes(t);
-        if (t->offset < 0 || t->offset % ARENA_ALIGN || t->offset > arena_bytes || n > arena_bytes - t->offset)
+        int64_t n = plan_tensor_nbytes(t), es = plan_dtype_size(t->dtype);
+        int view = t->alias != PLAN_NONE;
+        int64_t align = view ? es : ARENA_ALIGN, reach;  // reach: the last rank's bytes start this far in
+        int overflow = __builtin_mul_overflow(t->rank_stride, (int64_t)(world - 1), &reach);
+        if (overflow || t->offset < 0 || t->offset % align || t->rank_stride % (es ? es : 1) ||
+            t->offset > arena_bytes || n > arena_bytes - t->offset || reach > arena_bytes - t->offset - n)
             return rt_fail(err, errlen,
-                        "tensor %d (%s): bytes [%lld, %lld) lie outside the %lld-byte arena or are not %d-aligned "
-                        "(plan damaged, or made by a different fsc)",
-                        i, tname(p, i), (long long)t->offset, (long long)(t->offset + n), (long long)arena_bytes,
-                        ARENA_ALIGN);
+                        "tensor %d (%s): bytes [%lld, %lld) (rank stride %lld over %d ranks) lie outside the "
+                        "%lld-byte arena or are not %lld-aligned (plan damaged, or made by a different fsc)",
+                        i, tname(p, i), (long long)t->offset, (long long)(t->offset + n), (long long)t->rank_stride,
+                        world, (long long)arena_bytes, (long long)align);
         if (t->live_start < 0 || t->live_end < t->live_start || t->live_end > p->n_ops)
             return rt_fail(err, errlen, "tensor %d (%s): live range [%d, %d] outside the %d ops", i, tname(p, i),
                         t->live_start, t->live_end, p->n_ops);
-        if (t->alias != PLAN_NONE && (t->alias < 0 || t->alias >= p->n_tensors || t->alias == i ||
-                                      p->tensors[t->alias].offset != t->offset))
-            return rt_fail(err, errlen, "tensor %d (%s): alias %d is not a tensor at the same offset", i, tname(p, i),
-                        t->alias);
+        if (!view) continue;
+        const PlanTensor *r = t->alias >= 0 && t->alias < p->n_tensors ? &p->tensors[t->alias] : NULL;
+        if (!r || t->alias == i || r->alias != PLAN_NONE || r->rank_stride != 0 || t->offset < r->offset ||
+            t->offset + reach + n > r->offset + plan_tensor_nbytes(r))
+            return rt_fail(err, errlen, "tensor %d (%s): alias %d is not a root tensor whose bytes hold this view's "
+                        "on every rank", i, tname(p, i), t->alias);
     }
     return 0;
+}
+
+void *rt_exec_data(const Exec *e, int32_t id)
+{
+    const PlanTensor *t = &e->plan->tensors[id];
+    return e->arena + t->offset + (int64_t)e->rank * t->rank_stride;
 }
 
 static void ktensor(const Exec *e, int32_t id, KTensor *k)
 {
     const PlanTensor *t = &e->plan->tensors[id];
-    k->data = e->arena + t->offset;
+    k->data = rt_exec_data(e, id);
     k->dtype = ktype(t->dtype);
     k->rank = t->rank;
     for (int d = 0; d < t->rank; d++) k->shape[d] = t->shape[d];
@@ -172,6 +203,53 @@ static int bind_attrs(const Plan *p, int32_t k, const OpInfo *info, KCall *c, ch
     return 0;
 }
 
+static int64_t ksize(const KTensor *t) { return t->numel * (t->dtype == KT_F16 || t->dtype == KT_BF16 ? 2 : 4); }
+
+/* A collective op: its world must be this run's; in a larger world it runs on MPI. The
+ * attributes are "x, world:int, avg:flag=0" (attr[1], attr[2]). */
+static int bind_collective(Exec *e, int32_t k, ExecOp *x, char *err, size_t errlen)
+{
+    const Plan *p = e->plan;
+    const char *name = plan_str(p, p->ops[k].op);
+    int kind = rt_coll_kind(name);
+    if (kind < 0 || x->call.n_in != 1 || x->call.n_out != 1)
+        return rt_fail(err, errlen, "op %d (%s): a collective this fsexec cannot run", k, name);
+    if (x->call.attr[1] != e->world)
+        return rt_fail(err, errlen, "op %d (%s) is for a world of %g ranks, but this run has %d", k, name,
+                       x->call.attr[1], e->world);
+    if (e->world == 1) return 0;
+    const KTensor *in = &x->call.in[0], *out = &x->call.out[0];
+    int avg = kind != RT_COLL_ALL_GATHER && x->call.attr[2] != 0;
+    x->coll = &e->colls[k];
+    char why[256];
+    if (rt_coll_prepare(x->coll, (RtCollKind)kind, p->tensors[p->ids[p->ops[k].in]].dtype, in->data, in->numel,
+                        out->data, out->numel, e->world, e->rank, avg, why, sizeof why))
+        return rt_fail(err, errlen, "op %d: %s", k, why);
+    return 0;
+}
+
+/* The bytes each op touches: its inputs and outputs on this rank (none for a skipped view). */
+static int build_touch(Exec *e, char *err, size_t errlen)
+{
+    int64_t n = 0;
+    for (int32_t k = 0; k < e->n_ops; k++) n += e->ops[k].call.n_in + e->ops[k].call.n_out;
+    e->touch = plan_alloc(sizeof *e->touch * (size_t)(n + 1));
+    if (!e->touch) return rt_fail(err, errlen, "out of memory");
+    int32_t at = 0;
+    for (int32_t k = 0; k < e->n_ops; k++) {
+        ExecOp *x = &e->ops[k];
+        x->touch = at, x->n_touch = 0;
+        if (x->skip) continue;
+        for (int i = 0; i < x->call.n_in + x->call.n_out; i++) {
+            const KTensor *t = i < x->call.n_in ? &x->call.in[i] : &x->call.out[i - x->call.n_in];
+            uintptr_t lo = (uintptr_t)t->data;
+            e->touch[at++] = (RtRange){lo, lo + (uintptr_t)ksize(t)};
+            x->n_touch++;
+        }
+    }
+    return 0;
+}
+
 static int build_op(Exec *e, int32_t k, char *err, size_t errlen)
 {
     const Plan *p = e->plan;
@@ -195,11 +273,11 @@ static int build_op(Exec *e, int32_t k, char *err, size_t errlen)
     x->call.n_out = op->n_out;
     for (int32_t i = 0; i < op->n_in; i++) ktensor(e, p->ids[op->in + i], &x->call.in[i]);
     for (int32_t i = 0; i < op->n_out; i++) ktensor(e, p->ids[op->out + i], &x->call.out[i]);
-    if ((info->flags & OPF_VIEW) && op->n_in >= 1 && op->n_out == 1) {
-        const PlanTensor *in = &p->tensors[p->ids[op->in]], *out = &p->tensors[p->ids[op->out]];
-        x->skip = out->offset == in->offset;
-    }
-    return bind_attrs(p, k, info, &x->call, err, errlen);
+    if ((info->flags & OPF_VIEW) && op->n_in >= 1 && op->n_out == 1)
+        x->skip = x->call.out[0].data == x->call.in[0].data;
+    if (bind_attrs(p, k, info, &x->call, err, errlen)) return -1;
+    if (info->flags & OPF_COLLECTIVE) return bind_collective(e, k, x, err, errlen);
+    return 0;
 }
 
 /* Buffers to poison after each op: roots that are neither persistent nor outputs. */
@@ -232,8 +310,12 @@ static int init_tensors(Exec *e, uint64_t seed, char *err, size_t errlen)
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *t = &p->tensors[i];
         if (t->producer != PLAN_NONE || t->alias != PLAN_NONE) continue;
-        uint8_t *data = e->arena + t->offset;
+        uint8_t *data = rt_exec_data(e, i);
         int64_t n = plan_tensor_numel(t);
+        if (t->role == PLAN_ROLE_PARAM && rt_flat_is_storage(p, i)) {
+            if (rt_flat_init(p, i, e->rank, seed, (float *)data, err, errlen)) return -1;
+            continue;
+        }
         if (t->init == PLAN_INIT_NONE || t->init == PLAN_INIT_ZEROS) {
             memset(data, 0, (size_t)plan_tensor_nbytes(t));
             continue;
@@ -273,7 +355,13 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
         return rt_fail(err, errlen, "the plan's arena_bytes (%lld) is not a size this machine can allocate",
                     (long long)m->i);
     e->arena_bytes = m->i;
-    if (check_layout(p, e->arena_bytes, err, errlen)) return -1;
+    int64_t plan_world = plan_meta_int(p, "world", 1);
+    if (plan_world != e->world)
+        return rt_fail(err, errlen, "plan compiled for world %lld, but %d rank%s started", (long long)plan_world,
+                       e->world, e->world == 1 ? "" : "s");
+    if (e->rank < 0 || e->rank >= e->world)
+        return rt_fail(err, errlen, "rank %d is outside the world of %d", e->rank, e->world);
+    if (check_layout(p, e->arena_bytes, e->world, err, errlen)) return -1;
     e->block = plan_alloc((size_t)e->arena_bytes + ARENA_ALIGN - 1);
     if (!e->block)
         return rt_fail(err, errlen, "cannot allocate the %.1f MiB arena the plan needs (out of memory)",
@@ -283,10 +371,19 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
     if (!e->ops) return rt_fail(err, errlen, "out of memory");
     memset(e->ops, 0, sizeof *e->ops * (size_t)p->n_ops);
     e->n_ops = p->n_ops;
+    if (e->world > 1) {
+        e->colls = plan_alloc(sizeof *e->colls * (size_t)(p->n_ops + 1));
+        e->queue = rt_comm_queue_new(p->n_ops);
+        if (!e->colls || !e->queue) return rt_fail(err, errlen, "out of memory");
+    }
     for (int32_t k = 0; k < p->n_ops; k++)
         if (build_op(e, k, err, errlen)) return -1;
-    if ((e->nan_fill && build_dead_lists(e, err, errlen)) || find_step(e, err, errlen)) return -1;
+    for (int32_t k = 0; k < p->n_ops && e->world > 1; k++)
+        if (e->ops[k].coll) rt_comm_bind(e->queue, e->ops[k].coll);
+    if ((e->nan_fill && build_dead_lists(e, err, errlen)) || build_touch(e, err, errlen) || find_step(e, err, errlen))
+        return -1;
     if (e->nan_fill) memset(e->arena, 0xff, (size_t)e->arena_bytes);
+    if (o->guard && !(e->guard = rt_guard_new(p, e->arena, e->arena_bytes, err, errlen))) return -1;
     return init_tensors(e, o->seed, err, errlen);
 }
 
@@ -300,6 +397,8 @@ Exec *rt_exec_new(const Plan *p, const ExecOptions *o, char *err, size_t errlen)
     memset(e, 0, sizeof *e);
     e->plan = p;
     e->nan_fill = o->nan_fill;
+    e->rank = o->rank;
+    e->world = o->world > 0 ? o->world : 1;
     if (setup(e, o, err, errlen)) {
         rt_exec_free(e);
         return NULL;
@@ -313,6 +412,10 @@ void rt_exec_free(Exec *e)
     plan_dealloc(e->block);
     plan_dealloc(e->ops);
     plan_dealloc(e->dead);
+    plan_dealloc(e->touch);
+    plan_dealloc(e->colls);
+    rt_comm_queue_free(e->queue);
+    rt_guard_free(e->guard);
     plan_dealloc(e);
 }
 
@@ -321,15 +424,31 @@ int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned ph
     if (step < 1 || step > INT32_MAX || from < 0 || to > e->n_ops) return -1;
     if (e->step) *e->step = (int32_t)step;
     const PlanTensor *t = e->plan->tensors;
+    RtCommQueue *q = e->queue;
     for (int32_t k = from; k < to; k++) {
         const ExecOp *x = &e->ops[k];
         if (!(x->phase_bit & phases)) continue;
-        if (!x->skip) x->fn(&x->call);
-        for (int32_t d = 0; d < x->n_dead; d++) {
-            const PlanTensor *dt = &t[e->dead[x->dead + d]];
-            memset(e->arena + dt->offset, 0xff, (size_t)plan_tensor_nbytes(dt));
+        if (rt_comm_pending(q)) rt_comm_wait_touching(q, e->touch + x->touch, x->n_touch);
+        if (e->guard && !x->skip) rt_guard_before(e->guard, k);
+        if (x->coll)
+            rt_comm_start(q, x->coll);
+        else if (!x->skip)
+            x->fn(&x->call);
+        if (e->guard && !x->skip) {
+            if (rt_comm_pending(q)) rt_comm_wait_all(q);
+            if (rt_guard_after(e->guard, k, e->guard_err, sizeof e->guard_err)) return -1;
         }
+        for (int32_t d = 0; d < x->n_dead; d++) {
+            int32_t id = e->dead[x->dead + d];
+            uint8_t *data = rt_exec_data(e, id);
+            size_t bytes = (size_t)plan_tensor_nbytes(&t[id]);
+            RtRange r = {(uintptr_t)data, (uintptr_t)data + bytes};
+            if (rt_comm_pending(q)) rt_comm_wait_touching(q, &r, 1);
+            memset(data, 0xff, bytes);
+        }
+        if (rt_comm_pending(q)) rt_comm_poll(q);
     }
+    if (rt_comm_pending(q)) rt_comm_wait_all(q);
     return 0;
 }
 
@@ -345,7 +464,7 @@ int32_t rt_exec_first_op(const Exec *e, PlanPhase phase)
 void rt_exec_tensor_id(const Exec *e, int32_t id, RtTensor *out)
 {
     const PlanTensor *t = &e->plan->tensors[id];
-    *out = (RtTensor){.id = id, .name = plan_str(e->plan, t->name), .data = e->arena + t->offset,
+    *out = (RtTensor){.id = id, .name = plan_str(e->plan, t->name), .data = rt_exec_data(e, id),
                       .dtype = t->dtype, .role = t->role, .rank = t->rank, .shape = t->shape,
                       .numel = plan_tensor_numel(t)};
 }
@@ -362,6 +481,9 @@ int rt_exec_tensor(const Exec *e, const char *name, RtTensor *out)
 }
 
 const Plan *rt_exec_plan(const Exec *e) { return e->plan; }
+const char *rt_exec_error(const Exec *e) { return e->guard_err; }
+int rt_exec_rank(const Exec *e) { return e->rank; }
+int rt_exec_world(const Exec *e) { return e->world; }
 int64_t rt_exec_arena_bytes(const Exec *e) { return e->arena_bytes; }
 const void *rt_exec_arena(const Exec *e) { return e->arena; }
 

@@ -12,8 +12,15 @@
  *   uniform(a, b)   a + (b - a) * u, u in [0, 1) from words 0-1 (53 bits)
  *   normal(0, std)  std * Box-Muller(u1 in (0, 1] from words 0-1, u2 in [0, 1) from words 2-3)
  * computed in double, rounded once to f32.
+ *
+ * Flat layouts (sharded plans): a unit's params are views into one flat buffer, and its
+ * storage holds that buffer or one rank's shard of it. The storage is what gets
+ * initialized: each param's part that falls in the range the storage holds on this rank,
+ * by element index within the param, so every rank makes exactly its own slice and the
+ * slices put together are the unsharded tensors. Views are never initialized on their own.
  */
 #include <math.h>
+#include <string.h>
 
 #include "runtime.h"
 
@@ -76,4 +83,88 @@ void rt_init_param(const char *name, uint64_t seed, PlanInit kind, double a, dou
         rt_philox(seed, ctr, w);
         out[i] = normal ? (float)(a * rt_normal(w)) : (float)(a + (b - a) * rt_unit(w[0], w[1]));
     }
+}
+
+/* ---- flat layouts ------------------------------------------------------------------- */
+
+int rt_flat_is_storage(const Plan *p, int32_t id)
+{
+    const PlanTensor *t = &p->tensors[id];
+    if (t->role != PLAN_ROLE_PARAM || t->alias != PLAN_NONE || t->unit == PLAN_NONE) return 0;
+    if (t->sharded) return 1;
+    /* A unit with params in it (plans built by hand may leave unit 0 on every tensor). */
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (rt_flat_is_param(&p->tensors[i], t->unit)) return 1;
+    return 0;
+}
+
+int rt_flat_is_param(const PlanTensor *t, int32_t unit)
+{
+    return t->role == PLAN_ROLE_PARAM && t->alias != PLAN_NONE && t->unit == unit && t->unit != PLAN_NONE &&
+           t->name != PLAN_NONE && t->rank_stride == 0 && !t->sharded && t->tied_to == PLAN_NONE;
+}
+
+void rt_flat_held(const PlanTensor *s, int rank, int64_t *first, int64_t *count)
+{
+    *count = plan_tensor_numel(s);
+    *first = s->flat_offset + (s->sharded ? (int64_t)rank * *count : 0);
+}
+
+int64_t rt_flat_length(const Plan *p, int32_t storage, int world)
+{
+    const PlanTensor *s = &p->tensors[storage];
+    int64_t first, count, end;
+    rt_flat_held(s, world - 1, &first, &count);
+    end = first + count;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *v = &p->tensors[i];
+        if (rt_flat_is_param(v, s->unit) && v->flat_offset + plan_tensor_numel(v) > end)
+            end = v->flat_offset + plan_tensor_numel(v);
+    }
+    return end;
+}
+
+int rt_flat_init(const Plan *p, int32_t storage, int rank, uint64_t seed, float *out, char *err, size_t errlen)
+{
+    const PlanTensor *s = &p->tensors[storage];
+    if (s->dtype != PLAN_DT_F32)
+        return rt_fail(err, errlen, "flat storage '%s' is %s; this fsexec initializes f32 storage only",
+                       plan_str(p, s->name), plan_dtype_name(s->dtype));
+    int64_t first, count;
+    rt_flat_held(s, rank, &first, &count);
+    memset(out, 0, sizeof *out * (size_t)count);
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *v = &p->tensors[i];
+        if (!rt_flat_is_param(v, s->unit) || v->init == PLAN_INIT_NONE || v->init == PLAN_INIT_ZEROS) continue;
+        if (v->dtype != PLAN_DT_F32)
+            return rt_fail(err, errlen, "param '%s' is %s; flat layouts hold f32 params", plan_str(p, v->name),
+                           plan_dtype_name(v->dtype));
+        int64_t lo = v->flat_offset > first ? v->flat_offset : first;
+        int64_t hi = v->flat_offset + plan_tensor_numel(v), held_end = first + count;
+        if (hi > held_end) hi = held_end;
+        if (lo >= hi) continue;
+        rt_init_param(plan_str(p, v->name), seed, v->init, v->init_a, v->init_b, lo - v->flat_offset, hi - lo,
+                      out + (lo - first));
+    }
+    return 0;
+}
+
+void rt_flat_owned(const Plan *p, int32_t storage, int world, RtOwned *o)
+{
+    const PlanTensor *s = &p->tensors[storage];
+    int64_t n = plan_tensor_numel(s), es = plan_dtype_size(s->dtype);
+    if (s->sharded) {
+        *o = (RtOwned){.flat_first = s->flat_offset, .flat_stride = n, .count = n, .byte_offset = s->offset};
+        return;
+    }
+    /* A rank-strided view of a full buffer: the shard that rank updates. */
+    for (int32_t i = 0; i < p->n_tensors && world > 1; i++) {
+        const PlanTensor *v = &p->tensors[i];
+        if (v->alias != storage || v->rank_stride == 0 || v->dtype != s->dtype) continue;
+        *o = (RtOwned){.flat_first = s->flat_offset + (v->offset - s->offset) / es,
+                       .flat_stride = v->rank_stride / es, .count = plan_tensor_numel(v),
+                       .byte_offset = v->offset, .byte_stride = v->rank_stride};
+        return;
+    }
+    *o = (RtOwned){.flat_first = s->flat_offset, .count = n, .byte_offset = s->offset, .replicated = 1};
 }

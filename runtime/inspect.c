@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "report.h"
 #include "runtime.h"
 
 enum { NAME_MAX_SHOWN = 48 };
@@ -95,6 +96,8 @@ static void print_summary(const Plan *p, FILE *out)
     fprintf(out, "plan format   %u.%u\n", p->major, p->minor);
     fprintf(out, "model         %s\n", clean(plan_meta_str(p, "model", "?"), a, sizeof a));
     fprintf(out, "compiler      %s\n", clean(plan_meta_str(p, "compiler", "?"), a, sizeof a));
+    if (plan_meta_find(p, "source"))
+        fprintf(out, "source        %s\n", clean(plan_meta_str(p, "source", "?"), a, sizeof a));
     fprintf(out, "ranks         %" PRId64 " (%" PRId64 " data-parallel x %" PRId64 " pipeline stage%s)\n",
             world, stages > 0 ? world / stages : world, stages, stages == 1 ? "" : "s");
     fprintf(out, "strategy      shard %s, precision %s, recompute %s, offload %s\n",
@@ -123,7 +126,7 @@ static void print_summary(const Plan *p, FILE *out)
 
 static void print_settings(const Plan *p, FILE *out)
 {
-    static const char *const shown[] = {"model", "compiler", "params", "arena_bytes"};
+    static const char *const shown[] = {"model", "compiler", "params", "arena_bytes", "source"};
     char buf[64];
     fprintf(out, "\ntraining settings\n");
     for (int32_t i = 0; i < p->n_meta; i++) {
@@ -280,6 +283,20 @@ static void print_sections(const Plan *p, FILE *out)
     }
 }
 
+/* The memory report, computed by report/ as for fsc --mem. */
+static void print_memory(const Plan *p, FILE *out)
+{
+    char err[256];
+    MemReport *r = report_mem_new(p, err, sizeof err);
+    fputc('\n', out);
+    if (!r) {
+        fprintf(out, "memory plan: none (%s)\n", err);
+        return;
+    }
+    report_mem_print(r, out);
+    report_mem_free(r);
+}
+
 void rt_inspect(const Plan *p, FILE *out)
 {
     print_summary(p, out);
@@ -288,5 +305,6 @@ void rt_inspect(const Plan *p, FILE *out)
     print_blocks(p, out);
     print_ops(p, out);
     print_roles(p, out);
+    print_memory(p, out);
     print_sections(p, out);
 }

@@ -7,6 +7,8 @@
  * full precision (%.9g), flushed line by line so a crash loses at most the current step.
  *
  * Nothing here allocates after rt_progress_new: the step loop stays allocation-free.
+ * In a world of several ranks only rank 0 reports: the others pass a NULL Progress, and
+ * the numbers rank 0 reports (loss, grad norm, items) are already the global ones.
  */
 #include <errno.h>
 #include <math.h>
@@ -138,6 +140,7 @@ static void json_number(FILE *f, const char *key, double v)
 
 int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen)
 {
+    if (!p) return 0;
     double per_s = s->ms > 0 ? s->items / (s->ms * 1e-3) : 0;
     p->items += s->items, p->seconds += s->ms * 1e-3;
     if (p->log) {

@@ -1,9 +1,10 @@
 /* runtime/runtime.h: fsexec's side of the plan. It loads a plan (plan/plan.h: checked,
  * never trusted), reports what it holds, and runs its static schedule step after step
  * on the CPU backend (runtime/cpu/) of one rank: one arena carved by the plan's offsets,
- * params from a counter-based RNG, batches from token files or synthetic data. Finding
- * ranks and the CUDA backend come later. Grouped by the file that defines each
- * declaration.
+ * params from a counter-based RNG, batches from token files or synthetic data. A world of
+ * more than one rank runs the same plan on every rank, started by an MPI launcher (rank.c),
+ * with collectives over MPI (comm.c). The CUDA backend comes later. Grouped by the file
+ * that defines each declaration.
  */
 #ifndef FS_RUNTIME_H
 #define FS_RUNTIME_H
@@ -21,8 +22,9 @@
 
 /* What a plan holds, for people: format version, model, compiler, training settings,
  * ranks, the arena, parameters (count, bytes by dtype), inputs and outputs, blocks,
- * an op histogram, tensors by role with bytes, and the section table. The plan must
- * have passed plan_check (plan_read does that). */
+ * an op histogram, tensors by role with bytes, the memory report (report/, the same
+ * as fsc --mem prints) and the section table. The plan must have passed plan_check
+ * (plan_read does that). */
 void rt_inspect(const Plan *p, FILE *out);
 
 /* ---- runtime/init.c: parameter init, counter-based RNG -------------------------------- */
@@ -42,6 +44,39 @@ double rt_normal(const uint32_t w[4]);
 void rt_init_param(const char *name, uint64_t seed, PlanInit kind, double a, double b, int64_t first, int64_t count,
                    float *out);
 
+/* Flat layouts (the shard pass): the params of a unit (a block, or the params outside
+ * blocks) are views into one flat f32 buffer, each at its flat_offset; the unit's
+ * STORAGE is a root param tensor with that unit, holding the whole buffer or (sharded)
+ * only this rank's contiguous shard. */
+/* Whether tensor id is a unit's storage: a root param tensor with a unit that is sharded
+ * or has param views (rt_flat_is_param) in it. */
+int rt_flat_is_storage(const Plan *p, int32_t id);
+/* A model param inside unit u's flat layout: a named param view at its flat_offset (not
+ * a rank's shard view, not the storage, not tied). fsdp plans may hold two views of one
+ * param (gathered for forward and again for backward): same name, same flat range. */
+int rt_flat_is_param(const PlanTensor *t, int32_t unit);
+/* The flat elements [*first, *first + *count) that `storage` holds on `rank`. */
+void rt_flat_held(const PlanTensor *storage, int rank, int64_t *first, int64_t *count);
+/* Elements of the unit's whole flat layout: past the last param and the storage's reach. */
+int64_t rt_flat_length(const Plan *p, int32_t storage, int world);
+/* Fills the storage's bytes on `rank` (f32, *count elements): each param view of its
+ * unit, intersected with the held range, from rt_init_param (so a shard equals the same
+ * slice of the unsharded tensors); everything else (padding) zero. */
+int rt_flat_init(const Plan *p, int32_t storage, int rank, uint64_t seed, float *out, char *err, size_t errlen);
+
+/* Which flat elements of a unit each rank holds authoritatively after a step: rank r's
+ * are [flat_first + r * flat_stride, + count), at arena bytes byte_offset + r *
+ * byte_stride on that rank. A sharded storage: its own shard. A full buffer with a
+ * rank-strided view (zero1, zero2: the shard each rank updates; the rest of the buffer
+ * is refreshed by the all-gather of the next step): that view's range. Else (ddp, world
+ * 1) every rank holds the same whole buffer: replicated, read it on rank 0. */
+typedef struct {
+    int64_t flat_first, flat_stride, count;
+    int64_t byte_offset, byte_stride;
+    int replicated;
+} RtOwned;
+void rt_flat_owned(const Plan *p, int32_t storage, int world, RtOwned *o);
+
 /* ---- runtime/exec.c: the executor of one rank (CPU backend) -------------------------- */
 
 typedef struct Exec Exec;
@@ -53,6 +88,10 @@ int rt_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((forma
 typedef struct {
     uint64_t seed;   // parameter init
     int nan_fill;    // debug: fill every buffer with NaN outside its planned live range
+    int guard;       // debug: check that every op writes only its own buffers (guard.c)
+    int rank, world; // this rank of a world (0 and 0 or 1: a world of one); must match the
+                     // plan's meta "world"; world > 1 runs collectives through MPI
+                     // (rt_comm_init first)
 } ExecOptions;
 
 /* A tensor of the running plan, inside the arena. */
@@ -71,14 +110,17 @@ typedef struct {
 #define RT_PHASES_ALL ((1u << PLAN_PHASE_COUNT) - 1)
 
 /* Allocates the arena (the plan's meta "arena_bytes", once), resolves every op to its
- * CPU kernel, binds every call, and initializes params and optimizer state from
- * o->seed; inputs start as zeros. NULL with a message ("plan uses op 'foo' that this
- * fsexec does not know; rebuild fsexec") on failure. p must outlive the Exec. */
+ * CPU kernel, binds every call (a tensor with a rank_stride at offset + rank *
+ * rank_stride), and initializes params (flat storages: this rank's part) and optimizer
+ * state from o->seed; inputs start as zeros. NULL with a message ("plan uses op 'foo'
+ * that this fsexec does not know; rebuild fsexec") on failure. p must outlive the Exec. */
 Exec *rt_exec_new(const Plan *p, const ExecOptions *o, char *err, size_t errlen);
 void rt_exec_free(Exec *e);
 /* One step (1-based): writes the "step" input, then runs, in plan order, the ops whose
  * phase bit (RT_PHASE(PLAN_PHASE_FORWARD) | ...) is in `phases`. 0, or -1 for a step
- * out of range. Allocates nothing. */
+ * out of range or an op the guard caught (rt_exec_error says which). Allocates nothing. With world > 1 collectives run nonblocking over MPI,
+ * each waited for just before an op touches its bytes, all complete on return; every
+ * rank must make the same calls. */
 int rt_exec_run(Exec *e, int64_t step, unsigned phases);
 /* The same for ops [from, to) only (a step split around a point, e.g. to read the
  * gradients before the first optimizer op). */
@@ -89,11 +131,29 @@ int32_t rt_exec_first_op(const Exec *e, PlanPhase phase);
 int rt_exec_tensor(const Exec *e, const char *name, RtTensor *t);
 void rt_exec_tensor_id(const Exec *e, int32_t id, RtTensor *t);
 const Plan *rt_exec_plan(const Exec *e);
+/* Why the last run returned -1 with ExecOptions.guard: the op, its source line and the
+ * damaged bytes; "" otherwise. */
+const char *rt_exec_error(const Exec *e);
+int rt_exec_rank(const Exec *e);
+int rt_exec_world(const Exec *e);
+/* Where tensor id lives on this rank (offset + rank * rank_stride). */
+void *rt_exec_data(const Exec *e, int32_t id);
 int64_t rt_exec_arena_bytes(const Exec *e);
 const void *rt_exec_arena(const Exec *e);
 /* Threads for OpenMP loops and OpenBLAS; n < 1 leaves the defaults. */
 void rt_set_threads(int n);
 int rt_threads(void);
+
+/* ---- runtime/guard.c: the debug guard ---------------------------------------------- */
+
+/* Before op k every free byte of the arena (at k) gets a canary and every live buffer
+ * the op may not write a checksum; after it, both must hold. See guard.c. */
+typedef struct Guard Guard;
+Guard *rt_guard_new(const Plan *p, uint8_t *arena, int64_t arena_bytes, char *err, size_t errlen);
+void rt_guard_free(Guard *g);
+void rt_guard_before(Guard *g, int32_t k);
+/* 0, or -1 with the op, its source location and the damaged arena bytes in err. */
+int rt_guard_after(Guard *g, int32_t k, char *err, size_t errlen);
 
 /* ---- runtime/data.c: batches for the inputs ------------------------------------------ */
 
@@ -123,12 +183,18 @@ int64_t rt_lm_window_start(RtDataOrder order, uint64_t seed, int64_t step, int64
 /* B windows of T + 1 tokens: tokens [B, T] and targets [B, T] (the same, one later). */
 void rt_lm_batch(const RtTokens *t, RtDataOrder order, uint64_t seed, int64_t step, int64_t B, int64_t T,
                  int32_t *tokens, int32_t *targets);
+/* Rows [row0, row0 + rows) of a global batch of B_global windows (a rank's slice). */
+void rt_lm_rows(const RtTokens *t, RtDataOrder order, uint64_t seed, int64_t step, int64_t B_global, int64_t row0,
+                int64_t rows, int64_t T, int32_t *tokens, int32_t *targets);
 /* Class centers [K, D] ~ N(0, 1), fixed by the seed. K: the last dim of the logits (see
  * rt_plan_logits; else of the labels' cross-entropy input; else 2). */
 void rt_blob_centers(uint64_t seed, int64_t K, int64_t D, float *centers);
 /* Labels y [B] uniform in [0, K), features x [B, D] = centers[y] + 0.5 * N(0, 1). */
 void rt_blobs_batch(const float *centers, uint64_t seed, int64_t step, int64_t B, int64_t D, int64_t K, float *x,
                     int32_t *y);
+/* Rows [row0, row0 + rows) of the global batch (row b of every batch is keyed by b). */
+void rt_blobs_rows(const float *centers, uint64_t seed, int64_t step, int64_t row0, int64_t rows, int64_t D,
+                   int64_t K, float *x, int32_t *y);
 /* The two data inputs (every input but "step"), in tensor order: tokens and targets, or
  * features and labels. 0, or -1 when the plan has not exactly two. */
 int rt_data_inputs(const Plan *p, int32_t *a, int32_t *b);
@@ -142,13 +208,15 @@ int32_t rt_plan_logits(const Plan *p);
 int64_t rt_plan_vocab(const Plan *p);
 /* The data source for e's plan: the token file `path` (NULL: the built-in corpus) for a
  * language model, Gaussian blobs for a classifier (path must be NULL). Checks every
- * token against the vocab. NULL with a message on failure. */
+ * token against the vocab. The plan's inputs hold one rank's B rows: rank r of a world
+ * of N gets rows [r * B, (r + 1) * B) of the global batch of N * B rows, the same rows a
+ * world-1 run of the global batch makes. NULL with a message on failure. */
 RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed, char *err, size_t errlen);
 /* Writes step's batch into the plan's inputs. Allocates nothing. */
 void rt_data_fill(RtData *d, int64_t step);
 RtDataKind rt_data_get_kind(const RtData *d);
 const char *rt_data_describe(const RtData *d);  // for the start line
-int64_t rt_data_items(const RtData *d);         // tokens (LM) or samples per step
+int64_t rt_data_items(const RtData *d);         // tokens (LM) or samples per step, all ranks
 void rt_data_close(RtData *d);
 
 /* ---- runtime/safetensors.c: weights and gradients as safetensors ---------------------- */
@@ -168,11 +236,16 @@ int rt_st_write(const char *path, const StEntry *t, int32_t n, int64_t step, cha
  * the offsets, and that the file holds exactly these names with these dtypes and shapes.
  * On any error nothing is written and -1 comes back with a message. */
 int rt_st_read(const char *path, const StEntry *t, int32_t n, char *err, size_t errlen);
-/* Every param (tied ones once), under its name. */
+/* Every param (tied ones once), under its name. With world > 1 every rank calls it:
+ * each unit's authoritative flat ranges (rt_flat_owned) are gathered to rank 0, which
+ * writes the consolidated params; the result (0 or -1) is the same on every rank, the
+ * message only on rank 0 (other ranks: an empty err). */
 int rt_save_weights(const Exec *e, const char *path, int64_t step, char *err, size_t errlen);
 /* Every param's gradient ("<param>.grad"), under the param's name; call between
- * backward and the first optimizer op. */
+ * backward and the first optimizer op. World 1 only. */
 int rt_save_grads(const Exec *e, const char *path, int64_t step, char *err, size_t errlen);
+/* Every rank reads the whole file and keeps what its storages hold; the result is
+ * agreed over the ranks (an empty err on a rank that did not fail itself). */
 int rt_load_weights(Exec *e, const char *path, char *err, size_t errlen);
 
 /* ---- runtime/progress.c: per-step reporting ------------------------------------------ */
@@ -197,7 +270,8 @@ typedef struct {
 } StepStats;
 
 Progress *rt_progress_new(const ProgressOptions *o, char *err, size_t errlen);
-/* Reports one step; -1 with a message if the log cannot be written. */
+/* Reports one step (NULL: nothing, as on ranks other than 0); -1 with a message if the
+ * log cannot be written. */
 int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen);
 /* Ends the bar, prints the average rate, closes the log. */
 int rt_progress_end(Progress *p, char *err, size_t errlen);
@@ -205,5 +279,100 @@ int rt_progress_end(Progress *p, char *err, size_t errlen);
 double rt_accuracy(const float *logits, const int32_t *y, int64_t B, int64_t K);
 /* Monotonic seconds. */
 double rt_now(void);
+
+/* ---- runtime/rank.c: which rank this is, from the launcher's environment ------------- */
+
+typedef enum {
+    RT_LAUNCH_NONE, RT_LAUNCH_OMPI, RT_LAUNCH_PMI, RT_LAUNCH_SLURM, RT_LAUNCH_PMIX, RT_LAUNCH_TORCHRUN, RT_LAUNCH_COUNT
+} RtLaunch;
+
+typedef struct {
+    RtLaunch launch;              // who started this process
+    int rank, world;              // world 0: the launcher does not say (PMIx): MPI tells
+    int local_rank, local_world;  // on this node; -1 when unknown (MPI tells)
+} RtRanks;
+
+typedef const char *(*RtGetenv)(void *ctx, const char *name);
+
+/* Rank and world from OMPI_COMM_WORLD_*, PMI_*, SLURM_* (inside a job step), PMIX_RANK
+ * or RANK/WORLD_SIZE, in that order; none: rank 0 of 1. -1 with a message for values
+ * that are not ranks, and for a torchrun-style world > 1 (MPI needs its launcher). */
+int rt_ranks_discover(RtGetenv get, void *ctx, RtRanks *r, char *err, size_t errlen);
+int rt_ranks_from_env(RtRanks *r, char *err, size_t errlen);
+const char *rt_launch_name(RtLaunch l);
+/* The argv of `fsexec --nproc N`: mpirun -np N --oversubscribe --bind-to none -x
+ * OMP_WAIT_POLICY -x OMP_NUM_THREADS [--allow-run-as-root] exe args..., NULL-terminated
+ * in out (cap entries; np_buf holds N's digits). The count, or -1 if cap is too small. */
+int rt_launch_argv(const char *mpirun, const char *exe, int nproc, int as_root, char *const *args, int n_args,
+                   const char **out, int cap, char *np_buf, size_t np_len);
+
+/* ---- runtime/comm.c: MPI between ranks ------------------------------------------------ */
+
+/* Starts MPI when r->world != 1 (a world of one never touches MPI) and checks that it
+ * sees the world the launcher announced; fills world (PMIx) and the local rank and
+ * size from MPI. 0, or -1 with a message. */
+int rt_comm_init(RtRanks *r, char *err, size_t errlen);
+int rt_comm_rank(void);
+int rt_comm_world(void);
+void rt_comm_finalize(void);
+/* Ends every rank (MPI_Abort when MPI is up), with exit status code. */
+_Noreturn void rt_comm_abort(int code);
+/* Rank 0 receives every rank's n floats in rank order into recv (n * world floats;
+ * ignored on other ranks). Blocking, every rank calls it. */
+void rt_comm_gather_f32(const float *send, int64_t n, float *recv);
+/* The largest rc over the ranks (every rank calls it): an error anywhere is everyone's. */
+int rt_comm_agree(int rc);
+int64_t rt_comm_sum_i64(int64_t v);
+
+typedef enum { RT_COLL_ALL_REDUCE, RT_COLL_REDUCE_SCATTER, RT_COLL_ALL_GATHER, RT_COLL_COUNT } RtCollKind;
+
+/* Bytes [lo, hi) of memory. */
+typedef struct {
+    uintptr_t lo, hi;
+} RtRange;
+
+/* One collective of the plan, bound to this rank's buffers. */
+typedef struct {
+    RtCollKind kind;
+    PlanDType dtype;
+    void *in, *out;
+    int64_t n;          // elements of one rank's block: all_reduce: all of x; reduce_scatter:
+                        // out; all_gather: x
+    int world;
+    int avg;            // divide the sum by the world on completion
+    int in_place;       // MPI_IN_PLACE
+    int move_after;     // in-place reduce_scatter whose out is not x's start: move on completion
+    RtRange range[2];   // the bytes of x and of out: nothing may touch them while in flight
+    int slot;           // its persistent request in the queue (rt_comm_bind), or -1
+} RtColl;
+
+/* The collective kind of an op name, or -1. */
+int rt_coll_kind(const char *op);
+/* Whether any nonempty range of a overlaps any of b: the hazard test. */
+int rt_ranges_overlap(const RtRange *a, int na, const RtRange *b, int nb);
+/* Binds a collective (x: n_in elements, out: n_out) on `rank` of `world` and decides how
+ * it runs in place; -1 with a message for sizes that do not fit the kind, dtypes MPI
+ * cannot reduce here, and overlaps of x and out that MPI_IN_PLACE cannot express. */
+int rt_coll_prepare(RtColl *c, RtCollKind kind, PlanDType dt, void *in, int64_t n_in, void *out, int64_t n_out,
+                    int world, int rank, int avg, char *err, size_t errlen);
+
+/* Collectives in flight, at most `capacity` (the plan's collective count). */
+typedef struct RtCommQueue RtCommQueue;
+RtCommQueue *rt_comm_queue_new(int capacity);
+void rt_comm_queue_free(RtCommQueue *q);
+int rt_comm_pending(const RtCommQueue *q);
+/* Sets c up once as a persistent collective where MPI has them (every rank binds the
+ * same collectives in the same order); c->slot stays -1 otherwise. */
+void rt_comm_bind(RtCommQueue *q, RtColl *c);
+void rt_comm_start(RtCommQueue *q, const RtColl *c);          // c must stay valid until it completes
+void rt_comm_poll(RtCommQueue *q);                             // MPI_Test each: lets them progress
+void rt_comm_wait_touching(RtCommQueue *q, const RtRange *touch, int n_touch);
+void rt_comm_wait_all(RtCommQueue *q);
+
+/* A thread that aborts every rank when an armed deadline passes (seconds <= 0: none). */
+int rt_watchdog_start(double seconds, char *err, size_t errlen);
+/* Deadline now + seconds, for `what` ("step", 12) or, step < 0, `what` alone. */
+void rt_watchdog_arm(const char *what, int64_t step);
+void rt_watchdog_disarm(void);
 
 #endif

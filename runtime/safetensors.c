@@ -296,10 +296,88 @@ int rt_st_read(const char *path, const StEntry *t, int32_t n, char *err, size_t 
 
 /* ---- the model's params and grads ---------------------------------------------------- */
 
-static int is_saved_param(const PlanTensor *t) { return t->role == PLAN_ROLE_PARAM && t->tied_to == PLAN_NONE; }
+enum { SAVED_NONE, SAVED_OWN, SAVED_FLAT };
 
-/* The entries of every param (grads: each param's "<name>.grad"), in tensor order. */
-static int collect(const Exec *e, int grads, StEntry **out, int32_t *n, char *err, size_t errlen)
+/* How the file holds tensor i: not at all; from its own bytes (a param of an unsharded
+ * plan); or from its unit's consolidated flat layout (a param view of a sharded plan;
+ * fsdp's second view of a param, under the same name, is left out). */
+static int saved_kind(const Plan *p, int32_t i)
+{
+    const PlanTensor *t = &p->tensors[i];
+    if (t->role != PLAN_ROLE_PARAM || t->tied_to != PLAN_NONE) return SAVED_NONE;
+    if (rt_flat_is_param(t, t->unit)) {
+        for (int32_t j = 0; j < i; j++)
+            if (rt_flat_is_param(&p->tensors[j], p->tensors[j].unit) &&
+                !strcmp(plan_str(p, p->tensors[j].name), plan_str(p, t->name)))
+                return SAVED_NONE;
+        return SAVED_FLAT;
+    }
+    if (t->alias != PLAN_NONE || t->rank_stride || t->sharded || rt_flat_is_storage(p, i)) return SAVED_NONE;
+    return SAVED_OWN;
+}
+
+/* Each unit's whole flat layout (elements from flat 0), where a storage has one. */
+typedef struct {
+    float **full;       // by unit (n_blocks + 1 of them); NULL: no storage, or not this rank's to hold
+    int32_t n;
+} Flat;
+
+static void flat_free(Flat *f)
+{
+    for (int32_t u = 0; f->full && u < f->n; u++) plan_dealloc(f->full[u]);
+    plan_dealloc(f->full);
+    f->full = NULL;
+}
+
+/* Zeroed buffers for the units with storage (all of them: rank 0 or every rank). */
+static int flat_alloc(const Exec *e, Flat *f, int mine, char *err, size_t errlen)
+{
+    const Plan *p = rt_exec_plan(e);
+    f->n = p->n_blocks + 1;
+    f->full = plan_alloc(sizeof *f->full * (size_t)f->n);
+    if (!f->full) return rt_fail(err, errlen, "out of memory");
+    memset(f->full, 0, sizeof *f->full * (size_t)f->n);
+    for (int32_t i = 0; i < p->n_tensors && mine; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        if (t->role != PLAN_ROLE_PARAM || !rt_flat_is_storage(p, i) || t->unit >= f->n || f->full[t->unit]) continue;
+        size_t len = (size_t)rt_flat_length(p, i, rt_exec_world(e));
+        if (!(f->full[t->unit] = plan_alloc(sizeof(float) * len)))
+            return rt_fail(err, errlen, "out of memory for the %zu params of unit %d", len, t->unit);
+        memset(f->full[t->unit], 0, sizeof(float) * len);
+    }
+    return 0;
+}
+
+/* Rank 0's full[unit] from every rank's authoritative part of storage s (rt_flat_owned);
+ * every rank calls it, for the same storages in the same order. */
+static int flat_gather(const Exec *e, int32_t s, Flat *f, char *err, size_t errlen)
+{
+    const Plan *p = rt_exec_plan(e);
+    const PlanTensor *t = &p->tensors[s];
+    const uint8_t *arena = rt_exec_arena(e);
+    int rank = rt_exec_rank(e), world = rt_exec_world(e);
+    float *full = f->full ? f->full[t->unit] : NULL;
+    RtOwned o;
+    rt_flat_owned(p, s, world, &o);
+    if (rank == 0 && !t->sharded)  // the whole buffer first: padding, and all of it when replicated
+        memcpy(full + t->flat_offset, arena + t->offset, (size_t)plan_tensor_nbytes(t));
+    if (o.replicated) return 0;
+    float *recv = rank == 0 ? plan_alloc(sizeof(float) * (size_t)(o.count * world)) : NULL;
+    int rc = rt_comm_agree(rank == 0 && !recv);
+    if (rc) {
+        plan_dealloc(recv);
+        return rank == 0 ? rt_fail(err, errlen, "out of memory gathering unit %d", t->unit) : -1;
+    }
+    rt_comm_gather_f32((const float *)(arena + o.byte_offset + (int64_t)rank * o.byte_stride), o.count, recv);
+    for (int q = 0; rank == 0 && q < world; q++)
+        memcpy(full + o.flat_first + q * o.flat_stride, recv + q * o.count, sizeof(float) * (size_t)o.count);
+    plan_dealloc(recv);
+    return 0;
+}
+
+/* The entries of every saved param (grads: each param's "<name>.grad"), in tensor order;
+ * flat params point into f's buffers. */
+static int collect(const Exec *e, int grads, const Flat *f, StEntry **out, int32_t *n, char *err, size_t errlen)
 {
     const Plan *p = rt_exec_plan(e);
     *out = plan_alloc(sizeof **out * (size_t)(p->n_tensors + 1));
@@ -310,9 +388,18 @@ static int collect(const Exec *e, int grads, StEntry **out, int32_t *n, char *er
     }
     *n = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {
-        if (!is_saved_param(&p->tensors[i])) continue;
+        int kind = saved_kind(p, i);
+        if (kind == SAVED_NONE) continue;
         RtTensor t;
         rt_exec_tensor_id(e, i, &t);
+        if (kind == SAVED_FLAT) {
+            const PlanTensor *pt = &p->tensors[i];
+            t.data = f && pt->unit < f->n && f->full[pt->unit] ? f->full[pt->unit] + pt->flat_offset : NULL;
+            if (!t.data && !grads) {
+                plan_dealloc(name);
+                return rt_fail(err, errlen, "param '%s' lies in unit %d, which has no storage", t.name, pt->unit);
+            }
+        }
         if (grads) {
             RtTensor g;
             snprintf(name, 1024, "%s.grad", t.name);
@@ -326,43 +413,65 @@ static int collect(const Exec *e, int grads, StEntry **out, int32_t *n, char *er
     return 0;
 }
 
-static int save(const Exec *e, int grads, const char *path, int64_t step, char *err, size_t errlen)
+int rt_save_weights(const Exec *e, const char *path, int64_t step, char *err, size_t errlen)
 {
+    const Plan *p = rt_exec_plan(e);
+    int rank = rt_exec_rank(e);
+    Flat f = {0};
+    err[0] = 0;
+    int rc = rt_comm_agree(flat_alloc(e, &f, rank == 0, err, errlen) ? 1 : 0);
+    for (int32_t i = 0; i < p->n_tensors && !rc; i++)
+        if (p->tensors[i].role == PLAN_ROLE_PARAM && rt_flat_is_storage(p, i)) rc = flat_gather(e, i, &f, err, errlen);
+    if (!rc && rank == 0) {
+        StEntry *t = NULL;
+        int32_t n;
+        rc = collect(e, 0, &f, &t, &n, err, errlen);
+        if (!rc) rc = rt_st_write(path, t, n, step, err, errlen);
+        plan_dealloc(t);
+    }
+    flat_free(&f);
+    return rt_comm_agree(rc ? 1 : 0) ? -1 : 0;
+}
+
+int rt_save_grads(const Exec *e, const char *path, int64_t step, char *err, size_t errlen)
+{
+    if (rt_exec_world(e) > 1)
+        return rt_fail(err, errlen, "saving gradients is supported for world 1 only (with more ranks they are "
+                       "reduced and sharded); run the world-1 plan");
     StEntry *t;
     int32_t n;
-    int rc = collect(e, grads, &t, &n, err, errlen);
+    int rc = collect(e, 1, NULL, &t, &n, err, errlen);
     if (!rc) rc = rt_st_write(path, t, n, step, err, errlen);
     plan_dealloc(t);
     return rc;
 }
 
-int rt_save_weights(const Exec *e, const char *path, int64_t step, char *err, size_t errlen)
-{
-    return save(e, 0, path, step, err, errlen);
-}
-
-int rt_save_grads(const Exec *e, const char *path, int64_t step, char *err, size_t errlen)
-{
-    return save(e, 1, path, step, err, errlen);
-}
-
 int rt_load_weights(Exec *e, const char *path, char *err, size_t errlen)
 {
-    StEntry *t;
+    const Plan *p = rt_exec_plan(e);
+    StEntry *t = NULL;
     int32_t n;
-    int rc = collect(e, 0, &t, &n, err, errlen);
+    Flat f = {0};
+    err[0] = 0;
+    int rc = flat_alloc(e, &f, 1, err, errlen);
+    if (!rc) rc = collect(e, 0, &f, &t, &n, err, errlen);
     if (!rc) rc = rt_st_read(path, t, n, err, errlen);
     plan_dealloc(t);
-    if (rc) return rc;
+    /* Each storage takes the part it holds on this rank. */
+    for (int32_t i = 0; i < p->n_tensors && !rc; i++) {
+        if (p->tensors[i].role != PLAN_ROLE_PARAM || !rt_flat_is_storage(p, i)) continue;
+        int64_t first, count;
+        rt_flat_held(&p->tensors[i], rt_exec_rank(e), &first, &count);
+        memcpy(rt_exec_data(e, i), f.full[p->tensors[i].unit] + first, sizeof(float) * (size_t)count);
+    }
+    flat_free(&f);
+    if (rt_comm_agree(rc ? 1 : 0)) return -1;
     /* Tied params that have bytes of their own start again from their target. */
-    const Plan *p = rt_exec_plan(e);
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *pt = &p->tensors[i];
         if (pt->role != PLAN_ROLE_PARAM || pt->tied_to == PLAN_NONE) continue;
-        RtTensor dst, src;
-        rt_exec_tensor_id(e, i, &dst);
-        rt_exec_tensor_id(e, pt->tied_to, &src);
-        if (dst.data != src.data) memmove(dst.data, src.data, (size_t)plan_tensor_nbytes(pt));
+        void *dst = rt_exec_data(e, i), *src = rt_exec_data(e, pt->tied_to);
+        if (dst != src) memmove(dst, src, (size_t)plan_tensor_nbytes(pt));
     }
     return 0;
 }

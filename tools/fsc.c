@@ -8,8 +8,10 @@
 
 #include "codegen.h"
 #include "frontend.h"
+#include "fsc_mem.h"
 #include "passes.h"
 #include "plan.h"
+#include "report.h"
 
 enum { MAX_SOURCE = 16 << 20, MAX_FLAGS = 256 };
 
@@ -23,6 +25,10 @@ typedef struct {
     Setting settings[MAX_FLAGS];
     int n_settings;
     int quiet;
+    MemOut mem;                 // --mem[=text|json|html FILE]
+    const char *mem_html;
+    int64_t mem_limit;          // --mem-limit SIZE, in bytes; 0: none
+    const char *mem_limit_text;
 } Flags;
 
 static void usage(FILE *out)
@@ -40,6 +46,10 @@ static void usage(FILE *out)
     const PassInfo *p = passes_list(&n);
     for (int i = 0; i < n; i++) fprintf(out, ", %s", p[i].name);
     fprintf(out, ")\n"
+                 "  --mem[=text|json]     print the per-rank memory plan (no -o needed)\n"
+                 "  --mem=html FILE       write it as one self-contained HTML page with a timeline\n"
+                 "  --mem-limit SIZE      fail if a rank's arena exceeds SIZE (80GiB, 512MiB, 1.5TB;\n"
+                 "                        B, KiB..TiB, KB..TB) and say which settings would cut it\n"
                  "  -q, --quiet           no summary on stderr\n"
                  "  -h, --help            this text\n"
                  "  --version             the version\n"
@@ -91,6 +101,32 @@ static int parse_setting(Flags *f, const char *arg, const char *next, int *used_
     return 0;
 }
 
+/* --mem, --mem=text, --mem=json, --mem=html FILE */
+static int parse_mem(Flags *f, const char *arg, const char *next, int *used_next)
+{
+    const char *how = arg[5] == '=' ? arg + 6 : "text";
+    if (!strcmp(how, "text") || !strcmp(how, "json")) {
+        f->mem = how[0] == 't' ? MEM_OUT_TEXT : MEM_OUT_JSON;
+        return 0;
+    }
+    if (strcmp(how, "html"))
+        return fail("--mem: expected --mem, --mem=text, --mem=json or --mem=html FILE, got '%s'%s", arg, "");
+    if (!next) return fail("--mem=html needs a file name: --mem=html memory.html%s%s", "", "");
+    f->mem = MEM_OUT_HTML, f->mem_html = next, *used_next = 1;
+    return 0;
+}
+
+static int parse_mem_limit(Flags *f, const char *arg, const char *next, int *used_next)
+{
+    const char *v = arg[11] == '=' ? arg + 12 : next;
+    char err[256];
+    if (!v) return fail("--mem-limit needs a size, such as 80GiB%s%s", "", "");
+    *used_next = arg[11] != '=';
+    if (report_size_parse(v, &f->mem_limit, err, sizeof err)) return fail("--mem-limit: %s%s", err, "");
+    f->mem_limit_text = v;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, Flags *f)
 {
     for (int i = 1; i < argc; i++) {
@@ -122,6 +158,10 @@ static int parse_args(int argc, char **argv, Flags *f)
         } else if (!strcmp(a, "--print-after")) {
             if (!next) return fail("--print-after needs a pass name%s%s", "", "");
             f->print_after = next, used = 1;
+        } else if (!strcmp(a, "--mem") || !strncmp(a, "--mem=", 6)) {
+            if (parse_mem(f, a, next, &used)) return -1;
+        } else if (!strcmp(a, "--mem-limit") || !strncmp(a, "--mem-limit=", 12)) {
+            if (parse_mem_limit(f, a, next, &used)) return -1;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
             f->quiet = 1;
         } else if (!strncmp(a, "--", 2) && a[2]) {
@@ -186,16 +226,34 @@ static void summary(const Graph *g, const TrainConfig *t)
             t->recompute);
 }
 
-static int write_plan(const Graph *g, const TrainConfig *t, const char *path, int quiet)
+static int write_plan(const Graph *g, const TrainConfig *t, const char *source, const char *path, int quiet)
 {
     char err[512];
     Plan *plan = codegen_plan(g, t);
+    if (plan && fsc_set_source(plan, source)) plan_free(plan), plan = NULL;
     int rc = plan ? plan_write(plan, path, err, sizeof err) : -1;
     if (!plan) snprintf(err, sizeof err, "out of memory building the plan");
     if (rc)
         fprintf(stderr, "fsc: error: %s: %s\n", path, err);
     else if (!quiet)
         fprintf(stderr, "wrote %s\n", path);
+    plan_free(plan);
+    return rc;
+}
+
+/* --mem and --mem-limit: the report of the plan built in memory (not written). */
+static int memory(const Graph *g, const TrainConfig *t, const Flags *f, const char *src, size_t len,
+                  const FrontendOptions *fo)
+{
+    Plan *plan = codegen_plan(g, t);
+    if (!plan || fsc_set_source(plan, f->input)) {
+        fprintf(stderr, "fsc: error: out of memory building the plan\n");
+        plan_free(plan);
+        return 1;
+    }
+    FscMem m = {.out = f->mem, .html_path = f->mem_html, .limit = f->mem_limit, .limit_text = f->mem_limit_text,
+                .src = src, .len = len, .path = f->input, .fo = fo, .quiet = f->quiet};
+    int rc = fsc_mem(plan, &m);
     plan_free(plan);
     return rc;
 }
@@ -218,7 +276,8 @@ int main(int argc, char **argv)
     if (!rc && f.emit == EMIT_IR) ir_print(g, stdout);
     if (!rc && f.emit == EMIT_IR_JSON) rc = ir_print_json(g, stdout) != 0;
     if (!rc && !f.quiet) summary(g, &o.train);
-    if (!rc && f.output) rc = write_plan(g, &o.train, f.output, f.quiet) != 0;
+    if (!rc && (f.mem || f.mem_limit)) rc = memory(g, &o.train, &f, src, len, &fo);
+    if (!rc && f.output) rc = write_plan(g, &o.train, f.input, f.output, f.quiet) != 0;
     if (d.n_errors) fprintf(stderr, "%d error%s\n", d.n_errors, d.n_errors == 1 ? "" : "s");
 
     ir_graph_free(g);

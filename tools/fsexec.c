@@ -6,9 +6,17 @@
  * The step loop allocates nothing: data fill, kernels, reading the scalar outputs and
  * one progress line. The one exception is --save-grads, which writes a file in step 1,
  * between backward and the optimizer (where every gradient is complete and live).
+ *
+ * Ranks: a plan for a world of N runs as N processes started by mpirun, srun, or
+ * `fsexec --nproc N` (which execs mpirun on this binary). Every rank runs the same
+ * plan; rank 0 alone prints progress and writes the log and the weights. Errors carry
+ * `[rank r]`; a world-size mismatch is reported by every rank before MPI starts; any
+ * other error on one rank ends every rank (MPI_Abort), except those all ranks see alike
+ * (a non-finite global loss, a failed save or load: agreed, then a clean exit 1).
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,18 +47,51 @@ static const char USAGE[] =
     "  --load-weights FILE  start from the params in a safetensors file\n"
     "  --save-grads FILE    write step 1's gradients (under the params' names)\n"
     "  --debug-nan          fill every buffer with NaN outside its planned live range\n"
+    "  --debug-guard        check that every op writes only its planned buffers: canaries in\n"
+    "                       the free arena and checksums of the live buffers around each op\n"
+    "                       (slow); the first op that strays stops the run, named\n"
     "  --inspect PLAN       print what PLAN holds (format, model, training settings, ranks,\n"
-    "                       params, inputs, blocks, ops, tensors by role, sections) and exit\n"
+    "                       params, inputs, blocks, ops, tensors by role, the memory plan as\n"
+    "                       fsc --mem prints it, sections) and exit\n"
+    "  --nproc N            start N ranks on this machine: runs `mpirun -np N\n"
+    "                       --oversubscribe --bind-to none` (plus --allow-run-as-root as\n"
+    "                       root; $FSEXEC_MPIRUN names another mpirun) on this fsexec with\n"
+    "                       the other options; each rank gets cores/N threads unless\n"
+    "                       --threads or OMP_NUM_THREADS says otherwise\n"
+    "  --timeout SECONDS    with several ranks: end every rank when one step (or a save or\n"
+    "                       load) takes longer than this, e.g. a peer died unnoticed\n"
+    "                       (default 600; 0: never)\n"
     "  -h, --help           print this help and exit\n"
-    "  -V, --version        print the version and exit\n";
+    "  -V, --version        print the version and exit\n"
+    "\n"
+    "ranks: a plan compiled for --world N runs as N processes, one per rank, started by\n"
+    "  mpirun -np N fsexec PLAN ...      (Open MPI: OMPI_COMM_WORLD_*; MPICH: PMI_*)\n"
+    "  srun --mpi=pmix -n N fsexec PLAN  (Slurm: SLURM_PROCID, SLURM_STEP_NUM_TASKS)\n"
+    "  fsexec --nproc N PLAN ...         (this machine)\n"
+    "torchrun-style RANK/WORLD_SIZE alone cannot start MPI: use one of the above. Every\n"
+    "rank reads its own rows of the same global batch; rank 0 prints, logs and saves\n"
+    "(weights consolidated from every rank's shards).\n";
 
 typedef struct {
     const char *plan, *inspect, *data, *log, *save_weights, *load_weights, *save_grads;
     int64_t steps;
     uint64_t seed;
-    int has_seed, threads, log_every, debug_nan;
+    int has_seed, threads, log_every, debug_nan, debug_guard;
     RtDataOrder order;
+    int64_t nproc, timeout;  // --nproc (0: not given), --timeout seconds
 } Flags;
+
+/* Who speaks in messages: "fsexec", or "[rank r] fsexec" in a world of several ranks. */
+static char who[64] = "fsexec";
+static int my_rank, my_world = 1;
+
+/* A local error: with several ranks it ends them all (the others may be waiting for this
+ * one in a collective); alone, the caller returns status rc. */
+static int local_error(int rc)
+{
+    if (my_world > 1) rt_comm_abort(rc);
+    return rc;
+}
 
 static int usage_error(const char *fmt, const char *arg)
 {
@@ -64,7 +105,7 @@ static Plan *load(const char *path)
 {
     char err[512];
     Plan *p = plan_read(path, err, sizeof err);
-    if (!p) fprintf(stderr, "fsexec: %s: %s\n", path, err);
+    if (!p) fprintf(stderr, "%s: %s: %s\n", who, path, err);
     return p;
 }
 
@@ -100,12 +141,12 @@ static int parse_int(const char *flag, const char *s, int64_t lo, int64_t hi, in
 /* The flags that take a value, as `--name VALUE` or `--name=VALUE`. */
 typedef enum {
     V_INSPECT, V_STEPS, V_SEED, V_THREADS, V_DATA, V_DATA_ORDER, V_LOG, V_LOG_EVERY, V_SAVE_WEIGHTS,
-    V_LOAD_WEIGHTS, V_SAVE_GRADS, V_COUNT
+    V_LOAD_WEIGHTS, V_SAVE_GRADS, V_NPROC, V_TIMEOUT, V_COUNT
 } ValueFlag;
 
 static const char *const VALUE_FLAGS[V_COUNT] = {
     "--inspect", "--steps", "--seed", "--threads", "--data", "--data-order", "--log", "--log-every",
-    "--save-weights", "--load-weights", "--save-grads",
+    "--save-weights", "--load-weights", "--save-grads", "--nproc", "--timeout",
 };
 
 /* 0, or the exit status of a usage error (after its message). */
@@ -144,6 +185,8 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
     case V_SAVE_WEIGHTS: f->save_weights = v; return 0;
     case V_LOAD_WEIGHTS: f->load_weights = v; return 0;
     case V_SAVE_GRADS: f->save_grads = v; return 0;
+    case V_NPROC: return parse_int(flag, v, 1, 4096, &f->nproc) ? 2 : 0;
+    case V_TIMEOUT: return parse_int(flag, v, 0, 1000000000, &f->timeout) ? 2 : 0;
     case V_COUNT: break;
     }
     return 2;
@@ -152,6 +195,7 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
 static int parse_args(int argc, char **argv, Flags *f)
 {
     f->steps = 100;
+    f->timeout = 600;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -160,6 +204,9 @@ static int parse_args(int argc, char **argv, Flags *f)
         } else if (!strcmp(a, "-V") || !strcmp(a, "--version")) {
             printf("fsexec %s (plan format %d.%d)\n", RT_VERSION, PLAN_MAJOR, PLAN_MINOR);
             exit(0);
+        } else if (!strcmp(a, "--debug-guard")) {
+            f->debug_guard = 1;
+            continue;
         } else if (!strcmp(a, "--debug-nan")) {
             f->debug_nan = 1;
             continue;
@@ -225,7 +272,7 @@ static int end_progress(Run *r)
     char err[256];
     int rc = rt_progress_end(r->progress, err, sizeof err);
     r->progress = NULL;
-    if (rc) fprintf(stderr, "fsexec: %s\n", err);
+    if (rc) fprintf(stderr, "%s: %s\n", who, err);
     return rc ? 1 : 0;
 }
 
@@ -265,13 +312,17 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
         snprintf(mem, sizeof mem, "%.2f GiB", mib / 1024);
     else
         snprintf(mem, sizeof mem, mib >= 10 ? "%.0f MiB" : "%.2f MiB", mib);
-    fprintf(stderr, "fsexec: %s | %s params | arena %s | %d thread%s | data: %s | %" PRId64 " step%s, seed %" PRIu64
-            "%s\n", plan_meta_str(p, "model", "model"), grouped(params, num, sizeof num), mem, rt_threads(),
-            rt_threads() == 1 ? "" : "s", rt_data_describe(r->data), f->steps, f->steps == 1 ? "" : "s", seed,
-            f->debug_nan ? " | debug-nan" : "");
+    char ranks[96] = "";
+    if (my_world > 1)
+        snprintf(ranks, sizeof ranks, " | %d ranks (%s)", my_world, plan_meta_str(p, "shard", "?"));
+    fprintf(stderr, "fsexec: %s | %s params | arena %s%s | %d thread%s%s | data: %s | %" PRId64 " step%s, seed %"
+            PRIu64 "%s\n", plan_meta_str(p, "model", "model"), grouped(params, num, sizeof num), mem,
+            my_world > 1 ? " per rank" : "", rt_threads(), rt_threads() == 1 ? "" : "s", ranks,
+            rt_data_describe(r->data), f->steps, f->steps == 1 ? "" : "s", seed,
+            f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "");
 }
 
-/* The step loop; 0, or 1 after a message. */
+/* The step loop; 0, or 1 after a message (an error on this rank alone ends every rank). */
 static int train(Run *r, const Flags *f, const char *path)
 {
     char err[512];
@@ -284,8 +335,8 @@ static int train(Run *r, const Flags *f, const char *path)
         if (lt.dtype == PLAN_DT_F32 && lt.numel == 1) loss = lt.data;
     }
     if (!loss) {
-        fprintf(stderr, "fsexec: %s: the plan's first output is not an f32 scalar loss\n", path);
-        return 1;
+        fprintf(stderr, "%s: %s: the plan's first output is not an f32 scalar loss\n", who, path);
+        return local_error(1);
     }
     const int32_t *labels = NULL;
     int64_t B = 0, K = 0;
@@ -295,30 +346,41 @@ static int train(Run *r, const Flags *f, const char *path)
 
     for (int64_t step = 1; step <= f->steps; step++) {
         double t0 = rt_now();
+        rt_watchdog_arm("step", step);
         rt_data_fill(r->data, step);
+        int rc = 0;
         if (step == 1 && f->save_grads) {
-            rt_exec_run_ops(r->e, step, 0, split, RT_PHASES_ALL);
-            if (rt_save_grads(r->e, f->save_grads, step, err, sizeof err)) {
-                fprintf(stderr, "fsexec: %s\n", err);
-                return 1;
+            rc = rt_exec_run_ops(r->e, step, 0, split, RT_PHASES_ALL);
+            if (!rc && rt_save_grads(r->e, f->save_grads, step, err, sizeof err)) {
+                fprintf(stderr, "%s: %s\n", who, err);
+                return local_error(1);
             }
-            rt_exec_run_ops(r->e, step, split, n_ops, RT_PHASES_ALL);
+            rc = rc ? rc : rt_exec_run_ops(r->e, step, split, n_ops, RT_PHASES_ALL);
         } else {
-            rt_exec_run(r->e, step, RT_PHASES_ALL);
+            rc = rt_exec_run(r->e, step, RT_PHASES_ALL);
         }
-        StepStats s = {.step = step, .loss = *loss, .lr = lr ? *lr : NAN, .grad_norm = norm ? *norm : NAN,
-                       .ms = (rt_now() - t0) * 1e3, .items = items,
-                       .accuracy = logits ? rt_accuracy(logits, labels, B, K) : NAN};
-        if (rt_progress_step(r->progress, &s, err, sizeof err)) {
-            fprintf(stderr, "fsexec: %s\n", err);
-            return 1;
-        }
-        if (!isfinite(s.loss)) {
+        if (rc) {
             end_progress(r);
-            fprintf(stderr, "fsexec: step %" PRId64 ": the loss is %g; stopping (%s)\n", step, s.loss,
-                    f->debug_nan ? "with --debug-nan this is a buffer read outside its planned live range: a bug "
-                                   "in the plan"
-                                 : "a lower learning rate may help; --debug-nan checks the plan's buffer reuse");
+            fprintf(stderr, "%s: step %" PRId64 ": %s\n", who, step, rt_exec_error(r->e));
+            return local_error(1);
+        }
+        double accuracy = logits ? rt_accuracy(logits, labels, B, K) : NAN;
+        if (logits && my_world > 1)  // over the global batch, like the loss
+            accuracy = (double)rt_comm_sum_i64((int64_t)llround(accuracy * (double)B)) / (double)(B * my_world);
+        rt_watchdog_disarm();
+        StepStats s = {.step = step, .loss = *loss, .lr = lr ? *lr : NAN, .grad_norm = norm ? *norm : NAN,
+                       .ms = (rt_now() - t0) * 1e3, .items = items, .accuracy = accuracy};
+        if (rt_progress_step(r->progress, &s, err, sizeof err)) {
+            fprintf(stderr, "%s: %s\n", who, err);
+            return local_error(1);
+        }
+        if (!isfinite(s.loss)) {  // the global loss: every rank stops here
+            end_progress(r);
+            if (my_rank == 0)
+                fprintf(stderr, "%s: step %" PRId64 ": the loss is %g; stopping (%s)\n", who, step, s.loss,
+                        f->debug_nan ? "with --debug-nan this is a buffer read outside its planned live range: a "
+                                       "bug in the plan"
+                                     : "a lower learning rate may help; --debug-nan checks the plan's buffer reuse");
             return 1;
         }
     }
@@ -333,8 +395,72 @@ static int check_output(const char *flag, const char *path)
     char dir[4096];
     snprintf(dir, sizeof dir, "%.*s", slash ? (slash == path ? 1 : (int)(slash - path)) : 1, slash ? path : ".");
     if (access(dir, W_OK) == 0) return 0;
-    fprintf(stderr, "fsexec: %s %s: cannot write in %s: %s\n", flag, path, dir, strerror(errno));
+    fprintf(stderr, "%s: %s %s: cannot write in %s: %s\n", who, flag, path, dir, strerror(errno));
     return -1;
+}
+
+/* The plan's world against the ranks started; 0, or 1 after a message (every rank says it). */
+static int check_world(const Flags *f, int64_t plan_world, int ranks)
+{
+    if (plan_world == ranks) return 0;
+    char hint[256] = "";
+    if (plan_world > 1 && ranks == 1)
+        snprintf(hint, sizeof hint, " (start %" PRId64 ": mpirun -np %" PRId64 " fsexec ..., srun --mpi=pmix -n %"
+                 PRId64 " fsexec ..., or fsexec --nproc %" PRId64 " ...)", plan_world, plan_world, plan_world,
+                 plan_world);
+    else
+        snprintf(hint, sizeof hint, " (recompile with fsc --world %d, or start %" PRId64 ")", ranks, plan_world);
+    fprintf(stderr, "%s: %s: plan compiled for world %" PRId64 ", but %d rank%s started%s\n", who, f->plan, plan_world,
+            ranks, ranks == 1 ? "" : "s", hint);
+    return 1;
+}
+
+/* Finds this process's rank, starts MPI for a world of several, and checks the plan's
+ * world; 0, or an exit status after a message. A mismatch is reported by every rank, and
+ * they agree before any exits: mpirun ends the job at the first non-zero exit, which
+ * would cut the others short. */
+static int join_world(const Flags *f, const Plan *p, RtRanks *rk)
+{
+    char err[512];
+    if (rt_ranks_from_env(rk, err, sizeof err)) {
+        fprintf(stderr, "fsexec: %s\n", err);
+        return 1;
+    }
+    if (rk->world != 1) snprintf(who, sizeof who, "[rank %d] fsexec", rk->rank);
+    if (rt_comm_init(rk, err, sizeof err)) {
+        fprintf(stderr, "%s: %s\n", who, err);
+        rt_comm_abort(1);
+    }
+    if (rk->world != 1) snprintf(who, sizeof who, "[rank %d] fsexec", rk->rank);
+    int64_t world = plan_meta_int(p, "world", 1);
+    int rc = check_world(f, world, rk->world);
+    if (!rc && f->save_grads && world > 1) {
+        if (rk->rank == 0)
+            fprintf(stderr, "%s: --save-grads is supported for world 1 only (with more ranks the gradients are "
+                    "reduced and sharded); run a plan compiled for --world 1\n", who);
+        rc = 2;
+    }
+    if (rc) return rt_comm_agree(rc);
+    my_rank = rk->rank, my_world = rk->world;
+    if (my_world > 1 && rt_watchdog_start((double)f->timeout, err, sizeof err)) {
+        fprintf(stderr, "%s: %s\n", who, err);
+        return 1;
+    }
+    /* Ranks that share a machine share its cores, unless told otherwise. */
+    if (!f->threads && !getenv("OMP_NUM_THREADS") && rk->local_world > 1) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        rt_set_threads(cores / rk->local_world > 1 ? (int)(cores / rk->local_world) : 1);
+    }
+    return 0;
+}
+
+/* Every rank reads the file; a failure anywhere is every rank's (the result is agreed). */
+static int load_weights(Exec *e, const char *path, char *err, size_t errlen)
+{
+    rt_watchdog_arm("loading the weights", -1);
+    int rc = rt_load_weights(e, path, err, errlen);
+    rt_watchdog_disarm();
+    return rc;
 }
 
 static int run(const Flags *f)
@@ -342,43 +468,95 @@ static int run(const Flags *f)
     if (check_output("--save-weights", f->save_weights) || check_output("--save-grads", f->save_grads)) return 1;
     Plan *p = load(f->plan);
     if (!p) return 1;
-    int64_t world = plan_meta_int(p, "world", 1);
-    if (world > 1) {
-        fprintf(stderr, "fsexec: %s: the plan is for %" PRId64 " ranks; multi-rank execution is not available yet "
-                "(recompile with --world 1)\n", f->plan, world);
+    RtRanks rk;
+    int rc = join_world(f, p, &rk);
+    if (rc) {
+        rt_comm_finalize();
         plan_free(p);
-        return 2;
+        return rc;
     }
     rt_set_threads(f->threads);
     uint64_t seed = f->has_seed ? f->seed : (uint64_t)plan_meta_int(p, "seed", 0);
     char err[512];
-    int rc = 1;
+    rc = 1;
     Run r = {0};
-    ExecOptions eo = {.seed = seed, .nan_fill = f->debug_nan};
+    ExecOptions eo = {.seed = seed, .nan_fill = f->debug_nan, .guard = f->debug_guard, .rank = rk.rank,
+                      .world = rk.world};
     ProgressOptions po = {.steps = f->steps, .log_every = f->log_every, .log_path = f->log, .tty = -1};
     if (!(r.e = rt_exec_new(p, &eo, err, sizeof err))) {
-        fprintf(stderr, "fsexec: %s: %s\n", f->plan, err);
+        fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
+        local_error(1);
     } else if (!(r.data = rt_data_open(r.e, f->data, f->order, seed, err, sizeof err))) {
-        fprintf(stderr, "fsexec: %s\n", err);
-    } else if (f->load_weights && rt_load_weights(r.e, f->load_weights, err, sizeof err)) {
-        fprintf(stderr, "fsexec: %s\n", err);
+        fprintf(stderr, "%s: %s\n", who, err);
+        local_error(1);
+    } else if (f->load_weights && load_weights(r.e, f->load_weights, err, sizeof err)) {  // agreed
+        if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
     } else {
         po.unit = rt_data_get_kind(r.data) == RT_DATA_LM ? "tok" : "samples";
-        if (f->steps && !(r.progress = rt_progress_new(&po, err, sizeof err))) {
-            fprintf(stderr, "fsexec: %s\n", err);
+        if (f->steps && my_rank == 0 && !(r.progress = rt_progress_new(&po, err, sizeof err))) {
+            fprintf(stderr, "%s: %s\n", who, err);
+            local_error(1);
         } else {
-            start_line(p, &r, f, seed);
+            if (my_rank == 0) start_line(p, &r, f, seed);
             rc = train(&r, f, f->plan);
             rc = end_progress(&r) || rc;
+            rt_watchdog_arm("saving the weights", -1);
             if (!rc && f->save_weights && rt_save_weights(r.e, f->save_weights, f->steps, err, sizeof err)) {
-                fprintf(stderr, "fsexec: %s\n", err);
+                if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
                 rc = 1;
             }
+            rt_watchdog_disarm();
         }
     }
     run_free(&r);
     plan_free(p);
+    rt_comm_finalize();
     return rc;
+}
+
+/* fsexec --nproc N: the same command as N ranks under mpirun; returns only on failure. */
+static int launch(const Flags *f, int argc, char **argv)
+{
+    RtRanks rk;
+    char err[512], exe[PATH_MAX], threads[32], np[32];
+    if (rt_ranks_from_env(&rk, err, sizeof err) || rk.world != 1) {
+        fprintf(stderr, "fsexec: --nproc starts ranks, but this process already is rank %d of %d (%s); drop "
+                "--nproc\n", rk.rank, rk.world, rt_launch_name(rk.launch));
+        return 2;
+    }
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n < 0) {
+        fprintf(stderr, "fsexec: --nproc: cannot find this program's path: %s\n", strerror(errno));
+        return 1;
+    }
+    exe[n] = 0;
+    const char *mpirun = getenv("FSEXEC_MPIRUN");
+    if (!mpirun || !*mpirun) mpirun = "mpirun";
+    if (!getenv("OMP_NUM_THREADS")) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        snprintf(threads, sizeof threads, "%ld", cores / f->nproc > 1 ? cores / f->nproc : 1);
+        setenv("OMP_NUM_THREADS", threads, 1);
+    }
+    char **args = malloc(sizeof *args * (size_t)argc);
+    const char **av = malloc(sizeof *av * (size_t)(argc + 16));
+    if (!args || !av) {
+        fprintf(stderr, "fsexec: out of memory\n");
+        return 1;
+    }
+    int n_args = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--nproc")) i++;
+        else if (strncmp(argv[i], "--nproc=", 8)) args[n_args++] = argv[i];
+    }
+    rt_launch_argv(mpirun, exe, (int)f->nproc, geteuid() == 0, args, n_args, av, argc + 16, np, sizeof np);
+    fflush(NULL);
+    execvp(mpirun, (char *const *)av);
+    fprintf(stderr, "fsexec: --nproc %" PRId64 ": cannot run %s: %s (--nproc starts the ranks with Open MPI's "
+            "mpirun: install it (apt install openmpi-bin), point FSEXEC_MPIRUN at one, or start the ranks with "
+            "your own launcher)\n", f->nproc, mpirun, strerror(errno));
+    free(args);
+    free(av);
+    return 1;
 }
 
 /* OpenMP threads that spin between parallel regions steal the cores OpenBLAS's threads
@@ -399,5 +577,6 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &f);
     if (rc) return rc;
     if (f.inspect) return inspect(f.inspect);
+    if (f.nproc > 1) return launch(&f, argc, argv);
     return run(&f);
 }

@@ -54,6 +54,31 @@ expect syntax-error 1 "bad.fsm:3:21: error: expected ';'" -- "$FSC" "$tmp/bad.fs
 # Plan: write, inspect, reject damage.
 expect write-plan 0 "wrote $tmp/gpt2.plan" -- "$FSC" "$SRC/samples/gpt2.fsm" -D L=2 -D C=64 -D NH=4 -D T=32 -D V=256 -o "$tmp/gpt2.plan"
 expect inspect 0 "gpt2" -- "$FSEXEC" --inspect "$tmp/gpt2.plan"
+
+# Memory reports: text, JSON, HTML page, --mem-limit with what-ifs, the same report in
+# fsexec --inspect, and the guard.
+GPT2_SMALL=(-D L=2 -D C=64 -D NH=4 -D T=32 -D V=256)
+expect mem-text 0 "arena / peak" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --mem -q
+expect mem-peak-op 0 "peak op        16: matmul (backward) mlp.fsm:22:14" -- "$FSC" "$SRC/samples/mlp.fsm" --mem -q
+expect mem-json 0 '"arena_bytes":' -- "$FSC" "$SRC/samples/mlp.fsm" --mem=json -q
+expect mem-html 0 "wrote $tmp/mem.html" -- "$FSC" "$SRC/samples/mlp.fsm" --mem=html "$tmp/mem.html"
+expect mem-html-svg 0 '<g class="col"><title>' -- cat "$tmp/mem.html"
+expect mem-html-no-file 1 "--mem=html needs a file name" -- "$FSC" "$SRC/samples/mlp.fsm" --mem=html
+expect mem-bad-format 1 "expected --mem, --mem=text, --mem=json or --mem=html FILE" -- "$FSC" "$SRC/samples/mlp.fsm" --mem=xml
+expect mem-sharded 0 "ranks 0-3 (one program for all 4 data-parallel ranks)" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard fsdp --world 4 --mem -q
+expect mem-limit-ok 0 "within --mem-limit 1.0 MiB" -- "$FSC" "$SRC/samples/mlp.fsm" --mem-limit 1MiB
+expect mem-limit-over 1 "over the limit of 8.00 GiB" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
+expect mem-limit-batch 1 "half the batch (B 8 -> 4)" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
+expect mem-limit-recompute 1 "--recompute Block" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
+expect mem-limit-shard 1 "--shard fsdp --world 8" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
+expect mem-limit-unit 1 "unknown unit 'GX'" -- "$FSC" "$SRC/samples/mlp.fsm" --mem-limit 80GX
+expect mem-limit-no-unit 1 "has no unit" -- "$FSC" "$SRC/samples/mlp.fsm" --mem-limit 80
+expect inspect-mem 0 "saved for backward, by the block whose backward reads it" -- "$FSEXEC" --inspect "$tmp/gpt2.plan"
+expect inspect-source 0 "source        gpt2.fsm" -- "$FSEXEC" --inspect "$tmp/gpt2.plan"
+"$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --mem -q >"$tmp/mem.txt"
+"$FSEXEC" --inspect "$tmp/gpt2.plan" | sed -n '/^memory plan:/,/^sections$/p' | head -n -2 >"$tmp/inspect_mem.txt"
+expect mem-same-in-inspect 0 "" -- diff "$tmp/mem.txt" "$tmp/inspect_mem.txt"
+expect debug-guard 0 "step 2/2" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 2 --debug-guard
 head -c 100 "$tmp/gpt2.plan" >"$tmp/short.plan"
 expect inspect-truncated 1 "truncated" -- "$FSEXEC" --inspect "$tmp/short.plan"
 expect inspect-text 1 "bad magic" -- "$FSEXEC" --inspect "$SRC/samples/mlp.fsm"

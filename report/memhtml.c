@@ -1,0 +1,197 @@
+/* report/memhtml.c: the memory report as one self-contained HTML page (fsc --mem=html
+ * FILE): the summary as tiles, a legend, the timeline (report/memsvg.c), then the tables
+ * of the text report. Inline CSS only: no scripts, fonts, images or links, so the page
+ * opens offline and can be mailed as it is. Every string from the plan is escaped.
+ */
+#include <inttypes.h>
+#include <string.h>
+
+#include "memhtml.h"
+
+static const char *const COLORS[MEM_CAT_COUNT] = {
+    "#4e79a7", "#a0cbe8", "#f28e2b", "#59a14f", "#8cd17d", "#b6992d", "#e15759", "#ff9d9a", "#f1ce63", "#499894",
+    "#79706e", "#d4a6c8",
+};
+
+void html_text(FILE *out, const char *s)
+{
+    for (; *s; s++) switch (*s) {
+        case '&': fputs("&amp;", out); break;
+        case '<': fputs("&lt;", out); break;
+        case '>': fputs("&gt;", out); break;
+        case '"': fputs("&quot;", out); break;
+        case '\'': fputs("&#39;", out); break;
+        default: fputc(*s, out);
+        }
+}
+
+static void style(FILE *out)
+{
+    fputs("<style>\n"
+          "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:#1d1d1f;background:#fff;"
+          "max-width:1280px;margin:20px auto;padding:0 20px}\n"
+          "h1{font-size:22px;margin:0 0 2px}h2{font-size:16px;margin:26px 0 6px}\n"
+          ".sub{color:#555;margin:0 0 14px}.tiles{display:flex;flex-wrap:wrap;gap:10px;margin:0 0 12px}\n"
+          ".tile{border:1px solid #ddd;border-radius:8px;padding:8px 14px;min-width:140px}\n"
+          ".tile span{display:block;color:#666;font-size:12px}.tile b{display:block;font-size:19px}"
+          ".tile small{color:#666}\n"
+          ".legend{display:flex;flex-wrap:wrap;gap:4px 16px;margin:6px 0;font-size:13px}\n"
+          ".sw{display:inline-block;width:12px;height:12px;border-radius:2px;margin-right:5px;vertical-align:-1px}\n"
+          "svg{width:100%;height:auto;display:block}svg text{font:12px system-ui,sans-serif;fill:#333}\n"
+          ".grid{stroke:#e6e6e6}.axisline{stroke:#888}.axis{fill:#555;font-size:13px}.band{font-size:11px}\n"
+          ".area{stroke:none}.arena{stroke:#444;stroke-dasharray:6 4}.arenalabel{fill:#444}\n"
+          ".commtick{fill:#499894}.peak{stroke:#c0392b;stroke-width:1.5}.peakdot{fill:#c0392b}.peaklabel{fill:#c0392b;font-weight:600}\n"
+          ".col rect{fill:#000;fill-opacity:0}.col:hover rect{fill-opacity:.10}\n"
+          ".hint{color:#666;font-size:12px;margin:2px 0 0}\n"
+          "table{border-collapse:collapse}th,td{padding:3px 12px 3px 0;text-align:left;border-bottom:1px solid #eee}\n"
+          "td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}code{font-size:13px}\n"
+          "footer{color:#888;font-size:12px;margin:28px 0 10px}\n",
+          out);
+    for (int c = 0; c < MEM_CAT_COUNT; c++)
+        fprintf(out, ".c-%s{fill:%s}.s-%s{background:%s}\n", report_category_key((MemCategory)c), COLORS[c],
+                report_category_key((MemCategory)c), COLORS[c]);
+    fputs("</style>\n", out);
+}
+
+static void tile(FILE *out, const char *label, const char *big, const char *small)
+{
+    fprintf(out, "<div class=\"tile\"><span>%s</span><b>", label);
+    html_text(out, big);
+    fprintf(out, "</b><small>");
+    html_text(out, small);
+    fprintf(out, "</small></div>\n");
+}
+
+static void summary(const MemReport *r, FILE *out)
+{
+    const Plan *p = r->plan;
+    char a[64], b[64], c[256], model[64];
+    int64_t peak = r->peak[PLAN_PLACE_DEVICE], state = r->state[0] + r->state[1] + r->state[2] + r->state[3];
+    fprintf(out, "<h1>");
+    html_text(out, report_clean(plan_meta_str(p, "model", "model"), model, sizeof model));
+    fprintf(out, ": memory plan</h1>\n<p class=\"sub\">%s%s; bytes per rank; %s ops; shard ", report_ranks(r, a, sizeof a),
+            r->world > 1 ? ", one program for every rank" : "", report_grouped(p->n_ops, b, sizeof b));
+    html_text(out, report_clean(plan_meta_str(p, "shard", "none"), c, sizeof c));
+    fprintf(out, ", precision ");
+    html_text(out, report_clean(plan_meta_str(p, "precision", "?"), c, sizeof c));
+    fprintf(out, ", recompute ");
+    html_text(out, report_clean(plan_meta_str(p, "recompute", "none"), c, sizeof c));
+    fprintf(out, "</p>\n<div class=\"tiles\">\n");
+    snprintf(c, sizeof c, "%s bytes", report_grouped(r->arena_bytes, b, sizeof b));
+    tile(out, "arena", report_bytes(r->arena_bytes, a, sizeof a), c);
+    snprintf(c, sizeof c, "at op %d", r->peak_at[PLAN_PLACE_DEVICE]);
+    tile(out, "peak live", report_bytes(peak, a, sizeof a), c);
+    snprintf(a, sizeof a, "%.4f", peak > 0 ? (double)r->arena_bytes / (double)peak : 0.0);
+    snprintf(c, sizeof c, "%.2f%% above the peak", peak > 0 ? 100.0 * ((double)r->arena_bytes / (double)peak - 1) : 0.0);
+    tile(out, "arena / peak", a, c);
+    tile(out, "params", report_grouped(r->param_count, a, sizeof a), report_bytes(r->state[0], b, sizeof b));
+    snprintf(a, sizeof a, "%.2f B/param", (double)state / (double)(r->param_count > 0 ? r->param_count : 1));
+    tile(out, "model state", a, report_bytes(state, b, sizeof b));
+    tile(out, "host memory", r->peak[PLAN_PLACE_HOST] ? report_bytes(r->peak[PLAN_PLACE_HOST], a, sizeof a) : "none",
+         "outside the arena");
+    fprintf(out, "</div>\n");
+}
+
+static void legend(const MemReport *r, FILE *out)
+{
+    char b[32];
+    fprintf(out, "<div class=\"legend\">");
+    for (int c = 0; c < MEM_CAT_COUNT; c++)
+        if (r->max_cat[PLAN_PLACE_DEVICE][c])
+            fprintf(out, "<span><i class=\"sw s-%s\"></i>%s <small>(%s at the peak)</small></span>",
+                    report_category_key((MemCategory)c), report_category_name((MemCategory)c),
+                    r->at_peak[PLAN_PLACE_DEVICE][c] ? report_bytes(r->at_peak[PLAN_PLACE_DEVICE][c], b, sizeof b) : "none");
+    fprintf(out, "<span><i class=\"sw\" style=\"background:#c0392b\"></i>peak</span></div>\n");
+}
+
+static void category_table(const MemReport *r, PlanPlace pl, FILE *out)
+{
+    char a[32], b[32];
+    fprintf(out, "<h2>%s</h2>\n<table><tr><th>category</th><th class=\"n\">at the peak</th><th class=\"n\">max over the "
+            "step</th></tr>\n", pl == PLAN_PLACE_HOST ? "Host memory, by category" : "Bytes by category");
+    for (int c = 0; c < MEM_CAT_COUNT; c++) {
+        if (pl == PLAN_PLACE_HOST && !r->max_cat[pl][c]) continue;
+        fprintf(out, "<tr><td><i class=\"sw s-%s\"></i>%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td></tr>\n",
+                report_category_key((MemCategory)c), report_category_name((MemCategory)c),
+                r->at_peak[pl][c] ? report_bytes(r->at_peak[pl][c], a, sizeof a) : "-",
+                r->max_cat[pl][c] ? report_bytes(r->max_cat[pl][c], b, sizeof b) : "-");
+    }
+    fprintf(out, "<tr><th>total</th><th class=\"n\">%s</th><th class=\"n\"></th></tr></table>\n",
+            report_bytes(r->peak[pl], a, sizeof a));
+}
+
+static void top_table(const MemReport *r, FILE *out)
+{
+    const Plan *p = r->plan;
+    char name[64], type[128], b[32], made[160], where[256];
+    fprintf(out, "<h2>Largest buffers live at the peak</h2>\n<p class=\"sub\">op %d: ", r->peak_at[PLAN_PLACE_DEVICE]);
+    html_text(out, report_op_where(p, p->n_ops ? r->peak_at[PLAN_PLACE_DEVICE] : PLAN_NONE, where, sizeof where));
+    fprintf(out, "; %d of the %d buffers live there</p>\n<table><tr><th>tensor</th><th>type</th><th class=\"n\">bytes</th>"
+            "<th>category</th><th>made by</th></tr>\n", r->n_top, r->n_live_at_peak);
+    for (int i = 0; i < r->n_top; i++) {
+        int32_t t = r->top[i].tensor;
+        fprintf(out, "<tr><td><code>");
+        html_text(out, report_tensor_name(p, t, name, sizeof name));
+        fprintf(out, "</code></td><td><code>%s</code></td><td class=\"n\">%s</td><td><i class=\"sw s-%s\"></i>%s</td><td>",
+                report_type(&p->tensors[t], type, sizeof type), report_bytes(r->top[i].bytes, b, sizeof b),
+                report_category_key(r->top[i].cat), report_category_name(r->top[i].cat));
+        html_text(out, report_made_by(p, t, made, sizeof made));
+        fprintf(out, "</td></tr>\n");
+    }
+    fprintf(out, "</table>\n");
+}
+
+static void saved_row(const MemReport *r, int32_t b, int32_t e, FILE *out)
+{
+    const Plan *p = r->plan;
+    char name[64], layer[64], a[32], all[32];
+    fprintf(out, "<tr><td>");
+    html_text(out, report_clean(plan_str(p, p->blocks[b].name), name, sizeof name));
+    if (e > b) {
+        fprintf(out, " .. ");
+        html_text(out, report_clean(plan_str(p, p->blocks[e].name), name, sizeof name));
+    }
+    fprintf(out, "</td><td>");
+    html_text(out, report_clean(plan_str(p, p->blocks[b].layer), layer, sizeof layer));
+    fprintf(out, "</td><td class=\"n\">%s%s</td><td class=\"n\">%s</td></tr>\n", report_bytes(r->saved_by_block[b], a, sizeof a),
+            e > b ? " each" : "", report_bytes(report_mul_sat(r->saved_by_block[b], e - b + 1), all, sizeof all));
+}
+
+static void saved_table(const MemReport *r, FILE *out)
+{
+    const Plan *p = r->plan;
+    char a[32];
+    int64_t any = 0;
+    for (int32_t k = 0; k <= p->n_blocks; k++) any |= r->saved_by_block[k];
+    if (!any) return;
+    fprintf(out, "<h2>Saved for backward, by the block whose backward reads it</h2>\n<table><tr><th>blocks</th>"
+            "<th>layer</th><th class=\"n\">bytes</th><th class=\"n\">in all</th></tr>\n");
+    for (int32_t b = 0; b < p->n_blocks; b = report_block_run(r, b) + 1) saved_row(r, b, report_block_run(r, b), out);
+    if (r->saved_by_block[p->n_blocks])
+        fprintf(out, "<tr><td>outside blocks</td><td></td><td class=\"n\">%s</td><td></td></tr>\n",
+                report_bytes(r->saved_by_block[p->n_blocks], a, sizeof a));
+    fprintf(out, "</table>\n");
+}
+
+int report_mem_html(const MemReport *r, FILE *out)
+{
+    char model[64];
+    fprintf(out, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>");
+    html_text(out, report_clean(plan_meta_str(r->plan, "model", "model"), model, sizeof model));
+    fprintf(out, " - memory plan</title>\n");
+    style(out);
+    fprintf(out, "</head>\n<body>\n");
+    summary(r, out);
+    legend(r, out);
+    if (report_html_chart(r, out)) return -1;
+    fprintf(out, "<p class=\"hint\">Hover a column for the op, the bytes live there by category and its largest "
+            "transient buffers. Columns stand for one op each, or for the fullest op of a run.</p>\n");
+    category_table(r, PLAN_PLACE_DEVICE, out);
+    if (r->peak[PLAN_PLACE_HOST]) category_table(r, PLAN_PLACE_HOST, out);
+    top_table(r, out);
+    saved_table(r, out);
+    fprintf(out, "<footer>Computed from the plan by the same code as <code>fsc --mem</code> and <code>fsexec --inspect"
+            "</code>.</footer>\n</body>\n</html>\n");
+    return ferror(out) ? -1 : 0;
+}

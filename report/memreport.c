@@ -1,0 +1,324 @@
+/* report/memreport.c: the memory report's numbers, from the plan alone.
+ *
+ * A buffer is a root tensor (alias == PLAN_NONE); views lie inside their root and add no
+ * bytes. A root is live at op i when live_start <= i <= live_end (memplan: persistent
+ * state from 0 to n_ops, everything else from its producer to its last reader), and the
+ * timeline sums the bytes of live roots at every op, per placement and per category,
+ * with one pass of difference arrays: O(tensors + ops x categories), so a 1.5B-param
+ * plan is reported in milliseconds.
+ *
+ * The plan may come from a file (fsexec --inspect): it passed plan_check, so ids are in
+ * range, but live ranges, alias chains and sizes are not trusted: ranges are clamped,
+ * chains are followed a bounded number of steps, and each buffer's bytes are capped so
+ * no sum can overflow.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "report.h"
+
+static const char *const NAMES[MEM_CAT_COUNT] = {
+    "params", "gathered params", "grads", "optimizer state", "master weights", "inputs",
+    "saved for backward", "recompute temporaries", "other activations", "communication buffers",
+    "scratch / workspace", "constants",
+};
+static const char *const KEYS[MEM_CAT_COUNT] = {
+    "params", "gathered", "grads", "opt_state", "master", "inputs", "saved", "recompute", "acts", "comm",
+    "scratch", "consts",
+};
+
+const char *report_category_name(MemCategory c) { return (unsigned)c < MEM_CAT_COUNT ? NAMES[c] : "?"; }
+const char *report_category_key(MemCategory c) { return (unsigned)c < MEM_CAT_COUNT ? KEYS[c] : "?"; }
+
+static MemCategory role_category(PlanRole role)
+{
+    switch (role) {
+    case PLAN_ROLE_INPUT: return MEM_INPUTS;
+    case PLAN_ROLE_PARAM: return MEM_PARAMS;
+    case PLAN_ROLE_GRAD: return MEM_GRADS;
+    case PLAN_ROLE_ACT: return MEM_ACTS;
+    case PLAN_ROLE_OPT_STATE: return MEM_OPT_STATE;
+    case PLAN_ROLE_MASTER: return MEM_MASTER;
+    case PLAN_ROLE_COMM: return MEM_COMM;
+    case PLAN_ROLE_SCRATCH: return MEM_SCRATCH;
+    case PLAN_ROLE_CONST: return MEM_CONSTS;
+    case PLAN_ROLE_GATHERED: return MEM_GATHERED;
+    case PLAN_ROLE_COUNT: break;
+    }
+    return MEM_ACTS;
+}
+
+static int persistent(MemCategory c)
+{
+    return c == MEM_PARAMS || c == MEM_OPT_STATE || c == MEM_MASTER || c == MEM_INPUTS;
+}
+
+/* Each buffer's bytes, capped so that the sum over every tensor fits in an int64. */
+static int64_t buffer_bytes(const Plan *p, int32_t t)
+{
+    int64_t cap = INT64_MAX / 4 / ((int64_t)p->n_tensors + 1), n = plan_tensor_nbytes(&p->tensors[t]);
+    return n > cap ? cap : n;
+}
+
+static void clamp_range(const MemReport *r, const PlanTensor *t, int32_t *s, int32_t *e)
+{
+    int32_t last = r->n_points - 1;
+    *s = t->live_start < 0 ? 0 : t->live_start > last ? last : t->live_start;
+    *e = t->live_end > last ? last : t->live_end;
+}
+
+static void find_roots(MemReport *r)
+{
+    const Plan *p = r->plan;
+    for (int32_t t = 0; t < p->n_tensors; t++) {
+        int32_t u = t;
+        for (int32_t steps = 0; p->tensors[u].alias != PLAN_NONE && steps < p->n_tensors; steps++)
+            u = p->tensors[u].alias;
+        r->root[t] = p->tensors[u].alias == PLAN_NONE ? u : t;  // a cycle: its own buffer
+    }
+}
+
+/* Roots read by a backward or recompute op: what the forward keeps for the backward. */
+static void categorize(MemReport *r, uint8_t *read_back)
+{
+    const Plan *p = r->plan;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        const PlanOp *op = &p->ops[k];
+        if (op->phase != PLAN_PHASE_BACKWARD && op->phase != PLAN_PHASE_RECOMPUTE) continue;
+        for (int32_t i = 0; i < op->n_in; i++) read_back[r->root[p->ids[op->in + i]]] = 1;
+    }
+    for (int32_t t = 0; t < p->n_tensors; t++) {
+        const PlanTensor *x = &p->tensors[t];
+        MemCategory c = role_category(x->role);
+        if (c == MEM_ACTS && x->producer != PLAN_NONE) {
+            PlanPhase ph = p->ops[x->producer].phase;
+            if (ph == PLAN_PHASE_RECOMPUTE)
+                c = MEM_RECOMPUTE;
+            else if (ph == PLAN_PHASE_FORWARD && read_back[t])
+                c = MEM_SAVED;
+        }
+        r->cat[t] = (uint8_t)c;
+    }
+    for (int32_t t = 0; t < p->n_tensors; t++) r->cat[t] = r->cat[r->root[t]];
+}
+
+/* Difference arrays over the ops, then prefix sums: the bytes live at every op. */
+static void timeline(MemReport *r)
+{
+    const Plan *p = r->plan;
+    int32_t n = r->n_points;
+    for (int32_t t = 0; t < p->n_tensors; t++) {
+        const PlanTensor *x = &p->tensors[t];
+        int32_t s, e;
+        clamp_range(r, x, &s, &e);
+        if (x->alias != PLAN_NONE || s > e) continue;
+        int64_t b = buffer_bytes(p, t), *live = r->live[x->place], *cat = r->live_cat[x->place];
+        live[s] += b, live[e + 1] -= b;
+        cat[(int64_t)s * MEM_CAT_COUNT + r->cat[t]] += b;
+        cat[(int64_t)(e + 1) * MEM_CAT_COUNT + r->cat[t]] -= b;
+    }
+    for (int pl = 0; pl < PLAN_PLACE_COUNT; pl++) {
+        int64_t *live = r->live[pl];
+        r->peak_at[pl] = 0;
+        for (int32_t i = 0; i < n; i++) {
+            int64_t *row = &r->live_cat[pl][(int64_t)i * MEM_CAT_COUNT];
+            if (i) live[i] += live[i - 1];
+            for (int c = 0; c < MEM_CAT_COUNT; c++) {
+                if (i) row[c] += row[c - MEM_CAT_COUNT];
+                if (row[c] > r->max_cat[pl][c]) r->max_cat[pl][c] = row[c];
+            }
+            if (live[i] > live[r->peak_at[pl]]) r->peak_at[pl] = i;
+        }
+        r->peak[pl] = live[r->peak_at[pl]];
+        memcpy(r->at_peak[pl], &r->live_cat[pl][(int64_t)r->peak_at[pl] * MEM_CAT_COUNT], sizeof r->at_peak[pl]);
+    }
+}
+
+int report_live_at(const MemReport *r, int32_t op, PlanPlace place, int transient_only, MemTensor *out, int max)
+{
+    const Plan *p = r->plan;
+    int n = 0, count = 0;
+    for (int32_t t = 0; t < p->n_tensors; t++) {
+        const PlanTensor *x = &p->tensors[t];
+        int32_t s, e;
+        clamp_range(r, x, &s, &e);
+        if (x->alias != PLAN_NONE || x->place != place || op < s || op > e) continue;
+        if (transient_only && persistent((MemCategory)r->cat[t])) continue;
+        count++;
+        MemTensor m = {t, buffer_bytes(p, t), (MemCategory)r->cat[t]};
+        int at = n < max ? n++ : max;
+        while (at > 0 && out[at - 1].bytes < m.bytes) {
+            if (at < max) out[at] = out[at - 1];
+            at--;
+        }
+        if (at < max) out[at] = m;
+    }
+    return count;
+}
+
+typedef struct {
+    int32_t root, block;
+} Read;
+
+static int by_read(const void *a, const void *b)
+{
+    const Read *x = a, *y = b;
+    if (x->block != y->block) return x->block < y->block ? -1 : 1;
+    return x->root < y->root ? -1 : x->root > y->root;
+}
+
+/* Saved bytes per block whose backward reads them, each buffer once per block. */
+static int saved_by_block(MemReport *r)
+{
+    const Plan *p = r->plan;
+    Read *reads = plan_alloc(sizeof *reads * (size_t)(p->n_ids + 1));
+    if (!reads) return -1;
+    int32_t n = 0;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        const PlanOp *op = &p->ops[k];
+        if (op->phase != PLAN_PHASE_BACKWARD && op->phase != PLAN_PHASE_RECOMPUTE) continue;
+        for (int32_t i = 0; i < op->n_in; i++) {
+            int32_t root = r->root[p->ids[op->in + i]];
+            if (r->cat[root] == MEM_SAVED) reads[n++] = (Read){root, op->block == PLAN_NONE ? p->n_blocks : op->block};
+        }
+    }
+    qsort(reads, (size_t)n, sizeof *reads, by_read);
+    for (int32_t i = 0; i < n; i++)
+        if (i == 0 || by_read(&reads[i], &reads[i - 1]))
+            r->saved_by_block[reads[i].block] += buffer_bytes(p, reads[i].root);
+    plan_dealloc(reads);
+    return 0;
+}
+
+int32_t report_block_run(const MemReport *r, int32_t b)
+{
+    const Plan *p = r->plan;
+    int32_t e = b;
+    while (e + 1 < p->n_blocks && p->blocks[e + 1].layer == p->blocks[b].layer &&
+           r->saved_by_block[e + 1] == r->saved_by_block[b])
+        e++;
+    return e;
+}
+
+static int is_collective(const char *op)
+{
+    return !strcmp(op, "all_reduce") || !strcmp(op, "reduce_scatter") || !strcmp(op, "all_gather");
+}
+
+/* Trainable elements: each named param once (fsdp gathers a block's params twice), not
+ * the flat storages that hold them (a PARAM root that other PARAM tensors lie in) nor a
+ * rank's shard of one. */
+static int64_t param_count(const MemReport *r, uint8_t *seen)
+{
+    const Plan *p = r->plan;
+    int64_t n = 0;
+    memset(seen, 0, (size_t)p->n_tensors + (size_t)p->n_strs + 1);
+    uint8_t *holds = seen, *named = seen + p->n_tensors;
+    for (int32_t t = 0; t < p->n_tensors; t++)
+        if (p->tensors[t].role == PLAN_ROLE_PARAM && p->tensors[t].alias != PLAN_NONE) holds[p->tensors[t].alias] = 1;
+    for (int32_t t = 0; t < p->n_tensors; t++) {
+        const PlanTensor *x = &p->tensors[t];
+        if (x->role != PLAN_ROLE_PARAM || x->tied_to != PLAN_NONE || x->sharded || holds[t]) continue;
+        if (x->name != PLAN_NONE && named[x->name]) continue;
+        if (x->name != PLAN_NONE) named[x->name] = 1;
+        int64_t k = plan_tensor_numel(x);
+        n = n > INT64_MAX - k ? INT64_MAX : n + k;
+    }
+    return n;
+}
+
+/* Model state per rank as ZeRO counts it: param buffers, the gradients the optimizer
+ * reads (each buffer once), optimizer state and master weights; params by dtype; and
+ * whether ranks share work. */
+static int totals(MemReport *r)
+{
+    const Plan *p = r->plan;
+    uint8_t *seen = plan_alloc((size_t)p->n_tensors + (size_t)p->n_strs + 1);
+    if (!seen) return -1;
+    memset(seen, 0, (size_t)p->n_tensors + 1);
+    for (int32_t t = 0; t < p->n_tensors; t++) {
+        const PlanTensor *x = &p->tensors[t];
+        if (x->sharded || x->rank_stride || x->role == PLAN_ROLE_COMM || x->role == PLAN_ROLE_GATHERED)
+            r->shard_applied = 1;
+        if (x->role == PLAN_ROLE_PARAM && x->grad != PLAN_NONE && !seen[r->root[x->grad]]) {
+            seen[r->root[x->grad]] = 1;
+            r->state[1] += buffer_bytes(p, r->root[x->grad]);
+        }
+        if (x->alias != PLAN_NONE) continue;
+        int64_t b = buffer_bytes(p, t);
+        if (x->role == PLAN_ROLE_PARAM) r->state[0] += b, r->param_dtype[x->dtype] += b;
+        if (x->role == PLAN_ROLE_OPT_STATE) r->state[2] += b;
+        if (x->role == PLAN_ROLE_MASTER) r->state[3] += b;
+    }
+    for (int32_t k = 0; k < p->n_ops && !r->shard_applied; k++)
+        r->shard_applied = is_collective(plan_str(p, p->ops[k].op));
+    r->param_count = param_count(r, seen);
+    plan_dealloc(seen);
+    return 0;
+}
+
+static int fail(char *err, size_t errlen, const char *msg)
+{
+    snprintf(err, errlen, "%s", msg);
+    return -1;
+}
+
+static int build(MemReport *r, char *err, size_t errlen)
+{
+    const Plan *p = r->plan;
+    const PlanMeta *m = plan_meta_find(p, "arena_bytes");
+    if (!m || m->kind != PLAN_META_INT) return fail(err, errlen, "the plan has no memory plan (meta 'arena_bytes')");
+    r->arena_bytes = m->i;
+    r->world = plan_meta_int(p, "world", 1);
+    if (r->world < 1) r->world = 1;
+    r->n_points = p->n_ops > 0 ? p->n_ops : 1;
+    size_t nt = (size_t)p->n_tensors + 1, np = (size_t)r->n_points + 1;
+    r->cat = plan_alloc(nt * 2);
+    r->root = plan_alloc(sizeof *r->root * nt);
+    r->saved_by_block = plan_alloc(sizeof *r->saved_by_block * ((size_t)p->n_blocks + 1));
+    int ok = r->cat && r->root && r->saved_by_block;
+    for (int pl = 0; pl < PLAN_PLACE_COUNT; pl++) {
+        r->live[pl] = plan_alloc(sizeof(int64_t) * np);
+        r->live_cat[pl] = plan_alloc(sizeof(int64_t) * np * MEM_CAT_COUNT);
+        ok = ok && r->live[pl] && r->live_cat[pl];
+        if (!ok) continue;
+        memset(r->live[pl], 0, sizeof(int64_t) * np);
+        memset(r->live_cat[pl], 0, sizeof(int64_t) * np * MEM_CAT_COUNT);
+    }
+    if (!ok) return fail(err, errlen, "out of memory");
+    memset(r->cat, 0, nt * 2);
+    memset(r->saved_by_block, 0, sizeof *r->saved_by_block * ((size_t)p->n_blocks + 1));
+    find_roots(r);
+    categorize(r, r->cat + nt);
+    timeline(r);
+    if (totals(r)) return fail(err, errlen, "out of memory");
+    r->n_live_at_peak = report_live_at(r, r->peak_at[PLAN_PLACE_DEVICE], PLAN_PLACE_DEVICE, 0, r->top, MEM_TOP_N);
+    r->n_top = r->n_live_at_peak < MEM_TOP_N ? r->n_live_at_peak : MEM_TOP_N;
+    return saved_by_block(r) ? fail(err, errlen, "out of memory") : 0;
+}
+
+MemReport *report_mem_new(const Plan *p, char *err, size_t errlen)
+{
+    MemReport *r = plan_alloc(sizeof *r);
+    if (!r) {
+        fail(err, errlen, "out of memory");
+        return NULL;
+    }
+    memset(r, 0, sizeof *r);
+    r->plan = p;
+    if (build(r, err, errlen)) {
+        report_mem_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void report_mem_free(MemReport *r)
+{
+    if (!r) return;
+    for (int pl = 0; pl < PLAN_PLACE_COUNT; pl++) plan_dealloc(r->live[pl]), plan_dealloc(r->live_cat[pl]);
+    plan_dealloc(r->cat);
+    plan_dealloc(r->root);
+    plan_dealloc(r->saved_by_block);
+    plan_dealloc(r);
+}

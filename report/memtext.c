@@ -1,0 +1,147 @@
+/* report/memtext.c: the memory report as text, for `fsc --mem` and `fsexec --inspect`.
+ * Sections: the summary (ranks, arena against the peak, where the peak is, params and
+ * model state per param, host memory), bytes by category at the peak and at each
+ * category's own maximum, the largest buffers live at the peak, and the saved
+ * activations per block. Every number is MemReport's; this file only lays them out.
+ */
+#include <inttypes.h>
+#include <string.h>
+
+#include "report.h"
+
+static void print_params(const MemReport *r, FILE *out)
+{
+    char a[32], b[32];
+    fprintf(out, "  %-14s %s trainable; buffers on this rank: ", "params", report_grouped(r->param_count, a, sizeof a));
+    int any = 0;
+    for (int d = 0; d < PLAN_DT_COUNT; d++)
+        if (r->param_dtype[d])
+            fprintf(out, "%s%s %s", any++ ? ", " : "", report_bytes(r->param_dtype[d], b, sizeof b),
+                    plan_dtype_name((PlanDType)d));
+    fprintf(out, "%s\n", any ? "" : "none");
+    double n = r->param_count > 0 ? (double)r->param_count : 1;
+    int64_t sum = r->state[0] + r->state[1] + r->state[2] + r->state[3];
+    fprintf(out, "  %-14s %.2f bytes/param: params %.2f + grads %.2f + optimizer state %.2f + master %.2f (%s)\n",
+            "model state", (double)sum / n, (double)r->state[0] / n, (double)r->state[1] / n, (double)r->state[2] / n,
+            (double)r->state[3] / n, report_bytes(sum, a, sizeof a));
+}
+
+static void print_summary(const MemReport *r, FILE *out)
+{
+    const Plan *p = r->plan;
+    char a[32], b[32], c[256], model[64];
+    const int64_t peak = r->peak[PLAN_PLACE_DEVICE];
+    fprintf(out, "memory plan: %s, %s", report_clean(plan_meta_str(p, "model", "model"), model, sizeof model),
+            report_ranks(r, a, sizeof a));
+    if (r->world > 1)
+        fprintf(out, " (one program for all %" PRId64 " data-parallel ranks); bytes per rank\n", r->world);
+    else
+        fprintf(out, " (world 1)\n");
+    fprintf(out, "  %-14s %s (%s bytes)\n", "arena", report_bytes(r->arena_bytes, a, sizeof a),
+            report_grouped(r->arena_bytes, b, sizeof b));
+    fprintf(out, "  %-14s %s (%s bytes) at op %d of %s\n", "peak live", report_bytes(peak, a, sizeof a),
+            report_grouped(peak, b, sizeof b), r->peak_at[PLAN_PLACE_DEVICE], report_grouped(p->n_ops, c, sizeof c));
+    if (peak > 0)
+        fprintf(out, "  %-14s %.4f (the arena is %.2f%% above the peak)\n", "arena / peak",
+                (double)r->arena_bytes / (double)peak, 100.0 * ((double)r->arena_bytes / (double)peak - 1));
+    fprintf(out, "  %-14s %d: %s\n", "peak op", r->peak_at[PLAN_PLACE_DEVICE],
+            report_op_where(p, p->n_ops ? r->peak_at[PLAN_PLACE_DEVICE] : PLAN_NONE, c, sizeof c));
+    print_params(r, out);
+    if (r->peak[PLAN_PLACE_HOST])
+        fprintf(out, "  %-14s %s at its peak (op %d), outside the arena\n", "host memory",
+                report_bytes(r->peak[PLAN_PLACE_HOST], a, sizeof a), r->peak_at[PLAN_PLACE_HOST]);
+    else
+        fprintf(out, "  %-14s none\n", "host memory");
+    const char *shard = plan_meta_str(p, "shard", "none");
+    if (strcmp(shard, "none") && !r->shard_applied)
+        fprintf(out, "  note: shard %s is not applied in this plan (it has no collectives): every rank holds the "
+                "whole model state\n", report_clean(shard, c, sizeof c));
+}
+
+/* "params" -> "params (f32, bf16)" */
+static void param_dtypes(const MemReport *r, char *label, size_t n)
+{
+    size_t at = strlen(label);
+    int k = 0;
+    for (int d = 0; d < PLAN_DT_COUNT && at < n; d++)
+        if (r->param_dtype[d])
+            at += (size_t)snprintf(label + at, n - at, "%s%s", k++ ? ", " : " (", plan_dtype_name((PlanDType)d));
+    if (k && at < n) snprintf(label + at, n - at, ")");
+}
+
+static const char *cell(int64_t v, char *buf, size_t n) { return v ? report_bytes(v, buf, n) : "-"; }
+
+static void print_categories(const MemReport *r, PlanPlace pl, FILE *out)
+{
+    char a[32], b[32], label[64];
+    fprintf(out, "\n  %-26s %14s %18s\n", pl == PLAN_PLACE_HOST ? "host memory" : "category", "at the peak",
+            "max over the step");
+    for (int c = 0; c < MEM_CAT_COUNT; c++) {
+        if (pl == PLAN_PLACE_HOST && !r->max_cat[pl][c]) continue;
+        snprintf(label, sizeof label, "%s", report_category_name((MemCategory)c));
+        if (c == MEM_PARAMS) param_dtypes(r, label, sizeof label);
+        fprintf(out, "  %-26s %14s %18s\n", label, cell(r->at_peak[pl][c], a, sizeof a),
+                cell(r->max_cat[pl][c], b, sizeof b));
+    }
+    fprintf(out, "  %-26s %14s %18s\n", "total", report_bytes(r->peak[pl], a, sizeof a),
+            report_bytes(r->peak[pl], b, sizeof b));
+}
+
+static void print_top(const MemReport *r, FILE *out)
+{
+    const Plan *p = r->plan;
+    char name[64], type[128], bytes[32], made[160];
+    int wn = 6, wt = 4;
+    for (int i = 0; i < r->n_top; i++) {
+        int ln = (int)strlen(report_tensor_name(p, r->top[i].tensor, name, sizeof name));
+        int lt = (int)strlen(report_type(&p->tensors[r->top[i].tensor], type, sizeof type));
+        wn = ln > wn ? ln : wn, wt = lt > wt ? lt : wt;
+    }
+    fprintf(out, "\n  largest buffers live at the peak (%d of %d)\n", r->n_top, r->n_live_at_peak);
+    fprintf(out, "    %-*s  %-*s %11s  %-22s %s\n", wn, "tensor", wt, "type", "bytes", "category", "made by");
+    for (int i = 0; i < r->n_top; i++) {
+        int32_t t = r->top[i].tensor;
+        fprintf(out, "    %-*s  %-*s %11s  %-22s %s\n", wn, report_tensor_name(p, t, name, sizeof name), wt,
+                report_type(&p->tensors[t], type, sizeof type), report_bytes(r->top[i].bytes, bytes, sizeof bytes),
+                report_category_name(r->top[i].cat), report_made_by(p, t, made, sizeof made));
+    }
+}
+
+/* Runs of consecutive blocks of one layer with equal saved bytes, one line each. */
+static void print_saved(const MemReport *r, FILE *out)
+{
+    const Plan *p = r->plan;
+    int64_t any = 0;
+    for (int32_t b = 0; b <= p->n_blocks; b++) any |= r->saved_by_block[b];
+    if (!any) return;
+    fprintf(out, "\n  saved for backward, by the block whose backward reads it\n");
+    char first[64], last[64], layer[64], a[32], b2[32];
+    for (int32_t b = 0; b < p->n_blocks;) {
+        int32_t e = report_block_run(r, b);
+        report_clean(plan_str(p, p->blocks[b].name), first, sizeof first);
+        report_clean(plan_str(p, p->blocks[e].name), last, sizeof last);
+        report_clean(plan_str(p, p->blocks[b].layer), layer, sizeof layer);
+        char label[200];
+        if (e > b)
+            snprintf(label, sizeof label, "%s .. %s (%s)", first, last, layer);
+        else
+            snprintf(label, sizeof label, "%s (%s)", first, layer);
+        if (e > b)
+            fprintf(out, "    %-28s %11s each, %s in all\n", label, report_bytes(r->saved_by_block[b], a, sizeof a),
+                    report_bytes(report_mul_sat(r->saved_by_block[b], e - b + 1), b2, sizeof b2));
+        else
+            fprintf(out, "    %-28s %11s\n", label, report_bytes(r->saved_by_block[b], a, sizeof a));
+        b = e + 1;
+    }
+    if (r->saved_by_block[p->n_blocks])
+        fprintf(out, "    %-28s %11s\n", "outside blocks", report_bytes(r->saved_by_block[p->n_blocks], a, sizeof a));
+}
+
+void report_mem_print(const MemReport *r, FILE *out)
+{
+    print_summary(r, out);
+    print_categories(r, PLAN_PLACE_DEVICE, out);
+    if (r->peak[PLAN_PLACE_HOST]) print_categories(r, PLAN_PLACE_HOST, out);
+    print_top(r, out);
+    print_saved(r, out);
+}

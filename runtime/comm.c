@@ -1,0 +1,429 @@
+/* runtime/comm.c: MPI between CPU ranks: start and end, the step's collectives, the few
+ * blocking calls outside the step (gathering weights, agreeing on an error), and a
+ * watchdog that ends every rank when a step hangs.
+ *
+ * MPI is started only for a world of more than one rank; a world-1 run never touches it
+ * (the executor uses the kernels of runtime/cpu/comm_local.c instead). Every MPI call
+ * goes through MPI_CHECK, which prints `[rank r] runtime/comm.c:LINE: CALL failed: why`
+ * and calls MPI_Abort, so a failure on one rank ends all of them (MPI_COMM_WORLD returns
+ * errors to us rather than aborting on its own, so the message is ours).
+ *
+ * The step's collectives are nonblocking. Where MPI has persistent collectives (MPI 4's
+ * MPI_Allreduce_init ..., or Open MPI 4's MPIX_ extension) each is set up once when the
+ * plan is loaded and only MPI_Start'ed in the step, so not even MPI allocates a schedule
+ * there; elsewhere MPI_Iallreduce, MPI_Ireduce_scatter_block, MPI_Iallgather each step.
+ * The executor starts one when the schedule reaches it, tests pending ones between ops
+ * so they progress, and waits for one only before an op touches (reads or writes) bytes
+ * overlapping its input or output; the queue is preallocated. An average (avg=1) is a sum divided by the world once the
+ * collective completes, as torch's DDP divides its gradients.
+ *
+ * In place: all_reduce with out == x, all_gather with x at rank r's slice of out, and
+ * reduce_scatter with out inside x use MPI_IN_PLACE (MPI leaves a reduce_scatter's
+ * result at the start of the buffer; when out is elsewhere in x it is moved there once
+ * the collective completes). Any other overlap of input and output is refused when the
+ * plan is loaded.
+ *
+ * The watchdog: a thread that, while the main thread is inside a step (armed), checks a
+ * deadline every 100 ms; past it, it prints which step hung and aborts every rank. It
+ * catches a peer that died or hangs without the launcher noticing; mpirun itself ends
+ * the job when a rank exits or is killed.
+ */
+#include <mpi.h>
+#if defined(OPEN_MPI) && OPEN_MPI
+#include <mpi-ext.h>
+#endif
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime.h"
+
+static struct {
+    int up;          // MPI_Init done, MPI_Finalize not yet
+    int rank, world;
+} comm = {0, 0, 1};
+
+static const char *short_path(const char *file)
+{
+    const char *s = strstr(file, "runtime/");
+    return s ? s : file;
+}
+
+static void comm_fatal(const char *file, int line, const char *what, int rc)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "MPI error %d", rc);
+    fprintf(stderr, "[rank %d] %s:%d: %s failed: %s\n", comm.rank, short_path(file), line, what, msg);
+    rt_comm_abort(1);
+}
+
+#if MPI_VERSION >= 4
+#define PERSISTENT 1
+#define ALLREDUCE_INIT MPI_Allreduce_init
+#define REDUCE_SCATTER_BLOCK_INIT MPI_Reduce_scatter_block_init
+#define ALLGATHER_INIT MPI_Allgather_init
+#elif defined(OMPI_HAVE_MPI_EXT_PCOLLREQ)
+#define PERSISTENT 1
+#define ALLREDUCE_INIT MPIX_Allreduce_init
+#define REDUCE_SCATTER_BLOCK_INIT MPIX_Reduce_scatter_block_init
+#define ALLGATHER_INIT MPIX_Allgather_init
+#else
+#define PERSISTENT 0
+#endif
+
+#define MPI_CHECK(call)                                                         \
+    do {                                                                        \
+        int rc_ = (call);                                                       \
+        if (rc_ != MPI_SUCCESS) comm_fatal(__FILE__, __LINE__, #call, rc_);      \
+    } while (0)
+
+/* ---- start and end ------------------------------------------------------------------- */
+
+int rt_comm_init(RtRanks *r, char *err, size_t errlen)
+{
+    if (r->world == 1) return 0;
+    int provided, rank, size;
+    /* MULTIPLE so that the watchdog thread may call MPI_Abort while the main thread waits. */
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+        return rt_fail(err, errlen, "MPI_Init failed (%s reported rank %d)", rt_launch_name(r->launch), r->rank);
+    comm.up = 1;
+    MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+    comm.rank = rank, comm.world = size;
+    if (r->world == 0) r->world = size, r->rank = rank;
+    if (size != r->world || rank != r->rank)
+        return rt_fail(err, errlen, "%s says rank %d of %d, but MPI sees rank %d of %d%s", rt_launch_name(r->launch),
+                       r->rank, r->world, rank, size,
+                       r->launch == RT_LAUNCH_SLURM ? " (srun must start MPI: srun --mpi=pmix, or pmi2)" : "");
+    MPI_Comm local;
+    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
+    MPI_CHECK(MPI_Comm_rank(local, &r->local_rank));
+    MPI_CHECK(MPI_Comm_size(local, &r->local_world));
+    MPI_CHECK(MPI_Comm_free(&local));
+    return 0;
+}
+
+int rt_comm_rank(void) { return comm.rank; }
+int rt_comm_world(void) { return comm.world; }
+
+void rt_comm_finalize(void)
+{
+    if (!comm.up) return;
+    comm.up = 0;
+    MPI_CHECK(MPI_Finalize());
+}
+
+void rt_comm_abort(int code)
+{
+    fflush(stdout);
+    if (comm.up) MPI_Abort(MPI_COMM_WORLD, code);
+    _exit(code);
+}
+
+/* ---- blocking calls outside the step --------------------------------------------------- */
+
+void rt_comm_gather_f32(const float *send, int64_t n, float *recv)
+{
+    if (comm.world == 1 || !comm.up) {
+        memcpy(recv, send, sizeof *send * (size_t)n);
+        return;
+    }
+    if (n > INT32_MAX) {
+        fprintf(stderr, "[rank %d] %s:%d: a gather of %lld elements per rank exceeds MPI's int count\n", comm.rank,
+                short_path(__FILE__), __LINE__, (long long)n);
+        rt_comm_abort(1);
+    }
+    MPI_CHECK(MPI_Gather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD));
+}
+
+int rt_comm_agree(int rc)
+{
+    if (!comm.up) return rc;
+    int worst;
+    MPI_CHECK(MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    return worst;
+}
+
+int64_t rt_comm_sum_i64(int64_t v)
+{
+    if (!comm.up) return v;
+    int64_t sum;
+    MPI_CHECK(MPI_Allreduce(&v, &sum, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+    return sum;
+}
+
+/* ---- the step's collectives: pure parts ------------------------------------------------ */
+
+static const char *const COLL_NAMES[RT_COLL_COUNT] = {"all_reduce", "reduce_scatter", "all_gather"};
+
+int rt_coll_kind(const char *op)
+{
+    for (int k = 0; k < RT_COLL_COUNT; k++)
+        if (!strcmp(op, COLL_NAMES[k])) return k;
+    return -1;
+}
+
+int rt_ranges_overlap(const RtRange *a, int na, const RtRange *b, int nb)
+{
+    for (int i = 0; i < na; i++)
+        for (int j = 0; j < nb; j++)
+            if (a[i].lo < a[i].hi && b[j].lo < b[j].hi && a[i].lo < b[j].hi && b[j].lo < a[i].hi) return 1;
+    return 0;
+}
+
+int rt_coll_prepare(RtColl *c, RtCollKind kind, PlanDType dt, void *in, int64_t n_in, void *out, int64_t n_out,
+                    int world, int rank, int avg, char *err, size_t errlen)
+{
+    const char *name = kind >= 0 && kind < RT_COLL_COUNT ? COLL_NAMES[kind] : "?";
+    int64_t es = plan_dtype_size(dt), n = kind == RT_COLL_ALL_GATHER ? n_in : n_out;
+    int sizes_ok = kind == RT_COLL_ALL_REDUCE ? n_in == n_out : kind == RT_COLL_REDUCE_SCATTER ? n_in == n_out * world
+                                                                                                : n_out == n_in * world;
+    if (!sizes_ok || es == 0)
+        return rt_fail(err, errlen, "%s over %d ranks: %lld elements in, %lld out do not fit", name, world,
+                       (long long)n_in, (long long)n_out);
+    if (n > INT32_MAX)
+        return rt_fail(err, errlen, "%s of %lld elements per rank exceeds MPI's int count", name, (long long)n);
+    int reduces = kind != RT_COLL_ALL_GATHER;
+    if (reduces && dt != PLAN_DT_F32 && dt != PLAN_DT_I32)
+        return rt_fail(err, errlen, "%s of %s: this fsexec reduces f32 and i32 only", name, plan_dtype_name(dt));
+    if (avg && dt != PLAN_DT_F32)
+        return rt_fail(err, errlen, "%s with avg of %s: averages need f32", name, plan_dtype_name(dt));
+    uint8_t *x = in, *y = out;
+    *c = (RtColl){.kind = kind, .dtype = dt, .in = in, .out = out, .n = n, .world = world, .avg = reduces && avg,
+                  .slot = -1,
+                  .range = {{(uintptr_t)x, (uintptr_t)(x + n_in * es)}, {(uintptr_t)y, (uintptr_t)(y + n_out * es)}}};
+    if (!rt_ranges_overlap(&c->range[0], 1, &c->range[1], 1)) return 0;
+    const char *why = NULL;
+    switch (kind) {
+    case RT_COLL_ALL_REDUCE:
+        if (x == y) c->in_place = 1;
+        else why = "the output overlaps the input without being it";
+        break;
+    case RT_COLL_REDUCE_SCATTER:
+        if (c->range[1].lo >= c->range[0].lo && c->range[1].hi <= c->range[0].hi) c->in_place = 1, c->move_after = x != y;
+        else why = "the output overlaps the input without lying inside it";
+        break;
+    case RT_COLL_ALL_GATHER:
+        if (x == y + (int64_t)rank * n * es) c->in_place = 1;
+        else why = "the input overlaps the output without being this rank's slice of it";
+        break;
+    case RT_COLL_COUNT: why = "unknown collective"; break;
+    }
+    return why ? rt_fail(err, errlen, "%s on rank %d: %s", name, rank, why) : 0;
+}
+
+/* ---- the step's collectives: the queue of pending ones ----------------------------------- */
+
+struct RtCommQueue {
+    int cap, n;
+    MPI_Request *req;           // in flight
+    const RtColl **coll;
+    MPI_Request *persistent;    // set up by rt_comm_bind, RtColl.slot indexes it
+    int n_persistent;
+};
+
+RtCommQueue *rt_comm_queue_new(int capacity)
+{
+    RtCommQueue *q = plan_alloc(sizeof *q);
+    if (!q) return NULL;
+    q->cap = capacity, q->n = 0;
+    q->req = plan_alloc(sizeof *q->req * (size_t)(capacity + 1));
+    q->coll = plan_alloc(sizeof *q->coll * (size_t)(capacity + 1));
+    q->persistent = plan_alloc(sizeof *q->persistent * (size_t)(capacity + 1));
+    q->n_persistent = 0;
+    if (!q->req || !q->coll || !q->persistent) {
+        rt_comm_queue_free(q);
+        return NULL;
+    }
+    return q;
+}
+
+void rt_comm_queue_free(RtCommQueue *q)
+{
+    if (!q) return;
+    for (int i = 0; i < q->n_persistent && comm.up; i++) MPI_CHECK(MPI_Request_free(&q->persistent[i]));
+    plan_dealloc(q->persistent);
+    plan_dealloc(q->req);
+    plan_dealloc(q->coll);
+    plan_dealloc(q);
+}
+
+int rt_comm_pending(const RtCommQueue *q) { return q ? q->n : 0; }
+
+static MPI_Datatype mpi_type(PlanDType dt)
+{
+    switch (dt) {
+    case PLAN_DT_F32: return MPI_FLOAT;
+    case PLAN_DT_I32: return MPI_INT32_T;
+    case PLAN_DT_F16:
+    case PLAN_DT_BF16: return MPI_UINT16_T;  // moved, never reduced (rt_coll_prepare)
+    case PLAN_DT_COUNT: break;
+    }
+    return MPI_BYTE;
+}
+
+void rt_comm_bind(RtCommQueue *q, RtColl *c)
+{
+#if PERSISTENT
+    if (q->n_persistent >= q->cap) return;  // stays nonblocking
+    MPI_Datatype t = mpi_type(c->dtype);
+    MPI_Request *r = &q->persistent[q->n_persistent];
+    int n = (int)c->n;
+    switch (c->kind) {
+    case RT_COLL_ALL_REDUCE:
+        MPI_CHECK(ALLREDUCE_INIT(c->in_place ? MPI_IN_PLACE : c->in, c->out, n, t, MPI_SUM, MPI_COMM_WORLD,
+                                 MPI_INFO_NULL, r));
+        break;
+    case RT_COLL_REDUCE_SCATTER:
+        MPI_CHECK(REDUCE_SCATTER_BLOCK_INIT(c->in_place ? MPI_IN_PLACE : c->in, c->in_place ? c->in : c->out, n, t,
+                                            MPI_SUM, MPI_COMM_WORLD, MPI_INFO_NULL, r));
+        break;
+    case RT_COLL_ALL_GATHER:
+        MPI_CHECK(ALLGATHER_INIT(c->in_place ? MPI_IN_PLACE : c->in, n, t, c->out, n, t, MPI_COMM_WORLD, MPI_INFO_NULL,
+                                 r));
+        break;
+    case RT_COLL_COUNT: return;
+    }
+    c->slot = q->n_persistent++;
+#else
+    (void)q;
+    c->slot = -1;
+#endif
+}
+
+void rt_comm_start(RtCommQueue *q, const RtColl *c)
+{
+    if (q->n >= q->cap) {
+        fprintf(stderr, "[rank %d] %s:%d: more collectives in flight than the plan has (%d)\n", comm.rank,
+                short_path(__FILE__), __LINE__, q->cap);
+        rt_comm_abort(1);
+    }
+    MPI_Datatype t = mpi_type(c->dtype);
+    MPI_Request *r = &q->req[q->n];
+    int n = (int)c->n;
+    if (c->slot >= 0) {
+        MPI_CHECK(MPI_Start(&q->persistent[c->slot]));
+        *r = q->persistent[c->slot];  // the same request: testing it leaves it inactive, not freed
+        q->coll[q->n++] = c;
+        return;
+    }
+    switch (c->kind) {
+    case RT_COLL_ALL_REDUCE:
+        MPI_CHECK(MPI_Iallreduce(c->in_place ? MPI_IN_PLACE : c->in, c->out, n, t, MPI_SUM, MPI_COMM_WORLD, r));
+        break;
+    case RT_COLL_REDUCE_SCATTER:
+        if (c->in_place)
+            MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, c->in, n, t, MPI_SUM, MPI_COMM_WORLD, r));
+        else
+            MPI_CHECK(MPI_Ireduce_scatter_block(c->in, c->out, n, t, MPI_SUM, MPI_COMM_WORLD, r));
+        break;
+    case RT_COLL_ALL_GATHER:
+        MPI_CHECK(MPI_Iallgather(c->in_place ? MPI_IN_PLACE : c->in, n, t, c->out, n, t, MPI_COMM_WORLD, r));
+        break;
+    case RT_COLL_COUNT: return;
+    }
+    q->coll[q->n++] = c;
+}
+
+/* The request at i has completed: finish its collective and drop it from the queue. */
+static void finish(RtCommQueue *q, int i)
+{
+    const RtColl *c = q->coll[i];
+    size_t bytes = (size_t)c->n * (size_t)plan_dtype_size(c->dtype);
+    if (c->move_after) memmove(c->out, c->in, bytes);
+    if (c->avg) {
+        float *y = c->out, w = (float)c->world;
+        for (int64_t k = 0; k < c->n; k++) y[k] /= w;
+    }
+    q->n--;
+    q->req[i] = q->req[q->n];
+    q->coll[i] = q->coll[q->n];
+}
+
+void rt_comm_poll(RtCommQueue *q)
+{
+    for (int i = q->n - 1; i >= 0; i--) {
+        int done = 0;
+        MPI_CHECK(MPI_Test(&q->req[i], &done, MPI_STATUS_IGNORE));
+        if (done) finish(q, i);
+    }
+}
+
+void rt_comm_wait_touching(RtCommQueue *q, const RtRange *touch, int n_touch)
+{
+    for (int i = q->n - 1; i >= 0; i--) {
+        if (!rt_ranges_overlap(q->coll[i]->range, 2, touch, n_touch)) continue;
+        MPI_CHECK(MPI_Wait(&q->req[i], MPI_STATUS_IGNORE));
+        finish(q, i);
+    }
+}
+
+void rt_comm_wait_all(RtCommQueue *q)
+{
+    for (int i = q->n - 1; i >= 0; i--) {
+        MPI_CHECK(MPI_Wait(&q->req[i], MPI_STATUS_IGNORE));
+        finish(q, i);
+    }
+}
+
+/* ---- the watchdog --------------------------------------------------------------------- */
+
+static struct {
+    double seconds;
+    atomic_llong deadline_ns;   // 0: disarmed
+    atomic_llong step;
+    _Atomic(const char *) what;
+} wd;
+
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void *watch(void *arg)
+{
+    (void)arg;
+    struct timespec tick = {0, 100 * 1000 * 1000};
+    for (;;) {
+        nanosleep(&tick, NULL);
+        long long d = atomic_load(&wd.deadline_ns);
+        if (!d || now_ns() < d) continue;
+        char what[96];
+        long long step = atomic_load(&wd.step);
+        snprintf(what, sizeof what, step >= 0 ? "%s %lld" : "%s", atomic_load(&wd.what), step);
+        fprintf(stderr, "[rank %d] fsexec: %s did not finish within %g s (--timeout): another rank has probably "
+                "died or hung; ending every rank\n", comm.rank, what, wd.seconds);
+        alarm(10);  // should MPI_Abort itself hang, SIGALRM ends this process
+        rt_comm_abort(1);
+    }
+    return NULL;
+}
+
+int rt_watchdog_start(double seconds, char *err, size_t errlen)
+{
+    if (seconds <= 0) return 0;
+    wd.seconds = seconds;
+    atomic_store(&wd.what, "step");
+    pthread_t th;
+    int rc = pthread_create(&th, NULL, watch, NULL);
+    if (rc) return rt_fail(err, errlen, "cannot start the watchdog thread: %s", strerror(rc));
+    pthread_detach(th);
+    return 0;
+}
+
+void rt_watchdog_arm(const char *what, int64_t step)
+{
+    if (wd.seconds <= 0) return;
+    atomic_store(&wd.what, what);
+    atomic_store(&wd.step, (long long)step);
+    atomic_store(&wd.deadline_ns, now_ns() + (long long)(wd.seconds * 1e9));
+}
+
+void rt_watchdog_disarm(void) { atomic_store(&wd.deadline_ns, 0); }

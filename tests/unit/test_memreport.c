@@ -1,0 +1,490 @@
+/* tests/unit/test_memreport.c: the memory report (report/) tells the truth about a plan.
+ *  - Its arena is the plan's meta "arena_bytes" and what the runtime allocates; the
+ *    arena is within 2% of the peak live bytes on every sample (default and small dims,
+ *    every sharding strategy); categories at the peak add up to the peak, at every op.
+ *  - Saved activations of one transformer block equal the tensors its backward reads,
+ *    listed here by hand from the gradient rules (ir/grad.c) and sized from shapes.
+ *  - Golden text reports for mlp and a tiny GPT-2 (tests/golden_mem/NAME.txt). After an
+ *    intended change, regenerate them with FS_UPDATE_GOLDEN=1 (scripts/update_golden_mem.sh)
+ *    and read the diff.
+ *  - The JSON parses and agrees with the text; the HTML page is well-formed, with one
+ *    tooltip per column of its timeline and nothing loaded from outside.
+ *  - Sizes for --mem-limit parse with every unit and fail clearly on bad ones; a hostile
+ *    plan (live ranges out of bounds, an alias cycle) is reported without a crash.
+ */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+#include "frontend.h"
+#include "passes.h"
+#include "report.h"
+#include "runtime.h"
+
+static const Define GPT2[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 4}};
+static const Define LLAMA[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"F", 176}, {"T", 32}, {"V", 256}, {"B", 4}};
+
+/* The sample compiled in process, with meta "source" as fsc sets it. */
+static Plan *compile(const char *file, const Define *defs, int n_defs, const Setting *set, int n_set)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/samples/%s", FS_SOURCE_DIR, file);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s", path);
+    static char src[1 << 16];
+    size_t len = fread(src, 1, sizeof src - 1, f);
+    fclose(f);
+    src[len] = 0;
+    Diag d;
+    diag_init(&d, file, src, len, stderr);
+    FrontendOptions fo = {defs, n_defs, set, n_set};
+    Options o = {0};
+    Graph *g = fe_compile(src, len, &fo, &o.train, &d);
+    cr_assert_not_null(g, "%s", file);
+    cr_assert_eq(passes_run(g, &o, &d), 0);
+    Plan *p = codegen_plan(g, &o.train);
+    ir_graph_free(g);
+    cr_assert_not_null(p);
+    cr_assert_eq(plan_meta_set_str(p, "source", file), 0);
+    return p;
+}
+
+static MemReport *report(const Plan *p)
+{
+    char err[256];
+    MemReport *r = report_mem_new(p, err, sizeof err);
+    cr_assert_not_null(r, "%s", err);
+    return r;
+}
+
+/* What a stream printed, NUL-terminated (free it). */
+static char *capture(void (*fn)(const MemReport *, FILE *), int (*fn_rc)(const MemReport *, FILE *), const MemReport *r)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_not_null(f);
+    if (fn) fn(r, f);
+    if (fn_rc) cr_assert_eq(fn_rc(r, f), 0);
+    cr_assert_eq(fclose(f), 0);
+    return buf;
+}
+
+/* ---- the arena: the plan's, the runtime's, and close to the peak ------------------- */
+
+static void check_arena(const Plan *p, const char *what)
+{
+    MemReport *r = report(p);
+    char err[256];
+    ExecOptions eo = {.seed = 1};
+    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
+    cr_assert_not_null(e, "%s: %s", what, err);
+    cr_expect_eq(r->arena_bytes, plan_meta_int(p, "arena_bytes", -1), "%s", what);
+    cr_expect_eq(r->arena_bytes, rt_exec_arena_bytes(e), "%s: report %ld, runtime %ld", what, (long)r->arena_bytes,
+                 (long)rt_exec_arena_bytes(e));
+    rt_exec_free(e);
+    report_mem_free(r);
+}
+
+Test(memreport, arena_is_the_plans_and_the_runtimes)
+{
+    Plan *p[3] = {compile("mlp.fsm", NULL, 0, NULL, 0), compile("gpt2.fsm", GPT2, 6, NULL, 0),
+                  compile("llama.fsm", LLAMA, 7, NULL, 0)};
+    for (int i = 0; i < 3; i++) {
+        check_arena(p[i], plan_meta_str(p[i], "model", "?"));
+        plan_free(p[i]);
+    }
+}
+
+static void check_ratio(const char *file, const Define *defs, int n_defs, const char *shard, const char *world)
+{
+    Setting set[] = {{"shard", shard}, {"world", world}};
+    Plan *p = compile(file, defs, n_defs, set, 2);
+    MemReport *r = report(p);
+    double ratio = (double)r->arena_bytes / (double)r->peak[PLAN_PLACE_DEVICE];
+    cr_expect(ratio >= 1.0 && ratio <= 1.02, "%s (%d dims set) shard %s world %s: arena %ld, peak %ld, ratio %.4f", file,
+              n_defs, shard, world, (long)r->arena_bytes, (long)r->peak[PLAN_PLACE_DEVICE], ratio);
+    report_mem_free(r);
+    plan_free(p);
+}
+
+Test(memreport, arena_within_two_percent_of_the_peak)
+{
+    static const Define GPT2_B8[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 8}};
+    static const Define LLAMA_B8[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"F", 176}, {"T", 32}, {"V", 256}, {"B", 8}};
+    static const char *const shards[] = {"ddp", "zero1", "zero2", "fsdp"};
+    check_ratio("mlp.fsm", NULL, 0, "none", "1");
+    check_ratio("gpt2.fsm", NULL, 0, "none", "1");
+    check_ratio("gpt2.fsm", GPT2, 6, "none", "1");
+    check_ratio("llama.fsm", NULL, 0, "none", "1");
+    check_ratio("llama.fsm", LLAMA, 7, "none", "1");
+    for (int s = 0; s < 4; s++) {
+        check_ratio("mlp.fsm", NULL, 0, shards[s], "4");
+        check_ratio("gpt2.fsm", GPT2_B8, 6, shards[s], "4");
+        check_ratio("llama.fsm", LLAMA_B8, 7, shards[s], "2");
+    }
+}
+
+Test(memreport, categories_add_up_to_the_live_bytes_at_every_op)
+{
+    Plan *p = compile("gpt2.fsm", GPT2, 6, NULL, 0);
+    MemReport *r = report(p);
+    int64_t sum = 0;
+    for (int c = 0; c < MEM_CAT_COUNT; c++) {
+        sum += r->at_peak[PLAN_PLACE_DEVICE][c];
+        cr_expect_geq(r->max_cat[PLAN_PLACE_DEVICE][c], r->at_peak[PLAN_PLACE_DEVICE][c]);
+    }
+    cr_expect_eq(sum, r->peak[PLAN_PLACE_DEVICE]);
+    for (int32_t i = 0; i < r->n_points; i++) {
+        int64_t s = 0;
+        for (int c = 0; c < MEM_CAT_COUNT; c++) s += r->live_cat[PLAN_PLACE_DEVICE][(int64_t)i * MEM_CAT_COUNT + c];
+        cr_expect_eq(s, r->live[PLAN_PLACE_DEVICE][i], "op %d", i);
+        cr_expect_leq(r->live[PLAN_PLACE_DEVICE][i], r->peak[PLAN_PLACE_DEVICE]);
+    }
+    /* The peak by brute force: every root live at each op. */
+    int64_t best = 0;
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        int64_t live = 0;
+        for (int32_t t = 0; t < p->n_tensors; t++) {
+            const PlanTensor *x = &p->tensors[t];
+            if (x->alias == PLAN_NONE && x->live_start <= i && i <= x->live_end) live += plan_tensor_nbytes(x);
+        }
+        if (live > best) best = live;
+    }
+    cr_expect_eq(best, r->peak[PLAN_PLACE_DEVICE]);
+    cr_expect_eq(r->peak[PLAN_PLACE_HOST], 0);
+    report_mem_free(r);
+    plan_free(p);
+}
+
+Test(memreport, host_buffers_are_counted_apart_from_the_device)
+{
+    Plan *p = compile("gpt2.fsm", GPT2, 6, NULL, 0);
+    MemReport *before = report(p);
+    int64_t state = 0;
+    for (int32_t t = 0; t < p->n_tensors; t++)
+        if (p->tensors[t].role == PLAN_ROLE_OPT_STATE) {
+            p->tensors[t].place = PLAN_PLACE_HOST;  // as an optimizer offload would place them
+            state += plan_tensor_nbytes(&p->tensors[t]);
+        }
+    MemReport *r = report(p);
+    cr_expect_eq(r->peak[PLAN_PLACE_HOST], state);
+    cr_expect_eq(r->at_peak[PLAN_PLACE_HOST][MEM_OPT_STATE], state);
+    cr_expect_eq(r->at_peak[PLAN_PLACE_DEVICE][MEM_OPT_STATE], 0);
+    cr_expect_eq(r->peak[PLAN_PLACE_DEVICE], before->peak[PLAN_PLACE_DEVICE] - state);
+    char *text = capture(report_mem_print, NULL, r), want[64], b[32];
+    snprintf(want, sizeof want, "host memory    %s at its peak", report_bytes(state, b, sizeof b));
+    cr_expect(strstr(text, want), "'%s' not in:\n%s", want, text);
+    free(text);
+    report_mem_free(before);
+    report_mem_free(r);
+    plan_free(p);
+}
+
+/* ---- saved activations, from first principles ------------------------------------- */
+
+/* GPT-2's block, f32, by the rules of ir/grad.c; each line names the backward op that
+ * reads the forward tensor:
+ *   x                         [B, T, C]      layernorm_bwd of ln1 reads its input
+ *   ln1(x)                    [B, T, C]      matmul grad of attn.w reads the other operand
+ *   heads(q), heads(k), heads(v)  3 x [B, NH, T, C/NH]  attention_bwd reads q, k, v
+ *   attention out, row lse    [B, NH, T, C/NH], [B, NH, T]  attention_bwd reads o, lse
+ *   merge_heads(out)          [B, T, C]      matmul grad of proj.w
+ *   x + attn + proj.b         [B, T, C]      layernorm_bwd of ln2 reads its input
+ *   ln2(x)                    [B, T, C]      matmul grad of fc.w
+ *   h @ fc.w + fc.b           [B, T, 4C]     gelu_bwd reads its input
+ *   gelu(...)                 [B, T, 4C]     matmul grad of fcproj.w
+ * Not saved: split's q, k, v (only heads reads them), the matmul outputs before their
+ * bias (add's gradient reads nothing), the params (their own category). */
+Test(memreport, gpt2_saved_activations_per_block_from_shapes)
+{
+    const int64_t B = 4, T = 32, C = 64, NH = 4;
+    int64_t want = 4 * (B * T * C * (1 + 1 + 3 + 1 + 1 + 1 + 1) + B * NH * T + 2 * B * T * 4 * C);
+    Plan *p = compile("gpt2.fsm", GPT2, 6, NULL, 0);
+    MemReport *r = report(p);
+    cr_assert_eq(p->n_blocks, 2);
+    for (int32_t b = 0; b < p->n_blocks; b++)
+        cr_expect_eq(r->saved_by_block[b], want, "block %s: %ld saved bytes, expected %ld", plan_str(p, p->blocks[b].name),
+                     (long)r->saved_by_block[b], (long)want);
+    report_mem_free(r);
+    plan_free(p);
+}
+
+/* Llama's block the same way (F the SwiGLU width):
+ *   x, rmsnorm(x)             2 x [B, T, C]  rmsnorm_bwd reads x; the wq, wk, wv grads read h
+ *   rope(q), rope(k), heads(v)  3 x [B, NH, T, C/NH]  attention_bwd (rope's own gradient
+ *                             rotates dy back and reads nothing)
+ *   attention out, lse, merge_heads(out)  as GPT-2
+ *   x + attn @ wo, rmsnorm of it  2 x [B, T, C]  rmsnorm_bwd; the w1 and w3 grads
+ *   h @ w1                    [B, T, F]      silu_bwd reads its input
+ *   silu(h @ w1), h @ w3      2 x [B, T, F]  mul's gradient reads the other operand
+ *   their product             [B, T, F]      matmul grad of w2 */
+Test(memreport, llama_saved_activations_per_block_from_shapes)
+{
+    const int64_t B = 4, T = 32, C = 64, NH = 4, F = 176;
+    int64_t want = 4 * (B * T * C * (2 + 3 + 1 + 1 + 2) + B * NH * T + 4 * B * T * F);
+    Plan *p = compile("llama.fsm", LLAMA, 7, NULL, 0);
+    MemReport *r = report(p);
+    for (int32_t b = 0; b < p->n_blocks; b++)
+        cr_expect_eq(r->saved_by_block[b], want, "block %s: %ld saved bytes, expected %ld", plan_str(p, p->blocks[b].name),
+                     (long)r->saved_by_block[b], (long)want);
+    report_mem_free(r);
+    plan_free(p);
+}
+
+Test(memreport, model_state_per_param_is_zero_accounting)
+{
+    /* AdamW in fp32: 4 (params) + 4 (grads) + 8 (m, v) bytes per param; SGD with
+     * momentum: 4 + 4 + 4. Sharded strategies are checked by test_shard. */
+    Plan *g = compile("gpt2.fsm", GPT2, 6, NULL, 0), *m = compile("mlp.fsm", NULL, 0, NULL, 0);
+    MemReport *rg = report(g), *rm = report(m);
+    cr_expect_eq(rg->param_count, plan_meta_int(g, "params", -1));
+    cr_expect_eq(rg->state[0], 4 * rg->param_count);
+    cr_expect_eq(rg->state[1], 4 * rg->param_count);
+    cr_expect_eq(rg->state[2], 8 * rg->param_count);
+    cr_expect_eq(rm->state[0] + rm->state[1] + rm->state[2] + rm->state[3], 12 * rm->param_count);
+    report_mem_free(rg);
+    report_mem_free(rm);
+    plan_free(g);
+    plan_free(m);
+}
+
+/* ---- golden text ---------------------------------------------------------------------- */
+
+static void check_golden(Plan *p, const char *name)
+{
+    MemReport *r = report(p);
+    char *text = capture(report_mem_print, NULL, r), path[512];
+    snprintf(path, sizeof path, "%s/tests/golden_mem/%s.txt", FS_SOURCE_DIR, name);
+    if (getenv("FS_UPDATE_GOLDEN")) {
+        FILE *f = fopen(path, "w");
+        cr_assert_not_null(f, "%s", path);
+        fputs(text, f);
+        fclose(f);
+    }
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s: missing; run with FS_UPDATE_GOLDEN=1 to create it", path);
+    static char want[1 << 16];
+    size_t n = fread(want, 1, sizeof want - 1, f);
+    fclose(f);
+    want[n] = 0;
+    cr_expect_str_eq(text, want, "%s differs from the report (FS_UPDATE_GOLDEN=1 regenerates it):\n%s", path, text);
+    free(text);
+    report_mem_free(r);
+    plan_free(p);
+}
+
+Test(memreport, golden_mlp) { check_golden(compile("mlp.fsm", NULL, 0, NULL, 0), "mlp"); }
+
+Test(memreport, golden_tiny_gpt2)
+{
+    static const Define TINY[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 64}, {"B", 2}};
+    check_golden(compile("gpt2.fsm", TINY, 6, NULL, 0), "gpt2_tiny");
+}
+
+/* ---- JSON ----------------------------------------------------------------------------- */
+
+Test(memreport, json_parses_and_agrees_with_the_text)
+{
+    Plan *p = compile("gpt2.fsm", GPT2, 6, NULL, 0);
+    MemReport *r = report(p);
+    char *text = capture(report_mem_print, NULL, r), *js = capture(NULL, report_mem_json, r), buf[128], num[64];
+    json_error_t je;
+    json_t *o = json_loads(js, 0, &je);
+    cr_assert_not_null(o, "JSON: %s at line %d", je.text, je.line);
+    int64_t arena = json_integer_value(json_object_get(o, "arena_bytes")), peak = json_integer_value(json_object_get(o, "peak_bytes"));
+    cr_expect_eq(arena, r->arena_bytes);
+    snprintf(buf, sizeof buf, "(%s bytes)", report_grouped(arena, num, sizeof num));
+    cr_expect(strstr(text, buf), "text lacks the arena %s", buf);
+    snprintf(buf, sizeof buf, "(%s bytes) at op %d", report_grouped(peak, num, sizeof num),
+             (int)json_integer_value(json_object_get(json_object_get(o, "peak_op"), "index")));
+    cr_expect(strstr(text, buf), "text lacks the peak '%s'", buf);
+    cr_expect(strstr(text, json_string_value(json_object_get(json_object_get(o, "peak_op"), "where"))));
+    cr_expect_str_eq(json_string_value(json_object_get(json_object_get(o, "ranks"), "label")), "rank 0");
+    /* Categories sum to the peak; each one's at-peak bytes is in the text's row. */
+    json_t *cats = json_object_get(o, "categories"), *c;
+    size_t i;
+    int64_t sum = 0;
+    json_array_foreach(cats, i, c) sum += json_integer_value(json_object_get(c, "at_peak"));
+    cr_expect_eq(sum, peak);
+    cr_expect_eq(json_array_size(cats), MEM_CAT_COUNT);
+    /* The largest tensors, in the text's order. */
+    json_t *top = json_object_get(o, "top_tensors"), *t;
+    const char *at = text;
+    json_array_foreach(top, i, t) {
+        snprintf(buf, sizeof buf, "\n    %s ", json_string_value(json_object_get(t, "name")));
+        const char *hit = strstr(at, buf);
+        cr_expect(hit, "top tensor %zu '%s' not in the text after the previous one", i, buf + 5);
+        if (hit) at = hit + 1;
+    }
+    snprintf(buf, sizeof buf, "%.2f bytes/param",
+             json_real_value(json_object_get(json_object_get(o, "model_state"), "bytes_per_param")));
+    cr_expect(strstr(text, buf), "text lacks '%s'", buf);
+    json_decref(o);
+    free(text), free(js);
+    report_mem_free(r);
+    plan_free(p);
+}
+
+/* ---- HTML ----------------------------------------------------------------------------- */
+
+static int count(const char *s, const char *what)
+{
+    int n = 0;
+    for (const char *at = strstr(s, what); at; at = strstr(at + 1, what)) n++;
+    return n;
+}
+
+/* Every element closed in order: <a ...> ... </a>, or <a .../>; void HTML elements
+ * (meta) need no end. Returns 0 or the offset of the first mismatch. */
+static long check_nesting(const char *s)
+{
+    const char *stack[256];
+    size_t len[256];
+    int depth = 0;
+    for (const char *at = strchr(s, '<'); at; at = strchr(at + 1, '<')) {
+        if (at[1] == '!') continue;
+        const char *end = strchr(at, '>');
+        if (!end) return at - s;
+        int closing = at[1] == '/';
+        const char *name = at + 1 + closing;
+        size_t n = strcspn(name, " />\n");
+        if (end[-1] == '/' || (n == 4 && !strncmp(name, "meta", 4))) continue;
+        if (!closing) {
+            if (depth == 256) return at - s;
+            stack[depth] = name, len[depth++] = n;
+        } else if (!depth || len[depth - 1] != n || strncmp(stack[depth - 1], name, n)) {
+            return at - s;
+        } else {
+            depth--;
+        }
+    }
+    return depth ? -1 : 0;
+}
+
+Test(memreport, html_is_one_well_formed_page_with_a_tooltip_per_column)
+{
+    Plan *p = compile("gpt2.fsm", GPT2, 6, NULL, 0);
+    MemReport *r = report(p);
+    char *html = capture(NULL, report_mem_html, r);
+    cr_expect(!strncmp(html, "<!DOCTYPE html>", 15));
+    cr_expect_eq(count(html, "<svg"), 1);
+    cr_expect_eq(count(html, "</svg>"), 1);
+    int cols = p->n_ops < 600 ? p->n_ops : 600;
+    cr_expect_eq(count(html, "<g class=\"col\"><title>"), cols, "%d tooltips for %d columns",
+                 count(html, "<g class=\"col\"><title>"), cols);
+    cr_expect_eq(count(html, "<title>"), count(html, "</title>"));
+    long bad = check_nesting(html);
+    cr_expect_eq(bad, 0, "tags do not nest at offset %ld: %.80s", bad, bad > 0 ? html + bad : "");
+    /* Self-contained: no scripts, stylesheets, images or fonts from anywhere. */
+    cr_expect(!strstr(html, "<script") && !strstr(html, "<link") && !strstr(html, "src=") && !strstr(html, "url(") &&
+              !strstr(html, "@import"));
+    cr_expect(strstr(html, "class=\"peak\""), "the peak is marked");
+    cr_expect(strstr(html, "MiB</text>"), "the axis is labelled in binary units");
+    cr_expect(strstr(html, "saved for backward"), "the legend names the categories");
+    free(html);
+    report_mem_free(r);
+    plan_free(p);
+}
+
+Test(memreport, html_of_a_large_schedule_has_at_most_600_columns)
+{
+    static const Define BIG[] = {{"L", 24}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 4}};
+    Plan *p = compile("gpt2.fsm", BIG, 6, NULL, 0);
+    cr_assert_gt(p->n_ops, 600);
+    MemReport *r = report(p);
+    char *html = capture(NULL, report_mem_html, r);
+    cr_expect_eq(count(html, "<g class=\"col\"><title>"), 600);
+    cr_expect_eq(check_nesting(html), 0);
+    free(html);
+    report_mem_free(r);
+    plan_free(p);
+}
+
+/* ---- sizes, limits, hostile plans --------------------------------------------------- */
+
+Test(memreport, sizes_parse_with_every_unit)
+{
+    static const struct {
+        const char *text;
+        int64_t bytes;
+    } ok[] = {
+        {"80GiB", 80ll << 30}, {"512MiB", 512ll << 20}, {"1.5 TiB", 3ll << 39}, {"4KiB", 4096}, {"100B", 100},
+        {"1KB", 1000}, {"2MB", 2000000}, {"80GB", 80000000000ll}, {"1TB", 1000000000000ll}, {"3gib", 3ll << 30},
+    };
+    char err[256];
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        int64_t b = 0;
+        cr_expect_eq(report_size_parse(ok[i].text, &b, err, sizeof err), 0, "%s: %s", ok[i].text, err);
+        cr_expect_eq(b, ok[i].bytes, "%s: %ld", ok[i].text, (long)b);
+    }
+    static const struct {
+        const char *text, *why;
+    } bad[] = {
+        {"80", "has no unit"}, {"80GX", "unknown unit 'GX'"}, {"GiB", "not a size"}, {"-1GiB", "not a size"},
+        {"0.1B", "out of range"}, {"80 G", "unknown unit 'G'"}, {"9000PB", "unknown unit"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int64_t b = 0;
+        cr_expect_eq(report_size_parse(bad[i].text, &b, err, sizeof err), -1, "%s parsed", bad[i].text);
+        cr_expect(strstr(err, bad[i].why), "%s: '%s' lacks '%s'", bad[i].text, err, bad[i].why);
+    }
+}
+
+Test(memreport, limit_message_says_by_how_much_and_what_would_cut_it)
+{
+    Plan *p = compile("gpt2.fsm", GPT2, 6, NULL, 0);
+    MemReport *r = report(p);
+    int64_t limit = r->arena_bytes - (1 << 20);
+    MemWhatIf w[3] = {{"-D B=2", "half the batch (B 4 -> 2)", r->arena_bytes - (2 << 20)},
+                      {"--recompute Block", "recompute", r->arena_bytes - 1000},
+                      {"--nothing", "does not compile", -1}};
+    cr_expect(report_over_limit(r, limit));
+    cr_expect(!report_over_limit(r, r->arena_bytes));
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    report_limit_print(r, limit, w, 3, f);
+    fclose(f);
+    cr_expect(strstr(buf, "1.0 MiB over the limit"), "%s", buf);
+    cr_expect(strstr(buf, "the peak is at op"), "%s", buf);
+    cr_expect(strstr(buf, "-D B=2"), "%s", buf);
+    cr_expect(strstr(buf, "(fits)"), "%s", buf);
+    cr_expect(!strstr(buf, "--nothing"), "a setting that did not compile is not offered:\n%s", buf);
+    cr_expect(strstr(buf, "-D B=2") < strstr(buf, "--recompute"), "best first:\n%s", buf);
+    free(buf);
+    report_mem_free(r);
+    plan_free(p);
+}
+
+Test(memreport, hostile_plans_are_reported_without_a_crash)
+{
+    Plan *p = plan_new();
+    cr_assert_not_null(p);
+    plan_meta_set_int(p, "arena_bytes", 1 << 20);
+    plan_meta_set_int(p, "world", -5);
+    PlanTensor t = {.name = plan_intern(p, "\x1b[31mred"), .rank = 1, .shape = {1000}, .block = PLAN_NONE,
+                    .producer = PLAN_NONE, .tied_to = PLAN_NONE, .grad = PLAN_NONE, .alias = PLAN_NONE,
+                    .unit = PLAN_NONE, .live_start = -7, .live_end = 1 << 30};
+    plan_tensor_add(p, &t);
+    t.alias = 2, t.live_start = 5, t.live_end = 2;
+    plan_tensor_add(p, &t);
+    t.alias = 1;
+    plan_tensor_add(p, &t);  // 1 and 2: a cycle
+    char err[256];
+    cr_assert_eq(plan_check(p, err, sizeof err), 0, "%s", err);
+    MemReport *r = report(p);
+    char *text = capture(report_mem_print, NULL, r), *js = capture(NULL, report_mem_json, r),
+         *html = capture(NULL, report_mem_html, r);
+    cr_expect(!strchr(text, '\x1b'), "control bytes are cleaned");
+    cr_expect(strstr(text, "rank 0"));
+    free(text), free(js), free(html);
+    report_mem_free(r);
+    plan_free(p);
+    Plan *none = plan_new();
+    cr_expect_null(report_mem_new(none, err, sizeof err));
+    cr_expect(strstr(err, "no memory plan"), "%s", err);
+    plan_free(none);
+}

@@ -1,0 +1,206 @@
+/* tools/fsc_mem.c: fsc's side of the memory report. The report itself (report/) is
+ * computed from the plan, as fsexec --inspect computes it; this file builds nothing but
+ * the what-ifs of --mem-limit: for each setting that this fsc implements and that could
+ * cut the arena, the whole compiler pipeline runs again in process with that one
+ * setting changed, and the arena it plans is compared with this one. A setting whose
+ * pass does not exist yet is never offered.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ast.h"
+#include "codegen.h"
+#include "fsc_mem.h"
+#include "passes.h"
+#include "report.h"
+
+enum { MAX_WHAT_IFS = 8, MAX_OPTS = 512 };
+
+int fsc_set_source(Plan *p, const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return plan_meta_set_str(p, "source", slash ? slash + 1 : path);
+}
+
+static int has_pass(const char *name)
+{
+    int n;
+    const PassInfo *p = passes_list(&n);
+    for (int i = 0; i < n; i++)
+        if (!strcmp(p[i].name, name)) return 1;
+    return 0;
+}
+
+/* The arena of the model compiled with one more -D (replacing one of the same name) or
+ * one more setting; -1 when that does not compile. Messages go nowhere. */
+static int64_t arena_with(const FscMem *m, const Define *def, const Setting *set, int n_set)
+{
+    const FrontendOptions *fo = m->fo;
+    if (fo->n_defines + 1 > MAX_OPTS || fo->n_settings + n_set > MAX_OPTS) return -1;
+    Define defs[MAX_OPTS];
+    Setting sets[MAX_OPTS];
+    int nd = 0, ns = 0;
+    for (int i = 0; i < fo->n_defines; i++)
+        if (!def || strcmp(fo->defines[i].name, def->name)) defs[nd++] = fo->defines[i];
+    if (def) defs[nd++] = *def;
+    for (int i = 0; i < fo->n_settings; i++) sets[ns++] = fo->settings[i];
+    for (int i = 0; i < n_set; i++) sets[ns++] = set[i];
+    FILE *null = fopen("/dev/null", "w");
+    if (!null) return -1;
+    Diag d;
+    diag_init(&d, m->path, m->src, m->len, null);
+    FrontendOptions o2 = {defs, nd, sets, ns};
+    Options o = {0};
+    Graph *g = fe_compile(m->src, m->len, &o2, &o.train, &d);
+    int64_t arena = g && passes_run(g, &o, &d) == 0 && !d.n_errors ? g->arena_bytes : -1;
+    ir_graph_free(g);
+    fclose(null);
+    return arena;
+}
+
+/* The batch: the first input's first dim, when it is a plain dim name. */
+static const char *batch_dim(const FscMem *m, Arena *a)
+{
+    FILE *null = fopen("/dev/null", "w");
+    if (!null) return NULL;
+    Diag d;
+    diag_init(&d, m->path, m->src, m->len, null);
+    Program *prog = fe_parse(m->src, m->len, a, &d);
+    fclose(null);
+    for (const Stmt *st = prog ? prog->body : NULL; st; st = st->next)
+        if (st->kind == ST_INPUT) return st->shape && st->shape->kind == EX_NAME ? st->shape->name : NULL;
+    return NULL;
+}
+
+static int64_t first_input_rows(const Plan *p)
+{
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].role == PLAN_ROLE_INPUT && p->tensors[i].rank > 0) return p->tensors[i].shape[0];
+    return 0;
+}
+
+static void try_batch(const FscMem *m, const Plan *p, MemWhatIf *w, int *n)
+{
+    Arena *a = arena_new();
+    const char *dim = batch_dim(m, a);
+    int64_t world = plan_meta_int(p, "world", 1), global = first_input_rows(p) * (world > 1 ? world : 1);
+    if (dim && global >= 2) {
+        Define def = {dim, global / 2};
+        MemWhatIf *x = &w[(*n)++];
+        snprintf(x->flags, sizeof x->flags, "-D %s=%lld", dim, (long long)(global / 2));
+        snprintf(x->what, sizeof x->what, "half the batch (%s %lld -> %lld)", dim, (long long)global,
+                 (long long)(global / 2));
+        x->arena = arena_with(m, &def, NULL, 0);
+    }
+    arena_free(a);
+}
+
+static void try_setting(const FscMem *m, MemWhatIf *w, int *n, const Setting *s, int n_s, const char *flags,
+                        const char *what)
+{
+    MemWhatIf *x = &w[(*n)++];
+    snprintf(x->flags, sizeof x->flags, "%s", flags);
+    snprintf(x->what, sizeof x->what, "%s", what);
+    x->arena = arena_with(m, NULL, s, n_s);
+}
+
+/* Each strategy that shards more than the current one, over the plan's world; from a
+ * single rank, over 8 (then each rank also takes an eighth of the global batch, which
+ * DDP alone shows). */
+static void try_shard(const FscMem *m, const Plan *p, MemWhatIf *w, int *n)
+{
+    static const char *const strategies[] = {"ddp", "zero1", "zero2", "fsdp"};
+    static const char *const what[] = {"data parallel, nothing sharded", "shard optimizer state (ZeRO-1)",
+                                       "shard optimizer state and grads (ZeRO-2)",
+                                       "shard params, grads and optimizer state (FSDP / ZeRO-3)"};
+    const char *cur = plan_meta_str(p, "shard", "none");
+    int64_t world = plan_meta_int(p, "world", 1);
+    char ws[24], flags[96], text[96];
+    snprintf(ws, sizeof ws, "%lld", (long long)(world > 1 ? world : 8));
+    int from = !strcmp(cur, "zero1") ? 2 : !strcmp(cur, "zero2") ? 3 : !strcmp(cur, "fsdp") ? 4 : world > 1 ? 1 : 0;
+    for (int i = from; i < 4 && *n < MAX_WHAT_IFS; i++) {
+        Setting s[2] = {{"shard", strategies[i]}, {"world", ws}};
+        snprintf(flags, sizeof flags, "--shard %s --world %s", strategies[i], ws);
+        snprintf(text, sizeof text, "%s over %s ranks%s", what[i], ws, world > 1 ? "" : ", 1/8 of the batch each");
+        try_setting(m, w, n, s, 2, flags, text);
+    }
+}
+
+/* Recompute every layer the model instantiates (the first one named in its blocks). */
+static void try_recompute(const FscMem *m, const Plan *p, MemWhatIf *w, int *n)
+{
+    if (!p->n_blocks || strcmp(plan_meta_str(p, "recompute", "none"), "none")) return;
+    const char *layer = plan_str(p, p->blocks[0].layer);
+    Setting s = {"recompute", layer};
+    char flags[96], what[96];
+    snprintf(flags, sizeof flags, "--recompute %s", layer);
+    snprintf(what, sizeof what, "rerun each %s's forward in its backward (checkpointing)", layer);
+    try_setting(m, w, n, &s, 1, flags, what);
+}
+
+static int what_ifs(const FscMem *m, const Plan *p, MemWhatIf *w)
+{
+    int n = 0;
+    if (has_pass("shard")) try_shard(m, p, w, &n);
+    if (has_pass("recompute")) try_recompute(m, p, w, &n);
+    if (has_pass("offload") && !strcmp(plan_meta_str(p, "offload", "none"), "none") && n < MAX_WHAT_IFS) {
+        Setting s = {"offload", "optimizer"};
+        try_setting(m, w, &n, &s, 1, "--offload optimizer", "keep optimizer state on the host; update there");
+    }
+    if (n < MAX_WHAT_IFS) try_batch(m, p, w, &n);
+    return n;
+}
+
+/* The page into memory first, so a failed render leaves no half-written file. */
+static int write_html(const MemReport *r, const FscMem *m)
+{
+    char *buf = NULL, err[256];
+    size_t len = 0;
+    FILE *mem = open_memstream(&buf, &len);
+    int rc = !mem || report_mem_html(r, mem) != 0;
+    if (mem && fclose(mem)) rc = 1;
+    if (!rc) {
+        PlanChunk c = {buf, len};
+        if (plan_write_atomic(m->html_path, &c, 1, err, sizeof err)) {
+            fprintf(stderr, "fsc: error: %s: %s\n", m->html_path, err);
+            rc = 1;
+        } else if (!m->quiet) {
+            fprintf(stderr, "wrote %s\n", m->html_path);
+        }
+    } else {
+        fprintf(stderr, "fsc: error: %s: out of memory rendering the page\n", m->html_path);
+    }
+    free(buf);
+    return rc;
+}
+
+int fsc_mem(const Plan *p, const FscMem *m)
+{
+    char err[256];
+    MemReport *r = report_mem_new(p, err, sizeof err);
+    if (!r) {
+        fprintf(stderr, "fsc: error: memory report: %s\n", err);
+        return 1;
+    }
+    int rc = 0;
+    if (m->out == MEM_OUT_TEXT) report_mem_print(r, stdout);
+    if (m->out == MEM_OUT_JSON && report_mem_json(r, stdout)) {
+        fprintf(stderr, "fsc: error: could not write the JSON report\n");
+        rc = 1;
+    }
+    if (m->out == MEM_OUT_HTML) rc = write_html(r, m);
+    if (m->limit > 0 && !report_over_limit(r, m->limit) && !m->quiet) {
+        char a[32], l[32];
+        fprintf(stderr, "memory: arena %s per rank, within --mem-limit %s\n", report_bytes(r->arena_bytes, a, sizeof a),
+                report_bytes(m->limit, l, sizeof l));
+    }
+    if (m->limit > 0 && report_over_limit(r, m->limit)) {
+        MemWhatIf w[MAX_WHAT_IFS];
+        int n = what_ifs(m, p, w);
+        fprintf(stderr, "fsc: error: --mem-limit %s: ", m->limit_text);
+        report_limit_print(r, m->limit, w, n, stderr);
+        rc = 1;
+    }
+    report_mem_free(r);
+    return rc;
+}
