@@ -4,14 +4,17 @@
 For the MLP and a tiny GPT-2, every strategy (ddp, zero1, zero2, fsdp) at world 1, 2, 3
 and 4 (3 leaves uneven, padded shards) trains 5 AdamW steps from the same seed on the
 same global batches; the consolidated params it saves must equal those of the
-single-rank, unsharded run to rel 1e-5 (max|a - b| / max|b| per tensor), and so must
-every step's logged loss.
+single-rank, unsharded run to rel 1e-5 (||a - b|| / ||b|| per tensor), and every step's
+logged loss too.
 
-One exception, as in tests/py/parity.py: GPT-2's key bias (the middle third of
-attn.b) has a gradient that is zero in exact arithmetic (softmax ignores a shift that
-is the same for every key); in fp32 it is rounding noise, different for every order of
-summation, which AdamW turns into updates of ~1e-6. Those slices must stay within 1e-2
-of the largest q/v bias instead.
+Except where fp32 itself cannot: a different world sums gradients in a different
+order, and AdamW divides each element's gradient by its own running magnitude, so an
+element whose gradient is nearly zero turns rounding noise into a visible step (GPT-2's
+key bias has a gradient that is exactly zero in exact arithmetic: softmax ignores a
+shift shared by all keys). The single-rank run shows the same noise against itself when
+only its thread count changes. So a tensor may differ by up to 3 times what the
+single-rank run at 2 threads differs from it at 1 thread, when that is more than 1e-5.
+A wrong shard, a missing average or a stale gather differs by orders of magnitude more.
 
 usage: strategies.py FSC FSEXEC   (needs mpirun; uses /usr/bin/python3's numpy)
 """
@@ -41,50 +44,44 @@ def run(cmd, cwd):
 
 
 def losses(path):
+    """Each step's loss and gradient norm: AdamW barely notices a gradient off by a
+    constant factor (a missing average), the logged norm does."""
     with open(path) as f:
-        return [json.loads(line)["loss"] for line in f]
+        return [(r["loss"], r["grad_norm"]) for r in map(json.loads, f)]
 
 
 def rel(a, b):
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def train(fsc, fsexec, work, model, dims, data, shard, world):
-    plan = os.path.join(work, "%s-%s-%d.plan" % (model, shard, world))
-    out = os.path.join(work, "%s-%s-%d.safetensors" % (model, shard, world))
-    log = os.path.join(work, "%s-%s-%d.jsonl" % (model, shard, world))
+def train(fsc, fsexec, work, model, dims, data, shard, world, threads=1):
+    tag = "%s-%s-%d-%d" % (model, shard, world, threads)
+    plan = os.path.join(work, tag + ".plan")
+    out = os.path.join(work, tag + ".safetensors")
+    log = os.path.join(work, tag + ".jsonl")
     run([fsc, "samples/%s.fsm" % model, *dims, *TRAIN, "--shard", shard, "--world", str(world), "-o", plan, "-q"],
         ROOT)
     cmd = [fsexec]
     if world > 1:
         cmd += ["--nproc", str(world)]
     cmd += [plan, "--steps", str(STEPS), "--save-weights", out, "--log", log, "--data-order", "sequential",
-            "--threads", "1"]
+            "--threads", str(threads)]
     if data:
         cmd += ["--data", data]
     run(cmd, ROOT)
     return load_safetensors(out), losses(log)
 
 
-def compare(model, what, got, ref):
+def compare(model, what, got, ref, floor):
     worst, worst_name = 0.0, ""
     for name, b in ref.items():
-        a = got[name].numpy().astype(np.float64)
-        b = b.numpy().astype(np.float64)
-        if model == "gpt2" and name.endswith(".attn.b"):
-            q, k, v = np.split(a, 3)
-            qb, kb, vb = np.split(b, 3)
-            e = max(rel(q, qb), rel(v, vb))
-            kb_err = float(np.max(np.abs(k - kb)) / max(np.max(np.abs(qb)), np.max(np.abs(vb))))
-            if kb_err > 1e-2:
-                sys.exit("FAIL %s %s: key bias %s differs by %.2e of the q/v bias" % (model, what, name, kb_err))
-        else:
-            e = rel(a, b)
-        if e > worst:
-            worst, worst_name = e, name
-    if worst > TOL:
-        sys.exit("FAIL %s %s: param %s differs from the single-rank run: rel %.2e > %.0e" %
-                 (model, what, worst_name, worst, TOL))
+        e = rel(got[name].numpy().astype(np.float64), b.numpy().astype(np.float64))
+        tol = max(TOL, 3 * floor[name])
+        if e > tol:
+            sys.exit("FAIL %s %s: param %s differs from the single-rank run: rel %.2e > %.1e (the single-rank "
+                     "run differs from itself by %.1e between 1 and 2 threads)" % (model, what, name, e, tol, floor[name]))
+        if e / tol > worst:
+            worst, worst_name = e / tol, name
     return worst, worst_name
 
 
@@ -98,16 +95,18 @@ def main():
         np.random.default_rng(3).integers(0, 256, size=4000, dtype=np.uint16).tofile(tokens)
         for model, dims, data in (("mlp", MLP, None), ("gpt2", GPT2, tokens)):
             ref, ref_loss = train(fsc, fsexec, work, model, dims, data, "none", 1)
+            other, _ = train(fsc, fsexec, work, model, dims, data, "none", 1, threads=2)
+            floor = {n: rel(other[n].numpy().astype(np.float64), t.numpy().astype(np.float64)) for n, t in ref.items()}
             for shard in ("ddp", "zero1", "zero2", "fsdp"):
                 for world in (1, 2, 3, 4):
                     got, got_loss = train(fsc, fsexec, work, model, dims, data, shard, world)
                     what = "%s world %d" % (shard, world)
-                    worst, name = compare(model, what, got, ref)
-                    lerr = max(abs(a - b) / abs(b) for a, b in zip(got_loss, ref_loss))
+                    worst, name = compare(model, what, got, ref, floor)
+                    lerr = max(abs(a - b) / abs(b) for ga, gb in zip(got_loss, ref_loss) for a, b in zip(ga, gb))
                     if len(got_loss) != STEPS or lerr > TOL:
                         sys.exit("FAIL %s %s: losses %s, single rank %s" % (model, what, got_loss, ref_loss))
-                    print("ok   %-5s %-6s world %d: params rel %.1e (%s), losses rel %.1e" %
-                          (model, shard, world, worst, name, lerr))
+                    print("ok   %-5s %-6s world %d: params at %.0f%% of tolerance at most (%s), losses and norms rel %.1e" %
+                          (model, shard, world, 100 * worst, name, lerr))
     print("all strategies and worlds train like the single-rank run")
 
 
