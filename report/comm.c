@@ -60,8 +60,11 @@ static const char *what_of(const Plan *p, const PlanOp *op)
 void comm_report(const Plan *p, FILE *out)
 {
     CommTotals c = comm_totals(p);
-    fprintf(out, "communication per step, each of ranks 0-%lld (strategy %s):\n", (long long)(c.world - 1),
-            plan_meta_str(p, "shard", "none"));
+    if (c.world > 1)
+        fprintf(out, "communication per step, each of ranks 0-%lld (strategy %s):\n", (long long)(c.world - 1),
+                plan_meta_str(p, "shard", "none"));
+    else
+        fprintf(out, "communication per step (rank 0 of 1, strategy %s):\n", plan_meta_str(p, "shard", "none"));
     if (!c.collectives) {
         fprintf(out, "  none\n");
         return;

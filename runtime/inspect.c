@@ -306,5 +306,7 @@ void rt_inspect(const Plan *p, FILE *out)
     print_ops(p, out);
     print_roles(p, out);
     print_memory(p, out);
+    fputc('\n', out);
+    comm_report(p, out);
     print_sections(p, out);
 }

@@ -28,6 +28,7 @@ typedef struct {
     MemOut mem;                 // --mem[=text|json|html FILE]
     const char *mem_html;
     int64_t mem_limit;          // --mem-limit SIZE, in bytes; 0: none
+    int comm;                   // --comm
     const char *mem_limit_text;
 } Flags;
 
@@ -50,6 +51,7 @@ static void usage(FILE *out)
                  "  --mem=html FILE       write it as one self-contained HTML page with a timeline\n"
                  "  --mem-limit SIZE      fail if a rank's arena exceeds SIZE (80GiB, 512MiB, 1.5TB;\n"
                  "                        B, KiB..TiB, KB..TB) and say which settings would cut it\n"
+                 "  --comm                print every collective of a step with its bytes per rank\n"
                  "  -q, --quiet           no summary on stderr\n"
                  "  -h, --help            this text\n"
                  "  --version             the version\n"
@@ -158,6 +160,8 @@ static int parse_args(int argc, char **argv, Flags *f)
         } else if (!strcmp(a, "--print-after")) {
             if (!next) return fail("--print-after needs a pass name%s%s", "", "");
             f->print_after = next, used = 1;
+        } else if (!strcmp(a, "--comm")) {
+            f->comm = 1;
         } else if (!strcmp(a, "--mem") || !strncmp(a, "--mem=", 6)) {
             if (parse_mem(f, a, next, &used)) return -1;
         } else if (!strcmp(a, "--mem-limit") || !strncmp(a, "--mem-limit=", 12)) {
@@ -210,8 +214,8 @@ static char *read_source(const char *path, size_t *len)
 static void summary(const Graph *g, const TrainConfig *t)
 {
     int64_t params = ir_param_count(g);
-    double flops = 0;
-    for (int i = 0; i < g->n_nodes; i++) flops += op_info(g->nodes[i].op)->flops(g, &g->nodes[i]);
+    double flops[PHASE_COUNT] = {0};
+    for (int i = 0; i < g->n_nodes; i++) flops[g->nodes[i].phase] += op_info(g->nodes[i].op)->flops(g, &g->nodes[i]);
     char num[32], *p = num + sizeof num - 1;
     *p = 0;
     int64_t x = params;
@@ -219,8 +223,11 @@ static void summary(const Graph *g, const TrainConfig *t)
         if (d && d % 3 == 0) *--p = ',';
         *--p = (char)('0' + x % 10);
     }
-    fprintf(stderr, "%s: %s params (%.1f MiB in f32), %d blocks, %d values, %d nodes, %.3g GFLOP forward\n",
-            g->model, p, (double)params * 4 / (1 << 20), g->n_blocks, g->n_values, g->n_nodes, flops / 1e9);
+    fprintf(stderr, "%s: %s params (%.1f MiB in f32), %d blocks, %d values, %d nodes\n", g->model, p,
+            (double)params * 4 / (1 << 20), g->n_blocks, g->n_values, g->n_nodes);
+    fprintf(stderr, "GFLOP per step and rank: forward %.2f, backward %.2f, recompute %.2f, optimizer %.2f\n",
+            flops[PHASE_FORWARD] / 1e9, flops[PHASE_BACKWARD] / 1e9, flops[PHASE_RECOMPUTE] / 1e9,
+            flops[PHASE_OPTIMIZER] / 1e9);
     fprintf(stderr, "train: %s, lr %g, precision %s, shard %s, world %d, recompute %s\n",
             optim_name(t->optimizer), t->lr, precision_name(t->precision), shard_name(t->shard), t->world,
             t->recompute);
@@ -258,6 +265,19 @@ static int memory(const Graph *g, const TrainConfig *t, const Flags *f, const ch
     return rc;
 }
 
+/* --comm: every collective of a step with its bytes, from the plan built in memory. */
+static int communication(const Graph *g, const TrainConfig *t)
+{
+    Plan *plan = codegen_plan(g, t);
+    if (!plan) {
+        fprintf(stderr, "fsc: error: out of memory building the plan\n");
+        return 1;
+    }
+    comm_report(plan, stdout);
+    plan_free(plan);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     Flags f = {0};
@@ -277,6 +297,7 @@ int main(int argc, char **argv)
     if (!rc && f.emit == EMIT_IR_JSON) rc = ir_print_json(g, stdout) != 0;
     if (!rc && !f.quiet) summary(g, &o.train);
     if (!rc && (f.mem || f.mem_limit)) rc = memory(g, &o.train, &f, src, len, &fo);
+    if (!rc && f.comm) rc = communication(g, &o.train);
     if (!rc && f.output) rc = write_plan(g, &o.train, f.input, f.output, f.quiet) != 0;
     if (d.n_errors) fprintf(stderr, "%d error%s\n", d.n_errors, d.n_errors == 1 ? "" : "s");
 

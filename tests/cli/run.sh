@@ -76,8 +76,10 @@ expect mem-limit-no-unit 1 "has no unit" -- "$FSC" "$SRC/samples/mlp.fsm" --mem-
 expect inspect-mem 0 "saved for backward, by the block whose backward reads it" -- "$FSEXEC" --inspect "$tmp/gpt2.plan"
 expect inspect-source 0 "source        gpt2.fsm" -- "$FSEXEC" --inspect "$tmp/gpt2.plan"
 "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --mem -q >"$tmp/mem.txt"
-"$FSEXEC" --inspect "$tmp/gpt2.plan" | sed -n '/^memory plan:/,/^sections$/p' | head -n -2 >"$tmp/inspect_mem.txt"
+"$FSEXEC" --inspect "$tmp/gpt2.plan" | sed -n '/^memory plan:/,/^communication per step/p' | head -n -2 >"$tmp/inspect_mem.txt"
 expect mem-same-in-inspect 0 "" -- diff "$tmp/mem.txt" "$tmp/inspect_mem.txt"
+expect comm-fsdp 0 "reduce_scatter h.0.flat_grad_shard" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard fsdp --world 4 --comm -q
+expect comm-none 0 "none" -- "$FSC" "$SRC/samples/mlp.fsm" --comm -q
 expect debug-guard 0 "step 2/2" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 2 --debug-guard
 head -c 100 "$tmp/gpt2.plan" >"$tmp/short.plan"
 expect inspect-truncated 1 "truncated" -- "$FSEXEC" --inspect "$tmp/short.plan"
