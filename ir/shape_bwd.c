@@ -171,6 +171,25 @@ int shape_lr_at(ShapeCtx *c)
 
 int shape_clip_coef(ShapeCtx *c) { return shape_sumsq(c); }
 
+/* count_step(count i32 [], coef f32 []): count += 1 unless coef is not finite. */
+int shape_count_step(ShapeCtx *c)
+{
+    if (want_in(c, 2)) return -1;
+    if (c->in[0]->dtype != DT_I32 || c->in[0]->rank || c->in[1]->rank) return shape_fail(c, "count_step: needs i32 [] and f32 []");
+    c->n_out = 0;
+    return 0;
+}
+
+/* scale_update(norm f32 [], scale f32 [], good i32 []): dynamic loss scaling. */
+int shape_scale_update(ShapeCtx *c)
+{
+    if (want_in(c, 3)) return -1;
+    if (c->in[0]->rank || c->in[1]->rank || c->in[2]->rank || c->in[2]->dtype != DT_I32)
+        return shape_fail(c, "scale_update: needs f32 [], f32 [] and i32 []");
+    c->n_out = 0;
+    return 0;
+}
+
 /* In-place updates: the state tensors must match the param; nothing is produced. */
 static int update(ShapeCtx *c, int n_in, int n_state)
 {

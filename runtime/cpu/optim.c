@@ -33,10 +33,14 @@ void cpu_lr_at(const KCall *k)
 }
 
 /* clip_coef(norm; max_norm) = min(1, max_norm / (norm + 1e-6)); 1 when max_norm <= 0. */
+/* A norm that is not finite: with skip_nonfinite (an fp16 overflow) NaN, which skips
+ * the step; without, 1, so the damage shows in the weights and the loss. */
 void cpu_clip_coef(const KCall *k)
 {
     double norm = scalar_f(&k->in[0]), max_norm = k->attr[1], c = 1.0;
-    if (max_norm > 0) {
+    if (!isfinite(norm)) {
+        c = k->attr[2] != 0 ? NAN : 1.0;
+    } else if (max_norm > 0) {
         c = max_norm / (norm + 1e-6);
         c = c < 1.0 ? c : 1.0;
     }
@@ -53,6 +57,7 @@ void cpu_adamw(const KCall *k)
     const float *g = fdata(&k->in[1]);
     double lr = scalar_f(&k->in[4]), b1 = k->attr[7], b2 = k->attr[8];
     float coef = scalar_f(&k->in[5]), eps = (float)k->attr[9];
+    if (isnan(coef)) return;  // a skipped step
     float decay = (float)(1.0 - lr * k->attr[10]);
     float step_size = (float)(lr / (1.0 - pow(b1, (double)step)));
     float bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)step));
@@ -81,6 +86,7 @@ void cpu_sgd(const KCall *k)
     const float *g = fdata(&k->in[1]);
     float lr = scalar_f(&k->in[3]), coef = scalar_f(&k->in[4]);
     float mom = (float)k->attr[6], wd = (float)k->attr[7];
+    if (isnan(coef)) return;  // a skipped step
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
     for (int64_t t = 0; t < (n + CHUNK - 1) / CHUNK; t++) {
         int64_t i1 = imin(n, (t + 1) * CHUNK);
@@ -93,5 +99,29 @@ void cpu_sgd(const KCall *k)
             }
             p[i] = p[i] - lr * d;
         }
+    }
+}
+
+/* count_step(count, coef): the optimizer's own step count (AdamW's bias correction, SGD's
+ * first momentum step) advances only on steps that are not skipped, as with PyTorch's
+ * GradScaler, which skips optimizer.step() altogether. */
+void cpu_count_step(const KCall *k)
+{
+    if (!isnan(scalar_f(&k->in[1]))) ((int32_t *)k->in[0].data)[0] += 1;
+}
+
+/* scale_update(norm, scale, good; growth_interval): torch.cuda.amp.GradScaler's update:
+ * an overflow halves the scale and restarts the count of good steps; growth_interval
+ * good steps in a row double it. */
+void cpu_scale_update(const KCall *k)
+{
+    float *scale = fdata(&k->in[1]);
+    int32_t *good = k->in[2].data;
+    if (!isfinite(scalar_f(&k->in[0]))) {
+        scale[0] *= 0.5f;
+        good[0] = 0;
+    } else if (++good[0] >= (int32_t)k->attr[3]) {
+        scale[0] *= 2.0f;
+        good[0] = 0;
     }
 }
