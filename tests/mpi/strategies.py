@@ -88,7 +88,18 @@ def compare(model, what, got, ref, floor):
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 
+def quiet_mpi_leaks():
+    """Under ASan: Open MPI keeps allocations to the end of the process; lsan.supp names
+    its libraries, and full stacks let LeakSanitizer match them (as tests/mpi/lib.sh)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    opts = os.environ.get("LSAN_OPTIONS", "")
+    os.environ["LSAN_OPTIONS"] = (opts + ":" if opts else "") + "suppressions=%s/lsan.supp:print_suppressions=0" % here
+    asan = os.environ.get("ASAN_OPTIONS", "")
+    os.environ["ASAN_OPTIONS"] = (asan + ":" if asan else "") + "fast_unwind_on_malloc=0"
+
+
 def main():
+    quiet_mpi_leaks()
     fsc, fsexec = (os.path.abspath(p) for p in sys.argv[1:3])
     with tempfile.TemporaryDirectory() as work:
         tokens = os.path.join(work, "tokens.bin")
