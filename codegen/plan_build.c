@@ -73,6 +73,7 @@ static PlanInit map_init(InitKind k)
     case INIT_ONES: return PLAN_INIT_ONES;
     case INIT_NORMAL: return PLAN_INIT_NORMAL;
     case INIT_UNIFORM: return PLAN_INIT_UNIFORM;
+    case INIT_FULL: return PLAN_INIT_FULL;
     case INIT_COUNT: break;
     }
     FS_ASSERT(!"unknown init");

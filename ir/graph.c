@@ -15,6 +15,7 @@ Graph *ir_graph_new(const char *model)
     Graph *g = arena_alloc(a, sizeof *g);
     g->arena = a;
     g->model = arena_strdup(a, model ? model : "model");
+    g->loss_scale = g->scale_good = -1;
     return g;
 }
 
@@ -203,4 +204,21 @@ void ir_nodes_reorder(Graph *g, const int *order)
         if (g->values[v].producer >= 0) g->values[v].producer = pos[g->values[v].producer];
     g->nodes = nodes;
     g->cap_nodes = g->n_nodes;
+}
+
+int ir_node_retype(Graph *g, int n, char *err, size_t errlen)
+{
+    Node *node = &g->nodes[n];
+    const OpInfo *info = op_info(node->op);
+    ShapeCtx c = {.g = g, .node = node, .n_in = node->n_in, .n_out = info->n_out, .err = err, .errlen = errlen};
+    for (int i = 0; i < node->n_in; i++) c.in[i] = &g->values[ir_in(g, node, i)];
+    if (info->shape(&c) != 0) return -1;
+    FS_ASSERT(c.n_out == node->n_out);
+    for (int i = 0; i < c.n_out; i++) {
+        Value *v = &g->values[ir_out(g, node, i)];
+        v->dtype = c.out[i].dtype;
+        v->rank = c.out[i].rank;
+        memcpy(v->shape, c.out[i].shape, sizeof v->shape);
+    }
+    return 0;
 }

@@ -85,7 +85,7 @@ typedef enum {
 } Role;
 typedef enum { PLACE_DEVICE, PLACE_HOST, PLACE_COUNT } Placement;
 typedef enum { PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE, PHASE_OPTIMIZER, PHASE_COMM, PHASE_COUNT } Phase;
-typedef enum { INIT_NONE, INIT_ZEROS, INIT_ONES, INIT_NORMAL, INIT_UNIFORM, INIT_COUNT } InitKind;
+typedef enum { INIT_NONE, INIT_ZEROS, INIT_ONES, INIT_NORMAL, INIT_UNIFORM, INIT_FULL, INIT_COUNT } InitKind;
 
 const char *dtype_name(DType t);    // "f32", "f16", "bf16", "i32"
 int dtype_size(DType t);            // bytes per element
@@ -94,7 +94,7 @@ int dtype_parse(const char *s, DType *out);  // 0 on success
 const char *role_name(Role r);      // "input", "param", ...
 const char *placement_name(Placement p);
 const char *phase_name(Phase p);
-const char *init_name(InitKind k);  // "zeros", "ones", "normal", "uniform"
+const char *init_name(InitKind k);  // "zeros", "ones", "normal", "uniform", "full" (init_a)
 
 /* ---- ir/ops.c: the op table, generated from ir/ops.def ---------------------------- */
 
@@ -225,6 +225,8 @@ struct Graph {
     int *outputs;       // value ids the step produces; outputs[0] is the loss
     int n_outputs, cap_outputs;
     int64_t arena_bytes;  // after memplan: the size of each rank's arena
+    int loss_scale;       // fp16: the dynamic loss scale (f32 [] state), or -1
+    int scale_good;       // fp16: steps since the scale last changed (i32 [] state), or -1
 };
 
 Graph *ir_graph_new(const char *model);
@@ -244,6 +246,9 @@ int ir_node_add(Graph *g, OpKind op, const int *in, int n_in, const Attr *attrs,
 /* Puts the nodes in `order` (a permutation of the node ids, which then become the
  * positions); values keep their ids. The new order must respect every dependency. */
 void ir_nodes_reorder(Graph *g, const int *order);
+/* Runs node n's shape rule again on its current inputs and retypes its outputs in place
+ * (after a pass changed the dtype of an input). 0, or -1 with the rule's message. */
+int ir_node_retype(Graph *g, int n, char *err, size_t errlen);
 
 static inline const Value *ir_value(const Graph *g, int id) { return &g->values[id]; }
 static inline const Node *ir_node(const Graph *g, int id) { return &g->nodes[id]; }

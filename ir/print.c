@@ -71,6 +71,7 @@ static void print_init(const Value *v, FILE *out)
     case INIT_NONE: return;
     case INIT_NORMAL: fprintf(out, " = normal(%s)", num(v->init_a, a, sizeof a)); return;
     case INIT_UNIFORM: fprintf(out, " = uniform(%s, %s)", num(v->init_a, a, sizeof a), num(v->init_b, b, sizeof b)); return;
+    case INIT_FULL: fprintf(out, " = full(%s)", num(v->init_a, a, sizeof a)); return;
     default: fprintf(out, " = %s", init_name(v->init)); return;
     }
 }

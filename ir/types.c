@@ -10,7 +10,7 @@ static const char *const ROLES[ROLE_COUNT] = {"input", "param", "grad", "act", "
 static const char *const PLACES[PLACE_COUNT] = {"device", "host"};
 static const char *const PHASES[PHASE_COUNT] = {"forward", "backward", "recompute", "optimizer",
                                                 "comm"};
-static const char *const INITS[INIT_COUNT] = {"none", "zeros", "ones", "normal", "uniform"};
+static const char *const INITS[INIT_COUNT] = {"none", "zeros", "ones", "normal", "uniform", "full"};
 
 #define NAME_OF(table, i, count) ((unsigned)(i) < (unsigned)(count) ? (table)[i] : "?")
 

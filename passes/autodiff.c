@@ -95,12 +95,19 @@ int pass_autodiff(Graph *g, const Options *o, Diag *d)
     memset(a.grad, -1, sizeof(int) * (size_t)n_values);
     mark_needed(g, a.need);
 
+    /* d loss / d loss = 1; with fp16 loss scaling, the scale (a copy, so a test can
+     * overflow this step's gradients without touching the scale itself). */
     char err[256];
     const Node *ln = g->values[g->outputs[0]].producer >= 0 ? ir_node(g, g->values[g->outputs[0]].producer) : NULL;
-    int seed = ir_node_add(g, OP_scalar, NULL, 0, &(Attr){.key = "value", .kind = ATTR_FLOAT, .f = 1.0}, 1,
-                           ln ? ln->block : -1, PHASE_BACKWARD, ln ? ln->loc : (Loc){0}, err, sizeof err);
+    int block = ln ? ln->block : -1;
+    Loc loc = ln ? ln->loc : (Loc){0};
+    int seed = g->loss_scale >= 0
+                   ? ir_node_add(g, OP_copy, &g->loss_scale, 1, NULL, 0, block, PHASE_BACKWARD, loc, err, sizeof err)
+                   : ir_node_add(g, OP_scalar, NULL, 0, &(Attr){.key = "value", .kind = ATTR_FLOAT, .f = 1.0}, 1, block,
+                                 PHASE_BACKWARD, loc, err, sizeof err);
     FS_ASSERT(seed >= 0);
     a.grad[g->outputs[0]] = ir_out(g, ir_node(g, seed), 0);
+    if (g->loss_scale >= 0) g->values[a.grad[g->outputs[0]]].name = "loss_scale.seed";
 
     int n_forward = g->n_nodes - 1;
     for (int n = n_forward - 1; n >= 0; n--)

@@ -1,7 +1,9 @@
 /* passes/optimizer.c: the optimizer step, as nodes.
  *
  * Needs: autodiff's gradients (Value.grad of each param).
- * Gives: a `step` input (i32 scalar, 1-based, set by the runtime before each step); the
+ * Gives: a `step` input (i32 scalar, 1-based, set by the runtime before each step: the
+ * schedule's clock) and `opt_step` state (the steps the optimizer took: bias correction's
+ * clock, which a skipped fp16 step does not advance); the
  * global gradient norm (output "grad_norm"), the learning rate of this step (output
  * "lr", from the schedule), the clipping coefficient (torch's clip_grad_norm_), and per
  * param its state (AdamW: exp_avg, exp_avg_sq; SGD with momentum: momentum_buffer, as
@@ -101,12 +103,33 @@ int pass_optimizer(Graph *g, const Options *opts, Diag *d)
     name_output(&o, lr, "lr");
     int norm = global_norm(&o);
     if (norm < 0) return 0;  // nothing to train
+    /* With an fp16 loss scale the gradients are scaled: unscale the norm, fold 1/scale
+     * into the coefficient the updates apply, and skip a step that overflowed. */
+    int inv = -1;
+    if (g->loss_scale >= 0) {
+        int one = node_out(&o, OP_scalar, NULL, 0, &(Attr){.key = "value", .kind = ATTR_FLOAT, .f = 1.0}, 1, -1, (Loc){0});
+        inv = node_out(&o, OP_div, (int[]){one, g->loss_scale}, 2, NULL, 0, -1, (Loc){0});
+        norm = node_out(&o, OP_mul, (int[]){norm, inv}, 2, NULL, 0, -1, (Loc){0});
+    }
     name_output(&o, norm, "grad_norm");
-    Attr cat = {.key = "max_norm", .kind = ATTR_FLOAT, .f = t->clip};
-    int coef = node_out(&o, OP_clip_coef, &norm, 1, &cat, 1, -1, (Loc){0});
+    Attr cat[2] = {{.key = "max_norm", .kind = ATTR_FLOAT, .f = t->clip},
+                   {.key = "skip_nonfinite", .kind = ATTR_INT, .i = g->loss_scale >= 0}};
+    int coef = node_out(&o, OP_clip_coef, &norm, 1, cat, 2, -1, (Loc){0});
+    if (inv >= 0) coef = node_out(&o, OP_mul, (int[]){coef, inv}, 2, NULL, 0, -1, (Loc){0});
+    /* The optimizer's own step count: bias correction counts the steps it took. */
+    Value cv = {.dtype = DT_I32, .rank = 0, .role = ROLE_OPT_STATE, .block = -1, .name = "opt_step", .producer = -1,
+                .tied_to = -1, .init = INIT_ZEROS};
+    int count = ir_value_add(g, &cv);
+    node_out(&o, OP_count_step, (int[]){count, coef}, 2, NULL, 0, -1, (Loc){0});
+    step = count;
 
     int n_values = g->n_values;
     for (int v = 0; v < n_values; v++)
         if (g->values[v].role == ROLE_PARAM && g->values[v].grad >= 0) update(&o, v, lr, coef, step);
+    if (g->loss_scale >= 0) {
+        Attr gi = {.key = "growth_interval", .kind = ATTR_INT, .i = 2000};
+        node_out(&o, OP_scale_update, (int[]){norm, g->loss_scale, g->scale_good}, 3, &gi, 1, -1, (Loc){0});
+        ir_output_add(g, g->loss_scale);
+    }
     return 0;
 }

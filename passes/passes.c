@@ -1,7 +1,9 @@
 /* passes/passes.c: the pass list as data, and the driver that runs it. The passes not
- * written yet (precision, pipeline, offload, fuse, schedule) join this table
- * in DESIGN.md's order. Unlike DESIGN.md's order, shard runs before optimizer: it
- * decides what the optimizer updates (a unit's flat buffer, or this rank's shard). */
+ * written yet (pipeline, offload, fuse, schedule) join this table
+ * in DESIGN.md's order. Unlike DESIGN.md's order, precision runs before autodiff (the
+ * backward is then born in the compute dtype, and a cast's gradient casts back to the
+ * fp32 master), and shard before optimizer: it decides what the optimizer updates (a
+ * unit's flat buffer, or this rank's shard). */
 #include <string.h>
 
 #include "passes.h"
@@ -9,6 +11,8 @@
 static const PassInfo PASSES[] = {
     {"dce", "a forward graph from lower", "every node contributes to an output; unused params warned",
      pass_dce},
+    {"precision", "the forward graph", "fp16/bf16: compute copies of fp32 params and inputs by casts; fp16 loss-scale state",
+     pass_precision},
     {"autodiff", "outputs[0] is a float scalar loss", "backward nodes; Value.grad of every used param",
      pass_autodiff},
     {"recompute", "backward nodes; the recompute setting names layers",

@@ -238,7 +238,7 @@ static const char *const ROLES[PLAN_ROLE_COUNT] = {"input", "param", "grad", "ac
 static const char *const PLACES[PLAN_PLACE_COUNT] = {"device", "host"};
 static const char *const PHASES[PLAN_PHASE_COUNT] = {"forward", "backward", "recompute",
                                                      "optimizer", "comm"};
-static const char *const INITS[PLAN_INIT_COUNT] = {"none", "zeros", "ones", "normal", "uniform"};
+static const char *const INITS[PLAN_INIT_COUNT] = {"none", "zeros", "ones", "normal", "uniform", "full"};
 
 const char *plan_dtype_name(PlanDType t) { return NAME_OF(DTYPES, t); }
 int plan_dtype_size(PlanDType t) { return (unsigned)t < PLAN_DT_COUNT ? DTYPE_SIZES[t] : 0; }

@@ -69,8 +69,8 @@ double rt_normal(const uint32_t w[4])
 void rt_init_param(const char *name, uint64_t seed, PlanInit kind, double a, double b, int64_t first, int64_t count,
                    float *out)
 {
-    if (kind == PLAN_INIT_NONE || kind == PLAN_INIT_ZEROS || kind == PLAN_INIT_ONES) {
-        float v = kind == PLAN_INIT_ONES ? 1.0f : 0.0f;
+    if (kind == PLAN_INIT_NONE || kind == PLAN_INIT_ZEROS || kind == PLAN_INIT_ONES || kind == PLAN_INIT_FULL) {
+        float v = kind == PLAN_INIT_ONES ? 1.0f : kind == PLAN_INIT_FULL ? (float)a : 0.0f;
         for (int64_t i = 0; i < count; i++) out[i] = v;
         return;
     }

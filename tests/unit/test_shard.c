@@ -68,7 +68,7 @@ static State plan_state(const Plan *p)
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *t = &p->tensors[i];
         if (t->role == PLAN_ROLE_PARAM && t->alias == PLAN_NONE) s.params += plan_tensor_nbytes(t);
-        if (t->role == PLAN_ROLE_OPT_STATE) s.state += plan_tensor_nbytes(t);
+        if (t->role == PLAN_ROLE_OPT_STATE && t->rank > 0) s.state += plan_tensor_nbytes(t);  // not the step count
         if (t->role == PLAN_ROLE_PARAM && t->grad != PLAN_NONE) {
             int32_t g = p->tensors[t->grad].alias == PLAN_NONE ? t->grad : p->tensors[t->grad].alias;
             if (!seen[g]) s.grads += plan_tensor_nbytes(&p->tensors[g]);
