@@ -125,6 +125,7 @@ static void plain_line(Progress *p, const StepStats *s, double per_s)
     if (!isnan(s->accuracy)) fprintf(p->o.out, " | acc %.3f", s->accuracy);
     if (!isnan(s->lr)) fprintf(p->o.out, " | lr %.3e", s->lr);
     if (!isnan(s->grad_norm)) fprintf(p->o.out, " | norm %.4f", s->grad_norm);
+    if (!isnan(s->loss_scale)) fprintf(p->o.out, " | scale %g", s->loss_scale);
     fprintf(p->o.out, " | %s %s/s | %.*f ms\n", rate(per_s, r, sizeof r), p->o.unit, s->ms < 10 ? 2 : 1, s->ms);
     fflush(p->o.out);
 }
@@ -138,9 +139,23 @@ static void json_number(FILE *f, const char *key, double v)
         fprintf(f, ", \"%s\": null", key);
 }
 
+/* A skipped step or a new loss scale is never silent: a line of its own, always. */
+static void scale_event(Progress *p, const StepStats *s)
+{
+    if (!s->skipped && (isnan(s->loss_scale) || s->loss_scale == s->scale_before)) return;
+    if (p->drawn) fputc('\n', p->o.out), p->drawn = 0;
+    if (s->skipped)
+        fprintf(p->o.out, "step %lld: gradients overflowed; step skipped, loss scale %g -> %g\n", (long long)s->step,
+                s->scale_before, s->loss_scale);
+    else
+        fprintf(p->o.out, "step %lld: %d steps without overflow; loss scale %g -> %g\n", (long long)s->step, 2000,
+                s->scale_before, s->loss_scale);
+}
+
 int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen)
 {
     if (!p) return 0;
+    scale_event(p, s);
     double per_s = s->ms > 0 ? s->items / (s->ms * 1e-3) : 0;
     p->items += s->items, p->seconds += s->ms * 1e-3;
     if (p->log) {
@@ -151,6 +166,8 @@ int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen)
         json_number(p->log, "tokens_per_s", per_s);
         json_number(p->log, "ms", s->ms);
         if (!isnan(s->accuracy)) json_number(p->log, "accuracy", s->accuracy);
+        if (!isnan(s->loss_scale)) json_number(p->log, "loss_scale", s->loss_scale);
+        fprintf(p->log, ", \"skipped\": %s", s->skipped ? "true" : "false");
         if (fputs("}\n", p->log) == EOF || fflush(p->log) != 0)
             return rt_fail(err, errlen, "%s: write failed: %s", p->o.log_path, strerror(errno));
     }

@@ -47,6 +47,8 @@ static const char USAGE[] =
     "  --load-weights FILE  start from the params in a safetensors file\n"
     "  --save-grads FILE    write step 1's gradients (under the params' names)\n"
     "  --debug-nan          fill every buffer with NaN outside its planned live range\n"
+    "  --debug-overflow-at K  test hook, fp16 plans: make step K's gradients overflow (the\n"
+    "                       step is skipped and the loss scale halved, as for a real one)\n"
     "  --debug-guard        check that every op writes only its planned buffers: canaries in\n"
     "                       the free arena and checksums of the live buffers around each op\n"
     "                       (slow); the first op that strays stops the run, named\n"
@@ -79,6 +81,7 @@ typedef struct {
     int has_seed, threads, log_every, debug_nan, debug_guard;
     RtDataOrder order;
     int64_t nproc, timeout;  // --nproc (0: not given), --timeout seconds
+    int64_t overflow_at;     // --debug-overflow-at: the step whose fp16 gradients overflow
 } Flags;
 
 /* Who speaks in messages: "fsexec", or "[rank r] fsexec" in a world of several ranks. */
@@ -141,12 +144,12 @@ static int parse_int(const char *flag, const char *s, int64_t lo, int64_t hi, in
 /* The flags that take a value, as `--name VALUE` or `--name=VALUE`. */
 typedef enum {
     V_INSPECT, V_STEPS, V_SEED, V_THREADS, V_DATA, V_DATA_ORDER, V_LOG, V_LOG_EVERY, V_SAVE_WEIGHTS,
-    V_LOAD_WEIGHTS, V_SAVE_GRADS, V_NPROC, V_TIMEOUT, V_COUNT
+    V_LOAD_WEIGHTS, V_SAVE_GRADS, V_NPROC, V_TIMEOUT, V_OVERFLOW_AT, V_COUNT
 } ValueFlag;
 
 static const char *const VALUE_FLAGS[V_COUNT] = {
     "--inspect", "--steps", "--seed", "--threads", "--data", "--data-order", "--log", "--log-every",
-    "--save-weights", "--load-weights", "--save-grads", "--nproc", "--timeout",
+    "--save-weights", "--load-weights", "--save-grads", "--nproc", "--timeout", "--debug-overflow-at",
 };
 
 /* 0, or the exit status of a usage error (after its message). */
@@ -187,6 +190,7 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
     case V_SAVE_GRADS: f->save_grads = v; return 0;
     case V_NPROC: return parse_int(flag, v, 1, 4096, &f->nproc) ? 2 : 0;
     case V_TIMEOUT: return parse_int(flag, v, 0, 1000000000, &f->timeout) ? 2 : 0;
+    case V_OVERFLOW_AT: return parse_int(flag, v, 1, INT32_MAX, &f->overflow_at) ? 2 : 0;
     case V_COUNT: break;
     }
     return 2;
@@ -343,13 +347,28 @@ static int train(Run *r, const Flags *f, const char *path)
     if (rt_data_get_kind(r->data) == RT_DATA_CLASSES) accuracy_inputs(r->e, &logits, &labels, &B, &K);
     int32_t split = rt_exec_first_op(r->e, PLAN_PHASE_OPTIMIZER), n_ops = p->n_ops;
     double items = (double)rt_data_items(r->data);
+    const float *scale = scalar_output(r->e, "loss_scale");
+    RtTensor count_t, seed_t;
+    const int32_t *count = rt_exec_tensor(r->e, "opt_step", &count_t) == 0 ? count_t.data : NULL;
+    int32_t seed_op = rt_exec_tensor(r->e, "loss_scale.seed", &seed_t) == 0 ? p->tensors[seed_t.id].producer : -1;
+    if (f->overflow_at && seed_op < 0) {
+        fprintf(stderr, "%s: %s: --debug-overflow-at needs an fp16 plan (fsc --precision fp16)\n", who, path);
+        return local_error(1);
+    }
 
     for (int64_t step = 1; step <= f->steps; step++) {
         double t0 = rt_now();
         rt_watchdog_arm("step", step);
         rt_data_fill(r->data, step);
         int rc = 0;
-        if (step == 1 && f->save_grads) {
+        double scale_before = scale ? *scale : NAN;
+        int32_t count_before = count ? *count : 0;
+        if (step == f->overflow_at) {
+            /* Run up to the backward's seed, make it infinite, run the rest. */
+            rc = rt_exec_run_ops(r->e, step, 0, seed_op + 1, RT_PHASES_ALL);
+            *(float *)seed_t.data = INFINITY;
+            rc = rc ? rc : rt_exec_run_ops(r->e, step, seed_op + 1, n_ops, RT_PHASES_ALL);
+        } else if (step == 1 && f->save_grads) {
             rc = rt_exec_run_ops(r->e, step, 0, split, RT_PHASES_ALL);
             if (!rc && rt_save_grads(r->e, f->save_grads, step, err, sizeof err)) {
                 fprintf(stderr, "%s: %s\n", who, err);
@@ -369,7 +388,9 @@ static int train(Run *r, const Flags *f, const char *path)
             accuracy = (double)rt_comm_sum_i64((int64_t)llround(accuracy * (double)B)) / (double)(B * my_world);
         rt_watchdog_disarm();
         StepStats s = {.step = step, .loss = *loss, .lr = lr ? *lr : NAN, .grad_norm = norm ? *norm : NAN,
-                       .ms = (rt_now() - t0) * 1e3, .items = items, .accuracy = accuracy};
+                       .ms = (rt_now() - t0) * 1e3, .items = items, .accuracy = accuracy,
+                       .loss_scale = scale ? *scale : NAN, .scale_before = scale_before,
+                       .skipped = count && *count == count_before};
         if (rt_progress_step(r->progress, &s, err, sizeof err)) {
             fprintf(stderr, "%s: %s\n", who, err);
             return local_error(1);
