@@ -125,7 +125,7 @@ static void plain_line(Progress *p, const StepStats *s, double per_s)
     if (!isnan(s->accuracy)) fprintf(p->o.out, " | acc %.3f", s->accuracy);
     if (!isnan(s->lr)) fprintf(p->o.out, " | lr %.3e", s->lr);
     if (!isnan(s->grad_norm)) fprintf(p->o.out, " | norm %.4f", s->grad_norm);
-    if (!isnan(s->loss_scale)) fprintf(p->o.out, " | scale %g", s->loss_scale);
+    if (s->has_scale) fprintf(p->o.out, " | scale %g", s->loss_scale);
     fprintf(p->o.out, " | %s %s/s | %.*f ms\n", rate(per_s, r, sizeof r), p->o.unit, s->ms < 10 ? 2 : 1, s->ms);
     fflush(p->o.out);
 }
@@ -142,7 +142,7 @@ static void json_number(FILE *f, const char *key, double v)
 /* A skipped step or a new loss scale is never silent: a line of its own, always. */
 static void scale_event(Progress *p, const StepStats *s)
 {
-    if (!s->skipped && (isnan(s->loss_scale) || s->loss_scale == s->scale_before)) return;
+    if (!s->skipped && (!s->has_scale || s->loss_scale == s->scale_before)) return;
     if (p->drawn) fputc('\n', p->o.out), p->drawn = 0;
     if (s->skipped)
         fprintf(p->o.out, "step %lld: gradients overflowed; step skipped, loss scale %g -> %g\n", (long long)s->step,
@@ -166,8 +166,8 @@ int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen)
         json_number(p->log, "tokens_per_s", per_s);
         json_number(p->log, "ms", s->ms);
         if (!isnan(s->accuracy)) json_number(p->log, "accuracy", s->accuracy);
-        if (!isnan(s->loss_scale)) json_number(p->log, "loss_scale", s->loss_scale);
-        fprintf(p->log, ", \"skipped\": %s", s->skipped ? "true" : "false");
+        if (s->has_scale) json_number(p->log, "loss_scale", s->loss_scale);
+        if (s->skipped) fputs(", \"skipped\": true", p->log);
         if (fputs("}\n", p->log) == EOF || fflush(p->log) != 0)
             return rt_fail(err, errlen, "%s: write failed: %s", p->o.log_path, strerror(errno));
     }

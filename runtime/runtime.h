@@ -267,8 +267,9 @@ typedef struct {
     double ms;             // this step's wall time
     double items;          // tokens (or samples) in this step
     double accuracy;       // NAN when the model has none
-    double loss_scale;     // fp16: the loss scale after this step; NAN without one
-    double scale_before;   // fp16: the loss scale the step started with
+    int has_scale;         // fp16: the plan has a loss scale ...
+    double loss_scale;     // ... its value after this step
+    double scale_before;   // ... and the one the step started with
     int skipped;           // the optimizer skipped the step (fp16: the gradients overflowed)
 } StepStats;
 

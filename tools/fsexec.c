@@ -389,7 +389,7 @@ static int train(Run *r, const Flags *f, const char *path)
         rt_watchdog_disarm();
         StepStats s = {.step = step, .loss = *loss, .lr = lr ? *lr : NAN, .grad_norm = norm ? *norm : NAN,
                        .ms = (rt_now() - t0) * 1e3, .items = items, .accuracy = accuracy,
-                       .loss_scale = scale ? *scale : NAN, .scale_before = scale_before,
+                       .has_scale = scale != NULL, .loss_scale = scale ? *scale : NAN, .scale_before = scale_before,
                        .skipped = count && *count == count_before};
         if (rt_progress_step(r->progress, &s, err, sizeof err)) {
             fprintf(stderr, "%s: %s\n", who, err);
