@@ -14,4 +14,5 @@ build/fsexec build/demo/gpt2-small.plan --steps 400 --log build/demo/train.jsonl
 echo
 echo "per-step log: build/demo/train.jsonl; weights (safetensors, loadable in PyTorch): build/demo/gpt2-small.safetensors"
 echo
-build/fsexec --inspect build/demo/gpt2-small.plan | head -40
+# sed, not head: it reads everything, so fsexec gets no SIGPIPE (this script runs under pipefail)
+build/fsexec --inspect build/demo/gpt2-small.plan | sed -n "1,60p"
