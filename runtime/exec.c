@@ -7,6 +7,12 @@
  * position, defaults for absent ones). The step loop then only writes the step number
  * and calls kernels in plan order: nothing allocates, nothing is looked up.
  *
+ * Kernels get one more buffer, the workspace (kernels.h): f32 room for 16-bit calls
+ * (matmul's converted panels, staged rows and slabs), the CPU analogue of cuBLAS's
+ * workspace. It is allocated here once, as large as the neediest call's least need and
+ * otherwise as large as the largest call can use, up to WORK_CAP floats; every call
+ * shares it (calls run one at a time). An all-f32 plan has none.
+ *
  * Views (OPF_VIEW ops whose output shares its input's buffer) are skipped: the bytes are
  * already where the output says. Effect ops (adamw, sgd) have no outputs and update
  * their inputs in place. A tensor with a rank_stride lies at offset + rank * rank_stride
@@ -45,6 +51,7 @@
 #include "runtime.h"
 
 enum { ARENA_ALIGN = 64 };
+#define WORK_CAP ((size_t)8 << 20)  // workspace floats (32 MiB) beyond which calls work in pieces
 
 typedef struct {
     CpuKernel fn;
@@ -70,6 +77,8 @@ struct Exec {
     RtRange *touch;         // per op (ExecOp.touch), for hazards against collectives
     RtColl *colls;          // world > 1: one per collective op
     RtCommQueue *queue;     // world > 1: collectives in flight
+    float *work;            // the kernels' workspace (plan_alloc), or NULL
+    size_t work_floats;
     Guard *guard;           // debug: every op checked to stay inside its buffers (guard.c)
     char guard_err[512];    // the guard's last finding
 };
@@ -280,6 +289,28 @@ static int build_op(Exec *e, int32_t k, char *err, size_t errlen)
     return 0;
 }
 
+/* The workspace: the most any call needs at least, else what the largest can use up to
+ * WORK_CAP; given to every call. */
+static int build_workspace(Exec *e, char *err, size_t errlen)
+{
+    size_t n = 0;
+    for (int32_t k = 0; k < e->n_ops; k++) {
+        const ExecOp *x = &e->ops[k];
+        if (x->skip || x->coll) continue;
+        CpuWork w = cpu_work(x->fn, &x->call);
+        size_t want = w.all < WORK_CAP ? w.all : WORK_CAP;
+        want = w.least > want ? w.least : want;
+        n = want > n ? want : n;
+    }
+    if (!n) return 0;
+    if (n > SIZE_MAX / sizeof(float) || !(e->work = plan_alloc(n * sizeof(float))))
+        return rt_fail(err, errlen, "cannot allocate the %.1f MiB kernel workspace (out of memory)",
+                       (double)n * sizeof(float) / (1 << 20));
+    e->work_floats = n;
+    for (int32_t k = 0; k < e->n_ops; k++) e->ops[k].call.work = e->work, e->ops[k].call.work_floats = n;
+    return 0;
+}
+
 /* Buffers to poison after each op: roots that are neither persistent nor outputs. */
 static int build_dead_lists(Exec *e, char *err, size_t errlen)
 {
@@ -380,6 +411,7 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
         if (build_op(e, k, err, errlen)) return -1;
     for (int32_t k = 0; k < p->n_ops && e->world > 1; k++)
         if (e->ops[k].coll) rt_comm_bind(e->queue, e->ops[k].coll);
+    if (build_workspace(e, err, errlen)) return -1;
     if ((e->nan_fill && build_dead_lists(e, err, errlen)) || build_touch(e, err, errlen) || find_step(e, err, errlen))
         return -1;
     if (e->nan_fill) memset(e->arena, 0xff, (size_t)e->arena_bytes);
@@ -410,6 +442,7 @@ void rt_exec_free(Exec *e)
 {
     if (!e) return;
     plan_dealloc(e->block);
+    plan_dealloc(e->work);
     plan_dealloc(e->ops);
     plan_dealloc(e->dead);
     plan_dealloc(e->touch);
@@ -485,6 +518,7 @@ const char *rt_exec_error(const Exec *e) { return e->guard_err; }
 int rt_exec_rank(const Exec *e) { return e->rank; }
 int rt_exec_world(const Exec *e) { return e->world; }
 int64_t rt_exec_arena_bytes(const Exec *e) { return e->arena_bytes; }
+int64_t rt_exec_work_bytes(const Exec *e) { return (int64_t)(e->work_floats * sizeof(float)); }
 const void *rt_exec_arena(const Exec *e) { return e->arena; }
 
 void rt_set_threads(int n)

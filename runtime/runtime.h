@@ -139,6 +139,8 @@ int rt_exec_world(const Exec *e);
 /* Where tensor id lives on this rank (offset + rank * rank_stride). */
 void *rt_exec_data(const Exec *e, int32_t id);
 int64_t rt_exec_arena_bytes(const Exec *e);
+/* Bytes of the kernels' workspace (f32 room for 16-bit calls), outside the arena; 0 if none. */
+int64_t rt_exec_work_bytes(const Exec *e);
 const void *rt_exec_arena(const Exec *e);
 /* Threads for OpenMP loops and OpenBLAS; n < 1 leaves the defaults. */
 void rt_set_threads(int n);

@@ -316,12 +316,15 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
         snprintf(mem, sizeof mem, "%.2f GiB", mib / 1024);
     else
         snprintf(mem, sizeof mem, mib >= 10 ? "%.0f MiB" : "%.2f MiB", mib);
+    char work[48] = "";  // the kernels' workspace, outside the arena (16-bit plans only)
+    double wmib = (double)rt_exec_work_bytes(r->e) / (1 << 20);
+    if (wmib > 0) snprintf(work, sizeof work, wmib >= 10 ? " | workspace %.0f MiB" : " | workspace %.2f MiB", wmib);
     char ranks[96] = "";
     if (my_world > 1)
         snprintf(ranks, sizeof ranks, " | %d ranks (%s)", my_world, plan_meta_str(p, "shard", "?"));
-    fprintf(stderr, "fsexec: %s | %s params | arena %s%s | %d thread%s%s | data: %s | %" PRId64 " step%s, seed %"
+    fprintf(stderr, "fsexec: %s | %s params | arena %s%s%s | %d thread%s%s | data: %s | %" PRId64 " step%s, seed %"
             PRIu64 "%s\n", plan_meta_str(p, "model", "model"), grouped(params, num, sizeof num), mem,
-            my_world > 1 ? " per rank" : "", rt_threads(), rt_threads() == 1 ? "" : "s", ranks,
+            my_world > 1 ? " per rank" : "", work, rt_threads(), rt_threads() == 1 ? "" : "s", ranks,
             rt_data_describe(r->data), f->steps, f->steps == 1 ? "" : "s", seed,
             f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "");
 }

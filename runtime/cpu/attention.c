@@ -20,6 +20,10 @@
  *
  * Tile GEMMs stay at or below OpenBLAS's single-thread size (m*n*k <= 2^18, for head
  * dims up to 512), so OpenBLAS never starts its own threads inside our parallel regions.
+ *
+ * In 16 bits all three kernels run as their f32 selves on staged (batch, head) slices
+ * (lowp.c): a group of whole slices of q, k, v (o, dout) converted to f32, the outputs
+ * rounded back. lse stays f32 and is read and written where it lies.
  */
 #include <cblas.h>
 #include <math.h>
@@ -43,7 +47,9 @@ static void att_init(Att *a, const KCall *k, int causal)
 {
     const KTensor *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2];
     int r = q->rank;
-    KCHECK(q->dtype == KT_F32 && kk->dtype == KT_F32 && v->dtype == KT_F32, "attention: unsupported dtype");
+    int ok = q->dtype == KT_F32 && kk->dtype == KT_F32 && v->dtype == KT_F32;
+    for (int i = 3; i < k->n_in; i++) ok &= k->in[i].dtype == KT_F32;  // o, lse, dout
+    KCHECK(ok, "attention: unsupported dtype");
     a->T = q->shape[r - 2], a->D = q->shape[r - 1], a->S = kk->shape[r - 2], a->Dv = v->shape[r - 1];
     a->BH = q->numel / (a->T * a->D);
     KCHECK(kk->shape[r - 1] == a->D && v->shape[r - 2] == a->S && (!causal || a->T == a->S), "attention: bad shapes");
@@ -101,8 +107,19 @@ static void fwd_block(const Att *a, int64_t bh, int64_t i0)
     }
 }
 
+/* q, k, v -> out, lse; q, k, v, o, lse, dout -> dq, dk, dv: by (T, D) slices. */
+static const Slabs ATTENTION = {{2, 2, 2, 2, 1}, -1};
+static const Slabs ATTENTION_BWD = {{2, 2, 2, 2, 1, 2, 2, 2, 2}, -1};
+
+CpuWork cpu_work_attention(const KCall *k) { return slab_work(k, &ATTENTION); }
+CpuWork cpu_work_attention_bwd(const KCall *k) { return slab_work(k, &ATTENTION_BWD); }
+
 void cpu_attention(const KCall *k)
 {
+    if (lowp_call(k)) {
+        slab_run(k, &ATTENTION, cpu_attention);
+        return;
+    }
     Att a;
     att_init(&a, k, k_int(k, 3));
     a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
@@ -191,6 +208,10 @@ static void bwd_q_block(const Att *a, int64_t bh, int64_t i0)
 /* attention_bwd(q, k, v, o, lse, dout, causal) -> dq, dk, dv */
 void cpu_attention_bwd(const KCall *k)
 {
+    if (lowp_call(k)) {
+        slab_run(k, &ATTENTION_BWD, cpu_attention_bwd);
+        return;
+    }
     Att a;
     att_init(&a, k, k_int(k, 6));
     a.o = fdata(&k->in[3]), a.lse = fdata(&k->in[4]), a.dout = fdata(&k->in[5]);
@@ -215,9 +236,17 @@ void cpu_attention_bwd(const KCall *k)
 
 /* rope(x [..., T, D], theta, inverse): pairs (i, i + D/2) of the row at position t turn
  * by t * theta^(-2i/D) (backwards under inverse, which is also rope's backward). */
+static const Slabs ROPE = {{2, 2}, -1};  // x -> y by (T, D) slices
+
+CpuWork cpu_work_rope(const KCall *k) { return slab_work(k, &ROPE); }
+
 void cpu_rope(const KCall *k)
 {
     const KTensor *X = &k->in[0];
+    if (lowp_call(k)) {
+        slab_run(k, &ROPE, cpu_rope);
+        return;
+    }
     KCHECK(X->dtype == KT_F32 && X->rank >= 2 && X->shape[X->rank - 1] % 2 == 0, "rope: bad input");
     int64_t T = X->shape[X->rank - 2], D = X->shape[X->rank - 1], H = D / 2, outer = X->numel / (T * D);
     double theta = k->attr[1], sign = k_int(k, 2) ? -1.0 : 1.0;

@@ -33,6 +33,14 @@
 #define KSIMD
 #endif
 
+/* For the small math helpers that loops must inline to vectorize (fexp, the 16-bit
+ * conversions): GCC's inliner gives up on them in files with many callers. */
+#if defined(__GNUC__)
+#define KINLINE static inline __attribute__((always_inline))
+#else
+#define KINLINE static inline
+#endif
+
 /* Asks GCC to vectorize the loop that follows: at -O2 it vectorizes only loops whose
  * trip count it knows. clang vectorizes such loops by itself, and warns (an error
  * under -Werror) about any it was asked to but cannot, so it gets no request. */
@@ -91,7 +99,7 @@ static inline float bitsf(int32_t i) { return (FBits){.i = i}.f; }
 static inline int32_t ford(int32_t i) { return i ^ (-(int32_t)((uint32_t)i >> 31) & 0x7fffffff); }  // int order = float order
 static inline float pow2i(int32_t e) { return bitsf((e + 127) * (1 << 23)); }                       // e in [-126, 127]
 
-static inline float fexp(float x)
+KINLINE float fexp(float x)
 {
     int32_t ix = fbits(x), nan = (ix & 0x7fffffff) > 0x7f800000, o = ford(ix);
     int32_t lo = ford(fbits(-104.0f)), hi = ford(fbits(89.0f));
@@ -111,7 +119,107 @@ static inline float fexp(float x)
     return bitsf(fbits(y) | (-nan & 0x7fc00000));
 }
 
-static inline float fsigmoid(float x) { return 1.0f / (1.0f + fexp(-x)); }
+KINLINE float fsigmoid(float x) { return 1.0f / (1.0f + fexp(-x)); }
+
+/* ---- 16-bit storage ------------------------------------------------------------------
+ * f16 and bf16 to and from f32, rounding to nearest even (PyTorch's .half() and
+ * .bfloat16(), NaN stays NaN with its payload, overflow goes to infinity). Branch-free,
+ * so loops over them vectorize; cast.c's cpu_f32_to_f16 and friends are these. The f16
+ * cases are merged with masks, not ?: — GCC would sink the subnormal case's float
+ * arithmetic into a branch (it may trap, so it cannot run it unconditionally) and then
+ * leave the loop scalar. */
+#define KMASK(c) (0u - (uint32_t)(c))  // all ones where c holds
+
+KINLINE float ld_bf16(uint16_t h) { return bitsf((int32_t)((uint32_t)h << 16)); }
+
+KINLINE float ld_f16(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, a = h & 0x7fffu;
+    uint32_t sub = (uint32_t)fbits((float)(int32_t)a * 0x1p-24f);  // subnormal: exact
+    uint32_t m = KMASK(a >= 0x7c00u), r = (((a << 13) | 0x7f800000u) & m) | (((a << 13) + 0x38000000u) & ~m);  // inf/NaN, or rebias
+    m = KMASK(a < 0x0400u);
+    return bitsf((int32_t)(sign | (sub & m) | (r & ~m)));
+}
+
+KINLINE uint16_t st_bf16(float f)
+{
+    uint32_t u = (uint32_t)fbits(f);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);  // NaN: quiet it
+}
+
+KINLINE uint16_t st_f16(float f)
+{
+    uint32_t u = (uint32_t)fbits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    uint32_t r = a - 0x38000000u, h = (r + 0x0fffu + ((r >> 13) & 1u)) >> 13;  // normal: rebias, round
+    /* Below 2^-14: |f| 2^24 rounded to an integer by adding 2^23 (exact scaling, one rounding). */
+    uint32_t sub = (uint32_t)fbits(bitsf((int32_t)a) * 0x1p24f + 0x1p23f) - 0x4b000000u;
+    uint32_t m = KMASK(a < 0x38800000u);
+    h = (sub & m) | (h & ~m);
+    m = KMASK(a >= 0x477ff000u);  // rounds to infinity
+    h = (0x7c00u & m) | (h & ~m);
+    m = KMASK(a > 0x7f800000u);  // NaN
+    h = ((0x7e00u | ((a >> 13) & 0x3ffu)) & m) | (h & ~m);
+    return (uint16_t)(sign | h);
+}
+
+static inline int lowp(int dtype) { return dtype == KT_F16 || dtype == KT_BF16; }
+
+/* Whether any tensor of the call is stored in 16 bits. */
+static inline int lowp_call(const KCall *k)
+{
+    for (int i = 0; i < k->n_in; i++)
+        if (lowp(k->in[i].dtype)) return 1;
+    for (int i = 0; i < k->n_out; i++)
+        if (lowp(k->out[i].dtype)) return 1;
+    return 0;
+}
+
+/* runtime/cpu/lowp.c: conversions of runs of elements, and 16-bit calls run as f32
+ * calls on staged copies. */
+void to_f32(float *dst, const void *src, int dtype, int64_t at, int64_t n);       // src[at, at + n) -> dst
+void from_f32(void *dst, int dtype, int64_t at, const float *src, int64_t n);     // src -> dst[at, at + n)
+void add_to_f32(float *acc, const void *src, int dtype, int64_t at, int64_t n);   // acc += src[at, at + n)
+void to_f32_par(float *dst, const void *src, int dtype, int64_t at, int64_t n);   // the same, in parallel
+void from_f32_par(void *dst, int dtype, int64_t at, const float *src, int64_t n);
+float kload(const KTensor *t, int64_t i);  // one element as f32 (scalars)
+
+/* How a kernel that works independently on slabs runs in 16 bits: every tensor is
+ * (outer, slab) with the slab from some dim to the last, the same outer for all, and
+ * the f32 kernel runs on f32 copies of as many whole slabs as fit the workspace (f32
+ * and i32 tensors are not copied: the call sees the slabs where they lie). */
+enum { SLAB_WHOLE = 0, SLAB_AXIS = -1 };  // else: the slab is the last n dims
+typedef struct {
+    int8_t at[2 * K_MAX_TENSORS];  // per tensor, inputs then outputs: SLAB_WHOLE (no outer),
+                                   // SLAB_AXIS (from the call's axis), n (the last n dims)
+    int axis;                      // the attribute holding the axis, or -1
+} Slabs;
+void slab_run(const KCall *k, const Slabs *s, CpuKernel f32);
+CpuWork slab_work(const KCall *k, const Slabs *s);
+
+/* Workspace per thread for kernels that stage a row each: the threads that fit. */
+static inline int work_threads(const KCall *k, size_t per, const char *op)
+{
+    KCHECK(k->work && k->work_floats >= per, "%s: a 16-bit call needs a workspace of %zu floats, has %zu", op, per,
+           k->work ? k->work_floats : 0);
+    size_t n = k->work_floats / per;
+    return n < (size_t)omp_get_max_threads() ? (int)n : omp_get_max_threads();
+}
+
+/* The workspace needs of the kernels that use it (table.c maps kernels to them). */
+CpuWork cpu_work_matmul(const KCall *k);
+CpuWork cpu_work_softmax(const KCall *k);
+CpuWork cpu_work_softmax_bwd(const KCall *k);
+CpuWork cpu_work_max(const KCall *k);
+CpuWork cpu_work_max_bwd(const KCall *k);
+CpuWork cpu_work_layernorm(const KCall *k);
+CpuWork cpu_work_rmsnorm(const KCall *k);
+CpuWork cpu_work_norm_bwd(const KCall *k);
+CpuWork cpu_work_cross_entropy(const KCall *k);
+CpuWork cpu_work_embedding_bwd(const KCall *k);
+CpuWork cpu_work_attention(const KCall *k);
+CpuWork cpu_work_attention_bwd(const KCall *k);
+CpuWork cpu_work_rope(const KCall *k);
 
 /* Offset of flat index idx over dims (sizes, strides), the last dim fastest. */
 static inline int64_t offset_of(int64_t idx, int nd, const int64_t *sizes, const int64_t *strides)

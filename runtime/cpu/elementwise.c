@@ -1,11 +1,14 @@
 /* runtime/cpu/elementwise.c: pointwise kernels: broadcasting binary ops (add sub mul
- * div, f32 and i32), unary ops, the unary ops' backward (x or y, dy) -> dx, and expand.
+ * div; f32, f16, bf16 and i32), unary ops, the unary ops' backward (x or y, dy) -> dx,
+ * and expand.
  *
  * Binary ops broadcast like numpy. A plan drops the output's unit dims and merges
  * neighbours that both operands walk contiguously, so the innermost loop is as long as
  * it can be and each operand's inner stride is 0 (broadcast) or 1; a row function is
  * specialized for each case so the compiler vectorizes it. Work is cut into
- * (row, chunk) tasks so a single long row still spreads over threads.
+ * (row, chunk) tasks so a single long row still spreads over threads. Each float
+ * expression has three row functions, one per storage dtype; the 16-bit ones load each
+ * element as f32, evaluate the same f32 expression and round the result once.
  *
  * Aliasing: an output may share its buffer with an input of the same shape (each
  * element is read before it is written); it must not overlap a broadcast input.
@@ -79,66 +82,88 @@ static void broadcast_run(const KTensor *A, const KTensor *B, const KTensor *O, 
     }
 }
 
-/* A row function for the scalar expression `expr` of u (from a) and v (from b). */
-#define ROW(fname, T, expr)                                                              \
+/* A row function for the scalar expression `expr` of u (from a) and v (from b), both
+ * of type T, in storage of type S: LD turns an S into a T, ST a T into an S. */
+#define ROW_AS(fname, S, T, LD, ST, expr)                                                \
     KSIMD static void fname(const void *pa, int64_t ia, const void *pb, int64_t ib,      \
                             void *po, int64_t n)                                         \
     {                                                                                    \
-        const T *a = pa, *b = pb;                                                        \
-        T *o = po;                                                                       \
+        const S *a = pa, *b = pb;                                                        \
+        S *o = po;                                                                       \
         if (ia && ib) {                                                                  \
-            VEC_LOOP for (int64_t i = 0; i < n; i++) {                        \
-                T u = a[i], v = b[i];                                                    \
-                o[i] = (expr);                                                           \
+            VEC_LOOP for (int64_t i = 0; i < n; i++) {                                   \
+                T u = LD(a[i]), v = LD(b[i]);                                            \
+                o[i] = ST(expr);                                                         \
             }                                                                            \
         } else if (ia) {                                                                 \
-            const T v = b[0];                                                            \
-            VEC_LOOP for (int64_t i = 0; i < n; i++) {                        \
-                T u = a[i];                                                              \
-                o[i] = (expr);                                                           \
+            const T v = LD(b[0]);                                                        \
+            VEC_LOOP for (int64_t i = 0; i < n; i++) {                                   \
+                T u = LD(a[i]);                                                          \
+                o[i] = ST(expr);                                                         \
             }                                                                            \
         } else if (ib) {                                                                 \
-            const T u = a[0];                                                            \
-            VEC_LOOP for (int64_t i = 0; i < n; i++) {                        \
-                T v = b[i];                                                              \
-                o[i] = (expr);                                                           \
+            const T u = LD(a[0]);                                                        \
+            VEC_LOOP for (int64_t i = 0; i < n; i++) {                                   \
+                T v = LD(b[i]);                                                          \
+                o[i] = ST(expr);                                                         \
             }                                                                            \
         } else {                                                                         \
-            const T u = a[0], v = b[0], w = (expr);                                      \
+            const T u = LD(a[0]), v = LD(b[0]);                                          \
+            const S w = ST(expr);                                                        \
             for (int64_t i = 0; i < n; i++) o[i] = w;                                    \
         }                                                                                \
     }
 
+#define AS_IS(x) (x)
+#define ROW(fname, T, expr) ROW_AS(fname, T, T, AS_IS, AS_IS, expr)
+
+/* The row functions of a float expression, by storage dtype. */
+typedef struct {
+    RowFn f32, f16, bf16;
+} FloatRows;
+
+#define FROWS(name, expr)                                                                \
+    ROW(name##_f32, float, expr)                                                         \
+    ROW_AS(name##_f16, uint16_t, float, ld_f16, st_f16, expr)                            \
+    ROW_AS(name##_bf16, uint16_t, float, ld_bf16, st_bf16, expr)                         \
+    static const FloatRows name = {name##_f32, name##_f16, name##_bf16};
+
 /* i32 arithmetic wraps like PyTorch's; do it in unsigned to keep it defined. */
 #define IWRAP(e) ((int32_t)(uint32_t)(e))
 
-ROW(add_f32, float, u + v)
-ROW(sub_f32, float, u - v)
-ROW(mul_f32, float, u * v)
-ROW(div_f32, float, u / v)
+FROWS(add_rows, u + v)
+FROWS(sub_rows, u - v)
+FROWS(mul_rows, u * v)
+FROWS(div_rows, u / v)
 ROW(add_i32, int32_t, IWRAP((uint32_t)u + (uint32_t)v))
 ROW(sub_i32, int32_t, IWRAP((uint32_t)u - (uint32_t)v))
 ROW(mul_i32, int32_t, IWRAP((uint32_t)u * (uint32_t)v))
 ROW(copy_u32, uint32_t, ((void)v, u))
+ROW(copy_u16, uint16_t, ((void)v, u))
 
-static void binary(const KCall *k, RowFn f32, RowFn i32)
+static RowFn float_row(const FloatRows *f, int dtype)
+{
+    return dtype == KT_F32 ? f->f32 : dtype == KT_F16 ? f->f16 : dtype == KT_BF16 ? f->bf16 : NULL;
+}
+
+static void binary(const KCall *k, const FloatRows *f, RowFn i32)
 {
     const KTensor *a = &k->in[0], *b = &k->in[1];
     KCHECK(a->dtype == b->dtype && a->dtype == k->out[0].dtype, "binary op: dtypes differ");
-    KCHECK(a->dtype == KT_F32 || (a->dtype == KT_I32 && i32), "binary op: unsupported dtype %d", a->dtype);
-    broadcast_run(a, b, &k->out[0], a->dtype == KT_F32 ? f32 : i32);
+    RowFn fn = a->dtype == KT_I32 ? i32 : float_row(f, a->dtype);
+    KCHECK(fn, "binary op: unsupported dtype %d", a->dtype);
+    broadcast_run(a, b, &k->out[0], fn);
 }
 
-void cpu_add(const KCall *k) { binary(k, add_f32, add_i32); }
-void cpu_sub(const KCall *k) { binary(k, sub_f32, sub_i32); }
-void cpu_mul(const KCall *k) { binary(k, mul_f32, mul_i32); }
-void cpu_div(const KCall *k) { binary(k, div_f32, NULL); }
+void cpu_add(const KCall *k) { binary(k, &add_rows, add_i32); }
+void cpu_sub(const KCall *k) { binary(k, &sub_rows, sub_i32); }
+void cpu_mul(const KCall *k) { binary(k, &mul_rows, mul_i32); }
+void cpu_div(const KCall *k) { binary(k, &div_rows, NULL); }
 
-/* expand(x, shape): x broadcast to the output's shape (any 4-byte dtype). */
+/* expand(x, shape): x broadcast to the output's shape (any dtype: bits are copied). */
 void cpu_expand(const KCall *k)
 {
-    KCHECK(esize(k->in[0].dtype) == 4, "expand: unsupported dtype %d", k->in[0].dtype);
-    broadcast_run(&k->in[0], &k->in[0], &k->out[0], copy_u32);
+    broadcast_run(&k->in[0], &k->in[0], &k->out[0], esize(k->in[0].dtype) == 4 ? copy_u32 : copy_u16);
 }
 
 /* ---- unary ------------------------------------------------------------------------ */
@@ -177,64 +202,72 @@ static void map_run(const KTensor *X, const KTensor *O, MapFn fn)
     }
 }
 
-#define MAP(fname, T, expr)                                                              \
+#define MAP_AS(fname, S, T, LD, ST, expr)                                                \
     KSIMD static void fname(const void *px, void *po, int64_t n)                         \
     {                                                                                    \
-        const T *x = px;                                                                 \
-        T *o = po;                                                                       \
-        VEC_LOOP for (int64_t i = 0; i < n; i++) {                            \
-            T u = x[i];                                                                  \
-            o[i] = (expr);                                                               \
+        const S *x = px;                                                                 \
+        S *o = po;                                                                       \
+        VEC_LOOP for (int64_t i = 0; i < n; i++) {                                       \
+            T u = LD(x[i]);                                                              \
+            o[i] = ST(expr);                                                             \
         }                                                                                \
     }
 
-MAP(neg_f32, float, -u)
-MAP(neg_i32, int32_t, IWRAP(0u - (uint32_t)u))
-MAP(exp_f32, float, fexp(u))
-MAP(log_f32, float, logf(u))
-MAP(sqrt_f32, float, sqrtf(u))
-MAP(rsqrt_f32, float, 1.0f / sqrtf(u))
-MAP(tanh_f32, float, tanhf(u))
-MAP(sigmoid_f32, float, fsigmoid(u))
-MAP(relu_f32, float, u < 0.0f ? 0.0f : u)
-MAP(gelu_f32, float, geluf(u))
-MAP(silu_f32, float, u * fsigmoid(u))
+typedef struct {
+    MapFn f32, f16, bf16;
+} FloatMaps;
 
-static void unary(const KCall *k, MapFn fn)
+#define FMAPS(name, expr)                                                                \
+    MAP_AS(name##_f32, float, float, AS_IS, AS_IS, expr)                                 \
+    MAP_AS(name##_f16, uint16_t, float, ld_f16, st_f16, expr)                            \
+    MAP_AS(name##_bf16, uint16_t, float, ld_bf16, st_bf16, expr)                         \
+    static const FloatMaps name = {name##_f32, name##_f16, name##_bf16};
+
+FMAPS(neg_maps, -u)
+MAP_AS(neg_i32, int32_t, int32_t, AS_IS, AS_IS, IWRAP(0u - (uint32_t)u))
+FMAPS(exp_maps, fexp(u))
+FMAPS(log_maps, logf(u))
+FMAPS(sqrt_maps, sqrtf(u))
+FMAPS(rsqrt_maps, 1.0f / sqrtf(u))
+FMAPS(tanh_maps, tanhf(u))
+FMAPS(sigmoid_maps, fsigmoid(u))
+FMAPS(relu_maps, u < 0.0f ? 0.0f : u)
+FMAPS(gelu_maps, geluf(u))
+FMAPS(silu_maps, u * fsigmoid(u))
+
+static void unary(const KCall *k, const FloatMaps *f, MapFn i32)
 {
-    KCHECK(k->in[0].dtype == KT_F32, "unary op: unsupported dtype %d", k->in[0].dtype);
+    int dt = k->in[0].dtype;
+    MapFn fn = dt == KT_F32 ? f->f32 : dt == KT_F16 ? f->f16 : dt == KT_BF16 ? f->bf16 : dt == KT_I32 ? i32 : NULL;
+    KCHECK(fn && k->out[0].dtype == dt, "unary op: unsupported dtypes %d -> %d", dt, k->out[0].dtype);
     map_run(&k->in[0], &k->out[0], fn);
 }
 
-void cpu_neg(const KCall *k)
-{
-    KCHECK(k->in[0].dtype == KT_F32 || k->in[0].dtype == KT_I32, "neg: unsupported dtype %d", k->in[0].dtype);
-    map_run(&k->in[0], &k->out[0], k->in[0].dtype == KT_F32 ? neg_f32 : neg_i32);
-}
-void cpu_exp(const KCall *k) { unary(k, exp_f32); }
-void cpu_log(const KCall *k) { unary(k, log_f32); }
-void cpu_sqrt(const KCall *k) { unary(k, sqrt_f32); }
-void cpu_rsqrt(const KCall *k) { unary(k, rsqrt_f32); }
-void cpu_tanh(const KCall *k) { unary(k, tanh_f32); }
-void cpu_sigmoid(const KCall *k) { unary(k, sigmoid_f32); }
-void cpu_relu(const KCall *k) { unary(k, relu_f32); }
-void cpu_gelu(const KCall *k) { unary(k, gelu_f32); }
-void cpu_silu(const KCall *k) { unary(k, silu_f32); }
+void cpu_neg(const KCall *k) { unary(k, &neg_maps, neg_i32); }
+void cpu_exp(const KCall *k) { unary(k, &exp_maps, NULL); }
+void cpu_log(const KCall *k) { unary(k, &log_maps, NULL); }
+void cpu_sqrt(const KCall *k) { unary(k, &sqrt_maps, NULL); }
+void cpu_rsqrt(const KCall *k) { unary(k, &rsqrt_maps, NULL); }
+void cpu_tanh(const KCall *k) { unary(k, &tanh_maps, NULL); }
+void cpu_sigmoid(const KCall *k) { unary(k, &sigmoid_maps, NULL); }
+void cpu_relu(const KCall *k) { unary(k, &relu_maps, NULL); }
+void cpu_gelu(const KCall *k) { unary(k, &gelu_maps, NULL); }
+void cpu_silu(const KCall *k) { unary(k, &silu_maps, NULL); }
 
 /* ---- unary backward: u is x (or the forward's y), v is dy ------------------------ */
 
-ROW(relu_bwd_f32, float, u > 0.0f ? v : 0.0f)
-ROW(gelu_bwd_f32, float, v * gelu_gradf(u))
-ROW(silu_bwd_f32, float, v * silu_gradf(u))
-ROW(tanh_bwd_f32, float, v * (1.0f - u * u))
-ROW(sigmoid_bwd_f32, float, v * u * (1.0f - u))
-ROW(sqrt_bwd_f32, float, v * 0.5f / u)
-ROW(rsqrt_bwd_f32, float, -0.5f * v * u * u * u)
+FROWS(relu_bwd_rows, u > 0.0f ? v : 0.0f)
+FROWS(gelu_bwd_rows, v * gelu_gradf(u))
+FROWS(silu_bwd_rows, v * silu_gradf(u))
+FROWS(tanh_bwd_rows, v * (1.0f - u * u))
+FROWS(sigmoid_bwd_rows, v * u * (1.0f - u))
+FROWS(sqrt_bwd_rows, v * 0.5f / u)
+FROWS(rsqrt_bwd_rows, -0.5f * v * u * u * u)
 
-void cpu_relu_bwd(const KCall *k) { binary(k, relu_bwd_f32, NULL); }
-void cpu_gelu_bwd(const KCall *k) { binary(k, gelu_bwd_f32, NULL); }
-void cpu_silu_bwd(const KCall *k) { binary(k, silu_bwd_f32, NULL); }
-void cpu_tanh_bwd(const KCall *k) { binary(k, tanh_bwd_f32, NULL); }
-void cpu_sigmoid_bwd(const KCall *k) { binary(k, sigmoid_bwd_f32, NULL); }
-void cpu_sqrt_bwd(const KCall *k) { binary(k, sqrt_bwd_f32, NULL); }
-void cpu_rsqrt_bwd(const KCall *k) { binary(k, rsqrt_bwd_f32, NULL); }
+void cpu_relu_bwd(const KCall *k) { binary(k, &relu_bwd_rows, NULL); }
+void cpu_gelu_bwd(const KCall *k) { binary(k, &gelu_bwd_rows, NULL); }
+void cpu_silu_bwd(const KCall *k) { binary(k, &silu_bwd_rows, NULL); }
+void cpu_tanh_bwd(const KCall *k) { binary(k, &tanh_bwd_rows, NULL); }
+void cpu_sigmoid_bwd(const KCall *k) { binary(k, &sigmoid_bwd_rows, NULL); }
+void cpu_sqrt_bwd(const KCall *k) { binary(k, &sqrt_bwd_rows, NULL); }
+void cpu_rsqrt_bwd(const KCall *k) { binary(k, &rsqrt_bwd_rows, NULL); }

@@ -6,6 +6,11 @@
  * embedding_bwd scatters without atomics: each task owns a range of columns and walks
  * the indices in order, so repeated indices add up in one fixed order. The loss sums
  * per-row terms in double over a fixed partition of the rows.
+ *
+ * In 16 bits, embedding copies elements of any size; embedding_bwd sums dy in f32 in
+ * the workspace ([V, a block of columns] at a time, same order) and rounds once; the
+ * loss and its gradient stage one row per thread in the workspace and run the f32 row
+ * functions on it.
  */
 #include <math.h>
 #include <string.h>
@@ -17,22 +22,70 @@
 void cpu_embedding(const KCall *k)
 {
     const KTensor *T = &k->in[0], *I = &k->in[1];
-    KCHECK(T->dtype == KT_F32 && I->dtype == KT_I32, "embedding: unsupported dtypes %d, %d", T->dtype, I->dtype);
+    KCHECK(T->dtype != KT_I32 && I->dtype == KT_I32 && k->out[0].dtype == T->dtype, "embedding: unsupported dtypes %d, %d",
+           T->dtype, I->dtype);
     int64_t V = T->shape[0], C = T->shape[1], n = I->numel;
-    const float *table = fdata(T);
+    size_t row = (size_t)(C * esize(T->dtype));
+    const char *table = T->data;
     const int32_t *idx = idata(I);
-    float *out = fdata(&k->out[0]);
+    char *out = k->out[0].data;
 #pragma omp parallel for if (n * C > PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         KCHECK(idx[i] >= 0 && idx[i] < V, "embedding: index %d at %lld outside [0, %lld)", idx[i], (long long)i, (long long)V);
-        memcpy(out + i * C, table + (int64_t)idx[i] * C, sizeof(float) * (size_t)C);
+        memcpy(out + (size_t)i * row, table + (size_t)idx[i] * row, row);
+    }
+}
+
+static void check_indices(const int32_t *idx, int64_t n, int64_t V)
+{
+    for (int64_t i = 0; i < n; i++)
+        KCHECK(idx[i] >= 0 && idx[i] < V, "embedding_bwd: index %d at %lld outside [0, %lld)", idx[i], (long long)i,
+               (long long)V);
+}
+
+/* Workspace: f32 sums for every row of the table, one column (least) or all of them. */
+CpuWork cpu_work_embedding_bwd(const KCall *k)
+{
+    if (!lowp_call(k)) return (CpuWork){0, 0};
+    return (CpuWork){(size_t)k->out[0].shape[0], (size_t)k->out[0].numel};
+}
+
+#define ROWS_PER_TASK 1024  // table rows a task of the 16-bit embedding_bwd owns
+
+/* 16 bits: for each block of w columns, acc [V, w] = 0, dy's rows added at idx in
+ * index order (each task owns a range of table rows), then rounded into dtable. */
+static void embedding_bwd_lowp(const KCall *k)
+{
+    const KTensor *I = &k->in[0], *DY = &k->in[1], *O = &k->out[0];
+    int64_t V = O->shape[0], C = O->shape[1], n = I->numel;
+    const int32_t *idx = idata(I);
+    KCHECK(k->work && k->work_floats >= (size_t)V, "embedding_bwd: a 16-bit call needs a workspace of %lld floats, has %zu",
+           (long long)V, k->work ? k->work_floats : 0);
+    check_indices(idx, n, V);
+    int64_t cw = imin(C, (int64_t)(k->work_floats / (size_t)V)), tasks = (V + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+    float *acc = k->work;
+    for (int64_t c0 = 0; c0 < C; c0 += cw) {
+        int64_t w = imin(cw, C - c0);
+#pragma omp parallel for if (n * w > PAR_MIN || V * w > PAR_MIN) schedule(static)
+        for (int64_t t = 0; t < tasks; t++) {
+            int64_t r0 = t * ROWS_PER_TASK, r1 = imin(V, r0 + ROWS_PER_TASK);
+            memset(acc + r0 * w, 0, sizeof(float) * (size_t)((r1 - r0) * w));
+            for (int64_t i = 0; i < n; i++)
+                if (idx[i] >= r0 && idx[i] < r1) add_to_f32(acc + (int64_t)idx[i] * w, DY->data, DY->dtype, i * C + c0, w);
+            for (int64_t r = r0; r < r1; r++) from_f32(O->data, O->dtype, r * C + c0, acc + r * w, w);
+        }
     }
 }
 
 /* embedding_bwd(idx, dy, rows) -> dtable [rows, C]: zeros, then dy's rows added at idx. */
 void cpu_embedding_bwd(const KCall *k)
 {
+    if (lowp_call(k)) {
+        embedding_bwd_lowp(k);
+        return;
+    }
     const KTensor *I = &k->in[0], *O = &k->out[0];
+    KCHECK(k->in[1].dtype == KT_F32, "embedding_bwd: unsupported dtype %d", k->in[1].dtype);
     int64_t V = O->shape[0], C = O->shape[1], n = I->numel;
     const int32_t *idx = idata(I);
     const float *dy = fdata(&k->in[1]);
@@ -73,10 +126,47 @@ static int32_t target_at(const int32_t *tg, int64_t r, int64_t V)
     return tg[r];
 }
 
+/* Workspace: one row of logits per thread. */
+CpuWork cpu_work_cross_entropy(const KCall *k)
+{
+    const KTensor *L = &k->in[0];
+    if (!lowp(L->dtype)) return (CpuWork){0, 0};
+    size_t V = (size_t)L->shape[L->rank - 1];
+    return (CpuWork){V, V * (size_t)omp_get_max_threads()};
+}
+
+/* The f32 loss below, each row staged in f32 in the thread's part of the workspace. */
+static void cross_entropy_lowp(const KCall *k)
+{
+    const KTensor *L = &k->in[0];
+    KCHECK(k->in[1].dtype == KT_I32, "cross_entropy: targets must be i32");
+    int64_t V = L->shape[L->rank - 1], rows = L->numel / V, bs = (rows + LOSS_BLOCKS - 1) / LOSS_BLOCKS;
+    int nt = work_threads(k, (size_t)V, "cross_entropy");
+    const int32_t *tg = idata(&k->in[1]);
+    double part[LOSS_BLOCKS];
+#pragma omp parallel for num_threads(nt) if (L->numel > PAR_MIN) schedule(static)
+    for (int b = 0; b < LOSS_BLOCKS; b++) {
+        float *x = k->work + (size_t)omp_get_thread_num() * (size_t)V;
+        double s = 0;
+        for (int64_t r = imin(rows, b * bs); r < imin(rows, (b + 1) * bs); r++) {
+            to_f32(x, L->data, L->dtype, r * V, V);
+            s += (double)logsumexp(x, V) - x[target_at(tg, r, V)];
+        }
+        part[b] = s;
+    }
+    double s = 0;
+    for (int b = 0; b < LOSS_BLOCKS; b++) s += part[b];
+    fdata(&k->out[0])[0] = (float)(s / (double)rows);
+}
+
 /* cross_entropy(logits [..., V], targets [...]) -> mean of logsumexp(row) - row[target]. */
 void cpu_cross_entropy(const KCall *k)
 {
     const KTensor *L = &k->in[0];
+    if (lowp(L->dtype)) {
+        cross_entropy_lowp(k);
+        return;
+    }
     KCHECK(L->dtype == KT_F32 && k->in[1].dtype == KT_I32, "cross_entropy: unsupported dtypes");
     int64_t V = L->shape[L->rank - 1], rows = L->numel / V, bs = (rows + LOSS_BLOCKS - 1) / LOSS_BLOCKS;
     const float *x = fdata(L);
@@ -106,14 +196,30 @@ KSIMD static void ce_grad_row(const float *x, float *dx, int64_t V, int32_t targ
     dx[target] -= g;
 }
 
-/* dlogits = (softmax(row) - onehot(target)) * dloss / rows */
+/* dlogits = (softmax(row) - onehot(target)) * dloss / rows; in 16 bits each row is
+ * staged in f32 in the thread's part of the workspace (as for the loss) and rounded. */
 void cpu_cross_entropy_bwd(const KCall *k)
 {
     const KTensor *L = &k->in[0];
     int64_t V = L->shape[L->rank - 1], rows = L->numel / V;
+    float g = kload(&k->in[2], 0) / (float)rows;  // dloss: f32, or any float dtype
+    if (lowp(L->dtype)) {
+        const KTensor *O = &k->out[0];
+        int nt = work_threads(k, (size_t)V, "cross_entropy_bwd");
+        const int32_t *tg = idata(&k->in[1]);
+#pragma omp parallel for num_threads(nt) if (L->numel > PAR_MIN) schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            float *x = k->work + (size_t)omp_get_thread_num() * (size_t)V;
+            to_f32(x, L->data, L->dtype, r * V, V);
+            ce_grad_row(x, x, V, target_at(tg, r, V), g);
+            from_f32(O->data, O->dtype, r * V, x, V);
+        }
+        return;
+    }
+    KCHECK(L->dtype == KT_F32 && k->out[0].dtype == KT_F32, "cross_entropy_bwd: unsupported dtypes");
     const float *x = fdata(L);
     const int32_t *tg = idata(&k->in[1]);
-    float *dx = fdata(&k->out[0]), g = fdata(&k->in[2])[0] / (float)rows;
+    float *dx = fdata(&k->out[0]);
 #pragma omp parallel for if (L->numel > PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) ce_grad_row(x + r * V, dx + r * V, V, target_at(tg, r, V), g);
 }
@@ -128,7 +234,7 @@ void cpu_arange(const KCall *k)
 
 void cpu_scalar(const KCall *k) { fdata(&k->out[0])[0] = (float)k->attr[0]; }
 
-/* full(value, shape): every element of the output (f32 or i32) set to value. */
+/* full(value, shape): every element of the output (any dtype) set to value, rounded. */
 void cpu_full(const KCall *k)
 {
     const KTensor *o = &k->out[0];
@@ -137,6 +243,12 @@ void cpu_full(const KCall *k)
         int32_t v = (int32_t)k->attr[0], *p = idata(o);
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
         for (int64_t i = 0; i < n; i++) p[i] = v;
+        return;
+    }
+    if (lowp(o->dtype)) {
+        uint16_t h = o->dtype == KT_F16 ? st_f16((float)k->attr[0]) : st_bf16((float)k->attr[0]), *p = o->data;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+        for (int64_t i = 0; i < n; i++) p[i] = h;
         return;
     }
     KCHECK(o->dtype == KT_F32, "full: unsupported dtype %d", o->dtype);

@@ -3,11 +3,23 @@
  * A kernel is a pure function of its call: it reads the input tensors and attributes
  * and writes its outputs (or, for OPF_EFFECT ops such as adamw, updates the inputs the
  * op's comment names). It allocates nothing: buffers are carved from the rank's arena
- * by the executor, and any per-thread scratch a kernel needs is small and on the stack.
+ * by the executor, and any per-thread scratch a kernel needs is small and on the stack
+ * (or, for 16-bit calls, in the workspace below).
  * Kernels use OpenMP for parallel loops and OpenBLAS (cblas_sgemm) for GEMMs.
  *
- * Storage is f32 for floats and int32 for indices in this version (KT_F16 / KT_BF16
- * storage arrives with the precision pass).
+ * Floats are stored as f32, f16 or bf16, indices as int32. Every kernel reads 16-bit
+ * elements as f32, computes in f32 (sums, statistics, softmax, the loss and GEMM
+ * accumulation included) and rounds each output to its dtype to nearest even, once:
+ * a 16-bit call gives the f32 kernel's result on the same values, rounded. Outputs
+ * take the dtype the shape rule gives (ir/shape.c); the few mixed calls are the ones
+ * shape rules allow (cast; cross_entropy's f32 loss; attention's f32 lse; f32 dloss).
+ * The optimizer ops (adamw, sgd, clip_coef, ...) take f32 only.
+ *
+ * Some 16-bit calls need f32 room beyond the stack (matmul converts panels of its
+ * operands for cblas_sgemm): the WORKSPACE, one buffer per executor passed to every
+ * call in work / work_floats (the CPU analogue of cuBLAS's workspace). cpu_work says
+ * how much a call needs; a kernel blocks its work to fit whatever it is given, and the
+ * blocking never changes the result with the thread count. f32 calls never touch it.
  *
  * Attributes are passed by position in the op's signature string (ir/ops.def): for
  * "x, axis:int=-1, keepdim:flag=0", attr[1] is axis and attr[2] keepdim (attr[0], the
@@ -40,9 +52,18 @@ typedef struct {
     double attr[K_MAX_ATTRS];
     const int64_t *ints;
     int n_ints;
+    float *work;        // the executor's workspace, shared by every call (NULL: none)
+    size_t work_floats;
 } KCall;
 
 typedef void (*CpuKernel)(const KCall *k);
+
+/* Workspace floats a call needs: at least `least` (one unit of its work: a row, a
+ * slab, a panel), and `all` to do everything in one piece; both 0 for calls that need
+ * none (every f32 call, and 16-bit elementwise and layout calls). */
+typedef struct {
+    size_t least, all;
+} CpuWork;
 
 /* runtime/cpu/cast.c: 16-bit floats, rounded to nearest even (PyTorch's .half(),
  * .bfloat16()). */
@@ -60,4 +81,5 @@ float cpu_bf16_to_f32(uint16_t h);
 extern const CpuKernel cpu_kernels[];  // by op index in ops.def
 extern const int cpu_kernel_count;
 CpuKernel cpu_kernel_by_name(const char *name);  // NULL for an unknown name
+CpuWork cpu_work(CpuKernel fn, const KCall *k);
 #endif

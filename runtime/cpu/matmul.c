@@ -9,7 +9,16 @@
  * layer case). Otherwise one GEMM per batch: small ones run in parallel, one per
  * thread, below OpenBLAS's own threading threshold (so it stays single-threaded
  * inside our parallel region); large ones run in turn and OpenBLAS threads each.
- * OpenBLAS splits a GEMM over M and N, never K, so results are reproducible.
+ * OpenBLAS splits a GEMM over M and N, never K, so results are reproducible run to
+ * run; but a large GEMM's bits do change with OpenBLAS's own thread count (0.3.21, f32
+ * as much as 16-bit), so only runs at equal thread counts compare bit for bit.
+ *
+ * 16-bit operands are converted to f32 in the workspace and multiplied by the same
+ * cblas_sgemm calls (accumulation in f32), C rounded back once. Groups of whole
+ * batches go together while they fit; a product too big for the workspace goes in
+ * panels: a block of columns of op(B) converted once, then blocks of rows of op(A)
+ * against it, each panel of C rounded as it is done. Panel sizes follow from the
+ * workspace size alone, never the thread count.
  */
 #include <cblas.h>
 
@@ -36,48 +45,182 @@ static void batch_strides(const KTensor *t, int tb, int64_t mat, int nb, int64_t
     }
 }
 
-void cpu_matmul(const KCall *k)
+/* A matmul call's geometry: C [nbatch, M, N] = op(A) [M, K] op(B) [K, N] per batch. */
+typedef struct {
+    int ta, tb, fold;
+    int64_t M, N, K, lda, ldb, nbatch;
+    Batch p;
+} Geom;
+
+static void geometry(const KCall *k, Geom *g)
 {
     const KTensor *A = &k->in[0], *B = &k->in[1];
-    KCHECK(A->dtype == KT_F32 && B->dtype == KT_F32, "matmul: unsupported dtypes %d, %d", A->dtype, B->dtype);
-    int ta = A->rank >= 2 && k_int(k, 2), tb = B->rank >= 2 && k_int(k, 3);
     int ra = A->rank, rb = B->rank;
-    int64_t M = 1, K = A->shape[ra - 1], Kb = B->shape[0], N = 1;
-    if (ra >= 2) M = A->shape[ra - (ta ? 1 : 2)], K = A->shape[ra - (ta ? 2 : 1)];
-    if (rb >= 2) Kb = B->shape[rb - (tb ? 1 : 2)], N = B->shape[rb - (tb ? 2 : 1)];
-    KCHECK(K == Kb, "matmul: inner dims differ (%lld vs %lld)", (long long)K, (long long)Kb);
-    int64_t lda = A->shape[ra - 1], ldb = rb == 1 ? 1 : B->shape[rb - 1];
-    const float *a = fdata(A), *b = fdata(B);
-    float *c = fdata(&k->out[0]);
-    CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
-
+    g->ta = ra >= 2 && k_int(k, 2), g->tb = rb >= 2 && k_int(k, 3);
+    g->M = 1, g->K = A->shape[ra - 1], g->N = 1;
+    int64_t Kb = B->shape[0];
+    if (ra >= 2) g->M = A->shape[ra - (g->ta ? 1 : 2)], g->K = A->shape[ra - (g->ta ? 2 : 1)];
+    if (rb >= 2) Kb = B->shape[rb - (g->tb ? 1 : 2)], g->N = B->shape[rb - (g->tb ? 2 : 1)];
+    KCHECK(g->K == Kb, "matmul: inner dims differ (%lld vs %lld)", (long long)g->K, (long long)Kb);
+    g->lda = A->shape[ra - 1], g->ldb = rb == 1 ? 1 : B->shape[rb - 1];
     int ba = ra > 2 ? ra - 2 : 0, bb = rb > 2 ? rb - 2 : 0;
-    Batch p = {.nb = ba > bb ? ba : bb};
-    int64_t nbatch = 1;
-    for (int i = 1; i <= p.nb; i++) {
+    g->p = (Batch){.nb = ba > bb ? ba : bb};
+    g->nbatch = 1;
+    for (int i = 1; i <= g->p.nb; i++) {
         int64_t da = i <= ba ? A->shape[ba - i] : 1, db = i <= bb ? B->shape[bb - i] : 1;
         KCHECK(da == db || da == 1 || db == 1, "matmul: batch dims do not broadcast (%lld vs %lld)", (long long)da,
                (long long)db);
-        p.shape[p.nb - i] = da == 1 ? db : da;
-        nbatch *= p.shape[p.nb - i];
+        g->p.shape[g->p.nb - i] = da == 1 ? db : da;
+        g->nbatch *= g->p.shape[g->p.nb - i];
     }
-    if (bb == 0 && !ta) {  // fold a's batch into M: one GEMM
-        int64_t Mall = A->numel / K;
-        cblas_sgemm(CblasRowMajor, opa, opb, (int)Mall, (int)N, (int)K, 1.0f, a, (int)lda, b, (int)ldb, 0.0f, c, (int)N);
+    g->fold = bb == 0 && !g->ta;
+    if (g->fold) {  // fold a's batch into M: one GEMM
+        g->M = A->numel / g->K, g->nbatch = 1;
         return;
     }
-    batch_strides(A, ba, M * K, p.nb, p.sa);
-    batch_strides(B, bb, K * N, p.nb, p.sb);
+    batch_strides(A, ba, g->M * g->K, g->p.nb, g->p.sa);
+    batch_strides(B, bb, g->K * g->N, g->p.nb, g->p.sb);
+}
+
+/* Offsets of batch i's a and b (elements). */
+static void batch_at(const Geom *g, int64_t i, int64_t *oa, int64_t *ob)
+{
+    *oa = 0, *ob = 0;
+    if (g->fold) return;
+    for (int d = g->p.nb - 1; d >= 0; d--) {
+        int64_t j = i % g->p.shape[d];
+        i /= g->p.shape[d];
+        *oa += j * g->p.sa[d], *ob += j * g->p.sb[d];
+    }
+}
+
+/* ---- 16-bit --------------------------------------------------------------------------- */
+
+#define PANEL_MIN 16  // rows and columns of a panel, at least (or all there are)
+
+/* Workspace floats per batch (operands and C), and for the smallest panels. */
+CpuWork cpu_work_matmul(const KCall *k)
+{
+    if (!lowp_call(k)) return (CpuWork){0, 0};
+    Geom g;
+    geometry(k, &g);
+    int64_t per = g.M * g.K + g.K * g.N + g.M * g.N, mb = imin(g.M, PANEL_MIN), nb = imin(g.N, PANEL_MIN);
+    return (CpuWork){(size_t)(imin(per, g.K * (mb + nb) + mb * nb)), (size_t)(per * g.nbatch)};
+}
+
+/* dst [rows, cols] = src [r0.., c0..] of a row-major matrix with leading dim ld, as f32. */
+static void gather(float *dst, const void *src, int dtype, int64_t base, int64_t ld, int64_t rows, int64_t cols)
+{
+#pragma omp parallel for if (rows * cols > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) to_f32(dst + r * cols, src, dtype, base + r * ld, cols);
+}
+
+/* Groups of whole batches: operands converted as they lie, the f32 path's calls, C rounded. */
+static void matmul_groups(const KCall *k, const Geom *g)
+{
+    const KTensor *A = &k->in[0], *B = &k->in[1], *C = &k->out[0];
+    int64_t M = g->M, N = g->N, K = g->K, sa = M * K, sb = K * N, sc = M * N;
+    int64_t group = imin(g->nbatch, (int64_t)(k->work_floats / (size_t)(sa + sb + sc)));
     int small = (double)M * (double)N * (double)K <= GEMM_SERIAL_MNK;
-#pragma omp parallel for if (small && nbatch > 1) schedule(static)
-    for (int64_t i = 0; i < nbatch; i++) {
-        int64_t oa = 0, ob = 0, rem = i;
-        for (int d = p.nb - 1; d >= 0; d--) {
-            int64_t j = rem % p.shape[d];
-            rem /= p.shape[d];
-            oa += j * p.sa[d], ob += j * p.sb[d];
+    CBLAS_TRANSPOSE opa = g->ta ? CblasTrans : CblasNoTrans, opb = g->tb ? CblasTrans : CblasNoTrans;
+    for (int64_t i0 = 0; i0 < g->nbatch; i0 += group) {
+        int64_t n = imin(group, g->nbatch - i0);
+        float *wa = k->work, *wb = wa + n * sa, *wc = wb + n * sb;
+        if (n == 1) {
+            int64_t oa, ob;
+            batch_at(g, i0, &oa, &ob);
+            to_f32_par(wa, A->data, A->dtype, oa, sa);
+            to_f32_par(wb, B->data, B->dtype, ob, sb);
+        } else {
+#pragma omp parallel for if (n * (sa + sb) > PAR_MIN) schedule(static)
+            for (int64_t j = 0; j < n; j++) {
+                int64_t oa, ob;
+                batch_at(g, i0 + j, &oa, &ob);
+                to_f32(wa + j * sa, A->data, A->dtype, oa, sa);
+                to_f32(wb + j * sb, B->data, B->dtype, ob, sb);
+            }
         }
-        cblas_sgemm(CblasRowMajor, opa, opb, (int)M, (int)N, (int)K, 1.0f, a + oa, (int)lda, b + ob, (int)ldb, 0.0f,
+#pragma omp parallel for if (small && n > 1) schedule(static)
+        for (int64_t j = 0; j < n; j++)
+            cblas_sgemm(CblasRowMajor, opa, opb, (int)M, (int)N, (int)K, 1.0f, wa + j * sa, (int)g->lda, wb + j * sb,
+                        (int)g->ldb, 0.0f, wc + j * sc, (int)N);
+        from_f32_par(C->data, C->dtype, i0 * sc, wc, n * sc);
+    }
+}
+
+/* One batch too big for the workspace, in panels: columns [n0, n0 + nb) of op(B), then
+ * rows [m0, m0 + mb) of op(A) against them. A panel that is contiguous in storage (rows
+ * of A, or of B under tb) keeps its layout; the others are gathered untransposed. */
+static void matmul_panels(const KCall *k, const Geom *g, int64_t i)
+{
+    const KTensor *A = &k->in[0], *B = &k->in[1], *C = &k->out[0];
+    int64_t M = g->M, N = g->N, K = g->K, W = (int64_t)k->work_floats, oa, ob;
+    batch_at(g, i, &oa, &ob);
+    int64_t mb0 = imin(M, PANEL_MIN), nb = N;
+    if (K * N + mb0 * (K + N) > W) {  // op(B) in column blocks: half the room, leaving mb0 rows
+        nb = imin(N, imin(W / 2 / K, (W - mb0 * K) / (K + mb0)));
+        nb = nb >= PANEL_MIN ? nb / PANEL_MIN * PANEL_MIN : nb;
+    }
+    int64_t mb = imin(M, (W - K * nb) / (K + nb));
+    KCHECK(mb >= 1 && nb >= 1, "matmul: a workspace of %lld floats is too small for K = %lld", (long long)W, (long long)K);
+    float *wb = k->work, *wa = wb + K * nb, *wc = wa + mb * K;
+    for (int64_t n0 = 0; n0 < N; n0 += nb) {
+        int64_t nw = imin(nb, N - n0);
+        if (g->tb) to_f32_par(wb, B->data, B->dtype, ob + n0 * g->ldb, nw * K);  // [nw, K]
+        else gather(wb, B->data, B->dtype, ob + n0, g->ldb, K, nw);             // [K, nw]
+        for (int64_t m0 = 0; m0 < M; m0 += mb) {
+            int64_t mw = imin(mb, M - m0);
+            if (!g->ta) to_f32_par(wa, A->data, A->dtype, oa + m0 * g->lda, mw * K);  // [mw, K]
+            else gather(wa, A->data, A->dtype, oa + m0, g->lda, K, mw);              // [K, mw]
+            cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)mw,
+                        (int)nw, (int)K, 1.0f, wa, (int)(g->ta ? mw : K), wb, (int)(g->tb ? K : nw), 0.0f, wc, (int)nw);
+#pragma omp parallel for if (mw * nw > PAR_MIN) schedule(static)
+            for (int64_t r = 0; r < mw; r++) from_f32(C->data, C->dtype, i * M * N + (m0 + r) * N + n0, wc + r * nw, nw);
+        }
+    }
+}
+
+static void matmul_lowp(const KCall *k, const Geom *g)
+{
+    const KTensor *A = &k->in[0], *B = &k->in[1];
+    KCHECK(A->dtype == B->dtype && k->out[0].dtype == A->dtype, "matmul: dtypes %d, %d -> %d", A->dtype, B->dtype,
+           k->out[0].dtype);
+    size_t least = cpu_work_matmul(k).least;
+    KCHECK(k->work && k->work_floats >= least, "matmul: a 16-bit call needs a workspace of %zu floats, has %zu", least,
+           k->work ? k->work_floats : 0);
+    if ((size_t)(g->M * g->K + g->K * g->N + g->M * g->N) <= k->work_floats) {
+        matmul_groups(k, g);
+        return;
+    }
+    for (int64_t i = 0; i < g->nbatch; i++) matmul_panels(k, g, i);
+}
+
+/* ---- f32 ------------------------------------------------------------------------------ */
+
+void cpu_matmul(const KCall *k)
+{
+    const KTensor *A = &k->in[0], *B = &k->in[1];
+    Geom g;
+    geometry(k, &g);
+    if (lowp_call(k)) {
+        matmul_lowp(k, &g);
+        return;
+    }
+    KCHECK(A->dtype == KT_F32 && B->dtype == KT_F32, "matmul: unsupported dtypes %d, %d", A->dtype, B->dtype);
+    const float *a = fdata(A), *b = fdata(B);
+    float *c = fdata(&k->out[0]);
+    CBLAS_TRANSPOSE opa = g.ta ? CblasTrans : CblasNoTrans, opb = g.tb ? CblasTrans : CblasNoTrans;
+    int64_t M = g.M, N = g.N, K = g.K;
+    if (g.fold) {
+        cblas_sgemm(CblasRowMajor, opa, opb, (int)M, (int)N, (int)K, 1.0f, a, (int)g.lda, b, (int)g.ldb, 0.0f, c, (int)N);
+        return;
+    }
+    int small = (double)M * (double)N * (double)K <= GEMM_SERIAL_MNK;
+#pragma omp parallel for if (small && g.nbatch > 1) schedule(static)
+    for (int64_t i = 0; i < g.nbatch; i++) {
+        int64_t oa, ob;
+        batch_at(&g, i, &oa, &ob);
+        cblas_sgemm(CblasRowMajor, opa, opb, (int)M, (int)N, (int)K, 1.0f, a + oa, (int)g.lda, b + ob, (int)g.ldb, 0.0f,
                     c + i * M * N, (int)N);
     }
 }

@@ -10,6 +10,11 @@
  *   3. rows:    dx from xhat, dy, w and the recomputed rstd
  * Every sum runs in a fixed order, so results do not depend on the thread count.
  * dx must not share a buffer with x or dy.
+ *
+ * In 16 bits the forward kernels run as f32 calls on staged rows (lowp.c). The
+ * backward stages blocks of rows of x and dy in the workspace, with dx's scratch and
+ * f32 accumulators for dw and db that carry over from block to block: every column
+ * still sums its rows in order, so the result is the f32 kernel's, rounded once.
  */
 #include <math.h>
 #include <string.h>
@@ -27,9 +32,19 @@ static float rms_rstd(const float *x, int64_t C, float eps) { return 1.0f / sqrt
 
 static int64_t rows_of(const KTensor *x) { return x->numel / x->shape[x->rank - 1]; }
 
+static const Slabs LAYERNORM = {{1, SLAB_WHOLE, SLAB_WHOLE, 1}, -1};  // x, w, b -> y: by rows
+static const Slabs RMSNORM = {{1, SLAB_WHOLE, 1}, -1};
+
+CpuWork cpu_work_layernorm(const KCall *k) { return slab_work(k, &LAYERNORM); }
+CpuWork cpu_work_rmsnorm(const KCall *k) { return slab_work(k, &RMSNORM); }
+
 void cpu_layernorm(const KCall *k)
 {
     const KTensor *X = &k->in[0];
+    if (lowp_call(k)) {
+        slab_run(k, &LAYERNORM, cpu_layernorm);
+        return;
+    }
     KCHECK(X->dtype == KT_F32, "layernorm: unsupported dtype %d", X->dtype);
     int64_t C = X->shape[X->rank - 1], rows = rows_of(X);
     const float *x = fdata(X), *w = fdata(&k->in[1]), *b = fdata(&k->in[2]);
@@ -47,6 +62,10 @@ void cpu_layernorm(const KCall *k)
 void cpu_rmsnorm(const KCall *k)
 {
     const KTensor *X = &k->in[0];
+    if (lowp_call(k)) {
+        slab_run(k, &RMSNORM, cpu_rmsnorm);
+        return;
+    }
     KCHECK(X->dtype == KT_F32, "rmsnorm: unsupported dtype %d", X->dtype);
     int64_t C = X->shape[X->rank - 1], rows = rows_of(X);
     const float *x = fdata(X), *w = fdata(&k->in[1]);
@@ -60,16 +79,17 @@ void cpu_rmsnorm(const KCall *k)
     }
 }
 
-/* Pass 2: dw[c] = sum_r dy[r, c] * xhat[r, c] and, when db, db[c] = sum_r dy[r, c]. */
-static void column_sums(const float *dy, const float *xhat, int64_t rows, int64_t C, float *dw, float *db)
+/* Pass 2: dw[c] = sum_r dy[r, c] * xhat[r, c] and, when db, db[c] = sum_r dy[r, c];
+ * the sums start from 0 when fresh, else from dw and db. */
+static void column_sums(const float *dy, const float *xhat, int64_t rows, int64_t C, float *dw, float *db, int fresh)
 {
     int64_t ch = col_chunk(1, C), nch = (C + ch - 1) / ch;
 #pragma omp parallel for if (rows * C > PAR_MIN) schedule(static)
     for (int64_t t = 0; t < nch; t++) {
         int64_t c0 = t * ch, len = imin(ch, C - c0);
         float *gw = dw + c0, *gb = db ? db + c0 : NULL;
-        memset(gw, 0, sizeof(float) * (size_t)len);
-        if (gb) memset(gb, 0, sizeof(float) * (size_t)len);
+        if (fresh) memset(gw, 0, sizeof(float) * (size_t)len);
+        if (gb && fresh) memset(gb, 0, sizeof(float) * (size_t)len);
         for (int64_t r = 0; r < rows; r++) {
             const float *g = dy + r * C + c0, *h = xhat + r * C + c0;
             VEC_LOOP
@@ -100,15 +120,12 @@ static void dx_row(const float *dy, const float *w, float *dx, int64_t C, float 
     for (c = 0; c < C; c++) dx[c] = rstd * (dy[c] * w[c] - a - dx[c] * b);
 }
 
-static void norm_bwd(const KCall *k, int rms)
+/* The three passes over rows of f32 x and dy: dx, and dw (db unless NULL) summed on
+ * from where they are unless fresh. */
+static void bwd_rows(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db, int64_t rows,
+                     int64_t C, float eps, int rms, int fresh)
 {
-    const KTensor *X = &k->in[0];
-    KCHECK(X->dtype == KT_F32, "%s_bwd: unsupported dtype %d", rms ? "rmsnorm" : "layernorm", X->dtype);
-    int64_t C = X->shape[X->rank - 1], rows = rows_of(X);
-    const float *x = fdata(X), *w = fdata(&k->in[1]), *dy = fdata(&k->in[2]);
-    float *dx = fdata(&k->out[0]), *dw = fdata(&k->out[1]), *db = rms ? NULL : fdata(&k->out[2]);
-    float eps = (float)k->attr[3];
-#pragma omp parallel for if (X->numel > PAR_MIN) schedule(static)
+#pragma omp parallel for if (rows * C > PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * C;
         float *h = dx + r * C, m = 0, s;
@@ -117,8 +134,8 @@ static void norm_bwd(const KCall *k, int rms)
         VEC_LOOP
         for (int64_t c = 0; c < C; c++) h[c] = (xr[c] - m) * s;
     }
-    column_sums(dy, dx, rows, C, dw, db);
-#pragma omp parallel for if (X->numel > PAR_MIN) schedule(static)
+    column_sums(dy, dx, rows, C, dw, db, fresh);
+#pragma omp parallel for if (rows * C > PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * C;
         float m, s;
@@ -126,6 +143,51 @@ static void norm_bwd(const KCall *k, int rms)
         else ln_stats(xr, C, eps, &m, &s);
         dx_row(dy + r * C, w, dx + r * C, C, s, rms);
     }
+}
+
+/* Workspace: w, dw and db as f32, and x, dy and dx for each row of a block. */
+CpuWork cpu_work_norm_bwd(const KCall *k)
+{
+    if (!lowp_call(k)) return (CpuWork){0, 0};
+    const KTensor *X = &k->in[0];
+    size_t C = (size_t)X->shape[X->rank - 1];
+    return (CpuWork){6 * C, 3 * C + 3 * C * (size_t)rows_of(X)};
+}
+
+static void norm_bwd_lowp(const KCall *k, int rms)
+{
+    const KTensor *X = &k->in[0], *W = &k->in[1], *DY = &k->in[2];
+    int64_t C = X->shape[X->rank - 1], rows = rows_of(X);
+    size_t least = cpu_work_norm_bwd(k).least;
+    KCHECK(k->work && k->work_floats >= least, "%s_bwd: a 16-bit call needs a workspace of %zu floats, has %zu",
+           rms ? "rmsnorm" : "layernorm", least, k->work ? k->work_floats : 0);
+    int64_t block = imin(rows, (int64_t)((k->work_floats - 3 * (size_t)C) / (3 * (size_t)C)));
+    float *w = k->work, *dw = w + C, *db = rms ? NULL : dw + C, *x = dw + 2 * C, *dy = x + block * C, *dx = dy + block * C;
+    float eps = (float)k->attr[3];
+    to_f32(w, W->data, W->dtype, 0, C);
+    for (int64_t r0 = 0; r0 < rows; r0 += block) {
+        int64_t n = imin(block, rows - r0);
+        to_f32_par(x, X->data, X->dtype, r0 * C, n * C);
+        to_f32_par(dy, DY->data, DY->dtype, r0 * C, n * C);
+        bwd_rows(x, w, dy, dx, dw, db, n, C, eps, rms, r0 == 0);
+        from_f32_par(k->out[0].data, k->out[0].dtype, r0 * C, dx, n * C);
+    }
+    from_f32(k->out[1].data, k->out[1].dtype, 0, dw, C);
+    if (!rms) from_f32(k->out[2].data, k->out[2].dtype, 0, db, C);
+}
+
+static void norm_bwd(const KCall *k, int rms)
+{
+    const KTensor *X = &k->in[0];
+    if (lowp_call(k)) {
+        norm_bwd_lowp(k, rms);
+        return;
+    }
+    KCHECK(X->dtype == KT_F32, "%s_bwd: unsupported dtype %d", rms ? "rmsnorm" : "layernorm", X->dtype);
+    int64_t C = X->shape[X->rank - 1], rows = rows_of(X);
+    const float *x = fdata(X), *w = fdata(&k->in[1]), *dy = fdata(&k->in[2]);
+    float *dx = fdata(&k->out[0]), *dw = fdata(&k->out[1]), *db = rms ? NULL : fdata(&k->out[2]);
+    bwd_rows(x, w, dy, dx, dw, db, rows, C, (float)k->attr[3], rms, 1);
 }
 
 void cpu_layernorm_bwd(const KCall *k) { norm_bwd(k, 0); }

@@ -5,13 +5,22 @@
  * number) so the whole update is part of the plan. adamw and sgd follow
  * torch.optim.AdamW and torch.optim.SGD operation for operation (float arithmetic per
  * element, bias corrections in double as Python computes them) and update p and their
- * state in place; the gradient is scaled by the clipping coefficient first.
+ * state in place; the gradient is scaled by the clipping coefficient first. Everything
+ * here is f32 (and i32 counts), whatever the compute dtype: the optimizer stays fp32,
+ * on fp32 master weights and fp32 gradients.
  */
 #include <math.h>
 
 #include "cpu_impl.h"
 
 static float scalar_f(const KTensor *t) { return fdata(t)[0]; }
+
+/* The first n inputs f32 (a broken plan otherwise: the precision pass casts first). */
+static void want_f32(const KCall *k, int n, const char *op)
+{
+    for (int i = 0; i < n; i++)
+        KCHECK(k->in[i].dtype == KT_F32, "%s: input %d has dtype %d; the optimizer takes f32 only", op, i, k->in[i].dtype);
+}
 static int64_t scalar_i(const KTensor *t) { return idata(t)[0]; }
 
 /* lr_at(step; lr, schedule, warmup, steps, min_lr): 0 constant, 1 cosine; linear warmup
@@ -37,6 +46,7 @@ void cpu_lr_at(const KCall *k)
  * the step; without, 1, so the damage shows in the weights and the loss. */
 void cpu_clip_coef(const KCall *k)
 {
+    want_f32(k, 1, "clip_coef");
     double norm = scalar_f(&k->in[0]), max_norm = k->attr[1], c = 1.0;
     if (!isfinite(norm)) {
         c = k->attr[2] != 0 ? NAN : 1.0;
@@ -52,6 +62,7 @@ void cpu_clip_coef(const KCall *k)
 /* adamw(p, g, m, v, lr, coef, step; beta1, beta2, eps, weight_decay) */
 void cpu_adamw(const KCall *k)
 {
+    want_f32(k, 6, "adamw");
     int64_t n = k->in[0].numel, step = scalar_i(&k->in[6]);
     float *p = fdata(&k->in[0]), *m = fdata(&k->in[2]), *v = fdata(&k->in[3]);
     const float *g = fdata(&k->in[1]);
@@ -81,6 +92,7 @@ void cpu_adamw(const KCall *k)
 /* sgd(p, g, buf, lr, coef, step; momentum, weight_decay): dampening 0, no nesterov. */
 void cpu_sgd(const KCall *k)
 {
+    want_f32(k, 5, "sgd");
     int64_t n = k->in[0].numel, step = scalar_i(&k->in[5]);
     float *p = fdata(&k->in[0]), *buf = fdata(&k->in[2]);
     const float *g = fdata(&k->in[1]);

@@ -11,6 +11,10 @@
  * Axis ops (max, softmax) view x as (outer, n, inner). inner == 1 works row by row;
  * otherwise a task takes a chunk of at most COLS inner columns and keeps per-column
  * state on the stack.
+ *
+ * In 16 bits the sums read their input as f32 in the same order (sum_dims keeps its
+ * accumulators in a stack tile rather than in the output) and round once; the axis ops
+ * are independent along outer, so they run as f32 calls on staged slabs (lowp.c).
  */
 #include <math.h>
 #include <string.h>
@@ -19,9 +23,46 @@
 
 #define COLS 256  // inner columns per task in the strided axis kernels
 
-/* out = scale * (x summed over the dims d with red[d]); out holds the kept dims. */
-static void sum_dims(const float *x, int rank, const int64_t *shape, const int *red, float *out, float scale)
+/* vsum (cpu_impl.h) of a 16-bit run: the same lanes, the same order. */
+#define VSUM_AS(fname, LD)                                                               \
+    static float fname(const uint16_t *x, int64_t n)                                     \
+    {                                                                                    \
+        float a[LANES] = {0}, s = 0;                                                     \
+        int64_t i = 0;                                                                   \
+        for (; i + LANES <= n; i += LANES)                                               \
+            for (int j = 0; j < LANES; j++) a[j] += LD(x[i + j]);                        \
+        for (; i < n; i++) s += LD(x[i]);                                                \
+        for (int j = 0; j < LANES; j++) s += a[j];                                       \
+        return s;                                                                        \
+    }
+VSUM_AS(vsum_f16, ld_f16)
+VSUM_AS(vsum_bf16, ld_bf16)
+
+/* One output row chunk of the innermost-kept case: acc (len) = sum over q of x rows. */
+static void sum_rows_f32(const float *xr, int nr, const int64_t *rsz, const int64_t *rst, int64_t nred, float *acc,
+                         int64_t len, float scale)
 {
+    memset(acc, 0, sizeof(float) * (size_t)len);
+    for (int64_t q = 0; q < nred; q++) {
+        const float *xq = xr + offset_of(q, nr, rsz, rst);
+        VEC_LOOP
+        for (int64_t i = 0; i < len; i++) acc[i] += xq[i];
+    }
+    if (scale != 1.0f) {
+        VEC_LOOP
+        for (int64_t i = 0; i < len; i++) acc[i] *= scale;
+    }
+}
+
+/* out = scale * (x summed over the dims d with red[d]); out holds the kept dims. */
+static void sum_dims(const KTensor *X, const int *red, const KTensor *O, float scale)
+{
+    int rank = X->rank, dt = X->dtype, lp = lowp(dt);
+    const int64_t *shape = X->shape;
+    const float *x = fdata(X);
+    const uint16_t *xh = X->data;
+    float *out = fdata(O);
+    KCHECK(dt != KT_I32 && O->dtype == dt, "sum: unsupported dtypes %d -> %d", dt, O->dtype);
     int64_t sz[K_MAX_RANK], st[K_MAX_RANK];
     int mk[K_MAX_RANK], g = 0;
     for (int d = 0; d < rank; d++) {
@@ -30,7 +71,9 @@ static void sum_dims(const float *x, int rank, const int64_t *shape, const int *
         else sz[g] = shape[d], mk[g] = red[d] != 0, g++;
     }
     if (g == 0) {
-        out[0] = x[0] * scale;
+        float v = kload(X, 0) * scale;
+        if (lp) from_f32(O->data, dt, 0, &v, 1);
+        else out[0] = v;
         return;
     }
     st[g - 1] = 1;
@@ -46,30 +89,33 @@ static void sum_dims(const float *x, int rank, const int64_t *shape, const int *
         int64_t inner = sz[g - 1], rows = nout / inner, ch = col_chunk(rows, inner), nch = (inner + ch - 1) / ch;
 #pragma omp parallel for if (total > PAR_MIN) schedule(static)
         for (int64_t t = 0; t < rows * nch; t++) {
-            int64_t r = t / nch, c0 = (t % nch) * ch, len = imin(ch, inner - c0);
-            float *acc = out + r * inner + c0;
-            const float *xr = x + offset_of(r, nk - 1, ksz, kst) + c0;
-            memset(acc, 0, sizeof(float) * (size_t)len);
-            for (int64_t q = 0; q < nred; q++) {
-                const float *xq = xr + offset_of(q, nr, rsz, rst);
-                VEC_LOOP
-                for (int64_t i = 0; i < len; i++) acc[i] += xq[i];
+            int64_t r = t / nch, c0 = (t % nch) * ch, len = imin(ch, inner - c0), xr = offset_of(r, nk - 1, ksz, kst) + c0;
+            if (!lp) {
+                sum_rows_f32(x + xr, nr, rsz, rst, nred, out + r * inner + c0, len, scale);
+                continue;
             }
-            if (scale != 1.0f) {
-                VEC_LOOP
-                for (int64_t i = 0; i < len; i++) acc[i] *= scale;
+            for (int64_t i0 = 0; i0 < len; i0 += COLS) {  // 16-bit: accumulate a stack tile, round it
+                int64_t n = imin(COLS, len - i0);
+                float acc[COLS] = {0};
+                for (int64_t q = 0; q < nred; q++) add_to_f32(acc, xh, dt, xr + i0 + offset_of(q, nr, rsz, rst), n);
+                if (scale != 1.0f)
+                    for (int64_t i = 0; i < n; i++) acc[i] *= scale;
+                from_f32(O->data, dt, r * inner + c0 + i0, acc, n);
             }
         }
     } else {  // innermost reduced: each output sums contiguous runs of m
         int64_t m = sz[g - 1], runs = nred / m;
 #pragma omp parallel for if (total > PAR_MIN) schedule(static)
         for (int64_t e = 0; e < nout; e++) {
-            const float *xe = x + offset_of(e, nk, ksz, kst);
+            int64_t xe = offset_of(e, nk, ksz, kst);
             double s = 0;
             for (int64_t q = 0; q < runs; q++) {
-                s += vsum(xe + offset_of(q, nr - 1, rsz, rst), m);
+                int64_t at = xe + offset_of(q, nr - 1, rsz, rst);
+                s += !lp ? vsum(x + at, m) : dt == KT_BF16 ? vsum_bf16(xh + at, m) : vsum_f16(xh + at, m);
             }
-            out[e] = (float)(s * scale);
+            float v = (float)(s * scale);
+            if (lp) from_f32(O->data, dt, e, &v, 1);
+            else out[e] = v;
         }
     }
 }
@@ -77,10 +123,9 @@ static void sum_dims(const float *x, int rank, const int64_t *shape, const int *
 static void reduce_axis_sum(const KCall *k, int mean)
 {
     const KTensor *x = &k->in[0];
-    KCHECK(x->dtype == KT_F32, "sum/mean: unsupported dtype %d", x->dtype);
     int axis = norm_axis(k_int(k, 1), x->rank), red[K_MAX_RANK] = {0};
     red[axis] = 1;
-    sum_dims(fdata(x), x->rank, x->shape, red, fdata(&k->out[0]), mean ? 1.0f / (float)x->shape[axis] : 1.0f);
+    sum_dims(x, red, &k->out[0], mean ? 1.0f / (float)x->shape[axis] : 1.0f);
 }
 
 void cpu_sum(const KCall *k) { reduce_axis_sum(k, 0); }
@@ -92,7 +137,7 @@ void cpu_sum_to(const KCall *k)
 {
     const KTensor *x = &k->in[0], *o = &k->out[0];
     int off = x->rank - o->rank, red[K_MAX_RANK] = {0};
-    KCHECK(x->dtype == KT_F32 && off >= 0, "sum_to: bad call (dtype %d, rank %d to %d)", x->dtype, x->rank, o->rank);
+    KCHECK(off >= 0, "sum_to: bad call (rank %d to %d)", x->rank, o->rank);
     for (int d = 0; d < x->rank; d++) {
         if (d < off) {
             red[d] = 1;
@@ -103,14 +148,25 @@ void cpu_sum_to(const KCall *k)
                (long long)want);
         red[d] = want != x->shape[d];
     }
-    sum_dims(fdata(x), x->rank, x->shape, red, fdata(o), 1.0f);
+    sum_dims(x, red, o, 1.0f);
 }
 
 /* ---- max ---------------------------------------------------------------------------- */
 
+/* x and the output (or x, dy and dx) by slabs from the axis (attribute 1, or 2). */
+static const Slabs MAX = {{SLAB_AXIS, SLAB_AXIS}, 1};
+static const Slabs MAX_BWD = {{SLAB_AXIS, SLAB_AXIS, SLAB_AXIS}, 2};
+
+CpuWork cpu_work_max(const KCall *k) { return slab_work(k, &MAX); }
+CpuWork cpu_work_max_bwd(const KCall *k) { return slab_work(k, &MAX_BWD); }
+
 void cpu_max(const KCall *k)
 {
     const KTensor *X = &k->in[0];
+    if (lowp_call(k)) {
+        slab_run(k, &MAX, cpu_max);
+        return;
+    }
     KCHECK(X->dtype == KT_F32, "max: unsupported dtype %d", X->dtype);
     int64_t outer, n, inner;
     around_axis(X, norm_axis(k_int(k, 1), X->rank), &outer, &n, &inner);
@@ -139,6 +195,11 @@ void cpu_max(const KCall *k)
 void cpu_max_bwd(const KCall *k)
 {
     const KTensor *X = &k->in[0];
+    if (lowp_call(k)) {
+        slab_run(k, &MAX_BWD, cpu_max_bwd);
+        return;
+    }
+    KCHECK(X->dtype == KT_F32, "max_bwd: unsupported dtype %d", X->dtype);
     int64_t outer, n, inner;
     around_axis(X, norm_axis(k_int(k, 2), X->rank), &outer, &n, &inner);
     const float *x = fdata(X), *dy = fdata(&k->in[1]);
@@ -195,9 +256,19 @@ KSIMD static void softmax_cols(const float *x, float *y, int64_t n, int64_t inne
         for (int64_t i = 0; i < len; i++) y[j * inner + i] *= s[i];
 }
 
+static const Slabs SOFTMAX = {{SLAB_AXIS, SLAB_AXIS}, 1};
+static const Slabs SOFTMAX_BWD = {{SLAB_AXIS, SLAB_AXIS, SLAB_AXIS}, 2};
+
+CpuWork cpu_work_softmax(const KCall *k) { return slab_work(k, &SOFTMAX); }
+CpuWork cpu_work_softmax_bwd(const KCall *k) { return slab_work(k, &SOFTMAX_BWD); }
+
 void cpu_softmax(const KCall *k)
 {
     const KTensor *X = &k->in[0];
+    if (lowp_call(k)) {
+        slab_run(k, &SOFTMAX, cpu_softmax);
+        return;
+    }
     KCHECK(X->dtype == KT_F32, "softmax: unsupported dtype %d", X->dtype);
     int64_t outer, n, inner;
     around_axis(X, norm_axis(k_int(k, 1), X->rank), &outer, &n, &inner);
@@ -220,6 +291,11 @@ void cpu_softmax(const KCall *k)
 void cpu_softmax_bwd(const KCall *k)
 {
     const KTensor *Y = &k->in[0];
+    if (lowp_call(k)) {
+        slab_run(k, &SOFTMAX_BWD, cpu_softmax_bwd);
+        return;
+    }
+    KCHECK(Y->dtype == KT_F32, "softmax_bwd: unsupported dtype %d", Y->dtype);
     int64_t outer, n, inner;
     around_axis(Y, norm_axis(k_int(k, 2), Y->rank), &outer, &n, &inner);
     const float *y = fdata(Y), *dy = fdata(&k->in[1]);
@@ -251,27 +327,36 @@ void cpu_softmax_bwd(const KCall *k)
 
 #define SUMSQ_BLOCKS 64  // fixed partition: the result does not depend on the thread count
 
-/* sum(x^2) in double, over 8 lanes so it vectorizes. */
-static double dsumsq(const float *x, int64_t n)
-{
-    double a[8] = {0}, s = 0;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) a[j] += (double)x[i + j] * x[i + j];
-    for (; i < n; i++) s += (double)x[i] * x[i];
-    for (int j = 0; j < 8; j++) s += a[j];
-    return s;
-}
+/* sum(x^2) in double, over 8 lanes so it vectorizes; x of storage S read through LD. */
+#define DSUMSQ_AS(fname, S, LD)                                                          \
+    static double fname(const S *x, int64_t n)                                           \
+    {                                                                                    \
+        double a[8] = {0}, s = 0;                                                        \
+        int64_t i = 0;                                                                   \
+        for (; i + 8 <= n; i += 8)                                                       \
+            for (int j = 0; j < 8; j++) a[j] += (double)LD(x[i + j]) * LD(x[i + j]);     \
+        for (; i < n; i++) s += (double)LD(x[i]) * LD(x[i]);                             \
+        for (int j = 0; j < 8; j++) s += a[j];                                           \
+        return s;                                                                        \
+    }
+#define AS_IS(x) (x)
+DSUMSQ_AS(dsumsq, float, AS_IS)
+DSUMSQ_AS(dsumsq_f16, uint16_t, ld_f16)
+DSUMSQ_AS(dsumsq_bf16, uint16_t, ld_bf16)
 
+/* sumsq(x) -> f32 [], from x in any float dtype. */
 void cpu_sumsq(const KCall *k)
 {
-    const float *x = fdata(&k->in[0]);
-    int64_t n = k->in[0].numel, bs = (n + SUMSQ_BLOCKS - 1) / SUMSQ_BLOCKS;
+    const KTensor *X = &k->in[0];
+    int dt = X->dtype;
+    KCHECK(dt != KT_I32 && k->out[0].dtype == KT_F32, "sumsq: unsupported dtypes %d -> %d", dt, k->out[0].dtype);
+    int64_t n = X->numel, bs = (n + SUMSQ_BLOCKS - 1) / SUMSQ_BLOCKS;
     double part[SUMSQ_BLOCKS];
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
     for (int b = 0; b < SUMSQ_BLOCKS; b++) {
-        int64_t i0 = imin(n, b * bs);
-        part[b] = dsumsq(x + i0, imin(n, i0 + bs) - i0);
+        int64_t i0 = imin(n, b * bs), len = imin(n, i0 + bs) - i0;
+        const uint16_t *h = (const uint16_t *)X->data + i0;
+        part[b] = dt == KT_F32 ? dsumsq(fdata(X) + i0, len) : dt == KT_BF16 ? dsumsq_bf16(h, len) : dsumsq_f16(h, len);
     }
     double s = 0;
     for (int b = 0; b < SUMSQ_BLOCKS; b++) s += part[b];

@@ -1059,3 +1059,23 @@ Test(e2e, small_gpt2_trains)
     expect_training(p, 25);
     plan_free(p);
 }
+
+/* A 16-bit plan gets the kernels' workspace (at most 32 MiB: its calls are small) and
+ * trains, NaN fill or not; an f32 plan gets none. */
+Test(e2e, bf16_gpt2_trains_with_a_workspace)
+{
+    Define defs[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 256}, {"B", 4}};
+    Setting set[] = {{"lr", "0.003"}, {"warmup", "0"}, {"precision", "bf16"}};
+    char err[512];
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        Plan *p = compile_sample("gpt2.fsm", defs, 6, set, bf16 ? 3 : 2);
+        Exec *e = rt_exec_new(p, &(ExecOptions){.seed = 1337}, err, sizeof err);
+        cr_assert_not_null(e, "%s", err);
+        int64_t w = rt_exec_work_bytes(e);
+        if (bf16) cr_expect(w > 0 && w <= (32 << 20), "workspace %lld bytes", (long long)w);
+        else cr_expect_eq(w, 0, "an f32 plan needs no workspace");
+        rt_exec_free(e);
+        if (bf16) expect_training(p, 25);
+        plan_free(p);
+    }
+}
