@@ -15,31 +15,14 @@
 #include "frontend.h"
 #include "passes.h"
 #include "runtime.h"
+#include "sample.h"
 
 static const Define GPT2[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 4}};
 static const Define LLAMA[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"F", 176}, {"T", 32}, {"V", 256}, {"B", 4}};
 
 static Plan *compile(const char *file, const Define *defs, int n_defs)
 {
-    char path[512];
-    snprintf(path, sizeof path, "%s/samples/%s", FS_SOURCE_DIR, file);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "%s", path);
-    static char src[1 << 16];
-    size_t len = fread(src, 1, sizeof src - 1, f);
-    fclose(f);
-    src[len] = 0;
-    Diag d;
-    diag_init(&d, file, src, len, stderr);
-    FrontendOptions fo = {.defines = defs, .n_defines = n_defs};
-    Options o = {0};
-    Graph *g = fe_compile(src, len, &fo, &o.train, &d);
-    cr_assert_not_null(g);
-    cr_assert_eq(passes_run(g, &o, &d), 0);
-    Plan *p = codegen_plan(g, &o.train);
-    ir_graph_free(g);
-    cr_assert_not_null(p);
-    return p;
+    return sample_compile(file, defs, n_defs, NULL, 0, NULL);
 }
 
 /* Trains `steps` steps; the losses, or the guard's message in err (return -1). */

@@ -21,6 +21,7 @@
 #include "frontend.h"
 #include "passes.h"
 #include "report.h"
+#include "sample.h"
 #include "runtime.h"
 
 static const Define GPT2[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 4}};
@@ -29,24 +30,7 @@ static const Define LLAMA[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"F", 176}, {"T",
 /* The sample compiled in process, with meta "source" as fsc sets it. */
 static Plan *compile(const char *file, const Define *defs, int n_defs, const Setting *set, int n_set)
 {
-    char path[512];
-    snprintf(path, sizeof path, "%s/samples/%s", FS_SOURCE_DIR, file);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "%s", path);
-    static char src[1 << 16];
-    size_t len = fread(src, 1, sizeof src - 1, f);
-    fclose(f);
-    src[len] = 0;
-    Diag d;
-    diag_init(&d, file, src, len, stderr);
-    FrontendOptions fo = {defs, n_defs, set, n_set};
-    Options o = {0};
-    Graph *g = fe_compile(src, len, &fo, &o.train, &d);
-    cr_assert_not_null(g, "%s", file);
-    cr_assert_eq(passes_run(g, &o, &d), 0);
-    Plan *p = codegen_plan(g, &o.train);
-    ir_graph_free(g);
-    cr_assert_not_null(p);
+    Plan *p = sample_compile(file, defs, n_defs, set, n_set, NULL);
     cr_assert_eq(plan_meta_set_str(p, "source", file), 0);
     return p;
 }

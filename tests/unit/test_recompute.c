@@ -11,6 +11,7 @@
 #include "frontend.h"
 #include "passes.h"
 #include "runtime.h"
+#include "sample.h"
 
 static const Define GPT2[] = {{"L", 3}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 4}};
 static const Define LLAMA[] = {{"L", 3}, {"C", 64}, {"NH", 4}, {"F", 176}, {"T", 32}, {"V", 256}, {"B", 4}};
@@ -22,23 +23,9 @@ typedef struct {
 
 static Compiled compile(const char *file, const Define *defs, int n_defs, const char *recompute)
 {
-    char path[512];
-    snprintf(path, sizeof path, "%s/samples/%s", FS_SOURCE_DIR, file);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f);
-    static char src[1 << 16];
-    size_t len = fread(src, 1, sizeof src - 1, f);
-    fclose(f);
-    src[len] = 0;
     Setting set[] = {{"recompute", recompute}};
-    FrontendOptions fo = {defs, n_defs, set, 1};
-    Diag d;
-    diag_init(&d, file, src, len, stderr);
-    Options o = {0};
-    Graph *g = fe_compile(src, len, &fo, &o.train, &d);
-    cr_assert_not_null(g);
-    cr_assert_eq(passes_run(g, &o, &d), 0);
-    Compiled c = {codegen_plan(g, &o.train), {0}};
+    Graph *g;
+    Compiled c = {sample_compile(file, defs, n_defs, set, 1, &g), {0}};
     for (int n = 0; n < g->n_nodes; n++) c.flops[g->nodes[n].phase] += op_info(g->nodes[n].op)->flops(g, &g->nodes[n]);
     ir_graph_free(g);
     return c;

@@ -17,32 +17,17 @@
 #include "frontend.h"
 #include "passes.h"
 #include "report.h"
+#include "sample.h"
 
 static Plan *compile(const char *file, const char *shard, int world)
 {
-    char path[512], w[16];
-    snprintf(path, sizeof path, "%s/samples/%s", FS_SOURCE_DIR, file);
+    char w[16];
     snprintf(w, sizeof w, "%d", world);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f);
-    static char src[1 << 16];
-    size_t len = fread(src, 1, sizeof src - 1, f);
-    fclose(f);
-    src[len] = 0;
     /* B = 24 splits over 1, 2, 3 and 4 ranks. */
     const Define small[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 24}};
     Setting set[] = {{"shard", shard}, {"world", w}};
     int gpt = !strcmp(file, "gpt2.fsm");
-    FrontendOptions fo = {gpt ? small : small + 5, gpt ? 6 : 1, set, 2};
-    Diag d;
-    diag_init(&d, file, src, len, stderr);
-    Options o = {0};
-    Graph *g = fe_compile(src, len, &fo, &o.train, &d);
-    cr_assert_not_null(g);
-    cr_assert_eq(passes_run(g, &o, &d), 0);
-    Plan *p = codegen_plan(g, &o.train);
-    ir_graph_free(g);
-    return p;
+    return sample_compile(file, gpt ? small : small + 5, gpt ? 6 : 1, set, 2, NULL);
 }
 
 /* Elements of each unit's params in the unsharded plan: blocks, then outside blocks. */

@@ -1,0 +1,17 @@
+/* tests/support/sample.h: what many tests do first: compile a sample in process, through
+ * the frontend, every pass and codegen, as fsc does, into a plan in memory. */
+#ifndef FS_TEST_SAMPLE_H
+#define FS_TEST_SAMPLE_H
+
+#include "codegen.h"
+#include "frontend.h"
+#include "passes.h"
+
+/* samples/FILE with -D defines and --key value settings; the graph too when g is not
+ * NULL (the caller frees it). Fails the current Criterion test on any error. */
+Plan *sample_compile(const char *file, const Define *defs, int n_defs, const Setting *set, int n_set, Graph **g);
+
+/* Small dims that train a step in milliseconds. */
+extern const Define SAMPLE_GPT2[6], SAMPLE_LLAMA[7];
+
+#endif
