@@ -28,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
 from models import load_safetensors  # noqa: E402
+from mpienv import quiet_mpi_leaks  # noqa: E402
 
 TOL = 1e-5
 STEPS = 5
@@ -86,16 +87,6 @@ def compare(model, what, got, ref, floor):
 
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-
-
-def quiet_mpi_leaks():
-    """Under ASan: Open MPI keeps allocations to the end of the process; lsan.supp names
-    its libraries, and full stacks let LeakSanitizer match them (as tests/mpi/lib.sh)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    opts = os.environ.get("LSAN_OPTIONS", "")
-    os.environ["LSAN_OPTIONS"] = (opts + ":" if opts else "") + "suppressions=%s/lsan.supp:print_suppressions=0" % here
-    asan = os.environ.get("ASAN_OPTIONS", "")
-    os.environ["ASAN_OPTIONS"] = (asan + ":" if asan else "") + "fast_unwind_on_malloc=0"
 
 
 def main():

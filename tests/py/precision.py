@@ -19,6 +19,9 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mpienv import quiet_mpi_leaks  # noqa: E402
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DIMS = ["-D", "L=2", "-D", "C=64", "-D", "NH=4", "-D", "T=32", "-D", "V=256", "-D", "B=8"]
 TRAIN = ["--lr", "2e-3", "--warmup", "20", "--lr_schedule", "cosine", "--steps", "200", "--min_lr", "2e-4"]
@@ -51,6 +54,7 @@ def tail_loss(lines):
 
 
 def main():
+    quiet_mpi_leaks()
     fsc, fsexec = (os.path.abspath(p) for p in sys.argv[1:3])
     with tempfile.TemporaryDirectory() as work:
         for world, shard in ((1, "none"), (2, "fsdp")):
