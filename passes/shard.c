@@ -282,31 +282,33 @@ static void reduce_grads(Shard *s, Unit *u)
 
 /* ---- the schedule --------------------------------------------------------------------- */
 
-static int by_first(const void *a, const void *b, int which_bwd, const Shard *s)
+/* A unit's first forward (or backward) use. */
+static int first_use(const Unit *u, int bwd) { return bwd ? u->bwd_first : u->fwd_first; }
+
+/* Unit indices in order of first use; ties in unit order (an insertion sort: few units). */
+static void use_order(const Shard *s, int bwd, int *order)
 {
-    const Unit *x = &s->units[*(const int *)a], *y = &s->units[*(const int *)b];
-    int fx = which_bwd ? x->bwd_first : x->fwd_first, fy = which_bwd ? y->bwd_first : y->fwd_first;
-    return fx != fy ? (fx < fy ? -1 : 1) : *(const int *)a - *(const int *)b;
+    for (int i = 0; i < s->n_units; i++) {
+        int k = i;
+        while (k > 0 && first_use(&s->units[order[k - 1]], bwd) > first_use(&s->units[i], bwd)) {
+            order[k] = order[k - 1];
+            k--;
+        }
+        order[k] = i;
+    }
 }
-static const Shard *sort_ctx;
-static int by_fwd(const void *a, const void *b) { return by_first(a, b, 0, sort_ctx); }
-static int by_bwd(const void *a, const void *b) { return by_first(a, b, 1, sort_ctx); }
 
 /* fsdp prefetch: each unit's gather goes before the previous unit (in use order) starts
  * computing, so it overlaps that unit's compute. */
 static void prefetch(Shard *s, int bwd)
 {
     int *order = arena_alloc(s->g->arena, sizeof(int) * (size_t)s->n_units);
-    for (int i = 0; i < s->n_units; i++) order[i] = i;
-    sort_ctx = s;
-    qsort(order, (size_t)s->n_units, sizeof *order, bwd ? by_bwd : by_fwd);
+    use_order(s, bwd, order);
     for (int i = 0; i < s->n_units; i++) {
         const Unit *u = &s->units[order[i]];
         int v = bwd ? u->regathered : u->gathered;
         if (v < 0) continue;
-        int first = bwd ? u->bwd_first : u->fwd_first, prev = i ? (bwd ? s->units[order[i - 1]].bwd_first
-                                                                        : s->units[order[i - 1]].fwd_first)
-                                                                 : first;
+        int first = first_use(u, bwd), prev = i ? first_use(&s->units[order[i - 1]], bwd) : first;
         int at = prev < first ? prev : first;
         for (int k = 0; k < s->n_placed; k++)
             if (ir_out(s->g, ir_node(s->g, s->placed[k].node), 0) == v) s->placed[k].at = at < NONE ? at : 0;
