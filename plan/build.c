@@ -258,3 +258,9 @@ int64_t plan_tensor_nbytes(const PlanTensor *t)
 {
     return (int64_t)((uint64_t)plan_tensor_numel(t) * (uint64_t)plan_dtype_size(t->dtype));
 }
+
+int plan_tensor_is_model_param(const PlanTensor *t)
+{
+    int storage = t->unit != PLAN_NONE && t->alias == PLAN_NONE;
+    return t->role == PLAN_ROLE_PARAM && t->tied_to == PLAN_NONE && t->name != PLAN_NONE && !storage;
+}

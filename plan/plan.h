@@ -194,6 +194,10 @@ const char *plan_place_name(PlanPlace p);  // "device", "host"
 const char *plan_phase_name(PlanPhase p);  // "forward", "backward", ...
 const char *plan_init_name(PlanInit k);    // "none", "zeros", "ones", "normal", "uniform"
 
+/* Whether t is one of the model's params, counted once: named, not tied to another, and
+ * not a flat buffer or shard that holds params (the shard pass's storage). */
+int plan_tensor_is_model_param(const PlanTensor *t);
+
 /* Elements and bytes of a tensor (shapes are checked by the reader to fit in int64). */
 int64_t plan_tensor_numel(const PlanTensor *t);
 int64_t plan_tensor_nbytes(const PlanTensor *t);

@@ -107,7 +107,7 @@ static void print_summary(const Plan *p, FILE *out)
     int64_t count[PLAN_DT_COUNT] = {0}, total = 0, bytes = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *t = &p->tensors[i];
-        if (t->role != PLAN_ROLE_PARAM || t->tied_to != PLAN_NONE) continue;
+        if (!plan_tensor_is_model_param(t)) continue;
         count[t->dtype] = add_sat(count[t->dtype], plan_tensor_numel(t));
         total = add_sat(total, plan_tensor_numel(t));
         bytes = add_sat(bytes, plan_tensor_nbytes(t));
@@ -179,7 +179,7 @@ static void print_blocks(const Plan *p, FILE *out)
     memset(params, 0, sizeof *params * (size_t)p->n_blocks * 2);
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *t = &p->tensors[i];
-        if (t->block >= 0 && t->role == PLAN_ROLE_PARAM && t->tied_to == PLAN_NONE)
+        if (t->block >= 0 && plan_tensor_is_model_param(t))
             params[t->block] = add_sat(params[t->block], plan_tensor_numel(t));
     }
     for (int32_t i = 0; i < p->n_ops; i++)
