@@ -80,16 +80,22 @@ double flops_merge_heads(const Graph *g, const Node *n) { return 0; }
 
 double flops_rope(const Graph *g, const Node *n) { return ROPE_FLOPS * in_numel(g, n, 0); }
 
-/* q (..., T, D), k (..., S, D), v (..., S, Dv): QK^T then PV, both in full. */
-double flops_attention(const Graph *g, const Node *n)
+/* batch * T * S of attention's score matrix, and its head dims D (q, k) and Dv (v). */
+static double attention_dims(const Graph *g, const Node *n, double *D, double *Dv)
 {
     const Value *q = ir_value(g, ir_in(g, n, 0)), *k = ir_value(g, ir_in(g, n, 1)), *v = ir_value(g, ir_in(g, n, 2));
     int r = q->rank;
-    double batch = 1;
-    for (int d = 0; d < r - 2; d++) batch *= (double)q->shape[d];
-    double T = (double)q->shape[r - 2], S = (double)k->shape[r - 2];
-    double D = (double)q->shape[r - 1], Dv = (double)v->shape[r - 1];
-    return batch * 2.0 * T * S * (D + Dv);
+    double scores = (double)q->shape[r - 2] * (double)k->shape[r - 2];
+    for (int d = 0; d < r - 2; d++) scores *= (double)q->shape[d];
+    *D = (double)q->shape[r - 1], *Dv = (double)v->shape[r - 1];
+    return scores;
+}
+
+/* q (..., T, D), k (..., S, D), v (..., S, Dv): QK^T then PV, both in full. */
+double flops_attention(const Graph *g, const Node *n)
+{
+    double D, Dv, scores = attention_dims(g, n, &D, &Dv);
+    return 2.0 * scores * (D + Dv);
 }
 
 double flops_arange(const Graph *g, const Node *n) { return 0; }
@@ -120,13 +126,8 @@ double flops_slice(const Graph *g, const Node *n) { return 0; }
  * five products where the forward had two. */
 double flops_attention_bwd(const Graph *g, const Node *n)
 {
-    const Value *q = ir_value(g, ir_in(g, n, 0)), *k = ir_value(g, ir_in(g, n, 1)), *v = ir_value(g, ir_in(g, n, 2));
-    int r = q->rank;
-    double batch = 1;
-    for (int d = 0; d < r - 2; d++) batch *= (double)q->shape[d];
-    double T = (double)q->shape[r - 2], S = (double)k->shape[r - 2];
-    double D = (double)q->shape[r - 1], Dv = (double)v->shape[r - 1];
-    return batch * 2.0 * T * S * (3 * D + 2 * Dv);
+    double D, Dv, scores = attention_dims(g, n, &D, &Dv);
+    return 2.0 * scores * (3 * D + 2 * Dv);
 }
 
 double flops_sumsq(const Graph *g, const Node *n) { return 2 * in_numel(g, n, 0); }

@@ -14,18 +14,7 @@
 #include "report.h"
 #include "runtime.h"
 
-enum { NAME_MAX_SHOWN = 48 };
 
-/* s with control and non-ASCII bytes as '?', cut to NAME_MAX_SHOWN with "...". */
-static const char *clean(const char *s, char *buf, size_t n)
-{
-    size_t i = 0, len = strlen(s);
-    for (; s[i] && i + 1 < n && i < NAME_MAX_SHOWN; i++)
-        buf[i] = (unsigned char)s[i] >= 0x20 && (unsigned char)s[i] < 0x7f ? s[i] : '?';
-    buf[i] = 0;
-    if (len > i && i >= 3) memcpy(buf + i - 3, "...", 3);
-    return buf;
-}
 
 /* Sums of sizes a hostile plan could make overflow (each size alone fits). */
 static int64_t add_sat(int64_t a, int64_t b) { return a > INT64_MAX - b ? INT64_MAX : a + b; }
@@ -73,7 +62,7 @@ static const char *type_str(const PlanTensor *t, char *buf, size_t n)
 static const char *tensor_name(const Plan *p, int32_t id, char *buf, size_t n)
 {
     const char *s = plan_str(p, p->tensors[id].name);
-    if (*s) return clean(s, buf, n);
+    if (*s) return report_clean(s, buf, n);
     snprintf(buf, n, "%%%d", id);
     return buf;
 }
@@ -82,7 +71,7 @@ static void print_meta_value(const Plan *p, const PlanMeta *m, FILE *out)
 {
     char buf[64];
     switch (m->kind) {
-    case PLAN_META_STR: fprintf(out, "%s\n", clean(plan_str(p, m->s), buf, sizeof buf)); break;
+    case PLAN_META_STR: fprintf(out, "%s\n", report_clean(plan_str(p, m->s), buf, sizeof buf)); break;
     case PLAN_META_INT: fprintf(out, "%" PRId64 "\n", m->i); break;
     case PLAN_META_FLOAT: fprintf(out, "%g\n", m->f); break;
     case PLAN_META_COUNT: fprintf(out, "?\n"); break;
@@ -94,15 +83,15 @@ static void print_summary(const Plan *p, FILE *out)
     char a[64], b[64], c[64], e[64];
     int64_t world = plan_meta_int(p, "world", 1), stages = plan_meta_int(p, "stages", 1);
     fprintf(out, "plan format   %u.%u\n", p->major, p->minor);
-    fprintf(out, "model         %s\n", clean(plan_meta_str(p, "model", "?"), a, sizeof a));
-    fprintf(out, "compiler      %s\n", clean(plan_meta_str(p, "compiler", "?"), a, sizeof a));
+    fprintf(out, "model         %s\n", report_clean(plan_meta_str(p, "model", "?"), a, sizeof a));
+    fprintf(out, "compiler      %s\n", report_clean(plan_meta_str(p, "compiler", "?"), a, sizeof a));
     if (plan_meta_find(p, "source"))
-        fprintf(out, "source        %s\n", clean(plan_meta_str(p, "source", "?"), a, sizeof a));
+        fprintf(out, "source        %s\n", report_clean(plan_meta_str(p, "source", "?"), a, sizeof a));
     fprintf(out, "ranks         %" PRId64 " (%" PRId64 " data-parallel x %" PRId64 " pipeline stage%s)\n",
             world, stages > 0 ? world / stages : world, stages, stages == 1 ? "" : "s");
     fprintf(out, "strategy      shard %s, precision %s, recompute %s, offload %s\n",
-            clean(plan_meta_str(p, "shard", "?"), a, sizeof a), clean(plan_meta_str(p, "precision", "?"), b, sizeof b),
-            clean(plan_meta_str(p, "recompute", "?"), c, sizeof c), clean(plan_meta_str(p, "offload", "?"), e, sizeof e));
+            report_clean(plan_meta_str(p, "shard", "?"), a, sizeof a), report_clean(plan_meta_str(p, "precision", "?"), b, sizeof b),
+            report_clean(plan_meta_str(p, "recompute", "?"), c, sizeof c), report_clean(plan_meta_str(p, "offload", "?"), e, sizeof e));
 
     int64_t count[PLAN_DT_COUNT] = {0}, total = 0, bytes = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {
@@ -134,7 +123,7 @@ static void print_settings(const Plan *p, FILE *out)
         int skip = 0;
         for (size_t k = 0; k < sizeof shown / sizeof *shown; k++) skip |= !strcmp(key, shown[k]);
         if (skip) continue;
-        fprintf(out, "  %-22s ", clean(key, buf, sizeof buf));
+        fprintf(out, "  %-22s ", report_clean(key, buf, sizeof buf));
         print_meta_value(p, &p->meta[i], out);
     }
 }
@@ -187,13 +176,13 @@ static void print_blocks(const Plan *p, FILE *out)
     char name[64], layer[64], a[32], b[32];
     int w = 6;
     for (int32_t i = 0; i < p->n_blocks; i++) {
-        int len = (int)strlen(clean(plan_str(p, p->blocks[i].name), name, sizeof name));
+        int len = (int)strlen(report_clean(plan_str(p, p->blocks[i].name), name, sizeof name));
         if (len > w) w = len;
     }
     fprintf(out, "  %-*s  %-16s %8s %15s\n", w, "block", "layer", "ops", "params");
     for (int32_t i = 0; i < p->n_blocks; i++)
-        fprintf(out, "  %-*s  %-16s %8s %15s\n", w, clean(plan_str(p, p->blocks[i].name), name, sizeof name),
-                clean(plan_str(p, p->blocks[i].layer), layer, sizeof layer), grouped(ops[i], a, sizeof a),
+        fprintf(out, "  %-*s  %-16s %8s %15s\n", w, report_clean(plan_str(p, p->blocks[i].name), name, sizeof name),
+                report_clean(plan_str(p, p->blocks[i].layer), layer, sizeof layer), grouped(ops[i], a, sizeof a),
                 grouped(params[i], b, sizeof b));
     plan_dealloc(params);
 }
@@ -230,12 +219,12 @@ static void print_ops(const Plan *p, FILE *out)
     for (int32_t s = 0; s < p->n_strs; s++)
         if (by_str[s]) {
             rows[n++] = (OpCount){p->strs[s], by_str[s]};
-            int len = (int)strlen(clean(p->strs[s], name, sizeof name));
+            int len = (int)strlen(report_clean(p->strs[s], name, sizeof name));
             if (len > w) w = len;
         }
     qsort(rows, (size_t)n, sizeof *rows, by_count);
     for (int i = 0; i < n; i++)
-        fprintf(out, "  %-*s %10s\n", w, clean(rows[i].name, name, sizeof name), grouped(rows[i].count, a, sizeof a));
+        fprintf(out, "  %-*s %10s\n", w, report_clean(rows[i].name, name, sizeof name), grouped(rows[i].count, a, sizeof a));
     plan_dealloc(by_str);
     plan_dealloc(rows);
 }
