@@ -43,8 +43,21 @@ static void print_graph(const Graph *g, const Options *o)
         ir_print(g, out);
 }
 
+/* Settings the language accepts whose passes are not written yet: an error, never a
+ * plan that silently ignores them. */
+static int check_supported(const TrainConfig *t, Diag *d)
+{
+    if (t->stages > 1 || t->microbatches > 1)
+        diag_error(d, (Loc){0}, "pipeline (stages %d, microbatches %d): pipeline parallelism is not implemented yet",
+                   t->stages, t->microbatches);
+    if (t->offload != OFFLOAD_NONE)
+        diag_error(d, (Loc){0}, "offload %s: optimizer offload is not implemented yet", offload_name(t->offload));
+    return d->n_errors ? -1 : 0;
+}
+
 int passes_run(Graph *g, const Options *o, Diag *d)
 {
+    if (check_supported(&o->train, d)) return -1;
     int found = !o->print_after || !strcmp(o->print_after, "lower");
     for (int i = 0; i < N_PASSES && !found; i++) found = !strcmp(o->print_after, PASSES[i].name);
     if (!found) {

@@ -87,8 +87,13 @@ static int state(Graph *g, const char *name, DType dt, InitKind init, double val
 
 int pass_precision(Graph *g, const Options *o, Diag *d)
 {
-    (void)d;
     Lowering p = {g, o->train.precision == PREC_FP16 ? DT_F16 : DT_BF16, NULL, NULL, g->n_nodes};
+    if (o->train.reduce_dtype != PREC_FP32) {
+        /* Not silently: the setting exists (FairScale's option), its other value does not yet. */
+        diag_error(d, (Loc){0}, "reduce_dtype %s: this version reduces gradients in fp32 only; use reduce_dtype fp32",
+                   precision_name(o->train.reduce_dtype));
+        return -1;
+    }
     if (o->train.precision == PREC_FP32) return 0;
     int nv = g->n_values;
     p.cast_of = arena_alloc(g->arena, sizeof(int) * (size_t)nv + 1);

@@ -80,6 +80,10 @@ expect inspect-source 0 "source        gpt2.fsm" -- "$FSEXEC" --inspect "$tmp/gp
 expect mem-same-in-inspect 0 "" -- diff "$tmp/mem.txt" "$tmp/inspect_mem.txt"
 expect comm-fsdp 0 "reduce_scatter h.0.flat_grad_shard" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard fsdp --world 4 --comm -q
 expect comm-none 0 "none" -- "$FSC" "$SRC/samples/mlp.fsm" --comm -q
+expect reduce-dtype-bf16 1 "reduces gradients in fp32 only" -- "$FSC" "$SRC/samples/mlp.fsm" --precision bf16 --reduce_dtype bf16
+expect precision-bf16 0 "precision bf16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision bf16
+expect pipeline-not-yet 1 "pipeline parallelism is not implemented yet" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2
+expect offload-not-yet 1 "optimizer offload is not implemented yet" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer
 expect debug-guard 0 "step 2/2" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 2 --debug-guard
 head -c 100 "$tmp/gpt2.plan" >"$tmp/short.plan"
 expect inspect-truncated 1 "truncated" -- "$FSEXEC" --inspect "$tmp/short.plan"
