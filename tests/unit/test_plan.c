@@ -21,6 +21,7 @@
 #include "codegen.h"
 #include "ir.h"
 #include "runtime.h"
+#include "build.h"
 
 /* ---- allocation hook: counts, and fails the k-th call when asked -------------------- */
 
@@ -63,13 +64,6 @@ static int value(Role role, const char *name, DType dt, const int64_t *shape, in
     for (int i = 0; i < rank; i++) v.shape[i] = shape[i];
     return ir_value_add(g, &v);
 }
-#define DIMS(...) (int64_t[]){__VA_ARGS__}, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
-#define INS(...) (int[]){__VA_ARGS__}, (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int))
-#define ATTRS(...) (Attr[]){__VA_ARGS__}, (int)(sizeof((Attr[]){__VA_ARGS__}) / sizeof(Attr))
-#define AI(k, v) ((Attr){.key = (k), .kind = ATTR_INT, .i = (v)})
-#define AF(k, v) ((Attr){.key = (k), .kind = ATTR_FLOAT, .f = (v)})
-#define AL(k, ...) ((Attr){.key = (k), .kind = ATTR_INTS, .ints = (int64_t[]){__VA_ARGS__}, \
-                          .n_list = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t))})
 
 static int node(OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, int block, Phase phase, Loc loc)
 {

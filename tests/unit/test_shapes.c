@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ir.h"
+#include "build.h"
 
 static Graph *g;
 static char err[256];
@@ -24,17 +25,11 @@ static int input(DType dt, const int64_t *shape, int rank)
     for (int i = 0; i < rank; i++) v.shape[i] = shape[i];
     return ir_value_add(g, &v);
 }
-#define DIMS(...) (int64_t[]){__VA_ARGS__}, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
 #define F32(...) input(DT_F32, DIMS(__VA_ARGS__))
 #define I32(...) input(DT_I32, DIMS(__VA_ARGS__))
 #define BF16(...) input(DT_BF16, DIMS(__VA_ARGS__))
 #define F32_SCALAR() input(DT_F32, NULL, 0)
 
-#define AI(k, v) ((Attr){.key = (k), .kind = ATTR_INT, .i = (v)})
-#define AF(k, v) ((Attr){.key = (k), .kind = ATTR_FLOAT, .f = (v)})
-/* ir_node_add copies an ATTR_INTS list from .ints into g->ints. */
-#define AL(k, ...) ((Attr){.key = (k), .kind = ATTR_INTS, .ints = (int64_t[]){__VA_ARGS__},              \
-                          .n_list = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t))})
 
 static int node(OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr)
 {
