@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "rand.h"
 
 /* ---- tensors, freed after each test ---------------------------------------------- */
 
@@ -63,15 +64,6 @@ static KTensor ivals(int rank, const int64_t *shape, const int32_t *v)
 
 static KTensor fscalar(float v) { return fvals(NOSHAPE, &v); }
 static KTensor iscalar(int32_t v) { return ivals(NOSHAPE, &v); }
-
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-
-static float urand(float lo, float hi)
-{
-    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-    double u = (double)((rng * 2685821657736338717ull) >> 11) / 9007199254740992.0;
-    return lo + (float)u * (hi - lo);
-}
 
 /* Uniform in [lo, hi], nudged away from 0 by at least 0.05. */
 static KTensor frand(int rank, const int64_t *shape, float lo, float hi)

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "rand.h"
 
 /* ---- tensors, freed after each test ---------------------------------------------- */
 
@@ -54,15 +55,6 @@ static KTensor ten(int dtype, int rank, const int64_t *shape)
 static float *F(const KTensor *t) { return (float *)t->data; }
 static int32_t *IV(const KTensor *t) { return (int32_t *)t->data; }
 static uint16_t *H(const KTensor *t) { return (uint16_t *)t->data; }
-
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-
-static float urand(float lo, float hi)
-{
-    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-    double u = (double)((rng * 2685821657736338717ull) >> 11) / 9007199254740992.0;
-    return lo + (float)u * (hi - lo);
-}
 
 static KTensor frand(int rank, const int64_t *shape, float lo, float hi)
 {

@@ -60,16 +60,12 @@ static char err[512];
 
 static int value(Role role, const char *name, DType dt, const int64_t *shape, int rank, int block)
 {
-    Value v = {.dtype = dt, .rank = rank, .role = role, .block = block, .name = name, .producer = -1, .tied_to = -1};
-    for (int i = 0; i < rank; i++) v.shape[i] = shape[i];
-    return ir_value_add(g, &v);
+    return build_value(g, role, name, dt, shape, rank, block, (Loc){0});
 }
 
 static int node(OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, int block, Phase phase, Loc loc)
 {
-    int id = ir_node_add(g, op, in, n_in, attrs, n_attr, block, phase, loc, err, sizeof err);
-    cr_assert_geq(id, 0, "%s: %s", op_name(op), err);
-    return id;
+    return build_node(g, op, in, n_in, attrs, n_attr, block, phase, loc);
 }
 static int out0(int n) { return ir_out(g, ir_node(g, n), 0); }
 
