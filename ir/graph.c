@@ -83,7 +83,7 @@ int ir_node_add(Graph *g, OpKind op, const int *in, int n_in, const Attr *attrs,
 
     GROW(g, nodes, n_nodes, cap_nodes, g->n_nodes + 1);
     Node *n = &g->nodes[g->n_nodes];
-    *n = (Node){.op = op, .block = block, .phase = phase, .loc = loc};
+    *n = (Node){.op = op, .block = block, .phase = phase, .loc = loc, .group = -1};
     n->attr = add_attrs(g, attrs, n_attr);
     n->n_attr = n_attr;
     GROW(g, ids, n_ids, cap_ids, g->n_ids + n_in);

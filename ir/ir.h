@@ -199,6 +199,7 @@ struct Node {
     int in, n_in;       // range in Graph.ids: input value ids
     int out, n_out;     // range in Graph.ids: output value ids
     int attr, n_attr;   // range in Graph.attrs
+    int group;          // after fuse: the first node of its fused elementwise group, or -1
 };
 
 typedef struct {

@@ -119,6 +119,37 @@ typedef struct {
     int32_t list, n_list;  // PLAN_ATTR_INTS: range in Plan.ints
 } PlanAttr;
 
+/* The CUDA program (codegen/cuda_*.c, version 1.1): what the CUDA backend runs for each
+ * op, in op order. An op has zero or more instructions, sorted by op id: none for a view
+ * whose output already lies in its input's bytes, for a collective (the runtime runs it on
+ * NCCL by the op's name, as the CPU backend does on MPI), and for the members of a fused
+ * group but its last, whose one LAUNCH computes the whole group.
+ *
+ * LAUNCH: kernel `kernel` (a string id: its name, `PREFIX_HASH`, defined in the plan's
+ *   CUDA source, meta "cuda_source") with grid x block threads and `smem` bytes of
+ *   dynamic shared memory. Its parameters are exactly the args, in order, each a device
+ *   pointer to that tensor's bytes on this rank (arena + offset + rank * rank_stride);
+ *   every shape is compiled into the kernel.
+ * GEMM: cuBLAS, row-major as torch.matmul: for b < batch, C_b = op(A_b) @ op(B_b), with
+ *   args {A, B, C}; A_b starts at A + b * stride_a elements (likewise B, C; a stride may
+ *   be 0 to broadcast); op transposes when ta/tb is set. C is [m, n] with row stride ldc;
+ *   A is [m, k] (ta: [k, m]) with row stride lda; B is [k, n] (tb: [n, k]) with row
+ *   stride ldb. a_off, b_off, c_off: element offsets added to each base first (a matmul
+ *   whose batch does not fold into one strided call is several GEMMs). Accumulation is
+ *   f32 whatever the dtypes; C is written (beta 0). */
+typedef enum { PLAN_CU_LAUNCH, PLAN_CU_GEMM, PLAN_CU_COUNT } PlanCuKind;
+
+typedef struct {
+    int32_t op;            // the plan op this instruction runs for
+    PlanCuKind kind;
+    int32_t kernel;        // LAUNCH: string id of the kernel's name; else PLAN_NONE
+    int32_t args, n_args;  // range in Plan.ids: tensor ids (LAUNCH: the kernel's parameters; GEMM: A, B, C)
+    int32_t grid[3], block[3];
+    int32_t smem;          // LAUNCH: dynamic shared memory, bytes
+    int32_t ta, tb;        // GEMM
+    int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch, a_off, b_off, c_off;
+} PlanCuda;
+
 /* A section as the file lists it; filled by plan_read, for inspection. */
 typedef struct {
     char tag[5];        // printable (other bytes shown as '?'), NUL-terminated
@@ -146,6 +177,8 @@ typedef struct Plan {
     int32_t n_ints;
     int32_t *outputs;       // tensor ids the step produces; outputs[0] is the loss
     int32_t n_outputs;
+    PlanCuda *cuda;         // the CUDA program, sorted by op (none in a 1.0 plan)
+    int32_t n_cuda;
     PlanSection *sections;  // as read from a file; none for a plan built in memory
     int32_t n_sections;
     struct PlanBuild *build;  // growth state while a plan is being built
@@ -178,6 +211,7 @@ int32_t plan_int_add(Plan *p, int64_t v);
 int32_t plan_attr_add(Plan *p, const PlanAttr *a);
 int32_t plan_op_add(Plan *p, const PlanOp *op);
 int32_t plan_output_add(Plan *p, int32_t tensor);
+int32_t plan_cuda_add(Plan *p, const PlanCuda *c);
 
 /* "" for PLAN_NONE or an id out of range. */
 const char *plan_str(const Plan *p, int32_t id);
