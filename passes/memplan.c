@@ -15,6 +15,9 @@
  * the smaller arena wins. Best fit packed no better on the samples; fixed orders keep
  * the plan deterministic.
  *
+ * The members of a fused group (passes/fuse.c) read their inputs at the group's last
+ * node, where its one CUDA kernel runs (read_at).
+ *
  * A collective runs on while the ops after it do, but its buffers end their lives here
  * as for any op: the runtime completes a collective before any later op touches a byte
  * of its input or output, so whoever reuses the bytes first waits for it.
@@ -79,15 +82,25 @@ static void find_roots(const Graph *g, int *root, int64_t *at, int64_t *stride)
     }
 }
 
+/* Where node n reads its inputs: at n, or, in a fused group (passes/fuse.c), at the
+ * group's last node, whose one kernel computes every member. So each input of a member
+ * lives to the group's end, and no member's output is placed in its bytes. */
+static int read_at(const Graph *g, int n)
+{
+    int grp = g->nodes[n].group;
+    while (grp >= 0 && n + 1 < g->n_nodes && g->nodes[n + 1].group == grp) n++;
+    return n;
+}
+
 static void live_ranges(const Graph *g, const int *root, int *start, int *end)
 {
     for (int v = 0; v < g->n_values; v++) {
         const Value *val = ir_value(g, v);
         start[v] = end[v] = val->producer >= 0 ? val->producer : 0;
     }
-    for (int n = 0; n < g->n_nodes; n++) {
+    for (int n = 0; n < g->n_nodes; n++) {  // read_at(g, n) never decreases: the last write wins
         const Node *node = ir_node(g, n);
-        for (int i = 0; i < node->n_in; i++) end[ir_in(g, node, i)] = n;
+        for (int i = 0; i < node->n_in; i++) end[ir_in(g, node, i)] = read_at(g, n);
     }
     for (int i = 0; i < g->n_outputs; i++) end[g->outputs[i]] = g->n_nodes;
     /* A buffer lives as long as anything inside it does. A view no node makes (a param

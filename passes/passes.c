@@ -1,5 +1,5 @@
 /* passes/passes.c: the pass list as data, and the driver that runs it. The passes not
- * written yet (pipeline, offload, fuse, schedule) join this table
+ * written yet (pipeline, offload, schedule) join this table
  * in DESIGN.md's order. Unlike DESIGN.md's order, precision runs before autodiff (the
  * backward is then born in the compute dtype, and a cast's gradient casts back to the
  * fp32 master), and shard before optimizer: it decides what the optimizer updates (a
@@ -23,6 +23,8 @@ static const PassInfo PASSES[] = {
      pass_shard},
     {"optimizer", "Value.grad on each param (or flat storage) to update", "step input, lr and grad_norm outputs, state tensors, update nodes",
      pass_optimizer},
+    {"fuse", "the final node order", "Node.group: runs of consecutive elementwise nodes of one shape that feed each other",
+     pass_fuse},
     {"memplan", "the final node order", "Value.offset and live range of every value; Graph.arena_bytes",
      pass_memplan},
 };

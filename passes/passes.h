@@ -34,6 +34,7 @@ int pass_autodiff(Graph *g, const Options *o, Diag *d);   // passes/autodiff.c
 int pass_recompute(Graph *g, const Options *o, Diag *d);  // passes/recompute.c
 int pass_shard(Graph *g, const Options *o, Diag *d);      // passes/shard.c
 int pass_optimizer(Graph *g, const Options *o, Diag *d);  // passes/optimizer.c
+int pass_fuse(Graph *g, const Options *o, Diag *d);       // passes/fuse.c
 int pass_memplan(Graph *g, const Options *o, Diag *d);    // passes/memplan.c
 
 #endif

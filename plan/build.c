@@ -12,7 +12,7 @@
 
 struct PlanBuild {
     int32_t cap_strs, cap_meta, cap_blocks, cap_tensors, cap_ops, cap_ids, cap_attrs, cap_ints,
-        cap_outputs;
+        cap_outputs, cap_cuda;
     int32_t *hash;  // string id + 1 per slot, 0 when empty; a power of two in size
     int32_t hash_cap;
 };
@@ -40,6 +40,7 @@ void plan_free(Plan *p)
     plan_dealloc(p->attrs);
     plan_dealloc(p->ints);
     plan_dealloc(p->outputs);
+    plan_dealloc(p->cuda);
     plan_dealloc(p->sections);
     if (p->build) plan_dealloc(p->build->hash);
     plan_dealloc(p->build);
@@ -55,7 +56,7 @@ static struct PlanBuild *build_state(Plan *p)
     if (!b) return NULL;
     /* A plan that was read has arrays exactly as long as their counts. */
     *b = (struct PlanBuild){p->n_strs, p->n_meta, p->n_blocks, p->n_tensors, p->n_ops,
-                            p->n_ids, p->n_attrs, p->n_ints, p->n_outputs, NULL, 0};
+                            p->n_ids, p->n_attrs, p->n_ints, p->n_outputs, p->n_cuda, NULL, 0};
     return p->build = b;
 }
 
@@ -201,6 +202,7 @@ int32_t plan_int_add(Plan *p, int64_t v) { PUSH(p, ints, n_ints, cap_ints, v); }
 int32_t plan_attr_add(Plan *p, const PlanAttr *a) { PUSH(p, attrs, n_attrs, cap_attrs, *a); }
 int32_t plan_op_add(Plan *p, const PlanOp *op) { PUSH(p, ops, n_ops, cap_ops, *op); }
 int32_t plan_output_add(Plan *p, int32_t tensor) { PUSH(p, outputs, n_outputs, cap_outputs, tensor); }
+int32_t plan_cuda_add(Plan *p, const PlanCuda *c) { PUSH(p, cuda, n_cuda, cap_cuda, *c); }
 
 /* ---- reading ---------------------------------------------------------------------- */
 

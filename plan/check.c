@@ -1,8 +1,10 @@
 /* plan/check.c: the invariants of a Plan. The reader has already made sure every byte
  * is the one the writer wrote; this makes sure that what the writer wrote is whole:
  * every id in range, every range inside its pool, every enum known, every shape small
- * enough that its byte count fits in int64. After it passes, the runtime may index the
- * plan's arrays without further checks. Shared by plan_read and plan_write.
+ * enough that its byte count fits in int64, and every CUDA instruction sound (sorted by
+ * op, launches within CUDA's limits, GEMMs inside their tensors). After it passes, the
+ * runtime may index the plan's arrays without further checks. Shared by plan_read and
+ * plan_write.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -100,6 +102,74 @@ static int check_attr(Check *c, int32_t i, const PlanAttr *a)
     return 0;
 }
 
+/* Whether elements [off, off + (batch - 1) * stride + (rows - 1) * ld + cols) lie in a
+ * tensor of n elements, computed without overflow (rows, cols, ld, batch in [1, 2^31)),
+ * so the runtime hands cuBLAS a GEMM's pointers without checking them again. */
+static int span_ok(int64_t off, int64_t batch, int64_t stride, int64_t rows, int64_t ld, int64_t cols, int64_t n)
+{
+    if (off < 0 || stride < 0 || ld < cols) return 0;
+    int64_t last = (rows - 1) * ld + cols;  // one matrix: below 2^62
+    if (last > n || (batch > 1 && stride > (n - last) / (batch - 1))) return 0;
+    return off <= n - ((batch - 1) * stride + last);
+}
+
+static int check_gemm(Check *c, int32_t i, const PlanCuda *g)
+{
+    const Plan *p = c->p;
+    const int64_t dims[] = {g->m, g->n, g->k, g->batch, g->lda, g->ldb, g->ldc};
+    for (int d = 0; d < 7; d++)
+        if (dims[d] < 1 || dims[d] > INT32_MAX)
+            return fail(c, "cuda %d: GEMM dims must be in [1, 2^31): m %" PRId64 ", n %" PRId64 ", k %" PRId64
+                        ", batch %" PRId64 ", lda %" PRId64 ", ldb %" PRId64 ", ldc %" PRId64, i, g->m, g->n, g->k,
+                        g->batch, g->lda, g->ldb, g->ldc);
+    if (g->n_args != 3) return fail(c, "cuda %d: a GEMM takes 3 tensors (A, B, C), has %d", i, g->n_args);
+    if ((g->ta != 0 && g->ta != 1) || (g->tb != 0 && g->tb != 1))
+        return fail(c, "cuda %d: GEMM transpose flags %d, %d (0 or 1)", i, g->ta, g->tb);
+    const PlanTensor *a = &p->tensors[p->ids[g->args]], *b = &p->tensors[p->ids[g->args + 1]],
+                     *d = &p->tensors[p->ids[g->args + 2]];
+    if (a->dtype == PLAN_DT_I32 || b->dtype == PLAN_DT_I32 || d->dtype == PLAN_DT_I32)
+        return fail(c, "cuda %d: GEMM on i32 tensors", i);
+    if (!span_ok(g->a_off, g->batch, g->stride_a, g->ta ? g->k : g->m, g->lda, g->ta ? g->m : g->k, plan_tensor_numel(a)) ||
+        !span_ok(g->b_off, g->batch, g->stride_b, g->tb ? g->n : g->k, g->ldb, g->tb ? g->k : g->n, plan_tensor_numel(b)) ||
+        !span_ok(g->c_off, g->batch, g->stride_c, g->m, g->ldc, g->n, plan_tensor_numel(d)))
+        return fail(c, "cuda %d: GEMM reaches outside its tensors", i);
+    return 0;
+}
+
+/* CUDA's own limits: block x, y <= 1024 and z <= 64 threads, 1024 in all; grid y, z <= 65535. */
+static int check_launch(Check *c, int32_t i, const PlanCuda *l)
+{
+    const Plan *p = c->p;
+    if (!in_range(l->kernel, p->n_strs) || !p->strs[l->kernel][0])
+        return fail(c, "cuda %d: kernel name %d out of range (%d strings)", i, l->kernel, p->n_strs);
+    int64_t threads = 1;
+    for (int d = 0; d < 3; d++) {
+        if (l->grid[d] < 1 || l->block[d] < 1)
+            return fail(c, "cuda %d: grid %dx%dx%d, block %dx%dx%d: each must be positive", i, l->grid[0], l->grid[1],
+                        l->grid[2], l->block[0], l->block[1], l->block[2]);
+        threads *= l->block[d];
+    }
+    if (threads > 1024 || l->block[2] > 64 || l->grid[1] > 65535 || l->grid[2] > 65535)
+        return fail(c, "cuda %d: grid %dx%dx%d, block %dx%dx%d exceeds CUDA's limits (1024 threads a block)", i,
+                    l->grid[0], l->grid[1], l->grid[2], l->block[0], l->block[1], l->block[2]);
+    if (l->smem < 0) return fail(c, "cuda %d: negative shared memory %d", i, l->smem);
+    return 0;
+}
+
+static int check_cuda(Check *c, int32_t i, const PlanCuda *cu)
+{
+    const Plan *p = c->p;
+    if (!in_range(cu->op, p->n_ops)) return fail(c, "cuda %d: op %d out of range (%d ops)", i, cu->op, p->n_ops);
+    if (i > 0 && cu->op < p->cuda[i - 1].op)
+        return fail(c, "cuda %d: op %d after op %d (instructions are sorted by op)", i, cu->op, p->cuda[i - 1].op);
+    if ((unsigned)cu->kind >= PLAN_CU_COUNT) return fail(c, "cuda %d: unknown kind %d", i, (int)cu->kind);
+    if (!range_ok(cu->args, cu->n_args, p->n_ids)) return fail(c, "cuda %d: args out of range (%d ids)", i, p->n_ids);
+    for (int32_t k = 0; k < cu->n_args; k++)
+        if (!in_range(p->ids[cu->args + k], p->n_tensors))
+            return fail(c, "cuda %d: arg %d: tensor %d out of range (%d tensors)", i, k, p->ids[cu->args + k], p->n_tensors);
+    return cu->kind == PLAN_CU_GEMM ? check_gemm(c, i, cu) : check_launch(c, i, cu);
+}
+
 static int check_counts(Check *c)
 {
     const Plan *p = c->p;
@@ -108,7 +178,7 @@ static int check_counts(Check *c)
         {"blocks", p->n_blocks, p->blocks},  {"tensors", p->n_tensors, p->tensors},
         {"ops", p->n_ops, p->ops},           {"ids", p->n_ids, p->ids},
         {"attrs", p->n_attrs, p->attrs},     {"ints", p->n_ints, p->ints},
-        {"outputs", p->n_outputs, p->outputs},
+        {"outputs", p->n_outputs, p->outputs},  {"cuda instructions", p->n_cuda, p->cuda},
     };
     for (size_t i = 0; i < sizeof pools / sizeof *pools; i++)
         if (pools[i].n < 0 || (pools[i].n && !pools[i].arr))
@@ -144,5 +214,7 @@ int plan_check(const Plan *p, char *err, size_t errlen)
     for (int32_t i = 0; i < p->n_outputs; i++)
         if (!in_range(p->outputs[i], p->n_tensors))
             return fail(&c, "output %d: tensor %d out of range (%d tensors)", i, p->outputs[i], p->n_tensors);
+    for (int32_t i = 0; i < p->n_cuda; i++)
+        if (check_cuda(&c, i, &p->cuda[i])) return -1;
     return 0;
 }

@@ -1,7 +1,8 @@
 /* plan/format.h: the byte layout of a plan file, private to plan/ (read.c and write.c).
  * plan.h describes the header; this file lists the sections and their records.
  *
- * Sections of version 1.0, in the order the writer puts them (all required):
+ * Sections, in the order the writer puts them; those of version 1.0 are required, CUDA
+ * (version 1.1) is optional, so a 1.0 file reads as a plan without a CUDA program:
  *
  *   STRS  u32 count, then count x { u32 len, len bytes (no NUL) }
  *   META  records { i32 key, u8 kind, 3 pad, 8-byte value: i64, f64 bits, or i32 string }
@@ -18,6 +19,12 @@
  *                   i32 list, i32 n_list (range in INTS) }
  *   INTS  u32 count, then count x i64
  *   OUTS  u32 count, then count x i32 (tensor ids)
+ *   CUDA  records { i32 op, u8 kind, 3 pad, i32 kernel (string), i32 args, i32 n_args,
+ *                   i32 grid[3], i32 block[3], i32 smem, i32 ta, i32 tb,
+ *                   i64 m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch,
+ *                   a_off, b_off, c_off }          (byte offsets 0, 4, 8, 12, 16, 20, 32,
+ *                   44, 48, 52, then the i64s from 56 on, 8 bytes apart: 160 bytes)
+ *         the CUDA program (PlanCuda in plan.h), sorted by op; args is a range in IDS
  *
  * "records" means: u32 count, u32 record size, then count records of that size. A reader
  * needs at least the size it knows and skips the rest of each record, so a later minor
@@ -37,32 +44,34 @@ enum {
     PLAN_HEADER_CRC_AT = 24,    // where the header CRC sits (read as zero when computed)
 };
 
-/* The sections, in file order. */
-#define PLAN_SECTIONS(X) \
-    X(STRS, "STRS")      \
-    X(META, "META")      \
-    X(BLKS, "BLKS")      \
-    X(TENS, "TENS")      \
-    X(NODE, "NODE")      \
-    X(IDS, "IDS ")       \
-    X(ATTR, "ATTR")      \
-    X(INTS, "INTS")      \
-    X(OUTS, "OUTS")
+/* The sections, in file order: id, tag, and whether a reader requires it. */
+#define PLAN_SECTIONS(X)    \
+    X(STRS, "STRS", 1)      \
+    X(META, "META", 1)      \
+    X(BLKS, "BLKS", 1)      \
+    X(TENS, "TENS", 1)      \
+    X(NODE, "NODE", 1)      \
+    X(IDS, "IDS ", 1)       \
+    X(ATTR, "ATTR", 1)      \
+    X(INTS, "INTS", 1)      \
+    X(OUTS, "OUTS", 1)      \
+    X(CUDA, "CUDA", 0)
 
 typedef enum {
-#define X(id, tag) SEC_##id,
+#define X(id, tag, required) SEC_##id,
     PLAN_SECTIONS(X)
 #undef X
     SEC_COUNT
 } SectionId;
 
-/* Record sizes of version 1.0: the least a reader accepts. */
+/* Record sizes of version 1.0 (CUDA: 1.1): the least a reader accepts. */
 enum {
     REC_META = 16,
     REC_BLKS = 12,
     REC_TENS = 136,
     REC_NODE = 44,
     REC_ATTR = 16,
+    REC_CUDA = 160,
 };
 
 /* ---- little-endian encoding, byte by byte, whatever the host --------------------- */

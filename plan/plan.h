@@ -21,9 +21,11 @@
  *   ...           the sections, back to back in table order, up to the end of the file
  *
  * Every byte of the file is covered by a checksum. The sections of version 1.0 (STRS,
- * META, BLKS, TENS, NODE, IDS, ATTR, INTS, OUTS) and their records are laid out in
- * plan/format.h; a reader skips tags it does not know. A section of records starts
- * with its record count and record size, so a newer minor version can append fields.
+ * META, BLKS, TENS, NODE, IDS, ATTR, INTS, OUTS, all required) and of 1.1 (CUDA, the CUDA
+ * program; optional, so a 1.0 file reads as a plan without one) and their records are
+ * laid out in plan/format.h; a reader skips tags it does not know. A section of records
+ * starts with its record count and record size, so a newer minor version can append
+ * fields.
  *
  * Reading checks the magic, version, header checksum, size, bounds and every section's
  * checksum, each with its own message, before it decodes anything; decoding then checks
@@ -36,7 +38,7 @@
 #include <stdint.h>
 
 #define PLAN_MAJOR 1
-#define PLAN_MINOR 0
+#define PLAN_MINOR 1
 #define PLAN_MAX_RANK 6
 #define PLAN_NONE (-1)  // an absent string, block, producer or tied tensor
 

@@ -34,7 +34,12 @@ __attribute__((format(printf, 2, 3))) static int fail(Reader *r, const char *fmt
 }
 
 static const char TAGS[SEC_COUNT][5] = {
-#define X(id, tag) tag,
+#define X(id, tag, required) tag,
+    PLAN_SECTIONS(X)
+#undef X
+};
+static const int REQUIRED[SEC_COUNT] = {
+#define X(id, tag, required) required,
     PLAN_SECTIONS(X)
 #undef X
 };
@@ -120,7 +125,8 @@ static int check_frame(Reader *r, uint32_t *n_sections)
 }
 
 /* Reads the table into p->sections, checks bounds, then checksums, and finds the
- * sections this version knows (at[SEC_x] = table index, or -1). */
+ * sections this version knows (at[SEC_x] = table index, or -1 for an optional one the
+ * file lacks). */
 static int check_sections(Reader *r, Plan *p, uint32_t n, int32_t at[SEC_COUNT])
 {
     p->sections = plan_alloc(sizeof *p->sections * (n ? n : 1));
@@ -156,7 +162,7 @@ static int check_sections(Reader *r, Plan *p, uint32_t n, int32_t at[SEC_COUNT])
             return fail(r, "section %s: checksum mismatch (file damaged)", s->tag);
     }
     for (int k = 0; k < SEC_COUNT; k++)
-        if (at[k] < 0) return fail(r, "missing section %s (not a complete plan)", TAGS[k]);
+        if (at[k] < 0 && REQUIRED[k]) return fail(r, "missing section %s (not a complete plan)", TAGS[k]);
     return 0;
 }
 
@@ -329,18 +335,39 @@ static int read_ints(Reader *r, const Sec *s, Plan *p)
     return 0;
 }
 
+/* CUDA (1.1): the CUDA program's instructions. */
+static int read_cuda(Reader *r, const Sec *s, Plan *p)
+{
+    uint32_t n, rec;
+    if (!(p->cuda = alloc_records(r, s, REC_CUDA, sizeof *p->cuda, &n, &rec))) return -1;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *b = s->b + 8 + (size_t)i * rec;
+        PlanCuda *c = &p->cuda[p->n_cuda++];
+        *c = (PlanCuda){
+            .op = get_i32(b), .kind = (PlanCuKind)b[4], .kernel = get_i32(b + 8), .args = get_i32(b + 12),
+            .n_args = get_i32(b + 16), .smem = get_i32(b + 44), .ta = get_i32(b + 48), .tb = get_i32(b + 52),
+        };
+        for (int d = 0; d < 3; d++) c->grid[d] = get_i32(b + 20 + 4 * d), c->block[d] = get_i32(b + 32 + 4 * d);
+        int64_t *i64s[] = {&c->m, &c->n, &c->k, &c->lda, &c->ldb, &c->ldc, &c->stride_a, &c->stride_b,
+                           &c->stride_c, &c->batch, &c->a_off, &c->b_off, &c->c_off};
+        for (int k = 0; k < 13; k++) *i64s[k] = (int64_t)get_u64(b + 56 + 8 * k);
+    }
+    return 0;
+}
+
 static int decode(Reader *r, Plan *p, const int32_t at[SEC_COUNT])
 {
     Sec s[SEC_COUNT];
     for (int k = 0; k < SEC_COUNT; k++) {
-        const PlanSection *e = &p->sections[at[k]];
-        s[k] = (Sec){r->b + e->offset, (size_t)e->length, TAGS[k]};
+        const PlanSection *e = at[k] >= 0 ? &p->sections[at[k]] : NULL;
+        s[k] = (Sec){e ? r->b + e->offset : NULL, e ? (size_t)e->length : 0, TAGS[k]};
     }
     if (read_strs(r, &s[SEC_STRS], p) || read_meta(r, &s[SEC_META], p) ||
         read_blocks(r, &s[SEC_BLKS], p) || read_tensors(r, &s[SEC_TENS], p) ||
         read_ops(r, &s[SEC_NODE], p) || read_i32s(r, &s[SEC_IDS], &p->ids, &p->n_ids) ||
         read_attrs(r, &s[SEC_ATTR], p) || read_ints(r, &s[SEC_INTS], p) ||
-        read_i32s(r, &s[SEC_OUTS], &p->outputs, &p->n_outputs))
+        read_i32s(r, &s[SEC_OUTS], &p->outputs, &p->n_outputs) ||
+        (at[SEC_CUDA] >= 0 && read_cuda(r, &s[SEC_CUDA], p)))
         return -1;
     char why[200];
     if (plan_check(p, why, sizeof why)) return fail(r, "invalid plan: %s", why);

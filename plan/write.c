@@ -15,7 +15,7 @@
 #include "plan.h"
 
 static const char TAGS[SEC_COUNT][5] = {
-#define X(id, tag) tag,
+#define X(id, tag, required) tag,
     PLAN_SECTIONS(X)
 #undef X
 };
@@ -41,6 +41,7 @@ static uint64_t section_size(const Plan *p, int s)
     case SEC_ATTR: return 8 + (uint64_t)p->n_attrs * REC_ATTR;
     case SEC_INTS: return 4 + (uint64_t)p->n_ints * 8;
     case SEC_OUTS: return 4 + (uint64_t)p->n_outputs * 4;
+    case SEC_CUDA: return 8 + (uint64_t)p->n_cuda * REC_CUDA;
     case SEC_COUNT: break;
     }
     return 0;
@@ -87,6 +88,19 @@ static void encode_op(uint8_t *w, const PlanOp *o)
     w[8] = (uint8_t)o->phase;
     const int32_t rest[] = {o->line, o->col, o->in, o->n_in, o->out, o->n_out, o->attr, o->n_attr};
     for (int i = 0; i < 8; i++) put_i32(w + 12 + 4 * i, rest[i]);
+}
+
+static void encode_cuda(uint8_t *w, const PlanCuda *c)
+{
+    memset(w, 0, REC_CUDA);
+    put_i32(w, c->op);
+    w[4] = (uint8_t)c->kind;
+    const int32_t i32s[] = {c->kernel, c->args, c->n_args, c->grid[0], c->grid[1], c->grid[2], c->block[0],
+                            c->block[1], c->block[2], c->smem, c->ta, c->tb};
+    for (int i = 0; i < 12; i++) put_i32(w + 8 + 4 * i, i32s[i]);
+    const int64_t i64s[] = {c->m, c->n, c->k, c->lda, c->ldb, c->ldc, c->stride_a, c->stride_b, c->stride_c,
+                            c->batch, c->a_off, c->b_off, c->c_off};
+    for (int i = 0; i < 13; i++) put_u64(w + 56 + 8 * i, (uint64_t)i64s[i]);
 }
 
 /* key, kind, then an 8-byte value: the shape of META and ATTR records. */
@@ -157,6 +171,10 @@ static void encode(const Plan *p, int s, uint8_t *w)
     case SEC_OUTS:
         put_u32(w, (uint32_t)p->n_outputs);
         for (int32_t i = 0; i < p->n_outputs; i++) put_i32(w + 4 + 4 * (size_t)i, p->outputs[i]);
+        break;
+    case SEC_CUDA:
+        w = records(w, p->n_cuda, REC_CUDA);
+        for (int32_t i = 0; i < p->n_cuda; i++, w += REC_CUDA) encode_cuda(w, &p->cuda[i]);
         break;
     case SEC_COUNT:
         break;

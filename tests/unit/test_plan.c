@@ -4,7 +4,9 @@
  * and of every section flipped, wrong magic (and text-mode damage), other versions,
  * unknown, duplicate and missing sections, longer records from a newer minor, hostile
  * files with valid checksums, and the k-th allocation failing for every k. rt_inspect's
- * report is checked for the lines a user reads.
+ * report is checked for the lines a user reads. The CUDA program (version 1.1) rides
+ * along: two hand-made instructions, a LAUNCH and a GEMM, go through every trip, a 1.0
+ * file without it still reads, and every bad instruction is refused with its message.
  *
  * The layout is decoded here by hand, from the description in plan/plan.h, rather than
  * with plan/format.h, so the test also holds the documented format.
@@ -116,6 +118,25 @@ static void build_graph(void)
     g->arena_bytes = 64 * g->n_values;
 }
 
+/* A LAUNCH and a GEMM at the end of the CUDA program (after any codegen made), so every
+ * round trip carries both kinds. The GEMM is the block's matmul: [8, 8] @ [8, 24]. */
+static void add_cuda_records(Plan *p)
+{
+    int32_t last = p->n_ops - 1, args = p->n_ids;
+    const Node *mm = NULL;
+    for (int i = 0; i < g->n_nodes && !mm; i++)
+        if (g->nodes[i].op == OP_matmul) mm = &g->nodes[i];
+    cr_assert(plan_id_add(p, 0) >= 0 && plan_id_add(p, 1) >= 0);
+    for (int k = 0; k < 2; k++) cr_assert(plan_id_add(p, ir_in(g, mm, k)) >= 0);
+    cr_assert(plan_id_add(p, ir_out(g, mm, 0)) >= 0);
+    PlanCuda launch = {.op = last, .kind = PLAN_CU_LAUNCH, .kernel = plan_intern(p, "fs_test_0123abcd"), .args = args,
+                       .n_args = 2, .grid = {7, 1, 1}, .block = {256, 1, 1}, .smem = 128};
+    PlanCuda gemm = {.op = last, .kind = PLAN_CU_GEMM, .kernel = PLAN_NONE, .args = args + 2, .n_args = 3,
+                     .m = 8, .n = 24, .k = 8, .lda = 8, .ldb = 24, .ldc = 24, .stride_a = 64, .stride_b = 0,
+                     .stride_c = 192, .batch = 1};
+    cr_assert(plan_cuda_add(p, &launch) >= 0 && plan_cuda_add(p, &gemm) >= 0);
+}
+
 static void setup(void)
 {
     plan_set_alloc(NULL, NULL);
@@ -127,6 +148,7 @@ static void setup(void)
         cr_assert_eq(config_set(&cfg, set[i][0], set[i][1], err, sizeof err), 0, "%s", err);
     plan = codegen_plan(g, &cfg);
     cr_assert_not_null(plan);
+    add_cuda_records(plan);
     void *buf;
     cr_assert_eq(plan_write_mem(plan, &buf, &n_bytes, err, sizeof err), 0, "%s", err);
     bytes = buf;
@@ -219,6 +241,18 @@ static void assert_plans_equal(const Plan *a, const Plan *b)
     for (int i = 0; i < a->n_ints; i++) cr_assert_eq(a->ints[i], b->ints[i]);
     cr_assert_eq(a->n_outputs, b->n_outputs);
     for (int i = 0; i < a->n_outputs; i++) cr_assert_eq(a->outputs[i], b->outputs[i]);
+    cr_assert_eq(a->n_cuda, b->n_cuda);
+    for (int i = 0; i < a->n_cuda; i++) {
+        const PlanCuda *x = &a->cuda[i], *y = &b->cuda[i];
+        cr_assert(x->op == y->op && x->kind == y->kind && x->kernel == y->kernel && x->args == y->args &&
+                  x->n_args == y->n_args && x->smem == y->smem && x->ta == y->ta && x->tb == y->tb, "cuda %d", i);
+        for (int d = 0; d < 3; d++) cr_assert(x->grid[d] == y->grid[d] && x->block[d] == y->block[d], "cuda %d", i);
+        const int64_t xs[] = {x->m, x->n, x->k, x->lda, x->ldb, x->ldc, x->stride_a, x->stride_b, x->stride_c,
+                              x->batch, x->a_off, x->b_off, x->c_off};
+        const int64_t ys[] = {y->m, y->n, y->k, y->lda, y->ldb, y->ldc, y->stride_a, y->stride_b, y->stride_c,
+                              y->batch, y->a_off, y->b_off, y->c_off};
+        for (int k = 0; k < 13; k++) cr_assert_eq(xs[k], ys[k], "cuda %d field %d", i, k);
+    }
 }
 
 /* ---- the round trip ------------------------------------------------------------------ */
@@ -277,7 +311,9 @@ Test(plan, round_trip)
     cr_assert_eq(back->major, PLAN_MAJOR);
     cr_assert_eq(back->minor, PLAN_MINOR);
     assert_plans_equal(plan, back);
-    cr_assert_eq(back->n_sections, 9);
+    cr_assert_eq(back->n_sections, 10);
+    cr_assert_geq(back->n_cuda, 2);
+    cr_assert_str_eq(plan_str(back, back->cuda[back->n_cuda - 2].kernel), "fs_test_0123abcd");
     /* Written again, the same bytes. */
     void *again;
     size_t n;
@@ -302,15 +338,28 @@ static void set64(uint8_t *p, uint64_t v)
 Test(plan, layout_is_little_endian_with_checksums)
 {
     cr_assert(!memcmp(bytes, "\x89" "FSP\r\n\x1a\n", 8));
-    cr_assert(bytes[8] == 1 && bytes[9] == 0 && bytes[10] == 0 && bytes[11] == 0);
-    cr_assert_eq(le32(bytes + 12), 9);
+    cr_assert(bytes[8] == 1 && bytes[9] == 0 && bytes[10] == 1 && bytes[11] == 0);
+    cr_assert_eq(le32(bytes + 12), 10);
     cr_assert_eq(le64(bytes + 16), n_bytes);
     cr_assert_eq(plan_crc32(0, "123456789", 9), 0xCBF43926u);  // the standard check value
-    for (uint32_t i = 0; i < 9; i++) {
+    for (uint32_t i = 0; i < 10; i++) {
         const uint8_t *e = bytes + 32 + 24 * i;
         cr_assert_eq(plan_crc32(0, bytes + le64(e + 8), le64(e + 16)), le32(e + 4));
     }
     cr_assert(!memcmp(bytes + 32 + 24 * 4, "NODE", 4));
+    /* The CUDA section, last: count, record size, then 160-byte records; the GEMM last. */
+    const uint8_t *e = bytes + 32 + 24 * 9, *cu = bytes + le64(e + 8);
+    cr_assert(!memcmp(e, "CUDA", 4));
+    uint32_t n = le32(cu);
+    cr_assert_eq(le32(cu + 4), 160);
+    cr_assert_eq(le64(e + 16), 8 + 160 * (uint64_t)n);
+    const uint8_t *gm = cu + 8 + 160 * (size_t)(n - 1), *ln = gm - 160;
+    cr_assert_eq(le32(ln), (uint32_t)plan->n_ops - 1);
+    cr_assert(ln[4] == 0 && gm[4] == 1, "kinds LAUNCH 0, GEMM 1");
+    cr_assert(le32(ln + 16) == 2 && le32(ln + 20) == 7 && le32(ln + 32) == 256 && le32(ln + 44) == 128);
+    cr_assert(le32(gm + 8) == 0xffffffffu && le32(gm + 16) == 3);
+    cr_assert(le64(gm + 56) == 8 && le64(gm + 64) == 24 && le64(gm + 72) == 8 && le64(gm + 96) == 24);
+    cr_assert(le64(gm + 104) == 64 && le64(gm + 120) == 192 && le64(gm + 128) == 1);
 }
 
 /* ---- damage ------------------------------------------------------------------------- */
@@ -366,7 +415,7 @@ Test(plan, every_section_bit_flip_fails_its_checksum)
 {
     uint8_t *b = malloc(n_bytes);
     char want[64];
-    for (uint32_t s = 0; s < 9; s++) {
+    for (uint32_t s = 0; s < le32(bytes + 12); s++) {
         const uint8_t *e = bytes + 32 + 24 * s;
         snprintf(want, sizeof want, "section %.4s: checksum mismatch (file damaged)", (const char *)e);
         for (size_t i = le64(e + 8); i < le64(e + 8) + le64(e + 16); i++)
@@ -495,7 +544,7 @@ Test(plan, reassembled_file_reads)
     Sec s[16];
     int n = split_sections(s);
     size_t len;
-    uint8_t *b = assemble(s, n, 1, 0, &len);
+    uint8_t *b = assemble(s, n, 1, 1, &len);
     cr_assert_eq(len, n_bytes);
     cr_assert(!memcmp(b, bytes, len), "the test's assembler agrees with plan_write_mem");
     free(b);
@@ -514,7 +563,7 @@ Test(plan, newer_major_refused)
     memcpy(b, bytes, n_bytes);
     b[8] = 3;
     cr_assert_null(plan_read_mem(b, n_bytes, err, sizeof err));
-    cr_assert(strstr(err, "plan version 3.0 is newer"), "%s", err);
+    cr_assert(strstr(err, "plan version 3.1 is newer"), "%s", err);
     cr_assert_null(read_sections(s, n, 0, 9));
     cr_assert(strstr(err, "plan version 0.9 is older"), "%s", err);
     free(b);
@@ -572,8 +621,8 @@ Test(plan, longer_records_read)
 {
     Sec s[16];
     int n = split_sections(s);
-    const char *tags[] = {"META", "BLKS", "TENS", "NODE", "ATTR"};
-    for (int t = 0; t < 5; t++) {
+    const char *tags[] = {"META", "BLKS", "TENS", "NODE", "ATTR", "CUDA"};
+    for (int t = 0; t < 6; t++) {
         Sec *x = &s[find(s, n, tags[t])];
         uint32_t count = le32(x->data), rec = le32(x->data + 4), extra = 12;
         size_t len = 8 + (size_t)count * (rec + extra);
@@ -587,11 +636,30 @@ Test(plan, longer_records_read)
         free(x->data);
         x->data = d, x->len = len;
     }
-    Plan *p = read_sections(s, n, 1, 1);
+    Plan *p = read_sections(s, n, 1, 2);
     cr_assert_not_null(p, "%s", err);
     assert_plans_equal(plan, p);
     plan_free(p);
     free_sections(s, n);
+}
+
+/* A 1.0 file has no CUDA section: it reads as a plan without a CUDA program. */
+Test(plan, version_1_0_without_cuda_reads)
+{
+    Sec s[16];
+    int n = split_sections(s);
+    int at = find(s, n, "CUDA");
+    free(s[at].data);
+    memmove(&s[at], &s[at + 1], sizeof *s * (size_t)(n - at - 1));
+    Plan *p = read_sections(s, n - 1, 1, 0);
+    cr_assert_not_null(p, "%s", err);
+    cr_assert_eq(p->minor, 0);
+    cr_assert_eq(p->n_cuda, 0);
+    cr_assert_null(p->cuda);
+    cr_assert_eq(p->n_tensors, plan->n_tensors);
+    cr_assert_eq(p->n_ops, plan->n_ops);
+    plan_free(p);
+    free_sections(s, n - 1);
 }
 
 /* Files whose checksums are right but whose contents are not: each must be refused with
@@ -645,6 +713,47 @@ Test(plan, hostile_contents_refused)
     expect_hostile("BLKS", 8 + 4, 1u << 30, 4, "block 0");
     /* a string with a NUL in it */
     expect_hostile("STRS", 8, 0, 1, "NUL");
+}
+
+/* Offsets of the two hand-made CUDA records (the LAUNCH, then the GEMM) in the section. */
+static size_t cuda_record(int gemm)
+{
+    Sec s[16];
+    int n = split_sections(s);
+    uint32_t count = le32(s[find(s, n, "CUDA")].data);
+    free_sections(s, n);
+    return 8 + 160 * (size_t)(count - 2 + (uint32_t)gemm);
+}
+
+/* Every reader error of the CUDA section, and every check of its instructions. */
+Test(plan, hostile_cuda_refused)
+{
+    size_t l = cuda_record(0), gm = cuda_record(1);
+    expect_hostile("CUDA", 0, 0x10000000u, 4, "section CUDA");
+    expect_hostile("CUDA", 4, 40, 4, "records of 40 bytes, expected at least 160");
+    expect_hostile("CUDA", l + 0, 100000, 4, "op 100000 out of range");
+    expect_hostile("CUDA", gm + 0, 0, 4, "op 0 after op");
+    expect_hostile("CUDA", l + 4, 2, 1, "unknown kind 2");
+    expect_hostile("CUDA", l + 8, 1u << 30, 4, "kernel name");
+    expect_hostile("CUDA", l + 8, (uint64_t)-1, 4, "kernel name");
+    expect_hostile("CUDA", l + 12, 1u << 30, 4, "args out of range");
+    expect_hostile("CUDA", l + 16, (uint64_t)-1, 4, "args out of range");
+    expect_hostile("CUDA", l + 20, 0, 4, "each must be positive");
+    expect_hostile("CUDA", l + 32 + 4, (uint64_t)-3, 4, "each must be positive");
+    expect_hostile("CUDA", l + 32, 2048, 4, "exceeds CUDA's limits");
+    expect_hostile("CUDA", l + 32 + 8, 65, 4, "exceeds CUDA's limits");
+    expect_hostile("CUDA", l + 20 + 4, 70000, 4, "exceeds CUDA's limits");
+    expect_hostile("CUDA", l + 44, (uint64_t)-1, 4, "negative shared memory");
+    expect_hostile("CUDA", gm + 16, 2, 4, "a GEMM takes 3 tensors");
+    expect_hostile("CUDA", gm + 48, 2, 4, "transpose flags");
+    expect_hostile("CUDA", gm + 56, 0, 8, "GEMM dims must be in");
+    expect_hostile("CUDA", gm + 72, (uint64_t)-8, 8, "GEMM dims must be in");
+    expect_hostile("CUDA", gm + 128, (uint64_t)1 << 40, 8, "GEMM dims must be in");
+    expect_hostile("CUDA", gm + 56, 9, 8, "GEMM reaches outside its tensors");      // m 9 > 8 rows of A
+    expect_hostile("CUDA", gm + 88, 23, 8, "GEMM reaches outside its tensors");     // ldb < n
+    expect_hostile("CUDA", gm + 128, 2, 8, "GEMM reaches outside its tensors");     // a second batch
+    expect_hostile("CUDA", gm + 144, 1, 8, "GEMM reaches outside its tensors");     // b_off
+    expect_hostile("CUDA", gm + 104, (uint64_t)-64, 8, "GEMM reaches outside its tensors");
 }
 
 /* Random damage under valid checksums: never a crash (ASan and UBSan watch the rest). */
@@ -797,7 +906,7 @@ Test(plan, written_atomically_to_disk)
     Plan *p = plan_read(path, err, sizeof err);
     cr_assert_not_null(p, "%s", err);
     assert_plans_equal(plan, p);
-    cr_assert_eq(p->n_sections, 9);
+    cr_assert_eq(p->n_sections, 10);
     struct stat st;
     cr_assert_eq(stat(path, &st), 0);
     cr_assert_eq((size_t)st.st_size, n_bytes);
@@ -848,7 +957,7 @@ Test(plan, inspect_reports_what_a_plan_holds)
     cr_assert_not_null(p, "%s", err);
     char *out = inspect(p);
     const char *want[] = {
-        "plan format   1.0\n",
+        "plan format   1.1\n",
         "model         tiny\n",
         "compiler      fsc " FS_VERSION "\n",
         "ranks         8 (4 data-parallel x 2 pipeline stages)\n",
@@ -875,7 +984,7 @@ Test(plan, inspect_reports_what_a_plan_holds)
         "  (1 tied tensor: shares another's bytes, counted once)\n",
         "\nsections\n",
         "  tag          offset          bytes  crc32\n",
-        "  STRS            248",
+        "  STRS            272",
         "  NODE",
         "  OUTS",
     };

@@ -1,0 +1,61 @@
+/* passes/fuse.c: chains of elementwise ops become one CUDA kernel.
+ *
+ * Needs: the final node order (fuse runs just before memplan; nothing reorders after it).
+ * Gives: Node.group on the members of each fused group: the id of its first node; -1
+ * on every other node.
+ *
+ * A group is a maximal run of CONSECUTIVE nodes that are all OPF_ELEMWISE, share one
+ * block and phase, all have an output of one shape (the group's), and where every node
+ * after the first reads an output of an earlier member. Inputs from outside the group
+ * may broadcast (a bias); every value made inside has the group's full shape, so a
+ * fused kernel computes the whole chain per element with one index. Only runs of two or
+ * more nodes form a group: a lone elementwise node is its own kernel.
+ *
+ * What depends on it: codegen/cuda_program.c emits one kernel per group at its last node
+ * (writing only the member outputs that something outside the group reads), and
+ * passes/memplan.c keeps every input of a member alive until the group's last node,
+ * which is when the fused kernel reads them all. The CPU backend ignores groups and runs
+ * the members one by one, as the plan lists them.
+ */
+#include "passes.h"
+
+static int same_shape(const Value *a, const Value *b)
+{
+    if (a->rank != b->rank) return 0;
+    for (int d = 0; d < a->rank; d++)
+        if (a->shape[d] != b->shape[d]) return 0;
+    return 1;
+}
+
+/* Whether node m can join the group of nodes [first, m). */
+static int joins(const Graph *g, int first, int m)
+{
+    const Node *head = ir_node(g, first), *n = ir_node(g, m);
+    if (!(op_info(n->op)->flags & OPF_ELEMWISE) || n->n_out != 1 || n->block != head->block || n->phase != head->phase)
+        return 0;
+    if (!same_shape(ir_value(g, ir_out(g, n, 0)), ir_value(g, ir_out(g, head, 0)))) return 0;
+    for (int i = 0; i < n->n_in; i++) {
+        int p = ir_value(g, ir_in(g, n, i))->producer;
+        if (p >= first && p < m) return 1;
+    }
+    return 0;
+}
+
+int pass_fuse(Graph *g, const Options *o, Diag *d)
+{
+    (void)o, (void)d;
+    for (int n = 0; n < g->n_nodes; n++) g->nodes[n].group = -1;
+    for (int first = 0; first < g->n_nodes;) {
+        const Node *head = ir_node(g, first);
+        if (!(op_info(head->op)->flags & OPF_ELEMWISE) || head->n_out != 1) {
+            first++;
+            continue;
+        }
+        int end = first + 1;
+        while (end < g->n_nodes && joins(g, first, end)) end++;
+        if (end - first >= 2)
+            for (int m = first; m < end; m++) g->nodes[m].group = first;
+        first = end;
+    }
+    return 0;
+}
