@@ -103,7 +103,7 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"min_lr", F, NULL, t->min_lr, 0},
         {"steps", I, NULL, 0, t->steps},
         {"precision", S, precision_name(t->precision), 0, 0},
-        {"reduce_dtype", S, precision_name(t->reduce_dtype), 0, 0},
+        {"reduce_dtype", S, reduce_name(t->reduce_dtype), 0, 0},
         {"shard", S, shard_name(t->shard), 0, 0},
         {"reshard_after_forward", I, NULL, 0, t->reshard_after_forward},
         {"world", I, NULL, 0, t->world},

@@ -10,6 +10,7 @@
 
 static const char *const SHARDS[SHARD_COUNT] = {"none", "ddp", "zero1", "zero2", "fsdp"};
 static const char *const PRECS[PREC_COUNT] = {"fp32", "fp16", "bf16"};
+static const char *const REDUCES[REDUCE_COUNT] = {"compute", "fp32", "fp16", "bf16"};
 static const char *const OPTIMS[OPTIM_COUNT] = {"sgd", "adamw"};
 static const char *const OFFLOADS[OFFLOAD_COUNT] = {"none", "optimizer", "params"};
 static const char *const SCHEDS[SCHED_COUNT] = {"gpipe", "1f1b"};
@@ -17,6 +18,7 @@ static const char *const LR_SCHEDS[LR_COUNT] = {"constant", "cosine"};
 
 const char *shard_name(ShardKind s) { return (unsigned)s < SHARD_COUNT ? SHARDS[s] : "?"; }
 const char *precision_name(Precision p) { return (unsigned)p < PREC_COUNT ? PRECS[p] : "?"; }
+const char *reduce_name(ReduceDtype r) { return (unsigned)r < REDUCE_COUNT ? REDUCES[r] : "?"; }
 const char *optim_name(OptimKind o) { return (unsigned)o < OPTIM_COUNT ? OPTIMS[o] : "?"; }
 const char *offload_name(OffloadKind o) { return (unsigned)o < OFFLOAD_COUNT ? OFFLOADS[o] : "?"; }
 const char *sched_name(PipeSchedule s) { return (unsigned)s < SCHED_COUNT ? SCHEDS[s] : "?"; }
@@ -28,7 +30,7 @@ void config_default(TrainConfig *c)
         .optimizer = OPTIM_ADAMW, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
         .weight_decay = 0.0, .momentum = 0.0, .clip = 0.0, .lr_schedule = LR_CONSTANT,
         .warmup = 0, .min_lr = 0.0, .steps = 1000, .precision = PREC_FP32,
-        .reduce_dtype = PREC_FP32, .shard = SHARD_NONE, .reshard_after_forward = 1, .world = 1,
+        .reduce_dtype = REDUCE_COMPUTE, .shard = SHARD_NONE, .reshard_after_forward = 1, .world = 1,
         .stages = 1, .microbatches = 1, .schedule = SCHED_1F1B, .offload = OFFLOAD_NONE,
         .seed = 1234,
     };
@@ -64,7 +66,7 @@ static const KeyDef KEYS[] = {
     F64("min_lr", min_lr, 0, 1e3, "learning rate at the end of the cosine decay"),
     INT("steps", steps, 1, 1e9, "length of the learning-rate schedule"),
     ENUM("precision", precision, PRECS, "fp32, fp16 or bf16"),
-    ENUM("reduce_dtype", reduce_dtype, PRECS, "dtype gradients are reduced in"),
+    ENUM("reduce_dtype", reduce_dtype, REDUCES, "dtype of gradient reductions: compute (the precision's) or fp32"),
     ENUM("shard", shard, SHARDS, "none, ddp, zero1 (oss), zero2 (sdp), fsdp (zero3)"),
     INT("reshard_after_forward", reshard_after_forward, 0, 1, "fsdp: free gathered params after forward (1) or keep them (0)"),
     INT("world", world, 1, 1 << 20, "number of ranks"),

@@ -206,6 +206,56 @@ void ir_nodes_reorder(Graph *g, const int *order)
     g->cap_nodes = g->n_nodes;
 }
 
+/* Every value id a graph holds outside the nodes' id lists, through vmap (-1: gone). */
+static void remap_value_fields(Graph *g, const int *vmap)
+{
+#define MAP(x) ((x) >= 0 ? vmap[x] : (x))
+    for (int v = 0; v < g->n_values; v++) {
+        Value *val = &g->values[v];
+        val->tied_to = MAP(val->tied_to), val->grad = MAP(val->grad);
+        val->view_of = MAP(val->view_of), val->alias = MAP(val->alias);
+    }
+    for (int i = 0; i < g->n_outputs; i++) g->outputs[i] = MAP(g->outputs[i]);
+    g->loss_scale = MAP(g->loss_scale), g->scale_good = MAP(g->scale_good);
+#undef MAP
+}
+
+void ir_graph_compact(Graph *g, const char *drop_node, const char *drop_value)
+{
+    int *vmap = arena_alloc(g->arena, sizeof(int) * ((size_t)g->n_values + 1));
+    int nv = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        vmap[v] = drop_value[v] ? -1 : nv;
+        if (!drop_value[v]) g->values[nv++] = g->values[v];
+    }
+    int n_values = g->n_values;
+    g->n_values = nv;
+    remap_value_fields(g, vmap);
+    for (int v = 0; v < nv; v++) {
+        const Value *val = &g->values[v];
+        FS_ASSERT(val->tied_to >= -1 && val->grad >= -1 && val->view_of >= -1 && val->alias >= -1);
+    }
+    /* Nodes keep their id ranges; the ids inside them are remapped. */
+    int nn = 0;
+    for (int n = 0; n < g->n_nodes; n++) {
+        if (drop_node[n]) continue;
+        Node node = g->nodes[n];
+        for (int k = 0; k < node.n_in; k++) {
+            FS_ASSERT(g->ids[node.in + k] < n_values && vmap[g->ids[node.in + k]] >= 0);  // a kept node's input stays
+            g->ids[node.in + k] = vmap[g->ids[node.in + k]];
+        }
+        for (int k = 0; k < node.n_out; k++) {
+            int v = vmap[g->ids[node.out + k]];
+            FS_ASSERT(v >= 0);
+            g->ids[node.out + k] = v;
+            g->values[v].producer = nn;
+        }
+        g->nodes[nn++] = node;
+    }
+    g->n_nodes = nn;
+    for (int i = 0; i < g->n_outputs; i++) FS_ASSERT(g->outputs[i] >= 0);
+}
+
 int ir_node_retype(Graph *g, int n, char *err, size_t errlen)
 {
     Node *node = &g->nodes[n];

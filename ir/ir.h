@@ -247,6 +247,11 @@ int ir_node_add(Graph *g, OpKind op, const int *in, int n_in, const Attr *attrs,
 /* Puts the nodes in `order` (a permutation of the node ids, which then become the
  * positions); values keep their ids. The new order must respect every dependency. */
 void ir_nodes_reorder(Graph *g, const int *order);
+/* Removes the nodes with drop_node[n] set and the values with drop_value[v] set,
+ * renumbering the rest in their order. A dropped value may be referenced by no kept node
+ * (FS_ASSERT): the caller has rewired its uses. Value fields that name a dropped value
+ * (grad, tied_to, view_of, alias) become -1. */
+void ir_graph_compact(Graph *g, const char *drop_node, const char *drop_value);
 /* Runs node n's shape rule again on its current inputs and retypes its outputs in place
  * (after a pass changed the dtype of an input). 0, or -1 with the rule's message. */
 int ir_node_retype(Graph *g, int n, char *err, size_t errlen);
@@ -312,6 +317,9 @@ struct GradCtx {
 
 typedef enum { SHARD_NONE, SHARD_DDP, SHARD_ZERO1, SHARD_ZERO2, SHARD_FSDP, SHARD_COUNT } ShardKind;
 typedef enum { PREC_FP32, PREC_FP16, PREC_BF16, PREC_COUNT } Precision;
+/* The dtype gradients are reduced in: the compute dtype (FairScale's default), or fp32
+ * (its fp32_reduce_scatter); fp16 / bf16 name the compute dtype explicitly. */
+typedef enum { REDUCE_COMPUTE, REDUCE_FP32, REDUCE_FP16, REDUCE_BF16, REDUCE_COUNT } ReduceDtype;
 typedef enum { OPTIM_SGD, OPTIM_ADAMW, OPTIM_COUNT } OptimKind;
 typedef enum { OFFLOAD_NONE, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS, OFFLOAD_COUNT } OffloadKind;
 typedef enum { SCHED_GPIPE, SCHED_1F1B, SCHED_COUNT } PipeSchedule;
@@ -326,7 +334,7 @@ typedef struct {
     double min_lr;        // cosine decays to this
     int steps;            // the schedule's length
     Precision precision;
-    Precision reduce_dtype;  // dtype grads are reduced in
+    ReduceDtype reduce_dtype;  // dtype grads are reduced in
     ShardKind shard;
     int reshard_after_forward;
     int world;
@@ -351,6 +359,7 @@ const ConfigKey *config_keys(int *n);
 /* Printable settings: "fsdp", "bf16", ... */
 const char *shard_name(ShardKind s);
 const char *precision_name(Precision p);
+const char *reduce_name(ReduceDtype r);
 const char *optim_name(OptimKind o);
 const char *offload_name(OffloadKind o);
 const char *sched_name(PipeSchedule s);

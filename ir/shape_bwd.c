@@ -45,7 +45,12 @@ static int broadcasts_to(const int64_t *small, int rs, const Value *big)
     return 1;
 }
 
-int shape_full(ShapeCtx *c) { return want_in(c, 0) ? -1 : shape_attr(c, DT_F32); }
+int shape_full(ShapeCtx *c)
+{
+    int64_t dt = ir_attr_int(c->g, c->node, "dtype", DT_F32);
+    if (dt < 0 || dt >= DT_COUNT || dt == DT_I32) return shape_fail(c, "full: dtype %" PRId64 " is not a float dtype", dt);
+    return want_in(c, 0) ? -1 : shape_attr(c, (DType)dt);
+}
 
 /* sum_to(x, shape): x reduced to a shape that broadcasts to x's. */
 int shape_sum_to(ShapeCtx *c)

@@ -1,5 +1,5 @@
 /* passes/dce.c: dead-code elimination. Keeps the nodes that an output depends on and
- * compacts the graph's arrays, renumbering values and nodes in their original order.
+ * compacts the graph (ir_graph_compact), renumbering values and nodes in their order.
  * Params and inputs always stay (they are part of the model's state and of the data
  * contract); one that no output uses gets a warning, as DDP users expect. */
 #include <stdlib.h>
@@ -35,37 +35,14 @@ int pass_dce(Graph *g, const Options *o, Diag *d)
     (void)o;
     char *live_node = arena_alloc(g->arena, (size_t)g->n_nodes + 1);
     char *live_val = arena_alloc(g->arena, (size_t)g->n_values + 1);
-    int *vmap = arena_alloc(g->arena, sizeof(int) * ((size_t)g->n_values + 1));
     mark(g, live_node, live_val);
     warn_unused(g, live_val, d);
     for (int v = 0; v < g->n_values; v++)
         if (g->values[v].producer < 0) live_val[v] = 1;  // params, inputs, constants stay
 
-    /* Values first: compact in place, remembering where each one went. */
-    int nv = 0;
-    for (int v = 0; v < g->n_values; v++) {
-        vmap[v] = live_val[v] ? nv : -1;
-        if (live_val[v]) g->values[nv++] = g->values[v];
-    }
-    g->n_values = nv;
-    for (int v = 0; v < nv; v++)
-        if (g->values[v].tied_to >= 0) g->values[v].tied_to = vmap[g->values[v].tied_to];
-
-    /* Then nodes; their id ranges stay valid, the ids inside them are remapped. */
-    int nn = 0;
-    for (int n = 0; n < g->n_nodes; n++) {
-        if (!live_node[n]) continue;
-        Node node = g->nodes[n];
-        for (int k = 0; k < node.n_in; k++) g->ids[node.in + k] = vmap[g->ids[node.in + k]];
-        for (int k = 0; k < node.n_out; k++) {
-            int v = vmap[g->ids[node.out + k]];
-            FS_ASSERT(v >= 0);  // an output of a live node is live
-            g->ids[node.out + k] = v;
-            g->values[v].producer = nn;
-        }
-        g->nodes[nn++] = node;
-    }
-    g->n_nodes = nn;
-    for (int i = 0; i < g->n_outputs; i++) g->outputs[i] = vmap[g->outputs[i]];
+    char *dead_node = arena_alloc(g->arena, (size_t)g->n_nodes + 1);
+    for (int n = 0; n < g->n_nodes; n++) dead_node[n] = !live_node[n];
+    for (int v = 0; v < g->n_values; v++) live_val[v] = !live_val[v];  // now: dead
+    ir_graph_compact(g, dead_node, live_val);
     return 0;
 }

@@ -8,8 +8,10 @@
  *  - float inputs and constants are cast likewise, so every forward op computes in the
  *    compute dtype (its kernel reduces and accumulates in fp32; cross-entropy's loss and
  *    attention's log-sum-exp stay fp32, as their shape rules say);
- *  - the gradient of a cast is a cast back, so params get fp32 gradients: they are
- *    reduced and applied in fp32 (FairScale's fp32_reduce_scatter);
+ *  - the gradient of a cast is a cast back, so params get fp32 gradients, applied in
+ *    fp32; the shard pass reduces them over ranks in the compute dtype (reading the
+ *    gradient before its cast back) unless `reduce_dtype fp32` asks for FairScale's
+ *    fp32_reduce_scatter; with fsdp it also gathers params in the compute dtype;
  *  - fp16 only: a dynamic loss scale (initial 2^16) and a count of good steps, as state;
  *    autodiff seeds the backward with the scale, the optimizer pass unscales, skips a step
  *    whose gradients overflowed, and updates the scale (x0.5 on overflow, x2 after 2000
@@ -88,10 +90,10 @@ static int state(Graph *g, const char *name, DType dt, InitKind init, double val
 int pass_precision(Graph *g, const Options *o, Diag *d)
 {
     Lowering p = {g, o->train.precision == PREC_FP16 ? DT_F16 : DT_BF16, NULL, NULL, g->n_nodes};
-    if (o->train.reduce_dtype != PREC_FP32) {
-        /* Not silently: the setting exists (FairScale's option), its other value does not yet. */
-        diag_error(d, (Loc){0}, "reduce_dtype %s: this version reduces gradients in fp32 only; use reduce_dtype fp32",
-                   precision_name(o->train.reduce_dtype));
+    ReduceDtype r = o->train.reduce_dtype;
+    if ((r == REDUCE_FP16 && o->train.precision != PREC_FP16) || (r == REDUCE_BF16 && o->train.precision != PREC_BF16)) {
+        diag_error(d, (Loc){0}, "reduce_dtype %s with precision %s: gradients are reduced in fp32 or in the compute "
+                   "dtype; use reduce_dtype compute or fp32", reduce_name(r), precision_name(o->train.precision));
         return -1;
     }
     if (o->train.precision == PREC_FP32) return 0;

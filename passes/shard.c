@@ -19,6 +19,14 @@
  *    block ahead, frees them after it (reshard_after_forward) and gathers them again
  *    before its backward. The params outside blocks stay gathered for the whole step.
  *  - The loss is averaged over ranks, so every world size logs the global batch's loss.
+ *  - In fp16 / bf16 (the precision pass made one compute copy per param, a cast, and
+ *    each param's gradient is the cast back of the copy's): gradients are reduced in the
+ *    compute dtype, read before their cast back, in a 16-bit flat buffer, and cast to
+ *    fp32 once per shard for the optimizer (reduce_dtype fp32 keeps the fp32 reduction,
+ *    FairScale's fp32_reduce_scatter). fsdp gathers the compute copy: the fp32 shard is
+ *    cast, then gathered, and each param becomes a 16-bit view into the gathered buffer
+ *    in place of its cast, for forward and (regathered) backward alike, as FairScale's
+ *    mixed precision gathers in compute_dtype. The casts that this replaces are removed.
  * Every collective and copy is placed in the node order here; the order is the schedule.
  */
 #include <stdlib.h>
@@ -48,6 +56,10 @@ typedef struct {
     Graph *g;
     const TrainConfig *t;
     int world;
+    DType low;            // the compute dtype (f32 in an fp32 plan)
+    int reduce16;         // gradients reduced in the compute dtype
+    int gather16;         // fsdp gathers the compute copy
+    char *drop;           // per node: replaced by this pass, removed at its end
     Unit *units;
     int n_units;
     int n_orig;           // nodes before this pass
@@ -62,9 +74,9 @@ static const char *unit_name(const Shard *s, const Unit *u)
     return u->block >= 0 ? s->g->blocks[u->block].name : s->g->model;
 }
 
-static int new_value(Shard *s, const Unit *u, Role role, int64_t numel, const char *suffix)
+static int new_value(Shard *s, const Unit *u, Role role, DType dt, int64_t numel, const char *suffix)
 {
-    Value v = {.dtype = DT_F32, .rank = 1, .shape = {numel}, .role = role, .block = u->block, .producer = -1,
+    Value v = {.dtype = dt, .rank = 1, .shape = {numel}, .role = role, .block = u->block, .producer = -1,
                .tied_to = -1};
     v.name = suffix ? arena_printf(s->g->arena, "%s.%s", unit_name(s, u), suffix) : NULL;
     int id = ir_value_add(s->g, &v);
@@ -72,12 +84,14 @@ static int new_value(Shard *s, const Unit *u, Role role, int64_t numel, const ch
     return id;
 }
 
+/* v becomes a view into `of`, offsets in elements of of's dtype. */
 static void make_view(Shard *s, int v, int of, int64_t offset_elems, int64_t rank_stride_elems)
 {
     Value *val = &s->g->values[v];
+    int es = dtype_size(s->g->values[of].dtype);
     val->view_of = of;
-    val->view_offset = offset_elems * 4;
-    val->view_rank_stride = rank_stride_elems * 4;
+    val->view_offset = offset_elems * es;
+    val->view_rank_stride = rank_stride_elems * es;
 }
 
 /* Adds a node for the schedule to place before (or after) original node `at`. */
@@ -99,6 +113,26 @@ static int collective(Shard *s, OpKind op, int x, int avg, int block, int at, in
     return place(s, op, &x, 1, at_, op == OP_all_gather ? 1 : 2, block, at, after);
 }
 
+static int cast_to(Shard *s, int x, DType to, int block, int at, int after)
+{
+    Attr a = {.key = "to", .kind = ATTR_INT, .i = to};
+    return place(s, OP_cast, &x, 1, &a, 1, block, at, after);
+}
+
+/* fsdp's gather of a unit's params: of the fp32 storage, or of its compute copy. */
+static int gather(Shard *s, const Unit *u)
+{
+    int x = u->storage;
+    if (s->gather16) {
+        x = cast_to(s, u->storage, s->low, u->block, 0, 0);
+        s->g->nodes[s->g->values[x].producer].phase = PHASE_COMM;
+    }
+    int v = collective(s, OP_all_gather, x, 0, u->block, 0, 0);
+    s->g->values[v].role = ROLE_GATHERED;
+    s->g->values[v].unit = (int)(u - s->units);
+    return v;
+}
+
 /* ---- units and where they are used -------------------------------------------------- */
 
 static void collect_units(Shard *s)
@@ -117,7 +151,7 @@ static void collect_units(Shard *s)
     for (int v = 0; v < g->n_values; v++) {
         const Value *p = ir_value(g, v);
         if (p->role != ROLE_PARAM || p->tied_to >= 0) continue;
-        FS_ASSERT(p->dtype == DT_F32);
+        FS_ASSERT(p->dtype == DT_F32 || (s->gather16 && p->dtype == s->low));
         Unit *u = &s->units[p->block >= 0 ? p->block : g->n_blocks];
         u->params[u->n_params++] = v;
         u->numel += ir_numel(p);
@@ -157,25 +191,52 @@ static void find_uses(Shard *s, const int *unit_of)
 
 /* ---- params: storage, views, gathers ----------------------------------------------- */
 
+/* fsdp in 16-bit: each param becomes its own compute copy. Every use of the copy (the
+ * precision pass's cast of the param, forward and backward) reads the param instead,
+ * now in the compute dtype; layout_params then makes it a view into the gathered
+ * 16-bit buffer, and the cast goes. */
+static void params_as_compute_copies(Shard *s)
+{
+    Graph *g = s->g;
+    int *param_of = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
+    memset(param_of, -1, sizeof(int) * (size_t)g->n_values);
+    for (int n = 0; n < s->n_orig; n++) {
+        const Node *node = ir_node(g, n);
+        if (node->op != OP_cast || node->phase != PHASE_FORWARD) continue;
+        const Value *x = ir_value(g, ir_in(g, node, 0));
+        if (x->role != ROLE_PARAM || x->tied_to >= 0) continue;
+        param_of[ir_out(g, node, 0)] = ir_in(g, node, 0);
+        s->drop[n] = 1;
+    }
+    for (int n = 0; n < s->n_orig; n++) {
+        const Node *node = ir_node(g, n);
+        for (int i = 0; i < node->n_in; i++) {
+            int *v = &g->ids[node->in + i];
+            if (param_of[*v] >= 0 && !s->drop[n]) *v = param_of[*v];
+        }
+    }
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].role == ROLE_PARAM && g->values[v].tied_to < 0) g->values[v].dtype = s->low;
+}
+
 static void layout_params(Shard *s, Unit *u)
 {
     Graph *g = s->g;
     int fsdp = s->t->shard == SHARD_FSDP;
-    u->storage = new_value(s, u, ROLE_PARAM, fsdp ? u->shard : u->padded, "flat_param");
+    u->storage = new_value(s, u, ROLE_PARAM, DT_F32, fsdp ? u->shard : u->padded, "flat_param");
     if (fsdp) {
         g->values[u->storage].sharded = 1;
         u->shard_view = u->storage;
     } else if (s->t->shard == SHARD_DDP) {
         u->shard_view = u->storage;
     } else {
-        u->shard_view = new_value(s, u, ROLE_PARAM, u->shard, NULL);
+        u->shard_view = new_value(s, u, ROLE_PARAM, DT_F32, u->shard, NULL);
         make_view(s, u->shard_view, u->storage, 0, u->shard);
         g->values[u->shard_view].sharded = 1;
     }
     u->gathered = u->storage;
     if (fsdp) {
-        u->gathered = collective(s, OP_all_gather, u->storage, 0, u->block, 0, 0);
-        g->values[u->gathered].role = ROLE_GATHERED;
+        u->gathered = gather(s, u);
     } else if (s->t->shard != SHARD_DDP) {
         /* In place: the shards all-gathered into the full buffer they belong to. */
         u->gathered = collective(s, OP_all_gather, u->shard_view, 0, u->block, 0, 0);
@@ -197,9 +258,7 @@ static void layout_params(Shard *s, Unit *u)
 static void regather(Shard *s, Unit *u)
 {
     Graph *g = s->g;
-    u->regathered = collective(s, OP_all_gather, u->storage, 0, u->block, 0, 0);
-    g->values[u->regathered].role = ROLE_GATHERED;
-    g->values[u->regathered].unit = (int)(u - s->units);
+    u->regathered = gather(s, u);
     for (int k = 0; k < u->n_params; k++) {
         int p = u->params[k];
         Value copy = *ir_value(g, p);
@@ -222,14 +281,14 @@ static void regather(Shard *s, Unit *u)
 /* Whether gradient value gv can be made in place inside the flat gradient buffer: made
  * by a backward op of its own (not a view), and read by nobody (the reduction that
  * follows may average the buffer in place). */
-static int own_grad(const Graph *g, int gv, const char *taken, int n_orig)
+static int own_grad(const Graph *g, int gv, const char *taken, const char *drop, int n_orig)
 {
     const Value *v = ir_value(g, gv);
     if (v->producer < 0 || v->view_of >= 0 || taken[gv]) return 0;
     const Node *n = ir_node(g, v->producer);
     if (n->phase != PHASE_BACKWARD || (op_info(n->op)->flags & OPF_VIEW)) return 0;
     for (int m = 0; m < n_orig; m++)
-        for (int i = 0; i < g->nodes[m].n_in; i++)
+        for (int i = 0; i < g->nodes[m].n_in && !drop[m]; i++)
             if (ir_in(g, &g->nodes[m], i) == gv) return 0;
     return 1;
 }
@@ -238,9 +297,10 @@ static void layout_grads(Shard *s, Unit *u, char *taken)
 {
     Graph *g = s->g;
     int at = u->grad_first < NONE ? u->grad_first : s->n_orig, after = u->grad_last >= 0 ? u->grad_last : s->n_orig;
-    Attr zero[2] = {{.key = "value", .kind = ATTR_FLOAT, .f = 0},
-                    {.key = "shape", .kind = ATTR_INTS, .ints = &u->padded, .n_list = 1}};
-    u->fgrad = place(s, OP_full, NULL, 0, zero, 2, u->block, at, 0);
+    Attr zero[3] = {{.key = "value", .kind = ATTR_FLOAT, .f = 0},
+                    {.key = "shape", .kind = ATTR_INTS, .ints = &u->padded, .n_list = 1},
+                    {.key = "dtype", .kind = ATTR_INT, .i = s->reduce16 ? s->low : DT_F32}};
+    u->fgrad = place(s, OP_full, NULL, 0, zero, 3, u->block, at, 0);
     g->values[u->fgrad].role = ROLE_GRAD;
     g->values[u->fgrad].name = arena_printf(g->arena, "%s.flat_grad", unit_name(s, u));
     g->values[u->fgrad].unit = (int)(u - s->units);
@@ -249,7 +309,16 @@ static void layout_grads(Shard *s, Unit *u, char *taken)
         int gv = p->grad;
         p->grad = -1;  // the optimizer updates the storage, not the param
         if (gv < 0) continue;
-        if (!own_grad(g, gv, taken, s->n_orig)) gv = place(s, OP_copy, &gv, 1, NULL, 0, u->block, after, 1);
+        if (s->reduce16) {  // the gradient before its cast back to fp32, which goes
+            int n = g->values[gv].producer;
+            FS_ASSERT(n >= 0 && n < s->n_orig && g->nodes[n].op == OP_cast);
+            s->drop[n] = 1;
+            int low = ir_in(g, ir_node(g, n), 0);
+            FS_ASSERT(g->values[low].dtype == s->low);
+            g->values[low].name = g->values[gv].name;
+            gv = low;
+        }
+        if (!own_grad(g, gv, taken, s->drop, s->n_orig)) gv = place(s, OP_copy, &gv, 1, NULL, 0, u->block, after, 1);
         taken[gv] = 1;
         make_view(s, gv, u->fgrad, g->values[u->params[k]].flat_offset, 0);
         g->values[gv].role = ROLE_GRAD;
@@ -265,7 +334,7 @@ static void reduce_grads(Shard *s, Unit *u)
         make_view(s, r, u->fgrad, 0, 0);
         grad = r;
         if (s->t->shard == SHARD_ZERO1) {
-            grad = new_value(s, u, ROLE_GRAD, u->shard, NULL);
+            grad = new_value(s, u, ROLE_GRAD, g->values[u->fgrad].dtype, u->shard, NULL);
             make_view(s, grad, r, 0, u->shard);
             g->values[grad].sharded = 1;
         }
@@ -273,10 +342,19 @@ static void reduce_grads(Shard *s, Unit *u)
         grad = collective(s, OP_reduce_scatter, u->fgrad, 1, u->block, after, 1);
         g->values[grad].sharded = 1;
     }
+    const char *name = arena_printf(g->arena, "%s.flat_grad%s", unit_name(s, u), g->values[grad].sharded ? "_shard" : "");
+    if (s->reduce16) {  // the optimizer reads fp32: this rank's reduced part, cast once
+        int sharded = g->values[grad].sharded;
+        g->values[grad].role = ROLE_GRAD;
+        g->values[grad].unit = (int)(u - s->units);
+        g->values[grad].name = name;
+        grad = cast_to(s, grad, DT_F32, u->block, after, 1);
+        g->values[grad].sharded = sharded;
+        name = arena_printf(g->arena, "%s.f32", name);
+    }
     g->values[grad].role = ROLE_GRAD;
     g->values[grad].unit = (int)(u - s->units);
-    g->values[grad].name = arena_printf(g->arena, "%s.flat_grad%s", unit_name(s, u),
-                                        g->values[grad].sharded ? "_shard" : "");
+    g->values[grad].name = name;
     g->values[u->shard_view].grad = grad;
 }
 
@@ -310,8 +388,11 @@ static void prefetch(Shard *s, int bwd)
         if (v < 0) continue;
         int first = first_use(u, bwd), prev = i ? first_use(&s->units[order[i - 1]], bwd) : first;
         int at = prev < first ? prev : first;
-        for (int k = 0; k < s->n_placed; k++)
-            if (ir_out(s->g, ir_node(s->g, s->placed[k].node), 0) == v) s->placed[k].at = at < NONE ? at : 0;
+        int x = ir_in(s->g, ir_node(s->g, s->g->values[v].producer), 0);  // the gather's input: a cast to move along
+        for (int k = 0; k < s->n_placed; k++) {
+            int out = ir_out(s->g, ir_node(s->g, s->placed[k].node), 0);
+            if (out == v || out == x) s->placed[k].at = at < NONE ? at : 0;
+        }
     }
 }
 
@@ -334,6 +415,9 @@ static void schedule(Shard *s)
     }
     FS_ASSERT(k == s->n_placed && n == s->g->n_nodes);
     ir_nodes_reorder(s->g, order);
+    char *drop = arena_alloc(s->g->arena, (size_t)n + 1);
+    for (int i = 0; i < n; i++) drop[i] = s->drop[order[i]];
+    s->drop = drop;
 }
 
 /* The loss each rank computed is its part's mean; the step's loss is their mean. */
@@ -357,8 +441,14 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
         return t->world > 1 ? -1 : 0;
     }
     Shard s = {.g = g, .t = t, .world = t->world, .n_orig = g->n_nodes};
+    s.low = t->precision == PREC_FP16 ? DT_F16 : t->precision == PREC_BF16 ? DT_BF16 : DT_F32;
+    s.reduce16 = s.low != DT_F32 && t->reduce_dtype != REDUCE_FP32;
+    s.gather16 = s.low != DT_F32 && t->shard == SHARD_FSDP;
+    size_t most = (size_t)g->n_nodes + 8 * (size_t)(g->n_blocks + 1) + (size_t)g->n_values + 8;
+    s.drop = arena_alloc(g->arena, most);
+    if (s.gather16) params_as_compute_copies(&s);
     collect_units(&s);
-    s.placed = arena_alloc(g->arena, sizeof(Placed) * (size_t)(8 * s.n_units + g->n_values + 8));
+    s.placed = arena_alloc(g->arena, sizeof(Placed) * most);
     int *unit_of = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
     memset(unit_of, -1, sizeof(int) * (size_t)g->n_values);
     for (int i = 0; i < s.n_units; i++)
@@ -379,5 +469,9 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
     }
     average_loss(&s);
     schedule(&s);
+    char *gone = arena_alloc(g->arena, (size_t)g->n_values + 1);
+    for (int n = 0; n < g->n_nodes; n++)
+        for (int k = 0; k < g->nodes[n].n_out && s.drop[n]; k++) gone[ir_out(g, &g->nodes[n], k)] = 1;
+    ir_graph_compact(g, s.drop, gone);
     return 0;
 }

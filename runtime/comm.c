@@ -17,6 +17,11 @@
  * overlapping its input or output; the queue is preallocated. An average (avg=1) is a sum divided by the world once the
  * collective completes, as torch's DDP divides its gradients.
  *
+ * f16 and bf16 (gradients reduced in the compute dtype) are summed by our own MPI_Ops,
+ * since MPI has no 16-bit float type: each pairwise step adds in f32 and rounds to
+ * nearest even once, as NCCL's half-precision sums do; an average is then divided in
+ * f32 and rounded once more.
+ *
  * In place: all_reduce with out == x, all_gather with x at rank r's slice of out, and
  * reduce_scatter with out inside x use MPI_IN_PLACE (MPI leaves a reduce_scatter's
  * result at the start of the buffer; when out is elsewhere in x it is moved there once
@@ -39,12 +44,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels.h"
 #include "runtime.h"
 
 static struct {
     int up;          // MPI_Init done, MPI_Finalize not yet
     int rank, world;
-} comm = {0, 0, 1};
+    MPI_Op sum_f16, sum_bf16;  // user ops, created with MPI
+} comm = {0, 0, 1, MPI_OP_NULL, MPI_OP_NULL};
 
 static const char *short_path(const char *file)
 {
@@ -83,6 +90,22 @@ static void comm_fatal(const char *file, int line, const char *what, int rc)
 
 /* ---- start and end ------------------------------------------------------------------- */
 
+static void sum_f16(void *in, void *inout, int *len, MPI_Datatype *dt)
+{
+    (void)dt;
+    const uint16_t *x = in;
+    uint16_t *y = inout;
+    for (int i = 0; i < *len; i++) y[i] = cpu_f32_to_f16(cpu_f16_to_f32(x[i]) + cpu_f16_to_f32(y[i]));
+}
+
+static void sum_bf16(void *in, void *inout, int *len, MPI_Datatype *dt)
+{
+    (void)dt;
+    const uint16_t *x = in;
+    uint16_t *y = inout;
+    for (int i = 0; i < *len; i++) y[i] = cpu_f32_to_bf16(cpu_bf16_to_f32(x[i]) + cpu_bf16_to_f32(y[i]));
+}
+
 int rt_comm_init(RtRanks *r, char *err, size_t errlen)
 {
     if (r->world == 1) return 0;
@@ -105,6 +128,8 @@ int rt_comm_init(RtRanks *r, char *err, size_t errlen)
     MPI_CHECK(MPI_Comm_rank(local, &r->local_rank));
     MPI_CHECK(MPI_Comm_size(local, &r->local_world));
     MPI_CHECK(MPI_Comm_free(&local));
+    MPI_CHECK(MPI_Op_create(sum_f16, 1, &comm.sum_f16));
+    MPI_CHECK(MPI_Op_create(sum_bf16, 1, &comm.sum_bf16));
     return 0;
 }
 
@@ -114,6 +139,8 @@ int rt_comm_world(void) { return comm.world; }
 void rt_comm_finalize(void)
 {
     if (!comm.up) return;
+    if (comm.sum_f16 != MPI_OP_NULL) MPI_CHECK(MPI_Op_free(&comm.sum_f16));
+    if (comm.sum_bf16 != MPI_OP_NULL) MPI_CHECK(MPI_Op_free(&comm.sum_bf16));
     comm.up = 0;
     MPI_CHECK(MPI_Finalize());
 }
@@ -189,10 +216,8 @@ int rt_coll_prepare(RtColl *c, RtCollKind kind, PlanDType dt, void *in, int64_t 
     if (n > INT32_MAX)
         return rt_fail(err, errlen, "%s of %lld elements per rank exceeds MPI's int count", name, (long long)n);
     int reduces = kind != RT_COLL_ALL_GATHER;
-    if (reduces && dt != PLAN_DT_F32 && dt != PLAN_DT_I32)
-        return rt_fail(err, errlen, "%s of %s: this fsexec reduces f32 and i32 only", name, plan_dtype_name(dt));
-    if (avg && dt != PLAN_DT_F32)
-        return rt_fail(err, errlen, "%s with avg of %s: averages need f32", name, plan_dtype_name(dt));
+    if (reduces && avg && dt == PLAN_DT_I32)
+        return rt_fail(err, errlen, "%s with avg of i32: averages need a float dtype", name);
     uint8_t *x = in, *y = out;
     *c = (RtColl){.kind = kind, .dtype = dt, .in = in, .out = out, .n = n, .world = world, .avg = reduces && avg,
                   .slot = -1,
@@ -261,10 +286,15 @@ static MPI_Datatype mpi_type(PlanDType dt)
     case PLAN_DT_F32: return MPI_FLOAT;
     case PLAN_DT_I32: return MPI_INT32_T;
     case PLAN_DT_F16:
-    case PLAN_DT_BF16: return MPI_UINT16_T;  // moved, never reduced (rt_coll_prepare)
+    case PLAN_DT_BF16: return MPI_UINT16_T;  // reduced by sum_op's own ops
     case PLAN_DT_COUNT: break;
     }
     return MPI_BYTE;
+}
+
+static MPI_Op sum_op(PlanDType dt)
+{
+    return dt == PLAN_DT_F16 ? comm.sum_f16 : dt == PLAN_DT_BF16 ? comm.sum_bf16 : MPI_SUM;
 }
 
 void rt_comm_bind(RtCommQueue *q, RtColl *c)
@@ -276,12 +306,12 @@ void rt_comm_bind(RtCommQueue *q, RtColl *c)
     int n = (int)c->n;
     switch (c->kind) {
     case RT_COLL_ALL_REDUCE:
-        MPI_CHECK(ALLREDUCE_INIT(c->in_place ? MPI_IN_PLACE : c->in, c->out, n, t, MPI_SUM, MPI_COMM_WORLD,
+        MPI_CHECK(ALLREDUCE_INIT(c->in_place ? MPI_IN_PLACE : c->in, c->out, n, t, sum_op(c->dtype), MPI_COMM_WORLD,
                                  MPI_INFO_NULL, r));
         break;
     case RT_COLL_REDUCE_SCATTER:
         MPI_CHECK(REDUCE_SCATTER_BLOCK_INIT(c->in_place ? MPI_IN_PLACE : c->in, c->in_place ? c->in : c->out, n, t,
-                                            MPI_SUM, MPI_COMM_WORLD, MPI_INFO_NULL, r));
+                                            sum_op(c->dtype), MPI_COMM_WORLD, MPI_INFO_NULL, r));
         break;
     case RT_COLL_ALL_GATHER:
         MPI_CHECK(ALLGATHER_INIT(c->in_place ? MPI_IN_PLACE : c->in, n, t, c->out, n, t, MPI_COMM_WORLD, MPI_INFO_NULL,
@@ -314,13 +344,13 @@ void rt_comm_start(RtCommQueue *q, const RtColl *c)
     }
     switch (c->kind) {
     case RT_COLL_ALL_REDUCE:
-        MPI_CHECK(MPI_Iallreduce(c->in_place ? MPI_IN_PLACE : c->in, c->out, n, t, MPI_SUM, MPI_COMM_WORLD, r));
+        MPI_CHECK(MPI_Iallreduce(c->in_place ? MPI_IN_PLACE : c->in, c->out, n, t, sum_op(c->dtype), MPI_COMM_WORLD, r));
         break;
     case RT_COLL_REDUCE_SCATTER:
         if (c->in_place)
-            MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, c->in, n, t, MPI_SUM, MPI_COMM_WORLD, r));
+            MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, c->in, n, t, sum_op(c->dtype), MPI_COMM_WORLD, r));
         else
-            MPI_CHECK(MPI_Ireduce_scatter_block(c->in, c->out, n, t, MPI_SUM, MPI_COMM_WORLD, r));
+            MPI_CHECK(MPI_Ireduce_scatter_block(c->in, c->out, n, t, sum_op(c->dtype), MPI_COMM_WORLD, r));
         break;
     case RT_COLL_ALL_GATHER:
         MPI_CHECK(MPI_Iallgather(c->in_place ? MPI_IN_PLACE : c->in, n, t, c->out, n, t, MPI_COMM_WORLD, r));
@@ -337,8 +367,14 @@ static void finish(RtCommQueue *q, int i)
     size_t bytes = (size_t)c->n * (size_t)plan_dtype_size(c->dtype);
     if (c->move_after) memmove(c->out, c->in, bytes);
     if (c->avg) {
-        float *y = c->out, w = (float)c->world;
-        for (int64_t k = 0; k < c->n; k++) y[k] /= w;
+        float w = (float)c->world;
+        uint16_t *h = c->out;
+        if (c->dtype == PLAN_DT_F32)
+            for (float *y = c->out, *end = y + c->n; y < end; y++) *y /= w;
+        else if (c->dtype == PLAN_DT_F16)
+            for (int64_t k = 0; k < c->n; k++) h[k] = cpu_f32_to_f16(cpu_f16_to_f32(h[k]) / w);
+        else
+            for (int64_t k = 0; k < c->n; k++) h[k] = cpu_f32_to_bf16(cpu_bf16_to_f32(h[k]) / w);
     }
     q->n--;
     q->req[i] = q->req[q->n];

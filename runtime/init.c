@@ -136,9 +136,6 @@ int rt_flat_init(const Plan *p, int32_t storage, int rank, uint64_t seed, float 
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *v = &p->tensors[i];
         if (!rt_flat_is_param(v, s->unit) || v->init == PLAN_INIT_NONE || v->init == PLAN_INIT_ZEROS) continue;
-        if (v->dtype != PLAN_DT_F32)
-            return rt_fail(err, errlen, "param '%s' is %s; flat layouts hold f32 params", plan_str(p, v->name),
-                           plan_dtype_name(v->dtype));
         int64_t lo = v->flat_offset > first ? v->flat_offset : first;
         int64_t hi = v->flat_offset + plan_tensor_numel(v), held_end = first + count;
         if (hi > held_end) hi = held_end;

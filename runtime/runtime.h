@@ -45,9 +45,10 @@ void rt_init_param(const char *name, uint64_t seed, PlanInit kind, double a, dou
                    float *out);
 
 /* Flat layouts (the shard pass): the params of a unit (a block, or the params outside
- * blocks) are views into one flat f32 buffer, each at its flat_offset; the unit's
- * STORAGE is a root param tensor with that unit, holding the whole buffer or (sharded)
- * only this rank's contiguous shard. */
+ * blocks) are views into one flat buffer, each at its flat_offset; the unit's STORAGE
+ * is a root f32 param tensor with that unit, holding the whole buffer or (sharded) only
+ * this rank's contiguous shard. The views may be 16-bit (fsdp's gathered compute copy);
+ * init, save and load go through the f32 storage. */
 /* Whether tensor id is a unit's storage: a root param tensor with a unit that is sharded
  * or has param views (rt_flat_is_param) in it. */
 int rt_flat_is_storage(const Plan *p, int32_t id);

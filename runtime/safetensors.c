@@ -395,6 +395,7 @@ static int collect(const Exec *e, int grads, const Flat *f, StEntry **out, int32
         if (kind == SAVED_FLAT) {
             const PlanTensor *pt = &p->tensors[i];
             t.data = f && pt->unit < f->n && f->full[pt->unit] ? f->full[pt->unit] + pt->flat_offset : NULL;
+            t.dtype = PLAN_DT_F32;  // the storage's: a 16-bit view (fsdp's gathered compute copy) has f32 master bytes
             if (!t.data && !grads) {
                 plan_dealloc(name);
                 return rt_fail(err, errlen, "param '%s' lies in unit %d, which has no storage", t.name, pt->unit);
@@ -404,7 +405,7 @@ static int collect(const Exec *e, int grads, const Flat *f, StEntry **out, int32
             RtTensor g;
             snprintf(name, 1024, "%s.grad", t.name);
             if (rt_exec_tensor(e, name, &g) || g.role != PLAN_ROLE_GRAD) continue;  // no gradient reaches it
-            t.data = g.data;
+            t.data = g.data, t.dtype = g.dtype;
         }
         (*out)[(*n)++] = (StEntry){t.name, t.dtype, t.rank, t.shape, t.data};
     }

@@ -80,7 +80,7 @@ expect inspect-source 0 "source        gpt2.fsm" -- "$FSEXEC" --inspect "$tmp/gp
 expect mem-same-in-inspect 0 "" -- diff "$tmp/mem.txt" "$tmp/inspect_mem.txt"
 expect comm-fsdp 0 "reduce_scatter h.0.flat_grad_shard" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard fsdp --world 4 --comm -q
 expect comm-none 0 "none" -- "$FSC" "$SRC/samples/mlp.fsm" --comm -q
-expect reduce-dtype-bf16 1 "reduces gradients in fp32 only" -- "$FSC" "$SRC/samples/mlp.fsm" --precision bf16 --reduce_dtype bf16
+expect reduce-dtype-mismatch 1 "reduce_dtype bf16 with precision fp16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision fp16 --reduce_dtype bf16
 expect precision-bf16 0 "precision bf16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision bf16
 expect pipeline-not-yet 1 "pipeline parallelism is not implemented yet" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2
 expect offload-not-yet 1 "optimizer offload is not implemented yet" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer

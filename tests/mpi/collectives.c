@@ -4,13 +4,15 @@
  * rank's slice of it, and apart; all_gather from this rank's slice and from apart), the
  * average, waiting only for what an op touches, polling to completion, the same again as
  * persistent collectives started step after step (rt_comm_bind, where MPI has them),
- * and the blocking helpers (gather to rank 0, agree, sum). Prints one line per rank;
+ * 16-bit floats (f16, bf16: summed by comm.c's own MPI ops, then averaged), and the
+ * blocking helpers (gather to rank 0, agree, sum). Prints one line per rank;
  * exit 1 on a mismatch.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "runtime.h"
 
 static int rank, fails;
@@ -115,6 +117,30 @@ int main(void)
         rt_comm_wait_touching(q, &touch, 1);
         for (int i = 0; i < n * W; i++)
             CHECK(buf[i] == (float)step * S * (float)(i + 1) / (float)W, "step %d: [%d] = %g", step, i, buf[i]);
+    }
+
+    /* 16-bit: f16 all_reduce averaged (nonblocking), bf16 reduce_scatter averaged into
+     * this rank's slice. The values are small integers, exact in both, so the result is
+     * the f32 one rounded once. */
+    uint16_t h[20 * 3], want;
+    for (int i = 0; i < n * W; i++) h[i] = cpu_f32_to_f16((float)(rank + 1) * (float)(i + 1));
+    CHECK(!rt_coll_prepare(&c, RT_COLL_ALL_REDUCE, PLAN_DT_F16, h, n * W, h, n * W, W, rank, 1, err, sizeof err),
+          "%s", err);
+    rt_comm_start(q, &c);
+    rt_comm_wait_all(q);
+    for (int i = 0; i < n * W; i++) {
+        want = cpu_f32_to_f16(S * (float)(i + 1) / (float)W);
+        CHECK(h[i] == want, "f16 all_reduce[%d] = %g, expected %g", i, cpu_f16_to_f32(h[i]), cpu_f16_to_f32(want));
+    }
+    for (int i = 0; i < n * W; i++) h[i] = cpu_f32_to_bf16((float)(rank + 1) * (float)(i + 1));
+    CHECK(!rt_coll_prepare(&c, RT_COLL_REDUCE_SCATTER, PLAN_DT_BF16, h, n * W, h + rank * n, n, W, rank, 1, err,
+                           sizeof err), "%s", err);
+    rt_comm_start(q, &c);
+    rt_comm_wait_all(q);
+    for (int i = 0; i < n; i++) {
+        want = cpu_f32_to_bf16(S * (float)(rank * n + i + 1) / (float)W);
+        CHECK(h[rank * n + i] == want, "bf16 reduce_scatter[%d] = %g, expected %g", i,
+              cpu_bf16_to_f32(h[rank * n + i]), cpu_bf16_to_f32(want));
     }
 
     float part[3] = {(float)rank, (float)rank, (float)rank}, *all = calloc((size_t)(3 * W), sizeof *all);

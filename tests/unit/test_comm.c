@@ -187,10 +187,14 @@ Test(hazard, collective_in_place_decisions)
     cr_assert(c.in_place && !c.avg, "avg means nothing to a gather");
     cr_assert_eq(rt_coll_prepare(&c, RT_COLL_ALL_GATHER, PLAN_DT_F32, buf + 8, 4, buf, 16, 4, 1, 0, err, sizeof err), -1);
     cr_assert(strstr(err, "rank 1") && strstr(err, "slice"), "%s", err);
-    cr_assert_eq(rt_coll_prepare(&c, RT_COLL_ALL_GATHER, PLAN_DT_BF16, buf + 32, 4, buf, 16, 4, 1, 0, err, sizeof err), 0,
-                 "16-bit data is moved, not reduced");
-    cr_assert_eq(rt_coll_prepare(&c, RT_COLL_ALL_REDUCE, PLAN_DT_BF16, buf, 8, buf, 8, 4, 1, 0, err, sizeof err), -1);
+    cr_assert_eq(rt_coll_prepare(&c, RT_COLL_ALL_GATHER, PLAN_DT_BF16, buf + 32, 4, buf, 16, 4, 1, 0, err, sizeof err), 0);
+    /* 16-bit floats are reduced (comm.c's own MPI ops) and averaged; i32 is summed, never averaged. */
+    cr_assert_eq(rt_coll_prepare(&c, RT_COLL_ALL_REDUCE, PLAN_DT_BF16, buf, 8, buf, 8, 4, 1, 1, err, sizeof err), 0);
+    cr_assert(c.in_place && c.avg);
+    cr_assert_eq(rt_coll_prepare(&c, RT_COLL_REDUCE_SCATTER, PLAN_DT_F16, buf, 8, buf, 2, 4, 1, 1, err, sizeof err), 0);
+    cr_assert_eq(rt_coll_prepare(&c, RT_COLL_ALL_REDUCE, PLAN_DT_I32, buf, 8, buf, 8, 4, 1, 0, err, sizeof err), 0);
     cr_assert_eq(rt_coll_prepare(&c, RT_COLL_ALL_REDUCE, PLAN_DT_I32, buf, 8, buf, 8, 4, 1, 1, err, sizeof err), -1);
+    cr_assert(strstr(err, "avg"), "%s", err);
     /* The bytes a pending collective holds: x and out. */
     rt_coll_prepare(&c, RT_COLL_REDUCE_SCATTER, PLAN_DT_F32, buf, 12, buf + 12, 4, 3, 0, 0, err, sizeof err);
     RtRange later = {(uintptr_t)(buf + 15), (uintptr_t)(buf + 17)};

@@ -142,3 +142,42 @@ Test(shard, plan_does_not_grow_with_world)
         plan_free(b);
     }
 }
+
+/* Mixed precision moves 16-bit bytes: fsdp gathers the compute copy and reduces in the
+ * compute dtype (half of fp32's bytes); with reduce_dtype fp32 only the gathers halve
+ * (blocks: 2 x 0.5 + 1 over 3). The params the forward and backward read are 16-bit
+ * views into the gathered buffers, with no cast per param left; the optimizer reads fp32. */
+static Plan *compile_mixed(const char *precision, const char *reduce)
+{
+    const Define small[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 24}};
+    Setting set[] = {{"shard", "fsdp"}, {"world", "4"}, {"precision", precision}, {"reduce_dtype", reduce}};
+    return sample_compile("gpt2.fsm", small, 6, set, 4, NULL);
+}
+
+Test(shard, fsdp_bf16_gathers_and_reduces_16_bit)
+{
+    Plan *f32 = compile_mixed("fp32", "compute"), *bf = compile_mixed("bf16", "compute");
+    Plan *bf_f32 = compile_mixed("bf16", "fp32");
+    double r = block_bytes(bf) / block_bytes(f32), r2 = block_bytes(bf_f32) / block_bytes(f32);
+    cr_expect(r > 0.4999 && r < 0.5001, "bf16 / fp32 block bytes = %.4f", r);
+    cr_expect(r2 > 2.0 / 3 - 1e-4 && r2 < 2.0 / 3 + 1e-4, "bf16 with fp32 reductions / fp32 block bytes = %.4f", r2);
+    for (int32_t i = 0; i < bf->n_ops; i++) {
+        const PlanOp *op = &bf->ops[i];
+        const PlanTensor *in = op->n_in ? &bf->tensors[bf->ids[op->in]] : NULL;
+        const char *name = plan_str(bf, op->op);
+        cr_expect(!(in && !strcmp(name, "cast") && plan_tensor_is_model_param(in)), "op %d casts param %s", i,
+                  plan_str(bf, in ? in->name : PLAN_NONE));
+        if (!strcmp(name, "all_gather") || !strcmp(name, "reduce_scatter"))
+            cr_expect_eq(in->dtype, PLAN_DT_BF16, "op %d: %s of %s", i, name, plan_dtype_name(in->dtype));
+        if (!strcmp(name, "adamw"))
+            cr_expect_eq(bf->tensors[bf->ids[op->in + 1]].dtype, PLAN_DT_F32, "op %d: adamw's gradient", i);
+    }
+    for (int32_t i = 0; i < bf->n_tensors; i++) {
+        const PlanTensor *t = &bf->tensors[i];
+        if (plan_tensor_is_model_param(t) && t->alias != PLAN_NONE)
+            cr_expect_eq(t->dtype, PLAN_DT_BF16, "param %s is %s", plan_str(bf, t->name), plan_dtype_name(t->dtype));
+    }
+    plan_free(f32);
+    plan_free(bf);
+    plan_free(bf_f32);
+}
