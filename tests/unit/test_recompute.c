@@ -1,6 +1,8 @@
 /* tests/unit/test_recompute.c: activation checkpointing changes memory, never numbers.
  *  - Gradients with recompute are bit-identical to gradients without it (CPU backend),
- *    for GPT-2 and Llama, for `recompute all` and for a named layer.
+ *    for GPT-2 and Llama, for `recompute all` and for a named layer, unsharded and with
+ *    every sharding strategy (world 1: the shard pass's flat buffers, gathers and
+ *    regathers all run), and in bf16.
  *  - The plan needs less memory, and the extra forward shows in the FLOPs.
  */
 #include <criterion/criterion.h>
@@ -21,11 +23,12 @@ typedef struct {
     double flops[PHASE_COUNT];
 } Compiled;
 
-static Compiled compile(const char *file, const Define *defs, int n_defs, const char *recompute)
+static Compiled compile(const char *file, const Define *defs, int n_defs, const char *recompute, const char *shard,
+                        const char *precision)
 {
-    Setting set[] = {{"recompute", recompute}};
+    Setting set[] = {{"recompute", recompute}, {"shard", shard}, {"precision", precision}};
     Graph *g;
-    Compiled c = {sample_compile(file, defs, n_defs, set, 1, &g), {0}};
+    Compiled c = {sample_compile(file, defs, n_defs, set, 3, &g), {0}};
     for (int n = 0; n < g->n_nodes; n++) c.flops[g->nodes[n].phase] += op_info(g->nodes[n].op)->flops(g, &g->nodes[n]);
     ir_graph_free(g);
     return c;
@@ -41,34 +44,38 @@ static float *gradients(const Plan *p, size_t *n)
     RtData *data = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, 5, err, sizeof err);
     cr_assert_not_null(data, "%s", err);
     rt_data_fill(data, 1);
-    cr_assert_eq(rt_exec_run(e, 1, RT_PHASE(PLAN_PHASE_FORWARD) | RT_PHASE(PLAN_PHASE_RECOMPUTE) | RT_PHASE(PLAN_PHASE_BACKWARD)), 0);
+    /* Everything up to the update: forward, recompute, backward and the collectives. */
+    cr_assert_eq(rt_exec_run_ops(e, 1, 0, rt_exec_first_op(e, PLAN_PHASE_OPTIMIZER), RT_PHASES_ALL), 0);
     size_t total = 0;
     for (int32_t i = 0; i < p->n_tensors; i++)
-        if (p->tensors[i].role == PLAN_ROLE_PARAM && p->tensors[i].grad != PLAN_NONE) total += (size_t)plan_tensor_numel(&p->tensors[p->tensors[i].grad]);
-    float *out = malloc(sizeof(float) * total), *at = out;
+        if (p->tensors[i].role == PLAN_ROLE_PARAM && p->tensors[i].grad != PLAN_NONE) total += (size_t)plan_tensor_nbytes(&p->tensors[p->tensors[i].grad]);
+    float *out = malloc(total), *at = out;
     for (int32_t i = 0; i < p->n_tensors; i++) {
         if (p->tensors[i].role != PLAN_ROLE_PARAM || p->tensors[i].grad == PLAN_NONE) continue;
         RtTensor t;
         rt_exec_tensor_id(e, p->tensors[i].grad, &t);
-        memcpy(at, t.data, sizeof(float) * (size_t)t.numel);
-        at += t.numel;
+        memcpy(at, t.data, (size_t)plan_tensor_nbytes(&p->tensors[t.id]));
+        at = (float *)((char *)at + plan_tensor_nbytes(&p->tensors[t.id]));
     }
-    *n = total;
+    *n = total / sizeof(float);
     rt_data_close(data);
     rt_exec_free(e);
     return out;
 }
 
-static void check_identical(const char *file, const Define *defs, int n_defs, const char *recompute)
+static void check_strategy(const char *file, const Define *defs, int n_defs, const char *recompute, const char *shard,
+                           const char *precision)
 {
-    Compiled plain = compile(file, defs, n_defs, "none"), ckpt = compile(file, defs, n_defs, recompute);
+    Compiled plain = compile(file, defs, n_defs, "none", shard, precision);
+    Compiled ckpt = compile(file, defs, n_defs, recompute, shard, precision);
     size_t na, nb;
     float *a = gradients(plain.plan, &na), *b = gradients(ckpt.plan, &nb);
     cr_assert_eq(na, nb);
     cr_assert_gt(na, 1000);
     size_t diff = 0;
     for (size_t i = 0; i < na; i++) diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
-    cr_expect_eq(diff, 0, "%s, recompute %s: %zu of %zu gradient elements differ", file, recompute, diff, na);
+    cr_expect_eq(diff, 0, "%s, recompute %s, shard %s, %s: %zu of %zu gradient elements differ", file, recompute, shard,
+                 precision, diff, na);
     int64_t arena_a = plan_meta_int(plain.plan, "arena_bytes", 0), arena_b = plan_meta_int(ckpt.plan, "arena_bytes", 0);
     cr_expect_lt(arena_b, arena_a, "%s: recompute %s plans %ld bytes, without %ld", file, recompute, (long)arena_b,
                  (long)arena_a);
@@ -81,6 +88,21 @@ static void check_identical(const char *file, const Define *defs, int n_defs, co
     plan_free(ckpt.plan);
 }
 
+static void check_identical(const char *file, const Define *defs, int n_defs, const char *recompute)
+{
+    check_strategy(file, defs, n_defs, recompute, "none", "fp32");
+}
+
 Test(recompute, gpt2_all_bit_identical) { check_identical("gpt2.fsm", GPT2, 6, "all"); }
 Test(recompute, gpt2_block_bit_identical) { check_identical("gpt2.fsm", GPT2, 6, "Block"); }
 Test(recompute, llama_all_bit_identical) { check_identical("llama.fsm", LLAMA, 7, "all"); }
+
+/* Per strategy: the shard pass puts gradients in flat buffers and (fsdp) regathers params
+ * for the backward; recompute reads them through the same views. bf16 adds the 16-bit
+ * gathers and gradient buffers. */
+Test(recompute, gpt2_block_bit_identical_ddp) { check_strategy("gpt2.fsm", GPT2, 6, "Block", "ddp", "fp32"); }
+Test(recompute, gpt2_block_bit_identical_zero1) { check_strategy("gpt2.fsm", GPT2, 6, "Block", "zero1", "fp32"); }
+Test(recompute, gpt2_block_bit_identical_zero2) { check_strategy("gpt2.fsm", GPT2, 6, "Block", "zero2", "fp32"); }
+Test(recompute, gpt2_block_bit_identical_fsdp) { check_strategy("gpt2.fsm", GPT2, 6, "Block", "fsdp", "fp32"); }
+Test(recompute, gpt2_block_bit_identical_fsdp_bf16) { check_strategy("gpt2.fsm", GPT2, 6, "Block", "fsdp", "bf16"); }
+Test(recompute, gpt2_all_bit_identical_bf16) { check_strategy("gpt2.fsm", GPT2, 6, "all", "none", "bf16"); }
