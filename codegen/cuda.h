@@ -17,7 +17,11 @@
  * equal kernels (the same op on the same shapes in every block) are emitted once and the
  * source of a plan depends only on the graph. The module's text (a fixed prelude, then
  * the kernels in first-use order) is the plan's meta "cuda_source"; `fsc --emit cuda
- * DIR` writes it and NVRTC compiles it for sm_80 and sm_90 in the test suite.
+ * DIR` writes it and NVRTC compiles it for sm_80 and sm_90 in the test suite
+ * (tests/cuda/nvrtc_compile.c), with -std=c++17 and the toolkit's include directory
+ * (cuda_fp16.h, cuda_bf16.h). The kernels follow the CPU kernels' f32 expressions
+ * operation for operation; compiled with -fmad=false they give the same bits for the
+ * elementwise ops (with NVRTC's default contraction, an ulp here and there).
  */
 #ifndef FS_CODEGEN_CUDA_H
 #define FS_CODEGEN_CUDA_H
@@ -70,7 +74,57 @@ const char *cu_type(DType t);
  *   float ld(const T *p, long long i);      // element i as f32 (int: converted)
  *   void  st(T *p, long long i, float v);   // v rounded to T to nearest even
  * and fs_warp_sum / fs_warp_max (f32 over a warp), fs_block_sum / fs_block_max (f32
- * over a block of up to 1024 threads, using 32 floats of static shared memory). */
+ * over a 1-D block of up to 1024 threads, a multiple of 32, using 32 floats of static
+ * shared memory). Also (an extension of the contract):
+ *   float fs_rn_f16(float v), fs_rn_bf16(float v);  // v rounded through the dtype
+ *   bool  fs_isfinite(float x);
+ *   float fs_sigmoid(float x), fs_gelu(float x), fs_gelu_grad(float x), fs_silu_grad(float x);
+ * the last three the CPU's formulas (tanh-GELU as x sigmoid(2u); runtime/cpu/elementwise.c). */
+
+/* ---- codegen/cuda_module.c: helpers every emitter may use (extensions) ------------ */
+
+/* The module of one codegen_cuda call; instructions go into p. */
+CuModule *cu_module_new(Arena *a, Plan *p);
+const char *cu_module_text(const CuModule *m);
+int cu_module_kernels(const CuModule *m);  // distinct kernels so far
+
+/* A kernel's text built piece by piece, in the module's arena: CuText t = cu_text(c);
+ * cu_text_add(&t, ...); then t.s (NULL while empty). */
+typedef struct {
+    Arena *arena;
+    char *s;
+    int len, cap;
+} CuText;
+CuText cu_text(CuCtx *c);
+void cu_text_add(CuText *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The prelude's function that rounds an f32 through dtype t ("fs_rn_bf16"), or "" for
+ * f32 and i32, to write `%s(expr)`. */
+const char *cu_rn(DType t);
+
+/* Elementwise kernels run a grid-stride loop over n elements: cu_grid(n) blocks (at
+ * most CU_MAX_BLOCKS) of CU_BLOCK threads, and the loop header cu_loop(c, idx, n),
+ * "for (idx i = <global thread>; i < n; i += <grid threads>)". cu_index(span) is that
+ * index type: "int" when every index the kernel forms stays below span and span plus
+ * the grid's threads fits 31 bits, else "long long". */
+enum { CU_BLOCK = 256, CU_MAX_BLOCKS = 65536 };
+CuDim cu_grid(int64_t n);
+const char *cu_index(int64_t span);
+char *cu_loop(CuCtx *c, const char *idx, int64_t n);
+/* The offset, in some tensor, of element `i` of a row-major walk over dims size[0..rank)
+ * (the last fastest) when the tensor's stride along dim d is stride[d] (0: broadcast):
+ * "i / 768 % 4 * 3072 + i % 768". Unit dims are dropped and dims the tensor walks as
+ * one are merged first. */
+char *cu_index_expr(CuCtx *c, int rank, const int64_t *size, const int64_t *stride, const char *i);
+/* The offset in `in` of element `i` of `out` when in broadcasts to out (numpy rules). */
+char *cu_bcast_index(CuCtx *c, const Value *out, const Value *in, const char *i);
+/* Exact literals: "0.5f", "1e-05f", "__int_as_float(0x7f800000)"; "0.90000000000000002". */
+char *cu_float(CuCtx *c, float v);
+char *cu_double(CuCtx *c, double v);
+
+/* ---- codegen/cuda_elementwise.c ----------------------------------------------------- */
+
+/* The one kernel of the fused group [first, c->node] (passes/fuse.c). */
+int cu_group(CuCtx *c, int first);
 
 /* ---- the emitters, one per op ----------------------------------------------------- */
 #define OP(name, n_out, flags, sig, grad) int cuda_##name(CuCtx *c);

@@ -1,0 +1,361 @@
+/* codegen/cuda_module.c: the CUDA module being built, and what every emitter shares.
+ *
+ * A CuModule is the module's text (the fixed prelude, then each distinct kernel once, in
+ * first-use order) and the plan the instructions go to. A kernel is named PREFIX_HASH,
+ * HASH the low 32 bits of the FNV-1a 64 hash of its text as the emitter wrote it (with
+ * the KNAME placeholder), so the same op on the same shapes gets the same name in every
+ * block and every compilation; equal texts under one prefix are one kernel. Two different
+ * texts whose names would collide (a 1 in 2^32 chance) get the next hash in a fixed
+ * sequence, so names stay unique and deterministic.
+ *
+ * Everything lives in the graph's arena; instructions go straight into the plan
+ * (plan_cuda_add, in the order the emitters record them: sorted by op, since
+ * codegen_cuda walks the nodes in order).
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda.h"
+
+typedef struct {
+    uint64_t hash;       // FNV-1a 64 of src
+    const char *prefix;
+    const char *src;     // as the emitter wrote it, with KNAME
+    const char *name;    // PREFIX_HHHHHHHH
+} Kernel;
+
+struct CuModule {
+    Arena *arena;
+    Plan *plan;
+    CuText text;          // the module: prelude, then kernels
+    Kernel *kernels;
+    int n_kernels, cap_kernels;
+    int *slots;           // open addressing by hash: kernel index + 1, 0 when empty
+    int n_slots;          // a power of two, kept at least twice n_kernels
+};
+
+/* The module's first lines. ld/st move elements between storage and f32 (16-bit: round
+ * to nearest even, as the CPU backend's st_f16/st_bf16); fs_rn_* round an f32 through a
+ * 16-bit dtype (the value a 16-bit tensor would hold); the math helpers are the CPU
+ * kernels' formulas (runtime/cpu/elementwise.c); block reductions assume 1-D blocks
+ * whose size is a multiple of 32. */
+static const char PRELUDE[] =
+    "/* A CUDA module made by fsc (codegen/cuda.h): this prelude, then every kernel of the\n"
+    " * plan once, named PREFIX_HASH. Compile with NVRTC (-std=c++17, the CUDA include dir).\n"
+    " */\n"
+    "#include <cuda_fp16.h>\n"
+    "#include <cuda_bf16.h>\n"
+    "\n"
+    "__device__ __forceinline__ float ld(const float *p, long long i) { return p[i]; }\n"
+    "__device__ __forceinline__ float ld(const __half *p, long long i) { return __half2float(p[i]); }\n"
+    "__device__ __forceinline__ float ld(const __nv_bfloat16 *p, long long i) { return __bfloat162float(p[i]); }\n"
+    "__device__ __forceinline__ float ld(const int *p, long long i) { return (float)p[i]; }\n"
+    "__device__ __forceinline__ void st(float *p, long long i, float v) { p[i] = v; }\n"
+    "__device__ __forceinline__ void st(__half *p, long long i, float v) { p[i] = __float2half_rn(v); }\n"
+    "__device__ __forceinline__ void st(__nv_bfloat16 *p, long long i, float v) { p[i] = __float2bfloat16_rn(v); }\n"
+    "__device__ __forceinline__ void st(int *p, long long i, float v) { p[i] = __float2int_rn(v); }\n"
+    "__device__ __forceinline__ float fs_rn_f16(float v) { return __half2float(__float2half_rn(v)); }\n"
+    "__device__ __forceinline__ float fs_rn_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }\n"
+    "\n"
+    "__device__ __forceinline__ bool fs_isfinite(float x) { return fabsf(x) <= 3.40282347e38f; }\n"
+    "__device__ __forceinline__ float fs_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n"
+    "/* tanh-GELU as x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), and its derivative. */\n"
+    "__device__ __forceinline__ float fs_gelu(float x)\n"
+    "{\n"
+    "    return x * fs_sigmoid(2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x));\n"
+    "}\n"
+    "__device__ __forceinline__ float fs_gelu_grad(float x)\n"
+    "{\n"
+    "    float s = fs_sigmoid(2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x));\n"
+    "    return s + 2.0f * x * s * (1.0f - s) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);\n"
+    "}\n"
+    "__device__ __forceinline__ float fs_silu_grad(float x)\n"
+    "{\n"
+    "    float s = fs_sigmoid(x);\n"
+    "    return s * (1.0f + x * (1.0f - s));\n"
+    "}\n"
+    "\n"
+    "__device__ __forceinline__ float fs_warp_sum(float v)\n"
+    "{\n"
+    "    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "    return v;\n"
+    "}\n"
+    "__device__ __forceinline__ float fs_warp_max(float v)\n"
+    "{\n"
+    "    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+    "    return v;\n"
+    "}\n"
+    "/* Over a 1-D block of up to 1024 threads (a multiple of 32); every thread gets the\n"
+    " * result. The first __syncthreads lets calls follow each other on the same scratch. */\n"
+    "__device__ float fs_block_sum(float v)\n"
+    "{\n"
+    "    __shared__ float part[32];\n"
+    "    v = fs_warp_sum(v);\n"
+    "    __syncthreads();\n"
+    "    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;\n"
+    "    __syncthreads();\n"
+    "    v = (threadIdx.x & 31) < (blockDim.x >> 5) ? part[threadIdx.x & 31] : 0.0f;\n"
+    "    return fs_warp_sum(v);\n"
+    "}\n"
+    "__device__ float fs_block_max(float v)\n"
+    "{\n"
+    "    __shared__ float part[32];\n"
+    "    v = fs_warp_max(v);\n"
+    "    __syncthreads();\n"
+    "    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;\n"
+    "    __syncthreads();\n"
+    "    v = (threadIdx.x & 31) < (blockDim.x >> 5) ? part[threadIdx.x & 31] : -__int_as_float(0x7f800000);\n"
+    "    return fs_warp_max(v);\n"
+    "}\n";
+
+/* ---- the module --------------------------------------------------------------------- */
+
+CuModule *cu_module_new(Arena *a, Plan *p)
+{
+    CuModule *m = arena_alloc(a, sizeof *m);
+    m->arena = a, m->plan = p;
+    m->text.arena = a;
+    cu_text_add(&m->text, "%s", PRELUDE);
+    return m;
+}
+
+const char *cu_module_text(const CuModule *m) { return m->text.s; }
+
+int cu_module_kernels(const CuModule *m) { return m->n_kernels; }
+
+static uint64_t fnv1a(const char *s, uint64_t h)
+{
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3u;
+    return h;
+}
+
+static int name_taken(const CuModule *m, const char *name)
+{
+    for (int i = 0; i < m->n_kernels; i++)
+        if (!strcmp(m->kernels[i].name, name)) return 1;
+    return 0;
+}
+
+static void rehash(CuModule *m)
+{
+    m->n_slots = m->n_slots ? m->n_slots * 2 : 256;
+    m->slots = arena_alloc(m->arena, sizeof(int) * (size_t)m->n_slots);
+    for (int k = 0; k < m->n_kernels; k++) {
+        unsigned s = (unsigned)m->kernels[k].hash & (unsigned)(m->n_slots - 1);
+        while (m->slots[s]) s = (s + 1) & (unsigned)(m->n_slots - 1);
+        m->slots[s] = k + 1;
+    }
+}
+
+/* src with every KNAME replaced by name, appended to the module. */
+static void append_kernel(CuModule *m, const char *src, const char *name)
+{
+    cu_text_add(&m->text, "\n");
+    for (const char *at; (at = strstr(src, "KNAME")); src = at + 5) cu_text_add(&m->text, "%.*s%s", (int)(at - src), src, name);
+    cu_text_add(&m->text, "%s", src);
+}
+
+/* The name of the kernel with this text, added to the module on first use. */
+static const char *kernel_name(CuModule *m, const char *prefix, const char *src)
+{
+    uint64_t h = fnv1a(src, 0xcbf29ce484222325u);
+    if (2 * (m->n_kernels + 1) > m->n_slots) rehash(m);
+    unsigned s = (unsigned)h & (unsigned)(m->n_slots - 1);
+    for (; m->slots[s]; s = (s + 1) & (unsigned)(m->n_slots - 1)) {
+        const Kernel *k = &m->kernels[m->slots[s] - 1];
+        if (k->hash == h && !strcmp(k->prefix, prefix) && !strcmp(k->src, src)) return k->name;
+    }
+    uint64_t nh = h;
+    char *name = arena_printf(m->arena, "%s_%08x", prefix, (unsigned)(nh & 0xffffffffu));
+    while (name_taken(m, name)) {  // a different text, the same name: the next in sequence
+        nh = nh * 0x100000001b3u + 1;
+        name = arena_printf(m->arena, "%s_%08x", prefix, (unsigned)(nh & 0xffffffffu));
+    }
+    m->kernels = arena_grow(m->arena, m->kernels, &m->cap_kernels, m->n_kernels + 1, sizeof *m->kernels);
+    m->kernels[m->n_kernels] = (Kernel){h, arena_strdup(m->arena, prefix), arena_strdup(m->arena, src), name};
+    m->slots[s] = ++m->n_kernels;
+    append_kernel(m, src, name);
+    return name;
+}
+
+/* ---- instructions ------------------------------------------------------------------- */
+
+static int add_args(CuCtx *c, const int *args, int n, int32_t *at)
+{
+    *at = c->m->plan->n_ids;
+    for (int i = 0; i < n; i++)
+        if (plan_id_add(c->m->plan, args[i]) < 0) return cu_fail(c, "out of memory");
+    return 0;
+}
+
+int cu_launch(CuCtx *c, const char *prefix, const char *src, CuDim grid, CuDim block, int smem, const int *args,
+              int n_args)
+{
+    Plan *p = c->m->plan;
+    int32_t kernel = plan_intern(p, kernel_name(c->m, prefix, src)), at;
+    if (kernel < 0) return cu_fail(c, "out of memory");
+    if (add_args(c, args, n_args, &at)) return -1;
+    PlanCuda ins = {.op = c->node, .kind = PLAN_CU_LAUNCH, .kernel = kernel, .args = at, .n_args = n_args,
+                    .grid = {grid.x, grid.y, grid.z}, .block = {block.x, block.y, block.z}, .smem = smem};
+    if (plan_cuda_add(p, &ins) < 0) return cu_fail(c, "out of memory");
+    return 0;
+}
+
+int cu_gemm(CuCtx *c, const CuGemm *gm)
+{
+    int32_t at;
+    if (add_args(c, (const int[]){gm->A, gm->B, gm->C}, 3, &at)) return -1;
+    PlanCuda ins = {.op = c->node, .kind = PLAN_CU_GEMM, .kernel = PLAN_NONE, .args = at, .n_args = 3,
+                    .ta = gm->ta, .tb = gm->tb, .m = gm->m, .n = gm->n, .k = gm->k, .lda = gm->lda, .ldb = gm->ldb,
+                    .ldc = gm->ldc, .stride_a = gm->stride_a, .stride_b = gm->stride_b, .stride_c = gm->stride_c,
+                    .batch = gm->batch, .a_off = gm->a_off, .b_off = gm->b_off, .c_off = gm->c_off};
+    if (plan_cuda_add(c->m->plan, &ins) < 0) return cu_fail(c, "out of memory");
+    return 0;
+}
+
+int cu_fail(CuCtx *c, const char *fmt, ...)
+{
+    int n = snprintf(c->err, c->errlen, "op %d (%s): ", c->node, op_name(ir_node(c->g, c->node)->op));
+    if (n >= 0 && (size_t)n < c->errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->err + n, c->errlen - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* ---- text --------------------------------------------------------------------------- */
+
+static void text_vadd(CuText *t, const char *fmt, va_list ap)
+{
+    va_list aq;
+    va_copy(aq, ap);
+    int n = vsnprintf(NULL, 0, fmt, aq);
+    va_end(aq);
+    FS_ASSERT(n >= 0);
+    t->s = arena_grow(t->arena, t->s, &t->cap, t->len + n + 1, 1);
+    vsnprintf(t->s + t->len, (size_t)n + 1, fmt, ap);
+    t->len += n;
+}
+
+void cu_text_add(CuText *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    text_vadd(t, fmt, ap);
+    va_end(ap);
+}
+
+CuText cu_text(CuCtx *c) { return (CuText){.arena = c->m->arena}; }
+
+char *cu_fmt(CuCtx *c, const char *fmt, ...)
+{
+    CuText t = cu_text(c);
+    va_list ap;
+    va_start(ap, fmt);
+    text_vadd(&t, fmt, ap);
+    va_end(ap);
+    return t.s ? t.s : arena_strdup(c->m->arena, "");
+}
+
+const char *cu_type(DType t)
+{
+    switch (t) {
+    case DT_F32: return "float";
+    case DT_F16: return "__half";
+    case DT_BF16: return "__nv_bfloat16";
+    case DT_I32: return "int";
+    case DT_COUNT: break;
+    }
+    FS_ASSERT(!"unknown dtype");
+}
+
+const char *cu_rn(DType t)
+{
+    return t == DT_F16 ? "fs_rn_f16" : t == DT_BF16 ? "fs_rn_bf16" : "";
+}
+
+/* ---- loops, indices, literals -------------------------------------------------------- */
+
+CuDim cu_grid(int64_t n)
+{
+    int64_t blocks = (n + CU_BLOCK - 1) / CU_BLOCK;
+    return (CuDim){(int)(blocks < 1 ? 1 : blocks > CU_MAX_BLOCKS ? CU_MAX_BLOCKS : blocks), 1, 1};
+}
+
+const char *cu_index(int64_t span)
+{
+    return span <= INT32_MAX - (int64_t)CU_BLOCK * CU_MAX_BLOCKS ? "int" : "long long";
+}
+
+char *cu_loop(CuCtx *c, const char *idx, int64_t n)
+{
+    return cu_fmt(c, "for (%s i = (%s)blockIdx.x * blockDim.x + threadIdx.x; i < %lld%s; i += (%s)gridDim.x * blockDim.x)",
+                  idx, idx, (long long)n, strcmp(idx, "int") ? "LL" : "", idx);
+}
+
+char *cu_index_expr(CuCtx *c, int rank, const int64_t *size, const int64_t *stride, const char *i)
+{
+    /* Dims without their unit ones, innermost first, each merged into the one inside it
+     * when the tensor walks both as one (stride continues, or both broadcast). */
+    int64_t sz[IR_MAX_RANK + 1], st[IR_MAX_RANK + 1], os[IR_MAX_RANK + 1], span = 1;
+    int n = 0;
+    for (int d = rank - 1; d >= 0; d--) {
+        if (size[d] == 1) continue;
+        if (n > 0 && stride[d] == st[n - 1] * sz[n - 1]) {
+            sz[n - 1] *= size[d];
+        } else {
+            sz[n] = size[d], st[n] = stride[d], os[n] = span;
+            n++;
+        }
+        span *= size[d];
+    }
+    CuText t = cu_text(c);
+    for (int k = 0; k < n; k++) {
+        if (!st[k]) continue;
+        cu_text_add(&t, "%s", t.len ? " + " : "");
+        if (os[k] == 1 && k == n - 1) cu_text_add(&t, "%s", i);          // the one dim: i itself
+        else if (os[k] == 1) cu_text_add(&t, "%s %% %lld", i, (long long)sz[k]);
+        else if (k == n - 1) cu_text_add(&t, "%s / %lld", i, (long long)os[k]);  // outermost: no wrap
+        else cu_text_add(&t, "%s / %lld %% %lld", i, (long long)os[k], (long long)sz[k]);
+        if (st[k] != 1) cu_text_add(&t, " * %lld", (long long)st[k]);
+    }
+    return t.len ? t.s : cu_fmt(c, "0");
+}
+
+char *cu_bcast_index(CuCtx *c, const Value *out, const Value *in, const char *i)
+{
+    int64_t stride[IR_MAX_RANK], s = 1;
+    FS_ASSERT(in->rank <= out->rank);
+    for (int k = 1; k <= out->rank; k++) {
+        int d = in->rank - k;
+        stride[out->rank - k] = d >= 0 && in->shape[d] != 1 ? s : 0;
+        if (d >= 0) s *= in->shape[d];
+    }
+    return cu_index_expr(c, out->rank, out->shape, stride, i);
+}
+
+char *cu_float(CuCtx *c, float v)
+{
+    if (!isfinite(v)) {
+        uint32_t u;
+        memcpy(&u, &v, sizeof u);
+        return cu_fmt(c, "__int_as_float(0x%08x)", u);
+    }
+    char *s = cu_fmt(c, "%.9g", (double)v);
+    return strpbrk(s, ".e") ? cu_fmt(c, "%sf", s) : cu_fmt(c, "%s.0f", s);
+}
+
+char *cu_double(CuCtx *c, double v)
+{
+    if (!isfinite(v)) {
+        uint64_t u;
+        memcpy(&u, &v, sizeof u);
+        return cu_fmt(c, "__longlong_as_double(0x%016llxLL)", (unsigned long long)u);
+    }
+    char *s = cu_fmt(c, "%.17g", v);
+    return strpbrk(s, ".e") ? s : cu_fmt(c, "%s.0", s);
+}

@@ -1,0 +1,205 @@
+/* codegen/cuda_optim.c: the CUDA emitters of the optimizer step: lr_at, clip_coef,
+ * count_step, scale_update (one thread each: they compute a scalar), adamw and sgd
+ * (a grid-stride loop over the param).
+ *
+ * runtime/cpu/optim.c is the reference, operation for operation: the same float
+ * expressions per element, the same step-dependent factors computed in double and
+ * rounded to float once, attributes rounded as the CPU rounds them (compiled in as exact
+ * literals). Scalars (lr, coef, the norm, the loss scale) are read on the device, so the
+ * step needs no host round trip; a NaN coef (clip_coef's skipped step) makes adamw, sgd
+ * and count_step leave everything untouched. Everything is f32, with i32 counts.
+ */
+#include "cuda.h"
+
+static const Node *node_of(CuCtx *c) { return ir_node(c->g, c->node); }
+static const Value *in_value(CuCtx *c, int i) { return ir_value(c->g, ir_in(c->g, node_of(c), i)); }
+static double attr(CuCtx *c, const char *key) { return ir_attr_float(c->g, node_of(c), key, 0); }
+
+/* The first n inputs f32, as the CPU kernels demand. */
+static int want_f32(CuCtx *c, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (in_value(c, i)->dtype != DT_F32)
+            return cu_fail(c, "input %d is %s; the optimizer takes f32 only", i, dtype_name(in_value(c, i)->dtype));
+    return 0;
+}
+
+/* A one-thread kernel over the node's inputs then outputs, with these parameters. */
+static int single(CuCtx *c, const char *prefix, const char *src)
+{
+    const Node *n = node_of(c);
+    int args[IR_MAX_IN + IR_MAX_OUT], k = 0;
+    for (int i = 0; i < n->n_in; i++) args[k++] = ir_in(c->g, n, i);
+    for (int i = 0; i < n->n_out; i++) args[k++] = ir_out(c->g, n, i);
+    return cu_launch(c, prefix, src, (CuDim){1, 1, 1}, (CuDim){1, 1, 1}, 0, args, k);
+}
+
+/* lr_at(step; lr, schedule, warmup, steps, min_lr): linear warmup, then constant (0) or
+ * cosine (1) decay to min_lr. */
+int cuda_lr_at(CuCtx *c)
+{
+    int64_t schedule = ir_attr_int(c->g, node_of(c), "schedule", 0), warmup = ir_attr_int(c->g, node_of(c), "warmup", 0),
+            steps = ir_attr_int(c->g, node_of(c), "steps", 0);
+    if (schedule != 0 && schedule != 1) return cu_fail(c, "unknown schedule %lld", (long long)schedule);
+    if (in_value(c, 0)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
+    const char *lr = cu_double(c, attr(c, "lr")), *min_lr = cu_double(c, attr(c, "min_lr"));
+    CuText src = cu_text(c);
+    cu_text_add(&src,
+                "extern \"C\" __global__ void KNAME(const int *step_, float *out)\n"
+                "{\n"
+                "    const long long step = step_[0];\n"
+                "    double lr = %s;\n"
+                "    (void)step;\n",
+                lr);
+    /* Only the branches this schedule has: no dead code (and no warnings about it). */
+    if (warmup > 0)
+        cu_text_add(&src, "    if (step <= %lldLL) lr = %s * (double)step / (double)%lldLL;  // warmup\n", (long long)warmup,
+                    lr, (long long)warmup);
+    if (schedule == 1)
+        cu_text_add(&src,
+                    "    %sif (1) {  // cosine\n"
+                    "        double progress = (double)(step - %lldLL) / (double)%lldLL;\n"
+                    "        progress = progress < 0 ? 0 : progress > 1 ? 1 : progress;\n"
+                    "        lr = %s + 0.5 * (%s - %s) * (1.0 + cos(3.14159265358979323846 * progress));\n"
+                    "    }\n",
+                    warmup > 0 ? "else " : "", (long long)warmup, (long long)(steps - warmup > 1 ? steps - warmup : 1),
+                    min_lr, lr, min_lr);
+    cu_text_add(&src, "    out[0] = (float)lr;\n}\n");
+    return single(c, "lr_at", src.s);
+}
+
+/* clip_coef(norm; max_norm, skip_nonfinite) = min(1, max_norm / (norm + 1e-6)); 1 when
+ * max_norm <= 0; for a norm that is not finite, NaN (skip the step) or 1. */
+int cuda_clip_coef(CuCtx *c)
+{
+    if (want_f32(c, 1)) return -1;
+    double max_norm = attr(c, "max_norm");
+    int skip = ir_attr_int(c->g, node_of(c), "skip_nonfinite", 0) != 0;
+    char *src = cu_fmt(c,
+                       "extern \"C\" __global__ void KNAME(const float *norm_, float *out)\n"
+                       "{\n"
+                       "    const double norm = norm_[0], max_norm = %s;\n"
+                       "    double coef = 1.0;\n"
+                       "    if (!fs_isfinite(norm_[0])) {\n"
+                       "        coef = %s;\n"
+                       "    } else if (max_norm > 0) {\n"
+                       "        coef = max_norm / (norm + 1e-6);\n"
+                       "        coef = coef < 1.0 ? coef : 1.0;\n"
+                       "    }\n"
+                       "    out[0] = (float)coef;\n"
+                       "}\n",
+                       cu_double(c, max_norm), skip ? "__longlong_as_double(0x7ff8000000000000LL)  /* NaN */" : "1.0");
+    return single(c, "clip_coef", src);
+}
+
+/* count_step(count, coef): the optimizer's step count advances unless the step is skipped. */
+int cuda_count_step(CuCtx *c)
+{
+    if (in_value(c, 0)->dtype != DT_I32 || in_value(c, 1)->dtype != DT_F32) return cu_fail(c, "needs i32 and f32 scalars");
+    return single(c, "count_step",
+                  "extern \"C\" __global__ void KNAME(int *count, const float *coef)\n"
+                  "{\n"
+                  "    if (coef[0] == coef[0]) count[0] += 1;  // not NaN: a step taken\n"
+                  "}\n");
+}
+
+/* scale_update(norm, scale, good; growth_interval): GradScaler's update: an overflow
+ * halves the scale, growth_interval good steps in a row double it. */
+int cuda_scale_update(CuCtx *c)
+{
+    if (want_f32(c, 2) || in_value(c, 2)->dtype != DT_I32) return cu_fail(c, "needs f32, f32 and i32 scalars");
+    int64_t interval = ir_attr_int(c->g, node_of(c), "growth_interval", 2000);
+    char *src = cu_fmt(c,
+                       "extern \"C\" __global__ void KNAME(const float *norm, float *scale, int *good)\n"
+                       "{\n"
+                       "    if (!fs_isfinite(norm[0])) {\n"
+                       "        scale[0] *= 0.5f;\n"
+                       "        good[0] = 0;\n"
+                       "    } else if (++good[0] >= %d) {\n"
+                       "        scale[0] *= 2.0f;\n"
+                       "        good[0] = 0;\n"
+                       "    }\n"
+                       "}\n",
+                       (int)interval);
+    return single(c, "scale_update", src);
+}
+
+/* A grid-stride loop over the param's elements; inputs in the op's order. */
+static int update(CuCtx *c, const char *prefix, const char *src)
+{
+    int64_t n = ir_numel(in_value(c, 0));
+    if (n == 0) return 0;
+    const Node *node = node_of(c);
+    int args[IR_MAX_IN];
+    for (int i = 0; i < node->n_in; i++) args[i] = ir_in(c->g, node, i);
+    return cu_launch(c, prefix, src, cu_grid(n), (CuDim){CU_BLOCK, 1, 1}, 0, args, node->n_in);
+}
+
+/* adamw(p, g, m, v, lr, coef, step; beta1, beta2, eps, weight_decay), as torch.optim.AdamW. */
+int cuda_adamw(CuCtx *c)
+{
+    if (want_f32(c, 6)) return -1;
+    if (in_value(c, 6)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
+    int64_t n = ir_numel(in_value(c, 0));
+    double b1 = attr(c, "beta1"), b2 = attr(c, "beta2");
+    float w1 = (float)(1.0 - b1);
+    /* torch's lerp: two formulas, picked by the weight */
+    const char *lerp = w1 < 0.5f ? cu_fmt(c, "mi + %s * (gi - mi)", cu_float(c, w1))
+                                 : cu_fmt(c, "gi - (gi - mi) * (1.0f - %s)", cu_float(c, w1));
+    char *src = cu_fmt(
+        c,
+        "extern \"C\" __global__ void KNAME(float *p, const float *g, float *m, float *v, const float *lr_, const float *coef_,\n"
+        "                                   const int *step_)\n"
+        "{\n"
+        "    const float coef = coef_[0];\n"
+        "    if (coef != coef) return;  // NaN: a skipped step\n"
+        "    const double lr = lr_[0], step = step_[0];\n"
+        "    const float decay = (float)(1.0 - lr * %s);\n"
+        "    const float step_size = (float)(lr / (1.0 - pow(%s, step)));\n"
+        "    const float bc2_sqrt = (float)sqrt(1.0 - pow(%s, step));\n"
+        "    %s {\n"
+        "        const float gi = g[i] * coef, mi = m[i];\n"
+        "        const float m1 = %s;  // m.lerp_(g, 1 - beta1)\n"
+        "        const float v1 = v[i] * %s + %s * gi * gi;  // v.mul_(beta2).addcmul_(g, g, 1 - beta2)\n"
+        "        m[i] = m1;\n"
+        "        v[i] = v1;\n"
+        "        const float denom = sqrtf(v1) / bc2_sqrt + %s;\n"
+        "        p[i] = p[i] * decay + -step_size * m1 / denom;  // p.mul_(1 - lr wd).addcdiv_(m, denom, -step_size)\n"
+        "    }\n"
+        "}\n",
+        cu_double(c, attr(c, "weight_decay")), cu_double(c, b1), cu_double(c, b2),
+        cu_loop(c, cu_index(n), n), lerp, cu_float(c, (float)b2), cu_float(c, (float)(1.0 - b2)),
+        cu_float(c, (float)attr(c, "eps")));
+    return update(c, "adamw", src);
+}
+
+/* sgd(p, g, buf, lr, coef, step; momentum, weight_decay): dampening 0, no nesterov. */
+int cuda_sgd(CuCtx *c)
+{
+    if (want_f32(c, 5)) return -1;
+    if (in_value(c, 5)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
+    int64_t n = ir_numel(in_value(c, 0));
+    float mom = (float)attr(c, "momentum");
+    const char *momentum = mom != 0.0f ? cu_fmt(c,
+                                                "        const float b = step == 1 ? d : buf[i] * %s + d;\n"
+                                                "        buf[i] = b;\n"
+                                                "        d = b;\n",
+                                                cu_float(c, mom))
+                                       : "";
+    char *src = cu_fmt(c,
+                       "extern \"C\" __global__ void KNAME(float *p, const float *g, float *buf, const float *lr_,\n"
+                       "                                   const float *coef_, const int *step_)\n"
+                       "{\n"
+                       "    const float coef = coef_[0], lr = lr_[0];\n"
+                       "    if (coef != coef) return;  // NaN: a skipped step\n"
+                       "    const int step = step_[0];\n"
+                       "    (void)step;\n"
+                       "    %s {\n"
+                       "        float d = g[i] * coef + %s * p[i];\n"
+                       "%s"
+                       "        p[i] = p[i] - lr * d;\n"
+                       "    }\n"
+                       "}\n",
+                       cu_loop(c, cu_index(n), n), cu_float(c, (float)attr(c, "weight_decay")), momentum);
+    return update(c, "sgd", src);
+}
