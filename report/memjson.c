@@ -8,7 +8,8 @@
  *    "master"}, "categories": [{"key", "name", "at_peak", "max"}], "host": {"peak_bytes",
  *    "peak_op", "categories": [...]}, "top_tensors": [{"id", "name", "dtype", "shape",
  *    "bytes", "category", "made_by"}], "n_live_at_peak", "saved_by_block": [{"block",
- *    "layer", "bytes"}], "saved_outside_blocks", "shard", "shard_applied"}
+ *    "layer", "bytes"}], "saved_outside_blocks", "shard", "shard_applied",
+ *    "cuda_workspace_bytes" (outside the arena, CUDA ranks; 0 without a CUDA program)}
  */
 #include "report.h"
 
@@ -167,6 +168,7 @@ static json_t *build(const MemReport *r, int *bad)
     put(o, "model_state", model_state(r, bad), bad);
     put(o, "categories", categories(r, PLAN_PLACE_DEVICE, bad), bad);
     put(o, "host", host(r, bad), bad);
+    put(o, "cuda_workspace_bytes", json_integer(r->cuda_workspace), bad);
     put(o, "n_live_at_peak", json_integer(r->n_live_at_peak), bad);
     put(o, "top_tensors", top, bad);
     put(o, "saved_by_block", saved(r, bad), bad);

@@ -269,6 +269,7 @@ static int build(MemReport *r, char *err, size_t errlen)
     const PlanMeta *m = plan_meta_find(p, "arena_bytes");
     if (!m || m->kind != PLAN_META_INT) return fail(err, errlen, "the plan has no memory plan (meta 'arena_bytes')");
     r->arena_bytes = m->i;
+    r->cuda_workspace = p->n_cuda ? plan_meta_int(p, "cuda_workspace_bytes", 0) : 0;
     r->world = plan_meta_int(p, "world", 1);
     if (r->world < 1) r->world = 1;
     r->n_points = p->n_ops > 0 ? p->n_ops : 1;

@@ -52,6 +52,10 @@ static void print_summary(const MemReport *r, FILE *out)
                 report_bytes(r->peak[PLAN_PLACE_HOST], a, sizeof a), r->peak_at[PLAN_PLACE_HOST]);
     else
         fprintf(out, "  %-14s none\n", "host memory");
+    if (r->cuda_workspace)
+        fprintf(out, "  %-14s cuBLAS workspace %s outside the arena on CUDA ranks (NCCL's buffers and the CUDA "
+                "context: fsexec measures them when it starts)\n", "CUDA libraries",
+                report_bytes(r->cuda_workspace, a, sizeof a));
     const char *shard = plan_meta_str(p, "shard", "none");
     if (strcmp(shard, "none") && !r->shard_applied)
         fprintf(out, "  note: shard %s is not applied in this plan (it has no collectives): every rank holds the "

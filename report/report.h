@@ -57,6 +57,8 @@ typedef struct MemReport {
     int64_t *saved_by_block;      // [n_blocks + 1] saved bytes read by each block's
                                   // backward; the last entry: by ops outside blocks
     int shard_applied;            // the plan communicates (has collectives)
+    int64_t cuda_workspace;       // CUDA ranks only, outside the arena: the cuBLAS workspace
+                                  // (meta "cuda_workspace_bytes"); 0 when the plan has no CUDA program
 } MemReport;
 
 /* The report of a plan that passed plan_check. NULL with a message when the plan has no
