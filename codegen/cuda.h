@@ -139,5 +139,9 @@ int cu_group(CuCtx *c, int first);
 int codegen_cuda(const Graph *g, Plan *p, char *err, size_t errlen);
 /* The CUDA source of a plan (meta "cuda_source"), or NULL. */
 const char *codegen_cuda_source(const Plan *p);
+/* The plan's CUDA program as text, one instruction a line: "12 add 26 LAUNCH add_2d6b70f8
+ * grid 24576,1,1 block 256,1,1 smem 0 args %9,%34,%35" (op id, op name, .fsm line, then
+ * the kernel and its launch, or the GEMM's parameters). 0, or -1 on a write error. */
+int codegen_cuda_print(const Plan *p, FILE *out);
 
 #endif

@@ -229,15 +229,19 @@ int cu_fail(CuCtx *c, const char *fmt, ...)
 
 /* ---- text --------------------------------------------------------------------------- */
 
+/* Formats into a buffer on the stack, then appends: one vsnprintf for every piece but
+ * the rare long one (most of codegen's time is spent here). */
 static void text_vadd(CuText *t, const char *fmt, va_list ap)
 {
+    char buf[1024];
     va_list aq;
     va_copy(aq, ap);
-    int n = vsnprintf(NULL, 0, fmt, aq);
+    int n = vsnprintf(buf, sizeof buf, fmt, aq);
     va_end(aq);
     FS_ASSERT(n >= 0);
     t->s = arena_grow(t->arena, t->s, &t->cap, t->len + n + 1, 1);
-    vsnprintf(t->s + t->len, (size_t)n + 1, fmt, ap);
+    if (n < (int)sizeof buf) memcpy(t->s + t->len, buf, (size_t)n + 1);
+    else vsnprintf(t->s + t->len, (size_t)n + 1, fmt, ap);
     t->len += n;
 }
 

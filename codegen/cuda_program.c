@@ -8,6 +8,7 @@
  * meta "cuda_source", and the cuBLAS workspace the runtime allocates besides the arena
  * into meta "cuda_workspace_bytes" (reported on its own line, never in the arena).
  */
+#include <inttypes.h>
 #include <stdio.h>
 
 #include "cuda.h"
@@ -45,3 +46,35 @@ int codegen_cuda(const Graph *g, Plan *p, char *err, size_t errlen)
 }
 
 const char *codegen_cuda_source(const Plan *p) { return plan_meta_str(p, "cuda_source", NULL); }
+
+static void print_args(const Plan *p, const PlanCuda *in, FILE *out)
+{
+    for (int32_t k = 0; k < in->n_args; k++) fprintf(out, "%s%%%d", k ? "," : " args ", p->ids[in->args + k]);
+}
+
+int codegen_cuda_print(const Plan *p, FILE *out)
+{
+    fprintf(out, "# The CUDA program of model %s (plan/plan.h: PlanCuda), one instruction a line:\n"
+                 "#   OP NAME LINE LAUNCH kernel grid X,Y,Z block X,Y,Z smem BYTES args %%TENSORS\n"
+                 "#   OP NAME LINE GEMM m n k ta tb lda ldb ldc batch stride_a,b,c off_a,b,c args %%A,%%B,%%C\n"
+                 "# Kernels are in kernels.cu; ops without a line run no CUDA work of their own\n"
+                 "# (views, collectives on NCCL, members of a fused group but the last).\n",
+            plan_meta_str(p, "model", "?"));
+    for (int32_t i = 0; i < p->n_cuda; i++) {
+        const PlanCuda *in = &p->cuda[i];
+        const PlanOp *op = &p->ops[in->op];
+        fprintf(out, "%d %s %d ", in->op, plan_str(p, op->op), op->line);
+        if (in->kind == PLAN_CU_LAUNCH)
+            fprintf(out, "LAUNCH %s grid %d,%d,%d block %d,%d,%d smem %d", plan_str(p, in->kernel), in->grid[0], in->grid[1],
+                    in->grid[2], in->block[0], in->block[1], in->block[2], in->smem);
+        else
+            fprintf(out,
+                    "GEMM m %" PRId64 " n %" PRId64 " k %" PRId64 " ta %d tb %d lda %" PRId64 " ldb %" PRId64 " ldc %" PRId64
+                    " batch %" PRId64 " stride %" PRId64 ",%" PRId64 ",%" PRId64 " off %" PRId64 ",%" PRId64 ",%" PRId64,
+                    in->m, in->n, in->k, in->ta, in->tb, in->lda, in->ldb, in->ldc, in->batch, in->stride_a, in->stride_b,
+                    in->stride_c, in->a_off, in->b_off, in->c_off);
+        print_args(p, in, out);
+        fputc('\n', out);
+    }
+    return ferror(out) ? -1 : 0;
+}

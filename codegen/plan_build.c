@@ -6,9 +6,13 @@
  *
  * Ids are kept: tensor i is value i, op i is node i, block i is block i. The memory plan
  * (offsets, live ranges, aliases, meta "arena_bytes") is copied as memplan left it;
- * without one (arena_bytes 0) the meta is left out, and fsexec says so.
+ * without one (arena_bytes 0) the meta is left out, and fsexec says so. With one, the
+ * plan also gets its CUDA program (codegen_cuda), which needs the offsets.
  */
+#include <stdio.h>
+
 #include "codegen.h"
+#include "cuda.h"
 
 _Static_assert(IR_MAX_RANK <= PLAN_MAX_RANK, "plan tensors must hold every IR rank");
 
@@ -196,12 +200,19 @@ static int build(Plan *p, const Graph *g, const TrainConfig *t)
     return 0;
 }
 
-Plan *codegen_plan(const Graph *g, const TrainConfig *t)
+Plan *codegen_plan(const Graph *g, const TrainConfig *t, char *err, size_t errlen)
 {
     Plan *p = plan_new();
-    if (p && build(p, g, t)) {
+    if (!p || build(p, g, t)) {
+        snprintf(err, errlen, "out of memory building the plan");
         plan_free(p);
-        p = NULL;
+        return NULL;
+    }
+    char why[512];
+    if (CODEGEN_CUDA_PROGRAM && g->arena_bytes > 0 && codegen_cuda(g, p, why, sizeof why)) {
+        snprintf(err, errlen, "the CUDA program: %s", why);
+        plan_free(p);
+        return NULL;
     }
     return p;
 }

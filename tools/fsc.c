@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "codegen.h"
+#include "cuda.h"
 #include "frontend.h"
 #include "fsc_mem.h"
 #include "passes.h"
@@ -15,11 +16,12 @@
 
 enum { MAX_SOURCE = 16 << 20, MAX_FLAGS = 256 };
 
-typedef enum { EMIT_NONE, EMIT_IR, EMIT_IR_JSON } Emit;
+typedef enum { EMIT_NONE, EMIT_IR, EMIT_IR_JSON, EMIT_CUDA } Emit;
 
 typedef struct {
     const char *input, *output, *print_after;
     Emit emit;
+    const char *emit_dir;       // --emit cuda DIR
     Define defines[MAX_FLAGS];
     int n_defines;
     Setting settings[MAX_FLAGS];
@@ -42,6 +44,8 @@ static void usage(FILE *out)
             "  -o PLAN               write the plan file\n"
             "  -D NAME=VALUE         override a dim (repeatable): -D L=4 -D C=128\n"
             "  --emit ir|ir-json     print the graph after all passes to stdout\n"
+            "  --emit cuda DIR       write the CUDA program: DIR/kernels.cu (the NVRTC module)\n"
+            "                        and DIR/program.txt (each op's launches and GEMMs)\n"
             "  --print-after PASS    print the graph after PASS (lower");
     int n;
     const PassInfo *p = passes_list(&n);
@@ -151,12 +155,17 @@ static int parse_args(int argc, char **argv, Flags *f)
         } else if (!strcmp(a, "--emit") || !strncmp(a, "--emit=", 7)) {
             const char *what = a[6] == '=' ? a + 7 : next;
             used = a[6] != '=';
-            if (what && !strcmp(what, "ir"))
+            if (what && !strcmp(what, "ir")) {
                 f->emit = EMIT_IR;
-            else if (what && !strcmp(what, "ir-json"))
+            } else if (what && !strcmp(what, "ir-json")) {
                 f->emit = EMIT_IR_JSON;
-            else
-                return fail("--emit: expected 'ir' or 'ir-json', got '%s'%s", what ? what : "", "");
+            } else if (what && !strcmp(what, "cuda")) {
+                const char *dir = i + used + 1 < argc ? argv[i + used + 1] : NULL;
+                if (!dir || (dir[0] == '-' && dir[1])) return fail("--emit cuda needs a directory: --emit cuda out/%s%s", "", "");
+                f->emit = EMIT_CUDA, f->emit_dir = dir, used++;
+            } else {
+                return fail("--emit: expected 'ir' or 'ir-json' (or 'cuda DIR'), got '%s'%s", what ? what : "", "");
+            }
         } else if (!strcmp(a, "--print-after")) {
             if (!next) return fail("--print-after needs a pass name%s%s", "", "");
             f->print_after = next, used = 1;
@@ -233,13 +242,26 @@ static void summary(const Graph *g, const TrainConfig *t)
             t->recompute);
 }
 
+/* The plan of g, or NULL after saying why. */
+static Plan *make_plan(const Graph *g, const TrainConfig *t, const char *source)
+{
+    char err[600];
+    Plan *plan = codegen_plan(g, t, err, sizeof err);
+    if (plan && source && fsc_set_source(plan, source)) {
+        plan_free(plan);
+        plan = NULL;
+        snprintf(err, sizeof err, "out of memory building the plan");
+    }
+    if (!plan) fprintf(stderr, "fsc: error: %s\n", err);
+    return plan;
+}
+
 static int write_plan(const Graph *g, const TrainConfig *t, const char *source, const char *path, int quiet)
 {
     char err[512];
-    Plan *plan = codegen_plan(g, t);
-    if (plan && fsc_set_source(plan, source)) plan_free(plan), plan = NULL;
-    int rc = plan ? plan_write(plan, path, err, sizeof err) : -1;
-    if (!plan) snprintf(err, sizeof err, "out of memory building the plan");
+    Plan *plan = make_plan(g, t, source);
+    if (!plan) return -1;
+    int rc = plan_write(plan, path, err, sizeof err);
     if (rc)
         fprintf(stderr, "fsc: error: %s: %s\n", path, err);
     else if (!quiet)
@@ -248,16 +270,51 @@ static int write_plan(const Graph *g, const TrainConfig *t, const char *source, 
     return rc;
 }
 
+/* DIR/NAME from text (writer(plan, file) when text is NULL); 0, or -1 after saying why. */
+static int write_file(const char *dir, const char *name, const char *text, const Plan *plan)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "w");
+    if (!fp) {
+        fprintf(stderr, "fsc: error: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    int bad = text ? fputs(text, fp) < 0 : codegen_cuda_print(plan, fp) != 0;
+    if (fclose(fp) || bad) {
+        fprintf(stderr, "fsc: error: %s: could not write the file\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* --emit cuda DIR: the module and the program, as the plan carries them. */
+static int emit_cuda(const Graph *g, const TrainConfig *t, const char *dir, int quiet)
+{
+    struct stat st;
+    if (mkdir(dir, 0777) && (errno != EEXIST || stat(dir, &st) || !S_ISDIR(st.st_mode))) {
+        fprintf(stderr, "fsc: error: --emit cuda %s: %s\n", dir, errno == EEXIST ? "exists and is not a directory" : strerror(errno));
+        return 1;
+    }
+    Plan *plan = make_plan(g, t, NULL);
+    if (!plan) return 1;
+    const char *src = codegen_cuda_source(plan);
+    int rc = 1;
+    if (!src)
+        fprintf(stderr, "fsc: error: --emit cuda: the plan has no CUDA program\n");
+    else if (!write_file(dir, "kernels.cu", src, plan) && !write_file(dir, "program.txt", NULL, plan))
+        rc = 0;
+    if (!rc && !quiet) fprintf(stderr, "wrote %s/kernels.cu and %s/program.txt (%d instructions)\n", dir, dir, plan->n_cuda);
+    plan_free(plan);
+    return rc;
+}
+
 /* --mem and --mem-limit: the report of the plan built in memory (not written). */
 static int memory(const Graph *g, const TrainConfig *t, const Flags *f, const char *src, size_t len,
                   const FrontendOptions *fo)
 {
-    Plan *plan = codegen_plan(g, t);
-    if (!plan || fsc_set_source(plan, f->input)) {
-        fprintf(stderr, "fsc: error: out of memory building the plan\n");
-        plan_free(plan);
-        return 1;
-    }
+    Plan *plan = make_plan(g, t, f->input);
+    if (!plan) return 1;
     FscMem m = {.out = f->mem, .html_path = f->mem_html, .limit = f->mem_limit, .limit_text = f->mem_limit_text,
                 .src = src, .len = len, .path = f->input, .fo = fo, .quiet = f->quiet};
     int rc = fsc_mem(plan, &m);
@@ -268,11 +325,8 @@ static int memory(const Graph *g, const TrainConfig *t, const Flags *f, const ch
 /* --comm: every collective of a step with its bytes, from the plan built in memory. */
 static int communication(const Graph *g, const TrainConfig *t)
 {
-    Plan *plan = codegen_plan(g, t);
-    if (!plan) {
-        fprintf(stderr, "fsc: error: out of memory building the plan\n");
-        return 1;
-    }
+    Plan *plan = make_plan(g, t, NULL);
+    if (!plan) return 1;
     comm_report(plan, stdout);
     plan_free(plan);
     return 0;
@@ -295,6 +349,7 @@ int main(int argc, char **argv)
     int rc = !g || passes_run(g, &o, &d) != 0;
     if (!rc && f.emit == EMIT_IR) ir_print(g, stdout);
     if (!rc && f.emit == EMIT_IR_JSON) rc = ir_print_json(g, stdout) != 0;
+    if (!rc && f.emit == EMIT_CUDA) rc = emit_cuda(g, &o.train, f.emit_dir, f.quiet);
     if (!rc && !f.quiet) summary(g, &o.train);
     if (!rc && (f.mem || f.mem_limit)) rc = memory(g, &o.train, &f, src, len, &fo);
     if (!rc && f.comm) rc = communication(g, &o.train);

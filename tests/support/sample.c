@@ -23,8 +23,9 @@ Plan *sample_compile(const char *file, const Define *defs, int n_defs, const Set
     Graph *g = fe_compile(src, len, &fo, &o.train, &d);
     cr_assert_not_null(g, "%s does not compile", file);
     cr_assert_eq(passes_run(g, &o, &d), 0, "%s: a pass failed", file);
-    Plan *p = codegen_plan(g, &o.train);
-    cr_assert_not_null(p);
+    char err[512];
+    Plan *p = codegen_plan(g, &o.train, err, sizeof err);
+    cr_assert_not_null(p, "%s: %s", file, err);
     if (out)
         *out = g;
     else

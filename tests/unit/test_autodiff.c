@@ -49,9 +49,10 @@ static Plan *compile(const char *src)
     fclose(msgs);
     cr_assert(ok, "does not compile:\n%s\n%s", src, out);
     free(out);
-    Plan *p = codegen_plan(g, &o.train);
+    char err[512];
+    Plan *p = codegen_plan(g, &o.train, err, sizeof err);
     ir_graph_free(g);
-    cr_assert_not_null(p);
+    cr_assert_not_null(p, "%s", err);
     return p;
 }
 

@@ -992,14 +992,14 @@ static Plan *compile_sample(const char *file, const Define *defs, int n_defs, co
     Graph *g = fe_compile(src, len, &fo, &o.train, &d);
     cr_assert_not_null(g, "%s does not compile", file);
     cr_assert_eq(passes_run(g, &o, &d), 0, "%s: passes failed", file);
-    Plan *p = codegen_plan(g, &o.train);
-    cr_assert_not_null(p);
+    char err[512];
+    Plan *p = codegen_plan(g, &o.train, err, sizeof err);
+    cr_assert_not_null(p, "%s", err);
     ir_graph_free(g);
     free(src);
     /* Through the file format too: what fsexec reads is what was planned. */
     void *buf;
     size_t n;
-    char err[512];
     cr_assert_eq(plan_write_mem(p, &buf, &n, err, sizeof err), 0, "%s", err);
     Plan *q = plan_read_mem(buf, n, err, sizeof err);
     cr_assert_not_null(q, "%s", err);

@@ -55,7 +55,7 @@ static void count_allocs(long fail)
 
 static Graph *g;
 static TrainConfig cfg;
-static Plan *plan;      // codegen_plan(g, &cfg)
+static Plan *plan;      // codegen_plan(g, &cfg, ...)
 static uint8_t *bytes;  // plan_write_mem(plan)
 static size_t n_bytes;
 static char err[512];
@@ -146,7 +146,7 @@ static void setup(void)
                             {"recompute", "Block"}, {"lr", "6e-4"}, {"seed", "42"}};
     for (size_t i = 0; i < sizeof set / sizeof *set; i++)
         cr_assert_eq(config_set(&cfg, set[i][0], set[i][1], err, sizeof err), 0, "%s", err);
-    plan = codegen_plan(g, &cfg);
+    plan = codegen_plan(g, &cfg, err, sizeof err);
     cr_assert_not_null(plan);
     add_cuda_records(plan);
     void *buf;
@@ -284,7 +284,7 @@ Test(plan, codegen_keeps_the_graph)
     cr_assert_eq(plan_meta_int(plan, "arena_bytes", 0), g->arena_bytes);
     /* Without a memory plan, no arena size: fsexec must not take 0 for one. */
     g->arena_bytes = 0;
-    Plan *q = codegen_plan(g, &cfg);
+    Plan *q = codegen_plan(g, &cfg, err, sizeof err);
     cr_assert_null(plan_meta_find(q, "arena_bytes"));
     plan_free(q);
     cr_assert_str_eq(plan_meta_str(plan, "model", ""), "tiny");
@@ -818,14 +818,16 @@ Test(plan, read_survives_every_allocation_failure)
 Test(plan, codegen_and_write_survive_every_allocation_failure)
 {
     count_allocs(0);
-    Plan *p = codegen_plan(g, &cfg);
+    Plan *p = codegen_plan(g, &cfg, err, sizeof err);
     cr_assert_not_null(p);
     plan_free(p);
     long total = n_allocs;
     cr_assert_eq(live, 0);
     for (long k = 1; k <= total; k++) {
         count_allocs(k);
-        cr_assert_null(codegen_plan(g, &cfg), "allocation %ld failed, yet built", k);
+        err[0] = 0;
+        cr_assert_null(codegen_plan(g, &cfg, err, sizeof err), "allocation %ld failed, yet built", k);
+        cr_assert(strstr(err, "out of memory"), "allocation %ld: %s", k, err);
         cr_assert_eq(live, 0, "allocation %ld failed: %ld blocks leaked", k, live);
     }
     void *buf;
