@@ -7,6 +7,12 @@
  * one progress line. The one exception is --save-grads, which writes a file in step 1,
  * between backward and the optimizer (where every gradient is complete and live).
  *
+ * Devices: the CPU Exec always exists; it is the host mirror of the arena (init, data,
+ * weights files). With --device cuda (or auto, on a machine with a GPU) the CUDA backend
+ * (runtime/backend.h, loaded with dlopen) runs the steps on a copy of that arena: each
+ * step's inputs go up, the outputs the progress line reads come down, and every
+ * persistent tensor comes down before weights are saved.
+ *
  * Ranks: a plan for a world of N runs as N processes started by mpirun, srun, or
  * `fsexec --nproc N` (which execs mpirun on this binary). Every rank runs the same
  * plan; rank 0 alone prints progress and writes the log and the weights. Errors carry
@@ -22,6 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fsexec_device.h"
 #include "runtime.h"
 
 static const char USAGE[] =
@@ -35,6 +42,13 @@ static const char USAGE[] =
     "                       --save-weights: export the initial weights)\n"
     "  --seed S             seed of parameter init and data (default: the plan's seed)\n"
     "  --threads N          OpenMP and OpenBLAS threads (default: all cores)\n"
+    "  --device DEV         where the steps run: auto (default: a CUDA GPU when this\n"
+    "                       machine has one and the plan has a CUDA program, else the\n"
+    "                       CPU), cpu, or cuda (an error without a GPU)\n"
+    "  --cuda-graph         CUDA: capture step 2 as a CUDA graph and replay it for every\n"
+    "                       later step (one launch a step)\n"
+    "  --tf32               CUDA: f32 matrix products on TF32 tensor cores (10-bit\n"
+    "                       mantissa inputs, f32 accumulation), as torch's allow_tf32\n"
     "  --data FILE          token file: llm.c's format or raw uint16 (default: a built-in\n"
     "                       byte-level corpus for language models; Gaussian blobs for\n"
     "                       classifiers, which take no file)\n"
@@ -72,13 +86,20 @@ static const char USAGE[] =
     "  fsexec --nproc N PLAN ...         (this machine)\n"
     "torchrun-style RANK/WORLD_SIZE alone cannot start MPI: use one of the above. Every\n"
     "rank reads its own rows of the same global batch; rank 0 prints, logs and saves\n"
-    "(weights consolidated from every rank's shards).\n";
+    "(weights consolidated from every rank's shards). With CUDA, rank r uses GPU\n"
+    "(local rank mod GPUs) and the ranks talk through NCCL.\n"
+    "\n"
+    "environment (CUDA):\n"
+    "  FS_CUDA_BACKEND      the backend library (default: libfs_cuda.so next to fsexec)\n"
+    "  FS_CUDA_CACHE        where compiled kernels are kept (default ~/.cache/fsexec)\n"
+    "  FS_CUDA_SYNC=1       wait after every op, so a kernel fault names its op (slow)\n";
 
 typedef struct {
     const char *plan, *inspect, *data, *log, *save_weights, *load_weights, *save_grads;
     int64_t steps;
     uint64_t seed;
     int has_seed, threads, log_every, debug_nan, debug_guard;
+    int device, cuda_graph, tf32;  // device: DEV_*
     RtDataOrder order;
     int64_t nproc, timeout;  // --nproc (0: not given), --timeout seconds
     int64_t overflow_at;     // --debug-overflow-at: the step whose fp16 gradients overflow
@@ -144,12 +165,12 @@ static int parse_int(const char *flag, const char *s, int64_t lo, int64_t hi, in
 /* The flags that take a value, as `--name VALUE` or `--name=VALUE`. */
 typedef enum {
     V_INSPECT, V_STEPS, V_SEED, V_THREADS, V_DATA, V_DATA_ORDER, V_LOG, V_LOG_EVERY, V_SAVE_WEIGHTS,
-    V_LOAD_WEIGHTS, V_SAVE_GRADS, V_NPROC, V_TIMEOUT, V_OVERFLOW_AT, V_COUNT
+    V_LOAD_WEIGHTS, V_SAVE_GRADS, V_NPROC, V_TIMEOUT, V_OVERFLOW_AT, V_DEVICE, V_COUNT
 } ValueFlag;
 
 static const char *const VALUE_FLAGS[V_COUNT] = {
     "--inspect", "--steps", "--seed", "--threads", "--data", "--data-order", "--log", "--log-every",
-    "--save-weights", "--load-weights", "--save-grads", "--nproc", "--timeout", "--debug-overflow-at",
+    "--save-weights", "--load-weights", "--save-grads", "--nproc", "--timeout", "--debug-overflow-at", "--device",
 };
 
 /* 0, or the exit status of a usage error (after its message). */
@@ -191,6 +212,12 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
     case V_NPROC: return parse_int(flag, v, 1, 4096, &f->nproc) ? 2 : 0;
     case V_TIMEOUT: return parse_int(flag, v, 0, 1000000000, &f->timeout) ? 2 : 0;
     case V_OVERFLOW_AT: return parse_int(flag, v, 1, INT32_MAX, &f->overflow_at) ? 2 : 0;
+    case V_DEVICE:
+        if (!strcmp(v, "auto") || !strcmp(v, "cpu") || !strcmp(v, "cuda")) {
+            f->device = v[0] == 'a' ? DEV_AUTO : v[1] == 'p' ? DEV_CPU : DEV_CUDA;
+            return 0;
+        }
+        return usage_error("--device: expected 'auto', 'cpu' or 'cuda', got '%s'", v);
     case V_COUNT: break;
     }
     return 2;
@@ -213,6 +240,12 @@ static int parse_args(int argc, char **argv, Flags *f)
             continue;
         } else if (!strcmp(a, "--debug-nan")) {
             f->debug_nan = 1;
+            continue;
+        } else if (!strcmp(a, "--cuda-graph")) {
+            f->cuda_graph = 1;
+            continue;
+        } else if (!strcmp(a, "--tf32")) {
+            f->tf32 = 1;
             continue;
         } else if (!strcmp(a, "--")) {
             if (i + 1 < argc && f->plan) return usage_error("more than one plan given ('%s')", argv[i + 1]);
@@ -238,6 +271,11 @@ static int parse_args(int argc, char **argv, Flags *f)
     if (f->inspect && f->plan) return usage_error("--inspect takes one plan; '%s' is extra", f->plan);
     if (!f->inspect && !f->plan) return usage_error("%s", "no plan given");
     if (f->save_grads && f->steps == 0) return usage_error("%s", "--save-grads needs at least one step");
+    if (f->device == DEV_CPU && (f->cuda_graph || f->tf32))
+        return usage_error("%s needs a CUDA device (--device cuda or auto)", f->cuda_graph ? "--cuda-graph" : "--tf32");
+    if (f->device == DEV_CUDA && (f->debug_nan || f->debug_guard))
+        return usage_error("%s checks the CPU backend's buffers; run it with --device cpu",
+                           f->debug_nan ? "--debug-nan" : "--debug-guard");
     return 0;
 }
 
@@ -265,9 +303,10 @@ static int accuracy_inputs(const Exec *e, const float **logits, const int32_t **
 }
 
 typedef struct {
-    Exec *e;
+    Exec *e;               // runs the steps on the CPU, or is the device's host mirror
     RtData *data;
     Progress *progress;
+    Device dev;            // the device that runs the steps (dev.b NULL: the CPU)
 } Run;
 
 /* Ends the progress display (its summary line) once; 0, or 1 after a message. */
@@ -283,6 +322,7 @@ static int end_progress(Run *r)
 static void run_free(Run *r)
 {
     end_progress(r);
+    device_close(&r->dev);
     rt_data_close(r->data);
     rt_exec_free(r->e);
 }
@@ -301,6 +341,16 @@ static const char *grouped(int64_t v, char *buf, size_t n)
     return buf;
 }
 
+static const char *size_str(int64_t bytes, char *buf, size_t n)
+{
+    double v = (double)bytes / (1 << 20);
+    if (v >= 1024)
+        snprintf(buf, n, "%.2f GiB", v / 1024);
+    else
+        snprintf(buf, n, v >= 10 ? "%.0f MiB" : "%.2f MiB", v);
+    return buf;
+}
+
 static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t seed)
 {
     int64_t params = plan_meta_int(p, "params", -1);
@@ -310,23 +360,30 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
             if (p->tensors[i].role == PLAN_ROLE_PARAM && p->tensors[i].tied_to == PLAN_NONE)
                 params += plan_tensor_numel(&p->tensors[i]);
     }
-    char num[32], mem[32];
-    double mib = (double)rt_exec_arena_bytes(r->e) / (1 << 20);
-    if (mib >= 1024)
-        snprintf(mem, sizeof mem, "%.2f GiB", mib / 1024);
-    else
-        snprintf(mem, sizeof mem, mib >= 10 ? "%.0f MiB" : "%.2f MiB", mib);
-    char work[48] = "";  // the kernels' workspace, outside the arena (16-bit plans only)
-    double wmib = (double)rt_exec_work_bytes(r->e) / (1 << 20);
-    if (wmib > 0) snprintf(work, sizeof work, wmib >= 10 ? " | workspace %.0f MiB" : " | workspace %.2f MiB", wmib);
+    char num[32], mem[32], threads[80] = "";
+    size_str(rt_exec_arena_bytes(r->e), mem, sizeof mem);
+    if (!r->dev.b) {  // the CPU's threads, and the kernels' workspace outside the arena (16-bit plans)
+        char work[32];
+        int n = snprintf(threads, sizeof threads, " | %d thread%s", rt_threads(), rt_threads() == 1 ? "" : "s");
+        if (rt_exec_work_bytes(r->e) > 0)
+            snprintf(threads + n, sizeof threads - (size_t)n, " | workspace %s",
+                     size_str(rt_exec_work_bytes(r->e), work, sizeof work));
+    }
     char ranks[96] = "";
     if (my_world > 1)
         snprintf(ranks, sizeof ranks, " | %d ranks (%s)", my_world, plan_meta_str(p, "shard", "?"));
-    fprintf(stderr, "fsexec: %s | %s params | arena %s%s%s | %d thread%s%s | data: %s | %" PRId64 " step%s, seed %"
-            PRIu64 "%s\n", plan_meta_str(p, "model", "model"), grouped(params, num, sizeof num), mem,
-            my_world > 1 ? " per rank" : "", work, rt_threads(), rt_threads() == 1 ? "" : "s", ranks,
-            rt_data_describe(r->data), f->steps, f->steps == 1 ? "" : "s", seed,
-            f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "");
+    fprintf(stderr, "fsexec: %s | device: %s | %s params | arena %s%s%s%s | data: %s | %" PRId64 " step%s, seed %"
+            PRIu64 "%s%s%s\n", plan_meta_str(p, "model", "model"), r->dev.name, grouped(params, num, sizeof num), mem,
+            my_world > 1 ? " per rank" : "", threads, ranks, rt_data_describe(r->data), f->steps,
+            f->steps == 1 ? "" : "s", seed, f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "",
+            r->dev.b && f->cuda_graph ? " | cuda-graph" : "", r->dev.b && f->tf32 ? " | tf32" : "");
+    device_report(&r->dev, stderr);
+}
+
+static int32_t tensor_id(const Exec *e, const char *name)
+{
+    RtTensor t;
+    return rt_exec_tensor(e, name, &t) ? -1 : t.id;
 }
 
 /* The step loop; 0, or 1 after a message (an error on this rank alone ends every rank). */
@@ -358,32 +415,36 @@ static int train(Run *r, const Flags *f, const char *path)
         fprintf(stderr, "%s: %s: --debug-overflow-at needs an fp16 plan (fsc --precision fp16)\n", who, path);
         return local_error(1);
     }
-
+    Device *d = &r->dev;
     for (int64_t step = 1; step <= f->steps; step++) {
         double t0 = rt_now();
         rt_watchdog_arm("step", step);
         rt_data_fill(r->data, step);
-        int rc = 0;
         double scale_before = scale ? *scale : NAN;
         int32_t count_before = count ? *count : 0;
-        if (step == f->overflow_at) {
+        int rc = device_step_in(d, r->e, step);
+        if (!rc && step == f->overflow_at) {
             /* Run up to the backward's seed, make it infinite, run the rest. */
-            rc = rt_exec_run_ops(r->e, step, 0, seed_op + 1, RT_PHASES_ALL);
+            rc = device_run_ops(d, r->e, step, 0, seed_op + 1);
             *(float *)seed_t.data = INFINITY;
-            rc = rc ? rc : rt_exec_run_ops(r->e, step, seed_op + 1, n_ops, RT_PHASES_ALL);
-        } else if (step == 1 && f->save_grads) {
-            rc = rt_exec_run_ops(r->e, step, 0, split, RT_PHASES_ALL);
+            rc = rc || device_move(d, r->e, 1, &seed_t.id, 1) || device_run_ops(d, r->e, step, seed_op + 1, n_ops);
+        } else if (!rc && step == 1 && f->save_grads) {
+            rc = device_run_ops(d, r->e, step, 0, split) || device_download_roles(d, r->e, 1u << PLAN_ROLE_GRAD, 1);
             if (!rc && rt_save_grads(r->e, f->save_grads, step, err, sizeof err)) {
                 fprintf(stderr, "%s: %s\n", who, err);
                 return local_error(1);
             }
-            rc = rc ? rc : rt_exec_run_ops(r->e, step, split, n_ops, RT_PHASES_ALL);
-        } else {
-            rc = rt_exec_run(r->e, step, RT_PHASES_ALL);
+            rc = rc || device_run_ops(d, r->e, step, split, n_ops);
+        } else if (!rc) {  // with --cuda-graph, step 1 warms up (NVRTC, cuBLAS) before the capture
+            rc = device_run_step(d, r->e, step, f->cuda_graph && step > 1);
         }
+        rc = rc || device_step_out(d, r->e);
         if (rc) {
             end_progress(r);
-            fprintf(stderr, "%s: step %" PRId64 ": %s\n", who, step, rt_exec_error(r->e));
+            if (d->b)
+                device_print_error(d, step);
+            else
+                fprintf(stderr, "%s: step %" PRId64 ": %s\n", who, step, rt_exec_error(r->e));
             return local_error(1);
         }
         double accuracy = logits ? rt_accuracy(logits, labels, B, K) : NAN;
@@ -487,6 +548,66 @@ static int load_weights(Exec *e, const char *path, char *err, size_t errlen)
     return rc;
 }
 
+/* The outputs a step reports, which come down from a device after each step: the loss,
+ * the scalars of the progress line, and a classifier's logits for its accuracy. */
+static int reported(const Exec *e, const RtData *data, int32_t *ids)
+{
+    const Plan *p = rt_exec_plan(e);
+    const char *names[] = {"lr", "grad_norm", "loss_scale", "opt_step"};
+    int n = 0;
+    ids[n++] = p->n_outputs ? p->outputs[0] : -1;
+    for (int i = 0; i < 4; i++) ids[n++] = tensor_id(e, names[i]);
+    ids[n++] = rt_data_get_kind(data) == RT_DATA_CLASSES ? rt_plan_logits(p) : -1;
+    return n;
+}
+
+/* The run after the world is joined: the Exec (the host mirror), the data, the weights,
+ * the device, the steps, the saved weights. 0, or an exit status after a message. */
+static int run_plan(Run *r, const Flags *f, const Plan *p, const RtRanks *rk, uint64_t seed)
+{
+    char err[512];
+    ExecOptions eo = {.seed = seed, .nan_fill = f->debug_nan, .guard = f->debug_guard, .rank = rk->rank,
+                      .world = rk->world};
+    ProgressOptions po = {.steps = f->steps, .log_every = f->log_every, .log_path = f->log, .tty = -1};
+    int rc = device_choose(&r->dev, f->device, f->debug_nan || f->debug_guard, p, who);
+    if (rc) return rc;
+    if (!(r->e = rt_exec_new(p, &eo, err, sizeof err))) {
+        fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
+        return local_error(1);
+    }
+    if (!(r->data = rt_data_open(r->e, f->data, f->order, seed, err, sizeof err))) {
+        fprintf(stderr, "%s: %s\n", who, err);
+        return local_error(1);
+    }
+    if (f->load_weights && load_weights(r->e, f->load_weights, err, sizeof err)) {  // agreed
+        if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
+        return 1;
+    }
+    int32_t report[8];
+    if (r->dev.ops && device_open(&r->dev, r->e, rk, f->tf32, report, reported(r->e, r->data, report)))
+        return local_error(1);
+    po.unit = rt_data_get_kind(r->data) == RT_DATA_LM ? "tok" : "samples";
+    if (f->steps && my_rank == 0 && !(r->progress = rt_progress_new(&po, err, sizeof err))) {
+        fprintf(stderr, "%s: %s\n", who, err);
+        return local_error(1);
+    }
+    if (my_rank == 0) start_line(p, r, f, seed);
+    rc = train(r, f, f->plan);
+    rc = end_progress(r) || rc;
+    rt_watchdog_arm("saving the weights", -1);
+    const unsigned state = 1u << PLAN_ROLE_PARAM | 1u << PLAN_ROLE_OPT_STATE | 1u << PLAN_ROLE_MASTER;
+    if (!rc && f->save_weights && device_download_roles(&r->dev, r->e, state, 0)) {
+        device_print_error(&r->dev, 0);
+        rc = local_error(1);
+    }
+    if (!rc && f->save_weights && rt_save_weights(r->e, f->save_weights, f->steps, err, sizeof err)) {
+        if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
+        rc = 1;
+    }
+    rt_watchdog_disarm();
+    return rc;
+}
+
 static int run(const Flags *f)
 {
     if (check_output("--save-weights", f->save_weights) || check_output("--save-grads", f->save_grads)) return 1;
@@ -494,47 +615,14 @@ static int run(const Flags *f)
     if (!p) return 1;
     RtRanks rk;
     int rc = join_world(f, p, &rk);
-    if (rc) {
-        rt_comm_finalize();
-        plan_free(p);
-        return rc;
+    if (!rc) {
+        rt_set_threads(f->threads);
+        Run r = {0};
+        rc = run_plan(&r, f, p, &rk, f->has_seed ? f->seed : (uint64_t)plan_meta_int(p, "seed", 0));
+        run_free(&r);
     }
-    rt_set_threads(f->threads);
-    uint64_t seed = f->has_seed ? f->seed : (uint64_t)plan_meta_int(p, "seed", 0);
-    char err[512];
-    rc = 1;
-    Run r = {0};
-    ExecOptions eo = {.seed = seed, .nan_fill = f->debug_nan, .guard = f->debug_guard, .rank = rk.rank,
-                      .world = rk.world};
-    ProgressOptions po = {.steps = f->steps, .log_every = f->log_every, .log_path = f->log, .tty = -1};
-    if (!(r.e = rt_exec_new(p, &eo, err, sizeof err))) {
-        fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
-        local_error(1);
-    } else if (!(r.data = rt_data_open(r.e, f->data, f->order, seed, err, sizeof err))) {
-        fprintf(stderr, "%s: %s\n", who, err);
-        local_error(1);
-    } else if (f->load_weights && load_weights(r.e, f->load_weights, err, sizeof err)) {  // agreed
-        if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
-    } else {
-        po.unit = rt_data_get_kind(r.data) == RT_DATA_LM ? "tok" : "samples";
-        if (f->steps && my_rank == 0 && !(r.progress = rt_progress_new(&po, err, sizeof err))) {
-            fprintf(stderr, "%s: %s\n", who, err);
-            local_error(1);
-        } else {
-            if (my_rank == 0) start_line(p, &r, f, seed);
-            rc = train(&r, f, f->plan);
-            rc = end_progress(&r) || rc;
-            rt_watchdog_arm("saving the weights", -1);
-            if (!rc && f->save_weights && rt_save_weights(r.e, f->save_weights, f->steps, err, sizeof err)) {
-                if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
-                rc = 1;
-            }
-            rt_watchdog_disarm();
-        }
-    }
-    run_free(&r);
-    plan_free(p);
     rt_comm_finalize();
+    plan_free(p);
     return rc;
 }
 

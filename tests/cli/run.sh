@@ -107,5 +107,32 @@ expect odd-data-file 1 "not a token file" -- "$FSEXEC" "$tmp/gpt2.plan" --data "
 expect world-2-no-strategy 1 "world 2 needs a data-parallel strategy" -- "$FSC" "$SRC/samples/mlp.fsm" --world 2
 expect world-2 0 "wrote" -- "$FSC" "$SRC/samples/mlp.fsm" --world 2 --shard ddp -o "$tmp/w2.plan"
 
+# Devices. --device auto runs on the CPU when there is no GPU and says why; --device cuda
+# is then an error naming what is missing. The backend (libfs_cuda.so next to fsexec,
+# when the build found CUDA) is only ever loaded for auto and cuda.
+expect device-auto 0 "| device: cpu" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1
+expect device-cpu 0 "| device: cpu |" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --device cpu
+expect device-bad 2 "--device: expected 'auto', 'cpu' or 'cuda', got 'gpu'" -- "$FSEXEC" "$tmp/gpt2.plan" --device gpu
+expect cuda-graph-on-cpu 2 "--cuda-graph needs a CUDA device" -- "$FSEXEC" "$tmp/gpt2.plan" --device cpu --cuda-graph
+expect tf32-on-cpu 2 "--tf32 needs a CUDA device" -- "$FSEXEC" "$tmp/gpt2.plan" --device=cpu --tf32
+expect debug-nan-on-cuda 2 "--debug-nan checks the CPU backend's buffers" -- "$FSEXEC" "$tmp/gpt2.plan" --device cuda --debug-nan
+expect device-backend-missing 1 "--device cuda: no CUDA backend: $tmp/none.so" -- env FS_CUDA_BACKEND="$tmp/none.so" "$FSEXEC" "$tmp/gpt2.plan" --device cuda
+expect device-auto-backend-missing 0 "device: cpu (this build has no CUDA backend)" -- env FS_CUDA_BACKEND="$tmp/none.so" "$FSEXEC" "$tmp/gpt2.plan" --steps 1
+BUILD=$(dirname "$FSEXEC")
+if [ -f "$BUILD/libfs_cuda.so" ]; then
+  if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 ' && [ -z "${LD_LIBRARY_PATH:-}" ]; then  # no driver here
+    expect device-cuda-no-driver 1 "--device cuda: no CUDA GPU: libcuda.so.1: cannot open shared object file" -- "$FSEXEC" "$tmp/gpt2.plan" --device cuda
+    expect device-auto-no-driver 0 "device: cpu (no CUDA driver)" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1
+    expect op-check-no-driver 2 "op_check: no CUDA GPU: libcuda.so.1" -- "$BUILD/op_check" "$tmp/gpt2.plan"
+  fi
+  # The toolkit's stub libcuda.so found as the driver: cuInit fails, and says so.
+  STUB=${CUDA_HOME:-/usr/local/cuda}/lib64/stubs/libcuda.so
+  if [ -f "$STUB" ]; then
+    mkdir -p "$tmp/stub" && ln -sf "$STUB" "$tmp/stub/libcuda.so.1"
+    expect device-cuda-stub 1 "no CUDA GPU: cuInit: CUDA error 34 (the toolkit's stub libcuda.so was loaded" -- env LD_LIBRARY_PATH="$tmp/stub" "$FSEXEC" "$tmp/gpt2.plan" --device cuda
+    expect device-auto-stub 0 "device: cpu (no CUDA driver)" -- env LD_LIBRARY_PATH="$tmp/stub" "$FSEXEC" "$tmp/gpt2.plan" --steps 1
+  fi
+fi
+
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

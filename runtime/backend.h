@@ -1,0 +1,103 @@
+/* runtime/backend.h: the table of functions a device backend gives fsexec, and how
+ * fsexec finds one.
+ *
+ * The CPU executor (runtime/exec.c) always exists: it is the HOST MIRROR of the arena.
+ * It initializes params and optimizer state, the data loader writes each batch into it,
+ * and safetensors save and load read and write it. A device backend (runtime/cuda/,
+ * built as libfs_cuda.so) holds a second copy of the same arena, same offsets, on its
+ * device: it copies the whole host arena up once when it is made, runs the plan's ops
+ * there, and moves single tensors between the two copies when asked (each step's
+ * inputs up; the outputs the progress line reads down; every persistent tensor down
+ * before weights are saved). Nothing else in fsexec changes with the backend.
+ *
+ * The backend is a library loaded with dlopen() only when asked for (`--device cuda`
+ * or `auto`), so fsexec itself links no GPU library and runs on a machine without a
+ * driver. The library exports one symbol, RT_BACKEND_SYMBOL, a function returning the
+ * table; its `abi` must equal RT_BACKEND_ABI (the loader checks), so a stale library
+ * is refused instead of called through a wrong table.
+ *
+ * Errors: every function returns 0 or -1; after -1, `error` gives one line that starts
+ * `[rank r] file:line: call: STATUS: ...` and names the plan op that was running, if
+ * any. A backend never exits the process: fsexec's own error path ends every rank.
+ */
+#ifndef FS_RUNTIME_BACKEND_H
+#define FS_RUNTIME_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "plan.h"
+
+#define RT_BACKEND_ABI 1
+#define RT_BACKEND_SYMBOL "fs_cuda_backend"
+
+typedef struct RtBackend RtBackend;
+
+typedef struct {
+    const Plan *plan;         // checked by plan_read; must outlive the backend
+    const void *host_arena;   // the CPU Exec's arena (rt_exec_arena): copied up once
+    int rank, world;          // as the Exec's; world > 1: MPI is up (rt_comm_init)
+    int local_rank;           // this rank's index on its machine; -1 when unknown
+    int tf32;                 // f32 GEMMs may use TF32 tensor cores
+    int verbose;              // say on stderr what setup does (compile, cache)
+} RtBackendOptions;
+
+/* What a made backend took, for the start line and the memory report. Bytes are
+ * measured as the device's free memory before and after each part was set up. */
+typedef struct {
+    char device[128];         // "cuda:0 NVIDIA H200 (sm_90)"
+    char jit[400];            // "kernels: 41 compiled by NVRTC 13.0 in 1.2 s" / "... from cache"
+    int64_t arena_planned;    // the plan's arena_bytes
+    int64_t arena;            // what allocating it took
+    int64_t context;          // the device context (total - free once it exists)
+    int64_t module;           // the compiled kernels
+    int64_t blas;             // the BLAS handle and its workspace
+    int64_t blas_workspace;   // of which the workspace (meta "cuda_workspace_bytes")
+    int64_t comm;             // the collective library's communicator (0 alone)
+    int64_t used, total;      // the device's used and total memory once set up
+} RtBackendInfo;
+
+typedef struct {
+    int abi;                  // RT_BACKEND_ABI
+    const char *name;         // "cuda"
+    /* Whether this machine can run the backend at all (driver, a device): 0, or -1
+     * with why ("cuInit: CUDA_ERROR_NO_DEVICE"). Cheap; makes nothing. */
+    int (*probe)(char *err, size_t errlen);
+    /* Picks the device, copies the host arena up, compiles (or loads from the cache)
+     * the plan's kernels, binds every instruction; with world > 1, every rank calls it
+     * (the collective communicator is made together). NULL with a message. */
+    RtBackend *(*create)(const RtBackendOptions *o, char *err, size_t errlen);
+    void (*destroy)(RtBackend *b);
+    /* Runs ops [from, to) of the plan in order; every collective is complete when it
+     * returns. The device work may still be in flight: a download waits for it. */
+    int (*run_ops)(RtBackend *b, int32_t from, int32_t to);
+    /* The whole step. graph: capture it once as a device graph (on the first call that
+     * asks), then replay the capture; the step's inputs live in the arena, so a replay
+     * after uploads is the same step with new data. */
+    int (*run_step)(RtBackend *b, int graph);
+    /* One tensor (this rank's bytes of it) between the device arena and host memory of
+     * its size: upload from src, download into dst (complete on return). */
+    int (*upload)(RtBackend *b, int32_t tensor, const void *src);
+    int (*download)(RtBackend *b, int32_t tensor, void *dst);
+    /* Waits for every launched piece of work; reports a fault of any of it. */
+    int (*sync)(RtBackend *b);
+    void (*info)(const RtBackend *b, RtBackendInfo *out);
+    /* The message of the last failure. */
+    const char *(*error)(const RtBackend *b);
+} RtBackendOps;
+
+typedef const RtBackendOps *(*RtBackendEntry)(void);
+
+/* ---- runtime/backend.c: finding and loading a backend ------------------------------ */
+
+/* The CUDA backend: $FS_CUDA_BACKEND, else libfs_cuda.so next to this executable
+ * (/proc/self/exe), loaded with dlopen. NULL with why: the library is missing (this
+ * build has no CUDA backend), or it cannot be loaded ("libcuda.so.1: cannot open
+ * shared object file: ...": no driver), or its table is stale. The library stays loaded
+ * for the life of the process. */
+const RtBackendOps *rt_backend_load_cuda(char *err, size_t errlen);
+/* Whether a plan carries a CUDA program (fsc made it with the CUDA codegen): 0, or -1
+ * with "this plan has no CUDA program; recompile it with this fsc". */
+int rt_backend_plan_has_cuda(const Plan *p, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,372 @@
+/* runtime/cuda/backend.c: the CUDA backend's table (backend.h): probing for a device,
+ * making the backend from a plan and its host mirror, moving tensors between the two,
+ * and freeing it all. Built into libfs_cuda.so, which exports fs_cuda_backend() alone.
+ *
+ * Making it, in order (each step measured by the device's free memory, see
+ * RtBackendInfo): the schedule (schedule.c, no device yet); the device (local rank
+ * modulo the device count) and its primary context, which cuBLAS and NCCL use too; the
+ * arena, one cuMemAlloc of the plan's arena_bytes, filled from the host mirror in one
+ * copy; the plan's kernels (jit.c: NVRTC or the on-disk cache) and every LAUNCH's
+ * function and parameter pointers; cuBLAS with its workspace (meta
+ * "cuda_workspace_bytes", 32 MiB by default) on the compute stream; with world > 1 the
+ * collectives' stream, their events and an NCCL communicator whose id rank 0 makes and
+ * MPI broadcasts. A world of one touches neither MPI nor NCCL.
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cuda_impl.h"
+
+#define MIB (1024.0 * 1024.0)
+
+static const char *short_path(const char *file)
+{
+    const char *s = strstr(file, "runtime/");
+    return s ? s : file;
+}
+
+const char *cuda_status(CUresult r)
+{
+    static char buf[32];  // the stub library names no error: its number then
+    const char *name = NULL;
+    if (cuGetErrorName(r, &name) == CUDA_SUCCESS && name) return name;
+    snprintf(buf, sizeof buf, "CUDA error %d", (int)r);
+    return buf;
+}
+
+const char *nccl_status(RtBackend *b, ncclResult_t r)
+{
+    static char buf[512];
+    const char *last = ncclGetLastError(b ? b->nccl : NULL);
+    snprintf(buf, sizeof buf, "%s%s%s", ncclGetErrorString(r), last && *last ? " (" : "", last && *last ? last : "");
+    if (last && *last) strncat(buf, ")", sizeof buf - strlen(buf) - 1);
+    return buf;
+}
+
+int cuda_fail(RtBackend *b, const char *file, int line, const char *call, const char *status)
+{
+    char where[512];
+    if (b->cur_op >= 0)
+        cs_op_where(b->plan, b->cur_op, where, sizeof where);
+    else
+        snprintf(where, sizeof where, "%s", b->what ? b->what : "");
+    snprintf(b->err, sizeof b->err, "[rank %d] %s:%d: %.*s: %s%s%s", b->rank, short_path(file), line,
+             (int)strcspn(call, "("), call, status, *where ? ": " : "", where);
+    return -1;
+}
+
+/* cuInit's failures, said the way a user can act on them. */
+static const char *init_hint(CUresult r)
+{
+    switch (r) {
+    case CUDA_ERROR_STUB_LIBRARY: return " (the toolkit's stub libcuda.so was loaded, not the driver's)";
+    case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: return " (the driver library and the kernel module differ in version)";
+    case CUDA_ERROR_NO_DEVICE: return " (the driver sees no GPU; check CUDA_VISIBLE_DEVICES)";
+    default: return "";
+    }
+}
+
+static int probe(char *err, size_t errlen)
+{
+    CUresult r = cuInit(0);
+    int n = 0;
+    if (r != CUDA_SUCCESS) {
+        snprintf(err, errlen, "cuInit: %s%s", cuda_status(r), init_hint(r));
+        return -1;
+    }
+    if ((r = cuDeviceGetCount(&n)) != CUDA_SUCCESS || n < 1) {
+        snprintf(err, errlen, "cuDeviceGetCount: %s", r != CUDA_SUCCESS ? cuda_status(r) : "no CUDA device");
+        return -1;
+    }
+    return 0;
+}
+
+static int64_t free_bytes(int64_t *total)
+{
+    size_t f = 0, t = 0;
+    if (cuMemGetInfo(&f, &t) != CUDA_SUCCESS) return 0;  // a report only: never fatal
+    if (total) *total = (int64_t)t;
+    return (int64_t)f;
+}
+
+static int pick_device(RtBackend *b, const RtBackendOptions *o)
+{
+    int n = 0, major = 0, minor = 0;
+    char name[96] = "";
+    b->what = "initializing the driver";
+    CU_CHECK(b, cuInit(0));
+    CU_CHECK(b, cuDeviceGetCount(&n));
+    if (n < 1) return cuda_fail(b, __FILE__, __LINE__, "cuDeviceGetCount", "no CUDA device");
+    int local = o->local_rank >= 0 ? o->local_rank : o->rank;
+    b->ordinal = local % n;
+    b->what = "opening the device";
+    CU_CHECK(b, cuDeviceGet(&b->dev, b->ordinal));
+    CU_CHECK(b, cuDeviceGetName(name, sizeof name, b->dev));
+    CU_CHECK(b, cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, b->dev));
+    CU_CHECK(b, cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, b->dev));
+    snprintf(b->info.device, sizeof b->info.device, "cuda:%d %s (sm_%d%d)", b->ordinal, name, major, minor);
+    b->what = "creating the device's context";
+    CU_CHECK(b, cuDevicePrimaryCtxRetain(&b->ctx, b->dev));
+    CU_CHECK(b, cuCtxSetCurrent(b->ctx));
+    return major * 10 + minor;
+}
+
+/* The arena: one allocation of exactly the plan's bytes, a copy of the host mirror. */
+static int make_arena(RtBackend *b, const void *host)
+{
+    snprintf(b->what_buf, sizeof b->what_buf, "allocating the %.1f MiB arena", (double)b->arena_bytes / MIB);
+    b->what = b->what_buf;
+    CU_CHECK(b, cuMemAlloc(&b->arena, b->arena_bytes > 0 ? (size_t)b->arena_bytes : 1));
+    b->what = "copying the host arena to the device";
+    if (b->arena_bytes > 0) CU_CHECK(b, cuMemcpyHtoD(b->arena, host, (size_t)b->arena_bytes));
+    b->what = NULL;
+    return 0;
+}
+
+/* The plan's module (from the cache, or NVRTC), and every LAUNCH bound to it. */
+static int load_module(RtBackend *b, int cc)
+{
+    const Plan *p = b->plan;
+    char target[24], why[1800];
+    JitImage im;
+    b->what = "compiling the plan's kernels";
+    if (jit_target(cc / 10, cc % 10, target, sizeof target, why, sizeof why) ||
+        jit_compile(plan_meta_str(p, "cuda_source", ""), target, NULL, &im, why, sizeof why)) {
+        snprintf(b->err, sizeof b->err, "[rank %d] %s", b->rank, why);
+        return -1;
+    }
+    CUresult r = cuModuleLoadData(&b->module, im.image);
+    if (r != CUDA_SUCCESS && im.from_cache) {  // a cache file the driver refuses: compile afresh
+        jit_forget(&im);
+        jit_free(&im);
+        if (jit_compile(plan_meta_str(p, "cuda_source", ""), target, NULL, &im, why, sizeof why)) {
+            snprintf(b->err, sizeof b->err, "[rank %d] %s", b->rank, why);
+            return -1;
+        }
+        r = cuModuleLoadData(&b->module, im.image);
+    }
+    int n_kernels = 0;
+    for (int32_t i = 0; i < p->n_cuda; i++) n_kernels += p->cuda[i].kind == PLAN_CU_LAUNCH;
+    snprintf(b->info.jit, sizeof b->info.jit, "%d launches, module %s for %s %s%s%s", n_kernels,
+             im.from_cache ? "from the cache" : "compiled by NVRTC", target, im.nvrtc, *im.note ? "; " : "", im.note);
+    if (!im.from_cache) {
+        size_t at = strlen(b->info.jit);
+        snprintf(b->info.jit + at, sizeof b->info.jit - at, " in %.1f s", im.seconds);
+    }
+    jit_free(&im);
+    if (r != CUDA_SUCCESS) return cuda_fail(b, __FILE__, __LINE__, "cuModuleLoadData()", cuda_status(r));
+    return 0;
+}
+
+/* A LAUNCH's function, checked against its args where the driver can tell (a parameter
+ * it does not have is CUDA_ERROR_INVALID_VALUE): each parameter a pointer, no more and no
+ * fewer than the args. Dynamic shared memory beyond 48 KiB enabled for it. */
+static int bind_launch(RtBackend *b, int32_t i)
+{
+    const Plan *p = b->plan;
+    const PlanCuda *c = &p->cuda[i];
+    b->cur_op = c->op;
+    CU_CHECK(b, cuModuleGetFunction(&b->fn[i], b->module, plan_str(p, c->kernel)));
+    for (int32_t a = 0; a <= c->n_args; a++) {
+        size_t off = 0, size = 0;
+        CUresult r = cuFuncGetParamInfo(b->fn[i], (size_t)a, &off, &size);
+        if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE) break;  // this driver cannot say
+        if (a == c->n_args ? r == CUDA_SUCCESS : r != CUDA_SUCCESS || size != sizeof(CUdeviceptr)) {
+            char why[160];
+            snprintf(why, sizeof why, "kernel %s does not take exactly %d pointers (parameter %d)",
+                     plan_str(p, c->kernel), c->n_args, a);
+            return cuda_fail(b, __FILE__, __LINE__, "cuFuncGetParamInfo", why);
+        }
+    }
+    if (c->smem > 48 * 1024)
+        CU_CHECK(b, cuFuncSetAttribute(b->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, c->smem));
+    for (int32_t a = 0; a < c->n_args; a++) {
+        int32_t at = b->s.arg_at[i] + a;
+        b->argv[at] = b->arena + (CUdeviceptr)b->s.args[at];
+        b->params[at] = &b->argv[at];
+    }
+    b->cur_op = -1;
+    return 0;
+}
+
+static int make_blas(RtBackend *b)
+{
+    int64_t ws = plan_meta_int(b->plan, "cuda_workspace_bytes", 32 << 20);
+    b->what = "setting up cuBLAS";
+    BLAS_CHECK(b, cublasCreate(&b->blas));
+    BLAS_CHECK(b, cublasSetStream(b->blas, (cudaStream_t)b->compute));
+    if (ws > 0) {
+        CU_CHECK(b, cuMemAlloc(&b->blas_ws, (size_t)ws));
+        /* Its own workspace: cuBLAS never allocates inside a step or a graph capture. */
+        BLAS_CHECK(b, cublasSetWorkspace(b->blas, (void *)(uintptr_t)b->blas_ws, (size_t)ws));
+    }
+    b->info.blas_workspace = ws > 0 ? ws : 0;
+    return 0;
+}
+
+static int make_nccl(RtBackend *b)
+{
+    b->what = "setting up NCCL";
+    CU_CHECK(b, cuStreamCreate(&b->comm, CU_STREAM_NON_BLOCKING));
+    for (int32_t c = 0; c < b->s.n_colls; c++) {
+        CU_CHECK(b, cuEventCreate(&b->ready[c], CU_EVENT_DISABLE_TIMING));
+        CU_CHECK(b, cuEventCreate(&b->done[c], CU_EVENT_DISABLE_TIMING));
+    }
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (b->rank == 0) NCCL_CHECK(b, ncclGetUniqueId(&id));
+    int rc = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) return cuda_fail(b, __FILE__, __LINE__, "MPI_Bcast", "failed to share NCCL's unique id");
+    NCCL_CHECK(b, ncclCommInitRank(&b->nccl, b->world, id, b->rank));
+    return 0;
+}
+
+static int setup(RtBackend *b, const RtBackendOptions *o)
+{
+    const Plan *p = b->plan;
+    int64_t total = 0;
+    char why[512];
+    if (cs_build(p, o->rank, o->world, &b->s, why, sizeof why)) {
+        snprintf(b->err, sizeof b->err, "[rank %d] %s", o->rank, why);
+        return -1;
+    }
+    size_t n_args = 1;
+    for (int32_t i = 0; i < p->n_cuda; i++) n_args += (size_t)p->cuda[i].n_args;
+    b->fn = plan_alloc(sizeof *b->fn * ((size_t)p->n_cuda + 1));
+    b->argv = plan_alloc(sizeof *b->argv * n_args);
+    b->params = plan_alloc(sizeof *b->params * n_args);
+    b->ready = plan_alloc(sizeof *b->ready * ((size_t)b->s.n_colls + 1));
+    b->done = plan_alloc(sizeof *b->done * ((size_t)b->s.n_colls + 1));
+    if (!b->fn || !b->argv || !b->params || !b->ready || !b->done) {
+        snprintf(b->err, sizeof b->err, "[rank %d] out of memory", o->rank);
+        return -1;
+    }
+    memset(b->ready, 0, sizeof *b->ready * ((size_t)b->s.n_colls + 1));
+    memset(b->done, 0, sizeof *b->done * ((size_t)b->s.n_colls + 1));
+    int cc = pick_device(b, o);
+    if (cc < 0) return -1;
+    int64_t before = free_bytes(&total);
+    b->info.total = total;
+    b->info.context = total - before;
+    if (make_arena(b, o->host_arena)) return -1;
+    int64_t after_arena = free_bytes(NULL);
+    b->info.arena = before - after_arena;
+    b->what = "creating the compute stream";
+    CU_CHECK(b, cuStreamCreate(&b->compute, CU_STREAM_NON_BLOCKING));
+    if (load_module(b, cc)) return -1;
+    for (int32_t i = 0; i < p->n_cuda; i++)
+        if (p->cuda[i].kind == PLAN_CU_LAUNCH && bind_launch(b, i)) return -1;
+    int64_t after_module = free_bytes(NULL);
+    b->info.module = after_arena - after_module;
+    if (make_blas(b)) return -1;
+    int64_t after_blas = free_bytes(NULL);
+    b->info.blas = after_module - after_blas;
+    if (b->world > 1 && make_nccl(b)) return -1;
+    int64_t after_comm = free_bytes(NULL);
+    b->info.comm = after_blas - after_comm;
+    b->info.used = total - after_comm;
+    b->what = NULL;
+    return 0;
+}
+
+static void destroy(RtBackend *b)
+{
+    if (!b) return;
+    if (b->ctx) {
+        /* After a fault these fail too; freeing is best effort, the process is ending. */
+        cuCtxSetCurrent(b->ctx);
+        if (b->graph) cuGraphExecDestroy(b->graph);
+        if (b->nccl) ncclCommDestroy(b->nccl);
+        if (b->blas) cublasDestroy(b->blas);
+        for (int32_t c = 0; c < b->s.n_colls && b->ready; c++) {
+            if (b->ready[c]) cuEventDestroy(b->ready[c]);
+            if (b->done[c]) cuEventDestroy(b->done[c]);
+        }
+        if (b->module) cuModuleUnload(b->module);
+        if (b->compute) cuStreamDestroy(b->compute);
+        if (b->comm) cuStreamDestroy(b->comm);
+        if (b->blas_ws) cuMemFree(b->blas_ws);
+        if (b->arena) cuMemFree(b->arena);
+        cuDevicePrimaryCtxRelease(b->dev);
+    }
+    cs_free(&b->s);
+    plan_dealloc(b->fn);
+    plan_dealloc(b->argv);
+    plan_dealloc(b->params);
+    plan_dealloc(b->ready);
+    plan_dealloc(b->done);
+    plan_dealloc(b);
+}
+
+static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
+{
+    RtBackend *b = plan_alloc(sizeof *b);
+    if (!b) {
+        snprintf(err, errlen, "[rank %d] out of memory", o->rank);
+        return NULL;
+    }
+    const PlanMeta *m = plan_meta_find(o->plan, "arena_bytes");
+    const char *sync = getenv("FS_CUDA_SYNC");
+    *b = (RtBackend){.plan = o->plan, .rank = o->rank, .world = o->world > 0 ? o->world : 1, .tf32 = o->tf32,
+                     .verbose = o->verbose, .sync_each = sync && *sync && strcmp(sync, "0"), .cur_op = -1,
+                     .arena_bytes = m && m->kind == PLAN_META_INT ? m->i : 0};
+    b->info.arena_planned = b->arena_bytes;
+    if (setup(b, o)) {
+        snprintf(err, errlen, "%s", b->err);
+        destroy(b);
+        return NULL;
+    }
+    if (o->verbose) fprintf(stderr, "[rank %d] cuda: %s\n", b->rank, b->info.jit);
+    return b;
+}
+
+static int run_ops(RtBackend *b, int32_t from, int32_t to) { return cuda_run_ops(b, from, to); }
+static int run_step(RtBackend *b, int graph) { return cuda_run_step(b, graph); }
+
+static int upload(RtBackend *b, int32_t id, const void *src)
+{
+    const Plan *p = b->plan;
+    size_t bytes = (size_t)plan_tensor_nbytes(&p->tensors[id]);
+    if (!bytes) return 0;
+    b->cur_op = -1;
+    snprintf(b->what_buf, sizeof b->what_buf, "uploading tensor %d (%s)", id, plan_str(p, p->tensors[id].name));
+    b->what = b->what_buf;
+    /* From pageable memory the copy is staged before this returns: src may change then. */
+    CU_CHECK(b, cuMemcpyHtoDAsync(b->arena + (CUdeviceptr)cs_offset(p, id, b->rank), src, bytes, b->compute));
+    return 0;
+}
+
+static int download(RtBackend *b, int32_t id, void *dst)
+{
+    const Plan *p = b->plan;
+    size_t bytes = (size_t)plan_tensor_nbytes(&p->tensors[id]);
+    if (!bytes) return 0;
+    b->cur_op = -1;
+    snprintf(b->what_buf, sizeof b->what_buf, "downloading tensor %d (%s); a fault of an earlier kernel shows here: "
+             "FS_CUDA_SYNC=1 names its op", id, plan_str(p, p->tensors[id].name));
+    b->what = b->what_buf;
+    CU_CHECK(b, cuMemcpyDtoHAsync(dst, b->arena + (CUdeviceptr)cs_offset(p, id, b->rank), bytes, b->compute));
+    CU_CHECK(b, cuStreamSynchronize(b->compute));
+    return 0;
+}
+
+static int sync_all(RtBackend *b)
+{
+    b->cur_op = -1;
+    b->what = "waiting for the device (a kernel failed; FS_CUDA_SYNC=1 names the op)";
+    CU_CHECK(b, cuCtxSynchronize());
+    return 0;
+}
+
+static void info(const RtBackend *b, RtBackendInfo *out) { *out = b->info; }
+static const char *error(const RtBackend *b) { return b->err; }
+
+static const RtBackendOps OPS = {
+    .abi = RT_BACKEND_ABI, .name = "cuda", .probe = probe, .create = create, .destroy = destroy,
+    .run_ops = run_ops, .run_step = run_step, .upload = upload, .download = download, .sync = sync_all,
+    .info = info, .error = error,
+};
+
+__attribute__((visibility("default"))) const RtBackendOps *fs_cuda_backend(void);
+const RtBackendOps *fs_cuda_backend(void) { return &OPS; }

@@ -1,0 +1,85 @@
+/* runtime/cuda/cuda_impl.h: the CUDA backend's state and its check macros, shared by
+ * backend.c (making and freeing it, moving tensors) and run.c (running ops).
+ *
+ * Invariants once made: the arena is one cuMemAlloc of the plan's arena_bytes holding
+ * the same bytes at the same offsets as the host mirror did when it was made; every
+ * LAUNCH has its function and its parameter pointers, every GEMM its cuBLAS form, every
+ * collective its NCCL form and events (schedule.h); nothing is allocated after that
+ * except the one graph capture that --cuda-graph asks for.
+ *
+ * Every CUDA, cuBLAS and NCCL call goes through a check macro: on failure it formats
+ * `[rank r] runtime/cuda/FILE:LINE: call: STATUS: where` into b->err (where: the plan op
+ * running, by index, name and source line, or the setup step) and returns -1 from the
+ * calling function, which returns -1 in turn up to fsexec.
+ */
+#ifndef FS_CUDA_IMPL_H
+#define FS_CUDA_IMPL_H
+
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda.h>
+#include <nccl.h>
+
+#include "backend.h"
+#include "jit.h"
+#include "schedule.h"
+
+struct RtBackend {
+    const Plan *plan;
+    int rank, world, tf32, verbose;
+    int sync_each;              // $FS_CUDA_SYNC=1: wait after every op, so a fault names its op
+    CUdevice dev;
+    int ordinal;
+    CUcontext ctx;              // the device's primary context (retained), shared with cuBLAS and NCCL
+    CUdeviceptr arena;          // arena_bytes, one allocation
+    int64_t arena_bytes;
+    CUstream compute, comm;     // comm: collectives (world > 1)
+    CUmodule module;
+    CUfunction *fn;             // per instruction (LAUNCH), resolved once
+    CUdeviceptr *argv;          // per LAUNCH arg: its device pointer ...
+    void **params;              // ... and cuLaunchKernel's pointer to it
+    CsSchedule s;
+    CUevent *ready, *done;      // per collective: compute reached it; NCCL finished it
+    cublasHandle_t blas;
+    CUdeviceptr blas_ws;        // cuBLAS's workspace (cublasSetWorkspace)
+    ncclComm_t nccl;
+    CUgraphExec graph;          // the captured step (--cuda-graph)
+    int32_t cur_op;             // the op running, for messages; -1 outside ops
+    const char *what;           // the setup step, for messages outside ops
+    char what_buf[256];         // what points here when it needs formatting
+    RtBackendInfo info;
+    char err[2048];
+};
+
+/* Formats the failure of `call` (its text; the name is what precedes the parenthesis)
+ * with `status` into b->err; returns -1. */
+int cuda_fail(RtBackend *b, const char *file, int line, const char *call, const char *status);
+const char *cuda_status(CUresult r);     // "CUDA_ERROR_OUT_OF_MEMORY"
+const char *nccl_status(RtBackend *b, ncclResult_t r);  // "ncclSystemError (... last error)"
+
+#define CU_CHECK(b, call)                                                                      \
+    do {                                                                                       \
+        CUresult r_ = (call);                                                                  \
+        if (r_ != CUDA_SUCCESS) return cuda_fail((b), __FILE__, __LINE__, #call, cuda_status(r_)); \
+    } while (0)
+
+#define BLAS_CHECK(b, call)                                                                    \
+    do {                                                                                       \
+        cublasStatus_t r_ = (call);                                                            \
+        if (r_ != CUBLAS_STATUS_SUCCESS)                                                       \
+            return cuda_fail((b), __FILE__, __LINE__, #call, cublasGetStatusName(r_));         \
+    } while (0)
+
+#define NCCL_CHECK(b, call)                                                                    \
+    do {                                                                                       \
+        ncclResult_t r_ = (call);                                                              \
+        if (r_ != ncclSuccess) return cuda_fail((b), __FILE__, __LINE__, #call, nccl_status((b), r_)); \
+    } while (0)
+
+/* ---- run.c ------------------------------------------------------------------------- */
+
+int cuda_run_ops(RtBackend *b, int32_t from, int32_t to);
+int cuda_run_step(RtBackend *b, int graph);
+
+#endif

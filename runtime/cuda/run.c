@@ -1,0 +1,160 @@
+/* runtime/cuda/run.c: the CUDA backend's step: each op's instructions in plan order on
+ * the compute stream (cuLaunchKernel for LAUNCH, one strided-batched cuBLAS call for a
+ * GEMM), collectives on NCCL's stream, and the capture and replay of a whole step as a
+ * CUDA graph.
+ *
+ * Ordering between the two streams is by events only, decided in schedule.c: a
+ * collective's stream waits for the compute stream to reach it (every op before it is
+ * then done), and an op that touches a collective's bytes waits for that collective to
+ * finish. At the end of every run the compute stream waits for each collective the run
+ * started, so a run's work is one chain on the compute stream: a download after it, or
+ * a graph capture of it, sees all of it. A world of one has no collectives in flight:
+ * its collectives are device copies on the compute stream (or nothing, in place), as
+ * runtime/cpu/comm_local.c does on the host.
+ *
+ * Nothing here allocates: a step is launches, library calls and event records on what
+ * backend.c made.
+ */
+#include <stdio.h>
+
+#include "cuda_impl.h"
+
+static cudaDataType blas_type(PlanDType t)
+{
+    switch (t) {
+    case PLAN_DT_F16: return CUDA_R_16F;
+    case PLAN_DT_BF16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;  // plan_check refuses i32 GEMMs
+    }
+}
+
+static ncclDataType_t nccl_type(PlanDType t)
+{
+    switch (t) {
+    case PLAN_DT_F16: return ncclFloat16;
+    case PLAN_DT_BF16: return ncclBfloat16;
+    case PLAN_DT_I32: return ncclInt32;
+    default: return ncclFloat32;
+    }
+}
+
+static int launch(RtBackend *b, int32_t i)
+{
+    const PlanCuda *c = &b->plan->cuda[i];
+    CU_CHECK(b, cuLaunchKernel(b->fn[i], (unsigned)c->grid[0], (unsigned)c->grid[1], (unsigned)c->grid[2],
+                               (unsigned)c->block[0], (unsigned)c->block[1], (unsigned)c->block[2], (unsigned)c->smem,
+                               b->compute, b->params + b->s.arg_at[i], NULL));
+    return 0;
+}
+
+/* C = op(A) @ op(B), accumulated in f32 (beta 0: C is written, never read). TF32 only
+ * for all-f32 GEMMs when asked; 16-bit operands always accumulate in plain f32. */
+static int gemm(RtBackend *b, int32_t i)
+{
+    const CsGemm *g = &b->s.gemms[i];
+    static const float one = 1.0f, zero = 0.0f;
+    int all_f32 = g->a_dt == PLAN_DT_F32 && g->b_dt == PLAN_DT_F32 && g->c_dt == PLAN_DT_F32;
+    cublasComputeType_t ct = b->tf32 && all_f32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    BLAS_CHECK(b, cublasGemmStridedBatchedEx(b->blas, g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                             g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g->m, g->n, g->k, &one,
+                                             (const void *)(uintptr_t)(b->arena + (CUdeviceptr)g->a),
+                                             blas_type(g->a_dt), g->lda, g->stride_a,
+                                             (const void *)(uintptr_t)(b->arena + (CUdeviceptr)g->b),
+                                             blas_type(g->b_dt), g->ldb, g->stride_b, &zero,
+                                             (void *)(uintptr_t)(b->arena + (CUdeviceptr)g->c), blas_type(g->c_dt),
+                                             g->ldc, g->stride_c, g->batch, ct, CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+/* One collective: a copy alone; else NCCL on its stream once compute has reached it. */
+static int collective(RtBackend *b, int32_t ci)
+{
+    const CsColl *c = &b->s.colls[ci];
+    CUdeviceptr in = b->arena + (CUdeviceptr)c->in, out = b->arena + (CUdeviceptr)c->out,
+                nout = b->arena + (CUdeviceptr)c->nccl_out;
+    if (b->world == 1) {
+        if (in != out) CU_CHECK(b, cuMemcpyDtoDAsync(out, in, (size_t)c->in_bytes, b->compute));
+        return 0;
+    }
+    CU_CHECK(b, cuEventRecord(b->ready[ci], b->compute));
+    CU_CHECK(b, cuStreamWaitEvent(b->comm, b->ready[ci], 0));
+    const void *src = (const void *)(uintptr_t)in;
+    void *dst = (void *)(uintptr_t)nout;
+    size_t n = (size_t)c->count;
+    ncclDataType_t t = nccl_type(c->dtype);
+    ncclRedOp_t op = c->avg ? ncclAvg : ncclSum;
+    cudaStream_t s = (cudaStream_t)b->comm;  // the driver's and the runtime's streams are one type
+    switch (c->kind) {
+    case CS_ALL_REDUCE: NCCL_CHECK(b, ncclAllReduce(src, dst, n, t, op, b->nccl, s)); break;
+    case CS_REDUCE_SCATTER: NCCL_CHECK(b, ncclReduceScatter(src, dst, n, t, op, b->nccl, s)); break;
+    case CS_ALL_GATHER: NCCL_CHECK(b, ncclAllGather(src, dst, n, t, b->nccl, s)); break;
+    case CS_COLL_COUNT: break;
+    }
+    if (c->move) CU_CHECK(b, cuMemcpyDtoDAsync(out, nout, (size_t)c->out_bytes, b->comm));
+    CU_CHECK(b, cuEventRecord(b->done[ci], b->comm));
+    return 0;
+}
+
+static int run_op(RtBackend *b, int32_t k)
+{
+    const CsOp *o = &b->s.ops[k];
+    for (int32_t w = 0; w < o->n_wait; w++)
+        CU_CHECK(b, cuStreamWaitEvent(b->compute, b->done[b->s.waits[o->wait + w]], 0));
+    if (o->coll >= 0) return collective(b, o->coll);
+    for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
+        if (b->plan->cuda[i].kind == PLAN_CU_GEMM ? gemm(b, i) : launch(b, i)) return -1;
+    return 0;
+}
+
+int cuda_run_ops(RtBackend *b, int32_t from, int32_t to)
+{
+    if (from < 0 || to > b->s.n_ops || from > to) {
+        snprintf(b->err, sizeof b->err, "[rank %d] ops [%d, %d) outside the plan's %d", b->rank, from, to, b->s.n_ops);
+        return -1;
+    }
+    CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
+    CU_CHECK(b, cuStreamIsCapturing(b->compute, &capturing));
+    for (int32_t k = from; k < to; k++) {
+        b->cur_op = k;
+        if (run_op(b, k)) return -1;
+        /* A fault shows at the next synchronization: with FS_CUDA_SYNC it is this op's. */
+        if (b->sync_each && capturing == CU_STREAM_CAPTURE_STATUS_NONE) {
+            CU_CHECK(b, cuStreamSynchronize(b->compute));
+            if (b->world > 1) CU_CHECK(b, cuStreamSynchronize(b->comm));
+        }
+    }
+    for (int32_t k = from; k < to && b->world > 1; k++) {
+        b->cur_op = k;
+        if (b->s.ops[k].coll >= 0) CU_CHECK(b, cuStreamWaitEvent(b->compute, b->done[b->s.ops[k].coll], 0));
+    }
+    b->cur_op = -1;
+    return 0;
+}
+
+/* The first step that asks records the whole step into a graph (nothing runs while it
+ * records), instantiates it, and every such step replays it: one launch for the step. */
+static int capture(RtBackend *b)
+{
+    CUgraph g = NULL;
+    b->what = "capturing the step as a CUDA graph";
+    CU_CHECK(b, cuStreamBeginCapture(b->compute, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    if (cuda_run_ops(b, 0, b->s.n_ops)) {
+        cuStreamEndCapture(b->compute, &g);  // leave capture mode; the error is run_ops'
+        if (g) cuGraphDestroy(g);
+        return -1;
+    }
+    CU_CHECK(b, cuStreamEndCapture(b->compute, &g));
+    CUresult r = cuGraphInstantiate(&b->graph, g, 0);
+    cuGraphDestroy(g);
+    if (r != CUDA_SUCCESS) return cuda_fail(b, __FILE__, __LINE__, "cuGraphInstantiate()", cuda_status(r));
+    return 0;
+}
+
+int cuda_run_step(RtBackend *b, int graph)
+{
+    if (!graph) return cuda_run_ops(b, 0, b->s.n_ops);
+    if (!b->graph && capture(b)) return -1;
+    b->what = "replaying the step's CUDA graph";
+    CU_CHECK(b, cuGraphLaunch(b->graph, b->compute));
+    return 0;
+}

@@ -1,0 +1,269 @@
+/* runtime/cuda/schedule.c: the CUDA backend's decisions about a plan, made once, before
+ * any device call (see schedule.h). Runs on plans that passed plan_check: every id,
+ * range and GEMM extent is already known to be sound, so nothing here re-checks them;
+ * what is checked is what only the runtime knows (the world, how NCCL can run a
+ * collective in place).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "schedule.h"
+
+__attribute__((format(printf, 3, 4))) static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int64_t cs_offset(const Plan *p, int32_t id, int rank)
+{
+    const PlanTensor *t = &p->tensors[id];
+    return t->offset + (int64_t)rank * t->rank_stride;
+}
+
+static CsRange tensor_range(const Plan *p, int32_t id, int rank)
+{
+    int64_t lo = cs_offset(p, id, rank);
+    return (CsRange){lo, lo + plan_tensor_nbytes(&p->tensors[id])};
+}
+
+static int overlap(CsRange a, CsRange b) { return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi; }
+
+int cs_coll_kind(const char *op)
+{
+    static const char *const names[CS_COLL_COUNT] = {"all_reduce", "reduce_scatter", "all_gather"};
+    for (int k = 0; k < CS_COLL_COUNT; k++)
+        if (!strcmp(op, names[k])) return k;
+    return -1;
+}
+
+void cs_gemm(const Plan *p, int32_t i, int rank, CsGemm *g)
+{
+    const PlanCuda *c = &p->cuda[i];
+    int32_t A = p->ids[c->args], B = p->ids[c->args + 1], C = p->ids[c->args + 2];
+    int64_t ea = plan_dtype_size(p->tensors[A].dtype), eb = plan_dtype_size(p->tensors[B].dtype),
+            ec = plan_dtype_size(p->tensors[C].dtype);
+    /* Row-major C[m, n] is column-major C^T[n, m] with leading dimension ldc; likewise
+     * the stored A and B. So C^T = op(B)^T op(A)^T: cuBLAS multiplies the stored B (as
+     * its A, transposed exactly when the plan's B is) by the stored A. */
+    *g = (CsGemm){.trans_a = c->tb, .trans_b = c->ta, .m = (int)c->n, .n = (int)c->m, .k = (int)c->k,
+                  .lda = (int)c->ldb, .ldb = (int)c->lda, .ldc = (int)c->ldc, .batch = (int)c->batch,
+                  .stride_a = c->stride_b, .stride_b = c->stride_a, .stride_c = c->stride_c,
+                  .a = cs_offset(p, B, rank) + c->b_off * eb, .b = cs_offset(p, A, rank) + c->a_off * ea,
+                  .c = cs_offset(p, C, rank) + c->c_off * ec,
+                  .a_dt = p->tensors[B].dtype, .b_dt = p->tensors[A].dtype, .c_dt = p->tensors[C].dtype};
+}
+
+void cs_op_where(const Plan *p, int32_t op, char *buf, size_t n)
+{
+    if (op < 0 || op >= p->n_ops) {
+        snprintf(buf, n, "op %d", op);
+        return;
+    }
+    const PlanOp *o = &p->ops[op];
+    int at = snprintf(buf, n, "op %d (%s)", op, plan_str(p, o->op));
+    if (at < 0 || (size_t)at >= n || o->line <= 0) return;
+    const char *src = plan_meta_str(p, "source", "");
+    snprintf(buf + at, n - (size_t)at, " at %s%s%d:%d", src, *src ? ":" : "", o->line, o->col);
+}
+
+static const PlanAttr *attr(const Plan *p, const PlanOp *o, const char *key)
+{
+    for (int32_t a = 0; a < o->n_attr; a++)
+        if (!strcmp(plan_str(p, p->attrs[o->attr + a].key), key)) return &p->attrs[o->attr + a];
+    return NULL;
+}
+
+static int64_t attr_int(const Plan *p, const PlanOp *o, const char *key, int64_t def)
+{
+    const PlanAttr *a = attr(p, o, key);
+    if (!a || a->kind == PLAN_ATTR_INTS) return def;
+    return a->kind == PLAN_ATTR_INT ? a->i : (int64_t)a->f;
+}
+
+/* Op k, a collective of `kind`, bound to this rank's bytes, in the form NCCL runs it. */
+static int bind_coll(const Plan *p, int32_t k, CsCollKind kind, int rank, int world, CsColl *c, char *err,
+                     size_t errlen)
+{
+    const PlanOp *o = &p->ops[k];
+    const char *name = plan_str(p, o->op);
+    if (o->n_in != 1 || o->n_out != 1)
+        return fail(err, errlen, "op %d (%s): %d inputs and %d outputs; a collective has one of each", k, name, o->n_in,
+                    o->n_out);
+    int64_t w = attr_int(p, o, "world", 1);
+    if (w != world)
+        return fail(err, errlen, "op %d (%s) is for a world of %lld ranks, but this run has %d", k, name, (long long)w,
+                    world);
+    int32_t x = p->ids[o->in], y = p->ids[o->out];
+    const PlanTensor *tx = &p->tensors[x], *ty = &p->tensors[y];
+    int64_t n_in = plan_tensor_numel(tx), n_out = plan_tensor_numel(ty), es = plan_dtype_size(tx->dtype);
+    int sizes_ok = kind == CS_ALL_REDUCE ? n_in == n_out : kind == CS_REDUCE_SCATTER ? n_in == n_out * world
+                                                                                      : n_out == n_in * world;
+    if (tx->dtype != ty->dtype || !sizes_ok)
+        return fail(err, errlen, "op %d (%s) over %d ranks: %lld %s elements in, %lld %s out do not fit", k, name,
+                    world, (long long)n_in, plan_dtype_name(tx->dtype), (long long)n_out, plan_dtype_name(ty->dtype));
+    int avg = kind != CS_ALL_GATHER && attr_int(p, o, "avg", 0) != 0;
+    if (avg && tx->dtype == PLAN_DT_I32)
+        return fail(err, errlen, "op %d (%s): an average of i32 elements", k, name);
+    *c = (CsColl){.op = k, .kind = kind, .dtype = tx->dtype, .in = cs_offset(p, x, rank), .out = cs_offset(p, y, rank),
+                  .count = kind == CS_ALL_GATHER ? n_in : n_out, .in_bytes = n_in * es, .out_bytes = n_out * es,
+                  .avg = avg};
+    c->nccl_out = c->out;
+    c->range[0] = (CsRange){c->in, c->in + c->in_bytes};
+    c->range[1] = (CsRange){c->out, c->out + c->out_bytes};
+    if (!overlap(c->range[0], c->range[1])) return 0;
+    int64_t slice = (int64_t)rank * c->count * es;
+    const char *why = NULL;
+    switch (kind) {
+    case CS_ALL_REDUCE:
+        if (c->in != c->out) why = "its output overlaps its input without being it";
+        break;
+    case CS_REDUCE_SCATTER:
+        if (c->out == c->in + slice || world == 1) break;
+        if (c->range[1].lo < c->range[0].lo || c->range[1].hi > c->range[0].hi) {
+            why = "its output overlaps its input without lying inside it";
+            break;
+        }
+        c->nccl_out = c->in + slice, c->move = 1;
+        if (overlap(c->range[1], (CsRange){c->nccl_out, c->nccl_out + c->out_bytes}))
+            why = "its output overlaps this rank's slice of the input without being it";
+        break;
+    case CS_ALL_GATHER:
+        if (c->in != c->out + slice && world > 1) why = "its input overlaps its output without being this rank's slice";
+        break;
+    case CS_COLL_COUNT: break;
+    }
+    if (world == 1 && c->in != c->out && !why) why = "its output overlaps its input without being it";
+    return why ? fail(err, errlen, "op %d (%s) on rank %d: %s (NCCL cannot run that in place)", k, name, rank, why) : 0;
+}
+
+/* Instruction ranges, collectives, LAUNCH args and GEMMs. */
+static int bind(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_t errlen)
+{
+    for (int32_t k = 0; k < p->n_ops; k++) s->ops[k].coll = -1;
+    for (int32_t i = 0; i < p->n_cuda; i++) {
+        CsOp *o = &s->ops[p->cuda[i].op];
+        if (!o->n_instr) o->instr = i;
+        o->n_instr++;
+    }
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        int kind = cs_coll_kind(plan_str(p, p->ops[k].op));
+        if (kind < 0) continue;
+        if (s->ops[k].n_instr)
+            return fail(err, errlen, "op %d (%s) has CUDA instructions; collectives run on NCCL by name (plan made by "
+                        "a different fsc)", k, plan_str(p, p->ops[k].op));
+        if (bind_coll(p, k, (CsCollKind)kind, rank, world, &s->colls[s->n_colls], err, errlen)) return -1;
+        s->ops[k].coll = s->n_colls++;
+    }
+    int32_t at = 0;
+    for (int32_t i = 0; i < p->n_cuda; i++) {
+        const PlanCuda *c = &p->cuda[i];
+        s->arg_at[i] = at;
+        if (c->kind == PLAN_CU_GEMM) {
+            cs_gemm(p, i, rank, &s->gemms[i]);
+            continue;
+        }
+        for (int32_t a = 0; a < c->n_args; a++) s->args[at++] = cs_offset(p, p->ids[c->args + a], rank);
+    }
+    return 0;
+}
+
+/* The bytes each op's work touches: its inputs and outputs, and every tensor its
+ * instructions name (a fused group's one launch reads the inputs of all its members). */
+static void build_touch(const Plan *p, int rank, CsSchedule *s)
+{
+    int32_t at = 0;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        CsOp *o = &s->ops[k];
+        o->touch = at;
+        if (o->coll >= 0) {
+            s->touch[at++] = s->colls[o->coll].range[0];
+            s->touch[at++] = s->colls[o->coll].range[1];
+        } else if (o->n_instr) {
+            const PlanOp *op = &p->ops[k];
+            for (int32_t i = 0; i < op->n_in; i++) s->touch[at++] = tensor_range(p, p->ids[op->in + i], rank);
+            for (int32_t i = 0; i < op->n_out; i++) s->touch[at++] = tensor_range(p, p->ids[op->out + i], rank);
+            for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
+                for (int32_t a = 0; a < p->cuda[i].n_args; a++)
+                    s->touch[at++] = tensor_range(p, p->ids[p->cuda[i].args + a], rank);
+        }
+        o->n_touch = at - o->touch;
+    }
+}
+
+/* The walk of schedule.h: a collective is pending from its op until the first later op
+ * with work whose bytes overlap it; that op waits. Each collective is waited for at most
+ * once, so waits holds at most n_colls entries. */
+static void build_waits(CsSchedule *s, int32_t *pending)
+{
+    int32_t n_pending = 0, at = 0;
+    for (int32_t k = 0; k < s->n_ops; k++) {
+        CsOp *o = &s->ops[k];
+        o->wait = at;
+        if (o->coll >= 0) {
+            pending[n_pending++] = o->coll;
+            continue;
+        }
+        for (int32_t j = 0; j < n_pending && o->n_touch; j++) {
+            const CsColl *c = &s->colls[pending[j]];
+            int hit = 0;
+            for (int32_t t = 0; t < o->n_touch && !hit; t++)
+                hit = overlap(s->touch[o->touch + t], c->range[0]) || overlap(s->touch[o->touch + t], c->range[1]);
+            if (!hit) continue;
+            s->waits[at++] = pending[j];
+            pending[j--] = pending[--n_pending];  // order among the pending does not matter
+        }
+        o->n_wait = at - o->wait;
+    }
+}
+
+int cs_build(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    s->n_ops = p->n_ops;
+    s->world = world;
+    int64_t n_args = 0, n_touch = 0;
+    for (int32_t i = 0; i < p->n_cuda; i++) n_args += p->cuda[i].n_args;
+    for (int32_t k = 0; k < p->n_ops; k++) n_touch += p->ops[k].n_in + p->ops[k].n_out + 2;
+    n_touch += n_args;
+    size_t ops = sizeof *s->ops * (size_t)p->n_ops, instrs = (size_t)p->n_cuda + 1;
+    s->ops = plan_alloc(ops);
+    s->colls = plan_alloc(sizeof *s->colls * ((size_t)p->n_ops + 1));
+    s->touch = plan_alloc(sizeof *s->touch * (size_t)(n_touch + 1));
+    s->waits = plan_alloc(sizeof *s->waits * ((size_t)p->n_ops + 1));
+    s->args = plan_alloc(sizeof *s->args * (size_t)(n_args + 1));
+    s->arg_at = plan_alloc(sizeof *s->arg_at * instrs);
+    s->gemms = plan_alloc(sizeof *s->gemms * instrs);
+    int32_t *pending = plan_alloc(sizeof *pending * ((size_t)p->n_ops + 1));
+    if (!s->ops || !s->colls || !s->touch || !s->waits || !s->args || !s->arg_at || !s->gemms || !pending) {
+        plan_dealloc(pending);
+        cs_free(s);
+        return fail(err, errlen, "out of memory");
+    }
+    memset(s->ops, 0, ops);
+    memset(s->gemms, 0, sizeof *s->gemms * instrs);
+    int rc = bind(p, rank, world, s, err, errlen);
+    if (!rc) {
+        build_touch(p, rank, s);
+        if (world > 1) build_waits(s, pending);
+    }
+    plan_dealloc(pending);
+    if (rc) cs_free(s);
+    return rc;
+}
+
+void cs_free(CsSchedule *s)
+{
+    plan_dealloc(s->ops);
+    plan_dealloc(s->colls);
+    plan_dealloc(s->touch);
+    plan_dealloc(s->waits);
+    plan_dealloc(s->args);
+    plan_dealloc(s->arg_at);
+    plan_dealloc(s->gemms);
+    memset(s, 0, sizeof *s);
+}

@@ -1,0 +1,95 @@
+/* runtime/cuda/schedule.h: what the CUDA backend decides about a plan before it touches
+ * a device. Pure C over the plan (no CUDA call), so the unit tests check it on machines
+ * without a GPU: where each op's instructions are, the arena bytes every instruction
+ * and collective reads and writes, the cuBLAS form of every GEMM, how each collective
+ * runs on NCCL, and which ops must wait for which collective.
+ *
+ * Offsets are bytes from the start of this rank's arena (offset + rank * rank_stride,
+ * as the CPU executor places tensors); the backend adds its device base once.
+ *
+ * Collectives run on a stream of their own. Op k that reads or writes bytes overlapping
+ * a collective still in flight (its input or its output) waits for it first; the
+ * waits are decided here, once, by walking the ops in order as exec.c does: a
+ * collective is pending from the op that starts it until the first later op whose
+ * bytes overlap it, which waits for it. A run of ops [from, to) then waits for every
+ * collective it started, so each run ends complete (and a run that starts later than
+ * 0 only ever waits for events already complete).
+ */
+#ifndef FS_CUDA_SCHEDULE_H
+#define FS_CUDA_SCHEDULE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "plan.h"
+
+typedef struct {
+    int64_t lo, hi;  // bytes [lo, hi) of the arena
+} CsRange;
+
+typedef enum { CS_ALL_REDUCE, CS_REDUCE_SCATTER, CS_ALL_GATHER, CS_COLL_COUNT } CsCollKind;
+
+/* One collective op bound to this rank's bytes. NCCL's in-place forms: all_reduce with
+ * out == x; reduce_scatter writing into x at this rank's slice; all_gather reading x
+ * from this rank's slice of out. A reduce_scatter whose out lies elsewhere in x (where
+ * MPI's in-place form leaves it) runs in place and then moves the slice there. */
+typedef struct {
+    int32_t op;
+    CsCollKind kind;
+    PlanDType dtype;
+    int64_t in, out;        // offsets of x and out
+    int64_t count;          // elements per rank's block (NCCL's count): all_reduce: all of x;
+                            // reduce_scatter: out; all_gather: x
+    int64_t in_bytes, out_bytes;
+    int avg;                // divide the sum by the world (ncclAvg)
+    int64_t nccl_out;       // where NCCL writes its result: out, or x's slice for this rank
+    int move;               // then copy count elements from nccl_out to out
+    CsRange range[2];       // the bytes of x and of out
+} CsColl;
+
+/* A row-major PlanCuda GEMM as cuBLAS's column-major call: C^T = op(B)^T op(A)^T, so
+ * cuBLAS's A operand is the plan's B and its B the plan's A, with m and n swapped. */
+typedef struct {
+    int trans_a, trans_b;   // cuBLAS ops: 1 = CUBLAS_OP_T
+    int m, n, k, lda, ldb, ldc, batch;
+    int64_t stride_a, stride_b, stride_c;  // elements between batch entries
+    int64_t a, b, c;        // byte offsets of cuBLAS's A, B and C (offsets applied)
+    PlanDType a_dt, b_dt, c_dt;
+} CsGemm;
+
+typedef struct {
+    int32_t instr, n_instr; // range in plan->cuda
+    int32_t coll;           // index in colls, or -1
+    int32_t touch, n_touch; // range in touch: the bytes its work reads or writes
+    int32_t wait, n_wait;   // range in waits: collectives (indices in colls) to wait for first
+} CsOp;
+
+typedef struct {
+    int32_t n_ops;
+    CsOp *ops;
+    CsColl *colls;
+    int32_t n_colls;
+    CsRange *touch;
+    int32_t *waits;
+    int64_t *args;          // LAUNCH args' offsets; instruction i's at args + arg_at[i]
+    int32_t *arg_at;        // n_cuda entries
+    CsGemm *gemms;          // n_cuda entries; filled for GEMMs
+    int world;
+} CsSchedule;
+
+/* Where tensor id lies on `rank`: offset + rank * rank_stride. */
+int64_t cs_offset(const Plan *p, int32_t id, int rank);
+/* The cuBLAS form of instruction i (a GEMM) on `rank`. */
+void cs_gemm(const Plan *p, int32_t i, int rank, CsGemm *g);
+/* The collective kind of an op name, or -1 (runtime/comm.c's names). */
+int cs_coll_kind(const char *op);
+/* Everything above for a plan that passed plan_check. world > 1: collectives go to
+ * NCCL (binds and waits); world 1: each is a copy on the compute stream, or nothing
+ * when in place. 0, or -1 with a message (a collective NCCL cannot run in place). */
+int cs_build(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_t errlen);
+void cs_free(CsSchedule *s);
+/* "op 12 (softmax) at gpt2.fsm:27:5": the op, its name and source location (the file
+ * from meta "source" when present). */
+void cs_op_where(const Plan *p, int32_t op, char *buf, size_t n);
+
+#endif

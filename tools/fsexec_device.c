@@ -1,0 +1,153 @@
+/* tools/fsexec_device.c: fsexec's side of a device backend (see fsexec_device.h).
+ *
+ * The CPU Exec is the host mirror: params, state and each batch are made there, files
+ * are read from and written to it. The device holds the working copy; this file moves
+ * exactly what crosses between the two: before each step the plan's inputs (the batch
+ * and the step number), after it the few outputs the progress line reports, and before
+ * files are written the tensors they hold. Nothing here allocates inside a step.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsexec_device.h"
+
+/* Why auto runs on the CPU, from what loading or probing the CUDA backend said. */
+static const char *cpu_reason(const char *err)
+{
+    if (strstr(err, "libcuda.so")) return "no CUDA driver";
+    if (!strncmp(err, "no CUDA backend", 15)) return "this build has no CUDA backend";
+    if (strstr(err, "CUDA program")) return "the plan has no CUDA program";
+    return err;
+}
+
+int device_choose(Device *d, int want, int debug, const Plan *p, const char *who)
+{
+    char err[1024] = "", why[1024];
+    memset(d, 0, sizeof *d);
+    snprintf(d->name, sizeof d->name, "cpu");
+    if (want == DEV_CPU) return 0;
+    if (debug) {  // auto: the debug modes check the CPU backend's buffers
+        snprintf(d->name, sizeof d->name, "cpu (--debug-* checks the CPU backend)");
+        return 0;
+    }
+    const RtBackendOps *ops = rt_backend_load_cuda(err, sizeof err);
+    int rc = ops ? 0 : -1;
+    if (ops && ops->probe(err, sizeof err)) {
+        snprintf(why, sizeof why, "%s", err);
+        snprintf(err, sizeof err, "no CUDA GPU: %.1000s", why);
+        rc = -1;
+    }
+    if (!rc) rc = rt_backend_plan_has_cuda(p, err, sizeof err);
+    if (!rt_comm_agree(rc ? 1 : 0)) {  // every rank runs on the same kind of device
+        d->ops = ops;
+        return 0;
+    }
+    if (want == DEV_CUDA) {
+        if (rc) fprintf(stderr, "%s: --device cuda: %s\n", who, err);
+        return 1;
+    }
+    snprintf(d->name, sizeof d->name, "cpu (%s)", rc ? cpu_reason(err) : "another rank has no CUDA GPU");
+    return 0;
+}
+
+int device_open(Device *d, const Exec *e, const RtRanks *rk, int tf32, const int32_t *report, int n_report)
+{
+    char err[2048];
+    const Plan *p = rt_exec_plan(e);
+    RtBackendOptions o = {.plan = p, .host_arena = rt_exec_arena(e), .rank = rk->rank, .world = rk->world,
+                          .local_rank = rk->local_rank, .tf32 = tf32};
+    d->up = malloc(sizeof *d->up * ((size_t)p->n_tensors + 1));
+    d->down = malloc(sizeof *d->down * ((size_t)n_report + 1));
+    if (!d->up || !d->down) {
+        fprintf(stderr, "[rank %d] fsexec: out of memory\n", rk->rank);
+        return -1;
+    }
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].role == PLAN_ROLE_INPUT) d->up[d->n_up++] = i;
+    for (int i = 0; i < n_report; i++)
+        if (report[i] >= 0) d->down[d->n_down++] = report[i];
+    if (!(d->b = d->ops->create(&o, err, sizeof err))) {
+        fprintf(stderr, "%s\n", err);
+        return -1;
+    }
+    RtBackendInfo in;
+    d->ops->info(d->b, &in);
+    snprintf(d->name, sizeof d->name, "%s", in.device);
+    return 0;
+}
+
+int device_run_ops(Device *d, Exec *e, int64_t step, int32_t from, int32_t to)
+{
+    return d->b ? d->ops->run_ops(d->b, from, to) : rt_exec_run_ops(e, step, from, to, RT_PHASES_ALL);
+}
+
+int device_run_step(Device *d, Exec *e, int64_t step, int graph)
+{
+    return d->b ? d->ops->run_step(d->b, graph) : rt_exec_run(e, step, RT_PHASES_ALL);
+}
+
+int device_move(Device *d, Exec *e, int up, const int32_t *ids, int n)
+{
+    for (int i = 0; i < n && d->b; i++) {
+        void *host = rt_exec_data(e, ids[i]);
+        if (up ? d->ops->upload(d->b, ids[i], host) : d->ops->download(d->b, ids[i], host)) return -1;
+    }
+    return 0;
+}
+
+int device_step_in(Device *d, Exec *e, int64_t step)
+{
+    RtTensor t;
+    if (!d->b) return 0;  // the CPU executor writes the step number itself
+    if (!rt_exec_tensor(e, "step", &t) && t.dtype == PLAN_DT_I32) *(int32_t *)t.data = (int32_t)step;
+    return device_move(d, e, 1, d->up, d->n_up);
+}
+
+int device_step_out(Device *d, Exec *e) { return device_move(d, e, 0, d->down, d->n_down); }
+
+int device_download_roles(Device *d, Exec *e, unsigned roles, int views)
+{
+    const Plan *p = rt_exec_plan(e);
+    for (int32_t i = 0; i < p->n_tensors && d->b; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        if (((roles >> t->role) & 1) && (views || t->alias == PLAN_NONE) && device_move(d, e, 0, &i, 1)) return -1;
+    }
+    return 0;
+}
+
+static const char *mib(int64_t bytes, char *buf, size_t n)
+{
+    double v = (double)bytes / (1 << 20);
+    snprintf(buf, n, v >= 10 ? "%.0f MiB" : "%.2f MiB", v);
+    return buf;
+}
+
+void device_report(const Device *d, FILE *out)
+{
+    if (!d->b) return;
+    RtBackendInfo in;
+    d->ops->info(d->b, &in);
+    char a[32], pl[32], bl[32], ws[32], cm[32], cx[32], md[32], used[32], tot[32];
+    fprintf(out, "fsexec: cuda memory: arena %s (planned %s), cuBLAS %s (workspace %s), NCCL %s, context %s, "
+            "kernels %s; device %s of %s in use\n", mib(in.arena, a, sizeof a), mib(in.arena_planned, pl, sizeof pl),
+            mib(in.blas, bl, sizeof bl), mib(in.blas_workspace, ws, sizeof ws), mib(in.comm, cm, sizeof cm),
+            mib(in.context, cx, sizeof cx), mib(in.module, md, sizeof md), mib(in.used, used, sizeof used),
+            mib(in.total, tot, sizeof tot));
+    fprintf(out, "fsexec: cuda kernels: %s\n", in.jit);
+}
+
+void device_print_error(const Device *d, int64_t step)
+{
+    if (step > 0)
+        fprintf(stderr, "%s (step %lld)\n", d->ops->error(d->b), (long long)step);
+    else
+        fprintf(stderr, "%s\n", d->ops->error(d->b));
+}
+
+void device_close(Device *d)
+{
+    if (d->b) d->ops->destroy(d->b);
+    free(d->up);
+    free(d->down);
+    memset(d, 0, sizeof *d);
+}
