@@ -1,0 +1,399 @@
+/* codegen/cuda_attention.c: CUDA emitters of attention and attention_bwd: flash
+ * attention in f32 on CUDA cores, never a T x S matrix in memory. Semantics are
+ * runtime/cpu/attention.c's:
+ *   attention(q [BH, T, D], k [BH, S, D], v [BH, S, Dv], causal) -> o [BH, T, Dv] and
+ *   lse [BH, T] (f32), the log-sum-exp of each row of scores s = q.k / sqrt(D); under
+ *   causal (T == S) query i sees keys j <= i.
+ * 16-bit tensors are loaded as f32 into shared memory; every product, sum and softmax
+ * is f32; each output is rounded once.
+ *
+ * Forward: a block of NW = 4 warps owns BQ = 4 * RPW query rows of one (batch, head)
+ * slice: warp w owns rows w, w + 4, ..., and for each row its lanes hold the running
+ * max m, sum l and Dv / 32 columns of the output (column lane + 32c). The block walks
+ * tiles of 32 keys (causal: only up to its last row). For a tile, K goes to shared
+ * memory, lane j scores key j against the warp's rows (q from shared memory, a
+ * broadcast), the warp takes the tile's row max and sum of exp by shuffles (online
+ * softmax: o and l scale by exp(m_old - m_new)) and puts the probabilities in shared
+ * memory; then V replaces K there and o += P V, lane by lane over columns. At the end
+ * o /= l and lse = m + log l. Masked and out-of-range keys score -inf, and rows and
+ * keys past the end load as 0, so nothing reads past a tensor or makes a NaN (every
+ * row sees key 0 in the first tile). Query tiles run longest first (causal).
+ *
+ * Backward: P = exp(s - lse) recomputed from the saved lse, dP = dO V^T,
+ * dS = P * (dP - rowsum(dO * O)), dV = P^T dO, dK = dS^T Q / sqrt(D),
+ * dQ = dS K / sqrt(D). Two kernels, no atomics: kernel 1 owns a tile of TB keys and
+ * walks every query tile that sees it, accumulating dK and dV; kernel 2 owns a tile of
+ * TB queries and walks its key tiles, accumulating dQ. Both recompute P and dS for a
+ * (query tile, key tile) pair with one thread per element; rowsum(dO * O) is taken per
+ * query tile from dO (in shared memory) and O. Accumulators live in registers, thread t
+ * owning elements t, t + 256, ... of its TB x D (or TB x Dv) block, each summed over
+ * tiles in order: bitwise reproducible.
+ *
+ * Shared memory is static and at most SMEM_MAX: the emitter takes the largest tile
+ * (forward RPW in 8, 4, 2, 1; backward TB in 32, 16, 8, 4) that fits, so head dims of
+ * 128 run with BQ = 32 forward and TB = 16 backward, and up to about 300 with smaller
+ * tiles; beyond, a clear error. Rows of shared tiles that are read across lanes have an
+ * odd pitch (D | 1), so lanes fall in distinct banks.
+ *
+ * Where it sits: called by codegen_cuda (cuda_program.c) through the op table.
+ */
+#include <math.h>
+
+#include "cuda_rows.h"
+
+enum { SMEM_MAX = 48 * 1024 - 256 };  // static shared memory per block, bytes
+enum { FWD_THREADS = 128, BWD_THREADS = 256, KEYS = 32 };
+
+/* The geometry both directions read from the node. */
+typedef struct {
+    int64_t BH, T, S, D, Dv;
+    int causal;
+    float scale;
+} Att;
+
+static int att_shape(CuCtx *c, const char *op, Att *a)
+{
+    const Value *q = cu_inv(c, 0), *k = cu_inv(c, 1), *v = cu_inv(c, 2);
+    int r = q->rank;
+    if (r < 2 || k->rank != r || v->rank != r) return cu_fail(c, "%s: q, k, v of rank >= 2 only", op);
+    for (int i = 0; i < 3; i++)
+        if (!dtype_is_float(cu_inv(c, i)->dtype)) return cu_fail(c, "%s: float q, k, v only", op);
+    a->T = q->shape[r - 2], a->D = q->shape[r - 1], a->S = k->shape[r - 2], a->Dv = v->shape[r - 1];
+    a->BH = ir_numel(q) / (a->T * a->D);
+    a->causal = ir_attr_int(c->g, cu_node(c), "causal", 0) != 0;
+    a->scale = 1.0f / sqrtf((float)a->D);
+    if (a->T > (1 << 30) || a->S > (1 << 30)) return cu_fail(c, "%s: sequences longer than 2^30", op);
+    if (a->causal && a->T != a->S) return cu_fail(c, "%s: causal needs T == S (%lld, %lld)", op, (long long)a->T, (long long)a->S);
+    return 0;
+}
+
+static int64_t odd(int64_t n) { return n | 1; }
+
+/* The geometry every kernel states first. */
+static char *consts(CuCtx *c, const Att *a)
+{
+    return cu_fmt(c,
+                  "    constexpr int T = %lld, S = %lld, D = %lld, DV = %lld;\n"
+                  "    constexpr bool CAUSAL = %s;\n"
+                  "    constexpr float SCALE = %s;\n",
+                  (long long)a->T, (long long)a->S, (long long)a->D, (long long)a->Dv, a->causal ? "true" : "false",
+                  cu_float(c, a->scale));
+}
+
+/* ---- forward ------------------------------------------------------------------------ */
+
+static int64_t fwd_smem(const Att *a, int rpw)
+{
+    int64_t bq = 4 * rpw, kvp = odd(a->D) > a->Dv ? odd(a->D) : a->Dv;
+    return 4 * (bq * a->D + KEYS * kvp + bq * KEYS);
+}
+
+/* s[g] += q row g . k row lane, for the D elements: float4 reads of q when they align. */
+static const char *score_loop(CuCtx *c, const Att *a)
+{
+    if (a->D % 4)
+        return "        for (int d = 0; d < D; d++) {\n"
+               "            const float kd = kv[lane * KP + d];\n"
+               "#pragma unroll\n"
+               "            for (int g = 0; g < RPW; g++) s[g] += qs[(warp + 4 * g) * D + d] * kd;\n"
+               "        }\n";
+    return "        for (int d = 0; d < D; d += 4) {\n"
+           "            const float k0 = kv[lane * KP + d], k1 = kv[lane * KP + d + 1];\n"
+           "            const float k2 = kv[lane * KP + d + 2], k3 = kv[lane * KP + d + 3];\n"
+           "#pragma unroll\n"
+           "            for (int g = 0; g < RPW; g++) {\n"
+           "                const float4 qv = *reinterpret_cast<const float4 *>(&qs[(warp + 4 * g) * D + d]);\n"
+           "                s[g] += qv.x * k0;\n"
+           "                s[g] += qv.y * k1;\n"
+           "                s[g] += qv.z * k2;\n"
+           "                s[g] += qv.w * k3;\n"
+           "            }\n"
+           "        }\n";
+}
+
+/* attention(q, k, v, causal) -> o, lse */
+int cuda_attention(CuCtx *c)
+{
+    Att a;
+    if (att_shape(c, "attention", &a)) return -1;
+    if (cu_outv(c, 1)->dtype != DT_F32) return cu_fail(c, "attention: lse must be f32");
+    int rpw = 8, cpl = (int)cu_cdiv(a.Dv, 32);
+    while (rpw > 1 && (fwd_smem(&a, rpw) > SMEM_MAX || rpw * cpl > 64)) rpw /= 2;
+    if (fwd_smem(&a, rpw) > SMEM_MAX || rpw * cpl > 64)
+        return cu_fail(c, "attention: head dims D = %lld, Dv = %lld need %lld bytes of shared memory per block, over the %d the "
+                          "CUDA kernels use (D, Dv up to about 300 fit)",
+                       (long long)a.D, (long long)a.Dv, (long long)fwd_smem(&a, rpw), SMEM_MAX);
+    int64_t bq = 4 * rpw, nqt = cu_cdiv(a.T, bq), kvp = odd(a.D) > a.Dv ? odd(a.D) : a.Dv;
+    const char *src = cu_fmt(c,
+        "extern \"C\" __global__ void __launch_bounds__(128) KNAME(const %s *__restrict__ q, const %s *__restrict__ k, "
+        "const %s *__restrict__ v, %s *__restrict__ o, float *__restrict__ lse)\n"
+        "{\n"
+        "%s"
+        "    constexpr int RPW = %d, BQ = 4 * RPW, CPL = %d, KP = %lld, NQT = %lld;\n"
+        "    __shared__ __align__(16) float qs[BQ * D];\n"
+        "    __shared__ float kv[32 * %lld];\n"
+        "    __shared__ float ps[BQ * 32];\n"
+        "    const int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n"
+        "    const long long bh = blockIdx.x / NQT;\n"
+        "    const int i0 = (NQT - 1 - (int)(blockIdx.x %% NQT)) * BQ;\n"
+        "    for (int e = threadIdx.x; e < BQ * D; e += 128) qs[e] = i0 + e / D < T ? ld(q, (bh * T + i0) * D + e) : 0.f;\n"
+        "    float m[RPW], l[RPW], acc[RPW][CPL];\n"
+        "#pragma unroll\n"
+        "    for (int g = 0; g < RPW; g++) {\n"
+        "        m[g] = __int_as_float(0xff800000u), l[g] = 0.f;\n"
+        "#pragma unroll\n"
+        "        for (int cc = 0; cc < CPL; cc++) acc[g][cc] = 0.f;\n"
+        "    }\n"
+        "    const int jend = CAUSAL ? min(S, i0 + BQ) : S;\n"
+        "    for (int j0 = 0; j0 < jend; j0 += 32) {\n"
+        "        __syncthreads();  // the last tile's readers of kv and ps are done; qs is in\n"
+        "        for (int e = threadIdx.x; e < 32 * D; e += 128) {\n"
+        "            const int j = e / D, d = e %% D;\n"
+        "            kv[j * KP + d] = j0 + j < S ? ld(k, (bh * S + j0 + j) * D + d) : 0.f;\n"
+        "        }\n"
+        "        __syncthreads();\n"
+        "        float s[RPW];\n"
+        "#pragma unroll\n"
+        "        for (int g = 0; g < RPW; g++) s[g] = 0.f;\n"
+        "%s"
+        "        const int j = j0 + lane;\n"
+        "#pragma unroll\n"
+        "        for (int g = 0; g < RPW; g++) {\n"
+        "            const int i = i0 + warp + 4 * g;\n"
+        "            const bool vis = j < S && (!CAUSAL || j <= i);\n"
+        "            const float x = vis ? s[g] * SCALE : __int_as_float(0xff800000u);\n"
+        "            const float mx = fmaxf(m[g], fs_warp_max(x));\n"
+        "            const float corr = m[g] == mx ? 1.0f : expf(m[g] - mx);\n"
+        "            const float p = vis ? expf(x - mx) : 0.f;\n"
+        "            l[g] = l[g] * corr + fs_warp_sum(p);\n"
+        "            m[g] = mx;\n"
+        "#pragma unroll\n"
+        "            for (int cc = 0; cc < CPL; cc++) acc[g][cc] *= corr;\n"
+        "            ps[(warp + 4 * g) * 32 + lane] = p;\n"
+        "        }\n"
+        "        __syncthreads();  // every score read K\n"
+        "        for (int e = threadIdx.x; e < 32 * DV; e += 128) {\n"
+        "            const int j = e / DV, cc = e %% DV;\n"
+        "            kv[j * DV + cc] = j0 + j < S ? ld(v, (bh * S + j0 + j) * DV + cc) : 0.f;\n"
+        "        }\n"
+        "        __syncthreads();\n"
+        "        for (int jj = 0; jj < 32; jj++) {\n"
+        "            float vv[CPL];\n"
+        "#pragma unroll\n"
+        "            for (int cc = 0; cc < CPL; cc++) vv[cc] = lane + 32 * cc < DV ? kv[jj * DV + lane + 32 * cc] : 0.f;\n"
+        "#pragma unroll\n"
+        "            for (int g = 0; g < RPW; g++) {\n"
+        "                const float p = ps[(warp + 4 * g) * 32 + jj];\n"
+        "#pragma unroll\n"
+        "                for (int cc = 0; cc < CPL; cc++) acc[g][cc] += p * vv[cc];\n"
+        "            }\n"
+        "        }\n"
+        "    }\n"
+        "#pragma unroll\n"
+        "    for (int g = 0; g < RPW; g++) {\n"
+        "        const int i = i0 + warp + 4 * g;\n"
+        "        if (i >= T) continue;\n"
+        "        const float inv = 1.0f / l[g];\n"
+        "#pragma unroll\n"
+        "        for (int cc = 0; cc < CPL; cc++)\n"
+        "            if (lane + 32 * cc < DV) st(o, (bh * T + i) * DV + lane + 32 * cc, acc[g][cc] * inv);\n"
+        "        if (lane == 0) lse[bh * T + i] = m[g] + logf(l[g]);\n"
+        "    }\n"
+        "}\n",
+        cu_tin(c, 0), cu_tin(c, 1), cu_tin(c, 2), cu_tout(c, 0), consts(c, &a), rpw, cpl, (long long)odd(a.D), (long long)nqt,
+        (long long)kvp, score_loop(c, &a));
+    CuDim grid;
+    if (cu_grid1(c, a.BH * nqt, &grid)) return -1;
+    return cu_launch(c, "attention", src, grid, (CuDim){FWD_THREADS, 1, 1}, 0,
+                     (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 0), cu_out_id(c, 1)}, 5);
+}
+
+/* ---- backward ------------------------------------------------------------------------ */
+
+static int64_t bwd_smem(const Att *a, int tb)
+{
+    return 4 * (tb * (2 * odd(a->D) + 2 * odd(a->Dv)) + 2 * tb * tb + 2 * tb);
+}
+
+/* Shared tiles, the geometry, and the loaders both backward kernels use:
+ *   load_q(i0): qs, dos (pitches QP, OP), ls = lse and dr = rowsum(dO * O) of query
+ *     tile i0, zero past T; ends synchronized.
+ *   load_kv(j0): ks, vs (pitches KP, VP) of key tile j0, zero past S.
+ *   scores(i0, j0): dss = dS (and, for dK and dV, ps = P) of the tile pair, TB x TB,
+ *     row = query. */
+static char *bwd_common(CuCtx *c, const Att *a, int tb, int dkdv)
+{
+    return cu_fmt(c,
+        "%s"
+        "    constexpr int TB = %d, QP = %lld, KP = QP, OP = %lld, VP = OP;\n"
+        "%s"
+        "    __shared__ float qs[TB * QP], dos[TB * OP], ks[TB * KP], vs[TB * VP];\n"
+        "    __shared__ float %sdss[TB * TB], ls[TB], dr[TB];\n"
+        "    const int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n"
+        "    auto load_q = [&](long long bh, int i0) {\n"
+        "        for (int e = threadIdx.x; e < TB * D; e += 256) {\n"
+        "            const int r = e / D, d = e %% D;\n"
+        "            qs[r * QP + d] = i0 + r < T ? ld(q, (bh * T + i0 + r) * D + d) : 0.f;\n"
+        "        }\n"
+        "        for (int e = threadIdx.x; e < TB * DV; e += 256) {\n"
+        "            const int r = e / DV, cc = e %% DV;\n"
+        "            dos[r * OP + cc] = i0 + r < T ? ld(dout, (bh * T + i0 + r) * DV + cc) : 0.f;\n"
+        "        }\n"
+        "        if (threadIdx.x < TB) ls[threadIdx.x] = i0 + (int)threadIdx.x < T ? lse[bh * T + i0 + threadIdx.x] : 0.f;\n"
+        "        __syncthreads();\n"
+        "        for (int r = warp; r < TB; r += 8) {\n"
+        "            float x = 0.f;\n"
+        "            if (i0 + r < T)\n"
+        "                for (int cc = lane; cc < DV; cc += 32) x += dos[r * OP + cc] * ld(o, (bh * T + i0 + r) * DV + cc);\n"
+        "            x = fs_warp_sum(x);\n"
+        "            if (lane == 0) dr[r] = x;\n"
+        "        }\n"
+        "        __syncthreads();\n"
+        "    };\n"
+        "    auto load_kv = [&](long long bh, int j0) {\n"
+        "        for (int e = threadIdx.x; e < TB * D; e += 256) {\n"
+        "            const int j = e / D, d = e %% D;\n"
+        "            ks[j * KP + d] = j0 + j < S ? ld(k, (bh * S + j0 + j) * D + d) : 0.f;\n"
+        "        }\n"
+        "        for (int e = threadIdx.x; e < TB * DV; e += 256) {\n"
+        "            const int j = e / DV, cc = e %% DV;\n"
+        "            vs[j * VP + cc] = j0 + j < S ? ld(v, (bh * S + j0 + j) * DV + cc) : 0.f;\n"
+        "        }\n"
+        "    };\n"
+        "    auto scores = [&](int i0, int j0) {\n"
+        "        for (int e = threadIdx.x; e < TB * TB; e += 256) {\n"
+        "            const int r = e / TB, j = e %% TB, i = i0 + r, jj = j0 + j;\n"
+        "            float s = 0.f, dp = 0.f;\n"
+        "            for (int d = 0; d < D; d++) s += qs[r * QP + d] * ks[j * KP + d];\n"
+        "            for (int cc = 0; cc < DV; cc++) dp += dos[r * OP + cc] * vs[j * VP + cc];\n"
+        "            const bool vis = i < T && jj < S && (!CAUSAL || jj <= i);\n"
+        "            const float p = vis ? expf(s * SCALE - ls[r]) : 0.f;\n"
+        "%s"
+        "            dss[e] = vis ? p * (dp - dr[r]) : 0.f;\n"
+        "        }\n"
+        "    };\n",
+        consts(c, a), tb, (long long)odd(a->D), (long long)odd(a->Dv),
+        dkdv ? "    constexpr int NKT = (S + TB - 1) / TB, UK = (TB * D + 255) / 256, UV = (TB * DV + 255) / 256;\n"
+             : "    constexpr int NQT = (T + TB - 1) / TB, UK = (TB * D + 255) / 256;\n",
+        dkdv ? "ps[TB * TB], " : "", dkdv ? "            ps[e] = p;\n" : "");
+}
+
+/* Kernel 1: dK and dV of one key tile, over the query tiles that see it. */
+static int emit_dkdv(CuCtx *c, const Att *a, int tb, const char *sig, const int *args)
+{
+    const char *src = cu_fmt(c,
+        "%s"
+        "{\n"
+        "%s"
+        "    const long long bh = blockIdx.x / NKT;\n"
+        "    const int j0 = (int)(blockIdx.x %% NKT) * TB;\n"
+        "    float ak[UK], av[UV];\n"
+        "#pragma unroll\n"
+        "    for (int u = 0; u < UK; u++) ak[u] = 0.f;\n"
+        "#pragma unroll\n"
+        "    for (int u = 0; u < UV; u++) av[u] = 0.f;\n"
+        "    load_kv(bh, j0);\n"
+        "    for (int i0 = CAUSAL ? j0 : 0; i0 < T; i0 += TB) {\n"
+        "        __syncthreads();  // the last tile's readers of qs, dos, ps, dss are done\n"
+        "        load_q(bh, i0);\n"
+        "        scores(i0, j0);\n"
+        "        __syncthreads();\n"
+        "#pragma unroll\n"
+        "        for (int u = 0; u < UK; u++) {\n"
+        "            const int e = threadIdx.x + 256 * u, j = e / D, d = e %% D;\n"
+        "            float x = 0.f;\n"
+        "            if (e < TB * D)\n"
+        "                for (int r = 0; r < TB; r++) x += dss[r * TB + j] * qs[r * QP + d];\n"
+        "            ak[u] += x;\n"
+        "        }\n"
+        "#pragma unroll\n"
+        "        for (int u = 0; u < UV; u++) {\n"
+        "            const int e = threadIdx.x + 256 * u, j = e / DV, cc = e %% DV;\n"
+        "            float x = 0.f;\n"
+        "            if (e < TB * DV)\n"
+        "                for (int r = 0; r < TB; r++) x += ps[r * TB + j] * dos[r * OP + cc];\n"
+        "            av[u] += x;\n"
+        "        }\n"
+        "    }\n"
+        "#pragma unroll\n"
+        "    for (int u = 0; u < UK; u++) {\n"
+        "        const int e = threadIdx.x + 256 * u, j = e / D, d = e %% D;\n"
+        "        if (e < TB * D && j0 + j < S) st(dk, (bh * S + j0 + j) * D + d, ak[u] * SCALE);\n"
+        "    }\n"
+        "#pragma unroll\n"
+        "    for (int u = 0; u < UV; u++) {\n"
+        "        const int e = threadIdx.x + 256 * u, j = e / DV, cc = e %% DV;\n"
+        "        if (e < TB * DV && j0 + j < S) st(dv, (bh * S + j0 + j) * DV + cc, av[u]);\n"
+        "    }\n"
+        "}\n",
+        sig, bwd_common(c, a, tb, 1));
+    CuDim grid;
+    if (cu_grid1(c, a->BH * cu_cdiv(a->S, tb), &grid)) return -1;
+    return cu_launch(c, "attention_bwd", src, grid, (CuDim){BWD_THREADS, 1, 1}, 0, args, 9);
+}
+
+/* Kernel 2: dQ of one query tile, over the key tiles it sees; longest first. */
+static int emit_dq(CuCtx *c, const Att *a, int tb, const char *sig, const int *args)
+{
+    const char *src = cu_fmt(c,
+        "%s"
+        "{\n"
+        "%s"
+        "    const long long bh = blockIdx.x / NQT;\n"
+        "    const int i0 = (NQT - 1 - (int)(blockIdx.x %% NQT)) * TB;\n"
+        "    float aq[UK];\n"
+        "#pragma unroll\n"
+        "    for (int u = 0; u < UK; u++) aq[u] = 0.f;\n"
+        "    load_q(bh, i0);\n"
+        "    const int jend = CAUSAL ? min(S, i0 + TB) : S;\n"
+        "    for (int j0 = 0; j0 < jend; j0 += TB) {\n"
+        "        __syncthreads();  // the last tile's readers of ks, vs, dss are done\n"
+        "        load_kv(bh, j0);\n"
+        "        __syncthreads();\n"
+        "        scores(i0, j0);\n"
+        "        __syncthreads();\n"
+        "#pragma unroll\n"
+        "        for (int u = 0; u < UK; u++) {\n"
+        "            const int e = threadIdx.x + 256 * u, r = e / D, d = e %% D;\n"
+        "            float x = 0.f;\n"
+        "            if (e < TB * D)\n"
+        "                for (int j = 0; j < TB; j++) x += dss[r * TB + j] * ks[j * KP + d];\n"
+        "            aq[u] += x;\n"
+        "        }\n"
+        "    }\n"
+        "#pragma unroll\n"
+        "    for (int u = 0; u < UK; u++) {\n"
+        "        const int e = threadIdx.x + 256 * u, r = e / D, d = e %% D;\n"
+        "        if (e < TB * D && i0 + r < T) st(dq, (bh * T + i0 + r) * D + d, aq[u] * SCALE);\n"
+        "    }\n"
+        "}\n",
+        sig, bwd_common(c, a, tb, 0));
+    CuDim grid;
+    if (cu_grid1(c, a->BH * cu_cdiv(a->T, tb), &grid)) return -1;
+    return cu_launch(c, "attention_bwd", src, grid, (CuDim){BWD_THREADS, 1, 1}, 0, args, 9);
+}
+
+/* attention_bwd(q, k, v, o, lse, dout, causal) -> dq, dk, dv */
+int cuda_attention_bwd(CuCtx *c)
+{
+    Att a;
+    if (att_shape(c, "attention_bwd", &a)) return -1;
+    if (cu_inv(c, 4)->dtype != DT_F32) return cu_fail(c, "attention_bwd: lse must be f32");
+    int tb = 32;
+    while (tb > 4 && (bwd_smem(&a, tb) > SMEM_MAX || tb * (a.D + a.Dv) > 64 * BWD_THREADS)) tb /= 2;
+    if (bwd_smem(&a, tb) > SMEM_MAX)
+        return cu_fail(c, "attention_bwd: head dims D = %lld, Dv = %lld need %lld bytes of shared memory per block, over the %d "
+                          "the CUDA kernels use (D, Dv up to about 300 fit)",
+                       (long long)a.D, (long long)a.Dv, (long long)bwd_smem(&a, tb), SMEM_MAX);
+    // both kernels take every tensor, so that their text shares one signature
+    const char *sig = cu_fmt(c,
+        "extern \"C\" __global__ void __launch_bounds__(256) KNAME(const %s *__restrict__ q, const %s *__restrict__ k, "
+        "const %s *__restrict__ v, const %s *__restrict__ o, const float *__restrict__ lse, const %s *__restrict__ dout, "
+        "%s *__restrict__ dq, %s *__restrict__ dk, %s *__restrict__ dv)\n",
+        cu_tin(c, 0), cu_tin(c, 1), cu_tin(c, 2), cu_tin(c, 3), cu_tin(c, 5), cu_tout(c, 0), cu_tout(c, 1), cu_tout(c, 2));
+    int args[9];
+    for (int i = 0; i < 6; i++) args[i] = cu_in_id(c, i);
+    for (int i = 0; i < 3; i++) args[6 + i] = cu_out_id(c, i);
+    if (emit_dkdv(c, &a, tb, sig, args)) return -1;
+    return emit_dq(c, &a, tb, sig, args);
+}
