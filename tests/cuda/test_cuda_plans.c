@@ -1,0 +1,98 @@
+/* tests/cuda/test_cuda_plans.c: the CUDA backend's schedule (runtime/cuda/schedule.c)
+ * on the samples' real plans, as fsc makes them, without a GPU: tiny GPT-2 and Llama
+ * under every sharding strategy, on every rank, in fp32 and bf16. Each schedule must
+ * build (every collective in a form NCCL runs), every byte an op's work touches must
+ * lie in the arena, and the waits must be enough: whenever an op's work touches the
+ * bytes of a collective started before it, it or an earlier op waited for that
+ * collective. And the plan's module compiles through the backend's JIT (jit.c).
+ * Plans without a CUDA program (a build whose codegen does not make one) are skipped.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit.h"
+#include "sample.h"
+#include "schedule.h"
+
+static int overlap(CsRange a, CsRange b) { return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi; }
+
+/* The waits are enough: an op touching a started collective's bytes has it waited for. */
+static void check_waits(const CsSchedule *s, const char *what, int rank)
+{
+    char *waited = calloc((size_t)s->n_colls + 1, 1);
+    for (int32_t k = 0; k < s->n_ops; k++) {
+        const CsOp *o = &s->ops[k];
+        for (int32_t w = 0; w < o->n_wait; w++) waited[s->waits[o->wait + w]] = 1;
+        if (o->coll >= 0) continue;
+        for (int32_t c = 0; c < s->n_colls && s->colls[c].op < k; c++)
+            for (int32_t t = 0; t < o->n_touch; t++)
+                cr_assert(waited[c] || (!overlap(s->touch[o->touch + t], s->colls[c].range[0]) &&
+                                        !overlap(s->touch[o->touch + t], s->colls[c].range[1])),
+                          "%s rank %d: op %d touches collective %d (op %d) without waiting for it", what, rank, k, c,
+                          s->colls[c].op);
+    }
+    free(waited);
+}
+
+static void check(const char *file, const Define *defs, int n_defs, const char *shard, const char *world,
+                  const char *precision)
+{
+    Setting set[] = {{"shard", shard}, {"world", world}, {"precision", precision}};
+    Plan *p = sample_compile(file, defs, n_defs, set, 3, NULL);
+    char what[128], err[512];
+    snprintf(what, sizeof what, "%s %s world %s %s", file, shard, world, precision);
+    if (!p->n_cuda) {
+        plan_free(p);
+        cr_skip_test("%s: the plan has no CUDA program (codegen makes none in this build)", what);
+    }
+    int w = atoi(world);
+    int64_t arena = plan_meta_int(p, "arena_bytes", 0);
+    for (int rank = 0; rank < w; rank++) {
+        CsSchedule s;
+        cr_assert_eq(cs_build(p, rank, w, &s, err, sizeof err), 0, "%s rank %d: %s", what, rank, err);
+        for (int32_t i = 0; i < s.ops[s.n_ops - 1].touch + s.ops[s.n_ops - 1].n_touch; i++)
+            cr_assert(s.touch[i].lo >= 0 && s.touch[i].hi <= arena, "%s rank %d: bytes [%lld, %lld) outside the arena",
+                      what, rank, (long long)s.touch[i].lo, (long long)s.touch[i].hi);
+        for (int32_t c = 0; c < s.n_colls; c++) cr_assert_gt(s.colls[c].count, 0);
+        if (w == 1)
+            for (int32_t k = 0; k < s.n_ops; k++) cr_assert_eq(s.ops[k].n_wait, 0, "%s: a wait at world 1", what);
+        else
+            cr_assert_gt(s.n_colls, 0, "%s: a world of %d ranks without collectives", what, w);
+        check_waits(&s, what, rank);
+        cs_free(&s);
+    }
+    plan_free(p);
+}
+
+Test(cuda_plans, every_strategy_every_rank)
+{
+    const char *strategies[][2] = {{"none", "1"}, {"ddp", "2"}, {"zero1", "4"}, {"zero2", "2"}, {"fsdp", "4"}};
+    Define gpt2[6], llama[7];
+    memcpy(gpt2, SAMPLE_GPT2, sizeof gpt2);
+    memcpy(llama, SAMPLE_LLAMA, sizeof llama);
+    gpt2[5].value = llama[6].value = 8;  // B: a batch every world divides
+    for (size_t i = 0; i < sizeof strategies / sizeof *strategies; i++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            const char *prec = bf16 ? "bf16" : "fp32";
+            check("gpt2.fsm", gpt2, 6, strategies[i][0], strategies[i][1], prec);
+            check("llama.fsm", llama, 7, strategies[i][0], strategies[i][1], prec);
+        }
+}
+
+Test(cuda_plans, module_compiles_through_the_jit)
+{
+    Setting set[] = {{"precision", "bf16"}};
+    Plan *p = sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, 1, NULL);
+    if (!p->n_cuda) {
+        plan_free(p);
+        cr_skip_test("the plan has no CUDA program (codegen makes none in this build)");
+    }
+    JitImage im;
+    char err[2048];
+    cr_assert_eq(jit_compile(plan_meta_str(p, "cuda_source", ""), "sm_90", "", &im, err, sizeof err), 0, "%s", err);
+    cr_assert(im.size > 0 && !memcmp(im.image, "\177ELF", 4));
+    jit_free(&im);
+    plan_free(p);
+}
