@@ -71,7 +71,7 @@ class GPT2(nn.Module):
         for b in self.blocks:
             x = b(x)
         logits = self.lnf(x) @ self.wte.weight.t()  # tied
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def run(mode, a, dev):
