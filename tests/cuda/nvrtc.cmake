@@ -1,0 +1,14 @@
+# tests/cuda/nvrtc.cmake: NVRTC compiles every sample's CUDA module (tests/cuda/nvrtc_compile.c),
+# for sm_80 and sm_90, wherever the CUDA toolkit is found: no GPU or driver needed.
+# Included from the top CMakeLists.txt.
+find_package(CUDAToolkit QUIET)
+if(CUDAToolkit_FOUND AND TARGET CUDA::nvrtc AND NOT FS_FUZZ)
+  find_package(Threads REQUIRED)
+  list(GET CUDAToolkit_INCLUDE_DIRS 0 FS_CUDA_INCLUDE)
+  add_executable(nvrtc_compile tests/cuda/nvrtc_compile.c)
+  target_link_libraries(nvrtc_compile PRIVATE fs_frontend fs_passes fs_codegen CUDA::nvrtc Threads::Threads)
+  add_test(NAME nvrtc_compile COMMAND nvrtc_compile ${CMAKE_CURRENT_SOURCE_DIR} ${FS_CUDA_INCLUDE})
+  set_tests_properties(nvrtc_compile PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+else()
+  message(STATUS "CUDA toolkit (NVRTC) not found: the samples' CUDA modules are not compiled by the tests")
+endif()

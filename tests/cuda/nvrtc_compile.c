@@ -1,0 +1,257 @@
+/* tests/cuda/nvrtc_compile.c: every sample's CUDA module compiles with NVRTC, on a
+ * machine without a GPU (NVRTC needs no driver).
+ *
+ *   nvrtc_compile SOURCE_DIR CUDA_INCLUDE_DIR
+ *
+ * The plans: every sample (each samples/NAME.fsm, at its own dims) in fp32, fp16 and bf16 with no
+ * sharding, GPT-2 under fsdp at world 2 in bf16, GPT-2 with recompute Block. Each plan's
+ * module (meta "cuda_source") is compiled for sm_80 and sm_90 as fsexec's CUDA backend
+ * compiles it (-std=c++17, the toolkit's include directory); equal modules are compiled
+ * once. A compile fails the test with NVRTC's log on any error or warning, and every
+ * kernel a LAUNCH names must come out under that very name (nvrtcAddNameExpression, then
+ * nvrtcGetLoweredName: the kernels are extern "C"). Compiles run on two threads.
+ * Exit 0, 1 on a failure, 77 (skipped) when the plans carry no CUDA program yet.
+ */
+#include <dirent.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <nvrtc.h>
+
+#include "codegen.h"
+#include "cuda.h"
+#include "frontend.h"
+#include "passes.h"
+
+enum { MAX_JOBS = 64, MAX_PLANS = 32, THREADS = 2 };
+
+typedef struct {
+    char what[160];          // the plan and architecture, for messages
+    const char *source;      // the module
+    const char **names;      // the kernels its launches name
+    int n_names;
+    const char *arch;        // "sm_80"
+    double seconds;
+    int failed;
+} Job;
+
+static const char *include_opt;
+static Job jobs[MAX_JOBS];
+static int n_jobs, next_job;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    *len = fread(buf, 1, (size_t)n, f);
+    buf[*len] = 0;
+    fclose(f);
+    return buf;
+}
+
+/* The plan of samples/file under these settings, or NULL after saying why. */
+static Plan *compile_plan(const char *dir, const char *file, const Setting *set, int n_set)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/samples/%s", dir, file);
+    size_t len;
+    char *src = read_file(path, &len), err[600];
+    if (!src) {
+        fprintf(stderr, "nvrtc_compile: cannot read %s\n", path);
+        return NULL;
+    }
+    Diag d;
+    diag_init(&d, file, src, len, stderr);
+    FrontendOptions fo = {NULL, 0, set, n_set};
+    Options o = {0};
+    Graph *g = fe_compile(src, len, &fo, &o.train, &d);
+    Plan *p = NULL;
+    if (g && !passes_run(g, &o, &d) && !(p = codegen_plan(g, &o.train, err, sizeof err)))
+        fprintf(stderr, "nvrtc_compile: %s: %s\n", file, err);
+    ir_graph_free(g);
+    free(src);
+    return p;
+}
+
+static void log_of(nvrtcProgram prog, const Job *j)
+{
+    size_t n = 0;
+    nvrtcGetProgramLogSize(prog, &n);
+    char *log = malloc(n + 1);
+    log[0] = 0;
+    nvrtcGetProgramLog(prog, log);
+    if (log[0]) fprintf(stderr, "%s: NVRTC says:\n%s\n", j->what, log);
+    free(log);
+}
+
+static int has_warning(nvrtcProgram prog)
+{
+    size_t n = 0;
+    nvrtcGetProgramLogSize(prog, &n);
+    char *log = malloc(n + 1);
+    log[0] = 0;
+    nvrtcGetProgramLog(prog, log);
+    int w = strstr(log, "warning") != NULL;
+    free(log);
+    return w;
+}
+
+static void run_job(Job *j)
+{
+    double t0 = now();
+    nvrtcProgram prog;
+    char arch[64];
+    snprintf(arch, sizeof arch, "--gpu-architecture=%s", j->arch);
+    const char *opts[] = {arch, "-std=c++17", include_opt};
+    if (nvrtcCreateProgram(&prog, j->source, "fsc_module.cu", 0, NULL, NULL) != NVRTC_SUCCESS) {
+        fprintf(stderr, "%s: nvrtcCreateProgram failed\n", j->what);
+        j->failed = 1;
+        return;
+    }
+    for (int i = 0; i < j->n_names; i++) nvrtcAddNameExpression(prog, j->names[i]);
+    nvrtcResult rc = nvrtcCompileProgram(prog, 3, opts);
+    if (rc != NVRTC_SUCCESS || has_warning(prog)) {
+        fprintf(stderr, "%s: %s\n", j->what, rc != NVRTC_SUCCESS ? nvrtcGetErrorString(rc) : "warnings");
+        log_of(prog, j);
+        j->failed = 1;
+    }
+    for (int i = 0; i < j->n_names && !j->failed; i++) {
+        const char *lowered = NULL;
+        if (nvrtcGetLoweredName(prog, j->names[i], &lowered) != NVRTC_SUCCESS || strcmp(lowered, j->names[i])) {
+            fprintf(stderr, "%s: kernel %s is not defined under its name (%s)\n", j->what, j->names[i], lowered ? lowered : "absent");
+            j->failed = 1;
+        }
+    }
+    nvrtcDestroyProgram(&prog);
+    j->seconds = now() - t0;
+}
+
+static void *worker(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        int k = next_job < n_jobs ? next_job++ : -1;
+        pthread_mutex_unlock(&lock);
+        if (k < 0) return NULL;
+        run_job(&jobs[k]);
+    }
+}
+
+/* The distinct kernel names of p's launches. */
+static const char **kernel_names(const Plan *p, int *n)
+{
+    const char **names = malloc(sizeof *names * (size_t)(p->n_cuda + 1));
+    *n = 0;
+    for (int i = 0; i < p->n_cuda; i++) {
+        if (p->cuda[i].kind != PLAN_CU_LAUNCH) continue;
+        const char *s = plan_str(p, p->cuda[i].kernel);
+        int seen = 0;
+        for (int k = 0; k < *n && !seen; k++) seen = !strcmp(names[k], s);
+        if (!seen) names[(*n)++] = s;
+    }
+    return names;
+}
+
+typedef struct {
+    const char *file;
+    Setting set[3];
+    int n_set;
+} Run;
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: nvrtc_compile SOURCE_DIR CUDA_INCLUDE_DIR\n");
+        return 2;
+    }
+    char opt[1200], dirpath[1024];
+    snprintf(opt, sizeof opt, "-I%s", argv[2]);
+    include_opt = opt;
+    double t0 = now();
+
+    /* the samples (samples/NAME.fsm), in name order */
+    char *files[MAX_PLANS];
+    int n_files = 0;
+    snprintf(dirpath, sizeof dirpath, "%s/samples", argv[1]);
+    DIR *dir = opendir(dirpath);
+    if (!dir) {
+        fprintf(stderr, "nvrtc_compile: cannot open %s\n", dirpath);
+        return 1;
+    }
+    for (struct dirent *e; (e = readdir(dir)) && n_files < MAX_PLANS / 4;) {
+        size_t n = strlen(e->d_name);
+        if (n > 4 && !strcmp(e->d_name + n - 4, ".fsm")) files[n_files++] = strdup(e->d_name);
+    }
+    closedir(dir);
+    qsort(files, (size_t)n_files, sizeof *files, by_name);
+
+    Run runs[MAX_PLANS];
+    int n_runs = 0;
+    static const char *const precisions[] = {"fp32", "fp16", "bf16"};
+    for (int f = 0; f < n_files; f++)
+        for (int k = 0; k < 3; k++) runs[n_runs++] = (Run){files[f], {{"precision", precisions[k]}}, 1};
+    runs[n_runs++] = (Run){"gpt2.fsm", {{"precision", "bf16"}, {"shard", "fsdp"}, {"world", "2"}}, 3};
+    runs[n_runs++] = (Run){"gpt2.fsm", {{"recompute", "Block"}}, 1};
+
+    Plan *plans[MAX_PLANS];
+    int modules = 0, kernels = 0;
+    for (int r = 0; r < n_runs; r++) {
+        Plan *p = plans[r] = compile_plan(argv[1], runs[r].file, runs[r].set, runs[r].n_set);
+        if (!p) return 1;
+        const char *src = codegen_cuda_source(p);
+        if (!src) {
+            printf("nvrtc_compile: %s has no CUDA program (CODEGEN_CUDA_PROGRAM is 0): skipped\n", runs[r].file);
+            return 77;
+        }
+        int n_names;
+        const char **names = kernel_names(p, &n_names);
+        int launches = 0;
+        for (int i = 0; i < p->n_cuda; i++) launches += p->cuda[i].kind == PLAN_CU_LAUNCH;
+        char what[128] = "";
+        for (int s = 0; s < runs[r].n_set; s++)
+            snprintf(what + strlen(what), sizeof what - strlen(what), " --%s %s", runs[r].set[s].key, runs[r].set[s].value);
+        printf("%-10s%-40s %4d kernels, %5d launches, %4d GEMMs, %7zu bytes of CUDA C\n", runs[r].file, what, n_names,
+               launches, p->n_cuda - launches, strlen(src));
+        int dup = 0;
+        for (int j = 0; j < n_jobs && !dup; j++) dup = !strcmp(jobs[j].source, src);
+        if (dup) continue;  // an equal module: compiled once
+        modules++, kernels += n_names;
+        for (int a = 0; a < 2 && n_jobs < MAX_JOBS; a++) {
+            Job *j = &jobs[n_jobs++];
+            *j = (Job){.source = src, .names = names, .n_names = n_names, .arch = a ? "sm_90" : "sm_80"};
+            snprintf(j->what, sizeof j->what, "%s%s (%s)", runs[r].file, what, j->arch);
+        }
+    }
+
+    pthread_t threads[THREADS];
+    for (int t = 0; t < THREADS; t++) pthread_create(&threads[t], NULL, worker, NULL);
+    for (int t = 0; t < THREADS; t++) pthread_join(threads[t], NULL);
+    int failed = 0;
+    double busiest = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        failed += jobs[j].failed;
+        if (jobs[j].seconds > busiest) busiest = jobs[j].seconds;
+    }
+    printf("%d plans, %d distinct modules (%d kernels), %d NVRTC compiles on %d threads (the longest %.2f s), %d failed; %.1f s in all\n",
+           n_runs, modules, kernels, n_jobs, THREADS, busiest, failed, now() - t0);
+    for (int r = 0; r < n_runs; r++) plan_free(plans[r]);
+    return failed ? 1 : 0;
+}
