@@ -10,11 +10,6 @@
 
 /* ---- codegen/plan_build.c: Graph -> Plan ------------------------------------------ */
 
-/* TEMPORARY: 0 while codegen/cuda_pending.c stands in for the emitters of the
- * reductions, norms, loss, attention and embedding (every sample would fail); 1 once they
- * land, and then this switch goes. Tests that need a plan's CUDA program skip while 0. */
-#define CODEGEN_CUDA_PROGRAM 0
-
 /* The plan of graph g trained with t: every value as a tensor and every node as an op
  * (same ids) with its memory plan, the blocks, the outputs, and as meta the model's
  * name, the compiler's version, the parameter count, the arena size ("arena_bytes",

@@ -209,7 +209,7 @@ Plan *codegen_plan(const Graph *g, const TrainConfig *t, char *err, size_t errle
         return NULL;
     }
     char why[512];
-    if (CODEGEN_CUDA_PROGRAM && g->arena_bytes > 0 && codegen_cuda(g, p, why, sizeof why)) {
+    if (g->arena_bytes > 0 && codegen_cuda(g, p, why, sizeof why)) {
         snprintf(err, errlen, "the CUDA program: %s", why);
         plan_free(p);
         return NULL;
