@@ -2,8 +2,8 @@
  *
  * A CuModule is the module's text (the fixed prelude, then each distinct kernel once, in
  * first-use order) and the plan the instructions go to. A kernel is named PREFIX_HASH,
- * HASH the low 32 bits of the FNV-1a 64 hash of its text as the emitter wrote it (with
- * the KNAME placeholder), so the same op on the same shapes gets the same name in every
+ * HASH the low 32 bits of a 64-bit hash (text_hash, FNV-1a-like) of its text as the
+ * emitter wrote it (with the KNAME placeholder), so the same op on the same shapes gets the same name in every
  * block and every compilation; equal texts under one prefix are one kernel. Two different
  * texts whose names would collide (a 1 in 2^32 chance) get the next hash in a fixed
  * sequence, so names stay unique and deterministic.
@@ -20,7 +20,7 @@
 #include "cuda.h"
 
 typedef struct {
-    uint64_t hash;       // FNV-1a 64 of src
+    uint64_t hash;       // text_hash(src)
     const char *prefix;
     const char *src;     // as the emitter wrote it, with KNAME
     const char *name;    // PREFIX_HHHHHHHH
@@ -125,9 +125,21 @@ const char *cu_module_text(const CuModule *m) { return m->text.s; }
 
 int cu_module_kernels(const CuModule *m) { return m->n_kernels; }
 
-static uint64_t fnv1a(const char *s, uint64_t h)
+/* The hash of a kernel's text: FNV-1a's shape over 8-byte little-endian words (every
+ * launch's text is hashed, so a multiply per byte would show in fsc's time), with a shift
+ * after each multiply so every byte reaches the low bits, and murmur3's finalizer. */
+static uint64_t text_hash(const char *s)
 {
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3u;
+    size_t n = strlen(s), i = 0;
+    uint64_t h = 0xcbf29ce484222325u;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w = 0;
+        for (int b = 7; b >= 0; b--) w = w << 8 | (unsigned char)s[i + (size_t)b];
+        h = (h ^ w) * 0x9e3779b97f4a7c15u;
+        h ^= h >> 32;
+    }
+    for (; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3u;
+    h ^= h >> 33, h *= 0xff51afd7ed558ccdu, h ^= h >> 33, h *= 0xc4ceb9fe1a85ec53u, h ^= h >> 33;
     return h;
 }
 
@@ -160,7 +172,7 @@ static void append_kernel(CuModule *m, const char *src, const char *name)
 /* The name of the kernel with this text, added to the module on first use. */
 static const char *kernel_name(CuModule *m, const char *prefix, const char *src)
 {
-    uint64_t h = fnv1a(src, 0xcbf29ce484222325u);
+    uint64_t h = text_hash(src);
     if (2 * (m->n_kernels + 1) > m->n_slots) rehash(m);
     unsigned s = (unsigned)h & (unsigned)(m->n_slots - 1);
     for (; m->slots[s]; s = (s + 1) & (unsigned)(m->n_slots - 1)) {
