@@ -57,7 +57,7 @@ int cuda_lr_at(CuCtx *c)
                     lr, (long long)warmup);
     if (schedule == 1)
         cu_text_add(&src,
-                    "    %sif (1) {  // cosine\n"
+                    "    %s{  // cosine\n"
                     "        double progress = (double)(step - %lldLL) / (double)%lldLL;\n"
                     "        progress = progress < 0 ? 0 : progress > 1 ? 1 : progress;\n"
                     "        lr = %s + 0.5 * (%s - %s) * (1.0 + cos(3.14159265358979323846 * progress));\n"

@@ -6,7 +6,11 @@ if(CUDAToolkit_FOUND AND TARGET CUDA::nvrtc AND NOT FS_FUZZ)
   find_package(Threads REQUIRED)
   list(GET CUDAToolkit_INCLUDE_DIRS 0 FS_CUDA_INCLUDE)
   add_executable(nvrtc_compile tests/cuda/nvrtc_compile.c)
-  target_link_libraries(nvrtc_compile PRIVATE fs_frontend fs_passes fs_codegen CUDA::nvrtc Threads::Threads)
+  # NVRTC's library itself, not the CUDA::nvrtc target, which also links the driver's stub
+  # libcuda.so: a sanitized build keeps that, and then needs a driver to start.
+  target_include_directories(nvrtc_compile SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})  # after codegen/cuda.h
+  target_link_libraries(nvrtc_compile PRIVATE fs_frontend fs_passes fs_codegen ${CUDA_nvrtc_LIBRARY} Threads::Threads)
+  set_target_properties(nvrtc_compile PROPERTIES BUILD_RPATH ${CUDAToolkit_LIBRARY_DIR})
   add_test(NAME nvrtc_compile COMMAND nvrtc_compile ${CMAKE_CURRENT_SOURCE_DIR} ${FS_CUDA_INCLUDE})
   set_tests_properties(nvrtc_compile PROPERTIES TIMEOUT 300)
 else()

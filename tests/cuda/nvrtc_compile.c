@@ -212,6 +212,7 @@ int main(int argc, char **argv)
     runs[n_runs++] = (Run){"gpt2.fsm", {{"recompute", "Block"}}, 1};
 
     Plan *plans[MAX_PLANS];
+    const char **names_of[MAX_PLANS] = {0};
     int modules = 0, kernels = 0;
     for (int r = 0; r < n_runs; r++) {
         Plan *p = plans[r] = compile_plan(argv[1], runs[r].file, runs[r].set, runs[r].n_set);
@@ -222,7 +223,7 @@ int main(int argc, char **argv)
             return 1;
         }
         int n_names;
-        const char **names = kernel_names(p, &n_names);
+        const char **names = names_of[r] = kernel_names(p, &n_names);
         int launches = 0;
         for (int i = 0; i < p->n_cuda; i++) launches += p->cuda[i].kind == PLAN_CU_LAUNCH;
         char what[128] = "";
@@ -252,6 +253,7 @@ int main(int argc, char **argv)
     }
     printf("%d plans, %d distinct modules (%d kernels), %d NVRTC compiles on %d threads (the longest %.2f s), %d failed; %.1f s in all\n",
            n_runs, modules, kernels, n_jobs, THREADS, busiest, failed, now() - t0);
-    for (int r = 0; r < n_runs; r++) plan_free(plans[r]);
+    for (int r = 0; r < n_runs; r++) plan_free(plans[r]), free(names_of[r]);
+    for (int f = 0; f < n_files; f++) free(files[f]);
     return failed ? 1 : 0;
 }
