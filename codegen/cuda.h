@@ -86,7 +86,6 @@ const char *cu_type(DType t);
 /* The module of one codegen_cuda call; instructions go into p. */
 CuModule *cu_module_new(Arena *a, Plan *p);
 const char *cu_module_text(const CuModule *m);
-int cu_module_kernels(const CuModule *m);  // distinct kernels so far
 
 /* A kernel's text built piece by piece, in the module's arena: CuText t = cu_text(c);
  * cu_text_add(&t, ...); then t.s (NULL while empty). */

@@ -123,8 +123,6 @@ CuModule *cu_module_new(Arena *a, Plan *p)
 
 const char *cu_module_text(const CuModule *m) { return m->text.s; }
 
-int cu_module_kernels(const CuModule *m) { return m->n_kernels; }
-
 /* The hash of a kernel's text: FNV-1a's shape over 8-byte little-endian words (every
  * launch's text is hashed, so a multiply per byte would show in fsc's time), with a shift
  * after each multiply so every byte reaches the low bits, and murmur3's finalizer. */
