@@ -4,7 +4,10 @@
  *        compute dtype).
  * Gives: for `precision` fp16 or bf16:
  *  - params stay fp32 (the master weights the optimizer updates); each forward use reads
- *    a compute copy made by one explicit cast per param, placed before its first use;
+ *    a compute copy made by one explicit cast per param, placed where its block's forward
+ *    starts (outside blocks: before its first use), so the casts do not split the chains
+ *    of elementwise ops that the fuse pass makes one kernel (a block's copies are live
+ *    until its backward anyway);
  *  - float inputs and constants are cast likewise, so every forward op computes in the
  *    compute dtype (its kernel reduces and accumulates in fp32; cross-entropy's loss and
  *    attention's log-sum-exp stay fp32, as their shape rules say);
@@ -29,14 +32,16 @@ typedef struct {
     int *cast_of;   // per value: its compute copy, or -1
     int *before;    // per new node: the original node it goes before
     int n_orig;
+    int *block_start;  // per block: its first forward node
 } Lowering;
 
-/* The compute copy of f32 value v, made once, before node `at`. */
-static int compute_copy(Lowering *p, int v, int at)
+/* The compute copy of f32 value v, made once, before node `at`, for `use` (whose
+ * source location it takes). */
+static int compute_copy(Lowering *p, int v, int use, int at)
 {
     if (p->cast_of[v] >= 0) return p->cast_of[v];
     Graph *g = p->g;
-    const Node *user = ir_node(g, at);
+    const Node *user = ir_node(g, use);
     Attr to = {.key = "to", .kind = ATTR_INT, .i = p->to};
     char err[256];
     int n = ir_node_add(g, OP_cast, &v, 1, &to, 1, user->block, PHASE_FORWARD, user->loc, err, sizeof err);
@@ -48,10 +53,12 @@ static int compute_copy(Lowering *p, int v, int at)
 static void lower_node(Lowering *p, int n)
 {
     Graph *g = p->g;
+    int b = g->nodes[n].block;
     for (int i = 0; i < g->nodes[n].n_in; i++) {
         int v = g->ids[g->nodes[n].in + i];
         if (g->values[v].dtype != DT_F32) continue;
-        int c = compute_copy(p, v, n);
+        int param = g->values[v].role == ROLE_PARAM && b >= 0 && g->values[v].block == b;
+        int c = compute_copy(p, v, n, param ? p->block_start[b] : n);
         g->ids[g->nodes[n].in + i] = c;
     }
     char err[256];
@@ -89,7 +96,7 @@ static int state(Graph *g, const char *name, DType dt, InitKind init, double val
 
 int pass_precision(Graph *g, const Options *o, Diag *d)
 {
-    Lowering p = {g, o->train.precision == PREC_FP16 ? DT_F16 : DT_BF16, NULL, NULL, g->n_nodes};
+    Lowering p = {g, o->train.precision == PREC_FP16 ? DT_F16 : DT_BF16, NULL, NULL, g->n_nodes, NULL};
     ReduceDtype r = o->train.reduce_dtype;
     if ((r == REDUCE_FP16 && o->train.precision != PREC_FP16) || (r == REDUCE_BF16 && o->train.precision != PREC_BF16)) {
         diag_error(d, (Loc){0}, "reduce_dtype %s with precision %s: gradients are reduced in fp32 or in the compute "
@@ -101,6 +108,10 @@ int pass_precision(Graph *g, const Options *o, Diag *d)
     p.cast_of = arena_alloc(g->arena, sizeof(int) * (size_t)nv + 1);
     p.before = arena_alloc(g->arena, sizeof(int) * ((size_t)g->n_nodes + (size_t)nv) + 1);
     memset(p.cast_of, -1, sizeof(int) * (size_t)nv);
+    p.block_start = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_blocks + 1);
+    for (int b = 0; b < g->n_blocks; b++) p.block_start[b] = p.n_orig;
+    for (int n = p.n_orig - 1; n >= 0; n--)
+        if (g->nodes[n].phase == PHASE_FORWARD && g->nodes[n].block >= 0) p.block_start[g->nodes[n].block] = n;
     for (int n = 0; n < p.n_orig; n++) {
         const Node *node = ir_node(g, n);
         if (node->phase == PHASE_FORWARD) lower_node(&p, n);

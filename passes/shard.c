@@ -163,8 +163,19 @@ static void collect_units(Shard *s)
     }
 }
 
+/* The gradient of param p that goes into its unit's flat gradient buffer: p's own, or
+ * with reduce16 the compute-dtype gradient its cast back reads; -1 for none. */
+static int flat_grad_of(const Shard *s, int p)
+{
+    int gv = ir_value(s->g, p)->grad;
+    if (gv < 0 || !s->reduce16) return gv;
+    const Node *n = ir_node(s->g, ir_value(s->g, gv)->producer);
+    FS_ASSERT(n->op == OP_cast && ir_value(s->g, ir_in(s->g, n, 0))->dtype == s->low);
+    return ir_in(s->g, n, 0);
+}
+
 /* First forward and backward readers of each unit's params, first and last writers of
- * its gradients; positions in the original order. */
+ * the gradients its flat buffer holds; positions in the original order. */
 static void find_uses(Shard *s, const int *unit_of)
 {
     Graph *g = s->g;
@@ -180,7 +191,7 @@ static void find_uses(Shard *s, const int *unit_of)
     for (int i = 0; i < s->n_units; i++) {
         Unit *u = &s->units[i];
         for (int k = 0; k < u->n_params; k++) {
-            int gv = ir_value(g, u->params[k])->grad;
+            int gv = flat_grad_of(s, u->params[k]);
             int at = gv >= 0 ? ir_value(g, gv)->producer : -1;
             if (at < 0) continue;
             if (at < u->grad_first) u->grad_first = at;
@@ -306,18 +317,13 @@ static void layout_grads(Shard *s, Unit *u, char *taken)
     g->values[u->fgrad].unit = (int)(u - s->units);
     for (int k = 0; k < u->n_params; k++) {
         Value *p = &g->values[u->params[k]];
-        int gv = p->grad;
+        int gv = flat_grad_of(s, u->params[k]);
+        if (gv >= 0 && gv != p->grad) {  // reduce16: the cast back goes
+            s->drop[g->values[p->grad].producer] = 1;
+            g->values[gv].name = g->values[p->grad].name;
+        }
         p->grad = -1;  // the optimizer updates the storage, not the param
         if (gv < 0) continue;
-        if (s->reduce16) {  // the gradient before its cast back to fp32, which goes
-            int n = g->values[gv].producer;
-            FS_ASSERT(n >= 0 && n < s->n_orig && g->nodes[n].op == OP_cast);
-            s->drop[n] = 1;
-            int low = ir_in(g, ir_node(g, n), 0);
-            FS_ASSERT(g->values[low].dtype == s->low);
-            g->values[low].name = g->values[gv].name;
-            gv = low;
-        }
         if (!own_grad(g, gv, taken, s->drop, s->n_orig)) gv = place(s, OP_copy, &gv, 1, NULL, 0, u->block, after, 1);
         taken[gv] = 1;
         make_view(s, gv, u->fgrad, g->values[u->params[k]].flat_offset, 0);

@@ -17,6 +17,7 @@
 #include "frontend.h"
 #include "passes.h"
 #include "report.h"
+#include "runtime.h"
 #include "sample.h"
 
 static Plan *compile(const char *file, const char *shard, int world)
@@ -187,4 +188,41 @@ Test(shard, fsdp_bf16_gathers_and_reduces_16_bit)
     plan_free(f32);
     plan_free(bf);
     plan_free(bf_f32);
+}
+
+/* The global gradient norm of step 1 (the plan's "grad_norm" output). */
+static float step1_norm(const Plan *p)
+{
+    char err[256];
+    ExecOptions eo = {.seed = 3};
+    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
+    cr_assert_not_null(e, "%s", err);
+    RtData *d = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, 3, err, sizeof err);
+    cr_assert_not_null(d, "%s", err);
+    rt_data_fill(d, 1);
+    cr_assert_eq(rt_exec_run(e, 1, RT_PHASES_ALL), 0);
+    RtTensor t;
+    cr_assert_eq(rt_exec_tensor(e, "grad_norm", &t), 0);
+    float norm = *(const float *)t.data;
+    rt_data_close(d);
+    rt_exec_free(e);
+    return norm;
+}
+
+/* At world 1 a reduction changes nothing, so the 16-bit flat gradient buffers must hold
+ * exactly the gradients the unsharded plan casts to fp32 one by one: the same norm, bit
+ * for bit (a gradient written into the buffer before it is zeroed would show here). */
+Test(shard, bf16_flat_gradients_are_the_unsharded_ones)
+{
+    const Define small[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 8}};
+    static const char *const strategies[] = {"none", "ddp", "zero1", "zero2", "fsdp"};
+    float norms[5];
+    for (int k = 0; k < 5; k++) {
+        Setting set[] = {{"shard", strategies[k]}, {"precision", "bf16"}};
+        Plan *p = sample_compile("gpt2.fsm", small, 6, set, 2, NULL);
+        norms[k] = step1_norm(p);
+        plan_free(p);
+        cr_expect(norms[k] == norms[0], "bf16 %s: gradient norm %.9g, unsharded %.9g", strategies[k], norms[k],
+                  norms[0]);
+    }
 }
