@@ -8,7 +8,8 @@
  *                "init": {"kind": "normal", "std": 0.02}, "tied_to": 3}],   (params only)
  *    "nodes":  [{"id": 0, "op": "embedding", "inputs": [1, 0], "outputs": [5],
  *                "attrs": {"n": 3, "eps": 1e-05, "shape": [4, -1]},
- *                "block": null, "phase": "forward", "loc": {"line": 12, "col": 7}}],
+ *                "block": null, "phase": "forward", "group": null,
+ *                "loc": {"line": 12, "col": 7}}],   (group: first node of its fused group)
  *    "outputs": [40]}                                                     (loss first)
  *
  * Ids are array indices, as in the text form; `block` is an index into "blocks" or null.
@@ -128,6 +129,7 @@ static json_t *node_json(const Graph *g, int id, int *bad)
     put(o, "attrs", attrs, bad);
     put(o, "block", index_or_null(n->block), bad);
     put(o, "phase", json_string(phase_name(n->phase)), bad);
+    put(o, "group", index_or_null(n->group), bad);
     put(o, "loc", loc_json(n->loc, bad), bad);
     return o;
 }

@@ -43,11 +43,13 @@ static void print_ref(const Graph *g, int id, FILE *out)
     if (v->name) fprintf(out, ":%s", v->name);
 }
 
-/* "  [block h.0, backward, host] @12:5": only the parts that say something. */
-static void print_trailer(const Graph *g, int block, Phase phase, int host, Loc loc, FILE *out)
+/* "  [block h.0, backward, host, fused from %40] @12:5": only the parts that say
+ * something (group: the first node of the node's fused group, -1 for none; it is named
+ * by its first output). */
+static void print_trailer(const Graph *g, int block, Phase phase, int host, int group, Loc loc, FILE *out)
 {
-    const char *parts[3];
-    char blk[160];
+    const char *parts[4];
+    char blk[160], fused[48];
     int n = 0;
     if (block >= 0) {
         snprintf(blk, sizeof blk, "block %s", g->blocks[block].name);
@@ -55,6 +57,10 @@ static void print_trailer(const Graph *g, int block, Phase phase, int host, Loc 
     }
     if (phase != PHASE_FORWARD) parts[n++] = phase_name(phase);
     if (host) parts[n++] = "host";
+    if (group >= 0) {
+        snprintf(fused, sizeof fused, "fused from %%%d", ir_out(g, ir_node(g, group), 0));
+        parts[n++] = fused;
+    }
     if (n) {
         fputs("  [", out);
         for (int i = 0; i < n; i++) fprintf(out, "%s%s", i ? ", " : "", parts[i]);
@@ -86,7 +92,7 @@ static void print_decl(const Graph *g, int id, FILE *out)
     fprintf(out, ": %s", ir_type_str(v, t, sizeof t));
     print_init(v, out);
     if (v->tied_to >= 0) fprintf(out, " tied %%%d", v->tied_to);
-    print_trailer(g, v->block, PHASE_FORWARD, v->place == PLACE_HOST, v->loc, out);
+    print_trailer(g, v->block, PHASE_FORWARD, v->place == PLACE_HOST, -1, v->loc, out);
 }
 
 static void print_attr(const Graph *g, const Attr *a, FILE *out)
@@ -149,7 +155,7 @@ static void print_node(const Graph *g, int id, FILE *out)
         print_attr(g, &g->attrs[n->attr + i], out);
     }
     fputc(')', out);
-    print_trailer(g, n->block, n->phase, 0, n->loc, out);
+    print_trailer(g, n->block, n->phase, 0, n->group, n->loc, out);
 }
 
 void ir_print(const Graph *g, FILE *out)
