@@ -67,10 +67,12 @@ static int reshape_to(GradCtx *c, int g, const int64_t *shape, int rank)
     return emit(c, OP_reshape, &g, 1, &a, 1);
 }
 
-static int scalar(GradCtx *c, double v)
+/* The constant v as a [] of dtype dt: after the precision pass a gradient may be 16-bit,
+ * and an elementwise op takes operands of one dtype. */
+static int scalar(GradCtx *c, double v, DType dt)
 {
-    Attr a = afloat("value", v);
-    return emit(c, OP_scalar, NULL, 0, &a, 1);
+    Attr a[3] = {afloat("value", v), aints("shape", NULL, 0), aint("dtype", dt)};
+    return emit(c, OP_full, NULL, 0, a, 3);
 }
 
 int grad_none(GradCtx *c)
@@ -201,7 +203,7 @@ int grad_mean(GradCtx *c)
     const Value *xv = val(c, x);
     int64_t n = xv->shape[axis < 0 ? axis + xv->rank : axis];
     int d = expand_back(c, c->dout[0], x, axis, (int)attr_i(c, "keepdim"));
-    c->din[0] = emit2(c, OP_mul, d, scalar(c, 1.0 / (double)n));
+    c->din[0] = emit2(c, OP_mul, d, scalar(c, 1.0 / (double)n, val(c, d)->dtype));
     return 0;
 }
 
@@ -294,8 +296,8 @@ int grad_split(GradCtx *c)
         const Value *o = val(c, out_of(c, i));
         int64_t shape[IR_MAX_RANK];
         memcpy(shape, o->shape, sizeof shape);
-        Attr at[2] = {afloat("value", 0), aints("shape", shape, o->rank)};
-        parts[i] = emit(c, OP_full, NULL, 0, at, 2);
+        Attr at[3] = {afloat("value", 0), aints("shape", shape, o->rank), aint("dtype", o->dtype)};  // concat takes one dtype
+        parts[i] = emit(c, OP_full, NULL, 0, at, 3);
     }
     Attr at = aint("axis", axis);
     c->din[0] = emit(c, OP_concat, parts, n_out, &at, 1);
