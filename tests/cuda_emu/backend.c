@@ -1,0 +1,594 @@
+/* tests/cuda_emu/backend.c: cuda-emu, the CUDA backend's table (runtime/backend.h) run
+ * on the CPU, so tests/cuda/op_check.c checks every kernel of a real plan in CI, where
+ * no GPU is. Built as libfs_cudaemu.so (tests/cuda_emu/cuda_emu.cmake), loaded through
+ * FS_CUDA_BACKEND; test infrastructure, never part of fsexec. World 1 only.
+ *
+ * The "device" arena is a malloc'ed copy of the host arena. The plan is bound by the
+ * CUDA backend's own schedule (runtime/cuda/schedule.c): LAUNCH argument offsets, the
+ * cuBLAS form of every GEMM, collectives. Then each op's instructions run in order:
+ *
+ * LAUNCH: the kernel of the compiled module (module.c) runs in emu.hpp's emulator.
+ *   Each launch gets its arguments in mappings of their own: the argument tensors
+ *   (those whose bytes overlap share one) copied between two inaccessible MiB, with
+ *   64 or more bytes of canary (0xff: NaN in every float type) before them and less
+ *   than 64 after, at the same alignment modulo 64 as in the arena. So an access that
+ *   strays into a guard faults (the handler names the kernel, op and tensor), a write
+ *   into the slack shows as changed canary bytes, a read of it gets NaN, never another
+ *   tensor's data, and nothing outside its arguments can change. By default
+ *   (FS_CUDA_EMU_ORDER=both) every launch runs twice from the same bytes, blocks and
+ *   threads in forward then in reverse order, and the two results must be equal to the
+ *   bit: a kernel whose result depends on the order of threads between barriers (a
+ *   race) fails. forward or reverse runs one order. Checked besides: the kernel takes
+ *   exactly the launch's pointers; no two overlapping arguments of which one is written
+ *   and one __restrict__ (by the kernel's signature in the source); and UBSan, built
+ *   into the compiled kernels (module.c), stops at a __shared__ index past its array, a
+ *   misaligned vector load or an int index that overflows, the SIGABRT handler here
+ *   naming the op.
+ * GEMM: exactly the call cublasGemmStridedBatchedEx would get (schedule.c: cs_gemm, the
+ *   column-major form), refused where cuBLAS refuses it (leading dimensions, mixed
+ *   operand dtypes, operands outside their tensors, C overlapping A or B), computed as
+ *   cuBLAS does with CUBLAS_COMPUTE_32F: f32 products and sums, C rounded once.
+ * Collectives (world 1): a copy when out is not in (runtime/cpu/comm_local.c).
+ */
+#define _DEFAULT_SOURCE  // MAP_ANONYMOUS
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "emu_impl.h"
+#include "schedule.h"
+
+/* GUARD: inaccessible bytes on each side of a launch's argument group; an index that
+ * strays less than that far from its tensor faults (the address space costs nothing). */
+enum { ORDER_FORWARD = 1, ORDER_REVERSE = 2, MAX_ARGS = 64, CANARY = 0xff, ALIGN = 64, GUARD = 1 << 20 };
+
+/* What a kernel's signature says of its pointer parameters, bit i for parameter i. */
+typedef struct {
+    uint64_t restrict_, konst;  // declared __restrict__; pointer to const
+} Params;
+
+struct RtBackend {
+    const Plan *plan;
+    int rank;
+    uint8_t *arena;
+    int64_t arena_bytes;
+    CsSchedule s;
+    EmuModule mod;
+    EmuTramp *tramp;        // per instruction (LAUNCH)
+    Params *params;         // per instruction (LAUNCH): its kernel's parameters
+    int order;              // ORDER_FORWARD | ORDER_REVERSE
+    long page;
+    int32_t cur_op;         // for messages; -1 outside ops
+    RtBackendInfo info;
+    char err[4096];
+};
+
+__attribute__((format(printf, 2, 3))) static int failf(RtBackend *b, const char *fmt, ...)
+{
+    char where[300] = "", msg[3500];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (b->cur_op >= 0) cs_op_where(b->plan, b->cur_op, where, sizeof where);
+    snprintf(b->err, sizeof b->err, "[rank %d] cuda-emu: %s%s%s", b->rank, where, *where ? ": " : "", msg);
+    return -1;
+}
+
+/* ---- a launch's arguments, in guarded mappings ---------------------------------------- */
+
+/* Arguments whose bytes overlap, as one range of the arena in one mapping. */
+typedef struct {
+    int64_t lo, hi;         // arena bytes
+    uint8_t *map;           // the mapping: GUARD bytes, data_bytes, GUARD bytes, the guards inaccessible
+    size_t map_bytes;
+    uint8_t *data;          // map + GUARD: [0, start) canary, the arena's bytes, canary from end to data_bytes
+    size_t data_bytes, start, end;
+} Group;
+
+typedef struct {
+    const RtBackend *b;
+    const PlanCuda *c;
+    int n_args;
+    int64_t lo[MAX_ARGS], hi[MAX_ARGS];
+    int group_of[MAX_ARGS];
+    Group groups[MAX_ARGS];
+    int n_groups;
+} Launch;
+
+static const Launch *faulting;  // the launch running, for the fault handler
+
+static void group_free(Group *g)
+{
+    if (g->map) munmap(g->map, g->map_bytes);
+    g->map = NULL;
+}
+
+/* A mapping for g's bytes, the data copied in from the arena. */
+static int group_map(const RtBackend *b, Group *g)
+{
+    size_t n = (size_t)(g->hi - g->lo), page = (size_t)b->page;
+    size_t bytes = (n + 2 * ALIGN + page - 1) / page * page;
+    size_t start = bytes - n, want = (size_t)(g->lo % ALIGN);
+    start -= (start + ALIGN - want) % ALIGN;  // start = lo modulo ALIGN, as in the arena
+    g->map_bytes = GUARD + bytes + GUARD, g->data_bytes = bytes, g->start = start, g->end = start + n;
+    g->map = mmap(NULL, g->map_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (g->map == MAP_FAILED) return g->map = NULL, -1;
+    g->data = g->map + GUARD;
+    if (mprotect(g->data, bytes, PROT_READ | PROT_WRITE)) return -1;
+    memset(g->data, CANARY, bytes);
+    memcpy(g->data + start, b->arena + g->lo, n);
+    return 0;
+}
+
+/* Groups of overlapping args (each arg in the group of the first arg it overlaps). */
+static void make_groups(Launch *L)
+{
+    L->n_groups = 0;
+    for (int a = 0; a < L->n_args; a++) {
+        int g = -1;
+        for (int k = 0; k < L->n_groups && g < 0; k++)
+            if (L->lo[a] < L->groups[k].hi && L->groups[k].lo < L->hi[a]) g = k;
+        if (g < 0) {
+            g = L->n_groups++;
+            L->groups[g] = (Group){.lo = L->lo[a], .hi = L->hi[a]};
+        }
+        if (L->lo[a] < L->groups[g].lo) L->groups[g].lo = L->lo[a];
+        if (L->hi[a] > L->groups[g].hi) L->groups[g].hi = L->hi[a];
+        L->group_of[a] = g;
+    }
+    /* A widened group can now overlap another: merge until none does. */
+    for (int merged = 1; merged;) {
+        merged = 0;
+        for (int i = 0; i < L->n_groups && !merged; i++)
+            for (int j = i + 1; j < L->n_groups && !merged; j++) {
+                Group *gi = &L->groups[i], *gj = &L->groups[j];
+                if (!(gi->lo < gj->hi && gj->lo < gi->hi)) continue;
+                if (gj->lo < gi->lo) gi->lo = gj->lo;
+                if (gj->hi > gi->hi) gi->hi = gj->hi;
+                for (int a = 0; a < L->n_args; a++) L->group_of[a] = L->group_of[a] == j ? i : L->group_of[a] > j ? L->group_of[a] - 1 : L->group_of[a];
+                memmove(&L->groups[j], &L->groups[j + 1], sizeof *L->groups * (size_t)(L->n_groups - j - 1));
+                L->n_groups--, merged = 1;
+            }
+    }
+}
+
+/* The tensor (by arg) whose bytes hold arena byte x, for messages. */
+static int arg_at(const Launch *L, int64_t x)
+{
+    for (int a = 0; a < L->n_args; a++)
+        if (x >= L->lo[a] && x < L->hi[a]) return a;
+    return -1;
+}
+
+static const char *arg_name(const Launch *L, int a, char *buf, size_t n)
+{
+    const Plan *p = L->b->plan;
+    if (a < 0) return snprintf(buf, n, "an empty argument"), buf;
+    int32_t id = p->ids[L->c->args + a];
+    const char *name = plan_str(p, p->tensors[id].name);
+    snprintf(buf, n, "argument %d (tensor %d %s, %s)", a, id, *name ? name : "unnamed", plan_dtype_name(p->tensors[id].dtype));
+    return buf;
+}
+
+/* An access outside every mapping of the launch (past a tensor's end), or UBSan's abort
+ * (its message is out already): say which kernel of which op, die. */
+static void on_fault(int sig, siginfo_t *si, void *ctx)
+{
+    (void)ctx;
+    const Launch *L = faulting;
+    char buf[2048], what[1200] = "outside its arguments", an[200], where[300] = "";
+    if (sig == SIGABRT && L)
+        snprintf(what, sizeof what, "the error above (kernels.cu as fsc --emit cuda writes it; compiled as %s)",
+                 L->b->mod.cpp);
+    uint8_t *x = si->si_addr;
+    for (int g = 0; L && g < L->n_groups; g++) {
+        const Group *gr = &L->groups[g];
+        if (x >= gr->data + gr->data_bytes && x < gr->map + gr->map_bytes)
+            snprintf(what, sizeof what, "%lld bytes past the end of %s", (long long)(x - (gr->data + gr->end)),
+                     arg_name(L, arg_at(L, gr->hi - 1), an, sizeof an));
+        if (x >= gr->map && x < gr->data)
+            snprintf(what, sizeof what, "%lld bytes before the start of %s", (long long)(gr->data + gr->start - x),
+                     arg_name(L, arg_at(L, gr->lo), an, sizeof an));
+    }
+    if (L) cs_op_where(L->b->plan, L->c->op, where, sizeof where);
+    int n = sig == SIGABRT ? snprintf(buf, sizeof buf, "[rank %d] cuda-emu: %s: kernel %s stopped on %s\n", L ? L->b->rank : 0,
+                                      where, L ? plan_str(L->b->plan, L->c->kernel) : "?", what)
+                           : snprintf(buf, sizeof buf, "[rank %d] cuda-emu: %s: kernel %s touched %p, %s (signal %d)\n",
+                                      L ? L->b->rank : 0, where, L ? plan_str(L->b->plan, L->c->kernel) : "?",
+                                      si->si_addr, what, sig);
+    if (write(2, buf, (size_t)(n > 0 && n < (int)sizeof buf ? n : 0)) < 0) {}
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Written canary bytes: a write before or after an argument group. */
+static int check_canaries(RtBackend *b, const Launch *L, const Group *g)
+{
+    for (size_t i = 0; i < g->data_bytes; i++) {
+        if (i == g->start) i = g->end;
+        if (i >= g->data_bytes || g->data[i] == CANARY) continue;
+        char an[200];
+        int before = i < g->start;
+        int a = arg_at(L, before ? g->lo : g->hi - 1);
+        return failf(b, "kernel %s wrote %zu bytes %s %s", plan_str(b->plan, L->c->kernel),
+                     before ? g->start - i : i - g->end + 1, before ? "before" : "past the end of",
+                     arg_name(L, a, an, sizeof an));
+    }
+    return 0;
+}
+
+/* Two arguments whose bytes overlap, one of them written, are undefined behaviour when
+ * either parameter is __restrict__: the GPU compiler may serve the reads from its
+ * read-only cache, or reorder them past the writes. The emulator would not show it. */
+static int check_aliasing(RtBackend *b, const Launch *L, const Params *pr)
+{
+    for (int a = 0; a < L->n_args; a++)
+        for (int o = a + 1; o < L->n_args; o++) {
+            if (!(L->lo[a] < L->hi[o] && L->lo[o] < L->hi[a])) continue;
+            uint64_t ma = (uint64_t)1 << a, mo = (uint64_t)1 << o;
+            if (!((pr->restrict_ & (ma | mo)) && (~pr->konst & (ma | mo)))) continue;
+            char na[200], no[200];
+            return failf(b, "kernel %s: %s and %s overlap, one is written, and one is __restrict__ (undefined on a GPU)",
+                         plan_str(b->plan, L->c->kernel), arg_name(L, a, na, sizeof na), arg_name(L, o, no, sizeof no));
+        }
+    return 0;
+}
+
+/* One run of the launch in `order` from the arena's bytes; its results stay in L's mappings. */
+static int run_once(RtBackend *b, Launch *L, int32_t i, int reverse)
+{
+    void *argv[MAX_ARGS];
+    for (int g = 0; g < L->n_groups; g++)
+        if (group_map(b, &L->groups[g])) return failf(b, "cannot map a launch's arguments");
+    for (int a = 0; a < L->n_args; a++) {
+        const Group *g = &L->groups[L->group_of[a]];
+        argv[a] = g->data + g->start + (L->lo[a] - g->lo);
+    }
+    struct sigaction sa = {.sa_sigaction = on_fault, .sa_flags = SA_SIGINFO}, old_segv, old_bus, old_abrt;
+    sigemptyset(&sa.sa_mask);
+    faulting = L;
+    sigaction(SIGSEGV, &sa, &old_segv);
+    sigaction(SIGBUS, &sa, &old_bus);
+    sigaction(SIGABRT, &sa, &old_abrt);
+    char why[1024] = "";
+    int rc = b->mod.launch(b->tramp[i], argv, L->n_args, L->c->grid, L->c->block, reverse, why, sizeof why);
+    sigaction(SIGSEGV, &old_segv, NULL);
+    sigaction(SIGBUS, &old_bus, NULL);
+    sigaction(SIGABRT, &old_abrt, NULL);
+    faulting = NULL;
+    if (rc) return failf(b, "kernel %s (%s order): %s", plan_str(b->plan, L->c->kernel), reverse ? "reverse" : "forward", why);
+    for (int g = 0; g < L->n_groups; g++)
+        if (check_canaries(b, L, &L->groups[g])) return -1;
+    return 0;
+}
+
+static int launch(RtBackend *b, int32_t i)
+{
+    const PlanCuda *c = &b->plan->cuda[i];
+    Launch first = {.b = b, .c = c, .n_args = c->n_args}, second;
+    if (c->n_args > MAX_ARGS) return failf(b, "a launch of %d arguments (the emulator takes %d)", c->n_args, MAX_ARGS);
+    for (int a = 0; a < c->n_args; a++) {
+        first.lo[a] = b->s.args[b->s.arg_at[i] + a];
+        first.hi[a] = first.lo[a] + plan_tensor_nbytes(&b->plan->tensors[b->plan->ids[c->args + a]]);
+    }
+    make_groups(&first);
+    if (check_aliasing(b, &first, &b->params[i])) return -1;
+    second = first;
+    int rc = 0;
+    if (b->order & ORDER_FORWARD) rc = run_once(b, &first, i, 0);
+    Launch *result = b->order & ORDER_FORWARD ? &first : &second;
+    if (!rc && (b->order & ORDER_REVERSE)) rc = run_once(b, &second, i, 1);
+    for (int g = 0; g < first.n_groups && !rc && b->order == (ORDER_FORWARD | ORDER_REVERSE); g++) {
+        const Group *g1 = &first.groups[g], *g2 = &second.groups[g];
+        size_t n = (size_t)(g1->hi - g1->lo);
+        if (!memcmp(g1->data + g1->start, g2->data + g2->start, n)) continue;
+        size_t at = 0;
+        while (g1->data[g1->start + at] == g2->data[g2->start + at]) at++;
+        char an[200];
+        rc = failf(b, "kernel %s gives different bytes when its threads run in reverse order (a race): %s, byte %lld",
+                   plan_str(b->plan, c->kernel), arg_name(&first, arg_at(&first, g1->lo + (int64_t)at), an, sizeof an),
+                   (long long)(g1->lo + (int64_t)at - first.lo[arg_at(&first, g1->lo + (int64_t)at)]));
+    }
+    for (int g = 0; g < result->n_groups && !rc; g++)
+        memcpy(b->arena + result->groups[g].lo, result->groups[g].data + result->groups[g].start,
+               (size_t)(result->groups[g].hi - result->groups[g].lo));
+    for (int g = 0; g < first.n_groups; g++) group_free(&first.groups[g]), group_free(&second.groups[g]);
+    return rc;
+}
+
+/* ---- GEMM: cublasGemmStridedBatchedEx, column-major, CUBLAS_COMPUTE_32F ---------------- */
+
+static float load(const uint8_t *base, PlanDType t, int64_t i)
+{
+    uint16_t h;
+    uint32_t u;
+    float f;
+    switch (t) {
+    case PLAN_DT_F32: memcpy(&f, base + 4 * i, 4); return f;
+    case PLAN_DT_BF16:
+        memcpy(&h, base + 2 * i, 2);
+        u = (uint32_t)h << 16;
+        memcpy(&f, &u, 4);
+        return f;
+    case PLAN_DT_F16: {
+        memcpy(&h, base + 2 * i, 2);
+        int e = (h >> 10) & 31, m = h & 1023;
+        float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m + 1024), e - 25);
+        return h & 0x8000 ? -v : v;
+    }
+    default: return NAN;
+    }
+}
+
+/* f32 to a 16-bit dtype, to nearest even (NaN stays NaN): what cuBLAS writes. */
+static void store(uint8_t *base, PlanDType t, int64_t i, float v)
+{
+    uint32_t u;
+    uint16_t h;
+    memcpy(&u, &v, 4);
+    if (t == PLAN_DT_F32) {
+        memcpy(base + 4 * i, &v, 4);
+        return;
+    }
+    if (t == PLAN_DT_BF16) {
+        h = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u) : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    } else {
+        uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu, r;
+        if (a > 0x7f800000u) r = 0x7e00u;
+        else if (a >= 0x477ff000u) r = 0x7c00u;
+        else if (a < 0x38800000u) {  // subnormal: scale so the FPU rounds at the last place
+            float s;
+            memcpy(&s, &a, 4);
+            s = s * 0x1p24f + 0x1p23f;
+            memcpy(&r, &s, 4);
+            r -= 0x4b000000u;
+        } else {
+            r = a - 0x38000000u;
+            r = (r + 0x0fffu + ((r >> 13) & 1u)) >> 13;
+        }
+        h = (uint16_t)(sign | r);
+    }
+    memcpy(base + 2 * i, &h, 2);
+}
+
+/* Bytes [lo, hi) an operand of rows x cols (column-major, leading dimension ld) spans
+ * over the batch; empty when any extent is 0. */
+static void span(int64_t base, int64_t es, int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch,
+                 int64_t *lo, int64_t *hi)
+{
+    *lo = *hi = base;
+    if (rows <= 0 || cols <= 0 || batch <= 0) return;
+    int64_t last = (rows - 1) + (cols - 1) * ld + (batch - 1) * stride, first = stride < 0 ? (batch - 1) * stride : 0;
+    *lo = base + first * es;
+    *hi = base + (last + 1) * es;
+}
+
+static int gemm(RtBackend *b, int32_t i)
+{
+    const Plan *p = b->plan;
+    const PlanCuda *c = &p->cuda[i];
+    const CsGemm *g = &b->s.gemms[i];
+    /* cuBLAS's A is the plan's B, its B the plan's A (schedule.h). */
+    int32_t ta = p->ids[c->args + 1], tb = p->ids[c->args], tc = p->ids[c->args + 2];
+    int64_t ea = plan_dtype_size(g->a_dt), eb = plan_dtype_size(g->b_dt), ec = plan_dtype_size(g->c_dt);
+    int64_t ar = g->trans_a ? g->k : g->m, ac = g->trans_a ? g->m : g->k;
+    int64_t br = g->trans_b ? g->n : g->k, bc = g->trans_b ? g->k : g->n;
+    if (g->m < 0 || g->n < 0 || g->k < 0 || g->batch < 0)
+        return failf(b, "GEMM %d: m %d n %d k %d batch %d (cuBLAS: CUBLAS_STATUS_INVALID_VALUE)", i, g->m, g->n, g->k, g->batch);
+    if (g->lda < (ar > 1 ? ar : 1) || g->ldb < (br > 1 ? br : 1) || g->ldc < (g->m > 1 ? g->m : 1))
+        return failf(b, "GEMM %d: lda %d ldb %d ldc %d for a %lldx%lld A, %lldx%lld B, %dx%d C (cuBLAS: "
+                     "CUBLAS_STATUS_INVALID_VALUE)", i, g->lda, g->ldb, g->ldc, (long long)ar, (long long)ac,
+                     (long long)br, (long long)bc, g->m, g->n);
+    if (g->a_dt != g->b_dt || (g->c_dt != g->a_dt && g->c_dt != PLAN_DT_F32) || g->a_dt == PLAN_DT_I32)
+        return failf(b, "GEMM %d: A %s, B %s, C %s with CUBLAS_COMPUTE_32F (cuBLAS: CUBLAS_STATUS_NOT_SUPPORTED)", i,
+                     plan_dtype_name(g->a_dt), plan_dtype_name(g->b_dt), plan_dtype_name(g->c_dt));
+    int64_t k_eff = g->m && g->n ? g->k : 0;  // cuBLAS reads no operand when C is empty
+    int64_t lo[3], hi[3];
+    span(g->a, ea, k_eff ? ar : 0, ac, g->lda, g->stride_a, g->batch, &lo[0], &hi[0]);
+    span(g->b, eb, k_eff ? br : 0, bc, g->ldb, g->stride_b, g->batch, &lo[1], &hi[1]);
+    span(g->c, ec, g->m, g->n, g->ldc, g->stride_c, g->batch, &lo[2], &hi[2]);
+    const int32_t ids[3] = {ta, tb, tc};
+    static const char *const names[3] = {"A", "B", "C"};
+    for (int o = 0; o < 3; o++) {
+        int64_t t_lo = cs_offset(p, ids[o], b->rank), t_hi = t_lo + plan_tensor_nbytes(&p->tensors[ids[o]]);
+        if (lo[o] < hi[o] && (lo[o] < t_lo || hi[o] > t_hi))
+            return failf(b, "GEMM %d: cuBLAS's %s spans arena bytes [%lld, %lld), outside its tensor %d at [%lld, %lld)", i,
+                         names[o], (long long)lo[o], (long long)hi[o], ids[o], (long long)t_lo, (long long)t_hi);
+    }
+    for (int o = 0; o < 2; o++)
+        if (lo[o] < hi[2] && lo[2] < hi[o])
+            return failf(b, "GEMM %d: C overlaps cuBLAS's %s (undefined in cuBLAS)", i, names[o]);
+    const uint8_t *A = b->arena + g->a, *B = b->arena + g->b;
+    uint8_t *C = b->arena + g->c;
+    for (int64_t bi = 0; bi < g->batch; bi++)
+        for (int64_t col = 0; col < g->n; col++)
+            for (int64_t row = 0; row < g->m; row++) {
+                float acc = 0.0f;
+                for (int64_t l = 0; l < g->k; l++) {
+                    int64_t ia = bi * g->stride_a + (g->trans_a ? l + row * g->lda : row + l * g->lda);
+                    int64_t ib = bi * g->stride_b + (g->trans_b ? col + l * g->ldb : l + col * g->ldb);
+                    acc += load(A, g->a_dt, ia) * load(B, g->b_dt, ib);
+                }
+                store(C, g->c_dt, bi * g->stride_c + row + col * g->ldc, acc);
+            }
+    return 0;
+}
+
+/* ---- ops ------------------------------------------------------------------------------ */
+
+static int collective(RtBackend *b, const CsColl *c)
+{
+    if (c->in != c->out) memmove(b->arena + c->out, b->arena + c->in, (size_t)c->in_bytes);
+    return 0;
+}
+
+static int run_ops(RtBackend *b, int32_t from, int32_t to)
+{
+    if (from < 0 || to > b->s.n_ops || from > to)
+        return failf(b, "ops [%d, %d) outside the plan's %d", from, to, b->s.n_ops);
+    for (int32_t k = from; k < to; k++) {
+        const CsOp *o = &b->s.ops[k];
+        b->cur_op = k;
+        if (o->coll >= 0 && collective(b, &b->s.colls[o->coll])) return -1;
+        for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
+            if (b->plan->cuda[i].kind == PLAN_CU_GEMM ? gemm(b, i) : launch(b, i)) return -1;
+    }
+    b->cur_op = -1;
+    return 0;
+}
+
+static int run_step(RtBackend *b, int graph)
+{
+    (void)graph;  // a captured graph replays the same instructions
+    return run_ops(b, 0, b->s.n_ops);
+}
+
+/* ---- the table ------------------------------------------------------------------------ */
+
+static int probe(char *err, size_t errlen)
+{
+    (void)err, (void)errlen;
+    return 0;  // a C++ compiler is all it needs; create says when it is missing
+}
+
+static void destroy(RtBackend *b)
+{
+    if (!b) return;
+    emu_module_close(&b->mod);
+    cs_free(&b->s);
+    free(b->tramp);
+    free(b->params);
+    free(b->arena);
+    free(b);
+}
+
+/* The parameters of kernel `name` as its definition in the module text declares them:
+ * "KNAME(const float *__restrict__ x, __half *y)". -1 when it cannot be found. */
+static int parse_params(const char *source, const char *name, Params *pr)
+{
+    size_t n = strlen(name);
+    const char *at = source;
+    *pr = (Params){0};
+    while ((at = strstr(at, name)) && (at[n] != '(' || (at > source && at[-1] != ' '))) at += n;
+    if (!at) return -1;
+    at += n + 1;
+    for (int i = 0; *at && *at != ')' && i < 64; i++) {
+        const char *end = at + strcspn(at, ",)");
+        while (*at == ' ' || *at == '\n') at++;
+        if (!strncmp(at, "const ", 6)) pr->konst |= (uint64_t)1 << i;
+        for (const char *r = at; (r = strstr(r, "__restrict__")) && r < end; r = end) pr->restrict_ |= (uint64_t)1 << i;
+        at = *end == ',' ? end + 1 : end;
+    }
+    return *at == ')' ? 0 : -1;
+}
+
+/* The module, and every LAUNCH's trampoline checked against its args. */
+static int bind_kernels(RtBackend *b)
+{
+    const Plan *p = b->plan;
+    char why[2048];
+    if (emu_module_load(p, &b->mod, why, sizeof why)) return failf(b, "%s", why);
+    int launches = 0;
+    for (int32_t i = 0; i < p->n_cuda; i++) {
+        const PlanCuda *c = &p->cuda[i];
+        if (c->kind != PLAN_CU_LAUNCH) continue;
+        launches++;
+        b->cur_op = c->op;
+        if (!(b->tramp[i] = emu_module_kernel(&b->mod, plan_str(p, c->kernel))))
+            return failf(b, "kernel %s is not in the plan's CUDA source", plan_str(p, c->kernel));
+        if (b->tramp[i](NULL, c->n_args))
+            return failf(b, "kernel %s does not take exactly %d pointers", plan_str(p, c->kernel), c->n_args);
+        if (c->smem) return failf(b, "kernel %s: %d bytes of dynamic shared memory (the emulator has none)",
+                                  plan_str(p, c->kernel), c->smem);
+        if (parse_params(plan_meta_str(p, "cuda_source", ""), plan_str(p, c->kernel), &b->params[i]))
+            return failf(b, "kernel %s: no definition found in the plan's CUDA source", plan_str(p, c->kernel));
+    }
+    b->cur_op = -1;
+    if (b->mod.from_cache)
+        snprintf(b->info.jit, sizeof b->info.jit, "%d launches, module from the cache (%.300s)", launches, b->mod.path);
+    else
+        snprintf(b->info.jit, sizeof b->info.jit, "%d launches, module compiled by %s in %.1f s", launches,
+                 b->mod.compiler, b->mod.seconds);
+    return 0;
+}
+
+static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
+{
+    RtBackend *b = calloc(1, sizeof *b);
+    if (!b) {
+        snprintf(err, errlen, "[rank %d] cuda-emu: out of memory", o->rank);
+        return NULL;
+    }
+    const char *order = getenv("FS_CUDA_EMU_ORDER");
+    b->plan = o->plan, b->rank = o->rank, b->cur_op = -1, b->page = sysconf(_SC_PAGESIZE);
+    b->order = !order || !*order || !strcmp(order, "both") ? ORDER_FORWARD | ORDER_REVERSE
+               : !strcmp(order, "reverse")                 ? ORDER_REVERSE
+                                                           : ORDER_FORWARD;
+    b->arena_bytes = plan_meta_int(o->plan, "arena_bytes", 0);
+    char why[1024];
+    int rc = 0;
+    if (o->world != 1) rc = failf(b, "a world of %d ranks; the emulator runs world-1 plans", o->world);
+    else if (order && *order && strcmp(order, "both") && strcmp(order, "forward") && strcmp(order, "reverse"))
+        rc = failf(b, "FS_CUDA_EMU_ORDER=%s: forward, reverse or both", order);
+    else if (!(b->arena = malloc(b->arena_bytes > 0 ? (size_t)b->arena_bytes : 1)) ||
+             !(b->tramp = calloc((size_t)o->plan->n_cuda + 1, sizeof *b->tramp)) ||
+             !(b->params = calloc((size_t)o->plan->n_cuda + 1, sizeof *b->params)))
+        rc = failf(b, "out of memory");
+    else if (cs_build(o->plan, o->rank, o->world, &b->s, why, sizeof why))
+        rc = failf(b, "%s", why);
+    if (!rc) {
+        if (b->arena_bytes > 0) memcpy(b->arena, o->host_arena, (size_t)b->arena_bytes);
+        rc = bind_kernels(b);
+    }
+    if (rc) {
+        snprintf(err, errlen, "%s", b->err);
+        destroy(b);
+        return NULL;
+    }
+    snprintf(b->info.device, sizeof b->info.device, "cuda-emu (the kernels on the CPU, %s thread order%s)",
+             b->order == (ORDER_FORWARD | ORDER_REVERSE) ? "forward and reverse" : b->order == ORDER_REVERSE ? "reverse" : "forward",
+             b->order == (ORDER_FORWARD | ORDER_REVERSE) ? " compared" : "");
+    b->info.arena_planned = b->info.arena = b->arena_bytes;
+    b->info.blas_workspace = plan_meta_int(o->plan, "cuda_workspace_bytes", 0);
+    b->info.used = b->arena_bytes;
+    if (o->verbose) fprintf(stderr, "[rank %d] cuda-emu: %s\n", b->rank, b->info.jit);
+    return b;
+}
+
+static int upload(RtBackend *b, int32_t id, const void *src)
+{
+    memcpy(b->arena + cs_offset(b->plan, id, b->rank), src, (size_t)plan_tensor_nbytes(&b->plan->tensors[id]));
+    return 0;
+}
+
+static int download(RtBackend *b, int32_t id, void *dst)
+{
+    memcpy(dst, b->arena + cs_offset(b->plan, id, b->rank), (size_t)plan_tensor_nbytes(&b->plan->tensors[id]));
+    return 0;
+}
+
+static int sync_all(RtBackend *b)
+{
+    (void)b;
+    return 0;  // every launch is complete when it returns
+}
+
+static void info(const RtBackend *b, RtBackendInfo *out) { *out = b->info; }
+static const char *error(const RtBackend *b) { return b->err; }
+
+static const RtBackendOps OPS = {
+    .abi = RT_BACKEND_ABI, .name = "cuda-emu", .probe = probe, .create = create, .destroy = destroy,
+    .run_ops = run_ops, .run_step = run_step, .upload = upload, .download = download, .sync = sync_all,
+    .info = info, .error = error,
+};
+
+__attribute__((visibility("default"))) const RtBackendOps *fs_cuda_backend(void);
+const RtBackendOps *fs_cuda_backend(void) { return &OPS; }

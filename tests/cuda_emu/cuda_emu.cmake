@@ -1,0 +1,63 @@
+# tests/cuda_emu/cuda_emu.cmake: the cuda-emu test backend and the tests that use it;
+# included from the top CMakeLists.txt after runtime/cuda/cuda.cmake. Needs no CUDA at
+# all: only a C++ compiler at test time (the plan's kernels are compiled as C++).
+#
+# libfs_cudaemu.so (tests/cuda_emu/backend.c) exports the CUDA backend's table, runs the
+# plan's CUDA kernels in the CPU emulator of tests/cuda_emu/emu.hpp and its GEMMs as the
+# cuBLAS calls runtime/cuda/schedule.c derives (compiled in here). op_check
+# (tests/cuda/op_check.c, which only dlopens a backend) is built here too when the CUDA
+# build did not make it. Each test compiles a small plan and checks every op of it
+# against the CPU backend.
+set_target_properties(fs_plan PROPERTIES POSITION_INDEPENDENT_CODE ON)
+add_library(fs_cudaemu MODULE tests/cuda_emu/backend.c tests/cuda_emu/module.c runtime/cuda/schedule.c)
+target_include_directories(fs_cudaemu PRIVATE runtime runtime/cuda tests/cuda_emu)
+target_compile_definitions(fs_cudaemu PRIVATE FS_CUDA_EMU_DIR="${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu")
+target_link_libraries(fs_cudaemu PRIVATE fs_plan ${CMAKE_DL_LIBS} ${M_LIB})
+set_target_properties(fs_cudaemu PROPERTIES C_VISIBILITY_PRESET hidden LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
+target_link_options(fs_cudaemu PRIVATE -Wl,--exclude-libs,ALL)
+
+if(NOT TARGET op_check)
+  add_executable(op_check tests/cuda/op_check.c)
+  target_link_libraries(op_check PRIVATE fs_runtime)
+endif()
+
+# The backend itself: each fault it claims to catch, made on purpose (Criterion).
+if(CRITERION_LIB AND NOT FS_FUZZ)
+  add_executable(test_cuda_emu tests/cuda_emu/test_cuda_emu.c)
+  target_include_directories(test_cuda_emu PRIVATE runtime)
+  target_link_libraries(test_cuda_emu PRIVATE fs_plan ${CRITERION_LIB} ${CMAKE_DL_LIBS} ${M_LIB})
+  target_compile_definitions(test_cuda_emu PRIVATE FS_CUDAEMU_LIB="$<TARGET_FILE:fs_cudaemu>"
+                             FS_BINARY_DIR="${CMAKE_CURRENT_BINARY_DIR}")
+  add_dependencies(test_cuda_emu fs_cudaemu)
+  add_test(NAME test_cuda_emu COMMAND test_cuda_emu --jobs 2)
+endif()
+
+# One test: plan NAME compiled from MODEL (relative to the source tree) with the fsc
+# options that follow, then op_check on it through cuda-emu.
+function(cuda_emu_test name model)
+  set(dir ${CMAKE_CURRENT_BINARY_DIR}/cuda_emu)
+  add_test(NAME cuda_emu_${name}
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/op_check.sh $<TARGET_FILE:fsc> $<TARGET_FILE:op_check>
+                   $<TARGET_FILE:fs_cudaemu> ${dir} ${name} ${CMAKE_CURRENT_SOURCE_DIR}/${model} ${ARGN})
+  set_tests_properties(cuda_emu_${name} PROPERTIES TIMEOUT 300 ENVIRONMENT "FS_CUDA_EMU_CACHE=${dir}/cache")
+endfunction()
+
+if(NOT FS_FUZZ)
+  # Small dims: every kernel still runs, at a cost CI can pay for every precision.
+  set(tiny -D L=2 -D C=32 -D NH=2 -D T=16 -D V=256 -D B=2)
+  foreach(prec fp32 bf16 fp16)
+    cuda_emu_test(gpt2_${prec} samples/gpt2.fsm ${tiny} --precision ${prec})
+    cuda_emu_test(llama_${prec} samples/llama.fsm ${tiny} -D F=64 --precision ${prec})
+    cuda_emu_test(mlp_${prec} samples/mlp.fsm --precision ${prec})
+  endforeach()
+  cuda_emu_test(gpt2_bf16_fsdp_recompute samples/gpt2.fsm ${tiny} --precision bf16 --shard fsdp --world 1 --recompute Block)
+  cuda_emu_test(gpt2_fp32_sgd samples/gpt2.fsm ${tiny} --optimizer sgd --momentum 0.9)
+  # Odd shapes: head dims 21 and 22, sequences of 33 (a second, partial attention tile),
+  # vocab rows of 1025 (block-wide rows), a batch of 3.
+  cuda_emu_test(gpt2_odd_fp32 samples/gpt2.fsm -D L=1 -D C=42 -D NH=2 -D T=33 -D V=1025 -D B=3)
+  cuda_emu_test(llama_odd_bf16 samples/llama.fsm -D L=1 -D C=44 -D NH=2 -D T=33 -D V=1025 -D B=3 -D F=90
+                --precision bf16)
+  foreach(prec fp32 bf16 fp16)
+    cuda_emu_test(ops_${prec} tests/cuda_emu/ops.fsm --precision ${prec})
+  endforeach()
+endif()

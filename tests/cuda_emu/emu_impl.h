@@ -1,0 +1,47 @@
+/* tests/cuda_emu/emu_impl.h: the cuda-emu test backend's parts, shared by backend.c (the
+ * RtBackendOps table, launches, GEMMs, collectives) and module.c (the plan's kernels
+ * compiled as C++ and loaded).
+ *
+ * cuda-emu is test infrastructure: a library, libfs_cudaemu.so, that exports the same
+ * table as the CUDA backend (runtime/backend.h) so tests/cuda/op_check.c, unchanged,
+ * checks every op of a plan against the CPU backend with FS_CUDA_BACKEND pointing at it.
+ * It runs the plan's real CUDA source (meta "cuda_source") in the emulator of emu.hpp,
+ * and each GEMM as the cuBLAS call runtime/cuda/schedule.c derives for it.
+ */
+#ifndef FS_CUDA_EMU_IMPL_H
+#define FS_CUDA_EMU_IMPL_H
+
+#include <stddef.h>
+
+#include "plan.h"
+
+/* A kernel's trampoline in the compiled module (emu.hpp: EMU_KERNEL): runs one thread
+ * with the launch's arguments; args NULL only checks it takes n pointers (0, or -1). */
+typedef int (*EmuTramp)(void **args, int n);
+/* emu.hpp's emu_launch. */
+typedef int (*EmuLaunch)(EmuTramp tramp, void **args, int nargs, const int *grid, const int *block, int reverse,
+                         char *err, size_t errlen);
+
+typedef struct {
+    void *so;             // dlopen handle of the compiled module
+    EmuLaunch launch;
+    int from_cache;       // the module was compiled by an earlier run
+    double seconds;       // compiling it took
+    char compiler[96];    // the command: "c++ -std=c++17 -O1"
+    char path[1024];      // the .so
+    char cpp[1024];       // the translation unit it was compiled from
+} EmuModule;
+
+/* ---- module.c ------------------------------------------------------------------------- */
+
+/* Compiles the plan's CUDA source (with emu.hpp and a trampoline for every kernel its
+ * LAUNCHes name) into a shared library in the cache directory ($FS_CUDA_EMU_CACHE, else
+ * $TMPDIR/fs_cudaemu-UID), named by the hash of everything that goes into it, unless it
+ * is there already; then loads it. The compiler is $FS_CUDA_EMU_CXX, else c++.
+ * 0, or -1 with a message (the compiler's first lines when it fails). */
+int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen);
+/* The trampoline of kernel `name`, or NULL. */
+EmuTramp emu_module_kernel(const EmuModule *m, const char *name);
+void emu_module_close(EmuModule *m);
+
+#endif

@@ -1,0 +1,274 @@
+/* tests/cuda_emu/module.c: a plan's CUDA module compiled for the CPU emulator.
+ *
+ * The translation unit is emu.hpp, then the module text exactly as codegen wrote it
+ * (its #include <cuda_fp16.h> and <cuda_bf16.h> find the stand-ins in include/), then
+ * EMU_KERNEL(name) for every kernel a LAUNCH names, which dlsym finds as emu_k_NAME. It
+ * is compiled with the system C++ compiler into a shared library whose file name is the
+ * FNV-1a hash of the unit, the emulator's headers and the command, so an unchanged plan
+ * is compiled once per cache directory. The files are written under temporary names and
+ * renamed into place, so concurrent tests that compile the same module never see half
+ * of one.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "emu_impl.h"
+
+#ifndef FS_CUDA_EMU_DIR
+#error "FS_CUDA_EMU_DIR: the directory of emu.hpp, set by tests/cuda_emu/cuda_emu.cmake"
+#endif
+
+extern char **environ;
+
+__attribute__((format(printf, 3, 4))) static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *s = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3u;
+    return h;
+}
+
+/* A whole file into a NUL-terminated malloc'ed buffer, or NULL. */
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            char *nb = realloc(buf, cap = (n + 4096 + 1) * 2);
+            if (!nb) break;
+            buf = nb;
+        }
+        size_t got = fread(buf + n, 1, 4096, f);
+        n += got;
+        if (got < 4096) break;
+    }
+    int bad = ferror(f) || !buf;
+    fclose(f);
+    if (bad) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+/* A growing string for the translation unit. */
+typedef struct {
+    char *s;
+    size_t len, cap;
+    int oom;
+} Text;
+
+static void add(Text *t, const char *s)
+{
+    size_t n = strlen(s);
+    if (t->oom) return;
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = (t->len + n + 1) * 2;
+        char *ns = realloc(t->s, cap);
+        if (!ns) {
+            t->oom = 1;
+            return;
+        }
+        t->s = ns, t->cap = cap;
+    }
+    memcpy(t->s + t->len, s, n + 1);
+    t->len += n;
+}
+
+/* The unit: emu.hpp, the module, a trampoline per launched kernel (each once). */
+static char *unit(const Plan *p, const char *source)
+{
+    Text t = {0};
+    add(&t, "#include \"emu.hpp\"\n#line 1 \"kernels.cu\"\n");
+    add(&t, source);
+    add(&t, "\n// ---- trampolines (tests/cuda_emu/module.c) ----\n");
+    for (int32_t i = 0; i < p->n_cuda; i++) {
+        if (p->cuda[i].kind != PLAN_CU_LAUNCH) continue;
+        int seen = 0;
+        for (int32_t j = 0; j < i && !seen; j++) seen = p->cuda[j].kind == PLAN_CU_LAUNCH && p->cuda[j].kernel == p->cuda[i].kernel;
+        if (seen) continue;
+        add(&t, "EMU_KERNEL(");
+        add(&t, plan_str(p, p->cuda[i].kernel));
+        add(&t, ")\n");
+    }
+    if (t.oom) {
+        free(t.s);
+        return NULL;
+    }
+    return t.s;
+}
+
+static int mkdirs(char *path)
+{
+    for (char *s = path + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        int rc = mkdir(path, 0700);
+        *s = '/';
+        if (rc && errno != EEXIST) return -1;
+    }
+    return mkdir(path, 0700) && errno != EEXIST ? -1 : 0;
+}
+
+static int cache_dir(char *dir, size_t n)
+{
+    const char *env = getenv("FS_CUDA_EMU_CACHE"), *tmp = getenv("TMPDIR");
+    if (env && *env) snprintf(dir, n, "%s", env);
+    else snprintf(dir, n, "%s/fs_cudaemu-%d", tmp && *tmp ? tmp : "/tmp", (int)getuid());
+    return mkdirs(dir);
+}
+
+static int write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t n = strlen(text);
+    int bad = fwrite(text, 1, n, f) != n;
+    return fclose(f) || bad ? -1 : 0;
+}
+
+/* Runs argv with stdout and stderr into log: its exit status, or -1. */
+static int run(char *const argv[], const char *log)
+{
+    posix_spawn_file_actions_t fa;
+    pid_t pid;
+    int status = 0;
+    if (posix_spawn_file_actions_init(&fa)) return -1;
+    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc) return -1;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* The compiler's options. UBSan, fatal: an index past a __shared__ array, a misaligned
+ * vector load, an int index that overflows are errors on a GPU too, and show here with
+ * kernels.cu:LINE. No contraction: a GPU's FMAs differ by an ulp, not by more. */
+static const char *const FLAGS[] = {"-std=c++17", "-O1", "-fPIC", "-shared", "-w", "-ffp-contract=off",
+                                    "-fsanitize=undefined", "-fno-sanitize=vptr", "-fno-sanitize-recover=all",
+                                    "-I" FS_CUDA_EMU_DIR, "-I" FS_CUDA_EMU_DIR "/include"};
+enum { N_FLAGS = sizeof FLAGS / sizeof *FLAGS };
+
+static int compile(const char *cxx, const char *cpp, const char *so, const char *log, char *err, size_t errlen)
+{
+    char *argv[N_FLAGS + 5];
+    int n = 0;
+    argv[n++] = (char *)cxx;
+    for (int i = 0; i < N_FLAGS; i++) argv[n++] = (char *)FLAGS[i];
+    argv[n++] = "-o", argv[n++] = (char *)so, argv[n++] = (char *)cpp, argv[n] = NULL;
+    int rc = run(argv, log);
+    if (!rc) return 0;
+    char *out = slurp(log, NULL);
+    fail(err, errlen, "%s %s: %s%s%.1500s", cxx, cpp, rc < 0 ? "cannot run it" : "failed", out && *out ? ":\n" : "",
+         out ? out : "");
+    free(out);
+    return -1;
+}
+
+int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen)
+{
+    const char *source = plan_meta_str(p, "cuda_source", NULL), *cxx = getenv("FS_CUDA_EMU_CXX");
+    static const char *const headers[] = {"emu.hpp", "include/cuda_fp16.h", "include/cuda_bf16.h"};
+    memset(m, 0, sizeof *m);
+    if (!source) return fail(err, errlen, "the plan has no CUDA source (meta cuda_source)");
+    if (!cxx || !*cxx) cxx = "c++";
+    snprintf(m->compiler, sizeof m->compiler, "%s -O1 -fsanitize=undefined", cxx);
+    char *tu = unit(p, source);
+    if (!tu) return fail(err, errlen, "out of memory");
+    uint64_t h = fnv1a(0xcbf29ce484222325u, tu, strlen(tu));
+    h = fnv1a(h, cxx, strlen(cxx) + 1);
+    for (int i = 0; i < N_FLAGS; i++) h = fnv1a(h, FLAGS[i], strlen(FLAGS[i]) + 1);
+    for (size_t i = 0; i < sizeof headers / sizeof *headers; i++) {
+        char path[1024];
+        size_t n = 0;
+        snprintf(path, sizeof path, "%s/%s", FS_CUDA_EMU_DIR, headers[i]);
+        char *text = slurp(path, &n);
+        if (!text) {
+            free(tu);
+            return fail(err, errlen, "cannot read %s: %s", path, strerror(errno));
+        }
+        h = fnv1a(h, text, n);
+        free(text);
+    }
+    char dir[900], cpp[1024], tmp_cpp[1100], tmp_so[1100], log[1100];
+    if (cache_dir(dir, sizeof dir)) {
+        free(tu);
+        return fail(err, errlen, "cannot make the cache directory %s: %s", dir, strerror(errno));
+    }
+    snprintf(m->path, sizeof m->path, "%s/%016llx.so", dir, (unsigned long long)h);
+    snprintf(cpp, sizeof cpp, "%s/%016llx.cpp", dir, (unsigned long long)h);
+    snprintf(m->cpp, sizeof m->cpp, "%s", cpp);
+    m->from_cache = access(m->path, R_OK) == 0;
+    if (!m->from_cache) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int pid = (int)getpid();
+        snprintf(tmp_cpp, sizeof tmp_cpp, "%s.%d.cpp", cpp, pid);
+        snprintf(tmp_so, sizeof tmp_so, "%s.%d.so", m->path, pid);
+        snprintf(log, sizeof log, "%s.%d.log", m->path, pid);
+        int rc = write_file(tmp_cpp, tu) ? fail(err, errlen, "cannot write %s: %s", tmp_cpp, strerror(errno))
+                                         : compile(cxx, tmp_cpp, tmp_so, log, err, errlen);
+        if (!rc && (rename(tmp_cpp, cpp) || rename(tmp_so, m->path)))
+            rc = fail(err, errlen, "cannot rename into %s: %s", dir, strerror(errno));
+        if (!rc) unlink(log);
+        unlink(tmp_so);
+        if (rc) {  // the unit and the log stay for a look at what failed
+            free(tu);
+            return -1;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        m->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    }
+    free(tu);
+    m->so = dlopen(m->path, RTLD_NOW | RTLD_LOCAL);
+    if (!m->so) return fail(err, errlen, "dlopen %s: %s", m->path, dlerror());
+    *(void **)&m->launch = dlsym(m->so, "emu_launch");
+    if (!m->launch) {
+        emu_module_close(m);
+        return fail(err, errlen, "%s has no emu_launch (not made by this emulator)", m->path);
+    }
+    return 0;
+}
+
+EmuTramp emu_module_kernel(const EmuModule *m, const char *name)
+{
+    char sym[256];
+    EmuTramp t;
+    snprintf(sym, sizeof sym, "emu_k_%s", name);
+    *(void **)&t = dlsym(m->so, sym);
+    return t;
+}
+
+void emu_module_close(EmuModule *m)
+{
+    if (m->so) dlclose(m->so);
+    m->so = NULL;
+    m->launch = NULL;
+}
