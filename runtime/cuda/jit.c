@@ -199,17 +199,19 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The CUDA headers the source includes (cuda_fp16.h, cuda_bf16.h). */
+/* The CUDA headers the source includes (cuda_fp16.h, cuda_bf16.h): the first root whose
+ * include directory holds them (an include directory alone, such as /usr/include for a
+ * CUDA_HOME of /usr, may not). */
 static void include_dir(char *opt, size_t n)
 {
     const char *roots[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
     for (size_t i = 0; i < sizeof roots / sizeof *roots; i++) {
-        char dir[900];
+        char header[920];
         struct stat st;
         if (!roots[i] || !*roots[i]) continue;
-        snprintf(dir, sizeof dir, "%s/include", roots[i]);
-        if (!stat(dir, &st) && S_ISDIR(st.st_mode)) {
-            snprintf(opt, n, "-I%s", dir);
+        snprintf(header, sizeof header, "%s/include/cuda_fp16.h", roots[i]);
+        if (!stat(header, &st) && S_ISREG(st.st_mode)) {
+            snprintf(opt, n, "-I%s/include", roots[i]);
             return;
         }
     }
