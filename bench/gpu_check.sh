@@ -76,7 +76,15 @@ for so in libcuda.so.1 libnvrtc.so.13 libnvrtc-builtins.so.13.0 libcublas.so.13 
     if [ -n "$dir" ]; then LIBDIRS=$LIBDIRS:$dir; else echo "gpu_check: $so not found on this machine"; fi
 done
 fs() { LD_LIBRARY_PATH="$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
-fs_t() { local t=$1; shift; timeout "$t" env LD_LIBRARY_PATH="$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
+# fs_t SECONDS CMD...: fs CMD, ended after SECONDS or when the budget (less 30 s for the
+# summary) runs out, whichever is first; not run at all (status 124) when under 10 s are left.
+fs_t() {
+    local t=$1 l=$(( $(left) - 30 ))
+    shift
+    [ "$l" -lt "$t" ] && t=$l
+    if [ "$t" -lt 10 ]; then echo "gpu_check: out of time, not run: ${1##*/}"; return 124; fi
+    timeout -k 10 "$t" env LD_LIBRARY_PATH="$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
+}
 FSC=$PACK/fsc FSEXEC=$PACK/fsexec OPCHECK=$PACK/op_check
 export FS_CUDA_CACHE=$WORK/cache OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 
@@ -167,7 +175,7 @@ if fs "$FSC" "$ROOT/samples/gpt2.fsm" -D B=8 -D T=1024 --precision bf16 -o "$P12
 fi
 TORCH_LIMIT=$(( $(left) - 20 ))
 if [ "$TORCH_LIMIT" -gt 40 ]; then
-    timeout "$TORCH_LIMIT" python3 "$ROOT/bench/gpu_torch.py" --B 8 --T 1024 --time-limit "$((TORCH_LIMIT - 10))" \
+    timeout -k 10 "$TORCH_LIMIT" python3 "$ROOT/bench/gpu_torch.py" --B 8 --T 1024 --time-limit "$((TORCH_LIMIT - 10))" \
         >"$WORK/torch.jsonl" 2>"$WORK/torch.err"
     cat "$WORK/torch.jsonl"; tail -3 "$WORK/torch.err"
 else
