@@ -57,7 +57,7 @@ section() { echo; echo "==== $* ($(left) s left)"; }
 # ---- libraries --------------------------------------------------------------------------------
 # Ours: the carried ones this machine lacks (its own libstdc++, libgcc, zlib are newer and
 # serve PyTorch too, so they are not shadowed). CUDA's: wherever this machine keeps them.
-export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")}
+export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")")}
 mkdir -p "$WORK/libs"
 for f in "$PACK"/libs/*; do
     so=$(basename "$f")
