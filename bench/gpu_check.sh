@@ -87,6 +87,15 @@ fs_t() {
 }
 FSC=$PACK/fsc FSEXEC=$PACK/fsexec OPCHECK=$PACK/op_check
 export FS_CUDA_CACHE=$WORK/cache OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+# Without --data, fsexec and op_check read the bytes of a text every Debian machine has
+# (runtime/data.c); where this one has none of them, the repository's sources stand in.
+corpus=
+for f in /usr/share/common-licenses/GPL-3 /usr/share/dict/words /usr/share/common-licenses/GPL-2 \
+         /usr/share/common-licenses/Apache-2.0; do [ -s "$f" ] && corpus=$f; done
+if [ -z "$corpus" ]; then
+    mkdir -p /usr/share/dict && cat "$ROOT"/*/*.[ch] >/usr/share/dict/words &&
+        echo "gpu_check: no built-in corpus text on this machine; wrote the sources to /usr/share/dict/words"
+fi
 
 section "machine"
 nvidia-smi -L 2>&1 | head -4
