@@ -24,6 +24,8 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
+case "${1:-}" in -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+
 # ---- --pack BUILD: gather what the GPU machine needs --------------------------------------
 if [ "${1:-}" = "--pack" ]; then
     build=${2:?usage: bench/gpu_check.sh --pack BUILD_DIR}
