@@ -61,3 +61,12 @@ if(NOT FS_FUZZ)
     cuda_emu_test(ops_${prec} tests/cuda_emu/ops.fsm --precision ${prec})
   endforeach()
 endif()
+
+# fsexec itself on the device path (--device cuda through cuda-emu) against --device cpu.
+if(NOT FS_FUZZ)
+  add_test(NAME cuda_emu_fsexec_train
+           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/train.py $<TARGET_FILE:fsc>
+                   $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu> ${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/train)
+  set_tests_properties(cuda_emu_fsexec_train PROPERTIES TIMEOUT 300
+                       ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache")
+endif()

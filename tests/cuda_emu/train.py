@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""fsexec's device path, end to end, without a GPU: tiny models trained a few steps with
+`--device cuda` on the cuda-emu backend (FS_CUDA_BACKEND=libfs_cudaemu.so) against the
+same plans on `--device cpu`. This drives what op_check does not: fsexec's train loop on
+a device (inputs up each step, loss / lr / norm / loss scale down, the overflow-at and
+save-grads splits, --cuda-graph's run_step, weights downloaded before saving).
+
+Checks, per case: every step's loss and gradient norm within a tolerance (relative) of
+the CPU run's, the fp16 skip at the forced overflow step on both, and the saved weights
+equal to within the tolerance of the largest |param|. The tolerance is 1e-5 for fp32
+and 1e-3 in 16 bits, where a kernel that rounds one element the other way (a different
+expf, a different summation order) moves it by 2^-11 (fp16) or 2^-8 (bf16).
+
+usage: train.py FSC FSEXEC LIBFS_CUDAEMU WORKDIR   (/usr/bin/python3 with numpy)
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+TINY = ["-D", "L=2", "-D", "C=32", "-D", "NH=2", "-D", "T=16", "-D", "V=256", "-D", "B=2"]
+# SGD, whose update is linear in the gradient, so the saved weights compare as tightly as
+# the gradients (AdamW turns last-bit differences of near-zero gradients into whole
+# steps of lr; op_check checks its kernel op by op).
+SGD = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]
+CASES = [  # name, fsc args, fsexec args, tolerance
+    ("gpt2_fp32", ["samples/gpt2.fsm", *TINY, *SGD, "--clip", "1.0"], [], 1e-5),
+    ("gpt2_bf16_graph", ["samples/gpt2.fsm", *TINY, *SGD, "--precision", "bf16"], ["--cuda-graph"], 1e-3),
+    ("gpt2_fp16_overflow", ["samples/gpt2.fsm", *TINY, *SGD, "--precision", "fp16"], ["--debug-overflow-at", "3"], 1e-3),
+    ("mlp_fp32", ["samples/mlp.fsm"], [], 1e-5),
+]
+STEPS = 5
+
+
+def run(cmd, env=None):
+    r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode:
+        sys.exit("FAIL: %s\n%s" % (" ".join(cmd), r.stdout))
+    return r.stdout
+
+
+def safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    head = json.loads(data[8:8 + n])
+    out = {}
+    for name, t in head.items():
+        if name == "__metadata__":
+            continue
+        a, b = t["data_offsets"]
+        out[name] = np.frombuffer(data[8 + n + a:8 + n + b], dtype=np.float32 if t["dtype"] == "F32" else np.uint16)
+    return out
+
+
+def main():
+    fsc, fsexec, emu, work = sys.argv[1:5]
+    os.makedirs(work, exist_ok=True)
+    env = dict(os.environ, FS_CUDA_BACKEND=os.path.abspath(emu))
+    for name, fsc_args, extra, tol in CASES:
+        plan = os.path.join(work, name + ".plan")
+        run([fsc, *fsc_args, "-o", plan, "-q"])
+        logs, weights = {}, {}
+        for device in ("cpu", "cuda"):
+            log, st = (os.path.join(work, "%s.%s.%s" % (name, device, ext)) for ext in ("jsonl", "st"))
+            flags = [x for x in extra if device == "cuda" or x != "--cuda-graph"]  # a CUDA-only flag
+            out = run([fsexec, plan, "--device", device, "--steps", str(STEPS), "--log", log, "--save-weights", st,
+                       *flags], env)
+            if device == "cuda" and "device: cuda" not in out:
+                sys.exit("FAIL %s: fsexec did not run on the (emulated) CUDA backend:\n%s" % (name, out))
+            with open(log) as f:
+                logs[device] = [json.loads(line) for line in f]
+            weights[device] = safetensors(st)
+        worst = 0.0
+        for a, b in zip(logs["cuda"], logs["cpu"]):
+            for key in ("loss", "grad_norm"):
+                if key in b and b[key] is not None:
+                    worst = max(worst, abs(a[key] - b[key]) / max(abs(b[key]), 1e-30))
+            if bool(a.get("skipped")) != bool(b.get("skipped")):
+                sys.exit("FAIL %s: step %d skipped on one device only" % (name, b["step"]))
+        if len(logs["cuda"]) != STEPS or worst > tol:
+            sys.exit("FAIL %s: %d steps, worst relative difference of loss / norm %.3g" % (name, len(logs["cuda"]), worst))
+        wdiff = max(float(np.max(np.abs(weights["cuda"][k].astype(np.float64) - v))) / max(float(np.max(np.abs(v))), 1e-30)
+                    for k, v in weights["cpu"].items())
+        if weights["cuda"].keys() != weights["cpu"].keys() or wdiff > tol:
+            sys.exit("FAIL %s: saved weights differ (worst %.3g of the largest param)" % (name, wdiff))
+        skipped = [l["step"] for l in logs["cuda"] if l.get("skipped")]
+        print("ok   %-20s %d steps: loss / norm within %.2g of the CPU's, weights within %.2g%s" %
+              (name, STEPS, worst, wdiff, ", skipped steps %s" % skipped if skipped else ""))
+
+
+if __name__ == "__main__":
+    main()
