@@ -38,8 +38,9 @@ const char *cuda_status(CUresult r)
 const char *nccl_status(RtBackend *b, ncclResult_t r)
 {
     static char buf[512];
-    const char *last = ncclGetLastError(b ? b->nccl : NULL);
-    snprintf(buf, sizeof buf, "%s%s%s", ncclGetErrorString(r), last && *last ? " (" : "", last && *last ? last : "");
+    if (!nccl.loaded) return "NCCL not loaded";
+    const char *last = nccl.get_last_error(b ? b->nccl : NULL);
+    snprintf(buf, sizeof buf, "%s%s%s", nccl.get_error_string(r), last && *last ? " (" : "", last && *last ? last : "");
     if (last && *last) strncat(buf, ")", sizeof buf - strlen(buf) - 1);
     return buf;
 }
@@ -208,6 +209,8 @@ static int make_blas(RtBackend *b)
 static int make_nccl(RtBackend *b)
 {
     b->what = "setting up NCCL";
+    char why[512];
+    if (cuda_nccl_load(why, sizeof why)) return cuda_fail(b, __FILE__, __LINE__, "dlopen(libnccl.so.2)", why);
     CU_CHECK(b, cuStreamCreate(&b->comm, CU_STREAM_NON_BLOCKING));
     for (int32_t c = 0; c < b->s.n_colls; c++) {
         CU_CHECK(b, cuEventCreate(&b->ready[c], CU_EVENT_DISABLE_TIMING));
@@ -215,10 +218,10 @@ static int make_nccl(RtBackend *b)
     }
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
-    if (b->rank == 0) NCCL_CHECK(b, ncclGetUniqueId(&id));
+    if (b->rank == 0) NCCL_CHECK(b, nccl.get_unique_id(&id));
     int rc = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS) return cuda_fail(b, __FILE__, __LINE__, "MPI_Bcast", "failed to share NCCL's unique id");
-    NCCL_CHECK(b, ncclCommInitRank(&b->nccl, b->world, id, b->rank));
+    NCCL_CHECK(b, nccl.comm_init_rank(&b->nccl, b->world, id, b->rank));
     return 0;
 }
 
@@ -277,7 +280,7 @@ static void destroy(RtBackend *b)
         /* After a fault these fail too; freeing is best effort, the process is ending. */
         cuCtxSetCurrent(b->ctx);
         if (b->graph) cuGraphExecDestroy(b->graph);
-        if (b->nccl) ncclCommDestroy(b->nccl);
+        if (b->nccl) nccl.comm_destroy(b->nccl);
         if (b->blas) cublasDestroy(b->blas);
         for (int32_t c = 0; c < b->s.n_colls && b->ready; c++) {
             if (b->ready[c]) cuEventDestroy(b->ready[c]);

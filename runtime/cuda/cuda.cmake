@@ -35,10 +35,11 @@ if(FS_CUDA)
   # the JIT tests must not need on machines without a driver.
   target_link_libraries(fs_cuda_host PUBLIC fs_plan ${CUDA_nvrtc_LIBRARY})
 
-  add_library(fs_cuda MODULE runtime/cuda/backend.c runtime/cuda/run.c)
+  add_library(fs_cuda MODULE runtime/cuda/backend.c runtime/cuda/run.c runtime/cuda/nccl.c)
   target_include_directories(fs_cuda PRIVATE runtime)
   target_include_directories(fs_cuda SYSTEM PRIVATE ${FS_NCCL_INCLUDE})
-  target_link_libraries(fs_cuda PRIVATE fs_cuda_host CUDA::cuda_driver CUDA::cublas ${FS_NCCL_LIB} MPI::MPI_C)
+  # NCCL is dlopen()ed for worlds of more than one rank only (nccl.c): headers, no library.
+  target_link_libraries(fs_cuda PRIVATE fs_cuda_host CUDA::cuda_driver CUDA::cublas MPI::MPI_C ${CMAKE_DL_LIBS})
   set_target_properties(fs_cuda PROPERTIES C_VISIBILITY_PRESET hidden
                         LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR} SKIP_BUILD_RPATH ON)
   target_link_options(fs_cuda PRIVATE -Wl,--exclude-libs,ALL -Wl,-rpath,${CUDAToolkit_LIBRARY_DIR})

@@ -52,6 +52,26 @@ struct RtBackend {
     char err[2048];
 };
 
+/* ---- nccl.c: NCCL's functions, loaded for a world of more than one rank -------------- */
+
+typedef struct {
+    int loaded;
+    ncclResult_t (*get_unique_id)(ncclUniqueId *id);
+    ncclResult_t (*comm_init_rank)(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank);
+    ncclResult_t (*comm_destroy)(ncclComm_t comm);
+    const char *(*get_error_string)(ncclResult_t r);
+    const char *(*get_last_error)(ncclComm_t comm);
+    ncclResult_t (*all_reduce)(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t stream);
+    ncclResult_t (*reduce_scatter)(const void *send, void *recv, size_t recvcount, ncclDataType_t t, ncclRedOp_t op,
+                                   ncclComm_t comm, cudaStream_t stream);
+    ncclResult_t (*all_gather)(const void *send, void *recv, size_t sendcount, ncclDataType_t t, ncclComm_t comm,
+                               cudaStream_t stream);
+} NcclApi;
+extern NcclApi nccl;
+/* dlopen()s libnccl.so.2 ($FS_NCCL_LIB) once and fills `nccl`: 0, or -1 with why. */
+int cuda_nccl_load(char *err, size_t errlen);
+
 /* Formats the failure of `call` (its text; the name is what precedes the parenthesis)
  * with `status` into b->err; returns -1. */
 int cuda_fail(RtBackend *b, const char *file, int line, const char *call, const char *status);

@@ -85,9 +85,9 @@ static int collective(RtBackend *b, int32_t ci)
     ncclRedOp_t op = c->avg ? ncclAvg : ncclSum;
     cudaStream_t s = (cudaStream_t)b->comm;  // the driver's and the runtime's streams are one type
     switch (c->kind) {
-    case CS_ALL_REDUCE: NCCL_CHECK(b, ncclAllReduce(src, dst, n, t, op, b->nccl, s)); break;
-    case CS_REDUCE_SCATTER: NCCL_CHECK(b, ncclReduceScatter(src, dst, n, t, op, b->nccl, s)); break;
-    case CS_ALL_GATHER: NCCL_CHECK(b, ncclAllGather(src, dst, n, t, b->nccl, s)); break;
+    case CS_ALL_REDUCE: NCCL_CHECK(b, nccl.all_reduce(src, dst, n, t, op, b->nccl, s)); break;
+    case CS_REDUCE_SCATTER: NCCL_CHECK(b, nccl.reduce_scatter(src, dst, n, t, op, b->nccl, s)); break;
+    case CS_ALL_GATHER: NCCL_CHECK(b, nccl.all_gather(src, dst, n, t, b->nccl, s)); break;
     case CS_COLL_COUNT: break;
     }
     if (c->move) CU_CHECK(b, cuMemcpyDtoDAsync(out, nout, (size_t)c->out_bytes, b->comm));
