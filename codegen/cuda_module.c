@@ -3,10 +3,10 @@
  * A CuModule is the module's text (the fixed prelude, then each distinct kernel once, in
  * first-use order) and the plan the instructions go to. A kernel is named PREFIX_HASH,
  * HASH the low 32 bits of a 64-bit hash (text_hash, FNV-1a-like) of its text as the
- * emitter wrote it (with the KNAME placeholder), so the same op on the same shapes gets the same name in every
- * block and every compilation; equal texts under one prefix are one kernel. Two different
- * texts whose names would collide (a 1 in 2^32 chance) get the next hash in a fixed
- * sequence, so names stay unique and deterministic.
+ * emitter wrote it (with the KNAME token), so the same op on the same shapes gets the
+ * same name in every block and every compilation; equal texts under one prefix are one
+ * kernel. Two different texts whose names would collide (a 1 in 2^32 chance) get the
+ * next hash in a fixed sequence, so names stay unique and deterministic.
  *
  * Everything lives in the graph's arena; instructions go straight into the plan
  * (plan_cuda_add, in the order the emitters record them: sorted by op, since
