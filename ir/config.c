@@ -18,6 +18,7 @@ static const char *const LR_SCHEDS[LR_COUNT] = {"constant", "cosine"};
 
 const char *shard_name(ShardKind s) { return (unsigned)s < SHARD_COUNT ? SHARDS[s] : "?"; }
 const char *precision_name(Precision p) { return (unsigned)p < PREC_COUNT ? PRECS[p] : "?"; }
+DType precision_dtype(Precision p) { return p == PREC_FP16 ? DT_F16 : p == PREC_BF16 ? DT_BF16 : DT_F32; }
 const char *reduce_name(ReduceDtype r) { return (unsigned)r < REDUCE_COUNT ? REDUCES[r] : "?"; }
 const char *optim_name(OptimKind o) { return (unsigned)o < OPTIM_COUNT ? OPTIMS[o] : "?"; }
 const char *offload_name(OffloadKind o) { return (unsigned)o < OFFLOAD_COUNT ? OFFLOADS[o] : "?"; }

@@ -220,36 +220,35 @@ static void remap_value_fields(Graph *g, const int *vmap)
 #undef MAP
 }
 
-void ir_graph_compact(Graph *g, const char *drop_node, const char *drop_value)
+void ir_graph_compact(Graph *g, const char *drop_node)
 {
     int *vmap = arena_alloc(g->arena, sizeof(int) * ((size_t)g->n_values + 1));
+    int *nmap = arena_alloc(g->arena, sizeof(int) * ((size_t)g->n_nodes + 1));
     int nv = 0;
     for (int v = 0; v < g->n_values; v++) {
-        vmap[v] = drop_value[v] ? -1 : nv;
-        if (!drop_value[v]) g->values[nv++] = g->values[v];
+        int p = g->values[v].producer, gone = p >= 0 && drop_node[p];
+        vmap[v] = gone ? -1 : nv;
+        if (!gone) g->values[nv++] = g->values[v];
     }
-    int n_values = g->n_values;
     g->n_values = nv;
     remap_value_fields(g, vmap);
-    for (int v = 0; v < nv; v++) {
-        const Value *val = &g->values[v];
-        FS_ASSERT(val->tied_to >= -1 && val->grad >= -1 && val->view_of >= -1 && val->alias >= -1);
-    }
     /* Nodes keep their id ranges; the ids inside them are remapped. */
     int nn = 0;
     for (int n = 0; n < g->n_nodes; n++) {
+        nmap[n] = drop_node[n] ? -1 : nn;
         if (drop_node[n]) continue;
         Node node = g->nodes[n];
         for (int k = 0; k < node.n_in; k++) {
-            FS_ASSERT(g->ids[node.in + k] < n_values && vmap[g->ids[node.in + k]] >= 0);  // a kept node's input stays
+            FS_ASSERT(vmap[g->ids[node.in + k]] >= 0);  // a kept node reads no dropped value
             g->ids[node.in + k] = vmap[g->ids[node.in + k]];
         }
         for (int k = 0; k < node.n_out; k++) {
             int v = vmap[g->ids[node.out + k]];
-            FS_ASSERT(v >= 0);
             g->ids[node.out + k] = v;
             g->values[v].producer = nn;
         }
+        if (node.group >= 0) node.group = nmap[node.group];  // a group starts at a kept earlier node
+        FS_ASSERT(node.group >= -1);
         g->nodes[nn++] = node;
     }
     g->n_nodes = nn;

@@ -247,11 +247,11 @@ int ir_node_add(Graph *g, OpKind op, const int *in, int n_in, const Attr *attrs,
 /* Puts the nodes in `order` (a permutation of the node ids, which then become the
  * positions); values keep their ids. The new order must respect every dependency. */
 void ir_nodes_reorder(Graph *g, const int *order);
-/* Removes the nodes with drop_node[n] set and the values with drop_value[v] set,
- * renumbering the rest in their order. A dropped value may be referenced by no kept node
- * (FS_ASSERT): the caller has rewired its uses. Value fields that name a dropped value
- * (grad, tied_to, view_of, alias) become -1. */
-void ir_graph_compact(Graph *g, const char *drop_node, const char *drop_value);
+/* Removes the nodes with drop_node[n] set and their outputs, renumbering the rest in
+ * their order. No kept node may read a removed value (FS_ASSERT): the caller has rewired
+ * its uses. Value fields that name a removed value (grad, tied_to, view_of, alias)
+ * become -1. */
+void ir_graph_compact(Graph *g, const char *drop_node);
 /* Runs node n's shape rule again on its current inputs and retypes its outputs in place
  * (after a pass changed the dtype of an input). 0, or -1 with the rule's message. */
 int ir_node_retype(Graph *g, int n, char *err, size_t errlen);
@@ -359,6 +359,7 @@ const ConfigKey *config_keys(int *n);
 /* Printable settings: "fsdp", "bf16", ... */
 const char *shard_name(ShardKind s);
 const char *precision_name(Precision p);
+DType precision_dtype(Precision p);  // the compute dtype: f32, f16, bf16
 const char *reduce_name(ReduceDtype r);
 const char *optim_name(OptimKind o);
 const char *offload_name(OffloadKind o);

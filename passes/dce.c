@@ -37,12 +37,9 @@ int pass_dce(Graph *g, const Options *o, Diag *d)
     char *live_val = arena_alloc(g->arena, (size_t)g->n_values + 1);
     mark(g, live_node, live_val);
     warn_unused(g, live_val, d);
-    for (int v = 0; v < g->n_values; v++)
-        if (g->values[v].producer < 0) live_val[v] = 1;  // params, inputs, constants stay
-
+    /* Params, inputs and constants stay: compaction drops only dead nodes' outputs. */
     char *dead_node = arena_alloc(g->arena, (size_t)g->n_nodes + 1);
     for (int n = 0; n < g->n_nodes; n++) dead_node[n] = !live_node[n];
-    for (int v = 0; v < g->n_values; v++) live_val[v] = !live_val[v];  // now: dead
-    ir_graph_compact(g, dead_node, live_val);
+    ir_graph_compact(g, dead_node);
     return 0;
 }

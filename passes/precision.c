@@ -96,7 +96,7 @@ static int state(Graph *g, const char *name, DType dt, InitKind init, double val
 
 int pass_precision(Graph *g, const Options *o, Diag *d)
 {
-    Lowering p = {g, o->train.precision == PREC_FP16 ? DT_F16 : DT_BF16, NULL, NULL, g->n_nodes, NULL};
+    Lowering p = {g, precision_dtype(o->train.precision), NULL, NULL, g->n_nodes, NULL};
     ReduceDtype r = o->train.reduce_dtype;
     if ((r == REDUCE_FP16 && o->train.precision != PREC_FP16) || (r == REDUCE_BF16 && o->train.precision != PREC_BF16)) {
         diag_error(d, (Loc){0}, "reduce_dtype %s with precision %s: gradients are reduced in fp32 or in the compute "

@@ -331,6 +331,14 @@ static void layout_grads(Shard *s, Unit *u, char *taken)
     }
 }
 
+static void name_grad(Shard *s, const Unit *u, int v, const char *name)
+{
+    Value *val = &s->g->values[v];
+    val->role = ROLE_GRAD;
+    val->unit = (int)(u - s->units);
+    val->name = name;
+}
+
 static void reduce_grads(Shard *s, Unit *u)
 {
     Graph *g = s->g;
@@ -349,18 +357,13 @@ static void reduce_grads(Shard *s, Unit *u)
         g->values[grad].sharded = 1;
     }
     const char *name = arena_printf(g->arena, "%s.flat_grad%s", unit_name(s, u), g->values[grad].sharded ? "_shard" : "");
+    name_grad(s, u, grad, name);
     if (s->reduce16) {  // the optimizer reads fp32: this rank's reduced part, cast once
-        int sharded = g->values[grad].sharded;
-        g->values[grad].role = ROLE_GRAD;
-        g->values[grad].unit = (int)(u - s->units);
-        g->values[grad].name = name;
-        grad = cast_to(s, grad, DT_F32, u->block, after, 1);
-        g->values[grad].sharded = sharded;
-        name = arena_printf(g->arena, "%s.f32", name);
+        int low = grad;
+        grad = cast_to(s, low, DT_F32, u->block, after, 1);
+        g->values[grad].sharded = g->values[low].sharded;
+        name_grad(s, u, grad, arena_printf(g->arena, "%s.f32", name));
     }
-    g->values[grad].role = ROLE_GRAD;
-    g->values[grad].unit = (int)(u - s->units);
-    g->values[grad].name = name;
     g->values[u->shard_view].grad = grad;
 }
 
@@ -447,7 +450,7 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
         return t->world > 1 ? -1 : 0;
     }
     Shard s = {.g = g, .t = t, .world = t->world, .n_orig = g->n_nodes};
-    s.low = t->precision == PREC_FP16 ? DT_F16 : t->precision == PREC_BF16 ? DT_BF16 : DT_F32;
+    s.low = precision_dtype(t->precision);
     s.reduce16 = s.low != DT_F32 && t->reduce_dtype != REDUCE_FP32;
     s.gather16 = s.low != DT_F32 && t->shard == SHARD_FSDP;
     size_t most = (size_t)g->n_nodes + 8 * (size_t)(g->n_blocks + 1) + (size_t)g->n_values + 8;
@@ -475,9 +478,6 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
     }
     average_loss(&s);
     schedule(&s);
-    char *gone = arena_alloc(g->arena, (size_t)g->n_values + 1);
-    for (int n = 0; n < g->n_nodes; n++)
-        for (int k = 0; k < g->nodes[n].n_out && s.drop[n]; k++) gone[ir_out(g, &g->nodes[n], k)] = 1;
-    ir_graph_compact(g, s.drop, gone);
+    ir_graph_compact(g, s.drop);
     return 0;
 }
