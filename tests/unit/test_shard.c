@@ -157,9 +157,8 @@ Test(shard, plan_does_not_grow_with_world)
  * views into the gathered buffers, with no cast per param left; the optimizer reads fp32. */
 static Plan *compile_mixed(const char *precision, const char *reduce)
 {
-    const Define small[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 24}};
     Setting set[] = {{"shard", "fsdp"}, {"world", "4"}, {"precision", precision}, {"reduce_dtype", reduce}};
-    return sample_compile("gpt2.fsm", small, 6, set, 4, NULL);
+    return sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, 4, NULL);
 }
 
 Test(shard, fsdp_bf16_gathers_and_reduces_16_bit)
@@ -214,12 +213,11 @@ static float step1_norm(const Plan *p)
  * for bit (a gradient written into the buffer before it is zeroed would show here). */
 Test(shard, bf16_flat_gradients_are_the_unsharded_ones)
 {
-    const Define small[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 8}};
     static const char *const strategies[] = {"none", "ddp", "zero1", "zero2", "fsdp"};
     float norms[5];
     for (int k = 0; k < 5; k++) {
         Setting set[] = {{"shard", strategies[k]}, {"precision", "bf16"}};
-        Plan *p = sample_compile("gpt2.fsm", small, 6, set, 2, NULL);
+        Plan *p = sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, 2, NULL);
         norms[k] = step1_norm(p);
         plan_free(p);
         cr_expect(norms[k] == norms[0], "bf16 %s: gradient norm %.9g, unsharded %.9g", strategies[k], norms[k],
