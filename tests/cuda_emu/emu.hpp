@@ -115,32 +115,21 @@ inline void __threadfence() {}
 inline void __threadfence_block() {}
 [[noreturn]] inline void __trap() { emu::fail("__trap()"); }
 
-inline float __int_as_float(int i)
+namespace emu {
+template <class To, class From> inline To bit_cast(From f)
 {
-    float f;
-    memcpy(&f, &i, 4);
-    return f;
+    static_assert(sizeof(To) == sizeof(From), "a bit cast between types of different sizes");
+    To t;
+    memcpy(&t, &f, sizeof t);
+    return t;
 }
-inline int __float_as_int(float f)
-{
-    int i;
-    memcpy(&i, &f, 4);
-    return i;
-}
-inline float __uint_as_float(unsigned u) { return __int_as_float((int)u); }
-inline unsigned __float_as_uint(float f) { return (unsigned)__float_as_int(f); }
-inline double __longlong_as_double(long long i)
-{
-    double d;
-    memcpy(&d, &i, 8);
-    return d;
-}
-inline long long __double_as_longlong(double d)
-{
-    long long i;
-    memcpy(&i, &d, 8);
-    return i;
-}
+}  // namespace emu
+inline float __int_as_float(int i) { return emu::bit_cast<float>(i); }
+inline int __float_as_int(float f) { return emu::bit_cast<int>(f); }
+inline float __uint_as_float(unsigned u) { return emu::bit_cast<float>(u); }
+inline unsigned __float_as_uint(float f) { return emu::bit_cast<unsigned>(f); }
+inline double __longlong_as_double(long long i) { return emu::bit_cast<double>(i); }
+inline long long __double_as_longlong(double d) { return emu::bit_cast<long long>(d); }
 inline int __float2int_rn(float f) { return (int)nearbyintf(f); }  // the default rounding: to nearest even
 inline int __float2int_rz(float f) { return (int)f; }
 inline int __popc(unsigned u) { return __builtin_popcount(u); }
@@ -199,24 +188,10 @@ inline int __all_sync(unsigned m, int pred) { return __ballot_sync(m, !pred) == 
 inline int __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
 
 // ---- 16-bit conversions, to nearest even (as runtime/cpu/cpu_impl.h) -------------------
-namespace emu {
-inline uint32_t bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-inline float from_bits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-}  // namespace emu
-inline float __bfloat162float(__nv_bfloat16 h) { return emu::from_bits((uint32_t)h.x << 16); }
+inline float __bfloat162float(__nv_bfloat16 h) { return __uint_as_float((uint32_t)h.x << 16); }
 inline __nv_bfloat16 __float2bfloat16_rn(float f)
 {
-    uint32_t u = emu::bits(f);
+    uint32_t u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return {(uint16_t)((u >> 16) | 0x40u)};  // NaN stays NaN
     return {(uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
 }
@@ -224,16 +199,16 @@ inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); 
 inline float __half2float(__half h)
 {
     uint32_t sign = (uint32_t)(h.x & 0x8000u) << 16, a = h.x & 0x7fffu;
-    if (a >= 0x7c00u) return emu::from_bits(sign | 0x7f800000u | (a & 0x3ffu) << 13);
+    if (a >= 0x7c00u) return __uint_as_float(sign | 0x7f800000u | (a & 0x3ffu) << 13);
     if (a < 0x0400u) return (sign ? -1.f : 1.f) * (float)a * 0x1p-24f;  // subnormal
-    return emu::from_bits(sign | ((a << 13) + 0x38000000u));
+    return __uint_as_float(sign | ((a << 13) + 0x38000000u));
 }
 inline __half __float2half_rn(float f)
 {
-    uint32_t u = emu::bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu, h;
+    uint32_t u = __float_as_uint(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu, h;
     if (a > 0x7f800000u) h = 0x7e00u | ((a >> 13) & 0x3ffu);
     else if (a >= 0x477ff000u) h = 0x7c00u;  // rounds to infinity
-    else if (a < 0x38800000u) h = emu::bits(emu::from_bits(a) * 0x1p24f + 0x1p23f) - 0x4b000000u;  // subnormal: the FPU rounds
+    else if (a < 0x38800000u) h = __float_as_uint(__uint_as_float(a) * 0x1p24f + 0x1p23f) - 0x4b000000u;  // subnormal: the FPU rounds
     else {
         uint32_t r = a - 0x38000000u;
         h = (r + 0x0fffu + ((r >> 13) & 1u)) >> 13;
