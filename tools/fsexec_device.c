@@ -66,6 +66,8 @@ int device_open(Device *d, const Exec *e, const RtRanks *rk, int tf32, const int
         if (p->tensors[i].role == PLAN_ROLE_INPUT) d->up[d->n_up++] = i;
     for (int i = 0; i < n_report; i++)
         if (report[i] >= 0) d->down[d->n_down++] = report[i];
+    RtTensor t;
+    if (!rt_exec_tensor(e, "step", &t) && t.dtype == PLAN_DT_I32) d->step = t.data;
     if (!(d->b = d->ops->create(&o, err, sizeof err))) {
         fprintf(stderr, "%s\n", err);
         return -1;
@@ -97,9 +99,8 @@ int device_move(Device *d, Exec *e, int up, const int32_t *ids, int n)
 
 int device_step_in(Device *d, Exec *e, int64_t step)
 {
-    RtTensor t;
     if (!d->b) return 0;  // the CPU executor writes the step number itself
-    if (!rt_exec_tensor(e, "step", &t) && t.dtype == PLAN_DT_I32) *(int32_t *)t.data = (int32_t)step;
+    if (d->step) *d->step = (int32_t)step;
     return device_move(d, e, 1, d->up, d->n_up);
 }
 

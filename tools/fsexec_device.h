@@ -19,6 +19,7 @@ typedef struct {
     char name[200];           // for the start line: "cuda:0 NVIDIA H200 (sm_90)", "cpu (no CUDA driver)"
     int32_t *up, *down;       // each step: the inputs up before it, the reported outputs down after
     int n_up, n_down;
+    int32_t *step;            // the plan's i32 "step" in the host mirror, written before each upload; or NULL
 } Device;
 
 /* Chooses the device for `want` (DEV_*): the CUDA backend for DEV_CUDA, and for DEV_AUTO
