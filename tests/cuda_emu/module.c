@@ -5,9 +5,9 @@
  * EMU_KERNEL(name) for every kernel a LAUNCH names, which dlsym finds as emu_k_NAME. It
  * is compiled with the system C++ compiler into a shared library whose file name is the
  * FNV-1a hash of the unit, the emulator's headers and the command, so an unchanged plan
- * is compiled once per cache directory. The files are written under temporary names and
- * renamed into place, so concurrent tests that compile the same module never see half
- * of one.
+ * is compiled once per cache directory. The unit is written with plan_write_atomic and
+ * the library compiled under a temporary name and renamed into place, so concurrent
+ * tests that compile the same module never see half of either.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -142,15 +142,6 @@ static int cache_dir(char *dir, size_t n)
     return mkdirs(dir);
 }
 
-static int write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    size_t n = strlen(text);
-    int bad = fwrite(text, 1, n, f) != n;
-    return fclose(f) || bad ? -1 : 0;
-}
-
 /* Runs argv with stdout and stderr into log: its exit status, or -1. */
 static int run(char *const argv[], const char *log)
 {
@@ -217,7 +208,7 @@ int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen)
         h = fnv1a(h, text, n);
         free(text);
     }
-    char dir[900], cpp[1024], tmp_cpp[1100], tmp_so[1100], log[1100];
+    char dir[900], cpp[1024], tmp_so[1100], log[1100], why[300];
     if (cache_dir(dir, sizeof dir)) {
         free(tu);
         return fail(err, errlen, "cannot make the cache directory %s: %s", dir, strerror(errno));
@@ -230,12 +221,12 @@ int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen)
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         int pid = (int)getpid();
-        snprintf(tmp_cpp, sizeof tmp_cpp, "%s.%d.cpp", cpp, pid);
         snprintf(tmp_so, sizeof tmp_so, "%s.%d.so", m->path, pid);
         snprintf(log, sizeof log, "%s.%d.log", m->path, pid);
-        int rc = write_file(tmp_cpp, tu) ? fail(err, errlen, "cannot write %s: %s", tmp_cpp, strerror(errno))
-                                         : compile(cxx, tmp_cpp, tmp_so, log, err, errlen);
-        if (!rc && (rename(tmp_cpp, cpp) || rename(tmp_so, m->path)))
+        PlanChunk text = {tu, strlen(tu)};
+        int rc = plan_write_atomic(cpp, &text, 1, why, sizeof why) ? fail(err, errlen, "%s: %s", cpp, why)
+                                                                   : compile(cxx, cpp, tmp_so, log, err, errlen);
+        if (!rc && rename(tmp_so, m->path))
             rc = fail(err, errlen, "cannot rename into %s: %s", dir, strerror(errno));
         if (!rc) unlink(log);
         unlink(tmp_so);
