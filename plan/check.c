@@ -22,7 +22,7 @@ __attribute__((format(printf, 2, 3))) static int fail(Check *c, const char *fmt,
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->err, c->errlen, fmt, ap);
+    plan_vfail(c->err, c->errlen, fmt, ap);
     va_end(ap);
     return -1;
 }

@@ -34,6 +34,7 @@
 #ifndef FS_PLAN_H
 #define FS_PLAN_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -193,6 +194,12 @@ typedef struct Plan {
 void plan_set_alloc(void *(*alloc_fn)(size_t), void (*free_fn)(void *));
 void *plan_alloc(size_t n);  // NULL on failure; n == 0 allocates one byte
 void plan_dealloc(void *p);
+
+/* ---- plan/fail.c: error messages ---------------------------------------------------- */
+
+/* Formats a message into err (errlen bytes) and returns -1: `return plan_fail(...)`. */
+int plan_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int plan_vfail(char *err, size_t errlen, const char *fmt, va_list ap);
 
 /* ---- plan/build.c: making a plan in memory, and reading one ---------------------- */
 

@@ -28,7 +28,7 @@ __attribute__((format(printf, 2, 3))) static int fail(Reader *r, const char *fmt
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(r->err, r->errlen, fmt, ap);
+    plan_vfail(r->err, r->errlen, fmt, ap);
     va_end(ap);
     return -1;
 }

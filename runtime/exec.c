@@ -111,7 +111,7 @@ int rt_fail(char *err, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
+    plan_vfail(err, errlen, fmt, ap);
     va_end(ap);
     return -1;
 }

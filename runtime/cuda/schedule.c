@@ -10,14 +10,6 @@
 
 #include "schedule.h"
 
-__attribute__((format(printf, 3, 4))) static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 int64_t cs_offset(const Plan *p, int32_t id, int rank)
 {
@@ -92,11 +84,11 @@ static int bind_coll(const Plan *p, int32_t k, CsCollKind kind, int rank, int wo
     const PlanOp *o = &p->ops[k];
     const char *name = plan_str(p, o->op);
     if (o->n_in != 1 || o->n_out != 1)
-        return fail(err, errlen, "op %d (%s): %d inputs and %d outputs; a collective has one of each", k, name, o->n_in,
+        return plan_fail(err, errlen, "op %d (%s): %d inputs and %d outputs; a collective has one of each", k, name, o->n_in,
                     o->n_out);
     int64_t w = attr_int(p, o, "world", 1);
     if (w != world)
-        return fail(err, errlen, "op %d (%s) is for a world of %lld ranks, but this run has %d", k, name, (long long)w,
+        return plan_fail(err, errlen, "op %d (%s) is for a world of %lld ranks, but this run has %d", k, name, (long long)w,
                     world);
     int32_t x = p->ids[o->in], y = p->ids[o->out];
     const PlanTensor *tx = &p->tensors[x], *ty = &p->tensors[y];
@@ -104,11 +96,11 @@ static int bind_coll(const Plan *p, int32_t k, CsCollKind kind, int rank, int wo
     int sizes_ok = kind == CS_ALL_REDUCE ? n_in == n_out : kind == CS_REDUCE_SCATTER ? n_in == n_out * world
                                                                                       : n_out == n_in * world;
     if (tx->dtype != ty->dtype || !sizes_ok)
-        return fail(err, errlen, "op %d (%s) over %d ranks: %lld %s elements in, %lld %s out do not fit", k, name,
+        return plan_fail(err, errlen, "op %d (%s) over %d ranks: %lld %s elements in, %lld %s out do not fit", k, name,
                     world, (long long)n_in, plan_dtype_name(tx->dtype), (long long)n_out, plan_dtype_name(ty->dtype));
     int avg = kind != CS_ALL_GATHER && attr_int(p, o, "avg", 0) != 0;
     if (avg && tx->dtype == PLAN_DT_I32)
-        return fail(err, errlen, "op %d (%s): an average of i32 elements", k, name);
+        return plan_fail(err, errlen, "op %d (%s): an average of i32 elements", k, name);
     *c = (CsColl){.op = k, .kind = kind, .dtype = tx->dtype, .in = cs_offset(p, x, rank), .out = cs_offset(p, y, rank),
                   .count = kind == CS_ALL_GATHER ? n_in : n_out, .in_bytes = n_in * es, .out_bytes = n_out * es,
                   .avg = avg};
@@ -138,7 +130,7 @@ static int bind_coll(const Plan *p, int32_t k, CsCollKind kind, int rank, int wo
     case CS_COLL_COUNT: break;
     }
     if (world == 1 && c->in != c->out && !why) why = "its output overlaps its input without being it";
-    return why ? fail(err, errlen, "op %d (%s) on rank %d: %s (NCCL cannot run that in place)", k, name, rank, why) : 0;
+    return why ? plan_fail(err, errlen, "op %d (%s) on rank %d: %s (NCCL cannot run that in place)", k, name, rank, why) : 0;
 }
 
 /* Instruction ranges, collectives, LAUNCH args and GEMMs. */
@@ -154,7 +146,7 @@ static int bind(const Plan *p, int rank, int world, CsSchedule *s, char *err, si
         int kind = cs_coll_kind(plan_str(p, p->ops[k].op));
         if (kind < 0) continue;
         if (s->ops[k].n_instr)
-            return fail(err, errlen, "op %d (%s) has CUDA instructions; collectives run on NCCL by name (plan made by "
+            return plan_fail(err, errlen, "op %d (%s) has CUDA instructions; collectives run on NCCL by name (plan made by "
                         "a different fsc)", k, plan_str(p, p->ops[k].op));
         if (bind_coll(p, k, (CsCollKind)kind, rank, world, &s->colls[s->n_colls], err, errlen)) return -1;
         s->ops[k].coll = s->n_colls++;
@@ -242,7 +234,7 @@ int cs_build(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_
     if (!s->ops || !s->colls || !s->touch || !s->waits || !s->args || !s->arg_at || !s->gemms || !pending) {
         plan_dealloc(pending);
         cs_free(s);
-        return fail(err, errlen, "out of memory");
+        return plan_fail(err, errlen, "out of memory");
     }
     memset(s->ops, 0, ops);
     memset(s->gemms, 0, sizeof *s->gemms * instrs);

@@ -31,14 +31,6 @@
 
 extern char **environ;
 
-__attribute__((format(printf, 3, 4))) static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
 {
@@ -177,7 +169,7 @@ static int compile(const char *cxx, const char *cpp, const char *so, const char 
     int rc = run(argv, log);
     if (!rc) return 0;
     char *out = slurp(log, NULL);
-    fail(err, errlen, "%s %s: %s%s%.1500s", cxx, cpp, rc < 0 ? "cannot run it" : "failed", out && *out ? ":\n" : "",
+    plan_fail(err, errlen, "%s %s: %s%s%.1500s", cxx, cpp, rc < 0 ? "cannot run it" : "failed", out && *out ? ":\n" : "",
          out ? out : "");
     free(out);
     return -1;
@@ -188,11 +180,11 @@ int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen)
     const char *source = plan_meta_str(p, "cuda_source", NULL), *cxx = getenv("FS_CUDA_EMU_CXX");
     static const char *const headers[] = {"emu.hpp", "include/cuda_fp16.h", "include/cuda_bf16.h"};
     memset(m, 0, sizeof *m);
-    if (!source) return fail(err, errlen, "the plan has no CUDA source (meta cuda_source)");
+    if (!source) return plan_fail(err, errlen, "the plan has no CUDA source (meta cuda_source)");
     if (!cxx || !*cxx) cxx = "c++";
     snprintf(m->compiler, sizeof m->compiler, "%s -O1 -fsanitize=undefined", cxx);
     char *tu = unit(p, source);
-    if (!tu) return fail(err, errlen, "out of memory");
+    if (!tu) return plan_fail(err, errlen, "out of memory");
     uint64_t h = fnv1a(0xcbf29ce484222325u, tu, strlen(tu));
     h = fnv1a(h, cxx, strlen(cxx) + 1);
     for (int i = 0; i < N_FLAGS; i++) h = fnv1a(h, FLAGS[i], strlen(FLAGS[i]) + 1);
@@ -203,7 +195,7 @@ int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen)
         char *text = slurp(path, &n);
         if (!text) {
             free(tu);
-            return fail(err, errlen, "cannot read %s: %s", path, strerror(errno));
+            return plan_fail(err, errlen, "cannot read %s: %s", path, strerror(errno));
         }
         h = fnv1a(h, text, n);
         free(text);
@@ -211,7 +203,7 @@ int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen)
     char dir[900], cpp[1024], tmp_so[1100], log[1100], why[300];
     if (cache_dir(dir, sizeof dir)) {
         free(tu);
-        return fail(err, errlen, "cannot make the cache directory %s: %s", dir, strerror(errno));
+        return plan_fail(err, errlen, "cannot make the cache directory %s: %s", dir, strerror(errno));
     }
     snprintf(m->path, sizeof m->path, "%s/%016llx.so", dir, (unsigned long long)h);
     snprintf(cpp, sizeof cpp, "%s/%016llx.cpp", dir, (unsigned long long)h);
@@ -224,10 +216,10 @@ int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen)
         snprintf(tmp_so, sizeof tmp_so, "%s.%d.so", m->path, pid);
         snprintf(log, sizeof log, "%s.%d.log", m->path, pid);
         PlanChunk text = {tu, strlen(tu)};
-        int rc = plan_write_atomic(cpp, &text, 1, why, sizeof why) ? fail(err, errlen, "%s: %s", cpp, why)
+        int rc = plan_write_atomic(cpp, &text, 1, why, sizeof why) ? plan_fail(err, errlen, "%s: %s", cpp, why)
                                                                    : compile(cxx, cpp, tmp_so, log, err, errlen);
         if (!rc && rename(tmp_so, m->path))
-            rc = fail(err, errlen, "cannot rename into %s: %s", dir, strerror(errno));
+            rc = plan_fail(err, errlen, "cannot rename into %s: %s", dir, strerror(errno));
         if (!rc) unlink(log);
         unlink(tmp_so);
         if (rc) {  // the unit and the log stay for a look at what failed
@@ -239,11 +231,11 @@ int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen)
     }
     free(tu);
     m->so = dlopen(m->path, RTLD_NOW | RTLD_LOCAL);
-    if (!m->so) return fail(err, errlen, "dlopen %s: %s", m->path, dlerror());
+    if (!m->so) return plan_fail(err, errlen, "dlopen %s: %s", m->path, dlerror());
     *(void **)&m->launch = dlsym(m->so, "emu_launch");
     if (!m->launch) {
         emu_module_close(m);
-        return fail(err, errlen, "%s has no emu_launch (not made by this emulator)", m->path);
+        return plan_fail(err, errlen, "%s has no emu_launch (not made by this emulator)", m->path);
     }
     return 0;
 }
