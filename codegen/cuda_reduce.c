@@ -50,6 +50,20 @@ static Groups groups_of(const Value *x, const int *red)
     return g;
 }
 
+/* The kept (red 0) or the reduced (red 1) groups of g, outermost first. */
+typedef struct {
+    int n;
+    int64_t sz[IR_MAX_RANK], st[IR_MAX_RANK];
+} Split;
+
+static Split groups_with(const Groups *g, int red)
+{
+    Split s = {0};
+    for (int d = 0; d < g->n; d++)
+        if (g->red[d] == red) s.sz[s.n] = g->sz[d], s.st[s.n++] = g->st[d];
+    return s;
+}
+
 /* The offset of flat index `var` over dims listed outermost first, as text. The
  * outermost needs no modulo: var is below the product of the sizes. */
 static char *offset_expr(CuCtx *c, const char *var, int nd, const int64_t *sz, const int64_t *st)
@@ -93,12 +107,7 @@ static int emit_copy(CuCtx *c, const char *prefix, int64_t n, float scale)
  * + reduced offset, its threads strided over them. */
 static int emit_runs(CuCtx *c, const char *prefix, RedOp op, const Groups *g, int64_t nout, int64_t nred, float scale)
 {
-    int64_t ksz[IR_MAX_RANK], kst[IR_MAX_RANK], rsz[IR_MAX_RANK], rst[IR_MAX_RANK];
-    int nk = 0, nr = 0;
-    for (int d = 0; d < g->n; d++) {
-        if (g->red[d]) rsz[nr] = g->sz[d], rst[nr++] = g->st[d];
-        else ksz[nk] = g->sz[d], kst[nk++] = g->st[d];
-    }
+    Split k = groups_with(g, 0), r = groups_with(g, 1);
     // a thread for a few elements, a warp for some, a block of 256 for many
     RowGeo geo = nred <= 32 ? row_geo_thread(nout) : nred <= 4096 ? row_geo(nout, 1) : row_geo(nout, ROW_WARP_MAX + 1);
     const char *src = cu_fmt(c,
@@ -114,8 +123,8 @@ static int emit_runs(CuCtx *c, const char *prefix, RedOp op, const Groups *g, in
         "    acc = %s(acc);\n"
         "    if (tid == 0) st(out, row, %s);\n"
         "}\n",
-        cu_tin(c, 0), cu_tout(c, 0), row_head(c, &geo, nout), offset_expr(c, "row", nk, ksz, kst), init_of(op),
-        (long long)nred, offset_expr(c, "q", nr, rsz, rst), combine(op), op == RED_SUM ? geo.sum : geo.max,
+        cu_tin(c, 0), cu_tout(c, 0), row_head(c, &geo, nout), offset_expr(c, "row", k.n, k.sz, k.st), init_of(op),
+        (long long)nred, offset_expr(c, "q", r.n, r.sz, r.st), combine(op), op == RED_SUM ? geo.sum : geo.max,
         scaled(c, "acc", scale));
     return row_launch(c, prefix, src, &geo, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
 }
@@ -123,13 +132,8 @@ static int emit_runs(CuCtx *c, const char *prefix, RedOp op, const Groups *g, in
 /* Innermost group kept: see the file comment. */
 static int emit_cols(CuCtx *c, const char *prefix, RedOp op, const Groups *g, int64_t nout, int64_t nred, float scale)
 {
-    int64_t ksz[IR_MAX_RANK], kst[IR_MAX_RANK], rsz[IR_MAX_RANK], rst[IR_MAX_RANK];
-    int nk = 0, nr = 0;
-    for (int d = 0; d < g->n; d++) {
-        if (g->red[d]) rsz[nr] = g->sz[d], rst[nr++] = g->st[d];
-        else ksz[nk] = g->sz[d], kst[nk++] = g->st[d];
-    }
-    int64_t inner = ksz[nk - 1], rows = nout / inner, ncb = cu_cdiv(inner, 32);
+    Split k = groups_with(g, 0), r = groups_with(g, 1);
+    int64_t inner = k.sz[k.n - 1], rows = nout / inner, ncb = cu_cdiv(inner, 32);
     int by = nred >= 512 ? 32 : 8;
     const char *src = cu_fmt(c,
         "extern \"C\" __global__ void KNAME(const %s *__restrict__ x, %s *__restrict__ out)\n"
@@ -156,7 +160,7 @@ static int emit_cols(CuCtx *c, const char *prefix, RedOp op, const Groups *g, in
         "    }\n"
         "}\n",
         cu_tin(c, 0), cu_tout(c, 0), by, (long long)ncb, (long long)ncb, init_of(op), (long long)inner,
-        offset_expr(c, "r", nk - 1, ksz, kst), (long long)nred, by, offset_expr(c, "q", nr, rsz, rst), combine(op),
+        offset_expr(c, "r", k.n - 1, k.sz, k.st), (long long)nred, by, offset_expr(c, "q", r.n, r.sz, r.st), combine(op),
         (long long)inner, by, combine(op), (long long)inner, scaled(c, "acc", scale));
     CuDim grid;
     if (cu_grid1(c, rows * ncb, &grid)) return -1;
