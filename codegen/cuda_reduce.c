@@ -88,6 +88,14 @@ static char *scaled(CuCtx *c, const char *what, float scale)
     return scale == 1.0f ? cu_fmt(c, "%s", what) : cu_fmt(c, "%s * %s", what, cu_float(c, scale));
 }
 
+/* A launch of one thread for each of n items, 256 to a block. */
+static int flat_launch(CuCtx *c, const char *prefix, const char *src, int64_t n, const int *args, int n_args)
+{
+    CuDim grid;
+    if (cu_grid1(c, cu_cdiv(n, 256), &grid)) return -1;
+    return cu_launch(c, prefix, src, grid, (CuDim){256, 1, 1}, 0, args, n_args);
+}
+
 /* Nothing reduced: the output is x in the same order, times scale. */
 static int emit_copy(CuCtx *c, const char *prefix, int64_t n, float scale)
 {
@@ -98,9 +106,7 @@ static int emit_copy(CuCtx *c, const char *prefix, int64_t n, float scale)
         "    if (e < %lldLL) st(out, e, %s);\n"
         "}\n",
         cu_tin(c, 0), cu_tout(c, 0), (long long)n, scaled(c, "ld(x, e)", scale));
-    CuDim grid;
-    if (cu_grid1(c, cu_cdiv(n, 256), &grid)) return -1;
-    return cu_launch(c, prefix, src, grid, (CuDim){256, 1, 1}, 0, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
+    return flat_launch(c, prefix, src, n, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
 }
 
 /* Innermost group reduced: output element `row` reduces nred elements at kept offset
@@ -241,13 +247,6 @@ static char *column_head(CuCtx *c, int64_t outer, int64_t n, int64_t inner)
                   (long long)inner);
 }
 
-static int column_launch(CuCtx *c, const char *prefix, const char *src, int64_t cols, const int *args, int n_args)
-{
-    CuDim grid;
-    if (cu_grid1(c, cu_cdiv(cols, 256), &grid)) return -1;
-    return cu_launch(c, prefix, src, grid, (CuDim){256, 1, 1}, 0, args, n_args);
-}
-
 /* max_bwd(x, dy, axis, keepdim): dx is dy at the first maximum along the axis, 0
  * elsewhere; dy holds outer * inner elements whether or not the axis was kept. A warp
  * reduces a row to (max, first index), ties to the lower index, and takes lane 0's
@@ -273,7 +272,7 @@ int cuda_max_bwd(CuCtx *c)
             "    for (long long j = 0; j < N; j++) st(dx, base + j * INNER, j == arg ? g : 0.f);\n"
             "}\n",
             sig, column_head(c, outer, n, inner));
-        return column_launch(c, "max_bwd", src, outer * inner, args, 3);
+        return flat_launch(c, "max_bwd", src, outer * inner, args, 3);
     }
     RowGeo geo = row_geo(outer, 1);  // a warp per row, whatever its length
     const char *src = cu_fmt(c,
@@ -317,7 +316,7 @@ int cuda_softmax(CuCtx *c)
             "    for (long long j = 0; j < N; j++) st(y, base + j * INNER, expf(ld(x, base + j * INNER) - m) * r);\n"
             "}\n",
             sig, column_head(c, outer, n, inner));
-        return column_launch(c, "softmax", src, outer * inner, args, 2);
+        return flat_launch(c, "softmax", src, outer * inner, args, 2);
     }
     RowGeo geo = row_geo(outer, n);
     const char *src = cu_fmt(c,
@@ -355,7 +354,7 @@ int cuda_softmax_bwd(CuCtx *c)
             "    }\n"
             "}\n",
             sig, column_head(c, outer, n, inner));
-        return column_launch(c, "softmax_bwd", src, outer * inner, args, 3);
+        return flat_launch(c, "softmax_bwd", src, outer * inner, args, 3);
     }
     RowGeo geo = row_geo(outer, n);
     const char *src = cu_fmt(c,
