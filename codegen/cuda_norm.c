@@ -58,7 +58,7 @@ static int want_floats(CuCtx *c, const char *op, int n_in)
 /* layernorm(x, w, b, eps), rmsnorm(x, w, eps) -> y */
 static int emit_norm(CuCtx *c, int rms)
 {
-    const char *op = rms ? "rmsnorm" : "layernorm";
+    const char *op = op_name(cu_node(c)->op);
     if (want_floats(c, op, rms ? 2 : 3)) return -1;
     const Value *x = cu_inv(c, 0);
     int64_t C = x->shape[x->rank - 1], rows = ir_numel(x) / C;
@@ -88,7 +88,7 @@ int cuda_rmsnorm(CuCtx *c) { return emit_norm(c, 1); }
 /* Kernel 1 (file comment): x, dy -> partial sums in dx's bytes, or dw (and db). */
 static int emit_partials(CuCtx *c, int rms, int64_t rows, int64_t C, int64_t P, float eps)
 {
-    const char *op = rms ? "rmsnorm_bwd" : "layernorm_bwd";
+    const char *op = op_name(cu_node(c)->op);
     const char *outs = P > 1 ? cu_fmt(c, "%s *__restrict__ dx", cu_tout(c, 0))
                      : rms   ? cu_fmt(c, "%s *__restrict__ dw", cu_tout(c, 1))
                              : cu_fmt(c, "%s *__restrict__ dw, %s *__restrict__ db", cu_tout(c, 1), cu_tout(c, 2));
@@ -137,7 +137,7 @@ static int emit_partials(CuCtx *c, int rms, int64_t rows, int64_t C, int64_t P, 
 /* Kernel 2: dw (and db) from the P partials in dx's bytes. */
 static int emit_finish(CuCtx *c, int rms, int64_t C, int64_t P)
 {
-    const char *op = rms ? "rmsnorm_bwd" : "layernorm_bwd";
+    const char *op = op_name(cu_node(c)->op);
     const char *db = rms ? "" : cu_fmt(c, ", %s *__restrict__ db", cu_tout(c, 2));
     const char *src = cu_fmt(c,
         "extern \"C\" __global__ void KNAME(const %s *__restrict__ dx, %s *__restrict__ dw%s)\n"
@@ -166,7 +166,7 @@ static int emit_finish(CuCtx *c, int rms, int64_t C, int64_t P)
 /* Kernel 3: dx, row by row. */
 static int emit_dx(CuCtx *c, int rms, int64_t rows, int64_t C, float eps)
 {
-    const char *op = rms ? "rmsnorm_bwd" : "layernorm_bwd";
+    const char *op = op_name(cu_node(c)->op);
     RowGeo geo = row_geo(rows, C);
     const char *src = cu_fmt(c,
         "extern \"C\" __global__ void KNAME(const %s *__restrict__ x, const %s *__restrict__ w, const %s *__restrict__ dy, "
@@ -195,7 +195,7 @@ static int emit_dx(CuCtx *c, int rms, int64_t rows, int64_t C, float eps)
 /* layernorm_bwd(x, w, dy, eps) -> dx, dw, db; rmsnorm_bwd(x, w, dy, eps) -> dx, dw */
 static int emit_norm_bwd(CuCtx *c, int rms)
 {
-    if (want_floats(c, rms ? "rmsnorm_bwd" : "layernorm_bwd", 3)) return -1;
+    if (want_floats(c, op_name(cu_node(c)->op), 3)) return -1;
     const Value *x = cu_inv(c, 0);
     int64_t C = x->shape[x->rank - 1], rows = ir_numel(x) / C, P = rows / CHUNK_ROWS > 1 ? rows / CHUNK_ROWS : 1;
     float eps = (float)ir_attr_float(c->g, cu_node(c), "eps", 1e-5);
