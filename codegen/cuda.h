@@ -44,6 +44,13 @@ typedef struct {
     int x, y, z;
 } CuDim;
 
+/* The node being emitted, its inputs' and outputs' ids and values. */
+static inline const Node *cu_node(const CuCtx *c) { return ir_node(c->g, c->node); }
+static inline int cu_in_id(const CuCtx *c, int i) { return ir_in(c->g, cu_node(c), i); }
+static inline int cu_out_id(const CuCtx *c, int i) { return ir_out(c->g, cu_node(c), i); }
+static inline const Value *cu_inv(const CuCtx *c, int i) { return ir_value(c->g, cu_in_id(c, i)); }
+static inline const Value *cu_outv(const CuCtx *c, int i) { return ir_value(c->g, cu_out_id(c, i)); }
+
 /* One cuBLAS call, row-major as PlanCuda's GEMM describes it. A, B, C are value ids. */
 typedef struct {
     int A, B, C;
@@ -68,6 +75,9 @@ int cu_fail(CuCtx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3))
 char *cu_fmt(CuCtx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The CUDA type of a dtype: "float", "__half", "__nv_bfloat16", "int". */
 const char *cu_type(DType t);
+/* The CUDA storage type of input / output i. */
+static inline const char *cu_tin(const CuCtx *c, int i) { return cu_type(cu_inv(c, i)->dtype); }
+static inline const char *cu_tout(const CuCtx *c, int i) { return cu_type(cu_outv(c, i)->dtype); }
 
 /* The prelude every module starts with (cuda_module.c) gives kernels, for each storage
  * type T in {float, __half, __nv_bfloat16, int}:

@@ -21,17 +21,12 @@ static const char *bits(DType t) { return dtype_size(t) == 4 ? "unsigned int" : 
 
 static int same_bytes(const Value *a, const Value *b) { return a->offset == b->offset && a->rank_stride == b->rank_stride; }
 
-static const Value *in_value(CuCtx *c, int i) { return ir_value(c->g, ir_in(c->g, ir_node(c->g, c->node), i)); }
-static const Value *out_value(CuCtx *c, int i) { return ir_value(c->g, ir_out(c->g, ir_node(c->g, c->node), i)); }
-static int in_id(CuCtx *c, int i) { return ir_in(c->g, ir_node(c->g, c->node), i); }
-static int out_id(CuCtx *c, int i) { return ir_out(c->g, ir_node(c->g, c->node), i); }
-
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* y[i] = x[at] for every element i of y, `at` an expression of i. */
 static int gather(CuCtx *c, const char *prefix, const char *at)
 {
-    const Value *x = in_value(c, 0), *y = out_value(c, 0);
+    const Value *x = cu_inv(c, 0), *y = cu_outv(c, 0);
     int64_t n = ir_numel(y);
     if (n == 0) return 0;
     const char *T = bits(y->dtype);
@@ -41,7 +36,8 @@ static int gather(CuCtx *c, const char *prefix, const char *at)
                        "    %s y[i] = x[%s];\n"
                        "}\n",
                        T, T, cu_loop(c, cu_index(max64(n, ir_numel(x))), n), at);
-    return cu_launch(c, prefix, src, cu_grid(n), (CuDim){CU_BLOCK, 1, 1}, 0, (const int[]){in_id(c, 0), out_id(c, 0)}, 2);
+    return cu_launch(c, prefix, src, cu_grid(n), (CuDim){CU_BLOCK, 1, 1}, 0, (const int[]){cu_in_id(c, 0), cu_out_id(c, 0)},
+                     2);
 }
 
 /* x (seen with shape xshape, rank dims) with its dims permuted: y's dim j is x's dim perm[j]. */
@@ -65,25 +61,25 @@ static int swapped(CuCtx *c, const char *prefix, int rank, const int64_t *xshape
 
 static int norm_axis(int64_t axis, int rank) { return (int)(axis < 0 ? axis + rank : axis); }
 
-int cuda_copy(CuCtx *c) { return same_bytes(in_value(c, 0), out_value(c, 0)) ? 0 : gather(c, "copy", "i"); }
+int cuda_copy(CuCtx *c) { return same_bytes(cu_inv(c, 0), cu_outv(c, 0)) ? 0 : gather(c, "copy", "i"); }
 
-int cuda_reshape(CuCtx *c) { return same_bytes(in_value(c, 0), out_value(c, 0)) ? 0 : gather(c, "copy", "i"); }
+int cuda_reshape(CuCtx *c) { return same_bytes(cu_inv(c, 0), cu_outv(c, 0)) ? 0 : gather(c, "copy", "i"); }
 
-int cuda_expand(CuCtx *c) { return gather(c, "expand", cu_bcast_index(c, out_value(c, 0), in_value(c, 0), "i")); }
+int cuda_expand(CuCtx *c) { return gather(c, "expand", cu_bcast_index(c, cu_outv(c, 0), cu_inv(c, 0), "i")); }
 
 int cuda_transpose(CuCtx *c)
 {
-    const Node *n = ir_node(c->g, c->node);
-    const Value *x = in_value(c, 0);
+    const Node *n = cu_node(c);
+    const Value *x = cu_inv(c, 0);
     int a = norm_axis(ir_attr_int(c->g, n, "a", -2), x->rank), b = norm_axis(ir_attr_int(c->g, n, "b", -1), x->rank);
     return swapped(c, "transpose", x->rank, x->shape, a, b);
 }
 
 int cuda_permute(CuCtx *c)
 {
-    const Value *x = in_value(c, 0);
+    const Value *x = cu_inv(c, 0);
     int len, perm[IR_MAX_RANK];
-    const int64_t *dims = ir_attr_ints(c->g, ir_node(c->g, c->node), "dims", &len);
+    const int64_t *dims = ir_attr_ints(c->g, cu_node(c), "dims", &len);
     if (len != x->rank) return cu_fail(c, "%d dims for rank %d", len, x->rank);
     for (int j = 0; j < len; j++) perm[j] = norm_axis(dims[j], x->rank);
     return permuted(c, "permute", x->rank, x->shape, perm);
@@ -92,9 +88,9 @@ int cuda_permute(CuCtx *c)
 /* [..., T, C] seen as [..., T, n, D], T and n swapped: [..., n, T, D]. */
 int cuda_heads(CuCtx *c)
 {
-    const Value *x = in_value(c, 0);
+    const Value *x = cu_inv(c, 0);
     int r = x->rank;
-    int64_t n = ir_attr_int(c->g, ir_node(c->g, c->node), "n", 1), shape[IR_MAX_RANK + 1];
+    int64_t n = ir_attr_int(c->g, cu_node(c), "n", 1), shape[IR_MAX_RANK + 1];
     if (r < 2 || n < 1 || x->shape[r - 1] % n) return cu_fail(c, "bad heads (rank %d, n %lld)", r, (long long)n);
     memcpy(shape, x->shape, sizeof(int64_t) * (size_t)r);
     shape[r - 1] = n, shape[r] = x->shape[r - 1] / n;
@@ -104,7 +100,7 @@ int cuda_heads(CuCtx *c)
 /* [..., n, T, D] -> [..., T, n, D], stored as [..., T, n * D]. */
 int cuda_merge_heads(CuCtx *c)
 {
-    const Value *x = in_value(c, 0);
+    const Value *x = cu_inv(c, 0);
     if (x->rank < 3) return cu_fail(c, "rank %d", x->rank);
     return swapped(c, "merge_heads", x->rank, x->shape, x->rank - 3, x->rank - 2);
 }
@@ -129,8 +125,8 @@ static void around_axis(const Value *x, int axis, int64_t *n, int64_t *inner)
  * moves element i of every part. */
 int cuda_split(CuCtx *c)
 {
-    const Node *node = ir_node(c->g, c->node);
-    const Value *x = in_value(c, 0), *y0 = out_value(c, 0);
+    const Node *node = cu_node(c);
+    const Value *x = cu_inv(c, 0), *y0 = cu_outv(c, 0);
     int axis = differing_dim(x, y0);
     int64_t n, inner, len = y0->shape[axis], part = ir_numel(y0);
     around_axis(x, axis, &n, &inner);
@@ -138,11 +134,11 @@ int cuda_split(CuCtx *c)
     if (part == 0) return 0;
     const char *T = bits(x->dtype);
     CuText src = cu_text(c);
-    int args[IR_MAX_OUT + 1] = {in_id(c, 0)};
+    int args[IR_MAX_OUT + 1] = {cu_in_id(c, 0)};
     cu_text_add(&src, "extern \"C\" __global__ void KNAME(const %s *x", T);
     for (int t = 0; t < node->n_out; t++) {
         cu_text_add(&src, ", %s *y%d", T, t);
-        args[t + 1] = out_id(c, t);
+        args[t + 1] = cu_out_id(c, t);
     }
     cu_text_add(&src, ")\n{\n    %s {\n", cu_loop(c, cu_index(ir_numel(x)), part));
     cu_text_add(&src, "        const %s at = i / %lld * %lld + i %% %lld;\n", cu_index(ir_numel(x)), (long long)(len * inner),
@@ -155,9 +151,9 @@ int cuda_split(CuCtx *c)
 /* Each output element comes from the input whose range along the axis holds it. */
 int cuda_concat(CuCtx *c)
 {
-    const Node *node = ir_node(c->g, c->node);
-    const Value *y = out_value(c, 0);
-    int axis = differing_dim(y, in_value(c, 0));
+    const Node *node = cu_node(c);
+    const Value *y = cu_outv(c, 0);
+    int axis = differing_dim(y, cu_inv(c, 0));
     int64_t n, inner, total = ir_numel(y), at = 0;
     around_axis(y, axis, &n, &inner);
     if (total == 0) return 0;
@@ -167,15 +163,15 @@ int cuda_concat(CuCtx *c)
     cu_text_add(&src, "extern \"C\" __global__ void KNAME(");
     for (int t = 0; t < node->n_in; t++) {
         cu_text_add(&src, "const %s *x%d, ", T, t);
-        args[t] = in_id(c, t);
+        args[t] = cu_in_id(c, t);
     }
-    args[node->n_in] = out_id(c, 0);
+    args[node->n_in] = cu_out_id(c, 0);
     cu_text_add(&src, "%s *y)\n{\n    %s {\n", T, cu_loop(c, idx, total));
     /* element i is (o, a, r) around the axis; part t holds a in [at, at + len) */
     cu_text_add(&src, "        const %s o = i / %lld, a = i / %lld %% %lld, r = i %% %lld;\n", idx, (long long)(n * inner),
                 (long long)inner, (long long)n, (long long)inner);
     for (int t = 0; t < node->n_in; t++) {
-        int64_t len = in_value(c, t)->shape[axis];
+        int64_t len = cu_inv(c, t)->shape[axis];
         cu_text_add(&src, "        %sif (a < %lld) y[i] = x%d[(o * %lld + a - %lld) * %lld + r];\n", t ? "else " : "",
                     (long long)(at + len), t, (long long)len, (long long)at, (long long)inner);
         at += len;
@@ -188,8 +184,8 @@ int cuda_concat(CuCtx *c)
 /* slice(x, axis, start, len): positions [start, start + len) along the axis. */
 int cuda_slice(CuCtx *c)
 {
-    const Node *node = ir_node(c->g, c->node);
-    const Value *x = in_value(c, 0);
+    const Node *node = cu_node(c);
+    const Value *x = cu_inv(c, 0);
     int axis = norm_axis(ir_attr_int(c->g, node, "axis", 0), x->rank);
     int64_t n, inner, start = ir_attr_int(c->g, node, "start", 0), len = ir_attr_int(c->g, node, "len", 0);
     if (axis < 0 || axis >= x->rank) return cu_fail(c, "axis %d out of range for rank %d", axis, x->rank);

@@ -11,22 +11,19 @@
 
 #include "cuda.h"
 
-static const Node *node_of(CuCtx *c) { return ir_node(c->g, c->node); }
-static int out_id(CuCtx *c) { return ir_out(c->g, node_of(c), 0); }
-
 /* scalar(value): an f32 []. */
 int cuda_scalar(CuCtx *c)
 {
     char *src = cu_fmt(c, "extern \"C\" __global__ void KNAME(float *y) { y[0] = %s; }\n",
-                       cu_float(c, (float)ir_attr_float(c->g, node_of(c), "value", 0)));
-    return cu_launch(c, "scalar", src, (CuDim){1, 1, 1}, (CuDim){1, 1, 1}, 0, (const int[]){out_id(c)}, 1);
+                       cu_float(c, (float)ir_attr_float(c->g, cu_node(c), "value", 0)));
+    return cu_launch(c, "scalar", src, (CuDim){1, 1, 1}, (CuDim){1, 1, 1}, 0, (const int[]){cu_out_id(c, 0)}, 1);
 }
 
 /* full(value, shape): every element of the output, of any dtype, set to value. */
 int cuda_full(CuCtx *c)
 {
-    const Value *y = ir_value(c->g, out_id(c));
-    double value = ir_attr_float(c->g, node_of(c), "value", 0);
+    const Value *y = cu_outv(c, 0);
+    double value = ir_attr_float(c->g, cu_node(c), "value", 0);
     int64_t n = ir_numel(y);
     if (n == 0) return 0;
     char *set;
@@ -38,16 +35,16 @@ int cuda_full(CuCtx *c)
     }
     char *src = cu_fmt(c, "extern \"C\" __global__ void KNAME(%s *y)\n{\n    %s %s;\n}\n", cu_type(y->dtype),
                        cu_loop(c, cu_index(n), n), set);
-    return cu_launch(c, "full", src, cu_grid(n), (CuDim){CU_BLOCK, 1, 1}, 0, (const int[]){out_id(c)}, 1);
+    return cu_launch(c, "full", src, cu_grid(n), (CuDim){CU_BLOCK, 1, 1}, 0, (const int[]){cu_out_id(c, 0)}, 1);
 }
 
 /* arange(n): i32 0, 1, ..., n - 1. */
 int cuda_arange(CuCtx *c)
 {
-    int64_t n = ir_numel(ir_value(c->g, out_id(c)));
+    int64_t n = ir_numel(cu_outv(c, 0));
     if (n == 0) return 0;
     char *src = cu_fmt(c, "extern \"C\" __global__ void KNAME(int *y)\n{\n    %s y[i] = (int)i;\n}\n", cu_loop(c, cu_index(n), n));
-    return cu_launch(c, "arange", src, cu_grid(n), (CuDim){CU_BLOCK, 1, 1}, 0, (const int[]){out_id(c)}, 1);
+    return cu_launch(c, "arange", src, cu_grid(n), (CuDim){CU_BLOCK, 1, 1}, 0, (const int[]){cu_out_id(c, 0)}, 1);
 }
 
 /* Run by the backend on NCCL: nothing to compile. */

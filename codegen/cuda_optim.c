@@ -11,23 +11,21 @@
  */
 #include "cuda.h"
 
-static const Node *node_of(CuCtx *c) { return ir_node(c->g, c->node); }
-static const Value *in_value(CuCtx *c, int i) { return ir_value(c->g, ir_in(c->g, node_of(c), i)); }
-static double attr(CuCtx *c, const char *key) { return ir_attr_float(c->g, node_of(c), key, 0); }
+static double attr(CuCtx *c, const char *key) { return ir_attr_float(c->g, cu_node(c), key, 0); }
 
 /* The first n inputs f32, as the CPU kernels demand. */
 static int want_f32(CuCtx *c, int n)
 {
     for (int i = 0; i < n; i++)
-        if (in_value(c, i)->dtype != DT_F32)
-            return cu_fail(c, "input %d is %s; the optimizer takes f32 only", i, dtype_name(in_value(c, i)->dtype));
+        if (cu_inv(c, i)->dtype != DT_F32)
+            return cu_fail(c, "input %d is %s; the optimizer takes f32 only", i, dtype_name(cu_inv(c, i)->dtype));
     return 0;
 }
 
 /* A one-thread kernel over the node's inputs then outputs, with these parameters. */
 static int single(CuCtx *c, const char *prefix, const char *src)
 {
-    const Node *n = node_of(c);
+    const Node *n = cu_node(c);
     int args[IR_MAX_IN + IR_MAX_OUT], k = 0;
     for (int i = 0; i < n->n_in; i++) args[k++] = ir_in(c->g, n, i);
     for (int i = 0; i < n->n_out; i++) args[k++] = ir_out(c->g, n, i);
@@ -38,10 +36,10 @@ static int single(CuCtx *c, const char *prefix, const char *src)
  * cosine (1) decay to min_lr. */
 int cuda_lr_at(CuCtx *c)
 {
-    int64_t schedule = ir_attr_int(c->g, node_of(c), "schedule", 0), warmup = ir_attr_int(c->g, node_of(c), "warmup", 0),
-            steps = ir_attr_int(c->g, node_of(c), "steps", 0);
+    int64_t schedule = ir_attr_int(c->g, cu_node(c), "schedule", 0), warmup = ir_attr_int(c->g, cu_node(c), "warmup", 0),
+            steps = ir_attr_int(c->g, cu_node(c), "steps", 0);
     if (schedule != 0 && schedule != 1) return cu_fail(c, "unknown schedule %lld", (long long)schedule);
-    if (in_value(c, 0)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
+    if (cu_inv(c, 0)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
     const char *lr = cu_double(c, attr(c, "lr")), *min_lr = cu_double(c, attr(c, "min_lr"));
     CuText src = cu_text(c);
     cu_text_add(&src,
@@ -74,7 +72,7 @@ int cuda_clip_coef(CuCtx *c)
 {
     if (want_f32(c, 1)) return -1;
     double max_norm = attr(c, "max_norm");
-    int skip = ir_attr_int(c->g, node_of(c), "skip_nonfinite", 0) != 0;
+    int skip = ir_attr_int(c->g, cu_node(c), "skip_nonfinite", 0) != 0;
     char *src = cu_fmt(c,
                        "extern \"C\" __global__ void KNAME(const float *norm_, float *out)\n"
                        "{\n"
@@ -95,7 +93,7 @@ int cuda_clip_coef(CuCtx *c)
 /* count_step(count, coef): the optimizer's step count advances unless the step is skipped. */
 int cuda_count_step(CuCtx *c)
 {
-    if (in_value(c, 0)->dtype != DT_I32 || in_value(c, 1)->dtype != DT_F32) return cu_fail(c, "needs i32 and f32 scalars");
+    if (cu_inv(c, 0)->dtype != DT_I32 || cu_inv(c, 1)->dtype != DT_F32) return cu_fail(c, "needs i32 and f32 scalars");
     return single(c, "count_step",
                   "extern \"C\" __global__ void KNAME(int *count, const float *coef)\n"
                   "{\n"
@@ -107,8 +105,8 @@ int cuda_count_step(CuCtx *c)
  * halves the scale, growth_interval good steps in a row double it. */
 int cuda_scale_update(CuCtx *c)
 {
-    if (want_f32(c, 2) || in_value(c, 2)->dtype != DT_I32) return cu_fail(c, "needs f32, f32 and i32 scalars");
-    int64_t interval = ir_attr_int(c->g, node_of(c), "growth_interval", 2000);
+    if (want_f32(c, 2) || cu_inv(c, 2)->dtype != DT_I32) return cu_fail(c, "needs f32, f32 and i32 scalars");
+    int64_t interval = ir_attr_int(c->g, cu_node(c), "growth_interval", 2000);
     char *src = cu_fmt(c,
                        "extern \"C\" __global__ void KNAME(const float *norm, float *scale, int *good)\n"
                        "{\n"
@@ -127,9 +125,9 @@ int cuda_scale_update(CuCtx *c)
 /* A grid-stride loop over the param's elements; inputs in the op's order. */
 static int update(CuCtx *c, const char *prefix, const char *src)
 {
-    int64_t n = ir_numel(in_value(c, 0));
+    int64_t n = ir_numel(cu_inv(c, 0));
     if (n == 0) return 0;
-    const Node *node = node_of(c);
+    const Node *node = cu_node(c);
     int args[IR_MAX_IN];
     for (int i = 0; i < node->n_in; i++) args[i] = ir_in(c->g, node, i);
     return cu_launch(c, prefix, src, cu_grid(n), (CuDim){CU_BLOCK, 1, 1}, 0, args, node->n_in);
@@ -139,8 +137,8 @@ static int update(CuCtx *c, const char *prefix, const char *src)
 int cuda_adamw(CuCtx *c)
 {
     if (want_f32(c, 6)) return -1;
-    if (in_value(c, 6)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
-    int64_t n = ir_numel(in_value(c, 0));
+    if (cu_inv(c, 6)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
+    int64_t n = ir_numel(cu_inv(c, 0));
     double b1 = attr(c, "beta1"), b2 = attr(c, "beta2");
     float w1 = (float)(1.0 - b1);
     /* torch's lerp: two formulas, picked by the weight */
@@ -177,8 +175,8 @@ int cuda_adamw(CuCtx *c)
 int cuda_sgd(CuCtx *c)
 {
     if (want_f32(c, 5)) return -1;
-    if (in_value(c, 5)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
-    int64_t n = ir_numel(in_value(c, 0));
+    if (cu_inv(c, 5)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
+    int64_t n = ir_numel(cu_inv(c, 0));
     float mom = (float)attr(c, "momentum");
     const char *momentum = mom != 0.0f ? cu_fmt(c,
                                                 "        const float b = step == 1 ? d : buf[i] * %s + d;\n"

@@ -1,6 +1,7 @@
 /* codegen/cuda_rows.h: what the emitters of reductions, norms, the loss, lookups and
  * attention (cuda_reduce.c, cuda_norm.c, cuda_loss.c, cuda_embed.c, cuda_attention.c)
- * share, and nothing else includes: the node's tensors and the geometry of row kernels.
+ * share, and nothing else includes: axes, views around an axis, grids, and the geometry
+ * of row kernels.
  *
  * A row kernel works on `rows` contiguous rows of `n` elements: one warp per row when
  * rows are short (eight rows to a block of 256 threads), else one block per row (or,
@@ -18,15 +19,6 @@
 #include <limits.h>
 
 #include "cuda.h"
-
-static inline const Node *cu_node(const CuCtx *c) { return ir_node(c->g, c->node); }
-static inline int cu_in_id(const CuCtx *c, int i) { return ir_in(c->g, cu_node(c), i); }
-static inline int cu_out_id(const CuCtx *c, int i) { return ir_out(c->g, cu_node(c), i); }
-static inline const Value *cu_inv(const CuCtx *c, int i) { return ir_value(c->g, cu_in_id(c, i)); }
-static inline const Value *cu_outv(const CuCtx *c, int i) { return ir_value(c->g, cu_out_id(c, i)); }
-/* The CUDA storage type of input / output i. */
-static inline const char *cu_tin(const CuCtx *c, int i) { return cu_type(cu_inv(c, i)->dtype); }
-static inline const char *cu_tout(const CuCtx *c, int i) { return cu_type(cu_outv(c, i)->dtype); }
 
 /* axis in [-rank, rank) to [0, rank); -1 when out of range. */
 static inline int cu_axis(int64_t axis, int rank)
