@@ -69,6 +69,9 @@ static int att_shape(CuCtx *c, const char *op, Att *a)
 
 static int64_t odd(int64_t n) { return n | 1; }
 
+/* The forward's kv tile pitch: K rows at odd(D), V rows at Dv, in one buffer. */
+static int64_t kv_pitch(const Att *a) { return odd(a->D) > a->Dv ? odd(a->D) : a->Dv; }
+
 /* The geometry every kernel states first. */
 static char *consts(CuCtx *c, const Att *a)
 {
@@ -84,8 +87,8 @@ static char *consts(CuCtx *c, const Att *a)
 
 static int64_t fwd_smem(const Att *a, int rpw)
 {
-    int64_t bq = 4 * rpw, kvp = odd(a->D) > a->Dv ? odd(a->D) : a->Dv;
-    return 4 * (bq * a->D + KEYS * kvp + bq * KEYS);
+    int64_t bq = 4 * rpw;
+    return 4 * (bq * a->D + KEYS * kv_pitch(a) + bq * KEYS);
 }
 
 /* s[g] += q row g . k row lane, for the D elements: float4 reads of q when they align. */
@@ -123,7 +126,7 @@ int cuda_attention(CuCtx *c)
         return cu_fail(c, "attention: head dims D = %lld, Dv = %lld need %lld bytes of shared memory per block, over the %d the "
                           "CUDA kernels use (D, Dv up to about 300 fit)",
                        (long long)a.D, (long long)a.Dv, (long long)fwd_smem(&a, rpw), SMEM_MAX);
-    int64_t bq = 4 * rpw, nqt = cu_cdiv(a.T, bq), kvp = odd(a.D) > a.Dv ? odd(a.D) : a.Dv;
+    int64_t nqt = cu_cdiv(a.T, 4 * rpw);
     const char *src = cu_fmt(c,
         "extern \"C\" __global__ void __launch_bounds__(128) KNAME(const %s *__restrict__ q, const %s *__restrict__ k, "
         "const %s *__restrict__ v, %s *__restrict__ o, float *__restrict__ lse)\n"
@@ -201,7 +204,7 @@ int cuda_attention(CuCtx *c)
         "    }\n"
         "}\n",
         cu_tin(c, 0), cu_tin(c, 1), cu_tin(c, 2), cu_tout(c, 0), consts(c, &a), rpw, cpl, (long long)odd(a.D), (long long)nqt,
-        (long long)kvp, score_loop(c, &a));
+        (long long)kv_pitch(&a), score_loop(c, &a));
     CuDim grid;
     if (cu_grid1(c, a.BH * nqt, &grid)) return -1;
     return cu_launch(c, "attention", src, grid, (CuDim){FWD_THREADS, 1, 1}, 0,
