@@ -27,12 +27,14 @@ static int same_shape(const Value *a, const Value *b)
     return 1;
 }
 
+/* Whether node n may be a member of a group at all. */
+static int fusible(const Node *n) { return (op_info(n->op)->flags & OPF_ELEMWISE) && n->n_out == 1; }
+
 /* Whether node m can join the group of nodes [first, m). */
 static int joins(const Graph *g, int first, int m)
 {
     const Node *head = ir_node(g, first), *n = ir_node(g, m);
-    if (!(op_info(n->op)->flags & OPF_ELEMWISE) || n->n_out != 1 || n->block != head->block || n->phase != head->phase)
-        return 0;
+    if (!fusible(n) || n->block != head->block || n->phase != head->phase) return 0;
     if (!same_shape(ir_value(g, ir_out(g, n, 0)), ir_value(g, ir_out(g, head, 0)))) return 0;
     for (int i = 0; i < n->n_in; i++) {
         int p = ir_value(g, ir_in(g, n, i))->producer;
@@ -46,8 +48,7 @@ int pass_fuse(Graph *g, const Options *o, Diag *d)
     (void)o, (void)d;
     for (int n = 0; n < g->n_nodes; n++) g->nodes[n].group = -1;
     for (int first = 0; first < g->n_nodes;) {
-        const Node *head = ir_node(g, first);
-        if (!(op_info(head->op)->flags & OPF_ELEMWISE) || head->n_out != 1) {
+        if (!fusible(ir_node(g, first))) {
             first++;
             continue;
         }
