@@ -23,16 +23,11 @@ static int (*const EMITTERS[])(CuCtx *c) = {
 _Static_assert(sizeof EMITTERS / sizeof *EMITTERS == OP_COUNT, "one emitter per op");
 
 /* Whether node n is a member of a fused group that goes on after it. */
-static int group_continues(const Graph *g, int n)
-{
-    return g->nodes[n].group >= 0 && n + 1 < g->n_nodes && g->nodes[n + 1].group == g->nodes[n].group;
-}
-
 int codegen_cuda(const Graph *g, Plan *p, char *err, size_t errlen)
 {
     CuCtx c = {.g = g, .m = cu_module_new(g->arena, p), .err = err, .errlen = errlen};
     for (int n = 0; n < g->n_nodes; n++) {
-        if (group_continues(g, n)) continue;  // its group's last node emits it
+        if (ir_group_last(g, n) != n) continue;  // its group's last node emits it
         c.node = n;
         int group = g->nodes[n].group;
         if (group >= 0 ? cu_group(&c, group) : EMITTERS[g->nodes[n].op](&c)) return -1;

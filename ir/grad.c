@@ -45,16 +45,11 @@ static int out_of(const GradCtx *c, int i) { return ir_out(c->g, ir_node(c->g, c
 static int64_t attr_i(const GradCtx *c, const char *key) { return ir_attr_int(c->g, ir_node(c->g, c->node), key, 0); }
 static double attr_f(const GradCtx *c, const char *key) { return ir_attr_float(c->g, ir_node(c->g, c->node), key, 0); }
 
-static int same_shape(const Value *a, const Value *b)
-{
-    return a->rank == b->rank && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->rank);
-}
-
 /* g reduced to the shape of value `like` (undoing broadcasting). */
 static int sum_to(GradCtx *c, int g, int like)
 {
     const Value *l = val(c, like);
-    if (same_shape(val(c, g), l)) return g;
+    if (ir_same_shape(val(c, g), l)) return g;
     int64_t shape[IR_MAX_RANK];
     memcpy(shape, l->shape, sizeof shape);
     Attr a = aints("shape", shape, l->rank);

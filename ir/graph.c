@@ -159,6 +159,18 @@ int64_t ir_numel(const Value *v)
     return n;
 }
 
+int ir_same_shape(const Value *a, const Value *b)
+{
+    return a->rank == b->rank && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->rank);
+}
+
+int ir_group_last(const Graph *g, int n)
+{
+    int grp = g->nodes[n].group;
+    while (grp >= 0 && n + 1 < g->n_nodes && g->nodes[n + 1].group == grp) n++;
+    return n;
+}
+
 int64_t ir_nbytes(const Value *v) { return ir_numel(v) * dtype_size(v->dtype); }
 
 char *ir_shape_str(const Value *v, char *buf, size_t len)

@@ -267,6 +267,9 @@ double ir_attr_float(const Graph *g, const Node *n, const char *key, double def)
 const int64_t *ir_attr_ints(const Graph *g, const Node *n, const char *key, int *len);
 
 int64_t ir_numel(const Value *v);
+int ir_same_shape(const Value *a, const Value *b);
+/* The last node of node n's fused group (passes/fuse.c: consecutive nodes), or n. */
+int ir_group_last(const Graph *g, int n);
 int64_t ir_nbytes(const Value *v);
 /* "f32[4, 64, 768]" into buf; returns buf. */
 char *ir_type_str(const Value *v, char *buf, size_t len);

@@ -16,11 +16,6 @@ static int want_in(ShapeCtx *c, int n)
     return 0;
 }
 
-static int same_shape(const Value *a, const Value *b)
-{
-    return a->rank == b->rank && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->rank);
-}
-
 /* Output i typed like value v. */
 static void like(ShapeCtx *c, int i, const Value *v) { shape_set(c, i, v->dtype, v->rank, v->shape); }
 
@@ -77,7 +72,7 @@ static int pointwise_bwd(ShapeCtx *c)
 {
     char a[192], b[192];
     if (want_in(c, 2)) return -1;
-    if (!same_shape(c->in[0], c->in[1]) || c->in[0]->dtype != c->in[1]->dtype)
+    if (!ir_same_shape(c->in[0], c->in[1]) || c->in[0]->dtype != c->in[1]->dtype)
         return shape_fail(c, "%s: %s and %s differ", op_name(c->node->op), ir_type_str(c->in[0], a, sizeof a),
                           ir_type_str(c->in[1], b, sizeof b));
     like(c, 0, c->in[0]);
@@ -105,7 +100,7 @@ static int norm_bwd(ShapeCtx *c, int n_out)
 {
     if (want_in(c, 3)) return -1;
     char a[192], b[192];
-    if (!same_shape(c->in[0], c->in[2]))
+    if (!ir_same_shape(c->in[0], c->in[2]))
         return shape_fail(c, "%s: x %s and dy %s differ", op_name(c->node->op), ir_type_str(c->in[0], a, sizeof a),
                           ir_type_str(c->in[2], b, sizeof b));
     like(c, 0, c->in[0]);
@@ -201,7 +196,7 @@ static int update(ShapeCtx *c, int n_in, int n_state)
     if (want_in(c, n_in)) return -1;
     char a[192], b[192];
     for (int i = 1; i < n_state; i++)
-        if (!same_shape(c->in[0], c->in[i]))
+        if (!ir_same_shape(c->in[0], c->in[i]))
             return shape_fail(c, "%s: %s and %s differ", op_name(c->node->op), ir_type_str(c->in[0], a, sizeof a),
                               ir_type_str(c->in[i], b, sizeof b));
     c->n_out = 0;

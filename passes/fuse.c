@@ -19,14 +19,6 @@
  */
 #include "passes.h"
 
-static int same_shape(const Value *a, const Value *b)
-{
-    if (a->rank != b->rank) return 0;
-    for (int d = 0; d < a->rank; d++)
-        if (a->shape[d] != b->shape[d]) return 0;
-    return 1;
-}
-
 /* Whether node n may be a member of a group at all. */
 static int fusible(const Node *n) { return (op_info(n->op)->flags & OPF_ELEMWISE) && n->n_out == 1; }
 
@@ -35,7 +27,7 @@ static int joins(const Graph *g, int first, int m)
 {
     const Node *head = ir_node(g, first), *n = ir_node(g, m);
     if (!fusible(n) || n->block != head->block || n->phase != head->phase) return 0;
-    if (!same_shape(ir_value(g, ir_out(g, n, 0)), ir_value(g, ir_out(g, head, 0)))) return 0;
+    if (!ir_same_shape(ir_value(g, ir_out(g, n, 0)), ir_value(g, ir_out(g, head, 0)))) return 0;
     for (int i = 0; i < n->n_in; i++) {
         int p = ir_value(g, ir_in(g, n, i))->producer;
         if (p >= first && p < m) return 1;

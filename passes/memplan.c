@@ -16,7 +16,7 @@
  * the plan deterministic.
  *
  * The members of a fused group (passes/fuse.c) read their inputs at the group's last
- * node, where its one CUDA kernel runs (read_at).
+ * node, where its one CUDA kernel runs (ir_group_last).
  *
  * A collective runs on while the ops after it do, but its buffers end their lives here
  * as for any op: the runtime completes a collective before any later op touches a byte
@@ -85,22 +85,15 @@ static void find_roots(const Graph *g, int *root, int64_t *at, int64_t *stride)
 /* Where node n reads its inputs: at n, or, in a fused group (passes/fuse.c), at the
  * group's last node, whose one kernel computes every member. So each input of a member
  * lives to the group's end, and no member's output is placed in its bytes. */
-static int read_at(const Graph *g, int n)
-{
-    int grp = g->nodes[n].group;
-    while (grp >= 0 && n + 1 < g->n_nodes && g->nodes[n + 1].group == grp) n++;
-    return n;
-}
-
 static void live_ranges(const Graph *g, const int *root, int *start, int *end)
 {
     for (int v = 0; v < g->n_values; v++) {
         const Value *val = ir_value(g, v);
         start[v] = end[v] = val->producer >= 0 ? val->producer : 0;
     }
-    for (int n = 0; n < g->n_nodes; n++) {  // read_at(g, n) never decreases: the last write wins
+    for (int n = 0; n < g->n_nodes; n++) {  // ir_group_last(g, n) never decreases: the last write wins
         const Node *node = ir_node(g, n);
-        for (int i = 0; i < node->n_in; i++) end[ir_in(g, node, i)] = read_at(g, n);
+        for (int i = 0; i < node->n_in; i++) end[ir_in(g, node, i)] = ir_group_last(g, n);
     }
     for (int i = 0; i < g->n_outputs; i++) end[g->outputs[i]] = g->n_nodes;
     /* A buffer lives as long as anything inside it does. A view no node makes (a param
