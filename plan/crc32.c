@@ -2,7 +2,8 @@
  * 0xEDB88320, initial and final XOR 0xFFFFFFFF), so `crc32` tools agree with the plan's
  * section table. Slicing by 8 (eight 256-entry tables, made once before main by a
  * constructor, so no thread ever sees them half made) takes eight bytes a step: a
- * plan with its CUDA program is written and read without the checksum showing. */
+ * plan with its CUDA program is written and read without the checksum showing. Also
+ * FNV-1a 64, the non-cryptographic hash of cache keys and param names. */
 #include "plan.h"
 
 static uint32_t T[8][256];
@@ -30,4 +31,11 @@ uint32_t plan_crc32(uint32_t crc, const void *buf, size_t n)
     }
     for (; n; n--, p++) crc = (crc >> 8) ^ T[0][(crc ^ *p) & 0xff];
     return ~crc;
+}
+
+uint64_t plan_fnv1a(uint64_t h, const void *buf, size_t n)
+{
+    const unsigned char *s = buf;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ull;
+    return h;
 }

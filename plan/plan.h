@@ -285,5 +285,8 @@ Plan *plan_read(const char *path, char *err, size_t errlen);
 
 /* CRC-32 (IEEE 802.3, as zlib and PNG): crc = plan_crc32(0, buf, n) or continue one. */
 uint32_t plan_crc32(uint32_t crc, const void *buf, size_t n);
+/* FNV-1a 64: h = plan_fnv1a(PLAN_FNV1A_INIT, buf, n) or continue one. */
+#define PLAN_FNV1A_INIT 0xcbf29ce484222325ull
+uint64_t plan_fnv1a(uint64_t h, const void *buf, size_t n);
 
 #endif

@@ -46,12 +46,7 @@ void rt_philox(uint64_t key, const uint32_t ctr[4], uint32_t out[4])
     out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
 }
 
-uint64_t rt_fnv1a(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    return h;
-}
+uint64_t rt_fnv1a(const char *s) { return plan_fnv1a(PLAN_FNV1A_INIT, s, strlen(s)); }
 
 /* [0, 1) with 53 random bits. */
 double rt_unit(uint32_t hi, uint32_t lo)

@@ -99,13 +99,6 @@ static int make_dirs(const char *dir)
     return mkdir(path, 0755) && errno != EEXIST ? -1 : 0;
 }
 
-static uint64_t fnv1a64(const char *s, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
-    return h;
-}
-
 static const char *const OPTIONS[] = {"-std=c++17", "-lineinfo"};
 enum { N_OPTIONS = sizeof OPTIONS / sizeof *OPTIONS };
 
@@ -279,7 +272,7 @@ int jit_compile(const char *source, const char *target, const char *cache_dir, J
     else
         jit_cache_dir(dir, sizeof dir);
     size_t len = strlen(source);
-    uint64_t h = fnv1a64(source, len);
+    uint64_t h = plan_fnv1a(PLAN_FNV1A_INIT, source, len);
     uint32_t crc = plan_crc32(0, source, len);
     char key[KEY_LEN], stem[96];
     snprintf(key, sizeof key, "fnv64 %016" PRIx64 " crc32 %08" PRIx32 " length %zu target %s nvrtc %s options", h, crc,

@@ -32,13 +32,6 @@
 extern char **environ;
 
 
-static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
-{
-    const unsigned char *s = data;
-    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3u;
-    return h;
-}
-
 /* A whole file into a NUL-terminated malloc'ed buffer, or NULL. */
 static char *slurp(const char *path, size_t *len)
 {
@@ -185,9 +178,9 @@ int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen)
     snprintf(m->compiler, sizeof m->compiler, "%s -O1 -fsanitize=undefined", cxx);
     char *tu = unit(p, source);
     if (!tu) return plan_fail(err, errlen, "out of memory");
-    uint64_t h = fnv1a(0xcbf29ce484222325u, tu, strlen(tu));
-    h = fnv1a(h, cxx, strlen(cxx) + 1);
-    for (int i = 0; i < N_FLAGS; i++) h = fnv1a(h, FLAGS[i], strlen(FLAGS[i]) + 1);
+    uint64_t h = plan_fnv1a(PLAN_FNV1A_INIT, tu, strlen(tu));
+    h = plan_fnv1a(h, cxx, strlen(cxx) + 1);
+    for (int i = 0; i < N_FLAGS; i++) h = plan_fnv1a(h, FLAGS[i], strlen(FLAGS[i]) + 1);
     for (size_t i = 0; i < sizeof headers / sizeof *headers; i++) {
         char path[1024];
         size_t n = 0;
@@ -197,7 +190,7 @@ int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen)
             free(tu);
             return plan_fail(err, errlen, "cannot read %s: %s", path, strerror(errno));
         }
-        h = fnv1a(h, text, n);
+        h = plan_fnv1a(h, text, n);
         free(text);
     }
     char dir[900], cpp[1024], tmp_so[1100], log[1100], why[300];
