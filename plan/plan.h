@@ -271,6 +271,10 @@ typedef struct {
 /* Writes the chunks, in order, as the file at path: to a temporary file in the same
  * directory, fsync'ed, then renamed over path. On failure path is untouched and no
  * temporary file is left. 0, or -1 with a message (without the path) in err. */
+/* plan/input.c: opens path to read, only when it is a regular file, without ever
+ * blocking (a FIFO is an error, not a hang); the descriptor, its size in *size, or -1
+ * with err saying what the path is. */
+int plan_open_input(const char *path, int64_t *size, char *err, size_t errlen);
 int plan_write_atomic(const char *path, const PlanChunk *chunks, int n, char *err, size_t errlen);
 
 /* ---- plan/read.c ------------------------------------------------------------------- */

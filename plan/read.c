@@ -11,7 +11,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "format.h"
@@ -398,28 +397,15 @@ Plan *plan_read_mem(const void *buf, size_t len, char *err, size_t errlen)
 
 Plan *plan_read(const char *path, char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot open: %s", strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    if (fstat(fd, &st)) {
-        snprintf(err, errlen, "cannot stat: %s", strerror(errno));
+    int64_t size;
+    int fd = plan_open_input(path, &size, err, errlen);
+    if (fd < 0) return NULL;
+    if ((uint64_t)size > SIZE_MAX / 2) {
+        snprintf(err, errlen, "too large to be a plan (%lld bytes)", (long long)size);
         close(fd);
         return NULL;
     }
-    if (!S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
-        close(fd);
-        return NULL;
-    }
-    if ((uint64_t)st.st_size > SIZE_MAX / 2) {
-        snprintf(err, errlen, "too large to be a plan (%lld bytes)", (long long)st.st_size);
-        close(fd);
-        return NULL;
-    }
-    size_t len = (size_t)st.st_size, got = 0;
+    size_t len = (size_t)size, got = 0;
     uint8_t *buf = plan_alloc(len);
     if (!buf) {
         snprintf(err, errlen, "out of memory reading %zu bytes", len);

@@ -243,32 +243,23 @@ RtDataKind rt_data_kind(const Plan *p)
 
 static int open_file(RtData *d, const char *path, char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY);
-    struct stat st;
-    if (fd < 0) return rt_fail(err, errlen, "%s: %s", path, strerror(errno));
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return rt_fail(err, errlen, "%s: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return rt_fail(err, errlen, "%s: not a regular file", path);
-    }
-    if (st.st_size == 0) {
+    int64_t size;
+    char why[256];
+    int fd = plan_open_input(path, &size, why, sizeof why);
+    if (fd < 0) return rt_fail(err, errlen, "%s: %s", path, why);
+    if (size == 0) {
         close(fd);
         return rt_fail(err, errlen, "%s: empty file", path);
     }
-    d->map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    d->map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
     if (d->map == MAP_FAILED) {
         d->map = NULL;
         return rt_fail(err, errlen, "%s: cannot map the file: %s", path, strerror(e));
     }
-    d->map_len = (size_t)st.st_size;
+    d->map_len = (size_t)size;
     RtTokens t;
-    char why[256];
     if (rt_tokens_parse(d->map, d->map_len, &t, why, sizeof why)) return rt_fail(err, errlen, "%s: %s", path, why);
     d->tok = t.tok, d->n_tok = t.n;
     snprintf(d->describe, sizeof d->describe, "%s (%" PRId64 " tokens, %s)", path, t.n,

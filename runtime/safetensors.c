@@ -22,7 +22,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "runtime.h"
@@ -282,13 +281,11 @@ static int read_file(int fd, uint64_t size, const StEntry *t, int32_t n, char *e
 int rt_st_read(const char *path, const StEntry *t, int32_t n, char *err, size_t errlen)
 {
     if (!little_endian()) return rt_fail(err, errlen, "%s: safetensors input needs a little-endian host", path);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return rt_fail(err, errlen, "%s: %s", path, strerror(errno));
-    struct stat st;
     char why[512];
-    int rc = fstat(fd, &st) ? rt_fail(why, sizeof why, "%s", strerror(errno))
-             : !S_ISREG(st.st_mode) ? rt_fail(why, sizeof why, "not a regular file")
-                                    : read_file(fd, (uint64_t)st.st_size, t, n, why, sizeof why);
+    int64_t size;
+    int fd = plan_open_input(path, &size, why, sizeof why);
+    if (fd < 0) return rt_fail(err, errlen, "%s: %s", path, why);
+    int rc = read_file(fd, (uint64_t)size, t, n, why, sizeof why);
     close(fd);
     if (rc) rt_fail(err, errlen, "%s: %s", path, why);
     return rc;
