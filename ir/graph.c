@@ -31,7 +31,7 @@ int ir_value_add(Graph *g, const Value *v)
     *nv = *v;
     if (v->name) nv->name = arena_strdup(g->arena, v->name);
     /* What passes compute starts unset, whatever the caller's copy held. */
-    nv->grad = nv->alias = nv->view_of = nv->unit = -1;
+    nv->grad = nv->alias = nv->view_of = nv->unit = nv->norm_piece = -1;
     nv->offset = nv->rank_stride = nv->view_offset = nv->view_rank_stride = nv->flat_offset = 0;
     nv->live_start = nv->live_end = nv->sharded = 0;
     return g->n_values++;
@@ -225,7 +225,7 @@ static void remap_value_fields(Graph *g, const int *vmap)
     for (int v = 0; v < g->n_values; v++) {
         Value *val = &g->values[v];
         val->tied_to = MAP(val->tied_to), val->grad = MAP(val->grad);
-        val->view_of = MAP(val->view_of), val->alias = MAP(val->alias);
+        val->view_of = MAP(val->view_of), val->alias = MAP(val->alias), val->norm_piece = MAP(val->norm_piece);
     }
     for (int i = 0; i < g->n_outputs; i++) g->outputs[i] = MAP(g->outputs[i]);
     g->loss_scale = MAP(g->loss_scale), g->scale_good = MAP(g->scale_good);

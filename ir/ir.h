@@ -178,6 +178,9 @@ typedef struct {
     int64_t flat_offset;         // elements: a param's start in its unit's flat layout, or a
                                  // storage's first element on rank 0
     int sharded;                 // holds only this rank's shard of its unit
+    int norm_piece;              // a param in a flat unit whose whole reduced gradient this
+                                 // rank holds: its part of that gradient (a view), which the
+                                 // global norm sums in place of the unit's; or -1
 } Value;
 
 typedef enum { ATTR_INT, ATTR_FLOAT, ATTR_INTS } AttrKind;

@@ -43,16 +43,44 @@ static int state_like(Opt *o, int p, const char *suffix)
     return ir_value_add(o->g, &s);
 }
 
-/* sqrt(sum over params of sum(grad^2)); where gradients are sharded over the ranks the
- * sums of squares of the shards add up over the world first. */
+/* The unit a gradient belongs to: its flat unit, or for an unsharded param its block's
+ * (the params outside blocks last, as shard.c numbers units). */
+static int unit_key(const Graph *g, const Value *v)
+{
+    return v->unit >= 0 ? v->unit : v->block >= 0 ? v->block : g->n_blocks;
+}
+
+/* sqrt(sum over params of sum(grad^2)), summed in one order for every strategy: unit by
+ * unit, and within a unit param by param in value order, each param's sum of squares
+ * on its own (shard.c's norm pieces where a flat unit's whole gradient is here). So
+ * every strategy that holds whole gradients rounds the norm as the unsharded plan does.
+ * Where gradients are sharded over the ranks, each shard's sum of squares is one piece
+ * and the pieces add up over the world first. */
 static int global_norm(Opt *o)
 {
-    int total = -1, sharded = 0, n_values = o->g->n_values;
+    Graph *g = o->g;
+    int n_values = g->n_values, n = 0, sharded = 0;
+    int *piece = arena_alloc(g->arena, sizeof(int) * (size_t)n_values + 1);
+    char *whole = arena_alloc(g->arena, (size_t)g->n_blocks + 2);  // per unit: has pieces
+    for (int v = 0; v < n_values; v++)
+        if (g->values[v].role == ROLE_PARAM && g->values[v].norm_piece >= 0) {
+            piece[n++] = g->values[v].norm_piece;
+            whole[unit_key(g, &g->values[v])] = 1;
+        }
     for (int v = 0; v < n_values; v++) {
-        const Value *p = ir_value(o->g, v);
-        if (p->role != ROLE_PARAM || p->grad < 0) continue;
-        sharded |= ir_value(o->g, p->grad)->sharded;
-        int s = node_out(o, OP_sumsq, &p->grad, 1, NULL, 0, -1, p->loc);
+        const Value *p = ir_value(g, v);
+        if (p->role != ROLE_PARAM || p->grad < 0 || (p->unit >= 0 && whole[p->unit])) continue;
+        sharded |= ir_value(g, p->grad)->sharded;
+        piece[n++] = p->grad;
+    }
+    for (int i = 1; i < n; i++)  // stable: value order within a unit
+        for (int k = i; k > 0 && unit_key(g, ir_value(g, piece[k - 1])) > unit_key(g, ir_value(g, piece[k])); k--) {
+            int t = piece[k];
+            piece[k] = piece[k - 1], piece[k - 1] = t;
+        }
+    int total = -1;
+    for (int i = 0; i < n; i++) {
+        int s = node_out(o, OP_sumsq, &piece[i], 1, NULL, 0, -1, ir_value(g, piece[i])->loc);
         total = total < 0 ? s : node_out(o, OP_add, (int[]){total, s}, 2, NULL, 0, -1, (Loc){0});
     }
     if (total < 0) return -1;

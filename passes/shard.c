@@ -37,6 +37,7 @@
 typedef struct {
     int block;            // -1: the params outside blocks
     int *params;          // value ids, in value order
+    char *graded;         // per param: has a gradient in the flat gradient buffer
     int n_params;
     int64_t numel, padded, shard;  // elements
     int storage;          // the persistent buffer (full, or the shard for fsdp)
@@ -144,6 +145,7 @@ static void collect_units(Shard *s)
         Unit *u = &s->units[i];
         u->block = i < g->n_blocks ? i : -1;
         u->params = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
+        u->graded = arena_alloc(g->arena, (size_t)g->n_values + 1);
         u->regathered = -1;
         u->fwd_first = u->bwd_first = u->grad_first = NONE;
         u->grad_last = -1;
@@ -324,6 +326,7 @@ static void layout_grads(Shard *s, Unit *u, char *taken)
         }
         p->grad = -1;  // the optimizer updates the storage, not the param
         if (gv < 0) continue;
+        u->graded[k] = 1;
         if (!own_grad(g, gv, taken, s->drop, s->n_orig)) gv = place(s, OP_copy, &gv, 1, NULL, 0, u->block, after, 1);
         taken[gv] = 1;
         make_view(s, gv, u->fgrad, g->values[u->params[k]].flat_offset, 0);
@@ -339,14 +342,36 @@ static void name_grad(Shard *s, const Unit *u, int v, const char *name)
     val->name = name;
 }
 
+/* Where this rank holds the unit's whole reduced gradient `whole` (ddp and zero1; zero2
+ * and fsdp at world 1, where the shard is everything), each param's part of it is a
+ * piece of the global norm, so the norm sums per param in the params' order whatever the
+ * strategy, exactly as the unsharded plan does: the clip coefficient, and so the
+ * training, stays bit for bit the unsharded one's (a unit-wide sum of squares would
+ * round differently). */
+static void norm_pieces(Shard *s, Unit *u, int whole)
+{
+    Graph *g = s->g;
+    for (int k = 0; k < u->n_params && whole >= 0; k++) {
+        if (!u->graded[k]) continue;
+        Value *p = &g->values[u->params[k]];
+        Value piece = {.dtype = g->values[whole].dtype, .rank = p->rank, .role = ROLE_GRAD, .block = u->block,
+                       .producer = -1, .tied_to = -1, .loc = p->loc};
+        memcpy(piece.shape, p->shape, sizeof piece.shape);
+        int v = ir_value_add(g, &piece);
+        make_view(s, v, whole, g->values[u->params[k]].flat_offset, 0);
+        g->values[v].unit = (int)(u - s->units);
+        g->values[u->params[k]].norm_piece = v;
+    }
+}
+
 static void reduce_grads(Shard *s, Unit *u)
 {
     Graph *g = s->g;
-    int after = u->grad_last >= 0 ? u->grad_last : s->n_orig, grad;
+    int after = u->grad_last >= 0 ? u->grad_last : s->n_orig, grad, whole = -1;
     if (s->t->shard == SHARD_DDP || s->t->shard == SHARD_ZERO1) {
         int r = collective(s, OP_all_reduce, u->fgrad, 1, u->block, after, 1);
         make_view(s, r, u->fgrad, 0, 0);
-        grad = r;
+        grad = whole = r;
         if (s->t->shard == SHARD_ZERO1) {
             grad = new_value(s, u, ROLE_GRAD, g->values[u->fgrad].dtype, u->shard, NULL);
             make_view(s, grad, r, 0, u->shard);
@@ -355,6 +380,7 @@ static void reduce_grads(Shard *s, Unit *u)
     } else {
         grad = collective(s, OP_reduce_scatter, u->fgrad, 1, u->block, after, 1);
         g->values[grad].sharded = 1;
+        if (s->world == 1) whole = grad;
     }
     const char *name = arena_printf(g->arena, "%s.flat_grad%s", unit_name(s, u), g->values[grad].sharded ? "_shard" : "");
     name_grad(s, u, grad, name);
@@ -365,6 +391,7 @@ static void reduce_grads(Shard *s, Unit *u)
         name_grad(s, u, grad, arena_printf(g->arena, "%s.f32", name));
     }
     g->values[u->shard_view].grad = grad;
+    norm_pieces(s, u, whole);
 }
 
 /* ---- the schedule --------------------------------------------------------------------- */

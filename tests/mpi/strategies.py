@@ -11,9 +11,15 @@ Except where fp32 itself cannot: a different world sums gradients in a different
 order, and AdamW divides each element's gradient by its own running magnitude, so an
 element whose gradient is nearly zero turns rounding noise into a visible step (GPT-2's
 key bias has a gradient that is exactly zero in exact arithmetic: softmax ignores a
-shift shared by all keys). The single-rank run shows the same noise against itself when
-only its thread count changes. So a tensor may differ by up to 3 times what the
-single-rank run at 2 threads differs from it at 1 thread, when that is more than 1e-5.
+shift shared by all keys; its fp32 gradient is rounding noise of ~1e-10, and with eps
+1e-8 Adam steps it by lr * noise / eps, so its trajectory is the noise's, and the
+noise depends on the BLAS kernel). So AdamW runs with eps 1e-6 here: the key bias then
+moves by 1e-7 of what the other biases move, every other tensor is untouched by it, and
+the 1e-5 tolerance holds on every OpenBLAS kernel (checked under OPENBLAS_CORETYPE=
+Haswell, Zen, Sandybridge, Nehalem, Core2, Atom). The single-rank run also differs from
+itself when only its thread count changes (large GEMMs split over threads), so a
+tensor may differ by up to 3 times that, when that is more than 1e-5. At world 1 every
+strategy must equal the single-rank run bit for bit.
 A wrong shard, a missing average or a stale gather differs by orders of magnitude more.
 
 usage: strategies.py FSC FSEXEC   (needs mpirun; uses /usr/bin/python3's numpy)
@@ -34,7 +40,7 @@ TOL = 1e-5
 STEPS = 5
 GPT2 = ["-D", "L=2", "-D", "C=64", "-D", "NH=4", "-D", "T=32", "-D", "V=256", "-D", "B=12"]
 MLP = ["-D", "B=48"]
-TRAIN = ["--optimizer", "adamw", "--lr", "1e-3", "--weight_decay", "0.1", "--clip", "1.0", "--warmup", "2"]
+TRAIN = ["--optimizer", "adamw", "--lr", "1e-3", "--eps", "1e-6", "--weight_decay", "0.1", "--clip", "1.0", "--warmup", "2"]
 
 
 def run(cmd, cwd):
@@ -73,15 +79,15 @@ def train(fsc, fsexec, work, model, dims, data, shard, world, threads=1):
     return load_safetensors(out), losses(log)
 
 
-def compare(model, what, got, ref, floor):
+def compare(model, what, got, ref, floor, exact):
     worst, worst_name = 0.0, ""
     for name, b in ref.items():
         e = rel(got[name].numpy().astype(np.float64), b.numpy().astype(np.float64))
-        tol = max(TOL, 3 * floor[name])
+        tol = 0.0 if exact else max(TOL, 3 * floor[name])
         if e > tol:
             sys.exit("FAIL %s %s: param %s differs from the single-rank run: rel %.2e > %.1e (the single-rank "
                      "run differs from itself by %.1e between 1 and 2 threads)" % (model, what, name, e, tol, floor[name]))
-        if e / tol > worst:
+        if tol and e / tol > worst:
             worst, worst_name = e / tol, name
     return worst, worst_name
 
@@ -103,12 +109,12 @@ def main():
                 for world in (1, 2, 3, 4):
                     got, got_loss = train(fsc, fsexec, work, model, dims, data, shard, world)
                     what = "%s world %d" % (shard, world)
-                    worst, name = compare(model, what, got, ref, floor)
+                    worst, name = compare(model, what, got, ref, floor, world == 1)
                     lerr = max(abs(a - b) / abs(b) for ga, gb in zip(got_loss, ref_loss) for a, b in zip(ga, gb))
-                    if len(got_loss) != STEPS or lerr > TOL:
+                    if len(got_loss) != STEPS or lerr > (0.0 if world == 1 else TOL):
                         sys.exit("FAIL %s %s: losses %s, single rank %s" % (model, what, got_loss, ref_loss))
-                    print("ok   %-5s %-6s world %d: params at %.0f%% of tolerance at most (%s), losses and norms rel %.1e" %
-                          (model, shard, world, 100 * worst, name, lerr))
+                    match = "bit for bit" if world == 1 else "params at %.0f%% of tolerance at most (%s)" % (100 * worst, name)
+                    print("ok   %-5s %-6s world %d: %s, losses and norms rel %.1e" % (model, shard, world, match, lerr))
     print("all strategies and worlds train like the single-rank run")
 
 
