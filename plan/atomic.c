@@ -1,15 +1,42 @@
-/* plan/atomic.c: writing a file so that a crash, a full disk or a killed process never
- * leaves half of it: the bytes go to a temporary file in the same directory (so the
+/* plan/atomic.c: writing an output file so that a crash, a full disk or a killed process
+ * never leaves half of it: the bytes go to a temporary file in the same directory (so the
  * rename cannot cross file systems), are flushed and fsync'ed, and only then renamed
  * over the target; the directory is synced so the rename itself survives a crash.
- * Plans and the runtime's safetensors files both go through here. */
+ * Plans, the runtime's safetensors files and fsc's HTML page all go through here.
+ *
+ * What is at the path decides how it is written, and nothing but a regular file is ever
+ * replaced:
+ *   - nothing, or a regular file: the temporary file and the rename. A symlink to a
+ *     regular file is resolved first, so the file it points to is replaced and the link
+ *     stays a link (a dangling symlink is replaced by the file).
+ *   - a character device or a FIFO (/dev/null, /dev/stdout, a named pipe): the bytes are
+ *     written straight into it, with no temporary file and no rename. A FIFO is opened
+ *     without blocking, so one with no reader is an error, not a hang.
+ *   - a directory, a block device, a socket: refused.
+ *
+ * Temporary files are named PATH.tmp.PID.N. Before each write the ones of PATH left by a
+ * process that no longer runs (killed mid-write) are removed. A writer holds a lock on
+ * its temporary file, so one of a process on another machine that shares the directory
+ * (whose PID means nothing here) is not removed either.
+ *
+ * Also here, for the tools: checking at start that an output can be written, and
+ * checking at exit that standard output was.
+ */
+#define _XOPEN_SOURCE 700  // realpath
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "plan.h"
+
+typedef enum { OUT_FILE, OUT_STREAM } OutKind;  // renamed over; written into
 
 static int write_all(int fd, const uint8_t *p, size_t n)
 {
@@ -23,20 +50,105 @@ static int write_all(int fd, const uint8_t *p, size_t n)
     return 0;
 }
 
+/* path's directory into dir ("." for a bare name); path's last component, or NULL when
+ * the directory does not fit. */
+static const char *dir_of(const char *path, char *dir, size_t n)
+{
+    const char *slash = strrchr(path, '/');
+    int len = !slash ? 1 : slash == path ? 1 : (int)(slash - path);
+    if ((size_t)snprintf(dir, n, "%.*s", len, slash ? path : ".") >= n) return NULL;
+    return slash ? slash + 1 : path;
+}
+
+/* Why nothing can be written at a file of this type, or NULL when it can. */
+static const char *refused(mode_t m)
+{
+    return S_ISDIR(m) || S_ISBLK(m) || S_ISSOCK(m) ? plan_file_kind(m) : NULL;
+}
+
+/* How path is written, with the file a rename replaces in target (path, or what its
+ * symlink points to) and path's type in *mode (0: nothing there); or -1 with a message. */
+static int output_kind(const char *path, char *target, mode_t *mode, char *err, size_t errlen)
+{
+    struct stat st;
+    *mode = 0;
+    if (!stat(path, &st)) {
+        const char *no = refused(st.st_mode);
+        if (no) return plan_fail(err, errlen, "is %s; give a file name", no);
+        *mode = st.st_mode;
+        if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) return OUT_STREAM;
+    }
+    if (!*path || path[strlen(path) - 1] == '/') return plan_fail(err, errlen, "is not a file name");
+    if (!lstat(path, &st) && S_ISLNK(st.st_mode) && *mode) {
+        if (!realpath(path, target)) return plan_fail(err, errlen, "cannot resolve the link: %s", strerror(errno));
+        return OUT_FILE;
+    }
+    if (strlen(path) >= PATH_MAX) return plan_fail(err, errlen, "path too long");
+    strcpy(target, path);
+    return OUT_FILE;
+}
+
+/* A device or a FIFO: the bytes straight into it. */
+static int write_stream(const char *path, int fifo, const PlanChunk *chunks, int n, char *err, size_t errlen)
+{
+    int fd = open(path, O_WRONLY | O_NOCTTY | O_CLOEXEC | (fifo ? O_NONBLOCK : 0));
+    if (fd < 0 && fifo && errno == ENXIO) return plan_fail(err, errlen, "is a FIFO (named pipe) with no reader");
+    if (fd < 0) return plan_fail(err, errlen, "cannot open: %s", strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {  // replaced since output_kind
+        close(fd);
+        return plan_fail(err, errlen, "changed while it was being opened");
+    }
+    if (fifo) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    const char *what = NULL;
+    for (int i = 0; i < n && !what; i++)
+        if (write_all(fd, chunks[i].data, chunks[i].len)) what = "write";
+    int saved = errno;
+    if (close(fd) && !what) what = "close", saved = errno;
+    if (what) return plan_fail(err, errlen, "cannot write the file (%s): %s", what, strerror(saved));
+    return 0;
+}
+
+/* The PID of a temporary file's name after its target's name (".tmp.PID.N"), or 0. */
+static long temp_pid(const char *s)
+{
+    static const char digits[] = "0123456789";
+    if (strncmp(s, ".tmp.", 5)) return 0;
+    size_t a = strspn(s + 5, digits);
+    if (!a || a > 9 || s[5 + a] != '.') return 0;
+    size_t b = strspn(s + 6 + a, digits);
+    if (!b || s[6 + a + b]) return 0;
+    return strtol(s + 5, NULL, 10);
+}
+
+/* Removes the temporary files of path whose writer is gone: its PID runs no process here
+ * and no process holds its lock. A failure only leaves a file behind. */
+static void remove_stale(const char *path)
+{
+    char dir[PATH_MAX];
+    const char *base = dir_of(path, dir, sizeof dir);
+    DIR *d = base ? opendir(dir) : NULL;
+    if (!d) return;
+    size_t n = strlen(base);
+    for (struct dirent *e; (e = readdir(d));) {
+        long pid = strncmp(e->d_name, base, n) ? 0 : temp_pid(e->d_name + n);
+        if (pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct stat st;
+        struct flock lk = {.l_type = F_RDLCK, .l_whence = SEEK_SET};
+        if (!fstat(fd, &st) && S_ISREG(st.st_mode) && !fcntl(fd, F_GETLK, &lk) && lk.l_type == F_UNLCK)
+            unlinkat(dirfd(d), e->d_name, 0);
+        close(fd);
+    }
+    closedir(d);
+}
+
 /* A failure here loses nothing, so it is not reported. */
 static void sync_dir(const char *path)
 {
-    char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        strcpy(dir, ".");
-    else if (slash == path)
-        strcpy(dir, "/");
-    else if ((size_t)(slash - path) < sizeof dir)
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    else
-        return;
-    int fd = open(dir, O_RDONLY);
+    char dir[PATH_MAX];
+    int fd = dir_of(path, dir, sizeof dir) ? open(dir, O_RDONLY) : -1;
     if (fd >= 0) {
         fsync(fd);
         close(fd);
@@ -46,32 +158,62 @@ static void sync_dir(const char *path)
 int plan_write_atomic(const char *path, const PlanChunk *chunks, int n, char *err, size_t errlen)
 {
     static unsigned counter;
-    char tmp[4096];
+    char target[PATH_MAX], tmp[PATH_MAX + 32];
+    mode_t mode;
+    int kind = output_kind(path, target, &mode, err, errlen);
+    if (kind < 0) return -1;
+    if (kind == OUT_STREAM) return write_stream(path, S_ISFIFO(mode), chunks, n, err, errlen);
+    remove_stale(target);
     int fd = -1;
     for (int tries = 0; fd < 0 && tries < 100; tries++) {
-        if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), counter++) >= sizeof tmp) {
-            snprintf(err, errlen, "path too long");
-            return -1;
-        }
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", target, (long)getpid(), counter++);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd < 0 && errno != EEXIST) break;
     }
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
-        return -1;
-    }
+    if (fd < 0) return plan_fail(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+    struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    fcntl(fd, F_SETLK, &lk);  // without locks (some file systems), the PID alone guards it
     const char *what = NULL;
     for (int i = 0; i < n && !what; i++)
         if (write_all(fd, chunks[i].data, chunks[i].len)) what = "write";
     if (!what && fsync(fd)) what = "fsync";
     int saved = errno;
     if (close(fd) && !what) what = "close", saved = errno;
-    if (!what && rename(tmp, path)) what = "rename", saved = errno;
+    if (!what && rename(tmp, target)) what = "rename", saved = errno;
     if (what) {
         unlink(tmp);
-        snprintf(err, errlen, "cannot write the file (%s): %s", what, strerror(saved));
-        return -1;
+        return plan_fail(err, errlen, "cannot write the file (%s): %s", what, strerror(saved));
     }
-    sync_dir(path);
+    sync_dir(target);
     return 0;
+}
+
+int plan_check_output(const char *path, char *err, size_t errlen)
+{
+    char target[PATH_MAX], dir[PATH_MAX];
+    mode_t mode;
+    int kind = output_kind(path, target, &mode, err, errlen);
+    if (kind < 0) return -1;
+    if (kind == OUT_STREAM) return 0;  // not opened now: a FIFO's reader would see its end
+    if (!dir_of(target, dir, sizeof dir)) return plan_fail(err, errlen, "path too long");
+    struct stat st;
+    if (stat(dir, &st)) return plan_fail(err, errlen, "cannot write in %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return plan_fail(err, errlen, "cannot write in %s: %s", dir, strerror(ENOTDIR));
+    if (access(dir, W_OK | X_OK)) return plan_fail(err, errlen, "cannot write in %s: %s", dir, strerror(errno));
+    return 0;
+}
+
+void plan_stdout_open(void)
+{
+    static char buf[1 << 16];
+    setvbuf(stdout, buf, isatty(STDOUT_FILENO) ? _IOLBF : _IOFBF, sizeof buf);
+}
+
+int plan_stdout_close(char *err, size_t errlen)
+{
+    int e = fflush(stdout) ? errno : 0;
+    if (!e && ferror(stdout))  // a write failed before exit, and its reason is gone
+        return plan_fail(err, errlen, "error writing to standard output");
+    if (!e && fclose(stdout) && errno != EBADF) e = errno;  // EBADF: closed by the caller, nothing written
+    return e ? plan_fail(err, errlen, "error writing to standard output: %s", strerror(e)) : 0;
 }

@@ -12,8 +12,9 @@
 
 #include "plan.h"
 
-static const char *kind_of(mode_t m)
+const char *plan_file_kind(unsigned mode)
 {
+    mode_t m = (mode_t)mode;
     return S_ISDIR(m)    ? "a directory"
            : S_ISFIFO(m) ? "a FIFO (named pipe)"
            : S_ISCHR(m)  ? "a character device"
@@ -26,14 +27,14 @@ int plan_open_input(const char *path, int64_t *size, char *err, size_t errlen)
 {
     struct stat st;
     if (stat(path, &st)) return plan_fail(err, errlen, "cannot open: %s", strerror(errno));
-    if (!S_ISREG(st.st_mode)) return plan_fail(err, errlen, "is %s; give a regular file", kind_of(st.st_mode));
+    if (!S_ISREG(st.st_mode)) return plan_fail(err, errlen, "is %s; give a regular file", plan_file_kind(st.st_mode));
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return plan_fail(err, errlen, "cannot open: %s", strerror(errno));
     int e = fstat(fd, &st) ? errno : 0;
     if (e || !S_ISREG(st.st_mode)) {  // replaced between stat() and open()
         close(fd);
         return e ? plan_fail(err, errlen, "cannot stat: %s", strerror(e))
-                 : plan_fail(err, errlen, "is %s; give a regular file", kind_of(st.st_mode));
+                 : plan_fail(err, errlen, "is %s; give a regular file", plan_file_kind(st.st_mode));
     }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     *size = (int64_t)st.st_size;

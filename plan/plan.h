@@ -268,14 +268,31 @@ typedef struct {
     size_t len;
 } PlanChunk;
 
-/* Writes the chunks, in order, as the file at path: to a temporary file in the same
- * directory, fsync'ed, then renamed over path. On failure path is untouched and no
- * temporary file is left. 0, or -1 with a message (without the path) in err. */
 /* plan/input.c: opens path to read, only when it is a regular file, without ever
  * blocking (a FIFO is an error, not a hang); the descriptor, its size in *size, or -1
  * with err saying what the path is. */
 int plan_open_input(const char *path, int64_t *size, char *err, size_t errlen);
+/* What a file of this st_mode is, for messages: "a directory", "a FIFO (named pipe)", ... */
+const char *plan_file_kind(unsigned mode);
+/* Writes the chunks, in order, as the file at path: to a temporary file in the same
+ * directory, fsync'ed, then renamed over path (over the file a symlink points to). On
+ * failure path is untouched and no temporary file is left; stale temporary files of path
+ * (their writer is gone) are removed first. A character device or a FIFO at path is
+ * written into, never replaced; a directory, block device or socket is refused. 0, or
+ * -1 with a message (without the path) in err. */
 int plan_write_atomic(const char *path, const PlanChunk *chunks, int n, char *err, size_t errlen);
+/* Whether plan_write_atomic could write path, checked before a long run rather than
+ * after it: not a directory (or block device, socket), its directory exists and is
+ * writable. 0, or -1 with a message (without the path): "is a directory; give a file
+ * name", "cannot write in out: No such file or directory". */
+int plan_check_output(const char *path, char *err, size_t errlen);
+/* For a tool's start, before any output: gives stdout a 64 KiB buffer (lines on a
+ * terminal), so that what most commands print (--help, a report) is written at exit, by
+ * plan_stdout_close, where a failure is seen with its reason. */
+void plan_stdout_open(void);
+/* For a tool's exit: flushes and closes stdout; 0, or -1 with "error writing to standard
+ * output: No space left on device" in err (the tool then exits 1). */
+int plan_stdout_close(char *err, size_t errlen);
 
 /* ---- plan/read.c ------------------------------------------------------------------- */
 

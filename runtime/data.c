@@ -19,7 +19,9 @@
  *   random      uniform in [0, M]: Philox(seed ^ RT_DATA_KEY, (s, b, 0)), 64 bits mod (M + 1)
  *   sequential  ((s - 1) * B + b) * T mod M
  * Token files are mapped, not read: a file of any size costs no memory up front. Every
- * token is checked against the vocab once, when the file is opened.
+ * token is checked against the vocab once, when the file is opened. A file is llm.c's by
+ * its exact magic, raw uint16 when the caller says so or when it can be nothing else: a
+ * damaged llm.c header, a .npy file or a text is an error that says what the file is.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -55,6 +57,7 @@ struct RtData {
     int32_t *y;                // targets (i32 [B, T]) or labels (i32 [B])
     const uint16_t *tok;       // the token stream
     int64_t n_tok;
+    RtTokenFormat format;      // of the file (token offsets in messages)
     void *map;                 // the mapped file, or NULL
     size_t map_len;
     uint16_t *owned;           // the built-in corpus (plan_alloc), or NULL
@@ -69,35 +72,193 @@ static uint32_t le32(const uint8_t *p)
 
 /* ---- token files --------------------------------------------------------------------- */
 
-int rt_tokens_parse(const void *buf, size_t len, RtTokens *out, char *err, size_t errlen)
+/* A token file is llm.c's when its first int32 is the magic, raw uint16 tokens when it
+ * cannot be anything else. In auto mode a file without the exact magic is raw only if it
+ * shows none of the signs of something else: a NumPy header, text, a damaged llm.c
+ * header (a magic a few bits off, a count that fits the size, llm.c's zeroed header
+ * tail), an odd size. Raw files of real tokens show none of them. */
+
+static int bits_set(uint32_t x)
+{
+    int n = 0;
+    for (; x; x &= x - 1) n++;
+    return n;
+}
+
+static uint32_t swap32(uint32_t x)
+{
+    return x >> 24 | (x >> 8 & 0xff00u) | (x << 8 & 0xff0000u) | x << 24;
+}
+
+static int parse_llmc(const uint8_t *b, size_t len, RtTokens *out, char *err, size_t errlen)
+{
+    if (len < LLMC_HEADER)
+        return rt_fail(err, errlen, "an llm.c token file cut short: %zu bytes, less than its %d-byte header "
+                    "(truncated?)", len, LLMC_HEADER);
+    uint32_t version = le32(b + 4), count = le32(b + 8);
+    if (version != LLMC_VERSION)
+        return rt_fail(err, errlen, "llm.c token file of version %" PRIu32 "; this fsexec reads version %d "
+                    "(uint16 tokens)", version, LLMC_VERSION);
+    if ((uint64_t)count * 2 != len - LLMC_HEADER)
+        return rt_fail(err, errlen, "llm.c token file says %" PRIu32 " tokens (%" PRIu64 " bytes) but holds %zu "
+                    "bytes after its header (truncated or damaged)", count, (uint64_t)count * 2, len - LLMC_HEADER);
+    *out = (RtTokens){(const uint16_t *)(b + LLMC_HEADER), count, RT_TOKENS_LLMC};
+    return 0;
+}
+
+/* The value of `'key': ` in a .npy header dict, up to the closing `stop`, into v. */
+static void npy_field(const char *dict, const char *key, char stop, char *v, size_t n)
+{
+    const char *s = strstr(dict, key);
+    size_t k = 0;
+    if (s)
+        for (s += strlen(key); *s && *s != stop && k + 2 < n; s++) v[k++] = *s;
+    if (s && *s == stop && stop == ')') v[k++] = ')';
+    v[k] = 0;
+}
+
+/* "\x93NUMPY", major, minor, header length (u16 in version 1, else u32), a Python dict. */
+static int npy_error(const uint8_t *b, size_t len, char *err, size_t errlen)
+{
+    char dict[512] = "", descr[32], shape[64] = "(";
+    size_t at = len >= 10 && b[6] == 1 ? 10 : 12;
+    size_t hl = at == 10 ? (size_t)(b[8] | b[9] << 8) : len >= 12 ? le32(b + 8) : 0;
+    if (at > len) at = len;
+    if (hl > len - at) hl = len - at;
+    if (hl >= sizeof dict) hl = sizeof dict - 1;
+    memcpy(dict, b + at, hl);
+    dict[hl] = 0;
+    npy_field(dict, "'descr': '", '\'', descr, sizeof descr);
+    npy_field(dict, "'shape': (", ')', shape + 1, sizeof shape - 1);
+    char what[128] = "";
+    if (descr[0] && shape[1]) snprintf(what, sizeof what, " (dtype '%s', shape %s)", descr, shape);
+    return rt_fail(err, errlen, "a NumPy .npy file%s, not a token file: convert it with "
+                "np.asarray(np.load(path), np.uint16).tofile(\"tokens.bin\") (raw uint16 tokens)", what);
+}
+
+/* Mostly printable ASCII or UTF-8, and no NUL, in the first 4 KiB. Raw tokens below 8224
+ * (0x2020) have a high byte that is a control character or NUL, so real tokens fail. */
+static int is_text(const uint8_t *b, size_t len)
+{
+    size_t n = len < 4096 ? len : 4096, good = 0;
+    for (size_t i = 0; i < n;) {
+        uint8_t c = b[i];
+        if (c == 0) return 0;
+        if ((c >= 0x20 && c < 0x7f) || c == '\t' || c == '\n' || c == '\r' || c == '\f') {
+            good++, i++;
+            continue;
+        }
+        size_t k = c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 0, j = 1;
+        while (j <= k && i + j < n && (b[i + j] & 0xc0) == 0x80) j++;
+        if (k && (j == k + 1 || i + j == n)) good += j;  // a whole sequence, or one the sample cuts
+        i += j;
+    }
+    return n && good * 100 >= n * 95;
+}
+
+static int text_error(const uint8_t *b, size_t len, char *err, size_t errlen)
+{
+    char start[28];
+    size_t k = 0;
+    for (; k < len && k + 1 < sizeof start && b[k] >= 0x20 && b[k] < 0x7f; k++) start[k] = (char)b[k];
+    start[k] = 0;
+    return rt_fail(err, errlen, "a text file%s%s%s, not a token file: tokenize it first (e.g. GPT-2 tokens in "
+                "llm.c's format, as llm.c's dev/data scripts write them), or drop --data to train on the "
+                "built-in byte-level corpus", k ? " (it starts \"" : "", start, k ? "\")" : "");
+}
+
+/* 0 unless the first 1024 bytes look like an llm.c header that is damaged; then -1 with
+ * a message that lists what looks like llm.c's. */
+static int damaged_llmc(const uint8_t *b, size_t len, char *err, size_t errlen)
+{
+    if (len < 12) return 0;
+    uint32_t magic = le32(b), version = le32(b + 4), count = le32(b + 8);
+    int flips = bits_set(magic ^ LLMC_MAGIC), same_bytes = 0;
+    for (int i = 0; i < 4; i++) same_bytes += b[i] == (uint8_t)((uint32_t)LLMC_MAGIC >> 8 * i);
+    int swapped = swap32(magic) == LLMC_MAGIC, near = swapped || flips <= 4 || same_bytes == 3;
+    uint64_t body = len > LLMC_HEADER ? len - LLMC_HEADER : 0;
+    int fits = count && (body == (uint64_t)count * 2 || body == (uint64_t)count * 4);
+    int zero_tail = len >= LLMC_HEADER;
+    for (size_t i = 12; i < LLMC_HEADER && zero_tail; i++) zero_tail = b[i] == 0;
+    int llmc_version = version == LLMC_VERSION || version == 2;  // 2: llm.c's uint32 tokens (Llama 3)
+    if (!near && !fits && !zero_tail && !(magic == 0 && llmc_version)) return 0;
+    char why[256];
+    size_t at = 0;
+    if (swapped)
+        at += (size_t)snprintf(why + at, sizeof why - at, "its magic is byte-swapped (written big-endian?)");
+    else if (flips <= 4)
+        at += (size_t)snprintf(why + at, sizeof why - at, "its magic is %" PRIu32 ", not %d (%d bit%s differ%s)",
+                               magic, LLMC_MAGIC, flips, flips == 1 ? "" : "s", flips == 1 ? "s" : "");
+    else
+        at += (size_t)snprintf(why + at, sizeof why - at, "its magic is %" PRIu32 ", not %d", magic, LLMC_MAGIC);
+    if (llmc_version && at < sizeof why)
+        at += (size_t)snprintf(why + at, sizeof why - at, "; its version is %" PRIu32, version);
+    if (fits && at < sizeof why)
+        at += (size_t)snprintf(why + at, sizeof why - at, "; its count, %" PRIu32 " tokens, fits the file's size",
+                               count);
+    if (zero_tail && at < sizeof why)
+        snprintf(why + at, sizeof why - at, "; the rest of its header is zero");
+    return rt_fail(err, errlen, "looks like an llm.c token file with a damaged header: %s. Remake the file, or, "
+                "if it really holds raw uint16 tokens, pass --data-format raw", why);
+}
+
+/* 0 when a file without llm.c's exact magic may be raw uint16 tokens; else -1 with a
+ * message that says what it is. */
+static int not_raw(const uint8_t *b, size_t len, char *err, size_t errlen)
+{
+    if (len >= 6 && !memcmp(b, "\x93NUMPY", 6)) return npy_error(b, len, err, errlen);
+    if (damaged_llmc(b, len, err, errlen)) return -1;
+    if (is_text(b, len)) return text_error(b, len, err, errlen);
+    if (len % 2)
+        return rt_fail(err, errlen, "not a token file: neither llm.c's format (magic %d) nor raw uint16 tokens "
+                    "(odd size, %zu bytes)", LLMC_MAGIC, len);
+    return 0;
+}
+
+int rt_tokens_parse_as(const void *buf, size_t len, RtTokenFormat format, RtTokens *out, char *err, size_t errlen)
 {
     const uint8_t *b = buf;
-    if (len >= LLMC_HEADER && le32(b) == LLMC_MAGIC) {
-        uint32_t version = le32(b + 4), count = le32(b + 8);
-        if (version != LLMC_VERSION)
-            return rt_fail(err, errlen, "llm.c token file of version %" PRIu32 "; this fsexec reads version %d "
-                        "(uint16 tokens)", version, LLMC_VERSION);
-        if ((uint64_t)count * 2 != len - LLMC_HEADER)
-            return rt_fail(err, errlen, "llm.c token file says %" PRIu32 " tokens (%" PRIu64 " bytes) but holds %zu "
-                        "bytes after its header (truncated or damaged)", count, (uint64_t)count * 2, len - LLMC_HEADER);
-        *out = (RtTokens){(const uint16_t *)(b + LLMC_HEADER), count, RT_TOKENS_LLMC};
-    } else {
+    int magic = len >= 4 && le32(b) == LLMC_MAGIC;
+    if (len == 0) return rt_fail(err, errlen, "the token file holds no tokens");
+    if (format == RT_TOKENS_RAW) {
         if (len % 2)
-            return rt_fail(err, errlen, "not a token file: neither llm.c's format (magic %d) nor raw uint16 tokens "
-                        "(odd size, %zu bytes)", LLMC_MAGIC, len);
+            return rt_fail(err, errlen, "raw uint16 tokens (--data-format raw) need an even size; this file has %zu "
+                        "bytes", len);
+        *out = (RtTokens){(const uint16_t *)b, (int64_t)(len / 2), RT_TOKENS_RAW};
+    } else if (magic) {
+        if (parse_llmc(b, len, out, err, errlen)) return -1;
+    } else if (not_raw(b, len, err, errlen)) {
+        return -1;
+    } else if (format == RT_TOKENS_LLMC) {
+        return rt_fail(err, errlen, "not an llm.c token file (--data-format llmc): it starts with %" PRIu32 ", not "
+                    "the magic %d; drop --data-format llmc to read raw uint16 tokens", len >= 4 ? le32(b) : 0,
+                    LLMC_MAGIC);
+    } else {
         *out = (RtTokens){(const uint16_t *)b, (int64_t)(len / 2), RT_TOKENS_RAW};
     }
     if (out->n == 0) return rt_fail(err, errlen, "the token file holds no tokens");
     return 0;
 }
 
+int rt_tokens_parse(const void *buf, size_t len, RtTokens *out, char *err, size_t errlen)
+{
+    return rt_tokens_parse_as(buf, len, RT_TOKENS_AUTO, out, err, errlen);
+}
+
 int rt_tokens_check(const RtTokens *t, int64_t vocab, char *err, size_t errlen)
 {
+    int64_t bad = -1;
+    unsigned top = 0;
     for (int64_t i = 0; i < t->n; i++)
-        if (t->tok[i] >= vocab)
-            return rt_fail(err, errlen, "token %" PRId64 " is %u, outside the model's vocab of %" PRId64 " (V)", i,
-                        (unsigned)t->tok[i], vocab);
-    return 0;
+        if (t->tok[i] >= vocab) {
+            if (bad < 0) bad = i;
+            if (t->tok[i] > top) top = t->tok[i];
+        }
+    if (bad < 0) return 0;
+    int64_t offset = (t->format == RT_TOKENS_LLMC ? LLMC_HEADER : 0) + 2 * bad;
+    return rt_fail(err, errlen, "token %" PRId64 " is %u, outside the model's vocab of %" PRId64 " (V): byte offset %"
+                PRId64 " of the file; its largest token is %u, so it needs a vocab of at least %u (tokens of another "
+                "tokenizer?)", bad, (unsigned)t->tok[bad], vocab, offset, top, top + 1);
 }
 
 int64_t rt_lm_window_start(RtDataOrder order, uint64_t seed, int64_t step, int64_t B, int64_t b, int64_t T,
@@ -165,6 +326,7 @@ void rt_blobs_batch(const float *centers, uint64_t seed, int64_t step, int64_t B
 int rt_data_inputs(const Plan *p, int32_t *a, int32_t *b)
 {
     int n = 0;
+    *a = *b = PLAN_NONE;
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *t = &p->tensors[i];
         if (t->role != PLAN_ROLE_INPUT || !strcmp(plan_str(p, t->name), "step")) continue;
@@ -241,10 +403,10 @@ RtDataKind rt_data_kind(const Plan *p)
     return RT_DATA_NONE;
 }
 
-static int open_file(RtData *d, const char *path, char *err, size_t errlen)
+static int open_file(RtData *d, const char *path, RtTokenFormat format, char *err, size_t errlen)
 {
     int64_t size;
-    char why[256];
+    char why[512];
     int fd = plan_open_input(path, &size, why, sizeof why);
     if (fd < 0) return rt_fail(err, errlen, "%s: %s", path, why);
     if (size == 0) {
@@ -260,8 +422,9 @@ static int open_file(RtData *d, const char *path, char *err, size_t errlen)
     }
     d->map_len = (size_t)size;
     RtTokens t;
-    if (rt_tokens_parse(d->map, d->map_len, &t, why, sizeof why)) return rt_fail(err, errlen, "%s: %s", path, why);
-    d->tok = t.tok, d->n_tok = t.n;
+    if (rt_tokens_parse_as(d->map, d->map_len, format, &t, why, sizeof why))
+        return rt_fail(err, errlen, "%s: %s", path, why);
+    d->tok = t.tok, d->n_tok = t.n, d->format = t.format;
     snprintf(d->describe, sizeof d->describe, "%s (%" PRId64 " tokens, %s)", path, t.n,
              t.format == RT_TOKENS_LLMC ? "llm.c format" : "raw uint16");
     return 0;
@@ -294,7 +457,7 @@ static int load_text(RtData *d, const char *path, char *err, size_t errlen)
         plan_dealloc(tok);
         return -1;
     }
-    d->owned = tok, d->tok = tok, d->n_tok = len;
+    d->owned = tok, d->tok = tok, d->n_tok = len, d->format = RT_TOKENS_RAW;
     snprintf(d->describe, sizeof d->describe, "built-in corpus: the bytes of %s (%ld tokens)", path, len);
     return 0;
 }
@@ -335,15 +498,15 @@ static int open_builtin(RtData *d, int64_t vocab, char *err, size_t errlen)
                 "/usr/share/dict/words and /usr/share/doc); give a token file with --data", CORPUS_PATHS[0]);
 }
 
-static int open_lm(RtData *d, const Plan *p, const char *path, char *err, size_t errlen)
+static int open_lm(RtData *d, const Plan *p, const char *path, RtTokenFormat format, char *err, size_t errlen)
 {
     int64_t vocab = rt_plan_vocab(p);
-    if (path ? open_file(d, path, err, errlen) : open_builtin(d, vocab, err, errlen)) return -1;
+    if (path ? open_file(d, path, format, err, errlen) : open_builtin(d, vocab, err, errlen)) return -1;
     if (d->n_tok < d->T + 2)
         return rt_fail(err, errlen, "%s: %" PRId64 " tokens; a window needs T + 1 = %" PRId64 " and there must be more "
                     "than one", path ? path : "the corpus", d->n_tok, d->T + 1);
-    RtTokens t = {d->tok, d->n_tok, RT_TOKENS_RAW};
-    char why[256];
+    RtTokens t = {d->tok, d->n_tok, d->format};
+    char why[512];
     if (rt_tokens_check(&t, vocab, why, sizeof why))
         return rt_fail(err, errlen, "%s: %s", path ? path : "the corpus", why);
     return 0;
@@ -368,7 +531,8 @@ static int open_classes(RtData *d, const Plan *p, const char *path, char *err, s
     return 0;
 }
 
-static int setup(RtData *d, const Plan *p, Exec *e, const char *path, char *err, size_t errlen)
+static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFormat format, char *err,
+                 size_t errlen)
 {
     int32_t a, b;
     d->kind = rt_data_kind(p);
@@ -394,13 +558,14 @@ static int setup(RtData *d, const Plan *p, Exec *e, const char *path, char *err,
     d->B_global = (int64_t)rt_exec_world(e) * d->B;
     if (d->kind == RT_DATA_LM) {
         d->T = x.shape[1];
-        return open_lm(d, p, path, err, errlen);
+        return open_lm(d, p, path, format, err, errlen);
     }
     d->D = x.shape[1];
     return open_classes(d, p, path, err, errlen);
 }
 
-RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed, char *err, size_t errlen)
+RtData *rt_data_open_as(Exec *e, const char *path, RtTokenFormat format, RtDataOrder order, uint64_t seed, char *err,
+                        size_t errlen)
 {
     RtData *d = plan_alloc(sizeof *d);
     if (!d) {
@@ -409,17 +574,22 @@ RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed
     }
     memset(d, 0, sizeof *d);
     d->order = order, d->seed = seed;
-    if (setup(d, rt_exec_plan(e), e, path, err, errlen)) {
+    if (setup(d, rt_exec_plan(e), e, path, format, err, errlen)) {
         rt_data_close(d);
         return NULL;
     }
     return d;
 }
 
+RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed, char *err, size_t errlen)
+{
+    return rt_data_open_as(e, path, RT_TOKENS_AUTO, order, seed, err, errlen);
+}
+
 void rt_data_fill(RtData *d, int64_t step)
 {
     if (d->kind == RT_DATA_LM) {
-        RtTokens t = {d->tok, d->n_tok, RT_TOKENS_RAW};
+        RtTokens t = {d->tok, d->n_tok, d->format};
         rt_lm_rows(&t, d->order, d->seed, step, d->B_global, d->row0, d->B, d->T, d->x, d->y);
     } else {
         rt_blobs_rows(d->centers, d->seed, step, d->row0, d->B, d->D, d->K, d->x, d->y);

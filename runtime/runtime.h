@@ -78,6 +78,24 @@ typedef struct {
 } RtOwned;
 void rt_flat_owned(const Plan *p, int32_t storage, int world, RtOwned *o);
 
+/* ---- runtime/opcheck.c, runtime/opcheck_mem.c: a plan against the op table ------------- */
+
+/* Whether any kernel could refuse the plan: plan_check, then the layout, then every op
+ * against the op table (arity, attributes, dims, the IR's shape rule over the plan's
+ * dtypes and shapes, what each kernel asks beyond it), then the values kernels index with
+ * (rt_plan_check_values). 0, or -1 with a message naming the op ("op 17 (matmul): dtypes
+ * differ: f32[8, 16] and bf16[16, 48]"). rt_exec_new runs it; so should anything else
+ * that accepts a plan. */
+int rt_plan_check_ops(const Plan *p, char *err, size_t errlen);
+/* Meta "arena_bytes" and "world"; every tensor inside the arena on every rank, aligned,
+ * views inside their roots, live ranges inside the ops. Needs plan_check. */
+int rt_plan_check_layout(const Plan *p, char *err, size_t errlen);
+/* Indices (embedding, cross_entropy and their backward ops), adamw's step and the i32
+ * counters are proved in range from where they come from and that nothing overwrites
+ * them before they are read; effect ops update only persistent state. Needs the ops
+ * checked. */
+int rt_plan_check_values(const Plan *p, char *err, size_t errlen);
+
 /* ---- runtime/exec.c: the executor of one rank (CPU backend) -------------------------- */
 
 typedef struct Exec Exec;
@@ -162,7 +180,7 @@ int rt_guard_after(Guard *g, int32_t k, char *err, size_t errlen);
 
 typedef enum { RT_DATA_NONE, RT_DATA_LM, RT_DATA_CLASSES } RtDataKind;
 typedef enum { RT_ORDER_RANDOM, RT_ORDER_SEQUENTIAL } RtDataOrder;
-typedef enum { RT_TOKENS_LLMC, RT_TOKENS_RAW } RtTokenFormat;
+typedef enum { RT_TOKENS_AUTO, RT_TOKENS_LLMC, RT_TOKENS_RAW } RtTokenFormat;  // AUTO: asked for, never found
 
 #define RT_DATA_KEY 0xDA7Au  // xored into the seed for batch randomness
 
@@ -174,11 +192,16 @@ typedef struct {
 
 typedef struct RtData RtData;
 
-/* A token file in memory: llm.c's (256 int32 header: magic 20240520, version 1, count;
- * then uint16 tokens) or, any other even size, raw uint16. Points into buf. 0, or -1 with
- * a message (bad version, count or size of an llm.c file; an odd size; no tokens). */
-int rt_tokens_parse(const void *buf, size_t len, RtTokens *out, char *err, size_t errlen);
-/* 0 if every token is < vocab; else -1 naming the first one that is not. */
+/* A token file in memory, as `format` says: llm.c's (256 int32 header: magic 20240520,
+ * version 1, count; then uint16 tokens), raw uint16 (any even size), or AUTO: llm.c's
+ * when the magic is exact, else raw uint16 unless the file is something else: a .npy
+ * file, a text, a damaged llm.c header (a magic a few bits off, a count that fits the
+ * size, the zeroed tail of llm.c's header), an odd size. Points into buf. 0, or -1 with
+ * a message that says what the file is (and for llm.c files: bad version, count, size). */
+int rt_tokens_parse_as(const void *buf, size_t len, RtTokenFormat format, RtTokens *out, char *err, size_t errlen);
+int rt_tokens_parse(const void *buf, size_t len, RtTokens *out, char *err, size_t errlen);  // AUTO
+/* 0 if every token is < vocab; else -1 naming the first one that is not: its index, its
+ * byte offset in the file (t->format), its value, and the largest token. */
 int rt_tokens_check(const RtTokens *t, int64_t vocab, char *err, size_t errlen);
 /* Where window b of a step starts (see data.c); n_tok >= T + 2. */
 int64_t rt_lm_window_start(RtDataOrder order, uint64_t seed, int64_t step, int64_t B, int64_t b, int64_t T,
@@ -209,12 +232,15 @@ int32_t rt_plan_logits(const Plan *p);
 /* The vocab tokens must stay below: meta "vocab", else the rows of the embedding table
  * the tokens index and the classes of the cross-entropy the targets feed, else 65536. */
 int64_t rt_plan_vocab(const Plan *p);
-/* The data source for e's plan: the token file `path` (NULL: the built-in corpus) for a
- * language model, Gaussian blobs for a classifier (path must be NULL). Checks every
- * token against the vocab. The plan's inputs hold one rank's B rows: rank r of a world
- * of N gets rows [r * B, (r + 1) * B) of the global batch of N * B rows, the same rows a
- * world-1 run of the global batch makes. NULL with a message on failure. */
-RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed, char *err, size_t errlen);
+/* The data source for e's plan: the token file `path`, read as `format` says (see
+ * rt_tokens_parse_as; NULL: the built-in corpus) for a language model, Gaussian blobs
+ * for a classifier (path must be NULL). Checks every token against the vocab. The
+ * plan's inputs hold one rank's B rows: rank r of a world of N gets rows [r * B,
+ * (r + 1) * B) of the global batch of N * B rows, the same rows a world-1 run of the
+ * global batch makes. NULL with a message on failure. */
+RtData *rt_data_open_as(Exec *e, const char *path, RtTokenFormat format, RtDataOrder order, uint64_t seed, char *err,
+                        size_t errlen);
+RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed, char *err, size_t errlen);  // AUTO
 /* Writes step's batch into the plan's inputs. Allocates nothing. */
 void rt_data_fill(RtData *d, int64_t step);
 RtDataKind rt_data_get_kind(const RtData *d);
@@ -236,8 +262,9 @@ typedef struct {
  * "pt" and the step) atomically. 0, or -1 with a message naming the path. */
 int rt_st_write(const char *path, const StEntry *t, int32_t n, int64_t step, char *err, size_t errlen);
 /* Fills each t[i].data from the file after checking the whole file: every header field,
- * the offsets, and that the file holds exactly these names with these dtypes and shapes.
- * On any error nothing is written and -1 comes back with a message. */
+ * the offsets, that the file holds exactly these names with these dtypes and shapes, and
+ * that every F32, F16 and BF16 value is finite (else the message names the tensor and the
+ * first bad element). On any error nothing is written and -1 comes back with a message. */
 int rt_st_read(const char *path, const StEntry *t, int32_t n, char *err, size_t errlen);
 /* Every param (tied ones once), under its name. With world > 1 every rank calls it:
  * each unit's authoritative flat ranges (rt_flat_owned) are gathered to rank 0, which
@@ -351,6 +378,8 @@ typedef struct {
     int move_after;     // in-place reduce_scatter whose out is not x's start: move on completion
     RtRange range[2];   // the bytes of x and of out: nothing may touch them while in flight
     int slot;           // its persistent request in the queue (rt_comm_bind), or -1
+    const Plan *plan;   // the plan op it runs, for the watchdog's message; NULL and
+    int32_t op;         // PLAN_NONE unless the executor says (rt_coll_prepare clears them)
 } RtColl;
 
 /* The collective kind of an op name, or -1. */
@@ -376,10 +405,30 @@ void rt_comm_poll(RtCommQueue *q);                             // MPI_Test each:
 void rt_comm_wait_touching(RtCommQueue *q, const RtRange *touch, int n_touch);
 void rt_comm_wait_all(RtCommQueue *q);
 
-/* A thread that aborts every rank when an armed deadline passes (seconds <= 0: none). */
+/* ---- runtime/watchdog.c: --timeout, and which rank a hung collective waits for -------- */
+
+/* A thread that aborts every rank when an armed deadline passes (seconds <= 0: none),
+ * saying, when this rank waits in a collective, which ranks hold it up (see watchdog.c). */
 int rt_watchdog_start(double seconds, char *err, size_t errlen);
 /* Deadline now + seconds, for `what` ("step", 12) or, step < 0, `what` alone. */
 void rt_watchdog_arm(const char *what, int64_t step);
 void rt_watchdog_disarm(void);
+
+/* Where a rank is, in memory the ranks of a node share (comm.c places them); opaque. */
+typedef struct RtBeacon RtBeacon;
+size_t rt_beacon_bytes(void);     // one cache line
+void rt_beacon_clear(RtBeacon *b);
+/* The beacons of the world: all[r] is rank r's, NULL for a rank that cannot be seen from
+ * here (another node); all[rank] NULL keeps this rank's own private. The array is copied;
+ * the beacons must stay mapped until rt_watchdog_detach. 0, or -1 with a message. */
+int rt_watchdog_attach(int rank, int world, RtBeacon *const *all, char *err, size_t errlen);
+void rt_watchdog_detach(void);
+/* The main thread, around every collective on MPI_COMM_WORLD (comm.c; each a store or
+ * two): entering one (its plan op, or PLAN_NONE) gives its sequence number; waiting for
+ * one says which (p and op, or `what` for a blocking call outside the plan), until
+ * rt_watchdog_waited. */
+int64_t rt_watchdog_enter(int32_t op);
+void rt_watchdog_wait(int64_t seq, const Plan *p, int32_t op, const char *what);
+void rt_watchdog_waited(void);
 
 #endif

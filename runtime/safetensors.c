@@ -13,7 +13,9 @@
  * file. Reading checks the whole header (sizes, JSON, every dtype, shape and offset, the
  * offsets tiling the data exactly, every name against the model, both ways) before it
  * writes a single byte into the arena: a damaged or foreign file is an error, never a
- * crash, and never half-loaded weights.
+ * crash, and never half-loaded weights. The data is mapped and every float of it (F32,
+ * F16, BF16) checked for NaN and Inf before any is copied: damaged weights are named at
+ * load, by tensor and element, not blamed on the learning rate a step later.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +24,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "runtime.h"
@@ -232,6 +235,69 @@ static int match(const StEntry *t, int32_t n, const FileEntry *fe, size_t nf, si
     return 0;
 }
 
+/* The first element of n that is NaN or Inf (its exponent all ones), or -1. Blocks are
+ * tested branch-free, so the common case (none) runs at memory speed. */
+static int64_t first_nonfinite(const uint8_t *p, int64_t n, PlanDType dt)
+{
+    enum { BLOCK = 4096 };
+    int wide = dt == PLAN_DT_F32;
+    uint32_t inf = dt == PLAN_DT_F32 ? 0x7f800000u : dt == PLAN_DT_F16 ? 0x7c00u : 0x7f80u;
+    for (int64_t at = 0; at < n; at += BLOCK) {
+        int64_t m = n - at < BLOCK ? n - at : BLOCK;
+        int bad = 0;
+        if (wide) {
+            for (int64_t i = 0; i < m; i++) {
+                uint32_t u;
+                memcpy(&u, p + 4 * (at + i), 4);
+                bad |= (u & 0x7fffffffu) >= inf;
+            }
+        } else {
+            for (int64_t i = 0; i < m; i++) {
+                uint16_t h;
+                memcpy(&h, p + 2 * (at + i), 2);
+                bad |= (uint32_t)(h & 0x7fffu) >= inf;
+            }
+        }
+        if (!bad) continue;
+        for (int64_t i = at; i < at + m; i++) {
+            uint32_t u = 0;
+            memcpy(&u, p + (wide ? 4 : 2) * i, wide ? 4 : 2);
+            if ((u & (wide ? 0x7fffffffu : 0x7fffu)) >= inf) return i;
+        }
+    }
+    return -1;
+}
+
+/* 0 when tensor fe (its bytes at p) holds only finite floats; else -1 naming the first
+ * element that is not, by flat index and by position. */
+static int check_finite(const FileEntry *fe, const uint8_t *p, char *err, size_t errlen)
+{
+    if (fe->dtype == PLAN_DT_I32) return 0;
+    int64_t n = 1;
+    for (int d = 0; d < fe->rank; d++) n *= fe->shape[d];
+    int64_t i = first_nonfinite(p, n, fe->dtype);
+    if (i < 0) return 0;
+    uint32_t u = 0;
+    int wide = fe->dtype == PLAN_DT_F32;
+    memcpy(&u, p + (wide ? 4 : 2) * i, wide ? 4 : 2);
+    uint32_t mant = u & (fe->dtype == PLAN_DT_F32 ? 0x7fffffu : fe->dtype == PLAN_DT_F16 ? 0x3ffu : 0x7fu);
+    int neg = (u >> (wide ? 31 : 15)) & 1;
+    char where[160] = "";
+    if (fe->rank == 2) {
+        snprintf(where, sizeof where, " (row %" PRId64 ", column %" PRId64 ")", i / fe->shape[1], i % fe->shape[1]);
+    } else if (fe->rank > 2) {
+        int64_t idx[PLAN_MAX_RANK], rest = i;
+        for (int d = fe->rank - 1; d >= 0; d--) idx[d] = rest % fe->shape[d], rest /= fe->shape[d];
+        size_t at = (size_t)snprintf(where, sizeof where, " (at [");
+        for (int d = 0; d < fe->rank && at < sizeof where; d++)
+            at += (size_t)snprintf(where + at, sizeof where - at, "%s%" PRId64, d ? ", " : "", idx[d]);
+        if (at < sizeof where) snprintf(where + at, sizeof where - at, "])");
+    }
+    return rt_fail(err, errlen, "tensor '%s' has %s at index %" PRId64 "%s; the weights are damaged (a file from "
+                   "a run that diverged, or a corrupted one)", fe->name, mant ? "NaN" : neg ? "-Inf" : "+Inf", i,
+                   where);
+}
+
 static int read_at(int fd, void *buf, uint64_t len, uint64_t off)
 {
     uint8_t *p = buf;
@@ -242,6 +308,23 @@ static int read_at(int fd, void *buf, uint64_t len, uint64_t off)
         p += got, len -= (uint64_t)got, off += (uint64_t)got;
     }
     return 0;
+}
+
+/* Every wanted tensor's bytes (from file offset base + begin) into t[i].data, once every
+ * float of every one is finite: the file is mapped, checked, then copied, so its data
+ * comes from disk once and nothing is written when a check fails. */
+static int read_data(int fd, uint64_t size, uint64_t base, const StEntry *t, int32_t n, const FileEntry *fe,
+                     const size_t *where, char *err, size_t errlen)
+{
+    uint8_t *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) return rt_fail(err, errlen, "cannot map the file: %s", strerror(errno));
+    int rc = 0;
+    for (int32_t i = 0; i < n && !rc; i++)
+        rc = check_finite(&fe[where[i]], map + base + fe[where[i]].begin, err, errlen);
+    for (int32_t i = 0; i < n && !rc; i++)
+        memcpy(t[i].data, map + base + fe[where[i]].begin, (size_t)(fe[where[i]].end - fe[where[i]].begin));
+    munmap(map, (size_t)size);
+    return rc;
 }
 
 static int read_file(int fd, uint64_t size, const StEntry *t, int32_t n, char *err, size_t errlen)
@@ -269,9 +352,7 @@ static int read_file(int fd, uint64_t size, const StEntry *t, int32_t n, char *e
     uint64_t base = 8 + hlen;
     int rc = !fe || !where ? rt_fail(err, errlen, "out of memory") : parse_header(h, size - base, fe, &nf, err, errlen);
     if (!rc) rc = match(t, n, fe, nf, where, err, errlen);
-    for (int32_t i = 0; i < n && !rc; i++)
-        if (read_at(fd, t[i].data, fe[where[i]].end - fe[where[i]].begin, base + fe[where[i]].begin))
-            rc = rt_fail(err, errlen, "cannot read tensor '%s': %s", t[i].name, errno ? strerror(errno) : "short read");
+    if (!rc) rc = read_data(fd, size, base, t, n, fe, where, err, errlen);
     plan_dealloc(fe);
     plan_dealloc(where);
     json_decref(h);

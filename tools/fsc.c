@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "codegen.h"
 #include "cuda.h"
@@ -192,6 +193,42 @@ static int parse_args(int argc, char **argv, Flags *f)
     return 0;
 }
 
+/* Registered first, so it runs last at exit: a failed write to stdout (a full disk) is an
+ * error whatever the command printed, --help included. */
+static void close_stdout(void)
+{
+    char err[128];
+    if (plan_stdout_close(err, sizeof err)) {
+        fprintf(stderr, "fsc: %s\n", err);
+        _exit(1);
+    }
+}
+
+static int check_output(const char *flag, const char *path)
+{
+    char err[600];
+    if (!path || !plan_check_output(path, err, sizeof err)) return 0;
+    fprintf(stderr, "fsc: error: %s %s: %s\n", flag, path, err);
+    return -1;
+}
+
+/* Every file this run writes, checked before it compiles anything; 0, or -1 after saying
+ * why. --emit cuda DIR: a writable directory, or one that can be made. */
+static int check_outputs(const Flags *f)
+{
+    if (check_output("-o", f->output) || check_output("--mem=html", f->mem_html)) return -1;
+    if (!f->emit_dir) return 0;
+    struct stat st;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", f->emit_dir);
+    for (size_t n = strlen(dir); n > 1 && dir[n - 1] == '/'; n--) dir[n - 1] = 0;
+    if (stat(dir, &st)) return check_output("--emit cuda", dir);
+    if (S_ISDIR(st.st_mode) && !access(dir, W_OK | X_OK)) return 0;
+    fprintf(stderr, "fsc: error: --emit cuda %s: %s\n", f->emit_dir,
+            S_ISDIR(st.st_mode) ? strerror(errno) : "exists and is not a directory");
+    return -1;
+}
+
 /* The whole file, NUL-terminated; NULL after printing why. */
 static char *read_source(const char *path, size_t *len)
 {
@@ -334,8 +371,10 @@ static int communication(const Graph *g, const TrainConfig *t)
 
 int main(int argc, char **argv)
 {
+    plan_stdout_open();
+    atexit(close_stdout);
     Flags f = {0};
-    if (parse_args(argc, argv, &f)) return 1;
+    if (parse_args(argc, argv, &f) || check_outputs(&f)) return 1;
     size_t len;
     char *src = read_source(f.input, &len);
     if (!src) return 1;

@@ -14,8 +14,10 @@
  * persistent tensor comes down before weights are saved.
  *
  * Ranks: a plan for a world of N runs as N processes started by mpirun, srun, or
- * `fsexec --nproc N` (which execs mpirun on this binary). Every rank runs the same
- * plan; rank 0 alone prints progress and writes the log and the weights. Errors carry
+ * `fsexec --nproc N` (which checks N against the plan's world, then execs mpirun on
+ * this binary). Every rank runs the same plan; rank 0 alone prints progress and writes
+ * the log and the weights (their paths are checked on every rank before anything runs,
+ * so a bad one fails at once, not after training). Errors carry
  * `[rank r]`; a world-size mismatch is reported by every rank before MPI starts; any
  * other error on one rank ends every rank (MPI_Abort), except those all ranks see alike
  * (a non-finite global loss, a failed save or load: agreed, then a clean exit 1).
@@ -52,6 +54,9 @@ static const char USAGE[] =
     "  --data FILE          token file: llm.c's format or raw uint16 (default: a built-in\n"
     "                       byte-level corpus for language models; Gaussian blobs for\n"
     "                       classifiers, which take no file)\n"
+    "  --data-format FMT    how to read --data: auto (default: llm.c's format by its magic,\n"
+    "                       else raw uint16 unless the file looks like something else),\n"
+    "                       llmc, or raw (headerless uint16, whatever the file looks like)\n"
     "  --data-order ORDER   random (default) or sequential windows\n"
     "  --log FILE           one JSON line per step: step, loss, lr, grad_norm,\n"
     "                       tokens_per_s, ms (and accuracy for classifiers)\n"
@@ -101,6 +106,7 @@ typedef struct {
     int has_seed, threads, log_every, debug_nan, debug_guard;
     int device, cuda_graph, tf32;  // device: DEV_*
     RtDataOrder order;
+    RtTokenFormat data_format;  // --data-format (0: auto)
     int64_t nproc, timeout;  // --nproc (0: not given), --timeout seconds
     int64_t overflow_at;     // --debug-overflow-at: the step whose fp16 gradients overflow
 } Flags;
@@ -140,11 +146,7 @@ static int inspect(const char *path)
     printf("file          %s\n", path);
     rt_inspect(p, stdout);
     plan_free(p);
-    if (fflush(stdout) || ferror(stdout)) {
-        fprintf(stderr, "fsexec: error writing the output\n");
-        return 1;
-    }
-    return 0;
+    return 0;  // a failed write to stdout is close_stdout's
 }
 
 /* A whole decimal integer in [lo, hi]. */
@@ -164,12 +166,12 @@ static int parse_int(const char *flag, const char *s, int64_t lo, int64_t hi, in
 
 /* The flags that take a value, as `--name VALUE` or `--name=VALUE`. */
 typedef enum {
-    V_INSPECT, V_STEPS, V_SEED, V_THREADS, V_DATA, V_DATA_ORDER, V_LOG, V_LOG_EVERY, V_SAVE_WEIGHTS,
+    V_INSPECT, V_STEPS, V_SEED, V_THREADS, V_DATA, V_DATA_ORDER, V_DATA_FORMAT, V_LOG, V_LOG_EVERY, V_SAVE_WEIGHTS,
     V_LOAD_WEIGHTS, V_SAVE_GRADS, V_NPROC, V_TIMEOUT, V_OVERFLOW_AT, V_DEVICE, V_COUNT
 } ValueFlag;
 
 static const char *const VALUE_FLAGS[V_COUNT] = {
-    "--inspect", "--steps", "--seed", "--threads", "--data", "--data-order", "--log", "--log-every",
+    "--inspect", "--steps", "--seed", "--threads", "--data", "--data-order", "--data-format", "--log", "--log-every",
     "--save-weights", "--load-weights", "--save-grads", "--nproc", "--timeout", "--debug-overflow-at", "--device",
 };
 
@@ -201,6 +203,12 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
             return 0;
         }
         return usage_error("--data-order: expected 'random' or 'sequential', got '%s'", v);
+    case V_DATA_FORMAT:
+        if (!strcmp(v, "auto") || !strcmp(v, "llmc") || !strcmp(v, "raw")) {
+            f->data_format = v[0] == 'a' ? RT_TOKENS_AUTO : v[0] == 'l' ? RT_TOKENS_LLMC : RT_TOKENS_RAW;
+            return 0;
+        }
+        return usage_error("--data-format: expected 'auto', 'llmc' or 'raw', got '%s'", v);
     case V_LOG: f->log = v; return 0;
     case V_LOG_EVERY:
         if (parse_int(flag, v, 1, INT32_MAX, &n)) return 2;
@@ -472,16 +480,19 @@ static int train(Run *r, const Flags *f, const char *path)
     return 0;
 }
 
-/* Files written after a long run are checked before it: their directory must be writable. */
-static int check_output(const char *flag, const char *path)
+/* Files written after a long run (or by ranks --nproc starts) are checked before it, on
+ * every rank alike: 0, or 1 after a message. */
+static int check_outputs(const Flags *f)
 {
-    if (!path) return 0;
-    const char *slash = strrchr(path, '/');
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%.*s", slash ? (slash == path ? 1 : (int)(slash - path)) : 1, slash ? path : ".");
-    if (access(dir, W_OK) == 0) return 0;
-    fprintf(stderr, "%s: %s %s: cannot write in %s: %s\n", who, flag, path, dir, strerror(errno));
-    return -1;
+    const char *flags[] = {"--save-weights", "--save-grads", "--log"};
+    const char *paths[] = {f->save_weights, f->save_grads, f->log};
+    char err[512];
+    for (int i = 0; i < 3; i++)
+        if (paths[i] && plan_check_output(paths[i], err, sizeof err)) {
+            fprintf(stderr, "%s: %s %s: %s\n", who, flags[i], paths[i], err);
+            return 1;
+        }
+    return 0;
 }
 
 /* The plan's world against the ranks started; 0, or 1 after a message (every rank says it). */
@@ -575,7 +586,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *p, const RtRanks *rk, ui
         fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
         return local_error(1);
     }
-    if (!(r->data = rt_data_open(r->e, f->data, f->order, seed, err, sizeof err))) {
+    if (!(r->data = rt_data_open_as(r->e, f->data, f->data_format, f->order, seed, err, sizeof err))) {
         fprintf(stderr, "%s: %s\n", who, err);
         return local_error(1);
     }
@@ -610,7 +621,6 @@ static int run_plan(Run *r, const Flags *f, const Plan *p, const RtRanks *rk, ui
 
 static int run(const Flags *f)
 {
-    if (check_output("--save-weights", f->save_weights) || check_output("--save-grads", f->save_grads)) return 1;
     Plan *p = load(f->plan);
     if (!p) return 1;
     RtRanks rk;
@@ -626,6 +636,21 @@ static int run(const Flags *f)
     return rc;
 }
 
+/* --nproc N against the plan's world, before any rank starts; 0, or 1 after a message. */
+static int check_nproc(const Flags *f)
+{
+    Plan *p = load(f->plan);
+    if (!p) return 1;
+    int64_t world = plan_meta_int(p, "world", 1);
+    plan_free(p);
+    if (world == f->nproc) return 0;
+    char fix[64] = "run it without --nproc";
+    if (world > 1) snprintf(fix, sizeof fix, "use --nproc %" PRId64, world);
+    fprintf(stderr, "fsexec: %s: plan compiled for world %" PRId64 ", but --nproc asks for %" PRId64 " ranks; none "
+            "started (%s, or recompile with fsc --world %" PRId64 ")\n", f->plan, world, f->nproc, fix, f->nproc);
+    return 1;
+}
+
 /* fsexec --nproc N: the same command as N ranks under mpirun; returns only on failure. */
 static int launch(const Flags *f, int argc, char **argv)
 {
@@ -636,6 +661,7 @@ static int launch(const Flags *f, int argc, char **argv)
                 "--nproc\n", rk.rank, rk.world, rt_launch_name(rk.launch));
         return 2;
     }
+    if (check_nproc(f)) return 1;
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n < 0) {
         fprintf(stderr, "fsexec: --nproc: cannot find this program's path: %s\n", strerror(errno));
@@ -682,13 +708,27 @@ static void passive_openmp(char **argv)
     execv("/proc/self/exe", argv);  // if that fails, run on with the default policy
 }
 
+/* Registered first, so it runs last at exit: a failed write to stdout (a full disk) is an
+ * error whatever the command printed, --help included. */
+static void close_stdout(void)
+{
+    char err[128];
+    if (plan_stdout_close(err, sizeof err)) {
+        fprintf(stderr, "fsexec: %s\n", err);
+        _exit(1);
+    }
+}
+
 int main(int argc, char **argv)
 {
     passive_openmp(argv);
+    plan_stdout_open();
+    atexit(close_stdout);
     Flags f = {0};
     int rc = parse_args(argc, argv, &f);
     if (rc) return rc;
     if (f.inspect) return inspect(f.inspect);
+    if (check_outputs(&f)) return 1;
     if (f.nproc > 1) return launch(&f, argc, argv);
     return run(&f);
 }

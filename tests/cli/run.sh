@@ -100,7 +100,7 @@ expect log-lines 0 '"step": 2' -- cat "$tmp/log.jsonl"
 expect export-weights 0 "0 steps" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 0 --save-weights "$tmp/w.safetensors"
 expect import-weights 0 "step 1/1" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --load-weights "$tmp/w.safetensors"
 expect import-wrong-model 1 "no tensor 'w_in', which the model has" -- "$FSEXEC" "$tmp/mlp.plan" --steps 1 --load-weights "$tmp/w.safetensors"
-expect import-missing 1 "none.safetensors: No such file or directory" -- "$FSEXEC" "$tmp/gpt2.plan" --load-weights "$tmp/none.safetensors"
+expect import-missing 1 "none.safetensors: cannot open: No such file or directory" -- "$FSEXEC" "$tmp/gpt2.plan" --load-weights "$tmp/none.safetensors"
 expect bad-data-order 2 "expected 'random' or 'sequential', got 'foo'" -- "$FSEXEC" "$tmp/gpt2.plan" --data-order foo
 printf 'abc' >"$tmp/odd.bin"
 expect odd-data-file 1 "not a token file" -- "$FSEXEC" "$tmp/gpt2.plan" --data "$tmp/odd.bin"
@@ -133,6 +133,128 @@ if [ -f "$BUILD/libfs_cuda.so" ]; then
     expect device-auto-stub 0 "device: cpu (no CUDA driver)" -- env LD_LIBRARY_PATH="$tmp/stub" "$FSEXEC" "$tmp/gpt2.plan" --steps 1
   fi
 fi
+
+# outputs: special files, leftovers, late failures. Only a regular file is ever replaced:
+# a device or a FIFO is written into, a directory refused. A write removes the temporary
+# files a killed writer left, never a live one's. Outputs and --nproc are checked before
+# any work starts; a failed write to stdout is an error.
+# replay FILE RC: what one run printed, and its status, for several checks of that run.
+replay() { cat "$1"; return "$2"; }
+restore_dev_null() {  # as root, a regression would have replaced /dev/null: put it back
+  if [ ! -c /dev/null ] && [ "$(id -u)" -eq 0 ]; then rm -f /dev/null && mknod -m 666 /dev/null c 1 3; fi
+}
+expect out-dev-null 0 "wrote /dev/null" -- "$FSC" "$SRC/samples/mlp.fsm" -o /dev/null
+expect out-dev-null-stays-device 0 "" -- test -c /dev/null
+restore_dev_null
+expect save-weights-dev-null 0 "0 steps" -- "$FSEXEC" "$tmp/mlp.plan" --steps 0 --save-weights /dev/null
+expect save-weights-dev-null-stays-device 0 "" -- test -c /dev/null
+restore_dev_null
+mkfifo "$tmp/fifo"
+# The reader end is open before fsc starts (a background cat might not have opened it
+# yet, and fsc refuses a FIFO with no reader); head reads the plan's size from it.
+exec 3<>"$tmp/fifo"
+timeout 60 head -c "$(stat -c %s "$tmp/mlp.plan")" <&3 >"$tmp/fifo.out" &
+reader=$!
+expect out-fifo 0 "wrote $tmp/fifo" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/fifo"
+wait "$reader"
+exec 3<&-
+expect out-fifo-bytes 0 "" -- cmp "$tmp/fifo.out" "$tmp/mlp.plan"
+expect out-fifo-stays-fifo 0 "" -- test -p "$tmp/fifo"
+expect out-fifo-no-reader 1 "fsc: error: $tmp/fifo: is a FIFO (named pipe) with no reader" -- timeout 60 "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/fifo" -q
+: >"$tmp/target.plan"
+ln -s target.plan "$tmp/link.plan"
+expect out-symlink 0 "wrote $tmp/link.plan" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/link.plan"
+expect out-symlink-stays-link 0 "" -- test -L "$tmp/link.plan"
+expect out-symlink-target-written 0 "" -- cmp "$tmp/target.plan" "$tmp/mlp.plan"
+mkdir "$tmp/outdir"
+timeout 120 "$FSEXEC" "$tmp/mlp.plan" --steps 1000000 --save-weights "$tmp/outdir" >"$tmp/run.log" 2>&1
+expect save-weights-dir 1 "fsexec: --save-weights $tmp/outdir: is a directory; give a file name" -- replay "$tmp/run.log" $?
+expect save-weights-dir-before-training 1 "" -- grep -qE "device:|step " "$tmp/run.log"
+timeout 120 "$FSEXEC" "$tmp/mlp.plan" --steps 1000000 --log "$tmp/outdir" >"$tmp/run.log" 2>&1
+expect log-dir 1 "fsexec: --log $tmp/outdir: is a directory; give a file name" -- replay "$tmp/run.log" $?
+expect log-dir-before-training 1 "" -- grep -qE "device:|step " "$tmp/run.log"
+"$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/outdir" >"$tmp/run.log" 2>&1
+expect out-dir 1 "fsc: error: -o $tmp/outdir: is a directory; give a file name" -- replay "$tmp/run.log" $?
+expect out-dir-before-compiling 1 "" -- grep -q "params" "$tmp/run.log"
+expect mem-html-dir 1 "fsc: error: --mem=html $tmp/outdir: is a directory; give a file name" -- "$FSC" "$SRC/samples/mlp.fsm" --mem=html "$tmp/outdir"
+expect emit-cuda-no-parent 1 "fsc: error: --emit cuda $tmp/none/cuda: cannot write in $tmp/none: No such file or directory" -- "$FSC" "$SRC/samples/mlp.fsm" --emit cuda "$tmp/none/cuda"
+dead=$(bash -c 'echo $$')  # a process that has ended
+: >"$tmp/stale.safetensors.tmp.$dead.0"
+: >"$tmp/stale.safetensors.tmp.$$.0"
+expect stale-save 0 "0 steps" -- "$FSEXEC" "$tmp/mlp.plan" --steps 0 --save-weights "$tmp/stale.safetensors"
+expect stale-temp-removed 1 "" -- test -e "$tmp/stale.safetensors.tmp.$dead.0"
+expect live-temp-kept 0 "" -- test -e "$tmp/stale.safetensors.tmp.$$.0"
+printf '#!/bin/sh\ntouch "%s"\n' "$tmp/mpirun-ran" >"$tmp/fake-mpirun"
+chmod +x "$tmp/fake-mpirun"
+expect nproc-world-mismatch 1 "fsexec: $tmp/mlp.plan: plan compiled for world 1, but --nproc asks for 1000 ranks; none started" -- env FSEXEC_MPIRUN="$tmp/fake-mpirun" "$FSEXEC" --nproc 1000 "$tmp/mlp.plan" --steps 1
+expect nproc-world-mismatch-starts-nothing 1 "" -- test -e "$tmp/mpirun-ran"
+expect nproc-world-match-starts 0 "" -- env FSEXEC_MPIRUN="$tmp/fake-mpirun" "$FSEXEC" --nproc 2 "$tmp/w2.plan" --steps 1
+expect nproc-world-match-started 0 "" -- test -e "$tmp/mpirun-ran"
+if [ -c /dev/full ]; then
+  full() { "$@" >/dev/full; }
+  for tool in fsc fsexec; do
+    bin=$FSC && [ $tool = fsexec ] && bin=$FSEXEC
+    expect "$tool-help-full" 1 "$tool: error writing to standard output: No space left on device" -- full "$bin" --help
+    expect "$tool-version-full" 1 "$tool: error writing to standard output: No space left on device" -- full "$bin" --version
+  done
+  expect emit-ir-full 1 "fsc: error writing to standard output: No space left on device" -- full "$FSC" "$SRC/samples/gpt2.fsm" --emit ir -q
+  expect mem-full 1 "fsc: error writing to standard output: No space left on device" -- full "$FSC" "$SRC/samples/mlp.fsm" --mem -q
+  expect inspect-full 1 "fsexec: error writing to standard output: No space left on device" -- full "$FSEXEC" --inspect "$tmp/mlp.plan"
+fi
+
+# token files and loaded weights: a file that is not plainly llm.c's is raw uint16 only
+# when told (--data-format raw) or when it can be nothing else; a damaged llm.c header, a
+# .npy file and a text say what they are. Tokens outside the vocab are named by file,
+# position and value; NaN or Inf in loaded weights by tensor and element, at load.
+# le32 N: N as 4 little-endian bytes (printf escapes).
+le32() { printf '\\x%02x\\x%02x\\x%02x\\x%02x' $(($1 & 255)) $(($1 >> 8 & 255)) $(($1 >> 16 & 255)) $(($1 >> 24 & 255)); }
+# tokens_file PATH MAGIC [TOKEN5]: an llm.c file of 200 tokens (i mod 200, token 5 replaced).
+tokens_file() {
+  {
+    printf "$(le32 "$2")$(le32 1)$(le32 200)"
+    head -c 1012 /dev/zero
+    for i in $(seq 0 199); do
+      v=$i; [ "$i" -eq 5 ] && [ -n "${3:-}" ] && v=$3
+      printf "$(le32 "$v" | cut -c1-8)"
+    done
+  } >"$1"
+}
+tokens_file "$tmp/llmc.bin" 20240520
+tokens_file "$tmp/magic0.bin" 0
+tokens_file "$tmp/flip.bin" $((20240520 ^ 1))
+tokens_file "$tmp/oor.bin" 20240520 8227
+npy_dict="{'descr': '<u2', 'fortran_order': False, 'shape': (200,), }"
+{ printf '\x93NUMPY\x01\x00\x76\x00'; printf '%-117s\n' "$npy_dict"; tail -c 400 "$tmp/llmc.bin"; } >"$tmp/tokens.npy"
+expect data-llmc 0 "llmc.bin (200 tokens, llm.c format)" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$tmp/llmc.bin"
+expect data-llmc-flag 0 "step 1/1" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$tmp/llmc.bin" --data-format llmc
+expect data-magic-0 1 "magic0.bin: looks like an llm.c token file with a damaged header: its magic is 0, not 20240520; its version is 1; its count, 200 tokens, fits the file's size" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$tmp/magic0.bin"
+expect data-magic-0-says-raw 1 "if it really holds raw uint16 tokens, pass --data-format raw" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$tmp/magic0.bin"
+expect data-magic-0-raw 0 "magic0.bin (712 tokens, raw uint16)" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$tmp/magic0.bin" --data-format raw
+expect data-magic-flip 1 "flip.bin: looks like an llm.c token file with a damaged header: its magic is 20240521, not 20240520 (1 bit differs)" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$tmp/flip.bin"
+expect data-magic-flip-raw 1 "flip.bin: token 0 is 55433, outside the model's vocab of 256 (V): byte offset 0 of the file" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$tmp/flip.bin" --data-format=raw
+expect data-npy 1 "tokens.npy: a NumPy .npy file (dtype '<u2', shape (200,)), not a token file: convert it with np.asarray(np.load(path), np.uint16).tofile(" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$tmp/tokens.npy"
+expect data-text 1 "README.md: a text file (it starts \"# fsc / fsexec\"), not a token file: tokenize it first" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$SRC/README.md"
+expect data-text-corpus 1 "or drop --data to train on the built-in byte-level corpus" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$SRC/README.md"
+tail -c 400 "$tmp/llmc.bin" >"$tmp/raw.bin"
+expect data-raw-auto 0 "raw.bin (200 tokens, raw uint16)" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$tmp/raw.bin"
+expect data-raw-as-llmc 1 "raw.bin: not an llm.c token file (--data-format llmc)" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$tmp/raw.bin" --data-format llmc
+expect data-out-of-range 1 "oor.bin: token 5 is 8227, outside the model's vocab of 256 (V): byte offset 1034 of the file" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$tmp/oor.bin"
+expect data-format-bad 2 "--data-format: expected 'auto', 'llmc' or 'raw', got 'npy'" -- "$FSEXEC" "$tmp/gpt2.plan" --data "$tmp/llmc.bin" --data-format npy
+expect data-format-help 0 "--data-format FMT" -- "$FSEXEC" --help
+# patch_f32 FILE TENSOR INDEX BYTES: overwrite one f32 of a tensor in a safetensors file.
+patch_f32() {
+  local hlen begin
+  hlen=$(od -An -tu8 -N8 "$1" | tr -d ' ')
+  begin=$(head -c $((8 + hlen)) "$1" | grep -ao "\"$2\":{[^}]*}" | sed 's/.*"data_offsets":\[\([0-9]*\),.*/\1/')
+  printf "$4" | dd of="$1" bs=1 seek=$((8 + hlen + begin + 4 * $3)) conv=notrunc status=none
+}
+"$FSEXEC" "$tmp/gpt2.plan" --steps 0 --save-weights "$tmp/good.st" >/dev/null 2>&1
+cp "$tmp/good.st" "$tmp/nan.st" && patch_f32 "$tmp/nan.st" h.0.attn.w 1234 '\x01\x00\xc0\x7f'
+cp "$tmp/good.st" "$tmp/inf.st" && patch_f32 "$tmp/inf.st" wte 100 '\x00\x00\x80\xff'
+expect weights-good 0 "0 steps" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 0 --load-weights "$tmp/good.st"
+expect weights-nan 1 "nan.st: tensor 'h.0.attn.w' has NaN at index 1234 (row 6, column 82); the weights are damaged" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 0 --load-weights "$tmp/nan.st" --save-weights "$tmp/out.st"
+expect weights-nan-saves-nothing 1 "" -- test -e "$tmp/out.st"
+expect weights-inf 1 "inf.st: tensor 'wte' has -Inf at index 100 (row 1, column 36)" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 2 --load-weights "$tmp/inf.st"
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

@@ -22,17 +22,20 @@ expect() {
 "$FSC" "$SRC/samples/mlp.fsm" --world 2 --shard ddp -o "$tmp/w2.plan" >/dev/null 2>&1 || fail "fsc world 2"
 "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/w1.plan" >/dev/null 2>&1 || fail "fsc world 1"
 
+# --nproc reads the plan first and starts nothing that cannot run it.
+expect nproc-3-for-2 1 "plan compiled for world 2, but --nproc asks for 3 ranks; none started" \
+  -- "$FSEXEC" --nproc 3 "$tmp/w2.plan" --steps 1
 for r in 0 1 2; do
   expect "3-ranks-for-2-rank-$r" nz "[rank $r] fsexec: $tmp/w2.plan: plan compiled for world 2, but 3 ranks started" \
-    -- "$FSEXEC" --nproc 3 "$tmp/w2.plan" --steps 1
+    -- mpirun -np 3 --oversubscribe "$FSEXEC" "$tmp/w2.plan" --steps 1
 done
-expect mpirun-3-for-2 nz "plan compiled for world 2, but 3 ranks started" \
-  -- mpirun -np 3 --oversubscribe "$FSEXEC" "$tmp/w2.plan" --steps 1
 expect alone-for-2 1 "plan compiled for world 2, but 1 rank started (start 2: mpirun -np 2" \
   -- "$FSEXEC" "$tmp/w2.plan" --steps 1
+expect nproc-2-for-1 1 "plan compiled for world 1, but --nproc asks for 2 ranks; none started" \
+  -- "$FSEXEC" --nproc 2 "$tmp/w1.plan" --steps 1
 for r in 0 1; do
   expect "2-ranks-for-1-rank-$r" nz "[rank $r] fsexec: $tmp/w1.plan: plan compiled for world 1, but 2 ranks started" \
-    -- "$FSEXEC" --nproc 2 "$tmp/w1.plan" --steps 1
+    -- mpirun -np 2 --oversubscribe "$FSEXEC" "$tmp/w1.plan" --steps 1
 done
 expect torchrun-env 1 "(torchrun style), but fsexec's CPU ranks talk through MPI" \
   -- env RANK=1 WORLD_SIZE=2 MASTER_ADDR=localhost MASTER_PORT=29500 "$FSEXEC" "$tmp/w2.plan" --steps 1

@@ -370,9 +370,12 @@ Test(data, token_file_formats)
     cr_assert_eq(rt_tokens_parse(buf, len - 2, &t, err, sizeof err), -1);
     cr_assert_not_null(strstr(err, "truncated"), "%s", err);
 
-    /* Another magic: raw uint16 tokens, the header included. */
+    /* Another magic, with llm.c's version, count and zeroed header: a damaged llm.c file,
+     * raw uint16 tokens (the header included) only when asked for. */
     llmc_file(buf, 12345, 1, 8, tok, 8);
-    cr_assert_eq(rt_tokens_parse(buf, len, &t, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(rt_tokens_parse(buf, len, &t, err, sizeof err), -1);
+    cr_assert_not_null(strstr(err, "damaged header"), "%s", err);
+    cr_assert_eq(rt_tokens_parse_as(buf, len, RT_TOKENS_RAW, &t, err, sizeof err), 0, "%s", err);
     cr_assert_eq(t.format, RT_TOKENS_RAW);
     cr_assert_eq(t.n, (int64_t)len / 2);
     cr_assert_eq(rt_tokens_parse(tok, 8 * 2, &t, err, sizeof err), 0);

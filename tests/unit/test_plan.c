@@ -931,7 +931,7 @@ Test(plan, written_atomically_to_disk)
     cr_assert_null(plan_read(bad, err, sizeof err));
     cr_assert(strstr(err, "cannot open: No such file"), "%s", err);
     cr_assert_null(plan_read(dir, err, sizeof err));
-    cr_assert_str_eq(err, "is a directory");
+    cr_assert_str_eq(err, "is a directory; give a regular file");
     snprintf(bad, sizeof bad, "%s/sub", dir);
     cr_assert_eq(mkdir(bad, 0700), 0);
     cr_assert_eq(plan_write(plan, bad, err, sizeof err), -1, "rename over a directory fails");
