@@ -95,13 +95,23 @@ static void make_view(Shard *s, int v, int of, int64_t offset_elems, int64_t ran
     val->view_rank_stride = rank_stride_elems * es;
 }
 
+/* The source a node of this pass is told by: the declaration of the first param of
+ * block's unit (of the params outside blocks for -1), so a collective that hangs or
+ * fails names a line of the model (and its block, the instance). */
+static Loc unit_loc(const Shard *s, int block)
+{
+    for (int i = 0; i < s->n_units; i++)
+        if (s->units[i].block == block && s->units[i].n_params) return ir_value(s->g, s->units[i].params[0])->loc;
+    return (Loc){0};
+}
+
 /* Adds a node for the schedule to place before (or after) original node `at`. */
 static int place(Shard *s, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, int block, int at,
                  int after)
 {
     char err[256];
     Phase ph = op_info(op)->flags & OPF_COLLECTIVE ? PHASE_COMM : PHASE_BACKWARD;
-    int n = ir_node_add(s->g, op, in, n_in, attrs, n_attr, block, ph, (Loc){0}, err, sizeof err);
+    int n = ir_node_add(s->g, op, in, n_in, attrs, n_attr, block, ph, unit_loc(s, block), err, sizeof err);
     if (n < 0) fprintf(stderr, "shard: %s\n", err);
     FS_ASSERT(n >= 0);
     s->placed[s->n_placed++] = (Placed){n, at, after};
@@ -462,6 +472,7 @@ static void average_loss(Shard *s)
     Graph *g = s->g;
     int loss = g->outputs[0], at = ir_value(g, loss)->producer;
     int avg = collective(s, OP_all_reduce, loss, 1, -1, at >= 0 ? at : 0, 1);
+    g->nodes[g->values[avg].producer].loc = g->values[loss].loc;
     g->values[avg].name = g->values[loss].name;
     g->values[loss].name = arena_printf(g->arena, "%s.local", g->values[loss].name ? g->values[loss].name : "loss");
     g->outputs[0] = avg;

@@ -28,20 +28,20 @@
  * the collective completes). Any other overlap of input and output is refused when the
  * plan is loaded.
  *
- * The watchdog: a thread that, while the main thread is inside a step (armed), checks a
- * deadline every 100 ms; past it, it prints which step hung and aborts every rank. It
- * catches a peer that died or hangs without the launcher noticing; mpirun itself ends
- * the job when a rank exits or is killed.
+ * The watchdog (watchdog.c) hears of every collective on MPI_COMM_WORLD: each is entered
+ * (rt_watchdog_enter, before MPI is called) and waited for (rt_watchdog_wait around a
+ * blocking MPI call), a store or two into this rank's beacon. The beacons live in one
+ * MPI_Win_allocate_shared window per node (Open MPI's osc/sm: shared pages), so that a
+ * rank whose step hangs reads where every rank of its node is with plain loads, even one
+ * that is stopped and answers nothing. Without such a window (no osc/sm) the run goes on
+ * and the watchdog knows this rank only.
  */
 #include <mpi.h>
 #if defined(OPEN_MPI) && OPEN_MPI
 #include <mpi-ext.h>
 #endif
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kernels.h"
@@ -51,7 +51,8 @@ static struct {
     int up;          // MPI_Init done, MPI_Finalize not yet
     int rank, world;
     MPI_Op sum_f16, sum_bf16;  // user ops, created with MPI
-} comm = {0, 0, 1, MPI_OP_NULL, MPI_OP_NULL};
+    MPI_Win beacons;           // the node's watchdog beacons, or MPI_WIN_NULL
+} comm = {0, 0, 1, MPI_OP_NULL, MPI_OP_NULL, MPI_WIN_NULL};
 
 static const char *short_path(const char *file)
 {
@@ -106,6 +107,48 @@ static void sum_bf16(void *in, void *inout, int *len, MPI_Datatype *dt)
     for (int i = 0; i < *len; i++) y[i] = cpu_f32_to_bf16(cpu_bf16_to_f32(x[i]) + cpu_bf16_to_f32(y[i]));
 }
 
+/* One beacon per rank in a window the node's ranks share (see the top); every beacon of
+ * the world attached to the watchdog, NULL for ranks of other nodes. No window (the
+ * shared-memory component missing or out of memory on any local rank): none, and on. */
+static int share_beacons(MPI_Comm local, char *err, size_t errlen)
+{
+    int n;
+    MPI_CHECK(MPI_Comm_size(local, &n));
+    RtBeacon *mine = NULL;
+    int bad = MPI_Win_allocate_shared((MPI_Aint)rt_beacon_bytes(), 1, MPI_INFO_NULL, local, &mine,
+                                      &comm.beacons) != MPI_SUCCESS;
+    if (bad) comm.beacons = MPI_WIN_NULL;
+    RtBeacon **all = plan_alloc(sizeof *all * (size_t)comm.world);
+    int *ranks = plan_alloc(sizeof *ranks * (size_t)n * 2);
+    bad |= !all || !ranks;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_LOR, local));
+    if (!bad) {
+        MPI_Group lg, wg;
+        MPI_CHECK(MPI_Comm_group(local, &lg));
+        MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &wg));
+        for (int i = 0; i < n; i++) ranks[i] = i;
+        MPI_CHECK(MPI_Group_translate_ranks(lg, n, ranks, wg, ranks + n));
+        MPI_CHECK(MPI_Group_free(&lg));
+        MPI_CHECK(MPI_Group_free(&wg));
+        for (int r = 0; r < comm.world; r++) all[r] = NULL;
+        rt_beacon_clear(mine);
+        for (int i = 0; i < n; i++) {
+            MPI_Aint size;
+            int unit;
+            void *base;
+            MPI_CHECK(MPI_Win_shared_query(comm.beacons, i, &size, &unit, &base));
+            if ((uintptr_t)base % sizeof(int64_t) == 0 && (size_t)size >= rt_beacon_bytes()) all[ranks[n + i]] = base;
+        }
+        MPI_CHECK(MPI_Barrier(local));  // every beacon cleared before anyone reads one
+    } else if (comm.beacons != MPI_WIN_NULL) {
+        MPI_CHECK(MPI_Win_free(&comm.beacons));
+    }
+    int rc = !bad && rt_watchdog_attach(comm.rank, comm.world, all, err, errlen);
+    plan_dealloc(all);
+    plan_dealloc(ranks);
+    return rc ? -1 : 0;
+}
+
 int rt_comm_init(RtRanks *r, char *err, size_t errlen)
 {
     if (r->world == 1) return 0;
@@ -127,7 +170,9 @@ int rt_comm_init(RtRanks *r, char *err, size_t errlen)
     MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
     MPI_CHECK(MPI_Comm_rank(local, &r->local_rank));
     MPI_CHECK(MPI_Comm_size(local, &r->local_world));
+    int rc = share_beacons(local, err, errlen);
     MPI_CHECK(MPI_Comm_free(&local));
+    if (rc) return -1;
     MPI_CHECK(MPI_Op_create(sum_f16, 1, &comm.sum_f16));
     MPI_CHECK(MPI_Op_create(sum_bf16, 1, &comm.sum_bf16));
     return 0;
@@ -141,6 +186,8 @@ void rt_comm_finalize(void)
     if (!comm.up) return;
     if (comm.sum_f16 != MPI_OP_NULL) MPI_CHECK(MPI_Op_free(&comm.sum_f16));
     if (comm.sum_bf16 != MPI_OP_NULL) MPI_CHECK(MPI_Op_free(&comm.sum_bf16));
+    rt_watchdog_detach();
+    if (comm.beacons != MPI_WIN_NULL) MPI_CHECK(MPI_Win_free(&comm.beacons));
     comm.up = 0;
     MPI_CHECK(MPI_Finalize());
 }
@@ -154,6 +201,9 @@ void rt_comm_abort(int code)
 
 /* ---- blocking calls outside the step --------------------------------------------------- */
 
+/* Before a blocking collective: the watchdog hears of it as entered and waited for. */
+static void blocking(const char *what) { rt_watchdog_wait(rt_watchdog_enter(PLAN_NONE), NULL, PLAN_NONE, what); }
+
 void rt_comm_gather_f32(const float *send, int64_t n, float *recv)
 {
     if (comm.world == 1 || !comm.up) {
@@ -165,14 +215,18 @@ void rt_comm_gather_f32(const float *send, int64_t n, float *recv)
                 short_path(__FILE__), __LINE__, (long long)n);
         rt_comm_abort(1);
     }
+    blocking("a gather to rank 0 (MPI_Gather)");
     MPI_CHECK(MPI_Gather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD));
+    rt_watchdog_waited();
 }
 
 int rt_comm_agree(int rc)
 {
     if (!comm.up) return rc;
     int worst;
+    blocking("the ranks' agreement on a result (MPI_Allreduce)");
     MPI_CHECK(MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    rt_watchdog_waited();
     return worst;
 }
 
@@ -180,7 +234,9 @@ int64_t rt_comm_sum_i64(int64_t v)
 {
     if (!comm.up) return v;
     int64_t sum;
+    blocking("a sum over the ranks (MPI_Allreduce)");
     MPI_CHECK(MPI_Allreduce(&v, &sum, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+    rt_watchdog_waited();
     return sum;
 }
 
@@ -220,7 +276,7 @@ int rt_coll_prepare(RtColl *c, RtCollKind kind, PlanDType dt, void *in, int64_t 
         return rt_fail(err, errlen, "%s with avg of i32: averages need a float dtype", name);
     uint8_t *x = in, *y = out;
     *c = (RtColl){.kind = kind, .dtype = dt, .in = in, .out = out, .n = n, .world = world, .avg = reduces && avg,
-                  .slot = -1,
+                  .slot = -1, .op = PLAN_NONE,
                   .range = {{(uintptr_t)x, (uintptr_t)(x + n_in * es)}, {(uintptr_t)y, (uintptr_t)(y + n_out * es)}}};
     if (!rt_ranges_overlap(&c->range[0], 1, &c->range[1], 1)) return 0;
     const char *why = NULL;
@@ -248,6 +304,7 @@ struct RtCommQueue {
     int cap, n;
     MPI_Request *req;           // in flight
     const RtColl **coll;
+    int64_t *seq;               // the watchdog's sequence number of each
     MPI_Request *persistent;    // set up by rt_comm_bind, RtColl.slot indexes it
     int n_persistent;
 };
@@ -259,9 +316,10 @@ RtCommQueue *rt_comm_queue_new(int capacity)
     q->cap = capacity, q->n = 0;
     q->req = plan_alloc(sizeof *q->req * (size_t)(capacity + 1));
     q->coll = plan_alloc(sizeof *q->coll * (size_t)(capacity + 1));
+    q->seq = plan_alloc(sizeof *q->seq * (size_t)(capacity + 1));
     q->persistent = plan_alloc(sizeof *q->persistent * (size_t)(capacity + 1));
     q->n_persistent = 0;
-    if (!q->req || !q->coll || !q->persistent) {
+    if (!q->req || !q->coll || !q->seq || !q->persistent) {
         rt_comm_queue_free(q);
         return NULL;
     }
@@ -275,6 +333,7 @@ void rt_comm_queue_free(RtCommQueue *q)
     plan_dealloc(q->persistent);
     plan_dealloc(q->req);
     plan_dealloc(q->coll);
+    plan_dealloc(q->seq);
     plan_dealloc(q);
 }
 
@@ -336,6 +395,7 @@ void rt_comm_start(RtCommQueue *q, const RtColl *c)
     MPI_Datatype t = mpi_type(c->dtype);
     MPI_Request *r = &q->req[q->n];
     int n = (int)c->n;
+    q->seq[q->n] = rt_watchdog_enter(c->op);
     if (c->slot >= 0) {
         MPI_CHECK(MPI_Start(&q->persistent[c->slot]));
         *r = q->persistent[c->slot];  // the same request: testing it leaves it inactive, not freed
@@ -379,6 +439,16 @@ static void finish(RtCommQueue *q, int i)
     q->n--;
     q->req[i] = q->req[q->n];
     q->coll[i] = q->coll[q->n];
+    q->seq[i] = q->seq[q->n];
+}
+
+/* Blocks until request i completes, the watchdog told which collective this rank waits in. */
+static void wait_one(RtCommQueue *q, int i)
+{
+    rt_watchdog_wait(q->seq[i], q->coll[i]->plan, q->coll[i]->op, NULL);
+    MPI_CHECK(MPI_Wait(&q->req[i], MPI_STATUS_IGNORE));
+    rt_watchdog_waited();
+    finish(q, i);
 }
 
 void rt_comm_poll(RtCommQueue *q)
@@ -393,73 +463,11 @@ void rt_comm_poll(RtCommQueue *q)
 void rt_comm_wait_touching(RtCommQueue *q, const RtRange *touch, int n_touch)
 {
     for (int i = q->n - 1; i >= 0; i--) {
-        if (!rt_ranges_overlap(q->coll[i]->range, 2, touch, n_touch)) continue;
-        MPI_CHECK(MPI_Wait(&q->req[i], MPI_STATUS_IGNORE));
-        finish(q, i);
+        if (rt_ranges_overlap(q->coll[i]->range, 2, touch, n_touch)) wait_one(q, i);
     }
 }
 
 void rt_comm_wait_all(RtCommQueue *q)
 {
-    for (int i = q->n - 1; i >= 0; i--) {
-        MPI_CHECK(MPI_Wait(&q->req[i], MPI_STATUS_IGNORE));
-        finish(q, i);
-    }
+    for (int i = q->n - 1; i >= 0; i--) wait_one(q, i);
 }
-
-/* ---- the watchdog --------------------------------------------------------------------- */
-
-static struct {
-    double seconds;
-    atomic_llong deadline_ns;   // 0: disarmed
-    atomic_llong step;
-    _Atomic(const char *) what;
-} wd;
-
-static long long now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void *watch(void *arg)
-{
-    (void)arg;
-    struct timespec tick = {0, 100 * 1000 * 1000};
-    for (;;) {
-        nanosleep(&tick, NULL);
-        long long d = atomic_load(&wd.deadline_ns);
-        if (!d || now_ns() < d) continue;
-        char what[96];
-        long long step = atomic_load(&wd.step);
-        snprintf(what, sizeof what, step >= 0 ? "%s %lld" : "%s", atomic_load(&wd.what), step);
-        fprintf(stderr, "[rank %d] fsexec: %s did not finish within %g s (--timeout): another rank has probably "
-                "died or hung; ending every rank\n", comm.rank, what, wd.seconds);
-        alarm(10);  // should MPI_Abort itself hang, SIGALRM ends this process
-        rt_comm_abort(1);
-    }
-    return NULL;
-}
-
-int rt_watchdog_start(double seconds, char *err, size_t errlen)
-{
-    if (seconds <= 0) return 0;
-    wd.seconds = seconds;
-    atomic_store(&wd.what, "step");
-    pthread_t th;
-    int rc = pthread_create(&th, NULL, watch, NULL);
-    if (rc) return rt_fail(err, errlen, "cannot start the watchdog thread: %s", strerror(rc));
-    pthread_detach(th);
-    return 0;
-}
-
-void rt_watchdog_arm(const char *what, int64_t step)
-{
-    if (wd.seconds <= 0) return;
-    atomic_store(&wd.what, what);
-    atomic_store(&wd.step, (long long)step);
-    atomic_store(&wd.deadline_ns, now_ns() + (long long)(wd.seconds * 1e9));
-}
-
-void rt_watchdog_disarm(void) { atomic_store(&wd.deadline_ns, 0); }

@@ -234,6 +234,7 @@ static int bind_collective(Exec *e, int32_t k, ExecOp *x, char *err, size_t errl
     if (rt_coll_prepare(x->coll, (RtCollKind)kind, p->tensors[p->ids[p->ops[k].in]].dtype, in->data, in->numel,
                         out->data, out->numel, e->world, e->rank, avg, why, sizeof why))
         return rt_fail(err, errlen, "op %d: %s", k, why);
+    x->coll->plan = p, x->coll->op = k;  // for the watchdog: which op of the plan hangs
     return 0;
 }
 

@@ -33,6 +33,17 @@ alive() {
 
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
+# rank_pid RANK PID...: which of the PIDs is MPI rank RANK (Open MPI's mpirun tells each
+# process in OMPI_COMM_WORLD_RANK); nothing if none.
+rank_pid() {
+  local want=$1 p
+  shift
+  for p in "$@"; do
+    [ "$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')" = "$want" ] &&
+      { echo "$p"; return; }
+  done
+}
+
 finish() {
   rm -rf "$tmp"
   echo "$failures failure(s)"
