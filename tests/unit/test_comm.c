@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "runtime.h"
+#include "tmpdir.h"
 
 /* ---- rank discovery ------------------------------------------------------------------ */
 
@@ -440,21 +441,6 @@ Test(exec_flat, collectives_of_a_world_of_one)
     cr_assert_null(rt_exec_new(p, &(ExecOptions){.seed = 3}, err, sizeof err));
     cr_assert(strstr(err, "all_reduce") && strstr(err, "world of 2"), "%s", err);
     plan_free(p);
-}
-
-static char tmpdir[256];
-
-static void make_tmpdir(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/fs_test_comm.XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
-}
-
-static void remove_tmpdir(void)
-{
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    cr_assert_eq(system(cmd), 0);
 }
 
 Test(exec_flat, weights_are_saved_by_param_and_load_back, .init = make_tmpdir, .fini = remove_tmpdir)

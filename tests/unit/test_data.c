@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "runtime.h"
+#include "tmpdir.h"
 
 enum { MAGIC = 20240520, HEADER = 1024, N_TOK = 500 };
 
@@ -153,21 +154,6 @@ Test(tokens, out_of_range_names_position_and_value)
 }
 
 /* ---- loaded weights: NaN and Inf ------------------------------------------------------ */
-
-static char tmpdir[256];
-
-static void make_tmpdir(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/fs_test_data.XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
-}
-
-static void remove_tmpdir(void)
-{
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    cr_assert_eq(system(cmd), 0);
-}
 
 /* One tensor `name` of dtype dt and the shape written, then read back into a buffer of
  * sentinel bytes; the read's status, err its message, and whether the buffer stayed. */

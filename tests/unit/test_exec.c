@@ -15,23 +15,9 @@
 #include "frontend.h"
 #include "passes.h"
 #include "runtime.h"
+#include "tmpdir.h"
 
 /* ---- helpers ---------------------------------------------------------------------- */
-
-static char tmpdir[256];
-
-static void make_tmpdir(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/fs_test_exec.XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
-}
-
-static void remove_tmpdir(void)
-{
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    cr_assert_eq(system(cmd), 0);
-}
 
 static const char *tmp_path(const char *name)
 {
