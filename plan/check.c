@@ -147,7 +147,7 @@ static int check_launch(Check *c, int32_t i, const PlanCuda *l)
         if (l->grid[d] < 1 || l->block[d] < 1)
             return fail(c, "cuda %d: grid %dx%dx%d, block %dx%dx%d: each must be positive", i, l->grid[0], l->grid[1],
                         l->grid[2], l->block[0], l->block[1], l->block[2]);
-        threads *= l->block[d];
+        threads *= l->block[d] <= 1024 ? l->block[d] : 1025;  // saturates above the limit: no overflow
     }
     if (threads > 1024 || l->block[2] > 64 || l->grid[1] > 65535 || l->grid[2] > 65535)
         return fail(c, "cuda %d: grid %dx%dx%d, block %dx%dx%d exceeds CUDA's limits (1024 threads a block)", i,

@@ -116,37 +116,6 @@ int rt_fail(char *err, size_t errlen, const char *fmt, ...)
     return -1;
 }
 
-/* The bytes rank r's part of t spans: [offset + r * rank_stride, + nbytes). Every tensor
- * inside the arena for every rank of the world (roots 64-aligned, views aligned to their
- * dtype and inside their root), with sane live ranges and aliases. */
-static int check_layout(const Plan *p, int64_t arena_bytes, int world, char *err, size_t errlen)
-{
-    for (int32_t i = 0; i < p->n_tensors; i++) {
-        const PlanTensor *t = &p->tensors[i];
-        int64_t n = plan_tensor_nbytes(t), es = plan_dtype_size(t->dtype);
-        int view = t->alias != PLAN_NONE;
-        int64_t align = view ? es : ARENA_ALIGN, reach;  // reach: the last rank's bytes start this far in
-        int overflow = __builtin_mul_overflow(t->rank_stride, (int64_t)(world - 1), &reach);
-        if (overflow || t->offset < 0 || t->offset % align || t->rank_stride % (es ? es : 1) ||
-            t->offset > arena_bytes || n > arena_bytes - t->offset || reach > arena_bytes - t->offset - n)
-            return rt_fail(err, errlen,
-                        "tensor %d (%s): bytes [%lld, %lld) (rank stride %lld over %d ranks) lie outside the "
-                        "%lld-byte arena or are not %lld-aligned (plan damaged, or made by a different fsc)",
-                        i, tname(p, i), (long long)t->offset, (long long)(t->offset + n), (long long)t->rank_stride,
-                        world, (long long)arena_bytes, (long long)align);
-        if (t->live_start < 0 || t->live_end < t->live_start || t->live_end > p->n_ops)
-            return rt_fail(err, errlen, "tensor %d (%s): live range [%d, %d] outside the %d ops", i, tname(p, i),
-                        t->live_start, t->live_end, p->n_ops);
-        if (!view) continue;
-        const PlanTensor *r = t->alias >= 0 && t->alias < p->n_tensors ? &p->tensors[t->alias] : NULL;
-        if (!r || t->alias == i || r->alias != PLAN_NONE || r->rank_stride != 0 || t->offset < r->offset ||
-            t->offset + reach + n > r->offset + plan_tensor_nbytes(r))
-            return rt_fail(err, errlen, "tensor %d (%s): alias %d is not a root tensor whose bytes hold this view's "
-                        "on every rank", i, tname(p, i), t->alias);
-    }
-    return 0;
-}
-
 void *rt_exec_data(const Exec *e, int32_t id)
 {
     const PlanTensor *t = &e->plan->tensors[id];
@@ -393,7 +362,6 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
                        e->world, e->world == 1 ? "" : "s");
     if (e->rank < 0 || e->rank >= e->world)
         return rt_fail(err, errlen, "rank %d is outside the world of %d", e->rank, e->world);
-    if (check_layout(p, e->arena_bytes, e->world, err, errlen)) return -1;
     e->block = plan_alloc((size_t)e->arena_bytes + ARENA_ALIGN - 1);
     if (!e->block)
         return rt_fail(err, errlen, "cannot allocate the %.1f MiB arena the plan needs (out of memory)",
@@ -422,6 +390,7 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
 
 Exec *rt_exec_new(const Plan *p, const ExecOptions *o, char *err, size_t errlen)
 {
+    if (rt_plan_check_ops(p, err, errlen)) return NULL;  // no op reaches a kernel it does not fit
     Exec *e = plan_alloc(sizeof *e);
     if (!e) {
         rt_fail(err, errlen, "out of memory");

@@ -1,0 +1,420 @@
+/* runtime/opcheck.c: every op of a plan against the op table, before any kernel sees it.
+ *
+ * plan_check (plan/) makes a plan safe to index: ids in range, ranges inside their pools.
+ * It cannot know what an op means. This file does, from the op table the runtime shares
+ * with the compiler (ir/ops.def): for each op
+ *   - its name is in the table and has a CPU kernel;
+ *   - its inputs and outputs count as the signature says (and fit the kernel ABI);
+ *   - every attribute is a key of the signature, given once, of its kind (ints and
+ *     flags as integers that fit an int, flags 0 or 1), and the required ones are there;
+ *   - every tensor it touches has dims >= 1 (kernels divide by them), and GEMM operands
+ *     dims that fit cblas's ints;
+ *   - the IR's own shape rule (ir/shape.c, ir/shape_bwd.c), run on the plan's input
+ *     dtypes, shapes and attributes, accepts it and infers exactly the plan's outputs;
+ *   - where a kernel asks more than the rule (the rules of compiler-made ops trust their
+ *     maker), what it asks: the forward op's rule over a backward op's inputs, f32 for
+ *     the optimizer, i32 step counts, a collective's world equal to the plan's.
+ * Then opcheck_mem.c checks the memory plan and the values kernels index with. After
+ * rt_plan_check_ops passes, no op reaches a kernel whose KCHECK it could trip.
+ *
+ * The shape rules read a Graph; one op is shown to them as a one-node graph whose
+ * attributes point at the plan's strings and ints, so nothing is copied or allocated.
+ *
+ * Where it sits: called by rt_exec_new and wherever a plan is accepted (fsexec's load),
+ * after plan_read; it needs the op table (fs_ir) but never builds an IR graph.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ir.h"
+#include "kernels.h"
+#include "runtime.h"
+
+typedef struct {
+    const Plan *p;
+    int32_t k;                   // the op being checked
+    const PlanOp *op;
+    const char *name;
+    OpKind kind;
+    const OpInfo *info;
+    int64_t world;               // meta "world"
+    Attr attrs[IR_MAX_PARAMS];   // the op's attributes, as the shape rules read them
+    int n_attrs;
+    Graph g;                     // a graph of one node for the shape rules
+    Node node;
+    Value in[IR_MAX_IN];         // the inputs as IR values
+    char *err;
+    size_t errlen;
+} OpCheck;
+
+__attribute__((format(printf, 2, 3))) static int fail(OpCheck *c, const char *fmt, ...)
+{
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return plan_fail(c->err, c->errlen, "op %d (%s): %s", c->k, c->name, msg);
+}
+
+static int32_t in_id(const OpCheck *c, int i) { return c->p->ids[c->op->in + i]; }
+static int32_t out_id(const OpCheck *c, int i) { return c->p->ids[c->op->out + i]; }
+static const PlanTensor *in_t(const OpCheck *c, int i) { return &c->p->tensors[in_id(c, i)]; }
+static const PlanTensor *out_t(const OpCheck *c, int i) { return &c->p->tensors[out_id(c, i)]; }
+
+static Value value_of(const PlanTensor *t)
+{
+    Value v = {.dtype = (DType)t->dtype, .rank = t->rank, .producer = -1, .tied_to = -1};
+    for (int d = 0; d < t->rank; d++) v.shape[d] = t->shape[d];
+    return v;
+}
+
+/* "tensor 12 'h.0.attn.w' (f32[64, 192])" into buf. */
+static const char *describe(const OpCheck *c, int32_t id, char *buf, size_t n)
+{
+    Value v = value_of(&c->p->tensors[id]);
+    char type[192];
+    const char *name = plan_str(c->p, c->p->tensors[id].name);
+    snprintf(buf, n, "tensor %d%s%s%s (%s)", id, *name ? " '" : "", name, *name ? "'" : "",
+             ir_type_str(&v, type, sizeof type));
+    return buf;
+}
+
+static int same_type(const Value *v, const PlanTensor *t)
+{
+    if ((int)v->dtype != (int)t->dtype || v->rank != t->rank) return 0;
+    for (int d = 0; d < v->rank; d++)
+        if (v->shape[d] != t->shape[d]) return 0;
+    return 1;
+}
+
+/* ---- the table: name, kernel, arity --------------------------------------------------- */
+
+static int check_arity(OpCheck *c)
+{
+    const OpInfo *info = c->info;
+    int n_in = c->op->n_in, n_out = c->op->n_out;
+    int in_ok = info->n_tensors >= 0 ? n_in == info->n_tensors : n_in >= 1 && n_in <= IR_MAX_IN;
+    int out_ok = info->n_out >= 0 ? n_out == info->n_out : n_out >= 1 && n_out <= IR_MAX_OUT;
+    if (!in_ok || !out_ok) {
+        char want_in[32], want_out[32];
+        if (info->n_tensors >= 0) snprintf(want_in, sizeof want_in, "%d", info->n_tensors);
+        else snprintf(want_in, sizeof want_in, "1 to %d", IR_MAX_IN);
+        if (info->n_out >= 0) snprintf(want_out, sizeof want_out, "%d", info->n_out);
+        else snprintf(want_out, sizeof want_out, "1 to %d", IR_MAX_OUT);
+        return fail(c, "%d input%s and %d output%s, but the op table's \"%s\" takes %s input(s) and %s output(s)", n_in,
+                    n_in == 1 ? "" : "s", n_out, n_out == 1 ? "" : "s", info->sig, want_in, want_out);
+    }
+    if (n_in > K_MAX_TENSORS || n_out > K_MAX_TENSORS || info->n_params > K_MAX_ATTRS)
+        return fail(c, "%d inputs, %d outputs, %d signature parameters; the CPU kernel ABI takes %d, %d, %d", n_in, n_out,
+                    info->n_params, K_MAX_TENSORS, K_MAX_TENSORS, K_MAX_ATTRS);
+    return 0;
+}
+
+/* Kernels divide by dims (rows = numel / C) and pass GEMM sizes to cblas as ints. */
+static int check_dims(OpCheck *c)
+{
+    int gemm = c->kind == OP_matmul || c->kind == OP_attention || c->kind == OP_attention_bwd;
+    for (int i = 0; i < c->op->n_in + c->op->n_out; i++) {
+        int32_t id = i < c->op->n_in ? in_id(c, i) : out_id(c, i - c->op->n_in);
+        const PlanTensor *t = &c->p->tensors[id];
+        for (int d = 0; d < t->rank; d++) {
+            char what[256];
+            if (t->shape[d] < 1)
+                return fail(c, "%s %d, %s, has a dim of %" PRId64 " (every dim must be at least 1)",
+                            i < c->op->n_in ? "input" : "output", i < c->op->n_in ? i : i - c->op->n_in,
+                            describe(c, id, what, sizeof what), t->shape[d]);
+            if (gemm && t->shape[d] > INT32_MAX)
+                return fail(c, "%s: dim %d is %" PRId64 ", more than a GEMM's int can hold",
+                            describe(c, id, what, sizeof what), d, t->shape[d]);
+        }
+    }
+    /* matmul folds a's batch into M: that product must fit too. */
+    if (c->kind == OP_matmul && in_t(c, 0)->rank >= 1) {
+        const PlanTensor *a = in_t(c, 0);
+        if (plan_tensor_numel(a) / a->shape[a->rank - 1] > INT32_MAX)
+            return fail(c, "input 0 has %" PRId64 " rows, more than a GEMM's int can hold",
+                        plan_tensor_numel(a) / a->shape[a->rank - 1]);
+    }
+    return 0;
+}
+
+/* ---- attributes ------------------------------------------------------------------------ */
+
+static int find_param(const OpInfo *info, const char *key)
+{
+    for (int i = 0; i < info->n_params; i++)
+        if (info->params[i].kind != ARG_TENSOR && info->params[i].kind != ARG_TENSORS && !strcmp(info->params[i].name, key))
+            return i;
+    return -1;
+}
+
+/* Every attribute a key of the signature, once, of its kind; the required ones present.
+ * Kernels cast ints and flags to int (k_int), so they must fit one. */
+static int check_attrs(OpCheck *c)
+{
+    const Plan *p = c->p;
+    int seen[IR_MAX_PARAMS] = {0}, lists = 0;
+    for (int32_t a = 0; a < c->op->n_attr; a++) {
+        const PlanAttr *at = &p->attrs[c->op->attr + a];
+        const char *key = plan_str(p, at->key);
+        int i = find_param(c->info, key);
+        if (i < 0)
+            return fail(c, "attribute '%s' is not in this fsexec's signature \"%s\"; rebuild fsexec or recompile the plan",
+                        key, c->info->sig);
+        if (seen[i]++) return fail(c, "attribute '%s' is given twice", key);
+        ArgKind kind = c->info->params[i].kind;
+        if (kind == ARG_INTS && at->kind != PLAN_ATTR_INTS) return fail(c, "attribute '%s' should be a list", key);
+        if (kind == ARG_FLOAT && at->kind == PLAN_ATTR_INTS)
+            return fail(c, "attribute '%s' should be a number, not a list", key);
+        if ((kind == ARG_INT || kind == ARG_FLAG) && at->kind != PLAN_ATTR_INT)
+            return fail(c, "attribute '%s' should be an integer", key);
+        if (kind == ARG_FLAG && at->i != 0 && at->i != 1)
+            return fail(c, "flag '%s' is %" PRId64 ", not 0 or 1", key, at->i);
+        if (kind == ARG_INT && (at->i < INT32_MIN || at->i > INT32_MAX))
+            return fail(c, "attribute '%s' is %" PRId64 ", outside the int range kernels read", key, at->i);
+        lists += at->kind == PLAN_ATTR_INTS;
+        c->attrs[c->n_attrs++] = (Attr){.key = key, .kind = at->kind == PLAN_ATTR_INT ? ATTR_INT
+                                                           : at->kind == PLAN_ATTR_FLOAT ? ATTR_FLOAT : ATTR_INTS,
+                                        .i = at->i, .f = at->f, .list = at->list, .n_list = at->n_list};
+    }
+    if (lists > 1) return fail(c, "two list attributes; the CPU kernel ABI takes one");
+    for (int i = 0; i < c->info->n_params; i++) {
+        const OpParam *pr = &c->info->params[i];
+        if (pr->kind != ARG_TENSOR && pr->kind != ARG_TENSORS && !pr->has_default && !seen[i])
+            return fail(c, "attribute '%s' is missing", pr->name);
+    }
+    return 0;
+}
+
+static int64_t attr_int(const OpCheck *c, const char *key, int64_t def)
+{
+    return ir_attr_int(&c->g, &c->node, key, def);
+}
+
+/* ---- shape rules ----------------------------------------------------------------------- */
+
+/* Runs op `as`'s shape rule on `in` with this op's attributes; fails with its message. */
+static int run_rule(OpCheck *c, OpKind as, const Value *const *in, int n_in, ShapeCtx *sc)
+{
+    char why[512] = "";
+    c->node.op = as;
+    *sc = (ShapeCtx){.g = &c->g, .node = &c->node, .n_in = n_in, .n_out = op_info(as)->n_out, .err = why,
+                     .errlen = sizeof why};
+    for (int i = 0; i < n_in; i++) sc->in[i] = in[i];
+    int rc = op_info(as)->shape(sc);
+    c->node.op = c->kind;
+    if (rc == 0) return 0;
+    /* The rule names its op; say it once when it is this op's own rule. */
+    size_t n = strlen(c->name);
+    const char *msg = as == c->kind && !strncmp(why, c->name, n) && !strncmp(why + n, ": ", 2) ? why + n + 2 : why;
+    return fail(c, "%s", msg);
+}
+
+static int check_outputs(OpCheck *c, const ShapeCtx *sc)
+{
+    if (sc->n_out != c->op->n_out)
+        return fail(c, "%d outputs, but the shape rule makes %d", c->op->n_out, sc->n_out);
+    for (int i = 0; i < sc->n_out; i++) {
+        if (same_type(&sc->out[i], out_t(c, i))) continue;
+        char got[256], want[192];
+        return fail(c, "output %d, %s, should be %s by the shape rule", i, describe(c, out_id(c, i), got, sizeof got),
+                    ir_type_str(&sc->out[i], want, sizeof want));
+    }
+    return 0;
+}
+
+/* ---- what kernels ask beyond the shape rules -------------------------------------------- */
+
+static int want_dtype(OpCheck *c, int i, PlanDType dt, int rank)
+{
+    const PlanTensor *t = in_t(c, i);
+    if (t->dtype == dt && (rank < 0 || t->rank == rank)) return 0;
+    char what[256];
+    return fail(c, "input %d, %s, should be %s%s", i, describe(c, in_id(c, i), what, sizeof what),
+                plan_dtype_name(dt), rank == 0 ? " []" : "");
+}
+
+static int want_float_inputs(OpCheck *c, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (in_t(c, i)->dtype != PLAN_DT_I32) continue;
+        char what[256];
+        return fail(c, "input %d, %s, should be a float tensor", i, describe(c, in_id(c, i), what, sizeof what));
+    }
+    return 0;
+}
+
+/* Input i must be typed as the forward rule's output `v`. */
+static int want_like(OpCheck *c, int i, const Value *v, const char *role)
+{
+    if (same_type(v, in_t(c, i))) return 0;
+    char what[256], want[192];
+    return fail(c, "input %d (%s), %s, should be %s", i, role, describe(c, in_id(c, i), what, sizeof what),
+                ir_type_str(v, want, sizeof want));
+}
+
+static int extra_float2(OpCheck *c) { return want_float_inputs(c, 2); }
+static int extra_float1(OpCheck *c) { return want_float_inputs(c, 1); }
+
+/* max_bwd(x, dy; axis, keepdim): dy is what max(x; axis, keepdim) makes. */
+static int extra_max_bwd(OpCheck *c)
+{
+    ShapeCtx sc;
+    const Value *x[] = {&c->in[0]};
+    return run_rule(c, OP_max, x, 1, &sc) || want_like(c, 1, &sc.out[0], "dy");
+}
+
+/* softmax_bwd(y, dy; axis): y is a softmax's output along axis. */
+static int extra_softmax_bwd(OpCheck *c)
+{
+    ShapeCtx sc;
+    const Value *y[] = {&c->in[0]};
+    return run_rule(c, OP_softmax, y, 1, &sc) || want_like(c, 1, &sc.out[0], "dy");
+}
+
+/* layernorm_bwd(x, w, dy; eps): x and w as layernorm takes them (w doubles as the bias). */
+static int extra_layernorm_bwd(OpCheck *c)
+{
+    ShapeCtx sc;
+    const Value *in[] = {&c->in[0], &c->in[1], &c->in[1]};
+    return run_rule(c, OP_layernorm, in, 3, &sc) || want_like(c, 2, &sc.out[0], "dy");
+}
+
+static int extra_rmsnorm_bwd(OpCheck *c)
+{
+    ShapeCtx sc;
+    const Value *in[] = {&c->in[0], &c->in[1]};
+    return run_rule(c, OP_rmsnorm, in, 2, &sc) || want_like(c, 2, &sc.out[0], "dy");
+}
+
+/* embedding_bwd(idx, dy; rows): dy is what embedding makes of a [rows, C] table. */
+static int extra_embedding_bwd(OpCheck *c)
+{
+    const Value *dy = &c->in[1];
+    Value table = {.dtype = dy->dtype, .rank = 2, .shape = {attr_int(c, "rows", 0), dy->shape[dy->rank - 1]},
+                   .producer = -1, .tied_to = -1};
+    ShapeCtx sc;
+    const Value *in[] = {&table, &c->in[0]};
+    return run_rule(c, OP_embedding, in, 2, &sc) || want_like(c, 1, &sc.out[0], "dy");
+}
+
+/* cross_entropy_bwd(logits, targets, dloss): as cross_entropy takes them; dloss a float. */
+static int extra_cross_entropy_bwd(OpCheck *c)
+{
+    ShapeCtx sc;
+    const Value *in[] = {&c->in[0], &c->in[1]};
+    if (run_rule(c, OP_cross_entropy, in, 2, &sc)) return -1;
+    const PlanTensor *g = in_t(c, 2);
+    if (g->dtype == PLAN_DT_I32 || plan_tensor_numel(g) != 1) {
+        char what[256];
+        return fail(c, "input 2 (dloss), %s, should be a float scalar", describe(c, in_id(c, 2), what, sizeof what));
+    }
+    return 0;
+}
+
+/* attention_bwd(q, k, v, o, lse, dout; causal): o, lse as attention(q, k, v) makes them. */
+static int extra_attention_bwd(OpCheck *c)
+{
+    ShapeCtx sc;
+    const Value *in[] = {&c->in[0], &c->in[1], &c->in[2]};
+    return run_rule(c, OP_attention, in, 3, &sc) || want_like(c, 3, &sc.out[0], "o") ||
+           want_like(c, 4, &sc.out[1], "lse") || want_like(c, 5, &sc.out[0], "dout");
+}
+
+/* lr_at(step; lr, schedule, ...): the step an i32 scalar; schedule 0 (constant) or 1 (cosine). */
+static int extra_lr_at(OpCheck *c)
+{
+    if (want_dtype(c, 0, PLAN_DT_I32, 0)) return -1;
+    int64_t s = attr_int(c, "schedule", 0);
+    if (s != 0 && s != 1) return fail(c, "schedule %" PRId64 " is neither 0 (constant) nor 1 (cosine)", s);
+    return 0;
+}
+
+static int extra_clip_coef(OpCheck *c) { return want_dtype(c, 0, PLAN_DT_F32, 0); }
+static int extra_count_step(OpCheck *c) { return want_dtype(c, 1, PLAN_DT_F32, 0); }
+static int extra_scale_update(OpCheck *c) { return want_dtype(c, 0, PLAN_DT_F32, 0) || want_dtype(c, 1, PLAN_DT_F32, 0); }
+
+/* The optimizer is f32 (optim.c): n_f32 tensors, lr and coef f32 scalars at `scalars`,
+ * then the i32 step. */
+static int optimizer(OpCheck *c, int n_f32, int scalars)
+{
+    for (int i = 0; i < n_f32; i++)
+        if (want_dtype(c, i, PLAN_DT_F32, i >= scalars ? 0 : -1)) return -1;
+    return want_dtype(c, n_f32, PLAN_DT_I32, 0);
+}
+
+static int extra_adamw(OpCheck *c) { return optimizer(c, 6, 4); }
+static int extra_sgd(OpCheck *c) { return optimizer(c, 5, 3); }
+
+/* A collective runs across the plan's world; the executor refuses any other. Checked
+ * before the shape rule, which multiplies by the world. */
+static int check_collective(OpCheck *c)
+{
+    int64_t w = attr_int(c, "world", 0), n;
+    if (w != c->world)
+        return fail(c, "a collective for a world of %" PRId64 " ranks, but the plan is for a world of %" PRId64, w, c->world);
+    if (__builtin_mul_overflow(plan_tensor_numel(in_t(c, 0)), w, &n)) return fail(c, "input 0 is too large to gather");
+    return 0;
+}
+
+/* Ops whose kernels ask more than their shape rules check. */
+static int (*const extra[OP_COUNT])(OpCheck *) = {
+    [OP_relu_bwd] = extra_float2,        [OP_gelu_bwd] = extra_float2,       [OP_silu_bwd] = extra_float2,
+    [OP_tanh_bwd] = extra_float2,        [OP_sigmoid_bwd] = extra_float2,    [OP_sqrt_bwd] = extra_float2,
+    [OP_rsqrt_bwd] = extra_float2,       [OP_sum_to] = extra_float1,         [OP_sumsq] = extra_float1,
+    [OP_max_bwd] = extra_max_bwd,        [OP_softmax_bwd] = extra_softmax_bwd,
+    [OP_layernorm_bwd] = extra_layernorm_bwd, [OP_rmsnorm_bwd] = extra_rmsnorm_bwd,
+    [OP_embedding_bwd] = extra_embedding_bwd, [OP_cross_entropy_bwd] = extra_cross_entropy_bwd,
+    [OP_attention_bwd] = extra_attention_bwd, [OP_lr_at] = extra_lr_at,   [OP_clip_coef] = extra_clip_coef,
+    [OP_count_step] = extra_count_step,  [OP_scale_update] = extra_scale_update,
+    [OP_adamw] = extra_adamw,            [OP_sgd] = extra_sgd,
+};
+
+/* ---- one op ------------------------------------------------------------------------------ */
+
+static int check_op(OpCheck *c)
+{
+    const Plan *p = c->p;
+    c->op = &p->ops[c->k];
+    c->name = plan_str(p, c->op->op);
+    c->kind = op_lookup(c->name);
+    if (c->kind == OP_COUNT || !cpu_kernel_by_name(c->name))
+        return fail(c, "plan uses op '%s' that this fsexec does not know; rebuild fsexec", c->name);
+    c->info = op_info(c->kind);
+    c->n_attrs = 0;
+    if (check_arity(c) || check_dims(c) || check_attrs(c)) return -1;
+    /* Inputs are made before they are read: a kernel never sees a buffer of last step. */
+    for (int i = 0; i < c->op->n_in; i++) {
+        int32_t pr = in_t(c, i)->producer;
+        if (pr != PLAN_NONE && pr >= c->k) {
+            char what[256];
+            return fail(c, "input %d, %s, is made by op %d, not before this op", i,
+                        describe(c, in_id(c, i), what, sizeof what), pr);
+        }
+    }
+    c->g.attrs = c->attrs;
+    c->g.n_attrs = c->g.cap_attrs = c->n_attrs;
+    c->node = (Node){.op = c->kind, .attr = 0, .n_attr = c->n_attrs, .group = -1};
+    const Value *in[IR_MAX_IN];
+    for (int i = 0; i < c->op->n_in; i++) c->in[i] = value_of(in_t(c, i)), in[i] = &c->in[i];
+    /* Inputs first (the rule, then what the kernel asks beyond it), then the outputs: a
+     * bad input is named as such, not as the wrong output it leads to. */
+    ShapeCtx sc;
+    if ((c->info->flags & OPF_COLLECTIVE) && check_collective(c)) return -1;
+    if (run_rule(c, c->kind, in, c->op->n_in, &sc) || (extra[c->kind] && extra[c->kind](c))) return -1;
+    return check_outputs(c, &sc);
+}
+
+int rt_plan_check_ops(const Plan *p, char *err, size_t errlen)
+{
+    if (plan_check(p, err, errlen) || rt_plan_check_layout(p, err, errlen)) return -1;
+    OpCheck c = {.p = p, .world = plan_meta_int(p, "world", 1), .err = err, .errlen = errlen};
+    c.g.ints = p->ints;
+    c.g.n_ints = c.g.cap_ints = p->n_ints;
+    for (c.k = 0; c.k < p->n_ops; c.k++)
+        if (check_op(&c)) return -1;
+    return rt_plan_check_values(p, err, errlen);
+}
