@@ -92,8 +92,8 @@ int rt_plan_check_ops(const Plan *p, char *err, size_t errlen);
 int rt_plan_check_layout(const Plan *p, char *err, size_t errlen);
 /* Indices (embedding, cross_entropy and their backward ops), adamw's step and the i32
  * counters are proved in range from where they come from and that nothing overwrites
- * them before they are read; effect ops update only persistent state. Needs the ops
- * checked. */
+ * them before they are read; no output overlaps an input its kernel does not share
+ * bytes with; effect ops update only persistent state. Needs the ops checked. */
 int rt_plan_check_values(const Plan *p, char *err, size_t errlen);
 
 /* ---- runtime/exec.c: the executor of one rank (CPU backend) -------------------------- */
