@@ -24,18 +24,18 @@ static int backend_path(char *path, size_t n, char *err, size_t errlen)
 {
     const char *env = getenv("FS_CUDA_BACKEND");
     if (env && *env) {
-        if (strlen(env) >= n) return rt_fail(err, errlen, "$FS_CUDA_BACKEND is too long");
+        if (strlen(env) >= n) return plan_fail(err, errlen, "$FS_CUDA_BACKEND is too long");
         strcpy(path, env);
         return 0;
     }
     char exe[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len < 0) return rt_fail(err, errlen, "cannot find this program's path: %s", strerror(errno));
+    if (len < 0) return plan_fail(err, errlen, "cannot find this program's path: %s", strerror(errno));
     exe[len] = 0;
     char *slash = strrchr(exe, '/');
     if (slash) slash[1] = 0;
     if ((size_t)snprintf(path, n, "%s%s", slash ? exe : "./", CUDA_LIB) >= n)
-        return rt_fail(err, errlen, "this program's path is too long");
+        return plan_fail(err, errlen, "this program's path is too long");
     return 0;
 }
 
@@ -46,7 +46,7 @@ const RtBackendOps *rt_backend_load_cuda(char *err, size_t errlen)
     char path[PATH_MAX + 32];
     if (backend_path(path, sizeof path, err, errlen)) return NULL;
     if (access(path, R_OK) != 0) {
-        rt_fail(err, errlen, "no CUDA backend: %s: %s (this fsexec was built without CUDA, or $FS_CUDA_BACKEND is "
+        plan_fail(err, errlen, "no CUDA backend: %s: %s (this fsexec was built without CUDA, or $FS_CUDA_BACKEND is "
                 "wrong)", path, strerror(errno));
         return NULL;
     }
@@ -54,14 +54,14 @@ const RtBackendOps *rt_backend_load_cuda(char *err, size_t errlen)
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *why = dlerror();
-        rt_fail(err, errlen, "no CUDA GPU: %s", why ? why : "dlopen failed");
+        plan_fail(err, errlen, "no CUDA GPU: %s", why ? why : "dlopen failed");
         return NULL;
     }
     RtBackendEntry entry;
     *(void **)&entry = dlsym(h, RT_BACKEND_SYMBOL);  // POSIX's way to get a function from dlsym
     const RtBackendOps *ops = entry ? entry() : NULL;
     if (!ops || ops->abi != RT_BACKEND_ABI) {
-        rt_fail(err, errlen, "%s: %s (ABI %d, this fsexec needs %d); rebuild it with this fsexec", path,
+        plan_fail(err, errlen, "%s: %s (ABI %d, this fsexec needs %d); rebuild it with this fsexec", path,
                 ops ? "a backend of another version" : "not an fsexec backend", ops ? ops->abi : -1, RT_BACKEND_ABI);
         return NULL;
     }
@@ -73,6 +73,6 @@ int rt_backend_plan_has_cuda(const Plan *p, char *err, size_t errlen)
 {
     const PlanMeta *m = plan_meta_find(p, "cuda_source");
     if (!m || m->kind != PLAN_META_STR || !*plan_str(p, m->s))
-        return rt_fail(err, errlen, "this plan has no CUDA program; recompile it with this fsc");
+        return plan_fail(err, errlen, "this plan has no CUDA program; recompile it with this fsc");
     return 0;
 }

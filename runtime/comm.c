@@ -155,7 +155,7 @@ int rt_comm_init(RtRanks *r, char *err, size_t errlen)
     int provided, rank, size;
     /* MULTIPLE so that the watchdog thread may call MPI_Abort while the main thread waits. */
     if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
-        return rt_fail(err, errlen, "MPI_Init failed (%s reported rank %d)", rt_launch_name(r->launch), r->rank);
+        return plan_fail(err, errlen, "MPI_Init failed (%s reported rank %d)", rt_launch_name(r->launch), r->rank);
     comm.up = 1;
     MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
@@ -163,7 +163,7 @@ int rt_comm_init(RtRanks *r, char *err, size_t errlen)
     comm.rank = rank, comm.world = size;
     if (r->world == 0) r->world = size, r->rank = rank;
     if (size != r->world || rank != r->rank)
-        return rt_fail(err, errlen, "%s says rank %d of %d, but MPI sees rank %d of %d%s", rt_launch_name(r->launch),
+        return plan_fail(err, errlen, "%s says rank %d of %d, but MPI sees rank %d of %d%s", rt_launch_name(r->launch),
                        r->rank, r->world, rank, size,
                        r->launch == RT_LAUNCH_SLURM ? " (srun must start MPI: srun --mpi=pmix, or pmi2)" : "");
     MPI_Comm local;
@@ -267,13 +267,13 @@ int rt_coll_prepare(RtColl *c, RtCollKind kind, PlanDType dt, void *in, int64_t 
     int sizes_ok = kind == RT_COLL_ALL_REDUCE ? n_in == n_out : kind == RT_COLL_REDUCE_SCATTER ? n_in == n_out * world
                                                                                                 : n_out == n_in * world;
     if (!sizes_ok || es == 0)
-        return rt_fail(err, errlen, "%s over %d ranks: %lld elements in, %lld out do not fit", name, world,
+        return plan_fail(err, errlen, "%s over %d ranks: %lld elements in, %lld out do not fit", name, world,
                        (long long)n_in, (long long)n_out);
     if (n > INT32_MAX)
-        return rt_fail(err, errlen, "%s of %lld elements per rank exceeds MPI's int count", name, (long long)n);
+        return plan_fail(err, errlen, "%s of %lld elements per rank exceeds MPI's int count", name, (long long)n);
     int reduces = kind != RT_COLL_ALL_GATHER;
     if (reduces && avg && dt == PLAN_DT_I32)
-        return rt_fail(err, errlen, "%s with avg of i32: averages need a float dtype", name);
+        return plan_fail(err, errlen, "%s with avg of i32: averages need a float dtype", name);
     uint8_t *x = in, *y = out;
     *c = (RtColl){.kind = kind, .dtype = dt, .in = in, .out = out, .n = n, .world = world, .avg = reduces && avg,
                   .slot = -1, .op = PLAN_NONE,
@@ -295,7 +295,7 @@ int rt_coll_prepare(RtColl *c, RtCollKind kind, PlanDType dt, void *in, int64_t 
         break;
     case RT_COLL_COUNT: why = "unknown collective"; break;
     }
-    return why ? rt_fail(err, errlen, "%s on rank %d: %s", name, rank, why) : 0;
+    return why ? plan_fail(err, errlen, "%s on rank %d: %s", name, rank, why) : 0;
 }
 
 /* ---- the step's collectives: the queue of pending ones ----------------------------------- */

@@ -93,14 +93,14 @@ static uint32_t swap32(uint32_t x)
 static int parse_llmc(const uint8_t *b, size_t len, RtTokens *out, char *err, size_t errlen)
 {
     if (len < LLMC_HEADER)
-        return rt_fail(err, errlen, "an llm.c token file cut short: %zu bytes, less than its %d-byte header "
+        return plan_fail(err, errlen, "an llm.c token file cut short: %zu bytes, less than its %d-byte header "
                     "(truncated?)", len, LLMC_HEADER);
     uint32_t version = le32(b + 4), count = le32(b + 8);
     if (version != LLMC_VERSION)
-        return rt_fail(err, errlen, "llm.c token file of version %" PRIu32 "; this fsexec reads version %d "
+        return plan_fail(err, errlen, "llm.c token file of version %" PRIu32 "; this fsexec reads version %d "
                     "(uint16 tokens)", version, LLMC_VERSION);
     if ((uint64_t)count * 2 != len - LLMC_HEADER)
-        return rt_fail(err, errlen, "llm.c token file says %" PRIu32 " tokens (%" PRIu64 " bytes) but holds %zu "
+        return plan_fail(err, errlen, "llm.c token file says %" PRIu32 " tokens (%" PRIu64 " bytes) but holds %zu "
                     "bytes after its header (truncated or damaged)", count, (uint64_t)count * 2, len - LLMC_HEADER);
     *out = (RtTokens){(const uint16_t *)(b + LLMC_HEADER), count, RT_TOKENS_LLMC};
     return 0;
@@ -132,7 +132,7 @@ static int npy_error(const uint8_t *b, size_t len, char *err, size_t errlen)
     npy_field(dict, "'shape': (", ')', shape + 1, sizeof shape - 1);
     char what[128] = "";
     if (descr[0] && shape[1]) snprintf(what, sizeof what, " (dtype '%s', shape %s)", descr, shape);
-    return rt_fail(err, errlen, "a NumPy .npy file%s, not a token file: convert it with "
+    return plan_fail(err, errlen, "a NumPy .npy file%s, not a token file: convert it with "
                 "np.asarray(np.load(path), np.uint16).tofile(\"tokens.bin\") (raw uint16 tokens)", what);
 }
 
@@ -162,7 +162,7 @@ static int text_error(const uint8_t *b, size_t len, char *err, size_t errlen)
     size_t k = 0;
     for (; k < len && k + 1 < sizeof start && b[k] >= 0x20 && b[k] < 0x7f; k++) start[k] = (char)b[k];
     start[k] = 0;
-    return rt_fail(err, errlen, "a text file%s%s%s, not a token file: tokenize it first (e.g. GPT-2 tokens in "
+    return plan_fail(err, errlen, "a text file%s%s%s, not a token file: tokenize it first (e.g. GPT-2 tokens in "
                 "llm.c's format, as llm.c's dev/data scripts write them), or drop --data to train on the "
                 "built-in byte-level corpus", k ? " (it starts \"" : "", start, k ? "\")" : "");
 }
@@ -198,7 +198,7 @@ static int damaged_llmc(const uint8_t *b, size_t len, char *err, size_t errlen)
                                count);
     if (zero_tail && at < sizeof why)
         snprintf(why + at, sizeof why - at, "; the rest of its header is zero");
-    return rt_fail(err, errlen, "looks like an llm.c token file with a damaged header: %s. Remake the file, or, "
+    return plan_fail(err, errlen, "looks like an llm.c token file with a damaged header: %s. Remake the file, or, "
                 "if it really holds raw uint16 tokens, pass --data-format raw", why);
 }
 
@@ -210,7 +210,7 @@ static int not_raw(const uint8_t *b, size_t len, char *err, size_t errlen)
     if (damaged_llmc(b, len, err, errlen)) return -1;
     if (is_text(b, len)) return text_error(b, len, err, errlen);
     if (len % 2)
-        return rt_fail(err, errlen, "not a token file: neither llm.c's format (magic %d) nor raw uint16 tokens "
+        return plan_fail(err, errlen, "not a token file: neither llm.c's format (magic %d) nor raw uint16 tokens "
                     "(odd size, %zu bytes)", LLMC_MAGIC, len);
     return 0;
 }
@@ -219,10 +219,10 @@ int rt_tokens_parse_as(const void *buf, size_t len, RtTokenFormat format, RtToke
 {
     const uint8_t *b = buf;
     int magic = len >= 4 && le32(b) == LLMC_MAGIC;
-    if (len == 0) return rt_fail(err, errlen, "the token file holds no tokens");
+    if (len == 0) return plan_fail(err, errlen, "the token file holds no tokens");
     if (format == RT_TOKENS_RAW) {
         if (len % 2)
-            return rt_fail(err, errlen, "raw uint16 tokens (--data-format raw) need an even size; this file has %zu "
+            return plan_fail(err, errlen, "raw uint16 tokens (--data-format raw) need an even size; this file has %zu "
                         "bytes", len);
         *out = (RtTokens){(const uint16_t *)b, (int64_t)(len / 2), RT_TOKENS_RAW};
     } else if (magic) {
@@ -230,13 +230,13 @@ int rt_tokens_parse_as(const void *buf, size_t len, RtTokenFormat format, RtToke
     } else if (not_raw(b, len, err, errlen)) {
         return -1;
     } else if (format == RT_TOKENS_LLMC) {
-        return rt_fail(err, errlen, "not an llm.c token file (--data-format llmc): it starts with %" PRIu32 ", not "
+        return plan_fail(err, errlen, "not an llm.c token file (--data-format llmc): it starts with %" PRIu32 ", not "
                     "the magic %d; drop --data-format llmc to read raw uint16 tokens", len >= 4 ? le32(b) : 0,
                     LLMC_MAGIC);
     } else {
         *out = (RtTokens){(const uint16_t *)b, (int64_t)(len / 2), RT_TOKENS_RAW};
     }
-    if (out->n == 0) return rt_fail(err, errlen, "the token file holds no tokens");
+    if (out->n == 0) return plan_fail(err, errlen, "the token file holds no tokens");
     return 0;
 }
 
@@ -256,7 +256,7 @@ int rt_tokens_check(const RtTokens *t, int64_t vocab, char *err, size_t errlen)
         }
     if (bad < 0) return 0;
     int64_t offset = (t->format == RT_TOKENS_LLMC ? LLMC_HEADER : 0) + 2 * bad;
-    return rt_fail(err, errlen, "token %" PRId64 " is %u, outside the model's vocab of %" PRId64 " (V): byte offset %"
+    return plan_fail(err, errlen, "token %" PRId64 " is %u, outside the model's vocab of %" PRId64 " (V): byte offset %"
                 PRId64 " of the file; its largest token is %u, so it needs a vocab of at least %u (tokens of another "
                 "tokenizer?)", bad, (unsigned)t->tok[bad], vocab, offset, top, top + 1);
 }
@@ -408,22 +408,22 @@ static int open_file(RtData *d, const char *path, RtTokenFormat format, char *er
     int64_t size;
     char why[512];
     int fd = plan_open_input(path, &size, why, sizeof why);
-    if (fd < 0) return rt_fail(err, errlen, "%s: %s", path, why);
+    if (fd < 0) return plan_fail(err, errlen, "%s: %s", path, why);
     if (size == 0) {
         close(fd);
-        return rt_fail(err, errlen, "%s: empty file", path);
+        return plan_fail(err, errlen, "%s: empty file", path);
     }
     d->map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
     if (d->map == MAP_FAILED) {
         d->map = NULL;
-        return rt_fail(err, errlen, "%s: cannot map the file: %s", path, strerror(e));
+        return plan_fail(err, errlen, "%s: cannot map the file: %s", path, strerror(e));
     }
     d->map_len = (size_t)size;
     RtTokens t;
     if (rt_tokens_parse_as(d->map, d->map_len, format, &t, why, sizeof why))
-        return rt_fail(err, errlen, "%s: %s", path, why);
+        return plan_fail(err, errlen, "%s: %s", path, why);
     d->tok = t.tok, d->n_tok = t.n, d->format = t.format;
     snprintf(d->describe, sizeof d->describe, "%s (%" PRId64 " tokens, %s)", path, t.n,
              t.format == RT_TOKENS_LLMC ? "llm.c format" : "raw uint16");
@@ -449,7 +449,7 @@ static int load_text(RtData *d, const char *path, char *err, size_t errlen)
     if (!bytes || !tok) {
         plan_dealloc(bytes);
         plan_dealloc(tok);
-        return rt_fail(err, errlen, "out of memory reading the built-in corpus");
+        return plan_fail(err, errlen, "out of memory reading the built-in corpus");
     }
     for (size_t j = 0; j < got; j++) tok[j] = bytes[j];
     plan_dealloc(bytes);
@@ -486,7 +486,7 @@ static int largest_doc(char *path, size_t n)
 static int open_builtin(RtData *d, int64_t vocab, char *err, size_t errlen)
 {
     if (vocab < 256)
-        return rt_fail(err, errlen, "without --data the tokens are bytes (0-255), but this model's vocab V is %" PRId64
+        return plan_fail(err, errlen, "without --data the tokens are bytes (0-255), but this model's vocab V is %" PRId64
                     "; give a token file with --data", vocab);
     err[0] = 0;
     for (size_t i = 0; i < sizeof CORPUS_PATHS / sizeof *CORPUS_PATHS; i++)
@@ -494,7 +494,7 @@ static int open_builtin(RtData *d, int64_t vocab, char *err, size_t errlen)
     char doc[600];
     if (!err[0] && !largest_doc(doc, sizeof doc) && !load_text(d, doc, err, errlen)) return 0;
     if (err[0]) return -1;
-    return rt_fail(err, errlen, "no --data file given and no text for the built-in corpus found (tried %s, "
+    return plan_fail(err, errlen, "no --data file given and no text for the built-in corpus found (tried %s, "
                 "/usr/share/dict/words and /usr/share/doc); give a token file with --data", CORPUS_PATHS[0]);
 }
 
@@ -503,28 +503,28 @@ static int open_lm(RtData *d, const Plan *p, const char *path, RtTokenFormat for
     int64_t vocab = rt_plan_vocab(p);
     if (path ? open_file(d, path, format, err, errlen) : open_builtin(d, vocab, err, errlen)) return -1;
     if (d->n_tok < d->T + 2)
-        return rt_fail(err, errlen, "%s: %" PRId64 " tokens; a window needs T + 1 = %" PRId64 " and there must be more "
+        return plan_fail(err, errlen, "%s: %" PRId64 " tokens; a window needs T + 1 = %" PRId64 " and there must be more "
                     "than one", path ? path : "the corpus", d->n_tok, d->T + 1);
     RtTokens t = {d->tok, d->n_tok, d->format};
     char why[512];
     if (rt_tokens_check(&t, vocab, why, sizeof why))
-        return rt_fail(err, errlen, "%s: %s", path ? path : "the corpus", why);
+        return plan_fail(err, errlen, "%s: %s", path ? path : "the corpus", why);
     return 0;
 }
 
 static int open_classes(RtData *d, const Plan *p, const char *path, char *err, size_t errlen)
 {
     if (path)
-        return rt_fail(err, errlen, "--data gives tokens, but this model's inputs are f32 [B, D] features and i32 [B] "
+        return plan_fail(err, errlen, "--data gives tokens, but this model's inputs are f32 [B, D] features and i32 [B] "
                     "labels; it trains on synthetic Gaussian blobs (drop --data)");
     int32_t x, y, logits = rt_plan_logits(p);
     rt_data_inputs(p, &x, &y);
     if (logits == PLAN_NONE) logits = loss_logits(p, y);
     const PlanTensor *lt = logits == PLAN_NONE ? NULL : &p->tensors[logits];
     d->K = lt && lt->rank >= 1 ? lt->shape[lt->rank - 1] : 2;
-    if (d->K < 1 || d->K > INT32_MAX) return rt_fail(err, errlen, "the logits have %" PRId64 " classes", d->K);
+    if (d->K < 1 || d->K > INT32_MAX) return plan_fail(err, errlen, "the logits have %" PRId64 " classes", d->K);
     d->centers = plan_alloc(sizeof *d->centers * (size_t)(d->K * d->D));
-    if (!d->centers) return rt_fail(err, errlen, "out of memory");
+    if (!d->centers) return plan_fail(err, errlen, "out of memory");
     rt_blob_centers(d->seed, d->K, d->D, d->centers);
     snprintf(d->describe, sizeof d->describe, "synthetic Gaussian blobs (%" PRId64 " classes, %" PRId64 " features)",
              d->K, d->D);
@@ -545,7 +545,7 @@ static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFor
             at += (size_t)snprintf(shapes + at, sizeof shapes - at, "%s%s %s rank %d", at ? ", " : "",
                                    plan_str(p, t->name), plan_dtype_name(t->dtype), t->rank);
         }
-        return rt_fail(err, errlen, "this fsexec can feed two kinds of inputs: tokens and targets (i32 [B, T] each) or "
+        return plan_fail(err, errlen, "this fsexec can feed two kinds of inputs: tokens and targets (i32 [B, T] each) or "
                     "features and labels (f32 [B, D], i32 [B]); this plan's are: %s", at ? shapes : "none");
     }
     rt_data_inputs(p, &a, &b);
@@ -569,7 +569,7 @@ RtData *rt_data_open_as(Exec *e, const char *path, RtTokenFormat format, RtDataO
 {
     RtData *d = plan_alloc(sizeof *d);
     if (!d) {
-        rt_fail(err, errlen, "out of memory");
+        plan_fail(err, errlen, "out of memory");
         return NULL;
     }
     memset(d, 0, sizeof *d);

@@ -37,7 +37,6 @@
  *
  * The plan must outlive the Exec: list attributes point into it.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -107,15 +106,6 @@ static int ktype(PlanDType t)
     return KT_F32;
 }
 
-int rt_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    plan_vfail(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 void *rt_exec_data(const Exec *e, int32_t id)
 {
     const PlanTensor *t = &e->plan->tensors[id];
@@ -138,7 +128,7 @@ static int bind_attrs(const Plan *p, int32_t k, const OpInfo *info, KCall *c, ch
     const PlanOp *op = &p->ops[k];
     const char *name = plan_str(p, op->op);
     if (info->n_params > K_MAX_ATTRS)
-        return rt_fail(err, errlen, "op '%s' has %d signature parameters; the CPU kernel ABI takes %d", name,
+        return plan_fail(err, errlen, "op '%s' has %d signature parameters; the CPU kernel ABI takes %d", name,
                     info->n_params, K_MAX_ATTRS);
     for (int32_t a = 0; a < op->n_attr; a++) {
         const char *key = plan_str(p, p->attrs[op->attr + a].key);
@@ -147,7 +137,7 @@ static int bind_attrs(const Plan *p, int32_t k, const OpInfo *info, KCall *c, ch
             known = info->params[i].kind != ARG_TENSOR && info->params[i].kind != ARG_TENSORS &&
                     !strcmp(info->params[i].name, key);
         if (!known)
-            return rt_fail(err, errlen, "op %d (%s): attribute '%s' is not in this fsexec's signature \"%s\"; rebuild "
+            return plan_fail(err, errlen, "op %d (%s): attribute '%s' is not in this fsexec's signature \"%s\"; rebuild "
                         "fsexec or recompile the plan", k, name, key, info->sig);
     }
     int have_ints = 0;
@@ -159,21 +149,21 @@ static int bind_attrs(const Plan *p, int32_t k, const OpInfo *info, KCall *c, ch
             if (!strcmp(plan_str(p, p->attrs[op->attr + a].key), pr->name)) at = &p->attrs[op->attr + a];
         if (pr->kind == ARG_INTS) {
             if (at && at->kind != PLAN_ATTR_INTS)
-                return rt_fail(err, errlen, "op %d (%s): attribute '%s' should be a list", k, name, pr->name);
+                return plan_fail(err, errlen, "op %d (%s): attribute '%s' should be a list", k, name, pr->name);
             if (have_ints++)
-                return rt_fail(err, errlen, "op '%s' has two list attributes; the CPU kernel ABI takes one", name);
+                return plan_fail(err, errlen, "op '%s' has two list attributes; the CPU kernel ABI takes one", name);
             c->ints = at ? &p->ints[at->list] : NULL;
             c->n_ints = at ? at->n_list : 0;
             if (!at && !pr->has_default)
-                return rt_fail(err, errlen, "op %d (%s): attribute '%s' is missing", k, name, pr->name);
+                return plan_fail(err, errlen, "op %d (%s): attribute '%s' is missing", k, name, pr->name);
             continue;
         }
         if (!at) {
             if (!pr->has_default)
-                return rt_fail(err, errlen, "op %d (%s): attribute '%s' is missing", k, name, pr->name);
+                return plan_fail(err, errlen, "op %d (%s): attribute '%s' is missing", k, name, pr->name);
             c->attr[i] = pr->def;
         } else if (at->kind == PLAN_ATTR_INTS) {
-            return rt_fail(err, errlen, "op %d (%s): attribute '%s' should be a number, not a list", k, name, pr->name);
+            return plan_fail(err, errlen, "op %d (%s): attribute '%s' should be a number, not a list", k, name, pr->name);
         } else {
             c->attr[i] = at->kind == PLAN_ATTR_INT ? (double)at->i : at->f;
         }
@@ -191,9 +181,9 @@ static int bind_collective(Exec *e, int32_t k, ExecOp *x, char *err, size_t errl
     const char *name = plan_str(p, p->ops[k].op);
     int kind = rt_coll_kind(name);
     if (kind < 0 || x->call.n_in != 1 || x->call.n_out != 1)
-        return rt_fail(err, errlen, "op %d (%s): a collective this fsexec cannot run", k, name);
+        return plan_fail(err, errlen, "op %d (%s): a collective this fsexec cannot run", k, name);
     if (x->call.attr[1] != e->world)
-        return rt_fail(err, errlen, "op %d (%s) is for a world of %g ranks, but this run has %d", k, name,
+        return plan_fail(err, errlen, "op %d (%s) is for a world of %g ranks, but this run has %d", k, name,
                        x->call.attr[1], e->world);
     if (e->world == 1) return 0;
     const KTensor *in = &x->call.in[0], *out = &x->call.out[0];
@@ -202,7 +192,7 @@ static int bind_collective(Exec *e, int32_t k, ExecOp *x, char *err, size_t errl
     char why[256];
     if (rt_coll_prepare(x->coll, (RtCollKind)kind, p->tensors[p->ids[p->ops[k].in]].dtype, in->data, in->numel,
                         out->data, out->numel, e->world, e->rank, avg, why, sizeof why))
-        return rt_fail(err, errlen, "op %d: %s", k, why);
+        return plan_fail(err, errlen, "op %d: %s", k, why);
     x->coll->plan = p, x->coll->op = k;  // for the watchdog: which op of the plan hangs
     return 0;
 }
@@ -213,7 +203,7 @@ static int build_touch(Exec *e, char *err, size_t errlen)
     int64_t n = 0;
     for (int32_t k = 0; k < e->n_ops; k++) n += e->ops[k].call.n_in + e->ops[k].call.n_out;
     e->touch = plan_alloc(sizeof *e->touch * (size_t)(n + 1));
-    if (!e->touch) return rt_fail(err, errlen, "out of memory");
+    if (!e->touch) return plan_fail(err, errlen, "out of memory");
     int32_t at = 0;
     for (int32_t k = 0; k < e->n_ops; k++) {
         ExecOp *x = &e->ops[k];
@@ -236,14 +226,14 @@ static int build_op(Exec *e, int32_t k, char *err, size_t errlen)
     const char *name = plan_str(p, op->op);
     OpKind kind = op_lookup(name);
     CpuKernel fn = kind == OP_COUNT ? NULL : cpu_kernel_by_name(name);
-    if (!fn) return rt_fail(err, errlen, "plan uses op '%s' that this fsexec does not know; rebuild fsexec", name);
+    if (!fn) return plan_fail(err, errlen, "plan uses op '%s' that this fsexec does not know; rebuild fsexec", name);
     const OpInfo *info = op_info(kind);
     if ((info->n_tensors >= 0 && op->n_in != info->n_tensors) || (info->n_tensors < 0 && op->n_in < 1) ||
         (info->n_out >= 0 && op->n_out != info->n_out))
-        return rt_fail(err, errlen, "op %d (%s): %d inputs and %d outputs do not fit this fsexec's \"%s\"; rebuild "
+        return plan_fail(err, errlen, "op %d (%s): %d inputs and %d outputs do not fit this fsexec's \"%s\"; rebuild "
                     "fsexec or recompile the plan", k, name, op->n_in, op->n_out, info->sig);
     if (op->n_in > K_MAX_TENSORS || op->n_out > K_MAX_TENSORS)
-        return rt_fail(err, errlen, "op %d (%s): %d inputs, %d outputs; the CPU kernel ABI takes at most %d", k, name,
+        return plan_fail(err, errlen, "op %d (%s): %d inputs, %d outputs; the CPU kernel ABI takes at most %d", k, name,
                     op->n_in, op->n_out, K_MAX_TENSORS);
     ExecOp *x = &e->ops[k];
     x->fn = fn;
@@ -274,7 +264,7 @@ static int build_workspace(Exec *e, char *err, size_t errlen)
     }
     if (!n) return 0;
     if (n > SIZE_MAX / sizeof(float) || !(e->work = plan_alloc(n * sizeof(float))))
-        return rt_fail(err, errlen, "cannot allocate the %.1f MiB kernel workspace (out of memory)",
+        return plan_fail(err, errlen, "cannot allocate the %.1f MiB kernel workspace (out of memory)",
                        (double)n * sizeof(float) / (1 << 20));
     e->work_floats = n;
     for (int32_t k = 0; k < e->n_ops; k++) e->ops[k].call.work = e->work, e->ops[k].call.work_floats = n;
@@ -291,7 +281,7 @@ static int build_dead_lists(Exec *e, char *err, size_t errlen)
         if (t->alias == PLAN_NONE && !persistent(t) && t->live_end < p->n_ops) e->ops[t->live_end].n_dead++, n++;
     }
     e->dead = plan_alloc(sizeof *e->dead * (size_t)n);
-    if (!e->dead) return rt_fail(err, errlen, "out of memory");
+    if (!e->dead) return plan_fail(err, errlen, "out of memory");
     int32_t at = 0;
     for (int32_t k = 0; k < p->n_ops; k++) e->ops[k].dead = at, at += e->ops[k].n_dead, e->ops[k].n_dead = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {
@@ -322,7 +312,7 @@ static int init_tensors(Exec *e, uint64_t seed, char *err, size_t errlen)
             continue;
         }
         if (t->dtype != PLAN_DT_F32)
-            return rt_fail(err, errlen, "tensor '%s' is %s with init %s; this fsexec initializes f32 tensors only",
+            return plan_fail(err, errlen, "tensor '%s' is %s with init %s; this fsexec initializes f32 tensors only",
                         tname(p, i), plan_dtype_name(t->dtype), plan_init_name(t->init));
         /* A tied param starts as the param it is tied to: same name, same values. */
         int32_t from = t->tied_to != PLAN_NONE ? t->tied_to : i;
@@ -338,7 +328,7 @@ static int find_step(Exec *e, char *err, size_t errlen)
         const PlanTensor *t = &p->tensors[i];
         if (t->role != PLAN_ROLE_INPUT || strcmp(plan_str(p, t->name), "step")) continue;
         if (t->dtype != PLAN_DT_I32 || t->rank != 0)
-            return rt_fail(err, errlen, "the 'step' input is %s of rank %d; expected an i32 scalar",
+            return plan_fail(err, errlen, "the 'step' input is %s of rank %d; expected an i32 scalar",
                         plan_dtype_name(t->dtype), t->rank);
         e->step = (int32_t *)(e->arena + t->offset);
     }
@@ -350,31 +340,31 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
     const Plan *p = e->plan;
     const PlanMeta *m = plan_meta_find(p, "arena_bytes");
     if (!m || m->kind != PLAN_META_INT)
-        return rt_fail(err, errlen, "the plan has no memory plan (meta 'arena_bytes'); recompile it with this "
+        return plan_fail(err, errlen, "the plan has no memory plan (meta 'arena_bytes'); recompile it with this "
                     "version of fsc");
     if (m->i < 0 || (uint64_t)m->i > SIZE_MAX - 2 * ARENA_ALIGN)
-        return rt_fail(err, errlen, "the plan's arena_bytes (%lld) is not a size this machine can allocate",
+        return plan_fail(err, errlen, "the plan's arena_bytes (%lld) is not a size this machine can allocate",
                     (long long)m->i);
     e->arena_bytes = m->i;
     int64_t plan_world = plan_meta_int(p, "world", 1);
     if (plan_world != e->world)
-        return rt_fail(err, errlen, "plan compiled for world %lld, but %d rank%s started", (long long)plan_world,
+        return plan_fail(err, errlen, "plan compiled for world %lld, but %d rank%s started", (long long)plan_world,
                        e->world, e->world == 1 ? "" : "s");
     if (e->rank < 0 || e->rank >= e->world)
-        return rt_fail(err, errlen, "rank %d is outside the world of %d", e->rank, e->world);
+        return plan_fail(err, errlen, "rank %d is outside the world of %d", e->rank, e->world);
     e->block = plan_alloc((size_t)e->arena_bytes + ARENA_ALIGN - 1);
     if (!e->block)
-        return rt_fail(err, errlen, "cannot allocate the %.1f MiB arena the plan needs (out of memory)",
+        return plan_fail(err, errlen, "cannot allocate the %.1f MiB arena the plan needs (out of memory)",
                     (double)e->arena_bytes / (1 << 20));
     e->arena = (uint8_t *)(((uintptr_t)e->block + ARENA_ALIGN - 1) & ~(uintptr_t)(ARENA_ALIGN - 1));
     e->ops = plan_alloc(sizeof *e->ops * (size_t)p->n_ops);
-    if (!e->ops) return rt_fail(err, errlen, "out of memory");
+    if (!e->ops) return plan_fail(err, errlen, "out of memory");
     memset(e->ops, 0, sizeof *e->ops * (size_t)p->n_ops);
     e->n_ops = p->n_ops;
     if (e->world > 1) {
         e->colls = plan_alloc(sizeof *e->colls * (size_t)(p->n_ops + 1));
         e->queue = rt_comm_queue_new(p->n_ops);
-        if (!e->colls || !e->queue) return rt_fail(err, errlen, "out of memory");
+        if (!e->colls || !e->queue) return plan_fail(err, errlen, "out of memory");
     }
     for (int32_t k = 0; k < p->n_ops; k++)
         if (build_op(e, k, err, errlen)) return -1;
@@ -393,7 +383,7 @@ Exec *rt_exec_new(const Plan *p, const ExecOptions *o, char *err, size_t errlen)
     if (rt_plan_check_ops(p, err, errlen)) return NULL;  // no op reaches a kernel it does not fit
     Exec *e = plan_alloc(sizeof *e);
     if (!e) {
-        rt_fail(err, errlen, "out of memory");
+        plan_fail(err, errlen, "out of memory");
         return NULL;
     }
     memset(e, 0, sizeof *e);

@@ -72,7 +72,7 @@ Guard *rt_guard_new(const Plan *p, uint8_t *arena, int64_t arena_bytes, char *er
 {
     Guard *g = plan_alloc(sizeof *g);
     if (!g) {
-        rt_fail(err, errlen, "out of memory");
+        plan_fail(err, errlen, "out of memory");
         return NULL;
     }
     memset(g, 0, sizeof *g);
@@ -88,7 +88,7 @@ Guard *rt_guard_new(const Plan *p, uint8_t *arena, int64_t arena_bytes, char *er
     g->sums = plan_alloc(sizeof *g->sums * (size_t)(chunks + 1));
     if (!g->roots || !g->live || !g->chunk_at || !g->writes || !g->sums) {
         rt_guard_free(g);
-        rt_fail(err, errlen, "out of memory for the guard's checksums");
+        plan_fail(err, errlen, "out of memory for the guard's checksums");
         return NULL;
     }
     memset(g->writes, 0, nt);
@@ -101,7 +101,7 @@ Guard *rt_guard_new(const Plan *p, uint8_t *arena, int64_t arena_bytes, char *er
     }
     if (sort_roots(g)) {
         rt_guard_free(g);
-        rt_fail(err, errlen, "out of memory");
+        plan_fail(err, errlen, "out of memory");
         return NULL;
     }
     for (int i = 0; i < PATTERN + 4; i++) g->pattern[i] = CANARY[i % 4];
@@ -223,7 +223,7 @@ static int check_gap(Guard *g, int64_t a, int64_t b, int32_t below, void *ctx)
                  report_tensor_name(p, below, name, sizeof name), report_type(&p->tensors[below], type, sizeof type),
                  (long long)p->tensors[below].offset, (long long)(p->tensors[below].offset + nbytes(g, below)),
                  g->writes[below] ? ", an output of this op" : "");
-    return rt_fail(c->err, c->errlen, "guard: op %d, %s, wrote outside its planned buffers: arena bytes [%lld, %lld) "
+    return plan_fail(c->err, c->errlen, "guard: op %d, %s, wrote outside its planned buffers: arena bytes [%lld, %lld) "
                    "changed, in free space [%lld, %lld) %s", c->op, where(g, c->op, w, sizeof w), (long long)first,
                    (long long)last + 1, (long long)a, (long long)b, after);
 }
@@ -242,7 +242,7 @@ static int check_live(Guard *g, int32_t t, Check *c)
     if (first < 0) return 0;
     char w[256], name[64], type[96];
     int64_t at = p->tensors[t].offset;
-    return rt_fail(c->err, c->errlen, "guard: op %d, %s, wrote outside its planned buffers: arena bytes [%lld, %lld) "
+    return plan_fail(c->err, c->errlen, "guard: op %d, %s, wrote outside its planned buffers: arena bytes [%lld, %lld) "
                    "changed, inside tensor %s (%s, %s, bytes [%lld, %lld)), live here and not written by this op",
                    c->op, where(g, c->op, w, sizeof w), (long long)(at + first), (long long)(at + last),
                    report_tensor_name(p, t, name, sizeof name), report_type(&p->tensors[t], type, sizeof type),

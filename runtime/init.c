@@ -123,7 +123,7 @@ int rt_flat_init(const Plan *p, int32_t storage, int rank, uint64_t seed, float 
 {
     const PlanTensor *s = &p->tensors[storage];
     if (s->dtype != PLAN_DT_F32)
-        return rt_fail(err, errlen, "flat storage '%s' is %s; this fsexec initializes f32 storage only",
+        return plan_fail(err, errlen, "flat storage '%s' is %s; this fsexec initializes f32 storage only",
                        plan_str(p, s->name), plan_dtype_name(s->dtype));
     int64_t first, count;
     rt_flat_held(s, rank, &first, &count);

@@ -71,18 +71,18 @@ static int check_tensor_layout(const Plan *p, int32_t i, int64_t arena, int64_t 
     int overflow = __builtin_mul_overflow(t->rank_stride, world - 1, &reach);
     if (overflow || t->offset < 0 || t->offset % align || t->rank_stride % es || t->offset > arena ||
         n > arena - t->offset || reach > arena - t->offset - n)
-        return rt_fail(err, errlen,
+        return plan_fail(err, errlen,
                        "tensor %d (%s): bytes [%lld, %lld) (rank stride %lld over %lld ranks) lie outside the %lld-byte "
                        "arena or are not %lld-aligned (plan damaged, or made by a different fsc)",
                        i, tname(p, i), (long long)t->offset, (long long)(t->offset + n), (long long)t->rank_stride,
                        (long long)world, (long long)arena, (long long)align);
     if (t->live_start < 0 || t->live_end < t->live_start || t->live_end > p->n_ops)
-        return rt_fail(err, errlen, "tensor %d (%s): live range [%d, %d] outside the %d ops", i, tname(p, i),
+        return plan_fail(err, errlen, "tensor %d (%s): live range [%d, %d] outside the %d ops", i, tname(p, i),
                        t->live_start, t->live_end, p->n_ops);
     /* rt_flat_* adds rank * numel and numel to flat offsets. */
     int64_t flat_end;
     if (__builtin_mul_overflow(plan_tensor_numel(t), world + 1, &flat_end) || t->flat_offset > INT64_MAX / 2 - flat_end)
-        return rt_fail(err, errlen, "tensor %d (%s): flat offset %lld is too large", i, tname(p, i),
+        return plan_fail(err, errlen, "tensor %d (%s): flat offset %lld is too large", i, tname(p, i),
                        (long long)t->flat_offset);
     if (!view) return 0;
     const PlanTensor *r = &p->tensors[t->alias];
@@ -91,7 +91,7 @@ static int check_tensor_layout(const Plan *p, int32_t i, int64_t arena, int64_t 
         char made[96] = "";
         if (t->producer != PLAN_NONE)
             snprintf(made, sizeof made, " made by op %d (%s)", t->producer, plan_str(p, p->ops[t->producer].op));
-        return rt_fail(err, errlen, "tensor %d (%s)%s: alias %d is not a root tensor whose bytes hold this view's on "
+        return plan_fail(err, errlen, "tensor %d (%s)%s: alias %d is not a root tensor whose bytes hold this view's on "
                        "every rank", i, tname(p, i), made, t->alias);
     }
     return 0;
@@ -101,13 +101,13 @@ int rt_plan_check_layout(const Plan *p, char *err, size_t errlen)
 {
     const PlanMeta *m = plan_meta_find(p, "arena_bytes");
     if (!m || m->kind != PLAN_META_INT || m->i < 0)
-        return rt_fail(err, errlen, "the plan has no memory plan (meta 'arena_bytes'); recompile it with this version of fsc");
+        return plan_fail(err, errlen, "the plan has no memory plan (meta 'arena_bytes'); recompile it with this version of fsc");
     if (m->i > MAX_ARENA)
-        return rt_fail(err, errlen, "the plan's arena of %lld bytes is more than a rank can address here (2^48)",
+        return plan_fail(err, errlen, "the plan's arena of %lld bytes is more than a rank can address here (2^48)",
                        (long long)m->i);
     int64_t world = plan_meta_int(p, "world", 1);
     if (world < 1 || world > MAX_WORLD)
-        return rt_fail(err, errlen, "the plan's world of %lld ranks is not in [1, %d]", (long long)world, MAX_WORLD);
+        return plan_fail(err, errlen, "the plan's world of %lld ranks is not in [1, %d]", (long long)world, MAX_WORLD);
     for (int32_t i = 0; i < p->n_tensors; i++)
         if (check_tensor_layout(p, i, m->i, world, err, errlen)) return -1;
     return 0;
@@ -297,7 +297,7 @@ __attribute__((format(printf, 5, 6))) static int fail_op(Mem *m, int32_t k, char
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return rt_fail(err, errlen, "op %d (%s): %s", k, plan_str(m->p, m->p->ops[k].op), msg);
+    return plan_fail(err, errlen, "op %d (%s): %s", k, plan_str(m->p, m->p->ops[k].op), msg);
 }
 
 /* Op k reads tensor t (its `what`) as indices below n. */
@@ -457,7 +457,7 @@ int rt_plan_check_values(const Plan *p, char *err, size_t errlen)
     m.made_known = plan_alloc(n);
     int rc = 0;
     if (!m.root || !m.ok_upto || !m.lo || !m.hi || !m.kind || !m.made || !m.made_known) {
-        rc = rt_fail(err, errlen, "out of memory");
+        rc = plan_fail(err, errlen, "out of memory");
     } else {
         for (int32_t i = 0; i < p->n_tensors; i++) {
             const PlanTensor *t = &p->tensors[i];

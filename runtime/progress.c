@@ -55,7 +55,7 @@ Progress *rt_progress_new(const ProgressOptions *o, char *err, size_t errlen)
 {
     Progress *p = plan_alloc(sizeof *p);
     if (!p) {
-        rt_fail(err, errlen, "out of memory");
+        plan_fail(err, errlen, "out of memory");
         return NULL;
     }
     memset(p, 0, sizeof *p);
@@ -67,7 +67,7 @@ Progress *rt_progress_new(const ProgressOptions *o, char *err, size_t errlen)
     if (o->log_path) {
         p->log = fopen(o->log_path, "w");
         if (!p->log) {
-            rt_fail(err, errlen, "%s: %s", o->log_path, strerror(errno));
+            plan_fail(err, errlen, "%s: %s", o->log_path, strerror(errno));
             plan_dealloc(p);
             return NULL;
         }
@@ -169,7 +169,7 @@ int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen)
         if (s->has_scale) json_number(p->log, "loss_scale", s->loss_scale);
         if (s->skipped) fputs(", \"skipped\": true", p->log);
         if (fputs("}\n", p->log) == EOF || fflush(p->log) != 0)
-            return rt_fail(err, errlen, "%s: write failed: %s", p->o.log_path, strerror(errno));
+            return plan_fail(err, errlen, "%s: write failed: %s", p->o.log_path, strerror(errno));
     }
     int last = s->step >= p->o.steps;
     if (p->tty) {
@@ -194,7 +194,7 @@ int rt_progress_end(Progress *p, char *err, size_t errlen)
         fprintf(p->o.out, "done: %.1f s, %s %s/s on average\n", rt_now() - p->t0,
                 rate(p->items / p->seconds, r, sizeof r), p->o.unit);
     }
-    if (p->log && fclose(p->log) != 0) rc = rt_fail(err, errlen, "%s: %s", p->o.log_path, strerror(errno));
+    if (p->log && fclose(p->log) != 0) rc = plan_fail(err, errlen, "%s: %s", p->o.log_path, strerror(errno));
     plan_dealloc(p);
     return rc;
 }

@@ -40,12 +40,12 @@ static const char *var(RtGetenv get, void *ctx, const char *name)
 static int int_var(RtGetenv get, void *ctx, const char *name, int lo, int *out, char *err, size_t errlen)
 {
     const char *s = var(get, ctx, name);
-    if (!s) return rt_fail(err, errlen, "%s is not set", name);
+    if (!s) return plan_fail(err, errlen, "%s is not set", name);
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
     if (end == s || *end || errno || v < lo || v > (1L << 24))
-        return rt_fail(err, errlen, "%s is '%s': expected an integer of at least %d", name, s, lo);
+        return plan_fail(err, errlen, "%s is '%s': expected an integer of at least %d", name, s, lo);
     *out = (int)v;
     return 0;
 }
@@ -68,7 +68,7 @@ static int pair(RtGetenv get, void *ctx, const char *rank_var, const char *world
         int_var(get, ctx, world_var, 1, &r->world, err, errlen))
         return -1;
     if (r->rank >= r->world)
-        return rt_fail(err, errlen, "%s=%d is not below %s=%d", rank_var, r->rank, world_var, r->world);
+        return plan_fail(err, errlen, "%s=%d is not below %s=%d", rank_var, r->rank, world_var, r->world);
     return 0;
 }
 
@@ -110,7 +110,7 @@ int rt_ranks_discover(RtGetenv get, void *ctx, RtRanks *r, char *err, size_t err
         r->local_rank = opt_int(get, ctx, "LOCAL_RANK", -1);
         r->local_world = opt_int(get, ctx, "LOCAL_WORLD_SIZE", -1);
         if (r->world > 1)
-            return rt_fail(err, errlen,
+            return plan_fail(err, errlen,
                            "RANK=%d and WORLD_SIZE=%d are set (torchrun style), but fsexec's CPU ranks talk through "
                            "MPI, and MPI needs an MPI launcher to connect them (this build cannot bootstrap a world "
                            "over MASTER_ADDR/MASTER_PORT): start the ranks with `mpirun -np %d fsexec ...`, "

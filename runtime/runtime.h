@@ -100,8 +100,6 @@ int rt_plan_check_values(const Plan *p, char *err, size_t errlen);
 
 typedef struct Exec Exec;
 
-/* Formats a message into err and returns -1: `return rt_fail(err, errlen, ...)`. */
-int rt_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 
 typedef struct {

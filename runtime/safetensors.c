@@ -93,7 +93,7 @@ static json_t *header_json(const StEntry *t, int32_t n, int64_t step)
 
 int rt_st_write(const char *path, const StEntry *t, int32_t n, int64_t step, char *err, size_t errlen)
 {
-    if (!little_endian()) return rt_fail(err, errlen, "%s: safetensors output needs a little-endian host", path);
+    if (!little_endian()) return plan_fail(err, errlen, "%s: safetensors output needs a little-endian host", path);
     json_t *h = header_json(t, n, step);
     char *text = h ? json_dumps(h, JSON_COMPACT) : NULL;
     json_decref(h);
@@ -104,7 +104,7 @@ int rt_st_write(const char *path, const StEntry *t, int32_t n, int64_t step, cha
     if (!chunks) {
         free(text);
         plan_dealloc(head);
-        return rt_fail(err, errlen, "%s: out of memory building the header (or a name that is not UTF-8)", path);
+        return plan_fail(err, errlen, "%s: out of memory building the header (or a name that is not UTF-8)", path);
     }
     for (int i = 0; i < 8; i++) head[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     memcpy(head + 8, text, len);
@@ -116,7 +116,7 @@ int rt_st_write(const char *path, const StEntry *t, int32_t n, int64_t step, cha
     int rc = plan_write_atomic(path, chunks, n + 1, why, sizeof why);
     plan_dealloc(chunks);
     plan_dealloc(head);
-    return rc ? rt_fail(err, errlen, "%s: %s", path, why) : 0;
+    return rc ? plan_fail(err, errlen, "%s: %s", path, why) : 0;
 }
 
 /* ---- reading ------------------------------------------------------------------------ */
@@ -141,37 +141,37 @@ static int parse_entry(const char *key, json_t *v, uint64_t data_len, FileEntry 
            *off = json_object_get(v, "data_offsets");
     if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(shape) || !json_is_array(off) ||
         json_array_size(off) != 2)
-        return rt_fail(err, errlen, "tensor '%s': needs \"dtype\", \"shape\" and \"data_offsets\" [begin, end]", key);
+        return plan_fail(err, errlen, "tensor '%s': needs \"dtype\", \"shape\" and \"data_offsets\" [begin, end]", key);
     fe->name = key;
     fe->dtype = PLAN_DT_COUNT;
     for (int d = 0; d < PLAN_DT_COUNT; d++)
         if (!strcmp(json_string_value(dt), ST_DTYPES[d])) fe->dtype = (PlanDType)d;
     if (fe->dtype == PLAN_DT_COUNT)
-        return rt_fail(err, errlen, "tensor '%s': dtype %s; this fsexec reads F32, F16, BF16 and I32", key,
+        return plan_fail(err, errlen, "tensor '%s': dtype %s; this fsexec reads F32, F16, BF16 and I32", key,
                     json_string_value(dt));
     if (json_array_size(shape) > PLAN_MAX_RANK)
-        return rt_fail(err, errlen, "tensor '%s': rank %zu; at most %d", key, json_array_size(shape), PLAN_MAX_RANK);
+        return plan_fail(err, errlen, "tensor '%s': rank %zu; at most %d", key, json_array_size(shape), PLAN_MAX_RANK);
     fe->rank = (int)json_array_size(shape);
     uint64_t bytes = (uint64_t)plan_dtype_size(fe->dtype);
     for (int d = 0; d < fe->rank; d++) {
         json_t *x = json_array_get(shape, (size_t)d);
         if (!json_is_integer(x) || json_integer_value(x) < 0)
-            return rt_fail(err, errlen, "tensor '%s': shape must hold non-negative integers", key);
+            return plan_fail(err, errlen, "tensor '%s': shape must hold non-negative integers", key);
         fe->shape[d] = json_integer_value(x);
         if (fe->shape[d] && bytes > data_len / (uint64_t)fe->shape[d])
-            return rt_fail(err, errlen, "tensor '%s': shape larger than the file", key);
+            return plan_fail(err, errlen, "tensor '%s': shape larger than the file", key);
         bytes *= (uint64_t)fe->shape[d];
     }
     json_t *b = json_array_get(off, 0), *e = json_array_get(off, 1);
     if (!json_is_integer(b) || !json_is_integer(e) || json_integer_value(b) < 0 ||
         json_integer_value(e) < json_integer_value(b))
-        return rt_fail(err, errlen, "tensor '%s': data_offsets must be integers 0 <= begin <= end", key);
+        return plan_fail(err, errlen, "tensor '%s': data_offsets must be integers 0 <= begin <= end", key);
     fe->begin = (uint64_t)json_integer_value(b), fe->end = (uint64_t)json_integer_value(e);
     if (fe->end > data_len)
-        return rt_fail(err, errlen, "tensor '%s': data_offsets end %" PRIu64 " past the %" PRIu64 " bytes of data "
+        return plan_fail(err, errlen, "tensor '%s': data_offsets end %" PRIu64 " past the %" PRIu64 " bytes of data "
                     "(truncated?)", key, fe->end, data_len);
     if (fe->end - fe->begin != bytes)
-        return rt_fail(err, errlen, "tensor '%s': %" PRIu64 " bytes of data for a shape that needs %" PRIu64, key,
+        return plan_fail(err, errlen, "tensor '%s': %" PRIu64 " bytes of data for a shape that needs %" PRIu64, key,
                     fe->end - fe->begin, bytes);
     return 0;
 }
@@ -182,15 +182,15 @@ static int parse_header(json_t *h, uint64_t data_len, FileEntry *fe, size_t *n, 
     const char *key;
     json_t *v;
     *n = 0;
-    if (!json_is_object(h)) return rt_fail(err, errlen, "the header is not a JSON object");
+    if (!json_is_object(h)) return plan_fail(err, errlen, "the header is not a JSON object");
     json_object_foreach(h, key, v)
     {
         if (!strcmp(key, "__metadata__")) {
             const char *mk;
             json_t *mv;
-            if (!json_is_object(v)) return rt_fail(err, errlen, "__metadata__ is not an object");
+            if (!json_is_object(v)) return plan_fail(err, errlen, "__metadata__ is not an object");
             json_object_foreach(v, mk, mv) if (!json_is_string(mv))
-                return rt_fail(err, errlen, "__metadata__ '%s' is not a string", mk);
+                return plan_fail(err, errlen, "__metadata__ '%s' is not a string", mk);
             continue;
         }
         if (parse_entry(key, v, data_len, &fe[*n], err, errlen)) return -1;
@@ -200,12 +200,12 @@ static int parse_header(json_t *h, uint64_t data_len, FileEntry *fe, size_t *n, 
     uint64_t at = 0;
     for (size_t i = 0; i < *n; i++) {
         if (fe[i].begin != at)
-            return rt_fail(err, errlen, "tensor '%s': data at %" PRIu64 ", expected %" PRIu64 " (overlapping or gaps)",
+            return plan_fail(err, errlen, "tensor '%s': data at %" PRIu64 ", expected %" PRIu64 " (overlapping or gaps)",
                         fe[i].name, fe[i].begin, at);
         at = fe[i].end;
     }
     if (at != data_len)
-        return rt_fail(err, errlen, "the tensors cover %" PRIu64 " of the %" PRIu64 " bytes of data", at, data_len);
+        return plan_fail(err, errlen, "the tensors cover %" PRIu64 " of the %" PRIu64 " bytes of data", at, data_len);
     return 0;
 }
 
@@ -216,11 +216,11 @@ static int match(const StEntry *t, int32_t n, const FileEntry *fe, size_t nf, si
     for (int32_t i = 0; i < n; i++) {
         size_t j = 0;
         while (j < nf && strcmp(fe[j].name, t[i].name)) j++;
-        if (j == nf) return rt_fail(err, errlen, "no tensor '%s', which the model has", t[i].name);
+        if (j == nf) return plan_fail(err, errlen, "no tensor '%s', which the model has", t[i].name);
         int same = fe[j].dtype == t[i].dtype && fe[j].rank == t[i].rank;
         for (int d = 0; same && d < t[i].rank; d++) same = fe[j].shape[d] == t[i].shape[d];
         if (!same)
-            return rt_fail(err, errlen, "tensor '%s' is %s in the file but %s in the model", t[i].name,
+            return plan_fail(err, errlen, "tensor '%s' is %s in the file but %s in the model", t[i].name,
                         shape_str(fe[j].dtype, fe[j].rank, fe[j].shape, a, sizeof a),
                         shape_str(t[i].dtype, t[i].rank, t[i].shape, b, sizeof b));
         where[i] = j;
@@ -229,7 +229,7 @@ static int match(const StEntry *t, int32_t n, const FileEntry *fe, size_t nf, si
         for (size_t j = 0; j < nf; j++) {
             int32_t i = 0;
             while (i < n && strcmp(fe[j].name, t[i].name)) i++;
-            if (i == n) return rt_fail(err, errlen, "tensor '%s' is not in the model", fe[j].name);
+            if (i == n) return plan_fail(err, errlen, "tensor '%s' is not in the model", fe[j].name);
         }
     }
     return 0;
@@ -293,7 +293,7 @@ static int check_finite(const FileEntry *fe, const uint8_t *p, char *err, size_t
             at += (size_t)snprintf(where + at, sizeof where - at, "%s%" PRId64, d ? ", " : "", idx[d]);
         if (at < sizeof where) snprintf(where + at, sizeof where - at, "])");
     }
-    return rt_fail(err, errlen, "tensor '%s' has %s at index %" PRId64 "%s; the weights are damaged (a file from "
+    return plan_fail(err, errlen, "tensor '%s' has %s at index %" PRId64 "%s; the weights are damaged (a file from "
                    "a run that diverged, or a corrupted one)", fe->name, mant ? "NaN" : neg ? "-Inf" : "+Inf", i,
                    where);
 }
@@ -317,7 +317,7 @@ static int read_data(int fd, uint64_t size, uint64_t base, const StEntry *t, int
                      const size_t *where, char *err, size_t errlen)
 {
     uint8_t *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) return rt_fail(err, errlen, "cannot map the file: %s", strerror(errno));
+    if (map == MAP_FAILED) return plan_fail(err, errlen, "cannot map the file: %s", strerror(errno));
     int rc = 0;
     for (int32_t i = 0; i < n && !rc; i++)
         rc = check_finite(&fe[where[i]], map + base + fe[where[i]].begin, err, errlen);
@@ -330,27 +330,27 @@ static int read_data(int fd, uint64_t size, uint64_t base, const StEntry *t, int
 static int read_file(int fd, uint64_t size, const StEntry *t, int32_t n, char *err, size_t errlen)
 {
     uint8_t n8[8];
-    if (size < 8 || read_at(fd, n8, 8, 0)) return rt_fail(err, errlen, "too short for a safetensors file");
+    if (size < 8 || read_at(fd, n8, 8, 0)) return plan_fail(err, errlen, "too short for a safetensors file");
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++) hlen |= (uint64_t)n8[i] << (8 * i);
-    if (hlen > size - 8) return rt_fail(err, errlen, "header of %" PRIu64 " bytes in a %" PRIu64 "-byte file "
+    if (hlen > size - 8) return plan_fail(err, errlen, "header of %" PRIu64 " bytes in a %" PRIu64 "-byte file "
                                      "(truncated, or not a safetensors file)", hlen, size);
-    if (hlen > MAX_HEADER) return rt_fail(err, errlen, "header of %" PRIu64 " bytes; at most %d", hlen, MAX_HEADER);
+    if (hlen > MAX_HEADER) return plan_fail(err, errlen, "header of %" PRIu64 " bytes; at most %d", hlen, MAX_HEADER);
     char *text = plan_alloc((size_t)hlen + 1);
-    if (!text) return rt_fail(err, errlen, "out of memory");
+    if (!text) return plan_fail(err, errlen, "out of memory");
     if (read_at(fd, text, hlen, 8)) {
         plan_dealloc(text);
-        return rt_fail(err, errlen, "cannot read the header: %s", strerror(errno));
+        return plan_fail(err, errlen, "cannot read the header: %s", strerror(errno));
     }
     json_error_t je;
     json_t *h = json_loadb(text, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
     plan_dealloc(text);
-    if (!h) return rt_fail(err, errlen, "header is not valid JSON: %s (at byte %d)", je.text, je.position);
+    if (!h) return plan_fail(err, errlen, "header is not valid JSON: %s (at byte %d)", je.text, je.position);
     size_t nkeys = json_is_object(h) ? json_object_size(h) : 0, nf = 0;
     FileEntry *fe = plan_alloc(sizeof *fe * (nkeys + 1));
     size_t *where = plan_alloc(sizeof *where * ((size_t)n + 1));
     uint64_t base = 8 + hlen;
-    int rc = !fe || !where ? rt_fail(err, errlen, "out of memory") : parse_header(h, size - base, fe, &nf, err, errlen);
+    int rc = !fe || !where ? plan_fail(err, errlen, "out of memory") : parse_header(h, size - base, fe, &nf, err, errlen);
     if (!rc) rc = match(t, n, fe, nf, where, err, errlen);
     if (!rc) rc = read_data(fd, size, base, t, n, fe, where, err, errlen);
     plan_dealloc(fe);
@@ -361,14 +361,14 @@ static int read_file(int fd, uint64_t size, const StEntry *t, int32_t n, char *e
 
 int rt_st_read(const char *path, const StEntry *t, int32_t n, char *err, size_t errlen)
 {
-    if (!little_endian()) return rt_fail(err, errlen, "%s: safetensors input needs a little-endian host", path);
+    if (!little_endian()) return plan_fail(err, errlen, "%s: safetensors input needs a little-endian host", path);
     char why[512];
     int64_t size;
     int fd = plan_open_input(path, &size, why, sizeof why);
-    if (fd < 0) return rt_fail(err, errlen, "%s: %s", path, why);
+    if (fd < 0) return plan_fail(err, errlen, "%s: %s", path, why);
     int rc = read_file(fd, (uint64_t)size, t, n, why, sizeof why);
     close(fd);
-    if (rc) rt_fail(err, errlen, "%s: %s", path, why);
+    if (rc) plan_fail(err, errlen, "%s: %s", path, why);
     return rc;
 }
 
@@ -413,14 +413,14 @@ static int flat_alloc(const Exec *e, Flat *f, int mine, char *err, size_t errlen
     const Plan *p = rt_exec_plan(e);
     f->n = p->n_blocks + 1;
     f->full = plan_alloc(sizeof *f->full * (size_t)f->n);
-    if (!f->full) return rt_fail(err, errlen, "out of memory");
+    if (!f->full) return plan_fail(err, errlen, "out of memory");
     memset(f->full, 0, sizeof *f->full * (size_t)f->n);
     for (int32_t i = 0; i < p->n_tensors && mine; i++) {
         const PlanTensor *t = &p->tensors[i];
         if (t->role != PLAN_ROLE_PARAM || !rt_flat_is_storage(p, i) || t->unit >= f->n || f->full[t->unit]) continue;
         size_t len = (size_t)rt_flat_length(p, i, rt_exec_world(e));
         if (!(f->full[t->unit] = plan_alloc(sizeof(float) * len)))
-            return rt_fail(err, errlen, "out of memory for the %zu params of unit %d", len, t->unit);
+            return plan_fail(err, errlen, "out of memory for the %zu params of unit %d", len, t->unit);
         memset(f->full[t->unit], 0, sizeof(float) * len);
     }
     return 0;
@@ -444,7 +444,7 @@ static int flat_gather(const Exec *e, int32_t s, Flat *f, char *err, size_t errl
     int rc = rt_comm_agree(rank == 0 && !recv);
     if (rc) {
         plan_dealloc(recv);
-        return rank == 0 ? rt_fail(err, errlen, "out of memory gathering unit %d", t->unit) : -1;
+        return rank == 0 ? plan_fail(err, errlen, "out of memory gathering unit %d", t->unit) : -1;
     }
     rt_comm_gather_f32((const float *)(arena + o.byte_offset + (int64_t)rank * o.byte_stride), o.count, recv);
     for (int q = 0; rank == 0 && q < world; q++)
@@ -462,7 +462,7 @@ static int collect(const Exec *e, int grads, const Flat *f, StEntry **out, int32
     char *name = plan_alloc(1024);
     if (!*out || !name) {
         plan_dealloc(name);
-        return rt_fail(err, errlen, "out of memory");
+        return plan_fail(err, errlen, "out of memory");
     }
     *n = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {
@@ -476,7 +476,7 @@ static int collect(const Exec *e, int grads, const Flat *f, StEntry **out, int32
             t.dtype = PLAN_DT_F32;  // the storage's: a 16-bit view (fsdp's gathered compute copy) has f32 master bytes
             if (!t.data && !grads) {
                 plan_dealloc(name);
-                return rt_fail(err, errlen, "param '%s' lies in unit %d, which has no storage", t.name, pt->unit);
+                return plan_fail(err, errlen, "param '%s' lies in unit %d, which has no storage", t.name, pt->unit);
             }
         }
         if (grads) {
@@ -488,7 +488,7 @@ static int collect(const Exec *e, int grads, const Flat *f, StEntry **out, int32
         (*out)[(*n)++] = (StEntry){t.name, t.dtype, t.rank, t.shape, t.data};
     }
     plan_dealloc(name);
-    if (grads && !*n) return rt_fail(err, errlen, "the plan has no gradients to save");
+    if (grads && !*n) return plan_fail(err, errlen, "the plan has no gradients to save");
     return 0;
 }
 
@@ -515,7 +515,7 @@ int rt_save_weights(const Exec *e, const char *path, int64_t step, char *err, si
 int rt_save_grads(const Exec *e, const char *path, int64_t step, char *err, size_t errlen)
 {
     if (rt_exec_world(e) > 1)
-        return rt_fail(err, errlen, "saving gradients is supported for world 1 only (with more ranks they are "
+        return plan_fail(err, errlen, "saving gradients is supported for world 1 only (with more ranks they are "
                        "reduced and sharded); run the world-1 plan");
     StEntry *t;
     int32_t n;

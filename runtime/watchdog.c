@@ -111,7 +111,7 @@ int rt_watchdog_attach(int rank, int world, RtBeacon *const *all, char *err, siz
     if (!copy || !cat) {
         plan_dealloc(copy);
         plan_dealloc(cat);
-        return rt_fail(err, errlen, "out of memory");
+        return plan_fail(err, errlen, "out of memory");
     }
     memcpy(copy, all, sizeof *copy * (size_t)world);
     pthread_mutex_lock(&wd.lock);
@@ -450,7 +450,7 @@ int rt_watchdog_start(double seconds, char *err, size_t errlen)
     atomic_store(&wd.what, "step");
     pthread_t th;
     int rc = pthread_create(&th, NULL, watch, NULL);
-    if (rc) return rt_fail(err, errlen, "cannot start the watchdog thread: %s", strerror(rc));
+    if (rc) return plan_fail(err, errlen, "cannot start the watchdog thread: %s", strerror(rc));
     pthread_detach(th);
     return 0;
 }
