@@ -87,6 +87,7 @@ static void keywords(Lower *L, TrainConfig *c, const char *owner, const Arg *arg
 static void setting(Lower *L, const Stmt *st, TrainConfig *c)
 {
     const Expr *v = st->value;
+    if (!strcmp(st->name, "optimizer")) c->optimizer_loc = st->name_loc;
     if (v) {
         int recompute = strcmp(st->name, "recompute") == 0, rc = 0;
         size_t len = 0;

@@ -349,6 +349,8 @@ typedef struct {
     PipeSchedule schedule;
     OffloadKind offload;
     uint64_t seed;
+    Loc optimizer_loc;    // the train block's `optimizer` statement (none when not there):
+                          // the source the optimizer's own ops (norm, lr, clipping) name
 } TrainConfig;
 
 typedef struct {

@@ -81,14 +81,14 @@ static int global_norm(Opt *o)
     int total = -1;
     for (int i = 0; i < n; i++) {
         int s = node_out(o, OP_sumsq, &piece[i], 1, NULL, 0, -1, ir_value(g, piece[i])->loc);
-        total = total < 0 ? s : node_out(o, OP_add, (int[]){total, s}, 2, NULL, 0, -1, (Loc){0});
+        total = total < 0 ? s : node_out(o, OP_add, (int[]){total, s}, 2, NULL, 0, -1, o->t->optimizer_loc);
     }
     if (total < 0) return -1;
     if (sharded) {
         Attr w = {.key = "world", .kind = ATTR_INT, .i = o->t->world};
-        total = node_out(o, OP_all_reduce, &total, 1, &w, 1, -1, (Loc){0});
+        total = node_out(o, OP_all_reduce, &total, 1, &w, 1, -1, o->t->optimizer_loc);
     }
-    return node_out(o, OP_sqrt, &total, 1, NULL, 0, -1, (Loc){0});
+    return node_out(o, OP_sqrt, &total, 1, NULL, 0, -1, o->t->optimizer_loc);
 }
 
 static void update(Opt *o, int p, int lr, int coef, int step)
@@ -118,6 +118,7 @@ int pass_optimizer(Graph *g, const Options *opts, Diag *d)
     (void)d;
     Opt o = {g, &opts->train};
     const TrainConfig *t = &opts->train;
+    Loc at = t->optimizer_loc;  // the optimizer's own ops: its statement in the train block
     Value sv = {.dtype = DT_I32, .rank = 0, .role = ROLE_INPUT, .block = -1, .name = "step",
                 .producer = -1, .tied_to = -1, .grad = -1};
     int step = ir_value_add(g, &sv);
@@ -127,7 +128,7 @@ int pass_optimizer(Graph *g, const Options *opts, Diag *d)
                    {.key = "warmup", .kind = ATTR_INT, .i = t->warmup},
                    {.key = "steps", .kind = ATTR_INT, .i = t->steps},
                    {.key = "min_lr", .kind = ATTR_FLOAT, .f = t->min_lr}};
-    int lr = node_out(&o, OP_lr_at, &step, 1, lat, 5, -1, (Loc){0});
+    int lr = node_out(&o, OP_lr_at, &step, 1, lat, 5, -1, at);
     name_output(&o, lr, "lr");
     int norm = global_norm(&o);
     if (norm < 0) return 0;  // nothing to train
@@ -135,20 +136,20 @@ int pass_optimizer(Graph *g, const Options *opts, Diag *d)
      * into the coefficient the updates apply, and skip a step that overflowed. */
     int inv = -1;
     if (g->loss_scale >= 0) {
-        int one = node_out(&o, OP_scalar, NULL, 0, &(Attr){.key = "value", .kind = ATTR_FLOAT, .f = 1.0}, 1, -1, (Loc){0});
-        inv = node_out(&o, OP_div, (int[]){one, g->loss_scale}, 2, NULL, 0, -1, (Loc){0});
-        norm = node_out(&o, OP_mul, (int[]){norm, inv}, 2, NULL, 0, -1, (Loc){0});
+        int one = node_out(&o, OP_scalar, NULL, 0, &(Attr){.key = "value", .kind = ATTR_FLOAT, .f = 1.0}, 1, -1, at);
+        inv = node_out(&o, OP_div, (int[]){one, g->loss_scale}, 2, NULL, 0, -1, at);
+        norm = node_out(&o, OP_mul, (int[]){norm, inv}, 2, NULL, 0, -1, at);
     }
     name_output(&o, norm, "grad_norm");
     Attr cat[2] = {{.key = "max_norm", .kind = ATTR_FLOAT, .f = t->clip},
                    {.key = "skip_nonfinite", .kind = ATTR_INT, .i = g->loss_scale >= 0}};
-    int coef = node_out(&o, OP_clip_coef, &norm, 1, cat, 2, -1, (Loc){0});
-    if (inv >= 0) coef = node_out(&o, OP_mul, (int[]){coef, inv}, 2, NULL, 0, -1, (Loc){0});
+    int coef = node_out(&o, OP_clip_coef, &norm, 1, cat, 2, -1, at);
+    if (inv >= 0) coef = node_out(&o, OP_mul, (int[]){coef, inv}, 2, NULL, 0, -1, at);
     /* The optimizer's own step count: bias correction counts the steps it took. */
     Value cv = {.dtype = DT_I32, .rank = 0, .role = ROLE_OPT_STATE, .block = -1, .name = "opt_step", .producer = -1,
                 .tied_to = -1, .init = INIT_ZEROS};
     int count = ir_value_add(g, &cv);
-    node_out(&o, OP_count_step, (int[]){count, coef}, 2, NULL, 0, -1, (Loc){0});
+    node_out(&o, OP_count_step, (int[]){count, coef}, 2, NULL, 0, -1, at);
     step = count;
 
     int n_values = g->n_values;
@@ -156,7 +157,7 @@ int pass_optimizer(Graph *g, const Options *opts, Diag *d)
         if (g->values[v].role == ROLE_PARAM && g->values[v].grad >= 0) update(&o, v, lr, coef, step);
     if (g->loss_scale >= 0) {
         Attr gi = {.key = "growth_interval", .kind = ATTR_INT, .i = 2000};
-        node_out(&o, OP_scale_update, (int[]){norm, g->loss_scale, g->scale_good}, 3, &gi, 1, -1, (Loc){0});
+        node_out(&o, OP_scale_update, (int[]){norm, g->loss_scale, g->scale_good}, 3, &gi, 1, -1, at);
         ir_output_add(g, g->loss_scale);
     }
     return 0;
