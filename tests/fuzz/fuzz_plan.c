@@ -17,10 +17,10 @@
  *   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DFS_FUZZ=ON
  *   cmake --build build-fuzz --target fuzz_plan
  *   tests/fuzz/seed.sh build/fsc corpus/      (plans fsc wrote, in every strategy)
- *   UBSAN_OPTIONS=halt_on_error=1 build-fuzz/fuzz_plan -max_total_time=900 -mutate_depth=2 \
- *       -cross_over=0 -jobs=1 -workers=1 corpus/
- * (UBSan reports and goes on unless told to halt; a report is a finding. Few mutations
- * an input and no cross-over keep most inputs readable plans; see the mutator below.)
+ *   build-fuzz/fuzz_plan -max_total_time=900 -mutate_depth=2 -cross_over=0 corpus/
+ * (The FS_FUZZ build stops at the first UBSan report: a report is a finding. Few
+ * mutations an input and no cross-over keep most inputs readable plans; see the mutator
+ * below.)
  */
 #include <stdint.h>
 #include <stdio.h>
