@@ -256,5 +256,20 @@ expect weights-nan 1 "nan.st: tensor 'h.0.attn.w' has NaN at index 1234 (row 6, 
 expect weights-nan-saves-nothing 1 "" -- test -e "$tmp/out.st"
 expect weights-inf 1 "inf.st: tensor 'wte' has -Inf at index 100 (row 1, column 36)" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 2 --load-weights "$tmp/inf.st"
 
+# inputs that are not regular files: each is named for what it is, at once (a FIFO with
+# no writer used to block in open() for ever; the timeout is only a guard).
+mkfifo "$tmp/in.fifo"
+for what in plan inspect data load-weights; do
+  case $what in
+    plan) args=("$tmp/in.fifo") ;;
+    inspect) args=(--inspect "$tmp/in.fifo") ;;
+    data) args=("$tmp/gpt2.plan" --steps 1 --data "$tmp/in.fifo") ;;
+    load-weights) args=("$tmp/gpt2.plan" --steps 1 --load-weights "$tmp/in.fifo") ;;
+  esac
+  expect "input-fifo-$what" 1 "$tmp/in.fifo: is a FIFO (named pipe); give a regular file" -- timeout 60 "$FSEXEC" "${args[@]}"
+done
+expect input-device 1 "/dev/zero: is a character device; give a regular file" -- timeout 60 "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data /dev/zero
+expect input-directory 1 "$tmp: is a directory; give a regular file" -- timeout 60 "$FSEXEC" --inspect "$tmp"
+
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]
