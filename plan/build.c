@@ -261,6 +261,18 @@ int64_t plan_tensor_nbytes(const PlanTensor *t)
     return (int64_t)((uint64_t)plan_tensor_numel(t) * (uint64_t)plan_dtype_size(t->dtype));
 }
 
+int plan_tensor_is_persistent(const PlanTensor *t)
+{
+    return t->role == PLAN_ROLE_PARAM || t->role == PLAN_ROLE_OPT_STATE || t->role == PLAN_ROLE_MASTER ||
+           t->role == PLAN_ROLE_INPUT;
+}
+
+const char *plan_tensor_label(const Plan *p, int32_t id)
+{
+    const char *s = plan_str(p, p->tensors[id].name);
+    return *s ? s : "(unnamed)";
+}
+
 int plan_tensor_is_model_param(const PlanTensor *t)
 {
     int storage = t->unit != PLAN_NONE && t->alias == PLAN_NONE;

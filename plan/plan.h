@@ -240,6 +240,10 @@ const char *plan_init_name(PlanInit k);    // "none", "zeros", "ones", "normal",
 /* Whether t is one of the model's params, counted once: named, not tied to another, and
  * not a flat buffer or shard that holds params (the shard pass's storage). */
 int plan_tensor_is_model_param(const PlanTensor *t);
+/* Whether t lives across steps: params, optimizer state, master weights, inputs. */
+int plan_tensor_is_persistent(const PlanTensor *t);
+/* Tensor id's name for messages, "(unnamed)" for none. */
+const char *plan_tensor_label(const Plan *p, int32_t id);
 
 /* Elements and bytes of a tensor (shapes are checked by the reader to fit in int64). */
 int64_t plan_tensor_numel(const PlanTensor *t);

@@ -82,18 +82,6 @@ struct Exec {
     char guard_err[512];    // the guard's last finding
 };
 
-static const char *tname(const Plan *p, int32_t id)
-{
-    const char *s = plan_str(p, p->tensors[id].name);
-    return *s ? s : "(unnamed)";
-}
-
-static int persistent(const PlanTensor *t)
-{
-    return t->role == PLAN_ROLE_PARAM || t->role == PLAN_ROLE_OPT_STATE || t->role == PLAN_ROLE_MASTER ||
-           t->role == PLAN_ROLE_INPUT;
-}
-
 static int ktype(PlanDType t)
 {
     switch (t) {
@@ -278,7 +266,8 @@ static int build_dead_lists(Exec *e, char *err, size_t errlen)
     int32_t n = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *t = &p->tensors[i];
-        if (t->alias == PLAN_NONE && !persistent(t) && t->live_end < p->n_ops) e->ops[t->live_end].n_dead++, n++;
+        if (t->alias == PLAN_NONE && !plan_tensor_is_persistent(t) && t->live_end < p->n_ops)
+            e->ops[t->live_end].n_dead++, n++;
     }
     e->dead = plan_alloc(sizeof *e->dead * (size_t)n);
     if (!e->dead) return plan_fail(err, errlen, "out of memory");
@@ -286,7 +275,7 @@ static int build_dead_lists(Exec *e, char *err, size_t errlen)
     for (int32_t k = 0; k < p->n_ops; k++) e->ops[k].dead = at, at += e->ops[k].n_dead, e->ops[k].n_dead = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *t = &p->tensors[i];
-        if (t->alias == PLAN_NONE && !persistent(t) && t->live_end < p->n_ops) {
+        if (t->alias == PLAN_NONE && !plan_tensor_is_persistent(t) && t->live_end < p->n_ops) {
             ExecOp *x = &e->ops[t->live_end];
             e->dead[x->dead + x->n_dead++] = i;
         }
@@ -313,7 +302,7 @@ static int init_tensors(Exec *e, uint64_t seed, char *err, size_t errlen)
         }
         if (t->dtype != PLAN_DT_F32)
             return plan_fail(err, errlen, "tensor '%s' is %s with init %s; this fsexec initializes f32 tensors only",
-                        tname(p, i), plan_dtype_name(t->dtype), plan_init_name(t->init));
+                        plan_tensor_label(p, i), plan_dtype_name(t->dtype), plan_init_name(t->init));
         /* A tied param starts as the param it is tied to: same name, same values. */
         int32_t from = t->tied_to != PLAN_NONE ? t->tied_to : i;
         rt_init_param(plan_str(p, p->tensors[from].name), seed, t->init, t->init_a, t->init_b, 0, n, (float *)data);

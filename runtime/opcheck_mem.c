@@ -47,19 +47,6 @@ enum { ARENA_ALIGN = 64, MAX_WORLD = 1 << 20, MAX_COPIES = 64 };
  * sizes (the shape rules make some) can overflow. */
 #define MAX_ARENA ((int64_t)1 << 48)
 
-static const char *tname(const Plan *p, int32_t id)
-{
-    const char *s = plan_str(p, p->tensors[id].name);
-    return *s ? s : "(unnamed)";
-}
-
-/* What the executor keeps across steps and never poisons (exec.c). */
-static int persistent(const PlanTensor *t)
-{
-    return t->role == PLAN_ROLE_PARAM || t->role == PLAN_ROLE_OPT_STATE || t->role == PLAN_ROLE_MASTER ||
-           t->role == PLAN_ROLE_INPUT;
-}
-
 /* ---- layout ----------------------------------------------------------------------------- */
 
 static int check_tensor_layout(const Plan *p, int32_t i, int64_t arena, int64_t world, char *err, size_t errlen)
@@ -74,15 +61,15 @@ static int check_tensor_layout(const Plan *p, int32_t i, int64_t arena, int64_t 
         return plan_fail(err, errlen,
                        "tensor %d (%s): bytes [%lld, %lld) (rank stride %lld over %lld ranks) lie outside the %lld-byte "
                        "arena or are not %lld-aligned (plan damaged, or made by a different fsc)",
-                       i, tname(p, i), (long long)t->offset, (long long)(t->offset + n), (long long)t->rank_stride,
-                       (long long)world, (long long)arena, (long long)align);
+                         i, plan_tensor_label(p, i), (long long)t->offset, (long long)(t->offset + n),
+                         (long long)t->rank_stride, (long long)world, (long long)arena, (long long)align);
     if (t->live_start < 0 || t->live_end < t->live_start || t->live_end > p->n_ops)
-        return plan_fail(err, errlen, "tensor %d (%s): live range [%d, %d] outside the %d ops", i, tname(p, i),
-                       t->live_start, t->live_end, p->n_ops);
+        return plan_fail(err, errlen, "tensor %d (%s): live range [%d, %d] outside the %d ops", i,
+                         plan_tensor_label(p, i), t->live_start, t->live_end, p->n_ops);
     /* rt_flat_* adds rank * numel and numel to flat offsets. */
     int64_t flat_end;
     if (__builtin_mul_overflow(plan_tensor_numel(t), world + 1, &flat_end) || t->flat_offset > INT64_MAX / 2 - flat_end)
-        return plan_fail(err, errlen, "tensor %d (%s): flat offset %lld is too large", i, tname(p, i),
+        return plan_fail(err, errlen, "tensor %d (%s): flat offset %lld is too large", i, plan_tensor_label(p, i),
                        (long long)t->flat_offset);
     if (!view) return 0;
     const PlanTensor *r = &p->tensors[t->alias];
@@ -92,7 +79,7 @@ static int check_tensor_layout(const Plan *p, int32_t i, int64_t arena, int64_t 
         if (t->producer != PLAN_NONE)
             snprintf(made, sizeof made, " made by op %d (%s)", t->producer, plan_str(p, p->ops[t->producer].op));
         return plan_fail(err, errlen, "tensor %d (%s)%s: alias %d is not a root tensor whose bytes hold this view's on "
-                       "every rank", i, tname(p, i), made, t->alias);
+                       "every rank", i, plan_tensor_label(p, i), made, t->alias);
     }
     return 0;
 }
@@ -184,7 +171,7 @@ static int clobbers(Mem *m, int32_t q, int32_t t, OpKind allow, int slot)
     for (int32_t i = 0; i < op->n_out; i++) {
         int32_t u = out_of(p, q, i);
         if (u != t && overlap(m, u, t) && !moves_nothing(m, q, u)) {
-            because(m, "op %d (%s) writes tensor %d (%s) over its bytes", q, op_name(kind), u, tname(p, u));
+            because(m, "op %d (%s) writes tensor %d (%s) over its bytes", q, op_name(kind), u, plan_tensor_label(p, u));
             return 1;
         }
     }
@@ -193,7 +180,7 @@ static int clobbers(Mem *m, int32_t q, int32_t t, OpKind allow, int slot)
         int32_t u = in_of(p, q, i);
         if (!((upd >> i) & 1) || !overlap(m, u, t)) continue;
         if (u == t && kind == allow && i == slot) continue;
-        because(m, "op %d (%s) updates tensor %d (%s) in place over its bytes", q, op_name(kind), u, tname(p, u));
+        because(m, "op %d (%s) updates tensor %d (%s) in place over its bytes", q, op_name(kind), u, plan_tensor_label(p, u));
         return 1;
     }
     return 0;
@@ -211,7 +198,7 @@ static int intact(Mem *m, int32_t t, int32_t r, OpKind allow, int slot)
     const PlanTensor *R = &p->tensors[m->root[t]];
     if (w != PLAN_NONE && R->producer != PLAN_NONE && !(R->live_start <= w && r <= R->live_end)) {
         because(m, "its buffer, tensor %d (%s), is not live from op %d to op %d (live [%d, %d])", m->root[t],
-                tname(p, m->root[t]), w, r, R->live_start, R->live_end);
+                plan_tensor_label(p, m->root[t]), w, r, R->live_start, R->live_end);
         return 0;
     }
     for (int32_t q = from; q <= to; q++)
@@ -220,13 +207,13 @@ static int intact(Mem *m, int32_t t, int32_t r, OpKind allow, int slot)
         const PlanTensor *y = &p->tensors[u];
         if (u == t || !overlap(m, u, t)) continue;
         /* nan_fill poisons a non-persistent buffer after its last use, y->live_end. */
-        int poisoned = y->alias == PLAN_NONE && !persistent(y) && y->live_end < p->n_ops &&
+        int poisoned = y->alias == PLAN_NONE && !plan_tensor_is_persistent(y) && y->live_end < p->n_ops &&
                        (w == PLAN_NONE || (w <= y->live_end && y->live_end < r));
         /* Setup initializes every buffer no op makes; data and the step are written before each step. */
         int set_up = w == PLAN_NONE && ((y->alias == PLAN_NONE && y->producer == PLAN_NONE) || u == m->data[0] ||
                                         u == m->data[1] || u == m->step);
         if (poisoned || set_up) {
-            because(m, "tensor %d (%s) shares its bytes and is %s", u, tname(p, u),
+            because(m, "tensor %d (%s) shares its bytes and is %s", u, plan_tensor_label(p, u),
                     poisoned ? "poisoned after its last use (nan_fill)" : "written before the step");
             return 0;
         }
@@ -247,27 +234,27 @@ static Bound bound_at(Mem *m, int32_t t, int32_t r, int depth)
     const Plan *p = m->p;
     const PlanTensor *x = &p->tensors[t];
     if (x->dtype != PLAN_DT_I32) {
-        because(m, "tensor %d (%s) is %s", t, tname(p, t), plan_dtype_name(x->dtype));
+        because(m, "tensor %d (%s) is %s", t, plan_tensor_label(p, t), plan_dtype_name(x->dtype));
         return TOP;
     }
     if (!intact(m, t, r, OP_COUNT, -1)) return TOP;
     int32_t w = x->producer;
     if (w == PLAN_NONE) {
-        if (x->alias != PLAN_NONE || !persistent(x)) {
-            because(m, "tensor %d (%s) is neither made by an op nor an input or state of its own", t, tname(p, t));
+        if (x->alias != PLAN_NONE || !plan_tensor_is_persistent(x)) {
+            because(m, "tensor %d (%s) is neither made by an op nor an input or state of its own", t, plan_tensor_label(p, t));
             return TOP;
         }
         if (t == m->data[0] || t == m->data[1]) return m->data_bound[t == m->data[1]];
         if (t == m->step) return (Bound){1, 1, INT32_MAX};
         if ((x->init == PLAN_INIT_NONE || x->init == PLAN_INIT_ZEROS) && !rt_flat_is_storage(p, t))
             return (Bound){1, 0, 0};
-        because(m, "tensor %d (%s) starts as %s", t, tname(p, t), plan_init_name(x->init));
+        because(m, "tensor %d (%s) starts as %s", t, plan_tensor_label(p, t), plan_init_name(x->init));
         return TOP;
     }
     /* What the producer made does not depend on the reader: worked out once, so copies of
      * copies (concat fans in) cost each tensor one visit. */
     if (m->made_known[t]) {
-        if (!m->made[t].known) because(m, "tensor %d (%s) is not made of indices", t, tname(p, t));
+        if (!m->made[t].known) because(m, "tensor %d (%s) is not made of indices", t, plan_tensor_label(p, t));
         return m->made[t];
     }
     OpKind kind = kind_of(m, w);
@@ -276,10 +263,10 @@ static Bound bound_at(Mem *m, int32_t t, int32_t r, int depth)
     if (kind == OP_arange) {
         b = (Bound){1, 0, p->tensors[out_of(p, w, 0)].shape[0] - 1};
     } else if (!copies) {
-        because(m, "tensor %d (%s) is computed by op %d (%s)", t, tname(p, t), w, op_name(kind));
+        because(m, "tensor %d (%s) is computed by op %d (%s)", t, plan_tensor_label(p, t), w, op_name(kind));
         b = TOP;
     } else if (depth >= MAX_COPIES) {
-        because(m, "tensor %d (%s) is a copy of a copy, %d deep", t, tname(p, t), depth);
+        because(m, "tensor %d (%s) is a copy of a copy, %d deep", t, plan_tensor_label(p, t), depth);
         return TOP;  // not remembered: from nearer the start of the chain it may be known
     } else {
         for (int32_t i = 0; i < p->ops[w].n_in && b.known; i++) b = join(b, bound_at(m, in_of(p, w, i), w, depth + 1));
@@ -306,10 +293,10 @@ static int check_index(Mem *m, int32_t k, int32_t t, const char *what, int64_t n
     Bound b = bound_at(m, t, k, 0);
     if (!b.known)
         return fail_op(m, k, err, errlen, "its %s, tensor %d (%s), are not known to stay in [0, %" PRId64 "): %s", what, t,
-                       tname(m->p, t), n, m->why);
+                       plan_tensor_label(m->p, t), n, m->why);
     if (b.lo < 0 || b.hi >= n)
         return fail_op(m, k, err, errlen, "its %s, tensor %d (%s), may be %" PRId64 " to %" PRId64 ", outside [0, %" PRId64 ")",
-                       what, t, tname(m->p, t), b.lo, b.hi, n);
+                       what, t, plan_tensor_label(m->p, t), b.lo, b.hi, n);
     return 0;
 }
 
@@ -318,9 +305,9 @@ static int counter(Mem *m, int32_t t, OpKind kind, int slot)
 {
     const Plan *p = m->p;
     const PlanTensor *x = &p->tensors[t];
-    if (x->producer != PLAN_NONE || x->alias != PLAN_NONE || !persistent(x) || t == m->step || t == m->data[0] ||
+    if (x->producer != PLAN_NONE || x->alias != PLAN_NONE || !plan_tensor_is_persistent(x) || t == m->step || t == m->data[0] ||
         t == m->data[1] || (x->init != PLAN_INIT_NONE && x->init != PLAN_INIT_ZEROS)) {
-        because(m, "tensor %d (%s) is not state of its own that starts at zero", t, tname(p, t));
+        because(m, "tensor %d (%s) is not state of its own that starts at zero", t, plan_tensor_label(p, t));
         return 0;
     }
     return intact(m, t, p->n_ops - 1, kind, slot);
@@ -340,7 +327,7 @@ static int check_step(Mem *m, int32_t k, char *err, size_t errlen)
             if (kind_of(m, q) == OP_count_step && in_of(p, q, 0) == s && in_of(p, q, 1) == coef) return 0;
     return fail_op(m, k, err, errlen, "its step count, tensor %d (%s), is not known to be at least 1: neither the step "
                    "input (%s) nor a counter that count_step advances with this op's coef, tensor %d (%s)", s,
-                   tname(p, s), b.known ? "it may be below 1" : why, coef, tname(p, coef));
+                   plan_tensor_label(p, s), b.known ? "it may be below 1" : why, coef, plan_tensor_label(p, coef));
 }
 
 static int check_read(Mem *m, int32_t k, char *err, size_t errlen)
@@ -359,7 +346,7 @@ static int check_read(Mem *m, int32_t k, char *err, size_t errlen)
         int slot = kind_of(m, k) == OP_count_step ? 0 : 2;
         int32_t t = in_of(p, k, slot);
         if (counter(m, t, kind_of(m, k), slot)) return 0;
-        return fail_op(m, k, err, errlen, "its counter, tensor %d (%s), may hold anything: %s", t, tname(p, t), m->why);
+        return fail_op(m, k, err, errlen, "its counter, tensor %d (%s), may hold anything: %s", t, plan_tensor_label(p, t), m->why);
     }
     default: return 0;
     }
@@ -376,7 +363,7 @@ static int check_updates(Mem *m, int32_t k, char *err, size_t errlen)
         PlanRole role = p->tensors[m->root[t]].role;
         if (role != PLAN_ROLE_PARAM && role != PLAN_ROLE_OPT_STATE && role != PLAN_ROLE_MASTER)
             return fail_op(m, k, err, errlen, "updates input %d, tensor %d (%s), in place, but its buffer is %s, not a "
-                           "param, optimizer state or master weight", i, t, tname(p, t), plan_role_name(role));
+                           "param, optimizer state or master weight", i, t, plan_tensor_label(p, t), plan_role_name(role));
     }
     return 0;
 }
@@ -399,7 +386,7 @@ static int check_aliasing(Mem *m, int32_t k, char *err, size_t errlen)
                        p->tensors[u].rank_stride == p->tensors[x].rank_stride;
             if (same && (flags & OPF_ELEMWISE)) continue;
             return fail_op(m, k, err, errlen, "output %d, tensor %d (%s), overlaps input %d, tensor %d (%s): bytes [%lld, "
-                           "%lld) and [%lld, %lld)", o, u, tname(p, u), i, x, tname(p, x), (long long)m->lo[u],
+                           "%lld) and [%lld, %lld)", o, u, plan_tensor_label(p, u), i, x, plan_tensor_label(p, x), (long long)m->lo[u],
                            (long long)m->hi[u], (long long)m->lo[x], (long long)m->hi[x]);
         }
     return 0;
