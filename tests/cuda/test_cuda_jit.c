@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "jit.h"
+#include "tmpdir.h"
 
 static const char SRC[] =
     "#include <cuda_fp16.h>\n"
@@ -21,22 +22,7 @@ static const char SRC[] =
     "    y[i] = __float2bfloat16_rn(x[i]);\n"
     "}\n";
 
-static char dir[256];
-
-static void make_dir(void)
-{
-    snprintf(dir, sizeof dir, "/tmp/fs_jit_test_XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-}
-
-static void remove_dir(void)
-{
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
-}
-
-TestSuite(cuda_jit, .init = make_dir, .fini = remove_dir);
+TestSuite(cuda_jit, .init = make_tmpdir, .fini = remove_tmpdir);
 
 Test(cuda_jit, targets)
 {
@@ -56,7 +42,7 @@ Test(cuda_jit, compiles_once_then_reads_the_cache)
 {
     JitImage a, b, c;
     char err[2048];
-    cr_assert_eq(jit_compile(SRC, "sm_90", dir, &a, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(jit_compile(SRC, "sm_90", tmpdir, &a, err, sizeof err), 0, "%s", err);
     cr_assert(!a.from_cache && a.image && a.size > 0 && !a.ptx);
     cr_assert(!memcmp(a.image, "\177ELF", 4), "a cubin is an ELF file");
     cr_assert_str_eq(a.note, "", "%s", a.note);
@@ -64,26 +50,26 @@ Test(cuda_jit, compiles_once_then_reads_the_cache)
     cr_assert_eq(stat(a.path, &st), 0, "the cache file %s", a.path);
     cr_assert(strstr(a.path, "-sm_90-nvrtc"), "%s", a.path);
 
-    cr_assert_eq(jit_compile(SRC, "sm_90", dir, &b, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(jit_compile(SRC, "sm_90", tmpdir, &b, err, sizeof err), 0, "%s", err);
     cr_assert(b.from_cache && b.size == a.size && !memcmp(a.image, b.image, a.size));
     cr_assert_eq(b.seconds, 0);
 
     /* Another architecture, another source: other files. */
-    cr_assert_eq(jit_compile(SRC, "sm_80", dir, &c, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(jit_compile(SRC, "sm_80", tmpdir, &c, err, sizeof err), 0, "%s", err);
     cr_assert(!c.from_cache && strcmp(c.path, a.path));
     jit_free(&c);
     char src2[sizeof SRC + 8];
     snprintf(src2, sizeof src2, "%s// v2\n", SRC);
-    cr_assert_eq(jit_compile(src2, "sm_90", dir, &c, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(jit_compile(src2, "sm_90", tmpdir, &c, err, sizeof err), 0, "%s", err);
     cr_assert(!c.from_cache && strcmp(c.path, a.path));
     jit_free(&c);
 
     /* A damaged file (cut short) is compiled again and rewritten whole. */
     cr_assert_eq(truncate(a.path, (off_t)(st.st_size - 10)), 0);
-    cr_assert_eq(jit_compile(SRC, "sm_90", dir, &c, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(jit_compile(SRC, "sm_90", tmpdir, &c, err, sizeof err), 0, "%s", err);
     cr_assert(!c.from_cache && c.size == a.size);
     jit_free(&c);
-    cr_assert_eq(jit_compile(SRC, "sm_90", dir, &c, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(jit_compile(SRC, "sm_90", tmpdir, &c, err, sizeof err), 0, "%s", err);
     cr_assert(c.from_cache);
     jit_forget(&c);
     cr_assert_neq(stat(c.path, &st), 0, "forgotten");
@@ -94,7 +80,7 @@ Test(cuda_jit, ptx_for_newer_devices)
 {
     JitImage im;
     char err[2048];
-    cr_assert_eq(jit_compile(SRC, "compute_90", dir, &im, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(jit_compile(SRC, "compute_90", tmpdir, &im, err, sizeof err), 0, "%s", err);
     cr_assert(im.ptx && strstr(im.image, ".visible .entry fs_cast_1"), "PTX text with the kernel");
     cr_assert(strlen(im.image) <= im.size, "NUL-terminated for cuModuleLoadData");
     jit_free(&im);
@@ -105,7 +91,7 @@ Test(cuda_jit, compile_error_names_the_line_and_keeps_the_log)
     JitImage im;
     char err[2048];
     const char *bad = "extern \"C\" __global__ void k(float *x) {\n  x[0] = undefined_name;\n}\n";
-    cr_assert_eq(jit_compile(bad, "sm_90", dir, &im, err, sizeof err), -1);
+    cr_assert_eq(jit_compile(bad, "sm_90", tmpdir, &im, err, sizeof err), -1);
     cr_assert(strstr(err, "runtime/cuda/jit.c:"), "%s", err);
     cr_assert(strstr(err, "nvrtcCompileProgram: NVRTC_ERROR_COMPILATION (sm_90)"), "%s", err);
     cr_assert(strstr(err, "undefined_name"), "%s", err);
@@ -126,7 +112,7 @@ Test(cuda_jit, cache_off)
     cr_assert(!im.from_cache && im.path[0] == 0 && strstr(im.note, "cache off"), "%s", im.note);
     jit_free(&im);
     char sub[300];
-    snprintf(sub, sizeof sub, "%s/a/b", dir);  // made on demand
+    snprintf(sub, sizeof sub, "%s/a/b", tmpdir);  // made on demand
     cr_assert_eq(jit_compile(SRC, "sm_90", sub, &im, err, sizeof err), 0, "%s", err);
     cr_assert_str_eq(im.note, "");
     jit_free(&im);

@@ -12,7 +12,7 @@ static char tmpdir[256];
 
 static void make_tmpdir(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/fs_test.XXXXXX");
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/fs_test.XXXXXX");  // mkdtemp replaces the XXXXXX
     cr_assert_not_null(mkdtemp(tmpdir));
 }
 
