@@ -11,10 +11,10 @@
 /* ---- codegen/plan_build.c: Graph -> Plan ------------------------------------------ */
 
 /* The plan of graph g trained with t: every value as a tensor and every node as an op
- * (same ids) with its memory plan, the blocks, the outputs, and as meta the model's
- * name, the compiler's version, the parameter count, the arena size ("arena_bytes",
- * left out when memplan did not run) and every training setting; and when memplan ran,
- * the CUDA program (codegen/cuda.h: instructions, meta "cuda_source" and
+ * (same ids) with its schedule and memory plan, the blocks, the outputs, the step roles,
+ * as meta the model's name, the compiler's version, the parameter count and every
+ * training setting; and when memplan ran, the program (each space's arena) and the CUDA
+ * program (codegen/cuda.h: instructions, the module section CUMD and meta
  * "cuda_workspace_bytes"). Free with plan_free. NULL with a message in err when out of
  * memory or when an op has no CUDA emitter for its case ("the CUDA program: op 12
  * (softmax): ..."). */

@@ -16,7 +16,7 @@
  * Kernel names are deterministic: PREFIX_HHHHHHHH, the hash of the kernel's text, so
  * equal kernels (the same op on the same shapes in every block) are emitted once and the
  * source of a plan depends only on the graph. The module's text (a fixed prelude, then
- * the kernels in first-use order) is the plan's meta "cuda_source"; `fsc --emit cuda
+ * the kernels in first-use order) is the plan's CUDA module section (CUMD); `fsc --emit cuda
  * DIR` writes it and NVRTC compiles it for sm_80 and sm_90 in the test suite
  * (tests/cuda/nvrtc_compile.c), with -std=c++17 and the toolkit's include directory
  * (cuda_fp16.h, cuda_bf16.h). The kernels follow the CPU kernels' f32 expressions
@@ -143,10 +143,10 @@ int cu_group(CuCtx *c, int first);
 /* ---- codegen/cuda_program.c ------------------------------------------------------- */
 
 /* The CUDA program of g (after memplan) into p, which codegen_plan has filled from g
- * (same ids): p's cuda instructions and its meta "cuda_source". 0, or -1 with a message
+ * (same ids): p's cuda instructions and its CUDA module section (CUMD). 0, or -1 with a message
  * (an op no emitter handles) in err. */
 int codegen_cuda(const Graph *g, Plan *p, char *err, size_t errlen);
-/* The CUDA source of a plan (meta "cuda_source"), or NULL. */
+/* The CUDA source of a plan (CUDA module section (CUMD)), or NULL. */
 const char *codegen_cuda_source(const Plan *p);
 /* The plan's CUDA program as text, one instruction a line: "12 add 26 LAUNCH add_2d6b70f8
  * grid 24576,1,1 block 256,1,1 smem 0 args %9,%34,%35" (op id, op name, .fsm line, then

@@ -5,7 +5,7 @@
  * emitter here without a line of this file. A fused group (passes/fuse.c: Node.group)
  * is emitted once, at its last node, as one kernel (cu_group); its other members get no
  * instruction. The instructions go into the plan sorted by op, the module's text into
- * meta "cuda_source", and the cuBLAS workspace the runtime allocates besides the arena
+ * the plan's CUDA module (section CUMD), and the cuBLAS workspace the runtime allocates besides the arena
  * into meta "cuda_workspace_bytes" (reported on its own line, never in the arena).
  */
 #include <inttypes.h>
@@ -32,7 +32,7 @@ int codegen_cuda(const Graph *g, Plan *p, char *err, size_t errlen)
         int group = g->nodes[n].group;
         if (group >= 0 ? cu_group(&c, group) : EMITTERS[g->nodes[n].op](&c)) return -1;
     }
-    if (plan_meta_set_str(p, "cuda_source", cu_module_text(c.m)) ||
+    if (plan_set_cuda_module(p, cu_module_text(c.m)) ||
         plan_meta_set_int(p, "cuda_workspace_bytes", CUDA_WORKSPACE_BYTES)) {
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -40,7 +40,7 @@ int codegen_cuda(const Graph *g, Plan *p, char *err, size_t errlen)
     return 0;
 }
 
-const char *codegen_cuda_source(const Plan *p) { return plan_meta_str(p, "cuda_source", NULL); }
+const char *codegen_cuda_source(const Plan *p) { return p->cuda_module; }
 
 static void print_args(const Plan *p, const PlanCuda *in, FILE *out)
 {

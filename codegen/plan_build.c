@@ -4,10 +4,11 @@
  * is a compile error (-Wswitch) here, not a silently wrong file. Ops and attribute keys
  * are stored by name, so they need no mapping at all.
  *
- * Ids are kept: tensor i is value i, op i is node i, block i is block i. The memory plan
- * (offsets, live ranges, aliases, meta "arena_bytes") is copied as memplan left it;
- * without one (arena_bytes 0) the meta is left out, and fsexec says so. With one, the
- * plan also gets its CUDA program (codegen_cuda), which needs the offsets.
+ * Ids are kept: tensor i is value i, op i is node i, block i is block i. The schedule
+ * (streams, waits) and the memory plan (offsets, live ranges, aliases, each space's
+ * arena in the program) are copied as the passes left them; without a memory plan the
+ * plan has no program, and fsexec says so. With one, the plan also gets its CUDA program
+ * and module (codegen_cuda), which need the offsets.
  */
 #include <stdio.h>
 
@@ -69,6 +70,33 @@ static PlanPhase map_phase(Phase p)
     FS_ASSERT(!"unknown phase");
 }
 
+static PlanStream map_stream(Stream s)
+{
+    switch (s) {
+    case STREAM_COMPUTE: return PLAN_STREAM_COMPUTE;
+    case STREAM_COLLECTIVE: return PLAN_STREAM_COLLECTIVE;
+    case STREAM_COPY: return PLAN_STREAM_COPY;
+    case STREAM_COUNT: break;
+    }
+    FS_ASSERT(!"unknown stream");
+}
+
+static PlanStepRole map_step_role(StepRole r)
+{
+    switch (r) {
+    case SR_NONE: return PLAN_SR_NONE;
+    case SR_LOSS: return PLAN_SR_LOSS;
+    case SR_LR: return PLAN_SR_LR;
+    case SR_GRAD_NORM: return PLAN_SR_GRAD_NORM;
+    case SR_LOSS_SCALE: return PLAN_SR_LOSS_SCALE;
+    case SR_STEP: return PLAN_SR_STEP;
+    case SR_OPT_STEP: return PLAN_SR_OPT_STEP;
+    case SR_LOSS_SEED: return PLAN_SR_LOSS_SEED;
+    case SR_COUNT: break;
+    }
+    FS_ASSERT(!"unknown step role");
+}
+
 static PlanInit map_init(InitKind k)
 {
     switch (k) {
@@ -127,7 +155,7 @@ static int add_config(Plan *p, const TrainConfig *t)
     return 0;
 }
 
-static int add_tensor(Plan *p, const Value *v)
+static int add_tensor(Plan *p, const Value *v, int is_loss)
 {
     PlanTensor t = {
         .name = v->name ? plan_intern(p, v->name) : PLAN_NONE,
@@ -136,6 +164,7 @@ static int add_tensor(Plan *p, const Value *v)
         .tied_to = v->tied_to, .init_a = v->init_a, .init_b = v->init_b, .grad = v->grad,
         .offset = v->offset, .live_start = v->live_start, .live_end = v->live_end, .alias = v->alias,
         .rank_stride = v->rank_stride, .unit = v->unit, .flat_offset = v->flat_offset, .sharded = (uint8_t)v->sharded,
+        .step_role = is_loss ? PLAN_SR_LOSS : map_step_role(v->step_role),
     };
     if (v->name && t.name < 0) return -1;
     for (int d = 0; d < v->rank; d++) t.shape[d] = v->shape[d];
@@ -169,7 +198,8 @@ static int add_op(Plan *p, const Graph *g, const Node *n)
     PlanOp op = {
         .op = plan_intern(p, op_name(n->op)), .block = n->block, .phase = map_phase(n->phase),
         .line = n->loc.line, .col = n->loc.col, .in = p->n_ids, .n_in = n->n_in,
-        .attr = p->n_attrs, .n_attr = n->n_attr,
+        .attr = p->n_attrs, .n_attr = n->n_attr, .stream = map_stream(n->stream), .wait = p->n_waits,
+        .n_wait = n->n_wait,
     };
     if (op.op < 0) return -1;
     for (int i = 0; i < n->n_in; i++)
@@ -179,6 +209,8 @@ static int add_op(Plan *p, const Graph *g, const Node *n)
         if (plan_id_add(p, ir_out(g, n, i)) < 0) return -1;
     for (int i = 0; i < n->n_attr; i++)
         if (add_attr(p, g, &g->attrs[n->attr + i])) return -1;
+    for (int i = 0; i < n->n_wait; i++)
+        if (plan_wait_add(p, g->waits[n->wait + i]) < 0) return -1;
     return plan_op_add(p, &op) < 0 ? -1 : 0;
 }
 
@@ -187,16 +219,20 @@ static int build(Plan *p, const Graph *g, const TrainConfig *t)
     if (plan_meta_set_str(p, "model", g->model ? g->model : "model") ||
         plan_meta_set_str(p, "compiler", "fsc " FS_VERSION) ||
         plan_meta_set_int(p, "params", ir_param_count(g)) ||
-        (g->arena_bytes > 0 && plan_meta_set_int(p, "arena_bytes", g->arena_bytes)) || add_config(p, t))
+        add_config(p, t))
         return -1;
     for (int i = 0; i < g->n_blocks; i++)
         if (plan_block_add(p, g->blocks[i].name, g->blocks[i].layer, g->blocks[i].index) < 0) return -1;
     for (int i = 0; i < g->n_values; i++)
-        if (add_tensor(p, &g->values[i])) return -1;
+        if (add_tensor(p, &g->values[i], g->n_outputs && i == g->outputs[0])) return -1;
     for (int i = 0; i < g->n_nodes; i++)
         if (add_op(p, g, &g->nodes[i])) return -1;
     for (int i = 0; i < g->n_outputs; i++)
         if (plan_output_add(p, g->outputs[i]) < 0) return -1;
+    /* One program until pipelines (issue 10): every rank runs every op. */
+    if (g->planned && plan_set_one_program(p, t->world > 0 ? t->world : 1, g->space_bytes[PLACE_DEVICE],
+                                           g->space_bytes[PLACE_HOST]))
+        return -1;
     return 0;
 }
 
@@ -209,7 +245,7 @@ Plan *codegen_plan(const Graph *g, const TrainConfig *t, char *err, size_t errle
         return NULL;
     }
     char why[512];
-    if (g->arena_bytes > 0 && codegen_cuda(g, p, why, sizeof why)) {
+    if (g->planned && codegen_cuda(g, p, why, sizeof why)) {
         snprintf(err, errlen, "the CUDA program: %s", why);
         plan_free(p);
         return NULL;

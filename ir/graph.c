@@ -34,6 +34,7 @@ int ir_value_add(Graph *g, const Value *v)
     nv->grad = nv->alias = nv->view_of = nv->unit = nv->norm_piece = -1;
     nv->offset = nv->rank_stride = nv->view_offset = nv->view_rank_stride = nv->flat_offset = 0;
     nv->live_start = nv->live_end = nv->sharded = 0;
+    nv->step_role = SR_NONE;  // a copy of another value does not take its role
     return g->n_values++;
 }
 
@@ -203,8 +204,18 @@ int64_t ir_param_count(const Graph *g)
     return n;
 }
 
+int ir_view_parent(const Graph *g, int v)
+{
+    const Value *val = ir_value(g, v);
+    if (val->view_of >= 0) return val->view_of;
+    if (val->producer < 0) return -1;
+    const Node *n = ir_node(g, val->producer);
+    return (op_info(n->op)->flags & OPF_VIEW) ? ir_in(g, n, 0) : -1;
+}
+
 void ir_nodes_reorder(Graph *g, const int *order)
 {
+    FS_ASSERT(!g->n_waits);  // the schedule's waits name node ids: it runs after every reorder
     Node *nodes = arena_alloc(g->arena, sizeof(Node) * (size_t)g->n_nodes + 1);
     int *pos = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1);
     for (int i = 0; i < g->n_nodes; i++) {
@@ -234,6 +245,7 @@ static void remap_value_fields(Graph *g, const int *vmap)
 
 void ir_graph_compact(Graph *g, const char *drop_node)
 {
+    FS_ASSERT(!g->n_waits);
     int *vmap = arena_alloc(g->arena, sizeof(int) * ((size_t)g->n_values + 1));
     int *nmap = arena_alloc(g->arena, sizeof(int) * ((size_t)g->n_nodes + 1));
     int nv = 0;

@@ -83,7 +83,12 @@ typedef enum {
     ROLE_GATHERED,   // a block's params all-gathered from their shards (fsdp)
     ROLE_COUNT
 } Role;
-typedef enum { PLACE_DEVICE, PLACE_HOST, PLACE_COUNT } Placement;
+typedef enum { PLACE_DEVICE, PLACE_HOST, PLACE_COUNT } Placement;  // the memory space
+/* The stream a node runs on (passes/schedule.c): compute, collectives, host-device copies. */
+typedef enum { STREAM_COMPUTE, STREAM_COLLECTIVE, STREAM_COPY, STREAM_COUNT } Stream;
+/* What the runtime's step loop needs a value for (plan.h's PlanStepRole): found by this
+ * role, never by name. Set by the pass that makes the value. */
+typedef enum { SR_NONE, SR_LOSS, SR_LR, SR_GRAD_NORM, SR_LOSS_SCALE, SR_STEP, SR_OPT_STEP, SR_LOSS_SEED, SR_COUNT } StepRole;
 typedef enum { PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE, PHASE_OPTIMIZER, PHASE_COMM, PHASE_COUNT } Phase;
 typedef enum { INIT_NONE, INIT_ZEROS, INIT_ONES, INIT_NORMAL, INIT_UNIFORM, INIT_FULL, INIT_COUNT } InitKind;
 
@@ -178,6 +183,7 @@ typedef struct {
     int64_t flat_offset;         // elements: a param's start in its unit's flat layout, or a
                                  // storage's first element on rank 0
     int sharded;                 // holds only this rank's shard of its unit
+    StepRole step_role;          // SR_NONE but for the few values the step loop reads or writes
     int norm_piece;              // a param in a flat unit whose whole reduced gradient this
                                  // rank holds: its part of that gradient (a view), which the
                                  // global norm sums in place of the unit's; or -1
@@ -203,6 +209,9 @@ struct Node {
     int out, n_out;     // range in Graph.ids: output value ids
     int attr, n_attr;   // range in Graph.attrs
     int group;          // after fuse: the first node of its fused elementwise group, or -1
+    Stream stream;      // after schedule: the stream it runs on
+    int wait, n_wait;   // after schedule: range in Graph.waits: earlier nodes off the
+                        // compute stream that must be complete before it starts
 };
 
 typedef struct {
@@ -228,7 +237,10 @@ struct Graph {
     int n_blocks, cap_blocks;
     int *outputs;       // value ids the step produces; outputs[0] is the loss
     int n_outputs, cap_outputs;
-    int64_t arena_bytes;  // after memplan: the size of each rank's arena
+    int *waits;         // node ids, for Node wait ranges (schedule)
+    int n_waits, cap_waits;
+    int planned;                        // memplan ran: offsets and space_bytes hold
+    int64_t space_bytes[PLACE_COUNT];   // after memplan: each space's arena, per rank
     int loss_scale;       // fp16: the dynamic loss scale (f32 [] state), or -1
     int scale_good;       // fp16: steps since the scale last changed (i32 [] state), or -1
 };
@@ -271,6 +283,9 @@ const int64_t *ir_attr_ints(const Graph *g, const Node *n, const char *key, int 
 
 int64_t ir_numel(const Value *v);
 int ir_same_shape(const Value *a, const Value *b);
+/* The value whose buffer v lies in directly: an explicit view (Value.view_of, the shard
+ * pass) or the input of the OPF_VIEW op that made it; -1 for a value with bytes of its own. */
+int ir_view_parent(const Graph *g, int v);
 /* The last node of node n's fused group (passes/fuse.c: consecutive nodes), or n. */
 int ir_group_last(const Graph *g, int n);
 int64_t ir_nbytes(const Value *v);

@@ -107,7 +107,10 @@ int pass_autodiff(Graph *g, const Options *o, Diag *d)
                                  PHASE_BACKWARD, loc, err, sizeof err);
     FS_ASSERT(seed >= 0);
     a.grad[g->outputs[0]] = ir_out(g, ir_node(g, seed), 0);
-    if (g->loss_scale >= 0) g->values[a.grad[g->outputs[0]]].name = "loss_scale.seed";
+    if (g->loss_scale >= 0) {
+        g->values[a.grad[g->outputs[0]]].name = "loss_scale.seed";
+        g->values[a.grad[g->outputs[0]]].step_role = SR_LOSS_SEED;
+    }
 
     int n_forward = g->n_nodes - 1;
     for (int n = n_forward - 1; n >= 0; n--)

@@ -1,8 +1,11 @@
-/* passes/memplan.c: static memory planning, one arena per rank.
+/* passes/memplan.c: static memory planning, one arena per memory space (device, host) of
+ * each rank.
  *
- * Needs: the final node order (it is the schedule) and every value typed and shaped.
- * Gives: for every value an arena offset (Value.offset, 64-byte aligned) and its live
- * range [live_start, live_end] in node indices; Graph.arena_bytes, the arena's size.
+ * Needs: the final node order and the schedule's waits (passes/schedule.c), every value
+ *        typed, shaped and placed (Value.place: its space).
+ * Gives: for every value an offset into its space's arena (Value.offset, 64-byte
+ * aligned) and its live range [live_start, live_end] in node indices;
+ * Graph.space_bytes, each arena's size. Each space is planned on its own.
  *
  * Params, optimizer state, master weights and inputs persist across steps: they sit at
  * the bottom of the arena, live over the whole step. Every other buffer lives from the
@@ -18,9 +21,9 @@
  * The members of a fused group (passes/fuse.c) read their inputs at the group's last
  * node, where its one CUDA kernel runs (ir_group_last).
  *
- * A collective runs on while the ops after it do, but its buffers end their lives here
- * as for any op: the runtime completes a collective before any later op touches a byte
- * of its input or output, so whoever reuses the bytes first waits for it.
+ * A collective runs on while the ops after it do: its input and output live until the
+ * node the schedule has wait for it (to the step's end when none does), so no other
+ * value's bytes overlap them while it is in flight, and no run-time check is needed.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -43,17 +46,6 @@ static int persistent_role(Role r)
     return r == ROLE_PARAM || r == ROLE_OPT_STATE || r == ROLE_MASTER || r == ROLE_INPUT;
 }
 
-/* The value whose buffer v lies in directly: an explicit view (shard pass) or the input
- * of the view op (reshape) that made it; -1 for a buffer of its own. */
-static int parent_of(const Graph *g, int v)
-{
-    const Value *val = ir_value(g, v);
-    if (val->view_of >= 0) return val->view_of;
-    if (val->producer < 0) return -1;
-    const Node *n = ir_node(g, val->producer);
-    return (op_info(n->op)->flags & OPF_VIEW) ? ir_in(g, n, 0) : -1;
-}
-
 /* Root of each value, and its byte offset and per-rank stride within the root. */
 static void find_roots(const Graph *g, int *root, int64_t *at, int64_t *stride)
 {
@@ -64,7 +56,7 @@ static void find_roots(const Graph *g, int *root, int64_t *at, int64_t *stride)
         while (root[u] == -2) {
             FS_ASSERT(n < 64);
             chain[n++] = u;
-            int p = parent_of(g, u);
+            int p = ir_view_parent(g, u);
             if (p < 0) {
                 root[u] = u, at[u] = stride[u] = 0;
                 n--;
@@ -73,7 +65,7 @@ static void find_roots(const Graph *g, int *root, int64_t *at, int64_t *stride)
             u = p;
         }
         while (n-- > 0) {
-            int w = chain[n], p = parent_of(g, w);
+            int w = chain[n], p = ir_view_parent(g, w);
             const Value *wv = ir_value(g, w);
             root[w] = root[p];
             at[w] = at[p] + wv->view_offset;
@@ -176,25 +168,34 @@ static int64_t lower_bound(Arena *a, const Group *groups, int ng, int n_nodes)
     return most;
 }
 
-int pass_memplan(Graph *g, const Options *o, Diag *d)
+/* The schedule's waits (passes/schedule.c): a collective reads and writes its buffers
+ * until the node that waits for it, or the end of the step when none does, so neither
+ * buffer's bytes may be handed to another value before then. */
+static void until_complete(const Graph *g, const int *root, int *end)
 {
-    (void)o, (void)d;
-    int nv = g->n_values;
-    int *root = arena_alloc(g->arena, sizeof(int) * (size_t)nv * 3 + 1);
-    int *start = root + nv, *end = start + nv;
-    int64_t *at = arena_alloc(g->arena, sizeof(int64_t) * (size_t)nv * 2 + 1), *stride = at + nv;
-    find_roots(g, root, at, stride);
-    live_ranges(g, root, start, end);
-
-    Group *groups = arena_alloc(g->arena, sizeof(Group) * (size_t)nv + 1);
-    int ng = 0;
-    for (int v = 0; v < nv; v++) {
-        if (root[v] != v) continue;
-        const Value *val = ir_value(g, v);
-        int pers = persistent_role(val->role);
-        groups[ng++] = (Group){v, ir_nbytes(val), 0, pers ? 0 : start[v], pers ? g->n_nodes : end[v], pers};
+    char *waited = arena_alloc(g->arena, (size_t)g->n_nodes + 1);
+    for (int w = 0; w < g->n_nodes; w++) {
+        const Node *n = ir_node(g, w);
+        for (int i = 0; i < n->n_wait; i++) {
+            int c = g->waits[n->wait + i];
+            waited[c] = 1;
+            for (int k = 0; k < 2; k++) {
+                int r = root[k ? ir_out(g, ir_node(g, c), 0) : ir_in(g, ir_node(g, c), 0)];
+                if (end[r] < w) end[r] = w;
+            }
+        }
     }
+    for (int c = 0; c < g->n_nodes; c++) {
+        const Node *n = ir_node(g, c);
+        if (!(op_info(n->op)->flags & OPF_COLLECTIVE) || waited[c]) continue;
+        end[root[ir_in(g, n, 0)]] = end[root[ir_out(g, n, 0)]] = g->n_nodes;
+    }
+}
 
+/* Plans the groups of one memory space (they are contiguous in `groups`); returns the
+ * size of its arena. */
+static int64_t plan_space(Graph *g, Group *groups, int ng)
+{
     /* Persistent state first, in value order: the same layout whatever the activations. */
     int64_t top = 0;
     for (int i = 0; i < ng; i++)
@@ -212,6 +213,33 @@ int pass_memplan(Graph *g, const Options *o, Diag *d)
         top = place_all(groups, ng, base, by_start, placed, scratch);
         if (by_size <= top) top = place_all(groups, ng, base, by_size_desc, placed, scratch);
     }
+    return top;
+}
+
+int pass_memplan(Graph *g, const Options *o, Diag *d)
+{
+    (void)o, (void)d;
+    int nv = g->n_values;
+    int *root = arena_alloc(g->arena, sizeof(int) * (size_t)nv * 3 + 1);
+    int *start = root + nv, *end = start + nv;
+    int64_t *at = arena_alloc(g->arena, sizeof(int64_t) * (size_t)nv * 2 + 1), *stride = at + nv;
+    find_roots(g, root, at, stride);
+    live_ranges(g, root, start, end);
+    until_complete(g, root, end);
+
+    /* The groups of each space, space by space: each space is an arena of its own. */
+    Group *groups = arena_alloc(g->arena, sizeof(Group) * (size_t)nv + 1);
+    int ng = 0;
+    for (int s = 0; s < PLACE_COUNT; s++) {
+        int first = ng;
+        for (int v = 0; v < nv; v++) {
+            const Value *val = ir_value(g, v);
+            if (root[v] != v || (int)val->place != s) continue;
+            int pers = persistent_role(val->role);
+            groups[ng++] = (Group){v, ir_nbytes(val), 0, pers ? 0 : start[v], pers ? g->n_nodes : end[v], pers};
+        }
+        g->space_bytes[s] = plan_space(g, groups + first, ng - first);
+    }
 
     for (int i = 0; i < ng; i++) {
         Value *val = &g->values[groups[i].root];
@@ -222,12 +250,13 @@ int pass_memplan(Graph *g, const Options *o, Diag *d)
     for (int v = 0; v < nv; v++) {
         Value *val = &g->values[v];
         const Value *r = ir_value(g, root[v]);
+        FS_ASSERT(val->place == r->place);  // a view lies in its root's space
         val->alias = root[v] == v ? -1 : root[v];
         val->offset = r->offset + at[v];
         val->rank_stride = stride[v];
         val->live_start = r->live_start;
         val->live_end = r->live_end;
     }
-    g->arena_bytes = top;
+    g->planned = 1;
     return 0;
 }

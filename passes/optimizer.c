@@ -25,9 +25,10 @@ static int node_out(Opt *o, OpKind op, const int *in, int n_in, const Attr *attr
     return ir_node(o->g, n)->n_out ? ir_out(o->g, ir_node(o->g, n), 0) : -1;
 }
 
-static void name_output(Opt *o, int v, const char *name)
+static void name_output(Opt *o, int v, const char *name, StepRole role)
 {
     o->g->values[v].name = arena_strdup(o->g->arena, name);
+    o->g->values[v].step_role = role;
     ir_output_add(o->g, v);
 }
 
@@ -122,6 +123,7 @@ int pass_optimizer(Graph *g, const Options *opts, Diag *d)
     Value sv = {.dtype = DT_I32, .rank = 0, .role = ROLE_INPUT, .block = -1, .name = "step",
                 .producer = -1, .tied_to = -1, .grad = -1};
     int step = ir_value_add(g, &sv);
+    g->values[step].step_role = SR_STEP;
 
     Attr lat[5] = {{.key = "lr", .kind = ATTR_FLOAT, .f = t->lr},
                    {.key = "schedule", .kind = ATTR_INT, .i = t->lr_schedule},
@@ -129,7 +131,7 @@ int pass_optimizer(Graph *g, const Options *opts, Diag *d)
                    {.key = "steps", .kind = ATTR_INT, .i = t->steps},
                    {.key = "min_lr", .kind = ATTR_FLOAT, .f = t->min_lr}};
     int lr = node_out(&o, OP_lr_at, &step, 1, lat, 5, -1, at);
-    name_output(&o, lr, "lr");
+    name_output(&o, lr, "lr", SR_LR);
     int norm = global_norm(&o);
     if (norm < 0) return 0;  // nothing to train
     /* With an fp16 loss scale the gradients are scaled: unscale the norm, fold 1/scale
@@ -140,7 +142,7 @@ int pass_optimizer(Graph *g, const Options *opts, Diag *d)
         inv = node_out(&o, OP_div, (int[]){one, g->loss_scale}, 2, NULL, 0, -1, at);
         norm = node_out(&o, OP_mul, (int[]){norm, inv}, 2, NULL, 0, -1, at);
     }
-    name_output(&o, norm, "grad_norm");
+    name_output(&o, norm, "grad_norm", SR_GRAD_NORM);
     Attr cat[2] = {{.key = "max_norm", .kind = ATTR_FLOAT, .f = t->clip},
                    {.key = "skip_nonfinite", .kind = ATTR_INT, .i = g->loss_scale >= 0}};
     int coef = node_out(&o, OP_clip_coef, &norm, 1, cat, 2, -1, at);
@@ -149,6 +151,7 @@ int pass_optimizer(Graph *g, const Options *opts, Diag *d)
     Value cv = {.dtype = DT_I32, .rank = 0, .role = ROLE_OPT_STATE, .block = -1, .name = "opt_step", .producer = -1,
                 .tied_to = -1, .init = INIT_ZEROS};
     int count = ir_value_add(g, &cv);
+    g->values[count].step_role = SR_OPT_STEP;
     node_out(&o, OP_count_step, (int[]){count, coef}, 2, NULL, 0, -1, at);
     step = count;
 

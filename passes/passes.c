@@ -1,5 +1,5 @@
 /* passes/passes.c: the pass list as data, and the driver that runs it. The passes not
- * written yet (pipeline, offload, schedule) join this table
+ * written yet (pipeline, offload) join this table
  * in DESIGN.md's order. Unlike DESIGN.md's order, precision runs before autodiff (the
  * backward is then born in the compute dtype, and a cast's gradient casts back to the
  * fp32 master), and shard before optimizer: it decides what the optimizer updates (a
@@ -25,8 +25,10 @@ static const PassInfo PASSES[] = {
      pass_optimizer},
     {"fuse", "the final node order", "Node.group: runs of consecutive elementwise nodes of one shape that feed each other",
      pass_fuse},
-    {"memplan", "the final node order", "Value.offset and live range of every value; Graph.arena_bytes",
-     pass_memplan},
+    {"schedule", "the final node order", "Node.stream of every node; Node.wait: what each waits for on other streams",
+     pass_schedule},
+    {"memplan", "the final node order and its waits",
+     "Value.offset (in its space's arena) and live range of every value; Graph.space_bytes", pass_memplan},
 };
 enum { N_PASSES = sizeof PASSES / sizeof *PASSES };
 

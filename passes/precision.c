@@ -128,6 +128,7 @@ int pass_precision(Graph *g, const Options *o, Diag *d)
     ir_nodes_reorder(g, order);
     if (o->train.precision == PREC_FP16) {
         g->loss_scale = state(g, "loss_scale", DT_F32, INIT_FULL, FP16_INITIAL_SCALE);
+        g->values[g->loss_scale].step_role = SR_LOSS_SCALE;
         g->scale_good = state(g, "loss_scale.good_steps", DT_I32, INIT_ZEROS, 0);
     }
     return 0;

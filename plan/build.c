@@ -12,7 +12,7 @@
 
 struct PlanBuild {
     int32_t cap_strs, cap_meta, cap_blocks, cap_tensors, cap_ops, cap_ids, cap_attrs, cap_ints,
-        cap_outputs, cap_cuda;
+        cap_outputs, cap_cuda, cap_programs, cap_waits;
     int32_t *hash;  // string id + 1 per slot, 0 when empty; a power of two in size
     int32_t hash_cap;
 };
@@ -41,6 +41,9 @@ void plan_free(Plan *p)
     plan_dealloc(p->ints);
     plan_dealloc(p->outputs);
     plan_dealloc(p->cuda);
+    plan_dealloc(p->programs);
+    plan_dealloc(p->waits);
+    plan_dealloc(p->cuda_module);
     plan_dealloc(p->sections);
     if (p->build) plan_dealloc(p->build->hash);
     plan_dealloc(p->build);
@@ -56,7 +59,7 @@ static struct PlanBuild *build_state(Plan *p)
     if (!b) return NULL;
     /* A plan that was read has arrays exactly as long as their counts. */
     *b = (struct PlanBuild){p->n_strs, p->n_meta, p->n_blocks, p->n_tensors, p->n_ops,
-                            p->n_ids, p->n_attrs, p->n_ints, p->n_outputs, p->n_cuda, NULL, 0};
+                            p->n_ids, p->n_attrs, p->n_ints, p->n_outputs, p->n_cuda, p->n_programs, p->n_waits, NULL, 0};
     return p->build = b;
 }
 
@@ -203,6 +206,32 @@ int32_t plan_attr_add(Plan *p, const PlanAttr *a) { PUSH(p, attrs, n_attrs, cap_
 int32_t plan_op_add(Plan *p, const PlanOp *op) { PUSH(p, ops, n_ops, cap_ops, *op); }
 int32_t plan_output_add(Plan *p, int32_t tensor) { PUSH(p, outputs, n_outputs, cap_outputs, tensor); }
 int32_t plan_cuda_add(Plan *p, const PlanCuda *c) { PUSH(p, cuda, n_cuda, cap_cuda, *c); }
+int32_t plan_program_add(Plan *p, const PlanProgram *prog) { PUSH(p, programs, n_programs, cap_programs, *prog); }
+int32_t plan_wait_add(Plan *p, int32_t op) { PUSH(p, waits, n_waits, cap_waits, op); }
+
+int plan_set_one_program(Plan *p, int32_t dp_world, int64_t device_bytes, int64_t host_bytes)
+{
+    PlanProgram prog = {.stage = 0, .dp_world = dp_world, .first_op = 0, .n_ops = p->n_ops};
+    prog.space_bytes[PLAN_PLACE_DEVICE] = device_bytes;
+    prog.space_bytes[PLAN_PLACE_HOST] = host_bytes;
+    if (p->n_programs) {
+        p->programs[0] = prog;
+        p->n_programs = 1;
+        return 0;
+    }
+    return plan_program_add(p, &prog) < 0 ? -1 : 0;
+}
+
+int plan_set_cuda_module(Plan *p, const char *text)
+{
+    size_t n = strlen(text);
+    char *copy = plan_alloc(n + 1);
+    if (!copy) return -1;
+    memcpy(copy, text, n + 1);
+    plan_dealloc(p->cuda_module);
+    p->cuda_module = copy;
+    return 0;
+}
 
 /* ---- reading ---------------------------------------------------------------------- */
 
@@ -240,6 +269,9 @@ static const char *const ROLES[PLAN_ROLE_COUNT] = {"input", "param", "grad", "ac
 static const char *const PLACES[PLAN_PLACE_COUNT] = {"device", "host"};
 static const char *const PHASES[PLAN_PHASE_COUNT] = {"forward", "backward", "recompute",
                                                      "optimizer", "comm"};
+static const char *const STREAMS[PLAN_STREAM_COUNT] = {"compute", "collective", "copy"};
+static const char *const STEP_ROLES[PLAN_SR_COUNT] = {"none", "loss", "lr", "grad_norm", "loss_scale",
+                                                      "step", "opt_step", "loss_seed"};
 static const char *const INITS[PLAN_INIT_COUNT] = {"none", "zeros", "ones", "normal", "uniform", "full"};
 
 const char *plan_dtype_name(PlanDType t) { return NAME_OF(DTYPES, t); }
@@ -248,6 +280,20 @@ const char *plan_role_name(PlanRole r) { return NAME_OF(ROLES, r); }
 const char *plan_place_name(PlanPlace p) { return NAME_OF(PLACES, p); }
 const char *plan_phase_name(PlanPhase p) { return NAME_OF(PHASES, p); }
 const char *plan_init_name(PlanInit k) { return NAME_OF(INITS, k); }
+const char *plan_stream_name(PlanStream s) { return NAME_OF(STREAMS, s); }
+const char *plan_step_role_name(PlanStepRole r) { return NAME_OF(STEP_ROLES, r); }
+
+int32_t plan_role_tensor(const Plan *p, PlanStepRole r)
+{
+    for (int32_t i = 0; i < p->n_tensors && r != PLAN_SR_NONE; i++)
+        if (p->tensors[i].step_role == r) return i;
+    return PLAN_NONE;
+}
+
+int64_t plan_space_bytes(const Plan *p, PlanPlace s)
+{
+    return p->n_programs > 0 && (unsigned)s < PLAN_PLACE_COUNT ? p->programs[0].space_bytes[s] : -1;
+}
 
 int64_t plan_tensor_numel(const PlanTensor *t)
 {

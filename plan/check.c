@@ -65,6 +65,11 @@ static int check_tensor(Check *c, int32_t i, const PlanTensor *t)
         return fail(c, "tensor %d: alias %d out of range (%d tensors)", i, t->alias, p->n_tensors);
     if (!opt_in_range(t->unit, p->n_blocks + 1))
         return fail(c, "tensor %d: unit %d out of range (%d blocks)", i, t->unit, p->n_blocks);
+    if ((unsigned)t->step_role >= PLAN_SR_COUNT)
+        return fail(c, "tensor %d: unknown step role %d", i, (int)t->step_role);
+    if (t->step_role != PLAN_SR_NONE && plan_role_tensor(p, t->step_role) != i)
+        return fail(c, "tensor %d: step role %s is tensor %d's already", i, plan_step_role_name(t->step_role),
+                    plan_role_tensor(p, t->step_role));
     if (t->sharded > 1 || t->rank_stride < 0 || t->flat_offset < 0)
         return fail(c, "tensor %d: bad flat layout (sharded %d, rank stride %" PRId64 ", flat offset %" PRId64 ")", i,
                     t->sharded, t->rank_stride, t->flat_offset);
@@ -83,6 +88,15 @@ static int check_op(Check *c, int32_t i, const PlanOp *o)
         return fail(c, "op %d (%s): inputs or outputs out of range (%d ids)", i, name, p->n_ids);
     if (!range_ok(o->attr, o->n_attr, p->n_attrs))
         return fail(c, "op %d (%s): attributes out of range (%d attrs)", i, name, p->n_attrs);
+    if ((unsigned)o->stream >= PLAN_STREAM_COUNT)
+        return fail(c, "op %d (%s): unknown stream %d", i, name, (int)o->stream);
+    if (!range_ok(o->wait, o->n_wait, p->n_waits))
+        return fail(c, "op %d (%s): waits out of range (%d waits)", i, name, p->n_waits);
+    for (int32_t k = 0; k < o->n_wait; k++) {
+        int32_t w = p->waits[o->wait + k];
+        if (w < 0 || w >= i || p->ops[w].stream == PLAN_STREAM_COMPUTE)
+            return fail(c, "op %d (%s): waits for op %d, which is not an earlier op off the compute stream", i, name, w);
+    }
     for (int32_t k = 0; k < o->n_out; k++) {
         int32_t t = p->ids[o->out + k];
         if (in_range(t, p->n_tensors) && p->tensors[t].producer != i)
@@ -170,6 +184,32 @@ static int check_cuda(Check *c, int32_t i, const PlanCuda *cu)
     return cu->kind == PLAN_CU_GEMM ? check_gemm(c, i, cu) : check_launch(c, i, cu);
 }
 
+/* Programs in stage order, their op ranges back to back over every op, each wait inside
+ * its own program. A plan without a memory plan has none (the runtime refuses it). */
+static int check_programs(Check *c)
+{
+    const Plan *p = c->p;
+    int32_t next = 0;
+    for (int32_t i = 0; i < p->n_programs; i++) {
+        const PlanProgram *g = &p->programs[i];
+        if (g->stage != i || g->dp_world < 1 || g->first_op != next || g->n_ops < 0 || g->n_ops > p->n_ops - next)
+            return fail(c, "program %d: stage %d, %d data-parallel ranks, ops [%d, +%d) do not follow program %d", i,
+                        g->stage, g->dp_world, g->first_op, g->n_ops, i - 1);
+        for (int s = 0; s < PLAN_PLACE_COUNT; s++)
+            if (g->space_bytes[s] < 0)
+                return fail(c, "program %d: negative %s arena (%" PRId64 " bytes)", i, plan_place_name((PlanPlace)s),
+                            g->space_bytes[s]);
+        for (int32_t k = g->first_op; k < g->first_op + g->n_ops; k++)
+            for (int32_t w = 0; w < p->ops[k].n_wait; w++)
+                if (p->waits[p->ops[k].wait + w] < g->first_op)
+                    return fail(c, "op %d waits for op %d of another program", k, p->waits[p->ops[k].wait + w]);
+        next += g->n_ops;
+    }
+    if (p->n_programs && next != p->n_ops)
+        return fail(c, "the programs hold %d of the plan's %d ops", next, p->n_ops);
+    return 0;
+}
+
 static int check_counts(Check *c)
 {
     const Plan *p = c->p;
@@ -179,6 +219,7 @@ static int check_counts(Check *c)
         {"ops", p->n_ops, p->ops},           {"ids", p->n_ids, p->ids},
         {"attrs", p->n_attrs, p->attrs},     {"ints", p->n_ints, p->ints},
         {"outputs", p->n_outputs, p->outputs},  {"cuda instructions", p->n_cuda, p->cuda},
+        {"waits", p->n_waits, p->waits},     {"programs", p->n_programs, p->programs},
     };
     for (size_t i = 0; i < sizeof pools / sizeof *pools; i++)
         if (pools[i].n < 0 || (pools[i].n && !pools[i].arr))
@@ -216,5 +257,5 @@ int plan_check(const Plan *p, char *err, size_t errlen)
             return fail(&c, "output %d: tensor %d out of range (%d tensors)", i, p->outputs[i], p->n_tensors);
     for (int32_t i = 0; i < p->n_cuda; i++)
         if (check_cuda(&c, i, &p->cuda[i])) return -1;
-    return 0;
+    return check_programs(&c);
 }

@@ -1,8 +1,7 @@
 /* plan/format.h: the byte layout of a plan file, private to plan/ (read.c and write.c).
  * plan.h describes the header; this file lists the sections and their records.
  *
- * Sections, in the order the writer puts them; those of version 1.0 are required, CUDA
- * (version 1.1) is optional, so a 1.0 file reads as a plan without a CUDA program:
+ * Sections, in the order the writer puts them; all but CUDA and CUMD are required:
  *
  *   STRS  u32 count, then count x { u32 len, len bytes (no NUL) }
  *   META  records { i32 key, u8 kind, 3 pad, 8-byte value: i64, f64 bits, or i32 string }
@@ -11,20 +10,25 @@
  *                   i32 block, i32 producer, i32 tied_to, f64 init_a, f64 init_b,
  *                   i64 shape[6], i32 grad, i32 live_start, i32 live_end, i32 alias,
  *                   i64 offset, i64 rank_stride, i64 flat_offset, i32 unit, u8 sharded,
- *                   3 pad }
- *   NODE  records { i32 op (string), i32 block, u8 phase, 3 pad, i32 line, i32 col,
- *                   i32 in, i32 n_in, i32 out, i32 n_out, i32 attr, i32 n_attr }
+ *                   u8 step_role, 2 pad }
+ *   NODE  records { i32 op (string), i32 block, u8 phase, u8 stream, 2 pad, i32 line,
+ *                   i32 col, i32 in, i32 n_in, i32 out, i32 n_out, i32 attr, i32 n_attr,
+ *                   i32 wait, i32 n_wait (range in WAIT) }
  *   IDS   u32 count, then count x i32 (tensor ids)
  *   ATTR  records { i32 key, u8 kind, 3 pad, 8-byte value: i64, f64 bits, or
  *                   i32 list, i32 n_list (range in INTS) }
  *   INTS  u32 count, then count x i64
  *   OUTS  u32 count, then count x i32 (tensor ids)
+ *   WAIT  u32 count, then count x i32 (op ids: what each op waits for)
  *   CUDA  records { i32 op, u8 kind, 3 pad, i32 kernel (string), i32 args, i32 n_args,
  *                   i32 grid[3], i32 block[3], i32 smem, i32 ta, i32 tb,
  *                   i64 m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch,
  *                   a_off, b_off, c_off }          (byte offsets 0, 4, 8, 12, 16, 20, 32,
  *                   44, 48, 52, then the i64s from 56 on, 8 bytes apart: 160 bytes)
  *         the CUDA program (PlanCuda in plan.h), sorted by op; args is a range in IDS
+ *   PROG  records { i32 stage, i32 dp_world, i32 first_op, i32 n_ops,
+ *                   i64 space_bytes[2] (device, host) }
+ *   CUMD  u32 length, then the CUDA module's text (no NUL); length 0: none
  *
  * "records" means: u32 count, u32 record size, then count records of that size. A reader
  * needs at least the size it knows and skips the rest of each record, so a later minor
@@ -55,7 +59,10 @@ enum {
     X(ATTR, "ATTR", 1)      \
     X(INTS, "INTS", 1)      \
     X(OUTS, "OUTS", 1)      \
-    X(CUDA, "CUDA", 0)
+    X(WAIT, "WAIT", 1)      \
+    X(PROG, "PROG", 1)      \
+    X(CUDA, "CUDA", 0)      \
+    X(CUMD, "CUMD", 0)
 
 typedef enum {
 #define X(id, tag, required) SEC_##id,
@@ -64,14 +71,15 @@ typedef enum {
     SEC_COUNT
 } SectionId;
 
-/* Record sizes of version 1.0 (CUDA: 1.1): the least a reader accepts. */
+/* Record sizes of version 2.0: the least a reader accepts. */
 enum {
     REC_META = 16,
     REC_BLKS = 12,
     REC_TENS = 136,
-    REC_NODE = 44,
+    REC_NODE = 52,
     REC_ATTR = 16,
     REC_CUDA = 160,
+    REC_PROG = 32,
 };
 
 /* ---- little-endian encoding, byte by byte, whatever the host --------------------- */

@@ -20,10 +20,12 @@
  *   32      24*n  section table: tag[4], CRC-32 u32, offset u64, length u64
  *   ...           the sections, back to back in table order, up to the end of the file
  *
- * Every byte of the file is covered by a checksum. The sections of version 1.0 (STRS,
- * META, BLKS, TENS, NODE, IDS, ATTR, INTS, OUTS, all required) and of 1.1 (CUDA, the CUDA
- * program; optional, so a 1.0 file reads as a plan without one) and their records are
- * laid out in plan/format.h; a reader skips tags it does not know. A section of records
+ * Every byte of the file is covered by a checksum. The sections of version 2.0 (STRS,
+ * META, BLKS, TENS, NODE, IDS, ATTR, INTS, OUTS, PROG, all required; CUDA, the CUDA
+ * program, and CUMD, its module text, optional: a plan without a memory plan has
+ * neither) and their records are laid out in plan/format.h; a reader skips tags it does
+ * not know. A 1.x file (one op list, one arena, the CUDA text in META) is refused with a
+ * message that says to recompile it. A section of records
  * starts with its record count and record size, so a newer minor version can append
  * fields.
  *
@@ -38,8 +40,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PLAN_MAJOR 1
-#define PLAN_MINOR 1
+#define PLAN_MAJOR 2
+#define PLAN_MINOR 0
 #define PLAN_MAX_RANK 6
 #define PLAN_NONE (-1)  // an absent string, block, producer or tied tensor
 
@@ -50,7 +52,24 @@ typedef enum {
     PLAN_ROLE_INPUT, PLAN_ROLE_PARAM, PLAN_ROLE_GRAD, PLAN_ROLE_ACT, PLAN_ROLE_OPT_STATE,
     PLAN_ROLE_MASTER, PLAN_ROLE_COMM, PLAN_ROLE_SCRATCH, PLAN_ROLE_CONST, PLAN_ROLE_GATHERED, PLAN_ROLE_COUNT
 } PlanRole;
+/* A tensor's memory space: each program has one arena per space (device memory; pinned
+ * host memory), and a tensor's offset is into its space's arena. */
 typedef enum { PLAN_PLACE_DEVICE, PLAN_PLACE_HOST, PLAN_PLACE_COUNT } PlanPlace;
+/* The stream an op runs on (the schedule pass decides): compute ops in program order on
+ * one stream, collectives (and later point-to-point) on another, host-device copies on a
+ * third. An op on another stream than compute starts after every compute op before it in
+ * the program; a compute op waits for exactly the ops its PlanOp.wait range names. */
+typedef enum { PLAN_STREAM_COMPUTE, PLAN_STREAM_COLLECTIVE, PLAN_STREAM_COPY, PLAN_STREAM_COUNT } PlanStream;
+/* What the step loop needs of a tensor, so it never finds one by name: the step's loss
+ * (the output the progress line shows), the learning rate and the global gradient norm
+ * of the step (outputs), the fp16 loss scale (state), the step number the runtime writes
+ * (input), the optimizer's step counter (state: the step was skipped when it did not
+ * move), and the backward's seed (fp16: the loss scale; --debug-overflow-at poisons it).
+ * At most one tensor has each role. */
+typedef enum {
+    PLAN_SR_NONE, PLAN_SR_LOSS, PLAN_SR_LR, PLAN_SR_GRAD_NORM, PLAN_SR_LOSS_SCALE, PLAN_SR_STEP, PLAN_SR_OPT_STEP,
+    PLAN_SR_LOSS_SEED, PLAN_SR_COUNT
+} PlanStepRole;
 typedef enum {
     PLAN_PHASE_FORWARD, PLAN_PHASE_BACKWARD, PLAN_PHASE_RECOMPUTE, PLAN_PHASE_OPTIMIZER,
     PLAN_PHASE_COMM, PLAN_PHASE_COUNT
@@ -89,9 +108,10 @@ typedef struct {
     int32_t tied_to;    // tensor id of the param this one aliases, or PLAN_NONE
     double init_a, init_b;  // normal: (std, 0); uniform: (low, high)
     int32_t grad;       // params: the tensor holding its gradient, or PLAN_NONE
-    /* The memory plan (memplan): where the tensor lives in its rank's arena (meta
-     * "arena_bytes" long) and when. Checked against the arena by the executor. */
-    int64_t offset;     // bytes from the arena's start
+    PlanStepRole step_role;  // what the step loop reads or writes it for; PLAN_SR_NONE
+    /* The memory plan (memplan): where the tensor lives in its rank's arena of its space
+     * (`place`; the program's space_bytes long) and when. Checked by the executor. */
+    int64_t offset;     // bytes from the start of its space's arena
     int32_t live_start, live_end;  // first writer and last reader, op ids; n_ops: to the step's end
     int32_t alias;      // the root tensor whose buffer this view lies in, or PLAN_NONE
     int64_t rank_stride;  // bytes added to offset per rank: rank r's data is at
@@ -112,7 +132,22 @@ typedef struct {
     int32_t in, n_in;   // range in Plan.ids: input tensor ids
     int32_t out, n_out; // range in Plan.ids: output tensor ids
     int32_t attr, n_attr;  // range in Plan.attrs
+    /* The schedule (passes/schedule.c), executed as stored by every backend. */
+    PlanStream stream;
+    int32_t wait, n_wait;  // range in Plan.waits: op ids, earlier in the program and off
+                           // the compute stream, that must be complete before this op starts
 } PlanOp;
+
+/* One program: what the ranks of one pipeline stage run each step. Its data-parallel
+ * ranks share it (a rank's shard is at offset + dp_index * rank_stride), so the plan
+ * does not grow with the data-parallel world. Rank r runs program r / dp_world as
+ * data-parallel index r % dp_world. Programs hold consecutive ranges of Plan.ops. */
+typedef struct {
+    int32_t stage;       // the pipeline stage, 0-based (programs are in stage order)
+    int32_t dp_world;    // data-parallel ranks that run it
+    int32_t first_op, n_ops;  // range in Plan.ops, in issue order
+    int64_t space_bytes[PLAN_PLACE_COUNT];  // the arena of each memory space, per rank
+} PlanProgram;
 
 typedef struct {
     int32_t key;        // string id
@@ -122,14 +157,14 @@ typedef struct {
     int32_t list, n_list;  // PLAN_ATTR_INTS: range in Plan.ints
 } PlanAttr;
 
-/* The CUDA program (codegen/cuda_*.c, version 1.1): what the CUDA backend runs for each
+/* The CUDA program (codegen/cuda_*.c): what the CUDA backend runs for each
  * op, in op order. An op has zero or more instructions, sorted by op id: none for a view
  * whose output already lies in its input's bytes, for a collective (the runtime runs it on
  * NCCL by the op's name, as the CPU backend does on MPI), and for the members of a fused
  * group but its last, whose one LAUNCH computes the whole group.
  *
  * LAUNCH: kernel `kernel` (a string id: its name, `PREFIX_HASH`, defined in the plan's
- *   CUDA source, meta "cuda_source") with grid x block threads and `smem` bytes of
+ *   CUDA module, Plan.cuda_module) with grid x block threads and `smem` bytes of
  *   dynamic shared memory. Its parameters are exactly the args, in order, each a device
  *   pointer to that tensor's bytes on this rank (arena + offset + rank * rank_stride);
  *   every shape is compiled into the kernel.
@@ -180,8 +215,13 @@ typedef struct Plan {
     int32_t n_ints;
     int32_t *outputs;       // tensor ids the step produces; outputs[0] is the loss
     int32_t n_outputs;
-    PlanCuda *cuda;         // the CUDA program, sorted by op (none in a 1.0 plan)
+    int32_t *waits;         // op ids, for PlanOp wait ranges
+    int32_t n_waits;
+    PlanProgram *programs;  // one per pipeline stage, in stage order (at least one)
+    int32_t n_programs;
+    PlanCuda *cuda;         // the CUDA program, sorted by op (none without a memory plan)
     int32_t n_cuda;
+    char *cuda_module;      // the CUDA C source the LAUNCH kernels are defined in, or NULL
     PlanSection *sections;  // as read from a file; none for a plan built in memory
     int32_t n_sections;
     struct PlanBuild *build;  // growth state while a plan is being built
@@ -221,6 +261,13 @@ int32_t plan_attr_add(Plan *p, const PlanAttr *a);
 int32_t plan_op_add(Plan *p, const PlanOp *op);
 int32_t plan_output_add(Plan *p, int32_t tensor);
 int32_t plan_cuda_add(Plan *p, const PlanCuda *c);
+int32_t plan_program_add(Plan *p, const PlanProgram *prog);
+int32_t plan_wait_add(Plan *p, int32_t op);
+/* Makes the plan's programs exactly one: stage 0, every op (call it after the last op is
+ * added), dp_world ranks, the two spaces' arenas. 0, or -1 when out of memory. */
+int plan_set_one_program(Plan *p, int32_t dp_world, int64_t device_bytes, int64_t host_bytes);
+/* Replaces the CUDA module text (copied); 0, or -1 when out of memory. */
+int plan_set_cuda_module(Plan *p, const char *text);
 
 /* "" for PLAN_NONE or an id out of range. */
 const char *plan_str(const Plan *p, int32_t id);
@@ -234,6 +281,13 @@ const char *plan_dtype_name(PlanDType t);  // "f32", "f16", "bf16", "i32"; "?" i
 int plan_dtype_size(PlanDType t);          // bytes per element; 0 if unknown
 const char *plan_role_name(PlanRole r);    // "input", "param", "grad", "act", ...
 const char *plan_place_name(PlanPlace p);  // "device", "host"
+const char *plan_stream_name(PlanStream s);  // "compute", "collective", "copy"
+const char *plan_step_role_name(PlanStepRole r);  // "none", "loss", "lr", "grad_norm", ...
+/* The tensor with step role r, or PLAN_NONE. */
+int32_t plan_role_tensor(const Plan *p, PlanStepRole r);
+/* The bytes of space s's arena in program 0 (every rank's until pipelines: issue 10), or
+ * -1 when the plan has no program. */
+int64_t plan_space_bytes(const Plan *p, PlanPlace s);
 const char *plan_phase_name(PlanPhase p);  // "forward", "backward", ...
 const char *plan_init_name(PlanInit k);    // "none", "zeros", "ones", "normal", "uniform"
 
@@ -255,6 +309,13 @@ int64_t plan_tensor_nbytes(const PlanTensor *t);
  * can index without checking. 0, or -1 with a message ("tensor 12: block 9 out of range
  * (4 blocks)"). plan_read runs it on every file, plan_write on every plan. */
 int plan_check(const Plan *p, char *err, size_t errlen);
+
+/* ---- plan/schedule.c ---------------------------------------------------------------- */
+
+/* Whether the stored schedule is safe as stored on `rank`: no op reads or writes bytes
+ * of an op still in flight on another stream (one no wait has completed). 0, or -1 with
+ * a message naming both ops. Needs plan_check; the executor runs it for its rank. */
+int plan_check_schedule(const Plan *p, int rank, char *err, size_t errlen);
 
 /* ---- plan/write.c ------------------------------------------------------------------ */
 

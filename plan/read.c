@@ -96,8 +96,9 @@ static int check_frame(Reader *r, uint32_t *n_sections)
         return fail(r, "plan version %u.%u is newer than this fsexec supports (%d.x); rebuild fsexec "
                     "or recompile the plan", major, minor, PLAN_MAJOR);
     if (major < PLAN_MAJOR)
-        return fail(r, "plan version %u.%u is older than this fsexec supports (%d.x); recompile the "
-                    "plan", major, minor, PLAN_MAJOR);
+        return fail(r, "plan version %u.%u is older than this fsexec supports (%d.x): it has one op list and "
+                    "one arena, where version %d has programs, memory spaces and a compiled schedule; recompile "
+                    "the plan with this fsc (fsc MODEL.fsm -o PLAN)", major, minor, PLAN_MAJOR, PLAN_MAJOR);
 
     uint32_t n = get_u32(b + 12);
     uint64_t size = get_u64(b + 16);
@@ -274,7 +275,7 @@ static int read_tensors(Reader *r, const Sec *s, Plan *p)
             .grad = get_i32(b + 88), .live_start = get_i32(b + 92), .live_end = get_i32(b + 96),
             .alias = get_i32(b + 100), .offset = (int64_t)get_u64(b + 104),
             .rank_stride = (int64_t)get_u64(b + 112), .flat_offset = (int64_t)get_u64(b + 120),
-            .unit = get_i32(b + 128), .sharded = b[132],
+            .unit = get_i32(b + 128), .sharded = b[132], .step_role = (PlanStepRole)b[133],
         };
         for (int d = 0; d < t->rank && d < PLAN_MAX_RANK; d++) t->shape[d] = (int64_t)get_u64(b + 40 + 8 * d);
     }
@@ -291,7 +292,8 @@ static int read_ops(Reader *r, const Sec *s, Plan *p)
             .op = get_i32(b), .block = get_i32(b + 4), .phase = (PlanPhase)b[8],
             .line = get_i32(b + 12), .col = get_i32(b + 16), .in = get_i32(b + 20),
             .n_in = get_i32(b + 24), .out = get_i32(b + 28), .n_out = get_i32(b + 32),
-            .attr = get_i32(b + 36), .n_attr = get_i32(b + 40),
+            .attr = get_i32(b + 36), .n_attr = get_i32(b + 40), .stream = (PlanStream)b[9],
+            .wait = get_i32(b + 44), .n_wait = get_i32(b + 48),
         };
     }
     return 0;
@@ -313,7 +315,7 @@ static int read_attrs(Reader *r, const Sec *s, Plan *p)
     return 0;
 }
 
-/* IDS and OUTS: a count, then that many i32. */
+/* IDS, OUTS and WAIT: a count, then that many i32. */
 static int read_i32s(Reader *r, const Sec *s, int32_t **out, int32_t *n_out)
 {
     if (s->len < 4) return fail(r, "section %s: too short (%zu bytes)", s->tag, s->len);
@@ -334,7 +336,35 @@ static int read_ints(Reader *r, const Sec *s, Plan *p)
     return 0;
 }
 
-/* CUDA (1.1): the CUDA program's instructions. */
+static int read_programs(Reader *r, const Sec *s, Plan *p)
+{
+    uint32_t n, rec;
+    if (!(p->programs = alloc_records(r, s, REC_PROG, sizeof *p->programs, &n, &rec))) return -1;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *b = s->b + 8 + (size_t)i * rec;
+        PlanProgram *g = &p->programs[p->n_programs++];
+        *g = (PlanProgram){.stage = get_i32(b), .dp_world = get_i32(b + 4), .first_op = get_i32(b + 8),
+                           .n_ops = get_i32(b + 12)};
+        for (int k = 0; k < PLAN_PLACE_COUNT; k++) g->space_bytes[k] = (int64_t)get_u64(b + 16 + 8 * k);
+    }
+    return 0;
+}
+
+/* CUMD: the CUDA module's text, NUL-terminated in memory. */
+static int read_module(Reader *r, const Sec *s, Plan *p)
+{
+    if (s->len < 4) return fail(r, "section CUMD: too short (%zu bytes)", s->len);
+    uint32_t n = get_u32(s->b);
+    if (n != s->len - 4) return fail(r, "section CUMD: a text of %u bytes does not fill its %zu bytes", n, s->len);
+    if (!n) return 0;
+    if (memchr(s->b + 4, 0, n)) return fail(r, "section CUMD: the CUDA module holds a NUL byte");
+    if (!(p->cuda_module = plan_alloc((size_t)n + 1))) return fail(r, "out of memory reading section CUMD");
+    memcpy(p->cuda_module, s->b + 4, n);
+    p->cuda_module[n] = 0;
+    return 0;
+}
+
+/* CUDA: the CUDA program's instructions. */
 static int read_cuda(Reader *r, const Sec *s, Plan *p)
 {
     uint32_t n, rec;
@@ -366,7 +396,8 @@ static int decode(Reader *r, Plan *p, const int32_t at[SEC_COUNT])
         read_ops(r, &s[SEC_NODE], p) || read_i32s(r, &s[SEC_IDS], &p->ids, &p->n_ids) ||
         read_attrs(r, &s[SEC_ATTR], p) || read_ints(r, &s[SEC_INTS], p) ||
         read_i32s(r, &s[SEC_OUTS], &p->outputs, &p->n_outputs) ||
-        (at[SEC_CUDA] >= 0 && read_cuda(r, &s[SEC_CUDA], p)))
+        read_i32s(r, &s[SEC_WAIT], &p->waits, &p->n_waits) || read_programs(r, &s[SEC_PROG], p) || (at[SEC_CUDA] >= 0 && read_cuda(r, &s[SEC_CUDA], p)) ||
+        (at[SEC_CUMD] >= 0 && read_module(r, &s[SEC_CUMD], p)))
         return -1;
     char why[200];
     if (plan_check(p, why, sizeof why)) return fail(r, "invalid plan: %s", why);

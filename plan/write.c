@@ -42,6 +42,12 @@ static uint64_t section_size(const Plan *p, int s)
     case SEC_INTS: return 4 + (uint64_t)p->n_ints * 8;
     case SEC_OUTS: return 4 + (uint64_t)p->n_outputs * 4;
     case SEC_CUDA: return 8 + (uint64_t)p->n_cuda * REC_CUDA;
+    case SEC_WAIT: return 4 + (uint64_t)p->n_waits * 4;
+    case SEC_PROG: return 8 + (uint64_t)p->n_programs * REC_PROG;
+    case SEC_CUMD: {
+        size_t len = p->cuda_module ? strlen(p->cuda_module) : 0;
+        return len > UINT32_MAX ? 0 : 4 + (uint64_t)len;
+    }
     case SEC_COUNT: break;
     }
     return 0;
@@ -78,6 +84,7 @@ static void encode_tensor(uint8_t *w, const PlanTensor *t)
     put_u64(w + 120, (uint64_t)t->flat_offset);
     put_i32(w + 128, t->unit);
     w[132] = t->sharded;
+    w[133] = (uint8_t)t->step_role;
 }
 
 static void encode_op(uint8_t *w, const PlanOp *o)
@@ -86,8 +93,9 @@ static void encode_op(uint8_t *w, const PlanOp *o)
     put_i32(w, o->op);
     put_i32(w + 4, o->block);
     w[8] = (uint8_t)o->phase;
-    const int32_t rest[] = {o->line, o->col, o->in, o->n_in, o->out, o->n_out, o->attr, o->n_attr};
-    for (int i = 0; i < 8; i++) put_i32(w + 12 + 4 * i, rest[i]);
+    w[9] = (uint8_t)o->stream;
+    const int32_t rest[] = {o->line, o->col, o->in, o->n_in, o->out, o->n_out, o->attr, o->n_attr, o->wait, o->n_wait};
+    for (int i = 0; i < 10; i++) put_i32(w + 12 + 4 * i, rest[i]);
 }
 
 static void encode_cuda(uint8_t *w, const PlanCuda *c)
@@ -176,6 +184,25 @@ static void encode(const Plan *p, int s, uint8_t *w)
         w = records(w, p->n_cuda, REC_CUDA);
         for (int32_t i = 0; i < p->n_cuda; i++, w += REC_CUDA) encode_cuda(w, &p->cuda[i]);
         break;
+    case SEC_WAIT:
+        put_u32(w, (uint32_t)p->n_waits);
+        for (int32_t i = 0; i < p->n_waits; i++) put_i32(w + 4 + 4 * (size_t)i, p->waits[i]);
+        break;
+    case SEC_PROG:
+        w = records(w, p->n_programs, REC_PROG);
+        for (int32_t i = 0; i < p->n_programs; i++, w += REC_PROG) {
+            const PlanProgram *g = &p->programs[i];
+            const int32_t i32s[] = {g->stage, g->dp_world, g->first_op, g->n_ops};
+            for (int k = 0; k < 4; k++) put_i32(w + 4 * k, i32s[k]);
+            for (int k = 0; k < PLAN_PLACE_COUNT; k++) put_u64(w + 16 + 8 * k, (uint64_t)g->space_bytes[k]);
+        }
+        break;
+    case SEC_CUMD: {
+        size_t len = p->cuda_module ? strlen(p->cuda_module) : 0;
+        put_u32(w, (uint32_t)len);
+        if (len) memcpy(w + 4, p->cuda_module, len);
+        break;
+    }
     case SEC_COUNT:
         break;
     }

@@ -87,8 +87,9 @@ static void summary(const MemReport *r, FILE *out)
     tile(out, "params", report_grouped(r->param_count, a, sizeof a), report_bytes(r->state[0], b, sizeof b));
     snprintf(a, sizeof a, "%.2f B/param", (double)state / (double)(r->param_count > 0 ? r->param_count : 1));
     tile(out, "model state", a, report_bytes(state, b, sizeof b));
-    tile(out, "host memory", r->peak[PLAN_PLACE_HOST] ? report_bytes(r->peak[PLAN_PLACE_HOST], a, sizeof a) : "none",
-         "outside the arena");
+    snprintf(c, sizeof c, "arena, peak %s", report_bytes(r->peak[PLAN_PLACE_HOST], b, sizeof b));
+    tile(out, "host space", r->host_arena_bytes ? report_bytes(r->host_arena_bytes, a, sizeof a) : "none",
+         r->host_arena_bytes ? c : "every tensor in device memory");
     fprintf(out, "</div>\n");
 }
 

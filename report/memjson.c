@@ -127,6 +127,7 @@ static json_t *host(const MemReport *r, int *bad)
 {
     json_t *o = json_object();
     if (!o) return NULL;
+    put(o, "arena_bytes", json_integer(r->host_arena_bytes), bad);
     put(o, "peak_bytes", json_integer(r->peak[PLAN_PLACE_HOST]), bad);
     put(o, "peak_op", json_integer(r->peak_at[PLAN_PLACE_HOST]), bad);
     put(o, "categories", categories(r, PLAN_PLACE_HOST, bad), bad);

@@ -266,12 +266,11 @@ static int fail(char *err, size_t errlen, const char *msg)
 static int build(MemReport *r, char *err, size_t errlen)
 {
     const Plan *p = r->plan;
-    const PlanMeta *m = plan_meta_find(p, "arena_bytes");
-    if (!m || m->kind != PLAN_META_INT) return fail(err, errlen, "the plan has no memory plan (meta 'arena_bytes')");
-    r->arena_bytes = m->i;
+    if (p->n_programs < 1) return fail(err, errlen, "the plan has no program (no memory plan)");
+    r->arena_bytes = p->programs[0].space_bytes[PLAN_PLACE_DEVICE];
+    r->host_arena_bytes = p->programs[0].space_bytes[PLAN_PLACE_HOST];
     r->cuda_workspace = p->n_cuda ? plan_meta_int(p, "cuda_workspace_bytes", 0) : 0;
-    r->world = plan_meta_int(p, "world", 1);
-    if (r->world < 1) r->world = 1;
+    r->world = p->programs[0].dp_world;
     r->n_points = p->n_ops > 0 ? p->n_ops : 1;
     size_t nt = (size_t)p->n_tensors + 1, np = (size_t)r->n_points + 1;
     r->cat = plan_alloc(nt * 2);

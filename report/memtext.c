@@ -47,11 +47,13 @@ static void print_summary(const MemReport *r, FILE *out)
     fprintf(out, "  %-14s %d: %s\n", "peak op", r->peak_at[PLAN_PLACE_DEVICE],
             report_op_where(p, p->n_ops ? r->peak_at[PLAN_PLACE_DEVICE] : PLAN_NONE, c, sizeof c));
     print_params(r, out);
-    if (r->peak[PLAN_PLACE_HOST])
-        fprintf(out, "  %-14s %s at its peak (op %d), outside the arena\n", "host memory",
-                report_bytes(r->peak[PLAN_PLACE_HOST], a, sizeof a), r->peak_at[PLAN_PLACE_HOST]);
+    if (r->host_arena_bytes)
+        fprintf(out, "  %-14s arena %s (%s bytes), peak %s at op %d: the host space (pinned on CUDA ranks)\n",
+                "host space", report_bytes(r->host_arena_bytes, a, sizeof a),
+                report_grouped(r->host_arena_bytes, b, sizeof b), report_bytes(r->peak[PLAN_PLACE_HOST], c, sizeof c),
+                r->peak_at[PLAN_PLACE_HOST]);
     else
-        fprintf(out, "  %-14s none\n", "host memory");
+        fprintf(out, "  %-14s none (every tensor is in device memory)\n", "host space");
     if (r->cuda_workspace)
         fprintf(out, "  %-14s cuBLAS workspace %s outside the arena on CUDA ranks (NCCL's buffers and the CUDA "
                 "context: fsexec measures them when it starts)\n", "CUDA libraries",

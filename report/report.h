@@ -37,7 +37,8 @@ typedef struct {
 typedef struct MemReport {
     const Plan *plan;
     int64_t world;                // data-parallel ranks that run this program
-    int64_t arena_bytes;          // meta "arena_bytes"; -1 when the plan has none
+    int64_t arena_bytes;          // the device space's arena (program 0)
+    int64_t host_arena_bytes;     // the host space's arena (pinned host memory on CUDA ranks)
     int32_t n_points;             // points of the timeline: one per op (at least one)
     /* Bytes of root buffers live at each op (live_start <= i <= live_end), by where
      * they live: [place][point], and by category: [place][point * MEM_CAT_COUNT + c]. */

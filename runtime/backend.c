@@ -71,8 +71,10 @@ const RtBackendOps *rt_backend_load_cuda(char *err, size_t errlen)
 
 int rt_backend_plan_has_cuda(const Plan *p, char *err, size_t errlen)
 {
-    const PlanMeta *m = plan_meta_find(p, "cuda_source");
-    if (!m || m->kind != PLAN_META_STR || !*plan_str(p, m->s))
+    if (!p->cuda_module || !*p->cuda_module)
         return plan_fail(err, errlen, "this plan has no CUDA program; recompile it with this fsc");
+    if (plan_space_bytes(p, PLAN_PLACE_HOST) > 0)
+        return plan_fail(err, errlen, "this plan has a host memory space; the CUDA backend does not run one yet (run it "
+                         "with --device cpu)");
     return 0;
 }

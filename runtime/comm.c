@@ -460,11 +460,13 @@ void rt_comm_poll(RtCommQueue *q)
     }
 }
 
-void rt_comm_wait_touching(RtCommQueue *q, const RtRange *touch, int n_touch)
+void rt_comm_wait_for(RtCommQueue *q, const RtColl *c)
 {
-    for (int i = q->n - 1; i >= 0; i--) {
-        if (rt_ranges_overlap(q->coll[i]->range, 2, touch, n_touch)) wait_one(q, i);
-    }
+    for (int i = q->n - 1; i >= 0; i--)
+        if (q->coll[i] == c) {
+            wait_one(q, i);
+            return;
+        }
 }
 
 void rt_comm_wait_all(RtCommQueue *q)

@@ -1,9 +1,11 @@
 /* runtime/exec.c: the executor of one rank, on the CPU backend.
  *
  * rt_exec_new does all the work a step could need up front: it allocates the rank's
- * arena once (exactly the plan's arena_bytes, through the plan layer's allocation hook),
- * checks that every tensor lies inside it, resolves every op to its kernel by name, and
- * fills one KCall per op (pointers = arena + offset, shapes, attributes by signature
+ * arenas once, one per memory space (exactly the program's space_bytes, through the plan
+ * layer's allocation hook; the host space is its own allocation, so a copy between the
+ * spaces is a real copy), checks that every tensor lies inside its space's arena,
+ * resolves every op to its kernel by name, and fills one KCall per op (pointers = its
+ * space's arena + offset, shapes, attributes by signature
  * position, defaults for absent ones). The step loop then only writes the step number
  * and calls kernels in plan order: nothing allocates, nothing is looked up.
  *
@@ -20,10 +22,11 @@
  * rank of the world.
  *
  * Collectives (OPF_COLLECTIVE) of a world of one are the kernels of cpu/comm_local.c; in
- * a larger world they run through MPI (comm.c), nonblocking: started when reached,
- * tested between ops so they progress, and waited for just before an op (or, in debug
- * mode, a poison fill) touches bytes overlapping their input or output. The bytes each
- * op touches are computed once here; every collective is complete when a run returns.
+ * a larger world they run through MPI (comm.c), nonblocking: started when reached (the
+ * collective stream of the plan's schedule), tested between ops so they progress, and
+ * waited for where the schedule says: before an op, each collective its wait list names
+ * (passes/schedule.c decided them; memplan kept their buffers until then). Nothing here
+ * looks for hazards. Every collective is complete when a run returns.
  *
  * Persistent tensors (params, optimizer state, master weights, inputs) and any other
  * tensor no op produces are initialized here: from their init kind (rt_init_param,
@@ -58,22 +61,21 @@ typedef struct {
     unsigned phase_bit;
     int skip;               // a view: nothing to compute
     int32_t dead, n_dead;   // range in Exec.dead: buffers whose life ends after this op
-    int32_t touch, n_touch; // range in Exec.touch: the bytes its inputs and outputs span
+    int32_t wait, n_wait;   // range in plan->waits: the ops to complete first (the schedule)
     RtColl *coll;           // world > 1: the collective this op is, else NULL
 } ExecOp;
 
 struct Exec {
     const Plan *plan;
-    void *block;            // what plan_alloc returned
-    uint8_t *arena;         // block, rounded up to ARENA_ALIGN
-    int64_t arena_bytes;
+    void *block[PLAN_PLACE_COUNT];    // what plan_alloc returned, per memory space
+    uint8_t *space[PLAN_PLACE_COUNT]; // each space's arena: its block, rounded up to ARENA_ALIGN
+    int64_t space_bytes[PLAN_PLACE_COUNT];
     ExecOp *ops;
     int32_t n_ops;
     int32_t *dead;          // tensor ids, grouped by the op after which they die
     int32_t *step;          // the "step" input, or NULL
     int nan_fill;
     int rank, world;
-    RtRange *touch;         // per op (ExecOp.touch), for hazards against collectives
     RtColl *colls;          // world > 1: one per collective op
     RtCommQueue *queue;     // world > 1: collectives in flight
     float *work;            // the kernels' workspace (plan_alloc), or NULL
@@ -97,7 +99,7 @@ static int ktype(PlanDType t)
 void *rt_exec_data(const Exec *e, int32_t id)
 {
     const PlanTensor *t = &e->plan->tensors[id];
-    return e->arena + t->offset + (int64_t)e->rank * t->rank_stride;
+    return e->space[t->place] + t->offset + (int64_t)e->rank * t->rank_stride;
 }
 
 static void ktensor(const Exec *e, int32_t id, KTensor *k)
@@ -159,8 +161,6 @@ static int bind_attrs(const Plan *p, int32_t k, const OpInfo *info, KCall *c, ch
     return 0;
 }
 
-static int64_t ksize(const KTensor *t) { return t->numel * (t->dtype == KT_F16 || t->dtype == KT_BF16 ? 2 : 4); }
-
 /* A collective op: its world must be this run's; in a larger world it runs on MPI. The
  * attributes are "x, world:int, avg:flag=0" (attr[1], attr[2]). */
 static int bind_collective(Exec *e, int32_t k, ExecOp *x, char *err, size_t errlen)
@@ -185,28 +185,6 @@ static int bind_collective(Exec *e, int32_t k, ExecOp *x, char *err, size_t errl
     return 0;
 }
 
-/* The bytes each op touches: its inputs and outputs on this rank (none for a skipped view). */
-static int build_touch(Exec *e, char *err, size_t errlen)
-{
-    int64_t n = 0;
-    for (int32_t k = 0; k < e->n_ops; k++) n += e->ops[k].call.n_in + e->ops[k].call.n_out;
-    e->touch = plan_alloc(sizeof *e->touch * (size_t)(n + 1));
-    if (!e->touch) return plan_fail(err, errlen, "out of memory");
-    int32_t at = 0;
-    for (int32_t k = 0; k < e->n_ops; k++) {
-        ExecOp *x = &e->ops[k];
-        x->touch = at, x->n_touch = 0;
-        if (x->skip) continue;
-        for (int i = 0; i < x->call.n_in + x->call.n_out; i++) {
-            const KTensor *t = i < x->call.n_in ? &x->call.in[i] : &x->call.out[i - x->call.n_in];
-            uintptr_t lo = (uintptr_t)t->data;
-            e->touch[at++] = (RtRange){lo, lo + (uintptr_t)ksize(t)};
-            x->n_touch++;
-        }
-    }
-    return 0;
-}
-
 static int build_op(Exec *e, int32_t k, char *err, size_t errlen)
 {
     const Plan *p = e->plan;
@@ -226,6 +204,7 @@ static int build_op(Exec *e, int32_t k, char *err, size_t errlen)
     ExecOp *x = &e->ops[k];
     x->fn = fn;
     x->phase_bit = 1u << op->phase;
+    x->wait = op->wait, x->n_wait = op->n_wait;
     x->call.n_in = op->n_in;
     x->call.n_out = op->n_out;
     for (int32_t i = 0; i < op->n_in; i++) ktensor(e, p->ids[op->in + i], &x->call.in[i]);
@@ -313,13 +292,29 @@ static int init_tensors(Exec *e, uint64_t seed, char *err, size_t errlen)
 static int find_step(Exec *e, char *err, size_t errlen)
 {
     const Plan *p = e->plan;
-    for (int32_t i = 0; i < p->n_tensors; i++) {
-        const PlanTensor *t = &p->tensors[i];
-        if (t->role != PLAN_ROLE_INPUT || strcmp(plan_str(p, t->name), "step")) continue;
-        if (t->dtype != PLAN_DT_I32 || t->rank != 0)
-            return plan_fail(err, errlen, "the 'step' input is %s of rank %d; expected an i32 scalar",
-                        plan_dtype_name(t->dtype), t->rank);
-        e->step = (int32_t *)(e->arena + t->offset);
+    int32_t i = plan_role_tensor(p, PLAN_SR_STEP);
+    if (i == PLAN_NONE) return 0;
+    const PlanTensor *t = &p->tensors[i];
+    if (t->dtype != PLAN_DT_I32 || t->rank != 0)
+        return plan_fail(err, errlen, "the step input '%s' is %s of rank %d; expected an i32 scalar",
+                         plan_tensor_label(p, i), plan_dtype_name(t->dtype), t->rank);
+    e->step = rt_exec_data(e, i);
+    return 0;
+}
+
+/* One allocation per memory space, each exactly its planned size (aligned). */
+static int alloc_spaces(Exec *e, const PlanProgram *prog, char *err, size_t errlen)
+{
+    for (int s = 0; s < PLAN_PLACE_COUNT; s++) {
+        int64_t n = prog->space_bytes[s];
+        if ((uint64_t)n > SIZE_MAX - 2 * ARENA_ALIGN)
+            return plan_fail(err, errlen, "the plan's %s arena (%lld bytes) is not a size this machine can allocate",
+                             plan_place_name((PlanPlace)s), (long long)n);
+        e->space_bytes[s] = n;
+        if (!(e->block[s] = plan_alloc((size_t)n + ARENA_ALIGN - 1)))
+            return plan_fail(err, errlen, "cannot allocate the %.1f MiB %s arena the plan needs (out of memory)",
+                             (double)n / (1 << 20), plan_place_name((PlanPlace)s));
+        e->space[s] = (uint8_t *)(((uintptr_t)e->block[s] + ARENA_ALIGN - 1) & ~(uintptr_t)(ARENA_ALIGN - 1));
     }
     return 0;
 }
@@ -327,25 +322,18 @@ static int find_step(Exec *e, char *err, size_t errlen)
 static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
 {
     const Plan *p = e->plan;
-    const PlanMeta *m = plan_meta_find(p, "arena_bytes");
-    if (!m || m->kind != PLAN_META_INT)
-        return plan_fail(err, errlen, "the plan has no memory plan (meta 'arena_bytes'); recompile it with this "
-                    "version of fsc");
-    if (m->i < 0 || (uint64_t)m->i > SIZE_MAX - 2 * ARENA_ALIGN)
-        return plan_fail(err, errlen, "the plan's arena_bytes (%lld) is not a size this machine can allocate",
-                    (long long)m->i);
-    e->arena_bytes = m->i;
-    int64_t plan_world = plan_meta_int(p, "world", 1);
-    if (plan_world != e->world)
-        return plan_fail(err, errlen, "plan compiled for world %lld, but %d rank%s started", (long long)plan_world,
-                       e->world, e->world == 1 ? "" : "s");
+    if (p->n_programs < 1)
+        return plan_fail(err, errlen, "the plan has no program (no memory plan); recompile it with this version of fsc");
+    if (p->n_programs > 1)
+        return plan_fail(err, errlen, "the plan has %d pipeline stages; this fsexec runs one (pipelines are not "
+                         "implemented yet)", p->n_programs);
+    const PlanProgram *prog = &p->programs[0];
+    if (prog->dp_world != e->world)
+        return plan_fail(err, errlen, "plan compiled for world %d, but %d rank%s started", prog->dp_world, e->world,
+                         e->world == 1 ? "" : "s");
     if (e->rank < 0 || e->rank >= e->world)
         return plan_fail(err, errlen, "rank %d is outside the world of %d", e->rank, e->world);
-    e->block = plan_alloc((size_t)e->arena_bytes + ARENA_ALIGN - 1);
-    if (!e->block)
-        return plan_fail(err, errlen, "cannot allocate the %.1f MiB arena the plan needs (out of memory)",
-                    (double)e->arena_bytes / (1 << 20));
-    e->arena = (uint8_t *)(((uintptr_t)e->block + ARENA_ALIGN - 1) & ~(uintptr_t)(ARENA_ALIGN - 1));
+    if (plan_check_schedule(p, e->rank, err, errlen) || alloc_spaces(e, prog, err, errlen)) return -1;
     e->ops = plan_alloc(sizeof *e->ops * (size_t)p->n_ops);
     if (!e->ops) return plan_fail(err, errlen, "out of memory");
     memset(e->ops, 0, sizeof *e->ops * (size_t)p->n_ops);
@@ -360,10 +348,11 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
     for (int32_t k = 0; k < p->n_ops && e->world > 1; k++)
         if (e->ops[k].coll) rt_comm_bind(e->queue, e->ops[k].coll);
     if (build_workspace(e, err, errlen)) return -1;
-    if ((e->nan_fill && build_dead_lists(e, err, errlen)) || build_touch(e, err, errlen) || find_step(e, err, errlen))
+    if ((e->nan_fill && build_dead_lists(e, err, errlen)) || find_step(e, err, errlen)) return -1;
+    for (int s = 0; s < PLAN_PLACE_COUNT && e->nan_fill; s++) memset(e->space[s], 0xff, (size_t)e->space_bytes[s]);
+    if (o->guard && !(e->guard = rt_guard_new(p, e->space[PLAN_PLACE_DEVICE], e->space_bytes[PLAN_PLACE_DEVICE], err,
+                                              errlen)))
         return -1;
-    if (e->nan_fill) memset(e->arena, 0xff, (size_t)e->arena_bytes);
-    if (o->guard && !(e->guard = rt_guard_new(p, e->arena, e->arena_bytes, err, errlen))) return -1;
     return init_tensors(e, o->seed, err, errlen);
 }
 
@@ -390,11 +379,10 @@ Exec *rt_exec_new(const Plan *p, const ExecOptions *o, char *err, size_t errlen)
 void rt_exec_free(Exec *e)
 {
     if (!e) return;
-    plan_dealloc(e->block);
+    for (int s = 0; s < PLAN_PLACE_COUNT; s++) plan_dealloc(e->block[s]);
     plan_dealloc(e->work);
     plan_dealloc(e->ops);
     plan_dealloc(e->dead);
-    plan_dealloc(e->touch);
     plan_dealloc(e->colls);
     rt_comm_queue_free(e->queue);
     rt_guard_free(e->guard);
@@ -406,11 +394,15 @@ int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned ph
     if (step < 1 || step > INT32_MAX || from < 0 || to > e->n_ops) return -1;
     if (e->step) *e->step = (int32_t)step;
     const PlanTensor *t = e->plan->tensors;
+    const int32_t *waits = e->plan->waits;
     RtCommQueue *q = e->queue;
     for (int32_t k = from; k < to; k++) {
         const ExecOp *x = &e->ops[k];
         if (!(x->phase_bit & phases)) continue;
-        if (rt_comm_pending(q)) rt_comm_wait_touching(q, e->touch + x->touch, x->n_touch);
+        for (int32_t w = 0; w < x->n_wait && rt_comm_pending(q); w++) {
+            const RtColl *c = e->ops[waits[x->wait + w]].coll;
+            if (c) rt_comm_wait_for(q, c);
+        }
         if (e->guard && !x->skip) rt_guard_before(e->guard, k);
         if (x->coll)
             rt_comm_start(q, x->coll);
@@ -420,13 +412,9 @@ int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned ph
             if (rt_comm_pending(q)) rt_comm_wait_all(q);
             if (rt_guard_after(e->guard, k, e->guard_err, sizeof e->guard_err)) return -1;
         }
-        for (int32_t d = 0; d < x->n_dead; d++) {
+        for (int32_t d = 0; d < x->n_dead; d++) {  // a collective's buffers live until it is waited for
             int32_t id = e->dead[x->dead + d];
-            uint8_t *data = rt_exec_data(e, id);
-            size_t bytes = (size_t)plan_tensor_nbytes(&t[id]);
-            RtRange r = {(uintptr_t)data, (uintptr_t)data + bytes};
-            if (rt_comm_pending(q)) rt_comm_wait_touching(q, &r, 1);
-            memset(data, 0xff, bytes);
+            memset(rt_exec_data(e, id), 0xff, (size_t)plan_tensor_nbytes(&t[id]));
         }
         if (rt_comm_pending(q)) rt_comm_poll(q);
     }
@@ -466,9 +454,11 @@ const Plan *rt_exec_plan(const Exec *e) { return e->plan; }
 const char *rt_exec_error(const Exec *e) { return e->guard_err; }
 int rt_exec_rank(const Exec *e) { return e->rank; }
 int rt_exec_world(const Exec *e) { return e->world; }
-int64_t rt_exec_arena_bytes(const Exec *e) { return e->arena_bytes; }
+int64_t rt_exec_arena_bytes(const Exec *e) { return e->space_bytes[PLAN_PLACE_DEVICE]; }
+int64_t rt_exec_space_bytes(const Exec *e, PlanPlace s) { return e->space_bytes[s]; }
 int64_t rt_exec_work_bytes(const Exec *e) { return (int64_t)(e->work_floats * sizeof(float)); }
-const void *rt_exec_arena(const Exec *e) { return e->arena; }
+const void *rt_exec_arena(const Exec *e) { return e->space[PLAN_PLACE_DEVICE]; }
+const void *rt_exec_space(const Exec *e, PlanPlace s) { return e->space[s]; }
 
 void rt_set_threads(int n)
 {

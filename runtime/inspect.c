@@ -101,11 +101,19 @@ static void print_summary(const Plan *p, FILE *out)
         total = add_sat(total, plan_tensor_numel(t));
         bytes = add_sat(bytes, plan_tensor_nbytes(t));
     }
-    const PlanMeta *arena = plan_meta_find(p, "arena_bytes");
-    if (arena && arena->kind == PLAN_META_INT)
-        fprintf(out, "arena         %s per rank (%s bytes)\n", human(arena->i, a, sizeof a), grouped(arena->i, b, sizeof b));
-    else
+    if (p->n_programs) {
+        for (int s = 0; s < PLAN_PLACE_COUNT; s++) {
+            int64_t n = plan_space_bytes(p, (PlanPlace)s);
+            fprintf(out, "%-13s %s per rank (%s bytes)\n", s == PLAN_PLACE_DEVICE ? "device arena" : "host arena",
+                    human(n, a, sizeof a), grouped(n, b, sizeof b));
+        }
+        fprintf(out, "programs      %d (stage, data-parallel ranks, ops:", p->n_programs);
+        for (int32_t g = 0; g < p->n_programs; g++)
+            fprintf(out, " %d/%d/%d", p->programs[g].stage, p->programs[g].dp_world, p->programs[g].n_ops);
+        fprintf(out, ")\n");
+    } else {
         fprintf(out, "arena         none (no memory plan)\n");
+    }
     fprintf(out, "params        %s (%s)\n", grouped(total, a, sizeof a), human(bytes, b, sizeof b));
     for (int d = 0; d < PLAN_DT_COUNT; d++)
         if (count[d])
@@ -115,7 +123,7 @@ static void print_summary(const Plan *p, FILE *out)
 
 static void print_settings(const Plan *p, FILE *out)
 {
-    static const char *const shown[] = {"model", "compiler", "params", "arena_bytes", "source"};
+    static const char *const shown[] = {"model", "compiler", "params", "source"};
     char buf[64];
     fprintf(out, "\ntraining settings\n");
     for (int32_t i = 0; i < p->n_meta; i++) {

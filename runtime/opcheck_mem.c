@@ -1,6 +1,6 @@
 /* runtime/opcheck_mem.c: the memory plan of a plan, and the values kernels index with.
  *
- * rt_plan_check_layout: every tensor lies inside the arena (meta "arena_bytes") for every
+ * rt_plan_check_layout: every tensor lies inside its space's arena (the program's) for every
  * rank of the world (offset + rank * rank_stride), roots 64-aligned and views aligned to
  * their dtype, every view inside a root tensor's bytes on every rank, live ranges inside
  * the ops, and flat offsets far enough from overflow for the flat layout's arithmetic.
@@ -49,9 +49,10 @@ enum { ARENA_ALIGN = 64, MAX_WORLD = 1 << 20, MAX_COPIES = 64 };
 
 /* ---- layout ----------------------------------------------------------------------------- */
 
-static int check_tensor_layout(const Plan *p, int32_t i, int64_t arena, int64_t world, char *err, size_t errlen)
+static int check_tensor_layout(const Plan *p, int32_t i, int64_t world, char *err, size_t errlen)
 {
     const PlanTensor *t = &p->tensors[i];
+    int64_t arena = p->programs[0].space_bytes[t->place];
     int64_t n = plan_tensor_nbytes(t), es = plan_dtype_size(t->dtype), reach;
     int view = t->alias != PLAN_NONE;
     int64_t align = view ? es : ARENA_ALIGN;
@@ -60,9 +61,10 @@ static int check_tensor_layout(const Plan *p, int32_t i, int64_t arena, int64_t 
         n > arena - t->offset || reach > arena - t->offset - n)
         return plan_fail(err, errlen,
                        "tensor %d (%s): bytes [%lld, %lld) (rank stride %lld over %lld ranks) lie outside the %lld-byte "
-                       "arena or are not %lld-aligned (plan damaged, or made by a different fsc)",
+                       "%s arena or are not %lld-aligned (plan damaged, or made by a different fsc)",
                          i, plan_tensor_label(p, i), (long long)t->offset, (long long)(t->offset + n),
-                         (long long)t->rank_stride, (long long)world, (long long)arena, (long long)align);
+                         (long long)t->rank_stride, (long long)world, (long long)arena, plan_place_name(t->place),
+                         (long long)align);
     if (t->live_start < 0 || t->live_end < t->live_start || t->live_end > p->n_ops)
         return plan_fail(err, errlen, "tensor %d (%s): live range [%d, %d] outside the %d ops", i,
                          plan_tensor_label(p, i), t->live_start, t->live_end, p->n_ops);
@@ -86,17 +88,19 @@ static int check_tensor_layout(const Plan *p, int32_t i, int64_t arena, int64_t 
 
 int rt_plan_check_layout(const Plan *p, char *err, size_t errlen)
 {
-    const PlanMeta *m = plan_meta_find(p, "arena_bytes");
-    if (!m || m->kind != PLAN_META_INT || m->i < 0)
-        return plan_fail(err, errlen, "the plan has no memory plan (meta 'arena_bytes'); recompile it with this version of fsc");
-    if (m->i > MAX_ARENA)
-        return plan_fail(err, errlen, "the plan's arena of %lld bytes is more than a rank can address here (2^48)",
-                       (long long)m->i);
-    int64_t world = plan_meta_int(p, "world", 1);
-    if (world < 1 || world > MAX_WORLD)
-        return plan_fail(err, errlen, "the plan's world of %lld ranks is not in [1, %d]", (long long)world, MAX_WORLD);
+    if (p->n_programs < 1)
+        return plan_fail(err, errlen, "the plan has no program (no memory plan); recompile it with this version of fsc");
+    const PlanProgram *prog = &p->programs[0];
+    for (int s = 0; s < PLAN_PLACE_COUNT; s++)
+        if (prog->space_bytes[s] > MAX_ARENA)
+            return plan_fail(err, errlen, "the plan's %s arena of %lld bytes is more than a rank can address here (2^48)",
+                             plan_place_name((PlanPlace)s), (long long)prog->space_bytes[s]);
+    int64_t world = prog->dp_world;
+    if (world > MAX_WORLD || world != plan_meta_int(p, "world", world))
+        return plan_fail(err, errlen, "the plan's world of %lld ranks is not in [1, %d], or not its setting 'world'",
+                         (long long)world, MAX_WORLD);
     for (int32_t i = 0; i < p->n_tensors; i++)
-        if (check_tensor_layout(p, i, m->i, world, err, errlen)) return -1;
+        if (check_tensor_layout(p, i, world, err, errlen)) return -1;
     return 0;
 }
 
@@ -418,14 +422,10 @@ static void data_bounds(Mem *m)
     m->data_bound[1] = (Bound){1, 0, classes - 1};
 }
 
-/* The tensor the executor writes the step number into: the last i32 [] input "step". */
+/* The tensor the executor writes the step number into (step role PLAN_SR_STEP). */
 static int32_t step_input(const Plan *p)
 {
-    int32_t s = PLAN_NONE;
-    for (int32_t i = 0; i < p->n_tensors; i++) {
-        const PlanTensor *t = &p->tensors[i];
-        if (t->role == PLAN_ROLE_INPUT && !strcmp(plan_str(p, t->name), "step")) s = i;
-    }
+    int32_t s = plan_role_tensor(p, PLAN_SR_STEP);
     if (s == PLAN_NONE) return s;
     const PlanTensor *t = &p->tensors[s];
     return t->dtype == PLAN_DT_I32 && t->rank == 0 && t->alias == PLAN_NONE && t->rank_stride == 0 ? s : PLAN_NONE;
@@ -449,8 +449,10 @@ int rt_plan_check_values(const Plan *p, char *err, size_t errlen)
         for (int32_t i = 0; i < p->n_tensors; i++) {
             const PlanTensor *t = &p->tensors[i];
             m.root[i] = t->alias == PLAN_NONE ? i : t->alias;
-            m.lo[i] = t->offset;
-            m.hi[i] = t->offset + t->rank_stride * (m.world - 1) + plan_tensor_nbytes(t);  // in the arena: no overflow
+            /* The spaces apart: the host arena's bytes sit above every device byte. */
+            int64_t base = t->place == PLAN_PLACE_HOST ? 2 * MAX_ARENA : 0;
+            m.lo[i] = base + t->offset;
+            m.hi[i] = base + t->offset + t->rank_stride * (m.world - 1) + plan_tensor_nbytes(t);  // no overflow
             m.ok_upto[i] = -1;
             m.made_known[i] = 0;
         }

@@ -126,18 +126,18 @@ typedef struct {
 #define RT_PHASE(ph) (1u << (ph))
 #define RT_PHASES_ALL ((1u << PLAN_PHASE_COUNT) - 1)
 
-/* Allocates the arena (the plan's meta "arena_bytes", once), resolves every op to its
+/* Allocates one arena per memory space (program 0's space_bytes, once), resolves every op to its
  * CPU kernel, binds every call (a tensor with a rank_stride at offset + rank *
  * rank_stride), and initializes params (flat storages: this rank's part) and optimizer
  * state from o->seed; inputs start as zeros. NULL with a message ("plan uses op 'foo'
  * that this fsexec does not know; rebuild fsexec") on failure. p must outlive the Exec. */
 Exec *rt_exec_new(const Plan *p, const ExecOptions *o, char *err, size_t errlen);
 void rt_exec_free(Exec *e);
-/* One step (1-based): writes the "step" input, then runs, in plan order, the ops whose
+/* One step (1-based): writes the step input (PLAN_SR_STEP), then runs, in plan order, the ops whose
  * phase bit (RT_PHASE(PLAN_PHASE_FORWARD) | ...) is in `phases`. 0, or -1 for a step
- * out of range or an op the guard caught (rt_exec_error says which). Allocates nothing. With world > 1 collectives run nonblocking over MPI,
- * each waited for just before an op touches its bytes, all complete on return; every
- * rank must make the same calls. */
+ * out of range or an op the guard caught (rt_exec_error says which). Allocates nothing.
+ * With world > 1 collectives run nonblocking over MPI, each waited for where the plan's
+ * schedule says, all complete on return; every rank must make the same calls. */
 int rt_exec_run(Exec *e, int64_t step, unsigned phases);
 /* The same for ops [from, to) only (a step split around a point, e.g. to read the
  * gradients before the first optimizer op). */
@@ -155,10 +155,12 @@ int rt_exec_rank(const Exec *e);
 int rt_exec_world(const Exec *e);
 /* Where tensor id lives on this rank (offset + rank * rank_stride). */
 void *rt_exec_data(const Exec *e, int32_t id);
-int64_t rt_exec_arena_bytes(const Exec *e);
+int64_t rt_exec_arena_bytes(const Exec *e);  // the device space's
+int64_t rt_exec_space_bytes(const Exec *e, PlanPlace s);
 /* Bytes of the kernels' workspace (f32 room for 16-bit calls), outside the arena; 0 if none. */
 int64_t rt_exec_work_bytes(const Exec *e);
-const void *rt_exec_arena(const Exec *e);
+const void *rt_exec_arena(const Exec *e);  // the device space's
+const void *rt_exec_space(const Exec *e, PlanPlace s);
 /* Threads for OpenMP loops and OpenBLAS; n < 1 leaves the defaults. */
 void rt_set_threads(int n);
 int rt_threads(void);
@@ -400,7 +402,8 @@ int rt_comm_pending(const RtCommQueue *q);
 void rt_comm_bind(RtCommQueue *q, RtColl *c);
 void rt_comm_start(RtCommQueue *q, const RtColl *c);          // c must stay valid until it completes
 void rt_comm_poll(RtCommQueue *q);                             // MPI_Test each: lets them progress
-void rt_comm_wait_touching(RtCommQueue *q, const RtRange *touch, int n_touch);
+/* Waits for c when it is still in flight (the schedule's wait); nothing when it is done. */
+void rt_comm_wait_for(RtCommQueue *q, const RtColl *c);
 void rt_comm_wait_all(RtCommQueue *q);
 
 /* ---- runtime/watchdog.c: --timeout, and which rank a hung collective waits for -------- */

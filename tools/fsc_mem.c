@@ -52,7 +52,7 @@ static int64_t arena_with(const FscMem *m, const Define *def, const Setting *set
     FrontendOptions o2 = {defs, nd, sets, ns};
     Options o = {0};
     Graph *g = fe_compile(m->src, m->len, &o2, &o.train, &d);
-    int64_t arena = g && passes_run(g, &o, &d) == 0 && !d.n_errors ? g->arena_bytes : -1;
+    int64_t arena = g && passes_run(g, &o, &d) == 0 && !d.n_errors ? g->space_bytes[PLACE_DEVICE] : -1;  // the limit is on device memory
     ir_graph_free(g);
     fclose(null);
     return arena;

@@ -289,12 +289,14 @@ static int parse_args(int argc, char **argv, Flags *f)
     return 0;
 }
 
-/* The scalar f32 output named `name`, or NULL. */
-static const float *scalar_output(const Exec *e, const char *name)
+/* The f32 scalar with step role r, or NULL. */
+static const float *scalar_output(const Exec *e, PlanStepRole r)
 {
     RtTensor t;
-    if (rt_exec_tensor(e, name, &t) || t.dtype != PLAN_DT_F32 || t.numel != 1) return NULL;
-    return t.data;
+    int32_t id = plan_role_tensor(rt_exec_plan(e), r);
+    if (id == PLAN_NONE) return NULL;
+    rt_exec_tensor_id(e, id, &t);
+    return t.dtype == PLAN_DT_F32 && t.numel == 1 ? t.data : NULL;
 }
 
 /* For classifiers: logits [B, K] f32 among the outputs and labels i32 [B]. */
@@ -390,26 +392,15 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
     device_report(&r->dev, stderr);
 }
 
-static int32_t tensor_id(const Exec *e, const char *name)
-{
-    RtTensor t;
-    return rt_exec_tensor(e, name, &t) ? -1 : t.id;
-}
-
 /* The step loop; 0, or 1 after a message (an error on this rank alone ends every rank). */
 static int train(Run *r, const Flags *f, const char *path)
 {
     char err[512];
     const Plan *p = rt_exec_plan(r->e);
-    const float *loss = NULL, *lr = scalar_output(r->e, "lr"), *norm = scalar_output(r->e, "grad_norm"),
-                *logits = NULL;
-    RtTensor lt;
-    if (p->n_outputs) {
-        rt_exec_tensor_id(r->e, p->outputs[0], &lt);
-        if (lt.dtype == PLAN_DT_F32 && lt.numel == 1) loss = lt.data;
-    }
+    const float *loss = scalar_output(r->e, PLAN_SR_LOSS), *lr = scalar_output(r->e, PLAN_SR_LR),
+                *norm = scalar_output(r->e, PLAN_SR_GRAD_NORM), *logits = NULL;
     if (!loss) {
-        fprintf(stderr, "%s: %s: the plan's first output is not an f32 scalar loss\n", who, path);
+        fprintf(stderr, "%s: %s: the plan has no f32 scalar loss (step role 'loss')\n", who, path);
         return local_error(1);
     }
     const int32_t *labels = NULL;
@@ -417,10 +408,13 @@ static int train(Run *r, const Flags *f, const char *path)
     if (rt_data_get_kind(r->data) == RT_DATA_CLASSES) accuracy_inputs(r->e, &logits, &labels, &B, &K);
     int32_t split = rt_exec_first_op(r->e, PLAN_PHASE_OPTIMIZER), n_ops = p->n_ops;
     double items = (double)rt_data_items(r->data);
-    const float *scale = scalar_output(r->e, "loss_scale");
+    const float *scale = scalar_output(r->e, PLAN_SR_LOSS_SCALE);
     RtTensor count_t, seed_t;
-    const int32_t *count = rt_exec_tensor(r->e, "opt_step", &count_t) == 0 ? count_t.data : NULL;
-    int32_t seed_op = rt_exec_tensor(r->e, "loss_scale.seed", &seed_t) == 0 ? p->tensors[seed_t.id].producer : -1;
+    int32_t count_id = plan_role_tensor(p, PLAN_SR_OPT_STEP), seed_id = plan_role_tensor(p, PLAN_SR_LOSS_SEED);
+    if (count_id != PLAN_NONE) rt_exec_tensor_id(r->e, count_id, &count_t);
+    if (seed_id != PLAN_NONE) rt_exec_tensor_id(r->e, seed_id, &seed_t);
+    const int32_t *count = count_id != PLAN_NONE && count_t.dtype == PLAN_DT_I32 ? count_t.data : NULL;
+    int32_t seed_op = seed_id != PLAN_NONE ? p->tensors[seed_id].producer : -1;
     if (f->overflow_at && seed_op < 0) {
         fprintf(stderr, "%s: %s: --debug-overflow-at needs an fp16 plan (fsc --precision fp16)\n", who, path);
         return local_error(1);
@@ -566,10 +560,9 @@ static int load_weights(Exec *e, const char *path, char *err, size_t errlen)
 static int reported(const Exec *e, const RtData *data, int32_t *ids)
 {
     const Plan *p = rt_exec_plan(e);
-    const char *names[] = {"lr", "grad_norm", "loss_scale", "opt_step"};
+    const PlanStepRole roles[] = {PLAN_SR_LOSS, PLAN_SR_LR, PLAN_SR_GRAD_NORM, PLAN_SR_LOSS_SCALE, PLAN_SR_OPT_STEP};
     int n = 0;
-    ids[n++] = p->n_outputs ? p->outputs[0] : -1;
-    for (int i = 0; i < 4; i++) ids[n++] = tensor_id(e, names[i]);
+    for (int i = 0; i < 5; i++) ids[n++] = plan_role_tensor(p, roles[i]);
     ids[n++] = rt_data_get_kind(data) == RT_DATA_CLASSES ? rt_plan_logits(p) : -1;
     return n;
 }

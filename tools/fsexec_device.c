@@ -66,8 +66,8 @@ int device_open(Device *d, const Exec *e, const RtRanks *rk, int tf32, const int
         if (p->tensors[i].role == PLAN_ROLE_INPUT) d->up[d->n_up++] = i;
     for (int i = 0; i < n_report; i++)
         if (report[i] >= 0) d->down[d->n_down++] = report[i];
-    RtTensor t;
-    if (!rt_exec_tensor(e, "step", &t) && t.dtype == PLAN_DT_I32) d->step = t.data;
+    int32_t step = plan_role_tensor(p, PLAN_SR_STEP);
+    if (step != PLAN_NONE && p->tensors[step].dtype == PLAN_DT_I32) d->step = rt_exec_data(e, step);
     if (!(d->b = d->ops->create(&o, err, sizeof err))) {
         fprintf(stderr, "%s\n", err);
         return -1;

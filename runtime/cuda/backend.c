@@ -5,7 +5,7 @@
  * Making it, in order (each step measured by the device's free memory, see
  * RtBackendInfo): the schedule (schedule.c, no device yet); the device (local rank
  * modulo the device count) and its primary context, which cuBLAS and NCCL use too; the
- * arena, one cuMemAlloc of the plan's arena_bytes, filled from the host mirror in one
+ * arena, one cuMemAlloc of the plan's device space, filled from the host mirror in one
  * copy; the plan's kernels (jit.c: NVRTC or the on-disk cache) and every LAUNCH's
  * function and parameter pointers; cuBLAS with its workspace (meta
  * "cuda_workspace_bytes", 32 MiB by default) on the compute stream; with world > 1 the
@@ -133,7 +133,7 @@ static int load_module(RtBackend *b, int cc)
     JitImage im;
     b->what = "compiling the plan's kernels";
     if (jit_target(cc / 10, cc % 10, target, sizeof target, why, sizeof why) ||
-        jit_compile(plan_meta_str(p, "cuda_source", ""), target, NULL, &im, why, sizeof why)) {
+        jit_compile((p->cuda_module ? p->cuda_module : ""), target, NULL, &im, why, sizeof why)) {
         snprintf(b->err, sizeof b->err, "[rank %d] %s", b->rank, why);
         return -1;
     }
@@ -141,7 +141,7 @@ static int load_module(RtBackend *b, int cc)
     if (r != CUDA_SUCCESS && im.from_cache) {  // a cache file the driver refuses: compile afresh
         jit_forget(&im);
         jit_free(&im);
-        if (jit_compile(plan_meta_str(p, "cuda_source", ""), target, NULL, &im, why, sizeof why)) {
+        if (jit_compile((p->cuda_module ? p->cuda_module : ""), target, NULL, &im, why, sizeof why)) {
             snprintf(b->err, sizeof b->err, "[rank %d] %s", b->rank, why);
             return -1;
         }
@@ -309,11 +309,10 @@ static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
         snprintf(err, errlen, "[rank %d] out of memory", o->rank);
         return NULL;
     }
-    const PlanMeta *m = plan_meta_find(o->plan, "arena_bytes");
     const char *sync = getenv("FS_CUDA_SYNC");
     *b = (RtBackend){.plan = o->plan, .rank = o->rank, .world = o->world > 0 ? o->world : 1, .tf32 = o->tf32,
                      .verbose = o->verbose, .sync_each = sync && *sync && strcmp(sync, "0"), .cur_op = -1,
-                     .arena_bytes = m && m->kind == PLAN_META_INT ? m->i : 0};
+                     .arena_bytes = plan_space_bytes(o->plan, PLAN_PLACE_DEVICE) > 0 ? plan_space_bytes(o->plan, PLAN_PLACE_DEVICE) : 0};
     b->info.arena_planned = b->arena_bytes;
     if (setup(b, o)) {
         snprintf(err, errlen, "%s", b->err);

@@ -187,27 +187,18 @@ static void build_touch(const Plan *p, int rank, CsSchedule *s)
     }
 }
 
-/* The walk of schedule.h: a collective is pending from its op until the first later op
- * with work whose bytes overlap it; that op waits. Each collective is waited for at most
- * once, so waits holds at most n_colls entries. */
-static void build_waits(CsSchedule *s, int32_t *pending)
+/* The plan's schedule (passes/schedule.c), as the backend runs it: each op's waits on
+ * collectives, as indices into colls (a wait on an op of another stream kind, the copy
+ * stream, would be an event of its own; no plan has one yet). */
+static void stored_waits(const Plan *p, CsSchedule *s)
 {
-    int32_t n_pending = 0, at = 0;
+    int32_t at = 0;
     for (int32_t k = 0; k < s->n_ops; k++) {
         CsOp *o = &s->ops[k];
         o->wait = at;
-        if (o->coll >= 0) {
-            pending[n_pending++] = o->coll;
-            continue;
-        }
-        for (int32_t j = 0; j < n_pending && o->n_touch; j++) {
-            const CsColl *c = &s->colls[pending[j]];
-            int hit = 0;
-            for (int32_t t = 0; t < o->n_touch && !hit; t++)
-                hit = overlap(s->touch[o->touch + t], c->range[0]) || overlap(s->touch[o->touch + t], c->range[1]);
-            if (!hit) continue;
-            s->waits[at++] = pending[j];
-            pending[j--] = pending[--n_pending];  // order among the pending does not matter
+        for (int32_t w = 0; w < p->ops[k].n_wait; w++) {
+            int32_t c = s->ops[p->waits[p->ops[k].wait + w]].coll;
+            if (c >= 0 && k != s->colls[c].op) s->waits[at++] = c;
         }
         o->n_wait = at - o->wait;
     }
@@ -226,24 +217,21 @@ int cs_build(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_
     s->ops = plan_alloc(ops);
     s->colls = plan_alloc(sizeof *s->colls * ((size_t)p->n_ops + 1));
     s->touch = plan_alloc(sizeof *s->touch * (size_t)(n_touch + 1));
-    s->waits = plan_alloc(sizeof *s->waits * ((size_t)p->n_ops + 1));
+    s->waits = plan_alloc(sizeof *s->waits * ((size_t)p->n_waits + 1));
     s->args = plan_alloc(sizeof *s->args * (size_t)(n_args + 1));
     s->arg_at = plan_alloc(sizeof *s->arg_at * instrs);
     s->gemms = plan_alloc(sizeof *s->gemms * instrs);
-    int32_t *pending = plan_alloc(sizeof *pending * ((size_t)p->n_ops + 1));
-    if (!s->ops || !s->colls || !s->touch || !s->waits || !s->args || !s->arg_at || !s->gemms || !pending) {
-        plan_dealloc(pending);
+    if (!s->ops || !s->colls || !s->touch || !s->waits || !s->args || !s->arg_at || !s->gemms) {
         cs_free(s);
         return plan_fail(err, errlen, "out of memory");
     }
     memset(s->ops, 0, ops);
     memset(s->gemms, 0, sizeof *s->gemms * instrs);
-    int rc = bind(p, rank, world, s, err, errlen);
+    int rc = plan_check_schedule(p, rank, err, errlen) || bind(p, rank, world, s, err, errlen) ? -1 : 0;
     if (!rc) {
         build_touch(p, rank, s);
-        if (world > 1) build_waits(s, pending);
+        if (world > 1) stored_waits(p, s);
     }
-    plan_dealloc(pending);
     if (rc) cs_free(s);
     return rc;
 }

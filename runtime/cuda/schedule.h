@@ -7,13 +7,12 @@
  * Offsets are bytes from the start of this rank's arena (offset + rank * rank_stride,
  * as the CPU executor places tensors); the backend adds its device base once.
  *
- * Collectives run on a stream of their own. Op k that reads or writes bytes overlapping
- * a collective still in flight (its input or its output) waits for it first; the
- * waits are decided here, once, by walking the ops in order as exec.c does: a
- * collective is pending from the op that starts it until the first later op whose
- * bytes overlap it, which waits for it. A run of ops [from, to) then waits for every
- * collective it started, so each run ends complete (and a run that starts later than
- * 0 only ever waits for events already complete).
+ * Collectives run on a stream of their own. Which op waits for which collective is the
+ * plan's schedule (passes/schedule.c), taken as stored after plan_check_schedule has
+ * proved it safe for this rank: no op touches the bytes of a collective in flight. A run
+ * of ops [from, to) then waits for every collective it started, so each run ends
+ * complete (and a run that starts later than 0 only ever waits for events already
+ * complete). The bytes each op touches (touch) are kept for the tests' own check.
  */
 #ifndef FS_CUDA_SCHEDULE_H
 #define FS_CUDA_SCHEDULE_H
@@ -84,8 +83,9 @@ void cs_gemm(const Plan *p, int32_t i, int rank, CsGemm *g);
 /* The collective kind of an op name, or -1 (runtime/comm.c's names). */
 int cs_coll_kind(const char *op);
 /* Everything above for a plan that passed plan_check. world > 1: collectives go to
- * NCCL (binds and waits); world 1: each is a copy on the compute stream, or nothing
- * when in place. 0, or -1 with a message (a collective NCCL cannot run in place). */
+ * NCCL (binds and the stored waits); world 1: each is a copy on the compute stream, or
+ * nothing when in place. 0, or -1 with a message (a schedule that is unsafe on this
+ * rank, a collective NCCL cannot run in place). */
 int cs_build(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_t errlen);
 void cs_free(CsSchedule *s);
 /* "op 12 (softmax) at gpt2.fsm:27:5": the op, its name and source location (the file

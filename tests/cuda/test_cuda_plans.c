@@ -48,7 +48,7 @@ static void check(const char *file, const Define *defs, int n_defs, const char *
         cr_skip_test("%s: the plan has no CUDA program (codegen makes none in this build)", what);
     }
     int w = atoi(world);
-    int64_t arena = plan_meta_int(p, "arena_bytes", 0);
+    int64_t arena = plan_space_bytes(p, PLAN_PLACE_DEVICE);
     for (int rank = 0; rank < w; rank++) {
         CsSchedule s;
         cr_assert_eq(cs_build(p, rank, w, &s, err, sizeof err), 0, "%s rank %d: %s", what, rank, err);

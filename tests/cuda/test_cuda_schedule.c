@@ -242,7 +242,10 @@ Test(cuda_schedule, collectives_refused)
 
 /* ---- which op waits for which collective ------------------------------------------------ */
 
-Test(cuda_schedule, waits_for_the_first_toucher_only)
+/* The schedule is the plan's (passes/schedule.c): the backend (and the emulator, which
+ * runs through cs_build) takes its waits as stored, and refuses a plan whose stored
+ * schedule would let an op touch a collective's bytes in flight: a missing wait. */
+Test(cuda_schedule, stored_waits_run_and_a_missing_one_is_refused)
 {
     Plan *p = plan_new();
     int32_t x = tensor(p, "x", PLAN_DT_F32, 16, 0), g = tensor(p, "g", PLAN_DT_F32, 16, 64),
@@ -259,8 +262,13 @@ Test(cuda_schedule, waits_for_the_first_toucher_only)
     launch(p, k3, (int32_t[]){gr, y}, 2);
     launch(p, k3, (int32_t[]){y, y}, 2);                       // a second instruction of op 3
     launch(p, k4, (int32_t[]){gr, t2}, 2);
+    p->ops[1].stream = PLAN_STREAM_COLLECTIVE;
     CsSchedule s;
     char err[256];
+    cr_assert_eq(build(p, 0, 2, &s, err), -1, "a plan without the wait runs");
+    cr_assert(strstr(err, "the schedule is unsafe on rank 0: op 3 (add)"), "%s", err);
+    cr_assert(strstr(err, "touches the bytes of op 1 (all_reduce, on the collective stream)"), "%s", err);
+    p->ops[3].wait = plan_wait_add(p, 1), p->ops[3].n_wait = 1;  // what the schedule pass stores
     cr_assert_eq(build(p, 0, 2, &s, err), 0, "%s", err);
     cr_assert(s.ops[0].n_instr == 1 && s.ops[0].instr == 0 && s.ops[3].n_instr == 2 && s.ops[3].instr == 2);
     cr_assert(s.ops[1].n_instr == 0 && s.ops[5].n_instr == 0 && s.ops[5].n_touch == 0);
@@ -270,7 +278,7 @@ Test(cuda_schedule, waits_for_the_first_toucher_only)
     cr_assert_eq(s.ops[4].n_wait, 0);
     cr_assert_eq(s.args[s.arg_at[3]], 192, "the second instruction of op 3 reads y at 192");
     cs_free(&s);
-    /* World 1: collectives are copies on the compute stream; nobody waits. */
+    /* World 1: collectives are copies on the compute stream; nobody waits for an event. */
     PlanAttr *w = &p->attrs[p->ops[1].attr];
     w->i = 1;
     cr_assert_eq(build(p, 0, 1, &s, err), 0, "%s", err);

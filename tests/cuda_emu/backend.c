@@ -508,7 +508,7 @@ static int bind_kernels(RtBackend *b)
             return failf(b, "kernel %s does not take exactly %d pointers", plan_str(p, c->kernel), c->n_args);
         if (c->smem) return failf(b, "kernel %s: %d bytes of dynamic shared memory (the emulator has none)",
                                   plan_str(p, c->kernel), c->smem);
-        if (parse_params(plan_meta_str(p, "cuda_source", ""), plan_str(p, c->kernel), &b->params[i]))
+        if (parse_params(p->cuda_module, plan_str(p, c->kernel), &b->params[i]))
             return failf(b, "kernel %s: no definition found in the plan's CUDA source", plan_str(p, c->kernel));
     }
     b->cur_op = -1;
@@ -532,7 +532,7 @@ static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
     b->order = !order || !*order || !strcmp(order, "both") ? ORDER_FORWARD | ORDER_REVERSE
                : !strcmp(order, "reverse")                 ? ORDER_REVERSE
                                                            : ORDER_FORWARD;
-    b->arena_bytes = plan_meta_int(o->plan, "arena_bytes", 0);
+    b->arena_bytes = plan_space_bytes(o->plan, PLAN_PLACE_DEVICE) > 0 ? plan_space_bytes(o->plan, PLAN_PLACE_DEVICE) : 0;
     char why[1024];
     int rc = 0;
     if (o->world != 1) rc = failf(b, "a world of %d ranks; the emulator runs world-1 plans", o->world);

@@ -170,10 +170,10 @@ static int compile(const char *cxx, const char *cpp, const char *so, const char 
 
 int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen)
 {
-    const char *source = plan_meta_str(p, "cuda_source", NULL), *cxx = getenv("FS_CUDA_EMU_CXX");
+    const char *source = p->cuda_module, *cxx = getenv("FS_CUDA_EMU_CXX");
     static const char *const headers[] = {"emu.hpp", "include/cuda_fp16.h", "include/cuda_bf16.h"};
     memset(m, 0, sizeof *m);
-    if (!source) return plan_fail(err, errlen, "the plan has no CUDA source (meta cuda_source)");
+    if (!source) return plan_fail(err, errlen, "the plan has no CUDA module (section CUMD)");
     if (!cxx || !*cxx) cxx = "c++";
     snprintf(m->compiler, sizeof m->compiler, "%s -O1 -fsanitize=undefined", cxx);
     char *tu = unit(p, source);

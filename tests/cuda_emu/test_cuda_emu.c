@@ -56,7 +56,7 @@ static T *t_new(const char *source)
     T *t = calloc(1, sizeof *t);
     t->p = plan_new();
     cr_assert(t->p);
-    plan_meta_set_str(t->p, "cuda_source", source);
+    plan_set_cuda_module(t->p, source);
     return t;
 }
 
@@ -104,7 +104,7 @@ static void gemm(T *t, int32_t A, int32_t B, int32_t C, const PlanCuda *shape)
 static float *t_f32(T *t, int32_t id)
 {
     if (!t->host) {
-        plan_meta_set_int(t->p, "arena_bytes", t->top);
+        plan_set_one_program(t->p, 1, t->top, 0);
         t->host = calloc(1, (size_t)t->top + 1);
     }
     return (float *)((char *)t->host + t->p->tensors[id].offset);

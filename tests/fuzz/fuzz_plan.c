@@ -117,7 +117,7 @@ static void run_step(const Plan *p, int guard)
         if (!err[0]) abort();
         return;
     }
-    if (plan_meta_int(p, "world", 1) != 1 || plan_meta_int(p, "arena_bytes", 0) > MAX_ARENA || p->n_ops > MAX_OPS)
+    if (plan_meta_int(p, "world", 1) != 1 || plan_space_bytes(p, PLAN_PLACE_DEVICE) > MAX_ARENA || p->n_ops > MAX_OPS)
         return;
     Exec *e = rt_exec_new(p, &(ExecOptions){.seed = 1, .nan_fill = 1, .guard = guard}, err, sizeof err);
     if (!e) {

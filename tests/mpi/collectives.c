@@ -60,11 +60,10 @@ int main(void)
     CHECK(!rt_coll_prepare(&c, RT_COLL_REDUCE_SCATTER, PLAN_DT_F32, buf, n * W, mine, n, W, rank, 1, err, sizeof err),
           "%s", err);
     rt_comm_start(q, &c);
-    RtRange other = {(uintptr_t)apart, (uintptr_t)(apart + n)}, touch = {(uintptr_t)mine, (uintptr_t)(mine + 1)};
-    rt_comm_wait_touching(q, &other, 1);
-    CHECK(rt_comm_pending(q) == 1, "waited for a collective nothing touched");
-    rt_comm_wait_touching(q, &touch, 1);
-    CHECK(rt_comm_pending(q) == 0, "did not wait for the touched one");
+    rt_comm_wait_for(q, &d);  // not started: nothing to wait for
+    CHECK(rt_comm_pending(q) == 1, "waited for a collective that was not in flight");
+    rt_comm_wait_for(q, &c);
+    CHECK(rt_comm_pending(q) == 0, "did not wait for the one named");
     for (int i = 0; i < n; i++)
         CHECK(mine[i] == S * (float)(rank * n + i + 1) / (float)W, "reduce_scatter slice[%d] = %g", i, mine[i]);
 
@@ -114,7 +113,7 @@ int main(void)
         rt_comm_wait_all(q);
         rt_comm_start(q, &ag);  // every rank's averaged slice, gathered back in place
         rt_comm_poll(q);
-        rt_comm_wait_touching(q, &touch, 1);
+        rt_comm_wait_for(q, &ag);  // done already, or waited for now
         for (int i = 0; i < n * W; i++)
             CHECK(buf[i] == (float)step * S * (float)(i + 1) / (float)W, "step %d: [%d] = %g", step, i, buf[i]);
     }

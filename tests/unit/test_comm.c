@@ -267,7 +267,7 @@ static Plan *flat_plan(int world, int sharded, int strided, int32_t *storage)
         at += s->rows * s->cols;
     }
     plan_meta_set_int(p, "world", world);
-    plan_meta_set_int(p, "arena_bytes", top);
+    plan_set_one_program(p, world, top, 0);
     char err[256];
     cr_assert_eq(plan_check(p, err, sizeof err), 0, "%s", err);
     return p;
@@ -425,7 +425,7 @@ Test(exec_flat, collectives_of_a_world_of_one)
     p->tensors[x].live_end = 2;
     plan_output_add(p, y);
     plan_output_add(p, z);
-    plan_meta_set_int(p, "arena_bytes", 192);
+    plan_set_one_program(p, 1, 192, 0);
     char err[512];
     cr_assert_eq(plan_check(p, err, sizeof err), 0, "%s", err);
     Exec *e = rt_exec_new(p, &(ExecOptions){.seed = 3}, err, sizeof err);

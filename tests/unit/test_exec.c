@@ -547,7 +547,7 @@ static void memplan(Plan *p)
         t->offset = p->tensors[t->alias].offset;
         t->live_start = p->tensors[t->alias].live_start, t->live_end = p->tensors[t->alias].live_end;
     }
-    plan_meta_set_int(p, "arena_bytes", top);
+    plan_set_one_program(p, (int32_t)plan_meta_int(p, "world", 1), top, 0);
     free(start);
     free(end);
 }
@@ -609,6 +609,8 @@ static Plan *classifier_plan(double lr)
     plan_output_add(p, logits);
     plan_output_add(p, lrt);
     plan_output_add(p, norm);
+    p->tensors[step].step_role = PLAN_SR_STEP, p->tensors[loss].step_role = PLAN_SR_LOSS;
+    p->tensors[lrt].step_role = PLAN_SR_LR, p->tensors[norm].step_role = PLAN_SR_GRAD_NORM;
     memplan(p);
     return p;
 }
@@ -751,7 +753,7 @@ Test(exec, init_is_keyed_by_name_and_seed)
     cr_assert_eq(memcmp(w.data, want, sizeof want), 0);
     for (int i = 0; i < LD * LK; i++) cr_assert_eq(((float *)m.data)[i], 0);
     cr_assert_eq((uintptr_t)rt_exec_arena(e) % 64, 0);
-    cr_assert_eq(rt_exec_arena_bytes(e), plan_meta_int(p, "arena_bytes", -1));
+    cr_assert_eq(rt_exec_arena_bytes(e), plan_space_bytes(p, PLAN_PLACE_DEVICE));
     rt_exec_free(e);
     plan_free(p);
 }
@@ -772,10 +774,10 @@ Test(exec, plan_errors)
     expect_new_error(p, "plan uses op 'frobnicate' that this fsexec does not know; rebuild fsexec");
     p->ops[0].op = op;
 
-    int64_t bytes = plan_meta_int(p, "arena_bytes", 0);
-    plan_meta_set_int(p, "arena_bytes", bytes - 64);
+    int64_t bytes = plan_space_bytes(p, PLAN_PLACE_DEVICE);
+    p->programs[0].space_bytes[PLAN_PLACE_DEVICE] = bytes - 64;
     expect_new_error(p, "outside the");
-    plan_meta_set_int(p, "arena_bytes", bytes);
+    p->programs[0].space_bytes[PLAN_PLACE_DEVICE] = bytes;
 
     p->tensors[3].offset += 4;
     expect_new_error(p, "not 64-aligned");

@@ -76,7 +76,6 @@ static Plan *overflowing_plan(void)
     cr_assert_not_null(p);
     plan_meta_set_str(p, "model", "hand");
     plan_meta_set_str(p, "source", "hand.fsm");
-    plan_meta_set_int(p, "arena_bytes", 192);
     PlanTensor t = {.name = plan_intern(p, "x"), .role = PLAN_ROLE_INPUT, .rank = 2, .shape = {4, 4},
                     .block = PLAN_NONE, .producer = PLAN_NONE, .tied_to = PLAN_NONE, .grad = PLAN_NONE,
                     .alias = PLAN_NONE, .unit = PLAN_NONE, .live_start = 0, .live_end = 1};
@@ -93,6 +92,7 @@ static Plan *overflowing_plan(void)
     plan_id_add(p, 2);
     plan_op_add(p, &op);
     plan_output_add(p, 2);
+    plan_set_one_program(p, 1, 192, 0);
     char err[256];
     cr_assert_eq(plan_check(p, err, sizeof err), 0, "%s", err);
     return p;

@@ -28,7 +28,7 @@ static int32_t root_of(const Plan *p, int32_t t) { return p->tensors[t].alias ==
 
 static void check_no_overlap(const Plan *p)
 {
-    int64_t arena = plan_meta_int(p, "arena_bytes", -1);
+    int64_t arena = plan_space_bytes(p, PLAN_PLACE_DEVICE);
     cr_assert_gt(arena, 0);
     int pairs = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {

@@ -1,5 +1,5 @@
 /* tests/unit/test_memreport.c: the memory report (report/) tells the truth about a plan.
- *  - Its arena is the plan's meta "arena_bytes" and what the runtime allocates; the
+ *  - Its arena is the plan program's device space and what the runtime allocates; the
  *    arena is within 2% of the peak live bytes on every sample (default and small dims,
  *    every sharding strategy); categories at the peak add up to the peak, at every op.
  *  - Saved activations of one transformer block equal the tensors its backward reads,
@@ -65,7 +65,7 @@ static void check_arena(const Plan *p, const char *what)
     ExecOptions eo = {.seed = 1};
     Exec *e = rt_exec_new(p, &eo, err, sizeof err);
     cr_assert_not_null(e, "%s: %s", what, err);
-    cr_expect_eq(r->arena_bytes, plan_meta_int(p, "arena_bytes", -1), "%s", what);
+    cr_expect_eq(r->arena_bytes, plan_space_bytes(p, PLAN_PLACE_DEVICE), "%s", what);
     cr_expect_eq(r->arena_bytes, rt_exec_arena_bytes(e), "%s: report %ld, runtime %ld", what, (long)r->arena_bytes,
                  (long)rt_exec_arena_bytes(e));
     rt_exec_free(e);
@@ -153,13 +153,14 @@ Test(memreport, host_buffers_are_counted_apart_from_the_device)
             p->tensors[t].place = PLAN_PLACE_HOST;  // as an optimizer offload would place them
             state += plan_tensor_nbytes(&p->tensors[t]);
         }
+    p->programs[0].space_bytes[PLAN_PLACE_HOST] = state;  // the bytes, not their layout: the report reads live ranges
     MemReport *r = report(p);
     cr_expect_eq(r->peak[PLAN_PLACE_HOST], state);
     cr_expect_eq(r->at_peak[PLAN_PLACE_HOST][MEM_OPT_STATE], state);
     cr_expect_eq(r->at_peak[PLAN_PLACE_DEVICE][MEM_OPT_STATE], 0);
     cr_expect_eq(r->peak[PLAN_PLACE_DEVICE], before->peak[PLAN_PLACE_DEVICE] - state);
     char *text = capture(report_mem_print, NULL, r), want[64], b[32];
-    snprintf(want, sizeof want, "host memory    %s at its peak", report_bytes(state, b, sizeof b));
+    snprintf(want, sizeof want, "host space     arena %s", report_bytes(state, b, sizeof b));
     cr_expect(strstr(text, want), "'%s' not in:\n%s", want, text);
     free(text);
     report_mem_free(before);
@@ -457,7 +458,7 @@ Test(memreport, hostile_plans_are_reported_without_a_crash)
 {
     Plan *p = plan_new();
     cr_assert_not_null(p);
-    plan_meta_set_int(p, "arena_bytes", 1 << 20);
+    plan_set_one_program(p, 1, 1 << 20, 0);
     plan_meta_set_int(p, "world", -5);
     PlanTensor t = {.name = plan_intern(p, "\x1b[31mred"), .rank = 1, .shape = {1000}, .block = PLAN_NONE,
                     .producer = PLAN_NONE, .tied_to = PLAN_NONE, .grad = PLAN_NONE, .alias = PLAN_NONE,

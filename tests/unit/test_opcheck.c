@@ -317,8 +317,8 @@ Test(opcheck, a_shard_past_its_root_on_the_last_rank)
 Test(opcheck, tensors_outside_the_arena)
 {
     Plan *p = gpt2("fp32", "none", "1");
-    plan_meta_set_int(p, "arena_bytes", 64);
-    expect_refused(p, "outside the 64-byte arena", NULL);
+    p->programs[0].space_bytes[PLAN_PLACE_DEVICE] = 64;
+    expect_refused(p, "outside the 64-byte device arena", NULL);
     plan_free(p);
 }
 

@@ -115,7 +115,8 @@ static void build_graph(void)
     g->values[r].alias = logits;
     g->values[r].offset = g->values[logits].offset;
     g->values[wte].grad = r;
-    g->arena_bytes = 64 * g->n_values;
+    g->space_bytes[PLACE_DEVICE] = 64 * g->n_values;
+    g->planned = 1;
 }
 
 /* A LAUNCH and a GEMM at the end of the CUDA program (after any codegen made), so every
@@ -281,11 +282,16 @@ Test(plan, codegen_keeps_the_graph)
         cr_assert(t->offset == v->offset && t->live_start == v->live_start && t->live_end == v->live_end);
         cr_assert(t->alias == v->alias && t->grad == v->grad && t->tied_to == v->tied_to);
     }
-    cr_assert_eq(plan_meta_int(plan, "arena_bytes", 0), g->arena_bytes);
-    /* Without a memory plan, no arena size: fsexec must not take 0 for one. */
-    g->arena_bytes = 0;
+    cr_assert_eq(plan->n_programs, 1);
+    cr_assert_eq(plan_space_bytes(plan, PLAN_PLACE_DEVICE), g->space_bytes[PLACE_DEVICE]);
+    cr_assert_eq(plan_space_bytes(plan, PLAN_PLACE_HOST), 0);
+    cr_assert_eq(plan->programs[0].dp_world, 8);
+    cr_assert_eq(plan->programs[0].n_ops, plan->n_ops);
+    /* Without a memory plan, no program: fsexec must not take 0 for an arena size. */
+    g->planned = 0;
     Plan *q = codegen_plan(g, &cfg, err, sizeof err);
-    cr_assert_null(plan_meta_find(q, "arena_bytes"));
+    cr_assert_eq(q->n_programs, 0);
+    cr_assert_eq(plan_space_bytes(q, PLAN_PLACE_DEVICE), -1);
     plan_free(q);
     cr_assert_str_eq(plan_meta_str(plan, "model", ""), "tiny");
     cr_assert_str_eq(plan_meta_str(plan, "compiler", ""), "fsc " FS_VERSION);
@@ -311,7 +317,7 @@ Test(plan, round_trip)
     cr_assert_eq(back->major, PLAN_MAJOR);
     cr_assert_eq(back->minor, PLAN_MINOR);
     assert_plans_equal(plan, back);
-    cr_assert_eq(back->n_sections, 10);
+    cr_assert_eq(back->n_sections, 13);
     cr_assert_geq(back->n_cuda, 2);
     cr_assert_str_eq(plan_str(back, back->cuda[back->n_cuda - 2].kernel), "fs_test_0123abcd");
     /* Written again, the same bytes. */
@@ -338,17 +344,18 @@ static void set64(uint8_t *p, uint64_t v)
 Test(plan, layout_is_little_endian_with_checksums)
 {
     cr_assert(!memcmp(bytes, "\x89" "FSP\r\n\x1a\n", 8));
-    cr_assert(bytes[8] == 1 && bytes[9] == 0 && bytes[10] == 1 && bytes[11] == 0);
-    cr_assert_eq(le32(bytes + 12), 10);
+    cr_assert(bytes[8] == 2 && bytes[9] == 0 && bytes[10] == 0 && bytes[11] == 0);
+    cr_assert_eq(le32(bytes + 12), 13);
     cr_assert_eq(le64(bytes + 16), n_bytes);
     cr_assert_eq(plan_crc32(0, "123456789", 9), 0xCBF43926u);  // the standard check value
-    for (uint32_t i = 0; i < 10; i++) {
+    for (uint32_t i = 0; i < 13; i++) {
         const uint8_t *e = bytes + 32 + 24 * i;
         cr_assert_eq(plan_crc32(0, bytes + le64(e + 8), le64(e + 16)), le32(e + 4));
     }
     cr_assert(!memcmp(bytes + 32 + 24 * 4, "NODE", 4));
-    /* The CUDA section, last: count, record size, then 160-byte records; the GEMM last. */
-    const uint8_t *e = bytes + 32 + 24 * 9, *cu = bytes + le64(e + 8);
+    /* The CUDA section, before CUMD: count, record size, then 160-byte records; the GEMM last. */
+    const uint8_t *e = bytes + 32 + 24 * 11, *cu = bytes + le64(e + 8);
+    cr_assert(!memcmp(bytes + 32 + 24 * 10, "PROG", 4) && !memcmp(bytes + 32 + 24 * 12, "CUMD", 4));
     cr_assert(!memcmp(e, "CUDA", 4));
     uint32_t n = le32(cu);
     cr_assert_eq(le32(cu + 4), 160);
@@ -544,7 +551,7 @@ Test(plan, reassembled_file_reads)
     Sec s[16];
     int n = split_sections(s);
     size_t len;
-    uint8_t *b = assemble(s, n, 1, 1, &len);
+    uint8_t *b = assemble(s, n, 2, 0, &len);
     cr_assert_eq(len, n_bytes);
     cr_assert(!memcmp(b, bytes, len), "the test's assembler agrees with plan_write_mem");
     free(b);
@@ -555,15 +562,15 @@ Test(plan, newer_major_refused)
 {
     Sec s[16];
     int n = split_sections(s);
-    cr_assert_null(read_sections(s, n, 2, 0));
-    cr_assert_str_eq(err, "plan version 2.0 is newer than this fsexec supports (1.x); rebuild fsexec or "
+    cr_assert_null(read_sections(s, n, 3, 0));
+    cr_assert_str_eq(err, "plan version 3.0 is newer than this fsexec supports (2.x); rebuild fsexec or "
                           "recompile the plan");
     /* Before the header checksum: a newer major may lay its header out differently. */
     uint8_t *b = malloc(n_bytes);
     memcpy(b, bytes, n_bytes);
-    b[8] = 3;
+    b[8] = 4;
     cr_assert_null(plan_read_mem(b, n_bytes, err, sizeof err));
-    cr_assert(strstr(err, "plan version 3.1 is newer"), "%s", err);
+    cr_assert(strstr(err, "plan version 4.0 is newer"), "%s", err);
     cr_assert_null(read_sections(s, n, 0, 9));
     cr_assert(strstr(err, "plan version 0.9 is older"), "%s", err);
     free(b);
@@ -574,7 +581,7 @@ Test(plan, newer_minor_read)
 {
     Sec s[16];
     int n = split_sections(s);
-    Plan *p = read_sections(s, n, 1, 7);
+    Plan *p = read_sections(s, n, 2, 7);
     cr_assert_not_null(p, "%s", err);
     cr_assert_eq(p->minor, 7);
     assert_plans_equal(plan, p);
@@ -590,7 +597,7 @@ Test(plan, unknown_section_skipped)
     memmove(&s[3], &s[2], sizeof *s * (size_t)(n - 2));
     s[2] = (Sec){"XTRA", (uint8_t *)strdup("whatever a newer fsc writes"), 27};
     s[n + 1] = (Sec){"zz\x01\xff", (uint8_t *)strdup(""), 0};
-    Plan *p = read_sections(s, n + 2, 1, 3);
+    Plan *p = read_sections(s, n + 2, 2, 3);
     cr_assert_not_null(p, "%s", err);
     assert_plans_equal(plan, p);
     cr_assert_eq(p->n_sections, n + 2);
@@ -607,11 +614,11 @@ Test(plan, missing_and_duplicate_sections)
     int node_at = find(s, n, "NODE");
     Sec node = s[node_at];
     memcpy(s[node_at].tag, "NOPE", 4);
-    cr_assert_null(read_sections(s, n, 1, 0));
+    cr_assert_null(read_sections(s, n, 2, 0));
     cr_assert_str_eq(err, "missing section NODE (not a complete plan)");
     s[node_at] = node;
     s[n] = (Sec){"NODE", node.data, node.len};
-    cr_assert_null(read_sections(s, n + 1, 1, 0));
+    cr_assert_null(read_sections(s, n + 1, 2, 0));
     cr_assert_str_eq(err, "section NODE appears twice");
     free_sections(s, n);
 }
@@ -621,8 +628,8 @@ Test(plan, longer_records_read)
 {
     Sec s[16];
     int n = split_sections(s);
-    const char *tags[] = {"META", "BLKS", "TENS", "NODE", "ATTR", "CUDA"};
-    for (int t = 0; t < 6; t++) {
+    const char *tags[] = {"META", "BLKS", "TENS", "NODE", "ATTR", "CUDA", "PROG"};
+    for (int t = 0; t < 7; t++) {
         Sec *x = &s[find(s, n, tags[t])];
         uint32_t count = le32(x->data), rec = le32(x->data + 4), extra = 12;
         size_t len = 8 + (size_t)count * (rec + extra);
@@ -636,30 +643,45 @@ Test(plan, longer_records_read)
         free(x->data);
         x->data = d, x->len = len;
     }
-    Plan *p = read_sections(s, n, 1, 2);
+    Plan *p = read_sections(s, n, 2, 2);
     cr_assert_not_null(p, "%s", err);
     assert_plans_equal(plan, p);
     plan_free(p);
     free_sections(s, n);
 }
 
-/* A 1.0 file has no CUDA section: it reads as a plan without a CUDA program. */
-Test(plan, version_1_0_without_cuda_reads)
+/* CUDA and CUMD are optional: without them a plan reads as one without a CUDA program. */
+Test(plan, without_cuda_sections_reads)
 {
     Sec s[16];
     int n = split_sections(s);
-    int at = find(s, n, "CUDA");
-    free(s[at].data);
-    memmove(&s[at], &s[at + 1], sizeof *s * (size_t)(n - at - 1));
-    Plan *p = read_sections(s, n - 1, 1, 0);
+    for (int k = 0; k < 2; k++) {
+        int at = find(s, n, k ? "CUMD" : "CUDA");
+        free(s[at].data);
+        memmove(&s[at], &s[at + 1], sizeof *s * (size_t)(n - at - 1));
+        n--;
+    }
+    Plan *p = read_sections(s, n, 2, 0);
     cr_assert_not_null(p, "%s", err);
-    cr_assert_eq(p->minor, 0);
     cr_assert_eq(p->n_cuda, 0);
     cr_assert_null(p->cuda);
+    cr_assert_null(p->cuda_module);
     cr_assert_eq(p->n_tensors, plan->n_tensors);
     cr_assert_eq(p->n_ops, plan->n_ops);
+    cr_assert_eq(p->n_programs, 1);
     plan_free(p);
-    free_sections(s, n - 1);
+    free_sections(s, n);
+}
+
+/* A 1.x plan (one op list, one arena, no schedule) is refused, saying to recompile it. */
+Test(plan, version_1_refused_with_recompile)
+{
+    Sec s[16];
+    int n = split_sections(s);
+    cr_assert_null(read_sections(s, n, 1, 1));
+    cr_assert(strstr(err, "plan version 1.1 is older than this fsexec supports (2.x)"), "%s", err);
+    cr_assert(strstr(err, "recompile the plan with this fsc"), "%s", err);
+    free_sections(s, n);
 }
 
 /* Files whose checksums are right but whose contents are not: each must be refused with
@@ -673,7 +695,7 @@ static void expect_hostile(const char *tag, size_t at, uint64_t value, int width
     if (width == 1) x->data[at] = (uint8_t)value;
     if (width == 4) set32(x->data + at, (uint32_t)value);
     if (width == 8) set64(x->data + at, value);
-    cr_assert_null(read_sections(s, n, 1, 0), "%s+%zu = %llu was read", tag, at, (unsigned long long)value);
+    cr_assert_null(read_sections(s, n, 2, 0), "%s+%zu = %llu was read", tag, at, (unsigned long long)value);
     cr_assert(strstr(err, part), "%s+%zu: '%s' lacks '%s'", tag, at, err, part);
     free_sections(s, n);
 }
@@ -908,7 +930,7 @@ Test(plan, written_atomically_to_disk)
     Plan *p = plan_read(path, err, sizeof err);
     cr_assert_not_null(p, "%s", err);
     assert_plans_equal(plan, p);
-    cr_assert_eq(p->n_sections, 10);
+    cr_assert_eq(p->n_sections, 13);
     struct stat st;
     cr_assert_eq(stat(path, &st), 0);
     cr_assert_eq((size_t)st.st_size, n_bytes);
@@ -959,12 +981,14 @@ Test(plan, inspect_reports_what_a_plan_holds)
     cr_assert_not_null(p, "%s", err);
     char *out = inspect(p);
     const char *want[] = {
-        "plan format   1.1\n",
+        "plan format   2.0\n",
         "model         tiny\n",
         "compiler      fsc " FS_VERSION "\n",
         "ranks         8 (4 data-parallel x 2 pipeline stages)\n",
         "strategy      shard fsdp, precision bf16, recompute Block, offload none\n",
-        "arena         1.2 KiB per rank (1,216 bytes)\n",
+        "device arena  1.2 KiB per rank (1,216 bytes)\n",
+        "host arena    0 B per rank (0 bytes)\n",
+        "programs      1 (stage, data-parallel ranks, ops: 0/8/9)\n",
         "params        360 (1.4 KiB)\n",   // wte 128 + ln 16 + w 192 + b 24; lm_head is tied
         "\ntraining settings\n",
         "  lr                     0.0006\n",
@@ -986,7 +1010,7 @@ Test(plan, inspect_reports_what_a_plan_holds)
         "  (1 tied tensor: shares another's bytes, counted once)\n",
         "\nsections\n",
         "  tag          offset          bytes  crc32\n",
-        "  STRS            272",
+        "  STRS            344",
         "  NODE",
         "  OUTS",
     };
@@ -998,8 +1022,7 @@ Test(plan, inspect_reports_what_a_plan_holds)
     out = inspect(plan);
     cr_assert(strstr(out, "not read from a file"), "%s", out);
     free(out);
-    const PlanMeta *arena = plan_meta_find(plan, "arena_bytes");
-    ((PlanMeta *)arena)->kind = PLAN_META_STR;  // as a plan without a memory plan reads
+    plan->n_programs = 0;  // as a plan without a memory plan reads
     out = inspect(plan);
     cr_assert(strstr(out, "arena         none (no memory plan)\n"), "%s", out);
     free(out);

@@ -76,7 +76,7 @@ static void check_strategy(const char *file, const Define *defs, int n_defs, con
     for (size_t i = 0; i < na; i++) diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
     cr_expect_eq(diff, 0, "%s, recompute %s, shard %s, %s: %zu of %zu gradient elements differ", file, recompute, shard,
                  precision, diff, na);
-    int64_t arena_a = plan_meta_int(plain.plan, "arena_bytes", 0), arena_b = plan_meta_int(ckpt.plan, "arena_bytes", 0);
+    int64_t arena_a = plan_space_bytes(plain.plan, PLAN_PLACE_DEVICE), arena_b = plan_space_bytes(ckpt.plan, PLAN_PLACE_DEVICE);
     cr_expect_lt(arena_b, arena_a, "%s: recompute %s plans %ld bytes, without %ld", file, recompute, (long)arena_b,
                  (long)arena_a);
     cr_expect_eq(plain.flops[PHASE_RECOMPUTE], 0);
