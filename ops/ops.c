@@ -72,8 +72,9 @@ static void parse_sig(OpInfo *op, char (*pool)[24])
         if (pr->kind == ARG_TENSOR) op->n_tensors++;
         if (pr->kind == ARG_TENSORS) op->n_tensors = -1;
     }
-    if (!(op->flags & OPF_COLLECTIVE) != (op->comm == COMM_NONE))
-        bad_row(op, "an OPF_COLLECTIVE op names its collective in the comm column, and no other op does");
+    int moves = (op->flags & (OPF_COLLECTIVE | OPF_P2P | OPF_COPY)) != 0;
+    if (moves != (op->comm != COMM_NONE))
+        bad_row(op, "an OPF_COLLECTIVE, OPF_P2P or OPF_COPY op names what it moves in the comm column, and no other op does");
 }
 
 const OpInfo *op_info(OpKind op)

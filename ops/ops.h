@@ -32,10 +32,10 @@ enum {
     OPF_COLLECTIVE = 128, OPF_P2P = 256, OPF_COPY = 512
 };
 
-/* What an op communicates (ops.def's last column). The collectives are numbered as the
- * runtimes' RtCollKind and CsCollKind, which switch on them (static asserts there); a
- * new kind (send, recv, a host-device copy) goes after them, and runtimes that do not
- * know it refuse it when they load a plan. */
+/* What an op moves between ranks or memory spaces (ops.def's last column). The
+ * collectives are numbered as the runtimes' RtCollKind and CsCollKind, which switch on
+ * them (static asserts there); a new kind (send, recv, a host-device copy) goes after
+ * them, and rt_coll_kind / cs_coll_kind answer -1 for it until the runtime runs it. */
 typedef enum { COMM_NONE = -1, COMM_ALL_REDUCE, COMM_REDUCE_SCATTER, COMM_ALL_GATHER, COMM_COUNT } OpComm;
 
 typedef enum {

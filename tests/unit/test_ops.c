@@ -1,6 +1,6 @@
 /* tests/unit/test_ops.c: the op layer (ops/) on its own, without a graph or a plan.
- *  - The table: names round-trip through op_lookup; every OPF_COLLECTIVE row names its
- *    collective in the comm column and no other row does; op_comm_by_name and
+ *  - The table: names round-trip through op_lookup; every OPF_COLLECTIVE (P2P, COPY) row
+ *    names what it moves in the comm column and no other row does; op_comm_by_name and
  *    op_comm_name agree; the flag bits are distinct.
  *  - Signatures: parameters parse into kinds and defaults; op_param_index finds
  *    attributes and never tensors.
@@ -29,7 +29,7 @@ Test(ops, collectives_name_their_kind)
     int seen[COMM_COUNT] = {0};
     for (int k = 0; k < OP_COUNT; k++) {
         const OpInfo *info = op_info((OpKind)k);
-        cr_assert_eq(!!(info->flags & OPF_COLLECTIVE), info->comm != COMM_NONE, "%s", info->name);
+        cr_assert_eq(!!(info->flags & (OPF_COLLECTIVE | OPF_P2P | OPF_COPY)), info->comm != COMM_NONE, "%s", info->name);
         if (info->comm == COMM_NONE) continue;
         seen[info->comm]++;
         cr_assert_eq(op_comm_by_name(info->name), info->comm);
