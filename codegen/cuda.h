@@ -2,7 +2,7 @@
  *
  * codegen_cuda walks the scheduled graph and, for each node (or fused group, see
  * passes/fuse.c: Node.group), calls the op's emitter `cuda_NAME` (declared from
- * ir/ops.def like every other hook). An emitter writes the CUDA C of its kernels into a
+ * ops/ops.def like every other hook). An emitter writes the CUDA C of its kernels into a
  * CuCtx and records, in order, the instructions that run them (PlanCuda in plan/plan.h):
  * LAUNCHes of its kernels, or GEMMs for cuBLAS. Everything static is compiled in:
  * shapes, strides, attributes, dtypes. A kernel's parameters are device pointers to the
@@ -136,7 +136,7 @@ char *cu_double(CuCtx *c, double v);
 int cu_group(CuCtx *c, int first);
 
 /* ---- the emitters, one per op ----------------------------------------------------- */
-#define OP(name, n_out, flags, sig, grad) int cuda_##name(CuCtx *c);
+#define OP(name, ...) int cuda_##name(CuCtx *c);
 #include "ops.def"
 #undef OP
 

@@ -1,7 +1,7 @@
 /* codegen/cuda_program.c: the CUDA program of a graph (codegen/cuda.h).
  *
  * Walks the nodes in order and calls each op's emitter through a table generated from
- * ir/ops.def (as runtime/cpu/table.c does for the CPU kernels), so adding an op adds its
+ * ops/ops.def (as runtime/cpu/table.c does for the CPU kernels), so adding an op adds its
  * emitter here without a line of this file. A fused group (passes/fuse.c: Node.group)
  * is emitted once, at its last node, as one kernel (cu_group); its other members get no
  * instruction. The instructions go into the plan sorted by op, the module's text into
@@ -16,7 +16,7 @@
 enum { CUDA_WORKSPACE_BYTES = 32 << 20 };  // cuBLAS's recommended workspace on Hopper
 
 static int (*const EMITTERS[])(CuCtx *c) = {
-#define OP(name, n_out, flags, sig, grad) cuda_##name,
+#define OP(name, ...) cuda_##name,
 #include "ops.def"
 #undef OP
 };

@@ -1,5 +1,5 @@
-/* ir/grad.c: the gradient rule of every differentiable op (grad_NAME, named by the last
- * column of ir/ops.def). A rule reads the forward node and the gradients of its outputs
+/* ir/grad.c: the gradient rule of every differentiable op (grad_NAME, named by the grad
+ * column of ops/ops.def). A rule reads the forward node and the gradients of its outputs
  * and emits backward nodes (phase backward, the forward node's block and source loc)
  * whose outputs are the gradients of its inputs. Rules skip inputs that need no
  * gradient, and pass a gradient through without a node where the math allows (add).

@@ -95,9 +95,8 @@ int ir_node_add(Graph *g, OpKind op, const int *in, int n_in, const Attr *attrs,
         g->ids[g->n_ids++] = in[i];
     }
 
-    ShapeCtx c = {.g = g, .node = n, .n_in = n_in, .n_out = info->n_out, .err = err, .errlen = errlen};
-    for (int i = 0; i < n_in; i++) c.in[i] = &g->values[in[i]];
-    if (info->shape(&c) != 0) {
+    ShapeCtx c;
+    if (ir_node_shape(g, n, &c, err, errlen) != 0) {
         g->n_attrs = n_attrs0, g->n_ints = n_ints0, g->n_ids = n_ids0;
         return -1;
     }
@@ -109,7 +108,8 @@ int ir_node_add(Graph *g, OpKind op, const int *in, int n_in, const Attr *attrs,
     n->out = g->n_ids;
     n->n_out = c.n_out;
     for (int i = 0; i < c.n_out; i++) {
-        Value v = c.out[i];
+        Value v = {.dtype = c.out[i].dtype, .rank = c.out[i].rank};
+        memcpy(v.shape, c.out[i].shape, sizeof v.shape);
         v.role = ROLE_ACT;
         v.block = block;
         v.place = PLACE_DEVICE;
@@ -153,6 +153,40 @@ const int64_t *ir_attr_ints(const Graph *g, const Node *n, const char *key, int 
     return &g->ints[a->list];
 }
 
+/* A node's attributes as the op layer's shape rules read them. */
+typedef struct {
+    const Graph *g;
+    const Node *n;
+} NodeAttrs;
+
+static int find_node_attr(const void *self, const char *key, OpAttr *out)
+{
+    const NodeAttrs *na = self;
+    const Attr *a = find_attr(na->g, na->n, key);
+    if (!a) return 0;
+    *out = (OpAttr){.kind = a->kind == ATTR_INT ? OPA_INT : a->kind == ATTR_FLOAT ? OPA_FLOAT : OPA_INTS,
+                    .i = a->i, .f = a->f, .ints = a->kind == ATTR_INTS ? &na->g->ints[a->list] : NULL,
+                    .n_ints = a->kind == ATTR_INTS ? a->n_list : 0};
+    return 1;
+}
+
+static OpType type_of(const Value *v)
+{
+    OpType t = {.dtype = v->dtype, .rank = v->rank};
+    memcpy(t.shape, v->shape, sizeof t.shape);
+    return t;
+}
+
+int ir_node_shape(const Graph *g, const Node *n, ShapeCtx *c, char *err, size_t errlen)
+{
+    NodeAttrs na = {g, n};
+    *c = (ShapeCtx){.op = n->op, .attrs = {&na, find_node_attr}, .n_in = n->n_in, .err = err, .errlen = errlen};
+    for (int i = 0; i < n->n_in; i++) c->in[i] = type_of(ir_value(g, ir_in(g, n, i)));
+    int rc = op_shape(c);
+    c->attrs = (OpAttrs){0};  // na is gone when this returns
+    return rc;
+}
+
 int64_t ir_numel(const Value *v)
 {
     int64_t n = 1;
@@ -176,19 +210,14 @@ int64_t ir_nbytes(const Value *v) { return ir_numel(v) * dtype_size(v->dtype); }
 
 char *ir_shape_str(const Value *v, char *buf, size_t len)
 {
-    size_t at = 0;
-    at += (size_t)snprintf(buf, len, "[");
-    for (int i = 0; i < v->rank && at < len; i++)
-        at += (size_t)snprintf(buf + at, len - at, "%s%" PRId64, i ? ", " : "", v->shape[i]);
-    if (at < len) snprintf(buf + at, len - at, "]");
-    return buf;
+    OpType t = type_of(v);
+    return op_shape_str(&t, buf, len);
 }
 
 char *ir_type_str(const Value *v, char *buf, size_t len)
 {
-    char shape[160];
-    snprintf(buf, len, "%s%s", dtype_name(v->dtype), ir_shape_str(v, shape, sizeof shape));
-    return buf;
+    OpType t = type_of(v);
+    return op_type_str(&t, buf, len);
 }
 
 /* The model's params, once each: not the flat buffers and shards the shard pass makes
@@ -282,10 +311,8 @@ void ir_graph_compact(Graph *g, const char *drop_node)
 int ir_node_retype(Graph *g, int n, char *err, size_t errlen)
 {
     Node *node = &g->nodes[n];
-    const OpInfo *info = op_info(node->op);
-    ShapeCtx c = {.g = g, .node = node, .n_in = node->n_in, .n_out = info->n_out, .err = err, .errlen = errlen};
-    for (int i = 0; i < node->n_in; i++) c.in[i] = &g->values[ir_in(g, node, i)];
-    if (info->shape(&c) != 0) return -1;
+    ShapeCtx c;
+    if (ir_node_shape(g, node, &c, err, errlen) != 0) return -1;
     FS_ASSERT(c.n_out == node->n_out);
     for (int i = 0; i < c.n_out; i++) {
         Value *v = &g->values[ir_out(g, node, i)];

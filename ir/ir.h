@@ -6,7 +6,9 @@
  * Arena and is freed at once by ir_graph_free.
  *
  * Where it sits: frontend (lower) builds a Graph; passes rewrite it; codegen turns it
- * into a plan. This header is grouped by the file that defines each declaration.
+ * into a plan. The op table, dtypes and shape rules are the op layer's (ops/ops.h), which
+ * this header includes; the IR adds the hooks that need a graph (gradients, FLOPs).
+ * This header is grouped by the file that defines each declaration.
  */
 #ifndef FS_IR_H
 #define FS_IR_H
@@ -15,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "ops.h"
 
 #define FS_VERSION "0.1.0"
 
@@ -67,9 +71,8 @@ const char *diag_closest(const char *name, const char *const *cands, int n);
     } while (0)
 _Noreturn void fs_internal_error(const char *file, int line, const char *what);
 
-/* ---- ir/types.c: dtypes, roles, placements, phases -------------------------------- */
+/* ---- ir/types.c: roles, placements, phases (DType is ops/ops.h's) ------------------ */
 
-typedef enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_COUNT } DType;
 typedef enum {
     ROLE_INPUT,      // a batch from the data loader
     ROLE_PARAM,      // a trainable weight
@@ -92,67 +95,30 @@ typedef enum { SR_NONE, SR_LOSS, SR_LR, SR_GRAD_NORM, SR_LOSS_SCALE, SR_STEP, SR
 typedef enum { PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE, PHASE_OPTIMIZER, PHASE_COMM, PHASE_COUNT } Phase;
 typedef enum { INIT_NONE, INIT_ZEROS, INIT_ONES, INIT_NORMAL, INIT_UNIFORM, INIT_FULL, INIT_COUNT } InitKind;
 
-const char *dtype_name(DType t);    // "f32", "f16", "bf16", "i32"
-int dtype_size(DType t);            // bytes per element
-int dtype_is_float(DType t);
-int dtype_parse(const char *s, DType *out);  // 0 on success
 const char *role_name(Role r);      // "input", "param", ...
 const char *placement_name(Placement p);
 const char *phase_name(Phase p);
 const char *init_name(InitKind k);  // "zeros", "ones", "normal", "uniform", "full" (init_a)
 
-/* ---- ir/ops.c: the op table, generated from ir/ops.def ---------------------------- */
+/* ---- ir/ops.c: the IR's hooks of each op (the table itself is ops/ops.h's) ---------- */
 
-enum {
-    OPF_ELEMWISE = 1, OPF_REDUCE = 2, OPF_VIEW = 4, OPF_LAYOUT = 8, OPF_HIDDEN = 16, OPF_SAVES = 32, OPF_EFFECT = 64,
-    OPF_COLLECTIVE = 128
-};
+#define IR_MAX_RANK OPS_MAX_RANK
+#define IR_MAX_IN OPS_MAX_IN
+#define IR_MAX_OUT OPS_MAX_OUT
+#define IR_MAX_PARAMS OPS_MAX_PARAMS
 
-typedef enum {
-#define OP(name, n_out, flags, sig, grad) OP_##name,
-#include "ops.def"
-#undef OP
-    OP_COUNT
-} OpKind;
-
-#define IR_MAX_RANK 6
-#define IR_MAX_IN 16
-#define IR_MAX_OUT 16
-#define IR_MAX_PARAMS 16  // parameters in one op signature
-
-typedef enum { ARG_TENSOR, ARG_TENSORS, ARG_INT, ARG_FLOAT, ARG_INTS, ARG_FLAG } ArgKind;
-
-/* One parameter of an op's signature, parsed from its ops.def string. */
-typedef struct {
-    const char *name;
-    ArgKind kind;
-    int has_default;
-    double def;  // the default of an int, float or flag parameter
-} OpParam;
-
-typedef struct ShapeCtx ShapeCtx;
 typedef struct GradCtx GradCtx;
 typedef struct Graph Graph;
 typedef struct Node Node;
 
+/* What only the IR can compute of an op: it needs the graph. */
 typedef struct {
-    const char *name;
-    int n_out;  // -1: decided by the shape rule
-    int flags;
-    const char *sig;
-    OpParam params[IR_MAX_PARAMS];
-    int n_params;
-    int n_tensors;  // tensor parameters; -1 when variadic
-    int (*shape)(ShapeCtx *c);
     double (*flops)(const Graph *g, const Node *n);
     int (*grad)(GradCtx *c);  // grad_none for ops no gradient flows through
-} OpInfo;
+} IrOpHooks;
 
-/* The table, indexed by OpKind; signatures parsed on first use. */
-const OpInfo *op_info(OpKind op);
-/* OP_COUNT when no op has that name. */
-OpKind op_lookup(const char *name);
-const char *op_name(OpKind op);
+/* Indexed by OpKind, like op_info. */
+const IrOpHooks *ir_op_hooks(OpKind op);
 
 /* ---- ir/graph.c: building and reading the graph ---------------------------------- */
 
@@ -296,32 +262,16 @@ char *ir_shape_str(const Value *v, char *buf, size_t len);
 /* Trainable parameter elements (tied params counted once). */
 int64_t ir_param_count(const Graph *g);
 
-/* ---- ir/shape.c: shape rules, one per op (shape_NAME, declared via ops.def) ------- */
-
-struct ShapeCtx {
-    const Graph *g;
-    const Node *node;           // attributes are read from it with ir_attr_*
-    const Value *in[IR_MAX_IN];
-    int n_in;
-    Value out[IR_MAX_OUT];      // to fill: dtype, rank, shape
-    int n_out;                  // to set when the op's n_out is -1
-    char *err;
-    size_t errlen;
-};
-/* Formats an error into c->err and returns -1, for `return shape_fail(c, ...)`. */
-int shape_fail(ShapeCtx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Sets output i's dtype and shape. */
-void shape_set(ShapeCtx *c, int i, DType dt, int rank, const int64_t *shape);
-#define OP(name, n_out, flags, sig, grad) int shape_##name(ShapeCtx *c);
-#include "ops.def"
-#undef OP
+/* Runs node n's shape rule (ops/shape.c) on its inputs and attributes, with err as the
+ * message buffer; 0 with c->out filled, or -1. */
+int ir_node_shape(const Graph *g, const Node *n, ShapeCtx *c, char *err, size_t errlen);
 
 /* ---- ir/flops.c: forward FLOP counts, one per op -------------------------------- */
-#define OP(name, n_out, flags, sig, grad) double flops_##name(const Graph *g, const Node *n);
+#define OP(name, ...) double flops_##name(const Graph *g, const Node *n);
 #include "ops.def"
 #undef OP
 
-/* ---- ir/grad.c: gradient rules (grad_GRAD, named by ops.def's last column) --------- */
+/* ---- ir/grad.c: gradient rules (grad_GRAD, named by ops.def's grad column) --------- */
 
 struct GradCtx {
     Graph *g;
@@ -330,7 +280,7 @@ struct GradCtx {
     int need[IR_MAX_IN];     // whether input i needs a gradient
     int din[IR_MAX_IN];      // to fill: the gradient of each needed input, or -1
 };
-#define OP(name, n_out, flags, sig, grad) int grad_##grad(GradCtx *c);
+#define OP(name, n_out, flags, sig, grad, ...) int grad_##grad(GradCtx *c);
 #include "ops.def"
 #undef OP
 

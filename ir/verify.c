@@ -124,9 +124,8 @@ static void check_types(Verifier *vf, int id, const OpInfo *info)
     const Graph *g = vf->g;
     const Node *n = ir_node(g, id);
     char err[256] = "", want[192], got[192];
-    ShapeCtx c = {.g = g, .node = n, .n_in = n->n_in, .n_out = info->n_out, .err = err, .errlen = sizeof err};
-    for (int i = 0; i < n->n_in; i++) c.in[i] = ir_value(g, ir_in(g, n, i));
-    if (info->shape(&c) != 0) {
+    ShapeCtx c;
+    if (ir_node_shape(g, n, &c, err, sizeof err) != 0) {
         report(vf, "node %d (%s): shape rule fails: %s", id, info->name, err);
         return;
     }
@@ -140,7 +139,7 @@ static void check_types(Verifier *vf, int id, const OpInfo *info)
         for (int d = 0; same && d < v->rank; d++) same = v->shape[d] == c.out[i].shape[d];
         if (!same)
             report(vf, "node %d (%s): output %d (%%%d) is %s, the shape rule says %s", id, info->name, i, ir_out(g, n, i),
-                   ir_type_str(v, got, sizeof got), ir_type_str(&c.out[i], want, sizeof want));
+                   ir_type_str(v, got, sizeof got), op_type_str(&c.out[i], want, sizeof want));
     }
 }
 

@@ -60,7 +60,7 @@ static void backward_node(Autodiff *a, int id)
     /* Rules expect the gradient of the first output; a saved output (attention's lse)
      * never gets one. */
     if (c.dout[0] < 0) return;
-    op_info(node.op)->grad(&c);
+    ir_op_hooks(node.op)->grad(&c);
     for (int i = 0; i < node.n_in; i++)
         if (c.need[i] && c.din[i] >= 0) accumulate(a, ir_in(g, &node, i), c.din[i], &node);
 }

@@ -1,7 +1,7 @@
 /* plan/plan.h: the plan file, the one thing the compiler (fsc) and the runtime (fsexec)
  * share. This layer depends on neither: it knows tensors, ops and attributes as plain
  * arrays of integers and string ids, never the IR's enums, so the file format does not
- * change when ir/ops.def is reordered (an op is stored by NAME).
+ * change when ops/ops.def is reordered (an op is stored by NAME).
  *
  * In memory a Plan is a handful of arrays that refer to each other by index, like the
  * IR: tensors and ops by id, strings by id into one string table, the inputs and

@@ -5,32 +5,39 @@
  * an all-gather), a reduce-scatter Psi and an all-gather Psi. So DDP moves 2 Psi a step,
  * ZeRO-1 and ZeRO-2 2 Psi, and ZeRO-3 (fsdp) 3 Psi: 1.5 times DDP. The exact bytes a
  * ring sends are (world - 1) / world of these; both are listed.
+ *
+ * Which ops are collectives, and which, is the op table's to say (ops.def's comm column).
  */
-#include <string.h>
-
+#include "ops.h"
 #include "report.h"
 
-typedef struct {
-    const char *name;
-    double factor;  // per-rank traffic in units of the buffer's full size
-} Kind;
-
-static const Kind KINDS[] = {{"all_reduce", 2.0}, {"reduce_scatter", 1.0}, {"all_gather", 1.0}};
-
-/* The collective's kind, or NULL for any other op. */
-static const Kind *kind_of(const Plan *p, const PlanOp *op)
+/* Per-rank traffic of collective k in units of the buffer's full size; 0 for any other
+ * op. A switch without a default: a new kind in OpComm is a warning here until it has
+ * its line. */
+static double factor_of(OpComm k)
 {
-    const char *name = plan_str(p, op->op);
-    for (size_t i = 0; i < sizeof KINDS / sizeof *KINDS; i++)
-        if (!strcmp(name, KINDS[i].name)) return &KINDS[i];
-    return NULL;
+    switch (k) {
+    case COMM_ALL_REDUCE: return 2.0;
+    case COMM_REDUCE_SCATTER:
+    case COMM_ALL_GATHER: return 1.0;
+    case COMM_NONE:
+    case COMM_COUNT: break;
+    }
+    return 0;
 }
 
-/* The full buffer: the input of an all-reduce or reduce-scatter, the output of a gather. */
-static int64_t full_bytes(const Plan *p, const PlanOp *op, const Kind *k)
+/* The collective op is, or COMM_NONE. */
+static OpComm kind_of(const Plan *p, const PlanOp *op)
 {
-    int32_t t = strcmp(k->name, "all_gather") ? p->ids[op->in] : p->ids[op->out];
-    return plan_tensor_nbytes(&p->tensors[t]);
+    return op->n_in < 1 || op->n_out < 1 ? COMM_NONE : op_comm_by_name(plan_str(p, op->op));
+}
+
+/* The full buffer: the larger of input and output (an all-reduce's are equal, a
+ * reduce-scatter's input and an all-gather's output hold every rank's part). */
+static int64_t full_bytes(const Plan *p, const PlanOp *op)
+{
+    int64_t in = plan_tensor_nbytes(&p->tensors[p->ids[op->in]]), out = plan_tensor_nbytes(&p->tensors[p->ids[op->out]]);
+    return in > out ? in : out;
 }
 
 CommTotals comm_totals(const Plan *p)
@@ -38,9 +45,9 @@ CommTotals comm_totals(const Plan *p)
     CommTotals c = {.world = plan_meta_int(p, "world", 1)};
     for (int32_t i = 0; i < p->n_ops; i++) {
         const PlanOp *op = &p->ops[i];
-        const Kind *k = kind_of(p, op);
-        if (!k || op->n_in < 1 || op->n_out < 1) continue;
-        double b = k->factor * (double)full_bytes(p, op, k);
+        OpComm k = kind_of(p, op);
+        if (k == COMM_NONE) continue;
+        double b = factor_of(k) * (double)full_bytes(p, op);
         c.collectives++;
         c.bytes += b;
         c.ring_bytes += c.world > 1 ? b * (double)(c.world - 1) / (double)c.world : 0;
@@ -72,11 +79,11 @@ void comm_report(const Plan *p, FILE *out)
     fprintf(out, "  %5s  %-14s %-28s %-10s %14s %14s\n", "op", "collective", "buffer", "phase", "bytes", "ring bytes");
     for (int32_t i = 0; i < p->n_ops; i++) {
         const PlanOp *op = &p->ops[i];
-        const Kind *k = kind_of(p, op);
-        if (!k || op->n_in < 1 || op->n_out < 1) continue;
-        double b = k->factor * (double)full_bytes(p, op, k);
+        OpComm k = kind_of(p, op);
+        if (k == COMM_NONE) continue;
+        double b = factor_of(k) * (double)full_bytes(p, op);
         double ring = c.world > 1 ? b * (double)(c.world - 1) / (double)c.world : 0;
-        fprintf(out, "  %5d  %-14s %-28s %-10s %14.0f %14.0f\n", i, k->name, what_of(p, op),
+        fprintf(out, "  %5d  %-14s %-28s %-10s %14.0f %14.0f\n", i, op_comm_name(k), what_of(p, op),
                 plan_phase_name(op->phase), b, ring);
     }
     fprintf(out, "  total: %d collectives, %.0f bytes (%.2f MiB); a ring sends %.0f bytes\n", c.collectives, c.bytes,

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops.h"
 #include "report.h"
 
 static const char *const NAMES[MEM_CAT_COUNT] = {
@@ -202,7 +203,8 @@ int32_t report_block_run(const MemReport *r, int32_t b)
 
 static int is_collective(const char *op)
 {
-    return !strcmp(op, "all_reduce") || !strcmp(op, "reduce_scatter") || !strcmp(op, "all_gather");
+    const OpInfo *info = op_info_by_name(op);
+    return info && (info->flags & OPF_COLLECTIVE);
 }
 
 /* Trainable elements: each named param once (fsdp gathers a block's params twice), not

@@ -6,7 +6,7 @@
  * there is one report, labelled "ranks 0-(world-1)". Every byte count is of one rank.
  *
  * Where it sits: after codegen in fsc, after plan_read in fsexec. Depends on plan/ and
- * jansson only. Grouped by the file that defines each declaration.
+ * jansson, and the op table (ops/ops.h) for what each op is. Grouped by the file that defines each declaration.
  */
 #ifndef FS_REPORT_H
 #define FS_REPORT_H

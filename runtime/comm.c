@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "kernels.h"
+#include "ops.h"
 #include "runtime.h"
 
 static struct {
@@ -242,13 +243,16 @@ int64_t rt_comm_sum_i64(int64_t v)
 
 /* ---- the step's collectives: pure parts ------------------------------------------------ */
 
-static const char *const COLL_NAMES[RT_COLL_COUNT] = {"all_reduce", "reduce_scatter", "all_gather"};
+/* The op table names the collectives (ops.def's comm column); RtCollKind numbers them
+ * as it does. */
+_Static_assert((int)RT_COLL_ALL_REDUCE == (int)COMM_ALL_REDUCE && (int)RT_COLL_REDUCE_SCATTER == (int)COMM_REDUCE_SCATTER &&
+                   (int)RT_COLL_ALL_GATHER == (int)COMM_ALL_GATHER,
+               "RtCollKind is OpComm's collectives");
 
 int rt_coll_kind(const char *op)
 {
-    for (int k = 0; k < RT_COLL_COUNT; k++)
-        if (!strcmp(op, COLL_NAMES[k])) return k;
-    return -1;
+    OpComm k = op_comm_by_name(op);
+    return k >= 0 && k < (int)RT_COLL_COUNT ? (int)k : -1;
 }
 
 int rt_ranges_overlap(const RtRange *a, int na, const RtRange *b, int nb)
@@ -262,7 +266,7 @@ int rt_ranges_overlap(const RtRange *a, int na, const RtRange *b, int nb)
 int rt_coll_prepare(RtColl *c, RtCollKind kind, PlanDType dt, void *in, int64_t n_in, void *out, int64_t n_out,
                     int world, int rank, int avg, char *err, size_t errlen)
 {
-    const char *name = kind >= 0 && kind < RT_COLL_COUNT ? COLL_NAMES[kind] : "?";
+    const char *name = op_comm_name((OpComm)kind);
     int64_t es = plan_dtype_size(dt), n = kind == RT_COLL_ALL_GATHER ? n_in : n_out;
     int sizes_ok = kind == RT_COLL_ALL_REDUCE ? n_in == n_out : kind == RT_COLL_REDUCE_SCATTER ? n_in == n_out * world
                                                                                                 : n_out == n_in * world;

@@ -48,7 +48,7 @@
 #endif
 #include <cblas.h>
 
-#include "ir.h"
+#include "ops.h"
 #include "kernels.h"
 #include "runtime.h"
 

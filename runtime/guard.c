@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir.h"
+#include "ops.h"
 #include "report.h"
 #include "runtime.h"
 

@@ -2,35 +2,41 @@
  *
  * plan_check (plan/) makes a plan safe to index: ids in range, ranges inside their pools.
  * It cannot know what an op means. This file does, from the op table the runtime shares
- * with the compiler (ir/ops.def): for each op
+ * with the compiler (ops/ops.def, the op layer fs_ops): for each op
  *   - its name is in the table and has a CPU kernel;
  *   - its inputs and outputs count as the signature says (and fit the kernel ABI);
  *   - every attribute is a key of the signature, given once, of its kind (ints and
  *     flags as integers that fit an int, flags 0 or 1), and the required ones are there;
  *   - every tensor it touches has dims >= 1 (kernels divide by them), and GEMM operands
  *     dims that fit cblas's ints;
- *   - the IR's own shape rule (ir/shape.c, ir/shape_bwd.c), run on the plan's input
- *     dtypes, shapes and attributes, accepts it and infers exactly the plan's outputs;
+ *   - the op's shape rule (ops/shape.c, ops/shape_bwd.c: the one the compiler ran when
+ *     it made the node), run on the plan's input dtypes, shapes and attributes, accepts
+ *     it and infers exactly the plan's outputs;
  *   - where a kernel asks more than the rule (the rules of compiler-made ops trust their
  *     maker), what it asks: the forward op's rule over a backward op's inputs, f32 for
  *     the optimizer, i32 step counts, a collective's world equal to the plan's.
  * Then opcheck_mem.c checks the memory plan and the values kernels index with. After
  * rt_plan_check_ops passes, no op reaches a kernel whose KCHECK it could trip.
  *
- * The shape rules read a Graph; one op is shown to them as a one-node graph whose
- * attributes point at the plan's strings and ints, so nothing is copied or allocated.
+ * The shape rules read OpTypes and an attribute accessor (ops/ops.h); here the accessor
+ * reads the plan op's attributes where they are, so nothing is copied or allocated.
  *
  * Where it sits: called by rt_exec_new and wherever a plan is accepted (fsexec's load),
- * after plan_read; it needs the op table (fs_ir) but never builds an IR graph.
+ * after plan_read; it needs the op table (fs_ops), never the IR.
  */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "ir.h"
+#include "ops.h"
 #include "kernels.h"
 #include "runtime.h"
+
+/* The plan's dtypes are what the shape rules call them. */
+_Static_assert((int)PLAN_DT_F32 == (int)DT_F32 && (int)PLAN_DT_F16 == (int)DT_F16 && (int)PLAN_DT_BF16 == (int)DT_BF16 &&
+                   (int)PLAN_DT_I32 == (int)DT_I32 && (int)PLAN_DT_COUNT == (int)DT_COUNT,
+               "PlanDType and DType number dtypes alike");
 
 typedef struct {
     const Plan *p;
@@ -40,11 +46,8 @@ typedef struct {
     OpKind kind;
     const OpInfo *info;
     int64_t world;               // meta "world"
-    Attr attrs[IR_MAX_PARAMS];   // the op's attributes, as the shape rules read them
-    int n_attrs;
-    Graph g;                     // a graph of one node for the shape rules
-    Node node;
-    Value in[IR_MAX_IN];         // the inputs as IR values
+    OpAttrs attrs;               // the op's attributes, as the shape rules read them
+    OpType in[OPS_MAX_IN];       // the inputs' types
     char *err;
     size_t errlen;
 } OpCheck;
@@ -64,25 +67,40 @@ static int32_t out_id(const OpCheck *c, int i) { return c->p->ids[c->op->out + i
 static const PlanTensor *in_t(const OpCheck *c, int i) { return &c->p->tensors[in_id(c, i)]; }
 static const PlanTensor *out_t(const OpCheck *c, int i) { return &c->p->tensors[out_id(c, i)]; }
 
-static Value value_of(const PlanTensor *t)
+static OpType type_of(const PlanTensor *t)
 {
-    Value v = {.dtype = (DType)t->dtype, .rank = t->rank, .producer = -1, .tied_to = -1};
+    OpType v = {.dtype = (DType)t->dtype, .rank = t->rank};
     for (int d = 0; d < t->rank; d++) v.shape[d] = t->shape[d];
     return v;
+}
+
+/* The OpAttrs accessor: attribute `key` of the op being checked, read from the plan. */
+static int find_attr(const void *self, const char *key, OpAttr *out)
+{
+    const OpCheck *c = self;
+    for (int32_t a = 0; a < c->op->n_attr; a++) {
+        const PlanAttr *at = &c->p->attrs[c->op->attr + a];
+        if (strcmp(plan_str(c->p, at->key), key)) continue;
+        int list = at->kind == PLAN_ATTR_INTS;
+        *out = (OpAttr){.kind = at->kind == PLAN_ATTR_INT ? OPA_INT : at->kind == PLAN_ATTR_FLOAT ? OPA_FLOAT : OPA_INTS,
+                        .i = at->i, .f = at->f, .ints = list ? &c->p->ints[at->list] : NULL, .n_ints = list ? at->n_list : 0};
+        return 1;
+    }
+    return 0;
 }
 
 /* "tensor 12 'h.0.attn.w' (f32[64, 192])" into buf. */
 static const char *describe(const OpCheck *c, int32_t id, char *buf, size_t n)
 {
-    Value v = value_of(&c->p->tensors[id]);
+    OpType v = type_of(&c->p->tensors[id]);
     char type[192];
     const char *name = plan_str(c->p, c->p->tensors[id].name);
     snprintf(buf, n, "tensor %d%s%s%s (%s)", id, *name ? " '" : "", name, *name ? "'" : "",
-             ir_type_str(&v, type, sizeof type));
+             op_type_str(&v, type, sizeof type));
     return buf;
 }
 
-static int same_type(const Value *v, const PlanTensor *t)
+static int same_type(const OpType *v, const PlanTensor *t)
 {
     if ((int)v->dtype != (int)t->dtype || v->rank != t->rank) return 0;
     for (int d = 0; d < v->rank; d++)
@@ -96,14 +114,14 @@ static int check_arity(OpCheck *c)
 {
     const OpInfo *info = c->info;
     int n_in = c->op->n_in, n_out = c->op->n_out;
-    int in_ok = info->n_tensors >= 0 ? n_in == info->n_tensors : n_in >= 1 && n_in <= IR_MAX_IN;
-    int out_ok = info->n_out >= 0 ? n_out == info->n_out : n_out >= 1 && n_out <= IR_MAX_OUT;
+    int in_ok = info->n_tensors >= 0 ? n_in == info->n_tensors : n_in >= 1 && n_in <= OPS_MAX_IN;
+    int out_ok = info->n_out >= 0 ? n_out == info->n_out : n_out >= 1 && n_out <= OPS_MAX_OUT;
     if (!in_ok || !out_ok) {
         char want_in[32], want_out[32];
         if (info->n_tensors >= 0) snprintf(want_in, sizeof want_in, "%d", info->n_tensors);
-        else snprintf(want_in, sizeof want_in, "1 to %d", IR_MAX_IN);
+        else snprintf(want_in, sizeof want_in, "1 to %d", OPS_MAX_IN);
         if (info->n_out >= 0) snprintf(want_out, sizeof want_out, "%d", info->n_out);
-        else snprintf(want_out, sizeof want_out, "1 to %d", IR_MAX_OUT);
+        else snprintf(want_out, sizeof want_out, "1 to %d", OPS_MAX_OUT);
         return fail(c, "%d input%s and %d output%s, but the op table's \"%s\" takes %s input(s) and %s output(s)", n_in,
                     n_in == 1 ? "" : "s", n_out, n_out == 1 ? "" : "s", info->sig, want_in, want_out);
     }
@@ -143,24 +161,16 @@ static int check_dims(OpCheck *c)
 
 /* ---- attributes ------------------------------------------------------------------------ */
 
-static int find_param(const OpInfo *info, const char *key)
-{
-    for (int i = 0; i < info->n_params; i++)
-        if (info->params[i].kind != ARG_TENSOR && info->params[i].kind != ARG_TENSORS && !strcmp(info->params[i].name, key))
-            return i;
-    return -1;
-}
-
 /* Every attribute a key of the signature, once, of its kind; the required ones present.
  * Kernels cast ints and flags to int (k_int), so they must fit one. */
 static int check_attrs(OpCheck *c)
 {
     const Plan *p = c->p;
-    int seen[IR_MAX_PARAMS] = {0}, lists = 0;
+    int seen[OPS_MAX_PARAMS] = {0}, lists = 0;
     for (int32_t a = 0; a < c->op->n_attr; a++) {
         const PlanAttr *at = &p->attrs[c->op->attr + a];
         const char *key = plan_str(p, at->key);
-        int i = find_param(c->info, key);
+        int i = op_param_index(c->info, key);
         if (i < 0)
             return fail(c, "attribute '%s' is not in this fsexec's signature \"%s\"; rebuild fsexec or recompile the plan",
                         key, c->info->sig);
@@ -176,9 +186,6 @@ static int check_attrs(OpCheck *c)
         if (kind == ARG_INT && (at->i < INT32_MIN || at->i > INT32_MAX))
             return fail(c, "attribute '%s' is %" PRId64 ", outside the int range kernels read", key, at->i);
         lists += at->kind == PLAN_ATTR_INTS;
-        c->attrs[c->n_attrs++] = (Attr){.key = key, .kind = at->kind == PLAN_ATTR_INT ? ATTR_INT
-                                                           : at->kind == PLAN_ATTR_FLOAT ? ATTR_FLOAT : ATTR_INTS,
-                                        .i = at->i, .f = at->f, .list = at->list, .n_list = at->n_list};
     }
     if (lists > 1) return fail(c, "two list attributes; the CPU kernel ABI takes one");
     for (int i = 0; i < c->info->n_params; i++) {
@@ -189,23 +196,18 @@ static int check_attrs(OpCheck *c)
     return 0;
 }
 
-static int64_t attr_int(const OpCheck *c, const char *key, int64_t def)
-{
-    return ir_attr_int(&c->g, &c->node, key, def);
-}
+static int64_t attr_int(const OpCheck *c, const char *key, int64_t def) { return op_attr_int(&c->attrs, key, def); }
 
 /* ---- shape rules ----------------------------------------------------------------------- */
 
 /* Runs op `as`'s shape rule on `in` with this op's attributes; fails with its message. */
-static int run_rule(OpCheck *c, OpKind as, const Value *const *in, int n_in, ShapeCtx *sc)
+static int run_rule(OpCheck *c, OpKind as, const OpType *in, int n_in, ShapeCtx *sc)
 {
     char why[512] = "";
-    c->node.op = as;
-    *sc = (ShapeCtx){.g = &c->g, .node = &c->node, .n_in = n_in, .n_out = op_info(as)->n_out, .err = why,
-                     .errlen = sizeof why};
+    *sc = (ShapeCtx){.op = as, .attrs = c->attrs, .n_in = n_in, .err = why, .errlen = sizeof why};
     for (int i = 0; i < n_in; i++) sc->in[i] = in[i];
-    int rc = op_info(as)->shape(sc);
-    c->node.op = c->kind;
+    int rc = op_shape(sc);
+    sc->err = NULL, sc->errlen = 0;  // why is gone when this returns
     if (rc == 0) return 0;
     /* The rule names its op; say it once when it is this op's own rule. */
     size_t n = strlen(c->name);
@@ -221,7 +223,7 @@ static int check_outputs(OpCheck *c, const ShapeCtx *sc)
         if (same_type(&sc->out[i], out_t(c, i))) continue;
         char got[256], want[192];
         return fail(c, "output %d, %s, should be %s by the shape rule", i, describe(c, out_id(c, i), got, sizeof got),
-                    ir_type_str(&sc->out[i], want, sizeof want));
+                    op_type_str(&sc->out[i], want, sizeof want));
     }
     return 0;
 }
@@ -248,12 +250,12 @@ static int want_float_inputs(OpCheck *c, int n)
 }
 
 /* Input i must be typed as the forward rule's output `v`. */
-static int want_like(OpCheck *c, int i, const Value *v, const char *role)
+static int want_like(OpCheck *c, int i, const OpType *v, const char *role)
 {
     if (same_type(v, in_t(c, i))) return 0;
     char what[256], want[192];
     return fail(c, "input %d (%s), %s, should be %s", i, role, describe(c, in_id(c, i), what, sizeof what),
-                ir_type_str(v, want, sizeof want));
+                op_type_str(v, want, sizeof want));
 }
 
 static int extra_float2(OpCheck *c) { return want_float_inputs(c, 2); }
@@ -263,7 +265,7 @@ static int extra_float1(OpCheck *c) { return want_float_inputs(c, 1); }
 static int extra_max_bwd(OpCheck *c)
 {
     ShapeCtx sc;
-    const Value *x[] = {&c->in[0]};
+    const OpType x[] = {c->in[0]};
     return run_rule(c, OP_max, x, 1, &sc) || want_like(c, 1, &sc.out[0], "dy");
 }
 
@@ -271,7 +273,7 @@ static int extra_max_bwd(OpCheck *c)
 static int extra_softmax_bwd(OpCheck *c)
 {
     ShapeCtx sc;
-    const Value *y[] = {&c->in[0]};
+    const OpType y[] = {c->in[0]};
     return run_rule(c, OP_softmax, y, 1, &sc) || want_like(c, 1, &sc.out[0], "dy");
 }
 
@@ -279,25 +281,24 @@ static int extra_softmax_bwd(OpCheck *c)
 static int extra_layernorm_bwd(OpCheck *c)
 {
     ShapeCtx sc;
-    const Value *in[] = {&c->in[0], &c->in[1], &c->in[1]};
+    const OpType in[] = {c->in[0], c->in[1], c->in[1]};
     return run_rule(c, OP_layernorm, in, 3, &sc) || want_like(c, 2, &sc.out[0], "dy");
 }
 
 static int extra_rmsnorm_bwd(OpCheck *c)
 {
     ShapeCtx sc;
-    const Value *in[] = {&c->in[0], &c->in[1]};
+    const OpType in[] = {c->in[0], c->in[1]};
     return run_rule(c, OP_rmsnorm, in, 2, &sc) || want_like(c, 2, &sc.out[0], "dy");
 }
 
 /* embedding_bwd(idx, dy; rows): dy is what embedding makes of a [rows, C] table. */
 static int extra_embedding_bwd(OpCheck *c)
 {
-    const Value *dy = &c->in[1];
-    Value table = {.dtype = dy->dtype, .rank = 2, .shape = {attr_int(c, "rows", 0), dy->shape[dy->rank - 1]},
-                   .producer = -1, .tied_to = -1};
+    const OpType *dy = &c->in[1];
+    OpType table = {.dtype = dy->dtype, .rank = 2, .shape = {attr_int(c, "rows", 0), dy->shape[dy->rank - 1]}};
     ShapeCtx sc;
-    const Value *in[] = {&table, &c->in[0]};
+    const OpType in[] = {table, c->in[0]};
     return run_rule(c, OP_embedding, in, 2, &sc) || want_like(c, 1, &sc.out[0], "dy");
 }
 
@@ -305,7 +306,7 @@ static int extra_embedding_bwd(OpCheck *c)
 static int extra_cross_entropy_bwd(OpCheck *c)
 {
     ShapeCtx sc;
-    const Value *in[] = {&c->in[0], &c->in[1]};
+    const OpType in[] = {c->in[0], c->in[1]};
     if (run_rule(c, OP_cross_entropy, in, 2, &sc)) return -1;
     const PlanTensor *g = in_t(c, 2);
     if (g->dtype == PLAN_DT_I32 || plan_tensor_numel(g) != 1) {
@@ -319,7 +320,7 @@ static int extra_cross_entropy_bwd(OpCheck *c)
 static int extra_attention_bwd(OpCheck *c)
 {
     ShapeCtx sc;
-    const Value *in[] = {&c->in[0], &c->in[1], &c->in[2]};
+    const OpType in[] = {c->in[0], c->in[1], c->in[2]};
     return run_rule(c, OP_attention, in, 3, &sc) || want_like(c, 3, &sc.out[0], "o") ||
            want_like(c, 4, &sc.out[1], "lse") || want_like(c, 5, &sc.out[0], "dout");
 }
@@ -384,7 +385,7 @@ static int check_op(OpCheck *c)
     if (c->kind == OP_COUNT || !cpu_kernel_by_name(c->name))
         return fail(c, "plan uses op '%s' that this fsexec does not know; rebuild fsexec", c->name);
     c->info = op_info(c->kind);
-    c->n_attrs = 0;
+    c->attrs = (OpAttrs){c, find_attr};
     if (check_arity(c) || check_dims(c) || check_attrs(c)) return -1;
     /* Inputs are made before they are read: a kernel never sees a buffer of last step. */
     for (int i = 0; i < c->op->n_in; i++) {
@@ -395,16 +396,12 @@ static int check_op(OpCheck *c)
                         describe(c, in_id(c, i), what, sizeof what), pr);
         }
     }
-    c->g.attrs = c->attrs;
-    c->g.n_attrs = c->g.cap_attrs = c->n_attrs;
-    c->node = (Node){.op = c->kind, .attr = 0, .n_attr = c->n_attrs, .group = -1};
-    const Value *in[IR_MAX_IN];
-    for (int i = 0; i < c->op->n_in; i++) c->in[i] = value_of(in_t(c, i)), in[i] = &c->in[i];
+    for (int i = 0; i < c->op->n_in; i++) c->in[i] = type_of(in_t(c, i));
     /* Inputs first (the rule, then what the kernel asks beyond it), then the outputs: a
      * bad input is named as such, not as the wrong output it leads to. */
     ShapeCtx sc;
     if ((c->info->flags & OPF_COLLECTIVE) && check_collective(c)) return -1;
-    if (run_rule(c, c->kind, in, c->op->n_in, &sc) || (extra[c->kind] && extra[c->kind](c))) return -1;
+    if (run_rule(c, c->kind, c->in, c->op->n_in, &sc) || (extra[c->kind] && extra[c->kind](c))) return -1;
     return check_outputs(c, &sc);
 }
 
@@ -412,8 +409,6 @@ int rt_plan_check_ops(const Plan *p, char *err, size_t errlen)
 {
     if (plan_check(p, err, errlen) || rt_plan_check_layout(p, err, errlen)) return -1;
     OpCheck c = {.p = p, .world = plan_meta_int(p, "world", 1), .err = err, .errlen = errlen};
-    c.g.ints = p->ints;
-    c.g.n_ints = c.g.cap_ints = p->n_ints;
     for (c.k = 0; c.k < p->n_ops; c.k++)
         if (check_op(&c)) return -1;
     return rt_plan_check_values(p, err, errlen);

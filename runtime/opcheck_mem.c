@@ -39,7 +39,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ir.h"
+#include "ops.h"
 #include "runtime.h"
 
 enum { ARENA_ALIGN = 64, MAX_WORLD = 1 << 20, MAX_COPIES = 64 };

@@ -81,7 +81,7 @@ void rt_flat_owned(const Plan *p, int32_t storage, int world, RtOwned *o);
 /* ---- runtime/opcheck.c, runtime/opcheck_mem.c: a plan against the op table ------------- */
 
 /* Whether any kernel could refuse the plan: plan_check, then the layout, then every op
- * against the op table (arity, attributes, dims, the IR's shape rule over the plan's
+ * against the op table (arity, attributes, dims, the op's shape rule (ops/) over the plan's
  * dtypes and shapes, what each kernel asks beyond it), then the values kernels index with
  * (rt_plan_check_values). 0, or -1 with a message naming the op ("op 17 (matmul): dtypes
  * differ: f32[8, 16] and bf16[16, 48]"). rt_exec_new runs it; so should anything else

@@ -261,7 +261,7 @@ static void summary(const Graph *g, const TrainConfig *t)
 {
     int64_t params = ir_param_count(g);
     double flops[PHASE_COUNT] = {0};
-    for (int i = 0; i < g->n_nodes; i++) flops[g->nodes[i].phase] += op_info(g->nodes[i].op)->flops(g, &g->nodes[i]);
+    for (int i = 0; i < g->n_nodes; i++) flops[g->nodes[i].phase] += ir_op_hooks(g->nodes[i].op)->flops(g, &g->nodes[i]);
     char num[32], *p = num + sizeof num - 1;
     *p = 0;
     int64_t x = params;

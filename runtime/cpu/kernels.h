@@ -1,4 +1,4 @@
-/* runtime/cpu/kernels.h: the CPU backend's kernels, one per op of ir/ops.def.
+/* runtime/cpu/kernels.h: the CPU backend's kernels, one per op of ops/ops.def.
  *
  * A kernel is a pure function of its call: it reads the input tensors and attributes
  * and writes its outputs (or, for OPF_EFFECT ops such as adamw, updates the inputs the
@@ -11,7 +11,7 @@
  * elements as f32, computes in f32 (sums, statistics, softmax, the loss and GEMM
  * accumulation included) and rounds each output to its dtype to nearest even, once:
  * a 16-bit call gives the f32 kernel's result on the same values, rounded. Outputs
- * take the dtype the shape rule gives (ir/shape.c); the few mixed calls are the ones
+ * take the dtype the shape rule gives (ops/shape.c); the few mixed calls are the ones
  * shape rules allow (cast; cross_entropy's f32 loss; attention's f32 lse; f32 dloss).
  * The optimizer ops (adamw, sgd, clip_coef, ...) take f32 only.
  *
@@ -21,7 +21,7 @@
  * how much a call needs; a kernel blocks its work to fit whatever it is given, and the
  * blocking never changes the result with the thread count. f32 calls never touch it.
  *
- * Attributes are passed by position in the op's signature string (ir/ops.def): for
+ * Attributes are passed by position in the op's signature string (ops/ops.def): for
  * "x, axis:int=-1, keepdim:flag=0", attr[1] is axis and attr[2] keepdim (attr[0], the
  * tensor, is unused). Ints and flags arrive as doubles holding exact integers. An
  * ATTR_INTS attribute (reshape's shape, permute's dims) arrives in ints/n_ints.
@@ -72,8 +72,8 @@ float cpu_f16_to_f32(uint16_t h);
 uint16_t cpu_f32_to_bf16(float f);
 float cpu_bf16_to_f32(uint16_t h);
 
-/* The kernel of each op, by the op's index in ir/ops.def; never NULL. */
-#define OP(name, n_out, flags, sig, grad) void cpu_##name(const KCall *k);
+/* The kernel of each op, by the op's index in ops/ops.def; never NULL. */
+#define OP(name, ...) void cpu_##name(const KCall *k);
 #include "ops.def"
 #undef OP
 

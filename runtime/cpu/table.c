@@ -1,29 +1,22 @@
-/* runtime/cpu/table.c: the CPU kernel of every op, indexed like ir/ops.def, a lookup
+/* runtime/cpu/table.c: the CPU kernel of every op, indexed like ops/ops.def, a lookup
  * by op name for code that knows ops only by the names a plan file stores, and the
  * workspace needs of the few kernels whose 16-bit calls use one. */
-#include <string.h>
-
 #include "cpu_impl.h"
+#include "ops.h"
 
 const CpuKernel cpu_kernels[] = {
-#define OP(name, n_out, flags, sig, grad) cpu_##name,
-#include "ops.def"
-#undef OP
-};
-
-static const char *const names[] = {
-#define OP(name, n_out, flags, sig, grad) #name,
+#define OP(name, ...) cpu_##name,
 #include "ops.def"
 #undef OP
 };
 
 const int cpu_kernel_count = (int)(sizeof cpu_kernels / sizeof *cpu_kernels);
+_Static_assert(sizeof cpu_kernels / sizeof *cpu_kernels == OP_COUNT, "one kernel per op");
 
 CpuKernel cpu_kernel_by_name(const char *name)
 {
-    for (int i = 0; i < cpu_kernel_count; i++)
-        if (!strcmp(names[i], name)) return cpu_kernels[i];
-    return NULL;
+    OpKind k = op_lookup(name);
+    return k == OP_COUNT ? NULL : cpu_kernels[k];
 }
 
 static const struct {

@@ -5,7 +5,7 @@
 # auto (runtime/backend.c): fsexec links no CUDA library. The module links the driver
 # API through the toolkit's stub libcuda.so (the real libcuda.so.1 comes from the driver
 # at run time), NVRTC, cuBLAS, NCCL and MPI (NCCL's id is broadcast over it). It carries
-# its own copy of the plan layer, hidden with everything else but fs_cuda_backend().
+# its own copy of the plan and op layers, hidden with everything else but fs_cuda_backend().
 # Its run path holds the toolkit's library directory and not the stub's, so the stub is
 # never what the loader finds for libcuda.so.1.
 #
@@ -33,7 +33,7 @@ if(FS_CUDA)
   target_include_directories(fs_cuda_host SYSTEM PUBLIC ${CUDAToolkit_INCLUDE_DIRS})
   # NVRTC's library alone: CUDA::nvrtc would bring the driver's libcuda.so.1 with it, which
   # the JIT tests must not need on machines without a driver.
-  target_link_libraries(fs_cuda_host PUBLIC fs_plan ${CUDA_nvrtc_LIBRARY})
+  target_link_libraries(fs_cuda_host PUBLIC fs_plan fs_ops ${CUDA_nvrtc_LIBRARY})
 
   add_library(fs_cuda MODULE runtime/cuda/backend.c runtime/cuda/run.c runtime/cuda/nccl.c)
   target_include_directories(fs_cuda PRIVATE runtime)

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ops.h"
 #include "schedule.h"
 
 
@@ -25,12 +26,16 @@ static CsRange tensor_range(const Plan *p, int32_t id, int rank)
 
 static int overlap(CsRange a, CsRange b) { return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi; }
 
+/* The op table names the collectives (ops.def's comm column); CsCollKind numbers them
+ * as it does. */
+_Static_assert((int)CS_ALL_REDUCE == (int)COMM_ALL_REDUCE && (int)CS_REDUCE_SCATTER == (int)COMM_REDUCE_SCATTER &&
+                   (int)CS_ALL_GATHER == (int)COMM_ALL_GATHER,
+               "CsCollKind is OpComm's collectives");
+
 int cs_coll_kind(const char *op)
 {
-    static const char *const names[CS_COLL_COUNT] = {"all_reduce", "reduce_scatter", "all_gather"};
-    for (int k = 0; k < CS_COLL_COUNT; k++)
-        if (!strcmp(op, names[k])) return k;
-    return -1;
+    OpComm k = op_comm_by_name(op);
+    return k >= 0 && k < (int)CS_COLL_COUNT ? (int)k : -1;
 }
 
 void cs_gemm(const Plan *p, int32_t i, int rank, CsGemm *g)

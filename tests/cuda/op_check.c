@@ -28,7 +28,7 @@
 #include <string.h>
 
 #include "backend.h"
-#include "ir.h"
+#include "ops.h"
 #include "runtime.h"
 
 typedef struct {

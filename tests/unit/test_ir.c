@@ -297,7 +297,7 @@ Test(ir, verify_flag_range)
 
 /* ---- FLOPs ----------------------------------------------------------------------- */
 
-static double flops(int n) { return op_info(g->nodes[n].op)->flops(g, ir_node(g, n)); }
+static double flops(int n) { return ir_op_hooks(g->nodes[n].op)->flops(g, ir_node(g, n)); }
 
 Test(ir, flops_matmul)
 {

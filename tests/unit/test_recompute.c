@@ -29,7 +29,7 @@ static Compiled compile(const char *file, const Define *defs, int n_defs, const 
     Setting set[] = {{"recompute", recompute}, {"shard", shard}, {"precision", precision}};
     Graph *g;
     Compiled c = {sample_compile(file, defs, n_defs, set, 3, &g), {0}};
-    for (int n = 0; n < g->n_nodes; n++) c.flops[g->nodes[n].phase] += op_info(g->nodes[n].op)->flops(g, &g->nodes[n]);
+    for (int n = 0; n < g->n_nodes; n++) c.flops[g->nodes[n].phase] += ir_op_hooks(g->nodes[n].op)->flops(g, &g->nodes[n]);
     ir_graph_free(g);
     return c;
 }

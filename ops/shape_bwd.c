@@ -1,38 +1,38 @@
-/* ir/shape_bwd.c: shape rules of the ops the compiler makes itself: constants, the
+/* ops/shape_bwd.c: shape rules of the ops the compiler makes itself: constants, the
  * backward ops autodiff emits, and the optimizer's ops. They are never written in
  * source, so a failing rule here means a pass built a bad node; the messages still name
  * the shapes, for whoever debugs that pass.
  *
- * Where it sits: with ir/shape.c, called by ir_node_add and ir_verify.
+ * Where it sits: with ops/shape.c, run by ir_node_add, ir_verify and fsexec's plan check.
  */
 #include <inttypes.h>
 #include <string.h>
 
-#include "ir.h"
+#include "ops.h"
 
 static int want_in(ShapeCtx *c, int n)
 {
-    if (c->n_in != n) return shape_fail(c, "%s: expects %d tensors, got %d", op_name(c->node->op), n, c->n_in);
+    if (c->n_in != n) return shape_fail(c, "%s: expects %d tensors, got %d", op_name(c->op), n, c->n_in);
     return 0;
 }
 
 /* Output i typed like value v. */
-static void like(ShapeCtx *c, int i, const Value *v) { shape_set(c, i, v->dtype, v->rank, v->shape); }
+static void like(ShapeCtx *c, int i, const OpType *v) { shape_set(c, i, v->dtype, v->rank, v->shape); }
 
 /* The `shape` attribute as the output's shape, with x's dtype. */
 static int shape_attr(ShapeCtx *c, DType dt)
 {
     int n;
-    const int64_t *s = ir_attr_ints(c->g, c->node, "shape", &n);
-    if (n < 0 || n > IR_MAX_RANK) return shape_fail(c, "%s: rank %d out of range", op_name(c->node->op), n);
+    const int64_t *s = op_attr_ints(&c->attrs, "shape", &n);
+    if (n < 0 || n > OPS_MAX_RANK) return shape_fail(c, "%s: rank %d out of range", op_name(c->op), n);
     for (int i = 0; i < n; i++)
-        if (s[i] < 1) return shape_fail(c, "%s: dim %d of the shape is %" PRId64, op_name(c->node->op), i, s[i]);
+        if (s[i] < 1) return shape_fail(c, "%s: dim %d of the shape is %" PRId64, op_name(c->op), i, s[i]);
     shape_set(c, 0, dt, n, s);
     return 0;
 }
 
 /* Whether `small` broadcasts to `big` (numpy rules, aligned right). */
-static int broadcasts_to(const int64_t *small, int rs, const Value *big)
+static int broadcasts_to(const int64_t *small, int rs, const OpType *big)
 {
     if (rs > big->rank) return 0;
     for (int i = 1; i <= rs; i++)
@@ -42,7 +42,7 @@ static int broadcasts_to(const int64_t *small, int rs, const Value *big)
 
 int shape_full(ShapeCtx *c)
 {
-    int64_t dt = ir_attr_int(c->g, c->node, "dtype", DT_F32);
+    int64_t dt = op_attr_int(&c->attrs, "dtype", DT_F32);
     if (dt < 0 || dt >= DT_COUNT || dt == DT_I32) return shape_fail(c, "full: dtype %" PRId64 " is not a float dtype", dt);
     return want_in(c, 0) ? -1 : shape_attr(c, (DType)dt);
 }
@@ -50,20 +50,20 @@ int shape_full(ShapeCtx *c)
 /* sum_to(x, shape): x reduced to a shape that broadcasts to x's. */
 int shape_sum_to(ShapeCtx *c)
 {
-    if (want_in(c, 1) || shape_attr(c, c->in[0]->dtype)) return -1;
+    if (want_in(c, 1) || shape_attr(c, c->in[0].dtype)) return -1;
     char t[192];
-    if (!broadcasts_to(c->out[0].shape, c->out[0].rank, c->in[0]))
-        return shape_fail(c, "sum_to: shape does not broadcast to %s", ir_type_str(c->in[0], t, sizeof t));
+    if (!broadcasts_to(c->out[0].shape, c->out[0].rank, &c->in[0]))
+        return shape_fail(c, "sum_to: shape does not broadcast to %s", op_type_str(&c->in[0], t, sizeof t));
     return 0;
 }
 
 /* expand(x, shape): x broadcast up to shape. */
 int shape_expand(ShapeCtx *c)
 {
-    if (want_in(c, 1) || shape_attr(c, c->in[0]->dtype)) return -1;
+    if (want_in(c, 1) || shape_attr(c, c->in[0].dtype)) return -1;
     char t[192];
-    if (!broadcasts_to(c->in[0]->shape, c->in[0]->rank, &c->out[0]))
-        return shape_fail(c, "expand: %s does not broadcast to the shape", ir_type_str(c->in[0], t, sizeof t));
+    if (!broadcasts_to(c->in[0].shape, c->in[0].rank, &c->out[0]))
+        return shape_fail(c, "expand: %s does not broadcast to the shape", op_type_str(&c->in[0], t, sizeof t));
     return 0;
 }
 
@@ -72,10 +72,10 @@ static int pointwise_bwd(ShapeCtx *c)
 {
     char a[192], b[192];
     if (want_in(c, 2)) return -1;
-    if (!ir_same_shape(c->in[0], c->in[1]) || c->in[0]->dtype != c->in[1]->dtype)
-        return shape_fail(c, "%s: %s and %s differ", op_name(c->node->op), ir_type_str(c->in[0], a, sizeof a),
-                          ir_type_str(c->in[1], b, sizeof b));
-    like(c, 0, c->in[0]);
+    if (!op_type_same_shape(&c->in[0], &c->in[1]) || c->in[0].dtype != c->in[1].dtype)
+        return shape_fail(c, "%s: %s and %s differ", op_name(c->op), op_type_str(&c->in[0], a, sizeof a),
+                          op_type_str(&c->in[1], b, sizeof b));
+    like(c, 0, &c->in[0]);
     return 0;
 }
 
@@ -91,7 +91,7 @@ int shape_softmax_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
 int shape_max_bwd(ShapeCtx *c)
 {
     if (want_in(c, 2)) return -1;
-    like(c, 0, c->in[0]);
+    like(c, 0, &c->in[0]);
     return 0;
 }
 
@@ -100,11 +100,11 @@ static int norm_bwd(ShapeCtx *c, int n_out)
 {
     if (want_in(c, 3)) return -1;
     char a[192], b[192];
-    if (!ir_same_shape(c->in[0], c->in[2]))
-        return shape_fail(c, "%s: x %s and dy %s differ", op_name(c->node->op), ir_type_str(c->in[0], a, sizeof a),
-                          ir_type_str(c->in[2], b, sizeof b));
-    like(c, 0, c->in[0]);
-    for (int i = 1; i < n_out; i++) like(c, i, c->in[1]);
+    if (!op_type_same_shape(&c->in[0], &c->in[2]))
+        return shape_fail(c, "%s: x %s and dy %s differ", op_name(c->op), op_type_str(&c->in[0], a, sizeof a),
+                          op_type_str(&c->in[2], b, sizeof b));
+    like(c, 0, &c->in[0]);
+    for (int i = 1; i < n_out; i++) like(c, i, &c->in[1]);
     return 0;
 }
 
@@ -115,9 +115,9 @@ int shape_rmsnorm_bwd(ShapeCtx *c) { return norm_bwd(c, 2); }
 int shape_embedding_bwd(ShapeCtx *c)
 {
     if (want_in(c, 2)) return -1;
-    const Value *dy = c->in[1];
-    int64_t s[2] = {ir_attr_int(c->g, c->node, "rows", 0), dy->shape[dy->rank - 1]};
-    if (s[0] < 1 || dy->rank != c->in[0]->rank + 1) return shape_fail(c, "embedding_bwd: bad rows or dy rank");
+    const OpType *dy = &c->in[1];
+    int64_t s[2] = {op_attr_int(&c->attrs, "rows", 0), dy->shape[dy->rank - 1]};
+    if (s[0] < 1 || dy->rank != c->in[0].rank + 1) return shape_fail(c, "embedding_bwd: bad rows or dy rank");
     shape_set(c, 0, dy->dtype, 2, s);
     return 0;
 }
@@ -125,21 +125,21 @@ int shape_embedding_bwd(ShapeCtx *c)
 int shape_cross_entropy_bwd(ShapeCtx *c)
 {
     if (want_in(c, 3)) return -1;
-    like(c, 0, c->in[0]);
+    like(c, 0, &c->in[0]);
     return 0;
 }
 
 int shape_slice(ShapeCtx *c)
 {
     if (want_in(c, 1)) return -1;
-    const Value *x = c->in[0];
-    int64_t axis = ir_attr_int(c->g, c->node, "axis", 0), start = ir_attr_int(c->g, c->node, "start", 0),
-            len = ir_attr_int(c->g, c->node, "len", 0);
+    const OpType *x = &c->in[0];
+    int64_t axis = op_attr_int(&c->attrs, "axis", 0), start = op_attr_int(&c->attrs, "start", 0),
+            len = op_attr_int(&c->attrs, "len", 0);
     char t[192];
     if (axis < 0) axis += x->rank;
     if (axis < 0 || axis >= x->rank || start < 0 || len < 1 || start + len > x->shape[axis])
         return shape_fail(c, "slice: [%" PRId64 ", +%" PRId64 ") along axis %" PRId64 " is outside %s", start, len, axis,
-                          ir_type_str(x, t, sizeof t));
+                          op_type_str(x, t, sizeof t));
     like(c, 0, x);
     c->out[0].shape[axis] = len;
     return 0;
@@ -149,7 +149,7 @@ int shape_slice(ShapeCtx *c)
 int shape_attention_bwd(ShapeCtx *c)
 {
     if (want_in(c, 6)) return -1;
-    for (int i = 0; i < 3; i++) like(c, i, c->in[i]);
+    for (int i = 0; i < 3; i++) like(c, i, &c->in[i]);
     return 0;
 }
 
@@ -175,7 +175,7 @@ int shape_clip_coef(ShapeCtx *c) { return shape_sumsq(c); }
 int shape_count_step(ShapeCtx *c)
 {
     if (want_in(c, 2)) return -1;
-    if (c->in[0]->dtype != DT_I32 || c->in[0]->rank || c->in[1]->rank) return shape_fail(c, "count_step: needs i32 [] and f32 []");
+    if (c->in[0].dtype != DT_I32 || c->in[0].rank || c->in[1].rank) return shape_fail(c, "count_step: needs i32 [] and f32 []");
     c->n_out = 0;
     return 0;
 }
@@ -184,7 +184,7 @@ int shape_count_step(ShapeCtx *c)
 int shape_scale_update(ShapeCtx *c)
 {
     if (want_in(c, 3)) return -1;
-    if (c->in[0]->rank || c->in[1]->rank || c->in[2]->rank || c->in[2]->dtype != DT_I32)
+    if (c->in[0].rank || c->in[1].rank || c->in[2].rank || c->in[2].dtype != DT_I32)
         return shape_fail(c, "scale_update: needs f32 [], f32 [] and i32 []");
     c->n_out = 0;
     return 0;
@@ -196,9 +196,9 @@ static int update(ShapeCtx *c, int n_in, int n_state)
     if (want_in(c, n_in)) return -1;
     char a[192], b[192];
     for (int i = 1; i < n_state; i++)
-        if (!ir_same_shape(c->in[0], c->in[i]))
-            return shape_fail(c, "%s: %s and %s differ", op_name(c->node->op), ir_type_str(c->in[0], a, sizeof a),
-                              ir_type_str(c->in[i], b, sizeof b));
+        if (!op_type_same_shape(&c->in[0], &c->in[i]))
+            return shape_fail(c, "%s: %s and %s differ", op_name(c->op), op_type_str(&c->in[0], a, sizeof a),
+                              op_type_str(&c->in[i], b, sizeof b));
     c->n_out = 0;
     return 0;
 }
@@ -211,17 +211,17 @@ int shape_sgd(ShapeCtx *c) { return update(c, 6, 3); }
 int shape_copy(ShapeCtx *c)
 {
     if (want_in(c, 1)) return -1;
-    like(c, 0, c->in[0]);
+    like(c, 0, &c->in[0]);
     return 0;
 }
 
-static int64_t world_of(ShapeCtx *c) { return ir_attr_int(c->g, c->node, "world", 0); }
+static int64_t world_of(ShapeCtx *c) { return op_attr_int(&c->attrs, "world", 0); }
 
 int shape_all_reduce(ShapeCtx *c)
 {
     if (want_in(c, 1)) return -1;
     if (world_of(c) < 1) return shape_fail(c, "all_reduce: world must be positive");
-    like(c, 0, c->in[0]);
+    like(c, 0, &c->in[0]);
     return 0;
 }
 
@@ -229,11 +229,11 @@ int shape_all_reduce(ShapeCtx *c)
 int shape_reduce_scatter(ShapeCtx *c)
 {
     if (want_in(c, 1)) return -1;
-    int64_t w = world_of(c), n = ir_numel(c->in[0]);
-    if (w < 1 || c->in[0]->rank != 1 || n % w)
+    int64_t w = world_of(c), n = op_type_numel(&c->in[0]);
+    if (w < 1 || c->in[0].rank != 1 || n % w)
         return shape_fail(c, "reduce_scatter: a flat buffer of %" PRId64 " elements does not split over %" PRId64 " ranks", n, w);
     int64_t s = n / w;
-    shape_set(c, 0, c->in[0]->dtype, 1, &s);
+    shape_set(c, 0, c->in[0].dtype, 1, &s);
     return 0;
 }
 
@@ -242,9 +242,9 @@ int shape_all_gather(ShapeCtx *c)
 {
     if (want_in(c, 1)) return -1;
     int64_t w = world_of(c);
-    if (w < 1 || c->in[0]->rank != 1) return shape_fail(c, "all_gather: needs a flat buffer and a positive world");
-    int64_t s = ir_numel(c->in[0]) * w;
-    shape_set(c, 0, c->in[0]->dtype, 1, &s);
+    if (w < 1 || c->in[0].rank != 1) return shape_fail(c, "all_gather: needs a flat buffer and a positive world");
+    int64_t s = op_type_numel(&c->in[0]) * w;
+    shape_set(c, 0, c->in[0].dtype, 1, &s);
     return 0;
 }
 
@@ -252,11 +252,11 @@ int shape_all_gather(ShapeCtx *c)
 int shape_cast(ShapeCtx *c)
 {
     if (want_in(c, 1)) return -1;
-    int64_t to = ir_attr_int(c->g, c->node, "to", 0);
+    int64_t to = op_attr_int(&c->attrs, "to", 0);
     char t[192];
-    if (to < 0 || to >= DT_COUNT || !dtype_is_float((DType)to) || !dtype_is_float(c->in[0]->dtype))
-        return shape_fail(c, "cast: %s to dtype %ld: only float dtypes convert", ir_type_str(c->in[0], t, sizeof t), (long)to);
-    like(c, 0, c->in[0]);
+    if (to < 0 || to >= DT_COUNT || !dtype_is_float((DType)to) || !dtype_is_float(c->in[0].dtype))
+        return shape_fail(c, "cast: %s to dtype %ld: only float dtypes convert", op_type_str(&c->in[0], t, sizeof t), (long)to);
+    like(c, 0, &c->in[0]);
     c->out[0].dtype = (DType)to;
     return 0;
 }

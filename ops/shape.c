@@ -1,25 +1,93 @@
-/* ir/shape.c: the shape rule of every op (shape_NAME, one per ops.def row).
+/* ops/shape.c: the shape rule of every op (shape_NAME, one per ops.def row), and the
+ * types, attributes and helpers the rules share.
  *
- * A rule reads its inputs (c->in) and attributes (ir_attr_*), and fills the dtype, rank
- * and shape of each output in c->out; split also sets c->n_out. On a bad call it returns
- * shape_fail(c, ...) with a short lowercase message that starts with the op's name and
- * names every shape involved, e.g.
+ * A rule reads its inputs (c->in, OpTypes) and attributes (op_attr_* on c->attrs), and
+ * fills the dtype, rank and shape of each output in c->out; split also sets c->n_out.
+ * On a bad call it returns shape_fail(c, ...) with a short lowercase message that
+ * starts with the op's name and names every shape involved, e.g.
  *   matmul: inner dims differ: f32[4, 128] @ f32[256, 64] (128 vs 256)
  * The semantics are PyTorch's; where PyTorch would promote dtypes we demand equal ones
  * (a cast is the precision pass's job, not an op's). i32 tensors are indices: they may
  * be added, subtracted, multiplied, negated and moved around (layout and view ops), and
  * they feed embedding, cross_entropy and arange; every other op wants floats.
  *
- * Where it sits: ir_node_add runs the rule when a node is made, ir_verify re-runs it.
+ * Where it sits: in the op layer, below the IR and the runtime. ir_node_add runs the
+ * rule when a node is made and ir_verify re-runs it (attributes read from the node);
+ * fsexec's plan check (runtime/opcheck.c) runs it on every plan op (attributes read
+ * from the plan). Nothing here knows either.
  */
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
-#include "ir.h"
+#include "ops.h"
 
-#define TYPE(v, buf) ir_type_str((v), (buf), sizeof(buf))
-#define SHAPE(v, buf) ir_shape_str((v), (buf), sizeof(buf))
+#define TYPE(v, buf) op_type_str((v), (buf), sizeof(buf))
+#define SHAPE(v, buf) op_shape_str((v), (buf), sizeof(buf))
+
+/* ---- attributes and types ------------------------------------------------------ */
+
+int64_t op_attr_int(const OpAttrs *a, const char *key, int64_t def)
+{
+    OpAttr v;
+    if (!a->find || !a->find(a->self, key, &v)) return def;
+    return v.kind == OPA_INT ? v.i : v.kind == OPA_FLOAT ? (int64_t)v.f : def;
+}
+
+double op_attr_float(const OpAttrs *a, const char *key, double def)
+{
+    OpAttr v;
+    if (!a->find || !a->find(a->self, key, &v)) return def;
+    return v.kind == OPA_FLOAT ? v.f : v.kind == OPA_INT ? (double)v.i : def;
+}
+
+const int64_t *op_attr_ints(const OpAttrs *a, const char *key, int *len)
+{
+    OpAttr v;
+    if (!a->find || !a->find(a->self, key, &v) || v.kind != OPA_INTS) {
+        *len = 0;
+        return NULL;
+    }
+    *len = v.n_ints;
+    return v.ints;
+}
+
+int64_t op_type_numel(const OpType *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++) n *= t->shape[i];
+    return n;
+}
+
+int op_type_same_shape(const OpType *a, const OpType *b)
+{
+    return a->rank == b->rank && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->rank);
+}
+
+char *op_shape_str(const OpType *t, char *buf, size_t len)
+{
+    size_t at = 0;
+    at += (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < t->rank && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%" PRId64, i ? ", " : "", t->shape[i]);
+    if (at < len) snprintf(buf + at, len - at, "]");
+    return buf;
+}
+
+char *op_type_str(const OpType *t, char *buf, size_t len)
+{
+    char shape[160];
+    snprintf(buf, len, "%s%s", dtype_name(t->dtype), op_shape_str(t, shape, sizeof shape));
+    return buf;
+}
+
+int op_shape(ShapeCtx *c)
+{
+    const OpInfo *info = op_info(c->op);
+    c->n_out = info->n_out;
+    return info->shape(c);
+}
 
 int shape_fail(ShapeCtx *c, const char *fmt, ...)
 {
@@ -32,7 +100,7 @@ int shape_fail(ShapeCtx *c, const char *fmt, ...)
     return -1;
 }
 
-static const char *name_of(const ShapeCtx *c) { return op_name(c->node->op); }
+static const char *name_of(const ShapeCtx *c) { return op_name(c->op); }
 
 /* ---- helpers every rule shares --------------------------------------------------- */
 
@@ -42,21 +110,21 @@ static int want_inputs(ShapeCtx *c, int n)
     return 0;
 }
 
-static int want_float(ShapeCtx *c, const Value *v)
+static int want_float(ShapeCtx *c, const OpType *v)
 {
     char t[192];
     if (!dtype_is_float(v->dtype)) return shape_fail(c, "%s: expects a float tensor, got %s", name_of(c), TYPE(v, t));
     return 0;
 }
 
-static int want_rank(ShapeCtx *c, const Value *v, int min)
+static int want_rank(ShapeCtx *c, const OpType *v, int min)
 {
     char t[192];
     if (v->rank < min) return shape_fail(c, "%s: expects a tensor of rank >= %d, got %s", name_of(c), min, TYPE(v, t));
     return 0;
 }
 
-static int want_same_dtype(ShapeCtx *c, const Value *a, const Value *b)
+static int want_same_dtype(ShapeCtx *c, const OpType *a, const OpType *b)
 {
     char ta[192], tb[192];
     if (a->dtype != b->dtype) return shape_fail(c, "%s: dtypes differ: %s and %s", name_of(c), TYPE(a, ta), TYPE(b, tb));
@@ -64,16 +132,16 @@ static int want_same_dtype(ShapeCtx *c, const Value *a, const Value *b)
 }
 
 /* Output ranks can grow past the limit (heads, embedding, reshape). */
-static int want_out_rank(ShapeCtx *c, int rank, const Value *from)
+static int want_out_rank(ShapeCtx *c, int rank, const OpType *from)
 {
     char t[192];
-    if (rank > IR_MAX_RANK)
-        return shape_fail(c, "%s: result of rank %d exceeds the limit of %d (from %s)", name_of(c), rank, IR_MAX_RANK, TYPE(from, t));
+    if (rank > OPS_MAX_RANK)
+        return shape_fail(c, "%s: result of rank %d exceeds the limit of %d (from %s)", name_of(c), rank, OPS_MAX_RANK, TYPE(from, t));
     return 0;
 }
 
 /* Normalizes a possibly negative axis of a rank-`rank` tensor into [0, rank). */
-static int norm_axis(ShapeCtx *c, const char *what, int64_t axis, const Value *v, int *out)
+static int norm_axis(ShapeCtx *c, const char *what, int64_t axis, const OpType *v, int *out)
 {
     char t[192];
     if (axis < -v->rank || axis >= v->rank)
@@ -89,10 +157,10 @@ void shape_set(ShapeCtx *c, int i, DType dt, int rank, const int64_t *shape)
     for (int d = 0; d < rank; d++) c->out[i].shape[d] = shape[d];
 }
 
-static void same_as(ShapeCtx *c, const Value *v) { shape_set(c, 0, v->dtype, v->rank, v->shape); }
+static void same_as(ShapeCtx *c, const OpType *v) { shape_set(c, 0, v->dtype, v->rank, v->shape); }
 
 /* numpy broadcasting of a's and b's shapes into out. */
-static int broadcast(ShapeCtx *c, const Value *a, const Value *b, int64_t *out, int *rout)
+static int broadcast(ShapeCtx *c, const OpType *a, const OpType *b, int64_t *out, int *rout)
 {
     int ra = a->rank, rb = b->rank, r = ra > rb ? ra : rb;
     for (int i = 1; i <= r; i++) {
@@ -111,10 +179,10 @@ static int broadcast(ShapeCtx *c, const Value *a, const Value *b, int64_t *out, 
 /* ---- matmul and elementwise ------------------------------------------------------ */
 
 /* Applies a transpose flag (matmul's ta / tb) to a copy of an operand. */
-static int transposed(ShapeCtx *c, Value *v, const char *flag)
+static int transposed(ShapeCtx *c, OpType *v, const char *flag)
 {
     char t[192];
-    if (!ir_attr_int(c->g, c->node, flag, 0)) return 0;
+    if (!op_attr_int(&c->attrs, flag, 0)) return 0;
     if (v->rank < 2) return shape_fail(c, "matmul: %s needs a matrix, got %s", flag, TYPE(v, t));
     int64_t last = v->shape[v->rank - 1];
     v->shape[v->rank - 1] = v->shape[v->rank - 2];
@@ -127,8 +195,8 @@ static int transposed(ShapeCtx *c, Value *v, const char *flag)
 int shape_matmul(ShapeCtx *c)
 {
     if (want_inputs(c, 2)) return -1;
-    Value at = *c->in[0], bt = *c->in[1];  // as the product sees them: ta / tb applied
-    const Value *a = &at, *b = &bt;
+    OpType at = c->in[0], bt = c->in[1];  // as the product sees them: ta / tb applied
+    const OpType *a = &at, *b = &bt;
     char ta[192], tb[192];
     if (want_rank(c, a, 1) || want_rank(c, b, 1) || want_float(c, a) || want_float(c, b) || want_same_dtype(c, a, b))
         return -1;
@@ -136,7 +204,7 @@ int shape_matmul(ShapeCtx *c)
     int64_t ka = a->shape[a->rank - 1], kb = b->rank == 1 ? b->shape[0] : b->shape[b->rank - 2];
     if (ka != kb)
         return shape_fail(c, "matmul: inner dims differ: %s @ %s (%" PRId64 " vs %" PRId64 ")", TYPE(a, ta), TYPE(b, tb), ka, kb);
-    int64_t shape[IR_MAX_RANK];
+    int64_t shape[OPS_MAX_RANK];
     int rank = 0;
     if (a->rank >= 2 && b->rank >= 2) {
         int ra = a->rank - 2, rb = b->rank - 2;
@@ -165,10 +233,10 @@ int shape_matmul(ShapeCtx *c)
 static int binary(ShapeCtx *c, int ints_ok)
 {
     if (want_inputs(c, 2)) return -1;
-    const Value *a = c->in[0], *b = c->in[1];
+    const OpType *a = &c->in[0], *b = &c->in[1];
     if (want_same_dtype(c, a, b)) return -1;
     if (!ints_ok && (want_float(c, a) || want_float(c, b))) return -1;
-    int64_t shape[IR_MAX_RANK];
+    int64_t shape[OPS_MAX_RANK];
     int rank = 0;
     if (broadcast(c, a, b, shape, &rank)) return -1;
     shape_set(c, 0, a->dtype, rank, shape);
@@ -184,8 +252,8 @@ int shape_div(ShapeCtx *c) { return binary(c, 0); }
 static int unary(ShapeCtx *c, int ints_ok)
 {
     if (want_inputs(c, 1)) return -1;
-    if (!ints_ok && want_float(c, c->in[0])) return -1;
-    same_as(c, c->in[0]);
+    if (!ints_ok && want_float(c, &c->in[0])) return -1;
+    same_as(c, &c->in[0]);
     return 0;
 }
 
@@ -205,12 +273,12 @@ int shape_silu(ShapeCtx *c) { return unary(c, 0); }
 static int reduce(ShapeCtx *c)
 {
     if (want_inputs(c, 1)) return -1;
-    const Value *x = c->in[0];
+    const OpType *x = &c->in[0];
     int axis = 0;
-    if (want_float(c, x) || want_rank(c, x, 1) || norm_axis(c, "axis", ir_attr_int(c->g, c->node, "axis", -1), x, &axis))
+    if (want_float(c, x) || want_rank(c, x, 1) || norm_axis(c, "axis", op_attr_int(&c->attrs, "axis", -1), x, &axis))
         return -1;
-    int keep = ir_attr_int(c->g, c->node, "keepdim", 0) != 0;
-    int64_t shape[IR_MAX_RANK];
+    int keep = op_attr_int(&c->attrs, "keepdim", 0) != 0;
+    int64_t shape[OPS_MAX_RANK];
     int rank = 0;
     for (int d = 0; d < x->rank; d++) {
         if (d != axis) shape[rank++] = x->shape[d];
@@ -228,15 +296,15 @@ int shape_softmax(ShapeCtx *c)
 {
     if (want_inputs(c, 1)) return -1;
     int axis = 0;
-    if (want_float(c, c->in[0]) || want_rank(c, c->in[0], 1) ||
-        norm_axis(c, "axis", ir_attr_int(c->g, c->node, "axis", -1), c->in[0], &axis))
+    if (want_float(c, &c->in[0]) || want_rank(c, &c->in[0], 1) ||
+        norm_axis(c, "axis", op_attr_int(&c->attrs, "axis", -1), &c->in[0], &axis))
         return -1;
-    same_as(c, c->in[0]);
+    same_as(c, &c->in[0]);
     return 0;
 }
 
 /* A norm's weight (and bias) must be [C], C the last dim of x, of x's dtype. */
-static int want_channel_vec(ShapeCtx *c, const Value *x, const Value *w, const char *what)
+static int want_channel_vec(ShapeCtx *c, const OpType *x, const OpType *w, const char *what)
 {
     char tx[192], tw[192];
     int64_t C = x->shape[x->rank - 1];
@@ -247,7 +315,7 @@ static int want_channel_vec(ShapeCtx *c, const Value *x, const Value *w, const c
 
 static int want_eps(ShapeCtx *c)
 {
-    double eps = ir_attr_float(c->g, c->node, "eps", 1e-5);
+    double eps = op_attr_float(&c->attrs, "eps", 1e-5);
     if (!(eps >= 0)) return shape_fail(c, "%s: eps must be >= 0, got %g", name_of(c), eps);
     return 0;
 }
@@ -255,9 +323,9 @@ static int want_eps(ShapeCtx *c)
 int shape_layernorm(ShapeCtx *c)
 {
     if (want_inputs(c, 3)) return -1;
-    const Value *x = c->in[0];
-    if (want_float(c, x) || want_rank(c, x, 1) || want_channel_vec(c, x, c->in[1], "weight") ||
-        want_channel_vec(c, x, c->in[2], "bias") || want_eps(c))
+    const OpType *x = &c->in[0];
+    if (want_float(c, x) || want_rank(c, x, 1) || want_channel_vec(c, x, &c->in[1], "weight") ||
+        want_channel_vec(c, x, &c->in[2], "bias") || want_eps(c))
         return -1;
     same_as(c, x);
     return 0;
@@ -266,8 +334,8 @@ int shape_layernorm(ShapeCtx *c)
 int shape_rmsnorm(ShapeCtx *c)
 {
     if (want_inputs(c, 2)) return -1;
-    const Value *x = c->in[0];
-    if (want_float(c, x) || want_rank(c, x, 1) || want_channel_vec(c, x, c->in[1], "weight") || want_eps(c)) return -1;
+    const OpType *x = &c->in[0];
+    if (want_float(c, x) || want_rank(c, x, 1) || want_channel_vec(c, x, &c->in[1], "weight") || want_eps(c)) return -1;
     same_as(c, x);
     return 0;
 }
@@ -277,14 +345,14 @@ int shape_rmsnorm(ShapeCtx *c)
 int shape_embedding(ShapeCtx *c)
 {
     if (want_inputs(c, 2)) return -1;
-    const Value *table = c->in[0], *idx = c->in[1];
+    const OpType *table = &c->in[0], *idx = &c->in[1];
     char tt[192], ti[192];
     if (table->rank != 2 || !dtype_is_float(table->dtype))
         return shape_fail(c, "embedding: table must be a float [V, C] tensor, got %s (indices %s)", TYPE(table, tt), TYPE(idx, ti));
     if (idx->dtype != DT_I32)
         return shape_fail(c, "embedding: indices must be i32, got %s (table %s)", TYPE(idx, ti), TYPE(table, tt));
     if (want_out_rank(c, idx->rank + 1, idx)) return -1;
-    int64_t shape[IR_MAX_RANK];
+    int64_t shape[OPS_MAX_RANK];
     memcpy(shape, idx->shape, sizeof(int64_t) * (size_t)idx->rank);
     shape[idx->rank] = table->shape[1];
     shape_set(c, 0, table->dtype, idx->rank + 1, shape);
@@ -295,7 +363,7 @@ int shape_embedding(ShapeCtx *c)
 int shape_cross_entropy(ShapeCtx *c)
 {
     if (want_inputs(c, 2)) return -1;
-    const Value *lg = c->in[0], *tg = c->in[1];
+    const OpType *lg = &c->in[0], *tg = &c->in[1];
     char tl[192], tt[192];
     if (want_float(c, lg) || want_rank(c, lg, 1)) return -1;
     if (tg->dtype != DT_I32)
@@ -303,7 +371,7 @@ int shape_cross_entropy(ShapeCtx *c)
     int ok = tg->rank == lg->rank - 1;
     for (int d = 0; ok && d < tg->rank; d++) ok = tg->shape[d] == lg->shape[d];
     if (!ok) {
-        Value lead = *lg;
+        OpType lead = *lg;
         lead.rank = lg->rank - 1;
         char want[160];
         return shape_fail(c, "cross_entropy: targets %s do not match logits %s (expected %s)", TYPE(tg, tt), TYPE(lg, tl),
@@ -318,11 +386,11 @@ int shape_cross_entropy(ShapeCtx *c)
 int shape_reshape(ShapeCtx *c)
 {
     if (want_inputs(c, 1)) return -1;
-    const Value *x = c->in[0];
+    const OpType *x = &c->in[0];
     int n;
-    const int64_t *dims = ir_attr_ints(c->g, c->node, "shape", &n);
+    const int64_t *dims = op_attr_ints(&c->attrs, "shape", &n);
     char tx[192], want[192];
-    Value to = {.rank = n <= IR_MAX_RANK ? n : 0};  // only for printing the request
+    OpType to = {.rank = n <= OPS_MAX_RANK ? n : 0};  // only for printing the request
     for (int d = 0; d < to.rank; d++) to.shape[d] = dims[d];
     if (want_out_rank(c, n, x)) return -1;
     int64_t known = 1;
@@ -336,7 +404,7 @@ int shape_reshape(ShapeCtx *c)
             return shape_fail(c, "reshape: %s has more than 2^48 elements (input %s)", SHAPE(&to, want), TYPE(x, tx));
         else known *= dims[d];
     }
-    int64_t numel = ir_numel(x);
+    int64_t numel = op_type_numel(x);
     if (infer >= 0 ? numel % known != 0 : numel != known)
         return shape_fail(c, "reshape: cannot reshape %s (%" PRId64 " elements) to %s", TYPE(x, tx), numel, SHAPE(&to, want));
     if (infer >= 0) to.shape[infer] = numel / known;
@@ -347,10 +415,10 @@ int shape_reshape(ShapeCtx *c)
 int shape_transpose(ShapeCtx *c)
 {
     if (want_inputs(c, 1)) return -1;
-    const Value *x = c->in[0];
+    const OpType *x = &c->in[0];
     int a = 0, b = 0;
-    if (norm_axis(c, "dim", ir_attr_int(c->g, c->node, "a", -2), x, &a) ||
-        norm_axis(c, "dim", ir_attr_int(c->g, c->node, "b", -1), x, &b))
+    if (norm_axis(c, "dim", op_attr_int(&c->attrs, "a", -2), x, &a) ||
+        norm_axis(c, "dim", op_attr_int(&c->attrs, "b", -1), x, &b))
         return -1;
     same_as(c, x);
     c->out[0].shape[a] = x->shape[b];
@@ -361,13 +429,13 @@ int shape_transpose(ShapeCtx *c)
 int shape_permute(ShapeCtx *c)
 {
     if (want_inputs(c, 1)) return -1;
-    const Value *x = c->in[0];
+    const OpType *x = &c->in[0];
     int n;
-    const int64_t *dims = ir_attr_ints(c->g, c->node, "dims", &n);
+    const int64_t *dims = op_attr_ints(&c->attrs, "dims", &n);
     char tx[192];
     if (n != x->rank) return shape_fail(c, "permute: %d dims given for %s (rank %d)", n, TYPE(x, tx), x->rank);
-    int seen[IR_MAX_RANK] = {0};
-    int64_t shape[IR_MAX_RANK];
+    int seen[OPS_MAX_RANK] = {0};
+    int64_t shape[OPS_MAX_RANK];
     for (int i = 0; i < n; i++) {
         int d = 0;
         if (norm_axis(c, "dim", dims[i], x, &d)) return -1;
@@ -381,13 +449,13 @@ int shape_permute(ShapeCtx *c)
 int shape_split(ShapeCtx *c)
 {
     if (want_inputs(c, 1)) return -1;
-    const Value *x = c->in[0];
-    int64_t n = ir_attr_int(c->g, c->node, "n", 1);
+    const OpType *x = &c->in[0];
+    int64_t n = op_attr_int(&c->attrs, "n", 1);
     int axis = 0;
     char tx[192], sx[160];
-    if (n < 1 || n > IR_MAX_OUT)
-        return shape_fail(c, "split: n must be in [1, %d], got %" PRId64 " (input %s)", IR_MAX_OUT, n, TYPE(x, tx));
-    if (want_rank(c, x, 1) || norm_axis(c, "axis", ir_attr_int(c->g, c->node, "axis", -1), x, &axis)) return -1;
+    if (n < 1 || n > OPS_MAX_OUT)
+        return shape_fail(c, "split: n must be in [1, %d], got %" PRId64 " (input %s)", OPS_MAX_OUT, n, TYPE(x, tx));
+    if (want_rank(c, x, 1) || norm_axis(c, "axis", op_attr_int(&c->attrs, "axis", -1), x, &axis)) return -1;
     if (x->shape[axis] % n)
         return shape_fail(c, "split: dim %d of %s (%" PRId64 ") is not divisible by %" PRId64, axis, SHAPE(x, sx),
                           x->shape[axis], n);
@@ -403,12 +471,12 @@ int shape_concat(ShapeCtx *c)
 {
     char ta[192], tb[192];
     if (c->n_in < 1) return shape_fail(c, "concat: expects at least 1 tensor, got 0");
-    const Value *a = c->in[0];
+    const OpType *a = &c->in[0];
     int axis = 0;
-    if (want_rank(c, a, 1) || norm_axis(c, "axis", ir_attr_int(c->g, c->node, "axis", -1), a, &axis)) return -1;
+    if (want_rank(c, a, 1) || norm_axis(c, "axis", op_attr_int(&c->attrs, "axis", -1), a, &axis)) return -1;
     int64_t total = 0;
     for (int i = 0; i < c->n_in; i++) {
-        const Value *b = c->in[i];
+        const OpType *b = &c->in[i];
         if (want_same_dtype(c, a, b)) return -1;
         if (b->rank != a->rank)
             return shape_fail(c, "concat: ranks differ: %s and %s (input %d)", TYPE(a, ta), TYPE(b, tb), i);
@@ -427,8 +495,8 @@ int shape_concat(ShapeCtx *c)
 int shape_heads(ShapeCtx *c)
 {
     if (want_inputs(c, 1)) return -1;
-    const Value *x = c->in[0];
-    int64_t n = ir_attr_int(c->g, c->node, "n", 1);
+    const OpType *x = &c->in[0];
+    int64_t n = op_attr_int(&c->attrs, "n", 1);
     char tx[192];
     if (want_rank(c, x, 2) || want_out_rank(c, x->rank + 1, x)) return -1;
     int r = x->rank;
@@ -446,7 +514,7 @@ int shape_heads(ShapeCtx *c)
 int shape_merge_heads(ShapeCtx *c)
 {
     if (want_inputs(c, 1)) return -1;
-    const Value *x = c->in[0];
+    const OpType *x = &c->in[0];
     if (want_rank(c, x, 3)) return -1;
     int r = x->rank;
     shape_set(c, 0, x->dtype, r - 1, x->shape);
@@ -460,11 +528,11 @@ int shape_merge_heads(ShapeCtx *c)
 int shape_rope(ShapeCtx *c)
 {
     if (want_inputs(c, 1)) return -1;
-    const Value *x = c->in[0];
+    const OpType *x = &c->in[0];
     char tx[192];
     if (want_float(c, x) || want_rank(c, x, 2)) return -1;
     if (x->shape[x->rank - 1] % 2) return shape_fail(c, "rope: last dim of %s must be even", TYPE(x, tx));
-    double theta = ir_attr_float(c->g, c->node, "theta", 10000);
+    double theta = op_attr_float(&c->attrs, "theta", 10000);
     if (!(theta > 0)) return shape_fail(c, "rope: theta must be positive, got %g", theta);
     same_as(c, x);
     return 0;
@@ -475,10 +543,10 @@ int shape_rope(ShapeCtx *c)
 int shape_attention(ShapeCtx *c)
 {
     if (want_inputs(c, 3)) return -1;
-    const Value *q = c->in[0], *k = c->in[1], *v = c->in[2];
+    const OpType *q = &c->in[0], *k = &c->in[1], *v = &c->in[2];
     char tq[192], tk[192], tv[192];
     for (int i = 0; i < 3; i++)
-        if (want_float(c, c->in[i]) || want_rank(c, c->in[i], 2)) return -1;
+        if (want_float(c, &c->in[i]) || want_rank(c, &c->in[i], 2)) return -1;
     if (want_same_dtype(c, q, k) || want_same_dtype(c, q, v)) return -1;
     int r = q->rank;
     if (k->rank != r || v->rank != r)
@@ -493,7 +561,7 @@ int shape_attention(ShapeCtx *c)
     if (v->shape[r - 2] != S)
         return shape_fail(c, "attention: k and v lengths differ: k %s, v %s (%" PRId64 " vs %" PRId64 ")", TYPE(k, tk), TYPE(v, tv),
                           S, v->shape[r - 2]);
-    if (ir_attr_int(c->g, c->node, "causal", 0) && T != S)
+    if (op_attr_int(&c->attrs, "causal", 0) && T != S)
         return shape_fail(c, "attention: causal needs equal lengths: q %s, k %s (%" PRId64 " vs %" PRId64 ")", TYPE(q, tq),
                           TYPE(k, tk), T, S);
     shape_set(c, 0, q->dtype, r, q->shape);
@@ -507,7 +575,7 @@ int shape_attention(ShapeCtx *c)
 int shape_arange(ShapeCtx *c)
 {
     if (want_inputs(c, 0)) return -1;
-    int64_t n = ir_attr_int(c->g, c->node, "n", 0);
+    int64_t n = op_attr_int(&c->attrs, "n", 0);
     if (n < 1) return shape_fail(c, "arange: n must be positive, got %" PRId64, n);
     shape_set(c, 0, DT_I32, 1, &n);
     return 0;
