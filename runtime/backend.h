@@ -1,5 +1,5 @@
-/* runtime/backend.h: the table of functions a device backend gives fsexec, and how
- * fsexec finds one.
+/* runtime/backend.h: the table of functions a backend gives the step loop (step.c): the
+ * CPU one (backend_cpu.c) or a device backend, and how fsexec finds one.
  *
  * The CPU executor (runtime/exec.c) always exists: it is the HOST MIRROR of the arena.
  * It initializes params and optimizer state, the data loader writes each batch into it,
@@ -28,10 +28,11 @@
 
 #include "plan.h"
 
-#define RT_BACKEND_ABI 1
+#define RT_BACKEND_ABI 2
 #define RT_BACKEND_SYMBOL "fs_cuda_backend"
 
 typedef struct RtBackend RtBackend;
+typedef struct Exec Exec;
 
 typedef struct {
     const Plan *plan;         // checked by plan_read; must outlive the backend
@@ -40,6 +41,7 @@ typedef struct {
     int local_rank;           // this rank's index on its machine; -1 when unknown
     int tf32;                 // f32 GEMMs may use TF32 tensor cores
     int verbose;              // say on stderr what setup does (compile, cache)
+    Exec *exec;               // the host mirror (the CPU backend runs on it; CUDA ignores it)
 } RtBackendOptions;
 
 /* What a made backend took, for the start line and the memory report. Bytes are
@@ -87,6 +89,11 @@ typedef struct {
 } RtBackendOps;
 
 typedef const RtBackendOps *(*RtBackendEntry)(void);
+
+/* ---- runtime/backend_cpu.c ---------------------------------------------------------- */
+
+/* The CPU backend: the Exec of RtBackendOptions.exec runs the steps on the host mirror. */
+const RtBackendOps *rt_backend_cpu(void);
 
 /* ---- runtime/backend.c: finding and loading a backend ------------------------------ */
 

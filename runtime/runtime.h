@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "backend.h"
 #include "plan.h"
 
 /* The version of fsexec; the same as FS_VERSION in ir/ir.h (a unit test holds them
@@ -431,5 +432,72 @@ void rt_watchdog_detach(void);
 int64_t rt_watchdog_enter(int32_t op);
 void rt_watchdog_wait(int64_t seq, const Plan *p, int32_t op, const char *what);
 void rt_watchdog_waited(void);
+
+/* ---- runtime/device.c: where the steps run, behind one backend table --------------- */
+
+typedef enum { RT_DEVICE_AUTO, RT_DEVICE_CPU, RT_DEVICE_CUDA, RT_DEVICE_COUNT } RtDeviceKind;
+
+typedef struct {
+    const RtBackendOps *ops;  // the backend that runs the steps: rt_backend_cpu() or CUDA's
+    RtBackend *b;             // made by rt_device_open
+    char name[200];           // for the start line: "cuda:0 NVIDIA H200 (sm_90)", "cpu (no CUDA driver)"
+    int32_t *up, *down;       // each step: the inputs up before it, the reported outputs down after
+    int n_up, n_down;
+    int32_t *step;            // the plan's step input in the host mirror, written before each step; or NULL
+} RtDevice;
+
+/* Chooses the backend for `want`: CUDA for RT_DEVICE_CUDA, and for RT_DEVICE_AUTO when
+ * every rank has a GPU and the plan a CUDA program (debug modes: the CPU); else the CPU,
+ * with the reason in d->name. Every rank calls it and they agree. 0, or 1 after a
+ * message prefixed by `who` (RT_DEVICE_CUDA where it cannot run). */
+int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, const char *who);
+/* Makes the chosen backend from e as it is now (initialized, weights loaded); the ids
+ * in `report` (-1: none) come down after each step. 0, or -1 after a message. */
+int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, const int32_t *report, int n_report);
+int rt_device_is_cpu(const RtDevice *d);
+/* Ops [from, to) of the step the last rt_device_step_in wrote; the whole step (graph: as
+ * a captured CUDA graph, after the first). */
+int rt_device_run_ops(RtDevice *d, int32_t from, int32_t to);
+int rt_device_run_step(RtDevice *d, int graph);
+/* Tensors up to the device from the host mirror (up), or down into it (nothing on the CPU). */
+int rt_device_move(RtDevice *d, Exec *e, int up, const int32_t *ids, int n);
+/* The step's moves: its step number and inputs up, its reports down. */
+int rt_device_step_in(RtDevice *d, Exec *e, int64_t step);
+int rt_device_step_out(RtDevice *d, Exec *e);
+/* Down into the host mirror: every tensor of the roles (a bit each); roots only unless
+ * `views` (a view lies in its root's bytes). */
+int rt_device_download_roles(RtDevice *d, Exec *e, unsigned roles, int views);
+/* A device backend's memory and kernels, two lines for the start; nothing for the CPU. */
+void rt_device_report(const RtDevice *d, FILE *out);
+/* Prints the backend's last failure (it names the rank, the call, the op) with the step
+ * (step > 0). */
+void rt_device_print_error(const RtDevice *d, int64_t step);
+void rt_device_close(RtDevice *d);
+
+/* ---- runtime/step.c: the step loop ----------------------------------------------------- */
+
+typedef struct {
+    int64_t steps;
+    int64_t overflow_at;      // debug: the fp16 backward seed (PLAN_SR_LOSS_SEED) made infinite at this step
+    const char *save_grads;   // step 1's gradients into this file (world 1), or NULL
+    int cuda_graph;           // a device backend captures step 2 and replays it
+    int debug_nan;            // the run fills dead buffers with NaN (the message for a NaN loss says so)
+    const char *who;          // before every message: "fsexec", "[rank 3] fsexec"
+    const char *path;         // the plan's path, for messages
+    int rank, world;
+} RtTrainOptions;
+
+enum { RT_TRAIN_LOCAL = -1 };  // an error of this rank alone: the caller ends every rank
+
+/* The steps: each step's batch (rt_data_fill) into the host mirror, its inputs up, the
+ * step on the device, the reported scalars down, a progress line (rank 0: *progress;
+ * ended and set to NULL when a step fails). Every figure comes from a tensor found by
+ * its step role. 0; 1 after a message every rank prints alike (a loss that is not
+ * finite); RT_TRAIN_LOCAL after a message about this rank's error. Allocates nothing
+ * (but --save-grads' file). */
+int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTrainOptions *o);
+/* The ids a device sends down after each step (for rt_device_open): the loss, the
+ * scalars of the progress line, a classifier's logits. Fills ids (8 entries); the count. */
+int rt_train_reported(const Exec *e, const RtData *data, int32_t *ids);
 
 #endif

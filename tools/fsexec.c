@@ -3,15 +3,11 @@
  * save what was asked. Exit status: 0 done, 1 an error (a bad plan, an unreadable file,
  * a loss that is not finite), 2 a usage error or something this build cannot do.
  *
- * The step loop allocates nothing: data fill, kernels, reading the scalar outputs and
- * one progress line. The one exception is --save-grads, which writes a file in step 1,
- * between backward and the optimizer (where every gradient is complete and live).
- *
- * Devices: the CPU Exec always exists; it is the host mirror of the arena (init, data,
- * weights files). With --device cuda (or auto, on a machine with a GPU) the CUDA backend
- * (runtime/backend.h, loaded with dlopen) runs the steps on a copy of that arena: each
- * step's inputs go up, the outputs the progress line reads come down, and every
- * persistent tensor comes down before weights are saved.
+ * The step loop is the runtime's (runtime/step.c), and the backend that runs it is
+ * chosen behind one table (runtime/device.c): the CPU's, or with --device cuda (or auto,
+ * on a machine with a GPU) the CUDA backend (runtime/backend.h, loaded with dlopen),
+ * which runs the steps on a device copy of the CPU Exec's arena (the host mirror: init,
+ * data, weights files).
  *
  * Ranks: a plan for a world of N runs as N processes started by mpirun, srun, or
  * `fsexec --nproc N` (which checks N against the plan's world, then execs mpirun on
@@ -30,7 +26,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fsexec_device.h"
 #include "runtime.h"
 
 static const char USAGE[] =
@@ -106,7 +101,7 @@ typedef struct {
     int64_t steps;
     uint64_t seed;
     int has_seed, threads, log_every, debug_nan, debug_guard;
-    int device, cuda_graph, tf32;  // device: DEV_*
+    int device, cuda_graph, tf32;  // device: RtDeviceKind
     RtDataOrder order;
     RtTokenFormat data_format;  // --data-format (0: auto)
     int64_t nproc, timeout;  // --nproc (0: not given), --timeout seconds
@@ -224,7 +219,7 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
     case V_OVERFLOW_AT: return parse_int(flag, v, 1, INT32_MAX, &f->overflow_at) ? 2 : 0;
     case V_DEVICE:
         if (!strcmp(v, "auto") || !strcmp(v, "cpu") || !strcmp(v, "cuda")) {
-            f->device = v[0] == 'a' ? DEV_AUTO : v[1] == 'p' ? DEV_CPU : DEV_CUDA;
+            f->device = v[0] == 'a' ? RT_DEVICE_AUTO : v[1] == 'p' ? RT_DEVICE_CPU : RT_DEVICE_CUDA;
             return 0;
         }
         return usage_error("--device: expected 'auto', 'cpu' or 'cuda', got '%s'", v);
@@ -281,36 +276,11 @@ static int parse_args(int argc, char **argv, Flags *f)
     if (f->inspect && f->plan) return usage_error("--inspect takes one plan; '%s' is extra", f->plan);
     if (!f->inspect && !f->plan) return usage_error("%s", "no plan given");
     if (f->save_grads && f->steps == 0) return usage_error("%s", "--save-grads needs at least one step");
-    if (f->device == DEV_CPU && (f->cuda_graph || f->tf32))
+    if (f->device == RT_DEVICE_CPU && (f->cuda_graph || f->tf32))
         return usage_error("%s needs a CUDA device (--device cuda or auto)", f->cuda_graph ? "--cuda-graph" : "--tf32");
-    if (f->device == DEV_CUDA && (f->debug_nan || f->debug_guard))
+    if (f->device == RT_DEVICE_CUDA && (f->debug_nan || f->debug_guard))
         return usage_error("%s checks the CPU backend's buffers; run it with --device cpu",
                            f->debug_nan ? "--debug-nan" : "--debug-guard");
-    return 0;
-}
-
-/* The f32 scalar with step role r, or NULL. */
-static const float *scalar_output(const Exec *e, PlanStepRole r)
-{
-    RtTensor t;
-    int32_t id = plan_role_tensor(rt_exec_plan(e), r);
-    if (id == PLAN_NONE) return NULL;
-    rt_exec_tensor_id(e, id, &t);
-    return t.dtype == PLAN_DT_F32 && t.numel == 1 ? t.data : NULL;
-}
-
-/* For classifiers: logits [B, K] f32 among the outputs and labels i32 [B]. */
-static int accuracy_inputs(const Exec *e, const float **logits, const int32_t **y, int64_t *B, int64_t *K)
-{
-    const Plan *p = rt_exec_plan(e);
-    int32_t xi, yi, li = rt_plan_logits(p);
-    if (li == PLAN_NONE || rt_data_inputs(p, &xi, &yi)) return -1;
-    RtTensor lt, yt;
-    rt_exec_tensor_id(e, li, &lt);
-    rt_exec_tensor_id(e, yi, &yt);
-    if (lt.dtype != PLAN_DT_F32 || lt.rank != 2 || yt.dtype != PLAN_DT_I32 || yt.rank != 1 || yt.shape[0] != lt.shape[0])
-        return -1;
-    *logits = lt.data, *y = yt.data, *B = lt.shape[0], *K = lt.shape[1];
     return 0;
 }
 
@@ -318,7 +288,7 @@ typedef struct {
     Exec *e;               // runs the steps on the CPU, or is the device's host mirror
     RtData *data;
     Progress *progress;
-    Device dev;            // the device that runs the steps (dev.b NULL: the CPU)
+    RtDevice dev;          // the backend that runs the steps (the CPU's or a device's)
 } Run;
 
 /* Ends the progress display (its summary line) once; 0, or 1 after a message. */
@@ -334,7 +304,7 @@ static int end_progress(Run *r)
 static void run_free(Run *r)
 {
     end_progress(r);
-    device_close(&r->dev);
+    rt_device_close(&r->dev);
     rt_data_close(r->data);
     rt_exec_free(r->e);
 }
@@ -374,7 +344,7 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
     }
     char num[32], mem[32], threads[80] = "";
     size_str(rt_exec_arena_bytes(r->e), mem, sizeof mem);
-    if (!r->dev.b) {  // the CPU's threads, and the kernels' workspace outside the arena (16-bit plans)
+    if (rt_device_is_cpu(&r->dev)) {  // the CPU's threads, and the kernels' workspace outside the arena (16-bit plans)
         char work[32];
         int n = snprintf(threads, sizeof threads, " | %d thread%s", rt_threads(), rt_threads() == 1 ? "" : "s");
         if (rt_exec_work_bytes(r->e) > 0)
@@ -388,92 +358,19 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
             PRIu64 "%s%s%s\n", plan_meta_str(p, "model", "model"), r->dev.name, grouped(params, num, sizeof num), mem,
             my_world > 1 ? " per rank" : "", threads, ranks, rt_data_describe(r->data), f->steps,
             f->steps == 1 ? "" : "s", seed, f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "",
-            r->dev.b && f->cuda_graph ? " | cuda-graph" : "", r->dev.b && f->tf32 ? " | tf32" : "");
-    device_report(&r->dev, stderr);
+            !rt_device_is_cpu(&r->dev) && f->cuda_graph ? " | cuda-graph" : "", !rt_device_is_cpu(&r->dev) && f->tf32 ? " | tf32" : "");
+    rt_device_report(&r->dev, stderr);
 }
 
-/* The step loop; 0, or 1 after a message (an error on this rank alone ends every rank). */
+/* The step loop (runtime/step.c); 0, or 1 after a message (an error on this rank alone
+ * ends every rank). */
 static int train(Run *r, const Flags *f, const char *path)
 {
-    char err[512];
-    const Plan *p = rt_exec_plan(r->e);
-    const float *loss = scalar_output(r->e, PLAN_SR_LOSS), *lr = scalar_output(r->e, PLAN_SR_LR),
-                *norm = scalar_output(r->e, PLAN_SR_GRAD_NORM), *logits = NULL;
-    if (!loss) {
-        fprintf(stderr, "%s: %s: the plan has no f32 scalar loss (step role 'loss')\n", who, path);
-        return local_error(1);
-    }
-    const int32_t *labels = NULL;
-    int64_t B = 0, K = 0;
-    if (rt_data_get_kind(r->data) == RT_DATA_CLASSES) accuracy_inputs(r->e, &logits, &labels, &B, &K);
-    int32_t split = rt_exec_first_op(r->e, PLAN_PHASE_OPTIMIZER), n_ops = p->n_ops;
-    double items = (double)rt_data_items(r->data);
-    const float *scale = scalar_output(r->e, PLAN_SR_LOSS_SCALE);
-    RtTensor count_t, seed_t;
-    int32_t count_id = plan_role_tensor(p, PLAN_SR_OPT_STEP), seed_id = plan_role_tensor(p, PLAN_SR_LOSS_SEED);
-    if (count_id != PLAN_NONE) rt_exec_tensor_id(r->e, count_id, &count_t);
-    if (seed_id != PLAN_NONE) rt_exec_tensor_id(r->e, seed_id, &seed_t);
-    const int32_t *count = count_id != PLAN_NONE && count_t.dtype == PLAN_DT_I32 ? count_t.data : NULL;
-    int32_t seed_op = seed_id != PLAN_NONE ? p->tensors[seed_id].producer : -1;
-    if (f->overflow_at && seed_op < 0) {
-        fprintf(stderr, "%s: %s: --debug-overflow-at needs an fp16 plan (fsc --precision fp16)\n", who, path);
-        return local_error(1);
-    }
-    Device *d = &r->dev;
-    for (int64_t step = 1; step <= f->steps; step++) {
-        double t0 = rt_now();
-        rt_watchdog_arm("step", step);
-        rt_data_fill(r->data, step);
-        double scale_before = scale ? *scale : NAN;
-        int32_t count_before = count ? *count : 0;
-        int rc = device_step_in(d, r->e, step);
-        if (!rc && step == f->overflow_at) {
-            /* Run up to the backward's seed, make it infinite, run the rest. */
-            rc = device_run_ops(d, r->e, step, 0, seed_op + 1);
-            *(float *)seed_t.data = INFINITY;
-            rc = rc || device_move(d, r->e, 1, &seed_t.id, 1) || device_run_ops(d, r->e, step, seed_op + 1, n_ops);
-        } else if (!rc && step == 1 && f->save_grads) {
-            rc = device_run_ops(d, r->e, step, 0, split) || device_download_roles(d, r->e, 1u << PLAN_ROLE_GRAD, 1);
-            if (!rc && rt_save_grads(r->e, f->save_grads, step, err, sizeof err)) {
-                fprintf(stderr, "%s: %s\n", who, err);
-                return local_error(1);
-            }
-            rc = rc || device_run_ops(d, r->e, step, split, n_ops);
-        } else if (!rc) {  // with --cuda-graph, step 1 warms up (NVRTC, cuBLAS) before the capture
-            rc = device_run_step(d, r->e, step, f->cuda_graph && step > 1);
-        }
-        rc = rc || device_step_out(d, r->e);
-        if (rc) {
-            end_progress(r);
-            if (d->b)
-                device_print_error(d, step);
-            else
-                fprintf(stderr, "%s: step %" PRId64 ": %s\n", who, step, rt_exec_error(r->e));
-            return local_error(1);
-        }
-        double accuracy = logits ? rt_accuracy(logits, labels, B, K) : NAN;
-        if (logits && my_world > 1)  // over the global batch, like the loss
-            accuracy = (double)rt_comm_sum_i64((int64_t)llround(accuracy * (double)B)) / (double)(B * my_world);
-        rt_watchdog_disarm();
-        StepStats s = {.step = step, .loss = *loss, .lr = lr ? *lr : NAN, .grad_norm = norm ? *norm : NAN,
-                       .ms = (rt_now() - t0) * 1e3, .items = items, .accuracy = accuracy,
-                       .has_scale = scale != NULL, .loss_scale = scale ? *scale : NAN, .scale_before = scale_before,
-                       .skipped = count && *count == count_before};
-        if (rt_progress_step(r->progress, &s, err, sizeof err)) {
-            fprintf(stderr, "%s: %s\n", who, err);
-            return local_error(1);
-        }
-        if (!isfinite(s.loss)) {  // the global loss: every rank stops here
-            end_progress(r);
-            if (my_rank == 0)
-                fprintf(stderr, "%s: step %" PRId64 ": the loss is %g; stopping (%s)\n", who, step, s.loss,
-                        f->debug_nan ? "with --debug-nan this is a buffer read outside its planned live range: a "
-                                       "bug in the plan"
-                                     : "a lower learning rate may help; --debug-nan checks the plan's buffer reuse");
-            return 1;
-        }
-    }
-    return 0;
+    RtTrainOptions o = {.steps = f->steps, .overflow_at = f->overflow_at, .save_grads = f->save_grads,
+                        .cuda_graph = f->cuda_graph, .debug_nan = f->debug_nan, .who = who, .path = path,
+                        .rank = my_rank, .world = my_world};
+    int rc = rt_train(r->e, r->data, &r->dev, &r->progress, &o);
+    return rc == RT_TRAIN_LOCAL ? local_error(1) : rc;
 }
 
 /* Files written after a long run (or by ranks --nproc starts) are checked before it, on
@@ -555,18 +452,6 @@ static int load_weights(Exec *e, const char *path, char *err, size_t errlen)
     return rc;
 }
 
-/* The outputs a step reports, which come down from a device after each step: the loss,
- * the scalars of the progress line, and a classifier's logits for its accuracy. */
-static int reported(const Exec *e, const RtData *data, int32_t *ids)
-{
-    const Plan *p = rt_exec_plan(e);
-    const PlanStepRole roles[] = {PLAN_SR_LOSS, PLAN_SR_LR, PLAN_SR_GRAD_NORM, PLAN_SR_LOSS_SCALE, PLAN_SR_OPT_STEP};
-    int n = 0;
-    for (int i = 0; i < 5; i++) ids[n++] = plan_role_tensor(p, roles[i]);
-    ids[n++] = rt_data_get_kind(data) == RT_DATA_CLASSES ? rt_plan_logits(p) : -1;
-    return n;
-}
-
 /* The run after the world is joined: the Exec (the host mirror), the data, the weights,
  * the device, the steps, the saved weights. 0, or an exit status after a message. */
 static int run_plan(Run *r, const Flags *f, const Plan *p, const RtRanks *rk, uint64_t seed)
@@ -575,7 +460,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *p, const RtRanks *rk, ui
     ExecOptions eo = {.seed = seed, .nan_fill = f->debug_nan, .guard = f->debug_guard, .rank = rk->rank,
                       .world = rk->world};
     ProgressOptions po = {.steps = f->steps, .log_every = f->log_every, .log_path = f->log, .tty = -1};
-    int rc = device_choose(&r->dev, f->device, f->debug_nan || f->debug_guard, p, who);
+    int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, p, who);
     if (rc) return rc;
     if (!(r->e = rt_exec_new(p, &eo, err, sizeof err))) {
         fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
@@ -590,7 +475,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *p, const RtRanks *rk, ui
         return 1;
     }
     int32_t report[8];
-    if (r->dev.ops && device_open(&r->dev, r->e, rk, f->tf32, report, reported(r->e, r->data, report)))
+    if (rt_device_open(&r->dev, r->e, rk, f->tf32, report, rt_train_reported(r->e, r->data, report)))
         return local_error(1);
     po.unit = rt_data_get_kind(r->data) == RT_DATA_LM ? "tok" : "samples";
     if (f->steps && my_rank == 0 && !(r->progress = rt_progress_new(&po, err, sizeof err))) {
@@ -602,8 +487,8 @@ static int run_plan(Run *r, const Flags *f, const Plan *p, const RtRanks *rk, ui
     rc = end_progress(r) || rc;
     rt_watchdog_arm("saving the weights", -1);
     const unsigned state = 1u << PLAN_ROLE_PARAM | 1u << PLAN_ROLE_OPT_STATE | 1u << PLAN_ROLE_MASTER;
-    if (!rc && f->save_weights && device_download_roles(&r->dev, r->e, state, 0)) {
-        device_print_error(&r->dev, 0);
+    if (!rc && f->save_weights && rt_device_download_roles(&r->dev, r->e, state, 0)) {
+        rt_device_print_error(&r->dev, 0);
         rc = local_error(1);
     }
     if (!rc && f->save_weights && rt_save_weights(r->e, f->save_weights, f->steps, err, sizeof err)) {

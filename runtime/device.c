@@ -1,15 +1,17 @@
-/* tools/fsexec_device.c: fsexec's side of a device backend (see fsexec_device.h).
+/* runtime/device.c: the device a run's steps go to, behind one table (runtime/backend.h):
+ * the CPU backend (backend_cpu.c) or the CUDA one (libfs_cuda.so, loaded with dlopen).
  *
  * The CPU Exec is the host mirror: params, state and each batch are made there, files
- * are read from and written to it. The device holds the working copy; this file moves
- * exactly what crosses between the two: before each step the plan's inputs (the batch
- * and the step number), after it the few outputs the progress line reports, and before
- * files are written the tensors they hold. Nothing here allocates inside a step.
+ * are read from and written to it. The device holds the working copy (for the CPU, the
+ * mirror itself, and every move is nothing); this file moves exactly what crosses
+ * between the two: before each step the plan's inputs (the batch and the step number),
+ * after it the few outputs the progress line reports, and before files are written the
+ * tensors they hold. Nothing here allocates inside a step.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsexec_device.h"
+#include "runtime.h"
 
 /* Why auto runs on the CPU, from what loading or probing the CUDA backend said. */
 static const char *cpu_reason(const char *err)
@@ -20,12 +22,13 @@ static const char *cpu_reason(const char *err)
     return err;
 }
 
-int device_choose(Device *d, int want, int debug, const Plan *p, const char *who)
+int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, const char *who)
 {
     char err[1024] = "", why[1024];
     memset(d, 0, sizeof *d);
     snprintf(d->name, sizeof d->name, "cpu");
-    if (want == DEV_CPU) return 0;
+    d->ops = rt_backend_cpu();
+    if (want == RT_DEVICE_CPU) return 0;
     if (debug) {  // auto: the debug modes check the CPU backend's buffers
         snprintf(d->name, sizeof d->name, "cpu (--debug-* checks the CPU backend)");
         return 0;
@@ -42,7 +45,7 @@ int device_choose(Device *d, int want, int debug, const Plan *p, const char *who
         d->ops = ops;
         return 0;
     }
-    if (want == DEV_CUDA) {
+    if (want == RT_DEVICE_CUDA) {
         if (rc) fprintf(stderr, "%s: --device cuda: %s\n", who, err);
         return 1;
     }
@@ -50,12 +53,12 @@ int device_choose(Device *d, int want, int debug, const Plan *p, const char *who
     return 0;
 }
 
-int device_open(Device *d, const Exec *e, const RtRanks *rk, int tf32, const int32_t *report, int n_report)
+int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, const int32_t *report, int n_report)
 {
     char err[2048];
     const Plan *p = rt_exec_plan(e);
     RtBackendOptions o = {.plan = p, .host_arena = rt_exec_arena(e), .rank = rk->rank, .world = rk->world,
-                          .local_rank = rk->local_rank, .tf32 = tf32};
+                          .local_rank = rk->local_rank, .tf32 = tf32, .exec = (Exec *)e};
     d->up = malloc(sizeof *d->up * ((size_t)p->n_tensors + 1));
     d->down = malloc(sizeof *d->down * ((size_t)n_report + 1));
     if (!d->up || !d->down) {
@@ -74,44 +77,39 @@ int device_open(Device *d, const Exec *e, const RtRanks *rk, int tf32, const int
     }
     RtBackendInfo in;
     d->ops->info(d->b, &in);
-    snprintf(d->name, sizeof d->name, "%s", in.device);
+    if (!rt_device_is_cpu(d)) snprintf(d->name, sizeof d->name, "%s", in.device);  // the CPU's says why it is the CPU
     return 0;
 }
 
-int device_run_ops(Device *d, Exec *e, int64_t step, int32_t from, int32_t to)
-{
-    return d->b ? d->ops->run_ops(d->b, from, to) : rt_exec_run_ops(e, step, from, to, RT_PHASES_ALL);
-}
+int rt_device_run_ops(RtDevice *d, int32_t from, int32_t to) { return d->ops->run_ops(d->b, from, to); }
 
-int device_run_step(Device *d, Exec *e, int64_t step, int graph)
-{
-    return d->b ? d->ops->run_step(d->b, graph) : rt_exec_run(e, step, RT_PHASES_ALL);
-}
+int rt_device_run_step(RtDevice *d, int graph) { return d->ops->run_step(d->b, graph); }
 
-int device_move(Device *d, Exec *e, int up, const int32_t *ids, int n)
+int rt_device_is_cpu(const RtDevice *d) { return d->ops == rt_backend_cpu(); }
+
+int rt_device_move(RtDevice *d, Exec *e, int up, const int32_t *ids, int n)
 {
-    for (int i = 0; i < n && d->b; i++) {
+    for (int i = 0; i < n && !rt_device_is_cpu(d); i++) {
         void *host = rt_exec_data(e, ids[i]);
         if (up ? d->ops->upload(d->b, ids[i], host) : d->ops->download(d->b, ids[i], host)) return -1;
     }
     return 0;
 }
 
-int device_step_in(Device *d, Exec *e, int64_t step)
+int rt_device_step_in(RtDevice *d, Exec *e, int64_t step)
 {
-    if (!d->b) return 0;  // the CPU executor writes the step number itself
-    if (d->step) *d->step = (int32_t)step;
-    return device_move(d, e, 1, d->up, d->n_up);
+    if (d->step) *d->step = (int32_t)step;  // the CPU backend runs this step number too
+    return rt_device_move(d, e, 1, d->up, d->n_up);
 }
 
-int device_step_out(Device *d, Exec *e) { return device_move(d, e, 0, d->down, d->n_down); }
+int rt_device_step_out(RtDevice *d, Exec *e) { return rt_device_move(d, e, 0, d->down, d->n_down); }
 
-int device_download_roles(Device *d, Exec *e, unsigned roles, int views)
+int rt_device_download_roles(RtDevice *d, Exec *e, unsigned roles, int views)
 {
     const Plan *p = rt_exec_plan(e);
-    for (int32_t i = 0; i < p->n_tensors && d->b; i++) {
+    for (int32_t i = 0; i < p->n_tensors && !rt_device_is_cpu(d); i++) {
         const PlanTensor *t = &p->tensors[i];
-        if (((roles >> t->role) & 1) && (views || t->alias == PLAN_NONE) && device_move(d, e, 0, &i, 1)) return -1;
+        if (((roles >> t->role) & 1) && (views || t->alias == PLAN_NONE) && rt_device_move(d, e, 0, &i, 1)) return -1;
     }
     return 0;
 }
@@ -123,9 +121,9 @@ static const char *mib(int64_t bytes, char *buf, size_t n)
     return buf;
 }
 
-void device_report(const Device *d, FILE *out)
+void rt_device_report(const RtDevice *d, FILE *out)
 {
-    if (!d->b) return;
+    if (rt_device_is_cpu(d)) return;
     RtBackendInfo in;
     d->ops->info(d->b, &in);
     char a[32], pl[32], bl[32], ws[32], cm[32], cx[32], md[32], used[32], tot[32];
@@ -137,7 +135,7 @@ void device_report(const Device *d, FILE *out)
     fprintf(out, "fsexec: cuda kernels: %s\n", in.jit);
 }
 
-void device_print_error(const Device *d, int64_t step)
+void rt_device_print_error(const RtDevice *d, int64_t step)
 {
     if (step > 0)
         fprintf(stderr, "%s (step %lld)\n", d->ops->error(d->b), (long long)step);
@@ -145,7 +143,7 @@ void device_print_error(const Device *d, int64_t step)
         fprintf(stderr, "%s\n", d->ops->error(d->b));
 }
 
-void device_close(Device *d)
+void rt_device_close(RtDevice *d)
 {
     if (d->b) d->ops->destroy(d->b);
     free(d->up);

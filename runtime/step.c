@@ -1,0 +1,141 @@
+/* runtime/step.c: the step loop, for every backend alike (runtime/device.c).
+ *
+ * Each step: the batch into the host mirror (rt_data_fill), the step number and inputs
+ * up, the step on the device, the reported outputs down, one progress line. Everything
+ * the loop reads it finds by step role (plan.h: PlanStepRole), never by name: the loss,
+ * lr, grad norm, fp16 loss scale, the optimizer's step counter (the step was skipped
+ * when it did not move) and the fp16 backward seed that --debug-overflow-at poisons.
+ * The loop allocates nothing; --save-grads writes a file in step 1, between backward
+ * and the first optimizer op, where every gradient is complete and live.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "runtime.h"
+
+/* The f32 scalar with step role r, or NULL. */
+static const float *scalar(const Exec *e, PlanStepRole r)
+{
+    int32_t id = plan_role_tensor(rt_exec_plan(e), r);
+    if (id == PLAN_NONE) return NULL;
+    RtTensor t;
+    rt_exec_tensor_id(e, id, &t);
+    return t.dtype == PLAN_DT_F32 && t.numel == 1 ? t.data : NULL;
+}
+
+/* For classifiers: logits [B, K] f32 among the outputs and labels i32 [B]. */
+static int accuracy_inputs(const Exec *e, const float **logits, const int32_t **y, int64_t *B, int64_t *K)
+{
+    const Plan *p = rt_exec_plan(e);
+    int32_t xi, yi, li = rt_plan_logits(p);
+    if (li == PLAN_NONE || rt_data_inputs(p, &xi, &yi)) return -1;
+    RtTensor lt, yt;
+    rt_exec_tensor_id(e, li, &lt);
+    rt_exec_tensor_id(e, yi, &yt);
+    if (lt.dtype != PLAN_DT_F32 || lt.rank != 2 || yt.dtype != PLAN_DT_I32 || yt.rank != 1 || yt.shape[0] != lt.shape[0])
+        return -1;
+    *logits = lt.data, *y = yt.data, *B = lt.shape[0], *K = lt.shape[1];
+    return 0;
+}
+
+int rt_train_reported(const Exec *e, const RtData *data, int32_t *ids)
+{
+    const Plan *p = rt_exec_plan(e);
+    static const PlanStepRole roles[] = {PLAN_SR_LOSS, PLAN_SR_LR, PLAN_SR_GRAD_NORM, PLAN_SR_LOSS_SCALE,
+                                         PLAN_SR_OPT_STEP};
+    int n = 0;
+    for (int i = 0; i < 5; i++) ids[n++] = plan_role_tensor(p, roles[i]);
+    ids[n++] = rt_data_get_kind(data) == RT_DATA_CLASSES ? rt_plan_logits(p) : PLAN_NONE;
+    return n;
+}
+
+static void end_progress(Progress **progress, const char *who)
+{
+    char err[256];
+    if (*progress && rt_progress_end(*progress, err, sizeof err)) fprintf(stderr, "%s: %s\n", who, err);
+    *progress = NULL;
+}
+
+/* One step's device work: as asked by the debug flags, else the whole step. */
+static int run_step(Exec *e, RtDevice *d, const RtTrainOptions *o, int64_t step, int32_t seed_op)
+{
+    const Plan *p = rt_exec_plan(e);
+    if (step == o->overflow_at) {  // up to the backward's seed, make it infinite, the rest
+        int32_t seed = plan_role_tensor(p, PLAN_SR_LOSS_SEED);
+        if (rt_device_run_ops(d, 0, seed_op + 1)) return -1;
+        *(float *)rt_exec_data(e, seed) = INFINITY;
+        return rt_device_move(d, e, 1, &seed, 1) || rt_device_run_ops(d, seed_op + 1, p->n_ops);
+    }
+    if (step == 1 && o->save_grads) {
+        char err[512];
+        int32_t split = rt_exec_first_op(e, PLAN_PHASE_OPTIMIZER);
+        if (rt_device_run_ops(d, 0, split) || rt_device_download_roles(d, e, 1u << PLAN_ROLE_GRAD, 1)) return -1;
+        if (rt_save_grads(e, o->save_grads, step, err, sizeof err)) {
+            fprintf(stderr, "%s: %s\n", o->who, err);
+            return -2;
+        }
+        return rt_device_run_ops(d, split, p->n_ops);
+    }
+    return rt_device_run_step(d, o->cuda_graph && step > 1);  // step 1 warms up (NVRTC, cuBLAS) first
+}
+
+int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTrainOptions *o)
+{
+    char err[512];
+    const Plan *p = rt_exec_plan(e);
+    const float *loss = scalar(e, PLAN_SR_LOSS), *lr = scalar(e, PLAN_SR_LR), *norm = scalar(e, PLAN_SR_GRAD_NORM);
+    const float *scale = scalar(e, PLAN_SR_LOSS_SCALE), *logits = NULL;
+    if (!loss) {
+        fprintf(stderr, "%s: %s: the plan has no f32 scalar loss (step role 'loss')\n", o->who, o->path);
+        return RT_TRAIN_LOCAL;
+    }
+    const int32_t *labels = NULL, *count = NULL;
+    int64_t B = 0, K = 0;
+    if (rt_data_get_kind(data) == RT_DATA_CLASSES) accuracy_inputs(e, &logits, &labels, &B, &K);
+    int32_t count_id = plan_role_tensor(p, PLAN_SR_OPT_STEP), seed_id = plan_role_tensor(p, PLAN_SR_LOSS_SEED);
+    if (count_id != PLAN_NONE && p->tensors[count_id].dtype == PLAN_DT_I32) count = rt_exec_data(e, count_id);
+    int32_t seed_op = seed_id != PLAN_NONE ? p->tensors[seed_id].producer : PLAN_NONE;
+    if (o->overflow_at && (seed_op == PLAN_NONE || p->tensors[seed_id].dtype != PLAN_DT_F32)) {
+        fprintf(stderr, "%s: %s: --debug-overflow-at needs an fp16 plan (fsc --precision fp16)\n", o->who, o->path);
+        return RT_TRAIN_LOCAL;
+    }
+    double items = (double)rt_data_items(data);
+    for (int64_t step = 1; step <= o->steps; step++) {
+        double t0 = rt_now();
+        rt_watchdog_arm("step", step);
+        rt_data_fill(data, step);
+        double scale_before = scale ? *scale : NAN;
+        int32_t count_before = count ? *count : 0;
+        int rc = rt_device_step_in(d, e, step);
+        rc = rc ? rc : run_step(e, d, o, step, seed_op);
+        rc = rc ? rc : rt_device_step_out(d, e);
+        if (rc) {
+            end_progress(progress, o->who);
+            if (rc != -2) rt_device_print_error(d, step);
+            return RT_TRAIN_LOCAL;
+        }
+        double accuracy = logits ? rt_accuracy(logits, labels, B, K) : NAN;
+        if (logits && o->world > 1)  // over the global batch, like the loss
+            accuracy = (double)rt_comm_sum_i64((int64_t)llround(accuracy * (double)B)) / (double)(B * o->world);
+        rt_watchdog_disarm();
+        StepStats s = {.step = step, .loss = *loss, .lr = lr ? *lr : NAN, .grad_norm = norm ? *norm : NAN,
+                       .ms = (rt_now() - t0) * 1e3, .items = items, .accuracy = accuracy,
+                       .has_scale = scale != NULL, .loss_scale = scale ? *scale : NAN, .scale_before = scale_before,
+                       .skipped = count && *count == count_before};
+        if (rt_progress_step(*progress, &s, err, sizeof err)) {
+            fprintf(stderr, "%s: %s\n", o->who, err);
+            return RT_TRAIN_LOCAL;
+        }
+        if (!isfinite(s.loss)) {  // the global loss: every rank stops here
+            end_progress(progress, o->who);
+            if (o->rank == 0)
+                fprintf(stderr, "%s: step %" PRId64 ": the loss is %g; stopping (%s)\n", o->who, step, s.loss,
+                        o->debug_nan ? "with --debug-nan this is a buffer read outside its planned live range: a "
+                                       "bug in the plan"
+                                     : "a lower learning rate may help; --debug-nan checks the plan's buffer reuse");
+            return 1;
+        }
+    }
+    return 0;
+}
