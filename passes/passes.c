@@ -54,8 +54,8 @@ static void print_graph(const Graph *g, const Options *o)
 static int check_supported(const TrainConfig *t, Diag *d)
 {
     if (t->stages > 1)
-        diag_error(d, (Loc){0}, "pipeline (stages %d, microbatches %d): pipeline parallelism over stages is not "
-                   "implemented yet (microbatches with stages 1 is gradient accumulation)", t->stages, t->microbatches);
+        diag_error(d, (Loc){0}, "pipeline (stages %d, microbatches %d): pipeline parallelism is not implemented yet "
+                   "(microbatches with stages 1, gradient accumulation, is)", t->stages, t->microbatches);
     if (t->offload != OFFLOAD_NONE)
         diag_error(d, (Loc){0}, "offload %s: optimizer offload is not implemented yet", offload_name(t->offload));
     return d->n_errors ? -1 : 0;

@@ -10,7 +10,8 @@ global batch (DESIGN.md invariant 1), and costs what the memory plan says.
    recompute; bf16 with fsdp, and with zero2 and recompute, to bf16's tolerance (each
    16-bit sum of M gradients rounds by 2^-8; GPT-2's attention bias, whose gradient is
    rounding noise, moves by 2e-2): each tensor 5e-2, all params together 2e-3, losses
-   and norms 5e-3 (fp32's are 1e-7 here).
+   and norms 5e-3 (fp32's are 1e-7 here); fp16 with ddp (the loss scale times 1/M
+   seeds each micro-batch) to the same.
    The global batch B = 24 splits over 2 or 3 ranks x 4 micro-batches.
    As in strategies.py, AdamW runs with eps 1e-6 (a gradient that is rounding noise
    does not become a step), and a tensor may differ by up to 3 times what the M = 1 run
@@ -42,8 +43,8 @@ from mpienv import quiet_mpi_leaks  # noqa: E402
 TOL = 1e-5
 STEPS = 5
 MODELS = {
-    "gpt2": ["-D", "L=2", "-D", "C=32", "-D", "NH=2", "-D", "T=16", "-D", "V=128", "-D", "B=24"],
-    "llama": ["-D", "L=2", "-D", "C=32", "-D", "NH=2", "-D", "F=64", "-D", "T=16", "-D", "V=128", "-D", "B=24"],
+    "gpt2": ["-D", "L=2", "-D", "C=32", "-D", "NH=2", "-D", "T=16", "-D", "V=256", "-D", "B=24"],
+    "llama": ["-D", "L=2", "-D", "C=32", "-D", "NH=2", "-D", "F=64", "-D", "T=16", "-D", "V=256", "-D", "B=24"],
 }
 TRAIN = ["--optimizer", "adamw", "--lr", "1e-3", "--eps", "1e-6", "--weight_decay", "0.1", "--clip", "1.0", "--warmup", "2"]
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -119,7 +120,8 @@ def training(r):
                 compare("%s %s world %d M %d" % (model, " ".join(extra[1:]), world, m), r.train(model, world, m, extra),
                         ref, floor, TOL)
         for world, extra in ((2, ["--shard", "fsdp", "--precision", "bf16"]),
-                             (2, ["--shard", "zero2", "--precision", "bf16", "--recompute", "all"])):
+                             (2, ["--shard", "zero2", "--precision", "bf16", "--recompute", "all"]),
+                             (2, ["--shard", "ddp", "--precision", "fp16"])):
             ref = r.train(model, world, 1, extra)
             for m in (2, 4):
                 compare("%s %s world %d M %d" % (model, " ".join(extra[1:]), world, m), r.train(model, world, m, extra),
@@ -196,7 +198,7 @@ def main():
     fsc, fsexec = (os.path.abspath(p) for p in sys.argv[1:3])
     with tempfile.TemporaryDirectory() as work:
         data = os.path.join(work, "tokens.bin")
-        np.random.default_rng(3).integers(0, 128, size=4000, dtype=np.uint16).tofile(data)
+        np.random.default_rng(3).integers(0, 256, size=4000, dtype=np.uint16).tofile(data)
         r = Runner(fsc, fsexec, work, data)
         errors(r)
         memory(r)
