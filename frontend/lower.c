@@ -61,7 +61,9 @@ static int split_batch(Lower *L, const Stmt *st, int64_t *v)
  * the first input, which must be a plain dim name for fsc to split it. */
 static void find_batch_dim(Lower *L, const Stmt *body, const TrainConfig *t)
 {
-    int64_t m = t->microbatches > 1 ? t->microbatches : 1;
+    /* Micro-batches of several stages (not implemented: passes.c refuses them) are
+     * not decided yet; with one stage they are gradient accumulation. */
+    int64_t m = t->stages <= 1 && t->microbatches > 1 ? t->microbatches : 1;
     if (t->world <= 1 && m <= 1) return;
     for (const Stmt *st = body; st; st = st->next) {
         if (st->kind != ST_INPUT) continue;

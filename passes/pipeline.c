@@ -91,14 +91,20 @@ static const char *mb_name(Pipe *p, const char *name, int m)
 
 /* ---- the data inputs --------------------------------------------------------------- */
 
+/* One micro-batch's rows: the first dim of the first input (lower's batch dim); 0 when
+ * that input is a scalar or there is none. */
+static int64_t batch_rows(const Graph *g, int n_values)
+{
+    for (int v = 0; v < n_values; v++)
+        if (g->values[v].role == ROLE_INPUT && g->values[v].producer < 0) return g->values[v].rank ? g->values[v].shape[0] : 0;
+    return 0;
+}
+
 /* Each batched input grows to the rank's M micro-batches; every micro-batch reads its
  * rows through a slice, micro-batch 0's in place of the input in the original nodes. */
-static void split_inputs(Pipe *p)
+static void split_inputs(Pipe *p, int64_t batch)
 {
     Graph *g = p->g;
-    int64_t batch = -1;
-    for (int v = 0; v < p->n_before && batch < 0; v++)
-        if (g->values[v].role == ROLE_INPUT && g->values[v].producer < 0) batch = g->values[v].rank ? g->values[v].shape[0] : 0;
     if (batch <= 0) return;
     for (int x = 0; x < p->n_before; x++) {
         Value *in = &g->values[x];
@@ -212,9 +218,10 @@ static void accumulate_grads(Pipe *p, const Options *o)
         int src = cast_back ? ir_in(g, c, 0) : gv;  // the 16-bit gradient the cast back reads
         for (int m = 0; m < p->M; m++) {
             int gm = in_mb(p, m, gv);
-            if (cast_back)
-                p->drop[g->values[gm].producer] = 1;  // one cast back, of the sum, in their place
-            else
+            if (cast_back) {  // one cast back, of the sum, in their place
+                p->drop[g->values[gm].producer] = 1;
+                readers[in_mb(p, m, src)]--;
+            } else
                 g->values[gm].name = mb_name(p, name, m);
         }
         int sum = accumulate(p, src, readers);
@@ -312,10 +319,8 @@ int pass_pipeline(Graph *g, const Options *o, Diag *d)
     p.copy = arena_alloc(g->arena, sizeof(int) * (size_t)p.M * (size_t)p.n_values + 1);
     memset(p.copy, -1, sizeof(int) * (size_t)p.M * (size_t)p.n_values);
     grow(&p);
-    int64_t batch = -1;
-    for (int v = 0; v < p.n_before && batch < 0; v++)
-        if (g->values[v].role == ROLE_INPUT && g->values[v].producer < 0) batch = g->values[v].rank ? g->values[v].shape[0] : 0;
-    split_inputs(&p);
+    int64_t batch = batch_rows(g, p.n_before);
+    split_inputs(&p, batch);
     for (int m = 1; m < p.M; m++)
         for (int n = 0; n < p.n_orig; n++) clone_node(&p, m, n);
     accumulate_grads(&p, o);
