@@ -34,35 +34,54 @@ static int parse_dtype(Lower *L, const Stmt *st, DType *out)
 }
 
 /* The model's batch dim is the global batch of one optimizer step; each data-parallel
- * rank's program takes its equal part. */
+ * rank's program takes its equal part, and with gradient accumulation (`microbatches M`)
+ * that part is M micro-batches' worth: the split is world x M (passes/pipeline.c then
+ * makes the graph of one micro-batch read its rows of the rank's part). */
 static int split_batch(Lower *L, const Stmt *st, int64_t *v)
 {
     if (*v % L->batch_split == 0) {
         *v /= L->batch_split;
         return 0;
     }
-    diag_error(L->d, st->name_loc,
-               "the batch dim %s = %lld (the global batch of one step) does not split evenly over %lld "
-               "data-parallel ranks; make it a multiple of %lld",
-               st->name, (long long)*v, (long long)L->batch_split, (long long)L->batch_split);
+    if (L->microbatches > 1)
+        diag_error(L->d, st->name_loc,
+                   "the batch dim %s = %lld (the global batch of one step) does not split evenly over %lld "
+                   "data-parallel rank%s x %lld micro-batches; make it a multiple of %lld",
+                   st->name, (long long)*v, (long long)L->world, L->world == 1 ? "" : "s", (long long)L->microbatches,
+                   (long long)L->batch_split);
+    else
+        diag_error(L->d, st->name_loc,
+                   "the batch dim %s = %lld (the global batch of one step) does not split evenly over %lld "
+                   "data-parallel ranks; make it a multiple of %lld",
+                   st->name, (long long)*v, (long long)L->batch_split, (long long)L->batch_split);
     return -1;
 }
 
-/* With several data-parallel ranks: the batch dim is the first dim of the first input,
- * which must be a plain dim name for fsc to split it. */
+/* With several data-parallel ranks or micro-batches: the batch dim is the first dim of
+ * the first input, which must be a plain dim name for fsc to split it. */
 static void find_batch_dim(Lower *L, const Stmt *body, const TrainConfig *t)
 {
-    if (t->world <= 1) return;
+    /* Micro-batches of several stages (not implemented: passes.c refuses them) are
+     * not decided yet; with one stage they are gradient accumulation. */
+    int64_t m = t->stages <= 1 && t->microbatches > 1 ? t->microbatches : 1;
+    if (t->world <= 1 && m <= 1) return;
     for (const Stmt *st = body; st; st = st->next) {
         if (st->kind != ST_INPUT) continue;
         if (st->shape && st->shape->kind == EX_NAME) {
             L->batch_dim = st->shape->name;
-            L->batch_split = t->world;
-        } else {
+            L->world = t->world;
+            L->microbatches = m;
+            L->batch_split = (int64_t)t->world * m;
+        } else if (t->world > 1) {
             diag_error(L->d, st->shape ? st->shape->loc : st->name_loc,
                        "with world %d, the first dim of input '%s' must be a dim name (the batch, which "
                        "fsc splits over the ranks), as in `input %s: i32[B, T];`",
                        t->world, st->name, st->name);
+        } else {
+            diag_error(L->d, st->shape ? st->shape->loc : st->name_loc,
+                       "with microbatches %lld, the first dim of input '%s' must be a dim name (the batch, which "
+                       "fsc splits into micro-batches), as in `input %s: i32[B, T];`",
+                       (long long)m, st->name, st->name);
         }
         return;
     }

@@ -75,7 +75,8 @@ typedef struct {
     int deep_reported;
     int big_reported;       // LOWER_MAX_ITEMS was reached
     const char *batch_dim;  // the dim each data-parallel rank takes a part of, or NULL
-    int64_t batch_split;    // into how many parts (the data-parallel degree)
+    int64_t batch_split;    // into how many parts: world x microbatches
+    int64_t world, microbatches;  // the two factors of batch_split, for its message
 } Lower;
 
 /* The value of an expression. */

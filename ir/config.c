@@ -73,7 +73,7 @@ static const KeyDef KEYS[] = {
     INT("world", world, 1, 1 << 20, "number of ranks"),
     {{"recompute", "none, all, or layer names (A,B)"}, K_TEXT, offsetof(TrainConfig, recompute), 0, 0, NULL, 0},
     INT("stages", stages, 1, 1024, "pipeline stages"),
-    INT("microbatches", microbatches, 1, 1 << 16, "pipeline micro-batches per step"),
+    INT("microbatches", microbatches, 1, 1 << 16, "micro-batches per step (one stage: gradient accumulation)"),
     ENUM("schedule", schedule, SCHEDS, "pipeline schedule: gpipe or 1f1b"),
     ENUM("offload", offload, OFFLOADS, "none, optimizer, or params (+ fp32 master weights)"),
     {{"seed", "seed of parameter init and data order"}, K_SEED, offsetof(TrainConfig, seed), 0, 0, NULL, 0},

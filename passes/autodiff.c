@@ -81,7 +81,6 @@ static void label_grads(Autodiff *a, int n_forward_values)
 
 int pass_autodiff(Graph *g, const Options *o, Diag *d)
 {
-    (void)o;
     FS_ASSERT(g->n_outputs > 0);
     const Value *loss = ir_value(g, g->outputs[0]);
     if (loss->rank != 0 || !dtype_is_float(loss->dtype)) {
@@ -96,15 +95,28 @@ int pass_autodiff(Graph *g, const Options *o, Diag *d)
     mark_needed(g, a.need);
 
     /* d loss / d loss = 1; with fp16 loss scaling, the scale (a copy, so a test can
-     * overflow this step's gradients without touching the scale itself). */
+     * overflow this step's gradients without touching the scale itself). With gradient
+     * accumulation over M micro-batches this graph is one micro-batch's, whose loss is
+     * 1/M of the step's (their mean): the seed is 1/M, times the scale (passes/pipeline.c
+     * repeats the graph M times and sums the gradients). */
+    int n_forward = g->n_nodes;
     char err[256];
     const Node *ln = g->values[g->outputs[0]].producer >= 0 ? ir_node(g, g->values[g->outputs[0]].producer) : NULL;
     int block = ln ? ln->block : -1;
     Loc loc = ln ? ln->loc : (Loc){0};
-    int seed = g->loss_scale >= 0
+    int m = o->train.stages <= 1 && o->train.microbatches > 1 ? o->train.microbatches : 1;
+    Attr one = {.key = "value", .kind = ATTR_FLOAT, .f = 1.0 / m};
+    int seed;
+    if (g->loss_scale >= 0 && m > 1) {
+        int k = ir_node_add(g, OP_scalar, NULL, 0, &one, 1, block, PHASE_BACKWARD, loc, err, sizeof err);
+        FS_ASSERT(k >= 0);
+        int in[2] = {g->loss_scale, ir_out(g, ir_node(g, k), 0)};
+        seed = ir_node_add(g, OP_mul, in, 2, NULL, 0, block, PHASE_BACKWARD, loc, err, sizeof err);
+    } else {
+        seed = g->loss_scale >= 0
                    ? ir_node_add(g, OP_copy, &g->loss_scale, 1, NULL, 0, block, PHASE_BACKWARD, loc, err, sizeof err)
-                   : ir_node_add(g, OP_scalar, NULL, 0, &(Attr){.key = "value", .kind = ATTR_FLOAT, .f = 1.0}, 1, block,
-                                 PHASE_BACKWARD, loc, err, sizeof err);
+                   : ir_node_add(g, OP_scalar, NULL, 0, &one, 1, block, PHASE_BACKWARD, loc, err, sizeof err);
+    }
     FS_ASSERT(seed >= 0);
     a.grad[g->outputs[0]] = ir_out(g, ir_node(g, seed), 0);
     if (g->loss_scale >= 0) {
@@ -112,7 +124,6 @@ int pass_autodiff(Graph *g, const Options *o, Diag *d)
         g->values[a.grad[g->outputs[0]]].step_role = SR_LOSS_SEED;
     }
 
-    int n_forward = g->n_nodes - 1;
     for (int n = n_forward - 1; n >= 0; n--)
         if (g->nodes[n].phase == PHASE_FORWARD) backward_node(&a, n);
     label_grads(&a, n_values);

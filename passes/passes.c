@@ -1,5 +1,5 @@
 /* passes/passes.c: the pass list as data, and the driver that runs it. The passes not
- * written yet (pipeline, offload) join this table
+ * written yet (offload) join this table
  * in DESIGN.md's order. Unlike DESIGN.md's order, precision runs before autodiff (the
  * backward is then born in the compute dtype, and a cast's gradient casts back to the
  * fp32 master), and shard before optimizer: it decides what the optimizer updates (a
@@ -18,6 +18,10 @@ static const PassInfo PASSES[] = {
     {"recompute", "backward nodes; the recompute setting names layers",
      "checkpointed blocks rerun their forward (phase recompute) just before their backward, which reads the copies",
      pass_recompute},
+    {"pipeline", "one micro-batch's forward and backward (lower split the batch by world x microbatches)",
+     "microbatches M > 1, one stage: the micro-batches in turn, batched inputs sliced, param gradients summed in place "
+     "(Value.grad: the sum), the loss their mean",
+     pass_pipeline},
     {"shard", "param gradients; each rank's part of the batch",
      "flat param and grad buffers per unit, collectives in place in the order; Value.grad on what the optimizer updates",
      pass_shard},
@@ -51,9 +55,9 @@ static void print_graph(const Graph *g, const Options *o)
  * plan that silently ignores them. */
 static int check_supported(const TrainConfig *t, Diag *d)
 {
-    if (t->stages > 1 || t->microbatches > 1)
-        diag_error(d, (Loc){0}, "pipeline (stages %d, microbatches %d): pipeline parallelism is not implemented yet",
-                   t->stages, t->microbatches);
+    if (t->stages > 1)
+        diag_error(d, (Loc){0}, "pipeline (stages %d, microbatches %d): pipeline parallelism is not implemented yet "
+                   "(microbatches with stages 1, gradient accumulation, is)", t->stages, t->microbatches);
     if (t->offload != OFFLOAD_NONE)
         diag_error(d, (Loc){0}, "offload %s: optimizer offload is not implemented yet", offload_name(t->offload));
     return d->n_errors ? -1 : 0;

@@ -32,6 +32,7 @@ int pass_dce(Graph *g, const Options *o, Diag *d);        // passes/dce.c
 int pass_precision(Graph *g, const Options *o, Diag *d);  // passes/precision.c
 int pass_autodiff(Graph *g, const Options *o, Diag *d);   // passes/autodiff.c
 int pass_recompute(Graph *g, const Options *o, Diag *d);  // passes/recompute.c
+int pass_pipeline(Graph *g, const Options *o, Diag *d);  // passes/pipeline.c
 int pass_shard(Graph *g, const Options *o, Diag *d);      // passes/shard.c
 int pass_optimizer(Graph *g, const Options *o, Diag *d);  // passes/optimizer.c
 int pass_fuse(Graph *g, const Options *o, Diag *d);       // passes/fuse.c

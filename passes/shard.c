@@ -43,9 +43,11 @@ typedef struct {
     int storage;          // the persistent buffer (full, or the shard for fsdp)
     int shard_view;       // the value the optimizer updates (storage, or a rank's part of it)
     int gathered;         // the full flat params the forward reads
-    int regathered;       // fsdp: a second gather for backward, or -1
+    int *gather_in_run;   // [n_runs] fsdp: the gather each run of nodes reads, or -1
+    int first_run;        // the run of the first node reading the params (gathered's)
+    int *first_in_run;    // [n_runs] the first node of each run reading the params, or NONE
     int fgrad;            // the flat gradient buffer
-    int fwd_first, bwd_first, grad_first, grad_last;  // node positions, INT_MAX if none
+    int grad_first, grad_last;  // node positions, INT_MAX if none
 } Unit;
 
 /* Where a new node goes: before original node `at` (after it when `after`). */
@@ -64,6 +66,8 @@ typedef struct {
     Unit *units;
     int n_units;
     int n_orig;           // nodes before this pass
+    int *run_of;          // per original node: its run (see mark_runs)
+    int n_runs;
     Placed *placed;
     int n_placed;
 } Shard;
@@ -156,8 +160,7 @@ static void collect_units(Shard *s)
         u->block = i < g->n_blocks ? i : -1;
         u->params = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
         u->graded = arena_alloc(g->arena, (size_t)g->n_values + 1);
-        u->regathered = -1;
-        u->fwd_first = u->bwd_first = u->grad_first = NONE;
+        u->grad_first = NONE;
         u->grad_last = -1;
     }
     for (int v = 0; v < g->n_values; v++) {
@@ -186,19 +189,66 @@ static int flat_grad_of(const Shard *s, int p)
     return ir_in(s->g, n, 0);
 }
 
-/* First forward and backward readers of each unit's params, first and last writers of
- * the gradients its flat buffer holds; positions in the original order. */
+/* Runs: the stretches of the original order in one phase class, forward or not
+ * (backward, recompute). One micro-batch is a forward run and a backward run; with
+ * gradient accumulation (passes/pipeline.c) the micro-batches' runs follow in turn.
+ * fsdp gathers a block's params once per run that reads them (reshard_after_forward). */
+static void mark_runs(Shard *s)
+{
+    s->run_of = arena_alloc(s->g->arena, sizeof(int) * (size_t)s->n_orig + 1);
+    int k = -1, cls = -1;
+    for (int n = 0; n < s->n_orig; n++) {
+        int c = s->g->nodes[n].phase != PHASE_FORWARD;
+        if (c != cls) k++, cls = c;
+        s->run_of[n] = k;
+    }
+    s->n_runs = k + 1 > 0 ? k + 1 : 1;
+}
+
+/* The first node that writes any byte of value v: its producer's, or that of a value
+ * inside it (a partial sum of accumulated gradients, passes/pipeline.c); NONE if none. */
+static int first_writer(const Shard *s, const int *first_write, int v)
+{
+    int at = first_write[v];
+    const Value *val = ir_value(s->g, v);
+    if (val->producer >= 0 && val->producer < at) at = val->producer;
+    return at;
+}
+
+/* First readers of each unit's params in each run, first and last writers of the
+ * gradients its flat buffer holds; positions in the original order. */
 static void find_uses(Shard *s, const int *unit_of)
 {
     Graph *g = s->g;
+    for (int i = 0; i < s->n_units; i++) {
+        Unit *u = &s->units[i];
+        u->first_in_run = arena_alloc(g->arena, sizeof(int) * (size_t)s->n_runs);
+        u->gather_in_run = arena_alloc(g->arena, sizeof(int) * (size_t)s->n_runs);
+        for (int k = 0; k < s->n_runs; k++) u->first_in_run[k] = NONE, u->gather_in_run[k] = -1;
+    }
     for (int n = 0; n < s->n_orig; n++) {
         const Node *node = ir_node(g, n);
         for (int i = 0; i < node->n_in; i++) {
             int u = unit_of[ir_in(g, node, i)];
             if (u < 0) continue;
-            int *first = node->phase == PHASE_FORWARD ? &s->units[u].fwd_first : &s->units[u].bwd_first;
+            int *first = &s->units[u].first_in_run[s->run_of[n]];
             if (n < *first) *first = n;
         }
+    }
+    for (int i = 0; i < s->n_units; i++) {
+        Unit *u = &s->units[i];
+        u->first_run = 0;
+        for (int k = s->n_runs - 1; k >= 0; k--)
+            if (u->first_in_run[k] < NONE) u->first_run = k;
+    }
+    /* Views inside a gradient are written before it (the partial sums of accumulation):
+     * its buffer, and the zeros, must come before the first of them. */
+    int *first_write = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
+    for (int v = 0; v < g->n_values; v++) first_write[v] = NONE;
+    for (int v = 0; v < g->n_values; v++) {
+        int at = ir_value(g, v)->producer;
+        for (int w = ir_value(g, v)->view_of, hops = 0; at >= 0 && w >= 0 && hops < 64; w = ir_value(g, w)->view_of, hops++)
+            if (at < first_write[w]) first_write[w] = at;
     }
     for (int i = 0; i < s->n_units; i++) {
         Unit *u = &s->units[i];
@@ -206,7 +256,8 @@ static void find_uses(Shard *s, const int *unit_of)
             int gv = flat_grad_of(s, u->params[k]);
             int at = gv >= 0 ? ir_value(g, gv)->producer : -1;
             if (at < 0) continue;
-            if (at < u->grad_first) u->grad_first = at;
+            int first = first_writer(s, first_write, gv);
+            if (first < u->grad_first) u->grad_first = first;
             if (at > u->grad_last) u->grad_last = at;
         }
     }
@@ -276,23 +327,24 @@ static void layout_params(Shard *s, Unit *u)
     }
 }
 
-/* fsdp, a block's params freed after its forward: a second gather for its backward,
- * and the backward reads the params through it. */
-static void regather(Shard *s, Unit *u)
+/* fsdp, a block's params freed after each run that reads them (reshard_after_forward):
+ * a gather of its own for every later run (the backward; with accumulation, each micro-
+ * batch's forward and backward), whose nodes read the params through it. */
+static void regather(Shard *s, Unit *u, int run)
 {
     Graph *g = s->g;
-    u->regathered = gather(s, u);
+    int v = u->gather_in_run[run] = gather(s, u);
     for (int k = 0; k < u->n_params; k++) {
         int p = u->params[k];
         Value copy = *ir_value(g, p);
         int p2 = ir_value_add(g, &copy);
-        make_view(s, p2, u->regathered, g->values[p].flat_offset, 0);
+        make_view(s, p2, v, g->values[p].flat_offset, 0);
         g->values[p2].unit = g->values[p].unit;
         g->values[p2].flat_offset = g->values[p].flat_offset;
-        g->values[p2].tied_to = p;  // the same param, seen through the second gather
+        g->values[p2].tied_to = p;  // the same param, seen through another gather
         for (int n = 0; n < s->n_orig; n++) {
             Node *node = &g->nodes[n];
-            if (node->phase == PHASE_FORWARD) continue;
+            if (s->run_of[n] != run) continue;
             for (int i = 0; i < node->n_in; i++)
                 if (g->ids[node->in + i] == p) g->ids[node->in + i] = p2;
         }
@@ -406,15 +458,13 @@ static void reduce_grads(Shard *s, Unit *u)
 
 /* ---- the schedule --------------------------------------------------------------------- */
 
-/* A unit's first forward (or backward) use. */
-static int first_use(const Unit *u, int bwd) { return bwd ? u->bwd_first : u->fwd_first; }
-
-/* Unit indices in order of first use; ties in unit order (an insertion sort: few units). */
-static void use_order(const Shard *s, int bwd, int *order)
+/* Unit indices in order of first use in a run; ties in unit order (an insertion sort:
+ * few units). */
+static void use_order(const Shard *s, int run, int *order)
 {
     for (int i = 0; i < s->n_units; i++) {
         int k = i;
-        while (k > 0 && first_use(&s->units[order[k - 1]], bwd) > first_use(&s->units[i], bwd)) {
+        while (k > 0 && s->units[order[k - 1]].first_in_run[run] > s->units[i].first_in_run[run]) {
             order[k] = order[k - 1];
             k--;
         }
@@ -422,17 +472,17 @@ static void use_order(const Shard *s, int bwd, int *order)
     }
 }
 
-/* fsdp prefetch: each unit's gather goes before the previous unit (in use order) starts
- * computing, so it overlaps that unit's compute. */
-static void prefetch(Shard *s, int bwd)
+/* fsdp prefetch: in each run, each unit's gather goes before the previous unit (in use
+ * order) starts computing, so it overlaps that unit's compute. */
+static void prefetch(Shard *s, int run)
 {
     int *order = arena_alloc(s->g->arena, sizeof(int) * (size_t)s->n_units);
-    use_order(s, bwd, order);
+    use_order(s, run, order);
     for (int i = 0; i < s->n_units; i++) {
         const Unit *u = &s->units[order[i]];
-        int v = bwd ? u->regathered : u->gathered;
+        int v = u->gather_in_run[run];
         if (v < 0) continue;
-        int first = first_use(u, bwd), prev = i ? first_use(&s->units[order[i - 1]], bwd) : first;
+        int first = u->first_in_run[run], prev = i ? s->units[order[i - 1]].first_in_run[run] : first;
         int at = prev < first ? prev : first;
         int x = ir_in(s->g, ir_node(s->g, s->g->values[v].producer), 0);  // the gather's input: a cast to move along
         for (int k = 0; k < s->n_placed; k++) {
@@ -500,20 +550,23 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
     memset(unit_of, -1, sizeof(int) * (size_t)g->n_values);
     for (int i = 0; i < s.n_units; i++)
         for (int k = 0; k < s.units[i].n_params; k++) unit_of[s.units[i].params[k]] = i;
+    mark_runs(&s);
     find_uses(&s, unit_of);
     char *taken = arena_alloc(g->arena, (size_t)g->n_values * 2 + 64 * (size_t)s.n_units + 64);
     for (int i = 0; i < s.n_units; i++) {
         Unit *u = &s.units[i];
         if (!u->n_params) continue;
         layout_params(&s, u);
-        if (t->shard == SHARD_FSDP && t->reshard_after_forward && u->block >= 0 && u->bwd_first < NONE) regather(&s, u);
+        if (t->shard == SHARD_FSDP) u->gather_in_run[u->first_run] = u->gathered;
+        for (int k = 0; k < s.n_runs; k++)
+            if (t->shard == SHARD_FSDP && t->reshard_after_forward && u->block >= 0 && k != u->first_run &&
+                u->first_in_run[k] < NONE)
+                regather(&s, u, k);
         layout_grads(&s, u, taken);
         reduce_grads(&s, u);
     }
-    if (t->shard == SHARD_FSDP) {
-        prefetch(&s, 0);
-        prefetch(&s, 1);
-    }
+    if (t->shard == SHARD_FSDP)
+        for (int k = 0; k < s.n_runs; k++) prefetch(&s, k);
     average_loss(&s);
     schedule(&s);
     ir_graph_compact(g, s.drop);

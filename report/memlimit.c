@@ -1,7 +1,8 @@
 /* report/memlimit.c: the message of a plan over --mem-limit. It says by how much the
  * arena passes the limit, what is live at the peak (the largest buffers), and for each
  * setting the caller compiled (MemWhatIf) the arena it gives and what it saves, best
- * first, marking the ones that fit. The caller decides which settings exist; this file
+ * first, marking the ones that fit; the ones that train differently (a smaller batch)
+ * come after every one that trains the same (gradient accumulation, sharding, ...). The caller decides which settings exist; this file
  * only lays out what it was given.
  */
 #include <stdlib.h>
@@ -15,6 +16,7 @@ static int by_arena(const void *a, const void *b)
 {
     const MemWhatIf *x = a, *y = b;
     if ((x->arena < 0) != (y->arena < 0)) return x->arena < 0 ? 1 : -1;
+    if (x->changes_training != y->changes_training) return x->changes_training ? 1 : -1;
     return x->arena < y->arena ? -1 : x->arena > y->arena;
 }
 
@@ -47,9 +49,9 @@ static void print_what_ifs(const MemReport *r, int64_t limit, const MemWhatIf *g
     fprintf(out, "  settings that would cut it (each alone, compiled to check):\n");
     char a[32], s[32];
     for (int i = 0; i < k; i++)
-        fprintf(out, "    %-34s arena %10s, saves %10s%s  %s\n", w[i].flags, report_bytes(w[i].arena, a, sizeof a),
+        fprintf(out, "    %-34s arena %10s, saves %10s%s  %s%s\n", w[i].flags, report_bytes(w[i].arena, a, sizeof a),
                 report_bytes(r->arena_bytes - w[i].arena, s, sizeof s), w[i].arena <= limit ? " (fits)" : "       ",
-                w[i].what);
+                w[i].what, w[i].changes_training ? " (changes the training)" : "");
 }
 
 void report_limit_print(const MemReport *r, int64_t limit, const MemWhatIf *w, int n, FILE *out)

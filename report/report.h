@@ -119,6 +119,8 @@ typedef struct {
     char flags[96];     // as typed on the command line: "-D B=4", "--recompute Block"
     char what[96];      // what it does: "half the batch (8 -> 4 sequences)"
     int64_t arena;      // the arena with it; -1 when it did not compile
+    int changes_training;  // 1: trains differently (a smaller batch): offered after every
+                           // setting that trains the same, whatever their arenas
 } MemWhatIf;
 
 /* Whether the device arena passes limit bytes. */

@@ -344,12 +344,22 @@ static int32_t find_output(const Plan *p, const char *name)
     return PLAN_NONE;
 }
 
+/* Whether tensor t is data input `input`, or rows of it: with gradient accumulation each
+ * micro-batch reads its rows through a slice of the input (passes/pipeline.c). */
+static int reads_input(const Plan *p, int32_t t, int32_t input)
+{
+    if (t == input) return 1;
+    int32_t w = p->tensors[t].producer;
+    return w != PLAN_NONE && !strcmp(plan_str(p, p->ops[w].op), "slice") && p->ops[w].n_in == 1 &&
+           p->ids[p->ops[w].in] == input;
+}
+
 /* The logits input of the first cross_entropy whose targets are tensor `targets`. */
 static int32_t loss_logits(const Plan *p, int32_t targets)
 {
     for (int32_t k = 0; k < p->n_ops; k++) {
         const PlanOp *op = &p->ops[k];
-        if (!strcmp(plan_str(p, op->op), "cross_entropy") && op->n_in == 2 && p->ids[op->in + 1] == targets)
+        if (!strcmp(plan_str(p, op->op), "cross_entropy") && op->n_in == 2 && reads_input(p, p->ids[op->in + 1], targets))
             return p->ids[op->in];
     }
     return PLAN_NONE;
@@ -374,7 +384,7 @@ int64_t rt_plan_vocab(const Plan *p)
     v = 65536;
     for (int32_t k = 0; k < p->n_ops; k++) {
         const PlanOp *op = &p->ops[k];
-        if (!strcmp(plan_str(p, op->op), "embedding") && op->n_in == 2 && p->ids[op->in + 1] == tokens) {
+        if (!strcmp(plan_str(p, op->op), "embedding") && op->n_in == 2 && reads_input(p, p->ids[op->in + 1], tokens)) {
             const PlanTensor *table = &p->tensors[p->ids[op->in]];
             if (table->rank == 2 && table->shape[0] < v) v = table->shape[0];
         }

@@ -14,7 +14,7 @@
 #include "passes.h"
 #include "report.h"
 
-enum { MAX_WHAT_IFS = 8, MAX_OPTS = 512 };
+enum { MAX_WHAT_IFS = 10, MAX_OPTS = 512 };
 
 int fsc_set_source(Plan *p, const char *path)
 {
@@ -91,6 +91,7 @@ static void try_batch(const FscMem *m, const Plan *p, MemWhatIf *w, int *n)
         snprintf(x->what, sizeof x->what, "half the batch (%s %lld -> %lld)", dim, (long long)global,
                  (long long)(global / 2));
         x->arena = arena_with(m, &def, NULL, 0);
+        x->changes_training = 1;
     }
     arena_free(a);
 }
@@ -102,6 +103,26 @@ static void try_setting(const FscMem *m, MemWhatIf *w, int *n, const Setting *s,
     snprintf(x->flags, sizeof x->flags, "%s", flags);
     snprintf(x->what, sizeof x->what, "%s", what);
     x->arena = arena_with(m, NULL, s, n_s);
+    x->changes_training = 0;
+}
+
+/* Gradient accumulation: the same training from smaller micro-batches. The next two
+ * counts that split each rank's rows evenly. */
+static void try_microbatches(const FscMem *m, const Plan *p, MemWhatIf *w, int *n)
+{
+    int64_t rows = first_input_rows(p), cur = plan_meta_int(p, "microbatches", 1);
+    if (plan_meta_int(p, "stages", 1) > 1 || cur < 1) return;
+    for (int64_t k = cur + 1, found = 0; k <= rows && found < 2 && *n < MAX_WHAT_IFS; k++) {
+        if (rows % k) continue;
+        char v[24], flags[96], what[96];
+        snprintf(v, sizeof v, "%lld", (long long)k);
+        snprintf(flags, sizeof flags, "--microbatches %lld", (long long)k);
+        snprintf(what, sizeof what, "accumulate over %lld micro-batches of %lld rows",
+                 (long long)k, (long long)(rows / k));
+        Setting s = {"microbatches", v};
+        try_setting(m, w, n, &s, 1, flags, what);
+        found++;
+    }
 }
 
 /* Each strategy that shards more than the current one, over the plan's world; from a
@@ -142,6 +163,7 @@ static int what_ifs(const FscMem *m, const Plan *p, MemWhatIf *w)
 {
     int n = 0;
     if (has_pass("shard")) try_shard(m, p, w, &n);
+    if (has_pass("pipeline")) try_microbatches(m, p, w, &n);
     if (has_pass("recompute")) try_recompute(m, p, w, &n);
     if (has_pass("offload") && !strcmp(plan_meta_str(p, "offload", "none"), "none") && n < MAX_WHAT_IFS) {
         Setting s = {"offload", "optimizer"};

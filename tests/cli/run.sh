@@ -70,6 +70,8 @@ expect mem-limit-ok 0 "within --mem-limit 1.0 MiB" -- "$FSC" "$SRC/samples/mlp.f
 expect mem-limit-over 1 "over the limit of 8.00 GiB" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
 expect mem-limit-batch 1 "half the batch (B 8 -> 4)" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
 expect mem-limit-recompute 1 "--recompute Block" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
+expect mem-limit-microbatches 1 "accumulate over 2 micro-batches of 4 rows" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
+expect mem-limit-batch-changes 1 "half the batch (B 8 -> 4) (changes the training)" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
 expect mem-limit-shard 1 "--shard fsdp --world 8" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
 expect mem-limit-unit 1 "unknown unit 'GX'" -- "$FSC" "$SRC/samples/mlp.fsm" --mem-limit 80GX
 expect mem-limit-no-unit 1 "has no unit" -- "$FSC" "$SRC/samples/mlp.fsm" --mem-limit 80
@@ -83,6 +85,8 @@ expect comm-none 0 "none" -- "$FSC" "$SRC/samples/mlp.fsm" --comm -q
 expect reduce-dtype-mismatch 1 "reduce_dtype bf16 with precision fp16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision fp16 --reduce_dtype bf16
 expect precision-bf16 0 "precision bf16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision bf16
 expect pipeline-not-yet 1 "pipeline parallelism is not implemented yet" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2
+expect accumulate 0 "wrote $tmp/mlp4.plan" -- "$FSC" "$SRC/samples/mlp.fsm" --microbatches 4 -o "$tmp/mlp4.plan"
+expect accumulate-batch 1 "does not split evenly over 1 data-parallel rank x 5 micro-batches; make it a multiple of 5" -- "$FSC" "$SRC/samples/mlp.fsm" --microbatches 5
 expect offload-not-yet 1 "optimizer offload is not implemented yet" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer
 expect debug-guard 0 "step 2/2" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 2 --debug-guard
 head -c 100 "$tmp/gpt2.plan" >"$tmp/short.plan"

@@ -433,9 +433,9 @@ Test(memreport, limit_message_says_by_how_much_and_what_would_cut_it)
     Plan *p = compile("gpt2.fsm", GPT2, 6, NULL, 0);
     MemReport *r = report(p);
     int64_t limit = r->arena_bytes - (1 << 20);
-    MemWhatIf w[3] = {{"-D B=2", "half the batch (B 4 -> 2)", r->arena_bytes - (2 << 20)},
-                      {"--recompute Block", "recompute", r->arena_bytes - 1000},
-                      {"--nothing", "does not compile", -1}};
+    MemWhatIf w[3] = {{"-D B=2", "half the batch (B 4 -> 2)", r->arena_bytes - (2 << 20), 0},
+                      {"--recompute Block", "recompute", r->arena_bytes - 1000, 0},
+                      {"--nothing", "does not compile", -1, 0}};
     cr_expect(report_over_limit(r, limit));
     cr_expect(!report_over_limit(r, r->arena_bytes));
     char *buf = NULL;
@@ -449,6 +449,26 @@ Test(memreport, limit_message_says_by_how_much_and_what_would_cut_it)
     cr_expect(strstr(buf, "(fits)"), "%s", buf);
     cr_expect(!strstr(buf, "--nothing"), "a setting that did not compile is not offered:\n%s", buf);
     cr_expect(strstr(buf, "-D B=2") < strstr(buf, "--recompute"), "best first:\n%s", buf);
+    free(buf);
+    report_mem_free(r);
+    plan_free(p);
+}
+
+Test(memreport, limit_message_offers_what_trains_the_same_first)
+{
+    Plan *p = compile("gpt2.fsm", GPT2, 6, NULL, 0);
+    MemReport *r = report(p);
+    int64_t limit = r->arena_bytes - (1 << 20);
+    MemWhatIf w[2] = {{"-D B=2", "half the batch (B 4 -> 2)", r->arena_bytes - 600000, 1},
+                      {"--microbatches 2", "accumulate", r->arena_bytes - 300000, 0}};
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    report_limit_print(r, limit, w, 2, f);
+    fclose(f);
+    cr_expect(strstr(buf, "--microbatches 2") && strstr(buf, "-D B=2"), "%s", buf);
+    cr_expect(strstr(buf, "--microbatches 2") < strstr(buf, "-D B=2"), "a smaller batch last, though smaller:\n%s", buf);
+    cr_expect(strstr(buf, "(changes the training)") > strstr(buf, "-D B=2"), "%s", buf);
     free(buf);
     report_mem_free(r);
     plan_free(p);

@@ -1,0 +1,142 @@
+/* tests/unit/test_pipeline.c: gradient accumulation (passes/pipeline.c) changes memory
+ * and the order of sums, never the gradient.
+ *  - Step 1's gradients with M = 2 and 4 micro-batches equal M = 1's on the same global
+ *    batch (to fp32 rounding: the sums run in another order), for GPT-2 and Llama,
+ *    unsharded and with every strategy at world 1 (flat buffers, gathers, regathers),
+ *    with recompute, and in bf16 (to its tolerance).
+ *  - The partial sums lie in the last one's bytes: no param holds M gradient buffers.
+ *  - ddp reduces once per step at any M; fsdp gathers each block per micro-batch for
+ *    forward and backward, or once per step with reshard_after_forward 0.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+#include "frontend.h"
+#include "passes.h"
+#include "runtime.h"
+#include "sample.h"
+
+static const Define GPT2[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 256}, {"B", 8}};
+static const Define LLAMA[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"F", 64}, {"T", 16}, {"V", 256}, {"B", 8}};
+
+static Plan *compile(const char *file, const Define *defs, int n_defs, int m, const char *shard, const char *precision,
+                     const char *recompute, const char *reshard)
+{
+    char mb[16];
+    snprintf(mb, sizeof mb, "%d", m);
+    Setting set[] = {{"microbatches", mb}, {"shard", shard}, {"precision", precision}, {"recompute", recompute},
+                     {"reshard_after_forward", reshard}};
+    return sample_compile(file, defs, n_defs, set, 5, NULL);
+}
+
+/* Every gradient of step 1 (what the optimizer reads), in tensor order, as f32. */
+static double *gradients(const Plan *p, size_t *n)
+{
+    char err[256];
+    ExecOptions eo = {.seed = 5};
+    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
+    cr_assert_not_null(e, "%s", err);
+    RtData *data = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, 5, err, sizeof err);
+    cr_assert_not_null(data, "%s", err);
+    rt_data_fill(data, 1);
+    cr_assert_eq(rt_exec_run_ops(e, 1, 0, rt_exec_first_op(e, PLAN_PHASE_OPTIMIZER), RT_PHASES_ALL), 0);
+    size_t total = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].grad != PLAN_NONE) total += (size_t)plan_tensor_numel(&p->tensors[p->tensors[i].grad]);
+    double *out = malloc(sizeof(double) * total + 1);
+    size_t k = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        if (p->tensors[i].grad == PLAN_NONE) continue;
+        RtTensor t;
+        rt_exec_tensor_id(e, p->tensors[i].grad, &t);
+        cr_assert_eq(t.dtype, PLAN_DT_F32);
+        for (int64_t j = 0; j < t.numel; j++) out[k++] = ((const float *)t.data)[j];
+    }
+    *n = k;
+    rt_data_close(data);
+    rt_exec_free(e);
+    return out;
+}
+
+static void check_same_gradients(const char *file, const Define *defs, int n_defs, const char *shard,
+                                 const char *precision, const char *recompute, double tol)
+{
+    Plan *one = compile(file, defs, n_defs, 1, shard, precision, recompute, "1");
+    size_t n1;
+    double *g1 = gradients(one, &n1), norm = 0;
+    cr_assert_gt(n1, 1000);
+    for (size_t i = 0; i < n1; i++) norm += g1[i] * g1[i];
+    for (int m = 2; m <= 4; m *= 2) {
+        Plan *acc = compile(file, defs, n_defs, m, shard, precision, recompute, "1");
+        size_t n;
+        double *g = gradients(acc, &n), diff = 0;
+        cr_assert_eq(n, n1);
+        for (size_t i = 0; i < n; i++) diff += (g[i] - g1[i]) * (g[i] - g1[i]);
+        cr_expect_leq(sqrt(diff / norm), tol, "%s %s %s recompute %s, M %d: gradients differ from M = 1 by rel %.2e",
+                      file, shard, precision, recompute, m, sqrt(diff / norm));
+        cr_expect_lt(plan_space_bytes(acc, PLAN_PLACE_DEVICE), plan_space_bytes(one, PLAN_PLACE_DEVICE));
+        free(g);
+        plan_free(acc);
+    }
+    free(g1);
+    plan_free(one);
+}
+
+Test(pipeline, gpt2_gradients) { check_same_gradients("gpt2.fsm", GPT2, 6, "none", "fp32", "none", 1e-6); }
+Test(pipeline, llama_gradients) { check_same_gradients("llama.fsm", LLAMA, 7, "none", "fp32", "none", 1e-6); }
+Test(pipeline, gpt2_gradients_ddp) { check_same_gradients("gpt2.fsm", GPT2, 6, "ddp", "fp32", "none", 1e-6); }
+Test(pipeline, gpt2_gradients_zero1) { check_same_gradients("gpt2.fsm", GPT2, 6, "zero1", "fp32", "none", 1e-6); }
+Test(pipeline, gpt2_gradients_zero2) { check_same_gradients("gpt2.fsm", GPT2, 6, "zero2", "fp32", "none", 1e-6); }
+Test(pipeline, gpt2_gradients_fsdp) { check_same_gradients("gpt2.fsm", GPT2, 6, "fsdp", "fp32", "none", 1e-6); }
+Test(pipeline, gpt2_gradients_fsdp_recompute) { check_same_gradients("gpt2.fsm", GPT2, 6, "fsdp", "fp32", "all", 1e-6); }
+/* bf16: each micro-batch's gradient rounds to bf16 before it is summed. */
+Test(pipeline, gpt2_gradients_fsdp_bf16) { check_same_gradients("gpt2.fsm", GPT2, 6, "fsdp", "bf16", "none", 2e-2); }
+Test(pipeline, llama_gradients_zero2_bf16) { check_same_gradients("llama.fsm", LLAMA, 7, "zero2", "bf16", "all", 2e-2); }
+
+static int count_ops(const Plan *p, const char *name)
+{
+    int n = 0;
+    for (int32_t k = 0; k < p->n_ops; k++) n += !strcmp(plan_str(p, p->ops[k].op), name);
+    return n;
+}
+
+Test(pipeline, partial_sums_share_the_last_ones_bytes)
+{
+    Plan *p = compile("gpt2.fsm", GPT2, 6, 4, "none", "fp32", "none", "1");
+    int params = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        int32_t g = p->tensors[i].grad;
+        if (p->tensors[i].role != PLAN_ROLE_PARAM || g == PLAN_NONE) continue;
+        params++;
+        int inside = 0;
+        for (int32_t t = 0; t < p->n_tensors; t++) inside += t != g && p->tensors[t].alias == g && p->tensors[t].offset == p->tensors[g].offset;
+        cr_expect_geq(inside, 3, "%s: %d partial sums in its gradient's bytes, not 3", plan_str(p, p->tensors[i].name), inside);
+    }
+    cr_expect_gt(params, 10);
+    cr_expect_eq(count_ops(p, "slice"), 2 * 4, "tokens and targets, each micro-batch's rows");
+    plan_free(p);
+}
+
+Test(pipeline, ddp_reduces_once_fsdp_gathers_per_micro_batch)
+{
+    Plan *d1 = compile("gpt2.fsm", GPT2, 6, 1, "ddp", "fp32", "none", "1");
+    Plan *d4 = compile("gpt2.fsm", GPT2, 6, 4, "ddp", "fp32", "none", "1");
+    cr_expect_eq(count_ops(d4, "all_reduce"), count_ops(d1, "all_reduce"));
+    plan_free(d1);
+    plan_free(d4);
+    /* 2 blocks, and the params outside blocks gathered once for the step. */
+    Plan *f1 = compile("gpt2.fsm", GPT2, 6, 1, "fsdp", "fp32", "none", "1");
+    Plan *f4 = compile("gpt2.fsm", GPT2, 6, 4, "fsdp", "fp32", "none", "1");
+    Plan *once = compile("gpt2.fsm", GPT2, 6, 4, "fsdp", "fp32", "none", "0");
+    cr_expect_eq(count_ops(f1, "all_gather"), 2 * 2 + 1);
+    cr_expect_eq(count_ops(f4, "all_gather"), 2 * 2 * 4 + 1);
+    cr_expect_eq(count_ops(once, "all_gather"), 2 + 1);
+    cr_expect_eq(count_ops(f4, "reduce_scatter"), count_ops(f1, "reduce_scatter"));
+    plan_free(f1);
+    plan_free(f4);
+    plan_free(once);
+}
