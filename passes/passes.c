@@ -27,11 +27,12 @@ static const PassInfo PASSES[] = {
      pass_shard},
     {"optimizer", "Value.grad on each param (or flat storage) to update", "step input, lr and grad_norm outputs, state tensors, update nodes",
      pass_optimizer},
+    {"schedule", "every node; fsdp gathers at their first use",
+     "the final node order (fsdp gathers prefetched a block ahead); Node.stream of every node; Node.wait: what each "
+     "waits for on other streams", pass_schedule},
     {"fuse", "the final node order", "Node.group: runs of consecutive elementwise nodes of one shape that feed each other",
      pass_fuse},
-    {"schedule", "the final node order", "Node.stream of every node; Node.wait: what each waits for on other streams",
-     pass_schedule},
-    {"memplan", "the final node order and its waits",
+    {"memplan", "the final node order, its waits and fused groups",
      "Value.offset (in its space's arena) and live range of every value; Graph.space_bytes", pass_memplan},
 };
 enum { N_PASSES = sizeof PASSES / sizeof *PASSES };

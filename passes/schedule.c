@@ -2,11 +2,18 @@
  * once, here, and stored in the plan; the backends execute them as stored and never look
  * for hazards at run time.
  *
- * Needs: the final node order (every pass that adds or moves nodes ran before it; the
- *        fsdp prefetch that moves all-gathers early is still placed by the shard pass).
- * Gives: Node.stream, and Node.wait / n_wait: for each node, the nodes on other streams
- *        it must not start before. memplan reads the waits to keep a collective's buffers
- *        until it is complete.
+ * Needs: every node (every pass that adds nodes ran before it); fsdp's all-gathers where
+ *        the shard pass put them, at the first node of each run that reads them.
+ * Gives: the final node order (prefetch), Node.stream, and Node.wait / n_wait: for each
+ *        node, the nodes on other streams it must not start before. memplan reads the
+ *        waits to keep a collective's buffers until it is complete.
+ *
+ * Prefetch (FairScale's forward and backward prefetch): in each run of forward nodes or
+ * of the others (backward, recompute), the gathers of fsdp's units are taken in the
+ * order the run first reads them, and each but the first moves, with the cast that feeds
+ * it, to just before the first reader of the one before it: a block's params arrive
+ * while the previous block computes. The gathered buffers then live that much longer,
+ * which memplan counts.
  *
  * The streams: collectives on STREAM_COLLECTIVE, everything else on STREAM_COMPUTE (the
  * copy stream takes host-device copies once offload makes them). Semantics, the same on
@@ -22,6 +29,8 @@
  * bytes), so it never waits. A collective no later node touches is complete at the end
  * of the step; memplan keeps its buffers until then.
  */
+#include <stdlib.h>
+
 #include "passes.h"
 
 /* The buffer a value's bytes lie in: follows views up to the value that owns bytes. */
@@ -43,6 +52,120 @@ static int touches(const Graph *g, const Node *n, const int *root, int r0, int r
     return 0;
 }
 
+/* An fsdp gather: an all-gather into a unit's gathered params. */
+static int is_gather(const Graph *g, int k)
+{
+    const Node *n = ir_node(g, k);
+    return n->op == OP_all_gather && ir_value(g, ir_out(g, n, 0))->role == ROLE_GATHERED;
+}
+
+/* The cast a gather reads, when nothing else reads it: it moves with the gather. */
+static int feeding_cast(const Graph *g, int k, const int *readers)
+{
+    int x = ir_in(g, ir_node(g, k), 0), c = ir_value(g, x)->producer;
+    return c >= 0 && ir_node(g, c)->op == OP_cast && readers[x] == 1 ? c : -1;
+}
+
+typedef struct {
+    int node, cast;  // the gather, and the cast that moves with it (-1: none)
+} Gather;
+
+/* A gathered buffer's first reader in a run. */
+typedef struct {
+    int gather;      // index in the gathers
+    int run, first;  // the run, and its first node that reads the buffer
+    int own;         // the run the gather serves: its buffer's first read
+} Read;
+
+static int by_run_then_first(const void *a, const void *b)
+{
+    const Read *x = a, *y = b;
+    if (x->run != y->run) return x->run - y->run;
+    return x->first != y->first ? x->first - y->first : x->gather - y->gather;
+}
+
+/* Where each gather goes (before[i]: the node it goes before): each run's buffers in the
+ * order the run first reads them, and each gather serving a run just before the first
+ * read of the buffer read before its own in that run (a buffer gathered in an earlier run
+ * counts: fsdp keeps the params outside blocks for the whole step). */
+static void prefetch_points(Graph *g, const int *root, const char *moves, const int *run, const Gather *gs, int ng,
+                            int *before)
+{
+    int nn = g->n_nodes, nr = 0;
+    Read *reads = arena_alloc(g->arena, sizeof(Read) * ((size_t)ng * 4 + 16));
+    int cap = ng * 4 + 16;
+    for (int i = 0; i < ng; i++) {
+        int buf = root[ir_out(g, ir_node(g, gs[i].node), 0)], last = -1;
+        before[i] = -1;
+        for (int k = gs[i].node + 1; k < nn; k++) {
+            if (moves[k] || run[k] == last || !touches(g, ir_node(g, k), root, buf, buf)) continue;
+            if (nr == cap) reads = arena_grow(g->arena, reads, &cap, nr + 1, sizeof *reads);
+            reads[nr++] = (Read){i, run[k], k, last < 0};
+            last = run[k];
+        }
+        if (last < 0)  // read by nobody: it stays before the node after it
+            for (int k = gs[i].node + 1; k <= nn && before[i] < 0; k++)
+                if (k == nn || !moves[k]) before[i] = k;
+    }
+    qsort(reads, (size_t)nr, sizeof *reads, by_run_then_first);
+    for (int r = 0; r < nr; r++) {
+        if (!reads[r].own) continue;
+        int prev = r && reads[r - 1].run == reads[r].run ? reads[r - 1].first : reads[r].first;
+        before[reads[r].gather] = prev < reads[r].first ? prev : reads[r].first;
+    }
+}
+
+static void prefetch(Graph *g, const int *root)
+{
+    int nn = g->n_nodes;
+    int *readers = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
+    for (int k = 0; k < nn; k++)
+        for (int i = 0; i < ir_node(g, k)->n_in; i++) readers[ir_in(g, ir_node(g, k), i)]++;
+    char *moves = arena_alloc(g->arena, (size_t)nn + 1);
+    Gather *gs = arena_alloc(g->arena, sizeof(Gather) * (size_t)nn + 1);
+    int ng = 0;
+    for (int k = 0; k < nn; k++)
+        if (is_gather(g, k)) {
+            gs[ng] = (Gather){k, feeding_cast(g, k, readers)};
+            moves[k] = 1;
+            if (gs[ng].cast >= 0) moves[gs[ng].cast] = 1;
+            ng++;
+        }
+    if (!ng) return;
+    /* Runs over the nodes that stay: stretches of one phase class, forward or not. */
+    int *run = arena_alloc(g->arena, sizeof(int) * (size_t)nn + 1), r = -1, cls = -1;
+    for (int k = 0; k < nn; k++) {
+        if (moves[k]) continue;
+        int c = ir_node(g, k)->phase != PHASE_FORWARD;
+        if (c != cls) r++, cls = c;
+        run[k] = r;
+    }
+    int *before = arena_alloc(g->arena, sizeof(int) * (size_t)ng + 1);
+    prefetch_points(g, root, moves, run, gs, ng, before);
+    /* Each moved node goes before its group's node; there, the moved ones in their order
+     * (a counting sort by that node, stable). */
+    int *due = arena_alloc(g->arena, sizeof(int) * (size_t)nn + 1);
+    int *start = arena_alloc(g->arena, sizeof(int) * (size_t)(nn + 2));
+    for (int i = 0; i < ng; i++) {
+        due[gs[i].node] = before[i];
+        if (gs[i].cast >= 0) due[gs[i].cast] = before[i];
+    }
+    int n_moved = 0;
+    for (int k = 0; k < nn; k++)
+        if (moves[k]) start[due[k] + 1]++, n_moved++;
+    for (int k = 0; k <= nn; k++) start[k + 1] += start[k];
+    int *moved = arena_alloc(g->arena, sizeof(int) * (size_t)nn + 1);
+    for (int k = 0; k < nn; k++)
+        if (moves[k]) moved[start[due[k]]++] = k;
+    int *order = arena_alloc(g->arena, sizeof(int) * (size_t)nn + 1), n = 0, m = 0;
+    for (int k = 0; k <= nn; k++) {
+        while (m < n_moved && due[moved[m]] == k) order[n++] = moved[m++];
+        if (k < nn && !moves[k]) order[n++] = k;
+    }
+    FS_ASSERT(n == nn);
+    ir_nodes_reorder(g, order);
+}
+
 static void add_wait(Graph *g, Node *n, int on)
 {
     g->waits = arena_grow(g->arena, g->waits, &g->cap_waits, g->n_waits + 1, sizeof *g->waits);
@@ -57,6 +180,7 @@ int pass_schedule(Graph *g, const Options *o, Diag *d)
     (void)o, (void)d;
     int *root = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
     for (int v = 0; v < g->n_values; v++) root[v] = root_of(g, v);
+    prefetch(g, root);
     int *pending = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1), n_pending = 0;
     g->n_waits = 0;
     for (int k = 0; k < g->n_nodes; k++) {

@@ -15,8 +15,8 @@
  *  - The optimizer (next pass) updates each unit's storage from its gradient: the whole
  *    buffer (ddp) or this rank's shard (zero1, zero2, fsdp; their state is shard-sized).
  *  - zero1 and zero2 all-gather the updated shards into the full buffer at the start of
- *    the next step; fsdp all-gathers a block's params before its forward, prefetched one
- *    block ahead, frees them after it (reshard_after_forward) and gathers them again
+ *    the next step; fsdp all-gathers a block's params before its forward (where the
+ *    schedule pass prefetches it one block ahead), frees them after it (reshard_after_forward) and gathers them again
  *    before its backward. The params outside blocks stay gathered for the whole step.
  *  - The loss is averaged over ranks, so every world size logs the global batch's loss.
  *  - In fp16 / bf16 (the precision pass made one compute copy per param, a cast, and
@@ -458,32 +458,15 @@ static void reduce_grads(Shard *s, Unit *u)
 
 /* ---- the schedule --------------------------------------------------------------------- */
 
-/* Unit indices in order of first use in a run; ties in unit order (an insertion sort:
- * few units). */
-static void use_order(const Shard *s, int run, int *order)
+/* fsdp: each run's gather goes where the run first reads the unit's params; the schedule
+ * pass (passes/schedule.c) then moves it earlier, to overlap compute (prefetch). */
+static void gather_at_first_use(Shard *s, int run)
 {
     for (int i = 0; i < s->n_units; i++) {
-        int k = i;
-        while (k > 0 && s->units[order[k - 1]].first_in_run[run] > s->units[i].first_in_run[run]) {
-            order[k] = order[k - 1];
-            k--;
-        }
-        order[k] = i;
-    }
-}
-
-/* fsdp prefetch: in each run, each unit's gather goes before the previous unit (in use
- * order) starts computing, so it overlaps that unit's compute. */
-static void prefetch(Shard *s, int run)
-{
-    int *order = arena_alloc(s->g->arena, sizeof(int) * (size_t)s->n_units);
-    use_order(s, run, order);
-    for (int i = 0; i < s->n_units; i++) {
-        const Unit *u = &s->units[order[i]];
+        const Unit *u = &s->units[i];
         int v = u->gather_in_run[run];
         if (v < 0) continue;
-        int first = u->first_in_run[run], prev = i ? s->units[order[i - 1]].first_in_run[run] : first;
-        int at = prev < first ? prev : first;
+        int at = u->first_in_run[run];
         int x = ir_in(s->g, ir_node(s->g, s->g->values[v].producer), 0);  // the gather's input: a cast to move along
         for (int k = 0; k < s->n_placed; k++) {
             int out = ir_out(s->g, ir_node(s->g, s->placed[k].node), 0);
@@ -566,7 +549,7 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
         reduce_grads(&s, u);
     }
     if (t->shard == SHARD_FSDP)
-        for (int k = 0; k < s.n_runs; k++) prefetch(&s, k);
+        for (int k = 0; k < s.n_runs; k++) gather_at_first_use(&s, k);
     average_loss(&s);
     schedule(&s);
     ir_graph_compact(g, s.drop);

@@ -1,0 +1,141 @@
+/* tests/unit/test_schedule.c: the schedule pass (passes/schedule.c) and the check that
+ * makes a stored schedule safe to run as stored (plan/schedule.c), on the samples'
+ * plans under every strategy:
+ *  - collectives are on the collective stream, everything else on compute, and each
+ *    wait names an earlier collective;
+ *  - the stored waits are enough on every rank (plan_check_schedule), and not one too
+ *    many: removing any single wait makes the check fail, naming the op;
+ *  - memplan keeps a collective's input and output until the op that waits for it (no
+ *    other buffer's bytes overlap them before then);
+ *  - fsdp's gathers are prefetched: each block's forward gather comes before the
+ *    previous block's first op that reads its params, and the gathered buffer is then
+ *    waited for at its own first reader.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sample.h"
+
+static Plan *compile(const char *file, const char *shard, const char *world, const char *precision)
+{
+    Setting set[] = {{"shard", shard}, {"world", world}, {"precision", precision}};
+    int gpt = !strcmp(file, "gpt2.fsm");
+    return sample_compile(file, gpt ? SAMPLE_GPT2 : SAMPLE_LLAMA, gpt ? 6 : 7, set, 3, NULL);
+}
+
+static int is_collective(const Plan *p, int32_t k)
+{
+    const char *op = plan_str(p, p->ops[k].op);
+    return !strcmp(op, "all_reduce") || !strcmp(op, "reduce_scatter") || !strcmp(op, "all_gather");
+}
+
+static int overlap(const PlanTensor *a, const PlanTensor *b, int rank)
+{
+    int64_t alo = a->offset + rank * a->rank_stride, blo = b->offset + rank * b->rank_stride;
+    return a->place == b->place && alo < blo + plan_tensor_nbytes(b) && blo < alo + plan_tensor_nbytes(a) &&
+           plan_tensor_nbytes(a) && plan_tensor_nbytes(b);
+}
+
+static void check_plan(const char *file, const char *shard, const char *world, const char *precision)
+{
+    Plan *p = compile(file, shard, world, precision);
+    char err[512];
+    int w = atoi(world), n_waits = 0;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        const PlanOp *o = &p->ops[k];
+        cr_assert_eq(o->stream, is_collective(p, k) ? PLAN_STREAM_COLLECTIVE : PLAN_STREAM_COMPUTE, "op %d (%s)", k,
+                     plan_str(p, o->op));
+        for (int32_t i = 0; i < o->n_wait; i++) cr_assert(is_collective(p, p->waits[o->wait + i]));
+        n_waits += o->n_wait;
+    }
+    if (strcmp(shard, "none")) cr_assert_gt(n_waits, 0, "%s %s: a sharded plan waits for its collectives", file, shard);
+    for (int rank = 0; rank < w; rank++)
+        cr_assert_eq(plan_check_schedule(p, rank, err, sizeof err), 0, "%s %s rank %d: %s", file, shard, rank, err);
+
+    /* A collective's buffers are its alone until it is waited for: no tensor another op
+     * writes in between overlaps them. */
+    for (int32_t c = 0; c < p->n_ops; c++) {
+        if (!is_collective(p, c)) continue;
+        int32_t done = p->n_ops;
+        for (int32_t k = c + 1; k < p->n_ops && done == p->n_ops; k++)
+            for (int32_t i = 0; i < p->ops[k].n_wait; i++)
+                if (p->waits[p->ops[k].wait + i] == c) done = k;
+        const PlanTensor *x = &p->tensors[p->ids[p->ops[c].in]], *y = &p->tensors[p->ids[p->ops[c].out]];
+        for (int32_t k = c + 1; k < done; k++)
+            for (int32_t j = 0; j < p->ops[k].n_out; j++) {
+                const PlanTensor *t = &p->tensors[p->ids[p->ops[k].out + j]];
+                for (int rank = 0; rank < w; rank++)
+                    cr_assert(!overlap(t, x, rank) && !overlap(t, y, rank),
+                              "%s %s: op %d writes bytes of collective op %d before op %d waits for it", file, shard,
+                              k, c, done);
+            }
+    }
+
+    /* Each wait is needed: without it the schedule is unsafe. */
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        PlanOp *o = &p->ops[k];
+        for (int32_t i = 0; i < o->n_wait; i++) {
+            int32_t *a = &p->waits[o->wait + i], *last = &p->waits[o->wait + o->n_wait - 1], keep = *a, fails = 0;
+            *a = *last, *last = keep, o->n_wait--;  // wait i dropped
+            for (int rank = 0; rank < w && !fails; rank++) fails = plan_check_schedule(p, rank, err, sizeof err) != 0;
+            o->n_wait++, *last = *a, *a = keep;
+            cr_assert(fails, "%s %s: op %d's wait for op %d is not needed", file, shard, k, keep);
+            cr_assert(strstr(err, "the schedule is unsafe"), "%s", err);
+        }
+    }
+    plan_free(p);
+}
+
+Test(schedule, gpt2_every_strategy)
+{
+    static const char *const shards[] = {"ddp", "zero1", "zero2", "fsdp"};
+    check_plan("gpt2.fsm", "none", "1", "fp32");
+    for (int s = 0; s < 4; s++) {
+        check_plan("gpt2.fsm", shards[s], "2", "fp32");
+        check_plan("gpt2.fsm", shards[s], "4", "bf16");
+    }
+}
+
+Test(schedule, llama_every_strategy)
+{
+    static const char *const shards[] = {"ddp", "zero1", "zero2", "fsdp"};
+    for (int s = 0; s < 4; s++) check_plan("llama.fsm", shards[s], "2", s % 2 ? "bf16" : "fp32");
+}
+
+/* The first op of each block that reads the block's params (in the forward). */
+static int32_t first_param_reader(const Plan *p, int32_t block)
+{
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        const PlanOp *o = &p->ops[k];
+        if (o->phase != PLAN_PHASE_FORWARD) continue;
+        for (int32_t i = 0; i < o->n_in; i++) {
+            const PlanTensor *t = &p->tensors[p->ids[o->in + i]];
+            if (t->role == PLAN_ROLE_PARAM && t->block == block && t->alias != PLAN_NONE) return k;
+        }
+    }
+    return p->n_ops;
+}
+
+Test(schedule, fsdp_gathers_one_block_ahead)
+{
+    const Define four[] = {{"L", 4}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 4}};
+    Setting set[] = {{"shard", "fsdp"}, {"world", "2"}};
+    Plan *p = sample_compile("gpt2.fsm", four, 6, set, 2, NULL);
+    cr_assert_eq(p->n_blocks, 4);
+    for (int32_t b = 1; b < p->n_blocks; b++) {
+        int32_t gather = -1;
+        for (int32_t k = 0; k < p->n_ops && gather < 0; k++)
+            if (!strcmp(plan_str(p, p->ops[k].op), "all_gather") && p->ops[k].block == b &&
+                p->ops[k].phase == PLAN_PHASE_COMM)
+                gather = k;
+        cr_assert_geq(gather, 0, "block %d has a gather", b);
+        int32_t prev = first_param_reader(p, b - 1), mine = first_param_reader(p, b);
+        cr_assert_lt(gather, prev, "block %d's gather (op %d) comes before block %d computes (op %d)", b, gather,
+                     b - 1, prev);
+        int waited = 0;
+        for (int32_t i = 0; i < p->ops[mine].n_wait; i++) waited |= p->waits[p->ops[mine].wait + i] == gather;
+        cr_assert(waited, "block %d's first reader (op %d) waits for its gather (op %d)", b, mine, gather);
+    }
+    plan_free(p);
+}
