@@ -294,6 +294,27 @@ static void print_memory(const Plan *p, FILE *out)
     report_mem_free(r);
 }
 
+/* The stored schedule: ops per stream, waits, and the tensors the step loop reads by role. */
+static void print_schedule(const Plan *p, FILE *out)
+{
+    int32_t per[PLAN_STREAM_COUNT] = {0}, waiting = 0;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        per[p->ops[k].stream]++;
+        waiting += p->ops[k].n_wait > 0;
+    }
+    fprintf(out, "\nschedule\n");
+    for (int s = 0; s < PLAN_STREAM_COUNT; s++)
+        if (per[s]) fprintf(out, "  %-12s %6d ops\n", plan_stream_name((PlanStream)s), per[s]);
+    fprintf(out, "  %-12s %6d (%d ops wait for a collective first)\n", "waits", p->n_waits, waiting);
+    char n[64];
+    fprintf(out, "step roles\n");
+    for (int r = 1; r < PLAN_SR_COUNT; r++) {
+        int32_t id = plan_role_tensor(p, (PlanStepRole)r);
+        if (id != PLAN_NONE)
+            fprintf(out, "  %-12s %s\n", plan_step_role_name((PlanStepRole)r), tensor_name(p, id, n, sizeof n));
+    }
+}
+
 void rt_inspect(const Plan *p, FILE *out)
 {
     print_summary(p, out);
@@ -301,6 +322,7 @@ void rt_inspect(const Plan *p, FILE *out)
     print_io(p, out);
     print_blocks(p, out);
     print_ops(p, out);
+    print_schedule(p, out);
     print_roles(p, out);
     print_memory(p, out);
     fputc('\n', out);

@@ -1004,6 +1004,8 @@ Test(plan, inspect_reports_what_a_plan_holds)
         "  matmul                 2\n",
         "  layernorm              1\n",
         "  split                  1\n",
+        "\nschedule\n",
+        "  compute           9 ops\n",
         "\ntensors by role\n",
         "  param               6              1,440      1.4 KiB\n",
         "  total              19              5,860      5.7 KiB\n",
