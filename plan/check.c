@@ -95,7 +95,8 @@ static int check_op(Check *c, int32_t i, const PlanOp *o)
     for (int32_t k = 0; k < o->n_wait; k++) {
         int32_t w = p->waits[o->wait + k];
         if (w < 0 || w >= i || p->ops[w].stream == PLAN_STREAM_COMPUTE)
-            return fail(c, "op %d (%s): waits for op %d, which is not an earlier op off the compute stream", i, name, w);
+            return fail(c, "op %d (%s): waits for op %d, which is not an earlier op off the compute stream", i, name,
+                        w);
     }
     for (int32_t k = 0; k < o->n_out; k++) {
         int32_t t = p->ids[o->out + k];

@@ -26,7 +26,10 @@ static Bytes bytes_of(const Plan *p, int32_t id, int rank)
     return (Bytes){t->place, lo, lo + plan_tensor_nbytes(t)};
 }
 
-static int overlap(Bytes a, Bytes b) { return a.space == b.space && a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi; }
+static int overlap(Bytes a, Bytes b)
+{
+    return a.space == b.space && a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
+}
 
 /* A view: one output lying where its one input starts, as the backends skip it. */
 static int computes_nothing(const Plan *p, const PlanOp *o, int rank)

@@ -323,7 +323,8 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
 {
     const Plan *p = e->plan;
     if (p->n_programs < 1)
-        return plan_fail(err, errlen, "the plan has no program (no memory plan); recompile it with this version of fsc");
+        return plan_fail(err, errlen,
+                         "the plan has no program (no memory plan); recompile it with this version of fsc");
     if (p->n_programs > 1)
         return plan_fail(err, errlen, "the plan has %d pipeline stages; this fsexec runs one (pipelines are not "
                          "implemented yet)", p->n_programs);

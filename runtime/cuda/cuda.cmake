@@ -59,7 +59,7 @@ if(FS_CUDA)
     # The schedule on the samples' real plans, every strategy and rank.
     add_executable(test_cuda_plans tests/cuda/test_cuda_plans.c tests/support/sample.c)
     target_include_directories(test_cuda_plans PRIVATE tests/support)
-    target_link_libraries(test_cuda_plans PRIVATE fs_frontend fs_passes fs_codegen fs_cuda_host ${CRITERION_LIB})
+    target_link_libraries(test_cuda_plans PRIVATE fs_frontend fs_passes fs_codegen fs_cuda_host fs_runtime ${CRITERION_LIB})
     target_compile_definitions(test_cuda_plans PRIVATE FS_SOURCE_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
     add_test(NAME test_cuda_plans COMMAND test_cuda_plans --jobs 2)
   endif()

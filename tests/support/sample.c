@@ -1,5 +1,7 @@
 /* tests/support/sample.c: see sample.h. */
 #include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "sample.h"
 
@@ -31,4 +33,35 @@ Plan *sample_compile(const char *file, const Define *defs, int n_defs, const Set
     else
         ir_graph_free(g);
     return p;
+}
+
+float *sample_step1_grads(const Plan *p, size_t *n)
+{
+    char err[256];
+    ExecOptions eo = {.seed = 5};
+    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
+    cr_assert_not_null(e, "%s", err);
+    RtData *data = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, 5, err, sizeof err);
+    cr_assert_not_null(data, "%s", err);
+    rt_data_fill(data, 1);
+    /* Everything up to the update: forward, recompute, backward and the collectives. */
+    cr_assert_eq(rt_exec_run_ops(e, 1, 0, rt_exec_first_op(e, PLAN_PHASE_OPTIMIZER), RT_PHASES_ALL), 0);
+    size_t total = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].role == PLAN_ROLE_PARAM && p->tensors[i].grad != PLAN_NONE)
+            total += (size_t)plan_tensor_numel(&p->tensors[p->tensors[i].grad]);
+    float *out = malloc(sizeof(float) * total + 1);
+    size_t k = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        if (p->tensors[i].role != PLAN_ROLE_PARAM || p->tensors[i].grad == PLAN_NONE) continue;
+        RtTensor t;
+        rt_exec_tensor_id(e, p->tensors[i].grad, &t);
+        cr_assert_eq(t.dtype, PLAN_DT_F32, "gradient %s is %s", t.name, plan_dtype_name(t.dtype));
+        memcpy(out + k, t.data, sizeof(float) * (size_t)t.numel);
+        k += (size_t)t.numel;
+    }
+    *n = k;
+    rt_data_close(data);
+    rt_exec_free(e);
+    return out;
 }

@@ -6,10 +6,15 @@
 #include "codegen.h"
 #include "frontend.h"
 #include "passes.h"
+#include "runtime.h"
 
 /* samples/FILE with -D defines and --key value settings; the graph too when g is not
  * NULL (the caller frees it). Fails the current Criterion test on any error. */
 Plan *sample_compile(const char *file, const Define *defs, int n_defs, const Setting *set, int n_set, Graph **g);
+
+/* Every gradient the optimizer reads after step 1's backward (seed 5, synthetic data in
+ * order), f32, the params' in tensor order, concatenated; *n floats. Free with free(). */
+float *sample_step1_grads(const Plan *p, size_t *n);
 
 /* Small dims that train a step in milliseconds. */
 extern const Define SAMPLE_GPT2[6], SAMPLE_LLAMA[7];

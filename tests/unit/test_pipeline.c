@@ -33,47 +33,20 @@ static Plan *compile(const char *file, const Define *defs, int n_defs, int m, co
     return sample_compile(file, defs, n_defs, set, 5, NULL);
 }
 
-/* Every gradient of step 1 (what the optimizer reads), in tensor order, as f32. */
-static double *gradients(const Plan *p, size_t *n)
-{
-    char err[256];
-    ExecOptions eo = {.seed = 5};
-    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
-    cr_assert_not_null(e, "%s", err);
-    RtData *data = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, 5, err, sizeof err);
-    cr_assert_not_null(data, "%s", err);
-    rt_data_fill(data, 1);
-    cr_assert_eq(rt_exec_run_ops(e, 1, 0, rt_exec_first_op(e, PLAN_PHASE_OPTIMIZER), RT_PHASES_ALL), 0);
-    size_t total = 0;
-    for (int32_t i = 0; i < p->n_tensors; i++)
-        if (p->tensors[i].grad != PLAN_NONE) total += (size_t)plan_tensor_numel(&p->tensors[p->tensors[i].grad]);
-    double *out = malloc(sizeof(double) * total + 1);
-    size_t k = 0;
-    for (int32_t i = 0; i < p->n_tensors; i++) {
-        if (p->tensors[i].grad == PLAN_NONE) continue;
-        RtTensor t;
-        rt_exec_tensor_id(e, p->tensors[i].grad, &t);
-        cr_assert_eq(t.dtype, PLAN_DT_F32);
-        for (int64_t j = 0; j < t.numel; j++) out[k++] = ((const float *)t.data)[j];
-    }
-    *n = k;
-    rt_data_close(data);
-    rt_exec_free(e);
-    return out;
-}
-
 static void check_same_gradients(const char *file, const Define *defs, int n_defs, const char *shard,
                                  const char *precision, const char *recompute, double tol)
 {
     Plan *one = compile(file, defs, n_defs, 1, shard, precision, recompute, "1");
     size_t n1;
-    double *g1 = gradients(one, &n1), norm = 0;
+    float *g1 = sample_step1_grads(one, &n1);
+    double norm = 0;
     cr_assert_gt(n1, 1000);
     for (size_t i = 0; i < n1; i++) norm += g1[i] * g1[i];
     for (int m = 2; m <= 4; m *= 2) {
         Plan *acc = compile(file, defs, n_defs, m, shard, precision, recompute, "1");
         size_t n;
-        double *g = gradients(acc, &n), diff = 0;
+        float *g = sample_step1_grads(acc, &n);
+        double diff = 0;
         cr_assert_eq(n, n1);
         for (size_t i = 0; i < n; i++) diff += (g[i] - g1[i]) * (g[i] - g1[i]);
         cr_expect_leq(sqrt(diff / norm), tol, "%s %s %s recompute %s, M %d: gradients differ from M = 1 by rel %.2e",

@@ -34,42 +34,13 @@ static Compiled compile(const char *file, const Define *defs, int n_defs, const 
     return c;
 }
 
-/* Every gradient of step 1, in tensor order, concatenated. */
-static float *gradients(const Plan *p, size_t *n)
-{
-    char err[256];
-    ExecOptions eo = {.seed = 5};
-    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
-    cr_assert_not_null(e, "%s", err);
-    RtData *data = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, 5, err, sizeof err);
-    cr_assert_not_null(data, "%s", err);
-    rt_data_fill(data, 1);
-    /* Everything up to the update: forward, recompute, backward and the collectives. */
-    cr_assert_eq(rt_exec_run_ops(e, 1, 0, rt_exec_first_op(e, PLAN_PHASE_OPTIMIZER), RT_PHASES_ALL), 0);
-    size_t total = 0;
-    for (int32_t i = 0; i < p->n_tensors; i++)
-        if (p->tensors[i].role == PLAN_ROLE_PARAM && p->tensors[i].grad != PLAN_NONE) total += (size_t)plan_tensor_nbytes(&p->tensors[p->tensors[i].grad]);
-    float *out = malloc(total), *at = out;
-    for (int32_t i = 0; i < p->n_tensors; i++) {
-        if (p->tensors[i].role != PLAN_ROLE_PARAM || p->tensors[i].grad == PLAN_NONE) continue;
-        RtTensor t;
-        rt_exec_tensor_id(e, p->tensors[i].grad, &t);
-        memcpy(at, t.data, (size_t)plan_tensor_nbytes(&p->tensors[t.id]));
-        at = (float *)((char *)at + plan_tensor_nbytes(&p->tensors[t.id]));
-    }
-    *n = total / sizeof(float);
-    rt_data_close(data);
-    rt_exec_free(e);
-    return out;
-}
-
 static void check_strategy(const char *file, const Define *defs, int n_defs, const char *recompute, const char *shard,
                            const char *precision)
 {
     Compiled plain = compile(file, defs, n_defs, "none", shard, precision);
     Compiled ckpt = compile(file, defs, n_defs, recompute, shard, precision);
     size_t na, nb;
-    float *a = gradients(plain.plan, &na), *b = gradients(ckpt.plan, &nb);
+    float *a = sample_step1_grads(plain.plan, &na), *b = sample_step1_grads(ckpt.plan, &nb);
     cr_assert_eq(na, nb);
     cr_assert_gt(na, 1000);
     size_t diff = 0;
