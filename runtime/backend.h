@@ -1,14 +1,16 @@
 /* runtime/backend.h: the table of functions a backend gives the step loop (step.c): the
  * CPU one (backend_cpu.c) or a device backend, and how fsexec finds one.
  *
- * The CPU executor (runtime/exec.c) always exists: it is the HOST MIRROR of the arena.
- * It initializes params and optimizer state, the data loader writes each batch into it,
- * and safetensors save and load read and write it. A device backend (runtime/cuda/,
- * built as libfs_cuda.so) holds a second copy of the same arena, same offsets, on its
- * device: it copies the whole host arena up once when it is made, runs the plan's ops
- * there, and moves single tensors between the two copies when asked (each step's
- * inputs up; the outputs the progress line reads down; every persistent tensor down
- * before weights are saved). Nothing else in fsexec changes with the backend.
+ * The CPU executor (runtime/exec.c) always exists. For a device it is the HOST MIRROR:
+ * it holds what the host reads or writes (memplan puts persistent state at the bottom of
+ * the arena, so the mirror is that prefix, plus the step's outputs apart), initializes
+ * params and optimizer state, the data loader writes each batch into it, and safetensors
+ * save and load read and write it. A device backend (runtime/cuda/, built as
+ * libfs_cuda.so) holds the whole arena, same offsets, on its device: it copies the
+ * mirror's prefix up once when it is made, runs the plan's ops there, and moves single
+ * tensors between the two when asked (each step's inputs up; the outputs the progress
+ * line reads down; every persistent tensor down before weights are saved). Nothing else
+ * in fsexec changes with the backend.
  *
  * The backend is a library loaded with dlopen() only when asked for (`--device cuda`
  * or `auto`), so fsexec itself links no GPU library and runs on a machine without a
@@ -28,7 +30,7 @@
 
 #include "plan.h"
 
-#define RT_BACKEND_ABI 2
+#define RT_BACKEND_ABI 3
 #define RT_BACKEND_SYMBOL "fs_cuda_backend"
 
 typedef struct RtBackend RtBackend;
@@ -36,7 +38,8 @@ typedef struct Exec Exec;
 
 typedef struct {
     const Plan *plan;         // checked by plan_read; must outlive the backend
-    const void *host_arena;   // the CPU Exec's arena (rt_exec_arena): copied up once
+    const void *host_arena;   // the CPU Exec's arena (rt_exec_arena): copied up once ...
+    int64_t host_bytes;       // ... its first host_bytes (a mirror holds the persistent prefix)
     int rank, world;          // as the Exec's; world > 1: MPI is up (rt_comm_init)
     int local_rank;           // this rank's index on its machine; -1 when unknown
     int tf32;                 // f32 GEMMs may use TF32 tensor cores

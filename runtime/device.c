@@ -57,7 +57,8 @@ int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, cons
 {
     char err[2048];
     const Plan *p = rt_exec_plan(e);
-    RtBackendOptions o = {.plan = p, .host_arena = rt_exec_arena(e), .rank = rk->rank, .world = rk->world,
+    RtBackendOptions o = {.plan = p, .host_arena = rt_exec_arena(e),
+                          .host_bytes = rt_exec_held_bytes(e, PLAN_PLACE_DEVICE), .rank = rk->rank, .world = rk->world,
                           .local_rank = rk->local_rank, .tf32 = tf32, .exec = (Exec *)e};
     d->up = malloc(sizeof *d->up * ((size_t)p->n_tensors + 1));
     d->down = malloc(sizeof *d->down * ((size_t)n_report + 1));

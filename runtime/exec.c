@@ -78,6 +78,11 @@ struct Exec {
     int rank, world;
     RtColl *colls;          // world > 1: one per collective op
     RtCommQueue *queue;     // world > 1: collectives in flight
+    int mirror;             // a device's host mirror (ExecOptions.mirror): holds, runs nothing
+    int64_t held[PLAN_PLACE_COUNT];   // bytes of each space held from its start (all, unless a mirror)
+    uint8_t **side;         // a mirror: per tensor, its bytes when the step's outputs hold them apart
+    void *side_block;
+    int64_t side_bytes;
     float *work;            // the kernels' workspace (plan_alloc), or NULL
     size_t work_floats;
     Guard *guard;           // debug: every op checked to stay inside its buffers (guard.c)
@@ -99,7 +104,9 @@ static int ktype(PlanDType t)
 void *rt_exec_data(const Exec *e, int32_t id)
 {
     const PlanTensor *t = &e->plan->tensors[id];
-    return e->space[t->place] + t->offset + (int64_t)e->rank * t->rank_stride;
+    if (e->side && e->side[id]) return e->side[id];
+    int64_t at = t->offset + (int64_t)e->rank * t->rank_stride;
+    return at + plan_tensor_nbytes(t) <= e->held[t->place] ? e->space[t->place] + at : NULL;
 }
 
 static void ktensor(const Exec *e, int32_t id, KTensor *k)
@@ -302,21 +309,84 @@ static int find_step(Exec *e, char *err, size_t errlen)
     return 0;
 }
 
-/* One allocation per memory space, each exactly its planned size (aligned). */
+/* Whether the host must hold tensor i for a device: what init writes (persistent state,
+ * and anything no op makes), what the data loader, the weights files and the progress
+ * line read or write. */
+static int mirrored(const Plan *p, int32_t i)
+{
+    const PlanTensor *t = &p->tensors[i];
+    return t->alias == PLAN_NONE && (plan_tensor_is_persistent(t) || t->producer == PLAN_NONE);
+}
+
+/* A mirror's prefix of each space: memplan puts persistent state at the bottom, so the
+ * mirror holds bytes [0, held) of each space, and the step's outputs and the tensors
+ * with a step role (the fp16 seed --debug-overflow-at poisons) that lie above it in
+ * buffers of their own (side). */
+static int64_t mirror_prefix(const Exec *e, int s)
+{
+    const Plan *p = e->plan;
+    int64_t held = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        int64_t end = t->offset + (int64_t)e->rank * t->rank_stride + plan_tensor_nbytes(t);
+        if ((int)t->place == s && mirrored(p, i) && end > held) held = end;
+    }
+    return held;
+}
+
+static int alloc_side(Exec *e, char *err, size_t errlen)
+{
+    const Plan *p = e->plan;
+    int32_t *at = plan_alloc(sizeof *at * ((size_t)p->n_tensors + 1));  // a root's place in the side block, or -1
+    e->side = plan_alloc(sizeof *e->side * ((size_t)p->n_tensors + 1));
+    if (!at || !e->side) return plan_dealloc(at), plan_fail(err, errlen, "out of memory");
+    int64_t n = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) at[i] = -1, e->side[i] = NULL;
+    for (int32_t k = 0; k < p->n_outputs + p->n_tensors; k++) {  // the outputs, and what has a step role
+        int32_t o = k < p->n_outputs ? p->outputs[k] : k - p->n_outputs;
+        if (k >= p->n_outputs && p->tensors[o].step_role == PLAN_SR_NONE) continue;
+        int32_t r = p->tensors[o].alias != PLAN_NONE ? p->tensors[o].alias : o;
+        const PlanTensor *t = &p->tensors[r];
+        if (at[r] >= 0 || t->offset + (int64_t)e->rank * t->rank_stride + plan_tensor_nbytes(t) <= e->held[t->place])
+            continue;
+        at[r] = (int32_t)(n / ARENA_ALIGN);
+        n += (plan_tensor_nbytes(t) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    }
+    if (n && !(e->side_block = plan_alloc((size_t)n + ARENA_ALIGN))) {
+        plan_dealloc(at);
+        return plan_fail(err, errlen, "out of memory");
+    }
+    uint8_t *base = (uint8_t *)(((uintptr_t)e->side_block + ARENA_ALIGN - 1) & ~(uintptr_t)(ARENA_ALIGN - 1));
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        int32_t r = t->alias != PLAN_NONE ? t->alias : i;
+        if (at[r] < 0) continue;
+        int64_t off = (t->offset + (int64_t)e->rank * t->rank_stride) -
+                      (p->tensors[r].offset + (int64_t)e->rank * p->tensors[r].rank_stride);
+        e->side[i] = base + (int64_t)at[r] * ARENA_ALIGN + off;
+    }
+    e->side_bytes = n;
+    plan_dealloc(at);
+    return 0;
+}
+
+/* One allocation per memory space, each exactly its planned size (aligned); a mirror's
+ * only its prefix (and the outputs apart). */
 static int alloc_spaces(Exec *e, const PlanProgram *prog, char *err, size_t errlen)
 {
     for (int s = 0; s < PLAN_PLACE_COUNT; s++) {
-        int64_t n = prog->space_bytes[s];
+        int64_t n = e->mirror ? mirror_prefix(e, s) : prog->space_bytes[s];
+        e->held[s] = n;
         if ((uint64_t)n > SIZE_MAX - 2 * ARENA_ALIGN)
             return plan_fail(err, errlen, "the plan's %s arena (%lld bytes) is not a size this machine can allocate",
                              plan_place_name((PlanPlace)s), (long long)n);
-        e->space_bytes[s] = n;
         if (!(e->block[s] = plan_alloc((size_t)n + ARENA_ALIGN - 1)))
             return plan_fail(err, errlen, "cannot allocate the %.1f MiB %s arena the plan needs (out of memory)",
                              (double)n / (1 << 20), plan_place_name((PlanPlace)s));
         e->space[s] = (uint8_t *)(((uintptr_t)e->block[s] + ARENA_ALIGN - 1) & ~(uintptr_t)(ARENA_ALIGN - 1));
+        e->space_bytes[s] = prog->space_bytes[s];
     }
-    return 0;
+    return e->mirror ? alloc_side(e, err, errlen) : 0;
 }
 
 static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
@@ -335,6 +405,7 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
     if (e->rank < 0 || e->rank >= e->world)
         return plan_fail(err, errlen, "rank %d is outside the world of %d", e->rank, e->world);
     if (plan_check_schedule(p, e->rank, err, errlen) || alloc_spaces(e, prog, err, errlen)) return -1;
+    if (e->mirror) return find_step(e, err, errlen) || init_tensors(e, o->seed, err, errlen);
     e->ops = plan_alloc(sizeof *e->ops * (size_t)p->n_ops);
     if (!e->ops) return plan_fail(err, errlen, "out of memory");
     memset(e->ops, 0, sizeof *e->ops * (size_t)p->n_ops);
@@ -367,7 +438,8 @@ Exec *rt_exec_new(const Plan *p, const ExecOptions *o, char *err, size_t errlen)
     }
     memset(e, 0, sizeof *e);
     e->plan = p;
-    e->nan_fill = o->nan_fill;
+    e->nan_fill = o->nan_fill && !o->mirror;
+    e->mirror = o->mirror;
     e->rank = o->rank;
     e->world = o->world > 0 ? o->world : 1;
     if (setup(e, o, err, errlen)) {
@@ -381,6 +453,8 @@ void rt_exec_free(Exec *e)
 {
     if (!e) return;
     for (int s = 0; s < PLAN_PLACE_COUNT; s++) plan_dealloc(e->block[s]);
+    plan_dealloc(e->side);
+    plan_dealloc(e->side_block);
     plan_dealloc(e->work);
     plan_dealloc(e->ops);
     plan_dealloc(e->dead);
@@ -392,6 +466,10 @@ void rt_exec_free(Exec *e)
 
 int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned phases)
 {
+    if (e->mirror) {
+        snprintf(e->guard_err, sizeof e->guard_err, "a host mirror runs no ops (its device does)");
+        return -1;
+    }
     if (step < 1 || step > INT32_MAX || from < 0 || to > e->n_ops) return -1;
     if (e->step) *e->step = (int32_t)step;
     const PlanTensor *t = e->plan->tensors;
@@ -427,9 +505,9 @@ int rt_exec_run(Exec *e, int64_t step, unsigned phases) { return rt_exec_run_ops
 
 int32_t rt_exec_first_op(const Exec *e, PlanPhase phase)
 {
-    for (int32_t k = 0; k < e->n_ops; k++)
+    for (int32_t k = 0; k < e->plan->n_ops; k++)
         if (e->plan->ops[k].phase == phase) return k;
-    return e->n_ops;
+    return e->plan->n_ops;
 }
 
 void rt_exec_tensor_id(const Exec *e, int32_t id, RtTensor *out)
@@ -457,6 +535,11 @@ int rt_exec_rank(const Exec *e) { return e->rank; }
 int rt_exec_world(const Exec *e) { return e->world; }
 int64_t rt_exec_arena_bytes(const Exec *e) { return e->space_bytes[PLAN_PLACE_DEVICE]; }
 int64_t rt_exec_space_bytes(const Exec *e, PlanPlace s) { return e->space_bytes[s]; }
+int64_t rt_exec_held_bytes(const Exec *e, PlanPlace s) { return e->held[s]; }
+int64_t rt_exec_host_bytes(const Exec *e)
+{
+    return e->held[PLAN_PLACE_DEVICE] + e->held[PLAN_PLACE_HOST] + e->side_bytes;
+}
 int64_t rt_exec_work_bytes(const Exec *e) { return (int64_t)(e->work_floats * sizeof(float)); }
 const void *rt_exec_arena(const Exec *e) { return e->space[PLAN_PLACE_DEVICE]; }
 const void *rt_exec_space(const Exec *e, PlanPlace s) { return e->space[s]; }

@@ -107,6 +107,8 @@ typedef struct {
     uint64_t seed;   // parameter init
     int nan_fill;    // debug: fill every buffer with NaN outside its planned live range
     int guard;       // debug: check that every op writes only its own buffers (guard.c)
+    int mirror;      // a device's host mirror: allocates only what the host reads or writes
+                     // (each space's persistent prefix, the step's outputs), runs no op
     int rank, world; // this rank of a world (0 and 0 or 1: a world of one); must match the
                      // plan's meta "world"; world > 1 runs collectives through MPI
                      // (rt_comm_init first)
@@ -154,10 +156,15 @@ const Plan *rt_exec_plan(const Exec *e);
 const char *rt_exec_error(const Exec *e);
 int rt_exec_rank(const Exec *e);
 int rt_exec_world(const Exec *e);
-/* Where tensor id lives on this rank (offset + rank * rank_stride). */
+/* Where tensor id lives on this rank (offset + rank * rank_stride); NULL for a tensor a
+ * host mirror does not hold. */
 void *rt_exec_data(const Exec *e, int32_t id);
 int64_t rt_exec_arena_bytes(const Exec *e);  // the device space's
 int64_t rt_exec_space_bytes(const Exec *e, PlanPlace s);
+/* Bytes of space s held from its start (the planned size, or a mirror's prefix), and all
+ * the host memory the Exec holds for tensors (a mirror: both prefixes and the outputs). */
+int64_t rt_exec_held_bytes(const Exec *e, PlanPlace s);
+int64_t rt_exec_host_bytes(const Exec *e);
 /* Bytes of the kernels' workspace (f32 room for 16-bit calls), outside the arena; 0 if none. */
 int64_t rt_exec_work_bytes(const Exec *e);
 const void *rt_exec_arena(const Exec *e);  // the device space's

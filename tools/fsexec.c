@@ -342,7 +342,7 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
             if (p->tensors[i].role == PLAN_ROLE_PARAM && p->tensors[i].tied_to == PLAN_NONE)
                 params += plan_tensor_numel(&p->tensors[i]);
     }
-    char num[32], mem[32], threads[80] = "";
+    char num[32], mem[32], threads[80] = "", work_buf[32];
     size_str(rt_exec_arena_bytes(r->e), mem, sizeof mem);
     if (rt_device_is_cpu(&r->dev)) {  // the CPU's threads, and the kernels' workspace outside the arena (16-bit plans)
         char work[32];
@@ -351,6 +351,8 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
             snprintf(threads + n, sizeof threads - (size_t)n, " | workspace %s",
                      size_str(rt_exec_work_bytes(r->e), work, sizeof work));
     }
+    else  // the host memory a device run takes for tensors: its mirror
+        snprintf(threads, sizeof threads, " | host mirror %s", size_str(rt_exec_host_bytes(r->e), work_buf, sizeof work_buf));
     char ranks[96] = "";
     if (my_world > 1)
         snprintf(ranks, sizeof ranks, " | %d ranks (%s)", my_world, plan_meta_str(p, "shard", "?"));
@@ -457,11 +459,13 @@ static int load_weights(Exec *e, const char *path, char *err, size_t errlen)
 static int run_plan(Run *r, const Flags *f, const Plan *p, const RtRanks *rk, uint64_t seed)
 {
     char err[512];
-    ExecOptions eo = {.seed = seed, .nan_fill = f->debug_nan, .guard = f->debug_guard, .rank = rk->rank,
-                      .world = rk->world};
     ProgressOptions po = {.steps = f->steps, .log_every = f->log_every, .log_path = f->log, .tty = -1};
     int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, p, who);
     if (rc) return rc;
+    /* For a device, the Exec is its host mirror: the persistent state and the outputs
+     * (--save-grads reads every gradient: then all of it). */
+    ExecOptions eo = {.seed = seed, .nan_fill = f->debug_nan, .guard = f->debug_guard, .rank = rk->rank,
+                      .world = rk->world, .mirror = !rt_device_is_cpu(&r->dev) && !f->save_grads};
     if (!(r->e = rt_exec_new(p, &eo, err, sizeof err))) {
         fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
         return local_error(1);

@@ -113,14 +113,16 @@ static int pick_device(RtBackend *b, const RtBackendOptions *o)
     return major * 10 + minor;
 }
 
-/* The arena: one allocation of exactly the plan's bytes, a copy of the host mirror. */
-static int make_arena(RtBackend *b, const void *host)
+/* The arena: one allocation of exactly the plan's bytes, starting as the host mirror's
+ * prefix (every persistent tensor; the rest is written by the step before it is read). */
+static int make_arena(RtBackend *b, const void *host, int64_t host_bytes)
 {
     snprintf(b->what_buf, sizeof b->what_buf, "allocating the %.1f MiB arena", (double)b->arena_bytes / MIB);
     b->what = b->what_buf;
     CU_CHECK(b, cuMemAlloc(&b->arena, b->arena_bytes > 0 ? (size_t)b->arena_bytes : 1));
     b->what = "copying the host arena to the device";
-    if (b->arena_bytes > 0) CU_CHECK(b, cuMemcpyHtoD(b->arena, host, (size_t)b->arena_bytes));
+    if (host_bytes > b->arena_bytes) host_bytes = b->arena_bytes;
+    if (host_bytes > 0) CU_CHECK(b, cuMemcpyHtoD(b->arena, host, (size_t)host_bytes));
     b->what = NULL;
     return 0;
 }
@@ -252,7 +254,7 @@ static int setup(RtBackend *b, const RtBackendOptions *o)
     int64_t before = free_bytes(&total);
     b->info.total = total;
     b->info.context = total - before;
-    if (make_arena(b, o->host_arena)) return -1;
+    if (make_arena(b, o->host_arena, o->host_bytes)) return -1;
     int64_t after_arena = free_bytes(NULL);
     b->info.arena = before - after_arena;
     b->what = "creating the compute stream";

@@ -250,9 +250,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "op_check: %s: %s\n", path, err);
     } else {
         rt_data_fill(data, 1);
-        if (!rt_exec_tensor(c.e, "step", &step)) *(int32_t *)step.data = 1;  // both arenas start at step 1
-        RtBackendOptions bo = {.plan = p, .host_arena = rt_exec_arena(c.e), .rank = 0, .world = 1, .local_rank = -1,
-                               .tf32 = tf32, .verbose = verbose};
+        int32_t step_id = plan_role_tensor(p, PLAN_SR_STEP);
+        if (step_id != PLAN_NONE) {  // both arenas start at step 1
+            rt_exec_tensor_id(c.e, step_id, &step);
+            *(int32_t *)step.data = 1;
+        }
+        RtBackendOptions bo = {.plan = p, .host_arena = rt_exec_arena(c.e), .host_bytes = rt_exec_arena_bytes(c.e),
+                               .rank = 0, .world = 1, .local_rank = -1, .tf32 = tf32, .verbose = verbose};
         if (!(c.dev = ops->create(&bo, err, sizeof err))) {
             fprintf(stderr, "%s\n", err);
         } else {

@@ -545,7 +545,9 @@ static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
     else if (cs_build(o->plan, o->rank, o->world, &b->s, why, sizeof why))
         rc = failf(b, "%s", why);
     if (!rc) {
-        if (b->arena_bytes > 0) memcpy(b->arena, o->host_arena, (size_t)b->arena_bytes);
+        int64_t n = o->host_bytes < b->arena_bytes ? o->host_bytes : b->arena_bytes;
+        if (b->arena_bytes > 0) memset(b->arena, 0xff, (size_t)b->arena_bytes);  // NaN where the step has not written
+        if (n > 0) memcpy(b->arena, o->host_arena, (size_t)n);
         rc = bind_kernels(b);
     }
     if (rc) {

@@ -114,7 +114,8 @@ static float *t_f32(T *t, int32_t id)
 static int t_run(T *t)
 {
     t_f32(t, 0);
-    RtBackendOptions o = {.plan = t->p, .host_arena = t->host, .rank = 0, .world = 1, .local_rank = -1};
+    RtBackendOptions o = {.plan = t->p, .host_arena = t->host, .host_bytes = t->top, .rank = 0, .world = 1,
+                          .local_rank = -1};
     t->b = ops->create(&o, t->err, sizeof t->err);
     if (!t->b) return -1;
     int rc = ops->run_ops(t->b, 0, t->p->n_ops);

@@ -15,6 +15,7 @@
 #include "frontend.h"
 #include "passes.h"
 #include "runtime.h"
+#include "sample.h"
 #include "tmpdir.h"
 
 /* ---- helpers ---------------------------------------------------------------------- */
@@ -1069,4 +1070,37 @@ Test(e2e, bf16_gpt2_trains_with_a_workspace)
         if (bf16) expect_training(p, 25);
         plan_free(p);
     }
+}
+
+/* A device's host mirror holds the persistent prefix of the arena and the outputs apart:
+ * the same initial params as the whole arena, a fraction of its bytes, and no run. */
+Test(exec, host_mirror_holds_the_persistent_state_and_the_outputs)
+{
+    Setting set[] = {{"shard", "zero1"}, {"world", "1"}};
+    Plan *p = sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, 2, NULL);
+    char err[512];
+    Exec *whole = rt_exec_new(p, &(ExecOptions){.seed = 9}, err, sizeof err);
+    cr_assert_not_null(whole, "%s", err);
+    Exec *mirror = rt_exec_new(p, &(ExecOptions){.seed = 9, .mirror = 1}, err, sizeof err);
+    cr_assert_not_null(mirror, "%s", err);
+    cr_assert_lt(rt_exec_host_bytes(mirror), rt_exec_arena_bytes(whole) / 2, "%lld of %lld bytes",
+                 (long long)rt_exec_host_bytes(mirror), (long long)rt_exec_arena_bytes(whole));
+    cr_assert_eq(rt_exec_arena_bytes(mirror), rt_exec_arena_bytes(whole), "the device's arena is the plan's");
+    int64_t held = rt_exec_held_bytes(mirror, PLAN_PLACE_DEVICE);
+    cr_assert_eq(memcmp(rt_exec_arena(mirror), rt_exec_arena(whole), (size_t)held), 0, "the same initial state");
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        if (plan_tensor_is_persistent(t)) cr_assert_not_null(rt_exec_data(mirror, i), "%s", plan_tensor_label(p, i));
+    }
+    for (int32_t k = 0; k < p->n_outputs; k++) {
+        void *d = rt_exec_data(mirror, p->outputs[k]);
+        cr_assert_not_null(d, "output %s", plan_tensor_label(p, p->outputs[k]));
+        int64_t at = (const uint8_t *)d - (const uint8_t *)rt_exec_arena(mirror);
+        cr_assert(at < 0 || at >= held || at + plan_tensor_nbytes(&p->tensors[p->outputs[k]]) <= held);
+    }
+    cr_assert_eq(rt_exec_run(mirror, 1, RT_PHASES_ALL), -1);
+    cr_assert(strstr(rt_exec_error(mirror), "a host mirror runs no ops"), "%s", rt_exec_error(mirror));
+    rt_exec_free(mirror);
+    rt_exec_free(whole);
+    plan_free(p);
 }
