@@ -321,98 +321,6 @@ void rt_blobs_batch(const float *centers, uint64_t seed, int64_t step, int64_t B
     rt_blobs_rows(centers, seed, step, 0, B, D, K, x, y);
 }
 
-/* ---- what a plan needs ----------------------------------------------------------------- */
-
-int rt_data_inputs(const Plan *p, int32_t *a, int32_t *b)
-{
-    int n = 0;
-    *a = *b = PLAN_NONE;
-    for (int32_t i = 0; i < p->n_tensors; i++) {
-        const PlanTensor *t = &p->tensors[i];
-        if (t->role != PLAN_ROLE_INPUT || t->step_role == PLAN_SR_STEP) continue;
-        if (n == 0) *a = i;
-        if (n == 1) *b = i;
-        n++;
-    }
-    return n == 2 ? 0 : -1;
-}
-
-static int32_t find_output(const Plan *p, const char *name)
-{
-    for (int32_t i = 0; i < p->n_outputs; i++)
-        if (!strcmp(plan_str(p, p->tensors[p->outputs[i]].name), name)) return p->outputs[i];
-    return PLAN_NONE;
-}
-
-/* Whether tensor t is data input `input`, or rows of it: with gradient accumulation each
- * micro-batch reads its rows through a slice of the input (passes/pipeline.c). */
-static int reads_input(const Plan *p, int32_t t, int32_t input)
-{
-    if (t == input) return 1;
-    int32_t w = p->tensors[t].producer;
-    return w != PLAN_NONE && !strcmp(plan_str(p, p->ops[w].op), "slice") && p->ops[w].n_in == 1 &&
-           p->ids[p->ops[w].in] == input;
-}
-
-/* The logits input of the first cross_entropy whose targets are tensor `targets`. */
-static int32_t loss_logits(const Plan *p, int32_t targets)
-{
-    for (int32_t k = 0; k < p->n_ops; k++) {
-        const PlanOp *op = &p->ops[k];
-        if (!strcmp(plan_str(p, op->op), "cross_entropy") && op->n_in == 2 && reads_input(p, p->ids[op->in + 1], targets))
-            return p->ids[op->in];
-    }
-    return PLAN_NONE;
-}
-
-int32_t rt_plan_logits(const Plan *p)
-{
-    int32_t logits = find_output(p, "logits"), x, y;
-    if (logits != PLAN_NONE || rt_data_inputs(p, &x, &y)) return logits;
-    logits = loss_logits(p, y);
-    for (int32_t i = 0; i < p->n_outputs && logits != PLAN_NONE; i++)
-        if (p->outputs[i] == logits) return logits;
-    return PLAN_NONE;
-}
-
-int64_t rt_plan_vocab(const Plan *p)
-{
-    int64_t v = plan_meta_int(p, "vocab", 0);
-    if (v > 0) return v;
-    int32_t tokens, targets;
-    if (rt_data_inputs(p, &tokens, &targets)) return 65536;
-    v = 65536;
-    for (int32_t k = 0; k < p->n_ops; k++) {
-        const PlanOp *op = &p->ops[k];
-        if (!strcmp(plan_str(p, op->op), "embedding") && op->n_in == 2 && reads_input(p, p->ids[op->in + 1], tokens)) {
-            const PlanTensor *table = &p->tensors[p->ids[op->in]];
-            if (table->rank == 2 && table->shape[0] < v) v = table->shape[0];
-        }
-    }
-    int32_t logits = loss_logits(p, targets);
-    const PlanTensor *lt = logits == PLAN_NONE ? NULL : &p->tensors[logits];
-    if (lt && lt->rank >= 1 && lt->shape[lt->rank - 1] < v) v = lt->shape[lt->rank - 1];
-    return v;
-}
-
-static int is_shape(const PlanTensor *t, PlanDType dt, int rank)
-{
-    return t->dtype == dt && t->rank == rank;
-}
-
-RtDataKind rt_data_kind(const Plan *p)
-{
-    int32_t a, b;
-    if (rt_data_inputs(p, &a, &b)) return RT_DATA_NONE;
-    const PlanTensor *x = &p->tensors[a], *y = &p->tensors[b];
-    if (is_shape(x, PLAN_DT_I32, 2) && is_shape(y, PLAN_DT_I32, 2) && x->shape[0] == y->shape[0] &&
-        x->shape[1] == y->shape[1])
-        return RT_DATA_LM;
-    if (is_shape(x, PLAN_DT_F32, 2) && is_shape(y, PLAN_DT_I32, 1) && x->shape[0] == y->shape[0])
-        return RT_DATA_CLASSES;
-    return RT_DATA_NONE;
-}
-
 static int open_file(RtData *d, const char *path, RtTokenFormat format, char *err, size_t errlen)
 {
     int64_t size;
@@ -527,11 +435,7 @@ static int open_classes(RtData *d, const Plan *p, const char *path, char *err, s
     if (path)
         return plan_fail(err, errlen, "--data gives tokens, but this model's inputs are f32 [B, D] features and i32 [B] "
                     "labels; it trains on synthetic Gaussian blobs (drop --data)");
-    int32_t x, y, logits = rt_plan_logits(p);
-    rt_data_inputs(p, &x, &y);
-    if (logits == PLAN_NONE) logits = loss_logits(p, y);
-    const PlanTensor *lt = logits == PLAN_NONE ? NULL : &p->tensors[logits];
-    d->K = lt && lt->rank >= 1 ? lt->shape[lt->rank - 1] : 2;
+    d->K = rt_plan_classes(p);
     if (d->K < 1 || d->K > INT32_MAX) return plan_fail(err, errlen, "the logits have %" PRId64 " classes", d->K);
     d->centers = plan_alloc(sizeof *d->centers * (size_t)(d->K * d->D));
     if (!d->centers) return plan_fail(err, errlen, "out of memory");

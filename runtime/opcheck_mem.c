@@ -413,11 +413,7 @@ static void data_bounds(Mem *m)
         m->data_bound[0] = m->data_bound[1] = (Bound){1, 0, v - 1};
         return;
     }
-    int32_t logits = rt_plan_logits(p);
-    for (int32_t k = 0; k < p->n_ops && logits == PLAN_NONE; k++)
-        if (kind_of(m, k) == OP_cross_entropy && in_of(p, k, 1) == b) logits = in_of(p, k, 0);
-    const PlanTensor *lt = logits == PLAN_NONE ? NULL : &p->tensors[logits];
-    int64_t classes = lt && lt->rank >= 1 ? lt->shape[lt->rank - 1] : 2;
+    int64_t classes = rt_plan_classes(p);  // the labels the loader makes: [0, classes)
     m->data_bound[0] = TOP;  // features: f32
     m->data_bound[1] = (Bound){1, 0, classes - 1};
 }

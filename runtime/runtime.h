@@ -237,6 +237,9 @@ RtDataKind rt_data_kind(const Plan *p);
 /* A classifier's logits [B, K]: the output named "logits", else the input of the
  * cross-entropy that the labels feed when it is an output; PLAN_NONE if neither. */
 int32_t rt_plan_logits(const Plan *p);
+/* A classifier's classes K: the last dim of its logits (rt_plan_logits; else of the
+ * labels' cross-entropy input); 2 when neither is there. */
+int64_t rt_plan_classes(const Plan *p);
 /* The vocab tokens must stay below: meta "vocab", else the rows of the embedding table
  * the tokens index and the classes of the cross-entropy the targets feed, else 65536. */
 int64_t rt_plan_vocab(const Plan *p);
