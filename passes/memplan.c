@@ -168,27 +168,28 @@ static int64_t lower_bound(Arena *a, const Group *groups, int ng, int n_nodes)
     return most;
 }
 
-/* The schedule's waits (passes/schedule.c): a collective reads and writes its buffers
- * until the node that waits for it, or the end of the step when none does, so neither
- * buffer's bytes may be handed to another value before then. */
+/* The schedule's waits (passes/schedule.c): an op off the compute stream (a collective)
+ * reads and writes its buffers until the node that waits for it, or the end of the step
+ * when none does, so no buffer of it may be handed to another value before then. */
 static void until_complete(const Graph *g, const int *root, int *end)
 {
     char *waited = arena_alloc(g->arena, (size_t)g->n_nodes + 1);
     for (int w = 0; w < g->n_nodes; w++) {
         const Node *n = ir_node(g, w);
         for (int i = 0; i < n->n_wait; i++) {
-            int c = g->waits[n->wait + i];
-            waited[c] = 1;
-            for (int k = 0; k < 2; k++) {
-                int r = root[k ? ir_out(g, ir_node(g, c), 0) : ir_in(g, ir_node(g, c), 0)];
+            const Node *c = ir_node(g, g->waits[n->wait + i]);
+            waited[g->waits[n->wait + i]] = 1;
+            for (int k = 0; k < c->n_in + c->n_out; k++) {
+                int r = root[k < c->n_in ? ir_in(g, c, k) : ir_out(g, c, k - c->n_in)];
                 if (end[r] < w) end[r] = w;
             }
         }
     }
     for (int c = 0; c < g->n_nodes; c++) {
         const Node *n = ir_node(g, c);
-        if (!(op_info(n->op)->flags & OPF_COLLECTIVE) || waited[c]) continue;
-        end[root[ir_in(g, n, 0)]] = end[root[ir_out(g, n, 0)]] = g->n_nodes;
+        if (n->stream == STREAM_COMPUTE || waited[c]) continue;
+        for (int k = 0; k < n->n_in + n->n_out; k++)
+            end[root[k < n->n_in ? ir_in(g, n, k) : ir_out(g, n, k - n->n_in)]] = g->n_nodes;
     }
 }
 

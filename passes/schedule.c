@@ -15,15 +15,16 @@
  * while the previous block computes. The gathered buffers then live that much longer,
  * which memplan counts.
  *
- * The streams: collectives on STREAM_COLLECTIVE, everything else on STREAM_COMPUTE (the
- * copy stream takes host-device copies once offload makes them). Semantics, the same on
+ * The streams, from the op table's flags: collectives (and point-to-point) on
+ * STREAM_COLLECTIVE, host-device copies (OPF_COPY: offload will make them) on STREAM_COPY,
+ * everything else on STREAM_COMPUTE. Semantics, the same on
  * every backend: the nodes of one stream run in order; a node on a stream other than
  * compute starts after every compute node before it (its inputs are then made); a compute
  * node starts after the nodes its waits name. At the end of the step every stream is
  * complete.
  *
- * A collective is in flight from its node until the first later node that reads or
- * writes its input or its output: that node waits for it. "Reads or writes" is by buffer
+ * An op off the compute stream (a collective) is in flight from its node until the first
+ * later node that reads or writes one of its buffers: that node waits for it. "Reads or writes" is by buffer
  * (the root every view lies in, as memplan lays them out), not by bytes, so the waits do
  * not depend on offsets. A view op computes nothing (its output lies in its input's
  * bytes), so it never waits. A collective no later node touches is complete at the end
@@ -175,6 +176,23 @@ static void add_wait(Graph *g, Node *n, int on)
     n->n_wait++;
 }
 
+/* The stream an op runs on, from its flags in the op table (ops/ops.def). */
+static Stream stream_of(OpKind op)
+{
+    int f = op_info(op)->flags;
+    return f & (OPF_COLLECTIVE | OPF_P2P) ? STREAM_COLLECTIVE : f & OPF_COPY ? STREAM_COPY : STREAM_COMPUTE;
+}
+
+/* Whether node n reads or writes a buffer that node c reads or writes. */
+static int shares_a_buffer(const Graph *g, const Node *n, const Node *c, const int *root)
+{
+    for (int i = 0; i < c->n_in + c->n_out; i++) {
+        int r = root[i < c->n_in ? ir_in(g, c, i) : ir_out(g, c, i - c->n_in)];
+        if (touches(g, n, root, r, r)) return 1;
+    }
+    return 0;
+}
+
 int pass_schedule(Graph *g, const Options *o, Diag *d)
 {
     (void)o, (void)d;
@@ -185,21 +203,19 @@ int pass_schedule(Graph *g, const Options *o, Diag *d)
     g->n_waits = 0;
     for (int k = 0; k < g->n_nodes; k++) {
         Node *n = &g->nodes[k];
-        int coll = (op_info(n->op)->flags & OPF_COLLECTIVE) != 0;
-        n->stream = coll ? STREAM_COLLECTIVE : STREAM_COMPUTE;
+        n->stream = stream_of(n->op);
         n->wait = n->n_wait = 0;
         if (is_view_node(n)) continue;
         /* In flight, in the order they started: a node waits for them in that order. */
         int kept = 0;
         for (int j = 0; j < n_pending; j++) {
-            const Node *c = ir_node(g, pending[j]);
-            if (touches(g, n, root, root[ir_in(g, c, 0)], root[ir_out(g, c, 0)]))
+            if (shares_a_buffer(g, n, ir_node(g, pending[j]), root))
                 add_wait(g, n, pending[j]);
             else
                 pending[kept++] = pending[j];
         }
         n_pending = kept;
-        if (coll) pending[n_pending++] = k;
+        if (n->stream != STREAM_COMPUTE) pending[n_pending++] = k;
     }
     return 0;
 }
