@@ -735,6 +735,17 @@ Test(plan, hostile_contents_refused)
     expect_hostile("BLKS", 8 + 4, 1u << 30, 4, "block 0");
     /* a string with a NUL in it */
     expect_hostile("STRS", 8, 0, 1, "NUL");
+    /* version 2.0: streams, waits, step roles, programs */
+    expect_hostile("NODE", 8 + 9, 7, 1, "unknown stream 7");
+    expect_hostile("NODE", 8 + 44, 1000, 4, "waits out of range");
+    expect_hostile("NODE", 8 + 48, (uint64_t)-1, 4, "waits out of range");
+    expect_hostile("TENS", 8 + 133, 99, 1, "tensor 0: unknown step role 99");
+    expect_hostile("PROG", 4, 8, 4, "records of 8 bytes, expected at least 32");
+    expect_hostile("PROG", 8 + 4, 0, 4, "program 0: stage 0, 0 data-parallel ranks");
+    expect_hostile("PROG", 8 + 8, 1, 4, "do not follow");
+    expect_hostile("PROG", 8 + 12, 3, 4, "the programs hold 3 of the plan's");
+    expect_hostile("PROG", 8 + 16, (uint64_t)-64, 8, "negative device arena");
+    expect_hostile("CUMD", 0, 5, 4, "does not fill");
 }
 
 /* Offsets of the two hand-made CUDA records (the LAUNCH, then the GEMM) in the section. */
@@ -1028,4 +1039,30 @@ Test(plan, inspect_reports_what_a_plan_holds)
     out = inspect(plan);
     cr_assert(strstr(out, "arena         none (no memory plan)\n"), "%s", out);
     free(out);
+}
+
+/* The schedule's and the step roles' invariants, checked on the plan in memory. */
+Test(plan, schedule_and_roles_checked)
+{
+    char why[256];
+    Plan *p = plan_read_mem(bytes, n_bytes, err, sizeof err);
+    cr_assert_not_null(p, "%s", err);
+    cr_assert_geq(p->n_ops, 3);
+    PlanOp *o = &p->ops[2];
+    o->wait = plan_wait_add(p, 0), o->n_wait = 1;
+    p->ops[0].stream = PLAN_STREAM_COMPUTE;
+    cr_assert_eq(plan_check(p, why, sizeof why), -1);
+    cr_assert(strstr(why, "op 2 (") && strstr(why, "waits for op 0, which is not an earlier op off the compute stream"),
+              "%s", why);
+    p->ops[0].stream = PLAN_STREAM_COLLECTIVE;
+    cr_assert_eq(plan_check(p, why, sizeof why), 0, "%s", why);
+    p->waits[o->wait] = 2;  // itself: not earlier
+    cr_assert_eq(plan_check(p, why, sizeof why), -1);
+    p->waits[o->wait] = 0;
+    int32_t a = plan_role_tensor(p, PLAN_SR_LOSS), b = a == 0 ? 1 : 0;
+    cr_assert_neq(a, PLAN_NONE, "the plan's loss has its role");
+    p->tensors[b].step_role = PLAN_SR_LOSS;
+    cr_assert_eq(plan_check(p, why, sizeof why), -1);
+    cr_assert(strstr(why, "step role loss is tensor"), "%s", why);
+    plan_free(p);
 }
