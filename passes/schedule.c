@@ -17,18 +17,17 @@
  *
  * The streams, from the op table's flags: collectives (and point-to-point) on
  * STREAM_COLLECTIVE, host-device copies (OPF_COPY: offload will make them) on STREAM_COPY,
- * everything else on STREAM_COMPUTE. Semantics, the same on
- * every backend: the nodes of one stream run in order; a node on a stream other than
- * compute starts after every compute node before it (its inputs are then made); a compute
- * node starts after the nodes its waits name. At the end of the step every stream is
- * complete.
+ * everything else on STREAM_COMPUTE. Semantics, the same on every backend: the nodes of
+ * one stream run in order; a node off the compute stream starts after every compute node
+ * before it (its inputs are then made); a node starts after the nodes its waits name. At
+ * the end of the step every stream is complete.
  *
  * An op off the compute stream (a collective) is in flight from its node until the first
- * later node that reads or writes one of its buffers: that node waits for it. "Reads or writes" is by buffer
- * (the root every view lies in, as memplan lays them out), not by bytes, so the waits do
- * not depend on offsets. A view op computes nothing (its output lies in its input's
- * bytes), so it never waits. A collective no later node touches is complete at the end
- * of the step; memplan keeps its buffers until then.
+ * later node that reads or writes one of its buffers: that node waits for it. "Reads or
+ * writes" is by buffer (the root every view lies in, as memplan lays them out), not by
+ * bytes, so the waits do not depend on offsets. A view op computes nothing (its output
+ * lies in its input's bytes), so it never waits. An op no later node touches is complete
+ * at the end of the step; memplan keeps its buffers until then.
  */
 #include <stdlib.h>
 

@@ -39,7 +39,7 @@ function(cuda_emu_test name model)
   add_test(NAME cuda_emu_${name}
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/op_check.sh $<TARGET_FILE:fsc> $<TARGET_FILE:op_check>
                    $<TARGET_FILE:fs_cudaemu> ${dir} ${name} ${CMAKE_CURRENT_SOURCE_DIR}/${model} ${ARGN})
-  set_tests_properties(cuda_emu_${name} PROPERTIES TIMEOUT 300 ENVIRONMENT "FS_CUDA_EMU_CACHE=${dir}/cache")
+  set_tests_properties(cuda_emu_${name} PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT} ENVIRONMENT "FS_CUDA_EMU_CACHE=${dir}/cache")
 endfunction()
 
 if(NOT FS_FUZZ)
@@ -67,6 +67,6 @@ if(NOT FS_FUZZ)
   add_test(NAME cuda_emu_fsexec_train
            COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/train.py $<TARGET_FILE:fsc>
                    $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu> ${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/train)
-  set_tests_properties(cuda_emu_fsexec_train PROPERTIES TIMEOUT 300
+  set_tests_properties(cuda_emu_fsexec_train PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT}
                        ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache")
 endif()

@@ -117,7 +117,8 @@ static void run_step(const Plan *p, int guard)
         if (!err[0]) abort();
         return;
     }
-    if (plan_meta_int(p, "world", 1) != 1 || plan_space_bytes(p, PLAN_PLACE_DEVICE) > MAX_ARENA || p->n_ops > MAX_OPS)
+    if (plan_meta_int(p, "world", 1) != 1 || plan_space_bytes(p, PLAN_PLACE_DEVICE) > MAX_ARENA ||
+        plan_space_bytes(p, PLAN_PLACE_HOST) > MAX_ARENA || p->n_ops > MAX_OPS)  // each space is allocated
         return;
     Exec *e = rt_exec_new(p, &(ExecOptions){.seed = 1, .nan_fill = 1, .guard = guard}, err, sizeof err);
     if (!e) {
