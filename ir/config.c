@@ -72,10 +72,10 @@ static const KeyDef KEYS[] = {
     INT("reshard_after_forward", reshard_after_forward, 0, 1, "fsdp: free gathered params after forward (1) or keep them (0)"),
     INT("world", world, 1, 1 << 20, "number of ranks"),
     {{"recompute", "none, all, or layer names (A,B)"}, K_TEXT, offsetof(TrainConfig, recompute), 0, 0, NULL, 0},
-    INT("stages", stages, 1, 1024, "pipeline stages"),
+    INT("stages", stages, 1, 1024, "pipeline stages (not implemented yet: only 1)"),
     INT("microbatches", microbatches, 1, 1 << 16, "micro-batches per step (one stage: gradient accumulation)"),
-    ENUM("schedule", schedule, SCHEDS, "pipeline schedule: gpipe or 1f1b"),
-    ENUM("offload", offload, OFFLOADS, "none, optimizer, or params (+ fp32 master weights)"),
+    ENUM("schedule", schedule, SCHEDS, "pipeline schedule: gpipe or 1f1b (for stages > 1: not implemented yet)"),
+    ENUM("offload", offload, OFFLOADS, "none; optimizer or params (+ fp32 master weights) are not implemented yet"),
     {{"seed", "seed of parameter init and data order"}, K_SEED, offsetof(TrainConfig, seed), 0, 0, NULL, 0},
 };
 enum { N_KEYS = sizeof KEYS / sizeof *KEYS };
