@@ -91,7 +91,9 @@ typedef enum { PLACE_DEVICE, PLACE_HOST, PLACE_COUNT } Placement;  // the memory
 typedef enum { STREAM_COMPUTE, STREAM_COLLECTIVE, STREAM_COPY, STREAM_COUNT } Stream;
 /* What the runtime's step loop needs a value for (plan.h's PlanStepRole): found by this
  * role, never by name. Set by the pass that makes the value. */
-typedef enum { SR_NONE, SR_LOSS, SR_LR, SR_GRAD_NORM, SR_LOSS_SCALE, SR_STEP, SR_OPT_STEP, SR_LOSS_SEED, SR_COUNT } StepRole;
+typedef enum {
+    SR_NONE, SR_LOSS, SR_LR, SR_GRAD_NORM, SR_LOSS_SCALE, SR_STEP, SR_OPT_STEP, SR_LOSS_SEED, SR_COUNT
+} StepRole;
 typedef enum { PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE, PHASE_OPTIMIZER, PHASE_COMM, PHASE_COUNT } Phase;
 typedef enum { INIT_NONE, INIT_ZEROS, INIT_ONES, INIT_NORMAL, INIT_UNIFORM, INIT_FULL, INIT_COUNT } InitKind;
 

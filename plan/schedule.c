@@ -5,7 +5,8 @@
  * that safe for a file nobody vouches for. It walks the program as every backend runs
  * it: an op off the compute stream is in flight from its place in the order until an op
  * waits for it (or the step ends); no op that computes may read or write a byte of an
- * op in flight (its inputs and outputs, at this rank's offsets, in the same space). A
+ * op in flight (its inputs, outputs and CUDA instruction arguments, at this rank's
+ * offsets, in the same space). A
  * view op on the compute stream computes nothing (its one output starts where its input
  * does, inside it) and touches no bytes; an op in place on another stream (an all-reduce
  * into its input) is in flight all the same. Needs plan_check.
@@ -31,23 +32,52 @@ static int overlap(Bytes a, Bytes b)
     return a.space == b.space && a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
 }
 
-/* A view: one output lying where its one input starts, as the backends skip it. */
-static int computes_nothing(const Plan *p, const PlanOp *o, int rank)
+/* Every tensor each op's work reads or writes: its inputs and outputs, and the arguments
+ * of its CUDA instructions (a fused group's one launch, at its last member, reads the
+ * inputs of all its members). ids[at[k] .. at[k + 1]) are op k's. */
+typedef struct {
+    int32_t *at, *ids;
+} Touched;
+
+static int touched_new(const Plan *p, Touched *t)
 {
-    if (o->n_in < 1 || o->n_out != 1) return 0;
+    int64_t n = 0;
+    for (int32_t k = 0; k < p->n_ops; k++) n += p->ops[k].n_in + p->ops[k].n_out;
+    for (int32_t i = 0; i < p->n_cuda; i++) n += p->cuda[i].n_args;
+    t->at = plan_alloc(sizeof *t->at * ((size_t)p->n_ops + 1));
+    t->ids = plan_alloc(sizeof *t->ids * ((size_t)n + 1));
+    if (!t->at || !t->ids) return -1;
+    int32_t m = 0, c = 0;  // instructions are sorted by op (plan_check)
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        const PlanOp *o = &p->ops[k];
+        t->at[k] = m;
+        for (int32_t i = 0; i < o->n_in; i++) t->ids[m++] = p->ids[o->in + i];
+        for (int32_t i = 0; i < o->n_out; i++) t->ids[m++] = p->ids[o->out + i];
+        for (; c < p->n_cuda && p->cuda[c].op == k; c++)
+            for (int32_t a = 0; a < p->cuda[c].n_args; a++) t->ids[m++] = p->ids[p->cuda[c].args + a];
+    }
+    t->at[p->n_ops] = m;
+    return 0;
+}
+
+/* A view: one output lying where its one input starts, and no CUDA instruction, as the
+ * backends skip it (an in-place sum of gradients, two inputs, computes). */
+static int computes_nothing(const Plan *p, const Touched *t, int32_t k, int rank)
+{
+    const PlanOp *o = &p->ops[k];
+    if (o->n_in != 1 || o->n_out != 1 || t->at[k + 1] - t->at[k] != 2) return 0;
     int32_t x = p->ids[o->in], y = p->ids[o->out];
     Bytes bx = bytes_of(p, x, rank), by = bytes_of(p, y, rank);
     return p->tensors[y].alias != PLAN_NONE && bx.space == by.space && bx.lo == by.lo;
 }
 
 /* Whether op k's tensors overlap op c's. */
-static int touches(const Plan *p, int32_t k, int32_t c, int rank)
+static int touches(const Plan *p, const Touched *t, int32_t k, int32_t c, int rank)
 {
-    const PlanOp *o = &p->ops[k], *q = &p->ops[c];
-    for (int32_t i = 0; i < o->n_in + o->n_out; i++) {
-        Bytes a = bytes_of(p, p->ids[i < o->n_in ? o->in + i : o->out + i - o->n_in], rank);
-        for (int32_t j = 0; j < q->n_in + q->n_out; j++)
-            if (overlap(a, bytes_of(p, p->ids[j < q->n_in ? q->in + j : q->out + j - q->n_in], rank))) return 1;
+    for (int32_t i = t->at[k]; i < t->at[k + 1]; i++) {
+        Bytes a = bytes_of(p, t->ids[i], rank);
+        for (int32_t j = t->at[c]; j < t->at[c + 1]; j++)
+            if (overlap(a, bytes_of(p, t->ids[j], rank))) return 1;
     }
     return 0;
 }
@@ -55,8 +85,8 @@ static int touches(const Plan *p, int32_t k, int32_t c, int rank)
 int plan_check_schedule(const Plan *p, int rank, char *err, size_t errlen)
 {
     int32_t *pending = plan_alloc(sizeof *pending * ((size_t)p->n_ops + 1)), n_pending = 0;
-    if (!pending) return plan_fail(err, errlen, "out of memory");
-    int rc = 0;
+    Touched t = {0};
+    int rc = !pending || touched_new(p, &t) ? plan_fail(err, errlen, "out of memory") : 0;
     for (int32_t k = 0; k < p->n_ops && !rc; k++) {
         const PlanOp *o = &p->ops[k];
         for (int32_t w = 0; w < o->n_wait; w++) {
@@ -64,10 +94,10 @@ int plan_check_schedule(const Plan *p, int rank, char *err, size_t errlen)
             for (int32_t j = 0; j < n_pending; j++)
                 if (pending[j] == c) pending[j--] = pending[--n_pending];
         }
-        if (o->stream == PLAN_STREAM_COMPUTE && computes_nothing(p, o, rank)) continue;
+        if (o->stream == PLAN_STREAM_COMPUTE && computes_nothing(p, &t, k, rank)) continue;
         for (int32_t j = 0; j < n_pending && !rc; j++) {
             int32_t c = pending[j];
-            if (!touches(p, k, c, rank)) continue;
+            if (!touches(p, &t, k, c, rank)) continue;
             const PlanOp *q = &p->ops[c];
             char at[48] = "";
             if (o->line > 0) snprintf(at, sizeof at, " (source line %d:%d)", o->line, o->col);
@@ -79,5 +109,7 @@ int plan_check_schedule(const Plan *p, int rank, char *err, size_t errlen)
         if (o->stream != PLAN_STREAM_COMPUTE) pending[n_pending++] = k;
     }
     plan_dealloc(pending);
+    plan_dealloc(t.at);
+    plan_dealloc(t.ids);
     return rc;
 }

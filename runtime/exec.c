@@ -404,8 +404,10 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
                          e->world == 1 ? "" : "s");
     if (e->rank < 0 || e->rank >= e->world)
         return plan_fail(err, errlen, "rank %d is outside the world of %d", e->rank, e->world);
-    if (plan_check_schedule(p, e->rank, err, errlen) || alloc_spaces(e, prog, err, errlen)) return -1;
+    if (alloc_spaces(e, prog, err, errlen)) return -1;
+    /* A mirror runs nothing: its device's backend proves the schedule (cs_build). */
     if (e->mirror) return find_step(e, err, errlen) || init_tensors(e, o->seed, err, errlen);
+    if (plan_check_schedule(p, e->rank, err, errlen)) return -1;
     e->ops = plan_alloc(sizeof *e->ops * (size_t)p->n_ops);
     if (!e->ops) return plan_fail(err, errlen, "out of memory");
     memset(e->ops, 0, sizeof *e->ops * (size_t)p->n_ops);

@@ -18,12 +18,6 @@ int64_t cs_offset(const Plan *p, int32_t id, int rank)
     return t->offset + (int64_t)rank * t->rank_stride;
 }
 
-static CsRange tensor_range(const Plan *p, int32_t id, int rank)
-{
-    int64_t lo = cs_offset(p, id, rank);
-    return (CsRange){lo, lo + plan_tensor_nbytes(&p->tensors[id])};
-}
-
 static int overlap(CsRange a, CsRange b) { return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi; }
 
 /* The op table names the collectives (ops.def's comm column); CsCollKind numbers them
@@ -169,29 +163,6 @@ static int bind(const Plan *p, int rank, int world, CsSchedule *s, char *err, si
     return 0;
 }
 
-/* The bytes each op's work touches: its inputs and outputs, and every tensor its
- * instructions name (a fused group's one launch reads the inputs of all its members). */
-static void build_touch(const Plan *p, int rank, CsSchedule *s)
-{
-    int32_t at = 0;
-    for (int32_t k = 0; k < p->n_ops; k++) {
-        CsOp *o = &s->ops[k];
-        o->touch = at;
-        if (o->coll >= 0) {
-            s->touch[at++] = s->colls[o->coll].range[0];
-            s->touch[at++] = s->colls[o->coll].range[1];
-        } else if (o->n_instr) {
-            const PlanOp *op = &p->ops[k];
-            for (int32_t i = 0; i < op->n_in; i++) s->touch[at++] = tensor_range(p, p->ids[op->in + i], rank);
-            for (int32_t i = 0; i < op->n_out; i++) s->touch[at++] = tensor_range(p, p->ids[op->out + i], rank);
-            for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
-                for (int32_t a = 0; a < p->cuda[i].n_args; a++)
-                    s->touch[at++] = tensor_range(p, p->ids[p->cuda[i].args + a], rank);
-        }
-        o->n_touch = at - o->touch;
-    }
-}
-
 /* The plan's schedule (passes/schedule.c), as the backend runs it: each op's waits on
  * collectives, as indices into colls (a wait on an op of another stream kind, the copy
  * stream, would be an event of its own; no plan has one yet). */
@@ -214,29 +185,23 @@ int cs_build(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_
     memset(s, 0, sizeof *s);
     s->n_ops = p->n_ops;
     s->world = world;
-    int64_t n_args = 0, n_touch = 0;
+    int64_t n_args = 0;
     for (int32_t i = 0; i < p->n_cuda; i++) n_args += p->cuda[i].n_args;
-    for (int32_t k = 0; k < p->n_ops; k++) n_touch += p->ops[k].n_in + p->ops[k].n_out + 2;
-    n_touch += n_args;
     size_t ops = sizeof *s->ops * (size_t)p->n_ops, instrs = (size_t)p->n_cuda + 1;
     s->ops = plan_alloc(ops);
     s->colls = plan_alloc(sizeof *s->colls * ((size_t)p->n_ops + 1));
-    s->touch = plan_alloc(sizeof *s->touch * (size_t)(n_touch + 1));
     s->waits = plan_alloc(sizeof *s->waits * ((size_t)p->n_waits + 1));
     s->args = plan_alloc(sizeof *s->args * (size_t)(n_args + 1));
     s->arg_at = plan_alloc(sizeof *s->arg_at * instrs);
     s->gemms = plan_alloc(sizeof *s->gemms * instrs);
-    if (!s->ops || !s->colls || !s->touch || !s->waits || !s->args || !s->arg_at || !s->gemms) {
+    if (!s->ops || !s->colls || !s->waits || !s->args || !s->arg_at || !s->gemms) {
         cs_free(s);
         return plan_fail(err, errlen, "out of memory");
     }
     memset(s->ops, 0, ops);
     memset(s->gemms, 0, sizeof *s->gemms * instrs);
     int rc = plan_check_schedule(p, rank, err, errlen) || bind(p, rank, world, s, err, errlen) ? -1 : 0;
-    if (!rc) {
-        build_touch(p, rank, s);
-        if (world > 1) stored_waits(p, s);
-    }
+    if (!rc && world > 1) stored_waits(p, s);
     if (rc) cs_free(s);
     return rc;
 }
@@ -245,7 +210,6 @@ void cs_free(CsSchedule *s)
 {
     plan_dealloc(s->ops);
     plan_dealloc(s->colls);
-    plan_dealloc(s->touch);
     plan_dealloc(s->waits);
     plan_dealloc(s->args);
     plan_dealloc(s->arg_at);

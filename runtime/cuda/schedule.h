@@ -12,7 +12,7 @@
  * proved it safe for this rank: no op touches the bytes of a collective in flight. A run
  * of ops [from, to) then waits for every collective it started, so each run ends
  * complete (and a run that starts later than 0 only ever waits for events already
- * complete). The bytes each op touches (touch) are kept for the tests' own check.
+ * complete).
  */
 #ifndef FS_CUDA_SCHEDULE_H
 #define FS_CUDA_SCHEDULE_H
@@ -59,7 +59,6 @@ typedef struct {
 typedef struct {
     int32_t instr, n_instr; // range in plan->cuda
     int32_t coll;           // index in colls, or -1
-    int32_t touch, n_touch; // range in touch: the bytes its work reads or writes
     int32_t wait, n_wait;   // range in waits: collectives (indices in colls) to wait for first
 } CsOp;
 
@@ -68,7 +67,6 @@ typedef struct {
     CsOp *ops;
     CsColl *colls;
     int32_t n_colls;
-    CsRange *touch;
     int32_t *waits;
     int64_t *args;          // LAUNCH args' offsets; instruction i's at args + arg_at[i]
     int32_t *arg_at;        // n_cuda entries

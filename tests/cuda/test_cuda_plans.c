@@ -18,20 +18,55 @@
 
 static int overlap(CsRange a, CsRange b) { return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi; }
 
-/* The waits are enough: an op touching a started collective's bytes has it waited for. */
-static void check_waits(const CsSchedule *s, const char *what, int rank)
+static CsRange tensor_bytes(const Plan *p, int32_t id, int rank)
 {
+    int64_t lo = cs_offset(p, id, rank);
+    return (CsRange){lo, lo + plan_tensor_nbytes(&p->tensors[id])};
+}
+
+/* The bytes op k's work touches on `rank`, as the test sees them: a collective's input and
+ * output; an op with instructions its inputs, outputs and every instruction's arguments (a
+ * fused group's one launch reads the inputs of all its members); a view, nothing. Into
+ * out (malloc'ed); the count. */
+static int touched(const Plan *p, const CsSchedule *s, int32_t k, int rank, CsRange **out)
+{
+    const PlanOp *op = &p->ops[k];
+    const CsOp *o = &s->ops[k];
+    int n = 0, cap = op->n_in + op->n_out + 2;
+    for (int32_t i = o->instr; i < o->instr + o->n_instr; i++) cap += p->cuda[i].n_args;
+    CsRange *r = *out = malloc(sizeof *r * (size_t)cap);
+    if (o->coll >= 0) {
+        r[n++] = s->colls[o->coll].range[0];
+        r[n++] = s->colls[o->coll].range[1];
+    } else if (o->n_instr) {
+        for (int32_t i = 0; i < op->n_in; i++) r[n++] = tensor_bytes(p, p->ids[op->in + i], rank);
+        for (int32_t i = 0; i < op->n_out; i++) r[n++] = tensor_bytes(p, p->ids[op->out + i], rank);
+        for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
+            for (int32_t a = 0; a < p->cuda[i].n_args; a++) r[n++] = tensor_bytes(p, p->ids[p->cuda[i].args + a], rank);
+    }
+    return n;
+}
+
+/* Every byte an op's work touches lies in the arena, and the waits are enough: an op
+ * touching a started collective's bytes has it waited for. */
+static void check_waits(const Plan *p, const CsSchedule *s, const char *what, int rank)
+{
+    int64_t arena = plan_space_bytes(p, PLAN_PLACE_DEVICE);
     char *waited = calloc((size_t)s->n_colls + 1, 1);
     for (int32_t k = 0; k < s->n_ops; k++) {
         const CsOp *o = &s->ops[k];
+        CsRange *t;
+        int n = touched(p, s, k, rank, &t);
+        for (int i = 0; i < n; i++)
+            cr_assert(t[i].lo >= 0 && t[i].hi <= arena, "%s rank %d: bytes [%lld, %lld) outside the arena", what, rank,
+                      (long long)t[i].lo, (long long)t[i].hi);
         for (int32_t w = 0; w < o->n_wait; w++) waited[s->waits[o->wait + w]] = 1;
-        if (o->coll >= 0) continue;
-        for (int32_t c = 0; c < s->n_colls && s->colls[c].op < k; c++)
-            for (int32_t t = 0; t < o->n_touch; t++)
-                cr_assert(waited[c] || (!overlap(s->touch[o->touch + t], s->colls[c].range[0]) &&
-                                        !overlap(s->touch[o->touch + t], s->colls[c].range[1])),
+        for (int32_t c = 0; c < s->n_colls && s->colls[c].op < k && o->coll < 0; c++)
+            for (int i = 0; i < n; i++)
+                cr_assert(waited[c] || (!overlap(t[i], s->colls[c].range[0]) && !overlap(t[i], s->colls[c].range[1])),
                           "%s rank %d: op %d touches collective %d (op %d) without waiting for it", what, rank, k, c,
                           s->colls[c].op);
+        free(t);
     }
     free(waited);
 }
@@ -48,19 +83,15 @@ static void check(const char *file, const Define *defs, int n_defs, const char *
         cr_skip_test("%s: the plan has no CUDA program (codegen makes none in this build)", what);
     }
     int w = atoi(world);
-    int64_t arena = plan_space_bytes(p, PLAN_PLACE_DEVICE);
     for (int rank = 0; rank < w; rank++) {
         CsSchedule s;
         cr_assert_eq(cs_build(p, rank, w, &s, err, sizeof err), 0, "%s rank %d: %s", what, rank, err);
-        for (int32_t i = 0; i < s.ops[s.n_ops - 1].touch + s.ops[s.n_ops - 1].n_touch; i++)
-            cr_assert(s.touch[i].lo >= 0 && s.touch[i].hi <= arena, "%s rank %d: bytes [%lld, %lld) outside the arena",
-                      what, rank, (long long)s.touch[i].lo, (long long)s.touch[i].hi);
         for (int32_t c = 0; c < s.n_colls; c++) cr_assert_gt(s.colls[c].count, 0);
         if (w == 1)
             for (int32_t k = 0; k < s.n_ops; k++) cr_assert_eq(s.ops[k].n_wait, 0, "%s: a wait at world 1", what);
         else
             cr_assert_gt(s.n_colls, 0, "%s: a world of %d ranks without collectives", what, w);
-        check_waits(&s, what, rank);
+        check_waits(p, &s, what, rank);
         cs_free(&s);
     }
     plan_free(p);
