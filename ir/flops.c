@@ -143,3 +143,5 @@ double flops_copy(const Graph *g, const Node *n) { return 0; }
 double flops_all_reduce(const Graph *g, const Node *n) { return 0; }
 double flops_reduce_scatter(const Graph *g, const Node *n) { return 0; }
 double flops_all_gather(const Graph *g, const Node *n) { return 0; }
+double flops_send(const Graph *g, const Node *n) { return 0; }
+double flops_recv(const Graph *g, const Node *n) { return 0; }

@@ -260,3 +260,22 @@ int shape_cast(ShapeCtx *c)
     c->out[0].dtype = (DType)to;
     return 0;
 }
+
+/* send(x, peer): x to stage `peer`; nothing comes out. */
+int shape_send(ShapeCtx *c)
+{
+    if (want_in(c, 1)) return -1;
+    if (op_attr_int(&c->attrs, "peer", -1) < 0) return shape_fail(c, "send: peer must be a stage, >= 0");
+    c->n_out = 0;
+    return 0;
+}
+
+/* recv(shape, dtype, peer): a tensor of that type from stage `peer`. */
+int shape_recv(ShapeCtx *c)
+{
+    if (want_in(c, 0)) return -1;
+    int64_t dt = op_attr_int(&c->attrs, "dtype", -1);
+    if (dt < 0 || dt >= DT_COUNT) return shape_fail(c, "recv: dtype %" PRId64 " out of range", dt);
+    if (op_attr_int(&c->attrs, "peer", -1) < 0) return shape_fail(c, "recv: peer must be a stage, >= 0");
+    return shape_attr(c, (DType)dt);
+}

@@ -211,7 +211,9 @@ int32_t plan_wait_add(Plan *p, int32_t op) { PUSH(p, waits, n_waits, cap_waits, 
 
 int plan_set_one_program(Plan *p, int32_t dp_world, int64_t device_bytes, int64_t host_bytes)
 {
-    PlanProgram prog = {.stage = 0, .dp_world = dp_world, .first_op = 0, .n_ops = p->n_ops};
+    PlanProgram prog = {.stage = 0, .dp_world = dp_world, .first_op = 0, .n_ops = p->n_ops, .first_tensor = 0,
+                        .n_tensors = p->n_tensors, .first_output = 0, .n_outputs = p->n_outputs, .module_at = 0,
+                        .module_len = p->cuda_module ? (int64_t)strlen(p->cuda_module) : 0};
     prog.space_bytes[PLAN_PLACE_DEVICE] = device_bytes;
     prog.space_bytes[PLAN_PLACE_HOST] = host_bytes;
     if (p->n_programs) {
@@ -230,6 +232,7 @@ int plan_set_cuda_module(Plan *p, const char *text)
     memcpy(copy, text, n + 1);
     plan_dealloc(p->cuda_module);
     p->cuda_module = copy;
+    if (p->n_programs == 1) p->programs[0].module_at = 0, p->programs[0].module_len = (int64_t)n;
     return 0;
 }
 

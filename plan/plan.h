@@ -41,7 +41,7 @@
 #include <stdint.h>
 
 #define PLAN_MAJOR 2
-#define PLAN_MINOR 0
+#define PLAN_MINOR 1
 #define PLAN_MAX_RANK 6
 #define PLAN_NONE (-1)  // an absent string, block, producer or tied tensor
 
@@ -136,17 +136,29 @@ typedef struct {
     PlanStream stream;
     int32_t wait, n_wait;  // range in Plan.waits: op ids, earlier in the program and off
                            // the compute stream, that must be complete before this op starts
+    /* For reports (the timeline), never for running: the micro-batch the op works on
+     * (PLAN_NONE: the step's own ops, the optimizer's), and its FLOPs (the cost model). */
+    int32_t microbatch;
+    double flops;
 } PlanOp;
 
 /* One program: what the ranks of one pipeline stage run each step. Its data-parallel
  * ranks share it (a rank's shard is at offset + dp_index * rank_stride), so the plan
  * does not grow with the data-parallel world. Rank r runs program r / dp_world as
- * data-parallel index r % dp_world. Programs hold consecutive ranges of Plan.ops. */
+ * data-parallel index r % dp_world; every program has the same dp_world, and the world
+ * is n_programs x dp_world. Programs hold consecutive ranges of Plan.ops, Plan.tensors
+ * and Plan.outputs, in stage order, and refer only to their own: an op's tensors, a
+ * tensor's producer, grad, alias and tied tensor, the waits and the CUDA instructions
+ * of a program's ops all lie in its ranges. Point-to-point ops (send, recv) name the
+ * peer program by its stage. The CUDA module is one text per program, back to back. */
 typedef struct {
     int32_t stage;       // the pipeline stage, 0-based (programs are in stage order)
     int32_t dp_world;    // data-parallel ranks that run it
     int32_t first_op, n_ops;  // range in Plan.ops, in issue order
     int64_t space_bytes[PLAN_PLACE_COUNT];  // the arena of each memory space, per rank
+    int32_t first_tensor, n_tensors;        // range in Plan.tensors
+    int32_t first_output, n_outputs;        // range in Plan.outputs; the first is the loss
+    int64_t module_at, module_len;          // bytes of Plan.cuda_module: this program's module
 } PlanProgram;
 
 typedef struct {
@@ -266,7 +278,8 @@ int32_t plan_wait_add(Plan *p, int32_t op);
 /* Makes the plan's programs exactly one: stage 0, every op (call it after the last op is
  * added), dp_world ranks, the two spaces' arenas. 0, or -1 when out of memory. */
 int plan_set_one_program(Plan *p, int32_t dp_world, int64_t device_bytes, int64_t host_bytes);
-/* Replaces the CUDA module text (copied); 0, or -1 when out of memory. */
+/* Replaces the CUDA module text (copied), which is then program 0's when the plan has
+ * one program; 0, or -1 when out of memory. */
 int plan_set_cuda_module(Plan *p, const char *text);
 
 /* "" for PLAN_NONE or an id out of range. */
@@ -285,7 +298,7 @@ const char *plan_stream_name(PlanStream s);  // "compute", "collective", "copy"
 const char *plan_step_role_name(PlanStepRole r);  // "none", "loss", "lr", "grad_norm", ...
 /* The tensor with step role r, or PLAN_NONE. */
 int32_t plan_role_tensor(const Plan *p, PlanStepRole r);
-/* The bytes of space s's arena in program 0 (every rank's until pipelines: issue 10), or
+/* The bytes of space s's arena in program 0 (every rank's in a plan of one program), or
  * -1 when the plan has no program. */
 int64_t plan_space_bytes(const Plan *p, PlanPlace s);
 const char *plan_phase_name(PlanPhase p);  // "forward", "backward", ...
@@ -302,6 +315,35 @@ const char *plan_tensor_label(const Plan *p, int32_t id);
 /* Elements and bytes of a tensor (shapes are checked by the reader to fit in int64). */
 int64_t plan_tensor_numel(const PlanTensor *t);
 int64_t plan_tensor_nbytes(const PlanTensor *t);
+
+/* ---- plan/program.c: plans of several programs (pipeline stages) ------------------- */
+
+/* Appends `one`, a plan of one program (codegen builds one per stage), to `p` as its
+ * next program (stage p->n_programs): every id of one's tensors, ops, outputs, waits
+ * and CUDA instructions moves by where its ranges start in p, strings are interned
+ * again, attributes and lists copied, its CUDA module appended. The first append also
+ * takes one's meta and blocks; a later one must have the same blocks. 0, or -1 with a
+ * message (p is then not usable). */
+int plan_append_program(Plan *p, const Plan *one, char *err, size_t errlen);
+/* A new plan of program k of p alone, as one stage's ranks run it: that program's
+ * tensors, ops, outputs, waits, CUDA instructions and module, ids from 0, and one
+ * program (stage k, its dp_world); meta, blocks and strings as p's. Needs plan_check.
+ * NULL with a message when out of memory. */
+Plan *plan_extract_program(const Plan *p, int32_t k, char *err, size_t errlen);
+
+/* ---- plan/p2p.c: the pipeline's point-to-point schedule ------------------------------ */
+
+/* Whether the programs' sends and receives can run as stored without a deadlock, even
+ * when every send is synchronous (completes only once its receive has started; no
+ * reliance on MPI's eager buffering): the k-th send from stage a to stage b meets the
+ * k-th receive on b from a, with the same dtype and elements; every collective over
+ * the pipeline group (group 1) meets its counterpart, in the same order, on every
+ * program; and a simulation of all programs, where an op starts once the ops its waits
+ * name are complete (a send or receive: when its partner has started; a pipeline
+ * collective: when every program has started it) and every program ends with nothing
+ * pending, finishes. 0, or -1 with a message naming the stages and ops that wait on
+ * each other. Needs plan_check. A plan of one program passes. */
+int plan_check_p2p(const Plan *p, char *err, size_t errlen);
 
 /* ---- plan/check.c ------------------------------------------------------------------ */
 

@@ -20,6 +20,8 @@ static double factor_of(OpComm k)
     case COMM_ALL_REDUCE: return 2.0;
     case COMM_REDUCE_SCATTER:
     case COMM_ALL_GATHER: return 1.0;
+    case COMM_SEND:  // point-to-point: not a collective (counted on their own)
+    case COMM_RECV:
     case COMM_NONE:
     case COMM_COUNT: break;
     }

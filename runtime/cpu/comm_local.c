@@ -17,3 +17,9 @@ void cpu_copy(const KCall *k) { move(k); }
 void cpu_all_reduce(const KCall *k) { move(k); }
 void cpu_reduce_scatter(const KCall *k) { move(k); }
 void cpu_all_gather(const KCall *k) { move(k); }
+
+/* Point-to-point ops have a peer, which a kernel alone does not: the executor binds each
+ * to MPI (runtime/comm.c) and never calls these, and refuses a plan whose send or recv
+ * it cannot bind. */
+void cpu_send(const KCall *k) { (void)k; }
+void cpu_recv(const KCall *k) { (void)k; }
