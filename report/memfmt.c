@@ -157,11 +157,41 @@ const char *report_made_by(const Plan *p, int32_t tensor, char *buf, size_t n)
     return buf;
 }
 
-const char *report_ranks(const MemReport *r, char *buf, size_t n)
+/* The ranks of stage k of dp_world ranks each: "rank 3", "ranks 8-15". */
+static const char *ranks_of(int64_t k, int64_t dp_world, char *buf, size_t n)
 {
-    if (r->world <= 1)
-        snprintf(buf, n, "rank 0");
+    int64_t first = report_mul_sat(k, dp_world > 1 ? dp_world : 1);
+    if (dp_world <= 1)
+        snprintf(buf, n, "rank %" PRId64, first);
     else
-        snprintf(buf, n, "ranks 0-%" PRId64, r->world - 1);
+        snprintf(buf, n, "ranks %" PRId64 "-%" PRId64, first, first + (dp_world - 1));
     return buf;
+}
+
+const char *report_ranks(const MemReport *r, char *buf, size_t n) { return ranks_of(r->stage, r->world, buf, n); }
+
+const char *report_stage_ranks(const Plan *p, int32_t k, char *buf, size_t n)
+{
+    return ranks_of(k, p->programs[k].dp_world, buf, n);
+}
+
+static const char *label_of(int64_t k, int64_t n_stages, int64_t dp_world, char *buf, size_t n)
+{
+    char ranks[64];
+    ranks_of(k, dp_world, ranks, sizeof ranks);
+    if (n_stages <= 1)
+        snprintf(buf, n, "%s", ranks);
+    else
+        snprintf(buf, n, "stage %" PRId64 " of %" PRId64 " (%s)", k, n_stages, ranks);
+    return buf;
+}
+
+const char *report_label(const MemReport *r, char *buf, size_t n)
+{
+    return label_of(r->stage, r->n_stages, r->world, buf, n);
+}
+
+const char *report_stage_label(const Plan *p, int32_t k, char *buf, size_t n)
+{
+    return label_of(k, p->n_programs, p->programs[k].dp_world, buf, n);
 }

@@ -1,7 +1,9 @@
 /* report/memhtml.c: the memory report as one self-contained HTML page (fsc --mem=html
  * FILE): the summary as tiles, a legend, the timeline (report/memsvg.c), then the tables
- * of the text report. Inline CSS only: no scripts, fonts, images or links, so the page
- * opens offline and can be mailed as it is. Every string from the plan is escaped.
+ * of the text report. A plan of several stages: a table of the stages, the step's
+ * schedule as a lane per stage (report/timesvg.c), then one section per stage as above.
+ * Inline CSS only: no scripts, fonts, images or links to other files, so the page opens
+ * offline and can be mailed as it is. Every string from the plan is escaped.
  */
 #include <inttypes.h>
 #include <string.h>
@@ -25,7 +27,7 @@ void html_text(FILE *out, const char *s)
         }
 }
 
-static void style(FILE *out)
+static void style(FILE *out, int lanes)
 {
     fputs("<style>\n"
           "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:#1d1d1f;background:#fff;"
@@ -50,6 +52,7 @@ static void style(FILE *out)
     for (int c = 0; c < MEM_CAT_COUNT; c++)
         fprintf(out, ".c-%s{fill:%s}.s-%s{background:%s}\n", report_category_key((MemCategory)c), COLORS[c],
                 report_category_key((MemCategory)c), COLORS[c]);
+    if (lanes) report_html_lanes_style(out);
     fputs("</style>\n", out);
 }
 
@@ -62,20 +65,36 @@ static void tile(FILE *out, const char *label, const char *big, const char *smal
     fprintf(out, "</small></div>\n");
 }
 
-static void summary(const MemReport *r, FILE *out)
+/* "shard fsdp, precision bf16, recompute none" */
+static void settings(const Plan *p, FILE *out)
 {
-    const Plan *p = r->plan;
-    char a[64], b[64], c[256], model[64];
-    int64_t peak = r->peak[PLAN_PLACE_DEVICE], state = r->state[0] + r->state[1] + r->state[2] + r->state[3];
-    fprintf(out, "<h1>");
-    html_text(out, report_clean(plan_meta_str(p, "model", "model"), model, sizeof model));
-    fprintf(out, ": memory plan</h1>\n<p class=\"sub\">%s%s; bytes per rank; %s ops; shard ", report_ranks(r, a, sizeof a),
-            r->world > 1 ? ", one program for every rank" : "", report_grouped(p->n_ops, b, sizeof b));
+    char c[64];
+    fprintf(out, "shard ");
     html_text(out, report_clean(plan_meta_str(p, "shard", "none"), c, sizeof c));
     fprintf(out, ", precision ");
     html_text(out, report_clean(plan_meta_str(p, "precision", "?"), c, sizeof c));
     fprintf(out, ", recompute ");
     html_text(out, report_clean(plan_meta_str(p, "recompute", "none"), c, sizeof c));
+}
+
+/* The title (a stage's: its label, a level down), the settings and the tiles. */
+static void summary(const MemReport *r, FILE *out)
+{
+    const Plan *p = r->plan;
+    char a[64], b[64], c[256], model[64];
+    int64_t peak = r->peak[PLAN_PLACE_DEVICE], state = r->state[0] + r->state[1] + r->state[2] + r->state[3];
+    if (r->n_stages > 1) {
+        report_label(r, c, sizeof c);
+        c[0] = 'S';
+        fprintf(out, "<h2 id=\"stage-%d\">%s</h2>\n", r->stage, c);
+    } else {
+        fprintf(out, "<h1>");
+        html_text(out, report_clean(plan_meta_str(p, "model", "model"), model, sizeof model));
+        fprintf(out, ": memory plan</h1>\n");
+    }
+    fprintf(out, "<p class=\"sub\">%s%s; bytes per rank; %s ops; ", report_ranks(r, a, sizeof a),
+            r->world > 1 ? ", one program for every rank" : "", report_grouped(p->n_ops, b, sizeof b));
+    settings(p, out);
     fprintf(out, "</p>\n<div class=\"tiles\">\n");
     snprintf(c, sizeof c, "%s bytes", report_grouped(r->arena_bytes, b, sizeof b));
     tile(out, "arena", report_bytes(r->arena_bytes, a, sizeof a), c);
@@ -174,15 +193,27 @@ static void saved_table(const MemReport *r, FILE *out)
     fprintf(out, "</table>\n");
 }
 
-int report_mem_html(const MemReport *r, FILE *out)
+static void head(const Plan *p, int lanes, FILE *out)
 {
     char model[64];
     fprintf(out, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>");
-    html_text(out, report_clean(plan_meta_str(r->plan, "model", "model"), model, sizeof model));
+    html_text(out, report_clean(plan_meta_str(p, "model", "model"), model, sizeof model));
     fprintf(out, " - memory plan</title>\n");
-    style(out);
+    style(out, lanes);
     fprintf(out, "</head>\n<body>\n");
+}
+
+static int tail(FILE *out)
+{
+    fprintf(out, "<footer>Computed from the plan by the same code as <code>fsc --mem</code> and <code>fsexec --inspect"
+            "</code>.</footer>\n</body>\n</html>\n");
+    return ferror(out) ? -1 : 0;
+}
+
+/* One program's report: the summary, its timeline and its tables. */
+static int body(const MemReport *r, FILE *out)
+{
     summary(r, out);
     legend(r, out);
     if (report_html_chart(r, out)) return -1;
@@ -192,7 +223,69 @@ int report_mem_html(const MemReport *r, FILE *out)
     if (r->peak[PLAN_PLACE_HOST]) category_table(r, PLAN_PLACE_HOST, out);
     top_table(r, out);
     saved_table(r, out);
-    fprintf(out, "<footer>Computed from the plan by the same code as <code>fsc --mem</code> and <code>fsexec --inspect"
-            "</code>.</footer>\n</body>\n</html>\n");
-    return ferror(out) ? -1 : 0;
+    return 0;
+}
+
+int report_mem_html(const MemReport *r, FILE *out)
+{
+    head(r->plan, 0, out);
+    return body(r, out) ? -1 : tail(out);
+}
+
+/* The stages side by side: ranks, ops, arenas, peak and params, each linked to its section. */
+static void stage_table(const MemStages *s, FILE *out)
+{
+    char a[32], b[32], c[32], d[32], e[32];
+    fprintf(out, "<table><tr><th>stage</th><th>ranks</th><th class=\"n\">ops</th><th class=\"n\">device arena</th>"
+            "<th class=\"n\">peak live</th><th class=\"n\">host arena</th><th class=\"n\">params</th></tr>\n");
+    for (int32_t k = 0; k < s->n; k++) {
+        const MemReport *r = s->stage[k];
+        fprintf(out, "<tr><td><a href=\"#stage-%d\">%d</a>%s</td><td>%s</td><td class=\"n\">%s</td><td class=\"n\">%s"
+                "</td><td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td></tr>\n", k, k,
+                k == s->largest ? " (largest)" : "", report_ranks(r, a, sizeof a),
+                report_grouped(r->plan->n_ops, b, sizeof b), report_bytes(r->arena_bytes, c, sizeof c),
+                report_bytes(r->peak[PLAN_PLACE_DEVICE], d, sizeof d), report_bytes(r->host_arena_bytes, e, sizeof e),
+                report_grouped(r->param_count, a, sizeof a));
+    }
+    fprintf(out, "</table>\n");
+}
+
+/* The schedule: a lane per stage, costed by FLOPs when the plan has them. */
+static int schedule(const MemStages *s, FILE *out)
+{
+    char err[256];
+    Timeline *t = report_timeline_new(s->plan, TL_COST_FLOPS, err, sizeof err);
+    fprintf(out, "<h2>Schedule, a lane per stage</h2>\n");
+    if (!t) {
+        fprintf(out, "<p class=\"sub\">No schedule: ");
+        html_text(out, err);
+        fprintf(out, "</p>\n");
+        return 0;
+    }
+    int rc = report_html_lanes(t, out);
+    report_timeline_free(t);
+    return rc;
+}
+
+int report_stages_html(const MemStages *s, FILE *out)
+{
+    if (s->n == 1) return report_mem_html(s->stage[0], out);
+    const Plan *p = s->plan;
+    char a[32], model[64];
+    head(p, 1, out);
+    fprintf(out, "<h1>");
+    html_text(out, report_clean(plan_meta_str(p, "model", "model"), model, sizeof model));
+    fprintf(out, ": memory plan, %d pipeline stages</h1>\n<p class=\"sub\">%d stages x %" PRId64 " data-parallel rank%s "
+            "(world %s); bytes per rank; ", s->n, s->n, s->stage[0]->world, s->stage[0]->world == 1 ? "" : "s",
+            report_grouped(report_mul_sat(s->n, s->stage[0]->world), a, sizeof a));
+    settings(p, out);
+    fprintf(out, "; --mem-limit checks the largest arena, stage %d's</p>\n", s->largest);
+    stage_table(s, out);
+    if (schedule(s, out)) return -1;
+    for (int32_t k = 0; k < s->n; k++) {
+        fprintf(out, "<section>\n");
+        if (body(s->stage[k], out)) return -1;
+        fprintf(out, "</section>\n");
+    }
+    return tail(out);
 }

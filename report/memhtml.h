@@ -10,5 +10,12 @@
 void html_text(FILE *out, const char *s);
 /* The timeline, as an inline <svg> (report/memsvg.c). 0, or -1 when out of memory. */
 int report_html_chart(const MemReport *r, FILE *out);
+/* 1, 2, 2.5 or 5 times a power of ten, at least x: an axis step (report/memsvg.c). */
+double report_html_nice(double x);
+/* The schedule as a lane per stage, an inline <svg>, and its numbers (report/timesvg.c).
+ * 0, or -1 when the write fails. */
+int report_html_lanes(const Timeline *t, FILE *out);
+/* The CSS rules of the lanes, inside the page's <style>. */
+void report_html_lanes_style(FILE *out);
 
 #endif

@@ -10,6 +10,10 @@
  *    "bytes", "category", "made_by"}], "n_live_at_peak", "saved_by_block": [{"block",
  *    "layer", "bytes"}], "saved_outside_blocks", "shard", "shard_applied",
  *    "cuda_workspace_bytes" (outside the arena, CUDA ranks; 0 without a CUDA program)}
+ *
+ * A plan of several stages: {"model", "world", "dp_world", "n_stages", "largest_stage":
+ * {"stage", "arena_bytes"}, "stages": [the object above for each stage's program, with
+ * "stage" and "label" ("stage 1 of 2 (ranks 4-7)"); its "ranks" are the stage's]}.
  */
 #include "report.h"
 
@@ -117,8 +121,9 @@ static json_t *ranks(const MemReport *r, int *bad)
     json_t *o = json_object();
     char label[32];
     if (!o) return NULL;
-    put(o, "first", json_integer(0), bad);
-    put(o, "last", json_integer(r->world - 1), bad);
+    int64_t first = (int64_t)r->stage * (r->world > 1 ? r->world : 1);
+    put(o, "first", json_integer(first), bad);
+    put(o, "last", json_integer(first + (r->world > 1 ? r->world : 1) - 1), bad);
     put(o, "label", json_string(report_ranks(r, label, sizeof label)), bad);
     return o;
 }
@@ -158,6 +163,11 @@ static json_t *build(const MemReport *r, int *bad)
     for (int i = 0; i < r->n_top && top; i++) push(top, tensor(r, &r->top[i], bad), bad);
     if (!o) return json_decref(top), NULL;
     put(o, "model", jstr(plan_meta_str(p, "model", "model")), bad);
+    if (r->n_stages > 1) {
+        char label[96];
+        put(o, "stage", json_integer(r->stage), bad);
+        put(o, "label", json_string(report_label(r, label, sizeof label)), bad);
+    }
     put(o, "ranks", ranks(r, bad), bad);
     put(o, "world", json_integer(r->world), bad);
     put(o, "arena_bytes", json_integer(r->arena_bytes), bad);
@@ -179,11 +189,43 @@ static json_t *build(const MemReport *r, int *bad)
     return o;
 }
 
+static int dump(json_t *o, int bad, FILE *out)
+{
+    int rc = !o || bad || json_dumpf(o, out, JSON_INDENT(2)) || fputc('\n', out) == EOF ? -1 : 0;
+    json_decref(o);
+    return rc;
+}
+
 int report_mem_json(const MemReport *r, FILE *out)
 {
     int bad = 0;
     json_t *o = build(r, &bad);
-    int rc = !o || bad || json_dumpf(o, out, JSON_INDENT(2)) || fputc('\n', out) == EOF ? -1 : 0;
-    json_decref(o);
-    return rc;
+    return dump(o, bad, out);
+}
+
+static json_t *stages(const MemStages *s, int *bad)
+{
+    const MemReport *big = report_stages_largest(s);
+    json_t *o = json_object(), *a = json_array(), *largest = json_object();
+    for (int32_t k = 0; k < s->n && a; k++) push(a, build(s->stage[k], bad), bad);
+    if (largest) {
+        put(largest, "stage", json_integer(s->largest), bad);
+        put(largest, "arena_bytes", json_integer(big->arena_bytes), bad);
+    }
+    if (!o) return json_decref(a), json_decref(largest), NULL;
+    put(o, "model", jstr(plan_meta_str(s->plan, "model", "model")), bad);
+    put(o, "world", json_integer(report_mul_sat(s->n, s->stage[0]->world)), bad);
+    put(o, "dp_world", json_integer(s->stage[0]->world), bad);
+    put(o, "n_stages", json_integer(s->n), bad);
+    put(o, "largest_stage", largest, bad);
+    put(o, "stages", a, bad);
+    return o;
+}
+
+int report_stages_json(const MemStages *s, FILE *out)
+{
+    if (s->n == 1) return report_mem_json(s->stage[0], out);
+    int bad = 0;
+    json_t *o = stages(s, &bad);
+    return dump(o, bad, out);
 }

@@ -2,8 +2,9 @@
  * arena passes the limit, what is live at the peak (the largest buffers), and for each
  * setting the caller compiled (MemWhatIf) the arena it gives and what it saves, best
  * first, marking the ones that fit; the ones that train differently (a smaller batch)
- * come after every one that trains the same (gradient accumulation, sharding, ...). The caller decides which settings exist; this file
- * only lays out what it was given.
+ * come after every one that trains the same (gradient accumulation, sharding, ...). The
+ * caller decides which settings exist; this file only lays out what it was given. For a
+ * plan of several stages it is given the stage with the largest arena, and says so.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -56,9 +57,10 @@ static void print_what_ifs(const MemReport *r, int64_t limit, const MemWhatIf *g
 
 void report_limit_print(const MemReport *r, int64_t limit, const MemWhatIf *w, int n, FILE *out)
 {
-    char a[32], l[32], over[32], ranks[32];
-    fprintf(out, "the plan needs an arena of %s per rank (%s), %s over the limit of %s\n",
-            report_bytes(r->arena_bytes, a, sizeof a), report_ranks(r, ranks, sizeof ranks),
+    char a[32], l[32], over[32], label[96], stages[48] = "";
+    if (r->n_stages > 1) snprintf(stages, sizeof stages, ", the largest of the %d stages", r->n_stages);
+    fprintf(out, "the plan needs an arena of %s per rank (%s%s), %s over the limit of %s\n",
+            report_bytes(r->arena_bytes, a, sizeof a), report_label(r, label, sizeof label), stages,
             report_bytes(r->arena_bytes - limit, over, sizeof over), report_bytes(limit, l, sizeof l));
     print_live(r, out);
     print_what_ifs(r, limit, w, n, out);

@@ -308,6 +308,7 @@ MemReport *report_mem_new(const Plan *p, char *err, size_t errlen)
     }
     memset(r, 0, sizeof *r);
     r->plan = p;
+    r->n_stages = 1;
     if (build(r, err, errlen)) {
         report_mem_free(r);
         return NULL;
@@ -315,9 +316,23 @@ MemReport *report_mem_new(const Plan *p, char *err, size_t errlen)
     return r;
 }
 
+MemReport *report_mem_new_stage(const Plan *p, int32_t k, char *err, size_t errlen)
+{
+    if (p->n_programs <= 1) return report_mem_new(p, err, errlen);
+    Plan *one = plan_extract_program(p, k, err, errlen);
+    MemReport *r = one ? report_mem_new(one, err, errlen) : NULL;
+    if (!r) {
+        plan_free(one);
+        return NULL;
+    }
+    r->own = one, r->stage = k, r->n_stages = p->n_programs;
+    return r;
+}
+
 void report_mem_free(MemReport *r)
 {
     if (!r) return;
+    plan_free(r->own);
     for (int pl = 0; pl < PLAN_PLACE_COUNT; pl++) plan_dealloc(r->live[pl]), plan_dealloc(r->live_cat[pl]);
     plan_dealloc(r->cat);
     plan_dealloc(r->root);

@@ -52,8 +52,7 @@ static void col_ops(const Chart *c, int32_t col, int32_t *a, int32_t *b)
     *b = (int32_t)((int64_t)(col + 1) * c->r->n_points / c->n_cols);
 }
 
-/* 1, 2, 2.5 or 5 times a power of ten, at least x. */
-static double nice(double x)
+double report_html_nice(double x)
 {
     double p = pow(10, floor(log10(x))), m = x / p;
     return p * (m <= 1 ? 1 : m <= 2 ? 2 : m <= 2.5 ? 2.5 : m <= 5 ? 5 : 10);
@@ -82,7 +81,7 @@ static void y_axis(Chart *c)
     c->unit = 1;
     while (u < 5 && top >= 1024 * c->unit) c->unit *= 1024, u++;
     c->unit_name = names[u];
-    double span = top > 0 ? top * 1.1 / c->unit : 1, step = nice(span / 8);
+    double span = top > 0 ? top * 1.1 / c->unit : 1, step = report_html_nice(span / 8);
     c->ymax = ceil(span / step) * step * c->unit;
     for (double v = 0; v <= c->ymax / c->unit + step / 2; v += step) {
         double y = y_of(c, v * c->unit);
@@ -96,7 +95,7 @@ static void y_axis(Chart *c)
 static void x_axis(const Chart *c)
 {
     int32_t n = c->r->n_points;
-    double step = nice(n / 10.0 > 1 ? n / 10.0 : 1);
+    double step = report_html_nice(n / 10.0 > 1 ? n / 10.0 : 1);
     double y = TOP + ph();
     fprintf(c->out, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" class=\"axisline\"/>\n", LEFT, W - RIGHT, y, y);
     for (double v = 0; v <= n; v += step)

@@ -2,7 +2,8 @@
  * Sections: the summary (ranks, arena against the peak, where the peak is, params and
  * model state per param, host memory), bytes by category at the peak and at each
  * category's own maximum, the largest buffers live at the peak, and the saved
- * activations per block. Every number is MemReport's; this file only lays them out.
+ * activations per block. A plan of several stages: a table of the stages first, then
+ * each stage's report in full. Every number is MemReport's; this file only lays them out.
  */
 #include <inttypes.h>
 #include <string.h>
@@ -32,8 +33,10 @@ static void print_summary(const MemReport *r, FILE *out)
     char a[32], b[32], c[256], model[64];
     const int64_t peak = r->peak[PLAN_PLACE_DEVICE];
     fprintf(out, "memory plan: %s, %s", report_clean(plan_meta_str(p, "model", "model"), model, sizeof model),
-            report_ranks(r, a, sizeof a));
-    if (r->world > 1)
+            report_label(r, c, sizeof c));
+    if (r->n_stages > 1)
+        fprintf(out, ", %" PRId64 " data-parallel rank%s; bytes per rank\n", r->world, r->world == 1 ? "" : "s");
+    else if (r->world > 1)
         fprintf(out, " (one program for all %" PRId64 " data-parallel ranks); bytes per rank\n", r->world);
     else
         fprintf(out, " (world 1)\n");
@@ -150,4 +153,39 @@ void report_mem_print(const MemReport *r, FILE *out)
     if (r->peak[PLAN_PLACE_HOST]) print_categories(r, PLAN_PLACE_HOST, out);
     print_top(r, out);
     print_saved(r, out);
+}
+
+/* One line per stage: its ranks, ops, arenas, peak and params; then the largest. */
+static void print_stage_table(const MemStages *s, FILE *out)
+{
+    const Plan *p = s->plan;
+    const MemReport *big = report_stages_largest(s);
+    char a[32], b[32], c[32], d[32], e[32], model[64], ranks[64];
+    fprintf(out, "memory plan: %s, %d pipeline stages x %" PRId64 " data-parallel rank%s (world %s); bytes per rank\n",
+            report_clean(plan_meta_str(p, "model", "model"), model, sizeof model), s->n, s->stage[0]->world,
+            s->stage[0]->world == 1 ? "" : "s", report_grouped(report_mul_sat(s->n, s->stage[0]->world), a, sizeof a));
+    fprintf(out, "  %-5s  %-13s %9s %14s %14s %12s %15s\n", "stage", "ranks", "ops", "device arena", "peak live",
+            "host arena", "params");
+    for (int32_t k = 0; k < s->n; k++) {
+        const MemReport *r = s->stage[k];
+        fprintf(out, "  %-5d  %-13s %9s %14s %14s %12s %15s\n", k, report_ranks(r, ranks, sizeof ranks),
+                report_grouped(r->plan->n_ops, a, sizeof a), report_bytes(r->arena_bytes, b, sizeof b),
+                report_bytes(r->peak[PLAN_PLACE_DEVICE], c, sizeof c), report_bytes(r->host_arena_bytes, d, sizeof d),
+                report_grouped(r->param_count, e, sizeof e));
+    }
+    fprintf(out, "  largest arena: %s, %s (what --mem-limit checks)\n", report_label(big, ranks, sizeof ranks),
+            report_bytes(big->arena_bytes, a, sizeof a));
+}
+
+void report_stages_print(const MemStages *s, FILE *out)
+{
+    if (s->n == 1) {
+        report_mem_print(s->stage[0], out);
+        return;
+    }
+    print_stage_table(s, out);
+    for (int32_t k = 0; k < s->n; k++) {
+        fputc('\n', out);
+        report_mem_print(s->stage[k], out);
+    }
 }

@@ -1,12 +1,18 @@
-/* report/report.h: what a plan asks of memory, for people. Computed from the plan alone
- * (plan/plan.h), so `fsc --mem` (a plan built in memory, never written) and `fsexec
- * --inspect` (a plan read from a file) print the same numbers from the same code.
+/* report/report.h: what a plan asks of memory and time, for people. Computed from the
+ * plan alone (plan/plan.h), so `fsc --mem` (a plan built in memory, never written) and
+ * `fsexec --inspect` (a plan read from a file) print the same numbers from the same code.
  *
- * The plan is one program for every rank of a data-parallel world (meta "world"), so
- * there is one report, labelled "ranks 0-(world-1)". Every byte count is of one rank.
+ * A plan has one program per pipeline stage, each shared by the stage's dp_world
+ * data-parallel ranks (stage s: ranks s * dp_world .. s * dp_world + dp_world - 1). The
+ * memory report is of one program: a plan of one program has one, labelled "ranks
+ * 0-(world-1)"; a plan of several has one per stage (MemStages), each of the program
+ * extracted alone, labelled "stage s of P (ranks a-b)". Every byte count is of one rank.
+ * The timeline (report/timeline.c) is of the whole plan: every stage's tasks on one
+ * logical clock.
  *
  * Where it sits: after codegen in fsc, after plan_read in fsexec. Depends on plan/ and
- * jansson, and the op table (ops/ops.h) for what each op is. Grouped by the file that defines each declaration.
+ * jansson, and the op table (ops/ops.h) for what each op is. Grouped by the file that
+ * defines each declaration.
  */
 #ifndef FS_REPORT_H
 #define FS_REPORT_H
@@ -14,6 +20,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ops.h"
 #include "plan.h"
 
 /* ---- report/memreport.c: the analysis ------------------------------------------------ */
@@ -35,8 +42,11 @@ typedef struct {
 } MemTensor;
 
 typedef struct MemReport {
-    const Plan *plan;
+    const Plan *plan;             // one program: the plan's, or the stage's extracted alone
     int64_t world;                // data-parallel ranks that run this program
+    int32_t stage, n_stages;      // the pipeline stage it is of, of n_stages; 0 of 1 for a
+                                  // plan of one program (then printed as it always was)
+    Plan *own;                    // the program extracted from a plan of several; NULL
     int64_t arena_bytes;          // the device space's arena (program 0)
     int64_t host_arena_bytes;     // the host space's arena (pinned host memory on CUDA ranks)
     int32_t n_points;             // points of the timeline: one per op (at least one)
@@ -65,6 +75,9 @@ typedef struct MemReport {
 /* The report of a plan that passed plan_check. NULL with a message when the plan has no
  * memory plan (meta "arena_bytes") or memory runs out. Free with report_mem_free. */
 MemReport *report_mem_new(const Plan *p, char *err, size_t errlen);
+/* The report of program k of p, extracted alone (plan_extract_program; it is the report's
+ * own) when p has several, or of p itself when it has one. */
+MemReport *report_mem_new_stage(const Plan *p, int32_t k, char *err, size_t errlen);
 void report_mem_free(MemReport *r);
 const char *report_category_name(MemCategory c);  // "saved for backward"
 const char *report_category_key(MemCategory c);   // "saved" (JSON keys, CSS classes)
@@ -96,21 +109,56 @@ const char *report_type(const PlanTensor *t, char *buf, size_t n);
  * its producer that way, or its role ("param") when no op makes it. */
 const char *report_op_where(const Plan *p, int32_t op, char *buf, size_t n);
 const char *report_made_by(const Plan *p, int32_t tensor, char *buf, size_t n);
-/* "rank 0" or "ranks 0-7" */
+/* "rank 0" or "ranks 0-7": the ranks of the report's stage ("ranks 8-15" for stage 1 of
+ * a plan of 8 data-parallel ranks per stage). */
 const char *report_ranks(const MemReport *r, char *buf, size_t n);
+/* What a report is of: its ranks for a plan of one program, "stage 1 of 2 (ranks 8-15)"
+ * for a stage of a plan of several. */
+const char *report_label(const MemReport *r, char *buf, size_t n);
+/* The ranks of program k: "rank 3", "ranks 8-15". */
+const char *report_stage_ranks(const Plan *p, int32_t k, char *buf, size_t n);
+/* The same from the plan: program k's label ("stage 1 of 2 (ranks 8-15)"; "ranks 0-7"
+ * when the plan has one program). */
+const char *report_stage_label(const Plan *p, int32_t k, char *buf, size_t n);
+
+/* ---- report/stages.c: the memory report of every stage --------------------------- */
+
+/* One memory report per program, in stage order. A plan of one program has exactly the
+ * report report_mem_new makes, and every output of it is that report's. */
+typedef struct {
+    const Plan *plan;
+    int32_t n;            // stages: the plan's programs
+    MemReport **stage;    // [n]
+    int32_t largest;      // the stage with the largest device arena (the first of equals):
+                          // the one --mem-limit checks
+} MemStages;
+
+/* The reports of a plan that passed plan_check; NULL with a message as report_mem_new. */
+MemStages *report_stages_new(const Plan *p, char *err, size_t errlen);
+void report_stages_free(MemStages *s);
+/* The report of the stage with the largest device arena. */
+const MemReport *report_stages_largest(const MemStages *s);
 
 /* ---- report/memtext.c: the text report (fsc --mem, fsexec --inspect) --------------- */
 
 void report_mem_print(const MemReport *r, FILE *out);
+/* One program: report_mem_print. Several: a table of the stages, then each one's report. */
+void report_stages_print(const MemStages *s, FILE *out);
 
 /* ---- report/memjson.c: the same as JSON (fsc --mem=json) --------------------------- */
 
 /* 0, or -1 when out of memory or the write fails. */
 int report_mem_json(const MemReport *r, FILE *out);
+/* One program: report_mem_json's object. Several: {"model", "world", "dp_world",
+ * "n_stages", "largest_stage", "stages": [each stage's object, with "stage"]}. */
+int report_stages_json(const MemStages *s, FILE *out);
 
 /* ---- report/memhtml.c: one self-contained page with an SVG timeline (--mem=html) ---- */
 
 int report_mem_html(const MemReport *r, FILE *out);
+/* One program: report_mem_html's page. Several: the stages' table, the schedule as a
+ * lane per stage (report/timesvg.c), then one section per stage. */
+int report_stages_html(const MemStages *s, FILE *out);
 
 /* ---- report/memlimit.c: --mem-limit ------------------------------------------------ */
 
@@ -132,14 +180,94 @@ void report_limit_print(const MemReport *r, int64_t limit, const MemWhatIf *w, i
 /* ---- report/comm.c: what a plan sends -------------------------------------------------- */
 
 typedef struct {
-    int64_t world;
+    int64_t world;      // the data-parallel ranks of the stage
     int collectives;    // per step
     double bytes;       // per rank and step, ZeRO's accounting (all-reduce 2 Psi, others Psi)
-    double ring_bytes;  // what a ring algorithm sends: (world - 1) / world of bytes
+    double ring_bytes;  // what a ring algorithm sends: (group - 1) / group of bytes
+    int sends, recvs;   // point-to-point ops per step (pipeline stages)
+    double send_bytes, recv_bytes;  // their bytes, per rank and step
 } CommTotals;
 
+/* Program 0's, which is every rank's in a plan of one program (and a plan without
+ * programs: every op, over meta "world"). */
 CommTotals comm_totals(const Plan *p);
-/* Every collective of a step with its bytes, then the totals (fsc --comm, --inspect). */
+/* Program k's: the ops each of its ranks runs. */
+CommTotals comm_totals_stage(const Plan *p, int32_t k);
+/* Every collective of a step with its bytes, then the totals (fsc --comm, --inspect); a
+ * plan of several programs: per stage, with its point-to-point bytes by peer. */
 void comm_report(const Plan *p, FILE *out);
+
+/* ---- report/planop.c: what the reports read of an op ------------------------------ */
+
+/* Integer attribute `key` of op (an int, or a float rounded), or def. */
+int64_t report_op_int(const Plan *p, const PlanOp *op, const char *key, int64_t def);
+/* What the op moves (ops.def's comm column): COMM_NONE for an op that moves nothing, or
+ * one without the tensors its kind needs (a hostile plan). */
+OpComm report_op_comm(const Plan *p, const PlanOp *op);
+/* The ranks of a collective's group: its stage's data-parallel ranks (group 0), or one
+ * per stage (group 1, the pipeline group). */
+int64_t report_group_size(const Plan *p, const PlanOp *op, int64_t dp_world);
+
+/* ---- report/timeline.c: the step's schedule on a logical clock (fsc --timeline) ---- */
+
+/* A task: a run of consecutive ops of one program (a stage) that the timeline schedules
+ * as one: a micro-batch's forward or backward, or the step's own work (the optimizer,
+ * gradient reductions: ops of no micro-batch). Later schedules add kinds and fields, not
+ * a new model: zero-bubble splits a weight-gradient kind off the backward; interleaved
+ * schedules give each task its model chunk. */
+typedef enum { TL_FORWARD, TL_BACKWARD, TL_STEP, TL_KIND_COUNT } TlKind;
+/* How a task's time is counted: its ops' FLOPs at the nominal REPORT_TL_RATE, in ms; or
+ * unit costs (a forward 1, a backward 2, the step's work 0), as schedules are analysed. */
+typedef enum { TL_COST_FLOPS, TL_COST_UNIT } TlCost;
+#define REPORT_TL_RATE 1e12  // FLOP/s: one nominal accelerator, so that times read as ms
+
+typedef struct {
+    TlKind kind;
+    int32_t stage;
+    int32_t microbatch;        // PLAN_NONE for the step's work
+    int32_t chunk;             // the model chunk on its stage; 0 (one per stage) for now
+    int32_t first_op, n_ops;   // plan op ids: a range of its stage's program
+    double flops;
+    double cost;               // time: ms (TL_COST_FLOPS) or units
+    double start, end;         // on the step's clock, from 0
+    int32_t first_dep, n_deps; // range in Timeline.deps: tasks (on other stages) that
+                               // hold the sends of its receives
+} TlTask;
+
+typedef struct {
+    int32_t first_task, n_tasks;  // range in Timeline.tasks, in program order
+    double busy, idle;            // idle: the makespan less busy (the stage's bubble)
+} TlStage;
+
+typedef struct {
+    const Plan *plan;
+    TlCost cost;
+    int fell_back;             // TL_COST_FLOPS was asked of a plan without FLOPs: units
+    TlTask *tasks;
+    int32_t n_tasks;
+    int32_t *deps;
+    int32_t n_deps;
+    TlStage *stages;           // one per program
+    int32_t n_stages, n_microbatches;
+    double makespan;           // when the last task ends
+    double ideal;              // the busiest stage's work alone (no bubble)
+    double bubble;             // 1 - ideal / makespan; 0 for an empty step
+} Timeline;
+
+/* The schedule of a plan that passed plan_check: each stage runs its tasks one at a time
+ * in program order; a task that holds a receive, or reads what one received, starts no
+ * earlier than the end of the peer's task that holds the matching send (the k-th send
+ * from a to b meets the k-th receive on b from a); transfers take no time. NULL with a
+ * message when out of memory, a send or receive has no partner, or the tasks wait on
+ * each other (a deadlock: which stages, which tasks). */
+Timeline *report_timeline_new(const Plan *p, TlCost cost, char *err, size_t errlen);
+void report_timeline_free(Timeline *t);
+/* "F3", "B0", "step" (later chunks: "F3.1"). */
+const char *report_task_label(const TlTask *t, char *buf, size_t n);
+/* A time in the timeline's unit: "15" (units) or "12.345 ms". */
+const char *report_tl_time(const Timeline *t, double v, char *buf, size_t n);
+/* The text of fsc --timeline: a lane per stage about 100 columns wide, each stage's busy
+ * and idle time, the makespan, the ideal and the bubble. */
+void report_timeline_print(const Timeline *t, FILE *out);
 
 #endif

@@ -32,6 +32,8 @@ typedef struct {
     const char *mem_html;
     int64_t mem_limit;          // --mem-limit SIZE, in bytes; 0: none
     int comm;                   // --comm
+    int timeline;               // --timeline[=unit]
+    TlCost timeline_cost;
     const char *mem_limit_text;
 } Flags;
 
@@ -56,7 +58,11 @@ static void usage(FILE *out)
                  "  --mem=html FILE       write it as one self-contained HTML page with a timeline\n"
                  "  --mem-limit SIZE      fail if a rank's arena exceeds SIZE (80GiB, 512MiB, 1.5TB;\n"
                  "                        B, KiB..TiB, KB..TB) and say which settings would cut it\n"
-                 "  --comm                print every collective of a step with its bytes per rank\n"
+                 "  --comm                print every collective of a step with its bytes per rank,\n"
+                 "                        and what pipeline stages send each other\n"
+                 "  --timeline[=unit]     print the step's schedule: a lane per stage, busy and idle\n"
+                 "                        (bubble) time, the makespan; costs are the ops' FLOPs at a\n"
+                 "                        nominal 1 TFLOP/s (ms), or with =unit forward 1, backward 2\n"
                  "  -q, --quiet           no summary on stderr\n"
                  "  -h, --help            this text\n"
                  "  --version             the version\n"
@@ -134,6 +140,16 @@ static int parse_mem_limit(Flags *f, const char *arg, const char *next, int *use
     return 0;
 }
 
+/* --timeline, --timeline=flops, --timeline=unit */
+static int parse_timeline(Flags *f, const char *arg)
+{
+    const char *how = arg[10] == '=' ? arg + 11 : "flops";
+    if (strcmp(how, "flops") && strcmp(how, "unit"))
+        return fail("--timeline: expected --timeline or --timeline=unit, got '%s'%s", arg, "");
+    f->timeline = 1, f->timeline_cost = how[0] == 'u' ? TL_COST_UNIT : TL_COST_FLOPS;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, Flags *f)
 {
     for (int i = 1; i < argc; i++) {
@@ -172,6 +188,8 @@ static int parse_args(int argc, char **argv, Flags *f)
             f->print_after = next, used = 1;
         } else if (!strcmp(a, "--comm")) {
             f->comm = 1;
+        } else if (!strcmp(a, "--timeline") || !strncmp(a, "--timeline=", 11)) {
+            if (parse_timeline(f, a)) return -1;
         } else if (!strcmp(a, "--mem") || !strncmp(a, "--mem=", 6)) {
             if (parse_mem(f, a, next, &used)) return -1;
         } else if (!strcmp(a, "--mem-limit") || !strncmp(a, "--mem-limit=", 12)) {
@@ -369,6 +387,22 @@ static int communication(const Graph *g, const TrainConfig *t)
     return 0;
 }
 
+/* --timeline: the step's schedule on a logical clock, from the plan built in memory. */
+static int timeline(const Graph *g, const TrainConfig *t, TlCost cost)
+{
+    char err[512];
+    Plan *plan = make_plan(g, t, NULL);
+    if (!plan) return 1;
+    Timeline *tl = report_timeline_new(plan, cost, err, sizeof err);
+    if (tl)
+        report_timeline_print(tl, stdout);
+    else
+        fprintf(stderr, "fsc: error: --timeline: %s\n", err);
+    report_timeline_free(tl);
+    plan_free(plan);
+    return !tl;
+}
+
 int main(int argc, char **argv)
 {
     plan_stdout_open();
@@ -392,6 +426,7 @@ int main(int argc, char **argv)
     if (!rc && !f.quiet) summary(g, &o.train);
     if (!rc && (f.mem || f.mem_limit)) rc = memory(g, &o.train, &f, src, len, &fo);
     if (!rc && f.comm) rc = communication(g, &o.train);
+    if (!rc && f.timeline) rc = timeline(g, &o.train, f.timeline_cost);
     if (!rc && f.output) rc = write_plan(g, &o.train, f.input, f.output, f.quiet) != 0;
     if (d.n_errors) fprintf(stderr, "%d error%s\n", d.n_errors, d.n_errors == 1 ? "" : "s");
 

@@ -174,12 +174,12 @@ static int what_ifs(const FscMem *m, const Plan *p, MemWhatIf *w)
 }
 
 /* The page into memory first, so a failed render leaves no half-written file. */
-static int write_html(const MemReport *r, const FscMem *m)
+static int write_html(const MemStages *st, const FscMem *m)
 {
     char *buf = NULL, err[256];
     size_t len = 0;
     FILE *mem = open_memstream(&buf, &len);
-    int rc = !mem || report_mem_html(r, mem) != 0;
+    int rc = !mem || report_stages_html(st, mem) != 0;
     if (mem && fclose(mem)) rc = 1;
     if (!rc) {
         PlanChunk c = {buf, len};
@@ -196,33 +196,41 @@ static int write_html(const MemReport *r, const FscMem *m)
     return rc;
 }
 
+/* --mem-limit, on the stage with the largest arena (a plan of one program: its only). */
+static int check_limit(const MemStages *st, const Plan *p, const FscMem *m)
+{
+    const MemReport *r = report_stages_largest(st);
+    if (!report_over_limit(r, m->limit)) {
+        char a[32], l[32], label[96];
+        if (m->quiet) return 0;
+        fprintf(stderr, "memory: arena %s per rank", report_bytes(r->arena_bytes, a, sizeof a));
+        if (st->n > 1) fprintf(stderr, " on %s, the largest of the %d stages", report_label(r, label, sizeof label), st->n);
+        fprintf(stderr, ", within --mem-limit %s\n", report_bytes(m->limit, l, sizeof l));
+        return 0;
+    }
+    MemWhatIf w[MAX_WHAT_IFS];
+    int n = what_ifs(m, p, w);
+    fprintf(stderr, "fsc: error: --mem-limit %s: ", m->limit_text);
+    report_limit_print(r, m->limit, w, n, stderr);
+    return 1;
+}
+
 int fsc_mem(const Plan *p, const FscMem *m)
 {
     char err[256];
-    MemReport *r = report_mem_new(p, err, sizeof err);
-    if (!r) {
+    MemStages *st = report_stages_new(p, err, sizeof err);
+    if (!st) {
         fprintf(stderr, "fsc: error: memory report: %s\n", err);
         return 1;
     }
     int rc = 0;
-    if (m->out == MEM_OUT_TEXT) report_mem_print(r, stdout);
-    if (m->out == MEM_OUT_JSON && report_mem_json(r, stdout)) {
+    if (m->out == MEM_OUT_TEXT) report_stages_print(st, stdout);
+    if (m->out == MEM_OUT_JSON && report_stages_json(st, stdout)) {
         fprintf(stderr, "fsc: error: could not write the JSON report\n");
         rc = 1;
     }
-    if (m->out == MEM_OUT_HTML) rc = write_html(r, m);
-    if (m->limit > 0 && !report_over_limit(r, m->limit) && !m->quiet) {
-        char a[32], l[32];
-        fprintf(stderr, "memory: arena %s per rank, within --mem-limit %s\n", report_bytes(r->arena_bytes, a, sizeof a),
-                report_bytes(m->limit, l, sizeof l));
-    }
-    if (m->limit > 0 && report_over_limit(r, m->limit)) {
-        MemWhatIf w[MAX_WHAT_IFS];
-        int n = what_ifs(m, p, w);
-        fprintf(stderr, "fsc: error: --mem-limit %s: ", m->limit_text);
-        report_limit_print(r, m->limit, w, n, stderr);
-        rc = 1;
-    }
-    report_mem_free(r);
+    if (m->out == MEM_OUT_HTML) rc = write_html(st, m);
+    if (m->limit > 0 && check_limit(st, p, m)) rc = 1;
+    report_stages_free(st);
     return rc;
 }

@@ -11,6 +11,10 @@
  *    tooltip per column of its timeline and nothing loaded from outside.
  *  - Sizes for --mem-limit parse with every unit and fail clearly on bad ones; a hostile
  *    plan (live ranges out of bounds, an alias cycle) is reported without a crash.
+ *  - A plan of several programs: each stage's report is its program's alone, labelled
+ *    with the stage's ranks; JSON has a "stages" array, the HTML page a section per stage
+ *    and the schedule's lanes; --mem-limit is the largest stage's. A plan of one program
+ *    prints through the stages exactly as before, in every format.
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -502,4 +506,164 @@ Test(memreport, hostile_plans_are_reported_without_a_crash)
     cr_expect_null(report_mem_new(none, err, sizeof err));
     cr_expect(strstr(err, "no memory plan"), "%s", err);
     plan_free(none);
+}
+
+/* ---- plans of several programs (pipeline stages) ----------------------------------- */
+
+/* gpt2 at B = 4 and B = 8 (the same blocks) as stages 0 and 1 of one plan, 2
+ * data-parallel ranks each; one[k] is stage k's program alone. */
+static Plan *two_stages(Plan **one)
+{
+    static const Define B8[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 8}};
+    Setting set[] = {{"shard", "ddp"}, {"world", "2"}};
+    char err[256];
+    one[0] = compile("gpt2.fsm", GPT2, 6, set, 2);
+    one[1] = compile("gpt2.fsm", B8, 6, set, 2);
+    for (int32_t t = 0; t < one[1]->n_tensors; t++) one[1]->tensors[t].step_role = PLAN_SR_NONE;  // one loss, one lr
+    Plan *p = plan_new();
+    cr_assert_not_null(p);
+    for (int k = 0; k < 2; k++) cr_assert_eq(plan_append_program(p, one[k], err, sizeof err), 0, "%s", err);
+    cr_assert_eq(plan_check(p, err, sizeof err), 0, "%s", err);
+    return p;
+}
+
+static MemStages *stages(const Plan *p)
+{
+    char err[256];
+    MemStages *s = report_stages_new(p, err, sizeof err);
+    cr_assert_not_null(s, "%s", err);
+    return s;
+}
+
+static char *capture_stages(void (*fn)(const MemStages *, FILE *), int (*fn_rc)(const MemStages *, FILE *),
+                            const MemStages *s)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_not_null(f);
+    if (fn) fn(s, f);
+    if (fn_rc) cr_assert_eq(fn_rc(s, f), 0);
+    cr_assert_eq(fclose(f), 0);
+    return buf;
+}
+
+Test(memreport, each_stage_is_reported_as_its_program_alone)
+{
+    Plan *one[2], *p = two_stages(one);
+    MemStages *s = stages(p);
+    cr_assert_eq(s->n, 2);
+    cr_expect_eq(s->largest, 1, "B = 8 needs the larger arena");
+    char *text = capture_stages(report_stages_print, NULL, s);
+    cr_expect(strstr(text, "memory plan: gpt2, 2 pipeline stages x 2 data-parallel ranks (world 4); bytes per rank\n"),
+              "%s", text);
+    cr_expect(strstr(text, "  largest arena: stage 1 of 2 (ranks 2-3), "), "%s", text);
+    for (int k = 0; k < 2; k++) {
+        MemReport *alone = report(one[k]);
+        const MemReport *r = s->stage[k];
+        cr_expect_eq(r->stage, k);
+        cr_expect_eq(r->n_stages, 2);
+        cr_expect_eq(r->arena_bytes, alone->arena_bytes, "stage %d", k);
+        cr_expect_eq(r->peak[PLAN_PLACE_DEVICE], alone->peak[PLAN_PLACE_DEVICE], "stage %d", k);
+        cr_expect_eq(r->peak_at[PLAN_PLACE_DEVICE], alone->peak_at[PLAN_PLACE_DEVICE], "stage %d", k);
+        cr_expect_eq(r->param_count, alone->param_count, "stage %d", k);
+        /* The stage's report is the program's, but for its first line. */
+        char *want = capture(report_mem_print, NULL, alone), head[128];
+        snprintf(head, sizeof head, "memory plan: gpt2, stage %d of 2 (ranks %d-%d), 2 data-parallel ranks; bytes per "
+                 "rank\n", k, 2 * k, 2 * k + 1);
+        const char *at = strstr(text, head);
+        cr_expect(at, "'%s' not in:\n%s", head, text);
+        const char *rest = strchr(want, '\n') + 1;
+        if (at) cr_expect(!strncmp(at + strlen(head), rest, strlen(rest)), "stage %d differs from its program:\n%s", k, at);
+        free(want);
+        report_mem_free(alone);
+    }
+    free(text);
+    report_stages_free(s);
+    plan_free(p), plan_free(one[0]), plan_free(one[1]);
+}
+
+Test(memreport, one_program_through_the_stages_prints_as_before)
+{
+    Plan *p = compile("gpt2.fsm", GPT2, 6, NULL, 0);
+    MemReport *r = report(p);
+    MemStages *s = stages(p);
+    char *a = capture(report_mem_print, NULL, r), *b = capture_stages(report_stages_print, NULL, s);
+    cr_expect_str_eq(a, b);
+    free(a), free(b);
+    a = capture(NULL, report_mem_json, r), b = capture_stages(NULL, report_stages_json, s);
+    cr_expect_str_eq(a, b);
+    free(a), free(b);
+    a = capture(NULL, report_mem_html, r), b = capture_stages(NULL, report_stages_html, s);
+    cr_expect_str_eq(a, b);
+    free(a), free(b);
+    report_stages_free(s);
+    report_mem_free(r);
+    plan_free(p);
+}
+
+Test(memreport, json_has_a_stages_array_with_each_stages_ranks)
+{
+    Plan *one[2], *p = two_stages(one);
+    MemStages *s = stages(p);
+    char *js = capture_stages(NULL, report_stages_json, s);
+    json_error_t je;
+    json_t *o = json_loads(js, 0, &je);
+    cr_assert_not_null(o, "JSON: %s at line %d", je.text, je.line);
+    cr_expect_eq(json_integer_value(json_object_get(o, "n_stages")), 2);
+    cr_expect_eq(json_integer_value(json_object_get(o, "world")), 4);
+    cr_expect_eq(json_integer_value(json_object_get(o, "dp_world")), 2);
+    cr_expect_eq(json_integer_value(json_object_get(json_object_get(o, "largest_stage"), "stage")), 1);
+    json_t *a = json_object_get(o, "stages");
+    cr_assert_eq(json_array_size(a), 2);
+    for (int k = 0; k < 2; k++) {
+        json_t *st = json_array_get(a, (size_t)k), *ranks = json_object_get(st, "ranks");
+        cr_expect_eq(json_integer_value(json_object_get(st, "stage")), k);
+        cr_expect_eq(json_integer_value(json_object_get(ranks, "first")), 2 * k);
+        cr_expect_eq(json_integer_value(json_object_get(ranks, "last")), 2 * k + 1);
+        cr_expect_eq(json_integer_value(json_object_get(st, "arena_bytes")), s->stage[k]->arena_bytes);
+        cr_expect_eq(json_array_size(json_object_get(st, "categories")), MEM_CAT_COUNT);
+    }
+    cr_expect_str_eq(json_string_value(json_object_get(json_array_get(a, 1), "label")), "stage 1 of 2 (ranks 2-3)");
+    json_decref(o);
+    free(js);
+    report_stages_free(s);
+    plan_free(p), plan_free(one[0]), plan_free(one[1]);
+}
+
+Test(memreport, html_has_a_section_per_stage_and_the_schedule)
+{
+    Plan *one[2], *p = two_stages(one);
+    MemStages *s = stages(p);
+    char *html = capture_stages(NULL, report_stages_html, s);
+    cr_expect_eq(count(html, "<svg"), 3, "the lanes and each stage's memory");
+    cr_expect_eq(count(html, "<section>"), 2);
+    cr_expect(strstr(html, "<h2 id=\"stage-1\">Stage 1 of 2 (ranks 2-3)</h2>"));
+    cr_expect(strstr(html, "<a href=\"#stage-1\">1</a> (largest)"));
+    cr_expect(strstr(html, "Schedule, a lane per stage"));
+    cr_expect(strstr(html, "class=\"tl-f\"") && strstr(html, "class=\"tl-b\""), "forward and backward boxes");
+    long bad = check_nesting(html);
+    cr_expect_eq(bad, 0, "tags do not nest at offset %ld: %.80s", bad, bad > 0 ? html + bad : "");
+    cr_expect(!strstr(html, "<script") && !strstr(html, "<link") && !strstr(html, "src=") && !strstr(html, "url("));
+    free(html);
+    report_stages_free(s);
+    plan_free(p), plan_free(one[0]), plan_free(one[1]);
+}
+
+Test(memreport, the_limit_is_the_largest_stages)
+{
+    Plan *one[2], *p = two_stages(one);
+    MemStages *s = stages(p);
+    const MemReport *r = report_stages_largest(s);
+    cr_expect_eq(r, s->stage[1]);
+    cr_expect(report_over_limit(r, s->stage[0]->arena_bytes));
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    report_limit_print(r, s->stage[0]->arena_bytes, NULL, 0, f);
+    fclose(f);
+    cr_expect(strstr(buf, "per rank (stage 1 of 2 (ranks 2-3), the largest of the 2 stages)"), "%s", buf);
+    free(buf);
+    report_stages_free(s);
+    plan_free(p), plan_free(one[0]), plan_free(one[1]);
 }

@@ -1,0 +1,343 @@
+/* tests/unit/test_timeline.c: the step's schedule on a logical clock (report/timeline.c)
+ * and the per-stage reports of plans of several programs.
+ *  - Pipelines built by hand, one program per stage as GPipe or 1F1B orders its
+ *    micro-batches (a tiny generator: per micro-batch a forward op, a backward op, and
+ *    the receives and sends between stages), give the textbook makespans with unit
+ *    costs: (M + P - 1) x 3, so 15 for P = 2, M = 4 and 33 for P = 4, M = 8; each
+ *    stage's busy time is 3M and the bubble (P - 1) / (M + P - 1).
+ *  - Tasks are the runs the report says (a receive or send joins its micro-batch's
+ *    task; the optimizer is a step task); FLOP costs scale with the nominal rate; a plan
+ *    of one program (gradient accumulation) has no bubble.
+ *  - Unmatched sends, bad peers and crossed receives (a deadlock) fail with messages
+ *    that name the stages.
+ *  - Memory: one report per stage of the stage's program alone, labelled with the
+ *    stage's ranks; JSON's "stages" array; one HTML section per stage and a lane each.
+ *  - Communication: point-to-point bytes per stage by peer; pipeline collectives.
+ */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "report.h"
+#include "runtime.h"
+
+typedef enum { GPIPE, ONE_F_ONE_B } Schedule;
+
+enum { ACT = 16 };  // elements of one micro-batch's activation (f32)
+
+/* ---- the generator -------------------------------------------------------------------- */
+
+static int32_t tensor(Plan *p, const char *name, PlanRole role, int32_t producer)
+{
+    PlanTensor t = {.name = name ? plan_intern(p, name) : PLAN_NONE, .dtype = PLAN_DT_F32, .role = role, .rank = 1,
+                    .shape = {ACT}, .block = PLAN_NONE, .producer = producer, .tied_to = PLAN_NONE,
+                    .grad = PLAN_NONE, .alias = PLAN_NONE, .unit = PLAN_NONE, .live_start = 0,
+                    .live_end = 0};
+    int32_t id = plan_tensor_add(p, &t);
+    cr_assert_geq(id, 0);
+    return id;
+}
+
+/* An op of micro-batch mb (PLAN_NONE: the step's) reading in[0..n_in), making one
+ * output when `out` (its id returned; else -1), with attribute peer when >= 0. */
+static int32_t op(Plan *p, const char *name, PlanPhase phase, int32_t mb, double flops, const int32_t *in, int n_in,
+                  int out, int peer)
+{
+    int32_t k = p->n_ops, y = out ? tensor(p, NULL, PLAN_ROLE_ACT, k) : -1;
+    PlanOp o = {.op = plan_intern(p, name), .block = PLAN_NONE, .phase = phase, .in = p->n_ids, .n_in = n_in,
+                .attr = p->n_attrs, .microbatch = mb, .flops = flops};
+    for (int i = 0; i < n_in; i++) plan_id_add(p, in[i]);
+    o.out = p->n_ids, o.n_out = out ? 1 : 0;
+    if (out) plan_id_add(p, y);
+    if (peer >= 0) {
+        PlanAttr a = {.key = plan_intern(p, "peer"), .kind = PLAN_ATTR_INT, .i = peer};
+        plan_attr_add(p, &a);
+        o.n_attr = 1;
+    }
+    o.stream = peer >= 0 ? PLAN_STREAM_COLLECTIVE : PLAN_STREAM_COMPUTE;
+    cr_assert_eq(plan_op_add(p, &o), k);
+    return y;
+}
+
+/* Stage s's order of tasks: +m+1 a forward of micro-batch m, -(m+1) its backward. */
+static int order(Schedule k, int s, int P, int M, int *seq)
+{
+    int n = 0;
+    if (k == GPIPE) {
+        for (int m = 0; m < M; m++) seq[n++] = m + 1;
+        for (int m = 0; m < M; m++) seq[n++] = -(m + 1);
+        return n;
+    }
+    int warm = P - 1 - s < M ? P - 1 - s : M;
+    for (int m = 0; m < warm; m++) seq[n++] = m + 1;
+    for (int i = 0; i < M - warm; i++) seq[n++] = warm + i + 1, seq[n++] = -(i + 1);
+    for (int m = M - warm; m < M; m++) seq[n++] = -(m + 1);
+    return n;
+}
+
+/* One stage's program: forwards receive the activation from s - 1 (stage 0 reads its
+ * input), run, and send to s + 1; backwards receive the gradient from s + 1 (the last
+ * stage starts from its own activation), run, and send to s - 1; then the optimizer. */
+static Plan *stage_program(Schedule k, int s, int P, int M, int dp)
+{
+    Plan *p = plan_new();
+    cr_assert_not_null(p);
+    plan_meta_set_str(p, "model", "pipe");
+    plan_meta_set_int(p, "stages", P);
+    plan_meta_set_int(p, "world", (int64_t)P * dp);
+    int32_t w = tensor(p, "w", PLAN_ROLE_PARAM, PLAN_NONE), act_in[64], act[64], seq[128];
+    int n = order(k, s, P, M, seq);
+    char name[32];
+    for (int i = 0; i < n; i++) {
+        int m = abs(seq[i]) - 1;
+        if (seq[i] > 0) {
+            snprintf(name, sizeof name, "x%d", m);
+            act_in[m] = s ? op(p, "recv", PLAN_PHASE_FORWARD, m, 0, NULL, 0, 1, s - 1)
+                          : tensor(p, name, PLAN_ROLE_INPUT, PLAN_NONE);
+            int32_t in[2] = {act_in[m], w};
+            act[m] = op(p, "matmul", PLAN_PHASE_FORWARD, m, 1e9, in, 2, 1, -1);
+            if (s < P - 1) op(p, "send", PLAN_PHASE_FORWARD, m, 0, &act[m], 1, 0, s + 1);
+        } else {
+            int32_t g = s < P - 1 ? op(p, "recv", PLAN_PHASE_BACKWARD, m, 0, NULL, 0, 1, s + 1) : act[m];
+            int32_t in[3] = {g, act_in[m], w};
+            int32_t dx = op(p, "matmul", PLAN_PHASE_BACKWARD, m, 2e9, in, 3, 1, -1);
+            if (s > 0) op(p, "send", PLAN_PHASE_BACKWARD, m, 0, &dx, 1, 0, s - 1);
+        }
+    }
+    op(p, "sgd_step", PLAN_PHASE_OPTIMIZER, PLAN_NONE, 3e6, &w, 1, 0, -1);
+    cr_assert_eq(plan_set_one_program(p, dp, 1 << 16, 0), 0);
+    return p;
+}
+
+static Plan *pipeline(Schedule k, int P, int M, int dp)
+{
+    Plan *p = plan_new();
+    char err[256];
+    for (int s = 0; s < P; s++) {
+        Plan *one = stage_program(k, s, P, M, dp);
+        cr_assert_eq(plan_append_program(p, one, err, sizeof err), 0, "%s", err);
+        plan_free(one);
+    }
+    cr_assert_eq(plan_check(p, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(p->n_programs, P);
+    return p;
+}
+
+static Timeline *timeline(const Plan *p, TlCost cost)
+{
+    char err[256];
+    Timeline *t = report_timeline_new(p, cost, err, sizeof err);
+    cr_assert_not_null(t, "%s", err);
+    return t;
+}
+
+/* What fn printed, NUL-terminated (free it). */
+static char *print_timeline(const Timeline *t)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    report_timeline_print(t, f);
+    fclose(f);
+    return buf;
+}
+
+/* ---- the textbook numbers ------------------------------------------------------------ */
+
+static void check_makespan(Schedule k, int P, int M)
+{
+    const char *name = k == GPIPE ? "GPipe" : "1F1B";
+    Plan *p = pipeline(k, P, M, 2);
+    Timeline *t = timeline(p, TL_COST_UNIT);
+    double want = (M + P - 1) * 3.0;
+    cr_expect_eq(t->makespan, want, "%s P=%d M=%d: makespan %g, expected %g", name, P, M, t->makespan, want);
+    cr_expect_eq(t->ideal, 3.0 * M, "%s: ideal %g", name, t->ideal);
+    cr_expect_float_eq(t->bubble, (P - 1.0) / (M + P - 1.0), 1e-12, "%s: bubble %g", name, t->bubble);
+    cr_expect_eq(t->n_microbatches, M);
+    for (int s = 0; s < P; s++) {
+        cr_expect_eq(t->stages[s].busy, 3.0 * M, "%s stage %d: busy %g", name, s, t->stages[s].busy);
+        cr_expect_eq(t->stages[s].idle, want - 3.0 * M, "%s stage %d: idle %g", name, s, t->stages[s].idle);
+        cr_expect_eq(t->stages[s].n_tasks, 2 * M + 1, "%s stage %d: %d tasks", name, s, t->stages[s].n_tasks);
+    }
+    char *text = print_timeline(t), line[128];
+    snprintf(line, sizeof line, "makespan %g; ideal %g", want, 3.0 * M);
+    cr_expect(strstr(text, line), "'%s' not in:\n%s", line, text);
+    free(text);
+    report_timeline_free(t);
+    plan_free(p);
+}
+
+Test(timeline, gpipe_p2_m4_takes_15) { check_makespan(GPIPE, 2, 4); }
+Test(timeline, gpipe_p4_m8_takes_33) { check_makespan(GPIPE, 4, 8); }
+Test(timeline, one_f_one_b_p2_m4_takes_15) { check_makespan(ONE_F_ONE_B, 2, 4); }
+Test(timeline, one_f_one_b_p4_m8_takes_33) { check_makespan(ONE_F_ONE_B, 4, 8); }
+
+Test(timeline, more_microbatches_shrink_the_bubble)
+{
+    for (int M = 1; M <= 16; M *= 2) {
+        Plan *p = pipeline(ONE_F_ONE_B, 4, M, 1);
+        Timeline *t = timeline(p, TL_COST_UNIT);
+        cr_expect_eq(t->makespan, (M + 3) * 3.0, "M=%d: %g", M, t->makespan);
+        report_timeline_free(t);
+        plan_free(p);
+    }
+}
+
+/* 1F1B by hand for P = 2, M = 4: stage 1 alternates from the start, stage 0 runs one
+ * forward ahead; every start below is worked out on paper from the rules. */
+Test(timeline, one_f_one_b_starts_as_worked_out_by_hand)
+{
+    static const char *const labels[2][9] = {{"F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3", "step"},
+                                            {"F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3", "step"}};
+    static const double starts[2][9] = {{0, 1, 4, 6, 7, 9, 10, 13, 15}, {1, 2, 4, 5, 7, 8, 10, 11, 13}};
+    Plan *p = pipeline(ONE_F_ONE_B, 2, 4, 1);
+    Timeline *t = timeline(p, TL_COST_UNIT);
+    char label[32];
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 9; i++) {
+            const TlTask *x = &t->tasks[t->stages[s].first_task + i];
+            cr_expect_str_eq(report_task_label(x, label, sizeof label), labels[s][i], "stage %d task %d", s, i);
+            cr_expect_eq(x->start, starts[s][i], "stage %d %s: starts at %g, expected %g", s, label, x->start,
+                         starts[s][i]);
+        }
+    report_timeline_free(t);
+    plan_free(p);
+}
+
+/* ---- tasks and costs ----------------------------------------------------------------- */
+
+Test(timeline, sends_and_receives_join_their_microbatchs_task)
+{
+    Plan *p = pipeline(GPIPE, 2, 2, 1);
+    Timeline *t = timeline(p, TL_COST_UNIT);
+    /* Stage 1's F0: recv then matmul; its B0: matmul then send. */
+    const TlTask *f0 = &t->tasks[t->stages[1].first_task], *b0 = &t->tasks[t->stages[1].first_task + 2];
+    cr_expect_eq(f0->kind, TL_FORWARD);
+    cr_expect_eq(f0->n_ops, 2);
+    cr_expect_str_eq(plan_str(p, p->ops[f0->first_op].op), "recv");
+    cr_expect_eq(f0->n_deps, 1, "F0 waits for stage 0's F0");
+    cr_expect_eq(t->deps[f0->first_dep], t->stages[0].first_task);
+    cr_expect_eq(b0->kind, TL_BACKWARD);
+    cr_expect_eq(b0->n_ops, 2);
+    const TlTask *step = &t->tasks[t->stages[1].first_task + t->stages[1].n_tasks - 1];
+    cr_expect_eq(step->kind, TL_STEP);
+    cr_expect_eq(step->microbatch, PLAN_NONE);
+    cr_expect_eq(step->cost, 0);
+    report_timeline_free(t);
+    plan_free(p);
+}
+
+Test(timeline, flop_costs_at_the_nominal_rate_in_ms)
+{
+    Plan *p = pipeline(GPIPE, 2, 4, 1);
+    Timeline *t = timeline(p, TL_COST_FLOPS);
+    cr_expect_eq(t->cost, TL_COST_FLOPS);
+    cr_expect(!t->fell_back);
+    /* A forward is 1e9 FLOPs: 1 ms at 1e12 FLOP/s; a backward 2 ms; the step 3e6: 0.003 ms. */
+    const TlTask *f0 = &t->tasks[0];
+    cr_expect_float_eq(f0->cost, 1e9 / REPORT_TL_RATE * 1e3, 1e-12);
+    cr_expect_float_eq(t->makespan, 15 + 0.003, 1e-9, "%g", t->makespan);
+    char *text = print_timeline(t);
+    cr_expect(strstr(text, "makespan 15.003 ms"), "%s", text);
+    cr_expect(strstr(text, "nominal 1 TFLOP/s"), "%s", text);
+    free(text);
+    report_timeline_free(t);
+    plan_free(p);
+}
+
+Test(timeline, a_plan_without_flops_falls_back_to_units)
+{
+    Plan *p = pipeline(GPIPE, 2, 4, 1);
+    for (int32_t k = 0; k < p->n_ops; k++) p->ops[k].flops = 0;
+    Timeline *t = timeline(p, TL_COST_FLOPS);
+    cr_expect(t->fell_back);
+    cr_expect_eq(t->cost, TL_COST_UNIT);
+    cr_expect_eq(t->makespan, 15);
+    char *text = print_timeline(t);
+    cr_expect(strstr(text, "carry no FLOPs"), "%s", text);
+    free(text);
+    report_timeline_free(t);
+    plan_free(p);
+}
+
+Test(timeline, lanes_are_about_100_columns_and_show_the_tasks)
+{
+    Plan *p = pipeline(GPIPE, 2, 4, 4);
+    Timeline *t = timeline(p, TL_COST_UNIT);
+    char *text = print_timeline(t);
+    const char *s0 = strstr(text, "  stage 0   |F0"), *s1 = strstr(text, "  stage 1   ");
+    cr_assert(s0 && s1, "%s", text);
+    size_t len = strcspn(s0, "\n");
+    cr_expect(len >= 90 && len <= 115, "%zu columns:\n%s", len, text);
+    cr_expect(strstr(s1, "|F0") && strstr(s1, "|B3"), "%s", text);
+    cr_expect(s1[12] == ' ', "stage 1 idles while stage 0 runs F0:\n%s", text);
+    cr_expect(strstr(text, "ranks 4-7"), "stage 1's ranks:\n%s", text);
+    cr_expect(strstr(text, "bubble 20.0% of the makespan"), "%s", text);
+    free(text);
+    report_timeline_free(t);
+    plan_free(p);
+}
+
+/* Gradient accumulation on one stage: F0 B0 F1 B1 ... then the step; nothing waits. */
+Test(timeline, one_program_has_no_bubble)
+{
+    Plan *p = stage_program(GPIPE, 0, 1, 3, 1);
+    Timeline *t = timeline(p, TL_COST_UNIT);
+    cr_expect_eq(t->n_stages, 1);
+    cr_expect_eq(t->makespan, 9);
+    cr_expect_eq(t->bubble, 0);
+    report_timeline_free(t);
+    plan_free(p);
+}
+
+/* ---- bad pipelines ----------------------------------------------------------------------- */
+
+static void expect_refused(const Plan *p, const char *why)
+{
+    char err[512];
+    Timeline *t = report_timeline_new(p, TL_COST_UNIT, err, sizeof err);
+    cr_expect_null(t);
+    cr_expect(strstr(err, why), "'%s' lacks '%s'", err, why);
+    report_timeline_free(t);
+}
+
+Test(timeline, unmatched_sends_and_bad_peers_are_refused)
+{
+    Plan *p = pipeline(GPIPE, 2, 2, 1);
+    int32_t recv = -1;
+    for (int32_t k = p->programs[1].first_op; k < p->n_ops && recv < 0; k++)
+        if (!strcmp(plan_str(p, p->ops[k].op), "recv")) recv = k;
+    p->ops[recv].op = plan_intern(p, "relu");  // stage 1 receives once less
+    expect_refused(p, "stage 0 sends 2 tensors to stage 1, which receives 1 from it");
+    p->ops[recv].op = plan_intern(p, "recv");
+    p->attrs[p->ops[recv].attr].i = 1;  // from itself
+    expect_refused(p, "peer 1 is not another of the 2 stages");
+    p->attrs[p->ops[recv].attr].i = 5;
+    expect_refused(p, "peer 5 is not another of the 2 stages");
+    plan_free(p);
+}
+
+/* Stage 0 receives the gradient of micro-batch 0 before it sends the activation stage 1
+ * needs to make it: each waits for the other. */
+Test(timeline, crossed_receives_are_a_deadlock)
+{
+    Plan *p = plan_new();
+    char err[256];
+    Plan *a = plan_new(), *b = plan_new();
+    int32_t w = tensor(a, "w", PLAN_ROLE_PARAM, PLAN_NONE);
+    int32_t g = op(a, "recv", PLAN_PHASE_BACKWARD, 0, 0, NULL, 0, 1, 1);
+    int32_t in[2] = {g, w};
+    int32_t y = op(a, "matmul", PLAN_PHASE_FORWARD, 0, 1, in, 2, 1, -1);
+    op(a, "send", PLAN_PHASE_FORWARD, 0, 0, &y, 1, 0, 1);
+    plan_set_one_program(a, 1, 64, 0);
+    int32_t x = op(b, "recv", PLAN_PHASE_FORWARD, 0, 0, NULL, 0, 1, 0);
+    int32_t dx = op(b, "matmul", PLAN_PHASE_BACKWARD, 0, 2, &x, 1, 1, -1);
+    op(b, "send", PLAN_PHASE_BACKWARD, 0, 0, &dx, 1, 0, 0);
+    plan_set_one_program(b, 1, 64, 0);
+    cr_assert_eq(plan_append_program(p, a, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(plan_append_program(p, b, err, sizeof err), 0, "%s", err);
+    expect_refused(p, "deadlock");
+    expect_refused(p, "stage 0's B0 (op 0) waits for stage 1's B0");
+    plan_free(a), plan_free(b), plan_free(p);
+}
