@@ -1,15 +1,24 @@
-/* report/comm.c: what a plan sends, per rank and step: every collective with its bytes.
+/* report/comm.c: what a plan sends, per rank and step: every collective with its bytes,
+ * and between pipeline stages, the point-to-point bytes by peer.
  *
  * Bytes follow the ZeRO paper's accounting, per rank, for a buffer of Psi bytes (the
  * whole flat buffer, padding included): an all-reduce moves 2 Psi (a reduce-scatter then
  * an all-gather), a reduce-scatter Psi and an all-gather Psi. So DDP moves 2 Psi a step,
  * ZeRO-1 and ZeRO-2 2 Psi, and ZeRO-3 (fsdp) 3 Psi: 1.5 times DDP. The exact bytes a
- * ring sends are (world - 1) / world of these; both are listed.
+ * ring sends are (group - 1) / group of these; both are listed. A collective's group is
+ * its stage's data-parallel ranks, or (group 1) the pipeline group: one rank per stage.
+ * A send moves its tensor's bytes once, to its peer; a receive takes its output's.
+ *
+ * A plan of several programs is reported per stage: each stage's ranks run its program
+ * alone. A plan of one program (or none: every op) is reported as it always was.
  *
  * Which ops are collectives, and which, is the op table's to say (ops.def's comm column).
  */
-#include "ops.h"
+#include <string.h>
+
 #include "report.h"
+
+enum { MAX_PEERS_SHOWN = 64 };
 
 /* Per-rank traffic of collective k in units of the buffer's full size; 0 for any other
  * op. A switch without a default: a new kind in OpComm is a warning here until it has
@@ -28,11 +37,7 @@ static double factor_of(OpComm k)
     return 0;
 }
 
-/* The collective op is, or COMM_NONE. */
-static OpComm kind_of(const Plan *p, const PlanOp *op)
-{
-    return op->n_in < 1 || op->n_out < 1 ? COMM_NONE : op_comm_by_name(plan_str(p, op->op));
-}
+static int is_p2p(OpComm k) { return k == COMM_SEND || k == COMM_RECV; }
 
 /* The full buffer: the larger of input and output (an all-reduce's are equal, a
  * reduce-scatter's input and an all-gather's output hold every rank's part). */
@@ -42,19 +47,45 @@ static int64_t full_bytes(const Plan *p, const PlanOp *op)
     return in > out ? in : out;
 }
 
-CommTotals comm_totals(const Plan *p)
+/* What a send sends (its input) or a receive receives (its output). */
+static int64_t p2p_bytes(const Plan *p, const PlanOp *op, OpComm k)
 {
-    CommTotals c = {.world = plan_meta_int(p, "world", 1)};
-    for (int32_t i = 0; i < p->n_ops; i++) {
+    return plan_tensor_nbytes(&p->tensors[p->ids[k == COMM_SEND ? op->in : op->out]]);
+}
+
+/* The ops [a, e) of one stage of dp_world data-parallel ranks. */
+static CommTotals totals_of(const Plan *p, int32_t a, int32_t e, int64_t dp_world)
+{
+    CommTotals c = {.world = dp_world};
+    for (int32_t i = a; i < e; i++) {
         const PlanOp *op = &p->ops[i];
-        OpComm k = kind_of(p, op);
+        OpComm k = report_op_comm(p, op);
         if (k == COMM_NONE) continue;
+        if (is_p2p(k)) {
+            double b = (double)p2p_bytes(p, op, k);
+            if (k == COMM_SEND) c.sends++, c.send_bytes += b;
+            if (k == COMM_RECV) c.recvs++, c.recv_bytes += b;
+            continue;
+        }
+        int64_t group = report_group_size(p, op, dp_world);
         double b = factor_of(k) * (double)full_bytes(p, op);
         c.collectives++;
         c.bytes += b;
-        c.ring_bytes += c.world > 1 ? b * (double)(c.world - 1) / (double)c.world : 0;
+        c.ring_bytes += group > 1 ? b * (double)(group - 1) / (double)group : 0;
     }
     return c;
+}
+
+CommTotals comm_totals_stage(const Plan *p, int32_t k)
+{
+    const PlanProgram *g = &p->programs[k];
+    return totals_of(p, g->first_op, g->first_op + g->n_ops, g->dp_world);
+}
+
+CommTotals comm_totals(const Plan *p)
+{
+    if (p->n_programs > 1) return comm_totals_stage(p, 0);
+    return totals_of(p, 0, p->n_ops, plan_meta_int(p, "world", 1));
 }
 
 static const char *what_of(const Plan *p, const PlanOp *op)
@@ -66,28 +97,100 @@ static const char *what_of(const Plan *p, const PlanOp *op)
     return *name ? name : "";
 }
 
-void comm_report(const Plan *p, FILE *out)
+static void print_collectives(const Plan *p, int32_t a, int32_t e, int64_t dp_world, FILE *out)
 {
-    CommTotals c = comm_totals(p);
-    if (c.world > 1)
-        fprintf(out, "communication per step, each of ranks 0-%lld (strategy %s):\n", (long long)(c.world - 1),
-                plan_meta_str(p, "shard", "none"));
-    else
-        fprintf(out, "communication per step (rank 0 of 1, strategy %s):\n", plan_meta_str(p, "shard", "none"));
-    if (!c.collectives) {
+    fprintf(out, "  %5s  %-14s %-28s %-10s %14s %14s\n", "op", "collective", "buffer", "phase", "bytes", "ring bytes");
+    for (int32_t i = a; i < e; i++) {
+        const PlanOp *op = &p->ops[i];
+        OpComm k = report_op_comm(p, op);
+        if (k == COMM_NONE || is_p2p(k)) continue;
+        int64_t group = report_group_size(p, op, dp_world);
+        double b = factor_of(k) * (double)full_bytes(p, op);
+        double ring = group > 1 ? b * (double)(group - 1) / (double)group : 0;
+        fprintf(out, "  %5d  %-14s %-28s %-10s %14.0f %14.0f", i, op_comm_name(k), what_of(p, op),
+                plan_phase_name(op->phase), b, ring);
+        if (report_op_int(p, op, "group", OP_GROUP_DATA) == OP_GROUP_PIPE)
+            fprintf(out, "  over the pipeline group (%lld ranks, one per stage)", (long long)group);
+        fputc('\n', out);
+    }
+}
+
+typedef struct {
+    int64_t peer;
+    int sends, recvs;
+    double send_bytes, recv_bytes;
+} Peer;
+
+/* Sends and receives of ops [a, e) by peer, in the order peers first appear. */
+static void print_p2p(const Plan *p, int32_t a, int32_t e, FILE *out)
+{
+    Peer peers[MAX_PEERS_SHOWN];
+    int n = 0, more = 0;
+    for (int32_t i = a; i < e; i++) {
+        OpComm k = report_op_comm(p, &p->ops[i]);
+        if (!is_p2p(k)) continue;
+        int64_t peer = report_op_int(p, &p->ops[i], "peer", -1);
+        int at = 0;
+        while (at < n && peers[at].peer != peer) at++;
+        if (at == n && n == MAX_PEERS_SHOWN) {
+            more++;
+            continue;
+        }
+        if (at == n) peers[n++] = (Peer){.peer = peer};
+        double b = (double)p2p_bytes(p, &p->ops[i], k);
+        if (k == COMM_SEND) peers[at].sends++, peers[at].send_bytes += b;
+        if (k == COMM_RECV) peers[at].recvs++, peers[at].recv_bytes += b;
+    }
+    fprintf(out, "  point-to-point, by peer (each rank with the rank of the peer stage at its data-parallel index):\n");
+    fprintf(out, "    %-10s %7s %16s %9s %16s\n", "peer", "sends", "bytes", "receives", "bytes");
+    for (int i = 0; i < n; i++) {
+        char who[32];
+        snprintf(who, sizeof who, "stage %lld", (long long)peers[i].peer);
+        fprintf(out, "    %-10s %7d %16.0f %9d %16.0f\n", who, peers[i].sends, peers[i].send_bytes, peers[i].recvs,
+                peers[i].recv_bytes);
+    }
+    if (more) fprintf(out, "    (%d more ops to peers not shown)\n", more);
+}
+
+static void print_totals(const CommTotals *c, FILE *out)
+{
+    fprintf(out, "  total: %d collectives, %.0f bytes (%.2f MiB); a ring sends %.0f bytes\n", c->collectives, c->bytes,
+            c->bytes / (1 << 20), c->ring_bytes);
+    if (c->sends || c->recvs)
+        fprintf(out, "  point-to-point: %d sends, %.0f bytes (%.2f MiB); %d receives, %.0f bytes (%.2f MiB)\n", c->sends,
+                c->send_bytes, c->send_bytes / (1 << 20), c->recvs, c->recv_bytes, c->recv_bytes / (1 << 20));
+}
+
+/* The report of ops [a, e), under a heading that names their ranks. */
+static void report_ops(const Plan *p, int32_t a, int32_t e, const CommTotals *c, FILE *out)
+{
+    if (!c->collectives && !c->sends && !c->recvs) {
         fprintf(out, "  none\n");
         return;
     }
-    fprintf(out, "  %5s  %-14s %-28s %-10s %14s %14s\n", "op", "collective", "buffer", "phase", "bytes", "ring bytes");
-    for (int32_t i = 0; i < p->n_ops; i++) {
-        const PlanOp *op = &p->ops[i];
-        OpComm k = kind_of(p, op);
-        if (k == COMM_NONE) continue;
-        double b = factor_of(k) * (double)full_bytes(p, op);
-        double ring = c.world > 1 ? b * (double)(c.world - 1) / (double)c.world : 0;
-        fprintf(out, "  %5d  %-14s %-28s %-10s %14.0f %14.0f\n", i, op_comm_name(k), what_of(p, op),
-                plan_phase_name(op->phase), b, ring);
+    if (c->collectives) print_collectives(p, a, e, c->world, out);
+    if (c->sends || c->recvs) print_p2p(p, a, e, out);
+    print_totals(c, out);
+}
+
+void comm_report(const Plan *p, FILE *out)
+{
+    const char *shard = plan_meta_str(p, "shard", "none");
+    if (p->n_programs <= 1) {
+        CommTotals c = comm_totals(p);
+        if (c.world > 1)
+            fprintf(out, "communication per step, each of ranks 0-%lld (strategy %s):\n", (long long)(c.world - 1), shard);
+        else
+            fprintf(out, "communication per step (rank 0 of 1, strategy %s):\n", shard);
+        report_ops(p, 0, p->n_ops, &c, out);
+        return;
     }
-    fprintf(out, "  total: %d collectives, %.0f bytes (%.2f MiB); a ring sends %.0f bytes\n", c.collectives, c.bytes,
-            c.bytes / (1 << 20), c.ring_bytes);
+    for (int32_t k = 0; k < p->n_programs; k++) {
+        const PlanProgram *g = &p->programs[k];
+        CommTotals c = comm_totals_stage(p, k);
+        char label[96];
+        fprintf(out, "%scommunication per step, %s, each rank (strategy %s):\n", k ? "\n" : "",
+                report_stage_label(p, k, label, sizeof label), shard);
+        report_ops(p, g->first_op, g->first_op + g->n_ops, &c, out);
+    }
 }

@@ -10,9 +10,8 @@
  *    of one program (gradient accumulation) has no bubble.
  *  - Unmatched sends, bad peers and crossed receives (a deadlock) fail with messages
  *    that name the stages.
- *  - Memory: one report per stage of the stage's program alone, labelled with the
- *    stage's ranks; JSON's "stages" array; one HTML section per stage and a lane each.
- *  - Communication: point-to-point bytes per stage by peer; pipeline collectives.
+ *  - Communication: point-to-point bytes per stage by peer; collectives over the
+ *    pipeline group, and their ring bytes over its ranks.
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -76,10 +75,26 @@ static int order(Schedule k, int s, int P, int M, int *seq)
     return n;
 }
 
+/* An all-reduce of x over the pipeline group (a tied weight's gradient, say). */
+static void pipe_all_reduce(Plan *p, int32_t x, int P)
+{
+    int32_t k = p->n_ops, y = tensor(p, NULL, PLAN_ROLE_GRAD, k);
+    PlanOp o = {.op = plan_intern(p, "all_reduce"), .block = PLAN_NONE, .phase = PLAN_PHASE_COMM, .in = p->n_ids,
+                .n_in = 1, .attr = p->n_attrs, .n_attr = 2, .stream = PLAN_STREAM_COLLECTIVE, .microbatch = PLAN_NONE};
+    plan_id_add(p, x);
+    o.out = p->n_ids, o.n_out = 1;
+    plan_id_add(p, y);
+    PlanAttr world = {.key = plan_intern(p, "world"), .kind = PLAN_ATTR_INT, .i = P};
+    PlanAttr group = {.key = plan_intern(p, "group"), .kind = PLAN_ATTR_INT, .i = 1};
+    plan_attr_add(p, &world), plan_attr_add(p, &group);
+    cr_assert_eq(plan_op_add(p, &o), k);
+}
+
 /* One stage's program: forwards receive the activation from s - 1 (stage 0 reads its
  * input), run, and send to s + 1; backwards receive the gradient from s + 1 (the last
- * stage starts from its own activation), run, and send to s - 1; then the optimizer. */
-static Plan *stage_program(Schedule k, int s, int P, int M, int dp)
+ * stage starts from its own activation), run, and send to s - 1; then the optimizer,
+ * after an all-reduce over the pipeline group when `pipe_reduce`. */
+static Plan *stage_program_with(Schedule k, int s, int P, int M, int dp, int pipe_reduce)
 {
     Plan *p = plan_new();
     cr_assert_not_null(p);
@@ -105,17 +120,20 @@ static Plan *stage_program(Schedule k, int s, int P, int M, int dp)
             if (s > 0) op(p, "send", PLAN_PHASE_BACKWARD, m, 0, &dx, 1, 0, s - 1);
         }
     }
+    if (pipe_reduce) pipe_all_reduce(p, w, P);
     op(p, "sgd_step", PLAN_PHASE_OPTIMIZER, PLAN_NONE, 3e6, &w, 1, 0, -1);
     cr_assert_eq(plan_set_one_program(p, dp, 1 << 16, 0), 0);
     return p;
 }
 
-static Plan *pipeline(Schedule k, int P, int M, int dp)
+static Plan *stage_program(Schedule k, int s, int P, int M, int dp) { return stage_program_with(k, s, P, M, dp, 0); }
+
+static Plan *pipeline_with(Schedule k, int P, int M, int dp, int pipe_reduce)
 {
     Plan *p = plan_new();
     char err[256];
     for (int s = 0; s < P; s++) {
-        Plan *one = stage_program(k, s, P, M, dp);
+        Plan *one = stage_program_with(k, s, P, M, dp, pipe_reduce);
         cr_assert_eq(plan_append_program(p, one, err, sizeof err), 0, "%s", err);
         plan_free(one);
     }
@@ -123,6 +141,8 @@ static Plan *pipeline(Schedule k, int P, int M, int dp)
     cr_assert_eq(p->n_programs, P);
     return p;
 }
+
+static Plan *pipeline(Schedule k, int P, int M, int dp) { return pipeline_with(k, P, M, dp, 0); }
 
 static Timeline *timeline(const Plan *p, TlCost cost)
 {
@@ -340,4 +360,59 @@ Test(timeline, crossed_receives_are_a_deadlock)
     expect_refused(p, "deadlock");
     expect_refused(p, "stage 0's B0 (op 0) waits for stage 1's B0");
     plan_free(a), plan_free(b), plan_free(p);
+}
+
+/* ---- communication per stage ------------------------------------------------------------- */
+
+static char *print_comm(const Plan *p)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    comm_report(p, f);
+    fclose(f);
+    return buf;
+}
+
+Test(timeline, comm_counts_point_to_point_bytes_per_stage_and_peer)
+{
+    Plan *p = pipeline_with(ONE_F_ONE_B, 3, 4, 2, 1);
+    const double act = ACT * 4;  // bytes of one micro-batch's activation or gradient
+    for (int s = 0; s < 3; s++) {
+        CommTotals c = comm_totals_stage(p, s);
+        int up = s < 2, down = s > 0;  // neighbours: s + 1 gets activations, s - 1 gradients
+        cr_expect_eq(c.world, 2);
+        cr_expect_eq(c.sends, 4 * (up + down), "stage %d: %d sends", s, c.sends);
+        cr_expect_eq(c.recvs, 4 * (up + down), "stage %d: %d receives", s, c.recvs);
+        cr_expect_eq(c.send_bytes, 4 * act * (up + down));
+        cr_expect_eq(c.recv_bytes, 4 * act * (up + down));
+        cr_expect_eq(c.collectives, 1);
+        cr_expect_eq(c.bytes, 2 * act, "an all-reduce moves 2 Psi");
+        cr_expect_float_eq(c.ring_bytes, 2 * act * 2 / 3, 1e-9, "a ring over the 3 stages: %g", c.ring_bytes);
+    }
+    CommTotals c0 = comm_totals(p);
+    cr_expect_eq(c0.sends, 4, "comm_totals is stage 0's");
+    char *text = print_comm(p);
+    cr_expect(strstr(text, "communication per step, stage 1 of 3 (ranks 2-3), each rank (strategy none):"), "%s", text);
+    cr_expect(strstr(text, "over the pipeline group (3 ranks, one per stage)"), "%s", text);
+    /* Stage 1 sends activations to stage 2 and gradients to stage 0, 4 of each. */
+    const char *s1 = strstr(text, "stage 1 of 3");
+    cr_assert(s1);
+    cr_expect(strstr(s1, "    stage 0          4              256         4              256\n"), "%s", s1);
+    cr_expect(strstr(s1, "    stage 2          4              256         4              256\n"), "%s", s1);
+    cr_expect(strstr(s1, "point-to-point: 8 sends, 512 bytes"), "%s", s1);
+    free(text);
+    plan_free(p);
+}
+
+Test(timeline, a_pipeline_collective_is_a_step_task)
+{
+    Plan *p = pipeline_with(GPIPE, 2, 4, 1, 1);
+    Timeline *t = timeline(p, TL_COST_UNIT);
+    cr_expect_eq(t->makespan, 15);
+    const TlTask *last = &t->tasks[t->stages[0].first_task + t->stages[0].n_tasks - 1];
+    cr_expect_eq(last->kind, TL_STEP);
+    cr_expect_eq(last->n_ops, 2, "the all-reduce and the optimizer");
+    report_timeline_free(t);
+    plan_free(p);
 }
