@@ -2,6 +2,9 @@
  * aligned columns, from the plan alone (no backend, no ranks): a user reads here what
  * the compiler decided before asking a cluster for anything.
  *
+ * A plan of several programs (pipeline stages) lists them, shows the step's schedule
+ * across them (report/timeline.c), and reports memory and communication per stage.
+ *
  * Names come from a file and may be anything: each is printed through `clean`, which
  * replaces control bytes and caps the length, so a hostile plan cannot garble the
  * terminal or the layout. Scratch arrays come from plan_alloc; without them a listing
@@ -13,8 +16,6 @@
 
 #include "report.h"
 #include "runtime.h"
-
-
 
 /* Sums of sizes a hostile plan could make overflow (each size alone fits). */
 static int64_t add_sat(int64_t a, int64_t b) { return a > INT64_MAX - b ? INT64_MAX : a + b; }
@@ -280,18 +281,34 @@ static void print_sections(const Plan *p, FILE *out)
     }
 }
 
-/* The memory report, computed by report/ as for fsc --mem. */
+/* The memory report, computed by report/ as for fsc --mem: one per stage. */
 static void print_memory(const Plan *p, FILE *out)
 {
     char err[256];
-    MemReport *r = report_mem_new(p, err, sizeof err);
+    MemStages *s = report_stages_new(p, err, sizeof err);
     fputc('\n', out);
-    if (!r) {
+    if (!s) {
         fprintf(out, "memory plan: none (%s)\n", err);
         return;
     }
-    report_mem_print(r, out);
-    report_mem_free(r);
+    report_stages_print(s, out);
+    report_stages_free(s);
+}
+
+/* Each program: its stage's ranks and what it holds. */
+static void print_programs(const Plan *p, FILE *out)
+{
+    char a[32], b[32], c[32], d[32], ranks[64];
+    fprintf(out, "\nprograms (%d)\n", p->n_programs);
+    if (!p->n_programs) return;
+    fprintf(out, "  %-5s  %-13s %8s %10s %10s %8s %14s %12s\n", "stage", "ranks", "dp world", "ops", "tensors", "outputs",
+            "device arena", "host arena");
+    for (int32_t k = 0; k < p->n_programs; k++) {
+        const PlanProgram *g = &p->programs[k];
+        fprintf(out, "  %-5d  %-13s %8d %10s %10s %8d %14s %12s\n", g->stage, report_stage_ranks(p, k, ranks, sizeof ranks),
+                g->dp_world, grouped(g->n_ops, a, sizeof a), grouped(g->n_tensors, b, sizeof b), g->n_outputs,
+                human(g->space_bytes[PLAN_PLACE_DEVICE], c, sizeof c), human(g->space_bytes[PLAN_PLACE_HOST], d, sizeof d));
+    }
 }
 
 /* The stored schedule: ops per stream, waits, and the tensors the step loop reads by role. */
@@ -315,14 +332,30 @@ static void print_schedule(const Plan *p, FILE *out)
     }
 }
 
+/* A plan of several programs: the step's tasks on the timeline's clock (report/timeline.c). */
+static void print_timeline(const Plan *p, FILE *out)
+{
+    char err[256];
+    if (p->n_programs < 2) return;
+    Timeline *t = report_timeline_new(p, TL_COST_FLOPS, err, sizeof err);
+    fputc('\n', out);
+    if (t)
+        report_timeline_print(t, out);
+    else
+        fprintf(out, "timeline: none (%s)\n", err);
+    report_timeline_free(t);
+}
+
 void rt_inspect(const Plan *p, FILE *out)
 {
     print_summary(p, out);
     print_settings(p, out);
     print_io(p, out);
+    print_programs(p, out);
     print_blocks(p, out);
     print_ops(p, out);
     print_schedule(p, out);
+    print_timeline(p, out);
     print_roles(p, out);
     print_memory(p, out);
     fputc('\n', out);

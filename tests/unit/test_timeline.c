@@ -12,6 +12,8 @@
  *    that name the stages.
  *  - Communication: point-to-point bytes per stage by peer; collectives over the
  *    pipeline group, and their ring bytes over its ranks.
+ *  - fsexec --inspect lists the programs, the schedule and each stage's memory and
+ *    communication, in that order.
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -414,5 +416,36 @@ Test(timeline, a_pipeline_collective_is_a_step_task)
     cr_expect_eq(last->kind, TL_STEP);
     cr_expect_eq(last->n_ops, 2, "the all-reduce and the optimizer");
     report_timeline_free(t);
+    plan_free(p);
+}
+
+/* ---- fsexec --inspect --------------------------------------------------------------------- */
+
+Test(timeline, inspect_lists_the_programs_and_reports_each_stage)
+{
+    Plan *p = pipeline_with(ONE_F_ONE_B, 2, 4, 2, 1);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    rt_inspect(p, f);
+    fclose(f);
+    const char *want[] = {
+        "\nprograms (2)\n",
+        "  stage  ranks         dp world        ops    tensors  outputs   device arena   host arena\n",
+        "  1      ranks 2-3            2         18         14        0       64.0 KiB          0 B\n",
+        "timeline: pipe, 2 stages, 4 micro-batches; each task's FLOPs at a nominal 1 TFLOP/s, in ms\n",
+        "memory plan: pipe, 2 pipeline stages x 2 data-parallel ranks (world 4); bytes per rank\n",
+        "memory plan: pipe, stage 0 of 2 (ranks 0-1), 2 data-parallel ranks; bytes per rank\n",
+        "memory plan: pipe, stage 1 of 2 (ranks 2-3), 2 data-parallel ranks; bytes per rank\n",
+        "communication per step, stage 0 of 2 (ranks 0-1), each rank",
+        "communication per step, stage 1 of 2 (ranks 2-3), each rank",
+    };
+    const char *at = buf;
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        const char *hit = strstr(at, want[i]);
+        cr_expect(hit, "'%s' missing, or out of order, in:\n%s", want[i], buf);
+        if (hit) at = hit;
+    }
+    free(buf);
     plan_free(p);
 }
