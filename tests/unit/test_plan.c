@@ -698,6 +698,7 @@ Test(plan, without_cuda_sections_reads)
         memmove(&s[at], &s[at + 1], sizeof *s * (size_t)(n - at - 1));
         n--;
     }
+    set64(s[find(s, n, "PROG")].data + 8 + 56, 0);  // no module: the program's is empty
     Plan *p = read_sections(s, n, 2, 1);
     cr_assert_not_null(p, "%s", err);
     cr_assert_eq(p->n_cuda, 0);
@@ -845,10 +846,20 @@ Test(plan, hostile_contents_refused)
     expect_hostile("NODE", 8 + 48, (uint64_t)-1, 4, "waits out of range");
     expect_hostile("TENS", 8 + 133, 99, 1, "tensor 0: unknown step role 99");
     expect_hostile("PROG", 4, 8, 4, "records of 8 bytes, expected at least 64");
-    expect_hostile("PROG", 8 + 4, 0, 4, "program 0: stage 0, 0 data-parallel ranks");
-    expect_hostile("PROG", 8 + 8, 1, 4, "do not follow");
-    expect_hostile("PROG", 8 + 12, 3, 4, "the programs hold 3 of the plan's");
+    expect_hostile("PROG", 8 + 4, 0, 4, "program 0: 0 data-parallel ranks (at least 1)");
+    expect_hostile("PROG", 8 + 8, 1, 4, "program 0: ops start at 1, expected 0");
+    expect_hostile("PROG", 8 + 12, 3, 4, "the programs hold 3 of the plan's 9 ops");
+    expect_hostile("PROG", 8 + 12, 0x7fffffffu, 4, "program 0: 2147483647 ops from 0 do not fit in the plan's 9");
     expect_hostile("PROG", 8 + 16, (uint64_t)-64, 8, "negative device arena");
+    /* version 2.1: a program's stage, and its tensor, output and module ranges */
+    expect_hostile("PROG", 8 + 0, (uint64_t)-1, 4, "program 0: stage -1 (programs are in stage order");
+    expect_hostile("PROG", 8 + 32, 1, 4, "program 0: tensors start at 1, expected 0");
+    expect_hostile("PROG", 8 + 36, 3, 4, "the programs hold 3 of the plan's 19 tensors");
+    expect_hostile("PROG", 8 + 36, (uint64_t)-1, 4, "program 0: -1 tensors from 0 do not fit in the plan's 19");
+    expect_hostile("PROG", 8 + 44, 0, 4, "the programs hold 0 of the plan's 2 outputs");
+    expect_hostile("PROG", 8 + 48, 1, 8, "program 0: module bytes start at 1, expected 0");
+    expect_hostile("PROG", 8 + 56, 5, 8, "the programs hold 5 of the plan's");
+    expect_hostile("PROG", 8 + 56, (uint64_t)1 << 40, 8, "program 0: 1099511627776 module bytes from 0 do not fit");
     expect_hostile("CUMD", 0, 5, 4, "does not fill");
 }
 
