@@ -2,7 +2,10 @@
  * small pipeline are built by hand, each as a plan of its own program; the same two go
  * into one plan of two programs, built item by item. plan_check holds every program to
  * its own ops, tensors, outputs, CUDA instructions and module bytes, each failure with
- * its own message.
+ * its own message. plan_append_program of the two stage plans makes the plan built item
+ * by item, to the string id; it survives a round trip through bytes; plan_extract_program
+ * gives back each stage's plan field for field (strings by value); both fail cleanly, with
+ * nothing leaked, at every allocation.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -44,11 +47,13 @@ typedef struct {
     int32_t microbatch;
 } OpSpec;
 
+/* An op of the program last added; its line and FLOPs say where it stands in it. */
 static int32_t op(Plan *p, const char *name, OpSpec s)
 {
-    PlanOp o = {.op = plan_intern(p, name), .block = PLAN_NONE, .phase = PLAN_PHASE_FORWARD, .line = p->n_ops + 1,
-                .col = 3, .in = p->n_ids, .n_in = s.n_in, .stream = s.stream, .wait = p->n_waits, .n_wait = s.n_wait,
-                .microbatch = s.microbatch, .flops = 64.0 * (p->n_ops + 1)};
+    int32_t at = p->n_ops - p->programs[p->n_programs - 1].first_op;
+    PlanOp o = {.op = plan_intern(p, name), .block = PLAN_NONE, .phase = PLAN_PHASE_FORWARD, .line = at + 1, .col = 3,
+                .in = p->n_ids, .n_in = s.n_in, .stream = s.stream, .wait = p->n_waits, .n_wait = s.n_wait,
+                .microbatch = s.microbatch, .flops = 64.0 * (at + 1)};
     for (int i = 0; i < s.n_in; i++) plan_id_add(p, s.in[i]);
     o.out = p->n_ids, o.n_out = s.n_out;
     for (int i = 0; i < s.n_out; i++) plan_id_add(p, s.out[i]);
@@ -88,7 +93,7 @@ static const char *const MODULES[2] = {
 static void launch(Plan *p, int32_t k, const char *kernel, const int32_t *args, int n_args)
 {
     PlanCuda c = {.op = k, .kind = PLAN_CU_LAUNCH, .kernel = plan_intern(p, kernel), .args = p->n_ids,
-                  .n_args = n_args, .grid = {1, 1, 1}, .block = {32, 1, 1}, .smem = 16 * k};
+                  .n_args = n_args, .grid = {1, 1, 1}, .block = {32, 1, 1}, .smem = 16 * n_args};
     for (int i = 0; i < n_args; i++) plan_id_add(p, args[i]);
     cr_assert_geq(plan_cuda_add(p, &c), 0);
 }
@@ -212,7 +217,11 @@ static Plan *both_stages(void)
 static Plan *two;
 
 static void setup(void) { two = both_stages(); }
-static void teardown(void) { plan_free(two); }
+static void teardown(void)
+{
+    plan_set_alloc(NULL, NULL);
+    plan_free(two);
+}
 
 TestSuite(program, .init = setup, .fini = teardown);
 
@@ -391,4 +400,270 @@ Test(program, one_program_of_a_later_stage)
     p->n_programs = 0;  // as without a memory plan: nothing to hold anything to
     cr_assert_eq(plan_check(p, err, sizeof err), 0, "%s", err);
     plan_free(p);
+}
+
+/* ---- comparing plans: string ids by the strings they name ----------------------------- */
+
+static void same_str(const Plan *a, int32_t x, const Plan *b, int32_t y, const char *what, int32_t i)
+{
+    cr_assert((x == PLAN_NONE) == (y == PLAN_NONE), "%s %d: one of the ids is none", what, i);
+    cr_assert_str_eq(plan_str(a, x), plan_str(b, y), "%s %d", what, i);
+}
+
+static void same_double(double x, double y, const char *what, int32_t i)
+{
+    cr_assert(!memcmp(&x, &y, sizeof x), "%s %d: %g vs %g", what, i, x, y);
+}
+
+static void same_tensors(const Plan *a, const Plan *b)
+{
+    cr_assert_eq(a->n_tensors, b->n_tensors);
+    for (int32_t i = 0; i < a->n_tensors; i++) {
+        const PlanTensor *x = &a->tensors[i], *y = &b->tensors[i];
+        same_str(a, x->name, b, y->name, "tensor", i);
+        cr_assert(x->dtype == y->dtype && x->role == y->role && x->place == y->place && x->init == y->init, "tensor %d", i);
+        cr_assert_eq(x->rank, y->rank, "tensor %d", i);
+        for (int d = 0; d < x->rank; d++) cr_assert_eq(x->shape[d], y->shape[d], "tensor %d", i);
+        cr_assert(x->block == y->block && x->producer == y->producer && x->tied_to == y->tied_to, "tensor %d", i);
+        cr_assert(x->grad == y->grad && x->alias == y->alias && x->step_role == y->step_role, "tensor %d", i);
+        same_double(x->init_a, y->init_a, "tensor init_a", i);
+        same_double(x->init_b, y->init_b, "tensor init_b", i);
+        cr_assert(x->offset == y->offset && x->live_start == y->live_start && x->live_end == y->live_end, "tensor %d", i);
+        cr_assert(x->rank_stride == y->rank_stride && x->unit == y->unit && x->flat_offset == y->flat_offset &&
+                  x->sharded == y->sharded, "tensor %d", i);
+    }
+}
+
+static void same_ops(const Plan *a, const Plan *b)
+{
+    cr_assert_eq(a->n_ops, b->n_ops);
+    for (int32_t i = 0; i < a->n_ops; i++) {
+        const PlanOp *x = &a->ops[i], *y = &b->ops[i];
+        same_str(a, x->op, b, y->op, "op", i);
+        cr_assert(x->block == y->block && x->phase == y->phase && x->line == y->line && x->col == y->col, "op %d", i);
+        cr_assert(x->in == y->in && x->n_in == y->n_in && x->out == y->out && x->n_out == y->n_out, "op %d", i);
+        cr_assert(x->attr == y->attr && x->n_attr == y->n_attr && x->stream == y->stream, "op %d", i);
+        cr_assert(x->wait == y->wait && x->n_wait == y->n_wait && x->microbatch == y->microbatch, "op %d", i);
+        same_double(x->flops, y->flops, "op flops", i);
+    }
+    cr_assert_eq(a->n_ids, b->n_ids);
+    for (int32_t i = 0; i < a->n_ids; i++) cr_assert_eq(a->ids[i], b->ids[i], "id %d", i);
+    cr_assert_eq(a->n_waits, b->n_waits);
+    for (int32_t i = 0; i < a->n_waits; i++) cr_assert_eq(a->waits[i], b->waits[i], "wait %d", i);
+    cr_assert_eq(a->n_attrs, b->n_attrs);
+    for (int32_t i = 0; i < a->n_attrs; i++) {
+        const PlanAttr *x = &a->attrs[i], *y = &b->attrs[i];
+        same_str(a, x->key, b, y->key, "attr", i);
+        cr_assert_eq(x->kind, y->kind, "attr %d", i);
+        if (x->kind == PLAN_ATTR_INT) cr_assert_eq(x->i, y->i, "attr %d", i);
+        if (x->kind == PLAN_ATTR_FLOAT) same_double(x->f, y->f, "attr", i);
+        if (x->kind == PLAN_ATTR_INTS) cr_assert(x->list == y->list && x->n_list == y->n_list, "attr %d", i);
+    }
+    cr_assert_eq(a->n_ints, b->n_ints);
+    for (int32_t i = 0; i < a->n_ints; i++) cr_assert_eq(a->ints[i], b->ints[i], "int %d", i);
+}
+
+static void same_cuda(const Plan *a, const Plan *b)
+{
+    cr_assert_eq(a->n_cuda, b->n_cuda);
+    for (int32_t i = 0; i < a->n_cuda; i++) {
+        const PlanCuda *x = &a->cuda[i], *y = &b->cuda[i];
+        same_str(a, x->kernel, b, y->kernel, "cuda", i);
+        cr_assert(x->op == y->op && x->kind == y->kind && x->args == y->args && x->n_args == y->n_args, "cuda %d", i);
+        cr_assert(x->smem == y->smem && x->ta == y->ta && x->tb == y->tb, "cuda %d", i);
+        for (int d = 0; d < 3; d++) cr_assert(x->grid[d] == y->grid[d] && x->block[d] == y->block[d], "cuda %d", i);
+        const int64_t xs[] = {x->m, x->n, x->k, x->lda, x->ldb, x->ldc, x->stride_a, x->stride_b, x->stride_c,
+                              x->batch, x->a_off, x->b_off, x->c_off};
+        const int64_t ys[] = {y->m, y->n, y->k, y->lda, y->ldb, y->ldc, y->stride_a, y->stride_b, y->stride_c,
+                              y->batch, y->a_off, y->b_off, y->c_off};
+        for (int f = 0; f < 13; f++) cr_assert_eq(xs[f], ys[f], "cuda %d field %d", i, f);
+    }
+    cr_assert_str_eq(a->cuda_module ? a->cuda_module : "", b->cuda_module ? b->cuda_module : "");
+}
+
+/* Every field of a and b, strings by value (an extract keeps the whole plan's table). */
+static void assert_same_plan(const Plan *a, const Plan *b)
+{
+    cr_assert_eq(a->n_meta, b->n_meta);
+    for (int32_t i = 0; i < a->n_meta; i++) {
+        const PlanMeta *x = &a->meta[i], *y = &b->meta[i];
+        same_str(a, x->key, b, y->key, "meta", i);
+        cr_assert_eq(x->kind, y->kind);
+        if (x->kind == PLAN_META_STR) same_str(a, x->s, b, y->s, "meta value", i);
+        if (x->kind == PLAN_META_INT) cr_assert_eq(x->i, y->i);
+        if (x->kind == PLAN_META_FLOAT) same_double(x->f, y->f, "meta", i);
+    }
+    cr_assert_eq(a->n_blocks, b->n_blocks);
+    for (int32_t i = 0; i < a->n_blocks; i++) {
+        same_str(a, a->blocks[i].name, b, b->blocks[i].name, "block", i);
+        same_str(a, a->blocks[i].layer, b, b->blocks[i].layer, "block layer", i);
+        cr_assert_eq(a->blocks[i].index, b->blocks[i].index);
+    }
+    same_tensors(a, b);
+    same_ops(a, b);
+    cr_assert_eq(a->n_outputs, b->n_outputs);
+    for (int32_t i = 0; i < a->n_outputs; i++) cr_assert_eq(a->outputs[i], b->outputs[i], "output %d", i);
+    same_cuda(a, b);
+    cr_assert_eq(a->n_programs, b->n_programs);
+    for (int32_t i = 0; i < a->n_programs; i++) {
+        const PlanProgram *x = &a->programs[i], *y = &b->programs[i];
+        cr_assert(x->stage == y->stage && x->dp_world == y->dp_world, "program %d", i);
+        cr_assert(x->first_op == y->first_op && x->n_ops == y->n_ops, "program %d", i);
+        cr_assert(x->first_tensor == y->first_tensor && x->n_tensors == y->n_tensors, "program %d", i);
+        cr_assert(x->first_output == y->first_output && x->n_outputs == y->n_outputs, "program %d", i);
+        cr_assert(x->module_at == y->module_at && x->module_len == y->module_len, "program %d", i);
+        for (int s = 0; s < PLAN_PLACE_COUNT; s++) cr_assert_eq(x->space_bytes[s], y->space_bytes[s], "program %d", i);
+    }
+}
+
+/* ---- plan_append_program and plan_extract_program ------------------------------------- */
+
+static Plan *appended(Plan *const one[2])
+{
+    Plan *p = plan_new();
+    cr_assert_not_null(p);
+    for (int s = 0; s < 2; s++) cr_assert_eq(plan_append_program(p, one[s], err, sizeof err), 0, "stage %d: %s", s, err);
+    return p;
+}
+
+/* Appending the stages one by one makes the plan built item by item, to the string id. */
+Test(program, append_is_the_plan_built_whole)
+{
+    Plan *one[2] = {one_stage(0), one_stage(1)};
+    Plan *p = appended(one);
+    cr_assert_eq(plan_check(p, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(p->n_strs, two->n_strs);
+    for (int32_t i = 0; i < p->n_strs; i++) cr_assert_str_eq(p->strs[i], two->strs[i]);
+    assert_same_plan(two, p);
+    plan_free(p);
+    plan_free(one[0]), plan_free(one[1]);
+}
+
+Test(program, round_trip_through_bytes)
+{
+    void *buf;
+    size_t len;
+    cr_assert_eq(plan_write_mem(two, &buf, &len, err, sizeof err), 0, "%s", err);
+    Plan *back = plan_read_mem(buf, len, err, sizeof err);
+    cr_assert_not_null(back, "%s", err);
+    assert_same_plan(two, back);
+    plan_free(back);
+    plan_dealloc(buf);
+}
+
+/* Each program taken out again is the stage's own plan, field for field. */
+Test(program, extract_gives_back_each_stage)
+{
+    for (int s = 0; s < 2; s++) {
+        Plan *one = one_stage(s), *q = plan_extract_program(two, s, err, sizeof err);
+        cr_assert_not_null(q, "%s", err);
+        cr_assert_eq(plan_check(q, err, sizeof err), 0, "stage %d: %s", s, err);
+        cr_assert_eq(q->n_strs, two->n_strs, "the whole string table");
+        assert_same_plan(one, q);
+        cr_assert_str_eq(q->cuda_module, MODULES[s]);
+        cr_assert_eq(q->programs[0].stage, s);
+        cr_assert_eq(plan_intern(q, "new"), q->n_strs - 1, "an extract can be added to");
+        plan_free(q);
+        plan_free(one);
+    }
+    cr_assert_null(plan_extract_program(two, 2, err, sizeof err));
+    cr_assert_str_eq(err, "no program 2 to extract: the plan has 2");
+    cr_assert_null(plan_extract_program(two, -1, err, sizeof err));
+}
+
+Test(program, append_refuses_what_it_cannot_take)
+{
+    Plan *p = plan_new(), *one = one_stage(0);
+    cr_assert_null(plan_extract_program(p, 0, err, sizeof err));
+    cr_assert_eq(plan_append_program(p, two, err, sizeof err), -1);
+    cr_assert_str_eq(err, "stage 0: a plan of 2 programs, expected one (a stage with its memory plan)");
+    one->ids[0] = 999;
+    cr_assert_eq(plan_append_program(p, one, err, sizeof err), -1);
+    cr_assert(strstr(err, "stage 0: id 0: tensor 999 out of range"), "%s", err);
+    one->ids[0] = 0;
+    cr_assert_eq(plan_output_add(p, 0), 0);
+    cr_assert_eq(plan_append_program(p, one, err, sizeof err), -1);
+    cr_assert(strstr(err, "stage 0: the plan appended to already holds ops, tensors, outputs or CUDA code"), "%s", err);
+    plan_free(p);
+
+    p = plan_new();
+    cr_assert_eq(plan_append_program(p, one, err, sizeof err), 0, "%s", err);
+    Plan *other = one_stage(1);
+    other->strs[other->blocks[0].name][2] = '9';  // "h.9"
+    cr_assert_eq(plan_append_program(p, other, err, sizeof err), -1);
+    cr_assert_str_eq(err, "stage 1: block 0 is h.9 (Block 0), the stages before it have h.0 (Block 0)");
+    cr_assert_eq(plan_block_add(other, "h.1", "Block", 1), 1);
+    cr_assert_eq(plan_append_program(p, other, err, sizeof err), -1);
+    cr_assert_str_eq(err, "stage 1 has 2 blocks, the stages before it 1 (every stage has the model's)");
+    plan_free(other);
+    plan_free(p);
+    plan_free(one);
+}
+
+/* ---- allocation failure -------------------------------------------------------------- */
+
+static long n_allocs, live, fail_at;
+
+static void *test_alloc(size_t n)
+{
+    if (fail_at && ++n_allocs == fail_at) return NULL;
+    if (!fail_at) n_allocs++;
+    void *p = malloc(n);
+    if (p) live++;
+    return p;
+}
+
+static void test_free(void *p)
+{
+    if (p) live--;
+    free(p);
+}
+
+static void count_allocs(long fail)
+{
+    n_allocs = live = 0;
+    fail_at = fail;
+    plan_set_alloc(test_alloc, test_free);
+}
+
+/* Both appends into a new plan under the hook: 0, or -1 at the failed allocation. */
+static int append_both(Plan *const one[2])
+{
+    Plan *p = plan_new();
+    int rc = p ? 0 : -1;
+    for (int s = 0; s < 2 && !rc; s++) {
+        err[0] = 0;
+        rc = plan_append_program(p, one[s], err, sizeof err);
+        if (rc) cr_assert(strstr(err, "out of memory appending stage"), "%s", err);
+    }
+    plan_free(p);
+    return rc;
+}
+
+Test(program, append_and_extract_survive_every_allocation_failure)
+{
+    Plan *one[2] = {one_stage(0), one_stage(1)};
+    count_allocs(0);
+    cr_assert_eq(append_both(one), 0);
+    long total = n_allocs;
+    cr_assert_gt(total, 10);
+    for (long k = 1; k <= total; k++) {
+        count_allocs(k);
+        cr_assert_eq(append_both(one), -1, "allocation %ld failed, yet appended", k);
+        cr_assert_eq(live, 0, "allocation %ld failed: %ld blocks leaked", k, live);
+    }
+    for (int s = 0; s < 2; s++) {
+        count_allocs(0);
+        plan_free(plan_extract_program(two, s, err, sizeof err));
+        total = n_allocs;
+        for (long k = 1; k <= total; k++) {
+            count_allocs(k);
+            err[0] = 0;
+            cr_assert_null(plan_extract_program(two, s, err, sizeof err), "allocation %ld failed, yet extracted", k);
+            cr_assert_str_eq(err, s ? "out of memory extracting program 1" : "out of memory extracting program 0");
+            cr_assert_eq(live, 0, "allocation %ld failed: %ld blocks leaked", k, live);
+        }
+    }
+    plan_set_alloc(NULL, NULL);
+    plan_free(one[0]), plan_free(one[1]);
 }
