@@ -199,12 +199,38 @@ int32_t plan_block_add(Plan *p, const char *name, const char *layer, int32_t ind
     PUSH(p, blocks, n_blocks, cap_blocks, ((PlanBlock){n, l, index}));
 }
 
-int32_t plan_tensor_add(Plan *p, const PlanTensor *t) { PUSH(p, tensors, n_tensors, cap_tensors, *t); }
+static int32_t push_tensor(Plan *p, const PlanTensor *t) { PUSH(p, tensors, n_tensors, cap_tensors, *t); }
+static int32_t push_op(Plan *p, const PlanOp *op) { PUSH(p, ops, n_ops, cap_ops, *op); }
+static int32_t push_output(Plan *p, int32_t tensor) { PUSH(p, outputs, n_outputs, cap_outputs, tensor); }
+
+/* An op, tensor or output added where the last program's range of its kind ends joins
+ * that program: a plan grows after plan_set_one_program, and plan_append_program grows
+ * the program it has just added. */
+static int32_t join_last(int32_t id, const int32_t *first, int32_t *n)
+{
+    if (id >= 0 && *first + *n == id) (*n)++;
+    return id;
+}
+#define LAST(p) (&(p)->programs[(p)->n_programs - 1])
+
+int32_t plan_tensor_add(Plan *p, const PlanTensor *t)
+{
+    int32_t id = push_tensor(p, t);
+    return p->n_programs ? join_last(id, &LAST(p)->first_tensor, &LAST(p)->n_tensors) : id;
+}
+int32_t plan_op_add(Plan *p, const PlanOp *op)
+{
+    int32_t id = push_op(p, op);
+    return p->n_programs ? join_last(id, &LAST(p)->first_op, &LAST(p)->n_ops) : id;
+}
+int32_t plan_output_add(Plan *p, int32_t tensor)
+{
+    int32_t id = push_output(p, tensor);
+    return p->n_programs ? join_last(id, &LAST(p)->first_output, &LAST(p)->n_outputs) : id;
+}
 int32_t plan_id_add(Plan *p, int32_t id) { PUSH(p, ids, n_ids, cap_ids, id); }
 int32_t plan_int_add(Plan *p, int64_t v) { PUSH(p, ints, n_ints, cap_ints, v); }
 int32_t plan_attr_add(Plan *p, const PlanAttr *a) { PUSH(p, attrs, n_attrs, cap_attrs, *a); }
-int32_t plan_op_add(Plan *p, const PlanOp *op) { PUSH(p, ops, n_ops, cap_ops, *op); }
-int32_t plan_output_add(Plan *p, int32_t tensor) { PUSH(p, outputs, n_outputs, cap_outputs, tensor); }
 int32_t plan_cuda_add(Plan *p, const PlanCuda *c) { PUSH(p, cuda, n_cuda, cap_cuda, *c); }
 int32_t plan_program_add(Plan *p, const PlanProgram *prog) { PUSH(p, programs, n_programs, cap_programs, *prog); }
 int32_t plan_wait_add(Plan *p, int32_t op) { PUSH(p, waits, n_waits, cap_waits, op); }

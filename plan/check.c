@@ -2,14 +2,21 @@
  * is the one the writer wrote; this makes sure that what the writer wrote is whole:
  * every id in range, every range inside its pool, every enum known, every shape small
  * enough that its byte count fits in int64, and every CUDA instruction sound (sorted by
- * op, launches within CUDA's limits, GEMMs inside their tensors). After it passes, the
- * runtime may index the plan's arrays without further checks. Shared by plan_read and
- * plan_write.
+ * op, launches within CUDA's limits, GEMMs inside their tensors). With programs, each
+ * holds its own: their ranges lie back to back over every op, tensor, output and module
+ * byte, and nothing of a program names another's (plan.h, PlanProgram); a send or recv
+ * names another stage. After it passes, the runtime may index the plan's arrays without
+ * further checks. Shared by plan_read and plan_write.
+ *
+ * A plan of one program may be any stage's (an extract, plan_extract_program), and its
+ * sends and receives name stages it does not hold: there a peer need only be a stage.
  */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
+#include "comm_op.h"
 #include "plan.h"
 
 typedef struct {
@@ -67,12 +74,36 @@ static int check_tensor(Check *c, int32_t i, const PlanTensor *t)
         return fail(c, "tensor %d: unit %d out of range (%d blocks)", i, t->unit, p->n_blocks);
     if ((unsigned)t->step_role >= PLAN_SR_COUNT)
         return fail(c, "tensor %d: unknown step role %d", i, (int)t->step_role);
-    if (t->step_role != PLAN_SR_NONE && plan_role_tensor(p, t->step_role) != i)
-        return fail(c, "tensor %d: step role %s is tensor %d's already", i, plan_step_role_name(t->step_role),
-                    plan_role_tensor(p, t->step_role));
     if (t->sharded > 1 || t->rank_stride < 0 || t->flat_offset < 0)
         return fail(c, "tensor %d: bad flat layout (sharded %d, rank stride %" PRId64 ", flat offset %" PRId64 ")", i,
                     t->sharded, t->rank_stride, t->flat_offset);
+    return 0;
+}
+
+/* Send and recv move one tensor to or from a peer stage; a collective runs over a group
+ * (p2p.c pairs their tensors). */
+static int check_comm(Check *c, int32_t i, const PlanOp *o)
+{
+    const Plan *p = c->p;
+    const char *name = p->strs[o->op];
+    CommOpKind kind = comm_op_kind(p, o);
+    if (kind == COMM_OP_SEND || kind == COMM_OP_RECV) {
+        int send = kind == COMM_OP_SEND;
+        if (o->n_in != send || o->n_out != !send)
+            return fail(c, "op %d (%s): %d inputs and %d outputs, expected %d and %d", i, name, o->n_in, o->n_out,
+                        send, !send);
+        const PlanAttr *a = comm_op_attr(p, o, "peer");
+        if (!a || a->kind != PLAN_ATTR_INT || a->i < 0)
+            return fail(c, "op %d (%s): no peer (an int attribute, the stage it %s, >= 0)", i, name,
+                        send ? "sends to" : "receives from");
+    }
+    if (kind == COMM_OP_COLLECTIVE) {
+        const PlanAttr *a = comm_op_attr(p, o, "group");
+        if (a && (a->kind != PLAN_ATTR_INT || (a->i != COMM_GROUP_DATA && a->i != COMM_GROUP_PIPE)))
+            return fail(c, "op %d (%s): group must be the int 0 (the stage's data-parallel ranks) or 1 (the pipeline)",
+                        i, name);
+        if (o->n_in != 1) return fail(c, "op %d (%s): %d inputs, expected 1", i, name, o->n_in);
+    }
     return 0;
 }
 
@@ -104,7 +135,7 @@ static int check_op(Check *c, int32_t i, const PlanOp *o)
             return fail(c, "op %d (%s): output tensor %d names op %d as its producer", i, name, t,
                         p->tensors[t].producer);
     }
-    return 0;
+    return check_comm(c, i, o);
 }
 
 static int check_attr(Check *c, int32_t i, const PlanAttr *a)
@@ -185,29 +216,157 @@ static int check_cuda(Check *c, int32_t i, const PlanCuda *cu)
     return cu->kind == PLAN_CU_GEMM ? check_gemm(c, i, cu) : check_launch(c, i, cu);
 }
 
-/* Programs in stage order, their op ranges back to back over every op, each wait inside
- * its own program. A plan without a memory plan has none (the runtime refuses it). */
+/* Program i's range [first, first + n) of one kind of item must start where program
+ * i - 1's ends (*next) and stay inside the plan's `total`; *next moves past it. */
+static int follows(Check *c, int32_t i, const char *what, int64_t first, int64_t n, int64_t *next, int64_t total)
+{
+    if (first != *next)
+        return fail(c, "program %d: %s start at %" PRId64 ", expected %" PRId64 " (%s)", i, what, first, *next,
+                    i ? "where the program before ends" : "the first program's start at 0");
+    if (n < 0 || n > total - first)
+        return fail(c, "program %d: %" PRId64 " %s from %" PRId64 " do not fit in the plan's %" PRId64, i, n, what,
+                    first, total);
+    *next += n;
+    return 0;
+}
+
+/* Programs in stage order with one data-parallel world, their ranges back to back over
+ * every op, tensor, output and module byte. A plan without a memory plan has none (the
+ * runtime refuses it). */
 static int check_programs(Check *c)
 {
     const Plan *p = c->p;
-    int32_t next = 0;
+    if (!p->n_programs) return 0;
+    const char *what[] = {"ops", "tensors", "outputs", "module bytes"};
+    const int64_t total[] = {p->n_ops, p->n_tensors, p->n_outputs, p->cuda_module ? (int64_t)strlen(p->cuda_module) : 0};
+    int64_t next[4] = {0};
     for (int32_t i = 0; i < p->n_programs; i++) {
         const PlanProgram *g = &p->programs[i];
-        if (g->stage != i || g->dp_world < 1 || g->first_op != next || g->n_ops < 0 || g->n_ops > p->n_ops - next)
-            return fail(c, "program %d: stage %d, %d data-parallel ranks, ops [%d, +%d) do not follow program %d", i,
-                        g->stage, g->dp_world, g->first_op, g->n_ops, i - 1);
+        if (p->n_programs > 1 ? g->stage != i : g->stage < 0)
+            return fail(c, "program %d: stage %d (programs are in stage order, from 0)", i, g->stage);
+        if (g->dp_world < 1) return fail(c, "program %d: %d data-parallel ranks (at least 1)", i, g->dp_world);
+        if (g->dp_world != p->programs[0].dp_world)
+            return fail(c, "program %d: %d data-parallel ranks, program 0 %d (every stage has as many)", i,
+                        g->dp_world, p->programs[0].dp_world);
+        const int64_t first[] = {g->first_op, g->first_tensor, g->first_output, g->module_at};
+        const int64_t n[] = {g->n_ops, g->n_tensors, g->n_outputs, g->module_len};
+        for (int k = 0; k < 4; k++)
+            if (follows(c, i, what[k], first[k], n[k], &next[k], total[k])) return -1;
         for (int s = 0; s < PLAN_PLACE_COUNT; s++)
             if (g->space_bytes[s] < 0)
                 return fail(c, "program %d: negative %s arena (%" PRId64 " bytes)", i, plan_place_name((PlanPlace)s),
                             g->space_bytes[s]);
-        for (int32_t k = g->first_op; k < g->first_op + g->n_ops; k++)
-            for (int32_t w = 0; w < p->ops[k].n_wait; w++)
-                if (p->waits[p->ops[k].wait + w] < g->first_op)
-                    return fail(c, "op %d waits for op %d of another program", k, p->waits[p->ops[k].wait + w]);
-        next += g->n_ops;
     }
-    if (p->n_programs && next != p->n_ops)
-        return fail(c, "the programs hold %d of the plan's %d ops", next, p->n_ops);
+    for (int k = 0; k < 4; k++)
+        if (next[k] != total[k])
+            return fail(c, "the programs hold %" PRId64 " of the plan's %" PRId64 " %s", next[k], total[k], what[k]);
+    return 0;
+}
+
+/* ---- each program refers to its own ------------------------------------------------- */
+
+/* The stage that holds tensor t, or op k: for a message, once a check has failed. */
+static int32_t tensor_stage(const Plan *p, int32_t t)
+{
+    for (int32_t g = 0; g < p->n_programs; g++)
+        if (t >= p->programs[g].first_tensor && t < p->programs[g].first_tensor + p->programs[g].n_tensors) return g;
+    return PLAN_NONE;
+}
+
+static int32_t op_stage(const Plan *p, int32_t k)
+{
+    for (int32_t g = 0; g < p->n_programs; g++)
+        if (k >= p->programs[g].first_op && k < p->programs[g].first_op + p->programs[g].n_ops) return g;
+    return PLAN_NONE;
+}
+
+static int holds_tensor(const PlanProgram *g, int32_t t) { return t >= g->first_tensor && t - g->first_tensor < g->n_tensors; }
+static int holds_op(const PlanProgram *g, int32_t k) { return k >= g->first_op && k - g->first_op < g->n_ops; }
+
+static int check_program_op(Check *c, const PlanProgram *g, int32_t k)
+{
+    const Plan *p = c->p;
+    const PlanOp *o = &p->ops[k];
+    const char *name = p->strs[o->op];
+    for (int32_t j = 0; j < o->n_in + o->n_out; j++) {
+        int32_t t = p->ids[j < o->n_in ? o->in + j : o->out + j - o->n_in];
+        if (!holds_tensor(g, t))
+            return fail(c, "op %d (%s, stage %d): %s tensor %d belongs to stage %d", k, name, g->stage,
+                        j < o->n_in ? "input" : "output", t, tensor_stage(p, t));
+    }
+    for (int32_t j = 0; j < o->n_wait; j++) {
+        int32_t w = p->waits[o->wait + j];
+        if (!holds_op(g, w))
+            return fail(c, "op %d (%s, stage %d): waits for op %d of stage %d", k, name, g->stage, w, op_stage(p, w));
+    }
+    CommOpKind kind = comm_op_kind(p, o);
+    int64_t peer = comm_op_peer(p, o);
+    if ((kind == COMM_OP_SEND || kind == COMM_OP_RECV) && p->n_programs > 1 && (peer >= p->n_programs || peer == g->stage))
+        return fail(c, "op %d (%s, stage %d): peer %" PRId64 " is not another stage (stages 0 to %d)", k, name, g->stage,
+                    peer, p->n_programs - 1);
+    return 0;
+}
+
+static int check_program_tensor(Check *c, const PlanProgram *g, int32_t t)
+{
+    const Plan *p = c->p;
+    const PlanTensor *x = &p->tensors[t];
+    if (x->producer != PLAN_NONE && !holds_op(g, x->producer))
+        return fail(c, "tensor %d (stage %d): producer op %d belongs to stage %d", t, g->stage, x->producer,
+                    op_stage(p, x->producer));
+    const char *what[] = {"grad", "alias", "tied"};
+    const int32_t other[] = {x->grad, x->alias, x->tied_to};
+    for (int k = 0; k < 3; k++)
+        if (other[k] != PLAN_NONE && !holds_tensor(g, other[k]))
+            return fail(c, "tensor %d (stage %d): %s tensor %d belongs to stage %d", t, g->stage, what[k], other[k],
+                        tensor_stage(p, other[k]));
+    return 0;
+}
+
+/* Each step role at most once among tensors [first, first + n): in each program, which
+ * has its own step loop (a plan without programs: in the plan). */
+static int check_roles(Check *c, int32_t first, int32_t n, const char *stage)
+{
+    const Plan *p = c->p;
+    int32_t seen[PLAN_SR_COUNT];
+    for (int r = 0; r < PLAN_SR_COUNT; r++) seen[r] = PLAN_NONE;
+    for (int32_t t = first; t < first + n; t++) {
+        PlanStepRole r = p->tensors[t].step_role;
+        if (r == PLAN_SR_NONE) continue;
+        if (seen[r] != PLAN_NONE)
+            return fail(c, "tensor %d%s: step role %s is tensor %d's already", t, stage, plan_step_role_name(r), seen[r]);
+        seen[r] = t;
+    }
+    return 0;
+}
+
+/* Every op, tensor, output and CUDA instruction of a program names only its own. */
+static int check_owners(Check *c)
+{
+    const Plan *p = c->p;
+    if (!p->n_programs) return check_roles(c, 0, p->n_tensors, "");
+    int32_t cu = 0;  // instructions are sorted by op
+    for (int32_t i = 0; i < p->n_programs; i++) {
+        const PlanProgram *g = &p->programs[i];
+        char stage[32];
+        snprintf(stage, sizeof stage, " (stage %d)", g->stage);
+        if (check_roles(c, g->first_tensor, g->n_tensors, p->n_programs > 1 ? stage : "")) return -1;
+        for (int32_t k = g->first_op; k < g->first_op + g->n_ops; k++)
+            if (check_program_op(c, g, k)) return -1;
+        for (int32_t t = g->first_tensor; t < g->first_tensor + g->n_tensors; t++)
+            if (check_program_tensor(c, g, t)) return -1;
+        for (int32_t o = g->first_output; o < g->first_output + g->n_outputs; o++)
+            if (!holds_tensor(g, p->outputs[o]))
+                return fail(c, "output %d (stage %d): tensor %d belongs to stage %d", o, g->stage, p->outputs[o],
+                            tensor_stage(p, p->outputs[o]));
+        for (; cu < p->n_cuda && holds_op(g, p->cuda[cu].op); cu++)
+            for (int32_t a = 0; a < p->cuda[cu].n_args; a++) {
+                int32_t t = p->ids[p->cuda[cu].args + a];
+                if (!holds_tensor(g, t))
+                    return fail(c, "cuda %d (op %d, stage %d): arg %d: tensor %d belongs to stage %d", cu, p->cuda[cu].op,
+                                g->stage, a, t, tensor_stage(p, t));
+            }
+    }
     return 0;
 }
 
@@ -258,5 +417,5 @@ int plan_check(const Plan *p, char *err, size_t errlen)
             return fail(&c, "output %d: tensor %d out of range (%d tensors)", i, p->outputs[i], p->n_tensors);
     for (int32_t i = 0; i < p->n_cuda; i++)
         if (check_cuda(&c, i, &p->cuda[i])) return -1;
-    return check_programs(&c);
+    return check_programs(&c) || check_owners(&c) ? -1 : 0;
 }

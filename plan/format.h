@@ -13,7 +13,8 @@
  *                   u8 step_role, 2 pad }
  *   NODE  records { i32 op (string), i32 block, u8 phase, u8 stream, 2 pad, i32 line,
  *                   i32 col, i32 in, i32 n_in, i32 out, i32 n_out, i32 attr, i32 n_attr,
- *                   i32 wait, i32 n_wait (range in WAIT) }
+ *                   i32 wait, i32 n_wait (range in WAIT), i32 microbatch, f64 flops }
+                                                   (microbatch at byte 52, flops at 56: 64 bytes)
  *   IDS   u32 count, then count x i32 (tensor ids)
  *   ATTR  records { i32 key, u8 kind, 3 pad, 8-byte value: i64, f64 bits, or
  *                   i32 list, i32 n_list (range in INTS) }
@@ -27,12 +28,16 @@
  *                   44, 48, 52, then the i64s from 56 on, 8 bytes apart: 160 bytes)
  *         the CUDA program (PlanCuda in plan.h), sorted by op; args is a range in IDS
  *   PROG  records { i32 stage, i32 dp_world, i32 first_op, i32 n_ops,
- *                   i64 space_bytes[2] (device, host) }
+ *                   i64 space_bytes[2] (device, host), i32 first_tensor, i32 n_tensors,
+ *                   i32 first_output, i32 n_outputs, i64 module_at, i64 module_len }
+ *                                                  (the i64s at bytes 16, 24, 48, 56: 64 bytes)
  *   CUMD  u32 length, then the CUDA module's text (no NUL); length 0: none
  *
  * "records" means: u32 count, u32 record size, then count records of that size. A reader
- * needs at least the size it knows and skips the rest of each record, so a later minor
- * version may append fields. Absent ids (PLAN_NONE) are stored as -1.
+ * needs at least the size its version knows (a 2.0 file: 2.0's sizes; 2.1 or later: 2.1's)
+ * and skips the rest of each record, so a later minor version may append fields. A 2.0
+ * file reads with 2.1's fields at their defaults: no micro-batch (-1), 0 FLOPs, and its
+ * one program's ranges over every tensor, every output and the whole module. Absent ids (PLAN_NONE) are stored as -1.
  */
 #ifndef FS_PLAN_FORMAT_H
 #define FS_PLAN_FORMAT_H
@@ -71,16 +76,19 @@ typedef enum {
     SEC_COUNT
 } SectionId;
 
-/* Record sizes of version 2.0: the least a reader accepts. */
+/* Record sizes of version 2.1: what the writer writes and the least a 2.1 reader accepts. */
 enum {
     REC_META = 16,
     REC_BLKS = 12,
     REC_TENS = 136,
-    REC_NODE = 52,
+    REC_NODE = 64,
     REC_ATTR = 16,
     REC_CUDA = 160,
-    REC_PROG = 32,
+    REC_PROG = 64,
 };
+/* Version 2.0's NODE (no micro-batch, no FLOPs) and PROG (no tensor, output or module
+ * ranges: a 2.0 plan has at most one program, which holds everything). */
+enum { REC_NODE_2_0 = 52, REC_PROG_2_0 = 32 };
 
 /* ---- little-endian encoding, byte by byte, whatever the host --------------------- */
 

@@ -65,7 +65,7 @@ typedef enum { PLAN_STREAM_COMPUTE, PLAN_STREAM_COLLECTIVE, PLAN_STREAM_COPY, PL
  * of the step (outputs), the fp16 loss scale (state), the step number the runtime writes
  * (input), the optimizer's step counter (state: the step was skipped when it did not
  * move), and the backward's seed (fp16: the loss scale; --debug-overflow-at poisons it).
- * At most one tensor has each role. */
+ * At most one tensor of each program has each role. */
 typedef enum {
     PLAN_SR_NONE, PLAN_SR_LOSS, PLAN_SR_LR, PLAN_SR_GRAD_NORM, PLAN_SR_LOSS_SCALE, PLAN_SR_STEP, PLAN_SR_OPT_STEP,
     PLAN_SR_LOSS_SEED, PLAN_SR_COUNT
@@ -276,7 +276,9 @@ int32_t plan_cuda_add(Plan *p, const PlanCuda *c);
 int32_t plan_program_add(Plan *p, const PlanProgram *prog);
 int32_t plan_wait_add(Plan *p, int32_t op);
 /* Makes the plan's programs exactly one: stage 0, every op (call it after the last op is
- * added), dp_world ranks, the two spaces' arenas. 0, or -1 when out of memory. */
+ * added), dp_world ranks, the two spaces' arenas. 0, or -1 when out of memory. An op,
+ * tensor or output added later, where the last program's range of its kind ends, joins
+ * that program. */
 int plan_set_one_program(Plan *p, int32_t dp_world, int64_t device_bytes, int64_t host_bytes);
 /* Replaces the CUDA module text (copied), which is then program 0's when the plan has
  * one program; 0, or -1 when out of memory. */
@@ -296,7 +298,7 @@ const char *plan_role_name(PlanRole r);    // "input", "param", "grad", "act", .
 const char *plan_place_name(PlanPlace p);  // "device", "host"
 const char *plan_stream_name(PlanStream s);  // "compute", "collective", "copy"
 const char *plan_step_role_name(PlanStepRole r);  // "none", "loss", "lr", "grad_norm", ...
-/* The tensor with step role r, or PLAN_NONE. */
+/* The tensor with step role r (the first: program 0's in a plan of several), or PLAN_NONE. */
 int32_t plan_role_tensor(const Plan *p, PlanStepRole r);
 /* The bytes of space s's arena in program 0 (every rank's in a plan of one program), or
  * -1 when the plan has no program. */

@@ -21,6 +21,7 @@ typedef struct {
     size_t len;
     char *err;
     size_t errlen;
+    unsigned minor;  // the file's: 0 reads 2.0's records, with 2.1's fields at their defaults
 } Reader;
 
 __attribute__((format(printf, 2, 3))) static int fail(Reader *r, const char *fmt, ...)
@@ -285,16 +286,18 @@ static int read_tensors(Reader *r, const Sec *s, Plan *p)
 static int read_ops(Reader *r, const Sec *s, Plan *p)
 {
     uint32_t n, rec;
-    if (!(p->ops = alloc_records(r, s, REC_NODE, sizeof *p->ops, &n, &rec))) return -1;
+    if (!(p->ops = alloc_records(r, s, r->minor ? REC_NODE : REC_NODE_2_0, sizeof *p->ops, &n, &rec))) return -1;
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *b = s->b + 8 + (size_t)i * rec;
-        p->ops[p->n_ops++] = (PlanOp){
+        PlanOp *o = &p->ops[p->n_ops++];
+        *o = (PlanOp){
             .op = get_i32(b), .block = get_i32(b + 4), .phase = (PlanPhase)b[8],
             .line = get_i32(b + 12), .col = get_i32(b + 16), .in = get_i32(b + 20),
             .n_in = get_i32(b + 24), .out = get_i32(b + 28), .n_out = get_i32(b + 32),
             .attr = get_i32(b + 36), .n_attr = get_i32(b + 40), .stream = (PlanStream)b[9],
-            .wait = get_i32(b + 44), .n_wait = get_i32(b + 48),
+            .wait = get_i32(b + 44), .n_wait = get_i32(b + 48), .microbatch = PLAN_NONE,
         };
+        if (r->minor) o->microbatch = get_i32(b + 52), o->flops = bits_f64(get_u64(b + 56));
     }
     return 0;
 }
@@ -336,18 +339,36 @@ static int read_ints(Reader *r, const Sec *s, Plan *p)
     return 0;
 }
 
+/* A 2.0 file's programs get their ranges once every section is read (see whole_ranges). */
 static int read_programs(Reader *r, const Sec *s, Plan *p)
 {
     uint32_t n, rec;
-    if (!(p->programs = alloc_records(r, s, REC_PROG, sizeof *p->programs, &n, &rec))) return -1;
+    if (!(p->programs = alloc_records(r, s, r->minor ? REC_PROG : REC_PROG_2_0, sizeof *p->programs, &n, &rec)))
+        return -1;
+    if (!r->minor && n > 1)
+        return fail(r, "section PROG: %u programs in a version 2.0 plan, which has at most one (recompile the plan)", n);
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *b = s->b + 8 + (size_t)i * rec;
         PlanProgram *g = &p->programs[p->n_programs++];
         *g = (PlanProgram){.stage = get_i32(b), .dp_world = get_i32(b + 4), .first_op = get_i32(b + 8),
                            .n_ops = get_i32(b + 12)};
         for (int k = 0; k < PLAN_PLACE_COUNT; k++) g->space_bytes[k] = (int64_t)get_u64(b + 16 + 8 * k);
+        if (!r->minor) continue;
+        g->first_tensor = get_i32(b + 32), g->n_tensors = get_i32(b + 36);
+        g->first_output = get_i32(b + 40), g->n_outputs = get_i32(b + 44);
+        g->module_at = (int64_t)get_u64(b + 48), g->module_len = (int64_t)get_u64(b + 56);
     }
     return 0;
+}
+
+/* Version 2.0's one program holds every tensor, every output and the whole module. */
+static void whole_ranges(Plan *p)
+{
+    if (!p->n_programs) return;
+    PlanProgram *g = &p->programs[0];
+    g->first_tensor = 0, g->n_tensors = p->n_tensors;
+    g->first_output = 0, g->n_outputs = p->n_outputs;
+    g->module_at = 0, g->module_len = p->cuda_module ? (int64_t)strlen(p->cuda_module) : 0;
 }
 
 /* CUMD: the CUDA module's text, NUL-terminated in memory. */
@@ -399,6 +420,7 @@ static int decode(Reader *r, Plan *p, const int32_t at[SEC_COUNT])
         read_i32s(r, &s[SEC_WAIT], &p->waits, &p->n_waits) || read_programs(r, &s[SEC_PROG], p) || (at[SEC_CUDA] >= 0 && read_cuda(r, &s[SEC_CUDA], p)) ||
         (at[SEC_CUMD] >= 0 && read_module(r, &s[SEC_CUMD], p)))
         return -1;
+    if (!r->minor) whole_ranges(p);
     char why[200];
     if (plan_check(p, why, sizeof why)) return fail(r, "invalid plan: %s", why);
     return 0;
@@ -406,7 +428,7 @@ static int decode(Reader *r, Plan *p, const int32_t at[SEC_COUNT])
 
 Plan *plan_read_mem(const void *buf, size_t len, char *err, size_t errlen)
 {
-    Reader r = {buf, len, err, errlen};
+    Reader r = {buf, len, err, errlen, 0};
     uint32_t n = 0;
     int32_t at[SEC_COUNT];
     if (check_frame(&r, &n)) return NULL;
@@ -417,6 +439,7 @@ Plan *plan_read_mem(const void *buf, size_t len, char *err, size_t errlen)
     }
     p->major = get_u16(r.b + 8);
     p->minor = get_u16(r.b + 10);
+    r.minor = p->minor;
     if (check_sections(&r, p, n, at) || decode(&r, p, at)) {
         plan_free(p);
         return NULL;

@@ -94,8 +94,10 @@ static void encode_op(uint8_t *w, const PlanOp *o)
     put_i32(w + 4, o->block);
     w[8] = (uint8_t)o->phase;
     w[9] = (uint8_t)o->stream;
-    const int32_t rest[] = {o->line, o->col, o->in, o->n_in, o->out, o->n_out, o->attr, o->n_attr, o->wait, o->n_wait};
-    for (int i = 0; i < 10; i++) put_i32(w + 12 + 4 * i, rest[i]);
+    const int32_t rest[] = {o->line,   o->col,    o->in,   o->n_in,   o->out,       o->n_out,
+                            o->attr,   o->n_attr, o->wait, o->n_wait, o->microbatch};
+    for (int i = 0; i < 11; i++) put_i32(w + 12 + 4 * i, rest[i]);
+    put_u64(w + 56, f64_bits(o->flops));
 }
 
 static void encode_cuda(uint8_t *w, const PlanCuda *c)
@@ -195,6 +197,10 @@ static void encode(const Plan *p, int s, uint8_t *w)
             const int32_t i32s[] = {g->stage, g->dp_world, g->first_op, g->n_ops};
             for (int k = 0; k < 4; k++) put_i32(w + 4 * k, i32s[k]);
             for (int k = 0; k < PLAN_PLACE_COUNT; k++) put_u64(w + 16 + 8 * k, (uint64_t)g->space_bytes[k]);
+            const int32_t ranges[] = {g->first_tensor, g->n_tensors, g->first_output, g->n_outputs};
+            for (int k = 0; k < 4; k++) put_i32(w + 32 + 4 * k, ranges[k]);
+            put_u64(w + 48, (uint64_t)g->module_at);
+            put_u64(w + 56, (uint64_t)g->module_len);
         }
         break;
     case SEC_CUMD: {

@@ -7,6 +7,8 @@
  * report is checked for the lines a user reads. The CUDA program (version 1.1) rides
  * along: two hand-made instructions, a LAUNCH and a GEMM, go through every trip, a 1.0
  * file without it still reads, and every bad instruction is refused with its message.
+ * Version 2.1's fields (each op's micro-batch and FLOPs, each program's tensor, output
+ * and module ranges) ride along too, and a 2.0 file reads with their defaults.
  *
  * The layout is decoded here by hand, from the description in plan/plan.h, rather than
  * with plan/format.h, so the test also holds the documented format.
@@ -150,6 +152,8 @@ static void setup(void)
     plan = codegen_plan(g, &cfg, err, sizeof err);
     cr_assert_not_null(plan);
     add_cuda_records(plan);
+    /* Version 2.1's op fields, none at its default, so every trip carries them. */
+    for (int32_t i = 0; i < plan->n_ops; i++) plan->ops[i].microbatch = i % 3 - 1, plan->ops[i].flops = 1e9 * i + 0.25;
     void *buf;
     cr_assert_eq(plan_write_mem(plan, &buf, &n_bytes, err, sizeof err), 0, "%s", err);
     bytes = buf;
@@ -226,7 +230,24 @@ static void assert_plans_equal(const Plan *a, const Plan *b)
         cr_assert_eq(x->n_out, y->n_out, "op %d", i);
         cr_assert_eq(x->attr, y->attr, "op %d", i);
         cr_assert_eq(x->n_attr, y->n_attr, "op %d", i);
+        cr_assert_eq(x->stream, y->stream, "op %d", i);
+        cr_assert(x->wait == y->wait && x->n_wait == y->n_wait, "op %d", i);
+        cr_assert_eq(x->microbatch, y->microbatch, "op %d", i);
+        assert_same_double(x->flops, y->flops, "flops");
     }
+    cr_assert_eq(a->n_waits, b->n_waits);
+    for (int i = 0; i < a->n_waits; i++) cr_assert_eq(a->waits[i], b->waits[i]);
+    cr_assert_eq(a->n_programs, b->n_programs);
+    for (int i = 0; i < a->n_programs; i++) {
+        const PlanProgram *x = &a->programs[i], *y = &b->programs[i];
+        cr_assert(x->stage == y->stage && x->dp_world == y->dp_world, "program %d", i);
+        cr_assert(x->first_op == y->first_op && x->n_ops == y->n_ops, "program %d", i);
+        for (int s = 0; s < PLAN_PLACE_COUNT; s++) cr_assert_eq(x->space_bytes[s], y->space_bytes[s], "program %d", i);
+        cr_assert(x->first_tensor == y->first_tensor && x->n_tensors == y->n_tensors, "program %d", i);
+        cr_assert(x->first_output == y->first_output && x->n_outputs == y->n_outputs, "program %d", i);
+        cr_assert(x->module_at == y->module_at && x->module_len == y->module_len, "program %d", i);
+    }
+    cr_assert_str_eq(a->cuda_module ? a->cuda_module : "", b->cuda_module ? b->cuda_module : "");
     cr_assert_eq(a->n_ids, b->n_ids);
     for (int i = 0; i < a->n_ids; i++) cr_assert_eq(a->ids[i], b->ids[i]);
     cr_assert_eq(a->n_attrs, b->n_attrs);
@@ -344,7 +365,7 @@ static void set64(uint8_t *p, uint64_t v)
 Test(plan, layout_is_little_endian_with_checksums)
 {
     cr_assert(!memcmp(bytes, "\x89" "FSP\r\n\x1a\n", 8));
-    cr_assert(bytes[8] == 2 && bytes[9] == 0 && bytes[10] == 0 && bytes[11] == 0);
+    cr_assert(bytes[8] == 2 && bytes[9] == 0 && bytes[10] == 1 && bytes[11] == 0, "version 2.1");
     cr_assert_eq(le32(bytes + 12), 13);
     cr_assert_eq(le64(bytes + 16), n_bytes);
     cr_assert_eq(plan_crc32(0, "123456789", 9), 0xCBF43926u);  // the standard check value
@@ -367,6 +388,22 @@ Test(plan, layout_is_little_endian_with_checksums)
     cr_assert(le32(gm + 8) == 0xffffffffu && le32(gm + 16) == 3);
     cr_assert(le64(gm + 56) == 8 && le64(gm + 64) == 24 && le64(gm + 72) == 8 && le64(gm + 96) == 24);
     cr_assert(le64(gm + 104) == 64 && le64(gm + 120) == 192 && le64(gm + 128) == 1);
+    /* Version 2.1: NODE records of 64 bytes, the micro-batch at 52 and the FLOPs at 56. */
+    cr_assert_eq(PLAN_MINOR, 1, "this test describes version 2.1");
+    const uint8_t *nd = bytes + le64(bytes + 32 + 24 * 4 + 8);
+    cr_assert(le32(nd) == (uint32_t)plan->n_ops && le32(nd + 4) == 64);
+    const uint8_t *op2 = nd + 8 + 64 * 2;
+    double f;
+    uint64_t bits = le64(op2 + 56);
+    memcpy(&f, &bits, sizeof f);
+    cr_assert(le32(op2 + 52) == 1 && f == 2e9 + 0.25, "op 2: micro-batch 1, 2e9 + 0.25 FLOPs");
+    cr_assert_eq(le32(nd + 8 + 52), 0xffffffffu, "op 0: no micro-batch, stored as -1");
+    /* PROG records of 64 bytes: ..., space_bytes, then the tensor, output and module ranges. */
+    const uint8_t *pg = bytes + le64(bytes + 32 + 24 * 10 + 8), *r0 = pg + 8;
+    cr_assert(le32(pg) == 1 && le32(pg + 4) == 64);
+    cr_assert(le32(r0 + 32) == 0 && le32(r0 + 36) == (uint32_t)plan->n_tensors);
+    cr_assert(le32(r0 + 40) == 0 && le32(r0 + 44) == (uint32_t)plan->n_outputs);
+    cr_assert(le64(r0 + 48) == 0 && le64(r0 + 56) == strlen(plan->cuda_module) && le64(r0 + 56) > 0);
 }
 
 /* ---- damage ------------------------------------------------------------------------- */
@@ -551,7 +588,7 @@ Test(plan, reassembled_file_reads)
     Sec s[16];
     int n = split_sections(s);
     size_t len;
-    uint8_t *b = assemble(s, n, 2, 0, &len);
+    uint8_t *b = assemble(s, n, 2, 1, &len);
     cr_assert_eq(len, n_bytes);
     cr_assert(!memcmp(b, bytes, len), "the test's assembler agrees with plan_write_mem");
     free(b);
@@ -570,7 +607,7 @@ Test(plan, newer_major_refused)
     memcpy(b, bytes, n_bytes);
     b[8] = 4;
     cr_assert_null(plan_read_mem(b, n_bytes, err, sizeof err));
-    cr_assert(strstr(err, "plan version 4.0 is newer"), "%s", err);
+    cr_assert(strstr(err, "plan version 4.1 is newer"), "%s", err);
     cr_assert_null(read_sections(s, n, 0, 9));
     cr_assert(strstr(err, "plan version 0.9 is older"), "%s", err);
     free(b);
@@ -614,11 +651,11 @@ Test(plan, missing_and_duplicate_sections)
     int node_at = find(s, n, "NODE");
     Sec node = s[node_at];
     memcpy(s[node_at].tag, "NOPE", 4);
-    cr_assert_null(read_sections(s, n, 2, 0));
+    cr_assert_null(read_sections(s, n, 2, 1));
     cr_assert_str_eq(err, "missing section NODE (not a complete plan)");
     s[node_at] = node;
     s[n] = (Sec){"NODE", node.data, node.len};
-    cr_assert_null(read_sections(s, n + 1, 2, 0));
+    cr_assert_null(read_sections(s, n + 1, 2, 1));
     cr_assert_str_eq(err, "section NODE appears twice");
     free_sections(s, n);
 }
@@ -661,7 +698,8 @@ Test(plan, without_cuda_sections_reads)
         memmove(&s[at], &s[at + 1], sizeof *s * (size_t)(n - at - 1));
         n--;
     }
-    Plan *p = read_sections(s, n, 2, 0);
+    set64(s[find(s, n, "PROG")].data + 8 + 56, 0);  // no module: the program's is empty
+    Plan *p = read_sections(s, n, 2, 1);
     cr_assert_not_null(p, "%s", err);
     cr_assert_eq(p->n_cuda, 0);
     cr_assert_null(p->cuda);
@@ -684,6 +722,73 @@ Test(plan, version_1_refused_with_recompile)
     free_sections(s, n);
 }
 
+/* Cuts a section's records to their first `to` bytes: what version 2.0 wrote, since 2.1
+ * only appended fields to NODE (52 bytes in 2.0) and PROG (32). */
+static void cut_records(Sec *x, uint32_t to)
+{
+    uint32_t count = le32(x->data), rec = le32(x->data + 4);
+    cr_assert_geq(rec, to);
+    uint8_t *d = malloc(8 + (size_t)count * to + 1);
+    memcpy(d, x->data, 8);
+    set32(d + 4, to);
+    for (uint32_t i = 0; i < count; i++) memcpy(d + 8 + (size_t)i * to, x->data + 8 + (size_t)i * rec, to);
+    free(x->data);
+    x->data = d, x->len = 8 + (size_t)count * to;
+}
+
+/* A 2.0 file reads with 2.1's fields at their defaults: no micro-batch, no FLOPs, and its
+ * one program over every tensor, every output and the whole module. */
+Test(plan, version_2_0_reads_with_defaults)
+{
+    Sec s[16];
+    int n = split_sections(s);
+    cut_records(&s[find(s, n, "NODE")], 52);
+    cut_records(&s[find(s, n, "PROG")], 32);
+    Plan *p = read_sections(s, n, 2, 0);
+    cr_assert_not_null(p, "%s", err);
+    cr_assert_eq(p->minor, 0);
+    for (int32_t i = 0; i < plan->n_ops; i++) plan->ops[i].microbatch = PLAN_NONE, plan->ops[i].flops = 0;
+    assert_plans_equal(plan, p);  // the programs too: the codegen plan's one covers everything
+    cr_assert(p->programs[0].n_tensors == p->n_tensors && p->programs[0].n_outputs == p->n_outputs);
+    cr_assert_eq(p->programs[0].module_len, (int64_t)strlen(p->cuda_module));
+    plan_free(p);
+
+    /* The version decides the layout, not the record size: 2.0 with 2.1's records skips
+     * what 2.0 did not have; 2.1 with 2.0's records is refused. */
+    Sec w[16];
+    int m = split_sections(w);
+    p = read_sections(w, m, 2, 0);
+    cr_assert_not_null(p, "%s", err);
+    cr_assert(p->ops[2].microbatch == PLAN_NONE && p->ops[2].flops == 0);
+    plan_free(p);
+    cr_assert_null(read_sections(s, n, 2, 1));
+    cr_assert_str_eq(err, "section NODE: records of 52 bytes, expected at least 64");
+    free_sections(w, m);
+    m = split_sections(w);
+    cut_records(&w[find(w, m, "PROG")], 32);
+    cr_assert_null(read_sections(w, m, 2, 1));
+    cr_assert_str_eq(err, "section PROG: records of 32 bytes, expected at least 64");
+
+    /* 2.0 had no pipelines: more than one program is refused; none (no memory plan) reads. */
+    Sec *prog = &s[find(s, n, "PROG")];
+    uint8_t *two = malloc(8 + 64);
+    memcpy(two, prog->data, 8 + 32);
+    memcpy(two + 8 + 32, prog->data + 8, 32);
+    set32(two, 2);
+    free(prog->data);
+    prog->data = two, prog->len = 8 + 64;
+    cr_assert_null(read_sections(s, n, 2, 0));
+    cr_assert_str_eq(err, "section PROG: 2 programs in a version 2.0 plan, which has at most one (recompile the plan)");
+    set32(two, 0);
+    prog->len = 8;
+    p = read_sections(s, n, 2, 0);
+    cr_assert_not_null(p, "%s", err);
+    cr_assert_eq(p->n_programs, 0);
+    plan_free(p);
+    free_sections(w, m);
+    free_sections(s, n);
+}
+
 /* Files whose checksums are right but whose contents are not: each must be refused with
  * a message, without reading out of bounds or allocating what the file cannot hold. */
 static void expect_hostile(const char *tag, size_t at, uint64_t value, int width, const char *part)
@@ -695,7 +800,7 @@ static void expect_hostile(const char *tag, size_t at, uint64_t value, int width
     if (width == 1) x->data[at] = (uint8_t)value;
     if (width == 4) set32(x->data + at, (uint32_t)value);
     if (width == 8) set64(x->data + at, value);
-    cr_assert_null(read_sections(s, n, 2, 0), "%s+%zu = %llu was read", tag, at, (unsigned long long)value);
+    cr_assert_null(read_sections(s, n, 2, 1), "%s+%zu = %llu was read", tag, at, (unsigned long long)value);
     cr_assert(strstr(err, part), "%s+%zu: '%s' lacks '%s'", tag, at, err, part);
     free_sections(s, n);
 }
@@ -740,11 +845,21 @@ Test(plan, hostile_contents_refused)
     expect_hostile("NODE", 8 + 44, 1000, 4, "waits out of range");
     expect_hostile("NODE", 8 + 48, (uint64_t)-1, 4, "waits out of range");
     expect_hostile("TENS", 8 + 133, 99, 1, "tensor 0: unknown step role 99");
-    expect_hostile("PROG", 4, 8, 4, "records of 8 bytes, expected at least 32");
-    expect_hostile("PROG", 8 + 4, 0, 4, "program 0: stage 0, 0 data-parallel ranks");
-    expect_hostile("PROG", 8 + 8, 1, 4, "do not follow");
-    expect_hostile("PROG", 8 + 12, 3, 4, "the programs hold 3 of the plan's");
+    expect_hostile("PROG", 4, 8, 4, "records of 8 bytes, expected at least 64");
+    expect_hostile("PROG", 8 + 4, 0, 4, "program 0: 0 data-parallel ranks (at least 1)");
+    expect_hostile("PROG", 8 + 8, 1, 4, "program 0: ops start at 1, expected 0");
+    expect_hostile("PROG", 8 + 12, 3, 4, "the programs hold 3 of the plan's 9 ops");
+    expect_hostile("PROG", 8 + 12, 0x7fffffffu, 4, "program 0: 2147483647 ops from 0 do not fit in the plan's 9");
     expect_hostile("PROG", 8 + 16, (uint64_t)-64, 8, "negative device arena");
+    /* version 2.1: a program's stage, and its tensor, output and module ranges */
+    expect_hostile("PROG", 8 + 0, (uint64_t)-1, 4, "program 0: stage -1 (programs are in stage order");
+    expect_hostile("PROG", 8 + 32, 1, 4, "program 0: tensors start at 1, expected 0");
+    expect_hostile("PROG", 8 + 36, 3, 4, "the programs hold 3 of the plan's 19 tensors");
+    expect_hostile("PROG", 8 + 36, (uint64_t)-1, 4, "program 0: -1 tensors from 0 do not fit in the plan's 19");
+    expect_hostile("PROG", 8 + 44, 0, 4, "the programs hold 0 of the plan's 2 outputs");
+    expect_hostile("PROG", 8 + 48, 1, 8, "program 0: module bytes start at 1, expected 0");
+    expect_hostile("PROG", 8 + 56, 5, 8, "the programs hold 5 of the plan's");
+    expect_hostile("PROG", 8 + 56, (uint64_t)1 << 40, 8, "program 0: 1099511627776 module bytes from 0 do not fit");
     expect_hostile("CUMD", 0, 5, 4, "does not fill");
 }
 
@@ -810,7 +925,7 @@ Test(plan, random_hostile_files)
             uint8_t v = (uint8_t)(x >> 32);
             m[k].data[at] = (x >> 40 & 1) ? v : (x >> 41 & 1) ? 0xff : 0;
         }
-        Plan *p = read_sections(m, n, 1, 0);
+        Plan *p = read_sections(m, n, 2, 1);
         if (p) {
             FILE *f = fopen("/dev/null", "w");
             rt_inspect(p, f);
@@ -821,6 +936,7 @@ Test(plan, random_hostile_files)
         free(m[k].data);
     }
     cr_assert_lt(read, 4000, "some damage must be caught");
+    cr_assert_gt(read, 0, "some damage must reach rt_inspect (a file of this version)");
     free_sections(s, n);
 }
 
@@ -992,7 +1108,7 @@ Test(plan, inspect_reports_what_a_plan_holds)
     cr_assert_not_null(p, "%s", err);
     char *out = inspect(p);
     const char *want[] = {
-        "plan format   2.0\n",
+        "plan format   2.1\n",
         "model         tiny\n",
         "compiler      fsc " FS_VERSION "\n",
         "ranks         8 (4 data-parallel x 2 pipeline stages)\n",
