@@ -82,6 +82,10 @@ expect inspect-source 0 "source        gpt2.fsm" -- "$FSEXEC" --inspect "$tmp/gp
 expect mem-same-in-inspect 0 "" -- diff "$tmp/mem.txt" "$tmp/inspect_mem.txt"
 expect comm-fsdp 0 "reduce_scatter h.0.flat_grad_shard" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard fsdp --world 4 --comm -q
 expect comm-none 0 "none" -- "$FSC" "$SRC/samples/mlp.fsm" --comm -q
+expect timeline 0 "makespan 3; ideal 3" -- "$FSC" "$SRC/samples/mlp.fsm" --timeline=unit -q
+expect timeline-lane 0 "  stage 0   |F0" -- "$FSC" "$SRC/samples/mlp.fsm" --timeline -q
+expect timeline-accumulate 0 "bubble 0.0% of the makespan" -- "$FSC" "$SRC/samples/mlp.fsm" --microbatches 4 --timeline=unit -q
+expect timeline-bad 1 "--timeline: expected --timeline or --timeline=unit, got '--timeline=ms'" -- "$FSC" "$SRC/samples/mlp.fsm" --timeline=ms
 expect reduce-dtype-mismatch 1 "reduce_dtype bf16 with precision fp16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision fp16 --reduce_dtype bf16
 expect precision-bf16 0 "precision bf16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision bf16
 expect pipeline-not-yet 1 "pipeline parallelism is not implemented yet" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2

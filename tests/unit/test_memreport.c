@@ -519,7 +519,6 @@ static Plan *two_stages(Plan **one)
     char err[256];
     one[0] = compile("gpt2.fsm", GPT2, 6, set, 2);
     one[1] = compile("gpt2.fsm", B8, 6, set, 2);
-    for (int32_t t = 0; t < one[1]->n_tensors; t++) one[1]->tensors[t].step_role = PLAN_SR_NONE;  // one loss, one lr
     Plan *p = plan_new();
     cr_assert_not_null(p);
     for (int k = 0; k < 2; k++) cr_assert_eq(plan_append_program(p, one[k], err, sizeof err), 0, "%s", err);
