@@ -47,16 +47,16 @@ static MemReport *report(const Plan *p)
     return r;
 }
 
-/* What a stream printed, NUL-terminated (free it). */
+/* Runs the statements after `out`, which write to FILE *f, and leaves what they wrote in
+ * `out`, NUL-terminated (free it). */
+#define CAPTURE(out, ...) do { size_t len_ = 0; FILE *f = open_memstream(&(out), &len_); cr_assert_not_null(f); \
+                                __VA_ARGS__; cr_assert_eq(fclose(f), 0); } while (0)
+
+/* What fn, or fn_rc (which must succeed), printed of r. */
 static char *capture(void (*fn)(const MemReport *, FILE *), int (*fn_rc)(const MemReport *, FILE *), const MemReport *r)
 {
     char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    cr_assert_not_null(f);
-    if (fn) fn(r, f);
-    if (fn_rc) cr_assert_eq(fn_rc(r, f), 0);
-    cr_assert_eq(fclose(f), 0);
+    CAPTURE(buf, if (fn) fn(r, f); if (fn_rc) cr_assert_eq(fn_rc(r, f), 0));
     return buf;
 }
 
@@ -534,16 +534,12 @@ static MemStages *stages(const Plan *p)
     return s;
 }
 
+/* The same of every stage's reports. */
 static char *capture_stages(void (*fn)(const MemStages *, FILE *), int (*fn_rc)(const MemStages *, FILE *),
                             const MemStages *s)
 {
     char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    cr_assert_not_null(f);
-    if (fn) fn(s, f);
-    if (fn_rc) cr_assert_eq(fn_rc(s, f), 0);
-    cr_assert_eq(fclose(f), 0);
+    CAPTURE(buf, if (fn) fn(s, f); if (fn_rc) cr_assert_eq(fn_rc(s, f), 0));
     return buf;
 }
 
@@ -657,10 +653,7 @@ Test(memreport, the_limit_is_the_largest_stages)
     cr_expect_eq(r, s->stage[1]);
     cr_expect(report_over_limit(r, s->stage[0]->arena_bytes));
     char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    report_limit_print(r, s->stage[0]->arena_bytes, NULL, 0, f);
-    fclose(f);
+    CAPTURE(buf, report_limit_print(r, s->stage[0]->arena_bytes, NULL, 0, f));
     cr_expect(strstr(buf, "per rank (stage 1 of 2 (ranks 2-3), the largest of the 2 stages)"), "%s", buf);
     free(buf);
     report_stages_free(s);

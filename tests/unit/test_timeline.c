@@ -154,14 +154,15 @@ static Timeline *timeline(const Plan *p, TlCost cost)
     return t;
 }
 
-/* What fn printed, NUL-terminated (free it). */
+/* Runs the statements after `out`, which write to FILE *f, and leaves what they wrote in
+ * `out`, NUL-terminated (free it). */
+#define CAPTURE(out, ...) do { size_t len_ = 0; FILE *f = open_memstream(&(out), &len_); cr_assert_not_null(f); \
+                                __VA_ARGS__; cr_assert_eq(fclose(f), 0); } while (0)
+
 static char *print_timeline(const Timeline *t)
 {
     char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    report_timeline_print(t, f);
-    fclose(f);
+    CAPTURE(buf, report_timeline_print(t, f));
     return buf;
 }
 
@@ -366,16 +367,6 @@ Test(timeline, crossed_receives_are_a_deadlock)
 
 /* ---- communication per stage ------------------------------------------------------------- */
 
-static char *print_comm(const Plan *p)
-{
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    comm_report(p, f);
-    fclose(f);
-    return buf;
-}
-
 Test(timeline, comm_counts_point_to_point_bytes_per_stage_and_peer)
 {
     Plan *p = pipeline_with(ONE_F_ONE_B, 3, 4, 2, 1);
@@ -394,7 +385,8 @@ Test(timeline, comm_counts_point_to_point_bytes_per_stage_and_peer)
     }
     CommTotals c0 = comm_totals(p);
     cr_expect_eq(c0.sends, 4, "comm_totals is stage 0's");
-    char *text = print_comm(p);
+    char *text = NULL;
+    CAPTURE(text, comm_report(p, f));
     cr_expect(strstr(text, "communication per step, stage 1 of 3 (ranks 2-3), each rank (strategy none):"), "%s", text);
     cr_expect(strstr(text, "over the pipeline group (3 ranks, one per stage)"), "%s", text);
     /* Stage 1 sends activations to stage 2 and gradients to stage 0, 4 of each. */
@@ -425,10 +417,7 @@ Test(timeline, inspect_lists_the_programs_and_reports_each_stage)
 {
     Plan *p = pipeline_with(ONE_F_ONE_B, 2, 4, 2, 1);
     char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    rt_inspect(p, f);
-    fclose(f);
+    CAPTURE(buf, rt_inspect(p, f));
     const char *want[] = {
         "\nprograms (2)\n",
         "  stage  ranks         dp world        ops    tensors  outputs   device arena   host arena\n",
