@@ -24,7 +24,8 @@
  *
  * The plan passed plan_check; what it does not check (micro-batches, FLOPs, peers) is
  * not trusted: a negative micro-batch is none, a FLOP count that is not a finite
- * positive number is 0, and a peer that is no other stage is an error.
+ * positive number is 0 (one above MAX_OP_FLOPS counts as MAX_OP_FLOPS), and a peer that is no other
+ * stage is an error.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -33,6 +34,7 @@
 #include "report.h"
 
 enum { LANE_COLS = 100, MAX_STUCK = 4, ALIAS_STEPS = 64 };
+static const double MAX_OP_FLOPS = 1e30;
 
 static const double UNIT_COST[TL_KIND_COUNT] = {1, 2, 0};
 static const char *const LETTER[TL_KIND_COUNT] = {"F", "B", "step"};
@@ -74,7 +76,11 @@ static void resolve_kinds(const Plan *p, const PlanProgram *g, int8_t *kind)
     }
 }
 
-static double op_flops(const PlanOp *op) { return isfinite(op->flops) && op->flops > 0 ? op->flops : 0; }
+/* An op's FLOPs, capped so that no sum over a plan's ops overflows. */
+static double op_flops(const PlanOp *op)
+{
+    return !isfinite(op->flops) || op->flops <= 0 ? 0 : op->flops < MAX_OP_FLOPS ? op->flops : MAX_OP_FLOPS;
+}
 
 static int fail(char *err, size_t errlen, const char *msg)
 {
@@ -379,7 +385,11 @@ const char *report_tl_time(const Timeline *t, double v, char *buf, size_t n)
     return buf;
 }
 
-static int column(const Timeline *t, double v) { return (int)lround(v / t->makespan * LANE_COLS); }
+static int column(const Timeline *t, double v)
+{
+    double x = v / t->makespan * LANE_COLS;
+    return x <= 0 ? 0 : x >= LANE_COLS ? LANE_COLS : (int)lround(x);
+}
 
 /* "|F0|F1|  |B0 |": each task from its start column to its end's, its label cut to fit;
  * idle time blank; tasks that take no time not drawn. */

@@ -16,7 +16,7 @@
  *    communication, in that order.
  */
 #include <criterion/criterion.h>
-#include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -338,6 +338,26 @@ Test(timeline, unmatched_sends_and_bad_peers_are_refused)
     expect_refused(p, "peer 1 is not another of the 2 stages");
     p->attrs[p->ops[recv].attr].i = 5;
     expect_refused(p, "peer 5 is not another of the 2 stages");
+    plan_free(p);
+}
+
+/* FLOPs and micro-batches are not checked by plan_check: whatever they hold, the times
+ * stay finite and the lanes inside their columns. */
+Test(timeline, hostile_flops_and_microbatches_are_reported_without_a_crash)
+{
+    Plan *p = pipeline(GPIPE, 2, 4, 1);
+    const double flops[] = {NAN, INFINITY, -5, 1e300, 1e9};
+    for (int32_t k = 0; k < p->n_ops; k++) p->ops[k].flops = flops[k % 5];
+    p->ops[1].microbatch = -7;
+    p->ops[3].microbatch = 1 << 30;
+    Timeline *t = timeline(p, TL_COST_FLOPS);
+    cr_expect(isfinite(t->makespan) && t->makespan > 0, "%g", t->makespan);
+    cr_expect_eq(t->n_microbatches, (1 << 30) + 1);
+    char *text = print_timeline(t);
+    for (const char *line = strstr(text, "  stage 0   "); line && !strncmp(line, "  stage ", 8); line = strchr(line, '\n') + 1)
+        cr_expect_leq(strcspn(line, "\n"), 12 + 101, "%s", text);
+    free(text);
+    report_timeline_free(t);
     plan_free(p);
 }
 
