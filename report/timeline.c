@@ -7,7 +7,8 @@
  * or RECOMPUTE) of micro-batch m, "F m" and "B m". The step's own work (ops of no
  * micro-batch, and every optimizer op) makes "step" tasks. An op of a micro-batch that
  * is neither (a send, receive or collective, phase COMM) joins its micro-batch's task
- * beside it: the one it follows, else the one it precedes.
+ * beside it: a receive the one it precedes, any other the one it follows (else the
+ * other side).
  *
  * The clock: each stage runs its tasks one at a time, in program order. A task that
  * holds a receive, or is the first to read what an earlier one received, starts no
@@ -57,23 +58,27 @@ static int op_kind(const PlanOp *op)
     return -1;
 }
 
-/* Each op's kind in program g, the ops that take a neighbour's resolved: the one before
- * of the same micro-batch, else the first after that has a kind of its own. */
+/* Whether op k can take the kind of op n beside it: n is of the same micro-batch and
+ * is a forward or a backward. */
+static int joins(const Plan *p, const int8_t *kind, int32_t k, int32_t n)
+{
+    return kind[n] >= 0 && kind[n] != TL_STEP && microbatch_of(&p->ops[n]) == microbatch_of(&p->ops[k]);
+}
+
+/* Each op's task kind in program g. One that takes a neighbour's joins the task it
+ * feeds or is fed by: a receive the one after it (which reads what it received), any
+ * other (a send, a collective) the one before it (which made what it moves); else the
+ * other side; failing both, it is the step's work. */
 static void resolve_kinds(const Plan *p, const PlanProgram *g, int8_t *kind)
 {
     int32_t a = g->first_op, e = g->first_op + g->n_ops;
     for (int32_t k = a; k < e; k++) kind[k] = (int8_t)op_kind(&p->ops[k]);
-    for (int32_t k = a; k < e; k++) {
-        if (kind[k] >= 0) continue;
-        int32_t mb = microbatch_of(&p->ops[k]), j = k;
-        if (k > a && microbatch_of(&p->ops[k - 1]) == mb && kind[k - 1] != TL_STEP) {
-            kind[k] = kind[k - 1];
-            continue;
-        }
-        while (j < e && kind[j] < 0 && microbatch_of(&p->ops[j]) == mb) j++;
-        int8_t to = j < e && kind[j] >= 0 && kind[j] != TL_STEP && microbatch_of(&p->ops[j]) == mb ? kind[j] : TL_STEP;
-        for (int32_t i = k; i < j; i++) kind[i] = to;
-    }
+    for (int32_t k = a + 1; k < e; k++)
+        if (kind[k] < 0 && report_op_comm(p, &p->ops[k]) != COMM_RECV && joins(p, kind, k, k - 1)) kind[k] = kind[k - 1];
+    for (int32_t k = e - 2; k >= a; k--)
+        if (kind[k] < 0 && joins(p, kind, k, k + 1)) kind[k] = kind[k + 1];
+    for (int32_t k = a; k < e; k++)
+        kind[k] = kind[k] >= 0 ? kind[k] : k > a && joins(p, kind, k, k - 1) ? kind[k - 1] : TL_STEP;
 }
 
 /* An op's FLOPs, capped so that no sum over a plan's ops overflows. */
@@ -106,7 +111,7 @@ static int add_tasks(Timeline *t, int32_t *task_of)
             if (!last || last->kind != (TlKind)kind[k] || last->microbatch != mb) {
                 last = &t->tasks[t->n_tasks++];
                 *last = (TlTask){.kind = (TlKind)kind[k], .stage = s, .microbatch = mb, .first_op = k};
-                if (mb != PLAN_NONE && mb >= t->n_microbatches) t->n_microbatches = mb + 1;
+                if (mb != PLAN_NONE && mb >= t->n_microbatches) t->n_microbatches = mb < INT32_MAX ? mb + 1 : mb;
             }
             last->n_ops++;
             last->flops += op_flops(&p->ops[k]);

@@ -29,7 +29,7 @@ static void task_box(const Timeline *t, const TlTask *x, double y, FILE *out)
     report_task_label(x, label, sizeof label);
     fprintf(out, "<g><title>stage %d: %s (%s", x->stage, label, KIND_NAME[x->kind]);
     if (x->microbatch != PLAN_NONE) fprintf(out, " of micro-batch %d", x->microbatch);
-    fprintf(out, "), ops %d-%d\n%s to %s", x->first_op, x->first_op + x->n_ops - 1,
+    fprintf(out, "), ops %d-%d\nfrom %s to %s", x->first_op, x->first_op + x->n_ops - 1,
             report_tl_time(t, x->start, a, sizeof a), report_tl_time(t, x->end, b, sizeof b));
     if (x->flops > 0) fprintf(out, "\n%.4g GFLOP", x->flops / 1e9);
     fprintf(out, "</title><rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.0f\" class=\"%s\"/>", x0, y,

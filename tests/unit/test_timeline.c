@@ -95,9 +95,14 @@ static void pipe_all_reduce(Plan *p, int32_t x, int P)
 /* One stage's program: forwards receive the activation from s - 1 (stage 0 reads its
  * input), run, and send to s + 1; backwards receive the gradient from s + 1 (the last
  * stage starts from its own activation), run, and send to s - 1; then the optimizer,
- * after an all-reduce over the pipeline group when `pipe_reduce`. */
-static Plan *stage_program_with(Schedule k, int s, int P, int M, int dp, int pipe_reduce)
+ * after an all-reduce over the pipeline group with PIPE_REDUCE. Sends and receives are
+ * of their task's phase, or with P2P_COMM of phase COMM, to be placed by the report. */
+enum { PIPE_REDUCE = 1, P2P_COMM = 2 };
+
+static Plan *stage_program_with(Schedule k, int s, int P, int M, int dp, int flags)
 {
+    PlanPhase fwd = flags & P2P_COMM ? PLAN_PHASE_COMM : PLAN_PHASE_FORWARD,
+              bwd = flags & P2P_COMM ? PLAN_PHASE_COMM : PLAN_PHASE_BACKWARD;
     Plan *p = plan_new();
     cr_assert_not_null(p);
     plan_meta_set_str(p, "model", "pipe");
@@ -110,19 +115,19 @@ static Plan *stage_program_with(Schedule k, int s, int P, int M, int dp, int pip
         int m = abs(seq[i]) - 1;
         if (seq[i] > 0) {
             snprintf(name, sizeof name, "x%d", m);
-            act_in[m] = s ? op(p, "recv", PLAN_PHASE_FORWARD, m, 0, NULL, 0, 1, s - 1)
+            act_in[m] = s ? op(p, "recv", fwd, m, 0, NULL, 0, 1, s - 1)
                           : tensor(p, name, PLAN_ROLE_INPUT, PLAN_NONE);
             int32_t in[2] = {act_in[m], w};
             act[m] = op(p, "matmul", PLAN_PHASE_FORWARD, m, 1e9, in, 2, 1, -1);
-            if (s < P - 1) op(p, "send", PLAN_PHASE_FORWARD, m, 0, &act[m], 1, 0, s + 1);
+            if (s < P - 1) op(p, "send", fwd, m, 0, &act[m], 1, 0, s + 1);
         } else {
-            int32_t g = s < P - 1 ? op(p, "recv", PLAN_PHASE_BACKWARD, m, 0, NULL, 0, 1, s + 1) : act[m];
+            int32_t g = s < P - 1 ? op(p, "recv", bwd, m, 0, NULL, 0, 1, s + 1) : act[m];
             int32_t in[3] = {g, act_in[m], w};
             int32_t dx = op(p, "matmul", PLAN_PHASE_BACKWARD, m, 2e9, in, 3, 1, -1);
-            if (s > 0) op(p, "send", PLAN_PHASE_BACKWARD, m, 0, &dx, 1, 0, s - 1);
+            if (s > 0) op(p, "send", bwd, m, 0, &dx, 1, 0, s - 1);
         }
     }
-    if (pipe_reduce) pipe_all_reduce(p, w, P);
+    if (flags & PIPE_REDUCE) pipe_all_reduce(p, w, P);
     op(p, "sgd_step", PLAN_PHASE_OPTIMIZER, PLAN_NONE, 3e6, &w, 1, 0, -1);
     cr_assert_eq(plan_set_one_program(p, dp, 1 << 16, 0), 0);
     return p;
@@ -130,12 +135,12 @@ static Plan *stage_program_with(Schedule k, int s, int P, int M, int dp, int pip
 
 static Plan *stage_program(Schedule k, int s, int P, int M, int dp) { return stage_program_with(k, s, P, M, dp, 0); }
 
-static Plan *pipeline_with(Schedule k, int P, int M, int dp, int pipe_reduce)
+static Plan *pipeline_with(Schedule k, int P, int M, int dp, int flags)
 {
     Plan *p = plan_new();
     char err[256];
     for (int s = 0; s < P; s++) {
-        Plan *one = stage_program_with(k, s, P, M, dp, pipe_reduce);
+        Plan *one = stage_program_with(k, s, P, M, dp, flags);
         cr_assert_eq(plan_append_program(p, one, err, sizeof err), 0, "%s", err);
         plan_free(one);
     }
@@ -249,6 +254,29 @@ Test(timeline, sends_and_receives_join_their_microbatchs_task)
     cr_expect_eq(step->cost, 0);
     report_timeline_free(t);
     plan_free(p);
+}
+
+/* Sends and receives of phase COMM: a receive joins the task after it, a send the one
+ * before, so stage 0's receive of B0's gradient, right after F0's send when M = 1, is
+ * B0's (in F0 it would wait for the B0 that waits for F0). */
+Test(timeline, comm_phase_sends_and_receives_join_the_task_they_serve)
+{
+    for (int k = 0; k < 2; k++) {
+        Plan *p = pipeline_with(k ? ONE_F_ONE_B : GPIPE, 2, 1, 1, P2P_COMM);
+        Timeline *t = timeline(p, TL_COST_UNIT);
+        cr_expect_eq(t->makespan, 6, "%g", t->makespan);
+        const TlTask *b0 = &t->tasks[t->stages[0].first_task + 1];
+        cr_expect_eq(b0->kind, TL_BACKWARD);
+        cr_expect_str_eq(plan_str(p, p->ops[b0->first_op].op), "recv");
+        report_timeline_free(t);
+        plan_free(p);
+        p = pipeline_with(k ? ONE_F_ONE_B : GPIPE, 4, 8, 1, P2P_COMM);
+        t = timeline(p, TL_COST_UNIT);
+        cr_expect_eq(t->makespan, 33, "%g", t->makespan);
+        for (int s = 0; s < 4; s++) cr_expect_eq(t->stages[s].n_tasks, 2 * 8 + 1);
+        report_timeline_free(t);
+        plan_free(p);
+    }
 }
 
 Test(timeline, flop_costs_at_the_nominal_rate_in_ms)
@@ -389,7 +417,7 @@ Test(timeline, crossed_receives_are_a_deadlock)
 
 Test(timeline, comm_counts_point_to_point_bytes_per_stage_and_peer)
 {
-    Plan *p = pipeline_with(ONE_F_ONE_B, 3, 4, 2, 1);
+    Plan *p = pipeline_with(ONE_F_ONE_B, 3, 4, 2, PIPE_REDUCE);
     const double act = ACT * 4;  // bytes of one micro-batch's activation or gradient
     for (int s = 0; s < 3; s++) {
         CommTotals c = comm_totals_stage(p, s);
@@ -421,7 +449,7 @@ Test(timeline, comm_counts_point_to_point_bytes_per_stage_and_peer)
 
 Test(timeline, a_pipeline_collective_is_a_step_task)
 {
-    Plan *p = pipeline_with(GPIPE, 2, 4, 1, 1);
+    Plan *p = pipeline_with(GPIPE, 2, 4, 1, PIPE_REDUCE);
     Timeline *t = timeline(p, TL_COST_UNIT);
     cr_expect_eq(t->makespan, 15);
     const TlTask *last = &t->tasks[t->stages[0].first_task + t->stages[0].n_tasks - 1];
@@ -435,7 +463,7 @@ Test(timeline, a_pipeline_collective_is_a_step_task)
 
 Test(timeline, inspect_lists_the_programs_and_reports_each_stage)
 {
-    Plan *p = pipeline_with(ONE_F_ONE_B, 2, 4, 2, 1);
+    Plan *p = pipeline_with(ONE_F_ONE_B, 2, 4, 2, PIPE_REDUCE);
     char *buf = NULL;
     CAPTURE(buf, rt_inspect(p, f));
     const char *want[] = {
