@@ -259,6 +259,7 @@ Test(program, both_stages_pass)
     cr_assert(a->n_outputs == 1 && b->first_output == 1 && b->n_outputs == 2);
     cr_assert(a->module_len == (int64_t)strlen(MODULES[0]) && b->module_at == a->module_len);
     cr_assert_eq(b->module_at + b->module_len, (int64_t)strlen(two->cuda_module));
+    cr_assert_eq(plan_check_p2p(two, err, sizeof err), 0, "the two stages meet: %s", err);
 }
 
 Test(program, stage_order_and_world)
