@@ -145,6 +145,7 @@ static Plan *pipeline_with(Schedule k, int P, int M, int dp, int flags)
         plan_free(one);
     }
     cr_assert_eq(plan_check(p, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(plan_check_p2p(p, err, sizeof err), 0, "runs with synchronous sends: %s", err);
     cr_assert_eq(p->n_programs, P);
     return p;
 }
@@ -406,8 +407,13 @@ Test(timeline, crossed_receives_are_a_deadlock)
     int32_t dx = op(b, "matmul", PLAN_PHASE_BACKWARD, 0, 2, &x, 1, 1, -1);
     op(b, "send", PLAN_PHASE_BACKWARD, 0, 0, &dx, 1, 0, 0);
     plan_set_one_program(b, 1, 64, 0);
+    for (int i = 0; i < 2; i++) {  // each matmul waits for the receive it reads, as the schedule pass has it
+        Plan *one = i ? b : a;
+        one->ops[1].wait = plan_wait_add(one, 0), one->ops[1].n_wait = 1;
+    }
     cr_assert_eq(plan_append_program(p, a, err, sizeof err), 0, "%s", err);
     cr_assert_eq(plan_append_program(p, b, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(plan_check_p2p(p, err, sizeof err), -1, "the plan layer sees it too");
     expect_refused(p, "deadlock");
     expect_refused(p, "stage 0's B0 (op 0) waits for stage 1's B0");
     plan_free(a), plan_free(b), plan_free(p);
