@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -36,26 +35,13 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
 from models import load_safetensors  # noqa: E402
 from mpienv import quiet_mpi_leaks  # noqa: E402
+from trainrun import STEPS, TRAIN, compare as compare_runs, rel, run  # noqa: E402
 
 TOL = 1e-5
-STEPS = 5
 MODELS = {
     "gpt2": ["-D", "L=8", "-D", "C=32", "-D", "NH=2", "-D", "T=16", "-D", "V=256", "-D", "B=16"],
     "llama": ["-D", "L=4", "-D", "C=32", "-D", "NH=2", "-D", "F=64", "-D", "T=16", "-D", "V=256", "-D", "B=16"],
 }
-TRAIN = ["--optimizer", "adamw", "--lr", "1e-3", "--eps", "1e-6", "--weight_decay", "0.1", "--clip", "1.0", "--warmup", "2"]
-ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-
-
-def run(cmd, ok=True):
-    r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    if ok and r.returncode != 0:
-        sys.exit("FAIL: %s\n%s" % (" ".join(cmd), r.stdout[-3000:]))
-    return r
-
-
-def rel(a, b):
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
 def load_stages(out):
@@ -89,32 +75,6 @@ class Runner:
         return params, logged, copies
 
 
-def compare(what, got, ref, floor, tol, whole_tol=None, loss_tol=None):
-    (gp, gl, _), (rp, rl, _) = got, ref
-    if set(gp) != set(rp):
-        sys.exit("FAIL %s: params %s, the single-rank run's %s" % (what, sorted(gp), sorted(rp)))
-    worst, worst_name = 0.0, ""
-    for name, b in rp.items():
-        e = rel(gp[name].float().numpy().astype(np.float64), b.float().numpy().astype(np.float64))
-        t = max(tol, 3 * floor.get(name, 0.0))
-        if e > t:
-            sys.exit("FAIL %s: param %s differs from the single-rank run: rel %.2e > %.1e" % (what, name, e, t))
-        if e / t > worst:
-            worst, worst_name = e / t, name
-    whole = ""
-    if whole_tol:
-        flat = lambda ps: np.concatenate([ps[n].float().numpy().astype(np.float64).ravel() for n in rp])  # noqa: E731
-        e = rel(flat(gp), flat(rp))
-        if e > whole_tol:
-            sys.exit("FAIL %s: all params together differ from the single-rank run: rel %.2e > %.1e" % (what, e, whole_tol))
-        whole = ", all together rel %.1e" % e
-    lerr = max(abs(a - b) / abs(b) for ga, gb in zip(gl, rl) for a, b in zip(ga, gb))
-    if len(gl) != STEPS or lerr > (loss_tol or tol):
-        sys.exit("FAIL %s: losses and norms %s, single rank: %s" % (what, gl, rl))
-    print("ok   %-52s params at %3.0f%% of tolerance at most (%s)%s, losses and norms rel %.1e"
-          % (what, 100 * worst, worst_name, whole, lerr))
-
-
 def tied_equal(what, copies, names):
     for name in names:
         c = copies.get(name)
@@ -128,6 +88,10 @@ def tied_equal(what, copies, names):
 def pipe(p, m, sched, ckpt=None, dp=1, shard="none", more=()):
     extra = ["--stages", str(p), "--microbatches", str(m), "--schedule", sched, "--shard", shard, *more]
     return (extra + ["--checkpoint", ckpt] if ckpt else extra), p * dp
+
+
+def compare(what, got, ref, floor, tol, whole_tol=None, loss_tol=None):
+    compare_runs(what, got, ref, floor, tol, whole_tol, loss_tol, ref_name="the single-rank run")
 
 
 def training(r):
