@@ -143,6 +143,9 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"stages", I, NULL, 0, t->stages},
         {"microbatches", I, NULL, 0, t->microbatches},
         {"schedule", S, sched_name(t->schedule), 0, 0},
+        {"checkpoint", S, checkpoint_name(t->checkpoint), 0, 0},
+        {"chunks", I, NULL, 0, t->chunks},
+        {"balance", S, t->balance, 0, 0},
         {"offload", S, offload_name(t->offload), 0, 0},
         {"seed", I, NULL, 0, (int64_t)t->seed},
     };
@@ -199,7 +202,7 @@ static int add_op(Plan *p, const Graph *g, const Node *n)
         .op = plan_intern(p, op_name(n->op)), .block = n->block, .phase = map_phase(n->phase),
         .line = n->loc.line, .col = n->loc.col, .in = p->n_ids, .n_in = n->n_in,
         .attr = p->n_attrs, .n_attr = n->n_attr, .stream = map_stream(n->stream), .wait = p->n_waits,
-        .n_wait = n->n_wait,
+        .n_wait = n->n_wait, .microbatch = n->mb >= 0 ? n->mb : PLAN_NONE, .flops = ir_op_hooks(n->op)->flops(g, n),
     };
     if (op.op < 0) return -1;
     for (int i = 0; i < n->n_in; i++)
@@ -229,14 +232,15 @@ static int build(Plan *p, const Graph *g, const TrainConfig *t)
         if (add_op(p, g, &g->nodes[i])) return -1;
     for (int i = 0; i < g->n_outputs; i++)
         if (plan_output_add(p, g->outputs[i]) < 0) return -1;
-    /* One program until pipelines (issue 10): every rank runs every op. */
+    /* One program: every rank of the (data-parallel) world runs every op. */
     if (g->planned && plan_set_one_program(p, t->world > 0 ? t->world : 1, g->space_bytes[PLACE_DEVICE],
                                            g->space_bytes[PLACE_HOST]))
         return -1;
     return 0;
 }
 
-Plan *codegen_plan(const Graph *g, const TrainConfig *t, char *err, size_t errlen)
+/* The plan of one program: graph g, run by `t->world` data-parallel ranks. */
+static Plan *one_program(const Graph *g, const TrainConfig *t, char *err, size_t errlen)
 {
     Plan *p = plan_new();
     if (!p || build(p, g, t)) {
@@ -247,6 +251,44 @@ Plan *codegen_plan(const Graph *g, const TrainConfig *t, char *err, size_t errle
     char why[512];
     if (g->planned && codegen_cuda(g, p, why, sizeof why)) {
         snprintf(err, errlen, "the CUDA program: %s", why);
+        plan_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* A pipelined graph: each stage's plan, built as one program over the stage's
+ * data-parallel ranks, appended in stage order; the meta then says the whole world and
+ * the whole model's params. */
+Plan *codegen_plan(const Graph *g, const TrainConfig *t, char *err, size_t errlen)
+{
+    if (!g->n_stage_graphs) return one_program(g, t, err, errlen);
+    TrainConfig st = *t;
+    st.world = t->world / g->n_stage_graphs;
+    Plan *p = plan_new();
+    if (!p) {
+        snprintf(err, errlen, "out of memory building the plan");
+        return NULL;
+    }
+    for (int s = 0; s < g->n_stage_graphs; s++) {
+        Plan *one = one_program(g->stage_graphs[s], &st, err, errlen);
+        int rc = !one || plan_append_program(p, one, err, errlen);
+        plan_free(one);
+        if (rc) {
+            plan_free(p);
+            return NULL;
+        }
+    }
+    if (plan_meta_set_int(p, "world", t->world) || plan_meta_set_int(p, "params", ir_param_count(g))) {
+        snprintf(err, errlen, "out of memory building the plan");
+        plan_free(p);
+        return NULL;
+    }
+    /* Every send meets its receive, in an order that cannot deadlock even with
+     * synchronous sends: a mismatch is this error, never a hang at run time. */
+    char why[1024];
+    if (p->n_programs > 1 && plan_check_p2p(p, why, sizeof why)) {
+        snprintf(err, errlen, "the pipeline's sends and receives: %s", why);
         plan_free(p);
         return NULL;
     }

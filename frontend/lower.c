@@ -61,22 +61,23 @@ static int split_batch(Lower *L, const Stmt *st, int64_t *v)
  * the first input, which must be a plain dim name for fsc to split it. */
 static void find_batch_dim(Lower *L, const Stmt *body, const TrainConfig *t)
 {
-    /* Micro-batches of several stages (not implemented: passes.c refuses them) are
-     * not decided yet; with one stage they are gradient accumulation. */
-    int64_t m = t->stages <= 1 && t->microbatches > 1 ? t->microbatches : 1;
-    if (t->world <= 1 && m <= 1) return;
+    /* Each data-parallel rank (the world over the pipeline stages) takes its part, in
+     * M micro-batches (one stage: gradient accumulation; several: the pipeline's). */
+    int64_t m = t->microbatches > 1 ? t->microbatches : 1;
+    int dp = t->stages > 1 && t->world % t->stages == 0 ? t->world / t->stages : t->world;
+    if (dp <= 1 && m <= 1) return;
     for (const Stmt *st = body; st; st = st->next) {
         if (st->kind != ST_INPUT) continue;
         if (st->shape && st->shape->kind == EX_NAME) {
             L->batch_dim = st->shape->name;
-            L->world = t->world;
+            L->world = dp;
             L->microbatches = m;
-            L->batch_split = (int64_t)t->world * m;
-        } else if (t->world > 1) {
+            L->batch_split = (int64_t)dp * m;
+        } else if (dp > 1) {
             diag_error(L->d, st->shape ? st->shape->loc : st->name_loc,
-                       "with world %d, the first dim of input '%s' must be a dim name (the batch, which "
+                       "with %s %d, the first dim of input '%s' must be a dim name (the batch, which "
                        "fsc splits over the ranks), as in `input %s: i32[B, T];`",
-                       t->world, st->name, st->name);
+                       t->stages > 1 ? "data-parallel ranks" : "world", dp, st->name, st->name);
         } else {
             diag_error(L->d, st->shape ? st->shape->loc : st->name_loc,
                        "with microbatches %lld, the first dim of input '%s' must be a dim name (the batch, which "

@@ -13,7 +13,8 @@ static const char *const PRECS[PREC_COUNT] = {"fp32", "fp16", "bf16"};
 static const char *const REDUCES[REDUCE_COUNT] = {"compute", "fp32", "fp16", "bf16"};
 static const char *const OPTIMS[OPTIM_COUNT] = {"sgd", "adamw"};
 static const char *const OFFLOADS[OFFLOAD_COUNT] = {"none", "optimizer", "params"};
-static const char *const SCHEDS[SCHED_COUNT] = {"gpipe", "1f1b"};
+static const char *const SCHEDS[SCHED_COUNT] = {"gpipe", "1f1b", "interleaved", "zb1"};
+static const char *const CKPTS[CKPT_COUNT] = {"always", "except_last", "never"};
 static const char *const LR_SCHEDS[LR_COUNT] = {"constant", "cosine"};
 
 const char *shard_name(ShardKind s) { return (unsigned)s < SHARD_COUNT ? SHARDS[s] : "?"; }
@@ -23,6 +24,7 @@ const char *reduce_name(ReduceDtype r) { return (unsigned)r < REDUCE_COUNT ? RED
 const char *optim_name(OptimKind o) { return (unsigned)o < OPTIM_COUNT ? OPTIMS[o] : "?"; }
 const char *offload_name(OffloadKind o) { return (unsigned)o < OFFLOAD_COUNT ? OFFLOADS[o] : "?"; }
 const char *sched_name(PipeSchedule s) { return (unsigned)s < SCHED_COUNT ? SCHEDS[s] : "?"; }
+const char *checkpoint_name(PipeCheckpoint c) { return (unsigned)c < CKPT_COUNT ? CKPTS[c] : "?"; }
 const char *lr_schedule_name(LrSchedule s) { return (unsigned)s < LR_COUNT ? LR_SCHEDS[s] : "?"; }
 
 void config_default(TrainConfig *c)
@@ -32,10 +34,11 @@ void config_default(TrainConfig *c)
         .weight_decay = 0.0, .momentum = 0.0, .clip = 0.0, .lr_schedule = LR_CONSTANT,
         .warmup = 0, .min_lr = 0.0, .steps = 1000, .precision = PREC_FP32,
         .reduce_dtype = REDUCE_COMPUTE, .shard = SHARD_NONE, .reshard_after_forward = 1, .world = 1,
-        .stages = 1, .microbatches = 1, .schedule = SCHED_1F1B, .offload = OFFLOAD_NONE,
-        .seed = 1234,
+        .stages = 1, .microbatches = 1, .schedule = SCHED_1F1B, .checkpoint = CKPT_EXCEPT_LAST, .chunks = 1,
+        .offload = OFFLOAD_NONE, .seed = 1234,
     };
     strcpy(c->recompute, "none");
+    strcpy(c->balance, "auto");
 }
 
 typedef enum { K_F64, K_INT, K_ENUM, K_TEXT, K_SEED } KeyType;
@@ -72,9 +75,14 @@ static const KeyDef KEYS[] = {
     INT("reshard_after_forward", reshard_after_forward, 0, 1, "fsdp: free gathered params after forward (1) or keep them (0)"),
     INT("world", world, 1, 1 << 20, "number of ranks"),
     {{"recompute", "none, all, or layer names (A,B)"}, K_TEXT, offsetof(TrainConfig, recompute), 0, 0, NULL, 0},
-    INT("stages", stages, 1, 1024, "pipeline stages (not implemented yet: only 1)"),
+    INT("stages", stages, 1, 1024, "pipeline stages (world = stages x data-parallel ranks)"),
     INT("microbatches", microbatches, 1, 1 << 16, "micro-batches per step (one stage: gradient accumulation)"),
-    ENUM("schedule", schedule, SCHEDS, "pipeline schedule: gpipe or 1f1b (for stages > 1: not implemented yet)"),
+    ENUM("schedule", schedule, SCHEDS, "pipeline schedule: gpipe or 1f1b (interleaved, zb1: not implemented yet)"),
+    ENUM("checkpoint", checkpoint, CKPTS, "pipeline: micro-batches that recompute their stage's forward: always, "
+         "except_last (default) or never"),
+    INT("chunks", chunks, 1, 64, "interleaved schedule: model chunks per stage (not implemented yet)"),
+    {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,
+     offsetof(TrainConfig, balance), 0, 0, NULL, 0},
     ENUM("offload", offload, OFFLOADS, "none; optimizer or params (+ fp32 master weights) are not implemented yet"),
     {{"seed", "seed of parameter init and data order"}, K_SEED, offsetof(TrainConfig, seed), 0, 0, NULL, 0},
 };

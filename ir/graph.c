@@ -21,7 +21,9 @@ Graph *ir_graph_new(const char *model)
 
 void ir_graph_free(Graph *g)
 {
-    if (g) arena_free(g->arena);
+    if (!g) return;
+    for (int s = 0; s < g->n_stage_graphs; s++) ir_graph_free(g->stage_graphs[s]);
+    arena_free(g->arena);
 }
 
 int ir_value_add(Graph *g, const Value *v)
@@ -31,7 +33,8 @@ int ir_value_add(Graph *g, const Value *v)
     *nv = *v;
     if (v->name) nv->name = arena_strdup(g->arena, v->name);
     /* What passes compute starts unset, whatever the caller's copy held. */
-    nv->grad = nv->alias = nv->view_of = nv->unit = nv->norm_piece = -1;
+    nv->grad = nv->alias = nv->view_of = nv->unit = nv->norm_piece = nv->recompute_of = -1;
+    nv->pipe_copy = 0;
     nv->offset = nv->rank_stride = nv->view_offset = nv->view_rank_stride = nv->flat_offset = 0;
     nv->live_start = nv->live_end = nv->sharded = 0;
     nv->step_role = SR_NONE;  // a copy of another value does not take its role
@@ -84,7 +87,7 @@ int ir_node_add(Graph *g, OpKind op, const int *in, int n_in, const Attr *attrs,
 
     GROW(g, nodes, n_nodes, cap_nodes, g->n_nodes + 1);
     Node *n = &g->nodes[g->n_nodes];
-    *n = (Node){.op = op, .block = block, .phase = phase, .loc = loc, .group = -1};
+    *n = (Node){.op = op, .block = block, .phase = phase, .loc = loc, .group = -1, .mb = -1};
     n->attr = add_attrs(g, attrs, n_attr);
     n->n_attr = n_attr;
     GROW(g, ids, n_ids, cap_ids, g->n_ids + n_in);
@@ -266,6 +269,7 @@ static void remap_value_fields(Graph *g, const int *vmap)
         Value *val = &g->values[v];
         val->tied_to = MAP(val->tied_to), val->grad = MAP(val->grad);
         val->view_of = MAP(val->view_of), val->alias = MAP(val->alias), val->norm_piece = MAP(val->norm_piece);
+        val->recompute_of = MAP(val->recompute_of);
     }
     for (int i = 0; i < g->n_outputs; i++) g->outputs[i] = MAP(g->outputs[i]);
     g->loss_scale = MAP(g->loss_scale), g->scale_good = MAP(g->scale_good);

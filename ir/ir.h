@@ -155,6 +155,10 @@ typedef struct {
     int norm_piece;              // a param in a flat unit whose whole reduced gradient this
                                  // rank holds: its part of that gradient (a view), which the
                                  // global norm sums in place of the unit's; or -1
+    int recompute_of;            // a recompute copy (passes/recompute.c): the forward value it
+                                 // recomputes, or -1
+    int pipe_copy;               // a param another pipeline stage also holds (a tied embedding)
+                                 // and counts in the global norm: this stage does not
 } Value;
 
 typedef enum { ATTR_INT, ATTR_FLOAT, ATTR_INTS } AttrKind;
@@ -180,6 +184,7 @@ struct Node {
     Stream stream;      // after schedule: the stream it runs on
     int wait, n_wait;   // after schedule: range in Graph.waits: earlier nodes off the
                         // compute stream that must be complete before it starts
+    int mb;             // after pipeline: the micro-batch it works on, or -1 (the step's own)
 };
 
 typedef struct {
@@ -187,6 +192,23 @@ typedef struct {
     const char *layer;  // "Block"
     int index;          // 3
 } Block;
+
+/* A value a stage graph's forward sends to or receives from another stage
+ * (passes/stages.c): autodiff sends the gradient of each received value back, and seeds
+ * the backward with the gradient each sent value gets back. */
+typedef struct {
+    int value;  // the sent value, or the received one (a recv's output)
+    int peer;   // the other stage
+    int sends;  // 1: this stage sends it; 0: receives it
+} PipeLink;
+
+/* A param that several stages hold (a tied embedding): after the last micro-batch each
+ * stage's gradient of it goes to every other, and each sums them in stage order. */
+typedef struct {
+    int value;          // the param in this stage graph
+    int n_stages;
+    const int *stages;  // the stages holding it, ascending (this one among them)
+} TiedParam;
 
 struct Graph {
     Arena *arena;
@@ -211,6 +233,16 @@ struct Graph {
     int64_t space_bytes[PLACE_COUNT];   // after memplan: each space's arena, per rank
     int loss_scale;       // fp16: the dynamic loss scale (f32 [] state), or -1
     int scale_good;       // fp16: steps since the scale last changed (i32 [] state), or -1
+    /* Pipeline stages (passes/stages.c). The graph fe_compile made holds, once the
+     * stages pass has run with stages > 1, one graph per stage, which the later passes
+     * rewrite each on its own; a stage graph knows its place and its links. */
+    Graph **stage_graphs;  // the compiled graph: its stages, or NULL
+    int n_stage_graphs;
+    int stage, n_stages;   // a stage graph: stage `stage` of n_stages (else 0 of 1)
+    PipeLink *links;       // a stage graph: the forward's sends and receives, in order
+    int n_links, cap_links;
+    TiedParam *tied;       // a stage graph: params other stages hold too
+    int n_tied, cap_tied;
 };
 
 Graph *ir_graph_new(const char *model);
@@ -295,7 +327,10 @@ typedef enum { PREC_FP32, PREC_FP16, PREC_BF16, PREC_COUNT } Precision;
 typedef enum { REDUCE_COMPUTE, REDUCE_FP32, REDUCE_FP16, REDUCE_BF16, REDUCE_COUNT } ReduceDtype;
 typedef enum { OPTIM_SGD, OPTIM_ADAMW, OPTIM_COUNT } OptimKind;
 typedef enum { OFFLOAD_NONE, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS, OFFLOAD_COUNT } OffloadKind;
-typedef enum { SCHED_GPIPE, SCHED_1F1B, SCHED_COUNT } PipeSchedule;
+typedef enum { SCHED_GPIPE, SCHED_1F1B, SCHED_INTERLEAVED, SCHED_ZB1, SCHED_COUNT } PipeSchedule;
+/* Which micro-batches keep only their stage's inputs and recompute its forward in the
+ * backward (FairScale Pipe's `checkpoint`). */
+typedef enum { CKPT_ALWAYS, CKPT_EXCEPT_LAST, CKPT_NEVER, CKPT_COUNT } PipeCheckpoint;
 typedef enum { LR_CONSTANT, LR_COSINE, LR_COUNT } LrSchedule;
 
 typedef struct {
@@ -314,6 +349,10 @@ typedef struct {
     char recompute[256];  // "none", "all" or comma-separated layer names
     int stages, microbatches;
     PipeSchedule schedule;
+    PipeCheckpoint checkpoint;
+    int chunks;           // interleaved: model chunks per stage
+    char balance[256];    // "auto", or blocks per stage: "3,3,2"
+
     OffloadKind offload;
     uint64_t seed;
     Loc optimizer_loc;    // the train block's `optimizer` statement (none when not there):
@@ -339,6 +378,7 @@ const char *reduce_name(ReduceDtype r);
 const char *optim_name(OptimKind o);
 const char *offload_name(OffloadKind o);
 const char *sched_name(PipeSchedule s);
+const char *checkpoint_name(PipeCheckpoint c);
 const char *lr_schedule_name(LrSchedule s);
 
 /* ---- ir/verify.c ------------------------------------------------------------------ */

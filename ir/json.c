@@ -168,6 +168,15 @@ static void dump_list(const Graph *g, const char *key, int n, json_t *(*make)(co
 
 int ir_print_json(const Graph *g, FILE *out)
 {
+    if (g->n_stage_graphs) {  // a pipelined graph: {"stages": [one graph per stage]}
+        fputs("{\"stages\": [\n", out);
+        for (int s = 0; s < g->n_stage_graphs; s++) {
+            if (s) fputs(",\n", out);
+            if (ir_print_json(g->stage_graphs[s], out)) return -1;
+        }
+        fputs("]}\n", out);
+        return ferror(out) ? -1 : 0;
+    }
     int bad = 0;
     fputs("{\n \"model\": ", out);
     dump(json_string(g->model ? g->model : ""), out, &bad);

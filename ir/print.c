@@ -155,11 +155,17 @@ static void print_node(const Graph *g, int id, FILE *out)
         print_attr(g, &g->attrs[n->attr + i], out);
     }
     fputc(')', out);
+    if (n->mb >= 0) fprintf(out, " mb%d", n->mb);
     print_trailer(g, n->block, n->phase, 0, n->group, n->loc, out);
 }
 
 void ir_print(const Graph *g, FILE *out)
 {
+    for (int s = 0; s < g->n_stage_graphs; s++) {  // a pipelined graph: its stages
+        fprintf(out, "%s# stage %d of %d\n", s ? "\n" : "", s, g->n_stage_graphs);
+        ir_print(g->stage_graphs[s], out);
+    }
+    if (g->n_stage_graphs) return;
     fprintf(out, "model %s\n", g->model ? g->model : "?");
     if (g->n_blocks) fputc('\n', out);
     for (int i = 0; i < g->n_blocks; i++)

@@ -37,6 +37,8 @@ static void mark_needed(const Graph *g, char *need)
         const Node *node = ir_node(g, n);
         int any = 0;
         for (int i = 0; i < node->n_in; i++) any |= need[ir_in(g, node, i)];
+        /* A pipeline stage's float input: its gradient goes back to the stage before. */
+        any |= node->op == OP_recv && dtype_is_float(ir_value(g, ir_out(g, node, 0))->dtype);
         for (int i = 0; i < node->n_out; i++) need[ir_out(g, node, i)] = (char)any;
     }
 }
@@ -79,32 +81,78 @@ static void label_grads(Autodiff *a, int n_forward_values)
     }
 }
 
-int pass_autodiff(Graph *g, const Options *o, Diag *d)
+static int add_node(Graph *g, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, Loc loc)
 {
-    FS_ASSERT(g->n_outputs > 0);
+    char err[256];
+    int n = ir_node_add(g, op, in, n_in, attrs, n_attr, -1, PHASE_BACKWARD, loc, err, sizeof err);
+    if (n < 0) fprintf(stderr, "autodiff: %s\n", err);
+    FS_ASSERT(n >= 0);
+    return ir_node(g, n)->n_out ? ir_out(g, ir_node(g, n), 0) : -1;
+}
+
+/* A stage graph's backward starts from the gradients the next stages send back for the
+ * float values this stage sent them (passes/stages.c's links), in the links' order. */
+static void seed_from_links(Autodiff *a)
+{
+    Graph *g = a->g;
+    for (int i = 0; i < g->n_links; i++) {
+        PipeLink l = g->links[i];
+        const Value *v = ir_value(g, l.value);
+        if (!l.sends || !dtype_is_float(v->dtype)) continue;
+        int64_t shape[IR_MAX_RANK];
+        for (int k = 0; k < v->rank; k++) shape[k] = v->shape[k];
+        Attr at[3] = {{.key = "shape", .kind = ATTR_INTS, .ints = shape, .n_list = v->rank},
+                      {.key = "dtype", .kind = ATTR_INT, .i = v->dtype},
+                      {.key = "peer", .kind = ATTR_INT, .i = l.peer}};
+        int r = add_node(g, OP_recv, NULL, 0, at, 3, v->loc);
+        g->values[r].name = v->name ? arena_printf(g->arena, "%s.grad", v->name) : NULL;
+        Node from = {.block = -1, .phase = PHASE_BACKWARD, .loc = v->loc};
+        accumulate(a, l.value, r, &from);
+    }
+}
+
+/* ... and ends sending back the gradient of every float value it received (zeros where
+ * none flows, so that every receive on the other side is met). */
+static void send_back(Autodiff *a)
+{
+    Graph *g = a->g;
+    for (int i = 0; i < g->n_links; i++) {
+        PipeLink l = g->links[i];
+        const Value *v = ir_value(g, l.value);
+        if (l.sends || !dtype_is_float(v->dtype)) continue;
+        int d = a->grad[l.value];
+        if (d < 0) {
+            int64_t shape[IR_MAX_RANK];
+            for (int k = 0; k < v->rank; k++) shape[k] = v->shape[k];
+            Attr at[3] = {{.key = "value", .kind = ATTR_FLOAT, .f = 0},
+                          {.key = "shape", .kind = ATTR_INTS, .ints = shape, .n_list = v->rank},
+                          {.key = "dtype", .kind = ATTR_INT, .i = v->dtype}};
+            d = add_node(g, OP_full, NULL, 0, at, 3, v->loc);
+        }
+        Attr peer = {.key = "peer", .kind = ATTR_INT, .i = l.peer};
+        add_node(g, OP_send, &d, 1, &peer, 1, v->loc);
+    }
+}
+
+static int seed_loss(Autodiff *a, const Options *o, Diag *d)
+{
+    Graph *g = a->g;
     const Value *loss = ir_value(g, g->outputs[0]);
     if (loss->rank != 0 || !dtype_is_float(loss->dtype)) {
         diag_error(d, loss->loc, "the loss must be a float scalar to differentiate");
         return -1;
     }
-    /* Gradients are tracked for the forward values only: nothing differentiates the
-     * values the backward pass adds. */
-    int n_values = g->n_values;
-    Autodiff a = {g, arena_alloc(g->arena, sizeof(int) * (size_t)n_values), arena_alloc(g->arena, (size_t)n_values)};
-    memset(a.grad, -1, sizeof(int) * (size_t)n_values);
-    mark_needed(g, a.need);
 
     /* d loss / d loss = 1; with fp16 loss scaling, the scale (a copy, so a test can
      * overflow this step's gradients without touching the scale itself). With gradient
      * accumulation over M micro-batches this graph is one micro-batch's, whose loss is
      * 1/M of the step's (their mean): the seed is 1/M, times the scale (passes/pipeline.c
      * repeats the graph M times and sums the gradients). */
-    int n_forward = g->n_nodes;
     char err[256];
     const Node *ln = g->values[g->outputs[0]].producer >= 0 ? ir_node(g, g->values[g->outputs[0]].producer) : NULL;
     int block = ln ? ln->block : -1;
     Loc loc = ln ? ln->loc : (Loc){0};
-    int m = o->train.stages <= 1 && o->train.microbatches > 1 ? o->train.microbatches : 1;
+    int m = o->train.microbatches > 1 ? o->train.microbatches : 1;
     Attr one = {.key = "value", .kind = ATTR_FLOAT, .f = 1.0 / m};
     int seed;
     if (g->loss_scale >= 0 && m > 1) {
@@ -118,14 +166,27 @@ int pass_autodiff(Graph *g, const Options *o, Diag *d)
                    : ir_node_add(g, OP_scalar, NULL, 0, &one, 1, block, PHASE_BACKWARD, loc, err, sizeof err);
     }
     FS_ASSERT(seed >= 0);
-    a.grad[g->outputs[0]] = ir_out(g, ir_node(g, seed), 0);
+    a->grad[g->outputs[0]] = ir_out(g, ir_node(g, seed), 0);
     if (g->loss_scale >= 0) {
-        g->values[a.grad[g->outputs[0]]].name = "loss_scale.seed";
-        g->values[a.grad[g->outputs[0]]].step_role = SR_LOSS_SEED;
+        g->values[a->grad[g->outputs[0]]].name = "loss_scale.seed";
+        g->values[a->grad[g->outputs[0]]].step_role = SR_LOSS_SEED;
     }
+    return 0;
+}
 
+int pass_autodiff(Graph *g, const Options *o, Diag *d)
+{
+    /* Gradients are tracked for the forward values only: nothing differentiates the
+     * values the backward pass adds. */
+    int n_values = g->n_values, n_forward = g->n_nodes;
+    Autodiff a = {g, arena_alloc(g->arena, sizeof(int) * (size_t)n_values), arena_alloc(g->arena, (size_t)n_values)};
+    memset(a.grad, -1, sizeof(int) * (size_t)n_values);
+    mark_needed(g, a.need);
+    if (g->n_outputs && seed_loss(&a, o, d)) return -1;  // a stage before the last has only its links
+    seed_from_links(&a);
     for (int n = n_forward - 1; n >= 0; n--)
         if (g->nodes[n].phase == PHASE_FORWARD) backward_node(&a, n);
+    send_back(&a);
     label_grads(&a, n_values);
     return 0;
 }

@@ -64,13 +64,13 @@ static int global_norm(Opt *o)
     int *piece = arena_alloc(g->arena, sizeof(int) * (size_t)n_values + 1);
     char *whole = arena_alloc(g->arena, (size_t)g->n_blocks + 2);  // per unit: has pieces
     for (int v = 0; v < n_values; v++)
-        if (g->values[v].role == ROLE_PARAM && g->values[v].norm_piece >= 0) {
+        if (g->values[v].role == ROLE_PARAM && g->values[v].norm_piece >= 0 && !g->values[v].pipe_copy) {
             piece[n++] = g->values[v].norm_piece;
             whole[unit_key(g, &g->values[v])] = 1;
         }
     for (int v = 0; v < n_values; v++) {
         const Value *p = ir_value(g, v);
-        if (p->role != ROLE_PARAM || p->grad < 0 || (p->unit >= 0 && whole[p->unit])) continue;
+        if (p->role != ROLE_PARAM || p->grad < 0 || (p->unit >= 0 && whole[p->unit]) || p->pipe_copy) continue;
         sharded |= ir_value(g, p->grad)->sharded;
         piece[n++] = p->grad;
     }
@@ -84,10 +84,21 @@ static int global_norm(Opt *o)
         int s = node_out(o, OP_sumsq, &piece[i], 1, NULL, 0, -1, ir_value(g, piece[i])->loc);
         total = total < 0 ? s : node_out(o, OP_add, (int[]){total, s}, 2, NULL, 0, -1, o->t->optimizer_loc);
     }
-    if (total < 0) return -1;
+    if (total < 0 && g->n_stages <= 1) return -1;
+    if (total < 0) {  // a stage without gradients still adds its part: zero
+        Attr zero = {.key = "value", .kind = ATTR_FLOAT, .f = 0};
+        total = node_out(o, OP_scalar, NULL, 0, &zero, 1, -1, o->t->optimizer_loc);
+    }
     if (sharded) {
         Attr w = {.key = "world", .kind = ATTR_INT, .i = o->t->world};
         total = node_out(o, OP_all_reduce, &total, 1, &w, 1, -1, o->t->optimizer_loc);
+    }
+    /* Pipeline stages: each stage's sum, over the stages (a tied param counts once: on
+     * the first stage holding it). */
+    if (g->n_stages > 1) {
+        Attr at[3] = {{.key = "world", .kind = ATTR_INT, .i = g->n_stages}, {.key = "avg", .kind = ATTR_INT, .i = 0},
+                      {.key = "group", .kind = ATTR_INT, .i = OP_GROUP_PIPE}};
+        total = node_out(o, OP_all_reduce, &total, 1, at, 3, -1, o->t->optimizer_loc);
     }
     return node_out(o, OP_sqrt, &total, 1, NULL, 0, -1, o->t->optimizer_loc);
 }

@@ -13,14 +13,20 @@ static const PassInfo PASSES[] = {
      pass_dce},
     {"precision", "the forward graph", "fp16/bf16: compute copies of fp32 params and inputs by casts; fp16 loss-scale state",
      pass_precision},
-    {"autodiff", "outputs[0] is a float scalar loss", "backward nodes; Value.grad of every used param",
+    {"stages", "the forward graph of one micro-batch; stages P > 1",
+     "one forward graph per stage (Graph.stage_graphs), which every later pass rewrites on its own: blocks cut by "
+     "balance, free nodes copied where read, send and recv between stages (Graph.links), tied params listed",
+     pass_stages},
+    {"autodiff", "outputs[0] is a float scalar loss (a stage graph: or links to seed from)",
+     "backward nodes; Value.grad of every used param; a stage's gradients of what it received sent back",
      pass_autodiff},
     {"recompute", "backward nodes; the recompute setting names layers",
      "checkpointed blocks rerun their forward (phase recompute) just before their backward, which reads the copies",
      pass_recompute},
-    {"pipeline", "one micro-batch's forward and backward (lower split the batch by world x microbatches)",
-     "microbatches M > 1, one stage: the micro-batches in turn, batched inputs sliced, param gradients summed in place "
-     "(Value.grad: the sum), the loss their mean",
+    {"pipeline", "one micro-batch's forward and backward (lower split the batch by data-parallel ranks x microbatches)",
+     "the micro-batches in the schedule's order (one stage: in turn; stages: gpipe or 1f1b, checkpointed ones "
+     "recomputing), batched inputs sliced, param gradients summed in place (Value.grad: the sum), tied params' sums "
+     "exchanged, the loss their mean (with stages: on every stage)",
      pass_pipeline},
     {"shard", "param gradients; each rank's part of the batch",
      "flat param and grad buffers per unit, collectives in place in the order; Value.grad on what the optimizer updates",
@@ -56,9 +62,6 @@ static void print_graph(const Graph *g, const Options *o)
  * plan that silently ignores them. */
 static int check_supported(const TrainConfig *t, Diag *d)
 {
-    if (t->stages > 1)
-        diag_error(d, (Loc){0}, "pipeline (stages %d, microbatches %d): pipeline parallelism is not implemented yet "
-                   "(microbatches with stages 1, gradient accumulation, is)", t->stages, t->microbatches);
     if (t->offload != OFFLOAD_NONE)
         diag_error(d, (Loc){0}, "offload %s: optimizer offload is not implemented yet", offload_name(t->offload));
     return d->n_errors ? -1 : 0;
@@ -78,11 +81,20 @@ int passes_run(Graph *g, const Options *o, Diag *d)
         return -1;
     }
     if (o->print_after && !strcmp(o->print_after, "lower")) print_graph(g, o);
+    /* Once the stages pass has split the graph, each pass runs on every stage graph, over
+     * the data-parallel ranks of a stage. */
+    Options so = *o;
+    if (o->train.stages > 1) so.train.world = o->train.world / o->train.stages;
     for (int i = 0; i < N_PASSES; i++) {
-        if (PASSES[i].run(g, o, d) != 0 || d->n_errors) return -1;
-        if (o->verify && ir_verify(g, stderr) != 0) {
-            diag_error(d, (Loc){0}, "internal error: the IR is invalid after pass '%s'", PASSES[i].name);
-            return -1;
+        int n = g->n_stage_graphs ? g->n_stage_graphs : 1;
+        for (int s = 0; s < n; s++) {
+            Graph *sg = g->n_stage_graphs ? g->stage_graphs[s] : g;
+            if (PASSES[i].run(sg, g->n_stage_graphs ? &so : o, d) != 0 || d->n_errors) return -1;
+            if (o->verify && ir_verify(sg, stderr) != 0) {
+                diag_error(d, (Loc){0}, "internal error: the IR is invalid after pass '%s'%s", PASSES[i].name,
+                           g->n_stage_graphs ? " (a stage graph)" : "");
+                return -1;
+            }
         }
         if (o->print_after && !strcmp(o->print_after, PASSES[i].name)) print_graph(g, o);
     }

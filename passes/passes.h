@@ -30,6 +30,7 @@ int passes_run(Graph *g, const Options *o, Diag *d);
 /* ---- one file each, in pipeline order ------------------------------------------------ */
 int pass_dce(Graph *g, const Options *o, Diag *d);        // passes/dce.c
 int pass_precision(Graph *g, const Options *o, Diag *d);  // passes/precision.c
+int pass_stages(Graph *g, const Options *o, Diag *d);     // passes/stages.c
 int pass_autodiff(Graph *g, const Options *o, Diag *d);   // passes/autodiff.c
 int pass_recompute(Graph *g, const Options *o, Diag *d);  // passes/recompute.c
 int pass_pipeline(Graph *g, const Options *o, Diag *d);  // passes/pipeline.c

@@ -32,10 +32,15 @@
 typedef struct {
     Graph *g;
     int M;
+    int P, stage;     // the pipeline's stages, and this graph's
+    const TrainConfig *t;
     int n_orig;       // nodes of the one micro-batch
     int n_before;     // values before this pass
     int n_values;     // ... and the slices this pass adds (an upper bound)
     int *copy;        // [M][n_values]: micro-batch m's copy of each value (m = 0: itself)
+    int *node_copy;   // [M][n_orig]: micro-batch m's copy of each node, or -1 (m = 0: itself)
+    int *tail;        // nodes emitted after every micro-batch, in order
+    int n_tail, cap_tail;
     int *after;       // per node: the node it is emitted right after, or -1
     int *next;        // per node: the next node emitted after the same one, or -1
     int *first;       // per node: the first node emitted right after it, or -1
@@ -46,8 +51,23 @@ typedef struct {
 
 static int *copies(Pipe *p, int m) { return &p->copy[(size_t)m * (size_t)p->n_values]; }
 
-/* v's copy in micro-batch m (values made before this pass; others are their own). */
-static int in_mb(Pipe *p, int m, int v) { return v < p->n_values && copies(p, m)[v] >= 0 ? copies(p, m)[v] : v; }
+/* Whether micro-batch m keeps only its stage's inputs and recomputes its forward in the
+ * backward (the recompute pass made that recompute, for micro-batch 0, when any does):
+ * FairScale Pipe's `checkpoint`. One stage: the recompute setting's blocks, in each. */
+static int checkpointed(const Pipe *p, int m)
+{
+    if (p->P <= 1) return 1;
+    return p->t->checkpoint == CKPT_ALWAYS || (p->t->checkpoint == CKPT_EXCEPT_LAST && m < p->M - 1);
+}
+
+/* v's copy in micro-batch m (values made before this pass; others are their own). A
+ * micro-batch that does not recompute reads its forward's values where the recompute
+ * copies were. */
+static int in_mb(Pipe *p, int m, int v)
+{
+    if (v < p->n_before && !checkpointed(p, m) && p->g->values[v].recompute_of >= 0) v = p->g->values[v].recompute_of;
+    return v < p->n_values && copies(p, m)[v] >= 0 ? copies(p, m)[v] : v;
+}
 
 static void grow(Pipe *p)
 {
@@ -63,8 +83,11 @@ static void grow(Pipe *p)
     p->cap = c1;
 }
 
+enum { TAIL = 1 << 30 };  // add_node's `after`: emitted after every micro-batch
+
 /* Adds a node; `after` >= 0: emitted right after that node (after the ones already
- * there); else it opens micro-batch mb (-after - 1). Returns its first output. */
+ * there), in its micro-batch; TAIL: after every micro-batch; else it opens micro-batch
+ * -after - 1. Returns its first output. */
 static int add_node(Pipe *p, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, int block, Phase ph,
                     Loc loc, int after)
 {
@@ -73,13 +96,18 @@ static int add_node(Pipe *p, OpKind op, const int *in, int n_in, const Attr *att
     if (n < 0) fprintf(stderr, "pipeline: %s\n", err);
     FS_ASSERT(n >= 0);
     grow(p);
-    if (after >= 0) {
+    if (after == TAIL) {
+        p->tail = arena_grow(p->g->arena, p->tail, &p->cap_tail, p->n_tail + 1, sizeof *p->tail);
+        p->tail[p->n_tail++] = n;
+    } else if (after >= 0) {
         p->after[n] = after;
+        p->g->nodes[n].mb = p->g->nodes[after].mb;
         int *link = &p->first[after];
         while (*link >= 0) link = &p->next[*link];
         *link = n;
     } else {
         p->mb_start[n] = -after - 1;
+        p->g->nodes[n].mb = -after - 1;
     }
     return ir_node(p->g, n)->n_out ? ir_out(p->g, ir_node(p->g, n), 0) : -1;
 }
@@ -135,6 +163,7 @@ static void clone_node(Pipe *p, int m, int n)
 {
     Graph *g = p->g;
     Node node = g->nodes[n];
+    if (node.phase == PHASE_RECOMPUTE && !checkpointed(p, m)) return;
     int in[IR_MAX_IN];
     for (int i = 0; i < node.n_in; i++) in[i] = in_mb(p, m, ir_in(g, &node, i));
     Attr attrs[IR_MAX_PARAMS];
@@ -147,6 +176,8 @@ static void clone_node(Pipe *p, int m, int n)
     if (c < 0) fprintf(stderr, "pipeline: %s\n", err);
     FS_ASSERT(c >= 0);
     grow(p);
+    g->nodes[c].mb = m;
+    p->node_copy[(size_t)m * (size_t)p->n_orig + (size_t)n] = c;
     for (int i = 0; i < node.n_out; i++) {
         int v = ir_out(g, &node, i), w = ir_out(g, ir_node(g, c), i);
         copies(p, m)[v] = w;
@@ -274,6 +305,102 @@ static int combine_output(Pipe *p, int v, int64_t batch, Diag *d)
     return out;
 }
 
+/* ---- pipeline stages: tied params and the loss ------------------------------------ */
+
+/* Each param other stages hold too: after the last micro-batch its summed gradient goes
+ * to each of them and theirs come here; every stage then adds them in stage order, so
+ * every copy gets the same bytes (before any data-parallel reduction: the shard pass
+ * reduces the sum). Params in name order, the same on every stage, so the k-th send
+ * from one stage to another meets the other's k-th receive. */
+static void exchange_tied(Pipe *p)
+{
+    Graph *g = p->g;
+    for (int i = 1; i < g->n_tied; i++)  // by name: a few params, an insertion sort
+        for (int k = i; k > 0 && strcmp(ir_value(g, g->tied[k - 1].value)->name, ir_value(g, g->tied[k].value)->name) > 0;
+             k--) {
+            TiedParam x = g->tied[k];
+            g->tied[k] = g->tied[k - 1], g->tied[k - 1] = x;
+        }
+    for (int i = 0; i < g->n_tied; i++) {
+        const TiedParam *tp = &g->tied[i];
+        Value *par = &g->values[tp->value];
+        const char *name = par->name;
+        int own = par->grad, cast = -1;
+        const Node *c = own >= 0 ? ir_node(g, ir_value(g, own)->producer) : NULL;
+        if (c && c->op == OP_cast && ir_value(g, ir_in(g, c, 0))->dtype != DT_F32) {
+            /* A 16-bit gradient the shard pass reduces (and casts back after): the sums
+             * are of those, cast back once, as it expects. */
+            cast = own;
+            own = ir_in(g, c, 0);
+        }
+        if (own < 0) {  // no gradient reaches this copy: it adds zeros
+            int64_t shape[IR_MAX_RANK];
+            for (int k = 0; k < par->rank; k++) shape[k] = par->shape[k];
+            Attr at[3] = {{.key = "value", .kind = ATTR_FLOAT, .f = 0},
+                          {.key = "shape", .kind = ATTR_INTS, .ints = shape, .n_list = par->rank},
+                          {.key = "dtype", .kind = ATTR_INT, .i = DT_F32}};
+            own = add_node(p, OP_full, NULL, 0, at, 3, par->block, PHASE_BACKWARD, par->loc, TAIL);
+        }
+        for (int k = 0; k < tp->n_stages; k++) {
+            if (tp->stages[k] == p->stage) continue;
+            Attr peer = {.key = "peer", .kind = ATTR_INT, .i = tp->stages[k]};
+            add_node(p, OP_send, &own, 1, &peer, 1, par->block, PHASE_BACKWARD, par->loc, TAIL);
+        }
+        const Value *o = ir_value(g, own);
+        int64_t shape[IR_MAX_RANK];
+        for (int k = 0; k < o->rank; k++) shape[k] = o->shape[k];
+        int sum = -1;
+        for (int k = 0; k < tp->n_stages; k++) {
+            int term = own;
+            if (tp->stages[k] != p->stage) {
+                Attr at[3] = {{.key = "shape", .kind = ATTR_INTS, .ints = shape, .n_list = o->rank},
+                              {.key = "dtype", .kind = ATTR_INT, .i = o->dtype},
+                              {.key = "peer", .kind = ATTR_INT, .i = tp->stages[k]}};
+                term = add_node(p, OP_recv, NULL, 0, at, 3, par->block, PHASE_BACKWARD, par->loc, TAIL);
+                g->values[term].name = arena_printf(g->arena, "%s.grad.stage%d", name, tp->stages[k]);
+            }
+            sum = sum < 0 ? term : add_node(p, OP_add, (int[]){sum, term}, 2, NULL, 0, par->block, PHASE_BACKWARD,
+                                            par->loc, TAIL);
+        }
+        if (own == par->grad) g->values[own].name = arena_printf(g->arena, "%s.grad.stage%d", name, p->stage);
+        if (cast >= 0) {
+            p->drop[ir_value(g, cast)->producer] = 1;
+            Attr to = {.key = "to", .kind = ATTR_INT, .i = DT_F32};
+            sum = add_node(p, OP_cast, &sum, 1, &to, 1, par->block, PHASE_BACKWARD, par->loc, TAIL);
+        }
+        g->values[sum].role = ROLE_GRAD;
+        g->values[sum].name = arena_printf(g->arena, "%s.grad", name);
+        g->values[tp->value].grad = sum;
+    }
+}
+
+/* The loss, the last stage's, on every stage: an all-reduce over the pipeline group to
+ * which the other stages add zeros (exact). */
+static void loss_everywhere(Pipe *p)
+{
+    Graph *g = p->g;
+    int last = p->stage == p->P - 1, x;
+    Loc loc = last ? ir_value(g, g->outputs[0])->loc : (Loc){0};
+    if (last) {
+        x = g->outputs[0];
+    } else {
+        Attr zero = {.key = "value", .kind = ATTR_FLOAT, .f = 0};
+        x = add_node(p, OP_scalar, NULL, 0, &zero, 1, -1, PHASE_FORWARD, loc, TAIL);
+    }
+    Attr at[3] = {{.key = "world", .kind = ATTR_INT, .i = p->P}, {.key = "avg", .kind = ATTR_INT, .i = 0},
+                  {.key = "group", .kind = ATTR_INT, .i = OP_GROUP_PIPE}};
+    int loss = add_node(p, OP_all_reduce, &x, 1, at, 3, -1, PHASE_COMM, loc, TAIL);
+    g->values[loss].name = "loss";
+    if (last) {
+        g->values[x].name = "loss.stage";
+        g->outputs[0] = loss;
+    } else {
+        ir_output_add(g, loss);
+        for (int i = g->n_outputs - 1; i > 0; i--) g->outputs[i] = g->outputs[i - 1];
+        g->outputs[0] = loss;
+    }
+}
+
 /* ---- the order ---------------------------------------------------------------------- */
 
 static void emit(const Pipe *p, int n, int *order, int *k)
@@ -282,23 +409,42 @@ static void emit(const Pipe *p, int n, int *order, int *k)
     for (int f = p->first[n]; f >= 0; f = p->next[f]) emit(p, f, order, k);
 }
 
+/* Micro-batch m's forward (fwd) or the rest (its backward, and recompute): its input
+ * slices first, then its copies of the template's nodes of that class, in order. */
+static void emit_part(const Pipe *p, int m, int fwd, int *order, int *k)
+{
+    Graph *g = p->g;
+    if (fwd)
+        for (int n = p->n_orig; n < g->n_nodes; n++)
+            if (p->mb_start[n] == m) emit(p, n, order, k);
+    for (int n = 0; n < p->n_orig; n++) {
+        if ((g->nodes[n].phase == PHASE_FORWARD) != fwd) continue;
+        int c = m ? p->node_copy[(size_t)m * (size_t)p->n_orig + (size_t)n] : n;
+        if (c >= 0) emit(p, c, order, k);
+    }
+}
+
+/* The schedule's order of the parts. One stage: each micro-batch's forward and backward
+ * in turn. GPipe: every forward, then every backward. 1F1B (PipeDream-flush, Megatron's):
+ * stage s runs min(P - s - 1, M) forwards to warm up, then alternates one forward and
+ * one backward, then the remaining backwards, so it holds at most min(P - s, M)
+ * micro-batches' activations. Then what comes after every micro-batch (TAIL). */
 static void unrolled_order(Pipe *p)
 {
     Graph *g = p->g;
-    int *order = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1), k = 0;
-    for (int m = 0; m < p->M; m++) {
-        for (int n = p->n_orig; n < g->n_nodes; n++)
-            if (p->mb_start[n] == m) emit(p, n, order, &k);
-        for (int n = 0; n < p->n_orig; n++) {
-            int c = n;
-            if (m > 0) {  // micro-batch m's copy: the producer of a copy of one of n's outputs
-                const Node *node = ir_node(g, n);
-                FS_ASSERT(node->n_out > 0);
-                c = ir_value(g, copies(p, m)[ir_out(g, node, 0)])->producer;
-            }
-            emit(p, c, order, &k);
-        }
+    int *order = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1), k = 0, M = p->M;
+    if (p->P <= 1) {
+        for (int m = 0; m < M; m++) emit_part(p, m, 1, order, &k), emit_part(p, m, 0, order, &k);
+    } else if (p->t->schedule == SCHED_GPIPE) {
+        for (int m = 0; m < M; m++) emit_part(p, m, 1, order, &k);
+        for (int m = 0; m < M; m++) emit_part(p, m, 0, order, &k);
+    } else {
+        int warm = p->P - p->stage - 1 < M ? p->P - p->stage - 1 : M;
+        for (int m = 0; m < warm; m++) emit_part(p, m, 1, order, &k);
+        for (int m = 0; m < M - warm; m++) emit_part(p, warm + m, 1, order, &k), emit_part(p, m, 0, order, &k);
+        for (int m = M - warm; m < M; m++) emit_part(p, m, 0, order, &k);
     }
+    for (int i = 0; i < p->n_tail; i++) emit(p, p->tail[i], order, &k);
     FS_ASSERT(k == g->n_nodes);
     ir_nodes_reorder(g, order);
     char *drop = arena_alloc(g->arena, (size_t)g->n_nodes + 1);
@@ -309,15 +455,18 @@ static void unrolled_order(Pipe *p)
 int pass_pipeline(Graph *g, const Options *o, Diag *d)
 {
     const TrainConfig *t = &o->train;
-    if (t->stages > 1 || t->microbatches <= 1) return 0;
+    int P = g->n_stages > 1 ? g->n_stages : 1;
+    if (P <= 1 && t->microbatches <= 1) return 0;
     /* The copy maps also cover the slices split_inputs adds, M per input at most. */
     int n_inputs = 0;
     for (int v = 0; v < g->n_values; v++) n_inputs += g->values[v].role == ROLE_INPUT;
-    Pipe p = {.g = g, .M = t->microbatches, .n_orig = g->n_nodes, .n_before = g->n_values,
-              .n_values = g->n_values + t->microbatches * n_inputs};
-    for (int n = 0; n < p.n_orig; n++) FS_ASSERT(g->nodes[n].n_out > 0);  // every node's copy is found by its output
+    Pipe p = {.g = g, .M = t->microbatches, .P = P, .stage = g->stage, .t = t, .n_orig = g->n_nodes,
+              .n_before = g->n_values, .n_values = g->n_values + t->microbatches * n_inputs};
     p.copy = arena_alloc(g->arena, sizeof(int) * (size_t)p.M * (size_t)p.n_values + 1);
     memset(p.copy, -1, sizeof(int) * (size_t)p.M * (size_t)p.n_values);
+    p.node_copy = arena_alloc(g->arena, sizeof(int) * (size_t)p.M * (size_t)p.n_orig + 1);
+    memset(p.node_copy, -1, sizeof(int) * (size_t)p.M * (size_t)p.n_orig);
+    for (int n = 0; n < p.n_orig; n++) g->nodes[n].mb = 0;
     grow(&p);
     int64_t batch = batch_rows(g, p.n_before);
     split_inputs(&p, batch);
@@ -326,6 +475,10 @@ int pass_pipeline(Graph *g, const Options *o, Diag *d)
     accumulate_grads(&p, o);
     for (int i = 0; i < g->n_outputs; i++) g->outputs[i] = combine_output(&p, g->outputs[i], batch, d);
     if (d->n_errors) return -1;
+    if (P > 1) {
+        exchange_tied(&p);
+        loss_everywhere(&p);
+    }
     unrolled_order(&p);
     ir_graph_compact(g, p.drop);
     return 0;

@@ -53,8 +53,20 @@ static int clone_node(Recompute *r, int n)
     int c = ir_node_add(g, node.op, in, node.n_in, attrs, node.n_attr, node.block, PHASE_RECOMPUTE, node.loc, err,
                         sizeof err);
     FS_ASSERT(c >= 0);
-    for (int i = 0; i < node.n_out; i++) r->clone_of[ir_out(g, &node, i)] = ir_out(g, ir_node(g, c), i);
+    for (int i = 0; i < node.n_out; i++) {
+        int v = ir_out(g, &node, i), w = ir_out(g, ir_node(g, c), i);
+        r->clone_of[v] = w;
+        g->values[w].recompute_of = v;
+    }
     return c;
+}
+
+/* Whether node n is in the region recomputed: block b's, or (b < 0) a pipeline stage's
+ * whole forward but its receives (the stage's inputs, kept) and sends (made once). */
+static int in_region(const Graph *g, int n, int b)
+{
+    const Node *node = ir_node(g, n);
+    return b >= 0 ? node->block == b : !(op_info(node->op)->flags & OPF_P2P);
 }
 
 static void recompute_block(Recompute *r, int b)
@@ -62,14 +74,14 @@ static void recompute_block(Recompute *r, int b)
     Graph *g = r->g;
     int first_bwd = -1;
     for (int n = 0; n < r->n_orig && first_bwd < 0; n++)
-        if (g->nodes[n].block == b && g->nodes[n].phase == PHASE_BACKWARD) first_bwd = n;
+        if (in_region(g, n, b) && g->nodes[n].phase == PHASE_BACKWARD) first_bwd = n;
     if (first_bwd < 0) return;  // nothing differentiates through this block
     for (int n = 0; n < r->n_orig; n++)
-        if (g->nodes[n].block == b && g->nodes[n].phase == PHASE_FORWARD) r->placed_at[clone_node(r, n)] = first_bwd;
+        if (in_region(g, n, b) && g->nodes[n].phase == PHASE_FORWARD) r->placed_at[clone_node(r, n)] = first_bwd;
     /* The block's own backward reads the copies; other blocks keep what they read. */
     for (int n = first_bwd; n < r->n_orig; n++) {
         Node *node = &g->nodes[n];
-        if (node->block != b || node->phase != PHASE_BACKWARD) continue;
+        if (!in_region(g, n, b) || node->phase != PHASE_BACKWARD) continue;
         for (int i = 0; i < node->n_in; i++) {
             int v = g->ids[node->in + i];
             if (r->clone_of[v] >= 0) g->ids[node->in + i] = r->clone_of[v];
@@ -77,22 +89,30 @@ static void recompute_block(Recompute *r, int b)
     }
     /* The next block's copies must read what its own forward read, not these. */
     for (int n = 0; n < r->n_orig; n++)
-        if (g->nodes[n].block == b && g->nodes[n].phase == PHASE_FORWARD)
+        if (in_region(g, n, b) && g->nodes[n].phase == PHASE_FORWARD)
             for (int i = 0; i < g->nodes[n].n_out; i++) r->clone_of[ir_out(g, &g->nodes[n], i)] = -1;
 }
 
 int pass_recompute(Graph *g, const Options *o, Diag *d)
 {
     (void)d;
-    const char *which = o->train.recompute;
-    if (!strcmp(which, "none")) return 0;
+    const TrainConfig *t = &o->train;
+    const char *which = t->recompute;
+    /* A pipeline stage whose micro-batches checkpoint (passes/pipeline.c decides which:
+     * FairScale Pipe's always or except_last) recomputes its whole forward, once, here,
+     * for micro-batch 0; the pipeline pass copies it into those that do. */
+    int stage = g->n_stages > 1 && (t->checkpoint == CKPT_ALWAYS || (t->checkpoint == CKPT_EXCEPT_LAST && t->microbatches > 1));
+    if (!strcmp(which, "none") && !stage) return 0;
     int n_values = g->n_values;
     Recompute r = {g, arena_alloc(g->arena, sizeof(int) * (size_t)n_values * 4 + 1),
                    arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes * 3 + 1), g->n_nodes};
     memset(r.clone_of, -1, sizeof(int) * (size_t)n_values * 4);
     memset(r.placed_at, -1, sizeof(int) * (size_t)g->n_nodes * 3);
-    for (int b = 0; b < g->n_blocks; b++)
-        if (checkpointed(g, b, which)) recompute_block(&r, b);
+    if (stage)
+        recompute_block(&r, -1);
+    else
+        for (int b = 0; b < g->n_blocks; b++)
+            if (checkpointed(g, b, which)) recompute_block(&r, b);
     if (g->n_nodes == r.n_orig) return 0;
 
     /* The copies go, in the order they were made, just before their block's backward. */

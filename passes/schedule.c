@@ -23,7 +23,11 @@
  * the end of the step every stream is complete.
  *
  * An op off the compute stream (a collective) is in flight from its node until the first
- * later node that reads or writes one of its buffers: that node waits for it. "Reads or
+ * later node that reads or writes one of its buffers: that node waits for it. A send
+ * (pipeline stages) is in flight at most until the stage's next send or receive: the
+ * first compute node after that one waits for it, so its buffer is freed within a
+ * micro-batch or two rather than at the step's end (plan_check_p2p proves the waits
+ * cannot deadlock). "Reads or
  * writes" is by buffer (the root every view lies in, as memplan lays them out), not by
  * bytes, so the waits do not depend on offsets. A view op computes nothing (its output
  * lies in its input's bytes), so it never waits. An op no later node touches is complete
@@ -199,6 +203,7 @@ int pass_schedule(Graph *g, const Options *o, Diag *d)
     for (int v = 0; v < g->n_values; v++) root[v] = root_of(g, v);
     prefetch(g, root);
     int *pending = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1), n_pending = 0;
+    char *due = arena_alloc(g->arena, (size_t)g->n_nodes + 1);  // a send the next compute node completes
     g->n_waits = 0;
     for (int k = 0; k < g->n_nodes; k++) {
         Node *n = &g->nodes[k];
@@ -208,12 +213,15 @@ int pass_schedule(Graph *g, const Options *o, Diag *d)
         /* In flight, in the order they started: a node waits for them in that order. */
         int kept = 0;
         for (int j = 0; j < n_pending; j++) {
-            if (shares_a_buffer(g, n, ir_node(g, pending[j]), root))
-                add_wait(g, n, pending[j]);
+            int p = pending[j];
+            if (shares_a_buffer(g, n, ir_node(g, p), root) || (n->stream == STREAM_COMPUTE && due[p]))
+                add_wait(g, n, p);
             else
-                pending[kept++] = pending[j];
+                pending[kept++] = p;
         }
         n_pending = kept;
+        if (op_info(n->op)->flags & OPF_P2P)
+            for (int j = 0; j < n_pending; j++) due[pending[j]] |= g->nodes[pending[j]].op == OP_send;
         if (n->stream != STREAM_COMPUTE) pending[n_pending++] = k;
     }
     return 0;

@@ -515,7 +515,11 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
 {
     const TrainConfig *t = &o->train;
     if (t->shard == SHARD_NONE) {
-        if (t->world > 1)
+        if (t->world > 1 && g->n_stages > 1 && g->stage == 0)  // said once, not per stage
+            diag_error(d, (Loc){0}, "world %d is %d pipeline stages x %d data-parallel ranks, which need a "
+                       "data-parallel strategy: --shard ddp, zero1, zero2 or fsdp", t->world * g->n_stages,
+                       g->n_stages, t->world);
+        else if (t->world > 1 && g->n_stages <= 1)
             diag_error(d, (Loc){0}, "world %d needs a data-parallel strategy: --shard ddp, zero1, zero2 or fsdp",
                        t->world);
         return t->world > 1 ? -1 : 0;

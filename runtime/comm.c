@@ -1,6 +1,17 @@
-/* runtime/comm.c: MPI between CPU ranks: start and end, the step's collectives, the few
- * blocking calls outside the step (gathering weights, agreeing on an error), and a
- * watchdog that ends every rank when a step hangs.
+/* runtime/comm.c: MPI between CPU ranks: start and end, the communicators of a plan's
+ * stages, the step's collectives and point-to-point ops, the few blocking calls outside
+ * the step (gathering weights, agreeing on an error), and a watchdog that ends every
+ * rank when a step hangs.
+ *
+ * A pipeline's world is stages x dp (rt_comm_layout): MPI_COMM_WORLD is split into the
+ * data-parallel ranks of each stage (a collective's group 0; the weights' gather and the
+ * accuracy's sum) and the ranks of each data-parallel index, one per stage (group 1), and
+ * duplicated for the sends and receives between stages, so their tag-0 messages meet
+ * nothing else: the k-th send from a to b meets the k-th receive on b from a, which the
+ * compiler ordered (plan_check_p2p proves it). Sends and receives are persistent
+ * requests (MPI_Send_init, MPI_Ssend_init with --sync-sends, MPI_Recv_init), started and
+ * waited for in the step like the collectives, in the same queue. Agreeing on a result
+ * stays world-wide. With one stage the world is group 0 and nothing is split.
  *
  * MPI is started only for a world of more than one rank; a world-1 run never touches it
  * (the executor uses the kernels of runtime/cpu/comm_local.c instead). Every MPI call
@@ -28,7 +39,7 @@
  * the collective completes). Any other overlap of input and output is refused when the
  * plan is loaded.
  *
- * The watchdog (watchdog.c) hears of every collective on MPI_COMM_WORLD: each is entered
+ * The watchdog (watchdog.c) hears of every collective and point-to-point op: each is entered
  * (rt_watchdog_enter, before MPI is called) and waited for (rt_watchdog_wait around a
  * blocking MPI call), a store or two into this rank's beacon. The beacons live in one
  * MPI_Win_allocate_shared window per node (Open MPI's osc/sm: shared pages), so that a
@@ -51,9 +62,17 @@
 static struct {
     int up;          // MPI_Init done, MPI_Finalize not yet
     int rank, world;
+    int stages, dp;  // the plan's layout (rt_comm_layout): world = stages x dp
     MPI_Op sum_f16, sum_bf16;  // user ops, created with MPI
     MPI_Win beacons;           // the node's watchdog beacons, or MPI_WIN_NULL
-} comm = {0, 0, 1, MPI_OP_NULL, MPI_OP_NULL, MPI_WIN_NULL};
+    MPI_Comm group[2];         // by a collective's group (OP_GROUP_DATA, OP_GROUP_PIPE); MPI_COMM_NULL: none made
+    MPI_Comm p2p;              // point-to-point ops only: a copy of the world, or MPI_COMM_NULL
+    char who[48];              // "rank 3" or "rank 3, stage 1": how messages name this rank
+} comm = {0, 0, 1, 1, 1, MPI_OP_NULL, MPI_OP_NULL, MPI_WIN_NULL, {MPI_COMM_NULL, MPI_COMM_NULL}, MPI_COMM_NULL,
+          "rank 0"};
+
+/* The communicator of a collective's group: the world until rt_comm_layout splits it. */
+static MPI_Comm group_comm(int g) { return comm.group[g] != MPI_COMM_NULL ? comm.group[g] : MPI_COMM_WORLD; }
 
 static const char *short_path(const char *file)
 {
@@ -66,7 +85,7 @@ static void comm_fatal(const char *file, int line, const char *what, int rc)
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "MPI error %d", rc);
-    fprintf(stderr, "[rank %d] %s:%d: %s failed: %s\n", comm.rank, short_path(file), line, what, msg);
+    fprintf(stderr, "[%s] %s:%d: %s failed: %s\n", comm.who, short_path(file), line, what, msg);
     rt_comm_abort(1);
 }
 
@@ -161,7 +180,8 @@ int rt_comm_init(RtRanks *r, char *err, size_t errlen)
     MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
-    comm.rank = rank, comm.world = size;
+    comm.rank = rank, comm.world = size, comm.dp = size;
+    snprintf(comm.who, sizeof comm.who, "rank %d", rank);
     if (r->world == 0) r->world = size, r->rank = rank;
     if (size != r->world || rank != r->rank)
         return plan_fail(err, errlen, "%s says rank %d of %d, but MPI sees rank %d of %d%s", rt_launch_name(r->launch),
@@ -181,10 +201,36 @@ int rt_comm_init(RtRanks *r, char *err, size_t errlen)
 
 int rt_comm_rank(void) { return comm.rank; }
 int rt_comm_world(void) { return comm.world; }
+const char *rt_comm_who(void) { return comm.who; }
+
+static void split(int color, MPI_Comm *out)
+{
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, comm.rank, out));
+    MPI_CHECK(MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN));
+}
+
+int rt_comm_layout(int stages, int dp, char *err, size_t errlen)
+{
+    if (stages < 1 || dp < 1 || (int64_t)stages * dp != comm.world)
+        return plan_fail(err, errlen, "%d stages x %d data-parallel ranks is not the world of %d", stages, dp,
+                         comm.world);
+    comm.stages = stages, comm.dp = dp;
+    if (stages == 1) return 0;
+    snprintf(comm.who, sizeof comm.who, "rank %d, stage %d", comm.rank, comm.rank / dp);
+    if (!comm.up) return 0;
+    split(comm.rank / dp, &comm.group[OP_GROUP_DATA]);  // key: the world rank, so a group's ranks keep its order
+    split(comm.rank % dp, &comm.group[OP_GROUP_PIPE]);
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm.p2p));
+    MPI_CHECK(MPI_Comm_set_errhandler(comm.p2p, MPI_ERRORS_RETURN));
+    return 0;
+}
 
 void rt_comm_finalize(void)
 {
     if (!comm.up) return;
+    for (int g = 0; g < 2; g++)
+        if (comm.group[g] != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&comm.group[g]));
+    if (comm.p2p != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&comm.p2p));
     if (comm.sum_f16 != MPI_OP_NULL) MPI_CHECK(MPI_Op_free(&comm.sum_f16));
     if (comm.sum_bf16 != MPI_OP_NULL) MPI_CHECK(MPI_Op_free(&comm.sum_bf16));
     rt_watchdog_detach();
@@ -202,22 +248,27 @@ void rt_comm_abort(int code)
 
 /* ---- blocking calls outside the step --------------------------------------------------- */
 
-/* Before a blocking collective: the watchdog hears of it as entered and waited for. */
-static void blocking(const char *what) { rt_watchdog_wait(rt_watchdog_enter(PLAN_NONE), NULL, PLAN_NONE, what); }
+/* Before a blocking collective over the world (PLAN_NONE) or the stage's ranks
+ * (RT_WAIT_STAGE): the watchdog hears of it as entered and waited for. */
+static void blocking(const char *what, int32_t over)
+{
+    rt_watchdog_wait(rt_watchdog_enter(over), NULL, over, what);
+}
 
 void rt_comm_gather_f32(const float *send, int64_t n, float *recv)
 {
-    if (comm.world == 1 || !comm.up) {
+    if (comm.dp == 1 || !comm.up) {
         memcpy(recv, send, sizeof *send * (size_t)n);
         return;
     }
     if (n > INT32_MAX) {
-        fprintf(stderr, "[rank %d] %s:%d: a gather of %lld elements per rank exceeds MPI's int count\n", comm.rank,
+        fprintf(stderr, "[%s] %s:%d: a gather of %lld elements per rank exceeds MPI's int count\n", comm.who,
                 short_path(__FILE__), __LINE__, (long long)n);
         rt_comm_abort(1);
     }
-    blocking("a gather to rank 0 (MPI_Gather)");
-    MPI_CHECK(MPI_Gather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD));
+    blocking(comm.stages > 1 ? "a gather to the stage's first rank (MPI_Gather)" : "a gather to rank 0 (MPI_Gather)",
+             RT_WAIT_STAGE);
+    MPI_CHECK(MPI_Gather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, 0, group_comm(OP_GROUP_DATA)));
     rt_watchdog_waited();
 }
 
@@ -225,7 +276,7 @@ int rt_comm_agree(int rc)
 {
     if (!comm.up) return rc;
     int worst;
-    blocking("the ranks' agreement on a result (MPI_Allreduce)");
+    blocking("the ranks' agreement on a result (MPI_Allreduce)", PLAN_NONE);
     MPI_CHECK(MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
     rt_watchdog_waited();
     return worst;
@@ -235,8 +286,9 @@ int64_t rt_comm_sum_i64(int64_t v)
 {
     if (!comm.up) return v;
     int64_t sum;
-    blocking("a sum over the ranks (MPI_Allreduce)");
-    MPI_CHECK(MPI_Allreduce(&v, &sum, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+    blocking(comm.stages > 1 ? "a sum over the stage's ranks (MPI_Allreduce)" : "a sum over the ranks (MPI_Allreduce)",
+             RT_WAIT_STAGE);
+    MPI_CHECK(MPI_Allreduce(&v, &sum, 1, MPI_INT64_T, MPI_SUM, group_comm(OP_GROUP_DATA)));
     rt_watchdog_waited();
     return sum;
 }
@@ -246,8 +298,9 @@ int64_t rt_comm_sum_i64(int64_t v)
 /* The op table names the collectives (ops.def's comm column); RtCollKind numbers them
  * as it does. */
 _Static_assert((int)RT_COLL_ALL_REDUCE == (int)COMM_ALL_REDUCE && (int)RT_COLL_REDUCE_SCATTER == (int)COMM_REDUCE_SCATTER &&
-                   (int)RT_COLL_ALL_GATHER == (int)COMM_ALL_GATHER,
-               "RtCollKind is OpComm's collectives");
+                   (int)RT_COLL_ALL_GATHER == (int)COMM_ALL_GATHER && (int)RT_COLL_SEND == (int)COMM_SEND &&
+                   (int)RT_COLL_RECV == (int)COMM_RECV,
+               "RtCollKind is OpComm's collectives and point-to-point ops");
 
 int rt_coll_kind(const char *op)
 {
@@ -267,6 +320,8 @@ int rt_coll_prepare(RtColl *c, RtCollKind kind, PlanDType dt, void *in, int64_t 
                     int world, int rank, int avg, char *err, size_t errlen)
 {
     const char *name = op_comm_name((OpComm)kind);
+    if (kind == RT_COLL_SEND || kind == RT_COLL_RECV)
+        return plan_fail(err, errlen, "%s is point-to-point (rt_p2p_prepare)", name);
     int64_t es = plan_dtype_size(dt), n = kind == RT_COLL_ALL_GATHER ? n_in : n_out;
     int sizes_ok = kind == RT_COLL_ALL_REDUCE ? n_in == n_out : kind == RT_COLL_REDUCE_SCATTER ? n_in == n_out * world
                                                                                                 : n_out == n_in * world;
@@ -297,9 +352,27 @@ int rt_coll_prepare(RtColl *c, RtCollKind kind, PlanDType dt, void *in, int64_t 
         if (x == y + (int64_t)rank * n * es) c->in_place = 1;
         else why = "the input overlaps the output without being this rank's slice of it";
         break;
+    case RT_COLL_SEND:
+    case RT_COLL_RECV:
     case RT_COLL_COUNT: why = "unknown collective"; break;
     }
     return why ? plan_fail(err, errlen, "%s on rank %d: %s", name, rank, why) : 0;
+}
+
+int rt_p2p_prepare(RtColl *c, RtCollKind kind, PlanDType dt, void *buf, int64_t n, int peer, int sync, char *err,
+                   size_t errlen)
+{
+    const char *name = kind == RT_COLL_SEND ? "send" : "recv";
+    int64_t es = plan_dtype_size(dt);
+    if ((kind != RT_COLL_SEND && kind != RT_COLL_RECV) || es == 0)
+        return plan_fail(err, errlen, "%s of dtype %d: not a point-to-point op this fsexec runs", name, (int)dt);
+    if (n > INT32_MAX)
+        return plan_fail(err, errlen, "%s of %lld elements exceeds MPI's int count", name, (long long)n);
+    uint8_t *x = buf;
+    *c = (RtColl){.kind = kind, .dtype = dt, .in = buf, .out = buf, .n = n, .world = 2, .peer = peer,
+                  .sync = kind == RT_COLL_SEND && sync, .slot = -1, .op = PLAN_NONE,
+                  .range = {{(uintptr_t)x, (uintptr_t)(x + n * es)}, {0, 0}}};
+    return 0;
 }
 
 /* ---- the step's collectives: the queue of pending ones ----------------------------------- */
@@ -360,31 +433,51 @@ static MPI_Op sum_op(PlanDType dt)
     return dt == PLAN_DT_F16 ? comm.sum_f16 : dt == PLAN_DT_BF16 ? comm.sum_bf16 : MPI_SUM;
 }
 
+/* Point-to-point ops are persistent requests wherever MPI runs (MPI_Send_init and its
+ * kin are MPI 1), on the copy of the world that nothing else uses, tag 0: the k-th send
+ * from a to b meets the k-th receive on b from a, as the compiler ordered them. */
+static void p2p(MPI_Request *r, const RtColl *c, int persistent)
+{
+    MPI_Datatype t = mpi_type(c->dtype);
+    MPI_Comm w = comm.p2p != MPI_COMM_NULL ? comm.p2p : MPI_COMM_WORLD;
+    int n = (int)c->n;
+    if (c->kind == RT_COLL_RECV && persistent) MPI_CHECK(MPI_Recv_init(c->out, n, t, c->peer, 0, w, r));
+    else if (c->kind == RT_COLL_RECV) MPI_CHECK(MPI_Irecv(c->out, n, t, c->peer, 0, w, r));
+    else if (c->sync && persistent) MPI_CHECK(MPI_Ssend_init(c->in, n, t, c->peer, 0, w, r));
+    else if (c->sync) MPI_CHECK(MPI_Issend(c->in, n, t, c->peer, 0, w, r));
+    else if (persistent) MPI_CHECK(MPI_Send_init(c->in, n, t, c->peer, 0, w, r));
+    else MPI_CHECK(MPI_Isend(c->in, n, t, c->peer, 0, w, r));
+}
+
 void rt_comm_bind(RtCommQueue *q, RtColl *c)
 {
-#if PERSISTENT
     if (q->n_persistent >= q->cap) return;  // stays nonblocking
-    MPI_Datatype t = mpi_type(c->dtype);
     MPI_Request *r = &q->persistent[q->n_persistent];
+    if (c->kind == RT_COLL_SEND || c->kind == RT_COLL_RECV) {
+        p2p(r, c, 1);
+        c->slot = q->n_persistent++;
+        return;
+    }
+#if PERSISTENT
+    MPI_Datatype t = mpi_type(c->dtype);
+    MPI_Comm g = group_comm(c->group);
     int n = (int)c->n;
     switch (c->kind) {
     case RT_COLL_ALL_REDUCE:
-        MPI_CHECK(ALLREDUCE_INIT(c->in_place ? MPI_IN_PLACE : c->in, c->out, n, t, sum_op(c->dtype), MPI_COMM_WORLD,
-                                 MPI_INFO_NULL, r));
+        MPI_CHECK(ALLREDUCE_INIT(c->in_place ? MPI_IN_PLACE : c->in, c->out, n, t, sum_op(c->dtype), g, MPI_INFO_NULL,
+                                 r));
         break;
     case RT_COLL_REDUCE_SCATTER:
         MPI_CHECK(REDUCE_SCATTER_BLOCK_INIT(c->in_place ? MPI_IN_PLACE : c->in, c->in_place ? c->in : c->out, n, t,
-                                            sum_op(c->dtype), MPI_COMM_WORLD, MPI_INFO_NULL, r));
+                                            sum_op(c->dtype), g, MPI_INFO_NULL, r));
         break;
     case RT_COLL_ALL_GATHER:
-        MPI_CHECK(ALLGATHER_INIT(c->in_place ? MPI_IN_PLACE : c->in, n, t, c->out, n, t, MPI_COMM_WORLD, MPI_INFO_NULL,
-                                 r));
+        MPI_CHECK(ALLGATHER_INIT(c->in_place ? MPI_IN_PLACE : c->in, n, t, c->out, n, t, g, MPI_INFO_NULL, r));
         break;
-    case RT_COLL_COUNT: return;
+    default: return;
     }
     c->slot = q->n_persistent++;
 #else
-    (void)q;
     c->slot = -1;
 #endif
 }
@@ -392,7 +485,7 @@ void rt_comm_bind(RtCommQueue *q, RtColl *c)
 void rt_comm_start(RtCommQueue *q, const RtColl *c)
 {
     if (q->n >= q->cap) {
-        fprintf(stderr, "[rank %d] %s:%d: more collectives in flight than the plan has (%d)\n", comm.rank,
+        fprintf(stderr, "[%s] %s:%d: more collectives in flight than the plan has (%d)\n", comm.who,
                 short_path(__FILE__), __LINE__, q->cap);
         rt_comm_abort(1);
     }
@@ -406,19 +499,22 @@ void rt_comm_start(RtCommQueue *q, const RtColl *c)
         q->coll[q->n++] = c;
         return;
     }
+    MPI_Comm g = group_comm(c->group);
     switch (c->kind) {
     case RT_COLL_ALL_REDUCE:
-        MPI_CHECK(MPI_Iallreduce(c->in_place ? MPI_IN_PLACE : c->in, c->out, n, t, sum_op(c->dtype), MPI_COMM_WORLD, r));
+        MPI_CHECK(MPI_Iallreduce(c->in_place ? MPI_IN_PLACE : c->in, c->out, n, t, sum_op(c->dtype), g, r));
         break;
     case RT_COLL_REDUCE_SCATTER:
         if (c->in_place)
-            MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, c->in, n, t, sum_op(c->dtype), MPI_COMM_WORLD, r));
+            MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, c->in, n, t, sum_op(c->dtype), g, r));
         else
-            MPI_CHECK(MPI_Ireduce_scatter_block(c->in, c->out, n, t, sum_op(c->dtype), MPI_COMM_WORLD, r));
+            MPI_CHECK(MPI_Ireduce_scatter_block(c->in, c->out, n, t, sum_op(c->dtype), g, r));
         break;
     case RT_COLL_ALL_GATHER:
-        MPI_CHECK(MPI_Iallgather(c->in_place ? MPI_IN_PLACE : c->in, n, t, c->out, n, t, MPI_COMM_WORLD, r));
+        MPI_CHECK(MPI_Iallgather(c->in_place ? MPI_IN_PLACE : c->in, n, t, c->out, n, t, g, r));
         break;
+    case RT_COLL_SEND:
+    case RT_COLL_RECV: p2p(r, c, 0); break;
     case RT_COLL_COUNT: return;
     }
     q->coll[q->n++] = c;

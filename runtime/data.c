@@ -53,8 +53,9 @@ struct RtData {
     uint64_t seed;
     int64_t B, T, D, K;        // B: this rank's rows
     int64_t row0, B_global;    // this rank's first row of the global batch, and its rows
-    void *x;                   // tokens (i32 [B, T]) or features (f32 [B, D])
-    int32_t *y;                // targets (i32 [B, T]) or labels (i32 [B])
+    void *x;                   // tokens (i32 [B, T]) or features (f32 [B, D]); NULL: not this stage's
+    int32_t *y;                // targets (i32 [B, T]) or labels (i32 [B]); NULL: not this stage's
+    int32_t y_id, logits;      // a classifier's labels and logits on this stage, or PLAN_NONE
     const uint16_t *tok;       // the token stream
     int64_t n_tok;
     RtTokenFormat format;      // of the file (token offsets in messages)
@@ -275,9 +276,10 @@ int64_t rt_lm_window_start(RtDataOrder order, uint64_t seed, int64_t step, int64
 void rt_lm_rows(const RtTokens *t, RtDataOrder order, uint64_t seed, int64_t step, int64_t B_global, int64_t row0,
                 int64_t rows, int64_t T, int32_t *tokens, int32_t *targets)
 {
-    for (int64_t b = 0; b < rows; b++) {
+    for (int64_t b = 0; b < rows; b++) {  // either may be NULL: a stage that reads only the other
         const uint16_t *w = t->tok + rt_lm_window_start(order, seed, step, B_global, row0 + b, T, t->n);
-        for (int64_t i = 0; i < T; i++) tokens[b * T + i] = w[i], targets[b * T + i] = w[i + 1];
+        for (int64_t i = 0; i < T && tokens; i++) tokens[b * T + i] = w[i];
+        for (int64_t i = 0; i < T && targets; i++) targets[b * T + i] = w[i + 1];
     }
 }
 
@@ -307,8 +309,8 @@ void rt_blobs_rows(const float *centers, uint64_t seed, int64_t step, int64_t ro
         uint32_t row = (uint32_t)(row0 + b);
         rt_philox(seed ^ RT_DATA_KEY, (uint32_t[4]){s0, s1, row, 0}, w);
         int64_t c = (int64_t)(((uint64_t)w[0] << 32 | w[1]) % (uint64_t)K);
-        y[b] = (int32_t)c;
-        for (int64_t d = 0; d < D; d++) {
+        if (y) y[b] = (int32_t)c;  // either may be NULL, as above
+        for (int64_t d = 0; d < D && x; d++) {
             rt_philox(seed ^ RT_DATA_KEY, (uint32_t[4]){s0, s1, row, (uint32_t)d + 1}, w);
             x[b * D + d] = centers[c * D + d] + 0.5f * (float)rt_normal(w);
         }
@@ -445,10 +447,12 @@ static int open_classes(RtData *d, const Plan *p, const char *path, char *err, s
     return 0;
 }
 
+/* The kind of data, its shapes, vocab and classes come from the whole plan; the buffers
+ * from this stage's program, which may read one of the inputs, both, or neither. */
 static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFormat format, char *err,
                  size_t errlen)
 {
-    int32_t a, b;
+    int32_t a, b, sa, sb;
     d->kind = rt_data_kind(p);
     if (d->kind == RT_DATA_NONE) {
         char shapes[256] = "";
@@ -463,18 +467,22 @@ static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFor
                     "features and labels (f32 [B, D], i32 [B]); this plan's are: %s", at ? shapes : "none");
     }
     rt_data_inputs(p, &a, &b);
-    RtTensor x, y;
-    rt_exec_tensor_id(e, a, &x);
-    rt_exec_tensor_id(e, b, &y);
-    d->x = x.data, d->y = y.data;
-    d->B = x.shape[0];
+    const Plan *stage = rt_exec_plan(e);
+    rt_stage_inputs(p, stage, &sa, &sb);
+    d->x = sa == PLAN_NONE ? NULL : rt_exec_data(e, sa);
+    d->y = sb == PLAN_NONE ? NULL : rt_exec_data(e, sb);
+    const PlanTensor *x = &p->tensors[a];
+    d->B = x->shape[0];
     d->row0 = (int64_t)rt_exec_rank(e) * d->B;
     d->B_global = (int64_t)rt_exec_world(e) * d->B;
+    d->y_id = d->logits = PLAN_NONE;
     if (d->kind == RT_DATA_LM) {
-        d->T = x.shape[1];
+        d->T = x->shape[1];
         return open_lm(d, p, path, format, err, errlen);
     }
-    d->D = x.shape[1];
+    d->D = x->shape[1];
+    d->y_id = sb;
+    d->logits = sb == PLAN_NONE ? PLAN_NONE : rt_plan_logits_for(stage, sb);
     return open_classes(d, p, path, err, errlen);
 }
 
@@ -488,7 +496,7 @@ RtData *rt_data_open_as(Exec *e, const char *path, RtTokenFormat format, RtDataO
     }
     memset(d, 0, sizeof *d);
     d->order = order, d->seed = seed;
-    if (setup(d, rt_exec_plan(e), e, path, format, err, errlen)) {
+    if (setup(d, rt_exec_whole(e), e, path, format, err, errlen)) {
         rt_data_close(d);
         return NULL;
     }
@@ -502,6 +510,7 @@ RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed
 
 void rt_data_fill(RtData *d, int64_t step)
 {
+    if (!d->x && !d->y) return;  // a stage in the middle of a pipeline
     if (d->kind == RT_DATA_LM) {
         RtTokens t = {d->tok, d->n_tok, d->format};
         rt_lm_rows(&t, d->order, d->seed, step, d->B_global, d->row0, d->B, d->T, d->x, d->y);
@@ -513,6 +522,8 @@ void rt_data_fill(RtData *d, int64_t step)
 RtDataKind rt_data_get_kind(const RtData *d) { return d->kind; }
 const char *rt_data_describe(const RtData *d) { return d->describe; }
 int64_t rt_data_items(const RtData *d) { return d->kind == RT_DATA_LM ? d->B_global * d->T : d->B_global; }
+int32_t rt_data_labels(const RtData *d) { return d->y_id; }
+int32_t rt_data_logits(const RtData *d) { return d->logits; }
 
 void rt_data_close(RtData *d)
 {

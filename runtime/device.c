@@ -13,12 +13,15 @@
 
 #include "runtime.h"
 
+#define PIPELINE_ON_CPU "pipeline stages run on CPU ranks only in this version (run with --device cpu)"
+
 /* Why auto runs on the CPU, from what loading or probing the CUDA backend said. */
 static const char *cpu_reason(const char *err)
 {
     if (strstr(err, "libcuda.so")) return "no CUDA driver";
     if (!strncmp(err, "no CUDA backend", 15)) return "this build has no CUDA backend";
     if (strstr(err, "CUDA program")) return "the plan has no CUDA program";
+    if (!strcmp(err, PIPELINE_ON_CPU)) return "a pipeline's stages run on CPU ranks only in this version";
     return err;
 }
 
@@ -33,7 +36,8 @@ int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, c
         snprintf(d->name, sizeof d->name, "cpu (--debug-* checks the CPU backend)");
         return 0;
     }
-    const RtBackendOps *ops = rt_backend_load_cuda(err, sizeof err);
+    const RtBackendOps *ops = p->n_programs > 1 ? NULL : rt_backend_load_cuda(err, sizeof err);
+    if (p->n_programs > 1) snprintf(err, sizeof err, "%s", PIPELINE_ON_CPU);
     int rc = ops ? 0 : -1;
     if (ops && ops->probe(err, sizeof err)) {
         snprintf(why, sizeof why, "%s", err);

@@ -26,7 +26,16 @@
  * collective stream of the plan's schedule), tested between ops so they progress, and
  * waited for where the schedule says: before an op, each collective its wait list names
  * (passes/schedule.c decided them; memplan kept their buffers until then). Nothing here
- * looks for hazards. Every collective is complete when a run returns.
+ * looks for hazards. Every collective is complete when a run returns. (One the schedule
+ * left on the compute stream is waited for at once, as that stream's order says.)
+ *
+ * A pipeline stage (ExecOptions.whole, stage): the Exec runs its stage's program alone
+ * (plan_extract_program), as data-parallel index `rank` of `world`. A collective's group
+ * says over which ranks it runs (group 0: the stage's data-parallel ranks; group 1: the
+ * stages) and its world must be that group's size. Point-to-point ops (OPF_P2P) go the
+ * same way as collectives, on MPI only: a send or recv binds to the rank of stage `peer`
+ * at this rank's data-parallel index, started when reached and waited for where the
+ * wait lists say; their CPU kernels are never called.
  *
  * Persistent tensors (params, optimizer state, master weights, inputs) and any other
  * tensor no op produces are initialized here: from their init kind (rt_init_param,
@@ -62,7 +71,8 @@ typedef struct {
     int skip;               // a view: nothing to compute
     int32_t dead, n_dead;   // range in Exec.dead: buffers whose life ends after this op
     int32_t wait, n_wait;   // range in plan->waits: the ops to complete first (the schedule)
-    RtColl *coll;           // world > 1: the collective this op is, else NULL
+    RtColl *coll;           // the collective or point-to-point op this is on MPI, else NULL
+    int block;              // coll, which the schedule left on the compute stream: done before the next op
 } ExecOp;
 
 struct Exec {
@@ -75,9 +85,13 @@ struct Exec {
     int32_t *dead;          // tensor ids, grouped by the op after which they die
     int32_t *step;          // the "step" input, or NULL
     int nan_fill;
-    int rank, world;
-    RtColl *colls;          // world > 1: one per collective op
-    RtCommQueue *queue;     // world > 1: collectives in flight
+    int rank, world;        // the data-parallel index and ranks of this stage
+    const Plan *whole;      // the plan of every stage (ExecOptions.whole), or plan
+    int stage, stages;      // this rank's stage of whole, and how many it has
+    int sync_sends;         // every send synchronous
+    int mpi;                // the run has more than one rank: collectives and sends go to MPI
+    RtColl *colls;          // mpi: one per op, used by the collectives and point-to-point ops
+    RtCommQueue *queue;     // mpi: those in flight
     int mirror;             // a device's host mirror (ExecOptions.mirror): holds, runs nothing
     int64_t held[PLAN_PLACE_COUNT];   // bytes of each space held from its start (all, unless a mirror)
     uint8_t **side;         // a mirror: per tensor, its bytes when the step's outputs hold them apart
@@ -85,6 +99,7 @@ struct Exec {
     int64_t side_bytes;
     float *work;            // the kernels' workspace (plan_alloc), or NULL
     size_t work_floats;
+    int guarding;           // ExecOptions.guard
     Guard *guard;           // debug: every op checked to stay inside its buffers (guard.c)
     char guard_err[512];    // the guard's last finding
 };
@@ -168,27 +183,73 @@ static int bind_attrs(const Plan *p, int32_t k, const OpInfo *info, KCall *c, ch
     return 0;
 }
 
-/* A collective op: its world must be this run's; in a larger world it runs on MPI. The
- * attributes are "x, world:int, avg:flag=0" (attr[1], attr[2]). */
-static int bind_collective(Exec *e, int32_t k, ExecOp *x, char *err, size_t errlen)
+/* The value of the call's attribute `name` (at its signature position), or def. */
+static double call_attr(const OpInfo *info, const KCall *c, const char *name, double def)
+{
+    for (int i = 0; i < info->n_params; i++)
+        if (!strcmp(info->params[i].name, name)) return c->attr[i];
+    return def;
+}
+
+/* A collective op ("x, world:int, avg:flag=0, group:int=0"): its world must be its
+ * group's in this run, the data-parallel ranks of this stage (group 0) or the stages
+ * (group 1); a group of more than one rank runs it on MPI, over that group. */
+static int bind_collective(Exec *e, int32_t k, const OpInfo *info, ExecOp *x, char *err, size_t errlen)
 {
     const Plan *p = e->plan;
     const char *name = plan_str(p, p->ops[k].op);
     int kind = rt_coll_kind(name);
-    if (kind < 0 || x->call.n_in != 1 || x->call.n_out != 1)
+    if (kind < 0 || kind >= RT_COLL_SEND || x->call.n_in != 1 || x->call.n_out != 1)
         return plan_fail(err, errlen, "op %d (%s): a collective this fsexec cannot run", k, name);
-    if (x->call.attr[1] != e->world)
-        return plan_fail(err, errlen, "op %d (%s) is for a world of %g ranks, but this run has %d", k, name,
-                       x->call.attr[1], e->world);
-    if (e->world == 1) return 0;
+    double world = call_attr(info, &x->call, "world", 0), group = call_attr(info, &x->call, "group", OP_GROUP_DATA);
+    if (group != OP_GROUP_DATA && group != OP_GROUP_PIPE)
+        return plan_fail(err, errlen, "op %d (%s): group %g; a collective runs over group 0 (the data-parallel ranks) "
+                         "or 1 (the pipeline's stages)", k, name, group);
+    int pipe = group == OP_GROUP_PIPE, size = pipe ? e->stages : e->world;
+    if (world != size && pipe)
+        return plan_fail(err, errlen, "op %d (%s) over the pipeline group (group 1) is for %g stages, but this run has "
+                         "%d", k, name, world, size);
+    if (world != size)
+        return plan_fail(err, errlen, "op %d (%s) is for a world of %g ranks, but this run has %d%s", k, name, world,
+                         size, e->stages > 1 ? " in this stage" : "");
+    if (size == 1) return 0;
     const KTensor *in = &x->call.in[0], *out = &x->call.out[0];
-    int avg = kind != RT_COLL_ALL_GATHER && x->call.attr[2] != 0;
+    int avg = kind != RT_COLL_ALL_GATHER && call_attr(info, &x->call, "avg", 0) != 0;
     x->coll = &e->colls[k];
     char why[256];
     if (rt_coll_prepare(x->coll, (RtCollKind)kind, p->tensors[p->ids[p->ops[k].in]].dtype, in->data, in->numel,
-                        out->data, out->numel, e->world, e->rank, avg, why, sizeof why))
+                        out->data, out->numel, size, pipe ? e->stage : e->rank, avg, why, sizeof why))
         return plan_fail(err, errlen, "op %d: %s", k, why);
-    x->coll->plan = p, x->coll->op = k;  // for the watchdog: which op of the plan hangs
+    x->coll->group = (int)group;
+    return 0;
+}
+
+/* A point-to-point op, send ("x, peer:int") or recv ("shape:ints, dtype:int, peer:int"):
+ * to or from stage `peer`'s rank at this rank's data-parallel index, on MPI. */
+static int bind_p2p(Exec *e, int32_t k, const OpInfo *info, ExecOp *x, char *err, size_t errlen)
+{
+    const Plan *p = e->plan;
+    const char *name = plan_str(p, p->ops[k].op);
+    int kind = rt_coll_kind(name), send = kind == RT_COLL_SEND;
+    double peer = call_attr(info, &x->call, "peer", -1);
+    if ((!send && kind != RT_COLL_RECV) || x->call.n_in != send || x->call.n_out != !send)
+        return plan_fail(err, errlen, "op %d (%s): a point-to-point op this fsexec cannot run", k, name);
+    if (peer != (int)peer || peer < 0 || peer >= e->stages || peer == e->stage)
+        return plan_fail(err, errlen, "op %d (%s): peer stage %g is not another stage of this %d-stage plan (this is "
+                         "stage %d)", k, name, peer, e->stages, e->stage);
+    const PlanTensor *t = &p->tensors[send ? p->ids[p->ops[k].in] : p->ids[p->ops[k].out]];
+    if (!send && call_attr(info, &x->call, "dtype", -1) != t->dtype)
+        return plan_fail(err, errlen, "op %d (recv): dtype %g, but its output is %s", k,
+                         call_attr(info, &x->call, "dtype", -1), plan_dtype_name(t->dtype));
+    if (e->guarding)
+        return plan_fail(err, errlen, "op %d (%s): --debug-guard waits for every op as it ends, which a pipeline's "
+                         "sends and receives cannot do; run it on a one-stage plan", k, name);
+    const KTensor *buf = send ? &x->call.in[0] : &x->call.out[0];
+    x->coll = &e->colls[k];
+    char why[256];
+    if (rt_p2p_prepare(x->coll, (RtCollKind)kind, t->dtype, buf->data, buf->numel, (int)peer * e->world + e->rank,
+                       e->sync_sends, why, sizeof why))
+        return plan_fail(err, errlen, "op %d: %s", k, why);
     return 0;
 }
 
@@ -219,7 +280,12 @@ static int build_op(Exec *e, int32_t k, char *err, size_t errlen)
     if ((info->flags & OPF_VIEW) && op->n_in >= 1 && op->n_out == 1)
         x->skip = x->call.out[0].data == x->call.in[0].data;
     if (bind_attrs(p, k, info, &x->call, err, errlen)) return -1;
-    if (info->flags & OPF_COLLECTIVE) return bind_collective(e, k, x, err, errlen);
+    int rc = info->flags & OPF_COLLECTIVE ? bind_collective(e, k, info, x, err, errlen)
+             : info->flags & OPF_P2P      ? bind_p2p(e, k, info, x, err, errlen)
+                                          : 0;
+    if (rc) return -1;
+    if (x->coll) x->coll->plan = p, x->coll->op = k;  // for the watchdog: which op of the plan hangs
+    x->block = x->coll && op->stream == PLAN_STREAM_COMPUTE;
     return 0;
 }
 
@@ -396,9 +462,12 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
         return plan_fail(err, errlen,
                          "the plan has no program (no memory plan); recompile it with this version of fsc");
     if (p->n_programs > 1)
-        return plan_fail(err, errlen, "the plan has %d pipeline stages; this fsexec runs one (pipelines are not "
-                         "implemented yet)", p->n_programs);
+        return plan_fail(err, errlen, "the plan has %d pipeline stages; an Exec runs one stage's program "
+                         "(plan_extract_program)", p->n_programs);
     const PlanProgram *prog = &p->programs[0];
+    if (e->stage < 0 || e->stage >= e->stages || (e->stages > 1 && prog->stage != e->stage))
+        return plan_fail(err, errlen, "the plan is stage %d's program, but runs as stage %d of %d", prog->stage,
+                         e->stage, e->stages);
     if (prog->dp_world != e->world)
         return plan_fail(err, errlen, "plan compiled for world %d, but %d rank%s started", prog->dp_world, e->world,
                          e->world == 1 ? "" : "s");
@@ -412,15 +481,19 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
     if (!e->ops) return plan_fail(err, errlen, "out of memory");
     memset(e->ops, 0, sizeof *e->ops * (size_t)p->n_ops);
     e->n_ops = p->n_ops;
-    if (e->world > 1) {
+    if (e->mpi) {
         e->colls = plan_alloc(sizeof *e->colls * (size_t)(p->n_ops + 1));
         e->queue = rt_comm_queue_new(p->n_ops);
         if (!e->colls || !e->queue) return plan_fail(err, errlen, "out of memory");
     }
     for (int32_t k = 0; k < p->n_ops; k++)
         if (build_op(e, k, err, errlen)) return -1;
-    for (int32_t k = 0; k < p->n_ops && e->world > 1; k++)
-        if (e->ops[k].coll) rt_comm_bind(e->queue, e->ops[k].coll);
+    /* Persistent collectives may synchronize their group as they are set up: the stage's
+     * ones first, then the pipeline's (the same order on every stage), so that no two
+     * ranks wait for each other in different groups. */
+    for (int g = OP_GROUP_DATA; g <= OP_GROUP_PIPE; g++)
+        for (int32_t k = 0; k < p->n_ops; k++)
+            if (e->ops[k].coll && e->ops[k].coll->group == g) rt_comm_bind(e->queue, e->ops[k].coll);
     if (build_workspace(e, err, errlen)) return -1;
     if ((e->nan_fill && build_dead_lists(e, err, errlen)) || find_step(e, err, errlen)) return -1;
     for (int s = 0; s < PLAN_PLACE_COUNT && e->nan_fill; s++) memset(e->space[s], 0xff, (size_t)e->space_bytes[s]);
@@ -432,7 +505,7 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
 
 Exec *rt_exec_new(const Plan *p, const ExecOptions *o, char *err, size_t errlen)
 {
-    if (rt_plan_check_ops(p, err, errlen)) return NULL;  // no op reaches a kernel it does not fit
+    if (rt_plan_check_stage(p, o->whole, err, errlen)) return NULL;  // no op reaches a kernel it does not fit
     Exec *e = plan_alloc(sizeof *e);
     if (!e) {
         plan_fail(err, errlen, "out of memory");
@@ -444,6 +517,12 @@ Exec *rt_exec_new(const Plan *p, const ExecOptions *o, char *err, size_t errlen)
     e->mirror = o->mirror;
     e->rank = o->rank;
     e->world = o->world > 0 ? o->world : 1;
+    e->whole = o->whole ? o->whole : p;
+    e->stage = o->whole ? o->stage : 0;
+    e->stages = o->whole && o->whole->n_programs > 1 ? o->whole->n_programs : 1;
+    e->sync_sends = o->sync_sends;
+    e->mpi = e->world * e->stages > 1;
+    e->guarding = o->guard;
     if (setup(e, o, err, errlen)) {
         rt_exec_free(e);
         return NULL;
@@ -485,9 +564,10 @@ int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned ph
             if (c) rt_comm_wait_for(q, c);
         }
         if (e->guard && !x->skip) rt_guard_before(e->guard, k);
-        if (x->coll)
+        if (x->coll) {
             rt_comm_start(q, x->coll);
-        else if (!x->skip)
+            if (x->block) rt_comm_wait_for(q, x->coll);
+        } else if (!x->skip)
             x->fn(&x->call);
         if (e->guard && !x->skip) {
             if (rt_comm_pending(q)) rt_comm_wait_all(q);
@@ -535,6 +615,9 @@ const Plan *rt_exec_plan(const Exec *e) { return e->plan; }
 const char *rt_exec_error(const Exec *e) { return e->guard_err; }
 int rt_exec_rank(const Exec *e) { return e->rank; }
 int rt_exec_world(const Exec *e) { return e->world; }
+const Plan *rt_exec_whole(const Exec *e) { return e->whole; }
+int rt_exec_stage(const Exec *e) { return e->stage; }
+int rt_exec_stages(const Exec *e) { return e->stages; }
 int64_t rt_exec_arena_bytes(const Exec *e) { return e->space_bytes[PLAN_PLACE_DEVICE]; }
 int64_t rt_exec_space_bytes(const Exec *e, PlanPlace s) { return e->space_bytes[s]; }
 int64_t rt_exec_held_bytes(const Exec *e, PlanPlace s) { return e->held[s]; }

@@ -45,7 +45,8 @@ typedef struct {
     const char *name;
     OpKind kind;
     const OpInfo *info;
-    int64_t world;               // meta "world"
+    int64_t world;               // the program's data-parallel ranks (dp_world)
+    int64_t stages;              // the stages of the plan it is a program of; 0: not known
     OpAttrs attrs;               // the op's attributes, as the shape rules read them
     OpType in[OPS_MAX_IN];       // the inputs' types
     char *err;
@@ -350,13 +351,19 @@ static int optimizer(OpCheck *c, int n_f32, int scalars)
 static int extra_adamw(OpCheck *c) { return optimizer(c, 6, 4); }
 static int extra_sgd(OpCheck *c) { return optimizer(c, 5, 3); }
 
-/* A collective runs across the plan's world; the executor refuses any other. Checked
- * before the shape rule, which multiplies by the world. */
+/* A collective runs across its group: the program's data-parallel ranks (group 0) or
+ * the stages (group 1); the executor refuses any other. Checked before the shape rule,
+ * which multiplies by the world. */
 static int check_collective(OpCheck *c)
 {
-    int64_t w = attr_int(c, "world", 0), n;
-    if (w != c->world)
+    int64_t w = attr_int(c, "world", 0), g = attr_int(c, "group", OP_GROUP_DATA), n;
+    if (g != OP_GROUP_DATA && g != OP_GROUP_PIPE)
+        return fail(c, "group %" PRId64 ": a collective runs over group 0 (the data-parallel ranks) or 1 (the stages)", g);
+    if (g == OP_GROUP_DATA && w != c->world)
         return fail(c, "a collective for a world of %" PRId64 " ranks, but the plan is for a world of %" PRId64, w, c->world);
+    if (g == OP_GROUP_PIPE && (w < 1 || w > RT_MAX_WORLD || (c->stages && w != c->stages)))
+        return fail(c, "a collective over the pipeline group for %" PRId64 " stages, but the plan has %" PRId64, w,
+                    c->stages);
     if (__builtin_mul_overflow(plan_tensor_numel(in_t(c, 0)), w, &n)) return fail(c, "input 0 is too large to gather");
     return 0;
 }
@@ -405,11 +412,29 @@ static int check_op(OpCheck *c)
     return check_outputs(c, &sc);
 }
 
-int rt_plan_check_ops(const Plan *p, char *err, size_t errlen)
+/* Each stage of a plan of several as its ranks run it: alone, its data the whole's. */
+static int check_stages(const Plan *p, char *err, size_t errlen)
 {
-    if (plan_check(p, err, errlen) || rt_plan_check_layout(p, err, errlen)) return -1;
-    OpCheck c = {.p = p, .world = plan_meta_int(p, "world", 1), .err = err, .errlen = errlen};
+    char why[768];
+    for (int32_t k = 0; k < p->n_programs; k++) {
+        Plan *one = plan_extract_program(p, k, why, sizeof why);
+        int rc = !one || rt_plan_check_stage(one, p, why, sizeof why);
+        plan_free(one);
+        if (rc) return plan_fail(err, errlen, "stage %d: %s", k, why);
+    }
+    return 0;
+}
+
+int rt_plan_check_stage(const Plan *p, const Plan *whole, char *err, size_t errlen)
+{
+    if (plan_check(p, err, errlen)) return -1;
+    if (p->n_programs > 1) return check_stages(p, err, errlen);
+    if (rt_plan_check_layout(p, err, errlen)) return -1;
+    OpCheck c = {.p = p, .world = p->programs[0].dp_world, .stages = whole ? whole->n_programs : 0, .err = err,
+                 .errlen = errlen};
     for (c.k = 0; c.k < p->n_ops; c.k++)
         if (check_op(&c)) return -1;
-    return rt_plan_check_values(p, err, errlen);
+    return rt_plan_check_values(p, whole, err, errlen);
 }
+
+int rt_plan_check_ops(const Plan *p, char *err, size_t errlen) { return rt_plan_check_stage(p, NULL, err, errlen); }

@@ -42,7 +42,7 @@
 #include "ops.h"
 #include "runtime.h"
 
-enum { ARENA_ALIGN = 64, MAX_WORLD = 1 << 20, MAX_COPIES = 64 };
+enum { ARENA_ALIGN = 64, MAX_COPIES = 64 };
 /* More than any machine gives one rank; below it, no sum or product of a few tensor
  * sizes (the shape rules make some) can overflow. */
 #define MAX_ARENA ((int64_t)1 << 48)
@@ -95,10 +95,12 @@ int rt_plan_check_layout(const Plan *p, char *err, size_t errlen)
         if (prog->space_bytes[s] > MAX_ARENA)
             return plan_fail(err, errlen, "the plan's %s arena of %lld bytes is more than a rank can address here (2^48)",
                              plan_place_name((PlanPlace)s), (long long)prog->space_bytes[s]);
-    int64_t world = prog->dp_world;
-    if (world > MAX_WORLD || world != plan_meta_int(p, "world", world))
-        return plan_fail(err, errlen, "the plan's world of %lld ranks is not in [1, %d], or not its setting 'world'",
-                         (long long)world, MAX_WORLD);
+    int64_t world = prog->dp_world, stages = plan_meta_int(p, "stages", 1);
+    if (world > RT_MAX_WORLD || stages < 1 || stages > RT_MAX_WORLD ||
+        world * stages != plan_meta_int(p, "world", world * stages))
+        return plan_fail(err, errlen, "the plan's world of %lld ranks%s is not in [1, %d], or not its setting 'world'",
+                         (long long)(world * stages), stages > 1 ? " (its stages x data-parallel ranks)" : "",
+                         RT_MAX_WORLD);
     for (int32_t i = 0; i < p->n_tensors; i++)
         if (check_tensor_layout(p, i, world, err, errlen)) return -1;
     return 0;
@@ -152,7 +154,7 @@ static unsigned updated_inputs(OpKind k)
         [OP_count_step] = 1u << 0,                 // count
         [OP_scale_update] = 1u << 1 | 1u << 2,     // scale, good
     };
-    if (!(op_info(k)->flags & OPF_EFFECT)) return 0;
+    if (!(op_info(k)->flags & OPF_EFFECT) || (op_info(k)->flags & OPF_P2P)) return 0;  // a send reads its input
     return mask[k] ? mask[k] : ~0u;
 }
 
@@ -398,22 +400,21 @@ static int check_aliasing(Mem *m, int32_t k, char *err, size_t errlen)
 
 /* What data.c writes into the data inputs: tokens and targets below the vocab it checks
  * tokens against, labels below the class count it draws them from; nothing when the
- * inputs are of neither kind (rt_data_open refuses them, and they stay zeros). */
-static void data_bounds(Mem *m)
+ * inputs are of neither kind (rt_data_open refuses them, and they stay zeros). A stage's
+ * data inputs are the whole plan's, and so are their bounds. */
+static void data_bounds(Mem *m, const Plan *whole)
 {
-    const Plan *p = m->p;
-    int32_t a, b;
     m->data[0] = m->data[1] = PLAN_NONE;
-    RtDataKind kind = rt_data_kind(p);
-    if (kind == RT_DATA_NONE || rt_data_inputs(p, &a, &b)) return;
-    m->data[0] = a, m->data[1] = b;
+    RtDataKind kind = rt_data_kind(whole);
+    if (kind == RT_DATA_NONE) return;
+    rt_stage_inputs(whole, m->p, &m->data[0], &m->data[1]);
     if (kind == RT_DATA_LM) {
-        int64_t v = rt_plan_vocab(p);
+        int64_t v = rt_plan_vocab(whole);
         v = v < 65536 ? v : 65536;  // tokens are uint16
         m->data_bound[0] = m->data_bound[1] = (Bound){1, 0, v - 1};
         return;
     }
-    int64_t classes = rt_plan_classes(p);  // the labels the loader makes: [0, classes)
+    int64_t classes = rt_plan_classes(whole);  // the labels the loader makes: [0, classes)
     m->data_bound[0] = TOP;  // features: f32
     m->data_bound[1] = (Bound){1, 0, classes - 1};
 }
@@ -427,10 +428,10 @@ static int32_t step_input(const Plan *p)
     return t->dtype == PLAN_DT_I32 && t->rank == 0 && t->alias == PLAN_NONE && t->rank_stride == 0 ? s : PLAN_NONE;
 }
 
-int rt_plan_check_values(const Plan *p, char *err, size_t errlen)
+int rt_plan_check_values(const Plan *p, const Plan *whole, char *err, size_t errlen)
 {
     size_t n = (size_t)p->n_tensors + 1;
-    Mem m = {.p = p, .world = plan_meta_int(p, "world", 1), .step = step_input(p)};
+    Mem m = {.p = p, .world = p->n_programs ? p->programs[0].dp_world : 1, .step = step_input(p)};
     m.root = plan_alloc(sizeof *m.root * n);
     m.ok_upto = plan_alloc(sizeof *m.ok_upto * n);
     m.lo = plan_alloc(sizeof *m.lo * n);
@@ -453,7 +454,7 @@ int rt_plan_check_values(const Plan *p, char *err, size_t errlen)
             m.made_known[i] = 0;
         }
         for (int32_t k = 0; k < p->n_ops; k++) m.kind[k] = op_lookup(plan_str(p, p->ops[k].op));
-        data_bounds(&m);
+        data_bounds(&m, whole ? whole : p);
         for (int32_t k = 0; k < p->n_ops && !rc; k++)
             rc = check_aliasing(&m, k, err, errlen) || check_updates(&m, k, err, errlen) || check_read(&m, k, err, errlen);
     }

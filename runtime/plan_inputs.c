@@ -10,18 +10,50 @@
 
 /* ---- what a plan needs ----------------------------------------------------------------- */
 
+static int is_data_input(const PlanTensor *t) { return t->role == PLAN_ROLE_INPUT && t->step_role != PLAN_SR_STEP; }
+
+/* Whether tensors i and j are one data input: the same, or named alike (two stages). */
+static int same_input(const Plan *p, int32_t i, int32_t j)
+{
+    return i == j || (p->tensors[i].name != PLAN_NONE && !strcmp(plan_str(p, p->tensors[i].name),
+                                                                 plan_str(p, p->tensors[j].name)));
+}
+
 int rt_data_inputs(const Plan *p, int32_t *a, int32_t *b)
 {
     int n = 0;
     *a = *b = PLAN_NONE;
     for (int32_t i = 0; i < p->n_tensors; i++) {
-        const PlanTensor *t = &p->tensors[i];
-        if (t->role != PLAN_ROLE_INPUT || t->step_role == PLAN_SR_STEP) continue;
+        if (!is_data_input(&p->tensors[i]) || (*a != PLAN_NONE && same_input(p, i, *a)) ||
+            (*b != PLAN_NONE && same_input(p, i, *b)))
+            continue;
         if (n == 0) *a = i;
         if (n == 1) *b = i;
         n++;
     }
     return n == 2 ? 0 : -1;
+}
+
+/* The data input of p named as whole's tensor w, or PLAN_NONE. */
+static int32_t named_input(const Plan *whole, int32_t w, const Plan *p)
+{
+    if (w == PLAN_NONE || whole->tensors[w].name == PLAN_NONE) return PLAN_NONE;
+    const char *name = plan_str(whole, whole->tensors[w].name);
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (is_data_input(&p->tensors[i]) && !strcmp(plan_str(p, p->tensors[i].name), name)) return i;
+    return PLAN_NONE;
+}
+
+void rt_stage_inputs(const Plan *whole, const Plan *p, int32_t *a, int32_t *b)
+{
+    int32_t wa, wb;
+    int none = rt_data_inputs(whole, &wa, &wb);
+    if (whole == p) {
+        *a = none ? PLAN_NONE : wa, *b = none ? PLAN_NONE : wb;
+        return;
+    }
+    *a = none ? PLAN_NONE : named_input(whole, wa, p);
+    *b = none ? PLAN_NONE : named_input(whole, wb, p);
 }
 
 static int32_t find_output(const Plan *p, const char *name)
@@ -52,14 +84,20 @@ static int32_t loss_logits(const Plan *p, int32_t targets)
     return PLAN_NONE;
 }
 
-int32_t rt_plan_logits(const Plan *p)
+int32_t rt_plan_logits_for(const Plan *p, int32_t labels)
 {
-    int32_t logits = find_output(p, "logits"), x, y;
-    if (logits != PLAN_NONE || rt_data_inputs(p, &x, &y)) return logits;
-    logits = loss_logits(p, y);
+    int32_t logits = find_output(p, "logits");
+    if (logits != PLAN_NONE || labels == PLAN_NONE) return logits;
+    logits = loss_logits(p, labels);
     for (int32_t i = 0; i < p->n_outputs && logits != PLAN_NONE; i++)
         if (p->outputs[i] == logits) return logits;
     return PLAN_NONE;
+}
+
+int32_t rt_plan_logits(const Plan *p)
+{
+    int32_t x, y;
+    return rt_plan_logits_for(p, rt_data_inputs(p, &x, &y) ? PLAN_NONE : y);
 }
 
 int64_t rt_plan_vocab(const Plan *p)

@@ -147,3 +147,33 @@ int rt_launch_argv(const char *mpirun, const char *exe, int nproc, int as_root, 
     out[n] = NULL;
     return n;
 }
+
+/* ---- the plan's ranks: stages x data-parallel ranks --------------------------------- */
+
+int rt_plan_layout(const Plan *p, RtLayout *l, char *err, size_t errlen)
+{
+    if (p->n_programs < 1) {  // no memory plan: the executor refuses it, with its own message
+        int64_t w = plan_meta_int(p, "world", 1);
+        *l = (RtLayout){.stages = 1, .dp = w >= 1 && w <= RT_MAX_WORLD ? (int)w : 1};
+        l->world = l->dp;
+        return 0;
+    }
+    int dp = p->programs[0].dp_world;
+    for (int32_t k = 1; k < p->n_programs; k++)
+        if (p->programs[k].dp_world != dp)
+            return plan_fail(err, errlen, "stage %d has %d data-parallel ranks, but stage 0 has %d; every stage of a "
+                             "plan has the same (recompile it)", k, p->programs[k].dp_world, dp);
+    if ((int64_t)p->n_programs * dp > RT_MAX_WORLD)
+        return plan_fail(err, errlen, "%d stages x %d data-parallel ranks is more than %d ranks", p->n_programs, dp,
+                         RT_MAX_WORLD);
+    *l = (RtLayout){.stages = p->n_programs, .dp = dp, .world = p->n_programs * dp};
+    return 0;
+}
+
+const char *rt_layout_str(const RtLayout *l, char *buf, size_t n)
+{
+    if (l->stages == 1) snprintf(buf, n, "world %d", l->world);
+    else snprintf(buf, n, "%d stages x %d data-parallel rank%s = world %d", l->stages, l->dp, l->dp == 1 ? "" : "s",
+                  l->world);
+    return buf;
+}

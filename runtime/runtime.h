@@ -2,9 +2,11 @@
  * never trusted), reports what it holds, and runs its static schedule step after step
  * on the CPU backend (runtime/cpu/) of one rank: one arena carved by the plan's offsets,
  * params from a counter-based RNG, batches from token files or synthetic data. A world of
- * more than one rank runs the same plan on every rank, started by an MPI launcher (rank.c),
- * with collectives over MPI (comm.c). The CUDA backend comes later. Grouped by the file
- * that defines each declaration.
+ * more than one rank, started by an MPI launcher (rank.c), runs one program per pipeline
+ * stage (the plan's stages x data-parallel ranks: rank r is stage r / dp, data-parallel
+ * index r % dp), each stage's ranks the same one, with collectives, sends and receives
+ * over MPI (comm.c); the CUDA backend (backend.h) runs plans of one stage. Grouped by the
+ * file that defines each declaration.
  */
 #ifndef FS_RUNTIME_H
 #define FS_RUNTIME_H
@@ -88,14 +90,19 @@ void rt_flat_owned(const Plan *p, int32_t storage, int world, RtOwned *o);
  * differ: f32[8, 16] and bf16[16, 48]"). rt_exec_new runs it; so should anything else
  * that accepts a plan. */
 int rt_plan_check_ops(const Plan *p, char *err, size_t errlen);
-/* Meta "arena_bytes" and "world"; every tensor inside the arena on every rank, aligned,
+/* The same for one stage's program p of the plan `whole` (plan_extract_program; NULL: p
+ * is all of it): the data inputs and their bounds are whole's. */
+int rt_plan_check_stage(const Plan *p, const Plan *whole, char *err, size_t errlen);
+/* Meta "world" (every stage's ranks: the stages, meta "stages" or 1, times the program's
+ * dp_world); every tensor inside the arena on every rank, aligned,
  * views inside their roots, live ranges inside the ops. Needs plan_check. */
 int rt_plan_check_layout(const Plan *p, char *err, size_t errlen);
 /* Indices (embedding, cross_entropy and their backward ops), adamw's step and the i32
  * counters are proved in range from where they come from and that nothing overwrites
  * them before they are read; no output overlaps an input its kernel does not share
- * bytes with; effect ops update only persistent state. Needs the ops checked. */
-int rt_plan_check_values(const Plan *p, char *err, size_t errlen);
+ * bytes with; effect ops update only persistent state. Needs the ops checked. whole:
+ * the plan p is a stage of (its data inputs are whole's), or NULL. */
+int rt_plan_check_values(const Plan *p, const Plan *whole, char *err, size_t errlen);
 
 /* ---- runtime/exec.c: the executor of one rank (CPU backend) -------------------------- */
 
@@ -109,9 +116,13 @@ typedef struct {
     int guard;       // debug: check that every op writes only its own buffers (guard.c)
     int mirror;      // a device's host mirror: allocates only what the host reads or writes
                      // (each space's persistent prefix, the step's outputs), runs no op
-    int rank, world; // this rank of a world (0 and 0 or 1: a world of one); must match the
-                     // plan's meta "world"; world > 1 runs collectives through MPI
-                     // (rt_comm_init first)
+    int rank, world; // this rank's data-parallel index among the world ranks of its stage
+                     // (0 and 0 or 1: a world of one); world must be the program's
+                     // dp_world; world > 1 runs collectives through MPI (rt_comm_init first)
+    const Plan *whole;  // a pipeline: the plan of every stage, whose program `stage` the
+                        // Exec's plan is (plan_extract_program); NULL: the plan is all of it
+    int stage;          // this rank's stage of `whole` (0 without)
+    int sync_sends;     // every send synchronous (MPI_Issend): nothing relies on MPI's buffers
 } ExecOptions;
 
 /* A tensor of the running plan, inside the arena. */
@@ -143,7 +154,9 @@ void rt_exec_free(Exec *e);
  * schedule says, all complete on return; every rank must make the same calls. */
 int rt_exec_run(Exec *e, int64_t step, unsigned phases);
 /* The same for ops [from, to) only (a step split around a point, e.g. to read the
- * gradients before the first optimizer op). */
+ * gradients before the first optimizer op). In a pipeline every send and receive
+ * started before `to` must be able to complete before the peer stage passes its own
+ * split point (fsexec runs whole steps there). */
 int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned phases);
 /* The index of the first op of that phase; the op count if none. */
 int32_t rt_exec_first_op(const Exec *e, PlanPhase phase);
@@ -154,8 +167,13 @@ const Plan *rt_exec_plan(const Exec *e);
 /* Why the last run returned -1 with ExecOptions.guard: the op, its source line and the
  * damaged bytes; "" otherwise. */
 const char *rt_exec_error(const Exec *e);
-int rt_exec_rank(const Exec *e);
-int rt_exec_world(const Exec *e);
+int rt_exec_rank(const Exec *e);   // the data-parallel index
+int rt_exec_world(const Exec *e);  // the data-parallel ranks of the stage
+/* The plan of every stage (ExecOptions.whole; the Exec's own plan when it has one stage),
+ * this rank's stage of it, and the stages. */
+const Plan *rt_exec_whole(const Exec *e);
+int rt_exec_stage(const Exec *e);
+int rt_exec_stages(const Exec *e);
 /* Where tensor id lives on this rank (offset + rank * rank_stride); NULL for a tensor a
  * host mirror does not hold. */
 void *rt_exec_data(const Exec *e, int32_t id);
@@ -230,13 +248,19 @@ void rt_blobs_batch(const float *centers, uint64_t seed, int64_t step, int64_t B
 void rt_blobs_rows(const float *centers, uint64_t seed, int64_t step, int64_t row0, int64_t rows, int64_t D,
                    int64_t K, float *x, int32_t *y);
 /* The two data inputs (every input but "step"), in tensor order: tokens and targets, or
- * features and labels. 0, or -1 when the plan has not exactly two. */
+ * features and labels; an input of a later stage named as an earlier one's counts once.
+ * 0, or -1 when the plan has not exactly two. */
 int rt_data_inputs(const Plan *p, int32_t *a, int32_t *b);
+/* The tensors of p, one stage's program of `whole` (or whole itself), that are whole's
+ * data inputs (rt_data_inputs): the same names; PLAN_NONE where the stage reads none. */
+void rt_stage_inputs(const Plan *whole, const Plan *p, int32_t *a, int32_t *b);
 /* Which kind of data a plan's inputs take (RT_DATA_NONE: neither). */
 RtDataKind rt_data_kind(const Plan *p);
 /* A classifier's logits [B, K]: the output named "logits", else the input of the
  * cross-entropy that the labels feed when it is an output; PLAN_NONE if neither. */
 int32_t rt_plan_logits(const Plan *p);
+/* The same for the labels tensor `labels` of p (PLAN_NONE: the output "logits" only). */
+int32_t rt_plan_logits_for(const Plan *p, int32_t labels);
 /* A classifier's classes K: the last dim of its logits (rt_plan_logits; else of the
  * labels' cross-entropy input); 2 when neither is there. */
 int64_t rt_plan_classes(const Plan *p);
@@ -248,7 +272,9 @@ int64_t rt_plan_vocab(const Plan *p);
  * for a classifier (path must be NULL). Checks every token against the vocab. The
  * plan's inputs hold one rank's B rows: rank r of a world of N gets rows [r * B,
  * (r + 1) * B) of the global batch of N * B rows, the same rows a world-1 run of the
- * global batch makes. NULL with a message on failure. */
+ * global batch makes. A pipeline's kind of data, vocab and classes are its whole plan's
+ * (rt_exec_whole), and a stage fills only the data inputs it reads (none: nothing).
+ * NULL with a message on failure. */
 RtData *rt_data_open_as(Exec *e, const char *path, RtTokenFormat format, RtDataOrder order, uint64_t seed, char *err,
                         size_t errlen);
 RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed, char *err, size_t errlen);  // AUTO
@@ -257,6 +283,10 @@ void rt_data_fill(RtData *d, int64_t step);
 RtDataKind rt_data_get_kind(const RtData *d);
 const char *rt_data_describe(const RtData *d);  // for the start line
 int64_t rt_data_items(const RtData *d);         // tokens (LM) or samples per step, all ranks
+/* A classifier's labels and logits on this stage (PLAN_NONE where it has none, and for
+ * language models): what the accuracy is computed from. */
+int32_t rt_data_labels(const RtData *d);
+int32_t rt_data_logits(const RtData *d);
 void rt_data_close(RtData *d);
 
 /* ---- runtime/safetensors.c: weights and gradients as safetensors ---------------------- */
@@ -277,16 +307,32 @@ int rt_st_write(const char *path, const StEntry *t, int32_t n, int64_t step, cha
  * that every F32, F16 and BF16 value is finite (else the message names the tensor and the
  * first bad element). On any error nothing is written and -1 comes back with a message. */
 int rt_st_read(const char *path, const StEntry *t, int32_t n, char *err, size_t errlen);
+/* The same, where the file may also hold the n_also tensors named in `also` (params of
+ * other stages), which are not read. */
+int rt_st_read_part(const char *path, const StEntry *t, int32_t n, const char *const *also, int32_t n_also,
+                    char *err, size_t errlen);
+
+/* ---- runtime/weights.c: the model's params and gradients in and out ------------------ */
+
 /* Every param (tied ones once), under its name. With world > 1 every rank calls it:
  * each unit's authoritative flat ranges (rt_flat_owned) are gathered to rank 0, which
  * writes the consolidated params; the result (0 or -1) is the same on every rank, the
- * message only on rank 0 (other ranks: an empty err). */
+ * message only on rank 0 (other ranks: an empty err). A pipeline (rt_exec_stages > 1):
+ * the first rank of each stage writes its stage's params to rt_weights_shard_path, and
+ * world rank 0 then writes PATH.index.json (Hugging Face's sharded checkpoint: metadata
+ * total_size, and a weight_map from every name to the first stage's file holding it; a
+ * param two stages hold, as a tied embedding, is in both files). */
 int rt_save_weights(const Exec *e, const char *path, int64_t step, char *err, size_t errlen);
+/* Stage `stage` of `stages`'s file for weights saved to path: "out.safetensors" ->
+ * "out-00001-of-00002.safetensors" (Hugging Face's names; a path not ending in
+ * .safetensors gets the suffix after it); path itself for one stage. */
+const char *rt_weights_shard_path(const char *path, int stage, int stages, char *buf, size_t n);
 /* Every param's gradient ("<param>.grad"), under the param's name; call between
  * backward and the first optimizer op. World 1 only. */
 int rt_save_grads(const Exec *e, const char *path, int64_t step, char *err, size_t errlen);
 /* Every rank reads the whole file and keeps what its storages hold; the result is
- * agreed over the ranks (an empty err on a rank that did not fail itself). */
+ * agreed over the ranks (an empty err on a rank that did not fail itself). A stage of a
+ * pipeline takes the params it has: the file may hold other stages' too, nothing else. */
 int rt_load_weights(Exec *e, const char *path, char *err, size_t errlen);
 
 /* ---- runtime/progress.c: per-step reporting ------------------------------------------ */
@@ -351,65 +397,101 @@ const char *rt_launch_name(RtLaunch l);
 int rt_launch_argv(const char *mpirun, const char *exe, int nproc, int as_root, char *const *args, int n_args,
                    const char **out, int cap, char *np_buf, size_t np_len);
 
+/* The ranks a plan runs on (plan.h: PlanProgram): world = stages x dp, the data-parallel
+ * ranks of each stage; world rank r is stage r / dp at data-parallel index r % dp. */
+#define RT_MAX_WORLD (1 << 20)
+typedef struct {
+    int stages, dp, world;
+} RtLayout;
+/* A plan without programs: one stage of meta "world". 0, or -1 with a message when the
+ * programs disagree on dp_world or the world is too large. */
+int rt_plan_layout(const Plan *p, RtLayout *l, char *err, size_t errlen);
+/* "world 2", or "2 stages x 2 data-parallel ranks = world 4". */
+const char *rt_layout_str(const RtLayout *l, char *buf, size_t n);
+
 /* ---- runtime/comm.c: MPI between ranks ------------------------------------------------ */
 
 /* Starts MPI when r->world != 1 (a world of one never touches MPI) and checks that it
  * sees the world the launcher announced; fills world (PMIx) and the local rank and
  * size from MPI. 0, or -1 with a message. */
 int rt_comm_init(RtRanks *r, char *err, size_t errlen);
+/* Splits the world for a plan of `stages` stages of `dp` ranks each (world = stages x dp,
+ * rank r is stage r / dp at data-parallel index r % dp): the data-parallel ranks of each
+ * stage (a collective's group 0, the gather and sum below), the ranks of each
+ * data-parallel index, one per stage (group 1), and a copy of the world that only
+ * point-to-point ops use. Every rank calls it once, after rt_comm_init; with one stage
+ * the world is group 0. 0, or -1 with a message. */
+int rt_comm_layout(int stages, int dp, char *err, size_t errlen);
 int rt_comm_rank(void);
 int rt_comm_world(void);
+/* How messages name this rank: "rank 3", or with several stages "rank 3, stage 1". */
+const char *rt_comm_who(void);
 void rt_comm_finalize(void);
 /* Ends every rank (MPI_Abort when MPI is up), with exit status code. */
 _Noreturn void rt_comm_abort(int code);
-/* Rank 0 receives every rank's n floats in rank order into recv (n * world floats;
- * ignored on other ranks). Blocking, every rank calls it. */
+/* The first rank of this stage's data-parallel group (rank 0 with one stage) receives
+ * every rank's n floats in rank order into recv (n * dp floats; ignored on other ranks).
+ * Blocking, every rank of the group calls it. */
 void rt_comm_gather_f32(const float *send, int64_t n, float *recv);
-/* The largest rc over the ranks (every rank calls it): an error anywhere is everyone's. */
+/* The largest rc over every rank of the world (every rank calls it): an error anywhere
+ * is everyone's. */
 int rt_comm_agree(int rc);
+/* The sum over this stage's data-parallel ranks (every one of them calls it). */
 int64_t rt_comm_sum_i64(int64_t v);
 
-typedef enum { RT_COLL_ALL_REDUCE, RT_COLL_REDUCE_SCATTER, RT_COLL_ALL_GATHER, RT_COLL_COUNT } RtCollKind;
+/* What an op moves between ranks, numbered as the op table's OpComm. */
+typedef enum {
+    RT_COLL_ALL_REDUCE, RT_COLL_REDUCE_SCATTER, RT_COLL_ALL_GATHER, RT_COLL_SEND, RT_COLL_RECV, RT_COLL_COUNT
+} RtCollKind;
 
 /* Bytes [lo, hi) of memory. */
 typedef struct {
     uintptr_t lo, hi;
 } RtRange;
 
-/* One collective of the plan, bound to this rank's buffers. */
+/* One collective or point-to-point op of the plan, bound to this rank's buffers. */
 typedef struct {
     RtCollKind kind;
     PlanDType dtype;
     void *in, *out;
     int64_t n;          // elements of one rank's block: all_reduce: all of x; reduce_scatter:
-                        // out; all_gather: x
+                        // out; all_gather: x; send, recv: the message
     int world;
     int avg;            // divide the sum by the world on completion
     int in_place;       // MPI_IN_PLACE
     int move_after;     // in-place reduce_scatter whose out is not x's start: move on completion
     RtRange range[2];   // the bytes of x and of out: nothing may touch them while in flight
     int slot;           // its persistent request in the queue (rt_comm_bind), or -1
+    int group;          // a collective's ranks: OP_GROUP_DATA (0) or OP_GROUP_PIPE (1)
+    int peer;           // send, recv: the world rank at the other end
+    int sync;           // send: synchronous (MPI_Issend), complete only once received
     const Plan *plan;   // the plan op it runs, for the watchdog's message; NULL and
     int32_t op;         // PLAN_NONE unless the executor says (rt_coll_prepare clears them)
 } RtColl;
 
-/* The collective kind of an op name, or -1. */
+/* The kind of an op name (a collective, send or recv), or -1. */
 int rt_coll_kind(const char *op);
 /* Whether any nonempty range of a overlaps any of b: the hazard test. */
 int rt_ranges_overlap(const RtRange *a, int na, const RtRange *b, int nb);
-/* Binds a collective (x: n_in elements, out: n_out) on `rank` of `world` and decides how
- * it runs in place; -1 with a message for sizes that do not fit the kind, dtypes MPI
- * cannot reduce here, and overlaps of x and out that MPI_IN_PLACE cannot express. */
+/* Binds a collective (x: n_in elements, out: n_out) on `rank` of `world` (of group 0;
+ * set c->group after for another) and decides how it runs in place; -1 with a message
+ * for sizes that do not fit the kind, dtypes MPI cannot reduce here, and overlaps of x
+ * and out that MPI_IN_PLACE cannot express. */
 int rt_coll_prepare(RtColl *c, RtCollKind kind, PlanDType dt, void *in, int64_t n_in, void *out, int64_t n_out,
                     int world, int rank, int avg, char *err, size_t errlen);
+/* Binds a send (buf: what goes) or recv (buf: where it lands) of n elements to or from
+ * world rank `peer`; -1 with a message for a count beyond MPI's int or a bad dtype. */
+int rt_p2p_prepare(RtColl *c, RtCollKind kind, PlanDType dt, void *buf, int64_t n, int peer, int sync, char *err,
+                   size_t errlen);
 
-/* Collectives in flight, at most `capacity` (the plan's collective count). */
+/* Collectives and point-to-point ops in flight, at most `capacity` (the plan's count). */
 typedef struct RtCommQueue RtCommQueue;
 RtCommQueue *rt_comm_queue_new(int capacity);
 void rt_comm_queue_free(RtCommQueue *q);
 int rt_comm_pending(const RtCommQueue *q);
-/* Sets c up once as a persistent collective where MPI has them (every rank binds the
- * same collectives in the same order); c->slot stays -1 otherwise. */
+/* Sets c up once as a persistent request: a send or recv always, a collective where MPI
+ * has persistent ones (every rank of its group binds the same collectives in the same
+ * order); c->slot stays -1 otherwise. */
 void rt_comm_bind(RtCommQueue *q, RtColl *c);
 void rt_comm_start(RtCommQueue *q, const RtColl *c);          // c must stay valid until it completes
 void rt_comm_poll(RtCommQueue *q);                             // MPI_Test each: lets them progress
@@ -435,10 +517,18 @@ void rt_beacon_clear(RtBeacon *b);
  * the beacons must stay mapped until rt_watchdog_detach. 0, or -1 with a message. */
 int rt_watchdog_attach(int rank, int world, RtBeacon *const *all, char *err, size_t errlen);
 void rt_watchdog_detach(void);
-/* The main thread, around every collective on MPI_COMM_WORLD (comm.c; each a store or
- * two): entering one (its plan op, or PLAN_NONE) gives its sequence number; waiting for
- * one says which (p and op, or `what` for a blocking call outside the plan), until
+/* A pipeline: whole, the plan of every stage, and its data-parallel ranks per stage (rank
+ * r is stage r / dp). A rank's collectives are counted against its own stage's ranks only,
+ * ops are named as their stage's ("op 7 of stage 1"), and a send, receive or collective
+ * over the stages names where the ranks of other stages it waits for are. whole must
+ * outlive the watchdog; NULL (or one stage): no pipeline. */
+void rt_watchdog_pipeline(const Plan *whole, int dp);
+/* The main thread, around every collective and point-to-point op (comm.c; each a store
+ * or two): entering one (its plan op, or for a blocking call outside the plan PLAN_NONE
+ * over the world's ranks, RT_WAIT_STAGE over this stage's) gives its sequence number;
+ * waiting for one says which (p and op, or `what` for a blocking call), until
  * rt_watchdog_waited. */
+enum { RT_WAIT_STAGE = -2 };
 int64_t rt_watchdog_enter(int32_t op);
 void rt_watchdog_wait(int64_t seq, const Plan *p, int32_t op, const char *what);
 void rt_watchdog_waited(void);
@@ -457,8 +547,8 @@ typedef struct {
 } RtDevice;
 
 /* Chooses the backend for `want`: CUDA for RT_DEVICE_CUDA, and for RT_DEVICE_AUTO when
- * every rank has a GPU and the plan a CUDA program (debug modes: the CPU); else the CPU,
- * with the reason in d->name. Every rank calls it and they agree. 0, or 1 after a
+ * every rank has a GPU and the plan (the whole plan: a pipeline runs on CPU ranks only)
+ * a CUDA program (debug modes: the CPU); else the CPU, with the reason in d->name. Every rank calls it and they agree. 0, or 1 after a
  * message prefixed by `who` (RT_DEVICE_CUDA where it cannot run). */
 int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, const char *who);
 /* Makes the chosen backend from e as it is now (initialized, weights loaded); the ids

@@ -209,8 +209,17 @@ static int parse_header(json_t *h, uint64_t data_len, FileEntry *fe, size_t *n, 
     return 0;
 }
 
-/* Every wanted tensor in the file with its dtype and shape, and nothing else. */
-static int match(const StEntry *t, int32_t n, const FileEntry *fe, size_t nf, size_t *where, char *err, size_t errlen)
+static int named(const char *name, const char *const *names, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (!strcmp(names[i], name)) return 1;
+    return 0;
+}
+
+/* Every wanted tensor in the file with its dtype and shape, and nothing else but the
+ * tensors named in `also`. */
+static int match(const StEntry *t, int32_t n, const char *const *also, int32_t n_also, const FileEntry *fe, size_t nf,
+                 size_t *where, char *err, size_t errlen)
 {
     char a[128], b[128];
     for (int32_t i = 0; i < n; i++) {
@@ -229,7 +238,8 @@ static int match(const StEntry *t, int32_t n, const FileEntry *fe, size_t nf, si
         for (size_t j = 0; j < nf; j++) {
             int32_t i = 0;
             while (i < n && strcmp(fe[j].name, t[i].name)) i++;
-            if (i == n) return plan_fail(err, errlen, "tensor '%s' is not in the model", fe[j].name);
+            if (i == n && !named(fe[j].name, also, n_also))
+                return plan_fail(err, errlen, "tensor '%s' is not in the model", fe[j].name);
         }
     }
     return 0;
@@ -327,7 +337,8 @@ static int read_data(int fd, uint64_t size, uint64_t base, const StEntry *t, int
     return rc;
 }
 
-static int read_file(int fd, uint64_t size, const StEntry *t, int32_t n, char *err, size_t errlen)
+static int read_file(int fd, uint64_t size, const StEntry *t, int32_t n, const char *const *also, int32_t n_also,
+                     char *err, size_t errlen)
 {
     uint8_t n8[8];
     if (size < 8 || read_at(fd, n8, 8, 0)) return plan_fail(err, errlen, "too short for a safetensors file");
@@ -351,7 +362,7 @@ static int read_file(int fd, uint64_t size, const StEntry *t, int32_t n, char *e
     size_t *where = plan_alloc(sizeof *where * ((size_t)n + 1));
     uint64_t base = 8 + hlen;
     int rc = !fe || !where ? plan_fail(err, errlen, "out of memory") : parse_header(h, size - base, fe, &nf, err, errlen);
-    if (!rc) rc = match(t, n, fe, nf, where, err, errlen);
+    if (!rc) rc = match(t, n, also, n_also, fe, nf, where, err, errlen);
     if (!rc) rc = read_data(fd, size, base, t, n, fe, where, err, errlen);
     plan_dealloc(fe);
     plan_dealloc(where);
@@ -359,198 +370,21 @@ static int read_file(int fd, uint64_t size, const StEntry *t, int32_t n, char *e
     return rc;
 }
 
-int rt_st_read(const char *path, const StEntry *t, int32_t n, char *err, size_t errlen)
+int rt_st_read_part(const char *path, const StEntry *t, int32_t n, const char *const *also, int32_t n_also,
+                    char *err, size_t errlen)
 {
     if (!little_endian()) return plan_fail(err, errlen, "%s: safetensors input needs a little-endian host", path);
     char why[512];
     int64_t size;
     int fd = plan_open_input(path, &size, why, sizeof why);
     if (fd < 0) return plan_fail(err, errlen, "%s: %s", path, why);
-    int rc = read_file(fd, (uint64_t)size, t, n, why, sizeof why);
+    int rc = read_file(fd, (uint64_t)size, t, n, also, n_also, why, sizeof why);
     close(fd);
     if (rc) plan_fail(err, errlen, "%s: %s", path, why);
     return rc;
 }
 
-/* ---- the model's params and grads ---------------------------------------------------- */
-
-enum { SAVED_NONE, SAVED_OWN, SAVED_FLAT };
-
-/* How the file holds tensor i: not at all; from its own bytes (a param of an unsharded
- * plan); or from its unit's consolidated flat layout (a param view of a sharded plan;
- * fsdp's second view of a param, under the same name, is left out). */
-static int saved_kind(const Plan *p, int32_t i)
+int rt_st_read(const char *path, const StEntry *t, int32_t n, char *err, size_t errlen)
 {
-    const PlanTensor *t = &p->tensors[i];
-    if (t->role != PLAN_ROLE_PARAM || t->tied_to != PLAN_NONE) return SAVED_NONE;
-    if (rt_flat_is_param(t, t->unit)) {
-        for (int32_t j = 0; j < i; j++)
-            if (rt_flat_is_param(&p->tensors[j], p->tensors[j].unit) &&
-                !strcmp(plan_str(p, p->tensors[j].name), plan_str(p, t->name)))
-                return SAVED_NONE;
-        return SAVED_FLAT;
-    }
-    if (t->alias != PLAN_NONE || t->rank_stride || t->sharded || rt_flat_is_storage(p, i)) return SAVED_NONE;
-    return SAVED_OWN;
-}
-
-/* Each unit's whole flat layout (elements from flat 0), where a storage has one. */
-typedef struct {
-    float **full;       // by unit (n_blocks + 1 of them); NULL: no storage, or not this rank's to hold
-    int32_t n;
-} Flat;
-
-static void flat_free(Flat *f)
-{
-    for (int32_t u = 0; f->full && u < f->n; u++) plan_dealloc(f->full[u]);
-    plan_dealloc(f->full);
-    f->full = NULL;
-}
-
-/* Zeroed buffers for the units with storage (all of them: rank 0 or every rank). */
-static int flat_alloc(const Exec *e, Flat *f, int mine, char *err, size_t errlen)
-{
-    const Plan *p = rt_exec_plan(e);
-    f->n = p->n_blocks + 1;
-    f->full = plan_alloc(sizeof *f->full * (size_t)f->n);
-    if (!f->full) return plan_fail(err, errlen, "out of memory");
-    memset(f->full, 0, sizeof *f->full * (size_t)f->n);
-    for (int32_t i = 0; i < p->n_tensors && mine; i++) {
-        const PlanTensor *t = &p->tensors[i];
-        if (t->role != PLAN_ROLE_PARAM || !rt_flat_is_storage(p, i) || t->unit >= f->n || f->full[t->unit]) continue;
-        size_t len = (size_t)rt_flat_length(p, i, rt_exec_world(e));
-        if (!(f->full[t->unit] = plan_alloc(sizeof(float) * len)))
-            return plan_fail(err, errlen, "out of memory for the %zu params of unit %d", len, t->unit);
-        memset(f->full[t->unit], 0, sizeof(float) * len);
-    }
-    return 0;
-}
-
-/* Rank 0's full[unit] from every rank's authoritative part of storage s (rt_flat_owned);
- * every rank calls it, for the same storages in the same order. */
-static int flat_gather(const Exec *e, int32_t s, Flat *f, char *err, size_t errlen)
-{
-    const Plan *p = rt_exec_plan(e);
-    const PlanTensor *t = &p->tensors[s];
-    const uint8_t *arena = rt_exec_arena(e);
-    int rank = rt_exec_rank(e), world = rt_exec_world(e);
-    float *full = f->full ? f->full[t->unit] : NULL;
-    RtOwned o;
-    rt_flat_owned(p, s, world, &o);
-    if (rank == 0 && !t->sharded)  // the whole buffer first: padding, and all of it when replicated
-        memcpy(full + t->flat_offset, arena + t->offset, (size_t)plan_tensor_nbytes(t));
-    if (o.replicated) return 0;
-    float *recv = rank == 0 ? plan_alloc(sizeof(float) * (size_t)(o.count * world)) : NULL;
-    int rc = rt_comm_agree(rank == 0 && !recv);
-    if (rc) {
-        plan_dealloc(recv);
-        return rank == 0 ? plan_fail(err, errlen, "out of memory gathering unit %d", t->unit) : -1;
-    }
-    rt_comm_gather_f32((const float *)(arena + o.byte_offset + (int64_t)rank * o.byte_stride), o.count, recv);
-    for (int q = 0; rank == 0 && q < world; q++)
-        memcpy(full + o.flat_first + q * o.flat_stride, recv + q * o.count, sizeof(float) * (size_t)o.count);
-    plan_dealloc(recv);
-    return 0;
-}
-
-/* The entries of every saved param (grads: each param's "<name>.grad"), in tensor order;
- * flat params point into f's buffers. */
-static int collect(const Exec *e, int grads, const Flat *f, StEntry **out, int32_t *n, char *err, size_t errlen)
-{
-    const Plan *p = rt_exec_plan(e);
-    *out = plan_alloc(sizeof **out * (size_t)(p->n_tensors + 1));
-    char *name = plan_alloc(1024);
-    if (!*out || !name) {
-        plan_dealloc(name);
-        return plan_fail(err, errlen, "out of memory");
-    }
-    *n = 0;
-    for (int32_t i = 0; i < p->n_tensors; i++) {
-        int kind = saved_kind(p, i);
-        if (kind == SAVED_NONE) continue;
-        RtTensor t;
-        rt_exec_tensor_id(e, i, &t);
-        if (kind == SAVED_FLAT) {
-            const PlanTensor *pt = &p->tensors[i];
-            t.data = f && pt->unit < f->n && f->full[pt->unit] ? f->full[pt->unit] + pt->flat_offset : NULL;
-            t.dtype = PLAN_DT_F32;  // the storage's: a 16-bit view (fsdp's gathered compute copy) has f32 master bytes
-            if (!t.data && !grads) {
-                plan_dealloc(name);
-                return plan_fail(err, errlen, "param '%s' lies in unit %d, which has no storage", t.name, pt->unit);
-            }
-        }
-        if (grads) {
-            RtTensor g;
-            snprintf(name, 1024, "%s.grad", t.name);
-            if (rt_exec_tensor(e, name, &g) || g.role != PLAN_ROLE_GRAD) continue;  // no gradient reaches it
-            t.data = g.data, t.dtype = g.dtype;
-        }
-        (*out)[(*n)++] = (StEntry){t.name, t.dtype, t.rank, t.shape, t.data};
-    }
-    plan_dealloc(name);
-    if (grads && !*n) return plan_fail(err, errlen, "the plan has no gradients to save");
-    return 0;
-}
-
-int rt_save_weights(const Exec *e, const char *path, int64_t step, char *err, size_t errlen)
-{
-    const Plan *p = rt_exec_plan(e);
-    int rank = rt_exec_rank(e);
-    Flat f = {0};
-    err[0] = 0;
-    int rc = rt_comm_agree(flat_alloc(e, &f, rank == 0, err, errlen) ? 1 : 0);
-    for (int32_t i = 0; i < p->n_tensors && !rc; i++)
-        if (p->tensors[i].role == PLAN_ROLE_PARAM && rt_flat_is_storage(p, i)) rc = flat_gather(e, i, &f, err, errlen);
-    if (!rc && rank == 0) {
-        StEntry *t = NULL;
-        int32_t n;
-        rc = collect(e, 0, &f, &t, &n, err, errlen);
-        if (!rc) rc = rt_st_write(path, t, n, step, err, errlen);
-        plan_dealloc(t);
-    }
-    flat_free(&f);
-    return rt_comm_agree(rc ? 1 : 0) ? -1 : 0;
-}
-
-int rt_save_grads(const Exec *e, const char *path, int64_t step, char *err, size_t errlen)
-{
-    if (rt_exec_world(e) > 1)
-        return plan_fail(err, errlen, "saving gradients is supported for world 1 only (with more ranks they are "
-                       "reduced and sharded); run the world-1 plan");
-    StEntry *t;
-    int32_t n;
-    int rc = collect(e, 1, NULL, &t, &n, err, errlen);
-    if (!rc) rc = rt_st_write(path, t, n, step, err, errlen);
-    plan_dealloc(t);
-    return rc;
-}
-
-int rt_load_weights(Exec *e, const char *path, char *err, size_t errlen)
-{
-    const Plan *p = rt_exec_plan(e);
-    StEntry *t = NULL;
-    int32_t n;
-    Flat f = {0};
-    err[0] = 0;
-    int rc = flat_alloc(e, &f, 1, err, errlen);
-    if (!rc) rc = collect(e, 0, &f, &t, &n, err, errlen);
-    if (!rc) rc = rt_st_read(path, t, n, err, errlen);
-    plan_dealloc(t);
-    /* Each storage takes the part it holds on this rank. */
-    for (int32_t i = 0; i < p->n_tensors && !rc; i++) {
-        if (p->tensors[i].role != PLAN_ROLE_PARAM || !rt_flat_is_storage(p, i)) continue;
-        int64_t first, count;
-        rt_flat_held(&p->tensors[i], rt_exec_rank(e), &first, &count);
-        memcpy(rt_exec_data(e, i), f.full[p->tensors[i].unit] + first, sizeof(float) * (size_t)count);
-    }
-    flat_free(&f);
-    if (rt_comm_agree(rc ? 1 : 0)) return -1;
-    /* Tied params that have bytes of their own start again from their target. */
-    for (int32_t i = 0; i < p->n_tensors; i++) {
-        const PlanTensor *pt = &p->tensors[i];
-        if (pt->role != PLAN_ROLE_PARAM || pt->tied_to == PLAN_NONE) continue;
-        void *dst = rt_exec_data(e, i), *src = rt_exec_data(e, pt->tied_to);
-        if (dst != src) memmove(dst, src, (size_t)plan_tensor_nbytes(pt));
-    }
-    return 0;
+    return rt_st_read_part(path, t, n, NULL, 0, err, errlen);
 }

@@ -24,12 +24,13 @@ static const float *scalar(const Exec *e, PlanStepRole r)
     return t.dtype == PLAN_DT_F32 && t.numel == 1 ? t.data : NULL;
 }
 
-/* For classifiers: logits [B, K] f32 among the outputs and labels i32 [B]. */
-static int accuracy_inputs(const Exec *e, const float **logits, const int32_t **y, int64_t *B, int64_t *K)
+/* For classifiers: logits [B, K] f32 among the outputs and labels i32 [B], where this
+ * rank's stage has them. */
+static int accuracy_inputs(const Exec *e, const RtData *data, const float **logits, const int32_t **y, int64_t *B,
+                           int64_t *K)
 {
-    const Plan *p = rt_exec_plan(e);
-    int32_t xi, yi, li = rt_plan_logits(p);
-    if (li == PLAN_NONE || rt_data_inputs(p, &xi, &yi)) return -1;
+    int32_t yi = rt_data_labels(data), li = rt_data_logits(data);
+    if (li == PLAN_NONE || yi == PLAN_NONE) return -1;
     RtTensor lt, yt;
     rt_exec_tensor_id(e, li, &lt);
     rt_exec_tensor_id(e, yi, &yt);
@@ -46,7 +47,7 @@ int rt_train_reported(const Exec *e, const RtData *data, int32_t *ids)
                                          PLAN_SR_OPT_STEP};
     int n = 0;
     for (int i = 0; i < 5; i++) ids[n++] = plan_role_tensor(p, roles[i]);
-    ids[n++] = rt_data_get_kind(data) == RT_DATA_CLASSES ? rt_plan_logits(p) : PLAN_NONE;
+    ids[n++] = rt_data_logits(data);
     return n;
 }
 
@@ -92,7 +93,7 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
     }
     const int32_t *labels = NULL, *count = NULL;
     int64_t B = 0, K = 0;
-    if (rt_data_get_kind(data) == RT_DATA_CLASSES) accuracy_inputs(e, &logits, &labels, &B, &K);
+    if (rt_data_get_kind(data) == RT_DATA_CLASSES) accuracy_inputs(e, data, &logits, &labels, &B, &K);
     int32_t count_id = plan_role_tensor(p, PLAN_SR_OPT_STEP), seed_id = plan_role_tensor(p, PLAN_SR_LOSS_SEED);
     if (count_id != PLAN_NONE && p->tensors[count_id].dtype == PLAN_DT_I32) count = rt_exec_data(e, count_id);
     int32_t seed_op = seed_id != PLAN_NONE ? p->tensors[seed_id].producer : PLAN_NONE;
@@ -116,8 +117,9 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
             return RT_TRAIN_LOCAL;
         }
         double accuracy = logits ? rt_accuracy(logits, labels, B, K) : NAN;
-        if (logits && o->world > 1)  // over the global batch, like the loss
-            accuracy = (double)rt_comm_sum_i64((int64_t)llround(accuracy * (double)B)) / (double)(B * o->world);
+        int dp = rt_exec_world(e);  // over the global batch, like the loss: the stage's data-parallel ranks
+        if (logits && dp > 1)
+            accuracy = (double)rt_comm_sum_i64((int64_t)llround(accuracy * (double)B)) / (double)(B * dp);
         rt_watchdog_disarm();
         StepStats s = {.step = step, .loss = *loss, .lr = lr ? *lr : NAN, .grad_norm = norm ? *norm : NAN,
                        .ms = (rt_now() - t0) * 1e3, .items = items, .accuracy = accuracy,

@@ -27,7 +27,15 @@
  * node has no beacon here: it cannot be seen. Notes follow for the ranks that hold it up.
  * Without shared memory every rank keeps a private beacon and only its own op is named.
  * The first rank to report marks its beacon, so the ranks after it say only that it has.
+ *
+ * A pipeline (rt_watchdog_pipeline): only the ranks of a stage run the same program, so
+ * sequence numbers are compared among them alone, and ops are named as their stage's
+ * ("op 7 of stage 1 (recv of h from stage 0)", from the whole plan). When the op that
+ * holds this rank up is a send or receive, a collective over the stages, or an agreement
+ * of the world, the ranks of other stages it waits for are said too: waiting in which op,
+ * running elsewhere, or stopped. Messages name the rank with its stage.
  */
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -68,7 +76,9 @@ static struct {
     int rank, world;
     RtBeacon **all;                   // world entries; NULL: another node; NULL: none attached
     unsigned char *cat;               // world entries: each rank's Cat, when reporting
-} wd = {.me = &wd.own, .lock = PTHREAD_MUTEX_INITIALIZER};
+    const Plan *whole;                // a pipeline's plan of every stage (rt_watchdog_pipeline), or NULL
+    int dp;                           // its data-parallel ranks per stage: rank r is stage r / dp
+} wd = {.me = &wd.own, .lock = PTHREAD_MUTEX_INITIALIZER, .dp = 1};
 
 static long long now_ns(void)
 {
@@ -123,6 +133,13 @@ int rt_watchdog_attach(int rank, int world, RtBeacon *const *all, char *err, siz
     }
     pthread_mutex_unlock(&wd.lock);
     return 0;
+}
+
+void rt_watchdog_pipeline(const Plan *whole, int dp)
+{
+    pthread_mutex_lock(&wd.lock);
+    wd.whole = whole && whole->n_programs > 1 ? whole : NULL, wd.dp = dp > 0 ? dp : 1;
+    pthread_mutex_unlock(&wd.lock);
 }
 
 void rt_watchdog_detach(void)
@@ -193,16 +210,30 @@ static int touches(const Plan *p, int32_t k, int32_t r, int outputs)
     return 0;
 }
 
+static int stage_of(int r) { return wd.whole ? r / wd.dp : 0; }
+
+/* The ops [*lo, *hi) of the plan that rank r's beacon numbers its ops in: its stage's
+ * program in the whole plan of a pipeline; p's own ops otherwise (*p set to the plan). */
+static void program_of(const Plan **p, int r, int32_t *lo, int32_t *hi)
+{
+    if (wd.whole) {
+        const PlanProgram *g = &wd.whole->programs[stage_of(r)];
+        *p = wd.whole, *lo = g->first_op, *hi = g->first_op + g->n_ops;
+    } else {
+        *lo = 0, *hi = *p ? (*p)->n_ops : 0;
+    }
+}
+
 /* A collective that a pass added has no source location of its own; it borrows one from
  * the data it moves: the op that last wrote its input, if located (*made = 1), else the
- * first located op that reads its output. PLAN_NONE if neither. Only read when a
- * timeout is reported. */
-static int32_t borrowed(const Plan *p, int32_t op, int *made)
+ * first located op that reads its output; among ops [lo, hi), its program's. PLAN_NONE if
+ * neither. Only read when a timeout is reported. */
+static int32_t borrowed(const Plan *p, int32_t op, int32_t lo, int32_t hi, int *made)
 {
     const PlanOp *o = &p->ops[op];
     if (o->n_in > 0) {
         int32_t r = root(p, p->ids[o->in]);
-        for (int32_t k = op - 1; k >= 0; k--)
+        for (int32_t k = op - 1; k >= lo; k--)
             if (touches(p, k, r, 1)) {
                 if (p->ops[k].line > 0) return *made = 1, k;
                 break;
@@ -210,27 +241,38 @@ static int32_t borrowed(const Plan *p, int32_t op, int *made)
     }
     if (o->n_out > 0) {
         int32_t r = root(p, p->ids[o->out]);
-        for (int32_t k = op + 1; k < p->n_ops; k++)
+        for (int32_t k = op + 1; k < hi; k++)
             if (p->ops[k].line > 0 && touches(p, k, r, 0)) return *made = 0, k;
     }
     return PLAN_NONE;
 }
 
-/* "op 42 (all_gather of h.1.flat_param used at gpt2.fsm:24:23, block h.1)" */
-static void put_op(Buf *b, const Plan *p, int32_t op)
+/* "op 42 (all_gather of h.1.flat_param used at gpt2.fsm:24:23, block h.1)": op `op` as
+ * rank r's beacon numbers it; in a pipeline "op 7 of stage 1 (...)", its stage's op. */
+static void put_op(Buf *b, const Plan *p, int r, int32_t op)
 {
-    if (!p || op < 0 || op >= p->n_ops) {
-        put(b, op == PLAN_NONE ? "a blocking collective outside the step" : "a collective of the plan");
+    int32_t lo, hi;
+    program_of(&p, r, &lo, &hi);
+    if (!p || op < 0 || op >= hi - lo) {
+        put(b, op == PLAN_NONE || op == RT_WAIT_STAGE ? "a blocking collective outside the step" : "a collective of the plan");
         return;
     }
-    const PlanOp *o = &p->ops[op];
+    int32_t at = lo + op;
+    const PlanOp *o = &p->ops[at];
     char name[64], of[64], block[64];
-    put(b, "op %d (%s", op, report_clean(plan_str(p, o->op), name, sizeof name));
-    const char *x = o->n_in > 0 ? plan_str(p, p->tensors[p->ids[o->in]].name) : "";
+    put(b, "op %d", op);
+    if (wd.whole) put(b, " of stage %d", stage_of(r));
+    put(b, " (%s", report_clean(plan_str(p, o->op), name, sizeof name));
+    const char *x = o->n_in > 0    ? plan_str(p, p->tensors[p->ids[o->in]].name)
+                    : o->n_out > 0 ? plan_str(p, p->tensors[p->ids[o->out]].name)  // a recv: what it brings
+                                   : "";
     if (*x) put(b, " of %s", report_clean(x, of, sizeof of));
+    for (int32_t a = 0; a < o->n_attr; a++)  // a send or recv: its peer
+        if (p->attrs[o->attr + a].kind == PLAN_ATTR_INT && !strcmp(plan_str(p, p->attrs[o->attr + a].key), "peer"))
+            put(b, " %s stage %" PRId64, o->n_in ? "to" : "from", p->attrs[o->attr + a].i);
     int made = 0;
-    int32_t from = o->line > 0 ? op : borrowed(p, op, &made);
-    if (from == op) put(b, ", ");
+    int32_t from = o->line > 0 ? at : borrowed(p, at, lo, hi, &made);
+    if (from == at) put(b, ", ");
     else if (from != PLAN_NONE) put(b, made ? " made at " : " used at ");
     if (from != PLAN_NONE) put_loc(b, p, &p->ops[from]);
     if (o->block >= 0 && o->block < p->n_blocks)
@@ -241,14 +283,19 @@ static void put_op(Buf *b, const Plan *p, int32_t op)
 /* Where a rank is, as seen from a rank whose wait hangs, about the collective that
  * holds it up: the earliest one that a running rank waits in (every later one waits
  * behind it, as each rank runs them in the same order). The first three hold it up. */
+/* In a pipeline only the ranks of this rank's stage run its program, so only they count
+ * its collectives alike; the others are ELSEWHERE, or PARTNER when the op holding this
+ * rank up waits for them (a send's or receive's peer, the pipeline group of a
+ * collective over the stages). */
 typedef enum {
-    CAT_NOT_REACHED, CAT_STOPPED, CAT_NOT_WAITING, CAT_UNSEEN, CAT_IN_IT, CAT_FINISHED, CAT_COUNT
+    CAT_NOT_REACHED, CAT_STOPPED, CAT_NOT_WAITING, CAT_UNSEEN, CAT_IN_IT, CAT_FINISHED, CAT_PARTNER, CAT_ELSEWHERE,
+    CAT_COUNT
 } Cat;
 
-static const char *const CAT_ONE[CAT_COUNT] = {
+static const char *const CAT_ONE[CAT_PARTNER] = {
     "did not reach it", "started it, then stopped running", "started it but is not waiting for it",
     "cannot be seen from here (another node)", "is waiting in it", "has finished it"};
-static const char *const CAT_MANY[CAT_COUNT] = {
+static const char *const CAT_MANY[CAT_PARTNER] = {
     "did not reach it", "started it, then stopped running", "started it but are not waiting for it",
     "cannot be seen from here (another node)", "are waiting in it", "have finished it"};
 
@@ -274,7 +321,7 @@ static long long holding(long long seq, long long now, int32_t *op)
 {
     for (int r = 0; r < wd.world; r++) {
         const RtBeacon *b = wd.all[r];
-        if (!b || (r != wd.rank && stale(b, now))) continue;
+        if (!b || (r != wd.rank && stale(b, now)) || stage_of(r) != stage_of(wd.rank)) continue;
         long long w = atomic_load(&b->waiting);
         if (w && w < seq) seq = w, *op = atomic_load(&b->wait_op);
     }
@@ -326,27 +373,30 @@ static void put_distance(Buf *b, long long of, long long seq)
     if (d) put(b, ", %lld collective%s %s it", d, d == 1 ? "" : "s", seq > of ? "before" : "after");
 }
 
-/* For each rank that holds the collective up: what it last started, and whether it runs. */
+/* For each rank that holds the collective up: what it last started, and whether it runs
+ * (a rank of another stage counts its ops apart: no distance). */
 static void put_notes(Buf *b, const Plan *p, long long seq, long long now)
 {
     int shown = 0;
     for (int r = 0; r < wd.world && shown < MAX_NOTES; r++) {
-        if (wd.cat[r] >= CAT_UNSEEN) continue;
+        if ((wd.cat[r] >= CAT_UNSEEN && wd.cat[r] != CAT_PARTNER) || !wd.all[r]) continue;
         const RtBeacon *x = wd.all[r];
         long long started = atomic_load(&x->started), waiting = atomic_load(&x->waiting);
         long long beat = atomic_load(&x->beat_ns);
-        put(b, "[rank %d] note: rank %d ", wd.rank, r);
+        int here = stage_of(r) == stage_of(wd.rank);
+        put(b, "[%s] note: rank %d ", rt_comm_who(), r);
+        if (!here) put(b, "(stage %d) ", stage_of(r));
         if (started) {
             put(b, "last started ");
-            put_op(b, p, atomic_load(&x->op));
-            put_distance(b, started, seq);
+            put_op(b, p, r, atomic_load(&x->op));
+            if (here) put_distance(b, started, seq);
         } else {
             put(b, "has started no collective");
         }
         if (waiting) {
             put(b, "; it waits in ");
-            put_op(b, p, atomic_load(&x->wait_op));
-            put_distance(b, waiting, seq);
+            put_op(b, p, r, atomic_load(&x->wait_op));
+            if (here) put_distance(b, waiting, seq);
         }
         if (beat && now - beat > STALE_NS)
             put(b, "; it has not run for %.1f s (stopped, or dead)", (double)(now - beat) * 1e-9);
@@ -360,26 +410,74 @@ static void put_notes(Buf *b, const Plan *p, long long seq, long long now)
 /* "op 42 (...) did not complete: rank 2 did not reach it (ranks 0, 1 are waiting in it)",
  * or, when another rank waits in an earlier one, "...: it waits behind op 40 (...): ...".
  * Then one note per rank that holds it up. */
+/* The ranks of other stages that op `op` of rank r's stage waits for: a send's or
+ * receive's peer at r's data-parallel index, the ranks at that index for a collective over
+ * the stages, everyone for a blocking call over the world (agreeing on a result); none
+ * for one over the stage's ranks (RT_WAIT_STAGE). */
+static void mark_partners(int r, int32_t op)
+{
+    int32_t lo, hi;
+    const Plan *p = NULL;
+    program_of(&p, r, &lo, &hi);
+    int peer = -1, pipe = op == PLAN_NONE;  // peer: a stage; pipe: every stage
+    if (op >= 0 && op < hi - lo) {
+        const PlanOp *o = &p->ops[lo + op];
+        for (int32_t a = 0; a < o->n_attr; a++) {
+            const PlanAttr *at = &p->attrs[o->attr + a];
+            const char *key = plan_str(p, at->key);
+            if (at->kind == PLAN_ATTR_INT && !strcmp(key, "peer")) peer = (int)at->i;
+            if (at->kind == PLAN_ATTR_INT && !strcmp(key, "group")) pipe = at->i == 1;
+        }
+    }
+    for (int q = 0; q < wd.world; q++)
+        if (stage_of(q) != stage_of(r) && (op == PLAN_NONE || q % wd.dp == r % wd.dp) &&
+            (pipe || stage_of(q) == peer))
+            wd.cat[q] = CAT_PARTNER;
+}
+
+/* Where a partner rank is: "rank 3 has not run for 2.1 s (stopped, or dead)". */
+static void put_partners(Buf *b, const Plan *p, long long now)
+{
+    int shown = 0;
+    for (int r = 0; r < wd.world && shown < MAX_NOTES; r++) {
+        if (wd.cat[r] != CAT_PARTNER) continue;
+        const RtBeacon *x = wd.all[r];
+        put(b, "%srank %d ", shown++ ? "; " : "", r);
+        long long waiting = x ? atomic_load(&x->waiting) : 0;
+        if (!x) put(b, "cannot be seen from here (another node)");
+        else if (stale(x, now)) put(b, "has not run for %.1f s (stopped, or dead)", (double)(now - atomic_load(&x->beat_ns)) * 1e-9);
+        else if (waiting) put(b, "waits in "), put_op(b, p, r, atomic_load(&x->wait_op));
+        else put(b, "runs but waits in nothing (it is computing, or hung outside MPI)");
+    }
+}
+
 static void put_diagnosis(Buf *b, long long seq, const Plan *p, int32_t op, const char *what)
 {
     if (what) put(b, "%s", what);
-    else put_op(b, p, op);
+    else put_op(b, p, wd.rank, op);
     put(b, " did not complete: ");
     long long now = now_ns();
     int32_t first_op = op;
     long long first = holding(seq, now, &first_op);
     if (first < seq) {
         put(b, "it waits behind ");
-        put_op(b, p, first_op);
+        put_op(b, p, wd.rank, first_op);
         put(b, ": ");
     }
-    for (int r = 0; r < wd.world; r++) wd.cat[r] = (unsigned char)classify(r, first, now);
-    int shown = put_cats(b, CAT_NOT_REACHED, CAT_IN_IT);
-    if (!count_cat(CAT_NOT_REACHED) && !count_cat(CAT_STOPPED) && !count_cat(CAT_NOT_WAITING))
+    for (int r = 0; r < wd.world; r++)
+        wd.cat[r] = (unsigned char)(stage_of(r) == stage_of(wd.rank) ? classify(r, first, now) : CAT_ELSEWHERE);
+    for (int r = 0; r < wd.world && wd.whole; r++)
+        if (wd.cat[r] == CAT_IN_IT) mark_partners(r, first_op);
+    int shown = put_cats(b, CAT_NOT_REACHED, CAT_IN_IT), partners = count_cat(CAT_PARTNER);
+    if (!count_cat(CAT_NOT_REACHED) && !count_cat(CAT_STOPPED) && !count_cat(CAT_NOT_WAITING) && !partners)
         put(b, "%severy rank that can be seen is in it or past it%s", shown ? "; " : "",
             count_cat(CAT_UNSEEN) ? "" : " (MPI itself is stuck?)");
+    if (partners) {
+        put(b, "%sit waits on %s: ", shown ? "; " : "", partners == 1 ? "another stage" : "other stages");
+        put_partners(b, p, now);
+    }
     put(b, " (");
-    put_cats(b, CAT_IN_IT, CAT_COUNT);
+    put_cats(b, CAT_IN_IT, CAT_PARTNER);
     put(b, "); ending every rank\n");
     put_notes(b, p, first, now);
 }
@@ -391,8 +489,7 @@ static void report(long long last_tick)
     char what[96];
     long long step = atomic_load(&wd.step), now = now_ns();
     snprintf(what, sizeof what, step >= 0 ? "%s %lld" : "%s", atomic_load(&wd.what), step);
-    put(&b, "[rank %d] fsexec: timeout: %s did not finish within %g s (--timeout): ", rt_comm_rank(), what,
-        wd.seconds);
+    put(&b, "[%s] fsexec: timeout: %s did not finish within %g s (--timeout): ", rt_comm_who(), what, wd.seconds);
     long long seq = atomic_load_explicit(&wd.me->waiting, memory_order_acquire);
     const Plan *p = atomic_load(&wd.wait_plan);
     const char *call = atomic_load(&wd.wait_what);
@@ -410,7 +507,7 @@ static void report(long long last_tick)
             "rank\n");
     } else if (!wd.all) {
         if (call) put(&b, "%s", call);
-        else put_op(&b, p, atomic_load(&wd.me->wait_op));
+        else put_op(&b, p, wd.rank, atomic_load(&wd.me->wait_op));
         put(&b, " did not complete; where the other ranks are is unknown (no shared memory); ending every rank\n");
     } else {
         put_diagnosis(&b, seq, p, atomic_load(&wd.me->wait_op), call);

@@ -279,7 +279,12 @@ static void summary(const Graph *g, const TrainConfig *t)
 {
     int64_t params = ir_param_count(g);
     double flops[PHASE_COUNT] = {0};
-    for (int i = 0; i < g->n_nodes; i++) flops[g->nodes[i].phase] += ir_op_hooks(g->nodes[i].op)->flops(g, &g->nodes[i]);
+    int n_values = 0, n_nodes = 0;
+    for (int s = 0; s < (g->n_stage_graphs ? g->n_stage_graphs : 1); s++) {  // every stage's, with stages
+        const Graph *sg = g->n_stage_graphs ? g->stage_graphs[s] : g;
+        for (int i = 0; i < sg->n_nodes; i++) flops[sg->nodes[i].phase] += ir_op_hooks(sg->nodes[i].op)->flops(sg, &sg->nodes[i]);
+        n_values += sg->n_values, n_nodes += sg->n_nodes;
+    }
     char num[32], *p = num + sizeof num - 1;
     *p = 0;
     int64_t x = params;
@@ -288,13 +293,26 @@ static void summary(const Graph *g, const TrainConfig *t)
         *--p = (char)('0' + x % 10);
     }
     fprintf(stderr, "%s: %s params (%.1f MiB in f32), %d blocks, %d values, %d nodes\n", g->model, p,
-            (double)params * 4 / (1 << 20), g->n_blocks, g->n_values, g->n_nodes);
-    fprintf(stderr, "GFLOP per step and rank: forward %.2f, backward %.2f, recompute %.2f, optimizer %.2f\n",
+            (double)params * 4 / (1 << 20), g->n_blocks, n_values, n_nodes);
+    fprintf(stderr, "GFLOP per step and %s: forward %.2f, backward %.2f, recompute %.2f, optimizer %.2f\n",
+            g->n_stage_graphs ? "data-parallel rank (all stages)" : "rank",
             flops[PHASE_FORWARD] / 1e9, flops[PHASE_BACKWARD] / 1e9, flops[PHASE_RECOMPUTE] / 1e9,
             flops[PHASE_OPTIMIZER] / 1e9);
     fprintf(stderr, "train: %s, lr %g, precision %s, shard %s, world %d, recompute %s\n",
             optim_name(t->optimizer), t->lr, precision_name(t->precision), shard_name(t->shard), t->world,
             t->recompute);
+    if (!g->n_stage_graphs) return;
+    fprintf(stderr, "pipeline: %d stages x %d data-parallel ranks, %d micro-batches, schedule %s, checkpoint %s, "
+            "blocks per stage", g->n_stage_graphs, t->world / g->n_stage_graphs, t->microbatches,
+            sched_name(t->schedule), checkpoint_name(t->checkpoint));
+    for (int s = 0; s < g->n_stage_graphs; s++) {  // the blocks a stage's params belong to
+        const Graph *sg = g->stage_graphs[s];
+        int n = 0, last = -1;
+        for (int v = 0; v < sg->n_values; v++)
+            if (sg->values[v].role == ROLE_PARAM && sg->values[v].block > last) last = sg->values[v].block, n++;
+        fprintf(stderr, "%s%d", s ? "," : " ", n);
+    }
+    fprintf(stderr, " (balance %s)\n", t->balance);
 }
 
 /* The plan of g, or NULL after saying why. */

@@ -11,12 +11,17 @@
  *
  * Ranks: a plan for a world of N runs as N processes started by mpirun, srun, or
  * `fsexec --nproc N` (which checks N against the plan's world, then execs mpirun on
- * this binary). Every rank runs the same plan; rank 0 alone prints progress and writes
- * the log and the weights (their paths are checked on every rank before anything runs,
- * so a bad one fails at once, not after training). Errors carry
- * `[rank r]`; a world-size mismatch is reported by every rank before MPI starts; any
- * other error on one rank ends every rank (MPI_Abort), except those all ranks see alike
- * (a non-finite global loss, a failed save or load: agreed, then a clean exit 1).
+ * this binary). The world is the plan's stages x data-parallel ranks (rt_plan_layout):
+ * rank r runs stage r / dp's program (plan_extract_program) as data-parallel index
+ * r % dp, and everything after (the executor, data, weights, the step loop) sees that
+ * one-program plan; a plan of one stage runs as it is. One rank reports: rank 0, or in
+ * a pipeline the first rank of the last stage (it holds the logits); it prints progress
+ * and writes the log; the first rank of each stage writes its weights (the paths are
+ * checked on every rank before anything runs, so a bad one fails at once, not after
+ * training). Errors carry `[rank r]` (`[rank r, stage s]`); a world-size mismatch is
+ * reported by every rank before MPI starts; any other error on one rank ends every rank
+ * (MPI_Abort), except those all ranks see alike (a non-finite global loss, a failed save
+ * or load: agreed, then a clean exit 1).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -57,9 +62,15 @@ static const char USAGE[] =
     "                       tokens_per_s, ms (and accuracy for classifiers)\n"
     "  --log-every N        plain progress lines every N steps when stderr is not a\n"
     "                       terminal (default: 1 up to 100 steps, else 10)\n"
-    "  --save-weights FILE  write the params as safetensors after the last step\n"
-    "  --load-weights FILE  start from the params in a safetensors file\n"
-    "  --save-grads FILE    write step 1's gradients (under the params' names)\n"
+    "  --save-weights FILE  write the params as safetensors after the last step (a\n"
+    "                       pipeline: one file per stage, FILE-00001-of-00002.safetensors\n"
+    "                       ..., and FILE.index.json, as Hugging Face's sharded weights)\n"
+    "  --load-weights FILE  start from the params in a safetensors file (every stage of a\n"
+    "                       pipeline takes the params it has)\n"
+    "  --save-grads FILE    write step 1's gradients (under the params' names; world 1)\n"
+    "  --sync-sends         make every send between pipeline stages synchronous\n"
+    "                       (MPI_Issend: done only once its receive has started), to\n"
+    "                       check that the plan needs no buffering by MPI\n"
     "  --debug-nan          fill every buffer with NaN outside its planned live range\n"
     "  --debug-overflow-at K  test hook, fp16 plans: make step K's gradients overflow (the\n"
     "                       step is skipped and the loss scale halved, as for a real one)\n"
@@ -83,6 +94,8 @@ static const char USAGE[] =
     "  -V, --version        print the version and exit\n"
     "\n"
     "ranks: a plan compiled for --world N runs as N processes, one per rank, started by\n"
+    "(a pipeline's world is its stages x data-parallel ranks: rank r is stage r / dp,\n"
+    "data-parallel index r % dp)\n"
     "  mpirun -np N fsexec PLAN ...      (Open MPI: OMPI_COMM_WORLD_*; MPICH: PMI_*)\n"
     "  srun --mpi=pmix -n N fsexec PLAN  (Slurm: SLURM_PROCID, SLURM_STEP_NUM_TASKS)\n"
     "  fsexec --nproc N PLAN ...         (this machine)\n"
@@ -100,7 +113,7 @@ typedef struct {
     const char *plan, *inspect, *data, *log, *save_weights, *load_weights, *save_grads;
     int64_t steps;
     uint64_t seed;
-    int has_seed, threads, log_every, debug_nan, debug_guard;
+    int has_seed, threads, log_every, debug_nan, debug_guard, sync_sends;
     int device, cuda_graph, tf32;  // device: RtDeviceKind
     RtDataOrder order;
     RtTokenFormat data_format;  // --data-format (0: auto)
@@ -108,9 +121,11 @@ typedef struct {
     int64_t overflow_at;     // --debug-overflow-at: the step whose fp16 gradients overflow
 } Flags;
 
-/* Who speaks in messages: "fsexec", or "[rank r] fsexec" in a world of several ranks. */
-static char who[64] = "fsexec";
+/* Who speaks in messages: "fsexec", or "[rank r] fsexec" in a world of several ranks
+ * ("[rank r, stage s] fsexec" in a pipeline). */
+static char who[80] = "fsexec";
 static int my_rank, my_world = 1;
+static RtLayout layout = {1, 1, 1};  // the plan's stages x data-parallel ranks
 
 /* A local error: with several ranks it ends them all (the others may be waiting for this
  * one in a collective); alone, the caller returns status rc. */
@@ -252,6 +267,9 @@ static int parse_args(int argc, char **argv, Flags *f)
         } else if (!strcmp(a, "--tf32")) {
             f->tf32 = 1;
             continue;
+        } else if (!strcmp(a, "--sync-sends")) {
+            f->sync_sends = 1;
+            continue;
         } else if (!strcmp(a, "--")) {
             if (i + 1 < argc && f->plan) return usage_error("more than one plan given ('%s')", argv[i + 1]);
             if (i + 1 < argc) f->plan = argv[++i];
@@ -333,17 +351,35 @@ static const char *size_str(int64_t bytes, char *buf, size_t n)
     return buf;
 }
 
-static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t seed)
+/* The model's params: meta "params", else each param once (by name: two stages of a
+ * pipeline may hold one, as a tied embedding). */
+static int64_t count_params(const Plan *p)
 {
     int64_t params = plan_meta_int(p, "params", -1);
-    if (params < 0) {
-        params = 0;
-        for (int32_t i = 0; i < p->n_tensors; i++)
-            if (p->tensors[i].role == PLAN_ROLE_PARAM && p->tensors[i].tied_to == PLAN_NONE)
-                params += plan_tensor_numel(&p->tensors[i]);
+    if (params >= 0) return params;
+    params = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        int seen = 0;
+        for (int32_t j = 0; j < i && p->n_programs > 1 && !seen; j++)
+            seen = p->tensors[j].role == PLAN_ROLE_PARAM && p->tensors[j].name == t->name && t->name != PLAN_NONE;
+        if (t->role == PLAN_ROLE_PARAM && t->tied_to == PLAN_NONE && !seen) params += plan_tensor_numel(t);
     }
-    char num[32], mem[32], threads[80] = "", work_buf[32];
-    size_str(rt_exec_arena_bytes(r->e), mem, sizeof mem);
+    return params;
+}
+
+/* The start line, by the reporting rank; p is the whole plan. */
+static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t seed)
+{
+    int64_t params = count_params(p);
+    char num[32], mem[160] = "", threads[80] = "", work_buf[32];
+    for (int32_t k = 0; k < p->n_programs && layout.stages > 1; k++) {  // each stage's arena
+        size_t at = strlen(mem);
+        snprintf(mem + at, sizeof mem - at, "%s", k ? " / " : "");
+        at = strlen(mem);
+        size_str(p->programs[k].space_bytes[PLAN_PLACE_DEVICE], mem + at, sizeof mem - at);
+    }
+    if (layout.stages == 1) size_str(rt_exec_arena_bytes(r->e), mem, sizeof mem);
     if (rt_device_is_cpu(&r->dev)) {  // the CPU's threads, and the kernels' workspace outside the arena (16-bit plans)
         char work[32];
         int n = snprintf(threads, sizeof threads, " | %d thread%s", rt_threads(), rt_threads() == 1 ? "" : "s");
@@ -353,12 +389,16 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
     }
     else  // the host memory a device run takes for tensors: its mirror
         snprintf(threads, sizeof threads, " | host mirror %s", size_str(rt_exec_host_bytes(r->e), work_buf, sizeof work_buf));
-    char ranks[96] = "";
-    if (my_world > 1)
+    char ranks[128] = "";
+    if (my_world > 1 && layout.stages > 1)
+        snprintf(ranks, sizeof ranks, " | %d ranks (%d stages x %d, %s)", my_world, layout.stages, layout.dp,
+                 plan_meta_str(p, "shard", "?"));
+    else if (my_world > 1)
         snprintf(ranks, sizeof ranks, " | %d ranks (%s)", my_world, plan_meta_str(p, "shard", "?"));
     fprintf(stderr, "fsexec: %s | device: %s | %s params | arena %s%s%s%s | data: %s | %" PRId64 " step%s, seed %"
             PRIu64 "%s%s%s\n", plan_meta_str(p, "model", "model"), r->dev.name, grouped(params, num, sizeof num), mem,
-            my_world > 1 ? " per rank" : "", threads, ranks, rt_data_describe(r->data), f->steps,
+            layout.stages > 1 ? " per rank by stage" : my_world > 1 ? " per rank" : "", threads, ranks,
+            rt_data_describe(r->data), f->steps,
             f->steps == 1 ? "" : "s", seed, f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "",
             !rt_device_is_cpu(&r->dev) && f->cuda_graph ? " | cuda-graph" : "", !rt_device_is_cpu(&r->dev) && f->tf32 ? " | tf32" : "");
     rt_device_report(&r->dev, stderr);
@@ -390,26 +430,49 @@ static int check_outputs(const Flags *f)
     return 0;
 }
 
-/* The plan's world against the ranks started; 0, or 1 after a message (every rank says it). */
-static int check_world(const Flags *f, int64_t plan_world, int ranks)
+/* What the plan needs started, for messages: "plan compiled for world 2", "the plan has 2
+ * stages x 2 data-parallel ranks = world 4". */
+static const char *needs(const RtLayout *l, char *buf, size_t n)
 {
-    if (plan_world == ranks) return 0;
-    char hint[256] = "";
-    if (plan_world > 1 && ranks == 1)
-        snprintf(hint, sizeof hint, " (start %" PRId64 ": mpirun -np %" PRId64 " fsexec ..., srun --mpi=pmix -n %"
-                 PRId64 " fsexec ..., or fsexec --nproc %" PRId64 " ...)", plan_world, plan_world, plan_world,
-                 plan_world);
+    char what[96];
+    if (l->stages == 1) snprintf(buf, n, "plan compiled for world %d", l->world);
+    else snprintf(buf, n, "the plan has %s", rt_layout_str(l, what, sizeof what));
+    return buf;
+}
+
+/* The plan's world against the ranks started; 0, or 1 after a message (every rank says it). */
+static int check_world(const Flags *f, const RtLayout *l, int ranks)
+{
+    int world = l->world;
+    if (world == ranks) return 0;
+    char hint[256] = "", need[128];
+    if (world > 1 && ranks == 1)
+        snprintf(hint, sizeof hint, " (start %d: mpirun -np %d fsexec ..., srun --mpi=pmix -n %d fsexec ..., or "
+                 "fsexec --nproc %d ...)", world, world, world, world);
+    else if (l->stages == 1)
+        snprintf(hint, sizeof hint, " (recompile with fsc --world %d, or start %d)", ranks, world);
     else
-        snprintf(hint, sizeof hint, " (recompile with fsc --world %d, or start %" PRId64 ")", ranks, plan_world);
-    fprintf(stderr, "%s: %s: plan compiled for world %" PRId64 ", but %d rank%s started%s\n", who, f->plan, plan_world,
-            ranks, ranks == 1 ? "" : "s", hint);
+        snprintf(hint, sizeof hint, " (start %d)", world);
+    fprintf(stderr, "%s: %s: %s, but %d rank%s started%s\n", who, f->plan, needs(l, need, sizeof need), ranks,
+            ranks == 1 ? "" : "s", hint);
     return 1;
 }
 
-/* Finds this process's rank, starts MPI for a world of several, and checks the plan's
- * world; 0, or an exit status after a message. A mismatch is reported by every rank, and
- * they agree before any exits: mpirun ends the job at the first non-zero exit, which
- * would cut the others short. */
+/* What a pipeline cannot do (yet); 0, or a usage status after a message on rank 0. */
+static int check_pipeline(const Flags *f, int rank)
+{
+    const char *flag = f->save_grads ? "--save-grads" : f->overflow_at ? "--debug-overflow-at"
+                       : f->debug_guard ? "--debug-guard" : NULL;
+    if (layout.stages == 1 || !flag) return 0;
+    if (rank == 0)
+        fprintf(stderr, "%s: %s runs plans of one pipeline stage only; this one has %d\n", who, flag, layout.stages);
+    return 2;
+}
+
+/* Finds this process's rank, starts MPI for a world of several, checks the plan's world
+ * and splits it into the plan's stages; 0, or an exit status after a message. A mismatch
+ * is reported by every rank, and they agree before any exits: mpirun ends the job at the
+ * first non-zero exit, which would cut the others short. */
 static int join_world(const Flags *f, const Plan *p, RtRanks *rk)
 {
     char err[512];
@@ -423,20 +486,35 @@ static int join_world(const Flags *f, const Plan *p, RtRanks *rk)
         rt_comm_abort(1);
     }
     if (rk->world != 1) snprintf(who, sizeof who, "[rank %d] fsexec", rk->rank);
-    int64_t world = plan_meta_int(p, "world", 1);
-    int rc = check_world(f, world, rk->world);
-    if (!rc && f->save_grads && world > 1) {
+    int rc = 0;
+    if (rt_plan_layout(p, &layout, err, sizeof err)) {
+        fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
+        rc = 1;
+    }
+    rc = rc ? rc : check_world(f, &layout, rk->world);
+    if (!rc && f->save_grads && layout.world > 1 && layout.stages == 1) {
         if (rk->rank == 0)
             fprintf(stderr, "%s: --save-grads is supported for world 1 only (with more ranks the gradients are "
                     "reduced and sharded); run a plan compiled for --world 1\n", who);
         rc = 2;
     }
-    if (rc) return rt_comm_agree(rc);
+    rc = rc ? rc : check_pipeline(f, rk->rank);
+    if (!rc && layout.stages > 1 && plan_check_p2p(p, err, sizeof err)) {  // a pipeline that could deadlock does not start
+        fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
+        rc = 1;
+    }
+    if ((rc = rt_comm_agree(rc))) return rc;
+    if (rt_comm_layout(layout.stages, layout.dp, err, sizeof err)) {  // every rank alike
+        fprintf(stderr, "%s: %s\n", who, err);
+        return 1;
+    }
+    if (layout.stages > 1) snprintf(who, sizeof who, "[%s] fsexec", rt_comm_who());
     my_rank = rk->rank, my_world = rk->world;
     if (my_world > 1 && rt_watchdog_start((double)f->timeout, err, sizeof err)) {
         fprintf(stderr, "%s: %s\n", who, err);
         return 1;
     }
+    rt_watchdog_pipeline(p, layout.dp);
     /* Ranks that share a machine share its cores, unless told otherwise. */
     if (!f->threads && !getenv("OMP_NUM_THREADS") && rk->local_world > 1) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -456,16 +534,22 @@ static int load_weights(Exec *e, const char *path, char *err, size_t errlen)
 
 /* The run after the world is joined: the Exec (the host mirror), the data, the weights,
  * the device, the steps, the saved weights. 0, or an exit status after a message. */
-static int run_plan(Run *r, const Flags *f, const Plan *p, const RtRanks *rk, uint64_t seed)
+/* The run after the world is joined, on p, this rank's stage's program of `whole` (or
+ * whole itself): the Exec (the host mirror), the data, the weights, the device, the
+ * steps, the saved weights. 0, or an exit status after a message. */
+static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, const RtRanks *rk, uint64_t seed)
 {
     char err[512];
     ProgressOptions po = {.steps = f->steps, .log_every = f->log_every, .log_path = f->log, .tty = -1};
-    int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, p, who);
+    int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, whole, who);
     if (rc) return rc;
     /* For a device, the Exec is its host mirror: the persistent state and the outputs
      * (--save-grads reads every gradient: then all of it). */
-    ExecOptions eo = {.seed = seed, .nan_fill = f->debug_nan, .guard = f->debug_guard, .rank = rk->rank,
-                      .world = rk->world, .mirror = !rt_device_is_cpu(&r->dev) && !f->save_grads};
+    int reporter = (layout.stages - 1) * layout.dp;  // rank 0, or the last stage's first: it has the logits
+    ExecOptions eo = {.seed = seed, .nan_fill = f->debug_nan, .guard = f->debug_guard, .rank = rk->rank % layout.dp,
+                      .world = layout.dp, .mirror = !rt_device_is_cpu(&r->dev) && !f->save_grads,
+                      .whole = layout.stages > 1 ? whole : NULL, .stage = rk->rank / layout.dp,
+                      .sync_sends = f->sync_sends};
     if (!(r->e = rt_exec_new(p, &eo, err, sizeof err))) {
         fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
         return local_error(1);
@@ -482,11 +566,11 @@ static int run_plan(Run *r, const Flags *f, const Plan *p, const RtRanks *rk, ui
     if (rt_device_open(&r->dev, r->e, rk, f->tf32, report, rt_train_reported(r->e, r->data, report)))
         return local_error(1);
     po.unit = rt_data_get_kind(r->data) == RT_DATA_LM ? "tok" : "samples";
-    if (f->steps && my_rank == 0 && !(r->progress = rt_progress_new(&po, err, sizeof err))) {
+    if (f->steps && my_rank == reporter && !(r->progress = rt_progress_new(&po, err, sizeof err))) {
         fprintf(stderr, "%s: %s\n", who, err);
         return local_error(1);
     }
-    if (my_rank == 0) start_line(p, r, f, seed);
+    if (my_rank == reporter) start_line(whole, r, f, seed);
     rc = train(r, f, f->plan);
     rc = end_progress(r) || rc;
     rt_watchdog_arm("saving the weights", -1);
@@ -505,18 +589,25 @@ static int run_plan(Run *r, const Flags *f, const Plan *p, const RtRanks *rk, ui
 
 static int run(const Flags *f)
 {
-    Plan *p = load(f->plan);
-    if (!p) return 1;
+    Plan *whole = load(f->plan), *one = NULL;  // one: this rank's stage's program, in a pipeline
+    if (!whole) return 1;
     RtRanks rk;
-    int rc = join_world(f, p, &rk);
+    char err[512];
+    int rc = join_world(f, whole, &rk);
+    if (!rc && layout.stages > 1 && !(one = plan_extract_program(whole, rk.rank / layout.dp, err, sizeof err))) {
+        fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
+        rc = local_error(1);
+    }
     if (!rc) {
         rt_set_threads(f->threads);
         Run r = {0};
-        rc = run_plan(&r, f, p, &rk, f->has_seed ? f->seed : (uint64_t)plan_meta_int(p, "seed", 0));
+        rc = run_plan(&r, f, whole, one ? one : whole, &rk,
+                      f->has_seed ? f->seed : (uint64_t)plan_meta_int(whole, "seed", 0));
         run_free(&r);
     }
     rt_comm_finalize();
-    plan_free(p);
+    plan_free(one);
+    plan_free(whole);
     return rc;
 }
 
@@ -525,13 +616,19 @@ static int check_nproc(const Flags *f)
 {
     Plan *p = load(f->plan);
     if (!p) return 1;
-    int64_t world = plan_meta_int(p, "world", 1);
+    RtLayout l;
+    char err[512], need[128], fix[64] = "run it without --nproc", again[64] = "";
+    int rc = rt_plan_layout(p, &l, err, sizeof err);
     plan_free(p);
-    if (world == f->nproc) return 0;
-    char fix[64] = "run it without --nproc";
-    if (world > 1) snprintf(fix, sizeof fix, "use --nproc %" PRId64, world);
-    fprintf(stderr, "fsexec: %s: plan compiled for world %" PRId64 ", but --nproc asks for %" PRId64 " ranks; none "
-            "started (%s, or recompile with fsc --world %" PRId64 ")\n", f->plan, world, f->nproc, fix, f->nproc);
+    if (rc) {
+        fprintf(stderr, "fsexec: %s: %s\n", f->plan, err);
+        return 1;
+    }
+    if (l.world == f->nproc) return 0;
+    if (l.world > 1) snprintf(fix, sizeof fix, "use --nproc %d", l.world);
+    if (l.stages == 1) snprintf(again, sizeof again, ", or recompile with fsc --world %" PRId64, f->nproc);
+    fprintf(stderr, "fsexec: %s: %s, but --nproc asks for %" PRId64 " ranks; none started (%s%s)\n", f->plan,
+            needs(&l, need, sizeof need), f->nproc, fix, again);
     return 1;
 }
 

@@ -142,6 +142,10 @@ static int bind(const Plan *p, int rank, int world, CsSchedule *s, char *err, si
         o->n_instr++;
     }
     for (int32_t k = 0; k < p->n_ops; k++) {
+        const OpInfo *info = op_info_by_name(plan_str(p, p->ops[k].op));
+        if ((info && (info->flags & OPF_P2P)) || attr_int(p, &p->ops[k], "group", OP_GROUP_DATA) != OP_GROUP_DATA)
+            return plan_fail(err, errlen, "op %d (%s): pipeline stages run on CPU ranks only in this version (run with "
+                             "--device cpu)", k, plan_str(p, p->ops[k].op));
         int kind = cs_coll_kind(plan_str(p, p->ops[k].op));
         if (kind < 0) continue;
         if (s->ops[k].n_instr)

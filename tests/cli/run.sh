@@ -88,7 +88,8 @@ expect timeline-accumulate 0 "bubble 0.0% of the makespan" -- "$FSC" "$SRC/sampl
 expect timeline-bad 1 "--timeline: expected --timeline or --timeline=unit, got '--timeline=ms'" -- "$FSC" "$SRC/samples/mlp.fsm" --timeline=ms
 expect reduce-dtype-mismatch 1 "reduce_dtype bf16 with precision fp16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision fp16 --reduce_dtype bf16
 expect precision-bf16 0 "precision bf16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision bf16
-expect pipeline-not-yet 1 "pipeline parallelism is not implemented yet" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2
+expect pipeline-world 1 "world 1 does not split into 2 pipeline stages" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2
+expect pipeline-interleaved-not-yet 1 "schedule interleaved is not implemented yet" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2 --world 2 --microbatches 2 --schedule interleaved
 expect accumulate 0 "wrote $tmp/mlp4.plan" -- "$FSC" "$SRC/samples/mlp.fsm" --microbatches 4 -o "$tmp/mlp4.plan"
 expect accumulate-batch 1 "does not split evenly over 1 data-parallel rank x 5 micro-batches; make it a multiple of 5" -- "$FSC" "$SRC/samples/mlp.fsm" --microbatches 5
 expect offload-not-yet 1 "optimizer offload is not implemented yet" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer

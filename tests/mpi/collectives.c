@@ -12,20 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "kernels.h"
 #include "runtime.h"
 
-static int rank, fails;
-
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            fails++;                                                         \
-            printf("[rank %d] collectives.c:%d: ", rank, __LINE__);          \
-            printf(__VA_ARGS__);                                             \
-            printf("\n");                                                    \
-        }                                                                    \
-    } while (0)
+static int rank;
 
 /* x[i] = (rank + 1) * (i + 1) on every rank: the sum over ranks is S * (i + 1). */
 static void fill(float *x, int n)
@@ -41,7 +32,7 @@ int main(void)
         printf("%s\n", err);
         return 1;
     }
-    rank = rk.rank;
+    rank = me = rk.rank;
     int W = rk.world, n = 5;
     float S = (float)(W * (W + 1) / 2);
     RtCommQueue *q = rt_comm_queue_new(4);

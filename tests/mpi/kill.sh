@@ -10,53 +10,8 @@ source "$(dirname "$0")/lib.sh"
 "$FSC" "$SRC/samples/gpt2.fsm" "${GPT_DIMS[@]}" --world 3 --shard fsdp -o "$tmp/p.plan" >/dev/null 2>&1 ||
   { fail "fsc"; finish; }
 
-launcher= ranks=
-cleanup() {
-  for p in $ranks $launcher; do kill -9 "$p" 2>/dev/null; done
-}
-trap cleanup EXIT
-
-# start_run NAME [FLAGS...]: 3 ranks training "forever", under a generous `timeout` so
-# that a regression fails rather than hangs; sets launcher (timeout, parent of mpirun)
-# and ranks (the rank processes).
-start_run() {
-  local name=$1
-  shift
-  rm -f "$tmp/log"
-  timeout -k 5 120 "$FSEXEC" --nproc 3 "$tmp/p.plan" --steps 100000000 --threads 1 --log "$tmp/log" \
-    --log-every 100000000 "$@" >"$tmp/$name.out" 2>&1 &
-  launcher=$!
-  for _ in $(seq 300); do
-    [ -s "$tmp/log" ] && break
-    sleep 0.1
-  done
-  ranks=$(pgrep -P "$(pgrep -P "$launcher" | head -1)" | tr '\n' ' ')
-  [ -s "$tmp/log" ] && [ "$(wc -w <<<"$ranks")" -eq 3 ]
-}
-
-# ends_within NAME SECONDS T0: every rank and mpirun gone, the status non-zero (and not
-# timeout's 124: mpirun had to be stopped); prints the output; fails (returns 1) if not.
-ends_within() {
-  local name=$1 limit_ms=$(($2 * 1000)) t0=$3 p bad=0
-  while alive "$launcher" && [ $(($(now_ms) - t0)) -lt $((limit_ms + 5000)) ]; do sleep 0.05; done
-  local took=$(($(now_ms) - t0))
-  for p in $ranks; do alive "$p" && { fail "$name: rank pid $p still running after ${took} ms"; return 1; }; done
-  if alive "$launcher"; then
-    fail "$name: mpirun still running after ${took} ms"
-    return 1
-  fi
-  wait "$launcher"
-  local rc=$?
-  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
-    fail "$name: exit status $rc" && bad=1
-  elif [ "$took" -gt "$limit_ms" ]; then
-    fail "$name: took ${took} ms (limit ${limit_ms} ms)" && bad=1
-  else
-    ok "$name: every rank ended in ${took} ms, exit status $rc"
-  fi
-  sed 's/^/    /' "$tmp/$name.out" | grep -v -e '^    $' -e '-----' | head -12
-  return $bad
-}
+# start_run NAME [FLAGS...]: 3 ranks training "forever" (lib.sh).
+start_run() { start_training "$1" 3 "$tmp/p.plan" "${@:2}"; }
 
 for victim in 1 0; do
   name=sigkill-rank-$victim

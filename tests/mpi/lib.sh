@@ -44,8 +44,54 @@ rank_pid() {
   done
 }
 
+# Training "forever" on several ranks, for the tests that kill or stop one: the launcher
+# (timeout, the parent of mpirun) and the rank processes, killed at exit.
+launcher= ranks=
+trap 'for p in $ranks $launcher; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT
+
+# start_training NAME NPROC PLAN [FLAGS...]: NPROC ranks training "forever", under a
+# generous `timeout` so that a regression fails rather than hangs; output in $tmp/NAME.out;
+# true once they train (the log has a line) and all NPROC ranks are seen.
+start_training() {
+  local name=$1 n=$2 plan=$3
+  shift 3
+  rm -f "$tmp/log"
+  timeout -k 5 120 "$FSEXEC" --nproc "$n" "$plan" --steps 100000000 --threads 1 --log "$tmp/log" \
+    --log-every 100000000 "$@" >"$tmp/$name.out" 2>&1 &
+  launcher=$!
+  for _ in $(seq 300); do
+    [ -s "$tmp/log" ] && break
+    sleep 0.1
+  done
+  ranks=$(pgrep -P "$(pgrep -P "$launcher" | head -1)" | tr '\n' ' ')
+  [ -s "$tmp/log" ] && [ "$(wc -w <<<"$ranks")" -eq "$n" ]
+}
+
+# ends_within NAME SECONDS T0: every rank and mpirun gone, the status non-zero (and not
+# timeout's 124: mpirun had to be stopped); prints the output; fails (returns 1) if not.
+ends_within() {
+  local name=$1 limit_ms=$(($2 * 1000)) t0=$3 p bad=0
+  while alive "$launcher" && [ $(($(now_ms) - t0)) -lt $((limit_ms + 5000)) ]; do sleep 0.05; done
+  local took=$(($(now_ms) - t0))
+  for p in $ranks; do alive "$p" && { fail "$name: rank pid $p still running after ${took} ms"; return 1; }; done
+  if alive "$launcher"; then
+    fail "$name: mpirun still running after ${took} ms"
+    return 1
+  fi
+  wait "$launcher"
+  local rc=$?
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
+    fail "$name: exit status $rc" && bad=1
+  elif [ "$took" -gt "$limit_ms" ]; then
+    fail "$name: took ${took} ms (limit ${limit_ms} ms)" && bad=1
+  else
+    ok "$name: every rank ended in ${took} ms, exit status $rc"
+  fi
+  sed 's/^/    /' "$tmp/$name.out" | grep -v -e '^    $' -e '-----' | head -12
+  return $bad
+}
+
 finish() {
-  rm -rf "$tmp"
   echo "$failures failure(s)"
   [ "$failures" -eq 0 ]
   exit

@@ -4,8 +4,9 @@
  * storage's init equals the same slice of the unsharded tensors for every rank, world
  * and padding; which ranges each rank owns), a rank's rows of the global batch, and
  * hand-made world-1 plans with flat storage, views and collectives run by the executor
- * (init, consolidated save and load, layout checks, world mismatch).
- * The MPI side itself runs under mpirun in tests/mpi/.
+ * (init, consolidated save and load, layout checks, world mismatch); point-to-point ops
+ * as bound for MPI, a pipeline stage's weights file names, and a stage's params read
+ * from a file of the whole model. The MPI side itself runs under mpirun in tests/mpi/.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -501,4 +502,51 @@ Test(data, rank_rows_tile_the_global_batch)
     for (int r = 0; r < 3; r++) rt_blobs_rows(centers, 5, 2, r * 4, 4, D, K, gx + r * 4 * D, gy + r * 4);
     cr_assert_eq(memcmp(fx, gx, sizeof fx), 0);
     cr_assert_eq(memcmp(fy, gy, sizeof fy), 0);
+}
+
+/* ---- point-to-point ops and a pipeline's weights files -------------------------------- */
+
+Test(p2p, prepare_binds_a_message)
+{
+    RtColl c;
+    char err[256];
+    float buf[6];
+    cr_assert_eq(rt_coll_kind("send"), RT_COLL_SEND);
+    cr_assert_eq(rt_coll_kind("recv"), RT_COLL_RECV);
+    cr_assert_eq(rt_p2p_prepare(&c, RT_COLL_SEND, PLAN_DT_F32, buf, 6, 3, 1, err, sizeof err), 0, "%s", err);
+    cr_assert(c.peer == 3 && c.sync == 1 && c.n == 6 && c.in == buf && c.slot == -1 && c.op == PLAN_NONE);
+    cr_assert(c.range[0].lo == (uintptr_t)buf && c.range[0].hi == (uintptr_t)(buf + 6));
+    cr_assert_eq(rt_p2p_prepare(&c, RT_COLL_RECV, PLAN_DT_BF16, buf, 6, 0, 1, err, sizeof err), 0, "%s", err);
+    cr_assert(c.sync == 0 && c.out == buf && c.range[0].hi == (uintptr_t)buf + 12, "a receive is never synchronous");
+    cr_assert_eq(rt_p2p_prepare(&c, RT_COLL_SEND, PLAN_DT_F32, buf, (int64_t)INT32_MAX + 1, 1, 0, err, sizeof err), -1);
+    cr_assert(strstr(err, "exceeds MPI's int count"), "%s", err);
+    cr_assert_eq(rt_p2p_prepare(&c, RT_COLL_ALL_REDUCE, PLAN_DT_F32, buf, 6, 1, 0, err, sizeof err), -1);
+    cr_assert_eq(rt_coll_prepare(&c, RT_COLL_SEND, PLAN_DT_F32, buf, 6, buf, 6, 2, 0, 0, err, sizeof err), -1);
+    cr_assert(strstr(err, "point-to-point"), "%s", err);
+}
+
+Test(p2p, stage_weights_take_sharded_names)
+{
+    char buf[256];
+    cr_assert_str_eq(rt_weights_shard_path("out.safetensors", 0, 2, buf, sizeof buf), "out-00001-of-00002.safetensors");
+    cr_assert_str_eq(rt_weights_shard_path("d/w.safetensors", 2, 3, buf, sizeof buf), "d/w-00003-of-00003.safetensors");
+    cr_assert_str_eq(rt_weights_shard_path("w.bin", 1, 2, buf, sizeof buf), "w.bin-00002-of-00002.safetensors");
+    cr_assert_str_eq(rt_weights_shard_path("out.safetensors", 0, 1, buf, sizeof buf), "out.safetensors");
+}
+
+/* A file may hold other stages' params (rt_st_read_part), and nothing else. */
+Test(p2p, a_stage_reads_its_params_from_the_whole_model, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    char path[300], err[512];
+    snprintf(path, sizeof path, "%s/m.safetensors", tmpdir);
+    float a[2] = {1, 2}, b[3] = {3, 4, 5}, got[2] = {0};
+    StEntry both[2] = {{"a", PLAN_DT_F32, 1, (int64_t[]){2}, a}, {"b", PLAN_DT_F32, 1, (int64_t[]){3}, b}};
+    cr_assert_eq(rt_st_write(path, both, 2, 0, err, sizeof err), 0, "%s", err);
+    StEntry mine = {"a", PLAN_DT_F32, 1, (int64_t[]){2}, got};
+    cr_assert_eq(rt_st_read(path, &mine, 1, err, sizeof err), -1);
+    cr_assert(strstr(err, "tensor 'b' is not in the model"), "%s", err);
+    const char *others[] = {"b"}, *wrong[] = {"c"};
+    cr_assert_eq(rt_st_read_part(path, &mine, 1, wrong, 1, err, sizeof err), -1);
+    cr_assert_eq(rt_st_read_part(path, &mine, 1, others, 1, err, sizeof err), 0, "%s", err);
+    cr_assert(got[0] == 1 && got[1] == 2);
 }

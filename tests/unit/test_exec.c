@@ -1,8 +1,10 @@
 /* tests/unit/test_exec.c: the runtime's executor and what feeds it: parameter init
  * (Philox, slices, statistics), safetensors (round trip, damaged files), token files and
  * batches, small plans built by hand and run on the CPU kernels (attribute binding,
- * views, effect ops, NaN-fill debug mode, training that lowers the loss), and samples
- * compiled in-process (frontend, passes, codegen, the plan file) and trained.
+ * views, effect ops, NaN-fill debug mode, training that lowers the loss), samples
+ * compiled in-process (frontend, passes, codegen, the plan file) and trained, and a
+ * pipeline stage's program run alone (its layout, its share of the data, what binding
+ * its sends and collectives checks; tests/mpi/pipeline.c runs stages on MPI).
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -1103,4 +1105,136 @@ Test(exec, host_mirror_holds_the_persistent_state_and_the_outputs)
     rt_exec_free(mirror);
     rt_exec_free(whole);
     plan_free(p);
+}
+
+/* ---- pipeline stages: a stage's program alone (no MPI) --------------------------------- */
+
+/* Two programs of one data-parallel rank each, whole: stage 0 reads the features x and
+ * sends f = relu(x) (peer: `peer`, 1 to be right), stage 1 reads the labels y and its own
+ * features g (a param): logits = g @ w, loss = cross_entropy(logits, y), and with
+ * pipe_world > 0 a collective of the loss over the stages of pipe_world ranks. */
+static Plan *two_stages(int peer, int pipe_world)
+{
+    enum { B = 4, F = 3, C = 2 };
+    int64_t sx[] = {B, F}, sy[] = {B}, sw[] = {F, C}, sl[] = {B, C};
+    Plan *s[2] = {plan_new(), plan_new()}, *whole = plan_new();
+    int32_t x = add_tensor(s[0], "x", PLAN_DT_F32, PLAN_ROLE_INPUT, 2, sx, PLAN_INIT_NONE, 0, 0);
+    int32_t f = act(s[0], "f", PLAN_DT_F32, 2, sx);
+    add_op(s[0], "relu", PLAN_PHASE_FORWARD, &x, 1, &f, 1, NULL, 0);
+    add_op(s[0], "send", PLAN_PHASE_FORWARD, &f, 1, NULL, 0, (A[]){{"peer", PLAN_ATTR_INT, peer, NULL, 0}}, 1);
+    s[0]->ops[1].stream = PLAN_STREAM_COLLECTIVE;
+    int32_t y = add_tensor(s[1], "y", PLAN_DT_I32, PLAN_ROLE_INPUT, 1, sy, PLAN_INIT_NONE, 0, 0);
+    int32_t g = add_tensor(s[1], "g", PLAN_DT_F32, PLAN_ROLE_PARAM, 2, sx, PLAN_INIT_NORMAL, 1, 0);
+    int32_t w = add_tensor(s[1], "w", PLAN_DT_F32, PLAN_ROLE_PARAM, 2, sw, PLAN_INIT_NORMAL, 1, 0);
+    int32_t logits = act(s[1], "logits", PLAN_DT_F32, 2, sl), loss = act(s[1], "loss", PLAN_DT_F32, 0, NULL);
+    int32_t all = pipe_world ? act(s[1], "loss.all", PLAN_DT_F32, 0, NULL) : loss;
+    add_op(s[1], "matmul", PLAN_PHASE_FORWARD, (int32_t[]){g, w}, 2, &logits, 1, NULL, 0);
+    add_op(s[1], "cross_entropy", PLAN_PHASE_FORWARD, (int32_t[]){logits, y}, 2, &loss, 1, NULL, 0);
+    A over[] = {{"world", PLAN_ATTR_INT, pipe_world, NULL, 0}, {"group", PLAN_ATTR_INT, 1, NULL, 0}};
+    if (pipe_world) add_op(s[1], "all_reduce", PLAN_PHASE_COMM, &loss, 1, &all, 1, over, 2);
+    if (pipe_world) s[1]->ops[2].stream = PLAN_STREAM_COLLECTIVE;
+    plan_output_add(s[1], all);
+    plan_output_add(s[1], logits);
+    s[1]->tensors[all].step_role = PLAN_SR_LOSS;
+    char err[512];
+    for (int k = 0; k < 2; k++) {
+        memplan(s[k]);  // one data-parallel rank: then the world of both stages
+        plan_meta_set_int(s[k], "world", 2);
+        plan_meta_set_int(s[k], "stages", 2);
+        for (int32_t i = 0; i < s[k]->n_tensors; i++) s[k]->tensors[i].live_end = s[k]->n_ops;  // past the comm ops
+        cr_assert_eq(plan_append_program(whole, s[k], err, sizeof err), 0, "%s", err);
+        plan_free(s[k]);
+    }
+    return whole;
+}
+
+static Exec *stage_exec(const Plan *whole, int stage, Plan **one, char *err, size_t errlen)
+{
+    *one = plan_extract_program(whole, stage, err, errlen);
+    cr_assert_not_null(*one, "%s", err);
+    return rt_exec_new(*one, &(ExecOptions){.seed = 5, .world = 1, .whole = whole, .stage = stage}, err, errlen);
+}
+
+Test(pipeline, layout_names_stages_and_ranks)
+{
+    Plan *whole = two_stages(1, 2);
+    RtLayout l;
+    char err[512], buf[96];
+    cr_assert_eq(rt_plan_layout(whole, &l, err, sizeof err), 0, "%s", err);
+    cr_assert(l.stages == 2 && l.dp == 1 && l.world == 2);
+    cr_assert_str_eq(rt_layout_str(&l, buf, sizeof buf), "2 stages x 1 data-parallel rank = world 2");
+    whole->programs[1].dp_world = 3;
+    cr_assert_eq(rt_plan_layout(whole, &l, err, sizeof err), -1);
+    cr_assert(strstr(err, "stage 1 has 3 data-parallel ranks, but stage 0 has 1"), "%s", err);
+    plan_free(whole);
+    Plan *one = classifier_plan(0.1);
+    cr_assert_eq(rt_plan_layout(one, &l, err, sizeof err), 0);
+    cr_assert_str_eq(rt_layout_str(&l, buf, sizeof buf), "world 1");
+    plan_free(one);
+}
+
+/* Each stage fills only the data inputs it reads, the rows the one-program plan would;
+ * the labels and logits (for the accuracy) are the last stage's. */
+Test(pipeline, each_stage_takes_its_own_data)
+{
+    Plan *whole = two_stages(1, 0), *one[2];
+    char err[512];
+    cr_assert_eq(rt_plan_check_ops(whole, err, sizeof err), 0, "%s", err);
+    Exec *last = stage_exec(whole, 1, &one[1], err, sizeof err);
+    cr_assert_not_null(last, "%s", err);
+    cr_assert(rt_exec_stage(last) == 1 && rt_exec_stages(last) == 2 && rt_exec_whole(last) == whole);
+    RtData *d = rt_data_open(last, NULL, RT_ORDER_RANDOM, 5, err, sizeof err);
+    cr_assert_not_null(d, "%s", err);
+    cr_assert_eq(rt_data_get_kind(d), RT_DATA_CLASSES);
+    RtTensor y, lt;
+    rt_exec_tensor(last, "y", &y);
+    rt_exec_tensor(last, "logits", &lt);
+    cr_assert(rt_data_labels(d) == y.id && rt_data_logits(d) == lt.id);
+    rt_data_fill(d, 3);
+    float cx[4 * 3], centers[2 * 3];
+    int32_t cy[4];
+    rt_blob_centers(5, 2, 3, centers);
+    rt_blobs_rows(centers, 5, 3, 0, 4, 3, 2, cx, cy);
+    cr_assert_eq(memcmp(y.data, cy, sizeof cy), 0, "the last stage's labels");
+    rt_data_close(d);
+    int32_t a, b;  // stage 0 (whose send needs MPI to bind) reads the features alone
+    one[0] = plan_extract_program(whole, 0, err, sizeof err);
+    rt_stage_inputs(whole, one[0], &a, &b);
+    cr_assert(a != PLAN_NONE && !strcmp(plan_str(one[0], one[0]->tensors[a].name), "x") && b == PLAN_NONE);
+    rt_stage_inputs(whole, one[1], &a, &b);
+    cr_assert(a == PLAN_NONE && b == y.id);
+    plan_free(one[0]);
+    rt_exec_free(last);
+    plan_free(one[1]);
+    plan_free(whole);
+}
+
+Test(pipeline, bind_checks_peers_and_groups)
+{
+    char err[512];
+    Plan *one;
+    struct { int peer, pipe_world, stage; const char *want; } bad[] = {
+        {0, 2, 0, "op 1 (send): peer stage 0 is not another stage of this 2-stage plan (this is stage 0)"},
+        {2, 2, 0, "op 1 (send): peer stage 2 is not another stage of this 2-stage plan (this is stage 0)"},
+        {1, 3, 1, "a collective over the pipeline group for 3 stages, but the plan has 2"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        Plan *whole = two_stages(bad[i].peer, bad[i].pipe_world);
+        cr_assert_null(stage_exec(whole, bad[i].stage, &one, err, sizeof err), "%s", bad[i].want);
+        cr_assert(strstr(err, bad[i].want), "got '%s', want '%s'", err, bad[i].want);
+        /* Alone (a plan of one stage), a send has no peer at all. */
+        if (i == 0) {
+            cr_assert_null(rt_exec_new(one, &(ExecOptions){.seed = 1}, err, sizeof err));
+            cr_assert(strstr(err, "peer stage 0 is not another stage of this 1-stage plan"), "%s", err);
+        }
+        plan_free(one);
+        plan_free(whole);
+    }
+    /* The guard cannot wait for a send as each op ends. */
+    Plan *whole = two_stages(1, 2);
+    one = plan_extract_program(whole, 0, err, sizeof err);
+    cr_assert_null(rt_exec_new(one, &(ExecOptions){.seed = 1, .world = 1, .whole = whole, .guard = 1}, err, sizeof err));
+    cr_assert(strstr(err, "--debug-guard waits for every op"), "%s", err);
+    plan_free(one);
+    plan_free(whole);
 }

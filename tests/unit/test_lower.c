@@ -182,7 +182,7 @@ Test(lower, defines_feed_later_dims)
 Test(lower, settings_command_line_wins)
 {
     const char *src = "model m {\n"
-                      "  dim B = 8, C = 4;\n"
+                      "  dim B = 16, C = 4;\n"  // 4 data-parallel ranks x 4 micro-batches
                       "  input x: f32[B, C];\n"
                       "  input y: i32[B];\n"
                       "  layer Block { forward(h) { return gelu(h); } }\n"

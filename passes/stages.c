@@ -1,0 +1,419 @@
+/* passes/stages.c: pipeline stages (FairScale's Pipe, ahead of time).
+ *
+ * Needs: the forward graph of one micro-batch (precision ran: casts and fp16 state are
+ *        there); `stages` P > 1, `balance` (auto, or blocks per stage).
+ * Gives: the graph's stage_graphs, one per stage, each a forward graph of its own that
+ *        the later passes (autodiff on) rewrite alone, as they rewrite a graph of one
+ *        program:
+ *  - Every block sits on exactly one stage: contiguous runs of blocks, stage s holding
+ *    the s-th run (`balance 3,3,2`, or `auto`: the cost model below).
+ *  - A node outside blocks whose inputs are all params, data inputs or such nodes (the
+ *    embedding, a param's compute-dtype cast, arange) is free: it is copied into every
+ *    stage that reads it, as are the params and inputs it reads. Any other node goes on
+ *    the latest stage among its inputs' (the final norm, the head, the loss: the last).
+ *  - A value one stage makes and another reads is sent right after the node that makes
+ *    it (send, peer = the reader's stage) and received on the reader's stage just before
+ *    its first use (recv). Receives from one stage are taken in the order it sends, so
+ *    the k-th send from a to b meets the k-th receive on b from a. Each stage graph lists
+ *    these as its links (Graph.links), from which autodiff adds the backward's: the
+ *    gradient of every received float value goes back (zeros when none flows), and each
+ *    sent one's gradient comes back to seed the backward.
+ *  - A param several stages read (a tied embedding: GPT-2's wte on the first stage and
+ *    the head on the last) is a param of each of them, with one name: the same init
+ *    (keyed by name), its gradients summed across them after the last micro-batch
+ *    (passes/pipeline.c), so the copies stay equal. All but the first count it nowhere
+ *    in the gradient norm (Value.pipe_copy).
+ *  - The loss is the last stage's first output; the fp16 loss-scale state is every
+ *    stage's (each unscales and updates it from the same global norm).
+ *
+ * The cost model of `balance auto`: a block's time is its forward FLOPs (the backward is
+ * about twice that in every block alike, so it does not move the cut); the free nodes
+ * (the embedding) count on the first stage and every other node outside blocks (the
+ * head, the loss) on the last. A stage's memory is 16 bytes per param (fp32 param, grad
+ * and AdamW's two moments) and its blocks' activations times the micro-batches it holds
+ * at once: min(P - s, M) under 1F1B, M under GPipe. The cut minimizes the slowest stage's
+ * time, then, among cuts within 2% of it, the largest stage's memory.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+typedef struct {
+    Graph *g;
+    int P;
+    int *stage_of_block;
+    int *stage;       // per node: its stage, or -1 when free
+    char *needs;      // [P][n_nodes]: free node n is needed on stage s
+    char *reads;      // [P][n_values]: stage s reads value v
+    Graph **sg;       // the stage graphs
+    int *vmap;        // [P][n_values]: v's value in stage s's graph, or -1
+    int *queue;       // [P][P][n_values]: values stage a has sent to b and b not received yet
+    int *q_head, *q_tail;  // [P][P]
+} Split;
+
+static int *vmap_of(Split *s, int st) { return &s->vmap[(size_t)st * (size_t)s->g->n_values]; }
+static int *queue_of(Split *s, int a, int b)
+{
+    return &s->queue[((size_t)a * (size_t)s->P + (size_t)b) * (size_t)s->g->n_values];
+}
+
+/* ---- the cut ------------------------------------------------------------------------ */
+
+/* blocks per stage from "3,3,2"; 0, or -1 after an error. */
+static int explicit_balance(Split *s, const char *text, Diag *d)
+{
+    Graph *g = s->g;
+    int n = 0, at = 0;
+    for (const char *p = text; *p;) {
+        char *end;
+        long k = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ',')) {
+            diag_error(d, (Loc){0}, "balance '%s': expected auto or blocks per stage, like 3,3,2", text);
+            return -1;
+        }
+        if (n == s->P) {
+            diag_error(d, (Loc){0}, "balance '%s' lists more than the %d stages", text, s->P);
+            return -1;
+        }
+        if (k < 1) {
+            diag_error(d, (Loc){0}, "balance '%s': stage %d has %ld blocks; every stage needs at least one", text, n, k);
+            return -1;
+        }
+        for (long i = 0; i < k && at + i < g->n_blocks; i++) s->stage_of_block[at + i] = n;
+        at += (int)k, n++;
+        p = *end ? end + 1 : end;
+    }
+    if (n != s->P || at != g->n_blocks) {
+        diag_error(d, (Loc){0}, "balance '%s' places %d blocks on %d stages; the model has %d blocks and the plan %d "
+                   "stages", text, at, n, g->n_blocks, s->P);
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    double time, mem;
+} Cost;
+
+/* Each block's forward FLOPs and activation bytes, its params' bytes; the time outside
+ * blocks that the first and the last stage carry. */
+static void block_costs(const Split *s, double *flops, double *act, double *par, double *first, double *last)
+{
+    const Graph *g = s->g;
+    for (int n = 0; n < g->n_nodes; n++) {
+        const Node *node = ir_node(g, n);
+        double f = ir_op_hooks(node->op)->flops(g, node);
+        if (node->block >= 0) {
+            flops[node->block] += f;
+            for (int i = 0; i < node->n_out; i++) act[node->block] += (double)ir_nbytes(ir_value(g, ir_out(g, node, i)));
+        } else if (s->stage[n] < 0) {
+            *first += f;
+        } else {
+            *last += f;
+        }
+    }
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].role == ROLE_PARAM && g->values[v].block >= 0) par[g->values[v].block] += 16.0 * (double)ir_numel(&g->values[v]);
+}
+
+/* Blocks [i, j) as stage st. */
+static Cost stage_cost(const Split *s, const TrainConfig *t, const double *pf, const double *pa, const double *pp,
+                       double first, double last, int st, int i, int j)
+{
+    int M = t->microbatches, held = t->schedule == SCHED_GPIPE ? M : (s->P - st < M ? s->P - st : M);
+    Cost c = {pf[j] - pf[i], (pp[j] - pp[i]) + held * (pa[j] - pa[i])};
+    if (st == 0) c.time += first;
+    if (st == s->P - 1) c.time += last;
+    return c;
+}
+
+/* The contiguous cut of `nb` blocks into P stages that minimizes the slowest stage's
+ * time (limit < 0), or the largest stage's memory among cuts whose every stage takes at
+ * most `limit`; the best value, the cut into stage_of_block. */
+static double best_cut(Split *s, const TrainConfig *t, const double *pf, const double *pa, const double *pp,
+                       double first, double last, double limit)
+{
+    int P = s->P, nb = s->g->n_blocks;
+    double *best = arena_alloc(s->g->arena, sizeof(double) * (size_t)(P + 1) * (size_t)(nb + 1));
+    int *from = arena_alloc(s->g->arena, sizeof(int) * (size_t)(P + 1) * (size_t)(nb + 1));
+#define AT(a, st, j) a[(size_t)(st) * (size_t)(nb + 1) + (size_t)(j)]
+    for (int st = 0; st <= P; st++)
+        for (int j = 0; j <= nb; j++) AT(best, st, j) = -1;
+    AT(best, 0, 0) = 0;
+    for (int st = 0; st < P; st++)
+        for (int i = st; i <= nb; i++) {
+            if (AT(best, st, i) < 0) continue;
+            for (int j = i + 1; j <= nb - (P - st - 1); j++) {
+                Cost c = stage_cost(s, t, pf, pa, pp, first, last, st, i, j);
+                if (limit >= 0 && c.time > limit) continue;
+                double v = limit < 0 ? c.time : c.mem;
+                if (AT(best, st, i) > v) v = AT(best, st, i);
+                if (AT(best, st + 1, j) < 0 || v < AT(best, st + 1, j)) AT(best, st + 1, j) = v, AT(from, st + 1, j) = i;
+            }
+        }
+    double result = AT(best, P, nb);
+    if (result >= 0)
+        for (int st = P, j = nb; st > 0; st--) {
+            int i = AT(from, st, j);
+            for (int b = i; b < j; b++) s->stage_of_block[b] = st - 1;
+            j = i;
+        }
+#undef AT
+    return result;
+}
+
+static void auto_balance(Split *s, const TrainConfig *t)
+{
+    Graph *g = s->g;
+    int nb = g->n_blocks;
+    double *flops = arena_alloc(g->arena, sizeof(double) * (size_t)nb + 1);
+    double *act = arena_alloc(g->arena, sizeof(double) * (size_t)nb + 1);
+    double *par = arena_alloc(g->arena, sizeof(double) * (size_t)nb + 1);
+    double first = 0, last = 0;
+    block_costs(s, flops, act, par, &first, &last);
+    /* Prefix sums, so a stage's cost is two lookups. */
+    double *pf = arena_alloc(g->arena, sizeof(double) * (size_t)(nb + 1));
+    double *pa = arena_alloc(g->arena, sizeof(double) * (size_t)(nb + 1));
+    double *pp = arena_alloc(g->arena, sizeof(double) * (size_t)(nb + 1));
+    for (int b = 0; b < nb; b++) pf[b + 1] = pf[b] + flops[b], pa[b + 1] = pa[b] + act[b], pp[b + 1] = pp[b] + par[b];
+    double fastest = best_cut(s, t, pf, pa, pp, first, last, -1);
+    best_cut(s, t, pf, pa, pp, first, last, fastest * 1.02);
+}
+
+/* ---- where each node runs ----------------------------------------------------------- */
+
+/* Free nodes (stage -1), block nodes on their block's stage, the rest on the latest stage
+ * among their inputs. */
+static void assign(Split *s)
+{
+    Graph *g = s->g;
+    for (int n = 0; n < g->n_nodes; n++) {
+        const Node *node = ir_node(g, n);
+        if (node->block >= 0) {
+            s->stage[n] = s->stage_of_block[node->block];
+            continue;
+        }
+        int st = -1;
+        for (int i = 0; i < node->n_in; i++) {
+            int p = ir_value(g, ir_in(g, node, i))->producer;
+            if (p >= 0 && s->stage[p] > st) st = s->stage[p];
+        }
+        s->stage[n] = st;
+    }
+}
+
+/* Which stages read each value, and on which stages each free node runs: where a stage
+ * reads its outputs, directly or through other free nodes. The outputs are the last
+ * stage's. */
+static void find_readers(Split *s)
+{
+    Graph *g = s->g;
+    size_t nn = (size_t)g->n_nodes, nv = (size_t)g->n_values;
+    for (int i = 0; i < g->n_outputs; i++) s->reads[(size_t)(s->P - 1) * nv + (size_t)g->outputs[i]] = 1;
+    for (int n = g->n_nodes - 1; n >= 0; n--) {
+        const Node *node = ir_node(g, n);
+        for (int st = 0; st < s->P; st++) {
+            int runs = s->stage[n] == st;
+            for (int i = 0; i < node->n_out && !runs && s->stage[n] < 0; i++)
+                runs = s->reads[(size_t)st * nv + (size_t)ir_out(g, node, i)];
+            if (!runs) continue;
+            if (s->stage[n] < 0) s->needs[(size_t)st * nn + (size_t)n] = 1;
+            for (int i = 0; i < node->n_in; i++) s->reads[(size_t)st * nv + (size_t)ir_in(g, node, i)] = 1;
+        }
+    }
+}
+
+/* ---- the stage graphs --------------------------------------------------------------- */
+
+/* v (a param, input, or state: no producer) in stage st's graph. */
+static int copy_value(Split *s, int st, int v)
+{
+    int *vm = vmap_of(s, st);
+    if (vm[v] < 0) {
+        vm[v] = ir_value_add(s->sg[st], ir_value(s->g, v));
+        s->sg[st]->values[vm[v]].step_role = ir_value(s->g, v)->step_role;
+    }
+    return vm[v];
+}
+
+static void add_link(Graph *sg, int value, int peer, int sends)
+{
+    sg->links = arena_grow(sg->arena, sg->links, &sg->cap_links, sg->n_links + 1, sizeof *sg->links);
+    sg->links[sg->n_links++] = (PipeLink){value, peer, sends};
+}
+
+static int add_node(Graph *sg, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, int block, Phase ph,
+                    Loc loc)
+{
+    char err[256];
+    int n = ir_node_add(sg, op, in, n_in, attrs, n_attr, block, ph, loc, err, sizeof err);
+    if (n < 0) fprintf(stderr, "stages: %s\n", err);
+    FS_ASSERT(n >= 0);
+    return n;
+}
+
+/* Stage b receives, in the order stage a sent them, every value up to v. */
+static void receive_through(Split *s, int a, int b, int v)
+{
+    Graph *sg = s->sg[b];
+    int *q = queue_of(s, a, b), *head = &s->q_head[a * s->P + b];
+    while (vmap_of(s, b)[v] < 0) {
+        FS_ASSERT(*head < s->q_tail[a * s->P + b]);
+        int w = q[(*head)++];
+        const Value *val = ir_value(s->g, w);
+        int64_t shape[IR_MAX_RANK];
+        for (int d = 0; d < val->rank; d++) shape[d] = val->shape[d];
+        Attr at[3] = {{.key = "shape", .kind = ATTR_INTS, .ints = shape, .n_list = val->rank},
+                      {.key = "dtype", .kind = ATTR_INT, .i = val->dtype},
+                      {.key = "peer", .kind = ATTR_INT, .i = a}};
+        int n = add_node(sg, OP_recv, NULL, 0, at, 3, -1, PHASE_FORWARD, val->loc);
+        int r = ir_out(sg, ir_node(sg, n), 0);
+        sg->values[r].name = val->name;
+        vmap_of(s, b)[w] = r;
+        add_link(sg, r, a, 0);
+    }
+}
+
+/* Node n of the graph, on stage st. */
+static void place(Split *s, int st, int n)
+{
+    Graph *g = s->g, *sg = s->sg[st];
+    Node node = *ir_node(g, n);
+    int in[IR_MAX_IN];
+    for (int i = 0; i < node.n_in; i++) {
+        int v = ir_in(g, &node, i), p = ir_value(g, v)->producer;
+        if (vmap_of(s, st)[v] < 0) {
+            if (p < 0)
+                copy_value(s, st, v);
+            else
+                receive_through(s, s->stage[p], st, v);
+        }
+        in[i] = vmap_of(s, st)[v];
+    }
+    Attr attrs[IR_MAX_PARAMS];
+    for (int i = 0; i < node.n_attr; i++) {
+        attrs[i] = g->attrs[node.attr + i];
+        if (attrs[i].kind == ATTR_INTS) attrs[i].ints = &g->ints[attrs[i].list];
+    }
+    int c = add_node(sg, node.op, in, node.n_in, attrs, node.n_attr, node.block, node.phase, node.loc);
+    for (int i = 0; i < node.n_out; i++) {
+        int v = ir_out(g, &node, i), w = ir_out(sg, ir_node(sg, c), i);
+        sg->values[w].role = g->values[v].role;
+        sg->values[w].place = g->values[v].place;
+        sg->values[w].name = g->values[v].name;
+        vmap_of(s, st)[v] = w;
+        if (s->stage[n] < 0) continue;  // free: every stage that reads it makes its own
+        for (int r = 0; r < s->P; r++) {
+            if (r == st || !s->reads[(size_t)r * (size_t)g->n_values + (size_t)v]) continue;
+            Attr peer = {.key = "peer", .kind = ATTR_INT, .i = r};
+            add_node(sg, OP_send, &w, 1, &peer, 1, node.block, PHASE_FORWARD, node.loc);
+            add_link(sg, w, r, 1);
+            queue_of(s, st, r)[s->q_tail[st * s->P + r]++] = v;
+        }
+    }
+}
+
+/* Params that several stage graphs hold: each lists the others; all but the first
+ * stage leave it out of their gradient norm. */
+static void find_tied(Split *s)
+{
+    Graph *g = s->g;
+    int *stages = arena_alloc(g->arena, sizeof(int) * (size_t)s->P);
+    for (int v = 0; v < g->n_values; v++) {
+        if (g->values[v].role != ROLE_PARAM) continue;
+        int n = 0;
+        for (int st = 0; st < s->P; st++)
+            if (vmap_of(s, st)[v] >= 0) stages[n++] = st;
+        if (n < 2) continue;
+        for (int k = 0; k < n; k++) {
+            Graph *sg = s->sg[stages[k]];
+            int *list = arena_alloc(sg->arena, sizeof(int) * (size_t)n);
+            memcpy(list, stages, sizeof(int) * (size_t)n);
+            sg->tied = arena_grow(sg->arena, sg->tied, &sg->cap_tied, sg->n_tied + 1, sizeof *sg->tied);
+            sg->tied[sg->n_tied++] = (TiedParam){vmap_of(s, stages[k])[v], n, list};
+            sg->values[vmap_of(s, stages[k])[v]].pipe_copy = k > 0;
+        }
+    }
+}
+
+static int check_settings(const Graph *g, const TrainConfig *t, Diag *d)
+{
+    int P = t->stages, M = t->microbatches;
+    if (t->world % P)
+        diag_error(d, (Loc){0}, "world %d does not split into %d pipeline stages; make the world a multiple of the "
+                   "stages (world = stages x data-parallel ranks)", t->world, P);
+    if (g->n_blocks < P)
+        diag_error(d, (Loc){0}, "stages %d: the model has %d block%s, and every stage needs at least one", P,
+                   g->n_blocks, g->n_blocks == 1 ? "" : "s");
+    if (t->schedule == SCHED_1F1B && M < P)
+        diag_error(d, (Loc){0}, "schedule 1f1b with microbatches %d < stages %d: 1F1B needs at least as many "
+                   "micro-batches as stages; use microbatches >= %d, or schedule gpipe", M, P, P);
+    if (t->schedule == SCHED_INTERLEAVED || t->schedule == SCHED_ZB1)
+        diag_error(d, (Loc){0}, "schedule %s is not implemented yet; use gpipe or 1f1b", sched_name(t->schedule));
+    if (t->chunks > 1 && t->schedule != SCHED_INTERLEAVED)
+        diag_error(d, (Loc){0}, "chunks %d: model chunks per stage are for schedule interleaved only", t->chunks);
+    if (strcmp(t->recompute, "none") && t->checkpoint != CKPT_NEVER)
+        diag_error(d, (Loc){0}, "recompute %s with checkpoint %s: with pipeline stages, checkpoint decides what is "
+                   "recomputed (the whole stage, per micro-batch); set checkpoint never to recompute blocks instead",
+                   t->recompute, checkpoint_name(t->checkpoint));
+    return d->n_errors ? -1 : 0;
+}
+
+int pass_stages(Graph *g, const Options *o, Diag *d)
+{
+    const TrainConfig *t = &o->train;
+    if (t->stages <= 1) return 0;
+    if (check_settings(g, t, d)) return -1;
+    int P = t->stages;
+    size_t nv = (size_t)g->n_values, nn = (size_t)g->n_nodes;
+    Split s = {.g = g, .P = P};
+    s.stage_of_block = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_blocks + 1);
+    s.stage = arena_alloc(g->arena, sizeof(int) * nn + 1);
+    s.needs = arena_alloc(g->arena, (size_t)P * nn + 1);
+    s.reads = arena_alloc(g->arena, (size_t)P * nv + 1);
+    s.vmap = arena_alloc(g->arena, sizeof(int) * (size_t)P * nv + 1);
+    s.queue = arena_alloc(g->arena, sizeof(int) * (size_t)P * (size_t)P * nv + 1);
+    s.q_head = arena_alloc(g->arena, sizeof(int) * (size_t)P * (size_t)P);
+    s.q_tail = arena_alloc(g->arena, sizeof(int) * (size_t)P * (size_t)P);
+    memset(s.vmap, -1, sizeof(int) * (size_t)P * nv);
+    if (strcmp(t->balance, "auto")) {
+        if (explicit_balance(&s, t->balance, d)) return -1;
+        assign(&s);
+    } else {
+        for (int b = 0; b < g->n_blocks; b++) s.stage_of_block[b] = 0;
+        assign(&s);  // free nodes are known before the cut: they do not depend on it
+        auto_balance(&s, t);
+        assign(&s);
+    }
+    find_readers(&s);
+
+    s.sg = arena_alloc(g->arena, sizeof(Graph *) * (size_t)P);
+    for (int st = 0; st < P; st++) {
+        Graph *sg = s.sg[st] = ir_graph_new(g->model);
+        sg->stage = st, sg->n_stages = P;
+        for (int b = 0; b < g->n_blocks; b++) ir_block_add(sg, g->blocks[b].name, g->blocks[b].layer, g->blocks[b].index);
+        if (g->loss_scale >= 0) sg->loss_scale = copy_value(&s, st, g->loss_scale);
+        if (g->scale_good >= 0) sg->scale_good = copy_value(&s, st, g->scale_good);
+    }
+    for (int n = 0; n < g->n_nodes; n++)
+        for (int st = 0; st < P; st++)
+            if (s.stage[n] == st || (s.stage[n] < 0 && s.needs[(size_t)st * nn + (size_t)n])) place(&s, st, n);
+    for (int i = 0; i < g->n_outputs; i++) {
+        int v = g->outputs[i], p = ir_value(g, v)->producer;
+        if (p >= 0 && s.stage[p] >= 0 && s.stage[p] != P - 1) {
+            if (i == 0) {
+                diag_error(d, ir_value(g, v)->loc, "the loss is computed on stage %d of %d; it must be on the last",
+                           s.stage[p], P);
+                continue;
+            }
+            receive_through(&s, s.stage[p], P - 1, v);  // outputs are the last stage's
+        }
+        ir_output_add(s.sg[P - 1], vmap_of(&s, P - 1)[v] >= 0 ? vmap_of(&s, P - 1)[v] : copy_value(&s, P - 1, v));
+    }
+    find_tied(&s);
+    g->stage_graphs = s.sg;
+    g->n_stage_graphs = P;
+    return d->n_errors ? -1 : 0;
+}

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Pipeline parallelism (`--stages P`) trains like the single-rank run on the same global
+batch (DESIGN.md invariant 1), and holds what its memory plan says.
+
+1. Tiny GPT-2 (L = 8, its embedding tied to the head) and tiny Llama, fp32: P = 2 and 4,
+   GPipe at M = 1, 2, 4, 8 and 1F1B at every M >= P, checkpoint except_last (the
+   default); at M = 4 also always and never. After 5 AdamW steps (clipping on) every
+   param equals the single-rank, one-micro-batch run's to rel 1e-5 (or 3 times what
+   that run differs from itself between 1 and 2 threads), and so do the logged losses
+   and gradient norms.
+2. P = 2 x 2 data-parallel ranks with ddp, zero1, zero2 and fsdp, fp32 as above; bf16
+   with zero2 and fsdp to bf16's tolerance (each tensor 5e-2, all together 2e-3).
+3. The tied embedding: GPT-2's wte, held by the first and the last stage, is bitwise
+   the same in both stages' files after the steps, at P = 2 and at P = 2 x dp = 2 under
+   zero1 and zero2.
+4. Sends forced synchronous (fsexec --sync-sends) complete and train the same.
+5. From `fsc --mem=json`: stage s of 1F1B holds the saved activations of min(P - s, M)
+   micro-batches at its peak, GPipe of M, checkpoint always of none but the stage's
+   inputs; both to the byte, against the same stage's plan at M = 1 times the count.
+6. Errors name their numbers: 1f1b with M < P, more stages than blocks, a balance that
+   leaves a stage without blocks, a world that does not split into the stages.
+
+usage: pipeline.py FSC FSEXEC   (needs mpirun; uses /usr/bin/python3's numpy and torch)
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
+from models import load_safetensors  # noqa: E402
+from mpienv import quiet_mpi_leaks  # noqa: E402
+from trainrun import STEPS, TRAIN, compare as compare_runs, rel, run  # noqa: E402
+
+TOL = 1e-5
+MODELS = {
+    "gpt2": ["-D", "L=8", "-D", "C=32", "-D", "NH=2", "-D", "T=16", "-D", "V=256", "-D", "B=16"],
+    "llama": ["-D", "L=4", "-D", "C=32", "-D", "NH=2", "-D", "F=64", "-D", "T=16", "-D", "V=256", "-D", "B=16"],
+}
+
+
+def load_stages(out):
+    """The params of every stage's file (HF's sharded names beside OUT), and for names in
+    more than one file each file's copy."""
+    files = sorted(glob.glob(re.sub(r"\.safetensors$", "", out) + "-*-of-*.safetensors"))
+    if not files:
+        return load_safetensors(out), {}
+    params, copies = {}, {}
+    for f in files:
+        for name, t in load_safetensors(f).items():
+            copies.setdefault(name, []).append(t)
+            params.setdefault(name, t)
+    return params, {n: c for n, c in copies.items() if len(c) > 1}
+
+
+class Runner:
+    def __init__(self, fsc, fsexec, work, data):
+        self.fsc, self.fsexec, self.work, self.data = fsc, fsexec, work, data
+
+    def train(self, model, extra, world=1, threads=1, run_flags=()):
+        tag = re.sub(r"[^A-Za-z0-9]+", "-", "%s-%d-%s-%s-%d" % (model, world, "-".join(extra), "-".join(run_flags), threads))
+        plan, out, log = (os.path.join(self.work, tag + ext) for ext in (".plan", ".safetensors", ".jsonl"))
+        run([self.fsc, "samples/%s.fsm" % model, *MODELS[model], *TRAIN, "--world", str(world), *extra, "-o", plan, "-q"])
+        cmd = [self.fsexec] + (["--nproc", str(world)] if world > 1 else [])
+        run(cmd + [plan, "--steps", str(STEPS), "--save-weights", out, "--log", log, "--data-order", "sequential",
+                   "--threads", str(threads), "--data", self.data, *run_flags])
+        with open(log) as f:
+            logged = [(r["loss"], r["grad_norm"]) for r in map(json.loads, f)]
+        params, copies = load_stages(out)
+        return params, logged, copies
+
+
+def tied_equal(what, copies, names):
+    for name in names:
+        c = copies.get(name)
+        if not c or len(c) < 2:
+            sys.exit("FAIL %s: %s is not in two stages' files" % (what, name))
+        if any(not np.array_equal(c[0].numpy().view(np.uint32), x.numpy().view(np.uint32)) for x in c[1:]):
+            sys.exit("FAIL %s: the stages' copies of %s differ" % (what, name))
+    print("ok   %-52s tied %s bitwise equal on every stage holding it" % (what, ", ".join(names)))
+
+
+def pipe(p, m, sched, ckpt=None, dp=1, shard="none", more=()):
+    extra = ["--stages", str(p), "--microbatches", str(m), "--schedule", sched, "--shard", shard, *more]
+    return (extra + ["--checkpoint", ckpt] if ckpt else extra), p * dp
+
+
+def compare(what, got, ref, floor, tol, whole_tol=None, loss_tol=None):
+    compare_runs(what, got, ref, floor, tol, whole_tol, loss_tol, ref_name="the single-rank run")
+
+
+def training(r):
+    for model in MODELS:
+        ref = r.train(model, ["--shard", "none"])
+        other = r.train(model, ["--shard", "none"], threads=2)
+        floor = {n: rel(other[0][n].numpy().astype(np.float64), t.numpy().astype(np.float64)) for n, t in ref[0].items()}
+        cases = []
+        for p in (2, 4):
+            cases += [pipe(p, m, "gpipe") for m in (1, 2, 4, 8)]
+            cases += [pipe(p, m, "1f1b") for m in (2, 4, 8) if m >= p]
+            cases += [pipe(p, 4, s, c) for s in ("gpipe", "1f1b") for c in ("always", "never")]
+        if model == "llama":  # fewer: the same machinery, another model
+            cases = [c for c in cases if "8" not in c[0]]
+        for extra, world in cases:
+            got = r.train(model, extra, world)
+            compare("%s %s" % (model, " ".join(extra)), got, ref, floor, TOL)
+            if model == "gpt2" and extra[1] == "2" and extra[3] == "4":
+                tied_equal("%s %s" % (model, " ".join(extra)), got[2], ["wte"])
+        for shard in ("ddp", "zero1", "zero2", "fsdp"):
+            extra, world = pipe(2, 4, "1f1b", dp=2, shard=shard)
+            got = r.train(model, extra, world)
+            compare("%s %s world %d" % (model, " ".join(extra), world), got, ref, floor, TOL)
+            if model == "gpt2" and shard in ("zero1", "zero2"):
+                tied_equal("%s %s world %d" % (model, " ".join(extra), world), got[2], ["wte"])
+        for shard in ("zero2", "fsdp"):
+            extra, world = pipe(2, 4, "1f1b", dp=2, shard=shard, more=("--precision", "bf16"))
+            bref = r.train(model, ["--shard", shard, "--precision", "bf16"], 2)
+            compare("%s %s world %d" % (model, " ".join(extra), world), r.train(model, extra, world), bref, {}, 5e-2,
+                    whole_tol=2e-3, loss_tol=5e-3)
+        extra, world = pipe(2, 4, "1f1b")
+        compare("%s %s --sync-sends" % (model, " ".join(extra)), r.train(model, extra, world, run_flags=("--sync-sends",)),
+                ref, floor, TOL)
+
+
+def stage_saved(r, model, extra):
+    """Saved activations at each stage's peak, from fsc --mem=json."""
+    out = json.loads(run([r.fsc, "samples/%s.fsm" % model, *MODELS[model], *extra, "--mem=json", "-q"]).stdout)
+    stages = out.get("stages")
+    if not stages:
+        sys.exit("FAIL: fsc --mem=json of a pipeline has no stages:\n%s" % json.dumps(out)[:2000])
+    return [next(c["at_peak"] for c in s["categories"] if c["key"] == "saved") for s in stages]
+
+
+def memory(r):
+    """With micro-batches of a fixed size (B = 2M), a stage's saved activations at its peak
+    are a + c per micro-batch it holds at once (c: what does not grow with them, such as
+    GPT-2's transposed embedding table): GPipe holds M, 1F1B min(P - s, M). a and c come
+    from GPipe at M = 1 and 2; every other plan must match to the byte."""
+    model = "gpt2"
+    for p in (2, 4):
+        def saved(m, sched, ckpt="never"):
+            return stage_saved(r, model, pipe(p, m, sched, ckpt)[0] + ["--world", str(p), "-D", "B=%d" % (2 * m)])
+        g1, g2 = saved(1, "gpipe"), saved(2, "gpipe")
+        a = [g2[s] - g1[s] for s in range(p)]
+        c = [g1[s] - a[s] for s in range(p)]
+        for m in (4, 8):
+            for sched in ("gpipe", "1f1b"):
+                got = saved(m, sched)
+                held = [m if sched == "gpipe" else min(p - s, m) for s in range(p)]
+                want = [held[s] * a[s] + c[s] for s in range(p)]
+                if got != want or min(a) <= 0:
+                    sys.exit("FAIL %s P=%d M=%d %s checkpoint never: saved activations per stage %s, want %s (%s "
+                             "micro-batches of %s, plus %s)" % (model, p, m, sched, got, want, held, a, c))
+                print("ok   %s P=%d M=%d %-5s saved activations per stage %s: %s micro-batches of %s bytes, plus %s"
+                      % (model, p, m, sched, got, held, a, c))
+            always = saved(m, "1f1b", "always")
+            if not all(always[s] < got[s] for s in range(p)):
+                sys.exit("FAIL %s P=%d M=%d: checkpoint always saves %s, never %s" % (model, p, m, always, got))
+            print("ok   %s P=%d M=%d 1f1b checkpoint always saves %s (never: %s)" % (model, p, m, always, got))
+
+
+def errors(r):
+    base = [r.fsc, "samples/gpt2.fsm", *MODELS["gpt2"], "-q"]
+    for args, want in (
+            (["--stages", "4", "--world", "4", "--microbatches", "2", "--schedule", "1f1b"],
+             "schedule 1f1b with microbatches 2 < stages 4"),
+            (["--stages", "16", "--world", "16", "--microbatches", "16"], "stages 16: the model has 8 blocks"),
+            (["--stages", "2", "--world", "2", "--microbatches", "2", "--balance", "8,0"], "stage 1 has 0 blocks"),
+            (["--stages", "2", "--world", "2", "--microbatches", "2", "--balance", "4,3"],
+             "balance '4,3' places 7 blocks on 2 stages; the model has 8 blocks"),
+            (["--stages", "2", "--world", "3", "--microbatches", "2"], "world 3 does not split into 2 pipeline stages")):
+        res = run(base + args, ok=False)
+        if res.returncode == 0 or want not in res.stdout:
+            sys.exit("FAIL: %s says:\n%s\n(want: %s)" % (" ".join(args), res.stdout, want))
+    print("ok   1f1b with M < P, more stages than blocks, a stage without blocks, a bad balance, a world that does "
+          "not split: errors with their numbers")
+
+
+def main():
+    if not shutil.which("mpirun"):
+        print("skip: no mpirun")
+        sys.exit(77)
+    quiet_mpi_leaks()
+    fsc, fsexec = (os.path.abspath(p) for p in sys.argv[1:3])
+    with tempfile.TemporaryDirectory() as work:
+        data = os.path.join(work, "tokens.bin")
+        np.random.default_rng(3).integers(0, 256, size=4000, dtype=np.uint16).tofile(data)
+        r = Runner(fsc, fsexec, work, data)
+        errors(r)
+        memory(r)
+        training(r)
+    print("pipeline stages train like the single-rank run, and hold what the plan says")
+
+
+if __name__ == "__main__":
+    main()

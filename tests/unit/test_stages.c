@@ -1,0 +1,200 @@
+/* tests/unit/test_stages.c: pipeline stages (passes/stages.c) and their schedules
+ * (passes/pipeline.c), on the stage graphs and on the plan.
+ *  - Every block sits on exactly one stage, in order; an explicit balance is obeyed.
+ *  - Each stage runs the schedule's order of micro-batch parts: GPipe's all forwards then
+ *    all backwards; 1F1B's min(P - s - 1, M) warm-up forwards, then one forward and one
+ *    backward in turn, so stage s has at most min(P - s, M) micro-batches in flight.
+ *  - checkpoint: always recomputes every micro-batch's forward, except_last all but the
+ *    last one's, never none.
+ *  - The k-th send from stage a to b and the k-th receive on b from a move the same type.
+ *  - GPT-2's tied embedding is a param of the first and last stage, counted in the
+ *    gradient norm by the first only; the plan has one program per stage and passes the
+ *    point-to-point check.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "sample.h"
+
+static const Define GPT2[] = {{"L", 8}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 256}, {"B", 16}};
+
+static Plan *compile(int stages, int m, const char *schedule, const char *checkpoint, const char *balance, Graph **g)
+{
+    char st[16], mb[16], world[16];
+    snprintf(st, sizeof st, "%d", stages);
+    snprintf(mb, sizeof mb, "%d", m);
+    snprintf(world, sizeof world, "%d", stages);
+    Setting set[] = {{"stages", st}, {"microbatches", mb}, {"world", world}, {"schedule", schedule},
+                     {"checkpoint", checkpoint}, {"balance", balance}};
+    return sample_compile("gpt2.fsm", GPT2, 6, set, 6, g);
+}
+
+/* The blocks whose params stage graph sg holds, as a bit set. */
+static unsigned blocks_of(const Graph *sg)
+{
+    unsigned set = 0;
+    for (int v = 0; v < sg->n_values; v++)
+        if (sg->values[v].role == ROLE_PARAM && sg->values[v].block >= 0) set |= 1u << sg->values[v].block;
+    return set;
+}
+
+Test(stages, every_block_on_one_stage_in_order)
+{
+    for (int p = 2; p <= 8; p *= 2) {
+        Graph *g;
+        plan_free(compile(p, 8, "1f1b", "except_last", "auto", &g));
+        cr_assert_eq(g->n_stage_graphs, p);
+        unsigned all = 0;
+        for (int s = 0; s < p; s++) {
+            unsigned b = blocks_of(g->stage_graphs[s]);
+            cr_assert(b != 0, "P=%d: stage %d has no block", p, s);
+            cr_assert_eq(all & b, 0, "P=%d: a block of stage %d is on an earlier stage too", p, s);
+            cr_assert(all < (b & -b), "P=%d: stage %d's blocks come before an earlier stage's", p, s);
+            all |= b;
+        }
+        cr_assert_eq(all, 0xffu, "P=%d: blocks %x placed", p, all);
+        ir_graph_free(g);
+    }
+    Graph *g;
+    plan_free(compile(2, 2, "gpipe", "never", "3,5", &g));
+    cr_assert_eq(blocks_of(g->stage_graphs[0]), 0x07u);
+    cr_assert_eq(blocks_of(g->stage_graphs[1]), 0xf8u);
+    ir_graph_free(g);
+}
+
+/* Stage graph sg's parts in node order: (mb, forward?) of each run of nodes of one
+ * micro-batch and class, into mb[]/fwd[]; returns how many. */
+static int parts(const Graph *sg, int *mb, int *fwd, int cap)
+{
+    int n = 0;
+    for (int k = 0; k < sg->n_nodes; k++) {
+        const Node *node = ir_node(sg, k);
+        if (node->mb < 0 || node->phase == PHASE_OPTIMIZER || node->phase == PHASE_COMM) continue;
+        int f = node->phase == PHASE_FORWARD;
+        if (n && mb[n - 1] == node->mb && fwd[n - 1] == f) continue;
+        cr_assert_lt(n, cap);
+        mb[n] = node->mb, fwd[n] = f, n++;
+    }
+    return n;
+}
+
+static void check_order(int p, int m, const char *schedule)
+{
+    Graph *g;
+    plan_free(compile(p, m, schedule, "never", "auto", &g));
+    for (int s = 0; s < p; s++) {
+        int mb[64], fwd[64], want_mb[64], want_fwd[64], n = parts(g->stage_graphs[s], mb, fwd, 64), w = 0;
+        int warm = !strcmp(schedule, "gpipe") ? m : (p - s - 1 < m ? p - s - 1 : m);
+        for (int i = 0; i < warm; i++) want_mb[w] = i, want_fwd[w++] = 1;
+        for (int i = 0; i < m - warm; i++) {
+            want_mb[w] = warm + i, want_fwd[w++] = 1;
+            want_mb[w] = i, want_fwd[w++] = 0;
+        }
+        for (int i = m - warm; i < m; i++) want_mb[w] = i, want_fwd[w++] = 0;
+        cr_assert_eq(n, w, "%s P=%d M=%d stage %d: %d parts, want %d", schedule, p, m, s, n, w);
+        int in_flight = 0, most = 0;
+        for (int i = 0; i < n; i++) {
+            cr_assert(mb[i] == want_mb[i] && fwd[i] == want_fwd[i], "%s P=%d M=%d stage %d: part %d is %c%d, want %c%d",
+                      schedule, p, m, s, i, fwd[i] ? 'F' : 'B', mb[i], want_fwd[i] ? 'F' : 'B', want_mb[i]);
+            in_flight += fwd[i] ? 1 : -1;
+            most = in_flight > most ? in_flight : most;
+        }
+        int held = !strcmp(schedule, "gpipe") ? m : (p - s < m ? p - s : m);
+        cr_assert_eq(most, held, "%s P=%d M=%d stage %d: %d micro-batches in flight", schedule, p, m, s, most);
+    }
+    ir_graph_free(g);
+}
+
+Test(stages, gpipe_order) { check_order(2, 4, "gpipe"), check_order(4, 8, "gpipe"), check_order(4, 1, "gpipe"); }
+Test(stages, one_f_one_b_order) { check_order(2, 4, "1f1b"), check_order(4, 8, "1f1b"), check_order(4, 4, "1f1b"); }
+
+static void check_checkpoint(const char *mode, int m)
+{
+    Graph *g;
+    plan_free(compile(2, m, m >= 2 ? "1f1b" : "gpipe", mode, "auto", &g));
+    for (int s = 0; s < 2; s++) {
+        const Graph *sg = g->stage_graphs[s];
+        for (int i = 0; i < m; i++) {
+            int n = 0;
+            for (int k = 0; k < sg->n_nodes; k++) n += sg->nodes[k].mb == i && sg->nodes[k].phase == PHASE_RECOMPUTE;
+            int want = !strcmp(mode, "always") || (!strcmp(mode, "except_last") && i < m - 1);
+            cr_assert_eq(n > 0, want, "checkpoint %s M=%d stage %d micro-batch %d: %d recompute nodes", mode, m, s, i, n);
+        }
+    }
+    ir_graph_free(g);
+}
+
+Test(stages, checkpoint_modes)
+{
+    check_checkpoint("always", 4), check_checkpoint("except_last", 4), check_checkpoint("never", 4);
+    check_checkpoint("except_last", 1);
+}
+
+/* The type of the k-th send from stage a to b, and of the k-th receive on b from a. */
+static void check_pairs(const Plan *p)
+{
+    for (int32_t a = 0; a < p->n_programs; a++)
+        for (int32_t b = 0; b < p->n_programs; b++) {
+            if (a == b) continue;
+            int32_t sends[4096], recvs[4096], ns = 0, nr = 0;
+            for (int side = 0; side < 2; side++) {
+                const PlanProgram *prog = &p->programs[side ? b : a];
+                for (int32_t k = prog->first_op; k < prog->first_op + prog->n_ops; k++) {
+                    const PlanOp *op = &p->ops[k];
+                    const char *name = plan_str(p, op->op);
+                    int32_t peer = -1;
+                    for (int32_t i = 0; i < op->n_attr; i++)
+                        if (!strcmp(plan_str(p, p->attrs[op->attr + i].key), "peer")) peer = (int32_t)p->attrs[op->attr + i].i;
+                    if (!side && !strcmp(name, "send") && peer == b) sends[ns++] = p->ids[op->in];
+                    if (side && !strcmp(name, "recv") && peer == a) recvs[nr++] = p->ids[op->out];
+                    cr_assert(ns < 4096 && nr < 4096);
+                }
+            }
+            cr_assert_eq(ns, nr, "stage %d sends %d to stage %d, which receives %d", a, ns, b, nr);
+            for (int i = 0; i < ns; i++) {
+                const PlanTensor *x = &p->tensors[sends[i]], *y = &p->tensors[recvs[i]];
+                cr_assert(x->dtype == y->dtype && plan_tensor_numel(x) == plan_tensor_numel(y),
+                          "send %d from stage %d to %d: %s of %lld elements, received as %s of %lld", i, a, b,
+                          plan_dtype_name(x->dtype), (long long)plan_tensor_numel(x), plan_dtype_name(y->dtype),
+                          (long long)plan_tensor_numel(y));
+            }
+        }
+    char err[1024];
+    cr_assert_eq(plan_check_p2p(p, err, sizeof err), 0, "%s", err);
+}
+
+Test(stages, sends_meet_receives)
+{
+    const char *scheds[] = {"gpipe", "1f1b"};
+    for (int i = 0; i < 2; i++)
+        for (int p = 2; p <= 4; p *= 2) {
+            Plan *plan = compile(p, 8, scheds[i], "except_last", "auto", NULL);
+            cr_assert_eq(plan->n_programs, p);
+            check_pairs(plan);
+            plan_free(plan);
+        }
+}
+
+Test(stages, tied_embedding_on_first_and_last_stage)
+{
+    Graph *g;
+    Plan *plan = compile(4, 4, "1f1b", "except_last", "auto", &g);
+    int found = 0;
+    for (int s = 0; s < 4; s++) {
+        const Graph *sg = g->stage_graphs[s];
+        for (int v = 0; v < sg->n_values; v++) {
+            const Value *x = ir_value(sg, v);
+            if (x->role != ROLE_PARAM || !x->name || strcmp(x->name, "wte")) continue;
+            cr_assert(s == 0 || s == 3, "wte on stage %d", s);
+            cr_assert_eq(x->pipe_copy, s == 3, "stage %d: wte counted in the norm %s", s, s ? "twice" : "nowhere");
+            cr_assert_eq(sg->n_tied, 1);
+            cr_assert_eq(sg->tied[0].value, v);
+            cr_assert(sg->tied[0].n_stages == 2 && sg->tied[0].stages[0] == 0 && sg->tied[0].stages[1] == 3);
+            found++;
+        }
+    }
+    cr_assert_eq(found, 2);
+    ir_graph_free(g);
+    plan_free(plan);
+}
