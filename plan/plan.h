@@ -20,14 +20,14 @@
  *   32      24*n  section table: tag[4], CRC-32 u32, offset u64, length u64
  *   ...           the sections, back to back in table order, up to the end of the file
  *
- * Every byte of the file is covered by a checksum. The sections of version 2.0 (STRS,
+ * Every byte of the file is covered by a checksum. The sections of version 2 (STRS,
  * META, BLKS, TENS, NODE, IDS, ATTR, INTS, OUTS, PROG, all required; CUDA, the CUDA
  * program, and CUMD, its module text, optional: a plan without a memory plan has
  * neither) and their records are laid out in plan/format.h; a reader skips tags it does
  * not know. A 1.x file (one op list, one arena, the CUDA text in META) is refused with a
  * message that says to recompile it. A section of records
  * starts with its record count and record size, so a newer minor version can append
- * fields.
+ * fields (2.1 did: an op's micro-batch and FLOPs, a program's ranges; 2.0 files read).
  *
  * Reading checks the magic, version, header checksum, size, bounds and every section's
  * checksum, each with its own message, before it decodes anything; decoding then checks
