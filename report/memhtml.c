@@ -186,7 +186,8 @@ static void saved_table(const MemReport *r, FILE *out)
     if (!any) return;
     fprintf(out, "<h2>Saved for backward, by the block whose backward reads it</h2>\n<table><tr><th>blocks</th>"
             "<th>layer</th><th class=\"n\">bytes</th><th class=\"n\">in all</th></tr>\n");
-    for (int32_t b = 0; b < p->n_blocks; b = report_block_run(r, b) + 1) saved_row(r, b, report_block_run(r, b), out);
+    for (int32_t b = 0; b < p->n_blocks; b = report_block_run(r, b) + 1)
+        if (r->block_ops[b]) saved_row(r, b, report_block_run(r, b), out);
     if (r->saved_by_block[p->n_blocks])
         fprintf(out, "<tr><td>outside blocks</td><td></td><td class=\"n\">%s</td><td></td></tr>\n",
                 report_bytes(r->saved_by_block[p->n_blocks], a, sizeof a));

@@ -196,7 +196,7 @@ int32_t report_block_run(const MemReport *r, int32_t b)
     const Plan *p = r->plan;
     int32_t e = b;
     while (e + 1 < p->n_blocks && p->blocks[e + 1].layer == p->blocks[b].layer &&
-           r->saved_by_block[e + 1] == r->saved_by_block[b])
+           r->saved_by_block[e + 1] == r->saved_by_block[b] && !r->block_ops[e + 1] == !r->block_ops[b])
         e++;
     return e;
 }
@@ -278,7 +278,8 @@ static int build(MemReport *r, char *err, size_t errlen)
     r->cat = plan_alloc(nt * 2);
     r->root = plan_alloc(sizeof *r->root * nt);
     r->saved_by_block = plan_alloc(sizeof *r->saved_by_block * ((size_t)p->n_blocks + 1));
-    int ok = r->cat && r->root && r->saved_by_block;
+    r->block_ops = plan_alloc(sizeof *r->block_ops * ((size_t)p->n_blocks + 1));
+    int ok = r->cat && r->root && r->saved_by_block && r->block_ops;
     for (int pl = 0; pl < PLAN_PLACE_COUNT; pl++) {
         r->live[pl] = plan_alloc(sizeof(int64_t) * np);
         r->live_cat[pl] = plan_alloc(sizeof(int64_t) * np * MEM_CAT_COUNT);
@@ -290,6 +291,8 @@ static int build(MemReport *r, char *err, size_t errlen)
     if (!ok) return fail(err, errlen, "out of memory");
     memset(r->cat, 0, nt * 2);
     memset(r->saved_by_block, 0, sizeof *r->saved_by_block * ((size_t)p->n_blocks + 1));
+    memset(r->block_ops, 0, sizeof *r->block_ops * ((size_t)p->n_blocks + 1));
+    for (int32_t k = 0; k < p->n_ops; k++) r->block_ops[p->ops[k].block == PLAN_NONE ? p->n_blocks : p->ops[k].block]++;
     find_roots(r);
     categorize(r, r->cat + nt);
     timeline(r);
@@ -337,5 +340,6 @@ void report_mem_free(MemReport *r)
     plan_dealloc(r->cat);
     plan_dealloc(r->root);
     plan_dealloc(r->saved_by_block);
+    plan_dealloc(r->block_ops);
     plan_dealloc(r);
 }

@@ -116,7 +116,8 @@ static void print_top(const MemReport *r, FILE *out)
     }
 }
 
-/* Runs of consecutive blocks of one layer with equal saved bytes, one line each. */
+/* Runs of consecutive blocks of one layer with equal saved bytes, one line each; the
+ * blocks of other stages are left out. */
 static void print_saved(const MemReport *r, FILE *out)
 {
     const Plan *p = r->plan;
@@ -127,6 +128,10 @@ static void print_saved(const MemReport *r, FILE *out)
     char first[64], last[64], layer[64], a[32], b2[32];
     for (int32_t b = 0; b < p->n_blocks;) {
         int32_t e = report_block_run(r, b);
+        if (!r->block_ops[b]) {  // another stage's blocks
+            b = e + 1;
+            continue;
+        }
         report_clean(plan_str(p, p->blocks[b].name), first, sizeof first);
         report_clean(plan_str(p, p->blocks[e].name), last, sizeof last);
         report_clean(plan_str(p, p->blocks[b].layer), layer, sizeof layer);

@@ -67,6 +67,8 @@ typedef struct MemReport {
     int32_t *root;                // [n_tensors] root tensor of each
     int64_t *saved_by_block;      // [n_blocks + 1] saved bytes read by each block's
                                   // backward; the last entry: by ops outside blocks
+    int32_t *block_ops;           // [n_blocks + 1] ops of each block in this program (a
+                                  // stage holds some of the plan's blocks); the last: outside
     int shard_applied;            // the plan communicates (has collectives)
     int64_t cuda_workspace;       // CUDA ranks only, outside the arena: the cuBLAS workspace
                                   // (meta "cuda_workspace_bytes"); 0 when the plan has no CUDA program
@@ -86,7 +88,8 @@ const char *report_category_key(MemCategory c);   // "saved" (JSON keys, CSS cla
 int report_live_at(const MemReport *r, int32_t op, PlanPlace place, int transient_only, MemTensor *out, int max);
 
 /* The last block of the run starting at block b: consecutive blocks of one layer whose
- * backward reads the same saved bytes (printed as one line). */
+ * backward reads the same saved bytes (printed as one line), all held by the program or
+ * (another stage's) none. */
 int32_t report_block_run(const MemReport *r, int32_t b);
 
 /* ---- report/memfmt.c: sizes and names, for every output ----------------------------- */
@@ -229,8 +232,10 @@ typedef struct {
     int32_t first_op, n_ops;   // plan op ids: a range of its stage's program
     double flops;
     double cost;               // time: ms (TL_COST_FLOPS) or units
-    double start, end;         // on the step's clock, from 0
-    int32_t first_dep, n_deps; // range in Timeline.deps: tasks (on other stages) that
+    double start, end;         // on the step's clock, from 0: from when its first op that
+                               // takes time starts (waits at its receives before are idle);
+                               // longer than cost when it waits inside (a pipeline collective)
+    int32_t first_dep, n_deps; // range in Timeline.deps: the tasks (on other stages) that
                                // hold the sends of its receives
 } TlTask;
 
@@ -255,16 +260,18 @@ typedef struct {
 } Timeline;
 
 /* The schedule of a plan that passed plan_check: each stage runs its tasks one at a time
- * in program order; a task that holds a receive, or reads what one received, starts no
- * earlier than the end of the peer's task that holds the matching send (the k-th send
- * from a to b meets the k-th receive on b from a); transfers take no time. NULL with a
- * message when out of memory, a send or receive has no partner, or the tasks wait on
- * each other (a deadlock: which stages, which tasks). */
+ * in program order, op by op; a receive waits until the matching send is done (the k-th
+ * send from a to b meets the k-th receive on b from a), so a task that holds a receive
+ * starts no earlier than the end of the peer's task that holds the send; a collective
+ * over the pipeline group ends on every stage together; transfers take no time. NULL
+ * with a message when out of memory, a send or receive has no partner, the stages run
+ * different numbers of pipeline collectives, or they wait on each other (a deadlock:
+ * which stages, at which ops, for what). */
 Timeline *report_timeline_new(const Plan *p, TlCost cost, char *err, size_t errlen);
 void report_timeline_free(Timeline *t);
 /* "F3", "B0", "step" (later chunks: "F3.1"). */
 const char *report_task_label(const TlTask *t, char *buf, size_t n);
-/* A time in the timeline's unit: "15" (units) or "12.345 ms". */
+/* A time in the timeline's unit: "15" (units), "12.345 ms", "0.00162 ms". */
 const char *report_tl_time(const Timeline *t, double v, char *buf, size_t n);
 /* The text of fsc --timeline: a lane per stage about 100 columns wide, each stage's busy
  * and idle time, the makespan, the ideal and the bubble. */

@@ -5,23 +5,33 @@
  * Tasks: within each program, a maximal run of consecutive ops of one micro-batch and
  * one phase class is a task: the forward (PLAN_PHASE_FORWARD) or the backward (BACKWARD
  * or RECOMPUTE) of micro-batch m, "F m" and "B m". The step's own work (ops of no
- * micro-batch, and every optimizer op) makes "step" tasks. An op of a micro-batch that
- * is neither (a send, receive or collective, phase COMM) joins its micro-batch's task
- * beside it: a receive the one it precedes, any other the one it follows (else the
- * other side).
+ * micro-batch, and every optimizer op) makes "step" tasks, except where it lies inside
+ * a micro-batch's task (ops of that task on both sides: an accumulator zeroed, a
+ * reduction started under the last backward), which it then belongs to. An op of a
+ * micro-batch that is neither (a send, receive or collective, phase COMM) joins its
+ * micro-batch's task beside it: a receive the one it precedes, any other the one it
+ * follows (else the other side).
  *
- * The clock: each stage runs its tasks one at a time, in program order. A task that
- * holds a receive, or is the first to read what an earlier one received, starts no
- * earlier than the end of the peer's task that holds the matching send (the k-th send
- * from stage a to stage b meets the k-th receive on b from a); a transfer takes no time.
- * A task's time is its ops' FLOPs at a nominal REPORT_TL_RATE (so times read as ms on
- * one such accelerator), or unit costs (forward 1, backward 2, step 0), which make the
- * textbook numbers checkable: GPipe and 1F1B take (M + P - 1) x 3 for P stages and M
- * micro-batches.
+ * The clock: each stage runs its tasks one at a time, in program order. A task's time
+ * is its ops' FLOPs at a nominal REPORT_TL_RATE (so times read as ms on one such
+ * accelerator), or unit costs (forward 1, backward 2, step 0), which make the textbook
+ * numbers checkable: GPipe and 1F1B take (M + P - 1) x 3 for P stages and M
+ * micro-batches. The clock runs op by op, each op taking its share of its task's time
+ * (by FLOPs; without them, evenly over the ops that are not sends or receives): a
+ * receive waits until the matching send is done (the k-th send from stage a to stage b
+ * meets the k-th receive on b from a; a transfer takes no time), and the i-th
+ * collective over the pipeline group ends on every stage together, once all are at it.
+ * A task's receives come first and its sends last, so a task that holds a receive (and
+ * so every later task, which reads what it received) starts no earlier than the end of
+ * the peer's task that holds the send; and a stage's step can send its tied gradients
+ * and then receive its peer's, as the compiler has it, without waiting on itself.
  *
  * Later schedules fit as they are: a zero-bubble plan's weight-gradient phase is one
  * more kind (op_kind, UNIT_COST, LETTER); an interleaved plan's model chunk is
  * TlTask.chunk, and a run then also breaks where the chunk changes.
+ *
+ * A plan in which no op has a micro-batch (one micro-batch a step, or a 2.0 file) is
+ * one micro-batch: its forward and backward are F0 and B0.
  *
  * The plan passed plan_check; what it does not check (micro-batches, FLOPs, peers) is
  * not trusted: a negative micro-batch is none, a FLOP count that is not a finite
@@ -34,19 +44,30 @@
 
 #include "report.h"
 
-enum { LANE_COLS = 100, MAX_STUCK = 4, ALIAS_STEPS = 64 };
+enum { LANE_COLS = 100, MAX_STUCK = 4 };
 static const double MAX_OP_FLOPS = 1e30;
 
 static const double UNIT_COST[TL_KIND_COUNT] = {1, 2, 0};
 static const char *const LETTER[TL_KIND_COUNT] = {"F", "B", "step"};
 
-static int32_t microbatch_of(const PlanOp *op) { return op->microbatch < 0 ? PLAN_NONE : op->microbatch; }
-
-/* The kind of task op belongs to; -1 when it takes the kind of its micro-batch's task
- * beside it. */
-static int op_kind(const PlanOp *op)
+/* Each op's micro-batch: its own (a negative one is none); in a plan where no op has
+ * one (a step of one micro-batch, or a 2.0 file), 0 for the forward's and backward's ops. */
+static void microbatches_of(const Plan *p, int32_t *mb)
 {
-    if (microbatch_of(op) == PLAN_NONE) return TL_STEP;
+    int any = 0;
+    for (int32_t k = 0; k < p->n_ops; k++) any |= p->ops[k].microbatch >= 0;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        PlanPhase ph = p->ops[k].phase;
+        int compute = ph == PLAN_PHASE_FORWARD || ph == PLAN_PHASE_BACKWARD || ph == PLAN_PHASE_RECOMPUTE;
+        mb[k] = p->ops[k].microbatch >= 0 ? p->ops[k].microbatch : !any && compute ? 0 : PLAN_NONE;
+    }
+}
+
+/* The kind of task an op of micro-batch mb belongs to; -1 when it takes the kind of its
+ * micro-batch's task beside it. */
+static int op_kind(const PlanOp *op, int32_t mb)
+{
+    if (mb == PLAN_NONE) return TL_STEP;
     switch (op->phase) {
     case PLAN_PHASE_FORWARD: return TL_FORWARD;
     case PLAN_PHASE_BACKWARD:
@@ -60,25 +81,42 @@ static int op_kind(const PlanOp *op)
 
 /* Whether op k can take the kind of op n beside it: n is of the same micro-batch and
  * is a forward or a backward. */
-static int joins(const Plan *p, const int8_t *kind, int32_t k, int32_t n)
+static int joins(const int8_t *kind, const int32_t *mb, int32_t k, int32_t n)
 {
-    return kind[n] >= 0 && kind[n] != TL_STEP && microbatch_of(&p->ops[n]) == microbatch_of(&p->ops[k]);
+    return kind[n] >= 0 && kind[n] != TL_STEP && mb[n] == mb[k];
 }
 
 /* Each op's task kind in program g. One that takes a neighbour's joins the task it
  * feeds or is fed by: a receive the one after it (which reads what it received), any
  * other (a send, a collective) the one before it (which made what it moves); else the
  * other side; failing both, it is the step's work. */
-static void resolve_kinds(const Plan *p, const PlanProgram *g, int8_t *kind)
+static void resolve_kinds(const Plan *p, const PlanProgram *g, int8_t *kind, const int32_t *mb)
 {
     int32_t a = g->first_op, e = g->first_op + g->n_ops;
-    for (int32_t k = a; k < e; k++) kind[k] = (int8_t)op_kind(&p->ops[k]);
+    for (int32_t k = a; k < e; k++) kind[k] = (int8_t)op_kind(&p->ops[k], mb[k]);
     for (int32_t k = a + 1; k < e; k++)
-        if (kind[k] < 0 && report_op_comm(p, &p->ops[k]) != COMM_RECV && joins(p, kind, k, k - 1)) kind[k] = kind[k - 1];
+        if (kind[k] < 0 && report_op_comm(p, &p->ops[k]) != COMM_RECV && joins(kind, mb, k, k - 1)) kind[k] = kind[k - 1];
     for (int32_t k = e - 2; k >= a; k--)
-        if (kind[k] < 0 && joins(p, kind, k, k + 1)) kind[k] = kind[k + 1];
+        if (kind[k] < 0 && joins(kind, mb, k, k + 1)) kind[k] = kind[k + 1];
     for (int32_t k = a; k < e; k++)
-        kind[k] = kind[k] >= 0 ? kind[k] : k > a && joins(p, kind, k, k - 1) ? kind[k - 1] : TL_STEP;
+        kind[k] = kind[k] >= 0 ? kind[k] : k > a && joins(kind, mb, k, k - 1) ? kind[k - 1] : TL_STEP;
+}
+
+/* The step's ops inside a micro-batch's task (a gradient accumulator zeroed where the
+ * backward first writes it, a reduction started under the last backward) are part of
+ * it, so a task is never cut in two by them: each op's micro-batch becomes its task's. */
+static void join_inner_steps(const PlanProgram *g, int8_t *kind, int32_t *mb)
+{
+    int32_t a = g->first_op, e = g->first_op + g->n_ops;
+    for (int32_t k = a; k < e; k++)
+        if (kind[k] == TL_STEP) mb[k] = PLAN_NONE;
+    for (int32_t i = a; i < e;) {
+        int32_t j = i;
+        while (j < e && kind[j] == TL_STEP) j++;
+        if (j > i && i > a && j < e && kind[i - 1] == kind[j] && mb[i - 1] == mb[j])
+            for (int32_t k = i; k < j; k++) kind[k] = kind[j], mb[k] = mb[j];
+        i = j > i ? j : i + 1;
+    }
 }
 
 /* An op's FLOPs, capped so that no sum over a plan's ops overflows. */
@@ -99,15 +137,18 @@ static int add_tasks(Timeline *t, int32_t *task_of)
 {
     const Plan *p = t->plan;
     int8_t *kind = plan_alloc((size_t)p->n_ops + 1);
+    int32_t *mbs = plan_alloc(sizeof *mbs * ((size_t)p->n_ops + 1));
     t->tasks = plan_alloc(sizeof *t->tasks * ((size_t)p->n_ops + (size_t)p->n_programs));
-    if (!kind || !t->tasks) return plan_dealloc(kind), -1;
+    if (!kind || !mbs || !t->tasks) return plan_dealloc(kind), plan_dealloc(mbs), -1;
+    microbatches_of(p, mbs);
     for (int32_t s = 0; s < p->n_programs; s++) {
         const PlanProgram *g = &p->programs[s];
-        resolve_kinds(p, g, kind);
+        resolve_kinds(p, g, kind, mbs);
+        join_inner_steps(g, kind, mbs);
         t->stages[s].first_task = t->n_tasks;
         for (int32_t k = g->first_op; k < g->first_op + g->n_ops; k++) {
             TlTask *last = t->n_tasks > t->stages[s].first_task ? &t->tasks[t->n_tasks - 1] : NULL;
-            int32_t mb = microbatch_of(&p->ops[k]);
+            int32_t mb = mbs[k];
             if (!last || last->kind != (TlKind)kind[k] || last->microbatch != mb) {
                 last = &t->tasks[t->n_tasks++];
                 *last = (TlTask){.kind = (TlKind)kind[k], .stage = s, .microbatch = mb, .first_op = k};
@@ -119,7 +160,7 @@ static int add_tasks(Timeline *t, int32_t *task_of)
         }
         t->stages[s].n_tasks = t->n_tasks - t->stages[s].first_task;
     }
-    plan_dealloc(kind);
+    plan_dealloc(kind), plan_dealloc(mbs);
     return 0;
 }
 
@@ -188,26 +229,20 @@ static int32_t pair_end(const P2p *x, int32_t i, int32_t n)
     return e;
 }
 
-/* The root buffer of tensor id, as far as ALIAS_STEPS links go. */
-static int32_t root_of(const Plan *p, int32_t id)
-{
-    for (int i = 0; i < ALIAS_STEPS && p->tensors[id].alias != PLAN_NONE; i++) id = p->tensors[id].alias;
-    return id;
-}
-
-/* The first task after recv's own, in its program, with an op that reads what it
- * received; -1 when none does. */
-static int32_t first_reader(const Timeline *t, const int32_t *task_of, int32_t recv)
-{
-    const Plan *p = t->plan;
-    const TlTask *own = &t->tasks[task_of[recv]];
-    const PlanProgram *g = &p->programs[own->stage];
-    int32_t got = root_of(p, p->ids[p->ops[recv].out]);
-    for (int32_t k = own->first_op + own->n_ops; k < g->first_op + g->n_ops; k++)
-        for (int32_t i = 0; i < p->ops[k].n_in; i++)
-            if (root_of(p, p->ids[p->ops[k].in + i]) == got) return task_of[k];
-    return -1;
-}
+/* What the clock knows of each op beside its task. */
+typedef struct {
+    Timeline *t;
+    const int32_t *task_of;  // [n_ops]
+    double *cost;            // [n_ops] the op's share of its task's time
+    int32_t *partner;        // [n_ops] a receive's send; -1 for any other op
+    int32_t *pipe;           // [n_ops] a pipeline collective's ordinal on its stage; -1 for any other op
+    double *sent;            // [n_ops] when a send was done; -1 until then
+    double *release;         // [n_pipe] when the i-th pipeline collective ends; -1 until every stage is at it
+    int32_t *begins;         // [n_tasks] the op a task's box begins at: its first that takes time
+    int32_t *next;           // [n_stages] each stage's next op
+    double *clock;           // [n_stages]
+    int32_t n_pipe;          // pipeline collectives on every stage
+} Clock;
 
 typedef struct {
     int32_t task, dep;
@@ -220,106 +255,210 @@ static int by_task(const void *x, const void *y)
     return a->dep < b->dep ? -1 : a->dep > b->dep;
 }
 
-/* Pairs the k-th send of each (from, to) with the k-th receive: an edge from the
- * receive's task, and from the first task to read it, to the send's task. */
-static int match(const Timeline *t, const int32_t *task_of, const P2p *sends, int32_t ns, const P2p *recvs,
-                 int32_t nr, Edge *edges, int32_t *n_edges, char *err, size_t errlen)
+/* Pairs the k-th send of each (from, to) with the k-th receive: the receive's partner,
+ * and an edge from the receive's task to the send's. */
+static int match(Clock *c, const P2p *sends, int32_t ns, const P2p *recvs, int32_t nr, Edge *edges, int32_t *n_edges,
+                 char *err, size_t errlen)
 {
     for (int32_t i = 0, j = 0; i < ns || j < nr;) {
-        int c = i == ns ? 1 : j == nr ? -1 : pair_cmp(&sends[i], &recvs[j]);
-        int32_t ie = c <= 0 ? pair_end(sends, i, ns) : i, je = c >= 0 ? pair_end(recvs, j, nr) : j;
+        int cmp = i == ns ? 1 : j == nr ? -1 : pair_cmp(&sends[i], &recvs[j]);
+        int32_t ie = cmp <= 0 ? pair_end(sends, i, ns) : i, je = cmp >= 0 ? pair_end(recvs, j, nr) : j;
         if (ie - i != je - j) {
-            const P2p *x = c <= 0 ? &sends[i] : &recvs[j];
+            const P2p *x = cmp <= 0 ? &sends[i] : &recvs[j];
             snprintf(err, errlen, "stage %d sends %d tensor%s to stage %d, which receives %d from it", x->from, ie - i,
                      ie - i == 1 ? "" : "s", x->to, je - j);
             return -1;
         }
         for (; i < ie; i++, j++) {
-            int32_t from = task_of[sends[i].op], reader = first_reader(t, task_of, recvs[j].op);
-            edges[(*n_edges)++] = (Edge){task_of[recvs[j].op], from};
-            if (reader >= 0) edges[(*n_edges)++] = (Edge){reader, from};
+            c->partner[recvs[j].op] = sends[i].op;
+            edges[(*n_edges)++] = (Edge){c->task_of[recvs[j].op], c->task_of[sends[i].op]};
         }
     }
     return 0;
 }
 
-static int link_tasks(Timeline *t, const int32_t *task_of, char *err, size_t errlen)
+/* Each task's list of the tasks that hold the sends of its receives, once each. */
+static void set_deps(Timeline *t, Edge *edges, int32_t n)
 {
-    const Plan *p = t->plan;
+    qsort(edges, (size_t)n, sizeof *edges, by_task);
+    for (int32_t i = 0; i < n; i++) {
+        TlTask *x = &t->tasks[edges[i].task];
+        if (i && !by_task(&edges[i], &edges[i - 1])) continue;
+        if (!x->n_deps) x->first_dep = t->n_deps;
+        t->deps[t->n_deps++] = edges[i].dep;
+        x->n_deps++;
+    }
+}
+
+static int link_p2p(Clock *c, char *err, size_t errlen)
+{
+    const Plan *p = c->t->plan;
     size_t n = (size_t)p->n_ops + 1;
     P2p *sends = plan_alloc(sizeof *sends * n), *recvs = plan_alloc(sizeof *recvs * n);
-    Edge *edges = plan_alloc(sizeof *edges * 2 * n);
-    t->deps = plan_alloc(sizeof *t->deps * 2 * n);
+    Edge *edges = plan_alloc(sizeof *edges * n);
+    c->t->deps = plan_alloc(sizeof *c->t->deps * n);
     int32_t ns = 0, nr = 0, ne = 0;
-    int rc = !sends || !recvs || !edges || !t->deps ? fail(err, errlen, "out of memory")
+    int rc = !sends || !recvs || !edges || !c->t->deps ? fail(err, errlen, "out of memory")
              : collect_p2p(p, sends, &ns, recvs, &nr, err, errlen) ? -1
-                                                                     : match(t, task_of, sends, ns, recvs, nr, edges, &ne, err, errlen);
-    if (!rc) {
-        qsort(edges, (size_t)ne, sizeof *edges, by_task);
-        for (int32_t i = 0; i < ne; i++) {
-            TlTask *x = &t->tasks[edges[i].task];
-            if (i && !by_task(&edges[i], &edges[i - 1])) continue;
-            if (!x->n_deps) x->first_dep = t->n_deps;
-            t->deps[t->n_deps++] = edges[i].dep;
-            x->n_deps++;
-        }
-    }
+                                                                     : match(c, sends, ns, recvs, nr, edges, &ne, err, errlen);
+    if (!rc) set_deps(c->t, edges, ne);
     plan_dealloc(sends), plan_dealloc(recvs), plan_dealloc(edges);
     return rc;
 }
 
-/* ---- the clock ------------------------------------------------------------------------ */
-
-/* The message of a step whose stages wait on each other: each stuck stage's next task
- * and the task it waits for. */
-static void stuck(const Timeline *t, const int32_t *next, const uint8_t *done, char *err, size_t errlen)
+/* The i-th collective over the pipeline group of every stage is one: it ends for all of
+ * them together, once the last has reached it. */
+static int link_pipe(Clock *c, char *err, size_t errlen)
 {
-    size_t at = (size_t)snprintf(err, errlen, "the stages wait on each other (a deadlock):");
-    int shown = 0;
-    for (int32_t s = 0; s < t->n_stages && shown < MAX_STUCK && at < errlen; s++) {
-        const TlStage *st = &t->stages[s];
-        if (next[s] == st->first_task + st->n_tasks) continue;
-        const TlTask *x = &t->tasks[next[s]];
-        int32_t d = 0;
-        while (done[t->deps[x->first_dep + d]]) d++;
-        const TlTask *y = &t->tasks[t->deps[x->first_dep + d]];
-        char a[32], b[32];
-        at += (size_t)snprintf(err + at, errlen - at, "%s stage %d's %s (op %d) waits for stage %d's %s (op %d)",
-                               shown++ ? ";" : "", s, report_task_label(x, a, sizeof a), x->first_op, y->stage,
-                               report_task_label(y, b, sizeof b), y->first_op);
+    const Plan *p = c->t->plan;
+    for (int32_t s = 0; s < p->n_programs; s++) {
+        const PlanProgram *g = &p->programs[s];
+        int32_t n = 0;
+        for (int32_t k = g->first_op; k < g->first_op + g->n_ops; k++) {
+            OpComm kind = report_op_comm(p, &p->ops[k]);
+            int coll = kind != COMM_NONE && kind != COMM_SEND && kind != COMM_RECV;
+            c->pipe[k] = coll && report_op_int(p, &p->ops[k], "group", OP_GROUP_DATA) == OP_GROUP_PIPE ? n++ : -1;
+        }
+        if (s && n != c->n_pipe) {
+            snprintf(err, errlen, "stage %d runs %d collectives over the pipeline group, stage 0 %d", s, n, c->n_pipe);
+            return -1;
+        }
+        c->n_pipe = n;
+    }
+    c->release = plan_alloc(sizeof *c->release * ((size_t)c->n_pipe + 1));
+    if (!c->release) return fail(err, errlen, "out of memory");
+    for (int32_t i = 0; i < c->n_pipe; i++) c->release[i] = -1;
+    return 0;
+}
+
+/* Spreads each task's time over its ops: by FLOPs, or (none) evenly over the ops that
+ * are not sends or receives (over every op of a task of nothing else). A receive at a
+ * task's start and a send at its end then wait and are waited for as whole tasks. */
+static void share_costs(Clock *c)
+{
+    const Plan *p = c->t->plan;
+    for (int32_t i = 0; i < c->t->n_tasks; i++) {
+        const TlTask *x = &c->t->tasks[i];
+        int32_t compute = 0;
+        for (int32_t k = x->first_op; k < x->first_op + x->n_ops; k++) {
+            OpComm kind = report_op_comm(p, &p->ops[k]);
+            compute += kind != COMM_SEND && kind != COMM_RECV;
+        }
+        for (int32_t k = x->first_op; k < x->first_op + x->n_ops; k++) {
+            OpComm kind = report_op_comm(p, &p->ops[k]);
+            int p2p = kind == COMM_SEND || kind == COMM_RECV;
+            c->cost[k] = x->flops > 0 ? x->cost * (op_flops(&p->ops[k]) / x->flops)
+                         : compute     ? (p2p ? 0 : x->cost / compute)
+                                       : x->cost / x->n_ops;
+        }
+        c->begins[i] = x->first_op;
+        while (c->begins[i] < x->first_op + x->n_ops - 1 && c->cost[c->begins[i]] <= 0) c->begins[i]++;
+        if (c->cost[c->begins[i]] <= 0) c->begins[i] = x->first_op;
     }
 }
 
-/* Runs every stage's tasks in order as soon as what they wait for has ended. */
-static int run_clock(Timeline *t, char *err, size_t errlen)
+/* When op k of a blocked stage may start: not before its send is done, nor before every
+ * stage is at its pipeline collective; -1 while it must wait. */
+static double ready_at(Clock *c, int32_t k)
 {
-    int32_t *next = plan_alloc(sizeof *next * (size_t)t->n_stages);
-    double *clock = plan_alloc(sizeof *clock * (size_t)t->n_stages);
-    uint8_t *done = plan_alloc((size_t)t->n_tasks + 1);
-    if (!next || !clock || !done) return plan_dealloc(next), plan_dealloc(clock), plan_dealloc(done), fail(err, errlen, "out of memory");
-    memset(done, 0, (size_t)t->n_tasks + 1);
-    for (int32_t s = 0; s < t->n_stages; s++) next[s] = t->stages[s].first_task, clock[s] = 0;
-    int32_t left = t->n_tasks;
-    for (int moved = 1; moved && left;) {
-        moved = 0;
-        for (int32_t s = 0; s < t->n_stages; s++)
-            for (int32_t end = t->stages[s].first_task + t->stages[s].n_tasks; next[s] < end; next[s]++) {
-                TlTask *x = &t->tasks[next[s]];
-                double start = clock[s];
-                int ready = 1;
-                for (int32_t d = 0; d < x->n_deps && ready; d++) {
-                    const TlTask *y = &t->tasks[t->deps[x->first_dep + d]];
-                    ready = done[t->deps[x->first_dep + d]];
-                    if (ready && y->end > start) start = y->end;
-                }
-                if (!ready) break;
-                x->start = start, x->end = clock[s] = start + x->cost;
-                done[next[s]] = 1, moved = 1, left--;
-            }
+    const Timeline *t = c->t;
+    if (c->partner[k] >= 0) return c->sent[c->partner[k]];
+    int32_t i = c->pipe[k];
+    if (i < 0 || c->release[i] >= 0) return i < 0 ? 0 : c->release[i];
+    double at = 0;
+    for (int32_t s = 0; s < t->n_stages; s++) {
+        int32_t n = c->next[s];
+        if (n >= t->plan->programs[s].first_op + t->plan->programs[s].n_ops || c->pipe[n] != i) return -1;
+        if (c->clock[s] > at) at = c->clock[s];
     }
-    int rc = 0;
-    if (left) rc = -1, stuck(t, next, done, err, errlen);
-    plan_dealloc(next), plan_dealloc(clock), plan_dealloc(done);
+    return c->release[i] = at;
+}
+
+/* Runs stage s's ops in order until one must wait; whether it ran any. */
+static int advance(Clock *c, int32_t s)
+{
+    Timeline *t = c->t;
+    const PlanProgram *g = &t->plan->programs[s];
+    int moved = 0;
+    for (; c->next[s] < g->first_op + g->n_ops; c->next[s]++, moved = 1) {
+        int32_t k = c->next[s];
+        double at = ready_at(c, k);
+        if (at < 0) break;
+        if (at < c->clock[s]) at = c->clock[s];
+        TlTask *x = &t->tasks[c->task_of[k]];
+        if (k == c->begins[c->task_of[k]]) x->start = at;
+        c->clock[s] = at + c->cost[k];
+        if (k == x->first_op + x->n_ops - 1) {
+            /* A task that never waited ends at start + cost exactly, not as the sum of
+             * its ops' shares rounds it (15, not 14.999999999999998). */
+            if (fabs(c->clock[s] - (x->start + x->cost)) <= 1e-9 * (1 + x->cost)) c->clock[s] = x->start + x->cost;
+            x->end = c->clock[s];
+        }
+        if (report_op_comm(t->plan, &t->plan->ops[k]) == COMM_SEND) c->sent[k] = c->clock[s];
+    }
+    return moved;
+}
+
+/* The message of a step whose stages wait on each other: what each stuck stage waits for. */
+static void stuck(const Clock *c, char *err, size_t errlen)
+{
+    const Timeline *t = c->t;
+    size_t at = (size_t)snprintf(err, errlen, "the stages wait on each other (a deadlock):");
+    int shown = 0;
+    for (int32_t s = 0; s < t->n_stages && shown < MAX_STUCK && at < errlen; s++) {
+        int32_t k = c->next[s];
+        if (k == t->plan->programs[s].first_op + t->plan->programs[s].n_ops) continue;
+        char a[32], b[32];
+        const TlTask *x = &t->tasks[c->task_of[k]];
+        at += (size_t)snprintf(err + at, errlen - at, "%s stage %d's %s waits at op %d", shown++ ? ";" : "", s,
+                               report_task_label(x, a, sizeof a), k);
+        if (at >= errlen) break;
+        if (c->partner[k] >= 0) {
+            const TlTask *y = &t->tasks[c->task_of[c->partner[k]]];
+            at += (size_t)snprintf(err + at, errlen - at, " for stage %d's send at op %d (its %s)", y->stage,
+                                   c->partner[k], report_task_label(y, b, sizeof b));
+        } else {
+            at += (size_t)snprintf(err + at, errlen - at, " for every stage at pipeline collective %d", c->pipe[k]);
+        }
+    }
+}
+
+/* Runs every stage's ops in program order, each as soon as what it waits for is done. */
+static int run_clock(Clock *c, char *err, size_t errlen)
+{
+    Timeline *t = c->t;
+    for (int32_t s = 0; s < t->n_stages; s++) c->next[s] = t->plan->programs[s].first_op, c->clock[s] = 0;
+    for (int32_t k = 0; k < t->plan->n_ops; k++) c->sent[k] = -1;
+    for (int moved = 1; moved;) {
+        moved = 0;
+        for (int32_t s = 0; s < t->n_stages; s++) moved |= advance(c, s);
+    }
+    for (int32_t s = 0; s < t->n_stages; s++)
+        if (c->next[s] < t->plan->programs[s].first_op + t->plan->programs[s].n_ops) {
+            stuck(c, err, errlen);
+            return -1;
+        }
+    return 0;
+}
+
+/* Links sends to receives and pipeline collectives, and runs the clock. */
+static int schedule(Timeline *t, const int32_t *task_of, char *err, size_t errlen)
+{
+    size_t n = (size_t)t->plan->n_ops + 1, ns = (size_t)t->n_stages;
+    Clock c = {.t = t, .task_of = task_of, .cost = plan_alloc(sizeof(double) * n),
+               .partner = plan_alloc(sizeof(int32_t) * n), .pipe = plan_alloc(sizeof(int32_t) * n),
+               .sent = plan_alloc(sizeof(double) * n), .begins = plan_alloc(sizeof(int32_t) * ((size_t)t->n_tasks + 1)),
+               .next = plan_alloc(sizeof(int32_t) * ns), .clock = plan_alloc(sizeof(double) * ns)};
+    int rc = !c.cost || !c.partner || !c.pipe || !c.sent || !c.begins || !c.next || !c.clock
+                 ? fail(err, errlen, "out of memory")
+                 : 0;
+    if (!rc) {
+        for (int32_t k = 0; k < t->plan->n_ops; k++) c.partner[k] = -1;
+        share_costs(&c);
+        rc = link_p2p(&c, err, errlen) || link_pipe(&c, err, errlen) || run_clock(&c, err, errlen) ? -1 : 0;
+    }
+    plan_dealloc(c.cost), plan_dealloc(c.partner), plan_dealloc(c.pipe), plan_dealloc(c.sent);
+    plan_dealloc(c.release), plan_dealloc(c.begins), plan_dealloc(c.next), plan_dealloc(c.clock);
     return rc;
 }
 
@@ -330,10 +469,11 @@ static void totals(Timeline *t)
         if (t->tasks[i].end > t->makespan) t->makespan = t->tasks[i].end;
     }
     for (int32_t s = 0; s < t->n_stages; s++) {
-        t->stages[s].idle = t->makespan - t->stages[s].busy;
+        double idle = t->makespan - t->stages[s].busy;  // rounding aside, never negative
+        t->stages[s].idle = idle > 1e-9 * t->makespan ? idle : 0;
         if (t->stages[s].busy > t->ideal) t->ideal = t->stages[s].busy;
     }
-    t->bubble = t->makespan > 0 ? 1 - t->ideal / t->makespan : 0;
+    t->bubble = t->makespan > 0 && t->ideal < t->makespan ? 1 - t->ideal / t->makespan : 0;
 }
 
 Timeline *report_timeline_new(const Plan *p, TlCost cost, char *err, size_t errlen)
@@ -350,8 +490,7 @@ Timeline *report_timeline_new(const Plan *p, TlCost cost, char *err, size_t errl
     if (!rc) memset(t->stages, 0, sizeof *t->stages * (size_t)p->n_programs);
     if (!rc && add_tasks(t, task_of)) rc = fail(err, errlen, "out of memory");
     if (!rc) cost_tasks(t);
-    if (!rc) rc = link_tasks(t, task_of, err, errlen);
-    if (!rc) rc = run_clock(t, err, errlen);
+    if (!rc) rc = schedule(t, task_of, err, errlen);
     plan_dealloc(task_of);
     if (rc) {
         report_timeline_free(t);
@@ -385,6 +524,8 @@ const char *report_tl_time(const Timeline *t, double v, char *buf, size_t n)
 {
     if (t->cost == TL_COST_UNIT)
         snprintf(buf, n, "%g", v);
+    else if (v > 0 && v < 0.1)
+        snprintf(buf, n, "%.3g ms", v);
     else
         snprintf(buf, n, "%.3f ms", v);
     return buf;

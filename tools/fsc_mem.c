@@ -31,6 +31,16 @@ static int has_pass(const char *name)
     return 0;
 }
 
+/* The device arena (what the limit is on) of the largest stage: the graph's own, or
+ * the largest of its stages' when the compiler cut it into several. */
+static int64_t largest_arena(const Graph *g)
+{
+    int64_t n = g->n_stage_graphs ? 0 : g->space_bytes[PLACE_DEVICE];
+    for (int s = 0; s < g->n_stage_graphs; s++)
+        if (g->stage_graphs[s]->space_bytes[PLACE_DEVICE] > n) n = g->stage_graphs[s]->space_bytes[PLACE_DEVICE];
+    return n;
+}
+
 /* The arena of the model compiled with one more -D (replacing one of the same name) or
  * one more setting; -1 when that does not compile. Messages go nowhere. */
 static int64_t arena_with(const FscMem *m, const Define *def, const Setting *set, int n_set)
@@ -52,7 +62,7 @@ static int64_t arena_with(const FscMem *m, const Define *def, const Setting *set
     FrontendOptions o2 = {defs, nd, sets, ns};
     Options o = {0};
     Graph *g = fe_compile(m->src, m->len, &o2, &o.train, &d);
-    int64_t arena = g && passes_run(g, &o, &d) == 0 && !d.n_errors ? g->space_bytes[PLACE_DEVICE] : -1;  // the limit is on device memory
+    int64_t arena = g && passes_run(g, &o, &d) == 0 && !d.n_errors ? largest_arena(g) : -1;
     ir_graph_free(g);
     fclose(null);
     return arena;
@@ -83,7 +93,7 @@ static void try_batch(const FscMem *m, const Plan *p, MemWhatIf *w, int *n)
 {
     Arena *a = arena_new();
     const char *dim = batch_dim(m, a);
-    int64_t world = plan_meta_int(p, "world", 1), global = first_input_rows(p) * (world > 1 ? world : 1);
+    int64_t dp = p->n_programs ? p->programs[0].dp_world : 1, global = first_input_rows(p) * (dp > 1 ? dp : 1);
     if (dim && global >= 2) {
         Define def = {dim, global / 2};
         MemWhatIf *x = &w[(*n)++];

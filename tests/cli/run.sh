@@ -86,6 +86,18 @@ expect timeline 0 "makespan 3; ideal 3" -- "$FSC" "$SRC/samples/mlp.fsm" --timel
 expect timeline-lane 0 "  stage 0   |F0" -- "$FSC" "$SRC/samples/mlp.fsm" --timeline -q
 expect timeline-accumulate 0 "bubble 0.0% of the makespan" -- "$FSC" "$SRC/samples/mlp.fsm" --microbatches 4 --timeline=unit -q
 expect timeline-bad 1 "--timeline: expected --timeline or --timeline=unit, got '--timeline=ms'" -- "$FSC" "$SRC/samples/mlp.fsm" --timeline=ms
+# A pipeline's reports: 1F1B over 2 stages and 4 micro-batches takes (M + P - 1) x 3.
+PIPE=("$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --stages 2 --microbatches 4 --world 2 -q)
+expect pipe-timeline 0 "makespan 15; ideal 12 (the busiest stage's work alone); bubble 20.0% of the makespan" -- "$FSC" "${PIPE[@]}" --timeline=unit
+expect pipe-timeline-flops 0 "  stage 1   " -- "$FSC" "${PIPE[@]}" --timeline
+expect pipe-mem 0 "memory plan: gpt2, stage 1 of 2 (rank 1), 1 data-parallel rank; bytes per rank" -- "$FSC" "${PIPE[@]}" --mem
+expect pipe-mem-json 0 '"n_stages": 2' -- "$FSC" "${PIPE[@]}" --mem=json
+expect pipe-mem-limit 1 "(stage 0 of 2 (rank 0), the largest of the 2 stages)" -- "$FSC" "${PIPE[@]}" --mem-limit 64KiB
+expect pipe-comm 0 "point-to-point, by peer" -- "$FSC" "${PIPE[@]}" --comm
+expect pipe-comm-group 0 "over the pipeline group (2 ranks, one per stage)" -- "$FSC" "${PIPE[@]}" --comm
+expect pipe-plan 0 "" -- "$FSC" "${PIPE[@]}" -o "$tmp/pipe.plan"
+expect pipe-inspect 0 "programs (2)" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+expect pipe-inspect-timeline 0 "timeline: gpt2, 2 stages, 4 micro-batches" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
 expect reduce-dtype-mismatch 1 "reduce_dtype bf16 with precision fp16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision fp16 --reduce_dtype bf16
 expect precision-bf16 0 "precision bf16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision bf16
 expect pipeline-world 1 "world 1 does not split into 2 pipeline stages" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2

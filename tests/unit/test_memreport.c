@@ -659,3 +659,28 @@ Test(memreport, the_limit_is_the_largest_stages)
     report_stages_free(s);
     plan_free(p), plan_free(one[0]), plan_free(one[1]);
 }
+
+/* The compiler's pipeline: gpt2's 4 blocks over 2 stages. A stage lists the saved bytes
+ * of its own blocks only, and its params are its blocks'. */
+Test(memreport, a_stage_lists_its_own_blocks)
+{
+    static const Define L4[] = {{"L", 4}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 8}};
+    Setting set[] = {{"stages", "2"}, {"microbatches", "2"}, {"world", "2"}};
+    Plan *p = compile("gpt2.fsm", L4, 6, set, 3);
+    cr_assert_eq(p->n_programs, 2);
+    MemStages *s = stages(p);
+    int64_t params = 0;
+    for (int k = 0; k < 2; k++) {
+        char *text = capture(report_mem_print, NULL, s->stage[k]);
+        const char *saved = strstr(text, "saved for backward, by the block");
+        cr_assert(saved, "%s", text);
+        cr_expect(strstr(saved, k ? "    h.2 " : "    h.0 "), "stage %d:\n%s", k, saved);
+        cr_expect(!strstr(saved, k ? "    h.0 " : "    h.2 ") && !strstr(saved, k ? "    h.1 " : "    h.3 "),
+                  "stage %d lists another stage's blocks:\n%s", k, saved);
+        params += s->stage[k]->param_count;
+        free(text);
+    }
+    cr_expect_geq(params, plan_meta_int(p, "params", -1), "the stages hold every param (tied ones twice)");
+    report_stages_free(s);
+    plan_free(p);
+}

@@ -8,6 +8,9 @@
  *  - Tasks are the runs the report says (a receive or send joins its micro-batch's
  *    task; the optimizer is a step task); FLOP costs scale with the nominal rate; a plan
  *    of one program (gradient accumulation) has no bubble.
+ *  - The compiler's own GPipe and 1F1B plans (gpt2 over 2 and 4 stages) take the same
+ *    textbook times, with one task per micro-batch's forward and backward on every
+ *    stage, ZeRO-2's reductions inside a backward included.
  *  - Unmatched sends, bad peers and crossed receives (a deadlock) fail with messages
  *    that name the stages.
  *  - Communication: point-to-point bytes per stage by peer; collectives over the
@@ -22,6 +25,7 @@
 
 #include "report.h"
 #include "runtime.h"
+#include "sample.h"
 
 typedef enum { GPIPE, ONE_F_ONE_B } Schedule;
 
@@ -343,6 +347,87 @@ Test(timeline, one_program_has_no_bubble)
     plan_free(p);
 }
 
+/* ---- plans the compiler makes -------------------------------------------------------------- */
+
+/* gpt2 with 4 blocks over P stages and M micro-batches, one data-parallel rank each. */
+static Plan *compiled(const char *schedule, int P, int M, const char *shard, int dp)
+{
+    static const Define D[] = {{"L", 4}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 16}};
+    char stages[8], micro[8], world[8];
+    snprintf(stages, sizeof stages, "%d", P), snprintf(micro, sizeof micro, "%d", M);
+    snprintf(world, sizeof world, "%d", P * dp);
+    Setting set[] = {{"stages", stages}, {"microbatches", micro}, {"world", world}, {"schedule", schedule},
+                     {"shard", shard}};
+    return sample_compile("gpt2.fsm", D, 6, set, 5, NULL);
+}
+
+/* Every stage has one forward and one backward task per micro-batch: nothing of the
+ * step's cuts one in two. */
+static void expect_one_task_per_microbatch(const Timeline *t, int M)
+{
+    for (int32_t s = 0; s < t->n_stages; s++) {
+        int seen[2][64] = {{0}};
+        for (int32_t i = t->stages[s].first_task; i < t->stages[s].first_task + t->stages[s].n_tasks; i++) {
+            const TlTask *x = &t->tasks[i];
+            if (x->kind == TL_STEP) continue;
+            cr_assert(x->microbatch >= 0 && x->microbatch < M, "stage %d: micro-batch %d", s, x->microbatch);
+            seen[x->kind][x->microbatch]++;
+        }
+        for (int k = 0; k < 2; k++)
+            for (int m = 0; m < M; m++)
+                cr_expect_eq(seen[k][m], 1, "stage %d: %d %s tasks of micro-batch %d", s, seen[k][m], k ? "B" : "F", m);
+    }
+}
+
+Test(timeline, the_compilers_gpipe_and_1f1b_take_the_textbook_times)
+{
+    static const struct {
+        const char *schedule;
+        int P, M;
+    } cases[] = {{"gpipe", 2, 4}, {"1f1b", 2, 4}, {"gpipe", 4, 8}, {"1f1b", 4, 8}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int P = cases[i].P, M = cases[i].M;
+        Plan *p = compiled(cases[i].schedule, P, M, "none", 1);
+        Timeline *t = timeline(p, TL_COST_UNIT);
+        cr_expect_eq(t->n_stages, P);
+        cr_expect_eq(t->n_microbatches, M);
+        cr_expect_eq(t->makespan, (M + P - 1) * 3.0, "%s P=%d M=%d: makespan %g", cases[i].schedule, P, M, t->makespan);
+        for (int s = 0; s < P; s++) cr_expect_eq(t->stages[s].busy, 3.0 * M, "%s stage %d", cases[i].schedule, s);
+        expect_one_task_per_microbatch(t, M);
+        report_timeline_free(t);
+        t = timeline(p, TL_COST_FLOPS);
+        cr_expect(!t->fell_back, "the compiler gives every op its FLOPs");
+        cr_expect(t->makespan > t->ideal && t->ideal > 0, "%s: makespan %g, ideal %g", cases[i].schedule, t->makespan,
+                  t->ideal);
+        report_timeline_free(t);
+        plan_free(p);
+    }
+}
+
+/* ZeRO-2 over 2 data-parallel ranks a stage: accumulators zeroed inside the first
+ * backward and the gradients' reduce-scatter started under the last are the tasks'. */
+Test(timeline, the_steps_ops_inside_a_backward_are_its)
+{
+    Plan *p = compiled("1f1b", 2, 4, "zero2", 2);
+    Timeline *t = timeline(p, TL_COST_UNIT);
+    cr_expect_eq(t->makespan, 15);
+    expect_one_task_per_microbatch(t, 4);
+    report_timeline_free(t);
+    plan_free(p);
+}
+
+/* A plan of no micro-batches is one: F0, B0 and the step. */
+Test(timeline, a_step_of_one_microbatch_is_f0_and_b0)
+{
+    Plan *p = sample_compile("mlp.fsm", NULL, 0, NULL, 0, NULL);
+    Timeline *t = timeline(p, TL_COST_UNIT);
+    cr_expect_eq(t->n_microbatches, 1);
+    cr_expect_eq(t->makespan, 3);
+    expect_one_task_per_microbatch(t, 1);
+    report_timeline_free(t);
+    plan_free(p);
+}
+
 /* ---- bad pipelines ----------------------------------------------------------------------- */
 
 static void expect_refused(const Plan *p, const char *why)
@@ -415,7 +500,8 @@ Test(timeline, crossed_receives_are_a_deadlock)
     cr_assert_eq(plan_append_program(p, b, err, sizeof err), 0, "%s", err);
     cr_expect_eq(plan_check_p2p(p, err, sizeof err), -1, "the plan layer sees it too");
     expect_refused(p, "deadlock");
-    expect_refused(p, "stage 0's B0 (op 0) waits for stage 1's B0");
+    expect_refused(p, "stage 0's B0 waits at op 0 for stage 1's send at op 5 (its B0); stage 1's F0 waits at op 3 for "
+                      "stage 0's send at op 2 (its F0)");
     plan_free(a), plan_free(b), plan_free(p);
 }
 
