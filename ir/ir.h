@@ -186,6 +186,7 @@ struct Node {
     int wait, n_wait;   // after schedule: range in Graph.waits: earlier nodes off the
                         // compute stream that must be complete before it starts
     int mb;             // after pipeline: the micro-batch it works on, or -1 (the step's own)
+    int chunk;          // a pipeline stage graph: the model chunk (virtual stage) it belongs to
 };
 
 typedef struct {
@@ -201,6 +202,8 @@ typedef struct {
     int value;  // the sent value, or the received one (a recv's output)
     int peer;   // the other stage
     int sends;  // 1: this stage sends it; 0: receives it
+    int tag;    // the model chunk that made it: the send's and recv's tag (the gradient
+                // going back: tag + stages x chunks)
 } PipeLink;
 
 /* A param that several stages hold (a tied embedding): after the last micro-batch each
@@ -240,6 +243,8 @@ struct Graph {
     Graph **stage_graphs;  // the compiled graph: its stages, or NULL
     int n_stage_graphs;
     int stage, n_stages;   // a stage graph: stage `stage` of n_stages (else 0 of 1)
+    int n_chunks;          // a stage graph: model chunks per stage (interleaved; else 1); chunk c
+                           // (Node.chunk, 0 .. n_stages x n_chunks - 1) is on stage c % n_stages
     PipeLink *links;       // a stage graph: the forward's sends and receives, in order
     int n_links, cap_links;
     TiedParam *tied;       // a stage graph: params other stages hold too

@@ -62,9 +62,11 @@ static void backward_node(Autodiff *a, int id)
     /* Rules expect the gradient of the first output; a saved output (attention's lse)
      * never gets one. */
     if (c.dout[0] < 0) return;
+    int first = g->n_nodes;
     ir_op_hooks(node.op)->grad(&c);
     for (int i = 0; i < node.n_in; i++)
         if (c.need[i] && c.din[i] >= 0) accumulate(a, ir_in(g, &node, i), c.din[i], &node);
+    for (int k = first; k < g->n_nodes; k++) g->nodes[k].chunk = node.chunk;  // its model chunk's backward
 }
 
 /* Links each trainable param to its gradient, and names and roles the gradient. */
@@ -81,14 +83,18 @@ static void label_grads(Autodiff *a, int n_forward_values)
     }
 }
 
-static int add_node(Graph *g, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, Loc loc)
+static int add_node(Graph *g, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, Loc loc, int chunk)
 {
     char err[256];
     int n = ir_node_add(g, op, in, n_in, attrs, n_attr, -1, PHASE_BACKWARD, loc, err, sizeof err);
     if (n < 0) fprintf(stderr, "autodiff: %s\n", err);
     FS_ASSERT(n >= 0);
+    g->nodes[n].chunk = chunk;
     return ir_node(g, n)->n_out ? ir_out(g, ir_node(g, n), 0) : -1;
 }
+
+/* A gradient's tag between stages: its forward value's, moved past every forward tag. */
+static int back_tag(const Graph *g, const PipeLink *l) { return l->tag + g->n_stages * (g->n_chunks > 0 ? g->n_chunks : 1); }
 
 /* A stage graph's backward starts from the gradients the next stages send back for the
  * float values this stage sent them (passes/stages.c's links), in the links' order. */
@@ -101,12 +107,12 @@ static void seed_from_links(Autodiff *a)
         if (!l.sends || !dtype_is_float(v->dtype)) continue;
         int64_t shape[IR_MAX_RANK];
         for (int k = 0; k < v->rank; k++) shape[k] = v->shape[k];
-        Attr at[3] = {{.key = "shape", .kind = ATTR_INTS, .ints = shape, .n_list = v->rank},
+        Attr at[4] = {{.key = "shape", .kind = ATTR_INTS, .ints = shape, .n_list = v->rank},
                       {.key = "dtype", .kind = ATTR_INT, .i = v->dtype},
-                      {.key = "peer", .kind = ATTR_INT, .i = l.peer}};
-        int r = add_node(g, OP_recv, NULL, 0, at, 3, v->loc);
+                      {.key = "peer", .kind = ATTR_INT, .i = l.peer}, {.key = "tag", .kind = ATTR_INT, .i = back_tag(g, &l)}};
+        int r = add_node(g, OP_recv, NULL, 0, at, 4, v->loc, l.tag);
         g->values[r].name = v->name ? arena_printf(g->arena, "%s.grad", v->name) : NULL;
-        Node from = {.block = -1, .phase = PHASE_BACKWARD, .loc = v->loc};
+        Node from = {.block = -1, .phase = PHASE_BACKWARD, .loc = v->loc, .chunk = l.tag};
         accumulate(a, l.value, r, &from);
     }
 }
@@ -120,17 +126,17 @@ static void send_back(Autodiff *a)
         PipeLink l = g->links[i];
         const Value *v = ir_value(g, l.value);
         if (l.sends || !dtype_is_float(v->dtype)) continue;
-        int d = a->grad[l.value];
+        int d = a->grad[l.value], chunk = g->nodes[v->producer].chunk;
         if (d < 0) {
             int64_t shape[IR_MAX_RANK];
             for (int k = 0; k < v->rank; k++) shape[k] = v->shape[k];
             Attr at[3] = {{.key = "value", .kind = ATTR_FLOAT, .f = 0},
                           {.key = "shape", .kind = ATTR_INTS, .ints = shape, .n_list = v->rank},
                           {.key = "dtype", .kind = ATTR_INT, .i = v->dtype}};
-            d = add_node(g, OP_full, NULL, 0, at, 3, v->loc);
+            d = add_node(g, OP_full, NULL, 0, at, 3, v->loc, chunk);
         }
-        Attr peer = {.key = "peer", .kind = ATTR_INT, .i = l.peer};
-        add_node(g, OP_send, &d, 1, &peer, 1, v->loc);
+        Attr at[2] = {{.key = "peer", .kind = ATTR_INT, .i = l.peer}, {.key = "tag", .kind = ATTR_INT, .i = back_tag(g, &l)}};
+        add_node(g, OP_send, &d, 1, at, 2, v->loc, chunk);
     }
 }
 
@@ -154,7 +160,7 @@ static int seed_loss(Autodiff *a, const Options *o, Diag *d)
     Loc loc = ln ? ln->loc : (Loc){0};
     int m = o->train.microbatches > 1 ? o->train.microbatches : 1;
     Attr one = {.key = "value", .kind = ATTR_FLOAT, .f = 1.0 / m};
-    int seed;
+    int seed, first = g->n_nodes;
     if (g->loss_scale >= 0 && m > 1) {
         int k = ir_node_add(g, OP_scalar, NULL, 0, &one, 1, block, PHASE_BACKWARD, loc, err, sizeof err);
         FS_ASSERT(k >= 0);
@@ -166,6 +172,7 @@ static int seed_loss(Autodiff *a, const Options *o, Diag *d)
                    : ir_node_add(g, OP_scalar, NULL, 0, &one, 1, block, PHASE_BACKWARD, loc, err, sizeof err);
     }
     FS_ASSERT(seed >= 0);
+    for (int k = first; k < g->n_nodes && ln; k++) g->nodes[k].chunk = ln->chunk;  // the loss's model chunk
     a->grad[g->outputs[0]] = ir_out(g, ir_node(g, seed), 0);
     if (g->loss_scale >= 0) {
         g->values[a->grad[g->outputs[0]]].name = "loss_scale.seed";

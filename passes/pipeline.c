@@ -33,6 +33,7 @@ typedef struct {
     Graph *g;
     int M;
     int P, stage;     // the pipeline's stages, and this graph's
+    int V;            // model chunks per stage (interleaved; else 1)
     const TrainConfig *t;
     int n_orig;       // nodes of the one micro-batch
     int n_before;     // values before this pass
@@ -102,6 +103,7 @@ static int add_node(Pipe *p, OpKind op, const int *in, int n_in, const Attr *att
     } else if (after >= 0) {
         p->after[n] = after;
         p->g->nodes[n].mb = p->g->nodes[after].mb;
+        p->g->nodes[n].chunk = p->g->nodes[after].chunk;
         int *link = &p->first[after];
         while (*link >= 0) link = &p->next[*link];
         *link = n;
@@ -139,11 +141,16 @@ static void split_inputs(Pipe *p, int64_t batch)
         if (in->role != ROLE_INPUT || in->producer >= 0 || in->rank == 0 || in->shape[0] != batch) continue;
         in->shape[0] = batch * p->M;
         Loc loc = in->loc;
+        int chunk = -1;  // the slices open the forward of the first model chunk that reads them
+        for (int n = 0; n < p->n_orig; n++)
+            for (int i = 0; i < g->nodes[n].n_in && chunk < 0; i++)
+                if (ir_in(g, &g->nodes[n], i) == x) chunk = g->nodes[n].chunk;
         for (int m = 0; m < p->M; m++) {
             Attr a[3] = {{.key = "axis", .kind = ATTR_INT, .i = 0},
                          {.key = "start", .kind = ATTR_INT, .i = m * batch},
                          {.key = "len", .kind = ATTR_INT, .i = batch}};
             int s = add_node(p, OP_slice, &x, 1, a, 3, -1, PHASE_FORWARD, loc, -m - 1);
+            g->nodes[g->values[s].producer].chunk = chunk < 0 ? 0 : chunk;
             g->values[s].name = mb_name(p, g->values[x].name, m);
             copies(p, m)[x] = s;
         }
@@ -177,6 +184,7 @@ static void clone_node(Pipe *p, int m, int n)
     FS_ASSERT(c >= 0);
     grow(p);
     g->nodes[c].mb = m;
+    g->nodes[c].chunk = node.chunk;
     p->node_copy[(size_t)m * (size_t)p->n_orig + (size_t)n] = c;
     for (int i = 0; i < node.n_out; i++) {
         int v = ir_out(g, &node, i), w = ir_out(g, ir_node(g, c), i);
@@ -315,6 +323,7 @@ static int combine_output(Pipe *p, int v, int64_t batch, Diag *d)
 static void exchange_tied(Pipe *p)
 {
     Graph *g = p->g;
+    int tag = 2 * p->P * p->V;  // past every tag of the forward and of the gradients
     for (int i = 1; i < g->n_tied; i++)  // by name: a few params, an insertion sort
         for (int k = i; k > 0 && strcmp(ir_value(g, g->tied[k - 1].value)->name, ir_value(g, g->tied[k].value)->name) > 0;
              k--) {
@@ -343,8 +352,8 @@ static void exchange_tied(Pipe *p)
         }
         for (int k = 0; k < tp->n_stages; k++) {
             if (tp->stages[k] == p->stage) continue;
-            Attr peer = {.key = "peer", .kind = ATTR_INT, .i = tp->stages[k]};
-            add_node(p, OP_send, &own, 1, &peer, 1, par->block, PHASE_BACKWARD, par->loc, TAIL);
+            Attr at[2] = {{.key = "peer", .kind = ATTR_INT, .i = tp->stages[k]}, {.key = "tag", .kind = ATTR_INT, .i = tag}};
+            add_node(p, OP_send, &own, 1, at, 2, par->block, PHASE_BACKWARD, par->loc, TAIL);
         }
         const Value *o = ir_value(g, own);
         int64_t shape[IR_MAX_RANK];
@@ -353,10 +362,11 @@ static void exchange_tied(Pipe *p)
         for (int k = 0; k < tp->n_stages; k++) {
             int term = own;
             if (tp->stages[k] != p->stage) {
-                Attr at[3] = {{.key = "shape", .kind = ATTR_INTS, .ints = shape, .n_list = o->rank},
+                Attr at[4] = {{.key = "shape", .kind = ATTR_INTS, .ints = shape, .n_list = o->rank},
                               {.key = "dtype", .kind = ATTR_INT, .i = o->dtype},
-                              {.key = "peer", .kind = ATTR_INT, .i = tp->stages[k]}};
-                term = add_node(p, OP_recv, NULL, 0, at, 3, par->block, PHASE_BACKWARD, par->loc, TAIL);
+                              {.key = "peer", .kind = ATTR_INT, .i = tp->stages[k]},
+                              {.key = "tag", .kind = ATTR_INT, .i = tag}};
+                term = add_node(p, OP_recv, NULL, 0, at, 4, par->block, PHASE_BACKWARD, par->loc, TAIL);
                 g->values[term].name = arena_printf(g->arena, "%s.grad.stage%d", name, tp->stages[k]);
             }
             sum = sum < 0 ? term : add_node(p, OP_add, (int[]){sum, term}, 2, NULL, 0, par->block, PHASE_BACKWARD,
@@ -409,40 +419,60 @@ static void emit(const Pipe *p, int n, int *order, int *k)
     for (int f = p->first[n]; f >= 0; f = p->next[f]) emit(p, f, order, k);
 }
 
-/* Micro-batch m's forward (fwd) or the rest (its backward, and recompute): its input
- * slices first, then its copies of the template's nodes of that class, in order. */
-static void emit_part(const Pipe *p, int m, int fwd, int *order, int *k)
+/* Micro-batch m's forward (fwd) or the rest (its backward, and recompute), of model
+ * chunk `chunk` (-1: every chunk): its input slices first, then its copies of the
+ * template's nodes of that class, in order. */
+static void emit_part(const Pipe *p, int m, int fwd, int chunk, int *order, int *k)
 {
     Graph *g = p->g;
     if (fwd)
         for (int n = p->n_orig; n < g->n_nodes; n++)
-            if (p->mb_start[n] == m) emit(p, n, order, k);
+            if (p->mb_start[n] == m && (chunk < 0 || g->nodes[n].chunk == chunk)) emit(p, n, order, k);
     for (int n = 0; n < p->n_orig; n++) {
-        if ((g->nodes[n].phase == PHASE_FORWARD) != fwd) continue;
+        if ((g->nodes[n].phase == PHASE_FORWARD) != fwd || (chunk >= 0 && g->nodes[n].chunk != chunk)) continue;
         int c = m ? p->node_copy[(size_t)m * (size_t)p->n_orig + (size_t)n] : n;
         if (c >= 0) emit(p, c, order, k);
     }
+}
+
+/* Interleaved 1F1B's k-th forward (fwd) or backward part on this stage, as Megatron
+ * numbers them: the micro-batches go round in groups of P, each group through the
+ * stage's chunks in turn (the backward through them in reverse). */
+static void emit_virtual(const Pipe *p, int k, int fwd, int *order, int *at)
+{
+    int P = p->P, V = p->V, local = k % (P * V) / P;
+    int m = k / (P * V) * P + k % P, chunk = (fwd ? local : V - 1 - local) * P + p->stage;
+    emit_part(p, m, fwd, chunk, order, at);
 }
 
 /* The schedule's order of the parts. One stage: each micro-batch's forward and backward
  * in turn. GPipe: every forward, then every backward. 1F1B (PipeDream-flush, Megatron's):
  * stage s runs min(P - s - 1, M) forwards to warm up, then alternates one forward and
  * one backward, then the remaining backwards, so it holds at most min(P - s, M)
- * micro-batches' activations. Then what comes after every micro-batch (TAIL). */
+ * micro-batches' activations. Interleaved 1F1B (Megatron's, V model chunks per stage):
+ * the same over the M x V parts of emit_virtual, warming up with (P - s - 1) x 2 +
+ * (V - 1) x P of them (all of them when M == P). Then what comes after every
+ * micro-batch (TAIL). */
 static void unrolled_order(Pipe *p)
 {
     Graph *g = p->g;
     int *order = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1), k = 0, M = p->M;
     if (p->P <= 1) {
-        for (int m = 0; m < M; m++) emit_part(p, m, 1, order, &k), emit_part(p, m, 0, order, &k);
+        for (int m = 0; m < M; m++) emit_part(p, m, 1, -1, order, &k), emit_part(p, m, 0, -1, order, &k);
     } else if (p->t->schedule == SCHED_GPIPE) {
-        for (int m = 0; m < M; m++) emit_part(p, m, 1, order, &k);
-        for (int m = 0; m < M; m++) emit_part(p, m, 0, order, &k);
+        for (int m = 0; m < M; m++) emit_part(p, m, 1, -1, order, &k);
+        for (int m = 0; m < M; m++) emit_part(p, m, 0, -1, order, &k);
+    } else if (p->V > 1) {
+        int total = M * p->V, warm = M == p->P ? total : (p->P - p->stage - 1) * 2 + (p->V - 1) * p->P;
+        warm = warm < total ? warm : total;
+        for (int i = 0; i < warm; i++) emit_virtual(p, i, 1, order, &k);
+        for (int i = 0; i < total - warm; i++) emit_virtual(p, warm + i, 1, order, &k), emit_virtual(p, i, 0, order, &k);
+        for (int i = total - warm; i < total; i++) emit_virtual(p, i, 0, order, &k);
     } else {
         int warm = p->P - p->stage - 1 < M ? p->P - p->stage - 1 : M;
-        for (int m = 0; m < warm; m++) emit_part(p, m, 1, order, &k);
-        for (int m = 0; m < M - warm; m++) emit_part(p, warm + m, 1, order, &k), emit_part(p, m, 0, order, &k);
-        for (int m = M - warm; m < M; m++) emit_part(p, m, 0, order, &k);
+        for (int m = 0; m < warm; m++) emit_part(p, m, 1, -1, order, &k);
+        for (int m = 0; m < M - warm; m++) emit_part(p, warm + m, 1, -1, order, &k), emit_part(p, m, 0, -1, order, &k);
+        for (int m = M - warm; m < M; m++) emit_part(p, m, 0, -1, order, &k);
     }
     for (int i = 0; i < p->n_tail; i++) emit(p, p->tail[i], order, &k);
     FS_ASSERT(k == g->n_nodes);
@@ -460,7 +490,8 @@ int pass_pipeline(Graph *g, const Options *o, Diag *d)
     /* The copy maps also cover the slices split_inputs adds, M per input at most. */
     int n_inputs = 0;
     for (int v = 0; v < g->n_values; v++) n_inputs += g->values[v].role == ROLE_INPUT;
-    Pipe p = {.g = g, .M = t->microbatches, .P = P, .stage = g->stage, .t = t, .n_orig = g->n_nodes,
+    Pipe p = {.g = g, .M = t->microbatches, .P = P, .stage = g->stage, .V = g->n_chunks > 1 ? g->n_chunks : 1, .t = t,
+              .n_orig = g->n_nodes,
               .n_before = g->n_values, .n_values = g->n_values + t->microbatches * n_inputs};
     p.copy = arena_alloc(g->arena, sizeof(int) * (size_t)p.M * (size_t)p.n_values + 1);
     memset(p.copy, -1, sizeof(int) * (size_t)p.M * (size_t)p.n_values);

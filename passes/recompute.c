@@ -53,6 +53,7 @@ static int clone_node(Recompute *r, int n)
     int c = ir_node_add(g, node.op, in, node.n_in, attrs, node.n_attr, node.block, PHASE_RECOMPUTE, node.loc, err,
                         sizeof err);
     FS_ASSERT(c >= 0);
+    g->nodes[c].chunk = node.chunk;
     for (int i = 0; i < node.n_out; i++) {
         int v = ir_out(g, &node, i), w = ir_out(g, ir_node(g, c), i);
         r->clone_of[v] = w;
@@ -61,12 +62,13 @@ static int clone_node(Recompute *r, int n)
     return c;
 }
 
-/* Whether node n is in the region recomputed: block b's, or (b < 0) a pipeline stage's
- * whole forward but its receives (the stage's inputs, kept) and sends (made once). */
+/* Whether node n is in the region recomputed: block b's, or (b < 0) model chunk -b - 1
+ * of a pipeline stage: its whole forward but its receives (the chunk's inputs, kept) and
+ * sends (made once). */
 static int in_region(const Graph *g, int n, int b)
 {
     const Node *node = ir_node(g, n);
-    return b >= 0 ? node->block == b : !(op_info(node->op)->flags & OPF_P2P);
+    return b >= 0 ? node->block == b : node->chunk == -b - 1 && !(op_info(node->op)->flags & OPF_P2P);
 }
 
 static void recompute_block(Recompute *r, int b)
@@ -99,8 +101,9 @@ int pass_recompute(Graph *g, const Options *o, Diag *d)
     const TrainConfig *t = &o->train;
     const char *which = t->recompute;
     /* A pipeline stage whose micro-batches checkpoint (passes/pipeline.c decides which:
-     * FairScale Pipe's always or except_last) recomputes its whole forward, once, here,
-     * for micro-batch 0; the pipeline pass copies it into those that do. */
+     * FairScale Pipe's always or except_last) recomputes its whole forward (each model
+     * chunk's, just before that chunk's backward), once, here, for micro-batch 0; the
+     * pipeline pass copies it into those that do. */
     int stage = g->n_stages > 1 && (t->checkpoint == CKPT_ALWAYS || (t->checkpoint == CKPT_EXCEPT_LAST && t->microbatches > 1));
     if (!strcmp(which, "none") && !stage) return 0;
     int n_values = g->n_values;
@@ -109,7 +112,9 @@ int pass_recompute(Graph *g, const Options *o, Diag *d)
     memset(r.clone_of, -1, sizeof(int) * (size_t)n_values * 4);
     memset(r.placed_at, -1, sizeof(int) * (size_t)g->n_nodes * 3);
     if (stage)
-        recompute_block(&r, -1);
+        for (int c = 0; c < g->n_stages * g->n_chunks; c++) {
+            if (c % g->n_stages == g->stage) recompute_block(&r, -c - 1);
+        }
     else
         for (int b = 0; b < g->n_blocks; b++)
             if (checkpointed(g, b, which)) recompute_block(&r, b);

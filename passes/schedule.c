@@ -24,9 +24,10 @@
  *
  * An op off the compute stream (a collective) is in flight from its node until the first
  * later node that reads or writes one of its buffers: that node waits for it. A send
- * (pipeline stages) is in flight at most until the stage's next send or receive: the
- * first compute node after that one waits for it, so its buffer is freed within a
- * micro-batch or two rather than at the step's end (plan_check_p2p proves the waits
+ * (pipeline stages) is in flight at most until the stage has heard back from the same
+ * peer (its next receive from it; with V model chunks per stage, interleaved, its V-th):
+ * the first compute node after that receive waits for it, so its buffer is freed within
+ * a micro-batch or two rather than at the step's end (plan_check_p2p proves the waits
  * cannot deadlock). "Reads or
  * writes" is by buffer (the root every view lies in, as memplan lays them out), not by
  * bytes, so the waits do not depend on offsets. A view op computes nothing (its output
@@ -203,7 +204,8 @@ int pass_schedule(Graph *g, const Options *o, Diag *d)
     for (int v = 0; v < g->n_values; v++) root[v] = root_of(g, v);
     prefetch(g, root);
     int *pending = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1), n_pending = 0;
-    char *due = arena_alloc(g->arena, (size_t)g->n_nodes + 1);  // a send the next compute node completes
+    int *heard = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1);  // a send's: receives from its peer since
+    int rounds = g->n_chunks > 1 ? g->n_chunks : 1;
     g->n_waits = 0;
     for (int k = 0; k < g->n_nodes; k++) {
         Node *n = &g->nodes[k];
@@ -214,14 +216,17 @@ int pass_schedule(Graph *g, const Options *o, Diag *d)
         int kept = 0;
         for (int j = 0; j < n_pending; j++) {
             int p = pending[j];
-            if (shares_a_buffer(g, n, ir_node(g, p), root) || (n->stream == STREAM_COMPUTE && due[p]))
+            if (shares_a_buffer(g, n, ir_node(g, p), root) || (n->stream == STREAM_COMPUTE && heard[p] >= rounds))
                 add_wait(g, n, p);
             else
                 pending[kept++] = p;
         }
         n_pending = kept;
-        if (op_info(n->op)->flags & OPF_P2P)
-            for (int j = 0; j < n_pending; j++) due[pending[j]] |= g->nodes[pending[j]].op == OP_send;
+        if (n->op == OP_recv)  // the peer answered
+            for (int j = 0; j < n_pending; j++) {
+                const Node *q = ir_node(g, pending[j]);
+                heard[pending[j]] += q->op == OP_send && ir_attr_int(g, q, "peer", -1) == ir_attr_int(g, n, "peer", -2);
+            }
         if (n->stream != STREAM_COMPUTE) pending[n_pending++] = k;
     }
     return 0;

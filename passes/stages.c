@@ -42,11 +42,11 @@
 
 typedef struct {
     Graph *g;
-    int P;
-    int *stage_of_block;
-    int *stage;       // per node: its stage, or -1 when free
-    char *needs;      // [P][n_nodes]: free node n is needed on stage s
-    char *reads;      // [P][n_values]: stage s reads value v
+    int P, V, PV;     // stages, model chunks per stage, chunks (virtual stages) in all
+    int *stage_of_block;  // the chunk (virtual stage) of each block
+    int *stage;       // per node: its chunk, or -1 when free
+    int *needs;       // [P][n_nodes]: free node n is needed on stage s, by chunk needs - 1 first
+    int *reads;       // [P][n_values]: stage s reads value v, by chunk reads - 1 first
     Graph **sg;       // the stage graphs
     int *vmap;        // [P][n_values]: v's value in stage s's graph, or -1
     int *queue;       // [P][P][n_values]: values stage a has sent to b and b not received yet
@@ -73,21 +73,23 @@ static int explicit_balance(Split *s, const char *text, Diag *d)
             diag_error(d, (Loc){0}, "balance '%s': expected auto or blocks per stage, like 3,3,2", text);
             return -1;
         }
-        if (n == s->P) {
-            diag_error(d, (Loc){0}, "balance '%s' lists more than the %d stages", text, s->P);
+        if (n == s->PV) {
+            diag_error(d, (Loc){0}, "balance '%s' lists more than the %d %s", text, s->PV, s->V > 1 ? "chunks" : "stages");
             return -1;
         }
         if (k < 1) {
-            diag_error(d, (Loc){0}, "balance '%s': stage %d has %ld blocks; every stage needs at least one", text, n, k);
+            diag_error(d, (Loc){0}, "balance '%s': %s %d has %ld blocks; every %s needs at least one", text,
+                       s->V > 1 ? "chunk" : "stage", n, k, s->V > 1 ? "chunk" : "stage");
             return -1;
         }
         for (long i = 0; i < k && at + i < g->n_blocks; i++) s->stage_of_block[at + i] = n;
         at += (int)k, n++;
         p = *end ? end + 1 : end;
     }
-    if (n != s->P || at != g->n_blocks) {
-        diag_error(d, (Loc){0}, "balance '%s' places %d blocks on %d stages; the model has %d blocks and the plan %d "
-                   "stages", text, at, n, g->n_blocks, s->P);
+    if (n != s->PV || at != g->n_blocks) {
+        diag_error(d, (Loc){0}, "balance '%s' places %d blocks on %d %s; the model has %d blocks and the plan %d %s",
+                   text, at, n, s->V > 1 ? "chunks" : "stages", g->n_blocks, s->PV,
+                   s->V > 1 ? "chunks (stages x chunks)" : "stages");
         return -1;
     }
     return 0;
@@ -118,14 +120,14 @@ static void block_costs(const Split *s, double *flops, double *act, double *par,
         if (g->values[v].role == ROLE_PARAM && g->values[v].block >= 0) par[g->values[v].block] += 16.0 * (double)ir_numel(&g->values[v]);
 }
 
-/* Blocks [i, j) as stage st. */
+/* Blocks [i, j) as chunk st (a stage, but for interleaved). */
 static Cost stage_cost(const Split *s, const TrainConfig *t, const double *pf, const double *pa, const double *pp,
                        double first, double last, int st, int i, int j)
 {
-    int M = t->microbatches, held = t->schedule == SCHED_GPIPE ? M : (s->P - st < M ? s->P - st : M);
+    int M = t->microbatches, held = t->schedule != SCHED_1F1B ? M : (s->P - st < M ? s->P - st : M);
     Cost c = {pf[j] - pf[i], (pp[j] - pp[i]) + held * (pa[j] - pa[i])};
     if (st == 0) c.time += first;
-    if (st == s->P - 1) c.time += last;
+    if (st == s->PV - 1) c.time += last;
     return c;
 }
 
@@ -135,7 +137,7 @@ static Cost stage_cost(const Split *s, const TrainConfig *t, const double *pf, c
 static double best_cut(Split *s, const TrainConfig *t, const double *pf, const double *pa, const double *pp,
                        double first, double last, double limit)
 {
-    int P = s->P, nb = s->g->n_blocks;
+    int P = s->PV, nb = s->g->n_blocks;
     double *best = arena_alloc(s->g->arena, sizeof(double) * (size_t)(P + 1) * (size_t)(nb + 1));
     int *from = arena_alloc(s->g->arena, sizeof(int) * (size_t)(P + 1) * (size_t)(nb + 1));
 #define AT(a, st, j) a[(size_t)(st) * (size_t)(nb + 1) + (size_t)(j)]
@@ -207,20 +209,27 @@ static void assign(Split *s)
 /* Which stages read each value, and on which stages each free node runs: where a stage
  * reads its outputs, directly or through other free nodes. The outputs are the last
  * stage's. */
+static void read_by(int *r, int chunk)
+{
+    if (!*r || chunk + 1 < *r) *r = chunk + 1;
+}
+
 static void find_readers(Split *s)
 {
     Graph *g = s->g;
     size_t nn = (size_t)g->n_nodes, nv = (size_t)g->n_values;
-    for (int i = 0; i < g->n_outputs; i++) s->reads[(size_t)(s->P - 1) * nv + (size_t)g->outputs[i]] = 1;
+    for (int i = 0; i < g->n_outputs; i++) read_by(&s->reads[(size_t)(s->P - 1) * nv + (size_t)g->outputs[i]], s->PV - 1);
     for (int n = g->n_nodes - 1; n >= 0; n--) {
         const Node *node = ir_node(g, n);
         for (int st = 0; st < s->P; st++) {
-            int runs = s->stage[n] == st;
-            for (int i = 0; i < node->n_out && !runs && s->stage[n] < 0; i++)
-                runs = s->reads[(size_t)st * nv + (size_t)ir_out(g, node, i)];
-            if (!runs) continue;
-            if (s->stage[n] < 0) s->needs[(size_t)st * nn + (size_t)n] = 1;
-            for (int i = 0; i < node->n_in; i++) s->reads[(size_t)st * nv + (size_t)ir_in(g, node, i)] = 1;
+            int chunk = s->stage[n] >= 0 && s->stage[n] % s->P == st ? s->stage[n] : -1;
+            for (int i = 0; i < node->n_out && chunk < 0 && s->stage[n] < 0; i++) {
+                int r = s->reads[(size_t)st * nv + (size_t)ir_out(g, node, i)];
+                if (r) chunk = r - 1;
+            }
+            if (chunk < 0) continue;
+            if (s->stage[n] < 0) read_by(&s->needs[(size_t)st * nn + (size_t)n], chunk);
+            for (int i = 0; i < node->n_in; i++) read_by(&s->reads[(size_t)st * nv + (size_t)ir_in(g, node, i)], chunk);
         }
     }
 }
@@ -238,24 +247,26 @@ static int copy_value(Split *s, int st, int v)
     return vm[v];
 }
 
-static void add_link(Graph *sg, int value, int peer, int sends)
+static void add_link(Graph *sg, int value, int peer, int sends, int tag)
 {
     sg->links = arena_grow(sg->arena, sg->links, &sg->cap_links, sg->n_links + 1, sizeof *sg->links);
-    sg->links[sg->n_links++] = (PipeLink){value, peer, sends};
+    sg->links[sg->n_links++] = (PipeLink){value, peer, sends, tag};
 }
 
 static int add_node(Graph *sg, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, int block, Phase ph,
-                    Loc loc)
+                    Loc loc, int chunk)
 {
     char err[256];
     int n = ir_node_add(sg, op, in, n_in, attrs, n_attr, block, ph, loc, err, sizeof err);
     if (n < 0) fprintf(stderr, "stages: %s\n", err);
     FS_ASSERT(n >= 0);
+    sg->nodes[n].chunk = chunk;
     return n;
 }
 
-/* Stage b receives, in the order stage a sent them, every value up to v. */
-static void receive_through(Split *s, int a, int b, int v)
+/* Stage b receives, in the order stage a sent them, every value up to v, for chunk
+ * `chunk`'s forward. */
+static void receive_through(Split *s, int a, int b, int v, int chunk)
 {
     Graph *sg = s->sg[b];
     int *q = queue_of(s, a, b), *head = &s->q_head[a * s->P + b];
@@ -265,19 +276,20 @@ static void receive_through(Split *s, int a, int b, int v)
         const Value *val = ir_value(s->g, w);
         int64_t shape[IR_MAX_RANK];
         for (int d = 0; d < val->rank; d++) shape[d] = val->shape[d];
-        Attr at[3] = {{.key = "shape", .kind = ATTR_INTS, .ints = shape, .n_list = val->rank},
+        int tag = s->stage[val->producer];  // the chunk that made it
+        Attr at[4] = {{.key = "shape", .kind = ATTR_INTS, .ints = shape, .n_list = val->rank},
                       {.key = "dtype", .kind = ATTR_INT, .i = val->dtype},
-                      {.key = "peer", .kind = ATTR_INT, .i = a}};
-        int n = add_node(sg, OP_recv, NULL, 0, at, 3, -1, PHASE_FORWARD, val->loc);
+                      {.key = "peer", .kind = ATTR_INT, .i = a}, {.key = "tag", .kind = ATTR_INT, .i = tag}};
+        int n = add_node(sg, OP_recv, NULL, 0, at, 4, -1, PHASE_FORWARD, val->loc, chunk);
         int r = ir_out(sg, ir_node(sg, n), 0);
         sg->values[r].name = val->name;
         vmap_of(s, b)[w] = r;
-        add_link(sg, r, a, 0);
+        add_link(sg, r, a, 0, tag);
     }
 }
 
-/* Node n of the graph, on stage st. */
-static void place(Split *s, int st, int n)
+/* Node n of the graph, on stage st, in model chunk `chunk`. */
+static void place(Split *s, int st, int n, int chunk)
 {
     Graph *g = s->g, *sg = s->sg[st];
     Node node = *ir_node(g, n);
@@ -288,7 +300,7 @@ static void place(Split *s, int st, int n)
             if (p < 0)
                 copy_value(s, st, v);
             else
-                receive_through(s, s->stage[p], st, v);
+                receive_through(s, s->stage[p] % s->P, st, v, chunk);
         }
         in[i] = vmap_of(s, st)[v];
     }
@@ -297,7 +309,7 @@ static void place(Split *s, int st, int n)
         attrs[i] = g->attrs[node.attr + i];
         if (attrs[i].kind == ATTR_INTS) attrs[i].ints = &g->ints[attrs[i].list];
     }
-    int c = add_node(sg, node.op, in, node.n_in, attrs, node.n_attr, node.block, node.phase, node.loc);
+    int c = add_node(sg, node.op, in, node.n_in, attrs, node.n_attr, node.block, node.phase, node.loc, chunk);
     for (int i = 0; i < node.n_out; i++) {
         int v = ir_out(g, &node, i), w = ir_out(sg, ir_node(sg, c), i);
         sg->values[w].role = g->values[v].role;
@@ -307,9 +319,9 @@ static void place(Split *s, int st, int n)
         if (s->stage[n] < 0) continue;  // free: every stage that reads it makes its own
         for (int r = 0; r < s->P; r++) {
             if (r == st || !s->reads[(size_t)r * (size_t)g->n_values + (size_t)v]) continue;
-            Attr peer = {.key = "peer", .kind = ATTR_INT, .i = r};
-            add_node(sg, OP_send, &w, 1, &peer, 1, node.block, PHASE_FORWARD, node.loc);
-            add_link(sg, w, r, 1);
+            Attr at[2] = {{.key = "peer", .kind = ATTR_INT, .i = r}, {.key = "tag", .kind = ATTR_INT, .i = chunk}};
+            add_node(sg, OP_send, &w, 1, at, 2, node.block, PHASE_FORWARD, node.loc, chunk);
+            add_link(sg, w, r, 1, chunk);
             queue_of(s, st, r)[s->q_tail[st * s->P + r]++] = v;
         }
     }
@@ -340,15 +352,34 @@ static void find_tied(Split *s)
 
 static int check_settings(const Graph *g, const TrainConfig *t, Diag *d)
 {
-    int P = t->stages, M = t->microbatches;
-    if (g->n_blocks < P)
+    int P = t->stages, M = t->microbatches, V = t->chunks;
+    if (t->schedule == SCHED_INTERLEAVED) {
+        if (V < 2)
+            diag_error(d, (Loc){0}, "schedule interleaved with chunks %d: each stage needs at least 2 model chunks "
+                       "(--chunks 2)", V);
+        else if (g->n_blocks < P * V)
+            diag_error(d, (Loc){0}, "stages %d x chunks %d = %d model chunks: the model has %d block%s, and every chunk "
+                       "needs at least one", P, V, P * V, g->n_blocks, g->n_blocks == 1 ? "" : "s");
+        if (M % P) {
+            char use[64];
+            if (M > P)
+                snprintf(use, sizeof use, "%d or %d", M / P * P, (M / P + 1) * P);
+            else
+                snprintf(use, sizeof use, "%d", P);
+            diag_error(d, (Loc){0}, "schedule interleaved with microbatches %d and stages %d: the micro-batches go "
+                       "round the stages in groups of %d, so microbatches must be a multiple of the stages "
+                       "(Megatron's rule); use microbatches %s", M, P, P, use);
+        }
+    } else if (g->n_blocks < P) {
         diag_error(d, (Loc){0}, "stages %d: the model has %d block%s, and every stage needs at least one", P,
                    g->n_blocks, g->n_blocks == 1 ? "" : "s");
+    }
     if (t->schedule == SCHED_1F1B && M < P)
         diag_error(d, (Loc){0}, "schedule 1f1b with microbatches %d < stages %d: 1F1B needs at least as many "
                    "micro-batches as stages; use microbatches >= %d, or schedule gpipe", M, P, P);
-    if (t->schedule == SCHED_INTERLEAVED || t->schedule == SCHED_ZB1)
-        diag_error(d, (Loc){0}, "schedule %s is not implemented yet; use gpipe or 1f1b", sched_name(t->schedule));
+    if (t->schedule == SCHED_ZB1)
+        diag_error(d, (Loc){0}, "schedule %s is not implemented yet; use gpipe, 1f1b or interleaved",
+                   sched_name(t->schedule));
     if (t->chunks > 1 && t->schedule != SCHED_INTERLEAVED)
         diag_error(d, (Loc){0}, "chunks %d: model chunks per stage are for schedule interleaved only", t->chunks);
     if (strcmp(t->recompute, "none") && t->checkpoint != CKPT_NEVER)
@@ -363,13 +394,13 @@ int pass_stages(Graph *g, const Options *o, Diag *d)
     const TrainConfig *t = &o->train;
     if (t->stages <= 1) return 0;
     if (check_settings(g, t, d)) return -1;
-    int P = t->stages;
+    int P = t->stages, V = t->schedule == SCHED_INTERLEAVED ? t->chunks : 1;
     size_t nv = (size_t)g->n_values, nn = (size_t)g->n_nodes;
-    Split s = {.g = g, .P = P};
+    Split s = {.g = g, .P = P, .V = V, .PV = P * V};
     s.stage_of_block = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_blocks + 1);
     s.stage = arena_alloc(g->arena, sizeof(int) * nn + 1);
-    s.needs = arena_alloc(g->arena, (size_t)P * nn + 1);
-    s.reads = arena_alloc(g->arena, (size_t)P * nv + 1);
+    s.needs = arena_alloc(g->arena, sizeof(int) * (size_t)P * nn + 1);
+    s.reads = arena_alloc(g->arena, sizeof(int) * (size_t)P * nv + 1);
     s.vmap = arena_alloc(g->arena, sizeof(int) * (size_t)P * nv + 1);
     s.queue = arena_alloc(g->arena, sizeof(int) * (size_t)P * (size_t)P * nv + 1);
     s.q_head = arena_alloc(g->arena, sizeof(int) * (size_t)P * (size_t)P);
@@ -389,23 +420,27 @@ int pass_stages(Graph *g, const Options *o, Diag *d)
     s.sg = arena_alloc(g->arena, sizeof(Graph *) * (size_t)P);
     for (int st = 0; st < P; st++) {
         Graph *sg = s.sg[st] = ir_graph_new(g->model);
-        sg->stage = st, sg->n_stages = P;
+        sg->stage = st, sg->n_stages = P, sg->n_chunks = V;
         for (int b = 0; b < g->n_blocks; b++) ir_block_add(sg, g->blocks[b].name, g->blocks[b].layer, g->blocks[b].index);
         if (g->loss_scale >= 0) sg->loss_scale = copy_value(&s, st, g->loss_scale);
         if (g->scale_good >= 0) sg->scale_good = copy_value(&s, st, g->scale_good);
     }
     for (int n = 0; n < g->n_nodes; n++)
-        for (int st = 0; st < P; st++)
-            if (s.stage[n] == st || (s.stage[n] < 0 && s.needs[(size_t)st * nn + (size_t)n])) place(&s, st, n);
+        for (int st = 0; st < P; st++) {
+            if (s.stage[n] >= 0 && s.stage[n] % P == st)
+                place(&s, st, n, s.stage[n]);
+            else if (s.stage[n] < 0 && s.needs[(size_t)st * nn + (size_t)n])
+                place(&s, st, n, s.needs[(size_t)st * nn + (size_t)n] - 1);
+        }
     for (int i = 0; i < g->n_outputs; i++) {
         int v = g->outputs[i], p = ir_value(g, v)->producer;
-        if (p >= 0 && s.stage[p] >= 0 && s.stage[p] != P - 1) {
+        if (p >= 0 && s.stage[p] >= 0 && s.stage[p] != s.PV - 1) {
             if (i == 0) {
-                diag_error(d, ir_value(g, v)->loc, "the loss is computed on stage %d of %d; it must be on the last",
-                           s.stage[p], P);
+                diag_error(d, ir_value(g, v)->loc, "the loss is computed in model chunk %d of %d; it must be in the last",
+                           s.stage[p], s.PV);
                 continue;
             }
-            receive_through(&s, s.stage[p], P - 1, v);  // outputs are the last stage's
+            if (s.stage[p] % P != P - 1) receive_through(&s, s.stage[p] % P, P - 1, v, s.PV - 1);  // the last stage's
         }
         ir_output_add(s.sg[P - 1], vmap_of(&s, P - 1)[v] >= 0 ? vmap_of(&s, P - 1)[v] : copy_value(&s, P - 1, v));
     }

@@ -28,3 +28,4 @@ static int64_t attr_int(const Plan *p, const PlanOp *o, const char *key, int64_t
 
 int64_t comm_op_group(const Plan *p, const PlanOp *o) { return attr_int(p, o, "group", COMM_GROUP_DATA); }
 int64_t comm_op_peer(const Plan *p, const PlanOp *o) { return attr_int(p, o, "peer", PLAN_NONE); }
+int64_t comm_op_tag(const Plan *p, const PlanOp *o) { return attr_int(p, o, "tag", 0); }

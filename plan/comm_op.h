@@ -20,5 +20,8 @@ const PlanAttr *comm_op_attr(const Plan *p, const PlanOp *o, const char *key);
  * stage (PLAN_NONE without it). Both read an int attribute; plan_check vets them. */
 int64_t comm_op_group(const Plan *p, const PlanOp *o);
 int64_t comm_op_peer(const Plan *p, const PlanOp *o);
+/* A send's or recv's tag (0 without the attribute): the k-th send from stage a to b with
+ * tag t meets the k-th receive on b from a with tag t. */
+int64_t comm_op_tag(const Plan *p, const PlanOp *o);
 
 #endif

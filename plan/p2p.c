@@ -112,7 +112,9 @@ static int same_payload(const Plan *p, int32_t a, int32_t b)
 /* ---- pairing ------------------------------------------------------------------------- */
 
 typedef struct {
-    int32_t from, to, op;
+    int32_t from, to;
+    int64_t tag;
+    int32_t op;
 } Leg;
 
 static int leg_cmp(const void *a, const void *b)
@@ -120,6 +122,7 @@ static int leg_cmp(const void *a, const void *b)
     const Leg *x = a, *y = b;
     if (x->from != y->from) return x->from < y->from ? -1 : 1;
     if (x->to != y->to) return x->to < y->to ? -1 : 1;
+    if (x->tag != y->tag) return x->tag < y->tag ? -1 : 1;
     return (x->op > y->op) - (x->op < y->op);
 }
 
@@ -140,11 +143,15 @@ static int pair_legs(Sim *s, const Leg *send, int32_t n_send, const Leg *recv, i
     while (i < n_send || j < n_recv) {
         const Leg *key = j == n_recv || (i < n_send && leg_cmp(&send[i], &recv[j]) <= 0) ? &send[i] : &recv[j];
         int32_t a = key->from, b = key->to, ns = 0, nr = 0;
-        while (i + ns < n_send && send[i + ns].from == a && send[i + ns].to == b) ns++;
-        while (j + nr < n_recv && recv[j + nr].from == a && recv[j + nr].to == b) nr++;
-        if (ns != nr)
-            return fail(s, "stage %d sends %d tensor%s to stage %d, which receives %d from it", a, ns, ns == 1 ? "" : "s",
-                        b, nr);
+        int64_t tag = key->tag;
+        while (i + ns < n_send && send[i + ns].from == a && send[i + ns].to == b && send[i + ns].tag == tag) ns++;
+        while (j + nr < n_recv && recv[j + nr].from == a && recv[j + nr].to == b && recv[j + nr].tag == tag) nr++;
+        if (ns != nr) {
+            char with[32] = "";
+            if (tag) snprintf(with, sizeof with, " with tag %" PRId64, tag);
+            return fail(s, "stage %d sends %d tensor%s to stage %d%s, which receives %d from it", a, ns,
+                        ns == 1 ? "" : "s", b, with, nr);
+        }
         for (int32_t k = 0; k < ns; k++) {
             int32_t x = send[i + k].op, y = recv[j + k].op;
             s->partner[x] = y, s->partner[y] = x;
@@ -176,8 +183,9 @@ static int pair_p2p(Sim *s)
         for (int32_t k = pg->first_op; k < pg->first_op + pg->n_ops; k++) {
             CommOpKind kind = comm_op_kind(p, &p->ops[k]);
             int32_t peer = (int32_t)comm_op_peer(p, &p->ops[k]);
-            if (kind == COMM_OP_SEND) legs[n_send++] = (Leg){g, peer, k};
-            if (kind == COMM_OP_RECV) legs[--n_recv] = (Leg){peer, g, k};
+            int64_t tag = comm_op_tag(p, &p->ops[k]);
+            if (kind == COMM_OP_SEND) legs[n_send++] = (Leg){g, peer, tag, k};
+            if (kind == COMM_OP_RECV) legs[--n_recv] = (Leg){peer, g, tag, k};
         }
     }
     qsort(legs, (size_t)n_send, sizeof *legs, leg_cmp);

@@ -434,19 +434,20 @@ static MPI_Op sum_op(PlanDType dt)
 }
 
 /* Point-to-point ops are persistent requests wherever MPI runs (MPI_Send_init and its
- * kin are MPI 1), on the copy of the world that nothing else uses, tag 0: the k-th send
- * from a to b meets the k-th receive on b from a, as the compiler ordered them. */
+ * kin are MPI 1), on the copy of the world that nothing else uses, with the op's tag:
+ * the k-th send from a to b with a tag meets the k-th receive on b from a with that
+ * tag, as the compiler ordered them. */
 static void p2p(MPI_Request *r, const RtColl *c, int persistent)
 {
     MPI_Datatype t = mpi_type(c->dtype);
     MPI_Comm w = comm.p2p != MPI_COMM_NULL ? comm.p2p : MPI_COMM_WORLD;
-    int n = (int)c->n;
-    if (c->kind == RT_COLL_RECV && persistent) MPI_CHECK(MPI_Recv_init(c->out, n, t, c->peer, 0, w, r));
-    else if (c->kind == RT_COLL_RECV) MPI_CHECK(MPI_Irecv(c->out, n, t, c->peer, 0, w, r));
-    else if (c->sync && persistent) MPI_CHECK(MPI_Ssend_init(c->in, n, t, c->peer, 0, w, r));
-    else if (c->sync) MPI_CHECK(MPI_Issend(c->in, n, t, c->peer, 0, w, r));
-    else if (persistent) MPI_CHECK(MPI_Send_init(c->in, n, t, c->peer, 0, w, r));
-    else MPI_CHECK(MPI_Isend(c->in, n, t, c->peer, 0, w, r));
+    int n = (int)c->n, tag = c->tag;
+    if (c->kind == RT_COLL_RECV && persistent) MPI_CHECK(MPI_Recv_init(c->out, n, t, c->peer, tag, w, r));
+    else if (c->kind == RT_COLL_RECV) MPI_CHECK(MPI_Irecv(c->out, n, t, c->peer, tag, w, r));
+    else if (c->sync && persistent) MPI_CHECK(MPI_Ssend_init(c->in, n, t, c->peer, tag, w, r));
+    else if (c->sync) MPI_CHECK(MPI_Issend(c->in, n, t, c->peer, tag, w, r));
+    else if (persistent) MPI_CHECK(MPI_Send_init(c->in, n, t, c->peer, tag, w, r));
+    else MPI_CHECK(MPI_Isend(c->in, n, t, c->peer, tag, w, r));
 }
 
 void rt_comm_bind(RtCommQueue *q, RtColl *c)

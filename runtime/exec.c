@@ -224,19 +224,22 @@ static int bind_collective(Exec *e, int32_t k, const OpInfo *info, ExecOp *x, ch
     return 0;
 }
 
-/* A point-to-point op, send ("x, peer:int") or recv ("shape:ints, dtype:int, peer:int"):
- * to or from stage `peer`'s rank at this rank's data-parallel index, on MPI. */
+/* A point-to-point op, send ("x, peer:int, tag:int") or recv ("shape:ints, dtype:int,
+ * peer:int, tag:int"): to or from stage `peer`'s rank at this rank's data-parallel index,
+ * on MPI, with its tag (MPI promises tags up to 32767). */
 static int bind_p2p(Exec *e, int32_t k, const OpInfo *info, ExecOp *x, char *err, size_t errlen)
 {
     const Plan *p = e->plan;
     const char *name = plan_str(p, p->ops[k].op);
     int kind = rt_coll_kind(name), send = kind == RT_COLL_SEND;
-    double peer = call_attr(info, &x->call, "peer", -1);
+    double peer = call_attr(info, &x->call, "peer", -1), tag = call_attr(info, &x->call, "tag", 0);
     if ((!send && kind != RT_COLL_RECV) || x->call.n_in != send || x->call.n_out != !send)
         return plan_fail(err, errlen, "op %d (%s): a point-to-point op this fsexec cannot run", k, name);
     if (peer != (int)peer || peer < 0 || peer >= e->stages || peer == e->stage)
         return plan_fail(err, errlen, "op %d (%s): peer stage %g is not another stage of this %d-stage plan (this is "
                          "stage %d)", k, name, peer, e->stages, e->stage);
+    if (tag != (int)tag || tag < 0 || tag > 32767)
+        return plan_fail(err, errlen, "op %d (%s): tag %g is not an MPI tag (0 to 32767)", k, name, tag);
     const PlanTensor *t = &p->tensors[send ? p->ids[p->ops[k].in] : p->ids[p->ops[k].out]];
     if (!send && call_attr(info, &x->call, "dtype", -1) != t->dtype)
         return plan_fail(err, errlen, "op %d (recv): dtype %g, but its output is %s", k,
@@ -250,6 +253,7 @@ static int bind_p2p(Exec *e, int32_t k, const OpInfo *info, ExecOp *x, char *err
     if (rt_p2p_prepare(x->coll, (RtCollKind)kind, t->dtype, buf->data, buf->numel, (int)peer * e->world + e->rank,
                        e->sync_sends, why, sizeof why))
         return plan_fail(err, errlen, "op %d: %s", k, why);
+    x->coll->tag = (int)tag;
     return 0;
 }
 

@@ -465,6 +465,7 @@ typedef struct {
     int group;          // a collective's ranks: OP_GROUP_DATA (0) or OP_GROUP_PIPE (1)
     int peer;           // send, recv: the world rank at the other end
     int sync;           // send: synchronous (MPI_Issend), complete only once received
+    int tag;            // send, recv: the MPI tag (the op's `tag`; set after rt_p2p_prepare)
     const Plan *plan;   // the plan op it runs, for the watchdog's message; NULL and
     int32_t op;         // PLAN_NONE unless the executor says (rt_coll_prepare clears them)
 } RtColl;

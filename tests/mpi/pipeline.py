@@ -3,22 +3,27 @@
 batch (DESIGN.md invariant 1), and holds what its memory plan says.
 
 1. Tiny GPT-2 (L = 8, its embedding tied to the head) and tiny Llama, fp32: P = 2 and 4,
-   GPipe at M = 1, 2, 4, 8 and 1F1B at every M >= P, checkpoint except_last (the
-   default); at M = 4 also always and never. After 5 AdamW steps (clipping on) every
-   param equals the single-rank, one-micro-batch run's to rel 1e-5 (or 3 times what
-   that run differs from itself between 1 and 2 threads), and so do the logged losses
-   and gradient norms.
-2. P = 2 x 2 data-parallel ranks with ddp, zero1, zero2 and fsdp, fp32 as above; bf16
-   with zero2 and fsdp to bf16's tolerance (each tensor 5e-2, all together 2e-3).
+   GPipe at M = 1, 2, 4, 8, 1F1B at every M >= P, interleaved 1F1B with 2 model chunks
+   per stage at M = 4, 8 (a multiple of P), checkpoint except_last (the default); at
+   M = 4 also always and never (interleaved too), and GPT-2 interleaved with 4 chunks.
+   After 5 AdamW steps (clipping on) every param equals the single-rank, one-micro-batch
+   run's to rel 1e-5 (or 3 times what that run differs from itself between 1 and 2
+   threads), and so do the logged losses and gradient norms.
+2. P = 2 x 2 data-parallel ranks with ddp, zero1, zero2 and fsdp (and interleaved with
+   zero2), fp32 as above; bf16 with zero2 and fsdp to bf16's tolerance (each tensor
+   5e-2, all together 2e-3).
 3. The tied embedding: GPT-2's wte, held by the first and the last stage, is bitwise
    the same in both stages' files after the steps, at P = 2 and at P = 2 x dp = 2 under
    zero1 and zero2.
 4. Sends forced synchronous (fsexec --sync-sends) complete and train the same.
-5. From `fsc --mem=json`: stage s of 1F1B holds the saved activations of min(P - s, M)
-   micro-batches at its peak, GPipe of M, checkpoint always of none but the stage's
-   inputs; both to the byte, against the same stage's plan at M = 1 times the count.
-6. Errors name their numbers: 1f1b with M < P, more stages than blocks, a balance that
-   leaves a stage without blocks, a world that does not split into the stages.
+5. From `fsc --mem=json`, with micro-batches of a fixed size: stage s of 1F1B holds the
+   saved activations of min(P - s, M) micro-batches at their most, GPipe of M, to the
+   byte; checkpoint always less than never.
+6. `fsc --timeline=unit`: GPipe and 1F1B take (M + P - 1) x 3 units, interleaved at
+   P = 2, V = 2, M = 4 idles 1/8 of its ideal time.
+7. Errors name their numbers: 1f1b with M < P, more stages (or chunks) than blocks, a
+   balance that leaves a stage without blocks, a world that does not split into the
+   stages, interleaved with M not a multiple of P or with one chunk.
 
 usage: pipeline.py FSC FSEXEC   (needs mpirun; uses /usr/bin/python3's numpy and torch)
 """
@@ -85,8 +90,9 @@ def tied_equal(what, copies, names):
     print("ok   %-52s tied %s bitwise equal on every stage holding it" % (what, ", ".join(names)))
 
 
-def pipe(p, m, sched, ckpt=None, dp=1, shard="none", more=()):
+def pipe(p, m, sched, ckpt=None, dp=1, shard="none", more=(), chunks=None):
     extra = ["--stages", str(p), "--microbatches", str(m), "--schedule", sched, "--shard", shard, *more]
+    extra += ["--chunks", str(chunks)] if chunks else []
     return (extra + ["--checkpoint", ckpt] if ckpt else extra), p * dp
 
 
@@ -104,15 +110,19 @@ def training(r):
             cases += [pipe(p, m, "gpipe") for m in (1, 2, 4, 8)]
             cases += [pipe(p, m, "1f1b") for m in (2, 4, 8) if m >= p]
             cases += [pipe(p, 4, s, c) for s in ("gpipe", "1f1b") for c in ("always", "never")]
-        if model == "llama":  # fewer: the same machinery, another model
-            cases = [c for c in cases if "8" not in c[0]]
+            cases += [pipe(p, m, "interleaved", chunks=2) for m in (4, 8) if m % p == 0]
+        cases += [pipe(2, 4, "interleaved", c, chunks=2) for c in ("always", "never")]
+        cases += [pipe(2, 4, "interleaved", chunks=4)] if model == "gpt2" else []
+        if model == "llama":  # fewer: the same machinery, another model (of 4 blocks: 4 model chunks at most)
+            cases = [c for c in cases if "8" not in c[0] and not ("interleaved" in c[0] and c[1] > 2)]
         for extra, world in cases:
             got = r.train(model, extra, world)
             compare("%s %s" % (model, " ".join(extra)), got, ref, floor, TOL)
             if model == "gpt2" and extra[1] == "2" and extra[3] == "4":
                 tied_equal("%s %s" % (model, " ".join(extra)), got[2], ["wte"])
-        for shard in ("ddp", "zero1", "zero2", "fsdp"):
-            extra, world = pipe(2, 4, "1f1b", dp=2, shard=shard)
+        for shard in ("ddp", "zero1", "zero2", "fsdp", "zero2-interleaved"):
+            extra, world = pipe(2, 4, "1f1b", dp=2, shard=shard) if "-" not in shard else \
+                pipe(2, 4, "interleaved", dp=2, shard=shard.split("-")[0], chunks=2)
             got = r.train(model, extra, world)
             compare("%s %s world %d" % (model, " ".join(extra), world), got, ref, floor, TOL)
             if model == "gpt2" and shard in ("zero1", "zero2"):
@@ -164,6 +174,21 @@ def memory(r):
             print("ok   %s P=%d M=%d 1f1b checkpoint always saves %s (never: %s)" % (model, p, m, always, got))
 
 
+def timelines(r):
+    """`fsc --timeline=unit` (forward 1, backward 2 per micro-batch and model chunk): GPipe and
+    1F1B take (M + P - 1) x 3; interleaved at P = 2, V = 2, M = 4 idles 1/8 of its ideal."""
+    for p, m, sched, chunks, makespan, ideal in ((2, 4, "gpipe", None, 15, 12), (2, 4, "1f1b", None, 15, 12),
+                                                 (4, 8, "gpipe", None, 33, 24), (4, 8, "1f1b", None, 33, 24),
+                                                 (2, 4, "interleaved", 2, 27, 24)):
+        extra = pipe(p, m, sched, chunks=chunks)[0] + ["--world", str(p), "--timeline=unit"]
+        out = run([r.fsc, "samples/gpt2.fsm", *MODELS["gpt2"], *extra, "-q"]).stdout
+        got = re.search(r"makespan (\d+); ideal (\d+)", out)
+        if not got or (int(got.group(1)), int(got.group(2))) != (makespan, ideal):
+            sys.exit("FAIL: %s: want makespan %d, ideal %d:\n%s" % (" ".join(extra), makespan, ideal, out))
+        print("ok   timeline P=%d M=%d %-11s unit costs: makespan %d, ideal %d (bubble %.3f of the ideal)"
+              % (p, m, sched, makespan, ideal, (makespan - ideal) / ideal))
+
+
 def errors(r):
     base = [r.fsc, "samples/gpt2.fsm", *MODELS["gpt2"], "-q"]
     for args, want in (
@@ -173,7 +198,13 @@ def errors(r):
             (["--stages", "2", "--world", "2", "--microbatches", "2", "--balance", "8,0"], "stage 1 has 0 blocks"),
             (["--stages", "2", "--world", "2", "--microbatches", "2", "--balance", "4,3"],
              "balance '4,3' places 7 blocks on 2 stages; the model has 8 blocks"),
-            (["--stages", "2", "--world", "3", "--microbatches", "2"], "world 3 does not split into 2 pipeline stages")):
+            (["--stages", "2", "--world", "3", "--microbatches", "2"], "world 3 does not split into 2 pipeline stages"),
+            (["--stages", "4", "--world", "4", "--microbatches", "2", "--schedule", "interleaved", "--chunks", "2"],
+             "microbatches must be a multiple of the stages (Megatron's rule); use microbatches 4"),
+            (["--stages", "2", "--world", "2", "--microbatches", "4", "--schedule", "interleaved"],
+             "each stage needs at least 2 model chunks"),
+            (["--stages", "4", "--world", "4", "--microbatches", "4", "--schedule", "interleaved", "--chunks", "4"],
+             "stages 4 x chunks 4 = 16 model chunks: the model has 8 blocks")):
         res = run(base + args, ok=False)
         if res.returncode == 0 or want not in res.stdout:
             sys.exit("FAIL: %s says:\n%s\n(want: %s)" % (" ".join(args), res.stdout, want))
@@ -192,6 +223,7 @@ def main():
         np.random.default_rng(3).integers(0, 256, size=4000, dtype=np.uint16).tofile(data)
         r = Runner(fsc, fsexec, work, data)
         errors(r)
+        timelines(r)
         memory(r)
         training(r)
     print("pipeline stages train like the single-rank run, and hold what the plan says")

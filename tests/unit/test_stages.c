@@ -19,15 +19,22 @@
 
 static const Define GPT2[] = {{"L", 8}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 256}, {"B", 16}};
 
-static Plan *compile(int stages, int m, const char *schedule, const char *checkpoint, const char *balance, Graph **g)
+static Plan *compile_chunks(int stages, int m, const char *schedule, const char *checkpoint, const char *balance,
+                           int chunks, Graph **g)
 {
-    char st[16], mb[16], world[16];
+    char st[16], mb[16], world[16], ch[16];
     snprintf(st, sizeof st, "%d", stages);
     snprintf(mb, sizeof mb, "%d", m);
     snprintf(world, sizeof world, "%d", stages);
+    snprintf(ch, sizeof ch, "%d", chunks);
     Setting set[] = {{"stages", st}, {"microbatches", mb}, {"world", world}, {"schedule", schedule},
-                     {"checkpoint", checkpoint}, {"balance", balance}};
-    return sample_compile("gpt2.fsm", GPT2, 6, set, 6, g);
+                     {"checkpoint", checkpoint}, {"balance", balance}, {"chunks", ch}};
+    return sample_compile("gpt2.fsm", GPT2, 6, set, 7, g);
+}
+
+static Plan *compile(int stages, int m, const char *schedule, const char *checkpoint, const char *balance, Graph **g)
+{
+    return compile_chunks(stages, m, schedule, checkpoint, balance, 1, g);
 }
 
 /* The blocks whose params stage graph sg holds, as a bit set. */
@@ -63,18 +70,18 @@ Test(stages, every_block_on_one_stage_in_order)
     ir_graph_free(g);
 }
 
-/* Stage graph sg's parts in node order: (mb, forward?) of each run of nodes of one
- * micro-batch and class, into mb[]/fwd[]; returns how many. */
-static int parts(const Graph *sg, int *mb, int *fwd, int cap)
+/* Stage graph sg's parts in node order: (mb, forward?, chunk) of each run of nodes of
+ * one micro-batch, class and model chunk, into mb[]/fwd[]/chunk[]; returns how many. */
+static int parts(const Graph *sg, int *mb, int *fwd, int *chunk, int cap)
 {
     int n = 0;
     for (int k = 0; k < sg->n_nodes; k++) {
         const Node *node = ir_node(sg, k);
         if (node->mb < 0 || node->phase == PHASE_OPTIMIZER || node->phase == PHASE_COMM) continue;
         int f = node->phase == PHASE_FORWARD;
-        if (n && mb[n - 1] == node->mb && fwd[n - 1] == f) continue;
+        if (n && mb[n - 1] == node->mb && fwd[n - 1] == f && chunk[n - 1] == node->chunk) continue;
         cr_assert_lt(n, cap);
-        mb[n] = node->mb, fwd[n] = f, n++;
+        mb[n] = node->mb, fwd[n] = f, chunk[n] = node->chunk, n++;
     }
     return n;
 }
@@ -84,7 +91,7 @@ static void check_order(int p, int m, const char *schedule)
     Graph *g;
     plan_free(compile(p, m, schedule, "never", "auto", &g));
     for (int s = 0; s < p; s++) {
-        int mb[64], fwd[64], want_mb[64], want_fwd[64], n = parts(g->stage_graphs[s], mb, fwd, 64), w = 0;
+        int mb[64], fwd[64], chunk[64], want_mb[64], want_fwd[64], n = parts(g->stage_graphs[s], mb, fwd, chunk, 64), w = 0;
         int warm = !strcmp(schedule, "gpipe") ? m : (p - s - 1 < m ? p - s - 1 : m);
         for (int i = 0; i < warm; i++) want_mb[w] = i, want_fwd[w++] = 1;
         for (int i = 0; i < m - warm; i++) {
@@ -107,6 +114,51 @@ static void check_order(int p, int m, const char *schedule)
 }
 
 Test(stages, gpipe_order) { check_order(2, 4, "gpipe"), check_order(4, 8, "gpipe"), check_order(4, 1, "gpipe"); }
+
+/* Megatron's interleaved 1F1B: the k-th part of stage s is micro-batch
+ * k / (P V) x P + k % P in local chunk k % (P V) / P (reversed for backwards), model
+ * chunk local x P + s; (P - s - 1) x 2 + (V - 1) x P parts warm up (all when M == P). */
+static void check_interleaved(int p, int v, int m)
+{
+    Graph *g;
+    plan_free(compile_chunks(p, m, "interleaved", "never", "auto", v, &g));
+    for (int s = 0; s < p; s++) {
+        int mb[256], fwd[256], chunk[256], n = parts(g->stage_graphs[s], mb, fwd, chunk, 256), total = m * v, w = 0;
+        int warm = m == p ? total : (p - s - 1) * 2 + (v - 1) * p;
+        warm = warm < total ? warm : total;
+        int want[512][3];
+        for (int i = 0; i < warm; i++) want[w][0] = i, want[w][1] = 1, w++;  // warm-up forwards
+        for (int i = 0; i < total - warm; i++) {  // then one forward and one backward
+            want[w][0] = warm + i, want[w][1] = 1, w++;
+            want[w][0] = i, want[w][1] = 0, w++;
+        }
+        for (int i = total - warm; i < total; i++) want[w][0] = i, want[w][1] = 0, w++;  // then the backwards
+        for (int i = 0; i < w; i++) {  // virtual part k -> micro-batch, model chunk
+            int k = want[i][0], local = k % (p * v) / p;
+            want[i][0] = k / (p * v) * p + k % p;
+            want[i][2] = (want[i][1] ? local : v - 1 - local) * p + s;
+        }
+        cr_assert_eq(n, w, "interleaved P=%d V=%d M=%d stage %d: %d parts, want %d", p, v, m, s, n, w);
+        int in_flight = 0, most = 0;
+        for (int i = 0; i < n; i++) {
+            cr_assert(mb[i] == want[i][0] && fwd[i] == want[i][1] && chunk[i] == want[i][2],
+                      "interleaved P=%d V=%d M=%d stage %d: part %d is %c%d of chunk %d, want %c%d of chunk %d", p, v, m,
+                      s, i, fwd[i] ? 'F' : 'B', mb[i], chunk[i], want[i][1] ? 'F' : 'B', want[i][0], want[i][2]);
+            in_flight += fwd[i] ? 1 : -1;
+            most = in_flight > most ? in_flight : most;
+        }
+        int held = warm + 1 < total ? warm + 1 : total;
+        cr_assert_eq(most, held, "interleaved P=%d V=%d M=%d stage %d: %d parts in flight, want %d", p, v, m, s, most,
+                     held);
+    }
+    ir_graph_free(g);
+}
+
+Test(stages, interleaved_order)
+{
+    check_interleaved(2, 2, 4), check_interleaved(2, 2, 8), check_interleaved(4, 2, 8), check_interleaved(2, 4, 4);
+    check_interleaved(2, 2, 2);
+}
 Test(stages, one_f_one_b_order) { check_order(2, 4, "1f1b"), check_order(4, 8, "1f1b"), check_order(4, 4, "1f1b"); }
 
 static void check_checkpoint(const char *mode, int m)
@@ -131,11 +183,20 @@ Test(stages, checkpoint_modes)
     check_checkpoint("except_last", 1);
 }
 
-/* The type of the k-th send from stage a to b, and of the k-th receive on b from a. */
+static int64_t attr_of(const Plan *p, const PlanOp *op, const char *key, int64_t def)
+{
+    for (int32_t i = 0; i < op->n_attr; i++)
+        if (!strcmp(plan_str(p, p->attrs[op->attr + i].key), key)) return p->attrs[op->attr + i].i;
+    return def;
+}
+
+/* The type of the k-th send from stage a to b with a tag, and of the k-th receive on b
+ * from a with that tag. */
 static void check_pairs(const Plan *p)
 {
     for (int32_t a = 0; a < p->n_programs; a++)
-        for (int32_t b = 0; b < p->n_programs; b++) {
+        for (int32_t b = 0; b < p->n_programs; b++)
+            for (int64_t tag = 0; tag < 64; tag++) {
             if (a == b) continue;
             int32_t sends[4096], recvs[4096], ns = 0, nr = 0;
             for (int side = 0; side < 2; side++) {
@@ -143,9 +204,8 @@ static void check_pairs(const Plan *p)
                 for (int32_t k = prog->first_op; k < prog->first_op + prog->n_ops; k++) {
                     const PlanOp *op = &p->ops[k];
                     const char *name = plan_str(p, op->op);
-                    int32_t peer = -1;
-                    for (int32_t i = 0; i < op->n_attr; i++)
-                        if (!strcmp(plan_str(p, p->attrs[op->attr + i].key), "peer")) peer = (int32_t)p->attrs[op->attr + i].i;
+                    int64_t peer = attr_of(p, op, "peer", -1);
+                    if (attr_of(p, op, "tag", 0) != tag) continue;
                     if (!side && !strcmp(name, "send") && peer == b) sends[ns++] = p->ids[op->in];
                     if (side && !strcmp(name, "recv") && peer == a) recvs[nr++] = p->ids[op->out];
                     cr_assert(ns < 4096 && nr < 4096);
@@ -166,10 +226,10 @@ static void check_pairs(const Plan *p)
 
 Test(stages, sends_meet_receives)
 {
-    const char *scheds[] = {"gpipe", "1f1b"};
-    for (int i = 0; i < 2; i++)
+    const char *scheds[] = {"gpipe", "1f1b", "interleaved"};
+    for (int i = 0; i < 3; i++)
         for (int p = 2; p <= 4; p *= 2) {
-            Plan *plan = compile(p, 8, scheds[i], "except_last", "auto", NULL);
+            Plan *plan = compile_chunks(p, 8, scheds[i], "except_last", "auto", i == 2 ? 2 : 1, NULL);
             cr_assert_eq(plan->n_programs, p);
             check_pairs(plan);
             plan_free(plan);
