@@ -64,7 +64,12 @@ static void find_batch_dim(Lower *L, const Stmt *body, const TrainConfig *t)
     /* Each data-parallel rank (the world over the pipeline stages) takes its part, in
      * M micro-batches (one stage: gradient accumulation; several: the pipeline's). */
     int64_t m = t->microbatches > 1 ? t->microbatches : 1;
-    int dp = t->stages > 1 && t->world % t->stages == 0 ? t->world / t->stages : t->world;
+    if (t->stages > 1 && t->world % t->stages) {
+        diag_error(L->d, (Loc){0}, "world %d does not split into %d pipeline stages; make the world a multiple of the "
+                   "stages (world = stages x data-parallel ranks)", t->world, t->stages);
+        return;
+    }
+    int dp = t->stages > 1 ? t->world / t->stages : t->world;
     if (dp <= 1 && m <= 1) return;
     for (const Stmt *st = body; st; st = st->next) {
         if (st->kind != ST_INPUT) continue;

@@ -147,7 +147,8 @@ typedef struct {
     int view_of;                 // the value whose buffer this lies in, or -1
     int64_t view_offset;         // bytes into view_of's buffer ...
     int64_t view_rank_stride;    // ... plus this many per rank (a rank's shard)
-    int unit;                    // the flat unit (block; n_blocks: params outside blocks), or -1
+    int unit;                    // the flat unit (block; n_blocks: params outside blocks; n_blocks + 1: a
+                                 // pipeline stage's copies of tied params), or -1
     int64_t flat_offset;         // elements: a param's start in its unit's flat layout, or a
                                  // storage's first element on rank 0
     int sharded;                 // holds only this rank's shard of its unit

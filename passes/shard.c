@@ -4,7 +4,8 @@
  *        global batch (the frontend splits the batch dim by the world).
  * Gives: for `--shard` ddp, zero1, zero2 or fsdp over `world` ranks, one program that
  *        every rank runs:
- *  - The params of each unit (a block, or the params outside blocks) live in one flat
+ *  - The params of each unit (a block, the params outside blocks, or a pipeline stage's
+ *    copies of params another stage counts in the gradient norm) live in one flat
  *    f32 buffer, padded to a multiple of the world; each param is a view into it at its
  *    flat offset. Its storage: the whole buffer (ddp, zero1, zero2) or only this rank's
  *    contiguous shard (fsdp).
@@ -36,6 +37,9 @@
 
 typedef struct {
     int block;            // -1: the params outside blocks
+    int tied;             // the params another pipeline stage holds too and counts in the
+                          // gradient norm (Value.pipe_copy): a unit of their own, so the
+                          // norm can leave out its shard whole
     int *params;          // value ids, in value order
     char *graded;         // per param: has a gradient in the flat gradient buffer
     int n_params;
@@ -76,6 +80,7 @@ enum { NONE = 1 << 30 };
 
 static const char *unit_name(const Shard *s, const Unit *u)
 {
+    if (u->tied) return arena_printf(s->g->arena, "%s.tied", s->g->model);
     return u->block >= 0 ? s->g->blocks[u->block].name : s->g->model;
 }
 
@@ -153,11 +158,12 @@ static int gather(Shard *s, const Unit *u)
 static void collect_units(Shard *s)
 {
     Graph *g = s->g;
-    s->n_units = g->n_blocks + 1;
+    s->n_units = g->n_blocks + 2;
     s->units = arena_alloc(g->arena, sizeof(Unit) * (size_t)s->n_units);
     for (int i = 0; i < s->n_units; i++) {
         Unit *u = &s->units[i];
         u->block = i < g->n_blocks ? i : -1;
+        u->tied = i == g->n_blocks + 1;
         u->params = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
         u->graded = arena_alloc(g->arena, (size_t)g->n_values + 1);
         u->grad_first = NONE;
@@ -167,7 +173,7 @@ static void collect_units(Shard *s)
         const Value *p = ir_value(g, v);
         if (p->role != ROLE_PARAM || p->tied_to >= 0) continue;
         FS_ASSERT(p->dtype == DT_F32 || (s->gather16 && p->dtype == s->low));
-        Unit *u = &s->units[p->block >= 0 ? p->block : g->n_blocks];
+        Unit *u = &s->units[p->block >= 0 ? p->block : p->pipe_copy ? g->n_blocks + 1 : g->n_blocks];
         u->params[u->n_params++] = v;
         u->numel += ir_numel(p);
     }
@@ -308,6 +314,7 @@ static void layout_params(Shard *s, Unit *u)
         make_view(s, u->shard_view, u->storage, 0, u->shard);
         g->values[u->shard_view].sharded = 1;
     }
+    if (u->tied) g->values[u->storage].pipe_copy = g->values[u->shard_view].pipe_copy = 1;
     u->gathered = u->storage;
     if (fsdp) {
         u->gathered = gather(s, u);
@@ -528,7 +535,7 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
     s.low = precision_dtype(t->precision);
     s.reduce16 = s.low != DT_F32 && t->reduce_dtype != REDUCE_FP32;
     s.gather16 = s.low != DT_F32 && t->shard == SHARD_FSDP;
-    size_t most = (size_t)g->n_nodes + 8 * (size_t)(g->n_blocks + 1) + (size_t)g->n_values + 8;
+    size_t most = (size_t)g->n_nodes + 8 * (size_t)(g->n_blocks + 2) + (size_t)g->n_values + 8;
     s.drop = arena_alloc(g->arena, most);
     if (s.gather16) params_as_compute_copies(&s);
     collect_units(&s);

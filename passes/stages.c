@@ -341,9 +341,6 @@ static void find_tied(Split *s)
 static int check_settings(const Graph *g, const TrainConfig *t, Diag *d)
 {
     int P = t->stages, M = t->microbatches;
-    if (t->world % P)
-        diag_error(d, (Loc){0}, "world %d does not split into %d pipeline stages; make the world a multiple of the "
-                   "stages (world = stages x data-parallel ranks)", t->world, P);
     if (g->n_blocks < P)
         diag_error(d, (Loc){0}, "stages %d: the model has %d block%s, and every stage needs at least one", P,
                    g->n_blocks, g->n_blocks == 1 ? "" : "s");

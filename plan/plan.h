@@ -20,14 +20,14 @@
  *   32      24*n  section table: tag[4], CRC-32 u32, offset u64, length u64
  *   ...           the sections, back to back in table order, up to the end of the file
  *
- * Every byte of the file is covered by a checksum. The sections of version 2.0 (STRS,
+ * Every byte of the file is covered by a checksum. The sections of version 2 (STRS,
  * META, BLKS, TENS, NODE, IDS, ATTR, INTS, OUTS, PROG, all required; CUDA, the CUDA
  * program, and CUMD, its module text, optional: a plan without a memory plan has
  * neither) and their records are laid out in plan/format.h; a reader skips tags it does
  * not know. A 1.x file (one op list, one arena, the CUDA text in META) is refused with a
  * message that says to recompile it. A section of records
  * starts with its record count and record size, so a newer minor version can append
- * fields.
+ * fields (2.1 did: an op's micro-batch and FLOPs, a program's ranges; 2.0 files read).
  *
  * Reading checks the magic, version, header checksum, size, bounds and every section's
  * checksum, each with its own message, before it decodes anything; decoding then checks
@@ -116,8 +116,9 @@ typedef struct {
     int32_t alias;      // the root tensor whose buffer this view lies in, or PLAN_NONE
     int64_t rank_stride;  // bytes added to offset per rank: rank r's data is at
                           // offset + r * rank_stride (a rank's shard of a flat buffer)
-    int32_t unit;       // flat layout (sharding): the unit (block, or n_blocks for the
-                        // params outside blocks) whose flat buffer this lies in; PLAN_NONE
+    int32_t unit;       // flat layout (sharding): the unit (block, n_blocks for the params
+                        // outside blocks, n_blocks + 1 for a pipeline stage's copies of params
+                        // another stage also holds) whose flat buffer this lies in; PLAN_NONE
     int64_t flat_offset;  // elements: a param's start in its unit's flat layout; for a
                           // unit's storage, rank 0's first element (see sharded)
     uint8_t sharded;    // storage holding only this rank's shard of its unit: rank r

@@ -42,7 +42,7 @@ static int saved_kind(const Plan *p, int32_t i)
 
 /* Each unit's whole flat layout (elements from flat 0), where a storage has one. */
 typedef struct {
-    float **full;       // by unit (n_blocks + 1 of them); NULL: no storage, or not this rank's to hold
+    float **full;       // by unit (plan_check: fewer than n_blocks + 2); NULL: no storage, or not this rank's
     int32_t n;
     float *recv;        // the stage's first rank: room for the largest gather of flat_gather
 } Flat;
@@ -62,7 +62,7 @@ static int flat_alloc(const Exec *e, Flat *f, int mine, int gathers, char *err, 
     const Plan *p = rt_exec_plan(e);
     int world = rt_exec_world(e);
     int64_t most = 0;
-    f->n = p->n_blocks + 1;
+    f->n = p->n_blocks + 2;  // blocks, the params outside them, a pipeline stage's tied copies
     f->full = plan_alloc(sizeof *f->full * (size_t)f->n);
     if (!f->full) return plan_fail(err, errlen, "out of memory");
     memset(f->full, 0, sizeof *f->full * (size_t)f->n);
@@ -91,7 +91,7 @@ static void flat_gather(const Exec *e, int32_t s, Flat *f)
     const PlanTensor *t = &p->tensors[s];
     const uint8_t *arena = rt_exec_arena(e);
     int rank = rt_exec_rank(e), world = rt_exec_world(e);
-    float *full = f->full ? f->full[t->unit] : NULL;
+    float *full = f->full && t->unit < f->n ? f->full[t->unit] : NULL;
     RtOwned o;
     rt_flat_owned(p, s, world, &o);
     if (rank == 0 && !t->sharded)  // the whole buffer first: padding, and all of it when replicated

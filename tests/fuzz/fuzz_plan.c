@@ -4,7 +4,8 @@
  * read must survive rt_inspect, which indexes it without further checks. Checksums would
  * stop most mutations at the frame checks, so each input is read twice: as it is, and
  * with every checksum recomputed, which takes mutated contents on to the decoder,
- * plan_check and rt_plan_check_ops.
+ * plan_check and rt_plan_check_ops. A plan of several programs (pipeline stages) also
+ * meets plan_check_p2p, and each of its first programs, extracted, must pass plan_check.
  *
  * A plan that passes rt_plan_check_ops runs one step (rt_exec_new, the built-in data or
  * none, rt_exec_run, free) with nan_fill on, so no kernel may stop on it (a KCHECK abort
@@ -135,12 +136,32 @@ static void run_step(const Plan *p, int guard)
     rt_exec_free(e);
 }
 
+/* The pipeline checks of a plan of several programs: a message or a pass, never a crash;
+ * an extracted program is a whole plan. The first few only: each extract copies the
+ * string table. */
+static void check_programs(const Plan *p)
+{
+    char err[1024] = "";
+    if (p->n_programs < 2) return;
+    if (plan_check_p2p(p, err, sizeof err) && !err[0]) abort();
+    for (int32_t k = 0; k < p->n_programs && k < 4; k++) {
+        Plan *q = plan_extract_program(p, k, err, sizeof err);
+        if (!q) {
+            if (!err[0]) abort();
+            continue;
+        }
+        if (plan_check(q, err, sizeof err)) abort();  // an extract of a checked plan is sound
+        plan_free(q);
+    }
+}
+
 static void read_one(const uint8_t *buf, size_t size)
 {
     char err[256] = "";
     Plan *p = plan_read_mem(buf, size, err, sizeof err);
     if (p) {
         rt_inspect(p, devnull);
+        check_programs(p);
         run_step(p, size % 8 == 7);
         plan_free(p);
     } else if (!err[0]) {

@@ -128,17 +128,17 @@ def training(r):
 
 
 def stage_saved(r, model, extra):
-    """Saved activations at each stage's peak, from fsc --mem=json."""
+    """Each stage's most saved activations at once, from fsc --mem=json."""
     out = json.loads(run([r.fsc, "samples/%s.fsm" % model, *MODELS[model], *extra, "--mem=json", "-q"]).stdout)
     stages = out.get("stages")
     if not stages:
         sys.exit("FAIL: fsc --mem=json of a pipeline has no stages:\n%s" % json.dumps(out)[:2000])
-    return [next(c["at_peak"] for c in s["categories"] if c["key"] == "saved") for s in stages]
+    return [next(c["max"] for c in s["categories"] if c["key"] == "saved") for s in stages]
 
 
 def memory(r):
-    """With micro-batches of a fixed size (B = 2M), a stage's saved activations at its peak
-    are a + c per micro-batch it holds at once (c: what does not grow with them, such as
+    """With micro-batches of a fixed size (B = 2M), a stage's saved activations at their most
+    are a per micro-batch it holds at once, plus c (c: what does not grow with them, such as
     GPT-2's transposed embedding table): GPipe holds M, 1F1B min(P - s, M). a and c come
     from GPipe at M = 1 and 2; every other plan must match to the byte."""
     model = "gpt2"

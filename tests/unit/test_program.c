@@ -389,6 +389,30 @@ Test(program, collective_groups)
     expect_check("op 4 (all_reduce): 2 inputs, expected 1");
 }
 
+/* Ops, tensors and outputs added where the last program's ranges end join it; one added
+ * with its ranges set ahead is filled first. */
+Test(program, items_added_later_join_the_last_program)
+{
+    Plan *p = plan_new();
+    int32_t t = tensor(p, "t", PLAN_ROLE_INPUT, 4, 0);
+    cr_assert_eq(plan_set_one_program(p, 1, 64, 0), 0);
+    cr_assert_eq(p->programs[0].n_tensors, 1);
+    int32_t u = tensor(p, "u", PLAN_ROLE_ACT, 4, 0);
+    op(p, "relu", (OpSpec){IN(t), OUT(u)});
+    cr_assert_eq(plan_output_add(p, u), 0);
+    const PlanProgram *g = &p->programs[0];
+    cr_assert(g->n_tensors == 2 && g->n_ops == 1 && g->n_outputs == 1);
+    cr_assert_eq(plan_check(p, err, sizeof err), 0, "%s", err);
+    PlanProgram next = {.stage = 1, .dp_world = 1, .first_op = 1, .n_ops = 1, .first_tensor = 2, .n_tensors = 1,
+                        .first_output = 1};
+    cr_assert_eq(plan_program_add(p, &next), 1);
+    tensor(p, "v", PLAN_ROLE_ACT, 4, 0);  // inside program 1's range
+    cr_assert(p->programs[0].n_tensors == 2 && p->programs[1].n_tensors == 1);
+    tensor(p, "w", PLAN_ROLE_ACT, 4, 0);  // where it ends
+    cr_assert_eq(p->programs[1].n_tensors, 2);
+    plan_free(p);
+}
+
 /* A plan of one program may be any stage's: an extract, whose peers are stages it lacks. */
 Test(program, one_program_of_a_later_stage)
 {
