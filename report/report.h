@@ -271,6 +271,9 @@ Timeline *report_timeline_new(const Plan *p, TlCost cost, char *err, size_t errl
 void report_timeline_free(Timeline *t);
 /* "F3", "B0", "step" (later chunks: "F3.1"). */
 const char *report_task_label(const TlTask *t, char *buf, size_t n);
+/* Where a task's box begins in a lane: its time's worth before its end, so that a task
+ * that waits inside (a pipeline collective) shows its wait as idle, not as work. */
+double report_task_drawn_from(const TlTask *t);
 /* A time in the timeline's unit: "15" (units), "12.345 ms", "0.00162 ms". */
 const char *report_tl_time(const Timeline *t, double v, char *buf, size_t n);
 /* The text of fsc --timeline: a lane per stage about 100 columns wide, each stage's busy

@@ -537,8 +537,10 @@ static int column(const Timeline *t, double v)
     return x <= 0 ? 0 : x >= LANE_COLS ? LANE_COLS : (int)lround(x);
 }
 
-/* "|F0|F1|  |B0 |": each task from its start column to its end's, its label cut to fit;
- * idle time blank; tasks that take no time not drawn. */
+double report_task_drawn_from(const TlTask *t) { return t->end - t->cost > t->start ? t->end - t->cost : t->start; }
+
+/* "|F0|F1|  |B0 |": each task as report_task_drawn_from has it, its label cut to fit;
+ * idle time blank; tasks under half a column (the step's work, often) not drawn. */
 static void lane(const Timeline *t, int32_t s, FILE *out)
 {
     char line[LANE_COLS + 2], label[32];
@@ -548,7 +550,8 @@ static void lane(const Timeline *t, int32_t s, FILE *out)
     for (int32_t i = st->first_task; i < st->first_task + st->n_tasks; i++) {
         const TlTask *x = &t->tasks[i];
         if (x->cost <= 0) continue;
-        int a = column(t, x->start), b = column(t, x->end);
+        int a = column(t, report_task_drawn_from(x)), b = column(t, x->end);
+        if (b == a) continue;  // under half a column
         line[a] = '|';
         report_task_label(x, label, sizeof label);
         for (int c = a + 1, k = 0; c < b && label[k]; c++, k++) line[c] = label[k];

@@ -25,7 +25,7 @@ static double x_of(const Timeline *t, double v) { return LEFT + (W - LEFT - RIGH
 static void task_box(const Timeline *t, const TlTask *x, double y, FILE *out)
 {
     char label[32], a[32], b[32];
-    double x0 = x_of(t, x->start), x1 = x_of(t, x->end);
+    double x0 = x_of(t, report_task_drawn_from(x)), x1 = x_of(t, x->end);
     report_task_label(x, label, sizeof label);
     fprintf(out, "<g><title>stage %d: %s (%s", x->stage, label, KIND_NAME[x->kind]);
     if (x->microbatch != PLAN_NONE) fprintf(out, " of micro-batch %d", x->microbatch);
