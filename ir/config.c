@@ -77,10 +77,11 @@ static const KeyDef KEYS[] = {
     {{"recompute", "none, all, or layer names (A,B)"}, K_TEXT, offsetof(TrainConfig, recompute), 0, 0, NULL, 0},
     INT("stages", stages, 1, 1024, "pipeline stages (world = stages x data-parallel ranks)"),
     INT("microbatches", microbatches, 1, 1 << 16, "micro-batches per step (one stage: gradient accumulation)"),
-    ENUM("schedule", schedule, SCHEDS, "pipeline schedule: gpipe or 1f1b (interleaved, zb1: not implemented yet)"),
+    ENUM("schedule", schedule, SCHEDS, "pipeline schedule: gpipe, 1f1b or interleaved (with chunks; zb1: not "
+         "implemented yet)"),
     ENUM("checkpoint", checkpoint, CKPTS, "pipeline: micro-batches that recompute their stage's forward: always, "
          "except_last (default) or never"),
-    INT("chunks", chunks, 1, 64, "interleaved schedule: model chunks per stage (not implemented yet)"),
+    INT("chunks", chunks, 1, 64, "interleaved schedule: model chunks per stage (2 or more)"),
     {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,
      offsetof(TrainConfig, balance), 0, 0, NULL, 0},
     ENUM("offload", offload, OFFLOADS, "none; optimizer or params (+ fp32 master weights) are not implemented yet"),

@@ -32,15 +32,19 @@ static void name_output(Opt *o, int v, const char *name, StepRole role)
     ir_output_add(o->g, v);
 }
 
-/* A zero-initialized state tensor shaped like param p. */
+/* A zero-initialized state tensor shaped like param p, named after it (a rank's shard of
+ * a flat buffer, which has no name of its own: after the buffer, "h.0.flat_param.shard"). */
 static int state_like(Opt *o, int p, const char *suffix)
 {
     Value s = *ir_value(o->g, p);
+    const char *name = s.name;
+    if (!name && s.view_of >= 0 && ir_value(o->g, s.view_of)->name)
+        name = arena_printf(o->g->arena, "%s.shard", ir_value(o->g, s.view_of)->name);
     s.role = ROLE_OPT_STATE;
     s.init = INIT_ZEROS;
     s.init_a = s.init_b = 0;
     s.tied_to = s.grad = -1;
-    s.name = arena_printf(o->g->arena, "%s.%s", s.name, suffix);
+    s.name = arena_printf(o->g->arena, "%s.%s", name ? name : "state", suffix);
     return ir_value_add(o->g, &s);
 }
 
