@@ -65,6 +65,7 @@ static PlanPhase map_phase(Phase p)
     case PHASE_RECOMPUTE: return PLAN_PHASE_RECOMPUTE;
     case PHASE_OPTIMIZER: return PLAN_PHASE_OPTIMIZER;
     case PHASE_COMM: return PLAN_PHASE_COMM;
+    case PHASE_WGRAD: return PLAN_PHASE_WGRAD;
     case PHASE_COUNT: break;
     }
     FS_ASSERT(!"unknown phase");

@@ -77,8 +77,7 @@ static const KeyDef KEYS[] = {
     {{"recompute", "none, all, or layer names (A,B)"}, K_TEXT, offsetof(TrainConfig, recompute), 0, 0, NULL, 0},
     INT("stages", stages, 1, 1024, "pipeline stages (world = stages x data-parallel ranks)"),
     INT("microbatches", microbatches, 1, 1 << 16, "micro-batches per step (one stage: gradient accumulation)"),
-    ENUM("schedule", schedule, SCHEDS, "pipeline schedule: gpipe, 1f1b or interleaved (with chunks; zb1: not "
-         "implemented yet)"),
+    ENUM("schedule", schedule, SCHEDS, "pipeline schedule: gpipe, 1f1b, interleaved (with chunks) or zb1 (ZB-H1)"),
     ENUM("checkpoint", checkpoint, CKPTS, "pipeline: micro-batches that recompute their stage's forward: always, "
          "except_last (default) or never"),
     INT("chunks", chunks, 1, 64, "interleaved schedule: model chunks per stage (2 or more)"),

@@ -94,7 +94,11 @@ typedef enum { STREAM_COMPUTE, STREAM_COLLECTIVE, STREAM_COPY, STREAM_COUNT } St
 typedef enum {
     SR_NONE, SR_LOSS, SR_LR, SR_GRAD_NORM, SR_LOSS_SCALE, SR_STEP, SR_OPT_STEP, SR_LOSS_SEED, SR_COUNT
 } StepRole;
-typedef enum { PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE, PHASE_OPTIMIZER, PHASE_COMM, PHASE_COUNT } Phase;
+/* PHASE_WGRAD: the part of the backward that computes params' gradients only (the zero-
+ * bubble schedule runs it apart from the rest, which computes the inputs' gradients). */
+typedef enum {
+    PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE, PHASE_OPTIMIZER, PHASE_COMM, PHASE_WGRAD, PHASE_COUNT
+} Phase;
 typedef enum { INIT_NONE, INIT_ZEROS, INIT_ONES, INIT_NORMAL, INIT_UNIFORM, INIT_FULL, INIT_COUNT } InitKind;
 
 const char *role_name(Role r);      // "input", "param", ...

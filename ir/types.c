@@ -6,7 +6,7 @@ static const char *const ROLES[ROLE_COUNT] = {"input", "param", "grad", "act", "
                                               "master", "comm", "scratch", "const", "gathered"};
 static const char *const PLACES[PLACE_COUNT] = {"device", "host"};
 static const char *const PHASES[PHASE_COUNT] = {"forward", "backward", "recompute", "optimizer",
-                                                "comm"};
+                                                "comm", "backward_weight"};
 static const char *const INITS[INIT_COUNT] = {"none", "zeros", "ones", "normal", "uniform", "full"};
 
 #define NAME_OF(table, i, count) ((unsigned)(i) < (unsigned)(count) ? (table)[i] : "?")

@@ -5,6 +5,14 @@
  * for every trainable param a gradient value (role grad, named "<param>.grad"). A value
  * used several times gets the sum of its uses' gradients (a tied embedding included).
  * Only values that depend on a param get gradients; inputs and constants never do.
+ *
+ * For the zero-bubble schedule (zb1, pipeline stages) the backward is split in two: the
+ * nodes that compute only params' gradients (a matmul's weight gradient, a bias's sum,
+ * their accumulation, the cast back to the fp32 master) are phase backward_weight (W);
+ * every node an input's gradient needs (the gradient flowing on to earlier blocks and
+ * stages, layernorm's one node for all three) stays phase backward (B). A value is a
+ * param's when it is a param or a forward op makes it from params alone (a compute-dtype
+ * cast, GPT-2's transposed embedding).
  */
 #include <string.h>
 
@@ -14,6 +22,7 @@ typedef struct {
     Graph *g;
     int *grad;   // per value: its gradient's value id, or -1
     char *need;  // per value: depends on a param, so a gradient must reach it
+    char *of_params;  // zero-bubble split (else NULL): per forward value, a param's (see the top)
 } Autodiff;
 
 /* grad[v] += d, adding a node when v already has a gradient. */
@@ -43,6 +52,46 @@ static void mark_needed(const Graph *g, char *need)
     }
 }
 
+/* The nodes from `first` on (one gradient rule's, and its accumulations) that no input
+ * of forward node n that is not a param's needs: phase backward_weight. */
+static void split_weight_grads(Autodiff *a, const Node *n, int first)
+{
+    Graph *g = a->g;
+    int end = g->n_nodes, *stack = arena_alloc(g->arena, sizeof(int) * (size_t)(end - first) + 1), top = 0;
+    char *seen = arena_alloc(g->arena, (size_t)(end - first) + 1);  // [k - first]: an input's gradient needs it
+    for (int i = 0; i < n->n_in; i++) {
+        int v = ir_in(g, n, i), d = a->grad[v];
+        if (a->of_params[v] || d < 0 || ir_value(g, d)->producer < first || seen[ir_value(g, d)->producer - first])
+            continue;
+        stack[top++] = ir_value(g, d)->producer;
+        seen[stack[top - 1] - first] = 1;
+        while (top) {  // what this input's gradient is made from, within the rule
+            const Node *k = ir_node(g, stack[--top]);
+            for (int j = 0; j < k->n_in; j++) {
+                int p = ir_value(g, ir_in(g, k, j))->producer;
+                if (p >= first && !seen[p - first]) seen[p - first] = 1, stack[top++] = p;
+            }
+        }
+    }
+    for (int k = first; k < end; k++)
+        if (!seen[k - first]) g->nodes[k].phase = PHASE_WGRAD;
+}
+
+/* Forward values made from params alone. */
+static void mark_of_params(const Graph *g, char *of)
+{
+    for (int v = 0; v < g->n_values; v++) of[v] = g->values[v].role == ROLE_PARAM;
+    for (int n = 0; n < g->n_nodes; n++) {
+        const Node *node = ir_node(g, n);
+        int all = node->n_in > 0;  // params, or constants beside them (never a data input)
+        for (int i = 0; i < node->n_in && all; i++) {
+            const Value *x = ir_value(g, ir_in(g, node, i));
+            all = of[ir_in(g, node, i)] || x->role == ROLE_CONST;
+        }
+        for (int i = 0; i < node->n_out; i++) of[ir_out(g, node, i)] = (char)all;
+    }
+}
+
 static void backward_node(Autodiff *a, int id)
 {
     Graph *g = a->g;
@@ -67,6 +116,7 @@ static void backward_node(Autodiff *a, int id)
     for (int i = 0; i < node.n_in; i++)
         if (c.need[i] && c.din[i] >= 0) accumulate(a, ir_in(g, &node, i), c.din[i], &node);
     for (int k = first; k < g->n_nodes; k++) g->nodes[k].chunk = node.chunk;  // its model chunk's backward
+    if (a->of_params) split_weight_grads(a, &node, first);
 }
 
 /* Links each trainable param to its gradient, and names and roles the gradient. */
@@ -186,9 +236,14 @@ int pass_autodiff(Graph *g, const Options *o, Diag *d)
     /* Gradients are tracked for the forward values only: nothing differentiates the
      * values the backward pass adds. */
     int n_values = g->n_values, n_forward = g->n_nodes;
-    Autodiff a = {g, arena_alloc(g->arena, sizeof(int) * (size_t)n_values), arena_alloc(g->arena, (size_t)n_values)};
+    Autodiff a = {.g = g, .grad = arena_alloc(g->arena, sizeof(int) * (size_t)n_values),
+                  .need = arena_alloc(g->arena, (size_t)n_values)};
     memset(a.grad, -1, sizeof(int) * (size_t)n_values);
     mark_needed(g, a.need);
+    if (g->n_stages > 1 && o->train.schedule == SCHED_ZB1) {
+        a.of_params = arena_alloc(g->arena, (size_t)n_values + 1);
+        mark_of_params(g, a.of_params);
+    }
     if (g->n_outputs && seed_loss(&a, o, d)) return -1;  // a stage before the last has only its links
     seed_from_links(&a);
     for (int n = n_forward - 1; n >= 0; n--)

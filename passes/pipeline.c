@@ -104,6 +104,8 @@ static int add_node(Pipe *p, OpKind op, const int *in, int n_in, const Attr *att
         p->after[n] = after;
         p->g->nodes[n].mb = p->g->nodes[after].mb;
         p->g->nodes[n].chunk = p->g->nodes[after].chunk;
+        if (ph == PHASE_BACKWARD && p->g->nodes[after].phase == PHASE_WGRAD)  // a weight gradient's sum
+            p->g->nodes[n].phase = PHASE_WGRAD;
         int *link = &p->first[after];
         while (*link >= 0) link = &p->next[*link];
         *link = n;
@@ -419,20 +421,75 @@ static void emit(const Pipe *p, int n, int *order, int *k)
     for (int f = p->first[n]; f >= 0; f = p->next[f]) emit(p, f, order, k);
 }
 
-/* Micro-batch m's forward (fwd) or the rest (its backward, and recompute), of model
- * chunk `chunk` (-1: every chunk): its input slices first, then its copies of the
- * template's nodes of that class, in order. */
-static void emit_part(const Pipe *p, int m, int fwd, int chunk, int *order, int *k)
+/* The parts of a micro-batch: its forward; its backward (and recompute); with the zero-
+ * bubble schedule, its weight gradients apart (phase backward_weight). */
+enum { PART_B, PART_F, PART_W };
+
+static int part_of(const Node *n)
+{
+    return n->phase == PHASE_FORWARD ? PART_F : n->phase == PHASE_WGRAD ? PART_W : PART_B;
+}
+
+/* Micro-batch m's part `part` of model chunk `chunk` (-1: every chunk): a forward's input
+ * slices first, then its copies of the template's nodes of that part, in order. */
+static void emit_part(const Pipe *p, int m, int part, int chunk, int *order, int *k)
 {
     Graph *g = p->g;
-    if (fwd)
+    if (part == PART_F)
         for (int n = p->n_orig; n < g->n_nodes; n++)
             if (p->mb_start[n] == m && (chunk < 0 || g->nodes[n].chunk == chunk)) emit(p, n, order, k);
     for (int n = 0; n < p->n_orig; n++) {
-        if ((g->nodes[n].phase == PHASE_FORWARD) != fwd || (chunk >= 0 && g->nodes[n].chunk != chunk)) continue;
+        if (part_of(&g->nodes[n]) != part || (chunk >= 0 && g->nodes[n].chunk != chunk)) continue;
         int c = m ? p->node_copy[(size_t)m * (size_t)p->n_orig + (size_t)n] : n;
         if (c >= 0) emit(p, c, order, k);
     }
+}
+
+/* ZB-H1 (zero-bubble, the memory of 1F1B): 1F1B's order of forwards and backwards (now
+ * the inputs' gradients only), and each micro-batch's weight gradients W where they fill
+ * what would be idle. The stages are run together on a clock of unit costs (F = B = W =
+ * 1, ZB's own accounting): a stage takes its next forward or backward once its input
+ * has arrived, unless that forward would hold P micro-batches whose W is not done (the
+ * 1F1B limit of the first stage, for every stage); else a W that is due; else it waits.
+ * Every stage then idles P - 1 units a step, against 1F1B's 3 (P - 1). Stage s's order
+ * into part[] / mb[] (3 M of them). */
+static void zb1_order(int P, int M, int s, Arena *a, int *part, int *mb)
+{
+    int *seq = arena_alloc(a, sizeof(int) * (size_t)P * (size_t)(2 * M) * 2 + 1);  // [P][2M][2]: 1F1B's parts
+    int *pos = arena_alloc(a, sizeof(int) * (size_t)P * 5), *nf = pos + P, *nb = pos + 2 * P, *nw = pos + 3 * P,
+        *busy = pos + 4 * P;
+    int *f_end = arena_alloc(a, sizeof(int) * (size_t)P * (size_t)M * 2 + 1), *b_end = f_end + (size_t)P * M;
+    for (int q = 0; q < P; q++) {
+        int *x = &seq[(size_t)q * 4 * M], n = 0, warm = P - q - 1 < M ? P - q - 1 : M;
+        for (int i = 0; i < warm; i++) x[n++] = PART_F, x[n++] = i;
+        for (int i = 0; i < M - warm; i++) x[n++] = PART_F, x[n++] = warm + i, x[n++] = PART_B, x[n++] = i;
+        for (int i = M - warm; i < M; i++) x[n++] = PART_B, x[n++] = i;
+        for (int i = 0; i < M; i++) f_end[q * M + i] = b_end[q * M + i] = -1;
+    }
+    int out = 0;
+    for (int t = 0; nw[s] < M; t++) {
+        FS_ASSERT(t < 16 * (P + 3 * M));  // the rules always progress
+        for (int q = 0; q < P; q++) {
+            if (busy[q] > t || nw[q] == M) continue;
+            const int *x = &seq[(size_t)q * 4 * M + (size_t)pos[q] * 2];
+            int ready = 0, w_due = nw[q] < nb[q] && b_end[q * M + nw[q]] <= t;
+            if (pos[q] < 2 * M && x[0] == PART_F)
+                ready = (q == 0 || (f_end[(q - 1) * M + x[1]] >= 0 && f_end[(q - 1) * M + x[1]] <= t)) &&
+                        nf[q] - nw[q] < P;
+            else if (pos[q] < 2 * M)
+                ready = f_end[q * M + x[1]] >= 0 && f_end[q * M + x[1]] <= t &&
+                        (q == P - 1 || (b_end[(q + 1) * M + x[1]] >= 0 && b_end[(q + 1) * M + x[1]] <= t));
+            int kind = ready ? x[0] : w_due ? PART_W : -1, m = ready ? x[1] : nw[q];
+            if (kind < 0) continue;
+            if (kind == PART_F) f_end[q * M + m] = t + 1, nf[q]++;
+            if (kind == PART_B) b_end[q * M + m] = t + 1, nb[q]++;
+            if (kind == PART_W) nw[q]++;
+            else pos[q]++;
+            busy[q] = t + 1;
+            if (q == s) part[out] = kind, mb[out++] = m;
+        }
+    }
+    FS_ASSERT(out == 3 * M);
 }
 
 /* Interleaved 1F1B's k-th forward (fwd) or backward part on this stage, as Megatron
@@ -462,6 +519,10 @@ static void unrolled_order(Pipe *p)
     } else if (p->t->schedule == SCHED_GPIPE) {
         for (int m = 0; m < M; m++) emit_part(p, m, 1, -1, order, &k);
         for (int m = 0; m < M; m++) emit_part(p, m, 0, -1, order, &k);
+    } else if (p->t->schedule == SCHED_ZB1) {
+        int *part = arena_alloc(g->arena, sizeof(int) * 6 * (size_t)M + 1), *mb = part + 3 * M;
+        zb1_order(p->P, M, p->stage, g->arena, part, mb);
+        for (int i = 0; i < 3 * M; i++) emit_part(p, mb[i], part[i], -1, order, &k);
     } else if (p->V > 1) {
         int total = M * p->V, warm = M == p->P ? total : (p->P - p->stage - 1) * 2 + (p->V - 1) * p->P;
         warm = warm < total ? warm : total;

@@ -76,14 +76,14 @@ static void recompute_block(Recompute *r, int b)
     Graph *g = r->g;
     int first_bwd = -1;
     for (int n = 0; n < r->n_orig && first_bwd < 0; n++)
-        if (in_region(g, n, b) && g->nodes[n].phase == PHASE_BACKWARD) first_bwd = n;
+        if (in_region(g, n, b) && (g->nodes[n].phase == PHASE_BACKWARD || g->nodes[n].phase == PHASE_WGRAD)) first_bwd = n;
     if (first_bwd < 0) return;  // nothing differentiates through this block
     for (int n = 0; n < r->n_orig; n++)
         if (in_region(g, n, b) && g->nodes[n].phase == PHASE_FORWARD) r->placed_at[clone_node(r, n)] = first_bwd;
     /* The block's own backward reads the copies; other blocks keep what they read. */
     for (int n = first_bwd; n < r->n_orig; n++) {
         Node *node = &g->nodes[n];
-        if (!in_region(g, n, b) || node->phase != PHASE_BACKWARD) continue;
+        if (!in_region(g, n, b) || (node->phase != PHASE_BACKWARD && node->phase != PHASE_WGRAD)) continue;
         for (int i = 0; i < node->n_in; i++) {
             int v = g->ids[node->in + i];
             if (r->clone_of[v] >= 0) g->ids[node->in + i] = r->clone_of[v];

@@ -374,12 +374,10 @@ static int check_settings(const Graph *g, const TrainConfig *t, Diag *d)
         diag_error(d, (Loc){0}, "stages %d: the model has %d block%s, and every stage needs at least one", P,
                    g->n_blocks, g->n_blocks == 1 ? "" : "s");
     }
-    if (t->schedule == SCHED_1F1B && M < P)
-        diag_error(d, (Loc){0}, "schedule 1f1b with microbatches %d < stages %d: 1F1B needs at least as many "
-                   "micro-batches as stages; use microbatches >= %d, or schedule gpipe", M, P, P);
-    if (t->schedule == SCHED_ZB1)
-        diag_error(d, (Loc){0}, "schedule %s is not implemented yet; use gpipe, 1f1b or interleaved",
-                   sched_name(t->schedule));
+    if ((t->schedule == SCHED_1F1B || t->schedule == SCHED_ZB1) && M < P)
+        diag_error(d, (Loc){0}, "schedule %s with microbatches %d < stages %d: %s needs at least as many "
+                   "micro-batches as stages; use microbatches >= %d, or schedule gpipe", sched_name(t->schedule), M, P,
+                   t->schedule == SCHED_ZB1 ? "ZB-H1" : "1F1B", P);
     if (t->chunks > 1 && t->schedule != SCHED_INTERLEAVED)
         diag_error(d, (Loc){0}, "chunks %d: model chunks per stage are for schedule interleaved only", t->chunks);
     if (strcmp(t->recompute, "none") && t->checkpoint != CKPT_NEVER)

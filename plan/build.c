@@ -297,7 +297,7 @@ static const char *const ROLES[PLAN_ROLE_COUNT] = {"input", "param", "grad", "ac
                                                    "master", "comm", "scratch", "const", "gathered"};
 static const char *const PLACES[PLAN_PLACE_COUNT] = {"device", "host"};
 static const char *const PHASES[PLAN_PHASE_COUNT] = {"forward", "backward", "recompute",
-                                                     "optimizer", "comm"};
+                                                     "optimizer", "comm", "backward_weight"};
 static const char *const STREAMS[PLAN_STREAM_COUNT] = {"compute", "collective", "copy"};
 static const char *const STEP_ROLES[PLAN_SR_COUNT] = {"none", "loss", "lr", "grad_norm", "loss_scale",
                                                       "step", "opt_step", "loss_seed"};

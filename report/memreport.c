@@ -85,7 +85,7 @@ static void categorize(MemReport *r, uint8_t *read_back)
     const Plan *p = r->plan;
     for (int32_t k = 0; k < p->n_ops; k++) {
         const PlanOp *op = &p->ops[k];
-        if (op->phase != PLAN_PHASE_BACKWARD && op->phase != PLAN_PHASE_RECOMPUTE) continue;
+        if (op->phase != PLAN_PHASE_BACKWARD && op->phase != PLAN_PHASE_RECOMPUTE && op->phase != PLAN_PHASE_WGRAD) continue;
         for (int32_t i = 0; i < op->n_in; i++) read_back[r->root[p->ids[op->in + i]]] = 1;
     }
     for (int32_t t = 0; t < p->n_tensors; t++) {
@@ -177,7 +177,7 @@ static int saved_by_block(MemReport *r)
     int32_t n = 0;
     for (int32_t k = 0; k < p->n_ops; k++) {
         const PlanOp *op = &p->ops[k];
-        if (op->phase != PLAN_PHASE_BACKWARD && op->phase != PLAN_PHASE_RECOMPUTE) continue;
+        if (op->phase != PLAN_PHASE_BACKWARD && op->phase != PLAN_PHASE_RECOMPUTE && op->phase != PLAN_PHASE_WGRAD) continue;
         for (int32_t i = 0; i < op->n_in; i++) {
             int32_t root = r->root[p->ids[op->in + i]];
             if (r->cat[root] == MEM_SAVED) reads[n++] = (Read){root, op->block == PLAN_NONE ? p->n_blocks : op->block};

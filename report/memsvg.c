@@ -24,7 +24,8 @@ static const MemCategory STACK[MEM_CAT_COUNT] = {
     MEM_PARAMS, MEM_OPT_STATE, MEM_MASTER, MEM_INPUTS, MEM_GATHERED, MEM_GRADS, MEM_SAVED, MEM_RECOMPUTE,
     MEM_ACTS, MEM_COMM, MEM_SCRATCH, MEM_CONSTS,
 };
-static const char *const PHASE_COLORS[PLAN_PHASE_COUNT] = {"#dbe3ec", "#c3ccd8", "#e6ddef", "#b3bfcc", "#d6e7de"};
+static const char *const PHASE_COLORS[PLAN_PHASE_COUNT] = {"#dbe3ec", "#c3ccd8", "#e6ddef", "#b3bfcc", "#d6e7de",
+                                                            "#cfd8c3"};
 
 typedef struct {
     const MemReport *r;

@@ -218,7 +218,9 @@ int64_t report_group_size(const Plan *p, const PlanOp *op, int64_t dp_world);
  * gradient reductions: ops of no micro-batch). Later schedules add kinds and fields, not
  * a new model: zero-bubble splits a weight-gradient kind off the backward; interleaved
  * schedules give each task its model chunk. */
-typedef enum { TL_FORWARD, TL_BACKWARD, TL_STEP, TL_KIND_COUNT } TlKind;
+/* A task's kind: a micro-batch's forward, its backward (with the zero-bubble schedule:
+ * the inputs' gradients only), its params' gradients (zero-bubble: W), the step's work. */
+typedef enum { TL_FORWARD, TL_BACKWARD, TL_STEP, TL_WEIGHT, TL_KIND_COUNT } TlKind;
 /* How a task's time is counted: its ops' FLOPs at the nominal REPORT_TL_RATE, in ms; or
  * unit costs (a forward 1, a backward 2, the step's work 0), as schedules are analysed. */
 typedef enum { TL_COST_FLOPS, TL_COST_UNIT } TlCost;
@@ -248,6 +250,7 @@ typedef struct {
     const Plan *plan;
     TlCost cost;
     int fell_back;             // TL_COST_FLOPS was asked of a plan without FLOPs: units
+    int split_backward;        // the plan has weight-gradient tasks (zero-bubble): unit B = 1
     TlTask *tasks;
     int32_t n_tasks;
     int32_t *deps;

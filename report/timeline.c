@@ -19,16 +19,16 @@
  * micro-batches. The clock runs op by op, each op taking its share of its task's time
  * (by FLOPs; without them, evenly over the ops that are not sends or receives): a
  * receive waits until the matching send is done (the k-th send from stage a to stage b
- * meets the k-th receive on b from a; a transfer takes no time), and the i-th
+ * with a tag meets the k-th receive on b from a with it; a transfer takes no time), and the i-th
  * collective over the pipeline group ends on every stage together, once all are at it.
  * A task's receives come first and its sends last, so a task that holds a receive (and
  * so every later task, which reads what it received) starts no earlier than the end of
  * the peer's task that holds the send; and a stage's step can send its tied gradients
  * and then receive its peer's, as the compiler has it, without waiting on itself.
  *
- * Later schedules fit as they are: a zero-bubble plan's weight-gradient phase is one
- * more kind (op_kind, UNIT_COST, LETTER); an interleaved plan's model chunk is
- * TlTask.chunk, and a run then also breaks where the chunk changes.
+ * A zero-bubble plan's weight-gradient phase is a kind of its own (W: op_kind, UNIT_COST,
+ * LETTER); an interleaved plan's model chunks are told apart by micro-batch, as no two
+ * chunks of one micro-batch run back to back on a stage.
  *
  * A plan in which no op has a micro-batch (one micro-batch a step, or a 2.0 file) is
  * one micro-batch: its forward and backward are F0 and B0.
@@ -47,8 +47,12 @@
 enum { LANE_COLS = 100, MAX_STUCK = 4 };
 static const double MAX_OP_FLOPS = 1e30;
 
-static const double UNIT_COST[TL_KIND_COUNT] = {1, 2, 0};
-static const char *const LETTER[TL_KIND_COUNT] = {"F", "B", "step"};
+/* With weight-gradient tasks (zero-bubble) a backward is the inputs' gradients alone:
+ * F = B = W = 1, ZB's own accounting; else F = 1, B = 2. */
+static const double UNIT_COST[TL_KIND_COUNT] = {1, 2, 0, 1};
+static const char *const LETTER[TL_KIND_COUNT] = {"F", "B", "step", "W"};
+
+static double unit_cost(const Timeline *t, TlKind k) { return k == TL_BACKWARD && t->split_backward ? 1 : UNIT_COST[k]; }
 
 /* Each op's micro-batch: its own (a negative one is none); in a plan where no op has
  * one (a step of one micro-batch, or a 2.0 file), 0 for the forward's and backward's ops. */
@@ -58,7 +62,8 @@ static void microbatches_of(const Plan *p, int32_t *mb)
     for (int32_t k = 0; k < p->n_ops; k++) any |= p->ops[k].microbatch >= 0;
     for (int32_t k = 0; k < p->n_ops; k++) {
         PlanPhase ph = p->ops[k].phase;
-        int compute = ph == PLAN_PHASE_FORWARD || ph == PLAN_PHASE_BACKWARD || ph == PLAN_PHASE_RECOMPUTE;
+        int compute = ph == PLAN_PHASE_FORWARD || ph == PLAN_PHASE_BACKWARD || ph == PLAN_PHASE_RECOMPUTE ||
+                      ph == PLAN_PHASE_WGRAD;
         mb[k] = p->ops[k].microbatch >= 0 ? p->ops[k].microbatch : !any && compute ? 0 : PLAN_NONE;
     }
 }
@@ -72,6 +77,7 @@ static int op_kind(const PlanOp *op, int32_t mb)
     case PLAN_PHASE_FORWARD: return TL_FORWARD;
     case PLAN_PHASE_BACKWARD:
     case PLAN_PHASE_RECOMPUTE: return TL_BACKWARD;
+    case PLAN_PHASE_WGRAD: return TL_WEIGHT;
     case PLAN_PHASE_OPTIMIZER: return TL_STEP;
     case PLAN_PHASE_COMM:
     case PLAN_PHASE_COUNT: break;
@@ -169,9 +175,10 @@ static void cost_tasks(Timeline *t)
     int any = 0;
     for (int32_t i = 0; i < t->n_tasks; i++) any |= t->tasks[i].flops > 0;
     if (t->cost == TL_COST_FLOPS && !any) t->cost = TL_COST_UNIT, t->fell_back = 1;
+    for (int32_t i = 0; i < t->n_tasks; i++) t->split_backward |= t->tasks[i].kind == TL_WEIGHT;
     for (int32_t i = 0; i < t->n_tasks; i++) {
         TlTask *x = &t->tasks[i];
-        x->cost = t->cost == TL_COST_UNIT ? UNIT_COST[x->kind] : x->flops / REPORT_TL_RATE * 1e3;
+        x->cost = t->cost == TL_COST_UNIT ? unit_cost(t, x->kind) : x->flops / REPORT_TL_RATE * 1e3;
     }
 }
 
@@ -179,12 +186,14 @@ static void cost_tasks(Timeline *t)
 
 typedef struct {
     int32_t from, to, op;  // the sending stage, the receiving stage, the op
+    int64_t tag;           // the k-th send of a tag meets the k-th receive of it
 } P2p;
 
 static int pair_cmp(const P2p *a, const P2p *b)
 {
     if (a->from != b->from) return a->from < b->from ? -1 : 1;
-    return a->to < b->to ? -1 : a->to > b->to;
+    if (a->to != b->to) return a->to < b->to ? -1 : 1;
+    return a->tag < b->tag ? -1 : a->tag > b->tag;
 }
 
 static int by_pair(const void *x, const void *y)
@@ -210,10 +219,11 @@ static int collect_p2p(const Plan *p, P2p *sends, int32_t *n_sends, P2p *recvs, 
                          c == COMM_SEND ? "send" : "recv", s, (long long)peer, p->n_programs);
                 return -1;
             }
+            int64_t tag = report_op_int(p, &p->ops[k], "tag", 0);
             if (c == COMM_SEND)
-                sends[(*n_sends)++] = (P2p){s, (int32_t)peer, k};
+                sends[(*n_sends)++] = (P2p){s, (int32_t)peer, k, tag};
             else
-                recvs[(*n_recvs)++] = (P2p){(int32_t)peer, s, k};
+                recvs[(*n_recvs)++] = (P2p){(int32_t)peer, s, k, tag};
         }
     }
     qsort(sends, (size_t)*n_sends, sizeof *sends, by_pair);
@@ -221,11 +231,11 @@ static int collect_p2p(const Plan *p, P2p *sends, int32_t *n_sends, P2p *recvs, 
     return 0;
 }
 
-/* Where the run of pair (from, to) starting at i ends. */
+/* Where the run of pair (from, to) and tag starting at i ends. */
 static int32_t pair_end(const P2p *x, int32_t i, int32_t n)
 {
     int32_t e = i;
-    while (e < n && x[e].from == x[i].from && x[e].to == x[i].to) e++;
+    while (e < n && !pair_cmp(&x[e], &x[i])) e++;
     return e;
 }
 
@@ -568,9 +578,12 @@ static void print_costs(const Timeline *t, FILE *out)
             t->n_stages, t->n_stages == 1 ? "" : "s", t->n_microbatches, t->n_microbatches == 1 ? "" : "es");
     if (t->cost == TL_COST_FLOPS)
         fprintf(out, "each task's FLOPs at a nominal %g TFLOP/s, in ms\n", REPORT_TL_RATE / 1e12);
+    else if (t->split_backward)
+        fprintf(out, "unit costs: F = %g, B = %g (input gradients), W = %g (weight gradients), step = %g\n",
+                unit_cost(t, TL_FORWARD), unit_cost(t, TL_BACKWARD), unit_cost(t, TL_WEIGHT), unit_cost(t, TL_STEP));
     else
-        fprintf(out, "unit costs: F = %g, B = %g, step = %g\n", UNIT_COST[TL_FORWARD], UNIT_COST[TL_BACKWARD],
-                UNIT_COST[TL_STEP]);
+        fprintf(out, "unit costs: F = %g, B = %g, step = %g\n", unit_cost(t, TL_FORWARD), unit_cost(t, TL_BACKWARD),
+                unit_cost(t, TL_STEP));
     if (t->fell_back)
         fprintf(out, "  note: the plan's ops carry no FLOPs (compiled without the cost model), so unit costs instead\n");
 }

@@ -10,12 +10,12 @@
 #include "memhtml.h"
 
 static const double W = 1200, LEFT = 84, RIGHT = 24, TOP = 16, ROW = 30, BOX = 22, AXIS = 44;
-static const char *const KIND_CLASS[TL_KIND_COUNT] = {"tl-f", "tl-b", "tl-s"};
-static const char *const KIND_NAME[TL_KIND_COUNT] = {"forward", "backward", "the step's work"};
+static const char *const KIND_CLASS[TL_KIND_COUNT] = {"tl-f", "tl-b", "tl-s", "tl-w"};
+static const char *const KIND_NAME[TL_KIND_COUNT] = {"forward", "backward", "the step's work", "weight gradients"};
 
 void report_html_lanes_style(FILE *out)
 {
-    fputs(".lane{fill:#f4f4f4}.tl-f{fill:#4e79a7}.tl-b{fill:#f28e2b}.tl-s{fill:#79706e}"
+    fputs(".lane{fill:#f4f4f4}.tl-f{fill:#4e79a7}.tl-b{fill:#f28e2b}.tl-s{fill:#79706e}.tl-w{fill:#59a14f}"
           ".tlabel{fill:#fff;font-size:11px}\n",
           out);
 }

@@ -102,7 +102,7 @@ expect reduce-dtype-mismatch 1 "reduce_dtype bf16 with precision fp16" -- "$FSC"
 expect precision-bf16 0 "precision bf16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision bf16
 expect pipeline-world 1 "world 1 does not split into 2 pipeline stages" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2
 expect pipeline-interleaved-chunks 1 "each stage needs at least 2 model chunks (--chunks 2)" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2 --world 2 --microbatches 2 --schedule interleaved
-expect pipeline-zb1-not-yet 1 "schedule zb1 is not implemented yet" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2 --world 2 --microbatches 2 --schedule zb1
+expect pipeline-zb1-microbatches 1 "schedule zb1 with microbatches 1 < stages 2" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2 --world 2 --schedule zb1
 expect accumulate 0 "wrote $tmp/mlp4.plan" -- "$FSC" "$SRC/samples/mlp.fsm" --microbatches 4 -o "$tmp/mlp4.plan"
 expect accumulate-batch 1 "does not split evenly over 1 data-parallel rank x 5 micro-batches; make it a multiple of 5" -- "$FSC" "$SRC/samples/mlp.fsm" --microbatches 5
 expect offload-not-yet 1 "optimizer offload is not implemented yet" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer

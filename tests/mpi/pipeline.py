@@ -3,14 +3,15 @@
 batch (DESIGN.md invariant 1), and holds what its memory plan says.
 
 1. Tiny GPT-2 (L = 8, its embedding tied to the head) and tiny Llama, fp32: P = 2 and 4,
-   GPipe at M = 1, 2, 4, 8, 1F1B at every M >= P, interleaved 1F1B with 2 model chunks
-   per stage at M = 4, 8 (a multiple of P), checkpoint except_last (the default); at
-   M = 4 also always and never (interleaved too), and GPT-2 interleaved with 4 chunks.
+   GPipe at M = 1, 2, 4, 8, 1F1B and zb1 (ZB-H1) at every M >= P, interleaved 1F1B with
+   2 model chunks per stage at M = 4, 8 (a multiple of P), checkpoint except_last (the
+   default); at M = 4 also always and never (interleaved and zb1 too), and GPT-2
+   interleaved with 4 chunks.
    After 5 AdamW steps (clipping on) every param equals the single-rank, one-micro-batch
    run's to rel 1e-5 (or 3 times what that run differs from itself between 1 and 2
    threads), and so do the logged losses and gradient norms.
 2. P = 2 x 2 data-parallel ranks with ddp, zero1, zero2 and fsdp (and interleaved with
-   zero2), fp32 as above; bf16 with zero2 and fsdp to bf16's tolerance (each tensor
+   zero2, zb1 with fsdp), fp32 as above; bf16 with zero2 and fsdp to bf16's tolerance (each tensor
    5e-2, all together 2e-3).
 3. The tied embedding: GPT-2's wte, held by the first and the last stage, is bitwise
    the same in both stages' files after the steps, at P = 2 and at P = 2 x dp = 2 under
@@ -18,9 +19,9 @@ batch (DESIGN.md invariant 1), and holds what its memory plan says.
 4. Sends forced synchronous (fsexec --sync-sends) complete and train the same.
 5. From `fsc --mem=json`, with micro-batches of a fixed size: stage s of 1F1B holds the
    saved activations of min(P - s, M) micro-batches at their most, GPipe of M, to the
-   byte; checkpoint always less than never.
+   byte; zb1 at most 1F1B's peak on every stage; checkpoint always less than never.
 6. `fsc --timeline=unit`: GPipe and 1F1B take (M + P - 1) x 3 units, interleaved at
-   P = 2, V = 2, M = 4 idles 1/8 of its ideal time.
+   P = 2, V = 2, M = 4 idles 1/8 of its ideal time, zb1 (F = B = W = 1) P - 1 units.
 7. Errors name their numbers: 1f1b with M < P, more stages (or chunks) than blocks, a
    balance that leaves a stage without blocks, a world that does not split into the
    stages, interleaved with M not a multiple of P or with one chunk.
@@ -111,6 +112,8 @@ def training(r):
             cases += [pipe(p, m, "1f1b") for m in (2, 4, 8) if m >= p]
             cases += [pipe(p, 4, s, c) for s in ("gpipe", "1f1b") for c in ("always", "never")]
             cases += [pipe(p, m, "interleaved", chunks=2) for m in (4, 8) if m % p == 0]
+            cases += [pipe(p, m, "zb1") for m in (4, 8) if m >= p]
+            cases += [pipe(p, 4, "zb1", c) for c in ("always", "never")]
         cases += [pipe(2, 4, "interleaved", c, chunks=2) for c in ("always", "never")]
         cases += [pipe(2, 4, "interleaved", chunks=4)] if model == "gpt2" else []
         if model == "llama":  # fewer: the same machinery, another model (of 4 blocks: 4 model chunks at most)
@@ -120,9 +123,9 @@ def training(r):
             compare("%s %s" % (model, " ".join(extra)), got, ref, floor, TOL)
             if model == "gpt2" and extra[1] == "2" and extra[3] == "4":
                 tied_equal("%s %s" % (model, " ".join(extra)), got[2], ["wte"])
-        for shard in ("ddp", "zero1", "zero2", "fsdp", "zero2-interleaved"):
-            extra, world = pipe(2, 4, "1f1b", dp=2, shard=shard) if "-" not in shard else \
-                pipe(2, 4, "interleaved", dp=2, shard=shard.split("-")[0], chunks=2)
+        for shard in ("ddp", "zero1", "zero2", "fsdp", "zero2-interleaved", "fsdp-zb1"):
+            sched = shard.split("-")[1] if "-" in shard else "1f1b"
+            extra, world = pipe(2, 4, sched, dp=2, shard=shard.split("-")[0], chunks=2 if sched == "interleaved" else None)
             got = r.train(model, extra, world)
             compare("%s %s world %d" % (model, " ".join(extra), world), got, ref, floor, TOL)
             if model == "gpt2" and shard in ("zero1", "zero2"):
@@ -168,6 +171,10 @@ def memory(r):
                              "micro-batches of %s, plus %s)" % (model, p, m, sched, got, want, held, a, c))
                 print("ok   %s P=%d M=%d %-5s saved activations per stage %s: %s micro-batches of %s bytes, plus %s"
                       % (model, p, m, sched, got, held, a, c))
+            zb = saved(m, "zb1")  # W later, but ZB-H1's peak is 1F1B's: its first stage's
+            if max(zb) > max(got):
+                sys.exit("FAIL %s P=%d M=%d: zb1 saves %s, more than 1F1B's peak %d" % (model, p, m, zb, max(got)))
+            print("ok   %s P=%d M=%d zb1   saved activations per stage %s: at most 1F1B's peak %d" % (model, p, m, zb, max(got)))
             always = saved(m, "1f1b", "always")
             if not all(always[s] < got[s] for s in range(p)):
                 sys.exit("FAIL %s P=%d M=%d: checkpoint always saves %s, never %s" % (model, p, m, always, got))
@@ -176,10 +183,12 @@ def memory(r):
 
 def timelines(r):
     """`fsc --timeline=unit` (forward 1, backward 2 per micro-batch and model chunk): GPipe and
-    1F1B take (M + P - 1) x 3; interleaved at P = 2, V = 2, M = 4 idles 1/8 of its ideal."""
+    1F1B take (M + P - 1) x 3; interleaved at P = 2, V = 2, M = 4 idles 1/8 of its ideal;
+    zb1 (forward = input-grad = weight-grad = 1) idles P - 1 units per stage."""
     for p, m, sched, chunks, makespan, ideal in ((2, 4, "gpipe", None, 15, 12), (2, 4, "1f1b", None, 15, 12),
                                                  (4, 8, "gpipe", None, 33, 24), (4, 8, "1f1b", None, 33, 24),
-                                                 (2, 4, "interleaved", 2, 27, 24)):
+                                                 (2, 4, "interleaved", 2, 27, 24), (2, 4, "zb1", None, 13, 12),
+                                                 (4, 8, "zb1", None, 27, 24)):
         extra = pipe(p, m, sched, chunks=chunks)[0] + ["--world", str(p), "--timeline=unit"]
         out = run([r.fsc, "samples/gpt2.fsm", *MODELS["gpt2"], *extra, "-q"]).stdout
         got = re.search(r"makespan (\d+); ideal (\d+)", out)

@@ -3,7 +3,9 @@
  *  - Every block sits on exactly one stage, in order; an explicit balance is obeyed.
  *  - Each stage runs the schedule's order of micro-batch parts: GPipe's all forwards then
  *    all backwards; 1F1B's min(P - s - 1, M) warm-up forwards, then one forward and one
- *    backward in turn, so stage s has at most min(P - s, M) micro-batches in flight.
+ *    backward in turn, so stage s has at most min(P - s, M) micro-batches in flight;
+ *    interleaved 1F1B's Megatron order over model chunks; ZB-H1's 1F1B order of forwards
+ *    and input gradients with each weight gradient after its input gradient.
  *  - checkpoint: always recomputes every micro-batch's forward, except_last all but the
  *    last one's, never none.
  *  - The k-th send from stage a to b and the k-th receive on b from a move the same type.
@@ -153,6 +155,45 @@ static void check_interleaved(int p, int v, int m)
     }
     ir_graph_free(g);
 }
+
+/* ZB-H1: every micro-batch's F, B and W once each, in that order; 1F1B's order of the
+ * forwards and backwards; never more than P micro-batches whose W is not done. */
+static void check_zb1(int p, int m)
+{
+    Graph *g;
+    plan_free(compile(p, m, "zb1", "never", "auto", &g));
+    for (int s = 0; s < p; s++) {
+        const Graph *sg = g->stage_graphs[s];
+        int seen[64][3] = {{0}}, step = 0, f = 0, w = 0, most = 0, fb[128], n_fb = 0, last = -1, last_part = -1;
+        for (int k = 0; k < sg->n_nodes; k++) {
+            const Node *node = ir_node(sg, k);
+            if (node->mb < 0 || node->phase == PHASE_OPTIMIZER || node->phase == PHASE_COMM) continue;
+            int part = node->phase == PHASE_FORWARD ? 0 : node->phase == PHASE_WGRAD ? 2 : 1;
+            if (node->mb == last && part == last_part) continue;
+            last = node->mb, last_part = part, step++;
+            cr_assert_eq(seen[node->mb][part], 0, "zb1 P=%d M=%d stage %d: micro-batch %d's part %d twice", p, m, s,
+                         node->mb, part);
+            cr_assert(part == 0 || seen[node->mb][part - 1], "zb1 P=%d M=%d stage %d: micro-batch %d's part %d early",
+                      p, m, s, node->mb, part);
+            seen[node->mb][part] = step;
+            f += part == 0, w += part == 2;
+            most = f - w > most ? f - w : most;
+            if (part < 2) fb[n_fb++] = part == 0 ? node->mb : -1 - node->mb;
+        }
+        cr_assert_eq(step, 3 * m, "zb1 P=%d M=%d stage %d: %d parts", p, m, s, step);
+        cr_assert_leq(most, p, "zb1 P=%d M=%d stage %d: %d micro-batches without their W", p, m, s, most);
+        int warm = p - s - 1 < m ? p - s - 1 : m, i = 0;  // 1F1B's forwards and backwards
+        for (int x = 0; x < warm; x++) cr_assert_eq(fb[i++], x);
+        for (int x = 0; x < m - warm; x++) {
+            cr_assert_eq(fb[i++], warm + x);
+            cr_assert_eq(fb[i++], -1 - x);
+        }
+        for (int x = m - warm; x < m; x++) cr_assert_eq(fb[i++], -1 - x);
+    }
+    ir_graph_free(g);
+}
+
+Test(stages, zero_bubble_order) { check_zb1(2, 4), check_zb1(4, 8), check_zb1(4, 4), check_zb1(3, 8); }
 
 Test(stages, interleaved_order)
 {
