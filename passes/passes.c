@@ -18,15 +18,16 @@ static const PassInfo PASSES[] = {
      "balance, free nodes copied where read, send and recv between stages (Graph.links), tied params listed",
      pass_stages},
     {"autodiff", "outputs[0] is a float scalar loss (a stage graph: or links to seed from)",
-     "backward nodes; Value.grad of every used param; a stage's gradients of what it received sent back",
+     "backward nodes (zb1: the params' gradients apart, phase backward_weight); Value.grad of every used param; a "
+     "stage's gradients of what it received sent back",
      pass_autodiff},
     {"recompute", "backward nodes; the recompute setting names layers",
      "checkpointed blocks rerun their forward (phase recompute) just before their backward, which reads the copies",
      pass_recompute},
     {"pipeline", "one micro-batch's forward and backward (lower split the batch by data-parallel ranks x microbatches)",
-     "the micro-batches in the schedule's order (one stage: in turn; stages: gpipe or 1f1b, checkpointed ones "
-     "recomputing), batched inputs sliced, param gradients summed in place (Value.grad: the sum), tied params' sums "
-     "exchanged, the loss their mean (with stages: on every stage)",
+     "the micro-batches in the schedule's order (one stage: in turn; stages: gpipe, 1f1b, interleaved or zb1, "
+     "checkpointed ones recomputing), batched inputs sliced, param gradients summed in place (Value.grad: the sum), "
+     "tied params' sums exchanged, the loss their mean (with stages: on every stage)",
      pass_pipeline},
     {"shard", "param gradients; each rank's part of the batch",
      "flat param and grad buffers per unit, collectives in place in the order; Value.grad on what the optimizer updates",

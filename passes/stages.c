@@ -6,15 +6,18 @@
  *        the later passes (autodiff on) rewrite alone, as they rewrite a graph of one
  *        program:
  *  - Every block sits on exactly one stage: contiguous runs of blocks, stage s holding
- *    the s-th run (`balance 3,3,2`, or `auto`: the cost model below).
+ *    the s-th run (`balance 3,3,2`, or `auto`: the cost model below). With the
+ *    interleaved schedule the runs are P x V model chunks (virtual stages), chunk c on
+ *    stage c % P; Node.chunk says each node's (V = 1: the stage itself).
  *  - A node outside blocks whose inputs are all params, data inputs or such nodes (the
  *    embedding, a param's compute-dtype cast, arange) is free: it is copied into every
  *    stage that reads it, as are the params and inputs it reads. Any other node goes on
  *    the latest stage among its inputs' (the final norm, the head, the loss: the last).
  *  - A value one stage makes and another reads is sent right after the node that makes
- *    it (send, peer = the reader's stage) and received on the reader's stage just before
- *    its first use (recv). Receives from one stage are taken in the order it sends, so
- *    the k-th send from a to b meets the k-th receive on b from a. Each stage graph lists
+ *    it (send, peer = the reader's stage, tag = the chunk that made it) and received on
+ *    the reader's stage just before its first use (recv). Receives from one stage are
+ *    taken in the order it sends, so the k-th send from a to b with a tag meets the k-th
+ *    receive on b from a with that tag. Each stage graph lists
  *    these as its links (Graph.links), from which autodiff adds the backward's: the
  *    gradient of every received float value goes back (zeros when none flows), and each
  *    sent one's gradient comes back to seed the backward.
@@ -31,7 +34,7 @@
  * (the embedding) count on the first stage and every other node outside blocks (the
  * head, the loss) on the last. A stage's memory is 16 bytes per param (fp32 param, grad
  * and AdamW's two moments) and its blocks' activations times the micro-batches it holds
- * at once: min(P - s, M) under 1F1B, M under GPipe. The cut minimizes the slowest stage's
+ * at once: min(P - s, M) under 1F1B and zb1, M otherwise. The cut minimizes the slowest stage's
  * time, then, among cuts within 2% of it, the largest stage's memory.
  */
 #include <stdio.h>
@@ -124,7 +127,8 @@ static void block_costs(const Split *s, double *flops, double *act, double *par,
 static Cost stage_cost(const Split *s, const TrainConfig *t, const double *pf, const double *pa, const double *pp,
                        double first, double last, int st, int i, int j)
 {
-    int M = t->microbatches, held = t->schedule != SCHED_1F1B ? M : (s->P - st < M ? s->P - st : M);
+    int M = t->microbatches, one_f = t->schedule == SCHED_1F1B || t->schedule == SCHED_ZB1;
+    int held = !one_f ? M : (s->P - st < M ? s->P - st : M);
     Cost c = {pf[j] - pf[i], (pp[j] - pp[i]) + held * (pa[j] - pa[i])};
     if (st == 0) c.time += first;
     if (st == s->PV - 1) c.time += last;
