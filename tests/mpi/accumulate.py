@@ -29,16 +29,13 @@ usage: accumulate.py FSC FSEXEC   (needs mpirun; uses /usr/bin/python3's numpy)
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
 from models import load_safetensors  # noqa: E402
-from mpienv import quiet_mpi_leaks  # noqa: E402
-from trainrun import STEPS, TRAIN, compare as compare_runs, rel, run  # noqa: E402
+from trainrun import STEPS, TRAIN, compare as compare_runs, mpi_main, rel, run  # noqa: E402
 
 TOL = 1e-5
 MODELS = {
@@ -152,20 +149,8 @@ def errors(r):
 
 
 def main():
-    if not shutil.which("mpirun"):
-        print("skip: no mpirun")
-        sys.exit(77)
-    quiet_mpi_leaks()
-    fsc, fsexec = (os.path.abspath(p) for p in sys.argv[1:3])
-    with tempfile.TemporaryDirectory() as work:
-        data = os.path.join(work, "tokens.bin")
-        np.random.default_rng(3).integers(0, 256, size=4000, dtype=np.uint16).tofile(data)
-        r = Runner(fsc, fsexec, work, data)
-        errors(r)
-        memory(r)
-        communication(r)
-        training(r)
-    print("gradient accumulation trains like one micro-batch, and costs what the plan says")
+    mpi_main(Runner, [errors, memory, communication, training],
+             "gradient accumulation trains like one micro-batch, and costs what the plan says")
 
 
 if __name__ == "__main__":

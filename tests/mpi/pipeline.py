@@ -32,16 +32,13 @@ import glob
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
 from models import load_safetensors  # noqa: E402
-from mpienv import quiet_mpi_leaks  # noqa: E402
-from trainrun import STEPS, TRAIN, compare as compare_runs, rel, run  # noqa: E402
+from trainrun import STEPS, TRAIN, compare as compare_runs, mpi_main, rel, run  # noqa: E402
 
 TOL = 1e-5
 MODELS = {
@@ -222,20 +219,8 @@ def errors(r):
 
 
 def main():
-    if not shutil.which("mpirun"):
-        print("skip: no mpirun")
-        sys.exit(77)
-    quiet_mpi_leaks()
-    fsc, fsexec = (os.path.abspath(p) for p in sys.argv[1:3])
-    with tempfile.TemporaryDirectory() as work:
-        data = os.path.join(work, "tokens.bin")
-        np.random.default_rng(3).integers(0, 256, size=4000, dtype=np.uint16).tofile(data)
-        r = Runner(fsc, fsexec, work, data)
-        errors(r)
-        timelines(r)
-        memory(r)
-        training(r)
-    print("pipeline stages train like the single-rank run, and hold what the plan says")
+    mpi_main(Runner, [errors, timelines, memory, training],
+             "pipeline stages train like the single-rank run, and hold what the plan says")
 
 
 if __name__ == "__main__":

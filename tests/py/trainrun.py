@@ -2,10 +2,14 @@
 fsc and fsexec, the training settings, and comparing trained params, losses and norms
 against a reference run."""
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
+
+from mpienv import quiet_mpi_leaks
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 STEPS = 5
@@ -52,3 +56,21 @@ def compare(what, got, ref, floor, tol, whole_tol=None, loss_tol=None, ref_name=
         sys.exit("FAIL %s: losses and norms %s, %s's: %s" % (what, gl, ref_name, rl))
     print("ok   %-52s params at %3.0f%% of tolerance at most (%s)%s, losses and norms rel %.1e"
           % (what, 100 * worst, worst_name, whole, lerr))
+
+
+def mpi_main(make_runner, parts, done):
+    """A multi-rank test's main (usage: TEST FSC FSEXEC): skipped (exit 77) without mpirun;
+    else, in a temporary directory with a token file of 4000 tokens below 256, each of
+    parts(runner) in turn, runner = make_runner(fsc, fsexec, work, data); then `done`."""
+    if not shutil.which("mpirun"):
+        print("skip: no mpirun")
+        sys.exit(77)
+    quiet_mpi_leaks()
+    fsc, fsexec = (os.path.abspath(p) for p in sys.argv[1:3])
+    with tempfile.TemporaryDirectory() as work:
+        data = os.path.join(work, "tokens.bin")
+        np.random.default_rng(3).integers(0, 256, size=4000, dtype=np.uint16).tofile(data)
+        r = make_runner(fsc, fsexec, work, data)
+        for part in parts:
+            part(r)
+    print(done)

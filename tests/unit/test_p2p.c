@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "plan.h"
+#include "alloc_count.h"
 
 static char err[1024];
 
@@ -274,33 +275,15 @@ Test(p2p, long_pipeline_in_linear_time)
     plan_free(p), free(a), free(b);
 }
 
-static long n_allocs, live, fail_at;
-
-static void *test_alloc(size_t n)
-{
-    if (fail_at && ++n_allocs == fail_at) return NULL;
-    if (!fail_at) n_allocs++;
-    void *q = malloc(n);
-    if (q) live++;
-    return q;
-}
-
-static void test_free(void *q)
-{
-    if (q) live--;
-    free(q);
-}
-
 Test(p2p, every_allocation_failure_reported)
 {
     Plan *p = pipeline(",:0 >1:0 A . <1:0 .:0", "<0:0 .:0 >0:0 A .", NULL);
-    n_allocs = live = fail_at = 0;
-    plan_set_alloc(test_alloc, test_free);
+    count_allocs(0);
     cr_assert_eq(plan_check_p2p(p, err, sizeof err), 0, "%s", err);
     long total = n_allocs;
     cr_assert_gt(total, 5);
     for (long k = 1; k <= total; k++) {
-        n_allocs = live = 0, fail_at = k;
+        count_allocs(k);
         err[0] = 0;
         cr_assert_eq(plan_check_p2p(p, err, sizeof err), -1, "allocation %ld failed, yet passed", k);
         cr_assert(strstr(err, "out of memory checking the pipeline's"), "allocation %ld: %s", k, err);

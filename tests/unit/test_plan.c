@@ -26,32 +26,7 @@
 #include "ir.h"
 #include "runtime.h"
 #include "build.h"
-
-/* ---- allocation hook: counts, and fails the k-th call when asked -------------------- */
-
-static long n_allocs, live, fail_at;
-
-static void *test_alloc(size_t n)
-{
-    if (fail_at && ++n_allocs == fail_at) return NULL;
-    if (!fail_at) n_allocs++;
-    void *p = malloc(n);
-    if (p) live++;
-    return p;
-}
-
-static void test_free(void *p)
-{
-    if (p) live--;
-    free(p);
-}
-
-static void count_allocs(long fail)
-{
-    n_allocs = 0;
-    fail_at = fail;
-    plan_set_alloc(test_alloc, test_free);
-}
+#include "alloc_count.h"  // the allocation hook: counts, and fails the k-th call when asked
 
 /* ---- the model --------------------------------------------------------------------- */
 

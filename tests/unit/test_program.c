@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "plan.h"
+#include "alloc_count.h"
 
 static char err[512];
 
@@ -625,31 +626,7 @@ Test(program, append_refuses_what_it_cannot_take)
     plan_free(one);
 }
 
-/* ---- allocation failure -------------------------------------------------------------- */
-
-static long n_allocs, live, fail_at;
-
-static void *test_alloc(size_t n)
-{
-    if (fail_at && ++n_allocs == fail_at) return NULL;
-    if (!fail_at) n_allocs++;
-    void *p = malloc(n);
-    if (p) live++;
-    return p;
-}
-
-static void test_free(void *p)
-{
-    if (p) live--;
-    free(p);
-}
-
-static void count_allocs(long fail)
-{
-    n_allocs = live = 0;
-    fail_at = fail;
-    plan_set_alloc(test_alloc, test_free);
-}
+/* ---- allocation failure (the hook: tests/support/alloc_count.h) ------------------------ */
 
 /* Both appends into a new plan under the hook: 0, or -1 at the failed allocation. */
 static int append_both(Plan *const one[2])
