@@ -25,6 +25,11 @@ const char *optim_name(OptimKind o) { return (unsigned)o < OPTIM_COUNT ? OPTIMS[
 const char *offload_name(OffloadKind o) { return (unsigned)o < OFFLOAD_COUNT ? OFFLOADS[o] : "?"; }
 const char *sched_name(PipeSchedule s) { return (unsigned)s < SCHED_COUNT ? SCHEDS[s] : "?"; }
 const char *checkpoint_name(PipeCheckpoint c) { return (unsigned)c < CKPT_COUNT ? CKPTS[c] : "?"; }
+
+int checkpoint_recomputes(const TrainConfig *t, int m)
+{
+    return t->checkpoint == CKPT_ALWAYS || (t->checkpoint == CKPT_EXCEPT_LAST && m < t->microbatches - 1);
+}
 const char *lr_schedule_name(LrSchedule s) { return (unsigned)s < LR_COUNT ? LR_SCHEDS[s] : "?"; }
 
 void config_default(TrainConfig *c)

@@ -133,6 +133,16 @@ static const Attr *find_attr(const Graph *g, const Node *n, const char *key)
     return NULL;
 }
 
+int ir_node_attrs(const Graph *g, const Node *n, Attr *out)
+{
+    FS_ASSERT(n->n_attr <= IR_MAX_PARAMS);
+    for (int i = 0; i < n->n_attr; i++) {
+        out[i] = g->attrs[n->attr + i];
+        if (out[i].kind == ATTR_INTS) out[i].ints = &g->ints[out[i].list];
+    }
+    return n->n_attr;
+}
+
 int64_t ir_attr_int(const Graph *g, const Node *n, const char *key, int64_t def)
 {
     const Attr *a = find_attr(g, n, key);

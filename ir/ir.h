@@ -290,6 +290,9 @@ int64_t ir_attr_int(const Graph *g, const Node *n, const char *key, int64_t def)
 double ir_attr_float(const Graph *g, const Node *n, const char *key, double def);
 /* The list and its length (0 and NULL when absent). */
 const int64_t *ir_attr_ints(const Graph *g, const Node *n, const char *key, int *len);
+/* Node n's attributes as ir_node_add takes them (lists pointing into g) into out, which
+ * holds IR_MAX_PARAMS; returns how many: for a copy of n, in g or another graph. */
+int ir_node_attrs(const Graph *g, const Node *n, Attr *out);
 
 int64_t ir_numel(const Value *v);
 int ir_same_shape(const Value *a, const Value *b);
@@ -389,6 +392,9 @@ const char *optim_name(OptimKind o);
 const char *offload_name(OffloadKind o);
 const char *sched_name(PipeSchedule s);
 const char *checkpoint_name(PipeCheckpoint c);
+/* Whether pipeline micro-batch m keeps only its stage's inputs and recomputes the
+ * stage's forward in its backward (checkpoint always; except_last: all but the last). */
+int checkpoint_recomputes(const TrainConfig *t, int m);
 const char *lr_schedule_name(LrSchedule s);
 
 /* ---- ir/verify.c ------------------------------------------------------------------ */

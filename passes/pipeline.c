@@ -1,11 +1,15 @@
-/* passes/pipeline.c: micro-batches. For now only gradient accumulation: one stage,
- * `microbatches M` > 1 (stages > 1 is refused by passes.c; M == 1 leaves the graph as it
- * is, so every plan without accumulation is unchanged).
+/* passes/pipeline.c: micro-batches: gradient accumulation on one stage (`microbatches
+ * M` > 1), and a pipeline stage's schedule (stages > 1: GPipe, 1F1B, interleaved 1F1B,
+ * ZB-H1; unrolled_order says each). One stage with M == 1 leaves the graph as it is, so
+ * every plan without micro-batches is unchanged.
  *
  * Needs: autodiff's (and recompute's) graph of ONE micro-batch: lower split the global
- *        batch by world x M, and autodiff seeded the backward with 1/M (times the fp16
- *        loss scale), so that micro-batch's gradients are its share of the step's mean.
- * Gives: that graph unrolled M times in order fwd_0, bwd_0, fwd_1, bwd_1, ...
+ *        batch by data-parallel ranks x M, and autodiff seeded the backward with 1/M
+ *        (times the fp16 loss scale), so that micro-batch's gradients are its share of
+ *        the step's mean. A stage graph (passes/stages.c) also has its sends, receives,
+ *        model chunks (Node.chunk) and tied params.
+ * Gives: that graph unrolled M times, each micro-batch's forward and backward (and, for
+ *        zb1, weight gradients) as parts placed in the schedule's order; Node.mb on each:
  *  - The batched data inputs (rank >= 1, first dim the first input's: the batch) hold
  *    the rank's M micro-batches, [M * Bmb, ...], as the data loader fills them; micro-
  *    batch m reads its rows [m * Bmb, (m + 1) * Bmb) through a slice (a copy of a few
@@ -21,8 +25,12 @@
  *  - The step's outputs: a float scalar (the loss) is the mean over micro-batches; an
  *    output with the batch as its first dim is the micro-batches' outputs concatenated
  *    in order; anything else is the last micro-batch's.
+ *  - Pipeline stages: a micro-batch that FairScale Pipe's `checkpoint` names recomputes
+ *    (a copy of the recompute pass's nodes for micro-batch 0); the others read their
+ *    forward's values. After the last micro-batch, tied params' gradients are summed
+ *    across their stages (exchange_tied) and the loss is given to every stage.
  * Each micro-batch's activations die in its backward, so memplan reuses their bytes for
- * the next: saved activations are those of one micro-batch, 1/M of the M = 1 plan's.
+ * the next: saved activations are those of the micro-batches in flight.
  * Params (and, in fsdp, their gathers: passes/shard.c) are shared by every copy.
  */
 #include <string.h>
@@ -55,11 +63,7 @@ static int *copies(Pipe *p, int m) { return &p->copy[(size_t)m * (size_t)p->n_va
 /* Whether micro-batch m keeps only its stage's inputs and recomputes its forward in the
  * backward (the recompute pass made that recompute, for micro-batch 0, when any does):
  * FairScale Pipe's `checkpoint`. One stage: the recompute setting's blocks, in each. */
-static int checkpointed(const Pipe *p, int m)
-{
-    if (p->P <= 1) return 1;
-    return p->t->checkpoint == CKPT_ALWAYS || (p->t->checkpoint == CKPT_EXCEPT_LAST && m < p->M - 1);
-}
+static int checkpointed(const Pipe *p, int m) { return p->P <= 1 || checkpoint_recomputes(p->t, m); }
 
 /* v's copy in micro-batch m (values made before this pass; others are their own). A
  * micro-batch that does not recompute reads its forward's values where the recompute
@@ -176,10 +180,7 @@ static void clone_node(Pipe *p, int m, int n)
     int in[IR_MAX_IN];
     for (int i = 0; i < node.n_in; i++) in[i] = in_mb(p, m, ir_in(g, &node, i));
     Attr attrs[IR_MAX_PARAMS];
-    for (int i = 0; i < node.n_attr; i++) {
-        attrs[i] = g->attrs[node.attr + i];
-        if (attrs[i].kind == ATTR_INTS) attrs[i].ints = &g->ints[attrs[i].list];
-    }
+    ir_node_attrs(g, &node, attrs);
     char err[256];
     int c = ir_node_add(g, node.op, in, node.n_in, attrs, node.n_attr, node.block, node.phase, node.loc, err, sizeof err);
     if (c < 0) fprintf(stderr, "pipeline: %s\n", err);

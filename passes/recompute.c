@@ -45,10 +45,7 @@ static int clone_node(Recompute *r, int n)
         in[i] = r->clone_of[v] >= 0 ? r->clone_of[v] : v;
     }
     Attr attrs[IR_MAX_PARAMS];
-    for (int i = 0; i < node.n_attr; i++) {
-        attrs[i] = g->attrs[node.attr + i];
-        if (attrs[i].kind == ATTR_INTS) attrs[i].ints = &g->ints[attrs[i].list];
-    }
+    ir_node_attrs(g, &node, attrs);
     char err[256];
     int c = ir_node_add(g, node.op, in, node.n_in, attrs, node.n_attr, node.block, PHASE_RECOMPUTE, node.loc, err,
                         sizeof err);
@@ -104,7 +101,7 @@ int pass_recompute(Graph *g, const Options *o, Diag *d)
      * FairScale Pipe's always or except_last) recomputes its whole forward (each model
      * chunk's, just before that chunk's backward), once, here, for micro-batch 0; the
      * pipeline pass copies it into those that do. */
-    int stage = g->n_stages > 1 && (t->checkpoint == CKPT_ALWAYS || (t->checkpoint == CKPT_EXCEPT_LAST && t->microbatches > 1));
+    int stage = g->n_stages > 1 && checkpoint_recomputes(t, 0);
     if (!strcmp(which, "none") && !stage) return 0;
     int n_values = g->n_values;
     Recompute r = {g, arena_alloc(g->arena, sizeof(int) * (size_t)n_values * 4 + 1),

@@ -44,6 +44,10 @@
 #include "passes.h"
 
 typedef struct {
+    int value, next;  // a value sent, and the next entry of its pair's queue (-1: none)
+} Sent;
+
+typedef struct {
     Graph *g;
     int P, V, PV;     // stages, model chunks per stage, chunks (virtual stages) in all
     int *stage_of_block;  // the chunk (virtual stage) of each block
@@ -52,14 +56,34 @@ typedef struct {
     int *reads;       // [P][n_values]: stage s reads value v, by chunk reads - 1 first
     Graph **sg;       // the stage graphs
     int *vmap;        // [P][n_values]: v's value in stage s's graph, or -1
-    int *queue;       // [P][P][n_values]: values stage a has sent to b and b not received yet
-    int *q_head, *q_tail;  // [P][P]
+    Sent *sent;       // every send, each in its pair's queue of those not received yet
+    int n_sent, cap_sent;
+    int *q_head, *q_tail;  // [P][P]: pair (a, b)'s first and last entry in `sent`, or -1
 } Split;
 
 static int *vmap_of(Split *s, int st) { return &s->vmap[(size_t)st * (size_t)s->g->n_values]; }
-static int *queue_of(Split *s, int a, int b)
+
+/* Stage a sends v to stage b: the end of their queue. */
+static void enqueue(Split *s, int a, int b, int v)
 {
-    return &s->queue[((size_t)a * (size_t)s->P + (size_t)b) * (size_t)s->g->n_values];
+    s->sent = arena_grow(s->g->arena, s->sent, &s->cap_sent, s->n_sent + 1, sizeof *s->sent);
+    int e = s->n_sent++, *tail = &s->q_tail[a * s->P + b];
+    s->sent[e] = (Sent){v, -1};
+    if (*tail >= 0)
+        s->sent[*tail].next = e;
+    else
+        s->q_head[a * s->P + b] = e;
+    *tail = e;
+}
+
+/* The oldest value a has sent b that b has not received. */
+static int dequeue(Split *s, int a, int b)
+{
+    int *head = &s->q_head[a * s->P + b], e = *head;
+    FS_ASSERT(e >= 0);
+    *head = s->sent[e].next;
+    if (*head < 0) s->q_tail[a * s->P + b] = -1;
+    return s->sent[e].value;
 }
 
 /* ---- the cut ------------------------------------------------------------------------ */
@@ -273,10 +297,8 @@ static int add_node(Graph *sg, OpKind op, const int *in, int n_in, const Attr *a
 static void receive_through(Split *s, int a, int b, int v, int chunk)
 {
     Graph *sg = s->sg[b];
-    int *q = queue_of(s, a, b), *head = &s->q_head[a * s->P + b];
     while (vmap_of(s, b)[v] < 0) {
-        FS_ASSERT(*head < s->q_tail[a * s->P + b]);
-        int w = q[(*head)++];
+        int w = dequeue(s, a, b);
         const Value *val = ir_value(s->g, w);
         int64_t shape[IR_MAX_RANK];
         for (int d = 0; d < val->rank; d++) shape[d] = val->shape[d];
@@ -309,10 +331,7 @@ static void place(Split *s, int st, int n, int chunk)
         in[i] = vmap_of(s, st)[v];
     }
     Attr attrs[IR_MAX_PARAMS];
-    for (int i = 0; i < node.n_attr; i++) {
-        attrs[i] = g->attrs[node.attr + i];
-        if (attrs[i].kind == ATTR_INTS) attrs[i].ints = &g->ints[attrs[i].list];
-    }
+    ir_node_attrs(g, &node, attrs);
     int c = add_node(sg, node.op, in, node.n_in, attrs, node.n_attr, node.block, node.phase, node.loc, chunk);
     for (int i = 0; i < node.n_out; i++) {
         int v = ir_out(g, &node, i), w = ir_out(sg, ir_node(sg, c), i);
@@ -326,7 +345,7 @@ static void place(Split *s, int st, int n, int chunk)
             Attr at[2] = {{.key = "peer", .kind = ATTR_INT, .i = r}, {.key = "tag", .kind = ATTR_INT, .i = chunk}};
             add_node(sg, OP_send, &w, 1, at, 2, node.block, PHASE_FORWARD, node.loc, chunk);
             add_link(sg, w, r, 1, chunk);
-            queue_of(s, st, r)[s->q_tail[st * s->P + r]++] = v;
+            enqueue(s, st, r, v);
         }
     }
 }
@@ -404,10 +423,11 @@ int pass_stages(Graph *g, const Options *o, Diag *d)
     s.needs = arena_alloc(g->arena, sizeof(int) * (size_t)P * nn + 1);
     s.reads = arena_alloc(g->arena, sizeof(int) * (size_t)P * nv + 1);
     s.vmap = arena_alloc(g->arena, sizeof(int) * (size_t)P * nv + 1);
-    s.queue = arena_alloc(g->arena, sizeof(int) * (size_t)P * (size_t)P * nv + 1);
     s.q_head = arena_alloc(g->arena, sizeof(int) * (size_t)P * (size_t)P);
     s.q_tail = arena_alloc(g->arena, sizeof(int) * (size_t)P * (size_t)P);
     memset(s.vmap, -1, sizeof(int) * (size_t)P * nv);
+    memset(s.q_head, -1, sizeof(int) * (size_t)P * (size_t)P);
+    memset(s.q_tail, -1, sizeof(int) * (size_t)P * (size_t)P);
     if (strcmp(t->balance, "auto")) {
         if (explicit_balance(&s, t->balance, d)) return -1;
         assign(&s);
@@ -420,6 +440,8 @@ int pass_stages(Graph *g, const Options *o, Diag *d)
     find_readers(&s);
 
     s.sg = arena_alloc(g->arena, sizeof(Graph *) * (size_t)P);
+    g->stage_graphs = s.sg;  // the graph owns them from here (ir_graph_free), errors or not
+    g->n_stage_graphs = P;
     for (int st = 0; st < P; st++) {
         Graph *sg = s.sg[st] = ir_graph_new(g->model);
         sg->stage = st, sg->n_stages = P, sg->n_chunks = V;
@@ -447,7 +469,5 @@ int pass_stages(Graph *g, const Options *o, Diag *d)
         ir_output_add(s.sg[P - 1], vmap_of(&s, P - 1)[v] >= 0 ? vmap_of(&s, P - 1)[v] : copy_value(&s, P - 1, v));
     }
     find_tied(&s);
-    g->stage_graphs = s.sg;
-    g->n_stage_graphs = P;
     return d->n_errors ? -1 : 0;
 }
