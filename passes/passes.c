@@ -1,9 +1,12 @@
 /* passes/passes.c: the pass list as data, and the driver that runs it. The passes not
- * written yet (offload) join this table
- * in DESIGN.md's order. Unlike DESIGN.md's order, precision runs before autodiff (the
- * backward is then born in the compute dtype, and a cast's gradient casts back to the
- * fp32 master), and shard before optimizer: it decides what the optimizer updates (a
- * unit's flat buffer, or this rank's shard). */
+ * written yet (offload) join this table in DESIGN.md's order. Unlike DESIGN.md's order,
+ * precision runs before autodiff (the backward is then born in the compute dtype, and a
+ * cast's gradient casts back to the fp32 master); stages (the cut into pipeline stages)
+ * runs before autodiff too, so each stage differentiates its own graph (its backward is
+ * made where it runs, a tied param gets each stage's gradient of it, and checkpointing
+ * recomputes a whole stage); and shard before optimizer: it decides what the optimizer
+ * updates (a unit's flat buffer, or this rank's shard). After stages, every pass runs on
+ * each stage graph, over the stage's data-parallel ranks. */
 #include <string.h>
 
 #include "passes.h"
