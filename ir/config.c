@@ -88,7 +88,7 @@ static const KeyDef KEYS[] = {
     INT("chunks", chunks, 1, 64, "interleaved schedule: model chunks per stage (2 or more)"),
     {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,
      offsetof(TrainConfig, balance), 0, 0, NULL, 0},
-    ENUM("offload", offload, OFFLOADS, "none; optimizer or params (+ fp32 master weights) are not implemented yet"),
+    ENUM("offload", offload, OFFLOADS, "none; optimizer: fp32 master weights, optimizer state and the update on the host (ZeRO-Offload); params: fsdp's param shards there too"),
     {{"seed", "seed of parameter init and data order"}, K_SEED, offsetof(TrainConfig, seed), 0, 0, NULL, 0},
 };
 enum { N_KEYS = sizeof KEYS / sizeof *KEYS };

@@ -140,6 +140,8 @@ double flops_sgd(const Graph *g, const Node *n) { return SGD_FLOPS * in_numel(g,
 
 /* Communication moves bytes; the reductions' additions are the network's, not ours. */
 double flops_copy(const Graph *g, const Node *n) { return 0; }
+double flops_to_host(const Graph *g, const Node *n) { return 0; }
+double flops_to_device(const Graph *g, const Node *n) { return 0; }
 double flops_all_reduce(const Graph *g, const Node *n) { return 0; }
 double flops_reduce_scatter(const Graph *g, const Node *n) { return 0; }
 double flops_all_gather(const Graph *g, const Node *n) { return 0; }

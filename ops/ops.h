@@ -37,7 +37,8 @@ enum {
  * them (static asserts there); a new kind (send, recv, a host-device copy) goes after
  * them, and rt_coll_kind / cs_coll_kind answer -1 for it until the runtime runs it. */
 typedef enum {
-    COMM_NONE = -1, COMM_ALL_REDUCE, COMM_REDUCE_SCATTER, COMM_ALL_GATHER, COMM_SEND, COMM_RECV, COMM_COUNT
+    COMM_NONE = -1, COMM_ALL_REDUCE, COMM_REDUCE_SCATTER, COMM_ALL_GATHER, COMM_SEND, COMM_RECV, COMM_TO_HOST, COMM_TO_DEVICE,
+    COMM_COUNT
 } OpComm;
 /* A collective's `group` attribute: over which ranks it runs. */
 enum { OP_GROUP_DATA = 0, OP_GROUP_PIPE = 1 };

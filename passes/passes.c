@@ -1,5 +1,4 @@
-/* passes/passes.c: the pass list as data, and the driver that runs it. The passes not
- * written yet (offload) join this table in DESIGN.md's order. Unlike DESIGN.md's order,
+/* passes/passes.c: the pass list as data, and the driver that runs it. Unlike DESIGN.md's order,
  * precision runs before autodiff (the backward is then born in the compute dtype, and a
  * cast's gradient casts back to the fp32 master); stages (the cut into pipeline stages)
  * runs before autodiff too, so each stage differentiates its own graph (its backward is
@@ -37,6 +36,11 @@ static const PassInfo PASSES[] = {
      pass_shard},
     {"optimizer", "Value.grad on each param (or flat storage) to update", "step input, lr and grad_norm outputs, state tensors, update nodes",
      pass_optimizer},
+    {"offload", "update nodes on the fp32 storage they update; offload optimizer or params",
+     "the fp32 masters, their state and the updates in the host space; the device's params in the compute dtype, "
+     "copied from the host once a step (offload params: before each fsdp gather); gradients to the host after their "
+     "reduction (to_host, to_device nodes)",
+     pass_offload},
     {"schedule", "every node; fsdp gathers at their first use",
      "the final node order (fsdp gathers prefetched a block ahead); Node.stream of every node; Node.wait: what each "
      "waits for on other streams", pass_schedule},
@@ -62,12 +66,13 @@ static void print_graph(const Graph *g, const Options *o)
         ir_print(g, out);
 }
 
-/* Settings the language accepts whose passes are not written yet: an error, never a
- * plan that silently ignores them. */
+/* Settings that do not go together: an error before any pass runs. */
 static int check_supported(const TrainConfig *t, Diag *d)
 {
-    if (t->offload != OFFLOAD_NONE)
-        diag_error(d, (Loc){0}, "offload %s: optimizer offload is not implemented yet", offload_name(t->offload));
+    if (t->offload == OFFLOAD_PARAMS && t->shard != SHARD_FSDP)
+        diag_error(d, (Loc){0}, "offload params keeps fsdp's param shards on the host (FSDP's CPUOffload), so it needs "
+                   "--shard fsdp; with %s, --offload optimizer keeps the fp32 master and the optimizer state there",
+                   shard_name(t->shard));
     return d->n_errors ? -1 : 0;
 }
 

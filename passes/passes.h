@@ -36,6 +36,7 @@ int pass_recompute(Graph *g, const Options *o, Diag *d);  // passes/recompute.c
 int pass_pipeline(Graph *g, const Options *o, Diag *d);  // passes/pipeline.c
 int pass_shard(Graph *g, const Options *o, Diag *d);      // passes/shard.c
 int pass_optimizer(Graph *g, const Options *o, Diag *d);  // passes/optimizer.c
+int pass_offload(Graph *g, const Options *o, Diag *d);    // passes/offload.c
 int pass_schedule(Graph *g, const Options *o, Diag *d);   // passes/schedule.c
 int pass_fuse(Graph *g, const Options *o, Diag *d);       // passes/fuse.c
 int pass_memplan(Graph *g, const Options *o, Diag *d);    // passes/memplan.c

@@ -7,7 +7,9 @@
  * ZeRO-1 and ZeRO-2 2 Psi, and ZeRO-3 (fsdp) 3 Psi: 1.5 times DDP. The exact bytes a
  * ring sends are (group - 1) / group of these; both are listed. A collective's group is
  * its stage's data-parallel ranks, or (group 1) the pipeline group: one rank per stage.
- * A send moves its tensor's bytes once, to its peer; a receive takes its output's.
+ * A send moves its tensor's bytes once, to its peer; a receive takes its output's. A
+ * copy between the device and the host (offload) moves its tensor's bytes once, over the
+ * rank's own host link: it is listed apart from what goes between ranks.
  *
  * A plan of several programs is reported per stage: each stage's ranks run its program
  * alone. A plan of one program (or none: every op) is reported as it always was.
@@ -31,6 +33,8 @@ static double factor_of(OpComm k)
     case COMM_ALL_GATHER: return 1.0;
     case COMM_SEND:  // point-to-point: not a collective (counted on their own)
     case COMM_RECV:
+    case COMM_TO_HOST:  // within the rank: counted on their own
+    case COMM_TO_DEVICE:
     case COMM_NONE:
     case COMM_COUNT: break;
     }
@@ -38,6 +42,7 @@ static double factor_of(OpComm k)
 }
 
 static int is_p2p(OpComm k) { return k == COMM_SEND || k == COMM_RECV; }
+static int is_copy(OpComm k) { return k == COMM_TO_HOST || k == COMM_TO_DEVICE; }
 
 /* The full buffer: the larger of input and output (an all-reduce's are equal, a
  * reduce-scatter's input and an all-gather's output hold every rank's part). */
@@ -61,6 +66,12 @@ static CommTotals totals_of(const Plan *p, int32_t a, int32_t e, int64_t dp_worl
         const PlanOp *op = &p->ops[i];
         OpComm k = report_op_comm(p, op);
         if (k == COMM_NONE) continue;
+        if (is_copy(k)) {
+            double b = (double)plan_tensor_nbytes(&p->tensors[p->ids[op->in]]);
+            c.copies++;
+            *(k == COMM_TO_HOST ? &c.to_host_bytes : &c.to_device_bytes) += b;
+            continue;
+        }
         if (is_p2p(k)) {
             double b = (double)p2p_bytes(p, op, k);
             if (k == COMM_SEND) c.sends++, c.send_bytes += b;
@@ -103,7 +114,7 @@ static void print_collectives(const Plan *p, int32_t a, int32_t e, int64_t dp_wo
     for (int32_t i = a; i < e; i++) {
         const PlanOp *op = &p->ops[i];
         OpComm k = report_op_comm(p, op);
-        if (k == COMM_NONE || is_p2p(k)) continue;
+        if (k == COMM_NONE || is_p2p(k) || is_copy(k)) continue;
         int64_t group = report_group_size(p, op, dp_world);
         double b = factor_of(k) * (double)full_bytes(p, op);
         double ring = group > 1 ? b * (double)(group - 1) / (double)group : 0;
@@ -152,24 +163,44 @@ static void print_p2p(const Plan *p, int32_t a, int32_t e, FILE *out)
     if (more) fprintf(out, "    (%d more ops to peers not shown)\n", more);
 }
 
+/* The copies of ops [a, e) between the device and the host, one line each. */
+static void print_copies(const Plan *p, int32_t a, int32_t e, FILE *out)
+{
+    fprintf(out, "  between device and host (offload), over the rank's own link:\n");
+    fprintf(out, "  %5s  %-14s %-28s %-10s %14s\n", "op", "copy", "buffer", "phase", "bytes");
+    for (int32_t i = a; i < e; i++) {
+        const PlanOp *op = &p->ops[i];
+        OpComm k = report_op_comm(p, op);
+        if (!is_copy(k)) continue;
+        fprintf(out, "  %5d  %-14s %-28s %-10s %14lld\n", i, op_comm_name(k), what_of(p, op), plan_phase_name(op->phase),
+                (long long)plan_tensor_nbytes(&p->tensors[p->ids[op->in]]));
+    }
+}
+
 static void print_totals(const CommTotals *c, FILE *out)
 {
-    fprintf(out, "  total: %d collectives, %.0f bytes (%.2f MiB); a ring sends %.0f bytes\n", c->collectives, c->bytes,
-            c->bytes / (1 << 20), c->ring_bytes);
+    if (c->collectives || !c->copies)
+        fprintf(out, "  total: %d collectives, %.0f bytes (%.2f MiB); a ring sends %.0f bytes\n", c->collectives,
+                c->bytes, c->bytes / (1 << 20), c->ring_bytes);
     if (c->sends || c->recvs)
         fprintf(out, "  point-to-point: %d sends, %.0f bytes (%.2f MiB); %d receives, %.0f bytes (%.2f MiB)\n", c->sends,
                 c->send_bytes, c->send_bytes / (1 << 20), c->recvs, c->recv_bytes, c->recv_bytes / (1 << 20));
+    if (c->copies)
+        fprintf(out, "  device <-> host: %d copies, %.0f bytes to the host (%.2f MiB), %.0f bytes to the device (%.2f MiB)\n",
+                c->copies, c->to_host_bytes, c->to_host_bytes / (1 << 20), c->to_device_bytes,
+                c->to_device_bytes / (1 << 20));
 }
 
 /* The report of ops [a, e), under a heading that names their ranks. */
 static void report_ops(const Plan *p, int32_t a, int32_t e, const CommTotals *c, FILE *out)
 {
-    if (!c->collectives && !c->sends && !c->recvs) {
+    if (!c->collectives && !c->sends && !c->recvs && !c->copies) {
         fprintf(out, "  none\n");
         return;
     }
     if (c->collectives) print_collectives(p, a, e, c->world, out);
     if (c->sends || c->recvs) print_p2p(p, a, e, out);
+    if (c->copies) print_copies(p, a, e, out);
     print_totals(c, out);
 }
 

@@ -29,6 +29,8 @@ OpComm report_op_comm(const Plan *p, const PlanOp *op)
     case COMM_ALL_GATHER: return op->n_in >= 1 && op->n_out >= 1 ? k : COMM_NONE;
     case COMM_SEND: return op->n_in >= 1 ? k : COMM_NONE;
     case COMM_RECV: return op->n_out >= 1 ? k : COMM_NONE;
+    case COMM_TO_HOST:
+    case COMM_TO_DEVICE: return op->n_in >= 1 && op->n_out >= 1 ? k : COMM_NONE;
     case COMM_NONE:
     case COMM_COUNT: break;
     }

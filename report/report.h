@@ -189,6 +189,8 @@ typedef struct {
     double ring_bytes;  // what a ring algorithm sends: (group - 1) / group of bytes
     int sends, recvs;   // point-to-point ops per step (pipeline stages)
     double send_bytes, recv_bytes;  // their bytes, per rank and step
+    int copies;         // copies between the device and the host (offload), per step
+    double to_host_bytes, to_device_bytes;  // their bytes, per rank and step
 } CommTotals;
 
 /* Program 0's, which is every rank's in a plan of one program (and a plan without

@@ -319,6 +319,18 @@ static int counter(Mem *m, int32_t t, OpKind kind, int slot)
     return intact(m, t, p->n_ops - 1, kind, slot);
 }
 
+/* What op k reads as t: when t is a copy (OPF_COPY: offload's scalars on the host) that
+ * reaches k intact, the copy's source, as op *at (the copy) read it; else t, at k. */
+static int32_t through_copy(Mem *m, int32_t t, int32_t k, int32_t *at)
+{
+    const Plan *p = m->p;
+    int32_t q = p->tensors[t].producer;
+    *at = k;
+    if (q == PLAN_NONE || !(op_info(kind_of(m, q))->flags & OPF_COPY) || !intact(m, t, k, OP_COUNT, -1)) return t;
+    *at = q;
+    return in_of(p, q, 0);
+}
+
 /* adamw stops unless step >= 1 (when coef is not NaN: a NaN coef returns first). */
 static int check_step(Mem *m, int32_t k, char *err, size_t errlen)
 {
@@ -328,9 +340,11 @@ static int check_step(Mem *m, int32_t k, char *err, size_t errlen)
     if (b.known && b.lo >= 1) return 0;
     char why[sizeof m->why];
     snprintf(why, sizeof why, "%s", m->why);
-    if (counter(m, s, OP_count_step, 0) && intact(m, coef, k, OP_COUNT, -1))
-        for (int32_t q = 0; q < k; q++)
-            if (kind_of(m, q) == OP_count_step && in_of(p, q, 0) == s && in_of(p, q, 1) == coef) return 0;
+    int32_t ks, kc, s0 = through_copy(m, s, k, &ks), c0 = through_copy(m, coef, k, &kc);
+    int32_t before = ks < kc ? ks : kc;
+    if (counter(m, s0, OP_count_step, 0) && intact(m, c0, kc, OP_COUNT, -1))
+        for (int32_t q = 0; q < before; q++)
+            if (kind_of(m, q) == OP_count_step && in_of(p, q, 0) == s0 && in_of(p, q, 1) == c0) return 0;
     return fail_op(m, k, err, errlen, "its step count, tensor %d (%s), is not known to be at least 1: neither the step "
                    "input (%s) nor a counter that count_step advances with this op's coef, tensor %d (%s)", s,
                    plan_tensor_label(p, s), b.known ? "it may be below 1" : why, coef, plan_tensor_label(p, coef));

@@ -89,7 +89,7 @@ static void flat_gather(const Exec *e, int32_t s, Flat *f)
 {
     const Plan *p = rt_exec_plan(e);
     const PlanTensor *t = &p->tensors[s];
-    const uint8_t *arena = rt_exec_arena(e);
+    const uint8_t *arena = rt_exec_space(e, t->place);  // the host space, once offload put the master there
     int rank = rt_exec_rank(e), world = rt_exec_world(e);
     float *full = f->full && t->unit < f->n ? f->full[t->unit] : NULL;
     RtOwned o;

@@ -1,4 +1,4 @@
-/* runtime/cpu/comm_local.c: copy, and the collectives as one rank sees them alone.
+/* runtime/cpu/comm_local.c: copy, the copies between memory spaces, and the collectives as one rank sees them alone.
  * With world 1 an average or a sum over ranks is the rank's own buffer, and a shard is
  * the whole; the executor sends collectives of a larger world to MPI instead. Outputs
  * may be their inputs (an in-place collective): then there is nothing to move. */
@@ -14,6 +14,10 @@ static void move(const KCall *k)
 }
 
 void cpu_copy(const KCall *k) { move(k); }
+/* Between the memory spaces: on the CPU backend the host space is an allocation of its
+ * own, so these are real copies (the executor counts their bytes). */
+void cpu_to_host(const KCall *k) { move(k); }
+void cpu_to_device(const KCall *k) { move(k); }
 void cpu_all_reduce(const KCall *k) { move(k); }
 void cpu_reduce_scatter(const KCall *k) { move(k); }
 void cpu_all_gather(const KCall *k) { move(k); }

@@ -1,0 +1,347 @@
+/* passes/offload.c: the optimizer step, and what only it reads, in the host space
+ * (ZeRO-Offload; FSDP's CPUOffload).
+ *
+ * Needs: the optimizer's update nodes (adamw, sgd), each on the fp32 storage it updates
+ *        (a param, a unit's flat buffer, or this rank's shard of one: passes/shard.c).
+ * Gives, for `offload optimizer`:
+ *  - The storage each update writes is the fp32 master, on the host, and so is the
+ *    update's state (AdamW's moments, SGD's momentum). A rank's shard of a full flat
+ *    buffer (zero1, zero2) becomes a storage of its own there: the host holds the shard,
+ *    never the whole.
+ *  - The device keeps the params in the compute dtype only (16-bit under mixed
+ *    precision, else fp32): once per step, before its first reader, the master is cast
+ *    on the host and copied to the device (to_device) into a buffer of role gathered;
+ *    zero1 and zero2 copy into their rank's part of the full buffer, which their
+ *    all-gather then fills in place, as before. The forward's casts of the params to the
+ *    compute dtype are then identities, and go. So the device holds no fp32 master, and
+ *    what crosses is 16-bit.
+ *  - Each update's gradient goes to the host after its reduction (to_host). A gradient
+ *    the shard pass widened from a 16-bit reduction crosses in 16 bits and is widened on
+ *    the host; the gradient norm's sums of squares read the 16-bit gradient on the device
+ *    (the same sum: widening is exact and cpu_sumsq reads either dtype in one order).
+ *  - The learning rate, the clipping coefficient and the optimizer's step count, which
+ *    stay on the device (the loss scale reads them there), cross as scalars.
+ *  - `offload params` (fsdp only) keeps the param shards on the host as well: each of
+ *    fsdp's gathers stages its own copy of the shard on the device just before it (the
+ *    schedule pass moves the copy and its cast along when it prefetches the gather).
+ * Every copy is a node (to_host, to_device: OPF_COPY), which the schedule pass puts on
+ * the copy stream; no op but a copy reads or writes both spaces. Arithmetic is unchanged:
+ * the same kernels on the same values, so an offloaded run equals the run without.
+ */
+#include <string.h>
+
+#include "passes.h"
+
+/* Where a new node goes: before original node `at` (n_orig: at the end). */
+typedef struct {
+    int node, at;
+} Placed;
+
+typedef struct {
+    Graph *g;
+    const TrainConfig *t;
+    DType low;          // the compute dtype
+    int n_orig;         // nodes before this pass
+    Placed *placed;
+    int n_placed, cap_placed;
+    char *drop;         // per node: removed at the end (an identity cast)
+    int *pos;           // per node: its original position (new nodes: where they go)
+} Off;
+
+static int add_node(Off *o, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, int block, Phase ph,
+                    Loc loc, int at)
+{
+    char err[256];
+    int n = ir_node_add(o->g, op, in, n_in, attrs, n_attr, block, ph, loc, err, sizeof err);
+    if (n < 0) fprintf(stderr, "offload: %s\n", err);
+    FS_ASSERT(n >= 0);
+    o->placed = arena_grow(o->g->arena, o->placed, &o->cap_placed, o->n_placed + 1, sizeof *o->placed);
+    o->placed[o->n_placed++] = (Placed){n, at};
+    return ir_out(o->g, ir_node(o->g, n), 0);
+}
+
+static int copy_to(Off *o, OpKind op, int x, int at)
+{
+    const Value *v = ir_value(o->g, x);
+    int y = add_node(o, op, &x, 1, NULL, 0, v->block, PHASE_COMM, v->loc, at);
+    o->g->values[y].place = op == OP_to_host ? PLACE_HOST : PLACE_DEVICE;
+    return y;
+}
+
+static int cast_on_host(Off *o, int x, DType to, int at)
+{
+    const Value *v = ir_value(o->g, x);
+    Attr a = {.key = "to", .kind = ATTR_INT, .i = to};
+    int y = add_node(o, OP_cast, &x, 1, &a, 1, v->block, PHASE_COMM, v->loc, at);
+    o->g->values[y].place = PLACE_HOST;
+    return y;
+}
+
+/* The first original node that reads value v or a view inside it, except node `skip`;
+ * n_orig if none. */
+static int first_reader(const Off *o, int v, int skip)
+{
+    const Graph *g = o->g;
+    for (int n = 0; n < o->n_orig; n++) {
+        const Node *node = ir_node(g, n);
+        if (n == skip || o->drop[n]) continue;
+        for (int i = 0; i < node->n_in; i++)
+            for (int x = ir_in(g, node, i), hops = 0; x >= 0 && hops < 64; x = ir_view_parent(g, x), hops++)
+                if (x == v) return n;
+    }
+    return o->n_orig;
+}
+
+/* The node after which value v's bytes are all written: its producer, or its view
+ * parent's (an in-place reduction's output is a view of the flat gradient). */
+static int writer_of(const Graph *g, int v)
+{
+    for (int hops = 0; v >= 0 && hops < 64; hops++) {
+        if (ir_value(g, v)->producer >= 0) return ir_value(g, v)->producer;
+        v = ir_value(g, v)->view_of;
+    }
+    return -1;
+}
+
+static void replace_input(Graph *g, int node, int from, int to)
+{
+    Node *n = &g->nodes[node];
+    for (int i = 0; i < n->n_in; i++)
+        if (g->ids[n->in + i] == from) g->ids[n->in + i] = to;
+}
+
+/* Value v (and the views inside it, transitively) now holds dtype `to`: views' byte
+ * offsets scale with the element size. */
+static void retype_tree(Graph *g, int v, DType to)
+{
+    Value *x = &g->values[v];
+    if (x->dtype == to) return;
+    int from = dtype_size(x->dtype), es = dtype_size(to);
+    x->dtype = to;
+    x->view_offset = x->view_offset / from * es;
+    x->view_rank_stride = x->view_rank_stride / from * es;
+    for (int w = 0; w < g->n_values; w++)
+        if (g->values[w].view_of == v) retype_tree(g, w, to);
+}
+
+/* ---- the gradient ---------------------------------------------------------------------- */
+
+/* The update's gradient g, on the host. */
+static int grad_to_host(Off *o, int g_, int update)
+{
+    Graph *g = o->g;
+    int w = ir_value(g, g_)->producer;
+    if (w >= 0 && ir_node(g, w)->op == OP_cast && ir_value(g, ir_in(g, ir_node(g, w), 0))->dtype != DT_F32) {
+        int x = ir_in(g, ir_node(g, w), 0), others = 0;
+        for (int n = 0; n < o->n_orig; n++) {  // the norm reads the 16-bit gradient itself
+            const Node *node = ir_node(g, n);
+            for (int i = 0; i < node->n_in && n != update; i++) {
+                if (ir_in(g, node, i) != g_) continue;
+                if (node->op == OP_sumsq)
+                    g->ids[node->in + i] = x;
+                else if (node->op != OP_adamw && node->op != OP_sgd)
+                    others = 1;
+            }
+        }
+        if (!others) {  // the widening cast moves to the host: 16 bits cross
+            int xh = copy_to(o, OP_to_host, x, w);
+            g->ids[g->nodes[w].in] = xh;
+            g->values[g_].place = PLACE_HOST;
+            return g_;
+        }
+    }
+    int after = writer_of(g, g_);
+    return copy_to(o, OP_to_host, g_, after >= 0 ? after + 1 : update);
+}
+
+/* ---- the params ------------------------------------------------------------------------ */
+
+/* Where a copy to the device lands: a view of `of` (bytes at offset, plus stride per
+ * rank), or (of < 0) a buffer of its own. */
+typedef struct {
+    int of;
+    int64_t offset, stride;
+} Into;
+
+/* The master p (on the host) as the device reads it: cast to the compute dtype on the
+ * host, then copied, before original node `at`, into `into` or (into.of < 0) a new
+ * buffer of role gathered. */
+static int master_to_device(Off *o, int p, int at, Into into)
+{
+    Graph *g = o->g;
+    int x = o->low != DT_F32 ? cast_on_host(o, p, o->low, at) : p;
+    int d = copy_to(o, OP_to_device, x, at);
+    Value *dv = &g->values[d];
+    const Value *pv = ir_value(g, p);
+    dv->role = ROLE_GATHERED;
+    dv->unit = pv->unit;
+    dv->sharded = pv->sharded;
+    if (into.of >= 0) {
+        dv->view_of = into.of, dv->view_offset = into.offset, dv->view_rank_stride = into.stride;
+    } else {
+        dv->name = pv->name ? arena_printf(g->arena, "%s.device", pv->name) : NULL;
+    }
+    return d;
+}
+
+/* Every device node but `update` that reads p itself reads d instead, and every view
+ * inside p lies in d: in the compute dtype. */
+static void device_reads(Off *o, int p, int d, int update)
+{
+    Graph *g = o->g;
+    for (int n = 0; n < o->n_orig; n++)
+        if (n != update) replace_input(g, n, p, d);
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].view_of == p && v != d) {
+            g->values[v].view_of = d;
+            retype_tree(g, v, g->values[d].dtype);
+        }
+}
+
+/* A master that is a storage of its own (shard none, ddp, fsdp): it moves to the host,
+ * and the device reads a copy made once a step (fsdp with offload params: one per
+ * reader, each gather's staged shard). */
+static void own_master(Off *o, int p, int update)
+{
+    Graph *g = o->g;
+    g->values[p].place = PLACE_HOST;
+    int per_reader = o->t->offload == OFFLOAD_PARAMS;
+    if (!per_reader) {
+        int at = first_reader(o, p, update);
+        if (at == o->n_orig) return;  // nothing on the device reads it
+        device_reads(o, p, master_to_device(o, p, at, (Into){-1, 0, 0}), update);
+        return;
+    }
+    for (int n = 0; n < o->n_orig; n++) {
+        const Node *node = ir_node(g, n);
+        int reads = 0;
+        for (int i = 0; i < node->n_in; i++) reads |= ir_in(g, node, i) == p;
+        if (reads && n != update) replace_input(g, n, p, master_to_device(o, p, n, (Into){-1, 0, 0}));
+    }
+}
+
+/* A master that is this rank's shard of a full flat buffer (zero1, zero2): the shard
+ * becomes a storage of its own on the host; the full buffer stays on the device, in the
+ * compute dtype, no longer persistent (role gathered): the copy fills this rank's part
+ * and the all-gather the rest, where the shard pass put it. */
+static void shard_master(Off *o, int p, int update)
+{
+    Graph *g = o->g;
+    Value *pv = &g->values[p];
+    int full = pv->view_of, es = dtype_size(pv->dtype), low = dtype_size(o->low);
+    const Value *fv = ir_value(g, full);
+    FS_ASSERT(fv->view_of < 0 && fv->producer < 0);
+    Into into = {full, pv->view_offset / es * low, pv->view_rank_stride / es * low};
+    pv->flat_offset = fv->flat_offset + pv->view_offset / es;
+    pv->view_of = -1;
+    pv->view_offset = pv->view_rank_stride = 0;
+    pv->place = PLACE_HOST;
+    pv->unit = fv->unit;
+    pv->name = arena_printf(g->arena, "%s.shard", fv->name ? fv->name : "flat_param");
+    g->values[full].role = ROLE_GATHERED;
+    retype_tree(g, full, o->low);
+    for (int n = 0; n < o->n_orig; n++) {  // the all-gather that fills the buffer from the part
+        const Node *node = ir_node(g, n);
+        int reads = 0;
+        for (int i = 0; i < node->n_in; i++) reads |= ir_in(g, node, i) == p;
+        if (reads && n != update) replace_input(g, n, p, master_to_device(o, p, n, into));
+    }
+}
+
+/* ---- identity casts --------------------------------------------------------------------- */
+
+/* Casts whose input is now of their target dtype (the device's params already in the
+ * compute dtype) go: their readers read the input. Then every node reading a retyped
+ * view (a reshape of a param) is retyped in order. */
+static void drop_identity_casts(Off *o)
+{
+    Graph *g = o->g;
+    int *same = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
+    for (int v = 0; v < g->n_values; v++) same[v] = v;
+    for (int n = 0; n < g->n_nodes; n++) {
+        Node *node = &g->nodes[n];
+        for (int i = 0; i < node->n_in; i++) g->ids[node->in + i] = same[g->ids[node->in + i]];
+        if (node->op == OP_cast) {
+            int x = ir_in(g, node, 0);
+            if (ir_value(g, x)->dtype == (DType)ir_attr_int(g, node, "to", -1) && ir_value(g, x)->place ==
+                ir_value(g, ir_out(g, node, 0))->place) {
+                same[ir_out(g, node, 0)] = x;
+                o->drop[n] = 1;
+                continue;
+            }
+        }
+        if (op_info(node->op)->flags & OPF_VIEW) {
+            char err[256];
+            if (ir_node_retype(g, n, err, sizeof err)) fprintf(stderr, "offload: %s\n", err);
+        }
+    }
+    for (int i = 0; i < g->n_outputs; i++) g->outputs[i] = same[g->outputs[i]];
+}
+
+/* ---- order -------------------------------------------------------------------------------- */
+
+static void place_nodes(Off *o)
+{
+    Graph *g = o->g;
+    int nn = g->n_nodes, n = 0, k = 0;
+    int *order = arena_alloc(g->arena, sizeof(int) * (size_t)nn + 1);
+    int *due = arena_alloc(g->arena, sizeof(int) * (size_t)nn + 1);
+    for (int i = 0; i < nn; i++) due[i] = -1;
+    for (int i = 0; i < o->n_placed; i++) due[o->placed[i].node] = o->placed[i].at;
+    /* Placed nodes before their original node, in the order they were made (a node is
+     * made after the nodes it reads). */
+    int *by_at = arena_alloc(g->arena, sizeof(int) * (size_t)o->n_placed + 1), m = 0;
+    for (int at = 0; at <= o->n_orig; at++)
+        for (int i = 0; i < o->n_placed; i++)
+            if (o->placed[i].at == at) by_at[m++] = o->placed[i].node;
+    for (int i = 0; i <= o->n_orig; i++) {
+        while (k < m && due[by_at[k]] == i) order[n++] = by_at[k++];
+        if (i < o->n_orig) order[n++] = i;
+    }
+    FS_ASSERT(n == nn);
+    ir_nodes_reorder(g, order);
+    char *drop = arena_alloc(g->arena, (size_t)nn + 1);
+    for (int i = 0; i < nn; i++) drop[i] = o->drop[order[i]];
+    ir_graph_compact(g, drop);
+}
+
+int pass_offload(Graph *g, const Options *opts, Diag *d)
+{
+    (void)d;
+    const TrainConfig *t = &opts->train;
+    if (t->offload == OFFLOAD_NONE) return 0;
+    Off o = {.g = g, .t = t, .low = precision_dtype(t->precision), .n_orig = g->n_nodes};
+    o.drop = arena_alloc(g->arena, (size_t)g->n_nodes * 4 + (size_t)g->n_values * 8 + 64);
+    int first = -1;
+    for (int n = 0; n < o.n_orig && first < 0; n++)
+        if (g->nodes[n].op == OP_adamw || g->nodes[n].op == OP_sgd) first = n;
+    if (first < 0) return 0;  // nothing to update
+    /* The scalars every update reads (lr, coefficient, step count): once each, to the host. */
+    int *scalar_h = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
+    memset(scalar_h, -1, sizeof(int) * (size_t)g->n_values);
+    for (int n = first; n < o.n_orig; n++) {
+        OpKind op = g->nodes[n].op;
+        if (op != OP_adamw && op != OP_sgd) continue;
+        int adam = op == OP_adamw, n_state = adam ? 2 : 1, n_in = g->nodes[n].n_in;
+        int p = ir_in(g, ir_node(g, n), 0), grad = ir_in(g, ir_node(g, n), 1);
+        for (int i = 2 + n_state; i < n_in; i++) {
+            int *x = &g->ids[g->nodes[n].in + i];
+            if (scalar_h[*x] < 0) scalar_h[*x] = copy_to(&o, OP_to_host, *x, first);
+            *x = scalar_h[*x];
+        }
+        for (int i = 2; i < 2 + n_state; i++) {  // the state (SGD without momentum: the gradient)
+            int s = ir_in(g, ir_node(g, n), i);
+            if (s != grad) g->values[s].place = PLACE_HOST;
+        }
+        int gh = grad_to_host(&o, grad, n);
+        for (int i = 1; i < 2 + n_state; i++)
+            if (g->ids[g->nodes[n].in + i] == grad) g->ids[g->nodes[n].in + i] = gh;
+        if (ir_value(g, p)->view_of >= 0)
+            shard_master(&o, p, n);
+        else
+            own_master(&o, p, n);
+    }
+    drop_identity_casts(&o);
+    place_nodes(&o);
+    return 0;
+}
