@@ -74,6 +74,8 @@ static int cast_on_host(Off *o, int x, DType to, int at)
     Attr a = {.key = "to", .kind = ATTR_INT, .i = to};
     int y = add_node(o, OP_cast, &x, 1, &a, 1, v->block, PHASE_COMM, v->loc, at);
     o->g->values[y].place = PLACE_HOST;
+    const char *name = ir_value(o->g, x)->name;
+    if (name) o->g->values[y].name = arena_printf(o->g->arena, "%s.%s", name, dtype_name(to));
     return y;
 }
 

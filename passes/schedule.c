@@ -11,7 +11,7 @@
  * Prefetch (FairScale's forward and backward prefetch): in each run of forward nodes or
  * of the others (backward, recompute), the gathers of fsdp's units are taken in the
  * order the run first reads them, and each but the first moves, with the cast that feeds
- * it, to just before the first reader of the one before it: a block's params arrive
+ * it (with offload params: the shard's copy to the device and its cast on the host), to just before the first reader of the one before it: a block's params arrive
  * while the previous block computes. The gathered buffers then live that much longer,
  * which memplan counts.
  *
@@ -64,16 +64,28 @@ static int is_gather(const Graph *g, int k)
     return n->op == OP_all_gather && ir_value(g, ir_out(g, n, 0))->role == ROLE_GATHERED;
 }
 
-/* The cast a gather reads, when nothing else reads it: it moves with the gather. */
-static int feeding_cast(const Graph *g, int k, const int *readers)
-{
-    int x = ir_in(g, ir_node(g, k), 0), c = ir_value(g, x)->producer;
-    return c >= 0 && ir_node(g, c)->op == OP_cast && readers[x] == 1 ? c : -1;
-}
+/* What a gather reads, when nothing else reads it, moves with it: its cast, or offload's
+ * copy of the shard to the device and the cast on the host before it. */
+enum { MAX_FEED = 2 };
 
 typedef struct {
-    int node, cast;  // the gather, and the cast that moves with it (-1: none)
+    int node;             // the gather
+    int feed[MAX_FEED];   // the nodes that move with it, nearest first
+    int n_feed;
 } Gather;
+
+static Gather gather_of(const Graph *g, int k, const int *readers)
+{
+    Gather gs = {.node = k};
+    for (int x = ir_in(g, ir_node(g, k), 0); gs.n_feed < MAX_FEED;) {
+        int c = ir_value(g, x)->producer;
+        if (c < 0 || readers[x] != 1 || ir_node(g, c)->n_in != 1) break;
+        if (ir_node(g, c)->op != OP_cast && !(op_info(ir_node(g, c)->op)->flags & OPF_COPY)) break;
+        gs.feed[gs.n_feed++] = c;
+        x = ir_in(g, ir_node(g, c), 0);
+    }
+    return gs;
+}
 
 /* A gathered buffer's first reader in a run. */
 typedef struct {
@@ -131,9 +143,9 @@ static void prefetch(Graph *g, const int *root)
     int ng = 0;
     for (int k = 0; k < nn; k++)
         if (is_gather(g, k)) {
-            gs[ng] = (Gather){k, feeding_cast(g, k, readers)};
+            gs[ng] = gather_of(g, k, readers);
             moves[k] = 1;
-            if (gs[ng].cast >= 0) moves[gs[ng].cast] = 1;
+            for (int f = 0; f < gs[ng].n_feed; f++) moves[gs[ng].feed[f]] = 1;
             ng++;
         }
     if (!ng) return;
@@ -153,7 +165,7 @@ static void prefetch(Graph *g, const int *root)
     int *start = arena_alloc(g->arena, sizeof(int) * (size_t)(nn + 2));
     for (int i = 0; i < ng; i++) {
         due[gs[i].node] = before[i];
-        if (gs[i].cast >= 0) due[gs[i].cast] = before[i];
+        for (int f = 0; f < gs[i].n_feed; f++) due[gs[i].feed[f]] = before[i];
     }
     int n_moved = 0;
     for (int k = 0; k < nn; k++)

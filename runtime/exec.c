@@ -73,6 +73,8 @@ typedef struct {
     int32_t wait, n_wait;   // range in plan->waits: the ops to complete first (the schedule)
     RtColl *coll;           // the collective or point-to-point op this is on MPI, else NULL
     int block;              // coll, which the schedule left on the compute stream: done before the next op
+    int copy;               // a copy between the spaces: 1 + its direction (0 to the host, 1 to the device), else 0
+    int64_t copy_bytes;     // ... and the bytes it moves
 } ExecOp;
 
 struct Exec {
@@ -102,6 +104,7 @@ struct Exec {
     int guarding;           // ExecOptions.guard
     Guard *guard;           // debug: every op checked to stay inside its buffers (guard.c)
     char guard_err[512];    // the guard's last finding
+    int64_t copied[2];      // bytes the copies between the spaces moved so far: to the host, to the device
 };
 
 static int ktype(PlanDType t)
@@ -290,6 +293,10 @@ static int build_op(Exec *e, int32_t k, char *err, size_t errlen)
     if (rc) return -1;
     if (x->coll) x->coll->plan = p, x->coll->op = k;  // for the watchdog: which op of the plan hangs
     x->block = x->coll && op->stream == PLAN_STREAM_COMPUTE;
+    if (info->comm == COMM_TO_HOST || info->comm == COMM_TO_DEVICE) {
+        x->copy = 1 + (info->comm == COMM_TO_DEVICE);
+        x->copy_bytes = plan_tensor_nbytes(&p->tensors[p->ids[op->in]]);
+    }
     return 0;
 }
 
@@ -571,8 +578,10 @@ int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned ph
         if (x->coll) {
             rt_comm_start(q, x->coll);
             if (x->block) rt_comm_wait_for(q, x->coll);
-        } else if (!x->skip)
+        } else if (!x->skip) {
             x->fn(&x->call);
+            if (x->copy) e->copied[x->copy - 1] += x->copy_bytes;
+        }
         if (e->guard && !x->skip) {
             if (rt_comm_pending(q)) rt_comm_wait_all(q);
             if (rt_guard_after(e->guard, k, e->guard_err, sizeof e->guard_err)) return -1;
@@ -628,6 +637,10 @@ int64_t rt_exec_held_bytes(const Exec *e, PlanPlace s) { return e->held[s]; }
 int64_t rt_exec_host_bytes(const Exec *e)
 {
     return e->held[PLAN_PLACE_DEVICE] + e->held[PLAN_PLACE_HOST] + e->side_bytes;
+}
+void rt_exec_copied(const Exec *e, int64_t *to_host, int64_t *to_device)
+{
+    *to_host = e->copied[0], *to_device = e->copied[1];
 }
 int64_t rt_exec_work_bytes(const Exec *e) { return (int64_t)(e->work_floats * sizeof(float)); }
 const void *rt_exec_arena(const Exec *e) { return e->space[PLAN_PLACE_DEVICE]; }

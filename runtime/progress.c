@@ -168,6 +168,9 @@ int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen)
         if (!isnan(s->accuracy)) json_number(p->log, "accuracy", s->accuracy);
         if (s->has_scale) json_number(p->log, "loss_scale", s->loss_scale);
         if (s->skipped) fputs(", \"skipped\": true", p->log);
+        if (s->to_host_bytes || s->to_device_bytes)
+            fprintf(p->log, ", \"to_host_bytes\": %lld, \"to_device_bytes\": %lld", (long long)s->to_host_bytes,
+                    (long long)s->to_device_bytes);
         if (fputs("}\n", p->log) == EOF || fflush(p->log) != 0)
             return plan_fail(err, errlen, "%s: write failed: %s", p->o.log_path, strerror(errno));
     }

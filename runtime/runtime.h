@@ -185,6 +185,9 @@ int64_t rt_exec_held_bytes(const Exec *e, PlanPlace s);
 int64_t rt_exec_host_bytes(const Exec *e);
 /* Bytes of the kernels' workspace (f32 room for 16-bit calls), outside the arena; 0 if none. */
 int64_t rt_exec_work_bytes(const Exec *e);
+/* The bytes the copies between the memory spaces (offload's to_host, to_device) moved
+ * since the Exec was made: counted as they run, to check against the plan's. */
+void rt_exec_copied(const Exec *e, int64_t *to_host, int64_t *to_device);
 const void *rt_exec_arena(const Exec *e);  // the device space's
 const void *rt_exec_space(const Exec *e, PlanPlace s);
 /* Threads for OpenMP loops and OpenBLAS; n < 1 leaves the defaults. */
@@ -358,6 +361,7 @@ typedef struct {
     double loss_scale;     // ... its value after this step
     double scale_before;   // ... and the one the step started with
     int skipped;           // the optimizer skipped the step (fp16: the gradients overflowed)
+    int64_t to_host_bytes, to_device_bytes;  // what this step copied between the spaces (offload)
 } StepStats;
 
 Progress *rt_progress_new(const ProgressOptions *o, char *err, size_t errlen);

@@ -108,6 +108,8 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
         rt_data_fill(data, step);
         double scale_before = scale ? *scale : NAN;
         int32_t count_before = count ? *count : 0;
+        int64_t host0, dev0, host1, dev1;
+        rt_exec_copied(e, &host0, &dev0);
         int rc = rt_device_step_in(d, e, step);
         rc = rc ? rc : run_step(e, d, o, step, seed_op);
         rc = rc ? rc : rt_device_step_out(d, e);
@@ -116,6 +118,7 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
             if (rc != -2) rt_device_print_error(d, step);
             return RT_TRAIN_LOCAL;
         }
+        rt_exec_copied(e, &host1, &dev1);
         double accuracy = logits ? rt_accuracy(logits, labels, B, K) : NAN;
         int dp = rt_exec_world(e);  // over the global batch, like the loss: the stage's data-parallel ranks
         if (logits && dp > 1)
@@ -124,7 +127,8 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
         StepStats s = {.step = step, .loss = *loss, .lr = lr ? *lr : NAN, .grad_norm = norm ? *norm : NAN,
                        .ms = (rt_now() - t0) * 1e3, .items = items, .accuracy = accuracy,
                        .has_scale = scale != NULL, .loss_scale = scale ? *scale : NAN, .scale_before = scale_before,
-                       .skipped = count && *count == count_before};
+                       .skipped = count && *count == count_before, .to_host_bytes = host1 - host0,
+                       .to_device_bytes = dev1 - dev0};
         if (rt_progress_step(*progress, &s, err, sizeof err)) {
             fprintf(stderr, "%s: %s\n", o->who, err);
             return RT_TRAIN_LOCAL;
