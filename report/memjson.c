@@ -4,7 +4,8 @@
  *   {"model", "ranks": {"first", "last", "label"}, "world", "arena_bytes", "peak_bytes",
  *    "arena_over_peak", "peak_op": {"index", "op", "phase", "line", "col", "block",
  *    "where"}, "n_ops", "params": {"count", "bytes_by_dtype": {"f32": n}},
- *    "model_state": {"bytes", "bytes_per_param", "params", "grads", "optimizer_state",
+ *    "model_state" (the device space's) and "host_model_state" (offload's): {"bytes",
+ *    "bytes_per_param", "params", "grads", "optimizer_state",
  *    "master"}, "categories": [{"key", "name", "at_peak", "max"}], "host": {"peak_bytes",
  *    "peak_op", "categories": [...]}, "top_tensors": [{"id", "name", "dtype", "shape",
  *    "bytes", "category", "made_by"}], "n_live_at_peak", "saved_by_block": [{"block",
@@ -101,18 +102,18 @@ static json_t *params(const MemReport *r, int *bad)
     return o;
 }
 
-static json_t *model_state(const MemReport *r, int *bad)
+static json_t *model_state(const MemReport *r, const int64_t *st, int *bad)
 {
     json_t *o = json_object();
     if (!o) return NULL;
-    int64_t sum = r->state[0] + r->state[1] + r->state[2] + r->state[3];
+    int64_t sum = st[0] + st[1] + st[2] + st[3];
     double n = r->param_count > 0 ? (double)r->param_count : 1;
     put(o, "bytes", json_integer(sum), bad);
     put(o, "bytes_per_param", json_real((double)sum / n), bad);
-    put(o, "params", json_integer(r->state[0]), bad);
-    put(o, "grads", json_integer(r->state[1]), bad);
-    put(o, "optimizer_state", json_integer(r->state[2]), bad);
-    put(o, "master", json_integer(r->state[3]), bad);
+    put(o, "params", json_integer(st[0]), bad);
+    put(o, "grads", json_integer(st[1]), bad);
+    put(o, "optimizer_state", json_integer(st[2]), bad);
+    put(o, "master", json_integer(st[3]), bad);
     return o;
 }
 
@@ -176,7 +177,8 @@ static json_t *build(const MemReport *r, int *bad)
     put(o, "n_ops", json_integer(p->n_ops), bad);
     put(o, "peak_op", peak_op(r, bad), bad);
     put(o, "params", params(r, bad), bad);
-    put(o, "model_state", model_state(r, bad), bad);
+    put(o, "model_state", model_state(r, r->state, bad), bad);
+    put(o, "host_model_state", model_state(r, r->host_state, bad), bad);
     put(o, "categories", categories(r, PLAN_PLACE_DEVICE, bad), bad);
     put(o, "host", host(r, bad), bad);
     put(o, "cuda_workspace_bytes", json_integer(r->cuda_workspace), bad);

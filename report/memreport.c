@@ -229,9 +229,9 @@ static int64_t param_count(const MemReport *r, uint8_t *seen)
     return n;
 }
 
-/* Model state per rank as ZeRO counts it: param buffers, the gradients the optimizer
- * reads (each buffer once), optimizer state and master weights; params by dtype; and
- * whether ranks share work. */
+/* Model state per rank as ZeRO counts it, in each space: param buffers, the gradients the
+ * optimizer reads (each buffer once), optimizer state and master weights; params by dtype;
+ * and whether ranks share work. */
 static int totals(MemReport *r)
 {
     const Plan *p = r->plan;
@@ -243,14 +243,15 @@ static int totals(MemReport *r)
         if (x->sharded || x->rank_stride || x->role == PLAN_ROLE_COMM || x->role == PLAN_ROLE_GATHERED)
             r->shard_applied = 1;
         if (x->role == PLAN_ROLE_PARAM && x->grad != PLAN_NONE && !seen[r->root[x->grad]]) {
-            seen[r->root[x->grad]] = 1;
-            r->state[1] += buffer_bytes(p, r->root[x->grad]);
+            int32_t g = r->root[x->grad];
+            seen[g] = 1;
+            (p->tensors[g].place == PLAN_PLACE_HOST ? r->host_state : r->state)[1] += buffer_bytes(p, g);
         }
         if (x->alias != PLAN_NONE) continue;
-        int64_t b = buffer_bytes(p, t);
-        if (x->role == PLAN_ROLE_PARAM) r->state[0] += b, r->param_dtype[x->dtype] += b;
-        if (x->role == PLAN_ROLE_OPT_STATE) r->state[2] += b;
-        if (x->role == PLAN_ROLE_MASTER) r->state[3] += b;
+        int64_t b = buffer_bytes(p, t), *state = x->place == PLAN_PLACE_HOST ? r->host_state : r->state;
+        if (x->role == PLAN_ROLE_PARAM) state[0] += b, r->param_dtype[x->dtype] += b;
+        if (x->role == PLAN_ROLE_OPT_STATE) state[2] += b;
+        if (x->role == PLAN_ROLE_MASTER) state[3] += b;
     }
     for (int32_t k = 0; k < p->n_ops && !r->shard_applied; k++)
         r->shard_applied = is_collective(plan_str(p, p->ops[k].op));

@@ -21,10 +21,17 @@ static void print_params(const MemReport *r, FILE *out)
                     plan_dtype_name((PlanDType)d));
     fprintf(out, "%s\n", any ? "" : "none");
     double n = r->param_count > 0 ? (double)r->param_count : 1;
-    int64_t sum = r->state[0] + r->state[1] + r->state[2] + r->state[3];
-    fprintf(out, "  %-14s %.2f bytes/param: params %.2f + grads %.2f + optimizer state %.2f + master %.2f (%s)\n",
-            "model state", (double)sum / n, (double)r->state[0] / n, (double)r->state[1] / n, (double)r->state[2] / n,
-            (double)r->state[3] / n, report_bytes(sum, a, sizeof a));
+    for (int h = 0; h < 2; h++) {
+        const int64_t *st = h ? r->host_state : r->state;
+        int64_t sum = st[0] + st[1] + st[2] + st[3];
+        if (h && !sum) break;
+        if (h)
+            fprintf(out, "  %-14s the device holds the params only as copies of the host's, in the compute dtype "
+                    "(category 'gathered params')\n", "offload");
+        fprintf(out, "  %-14s %.2f bytes/param: params %.2f + grads %.2f + optimizer state %.2f + master %.2f (%s)\n",
+                h ? "host state" : "model state", (double)sum / n, (double)st[0] / n, (double)st[1] / n,
+                (double)st[2] / n, (double)st[3] / n, report_bytes(sum, a, sizeof a));
+    }
 }
 
 static void print_summary(const MemReport *r, FILE *out)

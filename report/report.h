@@ -60,7 +60,8 @@ typedef struct MemReport {
     int64_t max_cat[PLAN_PLACE_COUNT][MEM_CAT_COUNT];  // each category's own max over the step
     int64_t param_dtype[PLAN_DT_COUNT];  // bytes of param buffers by dtype (both places)
     int64_t param_count;          // trainable elements (meta "params")
-    int64_t state[4];             // model state: params, grads, optimizer state, master
+    int64_t state[4];             // model state in the device space: params, grads, optimizer state, master
+    int64_t host_state[4];        // ... and in the host space (offload)
     MemTensor top[MEM_TOP_N];     // the largest device buffers live at the device peak
     int n_top, n_live_at_peak;
     uint8_t *cat;                 // [n_tensors] category of each tensor (views: the root's)

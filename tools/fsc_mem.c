@@ -175,9 +175,16 @@ static int what_ifs(const FscMem *m, const Plan *p, MemWhatIf *w)
     if (has_pass("shard")) try_shard(m, p, w, &n);
     if (has_pass("pipeline")) try_microbatches(m, p, w, &n);
     if (has_pass("recompute")) try_recompute(m, p, w, &n);
-    if (has_pass("offload") && !strcmp(plan_meta_str(p, "offload", "none"), "none") && n < MAX_WHAT_IFS) {
+    const char *off = plan_meta_str(p, "offload", "none");
+    if (has_pass("offload") && !strcmp(off, "none") && n < MAX_WHAT_IFS) {
         Setting s = {"offload", "optimizer"};
-        try_setting(m, w, &n, &s, 1, "--offload optimizer", "keep optimizer state on the host; update there");
+        try_setting(m, w, &n, &s, 1, "--offload optimizer",
+                    "fp32 master and optimizer state on the host, the update there (ZeRO-Offload)");
+    }
+    if (has_pass("offload") && strcmp(off, "params") && !strcmp(plan_meta_str(p, "shard", "none"), "fsdp") &&
+        n < MAX_WHAT_IFS) {
+        Setting s = {"offload", "params"};
+        try_setting(m, w, &n, &s, 1, "--offload params", "fsdp's param shards on the host too, staged before each gather");
     }
     if (n < MAX_WHAT_IFS) try_batch(m, p, w, &n);
     return n;
