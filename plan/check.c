@@ -5,8 +5,9 @@
  * op, launches within CUDA's limits, GEMMs inside their tensors). With programs, each
  * holds its own: their ranges lie back to back over every op, tensor, output and module
  * byte, and nothing of a program names another's (plan.h, PlanProgram); a send or recv
- * names another stage. After it passes, the runtime may index the plan's arrays without
- * further checks. Shared by plan_read and plan_write.
+ * names another stage, and only a copy between the memory spaces touches both. After it
+ * passes, the runtime may index the plan's arrays without further checks. Shared by
+ * plan_read and plan_write.
  *
  * A plan of one program may be any stage's (an extract, plan_extract_program), and its
  * sends and receives name stages it does not hold: there a peer need only be a stage.
@@ -80,6 +81,38 @@ static int check_tensor(Check *c, int32_t i, const PlanTensor *t)
     return 0;
 }
 
+/* Only a copy between the spaces touches both: to_host moves one device tensor to a host
+ * tensor of the same type, to_device the other way; every other op's tensors lie in one
+ * space (the backend runs it there). */
+static int check_spaces(Check *c, int32_t i, const PlanOp *o, CommOpKind kind)
+{
+    const Plan *p = c->p;
+    const char *name = p->strs[o->op];
+    for (int32_t k = 0; k < o->n_in + o->n_out; k++)
+        if (!in_range(p->ids[k < o->n_in ? o->in + k : o->out + k - o->n_in], p->n_tensors)) return 0;  // check_owners says
+    if (kind == COMM_OP_TO_HOST || kind == COMM_OP_TO_DEVICE) {
+        if (o->n_in != 1 || o->n_out != 1)
+            return fail(c, "op %d (%s): %d inputs and %d outputs, expected 1 and 1", i, name, o->n_in, o->n_out);
+        const PlanTensor *x = &p->tensors[p->ids[o->in]], *y = &p->tensors[p->ids[o->out]];
+        PlanPlace from = kind == COMM_OP_TO_HOST ? PLAN_PLACE_DEVICE : PLAN_PLACE_HOST;
+        if (x->place != from || y->place == from)
+            return fail(c, "op %d (%s): copies from the %s space to the %s, not from %s to %s", i, name,
+                        plan_place_name(from), plan_place_name(from == PLAN_PLACE_HOST ? PLAN_PLACE_DEVICE : PLAN_PLACE_HOST),
+                        plan_place_name(x->place), plan_place_name(y->place));
+        if (x->dtype != y->dtype || plan_tensor_numel(x) != plan_tensor_numel(y))
+            return fail(c, "op %d (%s): its input and output differ in type", i, name);
+        return 0;
+    }
+    for (int32_t k = 1; k < o->n_in + o->n_out; k++) {
+        int32_t a = p->ids[o->n_in ? o->in : o->out], b = p->ids[k < o->n_in ? o->in + k : o->out + k - o->n_in];
+        if (p->tensors[a].place != p->tensors[b].place)
+            return fail(c, "op %d (%s): tensor %d is in the %s space and tensor %d in the %s; only to_host and "
+                        "to_device cross", i, name, a, plan_place_name(p->tensors[a].place), b,
+                        plan_place_name(p->tensors[b].place));
+    }
+    return 0;
+}
+
 /* Send and recv move one tensor to or from a peer stage; a collective runs over a group
  * (p2p.c pairs their tensors). */
 static int check_comm(Check *c, int32_t i, const PlanOp *o)
@@ -87,6 +120,7 @@ static int check_comm(Check *c, int32_t i, const PlanOp *o)
     const Plan *p = c->p;
     const char *name = p->strs[o->op];
     CommOpKind kind = comm_op_kind(p, o);
+    if (check_spaces(c, i, o, kind)) return -1;
     if (kind == COMM_OP_SEND || kind == COMM_OP_RECV) {
         int send = kind == COMM_OP_SEND;
         if (o->n_in != send || o->n_out != !send)

@@ -8,6 +8,8 @@ CommOpKind comm_op_kind(const Plan *p, const PlanOp *o)
     const char *name = plan_str(p, o->op);
     if (!strcmp(name, "send")) return COMM_OP_SEND;
     if (!strcmp(name, "recv")) return COMM_OP_RECV;
+    if (!strcmp(name, "to_host")) return COMM_OP_TO_HOST;
+    if (!strcmp(name, "to_device")) return COMM_OP_TO_DEVICE;
     if (!strcmp(name, "all_reduce") || !strcmp(name, "reduce_scatter") || !strcmp(name, "all_gather"))
         return COMM_OP_COLLECTIVE;
     return COMM_OP_NONE;

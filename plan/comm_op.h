@@ -3,14 +3,15 @@
  * table, so these few are known here by their names in ops/ops.def: send and recv, the
  * pipeline's point-to-point ops (attribute `peer`: the other stage), and the collectives
  * (attribute `group`: 0, the default, the data-parallel ranks of the stage; 1, the
- * pipeline, one rank per stage). Renaming them in ops.def changes the plan format.
+ * pipeline, one rank per stage), and offload's copies between the memory spaces, to_host
+ * and to_device. Renaming them in ops.def changes the plan format.
  */
 #ifndef FS_PLAN_COMM_OP_H
 #define FS_PLAN_COMM_OP_H
 
 #include "plan.h"
 
-typedef enum { COMM_OP_NONE, COMM_OP_SEND, COMM_OP_RECV, COMM_OP_COLLECTIVE } CommOpKind;
+typedef enum { COMM_OP_NONE, COMM_OP_SEND, COMM_OP_RECV, COMM_OP_COLLECTIVE, COMM_OP_TO_HOST, COMM_OP_TO_DEVICE } CommOpKind;
 enum { COMM_GROUP_DATA = 0, COMM_GROUP_PIPE = 1 };  // a collective's `group`, as ops.h's
 
 CommOpKind comm_op_kind(const Plan *p, const PlanOp *o);

@@ -380,6 +380,12 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
         size_str(p->programs[k].space_bytes[PLAN_PLACE_DEVICE], mem + at, sizeof mem - at);
     }
     if (layout.stages == 1) size_str(rt_exec_arena_bytes(r->e), mem, sizeof mem);
+    if (layout.stages == 1 && rt_exec_space_bytes(r->e, PLAN_PLACE_HOST) > 0) {  // offload's host space
+        size_t at = strlen(mem);
+        snprintf(mem + at, sizeof mem - at, " + host ");
+        at = strlen(mem);
+        size_str(rt_exec_space_bytes(r->e, PLAN_PLACE_HOST), mem + at, sizeof mem - at);
+    }
     if (rt_device_is_cpu(&r->dev)) {  // the CPU's threads, and the kernels' workspace outside the arena (16-bit plans)
         char work[32];
         int n = snprintf(threads, sizeof threads, " | %d thread%s", rt_threads(), rt_threads() == 1 ? "" : "s");

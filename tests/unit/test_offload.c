@@ -1,0 +1,164 @@
+/* tests/unit/test_offload.c: the offload pass (passes/offload.c) against ZeRO-Offload's
+ * accounting, from the plan alone, and one run each way.
+ *  - zero2 in bf16 over W ranks: the host holds exactly the fp32 master shard (4 bytes x
+ *    Psi_pad / W, Psi_pad the padded flat units) and AdamW's moments (8 x Psi_pad / W),
+ *    which the plan without offload held on the device; the device holds no optimizer
+ *    state but the step count, no fp32 param, and the params as 16-bit buffers of
+ *    Psi_pad. A step copies 2 x Psi_pad / W bytes each way (+ 12 bytes of scalars to the
+ *    host), and the all-gather moves 16-bit params (2 Psi_pad bytes less than fp32's);
+ *    fp32 zero1 copies 4 x.
+ *  - Only the copies touch both spaces: a plan whose update reads a device tensor fails
+ *    plan_check.
+ *  - The same training: two steps of the unsharded plan in bf16 with and without
+ *    offload leave every param bitwise equal (poisoning dead buffers: the host space's
+ *    live ranges hold), and the executor's copy counters are the plan's bytes.
+ */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "report.h"
+#include "sample.h"
+
+static const Define GPT2[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 256}, {"B", 4}};
+
+static Plan *compile(const char *shard, const char *precision, const char *world, const char *offload)
+{
+    Setting set[] = {{"shard", shard}, {"precision", precision}, {"world", world}, {"offload", offload},
+                     {"optimizer", "adamw"}};
+    return sample_compile("gpt2.fsm", GPT2, 6, set, 5, NULL);
+}
+
+/* The elements of every unit's flat param buffer, padding included: Psi_pad. */
+static int64_t padded_params(const Plan *p)
+{
+    int64_t n = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].role == PLAN_ROLE_PARAM && rt_flat_is_storage(p, i)) n += plan_tensor_numel(&p->tensors[i]);
+    return n;
+}
+
+/* Bytes of the buffers (roots) of `role` in `place`, of dtype dt (PLAN_DT_COUNT: any). */
+static int64_t bytes_of(const Plan *p, PlanRole role, PlanPlace place, PlanDType dt)
+{
+    int64_t n = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        if (t->alias == PLAN_NONE && t->role == role && t->place == place && (dt == PLAN_DT_COUNT || t->dtype == dt))
+            n += plan_tensor_nbytes(t);
+    }
+    return n;
+}
+
+Test(offload, zero2_bf16_holds_zero_offloads_partition)
+{
+    const int W = 4;
+    Plan *off = compile("zero2", "bf16", "4", "optimizer"), *dev = compile("zero2", "bf16", "4", "none");
+    int64_t psi = padded_params(dev);
+    cr_assert_gt(psi, 30000);
+    cr_assert_eq(psi % W, 0);
+    /* The host: the master shard and the moments, exactly; the device held them before. */
+    cr_expect_eq(bytes_of(off, PLAN_ROLE_PARAM, PLAN_PLACE_HOST, PLAN_DT_F32), 4 * psi / W);
+    cr_expect_eq(bytes_of(off, PLAN_ROLE_OPT_STATE, PLAN_PLACE_HOST, PLAN_DT_F32), 8 * psi / W);
+    cr_expect_eq(bytes_of(dev, PLAN_ROLE_OPT_STATE, PLAN_PLACE_DEVICE, PLAN_DT_F32), 8 * psi / W);
+    cr_expect_eq(bytes_of(dev, PLAN_ROLE_PARAM, PLAN_PLACE_DEVICE, PLAN_DT_F32), 4 * psi);
+    /* The device: the step count, no fp32 params, the params in 16 bits. */
+    cr_expect_eq(bytes_of(off, PLAN_ROLE_OPT_STATE, PLAN_PLACE_DEVICE, PLAN_DT_COUNT), 4);
+    cr_expect_eq(bytes_of(off, PLAN_ROLE_PARAM, PLAN_PLACE_DEVICE, PLAN_DT_COUNT), 0);
+    cr_expect_eq(bytes_of(off, PLAN_ROLE_GATHERED, PLAN_PLACE_DEVICE, PLAN_DT_BF16), 2 * psi);
+    cr_expect_lt(plan_space_bytes(off, PLAN_PLACE_DEVICE), plan_space_bytes(dev, PLAN_PLACE_DEVICE));
+    cr_expect_eq(plan_space_bytes(dev, PLAN_PLACE_HOST), 0);
+    cr_expect_geq(plan_space_bytes(off, PLAN_PLACE_HOST), 12 * psi / W);
+    /* What crosses per step and rank: 16-bit gradients and params of this rank's shard. */
+    CommTotals c = comm_totals(off), none = comm_totals(dev);
+    cr_expect_eq(c.to_device_bytes, 2.0 * (double)psi / W);
+    cr_expect_eq(c.to_host_bytes, 2.0 * (double)psi / W + 12);
+    cr_expect_eq(none.copies, 0);
+    cr_expect_eq(c.bytes, none.bytes - 2.0 * (double)psi, "the all-gathers move the 16-bit params, not fp32: %.0f vs "
+                 "%.0f bytes", c.bytes, none.bytes);
+    /* The memory report's model state, per space. */
+    char err[256];
+    MemReport *r = report_mem_new(off, err, sizeof err), *q = report_mem_new(dev, err, sizeof err);
+    cr_assert(r && q, "%s", err);
+    cr_expect_eq(r->host_state[2], q->state[2] - 4, "the moments moved; the step count stays");
+    cr_expect_eq(r->host_state[0], 4 * psi / W);
+    cr_expect_eq(r->state[0] + r->state[2] + r->state[3], 4);
+    report_mem_free(r);
+    report_mem_free(q);
+    plan_free(off);
+    plan_free(dev);
+}
+
+Test(offload, fp32_copies_fp32)
+{
+    Plan *off = compile("zero1", "fp32", "2", "optimizer");
+    int64_t psi = bytes_of(off, PLAN_ROLE_PARAM, PLAN_PLACE_HOST, PLAN_DT_F32) / 4 * 2;
+    CommTotals c = comm_totals(off);
+    cr_expect_eq(c.to_device_bytes, 4.0 * (double)psi / 2);
+    cr_expect_eq(c.to_host_bytes, 4.0 * (double)psi / 2 + 12);
+    cr_expect_eq(bytes_of(off, PLAN_ROLE_GATHERED, PLAN_PLACE_DEVICE, PLAN_DT_F32), 4 * psi);
+    plan_free(off);
+}
+
+Test(offload, only_copies_cross_spaces)
+{
+    Plan *p = compile("none", "fp32", "1", "optimizer");
+    char err[512];
+    cr_assert_eq(plan_check(p, err, sizeof err), 0, "%s", err);
+    int32_t k = 0;
+    while (k < p->n_ops && strcmp(plan_str(p, p->ops[k].op), "adamw")) k++;
+    cr_assert_lt(k, p->n_ops);
+    PlanTensor *m = &p->tensors[p->ids[p->ops[k].in + 2]];  // exp_avg
+    cr_assert_eq(m->place, PLAN_PLACE_HOST);
+    m->place = PLAN_PLACE_DEVICE;
+    cr_assert_neq(plan_check(p, err, sizeof err), 0);
+    cr_expect_not_null(strstr(err, "only to_host and to_device cross"), "%s", err);
+    plan_free(p);
+}
+
+/* Two steps of p (debug poisoning on); every param's bytes by name into a new buffer. */
+static uint8_t *train2(const Plan *p, int64_t *to_host, int64_t *to_device, size_t *n)
+{
+    char err[256];
+    ExecOptions eo = {.seed = 5, .nan_fill = 1};
+    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
+    cr_assert_not_null(e, "%s", err);
+    cr_assert_eq(rt_exec_space_bytes(e, PLAN_PLACE_HOST), plan_space_bytes(p, PLAN_PLACE_HOST));
+    RtData *data = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, 5, err, sizeof err);
+    cr_assert_not_null(data, "%s", err);
+    for (int step = 1; step <= 2; step++) {
+        rt_data_fill(data, step);
+        cr_assert_eq(rt_exec_run(e, step, RT_PHASES_ALL), 0, "%s", rt_exec_error(e));
+    }
+    rt_exec_copied(e, to_host, to_device);
+    size_t total = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].role == PLAN_ROLE_PARAM) total += (size_t)plan_tensor_nbytes(&p->tensors[i]);
+    uint8_t *out = malloc(total + 1);
+    *n = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        if (p->tensors[i].role != PLAN_ROLE_PARAM) continue;
+        memcpy(out + *n, rt_exec_data(e, i), (size_t)plan_tensor_nbytes(&p->tensors[i]));
+        *n += (size_t)plan_tensor_nbytes(&p->tensors[i]);
+    }
+    rt_data_close(data);
+    rt_exec_free(e);
+    return out;
+}
+
+Test(offload, same_training_and_counted_copies)
+{
+    Plan *off = compile("none", "bf16", "1", "optimizer"), *dev = compile("none", "bf16", "1", "none");
+    int64_t h, d, h0, d0;
+    size_t n, n0;
+    uint8_t *a = train2(off, &h, &d, &n), *b = train2(dev, &h0, &d0, &n0);
+    cr_assert_eq(n, n0);
+    cr_expect_eq(memcmp(a, b, n), 0, "the params after two steps differ");
+    CommTotals c = comm_totals(off);
+    cr_expect_eq((double)h, 2 * c.to_host_bytes);
+    cr_expect_eq((double)d, 2 * c.to_device_bytes);
+    cr_expect_eq(h0 + d0, 0);
+    free(a);
+    free(b);
+    plan_free(off);
+    plan_free(dev);
+}
