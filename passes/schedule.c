@@ -11,12 +11,14 @@
  * Prefetch (FairScale's forward and backward prefetch): in each run of forward nodes or
  * of the others (backward, recompute), the gathers of fsdp's units are taken in the
  * order the run first reads them, and each but the first moves, with the cast that feeds
- * it (with offload params: the shard's copy to the device and its cast on the host), to just before the first reader of the one before it: a block's params arrive
- * while the previous block computes. The gathered buffers then live that much longer,
- * which memplan counts.
+ * it (with offload params: the shard's copy to the device and its cast on the host), to
+ * just before the first reader of the one before it: a block's params arrive while the
+ * previous block computes. Offload's once-a-step copies of the params to the device
+ * (with their cast on the host) are prefetched the same way. The gathered buffers then
+ * live that much longer, which memplan counts.
  *
  * The streams, from the op table's flags: collectives (and point-to-point) on
- * STREAM_COLLECTIVE, host-device copies (OPF_COPY: offload will make them) on STREAM_COPY,
+ * STREAM_COLLECTIVE, host-device copies (OPF_COPY: offload's) on STREAM_COPY,
  * everything else on STREAM_COMPUTE. Semantics, the same on every backend: the nodes of
  * one stream run in order; a node off the compute stream starts after every compute node
  * before it (its inputs are then made); a node starts after the nodes its waits name. At
@@ -57,11 +59,15 @@ static int touches(const Graph *g, const Node *n, const int *root, int r0, int r
     return 0;
 }
 
-/* An fsdp gather: an all-gather into a unit's gathered params. */
-static int is_gather(const Graph *g, int k)
+/* What prefetch moves: an fsdp gather (an all-gather into a unit's gathered params), or
+ * offload's copy of params to the device that compute reads (the staging copy a gather
+ * reads moves with its gather instead; zero1's and zero2's stays before their all-gather). */
+static int is_gather(const Graph *g, int k, const char *read_by_collective)
 {
     const Node *n = ir_node(g, k);
-    return n->op == OP_all_gather && ir_value(g, ir_out(g, n, 0))->role == ROLE_GATHERED;
+    int out = ir_out(g, n, 0);
+    if (ir_value(g, out)->role != ROLE_GATHERED) return 0;
+    return n->op == OP_all_gather || (n->op == OP_to_device && !read_by_collective[out]);
 }
 
 /* What a gather reads, when nothing else reads it, moves with it: its cast, or offload's
@@ -136,13 +142,17 @@ static void prefetch(Graph *g, const int *root)
 {
     int nn = g->n_nodes;
     int *readers = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
+    char *read_by_collective = arena_alloc(g->arena, (size_t)g->n_values + 1);
     for (int k = 0; k < nn; k++)
-        for (int i = 0; i < ir_node(g, k)->n_in; i++) readers[ir_in(g, ir_node(g, k), i)]++;
+        for (int i = 0; i < ir_node(g, k)->n_in; i++) {
+            readers[ir_in(g, ir_node(g, k), i)]++;
+            if (op_info(ir_node(g, k)->op)->flags & OPF_COLLECTIVE) read_by_collective[ir_in(g, ir_node(g, k), i)] = 1;
+        }
     char *moves = arena_alloc(g->arena, (size_t)nn + 1);
     Gather *gs = arena_alloc(g->arena, sizeof(Gather) * (size_t)nn + 1);
     int ng = 0;
     for (int k = 0; k < nn; k++)
-        if (is_gather(g, k)) {
+        if (is_gather(g, k, read_by_collective)) {
             gs[ng] = gather_of(g, k, readers);
             moves[k] = 1;
             for (int f = 0; f < gs[ng].n_feed; f++) moves[gs[ng].feed[f]] = 1;
