@@ -105,7 +105,10 @@ expect pipeline-interleaved-chunks 1 "each stage needs at least 2 model chunks (
 expect pipeline-zb1-microbatches 1 "schedule zb1 with microbatches 1 < stages 2" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2 --world 2 --schedule zb1
 expect accumulate 0 "wrote $tmp/mlp4.plan" -- "$FSC" "$SRC/samples/mlp.fsm" --microbatches 4 -o "$tmp/mlp4.plan"
 expect accumulate-batch 1 "does not split evenly over 1 data-parallel rank x 5 micro-batches; make it a multiple of 5" -- "$FSC" "$SRC/samples/mlp.fsm" --microbatches 5
-expect offload-not-yet 1 "optimizer offload is not implemented yet" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer
+expect offload-params-needs-fsdp 1 "so it needs --shard fsdp" -- "$FSC" "$SRC/samples/mlp.fsm" --offload params
+expect offload-comm 0 "device <-> host: " -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --comm -q
+expect offload-mem 0 "host state" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --mem -q
+expect offload-typo 1 "did you mean 'optimizer'" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimiser
 expect debug-guard 0 "step 2/2" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 2 --debug-guard
 head -c 100 "$tmp/gpt2.plan" >"$tmp/short.plan"
 expect inspect-truncated 1 "truncated" -- "$FSEXEC" --inspect "$tmp/short.plan"

@@ -67,7 +67,7 @@ static void build_graph(void)
     g->values[w].init = INIT_UNIFORM, g->values[w].init_a = -0.5, g->values[w].init_b = 0.5;
     g->values[lw].init = INIT_ONES;
     g->values[b].init = INIT_ZEROS;
-    g->values[lb].place = PLACE_HOST;
+    g->values[tied].place = PLACE_HOST;  // read by no op (only copies cross the spaces): the round trip carries both places
 
     int x = out0(node(OP_embedding, INS(wte, tokens), NULL, 0, -1, PHASE_FORWARD, (Loc){12, 7, 9}));
     int y = out0(node(OP_layernorm, INS(x, lw, lb), ATTRS(AF("eps", 1e-5)), h0, PHASE_FORWARD, (Loc){14, 9, 1}));
