@@ -45,7 +45,6 @@ typedef struct {
     Placed *placed;
     int n_placed, cap_placed;
     char *drop;         // per node: removed at the end (an identity cast)
-    int *pos;           // per node: its original position (new nodes: where they go)
 } Off;
 
 static int add_node(Off *o, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, int block, Phase ph,

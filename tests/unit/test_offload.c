@@ -9,6 +9,7 @@
  *    fp32 zero1 copies 4 x.
  *  - Only the copies touch both spaces: a plan whose update reads a device tensor fails
  *    plan_check.
+ *  - The CUDA backend refuses an offloaded plan, saying how to run it.
  *  - The same training: two steps of the unsharded plan in bf16 with and without
  *    offload leave every param bitwise equal (poisoning dead buffers: the host space's
  *    live ranges hold), and the executor's copy counters are the plan's bytes.
@@ -16,6 +17,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "backend.h"
 #include "report.h"
 #include "sample.h"
 
@@ -159,6 +161,18 @@ Test(offload, same_training_and_counted_copies)
     cr_expect_eq(h0 + d0, 0);
     free(a);
     free(b);
+    plan_free(off);
+    plan_free(dev);
+}
+
+/* Offload on CUDA ranks is not written: the backend says so before it touches a device. */
+Test(offload, cuda_refuses_a_host_space)
+{
+    Plan *off = compile("zero2", "bf16", "2", "optimizer"), *dev = compile("zero2", "bf16", "2", "none");
+    char err[512];
+    cr_expect_eq(rt_backend_plan_has_cuda(dev, err, sizeof err), 0, "%s", err);
+    cr_assert_neq(rt_backend_plan_has_cuda(off, err, sizeof err), 0);
+    cr_expect_not_null(strstr(err, "--device cpu"), "%s", err);
     plan_free(off);
     plan_free(dev);
 }
