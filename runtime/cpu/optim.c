@@ -8,10 +8,33 @@
  * state in place; the gradient is scaled by the clipping coefficient first. Everything
  * here is f32 (and i32 counts), whatever the compute dtype: the optimizer stays fp32,
  * on fp32 master weights and fp32 gradients.
+ *
+ * adamw and sgd also run on the host for a GPU run whose optimizer is offloaded, so
+ * they are built for speed: a step streams 28 bytes a param (adamw: read p, g, m, v,
+ * write p, m, v) and is bound by memory bandwidth. Each is an OpenMP loop over
+ * CHUNK-element tasks calling a KSIMD chunk function (AVX-512, AVX2 or baseline SSE,
+ * picked when the program loads); the parallel region stays outside the cloned
+ * function because GCC would not clone its outlined body. Inside, the loop-invariant
+ * choices (torch's two lerp formulas, SGD's three momentum cases) are made once per
+ * chunk, so each loop is branch-free and vectorizes under VEC_LOOP. This file is
+ * built with -fno-math-errno (CMakeLists.txt): sqrtf's errno for a negative argument
+ * (v never is) is what kept GCC from vectorizing it, and the result bits are IEEE's
+ * either way. No -ffast-math and no FMA contraction (-std=c11), true division and
+ * sqrtf: every element is computed by the same operations on every ISA and at any
+ * thread count, so results are bitwise identical across both.
+ * tests/py/host_optim.py checks all that against torch.optim; bench/host_adamw.py
+ * times adamw against the copy bandwidth and PyTorch.
  */
 #include <math.h>
 
 #include "cpu_impl.h"
+
+/* tests/py/host_optim.py checks each ISA's loops against the dispatched ones, bit for
+ * bit: its copies of this file are built for one ISA (-mavx2, ...) with this defined. */
+#ifdef FS_OPTIM_ONE_ISA
+#undef KSIMD
+#define KSIMD
+#endif
 
 static float scalar_f(const KTensor *t) { return fdata(t)[0]; }
 
@@ -59,6 +82,51 @@ void cpu_clip_coef(const KCall *k)
 
 #define CHUNK 4096  // elements per task
 
+/* One AdamW step's constants, as the element loop reads them. */
+typedef struct {
+    float coef;      // gradient scale (clipping, loss scaling)
+    float w1, w1c;   // lerp weight 1 - beta1, and 1 - w1
+    float b2, w2;    // beta2, 1 - beta2
+    float bc2_sqrt;  // sqrt(1 - beta2^step)
+    float eps;
+    float decay;     // 1 - lr weight_decay
+    float neg_step;  // -lr / (1 - beta1^step)
+} AdamWStep;
+
+/* One element, op for op as torch.optim.AdamW. torch's lerp has two formulas, picked by
+ * the weight; `low` (w1 < 0.5) is a constant at each call, so the loops have no branch. */
+KINLINE void adamw_one(AdamWStep s, int low, float *p, float g, float *m, float *v)
+{
+    float gi = g * s.coef;
+    float mi = low ? *m + s.w1 * (gi - *m) : gi - (gi - *m) * s.w1c;  // m.lerp_(g, 1 - beta1)
+    float vi = *v * s.b2 + s.w2 * gi * gi;                             // v.mul_(b2).addcmul_(g, g, 1 - b2)
+    float denom = sqrtf(vi) / s.bc2_sqrt + s.eps;
+    *p = *p * s.decay + s.neg_step * mi / denom;  // p.mul_(1 - lr wd).addcdiv_(m, denom, -step_size)
+    *m = mi, *v = vi;
+}
+
+KSIMD static void adamw_chunk(float *p, const float *g, float *m, float *v, int64_t n, AdamWStep s)
+{
+    if (s.w1 < 0.5f) {
+        VEC_LOOP
+        for (int64_t i = 0; i < n; i++) adamw_one(s, 1, &p[i], g[i], &m[i], &v[i]);
+    } else {
+        VEC_LOOP
+        for (int64_t i = 0; i < n; i++) adamw_one(s, 0, &p[i], g[i], &m[i], &v[i]);
+    }
+}
+
+/* The constants of step `step`: bias corrections in double, as Python computes them. */
+static AdamWStep adamw_step(double lr, double b1, double b2, double eps, double wd, float coef, int64_t step)
+{
+    float w1 = (float)(1.0 - b1);
+    return (AdamWStep){
+        .coef = coef, .w1 = w1, .w1c = 1.0f - w1, .b2 = (float)b2, .w2 = (float)(1.0 - b2),
+        .bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)step)), .eps = (float)eps,
+        .decay = (float)(1.0 - lr * wd), .neg_step = -(float)(lr / (1.0 - pow(b1, (double)step))),
+    };
+}
+
 /* adamw(p, g, m, v, lr, coef, step; beta1, beta2, eps, weight_decay) */
 void cpu_adamw(const KCall *k)
 {
@@ -66,26 +134,43 @@ void cpu_adamw(const KCall *k)
     int64_t n = k->in[0].numel, step = scalar_i(&k->in[6]);
     float *p = fdata(&k->in[0]), *m = fdata(&k->in[2]), *v = fdata(&k->in[3]);
     const float *g = fdata(&k->in[1]);
-    double lr = scalar_f(&k->in[4]), b1 = k->attr[7], b2 = k->attr[8];
-    float coef = scalar_f(&k->in[5]), eps = (float)k->attr[9];
+    float coef = scalar_f(&k->in[5]);
     if (isnan(coef)) return;  // a skipped step
-    float decay = (float)(1.0 - lr * k->attr[10]);
-    float step_size = (float)(lr / (1.0 - pow(b1, (double)step)));
-    float bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)step));
-    float w1 = (float)(1.0 - b1), fb2 = (float)b2, w2 = (float)(1.0 - b2);
-    int lerp_low = w1 < 0.5f;  // torch's lerp: two formulas, picked by the weight
     KCHECK(step >= 1, "adamw: step %lld is not 1-based", (long long)step);
+    AdamWStep s = adamw_step(scalar_f(&k->in[4]), k->attr[7], k->attr[8], k->attr[9], k->attr[10], coef, step);
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
     for (int64_t t = 0; t < (n + CHUNK - 1) / CHUNK; t++) {
-        int64_t i1 = imin(n, (t + 1) * CHUNK);
+        int64_t i0 = t * CHUNK;
+        adamw_chunk(p + i0, g + i0, m + i0, v + i0, imin(CHUNK, n - i0), s);
+    }
+}
+
+/* One SGD step's constants; `form` says which of torch's three updates it is. */
+enum { SGD_PLAIN, SGD_FIRST, SGD_MOMENTUM };  // no momentum; buf = d on step 1; buf = mom buf + d
+typedef struct {
+    float coef, wd, lr, mom;
+    int form;
+} SgdStep;
+
+KINLINE void sgd_one(SgdStep s, int form, float *p, float g, float *buf)
+{
+    float d = g * s.coef + s.wd * *p;
+    if (form == SGD_FIRST) *buf = d;
+    if (form == SGD_MOMENTUM) *buf = d = *buf * s.mom + d;
+    *p = *p - s.lr * d;
+}
+
+KSIMD static void sgd_chunk(float *p, const float *g, float *buf, int64_t n, SgdStep s)
+{
+    if (s.form == SGD_PLAIN) {
         VEC_LOOP
-        for (int64_t i = t * CHUNK; i < i1; i++) {
-            float gi = g[i] * coef;
-            m[i] = lerp_low ? m[i] + w1 * (gi - m[i]) : gi - (gi - m[i]) * (1.0f - w1);  // m.lerp_(g, 1 - beta1)
-            v[i] = v[i] * fb2 + w2 * gi * gi;                                              // v.mul_(b2).addcmul_(g, g, 1 - b2)
-            float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-            p[i] = p[i] * decay + -step_size * m[i] / denom;  // p.mul_(1 - lr wd).addcdiv_(m, denom, -step_size)
-        }
+        for (int64_t i = 0; i < n; i++) sgd_one(s, SGD_PLAIN, &p[i], g[i], &buf[i]);
+    } else if (s.form == SGD_FIRST) {
+        VEC_LOOP
+        for (int64_t i = 0; i < n; i++) sgd_one(s, SGD_FIRST, &p[i], g[i], &buf[i]);
+    } else {
+        VEC_LOOP
+        for (int64_t i = 0; i < n; i++) sgd_one(s, SGD_MOMENTUM, &p[i], g[i], &buf[i]);
     }
 }
 
@@ -96,21 +181,14 @@ void cpu_sgd(const KCall *k)
     int64_t n = k->in[0].numel, step = scalar_i(&k->in[5]);
     float *p = fdata(&k->in[0]), *buf = fdata(&k->in[2]);
     const float *g = fdata(&k->in[1]);
-    float lr = scalar_f(&k->in[3]), coef = scalar_f(&k->in[4]);
-    float mom = (float)k->attr[6], wd = (float)k->attr[7];
-    if (isnan(coef)) return;  // a skipped step
+    SgdStep s = {.coef = scalar_f(&k->in[4]), .wd = (float)k->attr[7], .lr = scalar_f(&k->in[3]),
+                 .mom = (float)k->attr[6]};
+    if (isnan(s.coef)) return;  // a skipped step
+    s.form = s.mom == 0.0f ? SGD_PLAIN : step == 1 ? SGD_FIRST : SGD_MOMENTUM;
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
     for (int64_t t = 0; t < (n + CHUNK - 1) / CHUNK; t++) {
-        int64_t i1 = imin(n, (t + 1) * CHUNK);
-        VEC_LOOP
-        for (int64_t i = t * CHUNK; i < i1; i++) {
-            float d = g[i] * coef + wd * p[i];
-            if (mom != 0.0f) {
-                buf[i] = step == 1 ? d : buf[i] * mom + d;
-                d = buf[i];
-            }
-            p[i] = p[i] - lr * d;
-        }
+        int64_t i0 = t * CHUNK;
+        sgd_chunk(p + i0, g + i0, buf + i0, imin(CHUNK, n - i0), s);
     }
 }
 
