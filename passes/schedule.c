@@ -65,9 +65,9 @@ static int touches(const Graph *g, const Node *n, const int *root, int r0, int r
 static int is_gather(const Graph *g, int k, const char *read_by_collective)
 {
     const Node *n = ir_node(g, k);
+    if (n->op != OP_all_gather && n->op != OP_to_device) return 0;
     int out = ir_out(g, n, 0);
-    if (ir_value(g, out)->role != ROLE_GATHERED) return 0;
-    return n->op == OP_all_gather || (n->op == OP_to_device && !read_by_collective[out]);
+    return ir_value(g, out)->role == ROLE_GATHERED && (n->op == OP_all_gather || !read_by_collective[out]);
 }
 
 /* What a gather reads, when nothing else reads it, moves with it: its cast, or offload's
