@@ -102,7 +102,7 @@ struct Exec {
     float *work;            // the kernels' workspace (plan_alloc), or NULL
     size_t work_floats;
     int guarding;           // ExecOptions.guard
-    Guard *guard;           // debug: every op checked to stay inside its buffers (guard.c)
+    Guard *guard[PLAN_PLACE_COUNT];  // debug: every op checked to stay inside its buffers (guard.c), per space
     char guard_err[512];    // the guard's last finding
     int64_t copied[2];      // bytes the copies between the spaces moved so far: to the host, to the device
 };
@@ -508,9 +508,8 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
     if (build_workspace(e, err, errlen)) return -1;
     if ((e->nan_fill && build_dead_lists(e, err, errlen)) || find_step(e, err, errlen)) return -1;
     for (int s = 0; s < PLAN_PLACE_COUNT && e->nan_fill; s++) memset(e->space[s], 0xff, (size_t)e->space_bytes[s]);
-    if (o->guard && !(e->guard = rt_guard_new(p, e->space[PLAN_PLACE_DEVICE], e->space_bytes[PLAN_PLACE_DEVICE], err,
-                                              errlen)))
-        return -1;
+    for (int s = 0; s < PLAN_PLACE_COUNT && o->guard; s++)
+        if (!(e->guard[s] = rt_guard_new(p, (PlanPlace)s, e->space[s], e->space_bytes[s], err, errlen))) return -1;
     return init_tensors(e, o->seed, err, errlen);
 }
 
@@ -552,7 +551,7 @@ void rt_exec_free(Exec *e)
     plan_dealloc(e->dead);
     plan_dealloc(e->colls);
     rt_comm_queue_free(e->queue);
-    rt_guard_free(e->guard);
+    for (int s = 0; s < PLAN_PLACE_COUNT; s++) rt_guard_free(e->guard[s]);
     plan_dealloc(e);
 }
 
@@ -574,7 +573,7 @@ int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned ph
             const RtColl *c = e->ops[waits[x->wait + w]].coll;
             if (c) rt_comm_wait_for(q, c);
         }
-        if (e->guard && !x->skip) rt_guard_before(e->guard, k);
+        for (int s = 0; s < PLAN_PLACE_COUNT && e->guarding && !x->skip; s++) rt_guard_before(e->guard[s], k);
         if (x->coll) {
             rt_comm_start(q, x->coll);
             if (x->block) rt_comm_wait_for(q, x->coll);
@@ -582,9 +581,10 @@ int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned ph
             x->fn(&x->call);
             if (x->copy) e->copied[x->copy - 1] += x->copy_bytes;
         }
-        if (e->guard && !x->skip) {
+        if (e->guarding && !x->skip) {
             if (rt_comm_pending(q)) rt_comm_wait_all(q);
-            if (rt_guard_after(e->guard, k, e->guard_err, sizeof e->guard_err)) return -1;
+            for (int s = 0; s < PLAN_PLACE_COUNT; s++)
+                if (rt_guard_after(e->guard[s], k, e->guard_err, sizeof e->guard_err)) return -1;
         }
         for (int32_t d = 0; d < x->n_dead; d++) {  // a collective's buffers live until it is waited for
             int32_t id = e->dead[x->dead + d];

@@ -7,7 +7,9 @@
  * CHUNK bytes. After the op, the canaries and the checksums must be as they were. An op
  * may write the buffers of its outputs; an effect op (OPF_EFFECT: adamw, sgd), which has
  * none, the persistent state (params, optimizer state, master weights) among its inputs.
- * A buffer is a root tensor (alias == PLAN_NONE): a view lies inside its root.
+ * A buffer is a root tensor (alias == PLAN_NONE): a view lies inside its root. A guard
+ * watches one memory space's arena (the executor makes one per space: offload's host
+ * space is guarded like the device's).
  *
  * Buffers that no op makes (params, inputs, state, constants made at setup) are held
  * live over the whole step: nothing could make them again.
@@ -29,6 +31,7 @@ static const uint8_t CANARY[4] = {0xEF, 0xBE, 0xC0, 0xFF};
 
 struct Guard {
     const Plan *plan;
+    PlanPlace space;         // the memory space whose arena this is
     uint8_t *arena;
     int64_t arena_bytes;
     int32_t *roots;          // root tensor ids by offset
@@ -68,7 +71,7 @@ static int sort_roots(Guard *g)
     return 0;
 }
 
-Guard *rt_guard_new(const Plan *p, uint8_t *arena, int64_t arena_bytes, char *err, size_t errlen)
+Guard *rt_guard_new(const Plan *p, PlanPlace space, uint8_t *arena, int64_t arena_bytes, char *err, size_t errlen)
 {
     Guard *g = plan_alloc(sizeof *g);
     if (!g) {
@@ -76,7 +79,7 @@ Guard *rt_guard_new(const Plan *p, uint8_t *arena, int64_t arena_bytes, char *er
         return NULL;
     }
     memset(g, 0, sizeof *g);
-    g->plan = p, g->arena = arena, g->arena_bytes = arena_bytes;
+    g->plan = p, g->space = space, g->arena = arena, g->arena_bytes = arena_bytes;
     size_t nt = (size_t)p->n_tensors + 1;
     g->roots = plan_alloc(sizeof *g->roots * nt);
     g->live = plan_alloc(sizeof *g->live * nt);
@@ -94,7 +97,7 @@ Guard *rt_guard_new(const Plan *p, uint8_t *arena, int64_t arena_bytes, char *er
     memset(g->writes, 0, nt);
     int32_t slot = 0;
     for (int32_t t = 0; t < p->n_tensors; t++) {
-        if (p->tensors[t].alias != PLAN_NONE) continue;
+        if (p->tensors[t].alias != PLAN_NONE || p->tensors[t].place != space) continue;
         g->roots[g->n_roots++] = t;
         g->chunk_at[t] = slot;
         slot += (int32_t)((plan_tensor_nbytes(&p->tensors[t]) + CHUNK - 1) / CHUNK);
@@ -223,8 +226,9 @@ static int check_gap(Guard *g, int64_t a, int64_t b, int32_t below, void *ctx)
                  report_tensor_name(p, below, name, sizeof name), report_type(&p->tensors[below], type, sizeof type),
                  (long long)p->tensors[below].offset, (long long)(p->tensors[below].offset + nbytes(g, below)),
                  g->writes[below] ? ", an output of this op" : "");
-    return plan_fail(c->err, c->errlen, "guard: op %d, %s, wrote outside its planned buffers: arena bytes [%lld, %lld) "
-                   "changed, in free space [%lld, %lld) %s", c->op, where(g, c->op, w, sizeof w), (long long)first,
+    return plan_fail(c->err, c->errlen, "guard: op %d, %s, wrote outside its planned buffers: %s arena bytes [%lld, "
+                   "%lld) changed, in free space [%lld, %lld) %s", c->op, where(g, c->op, w, sizeof w),
+                   plan_place_name(g->space), (long long)first,
                    (long long)last + 1, (long long)a, (long long)b, after);
 }
 
@@ -242,9 +246,10 @@ static int check_live(Guard *g, int32_t t, Check *c)
     if (first < 0) return 0;
     char w[256], name[64], type[96];
     int64_t at = p->tensors[t].offset;
-    return plan_fail(c->err, c->errlen, "guard: op %d, %s, wrote outside its planned buffers: arena bytes [%lld, %lld) "
-                   "changed, inside tensor %s (%s, %s, bytes [%lld, %lld)), live here and not written by this op",
-                   c->op, where(g, c->op, w, sizeof w), (long long)(at + first), (long long)(at + last),
+    return plan_fail(c->err, c->errlen, "guard: op %d, %s, wrote outside its planned buffers: %s arena bytes [%lld, "
+                   "%lld) changed, inside tensor %s (%s, %s, bytes [%lld, %lld)), live here and not written by this op",
+                   c->op, where(g, c->op, w, sizeof w), plan_place_name(g->space), (long long)(at + first),
+                   (long long)(at + last),
                    report_tensor_name(p, t, name, sizeof name), report_type(&p->tensors[t], type, sizeof type),
                    plan_role_name(p->tensors[t].role), (long long)at, (long long)(at + n));
 }

@@ -199,7 +199,7 @@ int rt_threads(void);
 /* Before op k every free byte of the arena (at k) gets a canary and every live buffer
  * the op may not write a checksum; after it, both must hold. See guard.c. */
 typedef struct Guard Guard;
-Guard *rt_guard_new(const Plan *p, uint8_t *arena, int64_t arena_bytes, char *err, size_t errlen);
+Guard *rt_guard_new(const Plan *p, PlanPlace space, uint8_t *arena, int64_t arena_bytes, char *err, size_t errlen);
 void rt_guard_free(Guard *g);
 void rt_guard_before(Guard *g, int32_t k);
 /* 0, or -1 with the op, its source location and the damaged arena bytes in err. */

@@ -109,7 +109,7 @@ Test(guard, catches_a_write_past_the_end_of_a_buffer)
     cr_expect_null(rt_exec_new(p, &eo, err, sizeof err), "the op check lets y [2, 4] through");
     cr_expect(strstr(err, "op 0 (matmul)") && strstr(err, "f32[4, 4]"), "%s", err);
     static _Alignas(64) uint8_t arena[192];
-    Guard *g = rt_guard_new(p, arena, sizeof arena, err, sizeof err);
+    Guard *g = rt_guard_new(p, PLAN_PLACE_DEVICE, arena, sizeof arena, err, sizeof err);
     cr_assert_not_null(g, "%s", err);
     rt_guard_before(g, 0);
     cr_expect_eq(rt_guard_after(g, 0, err, sizeof err), 0, "an op that writes nothing: %s", err);

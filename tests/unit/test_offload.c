@@ -11,8 +11,9 @@
  *    plan_check.
  *  - The CUDA backend refuses an offloaded plan, saying how to run it.
  *  - The same training: two steps of the unsharded plan in bf16 with and without
- *    offload leave every param bitwise equal (poisoning dead buffers: the host space's
- *    live ranges hold), and the executor's copy counters are the plan's bytes.
+ *    offload leave every param bitwise equal (poisoning dead buffers, and guarding both
+ *    arenas: the host space's live ranges and bounds hold), and the executor's copy
+ *    counters are the plan's bytes.
  */
 #include <criterion/criterion.h>
 #include <string.h>
@@ -117,11 +118,13 @@ Test(offload, only_copies_cross_spaces)
     plan_free(p);
 }
 
-/* Two steps of p (debug poisoning on); every param's bytes by name into a new buffer. */
+/* Two steps of p, with every debug check on: dead buffers poisoned, and the guard proving
+ * each op stays inside its buffers in both spaces. Every param's bytes, in tensor order,
+ * into a new buffer. */
 static uint8_t *train2(const Plan *p, int64_t *to_host, int64_t *to_device, size_t *n)
 {
     char err[256];
-    ExecOptions eo = {.seed = 5, .nan_fill = 1};
+    ExecOptions eo = {.seed = 5, .nan_fill = 1, .guard = 1};
     Exec *e = rt_exec_new(p, &eo, err, sizeof err);
     cr_assert_not_null(e, "%s", err);
     cr_assert_eq(rt_exec_space_bytes(e, PLAN_PLACE_HOST), plan_space_bytes(p, PLAN_PLACE_HOST));
