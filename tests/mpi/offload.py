@@ -10,7 +10,8 @@ values, so an offloaded run equals the same run without offload bit for bit.
    world 1 and 2, in fp32 and bf16; `--offload params` too for fsdp, with
    reshard_after_forward 1 and 0; `--microbatches 4` for none, zero2 and fsdp; fp16
    with an overflow at step 2 (skipped in both runs) for none and zero2; SGD with
-   momentum for zero1 and fsdp.
+   momentum for zero1 and fsdp; the tiny Llama (shard none, and zero2 in bf16); and two
+   pipeline stages x 2 ranks (zero2 in bf16; fsdp with its params offloaded).
 2. The bytes the runtime's copies move each step (--log's to_host_bytes and
    to_device_bytes) are those `fsc --comm` gives for the plan (its `device <-> host:`
    line), at every step, skipped or not; a plan without offload copies nothing. For
@@ -41,6 +42,8 @@ from trainrun import TRAIN, mpi_main, run  # noqa: E402
 
 STEPS = 4
 GPT2 = ["-D", "L=2", "-D", "C=32", "-D", "NH=2", "-D", "T=16", "-D", "V=256", "-D", "B=24"]
+MODELS = {"gpt2": GPT2, "llama": ["-D", "L=2", "-D", "C=32", "-D", "NH=2", "-D", "F=64", "-D", "T=16", "-D", "V=256",
+                                  "-D", "B=24"]}
 SGD = ["--optimizer", "sgd", "--momentum", "0.9", "--lr", "1e-2", "--weight_decay", "0.1", "--clip", "1.0",
        "--warmup", "2"]
 LOGGED = ("loss", "lr", "grad_norm", "loss_scale", "skipped")
@@ -54,7 +57,16 @@ ST_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8", "I32": "<i
 
 
 def tensors(path):
-    """A safetensors file as {name: (dtype, shape, raw bytes)}."""
+    """A safetensors file as {name: (dtype, shape, raw bytes)}; a pipeline's, from its
+    stages' files (a param two stages hold, the tied embedding, is the same in both)."""
+    if not os.path.exists(path):
+        out = {}
+        for k in range(1, 9):
+            shard = path.replace(".safetensors", "-%05d-of-%05d.safetensors")
+            for n in range(k, 9):
+                if os.path.exists(shard % (k, n)):
+                    out.update(tensors(shard % (k, n)))
+        return out
     with open(path, "rb") as f:
         blob = f.read()
     (n,) = struct.unpack("<Q", blob[:8])
@@ -72,10 +84,10 @@ def values(dtype, raw):
 
 def copies(comm):
     """(bytes to the host, bytes to the device) per step from `fsc --comm`; (0, 0) when
-    it lists no copies."""
-    found = re.search(r"device <-> host: (\d+) copies, (\d+) bytes to the host \([^)]*\), (\d+) bytes to the device",
-                      comm)
-    return (int(found.group(2)), int(found.group(3))) if found else (0, 0)
+    it lists no copies. With pipeline stages, the last stage's: its first rank logs."""
+    found = re.findall(r"device <-> host: (\d+) copies, (\d+) bytes to the host \([^)]*\), (\d+) bytes to the device",
+                       comm)
+    return (int(found[-1][1]), int(found[-1][2])) if found else (0, 0)
 
 
 def units(comm, elem):
@@ -90,10 +102,12 @@ class Runner:
         self.fsc, self.fsexec, self.work, self.data = fsc, fsexec, work, data
 
     def compile(self, world, extra, offload, what="--comm", optim=TRAIN):
-        tag = re.sub(r"[^A-Za-z0-9]+", "-", "%d-%s-%s-%s" % (world, "-".join(extra), offload, optim[1]))
+        model = "llama" if "llama" in extra else "gpt2"
+        extra = [x for x in extra if x != "llama"]
+        tag = re.sub(r"[^A-Za-z0-9]+", "-", "%s-%d-%s-%s-%s" % (model, world, "-".join(extra), offload, optim[1]))
         plan = os.path.join(self.work, tag + ".plan")
-        out = run([self.fsc, "samples/gpt2.fsm", *GPT2, *optim, *extra, "--world", str(world), "--offload", offload,
-                   what, "-q"] + (["-o", plan] if what == "--comm" else [])).stdout
+        out = run([self.fsc, "samples/%s.fsm" % model, *MODELS[model], *optim, *extra, "--world", str(world),
+                   "--offload", offload, what, "-q"] + (["-o", plan] if what == "--comm" else [])).stdout
         return tag, plan, out
 
     def train(self, world, extra, offload, debug=(), optim=TRAIN):
@@ -163,6 +177,10 @@ def cases():
             (2, ["--shard", "zero2", "--microbatches", "4"], ["optimizer"]),
             (2, ["--shard", "fsdp", "--microbatches", "4"], ["optimizer", "params"]),
             (2, ["--shard", "fsdp", "--microbatches", "4", "--precision", "bf16"], ["params"])]
+    out += [(2, ["llama", "--shard", "zero2", "--precision", "bf16"], ["optimizer"]),
+            (1, ["llama", "--shard", "none"], ["optimizer"]),
+            (4, ["--stages", "2", "--microbatches", "4", "--shard", "zero2", "--precision", "bf16"], ["optimizer"]),
+            (4, ["--stages", "2", "--microbatches", "4", "--shard", "fsdp"], ["params"])]
     out = [c + ([], TRAIN) for c in out]
     out += [(world, ["--shard", shard, "--precision", "fp16"], ["optimizer"], ["--debug-overflow-at", "2"], TRAIN)
             for world, shard in ((1, "none"), (2, "zero2"))]
@@ -173,7 +191,7 @@ def cases():
 
 def training(r):
     for world, extra, offloads, debug, optim in cases():
-        flags = " ".join(extra[1:] + debug + (["sgd"] if optim is SGD else []))
+        flags = " ".join([x for x in extra if x != "--shard"] + debug + (["sgd"] if optim is SGD else []))
         ref = r.train(world, extra, "none", debug, optim)
         if counted("%s world %d without offload" % (flags, world), ref[1], ref[2]) != (0, 0):
             sys.exit("FAIL %s world %d: the plan without offload copies between device and host:\n%s"
