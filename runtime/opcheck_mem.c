@@ -372,11 +372,24 @@ static int check_read(Mem *m, int32_t k, char *err, size_t errlen)
     }
 }
 
-/* An effect op updates only persistent state in place: what the guard lets it write. */
+/* Whether op k has a float (or int) attribute `key` equal to 0. */
+static int attr_is_zero(const Plan *p, int32_t k, const char *key)
+{
+    for (int32_t a = 0; a < p->ops[k].n_attr; a++) {
+        const PlanAttr *at = &p->attrs[p->ops[k].attr + a];
+        if (strcmp(plan_str(p, at->key), key)) continue;
+        return at->kind == PLAN_ATTR_FLOAT ? at->f == 0 : at->kind == PLAN_ATTR_INT && at->i == 0;
+    }
+    return 0;
+}
+
+/* An effect op updates only persistent state in place: what the guard lets it write.
+ * SGD without momentum has no buffer and leaves its `buf` (the gradient) alone. */
 static int check_updates(Mem *m, int32_t k, char *err, size_t errlen)
 {
     const Plan *p = m->p;
     unsigned upd = updated_inputs(kind_of(m, k));
+    if (kind_of(m, k) == OP_sgd && attr_is_zero(p, k, "momentum")) upd &= ~(1u << 2);
     for (int32_t i = 0; i < p->ops[k].n_in && upd; i++) {
         if (!((upd >> i) & 1)) continue;
         int32_t t = in_of(p, k, i);

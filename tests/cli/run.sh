@@ -109,6 +109,10 @@ expect offload-params-needs-fsdp 1 "so it needs --shard fsdp" -- "$FSC" "$SRC/sa
 expect offload-comm 0 "device <-> host: " -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --comm -q
 expect offload-mem 0 "host state" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --mem -q
 expect offload-typo 1 "did you mean 'optimizer'" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimiser
+expect offload-plan 0 "wrote $tmp/mlp-off.plan" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer -o "$tmp/mlp-off.plan"
+expect offload-run 0 "step 2/2" -- "$FSEXEC" "$tmp/mlp-off.plan" --steps 2 --debug-guard --debug-nan
+expect sgd-plain 0 "wrote $tmp/mlp-sgd.plan" -- "$FSC" "$SRC/samples/mlp.fsm" --momentum 0 -o "$tmp/mlp-sgd.plan"
+expect sgd-plain-run 0 "step 2/2" -- "$FSEXEC" "$tmp/mlp-sgd.plan" --steps 2
 expect debug-guard 0 "step 2/2" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 2 --debug-guard
 head -c 100 "$tmp/gpt2.plan" >"$tmp/short.plan"
 expect inspect-truncated 1 "truncated" -- "$FSEXEC" --inspect "$tmp/short.plan"
