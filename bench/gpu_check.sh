@@ -3,8 +3,9 @@
 # about 8 minutes, every step printing its numbers and the run going on past a failure:
 #   1. op_check: every op of tiny GPT-2 and tiny Llama on CUDA against the CPU backend,
 #      from identical inputs, in fp32, tf32, bf16 and fp16;
-#   2. tiny GPT-2 trained 20 steps on --device cuda (plain and --cuda-graph) and on
-#      --device cpu from the same seed: per-step losses within fp32 1e-4 / bf16 2e-2;
+#   2. tiny GPT-2 trained 20 steps on --device cuda (plain and --cuda-graph, and bf16
+#      with --offload optimizer) and on --device cpu from the same seed: per-step losses
+#      within fp32 1e-4 / bf16 2e-2;
 #   3. memory: the arena the plan promised against what the device gave (the
 #      "cuda memory:" start line), and the process's whole use of the device;
 #   4. GPT-2 124M (B=8, T=1024, bf16, --cuda-graph): tokens/s and MFU against PyTorch on
@@ -169,6 +170,16 @@ for prec in fp32 bf16; do
     if out=$(compare_losses "$WORK/cuda-$prec.jsonl" "$WORK/cpu-$prec.jsonl" "$tol" "cuda vs cpu $prec" 2>&1); then say "$out"; else fail "$out"; fi
     if out=$(compare_losses "$WORK/graph-$prec.jsonl" "$WORK/cuda-$prec.jsonl" "$tol" "cuda-graph vs cuda $prec" 2>&1); then say "$out"; else fail "$out"; fi
 done
+# Offload: the update on the host (page-locked host space, copies on the compute stream).
+p=$WORK/gpt2-bf16-offload.plan
+if fs "$FSC" "$ROOT/samples/gpt2.fsm" "${GPT2_TINY[@]}" --precision bf16 --offload optimizer -o "$p" -q; then
+    fs_t 120 "$FSEXEC" "$p" --steps 20 --seed 7 --log-every 10 --device cpu --log "$WORK/cpu-offload.jsonl" 2>&1 | tail -2
+    fs_t 120 "$FSEXEC" "$p" --steps 20 --seed 7 --log-every 10 --device cuda --log "$WORK/cuda-offload.jsonl" 2>&1 | tail -3
+    if out=$(compare_losses "$WORK/cuda-offload.jsonl" "$WORK/cpu-offload.jsonl" 2e-2 "cuda vs cpu bf16 offload" 2>&1); then
+        say "$out"; else fail "$out"; fi
+else
+    fail "fsc --offload optimizer"
+fi
 
 # ---- 3 and 4. GPT-2 124M: memory, speed, against PyTorch -----------------------------------------
 section "3, 4. GPT-2 124M (B=8, T=1024, bf16): memory and speed"

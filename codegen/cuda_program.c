@@ -4,7 +4,7 @@
  * ops/ops.def (as runtime/cpu/table.c does for the CPU kernels), so adding an op adds its
  * emitter here without a line of this file. A fused group (passes/fuse.c: Node.group)
  * is emitted once, at its last node, as one kernel (cu_group); its other members get no
- * instruction. The instructions go into the plan sorted by op, the module's text into
+ * instruction, nor does a node of the host space (offload's, which the host runs). The instructions go into the plan sorted by op, the module's text into
  * the plan's CUDA module (section CUMD), and the cuBLAS workspace the runtime allocates besides the arena
  * into meta "cuda_workspace_bytes" (reported on its own line, never in the arena).
  */
@@ -22,12 +22,20 @@ static int (*const EMITTERS[])(CuCtx *c) = {
 };
 _Static_assert(sizeof EMITTERS / sizeof *EMITTERS == OP_COUNT, "one emitter per op");
 
-/* Whether node n is a member of a fused group that goes on after it. */
+/* Whether node n computes in the host space (offload's update and casts): the host runs
+ * it, so it has no CUDA instruction. */
+static int on_host(const Graph *g, int n)
+{
+    const Node *node = ir_node(g, n);
+    if (node->n_in + node->n_out == 0) return 0;
+    return ir_value(g, node->n_out ? ir_out(g, node, 0) : ir_in(g, node, 0))->place == PLACE_HOST;
+}
+
 int codegen_cuda(const Graph *g, Plan *p, char *err, size_t errlen)
 {
     CuCtx c = {.g = g, .m = cu_module_new(g->arena, p), .err = err, .errlen = errlen};
     for (int n = 0; n < g->n_nodes; n++) {
-        if (ir_group_last(g, n) != n) continue;  // its group's last node emits it
+        if (ir_group_last(g, n) != n || on_host(g, n)) continue;  // its group's last node emits it; the host runs it
         c.node = n;
         int group = g->nodes[n].group;
         if (group >= 0 ? cu_group(&c, group) : EMITTERS[g->nodes[n].op](&c)) return -1;

@@ -5,7 +5,7 @@
  * on every other node.
  *
  * A group is a maximal run of CONSECUTIVE nodes that are all OPF_ELEMWISE, share one
- * block and phase, all have an output of one shape (the group's), and where every node
+ * block, phase and memory space, all have an output of one shape (the group's), and where every node
  * after the first reads an output of an earlier member. Inputs from outside the group
  * may broadcast (a bias); every value made inside has the group's full shape, so a
  * fused kernel computes the whole chain per element with one index. Only runs of two or
@@ -27,6 +27,7 @@ static int joins(const Graph *g, int first, int m)
 {
     const Node *head = ir_node(g, first), *n = ir_node(g, m);
     if (!fusible(n) || n->block != head->block || n->phase != head->phase) return 0;
+    if (ir_value(g, ir_out(g, n, 0))->place != ir_value(g, ir_out(g, head, 0))->place) return 0;  // one space
     if (!ir_same_shape(ir_value(g, ir_out(g, n, 0)), ir_value(g, ir_out(g, head, 0)))) return 0;
     for (int i = 0; i < n->n_in; i++) {
         int p = ir_value(g, ir_in(g, n, i))->producer;

@@ -73,8 +73,5 @@ int rt_backend_plan_has_cuda(const Plan *p, char *err, size_t errlen)
 {
     if (!p->cuda_module || !*p->cuda_module)
         return plan_fail(err, errlen, "this plan has no CUDA program; recompile it with this fsc");
-    if (plan_space_bytes(p, PLAN_PLACE_HOST) > 0)
-        return plan_fail(err, errlen, "this plan offloads to the host memory space (fsc --offload); the CUDA backend "
-                         "does not run host ops or copies yet: run it with --device cpu, or compile it without --offload");
     return 0;
 }

@@ -30,7 +30,7 @@
 
 #include "plan.h"
 
-#define RT_BACKEND_ABI 3
+#define RT_BACKEND_ABI 4
 #define RT_BACKEND_SYMBOL "fs_cuda_backend"
 
 typedef struct RtBackend RtBackend;
@@ -45,6 +45,14 @@ typedef struct {
     int tf32;                 // f32 GEMMs may use TF32 tensor cores
     int verbose;              // say on stderr what setup does (compile, cache)
     Exec *exec;               // the host mirror (the CPU backend runs on it; CUDA ignores it)
+    /* Offload: the plan's host space, which the mirror holds whole (copies go between it
+     * and the device arena), and how to run an op that computes in it. host_op(host_ctx,
+     * k) runs op k on the host; the backend calls it once all the device work before k
+     * is complete, and queues nothing after k until it returns. */
+    void *host_space;
+    int64_t host_space_bytes; // 0: the plan has no host space
+    int (*host_op)(void *ctx, int32_t op);
+    void *host_ctx;
 } RtBackendOptions;
 
 /* What a made backend took, for the start line and the memory report. Bytes are

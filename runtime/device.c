@@ -2,7 +2,8 @@
  * the CPU backend (backend_cpu.c) or the CUDA one (libfs_cuda.so, loaded with dlopen).
  *
  * The CPU Exec is the host mirror: params, state and each batch are made there, files
- * are read from and written to it. The device holds the working copy (for the CPU, the
+ * are read from and written to it; with offload it holds the plan's host space whole,
+ * whose ops the backend has it run (rt_exec_run_host_op), and a tensor there never moves. The device holds the working copy (for the CPU, the
  * mirror itself, and every move is nothing); this file moves exactly what crosses
  * between the two: before each step the plan's inputs (the batch and the step number),
  * after it the few outputs the progress line reports, and before files are written the
@@ -57,13 +58,19 @@ int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, c
     return 0;
 }
 
+/* The backend's way to run an op of the host space (offload's update) on the mirror. */
+static int run_host_op(void *ctx, int32_t k) { return rt_exec_run_host_op(ctx, k); }
+
 int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, const int32_t *report, int n_report)
 {
     char err[2048];
     const Plan *p = rt_exec_plan(e);
     RtBackendOptions o = {.plan = p, .host_arena = rt_exec_arena(e),
                           .host_bytes = rt_exec_held_bytes(e, PLAN_PLACE_DEVICE), .rank = rk->rank, .world = rk->world,
-                          .local_rank = rk->local_rank, .tf32 = tf32, .exec = (Exec *)e};
+                          .local_rank = rk->local_rank, .tf32 = tf32, .exec = (Exec *)e,
+                          .host_space = (void *)rt_exec_space(e, PLAN_PLACE_HOST),
+                          .host_space_bytes = rt_exec_space_bytes(e, PLAN_PLACE_HOST), .host_op = run_host_op,
+                          .host_ctx = (Exec *)e};
     d->up = malloc(sizeof *d->up * ((size_t)p->n_tensors + 1));
     d->down = malloc(sizeof *d->down * ((size_t)n_report + 1));
     if (!d->up || !d->down) {
@@ -94,7 +101,9 @@ int rt_device_is_cpu(const RtDevice *d) { return d->ops == rt_backend_cpu(); }
 
 int rt_device_move(RtDevice *d, Exec *e, int up, const int32_t *ids, int n)
 {
+    const Plan *p = rt_exec_plan(e);
     for (int i = 0; i < n; i++) {  // the CPU backend's moves are nothing
+        if (p->tensors[ids[i]].place == PLAN_PLACE_HOST) continue;  // offload's: the mirror holds it, not the device
         void *host = rt_exec_data(e, ids[i]);
         if (up ? d->ops->upload(d->b, ids[i], host) : d->ops->download(d->b, ids[i], host)) return -1;
     }

@@ -94,7 +94,7 @@ struct Exec {
     int mpi;                // the run has more than one rank: collectives and sends go to MPI
     RtColl *colls;          // mpi: one per op, used by the collectives and point-to-point ops
     RtCommQueue *queue;     // mpi: those in flight
-    int mirror;             // a device's host mirror (ExecOptions.mirror): holds, runs nothing
+    int mirror;             // a device's host mirror (ExecOptions.mirror): holds, runs only host-space ops
     int64_t held[PLAN_PLACE_COUNT];   // bytes of each space held from its start (all, unless a mirror)
     uint8_t **side;         // a mirror: per tensor, its bytes when the step's outputs hold them apart
     void *side_block;
@@ -452,7 +452,8 @@ static int alloc_side(Exec *e, char *err, size_t errlen)
 static int alloc_spaces(Exec *e, const PlanProgram *prog, char *err, size_t errlen)
 {
     for (int s = 0; s < PLAN_PLACE_COUNT; s++) {
-        int64_t n = e->mirror ? mirror_prefix(e, s) : prog->space_bytes[s];
+        /* A mirror holds the host space whole: offload's host ops run on it there. */
+        int64_t n = e->mirror && s != PLAN_PLACE_HOST ? mirror_prefix(e, s) : prog->space_bytes[s];
         e->held[s] = n;
         if ((uint64_t)n > SIZE_MAX - 2 * ARENA_ALIGN)
             return plan_fail(err, errlen, "the plan's %s arena (%lld bytes) is not a size this machine can allocate",
@@ -464,6 +465,46 @@ static int alloc_spaces(Exec *e, const PlanProgram *prog, char *err, size_t errl
         e->space_bytes[s] = prog->space_bytes[s];
     }
     return e->mirror ? alloc_side(e, err, errlen) : 0;
+}
+
+/* Whether op k computes in the host space: every tensor it touches lies there (plan_check:
+ * an op other than a copy touches one space). */
+static int host_op(const Plan *p, int32_t k)
+{
+    const PlanOp *op = &p->ops[k];
+    if (op->n_in + op->n_out == 0 || (op_info_by_name(plan_str(p, op->op)) &&
+                                      (op_info_by_name(plan_str(p, op->op))->flags & OPF_COPY)))
+        return 0;
+    int32_t t = p->ids[op->n_in ? op->in : op->out];
+    return p->tensors[t].place == PLAN_PLACE_HOST;
+}
+
+int rt_exec_is_host_op(const Exec *e, int32_t k) { return k >= 0 && k < e->plan->n_ops && host_op(e->plan, k); }
+
+/* A mirror's ops: those of the host space only, which the device's backend has run here
+ * (rt_exec_run_host_op); with none, nothing. */
+static int build_host_ops(Exec *e, char *err, size_t errlen)
+{
+    const Plan *p = e->plan;
+    int32_t n = 0;
+    for (int32_t k = 0; k < p->n_ops; k++) n += host_op(p, k);
+    if (!n) return 0;
+    if (!(e->ops = plan_alloc(sizeof *e->ops * (size_t)p->n_ops))) return plan_fail(err, errlen, "out of memory");
+    memset(e->ops, 0, sizeof *e->ops * (size_t)p->n_ops);
+    e->n_ops = p->n_ops;
+    for (int32_t k = 0; k < p->n_ops; k++)
+        if (host_op(p, k) && build_op(e, k, err, errlen)) return -1;
+    return build_workspace(e, err, errlen);
+}
+
+int rt_exec_run_host_op(Exec *e, int32_t k)
+{
+    if (!e->ops || !rt_exec_is_host_op(e, k) || !e->ops[k].fn) {
+        snprintf(e->guard_err, sizeof e->guard_err, "op %d does not compute in the host space", k);
+        return -1;
+    }
+    if (!e->ops[k].skip) e->ops[k].fn(&e->ops[k].call);
+    return 0;
 }
 
 static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
@@ -485,8 +526,9 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
     if (e->rank < 0 || e->rank >= e->world)
         return plan_fail(err, errlen, "rank %d is outside the world of %d", e->rank, e->world);
     if (alloc_spaces(e, prog, err, errlen)) return -1;
-    /* A mirror runs nothing: its device's backend proves the schedule (cs_build). */
-    if (e->mirror) return find_step(e, err, errlen) || init_tensors(e, o->seed, err, errlen);
+    /* A mirror runs only the host space's ops (offload's update, rt_exec_run_host_op): its
+     * device's backend proves the schedule (cs_build) and runs the rest. */
+    if (e->mirror) return find_step(e, err, errlen) || build_host_ops(e, err, errlen) || init_tensors(e, o->seed, err, errlen);
     if (plan_check_schedule(p, e->rank, err, errlen)) return -1;
     e->ops = plan_alloc(sizeof *e->ops * (size_t)p->n_ops);
     if (!e->ops) return plan_fail(err, errlen, "out of memory");

@@ -549,6 +549,11 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     ProgressOptions po = {.steps = f->steps, .log_every = f->log_every, .log_path = f->log, .tty = -1};
     int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, whole, who);
     if (rc) return rc;
+    if (f->cuda_graph && !rt_device_is_cpu(&r->dev) && plan_space_bytes(p, PLAN_PLACE_HOST) > 0) {
+        fprintf(stderr, "%s: --cuda-graph: the plan runs its optimizer on the host (offload), which a CUDA graph cannot "
+                "capture; run it without --cuda-graph\n", who);
+        return 1;
+    }
     /* For a device, the Exec is its host mirror: the persistent state and the outputs
      * (--save-grads reads every gradient: then all of it). */
     int reporter = (layout.stages - 1) * layout.dp;  // rank 0, or the last stage's first: it has the logits

@@ -10,7 +10,8 @@
  * function and parameter pointers; cuBLAS with its workspace (meta
  * "cuda_workspace_bytes", 32 MiB by default) on the compute stream; with world > 1 the
  * collectives' stream, their events and an NCCL communicator whose id rank 0 makes and
- * MPI broadcasts. A world of one touches neither MPI nor NCCL.
+ * MPI broadcasts. A world of one touches neither MPI nor NCCL. With offload, the
+ * plan's host space (the mirror's) is page-locked for the copies.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -227,6 +228,24 @@ static int make_nccl(RtBackend *b)
     return 0;
 }
 
+/* Offload's host space, the mirror's: page-locked, so its copies run at the link's speed
+ * and asynchronously (cudaHostRegister; the memory stays the mirror's). */
+static int make_host(RtBackend *b, const RtBackendOptions *o)
+{
+    if (!b->s.n_copies && !b->s.n_host) return 0;
+    if (!o->host_space || !o->host_op || o->host_space_bytes < plan_space_bytes(b->plan, PLAN_PLACE_HOST)) {
+        snprintf(b->err, sizeof b->err, "[rank %d] the plan has a host space (offload), but fsexec gave no host space "
+                 "of its %lld bytes, or no way to run its ops", b->rank, (long long)plan_space_bytes(b->plan, PLAN_PLACE_HOST));
+        return -1;
+    }
+    b->host = o->host_space, b->host_bytes = o->host_space_bytes, b->host_op = o->host_op, b->host_ctx = o->host_ctx;
+    snprintf(b->what_buf, sizeof b->what_buf, "page-locking the %.1f MiB host space", (double)b->host_bytes / MIB);
+    b->what = b->what_buf;
+    if (b->host_bytes > 0) CU_CHECK(b, cuMemHostRegister(b->host, (size_t)b->host_bytes, CU_MEMHOSTREGISTER_PORTABLE));
+    b->host_locked = b->host_bytes > 0;
+    return 0;
+}
+
 static int setup(RtBackend *b, const RtBackendOptions *o)
 {
     const Plan *p = b->plan;
@@ -259,6 +278,7 @@ static int setup(RtBackend *b, const RtBackendOptions *o)
     b->info.arena = before - after_arena;
     b->what = "creating the compute stream";
     CU_CHECK(b, cuStreamCreate(&b->compute, CU_STREAM_NON_BLOCKING));
+    if (make_host(b, o)) return -1;
     if (load_module(b, cc)) return -1;
     for (int32_t i = 0; i < p->n_cuda; i++)
         if (p->cuda[i].kind == PLAN_CU_LAUNCH && bind_launch(b, i)) return -1;
@@ -289,6 +309,7 @@ static void destroy(RtBackend *b)
             if (b->done[c]) cuEventDestroy(b->done[c]);
         }
         if (b->module) cuModuleUnload(b->module);
+        if (b->host_locked) cuMemHostUnregister(b->host);
         if (b->compute) cuStreamDestroy(b->compute);
         if (b->comm) cuStreamDestroy(b->comm);
         if (b->blas_ws) cuMemFree(b->blas_ws);

@@ -45,6 +45,12 @@ struct RtBackend {
     CUdeviceptr blas_ws;        // cuBLAS's workspace (cublasSetWorkspace)
     ncclComm_t nccl;
     CUgraphExec graph;          // the captured step (--cuda-graph)
+    uint8_t *host;              // offload: the plan's host space (the mirror's), page-locked while the backend lives
+    int64_t host_bytes;
+    int host_locked;            // cuMemHostRegister took it
+    int (*host_op)(void *ctx, int32_t op);  // runs an op of the host space on the host
+    void *host_ctx;
+    int idle;                   // nothing queued since the compute stream was last waited for
     int32_t cur_op;             // the op running, for messages; -1 outside ops
     const char *what;           // the setup step, for messages outside ops
     char what_buf[256];         // what points here when it needs formatting

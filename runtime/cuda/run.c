@@ -10,7 +10,10 @@
  * started, so a run's work is one chain on the compute stream: a download after it, or
  * a graph capture of it, sees all of it. A world of one has no collectives in flight:
  * its collectives are device copies on the compute stream (or nothing, in place), as
- * runtime/cpu/comm_local.c does on the host.
+ * runtime/cpu/comm_local.c does on the host. Offload's copies between the arena and the
+ * host space go on the compute stream too, in plan order (no copy stream yet: they do
+ * not overlap compute); an op of the host space waits for the stream to drain, then runs
+ * on the host (RtBackendOptions.host_op), so a step with one cannot be a CUDA graph.
  *
  * Nothing here allocates: a step is launches, library calls and event records on what
  * backend.c made.
@@ -95,11 +98,41 @@ static int collective(RtBackend *b, int32_t ci)
     return 0;
 }
 
+/* Offload's copy between the arena and the page-locked host space, in the compute
+ * stream's order. */
+static int copy(RtBackend *b, const CsCopy *c)
+{
+    CUdeviceptr dev = b->arena + (CUdeviceptr)c->dev;
+    if (c->to_device)
+        CU_CHECK(b, cuMemcpyHtoDAsync(dev, b->host + c->host, (size_t)c->bytes, b->compute));
+    else
+        CU_CHECK(b, cuMemcpyDtoHAsync(b->host + c->host, dev, (size_t)c->bytes, b->compute));
+    return 0;
+}
+
+/* An op of the host space: once the device has done everything before it (the copies
+ * it reads came down), the host runs it; what follows is queued after it returns. */
+static int host(RtBackend *b, int32_t k)
+{
+    if (!b->idle) {
+        CU_CHECK(b, cuStreamSynchronize(b->compute));
+        b->idle = 1;
+    }
+    if (b->host_op(b->host_ctx, k)) {
+        snprintf(b->err, sizeof b->err, "[rank %d] the host could not run op %d", b->rank, k);
+        return -1;
+    }
+    return 0;
+}
+
 static int run_op(RtBackend *b, int32_t k)
 {
     const CsOp *o = &b->s.ops[k];
-    for (int32_t w = 0; w < o->n_wait; w++)
+    for (int32_t w = 0; w < o->n_wait; w++, b->idle = 0)
         CU_CHECK(b, cuStreamWaitEvent(b->compute, b->done[b->s.waits[o->wait + w]], 0));
+    if (o->host) return host(b, k);
+    b->idle = 0;
+    if (o->copy >= 0) return copy(b, &b->s.copies[o->copy]);
     if (o->coll >= 0) return collective(b, o->coll);
     for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
         if (b->plan->cuda[i].kind == PLAN_CU_GEMM ? gemm(b, i) : launch(b, i)) return -1;
@@ -152,6 +185,11 @@ static int capture(RtBackend *b)
 
 int cuda_run_step(RtBackend *b, int graph)
 {
+    if (graph && b->s.n_host) {
+        snprintf(b->err, sizeof b->err, "[rank %d] --cuda-graph: the plan runs ops on the host (offload), which a CUDA "
+                 "graph cannot capture; run it without --cuda-graph", b->rank);
+        return -1;
+    }
     if (!graph) return cuda_run_ops(b, 0, b->s.n_ops);
     if (!b->graph && capture(b)) return -1;
     b->what = "replaying the step's CUDA graph";

@@ -132,10 +132,33 @@ static int bind_coll(const Plan *p, int32_t k, CsCollKind kind, int rank, int wo
     return why ? plan_fail(err, errlen, "op %d (%s) on rank %d: %s (NCCL cannot run that in place)", k, name, rank, why) : 0;
 }
 
-/* Instruction ranges, collectives, LAUNCH args and GEMMs. */
+/* Op k's place in the host space, if it has one: a copy between the spaces, or an op
+ * whose tensors lie there (plan_check: an op but a copy touches one space). */
+static int bind_host(const Plan *p, int32_t k, int rank, CsSchedule *s, char *err, size_t errlen)
+{
+    const PlanOp *o = &p->ops[k];
+    OpComm comm = op_comm_by_name(plan_str(p, o->op));
+    if (comm == COMM_TO_HOST || comm == COMM_TO_DEVICE) {
+        int32_t x = p->ids[o->in], y = p->ids[o->out];
+        int up = comm == COMM_TO_DEVICE;
+        s->copies[s->n_copies] = (CsCopy){.op = k, .to_device = up, .dev = cs_offset(p, up ? y : x, rank),
+                                          .host = cs_offset(p, up ? x : y, rank),
+                                          .bytes = plan_tensor_nbytes(&p->tensors[x])};
+        s->ops[k].copy = s->n_copies++;
+    } else if (o->n_in + o->n_out > 0 && p->tensors[p->ids[o->n_in ? o->in : o->out]].place == PLAN_PLACE_HOST) {
+        s->ops[k].host = 1;
+        s->n_host++;
+    }
+    if ((s->ops[k].copy >= 0 || s->ops[k].host) && s->ops[k].n_instr)
+        return plan_fail(err, errlen, "op %d (%s) runs on the host but has CUDA instructions (plan made by a different "
+                         "fsc)", k, plan_str(p, o->op));
+    return 0;
+}
+
+/* Instruction ranges, collectives, copies, host ops, LAUNCH args and GEMMs. */
 static int bind(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_t errlen)
 {
-    for (int32_t k = 0; k < p->n_ops; k++) s->ops[k].coll = -1;
+    for (int32_t k = 0; k < p->n_ops; k++) s->ops[k].coll = s->ops[k].copy = -1;
     for (int32_t i = 0; i < p->n_cuda; i++) {
         CsOp *o = &s->ops[p->cuda[i].op];
         if (!o->n_instr) o->instr = i;
@@ -146,6 +169,7 @@ static int bind(const Plan *p, int rank, int world, CsSchedule *s, char *err, si
         if ((info && (info->flags & OPF_P2P)) || attr_int(p, &p->ops[k], "group", OP_GROUP_DATA) != OP_GROUP_DATA)
             return plan_fail(err, errlen, "op %d (%s): pipeline stages run on CPU ranks only in this version (run with "
                              "--device cpu)", k, plan_str(p, p->ops[k].op));
+        if (bind_host(p, k, rank, s, err, errlen)) return -1;
         int kind = cs_coll_kind(plan_str(p, p->ops[k].op));
         if (kind < 0) continue;
         if (s->ops[k].n_instr)
@@ -194,11 +218,12 @@ int cs_build(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_
     size_t ops = sizeof *s->ops * (size_t)p->n_ops, instrs = (size_t)p->n_cuda + 1;
     s->ops = plan_alloc(ops);
     s->colls = plan_alloc(sizeof *s->colls * ((size_t)p->n_ops + 1));
+    s->copies = plan_alloc(sizeof *s->copies * ((size_t)p->n_ops + 1));
     s->waits = plan_alloc(sizeof *s->waits * ((size_t)p->n_waits + 1));
     s->args = plan_alloc(sizeof *s->args * (size_t)(n_args + 1));
     s->arg_at = plan_alloc(sizeof *s->arg_at * instrs);
     s->gemms = plan_alloc(sizeof *s->gemms * instrs);
-    if (!s->ops || !s->colls || !s->waits || !s->args || !s->arg_at || !s->gemms) {
+    if (!s->ops || !s->colls || !s->copies || !s->waits || !s->args || !s->arg_at || !s->gemms) {
         cs_free(s);
         return plan_fail(err, errlen, "out of memory");
     }
@@ -214,6 +239,7 @@ void cs_free(CsSchedule *s)
 {
     plan_dealloc(s->ops);
     plan_dealloc(s->colls);
+    plan_dealloc(s->copies);
     plan_dealloc(s->waits);
     plan_dealloc(s->args);
     plan_dealloc(s->arg_at);

@@ -13,6 +13,10 @@
  * of ops [from, to) then waits for every collective it started, so each run ends
  * complete (and a run that starts later than 0 only ever waits for events already
  * complete).
+ *
+ * Offload: an op whose tensors lie in the host space runs on the host (it has no CUDA
+ * instructions: codegen emits none); a to_host or to_device op is a copy between the
+ * arena and the host space, which the backend queues in plan order on the compute stream.
  */
 #ifndef FS_CUDA_SCHEDULE_H
 #define FS_CUDA_SCHEDULE_H
@@ -56,9 +60,20 @@ typedef struct {
     PlanDType a_dt, b_dt, c_dt;
 } CsGemm;
 
+/* Offload's copy between the device arena and the host space (to_host, to_device): this
+ * rank's bytes of each side. */
+typedef struct {
+    int32_t op;
+    int to_device;          // 1: host -> device; 0: device -> host
+    int64_t dev, host;      // offsets in the device arena and in the host space
+    int64_t bytes;
+} CsCopy;
+
 typedef struct {
     int32_t instr, n_instr; // range in plan->cuda
     int32_t coll;           // index in colls, or -1
+    int32_t copy;           // index in copies, or -1
+    int host;               // computes in the host space (offload's update): the host runs it
     int32_t wait, n_wait;   // range in waits: collectives (indices in colls) to wait for first
 } CsOp;
 
@@ -67,6 +82,9 @@ typedef struct {
     CsOp *ops;
     CsColl *colls;
     int32_t n_colls;
+    CsCopy *copies;
+    int32_t n_copies;
+    int32_t n_host;         // ops with host set
     int32_t *waits;
     int64_t *args;          // LAUNCH args' offsets; instruction i's at args + arg_at[i]
     int32_t *arg_at;        // n_cuda entries

@@ -2,7 +2,7 @@
  * without a GPU (runtime/cuda/schedule.c): the row-major GEMM as cuBLAS's column-major
  * call (against a model of cuBLAS's strided-batched GEMM run on the host), NCCL's forms
  * of each collective, which ops wait for which collective, where each op's
- * instructions are, and how an op is named in messages.
+ * instructions are, offload's copies and host ops, and how an op is named in messages.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -301,5 +301,41 @@ Test(cuda_schedule, op_where)
     cr_assert_eq(cs_offset(p, x, 3), 0);
     cr_assert_eq(cs_coll_kind("all_gather"), CS_ALL_GATHER);
     cr_assert_eq(cs_coll_kind("softmax"), -1);
+    plan_free(p);
+}
+
+/* ---- offload: copies between the arena and the host space, ops of the host space -------- */
+
+static int32_t on_host(Plan *p, int32_t t)
+{
+    p->tensors[t].place = PLAN_PLACE_HOST;
+    return t;
+}
+
+Test(cuda_schedule, offload_copies_and_host_ops)
+{
+    Plan *p = plan_new();
+    int32_t x = tensor(p, "x", PLAN_DT_F32, 16, 0), g = tensor(p, "g", PLAN_DT_F32, 16, 64);
+    int32_t gh = on_host(p, tensor(p, "g.host", PLAN_DT_F32, 16, 128)), nh = on_host(p, tensor(p, "n.host", PLAN_DT_F32, 16, 0));
+    int32_t d = tensor(p, "n.device", PLAN_DT_F32, 16, 192);
+    int32_t k0 = op(p, "neg", x, g, NULL, 0, NULL, 0);
+    launch(p, k0, (const int32_t[]){x, g}, 2);
+    op(p, "to_host", g, gh, NULL, 0, NULL, 0);
+    int32_t k2 = op(p, "neg", gh, nh, NULL, 0, NULL, 0);
+    op(p, "to_device", nh, d, NULL, 0, NULL, 0);
+    CsSchedule s;
+    char err[256];
+    cr_assert_eq(build(p, 0, 1, &s, err), 0, "%s", err);
+    cr_expect_eq(s.n_copies, 2);
+    cr_expect_eq(s.n_host, 1);
+    cr_expect(s.ops[1].copy == 0 && s.ops[3].copy == 1 && s.ops[0].copy < 0 && s.ops[2].copy < 0);
+    cr_expect(s.ops[2].host && !s.ops[0].host && !s.ops[1].host && !s.ops[3].host);
+    const CsCopy *down = &s.copies[0], *up = &s.copies[1];
+    cr_expect(!down->to_device && down->dev == 64 && down->host == 128 && down->bytes == 64);
+    cr_expect(up->to_device && up->dev == 192 && up->host == 0 && up->bytes == 64);
+    cs_free(&s);
+    launch(p, k2, (const int32_t[]){gh, nh}, 2);  // an op of the host space with a kernel: another fsc's plan
+    cr_assert_eq(build(p, 0, 1, &s, err), -1);
+    cr_expect(strstr(err, "op 2 (neg) runs on the host but has CUDA instructions"), "%s", err);
     plan_free(p);
 }

@@ -29,6 +29,8 @@
  *   operand dtypes, operands outside their tensors, C overlapping A or B), computed as
  *   cuBLAS does with CUBLAS_COMPUTE_32F: f32 products and sums, C rounded once.
  * Collectives (world 1): a copy when out is not in (runtime/cpu/comm_local.c).
+ * Offload: to_host and to_device copy between the arena and the host space (the
+ *   mirror's); an op of the host space runs on the host mirror (RtBackendOptions.host_op).
  */
 #define _DEFAULT_SOURCE  // MAP_ANONYMOUS
 #include <math.h>
@@ -59,6 +61,9 @@ struct RtBackend {
     int rank;
     uint8_t *arena;
     int64_t arena_bytes;
+    uint8_t *host;          // the plan's host space (offload), the mirror's: copies go to and from it
+    int (*host_op)(void *ctx, int32_t op);
+    void *host_ctx;
     CsSchedule s;
     EmuModule mod;
     EmuTramp *tramp;        // per instruction (LAUNCH)
@@ -430,6 +435,15 @@ static int collective(RtBackend *b, const CsColl *c)
     return 0;
 }
 
+/* Offload's copy between the arena and the host space. */
+static void copy(RtBackend *b, const CsCopy *c)
+{
+    if (c->to_device)
+        memcpy(b->arena + c->dev, b->host + c->host, (size_t)c->bytes);
+    else
+        memcpy(b->host + c->host, b->arena + c->dev, (size_t)c->bytes);
+}
+
 static int run_ops(RtBackend *b, int32_t from, int32_t to)
 {
     if (from < 0 || to > b->s.n_ops || from > to)
@@ -438,6 +452,8 @@ static int run_ops(RtBackend *b, int32_t from, int32_t to)
         const CsOp *o = &b->s.ops[k];
         b->cur_op = k;
         if (o->coll >= 0 && collective(b, &b->s.colls[o->coll])) return -1;
+        if (o->copy >= 0) copy(b, &b->s.copies[o->copy]);
+        if (o->host && b->host_op(b->host_ctx, k)) return failf(b, "the host could not run it");
         for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
             if (b->plan->cuda[i].kind == PLAN_CU_GEMM ? gemm(b, i) : launch(b, i)) return -1;
     }
@@ -529,6 +545,7 @@ static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
     }
     const char *order = getenv("FS_CUDA_EMU_ORDER");
     b->plan = o->plan, b->rank = o->rank, b->cur_op = -1, b->page = sysconf(_SC_PAGESIZE);
+    b->host = o->host_space, b->host_op = o->host_op, b->host_ctx = o->host_ctx;
     b->order = !order || !*order || !strcmp(order, "both") ? ORDER_FORWARD | ORDER_REVERSE
                : !strcmp(order, "reverse")                 ? ORDER_REVERSE
                                                            : ORDER_FORWARD;
@@ -544,6 +561,11 @@ static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
         rc = failf(b, "out of memory");
     else if (cs_build(o->plan, o->rank, o->world, &b->s, why, sizeof why))
         rc = failf(b, "%s", why);
+    else if ((b->s.n_copies || b->s.n_host) && (!b->host || !b->host_op || plan_space_bytes(o->plan, PLAN_PLACE_HOST) >
+                                                                               o->host_space_bytes))
+        rc = failf(b, "the plan has a host space (offload) of %lld bytes, but fsexec gave %lld and %s way to run its ops",
+                   (long long)plan_space_bytes(o->plan, PLAN_PLACE_HOST), (long long)o->host_space_bytes,
+                   o->host_op ? "a" : "no");
     if (!rc) {
         int64_t n = o->host_bytes < b->arena_bytes ? o->host_bytes : b->arena_bytes;
         if (b->arena_bytes > 0) memset(b->arena, 0xff, (size_t)b->arena_bytes);  // NaN where the step has not written

@@ -3,7 +3,8 @@
 `--device cuda` on the cuda-emu backend (FS_CUDA_BACKEND=libfs_cudaemu.so) against the
 same plans on `--device cpu`. This drives what op_check does not: fsexec's train loop on
 a device (inputs up each step, loss / lr / norm / loss scale down, the overflow-at and
-save-grads splits, --cuda-graph's run_step, weights downloaded before saving).
+save-grads splits, --cuda-graph's run_step, weights downloaded before saving; with
+offload, the host mirror running the update and the copies between the spaces).
 
 Checks, per case: every step's loss and gradient norm within a tolerance (relative) of
 the CPU run's, the fp16 skip at the forced overflow step on both, and the saved weights
@@ -32,6 +33,11 @@ CASES = [  # name, fsc args, fsexec args, tolerance
     ("gpt2_bf16_graph", ["samples/gpt2.fsm", *TINY, *SGD, "--precision", "bf16"], ["--cuda-graph"], 1e-3),
     ("gpt2_fp16_overflow", ["samples/gpt2.fsm", *TINY, *SGD, "--precision", "fp16"], ["--debug-overflow-at", "3"], 1e-3),
     ("mlp_fp32", ["samples/mlp.fsm"], [], 1e-5),
+    # Offload: the update on the host mirror, copies between the arena and the host space.
+    ("gpt2_fp32_offload", ["samples/gpt2.fsm", *TINY, *SGD, "--clip", "1.0", "--offload", "optimizer"], [], 1e-5),
+    ("gpt2_bf16_offload", ["samples/gpt2.fsm", *TINY, *SGD, "--precision", "bf16", "--offload", "optimizer"], [], 1e-3),
+    ("gpt2_fp16_offload_overflow", ["samples/gpt2.fsm", *TINY, *SGD, "--precision", "fp16", "--offload", "optimizer"],
+     ["--debug-overflow-at", "3"], 1e-3),
 ]
 STEPS = 5
 
@@ -91,6 +97,13 @@ def main():
         skipped = [l["step"] for l in logs["cuda"] if l.get("skipped")]
         print("ok   %-20s %d steps: loss / norm within %.2g of the CPU's, weights within %.2g%s" %
               (name, STEPS, worst, wdiff, ", skipped steps %s" % skipped if skipped else ""))
+    # A step whose update runs on the host cannot be captured as a CUDA graph: said before it starts.
+    plan = os.path.join(work, "gpt2_bf16_offload.plan")
+    r = subprocess.run([fsexec, plan, "--device", "cuda", "--steps", "2", "--cuda-graph"], cwd=ROOT, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode == 0 or "--cuda-graph: the plan runs its optimizer on the host" not in r.stdout or "step 1" in r.stdout:
+        sys.exit("FAIL: --cuda-graph with offload (exit %d):\n%s" % (r.returncode, r.stdout))
+    print("ok   --cuda-graph with offload is refused before the first step")
 
 
 if __name__ == "__main__":
