@@ -229,7 +229,8 @@ static int make_nccl(RtBackend *b)
 }
 
 /* Offload's host space, the mirror's: page-locked, so its copies run at the link's speed
- * and asynchronously (cudaHostRegister; the memory stays the mirror's). */
+ * and asynchronously (cuMemHostRegister; the memory stays the mirror's); the copy stream
+ * and each copy's events. */
 static int make_host(RtBackend *b, const RtBackendOptions *o)
 {
     if (!b->s.n_copies && !b->s.n_host) return 0;
@@ -243,6 +244,12 @@ static int make_host(RtBackend *b, const RtBackendOptions *o)
     b->what = b->what_buf;
     if (b->host_bytes > 0) CU_CHECK(b, cuMemHostRegister(b->host, (size_t)b->host_bytes, CU_MEMHOSTREGISTER_PORTABLE));
     b->host_locked = b->host_bytes > 0;
+    b->what = "creating the copy stream";
+    CU_CHECK(b, cuStreamCreate(&b->copy, CU_STREAM_NON_BLOCKING));
+    for (int32_t c = b->s.n_colls; c < b->s.n_colls + b->s.n_copies; c++) {
+        CU_CHECK(b, cuEventCreate(&b->ready[c], CU_EVENT_DISABLE_TIMING));
+        CU_CHECK(b, cuEventCreate(&b->done[c], CU_EVENT_DISABLE_TIMING));
+    }
     return 0;
 }
 
@@ -260,14 +267,15 @@ static int setup(RtBackend *b, const RtBackendOptions *o)
     b->fn = plan_alloc(sizeof *b->fn * ((size_t)p->n_cuda + 1));
     b->argv = plan_alloc(sizeof *b->argv * n_args);
     b->params = plan_alloc(sizeof *b->params * n_args);
-    b->ready = plan_alloc(sizeof *b->ready * ((size_t)b->s.n_colls + 1));
-    b->done = plan_alloc(sizeof *b->done * ((size_t)b->s.n_colls + 1));
+    size_t events = (size_t)b->s.n_colls + (size_t)b->s.n_copies + 1;  // the collectives', then the copies'
+    b->ready = plan_alloc(sizeof *b->ready * events);
+    b->done = plan_alloc(sizeof *b->done * events);
     if (!b->fn || !b->argv || !b->params || !b->ready || !b->done) {
         snprintf(b->err, sizeof b->err, "[rank %d] out of memory", o->rank);
         return -1;
     }
-    memset(b->ready, 0, sizeof *b->ready * ((size_t)b->s.n_colls + 1));
-    memset(b->done, 0, sizeof *b->done * ((size_t)b->s.n_colls + 1));
+    memset(b->ready, 0, sizeof *b->ready * events);
+    memset(b->done, 0, sizeof *b->done * events);
     int cc = pick_device(b, o);
     if (cc < 0) return -1;
     int64_t before = free_bytes(&total);
@@ -304,7 +312,7 @@ static void destroy(RtBackend *b)
         if (b->graph) cuGraphExecDestroy(b->graph);
         if (b->nccl) nccl.comm_destroy(b->nccl);
         if (b->blas) cublasDestroy(b->blas);
-        for (int32_t c = 0; c < b->s.n_colls && b->ready; c++) {
+        for (int32_t c = 0; c < b->s.n_colls + b->s.n_copies && b->ready; c++) {
             if (b->ready[c]) cuEventDestroy(b->ready[c]);
             if (b->done[c]) cuEventDestroy(b->done[c]);
         }
@@ -312,6 +320,7 @@ static void destroy(RtBackend *b)
         if (b->host_locked) cuMemHostUnregister(b->host);
         if (b->compute) cuStreamDestroy(b->compute);
         if (b->comm) cuStreamDestroy(b->comm);
+        if (b->copy) cuStreamDestroy(b->copy);
         if (b->blas_ws) cuMemFree(b->blas_ws);
         if (b->arena) cuMemFree(b->arena);
         cuDevicePrimaryCtxRelease(b->dev);

@@ -35,12 +35,14 @@ struct RtBackend {
     CUdeviceptr arena;          // arena_bytes, one allocation
     int64_t arena_bytes;
     CUstream compute, comm;     // comm: collectives (world > 1)
+    CUstream copy;              // offload's copies between the arena and the host space
     CUmodule module;
     CUfunction *fn;             // per instruction (LAUNCH), resolved once
     CUdeviceptr *argv;          // per LAUNCH arg: its device pointer ...
     void **params;              // ... and cuLaunchKernel's pointer to it
     CsSchedule s;
-    CUevent *ready, *done;      // per collective: compute reached it; NCCL finished it
+    CUevent *ready, *done;      // per collective, then per copy (CsOp waits' numbering): compute
+                                // reached it; NCCL (the copy) finished it
     cublasHandle_t blas;
     CUdeviceptr blas_ws;        // cuBLAS's workspace (cublasSetWorkspace)
     ncclComm_t nccl;

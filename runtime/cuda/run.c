@@ -11,9 +11,10 @@
  * a graph capture of it, sees all of it. A world of one has no collectives in flight:
  * its collectives are device copies on the compute stream (or nothing, in place), as
  * runtime/cpu/comm_local.c does on the host. Offload's copies between the arena and the
- * host space go on the compute stream too, in plan order (no copy stream yet: they do
- * not overlap compute); an op of the host space waits for the stream to drain, then runs
- * on the host (RtBackendOptions.host_op), so a step with one cannot be a CUDA graph.
+ * host space go on a copy stream, ordered by events the same way (the copies of one step
+ * run in plan order); an op of the host space waits for what the schedule says and for
+ * the compute stream to drain, then runs on the host (RtBackendOptions.host_op), so a
+ * step with one cannot be a CUDA graph.
  *
  * Nothing here allocates: a step is launches, library calls and event records on what
  * backend.c made.
@@ -98,15 +99,21 @@ static int collective(RtBackend *b, int32_t ci)
     return 0;
 }
 
-/* Offload's copy between the arena and the page-locked host space, in the compute
- * stream's order. */
-static int copy(RtBackend *b, const CsCopy *c)
+/* Offload's copy k between the arena and the page-locked host space, on the copy stream
+ * once compute has reached it (everything before it is then made); its done event is
+ * what later ops wait for. */
+static int copy(RtBackend *b, int32_t k)
 {
+    const CsCopy *c = &b->s.copies[k];
+    int32_t ev = b->s.n_colls + k;
     CUdeviceptr dev = b->arena + (CUdeviceptr)c->dev;
+    CU_CHECK(b, cuEventRecord(b->ready[ev], b->compute));
+    CU_CHECK(b, cuStreamWaitEvent(b->copy, b->ready[ev], 0));
     if (c->to_device)
-        CU_CHECK(b, cuMemcpyHtoDAsync(dev, b->host + c->host, (size_t)c->bytes, b->compute));
+        CU_CHECK(b, cuMemcpyHtoDAsync(dev, b->host + c->host, (size_t)c->bytes, b->copy));
     else
-        CU_CHECK(b, cuMemcpyDtoHAsync(b->host + c->host, dev, (size_t)c->bytes, b->compute));
+        CU_CHECK(b, cuMemcpyDtoHAsync(b->host + c->host, dev, (size_t)c->bytes, b->copy));
+    CU_CHECK(b, cuEventRecord(b->done[ev], b->copy));
     return 0;
 }
 
@@ -132,7 +139,7 @@ static int run_op(RtBackend *b, int32_t k)
         CU_CHECK(b, cuStreamWaitEvent(b->compute, b->done[b->s.waits[o->wait + w]], 0));
     if (o->host) return host(b, k);
     b->idle = 0;
-    if (o->copy >= 0) return copy(b, &b->s.copies[o->copy]);
+    if (o->copy >= 0) return copy(b, o->copy);
     if (o->coll >= 0) return collective(b, o->coll);
     for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
         if (b->plan->cuda[i].kind == PLAN_CU_GEMM ? gemm(b, i) : launch(b, i)) return -1;
@@ -156,9 +163,12 @@ int cuda_run_ops(RtBackend *b, int32_t from, int32_t to)
             if (b->world > 1) CU_CHECK(b, cuStreamSynchronize(b->comm));
         }
     }
-    for (int32_t k = from; k < to && b->world > 1; k++) {
+    for (int32_t k = from; k < to; k++) {
         b->cur_op = k;
-        if (b->s.ops[k].coll >= 0) CU_CHECK(b, cuStreamWaitEvent(b->compute, b->done[b->s.ops[k].coll], 0));
+        if (b->s.ops[k].coll >= 0 && b->world > 1)
+            CU_CHECK(b, cuStreamWaitEvent(b->compute, b->done[b->s.ops[k].coll], 0));
+        if (b->s.ops[k].copy >= 0)
+            CU_CHECK(b, cuStreamWaitEvent(b->compute, b->done[b->s.n_colls + b->s.ops[k].copy], 0));
     }
     b->cur_op = -1;
     return 0;

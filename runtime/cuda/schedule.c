@@ -192,8 +192,9 @@ static int bind(const Plan *p, int rank, int world, CsSchedule *s, char *err, si
 }
 
 /* The plan's schedule (passes/schedule.c), as the backend runs it: each op's waits on
- * collectives, as indices into colls (a wait on an op of another stream kind, the copy
- * stream, would be an event of its own; no plan has one yet). */
+ * ops of the other streams, as indices of events: a collective's (with world > 1; alone
+ * they are copies on the compute stream) is its index in colls, a copy's n_colls plus
+ * its index in copies. */
 static void stored_waits(const Plan *p, CsSchedule *s)
 {
     int32_t at = 0;
@@ -201,8 +202,9 @@ static void stored_waits(const Plan *p, CsSchedule *s)
         CsOp *o = &s->ops[k];
         o->wait = at;
         for (int32_t w = 0; w < p->ops[k].n_wait; w++) {
-            int32_t c = s->ops[p->waits[p->ops[k].wait + w]].coll;
-            if (c >= 0 && k != s->colls[c].op) s->waits[at++] = c;
+            const CsOp *q = &s->ops[p->waits[p->ops[k].wait + w]];
+            if (q->coll >= 0 && s->world > 1 && k != s->colls[q->coll].op) s->waits[at++] = q->coll;
+            if (q->copy >= 0) s->waits[at++] = s->n_colls + q->copy;
         }
         o->n_wait = at - o->wait;
     }
@@ -230,7 +232,7 @@ int cs_build(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_
     memset(s->ops, 0, ops);
     memset(s->gemms, 0, sizeof *s->gemms * instrs);
     int rc = plan_check_schedule(p, rank, err, errlen) || bind(p, rank, world, s, err, errlen) ? -1 : 0;
-    if (!rc && world > 1) stored_waits(p, s);
+    if (!rc) stored_waits(p, s);
     if (rc) cs_free(s);
     return rc;
 }

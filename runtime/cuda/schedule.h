@@ -16,7 +16,8 @@
  *
  * Offload: an op whose tensors lie in the host space runs on the host (it has no CUDA
  * instructions: codegen emits none); a to_host or to_device op is a copy between the
- * arena and the host space, which the backend queues in plan order on the compute stream.
+ * arena and the host space, which the backend runs on a copy stream of its own, ordered
+ * by events as a collective is.
  */
 #ifndef FS_CUDA_SCHEDULE_H
 #define FS_CUDA_SCHEDULE_H
@@ -74,7 +75,8 @@ typedef struct {
     int32_t coll;           // index in colls, or -1
     int32_t copy;           // index in copies, or -1
     int host;               // computes in the host space (offload's update): the host runs it
-    int32_t wait, n_wait;   // range in waits: collectives (indices in colls) to wait for first
+    int32_t wait, n_wait;   // range in waits: the ops of other streams to wait for first: a
+                            // collective's index in colls, or a copy's n_colls + index in copies
 } CsOp;
 
 typedef struct {

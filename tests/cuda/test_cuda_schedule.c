@@ -325,7 +325,13 @@ Test(cuda_schedule, offload_copies_and_host_ops)
     op(p, "to_device", nh, d, NULL, 0, NULL, 0);
     CsSchedule s;
     char err[256];
+    /* On the copy stream, the down copy is in flight until the host op that reads it says it waits. */
+    p->ops[1].stream = p->ops[3].stream = PLAN_STREAM_COPY;
+    cr_assert_eq(build(p, 0, 1, &s, err), -1, "a host op reads a copy in flight");
+    cr_expect(strstr(err, "op 2 (neg)") && strstr(err, "touches the bytes of op 1 (to_host, on the copy stream)"), "%s", err);
+    p->ops[2].wait = plan_wait_add(p, 1), p->ops[2].n_wait = 1;
     cr_assert_eq(build(p, 0, 1, &s, err), 0, "%s", err);
+    cr_expect(s.ops[2].n_wait == 1 && s.waits[s.ops[2].wait] == s.n_colls + 0, "the wait is the copy's event");
     cr_expect_eq(s.n_copies, 2);
     cr_expect_eq(s.n_host, 1);
     cr_expect(s.ops[1].copy == 0 && s.ops[3].copy == 1 && s.ops[0].copy < 0 && s.ops[2].copy < 0);
