@@ -217,7 +217,10 @@ static void own_master(Off *o, int p, int update)
         const Node *node = ir_node(g, n);
         int reads = 0;
         for (int i = 0; i < node->n_in; i++) reads |= ir_in(g, node, i) == p;
-        if (reads && n != update) replace_input(g, n, p, master_to_device(o, p, n, (Into){-1, 0, 0}));
+        if (!reads || n == update) continue;
+        int d = master_to_device(o, p, n, (Into){-1, 0, 0});
+        g->values[d].role = ROLE_COMM;  // a staging buffer the gather reads, not the device's params
+        replace_input(g, n, p, d);
     }
 }
 

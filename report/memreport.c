@@ -229,7 +229,8 @@ static int64_t param_count(const MemReport *r, uint8_t *seen)
     return n;
 }
 
-/* Model state per rank as ZeRO counts it, in each space: param buffers, the gradients the
+/* Model state per rank as ZeRO counts it, in each space: param buffers (with offload, the
+ * device's are the compute-dtype copies of the host's masters), the gradients the
  * optimizer reads (each buffer once), optimizer state and master weights; params by dtype;
  * and whether ranks share work. */
 static int totals(MemReport *r)
@@ -252,6 +253,16 @@ static int totals(MemReport *r)
         if (x->role == PLAN_ROLE_PARAM) state[0] += b, r->param_dtype[x->dtype] += b;
         if (x->role == PLAN_ROLE_OPT_STATE) state[2] += b;
         if (x->role == PLAN_ROLE_MASTER) state[3] += b;
+    }
+    /* Offload's device copies of the params (buffers of role gathered that a to_device
+     * fills; a gather's staging copy is a comm buffer): the device's params. */
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        if (report_op_comm(p, &p->ops[k]) != COMM_TO_DEVICE) continue;
+        int32_t root = r->root[p->ids[p->ops[k].out]];
+        if (p->tensors[root].role != PLAN_ROLE_GATHERED || seen[root] == 2) continue;
+        seen[root] = 2;
+        r->state[0] += buffer_bytes(p, root);
+        r->param_dtype[p->tensors[root].dtype] += buffer_bytes(p, root);
     }
     for (int32_t k = 0; k < p->n_ops && !r->shard_applied; k++)
         r->shard_applied = is_collective(plan_str(p, p->ops[k].op));

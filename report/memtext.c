@@ -26,8 +26,8 @@ static void print_params(const MemReport *r, FILE *out)
         int64_t sum = st[0] + st[1] + st[2] + st[3];
         if (h && !sum) break;
         if (h)
-            fprintf(out, "  %-14s the device holds the params only as copies of the host's, in the compute dtype "
-                    "(category 'gathered params')\n", "offload");
+            fprintf(out, "  %-14s the device's params are copies of the host's masters in the compute dtype, made "
+                    "each step (fsdp's offload params: staged for each gather)\n", "offload");
         fprintf(out, "  %-14s %.2f bytes/param: params %.2f + grads %.2f + optimizer state %.2f + master %.2f (%s)\n",
                 h ? "host state" : "model state", (double)sum / n, (double)st[0] / n, (double)st[1] / n,
                 (double)st[2] / n, (double)st[3] / n, report_bytes(sum, a, sizeof a));
