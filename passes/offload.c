@@ -85,7 +85,7 @@ static int first_reader(const Off *o, int v, int skip)
     const Graph *g = o->g;
     for (int n = 0; n < o->n_orig; n++) {
         const Node *node = ir_node(g, n);
-        if (n == skip || o->drop[n]) continue;
+        if (n == skip) continue;
         for (int i = 0; i < node->n_in; i++)
             for (int x = ir_in(g, node, i), hops = 0; x >= 0 && hops < 64; x = ir_view_parent(g, x), hops++)
                 if (x == v) return n;
@@ -261,6 +261,7 @@ static void drop_identity_casts(Off *o)
 {
     Graph *g = o->g;
     int *same = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
+    o->drop = arena_alloc(g->arena, (size_t)g->n_nodes + 1);  // every node is made by now
     for (int v = 0; v < g->n_values; v++) same[v] = v;
     for (int n = 0; n < g->n_nodes; n++) {
         Node *node = &g->nodes[n];
@@ -276,7 +277,9 @@ static void drop_identity_casts(Off *o)
         }
         if (op_info(node->op)->flags & OPF_VIEW) {
             char err[256];
-            if (ir_node_retype(g, n, err, sizeof err)) fprintf(stderr, "offload: %s\n", err);
+            int rc = ir_node_retype(g, n, err, sizeof err);
+            if (rc) fprintf(stderr, "offload: %s\n", err);
+            FS_ASSERT(rc == 0);
         }
     }
     for (int i = 0; i < g->n_outputs; i++) g->outputs[i] = same[g->outputs[i]];
@@ -289,17 +292,15 @@ static void place_nodes(Off *o)
     Graph *g = o->g;
     int nn = g->n_nodes, n = 0, k = 0;
     int *order = arena_alloc(g->arena, sizeof(int) * (size_t)nn + 1);
-    int *due = arena_alloc(g->arena, sizeof(int) * (size_t)nn + 1);
-    for (int i = 0; i < nn; i++) due[i] = -1;
-    for (int i = 0; i < o->n_placed; i++) due[o->placed[i].node] = o->placed[i].at;
     /* Placed nodes before their original node, in the order they were made (a node is
-     * made after the nodes it reads). */
-    int *by_at = arena_alloc(g->arena, sizeof(int) * (size_t)o->n_placed + 1), m = 0;
-    for (int at = 0; at <= o->n_orig; at++)
-        for (int i = 0; i < o->n_placed; i++)
-            if (o->placed[i].at == at) by_at[m++] = o->placed[i].node;
-    for (int i = 0; i <= o->n_orig; i++) {
-        while (k < m && due[by_at[k]] == i) order[n++] = by_at[k++];
+     * made after the nodes it reads): a stable counting sort by that node. */
+    int *start = arena_alloc(g->arena, sizeof(int) * (size_t)(o->n_orig + 2));
+    int *by_at = arena_alloc(g->arena, sizeof(int) * (size_t)o->n_placed + 1);
+    for (int i = 0; i < o->n_placed; i++) start[o->placed[i].at + 1]++;
+    for (int i = 0; i <= o->n_orig; i++) start[i + 1] += start[i];
+    for (int i = 0; i < o->n_placed; i++) by_at[start[o->placed[i].at]++] = o->placed[i].node;
+    for (int i = 0; i <= o->n_orig; i++) {  // start[i]: the placed nodes due at or before node i
+        while (k < start[i]) order[n++] = by_at[k++];
         if (i < o->n_orig) order[n++] = i;
     }
     FS_ASSERT(n == nn);
@@ -315,7 +316,6 @@ int pass_offload(Graph *g, const Options *opts, Diag *d)
     const TrainConfig *t = &opts->train;
     if (t->offload == OFFLOAD_NONE) return 0;
     Off o = {.g = g, .t = t, .low = precision_dtype(t->precision), .n_orig = g->n_nodes};
-    o.drop = arena_alloc(g->arena, (size_t)g->n_nodes * 4 + (size_t)g->n_values * 8 + 64);
     int first = -1;
     for (int n = 0; n < o.n_orig && first < 0; n++)
         if (g->nodes[n].op == OP_adamw || g->nodes[n].op == OP_sgd) first = n;
