@@ -15,19 +15,23 @@
  *    fsdp).
  *  - The optimizer (next pass) updates each unit's storage from its gradient: the whole
  *    buffer (ddp) or this rank's shard (zero1, zero2, fsdp; their state is shard-sized).
- *  - zero1 and zero2 all-gather the updated shards into the full buffer at the start of
- *    the next step; fsdp all-gathers a block's params before its forward (where the
- *    schedule pass prefetches it one block ahead), frees them after it (reshard_after_forward) and gathers them again
- *    before its backward. The params outside blocks stay gathered for the whole step.
+ *  - zero1 and zero2 in fp32 all-gather the updated shards into the full buffer at the
+ *    start of the next step; fsdp all-gathers a block's params before its forward (where
+ *    the schedule pass prefetches it one block ahead), frees them after it
+ *    (reshard_after_forward) and gathers them again before its backward. The params
+ *    outside blocks stay gathered for the whole step. Under mixed precision zero1 and
+ *    zero2 store the fp32 shard as fsdp does (ZeRO's sharded master) and gather the
+ *    16-bit params once a step, at their first use, keeping them to the step's end.
  *  - The loss is averaged over ranks, so every world size logs the global batch's loss.
  *  - In fp16 / bf16 (the precision pass made one compute copy per param, a cast, and
  *    each param's gradient is the cast back of the copy's): gradients are reduced in the
  *    compute dtype, read before their cast back, in a 16-bit flat buffer, and cast to
  *    fp32 once per shard for the optimizer (reduce_dtype fp32 keeps the fp32 reduction,
- *    FairScale's fp32_reduce_scatter). fsdp gathers the compute copy: the fp32 shard is
- *    cast, then gathered, and each param becomes a 16-bit view into the gathered buffer
- *    in place of its cast, for forward and (regathered) backward alike, as FairScale's
- *    mixed precision gathers in compute_dtype. The casts that this replaces are removed.
+ *    FairScale's fp32_reduce_scatter). fsdp (and zero1 and zero2) gather the compute
+ *    copy: the fp32 shard is cast, then gathered, and each param becomes a 16-bit view
+ *    into the gathered buffer in place of its cast, for forward and (regathered) backward
+ *    alike, as FairScale's mixed precision gathers in compute_dtype. The casts that this
+ *    replaces are removed.
  * Every collective and copy is placed in the node order here; the order is the schedule.
  */
 #include <stdlib.h>
@@ -65,7 +69,8 @@ typedef struct {
     int world;
     DType low;            // the compute dtype (f32 in an fp32 plan)
     int reduce16;         // gradients reduced in the compute dtype
-    int gather16;         // fsdp gathers the compute copy
+    int gather16;         // the params are gathered in the compute dtype from fp32 shards: fsdp,
+                          // and zero1 and zero2 under mixed precision (ZeRO's 16-bit params)
     char *drop;           // per node: replaced by this pass, removed at its end
     Unit *units;
     int n_units;
@@ -302,7 +307,7 @@ static void params_as_compute_copies(Shard *s)
 static void layout_params(Shard *s, Unit *u)
 {
     Graph *g = s->g;
-    int fsdp = s->t->shard == SHARD_FSDP;
+    int fsdp = s->t->shard == SHARD_FSDP || s->gather16;  // the storage is this rank's fp32 shard
     u->storage = new_value(s, u, ROLE_PARAM, DT_F32, fsdp ? u->shard : u->padded, "flat_param");
     if (fsdp) {
         g->values[u->storage].sharded = 1;
@@ -534,7 +539,7 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
     Shard s = {.g = g, .t = t, .world = t->world, .n_orig = g->n_nodes};
     s.low = precision_dtype(t->precision);
     s.reduce16 = s.low != DT_F32 && t->reduce_dtype != REDUCE_FP32;
-    s.gather16 = s.low != DT_F32 && t->shard == SHARD_FSDP;
+    s.gather16 = s.low != DT_F32 && (t->shard == SHARD_FSDP || t->shard == SHARD_ZERO1 || t->shard == SHARD_ZERO2);
     size_t most = (size_t)g->n_nodes + 8 * (size_t)(g->n_blocks + 2) + (size_t)g->n_values + 8;
     s.drop = arena_alloc(g->arena, most);
     if (s.gather16) params_as_compute_copies(&s);
@@ -551,7 +556,7 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
         Unit *u = &s.units[i];
         if (!u->n_params) continue;
         layout_params(&s, u);
-        if (t->shard == SHARD_FSDP) u->gather_in_run[u->first_run] = u->gathered;
+        if (t->shard == SHARD_FSDP || s.gather16) u->gather_in_run[u->first_run] = u->gathered;
         for (int k = 0; k < s.n_runs; k++)
             if (t->shard == SHARD_FSDP && t->reshard_after_forward && u->block >= 0 && k != u->first_run &&
                 u->first_in_run[k] < NONE)
@@ -559,7 +564,7 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
         layout_grads(&s, u, taken);
         reduce_grads(&s, u);
     }
-    if (t->shard == SHARD_FSDP)
+    if (t->shard == SHARD_FSDP || s.gather16)
         for (int k = 0; k < s.n_runs; k++) gather_at_first_use(&s, k);
     average_loss(&s);
     schedule(&s);

@@ -4,7 +4,9 @@
  * Bytes follow the ZeRO paper's accounting, per rank, for a buffer of Psi bytes (the
  * whole flat buffer, padding included): an all-reduce moves 2 Psi (a reduce-scatter then
  * an all-gather), a reduce-scatter Psi and an all-gather Psi. So DDP moves 2 Psi a step,
- * ZeRO-1 and ZeRO-2 2 Psi, and ZeRO-3 (fsdp) 3 Psi: 1.5 times DDP. The exact bytes a
+ * zero1 3 Psi (FairScale's OSS: it all-reduces the gradients, then all-gathers the
+ * updated shards; ZeRO's P_os reduce-scatters them, 2 Psi), zero2 2 Psi, and fsdp 3 Psi:
+ * 1.5 times DDP. Psi is in the dtype the plan moves (16-bit under mixed precision). The exact bytes a
  * ring sends are (group - 1) / group of these; both are listed. A collective's group is
  * its stage's data-parallel ranks, or (group 1) the pipeline group: one rank per stage.
  * A send moves its tensor's bytes once, to its peer; a receive takes its output's. A

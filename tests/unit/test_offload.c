@@ -1,12 +1,12 @@
 /* tests/unit/test_offload.c: the offload pass (passes/offload.c) against ZeRO-Offload's
  * accounting, from the plan alone, and one run each way.
- *  - zero2 in bf16 over W ranks: the host holds exactly the fp32 master shard (4 bytes x
- *    Psi_pad / W, Psi_pad the padded flat units) and AdamW's moments (8 x Psi_pad / W),
- *    which the plan without offload held on the device; the device holds no optimizer
- *    state but the step count, no fp32 param, and the params as 16-bit buffers of
- *    Psi_pad. A step copies 2 x Psi_pad / W bytes each way (+ 12 bytes of scalars to the
- *    host), and the all-gather moves 16-bit params (2 Psi_pad bytes less than fp32's);
- *    fp32 zero1 copies 4 x.
+ *  - zero2 in bf16 over W ranks (Psi_pad the padded flat units): without offload, ZeRO-2's
+ *    layout (the fp32 master shard, 4 bytes x Psi_pad / W, and the moments, 8 x Psi_pad /
+ *    W, on the device, the params as 16-bit buffers of Psi_pad, 16-bit collectives of
+ *    2 Psi_pad bytes each); with it, the host holds exactly the master shard and the
+ *    moments, and the device no optimizer state but the step count, no fp32 param, the
+ *    16-bit params and their shard. A step copies 2 x Psi_pad / W bytes each way (+ 12
+ *    bytes of scalars to the host); fp32 zero1 copies 4 x.
  *  - Only the copies touch both spaces: a plan whose update reads a device tensor fails
  *    plan_check.
  *  - The CUDA program leaves the ops of the host space to the host.
@@ -56,35 +56,38 @@ Test(offload, zero2_bf16_holds_zero_offloads_partition)
 {
     const int W = 4;
     Plan *off = compile("zero2", "bf16", "4", "optimizer"), *dev = compile("zero2", "bf16", "4", "none");
-    int64_t psi = padded_params(dev);
+    int64_t psi = padded_params(dev) * W;  // zero2 in 16 bits stores this rank's fp32 shard of each unit
     cr_assert_gt(psi, 30000);
-    cr_assert_eq(psi % W, 0);
+    /* Without offload: ZeRO-2's layout on the device, the fp32 master and the moments sharded. */
+    cr_expect_eq(bytes_of(dev, PLAN_ROLE_PARAM, PLAN_PLACE_DEVICE, PLAN_DT_F32), 4 * psi / W);
+    cr_expect_eq(bytes_of(dev, PLAN_ROLE_OPT_STATE, PLAN_PLACE_DEVICE, PLAN_DT_F32), 8 * psi / W);
+    cr_expect_eq(bytes_of(dev, PLAN_ROLE_GATHERED, PLAN_PLACE_DEVICE, PLAN_DT_BF16), 2 * psi, "the 16-bit params");
     /* The host: the master shard and the moments, exactly; the device held them before. */
     cr_expect_eq(bytes_of(off, PLAN_ROLE_PARAM, PLAN_PLACE_HOST, PLAN_DT_F32), 4 * psi / W);
     cr_expect_eq(bytes_of(off, PLAN_ROLE_OPT_STATE, PLAN_PLACE_HOST, PLAN_DT_F32), 8 * psi / W);
-    cr_expect_eq(bytes_of(dev, PLAN_ROLE_OPT_STATE, PLAN_PLACE_DEVICE, PLAN_DT_F32), 8 * psi / W);
-    cr_expect_eq(bytes_of(dev, PLAN_ROLE_PARAM, PLAN_PLACE_DEVICE, PLAN_DT_F32), 4 * psi);
-    /* The device: the step count, no fp32 params, the params in 16 bits. */
+    /* The device: the step count, no fp32 params, the params in 16 bits (and their shard). */
     cr_expect_eq(bytes_of(off, PLAN_ROLE_OPT_STATE, PLAN_PLACE_DEVICE, PLAN_DT_COUNT), 4);
     cr_expect_eq(bytes_of(off, PLAN_ROLE_PARAM, PLAN_PLACE_DEVICE, PLAN_DT_COUNT), 0);
-    cr_expect_eq(bytes_of(off, PLAN_ROLE_GATHERED, PLAN_PLACE_DEVICE, PLAN_DT_BF16), 2 * psi);
+    cr_expect_eq(bytes_of(off, PLAN_ROLE_GATHERED, PLAN_PLACE_DEVICE, PLAN_DT_BF16), 2 * psi + 2 * psi / W);
     cr_expect_lt(plan_space_bytes(off, PLAN_PLACE_DEVICE), plan_space_bytes(dev, PLAN_PLACE_DEVICE));
     cr_expect_eq(plan_space_bytes(dev, PLAN_PLACE_HOST), 0);
     cr_expect_geq(plan_space_bytes(off, PLAN_PLACE_HOST), 12 * psi / W);
-    /* What crosses per step and rank: 16-bit gradients and params of this rank's shard. */
+    /* What crosses per step and rank: 16-bit gradients and params of this rank's shard;
+     * the collectives move what they did. */
     CommTotals c = comm_totals(off), none = comm_totals(dev);
     cr_expect_eq(c.to_device_bytes, 2.0 * (double)psi / W);
     cr_expect_eq(c.to_host_bytes, 2.0 * (double)psi / W + 12);
     cr_expect_eq(none.copies, 0);
-    cr_expect_eq(c.bytes, none.bytes - 2.0 * (double)psi, "the all-gathers move the 16-bit params, not fp32: %.0f vs "
-                 "%.0f bytes", c.bytes, none.bytes);
+    cr_expect_eq(c.bytes, none.bytes, "%.0f vs %.0f bytes", c.bytes, none.bytes);
+    cr_expect_eq(none.bytes, 2.0 * 2 * (double)psi + 2 * 2 * 4, "ZeRO-2: a 16-bit reduce-scatter and all-gather of "
+                 "Psi each, and the all-reduces of the loss and the norm: %.0f bytes", none.bytes);
     /* The memory report's model state, per space. */
     char err[256];
     MemReport *r = report_mem_new(off, err, sizeof err), *q = report_mem_new(dev, err, sizeof err);
     cr_assert(r && q, "%s", err);
     cr_expect_eq(r->host_state[2], q->state[2] - 4, "the moments moved; the step count stays");
     cr_expect_eq(r->host_state[0], 4 * psi / W);
-    cr_expect_eq(r->state[0], 2 * psi, "the device's params: the 16-bit copies");
+    cr_expect_eq(r->state[0], 2 * psi / W, "the device's params: the 16-bit copy of its shard");
     cr_expect_eq(r->state[2] + r->state[3], 4);
     report_mem_free(r);
     report_mem_free(q);

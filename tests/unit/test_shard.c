@@ -7,6 +7,7 @@
  *    then all-gather of the updated shards) 3 Psi, zero2 2 Psi, fsdp 3 Psi = 1.5 x ddp
  *    for blocks; fsdp keeps the params outside blocks gathered from forward to backward
  *    (like FairScale's root instance), 2 Psi for those.
+ *  - Under mixed precision zero1 and zero2 shard the fp32 master and gather 16 bits.
  *  - The plan does not grow with the world.
  */
 #include <criterion/criterion.h>
@@ -187,6 +188,47 @@ Test(shard, fsdp_bf16_gathers_and_reduces_16_bit)
     plan_free(f32);
     plan_free(bf);
     plan_free(bf_f32);
+}
+
+/* zero1 and zero2 under mixed precision keep ZeRO's layout: each rank stores only its
+ * fp32 shard of the master (ZeRO-2: 2 Psi16 + 14 Psi16 / N with the moments, not 4 Psi16 +
+ * 12 Psi16 / N), the params are 16-bit views of buffers gathered in 16 bits, no param is
+ * cast, and the blocks' collectives move half of fp32's bytes. In fp32 they keep the full
+ * fp32 params (ZeRO with K = 8). */
+Test(shard, zero_bf16_shards_the_fp32_master)
+{
+    const char *zero[] = {"zero1", "zero2"};
+    for (int z = 0; z < 2; z++) {
+        Setting set[] = {{"shard", zero[z]}, {"world", "4"}, {"precision", "bf16"}};
+        Plan *bf = sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, 3, NULL);
+        set[2].value = "fp32";
+        Plan *f32 = sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, 3, NULL);
+        int64_t full = 0, shard = 0, gathered = 0;
+        for (int32_t i = 0; i < f32->n_tensors; i++)
+            if (f32->tensors[i].role == PLAN_ROLE_PARAM && f32->tensors[i].alias == PLAN_NONE)
+                full += plan_tensor_nbytes(&f32->tensors[i]);
+        for (int32_t i = 0; i < bf->n_tensors; i++) {
+            const PlanTensor *t = &bf->tensors[i];
+            if (t->alias != PLAN_NONE) continue;
+            if (t->role == PLAN_ROLE_PARAM) shard += plan_tensor_nbytes(t);
+            if (t->role == PLAN_ROLE_GATHERED) gathered += plan_tensor_nbytes(t);
+        }
+        cr_expect_eq(shard * 4, full, "%s: the fp32 master is sharded (%lld of %lld bytes)", zero[z], (long long)shard,
+                     (long long)full);
+        cr_expect_eq(gathered * 2, full, "%s: the params are gathered in 16 bits", zero[z]);
+        double r = block_bytes(bf) / block_bytes(f32);
+        cr_expect(r > 0.4999 && r < 0.5001, "%s: bf16 / fp32 block bytes = %.4f", zero[z], r);
+        for (int32_t i = 0; i < bf->n_ops; i++) {
+            const PlanOp *op = &bf->ops[i];
+            const PlanTensor *in = op->n_in ? &bf->tensors[bf->ids[op->in]] : NULL;
+            const char *name = plan_str(bf, op->op);
+            cr_expect(!(in && !strcmp(name, "cast") && plan_tensor_is_model_param(in)), "%s: op %d casts param %s",
+                      zero[z], i, plan_str(bf, in ? in->name : PLAN_NONE));
+            if (!strcmp(name, "all_gather")) cr_expect_eq(in->dtype, PLAN_DT_BF16, "%s: op %d gathers fp32", zero[z], i);
+        }
+        plan_free(bf);
+        plan_free(f32);
+    }
 }
 
 /* The global gradient norm of step 1 (the plan's "grad_norm" output). */
