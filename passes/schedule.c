@@ -30,7 +30,10 @@
  * peer (its next receive from it; with V model chunks per stage, interleaved, its V-th):
  * the first compute node after that receive waits for it, so its buffer is freed within
  * a micro-batch or two rather than at the step's end (plan_check_p2p proves the waits
- * cannot deadlock). "Reads or
+ * cannot deadlock). A reduce-scatter (zero2's, fsdp's gradients) is in flight at most
+ * until the next one starts: the first compute node after that waits for it, so the
+ * block's full gradient buffer is free a block later, not at the step's end (ZeRO-2's
+ * saving), and it has had a block's backward to finish. "Reads or
  * writes" is by buffer (the root every view lies in, as memplan lays them out), not by
  * bytes, so the waits do not depend on offsets. A view op computes nothing (its output
  * lies in its input's bytes), so it never waits. An op no later node touches is complete
@@ -227,6 +230,7 @@ int pass_schedule(Graph *g, const Options *o, Diag *d)
     prefetch(g, root);
     int *pending = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1), n_pending = 0;
     int *heard = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1);  // a send's: receives from its peer since
+    char *overtaken = arena_alloc(g->arena, (size_t)g->n_nodes + 1);  // a reduce-scatter's: another started since
     int rounds = g->n_chunks > 1 ? g->n_chunks : 1;
     g->n_waits = 0;
     for (int k = 0; k < g->n_nodes; k++) {
@@ -238,8 +242,8 @@ int pass_schedule(Graph *g, const Options *o, Diag *d)
         int kept = 0;
         for (int j = 0; j < n_pending; j++) {
             int p = pending[j];
-            if (shares_a_buffer(g, n, ir_node(g, p), root) || (n->stream == STREAM_COMPUTE && heard[p] >= rounds))
-                add_wait(g, n, p);
+            int due = n->stream == STREAM_COMPUTE && (heard[p] >= rounds || overtaken[p]);
+            if (shares_a_buffer(g, n, ir_node(g, p), root) || due) add_wait(g, n, p);
             else
                 pending[kept++] = p;
         }
@@ -249,6 +253,8 @@ int pass_schedule(Graph *g, const Options *o, Diag *d)
                 const Node *q = ir_node(g, pending[j]);
                 heard[pending[j]] += q->op == OP_send && ir_attr_int(g, q, "peer", -1) == ir_attr_int(g, n, "peer", -2);
             }
+        if (n->op == OP_reduce_scatter)  // the ones before it are complete by the next compute node
+            for (int j = 0; j < n_pending; j++) overtaken[pending[j]] |= ir_node(g, pending[j])->op == OP_reduce_scatter;
         if (n->stream != STREAM_COMPUTE) pending[n_pending++] = k;
     }
     return 0;

@@ -9,7 +9,8 @@
  *    other buffer's bytes overlap them before then);
  *  - fsdp's gathers are prefetched: each block's forward gather comes before the
  *    previous block's first op that reads its params, and the gathered buffer is then
- *    waited for at its own first reader.
+ *    waited for at its own first reader;
+ *  - zero2's and fsdp's reduce-scatters are waited for a block later.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -138,4 +139,30 @@ Test(schedule, fsdp_gathers_one_block_ahead)
         cr_assert(waited, "block %d's first reader (op %d) waits for its gather (op %d)", b, mine, gather);
     }
     plan_free(p);
+}
+
+/* zero2's and fsdp's gradient reduce-scatters are waited for a block later (the first
+ * compute op after the next one starts), not at the step's end: each block's full
+ * gradient buffer is then free for the blocks after it (ZeRO-2's saving). */
+Test(schedule, reduce_scatters_complete_a_block_later)
+{
+    static const char *const shards[] = {"zero2", "fsdp"};
+    for (int s = 0; s < 2; s++) {
+        Plan *p = compile("gpt2.fsm", shards[s], "2", "fp32");
+        int32_t rs[64], n = 0;
+        for (int32_t k = 0; k < p->n_ops && n < 64; k++)
+            if (!strcmp(plan_str(p, p->ops[k].op), "reduce_scatter")) rs[n++] = k;
+        cr_assert_geq(n, 3, "%s: one reduce-scatter per unit", shards[s]);
+        for (int i = 0; i + 1 < n; i++) {
+            int32_t done = p->n_ops;
+            for (int32_t k = rs[i] + 1; k < p->n_ops && done == p->n_ops; k++)
+                for (int32_t w = 0; w < p->ops[k].n_wait; w++)
+                    if (p->waits[p->ops[k].wait + w] == rs[i]) done = k;
+            int32_t by = i + 2 < n ? rs[i + 2] : p->n_ops;
+            cr_expect_lt(done, by, "%s: reduce-scatter op %d is waited for at op %d, after the one two later (op %d)",
+                         shards[s], rs[i], done, by);
+            cr_expect_eq(p->ops[done].stream, PLAN_STREAM_COMPUTE, "%s: op %d", shards[s], done);
+        }
+        plan_free(p);
+    }
 }
