@@ -312,6 +312,10 @@ const char *plan_init_name(PlanInit k);    // "none", "zeros", "ones", "normal",
 int plan_tensor_is_model_param(const PlanTensor *t);
 /* Whether t lives across steps: params, optimizer state, master weights, inputs. */
 int plan_tensor_is_persistent(const PlanTensor *t);
+/* Whether op k computes in the host space (offload's update and casts): it is not a copy
+ * between the spaces (to_host, to_device) and its tensors lie there (plan_check: an op
+ * but a copy touches one space). The backends run such an op on the host. */
+int plan_op_on_host(const Plan *p, int32_t k);
 /* Tensor id's name for messages, "(unnamed)" for none. */
 const char *plan_tensor_label(const Plan *p, int32_t id);
 

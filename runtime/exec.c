@@ -467,39 +467,25 @@ static int alloc_spaces(Exec *e, const PlanProgram *prog, char *err, size_t errl
     return e->mirror ? alloc_side(e, err, errlen) : 0;
 }
 
-/* Whether op k computes in the host space: every tensor it touches lies there (plan_check:
- * an op other than a copy touches one space). */
-static int host_op(const Plan *p, int32_t k)
-{
-    const PlanOp *op = &p->ops[k];
-    if (op->n_in + op->n_out == 0 || (op_info_by_name(plan_str(p, op->op)) &&
-                                      (op_info_by_name(plan_str(p, op->op))->flags & OPF_COPY)))
-        return 0;
-    int32_t t = p->ids[op->n_in ? op->in : op->out];
-    return p->tensors[t].place == PLAN_PLACE_HOST;
-}
-
-int rt_exec_is_host_op(const Exec *e, int32_t k) { return k >= 0 && k < e->plan->n_ops && host_op(e->plan, k); }
-
 /* A mirror's ops: those of the host space only, which the device's backend has run here
  * (rt_exec_run_host_op); with none, nothing. */
 static int build_host_ops(Exec *e, char *err, size_t errlen)
 {
     const Plan *p = e->plan;
     int32_t n = 0;
-    for (int32_t k = 0; k < p->n_ops; k++) n += host_op(p, k);
+    for (int32_t k = 0; k < p->n_ops; k++) n += plan_op_on_host(p, k);
     if (!n) return 0;
     if (!(e->ops = plan_alloc(sizeof *e->ops * (size_t)p->n_ops))) return plan_fail(err, errlen, "out of memory");
     memset(e->ops, 0, sizeof *e->ops * (size_t)p->n_ops);
     e->n_ops = p->n_ops;
     for (int32_t k = 0; k < p->n_ops; k++)
-        if (host_op(p, k) && build_op(e, k, err, errlen)) return -1;
+        if (plan_op_on_host(p, k) && build_op(e, k, err, errlen)) return -1;
     return build_workspace(e, err, errlen);
 }
 
 int rt_exec_run_host_op(Exec *e, int32_t k)
 {
-    if (!e->ops || !rt_exec_is_host_op(e, k) || !e->ops[k].fn) {
+    if (!e->ops || k < 0 || k >= e->n_ops || !plan_op_on_host(e->plan, k) || !e->ops[k].fn) {
         snprintf(e->guard_err, sizeof e->guard_err, "op %d does not compute in the host space", k);
         return -1;
     }

@@ -185,10 +185,9 @@ int64_t rt_exec_held_bytes(const Exec *e, PlanPlace s);
 int64_t rt_exec_host_bytes(const Exec *e);
 /* Bytes of the kernels' workspace (f32 room for 16-bit calls), outside the arena; 0 if none. */
 int64_t rt_exec_work_bytes(const Exec *e);
-/* Offload's ops in the host space on a device run: whether op k computes there, and, in
- * the device's host mirror, running it (once the device has done everything before it).
- * 0, or -1 for an op that is not one (rt_exec_error says why). */
-int rt_exec_is_host_op(const Exec *e, int32_t k);
+/* Offload on a device: in the device's host mirror, runs op k of the host space
+ * (plan_op_on_host), once the device has done everything before it. 0, or -1 for an op
+ * that is not one (rt_exec_error says why). */
 int rt_exec_run_host_op(Exec *e, int32_t k);
 /* The bytes the copies between the memory spaces (offload's to_host, to_device) moved
  * since the Exec was made: counted as they run, to check against the plan's. */

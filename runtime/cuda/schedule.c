@@ -145,7 +145,7 @@ static int bind_host(const Plan *p, int32_t k, int rank, CsSchedule *s, char *er
                                           .host = cs_offset(p, up ? x : y, rank),
                                           .bytes = plan_tensor_nbytes(&p->tensors[x])};
         s->ops[k].copy = s->n_copies++;
-    } else if (o->n_in + o->n_out > 0 && p->tensors[p->ids[o->n_in ? o->in : o->out]].place == PLAN_PLACE_HOST) {
+    } else if (plan_op_on_host(p, k)) {
         s->ops[k].host = 1;
         s->n_host++;
     }
