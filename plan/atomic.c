@@ -88,27 +88,6 @@ static int output_kind(const char *path, char *target, mode_t *mode, char *err, 
     return OUT_FILE;
 }
 
-/* A device or a FIFO: the bytes straight into it. */
-static int write_stream(const char *path, int fifo, const PlanChunk *chunks, int n, char *err, size_t errlen)
-{
-    int fd = open(path, O_WRONLY | O_NOCTTY | O_CLOEXEC | (fifo ? O_NONBLOCK : 0));
-    if (fd < 0 && fifo && errno == ENXIO) return plan_fail(err, errlen, "is a FIFO (named pipe) with no reader");
-    if (fd < 0) return plan_fail(err, errlen, "cannot open: %s", strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {  // replaced since output_kind
-        close(fd);
-        return plan_fail(err, errlen, "changed while it was being opened");
-    }
-    if (fifo) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    const char *what = NULL;
-    for (int i = 0; i < n && !what; i++)
-        if (write_all(fd, chunks[i].data, chunks[i].len)) what = "write";
-    int saved = errno;
-    if (close(fd) && !what) what = "close", saved = errno;
-    if (what) return plan_fail(err, errlen, "cannot write the file (%s): %s", what, strerror(saved));
-    return 0;
-}
-
 /* The PID of a temporary file's name after its target's name (".tmp.PID.N"), or 0. */
 static long temp_pid(const char *s)
 {
@@ -155,37 +134,99 @@ static void sync_dir(const char *path)
     }
 }
 
-int plan_write_atomic(const char *path, const PlanChunk *chunks, int n, char *err, size_t errlen)
+struct PlanOutput {
+    int fd;
+    int stream;                  // a device or FIFO: written into, no rename
+    const char *failed;          // the first call that failed ("write"), or NULL
+    int saved;                   // its errno
+    char target[PATH_MAX], tmp[PATH_MAX + 32];
+};
+
+PlanOutput *plan_output_open(const char *path, char *err, size_t errlen)
 {
     static unsigned counter;
-    char target[PATH_MAX], tmp[PATH_MAX + 32];
+    PlanOutput *o = plan_alloc(sizeof *o);
+    if (!o) {
+        plan_fail(err, errlen, "out of memory");
+        return NULL;
+    }
+    memset(o, 0, sizeof *o);
+    o->fd = -1;
     mode_t mode;
-    int kind = output_kind(path, target, &mode, err, errlen);
-    if (kind < 0) return -1;
-    if (kind == OUT_STREAM) return write_stream(path, S_ISFIFO(mode), chunks, n, err, errlen);
-    remove_stale(target);
-    int fd = -1;
-    for (int tries = 0; fd < 0 && tries < 100; tries++) {
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", target, (long)getpid(), counter++);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST) break;
+    int kind = output_kind(path, o->target, &mode, err, errlen);
+    if (kind == OUT_STREAM) {
+        int fifo = S_ISFIFO(mode);
+        o->stream = 1;
+        o->fd = open(path, O_WRONLY | O_NOCTTY | O_CLOEXEC | (fifo ? O_NONBLOCK : 0));
+        struct stat st;
+        if (o->fd < 0 && fifo && errno == ENXIO) plan_fail(err, errlen, "is a FIFO (named pipe) with no reader");
+        else if (o->fd < 0) plan_fail(err, errlen, "cannot open: %s", strerror(errno));
+        else if (fstat(o->fd, &st) || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)))  // replaced since output_kind
+            plan_fail(err, errlen, "changed while it was being opened");
+        else {
+            if (fifo) fcntl(o->fd, F_SETFL, fcntl(o->fd, F_GETFL) & ~O_NONBLOCK);
+            return o;
+        }
+        kind = -1;
     }
-    if (fd < 0) return plan_fail(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+    if (kind < 0) {
+        if (o->fd >= 0) close(o->fd);
+        plan_dealloc(o);
+        return NULL;
+    }
+    remove_stale(o->target);
+    for (int tries = 0; o->fd < 0 && tries < 100; tries++) {
+        snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%ld.%u", o->target, (long)getpid(), counter++);
+        o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (o->fd < 0 && errno != EEXIST) break;
+    }
+    if (o->fd < 0) {
+        plan_fail(err, errlen, "cannot create %s: %s", o->tmp, strerror(errno));
+        plan_dealloc(o);
+        return NULL;
+    }
     struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-    fcntl(fd, F_SETLK, &lk);  // without locks (some file systems), the PID alone guards it
-    const char *what = NULL;
-    for (int i = 0; i < n && !what; i++)
-        if (write_all(fd, chunks[i].data, chunks[i].len)) what = "write";
-    if (!what && fsync(fd)) what = "fsync";
-    int saved = errno;
-    if (close(fd) && !what) what = "close", saved = errno;
-    if (!what && rename(tmp, target)) what = "rename", saved = errno;
-    if (what) {
-        unlink(tmp);
-        return plan_fail(err, errlen, "cannot write the file (%s): %s", what, strerror(saved));
+    fcntl(o->fd, F_SETLK, &lk);  // without locks (some file systems), the PID alone guards it
+    return o;
+}
+
+int plan_output_write(PlanOutput *o, const void *data, size_t len)
+{
+    if (!o->failed && write_all(o->fd, data, len)) o->failed = "write", o->saved = errno;
+    return o->failed ? -1 : 0;
+}
+
+void plan_output_abort(PlanOutput *o)
+{
+    if (!o) return;
+    close(o->fd);
+    if (!o->stream) unlink(o->tmp);
+    plan_dealloc(o);
+}
+
+int plan_output_commit(PlanOutput *o, char *err, size_t errlen)
+{
+    if (!o->failed && !o->stream && fsync(o->fd)) o->failed = "fsync", o->saved = errno;
+    if (close(o->fd) && !o->failed) o->failed = "close", o->saved = errno;
+    o->fd = -1;
+    if (!o->failed && !o->stream && rename(o->tmp, o->target)) o->failed = "rename", o->saved = errno;
+    int rc = 0;
+    if (o->failed) {
+        if (!o->stream) unlink(o->tmp);
+        rc = plan_fail(err, errlen, "cannot write the file (%s): %s", o->failed, strerror(o->saved));
+    } else if (!o->stream) {
+        sync_dir(o->target);
     }
-    sync_dir(target);
-    return 0;
+    plan_dealloc(o);
+    return rc;
+}
+
+int plan_write_atomic(const char *path, const PlanChunk *chunks, int n, char *err, size_t errlen)
+{
+    PlanOutput *o = plan_output_open(path, err, errlen);
+    if (!o) return -1;
+    for (int i = 0; i < n; i++) plan_output_write(o, chunks[i].data, chunks[i].len);
+    return plan_output_commit(o, err, errlen);
 }
 
 int plan_check_output(const char *path, char *err, size_t errlen)

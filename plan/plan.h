@@ -395,6 +395,15 @@ const char *plan_file_kind(unsigned mode);
  * written into, never replaced; a directory, block device or socket is refused. 0, or
  * -1 with a message (without the path) in err. */
 int plan_write_atomic(const char *path, const PlanChunk *chunks, int n, char *err, size_t errlen);
+/* The same, written piece by piece (an output too large to hold: a consolidated
+ * checkpoint): open, write in order (a failure is kept and reported by commit), then
+ * commit (fsync, rename, sync the directory) or abort (the temporary file goes; path is
+ * untouched). Both free the PlanOutput. */
+typedef struct PlanOutput PlanOutput;
+PlanOutput *plan_output_open(const char *path, char *err, size_t errlen);
+int plan_output_write(PlanOutput *o, const void *data, size_t len);  // 0, or -1 once any write failed
+int plan_output_commit(PlanOutput *o, char *err, size_t errlen);
+void plan_output_abort(PlanOutput *o);
 /* Whether plan_write_atomic could write path, checked before a long run rather than
  * after it: not a directory (or block device, socket), its directory exists and is
  * writable. 0, or -1 with a message (without the path): "is a directory; give a file

@@ -282,6 +282,17 @@ int rt_comm_agree(int rc)
     return worst;
 }
 
+void rt_comm_allgather_u64(const uint64_t *mine, int n, uint64_t *all)
+{
+    if (!comm.up) {
+        memcpy(all, mine, sizeof *mine * (size_t)n);
+        return;
+    }
+    blocking("an exchange of a few numbers between every rank (MPI_Allgather)", PLAN_NONE);
+    MPI_CHECK(MPI_Allgather(mine, n, MPI_UINT64_T, all, n, MPI_UINT64_T, MPI_COMM_WORLD));
+    rt_watchdog_waited();
+}
+
 int64_t rt_comm_sum_i64(int64_t v)
 {
     if (!comm.up) return v;

@@ -65,7 +65,7 @@ Progress *rt_progress_new(const ProgressOptions *o, char *err, size_t errlen)
     if (p->o.log_every <= 0) p->o.log_every = p->o.steps <= 100 ? 1 : 10;
     p->tty = o->tty < 0 ? isatty(fileno(p->o.out)) : o->tty;
     if (o->log_path) {
-        p->log = fopen(o->log_path, "w");
+        p->log = fopen(o->log_path, o->append ? "a" : "w");
         if (!p->log) {
             plan_fail(err, errlen, "%s: %s", o->log_path, strerror(errno));
             plan_dealloc(p);
@@ -108,7 +108,8 @@ static void draw_bar(Progress *p, const StepStats *s, double per_s)
     int fill = p->o.steps > 0 ? (int)((double)BAR_WIDTH * (double)s->step / (double)p->o.steps) : BAR_WIDTH;
     for (int i = 0; i < BAR_WIDTH; i++) bar[i] = i < fill ? '=' : i == fill ? '>' : ' ';
     bar[BAR_WIDTH] = 0;
-    double left = p->seconds / (double)s->step * (double)(p->o.steps - s->step);
+    int64_t done = s->step - p->o.start;
+    double left = done > 0 ? p->seconds / (double)done * (double)(p->o.steps - s->step) : 0;
     fprintf(p->o.out, "\r[%s] %lld/%lld loss %.4f", bar, (long long)s->step, (long long)p->o.steps, s->loss);
     if (!isnan(s->accuracy)) fprintf(p->o.out, " acc %.3f", s->accuracy);
     fprintf(p->o.out, " | %s %s/s %.*f ms/step | ETA %s\033[K", rate(per_s, r, sizeof r), p->o.unit,
@@ -185,6 +186,18 @@ int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen)
         plain_line(p, s, per_s);
     }
     return 0;
+}
+
+void rt_progress_note(Progress *p, const char *fmt, ...)
+{
+    if (!p) return;
+    if (p->drawn) fputc('\n', p->o.out), p->drawn = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(p->o.out, fmt, ap);
+    va_end(ap);
+    fputc('\n', p->o.out);
+    fflush(p->o.out);
 }
 
 int rt_progress_end(Progress *p, char *err, size_t errlen)

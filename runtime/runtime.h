@@ -11,6 +11,7 @@
 #ifndef FS_RUNTIME_H
 #define FS_RUNTIME_H
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -296,6 +297,128 @@ int32_t rt_data_labels(const RtData *d);
 int32_t rt_data_logits(const RtData *d);
 void rt_data_close(RtData *d);
 
+/* ---- runtime/state.c: one rank's training state as pieces of named tensors ---------- */
+
+/* What a logical tensor of the state is: a param, a param's optimizer state, or the
+ * step's own state (the optimizer's step counter, the fp16 loss scale). */
+typedef enum { RT_STATE_PARAM, RT_STATE_OPTIM, RT_STATE_OTHER, RT_STATE_COUNT } RtStateKind;
+
+/* Elements [first, first + count) (row-major) of the logical tensor `name` (see state.c:
+ * "h.0.attn.w", "h.0.attn.w.exp_avg", "opt_step"; the same in every plan of the model),
+ * at `data` on this rank, in plan tensor `holder`. */
+typedef struct {
+    const char *name;
+    RtStateKind kind;
+    PlanDType dtype;
+    int rank;
+    const int64_t *shape;   // the logical tensor's
+    int64_t first, count;
+    void *data;             // NULL in a list of names (rt_state_of_plan)
+    int32_t holder;
+    int own;                // this rank writes it: over the world each element is owned once
+} RtPiece;
+
+typedef struct RtState RtState;
+/* Every piece of state e's rank holds, in tensor order; NULL with a message. */
+RtState *rt_state_new(const Exec *e, char *err, size_t errlen);
+/* The pieces of a plan of one program at rank 0 of 1 (every logical tensor it holds,
+ * whole), without data: what the plan's state is named. */
+RtState *rt_state_of_plan(const Plan *p, char *err, size_t errlen);
+void rt_state_free(RtState *s);
+int32_t rt_state_count(const RtState *s);
+const RtPiece *rt_state_piece(const RtState *s, int32_t i);
+/* The root tensors the pieces lie in (a load zeroes them first: their padding). */
+int32_t rt_state_holders(const RtState *s, const int32_t **ids);
+const char *rt_state_kind_name(RtStateKind k);  // "param", "optimizer", "state"
+
+/* ---- runtime/checkpoint.c: checkpoints on disk --------------------------------------- */
+
+typedef struct {
+    const char *dir;     // --checkpoint-dir: DIR/step-NNNNNNNN/ per checkpoint
+    int keep;            // the newest `keep` complete checkpoints stay (0: all of them)
+    uint64_t seed;       // the run's seed (init, data order), recorded in the manifest
+    const char *data;    // rt_data_describe, recorded
+    RtDataOrder order;
+} RtCheckpointOptions;
+
+typedef struct {
+    char path[4096];     // DIR/step-NNNNNNNN
+    int64_t bytes;       // every rank's file together
+    int files;
+    double seconds;      // from the first rank file to the manifest (and the pruning)
+} RtSaved;
+
+/* The whole training state after `step` steps: every world rank writes the pieces it
+ * owns (rt_state_new), then rank 0 the manifest (see checkpoint.c); then the checkpoints
+ * beyond the newest o->keep go. Every rank calls it, with the state on the host (a
+ * device downloads it first); the result is agreed (a message on the rank that failed,
+ * an empty err elsewhere). */
+int rt_checkpoint_save(const Exec *e, int64_t step, const RtCheckpointOptions *o, RtSaved *out, char *err,
+                       size_t errlen);
+/* A hash of a plan read from a file (its sections' CRCs): the same plan, the same hash. */
+uint64_t rt_plan_hash(const Plan *p);
+
+typedef struct RtCheckpoint RtCheckpoint;
+/* Opens the checkpoint at path (a step directory with its manifest) or the newest
+ * complete one in path, and checks everything but the data: the manifest, every file it
+ * names (size, header CRC, that it is of this checkpoint), every piece's metadata against
+ * the tensor the file holds, and that the pieces of every logical tensor tile it. NULL
+ * with a message naming the file and what is wrong. */
+RtCheckpoint *rt_checkpoint_open(const char *path, char *err, size_t errlen);
+void rt_checkpoint_close(RtCheckpoint *c);
+const char *rt_checkpoint_dir(const RtCheckpoint *c);  // its step directory
+int64_t rt_checkpoint_step(const RtCheckpoint *c);     // the steps done when it was saved
+uint64_t rt_checkpoint_seed(const RtCheckpoint *c);
+/* What the manifest says of the plan that saved it ("hash", "shard", "precision",
+ * "offload", "model") and of its data ("source", "order"), or NULL; and its numbers
+ * ("world", "stages", "dp", "microbatches"). */
+const char *rt_checkpoint_info(const RtCheckpoint *c, const char *key);
+int64_t rt_checkpoint_info_int(const RtCheckpoint *c, const char *key, int64_t def);
+
+/* A piece of a logical tensor as the checkpoint holds it. */
+typedef struct {
+    const char *name;
+    RtStateKind kind;
+    PlanDType dtype;
+    int rank;
+    const int64_t *shape;  // the logical tensor's
+    int64_t first, count;
+    uint64_t bytes;
+} RtCkptPiece;
+/* The pieces, by (name, first element); the first piece of `name`, or -1. */
+int32_t rt_checkpoint_count(const RtCheckpoint *c);
+void rt_checkpoint_piece(const RtCheckpoint *c, int32_t i, RtCkptPiece *out);
+int32_t rt_checkpoint_find(const RtCheckpoint *c, const char *name);
+/* Piece i's bytes into buf (bytes long), its CRC-32 checked: 0, or -1 naming the file,
+ * the tensor and its byte range. */
+int rt_checkpoint_read(const RtCheckpoint *c, int32_t i, void *buf, char *err, size_t errlen);
+/* fsexec --export: every param, consolidated, as one safetensors file at out (what
+ * --save-weights writes): written in order through one fixed buffer (its bytes in
+ * *buffer), every piece's CRC checked, atomically. 0, or -1 with a message. */
+int rt_checkpoint_export(const RtCheckpoint *c, const char *out, int64_t *buffer, char *err, size_t errlen);
+
+/* ---- runtime/resume.c: a checkpoint into a plan of the same model -------------------- */
+
+typedef struct {
+    int64_t elements[RT_STATE_COUNT];  // loaded over the world, by kind
+    int files;
+    int same_plan;                     // the plan that saved it (then the run goes on bit for bit)
+    char unused[512];                  // tensors of the checkpoint this plan has not ("loss_scale, ...")
+    char kept[512];                    // this plan's step state the checkpoint lacks, left at its start
+} RtResumed;
+
+/* Fills e's state (every rank's: its own pieces, whatever plan saved it) from c: each
+ * logical tensor's elements that e's rank holds from the checkpoint's pieces, every one
+ * read once with its CRC checked, the holders' padding zeroed. A tensor of this plan the
+ * checkpoint lacks, or of another shape or dtype, is an error naming it (but step state
+ * such as an fp16 loss scale after an fp32 run, which starts where the plan starts it).
+ * Every rank calls it; the result is agreed; on an error the state is not usable (the
+ * run must not start). */
+int rt_checkpoint_load(const RtCheckpoint *c, Exec *e, RtResumed *r, char *err, size_t errlen);
+/* "resumed ck/step-00000003 at step 3: ..." for the start: what was read and from which
+ * topology to which. */
+void rt_resumed_describe(const RtCheckpoint *c, const RtResumed *r, const Plan *whole, char *buf, size_t n);
+
 /* ---- runtime/safetensors.c: weights and gradients as safetensors ---------------------- */
 
 typedef struct {
@@ -309,6 +432,35 @@ typedef struct {
 /* Writes the tensors (header: their names, dtypes, shapes, offsets; __metadata__ format
  * "pt" and the step) atomically. 0, or -1 with a message naming the path. */
 int rt_st_write(const char *path, const StEntry *t, int32_t n, int64_t step, char *err, size_t errlen);
+/* The same with __metadata__ format "pt" and then n_meta pairs (meta[2i]: key, meta[2i+1]:
+ * value). */
+int rt_st_write_meta(const char *path, const StEntry *t, int32_t n, const char *const *meta, int n_meta, char *err,
+                     size_t errlen);
+/* The header bytes alone (the u64 length, the JSON padded to 8), for a writer that
+ * streams the data after it in order; free *out with plan_dealloc. 0, or -1 when out of
+ * memory (or a name that is not UTF-8). */
+int rt_st_header(const StEntry *t, int32_t n, const char *const *meta, int n_meta, uint8_t **out, size_t *len);
+
+/* A safetensors file opened for reading pieces of it: the header checked whole (as
+ * rt_st_read does: every field, the offsets tiling the data exactly), the data left on
+ * disk. Tensors are listed by data offset; begin and end are byte offsets in the file. */
+typedef struct {
+    const char *name;
+    PlanDType dtype;
+    int rank;
+    int64_t shape[PLAN_MAX_RANK];
+    uint64_t begin, end;
+} StTensor;
+typedef struct StFile StFile;
+StFile *rt_st_open(const char *path, char *err, size_t errlen);  // NULL with a message (without the path)
+void rt_st_close(StFile *f);
+size_t rt_st_count(const StFile *f);
+const StTensor *rt_st_tensor(const StFile *f, size_t i);
+uint64_t rt_st_size(const StFile *f);        // bytes of the file
+uint32_t rt_st_header_crc(const StFile *f);  // CRC-32 of the header bytes (length and JSON)
+const char *rt_st_meta(const StFile *f, const char *key);  // a __metadata__ value, or NULL
+/* len bytes at file offset at into buf; 0, or -1 (past the end, or a read error). */
+int rt_st_pread(const StFile *f, void *buf, uint64_t len, uint64_t at);
 /* Fills each t[i].data from the file after checking the whole file: every header field,
  * the offsets, that the file holds exactly these names with these dtypes and shapes, and
  * that every F32, F16 and BF16 value is finite (else the message names the tensor and the
@@ -347,7 +499,9 @@ int rt_load_weights(Exec *e, const char *path, char *err, size_t errlen);
 typedef struct Progress Progress;
 
 typedef struct {
-    int64_t steps;         // the run's length
+    int64_t steps;         // the run's length: its last step
+    int64_t start;         // steps done before the first this run makes (a resumed run)
+    int append;            // add to the log file (a resumed run) rather than start it again
     int log_every;         // plain lines every N steps; <= 0: 1 up to 100 steps, else 10
     const char *log_path;  // JSON lines, one per step; NULL for none
     const char *unit;      // "tok" or "samples" (default "tok")
@@ -372,6 +526,8 @@ Progress *rt_progress_new(const ProgressOptions *o, char *err, size_t errlen);
 /* Reports one step (NULL: nothing, as on ranks other than 0); -1 with a message if the
  * log cannot be written. */
 int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen);
+/* A line of its own between the step lines (a checkpoint saved); nothing for NULL. */
+void rt_progress_note(Progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Ends the bar, prints the average rate, closes the log. */
 int rt_progress_end(Progress *p, char *err, size_t errlen);
 /* mean(argmax(logits[b]) == y[b]) over B rows of K. */
@@ -444,6 +600,9 @@ void rt_comm_gather_f32(const float *send, int64_t n, float *recv);
 /* The largest rc over every rank of the world (every rank calls it): an error anywhere
  * is everyone's. */
 int rt_comm_agree(int rc);
+/* Every world rank's n numbers, in world rank order, into all (n x world); every rank
+ * calls it. */
+void rt_comm_allgather_u64(const uint64_t *mine, int n, uint64_t *all);
 /* The sum over this stage's data-parallel ranks (every one of them calls it). */
 int64_t rt_comm_sum_i64(int64_t v);
 
@@ -586,7 +745,13 @@ void rt_device_close(RtDevice *d);
 /* ---- runtime/step.c: the step loop ----------------------------------------------------- */
 
 typedef struct {
-    int64_t steps;
+    int64_t steps;            // the run's last step
+    int64_t start;            // the steps done before (a resumed run): the first is start + 1
+    const RtCheckpointOptions *checkpoint;  // where checkpoints go, or NULL for none
+    int64_t save_every;       // a checkpoint every N steps (0: only at the end, and when stopped)
+    int64_t *reached;         // the last step done, or NULL
+    volatile const sig_atomic_t *stop;  // set (by a signal handler) to stop at the next step boundary, after a
+                              // checkpoint; NULL: never
     int64_t overflow_at;      // debug: the fp16 backward seed (PLAN_SR_LOSS_SEED) made infinite at this step
     const char *save_grads;   // step 1's gradients into this file (world 1), or NULL
     int cuda_graph;           // a device backend captures step 2 and replays it
@@ -596,7 +761,10 @@ typedef struct {
     int rank, world;
 } RtTrainOptions;
 
-enum { RT_TRAIN_LOCAL = -1 };  // an error of this rank alone: the caller ends every rank
+enum {
+    RT_TRAIN_LOCAL = -1,   // an error of this rank alone: the caller ends every rank
+    RT_TRAIN_STOPPED = -3  // stopped by *stop at a step boundary (every rank alike), the checkpoint saved
+};
 
 /* The steps: each step's batch (rt_data_fill) into the host mirror, its inputs up, the
  * step on the device, the reported scalars down, a progress line (rank 0: *progress;

@@ -59,14 +59,15 @@ static char *shape_str(PlanDType dt, int rank, const int64_t *shape, char *buf, 
 
 /* ---- writing ------------------------------------------------------------------------ */
 
-static json_t *header_json(const StEntry *t, int32_t n, int64_t step)
+/* The header: __metadata__ (format "pt", then the pairs of meta: key, value, ...), and
+ * every tensor's dtype, shape and data offsets, back to back in order. */
+static json_t *header_json(const StEntry *t, int32_t n, const char *const *meta, int n_meta)
 {
-    json_t *h = json_object(), *meta = json_object();
-    char s[32];
-    snprintf(s, sizeof s, "%" PRId64, step);
-    int bad = !h || !meta || json_object_set_new(meta, "format", json_string("pt")) ||
-              json_object_set_new(meta, "step", json_string(s)) || json_object_set_new(h, "__metadata__", meta);
-    if (!h || !meta) json_decref(meta);
+    json_t *h = json_object(), *m = json_object();
+    int bad = !h || !m || json_object_set_new(m, "format", json_string("pt"));
+    for (int i = 0; i + 1 < 2 * n_meta && !bad; i += 2) bad = json_object_set_new(m, meta[i], json_string(meta[i + 1]));
+    bad = bad || json_object_set_new(h, "__metadata__", m);
+    if (!h || !m) json_decref(m);
     int64_t at = 0;
     for (int32_t i = 0; i < n && !bad; i++) {
         json_t *e = json_object(), *shape = json_array(), *off = json_array();
@@ -91,26 +92,40 @@ static json_t *header_json(const StEntry *t, int32_t n, int64_t step)
     return h;
 }
 
-int rt_st_write(const char *path, const StEntry *t, int32_t n, int64_t step, char *err, size_t errlen)
+int rt_st_header(const StEntry *t, int32_t n, const char *const *meta, int n_meta, uint8_t **out, size_t *len)
 {
-    if (!little_endian()) return plan_fail(err, errlen, "%s: safetensors output needs a little-endian host", path);
-    json_t *h = header_json(t, n, step);
+    *out = NULL, *len = 0;
+    if (!little_endian()) return -1;
+    json_t *h = header_json(t, n, meta, n_meta);
     char *text = h ? json_dumps(h, JSON_COMPACT) : NULL;
     json_decref(h);
-    size_t len = text ? strlen(text) : 0, padded = (len + 7) / 8 * 8;
-    /* The header: its padded length (u64 LE), then the JSON padded with spaces. */
+    size_t tl = text ? strlen(text) : 0, padded = (tl + 7) / 8 * 8;
+    /* Its padded length (u64 LE), then the JSON padded with spaces. */
     uint8_t *head = text ? plan_alloc(8 + padded) : NULL;
-    PlanChunk *chunks = head ? plan_alloc(sizeof *chunks * ((size_t)n + 1)) : NULL;
-    if (!chunks) {
+    if (!head) {
         free(text);
+        return -1;
+    }
+    for (int i = 0; i < 8; i++) head[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    memcpy(head + 8, text, tl);
+    memset(head + 8 + tl, ' ', padded - tl);
+    free(text);
+    *out = head, *len = 8 + padded;
+    return 0;
+}
+
+int rt_st_write_meta(const char *path, const StEntry *t, int32_t n, const char *const *meta, int n_meta, char *err,
+                     size_t errlen)
+{
+    if (!little_endian()) return plan_fail(err, errlen, "%s: safetensors output needs a little-endian host", path);
+    uint8_t *head;
+    size_t hlen;
+    PlanChunk *chunks = NULL;
+    if (rt_st_header(t, n, meta, n_meta, &head, &hlen) || !(chunks = plan_alloc(sizeof *chunks * ((size_t)n + 1)))) {
         plan_dealloc(head);
         return plan_fail(err, errlen, "%s: out of memory building the header (or a name that is not UTF-8)", path);
     }
-    for (int i = 0; i < 8; i++) head[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    memcpy(head + 8, text, len);
-    memset(head + 8 + len, ' ', padded - len);
-    free(text);
-    chunks[0] = (PlanChunk){head, 8 + padded};
+    chunks[0] = (PlanChunk){head, hlen};
     for (int32_t i = 0; i < n; i++) chunks[i + 1] = (PlanChunk){t[i].data, (size_t)nbytes(&t[i])};
     char why[256];
     int rc = plan_write_atomic(path, chunks, n + 1, why, sizeof why);
@@ -119,23 +134,23 @@ int rt_st_write(const char *path, const StEntry *t, int32_t n, int64_t step, cha
     return rc ? plan_fail(err, errlen, "%s: %s", path, why) : 0;
 }
 
-/* ---- reading ------------------------------------------------------------------------ */
+int rt_st_write(const char *path, const StEntry *t, int32_t n, int64_t step, char *err, size_t errlen)
+{
+    char s[32];
+    snprintf(s, sizeof s, "%" PRId64, step);
+    const char *meta[] = {"step", s};
+    return rt_st_write_meta(path, t, n, meta, 1, err, errlen);
+}
 
-typedef struct {
-    const char *name;
-    PlanDType dtype;
-    int rank;
-    int64_t shape[PLAN_MAX_RANK];
-    uint64_t begin, end;
-} FileEntry;
+/* ---- reading ------------------------------------------------------------------------ */
 
 static int by_begin(const void *a, const void *b)
 {
-    const FileEntry *x = a, *y = b;
+    const StTensor *x = a, *y = b;
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-static int parse_entry(const char *key, json_t *v, uint64_t data_len, FileEntry *fe, char *err, size_t errlen)
+static int parse_entry(const char *key, json_t *v, uint64_t data_len, StTensor *fe, char *err, size_t errlen)
 {
     json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"),
            *off = json_object_get(v, "data_offsets");
@@ -177,7 +192,7 @@ static int parse_entry(const char *key, json_t *v, uint64_t data_len, FileEntry 
 }
 
 /* The header's tensors; they must tile [0, data_len) exactly, as the library demands. */
-static int parse_header(json_t *h, uint64_t data_len, FileEntry *fe, size_t *n, char *err, size_t errlen)
+static int parse_header(json_t *h, uint64_t data_len, StTensor *fe, size_t *n, char *err, size_t errlen)
 {
     const char *key;
     json_t *v;
@@ -218,7 +233,7 @@ static int named(const char *name, const char *const *names, int32_t n)
 
 /* Every wanted tensor in the file with its dtype and shape, and nothing else but the
  * tensors named in `also`. */
-static int match(const StEntry *t, int32_t n, const char *const *also, int32_t n_also, const FileEntry *fe, size_t nf,
+static int match(const StEntry *t, int32_t n, const char *const *also, int32_t n_also, const StTensor *fe, size_t nf,
                  size_t *where, char *err, size_t errlen)
 {
     char a[128], b[128];
@@ -280,7 +295,7 @@ static int64_t first_nonfinite(const uint8_t *p, int64_t n, PlanDType dt)
 
 /* 0 when tensor fe (its bytes at p) holds only finite floats; else -1 naming the first
  * element that is not, by flat index and by position. */
-static int check_finite(const FileEntry *fe, const uint8_t *p, char *err, size_t errlen)
+static int check_finite(const StTensor *fe, const uint8_t *p, char *err, size_t errlen)
 {
     if (fe->dtype == PLAN_DT_I32) return 0;
     int64_t n = 1;
@@ -320,25 +335,34 @@ static int read_at(int fd, void *buf, uint64_t len, uint64_t off)
     return 0;
 }
 
-/* Every wanted tensor's bytes (from file offset base + begin) into t[i].data, once every
+/* Every wanted tensor's bytes (from file offset begin) into t[i].data, once every
  * float of every one is finite: the file is mapped, checked, then copied, so its data
  * comes from disk once and nothing is written when a check fails. */
-static int read_data(int fd, uint64_t size, uint64_t base, const StEntry *t, int32_t n, const FileEntry *fe,
+static int read_data(int fd, uint64_t size, const StEntry *t, int32_t n, const StTensor *fe,
                      const size_t *where, char *err, size_t errlen)
 {
     uint8_t *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) return plan_fail(err, errlen, "cannot map the file: %s", strerror(errno));
     int rc = 0;
     for (int32_t i = 0; i < n && !rc; i++)
-        rc = check_finite(&fe[where[i]], map + base + fe[where[i]].begin, err, errlen);
+        rc = check_finite(&fe[where[i]], map + fe[where[i]].begin, err, errlen);
     for (int32_t i = 0; i < n && !rc; i++)
-        memcpy(t[i].data, map + base + fe[where[i]].begin, (size_t)(fe[where[i]].end - fe[where[i]].begin));
+        memcpy(t[i].data, map + fe[where[i]].begin, (size_t)(fe[where[i]].end - fe[where[i]].begin));
     munmap(map, (size_t)size);
     return rc;
 }
 
-static int read_file(int fd, uint64_t size, const StEntry *t, int32_t n, const char *const *also, int32_t n_also,
-                     char *err, size_t errlen)
+struct StFile {
+    int fd;
+    uint64_t size, base;  // the file's bytes; where its data starts (8 + the header)
+    uint32_t header_crc;  // CRC-32 of the first `base` bytes
+    json_t *h;            // the header (its keys are the tensors' names)
+    StTensor *t;          // by data offset
+    size_t n;
+};
+
+/* The header of the open file fd (size bytes), checked whole. */
+static int open_file(int fd, uint64_t size, StFile *f, char *err, size_t errlen)
 {
     uint8_t n8[8];
     if (size < 8 || read_at(fd, n8, 8, 0)) return plan_fail(err, errlen, "too short for a safetensors file");
@@ -353,33 +377,85 @@ static int read_file(int fd, uint64_t size, const StEntry *t, int32_t n, const c
         plan_dealloc(text);
         return plan_fail(err, errlen, "cannot read the header: %s", strerror(errno));
     }
+    f->header_crc = plan_crc32(plan_crc32(0, n8, 8), text, (size_t)hlen);
     json_error_t je;
-    json_t *h = json_loadb(text, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
+    f->h = json_loadb(text, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
     plan_dealloc(text);
-    if (!h) return plan_fail(err, errlen, "header is not valid JSON: %s (at byte %d)", je.text, je.position);
-    size_t nkeys = json_is_object(h) ? json_object_size(h) : 0, nf = 0;
-    FileEntry *fe = plan_alloc(sizeof *fe * (nkeys + 1));
+    if (!f->h) return plan_fail(err, errlen, "header is not valid JSON: %s (at byte %d)", je.text, je.position);
+    size_t nkeys = json_is_object(f->h) ? json_object_size(f->h) : 0;
+    if (!(f->t = plan_alloc(sizeof *f->t * (nkeys + 1)))) return plan_fail(err, errlen, "out of memory");
+    f->fd = fd, f->size = size, f->base = 8 + hlen;
+    if (parse_header(f->h, size - f->base, f->t, &f->n, err, errlen)) return -1;
+    for (size_t i = 0; i < f->n; i++) f->t[i].begin += f->base, f->t[i].end += f->base;
+    return 0;
+}
+
+StFile *rt_st_open(const char *path, char *err, size_t errlen)
+{
+    if (!little_endian()) {
+        plan_fail(err, errlen, "safetensors input needs a little-endian host");
+        return NULL;
+    }
+    int64_t size;
+    int fd = plan_open_input(path, &size, err, errlen);
+    if (fd < 0) return NULL;
+    StFile *f = plan_alloc(sizeof *f);
+    if (!f) {
+        close(fd);
+        plan_fail(err, errlen, "out of memory");
+        return NULL;
+    }
+    memset(f, 0, sizeof *f);
+    f->fd = fd;
+    if (open_file(fd, (uint64_t)size, f, err, errlen)) {
+        rt_st_close(f);
+        return NULL;
+    }
+    return f;
+}
+
+void rt_st_close(StFile *f)
+{
+    if (!f) return;
+    if (f->fd >= 0) close(f->fd);
+    json_decref(f->h);
+    plan_dealloc(f->t);
+    plan_dealloc(f);
+}
+
+size_t rt_st_count(const StFile *f) { return f->n; }
+const StTensor *rt_st_tensor(const StFile *f, size_t i) { return &f->t[i]; }
+uint64_t rt_st_size(const StFile *f) { return f->size; }
+uint32_t rt_st_header_crc(const StFile *f) { return f->header_crc; }
+
+const char *rt_st_meta(const StFile *f, const char *key)
+{
+    return json_string_value(json_object_get(json_object_get(f->h, "__metadata__"), key));
+}
+
+int rt_st_pread(const StFile *f, void *buf, uint64_t len, uint64_t at)
+{
+    if (at > f->size || len > f->size - at) return -1;
+    return read_at(f->fd, buf, len, at);
+}
+
+static int read_file(StFile *f, const StEntry *t, int32_t n, const char *const *also, int32_t n_also, char *err,
+                     size_t errlen)
+{
     size_t *where = plan_alloc(sizeof *where * ((size_t)n + 1));
-    uint64_t base = 8 + hlen;
-    int rc = !fe || !where ? plan_fail(err, errlen, "out of memory") : parse_header(h, size - base, fe, &nf, err, errlen);
-    if (!rc) rc = match(t, n, also, n_also, fe, nf, where, err, errlen);
-    if (!rc) rc = read_data(fd, size, base, t, n, fe, where, err, errlen);
-    plan_dealloc(fe);
+    int rc = !where ? plan_fail(err, errlen, "out of memory") : match(t, n, also, n_also, f->t, f->n, where, err, errlen);
+    if (!rc) rc = read_data(f->fd, f->size, t, n, f->t, where, err, errlen);
     plan_dealloc(where);
-    json_decref(h);
     return rc;
 }
 
 int rt_st_read_part(const char *path, const StEntry *t, int32_t n, const char *const *also, int32_t n_also,
                     char *err, size_t errlen)
 {
-    if (!little_endian()) return plan_fail(err, errlen, "%s: safetensors input needs a little-endian host", path);
     char why[512];
-    int64_t size;
-    int fd = plan_open_input(path, &size, why, sizeof why);
-    if (fd < 0) return plan_fail(err, errlen, "%s: %s", path, why);
-    int rc = read_file(fd, (uint64_t)size, t, n, also, n_also, why, sizeof why);
-    close(fd);
+    StFile *f = rt_st_open(path, why, sizeof why);
+    int rc = f ? read_file(f, t, n, also, n_also, why, sizeof why) : -1;
+    rt_st_close(f);
     if (rc) plan_fail(err, errlen, "%s: %s", path, why);
     return rc;
 }

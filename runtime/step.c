@@ -6,7 +6,10 @@
  * lr, grad norm, fp16 loss scale, the optimizer's step counter (the step was skipped
  * when it did not move) and the fp16 backward seed that --debug-overflow-at poisons.
  * The loop allocates nothing; --save-grads writes a file in step 1, between backward
- * and the first optimizer op, where every gradient is complete and live.
+ * and the first optimizer op, where every gradient is complete and live. A resumed run
+ * starts after the checkpoint's step. After a step: a checkpoint every save_every steps,
+ * after the last, and when a signal asked every rank to stop (they agree at each step
+ * boundary, so all stop after the same one).
  */
 #include <inttypes.h>
 #include <math.h>
@@ -81,6 +84,30 @@ static int run_step(Exec *e, RtDevice *d, const RtTrainOptions *o, int64_t step,
     return rt_device_run_step(d, o->cuda_graph && step > 1);  // step 1 warms up (NVRTC, cuBLAS) first
 }
 
+/* The checkpoint after `step`: the state down from the device, every rank's part
+ * written; where it went on the reporting rank's progress. 0; 1 after a message (agreed);
+ * RT_TRAIN_LOCAL for this rank's device error. */
+static int checkpoint(Exec *e, RtDevice *d, Progress *progress, int64_t step, const RtTrainOptions *o)
+{
+    const unsigned state = 1u << PLAN_ROLE_PARAM | 1u << PLAN_ROLE_OPT_STATE | 1u << PLAN_ROLE_MASTER;
+    if (rt_device_download_roles(d, e, state, 0)) {
+        rt_device_print_error(d, step);
+        return RT_TRAIN_LOCAL;
+    }
+    char err[512];
+    RtSaved s;
+    rt_watchdog_arm("saving a checkpoint after step", step);
+    int rc = rt_checkpoint_save(e, step, o->checkpoint, &s, err, sizeof err);
+    rt_watchdog_disarm();
+    if (rc) {
+        if (err[0]) fprintf(stderr, "%s: checkpoint after step %" PRId64 ": %s\n", o->who, step, err);
+        return 1;
+    }
+    rt_progress_note(progress, "step %" PRId64 ": checkpoint %s (%d file%s, %.2f MiB, %.2f s)", step, s.path, s.files,
+                     s.files == 1 ? "" : "s", (double)s.bytes / (1 << 20), s.seconds);
+    return 0;
+}
+
 int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTrainOptions *o)
 {
     char err[512];
@@ -102,7 +129,7 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
         return RT_TRAIN_LOCAL;
     }
     double items = (double)rt_data_items(data);
-    for (int64_t step = 1; step <= o->steps; step++) {
+    for (int64_t step = o->start + 1; step <= o->steps; step++) {
         double t0 = rt_now();
         rt_watchdog_arm("step", step);
         rt_data_fill(data, step);
@@ -141,6 +168,20 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
                                        "bug in the plan"
                                      : "a lower learning rate may help; --debug-nan checks the plan's buffer reuse");
             return 1;
+        }
+        if (o->reached) *o->reached = step;
+        /* Every rank stops at the same step: a signal reaches them at different moments. */
+        int last = step == o->steps, stop = o->stop && rt_comm_agree(*o->stop != 0) && !last;
+        if (o->checkpoint && (last || stop || (o->save_every && step % o->save_every == 0))) {
+            int saved = checkpoint(e, d, *progress, step, o);
+            if (saved) {
+                end_progress(progress, o->who);
+                return saved;
+            }
+        }
+        if (stop) {
+            end_progress(progress, o->who);
+            return RT_TRAIN_STOPPED;
         }
     }
     return 0;

@@ -27,8 +27,10 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "runtime.h"
@@ -69,6 +71,22 @@ static const char USAGE[] =
     "  --load-weights FILE  start from the params in a safetensors file (every stage of a\n"
     "                       pipeline takes the params it has)\n"
     "  --save-grads FILE    write step 1's gradients (under the params' names; world 1)\n"
+    "  --checkpoint-dir DIR write checkpoints into DIR/step-NNNNNNNN/: the whole training\n"
+    "                       state (params, optimizer state, step, loss scale; the data\n"
+    "                       position and every random number follow from the step and\n"
+    "                       the seed), every rank writing its own part as safetensors,\n"
+    "                       then a manifest.json; one after the last step, and after the\n"
+    "                       step a SIGINT or SIGTERM arrives in (a second one stops at once)\n"
+    "  --save-every N       also a checkpoint every N steps\n"
+    "  --keep K             keep the newest K checkpoints in DIR (default: all)\n"
+    "  --resume PATH        continue from a checkpoint: a step directory, or the newest in\n"
+    "                       a --checkpoint-dir; --steps stays the run's total (resumed at\n"
+    "                       step 300 with --steps 1000: steps 301 to 1000). Any plan of the\n"
+    "                       same model resumes it: another world, strategy, precision or\n"
+    "                       stages reshard it as it loads\n"
+    "  --export CKPT FILE   write the params of checkpoint CKPT (as --resume finds it) as\n"
+    "                       one safetensors FILE (as --save-weights does), through a fixed\n"
+    "                       16 MiB buffer, and exit; no plan needed\n"
     "  --sync-sends         make every send between pipeline stages synchronous\n"
     "                       (MPI_Issend: done only once its receive has started), to\n"
     "                       check that the plan needs no buffering by MPI\n"
@@ -112,6 +130,8 @@ static const char USAGE[] =
 
 typedef struct {
     const char *plan, *inspect, *data, *log, *save_weights, *load_weights, *save_grads;
+    const char *checkpoint_dir, *resume, *export_from;  // --export: from this checkpoint to `plan` (the output)
+    int64_t save_every, keep;
     int64_t steps;
     uint64_t seed;
     int has_seed, threads, log_every, debug_nan, debug_guard, sync_sends;
@@ -180,12 +200,14 @@ static int parse_int(const char *flag, const char *s, int64_t lo, int64_t hi, in
 /* The flags that take a value, as `--name VALUE` or `--name=VALUE`. */
 typedef enum {
     V_INSPECT, V_STEPS, V_SEED, V_THREADS, V_DATA, V_DATA_ORDER, V_DATA_FORMAT, V_LOG, V_LOG_EVERY, V_SAVE_WEIGHTS,
-    V_LOAD_WEIGHTS, V_SAVE_GRADS, V_NPROC, V_TIMEOUT, V_OVERFLOW_AT, V_DEVICE, V_COUNT
+    V_LOAD_WEIGHTS, V_SAVE_GRADS, V_NPROC, V_TIMEOUT, V_OVERFLOW_AT, V_DEVICE, V_CHECKPOINT_DIR, V_SAVE_EVERY, V_KEEP,
+    V_RESUME, V_EXPORT, V_COUNT
 } ValueFlag;
 
 static const char *const VALUE_FLAGS[V_COUNT] = {
     "--inspect", "--steps", "--seed", "--threads", "--data", "--data-order", "--data-format", "--log", "--log-every",
     "--save-weights", "--load-weights", "--save-grads", "--nproc", "--timeout", "--debug-overflow-at", "--device",
+    "--checkpoint-dir", "--save-every", "--keep", "--resume", "--export",
 };
 
 /* 0, or the exit status of a usage error (after its message). */
@@ -239,6 +261,11 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
             return 0;
         }
         return usage_error("--device: expected 'auto', 'cpu' or 'cuda', got '%s'", v);
+    case V_CHECKPOINT_DIR: f->checkpoint_dir = v; return 0;
+    case V_SAVE_EVERY: return parse_int(flag, v, 1, INT32_MAX, &f->save_every) ? 2 : 0;
+    case V_KEEP: return parse_int(flag, v, 1, INT32_MAX, &f->keep) ? 2 : 0;
+    case V_RESUME: f->resume = v; return 0;
+    case V_EXPORT: f->export_from = v; return 0;
     case V_COUNT: break;
     }
     return 2;
@@ -293,7 +320,14 @@ static int parse_args(int argc, char **argv, Flags *f)
         if (rc) return rc;
     }
     if (f->inspect && f->plan) return usage_error("--inspect takes one plan; '%s' is extra", f->plan);
+    if (f->export_from && !f->plan) return usage_error("%s", "--export CKPT FILE: no output FILE given");
     if (!f->inspect && !f->plan) return usage_error("%s", "no plan given");
+    if ((f->save_every || f->keep) && !f->checkpoint_dir)
+        return usage_error("%s needs --checkpoint-dir DIR (where the checkpoints go)", f->save_every ? "--save-every" : "--keep");
+    if (f->resume && f->load_weights)
+        return usage_error("%s", "--resume restores the weights with the rest of the state; drop --load-weights");
+    if (f->checkpoint_dir && strlen(f->checkpoint_dir) > 3000)
+        return usage_error("%s", "--checkpoint-dir: path too long");
     if (f->save_grads && f->steps == 0) return usage_error("%s", "--save-grads needs at least one step");
     if (f->device == RT_DEVICE_CPU && (f->cuda_graph || f->tf32))
         return usage_error("%s needs a CUDA device (--device cuda or auto)", f->cuda_graph ? "--cuda-graph" : "--tf32");
@@ -308,7 +342,35 @@ typedef struct {
     RtData *data;
     Progress *progress;
     RtDevice dev;          // the backend that runs the steps (the CPU's or a device's)
+    RtCheckpoint *resume;  // --resume's checkpoint, opened and checked before the run
 } Run;
+
+/* SIGINT and SIGTERM: the first stops the run at the next step boundary (every rank
+ * agrees on which), after a checkpoint; the second ends the process at once. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig)
+{
+    if (stop_signal) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    stop_signal = sig;
+    static const char msg[] = "fsexec: signal: stopping after this step (send it again to stop now)\n";
+    if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) stop_signal = sig;  // nothing to do when stderr is gone
+}
+
+static void catch_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
 
 /* Ends the progress display (its summary line) once; 0, or 1 after a message. */
 static int end_progress(Run *r)
@@ -323,6 +385,7 @@ static int end_progress(Run *r)
 static void run_free(Run *r)
 {
     end_progress(r);
+    rt_checkpoint_close(r->resume);
     rt_device_close(&r->dev);
     rt_data_close(r->data);
     rt_exec_free(r->e);
@@ -402,23 +465,37 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
                  plan_meta_str(p, "shard", "?"));
     else if (my_world > 1)
         snprintf(ranks, sizeof ranks, " | %d ranks (%s)", my_world, plan_meta_str(p, "shard", "?"));
-    fprintf(stderr, "fsexec: %s | device: %s | %s params | arena %s%s%s%s | data: %s | %" PRId64 " step%s, seed %"
+    char steps[64];  // "100 steps", or resumed: "steps 301-1000"
+    int64_t start = r->resume ? rt_checkpoint_step(r->resume) : 0;
+    if (start) snprintf(steps, sizeof steps, "steps %" PRId64 "-%" PRId64, start + 1, f->steps);
+    else snprintf(steps, sizeof steps, "%" PRId64 " step%s", f->steps, f->steps == 1 ? "" : "s");
+    fprintf(stderr, "fsexec: %s | device: %s | %s params | arena %s%s%s%s | data: %s | %s, seed %"
             PRIu64 "%s%s%s\n", plan_meta_str(p, "model", "model"), r->dev.name, grouped(params, num, sizeof num), mem,
             layout.stages > 1 ? " per rank by stage" : my_world > 1 ? " per rank" : "", threads, ranks,
-            rt_data_describe(r->data), f->steps,
-            f->steps == 1 ? "" : "s", seed, f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "",
+            rt_data_describe(r->data), steps, seed, f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "",
             !rt_device_is_cpu(&r->dev) && f->cuda_graph ? " | cuda-graph" : "", !rt_device_is_cpu(&r->dev) && f->tf32 ? " | tf32" : "");
     rt_device_report(&r->dev, stderr);
 }
 
 /* The step loop (runtime/step.c); 0, or 1 after a message (an error on this rank alone
  * ends every rank). */
-static int train(Run *r, const Flags *f, const char *path)
+static int train(Run *r, const Flags *f, const char *path, uint64_t seed, int64_t start, int64_t *reached)
 {
-    RtTrainOptions o = {.steps = f->steps, .overflow_at = f->overflow_at, .save_grads = f->save_grads,
-                        .cuda_graph = f->cuda_graph, .debug_nan = f->debug_nan, .who = who, .path = path,
-                        .rank = my_rank, .world = my_world};
+    RtCheckpointOptions co = {.dir = f->checkpoint_dir, .keep = (int)f->keep, .seed = seed,
+                              .data = rt_data_describe(r->data), .order = f->order};
+    RtTrainOptions o = {.steps = f->steps, .start = start, .checkpoint = f->checkpoint_dir ? &co : NULL,
+                        .save_every = f->save_every, .stop = &stop_signal, .overflow_at = f->overflow_at,
+                        .save_grads = f->save_grads, .cuda_graph = f->cuda_graph, .debug_nan = f->debug_nan,
+                        .who = who, .path = path, .rank = my_rank, .world = my_world, .reached = reached};
     int rc = rt_train(r->e, r->data, &r->dev, &r->progress, &o);
+    if (rc == RT_TRAIN_STOPPED) {
+        int reporter = (layout.stages - 1) * layout.dp;
+        if (my_rank == reporter)
+            fprintf(stderr, "%s: stopped by %s; %s\n", who, stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+                    f->checkpoint_dir ? "the checkpoint above has every step so far: continue with --resume"
+                                      : "nothing saved (no --checkpoint-dir)");
+        return 128 + stop_signal;
+    }
     return rc == RT_TRAIN_LOCAL ? local_error(1) : rc;
 }
 
@@ -434,6 +511,23 @@ static int check_outputs(const Flags *f)
             fprintf(stderr, "%s: %s %s: %s\n", who, flags[i], paths[i], err);
             return 1;
         }
+    struct stat st;
+    const char *dir = f->checkpoint_dir;
+    if (dir && !stat(dir, &st)) {
+        if (!S_ISDIR(st.st_mode) || access(dir, W_OK | X_OK)) {
+            fprintf(stderr, "%s: --checkpoint-dir %s: %s\n", who, dir,
+                    !S_ISDIR(st.st_mode) ? "not a directory" : strerror(errno));
+            return 1;
+        }
+    } else if (dir) {  // made by the first save: its parent must take it
+        char probe[3100];
+        snprintf(probe, sizeof probe, "%s", dir);
+        for (size_t n = strlen(probe); n > 1 && probe[n - 1] == '/'; n--) probe[n - 1] = 0;
+        if (plan_check_output(probe, err, sizeof err)) {
+            fprintf(stderr, "%s: --checkpoint-dir %s: %s\n", who, dir, err);
+            return 1;
+        }
+    }
     return 0;
 }
 
@@ -547,7 +641,9 @@ static int load_weights(Exec *e, const char *path, char *err, size_t errlen)
 static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, const RtRanks *rk, uint64_t seed)
 {
     char err[512];
-    ProgressOptions po = {.steps = f->steps, .log_every = f->log_every, .log_path = f->log, .tty = -1};
+    int64_t start = r->resume ? rt_checkpoint_step(r->resume) : 0;
+    ProgressOptions po = {.steps = f->steps, .start = start, .append = r->resume != NULL, .log_every = f->log_every,
+                          .log_path = f->log, .tty = -1};
     int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, whole, who);
     if (rc) return rc;
     if (f->cuda_graph && !rt_device_is_cpu(&r->dev) && plan_space_bytes(p, PLAN_PLACE_HOST) > 0) {
@@ -574,6 +670,16 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
         return 1;
     }
+    RtResumed resumed;
+    if (r->resume) {
+        rt_watchdog_arm("loading the checkpoint", -1);
+        rc = rt_checkpoint_load(r->resume, r->e, &resumed, err, sizeof err);  // agreed
+        rt_watchdog_disarm();
+        if (rc) {
+            if (err[0]) fprintf(stderr, "%s: --resume: %s\n", who, err);
+            return 1;
+        }
+    }
     int32_t report[8];
     if (rt_device_open(&r->dev, r->e, rk, f->tf32, report, rt_train_reported(r->e, r->data, report)))
         return local_error(1);
@@ -583,15 +689,28 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         return local_error(1);
     }
     if (my_rank == reporter) start_line(whole, r, f, seed);
-    rc = train(r, f, f->plan);
-    rc = end_progress(r) || rc;
+    if (my_rank == reporter && r->resume) {
+        char line[2048];
+        rt_resumed_describe(r->resume, &resumed, whole, line, sizeof line);
+        fprintf(stderr, "fsexec: %s\n", line);
+        const char *was = rt_checkpoint_info(r->resume, "source");
+        if (was && strcmp(was, rt_data_describe(r->data)))
+            fprintf(stderr, "fsexec: note: the checkpoint's run read %s; this one reads %s\n", was,
+                    rt_data_describe(r->data));
+    }
+    int64_t reached = start;
+    rc = train(r, f, f->plan, seed, start, &reached);
+    int ended = end_progress(r), stopped = stop_signal && rc == 128 + stop_signal;
+    rc = rc ? rc : ended;
+    /* The weights after the last step, or after the step a signal stopped the run at. */
     rt_watchdog_arm("saving the weights", -1);
     const unsigned state = 1u << PLAN_ROLE_PARAM | 1u << PLAN_ROLE_OPT_STATE | 1u << PLAN_ROLE_MASTER;
-    if (!rc && f->save_weights && rt_device_download_roles(&r->dev, r->e, state, 0)) {
+    int save = f->save_weights && (!rc || stopped);
+    if (save && rt_device_download_roles(&r->dev, r->e, state, 0)) {
         rt_device_print_error(&r->dev, 0);
         rc = local_error(1);
     }
-    if (!rc && f->save_weights && rt_save_weights(r->e, f->save_weights, f->steps, err, sizeof err)) {
+    if (save && rt_save_weights(r->e, f->save_weights, reached, err, sizeof err)) {
         if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
         rc = 1;
     }
@@ -610,13 +729,27 @@ static int run(const Flags *f)
         fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
         rc = local_error(1);
     }
-    if (!rc) {
-        rt_set_threads(f->threads);
-        Run r = {0};
-        rc = run_plan(&r, f, whole, one ? one : whole, &rk,
-                      f->has_seed ? f->seed : (uint64_t)plan_meta_int(whole, "seed", 0));
-        run_free(&r);
+    Run r = {0};
+    if (!rc && f->resume) {  // every rank opens and checks it; they agree before any goes on
+        rt_watchdog_arm("opening the checkpoint", -1);
+        r.resume = rt_checkpoint_open(f->resume, err, sizeof err);
+        rt_watchdog_disarm();
+        if (!r.resume) fprintf(stderr, "%s: --resume: %s\n", who, err);
+        rc = rt_comm_agree(r.resume ? 0 : 1);
     }
+    if (!rc && r.resume && rt_checkpoint_step(r.resume) >= f->steps) {
+        if (my_rank == 0)
+            fprintf(stderr, "fsexec: %s is at step %" PRId64 " and --steps %" PRId64 " is the run's total: nothing to "
+                    "run (give a larger --steps to go on)\n", rt_checkpoint_dir(r.resume), rt_checkpoint_step(r.resume),
+                    f->steps);
+    } else if (!rc) {
+        rt_set_threads(f->threads);
+        uint64_t seed = f->has_seed ? f->seed
+                        : r.resume ? rt_checkpoint_seed(r.resume) : (uint64_t)plan_meta_int(whole, "seed", 0);
+        catch_signals();
+        rc = run_plan(&r, f, whole, one ? one : whole, &rk, seed);
+    }
+    run_free(&r);
     rt_comm_finalize();
     plan_free(one);
     plan_free(whole);
@@ -642,6 +775,22 @@ static int check_nproc(const Flags *f)
     fprintf(stderr, "fsexec: %s: %s, but --nproc asks for %" PRId64 " ranks; none started (%s%s)\n", f->plan,
             needs(&l, need, sizeof need), f->nproc, fix, again);
     return 1;
+}
+
+/* fsexec --export CKPT FILE: 0, or 1 after a message. */
+static int export_checkpoint(const char *from, const char *out)
+{
+    char err[1024];
+    double t0 = rt_now();
+    RtCheckpoint *c = rt_checkpoint_open(from, err, sizeof err);
+    int64_t buffer = 0;
+    int rc = !c || rt_checkpoint_export(c, out, &buffer, err, sizeof err);
+    if (rc) fprintf(stderr, "fsexec: --export: %s\n", err);
+    else
+        fprintf(stderr, "fsexec: exported the params of %s (step %" PRId64 ") to %s in %.2f s, through a %.0f MiB "
+                "buffer\n", rt_checkpoint_dir(c), rt_checkpoint_step(c), out, rt_now() - t0, (double)buffer / (1 << 20));
+    rt_checkpoint_close(c);
+    return rc ? 1 : 0;
 }
 
 /* fsexec --nproc N: the same command as N ranks under mpirun; returns only on failure. */
@@ -721,6 +870,7 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &f);
     if (rc) return rc;
     if (f.inspect) return inspect(f.inspect);
+    if (f.export_from) return export_checkpoint(f.export_from, f.plan);
     if (check_outputs(&f)) return 1;
     if (f.nproc > 1) return launch(&f, argc, argv);
     return run(&f);
