@@ -324,6 +324,9 @@ RtState *rt_state_new(const Exec *e, char *err, size_t errlen);
 /* The pieces of a plan of one program at rank 0 of 1 (every logical tensor it holds,
  * whole), without data: what the plan's state is named. */
 RtState *rt_state_of_plan(const Plan *p, char *err, size_t errlen);
+/* The pieces data-parallel rank `rank` of `dp` holds of p, a plan of one program (a
+ * stage: as its first stage, owning what it holds), without data. */
+RtState *rt_state_at(const Plan *p, int rank, int dp, char *err, size_t errlen);
 void rt_state_free(RtState *s);
 int32_t rt_state_count(const RtState *s);
 const RtPiece *rt_state_piece(const RtState *s, int32_t i);

@@ -53,8 +53,9 @@ static int by_unit_at(const void *a, const void *b)
 
 typedef struct {
     const Plan *p;
-    const Exec *e;       // NULL: names only
+    const Exec *e;       // NULL: no data
     int rank, dp;
+    int names;           // every logical tensor the plan holds, whole, whichever rank
     RtState *s;
     View *views;         // sorted by (unit, at); fsdp's second view of a param left out
     int32_t n_views;
@@ -183,7 +184,7 @@ static void holder_pieces(Walk *w, int32_t id, int32_t target, const char *suffi
     } else {
         share(w, sharded, first, count, &lo, &hi);
     }
-    if (!w->e && unit != PLAN_NONE) first = 0, count = INT64_MAX / 2;  // names: every param of the unit, whichever rank
+    if (w->names && unit != PLAN_NONE) first = 0, count = INT64_MAX / 2;
     if (unit == PLAN_NONE) {
         const PlanTensor *named = &p->tensors[target != PLAN_NONE ? target : id];
         add_range(w, logical_name(w, plan_str(p, named->name), suffix), kind, named, id, 0, count, 0, lo, hi);
@@ -260,7 +261,7 @@ static int is_holder(const Plan *p, int32_t i)
            t->alias == PLAN_NONE && t->tied_to == PLAN_NONE;
 }
 
-static RtState *walk(const Plan *p, const Exec *e, int rank, int dp, char *err, size_t errlen)
+static RtState *walk(const Plan *p, const Exec *e, int rank, int dp, int names, char *err, size_t errlen)
 {
     RtState *s = plan_alloc(sizeof *s);
     if (!s) {
@@ -268,7 +269,7 @@ static RtState *walk(const Plan *p, const Exec *e, int rank, int dp, char *err, 
         return NULL;
     }
     memset(s, 0, sizeof *s);
-    Walk w = {.p = p, .e = e, .rank = rank, .dp = dp, .s = s};
+    Walk w = {.p = p, .e = e, .rank = rank, .dp = dp, .names = names, .s = s};
     int rc = collect_views(&w) || find_targets(&w) ||
              !(s->holders = plan_alloc(sizeof *s->holders * (size_t)(p->n_tensors + 1)));
     for (int32_t i = 0; i < p->n_tensors && !rc && !w.failed; i++) {
@@ -312,12 +313,12 @@ static int by_name(const void *a, const void *b) { return strcmp(*(const char *c
 RtState *rt_state_new(const Exec *e, char *err, size_t errlen)
 {
     const Plan *p = rt_exec_plan(e), *whole = rt_exec_whole(e);
-    RtState *s = walk(p, e, rt_exec_rank(e), rt_exec_world(e), err, errlen);
+    RtState *s = walk(p, e, rt_exec_rank(e), rt_exec_world(e), 0, err, errlen);
     /* What an earlier stage holds is its to write. */
     for (int k = 0; s && k < rt_exec_stage(e); k++) {
         char why[512];
         Plan *one = plan_extract_program(whole, k, why, sizeof why);
-        RtState *earlier = one ? walk(one, NULL, 0, 1, why, sizeof why) : NULL;
+        RtState *earlier = one ? walk(one, NULL, 0, 1, 1, why, sizeof why) : NULL;
         if (!earlier) {
             plan_fail(err, errlen, "stage %d: %s", k, why);
             plan_free(one);
@@ -343,7 +344,12 @@ RtState *rt_state_new(const Exec *e, char *err, size_t errlen)
     return s;
 }
 
-RtState *rt_state_of_plan(const Plan *p, char *err, size_t errlen) { return walk(p, NULL, 0, 1, err, errlen); }
+RtState *rt_state_of_plan(const Plan *p, char *err, size_t errlen) { return walk(p, NULL, 0, 1, 1, err, errlen); }
+
+RtState *rt_state_at(const Plan *p, int rank, int dp, char *err, size_t errlen)
+{
+    return walk(p, NULL, rank, dp, 0, err, errlen);
+}
 
 void rt_state_free(RtState *s)
 {

@@ -129,6 +129,7 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
         return RT_TRAIN_LOCAL;
     }
     double items = (double)rt_data_items(data);
+    if (o->checkpoint && o->steps == 0) return checkpoint(e, d, *progress, 0, o);  // the state before any step
     for (int64_t step = o->start + 1; step <= o->steps; step++) {
         double t0 = rt_now();
         rt_watchdog_arm("step", step);

@@ -43,7 +43,7 @@ static const char USAGE[] =
     "\n"
     "options:\n"
     "  --steps N            training steps (default 100); 0 only initializes (with\n"
-    "                       --save-weights: export the initial weights)\n"
+    "                       --save-weights or --checkpoint-dir: the initial state)\n"
     "  --seed S             seed of parameter init and data (default: the plan's seed)\n"
     "  --threads N          OpenMP and OpenBLAS threads (default: all cores)\n"
     "  --device DEV         where the steps run: auto (default: a CUDA GPU when this\n"
