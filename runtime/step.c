@@ -103,8 +103,12 @@ static int checkpoint(Exec *e, RtDevice *d, Progress *progress, int64_t step, co
         if (err[0]) fprintf(stderr, "%s: checkpoint after step %" PRId64 ": %s\n", o->who, step, err);
         return 1;
     }
-    rt_progress_note(progress, "step %" PRId64 ": checkpoint %s (%d file%s, %.2f MiB, %.2f s)", step, s.path, s.files,
-                     s.files == 1 ? "" : "s", (double)s.bytes / (1 << 20), s.seconds);
+    if (progress)
+        rt_progress_note(progress, "step %" PRId64 ": checkpoint %s (%d file%s, %.2f MiB, %.2f s)", step, s.path,
+                         s.files, s.files == 1 ? "" : "s", (double)s.bytes / (1 << 20), s.seconds);
+    else if (o->rank == 0 && o->steps == 0)  // no progress on any rank: the initial state
+        fprintf(stderr, "%s: checkpoint %s of the initial state (%d file%s, %.2f MiB, %.2f s)\n", o->who, s.path,
+                s.files, s.files == 1 ? "" : "s", (double)s.bytes / (1 << 20), s.seconds);
     return 0;
 }
 

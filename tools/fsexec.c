@@ -671,6 +671,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         return 1;
     }
     RtResumed resumed;
+    double t_load = rt_now();
     if (r->resume) {
         rt_watchdog_arm("loading the checkpoint", -1);
         rc = rt_checkpoint_load(r->resume, r->e, &resumed, err, sizeof err);  // agreed
@@ -680,6 +681,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
             return 1;
         }
     }
+    t_load = rt_now() - t_load;
     int32_t report[8];
     if (rt_device_open(&r->dev, r->e, rk, f->tf32, report, rt_train_reported(r->e, r->data, report)))
         return local_error(1);
@@ -692,7 +694,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     if (my_rank == reporter && r->resume) {
         char line[2048];
         rt_resumed_describe(r->resume, &resumed, whole, line, sizeof line);
-        fprintf(stderr, "fsexec: %s\n", line);
+        fprintf(stderr, "fsexec: %s (loaded in %.2f s)\n", line, t_load);
         const char *was = rt_checkpoint_info(r->resume, "source");
         if (was && strcmp(was, rt_data_describe(r->data)))
             fprintf(stderr, "fsexec: note: the checkpoint's run read %s; this one reads %s\n", was,
