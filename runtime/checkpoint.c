@@ -622,11 +622,11 @@ int64_t rt_checkpoint_info_int(const RtCheckpoint *c, const char *key, int64_t d
 
 int32_t rt_checkpoint_count(const RtCheckpoint *c) { return c->n_pieces; }
 
-void rt_checkpoint_piece(const RtCheckpoint *c, int32_t i, RtCkptPiece *out)
+void rt_checkpoint_piece(const RtCheckpoint *c, int32_t i, RtPiece *out)
 {
     const Piece *x = &c->pieces[i];
-    *out = (RtCkptPiece){.name = x->name, .kind = x->kind, .dtype = x->dtype, .rank = x->rank, .shape = x->shape,
-                         .first = x->first, .count = x->count, .bytes = x->end - x->begin};
+    *out = (RtPiece){.name = x->name, .kind = x->kind, .dtype = x->dtype, .rank = x->rank, .shape = x->shape,
+                     .first = x->first, .count = x->count, .holder = PLAN_NONE};
 }
 
 int32_t rt_checkpoint_find(const RtCheckpoint *c, const char *name)

@@ -103,7 +103,7 @@ static int check_needs(const RtCheckpoint *c, const Need *need, int32_t n, uint8
                              x->kind == RT_STATE_PARAM ? "param" : "optimizer state", x->name,
                              x->kind == RT_STATE_PARAM ? "a checkpoint of another model?"
                                                        : "saved with another optimizer?");
-        RtCkptPiece cp;
+        RtPiece cp;
         rt_checkpoint_piece(c, at, &cp);
         int same = cp.rank == x->rank && cp.dtype == x->dtype;
         for (int d = 0; same && d < x->rank; d++) same = cp.shape[d] == x->shape[d];
@@ -124,7 +124,7 @@ static int fill(const RtCheckpoint *c, const RtPiece *x, int32_t at, uint8_t **b
     int64_t es = plan_dtype_size(x->dtype), covered = 0, end = x->first + x->count;
     uint8_t *dst = x->data;
     for (int32_t j = at; j < rt_checkpoint_count(c); j++) {
-        RtCkptPiece cp;
+        RtPiece cp;
         rt_checkpoint_piece(c, j, &cp);
         if (strcmp(cp.name, x->name) || cp.first >= end) break;
         int64_t lo = cp.first > x->first ? cp.first : x->first;
@@ -134,11 +134,12 @@ static int fill(const RtCheckpoint *c, const RtPiece *x, int32_t at, uint8_t **b
             if (rt_checkpoint_read(c, j, dst + (cp.first - x->first) * es, err, errlen)) return -1;
         } else {
             if (*in_buf != j) {
-                if (cp.bytes > *cap) {
+                uint64_t bytes = (uint64_t)(cp.count * es);
+                if (bytes > *cap) {
                     plan_dealloc(*buf);
-                    if (!(*buf = plan_alloc((size_t)cp.bytes)))
+                    if (!(*buf = plan_alloc((size_t)bytes)))
                         return *cap = 0, plan_fail(err, errlen, "out of memory reading '%s'", x->name);
-                    *cap = cp.bytes;
+                    *cap = bytes;
                 }
                 *in_buf = -1;
                 if (rt_checkpoint_read(c, j, *buf, err, errlen)) return -1;
@@ -176,7 +177,7 @@ static int account(const RtCheckpoint *c, const RtState *st, const uint8_t *keep
     int rc = names ? 0 : -1;
     int64_t want[RT_STATE_COUNT] = {0};
     for (int32_t i = 0; i < rt_checkpoint_count(c) && !rc; i++) {
-        RtCkptPiece cp;
+        RtPiece cp;
         rt_checkpoint_piece(c, i, &cp);
         if (bsearch(&cp.name, names, (size_t)n_names, sizeof *names, by_name)) want[cp.kind] += cp.count;
         else if (!cp.first) append(r->unused, sizeof r->unused, cp.name);

@@ -313,7 +313,7 @@ typedef struct {
     int rank;
     const int64_t *shape;   // the logical tensor's
     int64_t first, count;
-    void *data;             // NULL in a list of names (rt_state_of_plan)
+    void *data;             // NULL without an Exec (rt_state_of_plan, rt_state_at, a checkpoint's)
     int32_t holder;
     int own;                // this rank writes it: over the world each element is owned once
 } RtPiece;
@@ -378,19 +378,10 @@ uint64_t rt_checkpoint_seed(const RtCheckpoint *c);
 const char *rt_checkpoint_info(const RtCheckpoint *c, const char *key);
 int64_t rt_checkpoint_info_int(const RtCheckpoint *c, const char *key, int64_t def);
 
-/* A piece of a logical tensor as the checkpoint holds it. */
-typedef struct {
-    const char *name;
-    RtStateKind kind;
-    PlanDType dtype;
-    int rank;
-    const int64_t *shape;  // the logical tensor's
-    int64_t first, count;
-    uint64_t bytes;
-} RtCkptPiece;
-/* The pieces, by (name, first element); the first piece of `name`, or -1. */
+/* The pieces of the checkpoint, by (name, first element), as RtPieces without data or
+ * holder; the first piece of `name`, or -1. */
 int32_t rt_checkpoint_count(const RtCheckpoint *c);
-void rt_checkpoint_piece(const RtCheckpoint *c, int32_t i, RtCkptPiece *out);
+void rt_checkpoint_piece(const RtCheckpoint *c, int32_t i, RtPiece *out);
 int32_t rt_checkpoint_find(const RtCheckpoint *c, const char *name);
 /* Piece i's bytes into buf (bytes long), its CRC-32 checked: 0, or -1 naming the file,
  * the tensor and its byte range. */
