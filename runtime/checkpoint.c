@@ -516,20 +516,22 @@ static int open_files(RtCheckpoint *c, char *err, size_t errlen)
             return plan_fail(err, errlen, "%s: %" PRIu64 " bytes where the manifest says %" PRId64
                              " (truncated or replaced)", path, rt_st_size(c->files[f]),
                              (int64_t)json_integer_value(bytes));
-        if (rt_st_header_crc(c->files[f]) != (uint32_t)strtoul(crc, NULL, 16))
-            return plan_fail(err, errlen, "%s: its header's CRC-32 is %08" PRIx32 ", the manifest says %s (the header "
-                             "is damaged)", path, rt_st_header_crc(c->files[f]), crc);
+        /* Whose file it is first (a copy from another checkpoint passes every check of
+         * its own), then whether its header is the one the manifest saw. */
         const char *meta = rt_st_meta(c->files[f], "fsexec");
         json_error_t je;
         c->meta[f] = meta ? json_loads(meta, 0, &je) : NULL;
         const char *fh = json_string_value(json_object_get(c->meta[f], "plan"));
         json_t *step = json_object_get(c->meta[f], "step");
-        if (!c->meta[f] || !fh || !json_is_integer(step))
-            return plan_fail(err, errlen, "%s: not a checkpoint shard of fsexec (no \"fsexec\" metadata)", path);
-        if (strcmp(fh, hash) || json_integer_value(step) != c->step)
+        if (fh && json_is_integer(step) && (strcmp(fh, hash) || json_integer_value(step) != c->step))
             return plan_fail(err, errlen, "%s: saved at step %" PRId64 " by plan %s, but the manifest is of step %"
                              PRId64 " by plan %s: a file of another checkpoint", path,
                              (int64_t)json_integer_value(step), fh, c->step, hash);
+        if (rt_st_header_crc(c->files[f]) != (uint32_t)strtoul(crc, NULL, 16))
+            return plan_fail(err, errlen, "%s: its header's CRC-32 is %08" PRIx32 ", the manifest says %s (the header "
+                             "is damaged)", path, rt_st_header_crc(c->files[f]), crc);
+        if (!c->meta[f] || !fh || !json_is_integer(step))
+            return plan_fail(err, errlen, "%s: not a checkpoint shard of fsexec (no \"fsexec\" metadata)", path);
         total += json_object_size(json_object_get(c->meta[f], "pieces"));
     }
     if (!(c->pieces = plan_alloc(sizeof *c->pieces * (total + 1)))) return plan_fail(err, errlen, "out of memory");

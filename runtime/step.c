@@ -176,7 +176,9 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
         }
         if (o->reached) *o->reached = step;
         /* Every rank stops at the same step: a signal reaches them at different moments. */
-        int last = step == o->steps, stop = o->stop && rt_comm_agree(*o->stop != 0) && !last;
+        int last = step == o->steps, stop = o->stop ? rt_comm_agree((int)*o->stop) : 0;  // the signal, agreed
+        if (last) stop = 0;
+        if (stop && o->stopped_by) *o->stopped_by = stop;
         if (o->checkpoint && (last || stop || (o->save_every && step % o->save_every == 0))) {
             int saved = checkpoint(e, d, *progress, step, o);
             if (saved) {

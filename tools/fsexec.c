@@ -479,22 +479,24 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
 
 /* The step loop (runtime/step.c); 0, or 1 after a message (an error on this rank alone
  * ends every rank). */
-static int train(Run *r, const Flags *f, const char *path, uint64_t seed, int64_t start, int64_t *reached)
+static int train(Run *r, const Flags *f, const char *path, uint64_t seed, int64_t start, int64_t *reached,
+                 int *stopped_by)
 {
     RtCheckpointOptions co = {.dir = f->checkpoint_dir, .keep = (int)f->keep, .seed = seed,
                               .data = rt_data_describe(r->data), .order = f->order};
     RtTrainOptions o = {.steps = f->steps, .start = start, .checkpoint = f->checkpoint_dir ? &co : NULL,
                         .save_every = f->save_every, .stop = &stop_signal, .overflow_at = f->overflow_at,
                         .save_grads = f->save_grads, .cuda_graph = f->cuda_graph, .debug_nan = f->debug_nan,
-                        .who = who, .path = path, .rank = my_rank, .world = my_world, .reached = reached};
+                        .who = who, .path = path, .rank = my_rank, .world = my_world, .reached = reached,
+                        .stopped_by = stopped_by};
     int rc = rt_train(r->e, r->data, &r->dev, &r->progress, &o);
-    if (rc == RT_TRAIN_STOPPED) {
+    if (rc == RT_TRAIN_STOPPED) {  // every rank alike, for the signal any of them saw
         int reporter = (layout.stages - 1) * layout.dp;
         if (my_rank == reporter)
-            fprintf(stderr, "%s: stopped by %s; %s\n", who, stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+            fprintf(stderr, "%s: stopped by %s; %s\n", who, *stopped_by == SIGINT ? "SIGINT" : "SIGTERM",
                     f->checkpoint_dir ? "the checkpoint above has every step so far: continue with --resume"
                                       : "nothing saved (no --checkpoint-dir)");
-        return 128 + stop_signal;
+        return 128 + *stopped_by;
     }
     return rc == RT_TRAIN_LOCAL ? local_error(1) : rc;
 }
@@ -701,8 +703,9 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
                     rt_data_describe(r->data));
     }
     int64_t reached = start;
-    rc = train(r, f, f->plan, seed, start, &reached);
-    int ended = end_progress(r), stopped = stop_signal && rc == 128 + stop_signal;
+    int stopped_by = 0;
+    rc = train(r, f, f->plan, seed, start, &reached, &stopped_by);
+    int ended = end_progress(r), stopped = stopped_by && rc == 128 + stopped_by;
     rc = rc ? rc : ended;
     /* The weights after the last step, or after the step a signal stopped the run at. */
     rt_watchdog_arm("saving the weights", -1);
