@@ -9,6 +9,9 @@
  *    added, the convention of the usual MFU arithmetic;
  *  - moving elements (views, layout ops, gathers, constants) costs 0.
  * Backward FLOPs are the backward nodes' own forward counts; nothing here is doubled.
+ * What a node computes again of the forward (a recompute node, attention's backward
+ * redoing Q K^T) is ir_node_redone_flops: reports count it as recompute, so that MFU
+ * from fsc's figures counts model FLOPs (forward + backward, each once).
  *
  * Where it sits: the cost model (pipeline balancing) and reports sum these per node.
  */
@@ -123,11 +126,21 @@ double flops_cross_entropy_bwd(const Graph *g, const Node *n) { return XENT_FLOP
 double flops_slice(const Graph *g, const Node *n) { return 0; }
 
 /* Backward redoes Q K^T, then dP = dO V^T, dV = P^T dO, dQ = dS K and dK = dS^T Q:
- * five products where the forward had two. */
+ * five products where the forward had two. The first redoes the forward's work
+ * (ir_node_redone_flops), the other four are the backward's own. */
 double flops_attention_bwd(const Graph *g, const Node *n)
 {
     double D, Dv, scores = attention_dims(g, n, &D, &Dv);
     return 2.0 * scores * (3 * D + 2 * Dv);
+}
+
+double ir_node_redone_flops(const Graph *g, const Node *n)
+{
+    if (n->phase == PHASE_RECOMPUTE) return ir_op_hooks(n->op)->flops(g, n);
+    if (n->op != OP_attention_bwd) return 0;
+    double D, Dv, scores = attention_dims(g, n, &D, &Dv);
+    (void)Dv;
+    return 2.0 * scores * D;  // Q K^T again: the scores the forward did not keep
 }
 
 double flops_sumsq(const Graph *g, const Node *n) { return 2 * in_numel(g, n, 0); }

@@ -317,6 +317,9 @@ int ir_node_shape(const Graph *g, const Node *n, ShapeCtx *c, char *err, size_t 
 #define OP(name, ...) double flops_##name(const Graph *g, const Node *n);
 #include "ops.def"
 #undef OP
+/* The part of node n's FLOPs that redoes forward work: all of a recompute node's, and
+ * the Q K^T attention's backward computes again; 0 for any other node. */
+double ir_node_redone_flops(const Graph *g, const Node *n);
 
 /* ---- ir/grad.c: gradient rules (grad_GRAD, named by ops.def's grad column) --------- */
 

@@ -282,7 +282,12 @@ static void summary(const Graph *g, const TrainConfig *t)
     int n_values = 0, n_nodes = 0;
     for (int s = 0; s < (g->n_stage_graphs ? g->n_stage_graphs : 1); s++) {  // every stage's, with stages
         const Graph *sg = g->n_stage_graphs ? g->stage_graphs[s] : g;
-        for (int i = 0; i < sg->n_nodes; i++) flops[sg->nodes[i].phase] += ir_op_hooks(sg->nodes[i].op)->flops(sg, &sg->nodes[i]);
+        for (int i = 0; i < sg->n_nodes; i++) {  // what a node redoes of the forward is recompute
+            const Node *nd = &sg->nodes[i];
+            double all = ir_op_hooks(nd->op)->flops(sg, nd), redone = ir_node_redone_flops(sg, nd);
+            flops[nd->phase] += all - redone;
+            flops[PHASE_RECOMPUTE] += redone;
+        }
         n_values += sg->n_values, n_nodes += sg->n_nodes;
     }
     char num[32], *p = num + sizeof num - 1;

@@ -322,6 +322,21 @@ Test(ir, flops_attention)
     cr_assert_float_eq(flops(n), 2.0 * 16 * 10 * (8 + 4) * (2 * 3), 1e-9);
 }
 
+/* The backward's own work is twice the forward's; its Q K^T again is recompute. */
+Test(ir, flops_attention_backward_redoes_the_scores)
+{
+    int q = value(ROLE_INPUT, "q", DT_F32, DIMS(2, 3, 16, 8), -1, (Loc){0});
+    int f = node(OP_attention, INS(q, q, q), ATTRS(AI("causal", 1)), -1, PHASE_FORWARD, (Loc){0});
+    const Node *fn = ir_node(g, f);
+    int o = ir_out(g, fn, 0), lse = ir_out(g, fn, 1);
+    int b = node(OP_attention_bwd, INS(q, q, q, o, lse, o), ATTRS(AI("causal", 1)), -1, PHASE_BACKWARD, (Loc){0});
+    double scores = 16.0 * 16 * (2 * 3), D = 8;
+    cr_assert_float_eq(flops(b), 2.0 * scores * 5 * D, 1e-9);
+    cr_assert_float_eq(ir_node_redone_flops(g, ir_node(g, b)), 2.0 * scores * D, 1e-9);
+    cr_assert_float_eq(flops(b) - ir_node_redone_flops(g, ir_node(g, b)), 2 * flops(f), 1e-9);
+    cr_assert_float_eq(ir_node_redone_flops(g, fn), 0, 1e-9);
+}
+
 Test(ir, flops_elementwise_and_layout)
 {
     cr_assert_float_eq(flops(2), 2 * 4 * 24, 1e-9);  // add
