@@ -455,6 +455,13 @@ uint32_t rt_st_header_crc(const StFile *f);  // CRC-32 of the header bytes (leng
 const char *rt_st_meta(const StFile *f, const char *key);  // a __metadata__ value, or NULL
 /* len bytes at file offset at into buf; 0, or -1 (past the end, or a read error). */
 int rt_st_pread(const StFile *f, void *buf, uint64_t len, uint64_t at);
+/* The whole file mapped read-only (a tensor's bytes at map + begin), or NULL with a
+ * message; rt_st_unmap(f, NULL) does nothing. */
+const uint8_t *rt_st_map(const StFile *f, char *err, size_t errlen);
+void rt_st_unmap(const StFile *f, const uint8_t *map);
+/* 0 when tensor t (its bytes at data) holds only finite floats (I32: always); else -1
+ * naming the tensor and its first NaN or Inf, as rt_st_read does. */
+int rt_st_check_finite(const StTensor *t, const uint8_t *data, char *err, size_t errlen);
 /* Fills each t[i].data from the file after checking the whole file: every header field,
  * the offsets, that the file holds exactly these names with these dtypes and shapes, and
  * that every F32, F16 and BF16 value is finite (else the message names the tensor and the
@@ -464,6 +471,34 @@ int rt_st_read(const char *path, const StEntry *t, int32_t n, char *err, size_t 
  * other stages), which are not read. */
 int rt_st_read_part(const char *path, const StEntry *t, int32_t n, const char *const *also, int32_t n_also,
                     char *err, size_t errlen);
+
+/* ---- runtime/hf.c: Hugging Face names and layouts of the params --------------------- */
+
+/* How a weights file names and lays out the params: ours (the .fsm's names, matmul
+ * weights [in, out]), or a Hugging Face model's (README's table: GPT2LMHeadModel,
+ * LlamaForCausalLM). */
+typedef enum { RT_WEIGHTS_FSEXEC, RT_WEIGHTS_HF_GPT2, RT_WEIGHTS_HF_LLAMA, RT_WEIGHTS_COUNT } RtWeightsFormat;
+
+/* "fsexec", "hf-gpt2", "hf-llama": 0 and *out, or -1. */
+int rt_weights_format_parse(const char *s, RtWeightsFormat *out);
+const char *rt_weights_format_name(RtWeightsFormat f);
+/* The name format f stores our param `ours` under ("h.3.attn.w" -> hf-gpt2's
+ * "transformer.h.3.attn.c_attn.weight"), into buf; NULL when the mapping has no row for it. */
+const char *rt_hf_name(RtWeightsFormat f, const char *ours, char *buf, size_t n);
+/* As rt_st_read_part, from a file in format f (not RT_WEIGHTS_FSEXEC): each t[i] (our
+ * name, shape, f32 data) from its HF tensor, upcast from F16/BF16 exactly and transposed
+ * where the layouts differ; HF's buffers (GPT-2's attn.bias, attn.masked_bias; Llama's
+ * rotary inv_freq) are skipped, a tied copy (GPT-2's lm_head.weight) must equal its
+ * source, and every other tensor of the file must map to a t[i] or to a name in `also`.
+ * Every check (names, shapes, finite values) before the first byte is written. 0, or -1
+ * with a message naming the path. */
+int rt_hf_read(const char *path, RtWeightsFormat f, const StEntry *t, int32_t n, const char *const *also,
+               int32_t n_also, char *err, size_t errlen);
+/* The tensors t (our names, shapes, f32 data) as format f's safetensors file, F32,
+ * transposed where the layouts differ, written atomically through a fixed buffer; tied
+ * copies and buffers are not written. 0, or -1 with a message naming the path. */
+int rt_hf_write(const char *path, RtWeightsFormat f, const StEntry *t, int32_t n, int64_t step, char *err,
+                size_t errlen);
 
 /* ---- runtime/weights.c: the model's params and gradients in and out ------------------ */
 
@@ -487,6 +522,10 @@ int rt_save_grads(const Exec *e, const char *path, int64_t step, char *err, size
  * agreed over the ranks (an empty err on a rank that did not fail itself). A stage of a
  * pipeline takes the params it has: the file may hold other stages' too, nothing else. */
 int rt_load_weights(Exec *e, const char *path, char *err, size_t errlen);
+/* The same two in format fmt (runtime/hf.c); RT_WEIGHTS_FSEXEC is the two above. A
+ * pipeline's index names the format's tensors. */
+int rt_save_weights_as(const Exec *e, const char *path, int64_t step, RtWeightsFormat fmt, char *err, size_t errlen);
+int rt_load_weights_as(Exec *e, const char *path, RtWeightsFormat fmt, char *err, size_t errlen);
 
 /* ---- runtime/progress.c: per-step reporting ------------------------------------------ */
 

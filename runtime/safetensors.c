@@ -361,6 +361,19 @@ struct StFile {
     size_t n;
 };
 
+/* What torch.save writes (.pt, .bin, HF's pytorch_model.bin): a zip (its local header
+ * "PK\3\4"; torch >= 1.6) or a bare pickle (protocol 2 to 5: 0x80 and the protocol).
+ * Asked only of a file whose first 8 bytes cannot be a safetensors header length. */
+static int torch_file(const uint8_t b[8])
+{
+    return (b[0] == 'P' && b[1] == 'K' && b[2] == 3 && b[3] == 4) || (b[0] == 0x80 && b[1] >= 2 && b[1] <= 5);
+}
+
+static const char TORCH_FILE[] =
+    "a PyTorch pickle/zip checkpoint (torch.save: .pt, .bin), not safetensors: convert it to safetensors, e.g. "
+    "python3 -c \"import torch, safetensors.torch as st; st.save_file(torch.load('pytorch_model.bin'), "
+    "'model.safetensors')\" (a Hugging Face model: save_pretrained(dir, safe_serialization=True))";
+
 /* The header of the open file fd (size bytes), checked whole. */
 static int open_file(int fd, uint64_t size, StFile *f, char *err, size_t errlen)
 {
@@ -368,6 +381,7 @@ static int open_file(int fd, uint64_t size, StFile *f, char *err, size_t errlen)
     if (size < 8 || read_at(fd, n8, 8, 0)) return plan_fail(err, errlen, "too short for a safetensors file");
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++) hlen |= (uint64_t)n8[i] << (8 * i);
+    if (hlen > size - 8 && torch_file(n8)) return plan_fail(err, errlen, "%s", TORCH_FILE);
     if (hlen > size - 8) return plan_fail(err, errlen, "header of %" PRIu64 " bytes in a %" PRIu64 "-byte file "
                                      "(truncated, or not a safetensors file)", hlen, size);
     if (hlen > MAX_HEADER) return plan_fail(err, errlen, "header of %" PRIu64 " bytes; at most %d", hlen, MAX_HEADER);
@@ -431,6 +445,24 @@ uint32_t rt_st_header_crc(const StFile *f) { return f->header_crc; }
 const char *rt_st_meta(const StFile *f, const char *key)
 {
     return json_string_value(json_object_get(json_object_get(f->h, "__metadata__"), key));
+}
+
+const uint8_t *rt_st_map(const StFile *f, char *err, size_t errlen)
+{
+    void *map = mmap(NULL, (size_t)f->size, PROT_READ, MAP_PRIVATE, f->fd, 0);
+    if (map != MAP_FAILED) return map;
+    plan_fail(err, errlen, "cannot map the file: %s", strerror(errno));
+    return NULL;
+}
+
+void rt_st_unmap(const StFile *f, const uint8_t *map)
+{
+    if (map) munmap((void *)map, (size_t)f->size);
+}
+
+int rt_st_check_finite(const StTensor *t, const uint8_t *data, char *err, size_t errlen)
+{
+    return check_finite(t, data, err, errlen);
 }
 
 int rt_st_pread(const StFile *f, void *buf, uint64_t len, uint64_t at)

@@ -12,6 +12,10 @@
  * rank 0 then writes out.safetensors.index.json, naming for every param the first stage
  * file that holds it (a param two stages hold, as a tied embedding, is in both, with the
  * same values). Each stage loads the params it has from one file of the whole model.
+ *
+ * Another format (runtime/hf.c: Hugging Face's names and layouts) changes only the file:
+ * the same entries are read through rt_hf_read and written through rt_hf_write, and a
+ * pipeline's index names the format's tensors.
  */
 #include <inttypes.h>
 #include <jansson.h>
@@ -154,10 +158,11 @@ const char *rt_weights_shard_path(const char *path, int stage, int stages, char 
     return buf;
 }
 
-/* The params every stage of `whole` saves, each named once with the file of the first
- * stage holding it (basename of rt_weights_shard_path(path)), as a JSON object; their
- * bytes, each counted once, in *total. NULL with a message. */
-static json_t *weight_map(const Plan *whole, const char *path, int64_t *total, char *err, size_t errlen)
+/* The params every stage of `whole` saves, each named once (as format fmt names it) with
+ * the file of the first stage holding it (basename of rt_weights_shard_path(path)), as a
+ * JSON object; their bytes, each counted once, in *total. NULL with a message. */
+static json_t *weight_map(const Plan *whole, const char *path, RtWeightsFormat fmt, int64_t *total, char *err,
+                          size_t errlen)
 {
     json_t *map = json_object();
     *total = 0;
@@ -172,8 +177,10 @@ static json_t *weight_map(const Plan *whole, const char *path, int64_t *total, c
         }
         for (int32_t i = 0; i < one->n_tensors && map; i++) {
             int kind = saved_kind(one, i);
-            const char *name = plan_str(one, one->tensors[i].name);
-            if (kind == SAVED_NONE || json_object_get(map, name)) continue;
+            char hf[512];
+            const char *ours = plan_str(one, one->tensors[i].name);
+            const char *name = kind == SAVED_NONE ? NULL : rt_hf_name(fmt, ours, hf, sizeof hf);
+            if (!name || json_object_get(map, name)) continue;  // a param without a name in fmt fails the save first
             const PlanTensor *t = &one->tensors[i];
             *total += kind == SAVED_FLAT ? plan_tensor_numel(t) * (int64_t)sizeof(float) : plan_tensor_nbytes(t);
             if (json_object_set_new(map, name, json_string(slash ? slash + 1 : file))) json_decref(map), map = NULL;
@@ -185,10 +192,10 @@ static json_t *weight_map(const Plan *whole, const char *path, int64_t *total, c
 }
 
 /* PATH.index.json of a pipeline's sharded weights (see the top). */
-static int write_index(const Plan *whole, const char *path, char *err, size_t errlen)
+static int write_index(const Plan *whole, const char *path, RtWeightsFormat fmt, char *err, size_t errlen)
 {
     int64_t total;
-    json_t *map = weight_map(whole, path, &total, err, errlen);
+    json_t *map = weight_map(whole, path, fmt, &total, err, errlen);
     if (!map) return -1;
     json_t *index = json_pack("{s:{s:I}}", "metadata", "total_size", (json_int_t)total);
     char *text = index && !json_object_set_new(index, "weight_map", map) ? json_dumps(index, JSON_INDENT(2) | JSON_SORT_KEYS)
@@ -208,6 +215,11 @@ static int write_index(const Plan *whole, const char *path, char *err, size_t er
 
 int rt_save_weights(const Exec *e, const char *path, int64_t step, char *err, size_t errlen)
 {
+    return rt_save_weights_as(e, path, step, RT_WEIGHTS_FSEXEC, err, errlen);
+}
+
+int rt_save_weights_as(const Exec *e, const char *path, int64_t step, RtWeightsFormat fmt, char *err, size_t errlen)
+{
     const Plan *p = rt_exec_plan(e);
     int rank = rt_exec_rank(e), stage = rt_exec_stage(e), stages = rt_exec_stages(e);
     Flat f = {0};
@@ -220,12 +232,14 @@ int rt_save_weights(const Exec *e, const char *path, int64_t step, char *err, si
         int32_t n;
         char file[1024];
         rc = collect(e, 0, &f, &t, &n, err, errlen);
-        if (!rc) rc = rt_st_write(rt_weights_shard_path(path, stage, stages, file, sizeof file), t, n, step, err, errlen);
+        rt_weights_shard_path(path, stage, stages, file, sizeof file);
+        if (!rc) rc = fmt == RT_WEIGHTS_FSEXEC ? rt_st_write(file, t, n, step, err, errlen)
+                                               : rt_hf_write(file, fmt, t, n, step, err, errlen);
         plan_dealloc(t);
     }
     flat_free(&f);
     rc = rt_comm_agree(rc ? 1 : 0);
-    if (stages > 1 && !rc) rc = rt_comm_agree(rank == 0 && stage == 0 && write_index(rt_exec_whole(e), path, err, errlen));
+    if (stages > 1 && !rc) rc = rt_comm_agree(rank == 0 && stage == 0 && write_index(rt_exec_whole(e), path, fmt, err, errlen));
     return rc ? -1 : 0;
 }
 
@@ -249,7 +263,7 @@ static int other_stages(const Exec *e, json_t **map, const char ***also, int32_t
     int64_t total;
     *map = NULL, *also = NULL, *n = 0;
     if (rt_exec_stages(e) == 1) return 0;
-    if (!(*map = weight_map(rt_exec_whole(e), "", &total, err, errlen))) return -1;
+    if (!(*map = weight_map(rt_exec_whole(e), "", RT_WEIGHTS_FSEXEC, &total, err, errlen))) return -1;
     if (!(*also = plan_alloc(sizeof **also * (json_object_size(*map) + 1)))) return plan_fail(err, errlen, "out of memory");
     const char *key;
     json_t *v;
@@ -258,6 +272,11 @@ static int other_stages(const Exec *e, json_t **map, const char ***also, int32_t
 }
 
 int rt_load_weights(Exec *e, const char *path, char *err, size_t errlen)
+{
+    return rt_load_weights_as(e, path, RT_WEIGHTS_FSEXEC, err, errlen);
+}
+
+int rt_load_weights_as(Exec *e, const char *path, RtWeightsFormat fmt, char *err, size_t errlen)
 {
     const Plan *p = rt_exec_plan(e);
     StEntry *t = NULL;
@@ -268,7 +287,8 @@ int rt_load_weights(Exec *e, const char *path, char *err, size_t errlen)
     err[0] = 0;
     int rc = flat_alloc(e, &f, 1, 0, err, errlen) || other_stages(e, &map, &also, &n_also, err, errlen);
     if (!rc) rc = collect(e, 0, &f, &t, &n, err, errlen);
-    if (!rc) rc = rt_st_read_part(path, t, n, also, n_also, err, errlen);
+    if (!rc) rc = fmt == RT_WEIGHTS_FSEXEC ? rt_st_read_part(path, t, n, also, n_also, err, errlen)
+                                           : rt_hf_read(path, fmt, t, n, also, n_also, err, errlen);
     plan_dealloc(t);
     plan_dealloc(also);
     json_decref(map);

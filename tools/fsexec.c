@@ -70,6 +70,12 @@ static const char USAGE[] =
     "                       ..., and FILE.index.json, as Hugging Face's sharded weights)\n"
     "  --load-weights FILE  start from the params in a safetensors file (every stage of a\n"
     "                       pipeline takes the params it has)\n"
+    "  --weights-format FMT names and layouts of --load-weights and --save-weights files:\n"
+    "                       fsexec (default: the .fsm's names, matmul weights [in, out]),\n"
+    "                       hf-gpt2 (GPT2LMHeadModel's model.safetensors) or hf-llama\n"
+    "                       (LlamaForCausalLM's); IN,OUT gives the two apart (hf-gpt2,fsexec:\n"
+    "                       read Hugging Face's, write ours). F16/BF16 files load into f32;\n"
+    "                       saved files are F32 (README: Hugging Face weights)\n"
     "  --save-grads FILE    write step 1's gradients (under the params' names; world 1)\n"
     "  --checkpoint-dir DIR write checkpoints into DIR/step-NNNNNNNN/: the whole training\n"
     "                       state (params, optimizer state, step, loss scale; the data\n"
@@ -138,6 +144,8 @@ typedef struct {
     int device, cuda_graph, tf32;  // device: RtDeviceKind
     RtDataOrder order;
     RtTokenFormat data_format;  // --data-format (0: auto)
+    RtWeightsFormat load_format, save_format;  // --weights-format (0: fsexec)
+    const char *weights_format;
     int64_t nproc, timeout;  // --nproc (0: not given), --timeout seconds
     int64_t overflow_at;     // --debug-overflow-at: the step whose fp16 gradients overflow
 } Flags;
@@ -201,13 +209,13 @@ static int parse_int(const char *flag, const char *s, int64_t lo, int64_t hi, in
 typedef enum {
     V_INSPECT, V_STEPS, V_SEED, V_THREADS, V_DATA, V_DATA_ORDER, V_DATA_FORMAT, V_LOG, V_LOG_EVERY, V_SAVE_WEIGHTS,
     V_LOAD_WEIGHTS, V_SAVE_GRADS, V_NPROC, V_TIMEOUT, V_OVERFLOW_AT, V_DEVICE, V_CHECKPOINT_DIR, V_SAVE_EVERY, V_KEEP,
-    V_RESUME, V_EXPORT, V_COUNT
+    V_RESUME, V_EXPORT, V_WEIGHTS_FORMAT, V_COUNT
 } ValueFlag;
 
 static const char *const VALUE_FLAGS[V_COUNT] = {
     "--inspect", "--steps", "--seed", "--threads", "--data", "--data-order", "--data-format", "--log", "--log-every",
     "--save-weights", "--load-weights", "--save-grads", "--nproc", "--timeout", "--debug-overflow-at", "--device",
-    "--checkpoint-dir", "--save-every", "--keep", "--resume", "--export",
+    "--checkpoint-dir", "--save-every", "--keep", "--resume", "--export", "--weights-format",
 };
 
 /* 0, or the exit status of a usage error (after its message). */
@@ -266,6 +274,17 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
     case V_KEEP: return parse_int(flag, v, 1, INT32_MAX, &f->keep) ? 2 : 0;
     case V_RESUME: f->resume = v; return 0;
     case V_EXPORT: f->export_from = v; return 0;
+    case V_WEIGHTS_FORMAT: {  // FMT, or IN,OUT
+        char in[32] = "";
+        const char *comma = strchr(v, ',');
+        snprintf(in, sizeof in, "%.*s", comma ? (int)(comma - v) : (int)strlen(v), v);
+        if (rt_weights_format_parse(in, &f->load_format) ||
+            rt_weights_format_parse(comma ? comma + 1 : in, &f->save_format))
+            return usage_error("--weights-format: expected fsexec, hf-gpt2 or hf-llama (or IN,OUT: two of them), "
+                               "got '%s'", v);
+        f->weights_format = v;
+        return 0;
+    }
     case V_COUNT: break;
     }
     return 2;
@@ -326,6 +345,9 @@ static int parse_args(int argc, char **argv, Flags *f)
         return usage_error("%s needs --checkpoint-dir DIR (where the checkpoints go)", f->save_every ? "--save-every" : "--keep");
     if (f->resume && f->load_weights)
         return usage_error("%s", "--resume restores the weights with the rest of the state; drop --load-weights");
+    if (f->weights_format && !f->load_weights && !f->save_weights)
+        return usage_error("%s", "--weights-format says how --load-weights and --save-weights files are laid out; "
+                           "give one of them");
     if (f->checkpoint_dir && strlen(f->checkpoint_dir) > 3000)
         return usage_error("%s", "--checkpoint-dir: path too long");
     if (f->save_grads && f->steps == 0) return usage_error("%s", "--save-grads needs at least one step");
@@ -627,10 +649,10 @@ static int join_world(const Flags *f, const Plan *p, RtRanks *rk)
 }
 
 /* Every rank reads the file; a failure anywhere is every rank's (the result is agreed). */
-static int load_weights(Exec *e, const char *path, char *err, size_t errlen)
+static int load_weights(Exec *e, const char *path, RtWeightsFormat fmt, char *err, size_t errlen)
 {
     rt_watchdog_arm("loading the weights", -1);
-    int rc = rt_load_weights(e, path, err, errlen);
+    int rc = rt_load_weights_as(e, path, fmt, err, errlen);
     rt_watchdog_disarm();
     return rc;
 }
@@ -668,7 +690,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         fprintf(stderr, "%s: %s\n", who, err);
         return local_error(1);
     }
-    if (f->load_weights && load_weights(r->e, f->load_weights, err, sizeof err)) {  // agreed
+    if (f->load_weights && load_weights(r->e, f->load_weights, f->load_format, err, sizeof err)) {  // agreed
         if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
         return 1;
     }
@@ -715,7 +737,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         rt_device_print_error(&r->dev, 0);
         rc = local_error(1);
     }
-    if (save && rt_save_weights(r->e, f->save_weights, reached, err, sizeof err)) {
+    if (save && rt_save_weights_as(r->e, f->save_weights, reached, f->save_format, err, sizeof err)) {
         if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
         rc = 1;
     }
