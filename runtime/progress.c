@@ -1,10 +1,16 @@
 /* runtime/progress.c: what a run reports, step by step.
  *
- * On a terminal (stderr is a tty): one line redrawn in place, a bar with the step, loss,
- * throughput and ETA, at most ~20 times a second and always at the last step. Otherwise:
- * plain lines every `log_every` steps (default: every step up to 100 steps, else every
- * 10th) and the last. With a log file: one JSON object per step, every step, floats at
- * full precision (%.9g), flushed line by line so a crash loses at most the current step.
+ * Where: step lines (and the summary and notes between them) go to stdout, so that
+ * `fsexec plan | tee log` keeps them; only when stdout and stderr are both a terminal is
+ * the bar drawn, on stderr. Diagnostics are not this file's: they go to stderr.
+ *
+ * Plain lines every `log_every` steps (default: every step up to 100 steps, else every
+ * 10th) and the last. On a terminal the same plain lines, and under them one line
+ * redrawn in place, a bar with the step, loss, throughput and ETA, at most ~20 times a
+ * second and always at the last step, fitted to the terminal's width (a line one column
+ * too long wraps, and every redraw then adds a line). With a log file: one JSON object
+ * per step, every step, floats at full precision (%.9g), flushed line by line so a crash
+ * loses at most the current step.
  *
  * Nothing here allocates after rt_progress_new: the step loop stays allocation-free.
  * In a world of several ranks only rank 0 reports: the others pass a NULL Progress, and
@@ -13,13 +19,16 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "runtime.h"
 
-enum { BAR_WIDTH = 24 };
+/* The bar itself grows with the terminal between these; below the least it is dropped. */
+enum { BAR_MIN = 10, BAR_MAX = 40, LINE_MAX = 512 };
 
 struct Progress {
     ProgressOptions o;
@@ -60,10 +69,14 @@ Progress *rt_progress_new(const ProgressOptions *o, char *err, size_t errlen)
     }
     memset(p, 0, sizeof *p);
     p->o = *o;
-    if (!p->o.out) p->o.out = stderr;
+    if (!p->o.out) {
+        int term = isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);
+        p->o.out = term ? stderr : stdout;
+        if (p->o.tty < 0) p->o.tty = term;
+    }
     if (!p->o.unit) p->o.unit = "tok";
     if (p->o.log_every <= 0) p->o.log_every = p->o.steps <= 100 ? 1 : 10;
-    p->tty = o->tty < 0 ? isatty(fileno(p->o.out)) : o->tty;
+    p->tty = p->o.tty < 0 ? isatty(fileno(p->o.out)) : p->o.tty;
     if (o->log_path) {
         p->log = fopen(o->log_path, o->append ? "a" : "w");
         if (!p->log) {
@@ -102,18 +115,90 @@ static const char *rate(double r, char *buf, size_t n)
     return buf;
 }
 
+/* Appends to buf (n > 0 bytes) at *k; *k counts what the whole text would take, even
+ * past n, so that a caller can measure a rendering in a buffer too small for it. */
+__attribute__((format(printf, 4, 5))) static void put(char *buf, size_t n, int *k, const char *fmt, ...)
+{
+    size_t at = (size_t)*k < n ? (size_t)*k : n - 1;
+    va_list ap;
+    va_start(ap, fmt);
+    *k += vsnprintf(buf + at, n - at, fmt, ap);
+    va_end(ap);
+}
+
+enum { F_ACC = 1, F_RATE = 2, F_MS = 4, F_ETA = 8, F_ALL = 15 };
+
+/* One rendering of the bar's line with the given fields and a bar bar_w wide (0: none);
+ * its length. */
+static int bar_text(char *buf, size_t n, const ProgressBar *b, int bar_w, unsigned fields)
+{
+    char r[32], eta[32];
+    int k = 0;
+    if (bar_w > 0) {
+        int fill = b->steps > 0 ? (int)((double)bar_w * (double)b->step / (double)b->steps) : bar_w;
+        put(buf, n, &k, "[");
+        for (int i = 0; i < bar_w; i++) put(buf, n, &k, "%c", i < fill ? '=' : i == fill ? '>' : ' ');
+        put(buf, n, &k, "] ");
+    }
+    put(buf, n, &k, "%lld/%lld loss %.4f", (long long)b->step, (long long)b->steps, b->loss);
+    if (fields & F_ACC && !isnan(b->accuracy)) put(buf, n, &k, " acc %.3f", b->accuracy);
+    if (fields & (F_RATE | F_MS)) put(buf, n, &k, " |");
+    if (fields & F_RATE) put(buf, n, &k, " %s %s/s", rate(b->per_s, r, sizeof r), b->unit ? b->unit : "tok");
+    if (fields & F_MS) put(buf, n, &k, " %.*f ms/step", b->ms < 10 ? 2 : 1, b->ms);
+    if (fields & F_ETA) put(buf, n, &k, " | ETA %s", duration(b->eta_s, eta, sizeof eta));
+    return k;
+}
+
+int rt_progress_bar_fit(const ProgressBar *b, int cols, char *buf, size_t n)
+{
+    /* What goes first as the terminal narrows: ms/step, the rate, the bar (below
+     * BAR_MIN it says little), accuracy, the ETA. Step and loss always stay. */
+    static const struct { unsigned fields; int bar; } levels[] = {
+        {F_ALL, 1}, {F_ACC | F_RATE | F_ETA, 1}, {F_ACC | F_ETA, 1}, {F_ACC | F_ETA, 0}, {F_ETA, 0}, {0, 0}};
+    enum { N_LEVELS = sizeof levels / sizeof levels[0] };
+    if (n == 0) return 0;
+    int room = cols > 1 ? cols - 1 : 0;  // the last column would wrap on some terminals
+    int k = -1;
+    for (int i = 0; i < N_LEVELS && k < 0; i++) {
+        int len = bar_text(buf, n, b, 0, levels[i].fields), bar_w = room - len - 3;  // "[", "] "
+        if (levels[i].bar && bar_w >= BAR_MIN)
+            k = bar_text(buf, n, b, bar_w < BAR_MAX ? bar_w : BAR_MAX, levels[i].fields);
+        else if (!levels[i].bar && len <= room)
+            k = len;
+    }
+    if (k < 0) k = bar_text(buf, n, b, 0, 0);
+    if (k > room) k = room;  // a very narrow window: cut
+    if ((size_t)k >= n) k = (int)n - 1;
+    buf[k] = 0;
+    return k;
+}
+
+/* The terminal's width: the window's, else $COLUMNS, else 80. */
+static int term_cols(FILE *f)
+{
+    struct winsize ws;
+    if (ioctl(fileno(f), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+    const char *c = getenv("COLUMNS");
+    long v = c ? strtol(c, NULL, 10) : 0;
+    return v > 0 && v < 100000 ? (int)v : 80;
+}
+
+/* The bar's line is erased rather than ended, so what comes next takes its place. */
+static void clear_bar(Progress *p)
+{
+    if (p->drawn) fputs("\r\033[K", p->o.out), p->drawn = 0;
+}
+
 static void draw_bar(Progress *p, const StepStats *s, double per_s)
 {
-    char bar[BAR_WIDTH + 1], r[32], eta[32];
-    int fill = p->o.steps > 0 ? (int)((double)BAR_WIDTH * (double)s->step / (double)p->o.steps) : BAR_WIDTH;
-    for (int i = 0; i < BAR_WIDTH; i++) bar[i] = i < fill ? '=' : i == fill ? '>' : ' ';
-    bar[BAR_WIDTH] = 0;
+    char line[LINE_MAX];
     int64_t done = s->step - p->o.start;
-    double left = done > 0 ? p->seconds / (double)done * (double)(p->o.steps - s->step) : 0;
-    fprintf(p->o.out, "\r[%s] %lld/%lld loss %.4f", bar, (long long)s->step, (long long)p->o.steps, s->loss);
-    if (!isnan(s->accuracy)) fprintf(p->o.out, " acc %.3f", s->accuracy);
-    fprintf(p->o.out, " | %s %s/s %.*f ms/step | ETA %s\033[K", rate(per_s, r, sizeof r), p->o.unit,
-            s->ms < 10 ? 2 : 1, s->ms, duration(left, eta, sizeof eta));
+    ProgressBar b = {.step = s->step, .steps = p->o.steps, .loss = s->loss, .accuracy = s->accuracy, .per_s = per_s,
+                     .ms = s->ms, .unit = p->o.unit,
+                     .eta_s = done > 0 ? p->seconds / (double)done * (double)(p->o.steps - s->step) : 0};
+    int cols = term_cols(p->o.out);
+    rt_progress_bar_fit(&b, cols < LINE_MAX ? cols : LINE_MAX, line, sizeof line);
+    fprintf(p->o.out, "\r%s\033[K", line);
     fflush(p->o.out);
     p->drawn = 1;
 }
@@ -144,7 +229,7 @@ static void json_number(FILE *f, const char *key, double v)
 static void scale_event(Progress *p, const StepStats *s)
 {
     if (!s->skipped && (!s->has_scale || s->loss_scale == s->scale_before)) return;
-    if (p->drawn) fputc('\n', p->o.out), p->drawn = 0;
+    clear_bar(p);
     if (s->skipped)
         fprintf(p->o.out, "step %lld: gradients overflowed; step skipped, loss scale %g -> %g\n", (long long)s->step,
                 s->scale_before, s->loss_scale);
@@ -175,15 +260,17 @@ int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen)
         if (fputs("}\n", p->log) == EOF || fflush(p->log) != 0)
             return plan_fail(err, errlen, "%s: write failed: %s", p->o.log_path, strerror(errno));
     }
-    int last = s->step >= p->o.steps;
+    int last = s->step >= p->o.steps, line = last || s->step % p->o.log_every == 0;
+    if (line) {
+        clear_bar(p);
+        plain_line(p, s, per_s);
+    }
     if (p->tty) {
         double now = rt_now();
-        if (last || now - p->last_draw >= 0.05) {
+        if (line || now - p->last_draw >= 0.05) {
             draw_bar(p, s, per_s);
             p->last_draw = now;
         }
-    } else if (last || s->step % p->o.log_every == 0) {
-        plain_line(p, s, per_s);
     }
     return 0;
 }
@@ -191,7 +278,7 @@ int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen)
 void rt_progress_note(Progress *p, const char *fmt, ...)
 {
     if (!p) return;
-    if (p->drawn) fputc('\n', p->o.out), p->drawn = 0;
+    clear_bar(p);
     va_list ap;
     va_start(ap, fmt);
     vfprintf(p->o.out, fmt, ap);

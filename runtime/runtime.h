@@ -535,11 +535,11 @@ typedef struct {
     int64_t steps;         // the run's length: its last step
     int64_t start;         // steps done before the first this run makes (a resumed run)
     int append;            // add to the log file (a resumed run) rather than start it again
-    int log_every;         // plain lines every N steps; <= 0: 1 up to 100 steps, else 10
+    int log_every;         // plain lines every N steps (a terminal too, above its bar); <= 0: 1 up to 100 steps, else 10
     const char *log_path;  // JSON lines, one per step; NULL for none
-    const char *unit;      // "tok" or "samples" (default "tok")
-    int tty;               // -1: ask isatty(out); 0/1 force plain lines / the bar
-    FILE *out;             // NULL: stderr
+    const char *unit;      // "tok" or "samples" (default "tok"); the log's tokens_per_s or samples_per_s
+    int tty;               // -1: ask isatty(out); 0/1 force plain lines only / a bar under them
+    FILE *out;             // NULL: stderr with a bar when stdout and stderr are terminals, else stdout
 } ProgressOptions;
 
 typedef struct {
@@ -563,6 +563,20 @@ int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen);
 void rt_progress_note(Progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Ends the bar, prints the average rate, closes the log. */
 int rt_progress_end(Progress *p, char *err, size_t errlen);
+
+/* What the bar's line shows. */
+typedef struct {
+    int64_t step, steps;
+    double loss, accuracy;  // accuracy NAN when the model has none
+    double per_s;           // items per second, of `unit` ("tok", "samples")
+    double ms;              // this step's wall time
+    double eta_s;           // seconds to the last step
+    const char *unit;
+} ProgressBar;
+/* The bar's line for a terminal `cols` wide, in buf (NUL-terminated): at most cols - 1
+ * characters, so it never wraps; fields are dropped as it narrows (ms/step, the rate,
+ * the bar, accuracy, the ETA), step and loss always kept. Its length. */
+int rt_progress_bar_fit(const ProgressBar *b, int cols, char *buf, size_t n);
 /* mean(argmax(logits[b]) == y[b]) over B rows of K. */
 double rt_accuracy(const float *logits, const int32_t *y, int64_t B, int64_t K);
 /* Monotonic seconds. */

@@ -18,7 +18,8 @@
  * a pipeline the first rank of the last stage (it holds the logits); it prints progress
  * and writes the log; the first rank of each stage writes its weights (the paths are
  * checked on every rank before anything runs, so a bad one fails at once, not after
- * training). Errors carry `[rank r]` (`[rank r, stage s]`); a world-size mismatch is
+ * training). Step lines go to stdout (on a terminal, a bar on stderr: runtime/progress.c);
+ * everything else (the start line, notes, errors) to stderr. Errors carry `[rank r]` (`[rank r, stage s]`); a world-size mismatch is
  * reported by every rank before MPI starts; any other error on one rank ends every rank
  * (MPI_Abort), except those all ranks see alike (a non-finite global loss, a failed save
  * or load: agreed, then a clean exit 1).
@@ -61,10 +62,10 @@ static const char USAGE[] =
     "                       llmc, or raw (headerless uint16, whatever the file looks like)\n"
     "  --data-order ORDER   random (default) or sequential windows\n"
     "  --log FILE           one JSON line per step: step, loss, lr, grad_norm,\n"
-    "                       tokens_per_s, ms (and accuracy for classifiers; with offload\n"
-    "                       on CPU ranks, to_host_bytes and to_device_bytes copied)\n"
-    "  --log-every N        plain progress lines every N steps when stderr is not a\n"
-    "                       terminal (default: 1 up to 100 steps, else 10)\n"
+    "                       tokens_per_s (classifiers: samples_per_s and accuracy), ms\n"
+    "                       (with offload on CPU ranks, to_host_bytes, to_device_bytes)\n"
+    "  --log-every N        a step line every N steps (default: 1 up to 100 steps, else\n"
+    "                       10), on stdout; on a terminal, on stderr above a progress bar\n"
     "  --save-weights FILE  write the params as safetensors after the last step (a\n"
     "                       pipeline: one file per stage, FILE-00001-of-00002.safetensors\n"
     "                       ..., and FILE.index.json, as Hugging Face's sharded weights)\n"
