@@ -37,6 +37,7 @@ struct Progress {
     double t0, last_draw;       // seconds, monotonic
     double items, seconds;      // totals since the first step, for the average rate
     int drawn;                  // a bar is on the screen
+    int lm;                     // the unit is tokens: the log says tokens_per_s, else samples_per_s
 };
 
 double rt_now(void)
@@ -75,6 +76,7 @@ Progress *rt_progress_new(const ProgressOptions *o, char *err, size_t errlen)
         if (p->o.tty < 0) p->o.tty = term;
     }
     if (!p->o.unit) p->o.unit = "tok";
+    p->lm = !strcmp(p->o.unit, "tok");
     if (p->o.log_every <= 0) p->o.log_every = p->o.steps <= 100 ? 1 : 10;
     p->tty = p->o.tty < 0 ? isatty(fileno(p->o.out)) : p->o.tty;
     if (o->log_path) {
@@ -249,7 +251,7 @@ int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen)
         json_number(p->log, "loss", s->loss);
         json_number(p->log, "lr", s->lr);
         json_number(p->log, "grad_norm", s->grad_norm);
-        json_number(p->log, "tokens_per_s", per_s);
+        json_number(p->log, p->lm ? "tokens_per_s" : "samples_per_s", per_s);
         json_number(p->log, "ms", s->ms);
         if (!isnan(s->accuracy)) json_number(p->log, "accuracy", s->accuracy);
         if (s->has_scale) json_number(p->log, "loss_scale", s->loss_scale);

@@ -5,7 +5,9 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime.h"
 
@@ -75,4 +77,30 @@ Test(progress_bar, no_accuracy_no_field)
     b.accuracy = NAN;
     fit(&b, 200, buf, sizeof buf);
     cr_assert_null(strstr(buf, "acc"), "%s", buf);
+}
+
+/* The log's rate says what it counts: a classifier's samples are not tokens. */
+Test(progress_log, rate_key_names_the_unit)
+{
+    char err[512], path[] = "/tmp/test_progress_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    const char *units[] = {"tok", "samples"}, *keys[] = {"\"tokens_per_s\": 50000", "\"samples_per_s\": 50000"};
+    for (int i = 0; i < 2; i++) {
+        FILE *out = fopen("/dev/null", "w");
+        ProgressOptions o = {.steps = 1, .log_path = path, .unit = units[i], .tty = 0, .out = out};
+        Progress *p = rt_progress_new(&o, err, sizeof err);
+        cr_assert_not_null(p, "%s", err);
+        StepStats st = {.step = 1, .loss = 1, .lr = 1e-3, .grad_norm = 0.5, .ms = 2, .items = 100, .accuracy = NAN};
+        cr_assert_eq(rt_progress_step(p, &st, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(rt_progress_end(p, err, sizeof err), 0, "%s", err);
+        fclose(out);
+        char line[512] = "";
+        FILE *f = fopen(path, "r");
+        cr_assert(fgets(line, sizeof line, f));
+        fclose(f);
+        cr_assert(strstr(line, keys[i]), "%s: %s", units[i], line);
+    }
+    unlink(path);
 }
