@@ -65,7 +65,7 @@ static void usage(FILE *out)
                  "                        nominal 1 TFLOP/s (ms), or with =unit forward 1, backward 2\n"
                  "  -q, --quiet           no summary on stderr\n"
                  "  -h, --help            this text\n"
-                 "  --version             the version\n"
+                 "  -V, --version         print the version and exit\n"
                  "\n"
                  "Training settings (override the model's `train` section):\n");
     const ConfigKey *keys = config_keys(&n);
@@ -158,7 +158,7 @@ static int parse_args(int argc, char **argv, Flags *f)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             exit(0);
-        } else if (!strcmp(a, "--version")) {
+        } else if (!strcmp(a, "-V") || !strcmp(a, "--version")) {
             printf("fsc %s (plan format %d.%d)\n", FS_VERSION, PLAN_MAJOR, PLAN_MINOR);
             exit(0);
         } else if (!strcmp(a, "-o")) {

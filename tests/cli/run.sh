@@ -27,6 +27,7 @@ expect() {
 expect help 0 "usage: fsc" -- "$FSC" --help
 expect help-lists-settings 0 "--shard VALUE" -- "$FSC" --help
 expect version 0 "fsc 0.1.0" -- "$FSC" --version
+expect version-short 0 "fsc 0.1.0 (plan format " -- "$FSC" -V
 expect no-input 1 "no input file" -- "$FSC"
 expect missing-file 1 "nope.fsm: No such file or directory" -- "$FSC" "$tmp/nope.fsm"
 expect directory 1 "not a regular file" -- "$FSC" "$tmp"
