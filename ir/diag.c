@@ -89,19 +89,27 @@ void diag_note(Diag *d, Loc loc, const char *fmt, ...)
     va_end(ap);
 }
 
+/* Damerau-Levenshtein distance, the optimal-string-alignment kind: insertions,
+ * deletions, substitutions and swaps of two neighbours each cost 1, so the commonest
+ * typo, two letters swapped ("fdsp"), is as close as one wrong letter. Three rows:
+ * a swap looks two back. */
 static int edit_distance(const char *a, const char *b)
 {
     int la = (int)strlen(a), lb = (int)strlen(b);
     if (la > 64 || lb > 64) return 1 << 20;
-    int prev[65], cur[65];
+    int back[65] = {0}, prev[65], cur[65];
     for (int j = 0; j <= lb; j++) prev[j] = j;
     for (int i = 1; i <= la; i++) {
         cur[0] = i;
         for (int j = 1; j <= lb; j++) {
             int sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
             int del = prev[j] + 1, ins = cur[j - 1] + 1;
-            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+            int d = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && back[j - 2] + 1 < d)
+                d = back[j - 2] + 1;
+            cur[j] = d;
         }
+        memcpy(back, prev, sizeof(int) * (size_t)(lb + 1));
         memcpy(prev, cur, sizeof(int) * (size_t)(lb + 1));
     }
     return prev[lb];
