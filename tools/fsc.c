@@ -247,7 +247,15 @@ static int check_outputs(const Flags *f)
     return -1;
 }
 
-/* The whole file, NUL-terminated; NULL after printing why. */
+/* A plan given where a source goes would be parse errors over binary. The first four
+ * bytes of its magic (plan.h's header: "\x89FSP\r\n\x1a\n") are enough: a plan damaged
+ * further on (text-mode newlines) is still a plan, and no source starts with 0x89. */
+static int is_plan(const char *buf, size_t len)
+{
+    return len >= 4 && !memcmp(buf, "\x89" "FSP", 4);
+}
+
+/* The whole file, NUL-terminated; NULL after printing why (a plan, not a source). */
 static char *read_source(const char *path, size_t *len)
 {
     struct stat st;
@@ -272,6 +280,12 @@ static char *read_source(const char *path, size_t *len)
         return NULL;
     }
     buf[*len] = 0;
+    if (is_plan(buf, *len)) {
+        fprintf(stderr, "fsc: error: %s is a plan compiled by fsc, not a model source; inspect it with fsexec --inspect "
+                "%s\n", path, path);
+        free(buf);
+        return NULL;
+    }
     return buf;
 }
 

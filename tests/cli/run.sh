@@ -55,6 +55,7 @@ expect syntax-error 1 "bad.fsm:3:21: error: expected ';'" -- "$FSC" "$tmp/bad.fs
 # Plan: write, inspect, reject damage.
 expect write-plan 0 "wrote $tmp/gpt2.plan" -- "$FSC" "$SRC/samples/gpt2.fsm" -D L=2 -D C=64 -D NH=4 -D T=32 -D V=256 -o "$tmp/gpt2.plan"
 expect inspect 0 "gpt2" -- "$FSEXEC" --inspect "$tmp/gpt2.plan"
+expect fsc-given-plan 1 "$tmp/gpt2.plan is a plan compiled by fsc, not a model source; inspect it with fsexec --inspect $tmp/gpt2.plan" -- "$FSC" "$tmp/gpt2.plan"
 
 # Memory reports: text, JSON, HTML page, --mem-limit with what-ifs, the same report in
 # fsexec --inspect, and the guard.
