@@ -649,6 +649,24 @@ static int join_world(const Flags *f, const Plan *p, RtRanks *rk)
     return 0;
 }
 
+/* The learning-rate schedule's length (fsc --steps, META "steps") against the run's
+ * (--steps, the total whatever a resumed run starts at). Only a cosine schedule has an
+ * end: lr_at (runtime/cpu/optim.c) holds it at min_lr past `steps`, and a run cut short
+ * never gets there. A constant one, warmup or not, runs the same at any length. */
+static void schedule_note(const Plan *p, int64_t steps)
+{
+    int64_t end = plan_meta_int(p, "steps", 0);
+    if (steps <= 0 || end <= 0 || end == steps || strcmp(plan_meta_str(p, "lr_schedule", "constant"), "cosine"))
+        return;
+    if (steps < end)
+        fprintf(stderr, "fsexec: note: the learning-rate schedule runs to step %" PRId64 " (fsc --steps); this run stops "
+                "at step %" PRId64 ", before it ends\n", end, steps);
+    else
+        fprintf(stderr, "fsexec: note: the learning-rate schedule runs to step %" PRId64 " (fsc --steps); this run goes "
+                "on to step %" PRId64 ", but the schedule ended at step %" PRId64 ": the rest runs at min_lr (%g)\n",
+                end, steps, end, plan_meta_float(p, "min_lr", 0));
+}
+
 /* Every rank reads the file; a failure anywhere is every rank's (the result is agreed). */
 static int load_weights(Exec *e, const char *path, RtWeightsFormat fmt, char *err, size_t errlen)
 {
@@ -715,7 +733,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         fprintf(stderr, "%s: %s\n", who, err);
         return local_error(1);
     }
-    if (my_rank == reporter) start_line(whole, r, f, seed);
+    if (my_rank == reporter) start_line(whole, r, f, seed), schedule_note(whole, f->steps);
     if (my_rank == reporter && r->resume) {
         char line[2048];
         rt_resumed_describe(r->resume, &resumed, whole, line, sizeof line);

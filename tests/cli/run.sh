@@ -127,6 +127,11 @@ expect write-unwritable 1 "fsc: error:" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tm
 expect mlp-plan 0 "wrote $tmp/mlp.plan" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/mlp.plan"
 expect train-mlp 0 "acc" -- "$FSEXEC" "$tmp/mlp.plan" --steps 3
 expect train-gpt2 0 "step 2/2" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 2 --log "$tmp/log.jsonl"
+# The lr schedule's length (fsc --steps) against the run's (fsexec --steps): a note, once.
+expect lr-schedule-cut-short 0 "note: the learning-rate schedule runs to step 1000 (fsc --steps); this run stops at step 2, before it ends" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 2
+"$FSC" "$SRC/samples/gpt2.fsm" -D L=1 -D C=32 -D NH=2 -D T=16 -D V=256 --steps 2 -q -o "$tmp/gpt2-s2.plan"
+expect lr-schedule-ended 0 "the schedule ended at step 2: the rest runs at min_lr" -- "$FSEXEC" "$tmp/gpt2-s2.plan" --steps 3
+expect lr-schedule-same 0 "step 2/2" -- bash -c '! "$1" "$2" --steps 2 2>&1 | grep -q "learning-rate schedule" && "$1" "$2" --steps 2 2>&1' _ "$FSEXEC" "$tmp/gpt2-s2.plan"
 expect log-lines 0 '"step": 2' -- cat "$tmp/log.jsonl"
 expect export-weights 0 "0 steps" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 0 --save-weights "$tmp/w.safetensors"
 expect import-weights 0 "step 1/1" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --load-weights "$tmp/w.safetensors"
