@@ -163,8 +163,9 @@ static int text_error(const uint8_t *b, size_t len, char *err, size_t errlen)
     size_t k = 0;
     for (; k < len && k + 1 < sizeof start && b[k] >= 0x20 && b[k] < 0x7f; k++) start[k] = (char)b[k];
     start[k] = 0;
-    return plan_fail(err, errlen, "a text file%s%s%s, not a token file: tokenize it first (e.g. GPT-2 tokens in "
-                "llm.c's format, as llm.c's dev/data scripts write them), or drop --data to train on the "
+    return plan_fail(err, errlen, "a text file%s%s%s, not a token file: tokenize it first, with scripts/tokenize.py "
+                "in.txt out.bin (each byte a token, for a model with V >= 256; --vocab gpt2 --encoder encoder.json "
+                "--merges vocab.bpe for GPT-2's tokens), then --data out.bin; or drop --data to train on the "
                 "built-in byte-level corpus", k ? " (it starts \"" : "", start, k ? "\")" : "");
 }
 

@@ -271,6 +271,7 @@ expect data-magic-flip-raw 1 "flip.bin: token 0 is 55433, outside the model's vo
 expect data-npy 1 "tokens.npy: a NumPy .npy file (dtype '<u2', shape (200,)), not a token file: convert it with np.asarray(np.load(path), np.uint16).tofile(" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$tmp/tokens.npy"
 expect data-text 1 "README.md: a text file (it starts \"# fsc / fsexec\"), not a token file: tokenize it first" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$SRC/README.md"
 expect data-text-corpus 1 "or drop --data to train on the built-in byte-level corpus" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$SRC/README.md"
+expect data-text-script 1 "tokenize it first, with scripts/tokenize.py in.txt out.bin" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$SRC/README.md"
 tail -c 400 "$tmp/llmc.bin" >"$tmp/raw.bin"
 expect data-raw-auto 0 "raw.bin (200 tokens, raw uint16)" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$tmp/raw.bin"
 expect data-raw-as-llmc 1 "raw.bin: not an llm.c token file (--data-format llmc)" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data "$tmp/raw.bin" --data-format llmc
