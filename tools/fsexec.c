@@ -676,11 +676,10 @@ static int load_weights(Exec *e, const char *path, RtWeightsFormat fmt, char *er
     return rc;
 }
 
-/* The run after the world is joined: the Exec (the host mirror), the data, the weights,
- * the device, the steps, the saved weights. 0, or an exit status after a message. */
 /* The run after the world is joined, on p, this rank's stage's program of `whole` (or
- * whole itself): the Exec (the host mirror), the data, the weights, the device, the
- * steps, the saved weights. 0, or an exit status after a message. */
+ * whole itself): the Exec (the host mirror), the data, the weights or the resumed
+ * checkpoint, the device, the steps, the saved weights. 0, or an exit status after a
+ * message. */
 static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, const RtRanks *rk, uint64_t seed)
 {
     char err[512];
