@@ -6,7 +6,9 @@
  * an all-gather), a reduce-scatter Psi and an all-gather Psi. So DDP moves 2 Psi a step,
  * zero1 3 Psi (FairScale's OSS: it all-reduces the gradients, then all-gathers the
  * updated shards; ZeRO's P_os reduce-scatters them, 2 Psi), zero2 2 Psi, and fsdp 3 Psi:
- * 1.5 times DDP. Psi is in the dtype the plan moves (16-bit under mixed precision). The exact bytes a
+ * 1.5 times DDP, less the params outside blocks, which it gathers once a step (and keeps
+ * from forward to backward). Psi is in the dtype the plan moves (16-bit under mixed
+ * precision); tests/unit/test_zero_formulas.c holds these at scale. The exact bytes a
  * ring sends are (group - 1) / group of these; both are listed. A collective's group is
  * its stage's data-parallel ranks, or (group 1) the pipeline group: one rank per stage.
  * A send moves its tensor's bytes once, to its peer; a receive takes its output's. A

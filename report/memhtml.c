@@ -10,9 +10,10 @@
 
 #include "memhtml.h"
 
+/* In MemCategory's order: params blue (16-bit light), grads orange (16-bit light). */
 static const char *const COLORS[MEM_CAT_COUNT] = {
-    "#4e79a7", "#a0cbe8", "#f28e2b", "#59a14f", "#8cd17d", "#b6992d", "#e15759", "#ff9d9a", "#f1ce63", "#499894",
-    "#79706e", "#d4a6c8",
+    "#a0cbe8", "#ffbe7d", "#4e79a7", "#f28e2b", "#59a14f", "#8cd17d", "#b6992d", "#e15759", "#ff9d9a", "#f1ce63",
+    "#499894", "#79706e", "#d4a6c8",
 };
 
 void html_text(FILE *out, const char *s)
@@ -82,7 +83,7 @@ static void summary(const MemReport *r, FILE *out)
 {
     const Plan *p = r->plan;
     char a[64], b[64], c[256], model[64];
-    int64_t peak = r->peak[PLAN_PLACE_DEVICE], state = r->state[0] + r->state[1] + r->state[2] + r->state[3];
+    int64_t peak = r->peak[PLAN_PLACE_DEVICE], state = report_state_sum(r->state);
     if (r->n_stages > 1) {
         report_label(r, c, sizeof c);
         c[0] = 'S';
@@ -103,13 +104,32 @@ static void summary(const MemReport *r, FILE *out)
     snprintf(a, sizeof a, "%.4f", peak > 0 ? (double)r->arena_bytes / (double)peak : 0.0);
     snprintf(c, sizeof c, "%.2f%% above the peak", peak > 0 ? 100.0 * ((double)r->arena_bytes / (double)peak - 1) : 0.0);
     tile(out, "arena / peak", a, c);
-    tile(out, "params", report_grouped(r->param_count, a, sizeof a), report_bytes(r->state[0], b, sizeof b));
+    tile(out, "params", report_grouped(r->param_count, a, sizeof a),
+         report_bytes(r->state[MEM_PARAMS16] + r->state[MEM_PARAMS32], b, sizeof b));
     snprintf(a, sizeof a, "%.2f B/param", (double)state / (double)(r->param_count > 0 ? r->param_count : 1));
     tile(out, "model state", a, report_bytes(state, b, sizeof b));
     snprintf(c, sizeof c, "arena, peak %s", report_bytes(r->peak[PLAN_PLACE_HOST], b, sizeof b));
     tile(out, "host space", r->host_arena_bytes ? report_bytes(r->host_arena_bytes, a, sizeof a) : "none",
          r->host_arena_bytes ? c : "every tensor in device memory");
     fprintf(out, "</div>\n");
+}
+
+/* Model state in ZeRO's categories, and what a reader of ZeRO's tables would count otherwise. */
+static void state_note(const MemReport *r, FILE *out)
+{
+    double n = (double)(r->param_count > 0 ? r->param_count : 1);
+    fprintf(out, "<p class=\"hint\">Model state, as ZeRO counts it: %.2f bytes/param =", (double)report_state_sum(r->state) / n);
+    for (int c = MEM_PARAMS16; c <= MEM_OPT_STATE; c++)
+        fprintf(out, "%s %s %.2f", c == MEM_PARAMS16 ? "" : " +", report_category_name((MemCategory)c), (double)r->state[c] / n);
+    fprintf(out, " (each param's 16-bit copy once, whatever made it: a cast, a gather kept for the step, a copy to the "
+            "device).");
+    if (r->state[MEM_GRADS32] && (r->state[MEM_PARAMS16] || r->state[MEM_GRADS16]))
+        fprintf(out, " ZeRO's (2 + 2 + K) &Psi; leaves out the fp32 grads (the 16-bit ones cast up for the optimizer).");
+    if (r->has_per_use_gathers)
+        fprintf(out, " Gathered params are fsdp's per-use gathers (a block's params all-gathered for each pass "
+                "that reads them, freed after it): transient, like activations, not model state, where a block's "
+                "params count once, as this rank's shard (ZeRO-3's &Psi; / N).");
+    fprintf(out, "</p>\n");
 }
 
 static void legend(const MemReport *r, FILE *out)
@@ -122,6 +142,7 @@ static void legend(const MemReport *r, FILE *out)
                     report_category_key((MemCategory)c), report_category_name((MemCategory)c),
                     r->at_peak[PLAN_PLACE_DEVICE][c] ? report_bytes(r->at_peak[PLAN_PLACE_DEVICE][c], b, sizeof b) : "none");
     fprintf(out, "<span><i class=\"sw\" style=\"background:#c0392b\"></i>peak</span></div>\n");
+    state_note(r, out);
 }
 
 static void category_table(const MemReport *r, PlanPlace pl, FILE *out)

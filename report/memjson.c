@@ -4,9 +4,10 @@
  *   {"model", "ranks": {"first", "last", "label"}, "world", "arena_bytes", "peak_bytes",
  *    "arena_over_peak", "peak_op": {"index", "op", "phase", "line", "col", "block",
  *    "where"}, "n_ops", "params": {"count", "bytes_by_dtype": {"f32": n}},
- *    "model_state" (the device space's) and "host_model_state" (offload's): {"bytes",
- *    "bytes_per_param", "params", "grads", "optimizer_state",
- *    "master"}, "categories": [{"key", "name", "at_peak", "max"}], "host": {"peak_bytes",
+ *    "model_state" (the device space's) and "host_model_state" (offload's), ZeRO's
+ *    categories (report/memstate.c): {"bytes", "bytes_per_param", "params16", "grads16",
+ *    "params" (fp32), "grads32", "optimizer_state"}, "categories": [{"key", "name",
+ *    "at_peak", "max"}] (keys: report_category_key), "host": {"peak_bytes",
  *    "peak_op", "categories": [...]}, "top_tensors": [{"id", "name", "dtype", "shape",
  *    "bytes", "category", "made_by"}], "n_live_at_peak", "saved_by_block": [{"block",
  *    "layer", "bytes"}], "saved_outside_blocks", "shard", "shard_applied",
@@ -102,18 +103,18 @@ static json_t *params(const MemReport *r, int *bad)
     return o;
 }
 
+/* Each ZeRO category under its category key, but the optimizer state's, which keeps
+ * the key it always had here. */
 static json_t *model_state(const MemReport *r, const int64_t *st, int *bad)
 {
     json_t *o = json_object();
     if (!o) return NULL;
-    int64_t sum = st[0] + st[1] + st[2] + st[3];
+    int64_t sum = report_state_sum(st);
     double n = r->param_count > 0 ? (double)r->param_count : 1;
     put(o, "bytes", json_integer(sum), bad);
     put(o, "bytes_per_param", json_real((double)sum / n), bad);
-    put(o, "params", json_integer(st[0]), bad);
-    put(o, "grads", json_integer(st[1]), bad);
-    put(o, "optimizer_state", json_integer(st[2]), bad);
-    put(o, "master", json_integer(st[3]), bad);
+    for (int c = MEM_PARAMS16; c <= MEM_OPT_STATE; c++)
+        put(o, c == MEM_OPT_STATE ? "optimizer_state" : report_category_key((MemCategory)c), json_integer(st[c]), bad);
     return o;
 }
 

@@ -11,6 +11,8 @@
  * range, but live ranges, alias chains and sizes are not trusted: ranges are clamped,
  * chains are followed a bounded number of steps, and each buffer's bytes are capped so
  * no sum can overflow.
+ *
+ * What each category holds, and the model state that ZeRO counts: report/memstate.c.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -18,44 +20,23 @@
 #include "ops.h"
 #include "report.h"
 
+/* In MemCategory's order. Keys are JSON keys and CSS classes: "params" is the fp32
+ * storage it always was (now with the masters), and the two 16-bit categories and the
+ * fp32 grads have keys of their own ("grads" held both dtypes). */
 static const char *const NAMES[MEM_CAT_COUNT] = {
-    "params", "gathered params", "grads", "optimizer state", "master weights", "inputs",
+    "16-bit params", "16-bit grads", "fp32 params", "fp32 grads", "optimizer state", "gathered params", "inputs",
     "saved for backward", "recompute temporaries", "other activations", "communication buffers",
     "scratch / workspace", "constants",
 };
 static const char *const KEYS[MEM_CAT_COUNT] = {
-    "params", "gathered", "grads", "opt_state", "master", "inputs", "saved", "recompute", "acts", "comm",
+    "params16", "grads16", "params", "grads32", "opt_state", "gathered", "inputs", "saved", "recompute", "acts", "comm",
     "scratch", "consts",
 };
 
 const char *report_category_name(MemCategory c) { return (unsigned)c < MEM_CAT_COUNT ? NAMES[c] : "?"; }
 const char *report_category_key(MemCategory c) { return (unsigned)c < MEM_CAT_COUNT ? KEYS[c] : "?"; }
 
-static MemCategory role_category(PlanRole role)
-{
-    switch (role) {
-    case PLAN_ROLE_INPUT: return MEM_INPUTS;
-    case PLAN_ROLE_PARAM: return MEM_PARAMS;
-    case PLAN_ROLE_GRAD: return MEM_GRADS;
-    case PLAN_ROLE_ACT: return MEM_ACTS;
-    case PLAN_ROLE_OPT_STATE: return MEM_OPT_STATE;
-    case PLAN_ROLE_MASTER: return MEM_MASTER;
-    case PLAN_ROLE_COMM: return MEM_COMM;
-    case PLAN_ROLE_SCRATCH: return MEM_SCRATCH;
-    case PLAN_ROLE_CONST: return MEM_CONSTS;
-    case PLAN_ROLE_GATHERED: return MEM_GATHERED;
-    case PLAN_ROLE_COUNT: break;
-    }
-    return MEM_ACTS;
-}
-
-static int persistent(MemCategory c)
-{
-    return c == MEM_PARAMS || c == MEM_OPT_STATE || c == MEM_MASTER || c == MEM_INPUTS;
-}
-
-/* Each buffer's bytes, capped so that the sum over every tensor fits in an int64. */
-static int64_t buffer_bytes(const Plan *p, int32_t t)
+int64_t report_buffer_bytes(const Plan *p, int32_t t)
 {
     int64_t cap = INT64_MAX / 4 / ((int64_t)p->n_tensors + 1), n = plan_tensor_nbytes(&p->tensors[t]);
     return n > cap ? cap : n;
@@ -79,7 +60,9 @@ static void find_roots(MemReport *r)
     }
 }
 
-/* Roots read by a backward or recompute op: what the forward keeps for the backward. */
+/* Each root's category (report/memstate.c), activations split by what reads them: made
+ * by a recompute op, or made in the forward and read by a backward or recompute op (what
+ * the forward keeps for the backward); views take their root's. */
 static void categorize(MemReport *r, uint8_t *read_back)
 {
     const Plan *p = r->plan;
@@ -90,7 +73,7 @@ static void categorize(MemReport *r, uint8_t *read_back)
     }
     for (int32_t t = 0; t < p->n_tensors; t++) {
         const PlanTensor *x = &p->tensors[t];
-        MemCategory c = role_category(x->role);
+        MemCategory c = report_category_of(r, t);
         if (c == MEM_ACTS && x->producer != PLAN_NONE) {
             PlanPhase ph = p->ops[x->producer].phase;
             if (ph == PLAN_PHASE_RECOMPUTE)
@@ -100,7 +83,11 @@ static void categorize(MemReport *r, uint8_t *read_back)
         }
         r->cat[t] = (uint8_t)c;
     }
-    for (int32_t t = 0; t < p->n_tensors; t++) r->cat[t] = r->cat[r->root[t]];
+    for (int32_t t = 0; t < p->n_tensors; t++) {
+        PlanDType d = p->tensors[t].dtype;
+        r->cat[t] = r->cat[r->root[t]];
+        if (r->root[t] == t && (unsigned)d < PLAN_DT_COUNT) r->cat_dtypes[r->cat[t]] |= 1u << d;
+    }
 }
 
 /* Difference arrays over the ops, then prefix sums: the bytes live at every op. */
@@ -113,7 +100,7 @@ static void timeline(MemReport *r)
         int32_t s, e;
         clamp_range(r, x, &s, &e);
         if (x->alias != PLAN_NONE || s > e) continue;
-        int64_t b = buffer_bytes(p, t), *live = r->live[x->place], *cat = r->live_cat[x->place];
+        int64_t b = report_buffer_bytes(p, t), *live = r->live[x->place], *cat = r->live_cat[x->place];
         live[s] += b, live[e + 1] -= b;
         cat[(int64_t)s * MEM_CAT_COUNT + r->cat[t]] += b;
         cat[(int64_t)(e + 1) * MEM_CAT_COUNT + r->cat[t]] -= b;
@@ -144,9 +131,9 @@ int report_live_at(const MemReport *r, int32_t op, PlanPlace place, int transien
         int32_t s, e;
         clamp_range(r, x, &s, &e);
         if (x->alias != PLAN_NONE || x->place != place || op < s || op > e) continue;
-        if (transient_only && persistent((MemCategory)r->cat[t])) continue;
+        if (transient_only && plan_tensor_is_persistent(x)) continue;
         count++;
-        MemTensor m = {t, buffer_bytes(p, t), (MemCategory)r->cat[t]};
+        MemTensor m = {t, report_buffer_bytes(p, t), (MemCategory)r->cat[t]};
         int at = n < max ? n++ : max;
         while (at > 0 && out[at - 1].bytes < m.bytes) {
             if (at < max) out[at] = out[at - 1];
@@ -186,7 +173,7 @@ static int saved_by_block(MemReport *r)
     qsort(reads, (size_t)n, sizeof *reads, by_read);
     for (int32_t i = 0; i < n; i++)
         if (i == 0 || by_read(&reads[i], &reads[i - 1]))
-            r->saved_by_block[reads[i].block] += buffer_bytes(p, reads[i].root);
+            r->saved_by_block[reads[i].block] += report_buffer_bytes(p, reads[i].root);
     plan_dealloc(reads);
     return 0;
 }
@@ -208,16 +195,20 @@ static int is_collective(const char *op)
 }
 
 /* Trainable elements: each named param once (fsdp gathers a block's params twice), not
- * the flat storages that hold them (a PARAM root that other PARAM tensors lie in) nor a
- * rank's shard of one. */
+ * the flat storages that hold them (a PARAM root that other PARAM tensors lie in, or
+ * whose copy they lie in: offload's device copy of a ddp unit) nor a rank's shard of one. */
 static int64_t param_count(const MemReport *r, uint8_t *seen)
 {
     const Plan *p = r->plan;
     int64_t n = 0;
     memset(seen, 0, (size_t)p->n_tensors + (size_t)p->n_strs + 1);
     uint8_t *holds = seen, *named = seen + p->n_tensors;
-    for (int32_t t = 0; t < p->n_tensors; t++)
-        if (p->tensors[t].role == PLAN_ROLE_PARAM && p->tensors[t].alias != PLAN_NONE) holds[p->tensors[t].alias] = 1;
+    for (int32_t t = 0; t < p->n_tensors; t++) {
+        if (p->tensors[t].role != PLAN_ROLE_PARAM || p->tensors[t].alias == PLAN_NONE) continue;
+        int32_t copied = r->copy_of[r->root[t]];
+        holds[p->tensors[t].alias] = 1;
+        if (copied != PLAN_NONE) holds[copied] = 1;
+    }
     for (int32_t t = 0; t < p->n_tensors; t++) {
         const PlanTensor *x = &p->tensors[t];
         if (x->role != PLAN_ROLE_PARAM || x->tied_to != PLAN_NONE || x->sharded || holds[t]) continue;
@@ -229,46 +220,22 @@ static int64_t param_count(const MemReport *r, uint8_t *seen)
     return n;
 }
 
-/* Model state per rank as ZeRO counts it, in each space: param buffers (with offload, the
- * device's are the compute-dtype copies of the host's masters), the gradients the
- * optimizer reads (each buffer once), optimizer state and master weights; params by dtype;
- * and whether ranks share work. */
+/* Whether ranks share work, the trainable params, and the model state (memstate.c). */
 static int totals(MemReport *r)
 {
     const Plan *p = r->plan;
     uint8_t *seen = plan_alloc((size_t)p->n_tensors + (size_t)p->n_strs + 1);
     if (!seen) return -1;
-    memset(seen, 0, (size_t)p->n_tensors + 1);
     for (int32_t t = 0; t < p->n_tensors; t++) {
         const PlanTensor *x = &p->tensors[t];
         if (x->sharded || x->rank_stride || x->role == PLAN_ROLE_COMM || x->role == PLAN_ROLE_GATHERED)
             r->shard_applied = 1;
-        if (x->role == PLAN_ROLE_PARAM && x->grad != PLAN_NONE && !seen[r->root[x->grad]]) {
-            int32_t g = r->root[x->grad];
-            seen[g] = 1;
-            (p->tensors[g].place == PLAN_PLACE_HOST ? r->host_state : r->state)[1] += buffer_bytes(p, g);
-        }
-        if (x->alias != PLAN_NONE) continue;
-        int64_t b = buffer_bytes(p, t), *state = x->place == PLAN_PLACE_HOST ? r->host_state : r->state;
-        if (x->role == PLAN_ROLE_PARAM) state[0] += b, r->param_dtype[x->dtype] += b;
-        if (x->role == PLAN_ROLE_OPT_STATE) state[2] += b;
-        if (x->role == PLAN_ROLE_MASTER) state[3] += b;
-    }
-    /* Offload's device copies of the params (buffers of role gathered that a to_device
-     * fills; a gather's staging copy is a comm buffer): the device's params. */
-    for (int32_t k = 0; k < p->n_ops; k++) {
-        if (report_op_comm(p, &p->ops[k]) != COMM_TO_DEVICE) continue;
-        int32_t root = r->root[p->ids[p->ops[k].out]];
-        if (p->tensors[root].role != PLAN_ROLE_GATHERED || seen[root] == 2) continue;
-        seen[root] = 2;
-        r->state[0] += buffer_bytes(p, root);
-        r->param_dtype[p->tensors[root].dtype] += buffer_bytes(p, root);
     }
     for (int32_t k = 0; k < p->n_ops && !r->shard_applied; k++)
         r->shard_applied = is_collective(plan_str(p, p->ops[k].op));
     r->param_count = param_count(r, seen);
     plan_dealloc(seen);
-    return 0;
+    return report_state_totals(r);
 }
 
 static int fail(char *err, size_t errlen, const char *msg)
@@ -289,9 +256,11 @@ static int build(MemReport *r, char *err, size_t errlen)
     size_t nt = (size_t)p->n_tensors + 1, np = (size_t)r->n_points + 1;
     r->cat = plan_alloc(nt * 2);
     r->root = plan_alloc(sizeof *r->root * nt);
+    r->copy_of = plan_alloc(sizeof *r->copy_of * nt);
+    r->marks = plan_alloc(nt);
     r->saved_by_block = plan_alloc(sizeof *r->saved_by_block * ((size_t)p->n_blocks + 1));
     r->block_ops = plan_alloc(sizeof *r->block_ops * ((size_t)p->n_blocks + 1));
-    int ok = r->cat && r->root && r->saved_by_block && r->block_ops;
+    int ok = r->cat && r->root && r->copy_of && r->marks && r->saved_by_block && r->block_ops;
     for (int pl = 0; pl < PLAN_PLACE_COUNT; pl++) {
         r->live[pl] = plan_alloc(sizeof(int64_t) * np);
         r->live_cat[pl] = plan_alloc(sizeof(int64_t) * np * MEM_CAT_COUNT);
@@ -306,6 +275,7 @@ static int build(MemReport *r, char *err, size_t errlen)
     memset(r->block_ops, 0, sizeof *r->block_ops * ((size_t)p->n_blocks + 1));
     for (int32_t k = 0; k < p->n_ops; k++) r->block_ops[p->ops[k].block == PLAN_NONE ? p->n_blocks : p->ops[k].block]++;
     find_roots(r);
+    if (report_state_marks(r)) return fail(err, errlen, "out of memory");
     categorize(r, r->cat + nt);
     timeline(r);
     if (totals(r)) return fail(err, errlen, "out of memory");
@@ -351,6 +321,8 @@ void report_mem_free(MemReport *r)
     for (int pl = 0; pl < PLAN_PLACE_COUNT; pl++) plan_dealloc(r->live[pl]), plan_dealloc(r->live_cat[pl]);
     plan_dealloc(r->cat);
     plan_dealloc(r->root);
+    plan_dealloc(r->copy_of);
+    plan_dealloc(r->marks);
     plan_dealloc(r->saved_by_block);
     plan_dealloc(r->block_ops);
     plan_dealloc(r);

@@ -1,6 +1,7 @@
 /* report/memtext.c: the memory report as text, for `fsc --mem` and `fsexec --inspect`.
  * Sections: the summary (ranks, arena against the peak, where the peak is, params and
- * model state per param, host memory), bytes by category at the peak and at each
+ * model state per param in ZeRO's categories, with ZeRO's count where it leaves
+ * something out, host memory), bytes by category at the peak and at each
  * category's own maximum, the largest buffers live at the peak, and the saved
  * activations per block. A plan of several stages: a table of the stages first, then
  * each stage's report in full. Every number is MemReport's; this file only lays them out.
@@ -10,6 +11,19 @@
 
 #include "report.h"
 
+static void print_state(const char *label, const int64_t *st, double n, FILE *out)
+{
+    char a[32];
+    int64_t sum = report_state_sum(st);
+    fprintf(out, "  %-14s %.2f bytes/param:", label, (double)sum / n);
+    for (int c = MEM_PARAMS16; c <= MEM_OPT_STATE; c++)
+        fprintf(out, "%s %s %.2f", c == MEM_PARAMS16 ? "" : " +", report_category_name((MemCategory)c), (double)st[c] / n);
+    fprintf(out, " (%s)\n", report_bytes(sum, a, sizeof a));
+}
+
+/* The trainable params, what this rank holds of them by dtype, and its model state as
+ * ZeRO counts it (report/memstate.c), with notes where a reader of ZeRO's tables would
+ * count otherwise. */
 static void print_params(const MemReport *r, FILE *out)
 {
     char a[32], b[32];
@@ -21,17 +35,22 @@ static void print_params(const MemReport *r, FILE *out)
                     plan_dtype_name((PlanDType)d));
     fprintf(out, "%s\n", any ? "" : "none");
     double n = r->param_count > 0 ? (double)r->param_count : 1;
-    for (int h = 0; h < 2; h++) {
-        const int64_t *st = h ? r->host_state : r->state;
-        int64_t sum = st[0] + st[1] + st[2] + st[3];
-        if (h && !sum) break;
-        if (h)
-            fprintf(out, "  %-14s the device's params are copies of the host's masters in the compute dtype, made "
-                    "each step (fsdp's offload params: staged for each gather)\n", "offload");
-        fprintf(out, "  %-14s %.2f bytes/param: params %.2f + grads %.2f + optimizer state %.2f + master %.2f (%s)\n",
-                h ? "host state" : "model state", (double)sum / n, (double)st[0] / n, (double)st[1] / n,
-                (double)st[2] / n, (double)st[3] / n, report_bytes(sum, a, sizeof a));
+    print_state("model state", r->state, n, out);
+    if (report_state_sum(r->host_state)) {
+        fprintf(out, "  %-14s the device's 16-bit params are copies of the host's fp32 params, made each step "
+                "(fsdp's offload params: staged for each gather)\n", "offload");
+        print_state("host state", r->host_state, n, out);
     }
+    int64_t g32 = r->state[MEM_GRADS32] + r->host_state[MEM_GRADS32];
+    int64_t low = r->state[MEM_PARAMS16] + r->host_state[MEM_PARAMS16] + r->state[MEM_GRADS16] + r->host_state[MEM_GRADS16];
+    if (g32 && low)
+        fprintf(out, "  %-14s %.2f bytes/param without the fp32 grads (the 16-bit grads cast up for the optimizer), "
+                "which ZeRO's (2 + 2 + K) Psi leaves out\n", "ZeRO's count",
+                (double)(report_state_sum(r->state) + report_state_sum(r->host_state) - g32) / n);
+    if (r->has_per_use_gathers)
+        fprintf(out, "  note: gathered params are fsdp's per-use gathers (a block's params all-gathered for each "
+                "pass that reads them, freed after it): transient, like activations, not model state, where a "
+                "block's params count once, as this rank's shard (ZeRO-3's Psi / N)\n");
 }
 
 static void print_summary(const MemReport *r, FILE *out)
@@ -74,13 +93,14 @@ static void print_summary(const MemReport *r, FILE *out)
                 "whole model state\n", report_clean(shard, c, sizeof c));
 }
 
-/* "params" -> "params (f32, bf16)" */
-static void param_dtypes(const MemReport *r, char *label, size_t n)
+/* "16-bit params" -> "16-bit params (bf16)": the dtypes a 16-bit category holds. */
+static void category_label(const MemReport *r, MemCategory c, char *label, size_t n)
 {
-    size_t at = strlen(label);
+    size_t at = (size_t)snprintf(label, n, "%s", report_category_name(c));
+    if (c != MEM_PARAMS16 && c != MEM_GRADS16) return;
     int k = 0;
     for (int d = 0; d < PLAN_DT_COUNT && at < n; d++)
-        if (r->param_dtype[d])
+        if (r->cat_dtypes[c] & (1u << d))
             at += (size_t)snprintf(label + at, n - at, "%s%s", k++ ? ", " : " (", plan_dtype_name((PlanDType)d));
     if (k && at < n) snprintf(label + at, n - at, ")");
 }
@@ -94,8 +114,7 @@ static void print_categories(const MemReport *r, PlanPlace pl, FILE *out)
             "max over the step");
     for (int c = 0; c < MEM_CAT_COUNT; c++) {
         if (pl == PLAN_PLACE_HOST && !r->max_cat[pl][c]) continue;
-        snprintf(label, sizeof label, "%s", report_category_name((MemCategory)c));
-        if (c == MEM_PARAMS) param_dtypes(r, label, sizeof label);
+        category_label(r, (MemCategory)c, label, sizeof label);
         fprintf(out, "  %-26s %14s %18s\n", label, cell(r->at_peak[pl][c], a, sizeof a),
                 cell(r->max_cat[pl][c], b, sizeof b));
     }

@@ -25,10 +25,15 @@
 
 /* ---- report/memreport.c: the analysis ------------------------------------------------ */
 
-/* What each buffer of the arena is for. A view counts as its root buffer; an activation
- * is "saved" when a forward op makes it and a backward (or recompute) op reads it. */
+/* What each buffer of the arena is for. A view counts as its root buffer. Model state
+ * comes first, in ZeRO's categories (report/memstate.c says what each holds): a param's
+ * 16-bit copy is 16-bit params whatever made it (a 16-bit storage, a cast the forward
+ * reads, a gather kept for the step, a host-to-device copy), fp32 params are the fp32
+ * storage (the master under mixed precision), grads are split by dtype. Gathered params
+ * are the per-use gathers of fsdp (transient, not model state). An activation is "saved"
+ * when a forward op makes it and a backward (or recompute) op reads it. */
 typedef enum {
-    MEM_PARAMS, MEM_GATHERED, MEM_GRADS, MEM_OPT_STATE, MEM_MASTER, MEM_INPUTS, MEM_SAVED,
+    MEM_PARAMS16, MEM_GRADS16, MEM_PARAMS32, MEM_GRADS32, MEM_OPT_STATE, MEM_GATHERED, MEM_INPUTS, MEM_SAVED,
     MEM_RECOMPUTE, MEM_ACTS, MEM_COMM, MEM_SCRATCH, MEM_CONSTS, MEM_CAT_COUNT
 } MemCategory;
 
@@ -58,14 +63,22 @@ typedef struct MemReport {
     int32_t peak_at[PLAN_PLACE_COUNT];  // the first op where it is reached
     int64_t at_peak[PLAN_PLACE_COUNT][MEM_CAT_COUNT];  // by category at that op
     int64_t max_cat[PLAN_PLACE_COUNT][MEM_CAT_COUNT];  // each category's own max over the step
-    int64_t param_dtype[PLAN_DT_COUNT];  // bytes of param buffers by dtype (both places)
+    int64_t param_dtype[PLAN_DT_COUNT];  // model state's params (16-bit and fp32) by dtype, both places
     int64_t param_count;          // trainable elements (meta "params")
-    int64_t state[4];             // model state in the device space: params, grads, optimizer state, master
-    int64_t host_state[4];        // ... and in the host space (offload)
+    /* Model state as ZeRO counts it, per rank: [c] for the five categories MEM_PARAMS16 ..
+     * MEM_OPT_STATE (report_state_category), 0 for every other; each copy of a param once
+     * (report/memstate.c). In the device space, and in the host space (offload). */
+    int64_t state[MEM_CAT_COUNT];
+    int64_t host_state[MEM_CAT_COUNT];
+    int has_per_use_gathers;      // the plan gathers some params per use (fsdp): MEM_GATHERED
+    unsigned cat_dtypes[MEM_CAT_COUNT];  // bit d: the category holds buffers of dtype d
     MemTensor top[MEM_TOP_N];     // the largest device buffers live at the device peak
     int n_top, n_live_at_peak;
     uint8_t *cat;                 // [n_tensors] category of each tensor (views: the root's)
     int32_t *root;                // [n_tensors] root tensor of each
+    int32_t *copy_of;             // [n_tensors] roots that copy a param: the param (its storage,
+                                  // or the view a cast reads); PLAN_NONE for every other tensor
+    uint8_t *marks;               // [n_tensors] MEM_MARK_* of each root (report/memstate.c)
     int64_t *saved_by_block;      // [n_blocks + 1] saved bytes read by each block's
                                   // backward; the last entry: by ops outside blocks
     int32_t *block_ops;           // [n_blocks + 1] ops of each block in this program (a
@@ -82,6 +95,9 @@ MemReport *report_mem_new(const Plan *p, char *err, size_t errlen);
  * own) when p has several, or of p itself when it has one. */
 MemReport *report_mem_new_stage(const Plan *p, int32_t k, char *err, size_t errlen);
 void report_mem_free(MemReport *r);
+/* Root t's bytes, capped so that a sum over every tensor fits in an int64 (a plan from a
+ * file is not trusted). */
+int64_t report_buffer_bytes(const Plan *p, int32_t t);
 const char *report_category_name(MemCategory c);  // "saved for backward"
 const char *report_category_key(MemCategory c);   // "saved" (JSON keys, CSS classes)
 /* The root buffers live at op i (device or host), largest first, ties by id: at most
@@ -92,6 +108,30 @@ int report_live_at(const MemReport *r, int32_t op, PlanPlace place, int transien
  * backward reads the same saved bytes (printed as one line), all held by the program or
  * (another stage's) none. */
 int32_t report_block_run(const MemReport *r, int32_t b);
+
+/* ---- report/memstate.c: model state as ZeRO counts it (for memreport.c) ------------- */
+
+enum {
+    MEM_MARK_PER_USE = 1,  // one of several gathers of the same params (fsdp's, per block and pass)
+    MEM_MARK_GRAD16 = 2,   // a 16-bit gradient a cast makes an fp32 one of (unsharded plans)
+    MEM_MARK_BUCKET = 4,   // the full gradient a reduce-scatter reads: its working buffer
+    MEM_MARK_SENT = 8,     // a gradient copied to the host (offload) or sent to another stage:
+                           // counted where it arrives
+    MEM_MARK_PARTIAL = 16, // a partial sum of a gradient (accumulation): the sum is counted
+};
+
+/* Whether c is one of ZeRO's model-state categories (MEM_PARAMS16 .. MEM_OPT_STATE). */
+int report_state_category(MemCategory c);
+/* The sum of a space's model state (r->state or r->host_state). */
+int64_t report_state_sum(const int64_t *state);
+/* r->copy_of and r->marks of every root (r->root is found). 0, or -1 when out of memory. */
+int report_state_marks(MemReport *r);
+/* Root t's category by its role, dtype and marks; MEM_ACTS for every activation (the
+ * caller tells saved and recompute ones apart). */
+MemCategory report_category_of(const MemReport *r, int32_t t);
+/* r->state, r->host_state, r->param_dtype and r->has_per_use_gathers from the categories
+ * (r->cat). 0, or -1 when out of memory. */
+int report_state_totals(MemReport *r);
 
 /* ---- report/memfmt.c: sizes and names, for every output ----------------------------- */
 

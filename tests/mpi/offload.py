@@ -246,17 +246,16 @@ def memory(r):
         off_dev, on_dev, on_host = categories(off, "device"), categories(on, "device"), categories(on, "host")
         if off["host"]["arena_bytes"] or any(categories(off, "host").values()):
             sys.exit("FAIL %s: the plan without offload has a host space: %s" % (what, off["host"]))
-        if on_dev["params"] or on_dev["master"] or on_dev["opt_state"] != STEP_COUNT:
-            sys.exit("FAIL %s: the device space holds fp32 params %d, masters %d and optimizer state %d bytes (want "
-                     "0, 0 and the %d-byte step count)" % (what, on_dev["params"], on_dev["master"],
-                                                           on_dev["opt_state"], STEP_COUNT))
+        if on_dev["params"] or on_dev["opt_state"] != STEP_COUNT:  # "params": fp32 params, masters included
+            sys.exit("FAIL %s: the device space holds fp32 params %d and optimizer state %d bytes (want "
+                     "0 and the %d-byte step count)" % (what, on_dev["params"], on_dev["opt_state"], STEP_COUNT))
         if on_host["opt_state"] != off_dev["opt_state"] - STEP_COUNT or on_host["opt_state"] != 2 * 4 * shards:
             sys.exit("FAIL %s: the host's optimizer state is %d bytes; without offload the device's is %d (with the "
                      "%d-byte step count); exp_avg and exp_avg_sq of %d fp32 elements are %d"
                      % (what, on_host["opt_state"], off_dev["opt_state"], STEP_COUNT, shards, 8 * shards))
-        if on_host["params"] != 4 * shards or on_host["master"]:
-            sys.exit("FAIL %s: the host holds %d bytes of params and %d of masters; the fp32 shards are %d"
-                     % (what, on_host["params"], on_host["master"], 4 * shards))
+        if on_host["params"] != 4 * shards:
+            sys.exit("FAIL %s: the host holds %d bytes of fp32 params; the fp32 shards are %d"
+                     % (what, on_host["params"], 4 * shards))
         if not on["arena_bytes"] < off["arena_bytes"]:
             sys.exit("FAIL %s: the device arena is %d bytes, %d without offload" % (what, on["arena_bytes"],
                                                                                   off["arena_bytes"]))

@@ -4,9 +4,11 @@
  *    every sharding strategy); categories at the peak add up to the peak, at every op.
  *  - Saved activations of one transformer block equal the tensors its backward reads,
  *    listed here by hand from the gradient rules (ir/grad.c) and sized from shapes.
- *  - Golden text reports for mlp and a tiny GPT-2 (tests/golden_mem/NAME.txt). After an
- *    intended change, regenerate them with FS_UPDATE_GOLDEN=1 (scripts/update_golden_mem.sh)
- *    and read the diff.
+ *  - A param's 16-bit copies are 16-bit params, never activations (ZeRO's categories;
+ *    their formulas at scale: test_zero_formulas).
+ *  - Golden text reports for mlp and a tiny GPT-2, in fp32 and as fsdp in bf16
+ *    (tests/golden_mem/NAME.txt). After an intended change, regenerate them with
+ *    FS_UPDATE_GOLDEN=1 (scripts/update_golden_mem.sh) and read the diff.
  *  - The JSON parses and agrees with the text; the HTML page is well-formed, with one
  *    tooltip per column of its timeline and nothing loaded from outside.
  *  - Sizes for --mem-limit parse with every unit and fail clearly on bad ones; a hostile
@@ -235,19 +237,56 @@ static int64_t scalar_state(const Plan *p)
 Test(memreport, model_state_per_param_is_zero_accounting)
 {
     /* AdamW in fp32: 4 (params) + 4 (grads) + 8 (m, v) bytes per param; SGD with
-     * momentum: 4 + 4 + 4; plus the optimizer's step count. Sharded strategies are
-     * checked by test_shard. */
+     * momentum: 4 + 4 + 4; plus the optimizer's step count. Sharded strategies and
+     * mixed precision are checked by test_zero_formulas. */
     Plan *g = compile("gpt2.fsm", GPT2, 6, NULL, 0), *m = compile("mlp.fsm", NULL, 0, NULL, 0);
     MemReport *rg = report(g), *rm = report(m);
     cr_expect_eq(rg->param_count, plan_meta_int(g, "params", -1));
-    cr_expect_eq(rg->state[0], 4 * rg->param_count);
-    cr_expect_eq(rg->state[1], 4 * rg->param_count);
-    cr_expect_eq(rg->state[2], 8 * rg->param_count + scalar_state(g));
-    cr_expect_eq(rm->state[0] + rm->state[1] + rm->state[2] + rm->state[3], 12 * rm->param_count + scalar_state(m));
+    cr_expect_eq(rg->state[MEM_PARAMS32], 4 * rg->param_count);
+    cr_expect_eq(rg->state[MEM_GRADS32], 4 * rg->param_count);
+    cr_expect_eq(rg->state[MEM_OPT_STATE], 8 * rg->param_count + scalar_state(g));
+    cr_expect_eq(rg->state[MEM_PARAMS16] + rg->state[MEM_GRADS16], 0, "no 16-bit copies in fp32");
+    cr_expect_eq(report_state_sum(rm->state), 12 * rm->param_count + scalar_state(m));
     report_mem_free(rg);
     report_mem_free(rm);
     plan_free(g);
     plan_free(m);
+}
+
+/* A 16-bit copy of a param is 16-bit params whatever made it: the casts of an unsharded
+ * or ddp plan's forward (and of a recompute), zero2's gathers (kept for the step), the
+ * shards fsdp casts to gather; fsdp's gathers themselves are per use, "gathered params".
+ * None of them is an activation, saved or not. */
+Test(memreport, param_copies_are_16bit_params_not_activations)
+{
+    static const char *const runs[][3] = {
+        {"none", "1", "none"}, {"none", "1", "Block"}, {"ddp", "2", "none"}, {"zero2", "2", "none"}, {"fsdp", "2", "Block"},
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+        Setting set[] = {{"shard", runs[k][0]}, {"world", runs[k][1]}, {"recompute", runs[k][2]}, {"precision", "bf16"}};
+        Plan *p = compile("gpt2.fsm", GPT2, 6, set, 4);
+        MemReport *r = report(p);
+        int copies = 0;
+        for (int32_t i = 0; i < p->n_ops; i++) {
+            const PlanOp *op = &p->ops[i];
+            const char *name = plan_str(p, op->op);
+            int32_t out = p->ids[op->out];
+            if (!op->n_in || p->tensors[out].alias != PLAN_NONE) continue;
+            const PlanTensor *in = &p->tensors[p->ids[op->in]];
+            if (!strcmp(name, "cast") && in->role == PLAN_ROLE_PARAM) {
+                copies++;
+                cr_expect_eq(r->cat[out], MEM_PARAMS16, "%s recompute %s: op %d (%s) casts param %s into %s", runs[k][0],
+                             runs[k][2], i, plan_phase_name(op->phase), plan_str(p, in->name),
+                             report_category_name((MemCategory)r->cat[out]));
+            }
+            if (!strcmp(name, "all_gather") && p->tensors[out].dtype == PLAN_DT_BF16)
+                cr_expect_eq(r->cat[out], strcmp(runs[k][0], "fsdp") || op->block == PLAN_NONE ? MEM_PARAMS16 : MEM_GATHERED,
+                             "%s: op %d gathers into %s", runs[k][0], i, report_category_name((MemCategory)r->cat[out]));
+        }
+        cr_expect_gt(copies, 0, "%s: the plan casts its params", runs[k][0]);
+        report_mem_free(r);
+        plan_free(p);
+    }
 }
 
 /* ---- golden text ---------------------------------------------------------------------- */
@@ -277,10 +316,16 @@ static void check_golden(Plan *p, const char *name)
 
 Test(memreport, golden_mlp) { check_golden(compile("mlp.fsm", NULL, 0, NULL, 0), "mlp"); }
 
-Test(memreport, golden_tiny_gpt2)
+static const Define TINY[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 64}, {"B", 2}};
+
+Test(memreport, golden_tiny_gpt2) { check_golden(compile("gpt2.fsm", TINY, 6, NULL, 0), "gpt2_tiny"); }
+
+/* ZeRO's categories under mixed precision: 16-bit params and grads apart from fp32's,
+ * the count without the fp32 grads, and fsdp's per-use gathers. */
+Test(memreport, golden_tiny_gpt2_fsdp_bf16)
 {
-    static const Define TINY[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 64}, {"B", 2}};
-    check_golden(compile("gpt2.fsm", TINY, 6, NULL, 0), "gpt2_tiny");
+    Setting set[] = {{"shard", "fsdp"}, {"world", "2"}, {"precision", "bf16"}};
+    check_golden(compile("gpt2.fsm", TINY, 6, set, 3), "gpt2_tiny_fsdp_bf16");
 }
 
 /* ---- JSON ----------------------------------------------------------------------------- */
@@ -383,6 +428,7 @@ Test(memreport, html_is_one_well_formed_page_with_a_tooltip_per_column)
     cr_expect(strstr(html, "class=\"peak\""), "the peak is marked");
     cr_expect(strstr(html, "MiB</text>"), "the axis is labelled in binary units");
     cr_expect(strstr(html, "saved for backward"), "the legend names the categories");
+    cr_expect(strstr(html, "Model state, as ZeRO counts it: 16.00 bytes/param"), "the legend says the model state");
     free(html);
     report_mem_free(r);
     plan_free(p);

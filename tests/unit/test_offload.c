@@ -85,10 +85,11 @@ Test(offload, zero2_bf16_holds_zero_offloads_partition)
     char err[256];
     MemReport *r = report_mem_new(off, err, sizeof err), *q = report_mem_new(dev, err, sizeof err);
     cr_assert(r && q, "%s", err);
-    cr_expect_eq(r->host_state[2], q->state[2] - 4, "the moments moved; the step count stays");
-    cr_expect_eq(r->host_state[0], 4 * psi / W);
-    cr_expect_eq(r->state[0], 2 * psi / W, "the device's params: the 16-bit copy of its shard");
-    cr_expect_eq(r->state[2] + r->state[3], 4);
+    cr_expect_eq(r->host_state[MEM_OPT_STATE], q->state[MEM_OPT_STATE] - 4, "the moments moved; the step count stays");
+    cr_expect_eq(r->host_state[MEM_PARAMS32], 4 * psi / W);
+    cr_expect_eq(r->state[MEM_PARAMS16], 2 * psi, "the device's 16-bit params: gathered once a step (the 16-bit "
+                 "shard copied from the host is part of them)");
+    cr_expect_eq(r->state[MEM_OPT_STATE] + r->state[MEM_PARAMS32], 4);
     report_mem_free(r);
     report_mem_free(q);
     plan_free(off);
