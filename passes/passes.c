@@ -11,6 +11,8 @@
 #include "passes.h"
 
 static const PassInfo PASSES[] = {
+    {"fold", "a forward graph from lower",
+     "matmuls read a transposed operand in place (their ta / tb flag) rather than the transpose's copy", pass_fold},
     {"dce", "a forward graph from lower", "every node contributes to an output; unused params warned",
      pass_dce},
     {"precision", "the forward graph", "fp16/bf16: compute copies of fp32 params and inputs by casts; fp16 loss-scale state",

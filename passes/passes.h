@@ -28,6 +28,7 @@ const PassInfo *passes_list(int *n);
 int passes_run(Graph *g, const Options *o, Diag *d);
 
 /* ---- one file each, in pipeline order ------------------------------------------------ */
+int pass_fold(Graph *g, const Options *o, Diag *d);       // passes/fold.c
 int pass_dce(Graph *g, const Options *o, Diag *d);        // passes/dce.c
 int pass_precision(Graph *g, const Options *o, Diag *d);  // passes/precision.c
 int pass_stages(Graph *g, const Options *o, Diag *d);     // passes/stages.c

@@ -8,6 +8,12 @@
  *        them; only what other blocks read stays (a block's input is the previous one's
  *        output). The copies compute exactly what the forward did, so gradients are
  *        bit-identical; the memory plan shows the saving, the FLOP count the extra work.
+ *        And, whatever the setting: a layout copy (merge_heads, transpose: OPF_LAYOUT, no
+ *        arithmetic) whose output the backward reads, of inputs the backward keeps anyway
+ *        (read by it, or persistent), is made again just before its first backward
+ *        reader (a node of the backward) instead of being kept: the attention output is kept once (attention's
+ *        backward reads it), not twice (merge_heads' copy for the projection's weight
+ *        gradient), and transpose(wte) is not kept through the forward.
  */
 #include <string.h>
 
@@ -34,8 +40,9 @@ typedef struct {
     int n_orig;
 } Recompute;
 
-/* Copies forward node n with inputs mapped to earlier copies; returns the copy's id. */
-static int clone_node(Recompute *r, int n)
+/* Copies forward node n, as a node of `phase`, with inputs mapped to earlier copies;
+ * returns the copy's id. */
+static int clone_node(Recompute *r, int n, Phase phase)
 {
     Graph *g = r->g;
     Node node = g->nodes[n];
@@ -47,8 +54,7 @@ static int clone_node(Recompute *r, int n)
     Attr attrs[IR_MAX_PARAMS];
     ir_node_attrs(g, &node, attrs);
     char err[256];
-    int c = ir_node_add(g, node.op, in, node.n_in, attrs, node.n_attr, node.block, PHASE_RECOMPUTE, node.loc, err,
-                        sizeof err);
+    int c = ir_node_add(g, node.op, in, node.n_in, attrs, node.n_attr, node.block, phase, node.loc, err, sizeof err);
     FS_ASSERT(c >= 0);
     g->nodes[c].chunk = node.chunk;
     for (int i = 0; i < node.n_out; i++) {
@@ -76,7 +82,7 @@ static void recompute_block(Recompute *r, int b)
         if (in_region(g, n, b) && (g->nodes[n].phase == PHASE_BACKWARD || g->nodes[n].phase == PHASE_WGRAD)) first_bwd = n;
     if (first_bwd < 0) return;  // nothing differentiates through this block
     for (int n = 0; n < r->n_orig; n++)
-        if (in_region(g, n, b) && g->nodes[n].phase == PHASE_FORWARD) r->placed_at[clone_node(r, n)] = first_bwd;
+        if (in_region(g, n, b) && g->nodes[n].phase == PHASE_FORWARD) r->placed_at[clone_node(r, n, PHASE_RECOMPUTE)] = first_bwd;
     /* The block's own backward reads the copies; other blocks keep what they read. */
     for (int n = first_bwd; n < r->n_orig; n++) {
         Node *node = &g->nodes[n];
@@ -92,6 +98,49 @@ static void recompute_block(Recompute *r, int b)
             for (int i = 0; i < g->nodes[n].n_out; i++) r->clone_of[ir_out(g, &g->nodes[n], i)] = -1;
 }
 
+static int backward_phase(Phase p) { return p == PHASE_BACKWARD || p == PHASE_WGRAD; }
+
+/* Whether the backward keeps value v anyway: it reads it, or it lives across the step. */
+static int kept_anyway(const Graph *g, const uint8_t *read_back, int v)
+{
+    Role r = ir_value(g, v)->role;
+    return read_back[v] || r == ROLE_PARAM || r == ROLE_INPUT || r == ROLE_OPT_STATE || r == ROLE_MASTER;
+}
+
+/* The layout copies the backward would keep (see the top), made again before their first
+ * backward reader, which (with every later one) reads the new copy. */
+static void recompute_layout_copies(Recompute *r)
+{
+    Graph *g = r->g;
+    uint8_t *read_back = arena_alloc(g->arena, (size_t)g->n_values + 1);
+    memset(read_back, 0, (size_t)g->n_values + 1);
+    for (int n = 0; n < r->n_orig; n++)
+        if (backward_phase(g->nodes[n].phase))
+            for (int i = 0; i < g->nodes[n].n_in; i++) read_back[ir_in(g, &g->nodes[n], i)] = 1;
+    for (int n = 0; n < r->n_orig; n++) {
+        const Node *node = &g->nodes[n];
+        int flags = op_info(node->op)->flags;
+        if (node->phase != PHASE_FORWARD || !(flags & OPF_LAYOUT) || (flags & OPF_VIEW) || node->n_out != 1) continue;
+        int out = ir_out(g, node, 0), ok = read_back[out] && r->clone_of[out] < 0;
+        for (int i = 0; i < node->n_in && ok; i++) ok = kept_anyway(g, read_back, ir_in(g, node, i));
+        if (!ok) continue;
+        int first = -1;
+        for (int k = n + 1; k < r->n_orig && first < 0; k++)
+            if (backward_phase(g->nodes[k].phase))
+                for (int i = 0; i < g->nodes[k].n_in && first < 0; i++)
+                    if (ir_in(g, &g->nodes[k], i) == out) first = k;
+        int c = clone_node(r, n, PHASE_BACKWARD);  // a copy for the backward, not a checkpoint's rerun
+        r->placed_at[c] = first;
+        for (int k = first; k < r->n_orig; k++) {
+            Node *reader = &g->nodes[k];
+            if (!backward_phase(reader->phase)) continue;
+            for (int i = 0; i < reader->n_in; i++)
+                if (g->ids[reader->in + i] == out) g->ids[reader->in + i] = r->clone_of[out];
+        }
+        r->clone_of[out] = -1;
+    }
+}
+
 int pass_recompute(Graph *g, const Options *o, Diag *d)
 {
     (void)d;
@@ -102,7 +151,6 @@ int pass_recompute(Graph *g, const Options *o, Diag *d)
      * chunk's, just before that chunk's backward), once, here, for micro-batch 0; the
      * pipeline pass copies it into those that do. */
     int stage = g->n_stages > 1 && checkpoint_recomputes(t, 0);
-    if (!strcmp(which, "none") && !stage) return 0;
     int n_values = g->n_values;
     Recompute r = {g, arena_alloc(g->arena, sizeof(int) * (size_t)n_values * 4 + 1),
                    arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes * 3 + 1), g->n_nodes};
@@ -112,9 +160,10 @@ int pass_recompute(Graph *g, const Options *o, Diag *d)
         for (int c = 0; c < g->n_stages * g->n_chunks; c++) {
             if (c % g->n_stages == g->stage) recompute_block(&r, -c - 1);
         }
-    else
+    else if (strcmp(which, "none"))
         for (int b = 0; b < g->n_blocks; b++)
             if (checkpointed(g, b, which)) recompute_block(&r, b);
+    recompute_layout_copies(&r);
     if (g->n_nodes == r.n_orig) return 0;
 
     /* The copies go, in the order they were made, just before their block's backward. */
