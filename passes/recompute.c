@@ -60,7 +60,9 @@ static int clone_node(Recompute *r, int n, Phase phase)
     for (int i = 0; i < node.n_out; i++) {
         int v = ir_out(g, &node, i), w = ir_out(g, ir_node(g, c), i);
         r->clone_of[v] = w;
-        g->values[w].recompute_of = v;
+        /* A checkpoint's rerun, which a micro-batch that does not recompute reads through
+         * (passes/pipeline.c); a layout copy for the backward is every micro-batch's own. */
+        if (phase == PHASE_RECOMPUTE) g->values[w].recompute_of = v;
     }
     return c;
 }
