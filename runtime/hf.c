@@ -162,17 +162,6 @@ static const StTensor *file_tensor(const StFile *file, RtWeightsFormat f, const 
     return NULL;
 }
 
-/* "F32 [64, 192]" */
-static char *shape_str(PlanDType dt, int rank, const int64_t *shape, char *buf, size_t n)
-{
-    static const char *const DT[PLAN_DT_COUNT] = {"F32", "F16", "BF16", "I32"};
-    size_t at = (size_t)snprintf(buf, n, "%s%s[", dt < PLAN_DT_COUNT ? DT[dt] : "", dt < PLAN_DT_COUNT ? " " : "");
-    for (int d = 0; d < rank && at < n; d++)
-        at += (size_t)snprintf(buf + at, n - at, "%s%" PRId64, d ? ", " : "", shape[d]);
-    if (at < n) snprintf(buf + at, n - at, "]");
-    return buf;
-}
-
 /* "26 tensors: wte.weight, wpe.weight, ... " (the first few by position in the file). */
 static char *file_names(const StFile *file, char *buf, size_t n)
 {
@@ -262,9 +251,9 @@ static int check_shape(RtWeightsFormat f, const StTensor *fe, const StEntry *t, 
     for (int d = 0; d < t->rank && same; d++) same = fe->shape[d] == want[d];
     if (same) return 0;
     flipped = flipped && fe->shape[0] == want[1] && fe->shape[1] == want[0];
-    shape_str(fe->dtype, fe->rank, fe->shape, a, sizeof a);
-    shape_str(PLAN_DT_COUNT, t->rank, want, b, sizeof b);
-    shape_str(PLAN_DT_COUNT, t->rank, t->shape, c, sizeof c);
+    rt_st_shape_str(fe->dtype, fe->rank, fe->shape, a, sizeof a);
+    rt_st_shape_str(PLAN_DT_COUNT, t->rank, want, b, sizeof b);
+    rt_st_shape_str(PLAN_DT_COUNT, t->rank, t->shape, c, sizeof c);
     if (flipped)
         return plan_fail(err, errlen, "tensor '%s' is %s: %s needs %s (%s) for our '%s' %s; this file holds the "
                          "transpose%s", fe->name, a, FORMAT_NAMES[f], b, LAYOUT[f], t->name, c, FLIPPED[f]);
@@ -354,8 +343,8 @@ static int check_tied(const StFile *file, const uint8_t *map, RtWeightsFormat f,
             for (int d = 0; d < fe->rank && same; d++) same = copy->shape[d] == fe->shape[d];
             if (!same)
                 return plan_fail(err, errlen, "tensor '%s' is %s but '%s' is %s; our model ties them (one param, '%s')",
-                                 copy->name, shape_str(copy->dtype, copy->rank, copy->shape, x, sizeof x), fe->name,
-                                 shape_str(fe->dtype, fe->rank, fe->shape, y, sizeof y), t[i].name);
+                                 copy->name, rt_st_shape_str(copy->dtype, copy->rank, copy->shape, x, sizeof x), fe->name,
+                                 rt_st_shape_str(fe->dtype, fe->rank, fe->shape, y, sizeof y), t[i].name);
             if (rt_st_check_finite(copy, map + copy->begin, err, errlen)) return -1;
             int64_t count = numel(fe->rank, fe->shape), step = BLOCK * 1024;
             for (int64_t at = 0; at < count; at += step) {

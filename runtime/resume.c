@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "report.h"
 #include "runtime.h"
 
 static int by_name(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
@@ -33,15 +34,6 @@ static int by_need(const void *a, const void *b)
     const RtPiece *x = ((const Need *)a)->x, *y = ((const Need *)b)->x;
     int c = strcmp(x->name, y->name);
     return c ? c : x->first < y->first ? -1 : x->first > y->first;
-}
-
-static const char *shape_str(PlanDType dt, int rank, const int64_t *shape, char *buf, size_t n)
-{
-    size_t at = (size_t)snprintf(buf, n, "%s [", plan_dtype_name(dt));
-    for (int d = 0; d < rank && at < n; d++)
-        at += (size_t)snprintf(buf + at, n - at, "%s%" PRId64, d ? ", " : "", shape[d]);
-    if (at < n) snprintf(buf + at, n - at, "]");
-    return buf;
 }
 
 /* Every logical tensor name of the whole plan (all stages), sorted, once each. */
@@ -109,8 +101,8 @@ static int check_needs(const RtCheckpoint *c, const Need *need, int32_t n, uint8
         for (int d = 0; same && d < x->rank; d++) same = cp.shape[d] == x->shape[d];
         if (!same)
             return plan_fail(err, errlen, "%s: tensor '%s' is %s in the checkpoint but %s in this plan (%s)",
-                             rt_checkpoint_dir(c), x->name, shape_str(cp.dtype, cp.rank, cp.shape, a, sizeof a),
-                             shape_str(x->dtype, x->rank, x->shape, b, sizeof b),
+                             rt_checkpoint_dir(c), x->name, rt_st_shape_str(cp.dtype, cp.rank, cp.shape, a, sizeof a),
+                             rt_st_shape_str(x->dtype, x->rank, x->shape, b, sizeof b),
                              cp.dtype != x->dtype ? "a different dtype" : "a changed shape: another model, or other -D dims");
     }
     return 0;
@@ -244,19 +236,6 @@ int rt_checkpoint_load(const RtCheckpoint *c, Exec *e, RtResumed *r, char *err, 
     return rc;
 }
 
-static const char *grouped(int64_t v, char *buf, size_t n)
-{
-    char digits[32];
-    int len = snprintf(digits, sizeof digits, "%" PRId64, v);
-    size_t at = 0;
-    for (int i = 0; i < len && at + 2 < n; i++) {
-        if (i && (len - i) % 3 == 0) buf[at++] = ',';
-        buf[at++] = digits[i];
-    }
-    buf[at] = 0;
-    return buf;
-}
-
 void rt_resumed_describe(const RtCheckpoint *c, const RtResumed *r, const Plan *whole, char *buf, size_t n)
 {
     char a[32], b[32], d[32], from[160], to[160];
@@ -270,8 +249,8 @@ void rt_resumed_describe(const RtCheckpoint *c, const RtResumed *r, const Plan *
              plan_meta_str(whole, "shard", "none"), plan_meta_str(whole, "precision", "fp32"));
     int at = snprintf(buf, n, "resumed %s at step %" PRId64 ": %s params, %s optimizer and %s step-state elements "
                       "from %d file%s, each element once; %s", rt_checkpoint_dir(c), rt_checkpoint_step(c),
-                      grouped(r->elements[RT_STATE_PARAM], a, sizeof a), grouped(r->elements[RT_STATE_OPTIM], b, sizeof b),
-                      grouped(r->elements[RT_STATE_OTHER], d, sizeof d), r->files, r->files == 1 ? "" : "s",
+                      report_grouped(r->elements[RT_STATE_PARAM], a, sizeof a), report_grouped(r->elements[RT_STATE_OPTIM], b, sizeof b),
+                      report_grouped(r->elements[RT_STATE_OTHER], d, sizeof d), r->files, r->files == 1 ? "" : "s",
                       r->same_plan ? "the plan that saved it" : "");
     if (!r->same_plan && at > 0 && (size_t)at < n)
         at += snprintf(buf + at, n - (size_t)at, "saved by %s, resharded to %s", from, to);

@@ -435,6 +435,8 @@ int rt_st_write_meta(const char *path, const StEntry *t, int32_t n, const char *
  * memory (or a name that is not UTF-8). */
 int rt_st_header(const StEntry *t, int32_t n, const char *const *meta, int n_meta, uint8_t **out, size_t *len);
 
+/* "F32 [64, 192]" (PLAN_DT_COUNT: "[64, 192]"), for messages. */
+const char *rt_st_shape_str(PlanDType dt, int rank, const int64_t *shape, char *buf, size_t n);
 /* A safetensors file opened for reading pieces of it: the header checked whole (as
  * rt_st_read does: every field, the offsets tiling the data exactly), the data left on
  * disk. Tensors are listed by data offset; begin and end are byte offsets in the file. */

@@ -48,9 +48,9 @@ static int64_t numel(const StEntry *t)
 
 static int64_t nbytes(const StEntry *t) { return numel(t) * plan_dtype_size(t->dtype); }
 
-static char *shape_str(PlanDType dt, int rank, const int64_t *shape, char *buf, size_t n)
+const char *rt_st_shape_str(PlanDType dt, int rank, const int64_t *shape, char *buf, size_t n)
 {
-    size_t at = (size_t)snprintf(buf, n, "%s [", dt < PLAN_DT_COUNT ? ST_DTYPES[dt] : "?");
+    size_t at = (size_t)snprintf(buf, n, "%s%s[", dt < PLAN_DT_COUNT ? ST_DTYPES[dt] : "", dt < PLAN_DT_COUNT ? " " : "");
     for (int d = 0; d < rank && at < n; d++)
         at += (size_t)snprintf(buf + at, n - at, "%s%" PRId64, d ? ", " : "", shape[d]);
     if (at < n) snprintf(buf + at, n - at, "]");
@@ -245,8 +245,8 @@ static int match(const StEntry *t, int32_t n, const char *const *also, int32_t n
         for (int d = 0; same && d < t[i].rank; d++) same = fe[j].shape[d] == t[i].shape[d];
         if (!same)
             return plan_fail(err, errlen, "tensor '%s' is %s in the file but %s in the model", t[i].name,
-                        shape_str(fe[j].dtype, fe[j].rank, fe[j].shape, a, sizeof a),
-                        shape_str(t[i].dtype, t[i].rank, t[i].shape, b, sizeof b));
+                        rt_st_shape_str(fe[j].dtype, fe[j].rank, fe[j].shape, a, sizeof a),
+                        rt_st_shape_str(t[i].dtype, t[i].rank, t[i].shape, b, sizeof b));
         where[i] = j;
     }
     if (nf > (size_t)n) {

@@ -128,11 +128,11 @@ def children(pid):
 
 
 def descendants(pid):
-    out, todo = [], [pid]
-    while todo:
-        kids = children(todo.pop())
+    out, pending = [], [pid]
+    while pending:
+        kids = children(pending.pop())
         out += kids
-        todo += kids
+        pending += kids
     return out
 
 

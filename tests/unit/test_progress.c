@@ -7,9 +7,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "runtime.h"
+#include "tmpdir.h"
 
 static const ProgressBar BAR = {.step = 1234, .steps = 100000, .loss = 3.14159, .accuracy = 0.5, .per_s = 123456,
                                 .ms = 12.5, .eta_s = 3725, .unit = "tok"};
@@ -80,12 +80,10 @@ Test(progress_bar, no_accuracy_no_field)
 }
 
 /* The log's rate says what it counts: a classifier's samples are not tokens. */
-Test(progress_log, rate_key_names_the_unit)
+Test(progress_log, rate_key_names_the_unit, .init = make_tmpdir, .fini = remove_tmpdir)
 {
-    char err[512], path[] = "/tmp/test_progress_XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    close(fd);
+    char err[512], path[300];
+    snprintf(path, sizeof path, "%s/log.jsonl", tmpdir);
     const char *units[] = {"tok", "samples"}, *keys[] = {"\"tokens_per_s\": 50000", "\"samples_per_s\": 50000"};
     for (int i = 0; i < 2; i++) {
         FILE *out = fopen("/dev/null", "w");
@@ -102,5 +100,4 @@ Test(progress_log, rate_key_names_the_unit)
         fclose(f);
         cr_assert(strstr(line, keys[i]), "%s: %s", units[i], line);
     }
-    unlink(path);
 }
