@@ -14,13 +14,19 @@
 static double attr(CuCtx *c, const char *key) { return ir_attr_float(c->g, cu_node(c), key, 0); }
 
 /* The first n inputs f32, as the CPU kernels demand. */
-static int want_f32(CuCtx *c, int n)
+/* The first n inputs f32; with grad16 the update's gradient, input 1, may be f16 or bf16
+ * too (the optimizer pass folds a 16-bit gradient's cast up into the update), and so may
+ * sgd's momentum buffer without momentum, which is the gradient itself. */
+static int want_f32_but(CuCtx *c, int n, int grad16)
 {
+    const Node *node = cu_node(c);
     for (int i = 0; i < n; i++)
-        if (cu_inv(c, i)->dtype != DT_F32)
+        if (cu_inv(c, i)->dtype != DT_F32 &&
+            !(grad16 && ir_in(c->g, node, i) == ir_in(c->g, node, 1) && cu_inv(c, i)->dtype != DT_I32))
             return cu_fail(c, "input %d is %s; the optimizer takes f32 only", i, dtype_name(cu_inv(c, i)->dtype));
     return 0;
 }
+static int want_f32(CuCtx *c, int n) { return want_f32_but(c, n, 0); }
 
 /* A one-thread kernel over the node's inputs then outputs, with these parameters. */
 static int single(CuCtx *c, const char *prefix, const char *src)
@@ -136,7 +142,7 @@ static int update(CuCtx *c, const char *prefix, const char *src)
 /* adamw(p, g, m, v, lr, coef, step; beta1, beta2, eps, weight_decay), as torch.optim.AdamW. */
 int cuda_adamw(CuCtx *c)
 {
-    if (want_f32(c, 6)) return -1;
+    if (want_f32_but(c, 6, 1)) return -1;
     if (cu_inv(c, 6)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
     int64_t n = ir_numel(cu_inv(c, 0));
     double b1 = attr(c, "beta1"), b2 = attr(c, "beta2");
@@ -146,7 +152,7 @@ int cuda_adamw(CuCtx *c)
                                  : cu_fmt(c, "gi - (gi - mi) * (1.0f - %s)", cu_float(c, w1));
     char *src = cu_fmt(
         c,
-        "extern \"C\" __global__ void KNAME(float *p, const float *g, float *m, float *v, const float *lr_, const float *coef_,\n"
+        "extern \"C\" __global__ void KNAME(float *p, const %s *g, float *m, float *v, const float *lr_, const float *coef_,\n"
         "                                   const int *step_)\n"
         "{\n"
         "    const float coef = coef_[0];\n"
@@ -156,7 +162,7 @@ int cuda_adamw(CuCtx *c)
         "    const float step_size = (float)(lr / (1.0 - pow(%s, step)));\n"
         "    const float bc2_sqrt = (float)sqrt(1.0 - pow(%s, step));\n"
         "    %s {\n"
-        "        const float gi = g[i] * coef, mi = m[i];\n"
+        "        const float gi = ld(g, i) * coef, mi = m[i];\n"
         "        const float m1 = %s;  // m.lerp_(g, 1 - beta1)\n"
         "        const float v1 = v[i] * %s + %s * gi * gi;  // v.mul_(beta2).addcmul_(g, g, 1 - beta2)\n"
         "        m[i] = m1;\n"
@@ -165,7 +171,7 @@ int cuda_adamw(CuCtx *c)
         "        p[i] = p[i] * decay + -step_size * m1 / denom;  // p.mul_(1 - lr wd).addcdiv_(m, denom, -step_size)\n"
         "    }\n"
         "}\n",
-        cu_double(c, attr(c, "weight_decay")), cu_double(c, b1), cu_double(c, b2),
+        cu_tin(c, 1), cu_double(c, attr(c, "weight_decay")), cu_double(c, b1), cu_double(c, b2),
         cu_loop(c, cu_index(n), n), lerp, cu_float(c, (float)b2), cu_float(c, (float)(1.0 - b2)),
         cu_float(c, (float)attr(c, "eps")));
     return update(c, "adamw", src);
@@ -174,7 +180,7 @@ int cuda_adamw(CuCtx *c)
 /* sgd(p, g, buf, lr, coef, step; momentum, weight_decay): dampening 0, no nesterov. */
 int cuda_sgd(CuCtx *c)
 {
-    if (want_f32(c, 5)) return -1;
+    if (want_f32_but(c, 5, 1)) return -1;
     if (cu_inv(c, 5)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
     int64_t n = ir_numel(cu_inv(c, 0));
     float mom = (float)attr(c, "momentum");
@@ -185,7 +191,7 @@ int cuda_sgd(CuCtx *c)
                                                 cu_float(c, mom))
                                        : "";
     char *src = cu_fmt(c,
-                       "extern \"C\" __global__ void KNAME(float *p, const float *g, float *buf, const float *lr_,\n"
+                       "extern \"C\" __global__ void KNAME(float *p, const %s *g, float *buf, const float *lr_,\n"
                        "                                   const float *coef_, const int *step_)\n"
                        "{\n"
                        "    const float coef = coef_[0], lr = lr_[0];\n"
@@ -193,11 +199,11 @@ int cuda_sgd(CuCtx *c)
                        "    const int step = step_[0];\n"
                        "    (void)step;\n"
                        "    %s {\n"
-                       "        float d = g[i] * coef + %s * p[i];\n"
+                       "        float d = ld(g, i) * coef + %s * p[i];\n"
                        "%s"
                        "        p[i] = p[i] - lr * d;\n"
                        "    }\n"
                        "}\n",
-                       cu_loop(c, cu_index(n), n), cu_float(c, (float)attr(c, "weight_decay")), momentum);
+                       cu_tin(c, 1), cu_loop(c, cu_index(n), n), cu_float(c, (float)attr(c, "weight_decay")), momentum);
     return update(c, "sgd", src);
 }

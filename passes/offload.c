@@ -15,10 +15,10 @@
  *    all-gather then fills in place, as before. The forward's casts of the params to the
  *    compute dtype are then identities, and go. So the device holds no fp32 master, and
  *    what crosses is 16-bit.
- *  - Each update's gradient goes to the host after its reduction (to_host). A gradient
- *    the shard pass widened from a 16-bit reduction crosses in 16 bits and is widened on
- *    the host; the gradient norm's sums of squares read the 16-bit gradient on the device
- *    (the same sum: widening is exact and cpu_sumsq reads either dtype in one order).
+ *  - Each update's gradient goes to the host after its reduction (to_host), in its own
+ *    dtype: a 16-bit gradient crosses in 16 bits and the host's update reads it as it
+ *    is (the optimizer pass reads 16-bit gradients without a cast); the gradient norm's
+ *    sums of squares read it on the device.
  *  - The learning rate, the clipping coefficient and the optimizer's step count, which
  *    stay on the device (the loss scale reads them there), cross as scalars.
  *  - `offload params` (fsdp only) keeps the param shards on the host as well: each of
@@ -127,32 +127,19 @@ static void retype_tree(Graph *g, int v, DType to)
 
 /* ---- the gradient ---------------------------------------------------------------------- */
 
-/* The update's gradient g, on the host. */
+/* The update's gradient g, on the host: a copy there, of role grad (it is the gradient
+ * the host's update reads), in g's dtype (a 16-bit gradient crosses in 16 bits and the
+ * update reads it as it is). */
 static int grad_to_host(Off *o, int g_, int update)
 {
     Graph *g = o->g;
-    int w = ir_value(g, g_)->producer;
-    if (w >= 0 && ir_node(g, w)->op == OP_cast && ir_value(g, ir_in(g, ir_node(g, w), 0))->dtype != DT_F32) {
-        int x = ir_in(g, ir_node(g, w), 0), others = 0;
-        for (int n = 0; n < o->n_orig; n++) {  // the norm reads the 16-bit gradient itself
-            const Node *node = ir_node(g, n);
-            for (int i = 0; i < node->n_in && n != update; i++) {
-                if (ir_in(g, node, i) != g_) continue;
-                if (node->op == OP_sumsq)
-                    g->ids[node->in + i] = x;
-                else if (node->op != OP_adamw && node->op != OP_sgd)
-                    others = 1;
-            }
-        }
-        if (!others) {  // the widening cast moves to the host: 16 bits cross
-            int xh = copy_to(o, OP_to_host, x, w);
-            g->ids[g->nodes[w].in] = xh;
-            g->values[g_].place = PLACE_HOST;
-            return g_;
-        }
-    }
     int after = writer_of(g, g_);
-    return copy_to(o, OP_to_host, g_, after >= 0 ? after + 1 : update);
+    int h = copy_to(o, OP_to_host, g_, after >= 0 ? after + 1 : update);
+    const Value *v = ir_value(g, g_);
+    g->values[h].role = ROLE_GRAD;
+    g->values[h].sharded = v->sharded, g->values[h].unit = v->unit;
+    if (v->name) g->values[h].name = arena_printf(g->arena, "%s.host", v->name);
+    return h;
 }
 
 /* ---- the params ------------------------------------------------------------------------ */

@@ -107,6 +107,35 @@ static int global_norm(Opt *o)
     return node_out(o, OP_sqrt, &total, 1, NULL, 0, -1, o->t->optimizer_loc);
 }
 
+/* The updates read a 16-bit gradient as it is, where the param's fp32 gradient is only
+ * its cast up (the precision pass's cast back, the shard pass's reduced part) and nothing
+ * else reads it: adamw, sgd and sumsq load f16 and bf16 and compute in f32, the very
+ * values the cast made, so the results are bit for bit the same and no fp32 copy of the
+ * gradients is ever held: ZeRO's 2 bytes of gradient a param (16 Psi under ddp, not 20).
+ * A gradient summed in fp32 (accumulated over micro-batches, a tied param's parts) stays
+ * fp32. The casts go, and the 16-bit gradient takes the fp32 one's name. */
+static void read_grads16(Graph *g)
+{
+    int *reads = arena_alloc(g->arena, sizeof(int) * ((size_t)g->n_values + 1));
+    for (int n = 0; n < g->n_nodes; n++)
+        for (int k = 0; k < ir_node(g, n)->n_in; k++) reads[ir_in(g, ir_node(g, n), k)]++;
+    for (int i = 0; i < g->n_outputs; i++) reads[g->outputs[i]]++;
+    char *drop = arena_alloc(g->arena, (size_t)g->n_nodes + 1);
+    int dropped = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        Value *p = &g->values[v];
+        int gv = p->grad, c = gv >= 0 ? ir_value(g, gv)->producer : -1;
+        if (p->role != ROLE_PARAM || c < 0 || ir_node(g, c)->op != OP_cast || reads[gv]) continue;
+        int low = ir_in(g, ir_node(g, c), 0);
+        if (ir_value(g, low)->dtype != DT_F16 && ir_value(g, low)->dtype != DT_BF16) continue;
+        Value *lv = &g->values[low], *fv = &g->values[gv];
+        lv->role = ROLE_GRAD, lv->name = fv->name, lv->sharded = fv->sharded, lv->unit = fv->unit;
+        p->grad = low;  // (shard.c's norm pieces are views of the reduced 16-bit gradient already)
+        drop[c] = 1, dropped = 1;
+    }
+    if (dropped) ir_graph_compact(g, drop);
+}
+
 static void update(Opt *o, int p, int lr, int coef, int step)
 {
     const TrainConfig *t = o->t;
@@ -134,6 +163,7 @@ int pass_optimizer(Graph *g, const Options *opts, Diag *d)
     (void)d;
     Opt o = {g, &opts->train};
     const TrainConfig *t = &opts->train;
+    read_grads16(g);
     Loc at = t->optimizer_loc;  // the optimizer's own ops: its statement in the train block
     Value sv = {.dtype = DT_I32, .rank = 0, .role = ROLE_INPUT, .block = -1, .name = "step",
                 .producer = -1, .tied_to = -1, .grad = -1};

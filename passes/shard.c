@@ -25,9 +25,9 @@
  *  - The loss is averaged over ranks, so every world size logs the global batch's loss.
  *  - In fp16 / bf16 (the precision pass made one compute copy per param, a cast, and
  *    each param's gradient is the cast back of the copy's): gradients are reduced in the
- *    compute dtype, read before their cast back, in a 16-bit flat buffer, and cast to
- *    fp32 once per shard for the optimizer (reduce_dtype fp32 keeps the fp32 reduction,
- *    FairScale's fp32_reduce_scatter). fsdp (and zero1 and zero2) gather the compute
+ *    compute dtype, read before their cast back, in a 16-bit flat buffer, which the
+ *    optimizer reads as it is, this rank's shard of it (reduce_dtype fp32 keeps the
+ *    fp32 reduction, FairScale's fp32_reduce_scatter). fsdp (and zero1 and zero2) gather the compute
  *    copy: the fp32 shard is cast, then gathered, and each param becomes a 16-bit view
  *    into the gathered buffer in place of its cast, for forward and (regathered) backward
  *    alike, as FairScale's mixed precision gathers in compute_dtype. The casts that this
@@ -276,10 +276,11 @@ static void find_uses(Shard *s, const int *unit_of)
 
 /* ---- params: storage, views, gathers ----------------------------------------------- */
 
-/* fsdp in 16-bit: each param becomes its own compute copy. Every use of the copy (the
- * precision pass's cast of the param, forward and backward) reads the param instead,
- * now in the compute dtype; layout_params then makes it a view into the gathered
- * 16-bit buffer, and the cast goes. */
+/* zero1, zero2 and fsdp in 16-bit: each param becomes its own compute copy. Every use
+ * of the copy (the precision pass's cast of the param, forward and backward, and the
+ * recompute pass's cast again before the backward) reads the param instead, now in the
+ * compute dtype; layout_params then makes it a view into the gathered 16-bit buffer,
+ * and the casts go (a recompute's cast would copy the gathered params again). */
 static void params_as_compute_copies(Shard *s)
 {
     Graph *g = s->g;
@@ -287,7 +288,7 @@ static void params_as_compute_copies(Shard *s)
     memset(param_of, -1, sizeof(int) * (size_t)g->n_values);
     for (int n = 0; n < s->n_orig; n++) {
         const Node *node = ir_node(g, n);
-        if (node->op != OP_cast || node->phase != PHASE_FORWARD) continue;
+        if (node->op != OP_cast || (node->phase != PHASE_FORWARD && node->phase != PHASE_RECOMPUTE)) continue;
         const Value *x = ir_value(g, ir_in(g, node, 0));
         if (x->role != ROLE_PARAM || x->tied_to >= 0) continue;
         param_of[ir_out(g, node, 0)] = ir_in(g, node, 0);
@@ -458,12 +459,6 @@ static void reduce_grads(Shard *s, Unit *u)
     }
     const char *name = arena_printf(g->arena, "%s.flat_grad%s", unit_name(s, u), g->values[grad].sharded ? "_shard" : "");
     name_grad(s, u, grad, name);
-    if (s->reduce16) {  // the optimizer reads fp32: this rank's reduced part, cast once
-        int low = grad;
-        grad = cast_to(s, low, DT_F32, u->block, after, 1);
-        g->values[grad].sharded = g->values[low].sharded;
-        name_grad(s, u, grad, arena_printf(g->arena, "%s.f32", name));
-    }
     g->values[u->shard_view].grad = grad;
     norm_pieces(s, u, whole);
 }

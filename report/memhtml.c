@@ -124,7 +124,7 @@ static void state_note(const MemReport *r, FILE *out)
     fprintf(out, " (each param's 16-bit copy once, whatever made it: a cast, a gather kept for the step, a copy to the "
             "device).");
     if (r->state[MEM_GRADS32] && (r->state[MEM_PARAMS16] || r->state[MEM_GRADS16]))
-        fprintf(out, " ZeRO's (2 + 2 + K) &Psi; leaves out the fp32 grads (the 16-bit ones cast up for the optimizer).");
+        fprintf(out, " ZeRO's (2 + 2 + K) &Psi; leaves out the fp32 grads (summed or reduced in fp32: accumulation over micro-batches, reduce_dtype fp32).");
     if (r->has_per_use_gathers)
         fprintf(out, " Gathered params are fsdp's per-use gathers (a block's params all-gathered for each pass "
                 "that reads them, freed after it): transient, like activations, not model state, where a block's "

@@ -27,8 +27,10 @@
  *    (zero2's and fsdp's bucket for a unit, and the 16-bit gradients cast into it under
  *    reduce_dtype fp32: working memory; this rank's shard that it leaves is the state) and a partial sum that an
  *    add sums into another gradient (gradient accumulation's later micro-batches); in an
- *    unsharded 16-bit plan also the 16-bit gradients that casts make the fp32 ones of. A 16-bit plan keeps fp32 grads (cast up for the
- *    optimizer) that ZeRO's (2 + 2 + K) Psi leaves out: the report shows them apart.
+ *    unsharded 16-bit plan also the 16-bit gradients that casts make the fp32 ones of
+ *    (the optimizer reads 16-bit gradients as they are, so these are accumulation's
+ *    and reduce_dtype fp32's). fp32 grads in a 16-bit plan (summed or reduced in fp32)
+ *    are what ZeRO's (2 + 2 + K) Psi leaves out: the report shows them apart.
  *    A gradient copied to the host (offload, where the optimizer reads it) counts once,
  *    as its copy there; one sent to another pipeline stage (a tied param's partial sum)
  *    counts where it is summed.
@@ -101,8 +103,13 @@ static void mark_op(MemReport *r, const PlanOp *op, int32_t *gathers)
     if (kind == COMM_NONE && y->role == PLAN_ROLE_GRAD && x->role != PLAN_ROLE_GRAD && is_16bit(x->dtype))
         r->marks[rin] |= MEM_MARK_GRAD16;
     int32_t src = param_of(r, in);
-    if (p->tensors[out].alias != PLAN_NONE || src == PLAN_NONE || r->copy_of[out] != PLAN_NONE) return;
-    r->copy_of[out] = src;  // an in-place gather (zero1, zero2 in fp32) fills the storage: no copy
+    /* A copy into part of a buffer (offload's device params, which zero1 and zero2 then
+     * gather in place) copies into that buffer; an in-place gather into the param's own
+     * storage (zero1, zero2 in fp32) makes no copy. */
+    int32_t dst = p->tensors[out].alias != PLAN_NONE ? r->root[out] : out;
+    if (src == PLAN_NONE || r->copy_of[dst] != PLAN_NONE) return;
+    if (dst != out && p->tensors[dst].role != PLAN_ROLE_GATHERED) return;
+    r->copy_of[dst] = src;
     if (kind == COMM_ALL_GATHER) gathers[src]++;
 }
 

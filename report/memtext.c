@@ -44,8 +44,8 @@ static void print_params(const MemReport *r, FILE *out)
     int64_t g32 = r->state[MEM_GRADS32] + r->host_state[MEM_GRADS32];
     int64_t low = r->state[MEM_PARAMS16] + r->host_state[MEM_PARAMS16] + r->state[MEM_GRADS16] + r->host_state[MEM_GRADS16];
     if (g32 && low)
-        fprintf(out, "  %-14s %.2f bytes/param without the fp32 grads (the 16-bit grads cast up for the optimizer), "
-                "which ZeRO's (2 + 2 + K) Psi leaves out\n", "ZeRO's count",
+        fprintf(out, "  %-14s %.2f bytes/param without the fp32 grads (summed or reduced in fp32: accumulation over "
+                "micro-batches, reduce_dtype fp32), which ZeRO's (2 + 2 + K) Psi leaves out\n", "ZeRO's count",
                 (double)(report_state_sum(r->state) + report_state_sum(r->host_state) - g32) / n);
     if (r->has_per_use_gathers)
         fprintf(out, "  note: gathered params are fsdp's per-use gathers (a block's params all-gathered for each "

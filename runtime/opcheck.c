@@ -340,11 +340,14 @@ static int extra_count_step(OpCheck *c) { return want_dtype(c, 1, PLAN_DT_F32, 0
 static int extra_scale_update(OpCheck *c) { return want_dtype(c, 0, PLAN_DT_F32, 0) || want_dtype(c, 1, PLAN_DT_F32, 0); }
 
 /* The optimizer is f32 (optim.c): n_f32 tensors, lr and coef f32 scalars at `scalars`,
- * then the i32 step. */
+ * then the i32 step; but the gradient, input 1, may be 16-bit (read as it is), and so
+ * may sgd's momentum buffer without momentum, which is the gradient itself. */
 static int optimizer(OpCheck *c, int n_f32, int scalars)
 {
-    for (int i = 0; i < n_f32; i++)
-        if (want_dtype(c, i, PLAN_DT_F32, i >= scalars ? 0 : -1)) return -1;
+    for (int i = 0; i < n_f32; i++) {
+        int grad = i == 1 || (i == 2 && in_id(c, i) == in_id(c, 1));
+        if (grad ? want_float_inputs(c, i + 1) : want_dtype(c, i, PLAN_DT_F32, i >= scalars ? 0 : -1)) return -1;
+    }
     return want_dtype(c, n_f32, PLAN_DT_I32, 0);
 }
 

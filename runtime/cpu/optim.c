@@ -7,7 +7,7 @@
  * element, bias corrections in double as Python computes them) and update p and their
  * state in place; the gradient is scaled by the clipping coefficient first. Everything
  * here is f32 (and i32 counts), whatever the compute dtype: the optimizer stays fp32,
- * on fp32 master weights and fp32 gradients.
+ * on fp32 master weights; a 16-bit gradient is read as it is and converted per element.
  *
  * adamw and sgd also run on the host for a GPU run whose optimizer is offloaded, so
  * they are built for speed: a step streams 28 bytes a param (adamw: read p, g, m, v,
@@ -38,11 +38,13 @@
 
 static float scalar_f(const KTensor *t) { return fdata(t)[0]; }
 
-/* The first n inputs f32 (a broken plan otherwise: the precision pass casts first). */
-static void want_f32(const KCall *k, int n, const char *op)
+/* The first n inputs f32 (a broken plan otherwise: the precision pass casts first), but
+ * for the updates' gradient, input 1 (`grad16`), which may be 16-bit too. */
+static void want_f32(const KCall *k, int n, const char *op, int grad16)
 {
     for (int i = 0; i < n; i++)
-        KCHECK(k->in[i].dtype == KT_F32, "%s: input %d has dtype %d; the optimizer takes f32 only", op, i, k->in[i].dtype);
+        KCHECK(k->in[i].dtype == KT_F32 || (grad16 && i == 1 && k->in[i].dtype != KT_I32),
+               "%s: input %d has dtype %d; the optimizer takes f32 only", op, i, k->in[i].dtype);
 }
 static int64_t scalar_i(const KTensor *t) { return idata(t)[0]; }
 
@@ -69,7 +71,7 @@ void cpu_lr_at(const KCall *k)
  * the step; without, 1, so the damage shows in the weights and the loss. */
 void cpu_clip_coef(const KCall *k)
 {
-    want_f32(k, 1, "clip_coef");
+    want_f32(k, 1, "clip_coef", 0);
     double norm = scalar_f(&k->in[0]), max_norm = k->attr[1], c = 1.0;
     if (!isfinite(norm)) {
         c = k->attr[2] != 0 ? NAN : 1.0;
@@ -105,16 +107,26 @@ KINLINE void adamw_one(AdamWStep s, int low, float *p, float g, float *m, float 
     *m = mi, *v = vi;
 }
 
-KSIMD static void adamw_chunk(float *p, const float *g, float *m, float *v, int64_t n, AdamWStep s)
-{
-    if (s.w1 < 0.5f) {
-        VEC_LOOP
-        for (int64_t i = 0; i < n; i++) adamw_one(s, 1, &p[i], g[i], &m[i], &v[i]);
-    } else {
-        VEC_LOOP
-        for (int64_t i = 0; i < n; i++) adamw_one(s, 0, &p[i], g[i], &m[i], &v[i]);
+/* The gradient's element i as f32: the updates read f32, f16 and bf16 gradients (the
+ * optimizer pass folds a 16-bit gradient's cast up into them). */
+#define G_F32(g, i) ((g)[i])
+#define G_F16(g, i) ld_f16((g)[i])
+#define G_BF16(g, i) ld_bf16((g)[i])
+
+#define ADAMW_CHUNK(NAME, GT, LD)                                                                          \
+    KSIMD static void NAME(float *p, const GT *g, float *m, float *v, int64_t n, AdamWStep s)              \
+    {                                                                                                      \
+        if (s.w1 < 0.5f) {                                                                                 \
+            VEC_LOOP                                                                                       \
+            for (int64_t i = 0; i < n; i++) adamw_one(s, 1, &p[i], LD(g, i), &m[i], &v[i]);                \
+        } else {                                                                                           \
+            VEC_LOOP                                                                                       \
+            for (int64_t i = 0; i < n; i++) adamw_one(s, 0, &p[i], LD(g, i), &m[i], &v[i]);                \
+        }                                                                                                  \
     }
-}
+ADAMW_CHUNK(adamw_chunk, float, G_F32)
+ADAMW_CHUNK(adamw_chunk_f16, uint16_t, G_F16)
+ADAMW_CHUNK(adamw_chunk_bf16, uint16_t, G_BF16)
 
 /* The constants of step `step`: bias corrections in double, as Python computes them. */
 static AdamWStep adamw_step(double lr, double b1, double b2, double eps, double wd, float coef, int64_t step)
@@ -130,10 +142,11 @@ static AdamWStep adamw_step(double lr, double b1, double b2, double eps, double 
 /* adamw(p, g, m, v, lr, coef, step; beta1, beta2, eps, weight_decay) */
 void cpu_adamw(const KCall *k)
 {
-    want_f32(k, 6, "adamw");
+    want_f32(k, 6, "adamw", 1);
     int64_t n = k->in[0].numel, step = scalar_i(&k->in[6]);
     float *p = fdata(&k->in[0]), *m = fdata(&k->in[2]), *v = fdata(&k->in[3]);
-    const float *g = fdata(&k->in[1]);
+    const void *g = k->in[1].data;
+    int gt = k->in[1].dtype;
     float coef = scalar_f(&k->in[5]);
     if (isnan(coef)) return;  // a skipped step
     KCHECK(step >= 1, "adamw: step %lld is not 1-based", (long long)step);
@@ -141,7 +154,10 @@ void cpu_adamw(const KCall *k)
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
     for (int64_t t = 0; t < (n + CHUNK - 1) / CHUNK; t++) {
         int64_t i0 = t * CHUNK;
-        adamw_chunk(p + i0, g + i0, m + i0, v + i0, imin(CHUNK, n - i0), s);
+        int64_t len = imin(CHUNK, n - i0);
+        if (gt == KT_F32) adamw_chunk(p + i0, (const float *)g + i0, m + i0, v + i0, len, s);
+        else if (gt == KT_F16) adamw_chunk_f16(p + i0, (const uint16_t *)g + i0, m + i0, v + i0, len, s);
+        else adamw_chunk_bf16(p + i0, (const uint16_t *)g + i0, m + i0, v + i0, len, s);
     }
 }
 
@@ -160,27 +176,32 @@ KINLINE void sgd_one(SgdStep s, int form, float *p, float g, float *buf)
     *p = *p - s.lr * d;
 }
 
-KSIMD static void sgd_chunk(float *p, const float *g, float *buf, int64_t n, SgdStep s)
-{
-    if (s.form == SGD_PLAIN) {
-        VEC_LOOP
-        for (int64_t i = 0; i < n; i++) sgd_one(s, SGD_PLAIN, &p[i], g[i], &buf[i]);
-    } else if (s.form == SGD_FIRST) {
-        VEC_LOOP
-        for (int64_t i = 0; i < n; i++) sgd_one(s, SGD_FIRST, &p[i], g[i], &buf[i]);
-    } else {
-        VEC_LOOP
-        for (int64_t i = 0; i < n; i++) sgd_one(s, SGD_MOMENTUM, &p[i], g[i], &buf[i]);
+#define SGD_CHUNK(NAME, GT, LD)                                                                            \
+    KSIMD static void NAME(float *p, const GT *g, float *buf, int64_t n, SgdStep s)                        \
+    {                                                                                                      \
+        if (s.form == SGD_PLAIN) {                                                                         \
+            VEC_LOOP                                                                                       \
+            for (int64_t i = 0; i < n; i++) sgd_one(s, SGD_PLAIN, &p[i], LD(g, i), &buf[i]);               \
+        } else if (s.form == SGD_FIRST) {                                                                  \
+            VEC_LOOP                                                                                       \
+            for (int64_t i = 0; i < n; i++) sgd_one(s, SGD_FIRST, &p[i], LD(g, i), &buf[i]);               \
+        } else {                                                                                           \
+            VEC_LOOP                                                                                       \
+            for (int64_t i = 0; i < n; i++) sgd_one(s, SGD_MOMENTUM, &p[i], LD(g, i), &buf[i]);            \
+        }                                                                                                  \
     }
-}
+SGD_CHUNK(sgd_chunk, float, G_F32)
+SGD_CHUNK(sgd_chunk_f16, uint16_t, G_F16)
+SGD_CHUNK(sgd_chunk_bf16, uint16_t, G_BF16)
 
 /* sgd(p, g, buf, lr, coef, step; momentum, weight_decay): dampening 0, no nesterov. */
 void cpu_sgd(const KCall *k)
 {
-    want_f32(k, 5, "sgd");
+    want_f32(k, 5, "sgd", 1);
     int64_t n = k->in[0].numel, step = scalar_i(&k->in[5]);
     float *p = fdata(&k->in[0]), *buf = fdata(&k->in[2]);
-    const float *g = fdata(&k->in[1]);
+    const void *g = k->in[1].data;
+    int gt = k->in[1].dtype;
     SgdStep s = {.coef = scalar_f(&k->in[4]), .wd = (float)k->attr[7], .lr = scalar_f(&k->in[3]),
                  .mom = (float)k->attr[6]};
     if (isnan(s.coef)) return;  // a skipped step
@@ -188,7 +209,10 @@ void cpu_sgd(const KCall *k)
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
     for (int64_t t = 0; t < (n + CHUNK - 1) / CHUNK; t++) {
         int64_t i0 = t * CHUNK;
-        sgd_chunk(p + i0, g + i0, buf + i0, imin(CHUNK, n - i0), s);
+        int64_t len = imin(CHUNK, n - i0);
+        if (gt == KT_F32) sgd_chunk(p + i0, (const float *)g + i0, buf + i0, len, s);
+        else if (gt == KT_F16) sgd_chunk_f16(p + i0, (const uint16_t *)g + i0, buf + i0, len, s);
+        else sgd_chunk_bf16(p + i0, (const uint16_t *)g + i0, buf + i0, len, s);
     }
 }
 

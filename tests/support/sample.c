@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "sample.h"
 
 const Define SAMPLE_GPT2[6] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 4}};
@@ -56,8 +57,11 @@ float *sample_step1_grads(const Plan *p, size_t *n)
         if (p->tensors[i].role != PLAN_ROLE_PARAM || p->tensors[i].grad == PLAN_NONE) continue;
         RtTensor t;
         rt_exec_tensor_id(e, p->tensors[i].grad, &t);
-        cr_assert_eq(t.dtype, PLAN_DT_F32, "gradient %s is %s", t.name, plan_dtype_name(t.dtype));
-        memcpy(out + k, t.data, sizeof(float) * (size_t)t.numel);
+        cr_assert(t.dtype != PLAN_DT_I32, "gradient %s is %s", t.name, plan_dtype_name(t.dtype));
+        const uint16_t *h = t.data;  // a 16-bit gradient the update reads as it is
+        for (int64_t j = 0; j < t.numel; j++)
+            out[k + (size_t)j] = t.dtype == PLAN_DT_F32 ? ((const float *)t.data)[j]
+                                 : t.dtype == PLAN_DT_BF16 ? cpu_bf16_to_f32(h[j]) : cpu_f16_to_f32(h[j]);
         k += (size_t)t.numel;
     }
     *n = k;

@@ -10,20 +10,20 @@
  * the padded units, and on the exact Psi to within the padding (N - 1 elements a unit).
  * Model state in bytes per rank, in the report's categories (report/memstate.c):
  *
- *   bf16, fp16         16-bit params     16-bit grads  fp32 params  optimizer  | fp32 grads
- *   none (N 1), ddp    2 Psi             2 Psi         4 Psi        8 Psi      | 4 Psi
- *   zero1 (P_os)       2 Psi             2 Psi         4 Psi / N    8 Psi / N  | 4 Psi / N
- *   zero2 (P_os+g)     2 Psi             2 Psi / N     4 Psi / N    8 Psi / N  | 4 Psi / N
- *   fsdp (P_os+g+p)    2 Psi / N + Ro    2 Psi / N     4 Psi / N    8 Psi / N  | 4 Psi / N
+ *   bf16, fp16         16-bit params     16-bit grads  fp32 params  optimizer  fp32 grads
+ *   none (N 1), ddp    2 Psi             2 Psi         4 Psi        8 Psi      0
+ *   zero1 (P_os)       2 Psi             2 Psi         4 Psi / N    8 Psi / N  0
+ *   zero2 (P_os+g)     2 Psi             2 Psi / N     4 Psi / N    8 Psi / N  0
+ *   fsdp (P_os+g+p)    2 Psi / N + Ro    2 Psi / N     4 Psi / N    8 Psi / N  0
  *
  * that is ZeRO's 16 Psi (ddp), 4 Psi + 12 Psi / N (zero1), 2 Psi + 14 Psi / N (zero2) and
- * 16 Psi / N (fsdp) with K = 12 (the fp32 master 4 Psi, momentum and variance 8 Psi),
- * and two things ZeRO's (2 + 2 + K) Psi does not count, which the plans hold:
- *  - fp32 grads: the 16-bit grads cast up for the optimizer, in every strategy (the
- *    shard's in zero1, zero2 and fsdp);
+ * 16 Psi / N (fsdp) with K = 12 (the fp32 master 4 Psi, momentum and variance 8 Psi).
+ * The optimizer reads the 16-bit grads as they are: no fp32 copy of them is made. One
+ * thing ZeRO's (2 + 2 + K) Psi does not count, which fsdp plans hold:
  *  - Ro = 2 Psi_o (1 - 1 / N): fsdp keeps the params outside blocks gathered from forward
- *    to backward (like FairScale's root instance), so they count as 16-bit params in
- *    full rather than as this rank's shard.
+ *    to backward (as PyTorch's and FairScale's FSDP keep the root instance's: the backward
+ *    starts with them), so they count as 16-bit params in full rather than as this
+ *    rank's shard.
  * fsdp's per-block gathers are transient ("gathered params"), not model state.
  *
  *   fp32 (the params are the masters: ZeRO with K = 8 and 4-byte grads)
@@ -88,11 +88,11 @@ static const int ELEM[5] = {2, 2, 4, 4, 8};  // bytes per param: the optimizer's
 
 /* The tables of the header, [strategy][category]. */
 static const Held MIXED[S_COUNT][5] = {
-    [S_NONE] = {H_EXACT, H_EXACT, H_EXACT, H_EXACT, H_EXACT},
-    [S_DDP] = {H_EXACT, H_FULL, H_FULL, H_FULL, H_FULL},
-    [S_ZERO1] = {H_FULL, H_FULL, H_SHARD, H_SHARD, H_SHARD},
-    [S_ZERO2] = {H_FULL, H_SHARD, H_SHARD, H_SHARD, H_SHARD},
-    [S_FSDP] = {H_SHARD_ROOT_FULL, H_SHARD, H_SHARD, H_SHARD, H_SHARD},
+    [S_NONE] = {H_EXACT, H_EXACT, H_EXACT, H_NO, H_EXACT},
+    [S_DDP] = {H_EXACT, H_FULL, H_FULL, H_NO, H_FULL},
+    [S_ZERO1] = {H_FULL, H_FULL, H_SHARD, H_NO, H_SHARD},
+    [S_ZERO2] = {H_FULL, H_SHARD, H_SHARD, H_NO, H_SHARD},
+    [S_FSDP] = {H_SHARD_ROOT_FULL, H_SHARD, H_SHARD, H_NO, H_SHARD},
 };
 static const Held FP32[S_COUNT][5] = {
     [S_NONE] = {H_NO, H_NO, H_EXACT, H_EXACT, H_EXACT},
@@ -210,3 +210,44 @@ Test(zero_formulas, gpt2_128b_bf16) { check_model(1, "bf16", W64, 1); }
 Test(zero_formulas, gpt2_128b_fp32) { check_model(1, "fp32", W64, 1); }
 Test(zero_formulas, gpt2_1t_bf16) { check_model(2, "bf16", W64, 1); }
 Test(zero_formulas, gpt2_1t_fp32) { check_model(2, "fp32", W64, 1); }
+
+/* Activations saved for backward, per block (Korthikanti et al., "Reducing Activation
+ * Recomputation in Large Transformer Models", without dropout and with the attention
+ * core in flash form: no s x s scores kept). With s the sequence, b this rank's batch,
+ * h the width and a the heads, a GPT-2 block keeps, in elements: its input and
+ * layernorm 1's output (2 sbh), q, k, v and the attention output (4 sbh), the residual
+ * and layernorm 2's output (2 sbh), the MLP's up-projection and its GELU (8 sbh): 16 sbh
+ * in the compute dtype, and attention's row log-sum-exp in f32, a s b floats. So 32 sbh +
+ * 4 asb bytes in 16-bit, 64 sbh + 4 asb in fp32. merge_heads' copy of the attention
+ * output is made again in the backward, not kept. Under `recompute Block` a block keeps
+ * its input only: sbh in the compute dtype. */
+static void check_saved(const char *precision, Strategy s, int w, int recompute)
+{
+    const int64_t S = 32, Bt = 8, H = 64, A = 4, b = Bt / w;
+    char world[16], what[128], err[256];
+    snprintf(world, sizeof world, "%d", w);
+    snprintf(what, sizeof what, "%s %s world %d%s", precision, STRATEGY[s], w, recompute ? " recompute Block" : "");
+    const Define dims[] = {{"C", H}, {"L", 3}, {"NH", A}, {"T", S}, {"V", 256}, {"B", Bt}};
+    const Setting set[] = {{"shard", STRATEGY[s]}, {"world", world}, {"precision", precision},
+                           {"recompute", recompute ? "Block" : "none"}};
+    Plan *p = sample_compile("gpt2.fsm", dims, 6, set, 4, NULL);
+    MemReport *r = report_mem_new(p, err, sizeof err);
+    cr_assert_not_null(r, "%s: %s", what, err);
+    int64_t e = strcmp(precision, "fp32") ? 2 : 4, sbh = S * b * H;
+    int64_t want = recompute ? e * sbh : 16 * e * sbh + 4 * A * S * b;
+    for (int k = 0; k < 3; k++)
+        cr_expect_eq(r->saved_by_block[k], want, "%s: block h.%d saves %lld bytes for its backward, the formula %lld",
+                     what, k, (long long)r->saved_by_block[k], (long long)want);
+    report_mem_free(r);
+    plan_free(p);
+}
+
+Test(zero_formulas, saved_activations_per_block)
+{
+    static const char *const precisions[] = {"fp32", "bf16", "fp16"};
+    for (int i = 0; i < 3; i++)
+        for (int rc = 0; rc < 2; rc++) {
+            check_saved(precisions[i], S_NONE, 1, rc);
+            for (int s = S_DDP; s < S_COUNT; s++) check_saved(precisions[i], (Strategy)s, 2, rc);
+        }
+}
