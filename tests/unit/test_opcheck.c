@@ -272,13 +272,22 @@ Test(opcheck, backward_ops_against_their_forward_ops)
     plan_free(p);
 }
 
+/* The optimizer's state is f32; its gradient (input 1) may be 16-bit, read as it is,
+ * but not an integer. */
 Test(opcheck, optimizer_inputs_are_f32)
 {
     Plan *p = gpt2("bf16", "none", "1");
-    int32_t k = find_op(p, "adamw", 0), g = *input(p, k, 1);
-    const PlanTensor *t = &p->tensors[g];
-    *input(p, k, 1) = retyped(p, g, PLAN_DT_BF16, t->rank, t->shape);
-    expect_refused(p, op_label(p, k), "input 1", "should be f32", NULL);
+    int32_t k = find_op(p, "adamw", 0), m = *input(p, k, 2);
+    const PlanTensor *t = &p->tensors[m];
+    cr_expect_eq(p->tensors[*input(p, k, 1)].dtype, PLAN_DT_BF16, "adamw reads the bf16 gradient");
+    *input(p, k, 2) = retyped(p, m, PLAN_DT_BF16, t->rank, t->shape);
+    expect_refused(p, op_label(p, k), "input 2", "should be f32", NULL);
+    plan_free(p);
+    p = gpt2("bf16", "none", "1");
+    k = find_op(p, "adamw", 0);
+    int32_t g = *input(p, k, 1);
+    *input(p, k, 1) = retyped(p, g, PLAN_DT_I32, p->tensors[g].rank, p->tensors[g].shape);
+    expect_refused(p, op_label(p, k), "input 1", "should be a float tensor", NULL);
     plan_free(p);
 }
 
