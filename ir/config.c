@@ -194,3 +194,20 @@ int config_set(TrainConfig *c, const char *key, const char *value, char *err, si
     }
     return -1;
 }
+
+int config_format(const TrainConfig *c, const char *key, char *buf, size_t len)
+{
+    for (int i = 0; i < N_KEYS; i++) {
+        const KeyDef *k = &KEYS[i];
+        if (strcmp(key, k->key.key)) continue;
+        const void *field = (const char *)c + k->offset;
+        switch (k->type) {
+        case K_F64: snprintf(buf, len, "%g", *(const double *)field); return 0;
+        case K_INT: snprintf(buf, len, "%d", *(const int *)field); return 0;
+        case K_ENUM: snprintf(buf, len, "%s", k->names[*(const int *)field]); return 0;
+        case K_TEXT: snprintf(buf, len, "%s", (const char *)field); return 0;
+        case K_SEED: snprintf(buf, len, "%llu", (unsigned long long)c->seed); return 0;
+        }
+    }
+    return -1;
+}
