@@ -985,40 +985,33 @@ Test(cpu, deterministic_with_two_threads)
     twice(cpu_matmul, &mm, "matmul");
 }
 
-/* Attention over 3 slices: with 2 threads the backward takes its two-pass path, with one
- * thread the per-slice path; both must give the same bits. */
-Test(cpu, attention_deterministic_across_threads)
+/* The forward, then the backward twice at 2 threads and once at 1: the same bits. */
+static void attention_same_bits(KTensor q, KTensor k, KTensor v, int causal)
 {
-    KTensor q = frand(S(3, 200, 64), -1, 1), k = frand(S(3, 200, 64), -1, 1), v = frand(S(3, 200, 64), -1, 1);
-    KTensor o = like(&q), lse = ten(KT_F32, S(3, 200)), g = frand(S(3, 200, 64), -1, 1);
-    for (int causal = 0; causal < 2; causal++) {
-        omp_set_num_threads(2);
-        KCall f = {.n_in = 3, .in = {q, k, v}, .n_out = 2, .out = {o, lse}, .attr = {0, 0, 0, causal}};
-        twice(cpu_attention, &f, "attention");
-        KCall b = {.n_in = 6, .in = {q, k, v, o, lse, g}, .n_out = 3, .out = {like(&q), like(&k), like(&v)}, .attr = {[6] = causal}};
-        twice(cpu_attention_bwd, &b, "attention_bwd");
-        omp_set_num_threads(1);
-        KCall b1 = b;
-        for (int i = 0; i < 3; i++) b1.out[i] = like(&b.out[i]);
-        cpu_attention_bwd(&b1);
-        for (int i = 0; i < 3; i++) expect_bits(&b.out[i], &b1.out[i], "attention_bwd 1 vs 2 threads");
-    }
-}
-
-/* Multi-query attention, 4 query slices over 1 kv slice: with 2 threads the two-pass
- * path sums dK and dV over the group, with one the per-slice path; the same bits. */
-Test(cpu, grouped_attention_deterministic_across_threads)
-{
-    KTensor q = frand(S(4, 200, 64), -1, 1), k = frand(S(1, 200, 64), -1, 1), v = frand(S(1, 200, 64), -1, 1);
-    KTensor o = like(&q), lse = ten(KT_F32, S(4, 200)), g = frand(S(4, 200, 64), -1, 1);
+    KTensor o = like(&q), lse = ten(KT_F32, q.rank - 1, q.shape), g = frand(q.rank, q.shape, -1, 1);
     omp_set_num_threads(2);
-    KCall b = {.n_in = 6, .in = {q, k, v, o, lse, g}, .n_out = 3, .out = {like(&q), like(&k), like(&v)}, .attr = {[6] = 1}};
-    KCall f = {.n_in = 3, .in = {q, k, v}, .n_out = 2, .out = {o, lse}, .attr = {0, 0, 0, 1}};
-    cpu_attention(&f);
+    KCall f = {.n_in = 3, .in = {q, k, v}, .n_out = 2, .out = {o, lse}, .attr = {0, 0, 0, causal}};
+    twice(cpu_attention, &f, "attention");
+    KCall b = {.n_in = 6, .in = {q, k, v, o, lse, g}, .n_out = 3, .out = {like(&q), like(&k), like(&v)}, .attr = {[6] = causal}};
     twice(cpu_attention_bwd, &b, "attention_bwd");
     omp_set_num_threads(1);
     KCall b1 = b;
     for (int i = 0; i < 3; i++) b1.out[i] = like(&b.out[i]);
     cpu_attention_bwd(&b1);
-    for (int i = 0; i < 3; i++) expect_bits(&b.out[i], &b1.out[i], "grouped attention_bwd 1 vs 2 threads");
+    for (int i = 0; i < 3; i++) expect_bits(&b.out[i], &b1.out[i], "attention_bwd 1 vs 2 threads");
+}
+
+/* Attention over 3 slices: with 2 threads the backward takes its two-pass path, with one
+ * thread the per-slice path; both must give the same bits. */
+Test(cpu, attention_deterministic_across_threads)
+{
+    KTensor q = frand(S(3, 200, 64), -1, 1), k = frand(S(3, 200, 64), -1, 1), v = frand(S(3, 200, 64), -1, 1);
+    for (int causal = 0; causal < 2; causal++) attention_same_bits(q, k, v, causal);
+}
+
+/* Multi-query attention, 4 query slices over 1 kv slice: with 2 threads the two-pass
+ * path sums dK and dV over the group, with one the per-slice path. */
+Test(cpu, grouped_attention_deterministic_across_threads)
+{
+    attention_same_bits(frand(S(4, 200, 64), -1, 1), frand(S(1, 200, 64), -1, 1), frand(S(1, 200, 64), -1, 1), 1);
 }
