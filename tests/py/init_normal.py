@@ -28,6 +28,7 @@ except ImportError as e:
     sys.exit(f"init_normal.py: FAIL: cannot import torch ({e}); run with Debian's /usr/bin/python3")
 
 import models  # noqa: E402
+from mpienv import quiet_mpi_leaks  # noqa: E402
 
 N = 1 << 20
 CASES = {"a": (3.0, 0.25), "b": (-0.5, 2.0), "c": (0.0, 0.02)}
@@ -55,6 +56,7 @@ def main():
     if len(sys.argv) != 3:
         sys.exit("usage: init_normal.py FSC FSEXEC")
     fsc, fsexec = (os.path.abspath(a) for a in sys.argv[1:])
+    quiet_mpi_leaks()  # the world-2 run, under AddressSanitizer
     fails = []
     with tempfile.TemporaryDirectory(prefix="fs-init-") as wd:
         with open(os.path.join(wd, "init.fsm"), "w") as f:
