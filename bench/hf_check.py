@@ -37,6 +37,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 VENV = "/tmp/hfvenv"
 PY = os.path.join(VENV, "bin", "python")
 L, C, NH, T, V, F, B = 2, 64, 4, 32, 256, 176, 4
+NKV = 2  # llama's kv heads (grouped-query attention)
 
 
 def have(py, modules):
@@ -137,12 +138,12 @@ def main():
                  ["-D", "L=%d" % L, "-D", "C=%d" % C, "-D", "NH=%d" % NH, "-D", "T=%d" % T, "-D", "V=%d" % V,
                   "-D", "B=%d" % B], ("c_attn",)),
         "llama": (LlamaForCausalLM, LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=F,
-                                                num_hidden_layers=L, num_attention_heads=NH, num_key_value_heads=NH,
+                                                num_hidden_layers=L, num_attention_heads=NH, num_key_value_heads=NKV,
                                                 max_position_embeddings=T, rms_norm_eps=1e-5, rope_theta=10000.0,
                                                 hidden_act="silu", tie_word_embeddings=False, attention_bias=False,
                                                 attn_implementation="eager"),
                   ["-D", "L=%d" % L, "-D", "C=%d" % C, "-D", "NH=%d" % NH, "-D", "T=%d" % T, "-D", "V=%d" % V,
-                   "-D", "F=%d" % F, "-D", "B=%d" % B], ("q_proj", "k_proj")),
+                   "-D", "F=%d" % F, "-D", "NKV=%d" % NKV, "-D", "B=%d" % B], ("q_proj", "k_proj")),
     }
     for name, (cls, cfg, dims, big) in models.items():
         fmt = "hf-" + name
@@ -161,13 +162,13 @@ def main():
         compare("%s: HF's save_pretrained -> fsexec" % name, ours, hf_loss(model), hf_loss(model, torch.float64))
 
         if name == "llama":  # the rows as Meta's interleaved layout would need: another loss
-            perm = torch.arange(C).view(NH, 2, C // NH // 2).transpose(1, 2).reshape(C)
+            perm = lambda n: torch.arange(n * C // NH).view(n, 2, C // NH // 2).transpose(1, 2).reshape(n * C // NH)
             bad = cls(cfg)
             bad.load_state_dict(model.state_dict())
             with torch.no_grad():
                 for layer in bad.model.layers:
-                    for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
-                        proj.weight.copy_(proj.weight[perm])
+                    for proj, n in ((layer.self_attn.q_proj, NH), (layer.self_attn.k_proj, NKV)):
+                        proj.weight.copy_(proj.weight[perm(n)])
             alt = os.path.join(work, "llama-permuted")
             bad.save_pretrained(alt, safe_serialization=True)
             wrong = step1_loss(fsexec, plan, data, os.path.join(work, "permuted.jsonl"),

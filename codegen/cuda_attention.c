@@ -1,9 +1,10 @@
 /* codegen/cuda_attention.c: CUDA emitters of attention and attention_bwd: flash
  * attention in f32 on CUDA cores, never a T x S matrix in memory. Semantics are
  * runtime/cpu/attention.c's:
- *   attention(q [BH, T, D], k [BH, S, D], v [BH, S, Dv], causal) -> o [BH, T, Dv] and
+ *   attention(q [BH, T, D], k [BKV, S, D], v [BKV, S, Dv], causal) -> o [BH, T, Dv] and
  *   lse [BH, T] (f32), the log-sum-exp of each row of scores s = q.k / sqrt(D); under
- *   causal (T == S) query i sees keys j <= i.
+ *   causal (T == S) query i sees keys j <= i. Grouped-query attention: G = BH / BKV
+ *   query slices in a row share kv slice bh / G.
  * 16-bit tensors are loaded as f32 into shared memory; every product, sum and softmax
  * is f32; each output is rounded once.
  *
@@ -24,7 +25,8 @@
  * dQ = dS K / sqrt(D). Two kernels, no atomics: kernel 1 owns a tile of TB keys and
  * walks every query tile that sees it, accumulating dK and dV; kernel 2 owns a tile of
  * TB queries and walks its key tiles, accumulating dQ. Both recompute P and dS for a
- * (query tile, key tile) pair with one thread per element; rowsum(dO * O) is taken per
+ * (query tile, key tile) pair with one thread per element; under grouped-query attention
+ * kernel 1 walks the query tiles of each of its kv slice's G query slices in turn; rowsum(dO * O) is taken per
  * query tile from dO (in shared memory) and O. Accumulators live in registers, thread t
  * owning elements t, t + 256, ... of its TB x D (or TB x Dv) block, each summed over
  * tiles in order: bitwise reproducible.
@@ -46,7 +48,7 @@ enum { FWD_THREADS = 128, BWD_THREADS = 256, KEYS = 32 };
 
 /* The geometry both directions read from the node. */
 typedef struct {
-    int64_t BH, T, S, D, Dv;
+    int64_t BH, G, T, S, D, Dv;  // G: query slices per kv slice
     int causal;
     float scale;
 } Att;
@@ -60,6 +62,10 @@ static int att_shape(CuCtx *c, const char *op, Att *a)
         if (!dtype_is_float(cu_inv(c, i)->dtype)) return cu_fail(c, "%s: float q, k, v only", op);
     a->T = q->shape[r - 2], a->D = q->shape[r - 1], a->S = k->shape[r - 2], a->Dv = v->shape[r - 1];
     a->BH = ir_numel(q) / (a->T * a->D);
+    int64_t bkv = ir_numel(k) / (a->S * a->D);
+    if (a->BH % bkv || ir_numel(v) != bkv * a->S * a->Dv)
+        return cu_fail(c, "%s: %lld query slices over %lld kv slices", op, (long long)a->BH, (long long)bkv);
+    a->G = a->BH / bkv;
     a->causal = ir_attr_int(c->g, cu_node(c), "causal", 0) != 0;
     a->scale = 1.0f / sqrtf((float)a->D);
     if (a->T > (1 << 30) || a->S > (1 << 30)) return cu_fail(c, "%s: sequences longer than 2^30", op);
@@ -76,10 +82,11 @@ static int64_t kv_pitch(const Att *a) { return odd(a->D) > a->Dv ? odd(a->D) : a
 static char *consts(CuCtx *c, const Att *a)
 {
     return cu_fmt(c,
-                  "    constexpr int T = %lld, S = %lld, D = %lld, DV = %lld;\n"
+                  "    constexpr int T = %lld, S = %lld, D = %lld, DV = %lld, G = %lld;\n"
                   "    constexpr bool CAUSAL = %s;\n"
                   "    constexpr float SCALE = %s;\n",
-                  (long long)a->T, (long long)a->S, (long long)a->D, (long long)a->Dv, a->causal ? "true" : "false",
+                  (long long)a->T, (long long)a->S, (long long)a->D, (long long)a->Dv, (long long)a->G,
+                  a->causal ? "true" : "false",
                   cu_float(c, a->scale));
 }
 
@@ -137,7 +144,7 @@ int cuda_attention(CuCtx *c)
         "    __shared__ float kv[32 * %lld];\n"
         "    __shared__ float ps[BQ * 32];\n"
         "    const int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n"
-        "    const long long bh = blockIdx.x / NQT;\n"
+        "    const long long bh = blockIdx.x / NQT, bkv = bh / G;\n"
         "    const int i0 = (NQT - 1 - (int)(blockIdx.x %% NQT)) * BQ;\n"
         "    for (int e = threadIdx.x; e < BQ * D; e += 128) qs[e] = i0 + e / D < T ? ld(q, (bh * T + i0) * D + e) : 0.f;\n"
         "    float m[RPW], l[RPW], acc[RPW][CPL];\n"
@@ -152,7 +159,7 @@ int cuda_attention(CuCtx *c)
         "        __syncthreads();  // the last tile's readers of kv and ps are done; qs is in\n"
         "        for (int e = threadIdx.x; e < 32 * D; e += 128) {\n"
         "            const int j = e / D, d = e %% D;\n"
-        "            kv[j * KP + d] = j0 + j < S ? ld(k, (bh * S + j0 + j) * D + d) : 0.f;\n"
+        "            kv[j * KP + d] = j0 + j < S ? ld(k, (bkv * S + j0 + j) * D + d) : 0.f;\n"
         "        }\n"
         "        __syncthreads();\n"
         "        float s[RPW];\n"
@@ -177,7 +184,7 @@ int cuda_attention(CuCtx *c)
         "        __syncthreads();  // every score read K\n"
         "        for (int e = threadIdx.x; e < 32 * DV; e += 128) {\n"
         "            const int j = e / DV, cc = e %% DV;\n"
-        "            kv[j * DV + cc] = j0 + j < S ? ld(v, (bh * S + j0 + j) * DV + cc) : 0.f;\n"
+        "            kv[j * DV + cc] = j0 + j < S ? ld(v, (bkv * S + j0 + j) * DV + cc) : 0.f;\n"
         "        }\n"
         "        __syncthreads();\n"
         "        for (int jj = 0; jj < 32; jj++) {\n"
@@ -253,14 +260,14 @@ static char *bwd_common(CuCtx *c, const Att *a, int tb, int dkdv)
         "        }\n"
         "        __syncthreads();\n"
         "    };\n"
-        "    auto load_kv = [&](long long bh, int j0) {\n"
+        "    auto load_kv = [&](long long bkv, int j0) {  // kv slice bkv\n"
         "        for (int e = threadIdx.x; e < TB * D; e += 256) {\n"
         "            const int j = e / D, d = e %% D;\n"
-        "            ks[j * KP + d] = j0 + j < S ? ld(k, (bh * S + j0 + j) * D + d) : 0.f;\n"
+        "            ks[j * KP + d] = j0 + j < S ? ld(k, (bkv * S + j0 + j) * D + d) : 0.f;\n"
         "        }\n"
         "        for (int e = threadIdx.x; e < TB * DV; e += 256) {\n"
         "            const int j = e / DV, cc = e %% DV;\n"
-        "            vs[j * VP + cc] = j0 + j < S ? ld(v, (bh * S + j0 + j) * DV + cc) : 0.f;\n"
+        "            vs[j * VP + cc] = j0 + j < S ? ld(v, (bkv * S + j0 + j) * DV + cc) : 0.f;\n"
         "        }\n"
         "    };\n"
         "    auto scores = [&](int i0, int j0) {\n"
@@ -281,21 +288,23 @@ static char *bwd_common(CuCtx *c, const Att *a, int tb, int dkdv)
         dkdv ? "ps[TB * TB], " : "", dkdv ? "            ps[e] = p;\n" : "");
 }
 
-/* Kernel 1: dK and dV of one key tile, over the query tiles that see it. */
+/* Kernel 1: dK and dV of one key tile of one kv slice, over the query tiles that see it
+ * in each of the slice's G query slices. */
 static int emit_dkdv(CuCtx *c, const Att *a, int tb, const char *sig, const int *args)
 {
     const char *src = cu_fmt(c,
         "%s"
         "{\n"
         "%s"
-        "    const long long bh = blockIdx.x / NKT;\n"
+        "    const long long bkv = blockIdx.x / NKT;\n"
         "    const int j0 = (int)(blockIdx.x %% NKT) * TB;\n"
         "    float ak[UK], av[UV];\n"
         "#pragma unroll\n"
         "    for (int u = 0; u < UK; u++) ak[u] = 0.f;\n"
         "#pragma unroll\n"
         "    for (int u = 0; u < UV; u++) av[u] = 0.f;\n"
-        "    load_kv(bh, j0);\n"
+        "    load_kv(bkv, j0);\n"
+        "    for (long long bh = bkv * G; bh < (bkv + 1) * G; bh++)\n"
         "    for (int i0 = CAUSAL ? j0 : 0; i0 < T; i0 += TB) {\n"
         "        __syncthreads();  // the last tile's readers of qs, dos, ps, dss are done\n"
         "        load_q(bh, i0);\n"
@@ -321,17 +330,17 @@ static int emit_dkdv(CuCtx *c, const Att *a, int tb, const char *sig, const int 
         "#pragma unroll\n"
         "    for (int u = 0; u < UK; u++) {\n"
         "        const int e = threadIdx.x + 256 * u, j = e / D, d = e %% D;\n"
-        "        if (e < TB * D && j0 + j < S) st(dk, (bh * S + j0 + j) * D + d, ak[u] * SCALE);\n"
+        "        if (e < TB * D && j0 + j < S) st(dk, (bkv * S + j0 + j) * D + d, ak[u] * SCALE);\n"
         "    }\n"
         "#pragma unroll\n"
         "    for (int u = 0; u < UV; u++) {\n"
         "        const int e = threadIdx.x + 256 * u, j = e / DV, cc = e %% DV;\n"
-        "        if (e < TB * DV && j0 + j < S) st(dv, (bh * S + j0 + j) * DV + cc, av[u]);\n"
+        "        if (e < TB * DV && j0 + j < S) st(dv, (bkv * S + j0 + j) * DV + cc, av[u]);\n"
         "    }\n"
         "}\n",
         sig, bwd_common(c, a, tb, 1));
     CuDim grid;
-    if (cu_grid1(c, a->BH * cu_cdiv(a->S, tb), &grid)) return -1;
+    if (cu_grid1(c, a->BH / a->G * cu_cdiv(a->S, tb), &grid)) return -1;
     return cu_launch(c, "attention_bwd", src, grid, (CuDim){BWD_THREADS, 1, 1}, 0, args, 9);
 }
 
@@ -351,7 +360,7 @@ static int emit_dq(CuCtx *c, const Att *a, int tb, const char *sig, const int *a
         "    const int jend = CAUSAL ? min(S, i0 + TB) : S;\n"
         "    for (int j0 = 0; j0 < jend; j0 += TB) {\n"
         "        __syncthreads();  // the last tile's readers of ks, vs, dss are done\n"
-        "        load_kv(bh, j0);\n"
+        "        load_kv(bh / G, j0);\n"
         "        __syncthreads();\n"
         "        scores(i0, j0);\n"
         "        __syncthreads();\n"

@@ -316,12 +316,20 @@ static int init_args(Lower *L, const Expr *e, const char *const *names, int n, c
     return rc;
 }
 
+/* normal(std), normal(mean, std), uniform(low, high): v->init_a and init_b are (std,
+ * mean) and (low, high). */
 static int init_call(Lower *L, const Scope *s, const Expr *e, Value *v)
 {
-    static const char *const normal[] = {"std"}, *const uniform[] = {"low", "high"};
-    int is_normal = strcmp(e->name, "normal") == 0;
-    const char *const *names = is_normal ? normal : uniform;
-    int n = is_normal ? 1 : 2;
+    static const char *const normal1[] = {"std"}, *const normal2[] = {"mean", "std"}, *const uniform[] = {"low", "high"};
+    int is_normal = strcmp(e->name, "normal") == 0, count = 0;
+    for (const Arg *a = e->args; a; a = a->next) count++;
+    if (is_normal && count != 1 && count != 2) {
+        diag_error(L->d, e->loc, "normal: expects normal(std) or normal(mean, std), got %d argument%s", count,
+                   count == 1 ? "" : "s");
+        return -1;
+    }
+    const char *const *names = !is_normal ? uniform : count == 1 ? normal1 : normal2;
+    int n = is_normal ? count : 2;
     const Expr *slots[2] = {NULL, NULL};
     if (init_args(L, e, names, n, slots)) return -1;
     double x[2] = {0, 0};
@@ -331,24 +339,27 @@ static int init_call(Lower *L, const Scope *s, const Expr *e, Value *v)
         if (ce_float(L, s, slots[i], what, &x[i])) rc = -1;
     }
     if (rc) return -1;
-    if (is_normal && !(x[0] > 0)) {
-        diag_error(L->d, slots[0]->loc, "normal: std must be positive, got %g", x[0]);
-        return -1;
+    if (is_normal) {
+        double mean = n == 2 ? x[0] : 0, std = x[n - 1];
+        if (!(std > 0)) {
+            diag_error(L->d, slots[n - 1]->loc, "normal: std must be positive, got %g", std);
+            return -1;
+        }
+        v->init = INIT_NORMAL, v->init_a = std, v->init_b = mean;
+        return 0;
     }
-    if (!is_normal && !(x[0] < x[1])) {
+    if (!(x[0] < x[1])) {
         diag_error(L->d, e->loc, "uniform: low (%g) must be less than high (%g)", x[0], x[1]);
         return -1;
     }
-    v->init = is_normal ? INIT_NORMAL : INIT_UNIFORM;
-    v->init_a = x[0];
-    v->init_b = is_normal ? 0 : x[1];
+    v->init = INIT_UNIFORM, v->init_a = x[0], v->init_b = x[1];
     return 0;
 }
 
 int ce_init(Lower *L, const Scope *s, const Expr *e, Value *v)
 {
     static const char *const names[] = {"zeros", "ones", "normal", "uniform"};
-    static const char *const expected = "zeros, ones, normal(std) or uniform(low, high)";
+    static const char *const expected = "zeros, ones, normal(std), normal(mean, std) or uniform(low, high)";
     const char *name = e->kind == EX_NAME || e->kind == EX_CALL ? e->name : NULL;
     if (!name || !lower_is_init_name(name)) {
         const char *best = name ? diag_closest(name, names, 4) : NULL;

@@ -71,9 +71,9 @@ static const KeyDef KEYS[] = {
     F64("momentum", momentum, 0, 0.999999, "SGD momentum"),
     F64("clip", clip, 0, 1e9, "clip gradients to this global norm; 0: off"),
     ENUM("lr_schedule", lr_schedule, LR_SCHEDS, "constant or cosine (after warmup)"),
-    INT("warmup", warmup, 0, 1e9, "steps of linear learning-rate warmup"),
+    INT("warmup", warmup, 0, 1e9, "steps of linear learning-rate warmup: lr * step / warmup up to step warmup"),
     F64("min_lr", min_lr, 0, 1e3, "learning rate at the end of the cosine decay"),
-    INT("steps", steps, 1, 1e9, "length of the learning-rate schedule"),
+    INT("steps", steps, 1, 1e9, "the step at which the cosine reaches min_lr (not fsexec --steps)"),
     ENUM("precision", precision, PRECS, "fp32, fp16 or bf16"),
     ENUM("reduce_dtype", reduce_dtype, REDUCES, "dtype of gradient reductions: compute (the precision's) or fp32"),
     ENUM("shard", shard, SHARDS, "none, ddp, zero1 (oss), zero2 (sdp), fsdp (zero3)"),
@@ -84,7 +84,7 @@ static const KeyDef KEYS[] = {
     INT("microbatches", microbatches, 1, 1 << 16, "micro-batches per step (one stage: gradient accumulation)"),
     ENUM("schedule", schedule, SCHEDS, "pipeline schedule: gpipe, 1f1b, interleaved (with chunks) or zb1 (ZB-H1)"),
     ENUM("checkpoint", checkpoint, CKPTS, "pipeline: micro-batches that recompute their stage's forward: always, "
-         "except_last (default) or never"),
+         "except_last or never"),
     INT("chunks", chunks, 1, 64, "interleaved schedule: model chunks per stage (2 or more)"),
     {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,
      offsetof(TrainConfig, balance), 0, 0, NULL, 0},
@@ -191,6 +191,23 @@ int config_set(TrainConfig *c, const char *key, const char *value, char *err, si
         }
         strcpy(field, value);
         return 0;
+    }
+    return -1;
+}
+
+int config_format(const TrainConfig *c, const char *key, char *buf, size_t len)
+{
+    for (int i = 0; i < N_KEYS; i++) {
+        const KeyDef *k = &KEYS[i];
+        if (strcmp(key, k->key.key)) continue;
+        const void *field = (const char *)c + k->offset;
+        switch (k->type) {
+        case K_F64: snprintf(buf, len, "%g", *(const double *)field); return 0;
+        case K_INT: snprintf(buf, len, "%d", *(const int *)field); return 0;
+        case K_ENUM: snprintf(buf, len, "%s", k->names[*(const int *)field]); return 0;
+        case K_TEXT: snprintf(buf, len, "%s", (const char *)field); return 0;
+        case K_SEED: snprintf(buf, len, "%llu", (unsigned long long)c->seed); return 0;
+        }
     }
     return -1;
 }

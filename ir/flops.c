@@ -6,7 +6,9 @@
  *    sqrt, tanh) counts 1; the per-element constants below follow from each op's formula;
  *  - attention counts its two matmuls only, in full: 2*T*S*D + 2*T*S*Dv per batch item
  *    (4*T*S*D when Dv == D). A causal mask does not halve it and the softmax is not
- *    added, the convention of the usual MFU arithmetic;
+ *    added, the convention of the usual MFU arithmetic. The batch items are q's: under
+ *    grouped-query attention each of the NH query heads does its own products against
+ *    its shared kv head, so NKV < NH saves memory and traffic, not FLOPs;
  *  - moving elements (views, layout ops, gathers, constants) costs 0.
  * Backward FLOPs are the backward nodes' own forward counts; nothing here is doubled.
  * What a node computes again of the forward (a recompute node, attention's backward
@@ -83,7 +85,8 @@ double flops_merge_heads(const Graph *g, const Node *n) { return 0; }
 
 double flops_rope(const Graph *g, const Node *n) { return ROPE_FLOPS * in_numel(g, n, 0); }
 
-/* batch * T * S of attention's score matrix, and its head dims D (q, k) and Dv (v). */
+/* batch * T * S of attention's score matrix (q's batch dims: every query head, however
+ * few kv heads it shares), and its head dims D (q, k) and Dv (v). */
 static double attention_dims(const Graph *g, const Node *n, double *D, double *Dv)
 {
     const Value *q = ir_value(g, ir_in(g, n, 0)), *k = ir_value(g, ir_in(g, n, 1)), *v = ir_value(g, ir_in(g, n, 2));

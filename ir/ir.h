@@ -139,7 +139,7 @@ typedef struct {
     Loc loc;                     // the source that made it
     int producer;                // node id, -1 for inputs and params
     InitKind init;               // params: how they start
-    double init_a, init_b;       // normal: (std, unused); uniform: (low, high)
+    double init_a, init_b;       // normal: (std, mean); uniform: (low, high)
     int tied_to;                 // value id of the param this one aliases, or -1
     int grad;                    // params, after autodiff: the value holding the gradient, or -1
     int64_t offset;              // after memplan: byte offset in the rank's arena
@@ -386,6 +386,9 @@ void config_default(TrainConfig *c);
 int config_set(TrainConfig *c, const char *key, const char *value, char *err, size_t errlen);
 /* The keys config_set accepts, for help text and suggestions. */
 const ConfigKey *config_keys(int *n);
+/* The value of setting `key` in c as config_set would read it back ("0.001", "fsdp");
+ * -1 for an unknown key. */
+int config_format(const TrainConfig *c, const char *key, char *buf, size_t len);
 /* Printable settings: "fsdp", "bf16", ... */
 const char *shard_name(ShardKind s);
 const char *precision_name(Precision p);

@@ -54,7 +54,10 @@ static json_t *init_json(const Value *v, int *bad)
         return NULL;
     }
     put(o, "kind", json_string(init_name(v->init)), bad);
-    if (v->init == INIT_NORMAL) put(o, "std", json_real(v->init_a), bad);
+    if (v->init == INIT_NORMAL) {
+        put(o, "mean", json_real(v->init_b), bad);
+        put(o, "std", json_real(v->init_a), bad);
+    }
     if (v->init == INIT_UNIFORM) {
         put(o, "low", json_real(v->init_a), bad);
         put(o, "high", json_real(v->init_b), bad);

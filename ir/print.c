@@ -75,7 +75,10 @@ static void print_init(const Value *v, FILE *out)
     char a[32], b[32];
     switch (v->init) {
     case INIT_NONE: return;
-    case INIT_NORMAL: fprintf(out, " = normal(%s)", num(v->init_a, a, sizeof a)); return;
+    case INIT_NORMAL:
+        if (v->init_b != 0) fprintf(out, " = normal(%s, %s)", num(v->init_b, b, sizeof b), num(v->init_a, a, sizeof a));
+        else fprintf(out, " = normal(%s)", num(v->init_a, a, sizeof a));
+        return;
     case INIT_UNIFORM: fprintf(out, " = uniform(%s, %s)", num(v->init_a, a, sizeof a), num(v->init_b, b, sizeof b)); return;
     case INIT_FULL: fprintf(out, " = full(%s)", num(v->init_a, a, sizeof a)); return;
     default: fprintf(out, " = %s", init_name(v->init)); return;

@@ -539,7 +539,9 @@ int shape_rope(ShapeCtx *c)
 }
 
 /* q (..., T, D), k (..., S, D), v (..., S, Dv) -> (..., T, Dv) and the f32 row
- * log-sum-exp (..., T); batch dims equal. */
+ * log-sum-exp (..., T); batch dims equal, but for the heads dim (the one before T) of
+ * grouped-query attention: q (..., NH, T, D) with k, v (..., NKV, S, D), NH a multiple
+ * of NKV, query head h reading kv head h / (NH / NKV) (repeat_interleave). */
 int shape_attention(ShapeCtx *c)
 {
     if (want_inputs(c, 3)) return -1;
@@ -551,9 +553,19 @@ int shape_attention(ShapeCtx *c)
     int r = q->rank;
     if (k->rank != r || v->rank != r)
         return shape_fail(c, "attention: ranks differ: q %s, k %s, v %s", TYPE(q, tq), TYPE(k, tk), TYPE(v, tv));
-    for (int d = 0; d < r - 2; d++)
+    for (int d = 0; d < r - 3; d++)
         if (k->shape[d] != q->shape[d] || v->shape[d] != q->shape[d])
             return shape_fail(c, "attention: batch dims differ: q %s, k %s, v %s (dim %d)", TYPE(q, tq), TYPE(k, tk), TYPE(v, tv), d);
+    if (r >= 3) {
+        int64_t nh = q->shape[r - 3], nkv = k->shape[r - 3];
+        if (v->shape[r - 3] != nkv)
+            return shape_fail(c, "attention: k and v head counts differ: k %s has %" PRId64 ", v %s has %" PRId64, TYPE(k, tk), nkv,
+                              TYPE(v, tv), v->shape[r - 3]);
+        if (nh % nkv)
+            return shape_fail(c, "attention: q's %" PRId64 " heads are not a multiple of k and v's %" PRId64
+                              " (grouped-query attention needs NH %% NKV == 0): q %s, k %s",
+                              nh, nkv, TYPE(q, tq), TYPE(k, tk));
+    }
     int64_t T = q->shape[r - 2], S = k->shape[r - 2];
     if (k->shape[r - 1] != q->shape[r - 1])
         return shape_fail(c, "attention: head dims differ: q %s, k %s (%" PRId64 " vs %" PRId64 ")", TYPE(q, tq), TYPE(k, tk),

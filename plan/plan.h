@@ -106,7 +106,7 @@ typedef struct {
     int32_t block;      // block id or PLAN_NONE
     int32_t producer;   // op id or PLAN_NONE (inputs, params, constants)
     int32_t tied_to;    // tensor id of the param this one aliases, or PLAN_NONE
-    double init_a, init_b;  // normal: (std, 0); uniform: (low, high)
+    double init_a, init_b;  // normal: (std, mean); uniform: (low, high)
     int32_t grad;       // params: the tensor holding its gradient, or PLAN_NONE
     PlanStepRole step_role;  // what the step loop reads or writes it for; PLAN_SR_NONE
     /* The memory plan (memplan): where the tensor lives in its rank's arena of its space

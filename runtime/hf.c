@@ -257,8 +257,12 @@ static int check_shape(RtWeightsFormat f, const StTensor *fe, const StEntry *t, 
     if (flipped)
         return plan_fail(err, errlen, "tensor '%s' is %s: %s needs %s (%s) for our '%s' %s; this file holds the "
                          "transpose%s", fe->name, a, FORMAT_NAMES[f], b, LAYOUT[f], t->name, c, FLIPPED[f]);
+    int kv = f == RT_WEIGHTS_HF_LLAMA && how == HF_TRANSPOSE && fe->rank == 2 && fe->shape[1] == want[1] &&
+             (strstr(fe->name, "k_proj") || strstr(fe->name, "v_proj"));
     return plan_fail(err, errlen, "tensor '%s' is %s in the file, but our '%s' %s needs %s: a file of another model "
-                     "(other dims), or not a %s file", fe->name, a, t->name, c, b, FORMAT_NAMES[f] + 3);
+                     "(other dims%s), or not a %s file", fe->name, a, t->name, c, b,
+                     kv ? "; k_proj and v_proj have num_key_value_heads * head_dim rows: fsc -D NKV=N to match" : "",
+                     FORMAT_NAMES[f] + 3);
 }
 
 typedef struct {

@@ -76,7 +76,7 @@ void rt_init_param(const char *name, uint64_t seed, PlanInit kind, double a, dou
         uint64_t at = (uint64_t)(first + i);
         uint32_t ctr[4] = {(uint32_t)at, (uint32_t)(at >> 32), (uint32_t)h, (uint32_t)(h >> 32)}, w[4];
         rt_philox(seed, ctr, w);
-        out[i] = normal ? (float)(a * rt_normal(w)) : (float)(a + (b - a) * rt_unit(w[0], w[1]));
+        out[i] = normal ? (float)(b + a * rt_normal(w)) : (float)(a + (b - a) * rt_unit(w[0], w[1]));
     }
 }
 

@@ -42,7 +42,7 @@ double rt_unit(uint32_t hi, uint32_t lo);
 /* N(0, 1) by Box-Muller from the four words of one counter block. */
 double rt_normal(const uint32_t w[4]);
 /* Elements [first, first + count) of the param `name` initialized by `kind` (normal:
- * std a; uniform: [a, b)): element i is drawn from Philox(key = seed, counter = (i,
+ * std a, mean b; uniform: [a, b)): element i is drawn from Philox(key = seed, counter = (i,
  * fnv1a(name))), so a slice equals the same slice of the whole tensor, whatever the
  * thread count. */
 void rt_init_param(const char *name, uint64_t seed, PlanInit kind, double a, double b, int64_t first, int64_t count,

@@ -67,12 +67,16 @@ static void usage(FILE *out)
                  "  -h, --help            this text\n"
                  "  -V, --version         print the version and exit\n"
                  "\n"
-                 "Training settings (override the model's `train` section):\n");
+                 "Training settings (override the model's `train` section; the default when neither\n"
+                 "sets one in brackets):\n");
     const ConfigKey *keys = config_keys(&n);
+    TrainConfig def;
+    config_default(&def);
     for (int i = 0; i < n; i++) {
-        char flag[48];
+        char flag[48], value[64];
         snprintf(flag, sizeof flag, "--%s VALUE", keys[i].key);
-        fprintf(out, "  %-30s %s\n", flag, keys[i].help);
+        if (config_format(&def, keys[i].key, value, sizeof value)) snprintf(value, sizeof value, "?");
+        fprintf(out, "  %-30s %s [%s]\n", flag, keys[i].help, value);
     }
     fprintf(out, "\nThe language: docs/language.md. Examples: samples/*.fsm.\n");
 }

@@ -1,8 +1,10 @@
 /* runtime/cpu/attention.c: scaled dot-product attention (forward and backward) and
  * rotary position embedding.
  *
- * attention(q [BH, T, D], k [BH, S, D], v [BH, S, Dv], causal) -> out [BH, T, Dv] and
- * lse [BH, T], the log-sum-exp of each row of scaled, masked scores. No T x S matrix is
+ * attention(q [BH, T, D], k [BKV, S, D], v [BKV, S, Dv], causal) -> out [BH, T, Dv] and
+ * lse [BH, T], the log-sum-exp of each row of scaled, masked scores. BH is a multiple
+ * of BKV: under grouped-query attention G = BH / BKV query slices in a row share one
+ * kv slice (query slice bh reads kv slice bh / G; k and v repeat_interleave'd). No T x S matrix is
  * ever stored: the forward is flash attention. A task owns a block of BQ query rows and
  * walks blocks of bk keys, with one score tile on the stack, cblas_sgemm for both
  * products, and an online softmax (running max m and sum l per row) that rescales the
@@ -11,19 +13,21 @@
  * The backward recomputes each tile's probabilities from lse, P = exp(S - lse), then
  *   dP = dO V^T,  dS = P * (dP - rowsum(dO * O)),
  *   dV += P^T dO, dK += scale dS^T Q, dQ += scale dS K.
- * With many (batch, head) slices a task takes a whole slice and walks its tiles in
- * order; with few, one pass over (slice, key block) tasks accumulates dK and dV and a
- * second over (slice, query block) tasks accumulates dQ, recomputing the tiles. Each
- * gradient block sums its tiles in the same order either way (dK, dV over query blocks,
- * dQ over key blocks, ascending) with the same calls, so the result is bitwise the same
- * whatever the thread count.
+ * With many kv slices a task takes a whole kv slice with its G query slices and walks
+ * their tiles in order; with few, one pass over (kv slice, key block) tasks accumulates
+ * dK and dV and a second over (query slice, query block) tasks accumulates dQ,
+ * recomputing the tiles. Each gradient block sums its tiles in the same order either
+ * way (dK, dV over the group's query slices, then query blocks; dQ over key blocks;
+ * ascending) with the same calls, so the result is bitwise the same whatever the thread
+ * count.
  *
  * Tile GEMMs stay at or below OpenBLAS's single-thread size (m*n*k <= 2^18, for head
  * dims up to 512), so OpenBLAS never starts its own threads inside our parallel regions.
  *
  * In 16 bits all three kernels run as their f32 selves on staged (batch, head) slices
  * (lowp.c): a group of whole slices of q, k, v (o, dout) converted to f32, the outputs
- * rounded back. lse stays f32 and is read and written where it lies.
+ * rounded back; under grouped-query attention the staged slabs are whole batch items
+ * (every head), so that each group holds its kv heads with their query heads. lse stays f32 and is read and written where it lies.
  */
 #include <cblas.h>
 #include <math.h>
@@ -38,7 +42,7 @@
 typedef struct {
     const float *q, *k, *v, *o, *lse, *dout;  // o, lse, dout: backward only
     float *out, *lse_out, *dq, *dk, *dv;
-    int64_t BH, T, S, D, Dv, bk;
+    int64_t BH, G, T, S, D, Dv, bk;  // G: query slices per kv slice
     float scale;
     int causal;
 } Att;
@@ -52,7 +56,11 @@ static void att_init(Att *a, const KCall *k, int causal)
     KCHECK(ok, "attention: unsupported dtype");
     a->T = q->shape[r - 2], a->D = q->shape[r - 1], a->S = kk->shape[r - 2], a->Dv = v->shape[r - 1];
     a->BH = q->numel / (a->T * a->D);
-    KCHECK(kk->shape[r - 1] == a->D && v->shape[r - 2] == a->S && (!causal || a->T == a->S), "attention: bad shapes");
+    int64_t bkv = kk->numel / (a->S * a->D);
+    KCHECK(kk->shape[r - 1] == a->D && v->shape[r - 2] == a->S && (!causal || a->T == a->S) && a->BH % bkv == 0 &&
+               v->numel == bkv * a->S * a->Dv,
+           "attention: bad shapes");
+    a->G = a->BH / bkv;
     int64_t dmax = imax(a->D, a->Dv);
     a->bk = imax(8, imin(BK, GEMM_SERIAL_MNK / (BQ * dmax)));
     a->scale = 1.0f / sqrtf((float)a->D);
@@ -79,7 +87,7 @@ static void fwd_block(const Att *a, int64_t bh, int64_t i0)
     for (int64_t j0 = 0; j0 < jend; j0 += a->bk) {
         int64_t nk = imin(a->bk, jend - j0);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, q, (int)D,
-                    a->k + (bh * a->S + j0) * D, (int)D, 0.0f, s, (int)nk);
+                    a->k + (bh / a->G * a->S + j0) * D, (int)D, 0.0f, s, (int)nk);
         for (int64_t r = 0; r < nq; r++) {
             float *row = s + r * nk, *orow = o + r * Dv;
             int64_t lim = visible(a, i0 + r, j0, nk);
@@ -97,7 +105,7 @@ static void fwd_block(const Att *a, int64_t bh, int64_t i0)
             l[r] = l[r] * corr + sum, m[r] = mx;
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)Dv, (int)nk, 1.0f, s, (int)nk,
-                    a->v + (bh * a->S + j0) * Dv, (int)Dv, 1.0f, o, (int)Dv);
+                    a->v + (bh / a->G * a->S + j0) * Dv, (int)Dv, 1.0f, o, (int)Dv);
     }
     for (int64_t r = 0; r < nq; r++) {
         float inv = 1.0f / l[r];
@@ -107,17 +115,22 @@ static void fwd_block(const Att *a, int64_t bh, int64_t i0)
     }
 }
 
-/* q, k, v -> out, lse; q, k, v, o, lse, dout -> dq, dk, dv: by (T, D) slices. */
-static const Slabs ATTENTION = {{2, 2, 2, 2, 1}, -1};
-static const Slabs ATTENTION_BWD = {{2, 2, 2, 2, 1, 2, 2, 2, 2}, -1};
+/* q, k, v -> out, lse; q, k, v, o, lse, dout -> dq, dk, dv: by (T, D) slices, or by
+ * (heads, T, D) slabs when q has more heads than k. */
+static const Slabs ATTENTION[2] = {{{2, 2, 2, 2, 1}, -1}, {{3, 3, 3, 3, 2}, -1}};
+static const Slabs ATTENTION_BWD[2] = {{{2, 2, 2, 2, 1, 2, 2, 2, 2}, -1}, {{3, 3, 3, 3, 2, 3, 3, 3, 3}, -1}};
 
-CpuWork cpu_work_attention(const KCall *k) { return slab_work(k, &ATTENTION); }
-CpuWork cpu_work_attention_bwd(const KCall *k) { return slab_work(k, &ATTENTION_BWD); }
+/* (T, D) slices of a tensor whose last two dims are them. */
+static int64_t slices(const KTensor *t) { return t->numel / (t->shape[t->rank - 2] * t->shape[t->rank - 1]); }
+static int grouped(const KCall *k) { return slices(&k->in[0]) != slices(&k->in[1]); }
+
+CpuWork cpu_work_attention(const KCall *k) { return slab_work(k, &ATTENTION[grouped(k)]); }
+CpuWork cpu_work_attention_bwd(const KCall *k) { return slab_work(k, &ATTENTION_BWD[grouped(k)]); }
 
 void cpu_attention(const KCall *k)
 {
     if (lowp_call(k)) {
-        slab_run(k, &ATTENTION, cpu_attention);
+        slab_run(k, &ATTENTION[grouped(k)], cpu_attention);
         return;
     }
     Att a;
@@ -134,8 +147,9 @@ void cpu_attention(const KCall *k)
 static void bwd_tile(const Att *a, int64_t bh, int64_t i0, int64_t j0, const float *dr, int do_kv, int do_q)
 {
     int64_t nq = imin(BQ, a->T - i0), nk = imin(a->bk, a->S - j0), D = a->D, Dv = a->Dv;
-    const float *q = a->q + (bh * a->T + i0) * D, *kj = a->k + (bh * a->S + j0) * D;
-    const float *vj = a->v + (bh * a->S + j0) * Dv, *go = a->dout + (bh * a->T + i0) * Dv;
+    int64_t kv = bh / a->G;
+    const float *q = a->q + (bh * a->T + i0) * D, *kj = a->k + (kv * a->S + j0) * D;
+    const float *vj = a->v + (kv * a->S + j0) * Dv, *go = a->dout + (bh * a->T + i0) * Dv;
     const float *lse = a->lse + bh * a->T + i0;
     float p[BQ * BK], ds[BQ * BK];
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, q, (int)D, kj, (int)D, 0.0f, p,
@@ -154,9 +168,9 @@ static void bwd_tile(const Att *a, int64_t bh, int64_t i0, int64_t j0, const flo
     }
     if (do_kv) {
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)Dv, (int)nq, 1.0f, p, (int)nk, go, (int)Dv, 1.0f,
-                    a->dv + (bh * a->S + j0) * Dv, (int)Dv);
+                    a->dv + (kv * a->S + j0) * Dv, (int)Dv);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)D, (int)nq, a->scale, ds, (int)nk, q, (int)D, 1.0f,
-                    a->dk + (bh * a->S + j0) * D, (int)D);
+                    a->dk + (kv * a->S + j0) * D, (int)D);
     }
     if (do_q)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, a->scale, ds, (int)nk, kj, (int)D,
@@ -172,29 +186,33 @@ static void row_dots(const Att *a, int64_t bh, int64_t i0, float *dr)
 /* Does tile (i0, j0) see any key? (causal: not when every key follows every query) */
 static int live(const Att *a, int64_t i0, int64_t j0) { return !a->causal || j0 <= imin(a->T, i0 + BQ) - 1; }
 
-static void bwd_slice(const Att *a, int64_t bh)
+/* kv slice kv and its G query slices. */
+static void bwd_slice(const Att *a, int64_t kv)
 {
-    memset(a->dq + bh * a->T * a->D, 0, sizeof(float) * (size_t)(a->T * a->D));
-    memset(a->dk + bh * a->S * a->D, 0, sizeof(float) * (size_t)(a->S * a->D));
-    memset(a->dv + bh * a->S * a->Dv, 0, sizeof(float) * (size_t)(a->S * a->Dv));
-    for (int64_t i0 = 0; i0 < a->T; i0 += BQ) {
-        float dr[BQ];
-        row_dots(a, bh, i0, dr);
-        for (int64_t j0 = 0; j0 < a->S && live(a, i0, j0); j0 += a->bk) bwd_tile(a, bh, i0, j0, dr, 1, 1);
+    memset(a->dk + kv * a->S * a->D, 0, sizeof(float) * (size_t)(a->S * a->D));
+    memset(a->dv + kv * a->S * a->Dv, 0, sizeof(float) * (size_t)(a->S * a->Dv));
+    for (int64_t bh = kv * a->G; bh < (kv + 1) * a->G; bh++) {
+        memset(a->dq + bh * a->T * a->D, 0, sizeof(float) * (size_t)(a->T * a->D));
+        for (int64_t i0 = 0; i0 < a->T; i0 += BQ) {
+            float dr[BQ];
+            row_dots(a, bh, i0, dr);
+            for (int64_t j0 = 0; j0 < a->S && live(a, i0, j0); j0 += a->bk) bwd_tile(a, bh, i0, j0, dr, 1, 1);
+        }
     }
 }
 
-static void bwd_kv_block(const Att *a, int64_t bh, int64_t j0)
+static void bwd_kv_block(const Att *a, int64_t kv, int64_t j0)
 {
     int64_t nk = imin(a->bk, a->S - j0);
-    memset(a->dk + (bh * a->S + j0) * a->D, 0, sizeof(float) * (size_t)(nk * a->D));
-    memset(a->dv + (bh * a->S + j0) * a->Dv, 0, sizeof(float) * (size_t)(nk * a->Dv));
-    for (int64_t i0 = 0; i0 < a->T; i0 += BQ) {
-        if (!live(a, i0, j0)) continue;
-        float dr[BQ];
-        row_dots(a, bh, i0, dr);
-        bwd_tile(a, bh, i0, j0, dr, 1, 0);
-    }
+    memset(a->dk + (kv * a->S + j0) * a->D, 0, sizeof(float) * (size_t)(nk * a->D));
+    memset(a->dv + (kv * a->S + j0) * a->Dv, 0, sizeof(float) * (size_t)(nk * a->Dv));
+    for (int64_t bh = kv * a->G; bh < (kv + 1) * a->G; bh++)
+        for (int64_t i0 = 0; i0 < a->T; i0 += BQ) {
+            if (!live(a, i0, j0)) continue;
+            float dr[BQ];
+            row_dots(a, bh, i0, dr);
+            bwd_tile(a, bh, i0, j0, dr, 1, 0);
+        }
 }
 
 static void bwd_q_block(const Att *a, int64_t bh, int64_t i0)
@@ -209,7 +227,7 @@ static void bwd_q_block(const Att *a, int64_t bh, int64_t i0)
 void cpu_attention_bwd(const KCall *k)
 {
     if (lowp_call(k)) {
-        slab_run(k, &ATTENTION_BWD, cpu_attention_bwd);
+        slab_run(k, &ATTENTION_BWD[grouped(k)], cpu_attention_bwd);
         return;
     }
     Att a;
@@ -217,15 +235,15 @@ void cpu_attention_bwd(const KCall *k)
     a.o = fdata(&k->in[3]), a.lse = fdata(&k->in[4]), a.dout = fdata(&k->in[5]);
     a.dq = fdata(&k->out[0]), a.dk = fdata(&k->out[1]), a.dv = fdata(&k->out[2]);
     int par = a.BH * a.T * a.S * a.D > PAR_MIN;
-    int64_t threads = par ? omp_get_max_threads() : 1;
-    if (a.BH >= 2 * threads || a.BH % threads == 0) {
+    int64_t threads = par ? omp_get_max_threads() : 1, bkv = a.BH / a.G;
+    if (bkv >= 2 * threads || bkv % threads == 0) {
 #pragma omp parallel for if (par) schedule(dynamic)
-        for (int64_t bh = 0; bh < a.BH; bh++) bwd_slice(&a, bh);
+        for (int64_t kv = 0; kv < bkv; kv++) bwd_slice(&a, kv);
         return;
     }
     int64_t nkb = (a.S + a.bk - 1) / a.bk, nqb = (a.T + BQ - 1) / BQ;
 #pragma omp parallel for schedule(dynamic)
-    for (int64_t t = 0; t < a.BH * nkb; t++) bwd_kv_block(&a, t / nkb, t % nkb * a.bk);
+    for (int64_t t = 0; t < bkv * nkb; t++) bwd_kv_block(&a, t / nkb, t % nkb * a.bk);
 #pragma omp parallel for schedule(dynamic)
     for (int64_t t = 0; t < a.BH * nqb; t++) bwd_q_block(&a, t / nqb, t % nqb * BQ);
 }

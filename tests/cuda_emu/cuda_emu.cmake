@@ -47,15 +47,17 @@ if(NOT FS_FUZZ)
   set(tiny -D L=2 -D C=32 -D NH=2 -D T=16 -D V=256 -D B=2)
   foreach(prec fp32 bf16 fp16)
     cuda_emu_test(gpt2_${prec} samples/gpt2.fsm ${tiny} --precision ${prec})
-    cuda_emu_test(llama_${prec} samples/llama.fsm ${tiny} -D F=64 --precision ${prec})
+    # llama: grouped-query attention, 4 query heads over 2 kv heads
+    cuda_emu_test(llama_${prec} samples/llama.fsm -D L=2 -D C=32 -D NH=4 -D NKV=2 -D T=16 -D V=256 -D B=2 -D F=64
+                  --precision ${prec})
     cuda_emu_test(mlp_${prec} samples/mlp.fsm --precision ${prec})
   endforeach()
   cuda_emu_test(gpt2_bf16_fsdp_recompute samples/gpt2.fsm ${tiny} --precision bf16 --shard fsdp --world 1 --recompute Block)
   cuda_emu_test(gpt2_fp32_sgd samples/gpt2.fsm ${tiny} --optimizer sgd --momentum 0.9)
   # Odd shapes: head dims 21 and 22, sequences of 33 (a second, partial attention tile),
-  # vocab rows of 1025 (block-wide rows), a batch of 3.
+  # vocab rows of 1025 (block-wide rows), a batch of 3; llama's multi-query (NKV = 1).
   cuda_emu_test(gpt2_odd_fp32 samples/gpt2.fsm -D L=1 -D C=42 -D NH=2 -D T=33 -D V=1025 -D B=3)
-  cuda_emu_test(llama_odd_bf16 samples/llama.fsm -D L=1 -D C=44 -D NH=2 -D T=33 -D V=1025 -D B=3 -D F=90
+  cuda_emu_test(llama_odd_bf16 samples/llama.fsm -D L=1 -D C=44 -D NH=2 -D NKV=1 -D T=33 -D V=1025 -D B=3 -D F=90
                 --precision bf16)
   foreach(prec fp32 bf16 fp16)
     cuda_emu_test(ops_${prec} tests/cuda_emu/ops.fsm --precision ${prec})

@@ -35,8 +35,9 @@ from mpienv import quiet_mpi_leaks  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 L, C, NH, T, V, F = 2, 64, 4, 32, 256, 176
+NKV = 2  # llama's kv heads: grouped-query attention, k_proj and v_proj [NKV * C / NH, C]
 GPT2_DIMS = ["-D", "L=%d" % L, "-D", "C=%d" % C, "-D", "NH=%d" % NH, "-D", "T=%d" % T, "-D", "V=%d" % V, "-D", "B=2"]
-LLAMA_DIMS = GPT2_DIMS + ["-D", "F=%d" % F]
+LLAMA_DIMS = GPT2_DIMS + ["-D", "F=%d" % F, "-D", "NKV=%d" % NKV]
 
 # ---------------------------------------------------------------- safetensors with numpy
 
@@ -110,8 +111,8 @@ def llama_params():
         p, h = "layers.%d." % i, "model.layers.%d." % i
         rows += [(p + "attn_norm.w", h + "input_layernorm.weight", [C], False),
                  (p + "wq", h + "self_attn.q_proj.weight", [C, C], True),
-                 (p + "wk", h + "self_attn.k_proj.weight", [C, C], True),
-                 (p + "wv", h + "self_attn.v_proj.weight", [C, C], True),
+                 (p + "wk", h + "self_attn.k_proj.weight", [NKV * C // NH, C], True),
+                 (p + "wv", h + "self_attn.v_proj.weight", [NKV * C // NH, C], True),
                  (p + "wo", h + "self_attn.o_proj.weight", [C, C], True),
                  (p + "mlp_norm.w", h + "post_attention_layernorm.weight", [C], False),
                  (p + "w1", h + "mlp.gate_proj.weight", [F, C], True),   # nn.Linear: [out, in]
@@ -297,6 +298,12 @@ def main():
         expect_error(fsexec, plans["llama"], P("flipped.safetensors"), "hf-llama",
                      ["'model.layers.0.mlp.gate_proj.weight'", "transpose", "[in, out]", "[%d, %d]" % (C, F)],
                      "transposed nn.Linear weight")
+        mha = dict(l32)  # a multi-head checkpoint (num_key_value_heads = NH) into the grouped-query plan
+        mha["model.layers.1.self_attn.v_proj.weight"] = ("F32", np.zeros((C, C), np.float32))
+        write_st(P("mha.safetensors"), mha)
+        expect_error(fsexec, plans["llama"], P("mha.safetensors"), "hf-llama",
+                     ["'model.layers.1.self_attn.v_proj.weight'", "[%d, %d]" % (C, C), "[%d, %d]" % (NKV * C // NH, C),
+                      "num_key_value_heads", "-D NKV="], "v_proj of another kv head count")
         flipped = dict(g32)
         dt, a = flipped["transformer.h.0.mlp.c_fc.weight"]
         flipped["transformer.h.0.mlp.c_fc.weight"] = (dt, np.ascontiguousarray(a.T))

@@ -130,15 +130,18 @@ def gpt2_loss(p, tokens, targets, L, NH):
     return cross_entropy(logits, targets)
 
 
-def llama_loss(p, tokens, targets, L, NH):
-    """samples/llama.fsm: RMSNorm, rope, SwiGLU, untied output [C, V]."""
+def llama_loss(p, tokens, targets, L, NH, NKV=None):
+    """samples/llama.fsm: RMSNorm, rope, grouped-query attention (NKV kv heads, each
+    repeat_interleave'd to NH / NKV query heads, as Hugging Face's repeat_kv does),
+    SwiGLU, untied output [C, V]. NKV defaults to NH."""
+    G = NH // (NKV or NH)
     x = p["tok_embeddings"][tokens.long()]
     for l in range(L):
         g = lambda n: p[f"layers.{l}.{n}"]
         h = rmsnorm(x, g("attn_norm.w"))
         q = rope(heads(h @ g("wq"), NH))
-        k = rope(heads(h @ g("wk"), NH))
-        v = heads(h @ g("wv"), NH)
+        k = rope(heads(h @ g("wk"), NH // G)).repeat_interleave(G, dim=1)
+        v = heads(h @ g("wv"), NH // G).repeat_interleave(G, dim=1)
         x = x + merge_heads(attention(q, k, v)) @ g("wo")
         h = rmsnorm(x, g("mlp_norm.w"))
         x = x + (F.silu(h @ g("w1")) * (h @ g("w3"))) @ g("w2")

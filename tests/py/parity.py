@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """fsexec vs PyTorch parity (DESIGN.md invariant 3, "Matches the ecosystem").
 
-For a tiny GPT-2 (samples/gpt2.fsm) and a tiny Llama (samples/llama.fsm):
+For a tiny GPT-2 (samples/gpt2.fsm) and a tiny Llama (samples/llama.fsm) with
+grouped-query attention (4 query heads over 2 kv heads; llama_mqa: over 1):
   1. fsc compiles the model with an explicit AdamW / clip / warmup+cosine setup;
   2. a random raw uint16 token file is written (values < V, small enough that the
      sequential windows wrap around: the offset formula is tested too);
@@ -47,7 +48,9 @@ import models  # noqa: E402
 
 CONFIGS = {
     "gpt2": {"file": "gpt2.fsm", "dims": {"L": 2, "C": 64, "NH": 4, "T": 32, "V": 256, "B": 4}},
-    "llama": {"file": "llama.fsm", "dims": {"L": 2, "C": 64, "NH": 4, "F": 176, "T": 32, "V": 256, "B": 4}},
+    "llama": {"file": "llama.fsm", "dims": {"L": 2, "C": 64, "NH": 4, "NKV": 2, "F": 176, "T": 32, "V": 256, "B": 4}},
+    "llama_mqa": {"file": "llama.fsm", "model": "llama",
+                  "dims": {"L": 2, "C": 64, "NH": 4, "NKV": 1, "F": 176, "T": 32, "V": 256, "B": 4}},
 }
 HP = {"optimizer": "adamw", "lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
       "clip": 1.0, "lr_schedule": "cosine", "warmup": 3, "min_lr": 1e-4, "steps": 10}
@@ -130,6 +133,8 @@ def run_model(name, args, work):
     cfg = CONFIGS[name]
     dims = cfg["dims"]
     B, T, V, NH, L = dims["B"], dims["T"], dims["V"], dims["NH"], dims["L"]
+    model = cfg.get("model", name)
+    kv = {"NKV": dims["NKV"]} if "NKV" in dims else {}
     wd = os.path.join(work, name)
     os.makedirs(wd, exist_ok=True)
 
@@ -168,11 +173,11 @@ def run_model(name, args, work):
         failures.append(f"{name}: expected 1 and {NSTEPS} log lines, got {len(l1)} and {len(l10)}")
     if failures:
         return [], failures
-    if models.num_layers(init, name) != L:
-        return [], [f"{name}: the weights hold {models.num_layers(init, name)} layers, not {L}"]
+    if models.num_layers(init, model) != L:
+        return [], [f"{name}: the weights hold {models.num_layers(init, model)} layers, not {L}"]
 
     # 4. PyTorch, float32 and float64, from the same initial weights
-    loss_fn = lambda p, x, y: models.MODELS[name](p, x, y, L, NH)
+    loss_fn = lambda p, x, y: models.MODELS[model](p, x, y, L, NH, **kv)
     tok64 = models.read_tokens(os.path.join(wd, "tokens.bin"))
     ref = {}
     for dt in (torch.float32, torch.float64):
@@ -198,7 +203,7 @@ def run_model(name, args, work):
     kb = BoundCheck(name, "key bias max|k|/max|q,v|", TOL["key_bias"])
     for k in init:
         fs, t32, t64 = fs_final[k], r32["final"][k], r64["final"][k]
-        if name == "gpt2" and k.endswith(".attn.b"):
+        if model == "gpt2" and k.endswith(".attn.b"):
             # The key bias adds q.b_k to every score of a row, which softmax ignores: its
             # gradient is exactly zero, so in float32 it is rounding noise (~1e-11) that
             # Adam divides by its own RMS, making steps of ~lr times noise / (noise + eps)
@@ -227,7 +232,7 @@ def main():
     ap.add_argument("--fsc", required=True)
     ap.add_argument("--fsexec", required=True)
     ap.add_argument("--samples", default=os.path.join(HERE, "..", "..", "samples"))
-    ap.add_argument("--models", default="gpt2,llama")
+    ap.add_argument("--models", default="gpt2,llama,llama_mqa")
     ap.add_argument("--threads", type=int, default=0, help="fsexec --threads (default: fsexec's)")
     ap.add_argument("--keep", metavar="DIR", help="work in DIR and keep the files")
     args = ap.parse_args()

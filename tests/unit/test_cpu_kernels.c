@@ -728,23 +728,26 @@ Test(cpu, attention_hand)
     expect_close(F(&lse2), (float[]){0, (float)log(1 + e)}, 2, 1e-6, "causal lse");
 }
 
-/* Naive attention in double: out, lse and (given dout) dq, dk, dv. */
+/* Naive attention in double: out, lse and (given dout) dq, dk, dv. k and v may have
+ * fewer slices than q (grouped-query attention): query slice b reads kv slice b / G. */
 static void attention_ref(const KTensor *q, const KTensor *k, const KTensor *v, const float *dout, int causal, float *o,
                           float *lse, float *dq, float *dk, float *dv)
 {
     int r = q->rank;
     int64_t T = q->shape[r - 2], D = q->shape[r - 1], S_ = k->shape[r - 2], Dv = v->shape[r - 1], BH = q->numel / (T * D);
+    int64_t G = BH / (k->numel / (S_ * D));
     double scale = 1 / sqrt((double)D), *p = malloc(sizeof(double) * (size_t)S_), *dp = malloc(sizeof(double) * (size_t)S_);
     if (dq) memset(dq, 0, sizeof(float) * (size_t)q->numel), memset(dk, 0, sizeof(float) * (size_t)k->numel);
     if (dv) memset(dv, 0, sizeof(float) * (size_t)v->numel);
     for (int64_t b = 0; b < BH; b++)
         for (int64_t i = 0; i < T; i++) {
             const float *qi = F(q) + (b * T + i) * D;
+            int64_t kb = b / G;
             int64_t n = causal ? i + 1 : S_;
             double m = -INFINITY, z = 0;
             for (int64_t j = 0; j < n; j++) {
                 double s = 0;
-                for (int64_t d = 0; d < D; d++) s += (double)qi[d] * F(k)[(b * S_ + j) * D + d];
+                for (int64_t d = 0; d < D; d++) s += (double)qi[d] * F(k)[(kb * S_ + j) * D + d];
                 p[j] = s * scale, m = p[j] > m ? p[j] : m;
             }
             for (int64_t j = 0; j < n; j++) p[j] = exp(p[j] - m), z += p[j];
@@ -752,7 +755,7 @@ static void attention_ref(const KTensor *q, const KTensor *k, const KTensor *v, 
             lse[b * T + i] = (float)(m + log(z));
             for (int64_t d = 0; d < Dv; d++) {
                 double s = 0;
-                for (int64_t j = 0; j < n; j++) s += p[j] * F(v)[(b * S_ + j) * Dv + d];
+                for (int64_t j = 0; j < n; j++) s += p[j] * F(v)[(kb * S_ + j) * Dv + d];
                 o[(b * T + i) * Dv + d] = (float)s;
             }
             if (!dq) continue;
@@ -760,25 +763,26 @@ static void attention_ref(const KTensor *q, const KTensor *k, const KTensor *v, 
             double Di = 0;
             for (int64_t j = 0; j < n; j++) {
                 dp[j] = 0;
-                for (int64_t d = 0; d < Dv; d++) dp[j] += (double)gi[d] * F(v)[(b * S_ + j) * Dv + d];
+                for (int64_t d = 0; d < Dv; d++) dp[j] += (double)gi[d] * F(v)[(kb * S_ + j) * Dv + d];
                 Di += p[j] * dp[j];
             }
             for (int64_t j = 0; j < n; j++) {
                 double ds = p[j] * (dp[j] - Di) * scale;
                 for (int64_t d = 0; d < D; d++) {
-                    dq[(b * T + i) * D + d] += (float)(ds * F(k)[(b * S_ + j) * D + d]);
-                    dk[(b * S_ + j) * D + d] += (float)(ds * qi[d]);
+                    dq[(b * T + i) * D + d] += (float)(ds * F(k)[(kb * S_ + j) * D + d]);
+                    dk[(kb * S_ + j) * D + d] += (float)(ds * qi[d]);
                 }
-                for (int64_t d = 0; d < Dv; d++) dv[(b * S_ + j) * Dv + d] += (float)(p[j] * gi[d]);
+                for (int64_t d = 0; d < Dv; d++) dv[(kb * S_ + j) * Dv + d] += (float)(p[j] * gi[d]);
             }
         }
     free(p), free(dp);
 }
 
-/* Forward and backward of a [B, H, T, D] case against the naive reference. */
-static void check_attention(int64_t B, int64_t H, int64_t T, int64_t S_, int64_t D, int64_t Dv, int causal)
+/* Forward and backward of a q [B, H, T, D], k and v [B, HKV, S, D] case against the
+ * naive reference. */
+static void check_gqa(int64_t B, int64_t H, int64_t HKV, int64_t T, int64_t S_, int64_t D, int64_t Dv, int causal)
 {
-    KTensor q = frand(S(B, H, T, D), -1, 1), k = frand(S(B, H, S_, D), -1, 1), v = frand(S(B, H, S_, Dv), -1, 1);
+    KTensor q = frand(S(B, H, T, D), -1, 1), k = frand(S(B, HKV, S_, D), -1, 1), v = frand(S(B, HKV, S_, Dv), -1, 1);
     KTensor o = ten(KT_F32, S(B, H, T, Dv)), lse = ten(KT_F32, S(B, H, T)), g = frand(S(B, H, T, Dv), -1, 1);
     KTensor dq = like(&q), dk = like(&k), dv = like(&v), wo = like(&o), wl = like(&lse);
     KTensor rq = like(&q), rk = like(&k), rv = like(&v);
@@ -792,6 +796,22 @@ static void check_attention(int64_t B, int64_t H, int64_t T, int64_t S_, int64_t
     expect_close(F(&dq), F(&rq), q.numel, 1e-4, "attention dq");
     expect_close(F(&dk), F(&rk), k.numel, 1e-4, "attention dk");
     expect_close(F(&dv), F(&rv), v.numel, 1e-4, "attention dv");
+}
+
+static void check_attention(int64_t B, int64_t H, int64_t T, int64_t S_, int64_t D, int64_t Dv, int causal)
+{
+    check_gqa(B, H, H, T, S_, D, Dv, causal);
+}
+
+/* Grouped-query (and multi-query) attention: dK and dV sum over each group; the large
+ * cases run in parallel, over whole kv slices or (one kv slice) over key blocks. */
+Test(cpu, attention_grouped_query_against_reference)
+{
+    check_gqa(2, 4, 2, 9, 9, 4, 4, 1);
+    check_gqa(1, 6, 3, 5, 7, 4, 3, 0);
+    check_gqa(2, 4, 1, 70, 70, 8, 8, 1);
+    check_gqa(1, 4, 2, 150, 150, 64, 64, 1);
+    check_gqa(1, 4, 1, 130, 130, 64, 32, 1);
 }
 
 Test(cpu, attention_against_reference)
@@ -965,22 +985,33 @@ Test(cpu, deterministic_with_two_threads)
     twice(cpu_matmul, &mm, "matmul");
 }
 
+/* The forward, then the backward twice at 2 threads and once at 1: the same bits. */
+static void attention_same_bits(KTensor q, KTensor k, KTensor v, int causal)
+{
+    KTensor o = like(&q), lse = ten(KT_F32, q.rank - 1, q.shape), g = frand(q.rank, q.shape, -1, 1);
+    omp_set_num_threads(2);
+    KCall f = {.n_in = 3, .in = {q, k, v}, .n_out = 2, .out = {o, lse}, .attr = {0, 0, 0, causal}};
+    twice(cpu_attention, &f, "attention");
+    KCall b = {.n_in = 6, .in = {q, k, v, o, lse, g}, .n_out = 3, .out = {like(&q), like(&k), like(&v)}, .attr = {[6] = causal}};
+    twice(cpu_attention_bwd, &b, "attention_bwd");
+    omp_set_num_threads(1);
+    KCall b1 = b;
+    for (int i = 0; i < 3; i++) b1.out[i] = like(&b.out[i]);
+    cpu_attention_bwd(&b1);
+    for (int i = 0; i < 3; i++) expect_bits(&b.out[i], &b1.out[i], "attention_bwd 1 vs 2 threads");
+}
+
 /* Attention over 3 slices: with 2 threads the backward takes its two-pass path, with one
  * thread the per-slice path; both must give the same bits. */
 Test(cpu, attention_deterministic_across_threads)
 {
     KTensor q = frand(S(3, 200, 64), -1, 1), k = frand(S(3, 200, 64), -1, 1), v = frand(S(3, 200, 64), -1, 1);
-    KTensor o = like(&q), lse = ten(KT_F32, S(3, 200)), g = frand(S(3, 200, 64), -1, 1);
-    for (int causal = 0; causal < 2; causal++) {
-        omp_set_num_threads(2);
-        KCall f = {.n_in = 3, .in = {q, k, v}, .n_out = 2, .out = {o, lse}, .attr = {0, 0, 0, causal}};
-        twice(cpu_attention, &f, "attention");
-        KCall b = {.n_in = 6, .in = {q, k, v, o, lse, g}, .n_out = 3, .out = {like(&q), like(&k), like(&v)}, .attr = {[6] = causal}};
-        twice(cpu_attention_bwd, &b, "attention_bwd");
-        omp_set_num_threads(1);
-        KCall b1 = b;
-        for (int i = 0; i < 3; i++) b1.out[i] = like(&b.out[i]);
-        cpu_attention_bwd(&b1);
-        for (int i = 0; i < 3; i++) expect_bits(&b.out[i], &b1.out[i], "attention_bwd 1 vs 2 threads");
-    }
+    for (int causal = 0; causal < 2; causal++) attention_same_bits(q, k, v, causal);
+}
+
+/* Multi-query attention, 4 query slices over 1 kv slice: with 2 threads the two-pass
+ * path sums dK and dV over the group, with one the per-slice path. */
+Test(cpu, grouped_attention_deterministic_across_threads)
+{
+    attention_same_bits(frand(S(4, 200, 64), -1, 1), frand(S(1, 200, 64), -1, 1), frand(S(1, 200, 64), -1, 1), 1);
 }

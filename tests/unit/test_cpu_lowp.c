@@ -577,11 +577,11 @@ static Case mk_rope(void)
     return c;
 }
 
-static int att_causal;
+static int att_causal, att_kv = 3;  // att_kv: kv heads of the 3 query heads (1: multi-query)
 
 static Case mk_attention(void)
 {
-    KTensor q = frand(S(2, 3, 150, 32), -1, 1), k = frand(S(2, 3, 150, 32), -1, 1), v = frand(S(2, 3, 150, 32), -1, 1);
+    KTensor q = frand(S(2, 3, 150, 32), -1, 1), k = frand(S(2, att_kv, 150, 32), -1, 1), v = frand(S(2, att_kv, 150, 32), -1, 1);
     Case c = {.f = cpu_attention,
               .k = call(3, (KTensor[]){q, k, v}, 2, (KTensor[]){like(&q), ten(KT_F32, S(2, 3, 150))}),
               .keep = KEEP_OUT(1)};
@@ -592,7 +592,7 @@ static Case mk_attention(void)
 /* o and lse from the f32 forward on the rounded q, k, v, as a 16-bit plan would have them. */
 static Case mk_attention_bwd(void)
 {
-    KTensor q = frand(S(2, 3, 150, 32), -1, 1), k = frand(S(2, 3, 150, 32), -1, 1), v = frand(S(2, 3, 150, 32), -1, 1);
+    KTensor q = frand(S(2, 3, 150, 32), -1, 1), k = frand(S(2, att_kv, 150, 32), -1, 1), v = frand(S(2, att_kv, 150, 32), -1, 1);
     KTensor o = like(&q), lse = ten(KT_F32, S(2, 3, 150)), dout = frand(S(2, 3, 150, 32), -1, 1);
     KCall f = call(3, (KTensor[]){q, k, v}, 2, (KTensor[]){o, lse});
     f.attr[3] = att_causal;
@@ -607,10 +607,11 @@ static Case mk_attention_bwd(void)
 Test(lowp, rope_exact_and_attention_close)
 {
     EXACT(mk_rope);
-    for (att_causal = 0; att_causal < 2; att_causal++) {
-        check(mk_attention, 0, 1e-3, 1e-2, "attention");
-        check(mk_attention_bwd, 0, 1e-3, 1e-2, "attention_bwd");
-    }
+    for (att_kv = 3; att_kv > 0; att_kv -= 2)
+        for (att_causal = 0; att_causal < 2; att_causal++) {
+            check(mk_attention, 0, 1e-3, 1e-2, "attention");
+            check(mk_attention_bwd, 0, 1e-3, 1e-2, "attention_bwd");
+        }
 }
 
 static int64_t ma[4], mb[4], mo[4];

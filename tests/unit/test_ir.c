@@ -320,6 +320,14 @@ Test(ir, flops_attention)
     int v2 = value(ROLE_INPUT, "v2", DT_F32, DIMS(2, 3, 10, 4), -1, (Loc){0});
     n = node(OP_attention, INS(q, k2, v2), NULL, 0, -1, PHASE_FORWARD, (Loc){0});
     cr_assert_float_eq(flops(n), 2.0 * 16 * 10 * (8 + 4) * (2 * 3), 1e-9);
+    // grouped-query: 3 query heads over 1 kv head do the same products as over 3
+    int k1 = value(ROLE_INPUT, "k1", DT_F32, DIMS(2, 1, 16, 8), -1, (Loc){0});
+    n = node(OP_attention, INS(q, k1, k1), ATTRS(AI("causal", 1)), -1, PHASE_FORWARD, (Loc){0});
+    cr_assert_float_eq(flops(n), 4.0 * 16 * 16 * 8 * (2 * 3), 1e-9);
+    const Node *fn = ir_node(g, n);
+    int b = node(OP_attention_bwd, INS(q, k1, k1, ir_out(g, fn, 0), ir_out(g, fn, 1), ir_out(g, fn, 0)),
+                 ATTRS(AI("causal", 1)), -1, PHASE_BACKWARD, (Loc){0});
+    cr_assert_float_eq(flops(b), 2.0 * 16 * 16 * (2 * 3) * 5 * 8, 1e-9);
 }
 
 /* The backward's own work is twice the forward's; its Q K^T again is recompute. */

@@ -137,8 +137,8 @@ Test(lower, llama_sample)
     cr_expect_eq(r.g->n_blocks, 8);
     cr_expect_eq(count_op(r.g, OP_rope), 16);
     cr_expect_eq(count_op(r.g, OP_rmsnorm), 17);
-    int64_t C = 512, F = 1408, V = 32000;
-    cr_expect_eq(ir_param_count(r.g), 2 * V * C + C + 8 * (4 * C * C + 2 * C + 3 * C * F));
+    int64_t C = 512, F = 1408, V = 32000, KV = 2 * C / 8;  // wk, wv: [C, NKV * C / NH], NKV 2 of NH 8
+    cr_expect_eq(ir_param_count(r.g), 2 * V * C + C + 8 * (2 * C * C + 2 * C * KV + 2 * C + 3 * C * F));
     done(&r);
     free(src);
 }

@@ -214,8 +214,10 @@ Test(memreport, gpt2_saved_activations_per_block_from_shapes)
 
 /* Llama's block the same way (F the SwiGLU width):
  *   x, rmsnorm(x)             2 x [B, T, C]  rmsnorm_bwd reads x; the wq, wk, wv grads read h
- *   rope(q), rope(k), heads(v)  3 x [B, NH, T, C/NH]  attention_bwd (rope's own gradient
+ *   rope(q)                   [B, NH, T, C/NH]  attention_bwd (rope's own gradient
  *                             rotates dy back and reads nothing)
+ *   rope(k), heads(v)         2 x [B, NKV, T, C/NH]  attention_bwd (grouped-query: the
+ *                             sample's NKV = 2 kv heads)
  *   attention out, lse        as GPT-2 (merge_heads(out) made again, not kept)
  *   x + attn @ wo, rmsnorm of it  2 x [B, T, C]  rmsnorm_bwd; the w1 and w3 grads
  *   h @ w1                    [B, T, F]      silu_bwd reads its input
@@ -223,8 +225,8 @@ Test(memreport, gpt2_saved_activations_per_block_from_shapes)
  *   their product             [B, T, F]      matmul grad of w2 */
 Test(memreport, llama_saved_activations_per_block_from_shapes)
 {
-    const int64_t B = 4, T = 32, C = 64, NH = 4, F = 176;
-    int64_t want = 4 * (B * T * C * (2 + 3 + 1 + 2) + B * NH * T + 4 * B * T * F);
+    const int64_t B = 4, T = 32, C = 64, NH = 4, NKV = 2, F = 176;
+    int64_t want = 4 * (B * T * C * (2 + 1 + 1 + 2) + 2 * B * NKV * T * (C / NH) + B * NH * T + 4 * B * T * F);
     Plan *p = compile("llama.fsm", LLAMA, 7, NULL, 0);
     MemReport *r = report(p);
     for (int32_t b = 0; b < p->n_blocks; b++)

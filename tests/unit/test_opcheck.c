@@ -20,7 +20,8 @@
 #include "sample.h"
 
 static const Define GPT2[] = {{"L", 1}, {"C", 32}, {"NH", 2}, {"T", 8}, {"V", 256}, {"B", 2}};
-static const Define LLAMA[] = {{"L", 1}, {"C", 32}, {"NH", 2}, {"F", 64}, {"T", 8}, {"V", 256}, {"B", 2}};
+// llama with multi-query attention (2 query heads over 1 kv head)
+static const Define LLAMA[] = {{"L", 1}, {"C", 32}, {"NH", 2}, {"NKV", 1}, {"F", 64}, {"T", 8}, {"V", 256}, {"B", 2}};
 static const Define MLP[] = {{"B", 8}, {"D", 4}, {"H", 8}, {"K", 3}, {"L", 1}};
 
 static Plan *gpt2(const char *precision, const char *shard, const char *world)
@@ -102,7 +103,7 @@ static PlanAttr *attr(Plan *p, int32_t k, const char *key)
 Test(opcheck, every_plan_fsc_makes_passes)
 {
     static const struct { const char *file; const Define *defs; int n; } models[] = {
-        {"gpt2.fsm", GPT2, 6}, {"llama.fsm", LLAMA, 7}, {"mlp.fsm", MLP, 5}};
+        {"gpt2.fsm", GPT2, 6}, {"llama.fsm", LLAMA, 8}, {"mlp.fsm", MLP, 5}};
     static const char *const shards[] = {"none", "ddp", "zero1", "zero2", "fsdp"};
     static const char *const precisions[] = {"fp32", "bf16", "fp16"};
     static const char *const recompute[] = {"none", "all"};
@@ -132,7 +133,7 @@ Test(opcheck, plans_read_back_and_other_settings_pass)
 {
     Setting set[] = {{"optimizer", "sgd"}, {"momentum", "0.9"}, {"clip", "0"}, {"lr_schedule", "constant"},
                      {"reduce_dtype", "fp32"}, {"shard", "fsdp"}, {"world", "2"}, {"reshard_after_forward", "0"}};
-    Plan *p = sample_compile("llama.fsm", LLAMA, 7, set, 8, NULL);
+    Plan *p = sample_compile("llama.fsm", LLAMA, 8, set, 8, NULL);
     void *buf;
     size_t len;
     char err[512];
@@ -242,6 +243,23 @@ Test(opcheck, a_collective_for_another_world)
     int32_t k = find_op(p, "all_reduce", 0);
     attr(p, k, "world")->i = 4;
     expect_refused(p, op_label(p, k), "world of 4", NULL);
+    plan_free(p);
+}
+
+/* Grouped-query attention in a plan: k and v with 1 head under q's 2 pass; a kv head
+ * count that does not divide q's is refused with both counts. */
+Test(opcheck, grouped_query_attention_head_counts)
+{
+    Plan *p = sample_compile("llama.fsm", LLAMA, 8, NULL, 0, NULL);
+    expect_ok(p, "llama, 2 query heads over 1 kv head");
+    int32_t k = find_op(p, "attention", 0), kin = *input(p, k, 1), vin = *input(p, k, 2);
+    const PlanTensor *t = &p->tensors[kin];
+    int64_t three[PLAN_MAX_RANK];
+    for (int d = 0; d < t->rank; d++) three[d] = t->shape[d];
+    three[t->rank - 3] = 3;
+    *input(p, k, 1) = retyped(p, kin, t->dtype, t->rank, three);
+    *input(p, k, 2) = retyped(p, vin, p->tensors[vin].dtype, t->rank, three);
+    expect_refused(p, op_label(p, k), "q's 2 heads are not a multiple of k and v's 3", NULL);
     plan_free(p);
 }
 

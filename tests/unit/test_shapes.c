@@ -358,14 +358,22 @@ Test(shapes, attention)
     int q = F32(4, 12, 64, 32), k = F32(4, 12, 64, 32), v = F32(4, 12, 64, 16);
     EXPECT_TYPE(node(OP_attention, INS(q, k, v), ATTRS(AI("causal", 1))), "f32[4, 12, 64, 16]");
     EXPECT_TYPE(node(OP_attention, INS(F32(8, 32), F32(20, 32), F32(20, 32)), ATTRS(AI("causal", 0))), "f32[8, 32]");
+    // grouped-query: 12 query heads over 4 kv heads, and over 1 (multi-query)
+    EXPECT_TYPE(node(OP_attention, INS(q, F32(4, 4, 64, 32), F32(4, 4, 64, 16)), ATTRS(AI("causal", 1))), "f32[4, 12, 64, 16]");
+    EXPECT_TYPE(node(OP_attention, INS(q, F32(4, 1, 64, 32), F32(4, 1, 64, 16)), ATTRS(AI("causal", 1))), "f32[4, 12, 64, 16]");
 }
 
 Test(shapes, attention_errors)
 {
     EXPECT_ERR(node(OP_attention, INS(F32(8, 32), F32(20, 32), F32(20, 32)), ATTRS(AI("causal", 1))),
                "attention: causal needs equal lengths: q f32[8, 32], k f32[20, 32] (8 vs 20)");
+    EXPECT_ERR(node(OP_attention, INS(F32(2, 4, 8, 32), F32(3, 4, 8, 32), F32(3, 4, 8, 32)), NOATTRS),
+               "attention: batch dims differ: q f32[2, 4, 8, 32], k f32[3, 4, 8, 32], v f32[3, 4, 8, 32] (dim 0)");
     EXPECT_ERR(node(OP_attention, INS(F32(2, 8, 32), F32(3, 8, 32), F32(3, 8, 32)), NOATTRS),
-               "attention: batch dims differ: q f32[2, 8, 32], k f32[3, 8, 32], v f32[3, 8, 32] (dim 0)");
+               "attention: q's 2 heads are not a multiple of k and v's 3 (grouped-query attention needs NH % NKV == 0): "
+               "q f32[2, 8, 32], k f32[3, 8, 32]");
+    EXPECT_ERR(node(OP_attention, INS(F32(4, 8, 32), F32(2, 8, 32), F32(1, 8, 32)), NOATTRS),
+               "attention: k and v head counts differ: k f32[2, 8, 32] has 2, v f32[1, 8, 32] has 1");
     EXPECT_ERR(node(OP_attention, INS(F32(8, 32), F32(8, 16), F32(8, 32)), NOATTRS),
                "attention: head dims differ: q f32[8, 32], k f32[8, 16] (32 vs 16)");
     EXPECT_ERR(node(OP_attention, INS(F32(8, 32), F32(8, 32), F32(9, 32)), NOATTRS),
