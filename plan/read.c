@@ -405,6 +405,18 @@ static int read_cuda(Reader *r, const Sec *s, Plan *p)
     return 0;
 }
 
+/* EVAL, SAMP: a whole plan of one program, read with every check of its own. */
+static int read_subplan(Reader *r, const Sec *s, Plan **out, const char *what)
+{
+    char why[400];
+    *out = plan_read_mem(s->b, s->len, why, sizeof why);
+    if (!*out) return fail(r, "section %s (%s): %s", s->tag, what, why);
+    if ((*out)->n_programs != 1 || (*out)->eval || (*out)->sample)
+        return fail(r, "section %s (%s): a plan of %d programs%s, expected one", s->tag, what, (*out)->n_programs,
+                    (*out)->eval || (*out)->sample ? " with programs of its own" : "");
+    return 0;
+}
+
 static int decode(Reader *r, Plan *p, const int32_t at[SEC_COUNT])
 {
     Sec s[SEC_COUNT];
@@ -423,6 +435,9 @@ static int decode(Reader *r, Plan *p, const int32_t at[SEC_COUNT])
     if (!r->minor) whole_ranges(p);
     char why[200];
     if (plan_check(p, why, sizeof why)) return fail(r, "invalid plan: %s", why);
+    if ((at[SEC_EVAL] >= 0 && read_subplan(r, &s[SEC_EVAL], &p->eval, "the evaluation program")) ||
+        (at[SEC_SAMP] >= 0 && read_subplan(r, &s[SEC_SAMP], &p->sample, "the sampling program")))
+        return -1;
     return 0;
 }
 

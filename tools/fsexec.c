@@ -61,6 +61,17 @@ static const char USAGE[] =
     "                       else raw uint16 unless the file looks like something else),\n"
     "                       llmc, or raw (headerless uint16, whatever the file looks like)\n"
     "  --data-order ORDER   random (default) or sequential windows\n"
+    "  --val-data FILE      evaluate on held-out data with the plan's evaluation program (the\n"
+    "                       forward and the loss: no backward, no optimizer; with its\n"
+    "                       own arena: fsc --mem shows it) before the first step, every\n"
+    "                       --eval-every steps and after the last; val_loss (classifiers:\n"
+    "                       val_acc) on that step's line and in --log. FILE is a token file,\n"
+    "                       read as --data is; every evaluation reads its first --eval-batches\n"
+    "                       batches, in order. A classifier takes `--val-data blobs`: blob\n"
+    "                       batches no training step draws. Not for pipelines (an error)\n"
+    "  --eval-every N       evaluate every N steps too (default: only before the first step\n"
+    "                       and after the last)\n"
+    "  --eval-batches K     batches of each evaluation (default 10)\n"
     "  --log FILE           one JSON line per step: step, loss, lr, grad_norm,\n"
     "                       tokens_per_s (classifiers: samples_per_s and accuracy), ms\n"
     "                       (with offload on CPU ranks, to_host_bytes, to_device_bytes)\n"
@@ -149,6 +160,8 @@ typedef struct {
     const char *weights_format;
     int64_t nproc, timeout;  // --nproc (0: not given), --timeout seconds
     int64_t overflow_at;     // --debug-overflow-at: the step whose fp16 gradients overflow
+    const char *val_data;    // --val-data
+    int64_t eval_every, eval_batches;
 } Flags;
 
 /* Who speaks in messages: "fsexec", or "[rank r] fsexec" in a world of several ranks
@@ -210,13 +223,14 @@ static int parse_int(const char *flag, const char *s, int64_t lo, int64_t hi, in
 typedef enum {
     V_INSPECT, V_STEPS, V_SEED, V_THREADS, V_DATA, V_DATA_ORDER, V_DATA_FORMAT, V_LOG, V_LOG_EVERY, V_SAVE_WEIGHTS,
     V_LOAD_WEIGHTS, V_SAVE_GRADS, V_NPROC, V_TIMEOUT, V_OVERFLOW_AT, V_DEVICE, V_CHECKPOINT_DIR, V_SAVE_EVERY, V_KEEP,
-    V_RESUME, V_EXPORT, V_WEIGHTS_FORMAT, V_COUNT
+    V_RESUME, V_EXPORT, V_WEIGHTS_FORMAT, V_VAL_DATA, V_EVAL_EVERY, V_EVAL_BATCHES, V_COUNT
 } ValueFlag;
 
 static const char *const VALUE_FLAGS[V_COUNT] = {
     "--inspect", "--steps", "--seed", "--threads", "--data", "--data-order", "--data-format", "--log", "--log-every",
     "--save-weights", "--load-weights", "--save-grads", "--nproc", "--timeout", "--debug-overflow-at", "--device",
-    "--checkpoint-dir", "--save-every", "--keep", "--resume", "--export", "--weights-format",
+    "--checkpoint-dir", "--save-every", "--keep", "--resume", "--export", "--weights-format", "--val-data",
+    "--eval-every", "--eval-batches",
 };
 
 /* 0, or the exit status of a usage error (after its message). */
@@ -286,6 +300,9 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
         f->weights_format = v;
         return 0;
     }
+    case V_VAL_DATA: f->val_data = v; return 0;
+    case V_EVAL_EVERY: return parse_int(flag, v, 1, INT32_MAX, &f->eval_every) ? 2 : 0;
+    case V_EVAL_BATCHES: return parse_int(flag, v, 1, 1 << 20, &f->eval_batches) ? 2 : 0;
     case V_COUNT: break;
     }
     return 2;
@@ -295,6 +312,7 @@ static int parse_args(int argc, char **argv, Flags *f)
 {
     f->steps = 100;
     f->timeout = 600;
+    f->eval_batches = 10;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -351,6 +369,9 @@ static int parse_args(int argc, char **argv, Flags *f)
                            "give one of them");
     if (f->checkpoint_dir && strlen(f->checkpoint_dir) > 3000)
         return usage_error("%s", "--checkpoint-dir: path too long");
+    if ((f->eval_every || f->eval_batches != 10) && !f->val_data)
+        return usage_error("%s says when and how long to evaluate on --val-data FILE; give it", f->eval_every ?
+                           "--eval-every" : "--eval-batches");
     if (f->save_grads && f->steps == 0) return usage_error("%s", "--save-grads needs at least one step");
     if (f->device == RT_DEVICE_CPU && (f->cuda_graph || f->tf32))
         return usage_error("%s needs a CUDA device (--device cuda or auto)", f->cuda_graph ? "--cuda-graph" : "--tf32");
@@ -366,6 +387,7 @@ typedef struct {
     Progress *progress;
     RtDevice dev;          // the backend that runs the steps (the CPU's or a device's)
     RtCheckpoint *resume;  // --resume's checkpoint, opened and checked before the run
+    RtEval *eval;          // --val-data's evaluation program, or NULL
 } Run;
 
 /* SIGINT and SIGTERM: the first stops the run at the next step boundary (every rank
@@ -410,6 +432,7 @@ static void run_free(Run *r)
     end_progress(r);
     rt_checkpoint_close(r->resume);
     rt_device_close(&r->dev);
+    rt_eval_free(r->eval);
     rt_data_close(r->data);
     rt_exec_free(r->e);
 }
@@ -482,6 +505,12 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
     }
     else  // the host memory a device run takes for tensors: its mirror
         snprintf(threads, sizeof threads, " | host mirror %s", size_str(rt_exec_host_bytes(r->e), work_buf, sizeof work_buf));
+    if (r->eval) {  // the evaluation program's arena, beside the training's
+        size_t at = strlen(mem);
+        snprintf(mem + at, sizeof mem - at, " + eval ");
+        at = strlen(mem);
+        size_str(rt_eval_arena_bytes(r->eval), mem + at, sizeof mem - at);
+    }
     char ranks[128] = "";
     if (my_world > 1 && layout.stages > 1)
         snprintf(ranks, sizeof ranks, " | %d ranks (%d stages x %d, %s)", my_world, layout.stages, layout.dp,
@@ -511,7 +540,7 @@ static int train(Run *r, const Flags *f, const char *path, uint64_t seed, int64_
                         .save_every = f->save_every, .stop = &stop_signal, .overflow_at = f->overflow_at,
                         .save_grads = f->save_grads, .cuda_graph = f->cuda_graph, .debug_nan = f->debug_nan,
                         .who = who, .path = path, .rank = my_rank, .world = my_world, .reached = reached,
-                        .stopped_by = stopped_by};
+                        .stopped_by = stopped_by, .eval = r->eval, .eval_every = f->eval_every};
     int rc = rt_train(r->e, r->data, &r->dev, &r->progress, &o);
     if (rc == RT_TRAIN_STOPPED) {  // every rank alike, for the signal any of them saw
         int reporter = (layout.stages - 1) * layout.dp;
@@ -708,6 +737,12 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         fprintf(stderr, "%s: %s\n", who, err);
         return local_error(1);
     }
+    RtEvalOptions vo = {.path = f->val_data, .format = f->data_format, .batches = f->eval_batches, .seed = seed,
+                        .nan_fill = f->debug_nan};
+    if (f->val_data && !(r->eval = rt_eval_new(whole, r->e, &vo, err, sizeof err))) {
+        fprintf(stderr, "%s: %s\n", who, err);
+        return local_error(1);
+    }
     if (f->load_weights && load_weights(r->e, f->load_weights, f->load_format, err, sizeof err)) {  // agreed
         if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
         return 1;
@@ -728,7 +763,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     if (rt_device_open(&r->dev, r->e, rk, f->tf32, report, rt_train_reported(r->e, r->data, report)))
         return local_error(1);
     po.unit = rt_data_get_kind(r->data) == RT_DATA_LM ? "tok" : "samples";
-    if (f->steps && my_rank == reporter && !(r->progress = rt_progress_new(&po, err, sizeof err))) {
+    if ((f->steps || r->eval) && my_rank == reporter && !(r->progress = rt_progress_new(&po, err, sizeof err))) {
         fprintf(stderr, "%s: %s\n", who, err);
         return local_error(1);
     }
