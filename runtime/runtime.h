@@ -818,6 +818,37 @@ void rt_eval_free(RtEval *v);
 int rt_eval_run(RtEval *v, double *loss, double *accuracy, char *err, size_t errlen);
 int64_t rt_eval_arena_bytes(const RtEval *v);  // the eval program's device arena
 
+/* ---- runtime/sample.c: text generation --------------------------------------------------- */
+
+typedef struct RtSampler RtSampler;
+typedef struct RtTokenizer RtTokenizer;
+
+typedef struct {
+    int64_t n;            // tokens to generate
+    double temperature;   // 0: the argmax
+    int64_t top_k;        // keep the k most likely (0: all)
+    uint64_t seed;        // the draws' key
+} RtSampleOptions;
+
+/* The plan's sampling program (whole->sample) on this process, params initialized from
+ * seed (then --load-weights or a checkpoint into rt_sampler_exec); NULL with a message:
+ * a plan that has none (not a language model), a 16-bit plan. */
+RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, char *err, size_t errlen);
+void rt_sampler_free(RtSampler *s);
+Exec *rt_sampler_exec(RtSampler *s);
+int64_t rt_sampler_context(const RtSampler *s);  // T
+int64_t rt_sampler_vocab(const RtSampler *s);    // V
+/* o->n tokens after the prompt into out, each from the logits of the last T tokens so
+ * far. 0, or -1 with a message (an empty prompt, a token outside the vocab). */
+int rt_sample(RtSampler *s, const RtSampleOptions *o, const int32_t *prompt, int64_t n_prompt, int32_t *out,
+              char *err, size_t errlen);
+/* An llm.c tokenizer file (gpt2_tokenizer.bin), for printing ids as text. */
+RtTokenizer *rt_tokenizer_open(const char *path, char *err, size_t errlen);
+void rt_tokenizer_free(RtTokenizer *t);
+uint32_t rt_tokenizer_vocab(const RtTokenizer *t);
+/* Token id's bytes to out ("<id>" for one outside its vocab); 0, or -1 on a write error. */
+int rt_tokenizer_print(const RtTokenizer *t, int32_t id, FILE *out);
+
 /* ---- runtime/step.c: the step loop ----------------------------------------------------- */
 
 typedef struct {
