@@ -59,8 +59,12 @@ RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, char *err, size_t er
     const PlanTensor *lt = s->logits == PLAN_NONE ? NULL : &p->tensors[s->logits];
     if (rt_data_inputs(p, &s->tokens, &targets) || !lt || lt->rank != 3 || lt->shape[0] != 1 ||
         lt->dtype != PLAN_DT_F32) {
-        plan_fail(err, errlen, "--sample: the sampling program has no f32 logits [1, T, V] of one tokens input%s",
-                  lt && lt->dtype != PLAN_DT_F32 ? " (sampling takes an fp32 plan)" : "");
+        const char *prec = plan_meta_str(p, "precision", "fp32");
+        if (strcmp(prec, "fp32"))
+            plan_fail(err, errlen, "--sample: this plan computes in %s, and sampling takes an fp32 plan's logits; "
+                      "compile one with fsc --precision fp32 (it loads the same weights)", prec);
+        else
+            plan_fail(err, errlen, "--sample: the sampling program has no f32 logits [1, T, V] of one tokens input");
         plan_dealloc(s);
         return NULL;
     }

@@ -10,7 +10,8 @@
    two best logits are within 1e-4 (a tie, which rounding may break either way) the
    token may be either. The tokens must not all be one. Also from --resume (a
    checkpoint of fsdp at world 2 after 2 steps from those weights, resharded into the
-   sampling program) against the params that run saved.
+   world-2 plan's sampling program, which runs in one process) against the params that
+   run saved.
 2. --top-k 1 at temperature 1 is temperature 0; at temperature 1 (V = 256) one seed gives
    one text and another seed another; a byte-level --prompt prints its bytes and what
    follows as text; with --tokenizer (llm.c's format) the ids print as their bytes.
@@ -112,7 +113,7 @@ def main():
                      fplan, "-q"])
                 run([fsexec, "--nproc", "2", fplan, "--steps", "2", "--threads", "1", "--load-weights", weights,
                      "--checkpoint-dir", ck, "--save-weights", w2])
-                got = ids_of(run([fsexec, plan, "--resume", ck, "--sample", str(N), "--prompt-ids", prompt,
+                got = ids_of(run([fsexec, fplan, "--resume", ck, "--sample", str(N), "--prompt-ids", prompt,
                                   "--temperature", "0"]))
                 check_argmax(model, w2, got, "--resume from fsdp world 2")
         gplan = os.path.join(work, "gpt2.plan")
