@@ -77,8 +77,9 @@ static const char USAGE[] =
     "                       shows it), from --load-weights (any --weights-format) or --resume's\n"
     "                       checkpoint (any plan of the model), else the seed's init. Each token\n"
     "                       runs the forward on the last T tokens (the model's context; no KV\n"
-    "                       cache). Prints the prompt and what follows: text for a byte-level\n"
-    "                       model (V = 256) given --prompt, or with --tokenizer; else ids\n"
+    "                       cache), on the CPU. Prints the prompt and what follows: text for a\n"
+    "                       byte-level model (V = 256) given --prompt, or with --tokenizer;\n"
+    "                       else ids\n"
     "  --prompt TEXT        the prompt's bytes, for a byte-level model\n"
     "  --prompt-ids LIST    the prompt as token ids: 464,3290,318\n"
     "  --tokenizer FILE     print the tokens as text by llm.c's gpt2_tokenizer.bin format\n"
@@ -407,6 +408,8 @@ static int parse_args(int argc, char **argv, Flags *f)
                            : f->tokenizer ? "--tokenizer" : "--top-k");
     if (f->sample && (f->prompt != NULL) == (f->prompt_ids != NULL))
         return usage_error("%s", "--sample needs one prompt: --prompt TEXT (a byte-level model) or --prompt-ids LIST");
+    if (f->sample && (f->device == RT_DEVICE_CUDA || f->cuda_graph || f->tf32))
+        return usage_error("%s", "--sample runs its program on the CPU; drop --device cuda, --cuda-graph and --tf32");
     if (f->sample && (f->val_data || f->save_weights || f->checkpoint_dir || f->data || f->log))
         return usage_error("--sample generates text and trains nothing; drop %s", f->val_data ? "--val-data" :
                            f->save_weights ? "--save-weights" : f->checkpoint_dir ? "--checkpoint-dir" : f->data ?

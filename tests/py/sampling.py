@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import LOGITS, load_safetensors, num_layers, save_safetensors  # noqa: E402
+from mpienv import quiet_mpi_leaks  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 T, NH = 16, 2
@@ -86,6 +87,7 @@ def check_argmax(model, weights, got, what):
 
 def main():
     fsc, fsexec = (os.path.abspath(p) for p in sys.argv[1:3])
+    quiet_mpi_leaks()  # the --resume case's checkpoint comes from two ranks under mpirun
     work = tempfile.mkdtemp()
     try:
         prompt = ",".join(map(str, PROMPT))
