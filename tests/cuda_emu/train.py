@@ -116,15 +116,15 @@ def evaluation(fsexec, work, env):
     got = {}
     for device in ("cpu", "cuda"):
         log = os.path.join(work, "eval.%s.jsonl" % device)
-        run([fsexec, plan, "--device", device, "--steps", "2", "--val-data", data, "--data-format", "raw",
+        run([fsexec, plan, "--device", device, "--steps", "1", "--val-data", data, "--data-format", "raw",
              "--eval-every", "1", "--eval-batches", "1", "--log", log], env)
         with open(log) as f:
             got[device] = [(r["step"], r["val_loss"]) for r in map(json.loads, f) if "val_loss" in r]
     steps = [s for s, _ in got["cuda"]]
     worst = max(abs(a[1] - b[1]) / abs(b[1]) for a, b in zip(got["cuda"], got["cpu"]))
-    if steps != [0, 1, 2] or [s for s, _ in got["cpu"]] != steps or worst > 1e-5:
+    if steps != [0, 1] or [s for s, _ in got["cpu"]] != steps or worst > 1e-5:
         sys.exit("FAIL: --val-data on the device: %s, on the CPU: %s" % (got["cuda"], got["cpu"]))
-    print("ok   --val-data on the device: val_loss at steps 0, 1, 2 within %.2g of the CPU's" % worst)
+    print("ok   --val-data on the device: val_loss before and after a step within %.2g of the CPU's" % worst)
 
 
 if __name__ == "__main__":
