@@ -5,51 +5,56 @@
  * made where it runs, a tied param gets each stage's gradient of it, and checkpointing
  * recomputes a whole stage); and shard before optimizer: it decides what the optimizer
  * updates (a unit's flat buffer, or this rank's shard). After stages, every pass runs on
- * each stage graph, over the stage's data-parallel ranks. */
+ * each stage graph, over the stage's data-parallel ranks.
+ *
+ * A forward-only program (evaluation, sampling) runs the passes whose `forward` column
+ * is set: no stages, autodiff, recompute, micro-batches, optimizer or offload, so its
+ * graph is the forward and the loss alone, sharded (fsdp's gathers, the loss averaged
+ * over the ranks) and planned like the training step's. */
 #include <string.h>
 
 #include "passes.h"
 
 static const PassInfo PASSES[] = {
     {"fold", "a forward graph from lower",
-     "matmuls read a transposed operand in place (their ta / tb flag) rather than the transpose's copy", pass_fold},
+     "matmuls read a transposed operand in place (their ta / tb flag) rather than the transpose's copy", pass_fold, 1},
     {"dce", "a forward graph from lower", "every node contributes to an output; unused params warned",
-     pass_dce},
+     pass_dce, 1},
     {"precision", "the forward graph", "fp16/bf16: compute copies of fp32 params and inputs by casts; fp16 loss-scale state",
-     pass_precision},
+     pass_precision, 1},
     {"stages", "the forward graph of one micro-batch; stages P > 1",
      "one forward graph per stage (Graph.stage_graphs), which every later pass rewrites on its own: blocks cut by "
      "balance, free nodes copied where read, send and recv between stages (Graph.links), tied params listed",
-     pass_stages},
+     pass_stages, 0},
     {"autodiff", "outputs[0] is a float scalar loss (a stage graph: or links to seed from)",
      "backward nodes (zb1: the params' gradients apart, phase backward_weight); Value.grad of every used param; a "
      "stage's gradients of what it received sent back",
-     pass_autodiff},
+     pass_autodiff, 0},
     {"recompute", "backward nodes; the recompute setting names layers",
      "checkpointed blocks rerun their forward (phase recompute) just before their backward, which reads the copies",
-     pass_recompute},
+     pass_recompute, 0},
     {"pipeline", "one micro-batch's forward and backward (lower split the batch by data-parallel ranks x microbatches)",
      "the micro-batches in the schedule's order (one stage: in turn; stages: gpipe, 1f1b, interleaved or zb1, "
      "checkpointed ones recomputing), batched inputs sliced, param gradients summed in place (Value.grad: the sum), "
      "tied params' sums exchanged, the loss their mean (with stages: on every stage)",
-     pass_pipeline},
+     pass_pipeline, 0},
     {"shard", "param gradients; each rank's part of the batch",
      "flat param and grad buffers per unit, collectives in place in the order; Value.grad on what the optimizer updates",
-     pass_shard},
+     pass_shard, 1},
     {"optimizer", "Value.grad on each param (or flat storage) to update", "step input, lr and grad_norm outputs, state tensors, update nodes",
-     pass_optimizer},
+     pass_optimizer, 0},
     {"offload", "update nodes on the fp32 storage they update; offload optimizer or params",
      "the fp32 masters, their state and the updates in the host space; the device's params in the compute dtype, "
      "copied from the host once a step (offload params: before each fsdp gather); gradients to the host after their "
      "reduction (to_host, to_device nodes)",
-     pass_offload},
+     pass_offload, 0},
     {"schedule", "every node; fsdp gathers at their first use",
      "the final node order (fsdp gathers prefetched a block ahead); Node.stream of every node; Node.wait: what each "
-     "waits for on other streams", pass_schedule},
+     "waits for on other streams", pass_schedule, 1},
     {"fuse", "the final node order", "Node.group: runs of consecutive elementwise nodes of one shape that feed each other",
-     pass_fuse},
+     pass_fuse, 1},
     {"memplan", "the final node order, its waits and fused groups",
-     "Value.offset (in its space's arena) and live range of every value; Graph.space_bytes", pass_memplan},
+     "Value.offset (in its space's arena) and live range of every value; Graph.space_bytes", pass_memplan, 1},
 };
 enum { N_PASSES = sizeof PASSES / sizeof *PASSES };
 
@@ -76,6 +81,23 @@ static int check_supported(const TrainConfig *t, Diag *d)
                    "--shard fsdp; with %s, --offload optimizer keeps the fp32 master and the optimizer state there",
                    shard_name(t->shard));
     return d->n_errors ? -1 : 0;
+}
+
+int passes_run_forward(Graph *g, const Options *o, Diag *d)
+{
+    FS_ASSERT(o->train.stages <= 1 && o->train.microbatches <= 1);
+    /* Dropout is the identity in a forward-only program: the place to make it so (a
+     * rewrite before the first pass) is here, once the dropout op exists. */
+    for (int i = 0; i < N_PASSES; i++) {
+        if (!PASSES[i].forward) continue;
+        if (PASSES[i].run(g, o, d) != 0 || d->n_errors) return -1;
+        if (o->verify && ir_verify(g, stderr) != 0) {
+            diag_error(d, (Loc){0}, "internal error: the IR is invalid after pass '%s' (a forward-only program)",
+                       PASSES[i].name);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 int passes_run(Graph *g, const Options *o, Diag *d)

@@ -19,6 +19,7 @@ typedef struct {
     const char *needs;  // what the pass expects of the graph
     const char *gives;  // what holds after it
     int (*run)(Graph *g, const Options *o, Diag *d);
+    int forward;        // runs for a forward-only program too (passes_run_forward)
 } PassInfo;
 
 /* The pipeline, in order. */
@@ -26,6 +27,9 @@ const PassInfo *passes_list(int *n);
 /* Runs every pass; returns 0, or -1 after a pass reported an error. An unknown
  * o->print_after is reported before anything runs. */
 int passes_run(Graph *g, const Options *o, Diag *d);
+/* The passes of a forward-only program (no backward, no optimizer) on a graph lowered
+ * with one stage and one micro-batch; 0, or -1 after an error. */
+int passes_run_forward(Graph *g, const Options *o, Diag *d);
 
 /* ---- one file each, in pipeline order ------------------------------------------------ */
 int pass_fold(Graph *g, const Options *o, Diag *d);       // passes/fold.c

@@ -46,6 +46,8 @@ void plan_free(Plan *p)
     plan_dealloc(p->waits);
     plan_dealloc(p->cuda_module);
     plan_dealloc(p->sections);
+    plan_free(p->eval);
+    plan_free(p->sample);
     if (p->build) plan_dealloc(p->build->hash);
     plan_dealloc(p->build);
     plan_dealloc(p);

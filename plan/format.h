@@ -32,6 +32,9 @@
  *                   i32 first_output, i32 n_outputs, i64 module_at, i64 module_len }
  *                                                  (the i64s at bytes 16, 24, 48, 56: 64 bytes)
  *   CUMD  u32 length, then the CUDA module's text (no NUL); length 0: none
+ *   EVAL  the evaluation program: a whole plan file of one program (its own sections,
+ *         checksums and memory plan), written only when the plan has one
+ *   SAMP  the sampling program, the same way
  *
  * "records" means: u32 count, u32 record size, then count records of that size. A reader
  * needs at least the size its version knows (a 2.0 file: 2.0's sizes; 2.1 or later: 2.1's)
@@ -67,7 +70,9 @@ enum {
     X(WAIT, "WAIT", 1)      \
     X(PROG, "PROG", 1)      \
     X(CUDA, "CUDA", 0)      \
-    X(CUMD, "CUMD", 0)
+    X(CUMD, "CUMD", 0)      \
+    X(EVAL, "EVAL", 0)      \
+    X(SAMP, "SAMP", 0)
 
 typedef enum {
 #define X(id, tag, required) SEC_##id,

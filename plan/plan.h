@@ -235,6 +235,11 @@ typedef struct Plan {
     PlanCuda *cuda;         // the CUDA program, sorted by op (none without a memory plan)
     int32_t n_cuda;
     char *cuda_module;      // the CUDA C source the LAUNCH kernels are defined in, or NULL
+    /* Forward-only programs fsc planned beside the training program, each a plan of one
+     * program with its own arena (sections EVAL and SAMP hold them as whole plan files),
+     * or NULL: the evaluation program (the training forward and loss of the global batch
+     * over the same data-parallel ranks) and the sampling program (one sequence, world 1). */
+    struct Plan *eval, *sample;
     PlanSection *sections;  // as read from a file; none for a plan built in memory
     int32_t n_sections;
     struct PlanBuild *build;  // growth state while a plan is being built

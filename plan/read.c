@@ -22,6 +22,8 @@ typedef struct {
     char *err;
     size_t errlen;
     unsigned minor;  // the file's: 0 reads 2.0's records, with 2.1's fields at their defaults
+    int nested;      // the plan of an EVAL or SAMP section, which has none of its own (so
+                     // no file, however made, nests plans deeper than one)
 } Reader;
 
 __attribute__((format(printf, 2, 3))) static int fail(Reader *r, const char *fmt, ...)
@@ -405,6 +407,20 @@ static int read_cuda(Reader *r, const Sec *s, Plan *p)
     return 0;
 }
 
+static Plan *read_mem(const void *buf, size_t len, int nested, char *err, size_t errlen);
+
+/* EVAL, SAMP: a whole plan of one program, read with every check of its own. */
+static int read_subplan(Reader *r, const Sec *s, Plan **out, const char *what)
+{
+    char why[400];
+    if (r->nested) return fail(r, "section %s in the plan of another section: programs nest one deep", s->tag);
+    *out = read_mem(s->b, s->len, 1, why, sizeof why);
+    if (!*out) return fail(r, "section %s (%s): %s", s->tag, what, why);
+    if ((*out)->n_programs != 1)
+        return fail(r, "section %s (%s): a plan of %d programs, expected one", s->tag, what, (*out)->n_programs);
+    return 0;
+}
+
 static int decode(Reader *r, Plan *p, const int32_t at[SEC_COUNT])
 {
     Sec s[SEC_COUNT];
@@ -423,12 +439,17 @@ static int decode(Reader *r, Plan *p, const int32_t at[SEC_COUNT])
     if (!r->minor) whole_ranges(p);
     char why[200];
     if (plan_check(p, why, sizeof why)) return fail(r, "invalid plan: %s", why);
+    if ((at[SEC_EVAL] >= 0 && read_subplan(r, &s[SEC_EVAL], &p->eval, "the evaluation program")) ||
+        (at[SEC_SAMP] >= 0 && read_subplan(r, &s[SEC_SAMP], &p->sample, "the sampling program")))
+        return -1;
     return 0;
 }
 
-Plan *plan_read_mem(const void *buf, size_t len, char *err, size_t errlen)
+Plan *plan_read_mem(const void *buf, size_t len, char *err, size_t errlen) { return read_mem(buf, len, 0, err, errlen); }
+
+static Plan *read_mem(const void *buf, size_t len, int nested, char *err, size_t errlen)
 {
-    Reader r = {buf, len, err, errlen, 0};
+    Reader r = {buf, len, err, errlen, 0, nested};
     uint32_t n = 0;
     int32_t at[SEC_COUNT];
     if (check_frame(&r, &n)) return NULL;

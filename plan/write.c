@@ -44,6 +44,8 @@ static uint64_t section_size(const Plan *p, int s)
     case SEC_CUDA: return 8 + (uint64_t)p->n_cuda * REC_CUDA;
     case SEC_WAIT: return 4 + (uint64_t)p->n_waits * 4;
     case SEC_PROG: return 8 + (uint64_t)p->n_programs * REC_PROG;
+    case SEC_EVAL:
+    case SEC_SAMP: break;  // whole plans of their own (encode_all)
     case SEC_CUMD: {
         size_t len = p->cuda_module ? strlen(p->cuda_module) : 0;
         return len > UINT32_MAX ? 0 : 4 + (uint64_t)len;
@@ -209,24 +211,50 @@ static void encode(const Plan *p, int s, uint8_t *w)
         if (len) memcpy(w + 4, p->cuda_module, len);
         break;
     }
+    case SEC_EVAL:
+    case SEC_SAMP:
     case SEC_COUNT:
         break;
     }
 }
 
-int plan_write_mem(const Plan *p, void **out, size_t *out_len, char *err, size_t errlen)
+/* The programs planned beside the training program, as whole plan files (sub[k] NULL
+ * where p has none): EVAL and SAMP hold them. */
+typedef struct {
+    void *bytes[2];
+    size_t len[2];
+} Subplans;
+
+static int encode_subplans(const Plan *p, Subplans *sp, char *err, size_t errlen)
 {
-    *out = NULL;
-    *out_len = 0;
-    char why[200];
-    if (plan_check(p, why, sizeof why)) {
-        snprintf(err, errlen, "cannot write an invalid plan: %s", why);
-        return -1;
+    const Plan *sub[2] = {p->eval, p->sample};
+    static const char *const what[2] = {"the evaluation program", "the sampling program"};
+    *sp = (Subplans){{NULL, NULL}, {0, 0}};
+    for (int k = 0; k < 2; k++) {
+        char why[400];
+        if (sub[k] && (sub[k]->eval || sub[k]->sample || sub[k]->n_programs != 1))
+            return plan_fail(err, errlen, "%s must be a plan of one program, with no programs of its own", what[k]);
+        if (sub[k] && plan_write_mem(sub[k], &sp->bytes[k], &sp->len[k], why, sizeof why))
+            return plan_fail(err, errlen, "%s: %s", what[k], why);
     }
+    return 0;
+}
+
+/* Whether section s is written: every one, but EVAL and SAMP only when p has them. */
+static int written(const Subplans *sp, int s)
+{
+    return s == SEC_EVAL ? sp->bytes[0] != NULL : s == SEC_SAMP ? sp->bytes[1] != NULL : 1;
+}
+
+static int encode_all(const Plan *p, const Subplans *sp, void **out, size_t *out_len, char *err, size_t errlen)
+{
     uint64_t size[SEC_COUNT], off[SEC_COUNT];
-    uint64_t total = PLAN_HEADER_SIZE + (uint64_t)PLAN_ENTRY_SIZE * SEC_COUNT;
+    uint32_t n = 0;
+    for (int s = 0; s < SEC_COUNT; s++) n += (uint32_t)written(sp, s);
+    uint64_t total = PLAN_HEADER_SIZE + (uint64_t)PLAN_ENTRY_SIZE * n;
     for (int s = 0; s < SEC_COUNT; s++) {
-        size[s] = section_size(p, s);
+        if (!written(sp, s)) continue;
+        size[s] = s == SEC_EVAL ? sp->len[0] : s == SEC_SAMP ? sp->len[1] : section_size(p, s);
         off[s] = total;
         total += size[s];
         if (!size[s] || total > SIZE_MAX / 2) {
@@ -242,23 +270,43 @@ int plan_write_mem(const Plan *p, void **out, size_t *out_len, char *err, size_t
     memcpy(buf, PLAN_MAGIC, PLAN_MAGIC_LEN);
     put_u16(buf + 8, PLAN_MAJOR);
     put_u16(buf + 10, PLAN_MINOR);
-    put_u32(buf + 12, SEC_COUNT);
+    put_u32(buf + 12, n);
     put_u64(buf + 16, total);
     put_u32(buf + 24, 0);
     put_u32(buf + 28, 0);
-    for (int s = 0; s < SEC_COUNT; s++) {
-        uint8_t *data = buf + off[s], *e = buf + PLAN_HEADER_SIZE + PLAN_ENTRY_SIZE * s;
-        encode(p, s, data);
+    for (int s = 0, i = 0; s < SEC_COUNT; s++) {
+        if (!written(sp, s)) continue;
+        uint8_t *data = buf + off[s], *e = buf + PLAN_HEADER_SIZE + PLAN_ENTRY_SIZE * i++;
+        if (s == SEC_EVAL || s == SEC_SAMP)
+            memcpy(data, sp->bytes[s == SEC_SAMP], (size_t)size[s]);
+        else
+            encode(p, s, data);
         memcpy(e, TAGS[s], 4);
         put_u32(e + 4, plan_crc32(0, data, (size_t)size[s]));
         put_u64(e + 8, off[s]);
         put_u64(e + 16, size[s]);
     }
     /* The CRC field is still zero, which is how the reader computes it too. */
-    put_u32(buf + PLAN_HEADER_CRC_AT, plan_crc32(0, buf, PLAN_HEADER_SIZE + PLAN_ENTRY_SIZE * SEC_COUNT));
+    put_u32(buf + PLAN_HEADER_CRC_AT, plan_crc32(0, buf, PLAN_HEADER_SIZE + PLAN_ENTRY_SIZE * n));
     *out = buf;
     *out_len = (size_t)total;
     return 0;
+}
+
+int plan_write_mem(const Plan *p, void **out, size_t *out_len, char *err, size_t errlen)
+{
+    *out = NULL;
+    *out_len = 0;
+    char why[200];
+    if (plan_check(p, why, sizeof why)) {
+        snprintf(err, errlen, "cannot write an invalid plan: %s", why);
+        return -1;
+    }
+    Subplans sp;
+    int rc = encode_subplans(p, &sp, err, errlen) || encode_all(p, &sp, out, out_len, err, errlen);
+    plan_dealloc(sp.bytes[0]);
+    plan_dealloc(sp.bytes[1]);
+    return rc ? -1 : 0;
 }
 
 /* ---- the file ----------------------------------------------------------------------- */

@@ -4,7 +4,9 @@
  * something out, host memory), bytes by category at the peak and at each
  * category's own maximum, the largest buffers live at the peak, and the saved
  * activations per block. A plan of several stages: a table of the stages first, then
- * each stage's report in full. Every number is MemReport's; this file only lays them out.
+ * each stage's report in full. Then the forward-only programs fsc planned beside the
+ * step (evaluation, sampling), each with its arena's report. Every number is MemReport's;
+ * this file only lays them out.
  */
 #include <inttypes.h>
 #include <string.h>
@@ -218,5 +220,23 @@ void report_stages_print(const MemStages *s, FILE *out)
     for (int32_t k = 0; k < s->n; k++) {
         fputc('\n', out);
         report_mem_print(s->stage[k], out);
+    }
+}
+
+void report_forward_print(const Plan *p, FILE *out)
+{
+    const Plan *sub[2] = {p->eval, p->sample};
+    static const char *const title[2] = {
+        "evaluation program (fsexec --val-data): the forward and the loss, no backward, no optimizer; its own arena,\n"
+        "which the params are copied into before each evaluation",
+        "sampling program (fsexec --sample): the forward of one sequence on one rank; its own arena"};
+    for (int k = 0; k < 2; k++) {
+        if (!sub[k]) continue;
+        char err[256];
+        MemStages *st = report_stages_new(sub[k], err, sizeof err);
+        fprintf(out, "\n%s\n", title[k]);
+        if (st) report_stages_print(st, out);
+        else fprintf(out, "memory plan: none (%s)\n", err);
+        report_stages_free(st);
     }
 }

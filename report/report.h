@@ -188,6 +188,9 @@ const MemReport *report_stages_largest(const MemStages *s);
 void report_mem_print(const MemReport *r, FILE *out);
 /* One program: report_mem_print. Several: a table of the stages, then each one's report. */
 void report_stages_print(const MemStages *s, FILE *out);
+/* The reports of the plan's forward-only programs (Plan.eval, Plan.sample), each under a
+ * title of its own; nothing when it has none. */
+void report_forward_print(const Plan *p, FILE *out);
 
 /* ---- report/memjson.c: the same as JSON (fsc --mem=json) --------------------------- */
 

@@ -293,6 +293,7 @@ static void print_memory(const Plan *p, FILE *out)
     }
     report_stages_print(s, out);
     report_stages_free(s);
+    report_forward_print(p, out);
 }
 
 /* Each program: its stage's ranks and what it holds. */

@@ -205,6 +205,13 @@ static void draw_bar(Progress *p, const StepStats *s, double per_s)
     p->drawn = 1;
 }
 
+/* An evaluation's figures on a step line, where there was one. */
+static void print_val(Progress *p, double loss, double accuracy)
+{
+    fprintf(p->o.out, " | val_loss %.6f", loss);
+    if (!isnan(accuracy)) fprintf(p->o.out, " | val_acc %.3f", accuracy);
+}
+
 static void plain_line(Progress *p, const StepStats *s, double per_s)
 {
     char r[32];
@@ -214,6 +221,7 @@ static void plain_line(Progress *p, const StepStats *s, double per_s)
     if (!isnan(s->lr)) fprintf(p->o.out, " | lr %.3e", s->lr);
     if (!isnan(s->grad_norm)) fprintf(p->o.out, " | norm %.4f", s->grad_norm);
     if (s->has_scale) fprintf(p->o.out, " | scale %g", s->loss_scale);
+    if (s->evaluated) print_val(p, s->val_loss, s->val_accuracy);
     fprintf(p->o.out, " | %s %s/s | %.*f ms\n", rate(per_s, r, sizeof r), p->o.unit, s->ms < 10 ? 2 : 1, s->ms);
     fflush(p->o.out);
 }
@@ -256,13 +264,15 @@ int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen)
         if (!isnan(s->accuracy)) json_number(p->log, "accuracy", s->accuracy);
         if (s->has_scale) json_number(p->log, "loss_scale", s->loss_scale);
         if (s->skipped) fputs(", \"skipped\": true", p->log);
+        if (s->evaluated) json_number(p->log, "val_loss", s->val_loss);
+        if (s->evaluated && !isnan(s->val_accuracy)) json_number(p->log, "val_acc", s->val_accuracy);
         if (s->to_host_bytes || s->to_device_bytes)
             fprintf(p->log, ", \"to_host_bytes\": %lld, \"to_device_bytes\": %lld", (long long)s->to_host_bytes,
                     (long long)s->to_device_bytes);
         if (fputs("}\n", p->log) == EOF || fflush(p->log) != 0)
             return plan_fail(err, errlen, "%s: write failed: %s", p->o.log_path, strerror(errno));
     }
-    int last = s->step >= p->o.steps, line = last || s->step % p->o.log_every == 0;
+    int last = s->step >= p->o.steps, line = last || s->step % p->o.log_every == 0 || s->evaluated;
     if (line) {
         clear_bar(p);
         plain_line(p, s, per_s);
@@ -274,6 +284,24 @@ int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen)
             p->last_draw = now;
         }
     }
+    return 0;
+}
+
+int rt_progress_eval(Progress *p, int64_t step, double val_loss, double val_accuracy, char *err, size_t errlen)
+{
+    if (!p) return 0;
+    clear_bar(p);
+    fprintf(p->o.out, "step %*lld/%lld", (int)snprintf(NULL, 0, "%lld", (long long)p->o.steps), (long long)step,
+            (long long)p->o.steps);
+    print_val(p, val_loss, val_accuracy);
+    fputc('\n', p->o.out);
+    fflush(p->o.out);
+    if (!p->log) return 0;
+    fprintf(p->log, "{\"step\": %lld", (long long)step);
+    json_number(p->log, "val_loss", val_loss);
+    if (!isnan(val_accuracy)) json_number(p->log, "val_acc", val_accuracy);
+    if (fputs("}\n", p->log) == EOF || fflush(p->log) != 0)
+        return plan_fail(err, errlen, "%s: write failed: %s", p->o.log_path, strerror(errno));
     return 0;
 }
 

@@ -555,12 +555,16 @@ typedef struct {
     double scale_before;   // ... and the one the step started with
     int skipped;           // the optimizer skipped the step (fp16: the gradients overflowed)
     int64_t to_host_bytes, to_device_bytes;  // what this step copied between the spaces (offload)
+    int evaluated;         // an evaluation ran after this step (rt_eval_run): ...
+    double val_loss, val_accuracy;  // ... its loss and accuracy (NAN when the model has none)
 } StepStats;
 
 Progress *rt_progress_new(const ProgressOptions *o, char *err, size_t errlen);
 /* Reports one step (NULL: nothing, as on ranks other than 0); -1 with a message if the
  * log cannot be written. */
 int rt_progress_step(Progress *p, const StepStats *s, char *err, size_t errlen);
+/* An evaluation before any step (step 0): a line and a log line of its own. */
+int rt_progress_eval(Progress *p, int64_t step, double val_loss, double val_accuracy, char *err, size_t errlen);
 /* A line of its own between the step lines (a checkpoint saved); nothing for NULL. */
 void rt_progress_note(Progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Ends the bar, prints the average rate, closes the log. */
@@ -791,6 +795,60 @@ void rt_device_report(const RtDevice *d, FILE *out);
 void rt_device_print_error(const RtDevice *d, int64_t step);
 void rt_device_close(RtDevice *d);
 
+/* ---- runtime/eval.c: evaluation on held-out data --------------------------------------- */
+
+typedef struct RtEval RtEval;
+
+typedef struct {
+    const char *path;       // --val-data: a token file (read as --data is), or "blobs" for a classifier
+    RtTokenFormat format;   // how to read it
+    int64_t batches;        // K: each evaluation's batches, the first K of the file's sequential order
+    uint64_t seed;          // the run's (the data's, and the init the params are copied over)
+    int nan_fill;           // --debug-nan for the eval program too
+} RtEvalOptions;
+
+/* The plan's evaluation program (whole->eval) on this rank, beside the training Exec
+ * `train` whose params it evaluates (same rank and data-parallel world); NULL with a
+ * message: a pipeline, a plan without one, a bad file. train must outlive it. */
+RtEval *rt_eval_new(const Plan *whole, Exec *train, const RtEvalOptions *o, char *err, size_t errlen);
+void rt_eval_free(RtEval *v);
+/* Copies train's params in and runs the K batches: the mean loss (every rank's alike),
+ * and for a classifier the accuracy over every rank's rows (else NAN). Every rank
+ * calls it. 0, or -1 with a message. */
+int rt_eval_run(RtEval *v, double *loss, double *accuracy, char *err, size_t errlen);
+int64_t rt_eval_arena_bytes(const RtEval *v);  // the eval program's device arena
+
+/* ---- runtime/sample.c: text generation --------------------------------------------------- */
+
+typedef struct RtSampler RtSampler;
+typedef struct RtTokenizer RtTokenizer;
+
+typedef struct {
+    int64_t n;            // tokens to generate
+    double temperature;   // 0: the argmax
+    int64_t top_k;        // keep the k most likely (0: all)
+    uint64_t seed;        // the draws' key
+} RtSampleOptions;
+
+/* The plan's sampling program (whole->sample) on this process, params initialized from
+ * seed (then --load-weights or a checkpoint into rt_sampler_exec); NULL with a message:
+ * a plan that has none (not a language model), a 16-bit plan. */
+RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, char *err, size_t errlen);
+void rt_sampler_free(RtSampler *s);
+Exec *rt_sampler_exec(RtSampler *s);
+int64_t rt_sampler_context(const RtSampler *s);  // T
+int64_t rt_sampler_vocab(const RtSampler *s);    // V
+/* o->n tokens after the prompt into out, each from the logits of the last T tokens so
+ * far. 0, or -1 with a message (an empty prompt, a token outside the vocab). */
+int rt_sample(RtSampler *s, const RtSampleOptions *o, const int32_t *prompt, int64_t n_prompt, int32_t *out,
+              char *err, size_t errlen);
+/* An llm.c tokenizer file (gpt2_tokenizer.bin), for printing ids as text. */
+RtTokenizer *rt_tokenizer_open(const char *path, char *err, size_t errlen);
+void rt_tokenizer_free(RtTokenizer *t);
+uint32_t rt_tokenizer_vocab(const RtTokenizer *t);
+/* Token id's bytes to out ("<id>" for one outside its vocab); 0, or -1 on a write error. */
+int rt_tokenizer_print(const RtTokenizer *t, int32_t id, FILE *out);
+
 /* ---- runtime/step.c: the step loop ----------------------------------------------------- */
 
 typedef struct {
@@ -809,6 +867,8 @@ typedef struct {
     const char *who;          // before every message: "fsexec", "[rank 3] fsexec"
     const char *path;         // the plan's path, for messages
     int rank, world;
+    RtEval *eval;             // --val-data: evaluated before the first step (of a run from step 0),
+    int64_t eval_every;       // every eval_every steps, and after the last; NULL: never
 } RtTrainOptions;
 
 enum {

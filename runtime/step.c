@@ -9,7 +9,9 @@
  * and the first optimizer op, where every gradient is complete and live. A resumed run
  * starts after the checkpoint's step. After a step: a checkpoint every save_every steps,
  * after the last, and when a signal asked every rank to stop (they agree at each step
- * boundary, so all stop after the same one).
+ * boundary, so all stop after the same one). With --val-data (runtime/eval.c): an
+ * evaluation before the first step of a run from step 0, every eval_every steps and
+ * after the last, shown on that step's line.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -112,6 +114,22 @@ static int checkpoint(Exec *e, RtDevice *d, Progress *progress, int64_t step, co
     return 0;
 }
 
+/* An evaluation of the params after `step` (a device's first brought down into the
+ * host mirror the eval program copies them from); 0, or RT_TRAIN_LOCAL after a message. */
+static int evaluate(Exec *e, RtDevice *d, const RtTrainOptions *o, int64_t step, double *loss, double *accuracy)
+{
+    char err[512];
+    if (!rt_device_is_cpu(d) && rt_device_download_roles(d, e, 1u << PLAN_ROLE_PARAM, 0)) {
+        rt_device_print_error(d, step);
+        return RT_TRAIN_LOCAL;
+    }
+    rt_watchdog_arm("evaluating after step", step);
+    int rc = rt_eval_run(o->eval, loss, accuracy, err, sizeof err);
+    rt_watchdog_disarm();
+    if (rc) fprintf(stderr, "%s: step %" PRId64 ": %s\n", o->who, step, err);
+    return rc ? RT_TRAIN_LOCAL : 0;
+}
+
 int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTrainOptions *o)
 {
     char err[512];
@@ -134,6 +152,14 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
     }
     double items = (double)rt_data_items(data);
     if (o->checkpoint && o->steps == 0) return checkpoint(e, d, *progress, 0, o);  // the state before any step
+    if (o->eval && o->start == 0) {  // the initial params, as nanoGPT evaluates at iteration 0
+        double vl, va;
+        if (evaluate(e, d, o, 0, &vl, &va)) return RT_TRAIN_LOCAL;
+        if (rt_progress_eval(*progress, 0, vl, va, err, sizeof err)) {
+            fprintf(stderr, "%s: %s\n", o->who, err);
+            return RT_TRAIN_LOCAL;
+        }
+    }
     for (int64_t step = o->start + 1; step <= o->steps; step++) {
         double t0 = rt_now();
         rt_watchdog_arm("step", step);
@@ -156,8 +182,15 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
         if (logits && dp > 1)
             accuracy = (double)rt_comm_sum_i64((int64_t)llround(accuracy * (double)B)) / (double)(B * dp);
         rt_watchdog_disarm();
-        StepStats s = {.step = step, .loss = *loss, .lr = lr ? *lr : NAN, .grad_norm = norm ? *norm : NAN,
-                       .ms = (rt_now() - t0) * 1e3, .items = items, .accuracy = accuracy,
+        double ms = (rt_now() - t0) * 1e3;  // the step's, without the evaluation after it
+        int evaluated = o->eval && (step == o->steps || (o->eval_every && step % o->eval_every == 0));
+        double vl = NAN, va = NAN;
+        if (evaluated && evaluate(e, d, o, step, &vl, &va)) {
+            end_progress(progress, o->who);
+            return RT_TRAIN_LOCAL;
+        }
+        StepStats s = {.evaluated = evaluated, .val_loss = vl, .val_accuracy = va,.step = step, .loss = *loss, .lr = lr ? *lr : NAN, .grad_norm = norm ? *norm : NAN,
+                       .ms = ms, .items = items, .accuracy = accuracy,
                        .has_scale = scale != NULL, .loss_scale = scale ? *scale : NAN, .scale_before = scale_before,
                        .skipped = count && *count == count_before, .to_host_bytes = host1 - host0,
                        .to_device_bytes = dev1 - dev0};

@@ -338,11 +338,117 @@ static void summary(const Graph *g, const TrainConfig *t)
     fprintf(stderr, " (balance %s)\n", t->balance);
 }
 
-/* The plan of g, or NULL after saying why. */
-static Plan *make_plan(const Graph *g, const TrainConfig *t, const char *source)
+/* ---- the forward-only programs --------------------------------------------------------- */
+
+/* The programs fsc plans beside the training step: the evaluation program (the forward
+ * and the loss of the global batch, over the training's ranks and strategy) and the
+ * sampling program (one sequence, one rank). Each is the source lowered again, with
+ * settings over the user's, through the forward passes (passes_run_forward). */
+typedef struct {
+    Graph *eval, *sample;   // NULL: none (a pipeline has no eval program; only a language model samples)
+    TrainConfig eval_t, sample_t;
+} Forward;
+
+enum { MAX_FORWARD_SETTINGS = MAX_FLAGS + 8 };
+
+/* The logits a language model's loss reads, cross_entropy(logits [B, T, V], targets)
+ * (after shard: through the mean over the ranks), or -1 for another model. */
+static int lm_logits(const Graph *g)
+{
+    int loss = g->n_outputs ? g->outputs[0] : -1;
+    const Node *n = loss >= 0 && g->values[loss].producer >= 0 ? &g->nodes[g->values[loss].producer] : NULL;
+    if (n && n->op == OP_all_reduce && n->n_in == 1) {
+        int in = ir_in(g, n, 0);
+        n = g->values[in].producer >= 0 ? &g->nodes[g->values[in].producer] : NULL;
+    }
+    return n && n->op == OP_cross_entropy && g->values[ir_in(g, n, 0)].rank == 3 ? ir_in(g, n, 0) : -1;
+}
+
+/* The model lowered with `extra` settings after the command line's, and its forward
+ * passes run with one micro-batch; NULL after printing the errors (naming `what`).
+ * Warnings were the training compile's, so they are not repeated. */
+static Graph *forward_graph(const char *src, size_t len, const char *path, const FrontendOptions *fo,
+                            const Setting *extra, int n_extra, int keep_logits, TrainConfig *t, const char *what)
+{
+    Setting sets[MAX_FORWARD_SETTINGS];
+    int ns = 0;
+    for (int i = 0; i < fo->n_settings; i++) sets[ns++] = fo->settings[i];
+    for (int i = 0; i < n_extra; i++) sets[ns++] = extra[i];
+    char *text = NULL;
+    size_t text_len = 0;
+    FILE *msgs = open_memstream(&text, &text_len);
+    if (!msgs) return NULL;
+    Diag d;
+    diag_init(&d, path, src, len, msgs);
+    FrontendOptions o2 = {fo->defines, fo->n_defines, sets, ns};
+    Options o = {.verify = 1};
+    Graph *g = fe_compile(src, len, &o2, &o.train, &d);
+    o.train.microbatches = 1;  // the batch was split at lowering; the graph is one micro-batch
+    int logits = g && keep_logits ? lm_logits(g) : -1, kept = 0;
+    for (int i = 0; g && i < g->n_outputs; i++) kept |= g->outputs[i] == logits;
+    if (logits >= 0 && !kept) ir_output_add(g, logits);  // the sampler reads them after the run
+    if (g && passes_run_forward(g, &o, &d)) {
+        ir_graph_free(g);
+        g = NULL;
+    }
+    fclose(msgs);
+    if (!g) fprintf(stderr, "fsc: error: %s:\n%s", what, text ? text : "");
+    free(text);
+    *t = o.train;
+    return g;
+}
+
+/* The eval program, unless the training graph is a pipeline (several stages); the
+ * sample program for a language model: its batch dim split into that many parts at
+ * lowering (as micro-batches would be) leaves one sequence. 0, or -1 after errors. */
+static int forward_programs(const Graph *train, const char *src, size_t len, const char *path,
+                            const FrontendOptions *fo, Forward *fw)
+{
+    *fw = (Forward){0};
+    if (train->n_stage_graphs || fo->n_settings + 8 > MAX_FORWARD_SETTINGS) return 0;
+    const Setting eval[] = {{"microbatches", "1"}, {"recompute", "none"}, {"offload", "none"}};
+    fw->eval = forward_graph(src, len, path, fo, eval, 3, 0, &fw->eval_t, "the evaluation program");
+    if (!fw->eval) return -1;
+    if (lm_logits(fw->eval) < 0) return 0;
+    int64_t rows = 0;
+    for (int i = 0; i < fw->eval->n_values && !rows; i++)
+        if (fw->eval->values[i].role == ROLE_INPUT && fw->eval->values[i].rank > 0) rows = fw->eval->values[i].shape[0];
+    char batch[32];
+    snprintf(batch, sizeof batch, "%lld", (long long)(rows * fw->eval_t.world));
+    const Setting sample[] = {{"world", "1"}, {"shard", "none"}, {"microbatches", batch}, {"recompute", "none"},
+                              {"offload", "none"}};
+    fw->sample = forward_graph(src, len, path, fo, sample, 5, 1, &fw->sample_t, "the sampling program");
+    return fw->sample ? 0 : -1;
+}
+
+static void forward_free(Forward *fw)
+{
+    ir_graph_free(fw->eval);
+    ir_graph_free(fw->sample);
+}
+
+/* The plan of one forward-only program, as p's sub-plan; 0, or -1 with a message. */
+static int attach(Plan **sub, const Graph *g, const TrainConfig *t, const char *what, char *err, size_t errlen)
+{
+    char why[512];
+    if (!g) return 0;
+    if (!(*sub = codegen_plan(g, t, why, sizeof why))) {
+        snprintf(err, errlen, "%s: %s", what, why);
+        return -1;
+    }
+    return 0;
+}
+
+/* The plan of g (with the forward-only programs of fw, when given), or NULL after saying why. */
+static Plan *make_plan(const Graph *g, const TrainConfig *t, const char *source, const Forward *fw)
 {
     char err[600];
     Plan *plan = codegen_plan(g, t, err, sizeof err);
+    if (plan && fw && (attach(&plan->eval, fw->eval, &fw->eval_t, "the evaluation program", err, sizeof err) ||
+                       attach(&plan->sample, fw->sample, &fw->sample_t, "the sampling program", err, sizeof err))) {
+        plan_free(plan);
+        plan = NULL;
+    }
     if (plan && source && fsc_set_source(plan, source)) {
         plan_free(plan);
         plan = NULL;
@@ -352,10 +458,11 @@ static Plan *make_plan(const Graph *g, const TrainConfig *t, const char *source)
     return plan;
 }
 
-static int write_plan(const Graph *g, const TrainConfig *t, const char *source, const char *path, int quiet)
+static int write_plan(const Graph *g, const TrainConfig *t, const Forward *fw, const char *source, const char *path,
+                      int quiet)
 {
     char err[512];
-    Plan *plan = make_plan(g, t, source);
+    Plan *plan = make_plan(g, t, source, fw);
     if (!plan) return -1;
     int rc = plan_write(plan, path, err, sizeof err);
     if (rc)
@@ -392,7 +499,7 @@ static int emit_cuda(const Graph *g, const TrainConfig *t, const char *dir, int 
         fprintf(stderr, "fsc: error: --emit cuda %s: %s\n", dir, errno == EEXIST ? "exists and is not a directory" : strerror(errno));
         return 1;
     }
-    Plan *plan = make_plan(g, t, NULL);
+    Plan *plan = make_plan(g, t, NULL, NULL);
     if (!plan) return 1;
     const char *src = codegen_cuda_source(plan);
     int rc = 1;
@@ -406,10 +513,10 @@ static int emit_cuda(const Graph *g, const TrainConfig *t, const char *dir, int 
 }
 
 /* --mem and --mem-limit: the report of the plan built in memory (not written). */
-static int memory(const Graph *g, const TrainConfig *t, const Flags *f, const char *src, size_t len,
-                  const FrontendOptions *fo)
+static int memory(const Graph *g, const TrainConfig *t, const Forward *fw, const Flags *f, const char *src,
+                  size_t len, const FrontendOptions *fo)
 {
-    Plan *plan = make_plan(g, t, f->input);
+    Plan *plan = make_plan(g, t, f->input, fw);
     if (!plan) return 1;
     FscMem m = {.out = f->mem, .html_path = f->mem_html, .limit = f->mem_limit, .limit_text = f->mem_limit_text,
                 .src = src, .len = len, .path = f->input, .fo = fo, .quiet = f->quiet};
@@ -421,7 +528,7 @@ static int memory(const Graph *g, const TrainConfig *t, const Flags *f, const ch
 /* --comm: every collective of a step with its bytes, from the plan built in memory. */
 static int communication(const Graph *g, const TrainConfig *t)
 {
-    Plan *plan = make_plan(g, t, NULL);
+    Plan *plan = make_plan(g, t, NULL, NULL);
     if (!plan) return 1;
     comm_report(plan, stdout);
     plan_free(plan);
@@ -432,7 +539,7 @@ static int communication(const Graph *g, const TrainConfig *t)
 static int timeline(const Graph *g, const TrainConfig *t, TlCost cost)
 {
     char err[512];
-    Plan *plan = make_plan(g, t, NULL);
+    Plan *plan = make_plan(g, t, NULL, NULL);
     if (!plan) return 1;
     Timeline *tl = report_timeline_new(plan, cost, err, sizeof err);
     if (tl)
@@ -461,16 +568,19 @@ int main(int argc, char **argv)
                  .print_json = f.emit == EMIT_IR_JSON};
     Graph *g = fe_compile(src, len, &fo, &o.train, &d);
     int rc = !g || passes_run(g, &o, &d) != 0;
+    Forward fw = {0};
+    if (!rc && (f.output || f.mem || f.mem_limit)) rc = forward_programs(g, src, len, f.input, &fo, &fw) != 0;
     if (!rc && f.emit == EMIT_IR) ir_print(g, stdout);
     if (!rc && f.emit == EMIT_IR_JSON) rc = ir_print_json(g, stdout) != 0;
     if (!rc && f.emit == EMIT_CUDA) rc = emit_cuda(g, &o.train, f.emit_dir, f.quiet);
     if (!rc && !f.quiet) summary(g, &o.train);
-    if (!rc && (f.mem || f.mem_limit)) rc = memory(g, &o.train, &f, src, len, &fo);
+    if (!rc && (f.mem || f.mem_limit)) rc = memory(g, &o.train, &fw, &f, src, len, &fo);
     if (!rc && f.comm) rc = communication(g, &o.train);
     if (!rc && f.timeline) rc = timeline(g, &o.train, f.timeline_cost);
-    if (!rc && f.output) rc = write_plan(g, &o.train, f.input, f.output, f.quiet) != 0;
+    if (!rc && f.output) rc = write_plan(g, &o.train, &fw, f.input, f.output, f.quiet) != 0;
     if (d.n_errors) fprintf(stderr, "%d error%s\n", d.n_errors, d.n_errors == 1 ? "" : "s");
 
+    forward_free(&fw);
     ir_graph_free(g);
     free(src);
     for (int i = 0; i < f.n_defines; i++) free((char *)f.defines[i].name);

@@ -242,6 +242,7 @@ int fsc_mem(const Plan *p, const FscMem *m)
     }
     int rc = 0;
     if (m->out == MEM_OUT_TEXT) report_stages_print(st, stdout);
+    if (m->out == MEM_OUT_TEXT) report_forward_print(p, stdout);
     if (m->out == MEM_OUT_JSON && report_stages_json(st, stdout)) {
         fprintf(stderr, "fsc: error: could not write the JSON report\n");
         rc = 1;

@@ -61,6 +61,30 @@ static const char USAGE[] =
     "                       else raw uint16 unless the file looks like something else),\n"
     "                       llmc, or raw (headerless uint16, whatever the file looks like)\n"
     "  --data-order ORDER   random (default) or sequential windows\n"
+    "  --val-data FILE      evaluate on held-out data with the plan's evaluation program (the\n"
+    "                       forward and the loss: no backward, no optimizer; with its\n"
+    "                       own arena: fsc --mem shows it) before the first step, every\n"
+    "                       --eval-every steps and after the last; val_loss (classifiers:\n"
+    "                       val_acc) on that step's line and in --log. FILE is a token file,\n"
+    "                       read as --data is; every evaluation reads its first --eval-batches\n"
+    "                       batches, in order. A classifier takes `--val-data blobs`: blob\n"
+    "                       batches no training step draws. Not for pipelines (an error)\n"
+    "  --eval-every N       evaluate every N steps too (default: only before the first step\n"
+    "                       and after the last)\n"
+    "  --eval-batches K     batches of each evaluation (default 10)\n"
+    "  --sample N           generate N tokens from a language model instead of training, with\n"
+    "                       the plan's sampling program (one sequence, one process; fsc --mem\n"
+    "                       shows it), from --load-weights (any --weights-format) or --resume's\n"
+    "                       checkpoint (any plan of the model), else the seed's init. Each token\n"
+    "                       runs the forward on the last T tokens (the model's context; no KV\n"
+    "                       cache), on the CPU. Prints the prompt and what follows: text for a\n"
+    "                       byte-level model (V = 256) given --prompt, or with --tokenizer;\n"
+    "                       else ids\n"
+    "  --prompt TEXT        the prompt's bytes, for a byte-level model\n"
+    "  --prompt-ids LIST    the prompt as token ids: 464,3290,318\n"
+    "  --tokenizer FILE     print the tokens as text by llm.c's gpt2_tokenizer.bin format\n"
+    "  --temperature T      logits / T before the softmax (default 1.0; 0: the argmax)\n"
+    "  --top-k K            draw among the K most likely tokens only (default: all)\n"
     "  --log FILE           one JSON line per step: step, loss, lr, grad_norm,\n"
     "                       tokens_per_s (classifiers: samples_per_s and accuracy), ms\n"
     "                       (with offload on CPU ranks, to_host_bytes, to_device_bytes)\n"
@@ -149,6 +173,11 @@ typedef struct {
     const char *weights_format;
     int64_t nproc, timeout;  // --nproc (0: not given), --timeout seconds
     int64_t overflow_at;     // --debug-overflow-at: the step whose fp16 gradients overflow
+    const char *val_data;    // --val-data
+    int64_t eval_every, eval_batches;
+    int64_t sample, top_k;   // --sample N (0: train), --top-k (0: all)
+    const char *prompt, *prompt_ids, *tokenizer;
+    double temperature;
 } Flags;
 
 /* Who speaks in messages: "fsexec", or "[rank r] fsexec" in a world of several ranks
@@ -210,13 +239,15 @@ static int parse_int(const char *flag, const char *s, int64_t lo, int64_t hi, in
 typedef enum {
     V_INSPECT, V_STEPS, V_SEED, V_THREADS, V_DATA, V_DATA_ORDER, V_DATA_FORMAT, V_LOG, V_LOG_EVERY, V_SAVE_WEIGHTS,
     V_LOAD_WEIGHTS, V_SAVE_GRADS, V_NPROC, V_TIMEOUT, V_OVERFLOW_AT, V_DEVICE, V_CHECKPOINT_DIR, V_SAVE_EVERY, V_KEEP,
-    V_RESUME, V_EXPORT, V_WEIGHTS_FORMAT, V_COUNT
+    V_RESUME, V_EXPORT, V_WEIGHTS_FORMAT, V_VAL_DATA, V_EVAL_EVERY, V_EVAL_BATCHES, V_SAMPLE, V_PROMPT,
+    V_PROMPT_IDS, V_TOKENIZER, V_TEMPERATURE, V_TOP_K, V_COUNT
 } ValueFlag;
 
 static const char *const VALUE_FLAGS[V_COUNT] = {
     "--inspect", "--steps", "--seed", "--threads", "--data", "--data-order", "--data-format", "--log", "--log-every",
     "--save-weights", "--load-weights", "--save-grads", "--nproc", "--timeout", "--debug-overflow-at", "--device",
-    "--checkpoint-dir", "--save-every", "--keep", "--resume", "--export", "--weights-format",
+    "--checkpoint-dir", "--save-every", "--keep", "--resume", "--export", "--weights-format", "--val-data",
+    "--eval-every", "--eval-batches", "--sample", "--prompt", "--prompt-ids", "--tokenizer", "--temperature", "--top-k",
 };
 
 /* 0, or the exit status of a usage error (after its message). */
@@ -286,6 +317,22 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
         f->weights_format = v;
         return 0;
     }
+    case V_VAL_DATA: f->val_data = v; return 0;
+    case V_EVAL_EVERY: return parse_int(flag, v, 1, INT32_MAX, &f->eval_every) ? 2 : 0;
+    case V_EVAL_BATCHES: return parse_int(flag, v, 1, 1 << 20, &f->eval_batches) ? 2 : 0;
+    case V_SAMPLE: return parse_int(flag, v, 1, 1 << 20, &f->sample) ? 2 : 0;
+    case V_PROMPT: f->prompt = v; return 0;
+    case V_PROMPT_IDS: f->prompt_ids = v; return 0;
+    case V_TOKENIZER: f->tokenizer = v; return 0;
+    case V_TEMPERATURE: {
+        char *end;
+        errno = 0;
+        f->temperature = strtod(v, &end);
+        if (end == v || *end || errno || !(f->temperature >= 0) || !isfinite(f->temperature))
+            return usage_error("--temperature: expected a finite number >= 0, got '%s'", v);
+        return 0;
+    }
+    case V_TOP_K: return parse_int(flag, v, 1, INT32_MAX, &f->top_k) ? 2 : 0;
     case V_COUNT: break;
     }
     return 2;
@@ -295,6 +342,8 @@ static int parse_args(int argc, char **argv, Flags *f)
 {
     f->steps = 100;
     f->timeout = 600;
+    f->eval_batches = 10;
+    f->temperature = 1.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -351,6 +400,20 @@ static int parse_args(int argc, char **argv, Flags *f)
                            "give one of them");
     if (f->checkpoint_dir && strlen(f->checkpoint_dir) > 3000)
         return usage_error("%s", "--checkpoint-dir: path too long");
+    if ((f->eval_every || f->eval_batches != 10) && !f->val_data)
+        return usage_error("%s says when and how long to evaluate on --val-data FILE; give it", f->eval_every ?
+                           "--eval-every" : "--eval-batches");
+    if ((f->prompt || f->prompt_ids || f->tokenizer || f->top_k) && !f->sample)
+        return usage_error("%s is for sampling: give --sample N", f->prompt ? "--prompt" : f->prompt_ids ? "--prompt-ids"
+                           : f->tokenizer ? "--tokenizer" : "--top-k");
+    if (f->sample && (f->prompt != NULL) == (f->prompt_ids != NULL))
+        return usage_error("%s", "--sample needs one prompt: --prompt TEXT (a byte-level model) or --prompt-ids LIST");
+    if (f->sample && (f->device == RT_DEVICE_CUDA || f->cuda_graph || f->tf32))
+        return usage_error("%s", "--sample runs its program on the CPU; drop --device cuda, --cuda-graph and --tf32");
+    if (f->sample && (f->val_data || f->save_weights || f->checkpoint_dir || f->data || f->log))
+        return usage_error("--sample generates text and trains nothing; drop %s", f->val_data ? "--val-data" :
+                           f->save_weights ? "--save-weights" : f->checkpoint_dir ? "--checkpoint-dir" : f->data ?
+                           "--data" : "--log");
     if (f->save_grads && f->steps == 0) return usage_error("%s", "--save-grads needs at least one step");
     if (f->device == RT_DEVICE_CPU && (f->cuda_graph || f->tf32))
         return usage_error("%s needs a CUDA device (--device cuda or auto)", f->cuda_graph ? "--cuda-graph" : "--tf32");
@@ -366,6 +429,7 @@ typedef struct {
     Progress *progress;
     RtDevice dev;          // the backend that runs the steps (the CPU's or a device's)
     RtCheckpoint *resume;  // --resume's checkpoint, opened and checked before the run
+    RtEval *eval;          // --val-data's evaluation program, or NULL
 } Run;
 
 /* SIGINT and SIGTERM: the first stops the run at the next step boundary (every rank
@@ -410,6 +474,7 @@ static void run_free(Run *r)
     end_progress(r);
     rt_checkpoint_close(r->resume);
     rt_device_close(&r->dev);
+    rt_eval_free(r->eval);
     rt_data_close(r->data);
     rt_exec_free(r->e);
 }
@@ -482,6 +547,12 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
     }
     else  // the host memory a device run takes for tensors: its mirror
         snprintf(threads, sizeof threads, " | host mirror %s", size_str(rt_exec_host_bytes(r->e), work_buf, sizeof work_buf));
+    if (r->eval) {  // the evaluation program's arena, beside the training's
+        size_t at = strlen(mem);
+        snprintf(mem + at, sizeof mem - at, " + eval ");
+        at = strlen(mem);
+        size_str(rt_eval_arena_bytes(r->eval), mem + at, sizeof mem - at);
+    }
     char ranks[128] = "";
     if (my_world > 1 && layout.stages > 1)
         snprintf(ranks, sizeof ranks, " | %d ranks (%d stages x %d, %s)", my_world, layout.stages, layout.dp,
@@ -511,7 +582,7 @@ static int train(Run *r, const Flags *f, const char *path, uint64_t seed, int64_
                         .save_every = f->save_every, .stop = &stop_signal, .overflow_at = f->overflow_at,
                         .save_grads = f->save_grads, .cuda_graph = f->cuda_graph, .debug_nan = f->debug_nan,
                         .who = who, .path = path, .rank = my_rank, .world = my_world, .reached = reached,
-                        .stopped_by = stopped_by};
+                        .stopped_by = stopped_by, .eval = r->eval, .eval_every = f->eval_every};
     int rc = rt_train(r->e, r->data, &r->dev, &r->progress, &o);
     if (rc == RT_TRAIN_STOPPED) {  // every rank alike, for the signal any of them saw
         int reporter = (layout.stages - 1) * layout.dp;
@@ -708,6 +779,12 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         fprintf(stderr, "%s: %s\n", who, err);
         return local_error(1);
     }
+    RtEvalOptions vo = {.path = f->val_data, .format = f->data_format, .batches = f->eval_batches, .seed = seed,
+                        .nan_fill = f->debug_nan};
+    if (f->val_data && !(r->eval = rt_eval_new(whole, r->e, &vo, err, sizeof err))) {
+        fprintf(stderr, "%s: %s\n", who, err);
+        return local_error(1);
+    }
     if (f->load_weights && load_weights(r->e, f->load_weights, f->load_format, err, sizeof err)) {  // agreed
         if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
         return 1;
@@ -728,7 +805,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     if (rt_device_open(&r->dev, r->e, rk, f->tf32, report, rt_train_reported(r->e, r->data, report)))
         return local_error(1);
     po.unit = rt_data_get_kind(r->data) == RT_DATA_LM ? "tok" : "samples";
-    if (f->steps && my_rank == reporter && !(r->progress = rt_progress_new(&po, err, sizeof err))) {
+    if ((f->steps || r->eval) && my_rank == reporter && !(r->progress = rt_progress_new(&po, err, sizeof err))) {
         fprintf(stderr, "%s: %s\n", who, err);
         return local_error(1);
     }
@@ -797,6 +874,102 @@ static int run(const Flags *f)
     run_free(&r);
     rt_comm_finalize();
     plan_free(one);
+    plan_free(whole);
+    return rc;
+}
+
+/* --prompt-ids 1,2,3 into ids (at most max); the count, or -1 after a message. */
+static int64_t parse_ids(const char *s, int32_t *ids, int64_t max)
+{
+    int64_t n = 0;
+    for (const char *at = s;; at++) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(at, &end, 10);
+        if (end == at || errno || v < 0 || v > INT32_MAX || (*end && *end != ',') || n == max) {
+            fprintf(stderr, "fsexec: --prompt-ids: expected token ids such as 464,3290,318 (at most %" PRId64 "), got "
+                    "'%s'\n", max, s);
+            return -1;
+        }
+        ids[n++] = (int32_t)v;
+        if (!*end) return n;
+        at = end;
+    }
+}
+
+/* The prompt and the tokens after it: text (bytes, or a tokenizer's) or ids. */
+static int print_sample(const Flags *f, const RtTokenizer *tk, int64_t V, const int32_t *ids, int64_t n)
+{
+    int text = tk || (f->prompt && V == 256), bad = 0;
+    for (int64_t i = 0; i < n && !bad; i++) {
+        if (tk) bad = rt_tokenizer_print(tk, ids[i], stdout);
+        else if (text) bad = putchar(ids[i]) == EOF;
+        else bad = printf("%s%d", i ? " " : "", ids[i]) < 0;
+    }
+    return bad || putchar('\n') == EOF;
+}
+
+/* The weights into the sampling program: a file or a checkpoint; 0, or 1 after a message. */
+static int sample_weights(const Flags *f, Exec *e, RtCheckpoint *c)
+{
+    char err[1024];
+    RtResumed r;
+    if (f->load_weights && rt_load_weights_as(e, f->load_weights, f->load_format, err, sizeof err)) {
+        fprintf(stderr, "fsexec: %s\n", err);
+        return 1;
+    }
+    if (c && rt_checkpoint_load(c, e, &r, err, sizeof err)) {
+        fprintf(stderr, "fsexec: --resume: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+
+/* fsexec PLAN --sample N: 0, or an exit status after a message. */
+static int sample(const Flags *f)
+{
+    char err[1024];
+    RtRanks rk;
+    if (rt_ranks_from_env(&rk, err, sizeof err) || rk.world != 1) {
+        fprintf(stderr, "fsexec: --sample runs in one process, not as rank %d of %d; start it without mpirun\n", rk.rank,
+                rk.world);
+        return 2;
+    }
+    Plan *whole = load(f->plan);
+    RtCheckpoint *c = whole && f->resume ? rt_checkpoint_open(f->resume, err, sizeof err) : NULL;
+    if (whole && f->resume && !c) fprintf(stderr, "fsexec: --resume: %s\n", err);
+    uint64_t seed = f->has_seed ? f->seed : c ? rt_checkpoint_seed(c) : whole ? (uint64_t)plan_meta_int(whole, "seed", 0) : 0;
+    RtSampler *s = whole && (c || !f->resume) ? rt_sampler_new(whole, seed, err, sizeof err) : NULL;
+    if (whole && (c || !f->resume) && !s) fprintf(stderr, "fsexec: %s: %s\n", f->plan, err);
+    RtTokenizer *tk = s && f->tokenizer ? rt_tokenizer_open(f->tokenizer, err, sizeof err) : NULL;
+    if (s && f->tokenizer && !tk) fprintf(stderr, "fsexec: --tokenizer %s\n", err);
+    int rc = !s || (f->tokenizer && !tk) || sample_weights(f, rt_sampler_exec(s), c);
+    int64_t V = s ? rt_sampler_vocab(s) : 0, T = s ? rt_sampler_context(s) : 0, max = 1 << 20, n = 0;
+    int32_t *ids = rc ? NULL : malloc(sizeof *ids * (size_t)(max + f->sample));
+    if (!rc && !ids) fprintf(stderr, "fsexec: out of memory\n");
+    rc = rc || !ids;
+    if (!rc && f->prompt && V != 256) {
+        fprintf(stderr, "fsexec: --prompt TEXT is a byte-level model's prompt (V = 256); this one's vocab is %" PRId64
+                ": give --prompt-ids\n", V);
+        rc = 2;
+    } else if (!rc && f->prompt) {
+        for (const char *b = f->prompt; *b && n < max; b++) ids[n++] = (unsigned char)*b;
+    } else if (!rc && (n = parse_ids(f->prompt_ids, ids, max)) < 0) {
+        rc = 2;
+    }
+    RtSampleOptions so = {.n = f->sample, .temperature = f->temperature, .top_k = f->top_k, .seed = seed};
+    if (!rc && n + f->sample > T)
+        fprintf(stderr, "fsexec: note: the model's context is T = %" PRId64 " tokens; past it each token sees the last %"
+                PRId64 " (as nanoGPT crops)\n", T, T);
+    if (!rc && rt_sample(s, &so, ids, n, ids + n, err, sizeof err)) {
+        fprintf(stderr, "fsexec: %s\n", err);
+        rc = 1;
+    }
+    if (!rc) rc = print_sample(f, tk, V, ids, n + f->sample);
+    free(ids);
+    rt_tokenizer_free(tk);
+    rt_sampler_free(s);
+    rt_checkpoint_close(c);
     plan_free(whole);
     return rc;
 }
@@ -917,6 +1090,7 @@ int main(int argc, char **argv)
     if (f.inspect) return inspect(f.inspect);
     if (f.export_from) return export_checkpoint(f.export_from, f.plan);
     if (check_outputs(&f)) return 1;
+    if (f.sample && f.nproc > 1) return usage_error("%s", "--sample runs in one process; drop --nproc");
     if (f.nproc > 1) return launch(&f, argc, argv);
-    return run(&f);
+    return f.sample ? sample(&f) : run(&f);
 }

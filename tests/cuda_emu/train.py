@@ -4,7 +4,8 @@
 same plans on `--device cpu`. This drives what op_check does not: fsexec's train loop on
 a device (inputs up each step, loss / lr / norm / loss scale down, the overflow-at and
 save-grads splits, --cuda-graph's run_step, weights downloaded before saving; with
-offload, the host mirror running the update and the copies between the spaces).
+offload, the host mirror running the update and the copies between the spaces; the
+params brought down for --val-data's evaluations).
 
 Checks, per case: every step's loss and gradient norm within a tolerance (relative) of
 the CPU run's, the fp16 skip at the forced overflow step on both, and the saved weights
@@ -104,6 +105,26 @@ def main():
     if r.returncode == 0 or "--cuda-graph: the plan runs its optimizer on the host" not in r.stdout or "step 1" in r.stdout:
         sys.exit("FAIL: --cuda-graph with offload (exit %d):\n%s" % (r.returncode, r.stdout))
     print("ok   --cuda-graph with offload is refused before the first step")
+    evaluation(fsexec, work, env)
+
+
+def evaluation(fsexec, work, env):
+    """--val-data on a device: the params brought down to the host mirror before each
+    evaluation (which runs on the CPU), so every val_loss is the CPU run's."""
+    plan, data = os.path.join(work, "gpt2_fp32.plan"), os.path.join(work, "val.bin")
+    np.random.default_rng(5).integers(0, 256, size=2000, dtype=np.uint16).tofile(data)
+    got = {}
+    for device in ("cpu", "cuda"):
+        log = os.path.join(work, "eval.%s.jsonl" % device)
+        run([fsexec, plan, "--device", device, "--steps", "1", "--val-data", data, "--data-format", "raw",
+             "--eval-every", "1", "--eval-batches", "1", "--log", log], env)
+        with open(log) as f:
+            got[device] = [(r["step"], r["val_loss"]) for r in map(json.loads, f) if "val_loss" in r]
+    steps = [s for s, _ in got["cuda"]]
+    worst = max(abs(a[1] - b[1]) / abs(b[1]) for a, b in zip(got["cuda"], got["cpu"]))
+    if steps != [0, 1] or [s for s, _ in got["cpu"]] != steps or worst > 1e-5:
+        sys.exit("FAIL: --val-data on the device: %s, on the CPU: %s" % (got["cuda"], got["cpu"]))
+    print("ok   --val-data on the device: val_loss before and after a step within %.2g of the CPU's" % worst)
 
 
 if __name__ == "__main__":

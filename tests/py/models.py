@@ -117,6 +117,10 @@ def cross_entropy(logits, targets):
 
 def gpt2_loss(p, tokens, targets, L, NH):
     """samples/gpt2.fsm: tokens, targets int [B, T]; p keyed by the .fsm names."""
+    return cross_entropy(gpt2_logits(p, tokens, L, NH), targets)
+
+
+def gpt2_logits(p, tokens, L, NH):
     T = tokens.shape[1]
     x = p["wte"][tokens.long()] + p["wpe"][torch.arange(T)]
     for l in range(L):
@@ -126,14 +130,17 @@ def gpt2_loss(p, tokens, targets, L, NH):
         a = attention(heads(q, NH), heads(k, NH), heads(v, NH))
         x = x + merge_heads(a) @ g("proj.w") + g("proj.b")
         x = x + gelu(layernorm(x, g("ln2.w"), g("ln2.b")) @ g("fc.w") + g("fc.b")) @ g("fcproj.w") + g("fcproj.b")
-    logits = layernorm(x, p["lnf.w"], p["lnf.b"]) @ p["wte"].transpose(0, 1)   # tied
-    return cross_entropy(logits, targets)
+    return layernorm(x, p["lnf.w"], p["lnf.b"]) @ p["wte"].transpose(0, 1)   # tied
 
 
 def llama_loss(p, tokens, targets, L, NH, NKV=None):
     """samples/llama.fsm: RMSNorm, rope, grouped-query attention (NKV kv heads, each
     repeat_interleave'd to NH / NKV query heads, as Hugging Face's repeat_kv does),
     SwiGLU, untied output [C, V]. NKV defaults to NH."""
+    return cross_entropy(llama_logits(p, tokens, L, NH, NKV), targets)
+
+
+def llama_logits(p, tokens, L, NH, NKV=None):
     G = NH // (NKV or NH)
     x = p["tok_embeddings"][tokens.long()]
     for l in range(L):
@@ -145,10 +152,11 @@ def llama_loss(p, tokens, targets, L, NH, NKV=None):
         x = x + merge_heads(attention(q, k, v)) @ g("wo")
         h = rmsnorm(x, g("mlp_norm.w"))
         x = x + (F.silu(h @ g("w1")) * (h @ g("w3"))) @ g("w2")
-    return cross_entropy(rmsnorm(x, p["norm.w"]) @ p["output"], targets)
+    return rmsnorm(x, p["norm.w"]) @ p["output"]
 
 
 MODELS = {"gpt2": gpt2_loss, "llama": llama_loss}
+LOGITS = {"gpt2": gpt2_logits, "llama": llama_logits}
 
 
 def num_layers(params, model):

@@ -1157,3 +1157,54 @@ Test(plan, schedule_and_roles_checked)
     cr_assert(strstr(why, "step role loss is tensor"), "%s", why);
     plan_free(p);
 }
+
+/* The forward-only programs (sections EVAL and SAMP): whole plans of one program inside
+ * the plan, read back as written and written only when there; one damaged inside is
+ * refused naming its section; one of several programs is not written. */
+Test(plan, forward_programs_round_trip)
+{
+    Plan *one = plan_extract_program(plan, 0, err, sizeof err);
+    cr_assert_not_null(one, "%s", err);
+    one->eval = plan_extract_program(plan, 0, err, sizeof err);
+    one->sample = plan_extract_program(plan, 0, err, sizeof err);
+    cr_assert(one->eval && one->sample, "%s", err);
+    void *buf;
+    size_t n;
+    cr_assert_eq(plan_write_mem(one, &buf, &n, err, sizeof err), 0, "%s", err);
+    Plan *back = plan_read_mem(buf, n, err, sizeof err);
+    cr_assert_not_null(back, "%s", err);
+    assert_plans_equal(one, back);
+    cr_assert(back->eval && back->sample);
+    assert_plans_equal(one->eval, back->eval);
+    assert_plans_equal(one->sample, back->sample);
+    cr_assert_eq(back->n_sections, 15);
+    cr_assert_str_eq(back->sections[13].tag, "EVAL");
+    cr_assert_str_eq(back->sections[14].tag, "SAMP");
+    /* A byte of the evaluation program's own header damaged, the outer checksums made to
+     * match: its own reader refuses it. */
+    uint8_t *b = buf, *entry = b + 32 + 24 * 13, *data = b + le64(entry + 8);
+    data[24] ^= 1;
+    set32(entry + 4, plan_crc32(0, data, (size_t)le64(entry + 16)));
+    set32(b + 24, 0);
+    set32(b + 24, plan_crc32(0, b, 32 + 24 * 15));
+    cr_assert_null(read_copy(b, n));
+    cr_assert_str_eq(err, "section EVAL (the evaluation program): header checksum mismatch (file damaged)");
+    data[24] ^= 1;  // as written again
+    set32(entry + 4, plan_crc32(0, data, (size_t)le64(entry + 16)));
+    set32(b + 24, 0);
+    set32(b + 24, plan_crc32(0, b, 32 + 24 * 15));
+    /* A plan with programs of its own as another's EVAL: refused, so plans nest one deep. */
+    Sec sec[16];
+    int k = split_sections(sec);
+    sec[k] = (Sec){"EVAL", buf, n};
+    cr_assert_null(read_sections(sec, k + 1, 2, 1));
+    cr_assert_str_eq(err, "section EVAL (the evaluation program): section EVAL in the plan of another section: "
+                          "programs nest one deep");
+    free_sections(sec, k + 1);  // buf too
+    plan_free(back);
+    /* A sub-plan of its own sub-plans is no program of this format. */
+    one->eval->sample = plan_extract_program(plan, 0, err, sizeof err);
+    cr_assert_neq(plan_write_mem(one, &buf, &n, err, sizeof err), 0);
+    cr_assert(strstr(err, "the evaluation program must be a plan of one program"), "%s", err);
+    plan_free(one);
+}

@@ -1,0 +1,233 @@
+/* runtime/sample.c: text generation (fsexec --sample N), with the plan's sampling program
+ * (Plan.sample: fsc's forward of one sequence of the model's T tokens on one rank, its
+ * logits [1, T, V] kept as an output).
+ *
+ * Each new token runs the program on the context window: the last T tokens of the
+ * prompt and what was generated so far (nanoGPT's sample.py crops the same way), in
+ * positions 0..n-1 and zeros after them. The attention is causal, so the logits at
+ * position n-1 depend on the window's tokens alone, not on the padding. There is no KV
+ * cache: each token is a whole forward of T positions.
+ *
+ * The choice of a token is nanoGPT's: logits / temperature, the top-k kept (the rest
+ * -inf), softmax, one draw; temperature 0 is the argmax (the first of equal maxima, as
+ * torch.argmax). Draw i uses Philox(key = seed, counter = (i, "sample")), so the same
+ * seed gives the same text.
+ *
+ * Text: a byte-level model (V = 256) prints its tokens' bytes; another prints ids, or
+ * with a tokenizer file (llm.c's gpt2_tokenizer.bin: 256 u32 header of magic 20240328,
+ * version 1 or 2, vocab size, v2's end-of-text token; then per token a u8 length and
+ * its bytes) their bytes.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime.h"
+
+#define TOKENIZER_MAGIC 20240328
+
+struct RtSampler {
+    Exec *e;
+    int32_t tokens, logits;  // tensor ids: the input [1, T], the logits [1, T, V]
+    int64_t T, V;
+};
+
+struct RtTokenizer {
+    uint32_t n;        // tokens
+    char **text;       // each token's bytes
+    uint8_t *len;
+};
+
+RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, char *err, size_t errlen)
+{
+    const Plan *p = whole->sample;
+    if (!p) {
+        plan_fail(err, errlen, "--sample: the plan has no sampling program: fsc plans one for a language model (a "
+                  "cross-entropy over logits [B, T, V] of a tokens input), and this one is %s",
+                  whole->eval ? "not one" : "from an older fsc or a pipeline; recompile it with one stage");
+        return NULL;
+    }
+    RtSampler *s = plan_alloc(sizeof *s);
+    if (!s) {
+        plan_fail(err, errlen, "out of memory");
+        return NULL;
+    }
+    memset(s, 0, sizeof *s);
+    int32_t targets;
+    s->logits = rt_plan_logits(p);
+    const PlanTensor *lt = s->logits == PLAN_NONE ? NULL : &p->tensors[s->logits];
+    if (rt_data_inputs(p, &s->tokens, &targets) || !lt || lt->rank != 3 || lt->shape[0] != 1 ||
+        lt->dtype != PLAN_DT_F32) {
+        const char *prec = plan_meta_str(p, "precision", "fp32");
+        if (strcmp(prec, "fp32"))
+            plan_fail(err, errlen, "--sample: this plan computes in %s, and sampling takes an fp32 plan's logits; "
+                      "compile one with fsc --precision fp32 (it loads the same weights)", prec);
+        else
+            plan_fail(err, errlen, "--sample: the sampling program has no f32 logits [1, T, V] of one tokens input");
+        plan_dealloc(s);
+        return NULL;
+    }
+    s->T = lt->shape[1], s->V = lt->shape[2];
+    char why[512];
+    ExecOptions eo = {.seed = seed};
+    if (!(s->e = rt_exec_new(p, &eo, why, sizeof why))) {
+        plan_fail(err, errlen, "the sampling program: %s", why);
+        plan_dealloc(s);
+        return NULL;
+    }
+    return s;
+}
+
+void rt_sampler_free(RtSampler *s)
+{
+    if (!s) return;
+    rt_exec_free(s->e);
+    plan_dealloc(s);
+}
+
+Exec *rt_sampler_exec(RtSampler *s) { return s->e; }
+int64_t rt_sampler_context(const RtSampler *s) { return s->T; }
+int64_t rt_sampler_vocab(const RtSampler *s) { return s->V; }
+
+/* The token drawn from one row of logits. */
+static int32_t choose(const float *row, int64_t V, const RtSampleOptions *o, int64_t draw, float *work)
+{
+    if (o->temperature == 0 || o->top_k == 1) {
+        int64_t best = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (row[v] > row[best]) best = v;
+        return (int32_t)best;
+    }
+    /* The k-th largest logit: those below it are dropped (ties at it stay, as torch.topk's
+     * threshold in nanoGPT keeps them). */
+    float cut = -INFINITY;
+    if (o->top_k > 0 && o->top_k < V) {
+        memcpy(work, row, sizeof *work * (size_t)V);
+        for (int64_t j = 0; j < o->top_k; j++) {  // partial selection: k passes, k small
+            int64_t at = j;
+            for (int64_t v = j + 1; v < V; v++)
+                if (work[v] > work[at]) at = v;
+            float t = work[j];
+            work[j] = work[at], work[at] = t;
+        }
+        cut = work[o->top_k - 1];
+    }
+    double top = -INFINITY, sum = 0;
+    for (int64_t v = 0; v < V; v++)
+        if (row[v] >= cut && row[v] > top) top = row[v];
+    for (int64_t v = 0; v < V; v++) sum += row[v] >= cut ? exp((row[v] - top) / o->temperature) : 0;
+    uint32_t ctr[4] = {(uint32_t)draw, (uint32_t)((uint64_t)draw >> 32), 0x73616d70u /* "samp" */, 0}, w[4];
+    rt_philox(o->seed, ctr, w);
+    double u = rt_unit(w[0], w[1]) * sum, acc = 0;
+    int64_t last = 0;
+    for (int64_t v = 0; v < V; v++) {
+        if (row[v] < cut) continue;
+        acc += exp((row[v] - top) / o->temperature);
+        last = v;
+        if (u < acc) return (int32_t)v;
+    }
+    return (int32_t)last;  // u rounded up to the sum
+}
+
+int rt_sample(RtSampler *s, const RtSampleOptions *o, const int32_t *prompt, int64_t n_prompt, int32_t *out,
+              char *err, size_t errlen)
+{
+    if (n_prompt < 1) return plan_fail(err, errlen, "--sample needs a prompt of at least one token");
+    for (int64_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= s->V)
+            return plan_fail(err, errlen, "prompt token %lld is %d, outside the model's vocab [0, %lld)", (long long)i,
+                             prompt[i], (long long)s->V);
+    if (!(o->temperature >= 0) || !isfinite(o->temperature))
+        return plan_fail(err, errlen, "--temperature %g: expected a finite number >= 0", o->temperature);
+    int64_t n = n_prompt + o->n;
+    int32_t *seq = plan_alloc(sizeof *seq * (size_t)n);
+    float *work = plan_alloc(sizeof *work * (size_t)s->V);
+    if (!seq || !work) {
+        plan_dealloc(seq);
+        plan_dealloc(work);
+        return plan_fail(err, errlen, "out of memory for %lld tokens", (long long)n);
+    }
+    memcpy(seq, prompt, sizeof *seq * (size_t)n_prompt);
+    int32_t *tok = rt_exec_data(s->e, s->tokens);
+    const float *logits = rt_exec_data(s->e, s->logits);
+    int rc = 0;
+    for (int64_t have = n_prompt; have < n && !rc; have++) {
+        int64_t w = have < s->T ? have : s->T;  // the window: the last T tokens
+        memset(tok, 0, sizeof *tok * (size_t)s->T);
+        memcpy(tok, seq + have - w, sizeof *tok * (size_t)w);
+        if (rt_exec_run(s->e, have - n_prompt + 1, RT_PHASES_ALL))
+            rc = plan_fail(err, errlen, "the sampling program: %s", rt_exec_error(s->e));
+        else
+            seq[have] = out[have - n_prompt] = choose(logits + (w - 1) * s->V, s->V, o, have - n_prompt, work);
+    }
+    plan_dealloc(seq);
+    plan_dealloc(work);
+    return rc;
+}
+
+/* ---- tokenizer files ------------------------------------------------------------------ */
+
+void rt_tokenizer_free(RtTokenizer *t)
+{
+    if (!t) return;
+    for (uint32_t i = 0; t->text && i < t->n; i++) plan_dealloc(t->text[i]);
+    plan_dealloc(t->text);
+    plan_dealloc(t->len);
+    plan_dealloc(t);
+}
+
+static uint32_t le32(const uint8_t *b) { return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24; }
+
+RtTokenizer *rt_tokenizer_open(const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    uint8_t head[1024];
+    if (!f) {
+        plan_fail(err, errlen, "%s: cannot open it", path);
+        return NULL;
+    }
+    RtTokenizer *t = NULL;
+    if (fread(head, 1, sizeof head, f) != sizeof head) {
+        plan_fail(err, errlen, "%s: shorter than a tokenizer's 1024-byte header", path);
+    } else if (le32(head) != TOKENIZER_MAGIC || (le32(head + 4) != 1 && le32(head + 4) != 2)) {
+        plan_fail(err, errlen, "%s: not an llm.c tokenizer file (magic %u, version %u; expected %d, 1 or 2)", path,
+                  le32(head), le32(head + 4), TOKENIZER_MAGIC);
+    } else if (le32(head + 8) == 0 || le32(head + 8) > (1u << 24)) {
+        plan_fail(err, errlen, "%s: a vocab of %u tokens", path, le32(head + 8));
+    } else if ((t = plan_alloc(sizeof *t))) {
+        memset(t, 0, sizeof *t);
+        t->n = le32(head + 8);
+        t->text = plan_alloc(sizeof *t->text * t->n);
+        t->len = plan_alloc(t->n);
+        if (t->text) memset(t->text, 0, sizeof *t->text * t->n);
+        for (uint32_t i = 0; t->text && t->len && i < t->n; i++) {
+            int c = fgetc(f);
+            if (c == EOF || c == 0 || !(t->text[i] = plan_alloc((size_t)c)) ||
+                fread(t->text[i], 1, (size_t)c, f) != (size_t)c) {
+                plan_fail(err, errlen, "%s: token %u of %u is %s", path, i, t->n, c == 0 ? "empty" : "cut short");
+                rt_tokenizer_free(t);
+                t = NULL;
+                break;
+            }
+            t->len[i] = (uint8_t)c;
+        }
+        if (t && (!t->text || !t->len)) {
+            plan_fail(err, errlen, "out of memory reading %s", path);
+            rt_tokenizer_free(t);
+            t = NULL;
+        }
+    } else {
+        plan_fail(err, errlen, "out of memory");
+    }
+    fclose(f);
+    return t;
+}
+
+uint32_t rt_tokenizer_vocab(const RtTokenizer *t) { return t->n; }
+
+int rt_tokenizer_print(const RtTokenizer *t, int32_t id, FILE *out)
+{
+    if (id < 0 || (uint32_t)id >= t->n) return fprintf(out, "<%d>", id) < 0 ? -1 : 0;
+    return fwrite(t->text[id], 1, t->len[id], out) == t->len[id] ? 0 : -1;
+}
