@@ -223,6 +223,7 @@ static int build(Plan *p, const Graph *g, const TrainConfig *t)
     if (plan_meta_set_str(p, "model", g->model ? g->model : "model") ||
         plan_meta_set_str(p, "compiler", "fsc " FS_VERSION) ||
         plan_meta_set_int(p, "params", ir_param_count(g)) ||
+        plan_meta_set_int(p, "frozen_params", ir_frozen_count(g)) ||
         add_config(p, t))
         return -1;
     for (int i = 0; i < g->n_blocks; i++)
@@ -280,7 +281,8 @@ Plan *codegen_plan(const Graph *g, const TrainConfig *t, char *err, size_t errle
             return NULL;
         }
     }
-    if (plan_meta_set_int(p, "world", t->world) || plan_meta_set_int(p, "params", ir_param_count(g))) {
+    if (plan_meta_set_int(p, "world", t->world) || plan_meta_set_int(p, "params", ir_param_count(g)) ||
+        plan_meta_set_int(p, "frozen_params", ir_frozen_count(g))) {
         snprintf(err, errlen, "out of memory building the plan");
         plan_free(p);
         return NULL;

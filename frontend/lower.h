@@ -134,5 +134,9 @@ int lower_param(Lower *L, Scope *s, const Stmt *st, const char *full, int block)
 
 /* ---- settings.c --------------------------------------------------------------------- */
 void lower_settings(Lower *L, const Program *p, TrainConfig *train);
+/* After the params are made: `freeze` and `weight_decay_on matrices` mark them (frozen,
+ * no_decay); a name that matches no param is an error, and so is a model with nothing
+ * left to train. */
+void lower_param_groups(Lower *L, const Program *p, const TrainConfig *train);
 
 #endif

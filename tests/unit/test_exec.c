@@ -1054,6 +1054,16 @@ Test(e2e, small_gpt2_trains)
     plan_free(p);
 }
 
+/* LoRA: only the adapters train, from B = 0 (the base model's loss at step 1). */
+Test(e2e, lora_sample_trains)
+{
+    Define defs[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 256}, {"B", 4}, {"R", 4}};
+    Setting set[] = {{"lr", "0.01"}, {"warmup", "0"}};
+    Plan *p = compile_sample("lora.fsm", defs, 7, set, 2);
+    expect_training(p, 25);
+    plan_free(p);
+}
+
 /* A 16-bit plan gets the kernels' workspace (at most 32 MiB: its calls are small) and
  * trains, NaN fill or not; an f32 plan gets none. */
 Test(e2e, bf16_gpt2_trains_with_a_workspace)
