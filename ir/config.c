@@ -31,6 +31,7 @@ int checkpoint_recomputes(const TrainConfig *t, int m)
 {
     return t->checkpoint == CKPT_ALWAYS || (t->checkpoint == CKPT_EXCEPT_LAST && m < t->microbatches - 1);
 }
+const char *decay_on_name(int matrices) { return DECAY_ON[matrices != 0]; }
 const char *lr_schedule_name(LrSchedule s) { return (unsigned)s < LR_COUNT ? LR_SCHEDS[s] : "?"; }
 
 void config_default(TrainConfig *c)

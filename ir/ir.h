@@ -415,6 +415,7 @@ const char *checkpoint_name(PipeCheckpoint c);
  * stage's forward in its backward (checkpoint always; except_last: all but the last). */
 int checkpoint_recomputes(const TrainConfig *t, int m);
 const char *lr_schedule_name(LrSchedule s);
+const char *decay_on_name(int matrices);  // weight_decay_on: "all" or "matrices"
 
 /* ---- ir/verify.c ------------------------------------------------------------------ */
 
