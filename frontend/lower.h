@@ -1,7 +1,8 @@
 /* frontend/lower.h: what the lowering files share (private to the frontend).
  *
  *   lower.c      fe_compile: parse, settings, the model's declarations, loss and outputs
- *   settings.c   the `train` block and the command line's --key value over the defaults
+ *   settings.c   the `train` block and the command line's --key value over the defaults;
+ *                freeze and weight_decay_on on the params
  *   expr.c       statements and expressions: op calls, layer instances
  *   consteval.c  constant expressions: dims, shapes, attributes, initializers
  *   scope.c      names in scope, and the errors for names that are not

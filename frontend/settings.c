@@ -4,7 +4,8 @@
  * Each statement sets one or more keys through config_set (ir/config.c), which owns the
  * keys and their accepted values; values pass as the text the user wrote. A bad key is
  * reported at the key, a bad value at the value; command-line errors have no location.
- * `recompute` names are checked here, where the model's layers are known.
+ * `recompute` names are checked here, where the model's layers are known; `freeze` names
+ * and `weight_decay_on` mark the params once they are made (lower_param_groups).
  *
  *   precision bf16;                      precision = "bf16"
  *   recompute Block, Mlp;                recompute = "Block,Mlp"
@@ -108,8 +109,9 @@ static void setting(Lower *L, const Stmt *st, TrainConfig *c)
     keywords(L, c, st->name, st->args);
 }
 
-/* --recompute A,B from the command line. */
-static int check_recompute_list(Lower *L, const char *list)
+/* Each item of a command line's list (--recompute A,B; --freeze a,b) through fn; -1 when
+ * any failed. */
+static int each_item(Lower *L, const char *list, int (*fn)(Lower *, const char *, Loc, const char *))
 {
     int rc = 0;
     char *copy = arena_strdup(L->tmp, list);
@@ -119,7 +121,7 @@ static int check_recompute_list(Lower *L, const char *list)
         while (*p == ' ') p++;
         size_t n = strlen(p);
         while (n > 0 && p[n - 1] == ' ') p[--n] = 0;
-        if (check_recompute(L, p, (Loc){0}, "--")) rc = -1;
+        if (fn(L, p, (Loc){0}, "--")) rc = -1;
     }
     return rc;
 }
@@ -129,7 +131,7 @@ void lower_settings(Lower *L, const Program *p, TrainConfig *c)
     for (const Stmt *st = p->train; st && !L->d->stopped; st = st->next) setting(L, st, c);
     for (int i = 0; i < L->opt->n_settings && !L->d->stopped; i++) {
         const Setting *s = &L->opt->settings[i];
-        if (strcmp(s->key, "recompute") == 0 && check_recompute_list(L, s->value)) continue;
+        if (strcmp(s->key, "recompute") == 0 && each_item(L, s->value, check_recompute)) continue;
         char err[512] = "";
         if (config_set(c, s->key, s->value, err, sizeof err) == 0) continue;
         size_t n = strlen(s->key);
@@ -202,19 +204,10 @@ void lower_param_groups(Lower *L, const Program *p, const TrainConfig *t)
     Graph *g = L->g;
     const Stmt *st = freeze_statement(L, p);
     int rc = 0;
-    if (st) {
+    if (st)
         for (const Expr *x = st->value; x; x = x->next) rc |= freeze(L, value_text(L, x), x->loc, "");
-    } else {
-        char *copy = arena_strdup(L->tmp, t->freeze);
-        for (char *q = copy, *end; q; q = end ? end + 1 : NULL) {
-            end = strchr(q, ',');
-            if (end) *end = 0;
-            while (*q == ' ') q++;
-            size_t n = strlen(q);
-            while (n > 0 && q[n - 1] == ' ') q[--n] = 0;
-            if (*q) rc |= freeze(L, q, (Loc){0}, "--");
-        }
-    }
+    else
+        rc = each_item(L, t->freeze, freeze);
     int params = 0, trainable = 0;
     for (int v = 0; v < g->n_values; v++) {
         Value *x = &g->values[v];
