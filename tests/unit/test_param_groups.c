@@ -111,3 +111,33 @@ Test(param_groups, decay_units)
     ir_graph_free(g);
     plan_free(p);
 }
+
+/* `freeze` names: a layer instance, a layer's param in every instance, a param; flags in
+ * the source (lora.fsm: every base weight) and `weight_decay_on matrices`. */
+Test(param_groups, what_freeze_names)
+{
+    const Setting set[] = {{"freeze", "h.0, Block.attn.w,wpe"}, {"weight_decay_on", "matrices"}};
+    Graph *g;
+    Plan *p = sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, 2, &g);
+    int n = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        const Value *x = ir_value(g, v);
+        if (x->role != ROLE_PARAM || !x->name || x->tied_to >= 0) continue;
+        int want = !strncmp(x->name, "h.0.", 4) || !strcmp(x->name, "h.1.attn.w") || !strcmp(x->name, "wpe");
+        cr_expect_eq(x->frozen, want, "%s", x->name);
+        cr_expect_eq(x->grad < 0, want, "%s: gradient %d", x->name, x->grad);
+        cr_expect_eq(x->no_decay, x->rank < 2, "%s", x->name);
+        n++;
+    }
+    cr_expect_eq(n, 12 * 2 + 4, "%d params", n);
+    ir_graph_free(g);
+    plan_free(p);
+    const Define dims[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 4}, {"R", 8}};
+    p = sample_compile("lora.fsm", dims, 7, NULL, 0, &g);
+    int64_t C = 64, R = 8, adapters = 2 * (C * R + R * 3 * C + C * R + R * C);
+    cr_expect_eq(ir_param_count(g) - ir_frozen_count(g), adapters, "%lld trainable",
+                 (long long)(ir_param_count(g) - ir_frozen_count(g)));
+    cr_expect_eq(plan_meta_int(p, "frozen_params", 0), ir_frozen_count(g));
+    ir_graph_free(g);
+    plan_free(p);
+}
