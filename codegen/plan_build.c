@@ -129,6 +129,7 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"beta2", F, NULL, t->beta2, 0},
         {"eps", F, NULL, t->eps, 0},
         {"weight_decay", F, NULL, t->weight_decay, 0},
+        {"weight_decay_on", S, decay_on_name(t->decay_matrices), 0, 0},
         {"momentum", F, NULL, t->momentum, 0},
         {"clip", F, NULL, t->clip, 0},
         {"lr_schedule", S, lr_schedule_name(t->lr_schedule), 0, 0},
@@ -141,6 +142,7 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"reshard_after_forward", I, NULL, 0, t->reshard_after_forward},
         {"world", I, NULL, 0, t->world},
         {"recompute", S, t->recompute, 0, 0},
+        {"freeze", S, t->freeze, 0, 0},
         {"stages", I, NULL, 0, t->stages},
         {"microbatches", I, NULL, 0, t->microbatches},
         {"schedule", S, sched_name(t->schedule), 0, 0},
@@ -223,6 +225,7 @@ static int build(Plan *p, const Graph *g, const TrainConfig *t)
     if (plan_meta_set_str(p, "model", g->model ? g->model : "model") ||
         plan_meta_set_str(p, "compiler", "fsc " FS_VERSION) ||
         plan_meta_set_int(p, "params", ir_param_count(g)) ||
+        plan_meta_set_int(p, "frozen_params", ir_frozen_count(g)) ||
         add_config(p, t))
         return -1;
     for (int i = 0; i < g->n_blocks; i++)
@@ -280,7 +283,8 @@ Plan *codegen_plan(const Graph *g, const TrainConfig *t, char *err, size_t errle
             return NULL;
         }
     }
-    if (plan_meta_set_int(p, "world", t->world) || plan_meta_set_int(p, "params", ir_param_count(g))) {
+    if (plan_meta_set_int(p, "world", t->world) || plan_meta_set_int(p, "params", ir_param_count(g)) ||
+        plan_meta_set_int(p, "frozen_params", ir_frozen_count(g))) {
         snprintf(err, errlen, "out of memory building the plan");
         plan_free(p);
         return NULL;

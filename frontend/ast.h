@@ -58,7 +58,8 @@ typedef struct Name {
 typedef enum {
     ST_DIM,      // dim B = 4, T = 64;  (one Stmt per dim): name, value
     ST_INPUT,    // input tokens: i32[B, T];  name, dtype, shape
-    ST_PARAM,    // param attn.w: [C, 3*C] = normal(0.02);  name, dtype, shape, value (init)
+    ST_PARAM,    // param attn.w: [C, 3*C] = normal(0.02);  name, dtype, shape, value (init),
+                 //   targets (flags after the init: frozen, no_decay)
     ST_ASSIGN,   // x = expr;  q, k, v = split(...);  targets, value
     ST_RETURN,   // return x;  return a, b;  value (a list linked by next)
     ST_OUTPUT,   // output logits;  targets

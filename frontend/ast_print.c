@@ -92,6 +92,7 @@ static void print_stmt(const Stmt *s, FILE *out)
         print_shape(s->shape, out);
         fputc(' ', out);
         print_expr(s->value, out);
+        for (const Name *f = s->targets; f; f = f->next) fprintf(out, " %s", f->name);
         break;
     case ST_ASSIGN:
         fputs("(assign (", out);

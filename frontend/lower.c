@@ -176,6 +176,10 @@ int lower_param(Lower *L, Scope *s, const Stmt *st, const char *full, int block)
     v.role = ROLE_PARAM;
     v.block = block;
     v.name = full;
+    for (const Name *f = st->targets; f; f = f->next) {  // the parser checked them
+        v.frozen |= !strcmp(f->name, "frozen");
+        v.no_decay |= !strcmp(f->name, "no_decay");
+    }
     return ir_value_add(L->g, &v);
 }
 
@@ -427,6 +431,7 @@ Graph *fe_compile(const char *src, size_t len, const FrontendOptions *opt, Train
     lower_decls(&L, p->body, dup);
     lower_statements(&L, p->body);
     if (!d->stopped) lower_objective(&L, p);
+    if (d->n_errors == before) lower_param_groups(&L, p, train);
     arena_free(tmp);
     if (d->n_errors > before) {
         ir_graph_free(L.g);

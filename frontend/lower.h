@@ -1,7 +1,8 @@
 /* frontend/lower.h: what the lowering files share (private to the frontend).
  *
  *   lower.c      fe_compile: parse, settings, the model's declarations, loss and outputs
- *   settings.c   the `train` block and the command line's --key value over the defaults
+ *   settings.c   the `train` block and the command line's --key value over the defaults;
+ *                freeze and weight_decay_on on the params
  *   expr.c       statements and expressions: op calls, layer instances
  *   consteval.c  constant expressions: dims, shapes, attributes, initializers
  *   scope.c      names in scope, and the errors for names that are not
@@ -134,5 +135,9 @@ int lower_param(Lower *L, Scope *s, const Stmt *st, const char *full, int block)
 
 /* ---- settings.c --------------------------------------------------------------------- */
 void lower_settings(Lower *L, const Program *p, TrainConfig *train);
+/* After the params are made: `freeze` and `weight_decay_on matrices` mark them (frozen,
+ * no_decay); a name that matches no param is an error, and so is a model with nothing
+ * left to train. */
+void lower_param_groups(Lower *L, const Program *p, const TrainConfig *train);
 
 #endif

@@ -87,6 +87,21 @@ static Expr *mk_list(ParseCtx *c, Loc loc, Expr *items);
 static Stmt *mk_dim(ParseCtx *c, const char *name, Loc loc, Expr *value);
 static Stmt *mk_tensor(ParseCtx *c, StmtKind kind, Loc loc, const char *name, Loc name_loc,
                        const char *dtype, Loc dtype_loc, Expr *shape, Expr *init);
+/* A param's flags: each known, each once. */
+static Name *check_flags(ParseCtx *c, Name *flags)
+{
+    static const char *const known[] = {"frozen", "no_decay"};
+    for (const Name *f = flags; f; f = f->next) {
+        const char *near = diag_closest(f->name, known, 2);
+        if (strcmp(f->name, known[0]) && strcmp(f->name, known[1]))
+            diag_error(c->diag, f->loc, "unknown param flag '%s'%s%s%s (expected frozen or no_decay)", f->name,
+                       near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
+        for (const Name *g = flags; g != f; g = g->next)
+            if (!strcmp(g->name, f->name)) diag_error(c->diag, f->loc, "param flag '%s' given twice", f->name);
+    }
+    return flags;
+}
+
 static Stmt *mk_assign(ParseCtx *c, Name *targets, Expr *value);
 static Stmt *mk_return(ParseCtx *c, Loc loc, Expr *values);
 static Stmt *mk_output(ParseCtx *c, Loc loc, Name *names);
@@ -124,7 +139,7 @@ static void mk_train(ParseCtx *c, Loc loc, Stmt *settings);
 
 %type <expr> expr primary exprs exprs_opt value values
 %type <arg> args args_opt arg kwargs kwargs_opt kwarg
-%type <name> targets names names_opt as_opt
+%type <name> targets names names_opt as_opt flags
 %type <stmt> stmts body stmt dims dim layer_body layer_items settings setting
 %type <str> dtype_opt ident
 
@@ -174,8 +189,9 @@ stmt
     : DIM dims ';'                              { $$ = $2; }
     | INPUT ident ':' ident '[' exprs_opt ']' ';'
                                                 { $$ = mk_tensor(c, ST_INPUT, @1, $2, @2, $4, @4, $6, NULL); }
-    | PARAM ident ':' dtype_opt '[' exprs_opt ']' '=' expr ';'
-                                                { $$ = mk_tensor(c, ST_PARAM, @1, $2, @2, $4, @4, $6, $9); }
+    | PARAM ident ':' dtype_opt '[' exprs_opt ']' '=' expr flags ';'
+                                                { $$ = mk_tensor(c, ST_PARAM, @1, $2, @2, $4, @4, $6, $9);
+                                                  $$->targets = check_flags(c, $10); }
     | targets '=' expr ';'                      { $$ = mk_assign(c, $1, $3); }
     | RETURN exprs ';'                          { $$ = mk_return(c, @1, $2); }
     | OUTPUT names ';'                          { $$ = mk_output(c, @1, $2); }
@@ -232,6 +248,12 @@ names
 names_opt
     : %empty                                    { $$ = NULL; }
     | names                                     { $$ = $1; }
+    ;
+
+/* A param's flags after its initializer: `= zeros frozen`, `= ones no_decay`. */
+flags
+    : %empty                                    { $$ = NULL; }
+    | flags NAME                                { $$ = ast_name_append($1, ast_name(c->arena, $2, @2)); }
     ;
 
 /* ---- expressions --------------------------------------------------------------- */

@@ -4,7 +4,8 @@
  * Each statement sets one or more keys through config_set (ir/config.c), which owns the
  * keys and their accepted values; values pass as the text the user wrote. A bad key is
  * reported at the key, a bad value at the value; command-line errors have no location.
- * `recompute` names are checked here, where the model's layers are known.
+ * `recompute` names are checked here, where the model's layers are known; `freeze` names
+ * and `weight_decay_on` mark the params once they are made (lower_param_groups).
  *
  *   precision bf16;                      precision = "bf16"
  *   recompute Block, Mlp;                recompute = "Block,Mlp"
@@ -108,8 +109,9 @@ static void setting(Lower *L, const Stmt *st, TrainConfig *c)
     keywords(L, c, st->name, st->args);
 }
 
-/* --recompute A,B from the command line. */
-static int check_recompute_list(Lower *L, const char *list)
+/* Each item of a command line's list (--recompute A,B; --freeze a,b) through fn; -1 when
+ * any failed. */
+static int each_item(Lower *L, const char *list, int (*fn)(Lower *, const char *, Loc, const char *))
 {
     int rc = 0;
     char *copy = arena_strdup(L->tmp, list);
@@ -119,7 +121,7 @@ static int check_recompute_list(Lower *L, const char *list)
         while (*p == ' ') p++;
         size_t n = strlen(p);
         while (n > 0 && p[n - 1] == ' ') p[--n] = 0;
-        if (check_recompute(L, p, (Loc){0}, "--")) rc = -1;
+        if (fn(L, p, (Loc){0}, "--")) rc = -1;
     }
     return rc;
 }
@@ -129,7 +131,7 @@ void lower_settings(Lower *L, const Program *p, TrainConfig *c)
     for (const Stmt *st = p->train; st && !L->d->stopped; st = st->next) setting(L, st, c);
     for (int i = 0; i < L->opt->n_settings && !L->d->stopped; i++) {
         const Setting *s = &L->opt->settings[i];
-        if (strcmp(s->key, "recompute") == 0 && check_recompute_list(L, s->value)) continue;
+        if (strcmp(s->key, "recompute") == 0 && each_item(L, s->value, check_recompute)) continue;
         char err[512] = "";
         if (config_set(c, s->key, s->value, err, sizeof err) == 0) continue;
         size_t n = strlen(s->key);
@@ -138,4 +140,83 @@ void lower_settings(Lower *L, const Program *p, TrainConfig *c)
         else
             diag_error(L->d, (Loc){0}, "--%s: %s", s->key, err[0] ? err : "bad setting");
     }
+}
+
+/* ---- freeze and weight_decay_on, once the params are made ---------------------------- */
+
+/* Whether `pat` names param v: its name or a dotted prefix of it (the instance h.0, or
+ * every instance of `as h`), its layer (Block), or its layer and its name in the layer
+ * (Block.attn.w: that param of every instance). */
+static int names_param(const Graph *g, const Value *v, const char *pat)
+{
+    size_t n = strlen(pat);
+    if (!strncmp(v->name, pat, n) && (v->name[n] == 0 || v->name[n] == '.')) return 1;
+    if (v->block < 0) return 0;
+    const Block *b = &g->blocks[v->block];
+    size_t k = strlen(b->layer);
+    if (strncmp(pat, b->layer, k) || (pat[k] && pat[k] != '.')) return 0;
+    return !pat[k] || !strcmp(pat + k + 1, v->name + strlen(b->name) + 1);
+}
+
+static void unknown_freeze(Lower *L, const char *pat, Loc loc, const char *prefix)
+{
+    Graph *g = L->g;
+    const char **cands = arena_alloc(L->tmp, sizeof *cands * ((size_t)g->n_values + 2 * (size_t)g->n_blocks + 1));
+    int n = 0;
+    cands[n++] = "none";
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].role == ROLE_PARAM && g->values[v].name) cands[n++] = g->values[v].name;
+    for (int b = 0; b < g->n_blocks; b++) cands[n++] = g->blocks[b].name, cands[n++] = g->blocks[b].layer;
+    const char *best = diag_closest(pat, cands, n);
+    if (best)
+        diag_error(L->d, loc, "%sfreeze: no param, layer instance or layer named '%s'; did you mean '%s'?", prefix,
+                   pat, best);
+    else
+        diag_error(L->d, loc, "%sfreeze: no param, layer instance or layer named '%s'", prefix, pat);
+}
+
+/* Freezes what `pat` names; 0, or -1 after an error. */
+static int freeze(Lower *L, const char *pat, Loc loc, const char *prefix)
+{
+    if (!strcmp(pat, "none")) return 0;
+    int hits = 0;
+    for (int v = 0; v < L->g->n_values; v++) {
+        Value *p = &L->g->values[v];
+        if (p->role == ROLE_PARAM && p->name && names_param(L->g, p, pat)) p->frozen = 1, hits++;
+    }
+    if (!hits) unknown_freeze(L, pat, loc, prefix);
+    return hits ? 0 : -1;
+}
+
+/* The train block's `freeze` statement, when the command line does not override it. */
+static const Stmt *freeze_statement(const Lower *L, const Program *p)
+{
+    for (int i = 0; i < L->opt->n_settings; i++)
+        if (!strcmp(L->opt->settings[i].key, "freeze")) return NULL;
+    const Stmt *last = NULL;
+    for (const Stmt *st = p->train; st; st = st->next)
+        if (st->value && !strcmp(st->name, "freeze")) last = st;
+    return last;
+}
+
+void lower_param_groups(Lower *L, const Program *p, const TrainConfig *t)
+{
+    Graph *g = L->g;
+    const Stmt *st = freeze_statement(L, p);
+    int rc = 0;
+    if (st)
+        for (const Expr *x = st->value; x; x = x->next) rc |= freeze(L, value_text(L, x), x->loc, "");
+    else
+        rc = each_item(L, t->freeze, freeze);
+    int params = 0, trainable = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        Value *x = &g->values[v];
+        if (x->role != ROLE_PARAM) continue;
+        if (x->tied_to >= 0) x->frozen = g->values[x->tied_to].frozen;
+        x->no_decay |= t->decay_matrices && x->rank < 2;
+        params++;
+        trainable += !x->frozen;
+    }
+    if (!rc && params && !trainable)
+        diag_error(L->d, st ? st->name_loc : p->loc, "every param is frozen: nothing is left to train");
 }

@@ -16,6 +16,7 @@ static const char *const OFFLOADS[OFFLOAD_COUNT] = {"none", "optimizer", "params
 static const char *const SCHEDS[SCHED_COUNT] = {"gpipe", "1f1b", "interleaved", "zb1"};
 static const char *const CKPTS[CKPT_COUNT] = {"always", "except_last", "never"};
 static const char *const LR_SCHEDS[LR_COUNT] = {"constant", "cosine"};
+static const char *const DECAY_ON[2] = {"all", "matrices"};
 
 const char *shard_name(ShardKind s) { return (unsigned)s < SHARD_COUNT ? SHARDS[s] : "?"; }
 const char *precision_name(Precision p) { return (unsigned)p < PREC_COUNT ? PRECS[p] : "?"; }
@@ -30,6 +31,7 @@ int checkpoint_recomputes(const TrainConfig *t, int m)
 {
     return t->checkpoint == CKPT_ALWAYS || (t->checkpoint == CKPT_EXCEPT_LAST && m < t->microbatches - 1);
 }
+const char *decay_on_name(int matrices) { return DECAY_ON[matrices != 0]; }
 const char *lr_schedule_name(LrSchedule s) { return (unsigned)s < LR_COUNT ? LR_SCHEDS[s] : "?"; }
 
 void config_default(TrainConfig *c)
@@ -43,6 +45,7 @@ void config_default(TrainConfig *c)
         .offload = OFFLOAD_NONE, .seed = 1234,
     };
     strcpy(c->recompute, "none");
+    strcpy(c->freeze, "none");
     strcpy(c->balance, "auto");
 }
 
@@ -68,6 +71,8 @@ static const KeyDef KEYS[] = {
     F64("beta2", beta2, 0, 0.999999999, "AdamW beta2"),
     F64("eps", eps, 0, 1, "AdamW epsilon (outside the square root)"),
     F64("weight_decay", weight_decay, 0, 10, "decoupled weight decay (AdamW), L2 (SGD)"),
+    ENUM("weight_decay_on", decay_matrices, DECAY_ON, "all (default: every param decays, as AdamW(model.parameters())) or "
+         "matrices (only params of 2 or more dims: no decay on biases and norm gains, nanoGPT's groups)"),
     F64("momentum", momentum, 0, 0.999999, "SGD momentum"),
     F64("clip", clip, 0, 1e9, "clip gradients to this global norm; 0: off"),
     ENUM("lr_schedule", lr_schedule, LR_SCHEDS, "constant or cosine (after warmup)"),
@@ -80,6 +85,8 @@ static const KeyDef KEYS[] = {
     INT("reshard_after_forward", reshard_after_forward, 0, 1, "fsdp: free gathered params after forward (1) or keep them (0)"),
     INT("world", world, 1, 1 << 20, "number of ranks"),
     {{"recompute", "none, all, or layer names (A,B)"}, K_TEXT, offsetof(TrainConfig, recompute), 0, 0, NULL, 0},
+    {{"freeze", "none, or params, layer instances (h.0) and layers (Block) to freeze (A,B): no gradient, "
+      "no optimizer state"}, K_TEXT, offsetof(TrainConfig, freeze), 0, 0, NULL, 0},
     INT("stages", stages, 1, 1024, "pipeline stages (world = stages x data-parallel ranks)"),
     INT("microbatches", microbatches, 1, 1 << 16, "micro-batches per step (one stage: gradient accumulation)"),
     ENUM("schedule", schedule, SCHEDS, "pipeline schedule: gpipe, 1f1b, interleaved (with chunks) or zb1 (ZB-H1)"),

@@ -235,15 +235,32 @@ char *ir_type_str(const Value *v, char *buf, size_t len)
 
 /* The model's params, once each: not the flat buffers and shards the shard pass makes
  * to hold them (unnamed, or a unit's storage), nor second views of one (tied). */
-int64_t ir_param_count(const Graph *g)
+static int64_t count_params(const Graph *g, int frozen_only)
 {
     int64_t n = 0;
     for (int i = 0; i < g->n_values; i++) {
         const Value *v = &g->values[i];
         int storage = v->unit >= 0 && v->view_of < 0;
-        if (v->role == ROLE_PARAM && v->tied_to < 0 && v->name && !storage) n += ir_numel(v);
+        if (v->role == ROLE_PARAM && v->tied_to < 0 && v->name && !storage && (v->frozen || !frozen_only))
+            n += ir_numel(v);
     }
     return n;
+}
+
+int64_t ir_param_count(const Graph *g) { return count_params(g, 0); }
+int64_t ir_frozen_count(const Graph *g) { return count_params(g, 1); }
+
+/* With no weight decay at all there is one trainable group: splitting it would only
+ * cost collectives. */
+ParamGroup ir_param_group(const Value *p, double weight_decay)
+{
+    return p->frozen ? GROUP_FROZEN : p->no_decay && weight_decay != 0 ? GROUP_NO_DECAY : GROUP_DECAY;
+}
+
+int ir_param_unit(const Graph *g, const Value *p, double weight_decay)
+{
+    int base = p->block >= 0 ? p->block : p->pipe_copy ? g->n_blocks + 1 : g->n_blocks;
+    return (int)ir_param_group(p, weight_decay) * (g->n_blocks + 2) + base;
 }
 
 int ir_view_parent(const Graph *g, int v)

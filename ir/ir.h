@@ -164,6 +164,10 @@ typedef struct {
                                  // recomputes, or -1
     int pipe_copy;               // a param another pipeline stage also holds (a tied embedding)
                                  // and counts in the global norm: this stage does not
+    int frozen;                  // a param (or a unit's buffer) that gets no gradient, no
+                                 // optimizer state and no update (`frozen`, `freeze`)
+    int no_decay;                // a param (or a unit's buffer) the optimizer does not decay
+                                 // (`no_decay`, `weight_decay_on matrices`)
 } Value;
 
 typedef enum { ATTR_INT, ATTR_FLOAT, ATTR_INTS } AttrKind;
@@ -306,8 +310,18 @@ int64_t ir_nbytes(const Value *v);
 char *ir_type_str(const Value *v, char *buf, size_t len);
 /* "[4, 64, 768]" into buf; returns buf. */
 char *ir_shape_str(const Value *v, char *buf, size_t len);
-/* Trainable parameter elements (tied params counted once). */
+/* Parameter elements (tied params counted once): all of them, and the frozen ones. */
 int64_t ir_param_count(const Graph *g);
+int64_t ir_frozen_count(const Graph *g);
+/* A param's optimizer group (passes/shard.c flattens each group of a block apart, as
+ * DeepSpeed flattens each param group): decayed, not decayed, frozen. */
+typedef enum { GROUP_DECAY, GROUP_NO_DECAY, GROUP_FROZEN, GROUP_COUNT } ParamGroup;
+ParamGroup ir_param_group(const Value *p, double weight_decay);
+/* The flat unit of param p (Value.unit, passes/shard.c): group x (n_blocks + 2) + its
+ * block, n_blocks for the params outside blocks, n_blocks + 1 for a pipeline stage's
+ * copies of tied params. Units number below ir_unit_count. */
+int ir_param_unit(const Graph *g, const Value *p, double weight_decay);
+static inline int ir_unit_count(int n_blocks) { return GROUP_COUNT * (n_blocks + 2); }
 
 /* Runs node n's shape rule (ops/shape.c) on its inputs and attributes, with err as the
  * message buffer; 0 with c->out filled, or -1. */
@@ -363,6 +377,8 @@ typedef struct {
     int reshard_after_forward;
     int world;
     char recompute[256];  // "none", "all" or comma-separated layer names
+    char freeze[256];     // "none", or comma-separated params, layer instances, layers
+    int decay_matrices;   // weight_decay_on matrices: only params of 2 or more dims decay
     int stages, microbatches;
     PipeSchedule schedule;
     PipeCheckpoint checkpoint;
@@ -402,6 +418,7 @@ const char *checkpoint_name(PipeCheckpoint c);
  * stage's forward in its backward (checkpoint always; except_last: all but the last). */
 int checkpoint_recomputes(const TrainConfig *t, int m);
 const char *lr_schedule_name(LrSchedule s);
+const char *decay_on_name(int matrices);  // weight_decay_on: "all" or "matrices"
 
 /* ---- ir/verify.c ------------------------------------------------------------------ */
 

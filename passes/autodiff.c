@@ -4,7 +4,9 @@
  * Gives: backward nodes (phase backward) from each op's gradient rule (ir/grad.c), and
  * for every trainable param a gradient value (role grad, named "<param>.grad"). A value
  * used several times gets the sum of its uses' gradients (a tied embedding included).
- * Only values that depend on a param get gradients; inputs and constants never do.
+ * Only values that depend on a trainable param get gradients; inputs, constants and
+ * frozen params never do (the gradient still flows through a frozen param's op to the
+ * trainable values before it: LoRA's adapters under a frozen base).
  *
  * For the zero-bubble schedule (zb1, pipeline stages) the backward is split in two: the
  * nodes that compute only params' gradients (a matmul's weight gradient, a bias's sum,
@@ -41,7 +43,7 @@ static void accumulate(Autodiff *a, int v, int d, const Node *from)
 
 static void mark_needed(const Graph *g, char *need)
 {
-    for (int v = 0; v < g->n_values; v++) need[v] = g->values[v].role == ROLE_PARAM;
+    for (int v = 0; v < g->n_values; v++) need[v] = g->values[v].role == ROLE_PARAM && !g->values[v].frozen;
     for (int n = 0; n < g->n_nodes; n++) {
         const Node *node = ir_node(g, n);
         int any = 0;

@@ -7,7 +7,9 @@
  * global gradient norm (output "grad_norm"), the learning rate of this step (output
  * "lr", from the schedule), the clipping coefficient (torch's clip_grad_norm_), and per
  * param its state (AdamW: exp_avg, exp_avg_sq; SGD with momentum: momentum_buffer, as
- * torch names them; zeros at the start) and one in-place update node.
+ * torch names them; zeros at the start) and one in-place update node. Frozen params
+ * have no gradient, so no state and no update; a no_decay param (or a unit of them) is
+ * updated with weight_decay 0, as torch.optim.AdamW's second param group.
  */
 #include "passes.h"
 
@@ -48,11 +50,11 @@ static int state_like(Opt *o, int p, const char *suffix)
     return ir_value_add(o->g, &s);
 }
 
-/* The unit a gradient belongs to: its flat unit, or for an unsharded param its block's
- * (the params outside blocks last, as shard.c numbers units). */
-static int unit_key(const Graph *g, const Value *v)
+/* The unit a gradient belongs to: its flat unit, or for an unsharded param the unit
+ * shard.c would make for it (ir_param_unit). */
+static int unit_key(const Opt *o, const Value *v)
 {
-    return v->unit >= 0 ? v->unit : v->block >= 0 ? v->block : g->n_blocks;
+    return v->unit >= 0 ? v->unit : ir_param_unit(o->g, v, o->t->weight_decay);
 }
 
 /* sqrt(sum over params of sum(grad^2)), summed in one order for every strategy: unit by
@@ -66,22 +68,26 @@ static int global_norm(Opt *o)
     Graph *g = o->g;
     int n_values = g->n_values, n = 0, sharded = 0;
     int *piece = arena_alloc(g->arena, sizeof(int) * (size_t)n_values + 1);
-    char *whole = arena_alloc(g->arena, (size_t)g->n_blocks + 2);  // per unit: has pieces
+    int *key = arena_alloc(g->arena, sizeof(int) * (size_t)n_values + 1);  // per piece: its param's unit
+    char *whole = arena_alloc(g->arena, (size_t)ir_unit_count(g->n_blocks));  // per unit: has pieces
     for (int v = 0; v < n_values; v++)
         if (g->values[v].role == ROLE_PARAM && g->values[v].norm_piece >= 0 && !g->values[v].pipe_copy) {
+            key[n] = unit_key(o, &g->values[v]);
             piece[n++] = g->values[v].norm_piece;
-            whole[unit_key(g, &g->values[v])] = 1;
+            whole[key[n - 1]] = 1;
         }
     for (int v = 0; v < n_values; v++) {
         const Value *p = ir_value(g, v);
         if (p->role != ROLE_PARAM || p->grad < 0 || (p->unit >= 0 && whole[p->unit]) || p->pipe_copy) continue;
         sharded |= ir_value(g, p->grad)->sharded;
+        key[n] = unit_key(o, p);
         piece[n++] = p->grad;
     }
     for (int i = 1; i < n; i++)  // stable: value order within a unit
-        for (int k = i; k > 0 && unit_key(g, ir_value(g, piece[k - 1])) > unit_key(g, ir_value(g, piece[k])); k--) {
-            int t = piece[k];
+        for (int k = i; k > 0 && key[k - 1] > key[k]; k--) {
+            int t = piece[k], u = key[k];
             piece[k] = piece[k - 1], piece[k - 1] = t;
+            key[k] = key[k - 1], key[k - 1] = u;
         }
     int total = -1;
     for (int i = 0; i < n; i++) {
@@ -141,19 +147,20 @@ static void update(Opt *o, int p, int lr, int coef, int step)
     const TrainConfig *t = o->t;
     const Value *pv = ir_value(o->g, p);
     int block = pv->block, grad = pv->grad;
+    double wd = pv->no_decay ? 0 : t->weight_decay;  // torch's param group with weight_decay 0
     Loc loc = pv->loc;
     if (t->optimizer == OPTIM_ADAMW) {
         int m = state_like(o, p, "exp_avg"), v = state_like(o, p, "exp_avg_sq");
         Attr at[4] = {{.key = "beta1", .kind = ATTR_FLOAT, .f = t->beta1},
                       {.key = "beta2", .kind = ATTR_FLOAT, .f = t->beta2},
                       {.key = "eps", .kind = ATTR_FLOAT, .f = t->eps},
-                      {.key = "weight_decay", .kind = ATTR_FLOAT, .f = t->weight_decay}};
+                      {.key = "weight_decay", .kind = ATTR_FLOAT, .f = wd}};
         node_out(o, OP_adamw, (int[]){p, grad, m, v, lr, coef, step}, 7, at, 4, block, loc);
     } else {
         /* Without momentum there is no buffer: the kernel leaves `buf` alone. */
         int buf = t->momentum > 0 ? state_like(o, p, "momentum_buffer") : grad;
         Attr at[2] = {{.key = "momentum", .kind = ATTR_FLOAT, .f = t->momentum},
-                      {.key = "weight_decay", .kind = ATTR_FLOAT, .f = t->weight_decay}};
+                      {.key = "weight_decay", .kind = ATTR_FLOAT, .f = wd}};
         node_out(o, OP_sgd, (int[]){p, grad, buf, lr, coef, step}, 6, at, 2, block, loc);
     }
 }

@@ -5,7 +5,8 @@
  * Gives: for `--shard` ddp, zero1, zero2 or fsdp over `world` ranks, one program that
  *        every rank runs:
  *  - The params of each unit (a block, the params outside blocks, or a pipeline stage's
- *    copies of params another stage counts in the gradient norm) live in one flat
+ *    copies of params another stage counts in the gradient norm; each split by optimizer
+ *    group, ir_param_group: decayed, not decayed, frozen) live in one flat
  *    f32 buffer, padded to a multiple of the world; each param is a view into it at its
  *    flat offset. Its storage: the whole buffer (ddp, zero1, zero2) or only this rank's
  *    contiguous shard (fsdp).
@@ -22,6 +23,9 @@
  *    outside blocks stay gathered for the whole step. Under mixed precision zero1 and
  *    zero2 store the fp32 shard as fsdp does (ZeRO's sharded master) and gather the
  *    16-bit params once a step, at their first use, keeping them to the step's end.
+ *  - A frozen unit has no gradient buffer and no reduction; it is stored whole (ddp,
+ *    zero1, zero2: nothing to gather, it never changes) or, under fsdp and 16-bit
+ *    zero1/zero2, sharded and gathered as any other unit.
  *  - The loss is averaged over ranks, so every world size logs the global batch's loss.
  *  - In fp16 / bf16 (the precision pass made one compute copy per param, a cast, and
  *    each param's gradient is the cast back of the copy's): gradients are reduced in the
@@ -41,6 +45,7 @@
 
 typedef struct {
     int block;            // -1: the params outside blocks
+    ParamGroup group;     // decayed, not decayed, frozen: each a unit of its own
     int tied;             // the params another pipeline stage holds too and counts in the
                           // gradient norm (Value.pipe_copy): a unit of their own, so the
                           // norm can leave out its shard whole
@@ -85,14 +90,16 @@ enum { NONE = 1 << 30 };
 
 static const char *unit_name(const Shard *s, const Unit *u)
 {
-    if (u->tied) return arena_printf(s->g->arena, "%s.tied", s->g->model);
-    return u->block >= 0 ? s->g->blocks[u->block].name : s->g->model;
+    static const char *const group[GROUP_COUNT] = {"", ".no_decay", ".frozen"};
+    const char *base = u->tied ? arena_printf(s->g->arena, "%s.tied", s->g->model)
+                       : u->block >= 0 ? s->g->blocks[u->block].name : s->g->model;
+    return u->group == GROUP_DECAY ? base : arena_printf(s->g->arena, "%s%s", base, group[u->group]);
 }
 
 static int new_value(Shard *s, const Unit *u, Role role, DType dt, int64_t numel, const char *suffix)
 {
     Value v = {.dtype = dt, .rank = 1, .shape = {numel}, .role = role, .block = u->block, .producer = -1,
-               .tied_to = -1};
+               .tied_to = -1, .frozen = u->group == GROUP_FROZEN, .no_decay = u->group == GROUP_NO_DECAY};
     v.name = suffix ? arena_printf(s->g->arena, "%s.%s", unit_name(s, u), suffix) : NULL;
     int id = ir_value_add(s->g, &v);
     s->g->values[id].unit = (int)(u - s->units);
@@ -163,22 +170,31 @@ static int gather(Shard *s, const Unit *u)
 static void collect_units(Shard *s)
 {
     Graph *g = s->g;
-    s->n_units = g->n_blocks + 2;
+    s->n_units = ir_unit_count(g->n_blocks);
     s->units = arena_alloc(g->arena, sizeof(Unit) * (size_t)s->n_units);
+    int *unit = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
+    for (int v = 0; v < g->n_values; v++) {
+        const Value *p = ir_value(g, v);
+        unit[v] = p->role == ROLE_PARAM && p->tied_to < 0 ? ir_param_unit(g, p, s->t->weight_decay) : -1;
+        if (unit[v] >= 0) s->units[unit[v]].n_params++;
+    }
     for (int i = 0; i < s->n_units; i++) {
         Unit *u = &s->units[i];
-        u->block = i < g->n_blocks ? i : -1;
-        u->tied = i == g->n_blocks + 1;
-        u->params = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
-        u->graded = arena_alloc(g->arena, (size_t)g->n_values + 1);
+        int base = i % (g->n_blocks + 2);
+        u->block = base < g->n_blocks ? base : -1;
+        u->tied = base == g->n_blocks + 1;
+        u->group = (ParamGroup)(i / (g->n_blocks + 2));
+        u->params = arena_alloc(g->arena, sizeof(int) * (size_t)u->n_params + 1);
+        u->graded = arena_alloc(g->arena, (size_t)u->n_params + 1);
+        u->n_params = 0;
         u->grad_first = NONE;
         u->grad_last = -1;
     }
     for (int v = 0; v < g->n_values; v++) {
+        if (unit[v] < 0) continue;
         const Value *p = ir_value(g, v);
-        if (p->role != ROLE_PARAM || p->tied_to >= 0) continue;
         FS_ASSERT(p->dtype == DT_F32 || (s->gather16 && p->dtype == s->low));
-        Unit *u = &s->units[p->block >= 0 ? p->block : p->pipe_copy ? g->n_blocks + 1 : g->n_blocks];
+        Unit *u = &s->units[unit[v]];
         u->params[u->n_params++] = v;
         u->numel += ir_numel(p);
     }
@@ -313,7 +329,7 @@ static void layout_params(Shard *s, Unit *u)
     if (fsdp) {
         g->values[u->storage].sharded = 1;
         u->shard_view = u->storage;
-    } else if (s->t->shard == SHARD_DDP) {
+    } else if (s->t->shard == SHARD_DDP || u->group == GROUP_FROZEN) {  // never updated: no gather
         u->shard_view = u->storage;
     } else {
         u->shard_view = new_value(s, u, ROLE_PARAM, DT_F32, u->shard, NULL);
@@ -324,7 +340,7 @@ static void layout_params(Shard *s, Unit *u)
     u->gathered = u->storage;
     if (fsdp) {
         u->gathered = gather(s, u);
-    } else if (s->t->shard != SHARD_DDP) {
+    } else if (u->shard_view != u->storage) {
         /* In place: the shards all-gathered into the full buffer they belong to. */
         u->gathered = collective(s, OP_all_gather, u->shard_view, 0, u->block, 0, 0);
         make_view(s, u->gathered, u->storage, 0, 0);
@@ -535,7 +551,7 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
     s.low = precision_dtype(t->precision);
     s.reduce16 = s.low != DT_F32 && t->reduce_dtype != REDUCE_FP32;
     s.gather16 = s.low != DT_F32 && (t->shard == SHARD_FSDP || t->shard == SHARD_ZERO1 || t->shard == SHARD_ZERO2);
-    size_t most = (size_t)g->n_nodes + 8 * (size_t)(g->n_blocks + 2) + (size_t)g->n_values + 8;
+    size_t most = (size_t)g->n_nodes + 8 * (size_t)ir_unit_count(g->n_blocks) + (size_t)g->n_values + 8;
     s.drop = arena_alloc(g->arena, most);
     if (s.gather16) params_as_compute_copies(&s);
     collect_units(&s);
@@ -556,6 +572,7 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
             if (t->shard == SHARD_FSDP && t->reshard_after_forward && u->block >= 0 && k != u->first_run &&
                 u->first_in_run[k] < NONE)
                 regather(&s, u, k);
+        if (u->group == GROUP_FROZEN) continue;  // no gradient, so no reduction and no update
         layout_grads(&s, u, taken);
         reduce_grads(&s, u);
     }

@@ -71,7 +71,7 @@ static int check_tensor(Check *c, int32_t i, const PlanTensor *t)
         return fail(c, "tensor %d: grad %d out of range (%d tensors)", i, t->grad, p->n_tensors);
     if (!opt_in_range(t->alias, p->n_tensors))
         return fail(c, "tensor %d: alias %d out of range (%d tensors)", i, t->alias, p->n_tensors);
-    if (!opt_in_range(t->unit, p->n_blocks + 2))
+    if (!opt_in_range(t->unit, PLAN_UNITS(p->n_blocks)))
         return fail(c, "tensor %d: unit %d out of range (%d blocks)", i, t->unit, p->n_blocks);
     if ((unsigned)t->step_role >= PLAN_SR_COUNT)
         return fail(c, "tensor %d: unknown step role %d", i, (int)t->step_role);

@@ -116,14 +116,17 @@ typedef struct {
     int32_t alias;      // the root tensor whose buffer this view lies in, or PLAN_NONE
     int64_t rank_stride;  // bytes added to offset per rank: rank r's data is at
                           // offset + r * rank_stride (a rank's shard of a flat buffer)
-    int32_t unit;       // flat layout (sharding): the unit (block, n_blocks for the params
-                        // outside blocks, n_blocks + 1 for a pipeline stage's copies of params
-                        // another stage also holds) whose flat buffer this lies in; PLAN_NONE
+    int32_t unit;       // flat layout (sharding): the unit whose flat buffer this lies in,
+                        // group x (n_blocks + 2) + (block, n_blocks for the params outside
+                        // blocks, n_blocks + 1 for a pipeline stage's copies of params another
+                        // stage also holds), group: decayed, not decayed, frozen; below
+                        // PLAN_UNITS(n_blocks); PLAN_NONE
     int64_t flat_offset;  // elements: a param's start in its unit's flat layout; for a
                           // unit's storage, rank 0's first element (see sharded)
     uint8_t sharded;    // storage holding only this rank's shard of its unit: rank r
                         // holds flat elements [flat_offset + r * numel, + numel)
 } PlanTensor;
+#define PLAN_UNITS(n_blocks) (3 * ((n_blocks) + 2))  // units of a plan (ir_unit_count)
 
 typedef struct {
     int32_t op;         // string id of the op's name ("matmul")

@@ -251,6 +251,7 @@ static int build(MemReport *r, char *err, size_t errlen)
     r->arena_bytes = p->programs[0].space_bytes[PLAN_PLACE_DEVICE];
     r->host_arena_bytes = p->programs[0].space_bytes[PLAN_PLACE_HOST];
     r->cuda_workspace = p->n_cuda ? plan_meta_int(p, "cuda_workspace_bytes", 0) : 0;
+    r->frozen_count = plan_meta_int(p, "frozen_params", 0);
     r->world = p->programs[0].dp_world;
     r->n_points = p->n_ops > 0 ? p->n_ops : 1;
     size_t nt = (size_t)p->n_tensors + 1, np = (size_t)r->n_points + 1;

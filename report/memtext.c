@@ -28,8 +28,13 @@ static void print_state(const char *label, const int64_t *st, double n, FILE *ou
  * count otherwise. */
 static void print_params(const MemReport *r, FILE *out)
 {
-    char a[32], b[32];
-    fprintf(out, "  %-14s %s trainable; buffers on this rank: ", "params", report_grouped(r->param_count, a, sizeof a));
+    char a[32], b[32], c[32];
+    if (r->frozen_count)
+        fprintf(out, "  %-14s %s (%s trainable, %s frozen); buffers on this rank: ", "params",
+                report_grouped(r->param_count, a, sizeof a), report_grouped(r->param_count - r->frozen_count, b, sizeof b),
+                report_grouped(r->frozen_count, c, sizeof c));
+    else
+        fprintf(out, "  %-14s %s trainable; buffers on this rank: ", "params", report_grouped(r->param_count, a, sizeof a));
     int any = 0;
     for (int d = 0; d < PLAN_DT_COUNT; d++)
         if (r->param_dtype[d])

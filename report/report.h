@@ -64,7 +64,8 @@ typedef struct MemReport {
     int64_t at_peak[PLAN_PLACE_COUNT][MEM_CAT_COUNT];  // by category at that op
     int64_t max_cat[PLAN_PLACE_COUNT][MEM_CAT_COUNT];  // each category's own max over the step
     int64_t param_dtype[PLAN_DT_COUNT];  // model state's params (16-bit and fp32) by dtype, both places
-    int64_t param_count;          // trainable elements (meta "params")
+    int64_t param_count;          // param elements (meta "params")
+    int64_t frozen_count;         // of them frozen (meta "frozen_params")
     /* Model state as ZeRO counts it, per rank: [c] for the five categories MEM_PARAMS16 ..
      * MEM_OPT_STATE (report_state_category), 0 for every other; each copy of a param once
      * (report/memstate.c). In the device space, and in the host space (offload). */

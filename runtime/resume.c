@@ -94,7 +94,7 @@ static int check_needs(const RtCheckpoint *c, const Need *need, int32_t n, uint8
             return plan_fail(err, errlen, "%s: no %s '%s', which this plan has (%s)", rt_checkpoint_dir(c),
                              x->kind == RT_STATE_PARAM ? "param" : "optimizer state", x->name,
                              x->kind == RT_STATE_PARAM ? "a checkpoint of another model?"
-                                                       : "saved with another optimizer?");
+                                                       : "saved with another optimizer, or with its param frozen?");
         RtPiece cp;
         rt_checkpoint_piece(c, at, &cp);
         int same = cp.rank == x->rank && cp.dtype == x->dtype;

@@ -46,7 +46,7 @@ static int saved_kind(const Plan *p, int32_t i)
 
 /* Each unit's whole flat layout (elements from flat 0), where a storage has one. */
 typedef struct {
-    float **full;       // by unit (plan_check: fewer than n_blocks + 2); NULL: no storage, or not this rank's
+    float **full;       // by unit (plan_check: fewer than PLAN_UNITS); NULL: no storage, or not this rank's
     int32_t n;
     float *recv;        // the stage's first rank: room for the largest gather of flat_gather
 } Flat;
@@ -66,7 +66,7 @@ static int flat_alloc(const Exec *e, Flat *f, int mine, int gathers, char *err, 
     const Plan *p = rt_exec_plan(e);
     int world = rt_exec_world(e);
     int64_t most = 0;
-    f->n = p->n_blocks + 2;  // blocks, the params outside them, a pipeline stage's tied copies
+    f->n = PLAN_UNITS(p->n_blocks);  // per group: blocks, the params outside them, a stage's tied copies
     f->full = plan_alloc(sizeof *f->full * (size_t)f->n);
     if (!f->full) return plan_fail(err, errlen, "out of memory");
     memset(f->full, 0, sizeof *f->full * (size_t)f->n);

@@ -293,6 +293,18 @@ static char *read_source(const char *path, size_t *len)
     return buf;
 }
 
+/* x with a comma every three digits, in buf[32]. */
+static const char *commas(int64_t x, char *buf)
+{
+    char *p = buf + 31;
+    *p = 0;
+    for (int d = 0; d == 0 || x; d++, x /= 10) {
+        if (d && d % 3 == 0) *--p = ',';
+        *--p = (char)('0' + x % 10);
+    }
+    return p;
+}
+
 static void summary(const Graph *g, const TrainConfig *t)
 {
     int64_t params = ir_param_count(g);
@@ -308,15 +320,10 @@ static void summary(const Graph *g, const TrainConfig *t)
         }
         n_values += sg->n_values, n_nodes += sg->n_nodes;
     }
-    char num[32], *p = num + sizeof num - 1;
-    *p = 0;
-    int64_t x = params;
-    for (int d = 0; d == 0 || x; d++, x /= 10) {
-        if (d && d % 3 == 0) *--p = ',';
-        *--p = (char)('0' + x % 10);
-    }
-    fprintf(stderr, "%s: %s params (%.1f MiB in f32), %d blocks, %d values, %d nodes\n", g->model, p,
-            (double)params * 4 / (1 << 20), g->n_blocks, n_values, n_nodes);
+    char num[32], frozen[64] = "";
+    if (ir_frozen_count(g)) snprintf(frozen, sizeof frozen, ", %s frozen", commas(ir_frozen_count(g), num));
+    fprintf(stderr, "%s: %s params%s (%.1f MiB in f32), %d blocks, %d values, %d nodes\n", g->model,
+            commas(params, num), frozen, (double)params * 4 / (1 << 20), g->n_blocks, n_values, n_nodes);
     fprintf(stderr, "GFLOP per step and %s: forward %.2f, backward %.2f, recompute %.2f, optimizer %.2f\n",
             g->n_stage_graphs ? "data-parallel rank (all stages)" : "rank",
             flops[PHASE_FORWARD] / 1e9, flops[PHASE_BACKWARD] / 1e9, flops[PHASE_RECOMPUTE] / 1e9,

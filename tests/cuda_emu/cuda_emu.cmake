@@ -54,6 +54,8 @@ if(NOT FS_FUZZ)
   endforeach()
   cuda_emu_test(gpt2_bf16_fsdp_recompute samples/gpt2.fsm ${tiny} --precision bf16 --shard fsdp --world 1 --recompute Block)
   cuda_emu_test(gpt2_fp32_sgd samples/gpt2.fsm ${tiny} --optimizer sgd --momentum 0.9)
+  # Frozen base weights (no gradient, no update) beside trainable adapters.
+  cuda_emu_test(lora_bf16 samples/lora.fsm ${tiny} --precision bf16)
   # Odd shapes: head dims 21 and 22, sequences of 33 (a second, partial attention tile),
   # vocab rows of 1025 (block-wide rows), a batch of 3; llama's multi-query (NKV = 1).
   cuda_emu_test(gpt2_odd_fp32 samples/gpt2.fsm -D L=1 -D C=42 -D NH=2 -D T=33 -D V=1025 -D B=3)

@@ -61,8 +61,8 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def train(fsc, fsexec, work, model, dims, data, shard, world, threads=1):
-    tag = "%s-%s-%d-%d" % (model, shard, world, threads)
+def train(fsc, fsexec, work, model, dims, data, shard, world, threads=1, steps=STEPS):
+    tag = "%s-%s-%d-%d-%d" % (model, shard, world, threads, steps)
     plan = os.path.join(work, tag + ".plan")
     out = os.path.join(work, tag + ".safetensors")
     log = os.path.join(work, tag + ".jsonl")
@@ -71,12 +71,12 @@ def train(fsc, fsexec, work, model, dims, data, shard, world, threads=1):
     cmd = [fsexec]
     if world > 1:
         cmd += ["--nproc", str(world)]
-    cmd += [plan, "--steps", str(STEPS), "--save-weights", out, "--log", log, "--data-order", "sequential",
+    cmd += [plan, "--steps", str(steps), "--save-weights", out, "--log", log, "--data-order", "sequential",
             "--threads", str(threads)]
     if data:
         cmd += ["--data", data]
     run(cmd, ROOT)
-    return load_safetensors(out), losses(log)
+    return load_safetensors(out), losses(log) if steps else []
 
 
 def compare(model, what, got, ref, floor, exact):

@@ -1,4 +1,4 @@
-"""PyTorch reimplementations of samples/gpt2.fsm and samples/llama.fsm.
+"""PyTorch reimplementations of samples/gpt2.fsm, samples/llama.fsm and samples/lora.fsm.
 
 Parameters are a plain dict of tensors keyed exactly by the .fsm param names
 ("wte", "h.0.attn.w", "layers.1.wq", "tok_embeddings", ...), as fsexec writes them
@@ -155,12 +155,29 @@ def llama_logits(p, tokens, L, NH, NKV=None):
     return rmsnorm(x, p["norm.w"]) @ p["output"]
 
 
-MODELS = {"gpt2": gpt2_loss, "llama": llama_loss}
+def lora_loss(p, tokens, targets, L, NH, scale=2.0):
+    """samples/lora.fsm: gpt2_loss with adapters on qkv and the output projection,
+    W x + scale * (x A) B, as peft's LoRA Linear (alpha / r = 16 / 8)."""
+    T = tokens.shape[1]
+    x = p["wte"][tokens.long()] + p["wpe"][torch.arange(T)]
+    for l in range(L):
+        g = lambda n: p[f"h.{l}.{n}"]
+        h = layernorm(x, g("ln1.w"), g("ln1.b"))
+        qkv = h @ g("attn.w") + g("attn.b") + h @ g("attn.lora_a") @ g("attn.lora_b") * scale
+        q, k, v = qkv.split(qkv.shape[-1] // 3, dim=-1)
+        a = merge_heads(attention(heads(q, NH), heads(k, NH), heads(v, NH)))
+        x = x + a @ g("proj.w") + g("proj.b") + a @ g("proj.lora_a") @ g("proj.lora_b") * scale
+        x = x + gelu(layernorm(x, g("ln2.w"), g("ln2.b")) @ g("fc.w") + g("fc.b")) @ g("fcproj.w") + g("fcproj.b")
+    logits = layernorm(x, p["lnf.w"], p["lnf.b"]) @ p["wte"].transpose(0, 1)
+    return cross_entropy(logits, targets)
+
+
+MODELS = {"gpt2": gpt2_loss, "llama": llama_loss, "lora": lora_loss}
 LOGITS = {"gpt2": gpt2_logits, "llama": llama_logits}
 
 
 def num_layers(params, model):
-    prefix = "h." if model == "gpt2" else "layers."
+    prefix = "layers." if model == "llama" else "h."
     return 1 + max(int(k.split(".")[1]) for k in params if k.startswith(prefix))
 
 
@@ -198,15 +215,19 @@ def lr_at(step, lr, warmup, steps, min_lr, schedule="cosine"):
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
-def train(params, loss_fn, tok, B, T, nsteps, hp, on_step=None):
+def train(params, loss_fn, tok, B, T, nsteps, hp, on_step=None, frozen=(), no_decay=()):
     """Runs nsteps of training the way an fsexec plan does: loss, backward,
     clip_grad_norm_(clip), lr from the schedule, AdamW on every param.
-    params: dict of leaf tensors (modified in place). Returns per-step dicts."""
-    names = list(params)
+    params: dict of leaf tensors (modified in place). Returns per-step dicts.
+    frozen: names with requires_grad=False, outside the optimizer and the norm;
+    no_decay: names in a second param group with weight_decay 0."""
+    names = [n for n in params if n not in frozen]
     plist = [params[n] for n in names]
     for t in plist:
         t.requires_grad_(True)
-    opt = torch.optim.AdamW(plist, lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]),
+    groups = [{"params": [params[n] for n in names if n not in no_decay]},
+              {"params": [params[n] for n in names if n in no_decay], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]),
                             eps=hp["eps"], weight_decay=hp["weight_decay"])
     log = []
     for s in range(1, nsteps + 1):

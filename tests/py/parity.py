@@ -22,6 +22,11 @@ visible difference in the update; PyTorch float32 shows the same.) The case wher
 fsexec and PyTorch float32 differ by more than the tolerance while both are within it of
 float64 is noted too.
 
+With --models gpt2_frozen,gpt2_groups,lora (ctest pytorch_groups): frozen params
+(--freeze, the `frozen` flag) against torch with requires_grad=False, which must not
+move by one bit, and weight-decay groups (--weight_decay_on matrices, the `no_decay`
+flag) against torch AdamW with two param groups; the rest as above.
+
 usage: /usr/bin/python3 tests/py/parity.py --fsc build/fsc --fsexec build/fsexec [--samples DIR]
 Exit status 0: every check passes; 1: a check failed (the message names the tensor);
 2: setup error (no torch, a tool failed).
@@ -46,11 +51,32 @@ except ImportError as e:  # CI installs python3-torch / python3-numpy: never ski
 
 import models  # noqa: E402
 
+GPT2_DIMS = {"L": 2, "C": 64, "NH": 4, "T": 32, "V": 256, "B": 4}
+# Optimizer groups (pytorch_groups): which params are frozen (requires_grad=False, out of
+# the optimizer and the clipped norm) and which go in AdamW's second group (weight_decay 0)
+# are decided here from the names and shapes, not read back from fsexec.
 CONFIGS = {
-    "gpt2": {"file": "gpt2.fsm", "dims": {"L": 2, "C": 64, "NH": 4, "T": 32, "V": 256, "B": 4}},
+    "gpt2": {"file": "gpt2.fsm", "dims": GPT2_DIMS},
     "llama": {"file": "llama.fsm", "dims": {"L": 2, "C": 64, "NH": 4, "NKV": 2, "F": 176, "T": 32, "V": 256, "B": 4}},
     "llama_mqa": {"file": "llama.fsm", "model": "llama",
                   "dims": {"L": 2, "C": 64, "NH": 4, "NKV": 1, "F": 176, "T": 32, "V": 256, "B": 4}},
+    # the tied embedding, one matrix and a whole block frozen: gradients flow through h.1
+    # to h.0
+    "gpt2_frozen": {"file": "gpt2.fsm", "model": "gpt2", "dims": GPT2_DIMS,
+                    "args": ["--freeze", "wte,h.0.attn.w,h.1"],
+                    "frozen": lambda k, t: k in ("wte", "h.0.attn.w") or k.startswith("h.1.")},
+    # nanoGPT's groups (no decay on 1-D params) and a `no_decay` flag on a matrix
+    "gpt2_groups": {"file": "gpt2.fsm", "model": "gpt2", "dims": GPT2_DIMS,
+                    "patch": ("param wpe: [T, C] = normal(0.01);", "param wpe: [T, C] = normal(0.01) no_decay;"),
+                    "args": ["--weight_decay_on", "matrices"],
+                    "no_decay": lambda k, t: t.dim() < 2 or k == "wpe"},
+    # samples/lora.fsm: every base weight frozen by its flag, the adapters train. At the
+    # start (B = 0, a near-uniform attention) the q and k columns of attn.lora_b have
+    # gradients of 1e-10 to 1e-9 made of cancelling terms, whose float32 rounding Adam
+    # divides by their own size near eps 1e-8 (the key bias's case above): with eps
+    # 1e-6, as tests/mpi/strategies.py, they stay noise next to the other elements.
+    "lora": {"file": "lora.fsm", "dims": dict(GPT2_DIMS, R=8), "hp": {"eps": 1e-6},
+             "frozen": lambda k, t: ".lora_" not in k},
 }
 HP = {"optimizer": "adamw", "lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
       "clip": 1.0, "lr_schedule": "cosine", "warmup": 3, "min_lr": 1e-4, "steps": 10}
@@ -139,10 +165,20 @@ def run_model(name, args, work):
     os.makedirs(wd, exist_ok=True)
 
     # 1. compile
-    cmd = [args.fsc, os.path.join(args.samples, cfg["file"]), "-q", "-o", "model.plan"]
+    src = os.path.join(args.samples, cfg["file"])
+    if "patch" in cfg:
+        with open(src) as f:
+            text = f.read()
+        if cfg["patch"][0] not in text:
+            return [], [f"{name}: {src} no longer holds '{cfg['patch'][0]}'"]
+        src = os.path.join(wd, cfg["file"])
+        with open(src, "w") as f:
+            f.write(text.replace(*cfg["patch"]))
+    cmd = [args.fsc, src, "-q", "-o", "model.plan"] + cfg.get("args", [])
     for k, v in dims.items():
         cmd += ["-D", f"{k}={v}"]
-    for k, v in HP.items():
+    hp = dict(HP, **cfg.get("hp", {}))
+    for k, v in hp.items():
         cmd += [f"--{k}", str(v)]
     run(cmd, wd)
 
@@ -165,10 +201,17 @@ def run_model(name, args, work):
     l10 = read_log(os.path.join(wd, "l10.jsonl"))
 
     failures = []
-    for what, d in (("gradients", fs_grads), ("final weights", fs_final)):
-        if set(d) != set(init):
-            failures.append(f"{name}: {what} hold tensors {sorted(set(d) ^ set(init))} that the initial "
-                            f"weights do not (or the reverse)")
+    frozen = {k for k, t in init.items() if cfg.get("frozen", lambda k, t: False)(k, t)}
+    no_decay = {k for k, t in init.items() if cfg.get("no_decay", lambda k, t: False)(k, t)}
+    trained = set(init) - frozen
+    for what, d, want in (("gradients", fs_grads, trained), ("final weights", fs_final, set(init))):
+        if set(d) != want:
+            failures.append(f"{name}: {what} hold tensors {sorted(set(d) ^ want)} that they should not "
+                            f"(or lack them)")
+    for k in sorted(frozen & set(fs_final)):  # frozen: not one bit moves
+        if not torch.equal(fs_final[k], init[k]):
+            failures.append(f"{name}: frozen param {k} changed in training "
+                            f"(max |change| {(fs_final[k] - init[k]).abs().max().item():.3e})")
     if len(l1) != 1 or len(l10) != NSTEPS:
         failures.append(f"{name}: expected 1 and {NSTEPS} log lines, got {len(l1)} and {len(l10)}")
     if failures:
@@ -187,7 +230,7 @@ def run_model(name, args, work):
         def on_step(s, loss, grads, got=got):
             if s == 1:
                 got["grads"] = grads
-        log = models.train(params, loss_fn, tok64, B, T, NSTEPS, HP, on_step)
+        log = models.train(params, loss_fn, tok64, B, T, NSTEPS, hp, on_step, frozen, no_decay)
         ref[dt] = {"log": log, "grads": got["grads"], "final": {k: v.detach() for k, v in params.items()}}
     r32, r64 = ref[torch.float32], ref[torch.float64]
 
@@ -196,14 +239,14 @@ def run_model(name, args, work):
     c.add("loss", l1[0]["loss"], r32["log"][0]["loss"], r64["log"][0]["loss"])
     checks.append(c)
     c = Check(name, "step-1 gradient", TOL["grad"])
-    for k in init:
+    for k in sorted(trained):
         c.add(k, fs_grads[k], r32["grads"][k], r64["grads"][k])
     checks.append(c)
     c = Check(name, f"weights after {NSTEPS} steps", TOL["param"])
     kb = BoundCheck(name, "key bias max|k|/max|q,v|", TOL["key_bias"])
-    for k in init:
+    for k in sorted(trained):
         fs, t32, t64 = fs_final[k], r32["final"][k], r64["final"][k]
-        if model == "gpt2" and k.endswith(".attn.b"):
+        if model in ("gpt2", "lora") and k.endswith(".attn.b"):
             # The key bias adds q.b_k to every score of a row, which softmax ignores: its
             # gradient is exactly zero, so in float32 it is rounding noise (~1e-11) that
             # Adam divides by its own RMS, making steps of ~lr times noise / (noise + eps)

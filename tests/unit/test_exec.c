@@ -1054,6 +1054,27 @@ Test(e2e, small_gpt2_trains)
     plan_free(p);
 }
 
+/* LoRA: only the adapters train, from B = 0, so at lr 0 every step's loss is the frozen
+ * (random) base model's: on the same batches the trained adapters' losses must fall
+ * below it (the batches' own spread is larger than what 25 steps learn on a random base,
+ * so a loss curve alone would not tell). */
+Test(e2e, lora_sample_trains)
+{
+    Define defs[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 256}, {"B", 4}, {"R", 4}};
+    Setting set[] = {{"lr", "0.003"}, {"warmup", "0"}}, base[] = {{"lr", "0"}, {"warmup", "0"}};
+    Plan *p = compile_sample("lora.fsm", defs, 7, set, 2), *q = compile_sample("lora.fsm", defs, 7, base, 2);
+    enum { STEPS = 25 };
+    float a[STEPS], b[STEPS];
+    run_plan(p, 0, STEPS, a);
+    run_plan(q, 0, STEPS, b);
+    cr_assert_eq(a[0], b[0], "step 1 runs the base model in both: %g vs %g", a[0], b[0]);
+    double trained = 0, frozen = 0;
+    for (int s = STEPS - 5; s < STEPS; s++) trained += a[s], frozen += b[s];
+    cr_assert_lt(trained, frozen * 0.99, "the last 5 steps' loss %g, the base model's %g", trained / 5, frozen / 5);
+    plan_free(p);
+    plan_free(q);
+}
+
 /* A 16-bit plan gets the kernels' workspace (at most 32 MiB: its calls are small) and
  * trains, NaN fill or not; an f32 plan gets none. */
 Test(e2e, bf16_gpt2_trains_with_a_workspace)
