@@ -106,7 +106,8 @@ static void summary(const MemReport *r, FILE *out)
     tile(out, "arena / peak", a, c);
     tile(out, "params", report_grouped(r->param_count, a, sizeof a),
          report_bytes(r->state[MEM_PARAMS16] + r->state[MEM_PARAMS32], b, sizeof b));
-    snprintf(a, sizeof a, "%.2f B/param", (double)state / (double)(r->param_count > 0 ? r->param_count : 1));
+    report_per_param((double)state / (double)(r->param_count > 0 ? r->param_count : 1), c, sizeof c);
+    snprintf(a, sizeof a, "%s B/param", c);
     tile(out, "model state", a, report_bytes(state, b, sizeof b));
     snprintf(c, sizeof c, "arena, peak %s", report_bytes(r->peak[PLAN_PLACE_HOST], b, sizeof b));
     tile(out, "host space", r->host_arena_bytes ? report_bytes(r->host_arena_bytes, a, sizeof a) : "none",
@@ -118,9 +119,12 @@ static void summary(const MemReport *r, FILE *out)
 static void state_note(const MemReport *r, FILE *out)
 {
     double n = (double)(r->param_count > 0 ? r->param_count : 1);
-    fprintf(out, "<p class=\"hint\">Model state, as ZeRO counts it: %.2f bytes/param =", (double)report_state_sum(r->state) / n);
+    char v[32];
+    fprintf(out, "<p class=\"hint\">Model state, as ZeRO counts it: %s bytes/param =",
+            report_per_param((double)report_state_sum(r->state) / n, v, sizeof v));
     for (int c = MEM_PARAMS16; c <= MEM_OPT_STATE; c++)
-        fprintf(out, "%s %s %.2f", c == MEM_PARAMS16 ? "" : " +", report_category_name((MemCategory)c), (double)r->state[c] / n);
+        fprintf(out, "%s %s %s", c == MEM_PARAMS16 ? "" : " +", report_category_name((MemCategory)c),
+                report_per_param((double)r->state[c] / n, v, sizeof v));
     fprintf(out, " (each param's 16-bit copy once, whatever made it: a cast, a gather kept for the step, a copy to the "
             "device).");
     if (r->state[MEM_GRADS32] && (r->state[MEM_PARAMS16] || r->state[MEM_GRADS16]))

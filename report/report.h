@@ -137,6 +137,9 @@ int report_state_totals(MemReport *r);
 
 /* 1536 -> "1.5 KiB"; 0 -> "0 B". */
 const char *report_bytes(int64_t bytes, char *buf, size_t n);
+/* Bytes per param: "2.00", "0.50", and below 0.1 three significant digits ("0.00195"),
+ * so that every category of a plan sharded over many ranks shows. */
+const char *report_per_param(double v, char *buf, size_t n);
 /* a * b for sizes, INT64_MAX when it would overflow (plans from files are not trusted). */
 int64_t report_mul_sat(int64_t a, int64_t b);
 /* 1234567 -> "1,234,567" */

@@ -84,6 +84,21 @@ expect inspect-source 0 "source        gpt2.fsm" -- "$FSEXEC" --inspect "$tmp/gp
 expect mem-same-in-inspect 0 "" -- diff "$tmp/mem.txt" "$tmp/inspect_mem.txt"
 expect comm-fsdp 0 "reduce_scatter h.0.flat_grad_shard" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard fsdp --world 4 --comm -q
 expect comm-none 0 "none" -- "$FSC" "$SRC/samples/mlp.fsm" --comm -q
+# What each collective serves, with units; one total, the payload (each block's 199,936 bytes
+# gathered twice and reduced once, the 74,240 outside blocks gathered and reduced once, two
+# 8-byte scalars), and a ring's 3/4 of it.
+COMM=("$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard fsdp --world 4 --comm -q)
+expect comm-forward-gather 0 "all_gather     h.0.gathered                 forward gather" -- "${COMM[@]}"
+expect comm-backward-gather 0 "all_gather     h.0.gathered                 backward gather" -- "${COMM[@]}"
+expect comm-grad-reduction 0 "reduce_scatter h.0.flat_grad_shard          grad reduction" -- "${COMM[@]}"
+expect comm-units 0 "grad reduction          199,936   195.2 KiB   146.4 KiB" -- "${COMM[@]}"
+expect comm-total 0 "payload 1,348,112 bytes (1.3 MiB) per rank and step; a ring algorithm sends 1,011,084 bytes (987.4 KiB) of it" -- "${COMM[@]}"
+# Every category shows at world 1024 (2 bytes/param over 1024 ranks is 0.00195, not 0.00).
+expect mem-digits 0 "16-bit grads 0.00195 + fp32 params 0.00391 + fp32 grads 0.00391 + optimizer state 0.00781" -- "$FSC" "$SRC/samples/gpt2.fsm" -D L=128 -D C=25600 -D NH=160 -D B=1024 --world 1024 --shard fsdp --precision bf16 --mem -q
+# Names in reports are the source's: x in instance h.1 is h.1.x (reassigned: the line).
+expect mem-names 0 "    logits        f32[8, 32, 256]   256.0 KiB  saved for backward     matmul 39:39" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --mem -q
+expect ir-names 0 "%70:h.1.x@26: f32[8, 32, 64] = add(" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --emit ir -q
+expect ir-names-last 0 ":h.1.x: f32[8, 32, 64] = add(" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --emit ir -q
 expect timeline 0 "makespan 3; ideal 3" -- "$FSC" "$SRC/samples/mlp.fsm" --timeline=unit -q
 expect timeline-lane 0 "  stage 0   |F0" -- "$FSC" "$SRC/samples/mlp.fsm" --timeline -q
 expect timeline-accumulate 0 "bubble 0.0% of the makespan" -- "$FSC" "$SRC/samples/mlp.fsm" --microbatches 4 --timeline=unit -q
