@@ -409,10 +409,17 @@ int32_t rt_checkpoint_find(const RtCheckpoint *c, const char *name);
 /* Piece i's bytes into buf (bytes long), its CRC-32 checked: 0, or -1 naming the file,
  * the tensor and its byte range. */
 int rt_checkpoint_read(const RtCheckpoint *c, int32_t i, void *buf, char *err, size_t errlen);
+/* How a weights file names and lays out the params: ours (the .fsm's names, matmul
+ * weights [in, out]), or a Hugging Face model's (README's table: GPT2LMHeadModel,
+ * LlamaForCausalLM). */
+typedef enum { RT_WEIGHTS_FSEXEC, RT_WEIGHTS_HF_GPT2, RT_WEIGHTS_HF_LLAMA, RT_WEIGHTS_COUNT } RtWeightsFormat;
 /* fsexec --export: every param, consolidated, as one safetensors file at out (what
  * --save-weights writes): written in order through one fixed buffer (its bytes in
- * *buffer), every piece's CRC checked, atomically. 0, or -1 with a message. */
-int rt_checkpoint_export(const RtCheckpoint *c, const char *out, int64_t *buffer, char *err, size_t errlen);
+ * *buffer), every piece's CRC checked, atomically. In a Hugging Face format f
+ * (rt_hf_write: its names, layouts, tied copies left out) every param is held in memory
+ * (*buffer: their bytes), as the layout transposes whole tensors. 0, or -1 with a message. */
+int rt_checkpoint_export(const RtCheckpoint *c, const char *out, RtWeightsFormat f, int64_t *buffer, char *err,
+                         size_t errlen);
 
 /* ---- runtime/resume.c: a checkpoint into a plan of the same model -------------------- */
 
@@ -499,10 +506,7 @@ int rt_st_read_part(const char *path, const StEntry *t, int32_t n, const char *c
 
 /* ---- runtime/hf.c: Hugging Face names and layouts of the params --------------------- */
 
-/* How a weights file names and lays out the params: ours (the .fsm's names, matmul
- * weights [in, out]), or a Hugging Face model's (README's table: GPT2LMHeadModel,
- * LlamaForCausalLM). */
-typedef enum { RT_WEIGHTS_FSEXEC, RT_WEIGHTS_HF_GPT2, RT_WEIGHTS_HF_LLAMA, RT_WEIGHTS_COUNT } RtWeightsFormat;
+/* RtWeightsFormat: with runtime/checkpoint.c's declarations, which --export takes. */
 
 /* "fsexec", "hf-gpt2", "hf-llama": 0 and *out, or -1. */
 int rt_weights_format_parse(const char *s, RtWeightsFormat *out);
