@@ -138,6 +138,18 @@ expect inspect-missing 1 "No such file" -- "$FSEXEC" --inspect "$tmp/none.plan"
 expect fsexec-help 0 "usage: fsexec" -- "$FSEXEC" --help
 expect write-unwritable 1 "fsc: error:" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/no/such/dir/x.plan"
 
+# An input fsexec cannot feed from --data (ops/feed.c's rule): fsc warns at its declaration
+# (the plan is still written), and fsexec refuses it for the same reason.
+printf 'model m {\n  dim B = 4;\n  input x: f32[B, 8];\n  input y: i32[B];\n  input z: f32[B];\n  param w: [8, 3] = normal(0.1);\n  loss = cross_entropy(x @ w, y) + mean(z);\n}\n' >"$tmp/three.fsm"
+expect unfed-warning 0 "three.fsm:5:9: warning: fsexec cannot feed input 'z' from --data: fsexec feeds models of two data inputs" -- "$FSC" "$tmp/three.fsm" -o "$tmp/three.plan"
+expect unfed-caret 0 "$(printf '   input z: f32[B];\n         ^')" -- "$FSC" "$tmp/three.fsm" -o "$tmp/three.plan"
+expect unfed-fsexec 1 "fsexec: input 'z': fsexec feeds models of two data inputs" -- "$FSEXEC" "$tmp/three.plan" --steps 1
+expect fed-no-warning 0 "" -- bash -c "! \"$FSC\" \"$SRC/samples/mlp.fsm\" -q 2>&1 | grep -q warning"
+# A regressor (f32 targets) trains from .npy files, not from a token file.
+printf 'model r {\n  dim B = 4;\n  input x: f32[B, 8];\n  input t: f32[B, 2];\n  param w: [8, 2] = normal(0.1);\n  d = x @ w - t;\n  loss = mean(mean(d * d));\n}\n' >"$tmp/reg.fsm"
+expect regressor-plan 0 "" -- "$FSC" "$tmp/reg.fsm" -q -o "$tmp/reg.plan"
+expect regressor-no-npy 1 "Give each input a .npy file: --data NAME=FILE.npy,NAME=FILE.npy" -- "$FSEXEC" "$tmp/reg.plan" --steps 1
+
 # Training from the command line.
 expect mlp-plan 0 "wrote $tmp/mlp.plan" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/mlp.plan"
 expect train-mlp 0 "acc" -- "$FSEXEC" "$tmp/mlp.plan" --steps 3
