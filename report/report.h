@@ -206,6 +206,10 @@ int report_mem_html(const MemReport *r, FILE *out);
 /* One program: report_mem_html's page. Several: the stages' table, the schedule as a
  * lane per stage (report/timesvg.c), then one section per stage. */
 int report_stages_html(const MemStages *s, FILE *out);
+/* The same with another plan's reports overlaid on each chart (fsc --mem=html FILE
+ * --compare OTHER.plan): its stage of the same number, or (stage counts differ) its
+ * largest; other_name labels it. other NULL: report_stages_html. */
+int report_stages_html_compare(const MemStages *s, const MemStages *other, const char *other_name, FILE *out);
 
 /* ---- report/memlimit.c: --mem-limit ------------------------------------------------ */
 

@@ -150,6 +150,24 @@ printf 'model r {\n  dim B = 4;\n  input x: f32[B, 8];\n  input t: f32[B, 2];\n 
 expect regressor-plan 0 "" -- "$FSC" "$tmp/reg.fsm" -q -o "$tmp/reg.plan"
 expect regressor-no-npy 1 "Give each input a .npy file: --data NAME=FILE.npy,NAME=FILE.npy" -- "$FSEXEC" "$tmp/reg.plan" --steps 1
 
+# The HTML page: the peak's own bar (8 px, whatever a column's width), the legend of the
+# phase band and the communication ticks, the zoom script, another plan overlaid.
+HTML=("$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard fsdp --world 2 -q)
+"${HTML[@]}" --recompute Block -o "$tmp/recompute.plan"
+"${HTML[@]}" --mem=html "$tmp/page.html" --compare "$tmp/recompute.plan"
+expect html-peak-bar 0 'width="8"' -- grep -o '<g class="peakbar"><rect class="c-[a-z0-9]*" x="[0-9.]*" y="[0-9.]*" width="8"' "$tmp/page.html"
+expect html-phase-legend 0 '<span>phases (the band under the axis):</span><span><i class="sw" style="background:#dbe3ec"></i>forward</span>' -- cat "$tmp/page.html"
+expect html-tick-legend 0 '<i class="tick"></i>a communication op' -- cat "$tmp/page.html"
+expect html-compare-series 0 '<path class="compare" d="M84.0 ' -- cat "$tmp/page.html"
+expect html-compare-legend 0 "compared: <code>$tmp/recompute.plan" -- cat "$tmp/page.html"
+expect html-zoom 0 "addEventListener('dblclick'" -- cat "$tmp/page.html"
+expect html-peak-colour 0 '.peak{stroke:#6a3d9a' -- cat "$tmp/page.html"
+expect html-compare-needs-html 1 "--compare $tmp/recompute.plan overlays a plan on the HTML page: give --mem=html FILE too" -- "${HTML[@]}" --mem --compare "$tmp/recompute.plan"
+expect html-compare-bad 1 "fsc: error: --compare $SRC/samples/mlp.fsm: " -- "${HTML[@]}" --mem=html "$tmp/page2.html" --compare "$SRC/samples/mlp.fsm"
+if command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null; then
+  expect html-screenshot 0 "wrote $tmp/page.png" -- "$SRC/scripts/mem_screenshot.sh" "$FSC" "$tmp/page.png" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --compare "$tmp/recompute.plan"
+fi
+
 # Training from the command line.
 expect mlp-plan 0 "wrote $tmp/mlp.plan" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/mlp.plan"
 expect train-mlp 0 "acc" -- "$FSEXEC" "$tmp/mlp.plan" --steps 3
