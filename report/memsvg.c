@@ -295,7 +295,8 @@ static void phase_legend(const Chart *c)
 }
 
 /* Drag over the chart to zoom into those ops (the plot group is stretched; the axis
- * ticks give way to the range shown), double-click to show every op again. */
+ * ticks give way to the range shown), double-click to show every op again. The script
+ * holds no '<', so the page stays plain nested tags to a reader of tags. */
 static void zoom_script(const Chart *c)
 {
     fprintf(c->out, "<script>(function(){var s=document.currentScript.previousElementSibling;"
@@ -305,14 +306,14 @@ static void zoom_script(const Chart *c)
             "function X(e){var p=s.createSVGPoint();p.x=e.clientX;p.y=e.clientY;"
             "return Math.max(L,Math.min(L+PW,p.matrixTransform(s.getScreenCTM().inverse()).x));}"
             "function show(){var k=PW/(v1-v0);g.setAttribute('transform','translate('+(L-v0*k)+' 0) scale('+k+' 1)');"
-            "var zoomed=v1-v0<PW-0.5;tk.style.display=zoomed?'none':'';lab.textContent=zoomed?'ops '+"
+            "var zoomed=PW-0.5>v1-v0;tk.style.display=zoomed?'none':'';lab.textContent=zoomed?'ops '+"
             "Math.floor((v0-L)/PW*N)+' to '+Math.ceil((v1-L)/PW*N-1)+' (double-click: every op)':'';}"
             "s.addEventListener('mousedown',function(e){d0=X(e);br.setAttribute('x',d0);br.setAttribute('width',0);"
             "br.style.display='';e.preventDefault();});"
             "s.addEventListener('mousemove',function(e){if(d0===null)return;var x=X(e);"
             "br.setAttribute('x',Math.min(x,d0));br.setAttribute('width',Math.abs(x-d0));});"
             "s.addEventListener('mouseup',function(e){if(d0===null)return;var x=X(e),a=Math.min(x,d0),b=Math.max(x,d0);"
-            "d0=null;br.style.display='none';if(b-a<3)return;var w=v1-v0;"
+            "d0=null;br.style.display='none';if(3>b-a)return;var w=v1-v0;"
             "var n0=v0+(a-L)*w/PW,n1=v0+(b-L)*w/PW;v0=n0;v1=n1;show();});"
             "s.addEventListener('dblclick',function(){v0=L;v1=L+PW;show();});})();</script>\n",
             LEFT, pw(), c->r->n_points);
