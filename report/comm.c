@@ -12,7 +12,8 @@
  * one total (README's figures are it); what a ring algorithm sends of it, (group - 1) /
  * group, is listed beside it. Each collective says what it serves (a forward, backward
  * or update gather, a gradient reduction, a scalar's sum), found from the phase of the
- * op that made its input and of the first op that reads its output. A collective's group is
+ * op that made its input and of the first op that reads its output (zero1's and zero2's
+ * gathers: of the updated shards). A collective's group is
  * its stage's data-parallel ranks, or (group 1) the pipeline group: one rank per stage.
  * A send moves its tensor's bytes once, to its peer; a receive takes its output's. A
  * copy between the device and the host (offload) moves its tensor's bytes once, over the
@@ -139,8 +140,9 @@ static int reader_phase(const Plan *p, int32_t a, int32_t e, int32_t i)
 }
 
 /* What a collective serves, from what it reads and who reads what it makes: a gather
- * for the forward, the backward (or its recompute), or of the optimizer's updated
- * shards; a gradient's reduction; a scalar's sum (the loss, the gradient norm). */
+ * of the optimizer's updated shards (zero1 and zero2 gather each param once a step for
+ * that, whatever reads it first), or fsdp's for the forward or the backward (or its
+ * recompute); a gradient's reduction; a scalar's sum (the loss, the gradient norm). */
 static const char *purpose_of(const Plan *p, int32_t a, int32_t e, int32_t i, OpComm k)
 {
     const PlanOp *op = &p->ops[i];
@@ -148,7 +150,8 @@ static const char *purpose_of(const Plan *p, int32_t a, int32_t e, int32_t i, Op
     const PlanTensor *root = in->alias == PLAN_NONE ? in : &p->tensors[in->alias];
     int made = root->producer == PLAN_NONE ? -1 : (int)p->ops[root->producer].phase;
     if (k == COMM_ALL_GATHER) {
-        if (made == PLAN_PHASE_OPTIMIZER) return "update gather";
+        const char *shard = plan_meta_str(p, "shard", "none");
+        if (made == PLAN_PHASE_OPTIMIZER || !strcmp(shard, "zero1") || !strcmp(shard, "zero2")) return "update gather";
         int r = reader_phase(p, a, e, i);
         return r == PLAN_PHASE_FORWARD ? "forward gather" : r < 0 ? "gather" : "backward gather";
     }

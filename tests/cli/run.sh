@@ -90,11 +90,25 @@ expect comm-none 0 "none" -- "$FSC" "$SRC/samples/mlp.fsm" --comm -q
 COMM=("$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard fsdp --world 4 --comm -q)
 expect comm-forward-gather 0 "all_gather     h.0.gathered                 forward gather" -- "${COMM[@]}"
 expect comm-backward-gather 0 "all_gather     h.0.gathered                 backward gather" -- "${COMM[@]}"
+expect comm-update-gather 0 "all_gather     h.0.gathered                 update gather" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard zero1 --world 2 --precision bf16 --comm -q
 expect comm-grad-reduction 0 "reduce_scatter h.0.flat_grad_shard          grad reduction" -- "${COMM[@]}"
 expect comm-units 0 "grad reduction          199,936   195.2 KiB   146.4 KiB" -- "${COMM[@]}"
 expect comm-total 0 "payload 1,348,112 bytes (1.3 MiB) per rank and step; a ring algorithm sends 1,011,084 bytes (987.4 KiB) of it" -- "${COMM[@]}"
 # Every category shows at world 1024 (2 bytes/param over 1024 ranks is 0.00195, not 0.00).
 expect mem-digits 0 "16-bit grads 0.00195 + fp32 params 0.00391 + fp32 grads 0.00391 + optimizer state 0.00781" -- "$FSC" "$SRC/samples/gpt2.fsm" -D L=128 -D C=25600 -D NH=160 -D B=1024 --world 1024 --shard fsdp --precision bf16 --mem -q
+# No report names a buffer "(null)" (once seen as "(null).exp_avg"): every sharded strategy
+# with mixed precision, offload and pipeline stages, as text and JSON.
+nulls=0
+for shard in fsdp zero1 zero2; do
+  for extra in "--precision bf16" "--precision fp16 --offload optimizer" "--stages 2 --microbatches 2 --precision bf16"; do
+    for how in --mem --mem=json; do
+      # shellcheck disable=SC2086
+      "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard $shard --world 4 $extra $how -q 2>&1 | grep -q "(null)" && nulls=$((nulls + 1))
+      "$FSC" "$SRC/samples/llama.fsm" -D L=2 -D T=32 -D B=8 --shard $shard --world 4 $extra $how -q 2>&1 | grep -q "(null)" && nulls=$((nulls + 1))
+    done
+  done
+done
+expect mem-no-null-names 0 "0 reports name (null)" -- echo "$nulls reports name (null)"
 # Names in reports are the source's: x in instance h.1 is h.1.x (reassigned: the line).
 expect mem-names 0 "    logits        f32[8, 32, 256]   256.0 KiB  saved for backward     matmul 39:39" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --mem -q
 expect ir-names 0 "%70:h.1.x@26: f32[8, 32, 64] = add(" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --emit ir -q
