@@ -115,8 +115,9 @@ static void summary(const MemReport *r, FILE *out)
     tile(out, "arena / peak", a, c);
     tile(out, "params", report_grouped(r->param_count, a, sizeof a),
          report_bytes(r->state[MEM_PARAMS16] + r->state[MEM_PARAMS32], b, sizeof b));
-    report_per_param((double)state / (double)(r->param_count > 0 ? r->param_count : 1), c, sizeof c);
-    snprintf(a, sizeof a, "%s B/param", c);
+    char per[32];
+    report_per_param((double)state / (double)(r->param_count > 0 ? r->param_count : 1), per, sizeof per);
+    snprintf(a, sizeof a, "%s B/param", per);
     tile(out, "model state", a, report_bytes(state, b, sizeof b));
     snprintf(c, sizeof c, "arena, peak %s", report_bytes(r->peak[PLAN_PLACE_HOST], b, sizeof b));
     tile(out, "host space", r->host_arena_bytes ? report_bytes(r->host_arena_bytes, a, sizeof a) : "none",
