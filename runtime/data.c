@@ -8,6 +8,9 @@
  *   classifier       f32 [B, D] and i32 [B]: Gaussian blobs, K classes (the last dim of
  *                    the output "logits", else 2), centers ~ N(0, 1) fixed by the seed,
  *                    x = center[y] + 0.5 * N(0, 1).
+ * Or, for any two inputs fsexec can feed (ops/feed.c), from .npy arrays (--data
+ * x=feats.npy,y=labels.npy; runtime/npy.c reads them): sample b of step s is row
+ * ((s - 1) * B + b) mod N of each (sequential), or Philox-drawn (random), as below.
  * Every number comes from Philox (runtime/init.c) keyed by the seed and counted by
  * (step, row, ...), so a batch is a pure function of (seed, step): any rank can make its
  * own rows of the global batch, and the run is the same whatever the thread count. The
