@@ -11,6 +11,7 @@
  * forward body once per instance, chaining results into the next instance's arguments.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "lower.h"
@@ -629,6 +630,32 @@ static int check_targets(Lower *L, const Scope *s, const Stmt *st, int *bad)
     return rc;
 }
 
+/* Whether a statement after st (in its body) assigns `name` again. */
+static int assigned_later(const Stmt *st, const char *name)
+{
+    for (const Stmt *u = st->next; u; u = u->next)
+        if (u->kind == ST_ASSIGN)
+            for (const Name *t = u->targets; t; t = t->next)
+                if (!strcmp(t->name, name)) return 1;
+    return 0;
+}
+
+/* The reports (fsc --mem, --comm, the HTML page) print a value by the name its source
+ * gives it: `x = ...` in instance h.3 names it "h.3.x", at model level "x". A name that a
+ * later statement of the same body assigns again gets its statement's line ("h.3.x@27"),
+ * so the last assignment keeps the plain name. A value already named (a param, an input,
+ * the result of an instance, a name bound to another name) keeps its name. */
+static void name_assigned(Lower *L, const Stmt *st, const Name *t, int id)
+{
+    Value *v = &L->g->values[id];
+    if (v->name || v->role != ROLE_ACT) return;
+    const char *prefix = L->block >= 0 ? L->g->blocks[L->block].name : NULL;
+    char line[24] = "";
+    if (assigned_later(st, t->name)) snprintf(line, sizeof line, "@%d", t->loc.line);
+    v->name = prefix ? arena_printf(L->g->arena, "%s.%s%s", prefix, t->name, line)
+                     : arena_printf(L->g->arena, "%s%s", t->name, line);
+}
+
 void lower_assign(Lower *L, Scope *s, const Stmt *st)
 {
     int n = 0, before = L->d->n_errors;
@@ -655,5 +682,6 @@ void lower_assign(Lower *L, Scope *s, const Stmt *st)
         Binding *b = scope_bind(L, s, t->name, B_VALUE, t->loc);
         b->poisoned = failed;
         b->value = failed ? -1 : ids[i];
+        if (!failed) name_assigned(L, st, t, ids[i]);
     }
 }

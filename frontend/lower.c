@@ -346,6 +346,31 @@ static void lower_decls(Lower *L, const Stmt *body, const char *dup)
     }
 }
 
+/* A warning on the first input fsexec cannot feed from --data (ops/feed.c's rule, the
+ * one fsexec refuses by): the plan still compiles, for --mem and for other runtimes. */
+static void warn_unfed(Lower *L, const Program *p, const char *dup)
+{
+    enum { MAX_CHECKED = 3 };  // the rule looks no further than a third input
+    OpType in[MAX_CHECKED] = {0};
+    const Stmt *decl[MAX_CHECKED];
+    int n = 0, i = 0;
+    for (const Stmt *st = p->body; st && n < MAX_CHECKED; st = st->next, i++) {
+        const Binding *b = st->kind == ST_INPUT && !dup[i] ? scope_find(&L->model, st->name) : NULL;
+        if (!b || b->poisoned) continue;
+        const Value *v = ir_value(L->g, b->value);
+        in[n] = (OpType){.dtype = v->dtype, .rank = v->rank};
+        for (int k = 0; k < v->rank; k++) in[n].shape[k] = v->shape[k];
+        decl[n++] = st;
+    }
+    char why[256];
+    int bad = op_input_unfed(in, n, why, sizeof why);
+    if (bad < 0) return;
+    if (bad < n)
+        diag_warning(L->d, decl[bad]->name_loc, "fsexec cannot feed input '%s' from --data: %s", decl[bad]->name, why);
+    else
+        diag_warning(L->d, p->loc, "fsexec cannot feed this model's inputs from --data: %s", why);
+}
+
 static void lower_statements(Lower *L, const Stmt *body)
 {
     for (const Stmt *st = body; st && !L->d->stopped; st = st->next) {
@@ -355,11 +380,12 @@ static void lower_statements(Lower *L, const Stmt *body)
 }
 
 /* Outputs are found by name in the plan (the runtime logs "loss", reports accuracy
- * from "logits"); an intermediate keeps the name it is bound to in source. */
+ * from "logits"): an output that is an intermediate takes the model-level name it is
+ * bound to, over the one its assignment gave it (a block's "h.3.x"). */
 static void name_value(Lower *L, int v, const char *name)
 {
     Value *val = &L->g->values[v];
-    if (!val->name) val->name = arena_strdup(L->g->arena, name);
+    if (!val->name || val->role == ROLE_ACT) val->name = arena_strdup(L->g->arena, name);
 }
 
 static void add_output(Lower *L, const Name *nm)
@@ -429,6 +455,7 @@ Graph *fe_compile(const char *src, size_t len, const FrontendOptions *opt, Train
     lower_settings(&L, p, train);
     if (d->n_errors == before) find_batch_dim(&L, p->body, train);
     lower_decls(&L, p->body, dup);
+    if (d->n_errors == before) warn_unfed(&L, p, dup);
     lower_statements(&L, p->body);
     if (!d->stopped) lower_objective(&L, p);
     if (d->n_errors == before) lower_param_groups(&L, p, train);

@@ -160,6 +160,7 @@ static int gather(Shard *s, const Unit *u)
         s->g->nodes[s->g->values[x].producer].phase = PHASE_COMM;
     }
     int v = collective(s, OP_all_gather, x, 0, u->block, 0, 0);
+    s->g->values[v].name = arena_printf(s->g->arena, "%s.gathered", unit_name(s, u));
     s->g->values[v].role = ROLE_GATHERED;
     s->g->values[v].unit = (int)(u - s->units);
     return v;
@@ -343,6 +344,7 @@ static void layout_params(Shard *s, Unit *u)
     } else if (u->shard_view != u->storage) {
         /* In place: the shards all-gathered into the full buffer they belong to. */
         u->gathered = collective(s, OP_all_gather, u->shard_view, 0, u->block, 0, 0);
+        g->values[u->gathered].name = arena_printf(g->arena, "%s.gathered", unit_name(s, u));
         make_view(s, u->gathered, u->storage, 0, 0);
     }
     g->values[u->gathered].unit = (int)(u - s->units);

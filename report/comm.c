@@ -8,8 +8,12 @@
  * updated shards; ZeRO's P_os reduce-scatters them, 2 Psi), zero2 2 Psi, and fsdp 3 Psi:
  * 1.5 times DDP, less the params outside blocks, which it gathers once a step (and keeps
  * from forward to backward). Psi is in the dtype the plan moves (16-bit under mixed
- * precision); tests/unit/test_zero_formulas.c holds these at scale. The exact bytes a
- * ring sends are (group - 1) / group of these; both are listed. A collective's group is
+ * precision); tests/unit/test_zero_formulas.c holds these at scale. This payload is the
+ * one total (README's figures are it); what a ring algorithm sends of it, (group - 1) /
+ * group, is listed beside it. Each collective says what it serves (a forward, backward
+ * or update gather, a gradient reduction, a scalar's sum), found from the phase of the
+ * op that made its input and of the first op that reads its output (zero1's and zero2's
+ * gathers: of the updated shards). A collective's group is
  * its stage's data-parallel ranks, or (group 1) the pipeline group: one rank per stage.
  * A send moves its tensor's bytes once, to its peer; a receive takes its output's. A
  * copy between the device and the host (offload) moves its tensor's bytes once, over the
@@ -112,9 +116,55 @@ static const char *what_of(const Plan *p, const PlanOp *op)
     return *name ? name : "";
 }
 
+/* Whether op reads tensor t or a view of it. */
+static int reads(const Plan *p, const PlanOp *op, int32_t t)
+{
+    for (int32_t j = 0; j < op->n_in; j++) {
+        int32_t u = p->ids[op->in + j];
+        if (u == t || p->tensors[u].alias == t) return 1;
+    }
+    return 0;
+}
+
+/* The phase of the first op of [a, e) after op i that reads what i makes, in program
+ * order and then (what the next step reads: zero1's updated params) from a; -1 if none. */
+static int reader_phase(const Plan *p, int32_t a, int32_t e, int32_t i)
+{
+    int32_t t = p->ids[p->ops[i].out];
+    if (p->tensors[t].alias != PLAN_NONE) t = p->tensors[t].alias;  // gathered in place: the params are views of it
+    for (int32_t n = 1; n < e - a; n++) {
+        const PlanOp *op = &p->ops[a + (i - a + n) % (e - a)];
+        if (reads(p, op, t)) return (int)op->phase;
+    }
+    return -1;
+}
+
+/* What a collective serves, from what it reads and who reads what it makes: a gather
+ * of the optimizer's updated shards (zero1 and zero2 gather each param once a step for
+ * that, whatever reads it first), or fsdp's for the forward or the backward (or its
+ * recompute); a gradient's reduction; a scalar's sum (the loss, the gradient norm). */
+static const char *purpose_of(const Plan *p, int32_t a, int32_t e, int32_t i, OpComm k)
+{
+    const PlanOp *op = &p->ops[i];
+    const PlanTensor *in = &p->tensors[p->ids[op->in]];
+    const PlanTensor *root = in->alias == PLAN_NONE ? in : &p->tensors[in->alias];
+    int made = root->producer == PLAN_NONE ? -1 : (int)p->ops[root->producer].phase;
+    if (k == COMM_ALL_GATHER) {
+        const char *shard = plan_meta_str(p, "shard", "none");
+        if (made == PLAN_PHASE_OPTIMIZER || !strcmp(shard, "zero1") || !strcmp(shard, "zero2")) return "update gather";
+        int r = reader_phase(p, a, e, i);
+        return r == PLAN_PHASE_FORWARD ? "forward gather" : r < 0 ? "gather" : "backward gather";
+    }
+    if (plan_tensor_numel(in) == 1) return made == PLAN_PHASE_FORWARD ? "loss sum" : "grad-norm sum";
+    return in->role == PLAN_ROLE_GRAD || made == PLAN_PHASE_BACKWARD || made == PLAN_PHASE_WGRAD ? "grad reduction"
+                                                                                                : "reduction";
+}
+
 static void print_collectives(const Plan *p, int32_t a, int32_t e, int64_t dp_world, FILE *out)
 {
-    fprintf(out, "  %5s  %-14s %-28s %-10s %14s %14s\n", "op", "collective", "buffer", "phase", "bytes", "ring bytes");
+    char b0[32], b1[32], b2[32];
+    fprintf(out, "  %5s  %-14s %-28s %-16s %14s %11s %11s\n", "op", "collective", "buffer", "serves", "payload, bytes",
+            "payload", "ring sends");
     for (int32_t i = a; i < e; i++) {
         const PlanOp *op = &p->ops[i];
         OpComm k = report_op_comm(p, op);
@@ -122,8 +172,9 @@ static void print_collectives(const Plan *p, int32_t a, int32_t e, int64_t dp_wo
         int64_t group = report_group_size(p, op, dp_world);
         double b = factor_of(k) * (double)full_bytes(p, op);
         double ring = group > 1 ? b * (double)(group - 1) / (double)group : 0;
-        fprintf(out, "  %5d  %-14s %-28s %-10s %14.0f %14.0f", i, op_comm_name(k), what_of(p, op),
-                plan_phase_name(op->phase), b, ring);
+        fprintf(out, "  %5d  %-14s %-28s %-16s %14s %11s %11s", i, op_comm_name(k), what_of(p, op),
+                purpose_of(p, a, e, i, k), report_grouped((int64_t)b, b0, sizeof b0),
+                report_bytes((int64_t)b, b1, sizeof b1), report_bytes((int64_t)ring, b2, sizeof b2));
         if (report_op_int(p, op, "group", OP_GROUP_DATA) == OP_GROUP_PIPE)
             fprintf(out, "  over the pipeline group (%lld ranks, one per stage)", (long long)group);
         fputc('\n', out);
@@ -157,12 +208,13 @@ static void print_p2p(const Plan *p, int32_t a, int32_t e, FILE *out)
         if (k == COMM_RECV) peers[at].recvs++, peers[at].recv_bytes += b;
     }
     fprintf(out, "  point-to-point, by peer (each rank with the rank of the peer stage at its data-parallel index):\n");
-    fprintf(out, "    %-10s %7s %16s %9s %16s\n", "peer", "sends", "bytes", "receives", "bytes");
+    fprintf(out, "    %-10s %7s %12s %9s %12s\n", "peer", "sends", "sent", "receives", "received");
     for (int i = 0; i < n; i++) {
-        char who[32];
+        char who[32], b1[32], b2[32];
         snprintf(who, sizeof who, "stage %lld", (long long)peers[i].peer);
-        fprintf(out, "    %-10s %7d %16.0f %9d %16.0f\n", who, peers[i].sends, peers[i].send_bytes, peers[i].recvs,
-                peers[i].recv_bytes);
+        fprintf(out, "    %-10s %7d %12s %9d %12s\n", who, peers[i].sends,
+                report_bytes((int64_t)peers[i].send_bytes, b1, sizeof b1), peers[i].recvs,
+                report_bytes((int64_t)peers[i].recv_bytes, b2, sizeof b2));
     }
     if (more) fprintf(out, "    (%d more ops to peers not shown)\n", more);
 }
@@ -171,28 +223,37 @@ static void print_p2p(const Plan *p, int32_t a, int32_t e, FILE *out)
 static void print_copies(const Plan *p, int32_t a, int32_t e, FILE *out)
 {
     fprintf(out, "  between device and host (offload), over the rank's own link:\n");
-    fprintf(out, "  %5s  %-14s %-28s %-10s %14s\n", "op", "copy", "buffer", "phase", "bytes");
+    fprintf(out, "  %5s  %-14s %-28s %-10s %12s\n", "op", "copy", "buffer", "phase", "bytes");
     for (int32_t i = a; i < e; i++) {
         const PlanOp *op = &p->ops[i];
         OpComm k = report_op_comm(p, op);
         if (!is_copy(k)) continue;
-        fprintf(out, "  %5d  %-14s %-28s %-10s %14lld\n", i, op_comm_name(k), what_of(p, op), plan_phase_name(op->phase),
-                (long long)plan_tensor_nbytes(&p->tensors[p->ids[op->in]]));
+        char b[32];
+        fprintf(out, "  %5d  %-14s %-28s %-10s %12s\n", i, op_comm_name(k), what_of(p, op), plan_phase_name(op->phase),
+                report_bytes(plan_tensor_nbytes(&p->tensors[p->ids[op->in]]), b, sizeof b));
     }
+}
+
+/* "1,234 bytes (1.2 KiB)" */
+static const char *exact(double v, char *buf, size_t n)
+{
+    char g[32], b[32];
+    snprintf(buf, n, "%s bytes (%s)", report_grouped((int64_t)v, g, sizeof g), report_bytes((int64_t)v, b, sizeof b));
+    return buf;
 }
 
 static void print_totals(const CommTotals *c, FILE *out)
 {
+    char a[64], b[64];
     if (c->collectives || !c->copies)
-        fprintf(out, "  total: %d collectives, %.0f bytes (%.2f MiB); a ring sends %.0f bytes\n", c->collectives,
-                c->bytes, c->bytes / (1 << 20), c->ring_bytes);
+        fprintf(out, "  total: %d collectives, payload %s per rank and step; a ring algorithm sends %s of it\n",
+                c->collectives, exact(c->bytes, a, sizeof a), exact(c->ring_bytes, b, sizeof b));
     if (c->sends || c->recvs)
-        fprintf(out, "  point-to-point: %d sends, %.0f bytes (%.2f MiB); %d receives, %.0f bytes (%.2f MiB)\n", c->sends,
-                c->send_bytes, c->send_bytes / (1 << 20), c->recvs, c->recv_bytes, c->recv_bytes / (1 << 20));
+        fprintf(out, "  point-to-point: %d sends, %s; %d receives, %s\n", c->sends, exact(c->send_bytes, a, sizeof a),
+                c->recvs, exact(c->recv_bytes, b, sizeof b));
     if (c->copies)
-        fprintf(out, "  device <-> host: %d copies, %.0f bytes to the host (%.2f MiB), %.0f bytes to the device (%.2f MiB)\n",
-                c->copies, c->to_host_bytes, c->to_host_bytes / (1 << 20), c->to_device_bytes,
-                c->to_device_bytes / (1 << 20));
+        fprintf(out, "  device <-> host: %d copies, %s to the host, %s to the device\n", c->copies,
+                exact(c->to_host_bytes, a, sizeof a), exact(c->to_device_bytes, b, sizeof b));
 }
 
 /* The report of ops [a, e), under a heading that names their ranks. */

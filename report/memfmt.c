@@ -29,6 +29,14 @@ const char *report_bytes(int64_t bytes, char *buf, size_t n)
     return buf;
 }
 
+const char *report_per_param(double v, char *buf, size_t n)
+{
+    /* Two decimals hide a sharded category at a large world (2 bytes over 1024 ranks is
+     * 0.00195): below 0.1, three significant digits instead. */
+    snprintf(buf, n, v != 0 && v < 0.1 && v > -0.1 ? "%.3g" : "%.2f", v);
+    return buf;
+}
+
 int64_t report_mul_sat(int64_t a, int64_t b)
 {
     if (a < 0 || b < 0) return 0;

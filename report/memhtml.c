@@ -2,8 +2,10 @@
  * FILE): the summary as tiles, a legend, the timeline (report/memsvg.c), then the tables
  * of the text report. A plan of several stages: a table of the stages, the step's
  * schedule as a lane per stage (report/timesvg.c), then one section per stage as above.
- * Inline CSS only: no scripts, fonts, images or links to other files, so the page opens
- * offline and can be mailed as it is. Every string from the plan is escaped.
+ * With --compare, another plan's live bytes are overlaid on each chart (its stage of the
+ * same number, or its largest). Inline CSS and a few lines of inline script (the
+ * chart's zoom): no fonts, images or links to other files, so the page opens offline
+ * and can be mailed as it is. Every string from the plan is escaped.
  */
 #include <inttypes.h>
 #include <string.h>
@@ -43,7 +45,14 @@ static void style(FILE *out, int lanes)
           "svg{width:100%;height:auto;display:block}svg text{font:12px system-ui,sans-serif;fill:#333}\n"
           ".grid{stroke:#e6e6e6}.axisline{stroke:#888}.axis{fill:#555;font-size:13px}.band{font-size:11px}\n"
           ".area{stroke:none}.arena{stroke:#444;stroke-dasharray:6 4}.arenalabel{fill:#444}\n"
-          ".commtick{fill:#499894}.peak{stroke:#c0392b;stroke-width:1.5}.peakdot{fill:#c0392b}.peaklabel{fill:#c0392b;font-weight:600}\n"
+          ".commtick{fill:#499894}.peak{stroke:#6a3d9a;stroke-width:2;vector-effect:non-scaling-stroke}"
+          ".peaklabel{fill:#6a3d9a;font-weight:600}.peakbar rect{stroke:#6a3d9a;stroke-width:1;"
+          "vector-effect:non-scaling-stroke}\n"
+          ".compare{fill:none;stroke:#111;stroke-width:1.5;stroke-dasharray:4 2;vector-effect:non-scaling-stroke}"
+          ".comparearena{stroke:#111;stroke-dasharray:1 3}.cmpsw{border:2px dashed #111;background:none;"
+          "box-sizing:border-box}\n"
+          ".tick{display:inline-block;width:2px;height:10px;background:#499894;margin:0 6px 0 5px;vertical-align:-1px}\n"
+          ".brush{fill:#6a3d9a;fill-opacity:.12;stroke:#6a3d9a}svg{cursor:crosshair;user-select:none}\n"
           ".col rect{fill:#000;fill-opacity:0}.col:hover rect{fill-opacity:.10}\n"
           ".hint{color:#666;font-size:12px;margin:2px 0 0}\n"
           "table{border-collapse:collapse}th,td{padding:3px 12px 3px 0;text-align:left;border-bottom:1px solid #eee}\n"
@@ -106,7 +115,9 @@ static void summary(const MemReport *r, FILE *out)
     tile(out, "arena / peak", a, c);
     tile(out, "params", report_grouped(r->param_count, a, sizeof a),
          report_bytes(r->state[MEM_PARAMS16] + r->state[MEM_PARAMS32], b, sizeof b));
-    snprintf(a, sizeof a, "%.2f B/param", (double)state / (double)(r->param_count > 0 ? r->param_count : 1));
+    char per[32];
+    report_per_param((double)state / (double)(r->param_count > 0 ? r->param_count : 1), per, sizeof per);
+    snprintf(a, sizeof a, "%s B/param", per);
     tile(out, "model state", a, report_bytes(state, b, sizeof b));
     snprintf(c, sizeof c, "arena, peak %s", report_bytes(r->peak[PLAN_PLACE_HOST], b, sizeof b));
     tile(out, "host space", r->host_arena_bytes ? report_bytes(r->host_arena_bytes, a, sizeof a) : "none",
@@ -118,9 +129,12 @@ static void summary(const MemReport *r, FILE *out)
 static void state_note(const MemReport *r, FILE *out)
 {
     double n = (double)(r->param_count > 0 ? r->param_count : 1);
-    fprintf(out, "<p class=\"hint\">Model state, as ZeRO counts it: %.2f bytes/param =", (double)report_state_sum(r->state) / n);
+    char v[32];
+    fprintf(out, "<p class=\"hint\">Model state, as ZeRO counts it: %s bytes/param =",
+            report_per_param((double)report_state_sum(r->state) / n, v, sizeof v));
     for (int c = MEM_PARAMS16; c <= MEM_OPT_STATE; c++)
-        fprintf(out, "%s %s %.2f", c == MEM_PARAMS16 ? "" : " +", report_category_name((MemCategory)c), (double)r->state[c] / n);
+        fprintf(out, "%s %s %s", c == MEM_PARAMS16 ? "" : " +", report_category_name((MemCategory)c),
+                report_per_param((double)r->state[c] / n, v, sizeof v));
     fprintf(out, " (each param's 16-bit copy once, whatever made it: a cast, a gather kept for the step, a copy to the "
             "device).");
     if (r->state[MEM_GRADS32] && (r->state[MEM_PARAMS16] || r->state[MEM_GRADS16]))
@@ -132,16 +146,25 @@ static void state_note(const MemReport *r, FILE *out)
     fprintf(out, "</p>\n");
 }
 
-static void legend(const MemReport *r, FILE *out)
+static void legend(const MemReport *r, const MemReport *cmp, const char *cmp_name, FILE *out)
 {
-    char b[32];
+    char b[32], arena[32], name[64];
     fprintf(out, "<div class=\"legend\">");
     for (int c = 0; c < MEM_CAT_COUNT; c++)
         if (r->max_cat[PLAN_PLACE_DEVICE][c])
             fprintf(out, "<span><i class=\"sw s-%s\"></i>%s <small>(%s at the peak)</small></span>",
                     report_category_key((MemCategory)c), report_category_name((MemCategory)c),
                     r->at_peak[PLAN_PLACE_DEVICE][c] ? report_bytes(r->at_peak[PLAN_PLACE_DEVICE][c], b, sizeof b) : "none");
-    fprintf(out, "<span><i class=\"sw\" style=\"background:#c0392b\"></i>peak</span></div>\n");
+    fprintf(out, "<span><i class=\"sw\" style=\"background:#6a3d9a\"></i>peak (its op's stack, drawn %s)</span>",
+            "wider than one op");
+    if (cmp) {
+        fprintf(out, "<span class=\"cmp\"><i class=\"sw cmpsw\"></i>compared: <code>");
+        html_text(out, report_clean(cmp_name, name, sizeof name));
+        fprintf(out, "</code> (peak %s, arena %s; its %d ops stretched to this width)</span>",
+                report_bytes(cmp->peak[PLAN_PLACE_DEVICE], b, sizeof b), report_bytes(cmp->arena_bytes, arena, sizeof arena),
+                cmp->plan->n_ops);
+    }
+    fprintf(out, "</div>\n");
     state_note(r, out);
 }
 
@@ -234,13 +257,14 @@ static int tail(FILE *out)
 }
 
 /* One program's report: the summary, its timeline and its tables. */
-static int body(const MemReport *r, FILE *out)
+static int body(const MemReport *r, const MemReport *cmp, const char *cmp_name, FILE *out)
 {
     summary(r, out);
-    legend(r, out);
-    if (report_html_chart(r, out)) return -1;
+    legend(r, cmp, cmp_name, out);
+    if (report_html_chart(r, cmp, out)) return -1;
     fprintf(out, "<p class=\"hint\">Hover a column for the op, the bytes live there by category and its largest "
-            "transient buffers. Columns stand for one op each, or for the fullest op of a run.</p>\n");
+            "transient buffers. Columns stand for one op each, or for the fullest op of a run. Drag across the "
+            "chart to zoom into those ops; double-click to see every op again.</p>\n");
     category_table(r, PLAN_PLACE_DEVICE, out);
     if (r->peak[PLAN_PLACE_HOST]) category_table(r, PLAN_PLACE_HOST, out);
     top_table(r, out);
@@ -251,7 +275,15 @@ static int body(const MemReport *r, FILE *out)
 int report_mem_html(const MemReport *r, FILE *out)
 {
     head(r->plan, 0, out);
-    return body(r, out) ? -1 : tail(out);
+    return body(r, NULL, NULL, out) ? -1 : tail(out);
+}
+
+/* What stage k of a plan of n is compared with: other's stage k when other has n
+ * stages, else other's largest; NULL without other. */
+static const MemReport *compared(const MemStages *other, int32_t k, int32_t n)
+{
+    if (!other) return NULL;
+    return other->n == n ? other->stage[k] : report_stages_largest(other);
 }
 
 /* The stages side by side: ranks, ops, arenas, peak and params, each linked to its section. */
@@ -289,9 +321,14 @@ static int schedule(const MemStages *s, FILE *out)
     return rc;
 }
 
-int report_stages_html(const MemStages *s, FILE *out)
+int report_stages_html(const MemStages *s, FILE *out) { return report_stages_html_compare(s, NULL, NULL, out); }
+
+int report_stages_html_compare(const MemStages *s, const MemStages *other, const char *other_name, FILE *out)
 {
-    if (s->n == 1) return report_mem_html(s->stage[0], out);
+    if (s->n == 1) {
+        head(s->plan, 0, out);
+        return body(s->stage[0], compared(other, 0, 1), other_name, out) ? -1 : tail(out);
+    }
     const Plan *p = s->plan;
     char a[32], model[64];
     head(p, 1, out);
@@ -306,7 +343,7 @@ int report_stages_html(const MemStages *s, FILE *out)
     if (schedule(s, out)) return -1;
     for (int32_t k = 0; k < s->n; k++) {
         fprintf(out, "<section>\n");
-        if (body(s->stage[k], out)) return -1;
+        if (body(s->stage[k], compared(other, k, s->n), other_name, out)) return -1;
         fprintf(out, "</section>\n");
     }
     return tail(out);

@@ -8,8 +8,10 @@
 
 /* s with &, <, >, " and ' escaped, for text and attribute values alike. */
 void html_text(FILE *out, const char *s);
-/* The timeline, as an inline <svg> (report/memsvg.c). 0, or -1 when out of memory. */
-int report_html_chart(const MemReport *r, FILE *out);
+/* The timeline, as an inline <svg> with its zoom script and the phases' legend
+ * (report/memsvg.c); cmp (or NULL): another plan's report, overlaid. 0, or -1 when out
+ * of memory. */
+int report_html_chart(const MemReport *r, const MemReport *cmp, FILE *out);
 /* 1, 2, 2.5 or 5 times a power of ten, at least x: an axis step (report/memsvg.c). */
 double report_html_nice(double x);
 /* The schedule as a lane per stage, an inline <svg>, and its numbers (report/timesvg.c).

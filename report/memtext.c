@@ -15,11 +15,12 @@
 
 static void print_state(const char *label, const int64_t *st, double n, FILE *out)
 {
-    char a[32];
+    char a[32], v[32];
     int64_t sum = report_state_sum(st);
-    fprintf(out, "  %-14s %.2f bytes/param:", label, (double)sum / n);
+    fprintf(out, "  %-14s %s bytes/param:", label, report_per_param((double)sum / n, v, sizeof v));
     for (int c = MEM_PARAMS16; c <= MEM_OPT_STATE; c++)
-        fprintf(out, "%s %s %.2f", c == MEM_PARAMS16 ? "" : " +", report_category_name((MemCategory)c), (double)st[c] / n);
+        fprintf(out, "%s %s %s", c == MEM_PARAMS16 ? "" : " +", report_category_name((MemCategory)c),
+                report_per_param((double)st[c] / n, v, sizeof v));
     fprintf(out, " (%s)\n", report_bytes(sum, a, sizeof a));
 }
 
@@ -51,9 +52,10 @@ static void print_params(const MemReport *r, FILE *out)
     int64_t g32 = r->state[MEM_GRADS32] + r->host_state[MEM_GRADS32];
     int64_t low = r->state[MEM_PARAMS16] + r->host_state[MEM_PARAMS16] + r->state[MEM_GRADS16] + r->host_state[MEM_GRADS16];
     if (g32 && low)
-        fprintf(out, "  %-14s %.2f bytes/param without the fp32 grads (summed or reduced in fp32: accumulation over "
-                "micro-batches, reduce_dtype fp32), which ZeRO's (2 + 2 + K) Psi leaves out\n", "ZeRO's count",
-                (double)(report_state_sum(r->state) + report_state_sum(r->host_state) - g32) / n);
+        fprintf(out, "  %-14s %s bytes/param without the fp32 grads (summed or reduced in fp32: "
+                "accumulation over micro-batches, reduce_dtype fp32), which ZeRO's (2 + 2 + K) Psi leaves out\n", "ZeRO's count",
+                report_per_param((double)(report_state_sum(r->state) + report_state_sum(r->host_state) - g32) / n, a,
+                                 sizeof a));
     if (r->has_per_use_gathers)
         fprintf(out, "  note: gathered params are fsdp's per-use gathers (a block's params all-gathered for each "
                 "pass that reads them, freed after it): transient, like activations, not model state, where a "

@@ -138,6 +138,9 @@ int report_state_totals(MemReport *r);
 
 /* 1536 -> "1.5 KiB"; 0 -> "0 B". */
 const char *report_bytes(int64_t bytes, char *buf, size_t n);
+/* Bytes per param: "2.00", "0.50", and below 0.1 three significant digits ("0.00195"),
+ * so that every category of a plan sharded over many ranks shows. */
+const char *report_per_param(double v, char *buf, size_t n);
 /* a * b for sizes, INT64_MAX when it would overflow (plans from files are not trusted). */
 int64_t report_mul_sat(int64_t a, int64_t b);
 /* 1234567 -> "1,234,567" */
@@ -207,6 +210,10 @@ int report_mem_html(const MemReport *r, FILE *out);
 /* One program: report_mem_html's page. Several: the stages' table, the schedule as a
  * lane per stage (report/timesvg.c), then one section per stage. */
 int report_stages_html(const MemStages *s, FILE *out);
+/* The same with another plan's reports overlaid on each chart (fsc --mem=html FILE
+ * --compare OTHER.plan): its stage of the same number, or (stage counts differ) its
+ * largest; other_name labels it. other NULL: report_stages_html. */
+int report_stages_html_compare(const MemStages *s, const MemStages *other, const char *other_name, FILE *out);
 
 /* ---- report/memlimit.c: --mem-limit ------------------------------------------------ */
 

@@ -657,9 +657,55 @@ int rt_checkpoint_read(const RtCheckpoint *c, int32_t i, void *buf, char *err, s
 
 /* ---- the consolidated export ------------------------------------------------------- */
 
-int rt_checkpoint_export(const RtCheckpoint *c, const char *out, int64_t *peak_buffer, char *err, size_t errlen)
+/* Hugging Face's names and layouts (rt_hf_write): every param consolidated in memory
+ * from its pieces, since the layout transposes whole tensors; *bytes: what that holds. */
+static int export_hf(const RtCheckpoint *c, const char *out, RtWeightsFormat f, int64_t *bytes, char *err,
+                     size_t errlen)
+{
+    int32_t n = 0;
+    int64_t total = 0, numel = 0;  // numel: of the param whose pieces are being read
+    int rc = 0;
+    StEntry *t = plan_alloc(sizeof *t * (size_t)(c->n_pieces + 1));
+    if (!t) return plan_fail(err, errlen, "out of memory");
+    for (int32_t i = 0; i < c->n_pieces && !rc; i++) {
+        const Piece *x = &c->pieces[i];
+        if (x->kind != RT_STATE_PARAM) continue;
+        if (x->dtype != PLAN_DT_F32) {
+            rc = plan_fail(err, errlen, "param '%s' is %s in the checkpoint; --weights-format %s exports f32 params",
+                           x->name, plan_dtype_name(x->dtype), rt_weights_format_name(f));
+            break;
+        }
+        if (x->first == 0) {
+            numel = 1;
+            for (int d = 0; d < x->rank; d++) numel *= x->shape[d];
+            t[n] = (StEntry){x->name, x->dtype, x->rank, x->shape, plan_alloc((size_t)numel * 4)};
+            if (!t[n++].data) rc = plan_fail(err, errlen, "out of memory for param '%s' (%" PRId64 " elements)", x->name, numel);
+            total += numel * 4;
+        }
+        int fits = n > 0 && !strcmp(t[n - 1].name, x->name) && x->first + x->count <= numel &&
+                   x->end - x->begin == (uint64_t)x->count * 4;
+        if (!rc && fits)
+            rc = rt_checkpoint_read(c, i, (uint8_t *)t[n - 1].data + x->first * 4, err, errlen);
+        else if (!rc)
+            rc = fail_file(c, x->file, err, errlen, "a piece of a param does not fit it (damaged manifest?)");
+    }
+    if (!rc) rc = rt_hf_write(out, f, t, n, c->step, err, errlen);
+    for (int32_t k = 0; k < n; k++) plan_dealloc(t[k].data);
+    plan_dealloc(t);
+    *bytes = total;
+    return rc;
+}
+
+int rt_checkpoint_export(const RtCheckpoint *c, const char *out, RtWeightsFormat f, int64_t *peak_buffer, char *err,
+                         size_t errlen)
 {
     enum { BUF = 16 << 20 };  // the one buffer every byte passes through
+    if (f != RT_WEIGHTS_FSEXEC) {
+        int64_t held = 0;
+        int rc = export_hf(c, out, f, &held, err, errlen);
+        if (peak_buffer) *peak_buffer = held;
+        return rc;
+    }
     int32_t n = 0;
     StEntry *t = plan_alloc(sizeof *t * (size_t)(c->n_pieces + 1));
     uint8_t *buf = plan_alloc(BUF), *head = NULL;

@@ -212,7 +212,8 @@ int rt_guard_after(Guard *g, int32_t k, char *err, size_t errlen);
 
 /* ---- runtime/data.c: batches for the inputs ------------------------------------------ */
 
-typedef enum { RT_DATA_NONE, RT_DATA_LM, RT_DATA_CLASSES } RtDataKind;
+/* RT_DATA_ARRAYS: inputs of neither kind, fed from .npy files (a regressor's). */
+typedef enum { RT_DATA_NONE, RT_DATA_LM, RT_DATA_CLASSES, RT_DATA_ARRAYS } RtDataKind;
 typedef enum { RT_ORDER_RANDOM, RT_ORDER_SEQUENTIAL } RtDataOrder;
 typedef enum { RT_TOKENS_AUTO, RT_TOKENS_LLMC, RT_TOKENS_RAW } RtTokenFormat;  // AUTO: asked for, never found
 
@@ -296,6 +297,28 @@ int64_t rt_data_items(const RtData *d);         // tokens (LM) or samples per st
 int32_t rt_data_labels(const RtData *d);
 int32_t rt_data_logits(const RtData *d);
 void rt_data_close(RtData *d);
+
+/* ---- runtime/npy.c: NumPy .npy arrays (--data NAME=FILE.npy) -------------------------- */
+
+typedef struct {
+    PlanDType dtype;               // PLAN_DT_F32 (from float32/float64) or PLAN_DT_I32 (int32/int64)
+    int rank;
+    int64_t shape[PLAN_MAX_RANK];  // the file's shape; shape[0]: the samples
+    int64_t numel;
+    char descr[16];                // the file's dtype ("<f8"), for messages
+    void *data;                    // numel elements of dtype (plan_alloc)
+} RtArray;
+
+/* A .npy file (format 1.0, 2.0 or 3.0) in memory as an RtArray (its data copied and
+ * converted). 0, or -1 with a message that says what the file holds and how to convert
+ * it: big-endian or other dtypes, Fortran order, a float64 outside float32's range, an
+ * int64 outside int32's, a header that does not parse, a size that does not match. */
+int rt_npy_parse(const void *buf, size_t len, RtArray *a, char *err, size_t errlen);
+/* The same for the file at path (messages start with it). */
+int rt_npy_read(const char *path, RtArray *a, char *err, size_t errlen);
+void rt_npy_free(RtArray *a);
+/* "(100, 16)", "(5,)", "()": a shape as NumPy prints it. */
+const char *rt_npy_shape_str(int rank, const int64_t *shape, char *buf, size_t n);
 
 /* ---- runtime/state.c: one rank's training state as pieces of named tensors ---------- */
 
@@ -386,10 +409,17 @@ int32_t rt_checkpoint_find(const RtCheckpoint *c, const char *name);
 /* Piece i's bytes into buf (bytes long), its CRC-32 checked: 0, or -1 naming the file,
  * the tensor and its byte range. */
 int rt_checkpoint_read(const RtCheckpoint *c, int32_t i, void *buf, char *err, size_t errlen);
+/* How a weights file names and lays out the params: ours (the .fsm's names, matmul
+ * weights [in, out]), or a Hugging Face model's (README's table: GPT2LMHeadModel,
+ * LlamaForCausalLM). */
+typedef enum { RT_WEIGHTS_FSEXEC, RT_WEIGHTS_HF_GPT2, RT_WEIGHTS_HF_LLAMA, RT_WEIGHTS_COUNT } RtWeightsFormat;
 /* fsexec --export: every param, consolidated, as one safetensors file at out (what
  * --save-weights writes): written in order through one fixed buffer (its bytes in
- * *buffer), every piece's CRC checked, atomically. 0, or -1 with a message. */
-int rt_checkpoint_export(const RtCheckpoint *c, const char *out, int64_t *buffer, char *err, size_t errlen);
+ * *buffer), every piece's CRC checked, atomically. In a Hugging Face format f
+ * (rt_hf_write: its names, layouts, tied copies left out) every param is held in memory
+ * (*buffer: their bytes), as the layout transposes whole tensors. 0, or -1 with a message. */
+int rt_checkpoint_export(const RtCheckpoint *c, const char *out, RtWeightsFormat f, int64_t *buffer, char *err,
+                         size_t errlen);
 
 /* ---- runtime/resume.c: a checkpoint into a plan of the same model -------------------- */
 
@@ -476,10 +506,7 @@ int rt_st_read_part(const char *path, const StEntry *t, int32_t n, const char *c
 
 /* ---- runtime/hf.c: Hugging Face names and layouts of the params --------------------- */
 
-/* How a weights file names and lays out the params: ours (the .fsm's names, matmul
- * weights [in, out]), or a Hugging Face model's (README's table: GPT2LMHeadModel,
- * LlamaForCausalLM). */
-typedef enum { RT_WEIGHTS_FSEXEC, RT_WEIGHTS_HF_GPT2, RT_WEIGHTS_HF_LLAMA, RT_WEIGHTS_COUNT } RtWeightsFormat;
+/* RtWeightsFormat: with runtime/checkpoint.c's declarations, which --export takes. */
 
 /* "fsexec", "hf-gpt2", "hf-llama": 0 and *out, or -1. */
 int rt_weights_format_parse(const char *s, RtWeightsFormat *out);

@@ -30,6 +30,7 @@ typedef struct {
     int quiet;
     MemOut mem;                 // --mem[=text|json|html FILE]
     const char *mem_html;
+    const char *compare;        // --compare PLAN: overlaid on --mem=html's page
     int64_t mem_limit;          // --mem-limit SIZE, in bytes; 0: none
     int comm;                   // --comm
     int timeline;               // --timeline[=unit]
@@ -56,6 +57,8 @@ static void usage(FILE *out)
     fprintf(out, ")\n"
                  "  --mem[=text|json]     print the per-rank memory plan (no -o needed)\n"
                  "  --mem=html FILE       write it as one self-contained HTML page with a timeline\n"
+                 "  --compare PLAN        with --mem=html: overlay another plan's live bytes (a plan\n"
+                 "                        file written by fsc -o) on the timeline\n"
                  "  --mem-limit SIZE      fail if a rank's arena exceeds SIZE (80GiB, 512MiB, 1.5TB;\n"
                  "                        B, KiB..TiB, KB..TB) and say which settings would cut it\n"
                  "  --comm                print every collective of a step with its bytes per rank,\n"
@@ -196,6 +199,9 @@ static int parse_args(int argc, char **argv, Flags *f)
             if (parse_timeline(f, a)) return -1;
         } else if (!strcmp(a, "--mem") || !strncmp(a, "--mem=", 6)) {
             if (parse_mem(f, a, next, &used)) return -1;
+        } else if (!strcmp(a, "--compare")) {
+            if (!next) return fail("--compare needs a plan file: --mem=html page.html --compare other.plan%s%s", "", "");
+            f->compare = next, used = 1;
         } else if (!strcmp(a, "--mem-limit") || !strncmp(a, "--mem-limit=", 12)) {
             if (parse_mem_limit(f, a, next, &used)) return -1;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
@@ -239,6 +245,11 @@ static int check_output(const char *flag, const char *path)
 static int check_outputs(const Flags *f)
 {
     if (check_output("-o", f->output) || check_output("--mem=html", f->mem_html)) return -1;
+    if (f->compare && f->mem != MEM_OUT_HTML) {
+        fprintf(stderr, "fsc: error: --compare %s overlays a plan on the HTML page: give --mem=html FILE too\n",
+                f->compare);
+        return -1;
+    }
     if (!f->emit_dir) return 0;
     struct stat st;
     char dir[4096];
@@ -525,7 +536,8 @@ static int memory(const Graph *g, const TrainConfig *t, const Forward *fw, const
 {
     Plan *plan = make_plan(g, t, f->input, fw);
     if (!plan) return 1;
-    FscMem m = {.out = f->mem, .html_path = f->mem_html, .limit = f->mem_limit, .limit_text = f->mem_limit_text,
+    FscMem m = {.out = f->mem, .html_path = f->mem_html, .compare = f->compare, .limit = f->mem_limit,
+                .limit_text = f->mem_limit_text,
                 .src = src, .len = len, .path = f->input, .fo = fo, .quiet = f->quiet};
     int rc = fsc_mem(plan, &m);
     plan_free(plan);

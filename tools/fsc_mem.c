@@ -190,13 +190,23 @@ static int what_ifs(const FscMem *m, const Plan *p, MemWhatIf *w)
     return n;
 }
 
-/* The page into memory first, so a failed render leaves no half-written file. */
+/* The page into memory first, so a failed render leaves no half-written file. With
+ * --compare, the other plan is read (every check of plan_read) and its reports overlaid. */
 static int write_html(const MemStages *st, const FscMem *m)
 {
     char *buf = NULL, err[256];
     size_t len = 0;
+    Plan *other = NULL;
+    MemStages *ost = NULL;
+    if (m->compare && (!(other = plan_read(m->compare, err, sizeof err)) || !(ost = report_stages_new(other, err, sizeof err)))) {
+        fprintf(stderr, "fsc: error: --compare %s: %s\n", m->compare, err);
+        plan_free(other);
+        return 1;
+    }
     FILE *mem = open_memstream(&buf, &len);
-    int rc = !mem || report_stages_html(st, mem) != 0;
+    int rc = !mem || report_stages_html_compare(st, ost, m->compare, mem) != 0;
+    report_stages_free(ost);
+    plan_free(other);
     if (mem && fclose(mem)) rc = 1;
     if (!rc) {
         PlanChunk c = {buf, len};

@@ -12,6 +12,7 @@ typedef enum { MEM_OUT_NONE, MEM_OUT_TEXT, MEM_OUT_JSON, MEM_OUT_HTML } MemOut;
 typedef struct {
     MemOut out;
     const char *html_path;       // MEM_OUT_HTML: where the page goes
+    const char *compare;         // a plan file to overlay on the page, or NULL
     int64_t limit;               // --mem-limit in bytes; 0: none
     const char *limit_text;      // as the user typed it
     const char *src;             // the model source, to compile again for what-ifs

@@ -56,11 +56,16 @@ static const char USAGE[] =
     "                       mantissa inputs, f32 accumulation), as torch's allow_tf32\n"
     "  --data FILE          token file: llm.c's format or raw uint16 (default: a built-in\n"
     "                       byte-level corpus for language models; Gaussian blobs for\n"
-    "                       classifiers, which take no file)\n"
+    "                       classifiers)\n"
+    "  --data NAME=FILE.npy,NAME=FILE.npy\n"
+    "                       each input (by its .fsm name) from a NumPy .npy file: float32/\n"
+    "                       float64 for f32 inputs, int32/int64 for i32, C order, samples\n"
+    "                       first, the rest the input's per-sample shape; batches drawn in\n"
+    "                       --data-order, wrapping (classifiers, regressors, any two inputs)\n"
     "  --data-format FMT    how to read --data: auto (default: llm.c's format by its magic,\n"
     "                       else raw uint16 unless the file looks like something else),\n"
     "                       llmc, or raw (headerless uint16, whatever the file looks like)\n"
-    "  --data-order ORDER   random (default) or sequential windows\n"
+    "  --data-order ORDER   random (default) or sequential windows (.npy: samples)\n"
     "  --val-data FILE      evaluate on held-out data with the plan's evaluation program (the\n"
     "                       forward and the loss: no backward, no optimizer; with its\n"
     "                       own arena: fsc --mem shows it) before the first step, every\n"
@@ -117,7 +122,9 @@ static const char USAGE[] =
     "                       stages reshard it as it loads\n"
     "  --export CKPT FILE   write the params of checkpoint CKPT (as --resume finds it) as\n"
     "                       one safetensors FILE (as --save-weights does), through a fixed\n"
-    "                       16 MiB buffer, and exit; no plan needed\n"
+    "                       16 MiB buffer, and exit; no plan needed. With --weights-format\n"
+    "                       hf-gpt2 or hf-llama: Hugging Face's names and layouts (every\n"
+    "                       param held in memory)\n"
     "  --sync-sends         make every send between pipeline stages synchronous\n"
     "                       (MPI_Issend: done only once its receive has started), to\n"
     "                       check that the plan needs no buffering by MPI\n"
@@ -395,9 +402,9 @@ static int parse_args(int argc, char **argv, Flags *f)
         return usage_error("%s needs --checkpoint-dir DIR (where the checkpoints go)", f->save_every ? "--save-every" : "--keep");
     if (f->resume && f->load_weights)
         return usage_error("%s", "--resume restores the weights with the rest of the state; drop --load-weights");
-    if (f->weights_format && !f->load_weights && !f->save_weights)
-        return usage_error("%s", "--weights-format says how --load-weights and --save-weights files are laid out; "
-                           "give one of them");
+    if (f->weights_format && !f->load_weights && !f->save_weights && !f->export_from)
+        return usage_error("%s", "--weights-format says how --load-weights, --save-weights and --export files are "
+                           "laid out; give one of them");
     if (f->checkpoint_dir && strlen(f->checkpoint_dir) > 3000)
         return usage_error("%s", "--checkpoint-dir: path too long");
     if ((f->eval_every || f->eval_batches != 10) && !f->val_data)
@@ -996,17 +1003,18 @@ static int check_nproc(const Flags *f)
 }
 
 /* fsexec --export CKPT FILE: 0, or 1 after a message. */
-static int export_checkpoint(const char *from, const char *out)
+static int export_checkpoint(const char *from, const char *out, RtWeightsFormat format)
 {
     char err[1024];
     double t0 = rt_now();
     RtCheckpoint *c = rt_checkpoint_open(from, err, sizeof err);
     int64_t buffer = 0;
-    int rc = !c || rt_checkpoint_export(c, out, &buffer, err, sizeof err);
+    int rc = !c || rt_checkpoint_export(c, out, format, &buffer, err, sizeof err);
     if (rc) fprintf(stderr, "fsexec: --export: %s\n", err);
     else
-        fprintf(stderr, "fsexec: exported the params of %s (step %" PRId64 ") to %s in %.2f s, through a %.0f MiB "
-                "buffer\n", rt_checkpoint_dir(c), rt_checkpoint_step(c), out, rt_now() - t0, (double)buffer / (1 << 20));
+        fprintf(stderr, "fsexec: exported the params of %s (step %" PRId64 ") to %s (%s names) in %.2f s, %s a %.0f "
+                "MiB buffer\n", rt_checkpoint_dir(c), rt_checkpoint_step(c), out, rt_weights_format_name(format),
+                rt_now() - t0, format == RT_WEIGHTS_FSEXEC ? "through" : "holding the params in", (double)buffer / (1 << 20));
     rt_checkpoint_close(c);
     return rc ? 1 : 0;
 }
@@ -1088,7 +1096,7 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &f);
     if (rc) return rc;
     if (f.inspect) return inspect(f.inspect);
-    if (f.export_from) return export_checkpoint(f.export_from, f.plan);
+    if (f.export_from) return export_checkpoint(f.export_from, f.plan, f.save_format);
     if (check_outputs(&f)) return 1;
     if (f.sample && f.nproc > 1) return usage_error("%s", "--sample runs in one process; drop --nproc");
     if (f.nproc > 1) return launch(&f, argc, argv);

@@ -86,6 +86,35 @@ expect inspect-source 0 "source        gpt2.fsm" -- "$FSEXEC" --inspect "$tmp/gp
 expect mem-same-in-inspect 0 "" -- diff "$tmp/mem.txt" "$tmp/inspect_mem.txt"
 expect comm-fsdp 0 "reduce_scatter h.0.flat_grad_shard" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard fsdp --world 4 --comm -q
 expect comm-none 0 "none" -- "$FSC" "$SRC/samples/mlp.fsm" --comm -q
+# What each collective serves, with units; one total, the payload (each block's 199,936 bytes
+# gathered twice and reduced once, the 74,240 outside blocks gathered and reduced once, two
+# 8-byte scalars), and a ring's 3/4 of it.
+COMM=("$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard fsdp --world 4 --comm -q)
+expect comm-forward-gather 0 "all_gather     h.0.gathered                 forward gather" -- "${COMM[@]}"
+expect comm-backward-gather 0 "all_gather     h.0.gathered                 backward gather" -- "${COMM[@]}"
+expect comm-update-gather 0 "all_gather     h.0.gathered                 update gather" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard zero1 --world 2 --precision bf16 --comm -q
+expect comm-grad-reduction 0 "reduce_scatter h.0.flat_grad_shard          grad reduction" -- "${COMM[@]}"
+expect comm-units 0 "grad reduction          199,936   195.2 KiB   146.4 KiB" -- "${COMM[@]}"
+expect comm-total 0 "payload 1,348,112 bytes (1.3 MiB) per rank and step; a ring algorithm sends 1,011,084 bytes (987.4 KiB) of it" -- "${COMM[@]}"
+# Every category shows at world 1024 (2 bytes/param over 1024 ranks is 0.00195, not 0.00).
+expect mem-digits 0 "16-bit grads 0.00195 + fp32 params 0.00391 + fp32 grads 0.00391 + optimizer state 0.00781" -- "$FSC" "$SRC/samples/gpt2.fsm" -D L=128 -D C=25600 -D NH=160 -D B=1024 --world 1024 --shard fsdp --precision bf16 --mem -q
+# No report names a buffer "(null)" (once seen as "(null).exp_avg"): every sharded strategy
+# with mixed precision, offload and pipeline stages, as text and JSON.
+nulls=0
+for shard in fsdp zero1 zero2; do
+  for extra in "--precision bf16" "--precision fp16 --offload optimizer" "--stages 2 --microbatches 2 --precision bf16"; do
+    for how in --mem --mem=json; do
+      # shellcheck disable=SC2086
+      "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard $shard --world 4 $extra $how -q 2>&1 | grep -q "(null)" && nulls=$((nulls + 1))
+      "$FSC" "$SRC/samples/llama.fsm" -D L=2 -D T=32 -D B=8 --shard $shard --world 4 $extra $how -q 2>&1 | grep -q "(null)" && nulls=$((nulls + 1))
+    done
+  done
+done
+expect mem-no-null-names 0 "0 reports name (null)" -- echo "$nulls reports name (null)"
+# Names in reports are the source's: x in instance h.1 is h.1.x (reassigned: the line).
+expect mem-names 0 "    logits        f32[8, 32, 256]   256.0 KiB  saved for backward     matmul 39:39" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --mem -q
+expect ir-names 0 "%70:h.1.x@26: f32[8, 32, 64] = add(" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --emit ir -q
+expect ir-names-last 0 ":h.1.x: f32[8, 32, 64] = add(" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --emit ir -q
 expect timeline 0 "makespan 3; ideal 3" -- "$FSC" "$SRC/samples/mlp.fsm" --timeline=unit -q
 expect timeline-lane 0 "  stage 0   |F0" -- "$FSC" "$SRC/samples/mlp.fsm" --timeline -q
 expect timeline-accumulate 0 "bubble 0.0% of the makespan" -- "$FSC" "$SRC/samples/mlp.fsm" --microbatches 4 --timeline=unit -q
@@ -124,6 +153,36 @@ expect inspect-text 1 "bad magic" -- "$FSEXEC" --inspect "$SRC/samples/mlp.fsm"
 expect inspect-missing 1 "No such file" -- "$FSEXEC" --inspect "$tmp/none.plan"
 expect fsexec-help 0 "usage: fsexec" -- "$FSEXEC" --help
 expect write-unwritable 1 "fsc: error:" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/no/such/dir/x.plan"
+
+# An input fsexec cannot feed from --data (ops/feed.c's rule): fsc warns at its declaration
+# (the plan is still written), and fsexec refuses it for the same reason.
+printf 'model m {\n  dim B = 4;\n  input x: f32[B, 8];\n  input y: i32[B];\n  input z: f32[B];\n  param w: [8, 3] = normal(0.1);\n  loss = cross_entropy(x @ w, y) + mean(z);\n}\n' >"$tmp/three.fsm"
+expect unfed-warning 0 "three.fsm:5:9: warning: fsexec cannot feed input 'z' from --data: fsexec feeds models of two data inputs" -- "$FSC" "$tmp/three.fsm" -o "$tmp/three.plan"
+expect unfed-caret 0 "$(printf '   input z: f32[B];\n         ^')" -- "$FSC" "$tmp/three.fsm" -o "$tmp/three.plan"
+expect unfed-fsexec 1 "fsexec: input 'z': fsexec feeds models of two data inputs" -- "$FSEXEC" "$tmp/three.plan" --steps 1
+expect fed-no-warning 0 "" -- bash -c "! \"$FSC\" \"$SRC/samples/mlp.fsm\" -q 2>&1 | grep -q warning"
+# A regressor (f32 targets) trains from .npy files, not from a token file.
+printf 'model r {\n  dim B = 4;\n  input x: f32[B, 8];\n  input t: f32[B, 2];\n  param w: [8, 2] = normal(0.1);\n  d = x @ w - t;\n  loss = mean(mean(d * d));\n}\n' >"$tmp/reg.fsm"
+expect regressor-plan 0 "" -- "$FSC" "$tmp/reg.fsm" -q -o "$tmp/reg.plan"
+expect regressor-no-npy 1 "Give each input a .npy file: --data NAME=FILE.npy,NAME=FILE.npy" -- "$FSEXEC" "$tmp/reg.plan" --steps 1
+
+# The HTML page: the peak's own bar (8 px, whatever a column's width), the legend of the
+# phase band and the communication ticks, the zoom script, another plan overlaid.
+HTML=("$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard fsdp --world 2 -q)
+"${HTML[@]}" --recompute Block -o "$tmp/recompute.plan"
+"${HTML[@]}" --mem=html "$tmp/page.html" --compare "$tmp/recompute.plan"
+expect html-peak-bar 0 'width="8"' -- grep -o '<g class="peakbar"><rect class="c-[a-z0-9]*" x="[0-9.]*" y="[0-9.]*" width="8"' "$tmp/page.html"
+expect html-phase-legend 0 '<span>phases (the band under the axis):</span><span><i class="sw" style="background:#dbe3ec"></i>forward</span>' -- cat "$tmp/page.html"
+expect html-tick-legend 0 '<i class="tick"></i>a communication op' -- cat "$tmp/page.html"
+expect html-compare-series 0 '<path class="compare" d="M84.0 ' -- cat "$tmp/page.html"
+expect html-compare-legend 0 "compared: <code>$tmp/recompute.plan" -- cat "$tmp/page.html"
+expect html-zoom 0 "addEventListener('dblclick'" -- cat "$tmp/page.html"
+expect html-peak-colour 0 '.peak{stroke:#6a3d9a' -- cat "$tmp/page.html"
+expect html-compare-needs-html 1 "--compare $tmp/recompute.plan overlays a plan on the HTML page: give --mem=html FILE too" -- "${HTML[@]}" --mem --compare "$tmp/recompute.plan"
+expect html-compare-bad 1 "fsc: error: --compare $SRC/samples/mlp.fsm: " -- "${HTML[@]}" --mem=html "$tmp/page2.html" --compare "$SRC/samples/mlp.fsm"
+if command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null; then
+  expect html-screenshot 0 "wrote $tmp/page.png" -- "$SRC/scripts/mem_screenshot.sh" "$FSC" "$tmp/page.png" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --compare "$tmp/recompute.plan"
+fi
 
 # Training from the command line.
 expect mlp-plan 0 "wrote $tmp/mlp.plan" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/mlp.plan"

@@ -119,10 +119,10 @@ def memory(r):
 
 def comm_bytes(r, model, m, extra):
     out = run([r.fsc, "samples/%s.fsm" % model, *MODELS[model], "--microbatches", str(m), *extra, "--comm", "-q"]).stdout
-    found = re.search(r"total: (\d+) collectives, (\d+) bytes", out)
+    found = re.search(r"total: (\d+) collectives, payload ([\d,]+) bytes", out)
     if not found:
         sys.exit("FAIL: no total in fsc --comm:\n" + out)
-    return int(found.group(1)), int(found.group(2))
+    return int(found.group(1)), int(found.group(2).replace(",", ""))
 
 
 def communication(r):

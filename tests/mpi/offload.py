@@ -85,16 +85,16 @@ def values(dtype, raw):
 def copies(comm):
     """(bytes to the host, bytes to the device) per step from `fsc --comm`; (0, 0) when
     it lists no copies. With pipeline stages, the last stage's: its first rank logs."""
-    found = re.findall(r"device <-> host: (\d+) copies, (\d+) bytes to the host \([^)]*\), (\d+) bytes to the device",
-                       comm)
-    return (int(found[-1][1]), int(found[-1][2])) if found else (0, 0)
+    found = re.findall(r"device <-> host: (\d+) copies, ([\d,]+) bytes \([^)]*\) to the host, ([\d,]+) bytes \([^)]*\) "
+                       r"to the device", comm)
+    return (int(found[-1][1].replace(",", "")), int(found[-1][2].replace(",", ""))) if found else (0, 0)
 
 
 def units(comm, elem):
     """Each unit's flat size (elements, padded to the world) from the reduce-scatters of
     its gradient in `fsc --comm` (bytes of the whole flat gradient in the reduce dtype)."""
-    return {m.group(1): int(m.group(2)) // elem
-            for m in re.finditer(r"reduce_scatter\s+(\S+)\.flat_grad_shard\s+\S+\s+(\d+)", comm)}
+    return {m.group(1): int(m.group(2).replace(",", "")) // elem
+            for m in re.finditer(r"reduce_scatter\s+(\S+)\.flat_grad_shard\s+[a-z -]+?\s+([\d,]+)\s", comm)}
 
 
 class Runner:

@@ -12,7 +12,9 @@ needed: bench/hf_check.py runs the real GPT2LMHeadModel and LlamaForCausalLM):
 2. Round trip: an F32 HF file loaded and saved in the same format is the same file's
    params again, bit for bit (F32; no buffers, no tied lm_head for GPT-2), at world 1
    and at world 2 with fsdp (every rank reads, rank 0 writes the consolidated params),
-   and a 2-stage Llama pipeline writes one file per stage and an index of HF's names.
+   and a 2-stage Llama pipeline writes one file per stage and an index of HF's names;
+   so is `fsexec --export CKPT FILE --weights-format hf-gpt2|hf-llama` of a checkpoint
+   written after loading it (world 1, and world 2 with fsdp: shards consolidated).
 3. Errors name what is wrong: a missing tensor (with what the file has), a transposed
    matrix (our [in, out] against HF's), a torch.save .pt zip or pickle, another model's
    file (the tensor and both shapes), a tied lm_head that is not the embedding, a tensor
@@ -256,6 +258,18 @@ def main():
         run([fsexec, plans["llama"], "--steps", "0", "--load-weights", P("llama.safetensors"), "--weights-format",
              "hf-llama", "--save-weights", P("llama-back.safetensors")])
         check_same_params(P("llama-back.safetensors"), l_rows, l32, "hf-llama round trip (world 1)")
+        # fsexec --export CKPT FILE --weights-format FMT: a checkpoint's params in HF's format
+        # (at world 2 with fsdp: consolidated from each rank's shards).
+        exports = [("gpt2", [], g_rows, g32), ("llama", [], l_rows, l32)]
+        if have_mpi:
+            exports.append(("gpt2-fsdp2", ["--nproc", "2"], g_rows, g32))
+        for plan, nproc, rows, hf in exports:
+            model = plan.split("-")[0]
+            ck = P(plan + "-ckpt")
+            run([fsexec, *nproc, plans[plan], "--steps", "0", "--load-weights", P(model + ".safetensors"),
+                 "--weights-format", "hf-%s,fsexec" % model, "--checkpoint-dir", ck])
+            run([fsexec, "--export", ck, P(plan + "-export.safetensors"), "--weights-format", "hf-" + model])
+            check_same_params(P(plan + "-export.safetensors"), rows, hf, "--export of a %s checkpoint as hf-%s" % (plan, model))
         if have_mpi:
             for model, rows, hf, src in (("gpt2", g_rows, g32, "gpt2.safetensors"),
                                          ("llama", l_rows, l32, "llama.safetensors")):

@@ -234,3 +234,63 @@ Test(weights, nan_found_anywhere_in_a_large_tensor, .init = make_tmpdir, .fini =
         cr_assert_not_null(strstr(err, want), "got '%s', want '%s'", err, want);
     }
 }
+
+/* ---- .npy files (runtime/npy.c) ------------------------------------------------------ */
+
+/* A .npy file of version `major` holding `body` (n bytes) under the header dict `dict`. */
+static size_t npy_file(uint8_t *out, int major, const char *dict, const void *body, size_t n)
+{
+    size_t pre = major == 1 ? 10 : 12, hl = strlen(dict) + 1;
+    hl += (64 - (pre + hl) % 64) % 64;
+    memcpy(out, "\x93NUMPY", 6);
+    out[6] = (uint8_t)major, out[7] = 0;
+    for (size_t k = 0; k < pre - 8; k++) out[8 + k] = (uint8_t)(hl >> (8 * k));
+    memset(out + pre, ' ', hl);
+    memcpy(out + pre, dict, strlen(dict));
+    out[pre + hl - 1] = '\n';
+    memcpy(out + pre + hl, body, n);
+    return pre + hl + n;
+}
+
+Test(data, npy_reads_f8_and_i8_and_refuses_every_truncation)
+{
+    static uint8_t buf[512];
+    double x[6] = {1.5, -2.25, 3, 0.1, 1e30, -0.0};
+    size_t len = npy_file(buf, 2, "{'descr': '<f8', 'fortran_order': False, 'shape': (3, 2), }", x, sizeof x);
+    RtArray a;
+    char err[512];
+    cr_assert_eq(rt_npy_parse(buf, len, &a, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(a.dtype, PLAN_DT_F32);
+    cr_expect(a.rank == 2 && a.shape[0] == 3 && a.shape[1] == 2 && a.numel == 6);
+    for (int i = 0; i < 6; i++) cr_expect_eq(((float *)a.data)[i], (float)x[i], "element %d", i);
+    rt_npy_free(&a);
+    for (size_t n = 0; n < len; n++) cr_expect_eq(rt_npy_parse(buf, n, &a, err, sizeof err), -1, "a file cut at %zu bytes", n);
+
+    int64_t big[2] = {7, (int64_t)1 << 31};
+    len = npy_file(buf, 1, "{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }", big, sizeof big);
+    cr_expect_eq(rt_npy_parse(buf, len, &a, err, sizeof err), -1);
+    cr_expect(strstr(err, "element 1 is 2147483648, outside int32's range"), "%s", err);
+    big[1] = -3;
+    len = npy_file(buf, 1, "{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }", big, sizeof big);
+    cr_assert_eq(rt_npy_parse(buf, len, &a, err, sizeof err), 0, "%s", err);
+    cr_expect(a.dtype == PLAN_DT_I32 && ((int32_t *)a.data)[0] == 7 && ((int32_t *)a.data)[1] == -3);
+    rt_npy_free(&a);
+
+    double huge = 1e300;
+    len = npy_file(buf, 3, "{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }", &huge, sizeof huge);
+    cr_expect_eq(rt_npy_parse(buf, len, &a, err, sizeof err), -1);
+    cr_expect(strstr(err, "outside float32's range"), "%s", err);
+    static const char *const bad[] = {
+        "{'descr': '<f4', 'fortran_order': True, 'shape': (1,), }",   // Fortran order
+        "{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }",  // big-endian
+        "{'descr': '<u2', 'fortran_order': False, 'shape': (2,), }",  // another dtype
+        "{'descr': '<f4', 'shape': (1,), }",                          // a key missing
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (1, x), }", // a shape that does not parse
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }",   // 4 bytes for 2 elements
+    };
+    float one = 1;
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        len = npy_file(buf, 1, bad[k], &one, sizeof one);
+        cr_expect_eq(rt_npy_parse(buf, len, &a, err, sizeof err), -1, "%s", bad[k]);
+    }
+}

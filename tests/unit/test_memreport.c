@@ -433,9 +433,11 @@ Test(memreport, html_is_one_well_formed_page_with_a_tooltip_per_column)
     cr_expect_eq(count(html, "<title>"), count(html, "</title>"));
     long bad = check_nesting(html);
     cr_expect_eq(bad, 0, "tags do not nest at offset %ld: %.80s", bad, bad > 0 ? html + bad : "");
-    /* Self-contained: no scripts, stylesheets, images or fonts from anywhere. */
-    cr_expect(!strstr(html, "<script") && !strstr(html, "<link") && !strstr(html, "src=") && !strstr(html, "url(") &&
-              !strstr(html, "@import"));
+    /* Self-contained: no stylesheets, images, fonts or scripts from anywhere; one inline
+     * script (the zoom) per chart, and url() only of the page's own clip path. */
+    cr_expect(!strstr(html, "<link") && !strstr(html, "src=") && !strstr(html, "@import"));
+    cr_expect_eq(count(html, "<script>"), 1);
+    cr_expect_eq(count(html, "url("), count(html, "url(#plot-"));
     cr_expect(strstr(html, "class=\"peak\""), "the peak is marked");
     cr_expect(strstr(html, "MiB</text>"), "the axis is labelled in binary units");
     cr_expect(strstr(html, "saved for backward"), "the legend names the categories");
@@ -696,7 +698,9 @@ Test(memreport, html_has_a_section_per_stage_and_the_schedule)
     cr_expect(strstr(html, "class=\"tl-f\"") && strstr(html, "class=\"tl-b\""), "forward and backward boxes");
     long bad = check_nesting(html);
     cr_expect_eq(bad, 0, "tags do not nest at offset %ld: %.80s", bad, bad > 0 ? html + bad : "");
-    cr_expect(!strstr(html, "<script") && !strstr(html, "<link") && !strstr(html, "src=") && !strstr(html, "url("));
+    cr_expect(!strstr(html, "<link") && !strstr(html, "src=") && count(html, "url(") == count(html, "url(#plot-"));
+    cr_expect_eq(count(html, "<script>"), 2, "one zoom script per stage's chart");
+    cr_expect(strstr(html, "clipPath id=\"plot-0\"") && strstr(html, "clipPath id=\"plot-1\""), "a clip path of its own per chart");
     free(html);
     report_stages_free(s);
     plan_free(p), plan_free(one[0]), plan_free(one[1]);

@@ -532,9 +532,9 @@ Test(timeline, comm_counts_point_to_point_bytes_per_stage_and_peer)
     /* Stage 1 sends activations to stage 2 and gradients to stage 0, 4 of each. */
     const char *s1 = strstr(text, "stage 1 of 3");
     cr_assert(s1);
-    cr_expect(strstr(s1, "    stage 0          4              256         4              256\n"), "%s", s1);
-    cr_expect(strstr(s1, "    stage 2          4              256         4              256\n"), "%s", s1);
-    cr_expect(strstr(s1, "point-to-point: 8 sends, 512 bytes"), "%s", s1);
+    cr_expect(strstr(s1, "    stage 0          4        256 B         4        256 B\n"), "%s", s1);
+    cr_expect(strstr(s1, "    stage 2          4        256 B         4        256 B\n"), "%s", s1);
+    cr_expect(strstr(s1, "point-to-point: 8 sends, 512 bytes (512 B)"), "%s", s1);
     free(text);
     plan_free(p);
 }
