@@ -696,11 +696,12 @@ const void *rt_exec_space(const Exec *e, PlanPlace s) { return e->space[s]; }
 
 void rt_set_threads(int n)
 {
-    if (n < 1) return;
 #ifdef _OPENMP
-    omp_set_num_threads(n);
+    if (n >= 1) omp_set_num_threads(n);
+    openblas_set_num_threads(1);  // one pool: the matmul kernel splits large GEMMs over OpenMP's threads
+#else
+    if (n >= 1) openblas_set_num_threads(n);
 #endif
-    openblas_set_num_threads(n);
 }
 
 int rt_threads(void)

@@ -199,7 +199,8 @@ int rt_exec_run_host_op(Exec *e, int32_t k);
 void rt_exec_copied(const Exec *e, int64_t *to_host, int64_t *to_device);
 const void *rt_exec_arena(const Exec *e);  // the device space's
 const void *rt_exec_space(const Exec *e, PlanPlace s);
-/* Threads for OpenMP loops and OpenBLAS; n < 1 leaves the defaults. */
+/* Threads for OpenMP loops (n < 1: the default, every core); OpenBLAS always gets one, the
+ * matmul kernel splitting large GEMMs over the OpenMP threads (one pool, cpu/matmul.c). */
 void rt_set_threads(int n);
 int rt_threads(void);
 
