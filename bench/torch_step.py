@@ -19,20 +19,14 @@ import torch  # noqa: E402
 import models  # noqa: E402
 
 
-def main():
-    wd, L, NH, B, T, steps, threads, mode, hp = sys.argv[1:10]
-    L, NH, B, T, steps, threads, hp = int(L), int(NH), int(B), int(T), int(steps), int(threads), json.loads(hp)
-    torch.set_num_threads(threads)
-    params = models.load_safetensors(os.path.join(wd, "init.safetensors"))
-    tok = models.read_tokens(os.path.join(wd, "tokens.bin"))
+def train_ms(params, tok, L, NH, B, T, steps, hp, loss_fn=models.gpt2_loss, schedule=True):
+    """Each step's ms and loss: forward, backward, clip_grad_norm_, AdamW (its lr set per
+    step by models.lr_at when schedule)."""
     plist = list(params.values())
     for t in plist:
         t.requires_grad_(True)
     opt = torch.optim.AdamW(plist, lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
                             weight_decay=hp["weight_decay"])
-    loss_fn = models.gpt2_loss
-    if mode == "compile":
-        loss_fn = torch.compile(models.gpt2_loss)
     ms, losses = [], []
     for s in range(1, steps + 1):
         x, y = models.sequential_batch(tok, s, B, T)
@@ -41,11 +35,22 @@ def main():
         loss = loss_fn(params, x, y, L, NH)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(plist, hp["clip"])
-        for g in opt.param_groups:
+        for g in opt.param_groups if schedule else ():
             g["lr"] = models.lr_at(s, hp["lr"], hp["warmup"], hp["steps"], hp["min_lr"])
         opt.step()
         ms.append((time.perf_counter() - t0) * 1e3)
         losses.append(float(loss))
+    return ms, losses
+
+
+def main():
+    wd, L, NH, B, T, steps, threads, mode, hp = sys.argv[1:10]
+    L, NH, B, T, steps, threads, hp = int(L), int(NH), int(B), int(T), int(steps), int(threads), json.loads(hp)
+    torch.set_num_threads(threads)
+    params = models.load_safetensors(os.path.join(wd, "init.safetensors"))
+    tok = models.read_tokens(os.path.join(wd, "tokens.bin"))
+    loss_fn = torch.compile(models.gpt2_loss) if mode == "compile" else models.gpt2_loss
+    ms, losses = train_ms(params, tok, L, NH, B, T, steps, hp, loss_fn)
     print(json.dumps({"torch": torch.__version__, "ms": ms, "loss": losses[0]}))
 
 

@@ -16,6 +16,10 @@
  * the compute stream to drain, then runs on the host (RtBackendOptions.host_op), so a
  * step with one cannot be a CUDA graph.
  *
+ * A traced step (fsexec --trace, cuda_run_step_timed) records a timing event before and
+ * after each op's work on the stream that work is on, and reads them all once the step
+ * is done: the op's span, from the step's first event.
+ *
  * Nothing here allocates: a step is launches, library calls and event records on what
  * backend.c made.
  */
