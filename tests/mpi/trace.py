@@ -17,7 +17,8 @@ For each run below the file is JSON (Python's json parses it), and:
    the file are errors that say so (exit 2, or 1 for the path).
 Runs: world 1 on the CPU; world 1 through cuda-emu (--device cuda, the CUDA backend's
 table, when FS_CUDAEMU is given); ddp at world 2 under mpirun (two processes in one
-file, all_reduce on the collectives lane); two pipeline stages (rank 1 is stage 1).
+file, all_reduce on the collectives lane); two pipeline stages (rank 1 is stage 1); both
+started by fsexec --nproc 2 (mpirun).
 
 usage: trace.py FSC FSEXEC [CUDAEMU_LIB]   (needs mpirun for the world-2 runs)
 """
@@ -36,7 +37,6 @@ from mpienv import quiet_mpi_leaks  # noqa: E402
 
 TINY = ["-D", "L=2", "-D", "C=32", "-D", "NH=2", "-D", "T=16", "-D", "V=256", "-D", "B=4"]
 P2P = {"all_reduce", "reduce_scatter", "all_gather", "send", "recv"}
-MPI = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2"]
 SOURCE_LINES = open(os.path.join(ROOT, "samples", "gpt2.fsm")).read().count("\n") + 1
 
 
@@ -152,7 +152,8 @@ def main():
                            ("pp", ["--world", "2", "--stages", "2", "--microbatches", "2"])):
             run([fsc, gpt2] + TINY + opts + ["-o", path(name + ".plan")])
             stages, kinds = inspect(fsexec, path(name + ".plan"))
-            run(MPI + [fsexec, path(name + ".plan"), "--steps", "4", "--threads", "1", "--trace", path(name + ".json")])
+            run([fsexec, "--nproc", "2", path(name + ".plan"), "--steps", "4", "--threads", "1", "--trace",
+                 path(name + ".json")])
             spans = check(path(name + ".json"), stages, kinds, [2, 3, 4], 2)
             if not any(e["tid"] == 1 for e in spans):
                 sys.exit("FAIL %s: nothing on the collectives lane" % name)
