@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
@@ -67,25 +66,13 @@ def planned_bubble(a, work, extra):
 def torch_ms(a, work):
     import torch
     import models
+    from torch_step import train_ms
     torch.set_num_threads(1)
     sh([a.fsexec, "one.plan", "--steps", "0", "--save-weights", "init.safetensors"], work)
     params = models.load_safetensors(os.path.join(work, "init.safetensors"))
-    plist = list(params.values())
-    for t in plist:
-        t.requires_grad_(True)
-    opt = torch.optim.AdamW(plist, lr=HP["lr"], betas=(HP["beta1"], HP["beta2"]), eps=HP["eps"],
-                            weight_decay=HP["weight_decay"])
     tok = models.read_tokens(os.path.join(work, "tokens.bin"))
-    ms = []
-    for s in range(1, a.warmup + a.steps + 1):
-        x, y = models.sequential_batch(tok, s, DIMS["B"], DIMS["T"])
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = models.gpt2_loss(params, x, y, DIMS["L"], DIMS["NH"])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(plist, HP["clip"])
-        opt.step()
-        ms.append((time.perf_counter() - t0) * 1e3)
+    ms, _ = train_ms(params, tok, DIMS["L"], DIMS["NH"], DIMS["B"], DIMS["T"], a.warmup + a.steps, HP,
+                     schedule=False)
     return statistics.median(ms[a.warmup:])
 
 

@@ -2,19 +2,23 @@
 """One GPT-2 training step: fsexec vs PyTorch on CPU, and OpenBLAS's sgemm rate.
 
 For each config (tiny, and the GPT-2 124M shape at a short context):
-  - fsc compiles samples/gpt2.fsm with the config's dims; fsexec exports its initial
-    weights (--steps 0 --save-weights);
-  - fsexec trains WARMUP + STEPS steps with --threads N on a random token file
-    (--data-order sequential); its step time is the median of the "ms" of the last STEPS
-    lines of --log;
-  - PyTorch (tests/py/models.py, the same model, the same initial weights, the same
-    batches) trains WARMUP + STEPS steps with torch.set_num_threads(N): forward, backward,
-    clip_grad_norm_, AdamW; median wall time of the last STEPS;
+  - fsc compiles samples/gpt2.fsm with the config's dims, in fp32 and in bf16; fsexec
+    exports its initial weights (--steps 0 --save-weights);
+  - each party trains WARMUP + STEPS steps with N threads on a random token file, and its
+    step time is the median of the last STEPS: fsexec fp32 and bf16 (--log's "ms"), and
+    PyTorch (bench/torch_step.py: tests/py/models.py's model, the same initial weights and
+    batches, forward, backward, clip_grad_norm_, AdamW) in Debian's torch 1.13 and, given
+    --torch2 (a venv made by bench/venv.sh, found at /tmp/fs-bench-venv by default),
+    PyTorch 2.x eager and torch.compile;
+  - the parties run interleaved, one after the other, ROUNDS times (a shared machine's
+    load shifts under a run), and each one's median over the rounds is reported;
   - OpenBLAS sgemm on a square GEMM (2048^3 by default), N threads, best of a few runs:
     with numpy when numpy's BLAS is OpenBLAS (checked in /proc/self/maps), else with a
-    small C program compiled on the fly against -lopenblas (--sgemm c forces it).
-Reported: both step times, fsexec / PyTorch, and fsexec's useful FLOP rate as a fraction
-of the sgemm rate, with
+    small C program compiled on the fly against -lopenblas (--sgemm c forces it);
+  - --breakdown: fsexec's time by op kind, from a --trace of the timed steps.
+Reported: every party's step time and FLOP rate, fsexec / each, bf16 / fp32 (and whether
+the CPU has AVX-512 BF16), and fsexec's useful FLOP rate as a fraction of the sgemm rate,
+with
 
     useful FLOPs per step = 6 * P * B * T  +  12 * L * C * T^2 * B
 
@@ -24,6 +28,7 @@ backward, as in nanoGPT's estimate_mfu and PaLM's appendix B; a causal-only coun
 halve it). Embedding lookups, norms, softmax, GELU and AdamW count as zero.
 
 usage: /usr/bin/python3 bench/train_step.py --fsc build/fsc --fsexec build/fsexec [--threads N]
+           [--rounds R] [--torch2 PYTHON] [--breakdown] [--configs tiny,124m]
 """
 import argparse
 import json
@@ -33,7 +38,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -114,67 +118,102 @@ def sgemm_rate(n, threads, how, work):
     return 2.0 * n ** 3 / t / 1e9, "a C program calling cblas_sgemm, linked with -lopenblas"
 
 
+def median_ms(ms, warmup):
+    return statistics.median(ms[warmup:])
+
+
+def fsexec_ms(args, wd, plan, nsteps, extra=()):
+    """Every step's ms of one fsexec run of plan (its --log), and the first loss."""
+    base = [args.fsexec, plan, "--data", "tokens.bin", "--data-order", "sequential", "--threads", str(args.threads)]
+    sh(base + ["--steps", str(nsteps), "--log", "log.jsonl"] + list(extra), cwd=wd)
+    with open(os.path.join(wd, "log.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r["ms"] for r in rows], rows[0]["loss"], ""
+
+
+def torch_ms(python, mode, dims, args, wd, nsteps):
+    """Every step's ms of one PyTorch run (bench/torch_step.py in `python`), its first loss and version."""
+    out = sh([python, os.path.join(HERE, "torch_step.py"), wd, str(dims["L"]), str(dims["NH"]), str(dims["B"]),
+              str(dims["T"]), str(nsteps), str(args.threads), mode, json.dumps(HP)])
+    r = json.loads(out.strip().splitlines()[-1])
+    return r["ms"], r["loss"], r["torch"]
+
+
 def bench_config(name, dims, args, work):
     import numpy as np
-    import torch
-    import models
 
     wd = os.path.join(work, name)
     os.makedirs(wd, exist_ok=True)
-    B, T, V, C, L, NH = (dims[k] for k in ("B", "T", "V", "C", "L", "NH"))
+    B, T, V, C, L = (dims[k] for k in ("B", "T", "V", "C", "L"))
     timed = args.steps or TIMED_STEPS.get(name, 5)
     nsteps = args.warmup + timed
-
-    cmd = [args.fsc, os.path.join(ROOT, "samples", "gpt2.fsm"), "-q", "-o", "gpt2.plan"]
-    for k, v in dims.items():
-        cmd += ["-D", f"{k}={v}"]
-    for k, v in HP.items():
-        cmd += [f"--{k}", str(v)]
-    sh(cmd, cwd=wd)
+    for prec in ("fp32", "bf16"):
+        cmd = [args.fsc, os.path.join(ROOT, "samples", "gpt2.fsm"), "-q", "-o", f"gpt2_{prec}.plan",
+               "--precision", prec]
+        for k, v in dims.items():
+            cmd += ["-D", f"{k}={v}"]
+        for k, v in HP.items():
+            cmd += [f"--{k}", str(v)]
+        sh(cmd, cwd=wd)
     n_tok = max(4 * B * T * nsteps, 4096)
     np.random.default_rng(0).integers(0, V, size=n_tok, dtype=np.uint16).astype("<u2").tofile(
         os.path.join(wd, "tokens.bin"))
+    sh([args.fsexec, "gpt2_fp32.plan", "--steps", "0", "--save-weights", "init.safetensors"], cwd=wd)
+    with open(os.path.join(wd, "init.safetensors"), "rb") as f:  # every param, from the header
+        head = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    P = sum(int(np.prod(v["shape"])) for k, v in head.items() if k != "__metadata__")
 
-    base = [args.fsexec, "gpt2.plan", "--data", "tokens.bin", "--data-order", "sequential",
-            "--threads", str(args.threads)]
-    sh(base + ["--steps", "0", "--save-weights", "init.safetensors"], cwd=wd)
-    t0 = time.perf_counter()
-    sh(base + ["--steps", str(nsteps), "--log", "log.jsonl"], cwd=wd)
-    fs_wall = time.perf_counter() - t0
-    with open(os.path.join(wd, "log.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    fs_ms = [r["ms"] for r in rows[args.warmup:]]
-
-    init = models.load_safetensors(os.path.join(wd, "init.safetensors"))
-    P = sum(t.numel() for t in init.values())
-    tok = models.read_tokens(os.path.join(wd, "tokens.bin"))
-    params = {k: v.clone() for k, v in init.items()}
-    del init
-    plist = list(params.values())
-    for t in plist:
-        t.requires_grad_(True)
-    opt = torch.optim.AdamW(plist, lr=HP["lr"], betas=(HP["beta1"], HP["beta2"]), eps=HP["eps"],
-                            weight_decay=HP["weight_decay"])
-    pt_ms, pt_loss = [], []
-    for s in range(1, nsteps + 1):
-        x, y = models.sequential_batch(tok, s, B, T)
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = models.gpt2_loss(params, x, y, L, NH)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(plist, HP["clip"])
-        for g in opt.param_groups:
-            g["lr"] = models.lr_at(s, HP["lr"], HP["warmup"], HP["steps"], HP["min_lr"])
-        opt.step()
-        pt_ms.append((time.perf_counter() - t0) * 1e3)
-        pt_loss.append(float(loss))
-    del params, plist, opt
-
+    parties = {"fsexec": lambda: fsexec_ms(args, wd, "gpt2_fp32.plan", nsteps),
+               "fsexec bf16": lambda: fsexec_ms(args, wd, "gpt2_bf16.plan", nsteps),
+               "torch1": lambda: torch_ms(sys.executable, "eager", dims, args, wd, nsteps)}
+    if args.torch2:
+        parties["torch2 eager"] = lambda: torch_ms(args.torch2, "eager", dims, args, wd, nsteps)
+        parties["torch2 compile"] = lambda: torch_ms(args.torch2, "compile", dims, args, wd, nsteps)
+    rounds = {k: [] for k in parties}
+    first = {}
+    for _ in range(args.rounds):  # interleaved: each party once a round; the median of the rounds
+        for k, run in parties.items():
+            ms, loss, version = run()
+            rounds[k].append(median_ms(ms, args.warmup))
+            first[k] = (loss, version)
+    breakdown = ""
+    if args.breakdown:
+        import trace_summary
+        fsexec_ms(args, wd, "gpt2_fp32.plan", nsteps,
+                  ["--trace", "trace.json", "--trace-steps", f"{args.warmup + 1}:{nsteps}"])
+        breakdown = trace_summary.summary(os.path.join(wd, "trace.json"), top=12)
     flops = 6.0 * P * B * T + 12.0 * L * C * T * T * B
-    return {"name": name, "dims": dims, "timed": timed, "params": P, "flops": flops,
-            "fs_ms": statistics.median(fs_ms), "fs_all": [r["ms"] for r in rows], "fs_wall": fs_wall,
-            "pt_ms": statistics.median(pt_ms[args.warmup:]), "pt_all": pt_ms,
-            "loss_fs": rows[0]["loss"], "loss_pt": pt_loss[0]}
+    return {"name": name, "dims": dims, "timed": timed, "rounds": args.rounds, "params": P, "flops": flops,
+            "ms": {k: statistics.median(v) for k, v in rounds.items()}, "round_ms": rounds,
+            "first_loss": {k: v[0] for k, v in first.items()}, "versions": {k: v[1] for k, v in first.items()},
+            "breakdown": breakdown}
+
+
+def report(results, gflops):
+    for r in results:
+        d, ms = r["dims"], r["ms"]
+        rate = r["flops"] / (ms["fsexec"] / 1e3) / 1e9
+        two = [(ms[k], k) for k in ms if k.startswith("torch2")]
+        print(f"{r['name']}: {r['params']:,d} params, B={d['B']} T={d['T']}, {r['flops'] / 1e9:.2f} GFLOP/step, "
+              f"medians of {r['rounds']} interleaved rounds of {r['timed']} timed steps")
+        for k, v in ms.items():
+            ver = r["versions"][k]
+            print(f"  {k:15} {v:10.2f} ms {r['flops'] / (v / 1e3) / 1e9:7.1f} GFLOP/s {v / ms['fsexec']:5.2f}x fsexec"
+                  f"{'  (torch ' + ver + ')' if ver else ''}  rounds {[round(x, 1) for x in r['round_ms'][k]]}"
+                  f"  step-1 loss {r['first_loss'][k]:.6f}")
+        line = (f"  fsexec: {rate:.1f} GFLOP/s = {rate / gflops:.1%} of sgemm; bf16 / fp32 = "
+                f"{ms['fsexec bf16'] / ms['fsexec']:.2f}; fsexec / torch 1.13 = {ms['fsexec'] / ms['torch1']:.2f}")
+        if two:
+            best = min(two)
+            line += f"; fsexec / best torch 2 ({best[1]}) = {ms['fsexec'] / best[0]:.2f}"
+            if "torch2 eager" in ms:
+                line += f"; fsexec / torch 2 eager = {ms['fsexec'] / ms['torch2 eager']:.2f}"
+        else:
+            line += "; no torch 2 (bench/venv.sh, then --torch2 /tmp/fs-bench-venv/bin/python)"
+        print(line)
+        if r["breakdown"]:
+            print("  fsexec by op kind (--trace):\n    " + r["breakdown"].replace("\n", "\n    "))
+        r.update(fs_gflops=rate, fs_fraction_of_sgemm=rate / gflops)
 
 
 def main():
@@ -190,6 +229,11 @@ def main():
     ap.add_argument("--omp-wait", choices=("default", "passive"), default="default",
                     help="passive: OMP_WAIT_POLICY=PASSIVE for fsexec, torch and sgemm alike (idle OpenMP "
                          "threads sleep instead of spinning; matters when OpenBLAS's own threads share the cores)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
+    venv = "/tmp/fs-bench-venv/bin/python"
+    ap.add_argument("--torch2", default=venv if os.path.exists(venv) else "",
+                    help="a Python with PyTorch 2.x (bench/venv.sh makes %(default)s)")
+    ap.add_argument("--breakdown", action="store_true", help="also fsexec's time by op kind, from --trace")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args()
     args.fsc, args.fsexec = os.path.abspath(args.fsc), os.path.abspath(args.fsexec)
@@ -214,28 +258,26 @@ def main():
           f"cpu: {cpu_name()}")
     print(f"OpenBLAS sgemm {args.sgemm_n}^3: {gflops:.1f} GFLOP/s (best of 5), measured with {how}")
     print(f"step time: median of the timed steps after {args.warmup} warm-up steps; useful FLOPs per step = "
-          f"6*P*B*T + 12*L*C*T^2*B")
-    hdr = (f"{'config':6} {'params':>12} {'B':>2} {'T':>4} {'steps':>5} {'GFLOP/step':>10} {'fsexec ms':>10} {'torch ms':>10} "
-           f"{'fs/torch':>8} {'fs GFLOP/s':>10} {'of sgemm':>8} {'torch GFLOP/s':>13}")
-    print(hdr)
-    for r in results:
-        d = r["dims"]
-        fs_rate = r["flops"] / (r["fs_ms"] / 1e3) / 1e9
-        pt_rate = r["flops"] / (r["pt_ms"] / 1e3) / 1e9
-        print(f"{r['name']:6} {r['params']:12,d} {d['B']:2d} {d['T']:4d} {r['timed']:5d} {r['flops'] / 1e9:10.2f} "
-              f"{r['fs_ms']:10.2f} {r['pt_ms']:10.2f} {r['fs_ms'] / r['pt_ms']:8.2f} {fs_rate:10.1f} "
-              f"{fs_rate / gflops:8.1%} {pt_rate:13.1f}")
-        r.update(fs_gflops=fs_rate, pt_gflops=pt_rate, fs_over_pt=r["fs_ms"] / r["pt_ms"],
-                 fs_fraction_of_sgemm=fs_rate / gflops)
-    for r in results:
-        print(f"{r['name']}: every step's ms: fsexec {[round(x, 1) for x in r['fs_all']]}, "
-              f"torch {[round(x, 1) for x in r['pt_all']]}; step-1 loss fsexec {r['loss_fs']:.6f} "
-              f"torch {r['loss_pt']:.6f}")
+          f"6*P*B*T + 12*L*C*T^2*B; cpu flags: {cpu_flags()}")
+    report(results, gflops)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "sgemm_gflops": gflops, "sgemm_how": how, "results": results}, f,
                       indent=1)
     return 0
+
+
+def cpu_flags():
+    """The vector extensions of this CPU that matter here (bf16: AVX-512 BF16 or AMX)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"^flags\s*:\s*(.*)$", f.read(), re.M)
+    except OSError:
+        return "?"
+    flags = set(m.group(1).split()) if m else set()
+    want = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+    return " ".join(f for f in want if f in flags) + ("" if flags & {"avx512_bf16", "amx_bf16"} else
+                                                      " (no AVX-512 BF16: bf16 is converted to f32 to compute)")
 
 
 def cpu_name():

@@ -30,11 +30,18 @@
 
 #include "plan.h"
 
-#define RT_BACKEND_ABI 4
+#define RT_BACKEND_ABI 5
 #define RT_BACKEND_SYMBOL "fs_cuda_backend"
 
 typedef struct RtBackend RtBackend;
 typedef struct Exec Exec;
+
+/* One op's time in a traced step (fsexec --trace, runtime/trace.c): when it started on
+ * its stream and how long it ran, in microseconds from the start of the step's call.
+ * An op that computes nothing (a view) has a span of 0 where it was reached. */
+typedef struct {
+    double start, dur;  // µs
+} RtSpan;
 
 typedef struct {
     const Plan *plan;         // checked by plan_read; must outlive the backend
@@ -53,6 +60,7 @@ typedef struct {
     int64_t host_space_bytes; // 0: the plan has no host space
     int (*host_op)(void *ctx, int32_t op);
     void *host_ctx;
+    int trace;                // some steps are timed (run_step_timed): make the timing events
 } RtBackendOptions;
 
 /* What a made backend took, for the start line and the memory report. Bytes are
@@ -88,6 +96,9 @@ typedef struct {
      * asks), then replay the capture; the step's inputs live in the arena, so a replay
      * after uploads is the same step with new data. */
     int (*run_step)(RtBackend *b, int graph);
+    /* The whole step, op by op (never as a graph), each op timed on its stream: spans[k]
+     * for op k of the plan (every op, one each). Complete on return. */
+    int (*run_step_timed)(RtBackend *b, RtSpan *spans);
     /* One tensor (this rank's bytes of it) between the device arena and host memory of
      * its size: upload from src, download into dst (complete on return). */
     int (*upload)(RtBackend *b, int32_t tensor, const void *src);

@@ -58,6 +58,18 @@ static int run_step(RtBackend *b, int graph)
     return rt_exec_run(b->e, step, RT_PHASES_ALL) ? failed(b, step) : 0;
 }
 
+static int run_step_timed(RtBackend *b, RtSpan *spans)
+{
+    int64_t step = step_of(b);
+    if (rt_exec_time(b->e, spans)) {
+        snprintf(b->err, sizeof b->err, "fsexec: step %lld: out of memory for the trace", (long long)step);
+        return -1;
+    }
+    int rc = rt_exec_run(b->e, step, RT_PHASES_ALL);
+    rt_exec_time(b->e, NULL);
+    return rc ? failed(b, step) : 0;
+}
+
 /* The device is the host mirror: nothing moves. */
 static int move(RtBackend *b, int32_t tensor, void *host)
 {
@@ -84,6 +96,7 @@ const RtBackendOps *rt_backend_cpu(void)
 {
     static const RtBackendOps ops = {.abi = RT_BACKEND_ABI, .name = "cpu", .probe = probe, .create = create,
                                      .destroy = destroy, .run_ops = run_ops, .run_step = run_step,
+                                     .run_step_timed = run_step_timed,
                                      .upload = upload, .download = move, .sync = sync_all, .info = info,
                                      .error = error};
     return &ops;

@@ -51,6 +51,7 @@
 #if defined(OPEN_MPI) && OPEN_MPI
 #include <mpi-ext.h>
 #endif
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -291,6 +292,35 @@ void rt_comm_allgather_u64(const uint64_t *mine, int n, uint64_t *all)
     blocking("an exchange of a few numbers between every rank (MPI_Allgather)", PLAN_NONE);
     MPI_CHECK(MPI_Allgather(mine, n, MPI_UINT64_T, all, n, MPI_UINT64_T, MPI_COMM_WORLD));
     rt_watchdog_waited();
+}
+
+void *rt_comm_gather_bytes(const void *mine, int64_t n, int64_t *sizes)
+{
+    int world = comm.up ? comm.world : 1;
+    uint64_t mine_n = (uint64_t)n, *all = malloc(sizeof *all * (size_t)world);
+    int *counts = malloc(sizeof *counts * (size_t)world), *at = malloc(sizeof *at * (size_t)world);
+    uint64_t total = 0;
+    if (all) rt_comm_allgather_u64(&mine_n, 1, all);
+    for (int r = 0; r < world && all; r++) total += all[r];
+    int fits = all && counts && at && total <= INT_MAX;
+    if (comm.up) fits = !rt_comm_agree(!fits);
+    char *out = fits && comm.rank == 0 ? malloc((size_t)total + 1) : NULL;
+    if (fits && comm.rank == 0 && !out) fits = 0;
+    if (comm.up) fits = !rt_comm_agree(!fits);
+    for (int r = 0; r < world && fits; r++) {
+        counts[r] = (int)all[r], at[r] = r ? at[r - 1] + counts[r - 1] : 0;
+        if (sizes) sizes[r] = (int64_t)all[r];
+    }
+    if (fits && comm.up) {
+        blocking("gathering every rank's bytes on rank 0 (MPI_Gatherv)", PLAN_NONE);
+        MPI_CHECK(MPI_Gatherv(mine, (int)n, MPI_BYTE, out, counts, at, MPI_BYTE, 0, MPI_COMM_WORLD));
+        rt_watchdog_waited();
+    } else if (fits) {
+        memcpy(out, mine, (size_t)n);
+    }
+    free(all), free(counts), free(at);
+    if (!fits) free(out);
+    return fits ? out : NULL;
 }
 
 int64_t rt_comm_sum_i64(int64_t v)
@@ -537,6 +567,7 @@ static void finish(RtCommQueue *q, int i)
 {
     const RtColl *c = q->coll[i];
     size_t bytes = (size_t)c->n * (size_t)plan_dtype_size(c->dtype);
+    if (c->done_at) *c->done_at = rt_now();
     if (c->move_after) memmove(c->out, c->in, bytes);
     if (c->avg) {
         float w = (float)c->world;

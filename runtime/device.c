@@ -61,7 +61,8 @@ int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, c
 /* The backend's way to run an op of the host space (offload's update) on the mirror. */
 static int run_host_op(void *ctx, int32_t k) { return rt_exec_run_host_op(ctx, k); }
 
-int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, const int32_t *report, int n_report)
+int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, int trace, const int32_t *report,
+                   int n_report)
 {
     char err[2048];
     const Plan *p = rt_exec_plan(e);
@@ -70,7 +71,7 @@ int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, cons
                           .local_rank = rk->local_rank, .tf32 = tf32, .exec = (Exec *)e,
                           .host_space = (void *)rt_exec_space(e, PLAN_PLACE_HOST),
                           .host_space_bytes = rt_exec_space_bytes(e, PLAN_PLACE_HOST), .host_op = run_host_op,
-                          .host_ctx = (Exec *)e};
+                          .host_ctx = (Exec *)e, .trace = trace};
     d->up = malloc(sizeof *d->up * ((size_t)p->n_tensors + 1));
     d->down = malloc(sizeof *d->down * ((size_t)n_report + 1));
     if (!d->up || !d->down) {
@@ -96,6 +97,8 @@ int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, cons
 int rt_device_run_ops(RtDevice *d, int32_t from, int32_t to) { return d->ops->run_ops(d->b, from, to); }
 
 int rt_device_run_step(RtDevice *d, int graph) { return d->ops->run_step(d->b, graph); }
+
+int rt_device_run_step_timed(RtDevice *d, RtSpan *spans) { return d->ops->run_step_timed(d->b, spans); }
 
 int rt_device_is_cpu(const RtDevice *d) { return d->ops == rt_backend_cpu(); }
 

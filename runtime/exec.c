@@ -105,6 +105,8 @@ struct Exec {
     Guard *guard[PLAN_PLACE_COUNT];  // debug: every op checked to stay inside its buffers (guard.c), per space
     char guard_err[512];    // the guard's last finding
     int64_t copied[2];      // bytes the copies between the spaces moved so far: to the host, to the device
+    RtSpan *spans;          // rt_exec_time: each op's time in the runs to come, or NULL
+    double *done_at;        // spans: per op, when its collective completed (rt_now, seconds)
 };
 
 static int ktype(PlanDType t)
@@ -578,6 +580,7 @@ void rt_exec_free(Exec *e)
     plan_dealloc(e->ops);
     plan_dealloc(e->dead);
     plan_dealloc(e->colls);
+    plan_dealloc(e->done_at);
     rt_comm_queue_free(e->queue);
     for (int s = 0; s < PLAN_PLACE_COUNT; s++) rt_guard_free(e->guard[s]);
     plan_dealloc(e);
@@ -594,6 +597,8 @@ int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned ph
     const PlanTensor *t = e->plan->tensors;
     const int32_t *waits = e->plan->waits;
     RtCommQueue *q = e->queue;
+    RtSpan *spans = e->spans;
+    double t0 = spans ? rt_now() : 0, at = 0;
     for (int32_t k = from; k < to; k++) {
         const ExecOp *x = &e->ops[k];
         if (!(x->phase_bit & phases)) continue;
@@ -602,13 +607,16 @@ int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned ph
             if (c) rt_comm_wait_for(q, c);
         }
         for (int s = 0; s < PLAN_PLACE_COUNT && e->guarding && !x->skip; s++) rt_guard_before(e->guard[s], k);
+        if (spans) at = rt_now();
         if (x->coll) {
+            if (spans) x->coll->done_at = &e->done_at[k];
             rt_comm_start(q, x->coll);
             if (x->block) rt_comm_wait_for(q, x->coll);
         } else if (!x->skip) {
             x->fn(&x->call);
             if (x->copy) e->copied[x->copy - 1] += x->copy_bytes;
         }
+        if (spans) spans[k] = (RtSpan){.start = (at - t0) * 1e6, .dur = x->skip ? 0 : (rt_now() - at) * 1e6};
         if (e->guarding && !x->skip) {
             if (rt_comm_pending(q)) rt_comm_wait_all(q);
             for (int s = 0; s < PLAN_PLACE_COUNT; s++)
@@ -621,6 +629,18 @@ int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned ph
         if (rt_comm_pending(q)) rt_comm_poll(q);
     }
     if (rt_comm_pending(q)) rt_comm_wait_all(q);
+    for (int32_t k = from; k < to && spans; k++)  // a collective ran from its start to when it was seen done
+        if (e->ops[k].coll && (e->ops[k].phase_bit & phases)) {
+            spans[k].dur = (e->done_at[k] - t0) * 1e6 - spans[k].start;
+            e->ops[k].coll->done_at = NULL;
+        }
+    return 0;
+}
+
+int rt_exec_time(Exec *e, RtSpan *spans)
+{
+    if (spans && !e->done_at && !(e->done_at = plan_alloc(sizeof *e->done_at * ((size_t)e->n_ops + 1)))) return -1;
+    e->spans = spans;
     return 0;
 }
 
@@ -676,11 +696,12 @@ const void *rt_exec_space(const Exec *e, PlanPlace s) { return e->space[s]; }
 
 void rt_set_threads(int n)
 {
-    if (n < 1) return;
 #ifdef _OPENMP
-    omp_set_num_threads(n);
+    if (n >= 1) omp_set_num_threads(n);
+    openblas_set_num_threads(1);  // one pool: the matmul kernel splits large GEMMs over OpenMP's threads
+#else
+    if (n >= 1) openblas_set_num_threads(n);
 #endif
-    openblas_set_num_threads(n);
 }
 
 int rt_threads(void)

@@ -159,6 +159,10 @@ int rt_exec_run(Exec *e, int64_t step, unsigned phases);
  * started before `to` must be able to complete before the peer stage passes its own
  * split point (fsexec runs whole steps there). */
 int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned phases);
+/* The runs that follow time each op they run into spans[op] (µs from the run's call;
+ * a collective from its start to when it was seen complete), until spans is NULL. 0, or
+ * -1 out of memory (the first time only: its one allocation). */
+int rt_exec_time(Exec *e, RtSpan *spans);
 /* The index of the first op of that phase; the op count if none. */
 int32_t rt_exec_first_op(const Exec *e, PlanPhase phase);
 /* The first tensor named `name`: 0, or -1 if none. */
@@ -195,7 +199,8 @@ int rt_exec_run_host_op(Exec *e, int32_t k);
 void rt_exec_copied(const Exec *e, int64_t *to_host, int64_t *to_device);
 const void *rt_exec_arena(const Exec *e);  // the device space's
 const void *rt_exec_space(const Exec *e, PlanPlace s);
-/* Threads for OpenMP loops and OpenBLAS; n < 1 leaves the defaults. */
+/* Threads for OpenMP loops (n < 1: the default, every core); OpenBLAS always gets one, the
+ * matmul kernel splitting large GEMMs over the OpenMP threads (one pool, cpu/matmul.c). */
 void rt_set_threads(int n);
 int rt_threads(void);
 
@@ -683,6 +688,10 @@ int rt_comm_agree(int rc);
 /* Every world rank's n numbers, in world rank order, into all (n x world); every rank
  * calls it. */
 void rt_comm_allgather_u64(const uint64_t *mine, int n, uint64_t *all);
+/* Every world rank's n bytes, in rank order, into one block that rank 0 gets (malloc'ed,
+ * sizes[r] the bytes of rank r; free() it); NULL on the other ranks, and on every rank when
+ * it cannot be done (out of memory, over 2 GiB in all: agreed). Every rank calls it. */
+void *rt_comm_gather_bytes(const void *mine, int64_t n, int64_t *sizes);
 /* The sum over this stage's data-parallel ranks (every one of them calls it). */
 int64_t rt_comm_sum_i64(int64_t v);
 
@@ -715,6 +724,7 @@ typedef struct {
     int tag;            // send, recv: the MPI tag (the op's `tag`; set after rt_p2p_prepare)
     const Plan *plan;   // the plan op it runs, for the watchdog's message; NULL and
     int32_t op;         // PLAN_NONE unless the executor says (rt_coll_prepare clears them)
+    double *done_at;    // where completion writes rt_now() (a traced step), or NULL
 } RtColl;
 
 /* The kind of an op name (a collective, send or recv), or -1. */
@@ -800,13 +810,17 @@ typedef struct {
  * message prefixed by `who` (RT_DEVICE_CUDA where it cannot run). */
 int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, const char *who);
 /* Makes the chosen backend from e as it is now (initialized, weights loaded); the ids
- * in `report` (-1: none) come down after each step. 0, or -1 after a message. */
-int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, const int32_t *report, int n_report);
+ * in `report` (-1: none) come down after each step; trace: some steps will be timed
+ * (rt_device_run_step_timed). 0, or -1 after a message. */
+int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, int trace, const int32_t *report,
+                   int n_report);
 int rt_device_is_cpu(const RtDevice *d);
 /* Ops [from, to) of the step the last rt_device_step_in wrote; the whole step (graph: as
  * a captured CUDA graph, after the first). */
 int rt_device_run_ops(RtDevice *d, int32_t from, int32_t to);
 int rt_device_run_step(RtDevice *d, int graph);
+/* The whole step op by op, each op timed on its stream into spans[op] (backend.h). */
+int rt_device_run_step_timed(RtDevice *d, RtSpan *spans);
 /* Tensors up to the device from the host mirror (up), or down into it (nothing on the CPU). */
 int rt_device_move(RtDevice *d, Exec *e, int up, const int32_t *ids, int n);
 /* The step's moves: its step number and inputs up, its reports down. */
@@ -876,6 +890,21 @@ uint32_t rt_tokenizer_vocab(const RtTokenizer *t);
 /* Token id's bytes to out ("<id>" for one outside its vocab); 0, or -1 on a write error. */
 int rt_tokenizer_print(const RtTokenizer *t, int32_t id, FILE *out);
 
+/* ---- runtime/trace.c: fsexec --trace, the steps as Chrome / Perfetto trace events ---- */
+
+typedef struct RtTrace RtTrace;
+/* Room to time steps first..last (inclusive) of the Exec's program; NULL with a message. */
+RtTrace *rt_trace_new(const Exec *e, int64_t first, int64_t last, char *err, size_t errlen);
+void rt_trace_free(RtTrace *t);
+/* Just before the backend runs step `step` (every rank calls it for every step, t may be
+ * NULL): the spans to time it into (rt_device_run_step_timed), or NULL when the step is not
+ * traced. Before the first traced step the ranks agree (the clocks' common origin). */
+RtSpan *rt_trace_step(RtTrace *t, int64_t step);
+/* Every rank calls it once after its steps: rank 0 gathers every rank's spans and writes
+ * the trace at path (a JSON object: traceEvents, displayTimeUnit, otherData). 0, or -1
+ * with a message (on rank 0). */
+int rt_trace_write(const RtTrace *t, const char *path, char *err, size_t errlen);
+
 /* ---- runtime/step.c: the step loop ----------------------------------------------------- */
 
 typedef struct {
@@ -890,6 +919,7 @@ typedef struct {
     int64_t overflow_at;      // debug: the fp16 backward seed (PLAN_SR_LOSS_SEED) made infinite at this step
     const char *save_grads;   // step 1's gradients into this file (world 1), or NULL
     int cuda_graph;           // a device backend captures step 2 and replays it
+    RtTrace *trace;           // the steps it covers are run timed (rt_trace_step), or NULL
     int debug_nan;            // the run fills dead buffers with NaN (the message for a NaN loss says so)
     const char *who;          // before every message: "fsexec", "[rank 3] fsexec"
     const char *path;         // the plan's path, for messages

@@ -83,6 +83,8 @@ static int run_step(Exec *e, RtDevice *d, const RtTrainOptions *o, int64_t step,
         }
         return rt_device_run_ops(d, split, p->n_ops);
     }
+    RtSpan *spans = rt_trace_step(o->trace, step);
+    if (spans) return rt_device_run_step_timed(d, spans);
     return rt_device_run_step(d, o->cuda_graph && step > 1);  // step 1 warms up (NVRTC, cuBLAS) first
 }
 

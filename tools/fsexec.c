@@ -46,7 +46,8 @@ static const char USAGE[] =
     "  --steps N            training steps (default 100); 0 only initializes (with\n"
     "                       --save-weights or --checkpoint-dir: the initial state)\n"
     "  --seed S             seed of parameter init and data (default: the plan's seed)\n"
-    "  --threads N          OpenMP and OpenBLAS threads (default: all cores)\n"
+    "  --threads N          threads of a CPU rank (default: all cores): OpenMP's, over which\n"
+    "                       the GEMMs are split (OpenBLAS itself runs on one)\n"
     "  --device DEV         where the steps run: auto (default: a CUDA GPU when this\n"
     "                       machine has one and the plan has a CUDA program, else the\n"
     "                       CPU), cpu, or cuda (an error without a GPU)\n"
@@ -128,6 +129,14 @@ static const char USAGE[] =
     "  --sync-sends         make every send between pipeline stages synchronous\n"
     "                       (MPI_Issend: done only once its receive has started), to\n"
     "                       check that the plan needs no buffering by MPI\n"
+    "  --trace FILE         write a Chrome / Perfetto trace (JSON trace events; open it in\n"
+    "                       ui.perfetto.dev or chrome://tracing) of some steps: every op\n"
+    "                       a span on its rank (a process) and stream (compute,\n"
+    "                       collectives, copies), named by op and block, with its plan op\n"
+    "                       id, phase and .fsm line; one file for every rank. Traced steps\n"
+    "                       run op by op (CUDA: timed by events, never as a CUDA graph)\n"
+    "  --trace-steps A:B    the steps --trace covers (default: the run's second to fourth,\n"
+    "                       the first being warm-up; a run of one step: that step)\n"
     "  --debug-nan          fill every buffer with NaN outside its planned live range\n"
     "  --debug-overflow-at K  test hook, fp16 plans: make step K's gradients overflow (the\n"
     "                       step is skipped and the loss scale halved, as for a real one)\n"
@@ -185,6 +194,8 @@ typedef struct {
     int64_t sample, top_k;   // --sample N (0: train), --top-k (0: all)
     const char *prompt, *prompt_ids, *tokenizer;
     double temperature;
+    const char *trace;       // --trace FILE
+    int64_t trace_first, trace_last;  // --trace-steps A:B (0: the default)
 } Flags;
 
 /* Who speaks in messages: "fsexec", or "[rank r] fsexec" in a world of several ranks
@@ -247,7 +258,8 @@ typedef enum {
     V_INSPECT, V_STEPS, V_SEED, V_THREADS, V_DATA, V_DATA_ORDER, V_DATA_FORMAT, V_LOG, V_LOG_EVERY, V_SAVE_WEIGHTS,
     V_LOAD_WEIGHTS, V_SAVE_GRADS, V_NPROC, V_TIMEOUT, V_OVERFLOW_AT, V_DEVICE, V_CHECKPOINT_DIR, V_SAVE_EVERY, V_KEEP,
     V_RESUME, V_EXPORT, V_WEIGHTS_FORMAT, V_VAL_DATA, V_EVAL_EVERY, V_EVAL_BATCHES, V_SAMPLE, V_PROMPT,
-    V_PROMPT_IDS, V_TOKENIZER, V_TEMPERATURE, V_TOP_K, V_COUNT
+    V_PROMPT_IDS, V_TOKENIZER, V_TEMPERATURE, V_TOP_K, V_TRACE,
+    V_TRACE_STEPS, V_COUNT
 } ValueFlag;
 
 static const char *const VALUE_FLAGS[V_COUNT] = {
@@ -255,6 +267,7 @@ static const char *const VALUE_FLAGS[V_COUNT] = {
     "--save-weights", "--load-weights", "--save-grads", "--nproc", "--timeout", "--debug-overflow-at", "--device",
     "--checkpoint-dir", "--save-every", "--keep", "--resume", "--export", "--weights-format", "--val-data",
     "--eval-every", "--eval-batches", "--sample", "--prompt", "--prompt-ids", "--tokenizer", "--temperature", "--top-k",
+    "--trace", "--trace-steps",
 };
 
 /* 0, or the exit status of a usage error (after its message). */
@@ -340,6 +353,18 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
         return 0;
     }
     case V_TOP_K: return parse_int(flag, v, 1, INT32_MAX, &f->top_k) ? 2 : 0;
+    case V_TRACE: f->trace = v; return 0;
+    case V_TRACE_STEPS: {  // A:B, or A alone
+        char a[32] = "";
+        const char *colon = strchr(v, ':');
+        snprintf(a, sizeof a, "%.*s", colon ? (int)(colon - v) : (int)strlen(v), v);
+        if (parse_int(flag, a, 1, INT32_MAX, &f->trace_first) ||
+            parse_int(flag, colon ? colon + 1 : a, 1, INT32_MAX, &f->trace_last))
+            return 2;
+        if (f->trace_last < f->trace_first)
+            return usage_error("--trace-steps: expected A:B with A <= B, got '%s'", v);
+        return 0;
+    }
     case V_COUNT: break;
     }
     return 2;
@@ -422,6 +447,8 @@ static int parse_args(int argc, char **argv, Flags *f)
                            f->save_weights ? "--save-weights" : f->checkpoint_dir ? "--checkpoint-dir" : f->data ?
                            "--data" : "--log");
     if (f->save_grads && f->steps == 0) return usage_error("%s", "--save-grads needs at least one step");
+    if (f->trace && f->steps == 0) return usage_error("%s", "--trace needs at least one step");
+    if (f->trace_first && !f->trace) return usage_error("%s", "--trace-steps says which steps --trace FILE covers; give --trace");
     if (f->device == RT_DEVICE_CPU && (f->cuda_graph || f->tf32))
         return usage_error("%s needs a CUDA device (--device cuda or auto)", f->cuda_graph ? "--cuda-graph" : "--tf32");
     if (f->device == RT_DEVICE_CUDA && (f->debug_nan || f->debug_guard))
@@ -578,19 +605,59 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
     rt_device_report(&r->dev, stderr);
 }
 
+/* --trace's steps of a run of steps start+1 .. f->steps into *first, *last: 0, or 2 after
+ * a message (every rank alike; rank 0 says it). */
+static int trace_steps(const Flags *f, int64_t start, int64_t *first, int64_t *last)
+{
+    *first = f->trace_first, *last = f->trace_last;
+    if (!*first) {  // the second to the fourth step: the first warms up (page faults, NVRTC, cuBLAS)
+        *first = f->steps - start >= 2 ? start + 2 : start + 1;
+        *last = *first + 2 < f->steps ? *first + 2 : f->steps;
+    }
+    const char *why = *first <= start || *last > f->steps ? "outside the run's steps"
+                      : f->overflow_at >= *first && f->overflow_at <= *last ? "include --debug-overflow-at's step"
+                      : f->save_grads && *first == 1 ? "include --save-grads' step 1" : NULL;
+    if (!why) return 0;
+    if (my_rank == 0)
+        fprintf(stderr, "%s: --trace-steps %" PRId64 ":%" PRId64 " %s (this run: steps %" PRId64 " to %" PRId64
+                "), which runs apart\n", who, *first, *last, why, start + 1, f->steps);
+    return 2;
+}
+
 /* The step loop (runtime/step.c); 0, or 1 after a message (an error on this rank alone
  * ends every rank). */
 static int train(Run *r, const Flags *f, const char *path, uint64_t seed, int64_t start, int64_t *reached,
                  int *stopped_by)
 {
+    int64_t first = 0, last = 0;
+    char err[512];
+    if (f->trace && trace_steps(f, start, &first, &last)) return 2;
+    RtTrace *trace = f->trace ? rt_trace_new(r->e, first, last, err, sizeof err) : NULL;
+    if (f->trace && !trace) {
+        fprintf(stderr, "%s: --trace: %s\n", who, err);
+        return local_error(1);
+    }
     RtCheckpointOptions co = {.dir = f->checkpoint_dir, .keep = (int)f->keep, .seed = seed,
                               .data = rt_data_describe(r->data), .order = f->order};
     RtTrainOptions o = {.steps = f->steps, .start = start, .checkpoint = f->checkpoint_dir ? &co : NULL,
                         .save_every = f->save_every, .stop = &stop_signal, .overflow_at = f->overflow_at,
                         .save_grads = f->save_grads, .cuda_graph = f->cuda_graph, .debug_nan = f->debug_nan,
                         .who = who, .path = path, .rank = my_rank, .world = my_world, .reached = reached,
-                        .stopped_by = stopped_by, .eval = r->eval, .eval_every = f->eval_every};
+                        .stopped_by = stopped_by, .eval = r->eval, .eval_every = f->eval_every,
+                        .trace = trace};
     int rc = rt_train(r->e, r->data, &r->dev, &r->progress, &o);
+    if (trace && rc != RT_TRAIN_LOCAL) {  // every rank alike: the steps went, or stopped, together
+        if (rt_trace_write(trace, f->trace, err, sizeof err)) {
+            fprintf(stderr, "%s: --trace: %s\n", who, err);
+            rc = rc ? rc : 1;
+        } else if (my_rank == 0) {
+            char to[32] = "";
+            if (last > first) snprintf(to, sizeof to, " to %" PRId64, last);
+            fprintf(stderr, "%s: trace of step%s %" PRId64 "%s in %s (open it in ui.perfetto.dev)\n", who,
+                    last > first ? "s" : "", first, to, f->trace);
+        }
+    }
+    rt_trace_free(trace);
     if (rc == RT_TRAIN_STOPPED) {  // every rank alike, for the signal any of them saw
         int reporter = (layout.stages - 1) * layout.dp;
         if (my_rank == reporter)
@@ -606,10 +673,10 @@ static int train(Run *r, const Flags *f, const char *path, uint64_t seed, int64_
  * every rank alike: 0, or 1 after a message. */
 static int check_outputs(const Flags *f)
 {
-    const char *flags[] = {"--save-weights", "--save-grads", "--log"};
-    const char *paths[] = {f->save_weights, f->save_grads, f->log};
+    const char *flags[] = {"--save-weights", "--save-grads", "--log", "--trace"};
+    const char *paths[] = {f->save_weights, f->save_grads, f->log, f->trace};
     char err[512];
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (paths[i] && plan_check_output(paths[i], err, sizeof err)) {
             fprintf(stderr, "%s: %s %s: %s\n", who, flags[i], paths[i], err);
             return 1;
@@ -809,7 +876,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     }
     t_load = rt_now() - t_load;
     int32_t report[8];
-    if (rt_device_open(&r->dev, r->e, rk, f->tf32, report, rt_train_reported(r->e, r->data, report)))
+    if (rt_device_open(&r->dev, r->e, rk, f->tf32, f->trace != NULL, report, rt_train_reported(r->e, r->data, report)))
         return local_error(1);
     po.unit = rt_data_get_kind(r->data) == RT_DATA_LM ? "tok" : "samples";
     if ((f->steps || r->eval) && my_rank == reporter && !(r->progress = rt_progress_new(&po, err, sizeof err))) {

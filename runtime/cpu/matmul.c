@@ -13,6 +13,16 @@
  * run; but a large GEMM's bits do change with OpenBLAS's own thread count (0.3.21, f32
  * as much as 16-bit), so only runs at equal thread counts compare bit for bit.
  *
+ * One pool of threads: when OpenBLAS is set to one thread (rt_set_threads does it, so
+ * fsexec always runs so), a large GEMM is split here, over N (or M when M is the
+ * larger), into one piece per OpenMP thread, each a single-threaded cblas_sgemm on its
+ * block of C (gemm). OpenBLAS's pthreads build otherwise keeps a second pool whose
+ * spinning threads fight OpenMP's for the cores after every switch between a GEMM and
+ * the elementwise ops around it; on two shared cores that costs more than the GEMMs.
+ * The pieces follow from the shape and the thread count alone, so as with OpenBLAS's own
+ * threading, runs at equal thread counts agree bit for bit (OpenBLAS picks its kernels
+ * by size: a piece's bits need not be the whole product's).
+ *
  * 16-bit operands are converted to f32 in the workspace and multiplied by the same
  * cblas_sgemm calls (accumulation in f32), C rounded back once. Groups of whole
  * batches go together while they fit; a product too big for the workspace goes in
@@ -26,6 +36,34 @@
 
 /* OpenBLAS runs a GEMM of m*n*k <= 65536 * 4 on the calling thread. */
 #define GEMM_SERIAL_MNK 262144.0
+
+/* C [M, N] (row stride ldc) = op(A) op(B), on every OpenMP thread when it is large, we
+ * are not inside a parallel region, and OpenBLAS would not thread it itself. */
+static void gemm(CBLAS_TRANSPOSE opa, CBLAS_TRANSPOSE opb, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc)
+{
+    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (nt < 2 || (double)M * (double)N * (double)K <= GEMM_SERIAL_MNK || openblas_get_num_threads() != 1) {
+        cblas_sgemm(CblasRowMajor, opa, opb, (int)M, (int)N, (int)K, alpha, a, (int)lda, b, (int)ldb, 0.0f, c,
+                    (int)ldc);
+        return;
+    }
+    int by_n = N >= M;
+    int64_t len = by_n ? N : M, piece = (len + nt - 1) / nt;
+    piece = (piece + 15) / 16 * 16;  // whole vector blocks of the kernels
+    int64_t pieces = (len + piece - 1) / piece;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < pieces; i++) {
+        int64_t at = i * piece, w = len - at < piece ? len - at : piece;
+        if (by_n)  // columns [at, at + w) of op(B) and C
+            cblas_sgemm(CblasRowMajor, opa, opb, (int)M, (int)w, (int)K, alpha, a, (int)lda,
+                        b + (opb == CblasNoTrans ? at : at * ldb), (int)ldb, 0.0f, c + at, (int)ldc);
+        else       // rows [at, at + w) of op(A) and C
+            cblas_sgemm(CblasRowMajor, opa, opb, (int)w, (int)N, (int)K, alpha,
+                        a + (opa == CblasNoTrans ? at * lda : at), (int)lda, b, (int)ldb, 0.0f, c + at * ldc,
+                        (int)ldc);
+    }
+}
 
 typedef struct {
     int nb;                     // batch dims of the output
@@ -141,9 +179,7 @@ static void matmul_groups(const KCall *k, const Geom *g)
             }
         }
 #pragma omp parallel for if (small && n > 1) schedule(static)
-        for (int64_t j = 0; j < n; j++)
-            cblas_sgemm(CblasRowMajor, opa, opb, (int)M, (int)N, (int)K, 1.0f, wa + j * sa, (int)g->lda, wb + j * sb,
-                        (int)g->ldb, 0.0f, wc + j * sc, (int)N);
+        for (int64_t j = 0; j < n; j++) gemm(opa, opb, M, N, K, 1.0f, wa + j * sa, g->lda, wb + j * sb, g->ldb, wc + j * sc, N);
         from_f32_par(C->data, C->dtype, i0 * sc, wc, n * sc);
     }
 }
@@ -172,8 +208,8 @@ static void matmul_panels(const KCall *k, const Geom *g, int64_t i)
             int64_t mw = imin(mb, M - m0);
             if (!g->ta) to_f32_par(wa, A->data, A->dtype, oa + m0 * g->lda, mw * K);  // [mw, K]
             else gather(wa, A->data, A->dtype, oa + m0, g->lda, K, mw);              // [K, mw]
-            cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)mw,
-                        (int)nw, (int)K, 1.0f, wa, (int)(g->ta ? mw : K), wb, (int)(g->tb ? K : nw), 0.0f, wc, (int)nw);
+            gemm(g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, mw, nw, K, 1.0f, wa,
+                 g->ta ? mw : K, wb, g->tb ? K : nw, wc, nw);
 #pragma omp parallel for if (mw * nw > PAR_MIN) schedule(static)
             for (int64_t r = 0; r < mw; r++) from_f32(C->data, C->dtype, i * M * N + (m0 + r) * N + n0, wc + r * nw, nw);
         }
@@ -212,7 +248,7 @@ void cpu_matmul(const KCall *k)
     CBLAS_TRANSPOSE opa = g.ta ? CblasTrans : CblasNoTrans, opb = g.tb ? CblasTrans : CblasNoTrans;
     int64_t M = g.M, N = g.N, K = g.K;
     if (g.fold) {
-        cblas_sgemm(CblasRowMajor, opa, opb, (int)M, (int)N, (int)K, 1.0f, a, (int)g.lda, b, (int)g.ldb, 0.0f, c, (int)N);
+        gemm(opa, opb, M, N, K, 1.0f, a, g.lda, b, g.ldb, c, N);
         return;
     }
     int small = (double)M * (double)N * (double)K <= GEMM_SERIAL_MNK;
@@ -220,7 +256,6 @@ void cpu_matmul(const KCall *k)
     for (int64_t i = 0; i < g.nbatch; i++) {
         int64_t oa, ob;
         batch_at(&g, i, &oa, &ob);
-        cblas_sgemm(CblasRowMajor, opa, opb, (int)M, (int)N, (int)K, 1.0f, a + oa, (int)g.lda, b + ob, (int)g.ldb, 0.0f,
-                    c + i * M * N, (int)N);
+        gemm(opa, opb, M, N, K, 1.0f, a + oa, g.lda, b + ob, g.ldb, c + i * M * N, N);
     }
 }

@@ -253,6 +253,20 @@ static int make_host(RtBackend *b, const RtBackendOptions *o)
     return 0;
 }
 
+/* --trace: two timing events per op and one for the step's start (run.c). */
+static int make_trace_events(RtBackend *b)
+{
+    size_t n = 2 * (size_t)b->s.n_ops + 1;
+    b->what = "creating the trace's events";
+    if (!(b->tev = plan_alloc(sizeof *b->tev * n))) {
+        snprintf(b->err, sizeof b->err, "[rank %d] out of memory", b->rank);
+        return -1;
+    }
+    memset(b->tev, 0, sizeof *b->tev * n);
+    for (size_t i = 0; i < n; i++) CU_CHECK(b, cuEventCreate(&b->tev[i], CU_EVENT_DEFAULT));
+    return 0;
+}
+
 static int setup(RtBackend *b, const RtBackendOptions *o)
 {
     const Plan *p = b->plan;
@@ -296,6 +310,7 @@ static int setup(RtBackend *b, const RtBackendOptions *o)
     int64_t after_blas = free_bytes(NULL);
     b->info.blas = after_module - after_blas;
     if (b->world > 1 && make_nccl(b)) return -1;
+    if (o->trace && make_trace_events(b)) return -1;
     int64_t after_comm = free_bytes(NULL);
     b->info.comm = after_blas - after_comm;
     b->info.used = total - after_comm;
@@ -316,6 +331,8 @@ static void destroy(RtBackend *b)
             if (b->ready[c]) cuEventDestroy(b->ready[c]);
             if (b->done[c]) cuEventDestroy(b->done[c]);
         }
+        for (int32_t i = 0; i < 2 * b->s.n_ops + 1 && b->tev; i++)
+            if (b->tev[i]) cuEventDestroy(b->tev[i]);
         if (b->module) cuModuleUnload(b->module);
         if (b->host_locked) cuMemHostUnregister(b->host);
         if (b->compute) cuStreamDestroy(b->compute);
@@ -331,6 +348,7 @@ static void destroy(RtBackend *b)
     plan_dealloc(b->params);
     plan_dealloc(b->ready);
     plan_dealloc(b->done);
+    plan_dealloc(b->tev);
     plan_dealloc(b);
 }
 
@@ -357,6 +375,7 @@ static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
 
 static int run_ops(RtBackend *b, int32_t from, int32_t to) { return cuda_run_ops(b, from, to); }
 static int run_step(RtBackend *b, int graph) { return cuda_run_step(b, graph); }
+static int run_step_timed(RtBackend *b, RtSpan *spans) { return cuda_run_step_timed(b, spans); }
 
 static int upload(RtBackend *b, int32_t id, const void *src)
 {
@@ -398,7 +417,8 @@ static const char *error(const RtBackend *b) { return b->err; }
 
 static const RtBackendOps OPS = {
     .abi = RT_BACKEND_ABI, .name = "cuda", .probe = probe, .create = create, .destroy = destroy,
-    .run_ops = run_ops, .run_step = run_step, .upload = upload, .download = download, .sync = sync_all,
+    .run_ops = run_ops, .run_step = run_step, .run_step_timed = run_step_timed, .upload = upload,
+    .download = download, .sync = sync_all,
     .info = info, .error = error,
 };
 

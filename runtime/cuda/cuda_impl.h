@@ -43,6 +43,9 @@ struct RtBackend {
     CsSchedule s;
     CUevent *ready, *done;      // per collective, then per copy (CsOp waits' numbering): compute
                                 // reached it; NCCL (the copy) finished it
+    CUevent *tev;               // --trace: per op its start and end on its stream, then the step's
+                                // start (2 * n_ops + 1, timing events); NULL without
+    int timing;                 // the run in progress records them (cuda_run_step_timed)
     cublasHandle_t blas;
     CUdeviceptr blas_ws;        // cuBLAS's workspace (cublasSetWorkspace)
     ncclComm_t nccl;
@@ -109,5 +112,6 @@ const char *nccl_status(RtBackend *b, ncclResult_t r);  // "ncclSystemError (...
 
 int cuda_run_ops(RtBackend *b, int32_t from, int32_t to);
 int cuda_run_step(RtBackend *b, int graph);
+int cuda_run_step_timed(RtBackend *b, RtSpan *spans);
 
 #endif

@@ -16,6 +16,10 @@
  * the compute stream to drain, then runs on the host (RtBackendOptions.host_op), so a
  * step with one cannot be a CUDA graph.
  *
+ * A traced step (fsexec --trace, cuda_run_step_timed) records a timing event before and
+ * after each op's work on the stream that work is on, and reads them all once the step
+ * is done: the op's span, from the step's first event.
+ *
  * Nothing here allocates: a step is launches, library calls and event records on what
  * backend.c made.
  */
@@ -40,6 +44,13 @@ static ncclDataType_t nccl_type(PlanDType t)
     case PLAN_DT_I32: return ncclInt32;
     default: return ncclFloat32;
     }
+}
+
+/* A traced step: op cur_op's start (end 0) or end (1) on the stream its work is on. */
+static int mark(RtBackend *b, int end, CUstream s)
+{
+    if (b->timing) CU_CHECK(b, cuEventRecord(b->tev[2 * b->cur_op + end], s));
+    return 0;
 }
 
 static int launch(RtBackend *b, int32_t i)
@@ -77,11 +88,13 @@ static int collective(RtBackend *b, int32_t ci)
     CUdeviceptr in = b->arena + (CUdeviceptr)c->in, out = b->arena + (CUdeviceptr)c->out,
                 nout = b->arena + (CUdeviceptr)c->nccl_out;
     if (b->world == 1) {
+        if (mark(b, 0, b->compute)) return -1;
         if (in != out) CU_CHECK(b, cuMemcpyDtoDAsync(out, in, (size_t)c->in_bytes, b->compute));
-        return 0;
+        return mark(b, 1, b->compute);
     }
     CU_CHECK(b, cuEventRecord(b->ready[ci], b->compute));
     CU_CHECK(b, cuStreamWaitEvent(b->comm, b->ready[ci], 0));
+    if (mark(b, 0, b->comm)) return -1;
     const void *src = (const void *)(uintptr_t)in;
     void *dst = (void *)(uintptr_t)nout;
     size_t n = (size_t)c->count;
@@ -95,6 +108,7 @@ static int collective(RtBackend *b, int32_t ci)
     case CS_COLL_COUNT: break;
     }
     if (c->move) CU_CHECK(b, cuMemcpyDtoDAsync(out, nout, (size_t)c->out_bytes, b->comm));
+    if (mark(b, 1, b->comm)) return -1;
     CU_CHECK(b, cuEventRecord(b->done[ci], b->comm));
     return 0;
 }
@@ -109,10 +123,12 @@ static int copy(RtBackend *b, int32_t k)
     CUdeviceptr dev = b->arena + (CUdeviceptr)c->dev;
     CU_CHECK(b, cuEventRecord(b->ready[ev], b->compute));
     CU_CHECK(b, cuStreamWaitEvent(b->copy, b->ready[ev], 0));
+    if (mark(b, 0, b->copy)) return -1;
     if (c->to_device)
         CU_CHECK(b, cuMemcpyHtoDAsync(dev, b->host + c->host, (size_t)c->bytes, b->copy));
     else
         CU_CHECK(b, cuMemcpyDtoHAsync(b->host + c->host, dev, (size_t)c->bytes, b->copy));
+    if (mark(b, 1, b->copy)) return -1;
     CU_CHECK(b, cuEventRecord(b->done[ev], b->copy));
     return 0;
 }
@@ -125,11 +141,12 @@ static int host(RtBackend *b, int32_t k)
         CU_CHECK(b, cuStreamSynchronize(b->compute));
         b->idle = 1;
     }
+    if (mark(b, 0, b->compute)) return -1;  // the stream is idle: the events time the host's work
     if (b->host_op(b->host_ctx, k)) {
         snprintf(b->err, sizeof b->err, "[rank %d] the host could not run op %d", b->rank, k);
         return -1;
     }
-    return 0;
+    return mark(b, 1, b->compute);
 }
 
 static int run_op(RtBackend *b, int32_t k)
@@ -141,9 +158,10 @@ static int run_op(RtBackend *b, int32_t k)
     b->idle = 0;
     if (o->copy >= 0) return copy(b, o->copy);
     if (o->coll >= 0) return collective(b, o->coll);
+    if (mark(b, 0, b->compute)) return -1;
     for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
         if (b->plan->cuda[i].kind == PLAN_CU_GEMM ? gemm(b, i) : launch(b, i)) return -1;
-    return 0;
+    return mark(b, 1, b->compute);
 }
 
 int cuda_run_ops(RtBackend *b, int32_t from, int32_t to)
@@ -204,5 +222,30 @@ int cuda_run_step(RtBackend *b, int graph)
     if (!b->graph && capture(b)) return -1;
     b->what = "replaying the step's CUDA graph";
     CU_CHECK(b, cuGraphLaunch(b->graph, b->compute));
+    return 0;
+}
+
+/* The step op by op with every op's start and end recorded on its stream, then read once
+ * the compute stream (which waits for every collective and copy at a run's end) is done. */
+int cuda_run_step_timed(RtBackend *b, RtSpan *spans)
+{
+    int32_t n = b->s.n_ops;
+    if (!b->tev) {
+        snprintf(b->err, sizeof b->err, "[rank %d] the backend was made without --trace's events", b->rank);
+        return -1;
+    }
+    b->what = "timing a traced step";
+    CU_CHECK(b, cuEventRecord(b->tev[2 * n], b->compute));
+    b->timing = 1;
+    int rc = cuda_run_ops(b, 0, n);
+    b->timing = 0;
+    if (rc) return -1;
+    CU_CHECK(b, cuStreamSynchronize(b->compute));
+    for (int32_t k = 0; k < n; k++) {
+        float start, end;
+        CU_CHECK(b, cuEventElapsedTime(&start, b->tev[2 * n], b->tev[2 * k]));
+        CU_CHECK(b, cuEventElapsedTime(&end, b->tev[2 * n], b->tev[2 * k + 1]));
+        spans[k] = (RtSpan){.start = start * 1e3, .dur = (end - start) * 1e3};
+    }
     return 0;
 }

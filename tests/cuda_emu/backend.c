@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -444,28 +445,44 @@ static void copy(RtBackend *b, const CsCopy *c)
         memcpy(b->host + c->host, b->arena + c->dev, (size_t)c->bytes);
 }
 
-static int run_ops(RtBackend *b, int32_t from, int32_t to)
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+/* spans: each op timed on the host, as the CUDA backend times it with events on its
+ * stream (here every stream is the calling thread); NULL: not timed. */
+static int run_timed(RtBackend *b, int32_t from, int32_t to, RtSpan *spans)
 {
     if (from < 0 || to > b->s.n_ops || from > to)
         return failf(b, "ops [%d, %d) outside the plan's %d", from, to, b->s.n_ops);
+    double t0 = spans ? now_us() : 0;
     for (int32_t k = from; k < to; k++) {
         const CsOp *o = &b->s.ops[k];
         b->cur_op = k;
+        if (spans) spans[k].start = now_us() - t0;
         if (o->coll >= 0 && collective(b, &b->s.colls[o->coll])) return -1;
         if (o->copy >= 0) copy(b, &b->s.copies[o->copy]);
         if (o->host && b->host_op(b->host_ctx, k)) return failf(b, "the host could not run it");
         for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
             if (b->plan->cuda[i].kind == PLAN_CU_GEMM ? gemm(b, i) : launch(b, i)) return -1;
+        if (spans) spans[k].dur = now_us() - t0 - spans[k].start;
     }
     b->cur_op = -1;
     return 0;
 }
 
+static int run_ops(RtBackend *b, int32_t from, int32_t to) { return run_timed(b, from, to, NULL); }
+
 static int run_step(RtBackend *b, int graph)
 {
     (void)graph;  // a captured graph replays the same instructions
-    return run_ops(b, 0, b->s.n_ops);
+    return run_timed(b, 0, b->s.n_ops, NULL);
 }
+
+static int run_step_timed(RtBackend *b, RtSpan *spans) { return run_timed(b, 0, b->s.n_ops, spans); }
 
 /* ---- the table ------------------------------------------------------------------------ */
 
@@ -610,7 +627,8 @@ static const char *error(const RtBackend *b) { return b->err; }
 
 static const RtBackendOps OPS = {
     .abi = RT_BACKEND_ABI, .name = "cuda-emu", .probe = probe, .create = create, .destroy = destroy,
-    .run_ops = run_ops, .run_step = run_step, .upload = upload, .download = download, .sync = sync_all,
+    .run_ops = run_ops, .run_step = run_step, .run_step_timed = run_step_timed, .upload = upload,
+    .download = download, .sync = sync_all,
     .info = info, .error = error,
 };
 

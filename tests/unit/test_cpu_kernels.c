@@ -230,6 +230,42 @@ Test(cpu, matmul_vectors)
     check_matmul(frand(S(64, 96), -1, 1), frand(S(96, 80), -1, 1), 0, 0, S(64, 80));  // threaded OpenBLAS
 }
 
+/* With OpenBLAS on one thread (as fsexec runs it), a large GEMM is split over the OpenMP
+ * threads by N, or by M when M is the larger, in every transpose: each against the
+ * double reference (as the one-thread product is), the same bits twice at 3 threads. */
+Test(cpu, matmul_split_over_threads)
+{
+    void openblas_set_num_threads(int);
+    int openblas_get_num_threads(void);
+    int blas = openblas_get_num_threads(), omp = omp_get_max_threads();
+    openblas_set_num_threads(1);
+    const int64_t shapes[][3] = {{40, 200, 72}, {200, 40, 72}, {37, 131, 90}};  // M, N, K; a ragged last piece
+    for (int s = 0; s < 3; s++)
+        for (int t = 0; t < 4; t++) {
+            int ta = t & 1, tb = t >> 1;
+            int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            KTensor a = ta ? frand(S(K, M), -1, 1) : frand(S(M, K), -1, 1);
+            KTensor b = tb ? frand(S(N, K), -1, 1) : frand(S(K, N), -1, 1);
+            KTensor o1 = ten(KT_F32, S(M, N)), o3 = ten(KT_F32, S(M, N)), again = ten(KT_F32, S(M, N));
+            KCall k1 = {.n_in = 2, .in = {a, b}, .n_out = 1, .out = {o1}, .attr = {0, 0, ta, tb}};
+            KCall k3 = k1, k3b = k1;
+            k3.out[0] = o3, k3b.out[0] = again;
+            omp_set_num_threads(1);
+            cpu_matmul(&k1);
+            omp_set_num_threads(3);
+            cpu_matmul(&k3);
+            cpu_matmul(&k3b);
+            float *want = malloc(sizeof(float) * (size_t)o3.numel);
+            matmul_ref(&a, &b, ta, tb, &o3, want);
+            expect_close(F(&o1), want, o1.numel, 1e-5, "matmul on one thread");
+            expect_close(F(&o3), want, o3.numel, 1e-5, "split matmul");
+            expect_bits(&o3, &again, "split matmul, twice at 3 threads");
+            free(want);
+        }
+    omp_set_num_threads(omp);
+    openblas_set_num_threads(blas);
+}
+
 /* ---- elementwise -------------------------------------------------------------------- */
 
 /* Index into t of output element oi, numpy broadcasting. */
