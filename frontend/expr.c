@@ -48,8 +48,7 @@ int lower_too_big(Lower *L, Loc loc)
     return 1;
 }
 
-static RVal add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *attrs,
-                     int n_attr, Loc loc)
+RVal lower_add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, Loc loc)
 {
     char err[512] = "";
     if (lower_too_big(L, loc)) return poison();
@@ -79,7 +78,7 @@ static RVal add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *a
 static int scalar_of(Lower *L, double c, Loc loc)
 {
     Attr a = {.key = "value", .kind = ATTR_FLOAT, .f = c};
-    RVal r = add_node(L, OP_scalar, NULL, 0, &a, 1, loc);
+    RVal r = lower_add_node(L, OP_scalar, NULL, 0, &a, 1, loc);
     return r.kind == RV_VALUE ? r.id : -1;
 }
 
@@ -114,7 +113,7 @@ static RVal lower_neg(Lower *L, Scope *s, const Expr *e)
     RVal r = lower_expr(L, s, e->lhs);
     if (r.kind == RV_CONST) return constant(-r.c);
     int x = one_value(L, r, e->lhs->loc);
-    return x < 0 ? poison() : add_node(L, OP_neg, &x, 1, NULL, 0, e->loc);
+    return x < 0 ? poison() : lower_add_node(L, OP_neg, &x, 1, NULL, 0, e->loc);
 }
 
 static RVal lower_binary(Lower *L, Scope *s, const Expr *e)
@@ -145,7 +144,7 @@ static RVal lower_binary(Lower *L, Scope *s, const Expr *e)
     OpKind op = e->op == '+' ? OP_add : e->op == '-' ? OP_sub : e->op == '*' ? OP_mul
               : e->op == '/' ? OP_div : OP_matmul;
     int in[2] = {x, y};
-    return add_node(L, op, in, 2, NULL, 0, e->loc);
+    return lower_add_node(L, op, in, 2, NULL, 0, e->loc);
 }
 
 /* ---- op calls ------------------------------------------------------------------------ */
@@ -220,8 +219,7 @@ static int bind_keyword(Lower *L, const OpInfo *info, const Arg *a, const Expr *
 
 /* Puts each argument of call `e` in the slot of its parameter; a variadic op's tensors
  * go to xs. */
-static int bind_args(Lower *L, const Expr *e, const OpInfo *info, const Expr **slot,
-                     const Expr **xs, int *n_xs)
+int lower_bind_args(Lower *L, const Expr *e, const OpInfo *info, const Expr **slot, const Expr **xs, int *n_xs)
 {
     int variadic = info->n_tensors < 0, rc = 0, np = 0, got = 0, seen_key = 0;
     for (const Arg *a = e->args; a; a = a->next) got++;
@@ -286,7 +284,7 @@ static int bind_args(Lower *L, const Expr *e, const OpInfo *info, const Expr **s
     return rc;
 }
 
-static int tensor_arg(Lower *L, Scope *s, const OpInfo *info, const char *pname, const Expr *x)
+int lower_tensor_arg(Lower *L, Scope *s, const OpInfo *info, const char *pname, const Expr *x)
 {
     if (x->kind == EX_LIST) {
         diag_error(L->d, x->loc, "%s: argument '%s' must be a tensor, not a list", info->name, pname);
@@ -364,12 +362,12 @@ static RVal lower_op_call(Lower *L, Scope *s, const Expr *e, OpKind op)
     const OpInfo *info = op_info(op);
     const Expr *slot[IR_MAX_PARAMS] = {0}, *xs[IR_MAX_IN];
     int n_xs = 0;
-    if (bind_args(L, e, info, slot, xs, &n_xs)) return poison();
+    if (lower_bind_args(L, e, info, slot, xs, &n_xs)) return poison();
     int variadic = info->n_tensors < 0, rc = 0, in[IR_MAX_IN], n_in = 0;
     int first = variadic ? 1 : info->n_tensors;
     if (variadic) {
         for (int i = 0; i < n_xs; i++)
-            if ((in[n_in++] = tensor_arg(L, s, info, info->params[0].name, xs[i])) < 0) rc = -1;
+            if ((in[n_in++] = lower_tensor_arg(L, s, info, info->params[0].name, xs[i])) < 0) rc = -1;
     } else if (op == OP_sqrt && slot[0]->kind != EX_LIST) {
         RVal x = lower_expr(L, s, slot[0]);  // sqrt of a constant folds
         if (x.kind == RV_CONST && x.c < 0) {
@@ -380,14 +378,14 @@ static RVal lower_op_call(Lower *L, Scope *s, const Expr *e, OpKind op)
         if ((in[n_in++] = one_value(L, x, slot[0]->loc)) < 0) rc = -1;
     } else {
         for (int k = 0; k < first; k++)
-            if ((in[n_in++] = tensor_arg(L, s, info, info->params[k].name, slot[k])) < 0) rc = -1;
+            if ((in[n_in++] = lower_tensor_arg(L, s, info, info->params[k].name, slot[k])) < 0) rc = -1;
     }
     Attr attrs[IR_MAX_PARAMS];
     int n_attr = 0;
     for (int k = first; k < info->n_params; k++)
         if (attr_arg(L, s, info, k, slot[k], &attrs[n_attr++])) rc = -1;
     if (rc) return poison();
-    return add_node(L, op, in, n_in, attrs, n_attr, e->loc);
+    return lower_add_node(L, op, in, n_in, attrs, n_attr, e->loc);
 }
 
 /* ---- layer instances ----------------------------------------------------------------- */
@@ -565,7 +563,7 @@ static RVal lower_call(Lower *L, Scope *s, const Expr *e)
         else
             lower_unknown(L, s, e->name, e->loc, 1);
     } else if (op != OP_COUNT) {
-        return lower_op_call(L, s, e, op);
+        return op == OP_dropout ? lower_dropout(L, s, e) : lower_op_call(L, s, e, op);
     } else if (ly) {
         return lower_instances(L, s, e, ly);
     } else {

@@ -3,6 +3,7 @@
  *   lower.c      fe_compile: parse, settings, the model's declarations, loss and outputs
  *   settings.c   the `train` block and the command line's --key value over the defaults
  *   expr.c       statements and expressions: op calls, layer instances
+ *   dropout.c    dropout(x, p): its key, its rng input, its place in the global batch
  *   consteval.c  constant expressions: dims, shapes, attributes, initializers
  *   scope.c      names in scope, and the errors for names that are not
  *
@@ -77,6 +78,8 @@ typedef struct {
     const char *batch_dim;  // the dim each data-parallel rank takes a part of, or NULL
     int64_t batch_split;    // into how many parts: world x microbatches
     int64_t world, microbatches;  // the two factors of batch_split, for its message
+    int rng;                // the step's RNG words dropout reads (an input, SR_RNG), or -1
+    int n_dropouts;         // dropouts lowered so far: the next one's key
 } Lower;
 
 /* The value of an expression. */
@@ -123,6 +126,14 @@ int lower_enter(Lower *L, Loc loc);
 /* 1, with one error per compilation, when the graph has grown past LOWER_MAX_ITEMS. */
 int lower_too_big(Lower *L, Loc loc);
 RVal lower_expr(Lower *L, Scope *s, const Expr *e);
+/* A node at loc in the current block: its output (a tuple for several), or poison after
+ * its error. */
+RVal lower_add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, Loc loc);
+/* Puts each argument of call e in the slot of its parameter in info's signature (a
+ * variadic op's tensors in xs); 0, or -1 after errors. */
+int lower_bind_args(Lower *L, const Expr *e, const OpInfo *info, const Expr **slot, const Expr **xs, int *n_xs);
+/* Argument x as one tensor (parameter pname of info), or -1 after an error. */
+int lower_tensor_arg(Lower *L, Scope *s, const OpInfo *info, const char *pname, const Expr *x);
 /* `a, b = expr;` binds the targets in s; to poison when anything in it failed. */
 void lower_assign(Lower *L, Scope *s, const Stmt *st);
 
@@ -131,6 +142,10 @@ void lower_assign(Lower *L, Scope *s, const Stmt *st);
 void lower_dim(Lower *L, Scope *s, const Stmt *st, const Define *def);
 /* Adds the param declared by st, named `full`, to the graph; its value id or -1. */
 int lower_param(Lower *L, Scope *s, const Stmt *st, const char *full, int block);
+
+/* ---- dropout.c ------------------------------------------------------------------------ */
+/* dropout(x, p) at call e: x's value, or the dropout node's output. */
+RVal lower_dropout(Lower *L, Scope *s, const Expr *e);
 
 /* ---- settings.c --------------------------------------------------------------------- */
 void lower_settings(Lower *L, const Program *p, TrainConfig *train);
