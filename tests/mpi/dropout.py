@@ -3,7 +3,8 @@
 
 (a) A small MLP with dropout inside its checkpointed layer and before it trains 5 steps;
     with `--recompute Hidden` (the backward re-runs the layer's forward, so it must draw
-    the same masks) its losses and final weights are bit for bit those without.
+    the same masks) its losses and final weights are bit for bit those without; resumed
+    from a checkpoint after step 2, steps 3-5 are bit for bit the straight run's.
 (b) The same model under `shard fsdp`, world 2, two ranks under mpirun, trains like
     world 1: every step's loss and gradient norm and the final weights to rel 1e-5 (the
     tolerance of tests/mpi/strategies.py), since each rank draws its part of the global
@@ -110,6 +111,14 @@ def recompute_and_world(fsc, fsexec, work):
         sys.exit("FAIL recompute: losses %s, without recompute %s; weights %s" %
                  (rc_loss, ref_loss, "equal" if rc_raw == ref_raw else "differ"))
     print("ok   recompute Hidden: losses and weights bit for bit those without (%d steps)" % STEPS)
+    # Resumed after step 2, the masks of steps 3.. are the straight run's: keyed by the step.
+    ck, log = os.path.join(work, "ck"), os.path.join(work, "resumed.jsonl")
+    plan = os.path.join(work, "ref.plan")
+    run([fsexec, plan, "--steps", "2", "--checkpoint-dir", ck, "--threads", "1"], work)
+    run([fsexec, plan, "--steps", str(STEPS), "--resume", ck, "--log", log, "--threads", "1"], work)
+    if losses(log) != ref_loss[2:]:
+        sys.exit("FAIL resume: steps 3-%d %s, straight %s" % (STEPS, losses(log), ref_loss[2:]))
+    print("ok   resumed after step 2: steps 3-%d bit for bit the straight run's" % STEPS)
     if not shutil.which("mpirun"):
         print("SKIP fsdp world 2: mpirun not found")
         return
