@@ -7,7 +7,8 @@
  *
  * Op calls bind their arguments to the op's signature from ops.def (tensors first, then
  * attributes by position or keyword, bare flag names), and store every attribute on the
- * node, defaults included. A layer call creates one block per instance and lowers the
+ * node, defaults included (dropout binds x and p and adds what the compiler owns: its RNG
+ * input and key, below). A layer call creates one block per instance and lowers the
  * forward body once per instance, chaining results into the next instance's arguments.
  */
 #include <math.h>
@@ -48,7 +49,8 @@ int lower_too_big(Lower *L, Loc loc)
     return 1;
 }
 
-RVal lower_add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, Loc loc)
+static RVal add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *attrs,
+                     int n_attr, Loc loc)
 {
     char err[512] = "";
     if (lower_too_big(L, loc)) return poison();
@@ -78,7 +80,7 @@ RVal lower_add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *at
 static int scalar_of(Lower *L, double c, Loc loc)
 {
     Attr a = {.key = "value", .kind = ATTR_FLOAT, .f = c};
-    RVal r = lower_add_node(L, OP_scalar, NULL, 0, &a, 1, loc);
+    RVal r = add_node(L, OP_scalar, NULL, 0, &a, 1, loc);
     return r.kind == RV_VALUE ? r.id : -1;
 }
 
@@ -113,7 +115,7 @@ static RVal lower_neg(Lower *L, Scope *s, const Expr *e)
     RVal r = lower_expr(L, s, e->lhs);
     if (r.kind == RV_CONST) return constant(-r.c);
     int x = one_value(L, r, e->lhs->loc);
-    return x < 0 ? poison() : lower_add_node(L, OP_neg, &x, 1, NULL, 0, e->loc);
+    return x < 0 ? poison() : add_node(L, OP_neg, &x, 1, NULL, 0, e->loc);
 }
 
 static RVal lower_binary(Lower *L, Scope *s, const Expr *e)
@@ -144,7 +146,7 @@ static RVal lower_binary(Lower *L, Scope *s, const Expr *e)
     OpKind op = e->op == '+' ? OP_add : e->op == '-' ? OP_sub : e->op == '*' ? OP_mul
               : e->op == '/' ? OP_div : OP_matmul;
     int in[2] = {x, y};
-    return lower_add_node(L, op, in, 2, NULL, 0, e->loc);
+    return add_node(L, op, in, 2, NULL, 0, e->loc);
 }
 
 /* ---- op calls ------------------------------------------------------------------------ */
@@ -219,7 +221,8 @@ static int bind_keyword(Lower *L, const OpInfo *info, const Arg *a, const Expr *
 
 /* Puts each argument of call `e` in the slot of its parameter; a variadic op's tensors
  * go to xs. */
-int lower_bind_args(Lower *L, const Expr *e, const OpInfo *info, const Expr **slot, const Expr **xs, int *n_xs)
+static int bind_args(Lower *L, const Expr *e, const OpInfo *info, const Expr **slot,
+                     const Expr **xs, int *n_xs)
 {
     int variadic = info->n_tensors < 0, rc = 0, np = 0, got = 0, seen_key = 0;
     for (const Arg *a = e->args; a; a = a->next) got++;
@@ -284,7 +287,7 @@ int lower_bind_args(Lower *L, const Expr *e, const OpInfo *info, const Expr **sl
     return rc;
 }
 
-int lower_tensor_arg(Lower *L, Scope *s, const OpInfo *info, const char *pname, const Expr *x)
+static int tensor_arg(Lower *L, Scope *s, const OpInfo *info, const char *pname, const Expr *x)
 {
     if (x->kind == EX_LIST) {
         diag_error(L->d, x->loc, "%s: argument '%s' must be a tensor, not a list", info->name, pname);
@@ -362,12 +365,12 @@ static RVal lower_op_call(Lower *L, Scope *s, const Expr *e, OpKind op)
     const OpInfo *info = op_info(op);
     const Expr *slot[IR_MAX_PARAMS] = {0}, *xs[IR_MAX_IN];
     int n_xs = 0;
-    if (lower_bind_args(L, e, info, slot, xs, &n_xs)) return poison();
+    if (bind_args(L, e, info, slot, xs, &n_xs)) return poison();
     int variadic = info->n_tensors < 0, rc = 0, in[IR_MAX_IN], n_in = 0;
     int first = variadic ? 1 : info->n_tensors;
     if (variadic) {
         for (int i = 0; i < n_xs; i++)
-            if ((in[n_in++] = lower_tensor_arg(L, s, info, info->params[0].name, xs[i])) < 0) rc = -1;
+            if ((in[n_in++] = tensor_arg(L, s, info, info->params[0].name, xs[i])) < 0) rc = -1;
     } else if (op == OP_sqrt && slot[0]->kind != EX_LIST) {
         RVal x = lower_expr(L, s, slot[0]);  // sqrt of a constant folds
         if (x.kind == RV_CONST && x.c < 0) {
@@ -378,14 +381,14 @@ static RVal lower_op_call(Lower *L, Scope *s, const Expr *e, OpKind op)
         if ((in[n_in++] = one_value(L, x, slot[0]->loc)) < 0) rc = -1;
     } else {
         for (int k = 0; k < first; k++)
-            if ((in[n_in++] = lower_tensor_arg(L, s, info, info->params[k].name, slot[k])) < 0) rc = -1;
+            if ((in[n_in++] = tensor_arg(L, s, info, info->params[k].name, slot[k])) < 0) rc = -1;
     }
     Attr attrs[IR_MAX_PARAMS];
     int n_attr = 0;
     for (int k = first; k < info->n_params; k++)
         if (attr_arg(L, s, info, k, slot[k], &attrs[n_attr++])) rc = -1;
     if (rc) return poison();
-    return lower_add_node(L, op, in, n_in, attrs, n_attr, e->loc);
+    return add_node(L, op, in, n_in, attrs, n_attr, e->loc);
 }
 
 /* ---- layer instances ----------------------------------------------------------------- */
@@ -544,6 +547,91 @@ static RVal lower_instances(Lower *L, Scope *s, const Expr *e, const Layer *ly)
         for (int j = 0; j < ly->n_ret && i + 1 < count; j++) args[j] = ret[j];
     }
     return ly->n_ret == 1 ? value(ret[0]) : tuple(L, ret, ly->n_ret, ly->def->name);
+}
+
+/* ---- dropout ------------------------------------------------------------------------ */
+
+/* dropout(x, p): source passes x and p (a constant in [0, 1)); the node gets what makes
+ * its mask a pure function of (seed, step, op, element), whatever the strategy
+ * (runtime/cpu/dropout.c):
+ *   rng    the step's RNG words, one i32 [4] input of the graph (step role SR_RNG) that
+ *          the runtime writes: seed, step, this rank's data-parallel index
+ *   key    the op's number in the model, in lowering order (each layer instance's own);
+ *          recompute and micro-batch copies keep it, so they draw the same mask
+ *   batch  x's first dim is the batch (a part of the global batch's rows: it has the batch
+ *          dim's size and x depends on a batched input), so its elements are counted in
+ *          the global batch; else every rank's x is the whole tensor
+ *   mb, mbs  the micro-batch (passes/pipeline.c sets mb on each copy) of mbs per rank
+ * p = 0 is the identity and makes no node. In evaluation every dropout is the identity:
+ * passes_eval_identity (passes/eval.c) takes the nodes out of an evaluation program.
+ */
+
+/* The graph's rng input, made on first use. */
+static int rng_input(Lower *L)
+{
+    if (L->rng >= 0) return L->rng;
+    Value v = {.dtype = DT_I32, .rank = 1, .shape = {4}, .role = ROLE_INPUT, .block = -1, .name = "rng",
+               .producer = -1, .tied_to = -1, .grad = -1};
+    L->rng = ir_value_add(L->g, &v);
+    L->g->values[L->rng].step_role = SR_RNG;
+    return L->rng;
+}
+
+/* Whether value x depends on a batched input (the model's inputs: their first dim is the
+ * batch). */
+static int from_batch(Lower *L, int x)
+{
+    Graph *g = L->g;
+    char *seen = arena_alloc(L->tmp, (size_t)g->n_values + 1);
+    int *stack = arena_alloc(L->tmp, sizeof *stack * ((size_t)g->n_values + 1)), n = 0;
+    memset(seen, 0, (size_t)g->n_values + 1);
+    stack[n++] = x, seen[x] = 1;
+    while (n > 0) {
+        const Value *v = ir_value(g, stack[--n]);
+        if (v->role == ROLE_INPUT && v->step_role == SR_NONE && v->rank > 0) return 1;
+        if (v->producer < 0) continue;
+        const Node *nd = ir_node(g, v->producer);
+        for (int i = 0; i < nd->n_in; i++) {
+            int u = ir_in(g, nd, i);
+            if (!seen[u]) seen[u] = 1, stack[n++] = u;
+        }
+    }
+    return 0;
+}
+
+static int batch_leading(Lower *L, int x)
+{
+    if (!L->batch_dim) return 0;
+    const Binding *b = scope_find(&L->model, L->batch_dim);
+    const Value *v = ir_value(L->g, x);
+    return b && b->kind == B_DIM && v->rank > 0 && v->shape[0] == b->dim && from_batch(L, x);
+}
+
+static RVal lower_dropout(Lower *L, Scope *s, const Expr *e)
+{
+    const OpInfo *info = op_info(OP_dropout);
+    OpInfo user = *info;  // what source binds: x and p; the other parameters are the compiler's
+    user.sig = "x, p:float";
+    user.params[1] = info->params[op_param_index(info, "p")];
+    user.n_params = 2, user.n_tensors = 1;
+    const Expr *slot[IR_MAX_PARAMS] = {0};
+    int n_xs = 0;
+    if (bind_args(L, e, &user, slot, NULL, &n_xs)) return poison();
+    int x = tensor_arg(L, s, &user, "x", slot[0]);
+    double p = 0;
+    if (ce_float(L, s, slot[1], "dropout: argument 'p'", &p) || x < 0) return poison();
+    if (!(p >= 0 && p < 1)) {
+        diag_error(L->d, slot[1]->loc, "dropout: p must be in [0, 1), got %g", p);
+        return poison();
+    }
+    if (p == 0) return value(x);
+    int in[2] = {x, rng_input(L)};
+    Attr a[5] = {{.key = "p", .kind = ATTR_FLOAT, .f = p},
+                 {.key = "key", .kind = ATTR_INT, .i = L->n_dropouts++},
+                 {.key = "batch", .kind = ATTR_INT, .i = batch_leading(L, x)},
+                 {.key = "mb", .kind = ATTR_INT, .i = 0},
+                 {.key = "mbs", .kind = ATTR_INT, .i = L->batch_dim && L->microbatches > 1 ? L->microbatches : 1}};
+    return add_node(L, OP_dropout, in, 2, a, 5, e->loc);
 }
 
 /* ---- expressions and assignments ------------------------------------------------------ */

@@ -3,7 +3,6 @@
  *   lower.c      fe_compile: parse, settings, the model's declarations, loss and outputs
  *   settings.c   the `train` block and the command line's --key value over the defaults
  *   expr.c       statements and expressions: op calls, layer instances
- *   dropout.c    dropout(x, p): its key, its rng input, its place in the global batch
  *   consteval.c  constant expressions: dims, shapes, attributes, initializers
  *   scope.c      names in scope, and the errors for names that are not
  *
@@ -126,14 +125,6 @@ int lower_enter(Lower *L, Loc loc);
 /* 1, with one error per compilation, when the graph has grown past LOWER_MAX_ITEMS. */
 int lower_too_big(Lower *L, Loc loc);
 RVal lower_expr(Lower *L, Scope *s, const Expr *e);
-/* A node at loc in the current block: its output (a tuple for several), or poison after
- * its error. */
-RVal lower_add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, Loc loc);
-/* Puts each argument of call e in the slot of its parameter in info's signature (a
- * variadic op's tensors in xs); 0, or -1 after errors. */
-int lower_bind_args(Lower *L, const Expr *e, const OpInfo *info, const Expr **slot, const Expr **xs, int *n_xs);
-/* Argument x as one tensor (parameter pname of info), or -1 after an error. */
-int lower_tensor_arg(Lower *L, Scope *s, const OpInfo *info, const char *pname, const Expr *x);
 /* `a, b = expr;` binds the targets in s; to poison when anything in it failed. */
 void lower_assign(Lower *L, Scope *s, const Stmt *st);
 
@@ -142,10 +133,6 @@ void lower_assign(Lower *L, Scope *s, const Stmt *st);
 void lower_dim(Lower *L, Scope *s, const Stmt *st, const Define *def);
 /* Adds the param declared by st, named `full`, to the graph; its value id or -1. */
 int lower_param(Lower *L, Scope *s, const Stmt *st, const char *full, int block);
-
-/* ---- dropout.c ------------------------------------------------------------------------ */
-/* dropout(x, p) at call e: x's value, or the dropout node's output. */
-RVal lower_dropout(Lower *L, Scope *s, const Expr *e);
 
 /* ---- settings.c --------------------------------------------------------------------- */
 void lower_settings(Lower *L, const Program *p, TrainConfig *train);
