@@ -10,7 +10,9 @@
     tolerance of tests/mpi/strategies.py), since each rank draws its part of the global
     batch's mask; a rank that counted elements from 0 (its local mask) repeats rank 0's
     mask, and the losses differ by orders of magnitude more.
-(c) PyTorch semantics. An LM whose logits are dropout(embedding(wte, tokens), p), on a
+(c) The memory plan stores no mask: the model saves for backward exactly the bytes the
+    same model without dropout saves (the backward regenerates each mask from its key).
+(d) PyTorch semantics. An LM whose logits are dropout(embedding(wte, tokens), p), on a
     token file where step 1's B x T tokens are all distinct: then step 1's gradient of
     row tokens[b, t] of wte is mask[b, t] / (1 - p) * dlogits[b, t], zero exactly where
     the mask dropped. The mask read from fsexec's --save-grads is applied in PyTorch as
@@ -41,27 +43,29 @@ TOL = 1e-5
 STEPS = 5
 P = 0.25
 
-MLP = """
-model mlp {
+MLP_TEMPLATE = """
+model mlp {{
   dim B = 48, D = 16, H = 64, K = 4, L = 2;
   input x: f32[B, D];
   input y: i32[B];
-  layer Hidden {
+  layer Hidden {{
     param w: [H, H] = normal(0.125);
     param b: [H] = zeros;
-    forward(h) {
-      return dropout(relu(h @ w + b), 0.2);
-    }
-  }
+    forward(h) {{
+      return {drop1};
+    }}
+  }}
   param w_in: [D, H] = uniform(-0.25, 0.25);
   param w_out: [H, K] = normal(0.125);
-  h = Hidden[L](dropout(x @ w_in, 0.1)) as hidden;
+  h = Hidden[L]({drop0}) as hidden;
   logits = h @ w_out;
   loss = cross_entropy(logits, y);
   output logits;
-}
-train { optimizer adamw(lr = 1e-2, eps = 1e-6); }
+}}
+train {{ optimizer adamw(lr = 1e-2, eps = 1e-6); }}
 """
+MLP = MLP_TEMPLATE.format(drop0="dropout(x @ w_in, 0.1)", drop1="dropout(relu(h @ w + b), 0.2)")
+MLP_PLAIN = MLP_TEMPLATE.format(drop0="x @ w_in", drop1="relu(h @ w + b)")  # the same without dropout
 
 LM = """
 model lm {
@@ -130,6 +134,20 @@ def recompute_and_world(fsc, fsexec, work):
     print("ok   fsdp world 2 under mpirun: losses and norms rel %.1e, params rel %.1e of world 1" % (lerr, perr))
 
 
+def memory_plan(fsc, work):
+    """The backward regenerates the masks: the plan saves exactly what the model without
+    dropout saves, and holds 16 bytes more input (the rng words)."""
+    cats = {}
+    for name in ("mlp.fsm", "plain.fsm"):
+        out = run([fsc, os.path.join(work, name), "--mem=json"], work)
+        cats[name] = {c["key"]: c["max"] for c in json.loads(out[out.index("{"):])["categories"]}
+    d, p = cats["mlp.fsm"], cats["plain.fsm"]
+    if d["saved"] != p["saved"] or d["inputs"] != p["inputs"] + 16:
+        sys.exit("FAIL memory plan: saved for backward %d bytes with dropout, %d without; inputs %d, %d" %
+                 (d["saved"], p["saved"], d["inputs"], p["inputs"]))
+    print("ok   memory plan: saved for backward %d bytes with and without dropout; inputs +16 bytes (rng)" % d["saved"])
+
+
 def pytorch(fsc, fsexec, work):
     B, T, V = 4, 8, 256
     tokens = os.path.join(work, "tokens.bin")
@@ -177,9 +195,10 @@ def main():
     quiet_mpi_leaks()
     fsc, fsexec = (os.path.abspath(p) for p in sys.argv[1:3])
     with tempfile.TemporaryDirectory() as work:
-        for name, src in (("mlp.fsm", MLP), ("lm.fsm", LM)):
+        for name, src in (("mlp.fsm", MLP), ("plain.fsm", MLP_PLAIN), ("lm.fsm", LM)):
             with open(os.path.join(work, name), "w") as f:
                 f.write(src)
+        memory_plan(fsc, work)
         recompute_and_world(fsc, fsexec, work)
         pytorch(fsc, fsexec, work)
     print("dropout trains the same under recompute and fsdp world 2, as PyTorch's")
