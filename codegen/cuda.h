@@ -89,7 +89,8 @@ static inline const char *cu_tout(const CuCtx *c, int i) { return cu_type(cu_out
  *   float fs_rn_f16(float v), fs_rn_bf16(float v);  // v rounded through the dtype
  *   bool  fs_isfinite(float x);
  *   float fs_sigmoid(float x), fs_gelu(float x), fs_gelu_grad(float x), fs_silu_grad(float x);
- * the last three the CPU's formulas (tanh-GELU as x sigmoid(2u); runtime/cpu/elementwise.c). */
+ * the last three the CPU's formulas (tanh-GELU as x sigmoid(2u); runtime/cpu/elementwise.c);
+ * and fs_philox, fs_dropout_words, fs_dropout_keep, ops/philox.h's text as the CPU compiles it. */
 
 /* ---- codegen/cuda_module.c: helpers every emitter may use (extensions) ------------ */
 

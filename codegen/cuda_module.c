@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "cuda.h"
+#include "philox.h"
 
 typedef struct {
     uint64_t hash;       // text_hash(src)
@@ -117,7 +118,7 @@ CuModule *cu_module_new(Arena *a, Plan *p)
     CuModule *m = arena_alloc(a, sizeof *m);
     m->arena = a, m->plan = p;
     m->text.arena = a;
-    cu_text_add(&m->text, "%s", PRELUDE);
+    cu_text_add(&m->text, "%s%s", PRELUDE, FS_PHILOX_CUDA);  // then dropout's RNG (ops/philox.h)
     return m;
 }
 

@@ -93,6 +93,7 @@ static PlanStepRole map_step_role(StepRole r)
     case SR_STEP: return PLAN_SR_STEP;
     case SR_OPT_STEP: return PLAN_SR_OPT_STEP;
     case SR_LOSS_SEED: return PLAN_SR_LOSS_SEED;
+    case SR_RNG: return PLAN_SR_RNG;
     case SR_COUNT: break;
     }
     FS_ASSERT(!"unknown step role");

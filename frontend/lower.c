@@ -442,7 +442,7 @@ Graph *fe_compile(const char *src, size_t len, const FrontendOptions *opt, Train
         arena_free(tmp);
         return NULL;
     }
-    Lower L = {.tmp = tmp, .d = d, .opt = opt ? opt : &no_options, .block = -1, .body = p->body};
+    Lower L = {.tmp = tmp, .d = d, .opt = opt ? opt : &no_options, .block = -1, .body = p->body, .rng = -1};
     L.g = ir_graph_new(p->name);
     scope_init(&L.model, NULL);
     int n = 0;

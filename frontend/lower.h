@@ -78,6 +78,8 @@ typedef struct {
     const char *batch_dim;  // the dim each data-parallel rank takes a part of, or NULL
     int64_t batch_split;    // into how many parts: world x microbatches
     int64_t world, microbatches;  // the two factors of batch_split, for its message
+    int rng;                // the step's RNG words dropout reads (an input, SR_RNG), or -1
+    int n_dropouts;         // dropouts lowered so far: the next one's key
 } Lower;
 
 /* The value of an expression. */

@@ -105,6 +105,8 @@ double flops_attention(const Graph *g, const Node *n)
 }
 
 double flops_arange(const Graph *g, const Node *n) { return 0; }
+/* The mask's compare and the scale; the Philox rounds are integer work, not FLOPs. */
+double flops_dropout(const Graph *g, const Node *n) { return out_numel(g, n); }
 double flops_scalar(const Graph *g, const Node *n) { return 0; }
 
 /* ---- compiler-made ops: constants, backward, optimizer ------------------------------ */

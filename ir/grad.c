@@ -122,6 +122,15 @@ int grad_sigmoid(GradCtx *c) { return c->din[0] = emit2(c, OP_sigmoid_bwd, out_o
 int grad_relu(GradCtx *c) { return c->din[0] = emit2(c, OP_relu_bwd, in_of(c, 0), c->dout[0]), 0; }
 int grad_gelu(GradCtx *c) { return c->din[0] = emit2(c, OP_gelu_bwd, in_of(c, 0), c->dout[0]), 0; }
 int grad_silu(GradCtx *c) { return c->din[0] = emit2(c, OP_silu_bwd, in_of(c, 0), c->dout[0]), 0; }
+/* Dropout's backward is dropout of dy under the same key (the same attributes and rng):
+ * it regenerates the forward's mask, so nothing is saved for it, not even x. */
+int grad_dropout(GradCtx *c)
+{
+    const Node *fwd = ir_node(c->g, c->node);
+    Attr at[IR_MAX_PARAMS];
+    ir_node_attrs(c->g, fwd, at);
+    return c->din[0] = emit(c, OP_dropout, (int[]){c->dout[0], in_of(c, 1)}, 2, at, fwd->n_attr), 0;
+}
 
 /* ---- matmul ------------------------------------------------------------------------ */
 

@@ -599,3 +599,16 @@ int shape_scalar(ShapeCtx *c)
     shape_set(c, 0, DT_F32, 0, NULL);
     return 0;
 }
+
+/* dropout(x, rng): x's type; rng is the step's RNG words, i32 [4] (plan.h: PLAN_SR_RNG). */
+int shape_dropout(ShapeCtx *c)
+{
+    if (want_inputs(c, 2) || want_float(c, &c->in[0])) return -1;
+    const OpType *r = &c->in[1];
+    if (r->dtype != DT_I32 || r->rank != 1 || r->shape[0] != 4)
+        return shape_fail(c, "dropout: the rng input must be i32 [4]");
+    double p = op_attr_float(&c->attrs, "p", 0);
+    if (!(p >= 0 && p < 1)) return shape_fail(c, "dropout: p must be in [0, 1), got %g", p);
+    same_as(c, &c->in[0]);
+    return 0;
+}

@@ -24,7 +24,8 @@ static void warn_unused(const Graph *g, const char *live_val, Diag *d)
 {
     for (int v = 0; v < g->n_values; v++) {
         const Value *val = ir_value(g, v);
-        if (live_val[v] || (val->role != ROLE_PARAM && val->role != ROLE_INPUT)) continue;
+        if (live_val[v] || (val->role != ROLE_PARAM && val->role != ROLE_INPUT) || val->step_role != SR_NONE)
+            continue;  // the runtime's own inputs (dropout's rng, unread in evaluation) are not the model's
         diag_warning(d, val->loc, "%s '%s' is never used by the loss or an output%s", role_name(val->role),
                      val->name ? val->name : "?", val->role == ROLE_PARAM ? "; it will get no gradient" : "");
     }

@@ -86,8 +86,7 @@ static int check_supported(const TrainConfig *t, Diag *d)
 int passes_run_forward(Graph *g, const Options *o, Diag *d)
 {
     FS_ASSERT(o->train.stages <= 1 && o->train.microbatches <= 1);
-    /* Dropout is the identity in a forward-only program: the place to make it so (a
-     * rewrite before the first pass) is here, once the dropout op exists. */
+    passes_eval_identity(g);  // dropout is the identity in a forward-only program (model.eval())
     for (int i = 0; i < N_PASSES; i++) {
         if (!PASSES[i].forward) continue;
         if (PASSES[i].run(g, o, d) != 0 || d->n_errors) return -1;

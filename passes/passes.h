@@ -46,4 +46,9 @@ int pass_schedule(Graph *g, const Options *o, Diag *d);   // passes/schedule.c
 int pass_fuse(Graph *g, const Options *o, Diag *d);       // passes/fuse.c
 int pass_memplan(Graph *g, const Options *o, Diag *d);    // passes/memplan.c
 
+/* ---- passes/eval.c: for evaluation programs (forward only), before passes_run ---------- */
+/* Dropout is the identity in evaluation: every dropout's readers (and the graph's outputs)
+ * read its input instead; pass_dce then removes the nodes. Returns how many it bypassed. */
+int passes_eval_identity(Graph *g);
+
 #endif

@@ -132,7 +132,8 @@ static const char *mb_name(Pipe *p, const char *name, int m)
 static int64_t batch_rows(const Graph *g, int n_values)
 {
     for (int v = 0; v < n_values; v++)
-        if (g->values[v].role == ROLE_INPUT && g->values[v].producer < 0) return g->values[v].rank ? g->values[v].shape[0] : 0;
+        if (g->values[v].role == ROLE_INPUT && g->values[v].producer < 0 && g->values[v].step_role == SR_NONE)
+            return g->values[v].rank ? g->values[v].shape[0] : 0;
     return 0;
 }
 
@@ -144,7 +145,8 @@ static void split_inputs(Pipe *p, int64_t batch)
     if (batch <= 0) return;
     for (int x = 0; x < p->n_before; x++) {
         Value *in = &g->values[x];
-        if (in->role != ROLE_INPUT || in->producer >= 0 || in->rank == 0 || in->shape[0] != batch) continue;
+        if (in->role != ROLE_INPUT || in->producer >= 0 || in->step_role != SR_NONE || in->rank == 0 || in->shape[0] != batch)
+            continue;
         in->shape[0] = batch * p->M;
         Loc loc = in->loc;
         int chunk = -1;  // the slices open the forward of the first model chunk that reads them
@@ -181,6 +183,8 @@ static void clone_node(Pipe *p, int m, int n)
     for (int i = 0; i < node.n_in; i++) in[i] = in_mb(p, m, ir_in(g, &node, i));
     Attr attrs[IR_MAX_PARAMS];
     ir_node_attrs(g, &node, attrs);
+    for (int a = 0; a < node.n_attr; a++)  // an op that draws per micro-batch (dropout) learns which
+        if (!strcmp(attrs[a].key, "mb")) attrs[a].i = m;
     char err[256];
     int c = ir_node_add(g, node.op, in, node.n_in, attrs, node.n_attr, node.block, node.phase, node.loc, err, sizeof err);
     if (c < 0) fprintf(stderr, "pipeline: %s\n", err);

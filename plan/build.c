@@ -303,7 +303,7 @@ static const char *const PHASES[PLAN_PHASE_COUNT] = {"forward", "backward", "rec
                                                      "optimizer", "comm", "backward_weight"};
 static const char *const STREAMS[PLAN_STREAM_COUNT] = {"compute", "collective", "copy"};
 static const char *const STEP_ROLES[PLAN_SR_COUNT] = {"none", "loss", "lr", "grad_norm", "loss_scale",
-                                                      "step", "opt_step", "loss_seed"};
+                                                      "step", "opt_step", "loss_seed", "rng"};
 static const char *const INITS[PLAN_INIT_COUNT] = {"none", "zeros", "ones", "normal", "uniform", "full"};
 
 const char *plan_dtype_name(PlanDType t) { return NAME_OF(DTYPES, t); }

@@ -64,11 +64,13 @@ typedef enum { PLAN_STREAM_COMPUTE, PLAN_STREAM_COLLECTIVE, PLAN_STREAM_COPY, PL
  * (the output the progress line shows), the learning rate and the global gradient norm
  * of the step (outputs), the fp16 loss scale (state), the step number the runtime writes
  * (input), the optimizer's step counter (state: the step was skipped when it did not
- * move), and the backward's seed (fp16: the loss scale; --debug-overflow-at poisons it).
+ * move), the backward's seed (fp16: the loss scale; --debug-overflow-at poisons it), and
+ * the RNG words dropout reads (input, i32 [4]: the run's seed low and high 32 bits, the
+ * step, the rank's data-parallel index), which the runtime writes.
  * At most one tensor of each program has each role. */
 typedef enum {
     PLAN_SR_NONE, PLAN_SR_LOSS, PLAN_SR_LR, PLAN_SR_GRAD_NORM, PLAN_SR_LOSS_SCALE, PLAN_SR_STEP, PLAN_SR_OPT_STEP,
-    PLAN_SR_LOSS_SEED, PLAN_SR_COUNT
+    PLAN_SR_LOSS_SEED, PLAN_SR_RNG, PLAN_SR_COUNT
 } PlanStepRole;
 typedef enum {
     PLAN_PHASE_FORWARD, PLAN_PHASE_BACKWARD, PLAN_PHASE_RECOMPUTE, PLAN_PHASE_OPTIMIZER,

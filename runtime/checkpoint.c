@@ -20,7 +20,7 @@
  *
  * The data cursor is the step: a step's batch is a function of (seed, step) alone
  * (data.c), and so is every random number (the counter-based RNG is keyed by seed and
- * position; there is no dropout yet). The seed is in the manifest.
+ * position; dropout's masks by seed, step, op and element). The seed is in the manifest.
  */
 #include <dirent.h>
 #include <errno.h>

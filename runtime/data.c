@@ -624,7 +624,7 @@ static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFor
         size_t at = 0;
         for (int32_t i = 0; i < p->n_tensors && at < sizeof shapes; i++) {
             const PlanTensor *t = &p->tensors[i];
-            if (t->role != PLAN_ROLE_INPUT || t->step_role == PLAN_SR_STEP) continue;
+            if (t->role != PLAN_ROLE_INPUT || t->step_role != PLAN_SR_NONE) continue;
             at += (size_t)snprintf(shapes + at, sizeof shapes - at, "%s%s %s rank %d", at ? ", " : "",
                                    plan_str(p, t->name), plan_dtype_name(t->dtype), t->rank);
         }

@@ -82,8 +82,6 @@ int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, int 
         if (p->tensors[i].role == PLAN_ROLE_INPUT) d->up[d->n_up++] = i;
     for (int i = 0; i < n_report; i++)
         if (report[i] >= 0) d->down[d->n_down++] = report[i];
-    int32_t step = plan_role_tensor(p, PLAN_SR_STEP);
-    if (step != PLAN_NONE && p->tensors[step].dtype == PLAN_DT_I32) d->step = rt_exec_data(e, step);
     if (!(d->b = d->ops->create(&o, err, sizeof err))) {
         fprintf(stderr, "%s\n", err);
         return -1;
@@ -115,7 +113,7 @@ int rt_device_move(RtDevice *d, Exec *e, int up, const int32_t *ids, int n)
 
 int rt_device_step_in(RtDevice *d, Exec *e, int64_t step)
 {
-    if (d->step) *d->step = (int32_t)step;  // the CPU backend runs this step number too
+    rt_exec_set_step(e, step);  // the CPU backend runs this step number too
     return rt_device_move(d, e, 1, d->up, d->n_up);
 }
 

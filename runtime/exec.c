@@ -86,6 +86,7 @@ struct Exec {
     int32_t n_ops;
     int32_t *dead;          // tensor ids, grouped by the op after which they die
     int32_t *step;          // the "step" input, or NULL
+    int32_t *rng;           // dropout's RNG words (PLAN_SR_RNG): seed low, seed high, step, rank; or NULL
     int nan_fill;
     int rank, world;        // the data-parallel index and ranks of this stage
     const Plan *whole;      // the plan of every stage (ExecOptions.whole), or plan
@@ -372,6 +373,10 @@ static int init_tensors(Exec *e, uint64_t seed, char *err, size_t errlen)
         int32_t from = t->tied_to != PLAN_NONE ? t->tied_to : i;
         rt_init_param(plan_str(p, p->tensors[from].name), seed, t->init, t->init_a, t->init_b, 0, n, (float *)data);
     }
+    if (e->rng) {  // the step word is written before each step (rt_exec_set_step)
+        e->rng[0] = (int32_t)(uint32_t)seed, e->rng[1] = (int32_t)(uint32_t)(seed >> 32);
+        e->rng[2] = 0, e->rng[3] = e->rank;
+    }
     return 0;
 }
 
@@ -386,6 +391,25 @@ static int find_step(Exec *e, char *err, size_t errlen)
                          plan_tensor_label(p, i), plan_dtype_name(t->dtype), t->rank);
     e->step = rt_exec_data(e, i);
     return 0;
+}
+
+/* Dropout's RNG words (plan.h: PLAN_SR_RNG), when some op reads them. */
+static int find_rng(Exec *e, char *err, size_t errlen)
+{
+    const Plan *p = e->plan;
+    int32_t i = plan_role_tensor(p, PLAN_SR_RNG);
+    if (i == PLAN_NONE) return 0;
+    const PlanTensor *t = &p->tensors[i];
+    if (t->dtype != PLAN_DT_I32 || t->rank != 1 || t->shape[0] != 4 || t->role != PLAN_ROLE_INPUT)
+        return plan_fail(err, errlen, "the rng input '%s' is not an i32 [4] input", plan_tensor_label(p, i));
+    e->rng = rt_exec_data(e, i);
+    return 0;
+}
+
+void rt_exec_set_step(Exec *e, int64_t step)
+{
+    if (e->step) *e->step = (int32_t)step;
+    if (e->rng) e->rng[2] = (int32_t)step;
 }
 
 /* Whether the host must hold tensor i for a device: what init writes (persistent state,
@@ -516,7 +540,7 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
     if (alloc_spaces(e, prog, err, errlen)) return -1;
     /* A mirror runs only the host space's ops (offload's update, rt_exec_run_host_op): its
      * device's backend proves the schedule (cs_build) and runs the rest. */
-    if (e->mirror) return find_step(e, err, errlen) || build_host_ops(e, err, errlen) || init_tensors(e, o->seed, err, errlen);
+    if (e->mirror) return find_step(e, err, errlen) || find_rng(e, err, errlen) || build_host_ops(e, err, errlen) || init_tensors(e, o->seed, err, errlen);
     if (plan_check_schedule(p, e->rank, err, errlen)) return -1;
     e->ops = plan_alloc(sizeof *e->ops * (size_t)p->n_ops);
     if (!e->ops) return plan_fail(err, errlen, "out of memory");
@@ -536,7 +560,8 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
         for (int32_t k = 0; k < p->n_ops; k++)
             if (e->ops[k].coll && e->ops[k].coll->group == g) rt_comm_bind(e->queue, e->ops[k].coll);
     if (build_workspace(e, err, errlen)) return -1;
-    if ((e->nan_fill && build_dead_lists(e, err, errlen)) || find_step(e, err, errlen)) return -1;
+    if ((e->nan_fill && build_dead_lists(e, err, errlen)) || find_step(e, err, errlen) || find_rng(e, err, errlen))
+        return -1;
     for (int s = 0; s < PLAN_PLACE_COUNT && e->nan_fill; s++) memset(e->space[s], 0xff, (size_t)e->space_bytes[s]);
     for (int s = 0; s < PLAN_PLACE_COUNT && o->guard; s++)
         if (!(e->guard[s] = rt_guard_new(p, (PlanPlace)s, e->space[s], e->space_bytes[s], err, errlen))) return -1;
@@ -593,7 +618,7 @@ int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned ph
         return -1;
     }
     if (step < 1 || step > INT32_MAX || from < 0 || to > e->n_ops) return -1;
-    if (e->step) *e->step = (int32_t)step;
+    rt_exec_set_step(e, step);
     const PlanTensor *t = e->plan->tensors;
     const int32_t *waits = e->plan->waits;
     RtCommQueue *q = e->queue;

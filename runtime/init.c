@@ -1,7 +1,7 @@
 /* runtime/init.c: parameter initialization with a counter-based RNG.
  *
- * Every random number in the runtime is Philox4x32-10 (Salmon et al., "Parallel random
- * numbers: as easy as 1, 2, 3", SC'11): a pure function of a 64-bit key and a 128-bit
+ * Every random number in the runtime is Philox4x32-10 (ops/philox.h, which dropout's CPU
+ * and CUDA kernels use too): a pure function of a 64-bit key and a 128-bit
  * counter, so any element can be made without the ones before it. A parameter's element
  * i is drawn from key = seed, counter = (i, FNV-1a 64 of the param's full name): each
  * rank of a sharded plan makes exactly its own slice, identical to the same slice of the
@@ -22,29 +22,10 @@
 #include <math.h>
 #include <string.h>
 
+#include "philox.h"
 #include "runtime.h"
 
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u
-#define PHILOX_W1 0xBB67AE85u
-
-void rt_philox(uint64_t key, const uint32_t ctr[4], uint32_t out[4])
-{
-    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
-    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
-    for (int r = 0; r < 10; r++) {
-        if (r) k0 += PHILOX_W0, k1 += PHILOX_W1;
-        uint64_t p0 = (uint64_t)PHILOX_M0 * c0, p1 = (uint64_t)PHILOX_M1 * c2;
-        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
-        uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
-        c0 = hi1 ^ c1 ^ k0;
-        c1 = lo1;
-        c2 = hi0 ^ c3 ^ k1;
-        c3 = lo0;
-    }
-    out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
-}
+void rt_philox(uint64_t key, const uint32_t ctr[4], uint32_t out[4]) { fs_philox(key, ctr[0], ctr[1], ctr[2], ctr[3], out); }
 
 uint64_t rt_fnv1a(const char *s) { return plan_fnv1a(PLAN_FNV1A_INIT, s, strlen(s)); }
 

@@ -10,7 +10,7 @@
 
 /* ---- what a plan needs ----------------------------------------------------------------- */
 
-static int is_data_input(const PlanTensor *t) { return t->role == PLAN_ROLE_INPUT && t->step_role != PLAN_SR_STEP; }
+static int is_data_input(const PlanTensor *t) { return t->role == PLAN_ROLE_INPUT && t->step_role == PLAN_SR_NONE; }
 
 /* Whether tensors i and j are one data input: the same, or named alike (two stages). */
 static int same_input(const Plan *p, int32_t i, int32_t j)

@@ -154,6 +154,9 @@ void rt_exec_free(Exec *e);
  * With world > 1 collectives run nonblocking over MPI, each waited for where the plan's
  * schedule says, all complete on return; every rank must make the same calls. */
 int rt_exec_run(Exec *e, int64_t step, unsigned phases);
+/* Writes the step input (PLAN_SR_STEP) and the step word of dropout's RNG words (PLAN_SR_RNG,
+ * whose seed and rank words init wrote) for a step that runs elsewhere (a device). */
+void rt_exec_set_step(Exec *e, int64_t step);
 /* The same for ops [from, to) only (a step split around a point, e.g. to read the
  * gradients before the first optimizer op). In a pipeline every send and receive
  * started before `to` must be able to complete before the peer stage passes its own
@@ -801,7 +804,6 @@ typedef struct {
     char name[200];           // for the start line: "cuda:0 NVIDIA H200 (sm_90)", "cpu (no CUDA driver)"
     int32_t *up, *down;       // each step: the inputs up before it, the reported outputs down after
     int n_up, n_down;
-    int32_t *step;            // the plan's step input in the host mirror, written before each step; or NULL
 } RtDevice;
 
 /* Chooses the backend for `want`: CUDA for RT_DEVICE_CUDA, and for RT_DEVICE_AUTO when

@@ -236,7 +236,6 @@ int main(int argc, char **argv)
                .verbose = verbose};
     ExecOptions eo = {.seed = seed ? seed : (uint64_t)plan_meta_int(p, "seed", 0), .rank = 0, .world = 1};
     RtData *data = NULL;
-    RtTensor step;
     int rc = 2;
     int64_t biggest = 1;
     for (int32_t i = 0; i < p->n_tensors; i++)
@@ -250,11 +249,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "op_check: %s: %s\n", path, err);
     } else {
         rt_data_fill(data, 1);
-        int32_t step_id = plan_role_tensor(p, PLAN_SR_STEP);
-        if (step_id != PLAN_NONE) {  // both arenas start at step 1
-            rt_exec_tensor_id(c.e, step_id, &step);
-            *(int32_t *)step.data = 1;
-        }
+        rt_exec_set_step(c.e, 1);  // both arenas start at step 1 (and dropout's RNG words with it)
         RtBackendOptions bo = {.plan = p, .host_arena = rt_exec_arena(c.e), .host_bytes = rt_exec_arena_bytes(c.e),
                                .rank = 0, .world = 1, .local_rank = -1, .tf32 = tf32, .verbose = verbose};
         if (!(c.dev = ops->create(&bo, err, sizeof err))) {

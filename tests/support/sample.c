@@ -19,6 +19,13 @@ Plan *sample_compile(const char *file, const Define *defs, int n_defs, const Set
     size_t len = fread(src, 1, sizeof src - 1, f);
     fclose(f);
     src[len] = 0;
+    return sample_compile_source(file, src, defs, n_defs, set, n_set, out);
+}
+
+Plan *sample_compile_source(const char *file, const char *src, const Define *defs, int n_defs, const Setting *set,
+                            int n_set, Graph **out)
+{
+    size_t len = strlen(src);
     Diag d;
     diag_init(&d, file, src, len, stderr);
     FrontendOptions fo = {defs, n_defs, set, n_set};

@@ -11,6 +11,9 @@
 /* samples/FILE with -D defines and --key value settings; the graph too when g is not
  * NULL (the caller frees it). Fails the current Criterion test on any error. */
 Plan *sample_compile(const char *file, const Define *defs, int n_defs, const Setting *set, int n_set, Graph **g);
+/* The same for source text src, named `file` in messages. */
+Plan *sample_compile_source(const char *file, const char *src, const Define *defs, int n_defs, const Setting *set,
+                            int n_set, Graph **g);
 
 /* Every gradient the optimizer reads after step 1's backward (seed 5, synthetic data in
  * order), f32, the params' in tensor order, concatenated; *n floats. Free with free(). */

@@ -159,6 +159,8 @@ static Case cases[] = {
     {"relu", "param a: [2, 3] = uniform(0.1, 1);  param b: [2, 3] = uniform(-1, -0.1);", "relu(a) + relu(b)", "[2, 3]", H, TOL},
     {"gelu", "param a: [2, 5] = normal(1.5);", "gelu(a)", "[2, 5]", H, TOL},
     {"silu", "param a: [2, 5] = normal(1.5);", "silu(a)", "[2, 5]", H, TOL},
+    /* The mask is a function of (seed, step, op, element) alone: every re-run draws it again. */
+    {"dropout", "param a: [4, 8] = normal(1);", "dropout(a, 0.5) + dropout(a * a, 0.25)", "[4, 8]", H, TOL},
     {"sum_keepdim", "param a: [2, 3, 4] = normal(1);", "sum(a, axis = 1, keepdim = 1)", "[2, 1, 4]", H, TOL},
     {"sum_first", "param a: [2, 3, 4] = normal(1);", "sum(a, axis = 0)", "[3, 4]", H, TOL},
     {"mean", "param a: [2, 3, 4] = normal(1);", "mean(a, axis = -1)", "[2, 3]", H, TOL},
