@@ -191,6 +191,32 @@ def pytorch(fsc, fsexec, work):
                                                                 float(ay.sum() / ax.sum())))
 
 
+def evaluation(fsc, fsexec, work):
+    """The evaluation program (--val-data) runs the model with dropout as the identity:
+    its loss before step 1 equals, bit for bit, the same model's without dropout, while
+    step 1's training loss (dropout on) differs."""
+    vals = {}
+    for tag in ("mlp", "plain"):
+        plan, log = (os.path.join(work, "eval_" + tag + ext) for ext in (".plan", ".jsonl"))
+        run([fsc, os.path.join(work, tag + ".fsm"), "-o", plan, "-q"], work)
+        run([fsexec, plan, "--steps", "1", "--val-data", "blobs", "--eval-batches", "2", "--log", log,
+             "--threads", "1"], work)
+        with open(log) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        val = [x for x in lines if x.get("step") == 0 and "val_loss" in x]
+        train = [x for x in lines if x.get("step") == 1 and "loss" in x]
+        if not val or not train:
+            sys.exit("FAIL evaluation (%s): no val_loss at step 0 or loss at step 1 in %s" % (tag, lines))
+        vals[tag] = (val[0]["val_loss"], train[0]["loss"])
+    if vals["mlp"][0] != vals["plain"][0]:
+        sys.exit("FAIL evaluation: val_loss %r with dropout, %r without: the eval program must not drop"
+                 % (vals["mlp"][0], vals["plain"][0]))
+    if vals["mlp"][1] == vals["plain"][1]:
+        sys.exit("FAIL evaluation: step 1's training loss %r is the same with and without dropout" % vals["mlp"][1])
+    print("ok   evaluation: val_loss %.9g with and without dropout; training loss %.9g vs %.9g"
+          % (vals["mlp"][0], vals["mlp"][1], vals["plain"][1]))
+
+
 def main():
     quiet_mpi_leaks()
     fsc, fsexec = (os.path.abspath(p) for p in sys.argv[1:3])
@@ -201,6 +227,7 @@ def main():
         memory_plan(fsc, work)
         recompute_and_world(fsc, fsexec, work)
         pytorch(fsc, fsexec, work)
+        evaluation(fsc, fsexec, work)
     print("dropout trains the same under recompute and fsdp world 2, as PyTorch's")
 
 
