@@ -66,8 +66,9 @@ static inline unsigned long long fs_dropout_threshold(double p)
 
 #define FS_PHILOX_STR_(...) #__VA_ARGS__
 #define FS_PHILOX_STR(...) FS_PHILOX_STR_(__VA_ARGS__)
-/* The same functions as CUDA device code, a string literal for a module's text. */
-#define FS_PHILOX_CUDA FS_PHILOX_STR(FS_PHILOX_DEFS(static __device__ __forceinline__)) "\n"
+/* The same functions as CUDA device code, a string literal for a module's text; not static,
+ * like the prelude's functions (NVRTC warns of a static one a module does not call). */
+#define FS_PHILOX_CUDA FS_PHILOX_STR(FS_PHILOX_DEFS(__device__ __forceinline__)) "\n"
 
 FS_PHILOX_DEFS(static inline)
 

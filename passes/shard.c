@@ -208,6 +208,15 @@ static void collect_units(Shard *s)
 
 /* The gradient of param p that goes into its unit's flat gradient buffer: p's own, or
  * with reduce16 the compute-dtype gradient its cast back reads; -1 for none. */
+/* Whether any param of the unit has a gradient (none in a frozen unit, or in a
+ * forward-only program: evaluation, sampling). */
+static int has_grads(const Graph *g, const Unit *u)
+{
+    for (int k = 0; k < u->n_params; k++)
+        if (ir_value(g, u->params[k])->grad >= 0) return 1;
+    return 0;
+}
+
 static int flat_grad_of(const Shard *s, int p)
 {
     int gv = ir_value(s->g, p)->grad;
@@ -574,7 +583,7 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
             if (t->shard == SHARD_FSDP && t->reshard_after_forward && u->block >= 0 && k != u->first_run &&
                 u->first_in_run[k] < NONE)
                 regather(&s, u, k);
-        if (u->group == GROUP_FROZEN) continue;  // no gradient, so no reduction and no update
+        if (!has_grads(g, u)) continue;  // frozen, or a forward-only program: no reduction, no update
         layout_grads(&s, u, taken);
         reduce_grads(&s, u);
     }

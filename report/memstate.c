@@ -152,9 +152,13 @@ int report_state_marks(MemReport *r)
     for (int32_t k = 0; k < p->n_ops; k++)
         if (p->ops[k].n_in >= 1) mark_op(r, &p->ops[k], gathers);
     mark_partials(r);
+    /* A forward-only program (evaluation, sampling) uses each gather once and frees it:
+     * working memory, whatever the strategy. */
+    int forward_only = 1;
+    for (int32_t k = 0; k < p->n_ops && forward_only; k++) forward_only = p->ops[k].phase != PLAN_PHASE_BACKWARD;
     for (int32_t t = 0; t < p->n_tensors; t++) {
         int32_t src = r->copy_of[t], made = p->tensors[t].producer;
-        if (src != PLAN_NONE && gathers[src] > 1 && made >= 0 && made < p->n_ops &&
+        if (src != PLAN_NONE && (gathers[src] > 1 || forward_only) && made >= 0 && made < p->n_ops &&
             report_op_comm(p, &p->ops[made]) == COMM_ALL_GATHER)
             r->marks[t] |= MEM_MARK_PER_USE;
     }

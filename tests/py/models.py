@@ -40,6 +40,10 @@ def load_safetensors(path, dtype=torch.float32):
         if name == "__metadata__":
             continue
         a, b = info["data_offsets"]
+        if info["dtype"] == "BF16":  # numpy has no bfloat16: its bits are an f32's top half
+            bits = np.frombuffer(data[a:b], dtype="<u2").astype(np.uint32) << 16
+            out[name] = torch.from_numpy(bits.view(np.float32).reshape(info["shape"]).copy()).to(dtype)
+            continue
         np_dtype = np.dtype(_ST_DTYPES[info["dtype"]]).newbyteorder("<")
         arr = np.frombuffer(data[a:b], dtype=np_dtype).reshape(info["shape"])
         out[name] = torch.from_numpy(arr.astype(np_dtype.newbyteorder("="), copy=True)).to(dtype)
