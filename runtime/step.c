@@ -210,8 +210,15 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
             return 1;
         }
         if (o->reached) *o->reached = step;
-        /* Every rank stops at the same step: a signal reaches them at different moments. */
-        int last = step == o->steps, stop = o->stop ? rt_comm_agree((int)*o->stop) : 0;  // the signal, agreed
+        /* Every rank stops at the same step: a signal reaches them at different moments. The
+         * agreement is a collective, watched as the step is: a rank that stopped running
+         * (SIGSTOP) or died would hold every other rank in it. */
+        int last = step == o->steps, stop = 0;
+        if (o->stop) {
+            rt_watchdog_arm("step", step);  // part of the step: its end, agreed
+            stop = rt_comm_agree((int)*o->stop);  // the signal, agreed
+            rt_watchdog_disarm();
+        }
         if (last) stop = 0;
         if (stop && o->stopped_by) *o->stopped_by = stop;
         if (o->checkpoint && (last || stop || (o->save_every && step % o->save_every == 0))) {
