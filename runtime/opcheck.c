@@ -240,13 +240,17 @@ static int want_dtype(OpCheck *c, int i, PlanDType dt, int rank)
                 plan_dtype_name(dt), rank == 0 ? " []" : "");
 }
 
+static int want_float(OpCheck *c, int i)
+{
+    if (in_t(c, i)->dtype != PLAN_DT_I32) return 0;
+    char what[256];
+    return fail(c, "input %d, %s, should be a float tensor", i, describe(c, in_id(c, i), what, sizeof what));
+}
+
 static int want_float_inputs(OpCheck *c, int n)
 {
-    for (int i = 0; i < n; i++) {
-        if (in_t(c, i)->dtype != PLAN_DT_I32) continue;
-        char what[256];
-        return fail(c, "input %d, %s, should be a float tensor", i, describe(c, in_id(c, i), what, sizeof what));
-    }
+    for (int i = 0; i < n; i++)
+        if (want_float(c, i)) return -1;
     return 0;
 }
 
@@ -346,7 +350,7 @@ static int optimizer(OpCheck *c, int n_f32, int scalars)
 {
     for (int i = 0; i < n_f32; i++) {
         int grad = i == 1 || (i == 2 && in_id(c, i) == in_id(c, 1));
-        if (grad ? want_float_inputs(c, i + 1) : want_dtype(c, i, PLAN_DT_F32, i >= scalars ? 0 : -1)) return -1;
+        if (grad ? want_float(c, i) : want_dtype(c, i, PLAN_DT_F32, i >= scalars ? 0 : -1)) return -1;
     }
     return want_dtype(c, n_f32, PLAN_DT_I32, 0);
 }
