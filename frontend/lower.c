@@ -459,6 +459,7 @@ Graph *fe_compile(const char *src, size_t len, const FrontendOptions *opt, Train
     lower_statements(&L, p->body);
     if (!d->stopped) lower_objective(&L, p);
     if (d->n_errors == before) lower_param_groups(&L, p, train);
+    if (d->n_errors == before) lower_recompute_check(&L, p, train);
     arena_free(tmp);
     if (d->n_errors > before) {
         ir_graph_free(L.g);

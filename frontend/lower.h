@@ -141,5 +141,8 @@ void lower_settings(Lower *L, const Program *p, TrainConfig *train);
  * no_decay); a name that matches no param is an error, and so is a model with nothing
  * left to train. */
 void lower_param_groups(Lower *L, const Program *p, const TrainConfig *train);
+/* Checks each `recompute` item against the blocks made (errors at the train block's item,
+ * or for the command line's --recompute). */
+void lower_recompute_check(Lower *L, const Program *p, const TrainConfig *train);
 
 #endif

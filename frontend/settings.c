@@ -4,8 +4,9 @@
  * Each statement sets one or more keys through config_set (ir/config.c), which owns the
  * keys and their accepted values; values pass as the text the user wrote. A bad key is
  * reported at the key, a bad value at the value; command-line errors have no location.
- * `recompute` names are checked here, where the model's layers are known; `freeze` names
- * and `weight_decay_on` mark the params once they are made (lower_param_groups).
+ * `freeze` names and `weight_decay_on` mark the params once they are made
+ * (lower_param_groups); `recompute` items are checked against the blocks once they are
+ * made (lower_recompute_check).
  *
  *   precision bf16;                      precision = "bf16"
  *   recompute Block, Mlp;                recompute = "Block,Mlp"
@@ -32,26 +33,6 @@ static void set(Lower *L, TrainConfig *c, const char *key, const char *text, Loc
     char err[512] = "";
     if (config_set(c, key, text, err, sizeof err) == 0) return;
     diag_error(L->d, known_key(key) ? val_loc : key_loc, "%s", err[0] ? err : "bad setting");
-}
-
-/* none, all, or a layer; 0 when it is one. */
-static int check_recompute(Lower *L, const char *name, Loc loc, const char *prefix)
-{
-    if (strcmp(name, "none") == 0 || strcmp(name, "all") == 0 || lower_layer_find(L, name))
-        return 0;
-    const char **cands = arena_alloc(L->tmp, sizeof *cands * (size_t)(L->n_layers + 2));
-    int n = 0;
-    cands[n++] = "none";
-    cands[n++] = "all";
-    for (int i = 0; i < L->n_layers; i++) cands[n++] = L->layers[i].def->name;
-    const char *best = diag_closest(name, cands, n);
-    if (best)
-        diag_error(L->d, loc, "%srecompute: no layer named '%s'; did you mean '%s'?", prefix, name,
-                   best);
-    else
-        diag_error(L->d, loc, "%srecompute: no layer named '%s' (expected none, all or layer names)",
-                   prefix, name);
-    return -1;
 }
 
 /* The text of a setting's value as written, or NULL after an error. */
@@ -90,15 +71,12 @@ static void setting(Lower *L, const Stmt *st, TrainConfig *c)
     const Expr *v = st->value;
     if (!strcmp(st->name, "optimizer")) c->optimizer_loc = st->name_loc;
     if (v) {
-        int recompute = strcmp(st->name, "recompute") == 0, rc = 0;
         size_t len = 0;
         for (const Expr *x = v; x; x = x->next) {
             const char *t = value_text(L, x);
             if (!t) return;
-            if (recompute && check_recompute(L, t, x->loc, "")) rc = -1;
             len += strlen(t) + 1;
         }
-        if (rc) return;
         char *text = arena_alloc(L->tmp, len + 1);
         for (const Expr *x = v; x; x = x->next) {
             if (x != v) strcat(text, ",");
@@ -131,7 +109,6 @@ void lower_settings(Lower *L, const Program *p, TrainConfig *c)
     for (const Stmt *st = p->train; st && !L->d->stopped; st = st->next) setting(L, st, c);
     for (int i = 0; i < L->opt->n_settings && !L->d->stopped; i++) {
         const Setting *s = &L->opt->settings[i];
-        if (strcmp(s->key, "recompute") == 0 && each_item(L, s->value, check_recompute)) continue;
         char err[512] = "";
         if (config_set(c, s->key, s->value, err, sizeof err) == 0) continue;
         size_t n = strlen(s->key);
@@ -188,21 +165,21 @@ static int freeze(Lower *L, const char *pat, Loc loc, const char *prefix)
     return hits ? 0 : -1;
 }
 
-/* The train block's `freeze` statement, when the command line does not override it. */
-static const Stmt *freeze_statement(const Lower *L, const Program *p)
+/* The train block's statement of `key`, when the command line does not override it. */
+static const Stmt *last_statement(const Lower *L, const Program *p, const char *key)
 {
     for (int i = 0; i < L->opt->n_settings; i++)
-        if (!strcmp(L->opt->settings[i].key, "freeze")) return NULL;
+        if (!strcmp(L->opt->settings[i].key, key)) return NULL;
     const Stmt *last = NULL;
     for (const Stmt *st = p->train; st; st = st->next)
-        if (st->value && !strcmp(st->name, "freeze")) last = st;
+        if (st->value && !strcmp(st->name, key)) last = st;
     return last;
 }
 
 void lower_param_groups(Lower *L, const Program *p, const TrainConfig *t)
 {
     Graph *g = L->g;
-    const Stmt *st = freeze_statement(L, p);
+    const Stmt *st = last_statement(L, p, "freeze");
     int rc = 0;
     if (st)
         for (const Expr *x = st->value; x; x = x->next) rc |= freeze(L, value_text(L, x), x->loc, "");
@@ -219,4 +196,64 @@ void lower_param_groups(Lower *L, const Program *p, const TrainConfig *t)
     }
     if (!rc && params && !trainable)
         diag_error(L->d, st ? st->name_loc : p->loc, "every param is frozen: nothing is left to train");
+}
+
+/* ---- recompute, once the blocks are made ------------------------------------------- */
+
+/* Whether block b has an attention op (what `attention:` recomputes). */
+static int has_attention(const Graph *g, int b)
+{
+    for (int n = 0; n < g->n_nodes; n++)
+        if (g->nodes[n].block == b && g->nodes[n].op == OP_attention) return 1;
+    return 0;
+}
+
+/* One item of `recompute` (ir/config.c: recompute_mode): it must name a block, and with
+ * attention: a block with an attention op; 0, or -1 after an error. */
+static int check_recompute(Lower *L, const char *item, Loc loc, const char *prefix)
+{
+    Graph *g = L->g;
+    char why[256];
+    size_t len = strlen(item);
+    if (!strcmp(item, "none")) return 0;
+    if (recompute_item_check(item, len, why, sizeof why)) {
+        diag_error(L->d, loc, "%srecompute: %s", prefix, why);
+        return -1;
+    }
+    int attention = 0, hits = 0, with_attention = 0;
+    for (int b = 0; b < g->n_blocks; b++)
+        if (recompute_item_names(item, len, &g->blocks[b], &attention)) hits++, with_attention += has_attention(g, b);
+    if (hits && attention && !with_attention) {
+        diag_error(L->d, loc, "%srecompute: '%s': no block it names has an attention op to recompute; name the blocks "
+                   "that do, or drop attention: to recompute the whole block", prefix, item);
+        return -1;
+    }
+    if (hits) return 0;
+    if (!g->n_blocks) {
+        diag_error(L->d, loc, "%srecompute: '%s': the model has no layer instances to recompute", prefix, item);
+        return -1;
+    }
+    const char **cands = arena_alloc(L->tmp, sizeof *cands * (2 * (size_t)g->n_blocks + 3));
+    int n = 0;
+    cands[n++] = "none", cands[n++] = "all", cands[n++] = "attention";
+    for (int b = 0; b < g->n_blocks; b++) cands[n++] = g->blocks[b].layer, cands[n++] = g->blocks[b].name;
+    const char *target = attention && strchr(item, ':') ? strchr(item, ':') + 1 : item;
+    const char *best = diag_closest(target, cands, n);
+    const char *first = g->blocks[0].name, *dot = strrchr(first, '.');
+    int stem = dot ? (int)(dot - first + 1) : 0;
+    char range[96] = "";
+    if (g->n_blocks > 1) snprintf(range, sizeof range, " or a range such as %.*s0-1", stem, first);
+    diag_error(L->d, loc, "%srecompute: no layer or instance named '%s'%s%s%s (expected none, all, attention, a layer "
+               "such as %s, an instance such as %s%s)", prefix, target, best ? "; did you mean '" : "", best ? best : "",
+               best ? "'?" : "", g->blocks[0].layer, first, range);
+    return -1;
+}
+
+void lower_recompute_check(Lower *L, const Program *p, const TrainConfig *t)
+{
+    const Stmt *st = last_statement(L, p, "recompute");
+    if (st)
+        for (const Expr *x = st->value; x; x = x->next) check_recompute(L, value_text(L, x), x->loc, "");
+    else
+        each_item(L, t->recompute, check_recompute);
 }

@@ -31,6 +31,85 @@ int checkpoint_recomputes(const TrainConfig *t, int m)
 {
     return t->checkpoint == CKPT_ALWAYS || (t->checkpoint == CKPT_EXCEPT_LAST && m < t->microbatches - 1);
 }
+/* The target after an `attention:` prefix (or `attention` alone: every block). */
+static const char *item_target(const char *item, size_t *len, int *attention)
+{
+    static const char prefix[] = "attention:";
+    size_t n = sizeof prefix - 1;
+    *attention = 0;
+    if (*len == n - 1 && !strncmp(item, prefix, n - 1)) {
+        *attention = 1, *len = 3;
+        return "all";
+    }
+    if (*len > n && !strncmp(item, prefix, n)) {
+        *attention = 1, *len -= n;
+        return item + n;
+    }
+    return item;
+}
+
+/* NAME.A-B: the length of NAME. (through the dot), and A, B; 0 when the target is not a range. */
+static size_t item_range(const char *t, size_t len, long *lo, long *hi)
+{
+    const char *dash = memchr(t, '-', len);
+    if (!dash) return 0;
+    const char *dot = dash;
+    while (dot > t && dot[-1] != '.') dot--;
+    if (dot == t || dot == dash) return 0;
+    char a[24] = "", b[24] = "";
+    size_t na = (size_t)(dash - dot), nb = len - (size_t)(dash + 1 - t);
+    if (na >= sizeof a || nb >= sizeof b || !nb) return 0;
+    memcpy(a, dot, na), memcpy(b, dash + 1, nb);
+    if (strspn(a, "0123456789") != na || strspn(b, "0123456789") != nb) return 0;
+    *lo = atol(a), *hi = atol(b);
+    return (size_t)(dot - t);
+}
+
+int recompute_item_names(const char *item, size_t len, const Block *b, int *attention)
+{
+    const char *t = item_target(item, &len, attention);
+    if (len == 3 && !strncmp(t, "all", 3)) return 1;
+    if ((strlen(b->layer) == len && !strncmp(t, b->layer, len)) || (strlen(b->name) == len && !strncmp(t, b->name, len)))
+        return 1;
+    long lo, hi;
+    size_t pre = item_range(t, len, &lo, &hi);
+    if (!pre || strncmp(b->name, t, pre)) return 0;
+    const char *num = b->name + pre;
+    if (!*num || strspn(num, "0123456789") != strlen(num)) return 0;
+    long i = atol(num);
+    return lo <= i && i <= hi;
+}
+
+int recompute_item_check(const char *item, size_t len, char *err, size_t errlen)
+{
+    int attention;
+    const char *t = item_target(item, &len, &attention);
+    long lo, hi;
+    if (!len) {
+        snprintf(err, errlen, "an empty item%s", attention ? " after attention:" : "");
+        return -1;
+    }
+    if (memchr(t, '-', len) && (!item_range(t, len, &lo, &hi) || lo > hi)) {
+        snprintf(err, errlen, "'%.*s' is not a range of instances: write NAME.A-B with A <= B, as h.0-5 (h.0 to h.5)",
+                 (int)len, t);
+        return -1;
+    }
+    return 0;
+}
+
+RecomputeMode recompute_mode(const char *list, const Block *b)
+{
+    RecomputeMode m = RC_NONE;
+    for (const char *p = list; *p;) {
+        size_t len = strcspn(p, ",");
+        int attention;
+        if (!(len == 4 && !strncmp(p, "none", 4)) && recompute_item_names(p, len, b, &attention))
+            m = attention ? (m == RC_NONE ? RC_ATTENTION : m) : RC_FULL;
+        p += len + (p[len] == ',');
+    }
+    return m;
+}
+
 const char *decay_on_name(int matrices) { return DECAY_ON[matrices != 0]; }
 const char *lr_schedule_name(LrSchedule s) { return (unsigned)s < LR_COUNT ? LR_SCHEDS[s] : "?"; }
 
@@ -84,7 +163,7 @@ static const KeyDef KEYS[] = {
     ENUM("shard", shard, SHARDS, "none, ddp, zero1 (oss), zero2 (sdp), fsdp (zero3)"),
     INT("reshard_after_forward", reshard_after_forward, 0, 1, "fsdp: free gathered params after forward (1) or keep them (0)"),
     INT("world", world, 1, 1 << 20, "number of ranks"),
-    {{"recompute", "none, all, or layer names (A,B)"}, K_TEXT, offsetof(TrainConfig, recompute), 0, 0, NULL, 0},
+    {{"recompute", "none, all, layers, instances (h.3) or ranges (h.0-5); attention: before any for the attention core alone"}, K_TEXT, offsetof(TrainConfig, recompute), 0, 0, NULL, 0},
     {{"freeze", "none, or params, layer instances (h.0) and layers (Block) to freeze (A,B): no gradient, "
       "no optimizer state"}, K_TEXT, offsetof(TrainConfig, freeze), 0, 0, NULL, 0},
     INT("stages", stages, 1, 1024, "pipeline stages (world = stages x data-parallel ranks)"),

@@ -417,6 +417,19 @@ const char *checkpoint_name(PipeCheckpoint c);
 /* Whether pipeline micro-batch m keeps only its stage's inputs and recomputes the
  * stage's forward in its backward (checkpoint always; except_last: all but the last). */
 int checkpoint_recomputes(const TrainConfig *t, int m);
+/* `recompute`, per block (ir/config.c): a comma-separated list of items, each a target
+ * (all, a layer: Block, an instance: h.3, or a range of instances: h.0-5, which is h.0 to
+ * h.5), full by default or prefixed `attention:` for the attention core alone (Megatron's
+ * selective recompute); `attention` alone is attention:all. A full item wins over an
+ * attention one; none: nothing. */
+typedef enum { RC_NONE, RC_ATTENTION, RC_FULL, RC_COUNT } RecomputeMode;
+RecomputeMode recompute_mode(const char *list, const Block *b);
+/* One item of the list (len bytes at item): whether it asks for the attention core only
+ * (*attention), and whether its target names block b. */
+int recompute_item_names(const char *item, size_t len, const Block *b, int *attention);
+/* Whether an item's target is well formed: all, a name, or NAME.A-B with A <= B; 0 or
+ * -1 with why in err. */
+int recompute_item_check(const char *item, size_t len, char *err, size_t errlen);
 const char *lr_schedule_name(LrSchedule s);
 const char *decay_on_name(int matrices);  // weight_decay_on: "all" or "matrices"
 

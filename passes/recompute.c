@@ -1,13 +1,17 @@
 /* passes/recompute.c: activation checkpointing (FairScale's checkpoint_wrapper) planned
  * ahead of time.
  *
- * Needs: autodiff's backward nodes; `recompute` names layers ("all": every block).
- * Gives: for each checkpointed block, a copy of its forward (phase recompute) placed just
+ * Needs: autodiff's backward nodes; `recompute` names blocks (ir/config.c: recompute_mode:
+ *        layers, instances, ranges, all), each full or `attention:` only.
+ * Gives: for each block recomputed in full, a copy of its forward (phase recompute) placed just
  *        before its backward, which then reads the copies instead of the activations the
  *        forward made. The forward's activations die as soon as the forward is done with
  *        them; only what other blocks read stays (a block's input is the previous one's
  *        output). The copies compute exactly what the forward did, so gradients are
  *        bit-identical; the memory plan shows the saving, the FLOP count the extra work.
+ *        For a block recomputed `attention:` only (Megatron's selective recompute), a
+ *        copy of its attention core alone (recompute_attention), before the first
+ *        backward node that reads it.
  *        And, whatever the setting: a layout copy (merge_heads, transpose: OPF_LAYOUT, no
  *        arithmetic) whose output the backward reads, of inputs the backward keeps anyway
  *        (read by it, or persistent), is made again just before its first backward
@@ -18,20 +22,6 @@
 #include <string.h>
 
 #include "passes.h"
-
-/* Whether block b's layer is named in `recompute` ("all", or a comma-separated list). */
-static int checkpointed(const Graph *g, int b, const char *recompute)
-{
-    if (!strcmp(recompute, "all")) return 1;
-    const char *layer = g->blocks[b].layer;
-    size_t n = strlen(layer);
-    for (const char *p = recompute; *p;) {
-        size_t len = strcspn(p, ",");
-        if (len == n && !strncmp(p, layer, n)) return 1;
-        p += len + (p[len] == ',');
-    }
-    return 0;
-}
 
 typedef struct {
     Graph *g;
@@ -76,30 +66,6 @@ static int in_region(const Graph *g, int n, int b)
     return b >= 0 ? node->block == b : node->chunk == -b - 1 && !(op_info(node->op)->flags & OPF_P2P);
 }
 
-static void recompute_block(Recompute *r, int b)
-{
-    Graph *g = r->g;
-    int first_bwd = -1;
-    for (int n = 0; n < r->n_orig && first_bwd < 0; n++)
-        if (in_region(g, n, b) && (g->nodes[n].phase == PHASE_BACKWARD || g->nodes[n].phase == PHASE_WGRAD)) first_bwd = n;
-    if (first_bwd < 0) return;  // nothing differentiates through this block
-    for (int n = 0; n < r->n_orig; n++)
-        if (in_region(g, n, b) && g->nodes[n].phase == PHASE_FORWARD) r->placed_at[clone_node(r, n, PHASE_RECOMPUTE)] = first_bwd;
-    /* The block's own backward reads the copies; other blocks keep what they read. */
-    for (int n = first_bwd; n < r->n_orig; n++) {
-        Node *node = &g->nodes[n];
-        if (!in_region(g, n, b) || (node->phase != PHASE_BACKWARD && node->phase != PHASE_WGRAD)) continue;
-        for (int i = 0; i < node->n_in; i++) {
-            int v = g->ids[node->in + i];
-            if (r->clone_of[v] >= 0) g->ids[node->in + i] = r->clone_of[v];
-        }
-    }
-    /* The next block's copies must read what its own forward read, not these. */
-    for (int n = 0; n < r->n_orig; n++)
-        if (in_region(g, n, b) && g->nodes[n].phase == PHASE_FORWARD)
-            for (int i = 0; i < g->nodes[n].n_out; i++) r->clone_of[ir_out(g, &g->nodes[n], i)] = -1;
-}
-
 static int backward_phase(Phase p) { return p == PHASE_BACKWARD || p == PHASE_WGRAD; }
 
 /* Whether the backward keeps value v anyway: it reads it, or it lives across the step. */
@@ -109,9 +75,8 @@ static int kept_anyway(const Graph *g, const uint8_t *read_back, int v)
     return read_back[v] || r == ROLE_PARAM || r == ROLE_INPUT || r == ROLE_OPT_STATE || r == ROLE_MASTER;
 }
 
-/* The layout copies the backward would keep (see the top), made again before their first
- * backward reader, which (with every later one) reads the new copy. */
-static void recompute_layout_copies(Recompute *r)
+/* Per value: whether a backward node reads it (now). */
+static uint8_t *read_back_of(const Recompute *r)
 {
     Graph *g = r->g;
     uint8_t *read_back = arena_alloc(g->arena, (size_t)g->n_values + 1);
@@ -119,6 +84,103 @@ static void recompute_layout_copies(Recompute *r)
     for (int n = 0; n < r->n_orig; n++)
         if (backward_phase(g->nodes[n].phase))
             for (int i = 0; i < g->nodes[n].n_in; i++) read_back[ir_in(g, &g->nodes[n], i)] = 1;
+    return read_back;
+}
+
+/* Reruns the forward nodes marked in `set` (phase recompute) just before node `at`; the
+ * backward nodes of region b (in_region) read the copies from there on. */
+static void rerun(Recompute *r, const uint8_t *set, int b, int at)
+{
+    Graph *g = r->g;
+    for (int n = 0; n < r->n_orig; n++)
+        if (set[n]) r->placed_at[clone_node(r, n, PHASE_RECOMPUTE)] = at;
+    for (int n = at; n < r->n_orig; n++) {
+        Node *node = &g->nodes[n];
+        if (!in_region(g, n, b) || !backward_phase(node->phase)) continue;
+        for (int i = 0; i < node->n_in; i++) {
+            int v = g->ids[node->in + i];
+            if (r->clone_of[v] >= 0) g->ids[node->in + i] = r->clone_of[v];
+        }
+    }
+    /* The next region's copies must read what its own forward read, not these. */
+    for (int n = 0; n < r->n_orig; n++)
+        if (set[n])
+            for (int i = 0; i < g->nodes[n].n_out; i++) r->clone_of[ir_out(g, &g->nodes[n], i)] = -1;
+}
+
+/* The whole forward of block b (or a pipeline chunk, b < 0), before its first backward node. */
+static void recompute_block(Recompute *r, int b)
+{
+    Graph *g = r->g;
+    int first_bwd = -1;
+    for (int n = 0; n < r->n_orig && first_bwd < 0; n++)
+        if (in_region(g, n, b) && backward_phase(g->nodes[n].phase)) first_bwd = n;
+    if (first_bwd < 0) return;  // nothing differentiates through this block
+    uint8_t *set = arena_alloc(g->arena, (size_t)r->n_orig + 1);
+    for (int n = 0; n < r->n_orig; n++) set[n] = in_region(g, n, b) && g->nodes[n].phase == PHASE_FORWARD;
+    rerun(r, set, b, first_bwd);
+}
+
+/* Selective recompute of block b: its attention ops, with what they read back to the
+ * nearest GEMMs (GPT-2: from ln1's output, so the QKV projection, its bias, split and
+ * heads rerun; a GEMM's inputs are kept, as its weight gradient reads them), and the
+ * layout copies of their outputs that the backward reads (merge_heads for the
+ * projection's weight gradient). The attention's saved q, k, v, its output and
+ * log-sum-exp are then not kept from the forward to the backward; the block's other
+ * activations are. With flash-style attention (no T x T probabilities saved), this is
+ * what selective recompute can save: 4sbh of a GPT-2 block's 16sbh, and the row
+ * log-sum-exp. */
+static void recompute_attention(Recompute *r, int b)
+{
+    Graph *g = r->g;
+    uint8_t *read_back = read_back_of(r), *set = arena_alloc(g->arena, (size_t)r->n_orig + 1), *made = NULL;
+    uint8_t *outside = arena_alloc(g->arena, (size_t)g->n_values + 1);
+    memset(set, 0, (size_t)r->n_orig + 1);
+    memset(outside, 0, (size_t)g->n_values + 1);
+    for (int n = 0; n < r->n_orig; n++)
+        if (backward_phase(g->nodes[n].phase) && g->nodes[n].block != b)
+            for (int i = 0; i < g->nodes[n].n_in; i++) outside[ir_in(g, &g->nodes[n], i)] = 1;
+    for (int n = r->n_orig - 1; n >= 0; n--) {
+        const Node *node = &g->nodes[n];
+        if (node->block != b || node->phase != PHASE_FORWARD) continue;
+        if (node->op == OP_attention) set[n] = 1;
+        if (!set[n] || node->op == OP_matmul) continue;
+        for (int i = 0; i < node->n_in; i++) {
+            int v = ir_in(g, node, i), p = g->values[v].producer;
+            if (p >= 0 && p < r->n_orig && g->nodes[p].block == b && g->nodes[p].phase == PHASE_FORWARD &&
+                !outside[v] && !kept_anyway(g, outside, v))
+                set[p] = 1;
+        }
+    }
+    made = arena_alloc(g->arena, (size_t)g->n_values + 1);
+    memset(made, 0, (size_t)g->n_values + 1);
+    for (int n = 0; n < r->n_orig; n++) {
+        const Node *node = &g->nodes[n];
+        int flags = op_info(node->op)->flags, from_set = 0, ok = node->block == b && node->phase == PHASE_FORWARD &&
+            (flags & OPF_LAYOUT) && !(flags & OPF_VIEW) && node->n_out == 1 && read_back[ir_out(g, node, 0)];
+        for (int i = 0; i < node->n_in && ok; i++) {
+            int v = ir_in(g, node, i);
+            from_set |= made[v];
+            ok = made[v] || kept_anyway(g, read_back, v);
+        }
+        if (ok && from_set) set[n] = 1;
+        if (set[n])
+            for (int i = 0; i < node->n_out; i++) made[ir_out(g, node, i)] = 1;
+    }
+    int first = -1;
+    for (int n = 0; n < r->n_orig && first < 0; n++)
+        if (g->nodes[n].block == b && backward_phase(g->nodes[n].phase))
+            for (int i = 0; i < g->nodes[n].n_in && first < 0; i++)
+                if (made[ir_in(g, &g->nodes[n], i)]) first = n;
+    if (first >= 0) rerun(r, set, b, first);
+}
+
+/* The layout copies the backward would keep (see the top), made again before their first
+ * backward reader, which (with every later one) reads the new copy. */
+static void recompute_layout_copies(Recompute *r)
+{
+    Graph *g = r->g;
+    uint8_t *read_back = read_back_of(r);
     for (int n = 0; n < r->n_orig; n++) {
         const Node *node = &g->nodes[n];
         int flags = op_info(node->op)->flags;
@@ -147,7 +209,6 @@ int pass_recompute(Graph *g, const Options *o, Diag *d)
 {
     (void)d;
     const TrainConfig *t = &o->train;
-    const char *which = t->recompute;
     /* A pipeline stage whose micro-batches checkpoint (passes/pipeline.c decides which:
      * FairScale Pipe's always or except_last) recomputes its whole forward (each model
      * chunk's, just before that chunk's backward), once, here, for micro-batch 0; the
@@ -162,9 +223,12 @@ int pass_recompute(Graph *g, const Options *o, Diag *d)
         for (int c = 0; c < g->n_stages * g->n_chunks; c++) {
             if (c % g->n_stages == g->stage) recompute_block(&r, -c - 1);
         }
-    else if (strcmp(which, "none"))
-        for (int b = 0; b < g->n_blocks; b++)
-            if (checkpointed(g, b, which)) recompute_block(&r, b);
+    else
+        for (int b = 0; b < g->n_blocks; b++) {
+            RecomputeMode m = recompute_mode(t->recompute, &g->blocks[b]);
+            if (m == RC_FULL) recompute_block(&r, b);
+            if (m == RC_ATTENTION) recompute_attention(&r, b);
+        }
     recompute_layout_copies(&r);
     if (g->n_nodes == r.n_orig) return 0;
 

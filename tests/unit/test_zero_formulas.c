@@ -220,24 +220,35 @@ Test(zero_formulas, gpt2_1t_fp32) { check_model(2, "fp32", W64, 1); }
  * in the compute dtype, and attention's row log-sum-exp in f32, a s b floats. So 32 sbh +
  * 4 asb bytes in 16-bit, 64 sbh + 4 asb in fp32. merge_heads' copy of the attention
  * output is made again in the backward, not kept. Under `recompute Block` a block keeps
- * its input only: sbh in the compute dtype. */
+ * its input only: sbh in the compute dtype. Under `recompute attention` (selective: the
+ * attention core reruns from layernorm 1's output) it keeps the rest: 12 sbh, and no
+ * log-sum-exp. Under a mix (`h.0,attention:h.1`) each block keeps its own mode's. */
+static const char *const RECOMPUTE[] = {"none", "Block", "attention", "h.0,attention:h.1-2"};
+
+static int64_t saved_formula(int recompute, int block, int64_t e, int64_t sbh, int64_t asb)
+{
+    if (recompute == 3) recompute = block == 0 ? 1 : 2;
+    return recompute == 1 ? e * sbh : recompute == 2 ? 12 * e * sbh : 16 * e * sbh + 4 * asb;
+}
+
 static void check_saved(const char *precision, Strategy s, int w, int recompute)
 {
     const int64_t S = 32, Bt = 8, H = 64, A = 4, b = Bt / w;
     char world[16], what[128], err[256];
     snprintf(world, sizeof world, "%d", w);
-    snprintf(what, sizeof what, "%s %s world %d%s", precision, STRATEGY[s], w, recompute ? " recompute Block" : "");
+    snprintf(what, sizeof what, "%s %s world %d recompute %s", precision, STRATEGY[s], w, RECOMPUTE[recompute]);
     const Define dims[] = {{"C", H}, {"L", 3}, {"NH", A}, {"T", S}, {"V", 256}, {"B", Bt}};
     const Setting set[] = {{"shard", STRATEGY[s]}, {"world", world}, {"precision", precision},
-                           {"recompute", recompute ? "Block" : "none"}};
+                           {"recompute", RECOMPUTE[recompute]}};
     Plan *p = sample_compile("gpt2.fsm", dims, 6, set, 4, NULL);
     MemReport *r = report_mem_new(p, err, sizeof err);
     cr_assert_not_null(r, "%s: %s", what, err);
     int64_t e = strcmp(precision, "fp32") ? 2 : 4, sbh = S * b * H;
-    int64_t want = recompute ? e * sbh : 16 * e * sbh + 4 * A * S * b;
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 3; k++) {
+        int64_t want = saved_formula(recompute, k, e, sbh, A * S * b);
         cr_expect_eq(r->saved_by_block[k], want, "%s: block h.%d saves %lld bytes for its backward, the formula %lld",
                      what, k, (long long)r->saved_by_block[k], (long long)want);
+    }
     report_mem_free(r);
     plan_free(p);
 }
@@ -246,7 +257,7 @@ Test(zero_formulas, saved_activations_per_block)
 {
     static const char *const precisions[] = {"fp32", "bf16", "fp16"};
     for (int i = 0; i < 3; i++)
-        for (int rc = 0; rc < 2; rc++) {
+        for (int rc = 0; rc < 4; rc++) {
             check_saved(precisions[i], S_NONE, 1, rc);
             for (int s = S_DDP; s < S_COUNT; s++) check_saved(precisions[i], (Strategy)s, 2, rc);
         }
