@@ -61,13 +61,13 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def train(fsc, fsexec, work, model, dims, data, shard, world, threads=1, steps=STEPS):
-    tag = "%s-%s-%d-%d-%d" % (model, shard, world, threads, steps)
+def train(fsc, fsexec, work, model, dims, data, shard, world, threads=1, steps=STEPS, extra=()):
+    tag = "%s-%s-%d-%d-%d%s" % (model, shard, world, threads, steps, "-".join(extra).replace(":", "_").replace(",", "_"))
     plan = os.path.join(work, tag + ".plan")
     out = os.path.join(work, tag + ".safetensors")
     log = os.path.join(work, tag + ".jsonl")
-    run([fsc, "samples/%s.fsm" % model, *dims, *TRAIN, "--shard", shard, "--world", str(world), "-o", plan, "-q"],
-        ROOT)
+    run([fsc, "samples/%s.fsm" % model, *dims, *TRAIN, "--shard", shard, "--world", str(world), *extra, "-o", plan,
+         "-q"], ROOT)
     cmd = [fsexec]
     if world > 1:
         cmd += ["--nproc", str(world)]
@@ -115,6 +115,15 @@ def main():
                         sys.exit("FAIL %s %s: losses %s, single rank %s" % (model, what, got_loss, ref_loss))
                     match = "bit for bit" if world == 1 else "params at %.0f%% of tolerance at most (%s)" % (100 * worst, name)
                     print("ok   %-5s %-6s world %d: %s, losses and norms rel %.1e" % (model, shard, world, match, lerr))
+            if model == "gpt2":  # full and selective recompute (passes/recompute.c) across ranks
+                rc = ("--recompute", "h.0,attention:h.1")
+                got, got_loss = train(fsc, fsexec, work, model, dims, data, "fsdp", 2, extra=rc)
+                worst, name = compare(model, "fsdp world 2 " + " ".join(rc), got, ref, floor, False)
+                lerr = max(abs(a - b) / abs(b) for ga, gb in zip(got_loss, ref_loss) for a, b in zip(ga, gb))
+                if len(got_loss) != STEPS or lerr > TOL:
+                    sys.exit("FAIL gpt2 fsdp world 2 %s: losses %s, single rank %s" % (" ".join(rc), got_loss, ref_loss))
+                print("ok   gpt2  fsdp   world 2 %s: params at %.0f%% of tolerance at most (%s)" % (" ".join(rc), 100 * worst,
+                                                                                                   name))
     print("all strategies and worlds train like the single-rank run")
 
 
