@@ -8,9 +8,10 @@
  * each stage graph, over the stage's data-parallel ranks.
  *
  * A forward-only program (evaluation, sampling) runs the passes whose `forward` column
- * is set: no stages, autodiff, recompute, micro-batches, optimizer or offload, so its
- * graph is the forward and the loss alone, sharded (fsdp's gathers, the loss averaged
- * over the ranks) and planned like the training step's. */
+ * is set, and the stages pass when it has stages: no autodiff, recompute, micro-batches,
+ * optimizer or offload, so its graph is the forward and the loss alone, cut into the
+ * training's stages, sharded (fsdp's gathers, the loss averaged over the ranks) and
+ * planned like the training step's. */
 #include <string.h>
 
 #include "passes.h"
@@ -83,20 +84,35 @@ static int check_supported(const TrainConfig *t, Diag *d)
     return d->n_errors ? -1 : 0;
 }
 
-int passes_run_forward(Graph *g, const Options *o, Diag *d)
+/* The passes of the list (a forward-only program: those marked forward, and stages) on g,
+ * and once the stages pass has split it, on each stage graph, over the data-parallel ranks
+ * of a stage; 0, or -1 after an error. */
+static int run_list(Graph *g, const Options *o, int forward_only, Diag *d)
 {
-    FS_ASSERT(o->train.stages <= 1 && o->train.microbatches <= 1);
-    passes_eval_identity(g);  // dropout is the identity in a forward-only program (model.eval())
+    Options so = *o;
+    if (o->train.stages > 1) so.train.world = o->train.world / o->train.stages;
     for (int i = 0; i < N_PASSES; i++) {
-        if (!PASSES[i].forward) continue;
-        if (PASSES[i].run(g, o, d) != 0 || d->n_errors) return -1;
-        if (o->verify && ir_verify(g, stderr) != 0) {
-            diag_error(d, (Loc){0}, "internal error: the IR is invalid after pass '%s' (a forward-only program)",
-                       PASSES[i].name);
-            return -1;
+        if (forward_only && !PASSES[i].forward && PASSES[i].run != pass_stages) continue;
+        int n = g->n_stage_graphs ? g->n_stage_graphs : 1;
+        for (int s = 0; s < n; s++) {
+            Graph *sg = g->n_stage_graphs ? g->stage_graphs[s] : g;
+            if (PASSES[i].run(sg, g->n_stage_graphs ? &so : o, d) != 0 || d->n_errors) return -1;
+            if (o->verify && ir_verify(sg, stderr) != 0) {
+                diag_error(d, (Loc){0}, "internal error: the IR is invalid after pass '%s'%s%s", PASSES[i].name,
+                           g->n_stage_graphs ? " (a stage graph)" : "", forward_only ? " (a forward-only program)" : "");
+                return -1;
+            }
         }
+        if (o->print_after && !strcmp(o->print_after, PASSES[i].name)) print_graph(g, o);
     }
     return 0;
+}
+
+int passes_run_forward(Graph *g, const Options *o, Diag *d)
+{
+    FS_ASSERT(o->train.microbatches <= 1 && !o->print_after);
+    passes_eval_identity(g);  // dropout is the identity in a forward-only program (model.eval())
+    return run_list(g, o, 1, d);
 }
 
 int passes_run(Graph *g, const Options *o, Diag *d)
@@ -113,22 +129,5 @@ int passes_run(Graph *g, const Options *o, Diag *d)
         return -1;
     }
     if (o->print_after && !strcmp(o->print_after, "lower")) print_graph(g, o);
-    /* Once the stages pass has split the graph, each pass runs on every stage graph, over
-     * the data-parallel ranks of a stage. */
-    Options so = *o;
-    if (o->train.stages > 1) so.train.world = o->train.world / o->train.stages;
-    for (int i = 0; i < N_PASSES; i++) {
-        int n = g->n_stage_graphs ? g->n_stage_graphs : 1;
-        for (int s = 0; s < n; s++) {
-            Graph *sg = g->n_stage_graphs ? g->stage_graphs[s] : g;
-            if (PASSES[i].run(sg, g->n_stage_graphs ? &so : o, d) != 0 || d->n_errors) return -1;
-            if (o->verify && ir_verify(sg, stderr) != 0) {
-                diag_error(d, (Loc){0}, "internal error: the IR is invalid after pass '%s'%s", PASSES[i].name,
-                           g->n_stage_graphs ? " (a stage graph)" : "");
-                return -1;
-            }
-        }
-        if (o->print_after && !strcmp(o->print_after, PASSES[i].name)) print_graph(g, o);
-    }
-    return 0;
+    return run_list(g, o, 0, d);
 }

@@ -28,7 +28,8 @@ const PassInfo *passes_list(int *n);
  * o->print_after is reported before anything runs. */
 int passes_run(Graph *g, const Options *o, Diag *d);
 /* The passes of a forward-only program (no backward, no optimizer) on a graph lowered
- * with one stage and one micro-batch; 0, or -1 after an error. */
+ * with one micro-batch (and the training's stages: cut as the training's, by an explicit
+ * balance); 0, or -1 after an error. */
 int passes_run_forward(Graph *g, const Options *o, Diag *d);
 
 /* ---- one file each, in pipeline order ------------------------------------------------ */

@@ -589,7 +589,7 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
     }
     if (t->shard == SHARD_FSDP || s.gather16)
         for (int k = 0; k < s.n_runs; k++) gather_at_first_use(&s, k);
-    average_loss(&s);
+    if (g->n_outputs) average_loss(&s);  // a forward-only pipeline's stages but the last have no loss
     schedule(&s);
     ir_graph_compact(g, s.drop);
     return 0;

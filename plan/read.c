@@ -409,15 +409,17 @@ static int read_cuda(Reader *r, const Sec *s, Plan *p)
 
 static Plan *read_mem(const void *buf, size_t len, int nested, char *err, size_t errlen);
 
-/* EVAL, SAMP: a whole plan of one program, read with every check of its own. */
-static int read_subplan(Reader *r, const Sec *s, Plan **out, const char *what)
+/* EVAL, SAMP: a whole plan of `programs` programs (the evaluation: the training's
+ * stages; the sampling: one), read with every check of its own. */
+static int read_subplan(Reader *r, const Sec *s, Plan **out, const char *what, int32_t programs)
 {
     char why[400];
     if (r->nested) return fail(r, "section %s in the plan of another section: programs nest one deep", s->tag);
     *out = read_mem(s->b, s->len, 1, why, sizeof why);
     if (!*out) return fail(r, "section %s (%s): %s", s->tag, what, why);
-    if ((*out)->n_programs != 1)
-        return fail(r, "section %s (%s): a plan of %d programs, expected one", s->tag, what, (*out)->n_programs);
+    if ((*out)->n_programs != programs)
+        return fail(r, "section %s (%s): a plan of %d programs, expected %d", s->tag, what, (*out)->n_programs,
+                    programs);
     return 0;
 }
 
@@ -439,8 +441,8 @@ static int decode(Reader *r, Plan *p, const int32_t at[SEC_COUNT])
     if (!r->minor) whole_ranges(p);
     char why[200];
     if (plan_check(p, why, sizeof why)) return fail(r, "invalid plan: %s", why);
-    if ((at[SEC_EVAL] >= 0 && read_subplan(r, &s[SEC_EVAL], &p->eval, "the evaluation program")) ||
-        (at[SEC_SAMP] >= 0 && read_subplan(r, &s[SEC_SAMP], &p->sample, "the sampling program")))
+    if ((at[SEC_EVAL] >= 0 && read_subplan(r, &s[SEC_EVAL], &p->eval, "the evaluation program", p->n_programs)) ||
+        (at[SEC_SAMP] >= 0 && read_subplan(r, &s[SEC_SAMP], &p->sample, "the sampling program", 1)))
         return -1;
     return 0;
 }

@@ -232,8 +232,12 @@ static int encode_subplans(const Plan *p, Subplans *sp, char *err, size_t errlen
     *sp = (Subplans){{NULL, NULL}, {0, 0}};
     for (int k = 0; k < 2; k++) {
         char why[400];
-        if (sub[k] && (sub[k]->eval || sub[k]->sample || sub[k]->n_programs != 1))
-            return plan_fail(err, errlen, "%s must be a plan of one program, with no programs of its own", what[k]);
+        int32_t programs = k == 0 ? p->n_programs : 1;  // the evaluation: one per stage
+        if (sub[k] && (sub[k]->eval || sub[k]->sample))
+            return plan_fail(err, errlen, "%s must have no programs of its own (programs nest one deep)", what[k]);
+        if (sub[k] && sub[k]->n_programs != programs)
+            return plan_fail(err, errlen, "%s must be a plan of %d program%s (one per stage), not %d", what[k], programs,
+                             programs == 1 ? "" : "s", sub[k]->n_programs);
         if (sub[k] && plan_write_mem(sub[k], &sp->bytes[k], &sp->len[k], why, sizeof why))
             return plan_fail(err, errlen, "%s: %s", what[k], why);
     }

@@ -1,7 +1,10 @@
 /* runtime/eval.c: evaluation on held-out data (fsexec --val-data), with the plan's
  * evaluation program (Plan.eval: fsc's forward and loss of the global batch, no
  * backward, no optimizer, dropout the identity, over the training's data-parallel
- * ranks and strategy, with its own arena).
+ * ranks and strategy, with its own arena; with pipeline stages, cut as the training's:
+ * each rank runs its stage's program, the batch going through the stages as one
+ * micro-batch, and the loss is the last stage's, which is where the step line is
+ * printed).
  *
  * The eval program has params of its own, under the training program's names (and, under
  * sharding, the same flat storages, split the same way), so an evaluation starts by
@@ -28,6 +31,7 @@ typedef struct {
 
 struct RtEval {
     Exec *e;
+    Plan *stage;          // a pipeline's: this rank's stage program of the eval plan (owned), or NULL
     RtData *data;
     const Exec *train;
     Pair *pairs;
@@ -75,14 +79,15 @@ static int pair_params(RtEval *v, char *err, size_t errlen)
 
 RtEval *rt_eval_new(const Plan *whole, Exec *train, const RtEvalOptions *o, char *err, size_t errlen)
 {
-    if (whole->n_programs > 1) {
-        plan_fail(err, errlen, "--val-data: this plan is a pipeline of %d stages, and fsc plans no evaluation program "
-                  "for a pipeline; evaluate with a plan of one stage (any world and strategy), e.g. from --save-weights "
-                  "or a checkpoint", whole->n_programs);
-        return NULL;
-    }
+    int stages = rt_exec_stages(train);
     if (!whole->eval) {
-        plan_fail(err, errlen, "--val-data: the plan has no evaluation program (compiled by an older fsc); recompile it");
+        if (stages > 1)
+            plan_fail(err, errlen, "--val-data: this plan is a pipeline of %d stages with interleaved model chunks (or "
+                      "from an older fsc), for which fsc plans no evaluation program; evaluate with a plan of another "
+                      "schedule, or of one stage, e.g. from --save-weights or a checkpoint", stages);
+        else
+            plan_fail(err, errlen, "--val-data: the plan has no evaluation program (compiled by an older fsc); "
+                      "recompile it");
         return NULL;
     }
     RtEval *v = plan_alloc(sizeof *v);
@@ -92,16 +97,23 @@ RtEval *rt_eval_new(const Plan *whole, Exec *train, const RtEvalOptions *o, char
     }
     memset(v, 0, sizeof *v);
     v->train = train, v->batches = o->batches;
-    ExecOptions eo = {.seed = o->seed, .nan_fill = o->nan_fill, .rank = rt_exec_rank(train), .world = rt_exec_world(train)};
+    ExecOptions eo = {.seed = o->seed, .nan_fill = o->nan_fill, .rank = rt_exec_rank(train), .world = rt_exec_world(train),
+                      .whole = stages > 1 ? whole->eval : NULL, .stage = rt_exec_stage(train)};
     char why[512];
     int lm = rt_data_kind(whole->eval) == RT_DATA_LM;
+    const Plan *program = whole->eval;
+    if (stages > 1 && !(program = v->stage = plan_extract_program(whole->eval, eo.stage, why, sizeof why))) {
+        plan_fail(err, errlen, "the evaluation program of stage %d: %s", eo.stage, why);
+        rt_eval_free(v);
+        return NULL;
+    }
     const char *path = lm ? o->path : NULL;
     if (!lm && strcmp(o->path, "blobs"))
         plan_fail(err, errlen, "--val-data %s: this classifier trains on synthetic Gaussian blobs and reads no file; "
                   "--val-data blobs evaluates it on blob batches no training step draws", o->path);
     else if (lm && !strcmp(o->path, "blobs"))
         plan_fail(err, errlen, "--val-data blobs is for classifiers; this language model needs a token file");
-    else if (!(v->e = rt_exec_new(whole->eval, &eo, why, sizeof why)))
+    else if (!(v->e = rt_exec_new(program, &eo, why, sizeof why)))
         plan_fail(err, errlen, "the evaluation program: %s", why);
     else if (!(v->data = rt_data_open_as(v->e, path, o->format, RT_ORDER_SEQUENTIAL, o->seed, why, sizeof why)))
         plan_fail(err, errlen, "--val-data %s: %s", o->path, why);
@@ -118,6 +130,7 @@ void rt_eval_free(RtEval *v)
     if (!v) return;
     rt_data_close(v->data);
     rt_exec_free(v->e);
+    plan_free(v->stage);
     plan_dealloc(v->pairs);
     plan_dealloc(v);
 }
@@ -128,6 +141,7 @@ int64_t rt_eval_arena_bytes(const RtEval *v) { return rt_exec_arena_bytes(v->e);
 static double loss_of(const Exec *e)
 {
     int32_t id = plan_role_tensor(rt_exec_plan(e), PLAN_SR_LOSS);
+    if (id == PLAN_NONE) return NAN;  // a pipeline's stage but the last
     RtTensor t;
     rt_exec_tensor_id(e, id, &t);
     return t.dtype == PLAN_DT_F32 && t.numel == 1 ? *(const float *)t.data : NAN;

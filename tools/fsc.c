@@ -416,14 +416,44 @@ static Graph *forward_graph(const char *src, size_t len, const char *path, const
     return g;
 }
 
-/* The eval program, unless the training graph is a pipeline (several stages); the
- * sample program for a language model: its batch dim split into that many parts at
- * lowering (as micro-batches would be) leaves one sequence. 0, or -1 after errors. */
+/* The training's cut into stages as a balance ("3,3,2": blocks per stage), in buf; 0, or
+ * -1 when it is not one run of blocks per stage (interleaved model chunks). */
+static int stage_balance(const Graph *train, char *buf, size_t len)
+{
+    size_t at = 0;
+    int next = 0;
+    for (int s = 0; s < train->n_stage_graphs; s++) {
+        const Graph *sg = train->stage_graphs[s];
+        int lo = INT32_MAX, hi = -1;
+        for (int n = 0; n < sg->n_nodes; n++)
+            if (sg->nodes[n].block >= 0) {
+                if (sg->nodes[n].block < lo) lo = sg->nodes[n].block;
+                if (sg->nodes[n].block > hi) hi = sg->nodes[n].block;
+            }
+        if (hi < 0 || lo != next || sg->n_chunks > 1) return -1;
+        next = hi + 1;
+        at += (size_t)snprintf(buf + at, at < len ? len - at : 0, "%s%d", s ? "," : "", hi - lo + 1);
+    }
+    return at < len ? 0 : -1;
+}
+
+/* The eval program (with pipeline stages: cut as the training's, its one micro-batch in
+ * turn through them; none for interleaved model chunks); the sample program for a
+ * language model of one stage: its batch dim split into that many parts at lowering (as
+ * micro-batches would be) leaves one sequence. 0, or -1 after errors. */
 static int forward_programs(const Graph *train, const char *src, size_t len, const char *path,
                             const FrontendOptions *fo, Forward *fw)
 {
     *fw = (Forward){0};
-    if (train->n_stage_graphs || fo->n_settings + 8 > MAX_FORWARD_SETTINGS) return 0;
+    if (fo->n_settings + 8 > MAX_FORWARD_SETTINGS) return 0;
+    char balance[256];
+    if (train->n_stage_graphs) {
+        if (stage_balance(train, balance, sizeof balance)) return 0;
+        const Setting eval[] = {{"microbatches", "1"}, {"recompute", "none"}, {"offload", "none"},
+                                {"schedule", "gpipe"}, {"checkpoint", "never"}, {"balance", balance}};
+        fw->eval = forward_graph(src, len, path, fo, eval, 6, 0, &fw->eval_t, "the evaluation program");
+        return fw->eval ? 0 : -1;
+    }
     const Setting eval[] = {{"microbatches", "1"}, {"recompute", "none"}, {"offload", "none"}};
     fw->eval = forward_graph(src, len, path, fo, eval, 3, 0, &fw->eval_t, "the evaluation program");
     if (!fw->eval) return -1;

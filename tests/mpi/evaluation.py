@@ -8,7 +8,9 @@ and loss without backward or optimizer, in an arena of its own.
    equals step 1's loss, to 4 f32 ulps (the same ops on the same rows; the sums of a
    rank's part may group differently). For a tiny GPT-2 and a tiny Llama at world 1,
    and under mpirun at world 2 with fsdp and with ddp; with --microbatches 2 (the
-   training's loss the mean of two halves) to rel 1e-6. Every world logs the world-1
+   training's loss the mean of two halves) to rel 1e-6; and with 2 pipeline stages
+   (1F1B and ZB-H1 training; the evaluation's batch goes through the training's stages
+   as one micro-batch, and its loss is the last stage's) to rel 1e-6. Every world logs the world-1
    val_loss to rel 1e-6 (each rank evaluates its rows; the loss is averaged over the
    ranks).
 2. Every evaluation reads the same batches: with lr 0 the params do not move, and the
@@ -18,7 +20,7 @@ and loss without backward or optimizer, in an arena of its own.
    the same at world 2 (fsdp) as at world 1.
 4. `fsc --mem` shows the evaluation program's own memory plan, whose arena is the one
    fsexec allocates for it (its start line).
-5. Clear errors: --val-data with a pipeline plan, a file for a classifier, `blobs` for a
+5. Clear errors: --val-data with an interleaved pipeline plan, a file for a classifier, `blobs` for a
    language model, --eval-every without --val-data.
 
 usage: evaluation.py FSC FSEXEC   (needs mpirun; uses /usr/bin/python3's numpy)
@@ -67,7 +69,9 @@ def same_batch(r):
     for model in ("gpt2", "llama"):
         ref = None
         for world, shard, extra, tol in ((1, "none", [], 4 * ULP), (2, "fsdp", [], 4 * ULP), (2, "ddp", [], 4 * ULP),
-                                         (1, "none", ["--microbatches", "2"], 1e-6)):
+                                         (1, "none", ["--microbatches", "2"], 1e-6),
+                                         (2, "none", ["--stages", "2", "--microbatches", "2"], 1e-6),
+                                         (2, "none", ["--stages", "2", "--microbatches", "2", "--schedule", "zb1"], 1e-6)):
             plan = r.plan(model, "--world", str(world), "--shard", shard, *extra)
             _, rows = r.fsexec_run(plan, world, "--steps", "1", "--data", r.data, "--data-order", "sequential",
                                    "--val-data", r.data, "--eval-batches", "1")
@@ -136,8 +140,9 @@ def memory(r):
 
 def errors(r):
     cases = [
-        (r.plan("gpt2", "--world", "2", "--stages", "2", "--microbatches", "2", "--shard", "none"), 2, ["--val-data", r.data],
-         "fsc plans no evaluation program for a pipeline"),
+        (r.plan("gpt2", "-D", "L=4", "--world", "2", "--stages", "2", "--schedule", "interleaved", "--chunks", "2",
+                "--microbatches", "2", "--shard", "none"), 2, ["--val-data", r.data],
+         "with interleaved model chunks (or from an older fsc), for which fsc plans no evaluation program"),
         (r.plan("mlp"), 1, ["--val-data", r.data], "--val-data blobs evaluates it"),
         (r.plan("gpt2"), 1, ["--val-data", "blobs"], "--val-data blobs is for classifiers"),
         (r.plan("gpt2"), 1, ["--eval-every", "2"], "--eval-every says when"),
@@ -147,7 +152,7 @@ def errors(r):
         if res.returncode == 0 or want not in res.stdout:
             sys.exit("FAIL: %s: exit %d, expected an error saying '%s':\n%s" % (flags, res.returncode, want,
                                                                                res.stdout[-1500:]))
-    print("ok errors: pipeline, classifier with a file, blobs for a language model, --eval-every alone")
+    print("ok errors: interleaved pipeline, classifier with a file, blobs for a language model, --eval-every alone")
 
 
 mpi_main(Runner, [same_batch, same_batches_every_time, classifier, memory, errors], "evaluation: all ok")

@@ -1205,6 +1205,6 @@ Test(plan, forward_programs_round_trip)
     /* A sub-plan of its own sub-plans is no program of this format. */
     one->eval->sample = plan_extract_program(plan, 0, err, sizeof err);
     cr_assert_neq(plan_write_mem(one, &buf, &n, err, sizeof err), 0);
-    cr_assert(strstr(err, "the evaluation program must be a plan of one program"), "%s", err);
+    cr_assert(strstr(err, "the evaluation program must have no programs of its own"), "%s", err);
     plan_free(one);
 }
