@@ -61,13 +61,13 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def train(fsc, fsexec, work, model, dims, data, shard, world, threads=1, steps=STEPS):
-    tag = "%s-%s-%d-%d-%d" % (model, shard, world, threads, steps)
+def train(fsc, fsexec, work, model, dims, data, shard, world, threads=1, steps=STEPS, extra=()):
+    tag = "%s-%s-%d-%d-%d%s" % (model, shard, world, threads, steps, "".join(extra).replace("-", "_"))
     plan = os.path.join(work, tag + ".plan")
     out = os.path.join(work, tag + ".safetensors")
     log = os.path.join(work, tag + ".jsonl")
-    run([fsc, "samples/%s.fsm" % model, *dims, *TRAIN, "--shard", shard, "--world", str(world), "-o", plan, "-q"],
-        ROOT)
+    run([fsc, "samples/%s.fsm" % model, *dims, *TRAIN, "--shard", shard, "--world", str(world), *extra, "-o", plan,
+         "-q"], ROOT)
     cmd = [fsexec]
     if world > 1:
         cmd += ["--nproc", str(world)]

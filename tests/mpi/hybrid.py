@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Hybrid sharding (shard_group S, FSDP's HYBRID_SHARD) trains like every other strategy.
+
+World 4 as 2 replica groups x 2 shard groups: fsdp, zero2 and zero1 with shard_group 2
+train 3 AdamW steps of the MLP and a tiny GPT-2 from the same seed on the same global
+batches. Their consolidated params must equal fsdp's and ddp's at world 4 (rel 1e-5 per
+tensor), and their loss and gradient-norm curve must equal the single-rank fp32 run's
+(rel 1e-5), as tests/mpi/strategies.py holds every other strategy to. A pipeline of 2
+stages x 4 data-parallel ranks with shard_group 2 (world 8) holds its params and its
+curve to the single-rank run's.
+
+What would fail: a view that selects its shard by the data-parallel index (a rank of the
+second replica group would update a shard it does not hold, outside its buffer), an
+average over the replica group alone (gradients off by the factor S), a gradient summed
+in the shard group only (each replica its own half of the batch), the grad norm summed
+over replicas too (off by sqrt(D/S)), a gather over the wrong group.
+
+usage: hybrid.py FSC FSEXEC   (needs mpirun; uses /usr/bin/python3's numpy)
+"""
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from strategies import GPT2, MLP, ROOT, TOL, TRAIN, losses, quiet_mpi_leaks, rel, run, train  # noqa: E402
+from pipeline import load_stages  # noqa: E402
+
+STEPS = 3
+
+
+def worst_rel(got, ref):
+    return max((rel(got[n].numpy().astype(np.float64), t.numpy().astype(np.float64)), n) for n, t in ref.items())
+
+
+def curve_rel(got, ref):
+    if len(got) != len(ref) or len(got) != STEPS:
+        sys.exit("FAIL: %d steps logged, expected %d" % (len(got), STEPS))
+    return max(abs(a - b) / abs(b) for ga, gb in zip(got, ref) for a, b in zip(ga, gb))
+
+
+def pipelined(fsc, fsexec, work, model, dims, extra):
+    """A pipeline's run: the same as strategies.train, but each stage saves its own file."""
+    plan, out, log = (os.path.join(work, "pipe" + ext) for ext in (".plan", ".safetensors", ".jsonl"))
+    run([fsc, "samples/%s.fsm" % model, *dims, *TRAIN, "--shard", "fsdp", "--world", "8", *extra, "-o", plan, "-q"], ROOT)
+    run([fsexec, "--nproc", "8", plan, "--steps", str(STEPS), "--save-weights", out, "--log", log, "--data-order",
+         "sequential", "--threads", "1"], ROOT)
+    return load_stages(out)[0], losses(log)
+
+
+def main():
+    quiet_mpi_leaks()
+    fsc, fsexec = (os.path.abspath(p) for p in sys.argv[1:3])
+    with tempfile.TemporaryDirectory() as work:
+        tokens = os.path.join(work, "tokens.bin")
+        np.random.default_rng(3).integers(0, 256, size=4000, dtype=np.uint16).tofile(tokens)
+        for model, dims, data in (("mlp", MLP, None), ("gpt2", GPT2, tokens)):
+            alone, single = train(fsc, fsexec, work, model, dims, data, "none", 1, steps=STEPS)
+            fsdp, _ = train(fsc, fsexec, work, model, dims, data, "fsdp", 4, steps=STEPS)
+            ddp, _ = train(fsc, fsexec, work, model, dims, data, "ddp", 4, steps=STEPS)
+            runs = [(shard, 4, ["--shard-group", "2"]) for shard in ("fsdp", "zero2", "zero1")]
+            if model == "mlp":
+                runs.append(("fsdp", 8, ["--shard-group", "2", "--stages", "2", "--microbatches", "2"]))
+            for shard, world, extra in runs:
+                if world == 8:
+                    got, curve = pipelined(fsc, fsexec, work, model, dims, extra)
+                else:
+                    got, curve = train(fsc, fsexec, work, model, dims, data, shard, world, steps=STEPS, extra=extra)
+                what = "%s %s world %d" % (model, shard, world) + (" (2 stages)" if world == 8 else "")
+                lerr = curve_rel(curve, single)
+                if lerr > TOL:
+                    sys.exit("FAIL %s shard_group 2: losses and norms %s, single rank %s" % (what, curve, single))
+                line = "ok   %-28s shard_group 2: loss curve rel %.1e of the single-rank run" % (what, lerr)
+                for other, ref in (("fsdp", fsdp), ("ddp", ddp)) if world == 4 else (("the single rank", alone),):
+                    e, name = worst_rel(got, ref)
+                    if e > TOL:
+                        sys.exit("FAIL %s shard_group 2: param %s differs from %s (world 4 or 1): rel %.2e > %.0e"
+                                 % (what, name, other, e, TOL))
+                    line += "; params rel %.1e of %s%s (%s)" % (e, other, " world 4" if world == 4 else "", name)
+                print(line)
+    print("hybrid sharding trains like fsdp, ddp and the single-rank run")
+
+
+if __name__ == "__main__":
+    main()
