@@ -83,17 +83,6 @@ static int check_supported(const TrainConfig *t, Diag *d)
         diag_error(d, (Loc){0}, "offload params keeps fsdp's param shards on the host (FSDP's CPUOffload), so it needs "
                    "--shard fsdp; with %s, --offload optimizer keeps the fp32 master and the optimizer state there",
                    shard_name(t->shard));
-    int dp = t->stages > 1 ? t->world / t->stages : t->world;
-    if (t->shard_group && (t->shard == SHARD_NONE || t->shard == SHARD_DDP))
-        diag_error(d, (Loc){0}, "shard_group %d needs a sharded strategy: --shard zero1, zero2 or fsdp (%s shards "
-                   "nothing)", t->shard_group, shard_name(t->shard));
-    else if (t->shard_group && dp % t->shard_group) {
-        char valid[256] = "";
-        for (int s = 1, n = 0; s <= dp && n < 24; s++)
-            if (dp % s == 0) n++, snprintf(valid + strlen(valid), sizeof valid - strlen(valid), "%s%d", *valid ? ", " : "", s);
-        diag_error(d, (Loc){0}, "shard_group %d does not divide the %d data-parallel ranks%s; valid values: %s (or 0: "
-                   "all of them)", t->shard_group, dp, t->stages > 1 ? " of a stage" : "", valid);
-    }
     return d->n_errors ? -1 : 0;
 }
 

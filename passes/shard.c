@@ -592,6 +592,7 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
         t = &replicated;
     }
     Shard s = {.g = g, .t = t, .world = config_shard_group(t), .dp = t->world, .n_orig = g->n_nodes};
+    FS_ASSERT(s.world >= 1 && s.dp % s.world == 0);  // the frontend checked shard_group (frontend/lower.c)
     s.low = precision_dtype(t->precision);
     s.reduce16 = s.low != DT_F32 && t->reduce_dtype != REDUCE_FP32;
     s.gather16 = s.low != DT_F32 && (t->shard == SHARD_FSDP || t->shard == SHARD_ZERO1 || t->shard == SHARD_ZERO2);
