@@ -6,8 +6,8 @@
  * Gives: nothing but the proof; an internal error when it fails.
  *
  * For each such gradient, the buffers it goes through are found backwards: the gradient
- * itself, and across every reduction that made it (all_reduce, reduce_scatter), that
- * reduction's input, each buffer taken at its root (views in place: ddp's all-reduce
+ * itself, and across every reduction that made it (all_reduce, reduce_scatter) or copy
+ * that moved it, that op's input, each buffer taken at its root (views in place: ddp's all-reduce
  * averages the flat gradient in place). Every reduction of the stage that reads one of
  * those buffers is one sum the gradient goes through, over its group: the stage's D
  * ranks (group 0), or hybrid sharding's shard group of S and replica group of D / S. A
@@ -29,6 +29,9 @@ enum { MAX_HOPS = 64 };
 
 static int reduces(OpKind op) { return op == OP_all_reduce || op == OP_reduce_scatter; }
 
+/* What moves a gradient's bytes unchanged: a copy, or offload's between the spaces. */
+static int moves(OpKind op) { return op == OP_copy || (op_info(op)->flags & OPF_COPY); }
+
 static int root_of(const Graph *g, int v)
 {
     for (int hops = 0; ir_value(g, v)->view_of >= 0 && hops < MAX_HOPS; hops++) v = ir_value(g, v)->view_of;
@@ -44,7 +47,8 @@ static int buffers_of(const Graph *g, int gv, int *bufs)
         for (int i = 0; i < n; i++) seen |= bufs[i] == r;
         if (!seen) bufs[n++] = r;
         const Value *val = ir_value(g, v);
-        if (val->producer >= 0 && reduces(ir_node(g, val->producer)->op)) v = ir_in(g, ir_node(g, val->producer), 0);
+        OpKind op = val->producer >= 0 ? ir_node(g, val->producer)->op : OP_COUNT;
+        if (val->producer >= 0 && (reduces(op) || moves(op))) v = ir_in(g, ir_node(g, val->producer), 0);
         else if (val->producer < 0 && val->view_of >= 0) v = val->view_of;  // zero1's shard of the reduced whole
         else v = -1;
     }
