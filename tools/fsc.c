@@ -443,8 +443,8 @@ static int forward_programs(const Graph *train, const char *src, size_t len, con
     char batch[32];
     snprintf(batch, sizeof batch, "%lld", (long long)(rows * fw->eval_t.world));
     const Setting sample[] = {{"world", "1"}, {"shard", "none"}, {"microbatches", batch}, {"recompute", "none"},
-                              {"offload", "none"}};
-    fw->sample = forward_graph(src, len, path, fo, sample, 5, 1, &fw->sample_t, "the sampling program");
+                              {"offload", "none"}, {"shard_group", "0"}};
+    fw->sample = forward_graph(src, len, path, fo, sample, 6, 1, &fw->sample_t, "the sampling program");
     return fw->sample ? 0 : -1;
 }
 

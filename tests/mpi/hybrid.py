@@ -9,6 +9,13 @@ tensor), and their loss and gradient-norm curve must equal the single-rank fp32 
 stages x 4 data-parallel ranks with shard_group 2 (world 8) holds its params and its
 curve to the single-rank run's.
 
+Checkpoints: replicas hold the same shard, so each of them writes an even part of it and
+every element is in the checkpoint once (tests/mpi/checkpoint.py's piece check). A
+checkpoint of fsdp shard_group 2 at world 4 after 3 steps, resumed to step 6 by the same
+plan, equals 6 steps straight bit for bit; resumed by fsdp without groups at world 4 and
+by ddp at world 2 it equals them to rel 1e-5 (another world sums in another order); and
+a checkpoint of plain fsdp at world 4 resumes into zero2 shard_group 2 alike.
+
 What would fail: a view that selects its shard by the data-parallel index (a rank of the
 second replica group would update a shard it does not hold, outside its buffer), an
 average over the replica group alone (gradients off by the factor S), a gradient summed
@@ -26,6 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from strategies import GPT2, MLP, ROOT, TOL, TRAIN, losses, quiet_mpi_leaks, rel, run, train  # noqa: E402
 from pipeline import load_stages  # noqa: E402
+import checkpoint as ck  # noqa: E402
 
 STEPS = 3
 
@@ -47,6 +55,34 @@ def pipelined(fsc, fsexec, work, model, dims, extra):
     run([fsexec, "--nproc", "8", plan, "--steps", str(STEPS), "--save-weights", out, "--log", log, "--data-order",
          "sequential", "--threads", "1"], ROOT)
     return load_stages(out)[0], losses(log)
+
+
+def checkpoints(r):
+    hybrid = ["--shard", "fsdp", "--shard-group", "2"]
+    src = r.compile(ck.UNEVEN, 4, hybrid)
+    ckpt = r.path("hybrid ckpt")
+    straight = r.train("hybrid straight", src, 4, 6)
+    first = r.train("hybrid first", src, 4, 3, "--checkpoint-dir", ckpt)
+    resumed = r.train("hybrid resumed", src, 4, 6, "--resume", ckpt)
+    ck.same_log("hybrid (steps 1-3)", first[1], straight[1])
+    ck.same_log("hybrid resumed", resumed[1], straight[1])
+    ck.bitwise("hybrid resumed", resumed[0], straight[0], "the straight run")
+    el = ck.counts("hybrid", os.path.join(ckpt, "step-00000003"), 4, straight[0])
+    print("ok   fsdp shard_group 2 world 4 resumed at step 3 bitwise equal to 6 steps straight; %d + %d + %d elements "
+          "in 4 files, each once" % (el["params"], el["optimizer"], el["state"]))
+    for world, extra in ((4, ["--shard", "fsdp"]), (2, ["--shard", "ddp"])):
+        what = "fsdp shard_group 2 world 4 -> %s world %d" % (extra[1], world)
+        got = r.train(what, r.compile(ck.UNEVEN, world, extra), world, 6, "--resume", ckpt)
+        ck.resumed_line(what, got[2], "resharded to world %d" % world)
+        worst, name, lerr = ck.close(what, got[:2], straight[:2])
+        print("ok   %-44s params rel %.1e at most (%s), losses and norms rel %.1e" % (what, worst, name, lerr))
+    plain = r.compile(ck.UNEVEN, 4, ["--shard", "fsdp"])
+    pckpt = r.path("plain ckpt")
+    r.train("plain first", plain, 4, 3, "--checkpoint-dir", pckpt)
+    what = "fsdp world 4 -> zero2 shard_group 2 world 4"
+    got = r.train(what, r.compile(ck.UNEVEN, 4, ["--shard", "zero2", "--shard-group", "2"]), 4, 6, "--resume", pckpt)
+    worst, name, lerr = ck.close(what, got[:2], straight[:2])
+    print("ok   %-44s params rel %.1e at most (%s), losses and norms rel %.1e" % (what, worst, name, lerr))
 
 
 def main():
@@ -79,7 +115,8 @@ def main():
                                  % (what, name, other, e, TOL))
                     line += "; params rel %.1e of %s%s (%s)" % (e, other, " world 4" if world == 4 else "", name)
                 print(line)
-    print("hybrid sharding trains like fsdp, ddp and the single-rank run")
+        checkpoints(ck.Runner(fsc, fsexec, work, tokens))
+    print("hybrid sharding trains like fsdp, ddp and the single-rank run, and its checkpoints resume into any plan")
 
 
 if __name__ == "__main__":
