@@ -22,18 +22,18 @@ average over the replica group alone (gradients off by the factor S), a gradient
 in the shard group only (each replica its own half of the batch), the grad norm summed
 over replicas too (off by sqrt(D/S)), a gather over the wrong group.
 
-usage: hybrid.py FSC FSEXEC   (needs mpirun; uses /usr/bin/python3's numpy)
+usage: hybrid.py FSC FSEXEC   (needs mpirun; uses /usr/bin/python3's numpy and torch)
 """
 import os
 import sys
-import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from strategies import GPT2, MLP, ROOT, TOL, TRAIN, losses, quiet_mpi_leaks, rel, run, train  # noqa: E402
+from strategies import GPT2, MLP, ROOT, TOL, TRAIN, losses, rel, run, train  # noqa: E402
 from pipeline import load_stages  # noqa: E402
 import checkpoint as ck  # noqa: E402
+from trainrun import mpi_main  # noqa: E402
 
 STEPS = 3
 
@@ -85,38 +85,37 @@ def checkpoints(r):
     print("ok   %-44s params rel %.1e at most (%s), losses and norms rel %.1e" % (what, worst, name, lerr))
 
 
+def training(r):
+    fsc, fsexec, work = r.fsc, r.fsexec, r.work
+    for model, dims, data in (("mlp", MLP, None), ("gpt2", GPT2, r.data)):
+        alone, single = train(fsc, fsexec, work, model, dims, data, "none", 1, steps=STEPS)
+        fsdp, _ = train(fsc, fsexec, work, model, dims, data, "fsdp", 4, steps=STEPS)
+        ddp, _ = train(fsc, fsexec, work, model, dims, data, "ddp", 4, steps=STEPS)
+        runs = [(shard, 4, ["--shard-group", "2"]) for shard in ("fsdp", "zero2", "zero1")]
+        if model == "mlp":
+            runs.append(("fsdp", 8, ["--shard-group", "2", "--stages", "2", "--microbatches", "2"]))
+        for shard, world, extra in runs:
+            if world == 8:
+                got, curve = pipelined(fsc, fsexec, work, model, dims, extra)
+            else:
+                got, curve = train(fsc, fsexec, work, model, dims, data, shard, world, steps=STEPS, extra=extra)
+            what = "%s %s world %d" % (model, shard, world) + (" (2 stages)" if world == 8 else "")
+            lerr = curve_rel(curve, single)
+            if lerr > TOL:
+                sys.exit("FAIL %s shard_group 2: losses and norms %s, single rank %s" % (what, curve, single))
+            line = "ok   %-28s shard_group 2: loss curve rel %.1e of the single-rank run" % (what, lerr)
+            for other, ref in (("fsdp", fsdp), ("ddp", ddp)) if world == 4 else (("the single rank", alone),):
+                e, name = worst_rel(got, ref)
+                if e > TOL:
+                    sys.exit("FAIL %s shard_group 2: param %s differs from %s (world 4 or 1): rel %.2e > %.0e"
+                             % (what, name, other, e, TOL))
+                line += "; params rel %.1e of %s%s (%s)" % (e, other, " world 4" if world == 4 else "", name)
+            print(line)
+
+
 def main():
-    quiet_mpi_leaks()
-    fsc, fsexec = (os.path.abspath(p) for p in sys.argv[1:3])
-    with tempfile.TemporaryDirectory() as work:
-        tokens = os.path.join(work, "tokens.bin")
-        np.random.default_rng(3).integers(0, 256, size=4000, dtype=np.uint16).tofile(tokens)
-        for model, dims, data in (("mlp", MLP, None), ("gpt2", GPT2, tokens)):
-            alone, single = train(fsc, fsexec, work, model, dims, data, "none", 1, steps=STEPS)
-            fsdp, _ = train(fsc, fsexec, work, model, dims, data, "fsdp", 4, steps=STEPS)
-            ddp, _ = train(fsc, fsexec, work, model, dims, data, "ddp", 4, steps=STEPS)
-            runs = [(shard, 4, ["--shard-group", "2"]) for shard in ("fsdp", "zero2", "zero1")]
-            if model == "mlp":
-                runs.append(("fsdp", 8, ["--shard-group", "2", "--stages", "2", "--microbatches", "2"]))
-            for shard, world, extra in runs:
-                if world == 8:
-                    got, curve = pipelined(fsc, fsexec, work, model, dims, extra)
-                else:
-                    got, curve = train(fsc, fsexec, work, model, dims, data, shard, world, steps=STEPS, extra=extra)
-                what = "%s %s world %d" % (model, shard, world) + (" (2 stages)" if world == 8 else "")
-                lerr = curve_rel(curve, single)
-                if lerr > TOL:
-                    sys.exit("FAIL %s shard_group 2: losses and norms %s, single rank %s" % (what, curve, single))
-                line = "ok   %-28s shard_group 2: loss curve rel %.1e of the single-rank run" % (what, lerr)
-                for other, ref in (("fsdp", fsdp), ("ddp", ddp)) if world == 4 else (("the single rank", alone),):
-                    e, name = worst_rel(got, ref)
-                    if e > TOL:
-                        sys.exit("FAIL %s shard_group 2: param %s differs from %s (world 4 or 1): rel %.2e > %.0e"
-                                 % (what, name, other, e, TOL))
-                    line += "; params rel %.1e of %s%s (%s)" % (e, other, " world 4" if world == 4 else "", name)
-                print(line)
-        checkpoints(ck.Runner(fsc, fsexec, work, tokens))
-    print("hybrid sharding trains like fsdp, ddp and the single-rank run, and its checkpoints resume into any plan")
+    mpi_main(ck.Runner, [training, checkpoints],
+             "hybrid sharding trains like fsdp, ddp and the single-rank run, and its checkpoints resume into any plan")
 
 
 if __name__ == "__main__":
