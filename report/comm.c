@@ -14,7 +14,10 @@
  * or update gather, a gradient reduction, a scalar's sum), found from the phase of the
  * op that made its input and of the first op that reads its output (zero1's and zero2's
  * gathers: of the updated shards). A collective's group is
- * its stage's data-parallel ranks, or (group 1) the pipeline group: one rank per stage.
+ * its stage's data-parallel ranks, or (group 1) the pipeline group: one rank per stage,
+ * or hybrid sharding's shard group (2) or replica group (3), whose bytes are totalled
+ * apart: within the shard groups and across them, with the across-hosts formula
+ * 2M(W-S)/(SW) beside the ring's measured sends (see CommTotals).
  * A send moves its tensor's bytes once, to its peer; a receive takes its output's. A
  * copy between the device and the host (offload) moves its tensor's bytes once, over the
  * rank's own host link: it is listed apart from what goes between ranks.
