@@ -57,6 +57,30 @@ static int split_batch(Lower *L, const Stmt *st, int64_t *v)
     return -1;
 }
 
+/* shard_group S (hybrid sharding) splits each stage's D data-parallel ranks into groups
+ * of S: only a sharded strategy has shards, and S must divide D. Reported at the train
+ * block's statement unless the command line set it. */
+static void check_shard_group(Lower *L, const Program *p, const TrainConfig *t)
+{
+    int dp = t->stages > 1 ? t->world / t->stages : t->world;
+    if (!t->shard_group || (t->shard != SHARD_NONE && t->shard != SHARD_DDP && dp % t->shard_group == 0)) return;
+    Loc at = {0};
+    for (const Stmt *st = p->train; st; st = st->next)
+        if (!strcmp(st->name, "shard_group") && st->value) at = st->value->loc;
+    for (int i = 0; i < L->opt->n_settings; i++)
+        if (!strcmp(L->opt->settings[i].key, "shard_group")) at = (Loc){0};
+    if (t->shard == SHARD_NONE || t->shard == SHARD_DDP) {
+        diag_error(L->d, at, "shard_group %d needs a sharded strategy: --shard zero1, zero2 or fsdp (%s shards nothing)",
+                   t->shard_group, shard_name(t->shard));
+        return;
+    }
+    char valid[256] = "";
+    for (int s = 1, n = 0; s <= dp && n < 24; s++)
+        if (dp % s == 0) n++, snprintf(valid + strlen(valid), sizeof valid - strlen(valid), "%s%d", *valid ? ", " : "", s);
+    diag_error(L->d, at, "shard_group %d does not divide the %d data-parallel ranks%s; valid values: %s (or 0: all of "
+               "them)", t->shard_group, dp, t->stages > 1 ? " of a stage" : "", valid);
+}
+
 /* With several data-parallel ranks or micro-batches: the batch dim is the first dim of
  * the first input, which must be a plain dim name for fsc to split it. */
 static void find_batch_dim(Lower *L, const Stmt *body, const TrainConfig *t)
@@ -454,6 +478,7 @@ Graph *fe_compile(const char *src, size_t len, const FrontendOptions *opt, Train
     /* Settings first: the world decides each rank's share of the batch. */
     lower_settings(&L, p, train);
     if (d->n_errors == before) find_batch_dim(&L, p->body, train);
+    if (d->n_errors == before) check_shard_group(&L, p, train);
     lower_decls(&L, p->body, dup);
     if (d->n_errors == before) warn_unfed(&L, p, dup);
     lower_statements(&L, p->body);

@@ -31,6 +31,7 @@ int checkpoint_recomputes(const TrainConfig *t, int m)
 {
     return t->checkpoint == CKPT_ALWAYS || (t->checkpoint == CKPT_EXCEPT_LAST && m < t->microbatches - 1);
 }
+<<<<<<< HEAD
 /* The target after an `attention:` prefix (or `attention` alone: every block). */
 static const char *item_target(const char *item, size_t *len, int *attention)
 {
@@ -110,6 +111,9 @@ RecomputeMode recompute_mode(const char *list, const Block *b)
     return m;
 }
 
+=======
+int config_shard_group(const TrainConfig *c) { return c->shard_group > 0 ? c->shard_group : c->world; }
+>>>>>>> hybrid
 const char *decay_on_name(int matrices) { return DECAY_ON[matrices != 0]; }
 const char *lr_schedule_name(LrSchedule s) { return (unsigned)s < LR_COUNT ? LR_SCHEDS[s] : "?"; }
 
@@ -162,6 +166,8 @@ static const KeyDef KEYS[] = {
     ENUM("reduce_dtype", reduce_dtype, REDUCES, "dtype of gradient reductions: compute (the precision's) or fp32"),
     ENUM("shard", shard, SHARDS, "none, ddp, zero1 (oss), zero2 (sdp), fsdp (zero3)"),
     INT("reshard_after_forward", reshard_after_forward, 0, 1, "fsdp: free gathered params after forward (1) or keep them (0)"),
+    INT("shard_group", shard_group, 0, 1 << 20, "zero1, zero2, fsdp: shard within groups of this many consecutive "
+        "data-parallel ranks, replicate across the groups (FSDP's HYBRID_SHARD); 0: all of them"),
     INT("world", world, 1, 1 << 20, "number of ranks"),
     {{"recompute", "none, all, layers, instances (h.3) or ranges (h.0-5); attention: before any for the attention core alone"}, K_TEXT, offsetof(TrainConfig, recompute), 0, 0, NULL, 0},
     {{"freeze", "none, or params, layer instances (h.0) and layers (Block) to freeze (A,B): no gradient, "

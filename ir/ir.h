@@ -375,6 +375,7 @@ typedef struct {
     ReduceDtype reduce_dtype;  // dtype grads are reduced in
     ShardKind shard;
     int reshard_after_forward;
+    int shard_group;      // zero1/zero2/fsdp: ranks a shard is split over (HYBRID_SHARD); 0: all D
     int world;
     char recompute[256];  // "none", "all" or comma-separated layer names
     char freeze[256];     // "none", or comma-separated params, layer instances, layers
@@ -406,6 +407,9 @@ const ConfigKey *config_keys(int *n);
  * -1 for an unknown key. */
 int config_format(const TrainConfig *c, const char *key, char *buf, size_t len);
 /* Printable settings: "fsdp", "bf16", ... */
+/* The ranks a unit is sharded over (shard_group, or all `world` of them when unset);
+ * inside the passes `world` is a stage's data-parallel ranks D. */
+int config_shard_group(const TrainConfig *c);
 const char *shard_name(ShardKind s);
 const char *precision_name(Precision p);
 DType precision_dtype(Precision p);  // the compute dtype: f32, f16, bf16

@@ -41,7 +41,7 @@ typedef enum {
     COMM_COUNT
 } OpComm;
 /* A collective's `group` attribute: over which ranks it runs. */
-enum { OP_GROUP_DATA = 0, OP_GROUP_PIPE = 1 };
+enum { OP_GROUP_DATA = 0, OP_GROUP_PIPE = 1, OP_GROUP_SHARD = 2, OP_GROUP_REPLICA = 3, OP_GROUP_COUNT };
 
 typedef enum {
 #define OP(name, ...) OP_##name,

@@ -99,9 +99,11 @@ static int global_norm(Opt *o)
         Attr zero = {.key = "value", .kind = ATTR_FLOAT, .f = 0};
         total = node_out(o, OP_scalar, NULL, 0, &zero, 1, -1, o->t->optimizer_loc);
     }
-    if (sharded) {
-        Attr w = {.key = "world", .kind = ATTR_INT, .i = o->t->world};
-        total = node_out(o, OP_all_reduce, &total, 1, &w, 1, -1, o->t->optimizer_loc);
+    if (sharded) {  // the shards of one replica: over the shard group (hybrid sharding's replicas hold the same)
+        int shards = config_shard_group(o->t), hybrid = shards < o->t->world;
+        Attr w[3] = {{.key = "world", .kind = ATTR_INT, .i = shards}, {.key = "avg", .kind = ATTR_INT, .i = 0},
+                     {.key = "group", .kind = ATTR_INT, .i = OP_GROUP_SHARD}};
+        total = node_out(o, OP_all_reduce, &total, 1, w, hybrid ? 3 : 1, -1, o->t->optimizer_loc);
     }
     /* Pipeline stages: each stage's sum, over the stages (a tied param counts once: on
      * the first stage holding it). */

@@ -42,6 +42,9 @@ static const PassInfo PASSES[] = {
     {"shard", "param gradients; each rank's part of the batch",
      "flat param and grad buffers per unit, collectives in place in the order; Value.grad on what the optimizer updates",
      pass_shard, 1},
+    {"gradsum", "Value.grad on what the optimizer updates, the shard pass's reductions",
+     "nothing: the proof that each gradient is summed over every data-parallel rank once and averaged once (an "
+     "internal error otherwise)", pass_gradsum, 1},
     {"optimizer", "Value.grad on each param (or flat storage) to update", "step input, lr and grad_norm outputs, state tensors, update nodes",
      pass_optimizer, 0},
     {"offload", "update nodes on the fp32 storage they update; offload optimizer or params",

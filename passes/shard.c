@@ -36,6 +36,13 @@
  *    into the gathered buffer in place of its cast, for forward and (regathered) backward
  *    alike, as FairScale's mixed precision gathers in compute_dtype. The casts that this
  *    replaces are removed.
+ *  - Hybrid sharding (shard_group S, FSDP's HYBRID_SHARD): the D data-parallel ranks are
+ *    D/S replica groups of S consecutive ranks. Units are padded and split over the S
+ *    ranks of a shard group (a rank's shard: its index in the group, d mod S), gathers
+ *    run within it (group OP_GROUP_SHARD), and a gradient is summed within it by the
+ *    reduce-scatter, then across the replicas of its shard by an all-reduce (group
+ *    OP_GROUP_REPLICA) that divides by D: the average over all D ranks, once. S = D is
+ *    the plan without groups; S = 1 replicates everything, which is ddp.
  * Every collective and copy is placed in the node order here; the order is the schedule.
  */
 #include <stdlib.h>
@@ -71,7 +78,8 @@ typedef struct {
 typedef struct {
     Graph *g;
     const TrainConfig *t;
-    int world;
+    int world;            // the ranks a unit is split over: the shard group's S
+    int dp;               // the stage's data-parallel ranks D (a multiple of world)
     DType low;            // the compute dtype (f32 in an fp32 plan)
     int reduce16;         // gradients reduced in the compute dtype
     int gather16;         // the params are gathered in the compute dtype from fp32 shards: fsdp,
@@ -139,10 +147,21 @@ static int place(Shard *s, OpKind op, const int *in, int n_in, const Attr *attrs
     return ir_out(s->g, ir_node(s->g, n), 0);
 }
 
-static int collective(Shard *s, OpKind op, int x, int avg, int block, int at, int after)
+/* A collective over group (OP_GROUP_DATA: the D ranks; OP_GROUP_SHARD: the shard
+ * group's S; OP_GROUP_REPLICA: the D / S ranks holding the same shard). The data group
+ * and, without hybrid groups, the shard group carry no group attribute: the plan of
+ * today's fsdp. An average across the replicas divides by D (avg_over), as the sum it
+ * completes is over all D ranks. */
+static int collective(Shard *s, OpKind op, int x, int avg, int group, int block, int at, int after)
 {
-    Attr at_[2] = {{.key = "world", .kind = ATTR_INT, .i = s->world}, {.key = "avg", .kind = ATTR_INT, .i = avg}};
-    return place(s, op, &x, 1, at_, op == OP_all_gather ? 1 : 2, block, at, after);
+    if (group == OP_GROUP_SHARD && s->world == s->dp) group = OP_GROUP_DATA;
+    int64_t world = group == OP_GROUP_DATA ? s->dp : group == OP_GROUP_SHARD ? s->world : s->dp / s->world;
+    Attr a[4] = {{.key = "world", .kind = ATTR_INT, .i = world}};
+    int n = 1;
+    if (op != OP_all_gather) a[n++] = (Attr){.key = "avg", .kind = ATTR_INT, .i = avg};
+    if (group != OP_GROUP_DATA) a[n++] = (Attr){.key = "group", .kind = ATTR_INT, .i = group};
+    if (group == OP_GROUP_REPLICA && avg) a[n++] = (Attr){.key = "avg_over", .kind = ATTR_INT, .i = s->dp};
+    return place(s, op, &x, 1, a, n, block, at, after);
 }
 
 static int cast_to(Shard *s, int x, DType to, int block, int at, int after)
@@ -159,7 +178,7 @@ static int gather(Shard *s, const Unit *u)
         x = cast_to(s, u->storage, s->low, u->block, 0, 0);
         s->g->nodes[s->g->values[x].producer].phase = PHASE_COMM;
     }
-    int v = collective(s, OP_all_gather, x, 0, u->block, 0, 0);
+    int v = collective(s, OP_all_gather, x, 0, OP_GROUP_SHARD, u->block, 0, 0);
     s->g->values[v].name = arena_printf(s->g->arena, "%s.gathered", unit_name(s, u));
     s->g->values[v].role = ROLE_GATHERED;
     s->g->values[v].unit = (int)(u - s->units);
@@ -352,7 +371,7 @@ static void layout_params(Shard *s, Unit *u)
         u->gathered = gather(s, u);
     } else if (u->shard_view != u->storage) {
         /* In place: the shards all-gathered into the full buffer they belong to. */
-        u->gathered = collective(s, OP_all_gather, u->shard_view, 0, u->block, 0, 0);
+        u->gathered = collective(s, OP_all_gather, u->shard_view, 0, OP_GROUP_SHARD, u->block, 0, 0);
         g->values[u->gathered].name = arena_printf(g->arena, "%s.gathered", unit_name(s, u));
         make_view(s, u->gathered, u->storage, 0, 0);
     }
@@ -471,7 +490,7 @@ static void reduce_grads(Shard *s, Unit *u)
     Graph *g = s->g;
     int after = u->grad_last >= 0 ? u->grad_last : s->n_orig, grad, whole = -1;
     if (s->t->shard == SHARD_DDP || s->t->shard == SHARD_ZERO1) {
-        int r = collective(s, OP_all_reduce, u->fgrad, 1, u->block, after, 1);
+        int r = collective(s, OP_all_reduce, u->fgrad, 1, OP_GROUP_DATA, u->block, after, 1);
         make_view(s, r, u->fgrad, 0, 0);
         grad = whole = r;
         if (s->t->shard == SHARD_ZERO1) {
@@ -479,10 +498,16 @@ static void reduce_grads(Shard *s, Unit *u)
             make_view(s, grad, r, 0, u->shard);
             g->values[grad].sharded = 1;
         }
-    } else {
-        grad = collective(s, OP_reduce_scatter, u->fgrad, 1, u->block, after, 1);
+    } else if (s->world == s->dp) {
+        grad = collective(s, OP_reduce_scatter, u->fgrad, 1, OP_GROUP_DATA, u->block, after, 1);
         g->values[grad].sharded = 1;
         if (s->world == 1) whole = grad;
+    } else {  // hybrid: summed in the shard group, then across its replicas, averaged once
+        int part = collective(s, OP_reduce_scatter, u->fgrad, 0, OP_GROUP_SHARD, u->block, after, 1);
+        grad = collective(s, OP_all_reduce, part, 1, OP_GROUP_REPLICA, u->block, after, 1);
+        make_view(s, grad, part, 0, 0);
+        g->values[part].sharded = g->values[grad].sharded = 1;
+        name_grad(s, u, part, arena_printf(g->arena, "%s.flat_grad_part", unit_name(s, u)));
     }
     const char *name = arena_printf(g->arena, "%s.flat_grad%s", unit_name(s, u), g->values[grad].sharded ? "_shard" : "");
     name_grad(s, u, grad, name);
@@ -538,7 +563,7 @@ static void average_loss(Shard *s)
 {
     Graph *g = s->g;
     int loss = g->outputs[0], at = ir_value(g, loss)->producer;
-    int avg = collective(s, OP_all_reduce, loss, 1, -1, at >= 0 ? at : 0, 1);
+    int avg = collective(s, OP_all_reduce, loss, 1, OP_GROUP_DATA, -1, at >= 0 ? at : 0, 1);
     g->nodes[g->values[avg].producer].loc = g->values[loss].loc;
     g->values[avg].name = g->values[loss].name;
     g->values[loss].name = arena_printf(g->arena, "%s.local", g->values[loss].name ? g->values[loss].name : "loss");
@@ -558,7 +583,16 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
                        t->world);
         return t->world > 1 ? -1 : 0;
     }
-    Shard s = {.g = g, .t = t, .world = t->world, .n_orig = g->n_nodes};
+    /* shard_group 1 replicates every unit on every rank: that is ddp, and compiles as it. */
+    TrainConfig replicated;
+    if (config_shard_group(t) == 1 && t->world > 1 && t->shard != SHARD_DDP) {
+        replicated = *t;
+        replicated.shard = SHARD_DDP;
+        replicated.shard_group = 0;
+        t = &replicated;
+    }
+    Shard s = {.g = g, .t = t, .world = config_shard_group(t), .dp = t->world, .n_orig = g->n_nodes};
+    FS_ASSERT(s.world >= 1 && s.dp % s.world == 0);  // the frontend checked shard_group (frontend/lower.c)
     s.low = precision_dtype(t->precision);
     s.reduce16 = s.low != DT_F32 && t->reduce_dtype != REDUCE_FP32;
     s.gather16 = s.low != DT_F32 && (t->shard == SHARD_FSDP || t->shard == SHARD_ZERO1 || t->shard == SHARD_ZERO2);

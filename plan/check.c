@@ -133,9 +133,9 @@ static int check_comm(Check *c, int32_t i, const PlanOp *o)
     }
     if (kind == COMM_OP_COLLECTIVE) {
         const PlanAttr *a = comm_op_attr(p, o, "group");
-        if (a && (a->kind != PLAN_ATTR_INT || (a->i != COMM_GROUP_DATA && a->i != COMM_GROUP_PIPE)))
-            return fail(c, "op %d (%s): group must be the int 0 (the stage's data-parallel ranks) or 1 (the pipeline)",
-                        i, name);
+        if (a && (a->kind != PLAN_ATTR_INT || a->i < COMM_GROUP_DATA || a->i > COMM_GROUP_REPLICA))
+            return fail(c, "op %d (%s): group must be the int 0 (the stage's data-parallel ranks), 1 (the pipeline), "
+                        "2 (the shard group) or 3 (the replica group)", i, name);
         if (o->n_in != 1) return fail(c, "op %d (%s): %d inputs, expected 1", i, name, o->n_in);
     }
     return 0;

@@ -1,4 +1,5 @@
-/* plan/comm_op.c: which ops communicate, and their peer and group (see comm_op.h). */
+/* plan/comm_op.c: which ops communicate, and their peer and group (see comm_op.h); the
+ * shard group a plan's sharded views are split over (plan.h). */
 #include <string.h>
 
 #include "comm_op.h"
@@ -31,3 +32,9 @@ static int64_t attr_int(const Plan *p, const PlanOp *o, const char *key, int64_t
 int64_t comm_op_group(const Plan *p, const PlanOp *o) { return attr_int(p, o, "group", COMM_GROUP_DATA); }
 int64_t comm_op_peer(const Plan *p, const PlanOp *o) { return attr_int(p, o, "peer", PLAN_NONE); }
 int64_t comm_op_tag(const Plan *p, const PlanOp *o) { return attr_int(p, o, "tag", 0); }
+
+int64_t plan_shard_group(const Plan *p, int64_t dp_world)
+{
+    int64_t s = plan_meta_int(p, "shard_group", 0);
+    return s > 0 && dp_world > 0 && dp_world % s == 0 ? s : dp_world;
+}

@@ -3,7 +3,8 @@
  * table, so these few are known here by their names in ops/ops.def: send and recv, the
  * pipeline's point-to-point ops (attribute `peer`: the other stage), and the collectives
  * (attribute `group`: 0, the default, the data-parallel ranks of the stage; 1, the
- * pipeline, one rank per stage), and offload's copies between the memory spaces, to_host
+ * pipeline, one rank per stage; 2 and 3, hybrid sharding's shard group and replica
+ * group), and offload's copies between the memory spaces, to_host
  * and to_device. Renaming them in ops.def changes the plan format.
  */
 #ifndef FS_PLAN_COMM_OP_H
@@ -12,7 +13,7 @@
 #include "plan.h"
 
 typedef enum { COMM_OP_NONE, COMM_OP_SEND, COMM_OP_RECV, COMM_OP_COLLECTIVE, COMM_OP_TO_HOST, COMM_OP_TO_DEVICE } CommOpKind;
-enum { COMM_GROUP_DATA = 0, COMM_GROUP_PIPE = 1 };  // a collective's `group`, as ops.h's
+enum { COMM_GROUP_DATA = 0, COMM_GROUP_PIPE = 1, COMM_GROUP_SHARD = 2, COMM_GROUP_REPLICA = 3 };  // as ops.h's
 
 CommOpKind comm_op_kind(const Plan *p, const PlanOp *o);
 /* The last attribute of o named key, or NULL. */

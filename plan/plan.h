@@ -301,6 +301,10 @@ const char *plan_str(const Plan *p, int32_t id);
 const PlanMeta *plan_meta_find(const Plan *p, const char *key);
 const char *plan_meta_str(const Plan *p, const char *key, const char *def);
 int64_t plan_meta_int(const Plan *p, const char *key, int64_t def);
+/* The ranks a shard is split over (meta "shard_group"; hybrid sharding) among a stage's
+ * dp_world data-parallel ranks: dp_world when unset or not a divisor of it. Index d
+ * holds shard d % S (a view's offset + (d % S) * rank_stride), in shard group d / S. */
+int64_t plan_shard_group(const Plan *p, int64_t dp_world);
 double plan_meta_float(const Plan *p, const char *key, double def);
 
 const char *plan_dtype_name(PlanDType t);  // "f32", "f16", "bf16", "i32"; "?" if unknown

@@ -14,7 +14,10 @@
  * or update gather, a gradient reduction, a scalar's sum), found from the phase of the
  * op that made its input and of the first op that reads its output (zero1's and zero2's
  * gathers: of the updated shards). A collective's group is
- * its stage's data-parallel ranks, or (group 1) the pipeline group: one rank per stage.
+ * its stage's data-parallel ranks, or (group 1) the pipeline group: one rank per stage,
+ * or hybrid sharding's shard group (2) or replica group (3), whose bytes are totalled
+ * apart: within the shard groups and across them, with the across-hosts formula
+ * 2M(W-S)/(SW) beside the ring's measured sends (see CommTotals).
  * A send moves its tensor's bytes once, to its peer; a receive takes its output's. A
  * copy between the device and the host (offload) moves its tensor's bytes once, over the
  * rank's own host link: it is listed apart from what goes between ranks.
@@ -69,7 +72,7 @@ static int64_t p2p_bytes(const Plan *p, const PlanOp *op, OpComm k)
 /* The ops [a, e) of one stage of dp_world data-parallel ranks. */
 static CommTotals totals_of(const Plan *p, int32_t a, int32_t e, int64_t dp_world)
 {
-    CommTotals c = {.world = dp_world};
+    CommTotals c = {.world = dp_world, .shard = plan_shard_group(p, dp_world)};
     for (int32_t i = a; i < e; i++) {
         const PlanOp *op = &p->ops[i];
         OpComm k = report_op_comm(p, op);
@@ -88,9 +91,14 @@ static CommTotals totals_of(const Plan *p, int32_t a, int32_t e, int64_t dp_worl
         }
         int64_t group = report_group_size(p, op, dp_world);
         double b = factor_of(k) * (double)full_bytes(p, op);
+        double ring = group > 1 ? b * (double)(group - 1) / (double)group : 0;
+        int64_t which = report_op_int(p, op, "group", OP_GROUP_DATA);
         c.collectives++;
         c.bytes += b;
-        c.ring_bytes += group > 1 ? b * (double)(group - 1) / (double)group : 0;
+        c.ring_bytes += ring;
+        if (which == OP_GROUP_SHARD) c.within_bytes += b;
+        if (which == OP_GROUP_REPLICA)
+            c.across_bytes += b, c.across_ring_bytes += ring, c.across_grad_bytes += (double)(full_bytes(p, op) * c.shard);
     }
     return c;
 }
@@ -175,8 +183,11 @@ static void print_collectives(const Plan *p, int32_t a, int32_t e, int64_t dp_wo
         fprintf(out, "  %5d  %-14s %-28s %-16s %14s %11s %11s", i, op_comm_name(k), what_of(p, op),
                 purpose_of(p, a, e, i, k), report_grouped((int64_t)b, b0, sizeof b0),
                 report_bytes((int64_t)b, b1, sizeof b1), report_bytes((int64_t)ring, b2, sizeof b2));
-        if (report_op_int(p, op, "group", OP_GROUP_DATA) == OP_GROUP_PIPE)
+        int64_t which = report_op_int(p, op, "group", OP_GROUP_DATA);
+        if (which == OP_GROUP_PIPE)
             fprintf(out, "  over the pipeline group (%lld ranks, one per stage)", (long long)group);
+        if (which == OP_GROUP_SHARD) fprintf(out, "  within the shard group (%lld ranks)", (long long)group);
+        if (which == OP_GROUP_REPLICA) fprintf(out, "  across the shard groups (%lld replicas)", (long long)group);
         fputc('\n', out);
     }
 }
@@ -254,6 +265,16 @@ static void print_totals(const CommTotals *c, FILE *out)
     if (c->copies)
         fprintf(out, "  device <-> host: %d copies, %s to the host, %s to the device\n", c->copies,
                 exact(c->to_host_bytes, a, sizeof a), exact(c->to_device_bytes, b, sizeof b));
+    if (!c->within_bytes && !c->across_bytes) return;
+    long long S = (long long)c->shard, W = (long long)c->world;
+    double M = c->across_grad_bytes, formula = 2 * M * (double)(W - S) / ((double)S * (double)W);
+    fprintf(out, "  hybrid sharding, shard_group %lld of %lld ranks (%lld groups of %lld, each shard on %lld replicas):\n",
+            S, W, W / S, S, W / S);
+    fprintf(out, "    within the shard groups: payload %s (gathers, reduce-scatters)\n", exact(c->within_bytes, a, sizeof a));
+    fprintf(out, "    across the groups: payload %s (the gradient shards' all-reduces); a ring sends %s of it\n",
+            exact(c->across_bytes, a, sizeof a), exact(c->across_ring_bytes, b, sizeof b));
+    fprintf(out, "    across hosts (a host per shard group): 2M(W-S)/(SW) = %s, M = %s of gradients, W = %lld, S = %lld\n",
+            exact(formula, a, sizeof a), exact(M, b, sizeof b), W, S);
 }
 
 /* The report of ops [a, e), under a heading that names their ranks. */

@@ -39,5 +39,7 @@ OpComm report_op_comm(const Plan *p, const PlanOp *op)
 
 int64_t report_group_size(const Plan *p, const PlanOp *op, int64_t dp_world)
 {
-    return report_op_int(p, op, "group", OP_GROUP_DATA) == OP_GROUP_PIPE ? p->n_programs : dp_world;
+    int64_t g = report_op_int(p, op, "group", OP_GROUP_DATA);
+    if (g == OP_GROUP_SHARD || g == OP_GROUP_REPLICA) return report_op_int(p, op, "world", dp_world);  // hybrid's S, D/S
+    return g == OP_GROUP_PIPE ? p->n_programs : dp_world;
 }

@@ -243,6 +243,14 @@ typedef struct {
     double send_bytes, recv_bytes;  // their bytes, per rank and step
     int copies;         // copies between the device and the host (offload), per step
     double to_host_bytes, to_device_bytes;  // their bytes, per rank and step
+    /* Hybrid sharding (shard_group S < world): the payload within the shard groups (their
+     * gathers and reduce-scatters) and across them (the replica groups' all-reduces of
+     * the gradient shards), and what a ring sends of the latter; M, the bytes of the
+     * gradients reduced across the groups (every shard of them: S x the shards'). Across
+     * hosts, when a shard group is a host's S GPUs, a ring sends 2 M (W - S) / (S W) of M
+     * (W the stage's ranks): the across ring bytes. Zero without hybrid groups. */
+    int64_t shard;      // S: the ranks a shard is split over (plan_shard_group)
+    double within_bytes, across_bytes, across_ring_bytes, across_grad_bytes;
 } CommTotals;
 
 /* Program 0's, which is every rank's in a plan of one program (and a plan without
@@ -261,8 +269,9 @@ int64_t report_op_int(const Plan *p, const PlanOp *op, const char *key, int64_t 
 /* What the op moves (ops.def's comm column): COMM_NONE for an op that moves nothing, or
  * one without the tensors its kind needs (a hostile plan). */
 OpComm report_op_comm(const Plan *p, const PlanOp *op);
-/* The ranks of a collective's group: its stage's data-parallel ranks (group 0), or one
- * per stage (group 1, the pipeline group). */
+/* The ranks of a collective's group: its stage's data-parallel ranks (group 0), one per
+ * stage (group 1, the pipeline group), or its world (hybrid sharding's shard group, 2,
+ * and replica group, 3). */
 int64_t report_group_size(const Plan *p, const PlanOp *op, int64_t dp_world);
 
 /* ---- report/timeline.c: the step's schedule on a logical clock (fsc --timeline) ---- */

@@ -8,7 +8,8 @@
  * accuracy's sum) and the ranks of each data-parallel index, one per stage (group 1), and
  * duplicated for the sends and receives between stages, so their tag-0 messages meet
  * nothing else: the k-th send from a to b meets the k-th receive on b from a, which the
- * compiler ordered (plan_check_p2p proves it). Sends and receives are persistent
+ * compiler ordered (plan_check_p2p proves it). Hybrid sharding's shard groups (2) and
+ * replica groups (3) are split from the world too (rt_comm_layout), with or without stages. Sends and receives are persistent
  * requests (MPI_Send_init, MPI_Ssend_init with --sync-sends, MPI_Recv_init), started and
  * waited for in the step like the collectives, in the same queue. Agreeing on a result
  * stays world-wide. With one stage the world is group 0 and nothing is split.
@@ -66,11 +67,11 @@ static struct {
     int stages, dp;  // the plan's layout (rt_comm_layout): world = stages x dp
     MPI_Op sum_f16, sum_bf16;  // user ops, created with MPI
     MPI_Win beacons;           // the node's watchdog beacons, or MPI_WIN_NULL
-    MPI_Comm group[2];         // by a collective's group (OP_GROUP_DATA, OP_GROUP_PIPE); MPI_COMM_NULL: none made
+    MPI_Comm group[OP_GROUP_COUNT];  // by a collective's group (OP_GROUP_DATA, _PIPE, _SHARD, _REPLICA); MPI_COMM_NULL: none made
     MPI_Comm p2p;              // point-to-point ops only: a copy of the world, or MPI_COMM_NULL
     char who[48];              // "rank 3" or "rank 3, stage 1": how messages name this rank
-} comm = {0, 0, 1, 1, 1, MPI_OP_NULL, MPI_OP_NULL, MPI_WIN_NULL, {MPI_COMM_NULL, MPI_COMM_NULL}, MPI_COMM_NULL,
-          "rank 0"};
+} comm = {0, 0, 1, 1, 1, MPI_OP_NULL, MPI_OP_NULL, MPI_WIN_NULL, {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL},
+          MPI_COMM_NULL, "rank 0"};
 
 /* The communicator of a collective's group: the world until rt_comm_layout splits it. */
 static MPI_Comm group_comm(int g) { return comm.group[g] != MPI_COMM_NULL ? comm.group[g] : MPI_COMM_WORLD; }
@@ -210,12 +211,24 @@ static void split(int color, MPI_Comm *out)
     MPI_CHECK(MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN));
 }
 
-int rt_comm_layout(int stages, int dp, char *err, size_t errlen)
+/* Hybrid sharding's groups: world rank r is data-parallel index d = r % dp of stage
+ * r / dp, in shard group r / shard (consecutive ranks: dp is a multiple of shard) at
+ * index d % shard, which with its stage names its replica group. */
+static void split_hybrid(int dp, int shard)
+{
+    split(comm.rank / shard, &comm.group[OP_GROUP_SHARD]);
+    split(comm.rank / dp * shard + comm.rank % dp % shard, &comm.group[OP_GROUP_REPLICA]);
+}
+
+int rt_comm_layout(int stages, int dp, int shard, char *err, size_t errlen)
 {
     if (stages < 1 || dp < 1 || (int64_t)stages * dp != comm.world)
         return plan_fail(err, errlen, "%d stages x %d data-parallel ranks is not the world of %d", stages, dp,
                          comm.world);
+    if (shard < 1 || dp % shard)
+        return plan_fail(err, errlen, "a shard group of %d does not divide the %d data-parallel ranks", shard, dp);
     comm.stages = stages, comm.dp = dp;
+    if (comm.up && shard > 1 && shard < dp) split_hybrid(dp, shard);
     if (stages == 1) return 0;
     snprintf(comm.who, sizeof comm.who, "rank %d, stage %d", comm.rank, comm.rank / dp);
     if (!comm.up) return 0;
@@ -229,7 +242,7 @@ int rt_comm_layout(int stages, int dp, char *err, size_t errlen)
 void rt_comm_finalize(void)
 {
     if (!comm.up) return;
-    for (int g = 0; g < 2; g++)
+    for (int g = 0; g < OP_GROUP_COUNT; g++)
         if (comm.group[g] != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&comm.group[g]));
     if (comm.p2p != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&comm.p2p));
     if (comm.sum_f16 != MPI_OP_NULL) MPI_CHECK(MPI_Op_free(&comm.sum_f16));
@@ -570,7 +583,7 @@ static void finish(RtCommQueue *q, int i)
     if (c->done_at) *c->done_at = rt_now();
     if (c->move_after) memmove(c->out, c->in, bytes);
     if (c->avg) {
-        float w = (float)c->world;
+        float w = (float)(c->avg_over > 0 ? c->avg_over : c->world);
         uint16_t *h = c->out;
         if (c->dtype == PLAN_DT_F32)
             for (float *y = c->out, *end = y + c->n; y < end; y++) *y /= w;

@@ -89,6 +89,8 @@ struct Exec {
     int32_t *rng;           // dropout's RNG words (PLAN_SR_RNG): seed low, seed high, step, rank; or NULL
     int nan_fill;
     int rank, world;        // the data-parallel index and ranks of this stage
+    int shard, shard_rank;  // the ranks a shard is split over (hybrid sharding's S; else world) and this
+                            // rank's index among them, rank % shard: the rank of every view's rank_stride
     const Plan *whole;      // the plan of every stage (ExecOptions.whole), or plan
     int stage, stages;      // this rank's stage of whole, and how many it has
     int sync_sends;         // every send synchronous
@@ -126,7 +128,7 @@ void *rt_exec_data(const Exec *e, int32_t id)
 {
     const PlanTensor *t = &e->plan->tensors[id];
     if (e->side && e->side[id]) return e->side[id];
-    int64_t at = t->offset + (int64_t)e->rank * t->rank_stride;
+    int64_t at = t->offset + (int64_t)e->shard_rank * t->rank_stride;
     return at + plan_tensor_nbytes(t) <= e->held[t->place] ? e->space[t->place] + at : NULL;
 }
 
@@ -197,9 +199,10 @@ static double call_attr(const OpInfo *info, const KCall *c, const char *name, do
     return def;
 }
 
-/* A collective op ("x, world:int, avg:flag=0, group:int=0"): its world must be its
- * group's in this run, the data-parallel ranks of this stage (group 0) or the stages
- * (group 1); a group of more than one rank runs it on MPI, over that group. */
+/* A collective op ("x, world:int, avg:flag=0, group:int=0, avg_over:int=0"): its world
+ * must be its group's in this run, the data-parallel ranks of this stage (group 0), the
+ * stages (group 1), the shard group's S or the D / S replicas (groups 2 and 3); a group
+ * of more than one rank runs it on MPI, over that group. */
 static int bind_collective(Exec *e, int32_t k, const OpInfo *info, ExecOp *x, char *err, size_t errlen)
 {
     const Plan *p = e->plan;
@@ -208,10 +211,16 @@ static int bind_collective(Exec *e, int32_t k, const OpInfo *info, ExecOp *x, ch
     if (kind < 0 || kind >= RT_COLL_SEND || x->call.n_in != 1 || x->call.n_out != 1)
         return plan_fail(err, errlen, "op %d (%s): a collective this fsexec cannot run", k, name);
     double world = call_attr(info, &x->call, "world", 0), group = call_attr(info, &x->call, "group", OP_GROUP_DATA);
-    if (group != OP_GROUP_DATA && group != OP_GROUP_PIPE)
-        return plan_fail(err, errlen, "op %d (%s): group %g; a collective runs over group 0 (the data-parallel ranks) "
-                         "or 1 (the pipeline's stages)", k, name, group);
-    int pipe = group == OP_GROUP_PIPE, size = pipe ? e->stages : e->world;
+    if (group != OP_GROUP_DATA && group != OP_GROUP_PIPE && group != OP_GROUP_SHARD && group != OP_GROUP_REPLICA)
+        return plan_fail(err, errlen, "op %d (%s): group %g; a collective runs over group 0 (the data-parallel ranks), "
+                         "1 (the pipeline's stages), 2 (the shard group) or 3 (the replica group)", k, name, group);
+    int pipe = group == OP_GROUP_PIPE, size = pipe ? e->stages : e->world, rank = pipe ? e->stage : e->rank;
+    if (group == OP_GROUP_SHARD) size = e->shard, rank = e->shard_rank;
+    if (group == OP_GROUP_REPLICA) size = e->world / e->shard, rank = e->rank / e->shard;
+    if (world != size && group >= OP_GROUP_SHARD)
+        return plan_fail(err, errlen, "op %d (%s) over the %s group (group %g) is for %g ranks, but this run's has %d "
+                         "(shard_group %d of %d data-parallel ranks)", k, name, group == OP_GROUP_SHARD ? "shard" :
+                         "replica", group, world, size, e->shard, e->world);
     if (world != size && pipe)
         return plan_fail(err, errlen, "op %d (%s) over the pipeline group (group 1) is for %g stages, but this run has "
                          "%d", k, name, world, size);
@@ -221,12 +230,14 @@ static int bind_collective(Exec *e, int32_t k, const OpInfo *info, ExecOp *x, ch
     if (size == 1) return 0;
     const KTensor *in = &x->call.in[0], *out = &x->call.out[0];
     int avg = kind != RT_COLL_ALL_GATHER && call_attr(info, &x->call, "avg", 0) != 0;
+    double over = call_attr(info, &x->call, "avg_over", 0);
     x->coll = &e->colls[k];
     char why[256];
     if (rt_coll_prepare(x->coll, (RtCollKind)kind, p->tensors[p->ids[p->ops[k].in]].dtype, in->data, in->numel,
-                        out->data, out->numel, size, pipe ? e->stage : e->rank, avg, why, sizeof why))
+                        out->data, out->numel, size, rank, avg, why, sizeof why))
         return plan_fail(err, errlen, "op %d: %s", k, why);
     x->coll->group = (int)group;
+    if (avg && over > 0) x->coll->avg_over = (int)over;
     return 0;
 }
 
@@ -359,7 +370,7 @@ static int init_tensors(Exec *e, uint64_t seed, char *err, size_t errlen)
         uint8_t *data = rt_exec_data(e, i);
         int64_t n = plan_tensor_numel(t);
         if (t->role == PLAN_ROLE_PARAM && rt_flat_is_storage(p, i)) {
-            if (rt_flat_init(p, i, e->rank, seed, (float *)data, err, errlen)) return -1;
+            if (rt_flat_init(p, i, e->shard_rank, seed, (float *)data, err, errlen)) return -1;
             continue;
         }
         if (t->init == PLAN_INIT_NONE || t->init == PLAN_INIT_ZEROS) {
@@ -431,7 +442,7 @@ static int64_t mirror_prefix(const Exec *e, int s)
     int64_t held = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *t = &p->tensors[i];
-        int64_t end = t->offset + (int64_t)e->rank * t->rank_stride + plan_tensor_nbytes(t);
+        int64_t end = t->offset + (int64_t)e->shard_rank * t->rank_stride + plan_tensor_nbytes(t);
         if ((int)t->place == s && mirrored(p, i) && end > held) held = end;
     }
     return held;
@@ -450,7 +461,7 @@ static int alloc_side(Exec *e, char *err, size_t errlen)
         if (k >= p->n_outputs && p->tensors[o].step_role == PLAN_SR_NONE) continue;
         int32_t r = p->tensors[o].alias != PLAN_NONE ? p->tensors[o].alias : o;
         const PlanTensor *t = &p->tensors[r];
-        if (at[r] >= 0 || t->offset + (int64_t)e->rank * t->rank_stride + plan_tensor_nbytes(t) <= e->held[t->place])
+        if (at[r] >= 0 || t->offset + (int64_t)e->shard_rank * t->rank_stride + plan_tensor_nbytes(t) <= e->held[t->place])
             continue;
         at[r] = (int32_t)(n / ARENA_ALIGN);
         n += (plan_tensor_nbytes(t) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
@@ -464,8 +475,8 @@ static int alloc_side(Exec *e, char *err, size_t errlen)
         const PlanTensor *t = &p->tensors[i];
         int32_t r = t->alias != PLAN_NONE ? t->alias : i;
         if (at[r] < 0) continue;
-        int64_t off = (t->offset + (int64_t)e->rank * t->rank_stride) -
-                      (p->tensors[r].offset + (int64_t)e->rank * p->tensors[r].rank_stride);
+        int64_t off = (t->offset + (int64_t)e->shard_rank * t->rank_stride) -
+                      (p->tensors[r].offset + (int64_t)e->shard_rank * p->tensors[r].rank_stride);
         e->side[i] = base + (int64_t)at[r] * ARENA_ALIGN + off;
     }
     e->side_bytes = n;
@@ -541,7 +552,7 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
     /* A mirror runs only the host space's ops (offload's update, rt_exec_run_host_op): its
      * device's backend proves the schedule (cs_build) and runs the rest. */
     if (e->mirror) return find_step(e, err, errlen) || find_rng(e, err, errlen) || build_host_ops(e, err, errlen) || init_tensors(e, o->seed, err, errlen);
-    if (plan_check_schedule(p, e->rank, err, errlen)) return -1;
+    if (plan_check_schedule(p, e->shard_rank, err, errlen)) return -1;
     e->ops = plan_alloc(sizeof *e->ops * (size_t)p->n_ops);
     if (!e->ops) return plan_fail(err, errlen, "out of memory");
     memset(e->ops, 0, sizeof *e->ops * (size_t)p->n_ops);
@@ -556,7 +567,7 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
     /* Persistent collectives may synchronize their group as they are set up: the stage's
      * ones first, then the pipeline's (the same order on every stage), so that no two
      * ranks wait for each other in different groups. */
-    for (int g = OP_GROUP_DATA; g <= OP_GROUP_PIPE; g++)
+    for (int g = OP_GROUP_DATA; g < OP_GROUP_COUNT; g++)
         for (int32_t k = 0; k < p->n_ops; k++)
             if (e->ops[k].coll && e->ops[k].coll->group == g) rt_comm_bind(e->queue, e->ops[k].coll);
     if (build_workspace(e, err, errlen)) return -1;
@@ -582,6 +593,8 @@ Exec *rt_exec_new(const Plan *p, const ExecOptions *o, char *err, size_t errlen)
     e->mirror = o->mirror;
     e->rank = o->rank;
     e->world = o->world > 0 ? o->world : 1;
+    e->shard = (int)plan_shard_group(p, e->world);
+    e->shard_rank = e->rank >= 0 ? e->rank % e->shard : e->rank;
     e->whole = o->whole ? o->whole : p;
     e->stage = o->whole ? o->stage : 0;
     e->stages = o->whole && o->whole->n_programs > 1 ? o->whole->n_programs : 1;

@@ -358,14 +358,23 @@ static int optimizer(OpCheck *c, int n_f32, int scalars)
 static int extra_adamw(OpCheck *c) { return optimizer(c, 6, 4); }
 static int extra_sgd(OpCheck *c) { return optimizer(c, 5, 3); }
 
-/* A collective runs across its group: the program's data-parallel ranks (group 0) or
- * the stages (group 1); the executor refuses any other. Checked before the shape rule,
- * which multiplies by the world. */
+/* A collective runs across its group: the program's data-parallel ranks (group 0), the
+ * stages (group 1), or with hybrid sharding the shard group (2: S of them, the plan's
+ * shard_group) or the replica group (3: D / S); the executor refuses any other. Checked
+ * before the shape rule, which multiplies by the world. */
 static int check_collective(OpCheck *c)
 {
     int64_t w = attr_int(c, "world", 0), g = attr_int(c, "group", OP_GROUP_DATA), n;
-    if (g != OP_GROUP_DATA && g != OP_GROUP_PIPE)
-        return fail(c, "group %" PRId64 ": a collective runs over group 0 (the data-parallel ranks) or 1 (the stages)", g);
+    int64_t s = plan_shard_group(c->p, c->world), over = attr_int(c, "avg_over", 0);
+    if (g < OP_GROUP_DATA || g > OP_GROUP_REPLICA)
+        return fail(c, "group %" PRId64 ": a collective runs over group 0 (the data-parallel ranks), 1 (the stages), 2 "
+                    "(the shard group) or 3 (the replica group)", g);
+    if ((g == OP_GROUP_SHARD && w != s) || (g == OP_GROUP_REPLICA && w * s != c->world))
+        return fail(c, "a collective over the %s group for %" PRId64 " ranks, but the plan's shard_group is %" PRId64
+                    " of %" PRId64 " data-parallel ranks", g == OP_GROUP_SHARD ? "shard" : "replica", w, s, c->world);
+    if (over < 0 || over > c->world)
+        return fail(c, "avg_over %" PRId64 ": an average is over at most the %" PRId64 " data-parallel ranks", over,
+                    c->world);
     if (g == OP_GROUP_DATA && w != c->world)
         return fail(c, "a collective for a world of %" PRId64 " ranks, but the plan is for a world of %" PRId64, w, c->world);
     if (g == OP_GROUP_PIPE && (w < 1 || w > RT_MAX_WORLD || (c->stages && w != c->stages)))

@@ -102,7 +102,7 @@ int rt_plan_check_layout(const Plan *p, char *err, size_t errlen)
                          (long long)(world * stages), stages > 1 ? " (its stages x data-parallel ranks)" : "",
                          RT_MAX_WORLD);
     for (int32_t i = 0; i < p->n_tensors; i++)
-        if (check_tensor_layout(p, i, world, err, errlen)) return -1;
+        if (check_tensor_layout(p, i, plan_shard_group(p, world), err, errlen)) return -1;  // views: a shard group's
     return 0;
 }
 
@@ -458,7 +458,7 @@ static int32_t step_input(const Plan *p)
 int rt_plan_check_values(const Plan *p, const Plan *whole, char *err, size_t errlen)
 {
     size_t n = (size_t)p->n_tensors + 1;
-    Mem m = {.p = p, .world = p->n_programs ? p->programs[0].dp_world : 1, .step = step_input(p)};
+    Mem m = {.p = p, .world = plan_shard_group(p, p->n_programs ? p->programs[0].dp_world : 1), .step = step_input(p)};
     m.root = plan_alloc(sizeof *m.root * n);
     m.ok_upto = plan_alloc(sizeof *m.ok_upto * n);
     m.lo = plan_alloc(sizeof *m.lo * n);

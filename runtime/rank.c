@@ -155,7 +155,7 @@ int rt_plan_layout(const Plan *p, RtLayout *l, char *err, size_t errlen)
     if (p->n_programs < 1) {  // no memory plan: the executor refuses it, with its own message
         int64_t w = plan_meta_int(p, "world", 1);
         *l = (RtLayout){.stages = 1, .dp = w >= 1 && w <= RT_MAX_WORLD ? (int)w : 1};
-        l->world = l->dp;
+        l->world = l->shard = l->dp;
         return 0;
     }
     int dp = p->programs[0].dp_world;
@@ -166,7 +166,7 @@ int rt_plan_layout(const Plan *p, RtLayout *l, char *err, size_t errlen)
     if ((int64_t)p->n_programs * dp > RT_MAX_WORLD)
         return plan_fail(err, errlen, "%d stages x %d data-parallel ranks is more than %d ranks", p->n_programs, dp,
                          RT_MAX_WORLD);
-    *l = (RtLayout){.stages = p->n_programs, .dp = dp, .world = p->n_programs * dp};
+    *l = (RtLayout){.stages = p->n_programs, .dp = dp, .world = p->n_programs * dp, .shard = (int)plan_shard_group(p, dp)};
     return 0;
 }
 

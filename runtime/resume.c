@@ -241,7 +241,7 @@ void rt_resumed_describe(const RtCheckpoint *c, const RtResumed *r, const Plan *
     char a[32], b[32], d[32], from[160], to[160];
     RtLayout l;
     char why[128];
-    if (rt_plan_layout(whole, &l, why, sizeof why)) l = (RtLayout){1, 1, 1};
+    if (rt_plan_layout(whole, &l, why, sizeof why)) l = (RtLayout){1, 1, 1, 1};
     snprintf(from, sizeof from, "world %" PRId64 "%s, %s, %s", rt_checkpoint_info_int(c, "world", 0),
              rt_checkpoint_info_int(c, "stages", 1) > 1 ? " in stages" : "", rt_checkpoint_info(c, "shard"),
              rt_checkpoint_info(c, "precision"));

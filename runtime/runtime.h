@@ -654,6 +654,7 @@ int rt_launch_argv(const char *mpirun, const char *exe, int nproc, int as_root, 
 #define RT_MAX_WORLD (1 << 20)
 typedef struct {
     int stages, dp, world;
+    int shard;  // the ranks a shard is split over, of the dp (plan_shard_group; dp without hybrid groups)
 } RtLayout;
 /* A plan without programs: one stage of meta "world". 0, or -1 with a message when the
  * programs disagree on dp_world or the world is too large. */
@@ -671,9 +672,11 @@ int rt_comm_init(RtRanks *r, char *err, size_t errlen);
  * rank r is stage r / dp at data-parallel index r % dp): the data-parallel ranks of each
  * stage (a collective's group 0, the gather and sum below), the ranks of each
  * data-parallel index, one per stage (group 1), and a copy of the world that only
- * point-to-point ops use. Every rank calls it once, after rt_comm_init; with one stage
- * the world is group 0. 0, or -1 with a message. */
-int rt_comm_layout(int stages, int dp, char *err, size_t errlen);
+ * point-to-point ops use; with hybrid sharding (1 < shard < dp, shard dividing dp) the
+ * shard groups of `shard` consecutive data-parallel ranks (group 2) and the replica
+ * groups of the dp / shard ranks at one index within them (group 3). Every rank calls it
+ * once, after rt_comm_init; with one stage the world is group 0. 0, or -1 with a message. */
+int rt_comm_layout(int stages, int dp, int shard, char *err, size_t errlen);
 int rt_comm_rank(void);
 int rt_comm_world(void);
 /* How messages name this rank: "rank 3", or with several stages "rank 3, stage 1". */
@@ -717,11 +720,12 @@ typedef struct {
                         // out; all_gather: x; send, recv: the message
     int world;
     int avg;            // divide the sum by the world on completion
+    int avg_over;       // ... by this many ranks instead, when > 0 (a replica group's: all D)
     int in_place;       // MPI_IN_PLACE
     int move_after;     // in-place reduce_scatter whose out is not x's start: move on completion
     RtRange range[2];   // the bytes of x and of out: nothing may touch them while in flight
     int slot;           // its persistent request in the queue (rt_comm_bind), or -1
-    int group;          // a collective's ranks: OP_GROUP_DATA (0) or OP_GROUP_PIPE (1)
+    int group;          // a collective's ranks: OP_GROUP_DATA, _PIPE, _SHARD or _REPLICA
     int peer;           // send, recv: the world rank at the other end
     int sync;           // send: synchronous (MPI_Issend), complete only once received
     int tag;            // send, recv: the MPI tag (the op's `tag`; set after rt_p2p_prepare)

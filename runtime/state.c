@@ -55,6 +55,8 @@ typedef struct {
     const Plan *p;
     const Exec *e;       // NULL: no data
     int rank, dp;
+    int shard;           // the ranks a shard is split over (plan_shard_group): a sharded holder lies at
+                         // rank % shard, and its dp / shard replicas each write an even part of it
     int names;           // every logical tensor the plan holds, whole, whichever rank
     RtState *s;
     View *views;         // sorted by (unit, at); fsdp's second view of a param left out
@@ -139,13 +141,13 @@ static int coords(const Walk *w, int32_t id, int64_t *first, int64_t *count, int
         const PlanTensor *s = &p->tensors[t->alias];
         int64_t es = plan_dtype_size(s->dtype);
         int sharded = coords(w, t->alias, first, count, unit);
-        *first += (t->offset - s->offset) / es + (int64_t)w->rank * (t->rank_stride / es);
+        *first += (t->offset - s->offset) / es + (int64_t)(w->rank % w->shard) * (t->rank_stride / es);
         *count = plan_tensor_numel(t);
         return sharded || t->rank_stride != 0 || t->sharded;
     }
     if (rt_flat_is_storage(p, id)) {
         *unit = t->unit;
-        rt_flat_held(t, w->rank, first, count);
+        rt_flat_held(t, w->rank % w->shard, first, count);
         return t->sharded;
     }
     *unit = PLAN_NONE, *first = 0, *count = plan_tensor_numel(t);
@@ -153,15 +155,13 @@ static int coords(const Walk *w, int32_t id, int64_t *first, int64_t *count, int
 }
 
 /* This rank's share [*lo, *hi) of a holder's range [first, first + count): all of it when
- * it is a shard; else its even part over the stage's ranks. */
+ * it is a shard (with hybrid sharding: its even part over the shard's replicas); else its
+ * even part over the stage's ranks. */
 static void share(const Walk *w, int sharded, int64_t first, int64_t count, int64_t *lo, int64_t *hi)
 {
-    if (sharded) {
-        *lo = first, *hi = first + count;
-        return;
-    }
-    *lo = first + count * w->rank / w->dp;
-    *hi = first + count * (w->rank + 1) / w->dp;
+    int64_t k = sharded ? w->rank / w->shard : w->rank, n = sharded ? w->dp / w->shard : w->dp;
+    *lo = first + count * k / n;
+    *hi = first + count * (k + 1) / n;
 }
 
 /* The pieces of holder id: a param storage (target PLAN_NONE) or the optimizer state of
@@ -177,7 +177,7 @@ static void holder_pieces(Walk *w, int32_t id, int32_t target, const char *suffi
         RtOwned o;
         rt_flat_owned(p, id, w->dp, &o);
         if (!o.replicated) {
-            lo = o.flat_first + (int64_t)w->rank * o.flat_stride, hi = lo + o.count;
+            share(w, 1, o.flat_first + (int64_t)(w->rank % w->shard) * o.flat_stride, o.count, &lo, &hi);
         } else {
             share(w, sharded, first, count, &lo, &hi);
         }
@@ -269,7 +269,7 @@ static RtState *walk(const Plan *p, const Exec *e, int rank, int dp, int names, 
         return NULL;
     }
     memset(s, 0, sizeof *s);
-    Walk w = {.p = p, .e = e, .rank = rank, .dp = dp, .names = names, .s = s};
+    Walk w = {.p = p, .e = e, .rank = rank, .dp = dp, .shard = (int)plan_shard_group(p, dp), .names = names, .s = s};
     int rc = collect_views(&w) || find_targets(&w) ||
              !(s->holders = plan_alloc(sizeof *s->holders * (size_t)(p->n_tensors + 1)));
     for (int32_t i = 0; i < p->n_tensors && !rc && !w.failed; i++) {

@@ -73,7 +73,7 @@ static int flat_alloc(const Exec *e, Flat *f, int mine, int gathers, char *err, 
     for (int32_t i = 0; i < p->n_tensors && mine; i++) {
         const PlanTensor *t = &p->tensors[i];
         if (t->role != PLAN_ROLE_PARAM || !rt_flat_is_storage(p, i) || t->unit >= f->n || f->full[t->unit]) continue;
-        size_t len = (size_t)rt_flat_length(p, i, world);
+        size_t len = (size_t)rt_flat_length(p, i, (int)plan_shard_group(p, world));
         if (!(f->full[t->unit] = plan_alloc(sizeof(float) * len)))
             return plan_fail(err, errlen, "out of memory for the %zu params of unit %d", len, t->unit);
         memset(f->full[t->unit], 0, sizeof(float) * len);
@@ -94,16 +94,17 @@ static void flat_gather(const Exec *e, int32_t s, Flat *f)
     const Plan *p = rt_exec_plan(e);
     const PlanTensor *t = &p->tensors[s];
     const uint8_t *arena = rt_exec_space(e, t->place);  // the host space, once offload put the master there
-    int rank = rt_exec_rank(e), world = rt_exec_world(e);
+    int rank = rt_exec_rank(e), world = rt_exec_world(e), shard = (int)plan_shard_group(p, world);
     float *full = f->full && t->unit < f->n ? f->full[t->unit] : NULL;
     RtOwned o;
     rt_flat_owned(p, s, world, &o);
     if (rank == 0 && !t->sharded)  // the whole buffer first: padding, and all of it when replicated
         memcpy(full + t->flat_offset, arena + t->offset, (size_t)plan_tensor_nbytes(t));
     if (o.replicated) return;
-    rt_comm_gather_f32((const float *)(arena + o.byte_offset + (int64_t)rank * o.byte_stride), o.count, f->recv);
-    for (int q = 0; rank == 0 && q < world; q++)
-        memcpy(full + o.flat_first + q * o.flat_stride, f->recv + q * o.count, sizeof(float) * (size_t)o.count);
+    rt_comm_gather_f32((const float *)(arena + o.byte_offset + (int64_t)(rank % shard) * o.byte_stride), o.count,
+                       f->recv);
+    for (int q = 0; rank == 0 && q < world; q++)  // hybrid sharding: q's replicas hold the same shard, q % shard
+        memcpy(full + o.flat_first + q % shard * o.flat_stride, f->recv + q * o.count, sizeof(float) * (size_t)o.count);
 }
 
 /* The entries of every saved param (grads: each param's "<name>.grad"), in tensor order;

@@ -106,17 +106,26 @@ static int parse_define(Flags *f, const char *text)
     return 0;
 }
 
+/* "shard-group" as the key shard_group: a flag may spell a setting's name with dashes. */
+static char *setting_key(const char *key, size_t n)
+{
+    char *k = strndup(key, n);
+    for (char *c = k; c && *c; c++)
+        if (*c == '-') *c = '_';
+    return k;
+}
+
 /* A `--key value` or `--key=value` training setting; config_set validates it later. */
 static int parse_setting(Flags *f, const char *arg, const char *next, int *used_next)
 {
     const char *key = arg + 2, *eq = strchr(key, '=');
     if (f->n_settings == MAX_FLAGS) return fail("too many settings%s%s", "", "");
     if (eq) {
-        f->settings[f->n_settings++] = (Setting){strndup(key, (size_t)(eq - key)), eq + 1};
+        f->settings[f->n_settings++] = (Setting){setting_key(key, (size_t)(eq - key)), eq + 1};
         return 0;
     }
     if (!next) return fail("%s needs a value%s", arg, "");
-    f->settings[f->n_settings++] = (Setting){strdup(key), next};
+    f->settings[f->n_settings++] = (Setting){setting_key(key, strlen(key)), next};
     *used_next = 1;
     return 0;
 }
@@ -464,8 +473,8 @@ static int forward_programs(const Graph *train, const char *src, size_t len, con
     char batch[32];
     snprintf(batch, sizeof batch, "%lld", (long long)(rows * fw->eval_t.world));
     const Setting sample[] = {{"world", "1"}, {"shard", "none"}, {"microbatches", batch}, {"recompute", "none"},
-                              {"offload", "none"}};
-    fw->sample = forward_graph(src, len, path, fo, sample, 5, 1, &fw->sample_t, "the sampling program");
+                              {"offload", "none"}, {"shard_group", "0"}};
+    fw->sample = forward_graph(src, len, path, fo, sample, 6, 1, &fw->sample_t, "the sampling program");
     return fw->sample ? 0 : -1;
 }
 

@@ -202,7 +202,7 @@ typedef struct {
  * ("[rank r, stage s] fsexec" in a pipeline). */
 static char who[80] = "fsexec";
 static int my_rank, my_world = 1;
-static RtLayout layout = {1, 1, 1};  // the plan's stages x data-parallel ranks
+static RtLayout layout = {1, 1, 1, 1};  // the plan's stages x data-parallel ranks
 
 /* A local error: with several ranks it ends them all (the others may be waiting for this
  * one in a collective); alone, the caller returns status rc. */
@@ -775,7 +775,7 @@ static int join_world(const Flags *f, const Plan *p, RtRanks *rk)
         rc = 1;
     }
     if ((rc = rt_comm_agree(rc))) return rc;
-    if (rt_comm_layout(layout.stages, layout.dp, err, sizeof err)) {  // every rank alike
+    if (rt_comm_layout(layout.stages, layout.dp, layout.shard, err, sizeof err)) {  // every rank alike
         fprintf(stderr, "%s: %s\n", who, err);
         return 1;
     }

@@ -209,6 +209,61 @@ static int make_blas(RtBackend *b)
     return 0;
 }
 
+/* A communicator over the ranks of the world that share `color` (this one `rank` of
+ * `size` among them): its id made by their first rank and broadcast among them. */
+static int group_nccl(RtBackend *b, int color, int size, int rank, ncclComm_t *out)
+{
+    MPI_Comm c;
+    if (MPI_Comm_split(MPI_COMM_WORLD, color, b->rank, &c) != MPI_SUCCESS)
+        return cuda_fail(b, __FILE__, __LINE__, "MPI_Comm_split", "failed to split the world into NCCL's groups");
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (rank == 0 && nccl.get_unique_id(&id) != ncclSuccess) memset(&id, 0, sizeof id);
+    int rc = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, c);
+    MPI_Comm_free(&c);
+    if (rc != MPI_SUCCESS) return cuda_fail(b, __FILE__, __LINE__, "MPI_Bcast", "failed to share a group's NCCL id");
+    NCCL_CHECK(b, nccl.comm_init_rank(out, size, id, rank));
+    return 0;
+}
+
+/* The scalar 1/n in NCCL's dtype t, for a premultiplied sum (f16 by the compiler's
+ * _Float16; bf16 rounded to nearest even from f32). */
+static void inverse_in(ncclDataType_t t, int n, void *out)
+{
+    float x = 1.0f / (float)n;
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint16_t h = t == ncclFloat16 ? 0 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    if (t == ncclFloat16) {
+        _Float16 f = (_Float16)x;
+        memcpy(&h, &f, sizeof h);
+    }
+    if (t == ncclFloat32) memcpy(out, &x, sizeof x);
+    else memcpy(out, &h, sizeof h);
+}
+
+/* Hybrid sharding (CsSchedule.shard < world): the shard groups of `shard` consecutive
+ * ranks and the replica groups of the ranks at one index within them, as runtime/comm.c
+ * splits MPI's; each collective's op, an average over avg_over ranks a sum premultiplied
+ * by 1 / avg_over (the average is over all the ranks, not the replica group's). */
+static int make_hybrid_nccl(RtBackend *b)
+{
+    int shard = b->s.shard, hybrid = shard > 1 && shard < b->world;
+    if (hybrid && (group_nccl(b, b->rank / shard, shard, b->rank % shard, &b->group_nccl[0]) ||
+                   group_nccl(b, b->rank % shard, b->world / shard, b->rank / shard, &b->group_nccl[1])))
+        return -1;
+    for (int32_t ci = 0; ci < b->s.n_colls; ci++) {
+        const CsColl *c = &b->s.colls[ci];
+        b->redop[ci] = c->avg ? ncclAvg : ncclSum;
+        if (!c->avg || c->avg_over <= 0) continue;
+        double scalar[2];
+        inverse_in(cuda_nccl_type(c->dtype), c->avg_over, scalar);
+        NCCL_CHECK(b, nccl.red_op_create_pre_mul_sum(&b->redop[ci], scalar, cuda_nccl_type(c->dtype), ncclScalarHostImmediate,
+                                                     cuda_comm_of(b, c->group)));
+    }
+    return 0;
+}
+
 static int make_nccl(RtBackend *b)
 {
     b->what = "setting up NCCL";
@@ -219,13 +274,15 @@ static int make_nccl(RtBackend *b)
         CU_CHECK(b, cuEventCreate(&b->ready[c], CU_EVENT_DISABLE_TIMING));
         CU_CHECK(b, cuEventCreate(&b->done[c], CU_EVENT_DISABLE_TIMING));
     }
+    if (!(b->redop = plan_alloc(sizeof *b->redop * ((size_t)b->s.n_colls + 1))))
+        return cuda_fail(b, __FILE__, __LINE__, "plan_alloc", "out of memory");
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (b->rank == 0) NCCL_CHECK(b, nccl.get_unique_id(&id));
     int rc = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS) return cuda_fail(b, __FILE__, __LINE__, "MPI_Bcast", "failed to share NCCL's unique id");
     NCCL_CHECK(b, nccl.comm_init_rank(&b->nccl, b->world, id, b->rank));
-    return 0;
+    return make_hybrid_nccl(b);
 }
 
 /* Offload's host space, the mirror's: page-locked, so its copies run at the link's speed
@@ -325,6 +382,10 @@ static void destroy(RtBackend *b)
         /* After a fault these fail too; freeing is best effort, the process is ending. */
         cuCtxSetCurrent(b->ctx);
         if (b->graph) cuGraphExecDestroy(b->graph);
+        for (int32_t ci = 0; ci < b->s.n_colls && b->redop; ci++)
+            if (b->s.colls[ci].avg && b->s.colls[ci].avg_over > 0) nccl.red_op_destroy(b->redop[ci], cuda_comm_of(b, b->s.colls[ci].group));
+        for (int g = 0; g < 2; g++)
+            if (b->group_nccl[g]) nccl.comm_destroy(b->group_nccl[g]);
         if (b->nccl) nccl.comm_destroy(b->nccl);
         if (b->blas) cublasDestroy(b->blas);
         for (int32_t c = 0; c < b->s.n_colls + b->s.n_copies && b->ready; c++) {
@@ -347,6 +408,7 @@ static void destroy(RtBackend *b)
     plan_dealloc(b->argv);
     plan_dealloc(b->params);
     plan_dealloc(b->ready);
+    plan_dealloc(b->redop);
     plan_dealloc(b->done);
     plan_dealloc(b->tev);
     plan_dealloc(b);

@@ -23,6 +23,7 @@
 
 #include "backend.h"
 #include "jit.h"
+#include "ops.h"
 #include "schedule.h"
 
 struct RtBackend {
@@ -49,6 +50,8 @@ struct RtBackend {
     cublasHandle_t blas;
     CUdeviceptr blas_ws;        // cuBLAS's workspace (cublasSetWorkspace)
     ncclComm_t nccl;
+    ncclComm_t group_nccl[2];   // hybrid sharding's shard group and replica group (OP_GROUP_SHARD + k), or NULL
+    ncclRedOp_t *redop;         // per collective: its NCCL op (ncclSum, ncclAvg, or avg_over's premultiplied sum)
     CUgraphExec graph;          // the captured step (--cuda-graph)
     uint8_t *host;              // offload: the plan's host space (the mirror's), page-locked while the backend lives
     int64_t host_bytes;
@@ -78,6 +81,9 @@ typedef struct {
                                    ncclComm_t comm, cudaStream_t stream);
     ncclResult_t (*all_gather)(const void *send, void *recv, size_t sendcount, ncclDataType_t t, ncclComm_t comm,
                                cudaStream_t stream);
+    ncclResult_t (*red_op_create_pre_mul_sum)(ncclRedOp_t *op, void *scalar, ncclDataType_t t,
+                                              ncclScalarResidence_t residence, ncclComm_t comm);
+    ncclResult_t (*red_op_destroy)(ncclRedOp_t op, ncclComm_t comm);
 } NcclApi;
 extern NcclApi nccl;
 /* dlopen()s libnccl.so.2 ($FS_NCCL_LIB) once and fills `nccl`: 0, or -1 with why. */
@@ -88,6 +94,12 @@ int cuda_nccl_load(char *err, size_t errlen);
 int cuda_fail(RtBackend *b, const char *file, int line, const char *call, const char *status);
 const char *cuda_status(CUresult r);     // "CUDA_ERROR_OUT_OF_MEMORY"
 const char *nccl_status(RtBackend *b, ncclResult_t r);  // "ncclSystemError (... last error)"
+/* The communicator of a collective's group (schedule.h: CsColl.group). */
+static inline ncclComm_t cuda_comm_of(const RtBackend *b, int group)
+{
+    return group == OP_GROUP_SHARD ? b->group_nccl[0] : group == OP_GROUP_REPLICA ? b->group_nccl[1] : b->nccl;
+}
+ncclDataType_t cuda_nccl_type(PlanDType t);  // run.c
 
 #define CU_CHECK(b, call)                                                                      \
     do {                                                                                       \

@@ -36,7 +36,7 @@ static cudaDataType blas_type(PlanDType t)
     }
 }
 
-static ncclDataType_t nccl_type(PlanDType t)
+ncclDataType_t cuda_nccl_type(PlanDType t)
 {
     switch (t) {
     case PLAN_DT_F16: return ncclFloat16;
@@ -98,13 +98,14 @@ static int collective(RtBackend *b, int32_t ci)
     const void *src = (const void *)(uintptr_t)in;
     void *dst = (void *)(uintptr_t)nout;
     size_t n = (size_t)c->count;
-    ncclDataType_t t = nccl_type(c->dtype);
-    ncclRedOp_t op = c->avg ? ncclAvg : ncclSum;
+    ncclDataType_t t = cuda_nccl_type(c->dtype);
+    ncclRedOp_t op = b->redop[ci];
+    ncclComm_t comm = cuda_comm_of(b, c->group);
     cudaStream_t s = (cudaStream_t)b->comm;  // the driver's and the runtime's streams are one type
     switch (c->kind) {
-    case CS_ALL_REDUCE: NCCL_CHECK(b, nccl.all_reduce(src, dst, n, t, op, b->nccl, s)); break;
-    case CS_REDUCE_SCATTER: NCCL_CHECK(b, nccl.reduce_scatter(src, dst, n, t, op, b->nccl, s)); break;
-    case CS_ALL_GATHER: NCCL_CHECK(b, nccl.all_gather(src, dst, n, t, b->nccl, s)); break;
+    case CS_ALL_REDUCE: NCCL_CHECK(b, nccl.all_reduce(src, dst, n, t, op, comm, s)); break;
+    case CS_REDUCE_SCATTER: NCCL_CHECK(b, nccl.reduce_scatter(src, dst, n, t, op, comm, s)); break;
+    case CS_ALL_GATHER: NCCL_CHECK(b, nccl.all_gather(src, dst, n, t, comm, s)); break;
     case CS_COLL_COUNT: break;
     }
     if (c->move) CU_CHECK(b, cuMemcpyDtoDAsync(out, nout, (size_t)c->out_bytes, b->comm));

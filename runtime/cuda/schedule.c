@@ -76,19 +76,25 @@ static int64_t attr_int(const Plan *p, const PlanOp *o, const char *key, int64_t
     return a->kind == PLAN_ATTR_INT ? a->i : (int64_t)a->f;
 }
 
-/* Op k, a collective of `kind`, bound to this rank's bytes, in the form NCCL runs it. */
-static int bind_coll(const Plan *p, int32_t k, CsCollKind kind, int rank, int world, CsColl *c, char *err,
-                     size_t errlen)
+/* Op k, a collective of `kind`, bound to this rank's bytes (views at vrank, its index in
+ * its shard group), in the form NCCL runs it over its group: the stage's `world` ranks,
+ * or with hybrid sharding the shard group (`shard` ranks, this one at vrank) or the
+ * replica group (world / shard ranks, this one at rank / shard). */
+static int bind_coll(const Plan *p, int32_t k, CsCollKind kind, int vrank, int rank, int world, int shard, CsColl *c,
+                     char *err, size_t errlen)
 {
     const PlanOp *o = &p->ops[k];
     const char *name = plan_str(p, o->op);
     if (o->n_in != 1 || o->n_out != 1)
         return plan_fail(err, errlen, "op %d (%s): %d inputs and %d outputs; a collective has one of each", k, name, o->n_in,
                     o->n_out);
+    int group = (int)attr_int(p, o, "group", OP_GROUP_DATA);
+    if (group == OP_GROUP_SHARD) world = shard, rank = vrank;
+    if (group == OP_GROUP_REPLICA) world = world / shard, rank = rank / shard;
     int64_t w = attr_int(p, o, "world", 1);
     if (w != world)
-        return plan_fail(err, errlen, "op %d (%s) is for a world of %lld ranks, but this run has %d", k, name, (long long)w,
-                    world);
+        return plan_fail(err, errlen, "op %d (%s) is for a world of %lld ranks, but this run has %d%s", k, name, (long long)w,
+                    world, group == OP_GROUP_SHARD ? " in its shard group" : group == OP_GROUP_REPLICA ? " in its replica group" : "");
     int32_t x = p->ids[o->in], y = p->ids[o->out];
     const PlanTensor *tx = &p->tensors[x], *ty = &p->tensors[y];
     int64_t n_in = plan_tensor_numel(tx), n_out = plan_tensor_numel(ty), es = plan_dtype_size(tx->dtype);
@@ -100,9 +106,9 @@ static int bind_coll(const Plan *p, int32_t k, CsCollKind kind, int rank, int wo
     int avg = kind != CS_ALL_GATHER && attr_int(p, o, "avg", 0) != 0;
     if (avg && tx->dtype == PLAN_DT_I32)
         return plan_fail(err, errlen, "op %d (%s): an average of i32 elements", k, name);
-    *c = (CsColl){.op = k, .kind = kind, .dtype = tx->dtype, .in = cs_offset(p, x, rank), .out = cs_offset(p, y, rank),
+    *c = (CsColl){.op = k, .kind = kind, .dtype = tx->dtype, .in = cs_offset(p, x, vrank), .out = cs_offset(p, y, vrank),
                   .count = kind == CS_ALL_GATHER ? n_in : n_out, .in_bytes = n_in * es, .out_bytes = n_out * es,
-                  .avg = avg};
+                  .avg = avg, .group = group, .avg_over = avg ? (int)attr_int(p, o, "avg_over", 0) : 0};
     c->nccl_out = c->out;
     c->range[0] = (CsRange){c->in, c->in + c->in_bytes};
     c->range[1] = (CsRange){c->out, c->out + c->out_bytes};
@@ -155,8 +161,9 @@ static int bind_host(const Plan *p, int32_t k, int rank, CsSchedule *s, char *er
     return 0;
 }
 
-/* Instruction ranges, collectives, copies, host ops, LAUNCH args and GEMMs. */
-static int bind(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_t errlen)
+/* Instruction ranges, collectives, copies, host ops, LAUNCH args and GEMMs; every view
+ * at vrank, the rank's index in its shard group (rank without hybrid sharding). */
+static int bind(const Plan *p, int vrank, int rank, int world, CsSchedule *s, char *err, size_t errlen)
 {
     for (int32_t k = 0; k < p->n_ops; k++) s->ops[k].coll = s->ops[k].copy = -1;
     for (int32_t i = 0; i < p->n_cuda; i++) {
@@ -166,16 +173,17 @@ static int bind(const Plan *p, int rank, int world, CsSchedule *s, char *err, si
     }
     for (int32_t k = 0; k < p->n_ops; k++) {
         const OpInfo *info = op_info_by_name(plan_str(p, p->ops[k].op));
-        if ((info && (info->flags & OPF_P2P)) || attr_int(p, &p->ops[k], "group", OP_GROUP_DATA) != OP_GROUP_DATA)
+        if ((info && (info->flags & OPF_P2P)) || attr_int(p, &p->ops[k], "group", OP_GROUP_DATA) == OP_GROUP_PIPE)
             return plan_fail(err, errlen, "op %d (%s): pipeline stages run on CPU ranks only in this version (run with "
                              "--device cpu)", k, plan_str(p, p->ops[k].op));
-        if (bind_host(p, k, rank, s, err, errlen)) return -1;
+        if (bind_host(p, k, vrank, s, err, errlen)) return -1;
         int kind = cs_coll_kind(plan_str(p, p->ops[k].op));
         if (kind < 0) continue;
         if (s->ops[k].n_instr)
             return plan_fail(err, errlen, "op %d (%s) has CUDA instructions; collectives run on NCCL by name (plan made by "
                         "a different fsc)", k, plan_str(p, p->ops[k].op));
-        if (bind_coll(p, k, (CsCollKind)kind, rank, world, &s->colls[s->n_colls], err, errlen)) return -1;
+        if (bind_coll(p, k, (CsCollKind)kind, vrank, rank, world, s->shard, &s->colls[s->n_colls], err, errlen))
+            return -1;
         s->ops[k].coll = s->n_colls++;
     }
     int32_t at = 0;
@@ -183,10 +191,10 @@ static int bind(const Plan *p, int rank, int world, CsSchedule *s, char *err, si
         const PlanCuda *c = &p->cuda[i];
         s->arg_at[i] = at;
         if (c->kind == PLAN_CU_GEMM) {
-            cs_gemm(p, i, rank, &s->gemms[i]);
+            cs_gemm(p, i, vrank, &s->gemms[i]);
             continue;
         }
-        for (int32_t a = 0; a < c->n_args; a++) s->args[at++] = cs_offset(p, p->ids[c->args + a], rank);
+        for (int32_t a = 0; a < c->n_args; a++) s->args[at++] = cs_offset(p, p->ids[c->args + a], vrank);
     }
     return 0;
 }
@@ -215,6 +223,8 @@ int cs_build(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_
     memset(s, 0, sizeof *s);
     s->n_ops = p->n_ops;
     s->world = world;
+    s->shard = (int)plan_shard_group(p, world);
+    int vrank = rank % s->shard;
     int64_t n_args = 0;
     for (int32_t i = 0; i < p->n_cuda; i++) n_args += p->cuda[i].n_args;
     size_t ops = sizeof *s->ops * (size_t)p->n_ops, instrs = (size_t)p->n_cuda + 1;
@@ -231,7 +241,7 @@ int cs_build(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_
     }
     memset(s->ops, 0, ops);
     memset(s->gemms, 0, sizeof *s->gemms * instrs);
-    int rc = plan_check_schedule(p, rank, err, errlen) || bind(p, rank, world, s, err, errlen) ? -1 : 0;
+    int rc = plan_check_schedule(p, vrank, err, errlen) || bind(p, vrank, rank, world, s, err, errlen) ? -1 : 0;
     if (!rc) stored_waits(p, s);
     if (rc) cs_free(s);
     return rc;

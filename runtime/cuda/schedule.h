@@ -46,6 +46,9 @@ typedef struct {
                             // reduce_scatter: out; all_gather: x
     int64_t in_bytes, out_bytes;
     int avg;                // divide the sum by the world (ncclAvg)
+    int group;              // its ranks: OP_GROUP_DATA, or hybrid sharding's OP_GROUP_SHARD, _REPLICA
+    int avg_over;           // avg: divide by this many ranks instead of the group's, when > 0 (a replica
+                            // group's average is over all the stage's ranks: NCCL's premultiplied sum)
     int64_t nccl_out;       // where NCCL writes its result: out, or x's slice for this rank
     int move;               // then copy count elements from nccl_out to out
     CsRange range[2];       // the bytes of x and of out
@@ -92,6 +95,7 @@ typedef struct {
     int32_t *arg_at;        // n_cuda entries
     CsGemm *gemms;          // n_cuda entries; filled for GEMMs
     int world;
+    int shard;              // the ranks a shard is split over (plan_shard_group); world without hybrid groups
 } CsSchedule;
 
 /* Where tensor id lies on `rank`: offset + rank * rank_stride. */

@@ -38,6 +38,13 @@ expect bad-define 1 "expected NAME=VALUE" -- "$FSC" "$SRC/samples/mlp.fsm" -D L
 expect bad-define-value 1 "VALUE must be an integer" -- "$FSC" "$SRC/samples/mlp.fsm" -D L=two
 expect unknown-dim 1 "did you mean 'L'" -- "$FSC" "$SRC/samples/mlp.fsm" -D LL=3
 expect bad-setting 1 "did you mean 'fsdp'" -- "$FSC" "$SRC/samples/mlp.fsm" --shard fsdb
+expect shard-group-divides 1 "shard_group 3 does not divide the 4 data-parallel ranks; valid values: 1, 2, 4" -- \
+  "$FSC" "$SRC/samples/mlp.fsm" -D B=48 --shard fsdp --world 4 --shard-group 3
+expect shard-group-of-a-stage 1 "shard_group 8 does not divide the 4 data-parallel ranks of a stage" -- \
+  "$FSC" "$SRC/samples/mlp.fsm" -D B=48 --shard zero2 --world 8 --stages 2 --shard-group 8
+expect shard-group-needs-sharding 1 "shard_group 2 needs a sharded strategy" -- \
+  "$FSC" "$SRC/samples/mlp.fsm" -D B=48 --shard ddp --world 4 --shard_group 2
+expect shard-group-in-help 0 "--shard_group VALUE" -- "$FSC" --help
 expect unknown-setting 1 "did you mean 'shard'" -- "$FSC" "$SRC/samples/mlp.fsm" --shrd fsdp
 expect bad-print-after 1 "no pass named 'dcee'; did you mean 'dce'" -- "$FSC" "$SRC/samples/mlp.fsm" --print-after dcee
 expect bad-emit 1 "--emit: expected 'ir' or 'ir-json'" -- "$FSC" "$SRC/samples/mlp.fsm" --emit asm

@@ -127,3 +127,54 @@ Test(cuda_plans, module_compiles_through_the_jit)
     jit_free(&im);
     plan_free(p);
 }
+
+/* Hybrid sharding, zero2 shard_group 2 of world 4: each rank binds its views at its index
+ * in its shard group (ranks 0 and 2, 1 and 3 alike, collectives and kernels' args), its gathers and reduce-scatters
+ * over the shard group of 2 and its gradient shards' all-reduces over the replica
+ * group of 2, averaged over all 4 ranks (NCCL's premultiplied sum). */
+Test(cuda_plans, hybrid_groups)
+{
+    Define gpt2[6];
+    memcpy(gpt2, SAMPLE_GPT2, sizeof gpt2);
+    gpt2[5].value = 8;
+    Setting set[] = {{"shard", "zero2"}, {"world", "4"}, {"shard_group", "2"}};
+    Plan *p = sample_compile("gpt2.fsm", gpt2, 6, set, 3, NULL);
+    if (!p->n_cuda) {
+        plan_free(p);
+        cr_skip_test("the plan has no CUDA program (codegen makes none in this build)");
+    }
+    CsSchedule s[4];
+    char err[512];
+    for (int rank = 0; rank < 4; rank++) {
+        cr_assert_eq(cs_build(p, rank, 4, &s[rank], err, sizeof err), 0, "rank %d: %s", rank, err);
+        cr_assert_eq(s[rank].shard, 2);
+        check_waits(p, &s[rank], "gpt2 zero2 shard_group 2", rank);
+    }
+    int shard = 0, replica = 0, strided = 0;
+    for (int32_t c = 0; c < s[0].n_colls; c++) {
+        const CsColl *x = &s[0].colls[c];
+        shard += x->group == OP_GROUP_SHARD, replica += x->group == OP_GROUP_REPLICA;
+        if (x->group == OP_GROUP_REPLICA) cr_assert(x->kind == CS_ALL_REDUCE && x->avg && x->avg_over == 4);
+        if (x->group == OP_GROUP_SHARD && x->kind == CS_REDUCE_SCATTER) cr_assert_eq(x->avg, 0, "summed, averaged later");
+        strided += s[1].colls[c].in != x->in;  // zero2's gathers read this rank's shard of the full params
+        for (int rank = 2; rank < 4; rank++) {
+            const CsColl *y = &s[rank].colls[c], *z = &s[rank % 2].colls[c];
+            cr_assert(y->in == z->in && y->out == z->out && y->nccl_out == z->nccl_out, "collective %d on rank %d", c, rank);
+        }
+    }
+    cr_assert(shard > 0 && replica > 0 && strided > 0, "%d collectives in the shard group, %d in the replica group, %d "
+              "at a rank's own shard", shard, replica, strided);
+    for (int32_t i = 0; i < p->n_cuda; i++)
+        for (int rank = 2; rank < 4; rank++) {
+            const CsSchedule *y = &s[rank], *z = &s[rank % 2];
+            if (p->cuda[i].kind == PLAN_CU_GEMM) {
+                cr_assert(y->gemms[i].a == z->gemms[i].a && y->gemms[i].b == z->gemms[i].b && y->gemms[i].c == z->gemms[i].c,
+                          "GEMM %d on rank %d", i, rank);
+                continue;
+            }
+            for (int32_t a = 0; a < p->cuda[i].n_args; a++)
+                cr_assert_eq(y->args[y->arg_at[i] + a], z->args[z->arg_at[i] + a], "LAUNCH %d arg %d on rank %d", i, a, rank);
+        }
+    for (int rank = 0; rank < 4; rank++) cs_free(&s[rank]);
+    plan_free(p);
+}

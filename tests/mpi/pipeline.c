@@ -356,7 +356,7 @@ static int run(void)
     }
     me = rk.rank;
     int dp = rk.world / 2, stage = rk.rank / dp, dpi = rk.rank % dp;
-    if (rk.world % 2 || rt_comm_layout(2, dp, err, sizeof err)) {
+    if (rk.world % 2 || rt_comm_layout(2, dp, dp, err, sizeof err)) {
         printf("[rank %d] needs an even world: %s\n", me, rk.world % 2 ? "" : err);
         return 1;
     }

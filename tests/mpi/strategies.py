@@ -62,7 +62,8 @@ def rel(a, b):
 
 
 def train(fsc, fsexec, work, model, dims, data, shard, world, threads=1, steps=STEPS, extra=()):
-    tag = "%s-%s-%d-%d-%d%s" % (model, shard, world, threads, steps, "-".join(extra).replace(":", "_").replace(",", "_"))
+    tag = "%s-%s-%d-%d-%d%s" % (model, shard, world, threads, steps,
+                                "".join(c if c.isalnum() or c in "._" else "_" for c in "".join(extra)))
     plan = os.path.join(work, tag + ".plan")
     out = os.path.join(work, tag + ".safetensors")
     log = os.path.join(work, tag + ".jsonl")

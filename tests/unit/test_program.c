@@ -382,8 +382,9 @@ Test(program, collective_groups)
 {
     int32_t ar = find_op(0, "all_reduce", 0);
     PlanAttr *world = &two->attrs[two->ops[ar].attr];
-    world->key = plan_intern(two, "group"), world->i = 2;
-    expect_check("op 4 (all_reduce): group must be the int 0 (the stage's data-parallel ranks) or 1 (the pipeline)");
+    world->key = plan_intern(two, "group"), world->i = 4;
+    expect_check("op 4 (all_reduce): group must be the int 0 (the stage's data-parallel ranks), 1 (the pipeline), "
+                 "2 (the shard group) or 3 (the replica group)");
     world->i = 1;
     cr_assert_eq(plan_check(two, err, sizeof err), 0, "%s", err);
     two->ops[ar].n_in = 2;
