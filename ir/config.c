@@ -31,7 +31,6 @@ int checkpoint_recomputes(const TrainConfig *t, int m)
 {
     return t->checkpoint == CKPT_ALWAYS || (t->checkpoint == CKPT_EXCEPT_LAST && m < t->microbatches - 1);
 }
-<<<<<<< HEAD
 /* The target after an `attention:` prefix (or `attention` alone: every block). */
 static const char *item_target(const char *item, size_t *len, int *attention)
 {
@@ -111,9 +110,7 @@ RecomputeMode recompute_mode(const char *list, const Block *b)
     return m;
 }
 
-=======
 int config_shard_group(const TrainConfig *c) { return c->shard_group > 0 ? c->shard_group : c->world; }
->>>>>>> hybrid
 const char *decay_on_name(int matrices) { return DECAY_ON[matrices != 0]; }
 const char *lr_schedule_name(LrSchedule s) { return (unsigned)s < LR_COUNT ? LR_SCHEDS[s] : "?"; }
 
