@@ -409,7 +409,7 @@ static int read_cuda(Reader *r, const Sec *s, Plan *p)
 
 static Plan *read_mem(const void *buf, size_t len, int nested, char *err, size_t errlen);
 
-/* EVAL, SAMP: a whole plan of one program, read with every check of its own. */
+/* EVAL, SAMP, DECO: a whole plan of one program, read with every check of its own. */
 static int read_subplan(Reader *r, const Sec *s, Plan **out, const char *what)
 {
     char why[400];
@@ -440,7 +440,8 @@ static int decode(Reader *r, Plan *p, const int32_t at[SEC_COUNT])
     char why[200];
     if (plan_check(p, why, sizeof why)) return fail(r, "invalid plan: %s", why);
     if ((at[SEC_EVAL] >= 0 && read_subplan(r, &s[SEC_EVAL], &p->eval, "the evaluation program")) ||
-        (at[SEC_SAMP] >= 0 && read_subplan(r, &s[SEC_SAMP], &p->sample, "the sampling program")))
+        (at[SEC_SAMP] >= 0 && read_subplan(r, &s[SEC_SAMP], &p->sample, "the sampling program")) ||
+        (at[SEC_DECO] >= 0 && read_subplan(r, &s[SEC_DECO], &p->decode, "the decode program")))
         return -1;
     return 0;
 }

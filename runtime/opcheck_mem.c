@@ -153,6 +153,7 @@ static unsigned updated_inputs(OpKind k)
         [OP_sgd] = 1u << 0 | 1u << 2,              // p, buf
         [OP_count_step] = 1u << 0,                 // count
         [OP_scale_update] = 1u << 1 | 1u << 2,     // scale, good
+        [OP_attention_decode] = 1u << 3 | 1u << 4, // kcache, vcache
     };
     if (!(op_info(k)->flags & OPF_EFFECT) || (op_info(k)->flags & OPF_P2P)) return 0;  // a send reads its input
     return mask[k] ? mask[k] : ~0u;
