@@ -384,7 +384,8 @@ static int attr_is_zero(const Plan *p, int32_t k, const char *key)
     return 0;
 }
 
-/* An effect op updates only persistent state in place: what the guard lets it write.
+/* An effect op updates only persistent state in place (attention_decode: its KV caches):
+ * what the guard lets it write.
  * SGD without momentum has no buffer and leaves its `buf` (the gradient) alone. */
 static int check_updates(Mem *m, int32_t k, char *err, size_t errlen)
 {
@@ -395,9 +396,10 @@ static int check_updates(Mem *m, int32_t k, char *err, size_t errlen)
         if (!((upd >> i) & 1)) continue;
         int32_t t = in_of(p, k, i);
         PlanRole role = p->tensors[m->root[t]].role;
-        if (role != PLAN_ROLE_PARAM && role != PLAN_ROLE_OPT_STATE && role != PLAN_ROLE_MASTER)
+        if (role != PLAN_ROLE_PARAM && role != PLAN_ROLE_OPT_STATE && role != PLAN_ROLE_MASTER && role != PLAN_ROLE_KV_CACHE)
             return fail_op(m, k, err, errlen, "updates input %d, tensor %d (%s), in place, but its buffer is %s, not a "
-                           "param, optimizer state or master weight", i, t, plan_tensor_label(p, t), plan_role_name(role));
+                           "param, optimizer state, master weight or KV cache", i, t, plan_tensor_label(p, t),
+                           plan_role_name(role));
     }
     return 0;
 }

@@ -1,12 +1,21 @@
-/* runtime/sample.c: text generation (fsexec --sample N), with the plan's sampling program
- * (Plan.sample: fsc's forward of one sequence of the model's T tokens on one rank, its
- * logits [1, T, V] kept as an output).
+/* runtime/sample.c: text generation (fsexec --sample N), with the plan's decode program
+ * (Plan.decode: fsc's forward of one token at a position, with a KV cache per attention:
+ * passes/decode.c) or, where there is none (a model that cannot decode one token at a
+ * time: fsc's note says why) or under --no-kv-cache, its sampling program (Plan.sample:
+ * the forward of one sequence of the model's T tokens, its logits [1, T, V] an output).
  *
- * Each new token runs the program on the context window: the last T tokens of the
- * prompt and what was generated so far (nanoGPT's sample.py crops the same way), in
- * positions 0..n-1 and zeros after them. The attention is causal, so the logits at
- * position n-1 depend on the window's tokens alone, not on the padding. There is no KV
- * cache: each token is a whole forward of T positions.
+ * The context of each new token is the window of nanoGPT's sample.py: the last T tokens
+ * of the prompt and what was generated so far, at positions 0..n-1.
+ *  - The decode program runs once per position: the prompt's tokens fill the caches at
+ *    positions 0..n-1 (the prefill), then each new token is one run at the next position,
+ *    its keys and values appended, its logits the next draw's. When the window would
+ *    pass T positions (the caches' length), it has slid by one: the caches are filled
+ *    again with the window's first T - 1 tokens at positions 0..T-2 and then the newest
+ *    at T-1, so that every token sees exactly what the window program shows it (past T,
+ *    each token costs T runs of one position, as the window program costs one run of T).
+ *  - The window program runs once per token on the window, zeros after it. The attention
+ *    is causal, so the logits at position n-1 depend on the window alone, not on the
+ *    padding.
  *
  * The choice of a token is nanoGPT's: logits / temperature, the top-k kept (the rest
  * -inf), softmax, one draw; temperature 0 is the argmax (the first of equal maxima, as
@@ -29,7 +38,8 @@
 
 struct RtSampler {
     Exec *e;
-    int32_t tokens, logits;  // tensor ids: the input [1, T], the logits [1, T, V]
+    int32_t tokens, logits;  // tensor ids: the input [1, T], the logits [1, T, V] (decode: [1, 1], [1, 1, V])
+    int32_t pos;             // the decode program's position (i32 [1]); PLAN_NONE: the window program
     int64_t T, V;
 };
 
@@ -39,7 +49,22 @@ struct RtTokenizer {
     uint8_t *len;
 };
 
-RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, char *err, size_t errlen)
+/* The decode program's token, position and logits, or -1 (a plan that is not fsc's). */
+static int decode_tensors(const Plan *p, RtSampler *s)
+{
+    s->pos = plan_role_tensor(p, PLAN_SR_POS), s->tokens = PLAN_NONE;
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].role == PLAN_ROLE_INPUT && p->tensors[i].step_role == PLAN_SR_NONE) s->tokens = i;
+    s->logits = p->n_outputs ? p->outputs[0] : PLAN_NONE;
+    const PlanTensor *tk = s->tokens == PLAN_NONE ? NULL : &p->tensors[s->tokens];
+    const PlanTensor *lt = s->logits == PLAN_NONE ? NULL : &p->tensors[s->logits];
+    if (s->pos == PLAN_NONE || !tk || !lt || tk->dtype != PLAN_DT_I32 || plan_tensor_numel(tk) != 1 ||
+        lt->dtype != PLAN_DT_F32 || lt->rank != 3 || lt->shape[0] != 1 || lt->shape[1] != 1 || lt->shape[2] != s->V)
+        return -1;
+    return 0;
+}
+
+RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, int kv_cache, char *err, size_t errlen)
 {
     const Plan *p = whole->sample;
     if (!p) {
@@ -68,11 +93,20 @@ RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, char *err, size_t er
         plan_dealloc(s);
         return NULL;
     }
-    s->T = lt->shape[1], s->V = lt->shape[2];
+    s->T = lt->shape[1], s->V = lt->shape[2], s->pos = PLAN_NONE;
+    if (kv_cache && whole->decode) {
+        p = whole->decode;
+        if (decode_tensors(p, s)) {
+            plan_fail(err, errlen, "--sample: the decode program has no token [1, 1], position and f32 logits [1, 1, %lld]; "
+                      "recompile the plan", (long long)s->V);
+            plan_dealloc(s);
+            return NULL;
+        }
+    }
     char why[512];
     ExecOptions eo = {.seed = seed};
     if (!(s->e = rt_exec_new(p, &eo, why, sizeof why))) {
-        plan_fail(err, errlen, "the sampling program: %s", why);
+        plan_fail(err, errlen, "the %s program: %s", s->pos == PLAN_NONE ? "sampling" : "decode", why);
         plan_dealloc(s);
         return NULL;
     }
@@ -89,6 +123,7 @@ void rt_sampler_free(RtSampler *s)
 Exec *rt_sampler_exec(RtSampler *s) { return s->e; }
 int64_t rt_sampler_context(const RtSampler *s) { return s->T; }
 int64_t rt_sampler_vocab(const RtSampler *s) { return s->V; }
+int rt_sampler_cached(const RtSampler *s) { return s->pos != PLAN_NONE; }
 
 /* The token drawn from one row of logits. */
 static int32_t choose(const float *row, int64_t V, const RtSampleOptions *o, int64_t draw, float *work)
@@ -152,8 +187,21 @@ int rt_sample(RtSampler *s, const RtSampleOptions *o, const int32_t *prompt, int
     int32_t *tok = rt_exec_data(s->e, s->tokens);
     const float *logits = rt_exec_data(s->e, s->logits);
     int rc = 0;
+    int64_t runs = 0, base = 0, filled = 0;  // decode: the caches hold seq[base ..] at positions 0 .. filled - 1
     for (int64_t have = n_prompt; have < n && !rc; have++) {
         int64_t w = have < s->T ? have : s->T;  // the window: the last T tokens
+        if (s->pos != PLAN_NONE) {
+            int32_t *pos = rt_exec_data(s->e, s->pos);
+            if (have - w != base) base = have - w, filled = 0;  // the window slid: fill the caches again
+            for (; filled < w && !rc; filled++) {
+                *tok = seq[base + filled], *pos = (int32_t)filled;
+                if (rt_exec_run(s->e, ++runs, RT_PHASES_ALL))
+                    rc = plan_fail(err, errlen, "the decode program, position %lld: %s", (long long)filled,
+                                   rt_exec_error(s->e));
+            }
+            if (!rc) seq[have] = out[have - n_prompt] = choose(logits, s->V, o, have - n_prompt, work);
+            continue;
+        }
         memset(tok, 0, sizeof *tok * (size_t)s->T);
         memcpy(tok, seq + have - w, sizeof *tok * (size_t)w);
         if (rt_exec_run(s->e, have - n_prompt + 1, RT_PHASES_ALL))
