@@ -43,7 +43,6 @@ static json_t *categories(const MemReport *r, PlanPlace pl, int *bad)
 {
     json_t *a = json_array();
     for (int c = 0; c < MEM_CAT_COUNT && a; c++) {
-        if (c == MEM_KV_CACHE && !r->max_cat[pl][c]) continue;  // only a decode program has caches
         json_t *o = json_object();
         if (o) {
             put(o, "key", json_string(report_category_key((MemCategory)c)), bad);
