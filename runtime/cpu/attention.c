@@ -1,5 +1,11 @@
-/* runtime/cpu/attention.c: scaled dot-product attention (forward and backward) and
- * rotary position embedding.
+/* runtime/cpu/attention.c: scaled dot-product attention (forward and backward), its
+ * decode step with a KV cache, and rotary position embedding (rope, rope_at).
+ *
+ * attention_decode(q [BH, T, D], k [BKV, T, D], v [BKV, T, Dv], kcache [BKV, S, D],
+ * vcache [BKV, S, Dv], pos) writes k's and v's rows into the caches at rows pos.., then
+ * runs the forward below over the caches, causal with an offset: query row i is at
+ * position pos + i and sees the cache rows up to it (no lse). Its tiles are the
+ * forward's, so a row's result is the full causal attention's up to rounding.
  *
  * attention(q [BH, T, D], k [BKV, S, D], v [BKV, S, Dv], causal) -> out [BH, T, Dv] and
  * lse [BH, T], the log-sum-exp of each row of scaled, masked scores. BH is a multiple
