@@ -24,6 +24,7 @@
 #include "passes.h"
 #include "rand.h"
 #include "report.h"
+#include "sample.h"
 
 /* ---- tensors --------------------------------------------------------------------------- */
 
@@ -168,19 +169,6 @@ Test(decode, shape_rule_refuses_what_does_not_fit)
 
 /* ---- the pass ---------------------------------------------------------------------------- */
 
-static char *read_sample(const char *file)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/samples/%s", FS_SOURCE_DIR, file);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "%s", path);
-    static char src[1 << 16];
-    size_t len = fread(src, 1, sizeof src - 1, f);
-    fclose(f);
-    src[len] = 0;
-    return src;
-}
-
 /* src lowered with one sequence (B = 1), then passes_decode: the decode graph through the
  * forward passes into *plan, or NULL with the reason in why. */
 static Graph *decode_of(const char *src, const Define *defs, int n_defs, Plan **plan, char *why, size_t whylen)
@@ -210,7 +198,7 @@ static void check_caches(const char *file, const Define *defs, int n_defs, int64
 {
     char why[600];
     Plan *p = NULL;
-    Graph *g = decode_of(read_sample(file), defs, n_defs, &p, why, sizeof why);
+    Graph *g = decode_of(sample_source(file), defs, n_defs, &p, why, sizeof why);
     cr_assert_not_null(g, "%s: %s", file, why);
     int ops[OP_COUNT] = {0}, caches = 0, pos = 0;
     for (int n = 0; n < g->n_nodes; n++) ops[g->nodes[n].op]++;
@@ -259,7 +247,7 @@ Test(decode, gpt2_and_llama_decode_with_caches_of_the_formula)
 static void check_undecodable(const char *from, const char *to, const char *want)
 {
     static char src[1 << 16];
-    const char *orig = read_sample("gpt2.fsm"), *at = strstr(orig, from);
+    const char *orig = sample_source("gpt2.fsm"), *at = strstr(orig, from);
     cr_assert_not_null(at, "samples/gpt2.fsm has no '%s'", from);
     snprintf(src, sizeof src, "%.*s%s%s", (int)(at - orig), orig, to, at + strlen(from));
     const Define dims[] = {{"L", 1}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 256}, {"B", 1}};
