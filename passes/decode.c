@@ -37,12 +37,13 @@ typedef struct {
     size_t whylen;
 } Dec;
 
-static int fail(Dec *c, const Node *n, const char *fmt, const char *what)
+/* why = "REASON (WHAT, line L:C)" for node n; -1. */
+static int fail(Dec *c, const Node *n, const char *reason, const char *what)
 {
-    if (n && n->loc.line)
-        snprintf(c->why, c->whylen, "%s (%s, line %d)", fmt, what, n->loc.line);
+    if (n->loc.line)
+        snprintf(c->why, c->whylen, "%s (%s, line %d:%d)", reason, what, n->loc.line, n->loc.col);
     else
-        snprintf(c->why, c->whylen, "%s (%s)", fmt, what);
+        snprintf(c->why, c->whylen, "%s (%s)", reason, what);
     return -1;
 }
 

@@ -115,7 +115,7 @@ def check_undecodable(fsc, fsexec, work, prompt):
         f.write(bidir)
     r = run([fsc, fsm, *MODELS["gpt2"], "-o", plan, "-q"])
     note = r.stderr.decode()
-    if "no decode program" not in note or "not causal" not in note or "line 25" not in note:
+    if "no decode program" not in note or "not causal" not in note or "line 25:" not in note:
         sys.exit("FAIL: fsc's note on a non-causal model does not say why it has no decode program:\n" + note)
     mem = run([fsc, fsm, *MODELS["gpt2"], "--mem", "-q"]).stdout.decode()
     if "\nsampling program" not in mem or "\ndecode program" in mem:
