@@ -61,7 +61,7 @@ static KTensor rows(const KTensor *t, int64_t r0, int64_t n)
     int r = t->rank;
     int64_t T = t->shape[r - 2], X = t->shape[r - 1], BH = t->numel / (T * X);
     int64_t shape[8];
-    memcpy(shape, t->shape, sizeof shape);
+    memcpy(shape, t->shape, sizeof *shape * (size_t)r);
     shape[r - 2] = n;
     KTensor o = ten(KT_F32, 0, r, shape);
     for (int64_t b = 0; b < BH; b++) memcpy(F(&o) + b * n * X, F(t) + (b * T + r0) * X, sizeof(float) * (size_t)(n * X));
