@@ -236,8 +236,8 @@ void report_forward_print(const Plan *p, FILE *out)
     static const char *const title[3] = {
         "evaluation program (fsexec --val-data): the forward and the loss, no backward, no optimizer; its own arena,\n"
         "which the params are copied into before each evaluation",
-        "sampling program (fsexec --sample --no-kv-cache, or where there is no decode program): the forward of one\n"
-        "sequence on one rank; its own arena",
+        "sampling program (fsexec --sample past T tokens, --no-kv-cache, or where there is no decode program): the\n"
+        "forward of one sequence on one rank; its own arena",
         "decode program (fsexec --sample): the forward of one token at a position on one rank, with a KV cache per\n"
         "attention (kv cache: 2 x layers x kv heads x T x head dim x dtype size); its own arena"};
     for (int k = 0; k < 3; k++) {

@@ -84,8 +84,9 @@ static const char USAGE[] =
     "                       (any --weights-format) or --resume's checkpoint (any plan of the\n"
     "                       model), else the seed's init, on the CPU. The prompt fills the\n"
     "                       caches one position at a time, then each token is one position.\n"
-    "                       Each token sees the last T tokens (the model's context); past T the\n"
-    "                       caches are filled again with the window's T - 1 earlier tokens.\n"
+    "                       Each token sees the last T tokens (the model's context); past T,\n"
+    "                       where the window slides, each token is a run of the sampling\n"
+    "                       program on it (its own arena and copy of the weights).\n"
     "                       Prints the prompt and what follows: text for a byte-level model\n"
     "                       (V = 256) given --prompt, or with --tokenizer; else ids\n"
     "  --no-kv-cache        sample with the sampling program instead: each token a forward of\n"
@@ -1040,6 +1041,12 @@ static int sample(const Flags *f)
     } else if (!rc && (n = parse_ids(f->prompt_ids, ids, max)) < 0) {
         rc = 2;
     }
+    Exec *window = NULL;  // the sampling program, past T tokens with a KV cache: weights of its own
+    if (!rc && rt_sampler_window(s, n + f->sample, &window, err, sizeof err)) {
+        fprintf(stderr, "fsexec: %s\n", err);
+        rc = 1;
+    }
+    if (!rc && window) rc = sample_weights(f, window, c);
     RtSampleOptions so = {.n = f->sample, .temperature = f->temperature, .top_k = f->top_k, .seed = seed};
     if (!rc && n + f->sample > T)
         fprintf(stderr, "fsexec: note: the model's context is T = %" PRId64 " tokens; past it each token sees the last %"

@@ -9,9 +9,9 @@
    to its last T tokens as nanoGPT does (4 + 24 > 16 crosses the crop). Where PyTorch's
    two best logits are within 1e-4 (a tie, which rounding may break either way) the
    token may be either. The tokens must not all be one. This is the decode program
-   (a KV cache; past T its caches are filled again with the window), and --no-kv-cache
-   (the window program, a forward of T tokens per token) gives the same tokens but at
-   such ties; a 40-token run from a 1-token prompt goes past T twice over. Also from --resume (a
+   (a KV cache) up to T tokens and the window program past them, and --no-kv-cache
+   (the window program throughout, a forward of T tokens per token) gives the same
+   tokens but at such ties; a 40-token run from a 1-token prompt goes past T twice over. Also from --resume (a
    checkpoint of fsdp at world 2 after 2 steps from those weights, resharded into the
    world-2 plan's sampling program, which runs in one process) against the params that
    run saved.
