@@ -883,7 +883,6 @@ void rt_sampler_free(RtSampler *s);
 Exec *rt_sampler_exec(RtSampler *s);
 int64_t rt_sampler_context(const RtSampler *s);  // T
 int64_t rt_sampler_vocab(const RtSampler *s);    // V
-int rt_sampler_cached(const RtSampler *s);        // runs the decode program (a KV cache)
 /* For a text of n_total tokens (prompt and generated) with the decode program: past T + 1
  * tokens every token is a run of the sampling program instead (runtime/sample.c), whose
  * Exec this makes; *w is it, for the caller to load the weights into as into

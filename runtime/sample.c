@@ -138,8 +138,10 @@ int rt_sampler_window(RtSampler *s, int64_t n_total, Exec **w, char *err, size_t
     if (s->run.pos == PLAN_NONE || n_total <= s->T + 1 || s->win.e) return 0;
     char why[512];
     ExecOptions eo = {.seed = s->seed};
-    if (window_tensors(s->whole->sample, &s->win) || !(s->win.e = rt_exec_new(s->whole->sample, &eo, why, sizeof why)))
-        return plan_fail(err, errlen, "the sampling program (past T tokens): %s", s->win.e ? "no f32 logits" : why);
+    if (window_tensors(s->whole->sample, &s->win))
+        return plan_fail(err, errlen, "the sampling program (past T tokens) has no f32 logits [1, T, V]");
+    if (!(s->win.e = rt_exec_new(s->whole->sample, &eo, why, sizeof why)))
+        return plan_fail(err, errlen, "the sampling program (past T tokens): %s", why);
     *w = s->win.e;
     return 0;
 }
@@ -155,7 +157,6 @@ void rt_sampler_free(RtSampler *s)
 Exec *rt_sampler_exec(RtSampler *s) { return s->run.e; }
 int64_t rt_sampler_context(const RtSampler *s) { return s->T; }
 int64_t rt_sampler_vocab(const RtSampler *s) { return s->V; }
-int rt_sampler_cached(const RtSampler *s) { return s->run.pos != PLAN_NONE; }
 
 /* The token drawn from one row of logits. */
 static int32_t choose(const float *row, int64_t V, const RtSampleOptions *o, int64_t draw, float *work)
