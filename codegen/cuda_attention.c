@@ -1,4 +1,6 @@
-/* codegen/cuda_attention.c: CUDA emitters of attention and attention_bwd: flash
+/* codegen/cuda_attention.c: CUDA emitters of attention, attention_bwd and
+ * attention_decode (the KV cache's write, then attention's forward kernel over the
+ * caches with query row i at position pos + i; see the op's rule in ops/shape.c): flash
  * attention in f32 on CUDA cores, never a T x S matrix in memory. Semantics are
  * runtime/cpu/attention.c's:
  *   attention(q [BH, T, D], k [BKV, S, D], v [BKV, S, Dv], causal) -> o [BH, T, Dv] and
@@ -53,22 +55,29 @@ typedef struct {
     float scale;
 } Att;
 
-static int att_shape(CuCtx *c, const char *op, Att *a)
+/* q, k, v: inputs 0, 1, 2; kk: k's and v's input indices (attention_decode: the caches). */
+static int att_geometry(CuCtx *c, const char *op, Att *a, int kk, int vv)
 {
-    const Value *q = cu_inv(c, 0), *k = cu_inv(c, 1), *v = cu_inv(c, 2);
+    const Value *q = cu_inv(c, 0), *k = cu_inv(c, kk), *v = cu_inv(c, vv);
     int r = q->rank;
     if (r < 2 || k->rank != r || v->rank != r) return cu_fail(c, "%s: q, k, v of rank >= 2 only", op);
-    for (int i = 0; i < 3; i++)
-        if (!dtype_is_float(cu_inv(c, i)->dtype)) return cu_fail(c, "%s: float q, k, v only", op);
+    if (!dtype_is_float(q->dtype) || !dtype_is_float(k->dtype) || !dtype_is_float(v->dtype))
+        return cu_fail(c, "%s: float q, k, v only", op);
     a->T = q->shape[r - 2], a->D = q->shape[r - 1], a->S = k->shape[r - 2], a->Dv = v->shape[r - 1];
     a->BH = ir_numel(q) / (a->T * a->D);
     int64_t bkv = ir_numel(k) / (a->S * a->D);
     if (a->BH % bkv || ir_numel(v) != bkv * a->S * a->Dv)
         return cu_fail(c, "%s: %lld query slices over %lld kv slices", op, (long long)a->BH, (long long)bkv);
     a->G = a->BH / bkv;
-    a->causal = ir_attr_int(c->g, cu_node(c), "causal", 0) != 0;
+    a->causal = kk != 1 || ir_attr_int(c->g, cu_node(c), "causal", 0) != 0;
     a->scale = 1.0f / sqrtf((float)a->D);
     if (a->T > (1 << 30) || a->S > (1 << 30)) return cu_fail(c, "%s: sequences longer than 2^30", op);
+    return 0;
+}
+
+static int att_shape(CuCtx *c, const char *op, Att *a)
+{
+    if (att_geometry(c, op, a, 1, 2)) return -1;
     if (a->causal && a->T != a->S) return cu_fail(c, "%s: causal needs T == S (%lld, %lld)", op, (long long)a->T, (long long)a->S);
     return 0;
 }
@@ -121,24 +130,25 @@ static const char *score_loop(CuCtx *c, const Att *a)
            "        }\n";
 }
 
-/* attention(q, k, v, causal) -> o, lse */
-int cuda_attention(CuCtx *c)
+/* The forward kernel: attention's (q, k, v) -> (o, lse), or under decode
+ * attention_decode's (q, kcache, vcache, pos) -> o, query row i at position pos[0] + i. */
+static int fwd_kernel(CuCtx *c, const Att *a0, int decode)
 {
-    Att a;
-    if (att_shape(c, "attention", &a)) return -1;
-    if (cu_outv(c, 1)->dtype != DT_F32) return cu_fail(c, "attention: lse must be f32");
+    Att a = *a0;
+    const char *op = decode ? "attention_decode" : "attention";
     int rpw = 8, cpl = (int)cu_cdiv(a.Dv, 32);
     while (rpw > 1 && (fwd_smem(&a, rpw) > SMEM_MAX || rpw * cpl > 64)) rpw /= 2;
     if (fwd_smem(&a, rpw) > SMEM_MAX || rpw * cpl > 64)
-        return cu_fail(c, "attention: head dims D = %lld, Dv = %lld need %lld bytes of shared memory per block, over the %d the "
+        return cu_fail(c, "%s: head dims D = %lld, Dv = %lld need %lld bytes of shared memory per block, over the %d the "
                           "CUDA kernels use (D, Dv up to about 300 fit)",
-                       (long long)a.D, (long long)a.Dv, (long long)fwd_smem(&a, rpw), SMEM_MAX);
+                       op, (long long)a.D, (long long)a.Dv, (long long)fwd_smem(&a, rpw), SMEM_MAX);
     int64_t nqt = cu_cdiv(a.T, 4 * rpw);
     const char *src = cu_fmt(c,
         "extern \"C\" __global__ void __launch_bounds__(128) KNAME(const %s *__restrict__ q, const %s *__restrict__ k, "
-        "const %s *__restrict__ v, %s *__restrict__ o, float *__restrict__ lse)\n"
+        "const %s *__restrict__ v, %s%s *__restrict__ o%s)\n"
         "{\n"
         "%s"
+        "    const int AT = %s;  // query row i is at position AT + i\n"
         "    constexpr int RPW = %d, BQ = 4 * RPW, CPL = %d, KP = %lld, NQT = %lld;\n"
         "    __shared__ __align__(16) float qs[BQ * D];\n"
         "    __shared__ float kv[32 * %lld];\n"
@@ -154,7 +164,7 @@ int cuda_attention(CuCtx *c)
         "#pragma unroll\n"
         "        for (int cc = 0; cc < CPL; cc++) acc[g][cc] = 0.f;\n"
         "    }\n"
-        "    const int jend = CAUSAL ? min(S, i0 + BQ) : S;\n"
+        "    const int jend = CAUSAL ? min(S, AT + i0 + BQ) : S;\n"
         "    for (int j0 = 0; j0 < jend; j0 += 32) {\n"
         "        __syncthreads();  // the last tile's readers of kv and ps are done; qs is in\n"
         "        for (int e = threadIdx.x; e < 32 * D; e += 128) {\n"
@@ -170,7 +180,7 @@ int cuda_attention(CuCtx *c)
         "#pragma unroll\n"
         "        for (int g = 0; g < RPW; g++) {\n"
         "            const int i = i0 + warp + 4 * g;\n"
-        "            const bool vis = j < S && (!CAUSAL || j <= i);\n"
+        "            const bool vis = j < S && (!CAUSAL || j <= AT + i);\n"
         "            const float x = vis ? s[g] * SCALE : __int_as_float(0xff800000u);\n"
         "            const float mx = fmaxf(m[g], fs_warp_max(x));\n"
         "            const float corr = m[g] == mx ? 1.0f : expf(m[g] - mx);\n"
@@ -207,15 +217,59 @@ int cuda_attention(CuCtx *c)
         "#pragma unroll\n"
         "        for (int cc = 0; cc < CPL; cc++)\n"
         "            if (lane + 32 * cc < DV) st(o, (bh * T + i) * DV + lane + 32 * cc, acc[g][cc] * inv);\n"
-        "        if (lane == 0) lse[bh * T + i] = m[g] + logf(l[g]);\n"
+        "%s"
         "    }\n"
         "}\n",
-        cu_tin(c, 0), cu_tin(c, 1), cu_tin(c, 2), cu_tout(c, 0), consts(c, &a), rpw, cpl, (long long)odd(a.D), (long long)nqt,
-        (long long)kv_pitch(&a), score_loop(c, &a));
+        cu_tin(c, 0), cu_tin(c, decode ? 3 : 1), cu_tin(c, decode ? 4 : 2), decode ? "const int *__restrict__ pos, " : "",
+        cu_tout(c, 0), decode ? "" : ", float *__restrict__ lse", consts(c, &a), decode ? "pos[0]" : "0", rpw, cpl,
+        (long long)odd(a.D), (long long)nqt, (long long)kv_pitch(&a), score_loop(c, &a),
+        decode ? "" : "        if (lane == 0) lse[bh * T + i] = m[g] + logf(l[g]);\n");
     CuDim grid;
     if (cu_grid1(c, a.BH * nqt, &grid)) return -1;
-    return cu_launch(c, "attention", src, grid, (CuDim){FWD_THREADS, 1, 1}, 0,
+    if (decode)
+        return cu_launch(c, op, src, grid, (CuDim){FWD_THREADS, 1, 1}, 0,
+                         (int[]){cu_in_id(c, 0), cu_in_id(c, 3), cu_in_id(c, 4), cu_in_id(c, 5), cu_out_id(c, 0)}, 5);
+    return cu_launch(c, op, src, grid, (CuDim){FWD_THREADS, 1, 1}, 0,
                      (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 0), cu_out_id(c, 1)}, 5);
+}
+
+/* attention(q, k, v, causal) -> o, lse */
+int cuda_attention(CuCtx *c)
+{
+    Att a;
+    if (att_shape(c, "attention", &a)) return -1;
+    if (cu_outv(c, 1)->dtype != DT_F32) return cu_fail(c, "attention: lse must be f32");
+    return fwd_kernel(c, &a, 0);
+}
+
+/* attention_decode(q, k, v, kcache, vcache, pos) -> o: k's and v's rows into the caches
+ * at row pos[0] (one thread per element; a position outside the cache traps), then the
+ * forward kernel over the caches. */
+int cuda_attention_decode(CuCtx *c)
+{
+    Att a;
+    if (att_geometry(c, "attention_decode", &a, 3, 4)) return -1;
+    if (cu_inv(c, 5)->dtype != DT_I32) return cu_fail(c, "attention_decode: an i32 pos only");
+    int64_t bkv = a.BH / a.G, nk = bkv * a.T * a.D, nv = bkv * a.T * a.Dv;
+    const char *src = cu_fmt(c,
+        "extern \"C\" __global__ void KNAME(const %s *__restrict__ k, const %s *__restrict__ v, %s *__restrict__ kc, "
+        "%s *__restrict__ vc, const int *__restrict__ pos)\n"
+        "{\n"
+        "    const long long e = (long long)blockIdx.x * 256 + threadIdx.x;\n"
+        "    const long long T = %lldLL, S = %lldLL, D = %lldLL, DV = %lldLL, NK = %lldLL, NV = %lldLL;\n"
+        "    const long long at = pos[0];\n"
+        "    if (at < 0 || at + T > S) __trap();\n"
+        "    if (e < NK) kc[(e / (T * D) * S + at) * D + e %% (T * D)] = k[e];\n"
+        "    if (e < NV) vc[(e / (T * DV) * S + at) * DV + e %% (T * DV)] = v[e];\n"
+        "}\n",
+        cu_tin(c, 1), cu_tin(c, 2), cu_tin(c, 3), cu_tin(c, 4), (long long)a.T, (long long)a.S, (long long)a.D,
+        (long long)a.Dv, (long long)nk, (long long)nv);
+    CuDim grid;
+    if (cu_grid1(c, cu_cdiv(nk > nv ? nk : nv, 256), &grid) ||
+        cu_launch(c, "kv_write", src, grid, (CuDim){256, 1, 1}, 0,
+                  (int[]){cu_in_id(c, 1), cu_in_id(c, 2), cu_in_id(c, 3), cu_in_id(c, 4), cu_in_id(c, 5)}, 5))
+        return -1;
+    return fwd_kernel(c, &a, 1);
 }
 
 /* ---- backward ------------------------------------------------------------------------ */

@@ -1,4 +1,4 @@
-/* codegen/cuda_embed.c: CUDA emitters of embedding, embedding_bwd and rope. Semantics
+/* codegen/cuda_embed.c: CUDA emitters of embedding, embedding_bwd, rope and rope_at. Semantics
  * are runtime/cpu/embed.c's and attention.c's (rope).
  *
  * embedding(table [V, C], idx [...]) -> [..., C]: one thread per output element copies
@@ -14,7 +14,8 @@
  * (R * CW) index reads in all (L2-resident: the indices are small), plus dy once.
  *
  * rope(x [..., T, D], theta, inverse): the pair (i, i + D/2) of the row at position t
- * turns by t * theta^(-2i/D) (backwards under inverse). A thread takes one (t, i) and
+ * turns by t * theta^(-2i/D) (backwards under inverse); rope_at(x, pos, ...) the same
+ * with row t at position pos[0] + t, read from the i32 pos on the device. A thread takes one (t, i) and
  * computes the angle in f64 as the CPU does (pow, then cos and sin rounded to f32),
  * then turns that pair in every slice of blockIdx.y's share of the leading dims.
  *
@@ -102,22 +103,23 @@ int cuda_embedding_bwd(CuCtx *c)
                      (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, 0)}, 3);
 }
 
-/* rope(x, theta, inverse) -> y (file comment) */
-int cuda_rope(CuCtx *c)
+/* rope(x, theta, inverse) -> y, and rope_at(x, pos, theta, inverse) -> y with row t at
+ * position pos[0] + t (at: pos's input index, or -1) (file comment) */
+static int rope(CuCtx *c, const char *op, int at)
 {
     const Value *x = cu_inv(c, 0);
     if (!dtype_is_float(x->dtype) || x->rank < 2 || x->shape[x->rank - 1] % 2)
-        return cu_fail(c, "rope: a float [..., T, D] input with D even only");
+        return cu_fail(c, "%s: a float [..., T, D] input with D even only", op);
     int64_t T = x->shape[x->rank - 2], D = x->shape[x->rank - 1], H = D / 2, outer = ir_numel(x) / (T * D);
     double theta = ir_attr_float(c->g, cu_node(c), "theta", 10000), sign = ir_attr_int(c->g, cu_node(c), "inverse", 0) ? -1 : 1;
     int split = outer < ROPE_SPLIT ? (int)outer : ROPE_SPLIT;
     const char *src = cu_fmt(c,
-        "extern \"C\" __global__ void KNAME(const %s *__restrict__ x, %s *__restrict__ y)\n"
+        "extern \"C\" __global__ void KNAME(const %s *__restrict__ x, %s%s *__restrict__ y)\n"
         "{\n"
         "    const long long e = (long long)blockIdx.x * 256 + threadIdx.x;\n"
         "    if (e >= %lldLL) return;\n"
         "    const long long T = %lldLL, D = %lldLL, H = %lldLL, t = e / H, i = e %% H;\n"
-        "    const double ang = %s * (double)t * pow(%s, -2.0 * (double)i / (double)D);\n"
+        "    const double ang = %s * (double)(%st) * pow(%s, -2.0 * (double)i / (double)D);\n"
         "    const float cs = (float)cos(ang), sn = (float)sin(ang);\n"
         "    for (long long o = blockIdx.y; o < %lldLL; o += %d) {\n"
         "        const long long a = (o * T + t) * D + i, b = a + H;\n"
@@ -126,10 +128,20 @@ int cuda_rope(CuCtx *c)
         "        st(y, b, w * cs + u * sn);\n"
         "    }\n"
         "}\n",
-        cu_tin(c, 0), cu_tout(c, 0), (long long)(T * H), (long long)T, (long long)D, (long long)H, cu_double(c, sign),
-        cu_double(c, theta), (long long)outer, split);
+        cu_tin(c, 0), at < 0 ? "" : "const int *__restrict__ pos, ", cu_tout(c, 0), (long long)(T * H), (long long)T,
+        (long long)D, (long long)H, cu_double(c, sign), at < 0 ? "" : "pos[0] + ", cu_double(c, theta), (long long)outer,
+        split);
     CuDim grid;
     if (cu_grid1(c, cu_cdiv(T * H, 256), &grid)) return -1;
     grid.y = split;
-    return cu_launch(c, "rope", src, grid, (CuDim){256, 1, 1}, 0, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
+    if (at < 0) return cu_launch(c, op, src, grid, (CuDim){256, 1, 1}, 0, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
+    return cu_launch(c, op, src, grid, (CuDim){256, 1, 1}, 0, (int[]){cu_in_id(c, 0), cu_in_id(c, at), cu_out_id(c, 0)}, 3);
+}
+
+int cuda_rope(CuCtx *c) { return rope(c, "rope", -1); }
+
+int cuda_rope_at(CuCtx *c)
+{
+    if (cu_inv(c, 1)->dtype != DT_I32 || ir_numel(cu_inv(c, 1)) != 1) return cu_fail(c, "rope_at: an i32 [1] pos only");
+    return rope(c, "rope_at", 1);
 }

@@ -42,6 +42,7 @@ static PlanRole map_role(Role r)
     case ROLE_SCRATCH: return PLAN_ROLE_SCRATCH;
     case ROLE_CONST: return PLAN_ROLE_CONST;
     case ROLE_GATHERED: return PLAN_ROLE_GATHERED;
+    case ROLE_KV_CACHE: return PLAN_ROLE_KV_CACHE;
     case ROLE_COUNT: break;
     }
     FS_ASSERT(!"unknown role");
@@ -94,6 +95,7 @@ static PlanStepRole map_step_role(StepRole r)
     case SR_OPT_STEP: return PLAN_SR_OPT_STEP;
     case SR_LOSS_SEED: return PLAN_SR_LOSS_SEED;
     case SR_RNG: return PLAN_SR_RNG;
+    case SR_POS: return PLAN_SR_POS;
     case SR_COUNT: break;
     }
     FS_ASSERT(!"unknown step role");

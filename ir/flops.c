@@ -104,6 +104,18 @@ double flops_attention(const Graph *g, const Node *n)
     return 2.0 * scores * (D + Dv);
 }
 
+double flops_rope_at(const Graph *g, const Node *n) { return ROPE_FLOPS * in_numel(g, n, 0); }
+
+/* q (..., T, D) against the whole cache (..., S, D), (..., S, Dv): what the last position
+ * does; earlier ones see fewer rows. */
+double flops_attention_decode(const Graph *g, const Node *n)
+{
+    const Value *q = ir_value(g, ir_in(g, n, 0)), *kc = ir_value(g, ir_in(g, n, 3)), *vc = ir_value(g, ir_in(g, n, 4));
+    int r = q->rank;
+    double scores = (double)ir_numel(q) / (double)q->shape[r - 1] * (double)kc->shape[r - 2];
+    return 2.0 * scores * (double)(q->shape[r - 1] + vc->shape[r - 1]);
+}
+
 double flops_arange(const Graph *g, const Node *n) { return 0; }
 /* The mask's compare and the scale; the Philox rounds are integer work, not FLOPs. */
 double flops_dropout(const Graph *g, const Node *n) { return out_numel(g, n); }

@@ -84,6 +84,7 @@ typedef enum {
     ROLE_SCRATCH,    // op workspace
     ROLE_CONST,      // a compile-time constant (scalar, arange)
     ROLE_GATHERED,   // a block's params all-gathered from their shards (fsdp)
+    ROLE_KV_CACHE,   // a decode program's keys or values of every position so far (passes/decode.c)
     ROLE_COUNT
 } Role;
 typedef enum { PLACE_DEVICE, PLACE_HOST, PLACE_COUNT } Placement;  // the memory space
@@ -92,7 +93,7 @@ typedef enum { STREAM_COMPUTE, STREAM_COLLECTIVE, STREAM_COPY, STREAM_COUNT } St
 /* What the runtime's step loop needs a value for (plan.h's PlanStepRole): found by this
  * role, never by name. Set by the pass that makes the value. */
 typedef enum {
-    SR_NONE, SR_LOSS, SR_LR, SR_GRAD_NORM, SR_LOSS_SCALE, SR_STEP, SR_OPT_STEP, SR_LOSS_SEED, SR_RNG, SR_COUNT
+    SR_NONE, SR_LOSS, SR_LR, SR_GRAD_NORM, SR_LOSS_SCALE, SR_STEP, SR_OPT_STEP, SR_LOSS_SEED, SR_RNG, SR_POS, SR_COUNT
 } StepRole;
 /* PHASE_WGRAD: the part of the backward that computes params' gradients only (the zero-
  * bubble schedule runs it apart from the rest, which computes the inputs' gradients). */

@@ -3,7 +3,7 @@
 #include "ir.h"
 
 static const char *const ROLES[ROLE_COUNT] = {"input", "param", "grad", "act", "opt_state",
-                                              "master", "comm", "scratch", "const", "gathered"};
+                                              "master", "comm", "scratch", "const", "gathered", "kv_cache"};
 static const char *const PLACES[PLACE_COUNT] = {"device", "host"};
 static const char *const PHASES[PHASE_COUNT] = {"forward", "backward", "recompute", "optimizer",
                                                 "comm", "backward_weight"};

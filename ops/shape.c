@@ -582,6 +582,56 @@ int shape_attention(ShapeCtx *c)
     return 0;
 }
 
+/* pos: the i32 [1] position a decode op's first row is at. */
+static int want_pos(ShapeCtx *c, const OpType *pos)
+{
+    char t[192];
+    if (pos->dtype != DT_I32 || pos->rank != 1 || pos->shape[0] != 1)
+        return shape_fail(c, "%s: pos must be an i32 [1] position, got %s", name_of(c), TYPE(pos, t));
+    return 0;
+}
+
+/* rope_at(x [..., T, D], pos): rope with row t at position pos + t. */
+int shape_rope_at(ShapeCtx *c)
+{
+    if (want_inputs(c, 2) || want_pos(c, &c->in[1])) return -1;
+    c->n_in = 1;  // x alone is rope's
+    int rc = shape_rope(c);
+    c->n_in = 2;
+    return rc;
+}
+
+/* attention_decode(q [..., NH, T, D], k [..., NKV, T, D], v [..., NKV, T, Dv],
+ * kcache [..., NKV, S, D], vcache [..., NKV, S, Dv], pos) -> o [..., NH, T, Dv]: k and v
+ * written into the caches at rows pos .. pos + T - 1, then causal attention of q (row t
+ * at position pos + t) over the cache rows up to its own. The caches are attention's
+ * k and v of length S, so the rule is attention's on (q, kcache, vcache), non-causal. */
+int shape_attention_decode(ShapeCtx *c)
+{
+    if (want_inputs(c, 6) || want_pos(c, &c->in[5])) return -1;
+    const OpType *q = &c->in[0], *k = &c->in[1], *v = &c->in[2], *kc = &c->in[3], *vc = &c->in[4];
+    char tk[192], tc[192];
+    for (int i = 0; i < 2; i++) {
+        const OpType *x = i ? v : k, *cache = i ? vc : kc;
+        int r = x->rank, same = r == cache->rank && r >= 2 && x->dtype == cache->dtype && x->shape[r - 2] == q->shape[r - 2];
+        for (int d = 0; same && d < r; d++) same = d == r - 2 || x->shape[d] == cache->shape[d];
+        if (!same)
+            return shape_fail(c, "attention_decode: %s %s does not fit its cache %s (the cache's rows aside) with q's %" PRId64
+                              " rows", i ? "v" : "k", TYPE(x, tk), TYPE(cache, tc), q->rank >= 2 ? q->shape[q->rank - 2] : 0);
+    }
+    ShapeCtx a = *c;
+    a.in[1] = *kc, a.in[2] = *vc, a.n_in = 3;
+    a.attrs = (OpAttrs){0};
+    if (shape_attention(&a)) return -1;
+    int r = q->rank;
+    if (q->shape[r - 2] > kc->shape[r - 2])
+        return shape_fail(c, "attention_decode: %" PRId64 " rows, more than the cache's %" PRId64, q->shape[r - 2],
+                          kc->shape[r - 2]);
+    c->n_out = 1;
+    c->out[0] = a.out[0];
+    return 0;
+}
+
 /* ---- constants ------------------------------------------------------------------- */
 
 int shape_arange(ShapeCtx *c)

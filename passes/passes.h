@@ -53,4 +53,11 @@ int pass_memplan(Graph *g, const Options *o, Diag *d);    // passes/memplan.c
  * read its input instead; pass_dce then removes the nodes. Returns how many it bypassed. */
 int passes_eval_identity(Graph *g);
 
+/* ---- passes/decode.c: the decode program of a language model, before passes_run_forward -- */
+/* The one-token graph of g, the lowered sampling program (tokens [1, T], dropout the
+ * identity) whose logits [1, T, V] are value `logits`: tokens [1, 1] and a position
+ * (SR_POS), a KV cache per attention (ROLE_KV_CACHE), the logits [1, 1, V] its output.
+ * 0 with *out (the caller's to free), or -1 with why the model cannot decode. */
+int passes_decode(const Graph *g, int logits, Graph **out, char *why, size_t whylen);
+
 #endif

@@ -48,6 +48,7 @@ void plan_free(Plan *p)
     plan_dealloc(p->sections);
     plan_free(p->eval);
     plan_free(p->sample);
+    plan_free(p->decode);
     if (p->build) plan_dealloc(p->build->hash);
     plan_dealloc(p->build);
     plan_dealloc(p);
@@ -297,13 +298,13 @@ double plan_meta_float(const Plan *p, const char *key, double def)
 static const char *const DTYPES[PLAN_DT_COUNT] = {"f32", "f16", "bf16", "i32"};
 static const int DTYPE_SIZES[PLAN_DT_COUNT] = {4, 2, 2, 4};
 static const char *const ROLES[PLAN_ROLE_COUNT] = {"input", "param", "grad", "act", "opt_state",
-                                                   "master", "comm", "scratch", "const", "gathered"};
+                                                   "master", "comm", "scratch", "const", "gathered", "kv_cache"};
 static const char *const PLACES[PLAN_PLACE_COUNT] = {"device", "host"};
 static const char *const PHASES[PLAN_PHASE_COUNT] = {"forward", "backward", "recompute",
                                                      "optimizer", "comm", "backward_weight"};
 static const char *const STREAMS[PLAN_STREAM_COUNT] = {"compute", "collective", "copy"};
 static const char *const STEP_ROLES[PLAN_SR_COUNT] = {"none", "loss", "lr", "grad_norm", "loss_scale",
-                                                      "step", "opt_step", "loss_seed", "rng"};
+                                                      "step", "opt_step", "loss_seed", "rng", "pos"};
 static const char *const INITS[PLAN_INIT_COUNT] = {"none", "zeros", "ones", "normal", "uniform", "full"};
 
 const char *plan_dtype_name(PlanDType t) { return NAME_OF(DTYPES, t); }

@@ -35,6 +35,7 @@
  *   EVAL  the evaluation program: a whole plan file of one program (its own sections,
  *         checksums and memory plan), written only when the plan has one
  *   SAMP  the sampling program, the same way
+ *   DECO  the decode program (one token at a position, with KV caches), the same way
  *
  * "records" means: u32 count, u32 record size, then count records of that size. A reader
  * needs at least the size its version knows (a 2.0 file: 2.0's sizes; 2.1 or later: 2.1's)
@@ -72,7 +73,8 @@ enum {
     X(CUDA, "CUDA", 0)      \
     X(CUMD, "CUMD", 0)      \
     X(EVAL, "EVAL", 0)      \
-    X(SAMP, "SAMP", 0)
+    X(SAMP, "SAMP", 0)      \
+    X(DECO, "DECO", 0)
 
 typedef enum {
 #define X(id, tag, required) SEC_##id,

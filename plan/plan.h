@@ -50,7 +50,8 @@
 typedef enum { PLAN_DT_F32, PLAN_DT_F16, PLAN_DT_BF16, PLAN_DT_I32, PLAN_DT_COUNT } PlanDType;
 typedef enum {
     PLAN_ROLE_INPUT, PLAN_ROLE_PARAM, PLAN_ROLE_GRAD, PLAN_ROLE_ACT, PLAN_ROLE_OPT_STATE,
-    PLAN_ROLE_MASTER, PLAN_ROLE_COMM, PLAN_ROLE_SCRATCH, PLAN_ROLE_CONST, PLAN_ROLE_GATHERED, PLAN_ROLE_COUNT
+    PLAN_ROLE_MASTER, PLAN_ROLE_COMM, PLAN_ROLE_SCRATCH, PLAN_ROLE_CONST, PLAN_ROLE_GATHERED, PLAN_ROLE_KV_CACHE,
+    PLAN_ROLE_COUNT
 } PlanRole;
 /* A tensor's memory space: each program has one arena per space (device memory; pinned
  * host memory), and a tensor's offset is into its space's arena. */
@@ -66,11 +67,12 @@ typedef enum { PLAN_STREAM_COMPUTE, PLAN_STREAM_COLLECTIVE, PLAN_STREAM_COPY, PL
  * (input), the optimizer's step counter (state: the step was skipped when it did not
  * move), the backward's seed (fp16: the loss scale; --debug-overflow-at poisons it), and
  * the RNG words dropout reads (input, i32 [4]: the run's seed low and high 32 bits, the
- * step, the rank's data-parallel index), which the runtime writes.
+ * step, the rank's data-parallel index), which the runtime writes; a decode program's
+ * position (input, i32 [1]: where its token is), which the sampler writes.
  * At most one tensor of each program has each role. */
 typedef enum {
     PLAN_SR_NONE, PLAN_SR_LOSS, PLAN_SR_LR, PLAN_SR_GRAD_NORM, PLAN_SR_LOSS_SCALE, PLAN_SR_STEP, PLAN_SR_OPT_STEP,
-    PLAN_SR_LOSS_SEED, PLAN_SR_RNG, PLAN_SR_COUNT
+    PLAN_SR_LOSS_SEED, PLAN_SR_RNG, PLAN_SR_POS, PLAN_SR_COUNT
 } PlanStepRole;
 typedef enum {
     PLAN_PHASE_FORWARD, PLAN_PHASE_BACKWARD, PLAN_PHASE_RECOMPUTE, PLAN_PHASE_OPTIMIZER,
@@ -243,8 +245,10 @@ typedef struct Plan {
     /* Forward-only programs fsc planned beside the training program, each a plan of one
      * program with its own arena (sections EVAL and SAMP hold them as whole plan files),
      * or NULL: the evaluation program (the training forward and loss of the global batch
-     * over the same data-parallel ranks) and the sampling program (one sequence, world 1). */
-    struct Plan *eval, *sample;
+     * over the same data-parallel ranks) and the sampling program (one sequence, world 1);
+     * section DECO the decode program (the sampling program's forward of one token at a
+     * position, with KV caches: passes/decode.c), or NULL where the model cannot decode. */
+    struct Plan *eval, *sample, *decode;
     PlanSection *sections;  // as read from a file; none for a plan built in memory
     int32_t n_sections;
     struct PlanBuild *build;  // growth state while a plan is being built

@@ -409,8 +409,8 @@ static int read_cuda(Reader *r, const Sec *s, Plan *p)
 
 static Plan *read_mem(const void *buf, size_t len, int nested, char *err, size_t errlen);
 
-/* EVAL, SAMP: a whole plan of `programs` programs (the evaluation: the training's
- * stages; the sampling: one), read with every check of its own. */
+/* EVAL, SAMP, DECO: a whole plan of `programs` programs (the evaluation: the training's
+ * stages; the sampling and decode programs: one), read with every check of its own. */
 static int read_subplan(Reader *r, const Sec *s, Plan **out, const char *what, int32_t programs)
 {
     char why[400];
@@ -442,7 +442,8 @@ static int decode(Reader *r, Plan *p, const int32_t at[SEC_COUNT])
     char why[200];
     if (plan_check(p, why, sizeof why)) return fail(r, "invalid plan: %s", why);
     if ((at[SEC_EVAL] >= 0 && read_subplan(r, &s[SEC_EVAL], &p->eval, "the evaluation program", p->n_programs)) ||
-        (at[SEC_SAMP] >= 0 && read_subplan(r, &s[SEC_SAMP], &p->sample, "the sampling program", 1)))
+        (at[SEC_SAMP] >= 0 && read_subplan(r, &s[SEC_SAMP], &p->sample, "the sampling program", 1)) ||
+        (at[SEC_DECO] >= 0 && read_subplan(r, &s[SEC_DECO], &p->decode, "the decode program", 1)))
         return -1;
     return 0;
 }

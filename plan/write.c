@@ -45,7 +45,8 @@ static uint64_t section_size(const Plan *p, int s)
     case SEC_WAIT: return 4 + (uint64_t)p->n_waits * 4;
     case SEC_PROG: return 8 + (uint64_t)p->n_programs * REC_PROG;
     case SEC_EVAL:
-    case SEC_SAMP: break;  // whole plans of their own (encode_all)
+    case SEC_SAMP:
+    case SEC_DECO: break;  // whole plans of their own (encode_all)
     case SEC_CUMD: {
         size_t len = p->cuda_module ? strlen(p->cuda_module) : 0;
         return len > UINT32_MAX ? 0 : 4 + (uint64_t)len;
@@ -213,27 +214,32 @@ static void encode(const Plan *p, int s, uint8_t *w)
     }
     case SEC_EVAL:
     case SEC_SAMP:
+    case SEC_DECO:
     case SEC_COUNT:
         break;
     }
 }
 
 /* The programs planned beside the training program, as whole plan files (sub[k] NULL
- * where p has none): EVAL and SAMP hold them. */
+ * where p has none): EVAL, SAMP and DECO hold them, in that order. */
+enum { N_SUB = 3 };
 typedef struct {
-    void *bytes[2];
-    size_t len[2];
+    void *bytes[N_SUB];
+    size_t len[N_SUB];
 } Subplans;
+
+/* Section s's index in Subplans, or -1 for a section of p's own. */
+static int sub_of(int s) { return s == SEC_EVAL ? 0 : s == SEC_SAMP ? 1 : s == SEC_DECO ? 2 : -1; }
 
 static int encode_subplans(const Plan *p, Subplans *sp, char *err, size_t errlen)
 {
-    const Plan *sub[2] = {p->eval, p->sample};
-    static const char *const what[2] = {"the evaluation program", "the sampling program"};
-    *sp = (Subplans){{NULL, NULL}, {0, 0}};
-    for (int k = 0; k < 2; k++) {
+    const Plan *sub[N_SUB] = {p->eval, p->sample, p->decode};
+    static const char *const what[N_SUB] = {"the evaluation program", "the sampling program", "the decode program"};
+    *sp = (Subplans){{NULL}, {0}};
+    for (int k = 0; k < N_SUB; k++) {
         char why[400];
         int32_t programs = k == 0 ? p->n_programs : 1;  // the evaluation: one per stage
-        if (sub[k] && (sub[k]->eval || sub[k]->sample))
+        if (sub[k] && (sub[k]->eval || sub[k]->sample || sub[k]->decode))
             return plan_fail(err, errlen, "%s must have no programs of its own (programs nest one deep)", what[k]);
         if (sub[k] && sub[k]->n_programs != programs)
             return plan_fail(err, errlen, "%s must be a plan of %d program%s (one per stage), not %d", what[k], programs,
@@ -244,11 +250,8 @@ static int encode_subplans(const Plan *p, Subplans *sp, char *err, size_t errlen
     return 0;
 }
 
-/* Whether section s is written: every one, but EVAL and SAMP only when p has them. */
-static int written(const Subplans *sp, int s)
-{
-    return s == SEC_EVAL ? sp->bytes[0] != NULL : s == SEC_SAMP ? sp->bytes[1] != NULL : 1;
-}
+/* Whether section s is written: every one, but EVAL, SAMP and DECO only when p has them. */
+static int written(const Subplans *sp, int s) { return sub_of(s) < 0 || sp->bytes[sub_of(s)] != NULL; }
 
 static int encode_all(const Plan *p, const Subplans *sp, void **out, size_t *out_len, char *err, size_t errlen)
 {
@@ -258,7 +261,7 @@ static int encode_all(const Plan *p, const Subplans *sp, void **out, size_t *out
     uint64_t total = PLAN_HEADER_SIZE + (uint64_t)PLAN_ENTRY_SIZE * n;
     for (int s = 0; s < SEC_COUNT; s++) {
         if (!written(sp, s)) continue;
-        size[s] = s == SEC_EVAL ? sp->len[0] : s == SEC_SAMP ? sp->len[1] : section_size(p, s);
+        size[s] = sub_of(s) >= 0 ? sp->len[sub_of(s)] : section_size(p, s);
         off[s] = total;
         total += size[s];
         if (!size[s] || total > SIZE_MAX / 2) {
@@ -281,8 +284,8 @@ static int encode_all(const Plan *p, const Subplans *sp, void **out, size_t *out
     for (int s = 0, i = 0; s < SEC_COUNT; s++) {
         if (!written(sp, s)) continue;
         uint8_t *data = buf + off[s], *e = buf + PLAN_HEADER_SIZE + PLAN_ENTRY_SIZE * i++;
-        if (s == SEC_EVAL || s == SEC_SAMP)
-            memcpy(data, sp->bytes[s == SEC_SAMP], (size_t)size[s]);
+        if (sub_of(s) >= 0)
+            memcpy(data, sp->bytes[sub_of(s)], (size_t)size[s]);
         else
             encode(p, s, data);
         memcpy(e, TAGS[s], 4);
@@ -308,8 +311,7 @@ int plan_write_mem(const Plan *p, void **out, size_t *out_len, char *err, size_t
     }
     Subplans sp;
     int rc = encode_subplans(p, &sp, err, errlen) || encode_all(p, &sp, out, out_len, err, errlen);
-    plan_dealloc(sp.bytes[0]);
-    plan_dealloc(sp.bytes[1]);
+    for (int k = 0; k < N_SUB; k++) plan_dealloc(sp.bytes[k]);
     return rc ? -1 : 0;
 }
 

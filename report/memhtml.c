@@ -15,7 +15,7 @@
 /* In MemCategory's order: params blue (16-bit light), grads orange (16-bit light). */
 static const char *const COLORS[MEM_CAT_COUNT] = {
     "#a0cbe8", "#ffbe7d", "#4e79a7", "#f28e2b", "#59a14f", "#8cd17d", "#b6992d", "#e15759", "#ff9d9a", "#f1ce63",
-    "#499894", "#79706e", "#d4a6c8",
+    "#499894", "#79706e", "#d4a6c8", "#9d7660",
 };
 
 void html_text(FILE *out, const char *s)

@@ -26,11 +26,11 @@
 static const char *const NAMES[MEM_CAT_COUNT] = {
     "16-bit params", "16-bit grads", "fp32 params", "fp32 grads", "optimizer state", "gathered params", "inputs",
     "saved for backward", "recompute temporaries", "other activations", "communication buffers",
-    "scratch / workspace", "constants",
+    "scratch / workspace", "constants", "kv cache",
 };
 static const char *const KEYS[MEM_CAT_COUNT] = {
     "params16", "grads16", "params", "grads32", "opt_state", "gathered", "inputs", "saved", "recompute", "acts", "comm",
-    "scratch", "consts",
+    "scratch", "consts", "kv_cache",
 };
 
 const char *report_category_name(MemCategory c) { return (unsigned)c < MEM_CAT_COUNT ? NAMES[c] : "?"; }

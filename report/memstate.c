@@ -182,6 +182,7 @@ MemCategory report_category_of(const MemReport *r, int32_t t)
     case PLAN_ROLE_SCRATCH: return MEM_SCRATCH;
     case PLAN_ROLE_CONST: return MEM_CONSTS;
     case PLAN_ROLE_GATHERED: return MEM_GATHERED;
+    case PLAN_ROLE_KV_CACHE: return MEM_KV_CACHE;
     case PLAN_ROLE_ACT:
     case PLAN_ROLE_COUNT: break;
     }

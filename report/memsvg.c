@@ -26,7 +26,7 @@ static const double W = 1200, H = 560, LEFT = 84, RIGHT = 24, TOP = 44, BOTTOM =
 /* Stacking order, bottom to top: what lives all step first. */
 static const MemCategory STACK[MEM_CAT_COUNT] = {
     MEM_PARAMS32, MEM_OPT_STATE, MEM_INPUTS, MEM_PARAMS16, MEM_GATHERED, MEM_GRADS16, MEM_GRADS32, MEM_SAVED,
-    MEM_RECOMPUTE, MEM_ACTS, MEM_COMM, MEM_SCRATCH, MEM_CONSTS,
+    MEM_RECOMPUTE, MEM_ACTS, MEM_COMM, MEM_SCRATCH, MEM_CONSTS, MEM_KV_CACHE,
 };
 static const char *const PHASE_COLORS[PLAN_PHASE_COUNT] = {"#dbe3ec", "#c3ccd8", "#e6ddef", "#b3bfcc", "#d6e7de",
                                                             "#cfd8c3"};

@@ -122,7 +122,7 @@ static void print_categories(const MemReport *r, PlanPlace pl, FILE *out)
     fprintf(out, "\n  %-26s %14s %18s\n", pl == PLAN_PLACE_HOST ? "host memory" : "category", "at the peak",
             "max over the step");
     for (int c = 0; c < MEM_CAT_COUNT; c++) {
-        if (pl == PLAN_PLACE_HOST && !r->max_cat[pl][c]) continue;
+        if ((pl == PLAN_PLACE_HOST || c == MEM_KV_CACHE) && !r->max_cat[pl][c]) continue;  // only a decode program has caches
         category_label(r, (MemCategory)c, label, sizeof label);
         fprintf(out, "  %-26s %14s %18s\n", label, cell(r->at_peak[pl][c], a, sizeof a),
                 cell(r->max_cat[pl][c], b, sizeof b));
@@ -232,12 +232,15 @@ void report_stages_print(const MemStages *s, FILE *out)
 
 void report_forward_print(const Plan *p, FILE *out)
 {
-    const Plan *sub[2] = {p->eval, p->sample};
-    static const char *const title[2] = {
+    const Plan *sub[3] = {p->eval, p->sample, p->decode};
+    static const char *const title[3] = {
         "evaluation program (fsexec --val-data): the forward and the loss, no backward, no optimizer; its own arena,\n"
         "which the params are copied into before each evaluation",
-        "sampling program (fsexec --sample): the forward of one sequence on one rank; its own arena"};
-    for (int k = 0; k < 2; k++) {
+        "sampling program (fsexec --sample past T tokens, --no-kv-cache, or where there is no decode program): the\n"
+        "forward of one sequence on one rank; its own arena",
+        "decode program (fsexec --sample): the forward of one token at a position on one rank, with a KV cache per\n"
+        "attention (kv cache: 2 x layers x kv heads x T x head dim x dtype size); its own arena"};
+    for (int k = 0; k < 3; k++) {
         if (!sub[k]) continue;
         char err[256];
         MemStages *st = report_stages_new(sub[k], err, sizeof err);

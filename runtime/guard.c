@@ -6,7 +6,7 @@
  * with a canary pattern, and every live buffer the op may not write gets a checksum per
  * CHUNK bytes. After the op, the canaries and the checksums must be as they were. An op
  * may write the buffers of its outputs; an effect op (OPF_EFFECT: adamw, sgd), which has
- * none, the persistent state (params, optimizer state, master weights) among its inputs.
+ * none, the persistent state (params, optimizer state, master weights, KV caches) among its inputs.
  * A buffer is a root tensor (alias == PLAN_NONE): a view lies inside its root. A guard
  * watches one memory space's arena (the executor makes one per space: offload's host
  * space is guarded like the device's).
@@ -147,7 +147,8 @@ static void mark_writes(Guard *g, int32_t k, uint8_t on)
     for (int32_t i = 0; i < op->n_in; i++) {
         int32_t r = root_of(p, p->ids[op->in + i]);
         PlanRole role = p->tensors[r].role;
-        if (role == PLAN_ROLE_PARAM || role == PLAN_ROLE_OPT_STATE || role == PLAN_ROLE_MASTER) g->writes[r] = on;
+        if (role == PLAN_ROLE_PARAM || role == PLAN_ROLE_OPT_STATE || role == PLAN_ROLE_MASTER || role == PLAN_ROLE_KV_CACHE)
+            g->writes[r] = on;
     }
 }
 

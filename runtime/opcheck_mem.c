@@ -153,6 +153,7 @@ static unsigned updated_inputs(OpKind k)
         [OP_sgd] = 1u << 0 | 1u << 2,              // p, buf
         [OP_count_step] = 1u << 0,                 // count
         [OP_scale_update] = 1u << 1 | 1u << 2,     // scale, good
+        [OP_attention_decode] = 1u << 3 | 1u << 4, // kcache, vcache
     };
     if (!(op_info(k)->flags & OPF_EFFECT) || (op_info(k)->flags & OPF_P2P)) return 0;  // a send reads its input
     return mask[k] ? mask[k] : ~0u;
@@ -383,7 +384,8 @@ static int attr_is_zero(const Plan *p, int32_t k, const char *key)
     return 0;
 }
 
-/* An effect op updates only persistent state in place: what the guard lets it write.
+/* An effect op updates only persistent state in place (attention_decode: its KV caches):
+ * what the guard lets it write.
  * SGD without momentum has no buffer and leaves its `buf` (the gradient) alone. */
 static int check_updates(Mem *m, int32_t k, char *err, size_t errlen)
 {
@@ -394,9 +396,10 @@ static int check_updates(Mem *m, int32_t k, char *err, size_t errlen)
         if (!((upd >> i) & 1)) continue;
         int32_t t = in_of(p, k, i);
         PlanRole role = p->tensors[m->root[t]].role;
-        if (role != PLAN_ROLE_PARAM && role != PLAN_ROLE_OPT_STATE && role != PLAN_ROLE_MASTER)
+        if (role != PLAN_ROLE_PARAM && role != PLAN_ROLE_OPT_STATE && role != PLAN_ROLE_MASTER && role != PLAN_ROLE_KV_CACHE)
             return fail_op(m, k, err, errlen, "updates input %d, tensor %d (%s), in place, but its buffer is %s, not a "
-                           "param, optimizer state or master weight", i, t, plan_tensor_label(p, t), plan_role_name(role));
+                           "param, optimizer state, master weight or KV cache", i, t, plan_tensor_label(p, t),
+                           plan_role_name(role));
     }
     return 0;
 }

@@ -877,16 +877,25 @@ typedef struct {
     uint64_t seed;        // the draws' key
 } RtSampleOptions;
 
-/* The plan's sampling program (whole->sample) on this process, params initialized from
- * seed (then --load-weights or a checkpoint into rt_sampler_exec); NULL with a message:
- * a plan that has none (not a language model), a 16-bit plan. */
-RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, char *err, size_t errlen);
+/* The plan's decode program (whole->decode: one token at a position, with KV caches) on
+ * this process when kv_cache is set and the plan has one, else its sampling program
+ * (whole->sample: the window of T tokens); params initialized from seed (then
+ * --load-weights or a checkpoint into rt_sampler_exec); NULL with a message: a plan
+ * that has none (not a language model), a 16-bit plan. */
+RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, int kv_cache, char *err, size_t errlen);
 void rt_sampler_free(RtSampler *s);
 Exec *rt_sampler_exec(RtSampler *s);
 int64_t rt_sampler_context(const RtSampler *s);  // T
 int64_t rt_sampler_vocab(const RtSampler *s);    // V
+/* For a text of n_total tokens (prompt and generated) with the decode program: past T + 1
+ * tokens every token is a run of the sampling program instead (runtime/sample.c), whose
+ * Exec this makes; *w is it, for the caller to load the weights into as into
+ * rt_sampler_exec, or NULL when none is needed. 0, or -1 with a message. */
+int rt_sampler_window(RtSampler *s, int64_t n_total, Exec **w, char *err, size_t errlen);
 /* o->n tokens after the prompt into out, each from the logits of the last T tokens so
- * far. 0, or -1 with a message (an empty prompt, a token outside the vocab). */
+ * far (the decode program: from its caches; past T, the sampling program:
+ * runtime/sample.c). 0, or -1 with a message (an empty prompt, a token outside the
+ * vocab, no rt_sampler_window for a text past T + 1 tokens). */
 int rt_sample(RtSampler *s, const RtSampleOptions *o, const int32_t *prompt, int64_t n_prompt, int32_t *out,
               char *err, size_t errlen);
 /* An llm.c tokenizer file (gpt2_tokenizer.bin), for printing ids as text. */

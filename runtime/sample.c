@@ -1,12 +1,25 @@
-/* runtime/sample.c: text generation (fsexec --sample N), with the plan's sampling program
- * (Plan.sample: fsc's forward of one sequence of the model's T tokens on one rank, its
- * logits [1, T, V] kept as an output).
+/* runtime/sample.c: text generation (fsexec --sample N), with the plan's decode program
+ * (Plan.decode: fsc's forward of one token at a position, with a KV cache per attention:
+ * passes/decode.c) or, where there is none (a model that cannot decode one token at a
+ * time: fsc's note says why) or under --no-kv-cache, its sampling program (Plan.sample:
+ * the forward of one sequence of the model's T tokens, its logits [1, T, V] an output).
  *
- * Each new token runs the program on the context window: the last T tokens of the
- * prompt and what was generated so far (nanoGPT's sample.py crops the same way), in
- * positions 0..n-1 and zeros after them. The attention is causal, so the logits at
- * position n-1 depend on the window's tokens alone, not on the padding. There is no KV
- * cache: each token is a whole forward of T positions.
+ * The context of each new token is the window of nanoGPT's sample.py: the last T tokens
+ * of the prompt and what was generated so far, at positions 0..n-1.
+ *  - The decode program runs once per position: the prompt's tokens fill the caches at
+ *    positions 0..n-1 (the prefill), then each new token is one run at the next position,
+ *    its keys and values appended, its logits the next draw's.
+ *  - The window program runs once per token on the window, zeros after it. The attention
+ *    is causal, so the logits at position n-1 depend on the window alone, not on the
+ *    padding.
+ * Past T positions (the caches' length) the window slides by one each token, and every
+ * position of it moves: the caches would have to be filled again with the window's
+ * T - 1 earlier tokens at positions 0..T-2, then the newest at T-1, for each token. That
+ * is the window program's forward done one position at a time (measured 3.2x slower on
+ * a small GPT-2, and a GEMV per position reads every weight T times), so from there on
+ * each token is one run of the window program instead: the same logits, at its cost.
+ * The window program then has its own Exec (a second copy of the params, loaded by the
+ * caller through rt_sampler_window), made only when the text passes T + 1 tokens.
  *
  * The choice of a token is nanoGPT's: logits / temperature, the top-k kept (the rest
  * -inf), softmax, one draw; temperature 0 is the argmax (the first of equal maxima, as
@@ -27,9 +40,17 @@
 
 #define TOKENIZER_MAGIC 20240328
 
-struct RtSampler {
+typedef struct {
     Exec *e;
-    int32_t tokens, logits;  // tensor ids: the input [1, T], the logits [1, T, V]
+    int32_t tokens, logits;  // tensor ids: the input [1, T], the logits [1, T, V] (decode: [1, 1], [1, 1, V])
+    int32_t pos;             // the decode program's position (i32 [1]); PLAN_NONE: the window program
+} Prog;
+
+struct RtSampler {
+    const Plan *whole;
+    uint64_t seed;
+    Prog run;                // the decode program, or (none, or --no-kv-cache) the window program
+    Prog win;                // the decode program's window program past T (rt_sampler_window), or none
     int64_t T, V;
 };
 
@@ -39,7 +60,32 @@ struct RtTokenizer {
     uint8_t *len;
 };
 
-RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, char *err, size_t errlen)
+/* The decode program's token, position and logits, or -1 (a plan that is not fsc's). */
+static int decode_tensors(const Plan *p, Prog *s, int64_t V)
+{
+    s->pos = plan_role_tensor(p, PLAN_SR_POS), s->tokens = PLAN_NONE;
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].role == PLAN_ROLE_INPUT && p->tensors[i].step_role == PLAN_SR_NONE) s->tokens = i;
+    s->logits = p->n_outputs ? p->outputs[0] : PLAN_NONE;
+    const PlanTensor *tk = s->tokens == PLAN_NONE ? NULL : &p->tensors[s->tokens];
+    const PlanTensor *lt = s->logits == PLAN_NONE ? NULL : &p->tensors[s->logits];
+    if (s->pos == PLAN_NONE || !tk || !lt || tk->dtype != PLAN_DT_I32 || plan_tensor_numel(tk) != 1 ||
+        lt->dtype != PLAN_DT_F32 || lt->rank != 3 || lt->shape[0] != 1 || lt->shape[1] != 1 || lt->shape[2] != V)
+        return -1;
+    return 0;
+}
+
+/* The window program's tokens and logits; its f32 logits [1, T, V] checked. */
+static int window_tensors(const Plan *p, Prog *w)
+{
+    int32_t targets;
+    w->logits = rt_plan_logits(p), w->pos = PLAN_NONE;
+    const PlanTensor *lt = w->logits == PLAN_NONE ? NULL : &p->tensors[w->logits];
+    return rt_data_inputs(p, &w->tokens, &targets) || !lt || lt->rank != 3 || lt->shape[0] != 1 || lt->dtype != PLAN_DT_F32
+               ? -1 : 0;
+}
+
+RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, int kv_cache, char *err, size_t errlen)
 {
     const Plan *p = whole->sample;
     if (!p) {
@@ -54,11 +100,8 @@ RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, char *err, size_t er
         return NULL;
     }
     memset(s, 0, sizeof *s);
-    int32_t targets;
-    s->logits = rt_plan_logits(p);
-    const PlanTensor *lt = s->logits == PLAN_NONE ? NULL : &p->tensors[s->logits];
-    if (rt_data_inputs(p, &s->tokens, &targets) || !lt || lt->rank != 3 || lt->shape[0] != 1 ||
-        lt->dtype != PLAN_DT_F32) {
+    s->whole = whole, s->seed = seed;
+    if (window_tensors(p, &s->run)) {
         const char *prec = plan_meta_str(p, "precision", "fp32");
         if (strcmp(prec, "fp32"))
             plan_fail(err, errlen, "--sample: this plan computes in %s, and sampling takes an fp32 plan's logits; "
@@ -68,25 +111,50 @@ RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, char *err, size_t er
         plan_dealloc(s);
         return NULL;
     }
+    const PlanTensor *lt = &p->tensors[s->run.logits];
     s->T = lt->shape[1], s->V = lt->shape[2];
+    if (kv_cache && whole->decode) {
+        p = whole->decode;
+        if (decode_tensors(p, &s->run, s->V)) {
+            plan_fail(err, errlen, "--sample: the decode program has no token [1, 1], position and f32 logits [1, 1, %lld]; "
+                      "recompile the plan", (long long)s->V);
+            plan_dealloc(s);
+            return NULL;
+        }
+    }
     char why[512];
     ExecOptions eo = {.seed = seed};
-    if (!(s->e = rt_exec_new(p, &eo, why, sizeof why))) {
-        plan_fail(err, errlen, "the sampling program: %s", why);
+    if (!(s->run.e = rt_exec_new(p, &eo, why, sizeof why))) {
+        plan_fail(err, errlen, "the %s program: %s", s->run.pos == PLAN_NONE ? "sampling" : "decode", why);
         plan_dealloc(s);
         return NULL;
     }
     return s;
 }
 
+int rt_sampler_window(RtSampler *s, int64_t n_total, Exec **w, char *err, size_t errlen)
+{
+    *w = NULL;
+    if (s->run.pos == PLAN_NONE || n_total <= s->T + 1 || s->win.e) return 0;
+    char why[512];
+    ExecOptions eo = {.seed = s->seed};
+    if (window_tensors(s->whole->sample, &s->win))
+        return plan_fail(err, errlen, "the sampling program (past T tokens) has no f32 logits [1, T, V]");
+    if (!(s->win.e = rt_exec_new(s->whole->sample, &eo, why, sizeof why)))
+        return plan_fail(err, errlen, "the sampling program (past T tokens): %s", why);
+    *w = s->win.e;
+    return 0;
+}
+
 void rt_sampler_free(RtSampler *s)
 {
     if (!s) return;
-    rt_exec_free(s->e);
+    rt_exec_free(s->run.e);
+    rt_exec_free(s->win.e);
     plan_dealloc(s);
 }
 
-Exec *rt_sampler_exec(RtSampler *s) { return s->e; }
+Exec *rt_sampler_exec(RtSampler *s) { return s->run.e; }
 int64_t rt_sampler_context(const RtSampler *s) { return s->T; }
 int64_t rt_sampler_vocab(const RtSampler *s) { return s->V; }
 
@@ -149,15 +217,33 @@ int rt_sample(RtSampler *s, const RtSampleOptions *o, const int32_t *prompt, int
         return plan_fail(err, errlen, "out of memory for %lld tokens", (long long)n);
     }
     memcpy(seq, prompt, sizeof *seq * (size_t)n_prompt);
-    int32_t *tok = rt_exec_data(s->e, s->tokens);
-    const float *logits = rt_exec_data(s->e, s->logits);
     int rc = 0;
+    int64_t runs = 0, filled = 0;  // decode: the caches hold seq[0 .. filled) at their positions
     for (int64_t have = n_prompt; have < n && !rc; have++) {
         int64_t w = have < s->T ? have : s->T;  // the window: the last T tokens
+        const Prog *g = s->run.pos != PLAN_NONE && have > s->T ? &s->win : &s->run;
+        if (!g->e) {
+            rc = plan_fail(err, errlen, "%lld tokens pass the context of %lld: call rt_sampler_window first",
+                           (long long)n, (long long)s->T);
+            break;
+        }
+        int32_t *tok = rt_exec_data(g->e, g->tokens);
+        const float *logits = rt_exec_data(g->e, g->logits);
+        if (g->pos != PLAN_NONE) {
+            int32_t *pos = rt_exec_data(g->e, g->pos);
+            for (; filled < have && !rc; filled++) {
+                *tok = seq[filled], *pos = (int32_t)filled;
+                if (rt_exec_run(g->e, ++runs, RT_PHASES_ALL))
+                    rc = plan_fail(err, errlen, "the decode program, position %lld: %s", (long long)filled,
+                                   rt_exec_error(g->e));
+            }
+            if (!rc) seq[have] = out[have - n_prompt] = choose(logits, s->V, o, have - n_prompt, work);
+            continue;
+        }
         memset(tok, 0, sizeof *tok * (size_t)s->T);
         memcpy(tok, seq + have - w, sizeof *tok * (size_t)w);
-        if (rt_exec_run(s->e, have - n_prompt + 1, RT_PHASES_ALL))
-            rc = plan_fail(err, errlen, "the sampling program: %s", rt_exec_error(s->e));
+        if (rt_exec_run(g->e, have - n_prompt + 1, RT_PHASES_ALL))
+            rc = plan_fail(err, errlen, "the sampling program: %s", rt_exec_error(g->e));
         else
             seq[have] = out[have - n_prompt] = choose(logits + (w - 1) * s->V, s->V, o, have - n_prompt, work);
     }

@@ -368,11 +368,14 @@ static void summary(const Graph *g, const TrainConfig *t)
 /* ---- the forward-only programs --------------------------------------------------------- */
 
 /* The programs fsc plans beside the training step: the evaluation program (the forward
- * and the loss of the global batch, over the training's ranks and strategy) and the
- * sampling program (one sequence, one rank). Each is the source lowered again, with
- * settings over the user's, through the forward passes (passes_run_forward). */
+ * and the loss of the global batch, over the training's ranks and strategy), the
+ * sampling program (one sequence, one rank) and, from the sampling program's lowered
+ * graph, the decode program (one token at a position, with KV caches: passes_decode).
+ * Each is the source lowered again, with settings over the user's, through the forward
+ * passes (passes_run_forward). */
 typedef struct {
     Graph *eval, *sample;   // NULL: none (a pipeline has no eval program; only a language model samples)
+    Graph *decode;          // NULL: none (a 16-bit plan, or a model that cannot decode: fsc's note says why)
     TrainConfig eval_t, sample_t;
 } Forward;
 
@@ -391,11 +394,29 @@ static int lm_logits(const Graph *g)
     return n && n->op == OP_cross_entropy && g->values[ir_in(g, n, 0)].rank == 3 ? ir_in(g, n, 0) : -1;
 }
 
+/* The decode program of the lowered sampling graph g (logits: its logits), through the
+ * forward passes, into *dg; or none, with a note saying why. -1 after errors. */
+static int decode_graph(const Graph *g, int logits, const Options *o, Diag *d, Graph **dg)
+{
+    char why[600];
+    if (o->train.precision != PREC_FP32) return 0;  // sampling takes an fp32 plan (rt_sampler_new says so)
+    if (passes_decode(g, logits, dg, why, sizeof why)) {
+        fprintf(stderr, "fsc: note: no decode program (no KV cache): fsexec --sample reruns the forward of the last T "
+                "tokens for each token; the model cannot decode one token at a time: %s\n", why);
+        return 0;
+    }
+    if (!passes_run_forward(*dg, o, d)) return 0;
+    ir_graph_free(*dg);
+    *dg = NULL;
+    return -1;
+}
+
 /* The model lowered with `extra` settings after the command line's, and its forward
  * passes run with one micro-batch; NULL after printing the errors (naming `what`).
- * Warnings were the training compile's, so they are not repeated. */
+ * Warnings were the training compile's, so they are not repeated. With `decode`, the
+ * logits are kept as an output and *decode is the decode program (or NULL). */
 static Graph *forward_graph(const char *src, size_t len, const char *path, const FrontendOptions *fo,
-                            const Setting *extra, int n_extra, int keep_logits, TrainConfig *t, const char *what)
+                            const Setting *extra, int n_extra, Graph **decode, TrainConfig *t, const char *what)
 {
     Setting sets[MAX_FORWARD_SETTINGS];
     int ns = 0;
@@ -411,9 +432,15 @@ static Graph *forward_graph(const char *src, size_t len, const char *path, const
     Options o = {.verify = 1};
     Graph *g = fe_compile(src, len, &o2, &o.train, &d);
     o.train.microbatches = 1;  // the batch was split at lowering; the graph is one micro-batch
-    int logits = g && keep_logits ? lm_logits(g) : -1, kept = 0;
+    int logits = g && decode ? lm_logits(g) : -1, kept = 0;
     for (int i = 0; g && i < g->n_outputs; i++) kept |= g->outputs[i] == logits;
     if (logits >= 0 && !kept) ir_output_add(g, logits);  // the sampler reads them after the run
+    if (g && logits >= 0) passes_eval_identity(g);       // the decode program's too
+    if (g && logits >= 0 && decode_graph(g, logits, &o, &d, decode)) {
+        ir_graph_free(g);
+        g = NULL;
+        what = "the decode program";
+    }
     if (g && passes_run_forward(g, &o, &d)) {
         ir_graph_free(g);
         g = NULL;
@@ -460,11 +487,11 @@ static int forward_programs(const Graph *train, const char *src, size_t len, con
         if (stage_balance(train, balance, sizeof balance)) return 0;
         const Setting eval[] = {{"microbatches", "1"}, {"recompute", "none"}, {"offload", "none"},
                                 {"schedule", "gpipe"}, {"checkpoint", "never"}, {"balance", balance}};
-        fw->eval = forward_graph(src, len, path, fo, eval, 6, 0, &fw->eval_t, "the evaluation program");
+        fw->eval = forward_graph(src, len, path, fo, eval, 6, NULL, &fw->eval_t, "the evaluation program");
         return fw->eval ? 0 : -1;
     }
     const Setting eval[] = {{"microbatches", "1"}, {"recompute", "none"}, {"offload", "none"}};
-    fw->eval = forward_graph(src, len, path, fo, eval, 3, 0, &fw->eval_t, "the evaluation program");
+    fw->eval = forward_graph(src, len, path, fo, eval, 3, NULL, &fw->eval_t, "the evaluation program");
     if (!fw->eval) return -1;
     if (lm_logits(fw->eval) < 0) return 0;
     int64_t rows = 0;
@@ -474,7 +501,7 @@ static int forward_programs(const Graph *train, const char *src, size_t len, con
     snprintf(batch, sizeof batch, "%lld", (long long)(rows * fw->eval_t.world));
     const Setting sample[] = {{"world", "1"}, {"shard", "none"}, {"microbatches", batch}, {"recompute", "none"},
                               {"offload", "none"}, {"shard_group", "0"}};
-    fw->sample = forward_graph(src, len, path, fo, sample, 6, 1, &fw->sample_t, "the sampling program");
+    fw->sample = forward_graph(src, len, path, fo, sample, 6, &fw->decode, &fw->sample_t, "the sampling program");
     return fw->sample ? 0 : -1;
 }
 
@@ -482,6 +509,7 @@ static void forward_free(Forward *fw)
 {
     ir_graph_free(fw->eval);
     ir_graph_free(fw->sample);
+    ir_graph_free(fw->decode);
 }
 
 /* The plan of one forward-only program, as p's sub-plan; 0, or -1 with a message. */
@@ -502,7 +530,8 @@ static Plan *make_plan(const Graph *g, const TrainConfig *t, const char *source,
     char err[600];
     Plan *plan = codegen_plan(g, t, err, sizeof err);
     if (plan && fw && (attach(&plan->eval, fw->eval, &fw->eval_t, "the evaluation program", err, sizeof err) ||
-                       attach(&plan->sample, fw->sample, &fw->sample_t, "the sampling program", err, sizeof err))) {
+                       attach(&plan->sample, fw->sample, &fw->sample_t, "the sampling program", err, sizeof err) ||
+                       attach(&plan->decode, fw->decode, &fw->sample_t, "the decode program", err, sizeof err))) {
         plan_free(plan);
         plan = NULL;
     }

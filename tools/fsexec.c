@@ -79,13 +79,18 @@ static const char USAGE[] =
     "                       and after the last)\n"
     "  --eval-batches K     batches of each evaluation (default 10)\n"
     "  --sample N           generate N tokens from a language model instead of training, with\n"
-    "                       the plan's sampling program (one sequence, one process; fsc --mem\n"
-    "                       shows it), from --load-weights (any --weights-format) or --resume's\n"
-    "                       checkpoint (any plan of the model), else the seed's init. Each token\n"
-    "                       runs the forward on the last T tokens (the model's context; no KV\n"
-    "                       cache), on the CPU. Prints the prompt and what follows: text for a\n"
-    "                       byte-level model (V = 256) given --prompt, or with --tokenizer;\n"
-    "                       else ids\n"
+    "                       the plan's decode program (one token at a position, with a KV cache\n"
+    "                       per attention; one process; fsc --mem shows it), from --load-weights\n"
+    "                       (any --weights-format) or --resume's checkpoint (any plan of the\n"
+    "                       model), else the seed's init, on the CPU. The prompt fills the\n"
+    "                       caches one position at a time, then each token is one position.\n"
+    "                       Each token sees the last T tokens (the model's context); past T,\n"
+    "                       where the window slides, each token is a run of the sampling\n"
+    "                       program on it (its own arena and copy of the weights).\n"
+    "                       Prints the prompt and what follows: text for a byte-level model\n"
+    "                       (V = 256) given --prompt, or with --tokenizer; else ids\n"
+    "  --no-kv-cache        sample with the sampling program instead: each token a forward of\n"
+    "                       the last T tokens (what a model fsc cannot decode uses; fsc's note)\n"
     "  --prompt TEXT        the prompt's bytes, for a byte-level model\n"
     "  --prompt-ids LIST    the prompt as token ids: 464,3290,318\n"
     "  --tokenizer FILE     print the tokens as text by llm.c's gpt2_tokenizer.bin format\n"
@@ -192,6 +197,7 @@ typedef struct {
     const char *val_data;    // --val-data
     int64_t eval_every, eval_batches;
     int64_t sample, top_k;   // --sample N (0: train), --top-k (0: all)
+    int no_kv_cache;         // --no-kv-cache: sample with the window program
     const char *prompt, *prompt_ids, *tokenizer;
     double temperature;
     const char *trace;       // --trace FILE
@@ -399,6 +405,9 @@ static int parse_args(int argc, char **argv, Flags *f)
         } else if (!strcmp(a, "--sync-sends")) {
             f->sync_sends = 1;
             continue;
+        } else if (!strcmp(a, "--no-kv-cache")) {
+            f->no_kv_cache = 1;
+            continue;
         } else if (!strcmp(a, "--")) {
             if (i + 1 < argc && f->plan) return usage_error("more than one plan given ('%s')", argv[i + 1]);
             if (i + 1 < argc) f->plan = argv[++i];
@@ -435,6 +444,7 @@ static int parse_args(int argc, char **argv, Flags *f)
     if ((f->eval_every || f->eval_batches != 10) && !f->val_data)
         return usage_error("%s says when and how long to evaluate on --val-data FILE; give it", f->eval_every ?
                            "--eval-every" : "--eval-batches");
+    if (f->no_kv_cache && !f->sample) return usage_error("%s", "--no-kv-cache is for sampling: give --sample N");
     if ((f->prompt || f->prompt_ids || f->tokenizer || f->top_k) && !f->sample)
         return usage_error("%s is for sampling: give --sample N", f->prompt ? "--prompt" : f->prompt_ids ? "--prompt-ids"
                            : f->tokenizer ? "--tokenizer" : "--top-k");
@@ -1013,7 +1023,7 @@ static int sample(const Flags *f)
     RtCheckpoint *c = whole && f->resume ? rt_checkpoint_open(f->resume, err, sizeof err) : NULL;
     if (whole && f->resume && !c) fprintf(stderr, "fsexec: --resume: %s\n", err);
     uint64_t seed = f->has_seed ? f->seed : c ? rt_checkpoint_seed(c) : whole ? (uint64_t)plan_meta_int(whole, "seed", 0) : 0;
-    RtSampler *s = whole && (c || !f->resume) ? rt_sampler_new(whole, seed, err, sizeof err) : NULL;
+    RtSampler *s = whole && (c || !f->resume) ? rt_sampler_new(whole, seed, !f->no_kv_cache, err, sizeof err) : NULL;
     if (whole && (c || !f->resume) && !s) fprintf(stderr, "fsexec: %s: %s\n", f->plan, err);
     RtTokenizer *tk = s && f->tokenizer ? rt_tokenizer_open(f->tokenizer, err, sizeof err) : NULL;
     if (s && f->tokenizer && !tk) fprintf(stderr, "fsexec: --tokenizer %s\n", err);
@@ -1031,6 +1041,12 @@ static int sample(const Flags *f)
     } else if (!rc && (n = parse_ids(f->prompt_ids, ids, max)) < 0) {
         rc = 2;
     }
+    Exec *window = NULL;  // the sampling program, past T tokens with a KV cache: weights of its own
+    if (!rc && rt_sampler_window(s, n + f->sample, &window, err, sizeof err)) {
+        fprintf(stderr, "fsexec: %s\n", err);
+        rc = 1;
+    }
+    if (!rc && window) rc = sample_weights(f, window, c);
     RtSampleOptions so = {.n = f->sample, .temperature = f->temperature, .top_k = f->top_k, .seed = seed};
     if (!rc && n + f->sample > T)
         fprintf(stderr, "fsexec: note: the model's context is T = %" PRId64 " tokens; past it each token sees the last %"

@@ -1,5 +1,11 @@
-/* runtime/cpu/attention.c: scaled dot-product attention (forward and backward) and
- * rotary position embedding.
+/* runtime/cpu/attention.c: scaled dot-product attention (forward and backward), its
+ * decode step with a KV cache, and rotary position embedding (rope, rope_at).
+ *
+ * attention_decode(q [BH, T, D], k [BKV, T, D], v [BKV, T, Dv], kcache [BKV, S, D],
+ * vcache [BKV, S, Dv], pos) writes k's and v's rows into the caches at rows pos.., then
+ * runs the forward below over the caches, causal with an offset: query row i is at
+ * position pos + i and sees the cache rows up to it (no lse). Its tiles are the
+ * forward's, so a row's result is the full causal attention's up to rounding.
  *
  * attention(q [BH, T, D], k [BKV, S, D], v [BKV, S, Dv], causal) -> out [BH, T, Dv] and
  * lse [BH, T], the log-sum-exp of each row of scaled, masked scores. BH is a multiple
@@ -45,6 +51,7 @@ typedef struct {
     int64_t BH, G, T, S, D, Dv, bk;  // G: query slices per kv slice
     float scale;
     int causal;
+    int64_t at;  // causal: query row i is at position at + i (attention_decode; else 0)
 } Att;
 
 static void att_init(Att *a, const KCall *k, int causal)
@@ -64,14 +71,14 @@ static void att_init(Att *a, const KCall *k, int causal)
     int64_t dmax = imax(a->D, a->Dv);
     a->bk = imax(8, imin(BK, GEMM_SERIAL_MNK / (BQ * dmax)));
     a->scale = 1.0f / sqrtf((float)a->D);
-    a->causal = causal;
+    a->causal = causal, a->at = 0;
     a->q = fdata(q), a->k = fdata(kk), a->v = fdata(v);
 }
 
 /* Keys of a tile that query row i may see: [j0, j0 + result). */
 static int64_t visible(const Att *a, int64_t i, int64_t j0, int64_t nk)
 {
-    return a->causal ? imax(0, imin(nk, i - j0 + 1)) : nk;
+    return a->causal ? imax(0, imin(nk, a->at + i - j0 + 1)) : nk;
 }
 
 /* ---- forward ---------------------------------------------------------------------- */
@@ -79,7 +86,7 @@ static int64_t visible(const Att *a, int64_t i, int64_t j0, int64_t nk)
 static void fwd_block(const Att *a, int64_t bh, int64_t i0)
 {
     int64_t nq = imin(BQ, a->T - i0), D = a->D, Dv = a->Dv;
-    int64_t jend = a->causal ? i0 + nq : a->S;
+    int64_t jend = a->causal ? imin(a->S, a->at + i0 + nq) : a->S;
     const float *q = a->q + (bh * a->T + i0) * D;
     float *o = a->out + (bh * a->T + i0) * Dv, s[BQ * BK], m[BQ], l[BQ];
     for (int64_t r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
@@ -111,8 +118,16 @@ static void fwd_block(const Att *a, int64_t bh, int64_t i0)
         float inv = 1.0f / l[r];
         VEC_LOOP
         for (int64_t c = 0; c < Dv; c++) o[r * Dv + c] *= inv;
-        a->lse_out[bh * a->T + i0 + r] = m[r] + logf(l[r]);
+        if (a->lse_out) a->lse_out[bh * a->T + i0 + r] = m[r] + logf(l[r]);
     }
+}
+
+/* Every (slice, query block) of a's forward. */
+static void fwd_all(const Att *a)
+{
+    int64_t nb = (a->T + BQ - 1) / BQ;
+#pragma omp parallel for if (a->BH * a->T * a->S * a->D > PAR_MIN) schedule(dynamic)
+    for (int64_t t = 0; t < a->BH * nb; t++) fwd_block(a, t / nb, t % nb * BQ);
 }
 
 /* q, k, v -> out, lse; q, k, v, o, lse, dout -> dq, dk, dv: by (T, D) slices, or by
@@ -136,9 +151,35 @@ void cpu_attention(const KCall *k)
     Att a;
     att_init(&a, k, k_int(k, 3));
     a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
-    int64_t nb = (a.T + BQ - 1) / BQ;
-#pragma omp parallel for if (a.BH * a.T * a.S * a.D > PAR_MIN) schedule(dynamic)
-    for (int64_t t = 0; t < a.BH * nb; t++) fwd_block(&a, t / nb, t % nb * BQ);
+    fwd_all(&a);
+}
+
+/* attention_decode(q, k, v, kcache, vcache, pos) -> out: k's and v's T rows into the
+ * caches at rows pos.., then the forward above over the caches, query row i at position
+ * pos + i (causal with an offset), no lse. */
+void cpu_attention_decode(const KCall *k)
+{
+    const KTensor *q = &k->in[0], *kn = &k->in[1], *vn = &k->in[2], *kc = &k->in[3], *vc = &k->in[4];
+    int ok = k->in[5].dtype == KT_I32;
+    for (int i = 0; i < 5; i++) ok &= k->in[i].dtype == KT_F32;
+    KCHECK(ok && q->rank >= 2 && kc->rank == q->rank, "attention_decode: f32 q, k, v, caches and an i32 pos only");
+    int r = q->rank;
+    int64_t T = q->shape[r - 2], S = kc->shape[r - 2], D = q->shape[r - 1], Dv = vc->shape[r - 1];
+    int64_t at = idata(&k->in[5])[0], bkv = kc->numel / (S * D);
+    KCHECK(at >= 0 && at + T <= S, "attention_decode: rows %lld..%lld are outside the cache's %lld", (long long)at,
+           (long long)(at + T - 1), (long long)S);
+    KCHECK(kn->numel == bkv * T * D && vn->numel == bkv * T * Dv && vc->numel == bkv * S * Dv &&
+               q->numel % (T * D) == 0 && (q->numel / (T * D)) % bkv == 0,
+           "attention_decode: bad shapes");
+    for (int64_t s = 0; s < bkv; s++) {
+        memcpy(fdata(kc) + (s * S + at) * D, fdata(kn) + s * T * D, sizeof(float) * (size_t)(T * D));
+        memcpy(fdata(vc) + (s * S + at) * Dv, fdata(vn) + s * T * Dv, sizeof(float) * (size_t)(T * Dv));
+    }
+    Att a = {.q = fdata(q), .k = fdata(kc), .v = fdata(vc), .out = fdata(&k->out[0]), .BH = q->numel / (T * D), .T = T,
+             .S = S, .D = D, .Dv = Dv, .scale = 1.0f / sqrtf((float)D), .causal = 1, .at = at};
+    a.G = a.BH / bkv;
+    a.bk = imax(8, imin(BK, GEMM_SERIAL_MNK / (BQ * imax(D, Dv))));
+    fwd_all(&a);
 }
 
 /* ---- backward --------------------------------------------------------------------- */
@@ -258,16 +299,12 @@ static const Slabs ROPE = {{2, 2}, -1};  // x -> y by (T, D) slices
 
 CpuWork cpu_work_rope(const KCall *k) { return slab_work(k, &ROPE); }
 
-void cpu_rope(const KCall *k)
+/* Rows t of x [..., T, D] turned as at positions at + t. */
+static void rope_rows(const KCall *k, int64_t at, double theta, double sign)
 {
     const KTensor *X = &k->in[0];
-    if (lowp_call(k)) {
-        slab_run(k, &ROPE, cpu_rope);
-        return;
-    }
     KCHECK(X->dtype == KT_F32 && X->rank >= 2 && X->shape[X->rank - 1] % 2 == 0, "rope: bad input");
     int64_t T = X->shape[X->rank - 2], D = X->shape[X->rank - 1], H = D / 2, outer = X->numel / (T * D);
-    double theta = k->attr[1], sign = k_int(k, 2) ? -1.0 : 1.0;
     const float *x = fdata(X);
     float *y = fdata(&k->out[0]);
 #pragma omp parallel for if (X->numel > PAR_MIN) schedule(static)
@@ -276,7 +313,7 @@ void cpu_rope(const KCall *k)
         for (int64_t h0 = 0; h0 < H; h0 += ROPE_PAIRS) {
             int64_t nh = imin(ROPE_PAIRS, H - h0);
             for (int64_t i = 0; i < nh; i++) {
-                double ang = sign * (double)t * pow(theta, -2.0 * (double)(h0 + i) / (double)D);
+                double ang = sign * (double)(at + t) * pow(theta, -2.0 * (double)(h0 + i) / (double)D);
                 cs[i] = (float)cos(ang), sn[i] = (float)sin(ang);
             }
             for (int64_t o = 0; o < outer; o++) {
@@ -291,4 +328,28 @@ void cpu_rope(const KCall *k)
             }
         }
     }
+}
+
+void cpu_rope(const KCall *k)
+{
+    if (lowp_call(k)) {
+        slab_run(k, &ROPE, cpu_rope);
+        return;
+    }
+    rope_rows(k, 0, k->attr[1], k_int(k, 2) ? -1.0 : 1.0);
+}
+
+/* rope_at(x, pos, theta, inverse): rope with row t at position pos + t. */
+static const Slabs ROPE_AT = {{2, SLAB_WHOLE, 2}, -1};  // x -> y by (T, D) slices; pos whole (i32: not staged)
+
+CpuWork cpu_work_rope_at(const KCall *k) { return slab_work(k, &ROPE_AT); }
+
+void cpu_rope_at(const KCall *k)
+{
+    if (lowp_call(k)) {
+        slab_run(k, &ROPE_AT, cpu_rope_at);
+        return;
+    }
+    KCHECK(k->in[1].dtype == KT_I32 && k->in[1].numel == 1, "rope_at: pos must be an i32 [1]");
+    rope_rows(k, idata(&k->in[1])[0], k->attr[2], k_int(k, 3) ? -1.0 : 1.0);
 }

@@ -220,6 +220,7 @@ CpuWork cpu_work_embedding_bwd(const KCall *k);
 CpuWork cpu_work_attention(const KCall *k);
 CpuWork cpu_work_attention_bwd(const KCall *k);
 CpuWork cpu_work_rope(const KCall *k);
+CpuWork cpu_work_rope_at(const KCall *k);
 
 /* Offset of flat index idx over dims (sizes, strides), the last dim fastest. */
 static inline int64_t offset_of(int64_t idx, int nd, const int64_t *sizes, const int64_t *strides)

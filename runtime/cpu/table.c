@@ -38,6 +38,7 @@ static const struct {
     {cpu_attention, cpu_work_attention},
     {cpu_attention_bwd, cpu_work_attention_bwd},
     {cpu_rope, cpu_work_rope},
+    {cpu_rope_at, cpu_work_rope_at},
 };
 
 CpuWork cpu_work(CpuKernel fn, const KCall *k)

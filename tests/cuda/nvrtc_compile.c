@@ -4,7 +4,8 @@
  *   nvrtc_compile SOURCE_DIR CUDA_INCLUDE_DIR
  *
  * The plans: every sample (each samples/NAME.fsm, at its own dims) in fp32, fp16 and bf16 with no
- * sharding, GPT-2 under fsdp at world 2 in bf16, GPT-2 with recompute Block. Each plan's
+ * sharding, GPT-2 under fsdp at world 2 in bf16, GPT-2 with recompute Block, and the decode
+ * programs (passes/decode.c: KV caches, rope_at, attention_decode) of GPT-2 and Llama. Each plan's
  * module (meta "cuda_source") is compiled for sm_80 and sm_90 as fsexec's CUDA backend
  * compiles it (-std=c++17, the toolkit's include directory); equal modules are compiled
  * once. A compile fails the test with NVRTC's log on any error or warning, and every
@@ -64,8 +65,27 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
-/* The plan of samples/file under these settings, or NULL after saying why. */
-static Plan *compile_plan(const char *dir, const char *file, const Setting *set, int n_set)
+/* g's decode program (g lowered with one sequence), planned; NULL after saying why. */
+static Plan *decode_plan(const char *file, Graph *g, Options *o, Diag *d)
+{
+    int logits = -1;
+    for (int n = 0; n < g->n_nodes; n++)
+        if (g->nodes[n].op == OP_cross_entropy) logits = ir_in(g, &g->nodes[n], 0);
+    Graph *dg = NULL;
+    char err[600];
+    Plan *p = NULL;
+    passes_eval_identity(g);
+    if (logits < 0 || passes_decode(g, logits, &dg, err, sizeof err))
+        fprintf(stderr, "nvrtc_compile: %s has no decode program: %s\n", file, logits < 0 ? "no logits" : err);
+    else if (!passes_run_forward(dg, o, d) && !(p = codegen_plan(dg, &o->train, err, sizeof err)))
+        fprintf(stderr, "nvrtc_compile: %s's decode program: %s\n", file, err);
+    ir_graph_free(dg);
+    return p;
+}
+
+/* The plan of samples/file under these settings (decode: its decode program, at B = 1),
+ * or NULL after saying why. */
+static Plan *compile_plan(const char *dir, const char *file, const Setting *set, int n_set, int decode)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/samples/%s", dir, file);
@@ -77,11 +97,14 @@ static Plan *compile_plan(const char *dir, const char *file, const Setting *set,
     }
     Diag d;
     diag_init(&d, file, src, len, stderr);
-    FrontendOptions fo = {NULL, 0, set, n_set};
+    const Define one = {"B", 1};
+    FrontendOptions fo = {decode ? &one : NULL, decode, set, n_set};
     Options o = {0};
     Graph *g = fe_compile(src, len, &fo, &o.train, &d);
     Plan *p = NULL;
-    if (g && !passes_run(g, &o, &d) && !(p = codegen_plan(g, &o.train, err, sizeof err)))
+    if (g && decode)
+        p = decode_plan(file, g, &o, &d);
+    else if (g && !passes_run(g, &o, &d) && !(p = codegen_plan(g, &o.train, err, sizeof err)))
         fprintf(stderr, "nvrtc_compile: %s: %s\n", file, err);
     ir_graph_free(g);
     free(src);
@@ -172,6 +195,7 @@ typedef struct {
     const char *file;
     Setting set[3];
     int n_set;
+    int decode;  // the decode program
 } Run;
 
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -207,15 +231,17 @@ int main(int argc, char **argv)
     int n_runs = 0;
     static const char *const precisions[] = {"fp32", "fp16", "bf16"};
     for (int f = 0; f < n_files; f++)
-        for (int k = 0; k < 3; k++) runs[n_runs++] = (Run){files[f], {{"precision", precisions[k]}}, 1};
-    runs[n_runs++] = (Run){"gpt2.fsm", {{"precision", "bf16"}, {"shard", "fsdp"}, {"world", "2"}}, 3};
-    runs[n_runs++] = (Run){"gpt2.fsm", {{"recompute", "Block"}}, 1};
+        for (int k = 0; k < 3; k++) runs[n_runs++] = (Run){files[f], {{"precision", precisions[k]}}, 1, 0};
+    runs[n_runs++] = (Run){"gpt2.fsm", {{"precision", "bf16"}, {"shard", "fsdp"}, {"world", "2"}}, 3, 0};
+    runs[n_runs++] = (Run){"gpt2.fsm", {{"recompute", "Block"}}, 1, 0};
+    runs[n_runs++] = (Run){"gpt2.fsm", {{"precision", "fp32"}}, 1, 1};
+    runs[n_runs++] = (Run){"llama.fsm", {{"precision", "fp32"}}, 1, 1};
 
     Plan *plans[MAX_PLANS];
     const char **names_of[MAX_PLANS] = {0};
     int modules = 0, kernels = 0;
     for (int r = 0; r < n_runs; r++) {
-        Plan *p = plans[r] = compile_plan(argv[1], runs[r].file, runs[r].set, runs[r].n_set);
+        Plan *p = plans[r] = compile_plan(argv[1], runs[r].file, runs[r].set, runs[r].n_set, runs[r].decode);
         if (!p) return 1;
         const char *src = codegen_cuda_source(p);
         if (!src) {
@@ -227,6 +253,7 @@ int main(int argc, char **argv)
         int launches = 0;
         for (int i = 0; i < p->n_cuda; i++) launches += p->cuda[i].kind == PLAN_CU_LAUNCH;
         char what[128] = "";
+        if (runs[r].decode) snprintf(what, sizeof what, " (decode)");
         for (int s = 0; s < runs[r].n_set; s++)
             snprintf(what + strlen(what), sizeof what - strlen(what), " --%s %s", runs[r].set[s].key, runs[r].set[s].value);
         printf("%-10s%-40s %4d kernels, %5d launches, %4d GEMMs, %7zu bytes of CUDA C\n", runs[r].file, what, n_names,

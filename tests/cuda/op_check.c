@@ -1,7 +1,12 @@
 /* tests/cuda/op_check.c: every op of a plan on CUDA against the CPU backend, one op at a
  * time, from identical inputs. Needs a GPU; run by bench/gpu_check.sh on one.
  *
- *   op_check PLAN [--tf32] [--seed S] [--tol-f32 X] [--tol-16 X] [--verbose]
+ *   op_check PLAN [--tf32] [--seed S] [--tol-f32 X] [--tol-16 X] [--verbose] [--decode POS]
+ *
+ * --decode POS checks the plan's decode program instead (passes/decode.c): its token is 1,
+ * its position POS, and its KV caches start as the same uniform numbers in [-1, 1) on
+ * both backends (as if POS earlier positions had filled them), so attention_decode
+ * writes row POS and attends over rows 0..POS.
  *
  * The CPU Exec is made as fsexec makes it (the host mirror), step 1's batch is written
  * into it, and the CUDA backend is made from it, so both arenas start equal. Then for
@@ -194,8 +199,30 @@ static void report(const Check *c)
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: op_check PLAN [--tf32] [--seed S] [--tol-f32 X] [--tol-16 X] [--verbose]\n");
+    fprintf(stderr, "usage: op_check PLAN [--tf32] [--seed S] [--tol-f32 X] [--tol-16 X] [--verbose] [--decode POS]\n");
     return 2;
+}
+
+/* The decode program's inputs (--decode): token 1 at position at, caches of uniform numbers. */
+static int decode_inputs(const Plan *p, Exec *e, int64_t at)
+{
+    uint64_t r = 0x9E3779B97F4A7C15ull;
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        void *d = rt_exec_data(e, i);
+        if (t->role == PLAN_ROLE_INPUT && t->step_role == PLAN_SR_POS) {
+            *(int32_t *)d = (int32_t)at;
+        } else if (t->role == PLAN_ROLE_INPUT && t->step_role == PLAN_SR_NONE && t->dtype == PLAN_DT_I32) {
+            for (int64_t k = 0; k < plan_tensor_numel(t); k++) ((int32_t *)d)[k] = 1;
+        } else if (t->role == PLAN_ROLE_KV_CACHE && t->alias == PLAN_NONE) {
+            if (t->dtype != PLAN_DT_F32) return -1;
+            for (int64_t k = 0; k < plan_tensor_numel(t); k++) {
+                r ^= r >> 12, r ^= r << 25, r ^= r >> 27;
+                ((float *)d)[k] = (float)((double)((r * 2685821657736338717ull) >> 11) / 4503599627370496.0 - 1.0);
+            }
+        }
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -204,12 +231,14 @@ int main(int argc, char **argv)
     int tf32 = 0, verbose = 0;
     uint64_t seed = 0;
     double tol_f32 = -1, tol_16 = 1e-2;
+    long long decode_at = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tf32")) tf32 = 1;
         else if (!strcmp(argv[i], "--verbose")) verbose = 1;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--tol-f32") && i + 1 < argc) tol_f32 = atof(argv[++i]);
         else if (!strcmp(argv[i], "--tol-16") && i + 1 < argc) tol_16 = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--decode") && i + 1 < argc) decode_at = atoll(argv[++i]);
         else if (argv[i][0] == '-' || path) return usage();
         else path = argv[i];
     }
@@ -219,6 +248,15 @@ int main(int argc, char **argv)
     if (!p) {
         fprintf(stderr, "op_check: %s: %s\n", path, err);
         return 2;
+    }
+    if (decode_at >= 0) {  // the decode program alone
+        Plan *whole = p;
+        p = whole->decode, whole->decode = NULL;
+        plan_free(whole);
+        if (!p) {
+            fprintf(stderr, "op_check: --decode: %s has no decode program\n", path);
+            return 2;
+        }
     }
     const RtBackendOps *ops = rt_backend_load_cuda(err, sizeof err);
     if (!ops || ops->probe(err, sizeof err) || rt_backend_plan_has_cuda(p, err, sizeof err)) {
@@ -245,10 +283,12 @@ int main(int argc, char **argv)
     if (!c.scratch || !c.pending) {
         fprintf(stderr, "op_check: out of memory\n");
     } else if (!(c.e = rt_exec_new(p, &eo, err, sizeof err)) ||
-               !(data = rt_data_open(c.e, NULL, RT_ORDER_RANDOM, eo.seed, err, sizeof err))) {
+               (decode_at < 0 && !(data = rt_data_open(c.e, NULL, RT_ORDER_RANDOM, eo.seed, err, sizeof err)))) {
         fprintf(stderr, "op_check: %s: %s\n", path, err);
+    } else if (decode_at >= 0 && decode_inputs(p, c.e, decode_at)) {
+        fprintf(stderr, "op_check: --decode: the KV caches are not f32\n");
     } else {
-        rt_data_fill(data, 1);
+        if (data) rt_data_fill(data, 1);
         rt_exec_set_step(c.e, 1);  // both arenas start at step 1 (and dropout's RNG words with it)
         RtBackendOptions bo = {.plan = p, .host_arena = rt_exec_arena(c.e), .host_bytes = rt_exec_arena_bytes(c.e),
                                .rank = 0, .world = 1, .local_rank = -1, .tf32 = tf32, .verbose = verbose};

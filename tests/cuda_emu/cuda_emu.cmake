@@ -42,7 +42,21 @@ function(cuda_emu_test name model)
   set_tests_properties(cuda_emu_${name} PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT} ENVIRONMENT "FS_CUDA_EMU_CACHE=${dir}/cache")
 endfunction()
 
+# The decode program (passes/decode.c) of a plan NAME compiled as cuda_emu_test does, op_check'd
+# with token 1 at position POS over KV caches of random rows.
+function(cuda_emu_decode_test name pos model)
+  set(dir ${CMAKE_CURRENT_BINARY_DIR}/cuda_emu)
+  add_test(NAME cuda_emu_${name}
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/op_check.sh $<TARGET_FILE:fsc> $<TARGET_FILE:op_check>
+                   $<TARGET_FILE:fs_cudaemu> ${dir} ${name} ${CMAKE_CURRENT_SOURCE_DIR}/${model} ${ARGN})
+  set_tests_properties(cuda_emu_${name} PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT}
+                       ENVIRONMENT "FS_CUDA_EMU_CACHE=${dir}/cache;OP_CHECK_ARGS=--decode ${pos}")
+endfunction()
+
 if(NOT FS_FUZZ)
+  # The decode programs: rope_at and attention_decode (GQA), at a middle and the last position.
+  cuda_emu_decode_test(gpt2_decode 9 samples/gpt2.fsm -D L=2 -D C=32 -D NH=2 -D T=16 -D V=256 -D B=2)
+  cuda_emu_decode_test(llama_decode 15 samples/llama.fsm -D L=2 -D C=32 -D NH=4 -D NKV=2 -D T=16 -D V=256 -D B=2 -D F=64)
   # Small dims: every kernel still runs, at a cost CI can pay for every precision.
   set(tiny -D L=2 -D C=32 -D NH=2 -D T=16 -D V=256 -D B=2)
   foreach(prec fp32 bf16 fp16)

@@ -10,4 +10,5 @@ fsc=$1 op_check=$2 lib=$3 out=$4 name=$5
 shift 5
 mkdir -p "$out"
 "$fsc" -q "$@" -o "$out/$name.plan"
-FS_CUDA_BACKEND=$lib exec "$op_check" "$out/$name.plan"
+# OP_CHECK_ARGS: op_check's own options (--decode POS: the plan's decode program)
+FS_CUDA_BACKEND=$lib exec "$op_check" ${OP_CHECK_ARGS:-} "$out/$name.plan"

@@ -8,14 +8,20 @@
    forward (tests/py/models.py, on the same weights) over the growing sequence, cropped
    to its last T tokens as nanoGPT does (4 + 24 > 16 crosses the crop). Where PyTorch's
    two best logits are within 1e-4 (a tie, which rounding may break either way) the
-   token may be either. The tokens must not all be one. Also from --resume (a
+   token may be either. The tokens must not all be one. This is the decode program
+   (a KV cache) up to T tokens and the window program past them, and --no-kv-cache
+   (the window program throughout, a forward of T tokens per token) gives the same
+   tokens but at such ties; a 40-token run from a 1-token prompt goes past T twice over. Also from --resume (a
    checkpoint of fsdp at world 2 after 2 steps from those weights, resharded into the
    world-2 plan's sampling program, which runs in one process) against the params that
    run saved.
 2. --top-k 1 at temperature 1 is temperature 0; at temperature 1 (V = 256) one seed gives
    one text and another seed another; a byte-level --prompt prints its bytes and what
    follows as text; with --tokenizer (llm.c's format) the ids print as their bytes.
-3. Clear errors: a classifier (no sampling program), a prompt token outside the vocab,
+3. A model that cannot decode one token at a time (a non-causal attention): fsc's note
+   says why, --mem shows no decode program, and --sample still samples (the window
+   program), its tokens those of --no-kv-cache.
+4. Clear errors: a classifier (no sampling program), a prompt token outside the vocab,
    --prompt for a model that is not byte-level, --sample 0 or above 2^20, no prompt, a
    file that is not a tokenizer.
 
@@ -68,23 +74,57 @@ def random_weights(path):
     save_safetensors(path, out)
 
 
-def check_argmax(model, weights, got, what):
+def check_argmax(model, weights, got, what, prompt=PROMPT, window=None):
+    """got (the prompt, then the tokens) against PyTorch's argmax; with window (the
+    --no-kv-cache run's tokens), each token also equals the window program's but at a tie."""
     p = load_safetensors(weights)
     L = num_layers(p, model)
-    seq = list(PROMPT)
+    seq = list(prompt)
     with torch.no_grad():
-        for i, tok in enumerate(got[len(PROMPT):]):
+        for i, tok in enumerate(got[len(prompt):]):
             ctx = torch.tensor([seq[-T:]], dtype=torch.int32)
             logits = LOGITS[model](p, ctx, L, *HEADS[model])[0, -1]
             best = int(torch.argmax(logits))
             if tok != best and float(logits[best] - logits[tok]) > TIE:
                 sys.exit("FAIL %s (%s): token %d is %d, PyTorch's argmax %d (logits %.6g vs %.6g) after %s" % (
                     model, what, i, tok, best, float(logits[tok]), float(logits[best]), seq))
+            top2 = torch.topk(logits, 2).values
+            if window is not None and window[len(seq)] != tok:
+                if float(top2[0] - top2[1]) > TIE:
+                    sys.exit("FAIL %s (%s): token %d is %d, the window program's (--no-kv-cache) %d, after %s" % (
+                        model, what, i, tok, window[len(seq)], seq))
+                break  # a tie broken two ways: the two runs continue from different texts
             seq.append(tok)
-    if len(set(got[len(PROMPT):])) < 3:
+    if len(set(got[len(prompt):])) < 3:
         sys.exit("FAIL %s (%s): the argmax is (nearly) one token throughout, %s: a test that shows little" % (
             model, what, got))
-    print("ok %s (%s): %d tokens = PyTorch's argmax: %s" % (model, what, N, got[len(PROMPT):]))
+    print("ok %s (%s): %d tokens = PyTorch's argmax%s: %s" % (model, what, len(got) - len(prompt),
+                                                              " = the window program's" if window else "",
+                                                              got[len(prompt):]))
+
+
+def check_undecodable(fsc, fsexec, work, prompt):
+    """A GPT-2 whose attention is not causal: no decode program, and fsc's note says why."""
+    with open(os.path.join(ROOT, "samples", "gpt2.fsm")) as f:
+        src = f.read()
+    bidir = src.replace("heads(v, NH), causal)", "heads(v, NH))")
+    if bidir == src:
+        sys.exit("FAIL: samples/gpt2.fsm's attention is no longer written 'heads(v, NH), causal)'")
+    fsm, plan = os.path.join(work, "bidir.fsm"), os.path.join(work, "bidir.plan")
+    with open(fsm, "w") as f:
+        f.write(bidir)
+    r = run([fsc, fsm, *MODELS["gpt2"], "-o", plan, "-q"])
+    note = r.stderr.decode()
+    if "no decode program" not in note or "not causal" not in note or "line 25:" not in note:
+        sys.exit("FAIL: fsc's note on a non-causal model does not say why it has no decode program:\n" + note)
+    mem = run([fsc, fsm, *MODELS["gpt2"], "--mem", "-q"]).stdout.decode()
+    if "\nsampling program" not in mem or "\ndecode program" in mem:
+        sys.exit("FAIL: --mem of a non-causal model shows a decode program (or no sampling program)")
+    base = [fsexec, plan, "--sample", "12", "--prompt-ids", prompt, "--temperature", "0"]
+    got, window = ids_of(run(base)), ids_of(run(base + ["--no-kv-cache"]))
+    if len(got) != len(PROMPT) + 12 or got != window:
+        sys.exit("FAIL: a model without a decode program sampled %s, --no-kv-cache %s" % (got, window))
+    print("ok a non-causal model: fsc notes '%s'; it samples with the window program" % note.strip()[:120])
 
 
 def main():
@@ -102,7 +142,12 @@ def main():
             greedy = ids_of(run(base + ["--temperature", "0"]))
             if greedy[:len(PROMPT)] != PROMPT or len(greedy) != len(PROMPT) + N:
                 sys.exit("FAIL %s: printed %s, expected the prompt %s and %d tokens" % (model, greedy, PROMPT, N))
-            check_argmax(model, weights, greedy, "--load-weights")
+            window = ids_of(run(base + ["--temperature", "0", "--no-kv-cache"]))
+            check_argmax(model, weights, greedy, "--load-weights, KV cache", window=window)
+            check_argmax(model, weights, window, "--load-weights, --no-kv-cache")
+            long = [fsexec, plan, "--load-weights", weights, "--sample", "40", "--prompt-ids", "9", "--temperature", "0"]
+            got, window = ids_of(run(long)), ids_of(run(long + ["--no-kv-cache"]))
+            check_argmax(model, weights, got, "40 tokens from 1, KV cache", prompt=[9], window=window)
             top1 = ids_of(run(base + ["--top-k", "1"]))
             if top1 != greedy:
                 sys.exit("FAIL %s: --top-k 1 gave %s, temperature 0 %s" % (model, top1, greedy))
@@ -138,6 +183,7 @@ def main():
         if text != b"".join(words[i] for i in got) + b"\n":
             sys.exit("FAIL: --tokenizer printed %r for ids %s" % (text, got))
         print("ok --tokenizer: the ids' bytes by llm.c's tokenizer format")
+        check_undecodable(fsc, fsexec, work, prompt)
         with open(os.path.join(work, "bad.bin"), "wb") as f:
             f.write(struct.pack("<256I", *([20240520, 1, 256] + [0] * 253)))
         mlp, v64 = os.path.join(work, "mlp.plan"), os.path.join(work, "v64.plan")

@@ -9,7 +9,7 @@
 const Define SAMPLE_GPT2[6] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 4}};
 const Define SAMPLE_LLAMA[7] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"F", 176}, {"T", 32}, {"V", 256}, {"B", 4}};
 
-Plan *sample_compile(const char *file, const Define *defs, int n_defs, const Setting *set, int n_set, Graph **out)
+const char *sample_source(const char *file)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/samples/%s", FS_SOURCE_DIR, file);
@@ -19,7 +19,12 @@ Plan *sample_compile(const char *file, const Define *defs, int n_defs, const Set
     size_t len = fread(src, 1, sizeof src - 1, f);
     fclose(f);
     src[len] = 0;
-    return sample_compile_source(file, src, defs, n_defs, set, n_set, out);
+    return src;
+}
+
+Plan *sample_compile(const char *file, const Define *defs, int n_defs, const Setting *set, int n_set, Graph **out)
+{
+    return sample_compile_source(file, sample_source(file), defs, n_defs, set, n_set, out);
 }
 
 Plan *sample_compile_source(const char *file, const char *src, const Define *defs, int n_defs, const Setting *set,

@@ -11,6 +11,8 @@
 /* samples/FILE with -D defines and --key value settings; the graph too when g is not
  * NULL (the caller frees it). Fails the current Criterion test on any error. */
 Plan *sample_compile(const char *file, const Define *defs, int n_defs, const Setting *set, int n_set, Graph **g);
+/* The text of samples/FILE, in a static buffer the next call overwrites. */
+const char *sample_source(const char *file);
 /* The same for source text src, named `file` in messages. */
 Plan *sample_compile_source(const char *file, const char *src, const Define *defs, int n_defs, const Setting *set,
                             int n_set, Graph **g);
