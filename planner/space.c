@@ -171,6 +171,11 @@ int space_valid(const Space *s, const Cand *c)
     if (!s->axes[AX_SCHEDULE].pinned && is(s, c, AX_SCHEDULE, "interleaved") && S > 1 &&
         2 * S > s->facts.n_blocks)
         return 0;
+    /* 1F1B and its kin start a stage's first backward after S forwards; with stages the
+     * pipeline's checkpoint setting decides recompute unless it is `never`. */
+    if (!s->axes[AX_MICROBATCHES].pinned && S > 1 && m < S && !is(s, c, AX_SCHEDULE, "gpipe")) return 0;
+    if (!s->axes[AX_RECOMPUTE].pinned && S > 1 && s->facts.checkpoint != CKPT_NEVER && c->v[AX_RECOMPUTE])
+        return 0;
     return 1;
 }
 
@@ -180,8 +185,11 @@ int space_dominated(const Space *s, const Cand *c)
         const Axis *a = &s->axes[DOMINATED[i].axis];
         if (!space_applies(s, c, DOMINATED[i].axis) || strcmp(a->value[c->v[DOMINATED[i].axis]], DOMINATED[i].loses))
             continue;
-        for (int k = 0; k < a->n; k++)
-            if (!strcmp(a->value[k], DOMINATED[i].to)) return 1;
+        for (int k = 0; k < a->n; k++) {
+            Cand d = *c;
+            d.v[DOMINATED[i].axis] = (uint8_t)k;
+            if (!strcmp(a->value[k], DOMINATED[i].to) && space_valid(s, &d)) return 1;
+        }
     }
     return 0;
 }
