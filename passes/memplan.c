@@ -114,31 +114,24 @@ static int by_start(const void *a, const void *b)
     return by_size_desc(a, b);
 }
 
-static int by_offset(const void *a, const void *b)
+/* The lowest offset >= base where `grp` fits among the placed groups it overlaps;
+ * `placed` is in offset order, so the walk stops at the first overlapping group that
+ * starts above the gap (the order of groups at one offset does not change the answer). */
+static int64_t place(const Group *grp, const Group *placed, int n_placed, int64_t base)
 {
-    const Group *x = *(const Group *const *)a, *y = *(const Group *const *)b;
-    return x->offset < y->offset ? -1 : x->offset > y->offset;
-}
-
-/* The lowest offset >= base where `grp` fits among the placed groups it overlaps. */
-static int64_t place(Group *grp, Group *placed, int n_placed, Group **scratch, int64_t base)
-{
-    int k = 0;
-    for (int i = 0; i < n_placed; i++)
-        if (placed[i].start <= grp->end && grp->start <= placed[i].end) scratch[k++] = &placed[i];
-    qsort(scratch, (size_t)k, sizeof *scratch, by_offset);
     int64_t at = base;
-    for (int i = 0; i < k; i++) {
-        if (scratch[i]->offset >= at + grp->bytes) break;
-        int64_t top = scratch[i]->offset + align_up(scratch[i]->bytes);
+    for (int i = 0; i < n_placed; i++) {
+        const Group *p = &placed[i];
+        if (p->start > grp->end || grp->start > p->end) continue;
+        if (p->offset >= at + grp->bytes) break;
+        int64_t top = p->offset + align_up(p->bytes);
         if (top > at) at = top;
     }
     return at;
 }
 
 /* Places every non-persistent group above base, first fit in `order`; returns the top. */
-static int64_t place_all(Group *groups, int ng, int64_t base, int (*order)(const void *, const void *), Group *placed,
-                         Group **scratch)
+static int64_t place_all(Group *groups, int ng, int64_t base, int (*order)(const void *, const void *), Group *placed)
 {
     qsort(groups, (size_t)ng, sizeof *groups, order);
     int64_t top = base;
@@ -146,8 +139,12 @@ static int64_t place_all(Group *groups, int ng, int64_t base, int (*order)(const
     for (int i = 0; i < ng; i++) {
         Group *grp = &groups[i];
         if (grp->persistent) continue;
-        grp->offset = place(grp, placed, n_placed, scratch, base);
-        placed[n_placed++] = *grp;
+        grp->offset = place(grp, placed, n_placed, base);
+        int at = n_placed;  // kept in offset order: after every group at or below its offset
+        while (at > 0 && placed[at - 1].offset > grp->offset) at--;
+        memmove(placed + at + 1, placed + at, sizeof *placed * (size_t)(n_placed - at));
+        placed[at] = *grp;
+        n_placed++;
         if (grp->offset + align_up(grp->bytes) > top) top = grp->offset + align_up(grp->bytes);
     }
     return top;
@@ -207,12 +204,11 @@ static int64_t plan_space(Graph *g, Group *groups, int ng)
      * better where big buffers are short-lived (a small Llama: 2.0% above its peak
      * largest first, 0.01% in schedule order). */
     Group *placed = arena_alloc(g->arena, sizeof(Group) * (size_t)ng + 1);
-    Group **scratch = arena_alloc(g->arena, sizeof(Group *) * (size_t)ng + 1);
-    top = place_all(groups, ng, base, by_size_desc, placed, scratch);
+    top = place_all(groups, ng, base, by_size_desc, placed);
     if (top > lower_bound(g->arena, groups, ng, g->n_nodes)) {
         int64_t by_size = top;
-        top = place_all(groups, ng, base, by_start, placed, scratch);
-        if (by_size <= top) top = place_all(groups, ng, base, by_size_desc, placed, scratch);
+        top = place_all(groups, ng, base, by_start, placed);
+        if (by_size <= top) top = place_all(groups, ng, base, by_size_desc, placed);
     }
     return top;
 }
