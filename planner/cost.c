@@ -63,7 +63,12 @@ static double op_time(const Machine *m, const Plan *p, const PlanProgram *pr, co
         double a = op->flops / m->host_flops, b = bytes / m->host_bw;
         return a > b ? a : b;
     }
-    double a = op->flops / (is_16bit(dt) ? m->flops_16bit : m->flops_fp32), b = bytes / m->hbm_bw;
+    return cost_roofline(m, op->flops, bytes, is_16bit(dt));
+}
+
+double cost_roofline(const Machine *m, double flops, double bytes, int is16)
+{
+    double a = flops / (is16 ? m->flops_16bit : m->flops_fp32), b = bytes / m->hbm_bw;
     return a > b ? a : b;
 }
 
@@ -117,9 +122,10 @@ int cost_plan(const Machine *m, const Plan *p, Cost *out, char *err, size_t errl
 }
 
 /* The bound, term by term (docs/planner.md):
- *   compute  (forward + backward + recomputed forward FLOPs) / world / peak, over
- *            1 - bubble, the bubble of balanced stages at 90% (the step's own work
- *            shortens the timeline's a little), ZB-H1's a third of it
+ *   compute  the facts' roofline time of the forward and backward (and of the forward
+ *            of recomputed blocks) / world, over 1 - bubble: the bubble of balanced
+ *            stages, (S - 1) / (m x chunks + S - 1), at 90% (the step's own work shortens
+ *            the timeline's a little), ZB-H1's a third of it
  *   host     offload: this rank's params x 8 bytes (the fp32 master read and written) / host_bw
  *   comm     the strategy's collectives over the params of a stage: ddp an all-reduce
  *            of the grads, zero1 that and a gather, zero2 and fsdp a reduce-scatter and a gather,
@@ -135,14 +141,14 @@ double cost_lower_bound(const Machine *m, const Space *s, const Cand *c)
     int fp32 = !strcmp(prec, "fp32");
     double rec = 0, all_fwd = 0;
     for (int b = 0; b < f->n_blocks; b++) {
-        all_fwd += f->block_fwd[b];
-        if (b < k) rec += f->block_fwd[b];
+        all_fwd += f->block_time[!fp32][b];
+        if (b < k) rec += f->block_time[!fp32][b];
     }
     if (S > 1) {  // the pipeline's checkpoint recomputes a stage's forward for some micro-batches
         double share = f->checkpoint == CKPT_ALWAYS ? 1 : f->checkpoint == CKPT_EXCEPT_LAST ? (double)(mb - 1) / mb : 0;
         if (share * all_fwd > rec) rec = share * all_fwd;
     }
-    double compute = (f->fwd_flops + f->bwd_flops + rec) / s->world / (fp32 ? m->flops_fp32 : m->flops_16bit);
+    double compute = (f->step_time[!fp32] + rec) / s->world;
     if (S > 1) {
         const char *sched = space_value(s, c, AX_SCHEDULE);
         double v = !strcmp(sched, "interleaved") ? 2 : 1;

@@ -74,8 +74,11 @@ typedef struct {
 typedef struct {
     int64_t params;       // trainable param elements (tied counted once)
     int64_t batch;        // the global batch: the model's batch dim
-    double fwd_flops, bwd_flops;  // of the global batch, one step, without recompute
-    double block_fwd[1024];       // forward FLOPs of each block, in order
+    /* The cost model's time of the forward and backward ops of the global batch on one
+     * rank (no recompute), [0] in fp32, [1] as if 16-bit (half the bytes, the 16-bit
+     * rate); and of each block's forward ops: what a recompute of it adds at least. */
+    double step_time[2];
+    double block_time[2][1024];
     int n_blocks;
     char layer[64];       // the layer of block 0 ("Block")
     int checkpoint;       // PipeCheckpoint of the model's train block (pipelines' recompute)
@@ -133,6 +136,9 @@ typedef struct {
 int cost_plan(const Machine *m, const Plan *p, Cost *out, char *err, size_t errlen);
 /* A lower bound on cost_plan's time for candidate c, from the facts alone. */
 double cost_lower_bound(const Machine *m, const Space *s, const Cand *c);
+/* The roofline time of one device op of `flops` FLOPs that moves `bytes`, in fp32 or a
+ * 16-bit dtype: what cost_plan charges it. */
+double cost_roofline(const Machine *m, double flops, double bytes, int is16);
 
 /* ---- planner/search.c: enumeration, pruning, ranking, the front and its reasons --- */
 

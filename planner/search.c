@@ -71,12 +71,18 @@ static int probe(const FitRequest *q, ModelFacts *f, char *err, size_t errlen)
     if (g->n_blocks) snprintf(f->layer, sizeof f->layer, "%s", g->blocks[0].layer);
     for (int i = 0; i < g->n_values && !f->batch; i++)
         if (g->values[i].role == ROLE_INPUT && g->values[i].rank > 0) f->batch = g->values[i].shape[0];
-    for (int i = 0; i < g->n_nodes; i++) {
+    for (int i = 0; i < g->n_nodes; i++) {  // as cost.c prices them; no view moves bytes
         const Node *nd = &g->nodes[i];
-        double fl = ir_op_hooks(nd->op)->flops(g, nd);
-        if (nd->phase == PHASE_FORWARD) f->fwd_flops += fl;
-        if (nd->phase == PHASE_BACKWARD || nd->phase == PHASE_WGRAD) f->bwd_flops += fl;
-        if (nd->phase == PHASE_FORWARD && nd->block >= 0 && nd->block < f->n_blocks) f->block_fwd[nd->block] += fl;
+        int fwd = nd->phase == PHASE_FORWARD, bwd = nd->phase == PHASE_BACKWARD || nd->phase == PHASE_WGRAD;
+        if ((!fwd && !bwd) || (op_info(nd->op)->flags & OPF_VIEW) || op_info(nd->op)->comm != COMM_NONE) continue;
+        double fl = ir_op_hooks(nd->op)->flops(g, nd), bytes = 0;
+        for (int k = 0; k < nd->n_in; k++) bytes += (double)ir_nbytes(ir_value(g, ir_in(g, nd, k)));
+        for (int k = 0; k < nd->n_out; k++) bytes += (double)ir_nbytes(ir_value(g, ir_out(g, nd, k)));
+        for (int w = 0; w < 2; w++) {  // 16-bit: every tensor at most half as wide
+            double tw = cost_roofline(&q->machine, fl, w ? bytes / 2 : bytes, w);
+            f->step_time[w] += tw;
+            if (fwd && nd->block >= 0 && nd->block < f->n_blocks) f->block_time[w][nd->block] += tw;
+        }
     }
     if (f->batch < 1) f->batch = 1;
     ir_graph_free(g);

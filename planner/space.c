@@ -171,6 +171,8 @@ int space_valid(const Space *s, const Cand *c)
     if (!s->axes[AX_SCHEDULE].pinned && is(s, c, AX_SCHEDULE, "interleaved") && S > 1 &&
         2 * S > s->facts.n_blocks)
         return 0;
+    if (!s->axes[AX_BALANCE].pinned && S > 1 && is(s, c, AX_SCHEDULE, "interleaved") && c->v[AX_BALANCE])
+        return 0;  // its balance counts blocks per model chunk, not per stage
     /* 1F1B and its kin start a stage's first backward after S forwards; with stages the
      * pipeline's checkpoint setting decides recompute unless it is `never`. */
     if (!s->axes[AX_MICROBATCHES].pinned && S > 1 && m < S && !is(s, c, AX_SCHEDULE, "gpipe")) return 0;
