@@ -114,24 +114,29 @@ static int by_start(const void *a, const void *b)
     return by_size_desc(a, b);
 }
 
+/* A placed group, as the first-fit walk reads it: its live range and its bytes. */
+typedef struct {
+    int start, end;
+    int64_t offset, top;  // top: offset + its aligned bytes
+} Slot;
+
 /* The lowest offset >= base where `grp` fits among the placed groups it overlaps;
  * `placed` is in offset order, so the walk stops at the first overlapping group that
  * starts above the gap (the order of groups at one offset does not change the answer). */
-static int64_t place(const Group *grp, const Group *placed, int n_placed, int64_t base)
+static int64_t place(const Group *grp, const Slot *placed, int n_placed, int64_t base)
 {
     int64_t at = base;
     for (int i = 0; i < n_placed; i++) {
-        const Group *p = &placed[i];
+        const Slot *p = &placed[i];
         if (p->start > grp->end || grp->start > p->end) continue;
         if (p->offset >= at + grp->bytes) break;
-        int64_t top = p->offset + align_up(p->bytes);
-        if (top > at) at = top;
+        if (p->top > at) at = p->top;
     }
     return at;
 }
 
 /* Places every non-persistent group above base, first fit in `order`; returns the top. */
-static int64_t place_all(Group *groups, int ng, int64_t base, int (*order)(const void *, const void *), Group *placed)
+static int64_t place_all(Group *groups, int ng, int64_t base, int (*order)(const void *, const void *), Slot *placed)
 {
     qsort(groups, (size_t)ng, sizeof *groups, order);
     int64_t top = base;
@@ -143,7 +148,7 @@ static int64_t place_all(Group *groups, int ng, int64_t base, int (*order)(const
         int at = n_placed;  // kept in offset order: after every group at or below its offset
         while (at > 0 && placed[at - 1].offset > grp->offset) at--;
         memmove(placed + at + 1, placed + at, sizeof *placed * (size_t)(n_placed - at));
-        placed[at] = *grp;
+        placed[at] = (Slot){grp->start, grp->end, grp->offset, grp->offset + align_up(grp->bytes)};
         n_placed++;
         if (grp->offset + align_up(grp->bytes) > top) top = grp->offset + align_up(grp->bytes);
     }
@@ -203,7 +208,7 @@ static int64_t plan_space(Graph *g, Group *groups, int ng)
     /* Largest first packs the transformers to the lower bound; schedule order packs
      * better where big buffers are short-lived (a small Llama: 2.0% above its peak
      * largest first, 0.01% in schedule order). */
-    Group *placed = arena_alloc(g->arena, sizeof(Group) * (size_t)ng + 1);
+    Slot *placed = arena_alloc(g->arena, sizeof(Slot) * (size_t)ng + 1);
     top = place_all(groups, ng, base, by_size_desc, placed);
     if (top > lower_bound(g->arena, groups, ng, g->n_nodes)) {
         int64_t by_size = top;
