@@ -30,9 +30,22 @@ static int one_node(int64_t a, int64_t n, int64_t stride, int g)
 
 static double link_bw(const Machine *m, int same_node) { return same_node ? m->nvlink_bw : m->ib_bw; }
 
-static double op_time(const Machine *m, const Plan *p, const PlanProgram *pr, const PlanOp *op)
+/* The op table's row of each op name of a plan, found once per name (string id). */
+typedef struct {
+    const OpInfo **info;
+    uint8_t *found;
+} Names;
+
+static const OpInfo *info_of(Names *nm, const Plan *p, const PlanOp *op)
 {
-    OpComm k = report_op_comm(p, op);
+    if (!nm->found[op->op]) nm->info[op->op] = op_info_by_name(plan_str(p, op->op)), nm->found[op->op] = 1;
+    return nm->info[op->op];
+}
+
+static double op_time(const Machine *m, const Plan *p, const PlanProgram *pr, const PlanOp *op, Names *nm)
+{
+    const OpInfo *info = info_of(nm, p, op);
+    OpComm k = info && info->comm != COMM_NONE ? report_op_comm(p, op) : COMM_NONE;
     int64_t dp = pr->dp_world, first = (int64_t)pr->stage * dp;
     int G = m->gpus_per_node;
     if (k == COMM_TO_HOST || k == COMM_TO_DEVICE) return comm_op_bytes(p, op, dp) / m->pcie_bw;
@@ -48,7 +61,6 @@ static double op_time(const Machine *m, const Plan *p, const PlanProgram *pr, co
                                                                                    : one_node(first, dp, 1, G);
         return b > 0 ? b / link_bw(m, same) + m->collective_latency : 0;
     }
-    const OpInfo *info = op_info_by_name(plan_str(p, op->op));
     if (info && (info->flags & OPF_VIEW)) return 0;
     double bytes = 0;
     int host = 0;
@@ -73,14 +85,14 @@ double cost_roofline(const Machine *m, double flops, double bytes, int is16)
 }
 
 /* One stage's program on its three streams. */
-static Cost stage_cost(const Machine *m, const Plan *p, int32_t k, double *end)
+static Cost stage_cost(const Machine *m, const Plan *p, int32_t k, double *end, Names *nm)
 {
     const PlanProgram *pr = &p->programs[k];
     double clock[PLAN_STREAM_COUNT] = {0}, busy[PLAN_STREAM_COUNT] = {0};
     Cost c = {0};
     for (int32_t i = pr->first_op; i < pr->first_op + pr->n_ops; i++) {
         const PlanOp *op = &p->ops[i];
-        double d = op_time(m, p, pr, op), start = clock[op->stream];
+        double d = op_time(m, p, pr, op, nm), start = clock[op->stream];
         if (op->stream == PLAN_STREAM_COMPUTE) {
             for (int32_t w = 0; w < op->n_wait; w++)
                 if (end[p->waits[op->wait + w]] > start) start = end[p->waits[op->wait + w]];
@@ -102,16 +114,19 @@ static Cost stage_cost(const Machine *m, const Plan *p, int32_t k, double *end)
 int cost_plan(const Machine *m, const Plan *p, Cost *out, char *err, size_t errlen)
 {
     double *end = plan_alloc(sizeof *end * (size_t)(p->n_ops ? p->n_ops : 1));
-    if (!end) {
+    Names nm = {plan_alloc(sizeof *nm.info * (size_t)(p->n_strs + 1)), plan_alloc((size_t)p->n_strs + 1)};
+    if (!end || !nm.info || !nm.found) {
+        plan_dealloc(end), plan_dealloc(nm.info), plan_dealloc(nm.found);
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    memset(nm.found, 0, (size_t)p->n_strs + 1);
     *out = (Cost){0};
     for (int32_t k = 0; k < p->n_programs; k++) {
-        Cost c = stage_cost(m, p, k, end);
+        Cost c = stage_cost(m, p, k, end, &nm);
         if (c.time > out->time) *out = c;
     }
-    plan_dealloc(end);
+    plan_dealloc(end), plan_dealloc(nm.info), plan_dealloc(nm.found);
     if (p->n_programs < 2) return 0;
     Timeline *tl = report_timeline_new(p, TL_COST_FLOPS, err, errlen);
     if (!tl) return -1;
