@@ -8,7 +8,13 @@
 #include "planner.h"
 #include "report.h"
 
-static double gib(int64_t b) { return (double)b / (double)(1LL << 30); }
+/* "-3.1 GiB", "+512 KiB" */
+static const char *signed_bytes(int64_t d, char *buf, size_t n)
+{
+    char b[32];
+    snprintf(buf, n, "%s%s", d < 0 ? "-" : "+", report_bytes(d < 0 ? -d : d, b, sizeof b));
+    return buf;
+}
 
 /* "--shard zero2 --precision bf16 ..." of point p. */
 static void settings_text(const Space *s, const FitPoint *p, char *buf, size_t n)
@@ -42,7 +48,8 @@ static void reason(const Space *s, const FitPoint *a, const FitPoint *b, FILE *o
 {
     char what[1024];
     changes(s, a, b, what, sizeof what);
-    fprintf(out, "      %s: %+.2f GiB/rank, %+.1f%% step time", what, gib(b->arena - a->arena),
+    char d[40];
+    fprintf(out, "      %s: %s/rank, %+.1f%% step time", what, signed_bytes(b->arena - a->arena, d, sizeof d),
             pct(a->cost.time, b->cost.time));
     double moved = b->cost.comm + b->cost.copy, before = a->cost.comm + a->cost.copy;
     if (fabs(moved - before) > 1e-12) {
@@ -59,10 +66,10 @@ static void reason(const Space *s, const FitPoint *a, const FitPoint *b, FILE *o
 
 static void point_line(const Space *s, const FitPoint *p, int64_t budget, FILE *out)
 {
-    char set[2048], host[64] = "";
+    char set[2048], host[64] = "", b1[32], b2[32];
     settings_text(s, p, set, sizeof set);
-    if (p->host_arena) snprintf(host, sizeof host, " (+%.2f GiB host)", gib(p->host_arena));
-    fprintf(out, "  %10.3f ms %9.2f GiB%s %s  %s\n", p->cost.time * 1e3, gib(p->arena), host,
+    if (p->host_arena) snprintf(host, sizeof host, " (+%s host)", report_bytes(p->host_arena, b2, sizeof b2));
+    fprintf(out, "  %10.3f ms %11s%s %s  %s\n", p->cost.time * 1e3, report_bytes(p->arena, b1, sizeof b1), host,
             p->arena <= budget ? "fits" : "over", set);
 }
 
@@ -97,15 +104,16 @@ void planner_report(const FitRequest *q, const FitResult *r, FILE *out)
         const FitPoint *p = &r->points[r->smallest];
         char set[2048];
         settings_text(s, p, set, sizeof set);
-        fprintf(out, "nothing fits in %s per rank: the smallest arena found is %.2f GiB (%lld bytes), with %s\n",
-                report_bytes(q->budget, b, sizeof b), gib(p->arena), (long long)p->arena, set);
+        char b2[32];
+        fprintf(out, "nothing fits in %s per rank: the smallest arena found is %s (%lld bytes), with %s\n",
+                report_bytes(q->budget, b, sizeof b), report_bytes(p->arena, b2, sizeof b2), (long long)p->arena, set);
         return;
     }
     const FitPoint *w = &r->points[r->winner];
     Setting sets[AX_COUNT + 1];
     int k = space_settings(s, &w->cand, sets);
-    fprintf(out, "winner (the fastest that fits): %.3f ms, %.2f GiB per rank (%lld bytes), bubble %.1f%%\n",
-            w->cost.time * 1e3, gib(w->arena), (long long)w->arena, 100 * w->cost.bubble);
+    fprintf(out, "winner (the fastest that fits): %.3f ms, %s per rank (%lld bytes), bubble %.1f%%\n",
+            w->cost.time * 1e3, report_bytes(w->arena, b, sizeof b), (long long)w->arena, 100 * w->cost.bubble);
     if (!q->command) return;
     fprintf(out, "  %s", q->command);
     for (int i = 0; i < k; i++) fprintf(out, " --%s %s", sets[i].key, sets[i].value);
