@@ -59,7 +59,7 @@ static int probe(const FitRequest *q, ModelFacts *f, char *err, size_t errlen)
     Graph *g = compile(q, one, 6, msgs, &t);
     fclose(msgs);
     if (!g) {
-        snprintf(err, errlen, "the model does not compile on one rank:\n%s", text ? text : "");
+        snprintf(err, errlen, "the model and the command line's settings, compiled first on one rank:\n%s", text ? text : "");
         free(text);
         return -1;
     }

@@ -124,6 +124,11 @@ int space_build(Space *s, const ModelFacts *f, int world, const Setting *pinned,
         a->key = AXES[i].key;
         a->flags = AXES[i].flags;
         const char *v = pinned_value(a->key, pinned, n_pinned);
+        TrainConfig t;
+        char canon[AX_VALUE_LEN];
+        config_default(&t);
+        if (v && config_set(&t, a->key, v, err, errlen)) return -1;
+        if (v && !config_format(&t, a->key, canon, sizeof canon)) v = canon;  // the table's spelling: zero3 is fsdp
         if (AXES[i].gen) AXES[i].gen(s, a);
         for (int k = 0; !AXES[i].gen && k < 6 && AXES[i].values[k]; k++) add(a, AXES[i].values[k], 0);
         if (!v) continue;
@@ -150,7 +155,7 @@ static int is(const Space *s, const Cand *c, AxisId a, const char *v) { return !
 int space_applies(const Space *s, const Cand *c, AxisId a)
 {
     switch (a) {
-    case AX_RESHARD: return is(s, c, AX_SHARD, "fsdp") || is(s, c, AX_SHARD, "zero3");
+    case AX_RESHARD: return is(s, c, AX_SHARD, "fsdp");
     case AX_REDUCE: return !is(s, c, AX_PRECISION, "fp32");
     case AX_SCHEDULE:
     case AX_BALANCE: return space_num(s, c, AX_STAGES) > 1;

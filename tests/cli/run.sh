@@ -387,6 +387,8 @@ printf '{"gpus_per_node": 8, "flops": 1e13}' > "$tmp/key.json"
 expect fit-machine-unknown-key 1 "--machine $tmp/key.json: flops: unknown key" -- "$FSC" "${FIT[@]}" --fit 1GiB --machine "$tmp/key.json"
 printf '{"gpus_per_node": 8}' > "$tmp/few.json"
 expect fit-machine-missing-key 1 "--machine $tmp/few.json: flops_fp32: missing" -- "$FSC" "${FIT[@]}" --fit 1GiB --machine "$tmp/few.json"
+expect fit-bad-setting 1 "--shard: unknown value 'fsdb'; did you mean 'fsdp'?" -- "$FSC" "${FIT[@]}" --fit 1GiB --shard fsdb
+expect fit-alias-pinned 0 "shard {fsdp} (pinned)" -- "$FSC" "${FIT[@]}" --fit 1GiB --shard zero3 -q
 expect fit-below-minimum 1 "nothing fits in 1.0 KiB per rank: the smallest arena found is" -- "$FSC" "${FIT[@]}" --fit 1KiB -q
 expect fit-counts 0 "compiled" -- "$FSC" "${FIT[@]}" --fit 1GiB -q
 expect fit-front 0 "Pareto front of the compiled candidates" -- "$FSC" "${FIT[@]}" --fit 1GiB -q
