@@ -405,6 +405,11 @@ expect fit-plan-is-the-command-line 0 "" -- cmp "$tmp/fit1.plan" "$tmp/fit3.plan
 want=$(grep '^winner' "$tmp/fit1.txt" | sed 's/.*(\([0-9]*\) bytes).*/\1/')
 mem=$("$FSC" "${wargs[@]}" --mem=json -q | grep -o '"arena_bytes": *[0-9]*' | head -1 | grep -o '[0-9]*$')
 expect fit-arena-is-mem 0 "$want" -- echo "mem arena $mem"
+# One rank: fsexec allocates the winner's arena and runs a step in it, the guard on.
+"$FSC" "$SRC/samples/gpt2.fsm" -D L=2 -D C=32 -D NH=2 -D T=16 -D V=256 -D B=4 --world 1 --fit 1GiB -q \
+  -o "$tmp/fit_w1.plan" > "$tmp/fit_w1.txt" 2>&1
+mib=$(grep '^winner' "$tmp/fit_w1.txt" | sed 's/.*(\([0-9]*\) bytes).*/\1/' | awk '{printf "%.2f", $1 / 1048576}')
+expect fit-fsexec-arena 0 "| arena $mib MiB |" -- "$FSEXEC" "$tmp/fit_w1.plan" --steps 1 --debug-guard
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]
