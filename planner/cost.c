@@ -102,7 +102,6 @@ static Cost stage_cost(const Machine *m, const Plan *p, int32_t k, double *end, 
         end[i] = start + d;
         clock[op->stream] = end[i];
         busy[op->stream] += d;
-        c.flops += op->flops;
     }
     for (int s = 0; s < PLAN_STREAM_COUNT; s++)
         if (clock[s] > c.time) c.time = clock[s];

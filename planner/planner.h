@@ -80,7 +80,6 @@ typedef struct {
     double step_time[2];
     double block_time[2][1024];
     int n_blocks;
-    char layer[64];       // the layer of block 0 ("Block")
     int checkpoint;       // PipeCheckpoint of the model's train block (pipelines' recompute)
 } ModelFacts;
 
@@ -128,7 +127,6 @@ typedef struct {
     double copy;       // its host-device copies, busy
     double exposed;    // of the stage's time, what is not compute (waits on comm and copies)
     double bubble;     // the timeline's bubble (1 - ideal / makespan); 0 with one stage
-    double flops;      // of the busiest stage per rank
 } Cost;
 
 /* The modelled time of plan p (a plan that passed the planner's compile); 0, or -1 with

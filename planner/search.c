@@ -68,7 +68,6 @@ static int probe(const FitRequest *q, ModelFacts *f, char *err, size_t errlen)
     f->params = ir_param_count(g) - ir_frozen_count(g);
     f->checkpoint = t.checkpoint;
     f->n_blocks = g->n_blocks < 1024 ? g->n_blocks : 1024;
-    if (g->n_blocks) snprintf(f->layer, sizeof f->layer, "%s", g->blocks[0].layer);
     for (int i = 0; i < g->n_values && !f->batch; i++)
         if (g->values[i].role == ROLE_INPUT && g->values[i].rank > 0) f->batch = g->values[i].shape[0];
     for (int i = 0; i < g->n_nodes; i++) {  // as cost.c prices them; no view moves bytes
