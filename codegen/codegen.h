@@ -19,5 +19,8 @@
  * memory or when an op has no CUDA emitter for its case ("the CUDA program: op 12
  * (softmax): ..."). */
 Plan *codegen_plan(const Graph *g, const TrainConfig *t, char *err, size_t errlen);
+/* The same plan without the CUDA program (no instructions, no module, no workspace
+ * meta): for reports of memory, communication and time (fsc --fit compiles many such). */
+Plan *codegen_plan_report(const Graph *g, const TrainConfig *t, char *err, size_t errlen);
 
 #endif

@@ -247,8 +247,9 @@ static int build(Plan *p, const Graph *g, const TrainConfig *t)
     return 0;
 }
 
-/* The plan of one program: graph g, run by `t->world` data-parallel ranks. */
-static Plan *one_program(const Graph *g, const TrainConfig *t, char *err, size_t errlen)
+/* The plan of one program: graph g, run by `t->world` data-parallel ranks; with its CUDA
+ * program unless cuda is 0. */
+static Plan *one_program(const Graph *g, const TrainConfig *t, int cuda, char *err, size_t errlen)
 {
     Plan *p = plan_new();
     if (!p || build(p, g, t)) {
@@ -257,7 +258,7 @@ static Plan *one_program(const Graph *g, const TrainConfig *t, char *err, size_t
         return NULL;
     }
     char why[512];
-    if (g->planned && codegen_cuda(g, p, why, sizeof why)) {
+    if (cuda && g->planned && codegen_cuda(g, p, why, sizeof why)) {
         snprintf(err, errlen, "the CUDA program: %s", why);
         plan_free(p);
         return NULL;
@@ -268,9 +269,9 @@ static Plan *one_program(const Graph *g, const TrainConfig *t, char *err, size_t
 /* A pipelined graph: each stage's plan, built as one program over the stage's
  * data-parallel ranks, appended in stage order; the meta then says the whole world and
  * the whole model's params. */
-Plan *codegen_plan(const Graph *g, const TrainConfig *t, char *err, size_t errlen)
+static Plan *plan_of(const Graph *g, const TrainConfig *t, int cuda, char *err, size_t errlen)
 {
-    if (!g->n_stage_graphs) return one_program(g, t, err, errlen);
+    if (!g->n_stage_graphs) return one_program(g, t, cuda, err, errlen);
     TrainConfig st = *t;
     st.world = t->world / g->n_stage_graphs;
     Plan *p = plan_new();
@@ -279,7 +280,7 @@ Plan *codegen_plan(const Graph *g, const TrainConfig *t, char *err, size_t errle
         return NULL;
     }
     for (int s = 0; s < g->n_stage_graphs; s++) {
-        Plan *one = one_program(g->stage_graphs[s], &st, err, errlen);
+        Plan *one = one_program(g->stage_graphs[s], &st, cuda, err, errlen);
         int rc = !one || plan_append_program(p, one, err, errlen);
         plan_free(one);
         if (rc) {
@@ -302,4 +303,14 @@ Plan *codegen_plan(const Graph *g, const TrainConfig *t, char *err, size_t errle
         return NULL;
     }
     return p;
+}
+
+Plan *codegen_plan(const Graph *g, const TrainConfig *t, char *err, size_t errlen)
+{
+    return plan_of(g, t, 1, err, errlen);
+}
+
+Plan *codegen_plan_report(const Graph *g, const TrainConfig *t, char *err, size_t errlen)
+{
+    return plan_of(g, t, 0, err, errlen);
 }

@@ -114,42 +114,78 @@ static int by_start(const void *a, const void *b)
     return by_size_desc(a, b);
 }
 
-static int by_offset(const void *a, const void *b)
-{
-    const Group *x = *(const Group *const *)a, *y = *(const Group *const *)b;
-    return x->offset < y->offset ? -1 : x->offset > y->offset;
-}
+/* A placed group, as the first-fit walk reads it: its live range and its bytes. */
+typedef struct {
+    int start, end;
+    int64_t offset, top;  // top: offset + its aligned bytes
+} Slot;
 
-/* The lowest offset >= base where `grp` fits among the placed groups it overlaps. */
-static int64_t place(Group *grp, Group *placed, int n_placed, Group **scratch, int64_t base)
+/* The lowest offset >= base where `grp` fits among the placed groups it overlaps;
+ * `placed` is in offset order, so the walk stops at the first overlapping group that
+ * starts above the gap (the order of groups at one offset does not change the answer). */
+static int64_t place(const Group *grp, const Slot *placed, int n_placed, int64_t base)
 {
-    int k = 0;
-    for (int i = 0; i < n_placed; i++)
-        if (placed[i].start <= grp->end && grp->start <= placed[i].end) scratch[k++] = &placed[i];
-    qsort(scratch, (size_t)k, sizeof *scratch, by_offset);
     int64_t at = base;
-    for (int i = 0; i < k; i++) {
-        if (scratch[i]->offset >= at + grp->bytes) break;
-        int64_t top = scratch[i]->offset + align_up(scratch[i]->bytes);
-        if (top > at) at = top;
+    for (int i = 0; i < n_placed; i++) {
+        const Slot *p = &placed[i];
+        if (p->start > grp->end || grp->start > p->end) continue;
+        if (p->offset >= at + grp->bytes) break;
+        if (p->top > at) at = p->top;
     }
     return at;
 }
 
+/* Slots in offset order: every placed group, and per window of time the groups live in
+ * it (a group within one window overlaps only those, so its walk reads only them). */
+typedef struct {
+    Slot *slot;
+    int n, cap;
+} Slots;
+
+enum { WINDOWS = 64 };
+
+static int slots_insert(Slots *l, Slot s)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        Slot *grown = realloc(l->slot, sizeof *grown * (size_t)cap);
+        if (!grown) return -1;
+        l->slot = grown, l->cap = cap;
+    }
+    int lo = 0, hi = l->n;  // at: after every slot at or below its offset
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (l->slot[mid].offset > s.offset) hi = mid;
+        else lo = mid + 1;
+    }
+    int at = lo;
+    memmove(l->slot + at + 1, l->slot + at, sizeof *l->slot * (size_t)(l->n - at));
+    l->slot[at] = s;
+    l->n++;
+    return 0;
+}
+
 /* Places every non-persistent group above base, first fit in `order`; returns the top. */
-static int64_t place_all(Group *groups, int ng, int64_t base, int (*order)(const void *, const void *), Group *placed,
-                         Group **scratch)
+static int64_t place_all(Group *groups, int ng, int64_t base, int (*order)(const void *, const void *), int n_nodes)
 {
     qsort(groups, (size_t)ng, sizeof *groups, order);
     int64_t top = base;
-    int n_placed = 0;
+    int width = n_nodes / WINDOWS + 1;  // live ranges end at n_nodes at most
+    Slots all = {0}, win[WINDOWS] = {{0}};
     for (int i = 0; i < ng; i++) {
         Group *grp = &groups[i];
         if (grp->persistent) continue;
-        grp->offset = place(grp, placed, n_placed, scratch, base);
-        placed[n_placed++] = *grp;
-        if (grp->offset + align_up(grp->bytes) > top) top = grp->offset + align_up(grp->bytes);
+        int w0 = grp->start / width, w1 = grp->end / width;
+        const Slots *l = w0 == w1 ? &win[w0] : &all;
+        grp->offset = place(grp, l->slot, l->n, base);
+        Slot s = {grp->start, grp->end, grp->offset, grp->offset + align_up(grp->bytes)};
+        int bad = slots_insert(&all, s);
+        for (int w = w0; w <= w1; w++) bad |= slots_insert(&win[w], s);
+        FS_ASSERT(!bad);  // out of memory
+        if (s.top > top) top = s.top;
     }
+    free(all.slot);
+    for (int w = 0; w < WINDOWS; w++) free(win[w].slot);
     return top;
 }
 
@@ -206,13 +242,11 @@ static int64_t plan_space(Graph *g, Group *groups, int ng)
     /* Largest first packs the transformers to the lower bound; schedule order packs
      * better where big buffers are short-lived (a small Llama: 2.0% above its peak
      * largest first, 0.01% in schedule order). */
-    Group *placed = arena_alloc(g->arena, sizeof(Group) * (size_t)ng + 1);
-    Group **scratch = arena_alloc(g->arena, sizeof(Group *) * (size_t)ng + 1);
-    top = place_all(groups, ng, base, by_size_desc, placed, scratch);
+    top = place_all(groups, ng, base, by_size_desc, g->n_nodes);
     if (top > lower_bound(g->arena, groups, ng, g->n_nodes)) {
         int64_t by_size = top;
-        top = place_all(groups, ng, base, by_start, placed, scratch);
-        if (by_size <= top) top = place_all(groups, ng, base, by_size_desc, placed, scratch);
+        top = place_all(groups, ng, base, by_start, g->n_nodes);
+        if (by_size <= top) top = place_all(groups, ng, base, by_size_desc, g->n_nodes);
     }
     return top;
 }

@@ -311,3 +311,13 @@ void comm_report(const Plan *p, FILE *out)
         report_ops(p, g->first_op, g->first_op + g->n_ops, &c, out);
     }
 }
+
+double comm_op_bytes(const Plan *p, const PlanOp *op, int64_t dp_world)
+{
+    OpComm k = report_op_comm(p, op);
+    if (k == COMM_NONE) return 0;
+    if (is_copy(k)) return (double)plan_tensor_nbytes(&p->tensors[p->ids[op->in]]);
+    if (is_p2p(k)) return (double)p2p_bytes(p, op, k);
+    int64_t group = report_group_size(p, op, dp_world);
+    return group > 1 ? factor_of(k) * (double)full_bytes(p, op) * (double)(group - 1) / (double)group : 0;
+}

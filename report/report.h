@@ -261,6 +261,10 @@ CommTotals comm_totals_stage(const Plan *p, int32_t k);
 /* Every collective of a step with its bytes, then the totals (fsc --comm, --inspect); a
  * plan of several programs: per stage, with its point-to-point bytes by peer. */
 void comm_report(const Plan *p, FILE *out);
+/* What op moves per rank and step, as CommTotals counts it: a collective's ring bytes
+ * over its group (from a stage of dp_world ranks), a send's or receive's bytes, a copy's
+ * bytes; 0 for every other op. */
+double comm_op_bytes(const Plan *p, const PlanOp *op, int64_t dp_world);
 
 /* ---- report/planop.c: what the reports read of an op ------------------------------ */
 

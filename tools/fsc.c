@@ -1,5 +1,6 @@
 /* tools/fsc.c: the compiler's main. Parses flags, then frontend -> passes -> codegen ->
  * plan file, and reports. Every decision lives in a layer; this file only wires them. */
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include "fsc_mem.h"
 #include "passes.h"
 #include "plan.h"
+#include "planner.h"
 #include "report.h"
 
 enum { MAX_SOURCE = 16 << 20, MAX_FLAGS = 256 };
@@ -36,6 +38,9 @@ typedef struct {
     int timeline;               // --timeline[=unit]
     TlCost timeline_cost;
     const char *mem_limit_text;
+    int64_t fit;                // --fit SIZE: search the settings for the fastest plan in SIZE per rank
+    const char *fit_text, *machine;  // --machine FILE
+    int gpus_per_node;          // --gpus-per-node G; 0: the machine's
 } Flags;
 
 static void usage(FILE *out)
@@ -66,6 +71,18 @@ static void usage(FILE *out)
                  "  --timeline[=unit]     print the step's schedule: a lane per stage, busy and idle\n"
                  "                        (bubble) time, the makespan; costs are the ops' FLOPs at a\n"
                  "                        nominal 1 TFLOP/s (ms), or with =unit forward 1, backward 2\n"
+                 "  --fit SIZE            search the settings for the fastest plan whose device arena\n"
+                 "                        fits in SIZE per rank (needs --world W): shard, reshard_after_\n"
+                 "                        forward, precision, reduce_dtype, offload, recompute, stages,\n"
+                 "                        microbatches, schedule, balance. Settings given on this command\n"
+                 "                        line are pinned; the train block is only the starting point;\n"
+                 "                        the batch stays. Prints the Pareto front with reasons and the\n"
+                 "                        winner's command line; with -o writes its plan. Candidates are\n"
+                 "                        taken by a lower bound on their modelled time and compiled only\n"
+                 "                        while it can win; memory monotone in shard, offload, recompute and\n"
+                 "                        reshard prunes the rest (docs/planner.md)\n"
+                 "  --machine FILE        --fit's machine as JSON (docs/planner.md; default: H100 SXM, 8 per node)\n"
+                 "  --gpus-per-node G     ranks per node for --fit (NVLink within, IB across)\n"
                  "  -q, --quiet           no summary on stderr\n"
                  "  -h, --help            this text\n"
                  "  -V, --version         print the version and exit\n"
@@ -156,6 +173,19 @@ static int parse_mem_limit(Flags *f, const char *arg, const char *next, int *use
     return 0;
 }
 
+/* --fit SIZE, --fit=SIZE */
+static int parse_fit(Flags *f, const char *arg, const char *next, int *used_next)
+{
+    const char *v = arg[5] == '=' ? arg + 6 : next;
+    char err[256];
+    if (!v) return fail("--fit needs a size per rank, such as 80GiB%s%s", "", "");
+    *used_next = arg[5] != '=';
+    if (report_size_parse(v, &f->fit, err, sizeof err)) return fail("--fit: %s%s", err, "");
+    if (f->fit <= 0) return fail("--fit: the size must be more than 0, got '%s'%s", v, "");
+    f->fit_text = v;
+    return 0;
+}
+
 /* --timeline, --timeline=flops, --timeline=unit */
 static int parse_timeline(Flags *f, const char *arg)
 {
@@ -213,6 +243,17 @@ static int parse_args(int argc, char **argv, Flags *f)
             f->compare = next, used = 1;
         } else if (!strcmp(a, "--mem-limit") || !strncmp(a, "--mem-limit=", 12)) {
             if (parse_mem_limit(f, a, next, &used)) return -1;
+        } else if (!strcmp(a, "--fit") || !strncmp(a, "--fit=", 6)) {
+            if (parse_fit(f, a, next, &used)) return -1;
+        } else if (!strcmp(a, "--machine") || !strcmp(a, "--gpus-per-node")) {
+            if (!next) return fail("%s needs a value%s", a, "");
+            char *end;
+            long g = a[2] == 'g' ? strtol(next, &end, 10) : 0;
+            if (a[2] == 'g' && (end == next || *end || g < 1 || g > 1024))
+                return fail("--gpus-per-node: expected an integer from 1 to 1024, got '%s'%s", next, "");
+            if (a[2] == 'g') f->gpus_per_node = (int)g;
+            else f->machine = next;
+            used = 1;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
             f->quiet = 1;
         } else if (!strncmp(a, "--", 2) && a[2]) {
@@ -638,15 +679,87 @@ static int timeline(const Graph *g, const TrainConfig *t, TlCost cost)
     return !tl;
 }
 
+/* "fsc ARGS" less --fit, --machine, --gpus-per-node (with their values), -o and -q: the
+ * start of the winner's command line. */
+static void fit_command(int argc, char **argv, char *buf, size_t n)
+{
+    snprintf(buf, n, "fsc");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--fit") || !strcmp(a, "--machine") || !strcmp(a, "--gpus-per-node") || !strcmp(a, "-o")) {
+            i++;
+            continue;
+        }
+        if (!strncmp(a, "--fit=", 6) || !strcmp(a, "-q") || !strcmp(a, "--quiet")) continue;
+        int plain = *a != 0;
+        for (const char *c = a; *c; c++) plain &= isalnum((unsigned char)*c) || strchr("_./=,:+-%@", *c);
+        snprintf(buf + strlen(buf), n - strlen(buf), plain ? " %s" : " '%s'", a);
+    }
+}
+
+/* --fit: the search, its report on stdout; then the winner's settings join the command
+ * line's, so that what follows compiles (and with -o writes) the plan of the command line
+ * it printed. 0, or -1 after saying why (nothing fits: the smallest found). */
+static int fit(Flags *f, int argc, char **argv, const char *src, size_t len, FitResult *r)
+{
+    FrontendOptions fo = {f->defines, f->n_defines, f->settings, f->n_settings};
+    FitRequest q = {.src = src, .len = len, .path = f->input, .fo = &fo, .budget = f->fit, .output = f->output};
+    const char *world = NULL;
+    for (int i = 0; i < f->n_settings; i++)
+        if (!strcmp(f->settings[i].key, "world")) world = f->settings[i].value;
+    char *end, err[2048], cmd[8192];
+    long w = world ? strtol(world, &end, 10) : 0;
+    if (!world || end == world || *end || w < 1 || w > 1 << 20) {
+        fprintf(stderr, "fsc: error: --fit needs --world W, the number of ranks (1 to 1048576)%s%s\n",
+                world ? ", got " : "", world ? world : "");
+        return -1;
+    }
+    q.world = (int)w;
+    machine_default(&q.machine);
+    if (f->machine && machine_load(&q.machine, f->machine, err, sizeof err)) {
+        fprintf(stderr, "fsc: error: %s\n", err);
+        return -1;
+    }
+    if (f->gpus_per_node) q.machine.gpus_per_node = f->gpus_per_node;
+    fit_command(argc, argv, cmd, sizeof cmd);
+    q.command = cmd;
+    if (planner_fit(&q, r, err, sizeof err)) {
+        fprintf(stderr, "fsc: error: --fit: %s\n", err);
+        return -1;
+    }
+    planner_report(&q, r, stdout);
+    if (r->winner < 0) {
+        fprintf(stderr, "fsc: error: --fit %s: no candidate fits in it (the smallest arena found is above)\n",
+                f->fit_text);
+        return -1;
+    }
+    Setting sets[AX_COUNT + 1];
+    int n = space_settings(&r->space, &r->points[r->winner].cand, sets);
+    if (f->n_settings + n > MAX_FLAGS) return fail("too many settings%s%s", "", "");
+    for (int i = 0; i < n; i++) f->settings[f->n_settings++] = (Setting){strdup(sets[i].key), sets[i].value};
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     plan_stdout_open();
     atexit(close_stdout);
     Flags f = {0};
     if (parse_args(argc, argv, &f) || check_outputs(&f)) return 1;
+    if (!f.fit && (f.machine || f.gpus_per_node)) {
+        fprintf(stderr, "fsc: error: %s describes the machine of --fit: give --fit SIZE too\n",
+                f.machine ? "--machine" : "--gpus-per-node");
+        return 1;
+    }
     size_t len;
     char *src = read_source(f.input, &len);
     if (!src) return 1;
+    FitResult fr = {0};
+    if (f.fit && fit(&f, argc, argv, src, len, &fr)) {
+        planner_free(&fr);
+        free(src);
+        return 1;
+    }
 
     Diag d;
     diag_init(&d, f.input, src, len, stderr);
@@ -669,6 +782,7 @@ int main(int argc, char **argv)
 
     forward_free(&fw);
     ir_graph_free(g);
+    planner_free(&fr);
     free(src);
     for (int i = 0; i < f.n_defines; i++) free((char *)f.defines[i].name);
     for (int i = 0; i < f.n_settings; i++) free((char *)f.settings[i].key);

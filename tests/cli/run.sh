@@ -376,5 +376,47 @@ done
 expect input-device 1 "/dev/zero: is a character device; give a regular file" -- timeout 60 "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --data /dev/zero
 expect input-directory 1 "$tmp: is a directory; give a regular file" -- timeout 60 "$FSEXEC" --inspect "$tmp"
 
+# fsc --fit: the search's errors, its report, and the plan it writes: the plan of the
+# command line it prints (bit for bit), the same bytes every run, and the arena --mem
+# prints for those settings.
+FIT=("$SRC/samples/gpt2.fsm" -D L=2 -D C=32 -D NH=2 -D T=16 -D V=64 -D B=4 --world 2)
+expect fit-help 0 "--fit SIZE" -- "$FSC" --help
+expect fit-needs-world 1 "--fit needs --world W" -- "$FSC" "$SRC/samples/gpt2.fsm" --fit 80GiB
+expect fit-bad-size 1 "--fit: 'lots' is not a size" -- "$FSC" "${FIT[@]}" --fit lots
+expect fit-no-unit 1 "--fit: '80' has no unit" -- "$FSC" "${FIT[@]}" --fit 80
+expect fit-no-size 1 "--fit needs a size per rank" -- "$FSC" "${FIT[@]}" --fit
+expect fit-machine-without-fit 1 "--machine describes the machine of --fit" -- "$FSC" "${FIT[@]}" --machine m.json
+expect fit-bad-gpus 1 "--gpus-per-node: expected an integer from 1 to 1024, got 'eight'" -- "$FSC" "${FIT[@]}" --fit 1GiB --gpus-per-node eight
+expect fit-machine-missing 1 "--machine $tmp/none.json: " -- "$FSC" "${FIT[@]}" --fit 1GiB --machine "$tmp/none.json"
+printf '{"gpus_per_node": 8, "flops_fp32": 1e13,' > "$tmp/bad.json"
+expect fit-machine-bad-json 1 "--machine $tmp/bad.json: line 1" -- "$FSC" "${FIT[@]}" --fit 1GiB --machine "$tmp/bad.json"
+printf '{"gpus_per_node": 8, "flops": 1e13}' > "$tmp/key.json"
+expect fit-machine-unknown-key 1 "--machine $tmp/key.json: flops: unknown key" -- "$FSC" "${FIT[@]}" --fit 1GiB --machine "$tmp/key.json"
+printf '{"gpus_per_node": 8}' > "$tmp/few.json"
+expect fit-machine-missing-key 1 "--machine $tmp/few.json: flops_fp32: missing" -- "$FSC" "${FIT[@]}" --fit 1GiB --machine "$tmp/few.json"
+expect fit-bad-setting 1 "--shard: unknown value 'fsdb'; did you mean 'fsdp'?" -- "$FSC" "${FIT[@]}" --fit 1GiB --shard fsdb
+expect fit-alias-pinned 0 "shard {fsdp} (pinned)" -- "$FSC" "${FIT[@]}" --fit 1GiB --shard zero3 -q
+expect fit-below-minimum 1 "nothing fits in 1.0 KiB per rank: the smallest arena found is" -- "$FSC" "${FIT[@]}" --fit 1KiB -q
+expect fit-counts 0 "compiled" -- "$FSC" "${FIT[@]}" --fit 1GiB -q
+expect fit-front 0 "Pareto front of the compiled candidates" -- "$FSC" "${FIT[@]}" --fit 1GiB -q
+expect fit-pinned 0 "shard {fsdp} (pinned)" -- "$FSC" "${FIT[@]}" --shard fsdp --fit 1GiB -q
+"$FSC" "${FIT[@]}" --fit 1GiB -q -o "$tmp/fit1.plan" > "$tmp/fit1.txt" 2>&1
+"$FSC" "${FIT[@]}" --fit 1GiB -q -o "$tmp/fit2.plan" > "$tmp/fit2.txt" 2>&1
+expect fit-deterministic 0 "" -- cmp "$tmp/fit1.plan" "$tmp/fit2.plan"
+sed -i "s|fit2.plan|fit1.plan|" "$tmp/fit2.txt"
+expect fit-same-report 0 "" -- cmp "$tmp/fit1.txt" "$tmp/fit2.txt"
+winner=$(grep -A1 '^winner' "$tmp/fit1.txt" | tail -1 | sed "s|^ *fsc ||; s| -o $tmp/fit1.plan\$||")
+read -r -a wargs <<<"$winner"
+"$FSC" "${wargs[@]}" -q -o "$tmp/fit3.plan" >/dev/null 2>&1
+expect fit-plan-is-the-command-line 0 "" -- cmp "$tmp/fit1.plan" "$tmp/fit3.plan"
+want=$(grep '^winner' "$tmp/fit1.txt" | sed 's/.*(\([0-9]*\) bytes).*/\1/')
+mem=$("$FSC" "${wargs[@]}" --mem=json -q | grep -o '"arena_bytes": *[0-9]*' | head -1 | grep -o '[0-9]*$')
+expect fit-arena-is-mem 0 "$want" -- echo "mem arena $mem"
+# One rank: fsexec allocates the winner's arena and runs a step in it, the guard on.
+"$FSC" "$SRC/samples/gpt2.fsm" -D L=2 -D C=32 -D NH=2 -D T=16 -D V=256 -D B=4 --world 1 --fit 1GiB -q \
+  -o "$tmp/fit_w1.plan" > "$tmp/fit_w1.txt" 2>&1
+mib=$(grep '^winner' "$tmp/fit_w1.txt" | sed 's/.*(\([0-9]*\) bytes).*/\1/' | awk '{printf "%.2f", $1 / 1048576}')
+expect fit-fsexec-arena 0 "| arena $mib MiB |" -- "$FSEXEC" "$tmp/fit_w1.plan" --steps 1 --debug-guard
+
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

@@ -1,0 +1,249 @@
+/* planner/search.c: the search of fsc --fit. One compile of the model (one rank, nothing
+ * sharded) gives its facts; then every valid candidate of the space gets a lower bound
+ * on its time (cost.c), and the candidates are taken in the order of their bounds. A
+ * candidate is compiled (frontend, passes through memplan, the plan without its CUDA
+ * program, its memory report and modelled time) unless
+ *   - its bound is no better than the best that fits (then neither is any after it: stop);
+ *   - a compiled one that differs only on TIME_UP axes, and is at or below it on each, is
+ *     no faster than the best (the time only rises from there);
+ *   - a compiled one that did not fit differs only on MEM_DOWN axes and saves at least as
+ *     much on each (its arena only falls from there, so this one does not fit either);
+ *   - one value of an axis dominates its value (space_dominated).
+ * Ties go to the earlier candidate in that order, in the search and in brute force alike.
+ * Deterministic: no clock, no hash order, the same order every run.
+ */
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+#include "passes.h"
+#include "planner.h"
+#include "report.h"
+
+enum { MAX_SETS = 512 };
+
+/* The model compiled with the user's settings and `extra` after them; NULL after errors
+ * (to `msgs`). */
+static Graph *compile(const FitRequest *q, const Setting *extra, int n_extra, FILE *msgs, TrainConfig *t)
+{
+    const FrontendOptions *fo = q->fo;
+    if (fo->n_settings + n_extra > MAX_SETS) return NULL;
+    Setting sets[MAX_SETS];
+    int ns = 0;
+    for (int i = 0; i < fo->n_settings; i++) sets[ns++] = fo->settings[i];
+    for (int i = 0; i < n_extra; i++) sets[ns++] = extra[i];
+    Diag d;
+    diag_init(&d, q->path, q->src, q->len, msgs);
+    FrontendOptions o2 = {fo->defines, fo->n_defines, sets, ns};
+    Options o = {0};
+    Graph *g = fe_compile(q->src, q->len, &o2, &o.train, &d);
+    if (g && (passes_run(g, &o, &d) || d.n_errors)) {
+        ir_graph_free(g);
+        g = NULL;
+    }
+    *t = o.train;
+    return g;
+}
+
+/* The facts of the model on one rank, one stage, nothing sharded or recomputed. */
+static int probe(const FitRequest *q, ModelFacts *f, char *err, size_t errlen)
+{
+    static const Setting one[] = {{"world", "1"}, {"stages", "1"}, {"microbatches", "1"}, {"shard", "none"},
+                                  {"recompute", "none"}, {"offload", "none"}};
+    char *text = NULL;
+    size_t len = 0;
+    FILE *msgs = open_memstream(&text, &len);
+    if (!msgs) return snprintf(err, errlen, "out of memory"), -1;
+    TrainConfig t;
+    Graph *g = compile(q, one, 6, msgs, &t);
+    fclose(msgs);
+    if (!g) {
+        snprintf(err, errlen, "the model and the command line's settings, compiled first on one rank:\n%s", text ? text : "");
+        free(text);
+        return -1;
+    }
+    free(text);
+    memset(f, 0, sizeof *f);
+    f->params = ir_param_count(g) - ir_frozen_count(g);
+    f->checkpoint = t.checkpoint;
+    f->n_blocks = g->n_blocks < 1024 ? g->n_blocks : 1024;
+    for (int i = 0; i < g->n_values && !f->batch; i++)
+        if (g->values[i].role == ROLE_INPUT && g->values[i].rank > 0) f->batch = g->values[i].shape[0];
+    for (int i = 0; i < g->n_nodes; i++) {  // as cost.c prices them; no view moves bytes
+        const Node *nd = &g->nodes[i];
+        int fwd = nd->phase == PHASE_FORWARD, bwd = nd->phase == PHASE_BACKWARD || nd->phase == PHASE_WGRAD;
+        if ((!fwd && !bwd) || (op_info(nd->op)->flags & OPF_VIEW) || op_info(nd->op)->comm != COMM_NONE) continue;
+        double fl = ir_op_hooks(nd->op)->flops(g, nd), bytes = 0;
+        for (int k = 0; k < nd->n_in; k++) bytes += (double)ir_nbytes(ir_value(g, ir_in(g, nd, k)));
+        for (int k = 0; k < nd->n_out; k++) bytes += (double)ir_nbytes(ir_value(g, ir_out(g, nd, k)));
+        for (int w = 0; w < 2; w++) {  // 16-bit: every tensor at most half as wide
+            double tw = cost_roofline(&q->machine, fl, w ? bytes / 2 : bytes, w);
+            f->step_time[w] += tw;
+            if (fwd && nd->block >= 0 && nd->block < f->n_blocks) f->block_time[w][nd->block] += tw;
+        }
+    }
+    if (f->batch < 1) f->batch = 1;
+    ir_graph_free(g);
+    return 0;
+}
+
+/* Compiles point p: its arenas and modelled time; p->compiled 1, or -1 when the compiler
+ * refuses the settings (its messages go to msgs). */
+static void compile_point(const FitRequest *q, const Space *s, FitPoint *p, FILE *msgs)
+{
+    Setting sets[AX_COUNT + 1];
+    int n = space_settings(s, &p->cand, sets);
+    TrainConfig t;
+    Graph *g = compile(q, sets, n, msgs, &t);
+    char err[600];
+    Plan *plan = g ? codegen_plan_report(g, &t, err, sizeof err) : NULL;
+    MemStages *st = plan ? report_stages_new(plan, err, sizeof err) : NULL;
+    p->compiled = -1;
+    if (st && !cost_plan(&q->machine, plan, &p->cost, err, sizeof err)) {
+        const MemReport *r = report_stages_largest(st);
+        p->arena = r->arena_bytes, p->host_arena = r->host_arena_bytes;
+        p->compiled = 1;
+    }
+    report_stages_free(st);
+    plan_free(plan);
+    ir_graph_free(g);
+}
+
+/* Whether a and b agree on every axis whose flag is not `flag`, and a is at or below b
+ * on each that has it. */
+static int below(const Space *s, const Cand *a, const Cand *b, unsigned flag)
+{
+    for (int x = 0; x < AX_COUNT; x++) {
+        if (s->axes[x].flags & flag) {
+            if (a->v[x] > b->v[x]) return 0;
+        } else if (a->v[x] != b->v[x]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static const FitPoint *sort_points;
+
+static int by_bound(const void *a, const void *b)
+{
+    const FitPoint *x = &sort_points[*(const int64_t *)a], *y = &sort_points[*(const int64_t *)b];
+    if (x->lb != y->lb) return x->lb < y->lb ? -1 : 1;
+    return *(const int64_t *)a < *(const int64_t *)b ? -1 : 1;
+}
+
+static int by_time(const void *a, const void *b)
+{
+    const FitPoint *x = &sort_points[*(const int64_t *)a], *y = &sort_points[*(const int64_t *)b];
+    if (x->cost.time != y->cost.time) return x->cost.time < y->cost.time ? -1 : 1;
+    if (x->arena != y->arena) return x->arena < y->arena ? -1 : 1;
+    return *(const int64_t *)a < *(const int64_t *)b ? -1 : 1;
+}
+
+/* Whether point i may be skipped: 0 (compile it), or which count it adds to. */
+static int64_t *skip_reason(FitResult *r, const FitRequest *q, const int64_t *done, int64_t n_done, int64_t i,
+                            double best)
+{
+    const FitPoint *p = &r->points[i];
+    for (int64_t j = 0; j < n_done; j++) {
+        const FitPoint *z = &r->points[done[j]];
+        if (z->compiled == 1 && z->cost.time >= best && below(&r->space, &z->cand, &p->cand, AXF_TIME_UP))
+            return &r->n_time_pruned;
+        if (z->compiled == 1 && z->arena > q->budget && below(&r->space, &p->cand, &z->cand, AXF_MEM_DOWN))
+            return &r->n_mem_pruned;
+    }
+    return NULL;
+}
+
+static int search(const FitRequest *q, FitResult *r, int64_t *order, int64_t *done)
+{
+    FILE *msgs = fopen("/dev/null", "w");
+    if (!msgs) return -1;
+    double best = DBL_MAX;
+    int64_t n_done = 0;
+    r->winner = r->smallest = -1;
+    for (int64_t k = 0; k < r->n_points; k++) {
+        int64_t i = order[k];
+        FitPoint *p = &r->points[i];
+        if (!q->brute) {
+            if (space_dominated(&r->space, &p->cand)) {
+                r->n_dominated++;
+                continue;
+            }
+            if (p->lb >= best) {
+                r->n_time_pruned++;
+                continue;
+            }
+            int64_t *why = skip_reason(r, q, done, n_done, i, best);
+            if (why) {
+                (*why)++;
+                continue;
+            }
+        }
+        compile_point(q, &r->space, p, msgs);
+        done[n_done++] = i;
+        r->n_compiled++;
+        if (p->compiled != 1) {
+            r->n_failed++;
+            continue;
+        }
+        if (p->arena <= q->budget && p->cost.time < best) best = p->cost.time, r->winner = i;
+        const FitPoint *s = r->smallest >= 0 ? &r->points[r->smallest] : NULL;
+        if (!s || p->arena < s->arena || (p->arena == s->arena && p->cost.time < s->cost.time)) r->smallest = i;
+    }
+    fclose(msgs);
+    /* The front: by time, each point smaller than every faster one. */
+    int64_t n_ok = 0;
+    for (int64_t j = 0; j < n_done; j++)
+        if (r->points[done[j]].compiled == 1) done[n_ok++] = done[j];
+    sort_points = r->points;
+    qsort(done, (size_t)n_ok, sizeof *done, by_time);
+    r->front = malloc(sizeof *r->front * (size_t)(n_ok ? n_ok : 1));
+    if (!r->front) return -1;
+    for (int64_t j = 0; j < n_ok; j++)
+        if (!r->n_front || r->points[done[j]].arena < r->points[r->front[r->n_front - 1]].arena)
+            r->front[r->n_front++] = done[j];
+    return 0;
+}
+
+int planner_fit(const FitRequest *q, FitResult *r, char *err, size_t errlen)
+{
+    memset(r, 0, sizeof *r);
+    r->winner = r->smallest = -1;
+    ModelFacts *f = malloc(sizeof *f);
+    if (!f) return snprintf(err, errlen, "out of memory"), -1;
+    int rc = probe(q, f, err, errlen) || space_build(&r->space, f, q->world, q->fo->settings, q->fo->n_settings, err, errlen);
+    free(f);
+    if (rc) return -1;
+    Cand *cands = NULL;
+    r->n_product = 1;
+    for (int a = 0; a < AX_COUNT; a++) r->n_product *= r->space.axes[a].n;
+    r->n_points = space_enumerate(&r->space, &cands);
+    r->points = r->n_points >= 0 ? calloc((size_t)(r->n_points ? r->n_points : 1), sizeof *r->points) : NULL;
+    int64_t *order = malloc(sizeof *order * (size_t)(r->n_points > 0 ? r->n_points : 1));
+    int64_t *done = malloc(sizeof *done * (size_t)(r->n_points > 0 ? r->n_points : 1));
+    rc = !r->points || !order || !done;
+    for (int64_t i = 0; !rc && i < r->n_points; i++) {
+        r->points[i].cand = cands[i];
+        r->points[i].lb = cost_lower_bound(&q->machine, &r->space, &cands[i]);
+        order[i] = i;
+    }
+    free(cands);
+    if (!rc) {
+        sort_points = r->points;
+        qsort(order, (size_t)r->n_points, sizeof *order, by_bound);
+        rc = search(q, r, order, done);
+    }
+    free(order);
+    free(done);
+    if (rc) snprintf(err, errlen, "out of memory");
+    return rc ? -1 : 0;
+}
+
+void planner_free(FitResult *r)
+{
+    free(r->points);
+    free(r->front);
+    memset(r, 0, sizeof *r);
+}
