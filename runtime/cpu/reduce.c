@@ -329,7 +329,7 @@ void cpu_softmax_bwd(const KCall *k)
 
 /* sum(x^2) in double, over 8 lanes so it vectorizes; x of storage S read through LD. */
 #define DSUMSQ_AS(fname, S, LD)                                                          \
-    static double fname(const S *x, int64_t n)                                           \
+    KSIMD static double fname(const S *x, int64_t n)                                     \
     {                                                                                    \
         double a[8] = {0}, s = 0;                                                        \
         int64_t i = 0;                                                                   \
