@@ -15,6 +15,11 @@
  * otherwise as large as the largest call can use, up to WORK_CAP floats; every call
  * shares it (calls run one at a time). An all-f32 plan has none.
  *
+ * Some runs of ops go to the kernels as one parallel region each (batch.c: a fused
+ * group, consecutive AdamW updates, the norm's sumsq ops), with the bits of the ops run
+ * one by one; not under the debug modes, which look at each op as it ends, nor with
+ * ExecOptions.one_by_one. A traced run's span is its first op's; the others last 0.
+ *
  * Views (OPF_VIEW ops whose output shares its input's buffer) are skipped: the bytes are
  * already where the output says. Effect ops (adamw, sgd) have no outputs and update
  * their inputs in place. A tensor with a rank_stride lies at offset + rank * rank_stride
