@@ -383,9 +383,20 @@ void cpu_sumsq_many(const KCall *const *k, int n, double *part, float *out)
 {
     int64_t total = 0;
     for (int i = 0; i < n; i++) sumsq_check(k[i]), total += k[i]->in[0].numel;
-    /* Blocks of one call are alike, of different calls not: handed out as they come. */
-#pragma omp parallel for if (total > PAR_MIN) schedule(dynamic, 4)
-    for (int64_t t = 0; t < (int64_t)n * SUMSQ_BLOCKS; t++)
-        part[t] = sumsq_block(&k[t / SUMSQ_BLOCKS]->in[0], (int)(t % SUMSQ_BLOCKS));
+    /* Each thread takes the blocks that start in its share of all the elements: as many
+     * elements each, however unequal the calls (the blocks' sums do not depend on it). */
+#pragma omp parallel if (total > PAR_MIN)
+    {
+        int nt = omp_get_num_threads(), th = omp_get_thread_num();
+        int64_t lo = total * th / nt, hi = total * (th + 1) / nt, at = 0;
+        for (int i = 0; i < n; i++) {
+            int64_t len = k[i]->in[0].numel, bs = (len + SUMSQ_BLOCKS - 1) / SUMSQ_BLOCKS;
+            for (int b = 0; b < SUMSQ_BLOCKS; b++) {
+                int64_t s = at + imin(len, b * bs);
+                if (s >= lo && (s < hi || th == nt - 1)) part[(int64_t)i * SUMSQ_BLOCKS + b] = sumsq_block(&k[i]->in[0], b);
+            }
+            at += len;
+        }
+    }
     for (int i = 0; i < n; i++) out[i] = sumsq_total(part + (int64_t)i * SUMSQ_BLOCKS);
 }
