@@ -15,7 +15,9 @@ For each config (tiny, and the GPT-2 124M shape at a short context):
   - OpenBLAS sgemm on a square GEMM (2048^3 by default), N threads, best of a few runs:
     with numpy when numpy's BLAS is OpenBLAS (checked in /proc/self/maps), else with a
     small C program compiled on the fly against -lopenblas (--sgemm c forces it);
-  - --breakdown: fsexec's time by op kind, from a --trace of the timed steps.
+  - --breakdown: fsexec's time by op kind, from a --trace of the timed steps;
+  - --one-by-one: one more party, fsexec fp32 with --cpu-one-by-one (every op its own
+    kernel call: what the runs of ops as one parallel region save).
 Reported: every party's step time and FLOP rate, fsexec / each, bf16 / fp32 (and whether
 the CPU has AVX-512 BF16), and fsexec's useful FLOP rate as a fraction of the sgemm rate,
 with
@@ -28,7 +30,7 @@ backward, as in nanoGPT's estimate_mfu and PaLM's appendix B; a causal-only coun
 halve it). Embedding lookups, norms, softmax, GELU and AdamW count as zero.
 
 usage: /usr/bin/python3 bench/train_step.py --fsc build/fsc --fsexec build/fsexec [--threads N]
-           [--rounds R] [--torch2 PYTHON] [--breakdown] [--configs tiny,124m]
+           [--rounds R] [--torch2 PYTHON] [--breakdown] [--one-by-one] [--configs tiny,124m]
 """
 import argparse
 import json
@@ -165,6 +167,8 @@ def bench_config(name, dims, args, work):
 
     parties = {"fsexec": lambda: fsexec_ms(args, wd, "gpt2_fp32.plan", nsteps),
                "fsexec bf16": lambda: fsexec_ms(args, wd, "gpt2_bf16.plan", nsteps),
+               **({"fsexec 1-by-1": lambda: fsexec_ms(args, wd, "gpt2_fp32.plan", nsteps, ["--cpu-one-by-one"])}
+                  if args.one_by_one else {}),
                "torch1": lambda: torch_ms(sys.executable, "eager", dims, args, wd, nsteps)}
     if args.torch2:
         parties["torch2 eager"] = lambda: torch_ms(args.torch2, "eager", dims, args, wd, nsteps)
@@ -234,6 +238,8 @@ def main():
     ap.add_argument("--torch2", default=venv if os.path.exists(venv) else "",
                     help="a Python with PyTorch 2.x (bench/venv.sh makes %(default)s)")
     ap.add_argument("--breakdown", action="store_true", help="also fsexec's time by op kind, from --trace")
+    ap.add_argument("--one-by-one", action="store_true",
+                    help="also fsexec --cpu-one-by-one (no runs of ops as one parallel region), fp32")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args()
     args.fsc, args.fsexec = os.path.abspath(args.fsc), os.path.abspath(args.fsexec)

@@ -14,8 +14,9 @@
  * What depends on it: codegen/cuda_program.c emits one kernel per group at its last node
  * (writing only the member outputs that something outside the group reads), and
  * passes/memplan.c keeps every input of a member alive until the group's last node,
- * which is when the fused kernel reads them all. The CPU backend ignores groups and runs
- * the members one by one, as the plan lists them.
+ * which is when the fused kernel reads them all. The CPU backend finds the same runs in
+ * the plan (runtime/batch.c) and runs each chunk by chunk, every member on a chunk in
+ * turn, on the same buffers.
  */
 #include "passes.h"
 

@@ -15,6 +15,11 @@
  * otherwise as large as the largest call can use, up to WORK_CAP floats; every call
  * shares it (calls run one at a time). An all-f32 plan has none.
  *
+ * Some runs of ops go to the kernels as one parallel region each (batch.c: a fused
+ * group, consecutive AdamW updates, the norm's sumsq ops), with the bits of the ops run
+ * one by one; not under the debug modes, which look at each op as it ends, nor with
+ * ExecOptions.one_by_one. A traced run's span is its first op's; the others last 0.
+ *
  * Views (OPF_VIEW ops whose output shares its input's buffer) are skipped: the bytes are
  * already where the output says. Effect ops (adamw, sgd) have no outputs and update
  * their inputs in place. A tensor with a rank_stride lies at offset + rank * rank_stride
@@ -57,6 +62,7 @@
 #endif
 #include <cblas.h>
 
+#include "batch.h"
 #include "ops.h"
 #include "kernels.h"
 #include "runtime.h"
@@ -108,6 +114,7 @@ struct Exec {
     Guard *guard[PLAN_PLACE_COUNT];  // debug: every op checked to stay inside its buffers (guard.c), per space
     char guard_err[512];    // the guard's last finding
     int64_t copied[2];      // bytes the copies between the spaces moved so far: to the host, to the device
+    RtBatches *batches;     // runs of ops run as one parallel region each (batch.c), or NULL
     RtSpan *spans;          // rt_exec_time: each op's time in the runs to come, or NULL
     double *done_at;        // spans: per op, when its collective completed (rt_now, seconds)
 };
@@ -530,6 +537,26 @@ int rt_exec_run_host_op(Exec *e, int32_t k)
     return 0;
 }
 
+/* The runs of ops batch.c runs as one parallel region each; none under the debug modes,
+ * which look at every op as it ends, or when asked to run op by op. */
+static int build_batches(Exec *e, const ExecOptions *o, char *err, size_t errlen)
+{
+    size_t n = (size_t)e->n_ops + 1;
+    if (e->nan_fill || e->guarding || o->one_by_one) return 0;
+    const KCall **call = plan_alloc(sizeof *call * n);
+    CpuKernel *fn = plan_alloc(sizeof *fn * n);
+    unsigned char *may = plan_alloc(n);
+    if (call && fn && may) {
+        for (int32_t k = 0; k < e->n_ops; k++) {
+            const ExecOp *x = &e->ops[k];
+            call[k] = &x->call, fn[k] = x->fn, may[k] = x->fn && !x->skip && !x->coll && !x->copy;
+        }
+        e->batches = rt_batches_new(e->plan, call, fn, may);
+    }
+    plan_dealloc(call), plan_dealloc(fn), plan_dealloc(may);
+    return call && fn && may ? 0 : plan_fail(err, errlen, "out of memory");
+}
+
 static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
 {
     const Plan *p = e->plan;
@@ -570,7 +597,7 @@ static int setup(Exec *e, const ExecOptions *o, char *err, size_t errlen)
     for (int g = OP_GROUP_DATA; g < OP_GROUP_COUNT; g++)
         for (int32_t k = 0; k < p->n_ops; k++)
             if (e->ops[k].coll && e->ops[k].coll->group == g) rt_comm_bind(e->queue, e->ops[k].coll);
-    if (build_workspace(e, err, errlen)) return -1;
+    if (build_workspace(e, err, errlen) || build_batches(e, o, err, errlen)) return -1;
     if ((e->nan_fill && build_dead_lists(e, err, errlen)) || find_step(e, err, errlen) || find_rng(e, err, errlen))
         return -1;
     for (int s = 0; s < PLAN_PLACE_COUNT && e->nan_fill; s++) memset(e->space[s], 0xff, (size_t)e->space_bytes[s]);
@@ -619,6 +646,7 @@ void rt_exec_free(Exec *e)
     plan_dealloc(e->dead);
     plan_dealloc(e->colls);
     plan_dealloc(e->done_at);
+    rt_batches_free(e->batches);
     rt_comm_queue_free(e->queue);
     for (int s = 0; s < PLAN_PLACE_COUNT; s++) rt_guard_free(e->guard[s]);
     plan_dealloc(e);
@@ -646,6 +674,15 @@ int rt_exec_run_ops(Exec *e, int64_t step, int32_t from, int32_t to, unsigned ph
         }
         for (int s = 0; s < PLAN_PLACE_COUNT && e->guarding && !x->skip; s++) rt_guard_before(e->guard[s], k);
         if (spans) at = rt_now();
+        int32_t run = e->batches ? rt_batch_len(e->batches, k) : 0;
+        if (run && k + run <= to) {  // its members get no span of their own: the first holds the run's
+            rt_batch_run(e->batches, k);
+            for (int32_t j = k + 1; j < k + run && spans; j++) spans[j] = (RtSpan){.start = (rt_now() - t0) * 1e6};
+            if (spans) spans[k] = (RtSpan){.start = (at - t0) * 1e6, .dur = (rt_now() - at) * 1e6};
+            k += run - 1;
+            if (rt_comm_pending(q)) rt_comm_poll(q);
+            continue;
+        }
         if (x->coll) {
             if (spans) x->coll->done_at = &e->done_at[k];
             rt_comm_start(q, x->coll);

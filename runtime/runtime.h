@@ -124,6 +124,7 @@ typedef struct {
                         // Exec's plan is (plan_extract_program); NULL: the plan is all of it
     int stage;          // this rank's stage of `whole` (0 without)
     int sync_sends;     // every send synchronous (MPI_Issend): nothing relies on MPI's buffers
+    int one_by_one;     // every op its own call: no runs of ops as one region (batch.c)
 } ExecOptions;
 
 /* A tensor of the running plan, inside the arena. */

@@ -131,6 +131,9 @@ static const char USAGE[] =
     "                       16 MiB buffer, and exit; no plan needed. With --weights-format\n"
     "                       hf-gpt2 or hf-llama: Hugging Face's names and layouts (every\n"
     "                       param held in memory)\n"
+    "  --cpu-one-by-one     CPU ranks: run every op as its own kernel call, none of the runs\n"
+    "                       of ops run as one parallel region (fused groups, the AdamW\n"
+    "                       updates, the gradient norm's sums); the same bits, for comparison\n"
     "  --sync-sends         make every send between pipeline stages synchronous\n"
     "                       (MPI_Issend: done only once its receive has started), to\n"
     "                       check that the plan needs no buffering by MPI\n"
@@ -138,8 +141,10 @@ static const char USAGE[] =
     "                       ui.perfetto.dev or chrome://tracing) of some steps: every op\n"
     "                       a span on its rank (a process) and stream (compute,\n"
     "                       collectives, copies), named by op and block, with its plan op\n"
-    "                       id, phase and .fsm line; one file for every rank. Traced steps\n"
-    "                       run op by op (CUDA: timed by events, never as a CUDA graph)\n"
+    "                       id, phase and .fsm line; one file for every rank. On CPU ranks\n"
+    "                       a run of ops done as one region has its span on its first op\n"
+    "                       (the others' last 0; --cpu-one-by-one to time each); CUDA ranks\n"
+    "                       time ops by events, never as a CUDA graph\n"
     "  --trace-steps A:B    the steps --trace covers (default: the run's second to fourth,\n"
     "                       the first being warm-up; a run of one step: that step)\n"
     "  --debug-nan          fill every buffer with NaN outside its planned live range\n"
@@ -186,7 +191,7 @@ typedef struct {
     int64_t save_every, keep;
     int64_t steps;
     uint64_t seed;
-    int has_seed, threads, log_every, debug_nan, debug_guard, sync_sends;
+    int has_seed, threads, log_every, debug_nan, debug_guard, sync_sends, one_by_one;
     int device, cuda_graph, tf32;  // device: RtDeviceKind
     RtDataOrder order;
     RtTokenFormat data_format;  // --data-format (0: auto)
@@ -407,6 +412,9 @@ static int parse_args(int argc, char **argv, Flags *f)
             continue;
         } else if (!strcmp(a, "--no-kv-cache")) {
             f->no_kv_cache = 1;
+            continue;
+        } else if (!strcmp(a, "--cpu-one-by-one")) {
+            f->one_by_one = 1;
             continue;
         } else if (!strcmp(a, "--")) {
             if (i + 1 < argc && f->plan) return usage_error("more than one plan given ('%s')", argv[i + 1]);
@@ -854,7 +862,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     ExecOptions eo = {.seed = seed, .nan_fill = f->debug_nan, .guard = f->debug_guard, .rank = rk->rank % layout.dp,
                       .world = layout.dp, .mirror = !rt_device_is_cpu(&r->dev) && !f->save_grads,
                       .whole = layout.stages > 1 ? whole : NULL, .stage = rk->rank / layout.dp,
-                      .sync_sends = f->sync_sends};
+                      .sync_sends = f->sync_sends, .one_by_one = f->one_by_one};
     if (!(r->e = rt_exec_new(p, &eo, err, sizeof err))) {
         fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
         return local_error(1);

@@ -77,6 +77,20 @@ float cpu_bf16_to_f32(uint16_t h);
 #include "ops.def"
 #undef OP
 
+/* Several calls as one parallel region, bit for bit what the calls give one by one.
+ * runtime/cpu/group.c: a fused group of elementwise calls (one output each, of one
+ * shape), chunk by chunk over its first `split` dims; cpu_group_split gives the most
+ * dims it can cut (0: none). The caller keeps every member's inputs apart from the
+ * members' outputs (memplan does so for a fused group). */
+int cpu_group_split(const KCall *const *k, int n);
+void cpu_group_run(const CpuKernel *fn, const KCall *const *k, int n, int split);
+/* runtime/cpu/optim.c: adamw calls on disjoint buffers; first: n + 1 int64 of room. */
+void cpu_adamw_many(const KCall *const *k, int n, int64_t *first);
+/* runtime/cpu/reduce.c: sumsq calls; out[i]: what call i would write; part: room for
+ * n * CPU_SUMSQ_BLOCKS doubles. */
+#define CPU_SUMSQ_BLOCKS 64
+void cpu_sumsq_many(const KCall *const *k, int n, double *part, float *out);
+
 /* runtime/cpu/table.c */
 extern const CpuKernel cpu_kernels[];  // by op index in ops.def
 extern const int cpu_kernel_count;

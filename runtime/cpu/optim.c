@@ -139,25 +139,61 @@ static AdamWStep adamw_step(double lr, double b1, double b2, double eps, double 
     };
 }
 
+/* The checks of an adamw call, and its step's constants; 0 for a skipped step. */
+static int adamw_prep(const KCall *k, AdamWStep *s)
+{
+    want_f32(k, 6, "adamw", 1);
+    int64_t step = scalar_i(&k->in[6]);
+    float coef = scalar_f(&k->in[5]);
+    if (isnan(coef)) return 0;  // a skipped step
+    KCHECK(step >= 1, "adamw: step %lld is not 1-based", (long long)step);
+    *s = adamw_step(scalar_f(&k->in[4]), k->attr[7], k->attr[8], k->attr[9], k->attr[10], coef, step);
+    return 1;
+}
+
+/* Elements [t CHUNK, (t + 1) CHUNK) of an adamw call. */
+static void adamw_task(const KCall *k, AdamWStep s, int64_t t)
+{
+    int64_t i0 = t * CHUNK, len = imin(CHUNK, k->in[0].numel - i0);
+    float *p = fdata(&k->in[0]) + i0, *m = fdata(&k->in[2]) + i0, *v = fdata(&k->in[3]) + i0;
+    const void *g = k->in[1].data;
+    int gt = k->in[1].dtype;
+    if (gt == KT_F32) adamw_chunk(p, (const float *)g + i0, m, v, len, s);
+    else if (gt == KT_F16) adamw_chunk_f16(p, (const uint16_t *)g + i0, m, v, len, s);
+    else adamw_chunk_bf16(p, (const uint16_t *)g + i0, m, v, len, s);
+}
+
+static int64_t chunks(int64_t n) { return (n + CHUNK - 1) / CHUNK; }
+
 /* adamw(p, g, m, v, lr, coef, step; beta1, beta2, eps, weight_decay) */
 void cpu_adamw(const KCall *k)
 {
-    want_f32(k, 6, "adamw", 1);
-    int64_t n = k->in[0].numel, step = scalar_i(&k->in[6]);
-    float *p = fdata(&k->in[0]), *m = fdata(&k->in[2]), *v = fdata(&k->in[3]);
-    const void *g = k->in[1].data;
-    int gt = k->in[1].dtype;
-    float coef = scalar_f(&k->in[5]);
-    if (isnan(coef)) return;  // a skipped step
-    KCHECK(step >= 1, "adamw: step %lld is not 1-based", (long long)step);
-    AdamWStep s = adamw_step(scalar_f(&k->in[4]), k->attr[7], k->attr[8], k->attr[9], k->attr[10], coef, step);
+    AdamWStep s;
+    if (!adamw_prep(k, &s)) return;
+    int64_t n = k->in[0].numel;
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
-    for (int64_t t = 0; t < (n + CHUNK - 1) / CHUNK; t++) {
-        int64_t i0 = t * CHUNK;
-        int64_t len = imin(CHUNK, n - i0);
-        if (gt == KT_F32) adamw_chunk(p + i0, (const float *)g + i0, m + i0, v + i0, len, s);
-        else if (gt == KT_F16) adamw_chunk_f16(p + i0, (const uint16_t *)g + i0, m + i0, v + i0, len, s);
-        else adamw_chunk_bf16(p + i0, (const uint16_t *)g + i0, m + i0, v + i0, len, s);
+    for (int64_t t = 0; t < chunks(n); t++) adamw_task(k, s, t);
+}
+
+/* n adamw calls on disjoint buffers as one loop over all their chunks: each chunk is
+ * computed as cpu_adamw computes it, so the bits are the same. first: n + 1 task
+ * counts' prefix sums, filled here. */
+void cpu_adamw_many(const KCall *const *k, int n, int64_t *first)
+{
+    AdamWStep s;
+    first[0] = 0;
+    for (int i = 0; i < n; i++) first[i + 1] = first[i] + (adamw_prep(k[i], &s) ? chunks(k[i]->in[0].numel) : 0);
+    int64_t tasks = first[n];
+#pragma omp parallel private(s) if (tasks > PAR_MIN / CHUNK)
+    {
+        int at = -1;  // the call whose constants s holds, on this thread
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tasks; t++) {
+            int i = at < 0 ? 0 : at;
+            while (first[i + 1] <= t) i++;
+            if (i != at) adamw_prep(k[i], &s), at = i;
+            adamw_task(k[i], s, t - first[i]);
+        }
     }
 }
 
