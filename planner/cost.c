@@ -57,8 +57,13 @@ static double op_time(const Machine *m, const Plan *p, const PlanProgram *pr, co
     }
     if (k != COMM_NONE) {
         double b = comm_op_bytes(p, op, dp);
-        int same = report_op_int(p, op, "group", OP_GROUP_DATA) == OP_GROUP_PIPE ? one_node(0, p->n_programs, dp, G)
-                                                                                   : one_node(first, dp, 1, G);
+        int64_t group = report_op_int(p, op, "group", OP_GROUP_DATA), S = plan_shard_group(p, dp);
+        /* Rank 0 of the stage's groups: the pipeline's stages dp apart; hybrid sharding's
+         * shard group S consecutive ranks, its replica group dp / S ranks S apart. */
+        int same = group == OP_GROUP_PIPE      ? one_node(0, p->n_programs, dp, G)
+                   : group == OP_GROUP_SHARD   ? one_node(first, S, 1, G)
+                   : group == OP_GROUP_REPLICA ? one_node(first, dp / S, S, G)
+                                               : one_node(first, dp, 1, G);
         return b > 0 ? b / link_bw(m, same) + m->collective_latency : 0;
     }
     if (info && (info->flags & OPF_VIEW)) return 0;
@@ -184,7 +189,14 @@ double cost_lower_bound(const Machine *m, const Space *s, const Cand *c)
         if (!strcmp(shard, "ddp")) bytes = 2 * reduce;
         if (!strcmp(shard, "zero1")) bytes = 2 * reduce + width;
         if (!strcmp(shard, "zero2") || !strcmp(shard, "fsdp")) bytes = reduce + width;
-        comm = stage_params * bytes * ring / link_bw(m, one_node(0, dp, 1, m->gpus_per_node));
+        int64_t g = sharded && space_applies(s, c, AX_SHARD_GROUP) ? space_num(s, c, AX_SHARD_GROUP) : 0;
+        if (g > 1 && g < dp) {  // hybrid: the above within the group of g, the shards' all-reduce across
+            double r = (double)(dp / g);
+            comm = stage_params * bytes * (double)(g - 1) / (double)g / link_bw(m, one_node(0, g, 1, m->gpus_per_node)) +
+                   stage_params / (double)g * 2 * reduce * (r - 1) / r / link_bw(m, one_node(0, dp / g, g, m->gpus_per_node));
+        } else {
+            comm = stage_params * bytes * ring / link_bw(m, one_node(0, dp, 1, m->gpus_per_node));
+        }
     }
     double t = compute + host;
     if (comm > t) t = comm;

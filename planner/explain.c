@@ -87,9 +87,9 @@ void planner_report(const FitRequest *q, const FitResult *r, FILE *out)
         fprintf(out, "}%s", a->pinned ? " (pinned)" : "");
     }
     fprintf(out, "\ncandidates: %lld in the product, %lld valid, %lld compiled (%lld refused by the compiler); "
-            "pruned: %lld by the time bound, %lld by memory, %lld dominated\n",
+            "pruned: %lld by the time bound, %lld dominated\n",
             (long long)r->n_product, (long long)r->n_points, (long long)r->n_compiled, (long long)r->n_failed,
-            (long long)r->n_time_pruned, (long long)r->n_mem_pruned, (long long)r->n_dominated);
+            (long long)r->n_time_pruned, (long long)r->n_dominated);
     fprintf(out, "Pareto front of the compiled candidates (device arena per rank against modelled step time), "
             "fastest first:\n");
     for (int i = 0; i < r->n_front; i++) {

@@ -49,20 +49,14 @@ void machine_print(const Machine *m, FILE *out);
 
 /* One axis per setting key as config_set takes it. The order is the table's order. */
 typedef enum {
-    AX_SHARD, AX_RESHARD, AX_PRECISION, AX_REDUCE, AX_OFFLOAD, AX_RECOMPUTE, AX_STAGES, AX_MICROBATCHES,
-    AX_SCHEDULE, AX_BALANCE, AX_COUNT
+    AX_SHARD, AX_SHARD_GROUP, AX_RESHARD, AX_PRECISION, AX_REDUCE, AX_OFFLOAD, AX_RECOMPUTE, AX_SELECTIVE,
+    AX_STAGES, AX_MICROBATCHES, AX_SCHEDULE, AX_BALANCE, AX_COUNT
 } AxisId;
 
 enum { AX_MAX_VALUES = 48, AX_VALUE_LEN = 256 };
 
-/* How an axis's values behave, for pruning (assumed of the compiler, and checked against
- * brute force by tests/unit/test_planner.c): along the axis's order, the arena does not
- * grow (MEM_DOWN) and the modelled time does not shrink (TIME_UP), the other axes equal. */
-enum { AXF_MEM_DOWN = 1, AXF_TIME_UP = 2 };
-
 typedef struct {
     const char *key;                 // the setting: "shard"
-    unsigned flags;                  // AXF_*
     int pinned;                      // given on the command line: its one value is the user's
     int n;
     char value[AX_MAX_VALUES][AX_VALUE_LEN];  // as config_set reads it
@@ -81,6 +75,10 @@ typedef struct {
     double block_time[2][1024];
     int n_blocks;
     int checkpoint;       // PipeCheckpoint of the model's train block (pipelines' recompute)
+    char stem[64];        // the blocks are stem0, stem1, ... ("h."): recompute names ranges of
+                          // them; "" when they are not so named (only none and all then)
+    int attention;        // a block has an attention op: selective recompute applies
+    int gpus_per_node;    // the machine's: hybrid sharding's groups are tried at its size
 } ModelFacts;
 
 typedef struct {
@@ -89,6 +87,8 @@ typedef struct {
     ModelFacts facts;
     int chunks_pinned;   // --chunks given: interleaved candidates do not set it
     char even[AX_MAX_VALUES][AX_VALUE_LEN];  // balance "even" for stages value i: "3,3,2"
+    char recompute[AX_MAX_VALUES][2][AX_VALUE_LEN];  // the recompute setting of recompute value i
+                                                     // and selective value j: "h.0-5,attention:h.6-11"
 } Space;
 
 /* A candidate: an index into each axis's values. An axis that does not apply to a
@@ -101,8 +101,10 @@ typedef struct {
  * keeps that one value. 0, or -1 with a message. */
 int space_build(Space *s, const ModelFacts *f, int world, const Setting *pinned, int n_pinned, char *err,
                 size_t errlen);
-/* The recompute value that recomputes the first k of the model's blocks ("none", "all"). */
-const char *space_recompute(const ModelFacts *f, int k, char *buf, size_t n);
+/* The recompute setting that recomputes the first k of the model's blocks in full
+ * ("none", "h.0", "h.0-5", "all"), and with `selective` the others' attention cores
+ * (",attention:h.6-11"; "attention" when k is 0). */
+const char *space_recompute(const ModelFacts *f, int k, int selective, char *buf, size_t n);
 int space_applies(const Space *s, const Cand *c, AxisId a);
 /* Whether the settings make a plan the compiler accepts (the batch splits evenly...). */
 int space_valid(const Space *s, const Cand *c);
@@ -167,7 +169,7 @@ typedef struct {
     FitPoint *points;           // the valid candidates, in table order
     int64_t n_points;
     int64_t n_product;          // the product of the axes' sizes
-    int64_t n_compiled, n_failed, n_dominated, n_mem_pruned, n_time_pruned;
+    int64_t n_compiled, n_failed, n_dominated, n_time_pruned;
     int64_t winner;             // the fastest that fits, or -1
     int64_t smallest;           // the smallest arena compiled, or -1
     int64_t *front;             // Pareto front of the compiled ones, fastest first

@@ -1,6 +1,6 @@
 /* planner/space.c: the space fsc --fit searches, as data. One row per axis: the setting
  * key (as config_set and fsc's --KEY VALUE take it), its values or the generator of
- * them, and what the pruning may assume of it. A candidate is one index per axis; an
+ * them. A candidate is one index per axis; an
  * axis that does not apply to it (a schedule with one stage) is held at index 0 and not
  * set. A new setting to search is a row here (and its validity rule below). */
 #include <stdlib.h>
@@ -11,6 +11,8 @@
 typedef void (*Generate)(Space *s, Axis *a);
 
 static void gen_recompute(Space *s, Axis *a);
+static void gen_selective(Space *s, Axis *a);
+static void gen_shard_group(Space *s, Axis *a);
 static void gen_stages(Space *s, Axis *a);
 static void gen_microbatches(Space *s, Axis *a);
 static void gen_balance(Space *s, Axis *a);
@@ -18,20 +20,21 @@ static void gen_balance(Space *s, Axis *a);
 static const struct {
     AxisId id;
     const char *key;
-    unsigned flags;
     const char *values[6];   // a list, or NULL and a generator
     Generate gen;
 } AXES[AX_COUNT] = {
-    {AX_SHARD, "shard", AXF_MEM_DOWN, {"none", "ddp", "zero1", "zero2", "fsdp"}, NULL},
-    {AX_RESHARD, "reshard_after_forward", AXF_MEM_DOWN | AXF_TIME_UP, {"0", "1"}, NULL},
-    {AX_PRECISION, "precision", 0, {"bf16", "fp16", "fp32"}, NULL},
-    {AX_REDUCE, "reduce_dtype", 0, {"compute", "fp32"}, NULL},
-    {AX_OFFLOAD, "offload", AXF_MEM_DOWN | AXF_TIME_UP, {"none", "optimizer", "params"}, NULL},
-    {AX_RECOMPUTE, "recompute", AXF_MEM_DOWN | AXF_TIME_UP, {NULL}, gen_recompute},
-    {AX_STAGES, "stages", 0, {NULL}, gen_stages},
-    {AX_MICROBATCHES, "microbatches", 0, {NULL}, gen_microbatches},
-    {AX_SCHEDULE, "schedule", 0, {"1f1b", "gpipe", "interleaved", "zb1"}, NULL},
-    {AX_BALANCE, "balance", 0, {NULL}, gen_balance},
+    {AX_SHARD, "shard", {"none", "ddp", "zero1", "zero2", "fsdp"}, NULL},
+    {AX_SHARD_GROUP, "shard_group", {NULL}, gen_shard_group},
+    {AX_RESHARD, "reshard_after_forward", {"0", "1"}, NULL},
+    {AX_PRECISION, "precision", {"bf16", "fp16", "fp32"}, NULL},
+    {AX_REDUCE, "reduce_dtype", {"compute", "fp32"}, NULL},
+    {AX_OFFLOAD, "offload", {"none", "optimizer", "params"}, NULL},
+    {AX_RECOMPUTE, "recompute", {NULL}, gen_recompute},
+    {AX_SELECTIVE, "selective", {NULL}, gen_selective},
+    {AX_STAGES, "stages", {NULL}, gen_stages},
+    {AX_MICROBATCHES, "microbatches", {NULL}, gen_microbatches},
+    {AX_SCHEDULE, "schedule", {"1f1b", "gpipe", "interleaved", "zb1"}, NULL},
+    {AX_BALANCE, "balance", {NULL}, gen_balance},
 };
 
 /* Values that lose to another value of the same axis on time and memory alike, the
@@ -52,20 +55,60 @@ static void add(Axis *a, const char *v, int64_t num)
     a->num[a->n++] = num;
 }
 
-const char *space_recompute(const ModelFacts *f, int k, char *buf, size_t n)
+const char *space_recompute(const ModelFacts *f, int k, int selective, char *buf, size_t n)
 {
-    /* "Recompute the first k blocks": today the compiler takes none, all or layer names,
-     * so only k = 0 and k = n_blocks are spelled; with instance ranges this becomes
-     * "h.0-{k-1}" and gen_recompute offers every k (memory falls, time rises with k). */
-    snprintf(buf, n, "%s", k == 0 ? "none" : k == f->n_blocks ? "all" : "?");
+    int L = f->n_blocks;
+    const char *st = f->stem;
+    if (k >= L) snprintf(buf, n, "all");
+    else if (k == 0) snprintf(buf, n, "%s", selective ? "attention" : "none");
+    else if (k == 1) snprintf(buf, n, "%s0", st);
+    else snprintf(buf, n, "%s0-%d", st, k - 1);
+    if (selective && k > 0 && k < L) {
+        size_t at = strlen(buf);
+        if (k == L - 1) snprintf(buf + at, n - at, ",attention:%s%d", st, k);
+        else snprintf(buf + at, n - at, ",attention:%s%d-%d", st, k, L - 1);
+    }
     return buf;
 }
 
+/* The first k blocks recomputed in full: every k up to 8 blocks, else 8 even steps (the
+ * memory falls and the time rises with k); with blocks not named in a row, none and all. */
 static void gen_recompute(Space *s, Axis *a)
 {
-    char buf[64];
-    add(a, space_recompute(&s->facts, 0, buf, sizeof buf), 0);
-    if (s->facts.n_blocks) add(a, space_recompute(&s->facts, s->facts.n_blocks, buf, sizeof buf), s->facts.n_blocks);
+    int L = s->facts.n_blocks, steps = L <= 8 ? L : 8, last = -1;
+    for (int i = 0; i <= steps && L; i++) {
+        int k = (int)((int64_t)L * i / steps);
+        if (k == last || (!s->facts.stem[0] && k && k < L)) continue;
+        add(a, "", k);
+        last = k;
+    }
+    if (!L) add(a, "none", 0);
+    for (int i = 0; i < a->n; i++) {
+        space_recompute(&s->facts, (int)a->num[i], 0, a->value[i], AX_VALUE_LEN);
+        for (int j = 0; j < 2; j++) space_recompute(&s->facts, (int)a->num[i], j, s->recompute[i][j], AX_VALUE_LEN);
+    }
+}
+
+/* The blocks recompute does not rerun in full: kept ("none"), or their attention core
+ * rerun ("attention", Megatron's selective recompute: less memory, more time). */
+static void gen_selective(Space *s, Axis *a)
+{
+    add(a, "none", 0);
+    if (s->facts.attention) add(a, "attention", 1);
+}
+
+/* Hybrid sharding's group: the node's GPUs and each power of two below it that divides
+ * the world, then 0 (every data-parallel rank of a stage: no replicas), in the order the
+ * memory falls. */
+static void gen_shard_group(Space *s, Axis *a)
+{
+    for (int g = 2; g < s->world && g <= s->facts.gpus_per_node; g *= 2)
+        if (s->world % g == 0) {
+            char v[16];
+            snprintf(v, sizeof v, "%d", g);
+            add(a, v, g);
+        }
+    add(a, "0", 0);
 }
 
 /* Stage counts that divide the world, at most one block per stage. */
@@ -122,13 +165,16 @@ int space_build(Space *s, const ModelFacts *f, int world, const Setting *pinned,
     for (int i = 0; i < AX_COUNT; i++) {  // stages before balance: the table's order
         Axis *a = &s->axes[i];
         a->key = AXES[i].key;
-        a->flags = AXES[i].flags;
         const char *v = pinned_value(a->key, pinned, n_pinned);
         TrainConfig t;
         char canon[AX_VALUE_LEN];
         config_default(&t);
         if (v && config_set(&t, a->key, v, err, errlen)) return -1;
         if (v && !config_format(&t, a->key, canon, sizeof canon)) v = canon;  // the table's spelling: zero3 is fsdp
+        if (i == AX_SELECTIVE && a->pinned) {  // recompute is the user's
+            add(a, "none", 0);
+            continue;
+        }
         if (AXES[i].gen) AXES[i].gen(s, a);
         for (int k = 0; !AXES[i].gen && k < 6 && AXES[i].values[k]; k++) add(a, AXES[i].values[k], 0);
         if (!v) continue;
@@ -137,8 +183,14 @@ int space_build(Space *s, const ModelFacts *f, int world, const Setting *pinned,
             if (!strcmp(a->value[k], v)) num = a->num[k];
         if (i == AX_STAGES || i == AX_MICROBATCHES) num = atoll(v);
         if (i == AX_RECOMPUTE) num = strcmp(v, "none") ? f->n_blocks : 0;
+        if (i == AX_SHARD_GROUP) num = atoll(v);
         a->n = 0, a->pinned = 1;
         add(a, v, num);
+        if (i == AX_RECOMPUTE) {  // the user's setting as it is: no selective variants of it
+            snprintf(s->recompute[0][0], AX_VALUE_LEN, "%s", v);
+            Axis *sel = &s->axes[AX_SELECTIVE];
+            sel->n = 0, sel->pinned = 1;
+        }
     }
     if (world < 1) {
         snprintf(err, errlen, "--fit needs --world N (N >= 1)");
@@ -156,6 +208,8 @@ int space_applies(const Space *s, const Cand *c, AxisId a)
 {
     switch (a) {
     case AX_RESHARD: return is(s, c, AX_SHARD, "fsdp");
+    case AX_SHARD_GROUP: return is(s, c, AX_SHARD, "zero1") || is(s, c, AX_SHARD, "zero2") || is(s, c, AX_SHARD, "fsdp");
+    case AX_SELECTIVE: return space_num(s, c, AX_RECOMPUTE) < s->facts.n_blocks;
     case AX_REDUCE: return !is(s, c, AX_PRECISION, "fp32");
     case AX_SCHEDULE:
     case AX_BALANCE: return space_num(s, c, AX_STAGES) > 1;
@@ -181,8 +235,13 @@ int space_valid(const Space *s, const Cand *c)
     /* 1F1B and its kin start a stage's first backward after S forwards; with stages the
      * pipeline's checkpoint setting decides recompute unless it is `never`. */
     if (!s->axes[AX_MICROBATCHES].pinned && S > 1 && m < S && !is(s, c, AX_SCHEDULE, "gpipe")) return 0;
-    if (!s->axes[AX_RECOMPUTE].pinned && S > 1 && s->facts.checkpoint != CKPT_NEVER && c->v[AX_RECOMPUTE])
+    if (!s->axes[AX_RECOMPUTE].pinned && S > 1 && s->facts.checkpoint != CKPT_NEVER &&
+        (c->v[AX_RECOMPUTE] || c->v[AX_SELECTIVE]))
         return 0;
+    /* A shard group divides the stage's data-parallel ranks and is smaller than them (0:
+     * all of them); 1 would be ddp, which the shard axis has. */
+    int64_t g = space_num(s, c, AX_SHARD_GROUP);
+    if (!s->axes[AX_SHARD_GROUP].pinned && g && (g >= dp || dp % g)) return 0;
     return 1;
 }
 
@@ -208,6 +267,8 @@ int space_settings(const Space *s, const Cand *c, Setting *out)
         if (s->axes[a].pinned || !space_applies(s, c, a)) continue;
         const char *v = space_value(s, c, a);
         if (a == AX_BALANCE && !strcmp(v, "even")) v = s->even[c->v[AX_STAGES]];
+        if (a == AX_SELECTIVE) continue;  // in the recompute setting
+        if (a == AX_RECOMPUTE) v = s->recompute[c->v[AX_RECOMPUTE]][space_applies(s, c, AX_SELECTIVE) ? c->v[AX_SELECTIVE] : 0];
         out[n++] = (Setting){s->axes[a].key, v};
     }
     if (!s->chunks_pinned && space_num(s, c, AX_STAGES) > 1 && is(s, c, AX_SCHEDULE, "interleaved"))

@@ -25,26 +25,35 @@ static char *source(const char *file, size_t *len)
 static const Define DEFS[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 64}, {"B", 4}};
 static const Setting WORLD[] = {{"world", "2"}};
 
-static void fit(FitResult *r, const char *src, size_t len, int64_t budget, int brute, const Setting *s, int n)
+static const Define DEFS4[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 64}, {"B", 8}};
+static const Setting HYBRID[] = {{"world", "4"}, {"precision", "bf16"}, {"offload", "none"}, {"stages", "1"}};
+
+static void fit_in(FitResult *r, const char *src, size_t len, int64_t budget, int brute, const Setting *s, int n,
+                   int world, const Define *defs)
 {
-    FrontendOptions fo = {DEFS, 6, s, n};
-    FitRequest q = {.src = src, .len = len, .path = "gpt2.fsm", .fo = &fo, .budget = budget, .world = 2,
+    FrontendOptions fo = {defs, 6, s, n};
+    FitRequest q = {.src = src, .len = len, .path = "gpt2.fsm", .fo = &fo, .budget = budget, .world = world,
                     .brute = brute};
     machine_default(&q.machine);
     char err[2048];
     cr_assert_eq(planner_fit(&q, r, err, sizeof err), 0, "%s", err);
 }
 
+static void fit(FitResult *r, const char *src, size_t len, int64_t budget, int brute, const Setting *s, int n)
+{
+    fit_in(r, src, len, budget, brute, s, n, 2, DEFS);
+}
+
 /* The same winner as compiling every valid candidate, over budgets from below the
  * smallest arena to above the largest; the modelled time never rises with the budget;
  * every bound below its candidate's modelled time; the memory and time orders the
  * pruning assumes hold of every pair brute force compiled. */
-Test(planner, search_equals_brute_force_over_budgets)
+static void check_brute_force(int world, const Define *defs, const Setting *pinned, int n_pinned)
 {
     size_t len;
     char *src = source("gpt2.fsm", &len);
     FitResult all;
-    fit(&all, src, len, INT64_MAX / 2, 1, WORLD, 1);
+    fit_in(&all, src, len, INT64_MAX / 2, 1, pinned, n_pinned, world, defs);
     cr_assert_gt(all.n_points, 100, "a space of %lld points", (long long)all.n_points);
     cr_assert_lt(all.n_points, 10000);
     int64_t lo = INT64_MAX, hi = 0;
@@ -57,6 +66,20 @@ Test(planner, search_equals_brute_force_over_budgets)
                       p->cost.time);
     }
     cr_assert_lt(lo, hi);
+    /* The time only rises along recompute, selective and reshard_after_forward (the
+     * search's time_up rule), between any two compiled points one step apart there. */
+    for (int64_t i = 0; i < all.n_points; i++)
+        for (int64_t j = 0; j < all.n_points; j++) {
+            const FitPoint *a = &all.points[i], *b = &all.points[j];
+            int axis = -1, apart = 0;
+            for (int x = 0; x < AX_COUNT; x++)
+                if (a->cand.v[x] != b->cand.v[x]) apart++, axis = x;
+            if (a->compiled == 1 && b->compiled == 1 && apart == 1 && a->cand.v[axis] < b->cand.v[axis] &&
+                (axis == AX_RECOMPUTE || axis == AX_SELECTIVE || axis == AX_RESHARD))
+                cr_expect_leq(a->cost.time, b->cost.time, "%s %s -> %s: the time falls, %g -> %g", all.space.axes[axis].key,
+                              all.space.axes[axis].value[a->cand.v[axis]], all.space.axes[axis].value[b->cand.v[axis]],
+                              a->cost.time, b->cost.time);
+        }
     double last = 1e30;
     for (int k = -1; k <= 12; k++) {
         int64_t budget = k < 0 ? lo - 1 : lo + (hi - lo) * k / 10;
@@ -70,7 +93,7 @@ Test(planner, search_equals_brute_force_over_budgets)
                 want = i;
         }
         FitResult r;
-        fit(&r, src, len, budget, 0, WORLD, 1);
+        fit_in(&r, src, len, budget, 0, pinned, n_pinned, world, defs);
         cr_assert_eq(r.n_points, all.n_points);
         cr_assert_eq(r.winner, want, "budget %lld: search %lld, brute force %lld", (long long)budget,
                      (long long)r.winner, (long long)want);
@@ -84,6 +107,15 @@ Test(planner, search_equals_brute_force_over_budgets)
     }
     planner_free(&all);
     free(src);
+}
+
+Test(planner, search_equals_brute_force_over_budgets) { check_brute_force(2, DEFS, WORLD, 1); }
+
+/* World 4 with hybrid sharding's groups of 2, instance and selective recompute in the
+ * space (bf16, one stage, no offload pinned to keep it small). */
+Test(planner, search_equals_brute_force_hybrid_and_selective)
+{
+    check_brute_force(4, DEFS4, HYBRID, 4);
 }
 
 /* The winner's arena is the memory report's for its settings (fsc --mem), and the CPU
