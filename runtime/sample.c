@@ -104,8 +104,8 @@ RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, int kv_cache, char *
     if (window_tensors(p, &s->run)) {
         const char *prec = plan_meta_str(p, "precision", "fp32");
         if (strcmp(prec, "fp32"))
-            plan_fail(err, errlen, "--sample: this plan computes in %s, and sampling takes an fp32 plan's logits; "
-                      "compile one with fsc --precision fp32 (it loads the same weights)", prec);
+            plan_fail(err, errlen, "--sample: this plan's sampling program computes in %s (an older fsc planned it so), "
+                      "and sampling takes f32 logits; recompile the plan: fsc plans the sampling program in fp32", prec);
         else
             plan_fail(err, errlen, "--sample: the sampling program has no f32 logits [1, T, V] of one tokens input");
         plan_dealloc(s);

@@ -416,7 +416,7 @@ static void summary(const Graph *g, const TrainConfig *t)
  * passes (passes_run_forward). */
 typedef struct {
     Graph *eval, *sample;   // NULL: none (a pipeline has no eval program; only a language model samples)
-    Graph *decode;          // NULL: none (a 16-bit plan, or a model that cannot decode: fsc's note says why)
+    Graph *decode;          // NULL: none (a model that cannot decode: fsc's note says why)
     TrainConfig eval_t, sample_t;
 } Forward;
 
@@ -440,7 +440,6 @@ static int lm_logits(const Graph *g)
 static int decode_graph(const Graph *g, int logits, const Options *o, Diag *d, Graph **dg)
 {
     char why[600];
-    if (o->train.precision != PREC_FP32) return 0;  // sampling takes an fp32 plan (rt_sampler_new says so)
     if (passes_decode(g, logits, dg, why, sizeof why)) {
         fprintf(stderr, "fsc: note: no decode program (no KV cache): fsexec --sample reruns the forward of the last T "
                 "tokens for each token; the model cannot decode one token at a time: %s\n", why);
@@ -541,8 +540,11 @@ static int forward_programs(const Graph *train, const char *src, size_t len, con
     char batch[32];
     snprintf(batch, sizeof batch, "%lld", (long long)(rows * fw->eval_t.world));
     const Setting sample[] = {{"world", "1"}, {"shard", "none"}, {"microbatches", batch}, {"recompute", "none"},
-                              {"offload", "none"}, {"shard_group", "0"}};
-    fw->sample = forward_graph(src, len, path, fo, sample, 6, &fw->decode, &fw->sample_t, "the sampling program");
+                              {"offload", "none"}, {"shard_group", "0"}, {"precision", "fp32"}};
+    /* fp32 whatever the training computes in: the sampler reads f32 logits, the weights it
+     * loads are the fp32 masters (a 16-bit plan's checkpoint and --save-weights hold them),
+     * and one token at a time is not where 16-bit compute pays. */
+    fw->sample = forward_graph(src, len, path, fo, sample, 7, &fw->decode, &fw->sample_t, "the sampling program");
     return fw->sample ? 0 : -1;
 }
 

@@ -21,7 +21,9 @@
 3. A model that cannot decode one token at a time (a non-causal attention): fsc's note
    says why, --mem shows no decode program, and --sample still samples (the window
    program), its tokens those of --no-kv-cache.
-4. Clear errors: a classifier (no sampling program), a prompt token outside the vocab,
+4. A bf16 or fp16 plan samples too (its sampling and decode programs compute in fp32, on
+   the fp32 weights it loads): the fp32 plan's tokens, exactly.
+5. Clear errors: a classifier (no sampling program), a prompt token outside the vocab,
    --prompt for a model that is not byte-level, --sample 0 or above 2^20, no prompt, a
    file that is not a tokenizer.
 
@@ -155,6 +157,15 @@ def main():
             if a != b or a == c:
                 sys.exit("FAIL %s: seeds 1, 1, 2 at temperature 1 gave %s, %s, %s" % (model, a, b, c))
             print("ok %s: top-k 1 = argmax; seed 1 twice the same, seed 2 another" % model)
+            # A 16-bit plan samples with fp32 sampling and decode programs: the same tokens.
+            for prec in ("bf16", "fp16"):
+                lp = os.path.join(work, "%s-%s.plan" % (model, prec))
+                run([fsc, "samples/%s.fsm" % model, *dims, "--precision", prec, "-o", lp, "-q"])
+                got = ids_of(run([fsexec, lp, "--threads", "1", "--load-weights", weights, "--sample", str(N),
+                                  "--prompt-ids", prompt, "--temperature", "0"]))
+                if got != greedy:
+                    sys.exit("FAIL %s: a %s plan sampled %s, the fp32 plan %s" % (model, prec, got, greedy))
+            print("ok %s: bf16 and fp16 plans sample the fp32 plan's tokens" % model)
             # From a checkpoint of an fsdp world-2 run, resharded into the sampling program.
             if shutil.which("mpirun") and model == "gpt2":
                 fplan, ck, w2 = (os.path.join(work, n) for n in ("fsdp.plan", "ck", "fsdp.safetensors"))
