@@ -36,12 +36,6 @@ static const char *const KEYS[MEM_CAT_COUNT] = {
 const char *report_category_name(MemCategory c) { return (unsigned)c < MEM_CAT_COUNT ? NAMES[c] : "?"; }
 const char *report_category_key(MemCategory c) { return (unsigned)c < MEM_CAT_COUNT ? KEYS[c] : "?"; }
 
-int64_t report_buffer_bytes(const Plan *p, int32_t t)
-{
-    int64_t cap = INT64_MAX / 4 / ((int64_t)p->n_tensors + 1), n = plan_tensor_nbytes(&p->tensors[t]);
-    return n > cap ? cap : n;
-}
-
 static void clamp_range(const MemReport *r, const PlanTensor *t, int32_t *s, int32_t *e)
 {
     int32_t last = r->n_points - 1;

@@ -41,6 +41,12 @@
 
 #include "report.h"
 
+int64_t report_buffer_bytes(const Plan *p, int32_t t)
+{
+    int64_t cap = INT64_MAX / 4 / ((int64_t)p->n_tensors + 1), n = plan_tensor_nbytes(&p->tensors[t]);
+    return n > cap ? cap : n;
+}
+
 static int is_16bit(PlanDType d) { return d == PLAN_DT_F16 || d == PLAN_DT_BF16; }
 
 static MemCategory by_width(PlanDType d, MemCategory c16, MemCategory c32) { return is_16bit(d) ? c16 : c32; }

@@ -96,9 +96,6 @@ MemReport *report_mem_new(const Plan *p, char *err, size_t errlen);
  * own) when p has several, or of p itself when it has one. */
 MemReport *report_mem_new_stage(const Plan *p, int32_t k, char *err, size_t errlen);
 void report_mem_free(MemReport *r);
-/* Root t's bytes, capped so that a sum over every tensor fits in an int64 (a plan from a
- * file is not trusted). */
-int64_t report_buffer_bytes(const Plan *p, int32_t t);
 const char *report_category_name(MemCategory c);  // "saved for backward"
 const char *report_category_key(MemCategory c);   // "saved" (JSON keys, CSS classes)
 /* The root buffers live at op i (device or host), largest first, ties by id: at most
@@ -111,6 +108,10 @@ int report_live_at(const MemReport *r, int32_t op, PlanPlace place, int transien
 int32_t report_block_run(const MemReport *r, int32_t b);
 
 /* ---- report/memstate.c: model state as ZeRO counts it (for memreport.c) ------------- */
+
+/* Root t's bytes, capped so that a sum over every tensor fits in an int64 (a plan from a
+ * file is not trusted). */
+int64_t report_buffer_bytes(const Plan *p, int32_t t);
 
 enum {
     MEM_MARK_PER_USE = 1,  // one of several gathers of the same params (fsdp's, per block and pass)
