@@ -18,18 +18,6 @@ static const char *const COLORS[MEM_CAT_COUNT] = {
     "#499894", "#79706e", "#d4a6c8", "#9d7660",
 };
 
-void html_text(FILE *out, const char *s)
-{
-    for (; *s; s++) switch (*s) {
-        case '&': fputs("&amp;", out); break;
-        case '<': fputs("&lt;", out); break;
-        case '>': fputs("&gt;", out); break;
-        case '"': fputs("&quot;", out); break;
-        case '\'': fputs("&#39;", out); break;
-        default: fputc(*s, out);
-        }
-}
-
 static void style(FILE *out, int lanes)
 {
     fputs("<style>\n"

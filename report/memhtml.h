@@ -6,7 +6,7 @@
 
 #include "report.h"
 
-/* s with &, <, >, " and ' escaped, for text and attribute values alike. */
+/* s with &, <, >, " and ' escaped, for text and attribute values alike (report/htmltext.c). */
 void html_text(FILE *out, const char *s);
 /* The timeline, as an inline <svg> with its zoom script and the phases' legend
  * (report/memsvg.c); cmp (or NULL): another plan's report, overlaid. 0, or -1 when out
