@@ -8,7 +8,6 @@
  */
 #include <string.h>
 
-#include "comm_op.h"
 #include "plan.h"
 
 struct PlanBuild {
@@ -344,14 +343,6 @@ int plan_tensor_is_persistent(const PlanTensor *t)
 {
     return t->role == PLAN_ROLE_PARAM || t->role == PLAN_ROLE_OPT_STATE || t->role == PLAN_ROLE_MASTER ||
            t->role == PLAN_ROLE_INPUT;
-}
-
-int plan_op_on_host(const Plan *p, int32_t k)
-{
-    const PlanOp *o = &p->ops[k];
-    CommOpKind kind = comm_op_kind(p, o);
-    if (o->n_in + o->n_out == 0 || kind == COMM_OP_TO_HOST || kind == COMM_OP_TO_DEVICE) return 0;
-    return p->tensors[p->ids[o->n_in ? o->in : o->out]].place == PLAN_PLACE_HOST;
 }
 
 const char *plan_tensor_label(const Plan *p, int32_t id)

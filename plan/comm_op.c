@@ -1,5 +1,6 @@
 /* plan/comm_op.c: which ops communicate, and their peer and group (see comm_op.h); the
- * shard group a plan's sharded views are split over (plan.h). */
+ * shard group a plan's sharded views are split over, and which ops compute in the host
+ * space (plan.h). */
 #include <string.h>
 
 #include "comm_op.h"
@@ -37,4 +38,12 @@ int64_t plan_shard_group(const Plan *p, int64_t dp_world)
 {
     int64_t s = plan_meta_int(p, "shard_group", 0);
     return s > 0 && dp_world > 0 && dp_world % s == 0 ? s : dp_world;
+}
+
+int plan_op_on_host(const Plan *p, int32_t k)
+{
+    const PlanOp *o = &p->ops[k];
+    CommOpKind kind = comm_op_kind(p, o);
+    if (o->n_in + o->n_out == 0 || kind == COMM_OP_TO_HOST || kind == COMM_OP_TO_DEVICE) return 0;
+    return p->tensors[p->ids[o->n_in ? o->in : o->out]].place == PLAN_PLACE_HOST;
 }

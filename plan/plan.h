@@ -305,10 +305,6 @@ const char *plan_str(const Plan *p, int32_t id);
 const PlanMeta *plan_meta_find(const Plan *p, const char *key);
 const char *plan_meta_str(const Plan *p, const char *key, const char *def);
 int64_t plan_meta_int(const Plan *p, const char *key, int64_t def);
-/* The ranks a shard is split over (meta "shard_group"; hybrid sharding) among a stage's
- * dp_world data-parallel ranks: dp_world when unset or not a divisor of it. Index d
- * holds shard d % S (a view's offset + (d % S) * rank_stride), in shard group d / S. */
-int64_t plan_shard_group(const Plan *p, int64_t dp_world);
 double plan_meta_float(const Plan *p, const char *key, double def);
 
 const char *plan_dtype_name(PlanDType t);  // "f32", "f16", "bf16", "i32"; "?" if unknown
@@ -330,16 +326,23 @@ const char *plan_init_name(PlanInit k);    // "none", "zeros", "ones", "normal",
 int plan_tensor_is_model_param(const PlanTensor *t);
 /* Whether t lives across steps: params, optimizer state, master weights, inputs. */
 int plan_tensor_is_persistent(const PlanTensor *t);
-/* Whether op k computes in the host space (offload's update and casts): it is not a copy
- * between the spaces (to_host, to_device) and its tensors lie there (plan_check: an op
- * but a copy touches one space). The backends run such an op on the host. */
-int plan_op_on_host(const Plan *p, int32_t k);
 /* Tensor id's name for messages, "(unnamed)" for none. */
 const char *plan_tensor_label(const Plan *p, int32_t id);
 
 /* Elements and bytes of a tensor (shapes are checked by the reader to fit in int64). */
 int64_t plan_tensor_numel(const PlanTensor *t);
 int64_t plan_tensor_nbytes(const PlanTensor *t);
+
+/* ---- plan/comm_op.c: shard groups and host ops (its communication helpers: comm_op.h) */
+
+/* The ranks a shard is split over (meta "shard_group"; hybrid sharding) among a stage's
+ * dp_world data-parallel ranks: dp_world when unset or not a divisor of it. Index d
+ * holds shard d % S (a view's offset + (d % S) * rank_stride), in shard group d / S. */
+int64_t plan_shard_group(const Plan *p, int64_t dp_world);
+/* Whether op k computes in the host space (offload's update and casts): it is not a copy
+ * between the spaces (to_host, to_device) and its tensors lie there (plan_check: an op
+ * but a copy touches one space). The backends run such an op on the host. */
+int plan_op_on_host(const Plan *p, int32_t k);
 
 /* ---- plan/program.c: plans of several programs (pipeline stages) ------------------- */
 
