@@ -389,8 +389,10 @@ static void summary(const Graph *g, const TrainConfig *t)
             g->n_stage_graphs ? "data-parallel rank (all stages)" : "rank",
             flops[PHASE_FORWARD] / 1e9, flops[PHASE_BACKWARD] / 1e9, flops[PHASE_RECOMPUTE] / 1e9,
             flops[PHASE_OPTIMIZER] / 1e9);
-    fprintf(stderr, "train: %s, lr %g, precision %s, shard %s, world %d, recompute %s\n",
-            optim_name(t->optimizer), t->lr, precision_name(t->precision), shard_name(t->shard), t->world,
+    char group[64] = "";  // hybrid sharding: "fsdp in groups of 4"
+    if (t->shard_group > 0) snprintf(group, sizeof group, " in groups of %d", t->shard_group);
+    fprintf(stderr, "train: %s, lr %g, precision %s, shard %s%s, world %d, recompute %s\n",
+            optim_name(t->optimizer), t->lr, precision_name(t->precision), shard_name(t->shard), group, t->world,
             t->recompute);
     if (!g->n_stage_graphs) return;
     fprintf(stderr, "pipeline: %d stages x %d data-parallel ranks, %d micro-batches, schedule %s, checkpoint %s, "

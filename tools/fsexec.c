@@ -605,12 +605,14 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
         at = strlen(mem);
         size_str(rt_eval_arena_bytes(r->eval), mem + at, sizeof mem - at);
     }
-    char ranks[128] = "";
+    char ranks[160] = "", shard[64];  // "fsdp", or with hybrid sharding "fsdp in groups of 2"
+    int64_t group = plan_shard_group(p, layout.dp);
+    snprintf(shard, sizeof shard, "%s", plan_meta_str(p, "shard", "?"));
+    if (group < layout.dp) snprintf(shard + strlen(shard), sizeof shard - strlen(shard), " in groups of %" PRId64, group);
     if (my_world > 1 && layout.stages > 1)
-        snprintf(ranks, sizeof ranks, " | %d ranks (%d stages x %d, %s)", my_world, layout.stages, layout.dp,
-                 plan_meta_str(p, "shard", "?"));
+        snprintf(ranks, sizeof ranks, " | %d ranks (%d stages x %d, %s)", my_world, layout.stages, layout.dp, shard);
     else if (my_world > 1)
-        snprintf(ranks, sizeof ranks, " | %d ranks (%s)", my_world, plan_meta_str(p, "shard", "?"));
+        snprintf(ranks, sizeof ranks, " | %d ranks (%s)", my_world, shard);
     char steps[64];  // "100 steps", or resumed: "steps 301-1000"
     int64_t start = r->resume ? rt_checkpoint_step(r->resume) : 0;
     if (start) snprintf(steps, sizeof steps, "steps %" PRId64 "-%" PRId64, start + 1, f->steps);

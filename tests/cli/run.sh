@@ -38,6 +38,8 @@ expect bad-define 1 "expected NAME=VALUE" -- "$FSC" "$SRC/samples/mlp.fsm" -D L
 expect bad-define-value 1 "VALUE must be an integer" -- "$FSC" "$SRC/samples/mlp.fsm" -D L=two
 expect unknown-dim 1 "did you mean 'L'" -- "$FSC" "$SRC/samples/mlp.fsm" -D LL=3
 expect bad-setting 1 "did you mean 'fsdp'" -- "$FSC" "$SRC/samples/mlp.fsm" --shard fsdb
+expect shard-group-summary 0 "shard fsdp in groups of 2, world 4" -- \
+  "$FSC" "$SRC/samples/mlp.fsm" -D B=48 --shard fsdp --world 4 --shard-group 2
 expect shard-group-divides 1 "shard_group 3 does not divide the 4 data-parallel ranks; valid values: 1, 2, 4" -- \
   "$FSC" "$SRC/samples/mlp.fsm" -D B=48 --shard fsdp --world 4 --shard-group 3
 expect shard-group-of-a-stage 1 "shard_group 8 does not divide the 4 data-parallel ranks of a stage" -- \
