@@ -29,6 +29,7 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -381,6 +382,26 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
     return 2;
 }
 
+/* The flags that take no value and switch one thing on: 1 when `a` is one (and set). */
+static int switch_flag(Flags *f, const char *a)
+{
+    static const struct {
+        const char *name;
+        size_t at;  // offsetof the int in Flags
+    } SWITCHES[] = {
+        {"--debug-guard", offsetof(Flags, debug_guard)}, {"--debug-nan", offsetof(Flags, debug_nan)},
+        {"--cuda-graph", offsetof(Flags, cuda_graph)},   {"--tf32", offsetof(Flags, tf32)},
+        {"--sync-sends", offsetof(Flags, sync_sends)},   {"--no-kv-cache", offsetof(Flags, no_kv_cache)},
+        {"--cpu-one-by-one", offsetof(Flags, one_by_one)},
+    };
+    for (size_t i = 0; i < sizeof SWITCHES / sizeof *SWITCHES; i++)
+        if (!strcmp(a, SWITCHES[i].name)) {
+            *(int *)((char *)f + SWITCHES[i].at) = 1;
+            return 1;
+        }
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, Flags *f)
 {
     f->steps = 100;
@@ -395,26 +416,7 @@ static int parse_args(int argc, char **argv, Flags *f)
         } else if (!strcmp(a, "-V") || !strcmp(a, "--version")) {
             printf("fsexec %s (plan format %d.%d)\n", RT_VERSION, PLAN_MAJOR, PLAN_MINOR);
             exit(0);
-        } else if (!strcmp(a, "--debug-guard")) {
-            f->debug_guard = 1;
-            continue;
-        } else if (!strcmp(a, "--debug-nan")) {
-            f->debug_nan = 1;
-            continue;
-        } else if (!strcmp(a, "--cuda-graph")) {
-            f->cuda_graph = 1;
-            continue;
-        } else if (!strcmp(a, "--tf32")) {
-            f->tf32 = 1;
-            continue;
-        } else if (!strcmp(a, "--sync-sends")) {
-            f->sync_sends = 1;
-            continue;
-        } else if (!strcmp(a, "--no-kv-cache")) {
-            f->no_kv_cache = 1;
-            continue;
-        } else if (!strcmp(a, "--cpu-one-by-one")) {
-            f->one_by_one = 1;
+        } else if (switch_flag(f, a)) {
             continue;
         } else if (!strcmp(a, "--")) {
             if (i + 1 < argc && f->plan) return usage_error("more than one plan given ('%s')", argv[i + 1]);
