@@ -16,20 +16,12 @@
 
 #include "kernels.h"
 #include "rand.h"
+#include "tensors.h"
 
 /* ---- tensors, freed after each test ---------------------------------------------- */
 
-static void *bufs[1024];
-static int nbufs;
+TestSuite(cpu, .fini = tensors_free);
 
-static void cleanup(void)
-{
-    for (int i = 0; i < nbufs; i++) free(bufs[i]);
-    nbufs = 0;
-}
-TestSuite(cpu, .fini = cleanup);
-
-#define S(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
 #define NOSHAPE 0, NULL
 
 /* A tensor of NaNs (f32) or of 0x7fc00000 (i32). */
@@ -37,10 +29,8 @@ static KTensor ten(int dtype, int rank, const int64_t *shape)
 {
     KTensor t = {.dtype = dtype, .rank = rank, .numel = 1};
     for (int d = 0; d < rank; d++) t.shape[d] = shape[d], t.numel *= shape[d];
-    uint32_t *p = malloc((size_t)t.numel * 4);
-    cr_assert(p && nbufs < 1024);
+    uint32_t *p = track((size_t)t.numel * 4);
     for (int64_t i = 0; i < t.numel; i++) p[i] = 0x7fc00000u;
-    bufs[nbufs++] = p;
     t.data = p;
     return t;
 }

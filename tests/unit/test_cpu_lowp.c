@@ -18,27 +18,12 @@
 
 #include "kernels.h"
 #include "rand.h"
+#include "tensors.h"
 
 /* ---- tensors, freed after each test ---------------------------------------------- */
 
-static void *bufs[4096];
-static int nbufs;
+TestSuite(lowp, .fini = tensors_free);
 
-static void cleanup(void)
-{
-    for (int i = 0; i < nbufs; i++) free(bufs[i]);
-    nbufs = 0;
-}
-TestSuite(lowp, .fini = cleanup);
-
-#define S(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
-
-static void *track(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    cr_assert(p && nbufs < 4096);
-    return bufs[nbufs++] = p;
-}
 
 static int esz(int dt) { return dt == KT_F16 || dt == KT_BF16 ? 2 : 4; }
 

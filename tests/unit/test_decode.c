@@ -23,32 +23,22 @@
 #include "kernels.h"
 #include "passes.h"
 #include "rand.h"
+#include "tensors.h"
 #include "report.h"
 #include "sample.h"
 
 /* ---- tensors --------------------------------------------------------------------------- */
 
-static void *bufs[4096];
-static int nbufs;
+TestSuite(decode, .fini = tensors_free);
 
-static void cleanup(void)
-{
-    for (int i = 0; i < nbufs; i++) free(bufs[i]);
-    nbufs = 0;
-}
-TestSuite(decode, .fini = cleanup);
-
-#define S(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
 
 /* Uniform in [-1, 1) (f32), or 0x7fc00000 words (NaN) when !fill. */
 static KTensor ten(int dtype, int fill, int rank, const int64_t *shape)
 {
     KTensor t = {.dtype = dtype, .rank = rank, .numel = 1};
     for (int d = 0; d < rank; d++) t.shape[d] = shape[d], t.numel *= shape[d];
-    float *p = malloc((size_t)t.numel * 4);
-    cr_assert(p && nbufs < 4096);
+    float *p = track((size_t)t.numel * 4);
     for (int64_t i = 0; i < t.numel; i++) p[i] = fill ? urand(-1, 1) : NAN;
-    bufs[nbufs++] = p;
     t.data = p;
     return t;
 }
