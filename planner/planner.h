@@ -111,6 +111,10 @@ int space_valid(const Space *s, const Cand *c);
 /* A candidate that the same with one value changed beats on time and memory alike
  * (fp16 against bf16: the same widths and rates and a loss scale more): never compiled. */
 int space_dominated(const Space *s, const Cand *c);
+/* Whether the modelled time only rises along axis a's order, the others equal (recompute,
+ * selective, reshard_after_forward: each step adds ops and takes none away); the search
+ * prunes by it, and tests/unit/test_planner.c checks it against brute force. */
+int space_time_up(AxisId a);
 const char *space_value(const Space *s, const Cand *c, AxisId a);
 int64_t space_num(const Space *s, const Cand *c, AxisId a);
 /* The settings of c that are not pinned and apply (plus chunks for interleaved), into

@@ -5,7 +5,7 @@
  * program, its memory report and modelled time) unless
  *   - its bound is no better than the best that fits (then neither is any after it);
  *   - a compiled one, no faster than the best, differs from it only by less recompute or
- *     reshard_after_forward 0 (time_up: from there the time only rises);
+ *     reshard_after_forward 0 (space_time_up: from there the time only rises);
  *   - one value of an axis dominates its value (space_dominated).
  * No rule assumes the arena or the time monotone along an axis: at small sizes memplan's
  * placement makes neither hold exactly (recompute of one more block can grow the arena
@@ -125,17 +125,11 @@ static void compile_point(const FitRequest *q, const Space *s, FitPoint *p, FILE
     ir_graph_free(g);
 }
 
-/* Axes along whose order the modelled time only rises, the others equal: each step adds
- * ops to the compute or collective stream and takes none away (recompute: a block's
- * forward; selective: an attention core; reshard_after_forward 1: the backward's
- * gathers). test_planner checks it against brute force. */
-static int time_up(AxisId a) { return a == AX_RECOMPUTE || a == AX_SELECTIVE || a == AX_RESHARD; }
-
-/* Whether a agrees with b on every axis but the time_up ones, and is at or below b on those. */
+/* Whether a agrees with b on every axis but the space_time_up ones, and is at or below b on those. */
 static int time_below(const Cand *a, const Cand *b)
 {
     for (int x = 0; x < AX_COUNT; x++)
-        if (time_up(x) ? a->v[x] > b->v[x] : a->v[x] != b->v[x]) return 0;
+        if (space_time_up(x) ? a->v[x] > b->v[x] : a->v[x] != b->v[x]) return 0;
     return 1;
 }
 

@@ -20,21 +20,23 @@ static void gen_balance(Space *s, Axis *a);
 static const struct {
     AxisId id;
     const char *key;
+    int time_up;             // along the values' order the modelled time only rises, the other
+                             // axes equal: each step adds ops to a stream, takes none away
     const char *values[6];   // a list, or NULL and a generator
     Generate gen;
 } AXES[AX_COUNT] = {
-    {AX_SHARD, "shard", {"none", "ddp", "zero1", "zero2", "fsdp"}, NULL},
-    {AX_SHARD_GROUP, "shard_group", {NULL}, gen_shard_group},
-    {AX_RESHARD, "reshard_after_forward", {"0", "1"}, NULL},
-    {AX_PRECISION, "precision", {"bf16", "fp16", "fp32"}, NULL},
-    {AX_REDUCE, "reduce_dtype", {"compute", "fp32"}, NULL},
-    {AX_OFFLOAD, "offload", {"none", "optimizer", "params"}, NULL},
-    {AX_RECOMPUTE, "recompute", {NULL}, gen_recompute},
-    {AX_SELECTIVE, "selective", {NULL}, gen_selective},
-    {AX_STAGES, "stages", {NULL}, gen_stages},
-    {AX_MICROBATCHES, "microbatches", {NULL}, gen_microbatches},
-    {AX_SCHEDULE, "schedule", {"1f1b", "gpipe", "interleaved", "zb1"}, NULL},
-    {AX_BALANCE, "balance", {NULL}, gen_balance},
+    {AX_SHARD, "shard", 0, {"none", "ddp", "zero1", "zero2", "fsdp"}, NULL},
+    {AX_SHARD_GROUP, "shard_group", 0, {NULL}, gen_shard_group},
+    {AX_RESHARD, "reshard_after_forward", 1, {"0", "1"}, NULL},
+    {AX_PRECISION, "precision", 0, {"bf16", "fp16", "fp32"}, NULL},
+    {AX_REDUCE, "reduce_dtype", 0, {"compute", "fp32"}, NULL},
+    {AX_OFFLOAD, "offload", 0, {"none", "optimizer", "params"}, NULL},
+    {AX_RECOMPUTE, "recompute", 1, {NULL}, gen_recompute},
+    {AX_SELECTIVE, "selective", 1, {NULL}, gen_selective},
+    {AX_STAGES, "stages", 0, {NULL}, gen_stages},
+    {AX_MICROBATCHES, "microbatches", 0, {NULL}, gen_microbatches},
+    {AX_SCHEDULE, "schedule", 0, {"1f1b", "gpipe", "interleaved", "zb1"}, NULL},
+    {AX_BALANCE, "balance", 0, {NULL}, gen_balance},
 };
 
 /* Values that lose to another value of the same axis on time and memory alike, the
@@ -199,6 +201,7 @@ int space_build(Space *s, const ModelFacts *f, int world, const Setting *pinned,
     return 0;
 }
 
+int space_time_up(AxisId a) { return AXES[a].time_up; }
 const char *space_value(const Space *s, const Cand *c, AxisId a) { return s->axes[a].value[c->v[a]]; }
 int64_t space_num(const Space *s, const Cand *c, AxisId a) { return s->axes[a].num[c->v[a]]; }
 

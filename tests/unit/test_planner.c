@@ -66,8 +66,8 @@ static void check_brute_force(int world, const Define *defs, const Setting *pinn
                       p->cost.time);
     }
     cr_assert_lt(lo, hi);
-    /* The time only rises along recompute, selective and reshard_after_forward (the
-     * search's time_up rule), between any two compiled points one step apart there. */
+    /* The time only rises along the space_time_up axes (recompute, selective,
+     * reshard_after_forward), between any two compiled points one step apart there. */
     for (int64_t i = 0; i < all.n_points; i++)
         for (int64_t j = 0; j < all.n_points; j++) {
             const FitPoint *a = &all.points[i], *b = &all.points[j];
@@ -75,7 +75,7 @@ static void check_brute_force(int world, const Define *defs, const Setting *pinn
             for (int x = 0; x < AX_COUNT; x++)
                 if (a->cand.v[x] != b->cand.v[x]) apart++, axis = x;
             if (a->compiled == 1 && b->compiled == 1 && apart == 1 && a->cand.v[axis] < b->cand.v[axis] &&
-                (axis == AX_RECOMPUTE || axis == AX_SELECTIVE || axis == AX_RESHARD))
+                space_time_up(axis))
                 cr_expect_leq(a->cost.time, b->cost.time, "%s %s -> %s: the time falls, %g -> %g", all.space.axes[axis].key,
                               all.space.axes[axis].value[a->cand.v[axis]], all.space.axes[axis].value[b->cand.v[axis]],
                               a->cost.time, b->cost.time);
