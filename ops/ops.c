@@ -1,9 +1,13 @@
 /* ops/ops.c: the op table, generated from ops/ops.def. Signature strings are parsed
- * once, on first use, into OpParam lists; a malformed row (a bad signature, a
- * collective without its kind) is a bug in ops.def and aborts with what is wrong. */
+ * once, on first use (call_once: the runtime's threads may be first), into OpParam
+ * lists, and the names into a hash index for op_lookup, which every report and the
+ * planner call per op; a malformed row (a bad signature, a collective without its kind)
+ * is a bug in ops.def and aborts with what is wrong. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <threads.h>
 
 #include "ops.h"
 
@@ -14,7 +18,19 @@ static OpInfo table[OP_COUNT] = {
 #include "ops.def"
 #undef OP
 };
-static int parsed;
+static once_flag parsed = ONCE_FLAG_INIT;
+
+/* Open addressing over FNV-1a of the name: each slot an op kind + 1, or 0 when empty. */
+enum { INDEX_SLOTS = 256 };
+_Static_assert(OP_COUNT < INDEX_SLOTS / 2, "the name index must stay at most half full");
+static uint8_t name_index[INDEX_SLOTS];
+
+static unsigned name_hash(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+    return h % INDEX_SLOTS;
+}
 
 /* Parameter names live in this static pool: the table is process-wide. */
 static char names[OP_COUNT * OPS_MAX_PARAMS][24];
@@ -77,24 +93,34 @@ static void parse_sig(OpInfo *op, char (*pool)[24])
         bad_row(op, "an OPF_COLLECTIVE, OPF_P2P or OPF_COPY op names what it moves in the comm column, and no other op does");
 }
 
+static void parse_table(void)
+{
+    for (int i = 0; i < OP_COUNT; i++) {
+        parse_sig(&table[i], &names[i * OPS_MAX_PARAMS]);
+        unsigned h = name_hash(table[i].name);
+        while (name_index[h]) h = (h + 1) % INDEX_SLOTS;
+        name_index[h] = (uint8_t)(i + 1);
+    }
+}
+
 const OpInfo *op_info(OpKind op)
 {
     if ((unsigned)op >= OP_COUNT) {
         fprintf(stderr, "op_info: op kind %d is not in the table\n", (int)op);
         abort();
     }
-    if (!parsed) {
-        for (int i = 0; i < OP_COUNT; i++) parse_sig(&table[i], &names[i * OPS_MAX_PARAMS]);
-        parsed = 1;
-    }
+    call_once(&parsed, parse_table);
     return &table[op];
 }
 
 OpKind op_lookup(const char *name)
 {
-    for (int i = 0; i < OP_COUNT; i++)
-        if (!strcmp(table[i].name, name)) return (OpKind)i;
-    return OP_COUNT;
+    call_once(&parsed, parse_table);
+    for (unsigned h = name_hash(name);; h = (h + 1) % INDEX_SLOTS) {
+        int k = name_index[h] - 1;
+        if (k < 0) return OP_COUNT;
+        if (!strcmp(table[k].name, name)) return (OpKind)k;
+    }
 }
 
 const OpInfo *op_info_by_name(const char *name)
