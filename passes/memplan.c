@@ -120,49 +120,97 @@ typedef struct {
     int64_t offset, top;  // top: offset + its aligned bytes
 } Slot;
 
-/* The lowest offset >= base where `grp` fits among the placed groups it overlaps;
- * `placed` is in offset order, so the walk stops at the first overlapping group that
- * starts above the gap (the order of groups at one offset does not change the answer). */
-static int64_t place(const Group *grp, const Slot *placed, int n_placed, int64_t base)
-{
-    int64_t at = base;
-    for (int i = 0; i < n_placed; i++) {
-        const Slot *p = &placed[i];
-        if (p->start > grp->end || grp->start > p->end) continue;
-        if (p->offset >= at + grp->bytes) break;
-        if (p->top > at) at = p->top;
-    }
-    return at;
-}
-
-/* Slots in offset order: every placed group, and per window of time the groups live in
+/* Slots in offset order, in runs of at most RUN (an insert moves the tail of one run,
+ * not of the whole list): every placed group, and per window of time the groups live in
  * it (a group within one window overlaps only those, so its walk reads only them). */
+enum { WINDOWS = 64, RUN = 128 };
+
 typedef struct {
-    Slot *slot;
+    Slot slot[RUN];
+    int n;
+} Run;
+
+typedef struct {
+    Run **run;
     int n, cap;
 } Slots;
 
-enum { WINDOWS = 64 };
-
-static int slots_insert(Slots *l, Slot s)
+/* The lowest offset >= base where `grp` fits among the placed groups it overlaps; the
+ * walk reads them in offset order and stops at the first overlapping group that starts
+ * above the gap (the order of groups at one offset does not change the answer). */
+static int64_t place(const Group *grp, const Slots *l, int64_t base)
 {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 16;
-        Slot *grown = realloc(l->slot, sizeof *grown * (size_t)cap);
-        if (!grown) return -1;
-        l->slot = grown, l->cap = cap;
-    }
-    int lo = 0, hi = l->n;  // at: after every slot at or below its offset
+    int64_t at = base;
+    for (int r = 0; r < l->n; r++)
+        for (int i = 0; i < l->run[r]->n; i++) {
+            const Slot *p = &l->run[r]->slot[i];
+            if (p->start > grp->end || grp->start > p->end) continue;
+            if (p->offset >= at + grp->bytes) return at;
+            if (p->top > at) at = p->top;
+        }
+    return at;
+}
+
+/* The index of the first of run's n slots above `offset`. */
+static int above(const Slot *slot, int n, int64_t offset)
+{
+    int lo = 0, hi = n;
     while (lo < hi) {
         int mid = lo + (hi - lo) / 2;
-        if (l->slot[mid].offset > s.offset) hi = mid;
+        if (slot[mid].offset > offset) hi = mid;
         else lo = mid + 1;
     }
-    int at = lo;
-    memmove(l->slot + at + 1, l->slot + at, sizeof *l->slot * (size_t)(l->n - at));
-    l->slot[at] = s;
+    return lo;
+}
+
+/* A new empty run at index r of l's runs; NULL when out of memory. */
+static Run *run_new(Slots *l, int r)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 8;
+        Run **grown = realloc(l->run, sizeof *grown * (size_t)cap);
+        if (!grown) return NULL;
+        l->run = grown, l->cap = cap;
+    }
+    Run *fresh = malloc(sizeof *fresh);
+    if (!fresh) return NULL;
+    fresh->n = 0;
+    memmove(l->run + r + 1, l->run + r, sizeof *l->run * (size_t)(l->n - r));
+    l->run[r] = fresh;
     l->n++;
+    return fresh;
+}
+
+/* Inserts s after every slot at or below its offset; -1 when out of memory. */
+static int slots_insert(Slots *l, Slot s)
+{
+    if (!l->n && !run_new(l, 0)) return -1;
+    int lo = 0, hi = l->n - 1;  // r: the first run whose last slot is above s, else the last
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (l->run[mid]->slot[l->run[mid]->n - 1].offset > s.offset) hi = mid;
+        else lo = mid + 1;
+    }
+    int r = lo, at = above(l->run[r]->slot, l->run[r]->n, s.offset);
+    if (l->run[r]->n == RUN) {  // split it in halves; s goes in the half that holds its place
+        Run *second = run_new(l, r + 1);
+        if (!second) return -1;
+        Run *first = l->run[r];
+        memcpy(second->slot, first->slot + RUN / 2, sizeof *first->slot * (RUN - RUN / 2));
+        second->n = RUN - RUN / 2, first->n = RUN / 2;
+        if (at > RUN / 2) r++, at -= RUN / 2;
+    }
+    Run *run = l->run[r];
+    memmove(run->slot + at + 1, run->slot + at, sizeof *run->slot * (size_t)(run->n - at));
+    run->slot[at] = s;
+    run->n++;
     return 0;
+}
+
+static void slots_free(Slots *l)
+{
+    for (int r = 0; r < l->n; r++) free(l->run[r]);
+    free(l->run);
 }
 
 /* Places every non-persistent group above base, first fit in `order`; returns the top. */
@@ -176,16 +224,15 @@ static int64_t place_all(Group *groups, int ng, int64_t base, int (*order)(const
         Group *grp = &groups[i];
         if (grp->persistent) continue;
         int w0 = grp->start / width, w1 = grp->end / width;
-        const Slots *l = w0 == w1 ? &win[w0] : &all;
-        grp->offset = place(grp, l->slot, l->n, base);
+        grp->offset = place(grp, w0 == w1 ? &win[w0] : &all, base);
         Slot s = {grp->start, grp->end, grp->offset, grp->offset + align_up(grp->bytes)};
         int bad = slots_insert(&all, s);
         for (int w = w0; w <= w1; w++) bad |= slots_insert(&win[w], s);
         FS_ASSERT(!bad);  // out of memory
         if (s.top > top) top = s.top;
     }
-    free(all.slot);
-    for (int w = 0; w < WINDOWS; w++) free(win[w].slot);
+    slots_free(&all);
+    for (int w = 0; w < WINDOWS; w++) slots_free(&win[w]);
     return top;
 }
 
@@ -244,9 +291,16 @@ static int64_t plan_space(Graph *g, Group *groups, int ng)
      * largest first, 0.01% in schedule order). */
     top = place_all(groups, ng, base, by_size_desc, g->n_nodes);
     if (top > lower_bound(g->arena, groups, ng, g->n_nodes)) {
-        int64_t by_size = top;
+        /* by_size_desc is a total order (roots are distinct): sorting again restores the
+         * order these offsets were saved in. */
+        int64_t by_size = top, *saved = arena_alloc(g->arena, sizeof *saved * (size_t)ng + 1);
+        for (int i = 0; i < ng; i++) saved[i] = groups[i].offset;
         top = place_all(groups, ng, base, by_start, g->n_nodes);
-        if (by_size <= top) top = place_all(groups, ng, base, by_size_desc, g->n_nodes);
+        if (by_size <= top) {
+            qsort(groups, (size_t)ng, sizeof *groups, by_size_desc);
+            for (int i = 0; i < ng; i++) groups[i].offset = saved[i];
+            top = by_size;
+        }
     }
     return top;
 }
