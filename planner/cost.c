@@ -140,11 +140,49 @@ int cost_plan(const Machine *m, const Plan *p, Cost *out, char *err, size_t errl
     return 0;
 }
 
+/* Whether blocks of times w[0..n) (each a whole block, in order) go on at most P stages,
+ * the last also taking `last`, with no stage over x: packed from the last stage back,
+ * each stage as full as it goes (which needs the fewest stages; with n >= P a stage of
+ * several blocks splits into more, none fuller). */
+static int fits_stages(const double *w, int n, int P, double last, double x)
+{
+    int stages = 1, blocks = 0;
+    double cur = last;
+    for (int i = n - 1; i >= 0; i--) {
+        if (w[i] > x) return 0;
+        if (cur + w[i] > x) {
+            if (!blocks) return 0;  // the last stage cannot hold a block beside `last`
+            stages++, cur = 0, blocks = 0;
+        }
+        cur += w[i], blocks++;
+    }
+    return blocks > 0 && stages <= P;
+}
+
+/* The least time of the busiest of P stages of whole blocks w[0..n) in order, the last
+ * stage also taking `last` (n >= P): at or below the optimum, by bisection. */
+static double busiest_stage(const double *w, int n, int P, double last)
+{
+    double total = last, most = 0;
+    for (int i = 0; i < n; i++) total += w[i], most = w[i] > most ? w[i] : most;
+    double lo = total / P > most ? total / P : most, hi = total;
+    if (fits_stages(w, n, P, last, lo)) return lo;
+    for (int it = 0; it < 60 && hi - lo > 1e-9 * hi; it++) {
+        double mid = (lo + hi) / 2;
+        if (fits_stages(w, n, P, last, mid)) hi = mid;
+        else lo = mid;
+    }
+    return lo;
+}
+
 /* The bound, term by term (docs/planner.md):
  *   compute  the facts' roofline time of the forward and backward (and of the forward
  *            of recomputed blocks) / world, over 1 - bubble: the bubble of balanced
  *            stages, (S - 1) / (m x chunks + S - 1), at 90% (the step's own work shortens
- *            the timeline's a little), ZB-H1's a third of it
+ *            the timeline's a little), ZB-H1's a third of it; and with stages at least
+ *            the busiest stage's share: the best cut of the blocks (each with what it
+ *            recomputes) into S x chunks runs, the head's and the loss's ops on the
+ *            last, over the stage's data-parallel ranks
  *   host     offload: this rank's params x 8 bytes (the fp32 master read and written) / host_bw
  *   comm     the strategy's collectives over the params of a stage: ddp an all-reduce
  *            of the grads, zero1 that and a gather, zero2 and fsdp a reduce-scatter and a gather,
@@ -174,6 +212,15 @@ double cost_lower_bound(const Machine *m, const Space *s, const Cand *c)
         double bubble = 0.9 * (double)(S - 1) / ((double)mb * v + (double)(S - 1));
         if (!strcmp(sched, "zb1")) bubble /= 3;
         compute /= 1 - bubble;
+        double w[1024] = {0}, share = f->checkpoint == CKPT_ALWAYS ? 1 : f->checkpoint == CKPT_EXCEPT_LAST ? (double)(mb - 1) / mb : 0;
+        for (int b = 0; b < f->n_blocks; b++) w[b] = f->block_step[!fp32][b] + (b < k ? 1 : share) * f->block_time[!fp32][b];
+        /* With chunks, a stage holds v runs: at least the busiest run, and the last
+         * stage the head beside its v runs of a block or more each. */
+        double least = f->n_blocks ? w[0] : 0;
+        for (int b = 0; b < f->n_blocks; b++) least = w[b] < least ? w[b] : least;
+        double busiest = f->n_blocks >= S * v ? busiest_stage(w, f->n_blocks, (int)(S * v), f->last_time[!fp32]) : 0;
+        if (v > 1 && f->last_time[!fp32] + v * least > busiest) busiest = f->last_time[!fp32] + v * least;
+        if (busiest / (double)dp > compute) compute = busiest / (double)dp;
     }
     int sharded = strcmp(shard, "none") && strcmp(shard, "ddp");
     double stage_params = (double)f->params / (double)S, rank_params = stage_params / (sharded ? (double)dp : 1);

@@ -73,6 +73,10 @@ typedef struct {
      * rate); and of each block's forward ops: what a recompute of it adds at least. */
     double step_time[2];
     double block_time[2][1024];
+    /* Of those, each block's forward and backward ops (a pipeline stage holds whole
+     * blocks), and the ops outside blocks that a pipeline puts on its last stage (the
+     * head and the loss, both ways). */
+    double block_step[2][1024], last_time[2];
     int n_blocks;
     int checkpoint;       // PipeCheckpoint of the model's train block (pipelines' recompute)
     char stem[64];        // the blocks are stem0, stem1, ... ("h."): recompute names ranges of

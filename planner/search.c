@@ -85,19 +85,46 @@ static int probe(const FitRequest *q, ModelFacts *f, char *err, size_t errlen)
     for (int i = 0; i < g->n_nodes; i++) f->attention |= g->nodes[i].op == OP_attention && g->nodes[i].block >= 0;
     for (int i = 0; i < g->n_values && !f->batch; i++)
         if (g->values[i].role == ROLE_INPUT && g->values[i].rank > 0) f->batch = g->values[i].shape[0];
+    /* after[n], read through node n's inputs, from nodes of its own direction (forward,
+     * or backward and wgrad): AFTER_BLOCK, it reads a block's node; AFTER_LAST, the last
+     * block's forward. Outside blocks, stages.c puts a forward node that reads the last
+     * block's (the head, the loss) on the last stage, and so the backward nodes that read
+     * no block's (the loss's and the head's). Any other such node counts on no stage: a
+     * free one (the embedding) is copied to the stages that read it, the embedding's
+     * backward is the first stage's, and the tied weight's gradient sum a pipeline makes
+     * a collective. */
+    enum { AFTER_BLOCK = 1, AFTER_LAST = 2 };
+    char *after = calloc((size_t)g->n_nodes + 1, 1);
+    if (!after) {
+        ir_graph_free(g);
+        return snprintf(err, errlen, "out of memory"), -1;
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *nd = &g->nodes[i];
+        int fwd = nd->phase == PHASE_FORWARD;
+        after[i] = (char)((nd->block >= 0 ? AFTER_BLOCK : 0) | (fwd && nd->block == g->n_blocks - 1 ? AFTER_LAST : 0));
+        for (int k = 0; k < nd->n_in; k++) {
+            int pr = ir_value(g, ir_in(g, nd, k))->producer;
+            if (pr >= 0 && (g->nodes[pr].phase == PHASE_FORWARD) == fwd) after[i] |= after[pr];
+        }
+    }
     for (int i = 0; i < g->n_nodes; i++) {  // as cost.c prices them; no view moves bytes
         const Node *nd = &g->nodes[i];
         int fwd = nd->phase == PHASE_FORWARD, bwd = nd->phase == PHASE_BACKWARD || nd->phase == PHASE_WGRAD;
         if ((!fwd && !bwd) || (op_info(nd->op)->flags & OPF_VIEW) || op_info(nd->op)->comm != COMM_NONE) continue;
+        int in_block = nd->block >= 0 && nd->block < f->n_blocks;
         double fl = ir_op_hooks(nd->op)->flops(g, nd), bytes = 0;
         for (int k = 0; k < nd->n_in; k++) bytes += (double)ir_nbytes(ir_value(g, ir_in(g, nd, k)));
         for (int k = 0; k < nd->n_out; k++) bytes += (double)ir_nbytes(ir_value(g, ir_out(g, nd, k)));
         for (int w = 0; w < 2; w++) {  // 16-bit: every tensor at most half as wide
             double tw = cost_roofline(&q->machine, fl, w ? bytes / 2 : bytes, w);
             f->step_time[w] += tw;
-            if (fwd && nd->block >= 0 && nd->block < f->n_blocks) f->block_time[w][nd->block] += tw;
+            if (fwd && in_block) f->block_time[w][nd->block] += tw;
+            if (in_block) f->block_step[w][nd->block] += tw;
+            if (nd->block < 0 && (fwd ? after[i] & AFTER_LAST : !after[i])) f->last_time[w] += tw;
         }
     }
+    free(after);
     if (f->batch < 1) f->batch = 1;
     ir_graph_free(g);
     return 0;

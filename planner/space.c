@@ -243,7 +243,7 @@ int space_valid(const Space *s, const Cand *c)
         return 0;
     /* A shard group divides the stage's data-parallel ranks and is smaller than them (0:
      * all of them); 1 would be ddp, which the shard axis has. */
-    int64_t g = space_num(s, c, AX_SHARD_GROUP);
+    int64_t g = space_applies(s, c, AX_SHARD_GROUP) ? space_num(s, c, AX_SHARD_GROUP) : 0;
     if (!s->axes[AX_SHARD_GROUP].pinned && g && (g >= dp || dp % g)) return 0;
     return 1;
 }

@@ -28,32 +28,35 @@ static const Setting WORLD[] = {{"world", "2"}};
 static const Define DEFS4[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 64}, {"B", 8}};
 static const Setting HYBRID[] = {{"world", "4"}, {"precision", "bf16"}, {"offload", "none"}, {"stages", "1"}};
 
+/* slow: a machine 10^4 times slower at compute (FLOP/s and HBM), so that a small model's
+ * ops, not the collectives' latency, decide its time, as a large model's do. */
 static void fit_in(FitResult *r, const char *src, size_t len, int64_t budget, int brute, const Setting *s, int n,
-                   int world, const Define *defs)
+                   int world, const Define *defs, int slow)
 {
     FrontendOptions fo = {defs, 6, s, n};
     FitRequest q = {.src = src, .len = len, .path = "gpt2.fsm", .fo = &fo, .budget = budget, .world = world,
                     .brute = brute};
     machine_default(&q.machine);
+    if (slow) q.machine.flops_fp32 /= 1e4, q.machine.flops_16bit /= 1e4, q.machine.hbm_bw /= 1e4;
     char err[2048];
     cr_assert_eq(planner_fit(&q, r, err, sizeof err), 0, "%s", err);
 }
 
 static void fit(FitResult *r, const char *src, size_t len, int64_t budget, int brute, const Setting *s, int n)
 {
-    fit_in(r, src, len, budget, brute, s, n, 2, DEFS);
+    fit_in(r, src, len, budget, brute, s, n, 2, DEFS, 0);
 }
 
 /* The same winner as compiling every valid candidate, over budgets from below the
  * smallest arena to above the largest; the modelled time never rises with the budget;
  * every bound below its candidate's modelled time; the memory and time orders the
  * pruning assumes hold of every pair brute force compiled. */
-static void check_brute_force(int world, const Define *defs, const Setting *pinned, int n_pinned)
+static void check_brute_force(int world, const Define *defs, const Setting *pinned, int n_pinned, int slow)
 {
     size_t len;
     char *src = source("gpt2.fsm", &len);
     FitResult all;
-    fit_in(&all, src, len, INT64_MAX / 2, 1, pinned, n_pinned, world, defs);
+    fit_in(&all, src, len, INT64_MAX / 2, 1, pinned, n_pinned, world, defs, slow);
     cr_assert_gt(all.n_points, 100, "a space of %lld points", (long long)all.n_points);
     cr_assert_lt(all.n_points, 10000);
     int64_t lo = INT64_MAX, hi = 0;
@@ -93,7 +96,7 @@ static void check_brute_force(int world, const Define *defs, const Setting *pinn
                 want = i;
         }
         FitResult r;
-        fit_in(&r, src, len, budget, 0, pinned, n_pinned, world, defs);
+        fit_in(&r, src, len, budget, 0, pinned, n_pinned, world, defs, slow);
         cr_assert_eq(r.n_points, all.n_points);
         cr_assert_eq(r.winner, want, "budget %lld: search %lld, brute force %lld", (long long)budget,
                      (long long)r.winner, (long long)want);
@@ -109,14 +112,23 @@ static void check_brute_force(int world, const Define *defs, const Setting *pinn
     free(src);
 }
 
-Test(planner, search_equals_brute_force_over_budgets) { check_brute_force(2, DEFS, WORLD, 1); }
+Test(planner, search_equals_brute_force_over_budgets) { check_brute_force(2, DEFS, WORLD, 1, 0); }
 
 /* World 4 with hybrid sharding's groups of 2, instance and selective recompute in the
  * space (bf16, one stage, no offload pinned to keep it small). */
 Test(planner, search_equals_brute_force_hybrid_and_selective)
 {
-    check_brute_force(4, DEFS4, HYBRID, 4);
+    check_brute_force(4, DEFS4, HYBRID, 4, 0);
 }
+
+/* Pipelines at world 4 on a slow machine: five blocks (uneven cuts, up to a pure
+ * pipeline of 4 stages) and a head as costly as several of them, so the bound's busiest
+ * stage (the best cut, the head on the last stage) is what bounds some; bf16 and no
+ * offload pinned to keep it small. */
+static const Define DEFS_PIPE[] = {{"L", 5}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 1024}, {"B", 8}};
+static const Setting PIPE[] = {{"world", "4"}, {"precision", "bf16"}, {"offload", "none"}};
+
+Test(planner, search_equals_brute_force_pipelines) { check_brute_force(4, DEFS_PIPE, PIPE, 3, 1); }
 
 /* The winner's arena is the memory report's for its settings (fsc --mem), and the CPU
  * runtime allocates exactly it and runs a step within it (the guard on). */
