@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <threads.h>
 
 #include "ir.h"
 
@@ -188,10 +189,18 @@ static const struct { const char *alias, *name; } ALIASES[] = {
     {"float16", "fp16"}, {"bfloat16", "bf16"}, {"1F1B", "1f1b"},
 };
 
+static ConfigKey keys[N_KEYS];
+static once_flag keys_made = ONCE_FLAG_INIT;
+
+static void make_keys(void)
+{
+    for (int i = 0; i < N_KEYS; i++) keys[i] = KEYS[i].key;
+}
+
+/* Filled once (fsc --fit compiles on two threads). */
 const ConfigKey *config_keys(int *n)
 {
-    static ConfigKey keys[N_KEYS];
-    for (int i = 0; i < N_KEYS; i++) keys[i] = KEYS[i].key;
+    call_once(&keys_made, make_keys);
     *n = N_KEYS;
     return keys;
 }

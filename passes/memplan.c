@@ -25,6 +25,7 @@
  * node the schedule has wait for it (to the step's end when none does), so no other
  * value's bytes overlap them while it is in flight, and no run-time check is needed.
  */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -123,11 +124,13 @@ typedef struct {
 /* Slots in offset order, in runs of at most RUN (an insert moves the tail of one run,
  * not of the whole list): every placed group, and per window of time the groups live in
  * it (a group within one window overlaps only those, so its walk reads only them). */
-enum { WINDOWS = 64, RUN = 128 };
+enum { WINDOWS = 64, RUN = 64 };
 
 typedef struct {
     Slot slot[RUN];
     int n;
+    int start, end;  // the earliest start and the latest end of its slots: a walk skips a
+                     // run that lives wholly outside its group's range
 } Run;
 
 typedef struct {
@@ -141,14 +144,26 @@ typedef struct {
 static int64_t place(const Group *grp, const Slots *l, int64_t base)
 {
     int64_t at = base;
-    for (int r = 0; r < l->n; r++)
-        for (int i = 0; i < l->run[r]->n; i++) {
-            const Slot *p = &l->run[r]->slot[i];
+    for (int r = 0; r < l->n; r++) {
+        const Run *run = l->run[r];
+        if (run->start > grp->end || grp->start > run->end) continue;
+        for (int i = 0; i < run->n; i++) {
+            const Slot *p = &run->slot[i];
             if (p->start > grp->end || grp->start > p->end) continue;
             if (p->offset >= at + grp->bytes) return at;
             if (p->top > at) at = p->top;
         }
+    }
     return at;
+}
+
+static void run_span(Run *run)
+{
+    run->start = INT_MAX, run->end = INT_MIN;
+    for (int i = 0; i < run->n; i++) {
+        if (run->slot[i].start < run->start) run->start = run->slot[i].start;
+        if (run->slot[i].end > run->end) run->end = run->slot[i].end;
+    }
 }
 
 /* The index of the first of run's n slots above `offset`. */
@@ -175,6 +190,7 @@ static Run *run_new(Slots *l, int r)
     Run *fresh = malloc(sizeof *fresh);
     if (!fresh) return NULL;
     fresh->n = 0;
+    fresh->start = INT_MAX, fresh->end = INT_MIN;
     memmove(l->run + r + 1, l->run + r, sizeof *l->run * (size_t)(l->n - r));
     l->run[r] = fresh;
     l->n++;
@@ -198,12 +214,15 @@ static int slots_insert(Slots *l, Slot s)
         Run *first = l->run[r];
         memcpy(second->slot, first->slot + RUN / 2, sizeof *first->slot * (RUN - RUN / 2));
         second->n = RUN - RUN / 2, first->n = RUN / 2;
+        run_span(first), run_span(second);
         if (at > RUN / 2) r++, at -= RUN / 2;
     }
     Run *run = l->run[r];
     memmove(run->slot + at + 1, run->slot + at, sizeof *run->slot * (size_t)(run->n - at));
     run->slot[at] = s;
     run->n++;
+    if (s.start < run->start) run->start = s.start;
+    if (s.end > run->end) run->end = s.end;
     return 0;
 }
 

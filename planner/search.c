@@ -12,11 +12,15 @@
  * by a few hundred bytes), and a rule that assumes it misses the winner at a budget
  * between the two (tests/unit/test_planner.c finds such pairs).
  * Ties go to the earlier candidate in that order, in the search and in brute force alike.
- * Deterministic: no clock, no hash order, the same order every run.
+ * Deterministic: no clock, no hash order, the same order every run, and the same
+ * candidates compiled whatever the core count (compile_batch).
  */
 #include <float.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <threads.h>
+#include <unistd.h>
 
 #include "codegen.h"
 #include "passes.h"
@@ -152,6 +156,45 @@ static void compile_point(const FitRequest *q, const Space *s, FitPoint *p, FILE
     ir_graph_free(g);
 }
 
+/* Candidates are compiled BATCH at a time, on as many threads as the machine has cores
+ * (up to BATCH; the compiler keeps no state between compiles), each thread taking the
+ * batch's next candidate when it is done with one; the results are then taken in bound
+ * order. A batch is chosen from the results before it, so a later candidate of it may
+ * be one that an earlier one's result would have pruned: that costs a compile, never
+ * the winner (a pruned candidate cannot beat the best). BATCH is fixed, not the core
+ * count, so every machine compiles the same candidates and prints the same counts. */
+enum { BATCH = 2 };
+
+typedef struct {
+    const FitRequest *q;
+    const Space *s;
+    FitPoint *points;
+    const int64_t *batch;
+    int nb;
+    atomic_int next;  // the batch's next candidate to compile
+    FILE *msgs;
+} Batch;
+
+static int worker(void *arg)
+{
+    Batch *w = arg;
+    for (int b; (b = atomic_fetch_add(&w->next, 1)) < w->nb;)
+        compile_point(w->q, w->s, &w->points[w->batch[b]], w->msgs);
+    return 0;
+}
+
+static void compile_batch(const FitRequest *q, const Space *s, FitPoint *points, const int64_t *batch, int nb,
+                          FILE *msgs)
+{
+    Batch w = {q, s, points, batch, nb, 0, msgs};
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_threads = cores < 1 ? 0 : (int)(cores < nb ? cores : nb) - 1, n_started = 0;
+    thrd_t th[BATCH];
+    while (n_started < n_threads && thrd_create(&th[n_started], worker, &w) == thrd_success) n_started++;
+    worker(&w);  // this thread too; alone when no other could start
+    for (int t = 0; t < n_started; t++) thrd_join(th[t], NULL);
+}
+
 /* Whether a agrees with b on every axis but the space_time_up ones, and is at or below b on those. */
 static int time_below(const Cand *a, const Cand *b)
 {
@@ -194,29 +237,39 @@ static int search(const FitRequest *q, FitResult *r, int64_t *order, int64_t *do
     double best = DBL_MAX;
     int64_t n_done = 0;
     r->winner = r->smallest = -1;
-    for (int64_t k = 0; k < r->n_points; k++) {
-        int64_t i = order[k];
-        FitPoint *p = &r->points[i];
-        if (!q->brute) {
-            if (space_dominated(&r->space, &p->cand)) {
-                r->n_dominated++;
+    for (int64_t k = 0; k < r->n_points;) {
+        /* The next BATCH candidates that the results so far do not prune. */
+        int64_t batch[BATCH];
+        int nb = 0;
+        for (; k < r->n_points && nb < BATCH; k++) {
+            int64_t i = order[k];
+            const FitPoint *p = &r->points[i];
+            if (!q->brute) {
+                if (space_dominated(&r->space, &p->cand)) {
+                    r->n_dominated++;
+                    continue;
+                }
+                if (p->lb >= best || slower_than(r, done, n_done, p, best)) {
+                    r->n_time_pruned++;
+                    continue;
+                }
+            }
+            batch[nb++] = i;
+        }
+        compile_batch(q, &r->space, r->points, batch, nb, msgs);
+        for (int b = 0; b < nb; b++) {  // in order, as one by one
+            int64_t i = batch[b];
+            const FitPoint *p = &r->points[i];
+            done[n_done++] = i;
+            r->n_compiled++;
+            if (p->compiled != 1) {
+                r->n_failed++;
                 continue;
             }
-            if (p->lb >= best || slower_than(r, done, n_done, p, best)) {
-                r->n_time_pruned++;
-                continue;
-            }
+            if (p->arena <= q->budget && p->cost.time < best) best = p->cost.time, r->winner = i;
+            const FitPoint *s = r->smallest >= 0 ? &r->points[r->smallest] : NULL;
+            if (!s || p->arena < s->arena || (p->arena == s->arena && p->cost.time < s->cost.time)) r->smallest = i;
         }
-        compile_point(q, &r->space, p, msgs);
-        done[n_done++] = i;
-        r->n_compiled++;
-        if (p->compiled != 1) {
-            r->n_failed++;
-            continue;
-        }
-        if (p->arena <= q->budget && p->cost.time < best) best = p->cost.time, r->winner = i;
-        const FitPoint *s = r->smallest >= 0 ? &r->points[r->smallest] : NULL;
-        if (!s || p->arena < s->arena || (p->arena == s->arena && p->cost.time < s->cost.time)) r->smallest = i;
     }
     fclose(msgs);
     /* The front: by time, each point smaller than every faster one. */

@@ -3,6 +3,9 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -727,6 +730,14 @@ static int fit(Flags *f, int argc, char **argv, const char *src, size_t len, Fit
     if (f->gpus_per_node) q.machine.gpus_per_node = f->gpus_per_node;
     fit_command(argc, argv, cmd, sizeof cmd);
     q.command = cmd;
+#ifdef __GLIBC__
+    /* The search compiles hundreds of plans on two threads, each allocating and freeing
+     * graphs of hundreds of MiB: glibc would map and unmap them each time, and the page
+     * faults of the two threads serialize on the process's memory map (a fifth of the
+     * search's time). Kept on the heap, they are reused. */
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
     if (planner_fit(&q, r, err, sizeof err)) {
         fprintf(stderr, "fsc: error: --fit: %s\n", err);
         return -1;
