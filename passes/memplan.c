@@ -124,7 +124,7 @@ typedef struct {
 /* Slots in offset order, in runs of at most RUN (an insert moves the tail of one run,
  * not of the whole list): every placed group, and per window of time the groups live in
  * it (a group within one window overlaps only those, so its walk reads only them). */
-enum { WINDOWS = 64, RUN = 64 };
+enum { WINDOWS = 64, RUN = 128 };
 
 typedef struct {
     Slot slot[RUN];

@@ -196,15 +196,14 @@ double cost_lower_bound(const Machine *m, const Space *s, const Cand *c)
     int64_t k = space_num(s, c, AX_RECOMPUTE);
     const char *prec = space_value(s, c, AX_PRECISION), *shard = space_value(s, c, AX_SHARD);
     int fp32 = !strcmp(prec, "fp32");
+    /* The pipeline's checkpoint recomputes the share of a stage's forward of some micro-batches. */
+    double share = S < 2 ? 0 : f->checkpoint == CKPT_ALWAYS ? 1 : f->checkpoint == CKPT_EXCEPT_LAST ? (double)(mb - 1) / mb : 0;
     double rec = 0, all_fwd = 0;
     for (int b = 0; b < f->n_blocks; b++) {
         all_fwd += f->block_time[!fp32][b];
         if (b < k) rec += f->block_time[!fp32][b];
     }
-    if (S > 1) {  // the pipeline's checkpoint recomputes a stage's forward for some micro-batches
-        double share = f->checkpoint == CKPT_ALWAYS ? 1 : f->checkpoint == CKPT_EXCEPT_LAST ? (double)(mb - 1) / mb : 0;
-        if (share * all_fwd > rec) rec = share * all_fwd;
-    }
+    if (share * all_fwd > rec) rec = share * all_fwd;
     double compute = (f->step_time[!fp32] + rec) / s->world;
     if (S > 1) {
         const char *sched = space_value(s, c, AX_SCHEDULE);
@@ -212,7 +211,7 @@ double cost_lower_bound(const Machine *m, const Space *s, const Cand *c)
         double bubble = 0.9 * (double)(S - 1) / ((double)mb * v + (double)(S - 1));
         if (!strcmp(sched, "zb1")) bubble /= 3;
         compute /= 1 - bubble;
-        double w[1024] = {0}, share = f->checkpoint == CKPT_ALWAYS ? 1 : f->checkpoint == CKPT_EXCEPT_LAST ? (double)(mb - 1) / mb : 0;
+        double w[1024] = {0};
         for (int b = 0; b < f->n_blocks; b++) w[b] = f->block_step[!fp32][b] + (b < k ? 1 : share) * f->block_time[!fp32][b];
         /* With chunks, a stage holds v runs: at least the busiest run, and the last
          * stage the head beside its v runs of a block or more each. */
