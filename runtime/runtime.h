@@ -645,7 +645,7 @@ int rt_ranks_discover(RtGetenv get, void *ctx, RtRanks *r, char *err, size_t err
 int rt_ranks_from_env(RtRanks *r, char *err, size_t errlen);
 const char *rt_launch_name(RtLaunch l);
 /* The argv of `fsexec --nproc N`: mpirun -np N --oversubscribe --bind-to none -x
- * OMP_WAIT_POLICY -x OMP_NUM_THREADS [--allow-run-as-root] exe args..., NULL-terminated
+ * OMP_NUM_THREADS [--allow-run-as-root] exe args..., NULL-terminated
  * in out (cap entries; np_buf holds N's digits). The count, or -1 if cap is too small. */
 int rt_launch_argv(const char *mpirun, const char *exe, int nproc, int as_root, char *const *args, int n_args,
                    const char **out, int cap, char *np_buf, size_t np_len);

@@ -1160,17 +1160,6 @@ static int launch(const Flags *f, int argc, char **argv)
     return 1;
 }
 
-/* OpenMP threads that spin between parallel regions steal the cores OpenBLAS's threads
- * need (measured: GPT-2 124M at B=4, T=64 ran 2.5 s a step instead of 1.2 s on 2 cores).
- * libgomp reads its wait policy once, when it loads, before main: so unless the user
- * chose one, start again with the passive policy. */
-static void passive_openmp(char **argv)
-{
-    if (getenv("OMP_WAIT_POLICY")) return;
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    execv("/proc/self/exe", argv);  // if that fails, run on with the default policy
-}
-
 /* Registered first, so it runs last at exit: a failed write to stdout (a full disk) is an
  * error whatever the command printed, --help included. */
 static void close_stdout(void)
@@ -1184,7 +1173,6 @@ static void close_stdout(void)
 
 int main(int argc, char **argv)
 {
-    passive_openmp(argv);
     plan_stdout_open();
     atexit(close_stdout);
     Flags f = {0};

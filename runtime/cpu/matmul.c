@@ -132,6 +132,23 @@ static void batch_at(const Geom *g, int64_t i, int64_t *oa, int64_t *ob)
     }
 }
 
+/* Whether the batches are GEMMs OpenBLAS runs on the calling thread, more than one: they
+ * go one per thread. Otherwise they run in turn, outside any parallel region: gemm splits
+ * each. (An `if (false)` region around them would still be a region: libgomp would count
+ * gemm's inside it as nested and start fresh threads for it at every call.) */
+static int small_batches(const Geom *g)
+{
+    return g->nbatch > 1 && (double)g->M * (double)g->N * (double)g->K <= GEMM_SERIAL_MNK;
+}
+
+static void batch_gemm(const Geom *g, CBLAS_TRANSPOSE opa, CBLAS_TRANSPOSE opb, const float *a, const float *b,
+                       float *c, int64_t i)
+{
+    int64_t oa, ob;
+    batch_at(g, i, &oa, &ob);
+    gemm(opa, opb, g->M, g->N, g->K, 1.0f, a + oa, g->lda, b + ob, g->ldb, c + i * g->M * g->N, g->N);
+}
+
 /* ---- 16-bit --------------------------------------------------------------------------- */
 
 #define PANEL_MIN 16  // rows and columns of a panel, at least (or all there are)
@@ -178,8 +195,14 @@ static void matmul_groups(const KCall *k, const Geom *g)
                 to_f32(wb + j * sb, B->data, B->dtype, ob, sb);
             }
         }
-#pragma omp parallel for if (small && n > 1) schedule(static)
-        for (int64_t j = 0; j < n; j++) gemm(opa, opb, M, N, K, 1.0f, wa + j * sa, g->lda, wb + j * sb, g->ldb, wc + j * sc, N);
+        if (small && n > 1) {
+#pragma omp parallel for schedule(static)
+            for (int64_t j = 0; j < n; j++)
+                gemm(opa, opb, M, N, K, 1.0f, wa + j * sa, g->lda, wb + j * sb, g->ldb, wc + j * sc, N);
+        } else {  // in turn, each split by gemm (see small_batches)
+            for (int64_t j = 0; j < n; j++)
+                gemm(opa, opb, M, N, K, 1.0f, wa + j * sa, g->lda, wb + j * sb, g->ldb, wc + j * sc, N);
+        }
         from_f32_par(C->data, C->dtype, i0 * sc, wc, n * sc);
     }
 }
@@ -251,11 +274,10 @@ void cpu_matmul(const KCall *k)
         gemm(opa, opb, M, N, K, 1.0f, a, g.lda, b, g.ldb, c, N);
         return;
     }
-    int small = (double)M * (double)N * (double)K <= GEMM_SERIAL_MNK;
-#pragma omp parallel for if (small && g.nbatch > 1) schedule(static)
-    for (int64_t i = 0; i < g.nbatch; i++) {
-        int64_t oa, ob;
-        batch_at(&g, i, &oa, &ob);
-        gemm(opa, opb, M, N, K, 1.0f, a + oa, g.lda, b + ob, g.ldb, c + i * M * N, N);
+    if (small_batches(&g)) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < g.nbatch; i++) batch_gemm(&g, opa, opb, a, b, c, i);
+    } else {  // one at a time, each split by gemm (not in a serialized region: see small_batches)
+        for (int64_t i = 0; i < g.nbatch; i++) batch_gemm(&g, opa, opb, a, b, c, i);
     }
 }
