@@ -83,7 +83,7 @@ static int64_t visible(const Att *a, int64_t i, int64_t j0, int64_t nk)
 
 /* ---- forward ---------------------------------------------------------------------- */
 
-static void fwd_block(const Att *a, int64_t bh, int64_t i0)
+KSIMD static void fwd_block(const Att *a, int64_t bh, int64_t i0)
 {
     int64_t nq = imin(BQ, a->T - i0), D = a->D, Dv = a->Dv;
     int64_t jend = a->causal ? imin(a->S, a->at + i0 + nq) : a->S;
@@ -98,13 +98,13 @@ static void fwd_block(const Att *a, int64_t bh, int64_t i0)
         for (int64_t r = 0; r < nq; r++) {
             float *row = s + r * nk, *orow = o + r * Dv;
             int64_t lim = visible(a, i0 + r, j0, nk);
-            float mx = row_max(row, lim);
+            for (int64_t c = lim; c < nk; c++) row[c] = -INFINITY;  // masked keys: out of the max
+            float mx = row_max(row, nk);
             mx = m[r] > mx ? m[r] : mx;
             float corr = m[r] == mx ? 1.0f : fexp(m[r] - mx);  // first tile: m[r] = -inf, corr = 0
-            VEC_LOOP
-            for (int64_t c = 0; c < lim; c++) row[c] = fexp(row[c] - mx);
-            float sum = vsum(row, lim);
-            for (int64_t c = lim; c < nk; c++) row[c] = 0;
+            VEC_LOOP  // the whole tile row, so that the loop runs in vectors (a causal row's length varies)
+            for (int64_t c = 0; c < nk; c++) row[c] = c < lim ? fexp(row[c] - mx) : 0.0f;
+            float sum = vsum(row, nk);
             if (corr != 1.0f) {
                 VEC_LOOP
                 for (int64_t c = 0; c < Dv; c++) orow[c] *= corr;
@@ -185,7 +185,7 @@ void cpu_attention_decode(const KCall *k)
 /* ---- backward --------------------------------------------------------------------- */
 
 /* One (query block i0, key block j0) tile of slice bh; dr holds rowsum(dO * O). */
-static void bwd_tile(const Att *a, int64_t bh, int64_t i0, int64_t j0, const float *dr, int do_kv, int do_q)
+KSIMD static void bwd_tile(const Att *a, int64_t bh, int64_t i0, int64_t j0, const float *dr, int do_kv, int do_q)
 {
     int64_t nq = imin(BQ, a->T - i0), nk = imin(a->bk, a->S - j0), D = a->D, Dv = a->Dv;
     int64_t kv = bh / a->G;
@@ -200,12 +200,13 @@ static void bwd_tile(const Att *a, int64_t bh, int64_t i0, int64_t j0, const flo
     for (int64_t r = 0; r < nq; r++) {
         float *pr = p + r * nk, *dsr = ds + r * nk;
         int64_t lim = visible(a, i0 + r, j0, nk);
-        VEC_LOOP
-        for (int64_t c = 0; c < lim; c++) {
-            pr[c] = fexp(pr[c] - lse[r]);
-            dsr[c] = pr[c] * (dsr[c] - dr[r]);
+        float l = lse[r], d = dr[r];
+        VEC_LOOP  // the whole tile row, masked keys to 0 (see fwd_block)
+        for (int64_t c = 0; c < nk; c++) {
+            float e = c < lim ? fexp(pr[c] - l) : 0.0f;
+            dsr[c] = e * (dsr[c] - d);
+            pr[c] = e;
         }
-        for (int64_t c = lim; c < nk; c++) pr[c] = 0, dsr[c] = 0;
     }
     if (do_kv) {
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)Dv, (int)nq, 1.0f, p, (int)nk, go, (int)Dv, 1.0f,

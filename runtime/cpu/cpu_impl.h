@@ -18,7 +18,7 @@
 
 #include "kernels.h"
 
-#define PAR_MIN 32768  // elements of work below which a loop stays serial
+#define PAR_MIN 8192  // elements of work below which a loop stays serial
 
 #define KPI 3.14159265358979323846
 

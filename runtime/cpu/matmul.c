@@ -14,9 +14,12 @@
  * as much as 16-bit), so only runs at equal thread counts compare bit for bit.
  *
  * One pool of threads: when OpenBLAS is set to one thread (rt_set_threads does it, so
- * fsexec always runs so), a large GEMM is split here, over N (or M when M is the
- * larger), into one piece per OpenMP thread, each a single-threaded cblas_sgemm on its
- * block of C (gemm). OpenBLAS's pthreads build otherwise keeps a second pool whose
+ * fsexec always runs so), a large GEMM is split here, over M (or over N when N is at
+ * least 4 M: a logits or MLP-up product of a few rows), into one piece per OpenMP
+ * thread, each a single-threaded cblas_sgemm on its block of C (gemm). Rows first is
+ * measured: on GPT-2's shapes at B T = 256 (OpenBLAS 0.3.21, Zen 4, 2 threads), halves
+ * of M ran at 1.05 to 1.6 times the rate of halves of N for N up to 3 M, and 5 to 10%
+ * slower above. OpenBLAS's pthreads build otherwise keeps a second pool whose
  * spinning threads fight OpenMP's for the cores after every switch between a GEMM and
  * the elementwise ops around it; on two shared cores that costs more than the GEMMs.
  * The pieces follow from the shape and the thread count alone, so as with OpenBLAS's own
@@ -48,7 +51,7 @@ static void gemm(CBLAS_TRANSPOSE opa, CBLAS_TRANSPOSE opb, int64_t M, int64_t N,
                     (int)ldc);
         return;
     }
-    int by_n = N >= M;
+    int by_n = N >= 4 * M;
     int64_t len = by_n ? N : M, piece = (len + nt - 1) / nt;
     piece = (piece + 15) / 16 * 16;  // whole vector blocks of the kernels
     int64_t pieces = (len + piece - 1) / piece;
