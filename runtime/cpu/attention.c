@@ -98,9 +98,9 @@ KSIMD static void fwd_block(const Att *a, int64_t bh, int64_t i0)
         for (int64_t r = 0; r < nq; r++) {
             float *row = s + r * nk, *orow = o + r * Dv;
             int64_t lim = visible(a, i0 + r, j0, nk);
-            for (int64_t c = lim; c < nk; c++) row[c] = -INFINITY;  // masked keys: out of the max
-            float mx = row_max(row, nk);
-            mx = m[r] > mx ? m[r] : mx;
+            float mx = m[r];  // the running max, and this tile's unmasked keys (a max: any order)
+#pragma omp simd reduction(max : mx)
+            for (int64_t c = 0; c < nk; c++) mx = c < lim && row[c] > mx ? row[c] : mx;
             float corr = m[r] == mx ? 1.0f : fexp(m[r] - mx);  // first tile: m[r] = -inf, corr = 0
             VEC_LOOP  // the whole tile row, so that the loop runs in vectors (a causal row's length varies)
             for (int64_t c = 0; c < nk; c++) row[c] = c < lim ? fexp(row[c] - mx) : 0.0f;
