@@ -755,25 +755,33 @@ static int fit(Flags *f, int argc, char **argv, const char *src, size_t len, Fit
     return 0;
 }
 
+/* The names parse_define and setting_key copied. */
+static int flags_free(Flags *f, int rc)
+{
+    for (int i = 0; i < f->n_defines; i++) free((char *)f->defines[i].name);
+    for (int i = 0; i < f->n_settings; i++) free((char *)f->settings[i].key);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     plan_stdout_open();
     atexit(close_stdout);
     Flags f = {0};
-    if (parse_args(argc, argv, &f) || check_outputs(&f)) return 1;
+    if (parse_args(argc, argv, &f) || check_outputs(&f)) return flags_free(&f, 1);
     if (!f.fit && (f.machine || f.gpus_per_node)) {
         fprintf(stderr, "fsc: error: %s describes the machine of --fit: give --fit SIZE too\n",
                 f.machine ? "--machine" : "--gpus-per-node");
-        return 1;
+        return flags_free(&f, 1);
     }
     size_t len;
     char *src = read_source(f.input, &len);
-    if (!src) return 1;
+    if (!src) return flags_free(&f, 1);
     FitResult fr = {0};
     if (f.fit && fit(&f, argc, argv, src, len, &fr)) {
         planner_free(&fr);
         free(src);
-        return 1;
+        return flags_free(&f, 1);
     }
 
     Diag d;
@@ -799,7 +807,5 @@ int main(int argc, char **argv)
     ir_graph_free(g);
     planner_free(&fr);
     free(src);
-    for (int i = 0; i < f.n_defines; i++) free((char *)f.defines[i].name);
-    for (int i = 0; i < f.n_settings; i++) free((char *)f.settings[i].key);
-    return rc;
+    return flags_free(&f, rc);
 }

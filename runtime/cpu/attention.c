@@ -83,35 +83,46 @@ static int64_t visible(const Att *a, int64_t i, int64_t j0, int64_t nk)
 
 /* ---- forward ---------------------------------------------------------------------- */
 
+/* One query block's forward. Each score tile is computed transposed, st [keys, queries]
+ * = scale K_j Q^T, so that a query's statistics over the keys (the running max m, the
+ * sum l) are vertical: every loop runs along the queries, in vectors, with no per-row
+ * horizontal reductions; a query row's keys are summed in key order. */
 KSIMD static void fwd_block(const Att *a, int64_t bh, int64_t i0)
 {
     int64_t nq = imin(BQ, a->T - i0), D = a->D, Dv = a->Dv;
     int64_t jend = a->causal ? imin(a->S, a->at + i0 + nq) : a->S;
     const float *q = a->q + (bh * a->T + i0) * D;
-    float *o = a->out + (bh * a->T + i0) * Dv, s[BQ * BK], m[BQ], l[BQ];
+    float *o = a->out + (bh * a->T + i0) * Dv, st[BK * BQ], m[BQ], l[BQ], mx[BQ], corr[BQ];
     for (int64_t r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
     memset(o, 0, sizeof(float) * (size_t)(nq * Dv));
     for (int64_t j0 = 0; j0 < jend; j0 += a->bk) {
         int64_t nk = imin(a->bk, jend - j0);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, q, (int)D,
-                    a->k + (bh / a->G * a->S + j0) * D, (int)D, 0.0f, s, (int)nk);
-        for (int64_t r = 0; r < nq; r++) {
-            float *row = s + r * nk, *orow = o + r * Dv;
-            int64_t lim = visible(a, i0 + r, j0, nk);
-            float mx = m[r];  // the running max, and this tile's unmasked keys (a max: any order)
-#pragma omp simd reduction(max : mx)
-            for (int64_t c = 0; c < nk; c++) mx = c < lim && row[c] > mx ? row[c] : mx;
-            float corr = m[r] == mx ? 1.0f : fexp(m[r] - mx);  // first tile: m[r] = -inf, corr = 0
-            VEC_LOOP  // the whole tile row, so that the loop runs in vectors (a causal row's length varies)
-            for (int64_t c = 0; c < nk; c++) row[c] = c < lim ? fexp(row[c] - mx) : 0.0f;
-            float sum = vsum(row, nk);
-            if (corr != 1.0f) {
-                VEC_LOOP
-                for (int64_t c = 0; c < Dv; c++) orow[c] *= corr;
-            }
-            l[r] = l[r] * corr + sum, m[r] = mx;
+        int64_t first = a->causal ? j0 - a->at - i0 : -BK;  // key c is seen by query rows r >= first + c
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nk, (int)nq, (int)D, a->scale,
+                    a->k + (bh / a->G * a->S + j0) * D, (int)D, q, (int)D, 0.0f, st, (int)nq);
+        for (int64_t r = 0; r < nq; r++) mx[r] = m[r];
+        for (int64_t c = 0; c < nk; c++) {
+            const float *sc = st + c * nq;
+            VEC_LOOP
+            for (int64_t r = 0; r < nq; r++) mx[r] = r >= first + c && sc[r] > mx[r] ? sc[r] : mx[r];
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)Dv, (int)nk, 1.0f, s, (int)nk,
+        VEC_LOOP  // first tile: m = -inf, corr = 0
+        for (int64_t r = 0; r < nq; r++) corr[r] = m[r] == mx[r] ? 1.0f : fexp(m[r] - mx[r]), l[r] *= corr[r];
+        for (int64_t c = 0; c < nk; c++) {
+            float *sc = st + c * nq;
+            VEC_LOOP
+            for (int64_t r = 0; r < nq; r++) {
+                sc[r] = r >= first + c ? fexp(sc[r] - mx[r]) : 0.0f;
+                l[r] += sc[r];
+            }
+        }
+        for (int64_t r = 0; r < nq; r++) {
+            m[r] = mx[r];
+            if (corr[r] == 1.0f) continue;
+            VEC_LOOP
+            for (int64_t c = 0; c < Dv; c++) o[r * Dv + c] *= corr[r];
+        }
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nq, (int)Dv, (int)nk, 1.0f, st, (int)nq,
                     a->v + (bh / a->G * a->S + j0) * Dv, (int)Dv, 1.0f, o, (int)Dv);
     }
     for (int64_t r = 0; r < nq; r++) {
