@@ -15,11 +15,12 @@
  *
  * One pool of threads: when OpenBLAS is set to one thread (rt_set_threads does it, so
  * fsexec always runs so), a large GEMM is split here, over M (or over N when N is at
- * least 4 M: a logits or MLP-up product of a few rows), into one piece per OpenMP
- * thread, each a single-threaded cblas_sgemm on its block of C (gemm). Rows first is
- * measured: on GPT-2's shapes at B T = 256 (OpenBLAS 0.3.21, Zen 4, 2 threads), halves
- * of M ran at 1.05 to 1.6 times the rate of halves of N for N up to 3 M, and 5 to 10%
- * slower above. OpenBLAS's pthreads build otherwise keeps a second pool whose
+ * least 4 M, a logits or MLP-up product of a few rows, or when K is at least 3 times
+ * both: the head's and the MLP's input gradients), into one piece per OpenMP thread,
+ * each a single-threaded cblas_sgemm on its block of C (gemm). The rule is measured:
+ * on GPT-2's shapes at B T = 256 (OpenBLAS 0.3.21, Zen 4, 2 threads), halves of M ran
+ * at 1.05 to 1.6 times the rate of halves of N on the other shapes, and 3 to 15%
+ * slower on those. OpenBLAS's pthreads build otherwise keeps a second pool whose
  * spinning threads fight OpenMP's for the cores after every switch between a GEMM and
  * the elementwise ops around it; on two shared cores that costs more than the GEMMs.
  * The pieces follow from the shape and the thread count alone, so as with OpenBLAS's own
@@ -51,7 +52,7 @@ static void gemm(CBLAS_TRANSPOSE opa, CBLAS_TRANSPOSE opb, int64_t M, int64_t N,
                     (int)ldc);
         return;
     }
-    int by_n = N >= 4 * M;
+    int by_n = N >= 4 * M || K >= 3 * (M > N ? M : N);
     int64_t len = by_n ? N : M, piece = (len + nt - 1) / nt;
     piece = (piece + 15) / 16 * 16;  // whole vector blocks of the kernels
     int64_t pieces = (len + piece - 1) / piece;
