@@ -54,10 +54,8 @@
  *
  * The plan must outlive the Exec: list attributes point into it.
  */
-#define _DEFAULT_SOURCE  // MADV_HUGEPAGE
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -493,21 +491,6 @@ static int alloc_side(Exec *e, char *err, size_t errlen)
     return 0;
 }
 
-/* Asks Linux for transparent huge pages over the whole 2 MiB pages of [p, p + n), before
- * anything touches them. Where THP is `madvise` (Debian's default), an arena of
- * gigabytes would otherwise take a TLB miss every 4 KiB of a GEMM's or AdamW's stream.
- * Only a hint: where it is refused or unknown, the arena is the same bytes. */
-static void advise_huge(void *p, size_t n)
-{
-#ifdef MADV_HUGEPAGE
-    enum { HUGE = 2 << 20 };
-    uintptr_t lo = ((uintptr_t)p + HUGE - 1) & ~(uintptr_t)(HUGE - 1), hi = ((uintptr_t)p + n) & ~(uintptr_t)(HUGE - 1);
-    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
-#else
-    (void)p, (void)n;
-#endif
-}
-
 /* One allocation per memory space, each exactly its planned size (aligned); a mirror's
  * only its prefix (and the outputs apart). */
 static int alloc_spaces(Exec *e, const PlanProgram *prog, char *err, size_t errlen)
@@ -522,7 +505,6 @@ static int alloc_spaces(Exec *e, const PlanProgram *prog, char *err, size_t errl
         if (!(e->block[s] = plan_alloc((size_t)n + ARENA_ALIGN - 1)))
             return plan_fail(err, errlen, "cannot allocate the %.1f MiB %s arena the plan needs (out of memory)",
                              (double)n / (1 << 20), plan_place_name((PlanPlace)s));
-        advise_huge(e->block[s], (size_t)n + ARENA_ALIGN - 1);
         e->space[s] = (uint8_t *)(((uintptr_t)e->block[s] + ARENA_ALIGN - 1) & ~(uintptr_t)(ARENA_ALIGN - 1));
         e->space_bytes[s] = prog->space_bytes[s];
     }

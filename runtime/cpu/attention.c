@@ -75,11 +75,9 @@ static void att_init(Att *a, const KCall *k, int causal)
     a->q = fdata(q), a->k = fdata(kk), a->v = fdata(v);
 }
 
-/* Keys of a tile that query row i may see: [j0, j0 + result). */
-static int64_t visible(const Att *a, int64_t i, int64_t j0, int64_t nk)
-{
-    return a->causal ? imax(0, imin(nk, a->at + i - j0 + 1)) : nk;
-}
+/* The causal mask of tile (query block i0, key block j0): its key c is seen by its query
+ * rows r >= result + c (every row, without the mask: no tile is wider than BK). */
+static int64_t first_seer(const Att *a, int64_t i0, int64_t j0) { return a->causal ? j0 - a->at - i0 : -BK; }
 
 /* ---- forward ---------------------------------------------------------------------- */
 
@@ -97,7 +95,7 @@ KSIMD static void fwd_block(const Att *a, int64_t bh, int64_t i0)
     memset(o, 0, sizeof(float) * (size_t)(nq * Dv));
     for (int64_t j0 = 0; j0 < jend; j0 += a->bk) {
         int64_t nk = imin(a->bk, jend - j0);
-        int64_t first = a->causal ? j0 - a->at - i0 : -BK;  // key c is seen by query rows r >= first + c
+        int64_t first = first_seer(a, i0, j0);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nk, (int)nq, (int)D, a->scale,
                     a->k + (bh / a->G * a->S + j0) * D, (int)D, q, (int)D, 0.0f, st, (int)nq);
         for (int64_t r = 0; r < nq; r++) mx[r] = m[r];
@@ -208,13 +206,13 @@ KSIMD static void bwd_tile(const Att *a, int64_t bh, int64_t i0, int64_t j0, con
                 (int)nk);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)Dv, 1.0f, go, (int)Dv, vj, (int)Dv, 0.0f, ds,
                 (int)nk);
+    int64_t first = first_seer(a, i0, j0);
     for (int64_t r = 0; r < nq; r++) {
         float *pr = p + r * nk, *dsr = ds + r * nk;
-        int64_t lim = visible(a, i0 + r, j0, nk);
         float l = lse[r], d = dr[r];
-        VEC_LOOP  // the whole tile row, masked keys to 0 (see fwd_block)
+        VEC_LOOP  // the whole tile row, masked keys to 0
         for (int64_t c = 0; c < nk; c++) {
-            float e = c < lim ? fexp(pr[c] - l) : 0.0f;
+            float e = r >= first + c ? fexp(pr[c] - l) : 0.0f;
             dsr[c] = e * (dsr[c] - d);
             pr[c] = e;
         }

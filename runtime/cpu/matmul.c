@@ -41,13 +41,16 @@
 /* OpenBLAS runs a GEMM of m*n*k <= 65536 * 4 on the calling thread. */
 #define GEMM_SERIAL_MNK 262144.0
 
+/* Whether OpenBLAS runs an M x N x K GEMM on the calling thread: too small to split. */
+static int one_thread(int64_t M, int64_t N, int64_t K) { return (double)M * (double)N * (double)K <= GEMM_SERIAL_MNK; }
+
 /* C [M, N] (row stride ldc) = op(A) op(B), on every OpenMP thread when it is large, we
  * are not inside a parallel region, and OpenBLAS would not thread it itself. */
 static void gemm(CBLAS_TRANSPOSE opa, CBLAS_TRANSPOSE opb, int64_t M, int64_t N, int64_t K, float alpha,
                  const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc)
 {
     int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-    if (nt < 2 || (double)M * (double)N * (double)K <= GEMM_SERIAL_MNK || openblas_get_num_threads() != 1) {
+    if (nt < 2 || one_thread(M, N, K) || openblas_get_num_threads() != 1) {
         cblas_sgemm(CblasRowMajor, opa, opb, (int)M, (int)N, (int)K, alpha, a, (int)lda, b, (int)ldb, 0.0f, c,
                     (int)ldc);
         return;
@@ -136,14 +139,11 @@ static void batch_at(const Geom *g, int64_t i, int64_t *oa, int64_t *ob)
     }
 }
 
-/* Whether the batches are GEMMs OpenBLAS runs on the calling thread, more than one: they
- * go one per thread. Otherwise they run in turn, outside any parallel region: gemm splits
+/* n batches of g's GEMM go one per thread when there are several and each is too small
+ * to split; otherwise they run in turn, outside any parallel region, and gemm splits
  * each. (An `if (false)` region around them would still be a region: libgomp would count
  * gemm's inside it as nested and start fresh threads for it at every call.) */
-static int small_batches(const Geom *g)
-{
-    return g->nbatch > 1 && (double)g->M * (double)g->N * (double)g->K <= GEMM_SERIAL_MNK;
-}
+static int per_thread(const Geom *g, int64_t n) { return n > 1 && one_thread(g->M, g->N, g->K); }
 
 static void batch_gemm(const Geom *g, CBLAS_TRANSPOSE opa, CBLAS_TRANSPOSE opb, const float *a, const float *b,
                        float *c, int64_t i)
@@ -180,7 +180,6 @@ static void matmul_groups(const KCall *k, const Geom *g)
     const KTensor *A = &k->in[0], *B = &k->in[1], *C = &k->out[0];
     int64_t M = g->M, N = g->N, K = g->K, sa = M * K, sb = K * N, sc = M * N;
     int64_t group = imin(g->nbatch, (int64_t)(k->work_floats / (size_t)(sa + sb + sc)));
-    int small = (double)M * (double)N * (double)K <= GEMM_SERIAL_MNK;
     CBLAS_TRANSPOSE opa = g->ta ? CblasTrans : CblasNoTrans, opb = g->tb ? CblasTrans : CblasNoTrans;
     for (int64_t i0 = 0; i0 < g->nbatch; i0 += group) {
         int64_t n = imin(group, g->nbatch - i0);
@@ -199,11 +198,11 @@ static void matmul_groups(const KCall *k, const Geom *g)
                 to_f32(wb + j * sb, B->data, B->dtype, ob, sb);
             }
         }
-        if (small && n > 1) {
+        if (per_thread(g, n)) {
 #pragma omp parallel for schedule(static)
             for (int64_t j = 0; j < n; j++)
                 gemm(opa, opb, M, N, K, 1.0f, wa + j * sa, g->lda, wb + j * sb, g->ldb, wc + j * sc, N);
-        } else {  // in turn, each split by gemm (see small_batches)
+        } else {
             for (int64_t j = 0; j < n; j++)
                 gemm(opa, opb, M, N, K, 1.0f, wa + j * sa, g->lda, wb + j * sb, g->ldb, wc + j * sc, N);
         }
@@ -278,10 +277,10 @@ void cpu_matmul(const KCall *k)
         gemm(opa, opb, M, N, K, 1.0f, a, g.lda, b, g.ldb, c, N);
         return;
     }
-    if (small_batches(&g)) {
+    if (per_thread(&g, g.nbatch)) {
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < g.nbatch; i++) batch_gemm(&g, opa, opb, a, b, c, i);
-    } else {  // one at a time, each split by gemm (not in a serialized region: see small_batches)
+    } else {
         for (int64_t i = 0; i < g.nbatch; i++) batch_gemm(&g, opa, opb, a, b, c, i);
     }
 }
