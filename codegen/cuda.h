@@ -79,7 +79,27 @@ const char *cu_type(DType t);
 static inline const char *cu_tin(const CuCtx *c, int i) { return cu_type(cu_inv(c, i)->dtype); }
 static inline const char *cu_tout(const CuCtx *c, int i) { return cu_type(cu_outv(c, i)->dtype); }
 
-/* The prelude every module starts with (cuda_module.c) gives kernels, for each storage
+/* The kernel templates, the .cuh files of codegen/kernels/, embedded by the build
+ * (cmake/embed_kernels.cmake): file name and text. */
+typedef struct {
+    const char *name, *text;
+} CuSource;
+extern const CuSource cu_sources[];
+extern const int cu_n_sources;
+
+/* Puts codegen/kernels/FILE in the module (once, after the files it includes), so the
+ * kernels the current node launches can instantiate its templates. */
+void cu_use(CuCtx *c, const char *file);
+
+/* The text of a kernel that instantiates a template: `extern "C" __global__ void KNAME(PARAMS)
+ * { CALL; }`, with __launch_bounds__(bounds) when bounds > 0; cu_launch takes it as `src`. */
+char *cu_kernel(CuCtx *c, int bounds, const char *params, const char *call);
+/* A kernel parameter: "const __nv_bfloat16 *__restrict__ x" for input i of the node (cu_pin)
+ * or "float *__restrict__ y" for output i (cu_pout). */
+char *cu_pin(CuCtx *c, int i, const char *name);
+char *cu_pout(CuCtx *c, int i, const char *name);
+
+/* The prelude every module starts with (codegen/kernels/prelude.cuh) gives kernels, for each storage
  * type T in {float, __half, __nv_bfloat16, int}:
  *   float ld(const T *p, long long i);      // element i as f32 (int: converted)
  *   void  st(T *p, long long i, float v);   // v rounded to T to nearest even

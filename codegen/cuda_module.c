@@ -35,90 +35,84 @@ struct CuModule {
     int n_kernels, cap_kernels;
     int *slots;           // open addressing by hash: kernel index + 1, 0 when empty
     int n_slots;          // a power of two, kept at least twice n_kernels
+    uint64_t used;        // bit i: cu_sources[i] is in the text
 };
 
-/* The module's first lines. ld/st move elements between storage and f32 (16-bit: round
- * to nearest even, as the CPU backend's st_f16/st_bf16); fs_rn_* round an f32 through a
- * 16-bit dtype (the value a 16-bit tensor would hold); the math helpers are the CPU
- * kernels' formulas (runtime/cpu/elementwise.c); block reductions assume 1-D blocks
- * whose size is a multiple of 32. */
-static const char PRELUDE[] =
-    "/* A CUDA module made by fsc (codegen/cuda.h): this prelude, then every kernel of the\n"
-    " * plan once, named PREFIX_HASH. Compile with NVRTC (-std=c++17, the CUDA include dir).\n"
-    " */\n"
-    "#include <cuda_fp16.h>\n"
-    "#include <cuda_bf16.h>\n"
-    "\n"
-    "__device__ __forceinline__ float ld(const float *p, long long i) { return p[i]; }\n"
-    "__device__ __forceinline__ float ld(const __half *p, long long i) { return __half2float(p[i]); }\n"
-    "__device__ __forceinline__ float ld(const __nv_bfloat16 *p, long long i) { return __bfloat162float(p[i]); }\n"
-    "__device__ __forceinline__ float ld(const int *p, long long i) { return (float)p[i]; }\n"
-    "__device__ __forceinline__ void st(float *p, long long i, float v) { p[i] = v; }\n"
-    "__device__ __forceinline__ void st(__half *p, long long i, float v) { p[i] = __float2half_rn(v); }\n"
-    "__device__ __forceinline__ void st(__nv_bfloat16 *p, long long i, float v) { p[i] = __float2bfloat16_rn(v); }\n"
-    "__device__ __forceinline__ void st(int *p, long long i, float v) { p[i] = __float2int_rn(v); }\n"
-    "__device__ __forceinline__ float fs_rn_f16(float v) { return __half2float(__float2half_rn(v)); }\n"
-    "__device__ __forceinline__ float fs_rn_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }\n"
-    "\n"
-    "__device__ __forceinline__ bool fs_isfinite(float x) { return fabsf(x) <= 3.40282347e38f; }\n"
-    "__device__ __forceinline__ float fs_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n"
-    "/* tanh-GELU as x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), and its derivative. */\n"
-    "__device__ __forceinline__ float fs_gelu(float x)\n"
-    "{\n"
-    "    return x * fs_sigmoid(2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x));\n"
-    "}\n"
-    "__device__ __forceinline__ float fs_gelu_grad(float x)\n"
-    "{\n"
-    "    float s = fs_sigmoid(2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x));\n"
-    "    return s + 2.0f * x * s * (1.0f - s) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);\n"
-    "}\n"
-    "__device__ __forceinline__ float fs_silu_grad(float x)\n"
-    "{\n"
-    "    float s = fs_sigmoid(x);\n"
-    "    return s * (1.0f + x * (1.0f - s));\n"
-    "}\n"
-    "\n"
-    "__device__ __forceinline__ float fs_warp_sum(float v)\n"
-    "{\n"
-    "    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
-    "    return v;\n"
-    "}\n"
-    "__device__ __forceinline__ float fs_warp_max(float v)\n"
-    "{\n"
-    "    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
-    "    return v;\n"
-    "}\n"
-    "/* Over a 1-D block of up to 1024 threads (a multiple of 32); every thread gets the\n"
-    " * result. The first __syncthreads lets calls follow each other on the same scratch. */\n"
-    "__device__ float fs_block_sum(float v)\n"
-    "{\n"
-    "    __shared__ float part[32];\n"
-    "    v = fs_warp_sum(v);\n"
-    "    __syncthreads();\n"
-    "    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;\n"
-    "    __syncthreads();\n"
-    "    v = (threadIdx.x & 31) < (blockDim.x >> 5) ? part[threadIdx.x & 31] : 0.0f;\n"
-    "    return fs_warp_sum(v);\n"
-    "}\n"
-    "__device__ float fs_block_max(float v)\n"
-    "{\n"
-    "    __shared__ float part[32];\n"
-    "    v = fs_warp_max(v);\n"
-    "    __syncthreads();\n"
-    "    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;\n"
-    "    __syncthreads();\n"
-    "    v = (threadIdx.x & 31) < (blockDim.x >> 5) ? part[threadIdx.x & 31] : -__int_as_float(0x7f800000);\n"
-    "    return fs_warp_max(v);\n"
-    "}\n";
-
 /* ---- the module --------------------------------------------------------------------- */
+
+static int source_index(const char *file)
+{
+    for (int i = 0; i < cu_n_sources; i++)
+        if (!strcmp(cu_sources[i].name, file)) return i;
+    return -1;
+}
+
+/* The local file a line `#include "FILE"` names, as an index into cu_sources; -1 when the
+ * line is no such include. */
+static int local_include(const char *line, const char *end)
+{
+    static const char INC[] = "#include \"";
+    if ((size_t)(end - line) <= sizeof INC - 1 || strncmp(line, INC, sizeof INC - 1)) return -1;
+    const char *name = line + sizeof INC - 1, *q = memchr(name, '"', (size_t)(end - name));
+    if (!q) return -1;
+    char buf[64];
+    if ((size_t)(q - name) >= sizeof buf) return -1;
+    memcpy(buf, name, (size_t)(q - name));
+    buf[q - name] = 0;
+    return source_index(buf);
+}
+
+/* Appends source i once, after the local files it includes; its `#include "..."` and
+ * `#pragma once` lines are dropped, so the module stands alone. */
+static void use_source(CuModule *m, int i)
+{
+    FS_ASSERT(i >= 0 && i < cu_n_sources && i < 64);
+    if (m->used >> i & 1) return;
+    m->used |= (uint64_t)1 << i;
+    const char *s = cu_sources[i].text;
+    for (const char *line = s, *end; *line; line = *end ? end + 1 : end) {
+        end = strchr(line, '\n');
+        if (!end) end = line + strlen(line);
+        int inc = local_include(line, end);
+        if (inc >= 0) use_source(m, inc);
+    }
+    cu_text_add(&m->text, "\n");
+    for (const char *line = s, *end; *line; line = *end ? end + 1 : end) {
+        end = strchr(line, '\n');
+        if (!end) end = line + strlen(line);
+        if (local_include(line, end) >= 0 || !strncmp(line, "#pragma once", 12)) continue;
+        cu_text_add(&m->text, "%.*s\n", (int)(end - line), line);
+    }
+}
+
+char *cu_kernel(CuCtx *c, int bounds, const char *params, const char *call)
+{
+    const char *lb = bounds > 0 ? cu_fmt(c, "__launch_bounds__(%d) ", bounds) : "";
+    return cu_fmt(c, "extern \"C\" __global__ void %sKNAME(%s)\n{\n    %s;\n}\n", lb, params, call);
+}
+
+char *cu_pin(CuCtx *c, int i, const char *name) { return cu_fmt(c, "const %s *__restrict__ %s", cu_tin(c, i), name); }
+char *cu_pout(CuCtx *c, int i, const char *name) { return cu_fmt(c, "%s *__restrict__ %s", cu_tout(c, i), name); }
+
+void cu_use(CuCtx *c, const char *file)
+{
+    int i = source_index(file);
+    FS_ASSERT(i >= 0);  // a template file every build embeds
+    use_source(c->m, i);
+}
 
 CuModule *cu_module_new(Arena *a, Plan *p)
 {
     CuModule *m = arena_alloc(a, sizeof *m);
     m->arena = a, m->plan = p;
     m->text.arena = a;
-    cu_text_add(&m->text, "%s%s", PRELUDE, FS_PHILOX_CUDA);  // then dropout's RNG (ops/philox.h)
+    cu_text_add(&m->text, "%s",
+                "/* A CUDA module made by fsc (codegen/cuda.h): the prelude, the templates its kernels use\n"
+                " * (codegen/kernels/), then every kernel of the plan once, named PREFIX_HASH. Compile with\n"
+                " * NVRTC (-std=c++17, the CUDA include dir).\n"
+                " */\n");
+    use_source(m, source_index("prelude.cuh"));
+    cu_text_add(&m->text, "%s", FS_PHILOX_CUDA);  // dropout's RNG (ops/philox.h)
     return m;
 }
 

@@ -90,6 +90,13 @@ static inline char *row_head(CuCtx *c, const RowGeo *g, int64_t rows)
                   per, g->threads, (long long)rows, g->threads, g->threads);
 }
 
+/* A row template's first two arguments (codegen/kernels/rows.cuh): "FS_ROW_WARP, 32". */
+static inline char *row_targs(CuCtx *c, const RowGeo *g)
+{
+    static const char *const KIND[] = {"FS_ROW_THREAD", "FS_ROW_WARP", "FS_ROW_BLOCK"};
+    return cu_fmt(c, "%s, %d", KIND[g->kind], g->threads);
+}
+
 static inline int row_launch(CuCtx *c, const char *prefix, const char *src, const RowGeo *g, const int *args, int n_args)
 {
     CuDim grid;
