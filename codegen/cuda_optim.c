@@ -1,6 +1,7 @@
 /* codegen/cuda_optim.c: the CUDA emitters of the optimizer step: lr_at, clip_coef,
- * count_step, scale_update (one thread each: they compute a scalar), adamw and sgd
- * (a grid-stride loop over the param).
+ * count_step, scale_update (one thread each: they compute a scalar; codegen/kernels/
+ * step.cuh's templates), adamw and sgd (a grid-stride loop over the param; still text,
+ * until the update runs once per flat unit, issue "the GPU step, part 1").
  *
  * runtime/cpu/optim.c is the reference, operation for operation: the same float
  * expressions per element, the same step-dependent factors computed in double and
@@ -46,30 +47,12 @@ int cuda_lr_at(CuCtx *c)
             steps = ir_attr_int(c->g, cu_node(c), "steps", 0);
     if (schedule != 0 && schedule != 1) return cu_fail(c, "unknown schedule %lld", (long long)schedule);
     if (cu_inv(c, 0)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
-    const char *lr = cu_double(c, attr(c, "lr")), *min_lr = cu_double(c, attr(c, "min_lr"));
-    CuText src = cu_text(c);
-    cu_text_add(&src,
-                "extern \"C\" __global__ void KNAME(const int *step_, float *out)\n"
-                "{\n"
-                "    const long long step = step_[0];\n"
-                "    double lr = %s;\n"
-                "    (void)step;\n",
-                lr);
-    /* Only the branches this schedule has: no dead code (and no warnings about it). */
-    if (warmup > 0)
-        cu_text_add(&src, "    if (step <= %lldLL) lr = %s * (double)step / (double)%lldLL;  // warmup\n", (long long)warmup,
-                    lr, (long long)warmup);
-    if (schedule == 1)
-        cu_text_add(&src,
-                    "    %s{  // cosine\n"
-                    "        double progress = (double)(step - %lldLL) / (double)%lldLL;\n"
-                    "        progress = progress < 0 ? 0 : progress > 1 ? 1 : progress;\n"
-                    "        lr = %s + 0.5 * (%s - %s) * (1.0 + cos(3.14159265358979323846 * progress));\n"
-                    "    }\n",
-                    warmup > 0 ? "else " : "", (long long)warmup, (long long)(steps - warmup > 1 ? steps - warmup : 1),
-                    min_lr, lr, min_lr);
-    cu_text_add(&src, "    out[0] = (float)lr;\n}\n");
-    return single(c, "lr_at", src.s);
+    cu_use(c, "step.cuh");
+    return single(c, "lr_at",
+                  cu_kernel(c, 0, "const int *step, float *out",
+                            cu_fmt(c, "fs_lr_at<%d, %lldLL, %lldLL>(step, out, %s, %s)", (int)schedule,
+                                   (long long)warmup, (long long)(steps - warmup > 1 ? steps - warmup : 1),
+                                   cu_double(c, attr(c, "lr")), cu_double(c, attr(c, "min_lr")))));
 }
 
 /* clip_coef(norm; max_norm, skip_nonfinite) = min(1, max_norm / (norm + 1e-6)); 1 when
@@ -77,34 +60,20 @@ int cuda_lr_at(CuCtx *c)
 int cuda_clip_coef(CuCtx *c)
 {
     if (want_f32(c, 1)) return -1;
-    double max_norm = attr(c, "max_norm");
     int skip = ir_attr_int(c->g, cu_node(c), "skip_nonfinite", 0) != 0;
-    char *src = cu_fmt(c,
-                       "extern \"C\" __global__ void KNAME(const float *norm_, float *out)\n"
-                       "{\n"
-                       "    const double norm = norm_[0], max_norm = %s;\n"
-                       "    double coef = 1.0;\n"
-                       "    if (!fs_isfinite(norm_[0])) {\n"
-                       "        coef = %s;\n"
-                       "    } else if (max_norm > 0) {\n"
-                       "        coef = max_norm / (norm + 1e-6);\n"
-                       "        coef = coef < 1.0 ? coef : 1.0;\n"
-                       "    }\n"
-                       "    out[0] = (float)coef;\n"
-                       "}\n",
-                       cu_double(c, max_norm), skip ? "__longlong_as_double(0x7ff8000000000000LL)  /* NaN */" : "1.0");
-    return single(c, "clip_coef", src);
+    cu_use(c, "step.cuh");
+    return single(c, "clip_coef",
+                  cu_kernel(c, 0, "const float *norm, float *out",
+                            cu_fmt(c, "fs_clip_coef<%s>(norm, out, %s)", skip ? "true" : "false",
+                                   cu_double(c, attr(c, "max_norm")))));
 }
 
 /* count_step(count, coef): the optimizer's step count advances unless the step is skipped. */
 int cuda_count_step(CuCtx *c)
 {
     if (cu_inv(c, 0)->dtype != DT_I32 || cu_inv(c, 1)->dtype != DT_F32) return cu_fail(c, "needs i32 and f32 scalars");
-    return single(c, "count_step",
-                  "extern \"C\" __global__ void KNAME(int *count, const float *coef)\n"
-                  "{\n"
-                  "    if (coef[0] == coef[0]) count[0] += 1;  // not NaN: a step taken\n"
-                  "}\n");
+    cu_use(c, "step.cuh");
+    return single(c, "count_step", cu_kernel(c, 0, "int *count, const float *coef", "fs_count_step(count, coef)"));
 }
 
 /* scale_update(norm, scale, good; growth_interval): GradScaler's update: an overflow
@@ -113,19 +82,10 @@ int cuda_scale_update(CuCtx *c)
 {
     if (want_f32(c, 2) || cu_inv(c, 2)->dtype != DT_I32) return cu_fail(c, "needs f32, f32 and i32 scalars");
     int64_t interval = ir_attr_int(c->g, cu_node(c), "growth_interval", 2000);
-    char *src = cu_fmt(c,
-                       "extern \"C\" __global__ void KNAME(const float *norm, float *scale, int *good)\n"
-                       "{\n"
-                       "    if (!fs_isfinite(norm[0])) {\n"
-                       "        scale[0] *= 0.5f;\n"
-                       "        good[0] = 0;\n"
-                       "    } else if (++good[0] >= %d) {\n"
-                       "        scale[0] *= 2.0f;\n"
-                       "        good[0] = 0;\n"
-                       "    }\n"
-                       "}\n",
-                       (int)interval);
-    return single(c, "scale_update", src);
+    cu_use(c, "step.cuh");
+    return single(c, "scale_update",
+                  cu_kernel(c, 0, "const float *norm, float *scale, int *good",
+                            cu_fmt(c, "fs_scale_update<%d>(norm, scale, good)", (int)interval)));
 }
 
 /* A grid-stride loop over the param's elements; inputs in the op's order. */
