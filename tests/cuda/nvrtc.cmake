@@ -16,3 +16,18 @@ if(CUDAToolkit_FOUND AND TARGET CUDA::nvrtc AND NOT FS_FUZZ)
 else()
   message(STATUS "CUDA toolkit (NVRTC) not found: the samples' CUDA modules are not compiled by the tests")
 endif()
+
+# Each kernel template file compiles alone (codegen/kernels/*.cuh: a reader can open and
+# build one as CUDA), with nvcc for sm_90 and every warning an error. Templates are
+# checked as far as a compiler checks a template; their instances are compiled above.
+if(CUDAToolkit_NVCC_EXECUTABLE AND NOT FS_FUZZ)
+  file(GLOB FS_CUDA_TEMPLATES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/codegen/kernels/*.cuh)
+  foreach(t ${FS_CUDA_TEMPLATES})
+    get_filename_component(name ${t} NAME_WE)
+    file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/cuda_templates/${name}.cu "#include \"${name}.cuh\"\n")
+    add_test(NAME cuda_template_${name}
+             COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} -std=c++17 -arch=sm_90 -Werror all-warnings
+                     -I ${CMAKE_CURRENT_SOURCE_DIR}/codegen/kernels -c ${CMAKE_CURRENT_BINARY_DIR}/cuda_templates/${name}.cu
+                     -o ${CMAKE_CURRENT_BINARY_DIR}/cuda_templates/${name}.o)
+  endforeach()
+endif()

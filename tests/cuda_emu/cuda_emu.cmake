@@ -68,6 +68,8 @@ if(NOT FS_FUZZ)
   endforeach()
   cuda_emu_test(gpt2_bf16_fsdp_recompute samples/gpt2.fsm ${tiny} --precision bf16 --shard fsdp --world 1 --recompute Block)
   cuda_emu_test(gpt2_fp32_sgd samples/gpt2.fsm ${tiny} --optimizer sgd --momentum 0.9)
+  # The step scalars of a warmup + cosine schedule with clipping (codegen/kernels/step.cuh).
+  cuda_emu_test(gpt2_fp32_cosine samples/gpt2.fsm ${tiny} --lr_schedule cosine --warmup 3 --clip 1.0)
   # Frozen base weights (no gradient, no update) beside trainable adapters.
   cuda_emu_test(lora_bf16 samples/lora.fsm ${tiny} --precision bf16)
   # Odd shapes: head dims 21 and 22, sequences of 33 (a second, partial attention tile),
