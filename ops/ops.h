@@ -54,6 +54,12 @@ typedef enum {
 #define OPS_MAX_IN 16
 #define OPS_MAX_OUT 16
 #define OPS_MAX_PARAMS 16  // parameters in one op signature
+/* cross_entropy's mean over rows is a sum in f64 in one order on every backend: the rows
+ * in OPS_LOSS_BLOCKS consecutive blocks of ceil(rows / OPS_LOSS_BLOCKS), each block's
+ * terms added in row order, then the blocks' sums in order. Its second output, (rows, 2)
+ * f32, holds each row's logsumexp and target logit, so a backend can compute the terms
+ * in parallel and still add them in that order. */
+#define OPS_LOSS_BLOCKS 64
 
 typedef enum { ARG_TENSOR, ARG_TENSORS, ARG_INT, ARG_FLOAT, ARG_INTS, ARG_FLAG } ArgKind;
 

@@ -359,7 +359,8 @@ int shape_embedding(ShapeCtx *c)
     return 0;
 }
 
-/* logits [..., V] and i32 targets [...]: the mean loss, an f32 scalar. */
+/* logits [..., V] and i32 targets [...]: the mean loss, an f32 scalar, and the rows' terms
+ * [..., 2] f32 (ops.h: OPS_LOSS_BLOCKS). */
 int shape_cross_entropy(ShapeCtx *c)
 {
     if (want_inputs(c, 2)) return -1;
@@ -378,6 +379,10 @@ int shape_cross_entropy(ShapeCtx *c)
                           SHAPE(&lead, want));
     }
     shape_set(c, 0, DT_F32, 0, NULL);
+    int64_t terms[OPS_MAX_RANK];
+    memcpy(terms, tg->shape, sizeof(int64_t) * (size_t)tg->rank);
+    terms[tg->rank] = 2;
+    shape_set(c, 1, DT_F32, tg->rank + 1, terms);  // each row's logsumexp and target logit
     return 0;
 }
 

@@ -16,8 +16,8 @@
 #include <string.h>
 
 #include "cpu_impl.h"
+#include "ops.h"  // OPS_LOSS_BLOCKS
 
-#define LOSS_BLOCKS 64  // fixed partition of the rows: the sum does not depend on threads
 
 void cpu_embedding(const KCall *k)
 {
@@ -126,6 +126,13 @@ static int32_t target_at(const int32_t *tg, int64_t r, int64_t V)
     return tg[r];
 }
 
+/* A row's loss term, logsumexp(x) - x[t] in f64, its two parts kept in terms[0..1]. */
+static double row_term(const float *x, int64_t V, int32_t t, float *terms)
+{
+    terms[0] = logsumexp(x, V), terms[1] = x[t];
+    return (double)terms[0] - terms[1];
+}
+
 /* Workspace: one row of logits per thread. */
 CpuWork cpu_work_cross_entropy(const KCall *k)
 {
@@ -140,22 +147,23 @@ static void cross_entropy_lowp(const KCall *k)
 {
     const KTensor *L = &k->in[0];
     KCHECK(k->in[1].dtype == KT_I32, "cross_entropy: targets must be i32");
-    int64_t V = L->shape[L->rank - 1], rows = L->numel / V, bs = (rows + LOSS_BLOCKS - 1) / LOSS_BLOCKS;
+    int64_t V = L->shape[L->rank - 1], rows = L->numel / V, bs = (rows + OPS_LOSS_BLOCKS - 1) / OPS_LOSS_BLOCKS;
     int nt = work_threads(k, (size_t)V, "cross_entropy");
     const int32_t *tg = idata(&k->in[1]);
-    double part[LOSS_BLOCKS];
+    float *terms = fdata(&k->out[1]);
+    double part[OPS_LOSS_BLOCKS];
 #pragma omp parallel for num_threads(nt) if (L->numel > PAR_MIN) schedule(static)
-    for (int b = 0; b < LOSS_BLOCKS; b++) {
+    for (int b = 0; b < OPS_LOSS_BLOCKS; b++) {
         float *x = k->work + (size_t)omp_get_thread_num() * (size_t)V;
         double s = 0;
         for (int64_t r = imin(rows, b * bs); r < imin(rows, (b + 1) * bs); r++) {
             to_f32(x, L->data, L->dtype, r * V, V);
-            s += (double)logsumexp(x, V) - x[target_at(tg, r, V)];
+            s += row_term(x, V, target_at(tg, r, V), terms + 2 * r);
         }
         part[b] = s;
     }
     double s = 0;
-    for (int b = 0; b < LOSS_BLOCKS; b++) s += part[b];
+    for (int b = 0; b < OPS_LOSS_BLOCKS; b++) s += part[b];
     fdata(&k->out[0])[0] = (float)(s / (double)rows);
 }
 
@@ -168,19 +176,20 @@ void cpu_cross_entropy(const KCall *k)
         return;
     }
     KCHECK(L->dtype == KT_F32 && k->in[1].dtype == KT_I32, "cross_entropy: unsupported dtypes");
-    int64_t V = L->shape[L->rank - 1], rows = L->numel / V, bs = (rows + LOSS_BLOCKS - 1) / LOSS_BLOCKS;
+    int64_t V = L->shape[L->rank - 1], rows = L->numel / V, bs = (rows + OPS_LOSS_BLOCKS - 1) / OPS_LOSS_BLOCKS;
     const float *x = fdata(L);
     const int32_t *tg = idata(&k->in[1]);
-    double part[LOSS_BLOCKS];
+    float *terms = fdata(&k->out[1]);
+    double part[OPS_LOSS_BLOCKS];
 #pragma omp parallel for if (L->numel > PAR_MIN) schedule(static)
-    for (int b = 0; b < LOSS_BLOCKS; b++) {
+    for (int b = 0; b < OPS_LOSS_BLOCKS; b++) {
         double s = 0;
         for (int64_t r = imin(rows, b * bs); r < imin(rows, (b + 1) * bs); r++)
-            s += (double)logsumexp(x + r * V, V) - x[r * V + target_at(tg, r, V)];
+            s += row_term(x + r * V, V, target_at(tg, r, V), terms + 2 * r);
         part[b] = s;
     }
     double s = 0;
-    for (int b = 0; b < LOSS_BLOCKS; b++) s += part[b];
+    for (int b = 0; b < OPS_LOSS_BLOCKS; b++) s += part[b];
     fdata(&k->out[0])[0] = (float)(s / (double)rows);
 }
 

@@ -617,18 +617,21 @@ Test(cpu, embedding_bwd_fd)
 Test(cpu, cross_entropy_hand)
 {
     KTensor lg = fvals(S(2, 3), (float[]){0.5f, 0.5f, 0.5f, 1, 2, 3}), tg = ivals(S(2), (int32_t[]){1, 2});
-    KTensor o = ten(KT_F32, NOSHAPE);
-    KCall k = {.n_in = 2, .in = {lg, tg}, .n_out = 1, .out = {o}};
+    KTensor o = ten(KT_F32, NOSHAPE), terms = ten(KT_F32, S(2, 2));
+    KCall k = {.n_in = 2, .in = {lg, tg}, .n_out = 2, .out = {o, terms}};
     cpu_cross_entropy(&k);
-    double l1 = log(3), l2 = log(exp(1) + exp(2) + exp(3)) - 3;
+    double lse1 = 0.5 + log(3), lse2 = log(exp(1) + exp(2) + exp(3)), l1 = lse1 - 0.5, l2 = lse2 - 3;
     expect_close(F(&o), (float[]){(float)((l1 + l2) / 2)}, 1, 1e-6, "cross_entropy");
+    // each row's logsumexp and target logit, the terms every backend sums in one order
+    expect_close(F(&terms), (float[]){(float)lse1, 0.5f, (float)lse2, 3}, 4, 1e-6, "cross_entropy terms");
 }
 
 Test(cpu, cross_entropy_bwd_fd)
 {
     KTensor lg = frand(S(2, 3, 11), -3, 3), tg = ivals(S(2, 3), (int32_t[]){0, 10, 4, 4, 7, 2});
     KTensor o = ten(KT_F32, NOSHAPE), dl = fscalar(0.7f), dx = like(&lg);
-    Fwd c = {.f = cpu_cross_entropy, .k = {.n_in = 2, .in = {lg, tg}, .n_out = 1, .out = {o}}, .w = F(&dl)};
+    Fwd c = {.f = cpu_cross_entropy, .k = {.n_in = 2, .in = {lg, tg}, .n_out = 2, .out = {o, ten(KT_F32, S(2, 3, 2))}},
+             .w = F(&dl)};
     KCall kb = {.n_in = 3, .in = {lg, tg, dl}, .n_out = 1, .out = {dx}};
     cpu_cross_entropy_bwd(&kb);
     fd_check(&c, F(&lg), lg.numel, F(&dx), 1e-2, 5e-4, "cross_entropy_bwd");
@@ -999,7 +1002,7 @@ Test(cpu, deterministic_with_two_threads)
     twice(cpu_embedding_bwd, &eb, "embedding_bwd");
     KTensor tg = ten(KT_I32, S(96));
     for (int i = 0; i < 96; i++) I(&tg)[i] = (i * 5) % 384;
-    KCall ce = {.n_in = 2, .in = {x, tg}, .n_out = 1, .out = {ten(KT_F32, NOSHAPE)}};
+    KCall ce = {.n_in = 2, .in = {x, tg}, .n_out = 2, .out = {ten(KT_F32, NOSHAPE), ten(KT_F32, S(96, 2))}};
     twice(cpu_cross_entropy, &ce, "cross_entropy");
     KCall ss = {.n_in = 1, .in = {x}, .n_out = 1, .out = {ten(KT_F32, NOSHAPE)}};
     twice(cpu_sumsq, &ss, "sumsq");

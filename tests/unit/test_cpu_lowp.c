@@ -534,7 +534,9 @@ static Case mk_embedding_bwd(void)
 static Case mk_cross_entropy(void)
 {
     KTensor x = frand(S(6, 50, 1000), -6, 6), tg = irand(S(6, 50), 1000);
-    return (Case){.f = cpu_cross_entropy, .k = call(2, (KTensor[]){x, tg}, 1, (KTensor[]){fscalar(0)}), .keep = KEEP_OUT(0)};
+    return (Case){.f = cpu_cross_entropy,
+                  .k = call(2, (KTensor[]){x, tg}, 2, (KTensor[]){fscalar(0), ten(KT_F32, S(6, 50, 2))}),
+                  .keep = KEEP_OUT(0) | KEEP_OUT(1)};
 }
 
 static Case mk_cross_entropy_bwd(void)

@@ -576,7 +576,8 @@ static Plan *classifier_plan(double lr)
     int32_t loss = act(p, "loss", PLAN_DT_F32, 0, NULL);
     add_op(p, "matmul", PLAN_PHASE_FORWARD, (int32_t[]){x, w}, 2, &xw, 1, NULL, 0);
     add_op(p, "add", PLAN_PHASE_FORWARD, (int32_t[]){xw, b}, 2, &logits, 1, NULL, 0);
-    add_op(p, "cross_entropy", PLAN_PHASE_FORWARD, (int32_t[]){logits, y}, 2, &loss, 1, NULL, 0);
+    int32_t terms = act(p, NULL, PLAN_DT_F32, 2, (int64_t[]){sl[0], 2});
+    add_op(p, "cross_entropy", PLAN_PHASE_FORWARD, (int32_t[]){logits, y}, 2, (int32_t[]){loss, terms}, 2, NULL, 0);
     /* backward: dlogits, then a reshape view and back, to exercise views */
     int32_t one = add_tensor(p, NULL, PLAN_DT_F32, PLAN_ROLE_CONST, 0, NULL, PLAN_INIT_NONE, 0, 0);
     int32_t dl = act(p, NULL, PLAN_DT_F32, 2, sl), dflat = act(p, NULL, PLAN_DT_F32, 1, flat);
@@ -838,7 +839,8 @@ static Plan *lm_plan(int64_t V)
     int32_t loss = act(p, "loss", PLAN_DT_F32, 0, NULL);
     add_op(p, "embedding", PLAN_PHASE_FORWARD, (int32_t[]){wte, tok}, 2, &emb, 1, NULL, 0);
     add_op(p, "matmul", PLAN_PHASE_FORWARD, (int32_t[]){emb, wout}, 2, &logits, 1, NULL, 0);
-    add_op(p, "cross_entropy", PLAN_PHASE_FORWARD, (int32_t[]){logits, tgt}, 2, &loss, 1, NULL, 0);
+    int32_t terms = act(p, NULL, PLAN_DT_F32, 3, (int64_t[]){sl[0], sl[1], 2});
+    add_op(p, "cross_entropy", PLAN_PHASE_FORWARD, (int32_t[]){logits, tgt}, 2, (int32_t[]){loss, terms}, 2, NULL, 0);
     plan_output_add(p, loss);
     memplan(p);
     return p;
@@ -1150,7 +1152,8 @@ static Plan *two_stages(int peer, int pipe_world)
     int32_t logits = act(s[1], "logits", PLAN_DT_F32, 2, sl), loss = act(s[1], "loss", PLAN_DT_F32, 0, NULL);
     int32_t all = pipe_world ? act(s[1], "loss.all", PLAN_DT_F32, 0, NULL) : loss;
     add_op(s[1], "matmul", PLAN_PHASE_FORWARD, (int32_t[]){g, w}, 2, &logits, 1, NULL, 0);
-    add_op(s[1], "cross_entropy", PLAN_PHASE_FORWARD, (int32_t[]){logits, y}, 2, &loss, 1, NULL, 0);
+    int32_t terms = act(s[1], NULL, PLAN_DT_F32, 2, (int64_t[]){sl[0], 2});
+    add_op(s[1], "cross_entropy", PLAN_PHASE_FORWARD, (int32_t[]){logits, y}, 2, (int32_t[]){loss, terms}, 2, NULL, 0);
     A over[] = {{"world", PLAN_ATTR_INT, pipe_world, NULL, 0}, {"group", PLAN_ATTR_INT, 1, NULL, 0}};
     if (pipe_world) add_op(s[1], "all_reduce", PLAN_PHASE_COMM, &loss, 1, &all, 1, over, 2);
     if (pipe_world) s[1]->ops[2].stream = PLAN_STREAM_COLLECTIVE;

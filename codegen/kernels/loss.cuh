@@ -1,0 +1,79 @@
+// codegen/kernels/loss.cuh: cross_entropy and its backward, instantiated by
+// codegen/cuda_loss.c. Semantics are runtime/cpu/embed.c's: logits (ROWS, V), i32 targets;
+//   loss = mean over rows of logsumexp(row) - row[target]      (an f32 scalar)
+//   dlogits = (softmax(row) - onehot(target)) * dloss / ROWS    (logits' dtype)
+// A target outside [0, V) is bad data: the kernel traps (the launch fails and the runtime
+// reports it) rather than read out of bounds, as the CPU stops.
+#pragma once
+#include "rows.cuh"
+
+// A row's logsumexp in one pass: each thread keeps a running max m and a sum s of
+// exp(x - m) over its elements (rescaling s when m grows); the row's threads combine
+// them, M = max m, S = sum s exp(m - M). logsumexp = M + log S.
+template <class R, long long V, class T>
+__device__ __forceinline__ void fs_row_lse(const T *__restrict__ lg, long long base, int tid, float &M, float &S)
+{
+    float m = __int_as_float(0xff800000u), s = 0.f;
+    for (long long j = tid; j < V; j += R::NTR) {
+        const float v = ld(lg, base + j);
+        if (v > m) s = s * expf(m - v) + 1.0f, m = v;
+        else s += expf(v - m);
+    }
+    M = R::max(m);
+    S = R::sum(s == 0.f ? 0.f : s * expf(m - M));
+}
+
+// Forward, kernel 1, a row kernel over every row: the row's terms, its logsumexp and its
+// target's logit (terms: (ROWS, 2) f32, the op's second output).
+template <int KIND, int NTR, long long ROWS, long long V, class T>
+__device__ __forceinline__ void fs_xent_rows(const T *__restrict__ lg, const int *__restrict__ tg,
+                                             float *__restrict__ terms)
+{
+    using R = FsRow<KIND, NTR>;
+    const R r;
+    if (r.past(ROWS)) return;
+    float M, S;
+    fs_row_lse<R, V>(lg, r.row * V, r.tid, M, S);
+    const int t = tg[r.row];
+    if (t < 0 || t >= V) __trap();
+    if (r.tid == 0) terms[2 * r.row] = M + logf(S), terms[2 * r.row + 1] = ld(lg, r.row * V + t);
+}
+
+// Forward, kernel 2, one block of BLOCKS threads (ops/ops.h: OPS_LOSS_BLOCKS): the mean of
+// the terms in f64, in the CPU's order: thread b adds its block of rows in row order, then
+// thread 0 adds the blocks' sums in order.
+template <long long ROWS, int BLOCKS, class TL>
+__device__ __forceinline__ void fs_xent_mean(const float *__restrict__ terms, TL *__restrict__ loss)
+{
+    __shared__ double part[BLOCKS];
+    constexpr long long BS = (ROWS + BLOCKS - 1) / BLOCKS;
+    const long long b = threadIdx.x, r0 = b * BS < ROWS ? b * BS : ROWS, r1 = (b + 1) * BS < ROWS ? (b + 1) * BS : ROWS;
+    double s = 0.0;
+    for (long long r = r0; r < r1; r++) s += (double)terms[2 * r] - (double)terms[2 * r + 1];
+    part[b] = s;
+    __syncthreads();
+    if (b != 0) return;
+    s = 0.0;
+    for (int k = 0; k < BLOCKS; k++) s += part[k];
+    st(loss, 0, (float)(s / (double)ROWS));
+}
+
+// Backward, a row kernel: dx = softmax(row) * g, less g at the target, g = dloss / ROWS.
+template <int KIND, int NTR, long long ROWS, long long V, class T, class TG, class TD>
+__device__ __forceinline__ void fs_xent_bwd(const T *__restrict__ lg, const int *__restrict__ tg,
+                                            const TG *__restrict__ dloss, TD *__restrict__ dx)
+{
+    using R = FsRow<KIND, NTR>;
+    const R r;
+    if (r.past(ROWS)) return;
+    const long long base = r.row * V;
+    float M, S;
+    fs_row_lse<R, V>(lg, base, r.tid, M, S);
+    const float g = ld(dloss, 0) / (float)ROWS, f = g / S;
+    const int t = tg[r.row];
+    if (t < 0 || t >= V) __trap();
+    for (long long j = r.tid; j < V; j += NTR) {
+        const float p = expf(ld(lg, base + j) - M) * f;
+        st(dx, base + j, j == t ? p - g : p);
+    }
+}
