@@ -830,7 +830,7 @@ Test(plan, hostile_contents_refused)
     expect_hostile("PROG", 8 + 0, (uint64_t)-1, 4, "program 0: stage -1 (programs are in stage order");
     expect_hostile("PROG", 8 + 32, 1, 4, "program 0: tensors start at 1, expected 0");
     expect_hostile("PROG", 8 + 36, 3, 4, "the programs hold 3 of the plan's 20 tensors");
-    expect_hostile("PROG", 8 + 36, (uint64_t)-1, 4, "program 0: -1 tensors from 0 do not fit in the plan's 19");
+    expect_hostile("PROG", 8 + 36, (uint64_t)-1, 4, "program 0: -1 tensors from 0 do not fit in the plan's 20");
     expect_hostile("PROG", 8 + 44, 0, 4, "the programs hold 0 of the plan's 2 outputs");
     expect_hostile("PROG", 8 + 48, 1, 8, "program 0: module bytes start at 1, expected 0");
     expect_hostile("PROG", 8 + 56, 5, 8, "the programs hold 5 of the plan's");
@@ -1088,7 +1088,7 @@ Test(plan, inspect_reports_what_a_plan_holds)
         "compiler      fsc " FS_VERSION "\n",
         "ranks         8 (4 data-parallel x 2 pipeline stages)\n",
         "strategy      shard fsdp, precision bf16, recompute Block, offload none\n",
-        "device arena  1.3 KiB per rank (1,280 bytes)\n",
+        "device arena  1.2 KiB per rank (1,280 bytes)\n",
         "host arena    0 B per rank (0 bytes)\n",
         "programs      1 (stage, data-parallel ranks, ops: 0/8/9)\n",
         "params        360 (1.4 KiB)\n",   // wte 128 + ln 16 + w 192 + b 24; lm_head is tied
