@@ -54,6 +54,9 @@ typedef enum {
 #define OPS_MAX_IN 16
 #define OPS_MAX_OUT 16
 #define OPS_MAX_PARAMS 16  // parameters in one op signature
+/* The most members, and the most distinct inputs from outside, of one fused group of
+ * elementwise ops (passes/fuse.c): one CUDA kernel's parameters (codegen/cuda_elementwise.c). */
+#define OPS_FUSE_MAX 64
 
 typedef enum { ARG_TENSOR, ARG_TENSORS, ARG_INT, ARG_FLOAT, ARG_INTS, ARG_FLAG } ArgKind;
 

@@ -91,7 +91,16 @@ int64_t ck_newest(int root, const char *shown, int *incomplete, char *err, size_
             closedir(d);
             return -2;
         }
-        if (!ck_complete(root, en->d_name)) *incomplete += 1;
+        int at = openat(root, en->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        mode_t mm = at >= 0 ? ckfs_mode(at, MANIFEST) : 0;
+        if (at >= 0) close(at);
+        if (mm && !S_ISREG(mm)) {
+            plan_fail(err, errlen, "%s/%s/" MANIFEST " is %s, not a regular file: fsexec reads only the files it made "
+                      "in a checkpoint", shown, en->d_name, plan_file_kind((unsigned)mm));
+            closedir(d);
+            return -2;
+        }
+        if (!mm) *incomplete += 1;
         else if (s > best) best = s;
     }
     closedir(d);
