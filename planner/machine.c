@@ -88,7 +88,8 @@ int machine_load(Machine *m, const char *path, char *err, size_t errlen)
     json_t *root = json_loadfd(fd, 0, &je);
     close(fd);
     if (!root) {
-        snprintf(why, sizeof why, "line %d, column %d: %s", je.line, je.column, plan_json_why(je.text, text, sizeof text));
+        snprintf(why, sizeof why, "line %d, column %d: %s", je.line, je.column,
+                 plan_json_why(je.text, text, sizeof text));
         return fail(err, errlen, path, NULL, why);
     }
     int rc = 0;

@@ -1,5 +1,6 @@
 /* runtime/checkpoint.c: checkpoints on disk: writing one, finding and checking one, its
- * index of pieces, and the consolidated export. Loading one into a plan (any plan of the
+ * index of pieces (the export is ckexport.c's, the directory as a whole ckdir.c's, the
+ * file handling, never through a link, ckfs.c's). Loading one into a plan (any plan of the
  * same model) is resume.c's.
  *
  *   DIR/step-00000300/rank-00000.safetensors   what world rank 0 owns (state.c's pieces)
@@ -11,12 +12,15 @@
  * the tensor's name and shape ("h.0.attn.w"), a part as its flat elements under
  * "NAME[a:b]" (1-D: what torch's w.flatten()[a:b] holds). The file's metadata "fsexec"
  * is JSON: the step, the plan's hash, the rank, and for every piece its tensor, kind,
- * element range, logical shape and CRC-32. Every file is written atomically (plan_write_
- * atomic); once every rank's is, rank 0 writes manifest.json (also atomically): the step,
+ * element range, logical shape and CRC-32. Every file is written atomically (ckfs_write:
+ * a complete temporary file renamed over its name); once every rank's is, rank 0 writes
+ * manifest.json (also so): the step,
  * the topology of the plan that saved it, the seed and the data, and every file with its
  * size and its header's CRC-32. A checkpoint without its manifest does not exist: a kill
- * at any moment leaves the previous one whole. Older checkpoints go (--keep) only once the
- * new one is committed, manifest first.
+ * at any moment leaves the previous one whole. A save over a committed checkpoint of the
+ * same step writes the other generation's rank file names (ckdir.c), so that one stays
+ * whole until the new manifest is renamed over its own; a failed save removes what it
+ * wrote. Older checkpoints go (--keep) only once the new one is committed, manifest first.
  *
  * The data cursor is the step: a step's batch is a function of (seed, step) alone
  * (data.c), and so is every random number (the counter-based RNG is keyed by seed and
@@ -149,7 +153,8 @@ static int write_rank_file(const Exec *e, const StepDir *sd, int64_t step, uint6
 
 enum { SUMS = 2 + RT_STATE_COUNT };  // per rank: file bytes, header CRC, elements by kind
 
-static int write_manifest(const Exec *e, const StepDir *sd, int64_t step, uint64_t hash, const uint64_t *sums, int world,
+static int write_manifest(const Exec *e, const StepDir *sd, int64_t step, uint64_t hash, const uint64_t *sums,
+                          int world,
                           const RtCheckpointOptions *o, char *err, size_t errlen)
 {
     const Plan *w = rt_exec_whole(e);
@@ -160,7 +165,8 @@ static int write_manifest(const Exec *e, const StepDir *sd, int64_t step, uint64
     for (int r = 0; r < world && files; r++) {
         const uint64_t *s = sums + (size_t)r * SUMS;
         snprintf(crc, sizeof crc, "%08" PRIx32, (uint32_t)s[1]);
-        json_array_append_new(files, json_pack("{s:s,s:i,s:I,s:s}", "name", ck_rank_file(r, sd->gen, name, sizeof name), "rank", r,
+        json_array_append_new(files, json_pack("{s:s,s:i,s:I,s:s}", "name", ck_rank_file(r, sd->gen, name, sizeof name),
+                                               "rank", r,
                                                "bytes", (json_int_t)s[0], "header_crc32", crc));
         for (int k = 0; k < RT_STATE_COUNT; k++) elems[k] += s[2 + k];
         bytes += s[0];

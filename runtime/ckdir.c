@@ -249,7 +249,8 @@ int64_t rt_checkpoint_size(const Plan *whole, char *err, size_t errlen)
         for (int32_t i = 0; i < rt_state_count(st[k]); i++) x[n++] = rt_state_piece(st[k], i);
     if (x) qsort(x, (size_t)n, sizeof *x, by_name);
     for (int32_t i = 0; x && i < n; i++)  // a tensor two stages hold (a tied param) is saved once
-        if (!i || strcmp(x[i - 1]->name, x[i]->name)) bytes += x[i]->count * plan_dtype_size(x[i]->dtype) + PER_PIECE * l.dp;
+        if (!i || strcmp(x[i - 1]->name, x[i]->name))
+            bytes += x[i]->count * plan_dtype_size(x[i]->dtype) + PER_PIECE * l.dp;
     plan_dealloc(x);
     for (int32_t k = 0; k < np; k++) rt_state_free(st[k]);
     plan_dealloc(st);

@@ -92,7 +92,8 @@ int rt_checkpoint_export(const RtCheckpoint *c, const char *out, RtWeightsFormat
         uint32_t crc = 0;
         for (uint64_t at = x->begin; at < x->end && !rc; at += BUF) {
             uint64_t len = x->end - at < BUF ? x->end - at : BUF;
-            if (rt_st_pread(c->files[x->file], buf, len, at)) rc = ck_fail_file(c, x->file, err, errlen, "cannot read it");
+            if (rt_st_pread(c->files[x->file], buf, len, at))
+                rc = ck_fail_file(c, x->file, err, errlen, "cannot read it");
             crc = plan_crc32(crc, buf, (size_t)len);
             int64_t es = plan_dtype_size(x->dtype), from = x->first + (int64_t)(at - x->begin) / es;
             if (!rc && rt_state_check(x->name, x->kind, x->dtype, buf, from, (int64_t)len / es, c->step, why,

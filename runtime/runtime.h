@@ -508,7 +508,8 @@ typedef struct {
 } StTensor;
 typedef struct StFile StFile;
 StFile *rt_st_open(const char *path, char *err, size_t errlen);  // NULL with a message (without the path)
-StFile *rt_st_open_fd(int fd, int64_t size, char *err, size_t errlen);  // the same of an open file (fd is its, closed on failure)
+/* The same of a file open at fd (size bytes), which the StFile then owns (closed on failure too). */
+StFile *rt_st_open_fd(int fd, int64_t size, char *err, size_t errlen);
 /* The first of n floats of dtype dt (F32, F16, BF16) at p that is NaN or Inf, or -1. */
 int64_t rt_st_first_nonfinite(const uint8_t *p, int64_t n, PlanDType dt);
 void rt_st_close(StFile *f);

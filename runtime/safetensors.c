@@ -383,8 +383,9 @@ static int open_file(int fd, uint64_t size, StFile *f, char *err, size_t errlen)
     for (int i = 0; i < 8; i++) hlen |= (uint64_t)n8[i] << (8 * i);
     /* The length is the file's bytes: said by what it should be, never quoted. */
     if (hlen > size - 8 && torch_file(n8)) return plan_fail(err, errlen, "%s", TORCH_FILE);
-    if (hlen > size - 8) return plan_fail(err, errlen, "bytes 0-7 should hold the header's length, at most the %" PRIu64
-                                     " bytes after them; they hold more (truncated, or not a safetensors file)", size - 8);
+    if (hlen > size - 8)
+        return plan_fail(err, errlen, "bytes 0-7 should hold the header's length, at most the %" PRIu64 " bytes after "
+                         "them; they hold more (truncated, or not a safetensors file)", size - 8);
     if (hlen > MAX_HEADER) return plan_fail(err, errlen, "bytes 0-7 give a header longer than %d bytes", MAX_HEADER);
     char *text = plan_alloc((size_t)hlen + 1);
     if (!text) return plan_fail(err, errlen, "out of memory");

@@ -167,7 +167,8 @@ def full_disk(r):
     rc, text = r.train(r.plan(), "--steps", "3", "--checkpoint-dir", ck, limit=size // 2 // 512)
     left = sorted(os.listdir(step3(ck)))
     rc2, _ = r.run("--export", ck, r.path("after.safetensors"))
-    same = rc2 == 0 and open(r.path("before.safetensors"), "rb").read() == open(r.path("after.safetensors"), "rb").read()
+    read = lambda name: open(r.path(name), "rb").read()  # noqa: E731
+    same = rc2 == 0 and read("before.safetensors") == read("after.safetensors")
     check(rc != 0 and left == ["manifest.json", "rank-00000.safetensors"] and same,
           "a save over step 3 on a full disk fails; step 3's checkpoint stays whole (left: %s)" % left, text)
     rc, text = r.train(r.plan(), "--steps", "4", "--resume", ck, "--checkpoint-dir", ck, limit=size // 2 // 512)
