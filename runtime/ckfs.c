@@ -86,7 +86,7 @@ int ckfs_open(int at, const char *shown, const char *name, int64_t *size, char *
     }
     mode_t m = ckfs_mode(at, name);
     if (m && !S_ISREG(m)) return not_ours(shown, name, m, "a regular file", err, errlen);
-    return plan_fail(err, errlen, "%s/%s: %s", shown, name, strerror(e));
+    return plan_fail(err, errlen, "%s/%s: cannot open: %s", shown, name, strerror(e));
 }
 
 static int write_all(int fd, const PlanChunk *c, int n)
