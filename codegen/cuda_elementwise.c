@@ -56,7 +56,7 @@ static const char *expr_of(OpKind op, DType dt)
     return NULL;
 }
 
-enum { MAX_TERMS = 64 };  // distinct inputs from outside a chain, and member outputs
+enum { MAX_TERMS = OPS_FUSE_MAX };  // distinct inputs from outside a chain, and member outputs
 
 /* The chain [first, last]: its outside inputs (in first-use order) and what it writes. */
 typedef struct {

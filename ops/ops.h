@@ -60,6 +60,9 @@ typedef enum {
  * f32, holds each row's logsumexp and target logit, so a backend can compute the terms
  * in parallel and still add them in that order. */
 #define OPS_LOSS_BLOCKS 64
+/* The most members, and the most distinct inputs from outside, of one fused group of
+ * elementwise ops (passes/fuse.c): one CUDA kernel's parameters (codegen/cuda_elementwise.c). */
+#define OPS_FUSE_MAX 64
 
 typedef enum { ARG_TENSOR, ARG_TENSORS, ARG_INT, ARG_FLOAT, ARG_INTS, ARG_FLAG } ArgKind;
 

@@ -9,7 +9,9 @@
  * after the first reads an output of an earlier member. Inputs from outside the group
  * may broadcast (a bias); every value made inside has the group's full shape, so a
  * fused kernel computes the whole chain per element with one index. Only runs of two or
- * more nodes form a group: a lone elementwise node is its own kernel.
+ * more nodes form a group: a lone elementwise node is its own kernel. A group has at
+ * most OPS_FUSE_MAX members and OPS_FUSE_MAX distinct inputs from outside (one kernel's
+ * parameters): a longer run is split there into consecutive groups, each a kernel.
  *
  * What depends on it: codegen/cuda_program.c emits one kernel per group at its last node
  * (writing only the member outputs that something outside the group reads), and
@@ -37,17 +39,39 @@ static int joins(const Graph *g, int first, int m)
     return 0;
 }
 
+/* Whether node m's inputs from outside the group [first, m) keep the group's distinct
+ * outside inputs (*n_in of them, ids in in[]) within OPS_FUSE_MAX; if so they are added. */
+static int inputs_fit(const Graph *g, int first, int m, int *in, int *n_in)
+{
+    const Node *n = ir_node(g, m);
+    int k = *n_in;
+    for (int i = 0; i < n->n_in; i++) {
+        int v = ir_in(g, n, i), p = ir_value(g, v)->producer, seen = 0;
+        if (p >= first && p < m) continue;
+        for (int j = 0; j < k && !seen; j++) seen = in[j] == v;
+        if (seen) continue;
+        if (k == OPS_FUSE_MAX) return 0;
+        in[k++] = v;
+    }
+    *n_in = k;
+    return 1;
+}
+
 int pass_fuse(Graph *g, const Options *o, Diag *d)
 {
     (void)o, (void)d;
+    int in[OPS_FUSE_MAX];
     for (int n = 0; n < g->n_nodes; n++) g->nodes[n].group = -1;
     for (int first = 0; first < g->n_nodes;) {
-        if (!fusible(ir_node(g, first))) {
+        int n_in = 0;
+        if (!fusible(ir_node(g, first)) || !inputs_fit(g, first, first, in, &n_in)) {
             first++;
             continue;
         }
         int end = first + 1;
-        while (end < g->n_nodes && joins(g, first, end)) end++;
+        while (end < g->n_nodes && end - first < OPS_FUSE_MAX && joins(g, first, end) &&
+               inputs_fit(g, first, end, in, &n_in))
+            end++;
         if (end - first >= 2)
             for (int m = first; m < end; m++) g->nodes[m].group = first;
         first = end;

@@ -20,6 +20,7 @@ const char *plan_file_kind(unsigned mode)
            : S_ISCHR(m)  ? "a character device"
            : S_ISBLK(m)  ? "a block device"
            : S_ISSOCK(m) ? "a socket"
+           : S_ISLNK(m)  ? "a symbolic link"
                          : "not a regular file";
 }
 
@@ -39,4 +40,12 @@ int plan_open_input(const char *path, int64_t *size, char *err, size_t errlen)
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     *size = (int64_t)st.st_size;
     return fd;
+}
+
+const char *plan_json_why(const char *text, char *buf, size_t n)
+{
+    const char *near = strstr(text, " near ");
+    int len = near ? (int)(near - text) : (int)strlen(text);
+    snprintf(buf, n, "%.*s", len, text);
+    return buf;
 }

@@ -409,6 +409,10 @@ typedef struct {
 int plan_open_input(const char *path, int64_t *size, char *err, size_t errlen);
 /* What a file of this st_mode is, for messages: "a directory", "a FIFO (named pipe)", ... */
 const char *plan_file_kind(unsigned mode);
+/* A JSON parser's message (jansson's error text) without the input it quotes (" near
+ * 'ZQXJ...'"): a message about a file's content says where and what was expected, never
+ * the bytes themselves. Into buf; returns buf. */
+const char *plan_json_why(const char *text, char *buf, size_t n);
 /* Writes the chunks, in order, as the file at path: to a temporary file in the same
  * directory, fsync'ed, then renamed over path (over the file a symlink points to). On
  * failure path is untouched and no temporary file is left; stale temporary files of path

@@ -5,7 +5,9 @@
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "plan.h"
 #include "planner.h"
 
 typedef struct {
@@ -79,10 +81,15 @@ static int set_key(Machine *m, const char *path, const char *key, json_t *v, cha
 int machine_load(Machine *m, const char *path, char *err, size_t errlen)
 {
     json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
+    char why[300], text[JSON_ERROR_TEXT_LENGTH];
+    int64_t size;
+    int fd = plan_open_input(path, &size, why, sizeof why);  // a regular file, never a wait on a FIFO
+    if (fd < 0) return fail(err, errlen, path, NULL, why);
+    json_t *root = json_loadfd(fd, 0, &je);
+    close(fd);
     if (!root) {
-        char why[300];
-        snprintf(why, sizeof why, "line %d, column %d: %s", je.line, je.column, je.text);
+        snprintf(why, sizeof why, "line %d, column %d: %s", je.line, je.column,
+                 plan_json_why(je.text, text, sizeof text));
         return fail(err, errlen, path, NULL, why);
     }
     int rc = 0;

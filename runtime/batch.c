@@ -201,7 +201,7 @@ static int32_t find(const RtBatches *b, const Plan *p, const unsigned char *may,
         return end - k;
     }
     if (!elemwise(p, k)) return 0;
-    while (end < n && may[end] && joins(p, call, k, end)) end++;
+    while (end < n && end - k < OPS_FUSE_MAX && may[end] && joins(p, call, k, end)) end++;  // fuse.c's groups
     int split = end - k >= 2 ? cpu_group_split(call + k, end - k) : 0;
     if (!split || !group_apart(call + k, end - k)) return 0;
     *out = (Batch){.kind = B_GROUP, .first = k, .n = end - k, .split = split};

@@ -1,5 +1,6 @@
 /* runtime/checkpoint.c: checkpoints on disk: writing one, finding and checking one, its
- * index of pieces, and the consolidated export. Loading one into a plan (any plan of the
+ * index of pieces (the export is ckexport.c's, the directory as a whole ckdir.c's, the
+ * file handling, never through a link, ckfs.c's). Loading one into a plan (any plan of the
  * same model) is resume.c's.
  *
  *   DIR/step-00000300/rank-00000.safetensors   what world rank 0 owns (state.c's pieces)
@@ -11,19 +12,22 @@
  * the tensor's name and shape ("h.0.attn.w"), a part as its flat elements under
  * "NAME[a:b]" (1-D: what torch's w.flatten()[a:b] holds). The file's metadata "fsexec"
  * is JSON: the step, the plan's hash, the rank, and for every piece its tensor, kind,
- * element range, logical shape and CRC-32. Every file is written atomically (plan_write_
- * atomic); once every rank's is, rank 0 writes manifest.json (also atomically): the step,
+ * element range, logical shape and CRC-32. Every file is written atomically (ckfs_write:
+ * a complete temporary file renamed over its name); once every rank's is, rank 0 writes
+ * manifest.json (also so): the step,
  * the topology of the plan that saved it, the seed and the data, and every file with its
  * size and its header's CRC-32. A checkpoint without its manifest does not exist: a kill
- * at any moment leaves the previous one whole. Older checkpoints go (--keep) only once the
- * new one is committed, manifest first.
+ * at any moment leaves the previous one whole. A save over a committed checkpoint of the
+ * same step writes the other generation's rank file names (ckdir.c), so that one stays
+ * whole until the new manifest is renamed over its own; a failed save removes what it
+ * wrote. Older checkpoints go (--keep) only once the new one is committed, manifest first.
  *
  * The data cursor is the step: a step's batch is a function of (seed, step) alone
  * (data.c), and so is every random number (the counter-based RNG is keyed by seed and
  * position; dropout's masks by seed, step, op and element). The seed is in the manifest.
  */
-#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -31,50 +35,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime.h"
+#include "checkpoint.h"
 
-#define MANIFEST "manifest.json"
 #define FORMAT "fsexec-checkpoint"
-enum { VERSION = 1 };
+enum { VERSION = 1, MAX_MANIFEST = 64 << 20 };
 
-/* ---- names ------------------------------------------------------------------------- */
-
-static const char *step_dir(const char *dir, int64_t step, char *buf, size_t n)
-{
-    snprintf(buf, n, "%s/step-%08" PRId64, dir, step);
-    return buf;
-}
-
-static const char *rank_file(int rank, char *buf, size_t n)
-{
-    snprintf(buf, n, "rank-%05d.safetensors", rank);
-    return buf;
-}
-
-/* The step of a directory entry named step-NNNNNNNN, or -1. */
-static int64_t step_of(const char *name)
-{
-    if (strncmp(name, "step-", 5) || strlen(name) != 13) return -1;
-    int64_t s = 0;
-    for (const char *c = name + 5; *c; c++) {
-        if (*c < '0' || *c > '9') return -1;
-        s = s * 10 + (*c - '0');
-    }
-    return s;
-}
-
-/* dir/name into buf; whether it fits (a path that does not is never opened: too long). */
-static int join(char *buf, size_t n, const char *dir, const char *name)
-{
-    int len = snprintf(buf, n, "%s/%s", dir, name);
-    return len >= 0 && (size_t)len < n;
-}
-
-static int is_file(const char *path)
-{
-    struct stat st;
-    return !stat(path, &st) && S_ISREG(st.st_mode);
-}
+/* Where a save writes: its step directory, open, and the generation of its rank files. */
+typedef struct {
+    int fd;
+    const char *shown;       // DIR/step-NNNNNNNN, for messages
+    int gen;
+} StepDir;
 
 uint64_t rt_plan_hash(const Plan *p)
 {
@@ -103,7 +74,7 @@ static char *piece_key(const RtPiece *x)
 
 /* This rank's file: its own pieces. The file's bytes, its header's CRC and the elements
  * it holds by kind into sums[0..4]. */
-static int write_rank_file(const Exec *e, const char *path, int64_t step, uint64_t hash, uint64_t *sums, char *err,
+static int write_rank_file(const Exec *e, const StepDir *sd, int64_t step, uint64_t hash, uint64_t *sums, char *err,
                            size_t errlen)
 {
     RtState *st = rt_state_new(e, err, errlen);
@@ -162,8 +133,9 @@ static int write_rank_file(const Exec *e, const char *path, int64_t step, uint64
             chunks[i + 1] = (PlanChunk){t[i].data, (size_t)m * (size_t)plan_dtype_size(t[i].dtype)};
             size += chunks[i + 1].len;
         }
-        char why[512];
-        if (plan_write_atomic(path, chunks, n + 1, why, sizeof why)) rc = plan_fail(err, errlen, "%s: %s", path, why);
+        char name[64];
+        rc = ckfs_write(sd->fd, sd->shown, ck_rank_file(rt_comm_rank(), sd->gen, name, sizeof name), chunks, n + 1, err,
+                        errlen);
         sums[0] = size, sums[1] = plan_crc32(0, head, hlen);
     }
     plan_dealloc(chunks);
@@ -181,18 +153,20 @@ static int write_rank_file(const Exec *e, const char *path, int64_t step, uint64
 
 enum { SUMS = 2 + RT_STATE_COUNT };  // per rank: file bytes, header CRC, elements by kind
 
-static int write_manifest(const Exec *e, const char *sdir, int64_t step, uint64_t hash, const uint64_t *sums, int world,
+static int write_manifest(const Exec *e, const StepDir *sd, int64_t step, uint64_t hash, const uint64_t *sums,
+                          int world,
                           const RtCheckpointOptions *o, char *err, size_t errlen)
 {
     const Plan *w = rt_exec_whole(e);
-    char h[24], path[4096], name[64], crc[16];
+    char h[24], name[64], crc[16];
     snprintf(h, sizeof h, "%016" PRIx64, hash);
     json_t *files = json_array();
     uint64_t elems[RT_STATE_COUNT] = {0}, bytes = 0;
     for (int r = 0; r < world && files; r++) {
         const uint64_t *s = sums + (size_t)r * SUMS;
         snprintf(crc, sizeof crc, "%08" PRIx32, (uint32_t)s[1]);
-        json_array_append_new(files, json_pack("{s:s,s:i,s:I,s:s}", "name", rank_file(r, name, sizeof name), "rank", r,
+        json_array_append_new(files, json_pack("{s:s,s:i,s:I,s:s}", "name", ck_rank_file(r, sd->gen, name, sizeof name),
+                                               "rank", r,
                                                "bytes", (json_int_t)s[0], "header_crc32", crc));
         for (int k = 0; k < RT_STATE_COUNT; k++) elems[k] += s[2 + k];
         bytes += s[0];
@@ -218,145 +192,103 @@ static int write_manifest(const Exec *e, const char *sdir, int64_t step, uint64_
     if (!text) return plan_fail(err, errlen, "out of memory writing the manifest");
     size_t len = strlen(text);
     text[len] = '\n';  // json_dumps ends the text with its NUL: a newline in its place
-    if (!join(path, sizeof path, sdir, MANIFEST)) {
-        free(text);
-        return plan_fail(err, errlen, "%s: path too long", sdir);
-    }
     PlanChunk c = {text, len + 1};
-    char why[512];
-    int rc = plan_write_atomic(path, &c, 1, why, sizeof why);
+    int rc = ckfs_write(sd->fd, sd->shown, MANIFEST, &c, 1, err, errlen);  // the commit
     free(text);
-    return rc ? plan_fail(err, errlen, "%s: %s", path, why) : 0;
+    return rc;
 }
 
-/* Removes a checkpoint directory: its manifest first (from then on it does not exist),
- * then the files a save writes; the directory itself when that empties it. */
-static void remove_checkpoint(const char *sdir)
+/* The generation a save into the step directory at writes: the other one than its
+ * committed checkpoint's, so that checkpoint stays whole until the new manifest
+ * replaces its own (a save that fails or is killed before then leaves it as it was). */
+static int next_generation(int at)
 {
-    char path[4096];
-    if (!join(path, sizeof path, sdir, MANIFEST)) return;
-    unlink(path);
-    DIR *d = opendir(sdir);
-    if (!d) return;
-    for (struct dirent *en; (en = readdir(d));)
-        if (!strncmp(en->d_name, "rank-", 5) || !strncmp(en->d_name, MANIFEST ".tmp.", sizeof MANIFEST + 4))
-            unlinkat(dirfd(d), en->d_name, 0);
-    closedir(d);
-    rmdir(sdir);
+    int64_t size;
+    char why[512];
+    int fd = ckfs_open(at, "", MANIFEST, &size, why, sizeof why);
+    if (fd < 0) return 0;
+    json_error_t je;
+    json_t *m = json_loadfd(fd, 0, &je);
+    close(fd);
+    const char *first = json_string_value(json_object_get(json_array_get(json_object_get(m, "files"), 0), "name"));
+    int gen = first && ck_generation_of(first) == 0;
+    json_decref(m);
+    return gen;
 }
 
-static int by_step(const void *a, const void *b)
+/* Rank 0's part before the ranks write: the checkpoint directory (made when new), room
+ * for the checkpoint in it, the step directory (made when new, never through a link) and
+ * its generation. 0, or -1 with a message. */
+static int prepare(const RtCheckpointOptions *o, const char *name, int *root, StepDir *sd, char *err, size_t errlen)
 {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
+    if ((*root = ckfs_root(o->dir, 1, err, errlen)) < 0) return -1;
+    if (o->bytes > 0 && ckfs_room(*root, o->dir, (uint64_t)o->bytes, err, errlen)) return -1;
+    if ((sd->fd = ckfs_dir(*root, o->dir, name, 1, NULL, err, errlen)) < 0) return -1;
+    sd->gen = next_generation(sd->fd);
+    return 0;
 }
 
-/* After step `now` is committed: the complete checkpoints beyond the newest `keep` (0:
- * keep all), and the incomplete ones older than now (a save that was killed). */
-static void prune(const char *dir, int64_t now, int keep)
+/* What a failed save of generation gen left in its step directory goes: its rank files
+ * and temporary files, and the directory itself when no committed checkpoint is in it. */
+static void abandon(int root, const StepDir *sd, const char *name)
 {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    int64_t *done = NULL, *stale = NULL;
-    int n_done = 0, n_stale = 0, cap = 0;
-    char path[4096];
-    for (struct dirent *en; (en = readdir(d));) {
-        int64_t s = step_of(en->d_name);
-        if (s < 0) continue;
-        if (n_done == cap || n_stale == cap) {
-            int c = cap ? 2 * cap : 64;
-            int64_t *a = plan_alloc(sizeof *a * (size_t)c), *b = plan_alloc(sizeof *b * (size_t)c);
-            if (!a || !b) {
-                plan_dealloc(a), plan_dealloc(b);
-                break;
-            }
-            if (n_done) memcpy(a, done, sizeof *a * (size_t)n_done);
-            if (n_stale) memcpy(b, stale, sizeof *b * (size_t)n_stale);
-            plan_dealloc(done), plan_dealloc(stale);
-            done = a, stale = b, cap = c;
-        }
-        snprintf(path, sizeof path, "%s/%s/" MANIFEST, dir, en->d_name);
-        if (is_file(path)) done[n_done++] = s;
-        else if (s < now) stale[n_stale++] = s;
-    }
-    closedir(d);
-    if (done) qsort(done, (size_t)n_done, sizeof *done, by_step);
-    for (int i = 0; keep > 0 && i < n_done - keep; i++) remove_checkpoint(step_dir(dir, done[i], path, sizeof path));
-    for (int i = 0; i < n_stale; i++) remove_checkpoint(step_dir(dir, stale[i], path, sizeof path));
-    plan_dealloc(done);
-    plan_dealloc(stale);
+    if (root < 0 || sd->fd < 0) return;
+    ck_remove_files(sd->fd, sd->gen);
+    if (!S_ISREG(ckfs_mode(sd->fd, MANIFEST))) unlinkat(root, name, AT_REMOVEDIR);
 }
 
 int rt_checkpoint_save(const Exec *e, int64_t step, const RtCheckpointOptions *o, RtSaved *out, char *err,
                        size_t errlen)
 {
     double t0 = rt_now();
-    int rank = rt_comm_rank(), world = rt_comm_world();
+    int rank = rt_comm_rank(), world = rt_comm_world(), root = -1;
     uint64_t hash = rt_plan_hash(rt_exec_whole(e));
-    char sdir[4096], path[4096], name[64];
-    step_dir(o->dir, step, sdir, sizeof sdir);
+    char sdir[4200], name[32];
+    ck_step_name(step, name, sizeof name);
+    snprintf(sdir, sizeof sdir, "%s/%s", o->dir, name);
+    StepDir sd = {.fd = -1, .shown = sdir};
     err[0] = 0;
-    int rc = 0;
-    if (rank == 0) {  // the directories, and a checkpoint of this step from before taken apart first
-        if (!join(path, sizeof path, sdir, MANIFEST)) rc = plan_fail(err, errlen, "%s: path too long", sdir);
-        else if ((mkdir(o->dir, 0777) && errno != EEXIST) || (unlink(path) && errno != ENOENT) ||
-            (mkdir(sdir, 0777) && errno != EEXIST))
-            rc = plan_fail(err, errlen, "%s: %s", errno == EEXIST ? sdir : o->dir, strerror(errno));
-    }
-    if (rt_comm_agree(rc ? 1 : 0)) return -1;
     uint64_t mine[SUMS] = {0}, *all = plan_alloc(sizeof *all * SUMS * (size_t)world);
-    if (!join(path, sizeof path, sdir, rank_file(rank, name, sizeof name))) rc = plan_fail(err, errlen, "%s: path too long", sdir);
-    rc = !all ? plan_fail(err, errlen, "out of memory") : write_rank_file(e, path, step, hash, mine, err, errlen);
-    if (rt_comm_agree(rc ? 1 : 0)) {
-        plan_dealloc(all);
-        return -1;
+    int rc = !all ? plan_fail(err, errlen, "out of memory") : rank == 0 ? prepare(o, name, &root, &sd, err, errlen) : 0;
+    int failed = rt_comm_agree(rc ? 1 : 0);
+    if (!failed) {  // rank 0's generation to every rank; then each opens the step directory itself
+        uint64_t gen = (uint64_t)sd.gen;
+        rt_comm_allgather_u64(&gen, 1, all);
+        sd.gen = (int)all[0];
+        if (rank && (root = ckfs_root(o->dir, 0, err, errlen)) >= 0)
+            sd.fd = ckfs_dir(root, o->dir, name, 0, NULL, err, errlen);
+        rc = sd.fd < 0 ? -1 : write_rank_file(e, &sd, step, hash, mine, err, errlen);
+        failed = rt_comm_agree(rc ? 1 : 0);
     }
-    rt_comm_allgather_u64(mine, SUMS, all);
-    rc = rank == 0 ? write_manifest(e, sdir, step, hash, all, world, o, err, errlen) : 0;
-    if (out) {
+    if (!failed) {
+        rt_comm_allgather_u64(mine, SUMS, all);
+        rc = rank == 0 ? write_manifest(e, &sd, step, hash, all, world, o, err, errlen) : 0;
+        failed = rt_comm_agree(rc ? 1 : 0);
+    }
+    if (!failed && out) {
         memset(out, 0, sizeof *out);
         for (int r = 0; r < world; r++) out->bytes += (int64_t)all[(size_t)r * SUMS];
         out->files = world;
-        snprintf(out->path, sizeof out->path, "%s", sdir);
+        snprintf(out->path, sizeof out->path, "%.4000s", sdir);
     }
+    if (rank == 0 && failed) abandon(root, &sd, name);
+    if (rank == 0 && !failed) {  // committed: the previous generation's files, then older checkpoints (--keep)
+        ck_remove_files(sd.fd, !sd.gen);
+        ck_prune(root, step, o->keep);
+    }
+    if (sd.fd >= 0) close(sd.fd);
+    if (root >= 0) close(root);
     plan_dealloc(all);
-    if (rt_comm_agree(rc ? 1 : 0)) return -1;
-    if (rank == 0) prune(o->dir, step, o->keep);
+    if (failed) return -1;
     if (out) out->seconds = rt_now() - t0;
     return 0;
 }
 
 /* ---- opening ----------------------------------------------------------------------- */
 
-/* One piece of a logical tensor, as the files hold it. */
-typedef struct {
-    const char *name;        // the logical tensor
-    RtStateKind kind;
-    PlanDType dtype;
-    int rank;
-    int64_t shape[PLAN_MAX_RANK];
-    int64_t first, count;
-    int32_t file;
-    const char *key;         // its name in the file
-    uint64_t begin, end;     // its bytes in the file
-    uint32_t crc;
-} Piece;
-
-struct RtCheckpoint {
-    char dir[4096];          // the step's directory
-    int64_t step;
-    uint64_t seed;
-    json_t *manifest;
-    StFile **files;
-    json_t **meta;           // each file's "fsexec" metadata
-    int32_t n_files;
-    Piece *pieces;           // by (name, first)
-    int32_t n_pieces;
-};
-
 static int by_piece(const void *a, const void *b)
 {
-    const Piece *x = a, *y = b;
+    const CkPiece *x = a, *y = b;
     int c = strcmp(x->name, y->name);
     return c ? c : x->first < y->first ? -1 : x->first > y->first;
 }
@@ -368,26 +300,7 @@ static int kind_of(const char *s, RtStateKind *k)
     return -1;
 }
 
-/* The newest complete checkpoint in dir (a step directory with its manifest), or -1. */
-static int64_t newest(const char *dir, int *incomplete)
-{
-    DIR *d = opendir(dir);
-    int64_t best = -1;
-    char path[4096];
-    *incomplete = 0;
-    if (!d) return -1;
-    for (struct dirent *en; (en = readdir(d));) {
-        int64_t s = step_of(en->d_name);
-        if (s < 0) continue;
-        snprintf(path, sizeof path, "%s/%s/" MANIFEST, dir, en->d_name);
-        if (!is_file(path)) *incomplete += 1;
-        else if (s > best) best = s;
-    }
-    closedir(d);
-    return best;
-}
-
-static int fail_file(const RtCheckpoint *c, int32_t f, char *err, size_t errlen, const char *what)
+int ck_fail_file(const RtCheckpoint *c, int32_t f, char *err, size_t errlen, const char *what)
 {
     const char *name = json_string_value(json_object_get(json_array_get(json_object_get(c->manifest, "files"),
                                                                         (size_t)f), "name"));
@@ -402,13 +315,13 @@ static int index_file(RtCheckpoint *c, int32_t f, char *err, size_t errlen)
     json_t *pieces = json_object_get(c->meta[f], "pieces");
     const char *key;
     json_t *v;
-    if (!json_is_object(pieces)) return fail_file(c, f, err, errlen, "its metadata lists no pieces");
+    if (!json_is_object(pieces)) return ck_fail_file(c, f, err, errlen, "its metadata lists no pieces");
     json_object_foreach(pieces, key, v)
     {
         const StTensor *t = NULL;
         for (size_t i = 0; i < rt_st_count(c->files[f]) && !t; i++)
             if (!strcmp(rt_st_tensor(c->files[f], i)->name, key)) t = rt_st_tensor(c->files[f], i);
-        Piece *x = &c->pieces[c->n_pieces];
+        CkPiece *x = &c->pieces[c->n_pieces];
         json_t *shape = json_object_get(v, "shape");
         const char *tensor = json_string_value(json_object_get(v, "tensor"));
         const char *kind = json_string_value(json_object_get(v, "kind"));
@@ -416,12 +329,12 @@ static int index_file(RtCheckpoint *c, int32_t f, char *err, size_t errlen)
         json_t *first = json_object_get(v, "first"), *count = json_object_get(v, "count");
         if (!t) {
             snprintf(why, sizeof why, "its metadata lists '%s', which it does not hold", key);
-            return fail_file(c, f, err, errlen, why);
+            return ck_fail_file(c, f, err, errlen, why);
         }
         if (!tensor || !kind || kind_of(kind, &x->kind) || !crc || strlen(crc) != 8 || !json_is_integer(first) ||
             !json_is_integer(count) || !json_is_array(shape) || json_array_size(shape) > PLAN_MAX_RANK) {
             snprintf(why, sizeof why, "the metadata of '%s' is damaged", key);
-            return fail_file(c, f, err, errlen, why);
+            return ck_fail_file(c, f, err, errlen, why);
         }
         x->name = tensor, x->key = key, x->file = f, x->dtype = t->dtype, x->begin = t->begin, x->end = t->end;
         x->first = json_integer_value(first), x->count = json_integer_value(count);
@@ -433,7 +346,7 @@ static int index_file(RtCheckpoint *c, int32_t f, char *err, size_t errlen)
             x->shape[d] = json_is_integer(s) ? json_integer_value(s) : -1;
             if (x->shape[d] < 0 || (x->shape[d] && n > INT64_MAX / x->shape[d])) {
                 snprintf(why, sizeof why, "the metadata of '%s' has a bad shape", key);
-                return fail_file(c, f, err, errlen, why);
+                return ck_fail_file(c, f, err, errlen, why);
             }
             n *= x->shape[d];
         }
@@ -442,7 +355,7 @@ static int index_file(RtCheckpoint *c, int32_t f, char *err, size_t errlen)
         if (x->first < 0 || x->count < 0 || x->first > n - x->count || held != x->count) {
             snprintf(why, sizeof why, "piece '%s' holds %" PRId64 " elements, its metadata says [%" PRId64 ", +%" PRId64
                      ") of %" PRId64, key, held, x->first, x->count, n);
-            return fail_file(c, f, err, errlen, why);
+            return ck_fail_file(c, f, err, errlen, why);
         }
         c->n_pieces++;
     }
@@ -454,12 +367,12 @@ static int index_file(RtCheckpoint *c, int32_t f, char *err, size_t errlen)
 static int check_tiling(const RtCheckpoint *c, char *err, size_t errlen)
 {
     for (int32_t i = 0; i < c->n_pieces;) {
-        const Piece *x = &c->pieces[i];
+        const CkPiece *x = &c->pieces[i];
         int64_t n = 1, at = 0;
         for (int d = 0; d < x->rank; d++) n *= x->shape[d];
         int32_t j = i;
         for (; j < c->n_pieces && !strcmp(c->pieces[j].name, x->name); j++) {
-            const Piece *y = &c->pieces[j];
+            const CkPiece *y = &c->pieces[j];
             int same = y->rank == x->rank && y->dtype == x->dtype && y->kind == x->kind;
             for (int d = 0; same && d < x->rank; d++) same = y->shape[d] == x->shape[d];
             if (!same)
@@ -481,7 +394,7 @@ static int check_tiling(const RtCheckpoint *c, char *err, size_t errlen)
 
 /* Every file the manifest names: its size and header CRC as the manifest says, its
  * metadata of this checkpoint, its pieces indexed. */
-static int open_files(RtCheckpoint *c, char *err, size_t errlen)
+static int open_files(RtCheckpoint *c, int at, char *err, size_t errlen)
 {
     json_t *files = json_object_get(c->manifest, "files");
     const char *hash = json_string_value(json_object_get(json_object_get(c->manifest, "plan"), "hash"));
@@ -490,26 +403,35 @@ static int open_files(RtCheckpoint *c, char *err, size_t errlen)
     c->n_files = (int32_t)json_array_size(files);
     c->files = plan_alloc(sizeof *c->files * (size_t)c->n_files);
     c->meta = plan_alloc(sizeof *c->meta * (size_t)c->n_files);
-    if (!c->files || !c->meta) return plan_fail(err, errlen, "out of memory");
+    c->ident = plan_alloc(sizeof *c->ident * 2 * (size_t)(c->n_files + 1));
+    if (!c->files || !c->meta || !c->ident) return plan_fail(err, errlen, "out of memory");
+    memset(c->ident, 0, sizeof *c->ident * 2 * (size_t)(c->n_files + 1));
     memset(c->files, 0, sizeof *c->files * (size_t)c->n_files);
     memset(c->meta, 0, sizeof *c->meta * (size_t)c->n_files);
     size_t total = 0;
-    char path[4096], why[512];
+    char path[8192], why[512];
     for (int32_t f = 0; f < c->n_files; f++) {
         json_t *e = json_array_get(files, (size_t)f);
         const char *name = json_string_value(json_object_get(e, "name"));
         const char *crc = json_string_value(json_object_get(e, "header_crc32"));
         json_t *bytes = json_object_get(e, "bytes");
-        if (!name || strchr(name, '/') || !crc || !json_is_integer(bytes))
+        if (!name || !crc || !json_is_integer(bytes))
             return plan_fail(err, errlen, "%s/" MANIFEST ": file %d: needs \"name\", \"bytes\" and \"header_crc32\"",
                              c->dir, f);
-        if (!join(path, sizeof path, c->dir, name)) return plan_fail(err, errlen, "%s: path too long", c->dir);
-        if (!(c->files[f] = rt_st_open(path, why, sizeof why))) {
-            struct stat st;
-            if (!stat(path, &st) && (int64_t)st.st_size != json_integer_value(bytes))
+        if (!ckfs_plain_name(name))
+            return plan_fail(err, errlen, "%s/" MANIFEST ": file %d's name leaves the checkpoint directory (a "
+                             "checkpoint's files are in its own directory: damaged, or made to point elsewhere)",
+                             c->dir, f);
+        snprintf(path, sizeof path, "%s/%s", c->dir, name);
+        int64_t size;
+        struct stat st;
+        int fd = ckfs_open(at, c->dir, name, &size, err, errlen);
+        if (fd < 0) return -1;
+        if (!fstat(fd, &st)) c->ident[2 * f + 2] = (uint64_t)st.st_dev, c->ident[2 * f + 3] = (uint64_t)st.st_ino;
+        if (!(c->files[f] = rt_st_open_fd(fd, size, why, sizeof why))) {
+            if (size != json_integer_value(bytes))
                 return plan_fail(err, errlen, "%s: %" PRId64 " bytes where the manifest says %" PRId64
-                                 " (truncated or replaced): %s", path, (int64_t)st.st_size,
-                                 (int64_t)json_integer_value(bytes), why);
+                                 " (truncated or replaced): %s", path, size, (int64_t)json_integer_value(bytes), why);
             return plan_fail(err, errlen, "%s: %s", path, why);
         }
         if ((int64_t)rt_st_size(c->files[f]) != json_integer_value(bytes))
@@ -541,6 +463,56 @@ static int open_files(RtCheckpoint *c, char *err, size_t errlen)
     return check_tiling(c, err, errlen);
 }
 
+/* The manifest of the step directory at (never a link, at most MAX_MANIFEST bytes) as
+ * JSON, its file's (st_dev, st_ino) into id; NULL with a message. */
+static json_t *read_manifest(const RtCheckpoint *c, int at, const char *mpath, uint64_t *id, char *err, size_t errlen)
+{
+    int64_t size, got = 0;
+    struct stat st;
+    int fd = ckfs_open(at, c->dir, MANIFEST, &size, err, errlen);
+    if (fd < 0) return NULL;
+    if (!fstat(fd, &st)) id[0] = (uint64_t)st.st_dev, id[1] = (uint64_t)st.st_ino;
+    char *text = size <= MAX_MANIFEST ? plan_alloc((size_t)size + 1) : NULL;
+    for (ssize_t k = 1; text && got < size && k > 0; got += k > 0 ? k : 0)
+        if ((k = read(fd, text + got, (size_t)(size - got))) < 0 && errno == EINTR) k = 0;
+    close(fd);
+    got = text && got == size;
+    json_error_t je;
+    json_t *m = got ? json_loadb(text, (size_t)size, JSON_REJECT_DUPLICATES, &je) : NULL;
+    plan_dealloc(text);
+    char why[JSON_ERROR_TEXT_LENGTH];
+    if (size > MAX_MANIFEST) plan_fail(err, errlen, "%s: %" PRId64 " bytes; a manifest is at most %d", mpath, size,
+                                       MAX_MANIFEST);
+    else if (!got) plan_fail(err, errlen, "%s: cannot read it", mpath);
+    else if (!m) plan_fail(err, errlen, "%s: not valid JSON at byte %d (line %d): %s", mpath, je.position, je.line,
+                           plan_json_why(je.text, why, sizeof why));
+    return m;
+}
+
+/* The step directory path names (it holds a manifest.json, of any kind: a link there is
+ * an error, not another directory), or the newest complete one in the checkpoint
+ * directory path; its descriptor, c->dir set, or -1 with a message. */
+static int find_step(RtCheckpoint *c, const char *path, char *err, size_t errlen)
+{
+    int root = ckfs_root(path, 0, err, errlen);
+    if (root < 0) return -1;
+    if (ckfs_mode(root, MANIFEST)) {
+        snprintf(c->dir, sizeof c->dir, "%s", path);
+        return root;
+    }
+    int incomplete;
+    char name[32];
+    int64_t s = ck_newest(root, path, &incomplete, err, errlen);
+    int at = s >= 0 ? ckfs_dir(root, path, ck_step_name(s, name, sizeof name), 0, NULL, err, errlen) : -1;
+    if (s == -1)
+        plan_fail(err, errlen, "%s: no checkpoint in it (a step-NNNNNNNN directory with a " MANIFEST ")%s", path,
+                  incomplete ? "; the incomplete ones were cut off while being saved" : "");
+    else if (s >= 0)
+        snprintf(c->dir, sizeof c->dir, "%s/%s", path, name);
+    close(root);
+    return at;
+}
+
 RtCheckpoint *rt_checkpoint_open(const char *path, char *err, size_t errlen)
 {
     RtCheckpoint *c = plan_alloc(sizeof *c);
@@ -550,26 +522,10 @@ RtCheckpoint *rt_checkpoint_open(const char *path, char *err, size_t errlen)
     }
     memset(c, 0, sizeof *c);
     char mpath[4096 + 32];
-    snprintf(mpath, sizeof mpath, "%s/" MANIFEST, path);
-    struct stat st;
-    int rc = 0;
-    if (is_file(mpath)) {
-        snprintf(c->dir, sizeof c->dir, "%s", path);
-    } else if (stat(path, &st) || !S_ISDIR(st.st_mode)) {
-        rc = plan_fail(err, errlen, "%s: %s", path, errno ? strerror(errno) : "not a directory");
-    } else {
-        int incomplete;
-        int64_t s = newest(path, &incomplete);
-        if (s < 0)
-            rc = plan_fail(err, errlen, "%s: no checkpoint in it (a step-NNNNNNNN directory with a " MANIFEST ")%s",
-                           path, incomplete ? "; the incomplete ones were cut off while being saved" : "");
-        else
-            step_dir(path, s, c->dir, sizeof c->dir);
-        snprintf(mpath, sizeof mpath, "%s/" MANIFEST, c->dir);
-    }
-    json_error_t je;
-    if (!rc && !(c->manifest = json_load_file(mpath, JSON_REJECT_DUPLICATES, &je)))
-        rc = plan_fail(err, errlen, "%s: not valid JSON: %s (line %d)", mpath, je.text, je.line);
+    int at = find_step(c, path, err, errlen), rc = at < 0 ? -1 : 0;
+    snprintf(mpath, sizeof mpath, "%s/" MANIFEST, c->dir);
+    uint64_t id[2] = {0, 0};
+    if (!rc && !(c->manifest = read_manifest(c, at, mpath, id, err, errlen))) rc = -1;
     json_t *format = json_object_get(c->manifest, "format"), *version = json_object_get(c->manifest, "version");
     json_t *step = json_object_get(c->manifest, "step"), *seed = json_object_get(c->manifest, "seed");
     if (!rc && (!json_is_string(format) || strcmp(json_string_value(format), FORMAT)))
@@ -582,13 +538,27 @@ RtCheckpoint *rt_checkpoint_open(const char *path, char *err, size_t errlen)
     if (!rc) {
         c->step = json_integer_value(step);
         c->seed = (uint64_t)json_integer_value(seed);
-        rc = open_files(c, err, errlen);
+        rc = open_files(c, at, err, errlen);
+        if (c->ident) c->ident[0] = id[0], c->ident[1] = id[1];
     }
+    if (at >= 0) close(at);
     if (rc) {
         rt_checkpoint_close(c);
         return NULL;
     }
     return c;
+}
+
+const char *rt_checkpoint_holds(const RtCheckpoint *c, const char *path)
+{
+    struct stat st;
+    if (stat(path, &st)) return NULL;
+    for (int32_t f = -1; f < c->n_files; f++)
+        if (c->ident[2 * f + 2] == (uint64_t)st.st_dev && c->ident[2 * f + 3] == (uint64_t)st.st_ino)
+            return f < 0 ? MANIFEST
+                         : json_string_value(json_object_get(json_array_get(json_object_get(c->manifest, "files"),
+                                                                            (size_t)f), "name"));
+    return NULL;
 }
 
 void rt_checkpoint_close(RtCheckpoint *c)
@@ -599,6 +569,7 @@ void rt_checkpoint_close(RtCheckpoint *c)
     plan_dealloc(c->files);
     plan_dealloc(c->meta);
     plan_dealloc(c->pieces);
+    plan_dealloc(c->ident);
     json_decref(c->manifest);
     plan_dealloc(c);
 }
@@ -626,7 +597,7 @@ int32_t rt_checkpoint_count(const RtCheckpoint *c) { return c->n_pieces; }
 
 void rt_checkpoint_piece(const RtCheckpoint *c, int32_t i, RtPiece *out)
 {
-    const Piece *x = &c->pieces[i];
+    const CkPiece *x = &c->pieces[i];
     *out = (RtPiece){.name = x->name, .kind = x->kind, .dtype = x->dtype, .rank = x->rank, .shape = x->shape,
                      .first = x->first, .count = x->count, .holder = PLAN_NONE};
 }
@@ -644,109 +615,16 @@ int32_t rt_checkpoint_find(const RtCheckpoint *c, const char *name)
 
 int rt_checkpoint_read(const RtCheckpoint *c, int32_t i, void *buf, char *err, size_t errlen)
 {
-    const Piece *x = &c->pieces[i];
+    const CkPiece *x = &c->pieces[i];
     if (rt_st_pread(c->files[x->file], buf, x->end - x->begin, x->begin))
-        return fail_file(c, x->file, err, errlen, "cannot read it (truncated since it was opened?)");
+        return ck_fail_file(c, x->file, err, errlen, "cannot read it (truncated since it was opened?)");
     uint32_t got = plan_crc32(0, buf, (size_t)(x->end - x->begin));
-    if (got == x->crc) return 0;
     char why[512];
+    if (got == x->crc)
+        return rt_state_check(x->name, x->kind, x->dtype, buf, x->first, x->count, c->step, why, sizeof why)
+                   ? ck_fail_file(c, x->file, err, errlen, why)
+                   : 0;
     snprintf(why, sizeof why, "tensor '%s' (bytes %" PRIu64 " to %" PRIu64 " of the file) has CRC-32 %08" PRIx32
              ", saved as %08" PRIx32 ": the file is damaged", x->key, x->begin, x->end, got, x->crc);
-    return fail_file(c, x->file, err, errlen, why);
-}
-
-/* ---- the consolidated export ------------------------------------------------------- */
-
-/* Hugging Face's names and layouts (rt_hf_write): every param consolidated in memory
- * from its pieces, since the layout transposes whole tensors; *bytes: what that holds. */
-static int export_hf(const RtCheckpoint *c, const char *out, RtWeightsFormat f, int64_t *bytes, char *err,
-                     size_t errlen)
-{
-    int32_t n = 0;
-    int64_t total = 0, numel = 0;  // numel: of the param whose pieces are being read
-    int rc = 0;
-    StEntry *t = plan_alloc(sizeof *t * (size_t)(c->n_pieces + 1));
-    if (!t) return plan_fail(err, errlen, "out of memory");
-    for (int32_t i = 0; i < c->n_pieces && !rc; i++) {
-        const Piece *x = &c->pieces[i];
-        if (x->kind != RT_STATE_PARAM) continue;
-        if (x->dtype != PLAN_DT_F32) {
-            rc = plan_fail(err, errlen, "param '%s' is %s in the checkpoint; --weights-format %s exports f32 params",
-                           x->name, plan_dtype_name(x->dtype), rt_weights_format_name(f));
-            break;
-        }
-        if (x->first == 0) {
-            numel = 1;
-            for (int d = 0; d < x->rank; d++) numel *= x->shape[d];
-            t[n] = (StEntry){x->name, x->dtype, x->rank, x->shape, plan_alloc((size_t)numel * 4)};
-            if (!t[n++].data) rc = plan_fail(err, errlen, "out of memory for param '%s' (%" PRId64 " elements)", x->name, numel);
-            total += numel * 4;
-        }
-        int fits = n > 0 && !strcmp(t[n - 1].name, x->name) && x->first + x->count <= numel &&
-                   x->end - x->begin == (uint64_t)x->count * 4;
-        if (!rc && fits)
-            rc = rt_checkpoint_read(c, i, (uint8_t *)t[n - 1].data + x->first * 4, err, errlen);
-        else if (!rc)
-            rc = fail_file(c, x->file, err, errlen, "a piece of a param does not fit it (damaged manifest?)");
-    }
-    if (!rc) rc = rt_hf_write(out, f, t, n, c->step, err, errlen);
-    for (int32_t k = 0; k < n; k++) plan_dealloc(t[k].data);
-    plan_dealloc(t);
-    *bytes = total;
-    return rc;
-}
-
-int rt_checkpoint_export(const RtCheckpoint *c, const char *out, RtWeightsFormat f, int64_t *peak_buffer, char *err,
-                         size_t errlen)
-{
-    enum { BUF = 16 << 20 };  // the one buffer every byte passes through
-    if (f != RT_WEIGHTS_FSEXEC) {
-        int64_t held = 0;
-        int rc = export_hf(c, out, f, &held, err, errlen);
-        if (peak_buffer) *peak_buffer = held;
-        return rc;
-    }
-    int32_t n = 0;
-    StEntry *t = plan_alloc(sizeof *t * (size_t)(c->n_pieces + 1));
-    uint8_t *buf = plan_alloc(BUF), *head = NULL;
-    size_t hlen = 0;
-    char step[32], why[512];
-    snprintf(step, sizeof step, "%" PRId64, c->step);
-    const char *kv[] = {"step", step};
-    if (!t || !buf) {
-        plan_dealloc(t), plan_dealloc(buf);
-        return plan_fail(err, errlen, "out of memory");
-    }
-    for (int32_t i = 0; i < c->n_pieces; i++) {  // one entry per param; its pieces follow in order
-        const Piece *x = &c->pieces[i];
-        if (x->kind == RT_STATE_PARAM && x->first == 0) t[n++] = (StEntry){x->name, x->dtype, x->rank, x->shape, NULL};
-    }
-    int rc = 0;
-    PlanOutput *o = NULL;
-    if (rt_st_header(t, n, kv, 1, &head, &hlen)) rc = plan_fail(err, errlen, "out of memory building the header");
-    if (!rc && !(o = plan_output_open(out, why, sizeof why))) rc = plan_fail(err, errlen, "%s: %s", out, why);
-    if (!rc) plan_output_write(o, head, hlen);
-    for (int32_t i = 0; i < c->n_pieces && !rc; i++) {
-        const Piece *x = &c->pieces[i];
-        if (x->kind != RT_STATE_PARAM) continue;
-        uint32_t crc = 0;
-        for (uint64_t at = x->begin; at < x->end && !rc; at += BUF) {
-            uint64_t len = x->end - at < BUF ? x->end - at : BUF;
-            if (rt_st_pread(c->files[x->file], buf, len, at)) rc = fail_file(c, x->file, err, errlen, "cannot read it");
-            crc = plan_crc32(crc, buf, (size_t)len);
-            if (!rc && plan_output_write(o, buf, (size_t)len)) break;  // commit reports it
-        }
-        if (!rc && crc != x->crc) {
-            snprintf(why, sizeof why, "tensor '%s' (bytes %" PRIu64 " to %" PRIu64 " of the file) has CRC-32 %08" PRIx32
-                     ", saved as %08" PRIx32 ": the file is damaged", x->key, x->begin, x->end, crc, x->crc);
-            rc = fail_file(c, x->file, err, errlen, why);
-        }
-    }
-    if (rc) plan_output_abort(o);
-    else if (plan_output_commit(o, why, sizeof why)) rc = plan_fail(err, errlen, "%s: %s", out, why);
-    if (peak_buffer) *peak_buffer = BUF;
-    plan_dealloc(head);
-    plan_dealloc(buf);
-    plan_dealloc(t);
-    return rc;
+    return ck_fail_file(c, x->file, err, errlen, why);
 }

@@ -365,6 +365,13 @@ const RtPiece *rt_state_piece(const RtState *s, int32_t i);
 /* The root tensors the pieces lie in (a load zeroes them first: their padding). */
 int32_t rt_state_holders(const RtState *s, const int32_t **ids);
 const char *rt_state_kind_name(RtStateKind k);  // "param", "optimizer", "state"
+/* Elements [first, first + count) of the logical tensor `name` of kind k, at data, in
+ * the domain of its values in a checkpoint of `step` steps: params and optimizer state
+ * f32 and finite, second moments (".exp_avg_sq") >= 0, "opt_step" and
+ * "loss_scale.good_steps" i32 from 0 to step, "loss_scale" f32, finite and > 0. 0, or
+ * -1 with a message naming the tensor, the element and its value. */
+int rt_state_check(const char *name, RtStateKind k, PlanDType dtype, const void *data, int64_t first, int64_t count,
+                   int64_t step, char *err, size_t errlen);
 
 /* ---- runtime/checkpoint.c: checkpoints on disk --------------------------------------- */
 
@@ -374,6 +381,7 @@ typedef struct {
     uint64_t seed;       // the run's seed (init, data order), recorded in the manifest
     const char *data;    // rt_data_describe, recorded
     RtDataOrder order;
+    int64_t bytes;       // a checkpoint's size (rt_checkpoint_size): checked free before each save; 0: not
 } RtCheckpointOptions;
 
 typedef struct {
@@ -392,6 +400,14 @@ int rt_checkpoint_save(const Exec *e, int64_t step, const RtCheckpointOptions *o
                        size_t errlen);
 /* A hash of a plan read from a file (its sections' CRCs): the same plan, the same hash. */
 uint64_t rt_plan_hash(const Plan *p);
+/* runtime/ckdir.c: the bytes a checkpoint of this plan takes on disk (every logical
+ * tensor once, with a generous bound on the headers), or -1 with a message. */
+int64_t rt_checkpoint_size(const Plan *whole, char *err, size_t errlen);
+/* Before a run that saves into dir: every step directory in it is a directory (not a
+ * link), every manifest, rank file and temporary file in those is a regular file, and
+ * its file system (its parent's, when dir is still to be made) has `bytes` free. 0, or
+ * -1 with a message naming the path and what it is, or the bytes needed and free. */
+int rt_checkpoint_check_dir(const char *dir, int64_t bytes, char *err, size_t errlen);
 
 typedef struct RtCheckpoint RtCheckpoint;
 /* Opens the checkpoint at path (a step directory with its manifest) or the newest
@@ -401,6 +417,9 @@ typedef struct RtCheckpoint RtCheckpoint;
  * with a message naming the file and what is wrong. */
 RtCheckpoint *rt_checkpoint_open(const char *path, char *err, size_t errlen);
 void rt_checkpoint_close(RtCheckpoint *c);
+/* The name of the checkpoint's file (its manifest, or a rank file) that path is (the
+ * same file, through any link or name), or NULL: an output must not be one. */
+const char *rt_checkpoint_holds(const RtCheckpoint *c, const char *path);
 const char *rt_checkpoint_dir(const RtCheckpoint *c);  // its step directory
 int64_t rt_checkpoint_step(const RtCheckpoint *c);     // the steps done when it was saved
 uint64_t rt_checkpoint_seed(const RtCheckpoint *c);
@@ -415,8 +434,9 @@ int64_t rt_checkpoint_info_int(const RtCheckpoint *c, const char *key, int64_t d
 int32_t rt_checkpoint_count(const RtCheckpoint *c);
 void rt_checkpoint_piece(const RtCheckpoint *c, int32_t i, RtPiece *out);
 int32_t rt_checkpoint_find(const RtCheckpoint *c, const char *name);
-/* Piece i's bytes into buf (bytes long), its CRC-32 checked: 0, or -1 naming the file,
- * the tensor and its byte range. */
+/* Piece i's bytes into buf (bytes long), its CRC-32 checked, then its values against
+ * their domain (rt_state_check): 0, or -1 naming the file, the tensor and its byte
+ * range, or the element and its value. */
 int rt_checkpoint_read(const RtCheckpoint *c, int32_t i, void *buf, char *err, size_t errlen);
 /* How a weights file names and lays out the params: ours (the .fsm's names, matmul
  * weights [in, out]), or a Hugging Face model's (README's table: GPT2LMHeadModel,
@@ -488,6 +508,10 @@ typedef struct {
 } StTensor;
 typedef struct StFile StFile;
 StFile *rt_st_open(const char *path, char *err, size_t errlen);  // NULL with a message (without the path)
+/* The same of a file open at fd (size bytes), which the StFile then owns (closed on failure too). */
+StFile *rt_st_open_fd(int fd, int64_t size, char *err, size_t errlen);
+/* The first of n floats of dtype dt (F32, F16, BF16) at p that is NaN or Inf, or -1. */
+int64_t rt_st_first_nonfinite(const uint8_t *p, int64_t n, PlanDType dt);
 void rt_st_close(StFile *f);
 size_t rt_st_count(const StFile *f);
 const StTensor *rt_st_tensor(const StFile *f, size_t i);

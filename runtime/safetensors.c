@@ -262,7 +262,7 @@ static int match(const StEntry *t, int32_t n, const char *const *also, int32_t n
 
 /* The first element of n that is NaN or Inf (its exponent all ones), or -1. Blocks are
  * tested branch-free, so the common case (none) runs at memory speed. */
-static int64_t first_nonfinite(const uint8_t *p, int64_t n, PlanDType dt)
+int64_t rt_st_first_nonfinite(const uint8_t *p, int64_t n, PlanDType dt)
 {
     enum { BLOCK = 4096 };
     int wide = dt == PLAN_DT_F32;
@@ -300,7 +300,7 @@ static int check_finite(const StTensor *fe, const uint8_t *p, char *err, size_t 
     if (fe->dtype == PLAN_DT_I32) return 0;
     int64_t n = 1;
     for (int d = 0; d < fe->rank; d++) n *= fe->shape[d];
-    int64_t i = first_nonfinite(p, n, fe->dtype);
+    int64_t i = rt_st_first_nonfinite(p, n, fe->dtype);
     if (i < 0) return 0;
     uint32_t u = 0;
     int wide = fe->dtype == PLAN_DT_F32;
@@ -381,10 +381,12 @@ static int open_file(int fd, uint64_t size, StFile *f, char *err, size_t errlen)
     if (size < 8 || read_at(fd, n8, 8, 0)) return plan_fail(err, errlen, "too short for a safetensors file");
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++) hlen |= (uint64_t)n8[i] << (8 * i);
+    /* The length is the file's bytes: said by what it should be, never quoted. */
     if (hlen > size - 8 && torch_file(n8)) return plan_fail(err, errlen, "%s", TORCH_FILE);
-    if (hlen > size - 8) return plan_fail(err, errlen, "header of %" PRIu64 " bytes in a %" PRIu64 "-byte file "
-                                     "(truncated, or not a safetensors file)", hlen, size);
-    if (hlen > MAX_HEADER) return plan_fail(err, errlen, "header of %" PRIu64 " bytes; at most %d", hlen, MAX_HEADER);
+    if (hlen > size - 8)
+        return plan_fail(err, errlen, "bytes 0-7 should hold the header's length, at most the %" PRIu64 " bytes after "
+                         "them; they hold more (truncated, or not a safetensors file)", size - 8);
+    if (hlen > MAX_HEADER) return plan_fail(err, errlen, "bytes 0-7 give a header longer than %d bytes", MAX_HEADER);
     char *text = plan_alloc((size_t)hlen + 1);
     if (!text) return plan_fail(err, errlen, "out of memory");
     if (read_at(fd, text, hlen, 8)) {
@@ -395,7 +397,9 @@ static int open_file(int fd, uint64_t size, StFile *f, char *err, size_t errlen)
     json_error_t je;
     f->h = json_loadb(text, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
     plan_dealloc(text);
-    if (!f->h) return plan_fail(err, errlen, "header is not valid JSON: %s (at byte %d)", je.text, je.position);
+    char why[JSON_ERROR_TEXT_LENGTH];
+    if (!f->h) return plan_fail(err, errlen, "header is not valid JSON: %s (at byte %d)",
+                                plan_json_why(je.text, why, sizeof why), 8 + je.position);
     size_t nkeys = json_is_object(f->h) ? json_object_size(f->h) : 0;
     if (!(f->t = plan_alloc(sizeof *f->t * (nkeys + 1)))) return plan_fail(err, errlen, "out of memory");
     f->fd = fd, f->size = size, f->base = 8 + hlen;
@@ -406,13 +410,18 @@ static int open_file(int fd, uint64_t size, StFile *f, char *err, size_t errlen)
 
 StFile *rt_st_open(const char *path, char *err, size_t errlen)
 {
+    int64_t size;
+    int fd = plan_open_input(path, &size, err, errlen);
+    return fd < 0 ? NULL : rt_st_open_fd(fd, size, err, errlen);
+}
+
+StFile *rt_st_open_fd(int fd, int64_t size, char *err, size_t errlen)
+{
     if (!little_endian()) {
+        close(fd);
         plan_fail(err, errlen, "safetensors input needs a little-endian host");
         return NULL;
     }
-    int64_t size;
-    int fd = plan_open_input(path, &size, err, errlen);
-    if (fd < 0) return NULL;
     StFile *f = plan_alloc(sizeof *f);
     if (!f) {
         close(fd);

@@ -23,9 +23,11 @@
  *   - a logical tensor that an earlier pipeline stage also holds (a tied embedding, the
  *     counters) is that stage's alone.
  */
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "ops.h"
 #include "runtime.h"
 
@@ -372,4 +374,56 @@ int32_t rt_state_holders(const RtState *s, const int32_t **ids)
 const char *rt_state_kind_name(RtStateKind k)
 {
     return k == RT_STATE_PARAM ? "param" : k == RT_STATE_OPTIM ? "optimizer" : "state";
+}
+
+/* ---- the domain of the state's values (what a checkpoint may hold) ------------------ */
+
+static double value_at(const uint8_t *p, int64_t i, PlanDType dt)
+{
+    if (dt == PLAN_DT_I32) {
+        int32_t v;
+        memcpy(&v, p + 4 * i, 4);
+        return v;
+    }
+    if (dt == PLAN_DT_F32) {
+        float v;
+        memcpy(&v, p + 4 * i, 4);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    return dt == PLAN_DT_F16 ? cpu_f16_to_f32(h) : cpu_bf16_to_f32(h);
+}
+
+static int is_float(PlanDType dt) { return dt == PLAN_DT_F32 || dt == PLAN_DT_F16 || dt == PLAN_DT_BF16; }
+
+static int ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), m = strlen(tail);
+    return n >= m && !strcmp(s + n - m, tail);
+}
+
+int rt_state_check(const char *name, RtStateKind k, PlanDType dtype, const void *data, int64_t first, int64_t count,
+                   int64_t step, char *err, size_t errlen)
+{
+    const uint8_t *p = data;
+    int counter = !strcmp(name, "opt_step") || !strcmp(name, "loss_scale.good_steps");
+    int scale = !strcmp(name, "loss_scale"), second = k == RT_STATE_OPTIM && ends_with(name, ".exp_avg_sq");
+    const char *want = counter ? "i32" : "a float dtype (f32, f16, bf16)";
+    if (counter ? dtype != PLAN_DT_I32 : !is_float(dtype))
+        return plan_fail(err, errlen, "tensor '%s' is %s; a %s is %s", name, plan_dtype_name(dtype),
+                         counter ? "step counter" : rt_state_kind_name(k), want);
+    int64_t bad = counter ? -1 : rt_st_first_nonfinite(p, count, dtype);
+    const char *why = "a value in a checkpoint is finite";
+    for (int64_t i = 0; bad < 0 && i < count && (counter || scale || second); i++) {
+        double v = value_at(p, i, dtype);
+        if (counter && (v < 0 || v > (double)step)) bad = i, why = "a step counter is from 0 to the checkpoint's step";
+        else if (scale && !(v > 0)) bad = i, why = "a loss scale is > 0";
+        else if (second && v < 0) bad = i, why = "a second moment (exp_avg_sq) is >= 0";
+    }
+    if (bad < 0) return 0;
+    char value[48];
+    snprintf(value, sizeof value, counter ? "%.0f" : "%.9g", value_at(p, bad, dtype));
+    return plan_fail(err, errlen, "tensor '%s' element %" PRId64 " is %s, but %s: the checkpoint is damaged or was "
+                     "not written by fsexec", name, first + bad, value, why);
 }

@@ -326,23 +326,21 @@ static int is_plan(const char *buf, size_t len)
 /* The whole file, NUL-terminated; NULL after printing why (a plan, not a source). */
 static char *read_source(const char *path, size_t *len)
 {
-    struct stat st;
-    FILE *fp = fopen(path, "rb");
-    if (!fp || fstat(fileno(fp), &st) != 0) {
-        fprintf(stderr, "fsc: error: %s: %s\n", path, strerror(errno));
+    char why[256];
+    int64_t size;
+    int fd = plan_open_input(path, &size, why, sizeof why);  // a regular file, never a wait on a FIFO
+    FILE *fp = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!fp || size > MAX_SOURCE) {
+        fprintf(stderr, "fsc: error: %s: %s\n", path, fd < 0 ? why : fp ? "too large for a model source (over 16 MiB)"
+                                                                      : strerror(errno));
         if (fp) fclose(fp);
+        else if (fd >= 0) close(fd);
         return NULL;
     }
-    if (!S_ISREG(st.st_mode) || st.st_size > MAX_SOURCE) {
-        fprintf(stderr, "fsc: error: %s: %s\n", path,
-                S_ISREG(st.st_mode) ? "too large for a model source (over 16 MiB)" : "not a regular file");
-        fclose(fp);
-        return NULL;
-    }
-    char *buf = malloc((size_t)st.st_size + 1);
-    *len = buf ? fread(buf, 1, (size_t)st.st_size, fp) : 0;
+    char *buf = malloc((size_t)size + 1);
+    *len = buf ? fread(buf, 1, (size_t)size, fp) : 0;
     fclose(fp);
-    if (!buf || *len != (size_t)st.st_size) {
+    if (!buf || *len != (size_t)size) {
         fprintf(stderr, "fsc: error: %s: could not read the file\n", path);
         free(buf);
         return NULL;

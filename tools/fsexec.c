@@ -484,6 +484,7 @@ typedef struct {
     RtDevice dev;          // the backend that runs the steps (the CPU's or a device's)
     RtCheckpoint *resume;  // --resume's checkpoint, opened and checked before the run
     RtEval *eval;          // --val-data's evaluation program, or NULL
+    int64_t ck_bytes;      // a checkpoint's size (rt_checkpoint_size), checked free before each save
 } Run;
 
 /* SIGINT and SIGTERM: the first stops the run at the next step boundary (every rank
@@ -660,7 +661,7 @@ static int train(Run *r, const Flags *f, const char *path, uint64_t seed, int64_
         return local_error(1);
     }
     RtCheckpointOptions co = {.dir = f->checkpoint_dir, .keep = (int)f->keep, .seed = seed,
-                              .data = rt_data_describe(r->data), .order = f->order};
+                              .data = rt_data_describe(r->data), .order = f->order, .bytes = r->ck_bytes};
     RtTrainOptions o = {.steps = f->steps, .start = start, .checkpoint = f->checkpoint_dir ? &co : NULL,
                         .save_every = f->save_every, .stop = &stop_signal, .overflow_at = f->overflow_at,
                         .save_grads = f->save_grads, .cuda_graph = f->cuda_graph, .debug_nan = f->debug_nan,
@@ -691,18 +692,53 @@ static int train(Run *r, const Flags *f, const char *path, uint64_t seed, int64_
     return rc == RT_TRAIN_LOCAL ? local_error(1) : rc;
 }
 
+/* Whether the files at paths a and b are one (the same inode, through any link). */
+static int same_file(const char *a, const char *b)
+{
+    struct stat x, y;
+    return a && b && !stat(a, &x) && !stat(b, &y) && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+/* The input flag whose file (a --data list's too: NAME=FILE,...) is the file at out, or NULL. */
+static const char *input_at(const Flags *f, const char *out, const char **file)
+{
+    const char *flags[] = {"the plan", "--load-weights", "--tokenizer", "--data", "--val-data"};
+    const char *paths[] = {f->plan, f->load_weights, f->tokenizer, f->data, f->val_data};
+    for (int i = 0; i < 5; i++) {
+        for (const char *at = paths[i]; at && *at;) {
+            char one[4096];
+            size_t n = strcspn(at, ",");
+            snprintf(one, sizeof one, "%.*s", (int)(n < sizeof one ? n : sizeof one - 1), at);
+            const char *eq = i >= 3 ? strchr(one, '=') : NULL;
+            if (same_file(eq ? eq + 1 : one, out) || (i < 3 && same_file(paths[i], out)))
+                return *file = paths[i], flags[i];
+            at += n + (at[n] == ',');
+            if (i < 3) break;
+        }
+    }
+    return NULL;
+}
+
 /* Files written after a long run (or by ranks --nproc starts) are checked before it, on
- * every rank alike: 0, or 1 after a message. */
+ * every rank alike: each can be written, and none is a file the run reads (written over,
+ * an input would be lost). 0, or 1 after a message. */
 static int check_outputs(const Flags *f)
 {
     const char *flags[] = {"--save-weights", "--save-grads", "--log", "--trace"};
     const char *paths[] = {f->save_weights, f->save_grads, f->log, f->trace};
     char err[512];
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 4; i++) {
+        const char *file, *input = paths[i] ? input_at(f, paths[i], &file) : NULL;
+        if (input) {
+            fprintf(stderr, "%s: %s %s is %s %s, which this run reads: give another file\n", who, flags[i], paths[i],
+                    input, file);
+            return 1;
+        }
         if (paths[i] && plan_check_output(paths[i], err, sizeof err)) {
             fprintf(stderr, "%s: %s %s: %s\n", who, flags[i], paths[i], err);
             return 1;
         }
+    }
     struct stat st;
     const char *dir = f->checkpoint_dir;
     if (dir && !stat(dir, &st)) {
@@ -936,6 +972,32 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     return rc;
 }
 
+/* Before any step: no output is a file of --resume's checkpoint, and --checkpoint-dir
+ * holds only fsexec's own files under a checkpoint's names, with room for one more
+ * (rank 0 looks; every rank agrees). 0, or 1 after a message. */
+static int check_checkpoint_files(const Flags *f, Run *r, const Plan *whole)
+{
+    const char *flags[] = {"--save-weights", "--save-grads", "--log", "--trace"};
+    const char *paths[] = {f->save_weights, f->save_grads, f->log, f->trace};
+    char err[512];
+    int rc = 0;
+    for (int i = 0; i < 4 && r->resume && !rc; i++) {
+        const char *own = paths[i] ? rt_checkpoint_holds(r->resume, paths[i]) : NULL;
+        if (own && my_rank == 0)
+            fprintf(stderr, "%s: %s %s is %s/%s, a file of the checkpoint this run resumes: give another file\n", who,
+                    flags[i], paths[i], rt_checkpoint_dir(r->resume), own);
+        rc = own ? 1 : 0;
+    }
+    if (!rc && f->checkpoint_dir && my_rank == 0) {
+        r->ck_bytes = rt_checkpoint_size(whole, err, sizeof err);
+        if (r->ck_bytes < 0 || rt_checkpoint_check_dir(f->checkpoint_dir, r->ck_bytes, err, sizeof err)) {
+            fprintf(stderr, "%s: --checkpoint-dir %s: %s\n", who, f->checkpoint_dir, err);
+            rc = 1;
+        }
+    }
+    return rt_comm_agree(rc);
+}
+
 static int run(const Flags *f)
 {
     Plan *whole = load(f->plan), *one = NULL;  // one: this rank's stage's program, in a pipeline
@@ -955,6 +1017,7 @@ static int run(const Flags *f)
         if (!r.resume) fprintf(stderr, "%s: --resume: %s\n", who, err);
         rc = rt_comm_agree(r.resume ? 0 : 1);
     }
+    if (!rc) rc = check_checkpoint_files(f, &r, whole);
     if (!rc && r.resume && rt_checkpoint_step(r.resume) >= f->steps) {
         if (my_rank == 0)
             fprintf(stderr, "fsexec: %s is at step %" PRId64 " and --steps %" PRId64 " is the run's total: nothing to "

@@ -31,8 +31,21 @@ expect help-shows-default-schedule 0 "constant or cosine (after warmup) [constan
 expect version 0 "fsc 0.1.0" -- "$FSC" --version
 expect version-short 0 "fsc 0.1.0 (plan format " -- "$FSC" -V
 expect no-input 1 "no input file" -- "$FSC"
-expect missing-file 1 "nope.fsm: No such file or directory" -- "$FSC" "$tmp/nope.fsm"
-expect directory 1 "not a regular file" -- "$FSC" "$tmp"
+expect missing-file 1 "nope.fsm: cannot open: No such file or directory" -- "$FSC" "$tmp/nope.fsm"
+expect directory 1 "is a directory; give a regular file" -- "$FSC" "$tmp"
+# Every input of fsc is opened as fsexec's are: a FIFO is named, never waited on.
+mkfifo "$tmp/fifo"
+expect source-fifo 1 "fifo: is a FIFO (named pipe); give a regular file" -- timeout 10 "$FSC" "$tmp/fifo"
+expect machine-fifo 1 "--machine $tmp/fifo: is a FIFO (named pipe); give a regular file" -- \
+  timeout 10 "$FSC" "$SRC/samples/mlp.fsm" --fit 80GiB --world 8 --machine "$tmp/fifo"
+# 250 chained elementwise ops: the fuse pass splits the run into groups of at most 64.
+{
+  echo "model chain { dim B = 4, D = 8; input x: f32[B, D]; input y: i32[B]; param w: [D] = ones; h = x * w;"
+  for i in $(seq 125); do echo "  h = h * w; h = tanh(h);"; done
+  echo "  loss = cross_entropy(h, y); }"
+  echo "train { optimizer sgd(lr = 0.1); }"
+} >"$tmp/chain.fsm"
+expect fuse-250 0 "chain: 8 params" -- "$FSC" "$tmp/chain.fsm" -o "$tmp/chain.plan"
 expect bad-flag 1 "unknown option '-x'" -- "$FSC" "$SRC/samples/mlp.fsm" -x
 expect bad-define 1 "expected NAME=VALUE" -- "$FSC" "$SRC/samples/mlp.fsm" -D L
 expect bad-define-value 1 "VALUE must be an integer" -- "$FSC" "$SRC/samples/mlp.fsm" -D L=two

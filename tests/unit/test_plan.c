@@ -1110,7 +1110,7 @@ Test(plan, inspect_reports_what_a_plan_holds)
         "  compute           9 ops\n",
         "\ntensors by role\n",
         "  param               6              1,440      1.4 KiB\n",
-        "  total              19              5,860      5.7 KiB\n",
+        "  total              20              5,924      5.8 KiB\n",
         "  (1 tied tensor: shares another's bytes, counted once)\n",
         "\nsections\n",
         "  tag          offset          bytes  crc32\n",
