@@ -73,7 +73,8 @@ static const char USAGE[] =
     "                       own arena: fsc --mem shows it) before the first step, every\n"
     "                       --eval-every steps and after the last; val_loss (classifiers:\n"
     "                       val_acc) on that step's line and in --log. FILE is a token file,\n"
-    "                       read as --data is; every evaluation reads its first --eval-batches\n"
+    "                       read as --data is, or NAME=FILE.npy,NAME=FILE.npy (any model that\n"
+    "                       trains on .npy files); every evaluation reads its first --eval-batches\n"
     "                       batches, in order. A classifier takes `--val-data blobs`: blob\n"
     "                       batches no training step draws. Not for pipelines (an error)\n"
     "  --eval-every N       evaluate every N steps too (default: only before the first step\n"
@@ -871,7 +872,12 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
         return local_error(1);
     }
-    if (!(r->data = rt_data_open_as(r->e, f->data, f->data_format, f->order, seed, err, sizeof err))) {
+    /* No step draws a batch (--steps 0: export the init, checkpoint it): inputs only .npy
+     * files could feed need none. */
+    int idle = !f->data && f->steps <= start && rt_data_kind(whole) == RT_DATA_NONE;
+    r->data = idle ? rt_data_idle(err, sizeof err)
+                   : rt_data_open_as(r->e, f->data, f->data_format, f->order, seed, err, sizeof err);
+    if (!r->data) {
         fprintf(stderr, "%s: %s\n", who, err);
         return local_error(1);
     }
