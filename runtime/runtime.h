@@ -540,6 +540,9 @@ const char *rt_weights_format_name(RtWeightsFormat f);
 /* The name format f stores our param `ours` under ("h.3.attn.w" -> hf-gpt2's
  * "transformer.h.3.attn.c_attn.weight"), into buf; NULL when the mapping has no row for it. */
 const char *rt_hf_name(RtWeightsFormat f, const char *ours, char *buf, size_t n);
+/* HF's name hf without the format's prefix ("transformer.", "model."), as a base model's
+ * files have it; NULL when hf has none. */
+const char *rt_hf_unprefixed(RtWeightsFormat f, const char *hf);
 /* As rt_st_read_part, from a file in format f (not RT_WEIGHTS_FSEXEC): each t[i] (our
  * name, shape, f32 data) from its HF tensor, upcast from F16/BF16 exactly and transposed
  * where the layouts differ; HF's buffers (GPT-2's attn.bias, attn.masked_bias; Llama's
@@ -575,7 +578,9 @@ const char *rt_weights_shard_path(const char *path, int stage, int stages, char 
 int rt_save_grads(const Exec *e, const char *path, int64_t step, char *err, size_t errlen);
 /* Every rank reads the whole file and keeps what its storages hold; the result is
  * agreed over the ranks (an empty err on a rank that did not fail itself). A stage of a
- * pipeline takes the params it has: the file may hold other stages' too, nothing else. */
+ * pipeline takes the params it has: the file may hold other stages' too, nothing else.
+ * A sharded index (PATH.index.json, as a pipeline saves and Hugging Face writes; or PATH
+ * when only PATH.index.json exists) is read shard by shard, each for what it holds. */
 int rt_load_weights(Exec *e, const char *path, char *err, size_t errlen);
 /* The same two in format fmt (runtime/hf.c); RT_WEIGHTS_FSEXEC is the two above. A
  * pipeline's index names the format's tensors. */
