@@ -13,9 +13,10 @@
  * the k-th batch of the sequential order of the token file, or of .npy files of the
  * model's inputs (any model that trains on .npy files: NAME=FILE.npy,NAME=FILE.npy as
  * --data), the same K batches every time whatever the training's --data-order; or for a
- * classifier, `blobs`: the blobs of batch 2^40 + k, which no training step draws. The loss of a batch is every rank's alike (the program
- * averages it over the ranks, as the training step does); the accuracy is summed over
- * the ranks here. The result is the mean over the K batches.
+ * classifier, `blobs`: the blobs of batch 2^40 + k, which no training step draws. The
+ * loss of a batch is every rank's alike (the program averages it over the ranks, as the
+ * training step does); the accuracy is summed over the ranks here. The result is the
+ * mean over the K batches.
  */
 #include <math.h>
 #include <stdio.h>

@@ -235,7 +235,8 @@ def main():
         yi[9, 0] = -np.inf
         np.save(P("yinf.npy"), yi.astype(np.float32))
         data = "x=%s,y=%s" % (P("x.npy"), P("y.npy"))
-        run([fsexec, P("reg.plan"), "--data", data, "--steps", "4", "--val-data", "x=%s,y=%s" % (P("xv.npy"), P("yv.npy")),
+        run([fsexec, P("reg.plan"), "--data", data, "--steps", "4", "--val-data",
+             "x=%s,y=%s" % (P("xv.npy"), P("yv.npy")),
              "--eval-batches", "2", "--log", P("reg.jsonl")])
         rows = log_of(P("reg.jsonl"))
         xv32, yv32 = xv.astype(np.float32).astype(np.float64), yv.astype(np.float32).astype(np.float64)
@@ -283,7 +284,8 @@ def main():
         if "val_loss" not in vd or vd["val_loss"] != vn["val_loss"]:
             sys.exit("FAIL: the dropout LM's val_loss %r, the p = 0 plan's %r (evaluation drops nothing)" % (
                 vd.get("val_loss"), vn.get("val_loss")))
-        print("ok   3. --val-data tokens=.npy,targets=.npy for the dropout LM: val_loss %.6f = p = 0's" % vd["val_loss"])
+        print("ok   3. --val-data tokens=.npy,targets=.npy for the dropout LM: val_loss %.6f = p = 0's"
+              % vd["val_loss"])
         print("npy_models: all passed")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -125,7 +125,8 @@ def main():
         # 7. the sharded weights back in
         for what, path in (("the one-stage plan from W.safetensors.index.json", w + ".index.json"),
                            ("the one-stage plan from W.safetensors (its index beside it)", w)):
-            run([fsexec, P("one.plan"), "--steps", "0", "--load-weights", path, "--save-weights", P("back.safetensors")])
+            run([fsexec, P("one.plan"), "--steps", "0", "--load-weights", path, "--save-weights",
+                 P("back.safetensors")])
             same(load_safetensors(P("back.safetensors")), trained, what)
         run([fsexec, "--nproc", "2", P("pipe.plan"), "--steps", "0", "--load-weights", w + ".index.json",
              "--save-weights", P("again.safetensors")])
