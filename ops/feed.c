@@ -2,7 +2,8 @@
  * warning at the input's declaration) and fsexec (its error when it opens the data)
  * both ask, so the two never disagree.
  *
- * fsexec feeds a model of exactly two data inputs (the compiler's "step" input aside):
+ * fsexec feeds a model of exactly two data inputs (inputs with a step role aside: the
+ * step, dropout's rng, a decode position, which the runtime writes):
  * tokens and targets (i32 [B, T] each) from a token file or the built-in corpus,
  * features and labels (f32 [B, D], i32 [B]) from Gaussian blobs, and any two inputs
  * from .npy files (--data x=feats.npy,y=labels.npy), which hold f32 or i32 data (.npy

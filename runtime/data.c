@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -425,9 +426,23 @@ static int open_builtin(RtData *d, int64_t vocab, char *err, size_t errlen)
                 "/usr/share/dict/words and /usr/share/doc); give a token file with --data", CORPUS_PATHS[0]);
 }
 
-static int open_lm(RtData *d, const Plan *p, const char *path, RtTokenFormat format, char *err, size_t errlen)
+/* The vocab a token file's tokens must stay below: rt_plan_vocab, and below every bound
+ * an op that tokens or targets reach indexes with (both come from the one stream). */
+static int64_t lm_vocab(const Plan *p)
 {
     int64_t vocab = rt_plan_vocab(p);
+    int32_t in[2], by;
+    rt_data_inputs(p, &in[0], &in[1]);
+    for (int k = 0; k < 2; k++) {
+        int64_t bound = rt_input_bound(p, in[k], &by);
+        if (bound > 0 && bound < vocab) vocab = bound;
+    }
+    return vocab;
+}
+
+static int open_lm(RtData *d, const Plan *p, const char *path, RtTokenFormat format, char *err, size_t errlen)
+{
+    int64_t vocab = lm_vocab(p);
     if (path ? open_file(d, path, format, err, errlen) : open_builtin(d, vocab, err, errlen)) return -1;
     if (d->n_tok < d->T + 2)
         return plan_fail(err, errlen, "%s: %" PRId64 " tokens; a window needs T + 1 = %" PRId64 " and there must be more "
@@ -441,7 +456,8 @@ static int open_lm(RtData *d, const Plan *p, const char *path, RtTokenFormat for
 
 /* The first data input fsexec cannot feed (ops/feed.c's rule, which fsc warns by),
  * in declaration order, an input of several stages counted once: -1 with why; 0 when
- * it can feed them. */
+ * it can feed them. Inputs with a step role (the step, dropout's rng, a decode
+ * position) are the runtime's to write, never the data's. */
 static int unfed(const Plan *p, char *err, size_t errlen)
 {
     OpType in[3] = {0};
@@ -449,7 +465,7 @@ static int unfed(const Plan *p, char *err, size_t errlen)
     int n = 0;
     for (int32_t i = 0; i < p->n_tensors && n < 3; i++) {
         const PlanTensor *t = &p->tensors[i];
-        int seen = t->role != PLAN_ROLE_INPUT || t->step_role == PLAN_SR_STEP;
+        int seen = t->role != PLAN_ROLE_INPUT || t->step_role != PLAN_SR_NONE;  // step, rng, pos: the runtime's
         for (int k = 0; k < n && !seen; k++) seen = !strcmp(plan_str(p, t->name), plan_str(p, p->tensors[id[k]].name));
         if (seen) continue;
         in[n] = (OpType){.dtype = (DType)t->dtype, .rank = t->rank};
@@ -493,6 +509,12 @@ static int is_array_spec(const Plan *p, const char *spec, int32_t a, int32_t b)
     return 0;
 }
 
+int rt_data_names_inputs(const Plan *p, const char *spec)
+{
+    int32_t a, b;
+    return spec && !rt_data_inputs(p, &a, &b) && is_array_spec(p, spec, a, b);
+}
+
 /* "x (f32 [B, 16]) and y (i32 [B])": the two inputs, for messages. */
 static const char *inputs_str(const Plan *p, int32_t a, int32_t b, char *buf, size_t n)
 {
@@ -532,14 +554,52 @@ static int check_array(const Plan *p, const PlanTensor *t, const char *path, con
     return 0;
 }
 
-/* Every value of an i32 array in [0, bound): class labels, or tokens below the vocab. */
-static int check_indices(const char *path, const RtArray *arr, int64_t bound, const char *what, char *err, size_t errlen)
+/* What the ops that input t reaches index (rt_input_bound's op `by`), for messages. */
+static const char *indexes(const Plan *p, int32_t by, char *buf, size_t n)
 {
+    int32_t idx;
+    int64_t bound;
+    if (rt_op_index(p, by, &idx, &bound) == RT_INDEX_CLASSES) return "the model's classes";
+    const PlanOp *op = &p->ops[by];
+    int32_t table = strcmp(plan_str(p, op->op), "embedding") ? PLAN_NONE : p->ids[op->in];
+    snprintf(buf, n, "the rows of embedding table '%s'", table == PLAN_NONE ? "?" : plan_tensor_label(p, table));
+    return buf;
+}
+
+/* "element 17" of a 1-D array, "element 35 (sample 2)" of one with samples of several. */
+static const char *element(const RtArray *arr, int64_t i, char *buf, size_t n)
+{
+    int64_t per = arr->numel / arr->shape[0];
+    if (per > 1) snprintf(buf, n, "element %" PRId64 " (sample %" PRId64 ")", i, i / per);
+    else snprintf(buf, n, "element %" PRId64, i);
+    return buf;
+}
+
+/* Every value of input t's array is one the model takes: an i32 input that an op indexes
+ * with (an embedding's rows, a loss's classes: rt_input_bound) in [0, bound); an f32 one
+ * finite. The check the plan's value proof (opcheck_mem.c) relies on. */
+static int check_values(const Plan *p, int32_t t, const char *path, const RtArray *arr, char *err, size_t errlen)
+{
+    char at[96], what[256];
+    const char *name = plan_str(p, p->tensors[t].name);
+    if (arr->dtype == PLAN_DT_F32) {
+        const float *v = arr->data;
+        for (int64_t i = 0; i < arr->numel; i++)
+            if (!isfinite(v[i]))
+                return plan_fail(err, errlen, "%s: %s is %s; input '%s' takes finite numbers: clean the file "
+                                 "(np.isfinite finds them)", path, element(arr, i, at, sizeof at),
+                                 isnan(v[i]) ? "NaN" : v[i] > 0 ? "inf" : "-inf", name);
+        return 0;
+    }
+    int32_t by;
+    int64_t bound = rt_input_bound(p, t, &by);
+    if (bound < 0) return plan_fail(err, errlen, "out of memory");
     const int32_t *v = arr->data;
-    for (int64_t i = 0; i < arr->numel; i++)
+    for (int64_t i = 0; i < arr->numel && bound; i++)
         if (v[i] < 0 || v[i] >= bound)
-            return plan_fail(err, errlen, "%s: element %" PRId64 " is %d, outside the model's %s (0 to %" PRId64 ")", path, i,
-                             v[i], what, bound - 1);
+            return plan_fail(err, errlen, "%s: %s is %d, outside %s (0 to %" PRId64 "), which input '%s' indexes",
+                             path, element(arr, i, at, sizeof at), v[i], indexes(p, by, what, sizeof what),
+                             bound - 1, name);
     return 0;
 }
 
@@ -575,11 +635,8 @@ static int read_arrays(RtData *d, const Plan *p, const char *spec, int32_t a, in
         return plan_fail(err, errlen, "--data: %s holds %" PRId64 " samples and %s %" PRId64 "; each sample of one needs "
                          "its partner in the other", path[0], d->arr[0].shape[0], path[1], d->arr[1].shape[0]);
     d->n_samples = d->arr[0].shape[0];
-    for (int k = 0; k < 2; k++) {
-        int64_t bound = d->kind == RT_DATA_LM ? rt_plan_vocab(p) : d->kind == RT_DATA_CLASSES && k == 1 ? d->K : 0;
-        if (bound && check_indices(path[k], &d->arr[k], bound, d->kind == RT_DATA_LM ? "vocab" : "classes", err, errlen))
-            return -1;
-    }
+    for (int k = 0; k < 2; k++)
+        if (check_values(p, k ? b : a, path[k], &d->arr[k], err, errlen)) return -1;
     snprintf(d->describe, sizeof d->describe, "%s=%s, %s=%s (%" PRId64 " samples)", plan_str(p, p->tensors[a].name),
              path[0], plan_str(p, p->tensors[b].name), path[1], d->n_samples);
     return 0;
@@ -616,7 +673,7 @@ static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFor
 {
     int32_t a, b, sa, sb;
     d->kind = rt_data_kind(p);
-    int arrays = path && !rt_data_inputs(p, &a, &b) && is_array_spec(p, path, a, b);
+    int arrays = rt_data_names_inputs(p, path);
     if (arrays && unfed(p, err, errlen)) return -1;
     if (d->kind == RT_DATA_NONE && arrays) d->kind = RT_DATA_ARRAYS;
     if (d->kind == RT_DATA_NONE) {
@@ -644,6 +701,7 @@ static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFor
     d->B_global = (int64_t)rt_exec_world(e) * d->B;
     d->y_id = d->logits = PLAN_NONE;
     if (arrays) {
+        if (d->kind == RT_DATA_LM) d->T = x->shape[1];  // tokens per sample: the rate counts them
         if (d->kind == RT_DATA_CLASSES) {
             d->K = rt_plan_classes(p);
             d->y_id = sb;
@@ -681,6 +739,19 @@ RtData *rt_data_open_as(Exec *e, const char *path, RtTokenFormat format, RtDataO
 RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed, char *err, size_t errlen)
 {
     return rt_data_open_as(e, path, RT_TOKENS_AUTO, order, seed, err, errlen);
+}
+
+RtData *rt_data_idle(char *err, size_t errlen)
+{
+    RtData *d = plan_alloc(sizeof *d);
+    if (!d) {
+        plan_fail(err, errlen, "out of memory");
+        return NULL;
+    }
+    memset(d, 0, sizeof *d);
+    d->kind = RT_DATA_NONE, d->y_id = d->logits = PLAN_NONE;
+    snprintf(d->describe, sizeof d->describe, "none (no step runs)");
+    return d;
 }
 
 void rt_data_fill(RtData *d, int64_t step)

@@ -10,11 +10,13 @@
  * sharding, the same flat storages, split the same way), so an evaluation starts by
  * copying this rank's bytes of each from the training Exec: a copy of the params rather
  * than a second planner for one arena shared by two programs. Then K batches: batch k is
- * the token file's k-th window of the sequential order (the same K batches every time,
- * whatever the training's --data-order), or for a classifier the blobs of batch 2^40 + k,
- * which no training step draws. The loss of a batch is every rank's alike (the program
- * averages it over the ranks, as the training step does); the accuracy is summed over
- * the ranks here. The result is the mean over the K batches.
+ * the k-th batch of the sequential order of the token file, or of .npy files of the
+ * model's inputs (any model that trains on .npy files: NAME=FILE.npy,NAME=FILE.npy as
+ * --data), the same K batches every time whatever the training's --data-order; or for a
+ * classifier, `blobs`: the blobs of batch 2^40 + k, which no training step draws. The
+ * loss of a batch is every rank's alike (the program averages it over the ranks, as the
+ * training step does); the accuracy is summed over the ranks here. The result is the
+ * mean over the K batches.
  */
 #include <math.h>
 #include <stdio.h>
@@ -37,7 +39,7 @@ struct RtEval {
     Pair *pairs;
     int32_t n_pairs;
     int64_t batches;
-    int lm;               // a language model (token batches), else a classifier (blobs)
+    int blobs;            // held-out blobs (batch 2^40 + k), else batch k of the file's order
 };
 
 /* Tensors whose bytes are their own (not a view) and that no op makes: the params and
@@ -100,25 +102,31 @@ RtEval *rt_eval_new(const Plan *whole, Exec *train, const RtEvalOptions *o, char
     ExecOptions eo = {.seed = o->seed, .nan_fill = o->nan_fill, .rank = rt_exec_rank(train), .world = rt_exec_world(train),
                       .whole = stages > 1 ? whole->eval : NULL, .stage = rt_exec_stage(train)};
     char why[512];
-    int lm = rt_data_kind(whole->eval) == RT_DATA_LM;
+    RtDataKind kind = rt_data_kind(whole->eval);
+    int blobs = !strcmp(o->path, "blobs"), arrays = rt_data_names_inputs(whole->eval, o->path);
     const Plan *program = whole->eval;
     if (stages > 1 && !(program = v->stage = plan_extract_program(whole->eval, eo.stage, why, sizeof why))) {
         plan_fail(err, errlen, "the evaluation program of stage %d: %s", eo.stage, why);
         rt_eval_free(v);
         return NULL;
     }
-    const char *path = lm ? o->path : NULL;
-    if (!lm && strcmp(o->path, "blobs"))
-        plan_fail(err, errlen, "--val-data %s: this classifier trains on synthetic Gaussian blobs and reads no file; "
-                  "--val-data blobs evaluates it on blob batches no training step draws", o->path);
-    else if (lm && !strcmp(o->path, "blobs"))
-        plan_fail(err, errlen, "--val-data blobs is for classifiers; this language model needs a token file");
+    if (blobs && kind != RT_DATA_CLASSES)
+        plan_fail(err, errlen, "--val-data blobs is for classifiers of f32 [B, D] features and i32 [B] labels; give "
+                  "this model %s", kind == RT_DATA_LM ? "a token file, or .npy files of its inputs (NAME=FILE.npy,"
+                  "NAME=FILE.npy)" : ".npy files of its inputs: --val-data NAME=FILE.npy,NAME=FILE.npy");
+    else if (!blobs && !arrays && kind == RT_DATA_CLASSES)
+        plan_fail(err, errlen, "--val-data %s: a classifier evaluates on .npy files of its inputs (--val-data "
+                  "NAME=FILE.npy,NAME=FILE.npy, as --data) or on held-out Gaussian blobs (--val-data blobs)", o->path);
+    else if (!arrays && kind == RT_DATA_NONE)
+        plan_fail(err, errlen, "--val-data %s: this model's inputs take .npy files: --val-data NAME=FILE.npy,"
+                  "NAME=FILE.npy, by the inputs' names, as --data", o->path);
     else if (!(v->e = rt_exec_new(program, &eo, why, sizeof why)))
         plan_fail(err, errlen, "the evaluation program: %s", why);
-    else if (!(v->data = rt_data_open_as(v->e, path, o->format, RT_ORDER_SEQUENTIAL, o->seed, why, sizeof why)))
+    else if (!(v->data = rt_data_open_as(v->e, blobs ? NULL : o->path, o->format, RT_ORDER_SEQUENTIAL, o->seed, why,
+                                         sizeof why)))
         plan_fail(err, errlen, "--val-data %s: %s", o->path, why);
     else if (!pair_params(v, err, errlen)) {
-        v->lm = lm;
+        v->blobs = blobs;
         return v;
     }
     rt_eval_free(v);
@@ -173,7 +181,7 @@ int rt_eval_run(RtEval *v, double *loss, double *accuracy, char *err, size_t err
     double sum = 0;
     int64_t correct = 0, rows = 0;
     for (int64_t k = 1; k <= v->batches; k++) {
-        rt_data_fill(v->data, v->lm ? k : BLOB_HELD_OUT + k);
+        rt_data_fill(v->data, v->blobs ? BLOB_HELD_OUT + k : k);
         if (rt_exec_run(v->e, k, RT_PHASES_ALL))
             return plan_fail(err, errlen, "the evaluation program, batch %lld: %s", (long long)k, rt_exec_error(v->e));
         sum += loss_of(v->e);

@@ -151,6 +151,12 @@ const char *rt_hf_name(RtWeightsFormat f, const char *ours, char *buf, size_t n)
     return r ? pat_fill(r->hf, N, buf, n) : NULL;
 }
 
+const char *rt_hf_unprefixed(RtWeightsFormat f, const char *hf)
+{
+    size_t pl = strlen(PREFIX[f]);
+    return pl && !strncmp(hf, PREFIX[f], pl) ? hf + pl : NULL;
+}
+
 /* The file's tensor named hf, or the same without the format's prefix; NULL if neither. */
 static const StTensor *file_tensor(const StFile *file, RtWeightsFormat f, const char *hf)
 {

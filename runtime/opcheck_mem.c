@@ -11,9 +11,10 @@
  * classes, adamw divides by 1 - beta^step (step >= 1), count_step and scale_update
  * increment i32 counters. For each such read this proves, from the plan alone, that the
  * value is in range whatever the data:
- *   - where it comes from: a data input (tokens and targets below the vocab data.c checks
- *     tokens against; labels below its class count), the "step" input (>= 1), a tensor
- *     that starts as zeros, an arange, or a copy of one of these through layout ops;
+ *   - where it comes from: a data input (below the bound data.c checks it against, from
+ *     the ops it reaches: rt_input_bound; blob labels below their class count), the
+ *     "step" input (>= 1), a tensor that starts as zeros, an arange, or a copy of one of
+ *     these through layout ops;
  *   - that nothing overwrites it between its write and the read: no op writes bytes that
  *     overlap it (outputs, and inputs an effect op updates in place), the debug modes do
  *     not poison (nan_fill, after a buffer's last use) or canary (guard, outside live
@@ -265,7 +266,7 @@ static Bound bound_at(Mem *m, int32_t t, int32_t r, int depth)
         return m->made[t];
     }
     OpKind kind = kind_of(m, w);
-    int copies = (op_info(kind)->flags & (OPF_LAYOUT | OPF_VIEW)) || kind == OP_expand || kind == OP_all_gather;
+    int copies = rt_op_copies_values(plan_str(p, p->ops[w].op));
     Bound b = {1, INT64_MAX, INT64_MIN};
     if (kind == OP_arange) {
         b = (Bound){1, 0, p->tensors[out_of(p, w, 0)].shape[0] - 1};
@@ -354,13 +355,12 @@ static int check_step(Mem *m, int32_t k, char *err, size_t errlen)
 static int check_read(Mem *m, int32_t k, char *err, size_t errlen)
 {
     const Plan *p = m->p;
-    const PlanTensor *a = &p->tensors[in_of(p, k, 0)];
+    int32_t idx;
+    int64_t n;
+    RtIndexKind index = rt_op_index(p, k, &idx, &n);
+    if (index != RT_INDEX_NONE)
+        return check_index(m, k, idx, index == RT_INDEX_ROWS ? "indices" : "targets", n, err, errlen);
     switch (kind_of(m, k)) {
-    case OP_embedding: return check_index(m, k, in_of(p, k, 1), "indices", a->shape[0], err, errlen);
-    case OP_embedding_bwd:
-        return check_index(m, k, in_of(p, k, 0), "indices", p->tensors[out_of(p, k, 0)].shape[0], err, errlen);
-    case OP_cross_entropy:
-    case OP_cross_entropy_bwd: return check_index(m, k, in_of(p, k, 1), "targets", a->shape[a->rank - 1], err, errlen);
     case OP_adamw: return check_step(m, k, err, errlen);
     case OP_count_step:
     case OP_scale_update: {
@@ -428,25 +428,24 @@ static int check_aliasing(Mem *m, int32_t k, char *err, size_t errlen)
     return 0;
 }
 
-/* What data.c writes into the data inputs: tokens and targets below the vocab it checks
- * tokens against, labels below the class count it draws them from; nothing when the
- * inputs are of neither kind (rt_data_open refuses them, and they stay zeros). A stage's
- * data inputs are the whole plan's, and so are their bounds. */
+/* What data.c writes into the data inputs. An input that an op indexes with stays below
+ * its bound (rt_input_bound): the loader checks .npy arrays against it, and token files
+ * against the least bound of tokens and targets (and the vocab); labels it draws as blobs
+ * stay below the class count, which may be more. Nothing is known of an input no op
+ * indexes with (.npy data is checked only where it indexes). A stage's data inputs are
+ * the whole plan's, and so are their bounds. An input fsexec does not feed (no step
+ * run) stays zeros, inside every bound. */
 static void data_bounds(Mem *m, const Plan *whole)
 {
+    int32_t in[2], by;
     m->data[0] = m->data[1] = PLAN_NONE;
-    RtDataKind kind = rt_data_kind(whole);
-    if (kind == RT_DATA_NONE) return;
+    if (rt_data_inputs(whole, &in[0], &in[1])) return;
     rt_stage_inputs(whole, m->p, &m->data[0], &m->data[1]);
-    if (kind == RT_DATA_LM) {
-        int64_t v = rt_plan_vocab(whole);
-        v = v < 65536 ? v : 65536;  // tokens are uint16
-        m->data_bound[0] = m->data_bound[1] = (Bound){1, 0, v - 1};
-        return;
+    for (int k = 0; k < 2; k++) {
+        int64_t most = rt_input_bound(whole, in[k], &by), classes = rt_plan_classes(whole);
+        if (most > 0 && k == 1 && rt_data_kind(whole) == RT_DATA_CLASSES && classes > most) most = classes;
+        m->data_bound[k] = most > 0 ? (Bound){1, 0, most - 1} : TOP;
     }
-    int64_t classes = rt_plan_classes(whole);  // the labels the loader makes: [0, classes)
-    m->data_bound[0] = TOP;  // features: f32
-    m->data_bound[1] = (Bound){1, 0, classes - 1};
 }
 
 /* The tensor the executor writes the step number into (step role PLAN_SR_STEP). */

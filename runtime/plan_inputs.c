@@ -1,11 +1,14 @@
 /* runtime/plan_inputs.c: what a plan's inputs and outputs say about the data it takes,
  * read from the plan alone (no Exec): its two data inputs, whether they are a language
  * model's tokens and targets or a classifier's features and labels, a classifier's
- * logits, and the vocab tokens must stay below. The data loader (data.c) and the plan's
- * value checks (opcheck_mem.c) both ask; neither asks the other.
+ * logits, the vocab tokens must stay below, and for any input the bound its values must
+ * stay below because an op indexes with them (rt_input_bound). The data loader (data.c)
+ * and the plan's value checks (opcheck_mem.c) both ask; neither asks the other, so what
+ * the loader checks is what the value check assumes.
  */
 #include <string.h>
 
+#include "ops.h"
 #include "runtime.h"
 
 /* ---- what a plan needs ----------------------------------------------------------------- */
@@ -144,4 +147,54 @@ int64_t rt_plan_classes(const Plan *p)
     if (logits == PLAN_NONE && !rt_data_inputs(p, &x, &y)) logits = loss_logits(p, y);
     const PlanTensor *lt = logits == PLAN_NONE ? NULL : &p->tensors[logits];
     return lt && lt->rank >= 1 ? lt->shape[lt->rank - 1] : 2;
+}
+
+/* ---- the values ops index with --------------------------------------------------------- */
+
+static int32_t in_id(const Plan *p, int32_t k, int32_t i) { return p->ids[p->ops[k].in + i]; }
+
+RtIndexKind rt_op_index(const Plan *p, int32_t k, int32_t *idx, int64_t *bound)
+{
+    const PlanOp *op = &p->ops[k];
+    OpKind kind = op_lookup(plan_str(p, op->op));
+    if ((kind == OP_embedding || kind == OP_cross_entropy || kind == OP_cross_entropy_bwd) && op->n_in >= 2) {
+        const PlanTensor *a = &p->tensors[in_id(p, k, 0)];
+        *idx = in_id(p, k, 1);
+        *bound = kind == OP_embedding ? a->shape[0] : a->shape[a->rank - 1];
+        return kind == OP_embedding ? RT_INDEX_ROWS : RT_INDEX_CLASSES;
+    }
+    if (kind == OP_embedding_bwd && op->n_in >= 1 && op->n_out >= 1) {
+        *idx = in_id(p, k, 0);
+        *bound = p->tensors[p->ids[op->out]].shape[0];
+        return RT_INDEX_ROWS;
+    }
+    return RT_INDEX_NONE;
+}
+
+int rt_op_copies_values(const char *op)
+{
+    OpKind kind = op_lookup(op);
+    return kind != OP_COUNT && ((op_info(kind)->flags & (OPF_LAYOUT | OPF_VIEW)) || kind == OP_expand ||
+                                kind == OP_all_gather);
+}
+
+int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by)
+{
+    uint8_t *carries = plan_alloc((size_t)p->n_tensors + 1);
+    if (!carries) return -1;
+    for (int32_t i = 0; i < p->n_tensors; i++) carries[i] = is_data_input(&p->tensors[i]) && same_input(p, i, input);
+    int64_t least = 0;
+    *by = PLAN_NONE;
+    for (int32_t k = 0; k < p->n_ops; k++) {  // a program's ops are in issue order: makers before readers
+        const PlanOp *op = &p->ops[k];
+        int32_t idx;
+        int64_t n;
+        if (rt_op_index(p, k, &idx, &n) != RT_INDEX_NONE && carries[idx] && (!least || n < least)) least = n, *by = k;
+        int carried = 0;
+        for (int32_t i = 0; i < op->n_in && !carried; i++) carried = carries[in_id(p, k, i)];
+        if (!carried || !rt_op_copies_values(plan_str(p, op->op))) continue;
+        for (int32_t o = 0; o < op->n_out; o++) carries[p->ids[op->out + o]] = 1;
+    }
+    plan_dealloc(carries);
+    return least;
 }

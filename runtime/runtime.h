@@ -285,6 +285,19 @@ int64_t rt_plan_classes(const Plan *p);
 /* The vocab tokens must stay below: meta "vocab", else the rows of the embedding table
  * the tokens index and the classes of the cross-entropy the targets feed, else 65536. */
 int64_t rt_plan_vocab(const Plan *p);
+/* What op k of p indexes with (the one list of such reads; kernels stop on a value out of
+ * range): an embedding's (and its backward's) indices, rows of its table; a
+ * cross-entropy's (and its backward's) targets, classes of its logits. The index tensor
+ * in *idx, the bound its values must stay below in *bound; RT_INDEX_NONE for other ops. */
+typedef enum { RT_INDEX_NONE, RT_INDEX_ROWS, RT_INDEX_CLASSES } RtIndexKind;
+RtIndexKind rt_op_index(const Plan *p, int32_t k, int32_t *idx, int64_t *bound);
+/* Whether op `op` (by name) passes its inputs' values on unchanged (views, layout ops,
+ * expand, all_gather): what the data that reaches an index has gone through. */
+int rt_op_copies_values(const char *op);
+/* The bound data input `input` of p (any stage's tensor of that name) must stay below:
+ * the least bound of the index reads (rt_op_index) its values reach through ops that
+ * copy them; the op with that bound in *by. 0 when no op indexes with it; -1 out of memory. */
+int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by);
 /* The data source for e's plan: the token file `path`, read as `format` says (see
  * rt_tokens_parse_as; NULL: the built-in corpus) for a language model, Gaussian blobs
  * for a classifier (path must be NULL). Checks every token against the vocab. The
@@ -296,6 +309,10 @@ int64_t rt_plan_vocab(const Plan *p);
 RtData *rt_data_open_as(Exec *e, const char *path, RtTokenFormat format, RtDataOrder order, uint64_t seed, char *err,
                         size_t errlen);
 RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed, char *err, size_t errlen);  // AUTO
+/* Whether `spec` names p's two data inputs ("x=feats.npy,..."): .npy arrays, not a file. */
+int rt_data_names_inputs(const Plan *p, const char *spec);
+/* A source that feeds nothing (its inputs stay zeros), for a run of no steps. */
+RtData *rt_data_idle(char *err, size_t errlen);
 /* Writes step's batch into the plan's inputs. Allocates nothing. */
 void rt_data_fill(RtData *d, int64_t step);
 RtDataKind rt_data_get_kind(const RtData *d);
@@ -547,6 +564,9 @@ const char *rt_weights_format_name(RtWeightsFormat f);
 /* The name format f stores our param `ours` under ("h.3.attn.w" -> hf-gpt2's
  * "transformer.h.3.attn.c_attn.weight"), into buf; NULL when the mapping has no row for it. */
 const char *rt_hf_name(RtWeightsFormat f, const char *ours, char *buf, size_t n);
+/* HF's name hf without the format's prefix ("transformer.", "model."), as a base model's
+ * files have it; NULL when hf has none. */
+const char *rt_hf_unprefixed(RtWeightsFormat f, const char *hf);
 /* As rt_st_read_part, from a file in format f (not RT_WEIGHTS_FSEXEC): each t[i] (our
  * name, shape, f32 data) from its HF tensor, upcast from F16/BF16 exactly and transposed
  * where the layouts differ; HF's buffers (GPT-2's attn.bias, attn.masked_bias; Llama's
@@ -582,7 +602,9 @@ const char *rt_weights_shard_path(const char *path, int stage, int stages, char 
 int rt_save_grads(const Exec *e, const char *path, int64_t step, char *err, size_t errlen);
 /* Every rank reads the whole file and keeps what its storages hold; the result is
  * agreed over the ranks (an empty err on a rank that did not fail itself). A stage of a
- * pipeline takes the params it has: the file may hold other stages' too, nothing else. */
+ * pipeline takes the params it has: the file may hold other stages' too, nothing else.
+ * A sharded index (PATH.index.json, as a pipeline saves and Hugging Face writes; or PATH
+ * when only PATH.index.json exists) is read shard by shard, each for what it holds. */
 int rt_load_weights(Exec *e, const char *path, char *err, size_t errlen);
 /* The same two in format fmt (runtime/hf.c); RT_WEIGHTS_FSEXEC is the two above. A
  * pipeline's index names the format's tensors. */
@@ -872,7 +894,8 @@ void rt_device_close(RtDevice *d);
 typedef struct RtEval RtEval;
 
 typedef struct {
-    const char *path;       // --val-data: a token file (read as --data is), or "blobs" for a classifier
+    const char *path;       // --val-data: NAME=FILE.npy,NAME=FILE.npy (any model), a token file (read as --data
+                            // is), or "blobs" for a classifier
     RtTokenFormat format;   // how to read it
     int64_t batches;        // K: each evaluation's batches, the first K of the file's sequential order
     uint64_t seed;          // the run's (the data's, and the init the params are copied over)
@@ -881,7 +904,8 @@ typedef struct {
 
 /* The plan's evaluation program (whole->eval) on this rank, beside the training Exec
  * `train` whose params it evaluates (same rank and data-parallel world); NULL with a
- * message: a pipeline, a plan without one, a bad file. train must outlive it. */
+ * message: a plan without one, data its inputs do not take, a bad file. train must
+ * outlive it. */
 RtEval *rt_eval_new(const Plan *whole, Exec *train, const RtEvalOptions *o, char *err, size_t errlen);
 void rt_eval_free(RtEval *v);
 /* Copies train's params in and runs the K batches: the mean loss (every rank's alike),

@@ -11,7 +11,10 @@
  * of each stage writes its stage's params to out-0000k-of-0000P.safetensors and world
  * rank 0 then writes out.safetensors.index.json, naming for every param the first stage
  * file that holds it (a param two stages hold, as a tied embedding, is in both, with the
- * same values). Each stage loads the params it has from one file of the whole model.
+ * same values). Each stage loads the params it has from one file of the whole model, or
+ * from such an index (as written, or Hugging Face's own: PATH.index.json, or PATH when
+ * only PATH.index.json exists): each shard it names read for the params the index puts
+ * there, every other tensor of a shard one the model has.
  *
  * Another format (runtime/hf.c: Hugging Face's names and layouts) changes only the file:
  * the same entries are read through rt_hf_read and written through rt_hf_write, and a
@@ -21,6 +24,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "runtime.h"
 
@@ -272,6 +276,97 @@ static int other_stages(const Exec *e, json_t **map, const char ***also, int32_t
     return 0;
 }
 
+/* ---- Hugging Face's sharded index ---------------------------------------------------- */
+
+static int ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), m = strlen(tail);
+    return n >= m && !strcmp(s + n - m, tail);
+}
+
+/* The index to read for --load-weights path: path itself when it ends in .index.json,
+ * path.index.json when path is not there but that is (the path --save-weights took); else
+ * NULL: a single file. */
+static const char *index_of(const char *path, char *buf, size_t n)
+{
+    struct stat st;
+    if (ends_with(path, ".index.json")) return path;
+    snprintf(buf, n, "%s.index.json", path);
+    return stat(path, &st) != 0 && stat(buf, &st) == 0 ? buf : NULL;
+}
+
+/* The shard the index's map names for our param `ours` (fmt's name, or that name
+ * without the format's prefix, as a base model's files have it); NULL if none. */
+static const char *shard_of(json_t *map, RtWeightsFormat fmt, const char *ours)
+{
+    char hf[512];
+    const char *name = rt_hf_name(fmt, ours, hf, sizeof hf), *bare = name ? rt_hf_unprefixed(fmt, name) : NULL;
+    json_t *v = name ? json_object_get(map, name) : NULL;
+    if (!v && bare) v = json_object_get(map, bare);
+    return json_string_value(v);
+}
+
+/* Reads the entries t from the shards index's weight_map names (beside the index), each
+ * shard for the entries it holds; a shard's other tensors must be the model's (t's
+ * others, or another stage's in `also`). */
+static int read_shards(json_t *map, const char *index, RtWeightsFormat fmt, const StEntry *t, int32_t n,
+                       const char *const *also, int32_t n_also, char *err, size_t errlen)
+{
+    StEntry *mine = plan_alloc(sizeof *mine * ((size_t)n + 1));
+    const char **rest = plan_alloc(sizeof *rest * ((size_t)n + (size_t)n_also + 1));
+    int rc = !mine || !rest ? plan_fail(err, errlen, "out of memory") : 0;
+    for (int32_t i = 0; i < n && !rc; i++)
+        if (!shard_of(map, fmt, t[i].name))
+            rc = plan_fail(err, errlen, "%s names no shard for our param '%s'%s", index, t[i].name,
+                           fmt == RT_WEIGHTS_FSEXEC ? "" : " (in the weights format's names)");
+    const char *slash = strrchr(index, '/'), *key, *seen_key;
+    json_t *v, *seen_v;
+    json_object_foreach(map, key, v) {
+        const char *file = json_string_value(v);
+        if (rc) break;
+        if (!file || !file[0]) {
+            rc = plan_fail(err, errlen, "%s: weight_map's \"%s\" is not a file name", index, key);
+            break;
+        }
+        int first = 1;  // each shard once: at the first key that names it
+        json_object_foreach(map, seen_key, seen_v) {
+            if (seen_key == key) break;
+            if (!strcmp(json_string_value(seen_v) ? json_string_value(seen_v) : "", file)) first = 0;
+        }
+        if (!first) continue;
+        int32_t m = 0, r = 0;
+        for (int32_t i = 0; i < n; i++) {
+            if (!strcmp(shard_of(map, fmt, t[i].name), file)) mine[m++] = t[i];
+            else rest[r++] = t[i].name;
+        }
+        for (int32_t i = 0; i < n_also; i++) rest[r++] = also[i];
+        char path[4096];
+        if (file[0] == '/' || !slash) snprintf(path, sizeof path, "%s", file);
+        else snprintf(path, sizeof path, "%.*s/%s", (int)(slash - index), index, file);
+        rc = fmt == RT_WEIGHTS_FSEXEC ? rt_st_read_part(path, mine, m, rest, r, err, errlen)
+                                      : rt_hf_read(path, fmt, mine, m, rest, r, err, errlen);
+    }
+    plan_dealloc(mine);
+    plan_dealloc(rest);
+    return rc;
+}
+
+/* The entries t from the sharded weights of `index` (see the top). */
+static int read_index(const char *index, RtWeightsFormat fmt, const StEntry *t, int32_t n, const char *const *also,
+                      int32_t n_also, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return plan_fail(err, errlen, "%s: not a sharded weights index (JSON): %s, line %d", index, je.text,
+                                je.line);
+    json_t *map = json_object_get(root, "weight_map");
+    int rc = json_is_object(map) ? read_shards(map, index, fmt, t, n, also, n_also, err, errlen)
+                                 : plan_fail(err, errlen, "%s: no \"weight_map\" object of tensor names and their "
+                                             "shard files: not a Hugging Face sharded index", index);
+    json_decref(root);
+    return rc;
+}
+
 int rt_load_weights(Exec *e, const char *path, char *err, size_t errlen)
 {
     return rt_load_weights_as(e, path, RT_WEIGHTS_FSEXEC, err, errlen);
@@ -288,8 +383,11 @@ int rt_load_weights_as(Exec *e, const char *path, RtWeightsFormat fmt, char *err
     err[0] = 0;
     int rc = flat_alloc(e, &f, 1, 0, err, errlen) || other_stages(e, &map, &also, &n_also, err, errlen);
     if (!rc) rc = collect(e, 0, &f, &t, &n, err, errlen);
-    if (!rc) rc = fmt == RT_WEIGHTS_FSEXEC ? rt_st_read_part(path, t, n, also, n_also, err, errlen)
-                                           : rt_hf_read(path, fmt, t, n, also, n_also, err, errlen);
+    char buf[4096];
+    const char *index = index_of(path, buf, sizeof buf);
+    if (!rc && index) rc = read_index(index, fmt, t, n, also, n_also, err, errlen);
+    else if (!rc) rc = fmt == RT_WEIGHTS_FSEXEC ? rt_st_read_part(path, t, n, also, n_also, err, errlen)
+                                                : rt_hf_read(path, fmt, t, n, also, n_also, err, errlen);
     plan_dealloc(t);
     plan_dealloc(also);
     json_decref(map);

@@ -418,7 +418,7 @@ static void summary(const Graph *g, const TrainConfig *t)
  * Each is the source lowered again, with settings over the user's, through the forward
  * passes (passes_run_forward). */
 typedef struct {
-    Graph *eval, *sample;   // NULL: none (a pipeline has no eval program; only a language model samples)
+    Graph *eval, *sample;   // NULL: none (interleaved chunks have no eval program; only a language model samples)
     Graph *decode;          // NULL: none (a model that cannot decode: fsc's note says why)
     TrainConfig eval_t, sample_t;
 } Forward;
@@ -516,10 +516,36 @@ static int stage_balance(const Graph *train, char *buf, size_t len)
     return at < len ? 0 : -1;
 }
 
+/* The sampling program of a language model (and its decode program): one sequence on one
+ * rank, whatever the training's strategy and stages (it runs in one process), its batch
+ * dim of B rows split into B parts at lowering (as micro-batches would be). B: the rows
+ * of the eval program's input on a rank, times the data-parallel ranks. 0, or -1 after
+ * errors. */
+static int sample_program(const char *src, size_t len, const char *path, const FrontendOptions *fo, int64_t B,
+                          Forward *fw)
+{
+    char batch[32];
+    snprintf(batch, sizeof batch, "%lld", (long long)B);
+    const Setting sample[] = {{"world", "1"}, {"shard", "none"}, {"microbatches", batch}, {"recompute", "none"},
+                              {"offload", "none"}, {"shard_group", "0"}, {"precision", "fp32"}, {"stages", "1"}};
+    /* fp32 whatever the training computes in: the sampler reads f32 logits, the weights it
+     * loads are the fp32 masters (a 16-bit plan's checkpoint and --save-weights hold them),
+     * and one token at a time is not where 16-bit compute pays. */
+    fw->sample = forward_graph(src, len, path, fo, sample, 8, &fw->decode, &fw->sample_t, "the sampling program");
+    return fw->sample ? 0 : -1;
+}
+
+/* The rows of g's first data input with a batch dim (one rank's, one micro-batch's). */
+static int64_t input_rows(const Graph *g)
+{
+    for (int i = 0; i < g->n_values; i++)
+        if (g->values[i].role == ROLE_INPUT && g->values[i].rank > 0) return g->values[i].shape[0];
+    return 0;
+}
+
 /* The eval program (with pipeline stages: cut as the training's, its one micro-batch in
- * turn through them; none for interleaved model chunks); the sample program for a
- * language model of one stage: its batch dim split into that many parts at lowering (as
- * micro-batches would be) leaves one sequence. 0, or -1 after errors. */
+ * turn through them; none for interleaved model chunks) and, for a language model, the
+ * sampling program (sample_program). 0, or -1 after errors. */
 static int forward_programs(const Graph *train, const char *src, size_t len, const char *path,
                             const FrontendOptions *fo, Forward *fw)
 {
@@ -527,6 +553,16 @@ static int forward_programs(const Graph *train, const char *src, size_t len, con
     if (fo->n_settings + 8 > MAX_FORWARD_SETTINGS) return 0;
     char balance[256];
     if (train->n_stage_graphs) {
+        /* The eval program's logits are the last stage's; whether the model is a language
+         * model, and its batch, come from a stage-less lowering of one micro-batch. */
+        const Setting whole[] = {{"world", "1"}, {"stages", "1"}, {"shard", "none"}, {"shard_group", "0"},
+                                 {"microbatches", "1"}, {"recompute", "none"}, {"offload", "none"}};
+        TrainConfig t;
+        Graph *one = forward_graph(src, len, path, fo, whole, 7, NULL, &t, "the sampling program");
+        if (!one) return -1;
+        int64_t B = lm_logits(one) >= 0 ? input_rows(one) : 0;
+        ir_graph_free(one);
+        if (B && sample_program(src, len, path, fo, B, fw)) return -1;
         if (stage_balance(train, balance, sizeof balance)) return 0;
         const Setting eval[] = {{"microbatches", "1"}, {"recompute", "none"}, {"offload", "none"},
                                 {"schedule", "gpipe"}, {"checkpoint", "never"}, {"balance", balance}};
@@ -537,18 +573,7 @@ static int forward_programs(const Graph *train, const char *src, size_t len, con
     fw->eval = forward_graph(src, len, path, fo, eval, 3, NULL, &fw->eval_t, "the evaluation program");
     if (!fw->eval) return -1;
     if (lm_logits(fw->eval) < 0) return 0;
-    int64_t rows = 0;
-    for (int i = 0; i < fw->eval->n_values && !rows; i++)
-        if (fw->eval->values[i].role == ROLE_INPUT && fw->eval->values[i].rank > 0) rows = fw->eval->values[i].shape[0];
-    char batch[32];
-    snprintf(batch, sizeof batch, "%lld", (long long)(rows * fw->eval_t.world));
-    const Setting sample[] = {{"world", "1"}, {"shard", "none"}, {"microbatches", batch}, {"recompute", "none"},
-                              {"offload", "none"}, {"shard_group", "0"}, {"precision", "fp32"}};
-    /* fp32 whatever the training computes in: the sampler reads f32 logits, the weights it
-     * loads are the fp32 masters (a 16-bit plan's checkpoint and --save-weights hold them),
-     * and one token at a time is not where 16-bit compute pays. */
-    fw->sample = forward_graph(src, len, path, fo, sample, 7, &fw->decode, &fw->sample_t, "the sampling program");
-    return fw->sample ? 0 : -1;
+    return sample_program(src, len, path, fo, input_rows(fw->eval) * fw->eval_t.world, fw);
 }
 
 static void forward_free(Forward *fw)

@@ -63,7 +63,10 @@ static const char USAGE[] =
     "                       each input (by its .fsm name) from a NumPy .npy file: float32/\n"
     "                       float64 for f32 inputs, int32/int64 for i32, C order, samples\n"
     "                       first, the rest the input's per-sample shape; batches drawn in\n"
-    "                       --data-order, wrapping (classifiers, regressors, any two inputs)\n"
+    "                       --data-order, wrapping (classifiers, regressors, any two inputs);\n"
+    "                       i32 values must be inside what the plan indexes with them (an\n"
+    "                       embedding's rows, a loss's classes), f32 ones finite: checked\n"
+    "                       as the files load\n"
     "  --data-format FMT    how to read --data: auto (default: llm.c's format by its magic,\n"
     "                       else raw uint16 unless the file looks like something else),\n"
     "                       llmc, or raw (headerless uint16, whatever the file looks like)\n"
@@ -73,7 +76,8 @@ static const char USAGE[] =
     "                       own arena: fsc --mem shows it) before the first step, every\n"
     "                       --eval-every steps and after the last; val_loss (classifiers:\n"
     "                       val_acc) on that step's line and in --log. FILE is a token file,\n"
-    "                       read as --data is; every evaluation reads its first --eval-batches\n"
+    "                       read as --data is, or NAME=FILE.npy,NAME=FILE.npy (any model that\n"
+    "                       trains on .npy files); every evaluation reads its first --eval-batches\n"
     "                       batches, in order. A classifier takes `--val-data blobs`: blob\n"
     "                       batches no training step draws. Not for pipelines (an error)\n"
     "  --eval-every N       evaluate every N steps too (default: only before the first step\n"
@@ -105,8 +109,10 @@ static const char USAGE[] =
     "  --save-weights FILE  write the params as safetensors after the last step (a\n"
     "                       pipeline: one file per stage, FILE-00001-of-00002.safetensors\n"
     "                       ..., and FILE.index.json, as Hugging Face's sharded weights)\n"
-    "  --load-weights FILE  start from the params in a safetensors file (every stage of a\n"
-    "                       pipeline takes the params it has)\n"
+    "  --load-weights FILE  start from the params in a safetensors file, or in sharded\n"
+    "                       weights by their FILE.index.json (as --save-weights writes a\n"
+    "                       pipeline's, and Hugging Face's; FILE alone when only its index\n"
+    "                       is there); every stage of a pipeline takes the params it has\n"
     "  --weights-format FMT names and layouts of --load-weights and --save-weights files:\n"
     "                       fsexec (default: the .fsm's names, matmul weights [in, out]),\n"
     "                       hf-gpt2 (GPT2LMHeadModel's model.safetensors) or hf-llama\n"
@@ -907,7 +913,12 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
         return local_error(1);
     }
-    if (!(r->data = rt_data_open_as(r->e, f->data, f->data_format, f->order, seed, err, sizeof err))) {
+    /* No step draws a batch (--steps 0: export the init, checkpoint it): inputs only .npy
+     * files could feed need none. */
+    int idle = !f->data && f->steps <= start && rt_data_kind(whole) == RT_DATA_NONE;
+    r->data = idle ? rt_data_idle(err, sizeof err)
+                   : rt_data_open_as(r->e, f->data, f->data_format, f->order, seed, err, sizeof err);
+    if (!r->data) {
         fprintf(stderr, "%s: %s\n", who, err);
         return local_error(1);
     }

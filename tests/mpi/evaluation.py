@@ -143,7 +143,7 @@ def errors(r):
         (r.plan("gpt2", "-D", "L=4", "--world", "2", "--stages", "2", "--schedule", "interleaved", "--chunks", "2",
                 "--microbatches", "2", "--shard", "none"), 2, ["--val-data", r.data],
          "with interleaved model chunks (or from an older fsc), for which fsc plans no evaluation program"),
-        (r.plan("mlp"), 1, ["--val-data", r.data], "--val-data blobs evaluates it"),
+        (r.plan("mlp"), 1, ["--val-data", r.data], "or on held-out Gaussian blobs (--val-data blobs)"),
         (r.plan("gpt2"), 1, ["--val-data", "blobs"], "--val-data blobs is for classifiers"),
         (r.plan("gpt2"), 1, ["--eval-every", "2"], "--eval-every says when"),
     ]
