@@ -7,7 +7,8 @@
  *    "roofline_ms" (the whole step's), "launches": [{"index" (in the CUDA program),
  *    "op" (plan op id), "kind" (its name), "phase", "line", "block", "instruction"
  *    ("launch" or "gemm"), "kernel" (a LAUNCH's; "cublas" for a GEMM), "grid": [x, y, z],
- *    "block_dim": [x, y, z], "blocks", "threads" (per block), "smem" (dynamic bytes),
+ *    "block_dim": [x, y, z], "blocks", "threads" (per block), "smem" (dynamic bytes), a
+ *    GEMM's "gemm": [m, n, k, batch],
  *    "elements" (of its largest argument), "flops", "tensor_core", "bytes_read",
  *    "bytes_written", "roofline_ms"}], "kinds": [{"kind", "instructions", "launches",
  *    "gemms", "flops", "tensor_core_flops", "bytes_read", "bytes_written", "roofline_ms"}]
@@ -68,6 +69,12 @@ static json_t *launch(const KernReport *r, const KernLaunch *l, int *bad)
     put(o, "blocks", json_integer(product(in->grid)), bad);
     put(o, "threads", json_integer(product(in->block)), bad);
     put(o, "smem", json_integer(in->smem), bad);
+    if (gemm) {
+        json_t *g = json_array();
+        const int64_t mnkb[] = {in->m, in->n, in->k, in->batch};
+        for (int i = 0; i < 4 && g; i++) push(g, json_integer(mnkb[i]), bad);
+        put(o, "gemm", g, bad);
+    }
     put(o, "elements", json_integer(l->elements), bad);
     put(o, "flops", json_real(l->flops), bad);
     put(o, "tensor_core", json_boolean(l->tensor_core), bad);
