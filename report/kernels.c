@@ -31,7 +31,10 @@ enum { ACC_READ = 1, ACC_WRITE = 2, MAX_PARAMS = 64 };
 
 static int is_16bit(PlanDType t) { return t == PLAN_DT_F16 || t == PLAN_DT_BF16; }
 
-static int is_ident(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'; }
+static int is_ident(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
 
 /* Whether each of kernel `name`'s n parameters in `module` is a pointer to const: the
  * text between the parentheses after the name's first appearance as a whole word before
@@ -198,7 +201,10 @@ KernReport *report_kernels_new(const Plan *p, int32_t k, const KernGpu *gpu, cha
     const PlanProgram *pr = &p->programs[k];
     KernReport *r = calloc(1, sizeof *r);
     unsigned char *has = calloc((size_t)p->n_ops + 1, 1);
-    if (r) r->launch = calloc((size_t)p->n_cuda, sizeof *r->launch), r->kind = calloc((size_t)p->n_cuda, sizeof *r->kind);
+    if (r) {
+        r->launch = calloc((size_t)p->n_cuda, sizeof *r->launch);
+        r->kind = calloc((size_t)p->n_cuda, sizeof *r->kind);
+    }
     if (!r || !has || !r->launch || !r->kind) return fail(r, has, err, errlen, "out of memory");
     r->plan = p, r->program = k, r->gpu = *gpu;
     for (int32_t i = 0; i < p->n_cuda; i++) has[p->cuda[i].op] = 1;

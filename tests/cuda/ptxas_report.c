@@ -60,8 +60,10 @@ int ptxas_parse(const char *log, PtxasKernel **k, int *n)
             in_props = cur && !name_at(m + strlen("Function properties for "), e, name, sizeof name) &&
                        !strcmp(name, cur->name);
         } else if ((m = strstr(s, "bytes stack frame")) && m < e) {
-            if (in_props && sscanf(strchr(s, '.') + 1, "%d bytes stack frame, %d bytes spill stores, %d bytes spill loads",
-                                   &cur->stack, &cur->spill_stores, &cur->spill_loads) != 3)
+            const char *dot = strchr(s, '.');
+            if (in_props && (!dot || dot > m ||
+                             sscanf(dot + 1, "%d bytes stack frame, %d bytes spill stores, %d bytes spill loads",
+                                    &cur->stack, &cur->spill_stores, &cur->spill_loads) != 3))
                 return -1;
             in_props = 0;
         } else if ((m = strstr(s, "Used ")) && m < e && cur && cur->regs < 0) {
@@ -96,8 +98,8 @@ int ptxas_blocks_per_sm(const PtxasKernel *k)
 
 static void print_one(const PtxasKernel *k, FILE *out)
 {
-    fprintf(out, "  %-40s %4d %7d %7d %6d %7d %8d %6d %5d\n", k->name, k->regs, k->spill_stores, k->spill_loads, k->stack,
-            k->smem, k->dyn_smem, k->threads, ptxas_blocks_per_sm(k));
+    fprintf(out, "  %-40s %4d %7d %7d %6d %7d %8d %6d %5d\n", k->name, k->regs, k->spill_stores, k->spill_loads,
+            k->stack, k->smem, k->dyn_smem, k->threads, ptxas_blocks_per_sm(k));
 }
 
 static void header(const char *title, FILE *out)

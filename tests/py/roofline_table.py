@@ -96,7 +96,8 @@ with tempfile.TemporaryDirectory() as tmp:
     print(text)
     lines = text.splitlines()
     check(lines[0].startswith("time by op kind") and "H100-SXM-8" in lines[0], "the title names the GPU")
-    check([l.split()[0] for l in lines[2:]] == [r["kind"] for r in rows] + ["step"], "a line per row, in order, then step")
+    check([l.split()[0] for l in lines[2:]] == [r["kind"] for r in rows] + ["step"],
+          "a line per row, in order, then step")
     first = lines[2].split()
     check(close(float(first[1]), round(rows[0]["measured_ms"], 3)), "the first line's measured ms")
     saved = json.load(open(out_json))
@@ -105,7 +106,8 @@ with tempfile.TemporaryDirectory() as tmp:
     bad = subprocess.run(["/usr/bin/python3", SCRIPT, os.path.join(tmp, "none.json"), kern_path],
                          capture_output=True, text=True)
     check(bad.returncode != 0 and "roofline: " in bad.stderr and "none.json" in bad.stderr, "a missing trace: an error")
-    bad = subprocess.run(["/usr/bin/python3", SCRIPT, trace_path, kern_path, "--rank", "5"], capture_output=True, text=True)
+    bad = subprocess.run(["/usr/bin/python3", SCRIPT, trace_path, kern_path, "--rank", "5"],
+                         capture_output=True, text=True)
     check(bad.returncode != 0 and "no compute spans of rank 5" in bad.stderr, "a rank the trace lacks: an error")
 
 print(f"roofline_table: {len(failures)} failure(s)")

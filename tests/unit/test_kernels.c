@@ -68,7 +68,8 @@ Test(kernels, reads_and_writes_from_the_parameters)
     cr_assert(!a->tensor_core);
     /* layernorm_bwd's kernels: partials into dx's bytes (x, dy read; dx written), the
      * finish (dx read; dw, db written), dx (x, w, dy read; dx written) */
-    const KernLaunch *k1 = nth(r, "layernorm_bwd", 0), *k2 = nth(r, "layernorm_bwd", 1), *k3 = nth(r, "layernorm_bwd", 2);
+    const KernLaunch *k1 = nth(r, "layernorm_bwd", 0), *k2 = nth(r, "layernorm_bwd", 1);
+    const KernLaunch *k3 = nth(r, "layernorm_bwd", 2);
     cr_assert(k1 && k2 && k3 && k1->op == k2->op && k2->op == k3->op, "three kernels of one op");
     cr_assert_eq(k1->bytes_read, nbytes(p, arg(p, k1, 0)) + nbytes(p, arg(p, k1, 1)));
     cr_assert_eq(k1->bytes_written, nbytes(p, arg(p, k1, 2)));
