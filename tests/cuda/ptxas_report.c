@@ -136,8 +136,8 @@ void ptxas_print(PtxasKernel *k, int n, FILE *out)
     for (int i = 0; i < n; i++) spilling += k[i].spill_stores + k[i].spill_loads > 0;
     qsort(k, (size_t)n, sizeof *k, by_spills);
     fprintf(out, "%d of %d kernels spill registers to local memory\n", spilling, n);
-    header("the top 10 by spill bytes (stores + loads):", out);
-    for (int i = 0; i < n && i < TOP; i++) print_one(&k[i], out);
+    if (spilling) header("the top 10 by spill bytes (stores + loads):", out);
+    for (int i = 0; i < spilling && i < TOP; i++) print_one(&k[i], out);
     qsort(k, (size_t)n, sizeof *k, by_regs);
     header("the top 10 by registers:", out);
     for (int i = 0; i < n && i < TOP; i++) print_one(&k[i], out);

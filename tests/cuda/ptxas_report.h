@@ -25,7 +25,7 @@ int ptxas_parse(const char *log, PtxasKernel **k, int *n);
  * shared memory); 0 when it cannot run at all. */
 int ptxas_blocks_per_sm(const PtxasKernel *k);
 /* Every kernel (regs, spills, stack, shared memory, its launch, blocks per SM), by name;
- * then the top 10 by spill bytes and by registers. */
+ * then the top 10 by spill bytes (those that spill) and by registers. */
 void ptxas_print(PtxasKernel *k, int n, FILE *out);
 
 #endif
