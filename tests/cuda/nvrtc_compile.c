@@ -14,7 +14,8 @@
  * The sm_90 compiles ask ptxas for its report (--ptxas-options=-v): every kernel's
  * registers, spills, stack and shared memory, and the blocks of its largest launch an
  * H100 / H200 SM can hold, are printed (tests/cuda/ptxas_report.c), with the top 10 by
- * spills and by registers; a kernel a LAUNCH names that the report lacks fails the test.
+ * spills and by registers; a kernel a LAUNCH names that the report lacks fails the test,
+ * and so does a kernel made to spill (--maxrregcount) whose spills are not read.
  * Exit 0, or 1 on a failure.
  */
 #include <dirent.h>
@@ -229,6 +230,28 @@ typedef struct {
 
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+/* The reader reads spills where ptxas reports them: 48 floats live at once in 24
+ * registers (--maxrregcount) spill. 0, or -1 after saying why. */
+static int ptxas_spills_read(void)
+{
+    static const char src[] = "extern \"C\" __global__ void spill(float *a)\n{\n    float v[48];\n#pragma unroll\n"
+                              "    for (int i = 0; i < 48; i++) v[i] = a[threadIdx.x + i * 32];\n    float s = 0.f;\n"
+                              "#pragma unroll\n    for (int i = 0; i < 48; i++) s += v[i] * v[(i * 7) % 48];\n"
+                              "    a[threadIdx.x] = s;\n}\n";
+    const char *opts[] = {"--gpu-architecture=sm_90", "--ptxas-options=-v", "--maxrregcount=24"};
+    Job j = {.what = "the spilling kernel (sm_90)", .n_names = 1, .names = (const char *[]){"spill"}};
+    nvrtcProgram prog;
+    int ok = nvrtcCreateProgram(&prog, src, "spill.cu", 0, NULL, NULL) == NVRTC_SUCCESS;
+    if (ok && nvrtcCompileProgram(prog, 3, opts) == NVRTC_SUCCESS) read_ptxas(prog, &j);
+    else j.failed = 1;
+    if (ok) nvrtcDestroyProgram(&prog);
+    const PtxasKernel *k = j.n_ptxas == 1 ? &j.ptxas[0] : NULL;
+    ok = !j.failed && k && k->regs == 24 && k->spill_stores > 0 && k->spill_loads > 0;
+    if (!ok) fprintf(stderr, "nvrtc_compile: ptxas's report of a kernel that spills was not read as one\n");
+    free(j.ptxas);
+    return ok ? 0 : -1;
+}
+
 /* Every sm_90 job's kernels once, each with its largest launch in the plans; printed. */
 static int report_ptxas(Plan *const *plans, int n_plans)
 {
@@ -270,6 +293,7 @@ int main(int argc, char **argv)
     snprintf(opt, sizeof opt, "-I%s", argv[2]);
     include_opt = opt;
     double t0 = now();
+    if (ptxas_spills_read()) return 1;
 
     /* the samples (samples/NAME.fsm), in name order */
     char *files[MAX_PLANS];
