@@ -5,7 +5,8 @@
  *
  * Bytes come from the instruction's arguments: a GEMM reads m x k of A and k x n of B
  * (once when its batch stride is 0) and writes m x n of C, per batch entry, in their
- * dtypes; a LAUNCH reads or writes each argument's whole tensor once. Which it does is
+ * dtypes; a LAUNCH reads or writes each argument's whole tensor once (more than a gather
+ * moves: the embedding reads only its tokens' rows of the table). Which it does is
  * read from the kernel's own parameter list in the plan's module: a `const T *`
  * parameter is read, any other written, and read too when it is also one of the op's
  * inputs (an update in place: adamw's p, m, v). A kernel whose parameters cannot be
