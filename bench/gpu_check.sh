@@ -9,7 +9,10 @@
 #   3. memory: the arena the plan promised against what the device gave (the
 #      "cuda memory:" start line), and the process's whole use of the device;
 #   4. GPT-2 124M (B=8, T=1024, bf16, --cuda-graph): tokens/s and MFU against PyTorch on
-#      the same GPU (bench/gpu_torch.py: eager, and torch.compile when time allows).
+#      the same GPU (bench/gpu_torch.py: eager, and torch.compile when time allows);
+#   5. where the 124M step's time goes: a --trace of its steps 2-4 against fsc --kernels'
+#      roofline on this GPU (H200 or H100), by op kind, the most time lost first
+#      (bench/roofline.py; also $OUT/roofline.json).
 # The GPU machine has the CUDA toolkit, a driver and PyTorch, but none of our Debian
 # libraries (jansson, OpenBLAS, Open MPI) and no network: the binaries travel with them.
 #
@@ -19,13 +22,13 @@
 # Then with the device tool, from the repository root (build-gpu/ is git-ignored):
 #   run  carry: ["build-gpu/pack"]  command: "bash bench/gpu_check.sh build-gpu/pack"  timeout_s: 600
 # Results: on stdout, and under $OUT when it is set (the device tool brings back
-# $OUT/summary.txt, gpu_check.log and results.json). GPU_CHECK_BUDGET (seconds, default
+# $OUT/summary.txt, gpu_check.log, results.json and roofline.json). GPU_CHECK_BUDGET (seconds, default
 # 480) bounds the run; the optional parts (torch.compile, the 124M run without a graph)
 # are skipped when too little is left. Exit status: 0 when every check passed, else 1.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
-case "${1:-}" in -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 # ---- --pack BUILD: gather what the GPU machine needs --------------------------------------
 if [ "${1:-}" = "--pack" ]; then
@@ -190,6 +193,20 @@ if fs "$FSC" "$ROOT/samples/gpt2.fsm" -D B=8 -D T=1024 --precision bf16 -o "$P12
     rc=$?
     cat "$WORK/124m.txt" | tail -12
     [ "$rc" -eq 0 ] || fail "fsexec GPT-2 124M --device cuda: rc $rc"
+    # 5. the time by op kind against the roofline: a trace times each op by events (never
+    # as a graph); the kernel report is of the same plan (fsc is deterministic).
+    gpu=h100
+    nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -q H200 && gpu=h200
+    if fs_t 90 "$FSEXEC" "$P124" --device cuda --steps 4 --trace "$WORK/124m-trace.json" >"$WORK/124m-trace.txt" 2>&1 &&
+       fs "$FSC" "$ROOT/samples/gpt2.fsm" -D B=8 -D T=1024 --precision bf16 --kernels=json --machine "$gpu" -q \
+           >"$WORK/124m-kernels.json"; then
+        python3 "$ROOT/bench/roofline.py" "$WORK/124m-trace.json" "$WORK/124m-kernels.json" \
+            --json "$OUTDIR/roofline.json" | tee -a "$SUMMARY"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || fail "bench/roofline.py on the 124M trace"
+    else
+        tail -5 "$WORK/124m-trace.txt"
+        fail "the 124M trace or its kernel report"
+    fi
     if [ "$(left)" -gt 200 ]; then  # how much the graph saves: the same without it
         fs_t 90 "$FSEXEC" "$P124" --device cuda --steps 12 \
             --log "$WORK/124m-nograph.jsonl" --log-every 6 2>&1 | tail -2

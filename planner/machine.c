@@ -1,10 +1,12 @@
-/* planner/machine.c: the machine the cost model prices a plan against, by default an
- * H100 SXM node (8 GPUs, NVLink 4, one 400 Gb/s NIC per GPU, PCIe 5), or one described
- * by a JSON file that gives every key of the default (jansson). */
+/* planner/machine.c: the machine the cost model (and fsc --kernels) prices a plan
+ * against, by default an H100 SXM node (8 GPUs, NVLink 4, one 400 Gb/s NIC per GPU,
+ * PCIe 5); by name the same node of H200s (HBM3e); or one described by a JSON file that
+ * gives every key of the default (jansson). */
 #include <jansson.h>
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "plan.h"
@@ -40,6 +42,15 @@ void machine_default(Machine *m)
         .collective_latency = 10e-6,
     };
     strcpy(m->name, "H100-SXM-8");
+}
+
+/* The H200 SXM is an H100 SXM with faster and larger memory: the same tensor cores and
+ * NVLink, HBM3e at 4.8 TB/s. */
+static void machine_h200(Machine *m)
+{
+    machine_default(m);
+    m->hbm_bw = 4.8e12;
+    strcpy(m->name, "H200-SXM-8");
 }
 
 static int fail(char *err, size_t errlen, const char *path, const char *key, const char *what)
@@ -106,6 +117,17 @@ int machine_load(Machine *m, const char *path, char *err, size_t errlen)
         if (!json_object_get(root, KEYS[i].key)) rc = fail(err, errlen, path, KEYS[i].key, "missing");
     json_decref(root);
     return rc;
+}
+
+int machine_select(Machine *m, const char *what, char *err, size_t errlen)
+{
+    machine_default(m);
+    if (!what || !strcasecmp(what, "h100")) return 0;
+    if (!strcasecmp(what, "h200")) {
+        machine_h200(m);
+        return 0;
+    }
+    return machine_load(m, what, err, errlen);
 }
 
 void machine_print(const Machine *m, FILE *out)

@@ -43,6 +43,10 @@ void machine_default(Machine *m);
 /* Every key of the default, from a JSON object in path; 0, or -1 with a message naming
  * the file and the key (bad JSON, an unknown key, a missing key, a value out of range). */
 int machine_load(Machine *m, const char *path, char *err, size_t errlen);
+/* The machine --machine names: NULL or "h100" the default, "h200" an H200 SXM node (the
+ * same but HBM3e at 4.8 TB/s), anything else a JSON file for machine_load. 0, or -1 with
+ * machine_load's message. */
+int machine_select(Machine *m, const char *what, char *err, size_t errlen);
 void machine_print(const Machine *m, FILE *out);
 
 /* ---- planner/space.c: the axes searched and their candidate values --------------- */

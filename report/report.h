@@ -351,4 +351,56 @@ const char *report_tl_time(const Timeline *t, double v, char *buf, size_t n);
  * and idle time, the makespan, the ideal and the bubble. */
 void report_timeline_print(const Timeline *t, FILE *out);
 
+/* ---- report/kernels.c: what each launch of the CUDA program should cost (fsc --kernels) */
+
+/* The GPU a launch is priced on (fsc fills it from the planner's machine): rates per GPU. */
+typedef struct {
+    char name[64];
+    double flops_16bit;   // FLOP/s of bf16 / fp16 GEMMs on tensor cores (dense)
+    double flops_fp32;    // FLOP/s on the FMA units: every LAUNCH, f32 GEMMs
+    double hbm_bw;        // bytes/s of device memory
+} KernGpu;
+
+/* One instruction of the CUDA program (plan/plan.h: PlanCuda) and its roofline. */
+typedef struct {
+    int32_t index;        // in Plan.cuda
+    int32_t op;           // the plan op it runs for; its name is the op kind
+    double flops;         // FLOPs it does (report/kernels.c says how an op's are split)
+    int tensor_core;      // its FLOPs run on tensor cores (a GEMM of 16-bit inputs)
+    double bytes_read, bytes_written;  // DRAM bytes, from its arguments' sizes
+    int64_t elements;     // the work: elements of its largest argument
+    double seconds;       // roofline: max(flops / rate, bytes / hbm_bw)
+} KernLaunch;
+
+/* The instructions of one op kind ("layernorm_bwd"), summed. */
+typedef struct {
+    const char *op;       // the op's name (the plan's string)
+    int32_t instructions, launches, gemms;
+    double flops, tc_flops, bytes_read, bytes_written, seconds;
+} KernKind;
+
+typedef struct {
+    const Plan *plan;
+    int32_t program;      // the program (pipeline stage) of the report
+    KernGpu gpu;
+    KernLaunch *launch;   // its instructions, in program order
+    int32_t n_launch, n_launches, n_gemms;
+    KernKind *kind;       // by roofline time, the longest first (ties: by name)
+    int32_t n_kind;
+    double flops, tc_flops, bytes_read, bytes_written, seconds;  // the whole step's
+} KernReport;
+
+/* The report of program k of a plan that passed plan_check. NULL with a message when the
+ * plan has no CUDA program or memory runs out. Free with report_kernels_free. */
+KernReport *report_kernels_new(const Plan *p, int32_t k, const KernGpu *gpu, char *err, size_t errlen);
+void report_kernels_free(KernReport *r);
+
+/* ---- report/kernelout.c: the kernel report as text and JSON (fsc --kernels[=json]) --- */
+
+/* Every launch, then the sums by op kind and the step's; a heading per stage when the
+ * plan has several programs. 0, or -1 with a message. */
+int report_kernels_print(const Plan *p, const KernGpu *gpu, FILE *out, char *err, size_t errlen);
+/* The same as one JSON object (report/kernelout.c describes it). */
+int report_kernels_json(const Plan *p, const KernGpu *gpu, FILE *out, char *err, size_t errlen);
+
 #endif

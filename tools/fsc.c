@@ -38,11 +38,12 @@ typedef struct {
     const char *compare;        // --compare PLAN: overlaid on --mem=html's page
     int64_t mem_limit;          // --mem-limit SIZE, in bytes; 0: none
     int comm;                   // --comm
+    int kernels;                // --kernels: 1 text, 2 JSON
     int timeline;               // --timeline[=unit]
     TlCost timeline_cost;
     const char *mem_limit_text;
     int64_t fit;                // --fit SIZE: search the settings for the fastest plan in SIZE per rank
-    const char *fit_text, *machine;  // --machine FILE
+    const char *fit_text, *machine;  // --machine NAME|FILE
     int gpus_per_node;          // --gpus-per-node G; 0: the machine's
 } Flags;
 
@@ -71,6 +72,10 @@ static void usage(FILE *out)
                  "                        B, KiB..TiB, KB..TB) and say which settings would cut it\n"
                  "  --comm                print every collective of a step with its bytes per rank,\n"
                  "                        and what pipeline stages send each other\n"
+                 "  --kernels[=text|json] list each launch of the step's CUDA program: op, kernel, blocks x\n"
+                 "                        threads, shared memory, FLOPs (on tensor cores or not), DRAM bytes\n"
+                 "                        read and written, roofline time on --machine's GPU; then the sums\n"
+                 "                        by op kind and the step's roofline\n"
                  "  --timeline[=unit]     print the step's schedule: a lane per stage, busy and idle\n"
                  "                        (bubble) time, the makespan; costs are the ops' FLOPs at a\n"
                  "                        nominal 1 TFLOP/s (ms), or with =unit forward 1, backward 2\n"
@@ -84,7 +89,8 @@ static void usage(FILE *out)
                  "                        winner's command line; with -o writes its plan. Candidates are\n"
                  "                        taken by a lower bound on their modelled time and compiled only\n"
                  "                        while it can win (docs/planner.md)\n"
-                 "  --machine FILE        --fit's machine as JSON (docs/planner.md; default: H100 SXM, 8 per node)\n"
+                 "  --machine NAME|FILE   the machine of --fit and --kernels: h100 (the default: H100 SXM, 8 per\n"
+                 "                        node), h200 (the same, HBM3e at 4.8 TB/s), or a JSON file (docs/planner.md)\n"
                  "  --gpus-per-node G     ranks per node for --fit (NVLink within, IB across)\n"
                  "  -q, --quiet           no summary on stderr\n"
                  "  -h, --help            this text\n"
@@ -237,6 +243,11 @@ static int parse_args(int argc, char **argv, Flags *f)
             f->print_after = next, used = 1;
         } else if (!strcmp(a, "--comm")) {
             f->comm = 1;
+        } else if (!strcmp(a, "--kernels") || !strncmp(a, "--kernels=", 10)) {
+            const char *how = a[9] == '=' ? a + 10 : "text";
+            if (strcmp(how, "text") && strcmp(how, "json"))
+                return fail("--kernels: expected --kernels, --kernels=text or --kernels=json, got '%s'%s", a, "");
+            f->kernels = how[0] == 't' ? 1 : 2;
         } else if (!strcmp(a, "--timeline") || !strncmp(a, "--timeline=", 11)) {
             if (parse_timeline(f, a)) return -1;
         } else if (!strcmp(a, "--mem") || !strncmp(a, "--mem=", 6)) {
@@ -709,6 +720,26 @@ static int timeline(const Graph *g, const TrainConfig *t, TlCost cost)
     return !tl;
 }
 
+/* --kernels: what each launch should cost on --machine's GPU, from the plan built in memory. */
+static int kernels(const Graph *g, const TrainConfig *t, const Flags *f)
+{
+    char err[2048];
+    Machine m;
+    if (machine_select(&m, f->machine, err, sizeof err)) {
+        fprintf(stderr, "fsc: error: %s\n", err);
+        return 1;
+    }
+    KernGpu gpu = {.flops_16bit = m.flops_16bit, .flops_fp32 = m.flops_fp32, .hbm_bw = m.hbm_bw};
+    snprintf(gpu.name, sizeof gpu.name, "%s", m.name);
+    Plan *plan = make_plan(g, t, NULL, NULL);
+    if (!plan) return 1;
+    int rc = f->kernels == 2 ? report_kernels_json(plan, &gpu, stdout, err, sizeof err)
+                             : report_kernels_print(plan, &gpu, stdout, err, sizeof err);
+    if (rc) fprintf(stderr, "fsc: error: --kernels: %s\n", err);
+    plan_free(plan);
+    return rc != 0;
+}
+
 /* "fsc ARGS" less --fit, --machine, --gpus-per-node (with their values), -o and -q: the
  * start of the winner's command line. */
 static void fit_command(int argc, char **argv, char *buf, size_t n)
@@ -745,8 +776,7 @@ static int fit(Flags *f, int argc, char **argv, const char *src, size_t len, Fit
         return -1;
     }
     q.world = (int)w;
-    machine_default(&q.machine);
-    if (f->machine && machine_load(&q.machine, f->machine, err, sizeof err)) {
+    if (machine_select(&q.machine, f->machine, err, sizeof err)) {
         fprintf(stderr, "fsc: error: %s\n", err);
         return -1;
     }
@@ -792,9 +822,12 @@ int main(int argc, char **argv)
     atexit(close_stdout);
     Flags f = {0};
     if (parse_args(argc, argv, &f) || check_outputs(&f)) return flags_free(&f, 1);
-    if (!f.fit && (f.machine || f.gpus_per_node)) {
-        fprintf(stderr, "fsc: error: %s describes the machine of --fit: give --fit SIZE too\n",
-                f.machine ? "--machine" : "--gpus-per-node");
+    if (!f.fit && f.gpus_per_node) {
+        fprintf(stderr, "fsc: error: --gpus-per-node describes the machine of --fit: give --fit SIZE too\n");
+        return flags_free(&f, 1);
+    }
+    if (!f.fit && !f.kernels && f.machine) {
+        fprintf(stderr, "fsc: error: --machine describes the machine of --fit and --kernels: give one of them too\n");
         return flags_free(&f, 1);
     }
     size_t len;
@@ -822,6 +855,7 @@ int main(int argc, char **argv)
     if (!rc && !f.quiet) summary(g, &o.train);
     if (!rc && (f.mem || f.mem_limit)) rc = memory(g, &o.train, &fw, &f, src, len, &fo);
     if (!rc && f.comm) rc = communication(g, &o.train);
+    if (!rc && f.kernels) rc = kernels(g, &o.train, &f);
     if (!rc && f.timeline) rc = timeline(g, &o.train, f.timeline_cost);
     if (!rc && f.output) rc = write_plan(g, &o.train, &fw, f.input, f.output, f.quiet) != 0;
     if (d.n_errors) fprintf(stderr, "%d error%s\n", d.n_errors, d.n_errors == 1 ? "" : "s");

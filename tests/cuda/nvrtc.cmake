@@ -5,7 +5,7 @@ find_package(CUDAToolkit QUIET)
 if(CUDAToolkit_FOUND AND TARGET CUDA::nvrtc AND NOT FS_FUZZ)
   find_package(Threads REQUIRED)
   list(GET CUDAToolkit_INCLUDE_DIRS 0 FS_CUDA_INCLUDE)
-  add_executable(nvrtc_compile tests/cuda/nvrtc_compile.c)
+  add_executable(nvrtc_compile tests/cuda/nvrtc_compile.c tests/cuda/ptxas_report.c)
   # NVRTC's library itself, not the CUDA::nvrtc target, which also links the driver's stub
   # libcuda.so: a sanitized build keeps that, and then needs a driver to start.
   target_include_directories(nvrtc_compile SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})  # after codegen/cuda.h

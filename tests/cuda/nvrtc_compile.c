@@ -11,6 +11,11 @@
  * once. A compile fails the test with NVRTC's log on any error or warning, and every
  * kernel a LAUNCH names must come out under that very name (nvrtcAddNameExpression, then
  * nvrtcGetLoweredName: the kernels are extern "C"). Compiles run on two threads.
+ * The sm_90 compiles ask ptxas for its report (--ptxas-options=-v): every kernel's
+ * registers, spills, stack and shared memory, and the blocks of its largest launch an
+ * H100 / H200 SM can hold, are printed (tests/cuda/ptxas_report.c), with the top 10 by
+ * spills and by registers; a kernel a LAUNCH names that the report lacks fails the test,
+ * and so does a kernel made to spill (--maxrregcount) whose spills are not read.
  * Exit 0, or 1 on a failure.
  */
 #include <dirent.h>
@@ -26,6 +31,7 @@
 #include "cuda.h"
 #include "frontend.h"
 #include "passes.h"
+#include "ptxas_report.h"
 
 enum { MAX_JOBS = 64, MAX_PLANS = 32, THREADS = 2 };
 
@@ -37,6 +43,8 @@ typedef struct {
     const char *arch;        // "sm_80"
     double seconds;
     int failed;
+    PtxasKernel *ptxas;      // sm_90: ptxas -v's report of each entry function
+    int n_ptxas;
 } Job;
 
 static const char *include_opt;
@@ -134,20 +142,41 @@ static int has_warning(nvrtcProgram prog)
     return w;
 }
 
+/* sm_90's ptxas report from the log into j->ptxas; every kernel named must be in it. */
+static void read_ptxas(nvrtcProgram prog, Job *j)
+{
+    size_t n = 0;
+    nvrtcGetProgramLogSize(prog, &n);
+    char *log = malloc(n + 1);
+    log[0] = 0;
+    nvrtcGetProgramLog(prog, log);
+    if (ptxas_parse(log, &j->ptxas, &j->n_ptxas) < 0) {
+        fprintf(stderr, "%s: ptxas's report is not as expected:\n%s\n", j->what, log);
+        j->failed = 1;
+    }
+    free(log);
+    for (int i = 0; i < j->n_names && !j->failed; i++) {
+        int seen = 0;
+        for (int k = 0; k < j->n_ptxas && !seen; k++) seen = !strcmp(j->ptxas[k].name, j->names[i]);
+        if (!seen) fprintf(stderr, "%s: ptxas reports nothing of kernel %s\n", j->what, j->names[i]), j->failed = 1;
+    }
+}
+
 static void run_job(Job *j)
 {
     double t0 = now();
     nvrtcProgram prog;
     char arch[64];
     snprintf(arch, sizeof arch, "--gpu-architecture=%s", j->arch);
-    const char *opts[] = {arch, "-std=c++17", include_opt};
+    int verbose = !strcmp(j->arch, "sm_90");
+    const char *opts[] = {arch, "-std=c++17", include_opt, "--ptxas-options=-v"};
     if (nvrtcCreateProgram(&prog, j->source, "fsc_module.cu", 0, NULL, NULL) != NVRTC_SUCCESS) {
         fprintf(stderr, "%s: nvrtcCreateProgram failed\n", j->what);
         j->failed = 1;
         return;
     }
     for (int i = 0; i < j->n_names; i++) nvrtcAddNameExpression(prog, j->names[i]);
-    nvrtcResult rc = nvrtcCompileProgram(prog, 3, opts);
+    nvrtcResult rc = nvrtcCompileProgram(prog, 3 + verbose, opts);
     if (rc != NVRTC_SUCCESS || has_warning(prog)) {
         fprintf(stderr, "%s: %s\n", j->what, rc != NVRTC_SUCCESS ? nvrtcGetErrorString(rc) : "warnings");
         log_of(prog, j);
@@ -160,6 +189,7 @@ static void run_job(Job *j)
             j->failed = 1;
         }
     }
+    if (verbose && !j->failed) read_ptxas(prog, j);
     nvrtcDestroyProgram(&prog);
     j->seconds = now() - t0;
 }
@@ -200,6 +230,59 @@ typedef struct {
 
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+/* The reader reads spills where ptxas reports them: 48 floats live at once in 24
+ * registers (--maxrregcount) spill. 0, or -1 after saying why. */
+static int ptxas_spills_read(void)
+{
+    static const char src[] = "extern \"C\" __global__ void spill(float *a)\n{\n    float v[48];\n#pragma unroll\n"
+                              "    for (int i = 0; i < 48; i++) v[i] = a[threadIdx.x + i * 32];\n    float s = 0.f;\n"
+                              "#pragma unroll\n    for (int i = 0; i < 48; i++) s += v[i] * v[(i * 7) % 48];\n"
+                              "    a[threadIdx.x] = s;\n}\n";
+    const char *opts[] = {"--gpu-architecture=sm_90", "--ptxas-options=-v", "--maxrregcount=24"};
+    Job j = {.what = "the spilling kernel (sm_90)", .n_names = 1, .names = (const char *[]){"spill"}};
+    nvrtcProgram prog;
+    int ok = nvrtcCreateProgram(&prog, src, "spill.cu", 0, NULL, NULL) == NVRTC_SUCCESS;
+    if (ok && nvrtcCompileProgram(prog, 3, opts) == NVRTC_SUCCESS) read_ptxas(prog, &j);
+    else j.failed = 1;
+    if (ok) nvrtcDestroyProgram(&prog);
+    const PtxasKernel *k = j.n_ptxas == 1 ? &j.ptxas[0] : NULL;
+    ok = !j.failed && k && k->regs == 24 && k->spill_stores > 0 && k->spill_loads > 0;
+    if (!ok) fprintf(stderr, "nvrtc_compile: ptxas's report of a kernel that spills was not read as one\n");
+    free(j.ptxas);
+    return ok ? 0 : -1;
+}
+
+/* Every sm_90 job's kernels once, each with its largest launch in the plans; printed. */
+static int report_ptxas(Plan *const *plans, int n_plans)
+{
+    PtxasKernel *all = NULL;
+    int n = 0;
+    for (int j = 0; j < n_jobs; j++)
+        for (int k = 0; k < jobs[j].n_ptxas; k++) {
+            int seen = 0;
+            for (int i = 0; i < n && !seen; i++) seen = !strcmp(all[i].name, jobs[j].ptxas[k].name);
+            if (seen) continue;
+            PtxasKernel *grown = realloc(all, sizeof *all * (size_t)(n + 1));
+            if (!grown) return free(all), -1;
+            all = grown;
+            all[n++] = jobs[j].ptxas[k];
+        }
+    for (int r = 0; r < n_plans; r++)
+        for (int c = 0; c < plans[r]->n_cuda; c++) {
+            const PlanCuda *in = &plans[r]->cuda[c];
+            if (in->kind != PLAN_CU_LAUNCH) continue;
+            int threads = in->block[0] * in->block[1] * in->block[2];
+            for (int i = 0; i < n; i++)
+                if (!strcmp(all[i].name, plan_str(plans[r], in->kernel))) {
+                    if (threads > all[i].threads) all[i].threads = threads;
+                    if (in->smem > all[i].dyn_smem) all[i].dyn_smem = in->smem;
+                }
+        }
+    ptxas_print(all, n, stdout);
+    free(all);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3) {
@@ -210,6 +293,7 @@ int main(int argc, char **argv)
     snprintf(opt, sizeof opt, "-I%s", argv[2]);
     include_opt = opt;
     double t0 = now();
+    if (ptxas_spills_read()) return 1;
 
     /* the samples (samples/NAME.fsm), in name order */
     char *files[MAX_PLANS];
@@ -280,6 +364,8 @@ int main(int argc, char **argv)
     }
     printf("%d plans, %d distinct modules (%d kernels), %d NVRTC compiles on %d threads (the longest %.2f s), %d failed; %.1f s in all\n",
            n_runs, modules, kernels, n_jobs, THREADS, busiest, failed, now() - t0);
+    if (!failed && report_ptxas(plans, n_runs)) failed = 1;
+    for (int j = 0; j < n_jobs; j++) free(jobs[j].ptxas);
     for (int r = 0; r < n_runs; r++) plan_free(plans[r]), free(names_of[r]);
     for (int f = 0; f < n_files; f++) free(files[f]);
     return failed ? 1 : 0;

@@ -1,0 +1,241 @@
+/* report/kernels.c: what each instruction of a plan's CUDA program should cost on a GPU
+ * (fsc --kernels): its FLOPs, the DRAM bytes it reads and writes, and its roofline time,
+ * max(FLOPs / rate, bytes / HBM bandwidth). It is the plan's claim of what a kernel
+ * should cost; bench/roofline.py holds a traced GPU step to it.
+ *
+ * Bytes come from the instruction's arguments: a GEMM reads m x k of A and k x n of B
+ * (once when its batch stride is 0) and writes m x n of C, per batch entry, in their
+ * dtypes; a LAUNCH reads or writes each argument's whole tensor once (more than a gather
+ * moves: the embedding reads only its tokens' rows of the table). Which it does is
+ * read from the kernel's own parameter list in the plan's module: a `const T *`
+ * parameter is read, any other written, and read too when it is also one of the op's
+ * inputs (an update in place: adamw's p, m, v). A kernel whose parameters cannot be
+ * found falls back to the op: its outputs (and its fused members') written, the rest read.
+ *
+ * FLOPs are the op's (ir/flops.c, PlanOp.flops), plus those of the members of its fused
+ * group (the elementwise ops just before it that have no instruction of their own: the
+ * last member's one LAUNCH computes them all). A GEMM does exactly 2 m n k per batch
+ * entry, on tensor cores when A and B are 16-bit (f32 GEMMs run on the FMA units unless
+ * fsexec --tf32 asks otherwise, which the plan does not know). What the op's FLOPs leave
+ * after its GEMMs is split over its LAUNCHes in proportion to the bytes each moves (the
+ * layernorm backward's partial sums, its finish and its dx pass), all on the FMA units:
+ * no kernel of the module uses tensor cores yet.
+ *
+ * Where it sits: the report layer, after codegen in fsc; reads the plan only.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "report.h"
+
+enum { ACC_READ = 1, ACC_WRITE = 2, MAX_PARAMS = 64 };
+
+static int is_16bit(PlanDType t) { return t == PLAN_DT_F16 || t == PLAN_DT_BF16; }
+
+static int is_ident(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+/* Whether each of kernel `name`'s n parameters in `module` is a pointer to const: the
+ * text between the parentheses after the name's first appearance as a whole word before
+ * '('. 0, or -1 when there is no such text or it has another number of parameters. */
+static int param_consts(const char *module, const char *name, int n, unsigned char *is_const)
+{
+    size_t len = strlen(name);
+    const char *at = module;
+    while (len && at && (at = strstr(at, name)))
+        if ((at == module || !is_ident(at[-1])) && at[len] == '(') break;
+        else at += len;
+    if (!len || !at) return -1;
+    const char *c = at + len + 1, *start = c;
+    int k = 0, konst = 0, depth = 0;
+    for (; *c && (depth || *c != ')'); c++) {
+        if (*c == '(') depth++;
+        if (*c == ')') depth--;
+        if (!depth && *c == ',') {
+            if (k == n) return -1;
+            is_const[k++] = (unsigned char)konst, konst = 0, start = c + 1;
+            continue;
+        }
+        /* `const` as a word before the parameter's '*': `const T *x`, `T const *x` */
+        if (!strncmp(c, "const", 5) && (c == start || !is_ident(c[-1])) && !is_ident(c[5])) {
+            const char *star = strchr(c, '*'), *end = strpbrk(c, ",)");
+            konst |= star && end && star < end;
+        }
+    }
+    if (!*c || k != n - 1) return -1;
+    is_const[k] = (unsigned char)konst;
+    return 0;
+}
+
+static int has_id(const Plan *p, int32_t at, int32_t n, int32_t t)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (p->ids[at + i] == t) return 1;
+    return 0;
+}
+
+/* The first op of op k's fused group: the elementwise device ops just before it with no
+ * instruction of their own (passes/fuse.c groups consecutive ops; codegen/cuda_program.c
+ * emits the group at its last). has[] says which ops have instructions. */
+static int32_t group_first(const Plan *p, int32_t k, int32_t first_op, const unsigned char *has)
+{
+    int32_t f = k;
+    while (f > first_op && !has[f - 1] && !plan_op_on_host(p, f - 1)) {
+        const OpInfo *info = op_info_by_name(plan_str(p, p->ops[f - 1].op));
+        if (!info || !(info->flags & OPF_ELEMWISE)) break;
+        f--;
+    }
+    return f;
+}
+
+/* What LAUNCH i does with argument a (ACC_*), ops [first, op] being its fused group. */
+static int access_of(const Plan *p, const PlanCuda *in, int a, const unsigned char *is_const, int32_t first)
+{
+    int32_t t = p->ids[in->args + a];
+    const PlanOp *op = &p->ops[in->op];
+    if (is_const) return is_const[a] ? ACC_READ : ACC_WRITE | (has_id(p, op->in, op->n_in, t) ? ACC_READ : 0);
+    for (int32_t k = first; k <= in->op; k++)
+        if (has_id(p, p->ops[k].out, p->ops[k].n_out, t)) return ACC_WRITE;
+    return ACC_READ;
+}
+
+static void launch_cost(const Plan *p, int32_t i, int32_t first, KernLaunch *l)
+{
+    const PlanCuda *in = &p->cuda[i];
+    unsigned char konst[MAX_PARAMS];
+    const char *module = p->cuda_module ? p->cuda_module : "";
+    int parsed = in->n_args <= MAX_PARAMS && !param_consts(module, plan_str(p, in->kernel), in->n_args, konst);
+    for (int a = 0; a < in->n_args; a++) {
+        const PlanTensor *t = &p->tensors[p->ids[in->args + a]];
+        int acc = access_of(p, in, a, parsed ? konst : NULL, first);
+        double bytes = (double)plan_tensor_nbytes(t);
+        if (acc & ACC_READ) l->bytes_read += bytes;
+        if (acc & ACC_WRITE) l->bytes_written += bytes;
+        if (plan_tensor_numel(t) > l->elements) l->elements = plan_tensor_numel(t);
+    }
+}
+
+static void gemm_cost(const Plan *p, int32_t i, KernLaunch *l)
+{
+    const PlanCuda *in = &p->cuda[i];
+    const PlanTensor *A = &p->tensors[p->ids[in->args]], *B = &p->tensors[p->ids[in->args + 1]],
+                     *C = &p->tensors[p->ids[in->args + 2]];
+    double m = (double)in->m, n = (double)in->n, k = (double)in->k, batch = (double)in->batch;
+    l->flops = 2 * m * n * k * batch;
+    l->tensor_core = is_16bit(A->dtype) && is_16bit(B->dtype);
+    l->bytes_read = m * k * (in->stride_a ? batch : 1) * plan_dtype_size(A->dtype) +
+                    k * n * (in->stride_b ? batch : 1) * plan_dtype_size(B->dtype);
+    l->bytes_written = m * n * batch * plan_dtype_size(C->dtype);
+    l->elements = in->m * in->n * in->batch;
+}
+
+/* The FLOPs of op k's group that its GEMMs leave, split over its LAUNCHes [a, b) by the
+ * bytes each moves (equally when none moves any). */
+static void split_flops(const Plan *p, KernLaunch *l, int32_t a, int32_t b, int32_t first)
+{
+    double flops = 0, gemm = 0, bytes = 0;
+    int launches = 0;
+    for (int32_t k = first; k <= l[a].op; k++) flops += p->ops[k].flops > 0 ? p->ops[k].flops : 0;
+    for (int32_t j = a; j < b; j++) {
+        if (p->cuda[l[j].index].kind == PLAN_CU_GEMM) {
+            gemm += l[j].flops;
+            continue;
+        }
+        bytes += l[j].bytes_read + l[j].bytes_written;
+        launches++;
+    }
+    double rest = flops > gemm ? flops - gemm : 0;
+    for (int32_t j = a; j < b; j++)
+        if (p->cuda[l[j].index].kind == PLAN_CU_LAUNCH)
+            l[j].flops = bytes > 0 ? rest * (l[j].bytes_read + l[j].bytes_written) / bytes : rest / launches;
+}
+
+static KernKind *kind_of(KernReport *r, const char *op)
+{
+    for (int32_t k = 0; k < r->n_kind; k++)
+        if (!strcmp(r->kind[k].op, op)) return &r->kind[k];
+    r->kind[r->n_kind] = (KernKind){.op = op};
+    return &r->kind[r->n_kind++];
+}
+
+static int by_time(const void *a, const void *b)
+{
+    const KernKind *x = a, *y = b;
+    if (x->seconds != y->seconds) return x->seconds < y->seconds ? 1 : -1;
+    return strcmp(x->op, y->op);
+}
+
+static void sum_kinds(KernReport *r)
+{
+    const Plan *p = r->plan;
+    for (int32_t j = 0; j < r->n_launch; j++) {
+        const KernLaunch *l = &r->launch[j];
+        KernKind *k = kind_of(r, plan_str(p, p->ops[l->op].op));
+        int gemm = p->cuda[l->index].kind == PLAN_CU_GEMM;
+        k->instructions++, k->gemms += gemm, k->launches += !gemm;
+        r->n_gemms += gemm, r->n_launches += !gemm;
+        k->flops += l->flops, k->bytes_read += l->bytes_read, k->bytes_written += l->bytes_written;
+        k->seconds += l->seconds;
+        if (l->tensor_core) k->tc_flops += l->flops, r->tc_flops += l->flops;
+        r->flops += l->flops, r->bytes_read += l->bytes_read, r->bytes_written += l->bytes_written;
+        r->seconds += l->seconds;
+    }
+    qsort(r->kind, (size_t)r->n_kind, sizeof *r->kind, by_time);
+}
+
+static KernReport *fail(KernReport *r, unsigned char *has, char *err, size_t errlen, const char *why)
+{
+    snprintf(err, errlen, "%s", why);
+    free(has);
+    report_kernels_free(r);
+    return NULL;
+}
+
+KernReport *report_kernels_new(const Plan *p, int32_t k, const KernGpu *gpu, char *err, size_t errlen)
+{
+    if (!p->n_cuda || k < 0 || k >= p->n_programs) {
+        snprintf(err, errlen, "the plan has no CUDA program (it has no memory plan)");
+        return NULL;
+    }
+    const PlanProgram *pr = &p->programs[k];
+    KernReport *r = calloc(1, sizeof *r);
+    unsigned char *has = calloc((size_t)p->n_ops + 1, 1);
+    if (r) {
+        r->launch = calloc((size_t)p->n_cuda, sizeof *r->launch);
+        r->kind = calloc((size_t)p->n_cuda, sizeof *r->kind);
+    }
+    if (!r || !has || !r->launch || !r->kind) return fail(r, has, err, errlen, "out of memory");
+    r->plan = p, r->program = k, r->gpu = *gpu;
+    for (int32_t i = 0; i < p->n_cuda; i++) has[p->cuda[i].op] = 1;
+    for (int32_t i = 0; i < p->n_cuda; i++) {
+        const PlanCuda *in = &p->cuda[i];
+        if (in->op < pr->first_op || in->op >= pr->first_op + pr->n_ops) continue;
+        KernLaunch *l = &r->launch[r->n_launch++];
+        *l = (KernLaunch){.index = i, .op = in->op};
+        if (in->kind == PLAN_CU_GEMM) gemm_cost(p, i, l);
+        else launch_cost(p, i, group_first(p, in->op, pr->first_op, has), l);
+    }
+    for (int32_t a = 0, b; a < r->n_launch; a = b) {  // each op's instructions [a, b)
+        for (b = a + 1; b < r->n_launch && r->launch[b].op == r->launch[a].op;) b++;
+        split_flops(p, r->launch, a, b, group_first(p, r->launch[a].op, pr->first_op, has));
+    }
+    for (int32_t j = 0; j < r->n_launch; j++) {
+        KernLaunch *l = &r->launch[j];
+        double compute = l->flops / (l->tensor_core ? gpu->flops_16bit : gpu->flops_fp32);
+        double memory = (l->bytes_read + l->bytes_written) / gpu->hbm_bw;
+        l->seconds = compute > memory ? compute : memory;
+    }
+    sum_kinds(r);
+    free(has);
+    return r;
+}
+
+void report_kernels_free(KernReport *r)
+{
+    if (!r) return;
+    free(r->launch);
+    free(r->kind);
+    free(r);
+}

@@ -1,0 +1,149 @@
+/* tests/unit/test_kernels.c: report/kernels.c, what each CUDA instruction of a plan should
+ * cost, on tiny GPT-2 in bf16: a GEMM's FLOPs and bytes from m, n, k and its dtypes; which
+ * arguments a kernel reads and writes, from its parameters (adamw's in-place p, m, v;
+ * layernorm's backward reading its partials from dx's bytes in its second kernel and
+ * writing dx in its third); a fused group's FLOPs; the roofline at the GPU's rates; the
+ * sums by kind; and the fallback to the op's outputs when a kernel's parameters cannot
+ * be read.
+ */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "report.h"
+#include "sample.h"
+
+static const KernGpu GPU = {"test", 1e15, 5e13, 2e12};
+
+static Plan *tiny(Graph **g)
+{
+    const Setting set[] = {{"precision", "bf16"}};
+    return sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, 1, g);
+}
+
+static double nbytes(const Plan *p, int32_t id) { return (double)plan_tensor_nbytes(&p->tensors[id]); }
+
+static int32_t arg(const Plan *p, const KernLaunch *l, int a) { return p->ids[p->cuda[l->index].args + a]; }
+
+/* The n-th launch (0-based) of kind op, or NULL. */
+static const KernLaunch *nth(const KernReport *r, const char *op, int n)
+{
+    for (int32_t j = 0; j < r->n_launch; j++)
+        if (!strcmp(plan_str(r->plan, r->plan->ops[r->launch[j].op].op), op) && n-- == 0) return &r->launch[j];
+    return NULL;
+}
+
+Test(kernels, gemm)
+{
+    Plan *p = tiny(NULL);
+    char err[256];
+    KernReport *r = report_kernels_new(p, 0, &GPU, err, sizeof err);
+    cr_assert(r, "%s", err);
+    const KernLaunch *l = nth(r, "matmul", 0);
+    cr_assert(l);
+    const PlanCuda *in = &p->cuda[l->index];
+    double m = (double)in->m, n = (double)in->n, k = (double)in->k, b = (double)in->batch;
+    cr_assert_eq(l->flops, 2 * m * n * k * b);
+    cr_assert(l->tensor_core, "a bf16 GEMM runs on tensor cores");
+    cr_assert_eq(l->bytes_written, m * n * b * 2);
+    cr_assert_eq(l->bytes_read, (m * k * (in->stride_a ? b : 1) + k * n * (in->stride_b ? b : 1)) * 2);
+    double want = l->flops / GPU.flops_16bit, mem = (l->bytes_read + l->bytes_written) / GPU.hbm_bw;
+    cr_assert_float_eq(l->seconds, want > mem ? want : mem, 1e-18);
+    report_kernels_free(r);
+    plan_free(p);
+}
+
+Test(kernels, reads_and_writes_from_the_parameters)
+{
+    Plan *p = tiny(NULL);
+    char err[256];
+    KernReport *r = report_kernels_new(p, 0, &GPU, err, sizeof err);
+    cr_assert(r, "%s", err);
+    /* adamw(p, g, m, v, lr, coef, step): every argument read, p, m and v written back */
+    const KernLaunch *a = nth(r, "adamw", 0);
+    cr_assert(a);
+    double all = 0;
+    for (int i = 0; i < 7; i++) all += nbytes(p, arg(p, a, i));
+    cr_assert_eq(a->bytes_read, all);
+    cr_assert_eq(a->bytes_written, nbytes(p, arg(p, a, 0)) + nbytes(p, arg(p, a, 2)) + nbytes(p, arg(p, a, 3)));
+    cr_assert(!a->tensor_core);
+    /* layernorm_bwd's kernels: partials into dx's bytes (x, dy read; dx written), the
+     * finish (dx read; dw, db written), dx (x, w, dy read; dx written) */
+    const KernLaunch *k1 = nth(r, "layernorm_bwd", 0), *k2 = nth(r, "layernorm_bwd", 1);
+    const KernLaunch *k3 = nth(r, "layernorm_bwd", 2);
+    cr_assert(k1 && k2 && k3 && k1->op == k2->op && k2->op == k3->op, "three kernels of one op");
+    cr_assert_eq(k1->bytes_read, nbytes(p, arg(p, k1, 0)) + nbytes(p, arg(p, k1, 1)));
+    cr_assert_eq(k1->bytes_written, nbytes(p, arg(p, k1, 2)));
+    cr_assert_eq(k2->bytes_read, nbytes(p, arg(p, k2, 0)));
+    cr_assert_eq(k2->bytes_written, nbytes(p, arg(p, k2, 1)) + nbytes(p, arg(p, k2, 2)));
+    cr_assert_eq(k3->bytes_written, nbytes(p, arg(p, k3, 3)));
+    /* the op's FLOPs split over its three kernels by the bytes each moves */
+    double f = k1->flops + k2->flops + k3->flops, b1 = k1->bytes_read + k1->bytes_written;
+    double b = b1 + k2->bytes_read + k2->bytes_written + k3->bytes_read + k3->bytes_written;
+    cr_assert_float_eq(f, p->ops[k1->op].flops, 1e-6 * f);
+    cr_assert_float_eq(k1->flops, f * b1 / b, 1e-6 * f);
+    report_kernels_free(r);
+    plan_free(p);
+}
+
+Test(kernels, fused_groups_and_sums)
+{
+    Graph *g;
+    Plan *p = tiny(&g);
+    char err[256];
+    KernReport *r = report_kernels_new(p, 0, &GPU, err, sizeof err);
+    cr_assert(r, "%s", err);
+    double all = 0;  // every device op's FLOPs: each op's are some instruction's
+    for (int32_t k = 0; k < p->n_ops; k++)
+        if (!plan_op_on_host(p, k)) all += p->ops[k].flops;
+    cr_assert_float_eq(r->flops, all, 1e-9 * all, "%g FLOPs in the launches, %g in the ops", r->flops, all);
+    int fused = 0;
+    for (int32_t j = 0; j < r->n_launch; j++) {
+        const KernLaunch *l = &r->launch[j];
+        int32_t op = l->op;
+        fused |= g->nodes[op].group >= 0 && g->nodes[op].group < op && l->flops > p->ops[op].flops;
+    }
+    cr_assert(fused, "a fused group's launch does its members' FLOPs too");
+    double s = 0, t = 0;
+    int n = 0;
+    for (int32_t k = 0; k < r->n_kind; k++) {
+        s += r->kind[k].seconds, n += r->kind[k].instructions;
+        if (k) cr_assert(r->kind[k - 1].seconds >= r->kind[k].seconds, "the longest kind first");
+    }
+    for (int32_t j = 0; j < r->n_launch; j++) t += r->launch[j].seconds;
+    cr_assert_float_eq(s, r->seconds, 1e-12);
+    cr_assert_float_eq(t, r->seconds, 1e-12);
+    cr_assert_eq(n, p->n_cuda);
+    cr_assert_eq(r->n_launches + r->n_gemms, p->n_cuda);
+    report_kernels_free(r);
+    ir_graph_free(g);
+    plan_free(p);
+}
+
+Test(kernels, fallback_without_the_parameters)
+{
+    Plan *p = tiny(NULL);
+    char err[256];
+    KernReport *r = report_kernels_new(p, 0, &GPU, err, sizeof err);
+    cr_assert(r, "%s", err);
+    const KernLaunch *k2 = nth(r, "layernorm_bwd", 1);
+    double written = k2->bytes_written, read = k2->bytes_read;
+    report_kernels_free(r);
+    plan_set_cuda_module(p, "// no kernels here");
+    r = report_kernels_new(p, 0, &GPU, err, sizeof err);
+    cr_assert(r, "%s", err);
+    k2 = nth(r, "layernorm_bwd", 1);
+    /* by the op: dx, dw, db are its outputs, so all three count as written */
+    cr_assert_eq(k2->bytes_written, written + read);
+    cr_assert_eq(k2->bytes_read, 0);
+    report_kernels_free(r);
+    plan_free(p);
+}
+
+Test(kernels, no_cuda_program)
+{
+    Plan *p = plan_new();
+    char err[256];
+    cr_assert_null(report_kernels_new(p, 0, &GPU, err, sizeof err));
+    cr_assert(strstr(err, "no CUDA program"), "%s", err);
+    plan_free(p);
+}
