@@ -147,6 +147,10 @@ char *cu_loop(CuCtx *c, const char *idx, int64_t n);
 char *cu_index_expr(CuCtx *c, int rank, const int64_t *size, const int64_t *stride, const char *i);
 /* The offset in `in` of element `i` of `out` when in broadcasts to out (numpy rules). */
 char *cu_bcast_index(CuCtx *c, const Value *out, const Value *in, const char *i);
+/* The same offsets as types for the kernel templates (codegen/kernels/index.cuh, which
+ * they put in the module): "FsIndex<FsTerm<1LL, 768LL, 1LL>, FsTerm<768LL, 0LL, 3072LL>>". */
+char *cu_index_at(CuCtx *c, int rank, const int64_t *size, const int64_t *stride);
+char *cu_bcast_at(CuCtx *c, const Value *out, const Value *in);
 /* Exact literals: "0.5f", "1e-05f", "__int_as_float(0x7f800000)"; "0.90000000000000002". */
 char *cu_float(CuCtx *c, float v);
 char *cu_double(CuCtx *c, double v);

@@ -306,45 +306,85 @@ char *cu_loop(CuCtx *c, const char *idx, int64_t n)
                   idx, idx, (long long)n, strcmp(idx, "int") ? "LL" : "", idx);
 }
 
-char *cu_index_expr(CuCtx *c, int rank, const int64_t *size, const int64_t *stride, const char *i)
+/* An offset's terms, i / os % sz * st each: the dims without their unit ones, innermost
+ * first, each merged into the one inside it when the tensor walks both as one (stride
+ * continues, or both broadcast). The last (outermost) term is never wrapped. */
+typedef struct {
+    int64_t os, sz, st;
+} Term;
+
+static int index_terms(int rank, const int64_t *size, const int64_t *stride, Term *t)
 {
-    /* Dims without their unit ones, innermost first, each merged into the one inside it
-     * when the tensor walks both as one (stride continues, or both broadcast). */
-    int64_t sz[IR_MAX_RANK + 1], st[IR_MAX_RANK + 1], os[IR_MAX_RANK + 1], span = 1;
     int n = 0;
+    int64_t span = 1;
     for (int d = rank - 1; d >= 0; d--) {
         if (size[d] == 1) continue;
-        if (n > 0 && stride[d] == st[n - 1] * sz[n - 1]) {
-            sz[n - 1] *= size[d];
-        } else {
-            sz[n] = size[d], st[n] = stride[d], os[n] = span;
-            n++;
-        }
+        if (n > 0 && stride[d] == t[n - 1].st * t[n - 1].sz) t[n - 1].sz *= size[d];
+        else t[n++] = (Term){span, size[d], stride[d]};
         span *= size[d];
     }
+    return n;
+}
+
+char *cu_index_expr(CuCtx *c, int rank, const int64_t *size, const int64_t *stride, const char *i)
+{
+    Term tm[IR_MAX_RANK + 1];
+    int n = index_terms(rank, size, stride, tm);
     CuText t = cu_text(c);
     for (int k = 0; k < n; k++) {
-        if (!st[k]) continue;
+        int64_t os = tm[k].os, sz = tm[k].sz, st = tm[k].st;
+        if (!st) continue;
         cu_text_add(&t, "%s", t.len ? " + " : "");
-        if (os[k] == 1 && k == n - 1) cu_text_add(&t, "%s", i);          // the one dim: i itself
-        else if (os[k] == 1) cu_text_add(&t, "%s %% %lld", i, (long long)sz[k]);
-        else if (k == n - 1) cu_text_add(&t, "%s / %lld", i, (long long)os[k]);  // outermost: no wrap
-        else cu_text_add(&t, "%s / %lld %% %lld", i, (long long)os[k], (long long)sz[k]);
-        if (st[k] != 1) cu_text_add(&t, " * %lld", (long long)st[k]);
+        if (os == 1 && k == n - 1) cu_text_add(&t, "%s", i);          // the one dim: i itself
+        else if (os == 1) cu_text_add(&t, "%s %% %lld", i, (long long)sz);
+        else if (k == n - 1) cu_text_add(&t, "%s / %lld", i, (long long)os);  // outermost: no wrap
+        else cu_text_add(&t, "%s / %lld %% %lld", i, (long long)os, (long long)sz);
+        if (st != 1) cu_text_add(&t, " * %lld", (long long)st);
     }
     return t.len ? t.s : cu_fmt(c, "0");
 }
 
-char *cu_bcast_index(CuCtx *c, const Value *out, const Value *in, const char *i)
+char *cu_index_at(CuCtx *c, int rank, const int64_t *size, const int64_t *stride)
 {
-    int64_t stride[IR_MAX_RANK], s = 1;
+    Term tm[IR_MAX_RANK + 1];
+    int n = index_terms(rank, size, stride, tm);
+    CuText t = cu_text(c);
+    cu_use(c, "index.cuh");
+    cu_text_add(&t, "FsIndex<");
+    for (int k = 0, first = 1; k < n; k++) {
+        if (!tm[k].st) continue;
+        cu_text_add(&t, "%sFsTerm<%lldLL, %lldLL, %lldLL>", first ? "" : ", ", (long long)tm[k].os,
+                    (long long)(k == n - 1 ? 0 : tm[k].sz), (long long)tm[k].st);
+        first = 0;
+    }
+    cu_text_add(&t, ">");
+    return t.s;
+}
+
+/* in's strides along out's dims when in broadcasts to out (numpy rules): 0 where it does. */
+static void bcast_strides(const Value *out, const Value *in, int64_t *stride)
+{
+    int64_t s = 1;
     FS_ASSERT(in->rank <= out->rank);
     for (int k = 1; k <= out->rank; k++) {
         int d = in->rank - k;
         stride[out->rank - k] = d >= 0 && in->shape[d] != 1 ? s : 0;
         if (d >= 0) s *= in->shape[d];
     }
+}
+
+char *cu_bcast_index(CuCtx *c, const Value *out, const Value *in, const char *i)
+{
+    int64_t stride[IR_MAX_RANK];
+    bcast_strides(out, in, stride);
     return cu_index_expr(c, out->rank, out->shape, stride, i);
+}
+
+char *cu_bcast_at(CuCtx *c, const Value *out, const Value *in)
+{
+    int64_t stride[IR_MAX_RANK];
+    bcast_strides(out, in, stride);
+    return cu_index_at(c, out->rank, out->shape, stride);
 }
 
 char *cu_float(CuCtx *c, float v)

@@ -1,7 +1,7 @@
-/* codegen/cuda_rows.h: what the emitters of reductions, norms, the loss, lookups and
- * attention (cuda_reduce.c, cuda_norm.c, cuda_loss.c, cuda_embed.c, cuda_attention.c)
- * share, and nothing else includes: axes, views around an axis, grids, and the geometry
- * of row kernels.
+/* codegen/cuda_rows.h: what the emitters of reductions, norms, the loss, lookups,
+ * attention and layouts (cuda_reduce.c, cuda_norm.c, cuda_loss.c, cuda_embed.c,
+ * cuda_attention.c, cuda_layout.c) share, and nothing else includes: axes, views around an
+ * axis, grids, and the geometry of row kernels.
  *
  * A row kernel works on `rows` contiguous rows of `n` elements: one warp per row when
  * rows are short (eight rows to a block of 256 threads), else one block per row (or,

@@ -3,8 +3,8 @@
  *
  * What no GPU is needed for is held to the CPU backend itself: every GEMM record of a
  * matmul is run here as the plain loop the record describes and compared with cpu_matmul;
- * the index expression of every layout kernel and every broadcast load is evaluated
- * here, element by element, and compared with where the CPU kernel takes that element
+ * the index of every layout kernel (its template arguments) and every broadcast load is
+ * evaluated here, element by element, and compared with where the CPU kernel takes that element
  * from. The rest is structure: one kernel per fused group, writing only what outlives
  * it; no instruction for views and collectives; names deterministic and deduplicated.
  * On the samples, every op has the instructions its kind calls for, and fsc --emit cuda
@@ -312,8 +312,29 @@ Test(cuda_codegen, int_and_cast_expressions)
 
 /* ---- layout: every gather reads what the CPU kernel reads ----------------------------- */
 
-/* Node n moves elements: its kernel, `y[i] = x[EXPR]`, must take element i of the output
- * from where the CPU kernel does. Each input element holds its own index as its bits
+/* The offset of element i that the first FsIndex<FsTerm<OS, SZ, ST>...> in `text` gives
+ * (codegen/kernels/index.cuh): the sum of i / OS % SZ * ST, SZ 0 wrapping at nothing. */
+static int64_t index_at(const char *text, int64_t i)
+{
+    const char *s = strstr(text, "FsIndex<");
+    cr_assert_not_null(s, "no FsIndex in:\n%s", text);
+    int64_t at = 0;
+    for (s += 8; !strncmp(s, "FsTerm<", 7); s += 2) {
+        long long os, sz, st;
+        int len = 0;
+        cr_assert_eq(sscanf(s, "FsTerm<%lldLL, %lldLL, %lldLL>%n", &os, &sz, &st, &len), 3, "bad term '%s'", s);
+        cr_assert(os > 0 && sz >= 0, "'%s'", s);
+        int64_t q = i / os;
+        at += (sz ? q % sz : q) * st;
+        s += len;
+        if (*s != ',') break;
+    }
+    cr_assert_eq(*s, '>', "'%s'", s);
+    return at;
+}
+
+/* Node n moves elements: its kernel, `fs_gather<I, N, AT>(x [+ BASE], y)`, must take
+ * element i of the output from where the CPU kernel does. Each input element holds its own index as its bits
  * (the kernels move bits, whatever the dtype), so the CPU's output says where each
  * element came from. */
 static void check_gather(const Plan *p, int n)
@@ -330,12 +351,16 @@ static void check_gather(const Plan *p, int n)
     int k;
     const PlanCuda *in = ins_of(p, n, &k);
     cr_assert_eq(k, 1, "%s: %d instructions", op_name(nd->op), k);
-    char *text = kernel_text(p, in), *ex = between(text, "y[i] = x[", "];");
+    char *text = kernel_text(p, in);
     cr_assert(strstr(text, dtype_size(x->dtype) == 4 ? "const unsigned int *x" : "const unsigned short *x"), "%s", text);
+    const char *call = strstr(text, "fs_gather<"), *from = call ? strstr(call, ">(x") : NULL;
+    cr_assert_not_null(from, "no gather in:\n%s", text);
+    long long base = 0;
+    if (strncmp(from, ">(x, y)", 7)) cr_assert_eq(sscanf(from, ">(x + %lldLL, y)", &base), 1, "%s", text);
     for (int64_t i = 0; i < ny; i++)
-        cr_assert_eq(eval(ex, i), ys[i], "%s: element %ld from %ld, the CPU takes %ld ('%s')", op_name(nd->op), (long)i,
-                     (long)eval(ex, i), (long)ys[i], ex);
-    free(text), free(ex), free(x4), free(y4), free(ys);
+        cr_assert_eq(base + index_at(call, i), ys[i], "%s: element %ld from %lld, the CPU takes %ld (%s)",
+                     op_name(nd->op), (long)i, base + (long long)index_at(call, i), (long)ys[i], call);
+    free(text), free(x4), free(y4), free(ys);
 }
 
 Test(cuda_codegen, layout_gathers_match_the_cpu)
@@ -362,7 +387,8 @@ Test(cuda_codegen, layout_gathers_match_the_cpu)
     plan_free(p);
 }
 
-/* split: each part t is `yT[i] = x[at + T len inner]` with `at` an expression of i. */
+/* split: `fs_split<I, PART, STEP, AT>(x, y0, y1, y2)` takes element i of part t from
+ * x[AT(i) + t STEP]. */
 Test(cuda_codegen, split_matches_the_cpu)
 {
     int x = input("x", DT_F32, DIMS(2, 6, 3));
@@ -375,15 +401,15 @@ Test(cuda_codegen, split_matches_the_cpu)
     int k;
     const PlanCuda *in = ins_of(p, s, &k);
     cr_assert(k == 1 && in->n_args == 4);
-    char *text = kernel_text(p, in), *at = between(text, " at = ", ";\n");
-    for (int t = 0; t < 3; t++) {
-        char open[16];
-        snprintf(open, sizeof open, "y%d[i] = x[at + ", t);
-        char *off = between(text, open, "];");
-        for (int64_t i = 0; i < 12; i++) cr_assert_eq(eval(at, i) + eval(off, i), (int64_t)ys[t][i], "part %d element %ld", t, (long)i);
-        free(off);
-    }
-    free(text), free(at);
+    char *text = kernel_text(p, in);
+    const char *call = strstr(text, "fs_split<");
+    long long part, step;
+    cr_assert(call && sscanf(call, "fs_split<int, %lldLL, %lldLL, ", &part, &step) == 2, "%s", text);
+    cr_assert(part == 12 && strstr(call, ">(x, y0, y1, y2)"), "%s", text);
+    for (int t = 0; t < 3; t++)
+        for (int64_t i = 0; i < 12; i++)
+            cr_assert_eq(index_at(call, i) + t * step, (int64_t)ys[t][i], "part %d element %ld", t, (long)i);
+    free(text);
     plan_free(p);
 }
 
