@@ -22,13 +22,15 @@
 # Then with the device tool, from the repository root (build-gpu/ is git-ignored):
 #   run  carry: ["build-gpu/pack"]  command: "bash bench/gpu_check.sh build-gpu/pack"  timeout_s: 600
 # Results: on stdout, and under $OUT when it is set (the device tool brings back
-# $OUT/summary.txt, gpu_check.log, results.json and roofline.json). GPU_CHECK_BUDGET (seconds, default
+# $OUT/summary.txt, gpu_check.log, results.json, roofline.json and 124m-trace.json). GPU_CHECK_BUDGET (seconds, default
 # 480) bounds the run; the optional parts (torch.compile, the 124M run without a graph)
-# are skipped when too little is left. Exit status: 0 when every check passed, else 1.
+# are skipped when too little is left. GPU_CHECK_SECTIONS (default "1 2 3 4") picks parts:
+# 1 op_check, 2 training, 3 the 124M run with its memory and roofline table, 4 PyTorch.
+# Exit status: 0 when every check passed, else 1.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
-case "${1:-}" in -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 # ---- --pack BUILD: gather what the GPU machine needs --------------------------------------
 if [ "${1:-}" = "--pack" ]; then
@@ -59,6 +61,7 @@ say() { echo "$*" | tee -a "$SUMMARY"; }
 fail() { say "FAIL: $*"; FAILS=$((FAILS + 1)); }
 result() { echo "$1=$2" >>"$RESULTS"; }
 section() { echo; echo "==== $* ($(left) s left)"; }
+want() { case " ${GPU_CHECK_SECTIONS:-1 2 3 4} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # ---- libraries --------------------------------------------------------------------------------
 # Ours: the carried ones this machine lacks (its own libstdc++, libgcc, zlib are newer and
@@ -125,8 +128,8 @@ plan() {
 }
 
 # ---- 1. every op against the CPU ----------------------------------------------------------------
-section "1. op_check: each op on CUDA against the CPU backend"
-for model in gpt2 llama; do
+want 1 && section "1. op_check: each op on CUDA against the CPU backend"
+want 1 && for model in gpt2 llama; do
     for cfg in fp32 tf32 bf16 fp16; do
         prec=$cfg flags=()
         [ "$cfg" = tf32 ] && prec=fp32 flags=(--tf32)
@@ -143,7 +146,7 @@ for model in gpt2 llama; do
 done
 
 # ---- 2. training: CUDA against CPU ----------------------------------------------------------------
-section "2. tiny GPT-2, 20 steps: losses on CUDA against the CPU"
+want 2 && section "2. tiny GPT-2, 20 steps: losses on CUDA against the CPU"
 compare_losses() {  # A.jsonl B.jsonl TOL NAME
     python3 - "$@" <<'EOF'
 import json, os, sys
@@ -162,7 +165,7 @@ print(f"{name}: worst step {worst + 1}: {la[worst]} vs {lb[worst]}, relative {re
 sys.exit(0 if rel[worst] <= tol else 1)
 EOF
 }
-for prec in fp32 bf16; do
+want 2 && for prec in fp32 bf16; do
     tol=1e-4
     [ "$prec" = bf16 ] && tol=2e-2
     p=$(plan gpt2 "$prec") || continue
@@ -175,7 +178,9 @@ for prec in fp32 bf16; do
 done
 # Offload: the update on the host (page-locked host space, copies on the compute stream).
 p=$WORK/gpt2-bf16-offload.plan
-if fs "$FSC" "$ROOT/samples/gpt2.fsm" "${GPT2_TINY[@]}" --precision bf16 --offload optimizer -o "$p" -q; then
+if ! want 2; then
+    :
+elif fs "$FSC" "$ROOT/samples/gpt2.fsm" "${GPT2_TINY[@]}" --precision bf16 --offload optimizer -o "$p" -q; then
     fs_t 120 "$FSEXEC" "$p" --steps 20 --seed 7 --log-every 10 --device cpu --log "$WORK/cpu-offload.jsonl" 2>&1 | tail -2
     fs_t 120 "$FSEXEC" "$p" --steps 20 --seed 7 --log-every 10 --device cuda --log "$WORK/cuda-offload.jsonl" 2>&1 | tail -3
     if out=$(compare_losses "$WORK/cuda-offload.jsonl" "$WORK/cpu-offload.jsonl" 2e-2 "cuda vs cpu bf16 offload" 2>&1); then
@@ -185,9 +190,9 @@ else
 fi
 
 # ---- 3 and 4. GPT-2 124M: memory, speed, against PyTorch -----------------------------------------
-section "3, 4. GPT-2 124M (B=8, T=1024, bf16): memory and speed"
+want 3 && section "3, 4. GPT-2 124M (B=8, T=1024, bf16): memory and speed"
 P124=$WORK/gpt2-124m.plan
-if fs "$FSC" "$ROOT/samples/gpt2.fsm" -D B=8 -D T=1024 --precision bf16 -o "$P124" -q; then
+if want 3 && fs "$FSC" "$ROOT/samples/gpt2.fsm" -D B=8 -D T=1024 --precision bf16 -o "$P124" -q; then
     fs_t 240 "$FSEXEC" "$P124" --device cuda --cuda-graph --steps 30 \
         --log "$WORK/124m.jsonl" --log-every 10 >"$WORK/124m.txt" 2>&1
     rc=$?
@@ -197,10 +202,11 @@ if fs "$FSC" "$ROOT/samples/gpt2.fsm" -D B=8 -D T=1024 --precision bf16 -o "$P12
     # as a graph); the kernel report is of the same plan (fsc is deterministic).
     gpu=h100
     nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -q H200 && gpu=h200
-    if fs_t 90 "$FSEXEC" "$P124" --device cuda --steps 4 --trace "$WORK/124m-trace.json" >"$WORK/124m-trace.txt" 2>&1 &&
+    fs_t 90 "$FSEXEC" "$P124" --device cuda --steps 4 --trace "$OUTDIR/124m-trace.json" >"$WORK/124m-trace.txt" 2>&1
+    if [ $? -eq 0 ] &&
        fs "$FSC" "$ROOT/samples/gpt2.fsm" -D B=8 -D T=1024 --precision bf16 --kernels=json --machine "$gpu" -q \
            >"$WORK/124m-kernels.json"; then
-        python3 "$ROOT/bench/roofline.py" "$WORK/124m-trace.json" "$WORK/124m-kernels.json" \
+        python3 "$ROOT/bench/roofline.py" "$OUTDIR/124m-trace.json" "$WORK/124m-kernels.json" \
             --json "$OUTDIR/roofline.json" | tee -a "$SUMMARY"
         [ "${PIPESTATUS[0]}" -eq 0 ] || fail "bench/roofline.py on the 124M trace"
     else
@@ -213,7 +219,9 @@ if fs "$FSC" "$ROOT/samples/gpt2.fsm" -D B=8 -D T=1024 --precision bf16 -o "$P12
     fi
 fi
 TORCH_LIMIT=$(( $(left) - 20 ))
-if [ "$TORCH_LIMIT" -gt 40 ]; then
+if ! want 4; then
+    :
+elif [ "$TORCH_LIMIT" -gt 40 ]; then
     timeout -k 10 "$TORCH_LIMIT" python3 "$ROOT/bench/gpu_torch.py" --B 8 --T 1024 --time-limit "$((TORCH_LIMIT - 10))" \
         >"$WORK/torch.jsonl" 2>"$WORK/torch.err"
     cat "$WORK/torch.jsonl"; tail -3 "$WORK/torch.err"
