@@ -2,10 +2,10 @@
  * the collectives.
  *
  * Constants are written by a kernel like any other op (CPU: runtime/cpu/embed.c), one of
- * codegen/kernels/fill.cuh's templates, their values compiled in exactly: full's value is rounded to float, then to the output's
- * dtype once (st), as the CPU rounds it. Collectives have no instruction: the CUDA
- * backend runs all_reduce, reduce_scatter and all_gather on NCCL by the op's name, as the
- * CPU backend runs them on MPI.
+ * codegen/kernels/fill.cuh's templates, their values compiled in exactly: full's value is
+ * rounded to float, then to the output's dtype once (st), as the CPU rounds it.
+ * Collectives have no instruction: the CUDA backend runs all_reduce, reduce_scatter and
+ * all_gather on NCCL by the op's name, as the CPU backend runs them on MPI.
  */
 #include <math.h>
 
@@ -15,8 +15,8 @@
 int cuda_scalar(CuCtx *c)
 {
     cu_use(c, "fill.cuh");
-    char *src = cu_kernel(c, 0, "float *__restrict__ y",
-                          cu_fmt(c, "fs_scalar(y, %s)", cu_float(c, (float)ir_attr_float(c->g, cu_node(c), "value", 0))));
+    float v = (float)ir_attr_float(c->g, cu_node(c), "value", 0);
+    char *src = cu_kernel(c, 0, "float *__restrict__ y", cu_fmt(c, "fs_scalar(y, %s)", cu_float(c, v)));
     return cu_launch(c, "scalar", src, (CuDim){1, 1, 1}, (CuDim){1, 1, 1}, 0, (const int[]){cu_out_id(c, 0)}, 1);
 }
 
@@ -25,7 +25,8 @@ int cuda_scalar(CuCtx *c)
 static int fill(CuCtx *c, const char *prefix, int64_t n, const char *tmpl, const char *args)
 {
     cu_use(c, "fill.cuh");
-    char *src = cu_kernel(c, 0, cu_pout(c, 0, "y"), cu_fmt(c, "%s<%s, %lldLL>%s", tmpl, cu_index(n), (long long)n, args));
+    char *call = cu_fmt(c, "%s<%s, %lldLL>%s", tmpl, cu_index(n), (long long)n, args);
+    char *src = cu_kernel(c, 0, cu_pout(c, 0, "y"), call);
     return cu_launch(c, prefix, src, cu_grid(n), (CuDim){CU_BLOCK, 1, 1}, 0, (const int[]){cu_out_id(c, 0)}, 1);
 }
 

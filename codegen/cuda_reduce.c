@@ -87,7 +87,8 @@ static int flat_launch(CuCtx *c, const char *prefix, const char *src, int64_t n,
 /* Nothing reduced: the output is x in the same order, times scale. */
 static int emit_copy(CuCtx *c, const char *prefix, int64_t n, float scale)
 {
-    const char *src = cu_kernel(c, 0, xo_params(c), cu_fmt(c, "fs_reduce_copy<%lldLL>%s", (long long)n, xo_args(c, scale)));
+    const char *call = cu_fmt(c, "fs_reduce_copy<%lldLL>%s", (long long)n, xo_args(c, scale));
+    const char *src = cu_kernel(c, 0, xo_params(c), call);
     return flat_launch(c, prefix, src, n, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
 }
 
@@ -98,10 +99,10 @@ static int emit_runs(CuCtx *c, const char *prefix, RedOp op, const Groups *g, in
     Split k = groups_with(g, 0), r = groups_with(g, 1);
     // a thread for a few elements, a warp for some, a block of 256 for many
     RowGeo geo = nred <= 32 ? row_geo_thread(nout) : nred <= 4096 ? row_geo(nout, 1) : row_geo(nout, ROW_WARP_MAX + 1);
-    const char *src = cu_kernel(c, 0, xo_params(c),
-                                cu_fmt(c, "fs_reduce_runs<%s, %s, %lldLL, %lldLL, %s, %s>%s", row_targs(c, &geo),
-                                       op == RED_MAX ? "true" : "false", (long long)nout, (long long)nred,
-                                       dims_type(c, k.n, k.sz, k.st), dims_type(c, r.n, r.sz, r.st), xo_args(c, scale)));
+    const char *call = cu_fmt(c, "fs_reduce_runs<%s, %s, %lldLL, %lldLL, %s, %s>%s", row_targs(c, &geo),
+                              op == RED_MAX ? "true" : "false", (long long)nout, (long long)nred,
+                              dims_type(c, k.n, k.sz, k.st), dims_type(c, r.n, r.sz, r.st), xo_args(c, scale));
+    const char *src = cu_kernel(c, 0, xo_params(c), call);
     return row_launch(c, prefix, src, &geo, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
 }
 
@@ -111,11 +112,10 @@ static int emit_cols(CuCtx *c, const char *prefix, RedOp op, const Groups *g, in
     Split k = groups_with(g, 0), r = groups_with(g, 1);
     int64_t inner = k.sz[k.n - 1], rows = nout / inner, ncb = cu_cdiv(inner, 32);
     int by = nred >= 512 ? 32 : 8;
-    const char *src = cu_kernel(c, 0, xo_params(c),
-                                cu_fmt(c, "fs_reduce_cols<%s, %lldLL, %lldLL, %lldLL, %d, %s, %s>%s",
-                                       op == RED_MAX ? "true" : "false", (long long)inner, (long long)ncb,
-                                       (long long)nred, by, dims_type(c, k.n - 1, k.sz, k.st),
-                                       dims_type(c, r.n, r.sz, r.st), xo_args(c, scale)));
+    const char *call = cu_fmt(c, "fs_reduce_cols<%s, %lldLL, %lldLL, %lldLL, %d, %s, %s>%s",
+                              op == RED_MAX ? "true" : "false", (long long)inner, (long long)ncb, (long long)nred, by,
+                              dims_type(c, k.n - 1, k.sz, k.st), dims_type(c, r.n, r.sz, r.st), xo_args(c, scale));
+    const char *src = cu_kernel(c, 0, xo_params(c), call);
     CuDim grid;
     if (cu_grid1(c, rows * ncb, &grid)) return -1;
     return cu_launch(c, prefix, src, grid, (CuDim){32, by, 1}, 0, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
@@ -193,16 +193,14 @@ static int emit_axis_op(CuCtx *c, const char *op, int64_t row_len, const char *p
     if (axis_view(c, op, &outer, &n, &inner)) return -1;
     cu_use(c, "reduce.cuh");
     if (inner > 1) {
-        const char *src = cu_kernel(c, 0, params,
-                                    cu_fmt(c, "fs_%s_cols<%lldLL, %lldLL, %lldLL>%s", op, (long long)outer, (long long)n,
-                                           (long long)inner, args));
-        return flat_launch(c, op, src, outer * inner, ids, n_ids);
+        const char *call = cu_fmt(c, "fs_%s_cols<%lldLL, %lldLL, %lldLL>%s", op, (long long)outer, (long long)n,
+                                  (long long)inner, args);
+        return flat_launch(c, op, cu_kernel(c, 0, params, call), outer * inner, ids, n_ids);
     }
     RowGeo geo = row_geo(outer, row_len ? row_len : n);
-    const char *src = cu_kernel(
-        c, 0, params,
-        cu_fmt(c, "fs_%s_rows<%s, %lldLL, %lldLL>%s", op, row_targs(c, &geo), (long long)outer, (long long)n, args));
-    return row_launch(c, op, src, &geo, ids, n_ids);
+    const char *call =
+        cu_fmt(c, "fs_%s_rows<%s, %lldLL, %lldLL>%s", op, row_targs(c, &geo), (long long)outer, (long long)n, args);
+    return row_launch(c, op, cu_kernel(c, 0, params, call), &geo, ids, n_ids);
 }
 
 /* max_bwd(x, dy, axis, keepdim): dx is dy at the first maximum along the axis, 0
@@ -210,8 +208,9 @@ static int emit_axis_op(CuCtx *c, const char *op, int64_t row_len, const char *p
  * warps whatever their length (the warp reduces (max, index) pairs). */
 int cuda_max_bwd(CuCtx *c)
 {
-    return emit_axis_op(c, "max_bwd", 1, cu_fmt(c, "%s, %s, %s", cu_pin(c, 0, "x"), cu_pin(c, 1, "dy"), cu_pout(c, 0, "dx")),
-                        "(x, dy, dx)", (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, 0)}, 3);
+    const char *params = cu_fmt(c, "%s, %s, %s", cu_pin(c, 0, "x"), cu_pin(c, 1, "dy"), cu_pout(c, 0, "dx"));
+    int ids[3] = {cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, 0)};
+    return emit_axis_op(c, "max_bwd", 1, params, "(x, dy, dx)", ids, 3);
 }
 
 /* softmax(x, axis): y = exp(x - max) / sum(exp(x - max)), as 1/sum times each term. */
