@@ -1,11 +1,10 @@
-/* codegen/cuda_dropout.c: the CUDA emitter of dropout(x, rng; p, key, batch, mb, mbs).
+/* codegen/cuda_dropout.c: the CUDA launch of dropout(x, rng; p, key, batch, mb, mbs): one
+ * grid-stride kernel, codegen/kernels/dropout.cuh's template instantiated with the element
+ * count, the op's key, the keep threshold of p (ops/philox.h: fs_dropout_threshold), the
+ * micro-batch's place in the global batch and the scale 1 / (1 - p), rounded to float
+ * once and compiled in exactly. runtime/cpu/dropout.c is the reference.
  *
- * runtime/cpu/dropout.c is the reference: the mask is ops/philox.h's fs_dropout_keep,
- * which the module's prelude defines from the same text the CPU compiles
- * (FS_PHILOX_CUDA), on the element's index in the global tensor; the rng words (seed,
- * step, data-parallel index) are read on the device, so a step needs no host round trip
- * and can be captured as a graph. Each element is x * scale or x * 0 in f32, the scale
- * 1 / (1 - p) rounded to float once and compiled in exactly, stored to its dtype once.
+ * Where it sits: called by codegen_cuda (cuda_program.c) through the op table.
  */
 #include "cuda.h"
 #include "philox.h"
@@ -21,19 +20,14 @@ int cuda_dropout(CuCtx *c)
     if (!(p >= 0 && p < 1)) return cu_fail(c, "p = %g is outside [0, 1)", p);
     int64_t key = ir_attr_int(c->g, nd, "key", 0), batch = ir_attr_int(c->g, nd, "batch", 0);
     int64_t mb = ir_attr_int(c->g, nd, "mb", 0), mbs = ir_attr_int(c->g, nd, "mbs", 1);
-    char *base = batch ? cu_fmt(c, "(unsigned long long)(((long long)rng[3] * %lldLL + %lldLL) * %lldLL)", (long long)mbs,
-                                (long long)mb, (long long)n)
-                       : "0ull";
-    char *src = cu_fmt(c,
-                       "extern \"C\" __global__ void KNAME(const %s *x, const int *rng, %s *y)\n"
-                       "{\n"
-                       "    const unsigned long long seed = (unsigned int)rng[0] | (unsigned long long)(unsigned int)rng[1] << 32;\n"
-                       "    const unsigned int step = (unsigned int)rng[2];\n"
-                       "    const unsigned long long base = %s;\n"
-                       "    %s st(y, i, ld(x, i) * (fs_dropout_keep(seed, step, %uu, base + (unsigned long long)i, %lluull) ? %s : 0.0f));\n"
-                       "}\n",
-                       cu_tin(c, 0), cu_tout(c, 0), base, cu_loop(c, cu_index(n), n), (unsigned)key,
-                       fs_dropout_threshold(p), cu_float(c, (float)(1.0 / (1.0 - p))));
+    cu_use(c, "dropout.cuh");
+    // no __restrict__: y may be x's bytes. mb and mbs only count with batch (else 0, so
+    // that equal kernels stay one).
+    const char *src = cu_kernel(
+        c, 0, cu_fmt(c, "const %s *x, const int *rng, %s *y", cu_tin(c, 0), cu_tout(c, 0)),
+        cu_fmt(c, "fs_dropout<%s, %lldLL, %uu, %lluull, %s, %lldLL, %lldLL>(x, rng, y, %s)", cu_index(n), (long long)n,
+               (unsigned)key, fs_dropout_threshold(p), batch ? "true" : "false", (long long)(batch ? mbs : 0),
+               (long long)(batch ? mb : 0), cu_float(c, (float)(1.0 / (1.0 - p)))));
     return cu_launch(c, "dropout", src, cu_grid(n), (CuDim){CU_BLOCK, 1, 1}, 0,
                      (const int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, 0)}, 3);
 }

@@ -1,5 +1,7 @@
-/* codegen/cuda_reduce.c: CUDA emitters of the reductions: sum, mean, max, sum_to,
- * max_bwd, softmax, softmax_bwd and sumsq. Semantics are runtime/cpu/reduce.c's.
+/* codegen/cuda_reduce.c: CUDA launches of the reductions: sum, mean, max, sum_to,
+ * max_bwd, softmax, softmax_bwd and sumsq. Semantics are runtime/cpu/reduce.c's. The
+ * kernels are codegen/kernels/reduce.cuh's templates, instantiated with the shapes,
+ * dtypes, dim groups and geometry; sumsq's alone is still text (see cuda_sumsq).
  *
  * sum, mean, max and sum_to share one engine, as on the CPU: x's dims, unit dims
  * dropped and neighbours of one kind merged, alternate between kept and reduced groups
@@ -10,7 +12,7 @@
  *   - innermost group kept: a block of 32 x BY threads takes 32 adjacent output
  *     columns, its BY rows of threads stride down the reduced index, and thread row 0
  *     adds the BY partial results in order.
- * Offsets are compiled in as divisions by constants. The axis ops (max_bwd, softmax,
+ * Offsets are compiled in as divisions by constants (reduce.cuh's FsDims). The axis ops (max_bwd, softmax,
  * softmax_bwd) view x as (outer, n, inner): a row kernel (cuda_rows.h) when inner is 1,
  * else one thread per (outer, inner) column walking down n.
  *
@@ -22,11 +24,7 @@
  *
  * Where it sits: called by codegen_cuda (cuda_program.c) through the op table.
  */
-#include <string.h>
-
 #include "cuda_rows.h"
-
-#define NEG_INF "__int_as_float(0xff800000u)"
 
 typedef enum { RED_SUM, RED_MAX } RedOp;
 
@@ -64,29 +62,19 @@ static Split groups_with(const Groups *g, int red)
     return s;
 }
 
-/* The offset of flat index `var` over dims listed outermost first, as text. The
- * outermost needs no modulo: var is below the product of the sizes. */
-static char *offset_expr(CuCtx *c, const char *var, int nd, const int64_t *sz, const int64_t *st)
+/* The template type of dims listed outermost first (reduce.cuh): "FsDims<4LL, 3072LL, 768LL, 1LL>". */
+static char *dims_type(CuCtx *c, int nd, const int64_t *sz, const int64_t *st)
 {
-    char *s = NULL;
-    int64_t div = 1;
-    for (int d = nd - 1; d >= 0; d--) {
-        char *q = div == 1 ? cu_fmt(c, "%s", var) : cu_fmt(c, "(%s / %lldLL)", var, (long long)div);
-        char *term = d == 0 ? cu_fmt(c, "%s * %lldLL", q, (long long)st[d])
-                            : cu_fmt(c, "(%s %% %lldLL) * %lldLL", q, (long long)sz[d], (long long)st[d]);
-        s = s ? cu_fmt(c, "%s + %s", term, s) : term;
-        div *= sz[d];
-    }
-    return s ? s : cu_fmt(c, "0LL");
+    CuText t = cu_text(c);
+    cu_text_add(&t, "FsDims<");
+    for (int d = 0; d < nd; d++) cu_text_add(&t, "%s%lldLL, %lldLL", d ? ", " : "", (long long)sz[d], (long long)st[d]);
+    cu_text_add(&t, ">");
+    return t.s;
 }
 
-/* The text that folds v into acc, acc's start, and the factor applied at the end. */
-static const char *combine(RedOp op) { return op == RED_SUM ? "acc += v;" : "acc = fmaxf(acc, v);"; }
-static const char *init_of(RedOp op) { return op == RED_SUM ? "0.f" : NEG_INF; }
-static char *scaled(CuCtx *c, const char *what, float scale)
-{
-    return scale == 1.0f ? cu_fmt(c, "%s", what) : cu_fmt(c, "%s * %s", what, cu_float(c, scale));
-}
+/* The kernel's parameters and call arguments: x in, out out, and the scale. */
+static char *xo_params(CuCtx *c) { return cu_fmt(c, "%s, %s", cu_pin(c, 0, "x"), cu_pout(c, 0, "out")); }
+static char *xo_args(CuCtx *c, float scale) { return cu_fmt(c, "(x, out, %s)", cu_float(c, scale)); }
 
 /* A launch of one thread for each of n items, 256 to a block. */
 static int flat_launch(CuCtx *c, const char *prefix, const char *src, int64_t n, const int *args, int n_args)
@@ -99,13 +87,8 @@ static int flat_launch(CuCtx *c, const char *prefix, const char *src, int64_t n,
 /* Nothing reduced: the output is x in the same order, times scale. */
 static int emit_copy(CuCtx *c, const char *prefix, int64_t n, float scale)
 {
-    const char *src = cu_fmt(c,
-        "extern \"C\" __global__ void KNAME(const %s *__restrict__ x, %s *__restrict__ out)\n"
-        "{\n"
-        "    const long long e = (long long)blockIdx.x * 256 + threadIdx.x;\n"
-        "    if (e < %lldLL) st(out, e, %s);\n"
-        "}\n",
-        cu_tin(c, 0), cu_tout(c, 0), (long long)n, scaled(c, "ld(x, e)", scale));
+    const char *call = cu_fmt(c, "fs_reduce_copy<%lldLL>%s", (long long)n, xo_args(c, scale));
+    const char *src = cu_kernel(c, 0, xo_params(c), call);
     return flat_launch(c, prefix, src, n, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
 }
 
@@ -116,22 +99,10 @@ static int emit_runs(CuCtx *c, const char *prefix, RedOp op, const Groups *g, in
     Split k = groups_with(g, 0), r = groups_with(g, 1);
     // a thread for a few elements, a warp for some, a block of 256 for many
     RowGeo geo = nred <= 32 ? row_geo_thread(nout) : nred <= 4096 ? row_geo(nout, 1) : row_geo(nout, ROW_WARP_MAX + 1);
-    const char *src = cu_fmt(c,
-        "extern \"C\" __global__ void KNAME(const %s *__restrict__ x, %s *__restrict__ out)\n"
-        "{\n"
-        "%s"
-        "    const long long xb = %s;\n"
-        "    float acc = %s;\n"
-        "    for (long long q = tid; q < %lldLL; q += NTR) {\n"
-        "        const float v = ld(x, xb + %s);\n"
-        "        %s\n"
-        "    }\n"
-        "    acc = %s(acc);\n"
-        "    if (tid == 0) st(out, row, %s);\n"
-        "}\n",
-        cu_tin(c, 0), cu_tout(c, 0), row_head(c, &geo, nout), offset_expr(c, "row", k.n, k.sz, k.st), init_of(op),
-        (long long)nred, offset_expr(c, "q", r.n, r.sz, r.st), combine(op), op == RED_SUM ? geo.sum : geo.max,
-        scaled(c, "acc", scale));
+    const char *call = cu_fmt(c, "fs_reduce_runs<%s, %s, %lldLL, %lldLL, %s, %s>%s", row_targs(c, &geo),
+                              op == RED_MAX ? "true" : "false", (long long)nout, (long long)nred,
+                              dims_type(c, k.n, k.sz, k.st), dims_type(c, r.n, r.sz, r.st), xo_args(c, scale));
+    const char *src = cu_kernel(c, 0, xo_params(c), call);
     return row_launch(c, prefix, src, &geo, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
 }
 
@@ -141,33 +112,10 @@ static int emit_cols(CuCtx *c, const char *prefix, RedOp op, const Groups *g, in
     Split k = groups_with(g, 0), r = groups_with(g, 1);
     int64_t inner = k.sz[k.n - 1], rows = nout / inner, ncb = cu_cdiv(inner, 32);
     int by = nred >= 512 ? 32 : 8;
-    const char *src = cu_fmt(c,
-        "extern \"C\" __global__ void KNAME(const %s *__restrict__ x, %s *__restrict__ out)\n"
-        "{\n"
-        "    __shared__ float part[%d][33];\n"
-        "    const long long r = blockIdx.x / %lldLL;\n"
-        "    const long long i = (blockIdx.x %% %lldLL) * 32 + threadIdx.x;\n"
-        "    float acc = %s;\n"
-        "    if (i < %lldLL) {\n"
-        "        const long long xb = %s + i;\n"
-        "        for (long long q = threadIdx.y; q < %lldLL; q += %d) {\n"
-        "            const float v = ld(x, xb + %s);\n"
-        "            %s\n"
-        "        }\n"
-        "    }\n"
-        "    part[threadIdx.y][threadIdx.x] = acc;\n"
-        "    __syncthreads();\n"
-        "    if (threadIdx.y == 0 && i < %lldLL) {\n"
-        "        for (int y = 1; y < %d; y++) {\n"
-        "            const float v = part[y][threadIdx.x];\n"
-        "            %s\n"
-        "        }\n"
-        "        st(out, r * %lldLL + i, %s);\n"
-        "    }\n"
-        "}\n",
-        cu_tin(c, 0), cu_tout(c, 0), by, (long long)ncb, (long long)ncb, init_of(op), (long long)inner,
-        offset_expr(c, "r", k.n - 1, k.sz, k.st), (long long)nred, by, offset_expr(c, "q", r.n, r.sz, r.st), combine(op),
-        (long long)inner, by, combine(op), (long long)inner, scaled(c, "acc", scale));
+    const char *call = cu_fmt(c, "fs_reduce_cols<%s, %lldLL, %lldLL, %lldLL, %d, %s, %s>%s",
+                              op == RED_MAX ? "true" : "false", (long long)inner, (long long)ncb, (long long)nred, by,
+                              dims_type(c, k.n - 1, k.sz, k.st), dims_type(c, r.n, r.sz, r.st), xo_args(c, scale));
+    const char *src = cu_kernel(c, 0, xo_params(c), call);
     CuDim grid;
     if (cu_grid1(c, rows * ncb, &grid)) return -1;
     return cu_launch(c, prefix, src, grid, (CuDim){32, by, 1}, 0, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
@@ -178,6 +126,7 @@ static int emit_engine(CuCtx *c, const char *prefix, RedOp op, const int *red, f
 {
     const Value *x = cu_inv(c, 0), *o = cu_outv(c, 0);
     if (!dtype_is_float(x->dtype) || !dtype_is_float(o->dtype)) return cu_fail(c, "%s: float tensors only", prefix);
+    cu_use(c, "reduce.cuh");
     Groups g = groups_of(x, red);
     int64_t nout = ir_numel(o), nred = ir_numel(x) / nout;
     int any = 0;
@@ -234,144 +183,56 @@ static int axis_view(CuCtx *c, const char *op, int64_t *outer, int64_t *n, int64
     return 0;
 }
 
-/* The opening of a kernel with one thread per (outer, inner) column: `base` is the
- * column's first element, elements down n are `inner` apart. */
-static char *column_head(CuCtx *c, int64_t outer, int64_t n, int64_t inner)
+/* An axis op's one kernel (reduce.cuh): fs_OP_cols over (outer, inner) columns when inner
+ * > 1, else fs_OP_rows, its rows by row_geo of `row_len` (1: a warp whatever the length);
+ * `params` and `args` as cu_kernel's, `ids` the launch's. */
+static int emit_axis_op(CuCtx *c, const char *op, int64_t row_len, const char *params, const char *args,
+                        const int *ids, int n_ids)
 {
-    return cu_fmt(c,
-                  "    const long long t = (long long)blockIdx.x * 256 + threadIdx.x;\n"
-                  "    if (t >= %lldLL) return;\n"
-                  "    const long long o = t / %lldLL, base = o * %lldLL + t %% %lldLL;\n"
-                  "    const long long N = %lldLL, INNER = %lldLL;\n",
-                  (long long)(outer * inner), (long long)inner, (long long)(n * inner), (long long)inner, (long long)n,
-                  (long long)inner);
+    int64_t outer, n, inner;
+    if (axis_view(c, op, &outer, &n, &inner)) return -1;
+    cu_use(c, "reduce.cuh");
+    if (inner > 1) {
+        const char *call = cu_fmt(c, "fs_%s_cols<%lldLL, %lldLL, %lldLL>%s", op, (long long)outer, (long long)n,
+                                  (long long)inner, args);
+        return flat_launch(c, op, cu_kernel(c, 0, params, call), outer * inner, ids, n_ids);
+    }
+    RowGeo geo = row_geo(outer, row_len ? row_len : n);
+    const char *call =
+        cu_fmt(c, "fs_%s_rows<%s, %lldLL, %lldLL>%s", op, row_targs(c, &geo), (long long)outer, (long long)n, args);
+    return row_launch(c, op, cu_kernel(c, 0, params, call), &geo, ids, n_ids);
 }
 
 /* max_bwd(x, dy, axis, keepdim): dx is dy at the first maximum along the axis, 0
- * elsewhere; dy holds outer * inner elements whether or not the axis was kept. A warp
- * reduces a row to (max, first index), ties to the lower index, and takes lane 0's
- * answer so that every lane agrees even on NaN. */
+ * elsewhere; dy holds outer * inner elements whether or not the axis was kept. Rows are
+ * warps whatever their length (the warp reduces (max, index) pairs). */
 int cuda_max_bwd(CuCtx *c)
 {
-    int64_t outer, n, inner;
-    if (axis_view(c, "max_bwd", &outer, &n, &inner)) return -1;
-    int args[3] = {cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, 0)};
-    const char *sig = cu_fmt(c,
-        "extern \"C\" __global__ void KNAME(const %s *__restrict__ x, const %s *__restrict__ dy, %s *__restrict__ dx)\n",
-        cu_tin(c, 0), cu_tin(c, 1), cu_tout(c, 0));
-    if (inner > 1) {
-        const char *src = cu_fmt(c,
-            "%s{\n%s"
-            "    float best = ld(x, base);\n"
-            "    long long arg = 0;\n"
-            "    for (long long j = 1; j < N; j++) {\n"
-            "        const float v = ld(x, base + j * INNER);\n"
-            "        if (v > best) best = v, arg = j;\n"
-            "    }\n"
-            "    const float g = ld(dy, t);\n"
-            "    for (long long j = 0; j < N; j++) st(dx, base + j * INNER, j == arg ? g : 0.f);\n"
-            "}\n",
-            sig, column_head(c, outer, n, inner));
-        return flat_launch(c, "max_bwd", src, outer * inner, args, 3);
-    }
-    RowGeo geo = row_geo(outer, 1);  // a warp per row, whatever its length
-    const char *src = cu_fmt(c,
-        "%s{\n%s"
-        "    const long long N = %lldLL, base = row * N;\n"
-        "    float best = 0.f;\n"
-        "    long long arg = N;  // N: this lane has seen nothing yet\n"
-        "    for (long long j = tid; j < N; j += NTR) {\n"
-        "        const float v = ld(x, base + j);\n"
-        "        if (arg == N || v > best) best = v, arg = j;\n"
-        "    }\n"
-        "    for (int s = 16; s > 0; s >>= 1) {\n"
-        "        const float ob = __shfl_xor_sync(0xffffffffu, best, s);\n"
-        "        const long long oa = __shfl_xor_sync(0xffffffffu, arg, s);\n"
-        "        if (oa != N && (arg == N || ob > best || (ob == best && oa < arg))) best = ob, arg = oa;\n"
-        "    }\n"
-        "    arg = __shfl_sync(0xffffffffu, arg, 0);\n"
-        "    const float g = ld(dy, row);\n"
-        "    for (long long j = tid; j < N; j += NTR) st(dx, base + j, j == arg ? g : 0.f);\n"
-        "}\n",
-        sig, row_head(c, &geo, outer), (long long)n);
-    return row_launch(c, "max_bwd", src, &geo, args, 3);
+    const char *params = cu_fmt(c, "%s, %s, %s", cu_pin(c, 0, "x"), cu_pin(c, 1, "dy"), cu_pout(c, 0, "dx"));
+    int ids[3] = {cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, 0)};
+    return emit_axis_op(c, "max_bwd", 1, params, "(x, dy, dx)", ids, 3);
 }
 
 /* softmax(x, axis): y = exp(x - max) / sum(exp(x - max)), as 1/sum times each term. */
 int cuda_softmax(CuCtx *c)
 {
-    int64_t outer, n, inner;
-    if (axis_view(c, "softmax", &outer, &n, &inner)) return -1;
-    int args[2] = {cu_in_id(c, 0), cu_out_id(c, 0)};
-    const char *sig = cu_fmt(c, "extern \"C\" __global__ void KNAME(const %s *__restrict__ x, %s *__restrict__ y)\n",
-                             cu_tin(c, 0), cu_tout(c, 0));
-    if (inner > 1) {
-        const char *src = cu_fmt(c,
-            "%s{\n%s"
-            "    float m = " NEG_INF ";\n"
-            "    for (long long j = 0; j < N; j++) m = fmaxf(m, ld(x, base + j * INNER));\n"
-            "    float s = 0.f;\n"
-            "    for (long long j = 0; j < N; j++) s += expf(ld(x, base + j * INNER) - m);\n"
-            "    const float r = 1.0f / s;\n"
-            "    for (long long j = 0; j < N; j++) st(y, base + j * INNER, expf(ld(x, base + j * INNER) - m) * r);\n"
-            "}\n",
-            sig, column_head(c, outer, n, inner));
-        return flat_launch(c, "softmax", src, outer * inner, args, 2);
-    }
-    RowGeo geo = row_geo(outer, n);
-    const char *src = cu_fmt(c,
-        "%s{\n%s"
-        "    const long long N = %lldLL, base = row * N;\n"
-        "    float m = " NEG_INF ";\n"
-        "    for (long long j = tid; j < N; j += NTR) m = fmaxf(m, ld(x, base + j));\n"
-        "    m = %s(m);\n"
-        "    float s = 0.f;\n"
-        "    for (long long j = tid; j < N; j += NTR) s += expf(ld(x, base + j) - m);\n"
-        "    const float r = 1.0f / %s(s);\n"
-        "    for (long long j = tid; j < N; j += NTR) st(y, base + j, expf(ld(x, base + j) - m) * r);\n"
-        "}\n",
-        sig, row_head(c, &geo, outer), (long long)n, geo.max, geo.sum);
-    return row_launch(c, "softmax", src, &geo, args, 2);
+    return emit_axis_op(c, "softmax", 0, cu_fmt(c, "%s, %s", cu_pin(c, 0, "x"), cu_pout(c, 0, "y")), "(x, y)",
+                        (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
 }
 
 /* softmax_bwd(y, dy, axis): dx = y * (dy - sum(dy * y)). */
 int cuda_softmax_bwd(CuCtx *c)
 {
-    int64_t outer, n, inner;
-    if (axis_view(c, "softmax_bwd", &outer, &n, &inner)) return -1;
-    int args[3] = {cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, 0)};
-    const char *sig = cu_fmt(c,
-        "extern \"C\" __global__ void KNAME(const %s *__restrict__ y, const %s *__restrict__ dy, %s *__restrict__ dx)\n",
-        cu_tin(c, 0), cu_tin(c, 1), cu_tout(c, 0));
-    if (inner > 1) {
-        const char *src = cu_fmt(c,
-            "%s{\n%s"
-            "    float s = 0.f;\n"
-            "    for (long long j = 0; j < N; j++) s += ld(y, base + j * INNER) * ld(dy, base + j * INNER);\n"
-            "    for (long long j = 0; j < N; j++) {\n"
-            "        const long long e = base + j * INNER;\n"
-            "        st(dx, e, ld(y, e) * (ld(dy, e) - s));\n"
-            "    }\n"
-            "}\n",
-            sig, column_head(c, outer, n, inner));
-        return flat_launch(c, "softmax_bwd", src, outer * inner, args, 3);
-    }
-    RowGeo geo = row_geo(outer, n);
-    const char *src = cu_fmt(c,
-        "%s{\n%s"
-        "    const long long N = %lldLL, base = row * N;\n"
-        "    float s = 0.f;\n"
-        "    for (long long j = tid; j < N; j += NTR) s += ld(y, base + j) * ld(dy, base + j);\n"
-        "    s = %s(s);\n"
-        "    for (long long j = tid; j < N; j += NTR) st(dx, base + j, ld(y, base + j) * (ld(dy, base + j) - s));\n"
-        "}\n",
-        sig, row_head(c, &geo, outer), (long long)n, geo.sum);
-    return row_launch(c, "softmax_bwd", src, &geo, args, 3);
+    return emit_axis_op(c, "softmax_bwd", 0,
+                        cu_fmt(c, "%s, %s, %s", cu_pin(c, 0, "y"), cu_pin(c, 1, "dy"), cu_pout(c, 0, "dx")),
+                        "(y, dy, dx)", (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, 0)}, 3);
 }
 
 /* sumsq(x) -> f32 []: the sum of squares of every element, in f64 (see the file
  * comment): per thread over a stride of 1024, then warps by shuffles, then warp 0's
- * thread 0 adds the 32 warp sums in order. */
+ * thread 0 adds the 32 warp sums in order. Still printf'd text: the next issue rewrites
+ * it (one launch over the flat gradient buffer instead of one per parameter), and it
+ * moves to reduce.cuh then. */
 int cuda_sumsq(CuCtx *c)
 {
     const Value *x = cu_inv(c, 0);

@@ -1,8 +1,8 @@
 /* ops/philox.h: Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
  * 3", SC'11; the generator of cuRAND and of PyTorch's CUDA RNG) and dropout's mask, the
  * one text that both the CPU (runtime/init.c, runtime/cpu/dropout.c) and the CUDA
- * kernels (codegen/cuda_dropout.c puts FS_PHILOX_CUDA in front of its kernels) compile,
- * so that every backend draws the same bits.
+ * kernels (every CUDA module carries FS_PHILOX_CUDA after its prelude, for
+ * codegen/kernels/dropout.cuh) compile, so that every backend draws the same bits.
  *
  * FS_PHILOX_DEFS(QUAL) defines, with QUAL in front of each function:
  *   void fs_philox(unsigned long long key, c0, c1, c2, c3, unsigned int out[4])

@@ -1,7 +1,7 @@
 /* runtime/cpu/dropout.c: dropout(x, rng; p, key, batch, mb, mbs), PyTorch's training-mode
  * F.dropout: y = x * (1 / (1 - p)) where the mask keeps an element, else 0.
  *
- * The mask is ops/philox.h's, the CUDA kernel's too (codegen/cuda_dropout.c): element e
+ * The mask is ops/philox.h's, the CUDA kernel's too (codegen/kernels/dropout.cuh): element e
  * of the GLOBAL tensor is kept when fs_dropout_keep(seed, step, key, e, threshold) says
  * so, with seed and step from the rng words (i32 [4]: seed low, seed high, step, this
  * rank's data-parallel index; the runtime writes them) and key the op's number in the

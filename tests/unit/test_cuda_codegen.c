@@ -532,7 +532,7 @@ Test(cuda_codegen, optimizer_and_constants)
     cr_assert(strstr(t, "fs_count_step(count, coef)"), "%s", t);
     free(t);
     t = kernel_text(p, ins_of(p, fl, &n));
-    cr_assert(strstr(t, "st(y, i, -0.5f)"), "%s", t);
+    cr_assert(strstr(t, "fs_full<int, 12LL>(y, -0.5f)"), "%s", t);  // fill.cuh: 12 elements, the value exact
     free(t);
     plan_free(p);
 }
