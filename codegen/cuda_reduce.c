@@ -189,7 +189,7 @@ static int axis_view(CuCtx *c, const char *op, int64_t *outer, int64_t *n, int64
 static int emit_axis_op(CuCtx *c, const char *op, int64_t row_len, const char *params, const char *args,
                         const int *ids, int n_ids)
 {
-    int64_t outer, n, inner;
+    int64_t outer = 0, n = 0, inner = 0;  // set unless axis_view fails (gcc cannot see that)
     if (axis_view(c, op, &outer, &n, &inner)) return -1;
     cu_use(c, "reduce.cuh");
     if (inner > 1) {
