@@ -677,24 +677,24 @@ static const char *measures(RtBackend *b)
         int n = (int)strlen(plan_str(p, b->measured[k].kernel));
         width = n > width ? n : width;
     }
-    size_t cap = 1024 + (size_t)b->n_measured * ((size_t)width + 100);
+    size_t cap = 1024 + (size_t)b->n_measured * ((size_t)width + 120);
     free(b->table);
     if (!(b->table = malloc(cap))) return NULL;
     qsort(b->measured, (size_t)b->n_measured, sizeof *b->measured, by_coalescing);
     size_t at = (size_t)snprintf(b->table, cap,
                                  "cuda-emu measures, per kernel over its launches (tests/cuda_emu/emu_observe.hpp):\n"
-                                 "  global: warp accesses to global memory; sectors/ideal: the 32-byte sectors they "
-                                 "touched per the fewest that hold their bytes (1.00: coalesced)\n"
+                                 "  global: warp accesses to global memory; sectors: the 32-byte sectors they touched; "
+                                 "ideal: the fewest that hold their bytes (sectors/ideal 1.00: coalesced)\n"
                                  "  shared: warp accesses to shared memory; ways: bank-conflict ways per access "
                                  "(1: none), average and worst; conflicted: accesses of more than 1 way\n"
-                                 "%-*s %8s %10s %13s %10s %8s %5s %10s\n",
-                                 width, "kernel", "launches", "global", "sectors/ideal", "shared", "ways", "worst",
-                                 "conflicted");
+                                 "%-*s %8s %10s %10s %10s %13s %10s %8s %5s %10s\n",
+                                 width, "kernel", "launches", "global", "sectors", "ideal", "sectors/ideal", "shared",
+                                 "ways", "worst", "conflicted");
     for (int32_t k = 0; k < b->n_measured && at < cap; k++) {
         const KernelMeasure *m = &b->measured[k];
-        at += (size_t)snprintf(b->table + at, cap - at, "%-*s %8d %10lld %13.2f %10lld %8.2f %5d %10lld\n", width,
-                               plan_str(p, m->kernel), m->launches, m->m.g_accesses,
-                               ratio(m->m.g_sectors, m->m.g_ideal), m->m.s_accesses,
+        at += (size_t)snprintf(b->table + at, cap - at, "%-*s %8d %10lld %10lld %10lld %13.2f %10lld %8.2f %5d %10lld\n",
+                               width, plan_str(p, m->kernel), m->launches, m->m.g_accesses, m->m.g_sectors,
+                               m->m.g_ideal, ratio(m->m.g_sectors, m->m.g_ideal), m->m.s_accesses,
                                ratio(m->m.s_ways, m->m.s_accesses), m->m.s_ways_max, m->m.s_conflicted);
     }
     return b->table;

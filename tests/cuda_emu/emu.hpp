@@ -68,10 +68,11 @@ struct __nv_bfloat16 { uint16_t x; };
 #define __host__
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
-// Every __shared__ variable lies in the section emu_shared, which the scheduler fills
-// with 0xff bytes (NaN in every float type) before each block: a GPU's shared memory
-// starts undefined, so a read before any write shows instead of seeing the last block's.
-#define __shared__ static __attribute__((section("emu_shared")))
+// Every __shared__ variable is a function-local static, which emu_shared.ld gathers into
+// the section emu_shared, and the scheduler fills that with 0xff bytes (NaN in every
+// float type) before each block: a GPU's shared memory starts undefined, so a read
+// before any write shows instead of seeing the last block's.
+#define __shared__ static
 #define __constant__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)

@@ -53,6 +53,7 @@ enum { KIND_WRITE = 1, KIND_SHARED = 2 };
 
 inline EmuMeasure *measure;      // the observed launch's measures; NULL: none observed
 inline bool observing;           // a fiber of the observed launch is running
+inline bool noting;              // note() is running: the library code it calls is instrumented too
 inline const EmuRange *globals;
 inline int n_globals;
 extern "C" char __start_emu_shared[] __attribute__((weak)), __stop_emu_shared[] __attribute__((weak));
@@ -66,7 +67,6 @@ EMU_QUIET inline bool in_shared(uintptr_t a)
 // Keeps one access of the running lane: pc its site, p its address.
 EMU_UNOBSERVED inline void note(uintptr_t pc, const void *p, unsigned size, bool write)
 {
-    static bool noting;  // the library code below is instrumented too: its accesses are not the kernel's
     if (!observing || noting) return;
     uintptr_t a = (uintptr_t)p;
     int kind = write ? KIND_WRITE : 0;

@@ -184,12 +184,15 @@ static int run(char *const argv[], const char *log)
  * ThreadSanitizer instrumentation, without its runtime (the link drops it): a call of
  * __tsan_readN/__tsan_writeN before every access to memory, which emu_observe.hpp
  * defines to measure the kernel's accesses; no SRA, so a vector copied whole stays one
- * access as a GPU's vector load is. The compile makes an object, the link the library. */
+ * access as a GPU's vector load is. Data sections, so the link's script (emu_shared.ld)
+ * gathers every __shared__ variable into one range. The compile makes an object, the
+ * link the library. */
 static const char *const FLAGS[] = {"-std=c++17", "-O1", "-fPIC", "-w", "-ffp-contract=off",
                                     "-fsanitize=undefined", "-fno-sanitize=vptr", "-fno-sanitize-recover=all",
                                     "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0", "-fno-tree-sra",
+                                    "-fdata-sections",
                                     "-I" FS_CUDA_EMU_DIR, "-I" FS_CUDA_EMU_DIR "/include"};
-static const char *const LINK[] = {"-shared", "-fsanitize=undefined"};
+static const char *const LINK[] = {"-shared", "-fsanitize=undefined", "-Wl,-T," FS_CUDA_EMU_DIR "/emu_shared.ld"};
 enum { N_FLAGS = sizeof FLAGS / sizeof *FLAGS, N_LINK = sizeof LINK / sizeof *LINK };
 
 static int compile(const char *cxx, const char *cpp, const char *so, const char *log, char *err, size_t errlen)
@@ -219,8 +222,8 @@ static int compile(const char *cxx, const char *cpp, const char *so, const char 
 int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen)
 {
     const char *source = p->cuda_module, *cxx = getenv("FS_CUDA_EMU_CXX");
-    static const char *const headers[] = {"emu.hpp", "emu_abi.h", "emu_observe.hpp", "emu_tc.hpp", "include/cuda_fp16.h",
-                                         "include/cuda_bf16.h"};
+    static const char *const headers[] = {"emu.hpp",       "emu_abi.h",           "emu_observe.hpp",    "emu_tc.hpp",
+                                          "emu_shared.ld", "include/cuda_fp16.h", "include/cuda_bf16.h"};
     memset(m, 0, sizeof *m);
     if (!source) return plan_fail(err, errlen, "the plan has no CUDA module (section CUMD)");
     if (!cxx || !*cxx) cxx = "c++";
