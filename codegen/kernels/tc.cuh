@@ -24,7 +24,8 @@
 //
 // The module concatenates this file into the plan's CUDA source; it includes nothing and
 // needs nothing from the prelude.
-#pragma once
+#ifndef FS_KERNELS_TC_CUH  // a guard, not #pragma once: the module concatenates this file into its main file
+#define FS_KERNELS_TC_CUH
 
 // D = A B + C, bf16 (or f16) inputs, f32 accumulators; d may be c.
 __device__ __forceinline__ void fs_mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2],
@@ -209,3 +210,5 @@ __device__ __forceinline__ void fs_cp_async_wait_all()
 // on a GPU, one 16-byte access in the emulator (whose UBSan stops at a misaligned p).
 __device__ __forceinline__ uint4 fs_ld128(const void *p) { return *reinterpret_cast<const uint4 *>(p); }
 __device__ __forceinline__ void fs_st128(void *p, uint4 v) { *reinterpret_cast<uint4 *>(p) = v; }
+
+#endif

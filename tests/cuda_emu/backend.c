@@ -23,7 +23,10 @@
  *   and one __restrict__ (by the kernel's signature in the source); and UBSan, built
  *   into the compiled kernels (module.c), stops at a __shared__ index past its array, a
  *   misaligned vector load or an int index that overflows, the SIGABRT handler here
- *   naming the op.
+ *   naming the op. The launch's dynamic shared memory (up to 227 KiB) is the emulator's.
+ *   The first run of each launch is observed (emu_observe.hpp): its global-memory
+ *   sectors per warp access against the fewest possible and its shared-memory bank
+ *   conflicts, summed per kernel, are the table `measures` gives op_check.
  * GEMM: exactly the call cublasGemmStridedBatchedEx would get (schedule.c: cs_gemm, the
  *   column-major form), refused where cuBLAS refuses it (leading dimensions, mixed
  *   operand dtypes, operands outside their tensors, C overlapping A or B), computed as

@@ -7,7 +7,8 @@
 # cuBLAS calls runtime/cuda/schedule.c derives (compiled in here). op_check
 # (tests/cuda/op_check.c, which only dlopens a backend) is built here too when the CUDA
 # build did not make it. Each test compiles a small plan and checks every op of it
-# against the CPU backend.
+# against the CPU backend; op_check prints each kernel's memory measures (emulator's
+# table) after its own.
 set_target_properties(fs_plan PROPERTIES POSITION_INDEPENDENT_CODE ON)
 add_library(fs_cudaemu MODULE tests/cuda_emu/backend.c tests/cuda_emu/module.c runtime/cuda/schedule.c)
 target_include_directories(fs_cudaemu PRIVATE runtime runtime/cuda tests/cuda_emu)

@@ -22,9 +22,20 @@
 // take the common type). __shared__ variables are function statics: one instance per
 // kernel, shared by the fibers of the block running; blocks run one at a time, so that
 // is exactly a block's shared memory (filled with NaN bytes as each block starts).
+// Dynamic shared memory (`extern __shared__ T name[]`, which module.c rewrites into a
+// reference to it) is one buffer of the launch's bytes, at most 227 KiB (sm_90), 16-byte
+// aligned, ending at a guard page, NaN-filled per block like the static part; what is
+// not modelled: the total of static and dynamic shared memory per kernel (the static
+// part of every kernel of the module is one range here), nor sm_80's lower limit.
 // Floating point is the host's IEEE single precision, compiled without
 // contraction (-ffp-contract=off), so results can differ from a GPU's by the ulps of
 // its FMA contraction and math library.
+//
+// Included parts: emu_observe.hpp (the memory measures: how accesses are seen and
+// matched into warp accesses), emu_tc.hpp (mma, ldmatrix, cp.async for
+// codegen/kernels/tc.cuh: their layouts, numerics and what is checked), emu_abi.h (the
+// launch and its measures as the backend passes them). FS_CUDA_EMU is defined for the
+// kernels' sake (tc.cuh's wrappers take the emulator's side on it).
 #pragma once
 #include <algorithm>
 #include <dlfcn.h>

@@ -2,7 +2,9 @@
  *
  * The translation unit is emu.hpp, then the module text exactly as codegen wrote it
  * (its #include <cuda_fp16.h> and <cuda_bf16.h> find the stand-ins in include/), then
- * EMU_KERNEL(name) for every kernel a LAUNCH names, which dlsym finds as emu_k_NAME. It
+ * EMU_KERNEL(name) for every kernel a LAUNCH names, which dlsym finds as emu_k_NAME. The
+ * one change to the module's text: each `extern __shared__ T name[];` becomes a reference
+ * to the launch's dynamic shared memory (emu.hpp cannot declare it through __shared__). It
  * is compiled with the system C++ compiler into a shared library whose file name is the
  * FNV-1a hash of the unit, the emulator's headers and the command, so an unchanged plan
  * is compiled once per cache directory. The unit is written with plan_write_atomic and
