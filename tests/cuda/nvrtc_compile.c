@@ -214,7 +214,9 @@ static char *tc_module(const char *dir)
         for (char *line = text, *end; *line; line = end) {
             end = strchr(line, '\n');
             end = end ? end + 1 : line + strlen(line);
-            if (strncmp(line, "#include \"", 10)) memcpy(out + n, line, (size_t)(end - line)), n += (size_t)(end - line);
+            if (!strncmp(line, "#include \"", 10)) continue;
+            memcpy(out + n, line, (size_t)(end - line));
+            n += (size_t)(end - line);
         }
         out[n] = 0;
         free(text);

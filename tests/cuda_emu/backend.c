@@ -695,7 +695,8 @@ static const char *measures(RtBackend *b)
                                  "ways", "worst", "conflicted");
     for (int32_t k = 0; k < b->n_measured && at < cap; k++) {
         const KernelMeasure *m = &b->measured[k];
-        at += (size_t)snprintf(b->table + at, cap - at, "%-*s %8d %10lld %10lld %10lld %13.2f %10lld %8.2f %5d %10lld\n",
+        at += (size_t)snprintf(b->table + at, cap - at,
+                               "%-*s %8d %10lld %10lld %10lld %13.2f %10lld %8.2f %5d %10lld\n",
                                width, plan_str(p, m->kernel), m->launches, m->m.g_accesses, m->m.g_sectors,
                                m->m.g_ideal, ratio(m->m.g_sectors, m->m.g_ideal), m->m.s_accesses,
                                ratio(m->m.s_ways, m->m.s_accesses), m->m.s_ways_max, m->m.s_conflicted);

@@ -118,7 +118,8 @@ EMU_UNOBSERVED inline void judge_shared(const std::vector<LaneAccess> &lanes)
         std::vector<std::pair<unsigned, uintptr_t>> words;  // (bank, word)
         for (auto &x : lanes)
             if (x.lane / per_phase == phase)
-                for (uintptr_t w = x.addr / 4; w <= (x.addr + x.size - 1) / 4; w++) words.push_back({(unsigned)(w % 32), w});
+                for (uintptr_t w = x.addr / 4; w <= (x.addr + x.size - 1) / 4; w++)
+                    words.push_back({(unsigned)(w % 32), w});
         std::sort(words.begin(), words.end());
         words.erase(std::unique(words.begin(), words.end()), words.end());
         for (size_t i = 0, j; i < words.size(); i = j) {
@@ -151,12 +152,15 @@ EMU_UNOBSERVED inline void flush_warp(Fiber *fib, int nthreads, int w)
         }
     }
     std::sort(keys.begin(), keys.end(), [](const Key &a, const Key &b) {
-        return a.pc != b.pc ? a.pc < b.pc : a.kind != b.kind ? a.kind < b.kind : a.n != b.n ? a.n < b.n : a.lane < b.lane;
+        return a.pc != b.pc ? a.pc < b.pc : a.kind != b.kind ? a.kind < b.kind
+                                          : a.n != b.n       ? a.n < b.n
+                                                             : a.lane < b.lane;
     });
     for (size_t i = 0, j; i < keys.size(); i = j) {
         std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
         std::vector<LaneAccess> lanes;
-        for (j = i; j < keys.size() && keys[j].pc == keys[i].pc && keys[j].kind == keys[i].kind && keys[j].n == keys[i].n; j++) {
+        for (j = i; j < keys.size() && keys[j].pc == keys[i].pc && keys[j].kind == keys[i].kind && keys[j].n == keys[i].n;
+             j++) {
             const Access &x = fib[w * 32 + keys[j].lane].acc[keys[j].i];
             ranges.push_back({x.addr, x.addr + x.size});
             lanes.push_back(LaneAccess{keys[j].lane, x.addr, x.size});

@@ -215,8 +215,8 @@ static int compile(const char *cxx, const char *cpp, const char *so, const char 
     unlink(obj);
     if (!rc) return 0;
     char *out = slurp(log, NULL);
-    plan_fail(err, errlen, "%s %s: %s%s%.1500s", cxx, cpp, rc < 0 ? "cannot run it" : "failed", out && *out ? ":\n" : "",
-         out ? out : "");
+    plan_fail(err, errlen, "%s %s: %s%s%.1500s", cxx, cpp, rc < 0 ? "cannot run it" : "failed",
+              out && *out ? ":\n" : "", out ? out : "");
     free(out);
     return -1;
 }

@@ -112,7 +112,8 @@ static void check_mma(const char *kernel, int type)
             } else {  // a[r]: row g + 8 (r & 1), columns 2q + 8 (r >> 1) + {0, 1}; b[r]: rows 2q + 8r + {0, 1}
                 int row = g + 8 * (r & 1), col = 2 * q + 8 * (r >> 1);
                 fa[4 * l + r] = to16(A[row][col], type == F16) | to16(A[row][col + 1], type == F16) << 16;
-                if (r < 2) fb[2 * l + r] = to16(B[2 * q + 8 * r][g], type == F16) | to16(B[2 * q + 8 * r + 1][g], type == F16) << 16;
+                if (r < 2)
+                    fb[2 * l + r] = to16(B[2 * q + 8 * r][g], type == F16) | to16(B[2 * q + 8 * r + 1][g], type == F16) << 16;
             }
         }
         for (int i = 0; i < 4; i++) fc[4 * l + i] = C[g + 8 * (i >> 1)][2 * q + (i & 1)];
@@ -125,8 +126,8 @@ static void check_mma(const char *kernel, int type)
             int row = l / 4 + 8 * (i >> 1), col = 2 * (l % 4) + (i & 1);
             double want = C[row][col];
             for (int k = 0; k < K; k++) want += (double)A[row][k] * B[k][col];
-            cr_expect_eq(fd[4 * l + i], (float)want, "%s: lane %d, d[%d] (row %d, column %d): %g, want %g", kernel, l, i,
-                         row, col, fd[4 * l + i], want);
+            cr_expect_eq(fd[4 * l + i], (float)want, "%s: lane %d, d[%d] (row %d, column %d): %g, want %g", kernel, l,
+                         i, row, col, fd[4 * l + i], want);
         }
     t_free(t);
 }
@@ -150,7 +151,8 @@ Test(tc, ldmatrix_layouts)
             for (int i = 0; i < 4; i++) {
                 int num = 1 << (f % 3), trans = f >= 3;
                 uint32_t want = 0;
-                if (i < num) {  // r[i]: row l/4, columns 2(l%4) + {0,1} of matrix i; .trans: rows 2(l%4) + {0,1}, column l/4
+                // r[i]: row l/4, columns 2(l%4) + {0,1} of matrix i; .trans: rows 2(l%4) + {0,1}, column l/4
+                if (i < num) {
                     int r0 = trans ? 2 * (l % 4) : l / 4, c0 = trans ? l / 4 : 2 * (l % 4);
                     int lo = 64 * i + 8 * r0 + c0, hi = trans ? lo + 8 : lo + 1;
                     want = m[lo] | (uint32_t)m[hi] << 16;
@@ -177,7 +179,8 @@ Test(tc, cp_async_read_before_wait_is_nan)
 {
     int32_t y;
     T *t = cp_async_run("tc_cp_async_nowait", &y);
-    for (int i = 0; i < 256; i++) cr_expect(isnan(t_f32(t, y)[i]), "y[%d] = %g: a copy landed before any wait", i, t_f32(t, y)[i]);
+    for (int i = 0; i < 256; i++)
+        cr_expect(isnan(t_f32(t, y)[i]), "y[%d] = %g: a copy landed before any wait", i, t_f32(t, y)[i]);
     t_free(t);
 }
 
@@ -185,8 +188,10 @@ Test(tc, cp_async_wait_group_lands_older_groups)
 {
     int32_t y;
     T *t = cp_async_run("tc_cp_async_wait1", &y);
-    for (int i = 0; i < 128; i++) cr_expect_eq(t_f32(t, y)[i], (float)(i + 1), "group 0, y[%d] = %g", i, t_f32(t, y)[i]);
-    for (int i = 128; i < 256; i++) cr_expect(isnan(t_f32(t, y)[i]), "group 1 (newest) landed: y[%d] = %g", i, t_f32(t, y)[i]);
+    for (int i = 0; i < 128; i++)
+        cr_expect_eq(t_f32(t, y)[i], (float)(i + 1), "group 0, y[%d] = %g", i, t_f32(t, y)[i]);
+    for (int i = 128; i < 256; i++)
+        cr_expect(isnan(t_f32(t, y)[i]), "group 1 (newest) landed: y[%d] = %g", i, t_f32(t, y)[i]);
     t_free(t);
 }
 
@@ -194,7 +199,8 @@ Test(tc, cp_async_wait_all_and_zero_fill)
 {
     int32_t y;
     T *t = cp_async_run("tc_cp_async_waitall", &y);
-    for (int i = 0; i < 256; i++) {  // thread 30's second copy reads 0 bytes (y[248, 252) zeros), 31's 8 (y[254, 256) zeros)
+    // thread 30's second copy reads 0 bytes (y[248, 252) zeros), 31's 8 (y[254, 256) zeros)
+    for (int i = 0; i < 256; i++) {
         float want = (i >= 248 && i < 252) || i >= 254 ? 0.f : (float)(i + 1);
         cr_expect_eq(t_f32(t, y)[i], want, "y[%d] = %g, want %g", i, t_f32(t, y)[i], want);
     }
