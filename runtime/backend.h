@@ -30,7 +30,7 @@
 
 #include "plan.h"
 
-#define RT_BACKEND_ABI 5
+#define RT_BACKEND_ABI 6
 #define RT_BACKEND_SYMBOL "fs_cuda_backend"
 
 typedef struct RtBackend RtBackend;
@@ -108,6 +108,11 @@ typedef struct {
     void (*info)(const RtBackend *b, RtBackendInfo *out);
     /* The message of the last failure. */
     const char *(*error)(const RtBackend *b);
+    /* What the backend measured of the kernels it ran so far, as a table for people
+     * (op_check prints it); NULL where it measures nothing. The CUDA backend: NULL; the
+     * CPU emulator of tests/cuda_emu: each kernel's global-memory sectors per warp access
+     * against the fewest possible, and its shared-memory bank conflicts. */
+    const char *(*measures)(RtBackend *b);
 } RtBackendOps;
 
 typedef const RtBackendOps *(*RtBackendEntry)(void);

@@ -128,7 +128,8 @@ static int load_module(RtBackend *b, int cc)
 
 /* A LAUNCH's function, checked against its args where the driver can tell (a parameter
  * it does not have is CUDA_ERROR_INVALID_VALUE): each parameter a pointer, no more and no
- * fewer than the args. Dynamic shared memory beyond 48 KiB enabled for it. */
+ * fewer than the args. Dynamic shared memory beyond 48 KiB enabled for it (as much as the
+ * kernel's largest launch takes). */
 static int bind_launch(RtBackend *b, int32_t i)
 {
     const Plan *p = b->plan;
@@ -146,8 +147,14 @@ static int bind_launch(RtBackend *b, int32_t i)
             return cuda_fail(b, __FILE__, __LINE__, "cuFuncGetParamInfo", why);
         }
     }
-    if (c->smem > 48 * 1024)
-        CU_CHECK(b, cuFuncSetAttribute(b->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, c->smem));
+    /* The attribute belongs to the function, which every launch of the kernel shares: the
+     * most any of them asks for, or a later, smaller one would refuse an earlier, larger. */
+    int32_t smem = c->smem;
+    for (int32_t j = 0; j < p->n_cuda; j++)
+        if (p->cuda[j].kind == PLAN_CU_LAUNCH && p->cuda[j].kernel == c->kernel && p->cuda[j].smem > smem)
+            smem = p->cuda[j].smem;
+    if (smem > 48 * 1024)
+        CU_CHECK(b, cuFuncSetAttribute(b->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
     for (int32_t a = 0; a < c->n_args; a++) {
         int32_t at = b->s.arg_at[i] + a;
         b->argv[at] = b->arena + (CUdeviceptr)b->s.args[at];

@@ -10,7 +10,9 @@
  * compiles it (-std=c++17, the toolkit's include directory); equal modules are compiled
  * once. A compile fails the test with NVRTC's log on any error or warning, and every
  * kernel a LAUNCH names must come out under that very name (nvrtcAddNameExpression, then
- * nvrtcGetLoweredName: the kernels are extern "C"). Compiles run on two threads.
+ * nvrtcGetLoweredName: the kernels are extern "C"). Besides, codegen/kernels/tc.cuh (the
+ * tensor-core and async-copy functions) with the kernels of tests/cuda_emu/tc_kernels.cu,
+ * which use every one of them, for both architectures. Compiles run on two threads.
  * The sm_90 compiles ask ptxas for its report (--ptxas-options=-v): every kernel's
  * registers, spills, stack and shared memory, and the blocks of its largest launch an
  * H100 / H200 SM can hold, are printed (tests/cuda/ptxas_report.c), with the top 10 by
@@ -221,6 +223,37 @@ static const char **kernel_names(const Plan *p, int *n)
     return names;
 }
 
+/* The tensor-core functions and their test kernels as one module, or NULL after saying why. */
+static char *tc_module(const char *dir)
+{
+    static const char *const files[] = {"codegen/kernels/tc.cuh", "tests/cuda_emu/tc_kernels.cu"};
+    size_t n = 0;
+    char *out = calloc(1, 1);
+    for (int f = 0; f < 2 && out; f++) {
+        char path[1024];
+        size_t len;
+        snprintf(path, sizeof path, "%s/%s", dir, files[f]);
+        char *text = read_file(path, &len), *grown;
+        if (!text || !(grown = realloc(out, n + len + 1))) {
+            fprintf(stderr, "nvrtc_compile: cannot read %s\n", path);
+            free(text);
+            free(out);
+            return NULL;
+        }
+        out = grown;
+        for (char *line = text, *end; *line; line = end) {
+            end = strchr(line, '\n');
+            end = end ? end + 1 : line + strlen(line);
+            if (!strncmp(line, "#include \"", 10)) continue;
+            memcpy(out + n, line, (size_t)(end - line));
+            n += (size_t)(end - line);
+        }
+        out[n] = 0;
+        free(text);
+    }
+    return out;
+}
+
 typedef struct {
     const char *file;
     Setting set[3];
@@ -353,6 +386,16 @@ int main(int argc, char **argv)
         }
     }
 
+    /* codegen/kernels/tc.cuh with the kernels of tests/cuda_emu/tc_kernels.cu that use all
+     * of it, concatenated as a plan's module is (#include "..." lines dropped). */
+    char *tc = tc_module(argv[1]);
+    if (!tc) return 1;
+    for (int a = 0; a < 2 && n_jobs < MAX_JOBS; a++) {
+        Job *j = &jobs[n_jobs++];
+        *j = (Job){.source = tc, .arch = a ? "sm_90" : "sm_80"};
+        snprintf(j->what, sizeof j->what, "codegen/kernels/tc.cuh + tests/cuda_emu/tc_kernels.cu (%s)", j->arch);
+    }
+
     pthread_t threads[THREADS];
     for (int t = 0; t < THREADS; t++) pthread_create(&threads[t], NULL, worker, NULL);
     for (int t = 0; t < THREADS; t++) pthread_join(threads[t], NULL);
@@ -368,5 +411,6 @@ int main(int argc, char **argv)
     for (int j = 0; j < n_jobs; j++) free(jobs[j].ptxas);
     for (int r = 0; r < n_runs; r++) plan_free(plans[r]), free(names_of[r]);
     for (int f = 0; f < n_files; f++) free(files[f]);
+    free(tc);
     return failed ? 1 : 0;
 }

@@ -24,7 +24,8 @@
  * rounded once either way is within one unit in the last place, 2^-8 for bf16), i32
  * exact. One line per op kind with its worst error; exit 0 when every op is within its
  * tolerance, 1 when one is not (or CUDA fails), 2 when the check cannot run (no GPU, a
- * plan without a CUDA program, a plan for several ranks).
+ * plan without a CUDA program, a plan for several ranks). Then, from a backend that
+ * measures its kernels (the CPU emulator of tests/cuda_emu), its table of them.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -308,6 +309,8 @@ int main(int argc, char **argv)
                 if (verbose && !rc) fprintf(stderr, "op_check: op %d (%s) done\n", k, plan_str(p, p->ops[k].op));
             }
             report(&c);
+            const char *measured = ops->measures ? ops->measures(c.dev) : NULL;
+            if (measured) fputs(measured, stdout);
             if (c.violations) rc = 1;
             ops->destroy(c.dev);
         }

@@ -23,7 +23,10 @@
  *   and one __restrict__ (by the kernel's signature in the source); and UBSan, built
  *   into the compiled kernels (module.c), stops at a __shared__ index past its array, a
  *   misaligned vector load or an int index that overflows, the SIGABRT handler here
- *   naming the op.
+ *   naming the op. The launch's dynamic shared memory (up to 227 KiB) is the emulator's.
+ *   The first run of each launch is observed (emu_observe.hpp): its global-memory
+ *   sectors per warp access against the fewest possible and its shared-memory bank
+ *   conflicts, summed per kernel, are the table `measures` gives op_check.
  * GEMM: exactly the call cublasGemmStridedBatchedEx would get (schedule.c: cs_gemm, the
  *   column-major form), refused where cuBLAS refuses it (leading dimensions, mixed
  *   operand dtypes, operands outside their tensors, C overlapping A or B), computed as
@@ -57,6 +60,13 @@ typedef struct {
     uint64_t restrict_, konst;  // declared __restrict__; pointer to const
 } Params;
 
+/* What the emulator measured of one kernel (emu_observe.hpp), summed over its launches. */
+typedef struct {
+    int32_t kernel;         // its name (plan string)
+    int launches;
+    EmuMeasure m;
+} KernelMeasure;
+
 struct RtBackend {
     const Plan *plan;
     int rank;
@@ -72,6 +82,9 @@ struct RtBackend {
     int order;              // ORDER_FORWARD | ORDER_REVERSE
     long page;
     int32_t cur_op;         // for messages; -1 outside ops
+    KernelMeasure *measured;// per kernel (by name) run so far: n_measured of them
+    int32_t n_measured;
+    char *table;            // the last table `measures` made
     RtBackendInfo info;
     char err[4096];
 };
@@ -248,12 +261,29 @@ static int check_aliasing(RtBackend *b, const Launch *L, const Params *pr)
     return 0;
 }
 
-/* One run of the launch in `order` from the arena's bytes; its results stay in L's mappings. */
-static int run_once(RtBackend *b, Launch *L, int32_t i, int reverse)
+/* The launch's measures added to its kernel's. */
+static void add_measure(RtBackend *b, int32_t kernel, const EmuMeasure *m)
+{
+    KernelMeasure *k = b->measured;
+    while (k < b->measured + b->n_measured && k->kernel != kernel) k++;
+    if (k == b->measured + b->n_measured) *k = (KernelMeasure){.kernel = kernel}, b->n_measured++;
+    k->launches++;
+    k->m.g_accesses += m->g_accesses, k->m.g_sectors += m->g_sectors, k->m.g_ideal += m->g_ideal;
+    k->m.s_accesses += m->s_accesses, k->m.s_ways += m->s_ways, k->m.s_conflicted += m->s_conflicted;
+    if (m->s_ways_max > k->m.s_ways_max) k->m.s_ways_max = m->s_ways_max;
+}
+
+/* One run of the launch in `order` from the arena's bytes; its results stay in L's
+ * mappings. observe: its memory accesses measured (one run of each launch is). */
+static int run_once(RtBackend *b, Launch *L, int32_t i, int reverse, int observe)
 {
     void *argv[MAX_ARGS];
-    for (int g = 0; g < L->n_groups; g++)
+    EmuRange global[MAX_ARGS];
+    EmuMeasure m = {0};
+    for (int g = 0; g < L->n_groups; g++) {
         if (group_map(b, &L->groups[g])) return failf(b, "cannot map a launch's arguments");
+        global[g] = (EmuRange){L->groups[g].data, L->groups[g].data + L->groups[g].data_bytes};
+    }
     for (int a = 0; a < L->n_args; a++) {
         const Group *g = &L->groups[L->group_of[a]];
         argv[a] = g->data + g->start + (L->lo[a] - g->lo);
@@ -265,12 +295,16 @@ static int run_once(RtBackend *b, Launch *L, int32_t i, int reverse)
     sigaction(SIGBUS, &sa, &old_bus);
     sigaction(SIGABRT, &sa, &old_abrt);
     char why[1024] = "";
-    int rc = b->mod.launch(b->tramp[i], argv, L->n_args, L->c->grid, L->c->block, reverse, why, sizeof why);
+    EmuLaunchArgs la = {.tramp = b->tramp[i], .args = argv, .nargs = L->n_args, .grid = L->c->grid,
+                        .block = L->c->block, .smem = L->c->smem, .reverse = reverse, .global = global,
+                        .n_global = L->n_groups, .measure = observe ? &m : NULL, .err = why, .errlen = sizeof why};
+    int rc = b->mod.launch(&la);
     sigaction(SIGSEGV, &old_segv, NULL);
     sigaction(SIGBUS, &old_bus, NULL);
     sigaction(SIGABRT, &old_abrt, NULL);
     faulting = NULL;
     if (rc) return failf(b, "kernel %s (%s order): %s", plan_str(b->plan, L->c->kernel), reverse ? "reverse" : "forward", why);
+    if (observe) add_measure(b, L->c->kernel, &m);
     for (int g = 0; g < L->n_groups; g++)
         if (check_canaries(b, L, &L->groups[g])) return -1;
     return 0;
@@ -289,9 +323,9 @@ static int launch(RtBackend *b, int32_t i)
     if (check_aliasing(b, &first, &b->params[i])) return -1;
     second = first;
     int rc = 0;
-    if (b->order & ORDER_FORWARD) rc = run_once(b, &first, i, 0);
+    if (b->order & ORDER_FORWARD) rc = run_once(b, &first, i, 0, 1);
     Launch *result = b->order & ORDER_FORWARD ? &first : &second;
-    if (!rc && (b->order & ORDER_REVERSE)) rc = run_once(b, &second, i, 1);
+    if (!rc && (b->order & ORDER_REVERSE)) rc = run_once(b, &second, i, 1, !(b->order & ORDER_FORWARD));
     for (int g = 0; g < first.n_groups && !rc && b->order == (ORDER_FORWARD | ORDER_REVERSE); g++) {
         const Group *g1 = &first.groups[g], *g2 = &second.groups[g];
         size_t n = (size_t)(g1->hi - g1->lo);
@@ -499,6 +533,8 @@ static void destroy(RtBackend *b)
     cs_free(&b->s);
     free(b->tramp);
     free(b->params);
+    free(b->measured);
+    free(b->table);
     free(b->arena);
     free(b);
 }
@@ -539,8 +575,9 @@ static int bind_kernels(RtBackend *b)
             return failf(b, "kernel %s is not in the plan's CUDA source", plan_str(p, c->kernel));
         if (b->tramp[i](NULL, c->n_args))
             return failf(b, "kernel %s does not take exactly %d pointers", plan_str(p, c->kernel), c->n_args);
-        if (c->smem) return failf(b, "kernel %s: %d bytes of dynamic shared memory (the emulator has none)",
-                                  plan_str(p, c->kernel), c->smem);
+        if (c->smem < 0 || c->smem > EMU_MAX_DYN_SHARED)
+            return failf(b, "kernel %s: %d bytes of dynamic shared memory (a block has 0 to %d on sm_90)",
+                         plan_str(p, c->kernel), c->smem, EMU_MAX_DYN_SHARED);
         if (parse_params(p->cuda_module, plan_str(p, c->kernel), &b->params[i]))
             return failf(b, "kernel %s: no definition found in the plan's CUDA source", plan_str(p, c->kernel));
     }
@@ -574,7 +611,8 @@ static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
         rc = failf(b, "FS_CUDA_EMU_ORDER=%s: forward, reverse or both", order);
     else if (!(b->arena = malloc(b->arena_bytes > 0 ? (size_t)b->arena_bytes : 1)) ||
              !(b->tramp = calloc((size_t)o->plan->n_cuda + 1, sizeof *b->tramp)) ||
-             !(b->params = calloc((size_t)o->plan->n_cuda + 1, sizeof *b->params)))
+             !(b->params = calloc((size_t)o->plan->n_cuda + 1, sizeof *b->params)) ||
+             !(b->measured = calloc((size_t)o->plan->n_cuda + 1, sizeof *b->measured)))
         rc = failf(b, "out of memory");
     else if (cs_build(o->plan, o->rank, o->world, &b->s, why, sizeof why))
         rc = failf(b, "%s", why);
@@ -623,13 +661,55 @@ static int sync_all(RtBackend *b)
 }
 
 static void info(const RtBackend *b, RtBackendInfo *out) { *out = b->info; }
+
+static double ratio(long long a, long long b) { return b ? (double)a / (double)b : 0; }
+
+/* Kernels by sectors per ideal, worst first. */
+static int by_coalescing(const void *x, const void *y)
+{
+    const KernelMeasure *a = x, *b = y;
+    double ra = ratio(a->m.g_sectors, a->m.g_ideal), rb = ratio(b->m.g_sectors, b->m.g_ideal);
+    return ra < rb ? 1 : ra > rb ? -1 : b->m.s_ways_max - a->m.s_ways_max;
+}
+
+static const char *measures(RtBackend *b)
+{
+    const Plan *p = b->plan;
+    int width = 6;
+    for (int32_t k = 0; k < b->n_measured; k++) {
+        int n = (int)strlen(plan_str(p, b->measured[k].kernel));
+        width = n > width ? n : width;
+    }
+    size_t cap = 1024 + (size_t)b->n_measured * ((size_t)width + 120);
+    free(b->table);
+    if (!(b->table = malloc(cap))) return NULL;
+    qsort(b->measured, (size_t)b->n_measured, sizeof *b->measured, by_coalescing);
+    size_t at = (size_t)snprintf(b->table, cap,
+                                 "cuda-emu measures, per kernel over its launches (tests/cuda_emu/emu_observe.hpp):\n"
+                                 "  global: warp accesses to global memory; sectors: the 32-byte sectors they touched; "
+                                 "ideal: the fewest that hold their bytes (sectors/ideal 1.00: coalesced)\n"
+                                 "  shared: warp accesses to shared memory; ways: bank-conflict ways per access "
+                                 "(1: none), average and worst; conflicted: accesses of more than 1 way\n"
+                                 "%-*s %8s %10s %10s %10s %13s %10s %8s %5s %10s\n",
+                                 width, "kernel", "launches", "global", "sectors", "ideal", "sectors/ideal", "shared",
+                                 "ways", "worst", "conflicted");
+    for (int32_t k = 0; k < b->n_measured && at < cap; k++) {
+        const KernelMeasure *m = &b->measured[k];
+        at += (size_t)snprintf(b->table + at, cap - at,
+                               "%-*s %8d %10lld %10lld %10lld %13.2f %10lld %8.2f %5d %10lld\n",
+                               width, plan_str(p, m->kernel), m->launches, m->m.g_accesses, m->m.g_sectors,
+                               m->m.g_ideal, ratio(m->m.g_sectors, m->m.g_ideal), m->m.s_accesses,
+                               ratio(m->m.s_ways, m->m.s_accesses), m->m.s_ways_max, m->m.s_conflicted);
+    }
+    return b->table;
+}
 static const char *error(const RtBackend *b) { return b->err; }
 
 static const RtBackendOps OPS = {
     .abi = RT_BACKEND_ABI, .name = "cuda-emu", .probe = probe, .create = create, .destroy = destroy,
     .run_ops = run_ops, .run_step = run_step, .run_step_timed = run_step_timed, .upload = upload,
     .download = download, .sync = sync_all,
-    .info = info, .error = error,
+    .info = info, .error = error, .measures = measures,
 };
 
 __attribute__((visibility("default"))) const RtBackendOps *fs_cuda_backend(void);

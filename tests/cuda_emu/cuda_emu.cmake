@@ -7,7 +7,8 @@
 # cuBLAS calls runtime/cuda/schedule.c derives (compiled in here). op_check
 # (tests/cuda/op_check.c, which only dlopens a backend) is built here too when the CUDA
 # build did not make it. Each test compiles a small plan and checks every op of it
-# against the CPU backend.
+# against the CPU backend; op_check prints each kernel's memory measures (emulator's
+# table) after its own.
 set_target_properties(fs_plan PROPERTIES POSITION_INDEPENDENT_CODE ON)
 add_library(fs_cudaemu MODULE tests/cuda_emu/backend.c tests/cuda_emu/module.c runtime/cuda/schedule.c)
 target_include_directories(fs_cudaemu PRIVATE runtime runtime/cuda tests/cuda_emu)
@@ -21,15 +22,20 @@ if(NOT TARGET op_check)
   target_link_libraries(op_check PRIVATE fs_runtime)
 endif()
 
-# The backend itself: each fault it claims to catch, made on purpose (Criterion).
+# The backend itself: each fault it claims to catch, made on purpose; and the emulated
+# tensor-core and async-copy instructions of codegen/kernels/tc.cuh and the memory
+# measures (test_tc). Criterion.
 if(CRITERION_LIB AND NOT FS_FUZZ)
-  add_executable(test_cuda_emu tests/cuda_emu/test_cuda_emu.c)
-  target_include_directories(test_cuda_emu PRIVATE runtime)
-  target_link_libraries(test_cuda_emu PRIVATE fs_plan ${CRITERION_LIB} ${CMAKE_DL_LIBS} ${M_LIB})
-  target_compile_definitions(test_cuda_emu PRIVATE FS_CUDAEMU_LIB="$<TARGET_FILE:fs_cudaemu>"
-                             FS_BINARY_DIR="${CMAKE_CURRENT_BINARY_DIR}")
-  add_dependencies(test_cuda_emu fs_cudaemu)
-  add_test(NAME test_cuda_emu COMMAND test_cuda_emu --jobs 2)
+  foreach(t test_cuda_emu test_tc)
+    add_executable(${t} tests/cuda_emu/${t}.c tests/cuda_emu/emu_plans.c)
+    target_include_directories(${t} PRIVATE runtime tests/cuda_emu)
+    target_link_libraries(${t} PRIVATE fs_plan ${CRITERION_LIB} ${CMAKE_DL_LIBS} ${M_LIB})
+    target_compile_definitions(${t} PRIVATE FS_CUDAEMU_LIB="$<TARGET_FILE:fs_cudaemu>"
+                               FS_BINARY_DIR="${CMAKE_CURRENT_BINARY_DIR}" FS_SOURCE_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
+    add_dependencies(${t} fs_cudaemu)
+    add_test(NAME ${t} COMMAND ${t} --jobs 2)
+  endforeach()
+  set_tests_properties(test_tc PROPERTIES LABELS cuda_emu)
 endif()
 
 # One test: plan NAME compiled from MODEL (relative to the source tree) with the fsc

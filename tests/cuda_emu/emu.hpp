@@ -22,10 +22,22 @@
 // take the common type). __shared__ variables are function statics: one instance per
 // kernel, shared by the fibers of the block running; blocks run one at a time, so that
 // is exactly a block's shared memory (filled with NaN bytes as each block starts).
+// Dynamic shared memory (`extern __shared__ T name[]`, which module.c rewrites into a
+// reference to it) is one buffer of the launch's bytes, at most 227 KiB (sm_90), 16-byte
+// aligned, ending at a guard page, NaN-filled per block like the static part; what is
+// not modelled: the total of static and dynamic shared memory per kernel (the static
+// part of every kernel of the module is one range here), nor sm_80's lower limit.
 // Floating point is the host's IEEE single precision, compiled without
 // contraction (-ffp-contract=off), so results can differ from a GPU's by the ulps of
 // its FMA contraction and math library.
+//
+// Included parts: emu_observe.hpp (the memory measures: how accesses are seen and
+// matched into warp accesses), emu_tc.hpp (mma, ldmatrix, cp.async for
+// codegen/kernels/tc.cuh: their layouts, numerics and what is checked), emu_abi.h (the
+// launch and its measures as the backend passes them). FS_CUDA_EMU is defined for the
+// kernels' sake (tc.cuh's wrappers take the emulator's side on it).
 #pragma once
+#include <algorithm>
 #include <dlfcn.h>
 #include <math.h>
 #include <stddef.h>
@@ -37,7 +49,19 @@
 #include <type_traits>
 #include <ucontext.h>
 #include <unistd.h>
+#include <unordered_map>
 #include <utility>
+#include <vector>
+
+#include "emu_abi.h"
+
+// What codegen/kernels/tc.cuh (and any kernel) tests to take the emulator's side.
+#define FS_CUDA_EMU 1
+// An emulator function that makes a kernel's memory accesses itself: not instrumented
+// (emu_observe.hpp notes them as the hardware makes them), and never inlined, so its
+// return address is the call site in the kernel.
+#define EMU_UNOBSERVED __attribute__((noinline, no_sanitize("thread")))
+#define EMU_QUIET __attribute__((no_sanitize("thread")))  // not instrumented, inlined where it may be
 
 // ---- the CUDA language surface ---------------------------------------------------------
 struct uint3 { unsigned x, y, z; };
@@ -45,6 +69,8 @@ struct float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) int2 { int x, y; };
 struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct __half { uint16_t x; };
 struct __nv_bfloat16 { uint16_t x; };
 
@@ -53,10 +79,11 @@ struct __nv_bfloat16 { uint16_t x; };
 #define __host__
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
-// Every __shared__ variable lies in the section emu_shared, which the scheduler fills
-// with 0xff bytes (NaN in every float type) before each block: a GPU's shared memory
-// starts undefined, so a read before any write shows instead of seeing the last block's.
-#define __shared__ static __attribute__((section("emu_shared")))
+// Every __shared__ variable is a function-local static, which emu_shared.ld gathers into
+// the section emu_shared, and the scheduler fills that with 0xff bytes (NaN in every
+// float type) before each block: a GPU's shared memory starts undefined, so a read
+// before any write shows instead of seeing the last block's.
+#define __shared__ static
 #define __constant__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
@@ -66,10 +93,20 @@ namespace emu {
 enum { READY, AT_BLOCK, AT_WARP, DONE, FAILED };
 enum { MAX_THREADS = 1024, STACK = 256 * 1024 };
 
+struct Access;
+struct Copy {            // a cp.async in flight (emu_tc.hpp)
+    void *dst;
+    unsigned char bytes[16];
+    int group;           // the thread's group it was issued in
+};
+
 struct Fiber {
     ucontext_t ctx;
     uint3 tid;
     int lin, state;
+    std::vector<Access> acc;   // memory accesses since the warp's last barrier (emu_observe.hpp)
+    std::vector<Copy> copies;  // cp.async copies not landed yet
+    int groups;                // cp.async groups committed so far (the open one's number)
 };
 
 inline Fiber *cur;
@@ -79,12 +116,22 @@ inline size_t stack_step;          // STACK plus a guard page below each stack
 inline ucontext_t sched, blank;    // the scheduler; a context to copy for each fiber
 inline int nthreads, reverse;
 inline uint3 block_idx, block_dim, grid_dim;
-inline unsigned char slots[MAX_THREADS][8];  // what each lane offers a warp exchange
+inline unsigned char slots[MAX_THREADS][32];  // what each lane offers a warp exchange (mma: its fragments)
 inline int (*ktramp)(void **, int);
 inline void **kargs;
 inline int knargs;
 inline char *err;                  // the launch's message buffer
 inline size_t errlen;
+inline char *dyn_map, *dyn_end;    // EMU_MAX_DYN_SHARED bytes (a page multiple) up to dyn_end, a guard page after
+inline char *dyn_base;             // the launch's dynamic shared memory: dyn_bytes from dyn_base, ending at dyn_end
+inline size_t dyn_bytes;
+
+// module.c rewrites `extern __shared__ T name[];` into `T (&name)[] = emu::dyn_shared;`:
+// every dynamic shared array of a kernel is the launch's one buffer, as on a GPU.
+struct DynShared {
+    template <class T> operator T &() const { return *reinterpret_cast<T *>(dyn_base); }
+};
+inline constexpr DynShared dyn_shared{};
 
 // Ends the running fiber's launch with a message (the scheduler stops at once).
 [[noreturn]] inline void fail(const char *what)
@@ -102,6 +149,8 @@ inline void yield(int state)
     swapcontext(&cur->ctx, &sched);
 }
 }  // namespace emu
+
+#include "emu_observe.hpp"
 
 #define threadIdx (emu::cur->tid)
 #define blockIdx (emu::block_idx)
@@ -217,6 +266,8 @@ inline __half __float2half_rn(float f)
 }
 inline __half __float2half(float f) { return __float2half_rn(f); }
 
+#include "emu_tc.hpp"
+
 // ---- the scheduler -----------------------------------------------------------------------
 namespace emu {
 inline void entry()
@@ -255,11 +306,15 @@ inline int setup()
     if (stacks == MAP_FAILED) return stacks = nullptr, -1;
     for (int t = 0; t < MAX_THREADS; t++)  // a fiber that overflows its stack faults, not corrupts its neighbour
         if (mprotect(stacks + t * stack_step, (size_t)page, PROT_NONE)) return -1;
+    size_t dyn = ((size_t)EMU_MAX_DYN_SHARED + (size_t)page - 1) / (size_t)page * (size_t)page;
+    dyn_map = (char *)mmap(nullptr, dyn + (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                           -1, 0);
+    if (dyn_map == MAP_FAILED) return dyn_map = nullptr, -1;
+    dyn_end = dyn_map + dyn;
+    if (mprotect(dyn_end, (size_t)page, PROT_NONE)) return -1;  // an access past the launch's bytes faults
     fibers = new Fiber[MAX_THREADS];
     return getcontext(&blank);
 }
-
-extern "C" char __start_emu_shared[] __attribute__((weak)), __stop_emu_shared[] __attribute__((weak));
 
 inline const char *state_name(int s)
 {
@@ -270,6 +325,7 @@ inline const char *state_name(int s)
 inline int run_block()
 {
     if (__start_emu_shared != __stop_emu_shared) memset(__start_emu_shared, 0xff, (size_t)(__stop_emu_shared - __start_emu_shared));
+    if (dyn_bytes) memset(dyn_base, 0xff, dyn_bytes);
     for (int t = 0; t < nthreads; t++) {
         Fiber *f = &fibers[t];
         f->ctx = blank;  // a copy: no getcontext (a system call) per thread
@@ -278,6 +334,7 @@ inline int run_block()
         f->ctx.uc_link = nullptr;
         makecontext(&f->ctx, entry, 0);
         f->lin = t;
+        f->acc.clear(), f->copies.clear(), f->groups = 0;
         f->tid = {(unsigned)t % block_dim.x, (unsigned)t / block_dim.x % block_dim.y, (unsigned)t / (block_dim.x * block_dim.y)};
         f->state = READY;
     }
@@ -286,12 +343,17 @@ inline int run_block()
             Fiber *f = &fibers[reverse ? nthreads - 1 - k : k];
             if (f->state != READY) continue;
             cur = f;
+            observing = measure != nullptr;
             swapcontext(&sched, &f->ctx);
+            observing = false;
             if (f->state == FAILED) return -1;
         }
         int done = 0, at_block = 0, released = 0;
         for (int t = 0; t < nthreads; t++) done += fibers[t].state == DONE, at_block += fibers[t].state == AT_BLOCK;
-        if (done == nthreads) return 0;
+        if (done == nthreads) {
+            for (int w = 0; w * 32 < nthreads; w++) flush_warp(fibers, nthreads, w);
+            return 0;
+        }
         for (int w = 0; w * 32 < nthreads; w++) {
             int at = 0, n = 0, gone = 0;
             for (int t = w * 32; t < nthreads && t < w * 32 + 32; t++)
@@ -303,6 +365,7 @@ inline int run_block()
             }
             if (at == n) {
                 for (int t = w * 32; t < w * 32 + n; t++) fibers[t].state = READY;
+                flush_warp(fibers, nthreads, w);
                 released = 1;
             }
         }
@@ -314,6 +377,7 @@ inline int run_block()
             }
             if (at_block == nthreads) {
                 for (int t = 0; t < nthreads; t++) fibers[t].state = READY;
+                for (int w = 0; w * 32 < nthreads; w++) flush_warp(fibers, nthreads, w);
                 released = 1;
             }
         }
@@ -346,35 +410,44 @@ template <class... P> inline int arity(void (*)(P...)) { return (int)sizeof...(P
 #define EMU_KERNEL(name) \
     extern "C" int emu_k_##name(void **a, int n) { return emu::call(name, a, n); }
 
-// Runs grid x block threads of the kernel behind tramp, blocks and threads in forward or
-// reverse order. 0, or -1 with a message in err.
-extern "C" __attribute__((visibility("default"))) int emu_launch(int (*tramp)(void **, int), void **args, int nargs,
-                                                                 const int *grid, const int *block, int rev, char *e,
-                                                                 size_t elen)
+// Runs grid x block threads of the kernel behind a->tramp, blocks and threads in forward
+// or reverse order, with a->smem bytes of dynamic shared memory; observed (its measures
+// added into a->measure) when that is set. 0, or -1 with a message in a->err.
+extern "C" __attribute__((visibility("default"))) int emu_launch(const EmuLaunchArgs *a)
 {
     using namespace emu;
-    err = e, errlen = elen;
+    const int *grid = a->grid, *block = a->block;
+    err = a->err, errlen = a->errlen;
     long long n = (long long)block[0] * block[1] * block[2];
     if (n < 1 || n > MAX_THREADS) {
-        snprintf(e, elen, "a block of %lld threads (CUDA allows 1 to %d)", n, MAX_THREADS);
+        snprintf(err, errlen, "a block of %lld threads (CUDA allows 1 to %d)", n, MAX_THREADS);
         return -1;
     }
-    if (tramp(nullptr, nargs)) {
-        snprintf(e, elen, "the kernel does not take %d pointers", nargs);
+    if (a->smem < 0 || a->smem > EMU_MAX_DYN_SHARED) {
+        snprintf(err, errlen, "%d bytes of dynamic shared memory (a block has at most %d on sm_90)", a->smem,
+                 EMU_MAX_DYN_SHARED);
+        return -1;
+    }
+    if (a->tramp(nullptr, a->nargs)) {
+        snprintf(err, errlen, "the kernel does not take %d pointers", a->nargs);
         return -1;
     }
     if (setup()) {
-        snprintf(e, elen, "cannot map the fibers' stacks");
+        snprintf(err, errlen, "cannot map the fibers' stacks and the dynamic shared memory");
         return -1;
     }
-    ktramp = tramp, kargs = args, knargs = nargs, reverse = rev, nthreads = (int)n;
+    ktramp = a->tramp, kargs = a->args, knargs = a->nargs, reverse = a->reverse, nthreads = (int)n;
+    dyn_bytes = (size_t)a->smem, dyn_base = dyn_end - (dyn_bytes + 15) / 16 * 16;  // 16-byte aligned, as CUDA's
+    measure = a->measure, globals = a->global, n_globals = a->n_global;
     block_dim = {(unsigned)block[0], (unsigned)block[1], (unsigned)block[2]};
     grid_dim = {(unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2]};
     long long blocks = (long long)grid[0] * grid[1] * grid[2];
-    for (long long b = 0; b < blocks; b++) {
-        long long k = rev ? blocks - 1 - b : b;
+    int rc = 0;
+    for (long long b = 0; b < blocks && !rc; b++) {
+        long long k = a->reverse ? blocks - 1 - b : b;
         block_idx = {(unsigned)(k % grid[0]), (unsigned)(k / grid[0] % grid[1]), (unsigned)(k / ((long long)grid[0] * grid[1]))};
-        if (run_block()) return -1;
+        rc = run_block();
     }
-    return 0;
+    measure = nullptr, globals = nullptr, n_globals = 0;
+    return rc;
 }

@@ -13,14 +13,8 @@
 
 #include <stddef.h>
 
+#include "emu_abi.h"
 #include "plan.h"
-
-/* A kernel's trampoline in the compiled module (emu.hpp: EMU_KERNEL): runs one thread
- * with the launch's arguments; args NULL only checks it takes n pointers (0, or -1). */
-typedef int (*EmuTramp)(void **args, int n);
-/* emu.hpp's emu_launch. */
-typedef int (*EmuLaunch)(EmuTramp tramp, void **args, int nargs, const int *grid, const int *block, int reverse,
-                         char *err, size_t errlen);
 
 typedef struct {
     void *so;             // dlopen handle of the compiled module

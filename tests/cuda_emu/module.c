@@ -2,7 +2,9 @@
  *
  * The translation unit is emu.hpp, then the module text exactly as codegen wrote it
  * (its #include <cuda_fp16.h> and <cuda_bf16.h> find the stand-ins in include/), then
- * EMU_KERNEL(name) for every kernel a LAUNCH names, which dlsym finds as emu_k_NAME. It
+ * EMU_KERNEL(name) for every kernel a LAUNCH names, which dlsym finds as emu_k_NAME. The
+ * one change to the module's text: each `extern __shared__ T name[];` becomes a reference
+ * to the launch's dynamic shared memory (emu.hpp cannot declare it through __shared__). It
  * is compiled with the system C++ compiler into a shared library whose file name is the
  * FNV-1a hash of the unit, the emulator's headers and the command, so an unchanged plan
  * is compiled once per cache directory. The unit is written with plan_write_atomic and
@@ -10,6 +12,7 @@
  * tests that compile the same module never see half of either.
  */
 #include <dlfcn.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <spawn.h>
@@ -67,9 +70,8 @@ typedef struct {
     int oom;
 } Text;
 
-static void add(Text *t, const char *s)
+static void addn(Text *t, const char *s, size_t n)
 {
-    size_t n = strlen(s);
     if (t->oom) return;
     if (t->len + n + 1 > t->cap) {
         size_t cap = (t->len + n + 1) * 2;
@@ -80,8 +82,42 @@ static void add(Text *t, const char *s)
         }
         t->s = ns, t->cap = cap;
     }
-    memcpy(t->s + t->len, s, n + 1);
+    memcpy(t->s + t->len, s, n);
     t->len += n;
+    t->s[t->len] = 0;
+}
+
+static void add(Text *t, const char *s) { addn(t, s, strlen(s)); }
+
+/* The module's text with each `extern __shared__ T name[];` (dynamic shared memory, which
+ * emu.hpp's __shared__, a static, cannot declare) turned into `T (&name)[] =
+ * emu::dyn_shared;`, the launch's buffer. Lines stay where they were. A declaration of
+ * another form is copied as it is, and the compiler says where. */
+static void add_source(Text *t, const char *s)
+{
+    static const char key[] = "extern __shared__";
+    const char *at;
+    while ((at = strstr(s, key))) {
+        const char *decl = at + sizeof key - 1, *semi = strchr(decl, ';'), *open = NULL;
+        for (const char *c = decl; semi && c < semi; c++) open = *c == '[' ? c : open;
+        const char *name = open, *close = open ? open + 1 : NULL;
+        while (close && close < semi && *close == ' ') close++;
+        while (name && name > decl && name[-1] == ' ') name--;
+        const char *end = name;
+        while (name && name > decl && (isalnum((unsigned char)name[-1]) || name[-1] == '_')) name--;
+        if (!semi || !open || *close != ']' || name == end) {  // not the form above: as it is
+            addn(t, s, (size_t)(decl - s));
+            s = decl;
+            continue;
+        }
+        addn(t, s, (size_t)(at - s));
+        addn(t, decl, (size_t)(name - decl));
+        add(t, "(&");
+        addn(t, name, (size_t)(end - name));
+        add(t, ")[] = emu::dyn_shared");
+        s = close + 1;
+    }
+    add(t, s);
 }
 
 /* The unit: emu.hpp, the module, a trampoline per launched kernel (each once). */
@@ -89,7 +125,7 @@ static char *unit(const Plan *p, const char *source)
 {
     Text t = {0};
     add(&t, "#include \"emu.hpp\"\n#line 1 \"kernels.cu\"\n");
-    add(&t, source);
+    add_source(&t, source);
     add(&t, "\n// ---- trampolines (tests/cuda_emu/module.c) ----\n");
     for (int32_t i = 0; i < p->n_cuda; i++) {
         if (p->cuda[i].kind != PLAN_CU_LAUNCH) continue;
@@ -146,24 +182,41 @@ static int run(char *const argv[], const char *log)
 
 /* The compiler's options. UBSan, fatal: an index past a __shared__ array, a misaligned
  * vector load, an int index that overflows are errors on a GPU too, and show here with
- * kernels.cu:LINE. No contraction: a GPU's FMAs differ by an ulp, not by more. */
-static const char *const FLAGS[] = {"-std=c++17", "-O1", "-fPIC", "-shared", "-w", "-ffp-contract=off",
+ * kernels.cu:LINE. No contraction: a GPU's FMAs differ by an ulp, not by more. GCC's
+ * ThreadSanitizer instrumentation, without its runtime (the link drops it): a call of
+ * __tsan_readN/__tsan_writeN before every access to memory, which emu_observe.hpp
+ * defines to measure the kernel's accesses; no SRA, so a vector copied whole stays one
+ * access as a GPU's vector load is. Data sections, so the link's script (emu_shared.ld)
+ * gathers every __shared__ variable into one range. The compile makes an object, the
+ * link the library. */
+static const char *const FLAGS[] = {"-std=c++17", "-O1", "-fPIC", "-w", "-ffp-contract=off",
                                     "-fsanitize=undefined", "-fno-sanitize=vptr", "-fno-sanitize-recover=all",
+                                    "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0", "-fno-tree-sra",
+                                    "-fdata-sections",
                                     "-I" FS_CUDA_EMU_DIR, "-I" FS_CUDA_EMU_DIR "/include"};
-enum { N_FLAGS = sizeof FLAGS / sizeof *FLAGS };
+static const char *const LINK[] = {"-shared", "-fsanitize=undefined", "-Wl,-T," FS_CUDA_EMU_DIR "/emu_shared.ld"};
+enum { N_FLAGS = sizeof FLAGS / sizeof *FLAGS, N_LINK = sizeof LINK / sizeof *LINK };
 
 static int compile(const char *cxx, const char *cpp, const char *so, const char *log, char *err, size_t errlen)
 {
-    char *argv[N_FLAGS + 5];
-    int n = 0;
+    char *argv[N_FLAGS + N_LINK + 6], obj[1200];
+    snprintf(obj, sizeof obj, "%s.o", so);
+    int n = 0, rc;
     argv[n++] = (char *)cxx;
     for (int i = 0; i < N_FLAGS; i++) argv[n++] = (char *)FLAGS[i];
-    argv[n++] = "-o", argv[n++] = (char *)so, argv[n++] = (char *)cpp, argv[n] = NULL;
-    int rc = run(argv, log);
+    argv[n++] = "-c", argv[n++] = "-o", argv[n++] = obj, argv[n++] = (char *)cpp, argv[n] = NULL;
+    if (!(rc = run(argv, log))) {
+        n = 0;
+        argv[n++] = (char *)cxx;
+        for (int i = 0; i < N_LINK; i++) argv[n++] = (char *)LINK[i];
+        argv[n++] = "-o", argv[n++] = (char *)so, argv[n++] = obj, argv[n] = NULL;
+        rc = run(argv, log);
+    }
+    unlink(obj);
     if (!rc) return 0;
     char *out = slurp(log, NULL);
-    plan_fail(err, errlen, "%s %s: %s%s%.1500s", cxx, cpp, rc < 0 ? "cannot run it" : "failed", out && *out ? ":\n" : "",
-         out ? out : "");
+    plan_fail(err, errlen, "%s %s: %s%s%.1500s", cxx, cpp, rc < 0 ? "cannot run it" : "failed",
+              out && *out ? ":\n" : "", out ? out : "");
     free(out);
     return -1;
 }
@@ -171,16 +224,18 @@ static int compile(const char *cxx, const char *cpp, const char *so, const char 
 int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen)
 {
     const char *source = p->cuda_module, *cxx = getenv("FS_CUDA_EMU_CXX");
-    static const char *const headers[] = {"emu.hpp", "include/cuda_fp16.h", "include/cuda_bf16.h"};
+    static const char *const headers[] = {"emu.hpp",       "emu_abi.h",           "emu_observe.hpp",    "emu_tc.hpp",
+                                          "emu_shared.ld", "include/cuda_fp16.h", "include/cuda_bf16.h"};
     memset(m, 0, sizeof *m);
     if (!source) return plan_fail(err, errlen, "the plan has no CUDA module (section CUMD)");
     if (!cxx || !*cxx) cxx = "c++";
-    snprintf(m->compiler, sizeof m->compiler, "%s -O1 -fsanitize=undefined", cxx);
+    snprintf(m->compiler, sizeof m->compiler, "%s -O1 -fsanitize=undefined,thread", cxx);
     char *tu = unit(p, source);
     if (!tu) return plan_fail(err, errlen, "out of memory");
     uint64_t h = plan_fnv1a(PLAN_FNV1A_INIT, tu, strlen(tu));
     h = plan_fnv1a(h, cxx, strlen(cxx) + 1);
     for (int i = 0; i < N_FLAGS; i++) h = plan_fnv1a(h, FLAGS[i], strlen(FLAGS[i]) + 1);
+    for (int i = 0; i < N_LINK; i++) h = plan_fnv1a(h, LINK[i], strlen(LINK[i]) + 1);
     for (size_t i = 0; i < sizeof headers / sizeof *headers; i++) {
         char path[1024];
         size_t n = 0;
