@@ -376,7 +376,7 @@ int rt_load_weights_as(Exec *e, const char *path, RtWeightsFormat fmt, char *err
 {
     const Plan *p = rt_exec_plan(e);
     StEntry *t = NULL;
-    int32_t n, n_also;
+    int32_t n, n_also = 0;
     Flat f = {0};
     json_t *map = NULL;
     const char **also = NULL;
