@@ -373,6 +373,7 @@ typedef struct {
     int keep;            // the newest `keep` complete checkpoints stay (0: all of them)
     uint64_t seed;       // the run's seed (init, data order), recorded in the manifest
     const char *data;    // rt_data_describe, recorded
+    const char *data_path;  // --data as given (NULL: the built-in data): its files recorded (record.c)
     RtDataOrder order;
 } RtCheckpointOptions;
 
@@ -448,9 +449,24 @@ typedef struct {
  * Every rank calls it; the result is agreed; on an error the state is not usable (the
  * run must not start). */
 int rt_checkpoint_load(const RtCheckpoint *c, Exec *e, RtResumed *r, char *err, size_t errlen);
+/* The same, but with partial (--resume-partial) a tensor the checkpoint lacks or holds in
+ * another shape is no error: it stays as the plan started it (initialized), named in
+ * r->kept; what the checkpoint has beyond the plan is named in r->unused. */
+int rt_checkpoint_load_as(const RtCheckpoint *c, Exec *e, int partial, RtResumed *r, char *err, size_t errlen);
 /* "resumed ck/step-00000003 at step 3: ..." for the start: what was read and from which
  * topology to which. */
 void rt_resumed_describe(const RtCheckpoint *c, const RtResumed *r, const Plan *whole, char *buf, size_t n);
+
+/* ---- runtime/record.c: what a resume compares with the checkpoint's record ----------- */
+
+/* The model: 0 when whole is a plan of the checkpoint's model (its dims, but the batch
+ * dim, and every param's name and shape; any world, strategy, precision or stages); 1
+ * with what differs in msg (dims, params missing, extra and reshaped); -1 with an error. */
+int rt_resume_check_model(const RtCheckpoint *c, const Plan *whole, char *msg, size_t n);
+/* The data: 0 when this run reads what the checkpoint's read (or other_ok); 1 with a
+ * warning in msg when a file differs (kind, size, first MiB); -1 with an error in msg when
+ * the checkpoint's run read files and this one has no --data (data NULL). */
+int rt_resume_check_data(const RtCheckpoint *c, const char *data, int other_ok, char *msg, size_t n);
 
 /* ---- runtime/safetensors.c: weights and gradients as safetensors ---------------------- */
 

@@ -126,7 +126,14 @@ static const char USAGE[] =
     "                       a --checkpoint-dir; --steps stays the run's total (resumed at\n"
     "                       step 300 with --steps 1000: steps 301 to 1000). Any plan of the\n"
     "                       same model resumes it: another world, strategy, precision or\n"
-    "                       stages reshard it as it loads\n"
+    "                       stages reshard it as it loads. Another model (dims, params'\n"
+    "                       names or shapes) is an error that lists what differs; so is\n"
+    "                       no --data when the checkpoint's run read a file (another file\n"
+    "                       is a warning)\n"
+    "  --resume-partial     resume into another model on purpose: the params and optimizer\n"
+    "                       state both have in the same shape load, the rest start as\n"
+    "                       initialized (named)\n"
+    "  --resume-other-data  resume onto other data on purpose (no --data: the built-in)\n"
     "  --export CKPT FILE   write the params of checkpoint CKPT (as --resume finds it) as\n"
     "                       one safetensors FILE (as --save-weights does), through a fixed\n"
     "                       16 MiB buffer, and exit; no plan needed. With --weights-format\n"
@@ -193,6 +200,7 @@ typedef struct {
     int64_t steps;
     uint64_t seed;
     int has_seed, threads, log_every, debug_nan, debug_guard, sync_sends, one_by_one;
+    int resume_partial, resume_other_data;  // --resume-partial, --resume-other-data
     int device, cuda_graph, tf32;  // device: RtDeviceKind
     RtDataOrder order;
     RtTokenFormat data_format;  // --data-format (0: auto)
@@ -392,7 +400,8 @@ static int switch_flag(Flags *f, const char *a)
         {"--debug-guard", offsetof(Flags, debug_guard)}, {"--debug-nan", offsetof(Flags, debug_nan)},
         {"--cuda-graph", offsetof(Flags, cuda_graph)},   {"--tf32", offsetof(Flags, tf32)},
         {"--sync-sends", offsetof(Flags, sync_sends)},   {"--no-kv-cache", offsetof(Flags, no_kv_cache)},
-        {"--cpu-one-by-one", offsetof(Flags, one_by_one)},
+        {"--cpu-one-by-one", offsetof(Flags, one_by_one)}, {"--resume-partial", offsetof(Flags, resume_partial)},
+        {"--resume-other-data", offsetof(Flags, resume_other_data)},
     };
     for (size_t i = 0; i < sizeof SWITCHES / sizeof *SWITCHES; i++)
         if (!strcmp(a, SWITCHES[i].name)) {
@@ -444,6 +453,9 @@ static int parse_args(int argc, char **argv, Flags *f)
     if (!f->inspect && !f->plan) return usage_error("%s", "no plan given");
     if ((f->save_every || f->keep) && !f->checkpoint_dir)
         return usage_error("%s needs --checkpoint-dir DIR (where the checkpoints go)", f->save_every ? "--save-every" : "--keep");
+    if ((f->resume_partial || f->resume_other_data) && !f->resume)
+        return usage_error("%s says how to resume: give --resume PATH",
+                           f->resume_partial ? "--resume-partial" : "--resume-other-data");
     if (f->resume && f->load_weights)
         return usage_error("%s", "--resume restores the weights with the rest of the state; drop --load-weights");
     if (f->weights_format && !f->load_weights && !f->save_weights && !f->export_from)
@@ -660,7 +672,7 @@ static int train(Run *r, const Flags *f, const char *path, uint64_t seed, int64_
         return local_error(1);
     }
     RtCheckpointOptions co = {.dir = f->checkpoint_dir, .keep = (int)f->keep, .seed = seed,
-                              .data = rt_data_describe(r->data), .order = f->order};
+                              .data = rt_data_describe(r->data), .data_path = f->data, .order = f->order};
     RtTrainOptions o = {.steps = f->steps, .start = start, .checkpoint = f->checkpoint_dir ? &co : NULL,
                         .save_every = f->save_every, .stop = &stop_signal, .overflow_at = f->overflow_at,
                         .save_grads = f->save_grads, .cuda_graph = f->cuda_graph, .debug_nan = f->debug_nan,
@@ -889,7 +901,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     double t_load = rt_now();
     if (r->resume) {
         rt_watchdog_arm("loading the checkpoint", -1);
-        rc = rt_checkpoint_load(r->resume, r->e, &resumed, err, sizeof err);  // agreed
+        rc = rt_checkpoint_load_as(r->resume, r->e, f->resume_partial, &resumed, err, sizeof err);  // agreed
         rt_watchdog_disarm();
         if (rc) {
             if (err[0]) fprintf(stderr, "%s: --resume: %s\n", who, err);
@@ -910,10 +922,6 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         char line[2048];
         rt_resumed_describe(r->resume, &resumed, whole, line, sizeof line);
         fprintf(stderr, "fsexec: %s (loaded in %.2f s)\n", line, t_load);
-        const char *was = rt_checkpoint_info(r->resume, "source");
-        if (was && strcmp(was, rt_data_describe(r->data)))
-            fprintf(stderr, "fsexec: note: the checkpoint's run read %s; this one reads %s\n", was,
-                    rt_data_describe(r->data));
     }
     int64_t reached = start;
     int stopped_by = 0;
@@ -936,6 +944,25 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     return rc;
 }
 
+/* The checkpoint against this run's model and data (record.c), before any state is
+ * read: every rank computes the same from the same files; rank 0 says it. 0, or 1. */
+static int check_resume(const Flags *f, const RtCheckpoint *c, const Plan *whole)
+{
+    char msg[4096];
+    int model = rt_resume_check_model(c, whole, msg, sizeof msg);
+    if (model && my_rank == 0)
+        fprintf(stderr, "%s: --resume: %s%s\n", model > 0 && f->resume_partial ? "fsexec: note" : "fsexec", msg,
+                model < 0           ? ""
+                : f->resume_partial ? "; --resume-partial: what both have in the same shape loads, the rest starts "
+                                      "as initialized"
+                                    : "; give --resume-partial to load what both have in the same shape on purpose "
+                                      "(the rest starts as initialized)");
+    if (model < 0 || (model > 0 && !f->resume_partial)) return 1;
+    int data = rt_resume_check_data(c, f->data, f->resume_other_data, msg, sizeof msg);
+    if (data && my_rank == 0) fprintf(stderr, "fsexec: %s--resume: %s\n", data < 0 ? "" : "warning: ", msg);
+    return data < 0 ? 1 : 0;
+}
+
 static int run(const Flags *f)
 {
     Plan *whole = load(f->plan), *one = NULL;  // one: this rank's stage's program, in a pipeline
@@ -955,6 +982,7 @@ static int run(const Flags *f)
         if (!r.resume) fprintf(stderr, "%s: --resume: %s\n", who, err);
         rc = rt_comm_agree(r.resume ? 0 : 1);
     }
+    if (!rc && r.resume) rc = check_resume(f, r.resume, whole);
     if (!rc && r.resume && rt_checkpoint_step(r.resume) >= f->steps) {
         if (my_rank == 0)
             fprintf(stderr, "fsexec: %s is at step %" PRId64 " and --steps %" PRId64 " is the run's total: nothing to "
