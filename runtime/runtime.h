@@ -457,6 +457,30 @@ int rt_checkpoint_load_as(const RtCheckpoint *c, Exec *e, int partial, RtResumed
  * topology to which. */
 void rt_resumed_describe(const RtCheckpoint *c, const RtResumed *r, const Plan *whole, char *buf, size_t n);
 
+/* ---- runtime/signals.c: SIGINT and SIGTERM in a training run ----------------------- */
+
+enum { RT_SIGNAL_RELAYED = 0x100 };  // in a stop flag: relayed by fsexec --nproc's launcher
+/* Installs the handlers (who: "fsexec", "[rank 1] fsexec"; rank: the world rank); the flag
+ * a first signal sets (its number, | RT_SIGNAL_RELAYED when the launcher relayed it), for
+ * RtTrainOptions.stop. */
+volatile sig_atomic_t *rt_signals_catch(const char *who, int rank);
+/* Of an agreed flag: the signal (SIGINT, SIGTERM), and whether the launcher relayed it
+ * (then the ranks exit 0 and the launcher reports the signal). */
+int rt_signal_of(int agreed);
+int rt_signal_relayed(int agreed);
+/* A checkpoint of `step` is being written into the step directory path (NULL: no longer):
+ * a second signal meanwhile abandons it. */
+void rt_signals_saving(const char *path, int64_t step);
+
+/* ---- runtime/launch.c: fsexec --nproc's launcher ------------------------------------ */
+
+/* Runs argv (mpirun ..., from rt_launch_argv) as a child in a process group of its own,
+ * with FSEXEC_LAUNCHER set to this process; relays SIGINT and SIGTERM to it as SIGUSR1
+ * and SIGUSR2 (saying so once); waits. Its exit status: mpirun's, or 128 + the signal when
+ * one was relayed and the ranks stopped for it (mpirun exits 0); -1 with err when it
+ * cannot be started. */
+int rt_launch_run(const char *const *argv, char *err, size_t errlen);
+
 /* ---- runtime/record.c: what a resume compares with the checkpoint's record ----------- */
 
 /* The model: 0 when whole is a plan of the checkpoint's model (its dims, but the batch

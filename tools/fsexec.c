@@ -498,32 +498,9 @@ typedef struct {
     RtEval *eval;          // --val-data's evaluation program, or NULL
 } Run;
 
-/* SIGINT and SIGTERM: the first stops the run at the next step boundary (every rank
- * agrees on which), after a checkpoint; the second ends the process at once. */
-static volatile sig_atomic_t stop_signal;
-
-static void on_signal(int sig)
-{
-    if (stop_signal) {
-        signal(sig, SIG_DFL);
-        raise(sig);
-        return;
-    }
-    stop_signal = sig;
-    static const char msg[] = "fsexec: signal: stopping after this step (send it again to stop now)\n";
-    if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) stop_signal = sig;  // nothing to do when stderr is gone
-}
-
-static void catch_signals(void)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-}
+/* SIGINT and SIGTERM (runtime/signals.c): the first sets this, to stop the run at the next
+ * step boundary (every rank agrees on which), after a checkpoint. */
+static volatile sig_atomic_t *stop_signal;
 
 /* Ends the progress display (its summary line) once; 0, or 1 after a message. */
 static int end_progress(Run *r)
@@ -674,7 +651,7 @@ static int train(Run *r, const Flags *f, const char *path, uint64_t seed, int64_
     RtCheckpointOptions co = {.dir = f->checkpoint_dir, .keep = (int)f->keep, .seed = seed,
                               .data = rt_data_describe(r->data), .data_path = f->data, .order = f->order};
     RtTrainOptions o = {.steps = f->steps, .start = start, .checkpoint = f->checkpoint_dir ? &co : NULL,
-                        .save_every = f->save_every, .stop = &stop_signal, .overflow_at = f->overflow_at,
+                        .save_every = f->save_every, .stop = stop_signal, .overflow_at = f->overflow_at,
                         .save_grads = f->save_grads, .cuda_graph = f->cuda_graph, .debug_nan = f->debug_nan,
                         .who = who, .path = path, .rank = my_rank, .world = my_world, .reached = reached,
                         .stopped_by = stopped_by, .eval = r->eval, .eval_every = f->eval_every,
@@ -693,12 +670,12 @@ static int train(Run *r, const Flags *f, const char *path, uint64_t seed, int64_
     }
     rt_trace_free(trace);
     if (rc == RT_TRAIN_STOPPED) {  // every rank alike, for the signal any of them saw
-        int reporter = (layout.stages - 1) * layout.dp;
+        int reporter = (layout.stages - 1) * layout.dp, sig = rt_signal_of(*stopped_by);
         if (my_rank == reporter)
-            fprintf(stderr, "%s: stopped by %s; %s\n", who, *stopped_by == SIGINT ? "SIGINT" : "SIGTERM",
+            fprintf(stderr, "%s: stopped by %s; %s\n", who, sig == SIGINT ? "SIGINT" : "SIGTERM",
                     f->checkpoint_dir ? "the checkpoint above has every step so far: continue with --resume"
                                       : "nothing saved (no --checkpoint-dir)");
-        return 128 + *stopped_by;
+        return 128 + sig;
     }
     return rc == RT_TRAIN_LOCAL ? local_error(1) : rc;
 }
@@ -926,7 +903,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     int64_t reached = start;
     int stopped_by = 0;
     rc = train(r, f, f->plan, seed, start, &reached, &stopped_by);
-    int ended = end_progress(r), stopped = stopped_by && rc == 128 + stopped_by;
+    int ended = end_progress(r), stopped = stopped_by && rc == 128 + rt_signal_of(stopped_by);
     rc = rc ? rc : ended;
     /* The weights after the last step, or after the step a signal stopped the run at. */
     rt_watchdog_arm("saving the weights", -1);
@@ -941,7 +918,9 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         rc = 1;
     }
     rt_watchdog_disarm();
-    return rc;
+    /* Stopped by the launcher's relay (fsexec --nproc): it reports the signal in its exit
+     * status; a rank's non-zero one would only add mpirun's message. */
+    return rc && stopped && rt_signal_relayed(stopped_by) ? 0 : rc;
 }
 
 /* The checkpoint against this run's model and data (record.c), before any state is
@@ -992,7 +971,7 @@ static int run(const Flags *f)
         rt_set_threads(f->threads);
         uint64_t seed = f->has_seed ? f->seed
                         : r.resume ? rt_checkpoint_seed(r.resume) : (uint64_t)plan_meta_int(whole, "seed", 0);
-        catch_signals();
+        stop_signal = rt_signals_catch(who, my_rank);
         rc = run_plan(&r, f, whole, one ? one : whole, &rk, seed);
     }
     run_free(&r);
@@ -1167,7 +1146,7 @@ static int launch(const Flags *f, int argc, char **argv)
         setenv("OMP_NUM_THREADS", threads, 1);
     }
     char **args = malloc(sizeof *args * (size_t)argc);
-    const char **av = malloc(sizeof *av * (size_t)(argc + 16));
+    const char **av = malloc(sizeof *av * (size_t)(argc + 20));
     if (!args || !av) {
         fprintf(stderr, "fsexec: out of memory\n");
         return 1;
@@ -1177,15 +1156,12 @@ static int launch(const Flags *f, int argc, char **argv)
         if (!strcmp(argv[i], "--nproc")) i++;
         else if (strncmp(argv[i], "--nproc=", 8)) args[n_args++] = argv[i];
     }
-    rt_launch_argv(mpirun, exe, (int)f->nproc, geteuid() == 0, args, n_args, av, argc + 16, np, sizeof np);
-    fflush(NULL);
-    execvp(mpirun, (char *const *)av);
-    fprintf(stderr, "fsexec: --nproc %" PRId64 ": cannot run %s: %s (--nproc starts the ranks with Open MPI's "
-            "mpirun: install it (apt install openmpi-bin), point FSEXEC_MPIRUN at one, or start the ranks with "
-            "your own launcher)\n", f->nproc, mpirun, strerror(errno));
+    rt_launch_argv(mpirun, exe, (int)f->nproc, geteuid() == 0, args, n_args, av, argc + 20, np, sizeof np);
+    int rc = rt_launch_run(av, err, sizeof err);
+    if (rc < 0) fprintf(stderr, "fsexec: --nproc %" PRId64 ": %s\n", f->nproc, err);
     free(args);
     free(av);
-    return 1;
+    return rc < 0 ? 1 : rc;
 }
 
 /* Registered first, so it runs last at exit: a failed write to stdout (a full disk) is an
