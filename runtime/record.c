@@ -37,7 +37,8 @@ typedef struct {
 static int by_param(const void *a, const void *b) { return strcmp(((const Param *)a)->name, ((const Param *)b)->name); }
 
 typedef struct {
-    RtState **states;  // the names and shapes point into these
+    RtState **states;  // the names point into these, the shapes into their plans
+    Plan **plans;      // a pipeline's stages, extracted; NULL entries for a plan of one stage
     int32_t n_states;
     Param *p;
     int32_t n;
@@ -46,7 +47,9 @@ typedef struct {
 static void params_free(Params *ps)
 {
     for (int32_t k = 0; ps->states && k < ps->n_states; k++) rt_state_free(ps->states[k]);
+    for (int32_t k = 0; ps->plans && k < ps->n_states; k++) plan_free(ps->plans[k]);
     plan_dealloc(ps->states);
+    plan_dealloc(ps->plans);
     plan_dealloc(ps->p);
 }
 
@@ -56,16 +59,17 @@ static int plan_params(const Plan *whole, Params *ps)
 {
     memset(ps, 0, sizeof *ps);
     ps->n_states = whole->n_programs > 0 ? whole->n_programs : 1;
-    if (!(ps->states = plan_alloc(sizeof *ps->states * (size_t)ps->n_states))) return -1;
+    ps->states = plan_alloc(sizeof *ps->states * (size_t)ps->n_states);
+    ps->plans = plan_alloc(sizeof *ps->plans * (size_t)ps->n_states);
+    if (!ps->states || !ps->plans) return -1;
     memset(ps->states, 0, sizeof *ps->states * (size_t)ps->n_states);
+    memset(ps->plans, 0, sizeof *ps->plans * (size_t)ps->n_states);
     int32_t total = 0;
     char why[512];
     for (int32_t k = 0; k < ps->n_states; k++) {
-        Plan *one = whole->n_programs > 1 ? plan_extract_program(whole, k, why, sizeof why) : NULL;
+        Plan *one = ps->plans[k] = whole->n_programs > 1 ? plan_extract_program(whole, k, why, sizeof why) : NULL;
         if (whole->n_programs > 1 && !one) return -1;
-        ps->states[k] = rt_state_of_plan(one ? one : whole, why, sizeof why);
-        plan_free(one);
-        if (!ps->states[k]) return -1;
+        if (!(ps->states[k] = rt_state_of_plan(one ? one : whole, why, sizeof why))) return -1;
         total += rt_state_count(ps->states[k]);
     }
     if (!(ps->p = plan_alloc(sizeof *ps->p * (size_t)(total + 1)))) return -1;
