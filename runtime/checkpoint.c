@@ -215,7 +215,8 @@ static int write_manifest(const Exec *e, const char *sdir, int64_t step, uint64_
         "elements", "params", (json_int_t)elems[RT_STATE_PARAM], "optimizer", (json_int_t)elems[RT_STATE_OPTIM],
         "state", (json_int_t)elems[RT_STATE_OTHER], "bytes", (json_int_t)bytes, "files", files);
     json_t *model = m ? rt_record_model(w) : NULL, *data = m ? rt_record_data(o->data_path) : NULL;
-    if (!model || !data || json_object_set(m, "model_check", model) || json_object_update(json_object_get(m, "data"), data))
+    if (!model || !data || json_object_set(m, "model_check", model) ||
+        json_object_update(json_object_get(m, "data"), data))
         json_decref(m), m = NULL;  // the records cannot be made: out of memory
     json_decref(model);
     json_decref(data);

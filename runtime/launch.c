@@ -6,12 +6,13 @@
  * SIGKILL a second later, and exits 1, so a Ctrl-C reached the ranks as SIGTERM, each said
  * so, and a slow save was cut. So mpirun runs in a process group of its own (a terminal's
  * Ctrl-C reaches this process alone), without stdin (a background group that reads the
- * terminal is stopped), and dies with this process (PR_SET_PDEATHSIG). This process
- * relays SIGINT as SIGUSR1 and SIGTERM as SIGUSR2 to the ranks (mpirun's children, found
- * in /proc; else through mpirun, which forwards both as they are); the ranks know them from FSEXEC_LAUNCHER (this PID, passed on by mpirun's -x),
- * stop after the step and its checkpoint, and exit 0, so that mpirun adds no message of
- * its own. The exit status is then this process's to give: 128 + the signal, as one
- * process stopped by it gives. A second signal is relayed too: the ranks end at once.
+ * terminal is stopped), and dies with this process (PR_SET_PDEATHSIG). This process relays
+ * SIGINT as SIGUSR1 and SIGTERM as SIGUSR2 to the ranks (mpirun's children, found in
+ * /proc; else through mpirun, which forwards both as they are); the ranks know them from
+ * FSEXEC_LAUNCHER (this PID, passed on by mpirun's -x), stop after the step and its
+ * checkpoint, and exit 0, so that mpirun adds no message of its own. The exit status is
+ * then this process's to give: 128 + the signal, as one process stopped by it gives. A
+ * second signal is relayed too: the ranks end at once.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>

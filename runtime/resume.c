@@ -244,7 +244,8 @@ int rt_checkpoint_load_as(const RtCheckpoint *c, Exec *e, int partial, RtResumed
     int32_t in_buf = -1;
     for (int32_t i = 0; i < n && !rc; i++) {
         const RtPiece *x = need[i].x;
-        if (!keep[x->holder] && !skip[i]) rc = fill(c, x, rt_checkpoint_find(c, x->name), &buf, &cap, &in_buf, err, errlen);
+        if (!keep[x->holder] && !skip[i])
+            rc = fill(c, x, rt_checkpoint_find(c, x->name), &buf, &cap, &in_buf, err, errlen);
     }
     plan_dealloc(buf);
     if (!rc) {  // tied params with bytes of their own start again from their target

@@ -10,8 +10,9 @@
  * data, weights files).
  *
  * Ranks: a plan for a world of N runs as N processes started by mpirun, srun, or
- * `fsexec --nproc N` (which checks N against the plan's world, then execs mpirun on
- * this binary). The world is the plan's stages x data-parallel ranks (rt_plan_layout):
+ * `fsexec --nproc N` (which checks N against the plan's world, then runs mpirun on this
+ * binary as its child, relaying a Ctrl-C to the ranks: runtime/launch.c). The world is
+ * the plan's stages x data-parallel ranks (rt_plan_layout):
  * rank r runs stage r / dp's program (plan_extract_program) as data-parallel index
  * r % dp, and everything after (the executor, data, weights, the step loop) sees that
  * one-program plan; a plan of one stage runs as it is. One rank reports: rank 0, or in
@@ -168,7 +169,9 @@ static const char USAGE[] =
     "                       --oversubscribe --bind-to none` (plus --allow-run-as-root as\n"
     "                       root; $FSEXEC_MPIRUN names another mpirun) on this fsexec with\n"
     "                       the other options; each rank gets cores/N threads unless\n"
-    "                       --threads or OMP_NUM_THREADS says otherwise\n"
+    "                       --threads or OMP_NUM_THREADS says otherwise. mpirun runs in a\n"
+    "                       process group of its own: a Ctrl-C reaches fsexec, which relays\n"
+    "                       it to the ranks and exits 130 once they stop\n"
     "  --timeout SECONDS    with several ranks: end every rank when one step (or a save or\n"
     "                       load) takes longer than this, e.g. a peer died unnoticed;\n"
     "                       the waiting ranks name the rank that did not reach the\n"
@@ -1121,7 +1124,7 @@ static int export_checkpoint(const char *from, const char *out, RtWeightsFormat 
     return rc ? 1 : 0;
 }
 
-/* fsexec --nproc N: the same command as N ranks under mpirun; returns only on failure. */
+/* fsexec --nproc N: the same command as N ranks under mpirun; its exit status. */
 static int launch(const Flags *f, int argc, char **argv)
 {
     RtRanks rk;

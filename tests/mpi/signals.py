@@ -53,7 +53,8 @@ def logged(path):
 
 def checkpoints(ck):
     """{step: complete} of the step directories in ck"""
-    return {int(d[-8:]): os.path.exists(os.path.join(d, "manifest.json")) for d in glob.glob(os.path.join(ck, "step-*"))}
+    return {int(d[-8:]): os.path.exists(os.path.join(d, "manifest.json"))
+            for d in glob.glob(os.path.join(ck, "step-*"))}
 
 
 def say_lines(text):
