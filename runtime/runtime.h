@@ -969,9 +969,9 @@ typedef struct {
     const RtCheckpointOptions *checkpoint;  // where checkpoints go, or NULL for none
     int64_t save_every;       // a checkpoint every N steps (0: only at the end, and when stopped)
     int64_t *reached;         // the last step done, or NULL
-    volatile const sig_atomic_t *stop;  // set (to the signal's number, by a handler) to stop at the next step
-                              // boundary, after a checkpoint; NULL: never
-    int *stopped_by;          // the signal the ranks agreed to stop for (the largest any saw), or NULL
+    volatile const sig_atomic_t *stop;  // set (rt_signals_catch's flag) to stop at the next step boundary, after
+                              // a checkpoint (or right after the save it came in); NULL: never
+    int *stopped_by;          // the flag the ranks agreed to stop for (the largest any saw), or NULL
     int64_t overflow_at;      // debug: the fp16 backward seed (PLAN_SR_LOSS_SEED) made infinite at this step
     const char *save_grads;   // step 1's gradients into this file (world 1), or NULL
     int cuda_graph;           // a device backend captures step 2 and replays it

@@ -923,7 +923,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     rt_watchdog_disarm();
     /* Stopped by the launcher's relay (fsexec --nproc): it reports the signal in its exit
      * status; a rank's non-zero one would only add mpirun's message. */
-    return rc && stopped && rt_signal_relayed(stopped_by) ? 0 : rc;
+    return stopped && rc == 128 + rt_signal_of(stopped_by) && rt_signal_relayed(stopped_by) ? 0 : rc;
 }
 
 /* The checkpoint against this run's model and data (record.c), before any state is
