@@ -226,6 +226,9 @@ typedef struct {
 struct Graph {
     Arena *arena;
     const char *model;  // the model's name
+    const char *dims;   // the model-level dims, "NAME=VALUE ..." in source order, global (before the
+                        // batch is split over ranks); NULL in stage and decode graphs
+    const char *batch_dim;  // the first dim of the first input when it is a dim name, or NULL
     Value *values;
     int n_values, cap_values;
     Node *nodes;

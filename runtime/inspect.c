@@ -86,6 +86,13 @@ static void print_summary(const Plan *p, FILE *out)
     fprintf(out, "plan format   %u.%u\n", p->major, p->minor);
     fprintf(out, "model         %s\n", report_clean(plan_meta_str(p, "model", "?"), a, sizeof a));
     fprintf(out, "compiler      %s\n", report_clean(plan_meta_str(p, "compiler", "?"), a, sizeof a));
+    if (plan_meta_find(p, "dims")) {  // a checkpoint records them: a resume compares them
+        char d[256];
+        fprintf(out, "dims          %s", report_clean(plan_meta_str(p, "dims", "?"), d, sizeof d));
+        if (plan_meta_find(p, "batch_dim"))
+            fprintf(out, " (batch %s)", report_clean(plan_meta_str(p, "batch_dim", "?"), a, sizeof a));
+        fprintf(out, "\n");
+    }
     if (plan_meta_find(p, "source"))
         fprintf(out, "source        %s\n", report_clean(plan_meta_str(p, "source", "?"), a, sizeof a));
     fprintf(out, "ranks         %" PRId64 " (%" PRId64 " data-parallel x %" PRId64 " pipeline stage%s)\n",
@@ -124,7 +131,7 @@ static void print_summary(const Plan *p, FILE *out)
 
 static void print_settings(const Plan *p, FILE *out)
 {
-    static const char *const shown[] = {"model", "compiler", "params", "source"};
+    static const char *const shown[] = {"model", "compiler", "params", "source", "dims", "batch_dim"};
     char buf[64];
     fprintf(out, "\ntraining settings\n");
     for (int32_t i = 0; i < p->n_meta; i++) {
