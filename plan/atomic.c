@@ -147,7 +147,7 @@ void plan_output_abandon(void)
     if (has_pending) unlink(pending);
 }
 
-static void pending_set(const char *tmp)
+void plan_output_pending(const char *tmp)
 {
     has_pending = 0;
     if (!tmp) return;
@@ -211,7 +211,7 @@ PlanOutput *plan_output_open(const char *path, char *err, size_t errlen)
     }
     struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
     fcntl(o->fd, F_SETLK, &lk);  // without locks (some file systems), the PID alone guards it
-    pending_set(o->tmp);
+    plan_output_pending(o->tmp);
     return o;
 }
 
@@ -226,7 +226,7 @@ void plan_output_abort(PlanOutput *o)
     if (!o) return;
     close(o->fd);
     if (!o->stream) unlink(o->tmp);
-    if (!o->stream) pending_set(NULL);
+    if (!o->stream) plan_output_pending(NULL);
     plan_dealloc(o);
 }
 
@@ -237,7 +237,7 @@ int plan_output_commit(PlanOutput *o, char *err, size_t errlen)
     o->fd = -1;
     if (!o->failed && !o->stream && rename(o->tmp, o->target)) o->failed = "rename", o->saved = errno;
     int rc = 0;
-    if (!o->stream) pending_set(NULL);  // renamed, or removed just below
+    if (!o->stream) plan_output_pending(NULL);  // renamed, or removed just below
     if (o->failed) {
         if (!o->stream) unlink(o->tmp);
         rc = plan_fail(err, errlen, "cannot write the file (%s): %s", o->failed, strerror(o->saved));

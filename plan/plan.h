@@ -432,6 +432,10 @@ void plan_output_abort(PlanOutput *o);
 /* For a signal handler (async-signal-safe): removes the temporary file being written now,
  * if any; the write it belongs to is never committed (the process is ending). */
 void plan_output_abandon(void);
+/* The temporary file a writer of its own (runtime/ckfs.c) has open now, as plan_output_open
+ * records its own, for plan_output_abandon and plan_output_on_open's hook; NULL once it is
+ * renamed or removed. */
+void plan_output_pending(const char *tmp);
 /* Test-only (runtime/signals.c's FSEXEC_TEST_SIGNAL): hook is called once, the next time a
  * temporary file has been opened; NULL: none. */
 void plan_output_on_open(void (*hook)(void));
