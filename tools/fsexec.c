@@ -35,6 +35,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ir.h"  // config_keys and diag_closest: fsc's settings and its matcher
 #include "runtime.h"
 
 static const char USAGE[] =
@@ -75,7 +76,8 @@ static const char USAGE[] =
     "                       val_acc) on that step's line and in --log. FILE is a token file,\n"
     "                       read as --data is; every evaluation reads its first --eval-batches\n"
     "                       batches, in order. A classifier takes `--val-data blobs`: blob\n"
-    "                       batches no training step draws. Not for pipelines (an error)\n"
+    "                       batches no training step draws. Pipelines evaluate\n"
+    "                       through their stages; not those with interleaved model chunks\n"
     "  --eval-every N       evaluate every N steps too (default: only before the first step\n"
     "                       and after the last)\n"
     "  --eval-batches K     batches of each evaluation (default 10)\n"
@@ -382,24 +384,58 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
     return 2;
 }
 
-/* The flags that take no value and switch one thing on: 1 when `a` is one (and set). */
+/* The flags that take no value and switch one thing on. */
+static const struct {
+    const char *name;
+    size_t at;  // offsetof the int in Flags
+} SWITCHES[] = {
+    {"--debug-guard", offsetof(Flags, debug_guard)}, {"--debug-nan", offsetof(Flags, debug_nan)},
+    {"--cuda-graph", offsetof(Flags, cuda_graph)},   {"--tf32", offsetof(Flags, tf32)},
+    {"--sync-sends", offsetof(Flags, sync_sends)},   {"--no-kv-cache", offsetof(Flags, no_kv_cache)},
+    {"--cpu-one-by-one", offsetof(Flags, one_by_one)},
+};
+#define N_SWITCHES (sizeof SWITCHES / sizeof *SWITCHES)
+
+/* 1 when `a` is a switch (and set). */
 static int switch_flag(Flags *f, const char *a)
 {
-    static const struct {
-        const char *name;
-        size_t at;  // offsetof the int in Flags
-    } SWITCHES[] = {
-        {"--debug-guard", offsetof(Flags, debug_guard)}, {"--debug-nan", offsetof(Flags, debug_nan)},
-        {"--cuda-graph", offsetof(Flags, cuda_graph)},   {"--tf32", offsetof(Flags, tf32)},
-        {"--sync-sends", offsetof(Flags, sync_sends)},   {"--no-kv-cache", offsetof(Flags, no_kv_cache)},
-        {"--cpu-one-by-one", offsetof(Flags, one_by_one)},
-    };
-    for (size_t i = 0; i < sizeof SWITCHES / sizeof *SWITCHES; i++)
+    for (size_t i = 0; i < N_SWITCHES; i++)
         if (!strcmp(a, SWITCHES[i].name)) {
             *(int *)((char *)f + SWITCHES[i].at) = 1;
             return 1;
         }
     return 0;
+}
+
+/* An option fsexec does not take: a training setting or a dim, which fsc compiles into
+ * the plan, says so; anything else names the closest of fsexec's own flags, found by
+ * the matcher fsc's settings use (diag_closest). */
+static int unknown_option(const char *a)
+{
+    char name[64], key[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(a, "="), a);
+    snprintf(key, sizeof key, "%s", name + strspn(name, "-"));
+    for (char *c = key; *c; c++)
+        if (*c == '-') *c = '_';
+    char msg[256];
+    int n_keys;
+    const ConfigKey *keys = config_keys(&n_keys);
+    for (int i = 0; i < n_keys && a[1] == '-'; i++)
+        if (!strcmp(key, keys[i].key)) {
+            snprintf(msg, sizeof msg, "%s is a training setting, compiled into the plan by fsc: recompile the "
+                     "model with fsc MODEL.fsm %s VALUE", name, name);
+            return usage_error("%s", msg);
+        }
+    if (!strncmp(a, "-D", 2))
+        return usage_error("%s sets a model dim, compiled into the plan by fsc: recompile the model with fsc "
+                           "MODEL.fsm -D NAME=VALUE", a);
+    const char *flags[V_COUNT + N_SWITCHES + 2] = {"--help", "--version"};
+    for (int i = 0; i < V_COUNT; i++) flags[2 + i] = VALUE_FLAGS[i];
+    for (size_t i = 0; i < N_SWITCHES; i++) flags[2 + V_COUNT + i] = SWITCHES[i].name;
+    const char *near = diag_closest(name, flags, (int)(sizeof flags / sizeof *flags));
+    if (!near) return usage_error("unknown option '%s'", a);
+    snprintf(msg, sizeof msg, "unknown option '%s'; did you mean '%s'?", a, near);
+    return usage_error("%s", msg);
 }
 
 static int parse_args(int argc, char **argv, Flags *f)
@@ -433,7 +469,7 @@ static int parse_args(int argc, char **argv, Flags *f)
             n = strlen(VALUE_FLAGS[which]);
             if (!strncmp(a, VALUE_FLAGS[which], n) && (a[n] == '=' || !a[n])) break;
         }
-        if (which == V_COUNT) return usage_error("unknown option '%s'", a);
+        if (which == V_COUNT) return unknown_option(a);
         if (!a[n] && i + 1 >= argc)
             return usage_error(which == V_INSPECT ? "%s needs a plan file" : "%s needs a value", a);
         int rc = set_value(f, (ValueFlag)which, a[n] ? a + n + 1 : argv[++i]);

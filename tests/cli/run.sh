@@ -140,6 +140,10 @@ expect pipe-comm-group 0 "over the pipeline group (2 ranks, one per stage)" -- "
 expect pipe-plan 0 "" -- "$FSC" "${PIPE[@]}" -o "$tmp/pipe.plan"
 expect pipe-inspect 0 "programs (2)" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
 expect pipe-inspect-timeline 0 "timeline: gpt2, 2 stages, 4 micro-batches" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+# The HTML page's stage table: each stage's param count in its params column (stage 0:
+# wte, wpe and one block: 16,384 + 2,048 + 49,984), not its ranks.
+expect pipe-mem-html 0 "" -- "$FSC" "${PIPE[@]}" --mem=html "$tmp/pipe.html"
+expect pipe-html-stage-params 0 '<td class="n">0 B</td><td class="n">68,416</td></tr>' -- cat "$tmp/pipe.html"
 expect reduce-dtype-mismatch 1 "reduce_dtype bf16 with precision fp16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision fp16 --reduce_dtype bf16
 expect precision-bf16 0 "precision bf16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision bf16
 expect pipeline-world 1 "world 1 does not split into 2 pipeline stages" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2
@@ -150,6 +154,11 @@ expect accumulate-batch 1 "does not split evenly over 1 data-parallel rank x 5 m
 expect offload-params-needs-fsdp 1 "so it needs --shard fsdp" -- "$FSC" "$SRC/samples/mlp.fsm" --offload params
 expect offload-comm 0 "device <-> host: " -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --comm -q
 expect offload-mem 0 "host state" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --mem -q
+# Offloading the optimizer is not fsdp's offload params; the fp32 params are on the host.
+expect offload-mem-sentence 0 "the optimizer updates the fp32 params and its state on the host" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --precision bf16 --mem -q
+expect offload-mem-not-params 1 "" -- bash -c "\"$FSC\" \"$SRC/samples/mlp.fsm\" --offload optimizer --precision bf16 --mem -q | grep -q \"offload params\""
+expect offload-mem-params-place 0 "bf16 on the device, " -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --precision bf16 --mem -q
+expect offload-mem-f32-on-host 0 "f32 on the host" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --precision bf16 --mem -q
 expect offload-typo 1 "did you mean 'optimizer'" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimiser
 expect offload-plan 0 "wrote $tmp/mlp-off.plan" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer -o "$tmp/mlp-off.plan"
 expect offload-run 0 "step 2/2" -- "$FSEXEC" "$tmp/mlp-off.plan" --steps 2 --debug-guard --debug-nan
@@ -161,6 +170,18 @@ expect inspect-truncated 1 "truncated" -- "$FSEXEC" --inspect "$tmp/short.plan"
 expect inspect-text 1 "bad magic" -- "$FSEXEC" --inspect "$SRC/samples/mlp.fsm"
 expect inspect-missing 1 "No such file" -- "$FSEXEC" --inspect "$tmp/none.plan"
 expect fsexec-help 0 "usage: fsexec" -- "$FSEXEC" --help
+# fsexec's own typos get fsc's "did you mean"; fsc's settings and dims say they are fsc's.
+expect fsexec-typo-steps 2 "unknown option '--step'; did you mean '--steps'?" -- "$FSEXEC" "$tmp/gpt2.plan" --step 3
+expect fsexec-typo-ckpt 2 "unknown option '--checkpoint_dir'; did you mean '--checkpoint-dir'?" -- "$FSEXEC" "$tmp/gpt2.plan" --checkpoint_dir d
+expect fsexec-typo-eq 2 "unknown option '--save-weight=w.st'; did you mean '--save-weights'?" -- "$FSEXEC" "$tmp/gpt2.plan" --save-weight=w.st
+expect fsexec-typo-switch 2 "did you mean '--debug-guard'?" -- "$FSEXEC" "$tmp/gpt2.plan" --debug-gaurd
+expect fsexec-fsc-setting 2 "fsexec: --shard is a training setting, compiled into the plan by fsc: recompile the model with fsc MODEL.fsm --shard VALUE" -- "$FSEXEC" "$tmp/gpt2.plan" --shard fsdp
+expect fsexec-fsc-setting-dashes 2 "--shard-group is a training setting" -- "$FSEXEC" "$tmp/gpt2.plan" --shard-group=2
+expect fsexec-fsc-dim 2 "-D L=3 sets a model dim, compiled into the plan by fsc" -- "$FSEXEC" "$tmp/gpt2.plan" "-D L=3"
+expect fsexec-unknown-far 2 "unknown option '--zzzzzz' (see fsexec --help)" -- "$FSEXEC" "$tmp/gpt2.plan" --zzzzzz
+# --val-data evaluates pipelines through their stages (tests/mpi/evaluation.py); the help says so.
+expect fsexec-help-val-data-pipelines 0 "Pipelines evaluate" -- "$FSEXEC" --help
+expect fsexec-help-val-data-not-refused 1 "" -- bash -c "\"$FSEXEC\" --help | grep -q 'Not for pipelines'"
 expect write-unwritable 1 "fsc: error:" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/no/such/dir/x.plan"
 
 # An input fsexec cannot feed from --data (ops/feed.c's rule): fsc warns at its declaration
