@@ -131,6 +131,7 @@ expect timeline-bad 1 "--timeline: expected --timeline or --timeline=unit, got '
 # A pipeline's reports: 1F1B over 2 stages and 4 micro-batches takes (M + P - 1) x 3.
 PIPE=("$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --stages 2 --microbatches 4 --world 2 -q)
 expect pipe-timeline 0 "makespan 15; ideal 12 (the busiest stage's work alone); bubble 20.0% of the makespan" -- "$FSC" "${PIPE[@]}" --timeline=unit
+expect pipe-timeline-bf16 0 "makespan 15; ideal 12" -- "$FSC" "${PIPE[@]}" --precision bf16 --timeline=unit
 expect pipe-timeline-flops 0 "  stage 1   " -- "$FSC" "${PIPE[@]}" --timeline
 expect pipe-mem 0 "memory plan: gpt2, stage 1 of 2 (rank 1), 1 data-parallel rank; bytes per rank" -- "$FSC" "${PIPE[@]}" --mem
 expect pipe-mem-json 0 '"n_stages": 2' -- "$FSC" "${PIPE[@]}" --mem=json
