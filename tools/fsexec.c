@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "ir.h"  // config_keys and diag_closest: fsc's settings and its matcher
+#include "report.h"  // report_bytes: sizes as fsc --mem writes them
 #include "runtime.h"
 
 static const char USAGE[] =
@@ -569,30 +570,6 @@ static void run_free(Run *r)
     rt_exec_free(r->e);
 }
 
-/* 1234567 -> "1,234,567" */
-static const char *grouped(int64_t v, char *buf, size_t n)
-{
-    char digits[32];
-    int len = snprintf(digits, sizeof digits, "%" PRId64, v);
-    size_t at = 0;
-    for (int i = 0; i < len && at + 2 < n; i++) {
-        if (i && digits[i - 1] != '-' && (len - i) % 3 == 0) buf[at++] = ',';
-        buf[at++] = digits[i];
-    }
-    buf[at] = 0;
-    return buf;
-}
-
-static const char *size_str(int64_t bytes, char *buf, size_t n)
-{
-    double v = (double)bytes / (1 << 20);
-    if (v >= 1024)
-        snprintf(buf, n, "%.2f GiB", v / 1024);
-    else
-        snprintf(buf, n, v >= 10 ? "%.0f MiB" : "%.2f MiB", v);
-    return buf;
-}
-
 /* The model's params: meta "params", else each param once (by name: two stages of a
  * pipeline may hold one, as a tied embedding). */
 static int64_t count_params(const Plan *p)
@@ -619,29 +596,29 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
         size_t at = strlen(mem);
         snprintf(mem + at, sizeof mem - at, "%s", k ? " / " : "");
         at = strlen(mem);
-        size_str(p->programs[k].space_bytes[PLAN_PLACE_DEVICE], mem + at, sizeof mem - at);
+        report_bytes(p->programs[k].space_bytes[PLAN_PLACE_DEVICE], mem + at, sizeof mem - at);
     }
-    if (layout.stages == 1) size_str(rt_exec_arena_bytes(r->e), mem, sizeof mem);
+    if (layout.stages == 1) report_bytes(rt_exec_arena_bytes(r->e), mem, sizeof mem);
     if (layout.stages == 1 && rt_exec_space_bytes(r->e, PLAN_PLACE_HOST) > 0) {  // offload's host space
         size_t at = strlen(mem);
         snprintf(mem + at, sizeof mem - at, " + host ");
         at = strlen(mem);
-        size_str(rt_exec_space_bytes(r->e, PLAN_PLACE_HOST), mem + at, sizeof mem - at);
+        report_bytes(rt_exec_space_bytes(r->e, PLAN_PLACE_HOST), mem + at, sizeof mem - at);
     }
     if (rt_device_is_cpu(&r->dev)) {  // the CPU's threads, and the kernels' workspace outside the arena (16-bit plans)
         char work[32];
         int n = snprintf(threads, sizeof threads, " | %d thread%s", rt_threads(), rt_threads() == 1 ? "" : "s");
         if (rt_exec_work_bytes(r->e) > 0)
             snprintf(threads + n, sizeof threads - (size_t)n, " | workspace %s",
-                     size_str(rt_exec_work_bytes(r->e), work, sizeof work));
+                     report_bytes(rt_exec_work_bytes(r->e), work, sizeof work));
     }
     else  // the host memory a device run takes for tensors: its mirror
-        snprintf(threads, sizeof threads, " | host mirror %s", size_str(rt_exec_host_bytes(r->e), work_buf, sizeof work_buf));
+        snprintf(threads, sizeof threads, " | host mirror %s", report_bytes(rt_exec_host_bytes(r->e), work_buf, sizeof work_buf));
     if (r->eval) {  // the evaluation program's arena, beside the training's
         size_t at = strlen(mem);
         snprintf(mem + at, sizeof mem - at, " + eval ");
         at = strlen(mem);
-        size_str(rt_eval_arena_bytes(r->eval), mem + at, sizeof mem - at);
+        report_bytes(rt_eval_arena_bytes(r->eval), mem + at, sizeof mem - at);
     }
     char ranks[160] = "", shard[64];  // "fsdp", or with hybrid sharding "fsdp in groups of 2"
     int64_t group = plan_shard_group(p, layout.dp);
@@ -656,7 +633,7 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
     if (start) snprintf(steps, sizeof steps, "steps %" PRId64 "-%" PRId64, start + 1, f->steps);
     else snprintf(steps, sizeof steps, "%" PRId64 " step%s", f->steps, f->steps == 1 ? "" : "s");
     fprintf(stderr, "fsexec: %s | device: %s | %s params | arena %s%s%s%s | data: %s | %s, seed %"
-            PRIu64 "%s%s%s\n", plan_meta_str(p, "model", "model"), r->dev.name, grouped(params, num, sizeof num), mem,
+            PRIu64 "%s%s%s\n", plan_meta_str(p, "model", "model"), r->dev.name, report_grouped(params, num, sizeof num), mem,
             layout.stages > 1 ? " per rank by stage" : my_world > 1 ? " per rank" : "", threads, ranks,
             rt_data_describe(r->data), steps, seed, f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "",
             !rt_device_is_cpu(&r->dev) && f->cuda_graph ? " | cuda-graph" : "", !rt_device_is_cpu(&r->dev) && f->tf32 ? " | tf32" : "");

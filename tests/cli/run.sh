@@ -145,6 +145,21 @@ expect pipe-inspect-timeline 0 "timeline: gpt2, 2 stages, 4 micro-batches" -- "$
 # wte, wpe and one block: 16,384 + 2,048 + 49,984), not its ranks.
 expect pipe-mem-html 0 "" -- "$FSC" "${PIPE[@]}" --mem=html "$tmp/pipe.html"
 expect pipe-html-stage-params 0 '<td class="n">0 B</td><td class="n">68,416</td></tr>' -- cat "$tmp/pipe.html"
+# A pipeline's --inspect: inputs, outputs and step roles under their stage, the cut fsc
+# chose beside `balance auto`, each stage's arena.
+expect pipe-inspect-inputs-staged 0 "  stage 1   targets    i32[8, 32]" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+expect pipe-inspect-outputs-staged 0 "  stage 1   loss       f32[]                           4 B  (loss)" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+expect pipe-inspect-roles-staged 0 "  stage 1   opt_step     opt_step" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+expect pipe-inspect-cut 0 "balance                1,1 blocks per stage (stage 0: h.0; stage 1: h.1), balance auto" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+pipe_arenas=$("$FSC" "${PIPE[@]}" --mem | sed -n 's/^  [01]  *rank [01]  *[0-9]*  *\([0-9.]* [KMG]*i*B\) .*/\1/p' | paste -sd/ | sed 's|/| / |')
+expect pipe-inspect-arenas 0 "device arena  ${pipe_arenas%% / *} (" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+# One formatter of sizes: fsc --mem, fsexec's start line and --inspect write an arena of
+# 14.6 MiB alike (the start line wrote 15 MiB).
+"$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=40 -q -o "$tmp/b40.plan"
+b40=$("$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=40 --mem -q | sed -n 's/^  arena  *\([0-9.]* [KMG]iB\) (.*/\1/p')
+expect arena-size-fsc 0 "fsc arena 14.6 MiB" -- echo "fsc arena $b40"
+expect arena-size-start-line 0 "| arena $b40 |" -- "$FSEXEC" "$tmp/b40.plan" --steps 0
+expect arena-size-inspect 0 "device arena  $b40 (15,301,952 bytes) per rank" -- "$FSEXEC" --inspect "$tmp/b40.plan"
 expect reduce-dtype-mismatch 1 "reduce_dtype bf16 with precision fp16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision fp16 --reduce_dtype bf16
 expect precision-bf16 0 "precision bf16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision bf16
 expect pipeline-world 1 "world 1 does not split into 2 pipeline stages" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2
@@ -433,14 +448,18 @@ winner=$(grep -A1 '^winner' "$tmp/fit1.txt" | tail -1 | sed "s|^ *fsc ||; s| -o 
 read -r -a wargs <<<"$winner"
 "$FSC" "${wargs[@]}" -q -o "$tmp/fit3.plan" >/dev/null 2>&1
 expect fit-plan-is-the-command-line 0 "" -- cmp "$tmp/fit1.plan" "$tmp/fit3.plan"
+# The winner is a point of the Pareto front the report prints (same time: the smaller arena).
+wset=$(grep -A1 '^winner' "$tmp/fit1.txt" | tail -1 | sed "s|.* --world 2 ||; s| -o $tmp/fit1.plan\$||")
+expect fit-winner-on-front 0 "fits  $wset" -- grep -x ".*fits  $wset" "$tmp/fit1.txt"
 want=$(grep '^winner' "$tmp/fit1.txt" | sed 's/.*(\([0-9]*\) bytes).*/\1/')
 mem=$("$FSC" "${wargs[@]}" --mem=json -q | grep -o '"arena_bytes": *[0-9]*' | head -1 | grep -o '[0-9]*$')
 expect fit-arena-is-mem 0 "$want" -- echo "mem arena $mem"
 # One rank: fsexec allocates the winner's arena and runs a step in it, the guard on.
 "$FSC" "$SRC/samples/gpt2.fsm" -D L=2 -D C=32 -D NH=2 -D T=16 -D V=256 -D B=4 --world 1 --fit 1GiB -q \
   -o "$tmp/fit_w1.plan" > "$tmp/fit_w1.txt" 2>&1
-mib=$(grep '^winner' "$tmp/fit_w1.txt" | sed 's/.*(\([0-9]*\) bytes).*/\1/' | awk '{printf "%.2f", $1 / 1048576}')
-expect fit-fsexec-arena 0 "| arena $mib MiB |" -- "$FSEXEC" "$tmp/fit_w1.plan" --steps 1 --debug-guard
+fit_arena=$("$FSEXEC" --inspect "$tmp/fit_w1.plan" | sed -n 's/^device arena  \(.*\) ([0-9,]* bytes) per rank$/\1/p')
+expect fit-inspect-arena 0 "" -- test -n "$fit_arena"
+expect fit-fsexec-arena 0 "| arena $fit_arena |" -- "$FSEXEC" "$tmp/fit_w1.plan" --steps 1 --debug-guard
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]
