@@ -30,7 +30,7 @@
 
 #include "plan.h"
 
-#define RT_BACKEND_ABI 5
+#define RT_BACKEND_ABI 6
 #define RT_BACKEND_SYMBOL "fs_cuda_backend"
 
 typedef struct RtBackend RtBackend;
@@ -108,6 +108,11 @@ typedef struct {
     void (*info)(const RtBackend *b, RtBackendInfo *out);
     /* The message of the last failure. */
     const char *(*error)(const RtBackend *b);
+    /* Whether plan p's device memory fits in what the device of local_rank has free,
+     * asked before fsexec builds anything for it: 0 (also when it cannot tell), or -1
+     * with what is free, what the plan needs and the fsc --mem-limit to recompile with.
+     * Keeps nothing. NULL: the backend runs in host memory and has nothing to check. */
+    int (*check_fit)(const Plan *p, int local_rank, char *err, size_t errlen);
 } RtBackendOps;
 
 typedef const RtBackendOps *(*RtBackendEntry)(void);

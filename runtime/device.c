@@ -27,7 +27,7 @@ static const char *cpu_reason(const char *err)
     return err;
 }
 
-int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, const char *who)
+int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, int local_rank, const char *who)
 {
     char err[1024] = "", why[1024];
     memset(d, 0, sizeof *d);
@@ -47,6 +47,12 @@ int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, c
         rc = -1;
     }
     if (!rc) rc = rt_backend_plan_has_cuda(p, err, sizeof err);
+    /* A plan too large for the GPU is an error before anything is built, under auto too
+     * (the CPU would not be what the user compiled for). */
+    char fit[1024] = "";
+    int too_big = !rc && ops->check_fit && ops->check_fit(p, local_rank, fit, sizeof fit);
+    if (too_big) fprintf(stderr, "%s: --device %s: %s\n", who, want == RT_DEVICE_CUDA ? "cuda" : "auto", fit);
+    if (rt_comm_agree(too_big ? 1 : 0)) return 1;  // one rank's device too small ends every rank
     if (!rt_comm_agree(rc ? 1 : 0)) {  // every rank runs on the same kind of device
         d->ops = ops;
         return 0;

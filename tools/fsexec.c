@@ -866,7 +866,8 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     int64_t start = r->resume ? rt_checkpoint_step(r->resume) : 0;
     ProgressOptions po = {.steps = f->steps, .start = start, .append = r->resume != NULL, .log_every = f->log_every,
                           .log_path = f->log, .tty = -1};
-    int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, whole, who);
+    int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, whole,
+                              rk->local_rank, who);
     if (rc) return rc;
     if (f->cuda_graph && !rt_device_is_cpu(&r->dev) && plan_space_bytes(p, PLAN_PLACE_HOST) > 0) {
         fprintf(stderr, "%s: --cuda-graph: the plan runs its optimizer on the host (offload), which a CUDA graph cannot "
