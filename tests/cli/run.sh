@@ -105,6 +105,12 @@ expect comm-update-gather 0 "all_gather     h.0.gathered                 update 
 expect comm-grad-reduction 0 "reduce_scatter h.0.flat_grad_shard          grad reduction" -- "${COMM[@]}"
 expect comm-units 0 "grad reduction          199,936   195.2 KiB   146.4 KiB" -- "${COMM[@]}"
 expect comm-total 0 "payload 1,348,112 bytes (1.3 MiB) per rank and step; a ring algorithm sends 1,011,084 bytes (987.4 KiB) of it" -- "${COMM[@]}"
+# fsdp's params outside blocks: kept gathered (the default), or gathered per use with
+# --reshard_root 1, which makes model state ZeRO-3's 16 Psi / N (4.00 bytes/param at N = 4).
+expect reshard-root-help 0 "--reshard_root VALUE" -- "$FSC" --help
+expect reshard-root-state 0 "model state    4.00 bytes/param: 16-bit params 0.50 + 16-bit grads 0.50 + fp32 params 1.00" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D L=4 -D B=8 --shard fsdp --world 4 --precision bf16 --reshard_root 1 --mem -q
+expect reshard-root-kept 0 "model state    4.13 bytes/param" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D L=4 -D B=8 --shard fsdp --world 4 --precision bf16 --mem -q
+expect reshard-root-gathers 0 "backward gather" -- bash -c "\"$FSC\" \"$SRC/samples/gpt2.fsm\" ${GPT2_SMALL[*]} -D B=8 --shard fsdp --world 4 --reshard_root 1 --comm -q | grep 'gpt2.gathered'"
 # Every category shows at world 1024 (2 bytes/param over 1024 ranks is 0.00195, not 0.00).
 expect mem-digits 0 "16-bit grads 0.00195 + fp32 params 0.00391 + fp32 grads 0.00 + optimizer state 0.00781" -- "$FSC" "$SRC/samples/gpt2.fsm" -D L=128 -D C=25600 -D NH=160 -D B=1024 --world 1024 --shard fsdp --precision bf16 --mem -q
 # No report names a buffer "(null)" (once seen as "(null).exp_avg"): every sharded strategy
@@ -439,6 +445,7 @@ expect fit-below-minimum 1 "nothing fits in 1.0 KiB per rank: the smallest arena
 expect fit-counts 0 "compiled" -- "$FSC" "${FIT[@]}" --fit 1GiB -q
 expect fit-front 0 "Pareto front of the compiled candidates" -- "$FSC" "${FIT[@]}" --fit 1GiB -q
 expect fit-pinned 0 "shard {fsdp} (pinned)" -- "$FSC" "${FIT[@]}" --shard fsdp --fit 1GiB -q
+expect fit-reshard-root 0 "reshard_after_forward {0,1}; reshard_root {0,1}; " -- "$FSC" "${FIT[@]}" --shard fsdp --fit 1GiB -q
 "$FSC" "${FIT[@]}" --fit 1GiB -q -o "$tmp/fit1.plan" > "$tmp/fit1.txt" 2>&1
 "$FSC" "${FIT[@]}" --fit 1GiB -q -o "$tmp/fit2.plan" > "$tmp/fit2.txt" 2>&1
 expect fit-deterministic 0 "" -- cmp "$tmp/fit1.plan" "$tmp/fit2.plan"
