@@ -291,7 +291,8 @@ static void root_runs(Shard *s, Unit *u, const int *unit_of)
  * fsdp's reshard_after_forward; the params outside blocks too with reshard_root. */
 static int reshards(const Shard *s, const Unit *u)
 {
-    return s->t->shard == SHARD_FSDP && s->t->reshard_after_forward && (u->block >= 0 || (s->t->reshard_root && !u->tied));
+    const TrainConfig *t = s->t;
+    return t->shard == SHARD_FSDP && t->reshard_after_forward && (u->block >= 0 || (t->reshard_root && !u->tied));
 }
 
 /* The first node that writes any byte of value v: its producer's, or that of a value
@@ -562,7 +563,7 @@ static void gather_at_first_use(Shard *s)
             int v = u->gather_in_run[run];
             if (v < 0) continue;
             int at = u->first_in_run[run];
-            int x = ir_in(s->g, ir_node(s->g, s->g->values[v].producer), 0);  // the gather's input: a cast to move along
+            int x = ir_in(s->g, ir_node(s->g, s->g->values[v].producer), 0);  // its input: a cast to move along
             for (int k = 0; k < s->n_placed; k++) {
                 int out = ir_out(s->g, ir_node(s->g, s->placed[k].node), 0);
                 if (out == v || out == x) s->placed[k].at = at < NONE ? at : 0;

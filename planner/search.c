@@ -237,7 +237,10 @@ static int before(const FitPoint *pts, int64_t i, int64_t j)
     return i < j ? -1 : i > j;
 }
 
-static int by_time(const void *a, const void *b) { return before(sort_points, *(const int64_t *)a, *(const int64_t *)b); }
+static int by_time(const void *a, const void *b)
+{
+    return before(sort_points, *(const int64_t *)a, *(const int64_t *)b);
+}
 
 static int search(const FitRequest *q, FitResult *r, int64_t *order, int64_t *done)
 {

@@ -80,7 +80,8 @@ static void print_summary(const Plan *p, FILE *out)
             fprintf(out, "%-13s", s == PLAN_PLACE_DEVICE ? "device arena" : "host arena");
             for (int32_t g = 0; g < p->n_programs; g++) {
                 int64_t n = p->programs[g].space_bytes[s];
-                fprintf(out, "%s%s (%s bytes)", g ? " / " : " ", report_bytes(n, a, sizeof a), report_grouped(n, b, sizeof b));
+                fprintf(out, "%s%s (%s bytes)", g ? " / " : " ", report_bytes(n, a, sizeof a),
+                        report_grouped(n, b, sizeof b));
             }
             fprintf(out, " per rank%s\n", p->n_programs > 1 ? " by stage" : "");
         }
@@ -197,7 +198,8 @@ static void print_io(const Plan *p, FILE *out)
             if (p->tensors[i].role == PLAN_ROLE_INPUT) {
                 fprintf(out, "  ");
                 stage_label(p, g, out);
-                fprintf(out, "%-*s  %-24s %10s\n", w, tensor_name(p, i, n, sizeof n), type_str(&p->tensors[i], t, sizeof t),
+                fprintf(out, "%-*s  %-24s %10s\n", w, tensor_name(p, i, n, sizeof n),
+                        type_str(&p->tensors[i], t, sizeof t),
                         report_bytes(plan_tensor_nbytes(&p->tensors[i]), b, sizeof b));
             }
     }
@@ -208,8 +210,10 @@ static void print_io(const Plan *p, FILE *out)
             int32_t id = p->outputs[i];
             fprintf(out, "  ");
             stage_label(p, g, out);
-            fprintf(out, "%-*s  %-24s %10s%s\n", w, tensor_name(p, id, n, sizeof n), type_str(&p->tensors[id], t, sizeof t),
-                    report_bytes(plan_tensor_nbytes(&p->tensors[id]), b, sizeof b), i == o0 ? "  (loss)" : "");
+            fprintf(out, "%-*s  %-24s %10s%s\n", w, tensor_name(p, id, n, sizeof n),
+                    type_str(&p->tensors[id], t, sizeof t),
+                    report_bytes(plan_tensor_nbytes(&p->tensors[id]), b, sizeof b),
+                    i == o0 ? "  (loss)" : "");
         }
     }
 }
@@ -283,7 +287,8 @@ static void print_ops(const Plan *p, FILE *out)
         }
     qsort(rows, (size_t)n, sizeof *rows, by_count);
     for (int i = 0; i < n; i++)
-        fprintf(out, "  %-*s %10s\n", w, report_clean(rows[i].name, name, sizeof name), report_grouped(rows[i].count, a, sizeof a));
+        fprintf(out, "  %-*s %10s\n", w, report_clean(rows[i].name, name, sizeof name),
+                report_grouped(rows[i].count, a, sizeof a));
     plan_dealloc(by_str);
     plan_dealloc(rows);
 }
@@ -308,7 +313,8 @@ static void print_roles(const Plan *p, FILE *out)
         if (count[r])
             fprintf(out, "  %-10s %10s %18s %12s\n", plan_role_name((PlanRole)r), report_grouped(count[r], a, sizeof a),
                     report_grouped(bytes[r], b, sizeof b), report_bytes(bytes[r], c, sizeof c));
-    fprintf(out, "  %-10s %10s %18s %12s\n", "total", report_grouped(p->n_tensors, a, sizeof a), report_grouped(total, b, sizeof b),
+    fprintf(out, "  %-10s %10s %18s %12s\n", "total", report_grouped(p->n_tensors, a, sizeof a),
+            report_grouped(total, b, sizeof b),
             report_bytes(total, c, sizeof c));
     if (tied)
         fprintf(out, "  (%s tied tensor%s: %s another's bytes, counted once)\n", report_grouped(tied, a, sizeof a),
@@ -357,8 +363,9 @@ static void print_programs(const Plan *p, FILE *out)
     for (int32_t k = 0; k < p->n_programs; k++) {
         const PlanProgram *g = &p->programs[k];
         fprintf(out, "  %-5d  %-13s %8d %10s %10s %8d %14s %12s\n", g->stage, report_stage_ranks(p, k, ranks, sizeof ranks),
-                g->dp_world, report_grouped(g->n_ops, a, sizeof a), report_grouped(g->n_tensors, b, sizeof b), g->n_outputs,
-                report_bytes(g->space_bytes[PLAN_PLACE_DEVICE], c, sizeof c), report_bytes(g->space_bytes[PLAN_PLACE_HOST], d, sizeof d));
+                g->dp_world, report_grouped(g->n_ops, a, sizeof a), report_grouped(g->n_tensors, b, sizeof b),
+                g->n_outputs, report_bytes(g->space_bytes[PLAN_PLACE_DEVICE], c, sizeof c),
+                report_bytes(g->space_bytes[PLAN_PLACE_HOST], d, sizeof d));
     }
 }
 

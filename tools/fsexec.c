@@ -613,7 +613,8 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
                      report_bytes(rt_exec_work_bytes(r->e), work, sizeof work));
     }
     else  // the host memory a device run takes for tensors: its mirror
-        snprintf(threads, sizeof threads, " | host mirror %s", report_bytes(rt_exec_host_bytes(r->e), work_buf, sizeof work_buf));
+        snprintf(threads, sizeof threads, " | host mirror %s",
+                 report_bytes(rt_exec_host_bytes(r->e), work_buf, sizeof work_buf));
     if (r->eval) {  // the evaluation program's arena, beside the training's
         size_t at = strlen(mem);
         snprintf(mem + at, sizeof mem - at, " + eval ");
@@ -633,7 +634,8 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
     if (start) snprintf(steps, sizeof steps, "steps %" PRId64 "-%" PRId64, start + 1, f->steps);
     else snprintf(steps, sizeof steps, "%" PRId64 " step%s", f->steps, f->steps == 1 ? "" : "s");
     fprintf(stderr, "fsexec: %s | device: %s | %s params | arena %s%s%s%s | data: %s | %s, seed %"
-            PRIu64 "%s%s%s\n", plan_meta_str(p, "model", "model"), r->dev.name, report_grouped(params, num, sizeof num), mem,
+            PRIu64 "%s%s%s\n", plan_meta_str(p, "model", "model"), r->dev.name, report_grouped(params, num, sizeof num),
+            mem,
             layout.stages > 1 ? " per rank by stage" : my_world > 1 ? " per rank" : "", threads, ranks,
             rt_data_describe(r->data), steps, seed, f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "",
             !rt_device_is_cpu(&r->dev) && f->cuda_graph ? " | cuda-graph" : "", !rt_device_is_cpu(&r->dev) && f->tf32 ? " | tf32" : "");

@@ -23,8 +23,9 @@ int cuda_fit_check(const CudaNeed *need, int64_t free_bytes, int64_t total, cons
     int64_t want = cuda_fit_total(need);
     if (want <= free_bytes) return 0;
     int64_t room = free_bytes - need->workspace - need->libraries;
-    int m = snprintf(msg, n, "the plan needs %.1f MiB of %s (arena %.1f MiB + cuBLAS workspace %.1f MiB + about %.1f MiB "
-                     "for the kernels and cuBLAS), and it has %.1f MiB free of %.1f MiB: ", (double)want / MIB, device,
+    int m = snprintf(msg, n, "the plan needs %.1f MiB of %s (arena %.1f MiB + cuBLAS workspace %.1f MiB + about "
+                     "%.1f MiB for the kernels and cuBLAS), and it has %.1f MiB free of %.1f MiB: ", (double)want / MIB,
+                     device,
                      (double)need->arena / MIB, (double)need->workspace / MIB, (double)need->libraries / MIB,
                      (double)free_bytes / MIB, (double)total / MIB);
     if (m < 0 || (size_t)m >= n) return -1;

@@ -58,9 +58,9 @@ Test(cuda_fit, an_arena_larger_than_the_gpu)
     CudaNeed n = cuda_fit_need(big);
     char msg[512] = "";
     cr_assert_eq(cuda_fit_check(&n, free_bytes, total, "cuda:0 NVIDIA H200", msg, sizeof msg), -1);
-    const char *want = "the plan needs 143429.0 MiB of cuda:0 NVIDIA H200 (arena 143333.0 MiB + cuBLAS workspace 32.0 MiB "
-                       "+ about 64.0 MiB for the kernels and cuBLAS), and it has 142629.0 MiB free of 143156.0 MiB: "
-                       "recompile with fsc ... --mem-limit 142533MiB";
+    const char *want = "the plan needs 143429.0 MiB of cuda:0 NVIDIA H200 (arena 143333.0 MiB + cuBLAS workspace "
+                       "32.0 MiB + about 64.0 MiB for the kernels and cuBLAS), and it has 142629.0 MiB free of "
+                       "143156.0 MiB: recompile with fsc ... --mem-limit 142533MiB";
     cr_expect(!strncmp(msg, want, strlen(want)), "got: %s", msg);
     n = cuda_fit_need(fits);
     cr_expect_eq(cuda_fit_check(&n, free_bytes, total, "cuda:0 NVIDIA H200", msg, sizeof msg), 0, "%s", msg);

@@ -649,8 +649,8 @@ Test(memreport, pipeline_stages_hold_one_16bit_copy)
     cr_assert_eq(s->n, 2);
     for (int k = 0; k < 2; k++) {
         const MemReport *r = s->stage[k];
-        cr_expect_eq(r->state[MEM_PARAMS16], 2 * r->param_count, "stage %d: 16-bit params %lld bytes for %lld params", k,
-                     (long long)r->state[MEM_PARAMS16], (long long)r->param_count);
+        cr_expect_eq(r->state[MEM_PARAMS16], 2 * r->param_count, "stage %d: 16-bit params %lld bytes for %lld params",
+                     k, (long long)r->state[MEM_PARAMS16], (long long)r->param_count);
         cr_expect_eq(r->max_cat[PLAN_PLACE_DEVICE][MEM_PARAMS16], r->state[MEM_PARAMS16],
                      "stage %d: 16-bit params reach %lld bytes, one copy is %lld", k,
                      (long long)r->max_cat[PLAN_PLACE_DEVICE][MEM_PARAMS16], (long long)r->state[MEM_PARAMS16]);

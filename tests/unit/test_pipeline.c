@@ -108,7 +108,8 @@ Test(pipeline, params_cast_once_a_step)
         for (int32_t k = 0; k < four->n_ops; k++) {
             const PlanOp *op = &four->ops[k];
             if (op->microbatch != PLAN_NONE && k < first_mb) first_mb = k;
-            if (strcmp(plan_str(four, op->op), "cast") || four->tensors[four->ids[op->in]].role != PLAN_ROLE_PARAM) continue;
+            if (strcmp(plan_str(four, op->op), "cast") || four->tensors[four->ids[op->in]].role != PLAN_ROLE_PARAM)
+                continue;
             casts++, last_cast = k;
             cr_expect_eq(op->microbatch, PLAN_NONE, "op %d casts a param in micro-batch %d", k, op->microbatch);
         }

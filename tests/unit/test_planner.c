@@ -105,7 +105,8 @@ static void check_brute_force(int world, const Define *defs, const Setting *pinn
         int on_front = r.winner < 0;  // the winner is a point of the front the report prints
         for (int i = 0; i < r.n_front; i++) on_front |= r.front[i] == r.winner;
         cr_assert(on_front, "budget %lld: the winner %lld (%g ms, %lld bytes) is not on the Pareto front",
-                  (long long)budget, (long long)r.winner, r.points[r.winner].cost.time, (long long)r.points[r.winner].arena);
+                  (long long)budget, (long long)r.winner, r.points[r.winner].cost.time,
+                  (long long)r.points[r.winner].arena);
         if (want >= 0) {
             cr_assert_leq(all.points[want].cost.time, last, "a larger budget, a slower plan");
             last = all.points[want].cost.time;
