@@ -22,9 +22,10 @@
  *    (reshard_after_forward) and gathers them again before its backward. The params
  *    outside blocks stay gathered for the whole step, or with reshard_root are gathered
  *    for each stretch between blocks that reads them (the embedding, the head; in the
- *    backward the same) and freed after it, as ZeRO-3 does (root_runs). Under mixed precision zero1 and
- *    zero2 store the fp32 shard as fsdp does (ZeRO's sharded master) and gather the
- *    16-bit params once a step, at their first use, keeping them to the step's end.
+ *    backward the same) and freed after it, as ZeRO-3 does (root_runs). Under mixed
+ *    precision zero1 and zero2 store the fp32 shard as fsdp does (ZeRO's sharded master)
+ *    and gather the 16-bit params once a step, at their first use, keeping them to the
+ *    step's end.
  *  - A frozen unit has no gradient buffer and no reduction; it is stored whole (ddp,
  *    zero1, zero2: nothing to gather, it never changes) or, under fsdp and 16-bit
  *    zero1/zero2, sharded and gathered as any other unit.
