@@ -143,6 +143,7 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"reduce_dtype", S, reduce_name(t->reduce_dtype), 0, 0},
         {"shard", S, shard_name(t->shard), 0, 0},
         {"reshard_after_forward", I, NULL, 0, t->reshard_after_forward},
+        {"reshard_root", I, NULL, 0, t->reshard_root},
         {"shard_group", I, NULL, 0, t->shard_group},
         {"world", I, NULL, 0, t->world},
         {"recompute", S, t->recompute, 0, 0},

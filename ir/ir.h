@@ -379,6 +379,7 @@ typedef struct {
     ReduceDtype reduce_dtype;  // dtype grads are reduced in
     ShardKind shard;
     int reshard_after_forward;
+    int reshard_root;     // fsdp: the params outside blocks gathered per stretch between blocks (1) or kept (0)
     int shard_group;      // zero1/zero2/fsdp: ranks a shard is split over (HYBRID_SHARD); 0: all D
     int world;
     char recompute[256];  // "none", "all" or comma-separated layer names

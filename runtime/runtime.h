@@ -899,9 +899,11 @@ typedef struct {
 
 /* Chooses the backend for `want`: CUDA for RT_DEVICE_CUDA, and for RT_DEVICE_AUTO when
  * every rank has a GPU and the plan (the whole plan: a pipeline runs on CPU ranks only)
- * a CUDA program (debug modes: the CPU); else the CPU, with the reason in d->name. Every rank calls it and they agree. 0, or 1 after a
- * message prefixed by `who` (RT_DEVICE_CUDA where it cannot run). */
-int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, const char *who);
+ * a CUDA program (debug modes: the CPU); else the CPU, with the reason in d->name. Every
+ * rank calls it and they agree. 0, or 1 after a message prefixed by `who` (RT_DEVICE_CUDA
+ * where it cannot run; CUDA chosen, a plan larger than what the GPU of local_rank has
+ * free: the backend's check_fit). */
+int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, int local_rank, const char *who);
 /* Makes the chosen backend from e as it is now (initialized, weights loaded); the ids
  * in `report` (-1: none) come down after each step; trace: some steps will be timed
  * (rt_device_run_step_timed). 0, or -1 after a message. */

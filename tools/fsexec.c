@@ -36,6 +36,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ir.h"  // config_keys and diag_closest: fsc's settings and its matcher
+#include "report.h"  // report_bytes: sizes as fsc --mem writes them
 #include "runtime.h"
 
 static const char USAGE[] =
@@ -80,7 +82,8 @@ static const char USAGE[] =
     "                       read as --data is, or NAME=FILE.npy,NAME=FILE.npy (any model that\n"
     "                       trains on .npy files); every evaluation reads its first --eval-batches\n"
     "                       batches, in order. A classifier takes `--val-data blobs`: blob\n"
-    "                       batches no training step draws. Not for pipelines (an error)\n"
+    "                       batches no training step draws. Pipelines evaluate\n"
+    "                       through their stages; not those with interleaved model chunks\n"
     "  --eval-every N       evaluate every N steps too (default: only before the first step\n"
     "                       and after the last)\n"
     "  --eval-batches K     batches of each evaluation (default 10)\n"
@@ -399,25 +402,59 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
     return 2;
 }
 
-/* The flags that take no value and switch one thing on: 1 when `a` is one (and set). */
+/* The flags that take no value and switch one thing on. */
+static const struct {
+    const char *name;
+    size_t at;  // offsetof the int in Flags
+} SWITCHES[] = {
+    {"--debug-guard", offsetof(Flags, debug_guard)}, {"--debug-nan", offsetof(Flags, debug_nan)},
+    {"--cuda-graph", offsetof(Flags, cuda_graph)},   {"--tf32", offsetof(Flags, tf32)},
+    {"--sync-sends", offsetof(Flags, sync_sends)},   {"--no-kv-cache", offsetof(Flags, no_kv_cache)},
+    {"--cpu-one-by-one", offsetof(Flags, one_by_one)}, {"--resume-partial", offsetof(Flags, resume_partial)},
+    {"--resume-other-data", offsetof(Flags, resume_other_data)},
+};
+#define N_SWITCHES (sizeof SWITCHES / sizeof *SWITCHES)
+
+/* 1 when `a` is a switch (and set). */
 static int switch_flag(Flags *f, const char *a)
 {
-    static const struct {
-        const char *name;
-        size_t at;  // offsetof the int in Flags
-    } SWITCHES[] = {
-        {"--debug-guard", offsetof(Flags, debug_guard)}, {"--debug-nan", offsetof(Flags, debug_nan)},
-        {"--cuda-graph", offsetof(Flags, cuda_graph)},   {"--tf32", offsetof(Flags, tf32)},
-        {"--sync-sends", offsetof(Flags, sync_sends)},   {"--no-kv-cache", offsetof(Flags, no_kv_cache)},
-        {"--cpu-one-by-one", offsetof(Flags, one_by_one)}, {"--resume-partial", offsetof(Flags, resume_partial)},
-        {"--resume-other-data", offsetof(Flags, resume_other_data)},
-    };
-    for (size_t i = 0; i < sizeof SWITCHES / sizeof *SWITCHES; i++)
+    for (size_t i = 0; i < N_SWITCHES; i++)
         if (!strcmp(a, SWITCHES[i].name)) {
             *(int *)((char *)f + SWITCHES[i].at) = 1;
             return 1;
         }
     return 0;
+}
+
+/* An option fsexec does not take: a training setting or a dim, which fsc compiles into
+ * the plan, says so; anything else names the closest of fsexec's own flags, found by
+ * the matcher fsc's settings use (diag_closest). */
+static int unknown_option(const char *a)
+{
+    char name[64], key[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(a, "="), a);
+    snprintf(key, sizeof key, "%s", name + strspn(name, "-"));
+    for (char *c = key; *c; c++)
+        if (*c == '-') *c = '_';
+    char msg[256];
+    int n_keys;
+    const ConfigKey *keys = config_keys(&n_keys);
+    for (int i = 0; i < n_keys && a[1] == '-'; i++)
+        if (!strcmp(key, keys[i].key)) {
+            snprintf(msg, sizeof msg, "%s is a training setting, compiled into the plan by fsc: recompile the "
+                     "model with fsc MODEL.fsm %s VALUE", name, name);
+            return usage_error("%s", msg);
+        }
+    if (!strncmp(a, "-D", 2))
+        return usage_error("%s sets a model dim, compiled into the plan by fsc: recompile the model with fsc "
+                           "MODEL.fsm -D NAME=VALUE", a);
+    const char *flags[V_COUNT + N_SWITCHES + 2] = {"--help", "--version"};
+    for (int i = 0; i < V_COUNT; i++) flags[2 + i] = VALUE_FLAGS[i];
+    for (size_t i = 0; i < N_SWITCHES; i++) flags[2 + V_COUNT + i] = SWITCHES[i].name;
+    const char *near = diag_closest(name, flags, (int)(sizeof flags / sizeof *flags));
+    if (!near) return usage_error("unknown option '%s'", a);
+    snprintf(msg, sizeof msg, "unknown option '%s'; did you mean '%s'?", a, near);
+    return usage_error("%s", msg);
 }
 
 static int parse_args(int argc, char **argv, Flags *f)
@@ -451,7 +488,7 @@ static int parse_args(int argc, char **argv, Flags *f)
             n = strlen(VALUE_FLAGS[which]);
             if (!strncmp(a, VALUE_FLAGS[which], n) && (a[n] == '=' || !a[n])) break;
         }
-        if (which == V_COUNT) return usage_error("unknown option '%s'", a);
+        if (which == V_COUNT) return unknown_option(a);
         if (!a[n] && i + 1 >= argc)
             return usage_error(which == V_INSPECT ? "%s needs a plan file" : "%s needs a value", a);
         int rc = set_value(f, (ValueFlag)which, a[n] ? a + n + 1 : argv[++i]);
@@ -532,30 +569,6 @@ static void run_free(Run *r)
     rt_exec_free(r->e);
 }
 
-/* 1234567 -> "1,234,567" */
-static const char *grouped(int64_t v, char *buf, size_t n)
-{
-    char digits[32];
-    int len = snprintf(digits, sizeof digits, "%" PRId64, v);
-    size_t at = 0;
-    for (int i = 0; i < len && at + 2 < n; i++) {
-        if (i && digits[i - 1] != '-' && (len - i) % 3 == 0) buf[at++] = ',';
-        buf[at++] = digits[i];
-    }
-    buf[at] = 0;
-    return buf;
-}
-
-static const char *size_str(int64_t bytes, char *buf, size_t n)
-{
-    double v = (double)bytes / (1 << 20);
-    if (v >= 1024)
-        snprintf(buf, n, "%.2f GiB", v / 1024);
-    else
-        snprintf(buf, n, v >= 10 ? "%.0f MiB" : "%.2f MiB", v);
-    return buf;
-}
-
 /* The model's params: meta "params", else each param once (by name: two stages of a
  * pipeline may hold one, as a tied embedding). */
 static int64_t count_params(const Plan *p)
@@ -582,29 +595,30 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
         size_t at = strlen(mem);
         snprintf(mem + at, sizeof mem - at, "%s", k ? " / " : "");
         at = strlen(mem);
-        size_str(p->programs[k].space_bytes[PLAN_PLACE_DEVICE], mem + at, sizeof mem - at);
+        report_bytes(p->programs[k].space_bytes[PLAN_PLACE_DEVICE], mem + at, sizeof mem - at);
     }
-    if (layout.stages == 1) size_str(rt_exec_arena_bytes(r->e), mem, sizeof mem);
+    if (layout.stages == 1) report_bytes(rt_exec_arena_bytes(r->e), mem, sizeof mem);
     if (layout.stages == 1 && rt_exec_space_bytes(r->e, PLAN_PLACE_HOST) > 0) {  // offload's host space
         size_t at = strlen(mem);
         snprintf(mem + at, sizeof mem - at, " + host ");
         at = strlen(mem);
-        size_str(rt_exec_space_bytes(r->e, PLAN_PLACE_HOST), mem + at, sizeof mem - at);
+        report_bytes(rt_exec_space_bytes(r->e, PLAN_PLACE_HOST), mem + at, sizeof mem - at);
     }
     if (rt_device_is_cpu(&r->dev)) {  // the CPU's threads, and the kernels' workspace outside the arena (16-bit plans)
         char work[32];
         int n = snprintf(threads, sizeof threads, " | %d thread%s", rt_threads(), rt_threads() == 1 ? "" : "s");
         if (rt_exec_work_bytes(r->e) > 0)
             snprintf(threads + n, sizeof threads - (size_t)n, " | workspace %s",
-                     size_str(rt_exec_work_bytes(r->e), work, sizeof work));
+                     report_bytes(rt_exec_work_bytes(r->e), work, sizeof work));
     }
     else  // the host memory a device run takes for tensors: its mirror
-        snprintf(threads, sizeof threads, " | host mirror %s", size_str(rt_exec_host_bytes(r->e), work_buf, sizeof work_buf));
+        snprintf(threads, sizeof threads, " | host mirror %s",
+                 report_bytes(rt_exec_host_bytes(r->e), work_buf, sizeof work_buf));
     if (r->eval) {  // the evaluation program's arena, beside the training's
         size_t at = strlen(mem);
         snprintf(mem + at, sizeof mem - at, " + eval ");
         at = strlen(mem);
-        size_str(rt_eval_arena_bytes(r->eval), mem + at, sizeof mem - at);
+        report_bytes(rt_eval_arena_bytes(r->eval), mem + at, sizeof mem - at);
     }
     char ranks[160] = "", shard[64];  // "fsdp", or with hybrid sharding "fsdp in groups of 2"
     int64_t group = plan_shard_group(p, layout.dp);
@@ -619,7 +633,8 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
     if (start) snprintf(steps, sizeof steps, "steps %" PRId64 "-%" PRId64, start + 1, f->steps);
     else snprintf(steps, sizeof steps, "%" PRId64 " step%s", f->steps, f->steps == 1 ? "" : "s");
     fprintf(stderr, "fsexec: %s | device: %s | %s params | arena %s%s%s%s | data: %s | %s, seed %"
-            PRIu64 "%s%s%s\n", plan_meta_str(p, "model", "model"), r->dev.name, grouped(params, num, sizeof num), mem,
+            PRIu64 "%s%s%s\n", plan_meta_str(p, "model", "model"), r->dev.name, report_grouped(params, num, sizeof num),
+            mem,
             layout.stages > 1 ? " per rank by stage" : my_world > 1 ? " per rank" : "", threads, ranks,
             rt_data_describe(r->data), steps, seed, f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "",
             !rt_device_is_cpu(&r->dev) && f->cuda_graph ? " | cuda-graph" : "", !rt_device_is_cpu(&r->dev) && f->tf32 ? " | tf32" : "");
@@ -888,7 +903,8 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     int64_t start = r->resume ? rt_checkpoint_step(r->resume) : 0;
     ProgressOptions po = {.steps = f->steps, .start = start, .append = r->resume != NULL, .log_every = f->log_every,
                           .log_path = f->log, .tty = -1};
-    int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, whole, who);
+    int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, whole,
+                              rk->local_rank, who);
     if (rc) return rc;
     if (f->cuda_graph && !rt_device_is_cpu(&r->dev) && plan_space_bytes(p, PLAN_PLACE_HOST) > 0) {
         fprintf(stderr, "%s: --cuda-graph: the plan runs its optimizer on the host (offload), which a CUDA graph cannot "
