@@ -151,7 +151,7 @@ void rt_signals_saving(const char *path, int64_t step)
     gone_len = n > 0 && at + (size_t)n < sizeof gone ? at + (size_t)n : 0;
     saving = 1;
     hook_read();
-    if (!rank0 || hook_step != step) return;
+    if (!rank0 || hook_step <= 0 || hook_step != step) return;  // 0: no hook (and step 0 is the initial state)
     if (hook_twice) plan_output_on_open(second_signal);
     send_sigint(0);
 }

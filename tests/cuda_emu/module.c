@@ -191,19 +191,31 @@ static int run(char *const argv[], const char *log)
  * link the library. */
 static const char *const FLAGS[] = {"-std=c++17", "-O1", "-fPIC", "-w", "-ffp-contract=off",
                                     "-fsanitize=undefined", "-fno-sanitize=vptr", "-fno-sanitize-recover=all",
-                                    "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0", "-fno-tree-sra",
                                     "-fdata-sections",
                                     "-I" FS_CUDA_EMU_DIR, "-I" FS_CUDA_EMU_DIR "/include"};
+/* The measuring instrumentation makes kernels 3 to 4 times slower, so a run that reads no
+ * measures (fsexec training on the emulator, tests/cuda_emu/train.py) turns it off with
+ * FS_CUDA_EMU_MEASURE=0; then the table of measures is empty. */
+static const char *const OBSERVE[] = {"-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0",
+                                      "-fno-tree-sra"};
 static const char *const LINK[] = {"-shared", "-fsanitize=undefined", "-Wl,-T," FS_CUDA_EMU_DIR "/emu_shared.ld"};
-enum { N_FLAGS = sizeof FLAGS / sizeof *FLAGS, N_LINK = sizeof LINK / sizeof *LINK };
+enum { N_FLAGS = sizeof FLAGS / sizeof *FLAGS, N_OBSERVE = sizeof OBSERVE / sizeof *OBSERVE,
+       N_LINK = sizeof LINK / sizeof *LINK };
+
+static int measuring(void)
+{
+    const char *e = getenv("FS_CUDA_EMU_MEASURE");
+    return !e || strcmp(e, "0");
+}
 
 static int compile(const char *cxx, const char *cpp, const char *so, const char *log, char *err, size_t errlen)
 {
-    char *argv[N_FLAGS + N_LINK + 6], obj[1200];
+    char *argv[N_FLAGS + N_OBSERVE + N_LINK + 6], obj[1200];
     snprintf(obj, sizeof obj, "%s.o", so);
     int n = 0, rc;
     argv[n++] = (char *)cxx;
     for (int i = 0; i < N_FLAGS; i++) argv[n++] = (char *)FLAGS[i];
+    for (int i = 0; measuring() && i < N_OBSERVE; i++) argv[n++] = (char *)OBSERVE[i];
     argv[n++] = "-c", argv[n++] = "-o", argv[n++] = obj, argv[n++] = (char *)cpp, argv[n] = NULL;
     if (!(rc = run(argv, log))) {
         n = 0;
@@ -229,12 +241,13 @@ int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen)
     memset(m, 0, sizeof *m);
     if (!source) return plan_fail(err, errlen, "the plan has no CUDA module (section CUMD)");
     if (!cxx || !*cxx) cxx = "c++";
-    snprintf(m->compiler, sizeof m->compiler, "%s -O1 -fsanitize=undefined,thread", cxx);
+    snprintf(m->compiler, sizeof m->compiler, "%s -O1 -fsanitize=undefined%s", cxx, measuring() ? ",thread" : "");
     char *tu = unit(p, source);
     if (!tu) return plan_fail(err, errlen, "out of memory");
     uint64_t h = plan_fnv1a(PLAN_FNV1A_INIT, tu, strlen(tu));
     h = plan_fnv1a(h, cxx, strlen(cxx) + 1);
     for (int i = 0; i < N_FLAGS; i++) h = plan_fnv1a(h, FLAGS[i], strlen(FLAGS[i]) + 1);
+    for (int i = 0; measuring() && i < N_OBSERVE; i++) h = plan_fnv1a(h, OBSERVE[i], strlen(OBSERVE[i]) + 1);
     for (int i = 0; i < N_LINK; i++) h = plan_fnv1a(h, LINK[i], strlen(LINK[i]) + 1);
     for (size_t i = 0; i < sizeof headers / sizeof *headers; i++) {
         char path[1024];

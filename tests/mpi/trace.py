@@ -142,7 +142,7 @@ def main():
                 sys.exit("FAIL: %s: exit %d, %r" % (" ".join(args), r.returncode, r.stdout[-500:]))
         if emu:
             run([fsexec, path("w1.plan"), "--steps", "3", "--device", "cuda", "--trace", path("emu.json")],
-                env={"FS_CUDA_BACKEND": emu, "FS_CUDA_EMU_ORDER": "forward",
+                env={"FS_CUDA_BACKEND": emu, "FS_CUDA_EMU_ORDER": "forward", "FS_CUDA_EMU_MEASURE": "0",
                      "FS_CUDA_EMU_CACHE": os.path.join(os.path.dirname(emu), "cuda_emu", "cache")})
             check(path("emu.json"), stages, kinds, [2, 3], 1)
         if not shutil.which("mpirun"):
