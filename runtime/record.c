@@ -303,7 +303,7 @@ int rt_resume_check_data(const RtCheckpoint *c, const char *data, int other_ok, 
     }
     json_t *now = rt_record_data(data);
     const json_t *nfiles = json_object_get(now, "files");
-    char why[3072] = "";
+    char why[4608] = "";  // room for file_str's a[] and the sentence around it
     if (!now) {
         snprintf(msg, n, "out of memory comparing the data with the checkpoint's");
         return -1;
