@@ -1,7 +1,10 @@
 /* codegen/cuda_attention.c: CUDA emitters of attention, attention_bwd and
  * attention_decode (the KV cache's write, then attention's forward kernel over the
- * caches with query row i at position pos + i; see the op's rule in ops/shape.c): flash
- * attention in f32 on CUDA cores, never a T x S matrix in memory. Semantics are
+ * caches with query row i at position pos + i; see the op's rule in ops/shape.c).
+ * 16-bit attention and its backward with head dims D = Dv a multiple of 8 up to 128
+ * run on tensor cores (codegen/cuda_flash.c, which says exactly what it takes); the
+ * rest (fp32 plans, other head dims, decode) runs here: flash attention in f32 on CUDA
+ * cores, never a T x S matrix in memory. Semantics are
  * runtime/cpu/attention.c's:
  *   attention(q [BH, T, D], k [BKV, S, D], v [BKV, S, Dv], causal) -> o [BH, T, Dv] and
  *   lse [BH, T] (f32), the log-sum-exp of each row of scores s = q.k / sqrt(D); under
@@ -48,12 +51,8 @@
 enum { SMEM_MAX = 48 * 1024 - 256 };  // static shared memory per block, bytes
 enum { FWD_THREADS = 128, BWD_THREADS = 256, KEYS = 32 };
 
-/* The geometry both directions read from the node. */
-typedef struct {
-    int64_t BH, G, T, S, D, Dv;  // G: query slices per kv slice
-    int causal;
-    float scale;
-} Att;
+/* The geometry both directions read from the node (cuda.h). */
+typedef CuAtt Att;
 
 /* q, k, v: inputs 0, 1, 2; kk: k's and v's input indices (attention_decode: the caches). */
 static int att_geometry(CuCtx *c, const char *op, Att *a, int kk, int vv)
@@ -239,6 +238,7 @@ int cuda_attention(CuCtx *c)
     Att a;
     if (att_shape(c, "attention", &a)) return -1;
     if (cu_outv(c, 1)->dtype != DT_F32) return cu_fail(c, "attention: lse must be f32");
+    if (cu_flash_takes(c, &a, 0)) return cu_flash_fwd(c, &a);
     return fwd_kernel(c, &a, 0);
 }
 
@@ -445,6 +445,7 @@ int cuda_attention_bwd(CuCtx *c)
     Att a;
     if (att_shape(c, "attention_bwd", &a)) return -1;
     if (cu_inv(c, 4)->dtype != DT_F32) return cu_fail(c, "attention_bwd: lse must be f32");
+    if (cu_flash_takes(c, &a, 1)) return cu_flash_bwd(c, &a);
     int tb = 32;
     while (tb > 4 && (bwd_smem(&a, tb) > SMEM_MAX || tb * (a.D + a.Dv) > 64 * BWD_THREADS)) tb /= 2;
     if (bwd_smem(&a, tb) > SMEM_MAX)
