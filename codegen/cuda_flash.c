@@ -20,9 +20,15 @@
 enum { FL_THREADS = 128, FL_TILE = 64, FL_MAX_D = 128 };
 
 /* The row pitch of the shared tiles, elements (flash.cuh's FsFlashDim<D>::P). */
-static int64_t pitch(int64_t D) { return (D + 15) / 16 * 16 + 8; }
+static int64_t pitch(int64_t D)
+{
+    return (D + 15) / 16 * 16 + 8;
+}
 
-static int aligned16(const Value *v) { return v->offset % 16 == 0 && v->rank_stride % 16 == 0; }
+static int aligned16(const Value *v)
+{
+    return v->offset % 16 == 0 && v->rank_stride % 16 == 0;
+}
 
 int cu_flash_takes(const CuCtx *c, const CuAtt *a, int bwd)
 {
@@ -62,8 +68,8 @@ int cu_flash_fwd(CuCtx *c, const CuAtt *a)
     const char *params = cu_fmt(c, "%s, %s, %s, %s, %s", cu_pin(c, 0, "q"), cu_pin(c, 1, "k"), cu_pin(c, 2, "v"),
                                 cu_pout(c, 0, "o"), cu_pout(c, 1, "lse"));
     const char *src = cu_kernel(c, FL_THREADS, params,
-                                cu_fmt(c, "fs_flash_fwd<%s, %lldLL>(q, k, v, o, lse, %s)", targs(c, a), (long long)a->BH,
-                                       cu_float(c, a->scale)));
+                                cu_fmt(c, "fs_flash_fwd<%s, %lldLL>(q, k, v, o, lse, %s)", targs(c, a),
+                                       (long long)a->BH, cu_float(c, a->scale)));
     int64_t smem = 2 * 5 * FL_TILE * pitch(a->D);  // q, then two buffers of k and v
     return launch(c, "attention_tc", src, a->BH * cu_cdiv(a->T, FL_TILE), smem,
                   (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 0), cu_out_id(c, 1)}, 5);
@@ -92,11 +98,11 @@ int cu_flash_bwd(CuCtx *c, const CuAtt *a)
     int64_t bkv = a->BH / a->G, P = pitch(a->D), sub = a->D <= 64 ? 64 : 32;  // sub: the inner tile (file comment)
     const char *ins = cu_fmt(c, "%s, %s, %s, const float *__restrict__ lse, %s", cu_pin(c, 0, "q"), cu_pin(c, 1, "k"),
                              cu_pin(c, 2, "v"), cu_pin(c, 5, "dout"));
-    const char *dkdv = cu_kernel(
-        c, FL_THREADS,
-        cu_fmt(c, "%s, const %s *__restrict__ dq, %s, %s", ins, E, cu_pout(c, 1, "dk"), cu_pout(c, 2, "dv")),
-        cu_fmt(c, "fs_flash_dkdv<%s, %lld, %lldLL>(q, k, v, lse, dout, dq, dk, dv, %s)", targs(c, a), (long long)sub,
-               (long long)bkv, cu_float(c, a->scale)));
+    const char *dkdv =
+        cu_kernel(c, FL_THREADS,
+                  cu_fmt(c, "%s, const %s *__restrict__ dq, %s, %s", ins, E, cu_pout(c, 1, "dk"), cu_pout(c, 2, "dv")),
+                  cu_fmt(c, "fs_flash_dkdv<%s, %lld, %lldLL>(q, k, v, lse, dout, dq, dk, dv, %s)", targs(c, a),
+                         (long long)sub, (long long)bkv, cu_float(c, a->scale)));
     int64_t smem = 2 * (2 * FL_TILE + 4 * sub) * P + 4 * 4 * sub;  // k, v, two of q and dO; two of lse and Dr
     if (launch(c, "attention_bwd_tc", dkdv, bkv * cu_cdiv(a->S, FL_TILE), smem,
                (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_in_id(c, 4), cu_in_id(c, 5), cu_out_id(c, 0),
@@ -107,7 +113,7 @@ int cu_flash_bwd(CuCtx *c, const CuAtt *a)
                                cu_fmt(c, "fs_flash_dq<%s, %lld, %lldLL>(q, k, v, lse, dout, dq, %s)", targs(c, a),
                                       (long long)sub, (long long)a->BH, cu_float(c, a->scale)));
     smem = 2 * (2 * FL_TILE + 4 * sub) * P;  // q, dO, two of k and v
-    return launch(c, "attention_bwd_tc", dq, a->BH * cu_cdiv(a->T, FL_TILE), smem,
-                  (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_in_id(c, 4), cu_in_id(c, 5), cu_out_id(c, 0)},
-                  6);
+    return launch(
+        c, "attention_bwd_tc", dq, a->BH * cu_cdiv(a->T, FL_TILE), smem,
+        (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_in_id(c, 4), cu_in_id(c, 5), cu_out_id(c, 0)}, 6);
 }

@@ -51,7 +51,8 @@ __device__ __forceinline__ unsigned fs_pack2(float lo, float hi, __half)
 }
 
 // The shared-memory geometry of a head dim D.
-template <int D> struct FsFlashDim {
+template <int D>
+struct FsFlashDim {
     static constexpr int DP = (D + 15) / 16 * 16;  // columns the mma sees
     static constexpr int P = DP + 8;               // row pitch, elements
     static constexpr int KT = DP / 16;             // k steps over the head dim
@@ -60,7 +61,8 @@ template <int D> struct FsFlashDim {
 
 // cp.async of ROWS rows of a (*, D) tensor from row pointer g (valid of them exist) into
 // shared rows of pitch P; missing rows and the pad columns are zero-filled. NTH threads.
-template <int ROWS, int D, int NTH, class E> __device__ __forceinline__ void fs_flash_copy(E *s, const E *g, int valid)
+template <int ROWS, int D, int NTH, class E>
+__device__ __forceinline__ void fs_flash_copy(E *s, const E *g, int valid)
 {
     using F = FsFlashDim<D>;
     constexpr int CPR = F::DP / 8;
@@ -72,7 +74,8 @@ template <int ROWS, int D, int NTH, class E> __device__ __forceinline__ void fs_
 }
 
 // A fragment (16 x 16 at row r0, column c0) of a shared tile of pitch P, row-major.
-template <int P, class E> __device__ __forceinline__ void fs_frag_a(unsigned a[4], const E *s, int r0, int c0)
+template <int P, class E>
+__device__ __forceinline__ void fs_frag_a(unsigned a[4], const E *s, int r0, int c0)
 {
     const int l = threadIdx.x % 32;
     fs_ldmatrix_x4(a, s + (r0 + l % 16) * P + c0 + (l / 16) * 8);
@@ -80,7 +83,8 @@ template <int P, class E> __device__ __forceinline__ void fs_frag_a(unsigned a[4
 
 // Two B fragments (n tiles n0 and n0 + 8, k = c0..c0+15) of B = S^T, S a shared tile of
 // pitch P whose rows are B's columns (k tiles of K^T from K's rows): b0 = {r0, r1}, b1 = {r2, r3}.
-template <int P, class E> __device__ __forceinline__ void fs_frag_bt(unsigned b[4], const E *s, int n0, int c0)
+template <int P, class E>
+__device__ __forceinline__ void fs_frag_bt(unsigned b[4], const E *s, int n0, int c0)
 {
     const int l = threadIdx.x % 32;
     fs_ldmatrix_x4(b, s + (n0 + (l / 16) * 8 + l % 8) * P + c0 + ((l / 8) % 2) * 8);
@@ -88,7 +92,8 @@ template <int P, class E> __device__ __forceinline__ void fs_frag_bt(unsigned b[
 
 // Two B fragments (n tiles c0 and c0 + 8, k = r0..r0+15) of B = S itself, S's rows its k
 // (V's rows for P V): the transposing load.
-template <int P, class E> __device__ __forceinline__ void fs_frag_b(unsigned b[4], const E *s, int r0, int c0)
+template <int P, class E>
+__device__ __forceinline__ void fs_frag_b(unsigned b[4], const E *s, int r0, int c0)
 {
     const int l = threadIdx.x % 32;
     fs_ldmatrix_x4_trans(b, s + (r0 + ((l / 8) % 2) * 8 + l % 8) * P + c0 + (l / 16) * 8);
@@ -96,7 +101,8 @@ template <int P, class E> __device__ __forceinline__ void fs_frag_b(unsigned b[4
 
 // A fragments of the 16 x 16 k step kt of a 16 x N product held as C fragments x[N/8][4]
 // (P for P V, dS for dS K): rounded to E.
-template <class E> __device__ __forceinline__ void fs_c_to_a(unsigned a[4], const float (*x)[4], int kt)
+template <class E>
+__device__ __forceinline__ void fs_c_to_a(unsigned a[4], const float (*x)[4], int kt)
 {
     a[0] = fs_pack2(x[2 * kt][0], x[2 * kt][1], E());
     a[1] = fs_pack2(x[2 * kt][2], x[2 * kt][3], E());
@@ -125,7 +131,8 @@ __device__ __forceinline__ void fs_mma_abt(float (*x)[4], const E *sa, int a0, c
 
 // acc[NT][4] += X B, X 16 x (16 KS) in C fragments (rounded to E), B the shared tile sb
 // (pitch P) whose rows are the k: P V, and the backward's P^T dO, dS^T Q, dS K.
-template <int P, int KS, int NT, class E> __device__ __forceinline__ void fs_mma_xb(float (*acc)[4], const float (*x)[4], const E *sb)
+template <int P, int KS, int NT, class E>
+__device__ __forceinline__ void fs_mma_xb(float (*acc)[4], const float (*x)[4], const E *sb)
 {
 #pragma unroll
     for (int kt = 0; kt < KS; kt++) {
@@ -145,13 +152,15 @@ template <int P, int KS, int NT, class E> __device__ __forceinline__ void fs_mma
 // shared tile s (pitch P, from row r0): rounded to E, then 16-byte chunks to rows g of
 // global memory (row pitch D) of which `valid` exist.
 template <int D, class E>
-__device__ __forceinline__ void fs_flash_store(const float (*acc)[4], float mul0, float mul1, E *s, int r0, E *g, int valid)
+__device__ __forceinline__ void fs_flash_store(const float (*acc)[4], float mul0, float mul1, E *s, int r0, E *g,
+                                               int valid)
 {
     using F = FsFlashDim<D>;
     const int l = threadIdx.x % 32, gg = l / 4, t = l % 4;
 #pragma unroll
     for (int nt = 0; nt < F::NT; nt++) {
-        *reinterpret_cast<unsigned *>(s + (r0 + gg) * F::P + 8 * nt + 2 * t) = fs_pack2(acc[nt][0] * mul0, acc[nt][1] * mul0, E());
+        *reinterpret_cast<unsigned *>(s + (r0 + gg) * F::P + 8 * nt + 2 * t) =
+            fs_pack2(acc[nt][0] * mul0, acc[nt][1] * mul0, E());
         *reinterpret_cast<unsigned *>(s + (r0 + gg + 8) * F::P + 8 * nt + 2 * t) =
             fs_pack2(acc[nt][2] * mul1, acc[nt][3] * mul1, E());
     }

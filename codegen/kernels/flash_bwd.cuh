@@ -28,7 +28,8 @@
 #pragma once
 #include "flash.cuh"
 
-template <int D> __device__ __forceinline__ long long fs_flash_dr_at(long long bh, int TQ, int i)
+template <int D>
+__device__ __forceinline__ long long fs_flash_dr_at(long long bh, int TQ, int i)
 {
     return (bh * TQ + i - i % 64) * (D / 2) + i % 64;
 }
@@ -56,8 +57,8 @@ __device__ __forceinline__ void fs_flash_dsum(const E *__restrict__ o, const E *
 // Rows i0 + r, r = first, first + step, ... < n, of lse (times log2(e)) and of Dr into
 // sl[r] and sd[r]; past TQ: 0.
 template <int TQ, int D, class E>
-__device__ __forceinline__ void fs_flash_rows(float *sl, float *sd, const float *lse, const E *dq, long long bh, int i0, int n,
-                                              int first, int step)
+__device__ __forceinline__ void fs_flash_rows(float *sl, float *sd, const float *lse, const E *dq, long long bh, int i0,
+                                              int n, int first, int step)
 {
     const float *dr = reinterpret_cast<const float *>(dq);
     for (int r = first; r < n; r += step) {
@@ -92,7 +93,8 @@ __device__ __forceinline__ void fs_flash_ds(float (*x)[4], float (*y)[4], float 
 template <class E, int TQ, int SK, int D, int G, bool CAUSAL, int BM, long long BKV>
 __device__ __forceinline__ void fs_flash_dkdv(const E *__restrict__ q, const E *__restrict__ k, const E *__restrict__ v,
                                               const float *__restrict__ lse, const E *__restrict__ dout,
-                                              const E *__restrict__ dq, E *__restrict__ dk, E *__restrict__ dv, float scale)
+                                              const E *__restrict__ dq, E *__restrict__ dk, E *__restrict__ dv,
+                                              float scale)
 {
     using F = FsFlashDim<D>;
     constexpr int BN = 64, P = F::P, NQT = (TQ + BM - 1) / BM;
@@ -153,8 +155,8 @@ __device__ __forceinline__ void fs_flash_dkdv(const E *__restrict__ q, const E *
 // Shared: Q, dO (64 rows each), then two buffers of K and V (BN rows each).
 template <class E, int TQ, int SK, int D, int G, bool CAUSAL, int BN, long long BH>
 __device__ __forceinline__ void fs_flash_dq(const E *__restrict__ q, const E *__restrict__ k, const E *__restrict__ v,
-                                            const float *__restrict__ lse, const E *__restrict__ dout, E *__restrict__ dq,
-                                            float scale)
+                                            const float *__restrict__ lse, const E *__restrict__ dout,
+                                            E *__restrict__ dq, float scale)
 {
     using F = FsFlashDim<D>;
     constexpr int BQ = 64, P = F::P, NQT = (TQ + BQ - 1) / BQ;
