@@ -17,7 +17,7 @@
  */
 #include "cuda_rows.h"
 
-enum { FL_THREADS = 128, FL_TILE = 64, FL_MAX_D = 128 };
+enum { FL_THREADS = 128, FL_TILE = 64, FL_MAX_D = 128, FL_DKDV_ROWS = 32 };
 
 /* The row pitch of the shared tiles, elements (flash.cuh's FsFlashDim<D>::P). */
 static int64_t pitch(int64_t D)
@@ -95,15 +95,16 @@ int cu_flash_bwd(CuCtx *c, const CuAtt *a)
     cu_use(c, "flash_bwd.cuh");
     if (emit_dsum(c, a)) return -1;
     const char *E = cu_tin(c, 0);
-    int64_t bkv = a->BH / a->G, P = pitch(a->D), sub = a->D <= 64 ? 64 : 32;  // sub: the inner tile (file comment)
+    // the inner tiles (flash_bwd.cuh): dK/dV's query rows a step, dQ's keys a step
+    int64_t bkv = a->BH / a->G, P = pitch(a->D), bm = FL_DKDV_ROWS, bn = a->D <= 64 ? 64 : 32;
     const char *ins = cu_fmt(c, "%s, %s, %s, const float *__restrict__ lse, %s", cu_pin(c, 0, "q"), cu_pin(c, 1, "k"),
                              cu_pin(c, 2, "v"), cu_pin(c, 5, "dout"));
     const char *dkdv =
         cu_kernel(c, FL_THREADS,
                   cu_fmt(c, "%s, const %s *__restrict__ dq, %s, %s", ins, E, cu_pout(c, 1, "dk"), cu_pout(c, 2, "dv")),
                   cu_fmt(c, "fs_flash_dkdv<%s, %lld, %lldLL>(q, k, v, lse, dout, dq, dk, dv, %s)", targs(c, a),
-                         (long long)sub, (long long)bkv, cu_float(c, a->scale)));
-    int64_t smem = 2 * (2 * FL_TILE + 4 * sub) * P + 4 * 4 * sub;  // k, v, two of q and dO; two of lse and Dr
+                         (long long)bm, (long long)bkv, cu_float(c, a->scale)));
+    int64_t smem = 2 * (2 * FL_TILE + 4 * bm) * P + 4 * 4 * bm;  // k, v, two of q and dO; two of lse and Dr
     if (launch(c, "attention_bwd_tc", dkdv, bkv * cu_cdiv(a->S, FL_TILE), smem,
                (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_in_id(c, 4), cu_in_id(c, 5), cu_out_id(c, 0),
                        cu_out_id(c, 1), cu_out_id(c, 2)},
@@ -111,8 +112,8 @@ int cu_flash_bwd(CuCtx *c, const CuAtt *a)
         return -1;
     const char *dq = cu_kernel(c, FL_THREADS, cu_fmt(c, "%s, %s", ins, cu_pout(c, 0, "dq")),
                                cu_fmt(c, "fs_flash_dq<%s, %lld, %lldLL>(q, k, v, lse, dout, dq, %s)", targs(c, a),
-                                      (long long)sub, (long long)a->BH, cu_float(c, a->scale)));
-    smem = 2 * (2 * FL_TILE + 4 * sub) * P;  // q, dO, two of k and v
+                                      (long long)bn, (long long)a->BH, cu_float(c, a->scale)));
+    smem = 2 * (2 * FL_TILE + 4 * bn) * P;  // q, dO, two of k and v
     return launch(
         c, "attention_bwd_tc", dq, a->BH * cu_cdiv(a->T, FL_TILE), smem,
         (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_in_id(c, 4), cu_in_id(c, 5), cu_out_id(c, 0)}, 6);

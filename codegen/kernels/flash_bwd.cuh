@@ -22,9 +22,10 @@
 // its own rows' bytes, which only kernel 3's block of that tile writes, after reading.
 // dq must not share bytes with the other tensors (as on the CPU).
 //
-// Shared tiles are flash.cuh's (pitch DP + 8: ldmatrix conflict-free). Query tiles of the
-// dK/dV kernel are 64 rows for D <= 64 and 32 beyond, and key tiles of the dQ kernel
-// likewise, so that a thread's accumulators and score fragments fit its registers.
+// Shared tiles are flash.cuh's (pitch DP + 8: ldmatrix conflict-free). The dK/dV kernel
+// steps 32 query rows at a time, and the dQ kernel 64 keys for D <= 64 and 32 beyond, so
+// that a thread's accumulators and score fragments fit its registers without spilling
+// (ptxas for sm_90: at head dim 64 with 64-row steps the dK/dV kernel spilled).
 #pragma once
 #include "flash.cuh"
 
