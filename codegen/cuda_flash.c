@@ -6,8 +6,9 @@
  * Taken here: q, k, v (and o, dout, dq, dk, dv) all bf16 or all f16, head dims D = Dv a
  * multiple of 8 up to 128, any T and S (tails masked), causal or not, grouped-query
  * attention, every buffer 16-byte aligned (memplan gives 64; a view might not). Anything
- * else, fp32 plans included, stays on codegen/cuda_attention.c's f32 kernels, as does
- * attention_decode (its programs are planned in fp32).
+ * else, fp32 plans included, stays on codegen/cuda_attention.c's f32 kernels (TF32 under
+ * --tf32 is not done: the plan does not know the flag). attention_decode, planned in fp32,
+ * has its own kernel (codegen/kernels/decode.cuh).
  *
  * Launches: forward, one of 128 threads per 64 query rows; backward, Dr = rowsum(dO o)
  * into dq's bytes, then dK/dV over key tiles of 64, then dQ over query tiles of 64.
