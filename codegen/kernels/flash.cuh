@@ -19,7 +19,8 @@
 // number of 16-byte chunks, so the 8 rows an ldmatrix reads fall in 8 distinct bank
 // groups (conflict-free), and a cp.async phase of 8 lanes writing one row's 8 chunks is
 // too when DP is a multiple of 64 (head dims 64 and 128; smaller ones pay up to 2 ways on
-// the tile copies, not in the mma loop). Rows past the end of q, k, v are zero-filled and
+// the tile copies and the output's 16-byte reads, never on an ldmatrix of the mma loop:
+// measured by the cuda-emu tests, tests/cuda_emu/cuda_emu.cmake's attn_*). Rows past the end of q, k, v are zero-filled and
 // their scores masked; o and lse rows past T are not written.
 //
 // The output leaves through shared memory (each warp's own 16 rows of the q tile, which
