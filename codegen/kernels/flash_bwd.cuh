@@ -36,7 +36,8 @@ __device__ __forceinline__ long long fs_flash_dr_at(long long bh, int TQ, int i)
 }
 
 // Kernel 1: LPR lanes per row (a power of two dividing D / 8), 16-byte loads of o and dO,
-// rows = BH * TQ; blocks of 128 threads.
+// rows = BH * TQ; blocks of 128 threads. When D / 8 is odd (head dims 8, 24, 40...) a
+// lane has a row to itself and its warp's reads touch twice the fewest sectors.
 template <class E, int TQ, int D, int LPR, long long ROWS>
 __device__ __forceinline__ void fs_flash_dsum(const E *__restrict__ o, const E *__restrict__ dout, E *__restrict__ dq)
 {
