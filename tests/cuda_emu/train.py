@@ -15,7 +15,7 @@ expf, a different summation order) moves it by 2^-11 (fp16) or 2^-8 (bf16). The 
 weights of bf16 runs get 1e-2: attention on tensor cores (codegen/kernels/flash.cuh)
 rounds its probabilities P and their gradients dS to bf16 (2^-9 relative) for the
 products, as every flash attention does, where the CPU keeps them in f32, and five SGD
-steps with momentum carry that into the weights (3.5e-3 of the largest attn.w).
+steps with momentum carry that into the weights (3.5e-3 on tiny GPT-2).
 
 usage: train.py FSC FSEXEC LIBFS_CUDAEMU WORKDIR   (/usr/bin/python3 with numpy)
 """
