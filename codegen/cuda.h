@@ -160,6 +160,24 @@ char *cu_double(CuCtx *c, double v);
 /* The one kernel of the fused group [first, c->node] (passes/fuse.c). */
 int cu_group(CuCtx *c, int first);
 
+/* ---- codegen/cuda_flash.c: attention on tensor cores ---------------------------------- */
+
+/* Attention's geometry as its emitters read it from the node: BH query slices of T rows,
+ * BH / G kv slices of S rows, head dims D (q, k) and Dv (v). */
+typedef struct {
+    int64_t BH, G, T, S, D, Dv;
+    int causal;
+    float scale;  // 1 / sqrt(D)
+} CuAtt;
+/* Whether attention (bwd 0) or attention_bwd (bwd 1) of the current node runs on tensor
+ * cores: every tensor 16-bit of one dtype, D = Dv a multiple of 8 up to 128, 16-byte
+ * aligned buffers. Then cu_flash_fwd / cu_flash_bwd emit it. Kernels that do their op's
+ * FLOPs on tensor cores take a prefix ending in "_tc" (their names contain "_tc_"), which
+ * report/kernels.c prices at the tensor-core rate. */
+int cu_flash_takes(const CuCtx *c, const CuAtt *a, int bwd);
+int cu_flash_fwd(CuCtx *c, const CuAtt *a);
+int cu_flash_bwd(CuCtx *c, const CuAtt *a);
+
 /* ---- the emitters, one per op ----------------------------------------------------- */
 #define OP(name, ...) int cuda_##name(CuCtx *c);
 #include "ops.def"

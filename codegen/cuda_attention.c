@@ -1,7 +1,10 @@
 /* codegen/cuda_attention.c: CUDA emitters of attention, attention_bwd and
- * attention_decode (the KV cache's write, then attention's forward kernel over the
- * caches with query row i at position pos + i; see the op's rule in ops/shape.c): flash
- * attention in f32 on CUDA cores, never a T x S matrix in memory. Semantics are
+ * attention_decode (the KV cache's write, then codegen/kernels/decode.cuh's kernel over
+ * the caches with query row i at position pos + i; see the op's rule in ops/shape.c).
+ * 16-bit attention and its backward with head dims D = Dv a multiple of 8 up to 128
+ * run on tensor cores (codegen/cuda_flash.c, which says exactly what it takes); the
+ * rest (fp32 plans, other head dims) runs here: flash attention in f32 on CUDA
+ * cores, never a T x S matrix in memory. Semantics are
  * runtime/cpu/attention.c's:
  *   attention(q [BH, T, D], k [BKV, S, D], v [BKV, S, Dv], causal) -> o [BH, T, Dv] and
  *   lse [BH, T] (f32), the log-sum-exp of each row of scores s = q.k / sqrt(D); under
@@ -46,14 +49,10 @@
 #include "cuda_rows.h"
 
 enum { SMEM_MAX = 48 * 1024 - 256 };  // static shared memory per block, bytes
-enum { FWD_THREADS = 128, BWD_THREADS = 256, KEYS = 32 };
+enum { FWD_THREADS = 128, BWD_THREADS = 256, KEYS = 32, DECODE_WARPS = 8 };
 
-/* The geometry both directions read from the node. */
-typedef struct {
-    int64_t BH, G, T, S, D, Dv;  // G: query slices per kv slice
-    int causal;
-    float scale;
-} Att;
+/* The geometry both directions read from the node (cuda.h). */
+typedef CuAtt Att;
 
 /* q, k, v: inputs 0, 1, 2; kk: k's and v's input indices (attention_decode: the caches). */
 static int att_geometry(CuCtx *c, const char *op, Att *a, int kk, int vv)
@@ -130,12 +129,11 @@ static const char *score_loop(CuCtx *c, const Att *a)
            "        }\n";
 }
 
-/* The forward kernel: attention's (q, k, v) -> (o, lse), or under decode
- * attention_decode's (q, kcache, vcache, pos) -> o, query row i at position pos[0] + i. */
-static int fwd_kernel(CuCtx *c, const Att *a0, int decode)
+/* The forward kernel: attention's (q, k, v) -> (o, lse). */
+static int fwd_kernel(CuCtx *c, const Att *a0)
 {
     Att a = *a0;
-    const char *op = decode ? "attention_decode" : "attention";
+    const char *op = "attention";
     int rpw = 8, cpl = (int)cu_cdiv(a.Dv, 32);
     while (rpw > 1 && (fwd_smem(&a, rpw) > SMEM_MAX || rpw * cpl > 64)) rpw /= 2;
     if (fwd_smem(&a, rpw) > SMEM_MAX || rpw * cpl > 64)
@@ -145,10 +143,9 @@ static int fwd_kernel(CuCtx *c, const Att *a0, int decode)
     int64_t nqt = cu_cdiv(a.T, 4 * rpw);
     const char *src = cu_fmt(c,
         "extern \"C\" __global__ void __launch_bounds__(128) KNAME(const %s *__restrict__ q, const %s *__restrict__ k, "
-        "const %s *__restrict__ v, %s%s *__restrict__ o%s)\n"
+        "const %s *__restrict__ v, %s *__restrict__ o, float *__restrict__ lse)\n"
         "{\n"
         "%s"
-        "    const int AT = %s;  // query row i is at position AT + i\n"
         "    constexpr int RPW = %d, BQ = 4 * RPW, CPL = %d, KP = %lld, NQT = %lld;\n"
         "    __shared__ __align__(16) float qs[BQ * D];\n"
         "    __shared__ float kv[32 * %lld];\n"
@@ -164,7 +161,7 @@ static int fwd_kernel(CuCtx *c, const Att *a0, int decode)
         "#pragma unroll\n"
         "        for (int cc = 0; cc < CPL; cc++) acc[g][cc] = 0.f;\n"
         "    }\n"
-        "    const int jend = CAUSAL ? min(S, AT + i0 + BQ) : S;\n"
+        "    const int jend = CAUSAL ? min(S, i0 + BQ) : S;\n"
         "    for (int j0 = 0; j0 < jend; j0 += 32) {\n"
         "        __syncthreads();  // the last tile's readers of kv and ps are done; qs is in\n"
         "        for (int e = threadIdx.x; e < 32 * D; e += 128) {\n"
@@ -180,7 +177,7 @@ static int fwd_kernel(CuCtx *c, const Att *a0, int decode)
         "#pragma unroll\n"
         "        for (int g = 0; g < RPW; g++) {\n"
         "            const int i = i0 + warp + 4 * g;\n"
-        "            const bool vis = j < S && (!CAUSAL || j <= AT + i);\n"
+        "            const bool vis = j < S && (!CAUSAL || j <= i);\n"
         "            const float x = vis ? s[g] * SCALE : __int_as_float(0xff800000u);\n"
         "            const float mx = fmaxf(m[g], fs_warp_max(x));\n"
         "            const float corr = m[g] == mx ? 1.0f : expf(m[g] - mx);\n"
@@ -217,18 +214,13 @@ static int fwd_kernel(CuCtx *c, const Att *a0, int decode)
         "#pragma unroll\n"
         "        for (int cc = 0; cc < CPL; cc++)\n"
         "            if (lane + 32 * cc < DV) st(o, (bh * T + i) * DV + lane + 32 * cc, acc[g][cc] * inv);\n"
-        "%s"
+        "        if (lane == 0) lse[bh * T + i] = m[g] + logf(l[g]);\n"
         "    }\n"
         "}\n",
-        cu_tin(c, 0), cu_tin(c, decode ? 3 : 1), cu_tin(c, decode ? 4 : 2), decode ? "const int *__restrict__ pos, " : "",
-        cu_tout(c, 0), decode ? "" : ", float *__restrict__ lse", consts(c, &a), decode ? "pos[0]" : "0", rpw, cpl,
-        (long long)odd(a.D), (long long)nqt, (long long)kv_pitch(&a), score_loop(c, &a),
-        decode ? "" : "        if (lane == 0) lse[bh * T + i] = m[g] + logf(l[g]);\n");
+        cu_tin(c, 0), cu_tin(c, 1), cu_tin(c, 2), cu_tout(c, 0), consts(c, &a), rpw, cpl, (long long)odd(a.D),
+        (long long)nqt, (long long)kv_pitch(&a), score_loop(c, &a));
     CuDim grid;
     if (cu_grid1(c, a.BH * nqt, &grid)) return -1;
-    if (decode)
-        return cu_launch(c, op, src, grid, (CuDim){FWD_THREADS, 1, 1}, 0,
-                         (int[]){cu_in_id(c, 0), cu_in_id(c, 3), cu_in_id(c, 4), cu_in_id(c, 5), cu_out_id(c, 0)}, 5);
     return cu_launch(c, op, src, grid, (CuDim){FWD_THREADS, 1, 1}, 0,
                      (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 0), cu_out_id(c, 1)}, 5);
 }
@@ -239,12 +231,14 @@ int cuda_attention(CuCtx *c)
     Att a;
     if (att_shape(c, "attention", &a)) return -1;
     if (cu_outv(c, 1)->dtype != DT_F32) return cu_fail(c, "attention: lse must be f32");
-    return fwd_kernel(c, &a, 0);
+    if (cu_flash_takes(c, &a, 0)) return cu_flash_fwd(c, &a);
+    return fwd_kernel(c, &a);
 }
 
 /* attention_decode(q, k, v, kcache, vcache, pos) -> o: k's and v's rows into the caches
- * at row pos[0] (one thread per element; a position outside the cache traps), then the
- * forward kernel over the caches. */
+ * at row pos[0] (one thread per element; a position outside the cache traps), then
+ * codegen/kernels/decode.cuh's flash-decoding over the caches, a block of DECODE_WARPS
+ * warps per query row. */
 int cuda_attention_decode(CuCtx *c)
 {
     Att a;
@@ -269,7 +263,16 @@ int cuda_attention_decode(CuCtx *c)
         cu_launch(c, "kv_write", src, grid, (CuDim){256, 1, 1}, 0,
                   (int[]){cu_in_id(c, 1), cu_in_id(c, 2), cu_in_id(c, 3), cu_in_id(c, 4), cu_in_id(c, 5)}, 5))
         return -1;
-    return fwd_kernel(c, &a, 1);
+    cu_use(c, "decode.cuh");
+    const char *params = cu_fmt(c, "%s, %s, %s, const int *__restrict__ pos, %s", cu_pin(c, 0, "q"), cu_pin(c, 3, "kc"),
+                                cu_pin(c, 4, "vc"), cu_pout(c, 0, "o"));
+    const char *attend = cu_kernel(c, 32 * DECODE_WARPS, params,
+                                cu_fmt(c, "fs_attn_decode<%lld, %lld, %lld, %lld, %lld, %d>(q, kc, vc, pos, o, %s)",
+                                       (long long)a.T, (long long)a.S, (long long)a.D, (long long)a.Dv, (long long)a.G,
+                                       DECODE_WARPS, cu_float(c, a.scale)));
+    if (cu_grid1(c, a.BH * a.T, &grid)) return -1;
+    return cu_launch(c, "attention_decode", attend, grid, (CuDim){32 * DECODE_WARPS, 1, 1}, 0,
+                     (int[]){cu_in_id(c, 0), cu_in_id(c, 3), cu_in_id(c, 4), cu_in_id(c, 5), cu_out_id(c, 0)}, 5);
 }
 
 /* ---- backward ------------------------------------------------------------------------ */
@@ -445,6 +448,7 @@ int cuda_attention_bwd(CuCtx *c)
     Att a;
     if (att_shape(c, "attention_bwd", &a)) return -1;
     if (cu_inv(c, 4)->dtype != DT_F32) return cu_fail(c, "attention_bwd: lse must be f32");
+    if (cu_flash_takes(c, &a, 1)) return cu_flash_bwd(c, &a);
     int tb = 32;
     while (tb > 4 && (bwd_smem(&a, tb) > SMEM_MAX || tb * (a.D + a.Dv) > 64 * BWD_THREADS)) tb /= 2;
     if (bwd_smem(&a, tb) > SMEM_MAX)

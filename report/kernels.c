@@ -18,8 +18,11 @@
  * entry, on tensor cores when A and B are 16-bit (f32 GEMMs run on the FMA units unless
  * fsexec --tf32 asks otherwise, which the plan does not know). What the op's FLOPs leave
  * after its GEMMs is split over its LAUNCHes in proportion to the bytes each moves (the
- * layernorm backward's partial sums, its finish and its dx pass), all on the FMA units:
- * no kernel of the module uses tensor cores yet.
+ * layernorm backward's partial sums, its finish and its dx pass), on the FMA units; a
+ * kernel named with a "_tc_" in it runs its op's products on tensor cores (codegen/cuda.h:
+ * attention and its backward, codegen/cuda_flash.c), so when an op has such launches
+ * they take all of its FLOPs (the others, attention_bwd's row sums, are noise beside the
+ * products) at the tensor-core rate.
  *
  * Where it sits: the report layer, after codegen in fsc; reads the plan only.
  */
@@ -107,6 +110,7 @@ static void launch_cost(const Plan *p, int32_t i, int32_t first, KernLaunch *l)
     unsigned char konst[MAX_PARAMS];
     const char *module = p->cuda_module ? p->cuda_module : "";
     int parsed = in->n_args <= MAX_PARAMS && !param_consts(module, plan_str(p, in->kernel), in->n_args, konst);
+    l->tensor_core = strstr(plan_str(p, in->kernel), "_tc_") != NULL;
     for (int a = 0; a < in->n_args; a++) {
         const PlanTensor *t = &p->tensors[p->ids[in->args + a]];
         int acc = access_of(p, in, a, parsed ? konst : NULL, first);
@@ -132,23 +136,26 @@ static void gemm_cost(const Plan *p, int32_t i, KernLaunch *l)
 }
 
 /* The FLOPs of op k's group that its GEMMs leave, split over its LAUNCHes [a, b) by the
- * bytes each moves (equally when none moves any). */
+ * bytes each moves (equally when none moves any); over its tensor-core LAUNCHes only
+ * when it has some. */
 static void split_flops(const Plan *p, KernLaunch *l, int32_t a, int32_t b, int32_t first)
 {
     double flops = 0, gemm = 0, bytes = 0;
-    int launches = 0;
+    int launches = 0, tc = 0;
     for (int32_t k = first; k <= l[a].op; k++) flops += p->ops[k].flops > 0 ? p->ops[k].flops : 0;
+    for (int32_t j = a; j < b; j++) tc |= p->cuda[l[j].index].kind == PLAN_CU_LAUNCH && l[j].tensor_core;
     for (int32_t j = a; j < b; j++) {
         if (p->cuda[l[j].index].kind == PLAN_CU_GEMM) {
             gemm += l[j].flops;
             continue;
         }
+        if (tc && !l[j].tensor_core) continue;
         bytes += l[j].bytes_read + l[j].bytes_written;
         launches++;
     }
     double rest = flops > gemm ? flops - gemm : 0;
     for (int32_t j = a; j < b; j++)
-        if (p->cuda[l[j].index].kind == PLAN_CU_LAUNCH)
+        if (p->cuda[l[j].index].kind == PLAN_CU_LAUNCH && (!tc || l[j].tensor_core))
             l[j].flops = bytes > 0 ? rest * (l[j].bytes_read + l[j].bytes_written) / bytes : rest / launches;
 }
 

@@ -366,7 +366,7 @@ typedef struct {
     int32_t index;        // in Plan.cuda
     int32_t op;           // the plan op it runs for; its name is the op kind
     double flops;         // FLOPs it does (report/kernels.c says how an op's are split)
-    int tensor_core;      // its FLOPs run on tensor cores (a GEMM of 16-bit inputs)
+    int tensor_core;      // its FLOPs run on tensor cores (a GEMM of 16-bit inputs, a "_tc_" kernel)
     double bytes_read, bytes_written;  // DRAM bytes, from its arguments' sizes
     int64_t elements;     // the work: elements of its largest argument
     double seconds;       // roofline: max(flops / rate, bytes / hbm_bw)

@@ -86,6 +86,13 @@ if(NOT FS_FUZZ)
   foreach(prec fp32 bf16 fp16)
     cuda_emu_test(ops_${prec} tests/cuda_emu/ops.fsm --precision ${prec})
   endforeach()
+  # Attention on tensor cores (codegen/cuda_flash.c), not causal (T != S) and causal, grouped-query:
+  # head dim 64 with T = 37 against S = 130 (one partial query tile, three key tiles); 32 with
+  # T = 130 against 37 in fp16; 128 with a second, one-row tile; 24 (a multiple of 8, padded to 32).
+  cuda_emu_test(attn_hd64_bf16 tests/cuda_emu/attn.fsm -D B=1 --precision bf16)
+  cuda_emu_test(attn_hd32_fp16 tests/cuda_emu/attn.fsm -D B=1 -D T=130 -D S=37 -D C=64 -D NH=2 -D NKV=1 --precision fp16)
+  cuda_emu_test(attn_hd128_bf16 tests/cuda_emu/attn.fsm -D B=1 -D T=65 -D S=70 -D NH=1 -D NKV=1 --precision bf16)
+  cuda_emu_test(attn_hd24_fp16 tests/cuda_emu/attn.fsm -D C=48 -D NH=2 -D NKV=2 --precision fp16)
 endif()
 
 # fsexec itself on the device path (--device cuda through cuda-emu) against --device cpu.

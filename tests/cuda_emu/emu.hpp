@@ -265,6 +265,8 @@ inline __half __float2half_rn(float f)
     return {(uint16_t)(sign | h)};
 }
 inline __half __float2half(float f) { return __float2half_rn(f); }
+inline unsigned short __half_as_ushort(__half h) { return h.x; }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.x; }
 
 #include "emu_tc.hpp"
 

@@ -11,7 +11,11 @@ Checks, per case: every step's loss and gradient norm within a tolerance (relati
 the CPU run's, the fp16 skip at the forced overflow step on both, and the saved weights
 equal to within the tolerance of the largest |param|. The tolerance is 1e-5 for fp32
 and 1e-3 in 16 bits, where a kernel that rounds one element the other way (a different
-expf, a different summation order) moves it by 2^-11 (fp16) or 2^-8 (bf16).
+expf, a different summation order) moves it by 2^-11 (fp16) or 2^-8 (bf16). The saved
+weights of bf16 runs get 1e-2: attention on tensor cores (codegen/kernels/flash.cuh)
+rounds its probabilities P and their gradients dS to bf16 (2^-9 relative) for the
+products, as every flash attention does, where the CPU keeps them in f32, and five SGD
+steps with momentum carry that into the weights (3.5e-3 on tiny GPT-2).
 
 usage: train.py FSC FSEXEC LIBFS_CUDAEMU WORKDIR   (/usr/bin/python3 with numpy)
 """
@@ -29,6 +33,7 @@ TINY = ["-D", "L=2", "-D", "C=32", "-D", "NH=2", "-D", "T=16", "-D", "V=256", "-
 # the gradients (AdamW turns last-bit differences of near-zero gradients into whole
 # steps of lr; op_check checks its kernel op by op).
 SGD = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]
+BF16_WEIGHTS = 1e-2
 CASES = [  # name, fsc args, fsexec args, tolerance
     ("gpt2_fp32", ["samples/gpt2.fsm", *TINY, *SGD, "--clip", "1.0"], [], 1e-5),
     ("gpt2_bf16_graph", ["samples/gpt2.fsm", *TINY, *SGD, "--precision", "bf16"], ["--cuda-graph"], 1e-3),
@@ -93,7 +98,8 @@ def main():
             sys.exit("FAIL %s: %d steps, worst relative difference of loss / norm %.3g" % (name, len(logs["cuda"]), worst))
         wdiff = max(float(np.max(np.abs(weights["cuda"][k].astype(np.float64) - v))) / max(float(np.max(np.abs(v))), 1e-30)
                     for k, v in weights["cpu"].items())
-        if weights["cuda"].keys() != weights["cpu"].keys() or wdiff > tol:
+        wtol = BF16_WEIGHTS if "bf16" in fsc_args else tol
+        if weights["cuda"].keys() != weights["cpu"].keys() or wdiff > wtol:
             sys.exit("FAIL %s: saved weights differ (worst %.3g of the largest param)" % (name, wdiff))
         skipped = [l["step"] for l in logs["cuda"] if l.get("skipped")]
         print("ok   %-20s %d steps: loss / norm within %.2g of the CPU's, weights within %.2g%s" %

@@ -45,10 +45,13 @@ EXEMPT = {
     "sum_to": "one block per 32 columns, each over all rows; needs a split over rows",
 }
 
-# GPT-2 124M, bf16, per step, today: 1153 instructions (1006 launches, 147 GEMMs), 148 of
+# GPT-2 124M, bf16, per step, today: 1165 instructions (1018 launches, 147 GEMMs), 148 of
 # them sumsq and 148 adamw (one per parameter tensor; issue 32 makes both one launch over
-# the flat buffers). Upper bounds: the counts may fall, never grow unnoticed.
-BOUNDS = {"instructions": 1153, "sumsq": 148, "adamw": 148}
+# the flat buffers). Attention's backward on tensor cores is three launches a layer, one
+# more than before it: Dr = rowsum(dO o), which both of the others read, cannot share a
+# launch with them (codegen/kernels/flash_bwd.cuh). Upper bounds: the counts may fall,
+# never grow unnoticed.
+BOUNDS = {"instructions": 1165, "sumsq": 148, "adamw": 148}
 
 SAMPLES = {
     "gpt2": ["-D", "L=2", "-D", "C=64", "-D", "NH=4", "-D", "T=32", "-D", "V=256", "-D", "B=4"],

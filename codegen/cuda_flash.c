@@ -1,0 +1,121 @@
+/* codegen/cuda_flash.c: CUDA launches of attention and attention_bwd on tensor cores, the
+ * templates of codegen/kernels/flash.cuh (forward) and flash_bwd.cuh (backward), whose
+ * comments give the algorithm (FlashAttention-2: mma.sync m16n8k16, ldmatrix, cp.async
+ * double-buffering; the backward without atomics, bitwise reproducible).
+ *
+ * Taken here: q, k, v (and o, dout, dq, dk, dv) all bf16 or all f16, head dims D = Dv a
+ * multiple of 8 up to 128, any T and S (tails masked), causal or not, grouped-query
+ * attention, every buffer 16-byte aligned (memplan gives 64; a view might not). Anything
+ * else, fp32 plans included, stays on codegen/cuda_attention.c's f32 kernels (TF32 under
+ * --tf32 is not done: the plan does not know the flag). attention_decode, planned in fp32,
+ * has its own kernel (codegen/kernels/decode.cuh).
+ *
+ * Launches: forward, one of 128 threads per 64 query rows; backward, Dr = rowsum(dO o)
+ * into dq's bytes, then dK/dV over key tiles of 64, then dQ over query tiles of 64.
+ * Dynamic shared memory above 48 KiB is allowed by the runtime (runtime/cuda/backend.c).
+ *
+ * Where it sits: called by cuda_attention.c's emitters, for the node being emitted.
+ */
+#include "cuda_rows.h"
+
+enum { FL_THREADS = 128, FL_TILE = 64, FL_MAX_D = 128, FL_DKDV_ROWS = 32 };
+
+/* The row pitch of the shared tiles, elements (flash.cuh's FsFlashDim<D>::P). */
+static int64_t pitch(int64_t D)
+{
+    return (D + 15) / 16 * 16 + 8;
+}
+
+static int aligned16(const Value *v)
+{
+    return v->offset % 16 == 0 && v->rank_stride % 16 == 0;
+}
+
+int cu_flash_takes(const CuCtx *c, const CuAtt *a, int bwd)
+{
+    DType t = cu_inv(c, 0)->dtype;
+    if ((t != DT_BF16 && t != DT_F16) || a->D != a->Dv || a->D % 8 || a->D > FL_MAX_D) return 0;
+    const Node *n = cu_node(c);
+    for (int i = 0; i < n->n_in; i++) {
+        const Value *v = cu_inv(c, i);
+        if (bwd && i == 4) continue;  // lse: f32, read as floats
+        if (v->dtype != t || !aligned16(v)) return 0;
+    }
+    for (int i = 0; i < n->n_out; i++) {
+        const Value *v = cu_outv(c, i);
+        if (!bwd && i == 1) continue;  // lse: f32, written as floats
+        if (v->dtype != t || !aligned16(v)) return 0;
+    }
+    return 1;
+}
+
+/* The template arguments every kernel starts with: E, TQ, SK, D, G, CAUSAL. */
+static char *targs(CuCtx *c, const CuAtt *a)
+{
+    return cu_fmt(c, "%s, %lld, %lld, %lld, %lld, %s", cu_tin(c, 0), (long long)a->T, (long long)a->S, (long long)a->D,
+                  (long long)a->G, a->causal ? "true" : "false");
+}
+
+static int launch(CuCtx *c, const char *prefix, const char *src, int64_t blocks, int64_t smem, const int *args, int n)
+{
+    CuDim grid;
+    if (cu_grid1(c, blocks, &grid)) return -1;
+    return cu_launch(c, prefix, src, grid, (CuDim){FL_THREADS, 1, 1}, (int)smem, args, n);
+}
+
+int cu_flash_fwd(CuCtx *c, const CuAtt *a)
+{
+    cu_use(c, "flash.cuh");
+    const char *params = cu_fmt(c, "%s, %s, %s, %s, %s", cu_pin(c, 0, "q"), cu_pin(c, 1, "k"), cu_pin(c, 2, "v"),
+                                cu_pout(c, 0, "o"), cu_pout(c, 1, "lse"));
+    const char *src = cu_kernel(c, FL_THREADS, params,
+                                cu_fmt(c, "fs_flash_fwd<%s, %lldLL>(q, k, v, o, lse, %s)", targs(c, a),
+                                       (long long)a->BH, cu_float(c, a->scale)));
+    int64_t smem = 2 * 5 * FL_TILE * pitch(a->D);  // q, then two buffers of k and v
+    return launch(c, "attention_tc", src, a->BH * cu_cdiv(a->T, FL_TILE), smem,
+                  (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 0), cu_out_id(c, 1)}, 5);
+}
+
+/* Kernel 1 of the backward: LPR lanes per row, the largest power of two up to 16 that
+ * divides the row's 16-byte chunks (D / 8). */
+static int emit_dsum(CuCtx *c, const CuAtt *a)
+{
+    int64_t lpr = 16;
+    while ((a->D / 8) % lpr) lpr /= 2;
+    int64_t rows = a->BH * a->T;
+    const char *params = cu_fmt(c, "%s, %s, %s", cu_pin(c, 3, "o"), cu_pin(c, 5, "dout"), cu_pout(c, 0, "dq"));
+    const char *src = cu_kernel(c, FL_THREADS, params,
+                                cu_fmt(c, "fs_flash_dsum<%s, %lld, %lld, %lld, %lldLL>(o, dout, dq)", cu_tin(c, 0),
+                                       (long long)a->T, (long long)a->D, (long long)lpr, (long long)rows));
+    return launch(c, "attention_bwd", src, cu_cdiv(rows * lpr, FL_THREADS), 0,
+                  (int[]){cu_in_id(c, 3), cu_in_id(c, 5), cu_out_id(c, 0)}, 3);
+}
+
+int cu_flash_bwd(CuCtx *c, const CuAtt *a)
+{
+    cu_use(c, "flash_bwd.cuh");
+    if (emit_dsum(c, a)) return -1;
+    const char *E = cu_tin(c, 0);
+    // the inner tiles (flash_bwd.cuh): dK/dV's query rows a step, dQ's keys a step
+    int64_t bkv = a->BH / a->G, P = pitch(a->D), bm = FL_DKDV_ROWS, bn = a->D <= 64 ? 64 : 32;
+    const char *ins = cu_fmt(c, "%s, %s, %s, const float *__restrict__ lse, %s", cu_pin(c, 0, "q"), cu_pin(c, 1, "k"),
+                             cu_pin(c, 2, "v"), cu_pin(c, 5, "dout"));
+    const char *dkdv =
+        cu_kernel(c, FL_THREADS,
+                  cu_fmt(c, "%s, const %s *__restrict__ dq, %s, %s", ins, E, cu_pout(c, 1, "dk"), cu_pout(c, 2, "dv")),
+                  cu_fmt(c, "fs_flash_dkdv<%s, %lld, %lldLL>(q, k, v, lse, dout, dq, dk, dv, %s)", targs(c, a),
+                         (long long)bm, (long long)bkv, cu_float(c, a->scale)));
+    int64_t smem = 2 * (2 * FL_TILE + 4 * bm) * P + 4 * 4 * bm;  // k, v, two of q and dO; two of lse and Dr
+    if (launch(c, "attention_bwd_tc", dkdv, bkv * cu_cdiv(a->S, FL_TILE), smem,
+               (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_in_id(c, 4), cu_in_id(c, 5), cu_out_id(c, 0),
+                       cu_out_id(c, 1), cu_out_id(c, 2)},
+               8))
+        return -1;
+    const char *dq = cu_kernel(c, FL_THREADS, cu_fmt(c, "%s, %s", ins, cu_pout(c, 0, "dq")),
+                               cu_fmt(c, "fs_flash_dq<%s, %lld, %lldLL>(q, k, v, lse, dout, dq, %s)", targs(c, a),
+                                      (long long)bn, (long long)a->BH, cu_float(c, a->scale)));
+    smem = 2 * (2 * FL_TILE + 4 * bn) * P;  // q, dO, two of k and v
+    return launch(
+        c, "attention_bwd_tc", dq, a->BH * cu_cdiv(a->T, FL_TILE), smem,
+        (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_in_id(c, 4), cu_in_id(c, 5), cu_out_id(c, 0)}, 6);
+}
