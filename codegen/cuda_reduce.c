@@ -259,3 +259,40 @@ int cuda_sumsq(CuCtx *c)
     return cu_launch(c, "sumsq", src, (CuDim){1, 1, 1}, (CuDim){1024, 1, 1}, 0, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)},
                      2);
 }
+
+/* sumsq_parts(x) -> f32 [parts]: one block of 256 threads per OPS_SUMSQ_CHUNK elements
+ * (reduce.cuh's fs_sumsq_parts), so a flat unit's gradient is one launch over the GPU. */
+int cuda_sumsq_parts(CuCtx *c)
+{
+    const Value *x = cu_inv(c, 0);
+    if (!dtype_is_float(x->dtype) || cu_outv(c, 0)->dtype != DT_F32) return cu_fail(c, "sumsq_parts: float in, f32 out");
+    int64_t parts = ir_numel(cu_outv(c, 0));
+    cu_use(c, "reduce.cuh");
+    const char *src = cu_kernel(c, 256, cu_fmt(c, "%s, %s", cu_pin(c, 0, "x"), cu_pout(c, 0, "out")),
+                                cu_fmt(c, "fs_sumsq_parts<256, %lldLL, %dLL>(x, out)", (long long)ir_numel(x),
+                                       OPS_SUMSQ_CHUNK));
+    CuDim grid;
+    if (cu_grid1(c, parts, &grid)) return -1;
+    return cu_launch(c, "sumsq_parts", src, grid, (CuDim){256, 1, 1}, 0, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
+}
+
+/* sum_parts(*xs) -> f32 []: one block of 1024 threads (reduce.cuh's FsSumParts). */
+int cuda_sum_parts(CuCtx *c)
+{
+    const Node *n = cu_node(c);
+    int args[IR_MAX_IN + 1];
+    CuText params = cu_text(c), call = cu_text(c);
+    cu_text_add(&call, "FsSumParts<1024> s; ");
+    for (int i = 0; i < n->n_in; i++) {
+        if (cu_inv(c, i)->dtype != DT_F32) return cu_fail(c, "sum_parts: input %d is not f32", i);
+        cu_text_add(&params, "%s, ", cu_pin(c, i, cu_fmt(c, "x%d", i)));
+        cu_text_add(&call, "s.add(x%d, %lldLL); ", i, (long long)ir_numel(cu_inv(c, i)));
+        args[i] = cu_in_id(c, i);
+    }
+    cu_text_add(&params, "%s", cu_pout(c, 0, "out"));
+    cu_text_add(&call, "s.store(out)");
+    args[n->n_in] = cu_out_id(c, 0);
+    cu_use(c, "reduce.cuh");
+    return cu_launch(c, "sum_parts", cu_kernel(c, 1024, params.s, call.s), (CuDim){1, 1, 1}, (CuDim){1024, 1, 1}, 0,
+                     args, n->n_in + 1);
+}

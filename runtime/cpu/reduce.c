@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "cpu_impl.h"
+#include "ops.h"
 
 #define COLS 256  // inner columns per task in the strided axis kernels
 
@@ -399,4 +400,39 @@ void cpu_sumsq_many(const KCall *const *k, int n, double *part, float *out)
         }
     }
     for (int i = 0; i < n; i++) out[i] = sumsq_total(part + (int64_t)i * SUMSQ_BLOCKS);
+}
+
+/* sumsq_parts(x) -> f32 [chunks]: the sum of squares of each OPS_SUMSQ_CHUNK-element chunk
+ * of x, in double (dsumsq's fixed lanes), rounded once; a chunk is one task, so the parts
+ * do not depend on the thread count. */
+void cpu_sumsq_parts(const KCall *k)
+{
+    sumsq_check(k);
+    const KTensor *X = &k->in[0];
+    int64_t n = X->numel, parts = k->out[0].numel;
+    KCHECK(parts == (n > 0 ? (n + OPS_SUMSQ_CHUNK - 1) / OPS_SUMSQ_CHUNK : 1), "sumsq_parts: %lld parts for %lld elements",
+           (long long)parts, (long long)n);
+    float *out = fdata(&k->out[0]);
+    const uint16_t *h = X->data;
+    out[0] = 0;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t c = 0; c < (n + OPS_SUMSQ_CHUNK - 1) / OPS_SUMSQ_CHUNK; c++) {
+        int64_t i0 = c * OPS_SUMSQ_CHUNK, len = imin(OPS_SUMSQ_CHUNK, n - i0);
+        double s = X->dtype == KT_F32    ? dsumsq(fdata(X) + i0, len)
+                   : X->dtype == KT_BF16 ? dsumsq_bf16(h + i0, len)
+                                         : dsumsq_f16(h + i0, len);
+        out[c] = (float)s;
+    }
+}
+
+/* sum_parts(*xs f32) -> f32 []: every element of every input, in order, in double. */
+void cpu_sum_parts(const KCall *k)
+{
+    double s = 0;
+    for (int i = 0; i < k->n_in; i++) {
+        KCHECK(k->in[i].dtype == KT_F32, "sum_parts: input %d has dtype %d, not f32", i, k->in[i].dtype);
+        const float *x = fdata(&k->in[i]);
+        for (int64_t j = 0; j < k->in[i].numel; j++) s += x[j];
+    }
+    fdata(&k->out[0])[0] = (float)s;
 }
