@@ -93,15 +93,18 @@ static int first_reader(const Off *o, int v, int skip)
     return o->n_orig;
 }
 
-/* The node after which value v's bytes are all written: its producer, or its view
- * parent's (an in-place reduction's output is a view of the flat gradient). */
+/* The node after which value v's bytes are all written: the last node writing v or a
+ * view inside it (an in-place reduction's output is a view of the flat gradient; without
+ * one, under shard none, the backward writes the params' gradients into the flat buffer
+ * its zeroing made). */
 static int writer_of(const Graph *g, int v)
 {
-    for (int hops = 0; v >= 0 && hops < 64; hops++) {
-        if (ir_value(g, v)->producer >= 0) return ir_value(g, v)->producer;
-        v = ir_value(g, v)->view_of;
-    }
-    return -1;
+    int last = -1;
+    for (int n = 0; n < g->n_nodes; n++)
+        for (int i = 0; i < ir_node(g, n)->n_out; i++)
+            for (int x = ir_out(g, ir_node(g, n), i), hops = 0; x >= 0 && hops < 64; x = g->values[x].view_of, hops++)
+                if (x == v) last = n;
+    return last;
 }
 
 static void replace_input(Graph *g, int node, int from, int to)
