@@ -65,7 +65,7 @@ typedef enum {
  * f64 in a fixed order; sum_parts adds the parts in order. So the norm is one launch per
  * flat unit plus one per 16 units, fixed-order on every backend, and a tensor's parts do
  * not depend on where it sits or on the thread count. */
-#define OPS_SUMSQ_CHUNK 16384
+#define OPS_SUMSQ_CHUNK 4096
 /* The most members, and the most distinct inputs from outside, of one fused group of
  * elementwise ops (passes/fuse.c): one CUDA kernel's parameters (codegen/cuda_elementwise.c). */
 #define OPS_FUSE_MAX 64
