@@ -12,9 +12,9 @@
  *   - innermost group kept: a block of 32 x BY threads takes 32 adjacent output
  *     columns, its BY rows of threads stride down the reduced index, and thread row 0
  *     adds the BY partial results in order.
- * Offsets are compiled in as divisions by constants (reduce.cuh's FsDims). The axis ops (max_bwd, softmax,
- * softmax_bwd) view x as (outer, n, inner): a row kernel (cuda_rows.h) when inner is 1,
- * else one thread per (outer, inner) column walking down n.
+ * Offsets are compiled in as divisions by constants (index.cuh's FsIndex, cu_index_at).
+ * The axis ops (max_bwd, softmax, softmax_bwd) view x as (outer, n, inner): a row kernel
+ * (cuda_rows.h) when inner is 1, else one thread per (outer, inner) column walking down n.
  *
  * Every sum runs in an order fixed by the shapes (and the launch geometry, which is
  * compiled in): results are bitwise reproducible run to run, though not bitwise the
@@ -62,16 +62,6 @@ static Split groups_with(const Groups *g, int red)
     return s;
 }
 
-/* The template type of dims listed outermost first (reduce.cuh): "FsDims<4LL, 3072LL, 768LL, 1LL>". */
-static char *dims_type(CuCtx *c, int nd, const int64_t *sz, const int64_t *st)
-{
-    CuText t = cu_text(c);
-    cu_text_add(&t, "FsDims<");
-    for (int d = 0; d < nd; d++) cu_text_add(&t, "%s%lldLL, %lldLL", d ? ", " : "", (long long)sz[d], (long long)st[d]);
-    cu_text_add(&t, ">");
-    return t.s;
-}
-
 /* The kernel's parameters and call arguments: x in, out out, and the scale. */
 static char *xo_params(CuCtx *c) { return cu_fmt(c, "%s, %s", cu_pin(c, 0, "x"), cu_pout(c, 0, "out")); }
 static char *xo_args(CuCtx *c, float scale) { return cu_fmt(c, "(x, out, %s)", cu_float(c, scale)); }
@@ -101,7 +91,7 @@ static int emit_runs(CuCtx *c, const char *prefix, RedOp op, const Groups *g, in
     RowGeo geo = nred <= 32 ? row_geo_thread(nout) : nred <= 4096 ? row_geo(nout, 1) : row_geo(nout, ROW_WARP_MAX + 1);
     const char *call = cu_fmt(c, "fs_reduce_runs<%s, %s, %lldLL, %lldLL, %s, %s>%s", row_targs(c, &geo),
                               op == RED_MAX ? "true" : "false", (long long)nout, (long long)nred,
-                              dims_type(c, k.n, k.sz, k.st), dims_type(c, r.n, r.sz, r.st), xo_args(c, scale));
+                              cu_index_at(c, k.n, k.sz, k.st), cu_index_at(c, r.n, r.sz, r.st), xo_args(c, scale));
     const char *src = cu_kernel(c, 0, xo_params(c), call);
     return row_launch(c, prefix, src, &geo, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
 }
@@ -114,7 +104,7 @@ static int emit_cols(CuCtx *c, const char *prefix, RedOp op, const Groups *g, in
     int by = nred >= 512 ? 32 : 8;
     const char *call = cu_fmt(c, "fs_reduce_cols<%s, %lldLL, %lldLL, %lldLL, %d, %s, %s>%s",
                               op == RED_MAX ? "true" : "false", (long long)inner, (long long)ncb, (long long)nred, by,
-                              dims_type(c, k.n - 1, k.sz, k.st), dims_type(c, r.n, r.sz, r.st), xo_args(c, scale));
+                              cu_index_at(c, k.n - 1, k.sz, k.st), cu_index_at(c, r.n, r.sz, r.st), xo_args(c, scale));
     const char *src = cu_kernel(c, 0, xo_params(c), call);
     CuDim grid;
     if (cu_grid1(c, rows * ncb, &grid)) return -1;

@@ -143,6 +143,7 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"reduce_dtype", S, reduce_name(t->reduce_dtype), 0, 0},
         {"shard", S, shard_name(t->shard), 0, 0},
         {"reshard_after_forward", I, NULL, 0, t->reshard_after_forward},
+        {"reshard_root", I, NULL, 0, t->reshard_root},
         {"shard_group", I, NULL, 0, t->shard_group},
         {"world", I, NULL, 0, t->world},
         {"recompute", S, t->recompute, 0, 0},
@@ -224,13 +225,22 @@ static int add_op(Plan *p, const Graph *g, const Node *n)
     return plan_op_add(p, &op) < 0 ? -1 : 0;
 }
 
+/* The model's dims, which a checkpoint records so that a resume into another model (a
+ * head count that shapes no param) is seen; a stage graph has none (plan_of adds the
+ * root's). */
+static int model_dims(Plan *p, const Graph *g)
+{
+    return (g->dims && plan_meta_set_str(p, "dims", g->dims)) ||
+           (g->batch_dim && plan_meta_set_str(p, "batch_dim", g->batch_dim));
+}
+
 static int build(Plan *p, const Graph *g, const TrainConfig *t)
 {
     if (plan_meta_set_str(p, "model", g->model ? g->model : "model") ||
         plan_meta_set_str(p, "compiler", "fsc " FS_VERSION) ||
         plan_meta_set_int(p, "params", ir_param_count(g)) ||
         plan_meta_set_int(p, "frozen_params", ir_frozen_count(g)) ||
-        add_config(p, t))
+        add_config(p, t) || model_dims(p, g))
         return -1;
     for (int i = 0; i < g->n_blocks; i++)
         if (plan_block_add(p, g->blocks[i].name, g->blocks[i].layer, g->blocks[i].index) < 0) return -1;
@@ -289,7 +299,7 @@ static Plan *plan_of(const Graph *g, const TrainConfig *t, int cuda, char *err, 
         }
     }
     if (plan_meta_set_int(p, "world", t->world) || plan_meta_set_int(p, "params", ir_param_count(g)) ||
-        plan_meta_set_int(p, "frozen_params", ir_frozen_count(g))) {
+        plan_meta_set_int(p, "frozen_params", ir_frozen_count(g)) || model_dims(p, g)) {
         snprintf(err, errlen, "out of memory building the plan");
         plan_free(p);
         return NULL;

@@ -136,6 +136,9 @@ void lower_dim(Lower *L, Scope *s, const Stmt *st, const Define *def)
             rc = -1;
         }
     }
+    if (rc == 0 && s == &L->model)  // the model's dims, recorded in the plan (a resume compares them)
+        L->g->dims = arena_printf(L->g->arena, "%s%s%s=%lld", L->g->dims ? L->g->dims : "", L->g->dims ? " " : "",
+                                  st->name, (long long)v);
     if (rc == 0 && L->batch_dim && s == &L->model && !strcmp(st->name, L->batch_dim)) rc = split_batch(L, st, &v);
     Binding *b = scope_bind(L, s, st->name, B_DIM, st->name_loc);
     b->dim = v;
@@ -480,6 +483,11 @@ Graph *fe_compile(const char *src, size_t len, const FrontendOptions *opt, Train
     if (d->n_errors == before) find_batch_dim(&L, p->body, train);
     if (d->n_errors == before) check_shard_group(&L, p, train);
     lower_decls(&L, p->body, dup);
+    for (const Stmt *st = p->body; st; st = st->next)  // the batch dim a resume may change (any world)
+        if (st->kind == ST_INPUT) {
+            if (st->shape && st->shape->kind == EX_NAME) L.g->batch_dim = arena_strdup(L.g->arena, st->shape->name);
+            break;
+        }
     if (d->n_errors == before) warn_unfed(&L, p, dup);
     lower_statements(&L, p->body);
     if (!d->stopped) lower_objective(&L, p);

@@ -164,6 +164,9 @@ static const KeyDef KEYS[] = {
     ENUM("reduce_dtype", reduce_dtype, REDUCES, "dtype of gradient reductions: compute (the precision's) or fp32"),
     ENUM("shard", shard, SHARDS, "none, ddp, zero1 (oss), zero2 (sdp), fsdp (zero3)"),
     INT("reshard_after_forward", reshard_after_forward, 0, 1, "fsdp: free gathered params after forward (1) or keep them (0)"),
+    INT("reshard_root", reshard_root, 0, 1,
+        "fsdp: gather the params outside blocks for each use between blocks and free them after it (1), or keep "
+        "them gathered from forward to backward (0)"),
     INT("shard_group", shard_group, 0, 1 << 20, "zero1, zero2, fsdp: shard within groups of this many consecutive "
         "data-parallel ranks, replicate across the groups (FSDP's HYBRID_SHARD); 0: all of them"),
     INT("world", world, 1, 1 << 20, "number of ranks"),

@@ -223,6 +223,9 @@ typedef struct {
 struct Graph {
     Arena *arena;
     const char *model;  // the model's name
+    const char *dims;   // the model-level dims, "NAME=VALUE ..." in source order, global (before the
+                        // batch is split over ranks); NULL in stage and decode graphs
+    const char *batch_dim;  // the first dim of the first input when it is a dim name, or NULL
     Value *values;
     int n_values, cap_values;
     Node *nodes;
@@ -373,6 +376,7 @@ typedef struct {
     ReduceDtype reduce_dtype;  // dtype grads are reduced in
     ShardKind shard;
     int reshard_after_forward;
+    int reshard_root;     // fsdp: the params outside blocks gathered per stretch between blocks (1) or kept (0)
     int shard_group;      // zero1/zero2/fsdp: ranks a shard is split over (HYBRID_SHARD); 0: all D
     int world;
     char recompute[256];  // "none", "all" or comma-separated layer names

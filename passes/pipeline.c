@@ -31,7 +31,8 @@
  *    across their stages (exchange_tied) and the loss is given to every stage.
  * Each micro-batch's activations die in its backward, so memplan reuses their bytes for
  * the next: saved activations are those of the micro-batches in flight.
- * Params (and, in fsdp, their gathers: passes/shard.c) are shared by every copy.
+ * Params (and, in fsdp, their gathers: passes/shard.c) are shared by every copy, and so
+ * are their 16-bit compute copies: each param is cast once a step (cast_params_once).
  */
 #include <string.h>
 
@@ -174,11 +175,44 @@ static void split_inputs(Pipe *p, int64_t batch)
 
 /* ---- the copies -------------------------------------------------------------------- */
 
+/* The precision pass's compute copy of a param (a cast of it, in the forward or the
+ * recompute's forward again): the same bytes in every micro-batch. */
+static int param_cast(const Graph *g, const Node *n)
+{
+    if (n->op != OP_cast || (n->phase != PHASE_FORWARD && n->phase != PHASE_RECOMPUTE)) return 0;
+    const Value *x = ir_value(g, ir_in(g, n, 0));
+    return x->role == ROLE_PARAM && x->producer < 0;
+}
+
+/* Each param is cast once a step, before any micro-batch (the step's work: no micro-
+ * batch of its own), and every micro-batch's forward, backward and recompute reads that
+ * copy: one 16-bit copy of the weights, not one per micro-batch in flight (the model
+ * state ZeRO counts, 2 bytes a param). The recompute's casts go; their readers read the
+ * forward's. */
+static void cast_params_once(Pipe *p)
+{
+    Graph *g = p->g;
+    int *to = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
+    for (int v = 0; v < g->n_values; v++) to[v] = v;
+    for (int n = 0; n < p->n_orig; n++) {
+        Node *node = &g->nodes[n];
+        if (param_cast(g, node) && node->phase == PHASE_FORWARD) node->mb = -1;  // unrolled_order puts it first
+        if (!param_cast(g, node) || node->phase != PHASE_RECOMPUTE) continue;
+        int v = ir_out(g, node, 0), w = ir_value(g, v)->recompute_of;
+        if (w < 0) continue;
+        to[v] = w;
+        p->drop[n] = 1;
+    }
+    for (int n = 0; n < p->n_orig; n++)
+        for (int i = 0; i < g->nodes[n].n_in; i++) g->ids[g->nodes[n].in + i] = to[g->ids[g->nodes[n].in + i]];
+}
+
 static void clone_node(Pipe *p, int m, int n)
 {
     Graph *g = p->g;
     Node node = g->nodes[n];
     if (node.phase == PHASE_RECOMPUTE && !checkpointed(p, m)) return;
+    if (param_cast(g, &node)) return;  // cast once a step (cast_params_once)
     int in[IR_MAX_IN];
     for (int i = 0; i < node.n_in; i++) in[i] = in_mb(p, m, ir_in(g, &node, i));
     Attr attrs[IR_MAX_PARAMS];
@@ -444,7 +478,8 @@ static void emit_part(const Pipe *p, int m, int part, int chunk, int *order, int
         for (int n = p->n_orig; n < g->n_nodes; n++)
             if (p->mb_start[n] == m && (chunk < 0 || g->nodes[n].chunk == chunk)) emit(p, n, order, k);
     for (int n = 0; n < p->n_orig; n++) {
-        if (part_of(&g->nodes[n]) != part || (chunk >= 0 && g->nodes[n].chunk != chunk)) continue;
+        if (part_of(&g->nodes[n]) != part || (chunk >= 0 && g->nodes[n].chunk != chunk) || g->nodes[n].mb < 0)
+            continue;
         int c = m ? p->node_copy[(size_t)m * (size_t)p->n_orig + (size_t)n] : n;
         if (c >= 0) emit(p, c, order, k);
     }
@@ -519,6 +554,8 @@ static void unrolled_order(Pipe *p)
 {
     Graph *g = p->g;
     int *order = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1), k = 0, M = p->M;
+    for (int n = 0; n < p->n_orig; n++)  // the step's param casts (cast_params_once)
+        if (g->nodes[n].mb < 0) emit(p, n, order, &k);
     if (p->P <= 1) {
         for (int m = 0; m < M; m++) emit_part(p, m, 1, -1, order, &k), emit_part(p, m, 0, -1, order, &k);
     } else if (p->t->schedule == SCHED_GPIPE) {
@@ -567,6 +604,7 @@ int pass_pipeline(Graph *g, const Options *o, Diag *d)
     grow(&p);
     int64_t batch = batch_rows(g, p.n_before);
     split_inputs(&p, batch);
+    cast_params_once(&p);
     for (int m = 1; m < p.M; m++)
         for (int n = 0; n < p.n_orig; n++) clone_node(&p, m, n);
     accumulate_grads(&p, o);

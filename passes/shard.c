@@ -20,9 +20,12 @@
  *    start of the next step; fsdp all-gathers a block's params before its forward (where
  *    the schedule pass prefetches it one block ahead), frees them after it
  *    (reshard_after_forward) and gathers them again before its backward. The params
- *    outside blocks stay gathered for the whole step. Under mixed precision zero1 and
- *    zero2 store the fp32 shard as fsdp does (ZeRO's sharded master) and gather the
- *    16-bit params once a step, at their first use, keeping them to the step's end.
+ *    outside blocks stay gathered for the whole step, or with reshard_root are gathered
+ *    for each stretch between blocks that reads them (the embedding, the head; in the
+ *    backward the same) and freed after it, as ZeRO-3 does (root_runs). Under mixed
+ *    precision zero1 and zero2 store the fp32 shard as fsdp does (ZeRO's sharded master)
+ *    and gather the 16-bit params once a step, at their first use, keeping them to the
+ *    step's end.
  *  - A frozen unit has no gradient buffer and no reduction; it is stored whole (ddp,
  *    zero1, zero2: nothing to gather, it never changes) or, under fsdp and 16-bit
  *    zero1/zero2, sharded and gathered as any other unit.
@@ -63,6 +66,8 @@ typedef struct {
     int storage;          // the persistent buffer (full, or the shard for fsdp)
     int shard_view;       // the value the optimizer updates (storage, or a rank's part of it)
     int gathered;         // the full flat params the forward reads
+    const int *run_of;    // per original node: its run for this unit (Shard.run_of, or root_runs')
+    int n_runs;
     int *gather_in_run;   // [n_runs] fsdp: the gather each run of nodes reads, or -1
     int first_run;        // the run of the first node reading the params (gathered's)
     int *first_in_run;    // [n_runs] the first node of each run reading the params, or NONE
@@ -282,6 +287,36 @@ static void mark_runs(Shard *s)
     s->n_runs = k + 1 > 0 ? k + 1 : 1;
 }
 
+/* reshard_root: the runs of a unit outside blocks are the stretches of a run between
+ * blocks (a new one at each read of its params after a block's node), so its params are
+ * gathered for the embedding, freed, and gathered again for the head (and likewise in the
+ * backward), as ZeRO-3 gathers a module's params per use; the blocks run without them. */
+static void root_runs(Shard *s, Unit *u, const int *unit_of)
+{
+    const Graph *g = s->g;
+    int *run = arena_alloc(g->arena, sizeof(int) * (size_t)s->n_orig + 1);
+    int k = -1, cls = -1, after_block = 1, me = (int)(u - s->units);
+    for (int n = 0; n < s->n_orig; n++) {
+        const Node *node = ir_node(g, n);
+        int c = node->phase != PHASE_FORWARD, reads = 0;
+        for (int i = 0; i < node->n_in && !reads; i++) reads = unit_of[ir_in(g, node, i)] == me;
+        if (c != cls) after_block = 1, cls = c;
+        if (reads && after_block) k++, after_block = 0;
+        if (!reads && node->block >= 0) after_block = 1;
+        run[n] = k < 0 ? 0 : k;
+    }
+    u->run_of = run;
+    u->n_runs = k + 1 > 0 ? k + 1 : 1;
+}
+
+/* Whether unit u is gathered again for each later run that reads it: a block's under
+ * fsdp's reshard_after_forward; the params outside blocks too with reshard_root. */
+static int reshards(const Shard *s, const Unit *u)
+{
+    const TrainConfig *t = s->t;
+    return t->shard == SHARD_FSDP && t->reshard_after_forward && (u->block >= 0 || (t->reshard_root && !u->tied));
+}
+
 /* The first node that writes any byte of value v: its producer's, or that of a value
  * inside it (a partial sum of accumulated gradients, passes/pipeline.c); NONE if none. */
 static int first_writer(const Shard *s, const int *first_write, int v)
@@ -299,23 +334,25 @@ static void find_uses(Shard *s, const int *unit_of)
     Graph *g = s->g;
     for (int i = 0; i < s->n_units; i++) {
         Unit *u = &s->units[i];
-        u->first_in_run = arena_alloc(g->arena, sizeof(int) * (size_t)s->n_runs);
-        u->gather_in_run = arena_alloc(g->arena, sizeof(int) * (size_t)s->n_runs);
-        for (int k = 0; k < s->n_runs; k++) u->first_in_run[k] = NONE, u->gather_in_run[k] = -1;
+        u->run_of = s->run_of, u->n_runs = s->n_runs;
+        if (u->block < 0 && reshards(s, u)) root_runs(s, u, unit_of);
+        u->first_in_run = arena_alloc(g->arena, sizeof(int) * (size_t)u->n_runs);
+        u->gather_in_run = arena_alloc(g->arena, sizeof(int) * (size_t)u->n_runs);
+        for (int k = 0; k < u->n_runs; k++) u->first_in_run[k] = NONE, u->gather_in_run[k] = -1;
     }
     for (int n = 0; n < s->n_orig; n++) {
         const Node *node = ir_node(g, n);
         for (int i = 0; i < node->n_in; i++) {
             int u = unit_of[ir_in(g, node, i)];
             if (u < 0) continue;
-            int *first = &s->units[u].first_in_run[s->run_of[n]];
+            int *first = &s->units[u].first_in_run[s->units[u].run_of[n]];
             if (n < *first) *first = n;
         }
     }
     for (int i = 0; i < s->n_units; i++) {
         Unit *u = &s->units[i];
         u->first_run = 0;
-        for (int k = s->n_runs - 1; k >= 0; k--)
+        for (int k = u->n_runs - 1; k >= 0; k--)
             if (u->first_in_run[k] < NONE) u->first_run = k;
     }
     /* Views inside a gradient are written before it (the partial sums of accumulation):
@@ -324,7 +361,8 @@ static void find_uses(Shard *s, const int *unit_of)
     for (int v = 0; v < g->n_values; v++) first_write[v] = NONE;
     for (int v = 0; v < g->n_values; v++) {
         int at = ir_value(g, v)->producer;
-        for (int w = ir_value(g, v)->view_of, hops = 0; at >= 0 && w >= 0 && hops < 64; w = ir_value(g, w)->view_of, hops++)
+        for (int w = ir_value(g, v)->view_of, hops = 0; at >= 0 && w >= 0 && hops < 64;
+             w = ir_value(g, w)->view_of, hops++)
             if (at < first_write[w]) first_write[w] = at;
     }
     for (int i = 0; i < s->n_units; i++) {
@@ -429,7 +467,7 @@ static void regather(Shard *s, Unit *u, int run)
         g->values[p2].tied_to = p;  // the same param, seen through another gather
         for (int n = 0; n < s->n_orig; n++) {
             Node *node = &g->nodes[n];
-            if (s->run_of[n] != run) continue;
+            if (u->run_of[n] != run) continue;
             for (int i = 0; i < node->n_in; i++)
                 if (g->ids[node->in + i] == p) g->ids[node->in + i] = p2;
         }
@@ -515,7 +553,8 @@ static void reduce_grads(Shard *s, Unit *u)
         g->values[part].sharded = g->values[grad].sharded = 1;
         name_grad(s, u, part, arena_printf(g->arena, "%s.flat_grad_part", unit_name(s, u)));
     }
-    const char *name = arena_printf(g->arena, "%s.flat_grad%s", unit_name(s, u), g->values[grad].sharded ? "_shard" : "");
+    const char *name =
+        arena_printf(g->arena, "%s.flat_grad%s", unit_name(s, u), g->values[grad].sharded ? "_shard" : "");
     name_grad(s, u, grad, name);
     g->values[u->shard_view].grad = grad;
 }
@@ -524,17 +563,19 @@ static void reduce_grads(Shard *s, Unit *u)
 
 /* fsdp: each run's gather goes where the run first reads the unit's params; the schedule
  * pass (passes/schedule.c) then moves it earlier, to overlap compute (prefetch). */
-static void gather_at_first_use(Shard *s, int run)
+static void gather_at_first_use(Shard *s)
 {
     for (int i = 0; i < s->n_units; i++) {
         const Unit *u = &s->units[i];
-        int v = u->gather_in_run[run];
-        if (v < 0) continue;
-        int at = u->first_in_run[run];
-        int x = ir_in(s->g, ir_node(s->g, s->g->values[v].producer), 0);  // the gather's input: a cast to move along
-        for (int k = 0; k < s->n_placed; k++) {
-            int out = ir_out(s->g, ir_node(s->g, s->placed[k].node), 0);
-            if (out == v || out == x) s->placed[k].at = at < NONE ? at : 0;
+        for (int run = 0; run < u->n_runs; run++) {
+            int v = u->gather_in_run[run];
+            if (v < 0) continue;
+            int at = u->first_in_run[run];
+            int x = ir_in(s->g, ir_node(s->g, s->g->values[v].producer), 0);  // its input: a cast to move along
+            for (int k = 0; k < s->n_placed; k++) {
+                int out = ir_out(s->g, ir_node(s->g, s->placed[k].node), 0);
+                if (out == v || out == x) s->placed[k].at = at < NONE ? at : 0;
+            }
         }
     }
 }
@@ -620,17 +661,16 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
         if (!u->n_params) continue;
         layout_params(&s, u);
         if (t->shard == SHARD_FSDP || s.gather16 || s.cast16) u->gather_in_run[u->first_run] = u->gathered;
-        for (int k = 0; k < s.n_runs; k++)
-            if (t->shard == SHARD_FSDP && t->reshard_after_forward && u->block >= 0 && k != u->first_run &&
-                u->first_in_run[k] < NONE)
-                regather(&s, u, k);
+        for (int k = 0; k < u->n_runs; k++)
+            if (reshards(&s, u) && k != u->first_run && u->first_in_run[k] < NONE) regather(&s, u, k);
         if (!has_grads(g, u)) continue;  // frozen, or a forward-only program: no reduction, no update
         layout_grads(&s, u, taken);
         reduce_grads(&s, u);
     }
     if (t->shard == SHARD_FSDP || s.gather16 || s.cast16)
-        for (int k = 0; k < s.n_runs; k++) gather_at_first_use(&s, k);
-    if (g->n_outputs && t->shard != SHARD_NONE) average_loss(&s);  // a forward-only pipeline's stages but the last have no loss
+        gather_at_first_use(&s);
+    // a forward-only pipeline's stages but the last have no loss; none has no ranks to average over
+    if (g->n_outputs && t->shard != SHARD_NONE) average_loss(&s);
     schedule(&s);
     ir_graph_compact(g, s.drop);
     return 0;

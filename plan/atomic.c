@@ -134,6 +134,30 @@ static void sync_dir(const char *path)
     }
 }
 
+/* The temporary file being written now, for a signal handler that abandons it
+ * (plan_output_abandon): set once the file is open, cleared once it is renamed or gone. */
+static char pending[PATH_MAX + 32];
+static volatile sig_atomic_t has_pending;
+static void (*on_open)(void);  // test-only: called once a temporary file is open
+
+void plan_output_on_open(void (*hook)(void)) { on_open = hook; }
+
+void plan_output_abandon(void)
+{
+    if (has_pending) unlink(pending);
+}
+
+void plan_output_pending(const char *tmp)
+{
+    has_pending = 0;
+    if (!tmp) return;
+    memcpy(pending, tmp, strlen(tmp) + 1);
+    has_pending = 1;
+    void (*hook)(void) = on_open;
+    on_open = NULL;
+    if (hook) hook();
+}
+
 struct PlanOutput {
     int fd;
     int stream;                  // a device or FIFO: written into, no rename
@@ -187,6 +211,7 @@ PlanOutput *plan_output_open(const char *path, char *err, size_t errlen)
     }
     struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
     fcntl(o->fd, F_SETLK, &lk);  // without locks (some file systems), the PID alone guards it
+    plan_output_pending(o->tmp);
     return o;
 }
 
@@ -201,6 +226,7 @@ void plan_output_abort(PlanOutput *o)
     if (!o) return;
     close(o->fd);
     if (!o->stream) unlink(o->tmp);
+    if (!o->stream) plan_output_pending(NULL);
     plan_dealloc(o);
 }
 
@@ -211,6 +237,7 @@ int plan_output_commit(PlanOutput *o, char *err, size_t errlen)
     o->fd = -1;
     if (!o->failed && !o->stream && rename(o->tmp, o->target)) o->failed = "rename", o->saved = errno;
     int rc = 0;
+    if (!o->stream) plan_output_pending(NULL);  // renamed, or removed just below
     if (o->failed) {
         if (!o->stream) unlink(o->tmp);
         rc = plan_fail(err, errlen, "cannot write the file (%s): %s", o->failed, strerror(o->saved));

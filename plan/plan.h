@@ -429,6 +429,16 @@ PlanOutput *plan_output_open(const char *path, char *err, size_t errlen);
 int plan_output_write(PlanOutput *o, const void *data, size_t len);  // 0, or -1 once any write failed
 int plan_output_commit(PlanOutput *o, char *err, size_t errlen);
 void plan_output_abort(PlanOutput *o);
+/* For a signal handler (async-signal-safe): removes the temporary file being written now,
+ * if any; the write it belongs to is never committed (the process is ending). */
+void plan_output_abandon(void);
+/* The temporary file a writer of its own (runtime/ckfs.c) has open now, as plan_output_open
+ * records its own, for plan_output_abandon and plan_output_on_open's hook; NULL once it is
+ * renamed or removed. */
+void plan_output_pending(const char *tmp);
+/* Test-only (runtime/signals.c's FSEXEC_TEST_SIGNAL): hook is called once, the next time a
+ * temporary file has been opened; NULL: none. */
+void plan_output_on_open(void (*hook)(void));
 /* Whether plan_write_atomic could write path, checked before a long run rather than
  * after it: not a directory (or block device, socket), its directory exists and is
  * writable. 0, or -1 with a message (without the path): "is a directory; give a file

@@ -53,7 +53,8 @@ void machine_print(const Machine *m, FILE *out);
 
 /* One axis per setting key as config_set takes it. The order is the table's order. */
 typedef enum {
-    AX_SHARD, AX_SHARD_GROUP, AX_RESHARD, AX_PRECISION, AX_REDUCE, AX_OFFLOAD, AX_RECOMPUTE, AX_SELECTIVE,
+    AX_SHARD, AX_SHARD_GROUP, AX_RESHARD, AX_RESHARD_ROOT, AX_PRECISION, AX_REDUCE, AX_OFFLOAD, AX_RECOMPUTE,
+    AX_SELECTIVE,
     AX_STAGES, AX_MICROBATCHES, AX_SCHEDULE, AX_BALANCE, AX_COUNT
 } AxisId;
 

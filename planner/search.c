@@ -3,15 +3,18 @@
  * on its time (cost.c), and the candidates are taken in the order of their bounds. A
  * candidate is compiled (frontend, passes through memplan, the plan without its CUDA
  * program, its memory report and modelled time) unless
- *   - its bound is no better than the best that fits (then neither is any after it);
- *   - a compiled one, no faster than the best, differs from it only by less recompute or
+ *   - its bound is above the best time that fits (then so is any after it; at the best
+ *     time it may tie with a smaller arena, which wins);
+ *   - a compiled one, slower than the best, differs from it only by less recompute or
  *     reshard_after_forward 0 (space_time_up: from there the time only rises);
  *   - one value of an axis dominates its value (space_dominated).
  * No rule assumes the arena or the time monotone along an axis: at small sizes memplan's
  * placement makes neither hold exactly (recompute of one more block can grow the arena
  * by a few hundred bytes), and a rule that assumes it misses the winner at a budget
  * between the two (tests/unit/test_planner.c finds such pairs).
- * Ties go to the earlier candidate in that order, in the search and in brute force alike.
+ * The winner is the fastest that fits; a tie in time goes to the smaller arena, then to
+ * the earlier candidate in that order (before), in the search and in brute force alike,
+ * and the Pareto front is sorted by the same rule, so the winner is on it.
  * Deterministic: no clock, no hash order, the same order every run, and the same
  * candidates compiled whatever the core count (compile_batch).
  */
@@ -208,7 +211,7 @@ static int slower_than(const FitResult *r, const int64_t *done, int64_t n_done, 
 {
     for (int64_t j = 0; j < n_done; j++) {
         const FitPoint *z = &r->points[done[j]];
-        if (z->compiled == 1 && z->cost.time >= best && time_below(&z->cand, &p->cand)) return 1;
+        if (z->compiled == 1 && z->cost.time > best && time_below(&z->cand, &p->cand)) return 1;
     }
     return 0;
 }
@@ -222,12 +225,21 @@ static int by_bound(const void *a, const void *b)
     return *(const int64_t *)a < *(const int64_t *)b ? -1 : 1;
 }
 
-static int by_time(const void *a, const void *b)
+/* The one order of the winner and the front: the faster; at the same time the smaller
+ * arena; then the earlier in bound order. So the winner (the first of the points that
+ * fit) is the front's point at its time. */
+static int before(const FitPoint *pts, int64_t i, int64_t j)
 {
-    const FitPoint *x = &sort_points[*(const int64_t *)a], *y = &sort_points[*(const int64_t *)b];
+    const FitPoint *x = &pts[i], *y = &pts[j];
     if (x->cost.time != y->cost.time) return x->cost.time < y->cost.time ? -1 : 1;
     if (x->arena != y->arena) return x->arena < y->arena ? -1 : 1;
-    return *(const int64_t *)a < *(const int64_t *)b ? -1 : 1;
+    if (x->lb != y->lb) return x->lb < y->lb ? -1 : 1;
+    return i < j ? -1 : i > j;
+}
+
+static int by_time(const void *a, const void *b)
+{
+    return before(sort_points, *(const int64_t *)a, *(const int64_t *)b);
 }
 
 static int search(const FitRequest *q, FitResult *r, int64_t *order, int64_t *done)
@@ -249,7 +261,7 @@ static int search(const FitRequest *q, FitResult *r, int64_t *order, int64_t *do
                     r->n_dominated++;
                     continue;
                 }
-                if (p->lb >= best || slower_than(r, done, n_done, p, best)) {
+                if (p->lb > best || slower_than(r, done, n_done, p, best)) {
                     r->n_time_pruned++;
                     continue;
                 }
@@ -266,7 +278,8 @@ static int search(const FitRequest *q, FitResult *r, int64_t *order, int64_t *do
                 r->n_failed++;
                 continue;
             }
-            if (p->arena <= q->budget && p->cost.time < best) best = p->cost.time, r->winner = i;
+            if (p->arena <= q->budget && (r->winner < 0 || before(r->points, i, r->winner) < 0))
+                best = p->cost.time, r->winner = i;
             const FitPoint *s = r->smallest >= 0 ? &r->points[r->smallest] : NULL;
             if (!s || p->arena < s->arena || (p->arena == s->arena && p->cost.time < s->cost.time)) r->smallest = i;
         }

@@ -28,6 +28,7 @@ static const struct {
     {AX_SHARD, "shard", 0, {"none", "ddp", "zero1", "zero2", "fsdp"}, NULL},
     {AX_SHARD_GROUP, "shard_group", 0, {NULL}, gen_shard_group},
     {AX_RESHARD, "reshard_after_forward", 1, {"0", "1"}, NULL},
+    {AX_RESHARD_ROOT, "reshard_root", 1, {"0", "1"}, NULL},
     {AX_PRECISION, "precision", 0, {"bf16", "fp16", "fp32"}, NULL},
     {AX_REDUCE, "reduce_dtype", 0, {"compute", "fp32"}, NULL},
     {AX_OFFLOAD, "offload", 0, {"none", "optimizer", "params"}, NULL},
@@ -211,6 +212,7 @@ int space_applies(const Space *s, const Cand *c, AxisId a)
 {
     switch (a) {
     case AX_RESHARD: return is(s, c, AX_SHARD, "fsdp");
+    case AX_RESHARD_ROOT: return is(s, c, AX_SHARD, "fsdp") && is(s, c, AX_RESHARD, "1");
     case AX_SHARD_GROUP: return is(s, c, AX_SHARD, "zero1") || is(s, c, AX_SHARD, "zero2") || is(s, c, AX_SHARD, "fsdp");
     case AX_SELECTIVE: return space_num(s, c, AX_RECOMPUTE) < s->facts.n_blocks;
     case AX_REDUCE: return !is(s, c, AX_PRECISION, "fp32");

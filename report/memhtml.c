@@ -277,7 +277,7 @@ static const MemReport *compared(const MemStages *other, int32_t k, int32_t n)
 /* The stages side by side: ranks, ops, arenas, peak and params, each linked to its section. */
 static void stage_table(const MemStages *s, FILE *out)
 {
-    char a[32], b[32], c[32], d[32], e[32];
+    char a[32], b[32], c[32], d[32], e[32], f[32];
     fprintf(out, "<table><tr><th>stage</th><th>ranks</th><th class=\"n\">ops</th><th class=\"n\">device arena</th>"
             "<th class=\"n\">peak live</th><th class=\"n\">host arena</th><th class=\"n\">params</th></tr>\n");
     for (int32_t k = 0; k < s->n; k++) {
@@ -287,7 +287,7 @@ static void stage_table(const MemStages *s, FILE *out)
                 k == s->largest ? " (largest)" : "", report_ranks(r, a, sizeof a),
                 report_grouped(r->plan->n_ops, b, sizeof b), report_bytes(r->arena_bytes, c, sizeof c),
                 report_bytes(r->peak[PLAN_PLACE_DEVICE], d, sizeof d), report_bytes(r->host_arena_bytes, e, sizeof e),
-                report_grouped(r->param_count, a, sizeof a));
+                report_grouped(r->param_count, f, sizeof f));
     }
     fprintf(out, "</table>\n");
 }

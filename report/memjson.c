@@ -95,8 +95,10 @@ static json_t *tensor(const MemReport *r, const MemTensor *m, int *bad)
 static json_t *params(const MemReport *r, int *bad)
 {
     json_t *o = json_object(), *d = json_object();
-    for (int i = 0; i < PLAN_DT_COUNT && d; i++)
-        if (r->param_dtype[i]) put(d, plan_dtype_name((PlanDType)i), json_integer(r->param_dtype[i]), bad);
+    for (int i = 0; i < PLAN_DT_COUNT && d; i++) {
+        int64_t both = r->param_dtype[PLAN_PLACE_DEVICE][i] + r->param_dtype[PLAN_PLACE_HOST][i];
+        if (both) put(d, plan_dtype_name((PlanDType)i), json_integer(both), bad);
+    }
     if (!o) return json_decref(d), NULL;
     put(o, "count", json_integer(r->param_count), bad);
     put(o, "bytes_by_dtype", d, bad);

@@ -204,7 +204,7 @@ typedef struct {
 static void add(MemReport *r, PlanPlace pl, MemCategory c, int64_t bytes, PlanDType d)
 {
     (pl == PLAN_PLACE_HOST ? r->host_state : r->state)[c] += bytes;
-    if ((c == MEM_PARAMS16 || c == MEM_PARAMS32) && (unsigned)d < PLAN_DT_COUNT) r->param_dtype[d] += bytes;
+    if ((c == MEM_PARAMS16 || c == MEM_PARAMS32) && (unsigned)d < PLAN_DT_COUNT) r->param_dtype[pl][d] += bytes;
 }
 
 /* Each param's copies of a width: the largest, on the device when it has one there. */

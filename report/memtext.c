@@ -36,17 +36,23 @@ static void print_params(const MemReport *r, FILE *out)
                 report_grouped(r->frozen_count, c, sizeof c));
     else
         fprintf(out, "  %-14s %s trainable; buffers on this rank: ", "params", report_grouped(r->param_count, a, sizeof a));
-    int any = 0;
-    for (int d = 0; d < PLAN_DT_COUNT; d++)
-        if (r->param_dtype[d])
-            fprintf(out, "%s%s %s", any++ ? ", " : "", report_bytes(r->param_dtype[d], b, sizeof b),
-                    plan_dtype_name((PlanDType)d));
+    int any = 0, host = report_state_sum(r->host_state) != 0;
+    for (int pl = 0; pl < PLAN_PLACE_COUNT; pl++)
+        for (int d = 0; d < PLAN_DT_COUNT; d++)
+            if (r->param_dtype[pl][d])
+                fprintf(out, "%s%s %s%s", any++ ? ", " : "", report_bytes(r->param_dtype[pl][d], b, sizeof b),
+                        plan_dtype_name((PlanDType)d), !host ? "" : pl == PLAN_PLACE_HOST ? " on the host" :
+                        " on the device");
     fprintf(out, "%s\n", any ? "" : "none");
     double n = r->param_count > 0 ? (double)r->param_count : 1;
     print_state("model state", r->state, n, out);
-    if (report_state_sum(r->host_state)) {
-        fprintf(out, "  %-14s the device's 16-bit params are copies of the host's fp32 params, made each step "
-                "(fsdp's offload params: staged for each gather)\n", "offload");
+    if (host) {
+        if (!strcmp(plan_meta_str(r->plan, "offload", "none"), "params"))
+            fprintf(out, "  %-14s the device's 16-bit params are copies of the host's fp32 params, made each step "
+                    "(fsdp's offload params: staged for each gather)\n", "offload");
+        else
+            fprintf(out, "  %-14s the optimizer updates the fp32 params and its state on the host; the device's "
+                    "16-bit params are copies of the updated params, sent each step\n", "offload");
         print_state("host state", r->host_state, n, out);
     }
     int64_t g32 = r->state[MEM_GRADS32] + r->host_state[MEM_GRADS32];

@@ -63,7 +63,7 @@ typedef struct MemReport {
     int32_t peak_at[PLAN_PLACE_COUNT];  // the first op where it is reached
     int64_t at_peak[PLAN_PLACE_COUNT][MEM_CAT_COUNT];  // by category at that op
     int64_t max_cat[PLAN_PLACE_COUNT][MEM_CAT_COUNT];  // each category's own max over the step
-    int64_t param_dtype[PLAN_DT_COUNT];  // model state's params (16-bit and fp32) by dtype, both places
+    int64_t param_dtype[PLAN_PLACE_COUNT][PLAN_DT_COUNT];  // model state's params (16-bit and fp32) by place, dtype
     int64_t param_count;          // param elements (meta "params")
     int64_t frozen_count;         // of them frozen (meta "frozen_params")
     /* Model state as ZeRO counts it, per rank: [c] for the five categories MEM_PARAMS16 ..

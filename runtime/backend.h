@@ -113,6 +113,11 @@ typedef struct {
      * CPU emulator of tests/cuda_emu: each kernel's global-memory sectors per warp access
      * against the fewest possible, and its shared-memory bank conflicts. */
     const char *(*measures)(RtBackend *b);
+    /* Whether plan p's device memory fits in what the device of local_rank has free,
+     * asked before fsexec builds anything for it: 0 (also when it cannot tell), or -1
+     * with what is free, what the plan needs and the fsc --mem-limit to recompile with.
+     * Keeps nothing. NULL: the backend runs in host memory and has nothing to check. */
+    int (*check_fit)(const Plan *p, int local_rank, char *err, size_t errlen);
 } RtBackendOps;
 
 typedef const RtBackendOps *(*RtBackendEntry)(void);

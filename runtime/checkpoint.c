@@ -36,6 +36,8 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "record.h"
+#include "runtime.h"
 
 #define FORMAT "fsexec-checkpoint"
 enum { VERSION = 1, MAX_MANIFEST = 64 << 20 };
@@ -187,6 +189,12 @@ static int write_manifest(const Exec *e, const StepDir *sd, int64_t step, uint64
         "philox4x32-10 keyed by (seed, position): no state beyond the seed and the step", "seed", (json_int_t)o->seed,
         "elements", "params", (json_int_t)elems[RT_STATE_PARAM], "optimizer", (json_int_t)elems[RT_STATE_OPTIM],
         "state", (json_int_t)elems[RT_STATE_OTHER], "bytes", (json_int_t)bytes, "files", files);
+    json_t *model = m ? rt_record_model(w) : NULL, *data = m ? rt_record_data(o->data_path) : NULL;
+    if (!model || !data || json_object_set(m, "model_check", model) ||
+        json_object_update(json_object_get(m, "data"), data))
+        json_decref(m), m = NULL;  // the records cannot be made: out of memory
+    json_decref(model);
+    json_decref(data);
     char *text = m ? json_dumps(m, JSON_INDENT(2)) : NULL;
     json_decref(m);
     if (!text) return plan_fail(err, errlen, "out of memory writing the manifest");
@@ -575,6 +583,7 @@ void rt_checkpoint_close(RtCheckpoint *c)
 }
 
 const char *rt_checkpoint_dir(const RtCheckpoint *c) { return c->dir; }
+const json_t *rt_checkpoint_manifest(const RtCheckpoint *c) { return c->manifest; }
 int64_t rt_checkpoint_step(const RtCheckpoint *c) { return c->step; }
 uint64_t rt_checkpoint_seed(const RtCheckpoint *c) { return c->seed; }
 

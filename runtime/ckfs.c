@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -113,6 +114,8 @@ int ckfs_write(int at, const char *shown, const char *name, const PlanChunk *chu
         if (fd < 0 && errno != EEXIST) break;
     }
     if (fd < 0) return plan_fail(err, errlen, "%s/%s: cannot create it: %s", shown, tmp, strerror(errno));
+    char path[PATH_MAX];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", shown, tmp) < sizeof path) plan_output_pending(path);
     const char *failed = write_all(fd, chunks, n) ? "write" : fsync(fd) ? "fsync" : NULL;
     int e = errno;
     if (close(fd) && !failed) failed = "close", e = errno;
@@ -123,6 +126,7 @@ int ckfs_write(int at, const char *shown, const char *name, const PlanChunk *chu
     if (failed) rc = plan_fail(err, errlen, "%s/%s: cannot write the file (%s): %s", shown, name, failed, strerror(e));
     if (rc) unlinkat(at, tmp, 0);
     else fsync(at);  // the rename itself survives a crash; a failure here loses nothing
+    plan_output_pending(NULL);
     return rc;
 }
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "report.h"  // report_bytes: sizes as fsc --mem writes them
 #include "runtime.h"
 
 #define PIPELINE_ON_CPU "pipeline stages run on CPU ranks only in this version (run with --device cpu)"
@@ -26,7 +27,7 @@ static const char *cpu_reason(const char *err)
     return err;
 }
 
-int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, const char *who)
+int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, int local_rank, const char *who)
 {
     char err[1024] = "", why[1024];
     memset(d, 0, sizeof *d);
@@ -46,6 +47,12 @@ int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, c
         rc = -1;
     }
     if (!rc) rc = rt_backend_plan_has_cuda(p, err, sizeof err);
+    /* A plan too large for the GPU is an error before anything is built, under auto too
+     * (the CPU would not be what the user compiled for). */
+    char fit[1024] = "";
+    int too_big = !rc && ops->check_fit && ops->check_fit(p, local_rank, fit, sizeof fit);
+    if (too_big) fprintf(stderr, "%s: --device %s: %s\n", who, want == RT_DEVICE_CUDA ? "cuda" : "auto", fit);
+    if (rt_comm_agree(too_big ? 1 : 0)) return 1;  // one rank's device too small ends every rank
     if (!rt_comm_agree(rc ? 1 : 0)) {  // every rank runs on the same kind of device
         d->ops = ops;
         return 0;
@@ -129,13 +136,6 @@ int rt_device_download_roles(RtDevice *d, Exec *e, unsigned roles, int views)
     return 0;
 }
 
-static const char *mib(int64_t bytes, char *buf, size_t n)
-{
-    double v = (double)bytes / (1 << 20);
-    snprintf(buf, n, v >= 10 ? "%.0f MiB" : "%.2f MiB", v);
-    return buf;
-}
-
 void rt_device_report(const RtDevice *d, FILE *out)
 {
     if (rt_device_is_cpu(d)) return;
@@ -143,10 +143,11 @@ void rt_device_report(const RtDevice *d, FILE *out)
     d->ops->info(d->b, &in);
     char a[32], pl[32], bl[32], ws[32], cm[32], cx[32], md[32], used[32], tot[32];
     fprintf(out, "fsexec: cuda memory: arena %s (planned %s), cuBLAS %s (workspace %s), NCCL %s, context %s, "
-            "kernels %s; device %s of %s in use\n", mib(in.arena, a, sizeof a), mib(in.arena_planned, pl, sizeof pl),
-            mib(in.blas, bl, sizeof bl), mib(in.blas_workspace, ws, sizeof ws), mib(in.comm, cm, sizeof cm),
-            mib(in.context, cx, sizeof cx), mib(in.module, md, sizeof md), mib(in.used, used, sizeof used),
-            mib(in.total, tot, sizeof tot));
+            "kernels %s; device %s of %s in use\n", report_bytes(in.arena, a, sizeof a),
+            report_bytes(in.arena_planned, pl, sizeof pl), report_bytes(in.blas, bl, sizeof bl),
+            report_bytes(in.blas_workspace, ws, sizeof ws), report_bytes(in.comm, cm, sizeof cm),
+            report_bytes(in.context, cx, sizeof cx), report_bytes(in.module, md, sizeof md),
+            report_bytes(in.used, used, sizeof used), report_bytes(in.total, tot, sizeof tot));
     fprintf(out, "fsexec: cuda kernels: %s\n", in.jit);
 }
 

@@ -3,7 +3,9 @@
  * the compiler decided before asking a cluster for anything.
  *
  * A plan of several programs (pipeline stages) lists them, shows the step's schedule
- * across them (report/timeline.c), and reports memory and communication per stage.
+ * across them (report/timeline.c), and reports memory and communication per stage; its
+ * inputs, outputs and step roles carry their stage, its balance the cut fsc chose, and
+ * its arenas are each stage's. Sizes read as fsc --mem writes them (report_bytes).
  *
  * Names come from a file and may be anything: each is printed through `clean`, which
  * replaces control bytes and caps the length, so a hostile plan cannot garble the
@@ -20,35 +22,6 @@
 /* Sums of sizes a hostile plan could make overflow (each size alone fits). */
 static int64_t add_sat(int64_t a, int64_t b) { return a > INT64_MAX - b ? INT64_MAX : a + b; }
 static int64_t mul_sat(int64_t a, int64_t b) { return b && a > INT64_MAX / b ? INT64_MAX : a * b; }
-
-/* 1234567 -> "1,234,567" */
-static const char *grouped(int64_t v, char *buf, size_t n)
-{
-    char digits[32];
-    int len = snprintf(digits, sizeof digits, "%" PRIu64, v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v);
-    size_t at = 0;
-    if (v < 0 && at + 1 < n) buf[at++] = '-';
-    for (int i = 0; i < len && at + 1 < n; i++) {
-        if (i && (len - i) % 3 == 0 && at + 1 < n) buf[at++] = ',';
-        if (at + 1 < n) buf[at++] = digits[i];
-    }
-    buf[at] = 0;
-    return buf;
-}
-
-/* 1536 -> "1.5 KiB" */
-static const char *human(int64_t bytes, char *buf, size_t n)
-{
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    double x = (double)bytes;
-    int u = 0;
-    while (x >= 1024 && u < 6) x /= 1024, u++;
-    if (u == 0)
-        snprintf(buf, n, "%" PRId64 " B", bytes);
-    else
-        snprintf(buf, n, "%.1f %s", x, units[u]);
-    return buf;
-}
 
 /* "i32[4, 64]" */
 static const char *type_str(const PlanTensor *t, char *buf, size_t n)
@@ -86,6 +59,13 @@ static void print_summary(const Plan *p, FILE *out)
     fprintf(out, "plan format   %u.%u\n", p->major, p->minor);
     fprintf(out, "model         %s\n", report_clean(plan_meta_str(p, "model", "?"), a, sizeof a));
     fprintf(out, "compiler      %s\n", report_clean(plan_meta_str(p, "compiler", "?"), a, sizeof a));
+    if (plan_meta_find(p, "dims")) {  // a checkpoint records them: a resume compares them
+        char d[256];
+        fprintf(out, "dims          %s", report_clean(plan_meta_str(p, "dims", "?"), d, sizeof d));
+        if (plan_meta_find(p, "batch_dim"))
+            fprintf(out, " (batch %s)", report_clean(plan_meta_str(p, "batch_dim", "?"), a, sizeof a));
+        fprintf(out, "\n");
+    }
     if (plan_meta_find(p, "source"))
         fprintf(out, "source        %s\n", report_clean(plan_meta_str(p, "source", "?"), a, sizeof a));
     fprintf(out, "ranks         %" PRId64 " (%" PRId64 " data-parallel x %" PRId64 " pipeline stage%s)\n",
@@ -104,9 +84,13 @@ static void print_summary(const Plan *p, FILE *out)
     }
     if (p->n_programs) {
         for (int s = 0; s < PLAN_PLACE_COUNT; s++) {
-            int64_t n = plan_space_bytes(p, (PlanPlace)s);
-            fprintf(out, "%-13s %s per rank (%s bytes)\n", s == PLAN_PLACE_DEVICE ? "device arena" : "host arena",
-                    human(n, a, sizeof a), grouped(n, b, sizeof b));
+            fprintf(out, "%-13s", s == PLAN_PLACE_DEVICE ? "device arena" : "host arena");
+            for (int32_t g = 0; g < p->n_programs; g++) {
+                int64_t n = p->programs[g].space_bytes[s];
+                fprintf(out, "%s%s (%s bytes)", g ? " / " : " ", report_bytes(n, a, sizeof a),
+                        report_grouped(n, b, sizeof b));
+            }
+            fprintf(out, " per rank%s\n", p->n_programs > 1 ? " by stage" : "");
         }
         fprintf(out, "programs      %d (stage, data-parallel ranks, ops:", p->n_programs);
         for (int32_t g = 0; g < p->n_programs; g++)
@@ -115,16 +99,58 @@ static void print_summary(const Plan *p, FILE *out)
     } else {
         fprintf(out, "arena         none (no memory plan)\n");
     }
-    fprintf(out, "params        %s (%s)\n", grouped(total, a, sizeof a), human(bytes, b, sizeof b));
+    fprintf(out, "params        %s (%s)\n", report_grouped(total, a, sizeof a), report_bytes(bytes, b, sizeof b));
     for (int d = 0; d < PLAN_DT_COUNT; d++)
         if (count[d])
-            fprintf(out, "  %-10s  %15s  %10s\n", plan_dtype_name((PlanDType)d), grouped(count[d], a, sizeof a),
-                    human(mul_sat(count[d], plan_dtype_size((PlanDType)d)), b, sizeof b));
+            fprintf(out, "  %-10s  %15s  %10s\n", plan_dtype_name((PlanDType)d), report_grouped(count[d], a, sizeof a),
+                    report_bytes(mul_sat(count[d], plan_dtype_size((PlanDType)d)), b, sizeof b));
+}
+
+/* The cut fsc chose (balance auto, or as given): each stage's blocks, from the blocks
+ * of the params its program holds, as "1,1 blocks per stage (stage 0: h.0; stage 1:
+ * h.1), balance ". */
+static void print_cut(const Plan *p, FILE *out)
+{
+    int32_t *cut = plan_alloc(sizeof *cut * 3 * (size_t)p->n_programs);  // [stage]: blocks, first, last
+    char *held = plan_alloc((size_t)p->n_blocks + 1);
+    if (!cut || !held) {
+        plan_dealloc(cut), plan_dealloc(held);
+        return;
+    }
+    for (int32_t g = 0; g < p->n_programs; g++) {
+        const PlanProgram *pg = &p->programs[g];
+        int32_t *c = &cut[3 * g];
+        c[0] = 0, c[1] = c[2] = PLAN_NONE;
+        memset(held, 0, (size_t)p->n_blocks + 1);
+        for (int32_t i = pg->first_tensor; i < pg->first_tensor + pg->n_tensors; i++) {
+            int32_t b = p->tensors[i].block;
+            if (b < 0 || b >= p->n_blocks || held[b] || !plan_tensor_is_model_param(&p->tensors[i])) continue;
+            held[b] = 1, c[0]++;
+            if (c[1] == PLAN_NONE || b < c[1]) c[1] = b;
+            if (b > c[2]) c[2] = b;
+        }
+        fprintf(out, "%s%d", g ? "," : "", c[0]);
+    }
+    fprintf(out, " blocks per stage (");
+    for (int32_t g = 0; g < p->n_programs; g++) {
+        const int32_t *c = &cut[3 * g];
+        char a[64], z[64];
+        fprintf(out, "%sstage %d: ", g ? "; " : "", g);
+        if (c[1] == PLAN_NONE)
+            fprintf(out, "none");
+        else if (c[1] == c[2])
+            fprintf(out, "%s", report_clean(plan_str(p, p->blocks[c[1]].name), a, sizeof a));
+        else
+            fprintf(out, "%s .. %s", report_clean(plan_str(p, p->blocks[c[1]].name), a, sizeof a),
+                    report_clean(plan_str(p, p->blocks[c[2]].name), z, sizeof z));
+    }
+    fprintf(out, "), balance ");
+    plan_dealloc(cut), plan_dealloc(held);
 }
 
 static void print_settings(const Plan *p, FILE *out)
 {
-    static const char *const shown[] = {"model", "compiler", "params", "source"};
+    static const char *const shown[] = {"model", "compiler", "params", "source", "dims", "batch_dim"};
     char buf[64];
     fprintf(out, "\ntraining settings\n");
     for (int32_t i = 0; i < p->n_meta; i++) {
@@ -133,15 +159,36 @@ static void print_settings(const Plan *p, FILE *out)
         for (size_t k = 0; k < sizeof shown / sizeof *shown; k++) skip |= !strcmp(key, shown[k]);
         if (skip) continue;
         fprintf(out, "  %-22s ", report_clean(key, buf, sizeof buf));
+        if (!strcmp(key, "balance") && p->n_programs > 1) print_cut(p, out);
         print_meta_value(p, &p->meta[i], out);
     }
 }
 
-/* Inputs (the batch the data loader fills) and outputs (outputs[0] is the loss). */
+/* Program g's ranges of tensors and outputs (a plan of no program: all of them). */
+static void ranges(const Plan *p, int32_t g, int32_t *t0, int32_t *t1, int32_t *o0, int32_t *o1)
+{
+    if (!p->n_programs) {
+        *t0 = *o0 = 0, *t1 = p->n_tensors, *o1 = p->n_outputs;
+        return;
+    }
+    const PlanProgram *pg = &p->programs[g];
+    *t0 = pg->first_tensor, *t1 = pg->first_tensor + pg->n_tensors;
+    *o0 = pg->first_output, *o1 = pg->first_output + pg->n_outputs;
+}
+
+/* "stage 1  " before each row of a pipeline's listing; nothing for one program. */
+static void stage_label(const Plan *p, int32_t g, FILE *out)
+{
+    if (p->n_programs > 1) fprintf(out, "stage %-3d ", g);
+}
+
+/* Inputs (the batch the data loader fills) and outputs (the first of a program's is its
+ * loss), each program's, under its stage's label in a pipeline. */
 static void print_io(const Plan *p, FILE *out)
 {
     char n[64], t[128], b[32];
     int w = 8;
+    int32_t n_prog = p->n_programs > 1 ? p->n_programs : 1, t0, t1, o0, o1;
     for (int32_t i = 0; i < p->n_tensors; i++)
         if (p->tensors[i].role == PLAN_ROLE_INPUT) {
             int len = (int)strlen(tensor_name(p, i, n, sizeof n));
@@ -152,15 +199,29 @@ static void print_io(const Plan *p, FILE *out)
         if (len > w) w = len;
     }
     fprintf(out, "\ninputs\n");
-    for (int32_t i = 0; i < p->n_tensors; i++)
-        if (p->tensors[i].role == PLAN_ROLE_INPUT)
-            fprintf(out, "  %-*s  %-24s %10s\n", w, tensor_name(p, i, n, sizeof n),
-                    type_str(&p->tensors[i], t, sizeof t), human(plan_tensor_nbytes(&p->tensors[i]), b, sizeof b));
+    for (int32_t g = 0; g < n_prog; g++) {
+        ranges(p, g, &t0, &t1, &o0, &o1);
+        for (int32_t i = t0; i < t1; i++)
+            if (p->tensors[i].role == PLAN_ROLE_INPUT) {
+                fprintf(out, "  ");
+                stage_label(p, g, out);
+                fprintf(out, "%-*s  %-24s %10s\n", w, tensor_name(p, i, n, sizeof n),
+                        type_str(&p->tensors[i], t, sizeof t),
+                        report_bytes(plan_tensor_nbytes(&p->tensors[i]), b, sizeof b));
+            }
+    }
     fprintf(out, "\noutputs\n");
-    for (int32_t i = 0; i < p->n_outputs; i++) {
-        int32_t id = p->outputs[i];
-        fprintf(out, "  %-*s  %-24s %10s%s\n", w, tensor_name(p, id, n, sizeof n), type_str(&p->tensors[id], t, sizeof t),
-                human(plan_tensor_nbytes(&p->tensors[id]), b, sizeof b), i == 0 ? "  (loss)" : "");
+    for (int32_t g = 0; g < n_prog; g++) {
+        ranges(p, g, &t0, &t1, &o0, &o1);
+        for (int32_t i = o0; i < o1; i++) {
+            int32_t id = p->outputs[i];
+            fprintf(out, "  ");
+            stage_label(p, g, out);
+            fprintf(out, "%-*s  %-24s %10s%s\n", w, tensor_name(p, id, n, sizeof n),
+                    type_str(&p->tensors[id], t, sizeof t),
+                    report_bytes(plan_tensor_nbytes(&p->tensors[id]), b, sizeof b),
+                    i == o0 ? "  (loss)" : "");
+        }
     }
 }
 
@@ -191,8 +252,8 @@ static void print_blocks(const Plan *p, FILE *out)
     fprintf(out, "  %-*s  %-16s %8s %15s\n", w, "block", "layer", "ops", "params");
     for (int32_t i = 0; i < p->n_blocks; i++)
         fprintf(out, "  %-*s  %-16s %8s %15s\n", w, report_clean(plan_str(p, p->blocks[i].name), name, sizeof name),
-                report_clean(plan_str(p, p->blocks[i].layer), layer, sizeof layer), grouped(ops[i], a, sizeof a),
-                grouped(params[i], b, sizeof b));
+                report_clean(plan_str(p, p->blocks[i].layer), layer, sizeof layer), report_grouped(ops[i], a, sizeof a),
+                report_grouped(params[i], b, sizeof b));
     plan_dealloc(params);
 }
 
@@ -233,7 +294,8 @@ static void print_ops(const Plan *p, FILE *out)
         }
     qsort(rows, (size_t)n, sizeof *rows, by_count);
     for (int i = 0; i < n; i++)
-        fprintf(out, "  %-*s %10s\n", w, report_clean(rows[i].name, name, sizeof name), grouped(rows[i].count, a, sizeof a));
+        fprintf(out, "  %-*s %10s\n", w, report_clean(rows[i].name, name, sizeof name),
+                report_grouped(rows[i].count, a, sizeof a));
     plan_dealloc(by_str);
     plan_dealloc(rows);
 }
@@ -256,12 +318,13 @@ static void print_roles(const Plan *p, FILE *out)
     fprintf(out, "  %-10s %10s %18s\n", "role", "tensors", "bytes");
     for (int r = 0; r < PLAN_ROLE_COUNT; r++)
         if (count[r])
-            fprintf(out, "  %-10s %10s %18s %12s\n", plan_role_name((PlanRole)r), grouped(count[r], a, sizeof a),
-                    grouped(bytes[r], b, sizeof b), human(bytes[r], c, sizeof c));
-    fprintf(out, "  %-10s %10s %18s %12s\n", "total", grouped(p->n_tensors, a, sizeof a), grouped(total, b, sizeof b),
-            human(total, c, sizeof c));
+            fprintf(out, "  %-10s %10s %18s %12s\n", plan_role_name((PlanRole)r), report_grouped(count[r], a, sizeof a),
+                    report_grouped(bytes[r], b, sizeof b), report_bytes(bytes[r], c, sizeof c));
+    fprintf(out, "  %-10s %10s %18s %12s\n", "total", report_grouped(p->n_tensors, a, sizeof a),
+            report_grouped(total, b, sizeof b),
+            report_bytes(total, c, sizeof c));
     if (tied)
-        fprintf(out, "  (%s tied tensor%s: %s another's bytes, counted once)\n", grouped(tied, a, sizeof a),
+        fprintf(out, "  (%s tied tensor%s: %s another's bytes, counted once)\n", report_grouped(tied, a, sizeof a),
                 tied == 1 ? "" : "s", tied == 1 ? "shares" : "share");
 }
 
@@ -276,8 +339,8 @@ static void print_sections(const Plan *p, FILE *out)
     fprintf(out, "  %-4s %14s %14s  %s\n", "tag", "offset", "bytes", "crc32");
     for (int32_t i = 0; i < p->n_sections; i++) {
         const PlanSection *s = &p->sections[i];
-        fprintf(out, "  %-4s %14s %14s  %08" PRIx32 "\n", s->tag, grouped((int64_t)s->offset, a, sizeof a),
-                grouped((int64_t)s->length, b, sizeof b), s->crc);
+        fprintf(out, "  %-4s %14s %14s  %08" PRIx32 "\n", s->tag, report_grouped((int64_t)s->offset, a, sizeof a),
+                report_grouped((int64_t)s->length, b, sizeof b), s->crc);
     }
 }
 
@@ -307,8 +370,9 @@ static void print_programs(const Plan *p, FILE *out)
     for (int32_t k = 0; k < p->n_programs; k++) {
         const PlanProgram *g = &p->programs[k];
         fprintf(out, "  %-5d  %-13s %8d %10s %10s %8d %14s %12s\n", g->stage, report_stage_ranks(p, k, ranks, sizeof ranks),
-                g->dp_world, grouped(g->n_ops, a, sizeof a), grouped(g->n_tensors, b, sizeof b), g->n_outputs,
-                human(g->space_bytes[PLAN_PLACE_DEVICE], c, sizeof c), human(g->space_bytes[PLAN_PLACE_HOST], d, sizeof d));
+                g->dp_world, report_grouped(g->n_ops, a, sizeof a), report_grouped(g->n_tensors, b, sizeof b),
+                g->n_outputs, report_bytes(g->space_bytes[PLAN_PLACE_DEVICE], c, sizeof c),
+                report_bytes(g->space_bytes[PLAN_PLACE_HOST], d, sizeof d));
     }
 }
 
@@ -326,10 +390,17 @@ static void print_schedule(const Plan *p, FILE *out)
     fprintf(out, "  %-12s %6d (%d ops wait for a collective first)\n", "waits", p->n_waits, waiting);
     char n[64];
     fprintf(out, "step roles\n");
-    for (int r = 1; r < PLAN_SR_COUNT; r++) {
-        int32_t id = plan_role_tensor(p, (PlanStepRole)r);
-        if (id != PLAN_NONE)
-            fprintf(out, "  %-12s %s\n", plan_step_role_name((PlanStepRole)r), tensor_name(p, id, n, sizeof n));
+    int32_t n_prog = p->n_programs > 1 ? p->n_programs : 1, t0, t1, o0, o1;
+    for (int32_t g = 0; g < n_prog; g++) {
+        ranges(p, g, &t0, &t1, &o0, &o1);
+        for (int r = 1; r < PLAN_SR_COUNT; r++)
+            for (int32_t id = t0; id < t1; id++)
+                if (p->tensors[id].step_role == (PlanStepRole)r) {
+                    fprintf(out, "  ");
+                    stage_label(p, g, out);
+                    fprintf(out, "%-12s %s\n", plan_step_role_name((PlanStepRole)r), tensor_name(p, id, n, sizeof n));
+                    break;
+                }
     }
 }
 

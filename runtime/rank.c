@@ -132,7 +132,8 @@ int rt_ranks_from_env(RtRanks *r, char *err, size_t errlen) { return rt_ranks_di
 int rt_launch_argv(const char *mpirun, const char *exe, int nproc, int as_root, char *const *args, int n_args,
                    const char **out, int cap, char *np_buf, size_t np_len)
 {
-    static const char *const fixed[] = {"--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS"};
+    static const char *const fixed[] = {"--oversubscribe", "--bind-to", "none", "--stdin", "none",
+                                        "-x", "OMP_NUM_THREADS", "-x", "FSEXEC_LAUNCHER"};
     int nfixed = (int)(sizeof fixed / sizeof *fixed), n = 0;
     if (cap < 3 + nfixed + 1 + 1 + n_args + 1) return -1;
     snprintf(np_buf, np_len, "%d", nproc);

@@ -77,9 +77,11 @@ static void append(char *buf, size_t n, const char *name)
 }
 
 /* Each needed piece's checkpoint counterpart checked (present, same shape and dtype);
- * the holders of a missing step state are marked in keep. */
-static int check_needs(const RtCheckpoint *c, const Need *need, int32_t n, uint8_t *keep, RtResumed *r,
-                       char *err, size_t errlen)
+ * the holders of a missing step state are marked in keep. With partial, a piece the
+ * checkpoint lacks or holds in another shape or dtype is marked in skip instead of an
+ * error, its tensor named in r->kept. */
+static int check_needs(const RtCheckpoint *c, const Need *need, int32_t n, int partial, uint8_t *keep, uint8_t *skip,
+                       RtResumed *r, char *err, size_t errlen)
 {
     char a[128], b[128];
     for (int32_t i = 0; i < n; i++) {
@@ -90,15 +92,20 @@ static int check_needs(const RtCheckpoint *c, const Need *need, int32_t n, uint8
             if (!strstr(r->kept, x->name)) append(r->kept, sizeof r->kept, x->name);
             continue;
         }
+        RtPiece cp;
+        if (at >= 0) rt_checkpoint_piece(c, at, &cp);
+        int same = at >= 0 && cp.rank == x->rank && cp.dtype == x->dtype;
+        for (int d = 0; same && d < x->rank; d++) same = cp.shape[d] == x->shape[d];
+        if (!same && partial) {
+            skip[i] = 1;
+            if (!strstr(r->kept, x->name)) append(r->kept, sizeof r->kept, x->name);
+            continue;
+        }
         if (at < 0)
             return plan_fail(err, errlen, "%s: no %s '%s', which this plan has (%s)", rt_checkpoint_dir(c),
                              x->kind == RT_STATE_PARAM ? "param" : "optimizer state", x->name,
                              x->kind == RT_STATE_PARAM ? "a checkpoint of another model?"
                                                        : "saved with another optimizer, or with its param frozen?");
-        RtPiece cp;
-        rt_checkpoint_piece(c, at, &cp);
-        int same = cp.rank == x->rank && cp.dtype == x->dtype;
-        for (int d = 0; same && d < x->rank; d++) same = cp.shape[d] == x->shape[d];
         if (!same)
             return plan_fail(err, errlen, "%s: tensor '%s' is %s in the checkpoint but %s in this plan (%s)",
                              rt_checkpoint_dir(c), x->name, rt_st_shape_str(cp.dtype, cp.rank, cp.shape, a, sizeof a),
@@ -149,14 +156,14 @@ static int fill(const RtCheckpoint *c, const RtPiece *x, int32_t at, uint8_t **b
 
 /* Over the world, the elements the ranks own, by kind, against the checkpoint's elements
  * of the tensors the plan has (less the step state it keeps at its start). */
-static int account(const RtCheckpoint *c, const RtState *st, const uint8_t *keep, const Plan *whole, RtResumed *r,
-                   char *err, size_t errlen)
+static int account(const RtCheckpoint *c, const Need *need, int32_t n, const uint8_t *keep, const uint8_t *skip,
+                   int partial, const Plan *whole, RtResumed *r, char *err, size_t errlen)
 {
     uint64_t mine[RT_STATE_COUNT] = {0}, *all = plan_alloc(sizeof *all * RT_STATE_COUNT * (size_t)rt_comm_world());
     if (!all) return plan_fail(err, errlen, "out of memory");
-    for (int32_t i = 0; i < rt_state_count(st); i++) {
-        const RtPiece *x = rt_state_piece(st, i);
-        if (x->own && !keep[x->holder]) mine[x->kind] += (uint64_t)x->count;
+    for (int32_t i = 0; i < n; i++) {
+        const RtPiece *x = need[i].x;
+        if (x->own && !keep[x->holder] && !skip[i]) mine[x->kind] += (uint64_t)x->count;
     }
     rt_comm_allgather_u64(mine, RT_STATE_COUNT, all);
     memset(r->elements, 0, sizeof r->elements);
@@ -171,10 +178,13 @@ static int account(const RtCheckpoint *c, const RtState *st, const uint8_t *keep
     for (int32_t i = 0; i < rt_checkpoint_count(c) && !rc; i++) {
         RtPiece cp;
         rt_checkpoint_piece(c, i, &cp);
-        if (bsearch(&cp.name, names, (size_t)n_names, sizeof *names, by_name)) want[cp.kind] += cp.count;
-        else if (!cp.first) append(r->unused, sizeof r->unused, cp.name);
+        if (!bsearch(&cp.name, names, (size_t)n_names, sizeof *names, by_name)) {
+            if (!cp.first) append(r->unused, sizeof r->unused, cp.name);
+        } else {
+            want[cp.kind] += cp.count;
+        }
     }
-    for (int k = 0; k < RT_STATE_COUNT && !rc; k++)
+    for (int k = 0; k < RT_STATE_COUNT && !rc && !partial; k++)  // partial: what was left out is not counted
         if (want[k] != r->elements[k])
             rc = plan_fail(err, errlen, "%s: the ranks of this plan own %" PRId64 " %s elements, the checkpoint has %"
                            PRId64 " of the tensors this plan has (a bug: please report it)", rt_checkpoint_dir(c),
@@ -185,7 +195,21 @@ static int account(const RtCheckpoint *c, const RtState *st, const uint8_t *keep
     return rc;
 }
 
-int rt_checkpoint_load(const RtCheckpoint *c, Exec *e, RtResumed *r, char *err, size_t errlen)
+/* The bytes of the pieces marked in skip, into one buffer (save) or back (restore): what
+ * zeroing their holders' padding would wipe of the values they started with. */
+static void stash(const Need *need, int32_t n, const uint8_t *skip, uint8_t *buf, int restore)
+{
+    for (int32_t i = 0; i < n; i++) {
+        if (!skip[i]) continue;
+        const RtPiece *x = need[i].x;
+        size_t bytes = (size_t)x->count * (size_t)plan_dtype_size(x->dtype);
+        if (restore) memcpy(x->data, buf, bytes);
+        else memcpy(buf, x->data, bytes);
+        buf += bytes;
+    }
+}
+
+int rt_checkpoint_load_as(const RtCheckpoint *c, Exec *e, int partial, RtResumed *r, char *err, size_t errlen)
 {
     const Plan *p = rt_exec_plan(e);
     memset(r, 0, sizeof *r);
@@ -193,28 +217,37 @@ int rt_checkpoint_load(const RtCheckpoint *c, Exec *e, RtResumed *r, char *err, 
     RtState *st = rt_state_new(e, err, errlen);
     int32_t n = st ? rt_state_count(st) : 0;
     Need *need = st ? plan_alloc(sizeof *need * (size_t)(n + 1)) : NULL;
-    uint8_t *keep = st ? plan_alloc((size_t)p->n_tensors + 1) : NULL, *buf = NULL;
-    int rc = !st ? -1 : !need || !keep ? plan_fail(err, errlen, "out of memory") : 0;
+    uint8_t *keep = st ? plan_alloc((size_t)p->n_tensors + 1) : NULL, *buf = NULL, *kept = NULL;
+    uint8_t *skip = st ? plan_alloc((size_t)n + 1) : NULL;
+    int rc = !st ? -1 : !need || !keep || !skip ? plan_fail(err, errlen, "out of memory") : 0;
     if (!rc) {
         memset(keep, 0, (size_t)p->n_tensors + 1);
+        memset(skip, 0, (size_t)n + 1);
         for (int32_t i = 0; i < n; i++) need[i].x = rt_state_piece(st, i);
         qsort(need, (size_t)n, sizeof *need, by_need);
-        rc = check_needs(c, need, n, keep, r, err, errlen);
+        rc = check_needs(c, need, n, partial, keep, skip, r, err, errlen);
     }
+    size_t skipped = 0;
+    for (int32_t i = 0; i < n && !rc; i++)
+        if (skip[i]) skipped += (size_t)need[i].x->count * (size_t)plan_dtype_size(need[i].x->dtype);
+    if (!rc && skipped && !(kept = plan_alloc(skipped))) rc = plan_fail(err, errlen, "out of memory");
     if (!rc) {  // the holders' padding zero; step state the checkpoint lacks stays as the plan starts it
         const int32_t *ids;
         int32_t nh = rt_state_holders(st, &ids);
+        if (kept) stash(need, n, skip, kept, 0);
         for (int32_t i = 0; i < nh; i++)
             if (!keep[ids[i]]) memset(rt_exec_data(e, ids[i]), 0, (size_t)plan_tensor_nbytes(&p->tensors[ids[i]]));
+        if (kept) stash(need, n, skip, kept, 1);
     }
+    plan_dealloc(kept);
     uint64_t cap = 0;
     int32_t in_buf = -1;
     for (int32_t i = 0; i < n && !rc; i++) {
         const RtPiece *x = need[i].x;
-        if (!keep[x->holder]) rc = fill(c, x, rt_checkpoint_find(c, x->name), &buf, &cap, &in_buf, err, errlen);
+        if (!keep[x->holder] && !skip[i])
+            rc = fill(c, x, rt_checkpoint_find(c, x->name), &buf, &cap, &in_buf, err, errlen);
     }
     plan_dealloc(buf);
-    plan_dealloc(need);
     if (!rc) {  // tied params with bytes of their own start again from their target
         for (int32_t i = 0; i < p->n_tensors; i++) {
             const PlanTensor *pt = &p->tensors[i];
@@ -224,16 +257,23 @@ int rt_checkpoint_load(const RtCheckpoint *c, Exec *e, RtResumed *r, char *err, 
         }
     }
     rc = rt_comm_agree(rc ? 1 : 0) ? -1 : 0;
-    if (!rc && account(c, st, keep, rt_exec_whole(e), r, err, errlen)) rc = -1;
+    if (!rc && account(c, need, n, keep, skip, partial, rt_exec_whole(e), r, err, errlen)) rc = -1;
     rc = rt_comm_agree(rc ? 1 : 0) ? -1 : 0;
     char h[24];
     snprintf(h, sizeof h, "%016" PRIx64, rt_plan_hash(rt_exec_whole(e)));
     const char *saved = rt_checkpoint_info(c, "hash");
     r->same_plan = saved && !strcmp(saved, h);
     r->files = (int)rt_checkpoint_info_int(c, "world", 0);
+    plan_dealloc(need);
+    plan_dealloc(skip);
     plan_dealloc(keep);
     rt_state_free(st);
     return rc;
+}
+
+int rt_checkpoint_load(const RtCheckpoint *c, Exec *e, RtResumed *r, char *err, size_t errlen)
+{
+    return rt_checkpoint_load_as(c, e, 0, r, err, errlen);
 }
 
 void rt_resumed_describe(const RtCheckpoint *c, const RtResumed *r, const Plan *whole, char *buf, size_t n)

@@ -397,6 +397,7 @@ typedef struct {
     int keep;            // the newest `keep` complete checkpoints stay (0: all of them)
     uint64_t seed;       // the run's seed (init, data order), recorded in the manifest
     const char *data;    // rt_data_describe, recorded
+    const char *data_path;  // --data as given (NULL: the built-in data): its files recorded (record.c)
     RtDataOrder order;
     int64_t bytes;       // a checkpoint's size (rt_checkpoint_size): checked free before each save; 0: not
 } RtCheckpointOptions;
@@ -485,9 +486,48 @@ typedef struct {
  * Every rank calls it; the result is agreed; on an error the state is not usable (the
  * run must not start). */
 int rt_checkpoint_load(const RtCheckpoint *c, Exec *e, RtResumed *r, char *err, size_t errlen);
+/* The same, but with partial (--resume-partial) a tensor the checkpoint lacks or holds in
+ * another shape is no error: it stays as the plan started it (initialized), named in
+ * r->kept; what the checkpoint has beyond the plan is named in r->unused. */
+int rt_checkpoint_load_as(const RtCheckpoint *c, Exec *e, int partial, RtResumed *r, char *err, size_t errlen);
 /* "resumed ck/step-00000003 at step 3: ..." for the start: what was read and from which
  * topology to which. */
 void rt_resumed_describe(const RtCheckpoint *c, const RtResumed *r, const Plan *whole, char *buf, size_t n);
+
+/* ---- runtime/signals.c: SIGINT and SIGTERM in a training run ----------------------- */
+
+enum { RT_SIGNAL_RELAYED = 0x100 };  // in a stop flag: relayed by fsexec --nproc's launcher
+/* Installs the handlers (who: "fsexec", "[rank 1] fsexec"; rank: the world rank); the flag
+ * a first signal sets (its number, | RT_SIGNAL_RELAYED when the launcher relayed it), for
+ * RtTrainOptions.stop. */
+volatile sig_atomic_t *rt_signals_catch(const char *who, int rank);
+/* Of an agreed flag: the signal (SIGINT, SIGTERM), and whether the launcher relayed it
+ * (then the ranks exit 0 and the launcher reports the signal). */
+int rt_signal_of(int agreed);
+int rt_signal_relayed(int agreed);
+/* A checkpoint of `step` is being written into the step directory path (NULL: no longer):
+ * a second signal meanwhile abandons it. */
+void rt_signals_saving(const char *path, int64_t step);
+
+/* ---- runtime/launch.c: fsexec --nproc's launcher ------------------------------------ */
+
+/* Runs argv (mpirun ..., from rt_launch_argv) as a child in a process group of its own,
+ * with FSEXEC_LAUNCHER set to this process; relays SIGINT and SIGTERM to it as SIGUSR1
+ * and SIGUSR2 (saying so once); waits. Its exit status: mpirun's, or 128 + the signal when
+ * one was relayed and the ranks stopped for it (mpirun exits 0); -1 with err when it
+ * cannot be started. */
+int rt_launch_run(const char *const *argv, char *err, size_t errlen);
+
+/* ---- runtime/record.c: what a resume compares with the checkpoint's record ----------- */
+
+/* The model: 0 when whole is a plan of the checkpoint's model (its dims, but the batch
+ * dim, and every param's name and shape; any world, strategy, precision or stages); 1
+ * with what differs in msg (dims, params missing, extra and reshaped); -1 with an error. */
+int rt_resume_check_model(const RtCheckpoint *c, const Plan *whole, char *msg, size_t n);
+/* The data: 0 when this run reads what the checkpoint's read (or other_ok); 1 with a
+ * warning in msg when a file differs (kind, size, first MiB); -1 with an error in msg when
+ * the checkpoint's run read files and this one has no --data (data NULL). */
+int rt_resume_check_data(const RtCheckpoint *c, const char *data, int other_ok, char *msg, size_t n);
 
 /* ---- runtime/safetensors.c: weights and gradients as safetensors ---------------------- */
 
@@ -859,9 +899,11 @@ typedef struct {
 
 /* Chooses the backend for `want`: CUDA for RT_DEVICE_CUDA, and for RT_DEVICE_AUTO when
  * every rank has a GPU and the plan (the whole plan: a pipeline runs on CPU ranks only)
- * a CUDA program (debug modes: the CPU); else the CPU, with the reason in d->name. Every rank calls it and they agree. 0, or 1 after a
- * message prefixed by `who` (RT_DEVICE_CUDA where it cannot run). */
-int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, const char *who);
+ * a CUDA program (debug modes: the CPU); else the CPU, with the reason in d->name. Every
+ * rank calls it and they agree. 0, or 1 after a message prefixed by `who` (RT_DEVICE_CUDA
+ * where it cannot run; CUDA chosen, a plan larger than what the GPU of local_rank has
+ * free: the backend's check_fit). */
+int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, int local_rank, const char *who);
 /* Makes the chosen backend from e as it is now (initialized, weights loaded); the ids
  * in `report` (-1: none) come down after each step; trace: some steps will be timed
  * (rt_device_run_step_timed). 0, or -1 after a message. */
@@ -977,9 +1019,9 @@ typedef struct {
     const RtCheckpointOptions *checkpoint;  // where checkpoints go, or NULL for none
     int64_t save_every;       // a checkpoint every N steps (0: only at the end, and when stopped)
     int64_t *reached;         // the last step done, or NULL
-    volatile const sig_atomic_t *stop;  // set (to the signal's number, by a handler) to stop at the next step
-                              // boundary, after a checkpoint; NULL: never
-    int *stopped_by;          // the signal the ranks agreed to stop for (the largest any saw), or NULL
+    volatile const sig_atomic_t *stop;  // set (rt_signals_catch's flag) to stop at the next step boundary, after
+                              // a checkpoint (or right after the save it came in); NULL: never
+    int *stopped_by;          // the flag the ranks agreed to stop for (the largest any saw), or NULL
     int64_t overflow_at;      // debug: the fp16 backward seed (PLAN_SR_LOSS_SEED) made infinite at this step
     const char *save_grads;   // step 1's gradients into this file (world 1), or NULL
     int cuda_graph;           // a device backend captures step 2 and replays it

@@ -9,7 +9,8 @@
  * and the first optimizer op, where every gradient is complete and live. A resumed run
  * starts after the checkpoint's step. After a step: a checkpoint every save_every steps,
  * after the last, and when a signal asked every rank to stop (they agree at each step
- * boundary, so all stop after the same one). With --val-data (runtime/eval.c): an
+ * boundary, so all stop after the same one; a signal during a save stops the run after
+ * it, the checkpoint just written having every step so far). With --val-data (runtime/eval.c): an
  * evaluation before the first step of a run from step 0, every eval_every steps and
  * after the last, shown on that step's line.
  */
@@ -100,9 +101,13 @@ static int checkpoint(Exec *e, RtDevice *d, Progress *progress, int64_t step, co
     }
     char err[512];
     RtSaved s;
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/step-%08" PRId64, o->checkpoint->dir, step);
+    rt_signals_saving(dir, step);  // a second signal in the save abandons it
     rt_watchdog_arm("saving a checkpoint after step", step);
     int rc = rt_checkpoint_save(e, step, o->checkpoint, &s, err, sizeof err);
     rt_watchdog_disarm();
+    rt_signals_saving(NULL, 0);
     if (rc) {
         if (err[0]) fprintf(stderr, "%s: checkpoint after step %" PRId64 ": %s\n", o->who, step, err);
         return 1;
@@ -226,6 +231,12 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
             if (saved) {
                 end_progress(progress, o->who);
                 return saved;
+            }
+            if (!last && !stop && o->stop) {  // a signal in the save: this checkpoint has every step so far
+                rt_watchdog_arm("step", step);
+                stop = rt_comm_agree((int)*o->stop);
+                rt_watchdog_disarm();
+                if (stop && o->stopped_by) *o->stopped_by = stop;
             }
         }
         if (stop) {

@@ -186,6 +186,15 @@ static int what_ifs(const FscMem *m, const Plan *p, MemWhatIf *w)
         Setting s = {"offload", "params"};
         try_setting(m, w, &n, &s, 1, "--offload params", "fsdp's param shards on the host too, staged before each gather");
     }
+    /* fsdp's params outside blocks the other way (kept gathered, or gathered per use). */
+    if (has_pass("shard") && !strcmp(plan_meta_str(p, "shard", "none"), "fsdp") &&
+        plan_meta_int(p, "reshard_after_forward", 1) && n < MAX_WHAT_IFS) {
+        int root = (int)plan_meta_int(p, "reshard_root", 0);
+        Setting s = {"reshard_root", root ? "0" : "1"};
+        try_setting(m, w, &n, &s, 1, root ? "--reshard_root 0" : "--reshard_root 1",
+                    root ? "fsdp keeps the params outside blocks gathered from forward to backward (fewer gathers)"
+                         : "fsdp gathers the params outside blocks for each use and frees them after it (ZeRO-3)");
+    }
     if (n < MAX_WHAT_IFS) try_batch(m, p, w, &n);
     return n;
 }

@@ -10,8 +10,9 @@
  * data, weights files).
  *
  * Ranks: a plan for a world of N runs as N processes started by mpirun, srun, or
- * `fsexec --nproc N` (which checks N against the plan's world, then execs mpirun on
- * this binary). The world is the plan's stages x data-parallel ranks (rt_plan_layout):
+ * `fsexec --nproc N` (which checks N against the plan's world, then runs mpirun on this
+ * binary as its child, relaying a Ctrl-C to the ranks: runtime/launch.c). The world is
+ * the plan's stages x data-parallel ranks (rt_plan_layout):
  * rank r runs stage r / dp's program (plan_extract_program) as data-parallel index
  * r % dp, and everything after (the executor, data, weights, the step loop) sees that
  * one-program plan; a plan of one stage runs as it is. One rank reports: rank 0, or in
@@ -35,6 +36,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ir.h"  // config_keys and diag_closest: fsc's settings and its matcher
+#include "report.h"  // report_bytes: sizes as fsc --mem writes them
 #include "runtime.h"
 
 static const char USAGE[] =
@@ -79,7 +82,8 @@ static const char USAGE[] =
     "                       read as --data is, or NAME=FILE.npy,NAME=FILE.npy (any model that\n"
     "                       trains on .npy files); every evaluation reads its first --eval-batches\n"
     "                       batches, in order. A classifier takes `--val-data blobs`: blob\n"
-    "                       batches no training step draws. Not for pipelines (an error)\n"
+    "                       batches no training step draws. Pipelines evaluate\n"
+    "                       through their stages; not those with interleaved model chunks\n"
     "  --eval-every N       evaluate every N steps too (default: only before the first step\n"
     "                       and after the last)\n"
     "  --eval-batches K     batches of each evaluation (default 10)\n"
@@ -132,7 +136,14 @@ static const char USAGE[] =
     "                       a --checkpoint-dir; --steps stays the run's total (resumed at\n"
     "                       step 300 with --steps 1000: steps 301 to 1000). Any plan of the\n"
     "                       same model resumes it: another world, strategy, precision or\n"
-    "                       stages reshard it as it loads\n"
+    "                       stages reshard it as it loads. Another model (dims, params'\n"
+    "                       names or shapes) is an error that lists what differs; so is\n"
+    "                       no --data when the checkpoint's run read a file (another file\n"
+    "                       is a warning)\n"
+    "  --resume-partial     resume into another model on purpose: the params and optimizer\n"
+    "                       state both have in the same shape load, the rest start as\n"
+    "                       initialized (named)\n"
+    "  --resume-other-data  resume onto other data on purpose (no --data: the built-in)\n"
     "  --export CKPT FILE   write the params of checkpoint CKPT (as --resume finds it) as\n"
     "                       one safetensors FILE (as --save-weights does), through a fixed\n"
     "                       16 MiB buffer, and exit; no plan needed. With --weights-format\n"
@@ -167,7 +178,9 @@ static const char USAGE[] =
     "                       --oversubscribe --bind-to none` (plus --allow-run-as-root as\n"
     "                       root; $FSEXEC_MPIRUN names another mpirun) on this fsexec with\n"
     "                       the other options; each rank gets cores/N threads unless\n"
-    "                       --threads or OMP_NUM_THREADS says otherwise\n"
+    "                       --threads or OMP_NUM_THREADS says otherwise. mpirun runs in a\n"
+    "                       process group of its own: a Ctrl-C reaches fsexec, which relays\n"
+    "                       it to the ranks and exits 130 once they stop\n"
     "  --timeout SECONDS    with several ranks: end every rank when one step (or a save or\n"
     "                       load) takes longer than this, e.g. a peer died unnoticed;\n"
     "                       the waiting ranks name the rank that did not reach the\n"
@@ -199,6 +212,7 @@ typedef struct {
     int64_t steps;
     uint64_t seed;
     int has_seed, threads, log_every, debug_nan, debug_guard, sync_sends, one_by_one;
+    int resume_partial, resume_other_data;  // --resume-partial, --resume-other-data
     int device, cuda_graph, tf32;  // device: RtDeviceKind
     RtDataOrder order;
     RtTokenFormat data_format;  // --data-format (0: auto)
@@ -388,24 +402,59 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
     return 2;
 }
 
-/* The flags that take no value and switch one thing on: 1 when `a` is one (and set). */
+/* The flags that take no value and switch one thing on. */
+static const struct {
+    const char *name;
+    size_t at;  // offsetof the int in Flags
+} SWITCHES[] = {
+    {"--debug-guard", offsetof(Flags, debug_guard)}, {"--debug-nan", offsetof(Flags, debug_nan)},
+    {"--cuda-graph", offsetof(Flags, cuda_graph)},   {"--tf32", offsetof(Flags, tf32)},
+    {"--sync-sends", offsetof(Flags, sync_sends)},   {"--no-kv-cache", offsetof(Flags, no_kv_cache)},
+    {"--cpu-one-by-one", offsetof(Flags, one_by_one)}, {"--resume-partial", offsetof(Flags, resume_partial)},
+    {"--resume-other-data", offsetof(Flags, resume_other_data)},
+};
+#define N_SWITCHES (sizeof SWITCHES / sizeof *SWITCHES)
+
+/* 1 when `a` is a switch (and set). */
 static int switch_flag(Flags *f, const char *a)
 {
-    static const struct {
-        const char *name;
-        size_t at;  // offsetof the int in Flags
-    } SWITCHES[] = {
-        {"--debug-guard", offsetof(Flags, debug_guard)}, {"--debug-nan", offsetof(Flags, debug_nan)},
-        {"--cuda-graph", offsetof(Flags, cuda_graph)},   {"--tf32", offsetof(Flags, tf32)},
-        {"--sync-sends", offsetof(Flags, sync_sends)},   {"--no-kv-cache", offsetof(Flags, no_kv_cache)},
-        {"--cpu-one-by-one", offsetof(Flags, one_by_one)},
-    };
-    for (size_t i = 0; i < sizeof SWITCHES / sizeof *SWITCHES; i++)
+    for (size_t i = 0; i < N_SWITCHES; i++)
         if (!strcmp(a, SWITCHES[i].name)) {
             *(int *)((char *)f + SWITCHES[i].at) = 1;
             return 1;
         }
     return 0;
+}
+
+/* An option fsexec does not take: a training setting or a dim, which fsc compiles into
+ * the plan, says so; anything else names the closest of fsexec's own flags, found by
+ * the matcher fsc's settings use (diag_closest). */
+static int unknown_option(const char *a)
+{
+    char name[64], key[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(a, "="), a);
+    snprintf(key, sizeof key, "%s", name + strspn(name, "-"));
+    for (char *c = key; *c; c++)
+        if (*c == '-') *c = '_';
+    char msg[256];
+    int n_keys;
+    const ConfigKey *keys = config_keys(&n_keys);
+    for (int i = 0; i < n_keys && a[1] == '-'; i++)
+        if (!strcmp(key, keys[i].key)) {
+            snprintf(msg, sizeof msg, "%s is a training setting, compiled into the plan by fsc: recompile the "
+                     "model with fsc MODEL.fsm %s VALUE", name, name);
+            return usage_error("%s", msg);
+        }
+    if (!strncmp(a, "-D", 2))
+        return usage_error("%s sets a model dim, compiled into the plan by fsc: recompile the model with fsc "
+                           "MODEL.fsm -D NAME=VALUE", a);
+    const char *flags[V_COUNT + N_SWITCHES + 2] = {"--help", "--version"};
+    for (int i = 0; i < V_COUNT; i++) flags[2 + i] = VALUE_FLAGS[i];
+    for (size_t i = 0; i < N_SWITCHES; i++) flags[2 + V_COUNT + i] = SWITCHES[i].name;
+    const char *near = diag_closest(name, flags, (int)(sizeof flags / sizeof *flags));
+    if (!near) return usage_error("unknown option '%s'", a);
+    snprintf(msg, sizeof msg, "unknown option '%s'; did you mean '%s'?", a, near);
+    return usage_error("%s", msg);
 }
 
 static int parse_args(int argc, char **argv, Flags *f)
@@ -439,7 +488,7 @@ static int parse_args(int argc, char **argv, Flags *f)
             n = strlen(VALUE_FLAGS[which]);
             if (!strncmp(a, VALUE_FLAGS[which], n) && (a[n] == '=' || !a[n])) break;
         }
-        if (which == V_COUNT) return usage_error("unknown option '%s'", a);
+        if (which == V_COUNT) return unknown_option(a);
         if (!a[n] && i + 1 >= argc)
             return usage_error(which == V_INSPECT ? "%s needs a plan file" : "%s needs a value", a);
         int rc = set_value(f, (ValueFlag)which, a[n] ? a + n + 1 : argv[++i]);
@@ -450,6 +499,9 @@ static int parse_args(int argc, char **argv, Flags *f)
     if (!f->inspect && !f->plan) return usage_error("%s", "no plan given");
     if ((f->save_every || f->keep) && !f->checkpoint_dir)
         return usage_error("%s needs --checkpoint-dir DIR (where the checkpoints go)", f->save_every ? "--save-every" : "--keep");
+    if ((f->resume_partial || f->resume_other_data) && !f->resume)
+        return usage_error("%s says how to resume: give --resume PATH",
+                           f->resume_partial ? "--resume-partial" : "--resume-other-data");
     if (f->resume && f->load_weights)
         return usage_error("%s", "--resume restores the weights with the rest of the state; drop --load-weights");
     if (f->weights_format && !f->load_weights && !f->save_weights && !f->export_from)
@@ -493,32 +545,9 @@ typedef struct {
     int64_t ck_bytes;      // a checkpoint's size (rt_checkpoint_size), checked free before each save
 } Run;
 
-/* SIGINT and SIGTERM: the first stops the run at the next step boundary (every rank
- * agrees on which), after a checkpoint; the second ends the process at once. */
-static volatile sig_atomic_t stop_signal;
-
-static void on_signal(int sig)
-{
-    if (stop_signal) {
-        signal(sig, SIG_DFL);
-        raise(sig);
-        return;
-    }
-    stop_signal = sig;
-    static const char msg[] = "fsexec: signal: stopping after this step (send it again to stop now)\n";
-    if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) stop_signal = sig;  // nothing to do when stderr is gone
-}
-
-static void catch_signals(void)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-}
+/* SIGINT and SIGTERM (runtime/signals.c): the first sets this, to stop the run at the next
+ * step boundary (every rank agrees on which), after a checkpoint. */
+static volatile sig_atomic_t *stop_signal;
 
 /* Ends the progress display (its summary line) once; 0, or 1 after a message. */
 static int end_progress(Run *r)
@@ -538,30 +567,6 @@ static void run_free(Run *r)
     rt_eval_free(r->eval);
     rt_data_close(r->data);
     rt_exec_free(r->e);
-}
-
-/* 1234567 -> "1,234,567" */
-static const char *grouped(int64_t v, char *buf, size_t n)
-{
-    char digits[32];
-    int len = snprintf(digits, sizeof digits, "%" PRId64, v);
-    size_t at = 0;
-    for (int i = 0; i < len && at + 2 < n; i++) {
-        if (i && digits[i - 1] != '-' && (len - i) % 3 == 0) buf[at++] = ',';
-        buf[at++] = digits[i];
-    }
-    buf[at] = 0;
-    return buf;
-}
-
-static const char *size_str(int64_t bytes, char *buf, size_t n)
-{
-    double v = (double)bytes / (1 << 20);
-    if (v >= 1024)
-        snprintf(buf, n, "%.2f GiB", v / 1024);
-    else
-        snprintf(buf, n, v >= 10 ? "%.0f MiB" : "%.2f MiB", v);
-    return buf;
 }
 
 /* The model's params: meta "params", else each param once (by name: two stages of a
@@ -590,29 +595,30 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
         size_t at = strlen(mem);
         snprintf(mem + at, sizeof mem - at, "%s", k ? " / " : "");
         at = strlen(mem);
-        size_str(p->programs[k].space_bytes[PLAN_PLACE_DEVICE], mem + at, sizeof mem - at);
+        report_bytes(p->programs[k].space_bytes[PLAN_PLACE_DEVICE], mem + at, sizeof mem - at);
     }
-    if (layout.stages == 1) size_str(rt_exec_arena_bytes(r->e), mem, sizeof mem);
+    if (layout.stages == 1) report_bytes(rt_exec_arena_bytes(r->e), mem, sizeof mem);
     if (layout.stages == 1 && rt_exec_space_bytes(r->e, PLAN_PLACE_HOST) > 0) {  // offload's host space
         size_t at = strlen(mem);
         snprintf(mem + at, sizeof mem - at, " + host ");
         at = strlen(mem);
-        size_str(rt_exec_space_bytes(r->e, PLAN_PLACE_HOST), mem + at, sizeof mem - at);
+        report_bytes(rt_exec_space_bytes(r->e, PLAN_PLACE_HOST), mem + at, sizeof mem - at);
     }
     if (rt_device_is_cpu(&r->dev)) {  // the CPU's threads, and the kernels' workspace outside the arena (16-bit plans)
         char work[32];
         int n = snprintf(threads, sizeof threads, " | %d thread%s", rt_threads(), rt_threads() == 1 ? "" : "s");
         if (rt_exec_work_bytes(r->e) > 0)
             snprintf(threads + n, sizeof threads - (size_t)n, " | workspace %s",
-                     size_str(rt_exec_work_bytes(r->e), work, sizeof work));
+                     report_bytes(rt_exec_work_bytes(r->e), work, sizeof work));
     }
     else  // the host memory a device run takes for tensors: its mirror
-        snprintf(threads, sizeof threads, " | host mirror %s", size_str(rt_exec_host_bytes(r->e), work_buf, sizeof work_buf));
+        snprintf(threads, sizeof threads, " | host mirror %s",
+                 report_bytes(rt_exec_host_bytes(r->e), work_buf, sizeof work_buf));
     if (r->eval) {  // the evaluation program's arena, beside the training's
         size_t at = strlen(mem);
         snprintf(mem + at, sizeof mem - at, " + eval ");
         at = strlen(mem);
-        size_str(rt_eval_arena_bytes(r->eval), mem + at, sizeof mem - at);
+        report_bytes(rt_eval_arena_bytes(r->eval), mem + at, sizeof mem - at);
     }
     char ranks[160] = "", shard[64];  // "fsdp", or with hybrid sharding "fsdp in groups of 2"
     int64_t group = plan_shard_group(p, layout.dp);
@@ -627,7 +633,8 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
     if (start) snprintf(steps, sizeof steps, "steps %" PRId64 "-%" PRId64, start + 1, f->steps);
     else snprintf(steps, sizeof steps, "%" PRId64 " step%s", f->steps, f->steps == 1 ? "" : "s");
     fprintf(stderr, "fsexec: %s | device: %s | %s params | arena %s%s%s%s | data: %s | %s, seed %"
-            PRIu64 "%s%s%s\n", plan_meta_str(p, "model", "model"), r->dev.name, grouped(params, num, sizeof num), mem,
+            PRIu64 "%s%s%s\n", plan_meta_str(p, "model", "model"), r->dev.name, report_grouped(params, num, sizeof num),
+            mem,
             layout.stages > 1 ? " per rank by stage" : my_world > 1 ? " per rank" : "", threads, ranks,
             rt_data_describe(r->data), steps, seed, f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "",
             !rt_device_is_cpu(&r->dev) && f->cuda_graph ? " | cuda-graph" : "", !rt_device_is_cpu(&r->dev) && f->tf32 ? " | tf32" : "");
@@ -667,9 +674,10 @@ static int train(Run *r, const Flags *f, const char *path, uint64_t seed, int64_
         return local_error(1);
     }
     RtCheckpointOptions co = {.dir = f->checkpoint_dir, .keep = (int)f->keep, .seed = seed,
-                              .data = rt_data_describe(r->data), .order = f->order, .bytes = r->ck_bytes};
+                              .data = rt_data_describe(r->data), .data_path = f->data, .order = f->order,
+                              .bytes = r->ck_bytes};
     RtTrainOptions o = {.steps = f->steps, .start = start, .checkpoint = f->checkpoint_dir ? &co : NULL,
-                        .save_every = f->save_every, .stop = &stop_signal, .overflow_at = f->overflow_at,
+                        .save_every = f->save_every, .stop = stop_signal, .overflow_at = f->overflow_at,
                         .save_grads = f->save_grads, .cuda_graph = f->cuda_graph, .debug_nan = f->debug_nan,
                         .who = who, .path = path, .rank = my_rank, .world = my_world, .reached = reached,
                         .stopped_by = stopped_by, .eval = r->eval, .eval_every = f->eval_every,
@@ -688,12 +696,12 @@ static int train(Run *r, const Flags *f, const char *path, uint64_t seed, int64_
     }
     rt_trace_free(trace);
     if (rc == RT_TRAIN_STOPPED) {  // every rank alike, for the signal any of them saw
-        int reporter = (layout.stages - 1) * layout.dp;
+        int reporter = (layout.stages - 1) * layout.dp, sig = rt_signal_of(*stopped_by);
         if (my_rank == reporter)
-            fprintf(stderr, "%s: stopped by %s; %s\n", who, *stopped_by == SIGINT ? "SIGINT" : "SIGTERM",
+            fprintf(stderr, "%s: stopped by %s; %s\n", who, sig == SIGINT ? "SIGINT" : "SIGTERM",
                     f->checkpoint_dir ? "the checkpoint above has every step so far: continue with --resume"
                                       : "nothing saved (no --checkpoint-dir)");
-        return 128 + *stopped_by;
+        return 128 + sig;
     }
     return rc == RT_TRAIN_LOCAL ? local_error(1) : rc;
 }
@@ -895,7 +903,8 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     int64_t start = r->resume ? rt_checkpoint_step(r->resume) : 0;
     ProgressOptions po = {.steps = f->steps, .start = start, .append = r->resume != NULL, .log_every = f->log_every,
                           .log_path = f->log, .tty = -1};
-    int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, whole, who);
+    int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, whole,
+                              rk->local_rank, who);
     if (rc) return rc;
     if (f->cuda_graph && !rt_device_is_cpu(&r->dev) && plan_space_bytes(p, PLAN_PLACE_HOST) > 0) {
         fprintf(stderr, "%s: --cuda-graph: the plan runs its optimizer on the host (offload), which a CUDA graph cannot "
@@ -936,7 +945,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     double t_load = rt_now();
     if (r->resume) {
         rt_watchdog_arm("loading the checkpoint", -1);
-        rc = rt_checkpoint_load(r->resume, r->e, &resumed, err, sizeof err);  // agreed
+        rc = rt_checkpoint_load_as(r->resume, r->e, f->resume_partial, &resumed, err, sizeof err);  // agreed
         rt_watchdog_disarm();
         if (rc) {
             if (err[0]) fprintf(stderr, "%s: --resume: %s\n", who, err);
@@ -957,15 +966,11 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         char line[2048];
         rt_resumed_describe(r->resume, &resumed, whole, line, sizeof line);
         fprintf(stderr, "fsexec: %s (loaded in %.2f s)\n", line, t_load);
-        const char *was = rt_checkpoint_info(r->resume, "source");
-        if (was && strcmp(was, rt_data_describe(r->data)))
-            fprintf(stderr, "fsexec: note: the checkpoint's run read %s; this one reads %s\n", was,
-                    rt_data_describe(r->data));
     }
     int64_t reached = start;
     int stopped_by = 0;
     rc = train(r, f, f->plan, seed, start, &reached, &stopped_by);
-    int ended = end_progress(r), stopped = stopped_by && rc == 128 + stopped_by;
+    int ended = end_progress(r), stopped = stopped_by && rc == 128 + rt_signal_of(stopped_by);
     rc = rc ? rc : ended;
     /* The weights after the last step, or after the step a signal stopped the run at. */
     rt_watchdog_arm("saving the weights", -1);
@@ -980,7 +985,28 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         rc = 1;
     }
     rt_watchdog_disarm();
-    return rc;
+    /* Stopped by the launcher's relay (fsexec --nproc): it reports the signal in its exit
+     * status; a rank's non-zero one would only add mpirun's message. */
+    return stopped && rc == 128 + rt_signal_of(stopped_by) && rt_signal_relayed(stopped_by) ? 0 : rc;
+}
+
+/* The checkpoint against this run's model and data (record.c), before any state is
+ * read: every rank computes the same from the same files; rank 0 says it. 0, or 1. */
+static int check_resume(const Flags *f, const RtCheckpoint *c, const Plan *whole)
+{
+    char msg[4096];
+    int model = rt_resume_check_model(c, whole, msg, sizeof msg);
+    if (model && my_rank == 0)
+        fprintf(stderr, "%s: --resume: %s%s\n", model > 0 && f->resume_partial ? "fsexec: note" : "fsexec", msg,
+                model < 0           ? ""
+                : f->resume_partial ? "; --resume-partial: what both have in the same shape loads, the rest starts "
+                                      "as initialized"
+                                    : "; give --resume-partial to load what both have in the same shape on purpose "
+                                      "(the rest starts as initialized)");
+    if (model < 0 || (model > 0 && !f->resume_partial)) return 1;
+    int data = rt_resume_check_data(c, f->data, f->resume_other_data, msg, sizeof msg);
+    if (data && my_rank == 0) fprintf(stderr, "fsexec: %s--resume: %s\n", data < 0 ? "" : "warning: ", msg);
+    return data < 0 ? 1 : 0;
 }
 
 /* Before any step: no output is a file of --resume's checkpoint, and --checkpoint-dir
@@ -1029,6 +1055,7 @@ static int run(const Flags *f)
         rc = rt_comm_agree(r.resume ? 0 : 1);
     }
     if (!rc) rc = check_checkpoint_files(f, &r, whole);
+    if (!rc && r.resume) rc = check_resume(f, r.resume, whole);
     if (!rc && r.resume && rt_checkpoint_step(r.resume) >= f->steps) {
         if (my_rank == 0)
             fprintf(stderr, "fsexec: %s is at step %" PRId64 " and --steps %" PRId64 " is the run's total: nothing to "
@@ -1038,7 +1065,7 @@ static int run(const Flags *f)
         rt_set_threads(f->threads);
         uint64_t seed = f->has_seed ? f->seed
                         : r.resume ? rt_checkpoint_seed(r.resume) : (uint64_t)plan_meta_int(whole, "seed", 0);
-        catch_signals();
+        stop_signal = rt_signals_catch(who, my_rank);
         rc = run_plan(&r, f, whole, one ? one : whole, &rk, seed);
     }
     run_free(&r);
@@ -1188,7 +1215,7 @@ static int export_checkpoint(const char *from, const char *out, RtWeightsFormat 
     return rc ? 1 : 0;
 }
 
-/* fsexec --nproc N: the same command as N ranks under mpirun; returns only on failure. */
+/* fsexec --nproc N: the same command as N ranks under mpirun; its exit status. */
 static int launch(const Flags *f, int argc, char **argv)
 {
     RtRanks rk;
@@ -1213,7 +1240,7 @@ static int launch(const Flags *f, int argc, char **argv)
         setenv("OMP_NUM_THREADS", threads, 1);
     }
     char **args = malloc(sizeof *args * (size_t)argc);
-    const char **av = malloc(sizeof *av * (size_t)(argc + 16));
+    const char **av = malloc(sizeof *av * (size_t)(argc + 20));
     if (!args || !av) {
         fprintf(stderr, "fsexec: out of memory\n");
         return 1;
@@ -1223,15 +1250,12 @@ static int launch(const Flags *f, int argc, char **argv)
         if (!strcmp(argv[i], "--nproc")) i++;
         else if (strncmp(argv[i], "--nproc=", 8)) args[n_args++] = argv[i];
     }
-    rt_launch_argv(mpirun, exe, (int)f->nproc, geteuid() == 0, args, n_args, av, argc + 16, np, sizeof np);
-    fflush(NULL);
-    execvp(mpirun, (char *const *)av);
-    fprintf(stderr, "fsexec: --nproc %" PRId64 ": cannot run %s: %s (--nproc starts the ranks with Open MPI's "
-            "mpirun: install it (apt install openmpi-bin), point FSEXEC_MPIRUN at one, or start the ranks with "
-            "your own launcher)\n", f->nproc, mpirun, strerror(errno));
+    rt_launch_argv(mpirun, exe, (int)f->nproc, geteuid() == 0, args, n_args, av, argc + 20, np, sizeof np);
+    int rc = rt_launch_run(av, err, sizeof err);
+    if (rc < 0) fprintf(stderr, "fsexec: --nproc %" PRId64 ": %s\n", f->nproc, err);
     free(args);
     free(av);
-    return 1;
+    return rc < 0 ? 1 : rc;
 }
 
 /* Registered first, so it runs last at exit: a failed write to stdout (a full disk) is an

@@ -5,26 +5,8 @@
 // and launch geometry): bitwise reproducible run to run, though not bitwise the CPU's.
 // No atomics.
 #pragma once
+#include "index.cuh"
 #include "rows.cuh"
-
-// Dims listed outermost first as (size, stride) pairs, strides in elements. offset(i):
-// where flat index i (below the product of the sizes) lies; every dim's index wraps at
-// its size but the outermost's, which i already keeps in range. Divisions are by
-// constants, so they compile to multiplies.
-template <long long... SS> struct FsDims {
-    static constexpr long long SIZE = 1;
-    static __device__ __forceinline__ long long offset(long long) { return 0; }
-    static __device__ __forceinline__ long long wrapped(long long) { return 0; }
-};
-template <long long SZ, long long ST, long long... IN> struct FsDims<SZ, ST, IN...> {
-    using Inner = FsDims<IN...>;
-    static constexpr long long SIZE = SZ * Inner::SIZE;
-    static __device__ __forceinline__ long long offset(long long i) { return i / Inner::SIZE * ST + Inner::wrapped(i); }
-    static __device__ __forceinline__ long long wrapped(long long i)
-    {
-        return i / Inner::SIZE % SZ * ST + Inner::wrapped(i);
-    }
-};
 
 __device__ __forceinline__ float fs_neg_inf() { return __int_as_float(0xff800000u); }
 
@@ -47,16 +29,16 @@ __device__ __forceinline__ void fs_reduce_copy(const TX *__restrict__ x, TO *__r
 }
 
 // Innermost dims reduced: out[row], one row of FsRow<KIND, NTR> per output element, folds
-// the NRED elements at KEPT::offset(row) + RED::offset(q), its threads strided over q.
+// the NRED elements at KEPT::of(row) + RED::of(q), its threads strided over q.
 template <int KIND, int NTR, bool MAX, long long NOUT, long long NRED, class KEPT, class RED, class TX, class TO>
 __device__ __forceinline__ void fs_reduce_runs(const TX *__restrict__ x, TO *__restrict__ out, float scale)
 {
     using R = FsRow<KIND, NTR>;
     const R r;
     if (r.past(NOUT)) return;
-    const long long xb = KEPT::offset(r.row);
+    const long long xb = KEPT::of(r.row);
     float acc = fs_fold_init<MAX>();
-    for (long long q = r.tid; q < NRED; q += NTR) fs_fold<MAX>(acc, ld(x, xb + RED::offset(q)));
+    for (long long q = r.tid; q < NRED; q += NTR) fs_fold<MAX>(acc, ld(x, xb + RED::of(q)));
     if constexpr (MAX) acc = R::max(acc);
     else acc = R::sum(acc);
     if (r.tid == 0) st(out, r.row, fs_scaled(acc, scale));
@@ -74,8 +56,8 @@ __device__ __forceinline__ void fs_reduce_cols(const TX *__restrict__ x, TO *__r
     const long long i = (blockIdx.x % NCB) * 32 + threadIdx.x;
     float acc = fs_fold_init<MAX>();
     if (i < INNER) {
-        const long long xb = KEPT::offset(r) + i;
-        for (long long q = threadIdx.y; q < NRED; q += BY) fs_fold<MAX>(acc, ld(x, xb + RED::offset(q)));
+        const long long xb = KEPT::of(r) + i;
+        for (long long q = threadIdx.y; q < NRED; q += BY) fs_fold<MAX>(acc, ld(x, xb + RED::of(q)));
     }
     part[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();

@@ -12,10 +12,14 @@ template <int SCHEDULE, long long WARMUP, long long DECAY>
 __device__ __forceinline__ void fs_lr_at(const int *step_, float *out, double lr, double min_lr)
 {
     const long long step = step_[0];
+    if constexpr (WARMUP > 0) {
+        if (step <= WARMUP) {
+            out[0] = (float)(lr * (double)step / (double)WARMUP);
+            return;
+        }
+    }
     double at = lr;
-    if (WARMUP > 0 && step <= WARMUP) {
-        at = lr * (double)step / (double)WARMUP;
-    } else if constexpr (SCHEDULE == 1) {
+    if constexpr (SCHEDULE == 1) {
         double progress = (double)(step - WARMUP) / (double)DECAY;
         progress = progress < 0 ? 0 : progress > 1 ? 1 : progress;
         at = min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(3.14159265358979323846 * progress));

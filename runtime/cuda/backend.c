@@ -2,6 +2,10 @@
  * making the backend from a plan and its host mirror, moving tensors between the two,
  * and freeing it all. Built into libfs_cuda.so, which exports fs_cuda_backend() alone.
  *
+ * Before fsexec builds anything, check_fit compares the plan's device memory with the
+ * device's free memory (fit.c), so an arena larger than the GPU is an error at start,
+ * not after the host mirror and the data are made.
+ *
  * Making it, in order (each step measured by the device's free memory, see
  * RtBackendInfo): the schedule (schedule.c, no device yet); the device (local rank
  * modulo the device count) and its primary context, which cuBLAS and NCCL use too; the
@@ -18,6 +22,7 @@
 #include <stdlib.h>
 
 #include "cuda_impl.h"
+#include "fit.h"
 
 #define MIB (1024.0 * 1024.0)
 
@@ -53,6 +58,29 @@ static int64_t free_bytes(int64_t *total)
     if (cuMemGetInfo(&f, &t) != CUDA_SUCCESS) return 0;  // a report only: never fatal
     if (total) *total = (int64_t)t;
     return (int64_t)f;
+}
+
+/* The device of local_rank, its free memory (in a context made for the question and
+ * released) against cuda_fit_need (fit.c). A driver call that fails says nothing here:
+ * create() reports it. */
+static int check_fit(const Plan *p, int local_rank, char *err, size_t errlen)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    int n = 0;
+    char name[96] = "", device[128];
+    size_t f = 0, t = 0;
+    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGetCount(&n) != CUDA_SUCCESS || n < 1) return 0;
+    int ordinal = (local_rank > 0 ? local_rank : 0) % n;
+    if (cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS) return 0;
+    int asked = cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuMemGetInfo(&f, &t) == CUDA_SUCCESS;
+    cuDeviceGetName(name, sizeof name, dev);
+    cuCtxSetCurrent(NULL);
+    cuDevicePrimaryCtxRelease(dev);
+    if (!asked) return 0;
+    snprintf(device, sizeof device, "cuda:%d %s", ordinal, name);
+    CudaNeed need = cuda_fit_need(p);
+    return cuda_fit_check(&need, (int64_t)f, (int64_t)t, device, err, errlen);
 }
 
 static int pick_device(RtBackend *b, const RtBackendOptions *o)
@@ -451,7 +479,7 @@ static const RtBackendOps OPS = {
     .abi = RT_BACKEND_ABI, .name = "cuda", .probe = probe, .create = create, .destroy = destroy,
     .run_ops = run_ops, .run_step = run_step, .run_step_timed = run_step_timed, .upload = upload,
     .download = download, .sync = sync_all,
-    .info = info, .error = error,
+    .info = info, .error = error, .check_fit = check_fit,
 };
 
 __attribute__((visibility("default"))) const RtBackendOps *fs_cuda_backend(void);

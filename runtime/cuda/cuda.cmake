@@ -9,7 +9,7 @@
 # Its run path holds the toolkit's library directory and not the stub's, so the stub is
 # never what the loader finds for libcuda.so.1.
 #
-# The schedule and the JIT cache (fs_cuda_host) need no driver: their unit tests run on
+# The schedule, the JIT cache and the memory check (fs_cuda_host) need no driver: their unit tests run on
 # machines without a GPU. op_check (tests/cuda/op_check.c) compares every op of a plan on
 # CUDA against the CPU backend; it needs a GPU to pass, and says so when there is none.
 # fsexec finds the backend with dlopen (runtime/backend.c), CUDA or not.
@@ -27,7 +27,7 @@ message(STATUS "CUDA backend (libfs_cuda.so): ${FS_CUDA}")
 
 if(FS_CUDA)
   set_target_properties(fs_plan PROPERTIES POSITION_INDEPENDENT_CODE ON)
-  add_library(fs_cuda_host STATIC runtime/cuda/schedule.c runtime/cuda/jit.c)
+  add_library(fs_cuda_host STATIC runtime/cuda/schedule.c runtime/cuda/jit.c runtime/cuda/fit.c)
   set_target_properties(fs_cuda_host PROPERTIES POSITION_INDEPENDENT_CODE ON C_VISIBILITY_PRESET hidden)
   target_include_directories(fs_cuda_host PUBLIC runtime/cuda)
   target_include_directories(fs_cuda_host SYSTEM PUBLIC ${CUDAToolkit_INCLUDE_DIRS})
@@ -50,7 +50,7 @@ if(FS_CUDA)
   add_dependencies(op_check fs_cuda)
 
   if(CRITERION_LIB AND NOT FS_FUZZ)
-    foreach(name test_cuda_schedule test_cuda_jit)
+    foreach(name test_cuda_schedule test_cuda_jit test_cuda_fit)
       add_executable(${name} tests/cuda/${name}.c)
       target_include_directories(${name} PRIVATE tests/support)
       target_link_libraries(${name} PRIVATE fs_cuda_host ${CRITERION_LIB} ${M_LIB})

@@ -118,6 +118,12 @@ expect comm-update-gather 0 "all_gather     h.0.gathered                 update 
 expect comm-grad-reduction 0 "reduce_scatter h.0.flat_grad_shard          grad reduction" -- "${COMM[@]}"
 expect comm-units 0 "grad reduction          199,936   195.2 KiB   146.4 KiB" -- "${COMM[@]}"
 expect comm-total 0 "payload 1,348,112 bytes (1.3 MiB) per rank and step; a ring algorithm sends 1,011,084 bytes (987.4 KiB) of it" -- "${COMM[@]}"
+# fsdp's params outside blocks: kept gathered (the default), or gathered per use with
+# --reshard_root 1, which makes model state ZeRO-3's 16 Psi / N (4.00 bytes/param at N = 4).
+expect reshard-root-help 0 "--reshard_root VALUE" -- "$FSC" --help
+expect reshard-root-state 0 "model state    4.00 bytes/param: 16-bit params 0.50 + 16-bit grads 0.50 + fp32 params 1.00" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D L=4 -D B=8 --shard fsdp --world 4 --precision bf16 --reshard_root 1 --mem -q
+expect reshard-root-kept 0 "model state    4.13 bytes/param" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D L=4 -D B=8 --shard fsdp --world 4 --precision bf16 --mem -q
+expect reshard-root-gathers 0 "backward gather" -- bash -c "\"$FSC\" \"$SRC/samples/gpt2.fsm\" ${GPT2_SMALL[*]} -D B=8 --shard fsdp --world 4 --reshard_root 1 --comm -q | grep 'gpt2.gathered'"
 # Every category shows at world 1024 (2 bytes/param over 1024 ranks is 0.00195, not 0.00).
 expect mem-digits 0 "16-bit grads 0.00195 + fp32 params 0.00391 + fp32 grads 0.00 + optimizer state 0.00781" -- "$FSC" "$SRC/samples/gpt2.fsm" -D L=128 -D C=25600 -D NH=160 -D B=1024 --world 1024 --shard fsdp --precision bf16 --mem -q
 # No report names a buffer "(null)" (once seen as "(null).exp_avg"): every sharded strategy
@@ -144,6 +150,7 @@ expect timeline-bad 1 "--timeline: expected --timeline or --timeline=unit, got '
 # A pipeline's reports: 1F1B over 2 stages and 4 micro-batches takes (M + P - 1) x 3.
 PIPE=("$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --stages 2 --microbatches 4 --world 2 -q)
 expect pipe-timeline 0 "makespan 15; ideal 12 (the busiest stage's work alone); bubble 20.0% of the makespan" -- "$FSC" "${PIPE[@]}" --timeline=unit
+expect pipe-timeline-bf16 0 "makespan 15; ideal 12" -- "$FSC" "${PIPE[@]}" --precision bf16 --timeline=unit
 expect pipe-timeline-flops 0 "  stage 1   " -- "$FSC" "${PIPE[@]}" --timeline
 expect pipe-mem 0 "memory plan: gpt2, stage 1 of 2 (rank 1), 1 data-parallel rank; bytes per rank" -- "$FSC" "${PIPE[@]}" --mem
 expect pipe-mem-json 0 '"n_stages": 2' -- "$FSC" "${PIPE[@]}" --mem=json
@@ -153,6 +160,25 @@ expect pipe-comm-group 0 "over the pipeline group (2 ranks, one per stage)" -- "
 expect pipe-plan 0 "" -- "$FSC" "${PIPE[@]}" -o "$tmp/pipe.plan"
 expect pipe-inspect 0 "programs (2)" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
 expect pipe-inspect-timeline 0 "timeline: gpt2, 2 stages, 4 micro-batches" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+# The HTML page's stage table: each stage's param count in its params column (stage 0:
+# wte, wpe and one block: 16,384 + 2,048 + 49,984), not its ranks.
+expect pipe-mem-html 0 "" -- "$FSC" "${PIPE[@]}" --mem=html "$tmp/pipe.html"
+expect pipe-html-stage-params 0 '<td class="n">0 B</td><td class="n">68,416</td></tr>' -- cat "$tmp/pipe.html"
+# A pipeline's --inspect: inputs, outputs and step roles under their stage, the cut fsc
+# chose beside `balance auto`, each stage's arena.
+expect pipe-inspect-inputs-staged 0 "  stage 1   targets    i32[8, 32]" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+expect pipe-inspect-outputs-staged 0 "  stage 1   loss       f32[]                           4 B  (loss)" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+expect pipe-inspect-roles-staged 0 "  stage 1   opt_step     opt_step" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+expect pipe-inspect-cut 0 "balance                1,1 blocks per stage (stage 0: h.0; stage 1: h.1), balance auto" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+pipe_arenas=$("$FSC" "${PIPE[@]}" --mem | sed -n 's/^  [01]  *rank [01]  *[0-9]*  *\([0-9.]* [KMG]*i*B\) .*/\1/p' | paste -sd/ | sed 's|/| / |')
+expect pipe-inspect-arenas 0 "device arena  ${pipe_arenas%% / *} (" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+# One formatter of sizes: fsc --mem, fsexec's start line and --inspect write an arena of
+# 14.6 MiB alike (the start line wrote 15 MiB).
+"$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=40 -q -o "$tmp/b40.plan"
+b40=$("$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=40 --mem -q | sed -n 's/^  arena  *\([0-9.]* [KMG]iB\) (.*/\1/p')
+expect arena-size-fsc 0 "fsc arena 14.6 MiB" -- echo "fsc arena $b40"
+expect arena-size-start-line 0 "| arena $b40 |" -- "$FSEXEC" "$tmp/b40.plan" --steps 0
+expect arena-size-inspect 0 "device arena  $b40 (15,301,952 bytes) per rank" -- "$FSEXEC" --inspect "$tmp/b40.plan"
 expect reduce-dtype-mismatch 1 "reduce_dtype bf16 with precision fp16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision fp16 --reduce_dtype bf16
 expect precision-bf16 0 "precision bf16" -- "$FSC" "$SRC/samples/mlp.fsm" --precision bf16
 expect pipeline-world 1 "world 1 does not split into 2 pipeline stages" -- "$FSC" "$SRC/samples/mlp.fsm" --stages 2
@@ -163,6 +189,11 @@ expect accumulate-batch 1 "does not split evenly over 1 data-parallel rank x 5 m
 expect offload-params-needs-fsdp 1 "so it needs --shard fsdp" -- "$FSC" "$SRC/samples/mlp.fsm" --offload params
 expect offload-comm 0 "device <-> host: " -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --comm -q
 expect offload-mem 0 "host state" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --mem -q
+# Offloading the optimizer is not fsdp's offload params; the fp32 params are on the host.
+expect offload-mem-sentence 0 "the optimizer updates the fp32 params and its state on the host" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --precision bf16 --mem -q
+expect offload-mem-not-params 1 "" -- bash -c "\"$FSC\" \"$SRC/samples/mlp.fsm\" --offload optimizer --precision bf16 --mem -q | grep -q \"offload params\""
+expect offload-mem-params-place 0 "bf16 on the device, " -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --precision bf16 --mem -q
+expect offload-mem-f32-on-host 0 "f32 on the host" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --precision bf16 --mem -q
 expect offload-typo 1 "did you mean 'optimizer'" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimiser
 expect offload-plan 0 "wrote $tmp/mlp-off.plan" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer -o "$tmp/mlp-off.plan"
 expect offload-run 0 "step 2/2" -- "$FSEXEC" "$tmp/mlp-off.plan" --steps 2 --debug-guard --debug-nan
@@ -174,6 +205,18 @@ expect inspect-truncated 1 "truncated" -- "$FSEXEC" --inspect "$tmp/short.plan"
 expect inspect-text 1 "bad magic" -- "$FSEXEC" --inspect "$SRC/samples/mlp.fsm"
 expect inspect-missing 1 "No such file" -- "$FSEXEC" --inspect "$tmp/none.plan"
 expect fsexec-help 0 "usage: fsexec" -- "$FSEXEC" --help
+# fsexec's own typos get fsc's "did you mean"; fsc's settings and dims say they are fsc's.
+expect fsexec-typo-steps 2 "unknown option '--step'; did you mean '--steps'?" -- "$FSEXEC" "$tmp/gpt2.plan" --step 3
+expect fsexec-typo-ckpt 2 "unknown option '--checkpoint_dir'; did you mean '--checkpoint-dir'?" -- "$FSEXEC" "$tmp/gpt2.plan" --checkpoint_dir d
+expect fsexec-typo-eq 2 "unknown option '--save-weight=w.st'; did you mean '--save-weights'?" -- "$FSEXEC" "$tmp/gpt2.plan" --save-weight=w.st
+expect fsexec-typo-switch 2 "did you mean '--debug-guard'?" -- "$FSEXEC" "$tmp/gpt2.plan" --debug-gaurd
+expect fsexec-fsc-setting 2 "fsexec: --shard is a training setting, compiled into the plan by fsc: recompile the model with fsc MODEL.fsm --shard VALUE" -- "$FSEXEC" "$tmp/gpt2.plan" --shard fsdp
+expect fsexec-fsc-setting-dashes 2 "--shard-group is a training setting" -- "$FSEXEC" "$tmp/gpt2.plan" --shard-group=2
+expect fsexec-fsc-dim 2 "-D L=3 sets a model dim, compiled into the plan by fsc" -- "$FSEXEC" "$tmp/gpt2.plan" "-D L=3"
+expect fsexec-unknown-far 2 "unknown option '--zzzzzz' (see fsexec --help)" -- "$FSEXEC" "$tmp/gpt2.plan" --zzzzzz
+# --val-data evaluates pipelines through their stages (tests/mpi/evaluation.py); the help says so.
+expect fsexec-help-val-data-pipelines 0 "Pipelines evaluate" -- "$FSEXEC" --help
+expect fsexec-help-val-data-not-refused 1 "" -- bash -c "\"$FSEXEC\" --help | grep -q 'Not for pipelines'"
 expect write-unwritable 1 "fsc: error:" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/no/such/dir/x.plan"
 
 # An input fsexec cannot feed from --data (ops/feed.c's rule): fsc warns at its declaration
@@ -411,7 +454,7 @@ printf '{"gpus_per_node": 8}' > "$tmp/few.json"
 expect fit-machine-missing-key 1 "--machine $tmp/few.json: flops_fp32: missing" -- "$FSC" "${FIT[@]}" --fit 1GiB --machine "$tmp/few.json"
 # fsc --kernels: each launch's cost on the machine's GPU (h100, h200, or a machine file).
 TINY=("$SRC/samples/gpt2.fsm" -D L=2 -D C=64 -D NH=4 -D T=32 -D V=256 -q)
-expect kernels-text 0 "step: 222 instructions (" -- "$FSC" "${TINY[@]}" --precision bf16 --kernels
+expect kernels-text 0 "step: 223 instructions (" -- "$FSC" "${TINY[@]}" --precision bf16 --kernels
 expect kernels-kinds 0 "by op kind (the longest first):" -- "$FSC" "${TINY[@]}" --kernels
 expect kernels-h100 0 "on H100-SXM-8: 989 TFLOP/s bf16/fp16 tensor cores, 67 TFLOP/s fp32, 3350 GB/s HBM" -- \
   "$FSC" "${TINY[@]}" --kernels=text
@@ -420,7 +463,7 @@ expect kernels-h200 0 "on H200-SXM-8: 989 TFLOP/s bf16/fp16 tensor cores, 67 TFL
 printf '{"name": "slow", "gpus_per_node": 4, "flops_fp32": 1e13, "flops_16bit": 1e14, "hbm_bw": 1e12, "nvlink_bw": 1e11,
  "ib_bw": 1e10, "pcie_bw": 1e10, "host_flops": 1e11, "host_bw": 1e10, "collective_latency": 1e-5}' > "$tmp/slow.json"
 expect kernels-machine-file 0 '"hbm_bw": 1000000000000' -- "$FSC" "${TINY[@]}" --kernels=json --machine "$tmp/slow.json"
-expect kernels-json 0 '"n_instructions": 222' -- "$FSC" "${TINY[@]}" --precision bf16 --kernels=json
+expect kernels-json 0 '"n_instructions": 223' -- "$FSC" "${TINY[@]}" --precision bf16 --kernels=json
 expect kernels-bad-format 1 "--kernels: expected --kernels, --kernels=text or --kernels=json, got '--kernels=xml'" -- \
   "$FSC" "${TINY[@]}" --kernels=xml
 expect kernels-bad-machine 1 "--machine $tmp/none.json: " -- "$FSC" "${TINY[@]}" --kernels --machine "$tmp/none.json"
@@ -436,6 +479,7 @@ expect fit-below-minimum 1 "nothing fits in 1.0 KiB per rank: the smallest arena
 expect fit-counts 0 "compiled" -- "$FSC" "${FIT[@]}" --fit 1GiB -q
 expect fit-front 0 "Pareto front of the compiled candidates" -- "$FSC" "${FIT[@]}" --fit 1GiB -q
 expect fit-pinned 0 "shard {fsdp} (pinned)" -- "$FSC" "${FIT[@]}" --shard fsdp --fit 1GiB -q
+expect fit-reshard-root 0 "reshard_after_forward {0,1}; reshard_root {0,1}; " -- "$FSC" "${FIT[@]}" --shard fsdp --fit 1GiB -q
 "$FSC" "${FIT[@]}" --fit 1GiB -q -o "$tmp/fit1.plan" > "$tmp/fit1.txt" 2>&1
 "$FSC" "${FIT[@]}" --fit 1GiB -q -o "$tmp/fit2.plan" > "$tmp/fit2.txt" 2>&1
 expect fit-deterministic 0 "" -- cmp "$tmp/fit1.plan" "$tmp/fit2.plan"
@@ -445,14 +489,18 @@ winner=$(grep -A1 '^winner' "$tmp/fit1.txt" | tail -1 | sed "s|^ *fsc ||; s| -o 
 read -r -a wargs <<<"$winner"
 "$FSC" "${wargs[@]}" -q -o "$tmp/fit3.plan" >/dev/null 2>&1
 expect fit-plan-is-the-command-line 0 "" -- cmp "$tmp/fit1.plan" "$tmp/fit3.plan"
+# The winner is a point of the Pareto front the report prints (same time: the smaller arena).
+wset=$(grep -A1 '^winner' "$tmp/fit1.txt" | tail -1 | sed "s|.* --world 2 ||; s| -o $tmp/fit1.plan\$||")
+expect fit-winner-on-front 0 "fits  $wset" -- grep -x ".*fits  $wset" "$tmp/fit1.txt"
 want=$(grep '^winner' "$tmp/fit1.txt" | sed 's/.*(\([0-9]*\) bytes).*/\1/')
 mem=$("$FSC" "${wargs[@]}" --mem=json -q | grep -o '"arena_bytes": *[0-9]*' | head -1 | grep -o '[0-9]*$')
 expect fit-arena-is-mem 0 "$want" -- echo "mem arena $mem"
 # One rank: fsexec allocates the winner's arena and runs a step in it, the guard on.
 "$FSC" "$SRC/samples/gpt2.fsm" -D L=2 -D C=32 -D NH=2 -D T=16 -D V=256 -D B=4 --world 1 --fit 1GiB -q \
   -o "$tmp/fit_w1.plan" > "$tmp/fit_w1.txt" 2>&1
-mib=$(grep '^winner' "$tmp/fit_w1.txt" | sed 's/.*(\([0-9]*\) bytes).*/\1/' | awk '{printf "%.2f", $1 / 1048576}')
-expect fit-fsexec-arena 0 "| arena $mib MiB |" -- "$FSEXEC" "$tmp/fit_w1.plan" --steps 1 --debug-guard
+fit_arena=$("$FSEXEC" --inspect "$tmp/fit_w1.plan" | sed -n 's/^device arena  \(.*\) ([0-9,]* bytes) per rank$/\1/p')
+expect fit-inspect-arena 0 "" -- test -n "$fit_arena"
+expect fit-fsexec-arena 0 "| arena $fit_arena |" -- "$FSEXEC" "$tmp/fit_w1.plan" --steps 1 --debug-guard
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

@@ -45,7 +45,7 @@ rank_pid() {
 }
 
 # Training "forever" on several ranks, for the tests that kill or stop one: the launcher
-# (timeout, the parent of mpirun) and the rank processes, killed at exit.
+# (timeout, above fsexec --nproc and its mpirun) and the rank processes, killed at exit.
 launcher= ranks=
 trap 'for p in $ranks $launcher; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT
 
@@ -63,7 +63,8 @@ start_training() {
     [ -s "$tmp/log" ] && break
     sleep 0.1
   done
-  ranks=$(pgrep -P "$(pgrep -P "$launcher" | head -1)" | tr '\n' ' ')
+  # timeout -> fsexec --nproc (the launcher) -> mpirun -> the ranks
+  ranks=$(pgrep -P "$(pgrep -P "$(pgrep -P "$launcher" | head -1)" | head -1)" | tr '\n' ' ')
   [ -s "$tmp/log" ] && [ "$(wc -w <<<"$ranks")" -eq "$n" ]
 }
 

@@ -191,6 +191,9 @@ static Plan *stage_program(int stages, int dp, int s)
         op(p, "add", PLAN_PHASE_FORWARD, (int32_t[]){h, t}, 2, h2, NULL, 0);
         op(p, "matmul", PLAN_PHASE_FORWARD, (int32_t[]){h2, w1}, 2, logits, NULL, 0);
         op(p, "cross_entropy", PLAN_PHASE_FORWARD, (int32_t[]){logits, y}, 2, ll, NULL, 0);
+        int32_t terms = act(p, NULL, 2, (int64_t[]){B, 2});  // its second output: the rows' terms
+        plan_id_add(p, terms);
+        p->ops[p->n_ops - 1].n_out = 2, p->tensors[terms].producer = p->n_ops - 1;
         loss = over_stages(p, dp_mean(p, ll, dp), stages);
     } else {  // the loss comes from the last stage: this one adds a zero
         int32_t zero = act(p, "loss.zero", 0, NULL);

@@ -19,7 +19,8 @@ the 1e-5 tolerance holds on every OpenBLAS kernel (checked under OPENBLAS_CORETY
 Haswell, Zen, Sandybridge, Nehalem, Core2, Atom). The single-rank run also differs from
 itself when only its thread count changes (large GEMMs split over threads), so a
 tensor may differ by up to 3 times that, when that is more than 1e-5. At world 1 every
-strategy must equal the single-rank run bit for bit.
+strategy must equal the single-rank run bit for bit. fsdp also trains so with the params
+outside blocks gathered per use (--reshard_root 1), at worlds 2 and 3.
 A wrong shard, a missing average or a stale gather differs by orders of magnitude more.
 
 usage: strategies.py FSC FSEXEC   (needs mpirun; uses /usr/bin/python3's numpy)
@@ -116,15 +117,19 @@ def main():
                         sys.exit("FAIL %s %s: losses %s, single rank %s" % (model, what, got_loss, ref_loss))
                     match = "bit for bit" if world == 1 else "params at %.0f%% of tolerance at most (%s)" % (100 * worst, name)
                     print("ok   %-5s %-6s world %d: %s, losses and norms rel %.1e" % (model, shard, world, match, lerr))
-            if model == "gpt2":  # full and selective recompute (passes/recompute.c) across ranks
-                rc = ("--recompute", "h.0,attention:h.1")
-                got, got_loss = train(fsc, fsexec, work, model, dims, data, "fsdp", 2, extra=rc)
-                worst, name = compare(model, "fsdp world 2 " + " ".join(rc), got, ref, floor, False)
+            # gpt2: full and selective recompute (passes/recompute.c) across ranks, and the
+            # params outside blocks gathered per use (reshard_root) at an even and an uneven world.
+            extras = [(2, ("--recompute", "h.0,attention:h.1"))] if model == "gpt2" else []
+            extras += [(2, ("--reshard_root", "1")), (3, ("--reshard_root", "1"))]
+            for world, rc in extras:
+                got, got_loss = train(fsc, fsexec, work, model, dims, data, "fsdp", world, extra=rc)
+                worst, name = compare(model, "fsdp world %d %s" % (world, " ".join(rc)), got, ref, floor, False)
                 lerr = max(abs(a - b) / abs(b) for ga, gb in zip(got_loss, ref_loss) for a, b in zip(ga, gb))
                 if len(got_loss) != STEPS or lerr > TOL:
-                    sys.exit("FAIL gpt2 fsdp world 2 %s: losses %s, single rank %s" % (" ".join(rc), got_loss, ref_loss))
-                print("ok   gpt2  fsdp   world 2 %s: params at %.0f%% of tolerance at most (%s)" % (" ".join(rc), 100 * worst,
-                                                                                                   name))
+                    sys.exit("FAIL %s fsdp world %d %s: losses %s, single rank %s" % (model, world, " ".join(rc),
+                                                                                       got_loss, ref_loss))
+                print("ok   %-5s fsdp   world %d %s: params at %.0f%% of tolerance at most (%s)" % (
+                    model, world, " ".join(rc), 100 * worst, name))
     print("all strategies and worlds train like the single-rank run")
 
 

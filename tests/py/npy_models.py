@@ -154,8 +154,8 @@ def main():
             drop[0]["loss"], nodrop[0]["loss"]))
         # 4: its rate in tokens, at world 1, ddp world 2 and a 2-stage pipeline
         check_rates(drop, 4 * 8, "lmdrop world 1")
-        rates = re.findall(r"\| ([0-9.]+k?) tok/s \|", out)
-        done = re.search(r"done: .* ([0-9.]+k?) tok/s on average", out)
+        rates = re.findall(r"\| ([0-9.]+[kMG]?) tok/s \|", out)
+        done = re.search(r"done: .* ([0-9.]+[kMG]?) tok/s on average", out)
         if len(rates) != 3 or any(r in ("0", "0.0") for r in rates) or not done or done.group(1) in ("0", "0.0"):
             sys.exit("FAIL: step lines' and the done line's tok/s: %s\n%s" % (rates, out))
         print("ok   4. tokens/s of an LM on .npy at world 1: --log's tokens_per_s is B*T/ms; lines show %s" % rates)

@@ -139,6 +139,8 @@ Test(ranks, nproc_runs_mpirun_on_this_program)
     cr_assert(strstr(line, "mpirun -np 4 --oversubscribe") == line, "%s", line);
     cr_assert(strstr(line, "--allow-run-as-root /usr/bin/fsexec gpt2.plan --steps 5 "), "%s", line);
     cr_assert(strstr(line, "-x OMP_NUM_THREADS"), "%s", line);
+    cr_assert(strstr(line, "-x FSEXEC_LAUNCHER"), "the ranks know the launcher relays signals: %s", line);
+    cr_assert(strstr(line, "--stdin none"), "mpirun runs in a background process group: %s", line);
     n = rt_launch_argv("mpirun", "/usr/bin/fsexec", 2, 0, args, 3, av, 32, np, sizeof np);
     for (int i = 0; i < n; i++) cr_assert(strcmp(av[i], "--allow-run-as-root"), "not as a user");
     cr_assert_eq(rt_launch_argv("mpirun", "x", 2, 0, args, 3, av, 8, np, sizeof np), -1);

@@ -16,7 +16,8 @@
  *  - A plan of several programs: each stage's report is its program's alone, labelled
  *    with the stage's ranks; JSON has a "stages" array, the HTML page a section per stage
  *    and the schedule's lanes; --mem-limit is the largest stage's. A plan of one program
- *    prints through the stages exactly as before, in every format.
+ *    prints through the stages exactly as before, in every format. A bf16 pipeline's
+ *    stages hold one 16-bit copy of their params, whatever the micro-batches in flight.
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -635,6 +636,27 @@ Test(memreport, each_stage_is_reported_as_its_program_alone)
     free(text);
     report_stages_free(s);
     plan_free(p), plan_free(one[0]), plan_free(one[1]);
+}
+
+/* A pipeline in bf16 (1F1B, 4 micro-batches, 2 of them in flight on stage 0): one
+ * 16-bit copy of each stage's params all step, 2 bytes a param, as the model-state line
+ * says, not one per micro-batch in flight. */
+Test(memreport, pipeline_stages_hold_one_16bit_copy)
+{
+    Setting set[] = {{"stages", "2"}, {"microbatches", "4"}, {"world", "2"}, {"precision", "bf16"}};
+    Plan *p = compile("gpt2.fsm", GPT2, 6, set, 4);
+    MemStages *s = stages(p);
+    cr_assert_eq(s->n, 2);
+    for (int k = 0; k < 2; k++) {
+        const MemReport *r = s->stage[k];
+        cr_expect_eq(r->state[MEM_PARAMS16], 2 * r->param_count, "stage %d: 16-bit params %lld bytes for %lld params",
+                     k, (long long)r->state[MEM_PARAMS16], (long long)r->param_count);
+        cr_expect_eq(r->max_cat[PLAN_PLACE_DEVICE][MEM_PARAMS16], r->state[MEM_PARAMS16],
+                     "stage %d: 16-bit params reach %lld bytes, one copy is %lld", k,
+                     (long long)r->max_cat[PLAN_PLACE_DEVICE][MEM_PARAMS16], (long long)r->state[MEM_PARAMS16]);
+    }
+    report_stages_free(s);
+    plan_free(p);
 }
 
 Test(memreport, one_program_through_the_stages_prints_as_before)

@@ -5,6 +5,7 @@
  *    unsharded and with every strategy at world 1 (flat buffers, gathers, regathers),
  *    with recompute, and in bf16 (to its tolerance).
  *  - The partial sums lie in the last one's bytes: no param holds M gradient buffers.
+ *  - Each param is cast to 16 bits once a step, before the micro-batches: one copy.
  *  - ddp reduces once per step at any M; fsdp gathers each block per micro-batch for
  *    forward and backward, or once per step with reshard_after_forward 0.
  */
@@ -92,6 +93,37 @@ Test(pipeline, partial_sums_share_the_last_ones_bytes)
     cr_expect_gt(params, 10);
     cr_expect_eq(count_ops(p, "slice"), 2 * 4, "tokens and targets, each micro-batch's rows");
     plan_free(p);
+}
+
+/* Each param is cast to 16 bits once a step, whatever the micro-batches and recompute:
+ * as many casts to bf16 as with one micro-batch (and none in a recompute), and every
+ * cast before the first micro-batch's first op (the step's work, no micro-batch). */
+Test(pipeline, params_cast_once_a_step)
+{
+    for (int r = 0; r < 2; r++) {
+        const char *recompute = r ? "all" : "none";
+        Plan *one = compile("gpt2.fsm", GPT2, 6, 1, "none", "bf16", "none", "1");
+        Plan *four = compile("gpt2.fsm", GPT2, 6, 4, "none", "bf16", recompute, "1");
+        int casts = 0, last_cast = -1, first_mb = four->n_ops;
+        for (int32_t k = 0; k < four->n_ops; k++) {
+            const PlanOp *op = &four->ops[k];
+            if (op->microbatch != PLAN_NONE && k < first_mb) first_mb = k;
+            if (strcmp(plan_str(four, op->op), "cast") || four->tensors[four->ids[op->in]].role != PLAN_ROLE_PARAM)
+                continue;
+            casts++, last_cast = k;
+            cr_expect_eq(op->microbatch, PLAN_NONE, "op %d casts a param in micro-batch %d", k, op->microbatch);
+        }
+        int want = 0;
+        for (int32_t k = 0; k < one->n_ops; k++)
+            want += !strcmp(plan_str(one, one->ops[k].op), "cast") && one->tensors[one->ids[one->ops[k].in]].role ==
+                    PLAN_ROLE_PARAM;
+        cr_expect_gt(want, 10);
+        cr_expect_eq(casts, want, "recompute %s: %d casts of params with 4 micro-batches, %d with one", recompute,
+                     casts, want);
+        cr_expect_lt(last_cast, first_mb, "recompute %s: a param cast (op %d) after micro-batch 0 began (op %d)",
+                     recompute, last_cast, first_mb);
+        plan_free(one), plan_free(four);
+    }
 }
 
 Test(pipeline, ddp_reduces_once_fsdp_gathers_per_micro_batch)

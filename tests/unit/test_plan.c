@@ -1088,8 +1088,8 @@ Test(plan, inspect_reports_what_a_plan_holds)
         "compiler      fsc " FS_VERSION "\n",
         "ranks         8 (4 data-parallel x 2 pipeline stages)\n",
         "strategy      shard fsdp, precision bf16, recompute Block, offload none\n",
-        "device arena  1.2 KiB per rank (1,280 bytes)\n",
-        "host arena    0 B per rank (0 bytes)\n",
+        "device arena  1.2 KiB (1,280 bytes) per rank\n",
+        "host arena    0 B (0 bytes) per rank\n",
         "programs      1 (stage, data-parallel ranks, ops: 0/8/9)\n",
         "params        360 (1.4 KiB)\n",   // wte 128 + ln 16 + w 192 + b 24; lm_head is tied
         "\ntraining settings\n",

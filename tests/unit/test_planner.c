@@ -86,13 +86,14 @@ static void check_brute_force(int world, const Define *defs, const Setting *pinn
     double last = 1e30;
     for (int k = -1; k <= 12; k++) {
         int64_t budget = k < 0 ? lo - 1 : lo + (hi - lo) * k / 10;
-        int64_t want = -1;  // brute force: the first of the fastest that fit, in bound order
+        int64_t want = -1;  // brute force: the fastest that fit, then the smallest, then the first in bound order
         for (int64_t i = 0; i < all.n_points; i++) {
             const FitPoint *p = &all.points[i];
             if (p->compiled != 1 || p->arena > budget) continue;
             const FitPoint *w = want >= 0 ? &all.points[want] : NULL;
-            if (!w || p->cost.time < w->cost.time || (p->cost.time == w->cost.time &&
-                                                       (p->lb < w->lb || (p->lb == w->lb && i < want))))
+            if (!w || p->cost.time < w->cost.time ||
+                (p->cost.time == w->cost.time && (p->arena < w->arena || (p->arena == w->arena &&
+                                                  (p->lb < w->lb || (p->lb == w->lb && i < want))))))
                 want = i;
         }
         FitResult r;
@@ -101,6 +102,11 @@ static void check_brute_force(int world, const Define *defs, const Setting *pinn
         cr_assert_eq(r.winner, want, "budget %lld: search %lld, brute force %lld", (long long)budget,
                      (long long)r.winner, (long long)want);
         if (k < 0) cr_assert_eq(r.winner, -1, "nothing fits below the smallest arena");
+        int on_front = r.winner < 0;  // the winner is a point of the front the report prints
+        for (int i = 0; i < r.n_front; i++) on_front |= r.front[i] == r.winner;
+        cr_assert(on_front, "budget %lld: the winner %lld (%g ms, %lld bytes) is not on the Pareto front",
+                  (long long)budget, (long long)r.winner, r.points[r.winner].cost.time,
+                  (long long)r.points[r.winner].arena);
         if (want >= 0) {
             cr_assert_leq(all.points[want].cost.time, last, "a larger budget, a slower plan");
             last = all.points[want].cost.time;

@@ -8,6 +8,9 @@
  *    for blocks; fsdp keeps the params outside blocks gathered from forward to backward
  *    (like FairScale's root instance), 2 Psi for those.
  *  - Under mixed precision zero1 and zero2 shard the fp32 master and gather 16 bits.
+ *  - reshard_root 1: fsdp gathers the params outside blocks for each stretch between
+ *    blocks that reads them (GPT-2: the embedding, the head, the head's backward), so
+ *    every param's model state is ZeRO-3's 16 Psi / N; the gradients stay bit for bit.
  *  - The plan does not grow with the world.
  */
 #include <criterion/criterion.h>
@@ -265,4 +268,49 @@ Test(shard, bf16_flat_gradients_are_the_unsharded_ones)
         cr_expect(norms[k] == norms[0], "bf16 %s: gradient norm %.9g, unsharded %.9g", strategies[k], norms[k],
                   norms[0]);
     }
+}
+
+/* The params outside blocks resharded like a block's: gathered three times (the
+ * embedding; the final layernorm and the tied head; their backward; the embedding's
+ * backward reads no param), so model state per rank is ZeRO-3's 16 Psi / N in bf16 (the
+ * root kept gathered adds its 2 bytes a param in full), and at world 1 the gradient norm
+ * is the kept root's, bit for bit. */
+Test(shard, fsdp_reshard_root_gathers_per_use)
+{
+    const Define dims[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 8}};
+    Setting set[] = {{"shard", "fsdp"}, {"world", "4"}, {"precision", "bf16"}, {"reshard_root", "1"}};
+    char err[256];
+    for (int root = 0; root < 2; root++) {
+        set[3].value = root ? "1" : "0";
+        Plan *p = sample_compile("gpt2.fsm", dims, 6, set, 4, NULL);
+        int root_gathers = 0;
+        for (int32_t i = 0; i < p->n_ops; i++) {
+            const PlanOp *op = &p->ops[i];
+            if (strcmp(plan_str(p, op->op), "all_gather")) continue;
+            root_gathers += op->block == PLAN_NONE;
+        }
+        cr_expect_eq(root_gathers, root ? 3 : 1, "reshard_root %d: the root gathered %d times", root, root_gathers);
+        MemReport *r = report_mem_new(p, err, sizeof err);
+        cr_assert_not_null(r, "%s", err);
+        int64_t shard = 0;  // Psi / N: this rank's elements of every unit, padded to a multiple of the world
+        for (int32_t i = 0; i < p->n_tensors; i++)
+            if (p->tensors[i].role == PLAN_ROLE_PARAM && p->tensors[i].alias == PLAN_NONE && p->tensors[i].sharded)
+                shard += plan_tensor_numel(&p->tensors[i]);
+        int64_t state = report_state_sum(r->state) - 4;  // less the optimizer's step count
+        if (root)
+            cr_expect_eq(state, 16 * shard, "reshard_root 1: model state %lld bytes, ZeRO-3's 16 Psi / N = %lld",
+                         (long long)state, (long long)(16 * shard));
+        else
+            cr_expect_gt(state, 16 * shard, "reshard_root 0 holds the root's 16-bit params in full");
+        report_mem_free(r);
+        plan_free(p);
+    }
+    float norms[2];
+    for (int root = 0; root < 2; root++) {
+        Setting one[] = {{"shard", "fsdp"}, {"precision", "bf16"}, {"reshard_root", root ? "1" : "0"}};
+        Plan *p = sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, one, 3, NULL);
+        norms[root] = step1_norm(p);
+        plan_free(p);
+    }
+    cr_expect(norms[1] == norms[0], "reshard_root 1: gradient norm %.9g, kept root %.9g", norms[1], norms[0]);
 }
