@@ -318,10 +318,10 @@ int pass_offload(Graph *g, const Options *opts, Diag *d)
         if (op != OP_adamw && op != OP_sgd) continue;
         int adam = op == OP_adamw, n_state = adam ? 2 : 1, n_in = g->nodes[n].n_in;
         int p = ir_in(g, ir_node(g, n), 0), grad = ir_in(g, ir_node(g, n), 1);
-        for (int i = 2 + n_state; i < n_in; i++) {
-            int *x = &g->ids[g->nodes[n].in + i];
-            if (scalar_h[*x] < 0) scalar_h[*x] = copy_to(&o, OP_to_host, *x, first);
-            *x = scalar_h[*x];
+        for (int i = 2 + n_state; i < n_in; i++) {  // (copy_to may move g->ids: no pointer into it held)
+            int x = ir_in(g, ir_node(g, n), i);
+            if (scalar_h[x] < 0) scalar_h[x] = copy_to(&o, OP_to_host, x, first);
+            g->ids[g->nodes[n].in + i] = scalar_h[x];
         }
         for (int i = 2; i < 2 + n_state; i++) {  // the state (SGD without momentum: the gradient)
             int s = ir_in(g, ir_node(g, n), i);
