@@ -35,13 +35,16 @@ static Plan *compile(const char *file, const char *shard, int world)
     return sample_compile(file, gpt ? small : small + 5, gpt ? 6 : 1, set, 2, NULL);
 }
 
-/* Elements of each unit's params in the unsharded plan: blocks, then outside blocks. */
+/* Elements of each unit's params in the unsharded plan: blocks, then outside blocks. The
+ * model's params are the views in their unit's flat buffer (shard none flattens as ddp at
+ * world 1 does); the buffer itself, no view, holds them and is not counted again. */
 static void unit_sizes(const Plan *p, int64_t *numel)
 {
     for (int32_t i = 0; i <= p->n_blocks; i++) numel[i] = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *t = &p->tensors[i];
-        if (t->role == PLAN_ROLE_PARAM) numel[t->block >= 0 ? t->block : p->n_blocks] += plan_tensor_numel(t);
+        if (t->role == PLAN_ROLE_PARAM && t->alias != PLAN_NONE)
+            numel[t->block >= 0 ? t->block : p->n_blocks] += plan_tensor_numel(t);
     }
 }
 
