@@ -160,7 +160,6 @@ double ir_node_redone_flops(const Graph *g, const Node *n)
     return 2.0 * scores * D;  // Q K^T again: the scores the forward did not keep
 }
 
-double flops_sumsq(const Graph *g, const Node *n) { return 2 * in_numel(g, n, 0); }
 double flops_sumsq_parts(const Graph *g, const Node *n) { return 2 * in_numel(g, n, 0); }
 double flops_sum_parts(const Graph *g, const Node *n)
 {

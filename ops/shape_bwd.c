@@ -155,13 +155,6 @@ int shape_attention_bwd(ShapeCtx *c)
 
 /* ---- optimizer --------------------------------------------------------------------- */
 
-int shape_sumsq(ShapeCtx *c)
-{
-    if (want_in(c, 1)) return -1;
-    shape_set(c, 0, DT_F32, 0, NULL);
-    return 0;
-}
-
 /* sumsq_parts(x) -> f32 [ceil(numel / OPS_SUMSQ_CHUNK)], at least one part. */
 int shape_sumsq_parts(ShapeCtx *c)
 {
@@ -191,7 +184,12 @@ int shape_lr_at(ShapeCtx *c)
     return 0;
 }
 
-int shape_clip_coef(ShapeCtx *c) { return shape_sumsq(c); }
+int shape_clip_coef(ShapeCtx *c)
+{
+    if (want_in(c, 1)) return -1;
+    shape_set(c, 0, DT_F32, 0, NULL);
+    return 0;
+}
 
 /* count_step(count i32 [], coef f32 []): count += 1 unless coef is not finite. */
 int shape_count_step(ShapeCtx *c)
