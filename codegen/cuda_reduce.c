@@ -224,7 +224,8 @@ int cuda_softmax_bwd(CuCtx *c)
 int cuda_sumsq_parts(CuCtx *c)
 {
     const Value *x = cu_inv(c, 0);
-    if (!dtype_is_float(x->dtype) || cu_outv(c, 0)->dtype != DT_F32) return cu_fail(c, "sumsq_parts: float in, f32 out");
+    if (!dtype_is_float(x->dtype) || cu_outv(c, 0)->dtype != DT_F32)
+        return cu_fail(c, "sumsq_parts: float in, f32 out");
     int64_t parts = ir_numel(cu_outv(c, 0));
     cu_use(c, "reduce.cuh");
     const char *src = cu_kernel(c, 256, cu_fmt(c, "%s, %s", cu_pin(c, 0, "x"), cu_pout(c, 0, "out")),

@@ -9,8 +9,8 @@
  * "lr", from the schedule), the clipping coefficient (torch's clip_grad_norm_), and per
  * unit its state (AdamW: exp_avg, exp_avg_sq; SGD with momentum: momentum_buffer, as
  * torch names them; zeros at the start) and one in-place update node, a launch per flat
- * unit, not per param. Frozen params have no gradient, so no state and no update; a no_decay param (or a unit of them) is
- * updated with weight_decay 0, as torch.optim.AdamW's second param group.
+ * unit, not per param. Frozen params have no gradient, so no state and no update; a
+ * no_decay unit is updated with weight_decay 0, as torch.optim.AdamW's second param group.
  */
 #include "passes.h"
 
@@ -84,7 +84,8 @@ static int global_norm(Opt *o)
             piece[k] = piece[k - 1], piece[k - 1] = t;
             key[k] = key[k - 1], key[k - 1] = u;
         }
-    for (int i = 0; i < n; i++) piece[i] = node_out(o, OP_sumsq_parts, &piece[i], 1, NULL, 0, -1, ir_value(g, piece[i])->loc);
+    for (int i = 0; i < n; i++)
+        piece[i] = node_out(o, OP_sumsq_parts, &piece[i], 1, NULL, 0, -1, ir_value(g, piece[i])->loc);
     int total = -1;
     for (int i = 0; i < n;) {
         int in[OPS_MAX_IN], k = 0;

@@ -358,8 +358,8 @@ void cpu_sumsq_parts(const KCall *k)
     sumsq_check(k);
     const KTensor *X = &k->in[0];
     int64_t n = X->numel, parts = k->out[0].numel;
-    KCHECK(parts == (n > 0 ? (n + OPS_SUMSQ_CHUNK - 1) / OPS_SUMSQ_CHUNK : 1), "sumsq_parts: %lld parts for %lld elements",
-           (long long)parts, (long long)n);
+    KCHECK(parts == (n > 0 ? (n + OPS_SUMSQ_CHUNK - 1) / OPS_SUMSQ_CHUNK : 1),
+           "sumsq_parts: %lld parts for %lld elements", (long long)parts, (long long)n);
     float *out = fdata(&k->out[0]);
     const uint16_t *h = X->data;
     out[0] = 0;
