@@ -1,7 +1,7 @@
 /* codegen/cuda_optim.c: the CUDA emitters of the optimizer step: lr_at, clip_coef,
  * count_step, scale_update (one thread each: they compute a scalar; codegen/kernels/
- * step.cuh's templates), adamw and sgd (a grid-stride loop over the param; still text,
- * until the update runs once per flat unit, issue "the GPU step, part 1").
+ * step.cuh's templates), adamw and sgd (a grid-stride loop over a flat unit's buffer or
+ * shard, one launch per unit; codegen/kernels/optim.cuh's templates).
  *
  * runtime/cpu/optim.c is the reference, operation for operation: the same float
  * expressions per element, the same step-dependent factors computed in double and
@@ -14,7 +14,6 @@
 
 static double attr(CuCtx *c, const char *key) { return ir_attr_float(c->g, cu_node(c), key, 0); }
 
-/* The first n inputs f32, as the CPU kernels demand. */
 /* The first n inputs f32; with grad16 the update's gradient, input 1, may be f16 or bf16
  * too (the optimizer pass folds a 16-bit gradient's cast up into the update), and so may
  * sgd's momentum buffer without momentum, which is the gradient itself. */
@@ -88,15 +87,18 @@ int cuda_scale_update(CuCtx *c)
                             cu_fmt(c, "fs_scale_update<%d>(norm, scale, good)", (int)interval)));
 }
 
-/* A grid-stride loop over the param's elements; inputs in the op's order. */
-static int update(CuCtx *c, const char *prefix, const char *src)
+/* A grid-stride launch of optim.cuh's update `call` over input 0's elements (the unit's
+ * buffer or shard); parameters `params`, the node's inputs in order. */
+static int update(CuCtx *c, const char *prefix, const char *params, const char *call)
 {
     int64_t n = ir_numel(cu_inv(c, 0));
     if (n == 0) return 0;
     const Node *node = cu_node(c);
     int args[IR_MAX_IN];
     for (int i = 0; i < node->n_in; i++) args[i] = ir_in(c->g, node, i);
-    return cu_launch(c, prefix, src, cu_grid(n), (CuDim){CU_BLOCK, 1, 1}, 0, args, node->n_in);
+    cu_use(c, "optim.cuh");
+    return cu_launch(c, prefix, cu_kernel(c, 0, params, call), cu_grid(n), (CuDim){CU_BLOCK, 1, 1}, 0, args,
+                     node->n_in);
 }
 
 /* adamw(p, g, m, v, lr, coef, step; beta1, beta2, eps, weight_decay), as torch.optim.AdamW. */
@@ -107,34 +109,14 @@ int cuda_adamw(CuCtx *c)
     int64_t n = ir_numel(cu_inv(c, 0));
     double b1 = attr(c, "beta1"), b2 = attr(c, "beta2");
     float w1 = (float)(1.0 - b1);
-    /* torch's lerp: two formulas, picked by the weight */
-    const char *lerp = w1 < 0.5f ? cu_fmt(c, "mi + %s * (gi - mi)", cu_float(c, w1))
-                                 : cu_fmt(c, "gi - (gi - mi) * (1.0f - %s)", cu_float(c, w1));
-    char *src = cu_fmt(
-        c,
-        "extern \"C\" __global__ void KNAME(float *p, const %s *g, float *m, float *v, const float *lr_, const float *coef_,\n"
-        "                                   const int *step_)\n"
-        "{\n"
-        "    const float coef = coef_[0];\n"
-        "    if (coef != coef) return;  // NaN: a skipped step\n"
-        "    const double lr = lr_[0], step = step_[0];\n"
-        "    const float decay = (float)(1.0 - lr * %s);\n"
-        "    const float step_size = (float)(lr / (1.0 - pow(%s, step)));\n"
-        "    const float bc2_sqrt = (float)sqrt(1.0 - pow(%s, step));\n"
-        "    %s {\n"
-        "        const float gi = ld(g, i) * coef, mi = m[i];\n"
-        "        const float m1 = %s;  // m.lerp_(g, 1 - beta1)\n"
-        "        const float v1 = v[i] * %s + %s * gi * gi;  // v.mul_(beta2).addcmul_(g, g, 1 - beta2)\n"
-        "        m[i] = m1;\n"
-        "        v[i] = v1;\n"
-        "        const float denom = sqrtf(v1) / bc2_sqrt + %s;\n"
-        "        p[i] = p[i] * decay + -step_size * m1 / denom;  // p.mul_(1 - lr wd).addcdiv_(m, denom, -step_size)\n"
-        "    }\n"
-        "}\n",
-        cu_tin(c, 1), cu_double(c, attr(c, "weight_decay")), cu_double(c, b1), cu_double(c, b2),
-        cu_loop(c, cu_index(n), n), lerp, cu_float(c, (float)b2), cu_float(c, (float)(1.0 - b2)),
-        cu_float(c, (float)attr(c, "eps")));
-    return update(c, "adamw", src);
+    const char *params = cu_fmt(c, "float *p, const %s *g, float *m, float *v, const float *lr, const float *coef, "
+                                   "const int *step", cu_tin(c, 1));
+    const char *call = cu_fmt(c, "fs_adamw<%s, %lldLL, %s>(p, g, m, v, lr, coef, step, %s, %s, %s, %s, %s, %s, %s)",
+                              cu_index(n), (long long)n, w1 < 0.5f ? "true" : "false",
+                              cu_double(c, attr(c, "weight_decay")), cu_double(c, b1), cu_double(c, b2),
+                              cu_float(c, w1), cu_float(c, (float)b2), cu_float(c, (float)(1.0 - b2)),
+                              cu_float(c, (float)attr(c, "eps")));
+    return update(c, "adamw", params, call);
 }
 
 /* sgd(p, g, buf, lr, coef, step; momentum, weight_decay): dampening 0, no nesterov. */
@@ -144,26 +126,10 @@ int cuda_sgd(CuCtx *c)
     if (cu_inv(c, 5)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
     int64_t n = ir_numel(cu_inv(c, 0));
     float mom = (float)attr(c, "momentum");
-    const char *momentum = mom != 0.0f ? cu_fmt(c,
-                                                "        const float b = step == 1 ? d : buf[i] * %s + d;\n"
-                                                "        buf[i] = b;\n"
-                                                "        d = b;\n",
-                                                cu_float(c, mom))
-                                       : "";
-    char *src = cu_fmt(c,
-                       "extern \"C\" __global__ void KNAME(float *p, const %s *g, float *buf, const float *lr_,\n"
-                       "                                   const float *coef_, const int *step_)\n"
-                       "{\n"
-                       "    const float coef = coef_[0], lr = lr_[0];\n"
-                       "    if (coef != coef) return;  // NaN: a skipped step\n"
-                       "    const int step = step_[0];\n"
-                       "    (void)step;\n"
-                       "    %s {\n"
-                       "        float d = ld(g, i) * coef + %s * p[i];\n"
-                       "%s"
-                       "        p[i] = p[i] - lr * d;\n"
-                       "    }\n"
-                       "}\n",
-                       cu_tin(c, 1), cu_loop(c, cu_index(n), n), cu_float(c, (float)attr(c, "weight_decay")), momentum);
-    return update(c, "sgd", src);
+    const char *params = cu_fmt(c, "float *p, const %s *g, float *buf, const float *lr, const float *coef, "
+                                   "const int *step", cu_tin(c, 1));
+    const char *call = cu_fmt(c, "fs_sgd<%s, %lldLL, %s>(p, g, buf, lr, coef, step, %s, %s)", cu_index(n),
+                              (long long)n, mom != 0.0f ? "true" : "false", cu_float(c, mom),
+                              cu_float(c, (float)attr(c, "weight_decay")));
+    return update(c, "sgd", params, call);
 }

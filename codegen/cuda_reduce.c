@@ -1,7 +1,7 @@
 /* codegen/cuda_reduce.c: CUDA launches of the reductions: sum, mean, max, sum_to,
- * max_bwd, softmax, softmax_bwd and sumsq. Semantics are runtime/cpu/reduce.c's. The
- * kernels are codegen/kernels/reduce.cuh's templates, instantiated with the shapes,
- * dtypes, dim groups and geometry; sumsq's alone is still text (see cuda_sumsq).
+ * max_bwd, softmax, softmax_bwd, and the gradient norm's sumsq_parts and sum_parts.
+ * Semantics are runtime/cpu/reduce.c's. The kernels are codegen/kernels/reduce.cuh's
+ * templates, instantiated with the shapes, dtypes, dim groups and geometry.
  *
  * sum, mean, max and sum_to share one engine, as on the CPU: x's dims, unit dims
  * dropped and neighbours of one kind merged, alternate between kept and reduced groups
@@ -18,9 +18,10 @@
  *
  * Every sum runs in an order fixed by the shapes (and the launch geometry, which is
  * compiled in): results are bitwise reproducible run to run, though not bitwise the
- * CPU's (f32 sums in another order). No atomics anywhere. sumsq has no scratch for
- * partial sums, so it runs as one block of 1024 threads accumulating in f64 (as the
- * CPU does), which bounds it by one SM's bandwidth.
+ * CPU's (f32 sums in another order). No atomics anywhere. The norm's first stage,
+ * sumsq_parts, is a block per OPS_SUMSQ_CHUNK elements of a flat gradient, each writing
+ * its chunk's sum in f64 rounded once (so the chunk sums are the CPU's but for the order
+ * of f64 additions); sum_parts adds them up in one block.
  *
  * Where it sits: called by codegen_cuda (cuda_program.c) through the op table.
  */
@@ -218,34 +219,40 @@ int cuda_softmax_bwd(CuCtx *c)
                         "(y, dy, dx)", (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, 0)}, 3);
 }
 
-/* sumsq(x) -> f32 []: the sum of squares of every element, in f64 (see the file
- * comment): per thread over a stride of 1024, then warps by shuffles, then warp 0's
- * thread 0 adds the 32 warp sums in order. Still printf'd text: the next issue rewrites
- * it (one launch over the flat gradient buffer instead of one per parameter), and it
- * moves to reduce.cuh then. */
-int cuda_sumsq(CuCtx *c)
+/* sumsq_parts(x) -> f32 [parts]: one block of 256 threads per OPS_SUMSQ_CHUNK elements
+ * (reduce.cuh's fs_sumsq_parts), so a flat unit's gradient is one launch over the GPU. */
+int cuda_sumsq_parts(CuCtx *c)
 {
     const Value *x = cu_inv(c, 0);
-    if (!dtype_is_float(x->dtype) || cu_outv(c, 0)->dtype != DT_F32) return cu_fail(c, "sumsq: float in, f32 out only");
-    const char *src = cu_fmt(c,
-        "extern \"C\" __global__ void __launch_bounds__(1024) KNAME(const %s *__restrict__ x, float *__restrict__ out)\n"
-        "{\n"
-        "    __shared__ double part[32];\n"
-        "    double acc = 0.0;\n"
-        "    for (long long i = threadIdx.x; i < %lldLL; i += 1024) {\n"
-        "        const double v = ld(x, i);\n"
-        "        acc += v * v;\n"
-        "    }\n"
-        "    for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);\n"
-        "    if (threadIdx.x %% 32 == 0) part[threadIdx.x / 32] = acc;\n"
-        "    __syncthreads();\n"
-        "    if (threadIdx.x == 0) {\n"
-        "        double s = 0.0;\n"
-        "        for (int w = 0; w < 32; w++) s += part[w];\n"
-        "        out[0] = (float)s;\n"
-        "    }\n"
-        "}\n",
-        cu_tin(c, 0), (long long)ir_numel(x));
-    return cu_launch(c, "sumsq", src, (CuDim){1, 1, 1}, (CuDim){1024, 1, 1}, 0, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)},
-                     2);
+    if (!dtype_is_float(x->dtype) || cu_outv(c, 0)->dtype != DT_F32)
+        return cu_fail(c, "sumsq_parts: float in, f32 out");
+    int64_t parts = ir_numel(cu_outv(c, 0));
+    cu_use(c, "reduce.cuh");
+    const char *src = cu_kernel(c, 256, cu_fmt(c, "%s, %s", cu_pin(c, 0, "x"), cu_pout(c, 0, "out")),
+                                cu_fmt(c, "fs_sumsq_parts<256, %lldLL, %dLL>(x, out)", (long long)ir_numel(x),
+                                       OPS_SUMSQ_CHUNK));
+    CuDim grid;
+    if (cu_grid1(c, parts, &grid)) return -1;
+    return cu_launch(c, "sumsq_parts", src, grid, (CuDim){256, 1, 1}, 0, (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
+}
+
+/* sum_parts(*xs) -> f32 []: one block of 1024 threads (reduce.cuh's FsSumParts). */
+int cuda_sum_parts(CuCtx *c)
+{
+    const Node *n = cu_node(c);
+    int args[IR_MAX_IN + 1];
+    CuText params = cu_text(c), call = cu_text(c);
+    cu_text_add(&call, "FsSumParts<1024> s; ");
+    for (int i = 0; i < n->n_in; i++) {
+        if (cu_inv(c, i)->dtype != DT_F32) return cu_fail(c, "sum_parts: input %d is not f32", i);
+        cu_text_add(&params, "%s, ", cu_pin(c, i, cu_fmt(c, "x%d", i)));
+        cu_text_add(&call, "s.add(x%d, %lldLL); ", i, (long long)ir_numel(cu_inv(c, i)));
+        args[i] = cu_in_id(c, i);
+    }
+    cu_text_add(&params, "%s", cu_pout(c, 0, "out"));
+    cu_text_add(&call, "s.store(out)");
+    args[n->n_in] = cu_out_id(c, 0);
+    cu_use(c, "reduce.cuh");
+    return cu_launch(c, "sum_parts", cu_kernel(c, 1024, params.s, call.s), (CuDim){1, 1, 1}, (CuDim){1024, 1, 1}, 0,
+                     args, n->n_in + 1);
 }

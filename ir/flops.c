@@ -160,7 +160,13 @@ double ir_node_redone_flops(const Graph *g, const Node *n)
     return 2.0 * scores * D;  // Q K^T again: the scores the forward did not keep
 }
 
-double flops_sumsq(const Graph *g, const Node *n) { return 2 * in_numel(g, n, 0); }
+double flops_sumsq_parts(const Graph *g, const Node *n) { return 2 * in_numel(g, n, 0); }
+double flops_sum_parts(const Graph *g, const Node *n)
+{
+    double f = 0;
+    for (int i = 0; i < n->n_in; i++) f += in_numel(g, n, i);
+    return f;
+}
 double flops_lr_at(const Graph *g, const Node *n) { return 0; }
 double flops_clip_coef(const Graph *g, const Node *n) { return 0; }
 double flops_count_step(const Graph *g, const Node *n) { return 0; }

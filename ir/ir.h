@@ -158,9 +158,6 @@ typedef struct {
                                  // storage's first element on rank 0
     int sharded;                 // holds only this rank's shard of its unit
     StepRole step_role;          // SR_NONE but for the few values the step loop reads or writes
-    int norm_piece;              // a param in a flat unit whose whole reduced gradient this
-                                 // rank holds: its part of that gradient (a view), which the
-                                 // global norm sums in place of the unit's; or -1
     int recompute_of;            // a recompute copy (passes/recompute.c): the forward value it
                                  // recomputes, or -1
     int pipe_copy;               // a param another pipeline stage also holds (a tied embedding)

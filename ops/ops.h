@@ -60,6 +60,12 @@ typedef enum {
  * f32, holds each row's logsumexp and target logit, so a backend can compute the terms
  * in parallel and still add them in that order. */
 #define OPS_LOSS_BLOCKS 64
+/* The gradient norm's first stage (sumsq_parts): a flat gradient's sum of squares in
+ * chunks of this many elements, one f32 part each (the last chunk shorter), each summed in
+ * f64 in a fixed order; sum_parts adds the parts in order. So the norm is one launch per
+ * flat unit plus one per 16 units, fixed-order on every backend, and a tensor's parts do
+ * not depend on where it sits or on the thread count. */
+#define OPS_SUMSQ_CHUNK 4096
 /* The most members, and the most distinct inputs from outside, of one fused group of
  * elementwise ops (passes/fuse.c): one CUDA kernel's parameters (codegen/cuda_elementwise.c). */
 #define OPS_FUSE_MAX 64

@@ -155,9 +155,24 @@ int shape_attention_bwd(ShapeCtx *c)
 
 /* ---- optimizer --------------------------------------------------------------------- */
 
-int shape_sumsq(ShapeCtx *c)
+/* sumsq_parts(x) -> f32 [ceil(numel / OPS_SUMSQ_CHUNK)], at least one part. */
+int shape_sumsq_parts(ShapeCtx *c)
 {
     if (want_in(c, 1)) return -1;
+    if (c->in[0].dtype == DT_I32) return shape_fail(c, "sumsq_parts: x must be a float tensor");
+    int64_t n = 1;
+    for (int d = 0; d < c->in[0].rank; d++) n *= c->in[0].shape[d];
+    int64_t parts = n > 0 ? (n + OPS_SUMSQ_CHUNK - 1) / OPS_SUMSQ_CHUNK : 1;
+    shape_set(c, 0, DT_F32, 1, &parts);
+    return 0;
+}
+
+/* sum_parts(*xs f32) -> f32 []: every element of every input, in order. */
+int shape_sum_parts(ShapeCtx *c)
+{
+    if (c->n_in < 1) return shape_fail(c, "sum_parts: expects at least 1 tensor, got 0");
+    for (int i = 0; i < c->n_in; i++)
+        if (c->in[i].dtype != DT_F32) return shape_fail(c, "sum_parts: input %d is not f32", i);
     shape_set(c, 0, DT_F32, 0, NULL);
     return 0;
 }
@@ -169,7 +184,12 @@ int shape_lr_at(ShapeCtx *c)
     return 0;
 }
 
-int shape_clip_coef(ShapeCtx *c) { return shape_sumsq(c); }
+int shape_clip_coef(ShapeCtx *c)
+{
+    if (want_in(c, 1)) return -1;
+    shape_set(c, 0, DT_F32, 0, NULL);
+    return 0;
+}
 
 /* count_step(count i32 [], coef f32 []): count += 1 unless coef is not finite. */
 int shape_count_step(ShapeCtx *c)

@@ -93,15 +93,18 @@ static int first_reader(const Off *o, int v, int skip)
     return o->n_orig;
 }
 
-/* The node after which value v's bytes are all written: its producer, or its view
- * parent's (an in-place reduction's output is a view of the flat gradient). */
+/* The node after which value v's bytes are all written: the last node writing v or a
+ * view inside it (an in-place reduction's output is a view of the flat gradient; without
+ * one, under shard none, the backward writes the params' gradients into the flat buffer
+ * its zeroing made). */
 static int writer_of(const Graph *g, int v)
 {
-    for (int hops = 0; v >= 0 && hops < 64; hops++) {
-        if (ir_value(g, v)->producer >= 0) return ir_value(g, v)->producer;
-        v = ir_value(g, v)->view_of;
-    }
-    return -1;
+    int last = -1;
+    for (int n = 0; n < g->n_nodes; n++)
+        for (int i = 0; i < ir_node(g, n)->n_out; i++)
+            for (int x = ir_out(g, ir_node(g, n), i), hops = 0; x >= 0 && hops < 64; x = g->values[x].view_of, hops++)
+                if (x == v) last = n;
+    return last;
 }
 
 static void replace_input(Graph *g, int node, int from, int to)
@@ -315,10 +318,10 @@ int pass_offload(Graph *g, const Options *opts, Diag *d)
         if (op != OP_adamw && op != OP_sgd) continue;
         int adam = op == OP_adamw, n_state = adam ? 2 : 1, n_in = g->nodes[n].n_in;
         int p = ir_in(g, ir_node(g, n), 0), grad = ir_in(g, ir_node(g, n), 1);
-        for (int i = 2 + n_state; i < n_in; i++) {
-            int *x = &g->ids[g->nodes[n].in + i];
-            if (scalar_h[*x] < 0) scalar_h[*x] = copy_to(&o, OP_to_host, *x, first);
-            *x = scalar_h[*x];
+        for (int i = 2 + n_state; i < n_in; i++) {  // (copy_to may move g->ids: no pointer into it held)
+            int x = ir_in(g, ir_node(g, n), i);
+            if (scalar_h[x] < 0) scalar_h[x] = copy_to(&o, OP_to_host, x, first);
+            g->ids[g->nodes[n].in + i] = scalar_h[x];
         }
         for (int i = 2; i < 2 + n_state; i++) {  // the state (SGD without momentum: the gradient)
             int s = ir_in(g, ir_node(g, n), i);

@@ -1,15 +1,16 @@
 /* passes/optimizer.c: the optimizer step, as nodes.
  *
- * Needs: autodiff's gradients (Value.grad of each param).
+ * Needs: the shard pass's flat units (passes/shard.c flattens every strategy's params, one
+ *        rank's too): Value.grad of each unit's storage, or of this rank's shard of it.
  * Gives: a `step` input (i32 scalar, 1-based, set by the runtime before each step: the
  * schedule's clock) and `opt_step` state (the steps the optimizer took: bias correction's
  * clock, which a skipped fp16 step does not advance); the
  * global gradient norm (output "grad_norm"), the learning rate of this step (output
  * "lr", from the schedule), the clipping coefficient (torch's clip_grad_norm_), and per
- * param its state (AdamW: exp_avg, exp_avg_sq; SGD with momentum: momentum_buffer, as
- * torch names them; zeros at the start) and one in-place update node. Frozen params
- * have no gradient, so no state and no update; a no_decay param (or a unit of them) is
- * updated with weight_decay 0, as torch.optim.AdamW's second param group.
+ * unit its state (AdamW: exp_avg, exp_avg_sq; SGD with momentum: momentum_buffer, as
+ * torch names them; zeros at the start) and one in-place update node, a launch per flat
+ * unit, not per param. Frozen params have no gradient, so no state and no update; a
+ * no_decay unit is updated with weight_decay 0, as torch.optim.AdamW's second param group.
  */
 #include "passes.h"
 
@@ -57,28 +58,22 @@ static int unit_key(const Opt *o, const Value *v)
     return v->unit >= 0 ? v->unit : ir_param_unit(o->g, v, o->t->weight_decay);
 }
 
-/* sqrt(sum over params of sum(grad^2)), summed in one order for every strategy: unit by
- * unit, and within a unit param by param in value order, each param's sum of squares
- * on its own (shard.c's norm pieces where a flat unit's whole gradient is here). So
- * every strategy that holds whole gradients rounds the norm as the unsharded plan does.
- * Where gradients are sharded over the ranks, each shard's sum of squares is one piece
- * and the pieces add up over the world first. */
+/* sqrt(sum over gradients of sum(grad^2)), summed in one order for every strategy: one
+ * sumsq_parts per gradient the optimizer reads (after the shard pass a flat unit's: its
+ * whole reduced buffer, or this rank's shard of it), in unit order, then sum_parts over
+ * all their parts in that order, OPS_MAX_IN inputs at a time, each after the first
+ * starting from the sum before. At world 1 every strategy holds the same flat buffers,
+ * so the norm is the same bits. Where gradients are sharded over the ranks, each shard's
+ * sum is one piece and the pieces add up over the world first. */
 static int global_norm(Opt *o)
 {
     Graph *g = o->g;
     int n_values = g->n_values, n = 0, sharded = 0;
     int *piece = arena_alloc(g->arena, sizeof(int) * (size_t)n_values + 1);
     int *key = arena_alloc(g->arena, sizeof(int) * (size_t)n_values + 1);  // per piece: its param's unit
-    char *whole = arena_alloc(g->arena, (size_t)ir_unit_count(g->n_blocks));  // per unit: has pieces
-    for (int v = 0; v < n_values; v++)
-        if (g->values[v].role == ROLE_PARAM && g->values[v].norm_piece >= 0 && !g->values[v].pipe_copy) {
-            key[n] = unit_key(o, &g->values[v]);
-            piece[n++] = g->values[v].norm_piece;
-            whole[key[n - 1]] = 1;
-        }
     for (int v = 0; v < n_values; v++) {
         const Value *p = ir_value(g, v);
-        if (p->role != ROLE_PARAM || p->grad < 0 || (p->unit >= 0 && whole[p->unit]) || p->pipe_copy) continue;
+        if (p->role != ROLE_PARAM || p->grad < 0 || p->pipe_copy) continue;
         sharded |= ir_value(g, p->grad)->sharded;
         key[n] = unit_key(o, p);
         piece[n++] = p->grad;
@@ -89,10 +84,14 @@ static int global_norm(Opt *o)
             piece[k] = piece[k - 1], piece[k - 1] = t;
             key[k] = key[k - 1], key[k - 1] = u;
         }
+    for (int i = 0; i < n; i++)
+        piece[i] = node_out(o, OP_sumsq_parts, &piece[i], 1, NULL, 0, -1, ir_value(g, piece[i])->loc);
     int total = -1;
-    for (int i = 0; i < n; i++) {
-        int s = node_out(o, OP_sumsq, &piece[i], 1, NULL, 0, -1, ir_value(g, piece[i])->loc);
-        total = total < 0 ? s : node_out(o, OP_add, (int[]){total, s}, 2, NULL, 0, -1, o->t->optimizer_loc);
+    for (int i = 0; i < n;) {
+        int in[OPS_MAX_IN], k = 0;
+        if (total >= 0) in[k++] = total;
+        while (k < OPS_MAX_IN && i < n) in[k++] = piece[i++];
+        total = node_out(o, OP_sum_parts, in, k, NULL, 0, -1, o->t->optimizer_loc);
     }
     if (total < 0 && g->n_stages <= 1) return -1;
     if (total < 0) {  // a stage without gradients still adds its part: zero
@@ -113,35 +112,6 @@ static int global_norm(Opt *o)
         total = node_out(o, OP_all_reduce, &total, 1, at, 3, -1, o->t->optimizer_loc);
     }
     return node_out(o, OP_sqrt, &total, 1, NULL, 0, -1, o->t->optimizer_loc);
-}
-
-/* The updates read a 16-bit gradient as it is, where the param's fp32 gradient is only
- * its cast up (the precision pass's cast back, the shard pass's reduced part) and nothing
- * else reads it: adamw, sgd and sumsq load f16 and bf16 and compute in f32, the very
- * values the cast made, so the results are bit for bit the same and no fp32 copy of the
- * gradients is ever held: ZeRO's 2 bytes of gradient a param (16 Psi under ddp, not 20).
- * A gradient summed in fp32 (accumulated over micro-batches, a tied param's parts) stays
- * fp32. The casts go, and the 16-bit gradient takes the fp32 one's name. */
-static void read_grads16(Graph *g)
-{
-    int *reads = arena_alloc(g->arena, sizeof(int) * ((size_t)g->n_values + 1));
-    for (int n = 0; n < g->n_nodes; n++)
-        for (int k = 0; k < ir_node(g, n)->n_in; k++) reads[ir_in(g, ir_node(g, n), k)]++;
-    for (int i = 0; i < g->n_outputs; i++) reads[g->outputs[i]]++;
-    char *drop = arena_alloc(g->arena, (size_t)g->n_nodes + 1);
-    int dropped = 0;
-    for (int v = 0; v < g->n_values; v++) {
-        Value *p = &g->values[v];
-        int gv = p->grad, c = gv >= 0 ? ir_value(g, gv)->producer : -1;
-        if (p->role != ROLE_PARAM || c < 0 || ir_node(g, c)->op != OP_cast || reads[gv]) continue;
-        int low = ir_in(g, ir_node(g, c), 0);
-        if (ir_value(g, low)->dtype != DT_F16 && ir_value(g, low)->dtype != DT_BF16) continue;
-        Value *lv = &g->values[low], *fv = &g->values[gv];
-        lv->role = ROLE_GRAD, lv->name = fv->name, lv->sharded = fv->sharded, lv->unit = fv->unit;
-        p->grad = low;  // (shard.c's norm pieces are views of the reduced 16-bit gradient already)
-        drop[c] = 1, dropped = 1;
-    }
-    if (dropped) ir_graph_compact(g, drop);
 }
 
 static void update(Opt *o, int p, int lr, int coef, int step)
@@ -172,7 +142,6 @@ int pass_optimizer(Graph *g, const Options *opts, Diag *d)
     (void)d;
     Opt o = {g, &opts->train};
     const TrainConfig *t = &opts->train;
-    read_grads16(g);
     Loc at = t->optimizer_loc;  // the optimizer's own ops: its statement in the train block
     Value sv = {.dtype = DT_I32, .rank = 0, .role = ROLE_INPUT, .block = -1, .name = "step",
                 .producer = -1, .tied_to = -1, .grad = -1};

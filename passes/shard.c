@@ -89,6 +89,8 @@ typedef struct {
     int reduce16;         // gradients reduced in the compute dtype
     int gather16;         // the params are gathered in the compute dtype from fp32 shards: fsdp,
                           // and zero1 and zero2 under mixed precision (ZeRO's 16-bit params)
+    int cast16;           // none and ddp under mixed precision: each unit's fp32 buffer cast whole to
+                          // the compute dtype, once a step, its params views into the cast
     char *drop;           // per node: replaced by this pass, removed at its end
     Unit *units;
     int n_units;
@@ -218,7 +220,7 @@ static void collect_units(Shard *s)
     for (int v = 0; v < g->n_values; v++) {
         if (unit[v] < 0) continue;
         const Value *p = ir_value(g, v);
-        FS_ASSERT(p->dtype == DT_F32 || (s->gather16 && p->dtype == s->low));
+        FS_ASSERT(p->dtype == DT_F32 || ((s->gather16 || s->cast16) && p->dtype == s->low));
         Unit *u = &s->units[unit[v]];
         u->params[u->n_params++] = v;
         u->numel += ir_numel(p);
@@ -241,13 +243,32 @@ static int has_grads(const Graph *g, const Unit *u)
     return 0;
 }
 
-static int flat_grad_of(const Shard *s, int p)
+/* The compute-dtype gradient that param p's gradient is the cast back of, or -1. */
+static int low_grad_of(const Shard *s, int p)
 {
-    int gv = ir_value(s->g, p)->grad;
-    if (gv < 0 || !s->reduce16) return gv;
-    const Node *n = ir_node(s->g, ir_value(s->g, gv)->producer);
-    FS_ASSERT(n->op == OP_cast && ir_value(s->g, ir_in(s->g, n, 0))->dtype == s->low);
-    return ir_in(s->g, n, 0);
+    int gv = ir_value(s->g, p)->grad, c = gv >= 0 ? ir_value(s->g, gv)->producer : -1;
+    if (c < 0 || ir_node(s->g, c)->op != OP_cast) return -1;
+    int low = ir_in(s->g, ir_node(s->g, c), 0);
+    return ir_value(s->g, low)->dtype == s->low ? low : -1;
+}
+
+/* Whether the unit's gradients are reduced (and summed in its flat buffer) in the compute
+ * dtype: with reduce16, where each is a cast back. The strategies that communicate
+ * always have them so (passes/pipeline.c accumulates them in the compute dtype); without
+ * sharding an accumulated gradient is an fp32 sum, and its unit stays fp32. */
+static int unit_reduce16(const Shard *s, const Unit *u)
+{
+    for (int k = 0; k < u->n_params && s->reduce16; k++)
+        if (ir_value(s->g, u->params[k])->grad >= 0 && low_grad_of(s, u->params[k]) < 0) {
+            FS_ASSERT(s->t->shard == SHARD_NONE);
+            return 0;
+        }
+    return s->reduce16;
+}
+
+static int flat_grad_of(const Shard *s, int p, int reduce16)
+{
+    return reduce16 ? low_grad_of(s, p) : ir_value(s->g, p)->grad;
 }
 
 /* Runs: the stretches of the original order in one phase class, forward or not
@@ -340,13 +361,15 @@ static void find_uses(Shard *s, const int *unit_of)
     for (int v = 0; v < g->n_values; v++) first_write[v] = NONE;
     for (int v = 0; v < g->n_values; v++) {
         int at = ir_value(g, v)->producer;
-        for (int w = ir_value(g, v)->view_of, hops = 0; at >= 0 && w >= 0 && hops < 64; w = ir_value(g, w)->view_of, hops++)
+        for (int w = ir_value(g, v)->view_of, hops = 0; at >= 0 && w >= 0 && hops < 64;
+             w = ir_value(g, w)->view_of, hops++)
             if (at < first_write[w]) first_write[w] = at;
     }
     for (int i = 0; i < s->n_units; i++) {
         Unit *u = &s->units[i];
+        int reduce16 = unit_reduce16(s, u);
         for (int k = 0; k < u->n_params; k++) {
-            int gv = flat_grad_of(s, u->params[k]);
+            int gv = flat_grad_of(s, u->params[k], reduce16);
             int at = gv >= 0 ? ir_value(g, gv)->producer : -1;
             if (at < 0) continue;
             int first = first_writer(s, first_write, gv);
@@ -395,7 +418,7 @@ static void layout_params(Shard *s, Unit *u)
     if (fsdp) {
         g->values[u->storage].sharded = 1;
         u->shard_view = u->storage;
-    } else if (s->t->shard == SHARD_DDP || u->group == GROUP_FROZEN) {  // never updated: no gather
+    } else if (s->t->shard == SHARD_NONE || s->t->shard == SHARD_DDP || u->group == GROUP_FROZEN) {  // no gather
         u->shard_view = u->storage;
     } else {
         u->shard_view = new_value(s, u, ROLE_PARAM, DT_F32, u->shard, NULL);
@@ -404,7 +427,11 @@ static void layout_params(Shard *s, Unit *u)
     }
     if (u->tied) g->values[u->storage].pipe_copy = g->values[u->shard_view].pipe_copy = 1;
     u->gathered = u->storage;
-    if (fsdp) {
+    if (s->cast16) {  // one cast of the whole unit, where it is first read (gather_at_first_use)
+        u->gathered = cast_to(s, u->storage, s->low, u->block, 0, 0);
+        s->g->nodes[s->g->values[u->gathered].producer].phase = PHASE_FORWARD;
+        s->g->values[u->gathered].name = arena_printf(s->g->arena, "%s.compute", unit_name(s, u));
+    } else if (fsdp) {
         u->gathered = gather(s, u);
     } else if (u->shard_view != u->storage) {
         /* In place: the shards all-gathered into the full buffer they belong to. */
@@ -468,16 +495,17 @@ static void layout_grads(Shard *s, Unit *u, char *taken)
 {
     Graph *g = s->g;
     int at = u->grad_first < NONE ? u->grad_first : s->n_orig, after = u->grad_last >= 0 ? u->grad_last : s->n_orig;
+    int reduce16 = unit_reduce16(s, u);
     Attr zero[3] = {{.key = "value", .kind = ATTR_FLOAT, .f = 0},
                     {.key = "shape", .kind = ATTR_INTS, .ints = &u->padded, .n_list = 1},
-                    {.key = "dtype", .kind = ATTR_INT, .i = s->reduce16 ? s->low : DT_F32}};
+                    {.key = "dtype", .kind = ATTR_INT, .i = reduce16 ? s->low : DT_F32}};
     u->fgrad = place(s, OP_full, NULL, 0, zero, 3, u->block, at, 0);
     g->values[u->fgrad].role = ROLE_GRAD;
     g->values[u->fgrad].name = arena_printf(g->arena, "%s.flat_grad", unit_name(s, u));
     g->values[u->fgrad].unit = (int)(u - s->units);
     for (int k = 0; k < u->n_params; k++) {
         Value *p = &g->values[u->params[k]];
-        int gv = flat_grad_of(s, u->params[k]);
+        int gv = flat_grad_of(s, u->params[k], reduce16);
         if (gv >= 0 && gv != p->grad) {  // reduce16: the cast back goes
             s->drop[g->values[p->grad].producer] = 1;
             g->values[gv].name = g->values[p->grad].name;
@@ -500,36 +528,16 @@ static void name_grad(Shard *s, const Unit *u, int v, const char *name)
     val->name = name;
 }
 
-/* Where this rank holds the unit's whole reduced gradient `whole` (ddp and zero1; zero2
- * and fsdp at world 1, where the shard is everything), each param's part of it is a
- * piece of the global norm, so the norm sums per param in the params' order whatever the
- * strategy, exactly as the unsharded plan does: the clip coefficient, and so the
- * training, stays bit for bit the unsharded one's (a unit-wide sum of squares would
- * round differently). */
-static void norm_pieces(Shard *s, Unit *u, int whole)
-{
-    Graph *g = s->g;
-    for (int k = 0; k < u->n_params && whole >= 0; k++) {
-        if (!u->graded[k]) continue;
-        Value *p = &g->values[u->params[k]];
-        Value piece = {.dtype = g->values[whole].dtype, .rank = p->rank, .role = ROLE_GRAD, .block = u->block,
-                       .producer = -1, .tied_to = -1, .loc = p->loc};
-        memcpy(piece.shape, p->shape, sizeof piece.shape);
-        int v = ir_value_add(g, &piece);
-        make_view(s, v, whole, g->values[u->params[k]].flat_offset, 0);
-        g->values[v].unit = (int)(u - s->units);
-        g->values[u->params[k]].norm_piece = v;
-    }
-}
-
 static void reduce_grads(Shard *s, Unit *u)
 {
     Graph *g = s->g;
-    int after = u->grad_last >= 0 ? u->grad_last : s->n_orig, grad, whole = -1;
-    if (s->t->shard == SHARD_DDP || s->t->shard == SHARD_ZERO1) {
+    int after = u->grad_last >= 0 ? u->grad_last : s->n_orig, grad;
+    if (s->t->shard == SHARD_NONE) {  // one rank: the summed gradient is the update's as it is
+        grad = u->fgrad;
+    } else if (s->t->shard == SHARD_DDP || s->t->shard == SHARD_ZERO1) {
         int r = collective(s, OP_all_reduce, u->fgrad, 1, OP_GROUP_DATA, u->block, after, 1);
         make_view(s, r, u->fgrad, 0, 0);
-        grad = whole = r;
+        grad = r;
         if (s->t->shard == SHARD_ZERO1) {
             grad = new_value(s, u, ROLE_GRAD, g->values[u->fgrad].dtype, u->shard, NULL);
             make_view(s, grad, r, 0, u->shard);
@@ -538,7 +546,6 @@ static void reduce_grads(Shard *s, Unit *u)
     } else if (s->world == s->dp) {
         grad = collective(s, OP_reduce_scatter, u->fgrad, 1, OP_GROUP_DATA, u->block, after, 1);
         g->values[grad].sharded = 1;
-        if (s->world == 1) whole = grad;
     } else {  // hybrid: summed in the shard group, then across its replicas, averaged once
         int part = collective(s, OP_reduce_scatter, u->fgrad, 0, OP_GROUP_SHARD, u->block, after, 1);
         grad = collective(s, OP_all_reduce, part, 1, OP_GROUP_REPLICA, u->block, after, 1);
@@ -546,10 +553,10 @@ static void reduce_grads(Shard *s, Unit *u)
         g->values[part].sharded = g->values[grad].sharded = 1;
         name_grad(s, u, part, arena_printf(g->arena, "%s.flat_grad_part", unit_name(s, u)));
     }
-    const char *name = arena_printf(g->arena, "%s.flat_grad%s", unit_name(s, u), g->values[grad].sharded ? "_shard" : "");
+    const char *name =
+        arena_printf(g->arena, "%s.flat_grad%s", unit_name(s, u), g->values[grad].sharded ? "_shard" : "");
     name_grad(s, u, grad, name);
     g->values[u->shard_view].grad = grad;
-    norm_pieces(s, u, whole);
 }
 
 /* ---- the schedule --------------------------------------------------------------------- */
@@ -612,15 +619,15 @@ static void average_loss(Shard *s)
 int pass_shard(Graph *g, const Options *o, Diag *d)
 {
     const TrainConfig *t = &o->train;
-    if (t->shard == SHARD_NONE) {
-        if (t->world > 1 && g->n_stages > 1 && g->stage == 0)  // said once, not per stage
+    if (t->shard == SHARD_NONE && t->world > 1) {
+        if (g->n_stages > 1 && g->stage == 0)  // said once, not per stage
             diag_error(d, (Loc){0}, "world %d is %d pipeline stages x %d data-parallel ranks, which need a "
                        "data-parallel strategy: --shard ddp, zero1, zero2 or fsdp", t->world * g->n_stages,
                        g->n_stages, t->world);
-        else if (t->world > 1 && g->n_stages <= 1)
+        else if (g->n_stages <= 1)
             diag_error(d, (Loc){0}, "world %d needs a data-parallel strategy: --shard ddp, zero1, zero2 or fsdp",
                        t->world);
-        return t->world > 1 ? -1 : 0;
+        return -1;
     }
     /* shard_group 1 replicates every unit on every rank: that is ddp, and compiles as it. */
     TrainConfig replicated;
@@ -633,11 +640,13 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
     Shard s = {.g = g, .t = t, .world = config_shard_group(t), .dp = t->world, .n_orig = g->n_nodes};
     FS_ASSERT(s.world >= 1 && s.dp % s.world == 0);  // the frontend checked shard_group (frontend/lower.c)
     s.low = precision_dtype(t->precision);
-    s.reduce16 = s.low != DT_F32 && t->reduce_dtype != REDUCE_FP32;
+    s.reduce16 = s.low != DT_F32 && (t->reduce_dtype != REDUCE_FP32 || t->shard == SHARD_NONE);  // none: no reduction
     s.gather16 = s.low != DT_F32 && (t->shard == SHARD_FSDP || t->shard == SHARD_ZERO1 || t->shard == SHARD_ZERO2);
+    /* (offload casts each unit on the host and copies it to the device instead: passes/offload.c) */
+    s.cast16 = s.low != DT_F32 && !s.gather16 && t->offload == OFFLOAD_NONE;
     size_t most = (size_t)g->n_nodes + 8 * (size_t)ir_unit_count(g->n_blocks) + (size_t)g->n_values + 8;
     s.drop = arena_alloc(g->arena, most);
-    if (s.gather16) params_as_compute_copies(&s);
+    if (s.gather16 || s.cast16) params_as_compute_copies(&s);
     collect_units(&s);
     s.placed = arena_alloc(g->arena, sizeof(Placed) * most);
     int *unit_of = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
@@ -651,16 +660,17 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
         Unit *u = &s.units[i];
         if (!u->n_params) continue;
         layout_params(&s, u);
-        if (t->shard == SHARD_FSDP || s.gather16) u->gather_in_run[u->first_run] = u->gathered;
+        if (t->shard == SHARD_FSDP || s.gather16 || s.cast16) u->gather_in_run[u->first_run] = u->gathered;
         for (int k = 0; k < u->n_runs; k++)
             if (reshards(&s, u) && k != u->first_run && u->first_in_run[k] < NONE) regather(&s, u, k);
         if (!has_grads(g, u)) continue;  // frozen, or a forward-only program: no reduction, no update
         layout_grads(&s, u, taken);
         reduce_grads(&s, u);
     }
-    if (t->shard == SHARD_FSDP || s.gather16)
+    if (t->shard == SHARD_FSDP || s.gather16 || s.cast16)
         gather_at_first_use(&s);
-    if (g->n_outputs) average_loss(&s);  // a forward-only pipeline's stages but the last have no loss
+    // a forward-only pipeline's stages but the last have no loss; none has no ranks to average over
+    if (g->n_outputs && t->shard != SHARD_NONE) average_loss(&s);
     schedule(&s);
     ir_graph_compact(g, s.drop);
     return 0;

@@ -2,24 +2,21 @@
  * a step pays one OpenMP fork and join per run instead of one per op, and a fused
  * group's members share the cache.
  *
- * Three kinds, found once when the executor is made, from the plan as it is (its ops,
+ * Two kinds, found once when the executor is made, from the plan as it is (its ops,
  * order and buffers unchanged: one plan for every backend):
  *   - GROUP: a fused group of elementwise ops as passes/fuse.c makes them (consecutive,
  *     one block, phase and space, one output shape, each member after the first reading
  *     an earlier member's output), run chunk by chunk (cpu/group.c);
- *   - ADAMW: consecutive adamw updates, one loop over all their chunks;
- *   - SUMSQ: the gradient norm's sumsq ops and the scalar ops between them (the adds
- *     that sum the squares): every sumsq's blocks in one loop first, then the run's ops
- *     in plan order, each sumsq writing the result it would have computed.
- * Each is bit for bit its ops run one by one: the kernels compute every element (every
+ *   - ADAMW: consecutive adamw updates (one per flat unit), one loop over all their chunks.
+ * (The gradient norm's sumsq_parts is one op per unit, parallel over its chunks within the
+ * op: cpu/reduce.c.) Each is bit for bit its ops run one by one: the kernels compute every element (every
  * block of a sum) as the single calls do. That holds only while no op of a run writes
  * what another reads out of turn, which is checked here on the bytes the calls see,
  * not assumed from the passes: a run whose buffers could interfere stays op by op.
  *   GROUP: two members' tensors, one an output, overlap only as the very same bytes of
  *     the group's full shape (an output read by a later member, an update in place);
  *   ADAMW: the updated p, m and v of every member are apart from each other and from
- *     every tensor any member reads;
- *   SUMSQ: no op of the run writes a byte a sumsq reads.
+ *     every tensor any member reads.
  * A member after a run's first has no wait of its own (the schedule's waits are for
  * collectives; a run never spans one).
  */
@@ -29,12 +26,12 @@
 #include "batch.h"
 #include "ops.h"
 
-enum { B_GROUP, B_ADAMW, B_SUMSQ };
+enum { B_GROUP, B_ADAMW };
 
 typedef struct {
     int kind;
     int32_t first, n;      // ops [first, first + n)
-    int32_t pool, n_pool;  // its calls in RtBatches.pool: every member (SUMSQ: its sumsq ops)
+    int32_t pool;          // its calls in RtBatches.pool: every member, n of them
     int split;             // GROUP: the dims cut into chunks (cpu_group_split)
 } Batch;
 
@@ -48,8 +45,6 @@ struct RtBatches {
     CpuKernel *pool_fn;
     int32_t n_pool;
     int64_t *first;  // scratch for the largest batch: cpu_adamw_many's task counts
-    double *part;    // cpu_sumsq_many's blocks
-    float *res;      // and results
 };
 
 typedef struct {
@@ -147,27 +142,6 @@ static int adamw_apart(const KCall *const *k, int n, Span *w, Span *r)
     return apart(w, nw, r, nr, 1);
 }
 
-/* Whether every tensor of op k is a scalar, as the norm's adds are. */
-static int scalar_op(const Plan *p, int32_t k, const KCall *c)
-{
-    OpKind o = kind_of(p, k);
-    if (o == OP_COUNT || (op_info(o)->flags & OPF_EFFECT) || c->n_out < 1) return 0;
-    for (int i = 0; i < c->n_in; i++)
-        if (c->in[i].numel != 1) return 0;
-    for (int i = 0; i < c->n_out; i++)
-        if (c->out[i].numel != 1) return 0;
-    return 1;
-}
-
-static int sumsq_apart(const KCall *const *k, int32_t n, const KCall *const *sq, int32_t nsq, Span *w, Span *r)
-{
-    int64_t nw = 0;
-    for (int32_t i = 0; i < n; i++)
-        for (int j = 0; j < k[i]->n_out; j++) w[nw++] = span(&k[i]->out[j]);
-    for (int32_t i = 0; i < nsq; i++) r[i] = span(&sq[i]->in[0]);
-    return apart(w, nw, r, nsq, 0);
-}
-
 /* The batch that starts at op k, if any: its length (>= 2), its kind and split. */
 static int32_t find(const RtBatches *b, const Plan *p, const unsigned char *may, int32_t k, Batch *out, Span *w,
                     Span *r)
@@ -184,22 +158,6 @@ static int32_t find(const RtBatches *b, const Plan *p, const unsigned char *may,
         *out = (Batch){.kind = B_ADAMW, .first = k, .n = end - k};
         return end - k;
     }
-    if (o == OP_sumsq) {
-        int32_t last = k, nsq = 1;
-        for (; end < n && may[end] && !pop(p, end)->n_wait && pop(p, end)->phase == pop(p, k)->phase; end++) {
-            if (kind_of(p, end) == OP_sumsq) last = end, nsq++;
-            else if (!scalar_op(p, end, call[end])) break;
-        }
-        end = last + 1;
-        if (nsq < 2) return 0;
-        const KCall **sq = b->pool + b->n_pool;
-        int32_t m = 0;
-        for (int32_t j = k; j < end; j++)
-            if (kind_of(p, j) == OP_sumsq) sq[m++] = call[j];
-        if (!sumsq_apart(call + k, end - k, sq, m, w, r)) return 0;
-        *out = (Batch){.kind = B_SUMSQ, .first = k, .n = end - k, .n_pool = m};
-        return end - k;
-    }
     if (!elemwise(p, k)) return 0;
     while (end < n && end - k < OPS_FUSE_MAX && may[end] && joins(p, call, k, end)) end++;  // fuse.c's groups
     int split = end - k >= 2 ? cpu_group_split(call + k, end - k) : 0;
@@ -212,7 +170,7 @@ void rt_batches_free(RtBatches *b)
 {
     if (!b) return;
     plan_dealloc(b->call), plan_dealloc(b->fn), plan_dealloc(b->at), plan_dealloc(b->list), plan_dealloc(b->pool), plan_dealloc(b->pool_fn);
-    plan_dealloc(b->first), plan_dealloc(b->part), plan_dealloc(b->res);
+    plan_dealloc(b->first);
     plan_dealloc(b);
 }
 
@@ -237,21 +195,15 @@ RtBatches *rt_batches_new(const Plan *p, const KCall *const *call, const CpuKern
             continue;
         }
         x.pool = b->n_pool;
-        if (x.kind != B_SUMSQ) {
-            x.n_pool = x.n;
-            for (int32_t j = 0; j < x.n; j++) b->pool[x.pool + j] = call[k + j], b->pool_fn[x.pool + j] = fn[k + j];
-        }
-        b->n_pool += x.n_pool;
-        most = (size_t)x.n_pool > most ? (size_t)x.n_pool : most;
+        for (int32_t j = 0; j < x.n; j++) b->pool[x.pool + j] = call[k + j], b->pool_fn[x.pool + j] = fn[k + j];
+        b->n_pool += x.n;
+        most = (size_t)x.n > most ? (size_t)x.n : most;
         b->at[k] = b->n, b->list[b->n++] = x;
         k += len;
     }
     plan_dealloc(w), plan_dealloc(r);
     w = r = NULL;
-    if (!b->n || !(b->first = plan_alloc(sizeof *b->first * (most + 1))) ||
-        !(b->part = plan_alloc(sizeof *b->part * CPU_SUMSQ_BLOCKS * (most + 1))) ||
-        !(b->res = plan_alloc(sizeof *b->res * (most + 1))))
-        goto none;
+    if (!b->n || !(b->first = plan_alloc(sizeof *b->first * (most + 1)))) goto none;
     return b;
 none:
     plan_dealloc(w), plan_dealloc(r);
@@ -268,13 +220,5 @@ void rt_batch_run(RtBatches *b, int32_t k)
     switch (x->kind) {
     case B_GROUP: cpu_group_run(b->pool_fn + x->pool, pool, x->n, x->split); break;
     case B_ADAMW: cpu_adamw_many(pool, x->n, b->first); break;
-    case B_SUMSQ: {
-        cpu_sumsq_many(pool, x->n_pool, b->part, b->res);
-        for (int32_t j = x->first, m = 0; j < x->first + x->n; j++) {
-            if (m < x->n_pool && b->call[j] == pool[m]) *(float *)b->call[j]->out[0].data = b->res[m++];
-            else b->fn[j](b->call[j]);
-        }
-        break;
-    }
     }
 }

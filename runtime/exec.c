@@ -16,7 +16,7 @@
  * shares it (calls run one at a time). An all-f32 plan has none.
  *
  * Some runs of ops go to the kernels as one parallel region each (batch.c: a fused
- * group, consecutive AdamW updates, the norm's sumsq ops), with the bits of the ops run
+ * group, consecutive AdamW updates), with the bits of the ops run
  * one by one; not under the debug modes, which look at each op as it ends, nor with
  * ExecOptions.one_by_one. A traced run's span is its first op's; the others last 0.
  *

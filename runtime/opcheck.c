@@ -388,7 +388,7 @@ static int check_collective(OpCheck *c)
 static int (*const extra[OP_COUNT])(OpCheck *) = {
     [OP_relu_bwd] = extra_float2,        [OP_gelu_bwd] = extra_float2,       [OP_silu_bwd] = extra_float2,
     [OP_tanh_bwd] = extra_float2,        [OP_sigmoid_bwd] = extra_float2,    [OP_sqrt_bwd] = extra_float2,
-    [OP_rsqrt_bwd] = extra_float2,       [OP_sum_to] = extra_float1,         [OP_sumsq] = extra_float1,
+    [OP_rsqrt_bwd] = extra_float2,       [OP_sum_to] = extra_float1,         [OP_sumsq_parts] = extra_float1,
     [OP_max_bwd] = extra_max_bwd,        [OP_softmax_bwd] = extra_softmax_bwd,
     [OP_layernorm_bwd] = extra_layernorm_bwd, [OP_rmsnorm_bwd] = extra_rmsnorm_bwd,
     [OP_embedding_bwd] = extra_embedding_bwd, [OP_cross_entropy_bwd] = extra_cross_entropy_bwd,

@@ -184,3 +184,49 @@ __device__ __forceinline__ void fs_softmax_bwd_rows(const TY *__restrict__ y, co
     s = R::sum(s);
     for (long long j = r.tid; j < N; j += NTR) st(dx, base + j, ld(y, base + j) * (ld(dy, base + j) - s));
 }
+
+// ---- the gradient norm: one launch per flat unit, then one per 16 units (ops.h's OPS_SUMSQ_CHUNK)
+
+// A double summed over a block of NT threads (a multiple of 32): a shuffle tree per warp,
+// then thread 0 adds the warp sums in order. Thread 0 gets the total.
+template <int NT> __device__ __forceinline__ double fs_block_dsum(double v)
+{
+    __shared__ double part[NT / 32];
+    for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double t = 0.0;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < NT / 32; w++) t += part[w];
+    return t;
+}
+
+// sumsq_parts: block b writes the sum of squares of x[b CHUNK, min(N, (b + 1) CHUNK)) in f64,
+// rounded once; with N 0, block 0 writes 0.
+template <int NT, long long N, long long CHUNK, class TX>
+__device__ __forceinline__ void fs_sumsq_parts(const TX *__restrict__ x, float *__restrict__ out)
+{
+    const long long i0 = (long long)blockIdx.x * CHUNK, end = i0 + CHUNK < N ? i0 + CHUNK : N;
+    double acc = 0.0;
+    for (long long i = i0 + threadIdx.x; i < end; i += NT) {
+        const double v = ld(x, i);
+        acc += v * v;
+    }
+    acc = fs_block_dsum<NT>(acc);
+    if (threadIdx.x == 0) out[blockIdx.x] = (float)acc;
+}
+
+// sum_parts: one block of NT threads adds every element of its inputs (add them in order),
+// thread t the elements at t, t + NT, ... of each in f64, then the block's fixed tree.
+template <int NT> struct FsSumParts {
+    double acc = 0.0;
+    __device__ __forceinline__ void add(const float *__restrict__ x, long long n)
+    {
+        for (long long i = threadIdx.x; i < n; i += NT) acc += x[i];
+    }
+    __device__ __forceinline__ void store(float *__restrict__ out)
+    {
+        const double t = fs_block_dsum<NT>(acc);
+        if (threadIdx.x == 0) out[0] = (float)t;
+    }
+};

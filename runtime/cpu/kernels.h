@@ -86,10 +86,6 @@ int cpu_group_split(const KCall *const *k, int n);
 void cpu_group_run(const CpuKernel *fn, const KCall *const *k, int n, int split);
 /* runtime/cpu/optim.c: adamw calls on disjoint buffers; first: n + 1 int64 of room. */
 void cpu_adamw_many(const KCall *const *k, int n, int64_t *first);
-/* runtime/cpu/reduce.c: sumsq calls; out[i]: what call i would write; part: room for
- * n * CPU_SUMSQ_BLOCKS doubles. */
-#define CPU_SUMSQ_BLOCKS 64
-void cpu_sumsq_many(const KCall *const *k, int n, double *part, float *out);
 
 /* runtime/cpu/table.c */
 extern const CpuKernel cpu_kernels[];  // by op index in ops.def

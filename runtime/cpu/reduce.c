@@ -1,5 +1,6 @@
 /* runtime/cpu/reduce.c: reductions: sum, mean, max, softmax and their backward ops
- * (max_bwd, softmax_bwd), sum_to (the adjoint of broadcasting) and sumsq.
+ * (max_bwd, softmax_bwd), sum_to (the adjoint of broadcasting), and the gradient norm's
+ * sumsq_parts and sum_parts.
  *
  * One engine sums over any set of dims (sum_dims): unit dims are dropped and neighbours
  * of the same kind merged, leaving alternating kept and reduced groups. When the
@@ -20,6 +21,7 @@
 #include <string.h>
 
 #include "cpu_impl.h"
+#include "ops.h"
 
 #define COLS 256  // inner columns per task in the strided axis kernels
 
@@ -323,9 +325,7 @@ void cpu_softmax_bwd(const KCall *k)
     }
 }
 
-/* ---- sumsq ---------------------------------------------------------------------------- */
-
-#define SUMSQ_BLOCKS CPU_SUMSQ_BLOCKS  // fixed partition: the result does not depend on the thread count
+/* ---- sumsq_parts, sum_parts ---------------------------------------------------------------------------- */
 
 /* sum(x^2) in double, over 8 lanes so it vectorizes; x of storage S read through LD. */
 #define DSUMSQ_AS(fname, S, LD)                                                          \
@@ -350,53 +350,37 @@ static void sumsq_check(const KCall *k)
            k->in[0].dtype, k->out[0].dtype);
 }
 
-/* Block b of SUMSQ_BLOCKS of x's sum of squares. */
-static double sumsq_block(const KTensor *X, int b)
-{
-    int64_t n = X->numel, bs = (n + SUMSQ_BLOCKS - 1) / SUMSQ_BLOCKS;
-    int64_t i0 = imin(n, b * bs), len = imin(n, i0 + bs) - i0;
-    const uint16_t *h = (const uint16_t *)X->data + i0;
-    int dt = X->dtype;
-    return dt == KT_F32 ? dsumsq(fdata(X) + i0, len) : dt == KT_BF16 ? dsumsq_bf16(h, len) : dsumsq_f16(h, len);
-}
-
-static float sumsq_total(const double *part)
-{
-    double s = 0;
-    for (int b = 0; b < SUMSQ_BLOCKS; b++) s += part[b];
-    return (float)s;
-}
-
-/* sumsq(x) -> f32 [], from x in any float dtype. */
-void cpu_sumsq(const KCall *k)
+/* sumsq_parts(x) -> f32 [chunks]: the sum of squares of each OPS_SUMSQ_CHUNK-element chunk
+ * of x, in double (dsumsq's fixed lanes), rounded once; a chunk is one task, so the parts
+ * do not depend on the thread count. */
+void cpu_sumsq_parts(const KCall *k)
 {
     sumsq_check(k);
-    double part[SUMSQ_BLOCKS];
-#pragma omp parallel for if (k->in[0].numel > PAR_MIN) schedule(static)
-    for (int b = 0; b < SUMSQ_BLOCKS; b++) part[b] = sumsq_block(&k->in[0], b);
-    fdata(&k->out[0])[0] = sumsq_total(part);
+    const KTensor *X = &k->in[0];
+    int64_t n = X->numel, parts = k->out[0].numel;
+    KCHECK(parts == (n > 0 ? (n + OPS_SUMSQ_CHUNK - 1) / OPS_SUMSQ_CHUNK : 1),
+           "sumsq_parts: %lld parts for %lld elements", (long long)parts, (long long)n);
+    float *out = fdata(&k->out[0]);
+    const uint16_t *h = X->data;
+    out[0] = 0;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t c = 0; c < (n + OPS_SUMSQ_CHUNK - 1) / OPS_SUMSQ_CHUNK; c++) {
+        int64_t i0 = c * OPS_SUMSQ_CHUNK, len = imin(OPS_SUMSQ_CHUNK, n - i0);
+        double s = X->dtype == KT_F32    ? dsumsq(fdata(X) + i0, len)
+                   : X->dtype == KT_BF16 ? dsumsq_bf16(h + i0, len)
+                                         : dsumsq_f16(h + i0, len);
+        out[c] = (float)s;
+    }
 }
 
-/* n sumsq calls as one loop over all their blocks; out[i] is what cpu_sumsq(k[i])
- * writes (the same blocks, summed in the same order). part: n SUMSQ_BLOCKS doubles. */
-void cpu_sumsq_many(const KCall *const *k, int n, double *part, float *out)
+/* sum_parts(*xs f32) -> f32 []: every element of every input, in order, in double. */
+void cpu_sum_parts(const KCall *k)
 {
-    int64_t total = 0;
-    for (int i = 0; i < n; i++) sumsq_check(k[i]), total += k[i]->in[0].numel;
-    /* Each thread takes the blocks that start in its share of all the elements: as many
-     * elements each, however unequal the calls (the blocks' sums do not depend on it). */
-#pragma omp parallel if (total > PAR_MIN)
-    {
-        int nt = omp_get_num_threads(), th = omp_get_thread_num();
-        int64_t lo = total * th / nt, hi = total * (th + 1) / nt, at = 0;
-        for (int i = 0; i < n; i++) {
-            int64_t len = k[i]->in[0].numel, bs = (len + SUMSQ_BLOCKS - 1) / SUMSQ_BLOCKS;
-            for (int b = 0; b < SUMSQ_BLOCKS; b++) {
-                int64_t s = at + imin(len, b * bs);
-                if (s >= lo && (s < hi || th == nt - 1)) part[(int64_t)i * SUMSQ_BLOCKS + b] = sumsq_block(&k[i]->in[0], b);
-            }
-            at += len;
-        }
+    double s = 0;
+    for (int i = 0; i < k->n_in; i++) {
+        KCHECK(k->in[i].dtype == KT_F32, "sum_parts: input %d has dtype %d, not f32", i, k->in[i].dtype);
+        const float *x = fdata(&k->in[i]);
+        for (int64_t j = 0; j < k->in[i].numel; j++) s += x[j];
     }
-    for (int i = 0; i < n; i++) out[i] = sumsq_total(part + (int64_t)i * SUMSQ_BLOCKS);
+    fdata(&k->out[0])[0] = (float)s;
 }

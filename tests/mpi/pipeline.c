@@ -230,18 +230,22 @@ static Plan *stage_program(int stages, int dp, int s)
     op(p, "lr_at", PLAN_PHASE_OPTIMIZER, &step, 1, lr,
        (A[]){{"lr", 0.25, 0, 0}, {"schedule", 0, 0, 0}, {"warmup", 0, 0, 0}, {"steps", 100, 0, 0}, {"min_lr", 0, 0, 0}},
        5);
+    /* The norm as the optimizer pass makes it: a sumsq_parts per gradient (one part: each
+     * is under OPS_SUMSQ_CHUNK elements), then sum_parts over what came before, in order. */
     int32_t sq[3] = {PLAN_NONE, PLAN_NONE, PLAN_NONE}, total = PLAN_NONE;
+    const int64_t one[] = {1};
     if (first) {
-        sq[0] = act(p, NULL, 0, NULL), sq[1] = act(p, NULL, 0, NULL), total = act(p, NULL, 0, NULL);
-        op(p, "sumsq", PLAN_PHASE_OPTIMIZER, &gw0, 1, sq[0], NULL, 0);
-        op(p, "sumsq", PLAN_PHASE_OPTIMIZER, &gt, 1, sq[1], NULL, 0);
-        op(p, "add", PLAN_PHASE_OPTIMIZER, sq, 2, total, NULL, 0);
+        sq[0] = act(p, NULL, 1, one), sq[1] = act(p, NULL, 1, one), total = act(p, NULL, 0, NULL);
+        op(p, "sumsq_parts", PLAN_PHASE_OPTIMIZER, &gw0, 1, sq[0], NULL, 0);
+        op(p, "sumsq_parts", PLAN_PHASE_OPTIMIZER, &gt, 1, sq[1], NULL, 0);
+        op(p, "sum_parts", PLAN_PHASE_OPTIMIZER, sq, 2, total, NULL, 0);
     }
     if (last) {
-        sq[2] = act(p, NULL, 0, NULL);
-        op(p, "sumsq", PLAN_PHASE_OPTIMIZER, &gw1, 1, sq[2], NULL, 0);
-        int32_t both = stages == 1 ? act(p, NULL, 0, NULL) : sq[2];
-        if (stages == 1) op(p, "add", PLAN_PHASE_OPTIMIZER, (int32_t[]){total, sq[2]}, 2, both, NULL, 0);
+        sq[2] = act(p, NULL, 1, one);
+        op(p, "sumsq_parts", PLAN_PHASE_OPTIMIZER, &gw1, 1, sq[2], NULL, 0);
+        int32_t both = act(p, NULL, 0, NULL);
+        if (stages == 1) op(p, "sum_parts", PLAN_PHASE_OPTIMIZER, (int32_t[]){total, sq[2]}, 2, both, NULL, 0);
+        else op(p, "sum_parts", PLAN_PHASE_OPTIMIZER, &sq[2], 1, both, NULL, 0);
         total = both;
     }
     total = over_stages(p, total, stages);

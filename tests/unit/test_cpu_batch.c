@@ -1,5 +1,5 @@
 /* tests/unit/test_cpu_batch.c: calls run as one parallel region (runtime/cpu/group.c,
- * cpu_adamw_many, cpu_sumsq_many) against the same calls run one by one: bit for bit,
+ * cpu_adamw_many) against the same calls run one by one: bit for bit,
  * at 1 and 2 threads, on sizes that are no multiple of any chunk. Outputs start as
  * NaN, so an element a batched run leaves unwritten differs.
  */
@@ -126,7 +126,7 @@ Test(cpu_batch, group_bf16)
     group_case(S(4, 33, 131), S(131), NOSHAPE, KT_F16, 2);
 }
 
-/* ---- adamw and sumsq --------------------------------------------------------------- */
+/* ---- adamw --------------------------------------------------------------- */
 
 static const int64_t SIZES[] = {1, 100, 4097, 40000, 70001, 8192};
 enum { NS = sizeof SIZES / sizeof *SIZES };
@@ -165,41 +165,12 @@ Test(cpu_batch, adamw_many_equals_single_calls)
     }
 }
 
-Test(cpu_batch, sumsq_many_equals_single_calls)
-{
-    float want[2][NS];
-    for (int th = 1; th <= 2; th++) {
-        omp_set_num_threads(th);
-        rng = 0x1234;  // the same values at both thread counts
-        KTensor x[NS];
-        KCall k[NS];
-        const KCall *many[NS];
-        for (int i = 0; i < NS; i++) {
-            int64_t sh[1] = {SIZES[i] + 63};
-            x[i] = rnd(i == 1 ? KT_BF16 : i == 3 ? KT_F16 : KT_F32, 1, sh, -3, 3);
-            k[i] = (KCall){.n_in = 1, .in = {x[i]}, .n_out = 1, .out = {ten(KT_F32, 0, NULL)}};
-            many[i] = &k[i];
-        }
-        float got[NS];
-        double part[NS * CPU_SUMSQ_BLOCKS];
-        cpu_sumsq_many(many, NS, part, got);
-        for (int i = 0; i < NS; i++) {
-            cpu_sumsq(&k[i]);
-            want[th - 1][i] = *(float *)k[i].out[0].data;
-            cr_expect(!memcmp(&got[i], &want[th - 1][i], 4), "sumsq %d at %d thread(s): %.9g, single call %.9g", i,
-                      th, (double)got[i], (double)want[th - 1][i]);
-            cr_expect(got[i] > 0);
-        }
-    }
-    cr_expect(!memcmp(want[0], want[1], sizeof want[0]), "sumsq depends on the thread count");
-}
-
 /* ---- the executor: whole plans, batched and op by op ---------------------------------- */
 
 /* Steps of plan p on the built-in data, batched or one_by_one, at `th` threads: the
  * losses, and every persistent tensor's bytes after them (into state, *n bytes). With
  * spans, the last step's ops that took no time of their own (members of a run) by op
- * name: adamw, sumsq and the rest. */
+ * name: adamw and the rest (a fused group's). */
 static void run_steps(const Plan *p, int one_by_one, int th, float *loss, uint8_t *state, size_t *n, int *quiet)
 {
     enum { STEPS = 3 };
@@ -219,11 +190,11 @@ static void run_steps(const Plan *p, int one_by_one, int th, float *loss, uint8_
         loss[s - 1] = *(float *)lt.data;
     }
     rt_exec_time(e, NULL);
-    for (int i = 0; i < 3; i++) quiet[i] = 0;
+    for (int i = 0; i < 2; i++) quiet[i] = 0;
     for (int32_t k = 0; k < p->n_ops; k++) {
         const char *op = plan_str(p, p->ops[k].op);
         if (spans[k].dur != 0 || (op_info(op_lookup(op))->flags & OPF_VIEW)) continue;
-        quiet[!strcmp(op, "adamw") ? 0 : !strcmp(op, "sumsq") ? 1 : 2]++;
+        quiet[strcmp(op, "adamw") != 0]++;
     }
     *n = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {
@@ -239,7 +210,9 @@ static void run_steps(const Plan *p, int one_by_one, int th, float *loss, uint8_
     rt_exec_free(e);
 }
 
-static void same_as_one_by_one(const char *file, const Define *defs, int n_defs, const Setting *set, int n_set)
+/* fused: whether the plan has fused groups big enough to run as one region (B T C > PAR_MIN). */
+static void same_as_one_by_one(const char *file, const Define *defs, int n_defs, const Setting *set, int n_set,
+                               int fused)
 {
     Plan *p = sample_compile(file, defs, n_defs, set, n_set, NULL);
     size_t cap = (size_t)(plan_space_bytes(p, PLAN_PLACE_DEVICE) + plan_space_bytes(p, PLAN_PLACE_HOST));
@@ -248,15 +221,14 @@ static void same_as_one_by_one(const char *file, const Define *defs, int n_defs,
     for (int th = 1; th <= 2; th++) {
         float la[3], lb[3];
         size_t na, nb;
-        int qa[3], qb[3];
+        int qa[2], qb[2];
         run_steps(p, 0, th, la, a, &na, qa);
         run_steps(p, 1, th, lb, b, &nb, qb);
         cr_expect(!memcmp(la, lb, sizeof la), "%s at %d threads: losses %.9g %.9g %.9g, one by one %.9g %.9g %.9g",
                   file, th, la[0], la[1], la[2], lb[0], lb[1], lb[2]);
         cr_expect(na == nb && na > 0 && !memcmp(a, b, na), "%s at %d threads: params and state differ", file, th);
-        cr_expect(qa[0] > 0 && qa[1] > 0 && qa[2] > 0, "%s: runs of adamw (%d), sumsq (%d) and fused ops (%d)", file,
-                  qa[0], qa[1], qa[2]);
-        cr_expect(qb[0] + qb[1] + qb[2] == 0, "one by one, every op has its own span");
+        cr_expect(qa[0] > 0 && (qa[1] > 0) == fused, "%s: runs of adamw (%d) and fused ops (%d)", file, qa[0], qa[1]);
+        cr_expect(qb[0] + qb[1] == 0, "one by one, every op has its own span");
     }
     free(a), free(b);
     plan_free(p);
@@ -266,13 +238,13 @@ Test(cpu_batch, gpt2_steps_equal_one_by_one)
 {
     Define defs[] = {{"L", 2}, {"C", 192}, {"NH", 4}, {"T", 64}, {"V", 512}, {"B", 4}};  // B T C > PAR_MIN
     Setting set[] = {{"clip", "1.0"}};
-    same_as_one_by_one("gpt2.fsm", defs, 6, set, 1);
+    same_as_one_by_one("gpt2.fsm", defs, 6, set, 1, 1);
     Setting bf16[] = {{"clip", "1.0"}, {"precision", "bf16"}};
-    same_as_one_by_one("gpt2.fsm", defs, 6, bf16, 2);
+    same_as_one_by_one("gpt2.fsm", defs, 6, bf16, 2, 1);
 }
 
 Test(cpu_batch, llama_steps_equal_one_by_one)
 {
     Setting set[] = {{"clip", "1.0"}};
-    same_as_one_by_one("llama.fsm", SAMPLE_LLAMA, 7, set, 1);
+    same_as_one_by_one("llama.fsm", SAMPLE_LLAMA, 7, set, 1, 0);
 }

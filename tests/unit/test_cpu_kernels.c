@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "ops.h"
 #include "rand.h"
 #include "tensors.h"
 
@@ -890,12 +891,22 @@ Test(cpu, arange_scalar_full)
 
 /* ---- optimizer ---------------------------------------------------------------------- */
 
-Test(cpu, sumsq_clip_coef)
+Test(cpu, sumsq_parts_sum_parts_clip_coef)
 {
-    KTensor x = fvals(S(3), (float[]){1, -2, 3}), o = ten(KT_F32, NOSHAPE);
-    KCall k = {.n_in = 1, .in = {x}, .n_out = 1, .out = {o}};
-    cpu_sumsq(&k);
-    cr_expect_eq(F(&o)[0], 14.0f);
+    KTensor x = fvals(S(3), (float[]){1, -2, 3}), o = ten(KT_F32, NOSHAPE), one = ten(KT_F32, S(1));
+    KCall k = {.n_in = 1, .in = {x}, .n_out = 1, .out = {one}};
+    cpu_sumsq_parts(&k);
+    cr_expect_eq(F(&one)[0], 14.0f);
+    /* A chunk of OPS_SUMSQ_CHUNK ones and a part of 2 twos: two parts, 4096 and 8. */
+    KTensor y = ten(KT_F32, S(OPS_SUMSQ_CHUNK + 2)), two = ten(KT_F32, S(2));
+    for (int64_t i = 0; i < y.numel; i++) F(&y)[i] = i < OPS_SUMSQ_CHUNK ? 1.0f : -2.0f;
+    KCall kp = {.n_in = 1, .in = {y}, .n_out = 1, .out = {two}};
+    cpu_sumsq_parts(&kp);
+    cr_expect(F(&two)[0] == (float)OPS_SUMSQ_CHUNK && F(&two)[1] == 8.0f, "parts %g %g", (double)F(&two)[0],
+              (double)F(&two)[1]);
+    KCall ks = {.n_in = 2, .in = {one, two}, .n_out = 1, .out = {o}};
+    cpu_sum_parts(&ks);
+    cr_expect_eq(F(&o)[0], 14.0f + OPS_SUMSQ_CHUNK + 8.0f);
     float norms[] = {0.5f, 4.0f, 4.0f}, maxn[] = {1.0f, 1.0f, 0.0f};
     for (int i = 0; i < 3; i++) {
         KTensor n = fscalar(norms[i]);
@@ -1004,8 +1015,9 @@ Test(cpu, deterministic_with_two_threads)
     for (int i = 0; i < 96; i++) I(&tg)[i] = (i * 5) % 384;
     KCall ce = {.n_in = 2, .in = {x, tg}, .n_out = 2, .out = {ten(KT_F32, NOSHAPE), ten(KT_F32, S(96, 2))}};
     twice(cpu_cross_entropy, &ce, "cross_entropy");
-    KCall ss = {.n_in = 1, .in = {x}, .n_out = 1, .out = {ten(KT_F32, NOSHAPE)}};
-    twice(cpu_sumsq, &ss, "sumsq");
+    int64_t parts = (x.numel + OPS_SUMSQ_CHUNK - 1) / OPS_SUMSQ_CHUNK;
+    KCall ss = {.n_in = 1, .in = {x}, .n_out = 1, .out = {ten(KT_F32, S(parts))}};
+    twice(cpu_sumsq_parts, &ss, "sumsq_parts");
     KCall st = {.n_in = 1, .in = {x}, .n_out = 1, .out = {ten(KT_F32, S(384))}};
     twice(cpu_sum_to, &st, "sum_to");
     KCall sm = {.n_in = 1, .in = {x}, .n_out = 1, .out = {like(&x)}, .attr = {0, 0}};

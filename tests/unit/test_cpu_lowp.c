@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "ops.h"
 #include "rand.h"
 #include "tensors.h"
 
@@ -446,10 +447,11 @@ static Case mk_sum_to_rows(void)
     return (Case){.f = cpu_sum_to, .k = call(1, &x, 1, (KTensor[]){ten(KT_F32, S(700))})};
 }
 
-static Case mk_sumsq(void)
+static Case mk_sumsq_parts(void)
 {
     KTensor x = frand(S(100000), -3, 3);
-    return (Case){.f = cpu_sumsq, .k = call(1, &x, 1, (KTensor[]){fscalar(0)}), .keep = KEEP_OUT(0)};
+    int64_t parts = (100000 + OPS_SUMSQ_CHUNK - 1) / OPS_SUMSQ_CHUNK;
+    return (Case){.f = cpu_sumsq_parts, .k = call(1, &x, 1, (KTensor[]){ten(KT_F32, S(parts))}), .keep = KEEP_OUT(0)};
 }
 
 static Case mk_max_bwd(void)
@@ -471,11 +473,11 @@ static Case mk_softmax_bwd(void)
     return c;
 }
 
-Test(lowp, sum_to_sumsq_and_backward_reductions_exact)
+Test(lowp, sum_to_sumsq_parts_and_backward_reductions_exact)
 {
     EXACT(mk_sum_to);
     EXACT(mk_sum_to_rows);
-    EXACT(mk_sumsq);
+    EXACT(mk_sumsq_parts);
     EXACT(mk_max_bwd);
     smrank = 2, smshape[0] = 40, smshape[1] = 900, smaxis = -1;
     EXACT(mk_softmax_bwd);
@@ -739,7 +741,7 @@ Test(lowp, same_bits_at_1_and_2_threads)
     unop = cpu_exp, ulo = -3, uhi = 3;
     same_at_1_and_2_threads(mk_unary, "exp");
     same_at_1_and_2_threads(mk_sum_to_rows, "sum_to");
-    same_at_1_and_2_threads(mk_sumsq, "sumsq");
+    same_at_1_and_2_threads(mk_sumsq_parts, "sumsq_parts");
     set_reduce(cpu_softmax, S(40, 1000), S(40, 1000), -1);
     same_at_1_and_2_threads(mk_reduce, "softmax");
     norm_rms = 0;

@@ -592,17 +592,19 @@ static Plan *classifier_plan(double lr)
            1);
     add_op(p, "sum_to", PLAN_PHASE_BACKWARD, &dl2, 1, &gb, 1, (A[]){{"shape", PLAN_ATTR_INTS, 0, sb, 1}}, 1);
     /* optimizer */
-    int32_t lrt = act(p, "lr", PLAN_DT_F32, 0, NULL), s1 = act(p, NULL, PLAN_DT_F32, 0, NULL);
-    int32_t s2 = act(p, NULL, PLAN_DT_F32, 0, NULL), ss = act(p, NULL, PLAN_DT_F32, 0, NULL);
+    /* The norm as the optimizer pass makes it: a sumsq_parts per gradient (one part each,
+     * both under OPS_SUMSQ_CHUNK elements), then one sum_parts over the parts in order. */
+    int32_t lrt = act(p, "lr", PLAN_DT_F32, 0, NULL), s1 = act(p, NULL, PLAN_DT_F32, 1, (int64_t[]){1});
+    int32_t s2 = act(p, NULL, PLAN_DT_F32, 1, (int64_t[]){1}), ss = act(p, NULL, PLAN_DT_F32, 0, NULL);
     int32_t norm = act(p, "grad_norm", PLAN_DT_F32, 0, NULL), coef = act(p, NULL, PLAN_DT_F32, 0, NULL);
     add_op(p, "lr_at", PLAN_PHASE_OPTIMIZER, &step, 1, &lrt, 1,
            (A[]){{"lr", PLAN_ATTR_FLOAT, lr, NULL, 0}, {"schedule", PLAN_ATTR_INT, 0, NULL, 0},
                  {"warmup", PLAN_ATTR_INT, 0, NULL, 0}, {"steps", PLAN_ATTR_INT, 100, NULL, 0},
                  {"min_lr", PLAN_ATTR_FLOAT, 0, NULL, 0}},
            5);
-    add_op(p, "sumsq", PLAN_PHASE_OPTIMIZER, &gw, 1, &s1, 1, NULL, 0);
-    add_op(p, "sumsq", PLAN_PHASE_OPTIMIZER, &gb, 1, &s2, 1, NULL, 0);
-    add_op(p, "add", PLAN_PHASE_OPTIMIZER, (int32_t[]){s1, s2}, 2, &ss, 1, NULL, 0);
+    add_op(p, "sumsq_parts", PLAN_PHASE_OPTIMIZER, &gw, 1, &s1, 1, NULL, 0);
+    add_op(p, "sumsq_parts", PLAN_PHASE_OPTIMIZER, &gb, 1, &s2, 1, NULL, 0);
+    add_op(p, "sum_parts", PLAN_PHASE_OPTIMIZER, (int32_t[]){s1, s2}, 2, &ss, 1, NULL, 0);
     add_op(p, "sqrt", PLAN_PHASE_OPTIMIZER, &ss, 1, &norm, 1, NULL, 0);
     add_op(p, "clip_coef", PLAN_PHASE_OPTIMIZER, &norm, 1, &coef, 1, (A[]){{"max_norm", PLAN_ATTR_FLOAT, 0, NULL, 0}},
            1);

@@ -101,13 +101,14 @@ Test(hybrid, group_of_one_is_ddp)
 }
 
 /* Psi of each unit: 4 bytes a param element, padded to a multiple of S; blocks first,
- * then the params outside them (at n_blocks). */
+ * then the params outside them (at n_blocks). The model's params are the views in their
+ * unit's flat buffer (none flattens as ddp at world 1); the buffer is not counted again. */
 static void unit_psi(const Plan *none, int64_t S, int64_t *psi)
 {
     for (int32_t u = 0; u <= none->n_blocks; u++) psi[u] = 0;
     for (int32_t i = 0; i < none->n_tensors; i++) {
         const PlanTensor *t = &none->tensors[i];
-        if (t->role == PLAN_ROLE_PARAM && t->tied_to == PLAN_NONE)
+        if (t->role == PLAN_ROLE_PARAM && t->tied_to == PLAN_NONE && t->alias != PLAN_NONE)
             psi[t->block >= 0 ? t->block : none->n_blocks] += plan_tensor_numel(t);
     }
     for (int32_t u = 0; u <= none->n_blocks; u++) psi[u] = 4 * ((psi[u] + S - 1) / S * S);

@@ -124,8 +124,11 @@ Test(offload, only_copies_cross_spaces)
 }
 
 /* Two steps of p, with every debug check on: dead buffers poisoned, and the guard proving
- * each op stays inside its buffers in both spaces. Every param's bytes, in tensor order,
- * into a new buffer. */
+ * each op stays inside its buffers in both spaces. Every master's bytes (the params that
+ * are no view: each unit's fp32 flat buffer), in tensor order, into a new buffer. The
+ * model's params are views of the unit's compute-dtype copy, made once a step on either
+ * side and dead (poisoned) after its last reader, so what they hold at the end is no
+ * state of the training. */
 static uint8_t *train2(const Plan *p, int64_t *to_host, int64_t *to_device, size_t *n)
 {
     char err[256];
@@ -142,11 +145,12 @@ static uint8_t *train2(const Plan *p, int64_t *to_host, int64_t *to_device, size
     rt_exec_copied(e, to_host, to_device);
     size_t total = 0;
     for (int32_t i = 0; i < p->n_tensors; i++)
-        if (p->tensors[i].role == PLAN_ROLE_PARAM) total += (size_t)plan_tensor_nbytes(&p->tensors[i]);
+        if (p->tensors[i].role == PLAN_ROLE_PARAM && p->tensors[i].alias == PLAN_NONE)
+            total += (size_t)plan_tensor_nbytes(&p->tensors[i]);
     uint8_t *out = malloc(total + 1);
     *n = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {
-        if (p->tensors[i].role != PLAN_ROLE_PARAM) continue;
+        if (p->tensors[i].role != PLAN_ROLE_PARAM || p->tensors[i].alias != PLAN_NONE) continue;
         memcpy(out + *n, rt_exec_data(e, i), (size_t)plan_tensor_nbytes(&p->tensors[i]));
         *n += (size_t)plan_tensor_nbytes(&p->tensors[i]);
     }

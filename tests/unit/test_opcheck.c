@@ -257,6 +257,7 @@ Test(opcheck, grouped_query_attention_head_counts)
     int64_t three[PLAN_MAX_RANK];
     for (int d = 0; d < t->rank; d++) three[d] = t->shape[d];
     three[t->rank - 3] = 3;
+    three[t->rank - 2] = t->shape[t->rank - 2] / 4;  // 3 heads of a quarter of the keys: within k's bytes
     *input(p, k, 1) = retyped(p, kin, t->dtype, t->rank, three);
     *input(p, k, 2) = retyped(p, vin, p->tensors[vin].dtype, t->rank, three);
     expect_refused(p, op_label(p, k), "q's 2 heads are not a multiple of k and v's 3", NULL);

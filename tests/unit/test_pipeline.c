@@ -83,21 +83,34 @@ Test(pipeline, partial_sums_share_the_last_ones_bytes)
     Plan *p = compile("gpt2.fsm", GPT2, 6, 4, "none", "fp32", "none", "1");
     int params = 0;
     for (int32_t i = 0; i < p->n_tensors; i++) {
-        int32_t g = p->tensors[i].grad;
-        if (p->tensors[i].role != PLAN_ROLE_PARAM || g == PLAN_NONE) continue;
+        /* The model's params are views of their unit's flat buffer, and each one's gradient
+         * ("<param>.grad") a view of the unit's flat gradient: the micro-batches' partial
+         * sums lie in that gradient's bytes. */
+        const PlanTensor *t = &p->tensors[i];
+        if (t->role != PLAN_ROLE_PARAM || t->alias == PLAN_NONE) continue;
+        char name[160];
+        snprintf(name, sizeof name, "%s.grad", plan_str(p, t->name));
+        int32_t g = 0;
+        while (g < p->n_tensors && (p->tensors[g].name == PLAN_NONE || strcmp(plan_str(p, p->tensors[g].name), name)))
+            g++;
+        cr_assert_lt(g, p->n_tensors, "%s has no gradient", name);
+        int32_t root = p->tensors[g].alias;
+        cr_assert_neq(root, PLAN_NONE, "%s lies in no flat gradient", name);
         params++;
         int inside = 0;
-        for (int32_t t = 0; t < p->n_tensors; t++) inside += t != g && p->tensors[t].alias == g && p->tensors[t].offset == p->tensors[g].offset;
-        cr_expect_geq(inside, 3, "%s: %d partial sums in its gradient's bytes, not 3", plan_str(p, p->tensors[i].name), inside);
+        for (int32_t k = 0; k < p->n_tensors; k++)
+            inside += k != g && p->tensors[k].alias == root && p->tensors[k].offset == p->tensors[g].offset;
+        cr_expect_geq(inside, 3, "%s: %d partial sums in its gradient's bytes, not 3", name, inside);
     }
     cr_expect_gt(params, 10);
     cr_expect_eq(count_ops(p, "slice"), 2 * 4, "tokens and targets, each micro-batch's rows");
     plan_free(p);
 }
 
-/* Each param is cast to 16 bits once a step, whatever the micro-batches and recompute:
- * as many casts to bf16 as with one micro-batch (and none in a recompute), and every
- * cast before the first micro-batch's first op (the step's work, no micro-batch). */
+/* Each unit's params are cast to 16 bits once a step (its whole flat buffer in one
+ * cast), whatever the micro-batches and recompute: as many casts to bf16 as with one
+ * micro-batch, one per unit (and none in a recompute), and every cast before the first
+ * micro-batch's first op (the step's work, no micro-batch). */
 Test(pipeline, params_cast_once_a_step)
 {
     for (int r = 0; r < 2; r++) {
@@ -113,11 +126,14 @@ Test(pipeline, params_cast_once_a_step)
             casts++, last_cast = k;
             cr_expect_eq(op->microbatch, PLAN_NONE, "op %d casts a param in micro-batch %d", k, op->microbatch);
         }
-        int want = 0;
+        int want = 0, units = 0;
         for (int32_t k = 0; k < one->n_ops; k++)
             want += !strcmp(plan_str(one, one->ops[k].op), "cast") && one->tensors[one->ids[one->ops[k].in]].role ==
                     PLAN_ROLE_PARAM;
-        cr_expect_gt(want, 10);
+        for (int32_t i = 0; i < one->n_tensors; i++)
+            units += one->tensors[i].role == PLAN_ROLE_PARAM && one->tensors[i].alias == PLAN_NONE;
+        cr_expect_eq(want, units, "%d casts of params with one micro-batch, %d units", want, units);
+        cr_expect_geq(units, 3, "2 blocks and the params outside them: %d units", units);
         cr_expect_eq(casts, want, "recompute %s: %d casts of params with 4 micro-batches, %d with one", recompute,
                      casts, want);
         cr_expect_lt(last_cast, first_mb, "recompute %s: a param cast (op %d) after micro-batch 0 began (op %d)",

@@ -56,7 +56,10 @@ static Compiled compile(const char *file, const Define *defs, int n_defs, const 
     for (int n = 0; n < g->n_nodes; n++) {
         double f = ir_op_hooks(g->nodes[n].op)->flops(g, &g->nodes[n]);
         c.flops[g->nodes[n].phase] += f;
-        RecomputeMode m = g->nodes[n].block >= 0 && g->nodes[n].phase == PHASE_FORWARD
+        /* A cast of a unit's params (16-bit none and ddp cast the flat buffer once a step,
+         * in its block's forward) is the step's work, not the block's: never rerun. */
+        int param_cast = g->nodes[n].op == OP_cast && ir_value(g, ir_in(g, &g->nodes[n], 0))->role == ROLE_PARAM;
+        RecomputeMode m = g->nodes[n].block >= 0 && g->nodes[n].phase == PHASE_FORWARD && !param_cast
                               ? recompute_mode(recompute, &g->blocks[g->nodes[n].block]) : RC_NONE;
         if (m == RC_FULL || (m == RC_ATTENTION && in_core(g, n))) c.rerun += f;
     }
