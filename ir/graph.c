@@ -269,7 +269,8 @@ int ir_view_parent(const Graph *g, int v)
     if (val->view_of >= 0) return val->view_of;
     if (val->producer < 0) return -1;
     const Node *n = ir_node(g, val->producer);
-    return (op_info(n->op)->flags & OPF_VIEW) ? ir_in(g, n, 0) : -1;
+    if (op_info(n->op)->flags & OPF_VIEW) return ir_in(g, n, 0);
+    return (op_info(n->op)->flags & OPF_INPLACE) && v == ir_out(g, n, n->n_out - 1) ? ir_in(g, n, 0) : -1;
 }
 
 void ir_nodes_reorder(Graph *g, const int *order)

@@ -302,7 +302,8 @@ int ir_node_attrs(const Graph *g, const Node *n, Attr *out);
 int64_t ir_numel(const Value *v);
 int ir_same_shape(const Value *a, const Value *b);
 /* The value whose buffer v lies in directly: an explicit view (Value.view_of, the shard
- * pass) or the input of the OPF_VIEW op that made it; -1 for a value with bytes of its own. */
+ * pass), the input of the OPF_VIEW op that made it, or the first input of the OPF_INPLACE
+ * op whose last output it is; -1 for a value with bytes of its own. */
 int ir_view_parent(const Graph *g, int v);
 /* The last node of node n's fused group (passes/fuse.c: consecutive nodes), or n. */
 int ir_group_last(const Graph *g, int n);
@@ -384,6 +385,7 @@ typedef struct {
     int stages, microbatches;
     PipeSchedule schedule;
     PipeCheckpoint checkpoint;
+    int fuse_loss;        // passes/xent.c: cross_entropy and its backward as one op (1), or apart (0)
     int chunks;           // interleaved: model chunks per stage
     char balance[256];    // "auto", or blocks per stage: "3,3,2"
 

@@ -129,6 +129,25 @@ int shape_cross_entropy_bwd(ShapeCtx *c)
     return 0;
 }
 
+/* cross_entropy_fused(logits, targets, dloss): cross_entropy's two outputs, then dlogits
+ * typed like the logits (written over them); dloss a float scalar, as the kernels read it. */
+int shape_cross_entropy_fused(ShapeCtx *c)
+{
+    if (want_in(c, 3)) return -1;
+    ShapeCtx loss = *c;
+    loss.n_in = 2;
+    if (shape_cross_entropy(&loss)) return -1;  // its message is in c->err
+    const OpType *g = &c->in[2];
+    if (!dtype_is_float(g->dtype) || op_type_numel(g) != 1) {
+        char t[192];
+        return shape_fail(c, "cross_entropy_fused: dloss %s should be a float scalar", op_type_str(g, t, sizeof t));
+    }
+    like(c, 0, &loss.out[0]);
+    like(c, 1, &loss.out[1]);
+    like(c, 2, &c->in[0]);
+    return 0;
+}
+
 int shape_slice(ShapeCtx *c)
 {
     if (want_in(c, 1)) return -1;

@@ -157,7 +157,8 @@ RtIndexKind rt_op_index(const Plan *p, int32_t k, int32_t *idx, int64_t *bound)
 {
     const PlanOp *op = &p->ops[k];
     OpKind kind = op_lookup(plan_str(p, op->op));
-    if ((kind == OP_embedding || kind == OP_cross_entropy || kind == OP_cross_entropy_bwd) && op->n_in >= 2) {
+    if ((kind == OP_embedding || kind == OP_cross_entropy || kind == OP_cross_entropy_bwd ||
+         kind == OP_cross_entropy_fused) && op->n_in >= 2) {
         const PlanTensor *a = &p->tensors[in_id(p, k, 0)];
         *idx = in_id(p, k, 1);
         *bound = kind == OP_embedding ? a->shape[0] : a->shape[a->rank - 1];
