@@ -12,7 +12,8 @@
  *        where the logits are read by those two alone, are neither a view nor viewed,
  *        and are not an output of the step, replaced by one cross_entropy_fused where
  *        the cross_entropy was; the nodes that make its seed (the scalar 1/M, times the
- *        fp16 loss scale) move up before it. The outputs keep their values' names and
+ *        fp16 loss scale) move up before it, into its phase (a micro-batch's forward stays
+ *        one run of nodes). The outputs keep their values' names and
  *        step roles, so every reader (the micro-batches' mean, the step's loss) is as
  *        before. A recomputed loss (a pipeline micro-batch that recomputes its stage)
  *        pairs with the backward that reads its logits.
@@ -102,7 +103,7 @@ static void fuse(Graph *g, int n, int b, const char *up)
     int k = 0;
     for (int i = 0; i < n; i++) order[k++] = i;
     for (int i = n + 1; i < f; i++)
-        if (up[i]) order[k++] = i;
+        if (up[i]) order[k++] = i, g->nodes[i].phase = g->nodes[f].phase;
     order[k++] = f;
     for (int i = n + 1; i < f; i++)
         if (!up[i] && i != b) order[k++] = i;

@@ -93,12 +93,12 @@ expect mem-html-no-file 1 "--mem=html needs a file name" -- "$FSC" "$SRC/samples
 expect mem-bad-format 1 "expected --mem, --mem=text, --mem=json or --mem=html FILE" -- "$FSC" "$SRC/samples/mlp.fsm" --mem=xml
 expect mem-sharded 0 "ranks 0-3 (one program for all 4 data-parallel ranks)" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" -D B=8 --shard fsdp --world 4 --mem -q
 expect mem-limit-ok 0 "within --mem-limit 1.0 MiB" -- "$FSC" "$SRC/samples/mlp.fsm" --mem-limit 1MiB
-expect mem-limit-over 1 "over the limit of 8.00 GiB" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
-expect mem-limit-batch 1 "half the batch (B 8 -> 4)" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
-expect mem-limit-recompute 1 "--recompute Block" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
-expect mem-limit-microbatches 1 "accumulate over 2 micro-batches of 4 rows" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
-expect mem-limit-batch-changes 1 "half the batch (B 8 -> 4) (changes the training)" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
-expect mem-limit-shard 1 "--shard fsdp --world 8" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 8GiB -q
+expect mem-limit-over 1 "over the limit of 6.00 GiB" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 6GiB -q
+expect mem-limit-batch 1 "half the batch (B 8 -> 4)" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 6GiB -q
+expect mem-limit-recompute 1 "--recompute Block" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 6GiB -q
+expect mem-limit-microbatches 1 "accumulate over 2 micro-batches of 4 rows" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 6GiB -q
+expect mem-limit-batch-changes 1 "half the batch (B 8 -> 4) (changes the training)" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 6GiB -q
+expect mem-limit-shard 1 "--shard fsdp --world 8" -- "$FSC" "$SRC/samples/gpt2.fsm" --mem-limit 6GiB -q
 expect mem-limit-unit 1 "unknown unit 'GX'" -- "$FSC" "$SRC/samples/mlp.fsm" --mem-limit 80GX
 expect mem-limit-no-unit 1 "has no unit" -- "$FSC" "$SRC/samples/mlp.fsm" --mem-limit 80
 expect inspect-mem 0 "saved for backward, by the block whose backward reads it" -- "$FSEXEC" --inspect "$tmp/gpt2.plan"
