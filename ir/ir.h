@@ -282,6 +282,10 @@ void ir_nodes_reorder(Graph *g, const int *order);
  * its uses. Value fields that name a removed value (grad, tied_to, view_of, alias)
  * become -1. */
 void ir_graph_compact(Graph *g, const char *drop_node);
+/* A rewrite's new value `now` stands for `old`: it takes old's fields (name, role, step
+ * role ...) but its producer, and every node input, step output and param gradient that
+ * named old names now. old is then read by nothing. */
+void ir_value_take_over(Graph *g, int old, int now);
 /* Runs node n's shape rule again on its current inputs and retypes its outputs in place
  * (after a pass changed the dtype of an input). 0, or -1 with the rule's message. */
 int ir_node_retype(Graph *g, int n, char *err, size_t errlen);
@@ -386,6 +390,7 @@ typedef struct {
     PipeSchedule schedule;
     PipeCheckpoint checkpoint;
     int fuse_loss;        // passes/xent.c: cross_entropy and its backward as one op (1), or apart (0)
+    int embed_grad_into;  // passes/embed_into.c: an embedding's gradient added into the other's in place (1), or not (0)
     int chunks;           // interleaved: model chunks per stage
     char balance[256];    // "auto", or blocks per stage: "3,3,2"
 

@@ -68,20 +68,6 @@ static int seed_nodes(const Graph *g, int s, int n, char *up)
     return 0;
 }
 
-/* Replaces the readers of value `old` (and the step's outputs) by `now`, which takes
- * old's name, role and step role: the value the graph knew, made by the fused node. */
-static void take_over(Graph *g, int old, int now)
-{
-    Value v = g->values[old];
-    v.producer = g->values[now].producer;
-    g->values[now] = v;
-    for (int k = 0; k < g->n_nodes; k++)
-        for (int i = 0; i < g->nodes[k].n_in; i++)
-            if (g->ids[g->nodes[k].in + i] == old) g->ids[g->nodes[k].in + i] = now;
-    for (int i = 0; i < g->n_outputs; i++)
-        if (g->outputs[i] == old) g->outputs[i] = now;
-}
-
 /* Fuses the pair (n, b) into one node where n was; the graph renumbered. */
 static void fuse(Graph *g, int n, int b, const char *up)
 {
@@ -93,9 +79,9 @@ static void fuse(Graph *g, int n, int b, const char *up)
     g->nodes[f].mb = g->nodes[n].mb, g->nodes[f].chunk = g->nodes[n].chunk;
     const Node *fn = ir_node(g, f);
     x = ir_node(g, n), bw = ir_node(g, b);
-    take_over(g, ir_out(g, x, 0), ir_out(g, fn, 0));
-    take_over(g, ir_out(g, x, 1), ir_out(g, fn, 1));
-    take_over(g, ir_out(g, bw, 0), ir_out(g, fn, 2));
+    ir_value_take_over(g, ir_out(g, x, 0), ir_out(g, fn, 0));
+    ir_value_take_over(g, ir_out(g, x, 1), ir_out(g, fn, 1));
+    ir_value_take_over(g, ir_out(g, bw, 0), ir_out(g, fn, 2));
 
     /* Before n, the seed's nodes, the fused node, then the rest; n and b (read by
      * nothing now) last, for compact to drop. */

@@ -1,5 +1,5 @@
 /* runtime/cpu/embed.c: table lookups, the loss, and constants: embedding (+ bwd),
- * cross_entropy (+ bwd, + the two fused), arange, scalar, full.
+ * embedding_bwd_into, cross_entropy (+ bwd, + the two fused), arange, scalar, full.
  *
  * An index outside the table (or a target outside the vocabulary) is a broken plan or
  * bad data: the kernel stops with file:line rather than read out of bounds.
@@ -52,11 +52,10 @@ CpuWork cpu_work_embedding_bwd(const KCall *k)
 
 #define ROWS_PER_TASK 1024  // table rows a task of the 16-bit embedding_bwd owns
 
-/* 16 bits: for each block of w columns, acc [V, w] = 0, dy's rows added at idx in
- * index order (each task owns a range of table rows), then rounded into dtable. */
-static void embedding_bwd_lowp(const KCall *k)
+/* 16 bits: for each block of w columns, acc [V, w] = 0 (into: O's rows), dy's rows
+ * added at idx in index order (each task owns a range of table rows), then rounded into O. */
+static void embedding_bwd_lowp(const KCall *k, const KTensor *I, const KTensor *DY, const KTensor *O, int into)
 {
-    const KTensor *I = &k->in[0], *DY = &k->in[1], *O = &k->out[0];
     int64_t V = O->shape[0], C = O->shape[1], n = I->numel;
     const int32_t *idx = idata(I);
     KCHECK(k->work && k->work_floats >= (size_t)V, "embedding_bwd: a 16-bit call needs a workspace of %lld floats, has %zu",
@@ -69,7 +68,9 @@ static void embedding_bwd_lowp(const KCall *k)
 #pragma omp parallel for if (n * w > PAR_MIN || V * w > PAR_MIN) schedule(static)
         for (int64_t t = 0; t < tasks; t++) {
             int64_t r0 = t * ROWS_PER_TASK, r1 = imin(V, r0 + ROWS_PER_TASK);
-            memset(acc + r0 * w, 0, sizeof(float) * (size_t)((r1 - r0) * w));
+            for (int64_t r = r0; r < r1; r++)
+                if (into) to_f32(acc + r * w, O->data, O->dtype, r * C + c0, w);
+                else memset(acc + r * w, 0, sizeof(float) * (size_t)w);
             for (int64_t i = 0; i < n; i++)
                 if (idx[i] >= r0 && idx[i] < r1) add_to_f32(acc + (int64_t)idx[i] * w, DY->data, DY->dtype, i * C + c0, w);
             for (int64_t r = r0; r < r1; r++) from_f32(O->data, O->dtype, r * C + c0, acc + r * w, w);
@@ -77,21 +78,22 @@ static void embedding_bwd_lowp(const KCall *k)
     }
 }
 
-/* embedding_bwd(idx, dy, rows) -> dtable [rows, C]: zeros, then dy's rows added at idx. */
-void cpu_embedding_bwd(const KCall *k)
+/* O [rows, C] = 0 (into: as it is), then dy's rows added at idx, each element in index order. */
+static void embedding_bwd_rows(const KCall *k, const KTensor *I, const KTensor *DY, const KTensor *O, int into)
 {
-    if (lowp_call(k)) {
-        embedding_bwd_lowp(k);
+    if (lowp(O->dtype) || lowp(DY->dtype)) {
+        embedding_bwd_lowp(k, I, DY, O, into);
         return;
     }
-    const KTensor *I = &k->in[0], *O = &k->out[0];
-    KCHECK(k->in[1].dtype == KT_F32, "embedding_bwd: unsupported dtype %d", k->in[1].dtype);
+    KCHECK(DY->dtype == KT_F32 && O->dtype == KT_F32, "embedding_bwd: unsupported dtypes %d, %d", DY->dtype, O->dtype);
     int64_t V = O->shape[0], C = O->shape[1], n = I->numel;
     const int32_t *idx = idata(I);
-    const float *dy = fdata(&k->in[1]);
+    const float *dy = fdata(DY);
     float *dt = fdata(O);
+    if (!into) {
 #pragma omp parallel for if (V * C > PAR_MIN) schedule(static)
-    for (int64_t r = 0; r < V; r++) memset(dt + r * C, 0, sizeof(float) * (size_t)C);
+        for (int64_t r = 0; r < V; r++) memset(dt + r * C, 0, sizeof(float) * (size_t)C);
+    }
     int64_t ch = col_chunk(1, C), nch = (C + ch - 1) / ch;
 #pragma omp parallel for if (n * C > PAR_MIN) schedule(static)
     for (int64_t t = 0; t < nch; t++) {
@@ -105,6 +107,19 @@ void cpu_embedding_bwd(const KCall *k)
             for (int64_t c = 0; c < len; c++) row[c] += g[c];
         }
     }
+}
+
+/* embedding_bwd(idx, dy, rows) -> dtable [rows, C]: zeros, then dy's rows added at idx. */
+void cpu_embedding_bwd(const KCall *k) { embedding_bwd_rows(k, &k->in[0], &k->in[1], &k->out[0], 0); }
+
+/* embedding_bwd_into(acc, idx, dy) -> acc with dy's rows added at idx, in place
+ * (passes/embed_into.c): no dense table of its own, no add after. */
+void cpu_embedding_bwd_into(const KCall *k)
+{
+    const KTensor *A = &k->in[0], *O = &k->out[0];
+    KCHECK(O->data == A->data && O->dtype == A->dtype && O->numel == A->numel,
+           "embedding_bwd_into: its output must lie on acc");
+    embedding_bwd_rows(k, &k->in[1], &k->in[2], O, 1);
 }
 
 /* logsumexp of one row: the max, then the sum of exp in lanes. */

@@ -36,6 +36,7 @@ static const struct {
     {cpu_cross_entropy_bwd, cpu_work_cross_entropy},
     {cpu_cross_entropy_fused, cpu_work_cross_entropy},
     {cpu_embedding_bwd, cpu_work_embedding_bwd},
+    {cpu_embedding_bwd_into, cpu_work_embedding_bwd},
     {cpu_attention, cpu_work_attention},
     {cpu_attention_bwd, cpu_work_attention_bwd},
     {cpu_rope, cpu_work_rope},
