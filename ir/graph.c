@@ -269,8 +269,7 @@ int ir_view_parent(const Graph *g, int v)
     if (val->view_of >= 0) return val->view_of;
     if (val->producer < 0) return -1;
     const Node *n = ir_node(g, val->producer);
-    if (op_info(n->op)->flags & OPF_VIEW) return ir_in(g, n, 0);
-    return (op_info(n->op)->flags & OPF_INPLACE) && v == ir_out(g, n, n->n_out - 1) ? ir_in(g, n, 0) : -1;
+    return (op_info(n->op)->flags & OPF_VIEW) ? ir_in(g, n, 0) : -1;
 }
 
 void ir_value_take_over(Graph *g, int old, int now)
@@ -285,6 +284,15 @@ void ir_value_take_over(Graph *g, int old, int now)
         if (g->outputs[i] == old) g->outputs[i] = now;
     for (int i = 0; i < g->n_values; i++)
         if (g->values[i].grad == old) g->values[i].grad = now;
+}
+
+void ir_inplace_bind(Graph *g, int n)
+{
+    const Node *x = ir_node(g, n);
+    FS_ASSERT(op_info(x->op)->flags & OPF_INPLACE);
+    Value *in = &g->values[ir_in(g, x, 0)];
+    in->view_of = ir_out(g, x, x->n_out - 1);
+    in->view_offset = in->view_rank_stride = 0;
 }
 
 void ir_nodes_reorder(Graph *g, const int *order)

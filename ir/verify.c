@@ -10,8 +10,8 @@
  *    are present;
  *  - re-running the op's shape rule gives the recorded output types (which also checks
  *    axes and other attribute ranges);
- *  - what an OPF_INPLACE node writes over (its first input) no later node reads and the
- *    step does not output.
+ *  - what an OPF_INPLACE node writes over (its first input) lies in its last output's
+ *    bytes (a view at offset 0), and no later node reads it nor the step outputs it.
  * Problems are printed one per line (`ir_verify: node 12 (matmul): ...`); the first
  * MAX_REPORTS are shown, then a count.
  *
@@ -216,6 +216,9 @@ static void check_inplace(Verifier *vf, const int *sound)
                     report(vf, "node %d (%s) writes over %%%d, which node %d reads after it", i, op_name(n->op), x, k);
         for (int o = 0; o < g->n_outputs; o++)
             if (g->outputs[o] == x) report(vf, "node %d (%s) writes over %%%d, an output of the step", i, op_name(n->op), x);
+        const Value *xv = ir_value(g, x);
+        if (xv->view_of != ir_out(g, n, n->n_out - 1) || xv->view_offset || xv->view_rank_stride)
+            report(vf, "node %d (%s) writes over %%%d, which is not a view of its last output", i, op_name(n->op), x);
     }
 }
 

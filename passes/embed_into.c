@@ -13,9 +13,9 @@
  *        read by the add alone, no view, not an output of the step), and whose result
  *        lies in no other buffer (a micro-batch's partial sum does), replaced, where the
  *        add was, by embedding_bwd_into(g, idx, dy), which writes over g (OPF_INPLACE)
- *        and makes the value the add made (its name, role, and readers). Where that value
- *        is a param's gradient, the shard pass copies it into the unit's flat gradient
- *        buffer (it cannot lie both there and in g's bytes).
+ *        and makes the value the add made (its name, role, and readers); g lies in its
+ *        bytes (ir_inplace_bind), so where it is a param's gradient that the shard pass
+ *        lays in a flat gradient buffer, g is made there.
  *
  * Numerics: g + (the rows' sum) becomes (g + row) + row ...: the same terms in another
  * association, so fp32 agrees to rounding; in 16 bits the sum is held in f32 and rounded
@@ -80,6 +80,7 @@ static void rewrite(Graph *g, int a, int e, int acc)
     FS_ASSERT(f >= 0);
     g->nodes[f].mb = g->nodes[a].mb, g->nodes[f].chunk = g->nodes[a].chunk;
     ir_value_take_over(g, ir_out(g, ir_node(g, a), 0), ir_out(g, ir_node(g, f), 0));
+    ir_inplace_bind(g, f);
 
     int *order = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes);
     int k = 0;

@@ -413,15 +413,14 @@ static void regather(Shard *s, Unit *u, int run)
 /* ---- gradients ---------------------------------------------------------------------- */
 
 /* Whether gradient value gv can be made in place inside the flat gradient buffer: made
- * by a backward op of its own (not a view, nor an in-place op's output, which lies in its
- * input's bytes), and read by nobody (the reduction that follows may average the buffer
- * in place). */
+ * by a backward op of its own (not a view), and read by nobody (the reduction that
+ * follows may average the buffer in place). */
 static int own_grad(const Graph *g, int gv, const char *taken, const char *drop, int n_orig)
 {
     const Value *v = ir_value(g, gv);
     if (v->producer < 0 || v->view_of >= 0 || taken[gv]) return 0;
     const Node *n = ir_node(g, v->producer);
-    if (n->phase != PHASE_BACKWARD || (op_info(n->op)->flags & (OPF_VIEW | OPF_INPLACE))) return 0;
+    if (n->phase != PHASE_BACKWARD || (op_info(n->op)->flags & OPF_VIEW)) return 0;
     for (int m = 0; m < n_orig; m++)
         for (int i = 0; i < g->nodes[m].n_in && !drop[m]; i++)
             if (ir_in(g, &g->nodes[m], i) == gv) return 0;

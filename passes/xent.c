@@ -3,7 +3,7 @@
  * same logits and targets become one cross_entropy_fused: one pass over each row gives
  * the loss (the same fixed-order sum: ops.h's OPS_LOSS_BLOCKS), and the gradient of the
  * logits is written over the logits, which nothing reads after. memplan then lays the
- * gradient in the logits' bytes (OPF_INPLACE): the logits' gradient buffer (at GPT-2
+ * gradient and the logits in one buffer (OPF_INPLACE): the logits' gradient buffer (at GPT-2
  * 124M, B=8, T=1024 in bf16: 8192 x 50257 x 2 bytes) leaves the memory plan.
  *
  * Needs: the backward and the micro-batches in their final form (autodiff, recompute,
@@ -82,6 +82,7 @@ static void fuse(Graph *g, int n, int b, const char *up)
     ir_value_take_over(g, ir_out(g, x, 0), ir_out(g, fn, 0));
     ir_value_take_over(g, ir_out(g, x, 1), ir_out(g, fn, 1));
     ir_value_take_over(g, ir_out(g, bw, 0), ir_out(g, fn, 2));
+    ir_inplace_bind(g, f);
 
     /* Before n, the seed's nodes, the fused node, then the rest; n and b (read by
      * nothing now) last, for compact to drop. */

@@ -1,7 +1,7 @@
 /* tests/unit/test_xent.c: the fused classifier (passes/xent.c, cross_entropy_fused).
  *  - With the rewrite (fuse_loss 1, the default) a training plan has one
- *    cross_entropy_fused per loss and no cross_entropy_bwd; its dlogits lies on the
- *    logits (the plan's alias); without it (fuse_loss 0) the two ops are as before.
+ *    cross_entropy_fused per loss and no cross_entropy_bwd; the logits lie in dlogits'
+ *    buffer (the plan's alias); without it (fuse_loss 0) the two ops are as before.
  *  - On the CPU backend both plans train bit for bit alike: step 1's gradients and three
  *    steps' losses, in fp32, bf16 and fp16 (its loss scale the seed), with gradient
  *    accumulation (the seed 1/M) and with recompute. The emulator's side is
@@ -62,7 +62,7 @@ static void same_training(const char *precision, const char *microbatches, const
         const PlanOp *op = &fused->ops[k];
         if (strcmp(plan_str(fused, op->op), "cross_entropy_fused")) continue;
         const PlanTensor *lg = &fused->tensors[fused->ids[op->in]], *dx = &fused->tensors[fused->ids[op->out + 2]];
-        cr_assert_eq(dx->alias, fused->ids[op->in], "dlogits lies in the logits' buffer");
+        cr_assert_eq(lg->alias, fused->ids[op->out + 2], "the logits lie in dlogits' buffer");
         cr_assert_eq(dx->offset, lg->offset);
     }
     size_t n_f, n_a;
