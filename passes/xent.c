@@ -83,6 +83,10 @@ static void fuse(Graph *g, int n, int b, const char *up)
     ir_value_take_over(g, ir_out(g, x, 1), ir_out(g, fn, 1));
     ir_value_take_over(g, ir_out(g, bw, 0), ir_out(g, fn, 2));
     ir_inplace_bind(g, f);
+    /* The buffer is the gradient's now: named after the logits, the memory report's line for it reads so. */
+    Value *dv = &g->values[ir_out(g, ir_node(g, f), 2)];
+    const char *ln = ir_value(g, in[0])->name;
+    if (!dv->name && ln) dv->name = arena_printf(g->arena, "%s.grad", ln);
 
     /* Before n, the seed's nodes, the fused node, then the rest; n and b (read by
      * nothing now) last, for compact to drop. */
