@@ -11,7 +11,8 @@
  * indices in tiles of 256, adding each tile's matches in index order (the template's
  * comment says how). So every element sums its dy rows in index order, as on the CPU.
  * Cost: every block reads every index, N * V * C / (EB_ROWS * EB_COLS) index reads in all
- * (L2-resident: the indices are small), plus dy once.
+ * (L2-resident: the indices are small), plus dy once. embedding_bwd_into(acc, idx, dy)
+ * is the same kernel starting from acc's elements (its output lies on acc) instead of 0.
  *
  * rope(x [..., T, D], theta, inverse): the pair (i, i + D/2) of the row at position t
  * turns by t * theta^(-2i/D) (backwards under inverse); rope_at(x, pos, ...) the same
@@ -47,24 +48,32 @@ int cuda_embedding(CuCtx *c)
                      (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, 0)}, 3);
 }
 
-/* embedding_bwd(idx, dy, rows) -> dtable (file comment) */
-int cuda_embedding_bwd(CuCtx *c)
+/* dtable [V, C] (out_id) from indices and dy (inputs ia, ia + 1): zeros first, or (into)
+ * its own elements (file comment). */
+static int embedding_bwd(CuCtx *c, const char *op, int ia, int out_id, int into)
 {
-    const Value *idx = cu_inv(c, 0), *o = cu_outv(c, 0);
-    if (idx->dtype != DT_I32 || !dtype_is_float(cu_inv(c, 1)->dtype) || o->rank != 2)
-        return cu_fail(c, "embedding_bwd: i32 indices and float gradients only");
+    const Value *idx = cu_inv(c, ia), *o = cu_outv(c, 0);
+    if (idx->dtype != DT_I32 || !dtype_is_float(cu_inv(c, ia + 1)->dtype) || o->rank != 2)
+        return cu_fail(c, "%s: i32 indices and float gradients only", op);
     int64_t V = o->shape[0], C = o->shape[1], n = ir_numel(idx);
-    if (n > INT_MAX) return cu_fail(c, "embedding_bwd: %lld indices, more than %d", (long long)n, INT_MAX);
+    if (n > INT_MAX) return cu_fail(c, "%s: %lld indices, more than %d", op, (long long)n, INT_MAX);
     cu_use(c, "embed.cuh");
     const char *src = cu_kernel(
-        c, EB_COLS, cu_fmt(c, "%s, %s, %s", cu_pin(c, 0, "idx"), cu_pin(c, 1, "dy"), cu_pout(c, 0, "out")),
-        cu_fmt(c, "fs_embedding_bwd<%d, %lldLL, %lldLL, %lldLL>(idx, dy, out)", EB_ROWS, (long long)n, (long long)V,
-               (long long)C));
+        c, EB_COLS, cu_fmt(c, "%s, %s, %s", cu_pin(c, ia, "idx"), cu_pin(c, ia + 1, "dy"), cu_pout(c, 0, "out")),
+        cu_fmt(c, "%s<%d, %lldLL, %lldLL, %lldLL>(idx, dy, out)", into ? "fs_embedding_bwd_into" : "fs_embedding_bwd",
+               EB_ROWS, (long long)n, (long long)V, (long long)C));
     CuDim grid;
     if (cu_grid1(c, cu_cdiv(V, EB_ROWS) * cu_cdiv(C, EB_COLS), &grid)) return -1;
-    return cu_launch(c, "embedding_bwd", src, grid, (CuDim){EB_COLS, 1, 1}, 0,
-                     (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, 0)}, 3);
+    return cu_launch(c, op, src, grid, (CuDim){EB_COLS, 1, 1}, 0, (int[]){cu_in_id(c, ia), cu_in_id(c, ia + 1), out_id},
+                     3);
 }
+
+/* embedding_bwd(idx, dy, rows) -> dtable (file comment) */
+int cuda_embedding_bwd(CuCtx *c) { return embedding_bwd(c, "embedding_bwd", 0, cu_out_id(c, 0), 0); }
+
+/* embedding_bwd_into(acc, idx, dy) -> acc plus dy's rows at idx, in acc's bytes: the kernel's
+ * out is acc (input 0, read and written), as the roofline report reads it. */
+int cuda_embedding_bwd_into(CuCtx *c) { return embedding_bwd(c, "embedding_bwd_into", 1, cu_in_id(c, 0), 1); }
 
 /* rope(x, theta, inverse) -> y, and rope_at(x, pos, theta, inverse) -> y with row t at
  * position pos[0] + t (at: pos's input index, or -1) (file comment) */

@@ -1,10 +1,14 @@
-/* codegen/cuda_loss.c: CUDA launches of cross_entropy and cross_entropy_bwd, instances of
- * codegen/kernels/loss.cuh. Semantics are runtime/cpu/embed.c's.
+/* codegen/cuda_loss.c: CUDA launches of cross_entropy, cross_entropy_bwd and
+ * cross_entropy_fused, instances of codegen/kernels/loss.cuh. Semantics are
+ * runtime/cpu/embed.c's.
  *
  * The forward is two kernels: a row kernel (cuda_rows.h) writes each row's logsumexp and
  * target logit into the op's second output, then one block adds the rows' terms in f64 in
  * the order every backend uses (ops/ops.h: OPS_LOSS_BLOCKS), so the loss does not depend
  * on timing and the rows are spread over the whole GPU. The backward is one row kernel.
+ * The fused op (passes/xent.c) is the forward's two kernels, its row kernel also writing
+ * dlogits over the logits: one pointer, the logits' (input 0, read and written), stands
+ * for both, since two restrict pointers to the same bytes would be undefined.
  *
  * Where it sits: called by codegen_cuda (cuda_program.c) through the op table.
  */
@@ -21,6 +25,15 @@ static int loss_shape(CuCtx *c, const char *op, int64_t *rows, int64_t *V)
     return 0;
 }
 
+/* The forward's second kernel: output 0, the mean of output 1's rows' terms, in one block. */
+static int mean_launch(CuCtx *c, const char *prefix, int64_t rows)
+{
+    const char *mean = cu_kernel(c, 0, cu_fmt(c, "const float *__restrict__ terms, %s", cu_pout(c, 0, "loss")),
+                                 cu_fmt(c, "fs_xent_mean<%lldLL, %d>(terms, loss)", (long long)rows, OPS_LOSS_BLOCKS));
+    return cu_launch(c, prefix, mean, (CuDim){1, 1, 1}, (CuDim){OPS_LOSS_BLOCKS, 1, 1}, 0,
+                     (int[]){cu_out_id(c, 1), cu_out_id(c, 0)}, 2);
+}
+
 /* cross_entropy(logits, targets) -> f32 [], terms (rows, 2) f32 */
 int cuda_cross_entropy(CuCtx *c)
 {
@@ -32,10 +45,25 @@ int cuda_cross_entropy(CuCtx *c)
         cu_fmt(c, "fs_xent_rows<%s, %lldLL, %lldLL>(lg, tg, terms)", row_targs(c, &geo), (long long)rows, (long long)V));
     if (row_launch(c, "cross_entropy", terms, &geo, (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, 1)}, 3))
         return -1;
-    const char *mean = cu_kernel(c, 0, cu_fmt(c, "const float *__restrict__ terms, %s", cu_pout(c, 0, "loss")),
-                                 cu_fmt(c, "fs_xent_mean<%lldLL, %d>(terms, loss)", (long long)rows, OPS_LOSS_BLOCKS));
-    return cu_launch(c, "cross_entropy", mean, (CuDim){1, 1, 1}, (CuDim){OPS_LOSS_BLOCKS, 1, 1}, 0,
-                     (int[]){cu_out_id(c, 1), cu_out_id(c, 0)}, 2);
+    return mean_launch(c, "cross_entropy", rows);
+}
+
+/* cross_entropy_fused(logits, targets, dloss) -> f32 [], terms (rows, 2) f32, dlogits (over the logits) */
+int cuda_cross_entropy_fused(CuCtx *c)
+{
+    int64_t rows, V;
+    if (loss_shape(c, "cross_entropy_fused", &rows, &V)) return -1;
+    RowGeo geo = row_geo(rows, V);
+    const char *src = cu_kernel(
+        c, 0,
+        cu_fmt(c, "%s, const int *__restrict__ tg, %s, float *__restrict__ terms", cu_pout(c, 2, "x"),
+               cu_pin(c, 2, "dloss")),
+        cu_fmt(c, "fs_xent_fused<%s, %lldLL, %lldLL>(x, tg, dloss, terms)", row_targs(c, &geo), (long long)rows,
+               (long long)V));
+    if (row_launch(c, "cross_entropy_fused", src, &geo,
+                   (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 1)}, 4))
+        return -1;
+    return mean_launch(c, "cross_entropy_fused", rows);
 }
 
 /* cross_entropy_bwd(logits, targets, dloss) -> dlogits */

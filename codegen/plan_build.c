@@ -153,6 +153,8 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"schedule", S, sched_name(t->schedule), 0, 0},
         {"checkpoint", S, checkpoint_name(t->checkpoint), 0, 0},
         {"chunks", I, NULL, 0, t->chunks},
+        {"fuse_loss", I, NULL, 0, t->fuse_loss},
+        {"embed_grad_into", I, NULL, 0, t->embed_grad_into},
         {"balance", S, t->balance, 0, 0},
         {"offload", S, offload_name(t->offload), 0, 0},
         {"seed", I, NULL, 0, (int64_t)t->seed},

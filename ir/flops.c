@@ -139,7 +139,10 @@ double flops_softmax_bwd(const Graph *g, const Node *n) { return 4 * out_numel(g
 double flops_layernorm_bwd(const Graph *g, const Node *n) { return LAYERNORM_BWD_FLOPS * in_numel(g, n, 0); }
 double flops_rmsnorm_bwd(const Graph *g, const Node *n) { return RMSNORM_BWD_FLOPS * in_numel(g, n, 0); }
 double flops_embedding_bwd(const Graph *g, const Node *n) { return in_numel(g, n, 1); }
+double flops_embedding_bwd_into(const Graph *g, const Node *n) { return in_numel(g, n, 2); }
 double flops_cross_entropy_bwd(const Graph *g, const Node *n) { return XENT_FLOPS * out_numel(g, n); }
+/* The loss's pass and the gradient's, as the two ops count them. */
+double flops_cross_entropy_fused(const Graph *g, const Node *n) { return 2 * XENT_FLOPS * in_numel(g, n, 0); }
 double flops_slice(const Graph *g, const Node *n) { return 0; }
 
 /* Backward redoes Q K^T, then dP = dO V^T, dV = P^T dO, dQ = dS K and dK = dS^T Q:

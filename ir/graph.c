@@ -272,6 +272,29 @@ int ir_view_parent(const Graph *g, int v)
     return (op_info(n->op)->flags & OPF_VIEW) ? ir_in(g, n, 0) : -1;
 }
 
+void ir_value_take_over(Graph *g, int old, int now)
+{
+    Value v = g->values[old];
+    v.producer = g->values[now].producer;
+    g->values[now] = v;
+    for (int k = 0; k < g->n_nodes; k++)
+        for (int i = 0; i < g->nodes[k].n_in; i++)
+            if (g->ids[g->nodes[k].in + i] == old) g->ids[g->nodes[k].in + i] = now;
+    for (int i = 0; i < g->n_outputs; i++)
+        if (g->outputs[i] == old) g->outputs[i] = now;
+    for (int i = 0; i < g->n_values; i++)
+        if (g->values[i].grad == old) g->values[i].grad = now;
+}
+
+void ir_inplace_bind(Graph *g, int n)
+{
+    const Node *x = ir_node(g, n);
+    FS_ASSERT(op_info(x->op)->flags & OPF_INPLACE);
+    Value *in = &g->values[ir_in(g, x, 0)];
+    in->view_of = ir_out(g, x, x->n_out - 1);
+    in->view_offset = in->view_rank_stride = 0;
+}
+
 void ir_nodes_reorder(Graph *g, const int *order)
 {
     FS_ASSERT(!g->n_waits);  // the schedule's waits name node ids: it runs after every reorder

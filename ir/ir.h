@@ -282,6 +282,15 @@ void ir_nodes_reorder(Graph *g, const int *order);
  * its uses. Value fields that name a removed value (grad, tied_to, view_of, alias)
  * become -1. */
 void ir_graph_compact(Graph *g, const char *drop_node);
+/* A rewrite's new value `now` stands for `old`: it takes old's fields (name, role, step
+ * role ...) but its producer, and every node input, step output and param gradient that
+ * named old names now. old is then read by nothing. */
+void ir_value_take_over(Graph *g, int old, int now);
+/* Node n (OPF_INPLACE) writes its last output over its first input: the input becomes a
+ * view at the output's first byte, so memplan gives them one buffer, the output's (whose
+ * role, a gradient's, the memory report counts), and a later layout of the output (a
+ * flat gradient buffer) takes the input with it. */
+void ir_inplace_bind(Graph *g, int n);
 /* Runs node n's shape rule again on its current inputs and retypes its outputs in place
  * (after a pass changed the dtype of an input). 0, or -1 with the rule's message. */
 int ir_node_retype(Graph *g, int n, char *err, size_t errlen);
@@ -301,8 +310,9 @@ int ir_node_attrs(const Graph *g, const Node *n, Attr *out);
 
 int64_t ir_numel(const Value *v);
 int ir_same_shape(const Value *a, const Value *b);
-/* The value whose buffer v lies in directly: an explicit view (Value.view_of, the shard
- * pass) or the input of the OPF_VIEW op that made it; -1 for a value with bytes of its own. */
+/* The value whose buffer v lies in directly: an explicit view (Value.view_of: the shard
+ * pass's, or the input an OPF_INPLACE op writes over, which lies in its output) or the
+ * input of the OPF_VIEW op that made it; -1 for a value with bytes of its own. */
 int ir_view_parent(const Graph *g, int v);
 /* The last node of node n's fused group (passes/fuse.c: consecutive nodes), or n. */
 int ir_group_last(const Graph *g, int n);
@@ -385,6 +395,8 @@ typedef struct {
     int stages, microbatches;
     PipeSchedule schedule;
     PipeCheckpoint checkpoint;
+    int fuse_loss;        // passes/xent.c: cross_entropy and its backward as one op (1), or apart (0)
+    int embed_grad_into;  // passes/embed_into.c: an embedding's gradient rows added in place (1), or not (0)
     int chunks;           // interleaved: model chunks per stage
     char balance[256];    // "auto", or blocks per stage: "3,3,2"
 

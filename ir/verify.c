@@ -9,7 +9,9 @@
  *    signature, of the right kind, unique, flags 0 or 1, and the ones without a default
  *    are present;
  *  - re-running the op's shape rule gives the recorded output types (which also checks
- *    axes and other attribute ranges).
+ *    axes and other attribute ranges);
+ *  - what an OPF_INPLACE node writes over (its first input) lies in its last output's
+ *    bytes (a view at offset 0), and no later node reads it nor the step outputs it.
  * Problems are printed one per line (`ir_verify: node 12 (matmul): ...`); the first
  * MAX_REPORTS are shown, then a count.
  *
@@ -200,6 +202,26 @@ static int check_node(Verifier *vf, int id, int *made_by)
     return bad ? -1 : 0;
 }
 
+/* The input an in-place node writes over is dead after it (ops.def: OPF_INPLACE). */
+static void check_inplace(Verifier *vf, const int *sound)
+{
+    const Graph *g = vf->g;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = ir_node(g, i);
+        if (!sound[i] || !(op_info(n->op)->flags & OPF_INPLACE)) continue;
+        int x = ir_in(g, n, 0);
+        for (int k = i + 1; k < g->n_nodes; k++)
+            for (int j = 0; sound[k] && j < g->nodes[k].n_in; j++)
+                if (ir_in(g, ir_node(g, k), j) == x)
+                    report(vf, "node %d (%s) writes over %%%d, which node %d reads after it", i, op_name(n->op), x, k);
+        for (int o = 0; o < g->n_outputs; o++)
+            if (g->outputs[o] == x) report(vf, "node %d (%s) writes over %%%d, an output of the step", i, op_name(n->op), x);
+        const Value *xv = ir_value(g, x);
+        if (xv->view_of != ir_out(g, n, n->n_out - 1) || xv->view_offset || xv->view_rank_stride)
+            report(vf, "node %d (%s) writes over %%%d, which is not a view of its last output", i, op_name(n->op), x);
+    }
+}
+
 int ir_verify(const Graph *g, FILE *out)
 {
     Verifier vf = {g, out, 0};
@@ -229,6 +251,7 @@ int ir_verify(const Graph *g, FILE *out)
     if (values_sound)
         for (int i = 0; i < g->n_nodes; i++)
             if (sound[i]) check_types(&vf, i, op_info(g->nodes[i].op));
+    if (values_sound) check_inplace(&vf, sound);
     for (int i = 0; i < g->n_outputs; i++)
         if (g->outputs[i] < 0 || g->outputs[i] >= g->n_values) report(&vf, "output %d: value %d out of range", i, g->outputs[i]);
     free(made_by);

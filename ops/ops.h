@@ -29,7 +29,7 @@ int dtype_parse(const char *s, DType *out);  // 0 on success
 
 enum {
     OPF_ELEMWISE = 1, OPF_REDUCE = 2, OPF_VIEW = 4, OPF_LAYOUT = 8, OPF_HIDDEN = 16, OPF_SAVES = 32, OPF_EFFECT = 64,
-    OPF_COLLECTIVE = 128, OPF_P2P = 256, OPF_COPY = 512
+    OPF_COLLECTIVE = 128, OPF_P2P = 256, OPF_COPY = 512, OPF_INPLACE = 1024
 };
 
 /* What an op moves between ranks or memory spaces (ops.def's last column). The

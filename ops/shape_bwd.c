@@ -122,10 +122,47 @@ int shape_embedding_bwd(ShapeCtx *c)
     return 0;
 }
 
+/* embedding_bwd_into(acc [rows, C], idx [...], dy [..., C]): acc's type, dy's rows added. */
+int shape_embedding_bwd_into(ShapeCtx *c)
+{
+    if (want_in(c, 3)) return -1;
+    const OpType *acc = &c->in[0], *idx = &c->in[1], *dy = &c->in[2];
+    int ok = acc->rank == 2 && dtype_is_float(acc->dtype) && idx->dtype == DT_I32 && dtype_is_float(dy->dtype) &&
+             dy->rank == idx->rank + 1 && dy->shape[dy->rank - 1] == acc->shape[1];
+    for (int d = 0; ok && d < idx->rank; d++) ok = dy->shape[d] == idx->shape[d];
+    if (!ok) {
+        char ta[192], ti[192], td[192];
+        return shape_fail(c, "embedding_bwd_into: acc %s, idx %s and dy %s do not fit (a float [rows, C], i32 [...] "
+                          "and float [..., C])", op_type_str(acc, ta, sizeof ta), op_type_str(idx, ti, sizeof ti),
+                          op_type_str(dy, td, sizeof td));
+    }
+    like(c, 0, acc);
+    return 0;
+}
+
 int shape_cross_entropy_bwd(ShapeCtx *c)
 {
     if (want_in(c, 3)) return -1;
     like(c, 0, &c->in[0]);
+    return 0;
+}
+
+/* cross_entropy_fused(logits, targets, dloss): cross_entropy's two outputs, then dlogits
+ * typed like the logits (written over them); dloss a float scalar, as the kernels read it. */
+int shape_cross_entropy_fused(ShapeCtx *c)
+{
+    if (want_in(c, 3)) return -1;
+    ShapeCtx loss = *c;
+    loss.n_in = 2;
+    if (shape_cross_entropy(&loss)) return -1;  // its message is in c->err
+    const OpType *g = &c->in[2];
+    if (!dtype_is_float(g->dtype) || op_type_numel(g) != 1) {
+        char t[192];
+        return shape_fail(c, "cross_entropy_fused: dloss %s should be a float scalar", op_type_str(g, t, sizeof t));
+    }
+    like(c, 0, &loss.out[0]);
+    like(c, 1, &loss.out[1]);
+    like(c, 2, &c->in[0]);
     return 0;
 }
 

@@ -39,6 +39,12 @@ static const PassInfo PASSES[] = {
      "checkpointed ones recomputing), batched inputs sliced, param gradients summed in place (Value.grad: the sum), "
      "tied params' sums exchanged, the loss their mean (with stages: on every stage)",
      pass_pipeline, 0},
+    {"xent", "the backward and the micro-batches in their final order; fuse_loss on",
+     "each cross_entropy and the cross_entropy_bwd of its logits as one cross_entropy_fused, which writes the logits' "
+     "gradient over them (its seed's nodes moved before it)", pass_xent, 0},
+    {"embed_into", "the backward and the micro-batches in their final order; embed_grad_into on",
+     "add(g, embedding_bwd(idx, dy)), g dead after it, as embedding_bwd_into(g, idx, dy): the rows added into "
+     "g's buffer (a tied embedding's gradient: no dense table, no add)", pass_embed_into, 0},
     {"shard", "param gradients; each rank's part of the batch",
      "flat param and grad buffers per unit, collectives in place in the order; Value.grad on what the optimizer updates",
      pass_shard, 1},

@@ -407,8 +407,9 @@ static int check_updates(Mem *m, int32_t k, char *err, size_t errlen)
 /* An op's output overlaps none of its inputs' bytes: kernels copy rows with memcpy and
  * read inputs after writing outputs. Exceptions are the ways kernels are written to
  * share: an elementwise op writing over an input of the same bytes (each element read
- * before it is written), and ops that move bytes with memmove or MPI's in-place
- * collectives (views, copy, collectives). */
+ * before it is written), an in-place op's last output on its first input (OPF_INPLACE,
+ * likewise), and ops that move bytes with memmove or MPI's in-place collectives (views,
+ * copy, collectives). */
 static int check_aliasing(Mem *m, int32_t k, char *err, size_t errlen)
 {
     const Plan *p = m->p;
@@ -421,6 +422,7 @@ static int check_aliasing(Mem *m, int32_t k, char *err, size_t errlen)
             int same = m->lo[u] == m->lo[x] && m->hi[u] == m->hi[x] &&
                        p->tensors[u].rank_stride == p->tensors[x].rank_stride;
             if (same && (flags & OPF_ELEMWISE)) continue;
+            if (same && (flags & OPF_INPLACE) && o == p->ops[k].n_out - 1 && i == 0) continue;
             return fail_op(m, k, err, errlen, "output %d, tensor %d (%s), overlaps input %d, tensor %d (%s): bytes [%lld, "
                            "%lld) and [%lld, %lld)", o, u, plan_tensor_label(p, u), i, x, plan_tensor_label(p, x), (long long)m->lo[u],
                            (long long)m->hi[u], (long long)m->lo[x], (long long)m->hi[x]);

@@ -157,14 +157,15 @@ RtIndexKind rt_op_index(const Plan *p, int32_t k, int32_t *idx, int64_t *bound)
 {
     const PlanOp *op = &p->ops[k];
     OpKind kind = op_lookup(plan_str(p, op->op));
-    if ((kind == OP_embedding || kind == OP_cross_entropy || kind == OP_cross_entropy_bwd) && op->n_in >= 2) {
+    if ((kind == OP_embedding || kind == OP_cross_entropy || kind == OP_cross_entropy_bwd ||
+         kind == OP_cross_entropy_fused) && op->n_in >= 2) {
         const PlanTensor *a = &p->tensors[in_id(p, k, 0)];
         *idx = in_id(p, k, 1);
         *bound = kind == OP_embedding ? a->shape[0] : a->shape[a->rank - 1];
         return kind == OP_embedding ? RT_INDEX_ROWS : RT_INDEX_CLASSES;
     }
-    if (kind == OP_embedding_bwd && op->n_in >= 1 && op->n_out >= 1) {
-        *idx = in_id(p, k, 0);
+    if ((kind == OP_embedding_bwd || kind == OP_embedding_bwd_into) && op->n_in >= 2 && op->n_out >= 1) {
+        *idx = in_id(p, k, kind == OP_embedding_bwd_into);
         *bound = p->tensors[p->ids[op->out]].shape[0];
         return RT_INDEX_ROWS;
     }

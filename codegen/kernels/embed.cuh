@@ -25,10 +25,11 @@ __device__ __forceinline__ void fs_embedding(const T *__restrict__ table, const 
 // N indices in tiles of 256: each tile's matches (indices in its rows) are compacted in index
 // order (warp ballots, then warp offsets), and thread t adds dy[i, c0 + t] of each match to its
 // own column. So every element sums its dy rows in index order, as on the CPU, and rows
-// nothing indexes come out 0.
-template <int R, long long N, long long V, long long C, class TG, class TO>
-__device__ __forceinline__ void fs_embedding_bwd(const int *__restrict__ idx, const TG *__restrict__ dy,
-                                                 TO *__restrict__ out)
+// nothing indexes come out 0. INTO (embedding_bwd_into): the sums start from out's own
+// elements instead of 0, each read and written back by the one thread that owns it.
+template <int R, bool INTO, long long N, long long V, long long C, class TG, class TO>
+__device__ __forceinline__ void fs_embedding_bwd_rows(const int *__restrict__ idx, const TG *__restrict__ dy,
+                                                      TO *__restrict__ out)
 {
     constexpr long long NCB = (C + 255) / 256;  // column blocks
     __shared__ float acc[R][256];
@@ -36,7 +37,7 @@ __device__ __forceinline__ void fs_embedding_bwd(const int *__restrict__ idx, co
     const long long v0 = (long long)(blockIdx.x / NCB) * R;
     const long long col = (long long)(blockIdx.x % NCB) * 256 + threadIdx.x;
     const int t = threadIdx.x, lane = t % 32, warp = t / 32;
-    for (int r = 0; r < R; r++) acc[r][t] = 0.f;
+    for (int r = 0; r < R; r++) acc[r][t] = INTO && col < C && v0 + r < V ? ld(out, (v0 + r) * C + col) : 0.f;
     for (long long i0 = 0; i0 < N; i0 += 256) {
         int r = -1;
         if (i0 + t < N) {
@@ -60,6 +61,21 @@ __device__ __forceinline__ void fs_embedding_bwd(const int *__restrict__ idx, co
     }
     if (col < C)
         for (int r = 0; r < R && v0 + r < V; r++) st(out, (v0 + r) * C + col, acc[r][t]);
+}
+
+template <int R, long long N, long long V, long long C, class TG, class TO>
+__device__ __forceinline__ void fs_embedding_bwd(const int *__restrict__ idx, const TG *__restrict__ dy,
+                                                 TO *__restrict__ out)
+{
+    fs_embedding_bwd_rows<R, false, N, V, C>(idx, dy, out);
+}
+
+// embedding_bwd_into: out [V, C] (the acc input's bytes) += dy's rows at idx, in index order.
+template <int R, long long N, long long V, long long C, class TG, class TO>
+__device__ __forceinline__ void fs_embedding_bwd_into(const int *__restrict__ idx, const TG *__restrict__ dy,
+                                                      TO *__restrict__ out)
+{
+    fs_embedding_bwd_rows<R, true, N, V, C>(idx, dy, out);
 }
 
 // y = x [OUTER, T, D] with the pair (i, i + D/2) of row t turned by p * theta^(-2i/D), p =

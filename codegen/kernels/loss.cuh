@@ -1,5 +1,6 @@
-// codegen/kernels/loss.cuh: cross_entropy and its backward, instantiated by
-// codegen/cuda_loss.c. Semantics are runtime/cpu/embed.c's: logits (ROWS, V), i32 targets;
+// codegen/kernels/loss.cuh: cross_entropy, its backward, and the two fused (passes/xent.c),
+// instantiated by codegen/cuda_loss.c. Semantics are runtime/cpu/embed.c's: logits (ROWS,
+// V), i32 targets;
 //   loss = mean over rows of logsumexp(row) - row[target]      (an f32 scalar)
 //   dlogits = (softmax(row) - onehot(target)) * dloss / ROWS    (logits' dtype)
 // A target outside [0, V) is bad data: the kernel traps (the launch fails and the runtime
@@ -75,5 +76,31 @@ __device__ __forceinline__ void fs_xent_bwd(const T *__restrict__ lg, const int 
     for (long long j = r.tid; j < V; j += NTR) {
         const float p = expf(ld(lg, base + j) - M) * f;
         st(dx, base + j, j == t ? p - g : p);
+    }
+}
+
+// Fused, kernel 1, a row kernel: the row's terms as fs_xent_rows writes them, then dlogits
+// as fs_xent_bwd computes it, written over the logits (x holds both: no second pointer
+// may alias it). Each element is read and written by the one thread that owns it, the
+// target's logit too (its terms entry is that thread's), so no thread of the row reads
+// what another has overwritten. Kernel 2 is fs_xent_mean.
+template <int KIND, int NTR, long long ROWS, long long V, class T, class TG>
+__device__ __forceinline__ void fs_xent_fused(T *__restrict__ x, const int *__restrict__ tg,
+                                              const TG *__restrict__ dloss, float *__restrict__ terms)
+{
+    using R = FsRow<KIND, NTR>;
+    const R r;
+    if (r.past(ROWS)) return;
+    const long long base = r.row * V;
+    float M, S;
+    fs_row_lse<R, V>(x, base, r.tid, M, S);
+    const float g = ld(dloss, 0) / (float)ROWS, f = g / S;
+    const int t = tg[r.row];
+    if (t < 0 || t >= V) __trap();
+    if (r.tid == 0) terms[2 * r.row] = M + logf(S);
+    for (long long j = r.tid; j < V; j += NTR) {
+        const float v = ld(x, base + j), p = expf(v - M) * f;
+        if (j == t) terms[2 * r.row + 1] = v;
+        st(x, base + j, j == t ? p - g : p);
     }
 }

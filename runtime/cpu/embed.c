@@ -1,5 +1,5 @@
 /* runtime/cpu/embed.c: table lookups, the loss, and constants: embedding (+ bwd),
- * cross_entropy (+ bwd), arange, scalar, full.
+ * embedding_bwd_into, cross_entropy (+ bwd, + the two fused), arange, scalar, full.
  *
  * An index outside the table (or a target outside the vocabulary) is a broken plan or
  * bad data: the kernel stops with file:line rather than read out of bounds.
@@ -52,11 +52,10 @@ CpuWork cpu_work_embedding_bwd(const KCall *k)
 
 #define ROWS_PER_TASK 1024  // table rows a task of the 16-bit embedding_bwd owns
 
-/* 16 bits: for each block of w columns, acc [V, w] = 0, dy's rows added at idx in
- * index order (each task owns a range of table rows), then rounded into dtable. */
-static void embedding_bwd_lowp(const KCall *k)
+/* 16 bits: for each block of w columns, acc [V, w] = 0 (into: O's rows), dy's rows
+ * added at idx in index order (each task owns a range of table rows), then rounded into O. */
+static void embedding_bwd_lowp(const KCall *k, const KTensor *I, const KTensor *DY, const KTensor *O, int into)
 {
-    const KTensor *I = &k->in[0], *DY = &k->in[1], *O = &k->out[0];
     int64_t V = O->shape[0], C = O->shape[1], n = I->numel;
     const int32_t *idx = idata(I);
     KCHECK(k->work && k->work_floats >= (size_t)V, "embedding_bwd: a 16-bit call needs a workspace of %lld floats, has %zu",
@@ -69,7 +68,9 @@ static void embedding_bwd_lowp(const KCall *k)
 #pragma omp parallel for if (n * w > PAR_MIN || V * w > PAR_MIN) schedule(static)
         for (int64_t t = 0; t < tasks; t++) {
             int64_t r0 = t * ROWS_PER_TASK, r1 = imin(V, r0 + ROWS_PER_TASK);
-            memset(acc + r0 * w, 0, sizeof(float) * (size_t)((r1 - r0) * w));
+            for (int64_t r = r0; r < r1; r++)
+                if (into) to_f32(acc + r * w, O->data, O->dtype, r * C + c0, w);
+                else memset(acc + r * w, 0, sizeof(float) * (size_t)w);
             for (int64_t i = 0; i < n; i++)
                 if (idx[i] >= r0 && idx[i] < r1) add_to_f32(acc + (int64_t)idx[i] * w, DY->data, DY->dtype, i * C + c0, w);
             for (int64_t r = r0; r < r1; r++) from_f32(O->data, O->dtype, r * C + c0, acc + r * w, w);
@@ -77,21 +78,22 @@ static void embedding_bwd_lowp(const KCall *k)
     }
 }
 
-/* embedding_bwd(idx, dy, rows) -> dtable [rows, C]: zeros, then dy's rows added at idx. */
-void cpu_embedding_bwd(const KCall *k)
+/* O [rows, C] = 0 (into: as it is), then dy's rows added at idx, each element in index order. */
+static void embedding_bwd_rows(const KCall *k, const KTensor *I, const KTensor *DY, const KTensor *O, int into)
 {
-    if (lowp_call(k)) {
-        embedding_bwd_lowp(k);
+    if (lowp(O->dtype) || lowp(DY->dtype)) {
+        embedding_bwd_lowp(k, I, DY, O, into);
         return;
     }
-    const KTensor *I = &k->in[0], *O = &k->out[0];
-    KCHECK(k->in[1].dtype == KT_F32, "embedding_bwd: unsupported dtype %d", k->in[1].dtype);
+    KCHECK(DY->dtype == KT_F32 && O->dtype == KT_F32, "embedding_bwd: unsupported dtypes %d, %d", DY->dtype, O->dtype);
     int64_t V = O->shape[0], C = O->shape[1], n = I->numel;
     const int32_t *idx = idata(I);
-    const float *dy = fdata(&k->in[1]);
+    const float *dy = fdata(DY);
     float *dt = fdata(O);
+    if (!into) {
 #pragma omp parallel for if (V * C > PAR_MIN) schedule(static)
-    for (int64_t r = 0; r < V; r++) memset(dt + r * C, 0, sizeof(float) * (size_t)C);
+        for (int64_t r = 0; r < V; r++) memset(dt + r * C, 0, sizeof(float) * (size_t)C);
+    }
     int64_t ch = col_chunk(1, C), nch = (C + ch - 1) / ch;
 #pragma omp parallel for if (n * C > PAR_MIN) schedule(static)
     for (int64_t t = 0; t < nch; t++) {
@@ -105,6 +107,19 @@ void cpu_embedding_bwd(const KCall *k)
             for (int64_t c = 0; c < len; c++) row[c] += g[c];
         }
     }
+}
+
+/* embedding_bwd(idx, dy, rows) -> dtable [rows, C]: zeros, then dy's rows added at idx. */
+void cpu_embedding_bwd(const KCall *k) { embedding_bwd_rows(k, &k->in[0], &k->in[1], &k->out[0], 0); }
+
+/* embedding_bwd_into(acc, idx, dy) -> acc with dy's rows added at idx, in place
+ * (passes/embed_into.c): no dense table of its own, no add after. */
+void cpu_embedding_bwd_into(const KCall *k)
+{
+    const KTensor *A = &k->in[0], *O = &k->out[0];
+    KCHECK(O->data == A->data && O->dtype == A->dtype && O->numel == A->numel,
+           "embedding_bwd_into: its output must lie on acc");
+    embedding_bwd_rows(k, &k->in[1], &k->in[2], O, 1);
 }
 
 /* logsumexp of one row: the max, then the sum of exp in lanes. */
@@ -142,58 +157,7 @@ CpuWork cpu_work_cross_entropy(const KCall *k)
     return (CpuWork){V, V * (size_t)omp_get_max_threads()};
 }
 
-/* The f32 loss below, each row staged in f32 in the thread's part of the workspace. */
-static void cross_entropy_lowp(const KCall *k)
-{
-    const KTensor *L = &k->in[0];
-    KCHECK(k->in[1].dtype == KT_I32, "cross_entropy: targets must be i32");
-    int64_t V = L->shape[L->rank - 1], rows = L->numel / V, bs = (rows + OPS_LOSS_BLOCKS - 1) / OPS_LOSS_BLOCKS;
-    int nt = work_threads(k, (size_t)V, "cross_entropy");
-    const int32_t *tg = idata(&k->in[1]);
-    float *terms = fdata(&k->out[1]);
-    double part[OPS_LOSS_BLOCKS];
-#pragma omp parallel for num_threads(nt) if (L->numel > PAR_MIN) schedule(static)
-    for (int b = 0; b < OPS_LOSS_BLOCKS; b++) {
-        float *x = k->work + (size_t)omp_get_thread_num() * (size_t)V;
-        double s = 0;
-        for (int64_t r = imin(rows, b * bs); r < imin(rows, (b + 1) * bs); r++) {
-            to_f32(x, L->data, L->dtype, r * V, V);
-            s += row_term(x, V, target_at(tg, r, V), terms + 2 * r);
-        }
-        part[b] = s;
-    }
-    double s = 0;
-    for (int b = 0; b < OPS_LOSS_BLOCKS; b++) s += part[b];
-    fdata(&k->out[0])[0] = (float)(s / (double)rows);
-}
-
-/* cross_entropy(logits [..., V], targets [...]) -> mean of logsumexp(row) - row[target]. */
-void cpu_cross_entropy(const KCall *k)
-{
-    const KTensor *L = &k->in[0];
-    if (lowp(L->dtype)) {
-        cross_entropy_lowp(k);
-        return;
-    }
-    KCHECK(L->dtype == KT_F32 && k->in[1].dtype == KT_I32, "cross_entropy: unsupported dtypes");
-    int64_t V = L->shape[L->rank - 1], rows = L->numel / V, bs = (rows + OPS_LOSS_BLOCKS - 1) / OPS_LOSS_BLOCKS;
-    const float *x = fdata(L);
-    const int32_t *tg = idata(&k->in[1]);
-    float *terms = fdata(&k->out[1]);
-    double part[OPS_LOSS_BLOCKS];
-#pragma omp parallel for if (L->numel > PAR_MIN) schedule(static)
-    for (int b = 0; b < OPS_LOSS_BLOCKS; b++) {
-        double s = 0;
-        for (int64_t r = imin(rows, b * bs); r < imin(rows, (b + 1) * bs); r++)
-            s += row_term(x + r * V, V, target_at(tg, r, V), terms + 2 * r);
-        part[b] = s;
-    }
-    double s = 0;
-    for (int b = 0; b < OPS_LOSS_BLOCKS; b++) s += part[b];
-    fdata(&k->out[0])[0] = (float)(s / (double)rows);
-}
-
-/* One row of dlogits: softmax(x) * g, less g at the target. */
+/* One row of dlogits: softmax(x) * g, less g at the target (dx may be x). */
 KSIMD static void ce_grad_row(const float *x, float *dx, int64_t V, int32_t target, float g)
 {
     float m = row_max(x, V);
@@ -203,6 +167,54 @@ KSIMD static void ce_grad_row(const float *x, float *dx, int64_t V, int32_t targ
     VEC_LOOP
     for (int64_t j = 0; j < V; j++) dx[j] *= f;
     dx[target] -= g;
+}
+
+/* The loss of logits (rows, V): each row's terms, added in double over the fixed blocks
+ * of ops.h's OPS_LOSS_BLOCKS, the mean into out[0]. With dx (cross_entropy_fused's last
+ * output, the logits' own bytes), each row's gradient for g = dloss / rows too, written
+ * over the row once its terms are taken: the numbers cross_entropy_bwd makes. In 16 bits
+ * each row is staged in f32 in the thread's part of the workspace (and rounded back). */
+static void loss_rows(const KCall *k, const KTensor *dx, const char *op)
+{
+    const KTensor *L = &k->in[0];
+    KCHECK((L->dtype == KT_F32 || lowp(L->dtype)) && k->in[1].dtype == KT_I32, "%s: unsupported dtypes", op);
+    int64_t V = L->shape[L->rank - 1], rows = L->numel / V, bs = (rows + OPS_LOSS_BLOCKS - 1) / OPS_LOSS_BLOCKS;
+    int lp = lowp(L->dtype), nt = lp ? work_threads(k, (size_t)V, op) : omp_get_max_threads();
+    float g = dx ? kload(&k->in[2], 0) / (float)rows : 0;  // dloss: f32, or any float dtype
+    const int32_t *tg = idata(&k->in[1]);
+    float *terms = fdata(&k->out[1]);
+    double part[OPS_LOSS_BLOCKS];
+#pragma omp parallel for num_threads(nt) if (L->numel > PAR_MIN) schedule(static)
+    for (int b = 0; b < OPS_LOSS_BLOCKS; b++) {
+        float *x = lp ? k->work + (size_t)omp_get_thread_num() * (size_t)V : NULL;
+        double s = 0;
+        for (int64_t r = imin(rows, b * bs); r < imin(rows, (b + 1) * bs); r++) {
+            if (lp) to_f32(x, L->data, L->dtype, r * V, V);
+            float *row = lp ? x : fdata(dx ? dx : L) + r * V;  // f32, dx: the logits' bytes
+            int32_t t = target_at(tg, r, V);
+            s += row_term(row, V, t, terms + 2 * r);
+            if (!dx) continue;
+            ce_grad_row(row, row, V, t, g);
+            if (lp) from_f32(dx->data, dx->dtype, r * V, x, V);
+        }
+        part[b] = s;
+    }
+    double s = 0;
+    for (int b = 0; b < OPS_LOSS_BLOCKS; b++) s += part[b];
+    fdata(&k->out[0])[0] = (float)(s / (double)rows);
+}
+
+/* cross_entropy(logits [..., V], targets [...]) -> mean of logsumexp(row) - row[target]. */
+void cpu_cross_entropy(const KCall *k) { loss_rows(k, NULL, "cross_entropy"); }
+
+/* cross_entropy_fused(logits, targets, dloss): cross_entropy's outputs, and dlogits over
+ * the logits (passes/xent.c). */
+void cpu_cross_entropy_fused(const KCall *k)
+{
+    const KTensor *L = &k->in[0], *dx = &k->out[2];
+    KCHECK(dx->data == L->data && dx->dtype == L->dtype && dx->numel == L->numel,
+           "cross_entropy_fused: dlogits must lie on the logits");
+    loss_rows(k, dx, "cross_entropy_fused");
 }
 
 /* dlogits = (softmax(row) - onehot(target)) * dloss / rows; in 16 bits each row is

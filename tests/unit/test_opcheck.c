@@ -173,7 +173,7 @@ Test(opcheck, input_of_another_shape)
 Test(opcheck, output_the_rule_does_not_make)
 {
     Plan *p = gpt2("fp32", "none", "1");
-    int32_t k = find_op(p, "cross_entropy", 0);
+    int32_t k = find_op(p, "cross_entropy_fused", 0);
     p->tensors[p->ids[p->ops[k].out]].dtype = PLAN_DT_BF16;  // the loss, which nothing views
     expect_refused(p, op_label(p, k), "output 0", "should be f32[] by the shape rule", NULL);
     plan_free(p);
@@ -191,7 +191,7 @@ Test(opcheck, a_dropped_input)
 Test(opcheck, an_input_made_after_its_reader)
 {
     Plan *p = gpt2("fp32", "none", "1");
-    int32_t k = find_op(p, "gelu", 0), later = find_op(p, "cross_entropy", 0);
+    int32_t k = find_op(p, "gelu", 0), later = find_op(p, "cross_entropy_fused", 0);
     *input(p, k, 0) = p->ids[p->ops[later].out];
     expect_refused(p, op_label(p, k), "not before this op", NULL);
     plan_free(p);
@@ -362,7 +362,7 @@ Test(opcheck, a_vocab_above_the_table)
     cr_assert_eq(rt_input_bound(p, find_tensor(p, "tokens"), &by), 256);
     cr_assert_eq(by, find_op(p, "embedding", 0));
     cr_assert_eq(rt_input_bound(p, find_tensor(p, "targets"), &by), 256);
-    cr_assert_str_eq(plan_str(p, p->ops[by].op), "cross_entropy");
+    cr_assert_str_eq(plan_str(p, p->ops[by].op), "cross_entropy_fused");
     expect_ok(p, "a meta vocab above the table");
     plan_free(p);
 }
@@ -373,7 +373,7 @@ Test(opcheck, indices_overwritten_before_they_are_read)
     Plan *p = gpt2("fp32", "none", "1");
     int32_t tg = find_tensor(p, "targets"), k = find_op(p, "gelu", 0);
     p->tensors[tg].offset = p->tensors[p->ids[p->ops[k].out]].offset;
-    expect_refused(p, "(cross_entropy)", "targets", "over its bytes", NULL);
+    expect_refused(p, "(cross_entropy_fused)", "targets", "over its bytes", NULL);
     plan_free(p);
 }
 

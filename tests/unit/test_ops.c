@@ -47,7 +47,7 @@ Test(ops, collectives_name_their_kind)
 Test(ops, flags_are_distinct_bits)
 {
     const int flags[] = {OPF_ELEMWISE, OPF_REDUCE, OPF_VIEW, OPF_LAYOUT, OPF_HIDDEN, OPF_SAVES,
-                         OPF_EFFECT, OPF_COLLECTIVE, OPF_P2P, OPF_COPY};
+                         OPF_EFFECT, OPF_COLLECTIVE, OPF_P2P, OPF_COPY, OPF_INPLACE};
     int all = 0;
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
         cr_assert_eq(flags[i] & (flags[i] - 1), 0, "flag %zu is one bit", i);
