@@ -34,7 +34,9 @@ import numpy as np
 
 from trainrun import run  # noqa: E402  (fsc and fsexec from the source tree; a failure ends the test)
 
-DIMS = ["-D", "L=2", "-D", "C=32", "-D", "NH=2", "-D", "T=16", "-D", "V=256", "-D", "B=4"]
+# The tied embedding's gradient added in place (passes/embed_into.c) sums wte's gradient in
+# another order than the recorded build did, so it is off here: this test is about the units.
+DIMS = ["-D", "L=2", "-D", "C=32", "-D", "NH=2", "-D", "T=16", "-D", "V=256", "-D", "B=4", "--embed_grad_into", "0"]
 CASES = {
     "adamw_fp32_groups_frozen": ["--optimizer", "adamw", "--weight_decay", "0.1", "--weight_decay_on", "matrices",
                                  "--freeze", "h.0", "--clip", "0"],
