@@ -362,6 +362,15 @@ void ir_graph_compact(Graph *g, const char *drop_node)
     for (int i = 0; i < g->n_outputs; i++) FS_ASSERT(g->outputs[i] >= 0);
 }
 
+void ir_graph_drop_last(Graph *g, int n)
+{
+    FS_ASSERT(n >= 0 && n <= g->n_nodes);
+    char *drop = arena_alloc(g->arena, (size_t)g->n_nodes);
+    memset(drop, 0, (size_t)g->n_nodes);
+    memset(drop + g->n_nodes - n, 1, (size_t)n);
+    ir_graph_compact(g, drop);
+}
+
 int ir_node_retype(Graph *g, int n, char *err, size_t errlen)
 {
     Node *node = &g->nodes[n];

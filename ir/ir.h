@@ -282,6 +282,9 @@ void ir_nodes_reorder(Graph *g, const int *order);
  * its uses. Value fields that name a removed value (grad, tied_to, view_of, alias)
  * become -1. */
 void ir_graph_compact(Graph *g, const char *drop_node);
+/* ir_graph_compact of the last n nodes: what a rewrite that reorders its replaced nodes
+ * to the end (ir_nodes_reorder) then drops. */
+void ir_graph_drop_last(Graph *g, int n);
 /* A rewrite's new value `now` stands for `old`: it takes old's fields (name, role, step
  * role ...) but its producer, and every node input, step output and param gradient that
  * named old names now. old is then read by nothing. */

@@ -21,7 +21,6 @@
  * association, so fp32 agrees to rounding; in 16 bits the sum is held in f32 and rounded
  * once, where the add rounded twice.
  */
-#include <string.h>
 
 #include "passes.h"
 
@@ -91,10 +90,7 @@ static void rewrite(Graph *g, int a, int e, int acc)
     order[k++] = a, order[k++] = e;
     FS_ASSERT(k == g->n_nodes);
     ir_nodes_reorder(g, order);
-    char *drop = arena_alloc(g->arena, (size_t)g->n_nodes);
-    memset(drop, 0, (size_t)g->n_nodes);
-    drop[g->n_nodes - 2] = drop[g->n_nodes - 1] = 1;
-    ir_graph_compact(g, drop);
+    ir_graph_drop_last(g, 2);
 }
 
 int pass_embed_into(Graph *g, const Options *o, Diag *d)

@@ -101,10 +101,7 @@ static void fuse(Graph *g, int n, int b, const char *up)
     order[k++] = n, order[k++] = b;
     FS_ASSERT(k == g->n_nodes);
     ir_nodes_reorder(g, order);
-    char *drop = arena_alloc(g->arena, (size_t)g->n_nodes);
-    memset(drop, 0, (size_t)g->n_nodes);
-    drop[g->n_nodes - 2] = drop[g->n_nodes - 1] = 1;
-    ir_graph_compact(g, drop);
+    ir_graph_drop_last(g, 2);
 }
 
 /* The first pair that can fuse: its cross_entropy in *n, its backward in *b, the seed's
