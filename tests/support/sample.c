@@ -81,3 +81,22 @@ float *sample_step1_grads(const Plan *p, size_t *n)
     rt_exec_free(e);
     return out;
 }
+
+void sample_losses(const Plan *p, uint64_t seed, int steps, float *loss)
+{
+    char err[256];
+    ExecOptions eo = {.seed = seed};
+    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
+    cr_assert_not_null(e, "%s", err);
+    RtData *d = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, seed, err, sizeof err);
+    cr_assert_not_null(d, "%s", err);
+    for (int s = 1; s <= steps; s++) {
+        rt_data_fill(d, s);
+        cr_assert_eq(rt_exec_run(e, s, RT_PHASES_ALL), 0);
+        RtTensor t;
+        rt_exec_tensor_id(e, p->outputs[0], &t);
+        loss[s - 1] = *(float *)t.data;
+    }
+    rt_data_close(d);
+    rt_exec_free(e);
+}

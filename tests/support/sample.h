@@ -20,6 +20,9 @@ Plan *sample_compile_source(const char *file, const char *src, const Define *def
 /* Every gradient the optimizer reads after step 1's backward (seed 5, synthetic data in
  * order), f32, the params' in tensor order, concatenated; *n floats. Free with free(). */
 float *sample_step1_grads(const Plan *p, size_t *n);
+/* The losses (the plan's first output) of `steps` steps from `seed` on synthetic data in
+ * order, into loss[0 .. steps). */
+void sample_losses(const Plan *p, uint64_t seed, int steps, float *loss);
 
 /* Small dims that train a step in milliseconds. */
 extern const Define SAMPLE_GPT2[6], SAMPLE_LLAMA[7];

@@ -31,26 +31,6 @@ static Plan *tiny(const char *precision, const char *fuse, const char *microbatc
     return sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, 4, NULL);
 }
 
-/* Losses of three steps (seed 3, synthetic data in order). */
-static void train(const Plan *p, float *loss)
-{
-    char err[256];
-    ExecOptions eo = {.seed = 3};
-    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
-    cr_assert_not_null(e, "%s", err);
-    RtData *d = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, 3, err, sizeof err);
-    cr_assert_not_null(d, "%s", err);
-    for (int s = 1; s <= 3; s++) {
-        rt_data_fill(d, s);
-        cr_assert_eq(rt_exec_run(e, s, RT_PHASES_ALL), 0);
-        RtTensor t;
-        rt_exec_tensor_id(e, p->outputs[0], &t);
-        loss[s - 1] = *(float *)t.data;
-    }
-    rt_data_close(d);
-    rt_exec_free(e);
-}
-
 static void same_training(const char *precision, const char *microbatches, const char *recompute)
 {
     Plan *fused = tiny(precision, "1", microbatches, recompute), *apart = tiny(precision, "0", microbatches, recompute);
@@ -73,7 +53,7 @@ static void same_training(const char *precision, const char *microbatches, const
         cr_assert(!memcmp(&gf[i], &ga[i], sizeof(float)), "%s M=%s %s: gradient element %zu: %.9g fused, %.9g apart",
                   precision, microbatches, recompute, i, gf[i], ga[i]);
     float lf[3], la[3];
-    train(fused, lf), train(apart, la);
+    sample_losses(fused, 3, 3, lf), sample_losses(apart, 3, 3, la);
     for (int s = 0; s < 3; s++)
         cr_assert(!memcmp(&lf[s], &la[s], sizeof(float)), "%s: step %d loss %.9g fused, %.9g apart", precision, s + 1,
                   lf[s], la[s]);
