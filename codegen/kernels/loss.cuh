@@ -59,48 +59,46 @@ __device__ __forceinline__ void fs_xent_mean(const float *__restrict__ terms, TL
     st(loss, 0, (float)(s / (double)ROWS));
 }
 
-// Backward, a row kernel: dx = softmax(row) * g, less g at the target, g = dloss / ROWS.
-template <int KIND, int NTR, long long ROWS, long long V, class T, class TG, class TD>
-__device__ __forceinline__ void fs_xent_bwd(const T *__restrict__ lg, const int *__restrict__ tg,
-                                            const TG *__restrict__ dloss, TD *__restrict__ dx)
+// One row's dlogits, dx = softmax(row) * g less g at the target, g = dloss / ROWS; with
+// TERMS, the row's terms too, as fs_xent_rows writes them. dx may be x itself (the fused
+// op): each element is read and then written by the one thread that owns it, the target's
+// logit too (its terms entry is that thread's), so no thread of the row reads what another
+// has overwritten.
+template <bool TERMS, class R, long long ROWS, long long V, class T, class TG, class TD>
+__device__ __forceinline__ void fs_xent_grad_row(const R &r, const T *x, const int *__restrict__ tg,
+                                                 const TG *__restrict__ dloss, TD *dx, float *__restrict__ terms)
 {
-    using R = FsRow<KIND, NTR>;
-    const R r;
-    if (r.past(ROWS)) return;
-    const long long base = r.row * V;
-    float M, S;
-    fs_row_lse<R, V>(lg, base, r.tid, M, S);
-    const float g = ld(dloss, 0) / (float)ROWS, f = g / S;
-    const int t = tg[r.row];
-    if (t < 0 || t >= V) __trap();
-    for (long long j = r.tid; j < V; j += NTR) {
-        const float p = expf(ld(lg, base + j) - M) * f;
-        st(dx, base + j, j == t ? p - g : p);
-    }
-}
-
-// Fused, kernel 1, a row kernel: the row's terms as fs_xent_rows writes them, then dlogits
-// as fs_xent_bwd computes it, written over the logits (x holds both: no second pointer
-// may alias it). Each element is read and written by the one thread that owns it, the
-// target's logit too (its terms entry is that thread's), so no thread of the row reads
-// what another has overwritten. Kernel 2 is fs_xent_mean.
-template <int KIND, int NTR, long long ROWS, long long V, class T, class TG>
-__device__ __forceinline__ void fs_xent_fused(T *__restrict__ x, const int *__restrict__ tg,
-                                              const TG *__restrict__ dloss, float *__restrict__ terms)
-{
-    using R = FsRow<KIND, NTR>;
-    const R r;
-    if (r.past(ROWS)) return;
     const long long base = r.row * V;
     float M, S;
     fs_row_lse<R, V>(x, base, r.tid, M, S);
     const float g = ld(dloss, 0) / (float)ROWS, f = g / S;
     const int t = tg[r.row];
     if (t < 0 || t >= V) __trap();
-    if (r.tid == 0) terms[2 * r.row] = M + logf(S);
-    for (long long j = r.tid; j < V; j += NTR) {
+    if (TERMS && r.tid == 0) terms[2 * r.row] = M + logf(S);
+    for (long long j = r.tid; j < V; j += R::NTR) {
         const float v = ld(x, base + j), p = expf(v - M) * f;
-        if (j == t) terms[2 * r.row + 1] = v;
-        st(x, base + j, j == t ? p - g : p);
+        if (TERMS && j == t) terms[2 * r.row + 1] = v;
+        st(dx, base + j, j == t ? p - g : p);
     }
+}
+
+// Backward, a row kernel over every row.
+template <int KIND, int NTR, long long ROWS, long long V, class T, class TG, class TD>
+__device__ __forceinline__ void fs_xent_bwd(const T *__restrict__ lg, const int *__restrict__ tg,
+                                            const TG *__restrict__ dloss, TD *__restrict__ dx)
+{
+    const FsRow<KIND, NTR> r;
+    if (r.past(ROWS)) return;
+    fs_xent_grad_row<false, FsRow<KIND, NTR>, ROWS, V>(r, lg, tg, dloss, dx, nullptr);
+}
+
+// Fused, kernel 1, a row kernel: the row's terms and its dlogits written over the logits x.
+// Kernel 2 is fs_xent_mean.
+template <int KIND, int NTR, long long ROWS, long long V, class T, class TG>
+__device__ __forceinline__ void fs_xent_fused(T *x, const int *__restrict__ tg, const TG *__restrict__ dloss,
+                                              float *__restrict__ terms)
+{
+    const FsRow<KIND, NTR> r;
+    if (r.past(ROWS)) return;
+    fs_xent_grad_row<true, FsRow<KIND, NTR>, ROWS, V>(r, x, tg, dloss, x, terms);
 }
