@@ -265,10 +265,16 @@ void rt_blobs_batch(const float *centers, uint64_t seed, int64_t step, int64_t B
 /* Rows [row0, row0 + rows) of the global batch (row b of every batch is keyed by b). */
 void rt_blobs_rows(const float *centers, uint64_t seed, int64_t step, int64_t row0, int64_t rows, int64_t D,
                    int64_t K, float *x, int32_t *y);
-/* The two data inputs (every input but "step"), in tensor order: tokens and targets, or
- * features and labels; an input of a later stage named as an earlier one's counts once.
- * 0, or -1 when the plan has not exactly two. */
+/* The data inputs (every input without a step role), in tensor order (a model's is its
+ * declaration order); an input of a later stage named as an earlier one's counts once.
+ * Their count; the first `max` of them in ids. */
+int rt_data_input_list(const Plan *p, int32_t *ids, int max);
+/* The two data inputs of a model of exactly two: tokens and targets, or features and
+ * labels. 0, or -1 when the plan has not exactly two. */
 int rt_data_inputs(const Plan *p, int32_t *a, int32_t *b);
+/* The tensor of p (one stage's program of `whole`, or whole itself) that is whole's data
+ * input w (by name); PLAN_NONE when that stage does not read it. */
+int32_t rt_stage_input(const Plan *whole, int32_t w, const Plan *p);
 /* The tensors of p, one stage's program of `whole` (or whole itself), that are whole's
  * data inputs (rt_data_inputs): the same names; PLAN_NONE where the stage reads none. */
 void rt_stage_inputs(const Plan *whole, const Plan *p, int32_t *a, int32_t *b);
@@ -291,6 +297,11 @@ int64_t rt_plan_vocab(const Plan *p);
  * in *idx, the bound its values must stay below in *bound; RT_INDEX_NONE for other ops. */
 typedef enum { RT_INDEX_NONE, RT_INDEX_ROWS, RT_INDEX_CLASSES } RtIndexKind;
 RtIndexKind rt_op_index(const Plan *p, int32_t k, int32_t *idx, int64_t *bound);
+/* Whether index read k (rt_op_index) also takes one value outside [0, bound), which it
+ * skips (cross_entropy's ignore_index: the op's int attribute "ignore_index"): 1 and the
+ * value, or 0. The one place that says which values besides the range an index read
+ * allows; data.c's file checks and opcheck_mem.c's proof both ask it. */
+int rt_op_index_sentinel(const Plan *p, int32_t k, int64_t *value);
 /* Whether op `op` (by name) passes its inputs' values on unchanged (views, layout ops,
  * expand, all_gather): what the data that reaches an index has gone through. */
 int rt_op_copies_values(const char *op);
@@ -298,6 +309,9 @@ int rt_op_copies_values(const char *op);
  * the least bound of the index reads (rt_op_index) its values reach through ops that
  * copy them; the op with that bound in *by. 0 when no op indexes with it; -1 out of memory. */
 int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by);
+/* Whether every index read input's values reach allows the same value outside [0, bound)
+ * (rt_op_index_sentinel): 1 and that value, else 0. */
+int rt_input_sentinel(const Plan *p, int32_t input, int64_t *value);
 /* The data source for e's plan: the token file `path`, read as `format` says (see
  * rt_tokens_parse_as; NULL: the built-in corpus) for a language model, Gaussian blobs
  * for a classifier (path must be NULL). Checks every token against the vocab. The
@@ -309,8 +323,10 @@ int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by);
 RtData *rt_data_open_as(Exec *e, const char *path, RtTokenFormat format, RtDataOrder order, uint64_t seed, char *err,
                         size_t errlen);
 RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed, char *err, size_t errlen);  // AUTO
-/* Whether `spec` names p's two data inputs ("x=feats.npy,..."): .npy arrays, not a file. */
-int rt_data_names_inputs(const Plan *p, const char *spec);
+/* rt_data_open_as; with .npy files, input k (rt_data_input_list's order) may have none
+ * where optional[k] (it keeps its zeros: --predict's labels); optional may be NULL. */
+RtData *rt_data_open_for(Exec *e, const char *path, RtTokenFormat format, RtDataOrder order, uint64_t seed,
+                         const uint8_t *optional, char *err, size_t errlen);
 /* A source that feeds nothing (its inputs stay zeros), for a run of no steps. */
 RtData *rt_data_idle(char *err, size_t errlen);
 /* Writes step's batch into the plan's inputs. Allocates nothing. */
@@ -323,6 +339,26 @@ int64_t rt_data_items(const RtData *d);         // tokens (LM) or samples per st
 int32_t rt_data_labels(const RtData *d);
 int32_t rt_data_logits(const RtData *d);
 void rt_data_close(RtData *d);
+
+/* ---- runtime/arrays.c: the data inputs from .npy files (--data NAME=FILE.npy,...) ------ */
+
+typedef struct RtArrays RtArrays;
+/* Whether `spec` gives p's data inputs .npy files: "NAME=FILE.npy,..." (not a file of that
+ * name), or a directory of NAME.npy files. */
+int rt_data_names_inputs(const Plan *p, const char *spec);
+/* Every data input of e's whole plan from its file in spec, read and checked (see
+ * arrays.c: each error names the input and the file); input k may lack one where
+ * optional[k] (optional may be NULL). What was read into describe. NULL with a message. */
+RtArrays *rt_arrays_open(Exec *e, const char *spec, const uint8_t *optional, char *describe, size_t dlen, char *err,
+                         size_t errlen);
+int64_t rt_arrays_samples(const RtArrays *a);  // the files' samples (first dim)
+/* Rows [row0, row0 + rows) of step's global batch of B_global samples into this stage's
+ * inputs. Allocates nothing. */
+void rt_arrays_fill(RtArrays *a, RtDataOrder order, uint64_t seed, int64_t step, int64_t B_global, int64_t row0,
+                    int64_t rows);
+void rt_arrays_free(RtArrays *a);
+/* Sample b of step s (1-based) of a global batch of B, of n (see arrays.c). */
+int64_t rt_data_sample(RtDataOrder order, uint64_t seed, int64_t step, int64_t B, int64_t b, int64_t n);
 
 /* ---- runtime/npy.c: NumPy .npy arrays (--data NAME=FILE.npy) -------------------------- */
 

@@ -323,7 +323,20 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
         if (parse_int(flag, v, 1, 4096, &n)) return 2;
         f->threads = (int)n;
         return 0;
-    case V_DATA: f->data = v; return 0;
+    case V_DATA: {  // repeated: one list, NAME=FILE,NAME=FILE
+        static char joined[8192];
+        if (!f->data) {
+            f->data = v;
+            return 0;
+        }
+        size_t had = strlen(f->data), add = strlen(v);
+        if (had + add + 2 > sizeof joined) return usage_error("%s", "--data: the files' names are too long");
+        memmove(joined, f->data, had);  // f->data may be joined itself
+        joined[had] = ',';
+        memcpy(joined + had + 1, v, add + 1);
+        f->data = joined;
+        return 0;
+    }
     case V_DATA_ORDER:
         if (!strcmp(v, "random") || !strcmp(v, "sequential")) {
             f->order = v[0] == 'r' ? RT_ORDER_RANDOM : RT_ORDER_SEQUENTIAL;
