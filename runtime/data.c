@@ -597,6 +597,8 @@ void rt_data_fill(RtData *d, int64_t step)
 RtDataKind rt_data_get_kind(const RtData *d) { return d->kind; }
 const char *rt_data_describe(const RtData *d) { return d->describe; }
 int64_t rt_data_items(const RtData *d) { return d->kind == RT_DATA_LM ? d->B_global * d->T : d->B_global; }
+int64_t rt_data_rows(const RtData *d) { return d->B_global; }
+int64_t rt_data_samples(const RtData *d) { return d->arrays ? rt_arrays_samples(d->arrays) : 0; }
 int32_t rt_data_labels(const RtData *d) { return d->y_id; }
 int32_t rt_data_logits(const RtData *d) { return d->logits; }
 

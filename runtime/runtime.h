@@ -334,6 +334,8 @@ void rt_data_fill(RtData *d, int64_t step);
 RtDataKind rt_data_get_kind(const RtData *d);
 const char *rt_data_describe(const RtData *d);  // for the start line
 int64_t rt_data_items(const RtData *d);         // tokens (LM) or samples per step, all ranks
+int64_t rt_data_rows(const RtData *d);          // samples per step, all ranks (the global batch)
+int64_t rt_data_samples(const RtData *d);       // .npy files' samples (first dim); 0 for other data
 /* A classifier's labels and logits on this stage (PLAN_NONE where it has none, and for
  * language models): what the accuracy is computed from. */
 int32_t rt_data_labels(const RtData *d);
@@ -978,6 +980,8 @@ typedef struct {
     int64_t batches;        // K: each evaluation's batches, the first K of the file's sequential order
     uint64_t seed;          // the run's (the data's, and the init the params are copied over)
     int nan_fill;           // --debug-nan for the eval program too
+    const char *flag;       // the flag messages name (NULL: "--val-data")
+    const uint8_t *optional;  // .npy: inputs that may have no file (rt_data_open_for), or NULL
 } RtEvalOptions;
 
 /* The plan's evaluation program (whole->eval) on this rank, beside the training Exec
@@ -991,6 +995,27 @@ void rt_eval_free(RtEval *v);
  * calls it. 0, or -1 with a message. */
 int rt_eval_run(RtEval *v, double *loss, double *accuracy, char *err, size_t errlen);
 int64_t rt_eval_arena_bytes(const RtEval *v);  // the eval program's device arena
+/* The eval program's Exec (this rank's stage) and its data, for --predict (predict.c). */
+Exec *rt_eval_exec(RtEval *v);
+RtData *rt_eval_data(RtEval *v);
+/* Copies train's params into the eval program (rt_eval_run does it first). 0, or -1. */
+int rt_eval_take_params(RtEval *v, char *err, size_t errlen);
+
+/* ---- runtime/predict.c: fsexec --predict ----------------------------------------------- */
+
+typedef struct {
+    const char *data;       // --data: .npy files of the inputs (NAME=FILE.npy,... or a directory)
+    const char *out;        // --out FILE.npy (several outputs: FILE.NAME.npy each)
+    uint64_t seed;
+} RtPredictOptions;
+/* Runs the plan's evaluation program over every sample of o->data, in order, with the
+ * params of `train` (loaded by the caller), and writes each output of the model (the
+ * eval program's outputs but the loss) as a .npy file of one row per sample (see
+ * predict.c). Every rank calls it; the first rank of each stage writes the outputs that
+ * stage holds. The paths written go to *written (for the caller's message; may be NULL).
+ * 0, or -1 with a message (agreed over the ranks). */
+int rt_predict(const Plan *whole, Exec *train, const RtPredictOptions *o, char *written, size_t wlen, char *err,
+               size_t errlen);
 
 /* ---- runtime/sample.c: text generation --------------------------------------------------- */
 

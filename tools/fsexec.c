@@ -228,6 +228,8 @@ typedef struct {
     double temperature;
     const char *trace;       // --trace FILE
     int64_t trace_first, trace_last;  // --trace-steps A:B (0: the default)
+    int predict;             // --predict: write the outputs for --data's samples to --out
+    const char *out;         // --out FILE.npy
 } Flags;
 
 /* Who speaks in messages: "fsexec", or "[rank r] fsexec" in a world of several ranks
@@ -291,7 +293,7 @@ typedef enum {
     V_LOAD_WEIGHTS, V_SAVE_GRADS, V_NPROC, V_TIMEOUT, V_OVERFLOW_AT, V_DEVICE, V_CHECKPOINT_DIR, V_SAVE_EVERY, V_KEEP,
     V_RESUME, V_EXPORT, V_WEIGHTS_FORMAT, V_VAL_DATA, V_EVAL_EVERY, V_EVAL_BATCHES, V_SAMPLE, V_PROMPT,
     V_PROMPT_IDS, V_TOKENIZER, V_TEMPERATURE, V_TOP_K, V_TRACE,
-    V_TRACE_STEPS, V_COUNT
+    V_TRACE_STEPS, V_OUT, V_COUNT
 } ValueFlag;
 
 static const char *const VALUE_FLAGS[V_COUNT] = {
@@ -299,7 +301,7 @@ static const char *const VALUE_FLAGS[V_COUNT] = {
     "--save-weights", "--load-weights", "--save-grads", "--nproc", "--timeout", "--debug-overflow-at", "--device",
     "--checkpoint-dir", "--save-every", "--keep", "--resume", "--export", "--weights-format", "--val-data",
     "--eval-every", "--eval-batches", "--sample", "--prompt", "--prompt-ids", "--tokenizer", "--temperature", "--top-k",
-    "--trace", "--trace-steps",
+    "--trace", "--trace-steps", "--out",
 };
 
 /* 0, or the exit status of a usage error (after its message). */
@@ -399,6 +401,7 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
     }
     case V_TOP_K: return parse_int(flag, v, 1, INT32_MAX, &f->top_k) ? 2 : 0;
     case V_TRACE: f->trace = v; return 0;
+    case V_OUT: f->out = v; return 0;
     case V_TRACE_STEPS: {  // A:B, or A alone
         char a[32] = "";
         const char *colon = strchr(v, ':');
@@ -424,7 +427,7 @@ static const struct {
     {"--cuda-graph", offsetof(Flags, cuda_graph)},   {"--tf32", offsetof(Flags, tf32)},
     {"--sync-sends", offsetof(Flags, sync_sends)},   {"--no-kv-cache", offsetof(Flags, no_kv_cache)},
     {"--cpu-one-by-one", offsetof(Flags, one_by_one)}, {"--resume-partial", offsetof(Flags, resume_partial)},
-    {"--resume-other-data", offsetof(Flags, resume_other_data)},
+    {"--resume-other-data", offsetof(Flags, resume_other_data)}, {"--predict", offsetof(Flags, predict)},
 };
 #define N_SWITCHES (sizeof SWITCHES / sizeof *SWITCHES)
 
@@ -537,6 +540,20 @@ static int parse_args(int argc, char **argv, Flags *f)
         return usage_error("--sample generates text and trains nothing; drop %s", f->val_data ? "--val-data" :
                            f->save_weights ? "--save-weights" : f->checkpoint_dir ? "--checkpoint-dir" : f->data ?
                            "--data" : "--log");
+    if (f->out && !f->predict) return usage_error("%s", "--out names --predict's file: give --predict");
+    if (f->predict && (!f->out || !f->data))
+        return usage_error("%s", "--predict needs the samples and where their outputs go: --data NAME=FILE.npy,... and "
+                           "--out FILE.npy");
+    if (f->predict && !f->load_weights && !f->resume)
+        return usage_error("%s", "--predict needs trained params: --load-weights FILE or --resume CKPT");
+    if (f->predict && (f->val_data || f->save_weights || f->save_grads || f->checkpoint_dir || f->sample || f->log ||
+                       f->trace))
+        return usage_error("--predict trains nothing; drop %s", f->val_data ? "--val-data" : f->save_weights ?
+                           "--save-weights" : f->save_grads ? "--save-grads" : f->checkpoint_dir ? "--checkpoint-dir" :
+                           f->sample ? "--sample" : f->log ? "--log" : "--trace");
+    if (f->predict && (f->device == RT_DEVICE_CUDA || f->cuda_graph || f->tf32))
+        return usage_error("%s", "--predict runs the evaluation program on CPU ranks; drop --device cuda, --cuda-graph "
+                           "and --tf32");
     if (f->save_grads && f->steps == 0) return usage_error("%s", "--save-grads needs at least one step");
     if (f->trace && f->steps == 0) return usage_error("%s", "--trace needs at least one step");
     if (f->trace_first && !f->trace) return usage_error("%s", "--trace-steps says which steps --trace FILE covers; give --trace");
@@ -751,10 +768,10 @@ static const char *input_at(const Flags *f, const char *out, const char **file)
  * an input would be lost). 0, or 1 after a message. */
 static int check_outputs(const Flags *f)
 {
-    const char *flags[] = {"--save-weights", "--save-grads", "--log", "--trace"};
-    const char *paths[] = {f->save_weights, f->save_grads, f->log, f->trace};
+    const char *flags[] = {"--save-weights", "--save-grads", "--log", "--trace", "--out"};
+    const char *paths[] = {f->save_weights, f->save_grads, f->log, f->trace, f->out};
     char err[512];
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         const char *file, *input = paths[i] ? input_at(f, paths[i], &file) : NULL;
         if (input) {
             fprintf(stderr, "%s: %s %s is %s %s, which this run reads: give another file\n", who, flags[i], paths[i],
@@ -906,6 +923,20 @@ static int load_weights(Exec *e, const char *path, RtWeightsFormat fmt, char *er
     return rc;
 }
 
+/* --predict, once the params are in e (rt_predict): 0, or 1 after a message. */
+static int predict(const Flags *f, const Plan *whole, Exec *e, uint64_t seed)
+{
+    char err[1024], written[2048];
+    RtPredictOptions o = {.data = f->data, .out = f->out, .seed = seed};
+    double t0 = rt_now();
+    if (rt_predict(whole, e, &o, written, sizeof written, err, sizeof err)) {  // agreed
+        if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
+        return 1;
+    }
+    if (written[0]) fprintf(stderr, "%s: wrote %s in %.2f s\n", who, written, rt_now() - t0);
+    return 0;
+}
+
 /* The run after the world is joined, on p, this rank's stage's program of `whole` (or
  * whole itself): the Exec (the host mirror), the data, the weights or the resumed
  * checkpoint, the device, the steps, the saved weights. 0, or an exit status after a
@@ -937,7 +968,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     }
     /* No step draws a batch (--steps 0: export the init, checkpoint it): inputs only .npy
      * files could feed need none. */
-    int idle = !f->data && f->steps <= start && rt_data_kind(whole) == RT_DATA_NONE;
+    int idle = f->predict || (!f->data && f->steps <= start && rt_data_kind(whole) == RT_DATA_NONE);
     r->data = idle ? rt_data_idle(err, sizeof err)
                    : rt_data_open_as(r->e, f->data, f->data_format, f->order, seed, err, sizeof err);
     if (!r->data) {
@@ -966,6 +997,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         }
     }
     t_load = rt_now() - t_load;
+    if (f->predict) return predict(f, whole, r->e, seed);
     int32_t report[8];
     if (rt_device_open(&r->dev, r->e, rk, f->tf32, f->trace != NULL, report, rt_train_reported(r->e, r->data, report)))
         return local_error(1);
@@ -1017,6 +1049,7 @@ static int check_resume(const Flags *f, const RtCheckpoint *c, const Plan *whole
                                     : "; give --resume-partial to load what both have in the same shape on purpose "
                                       "(the rest starts as initialized)");
     if (model < 0 || (model > 0 && !f->resume_partial)) return 1;
+    if (f->predict) return 0;  // --data is the samples to predict, not the run's data
     int data = rt_resume_check_data(c, f->data, f->resume_other_data, msg, sizeof msg);
     if (data && my_rank == 0) fprintf(stderr, "fsexec: %s--resume: %s\n", data < 0 ? "" : "warning: ", msg);
     return data < 0 ? 1 : 0;
@@ -1069,7 +1102,7 @@ static int run(const Flags *f)
     }
     if (!rc) rc = check_checkpoint_files(f, &r, whole);
     if (!rc && r.resume) rc = check_resume(f, r.resume, whole);
-    if (!rc && r.resume && rt_checkpoint_step(r.resume) >= f->steps) {
+    if (!rc && r.resume && rt_checkpoint_step(r.resume) >= f->steps && !f->predict) {
         if (my_rank == 0)
             fprintf(stderr, "fsexec: %s is at step %" PRId64 " and --steps %" PRId64 " is the run's total: nothing to "
                     "run (give a larger --steps to go on)\n", rt_checkpoint_dir(r.resume), rt_checkpoint_step(r.resume),
