@@ -65,13 +65,16 @@ static const char *inputs_str(const Plan *p, const RtArrays *a, char *buf, size_
     return buf;
 }
 
-/* "--data x=x.npy,y=y.npy": the flag that gives every input a file, for messages. */
-static const char *example(const Plan *p, const RtArrays *a, char *buf, size_t n)
+/* "--data x=x.npy,y=y.npy": the flag that gives every input (but the optional) a file,
+ * for messages. */
+static const char *example(const Plan *p, const RtArrays *a, const uint8_t *optional, char *buf, size_t n)
 {
     size_t at = (size_t)snprintf(buf, n, "--data ");
-    for (int32_t k = 0; k < a->n && at < n; k++) {
+    for (int32_t k = 0, first = 1; k < a->n && at < n; k++) {
         const char *name = plan_str(p, p->tensors[a->id[k]].name);
-        at += (size_t)snprintf(buf + at, n - at, "%s%s=%s.npy", k ? "," : "", name, name);
+        if (optional && optional[k]) continue;
+        at += (size_t)snprintf(buf + at, n - at, "%s%s=%s.npy", first ? "" : ",", name, name);
+        first = 0;
     }
     return buf;
 }
@@ -222,7 +225,7 @@ static int read_paths(RtArrays *a, const Plan *p, const char *spec, const uint8_
                              "for each input", spec, plan_str(p, t->name), plan_str(p, t->name));
         if (!path[k])
             return plan_fail(err, errlen, "--data: no file for input '%s'; give every input one, as in %s",
-                             plan_str(p, t->name), example(p, a, ex, sizeof ex));
+                             plan_str(p, t->name), example(p, a, optional, ex, sizeof ex));
         if (rt_npy_read(path[k], &a->arr[k], err, errlen) || check_array(p, t, path[k], &a->arr[k], err, errlen))
             return -1;
         if (first < 0) first = k;
@@ -233,7 +236,7 @@ static int read_paths(RtArrays *a, const Plan *p, const char *spec, const uint8_
                              a->arr[k].shape[0], plan_str(p, t->name));
     }
     if (first < 0) return plan_fail(err, errlen, "--data: no file for any input; give them as in %s",
-                                    example(p, a, ex, sizeof ex));
+                                    example(p, a, optional, ex, sizeof ex));
     a->n_samples = a->arr[first].shape[0];
     size_t at = 0;
     for (int32_t k = 0; k < a->n; k++) {

@@ -31,7 +31,7 @@ enum { MAX_OUTPUTS = 64 };
 
 typedef struct {
     int32_t id;         // in this stage's eval program
-    const char *name;
+    char name[256];     // a copy: the stage's program goes with the RtEval
     int64_t per_row;    // elements per sample
     char path[4096];
     PlanOutput *file;   // on the writing rank
@@ -87,7 +87,8 @@ static int find_outputs(const Plan *p, int64_t B, Out *out, int *n, char *err, s
             return plan_fail(err, errlen, "output '%s' is %s in the evaluation program; --predict writes f32 and i32",
                              name, plan_dtype_name(pt->dtype));
         if (*n == MAX_OUTPUTS) return plan_fail(err, errlen, "more than %d outputs", MAX_OUTPUTS);
-        out[*n] = (Out){.id = t, .name = name, .per_row = plan_tensor_numel(pt) / B};
+        out[*n] = (Out){.id = t, .per_row = plan_tensor_numel(pt) / B};
+        snprintf(out[*n].name, sizeof out[*n].name, "%s", name);
         (*n)++;
     }
     return 0;
