@@ -494,10 +494,12 @@ int32_t rt_checkpoint_find(const RtCheckpoint *c, const char *name);
  * their domain (rt_state_check): 0, or -1 naming the file, the tensor and its byte
  * range, or the element and its value. */
 int rt_checkpoint_read(const RtCheckpoint *c, int32_t i, void *buf, char *err, size_t errlen);
-/* How a weights file names and lays out the params: ours (the .fsm's names, matmul
- * weights [in, out]), or a Hugging Face model's (README's table: GPT2LMHeadModel,
- * LlamaForCausalLM). */
-typedef enum { RT_WEIGHTS_FSEXEC, RT_WEIGHTS_HF_GPT2, RT_WEIGHTS_HF_LLAMA, RT_WEIGHTS_COUNT } RtWeightsFormat;
+/* How a weights file names and lays out the params: ours (RT_WEIGHTS_FSEXEC: the .fsm's
+ * names, matmul weights [in, out]), or a Hugging Face model's by a table of names
+ * (runtime/hfmap.c: the built-in hf-gpt2, hf-llama, hf-bert, or a user's map:FILE.json). */
+typedef struct RtHfMap RtHfMap;
+typedef const RtHfMap *RtWeightsFormat;
+#define RT_WEIGHTS_FSEXEC ((RtWeightsFormat)0)
 /* fsexec --export: every param, consolidated, as one safetensors file at out (what
  * --save-weights writes): written in order through one fixed buffer (its bytes in
  * *buffer), every piece's CRC checked, atomically. In a Hugging Face format f
@@ -632,13 +634,32 @@ int rt_st_read(const char *path, const StEntry *t, int32_t n, char *err, size_t 
 int rt_st_read_part(const char *path, const StEntry *t, int32_t n, const char *const *also, int32_t n_also,
                     char *err, size_t errlen);
 
-/* ---- runtime/hf.c: Hugging Face names and layouts of the params --------------------- */
+/* ---- runtime/hfmap.c: the tables of Hugging Face names -------------------------------- */
 
 /* RtWeightsFormat: with runtime/checkpoint.c's declarations, which --export takes. */
 
-/* "fsexec", "hf-gpt2", "hf-llama": 0 and *out, or -1. */
-int rt_weights_format_parse(const char *s, RtWeightsFormat *out);
-const char *rt_weights_format_name(RtWeightsFormat f);
+/* "fsexec" (RT_WEIGHTS_FSEXEC), a built-in table ("hf-gpt2", "hf-llama", "hf-bert"), or
+ * "map:FILE.json", read and checked (see hfmap.c): 0 and *out (free it with
+ * rt_weights_format_free); -1 with a message for a bad table; 1 with a message for a
+ * name that is none of these (a usage error). */
+int rt_weights_format_parse(const char *s, RtWeightsFormat *out, char *err, size_t errlen);
+void rt_weights_format_free(RtWeightsFormat f);
+const char *rt_weights_format_name(RtWeightsFormat f);  // "fsexec", "hf-gpt2", "map:FILE.json"
+/* A table from its JSON text, named `name` in messages ("map:FILE.json" when user: then
+ * every row but the optional must name a param of the model it loads into). NULL with a
+ * message naming the row. */
+RtHfMap *rt_hf_map_parse(const char *text, size_t len, const char *name, int user, char *err, size_t errlen);
+void rt_hf_map_free(RtHfMap *m);
+/* The built-in tables, runtime/hf/NAME.json embedded by cmake/embed_maps.cmake. */
+typedef struct {
+    const char *name;  // "hf-gpt2"
+    const char *json;
+} RtHfBuiltin;
+extern const RtHfBuiltin rt_hf_builtin[];
+extern const int rt_hf_n_builtin;
+
+/* ---- runtime/hf.c: Hugging Face names and layouts of the params --------------------- */
+
 /* The name format f stores our param `ours` under ("h.3.attn.w" -> hf-gpt2's
  * "transformer.h.3.attn.c_attn.weight"), into buf; NULL when the mapping has no row for it. */
 const char *rt_hf_name(RtWeightsFormat f, const char *ours, char *buf, size_t n);

@@ -374,15 +374,17 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
     case V_RESUME: f->resume = v; return 0;
     case V_EXPORT: f->export_from = v; return 0;
     case V_WEIGHTS_FORMAT: {  // FMT, or IN,OUT
-        char in[32] = "";
+        char in[4096] = "", err[1024];
         const char *comma = strchr(v, ',');
         snprintf(in, sizeof in, "%.*s", comma ? (int)(comma - v) : (int)strlen(v), v);
-        if (rt_weights_format_parse(in, &f->load_format) ||
-            rt_weights_format_parse(comma ? comma + 1 : in, &f->save_format))
-            return usage_error("--weights-format: expected fsexec, hf-gpt2 or hf-llama (or IN,OUT: two of them), "
-                               "got '%s'", v);
+        rt_weights_format_free(f->load_format), rt_weights_format_free(f->save_format);
+        f->load_format = f->save_format = RT_WEIGHTS_FSEXEC;
+        int rc = rt_weights_format_parse(in, &f->load_format, err, sizeof err);
+        if (!rc) rc = rt_weights_format_parse(comma ? comma + 1 : in, &f->save_format, err, sizeof err);
+        if (rc > 0) return usage_error("--weights-format: %s (IN,OUT: two of them)", err);
+        if (rc < 0) fprintf(stderr, "fsexec: --weights-format: %s\n", err);
         f->weights_format = v;
-        return 0;
+        return rc ? 1 : 0;
     }
     case V_VAL_DATA: f->val_data = v; return 0;
     case V_EVAL_EVERY: return parse_int(flag, v, 1, INT32_MAX, &f->eval_every) ? 2 : 0;
@@ -1322,10 +1324,13 @@ int main(int argc, char **argv)
     Flags f = {0};
     int rc = parse_args(argc, argv, &f);
     if (rc) return rc;
-    if (f.inspect) return inspect(f.inspect);
-    if (f.export_from) return export_checkpoint(f.export_from, f.plan, f.save_format);
-    if (check_outputs(&f)) return 1;
-    if (f.sample && f.nproc > 1) return usage_error("%s", "--sample runs in one process; drop --nproc");
-    if (f.nproc > 1) return launch(&f, argc, argv);
-    return f.sample ? sample(&f) : run(&f);
+    if (f.inspect) rc = inspect(f.inspect);
+    else if (f.export_from) rc = export_checkpoint(f.export_from, f.plan, f.save_format);
+    else if (check_outputs(&f)) rc = 1;
+    else if (f.sample && f.nproc > 1) rc = usage_error("%s", "--sample runs in one process; drop --nproc");
+    else if (f.nproc > 1) rc = launch(&f, argc, argv);
+    else rc = f.sample ? sample(&f) : run(&f);
+    rt_weights_format_free(f.load_format);
+    rt_weights_format_free(f.save_format);
+    return rc;
 }
