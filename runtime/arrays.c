@@ -195,21 +195,6 @@ static int parse_spec(const Plan *p, const RtArrays *a, const char *spec, char *
     return 0;
 }
 
-static int read_paths(RtArrays *a, const Plan *p, const char *spec, const uint8_t *optional, char *buf,
-                      const char **path, char *describe, size_t dlen, char *err, size_t errlen);
-
-/* Reads every input's file (optional[k]: input k may have none), checked. */
-static int read_all(RtArrays *a, const Plan *p, const char *spec, const uint8_t *optional, char *describe,
-                    size_t dlen, char *err, size_t errlen)
-{
-    const char *path[MAX_INPUTS] = {0};
-    char *buf = plan_alloc(SPEC);
-    int rc = !buf ? plan_fail(err, errlen, "out of memory") : read_paths(a, p, spec, optional, buf, path, describe, dlen,
-                                                                       err, errlen);
-    plan_dealloc(buf);
-    return rc;
-}
-
 /* read_all's work, the paths in buf. */
 static int read_paths(RtArrays *a, const Plan *p, const char *spec, const uint8_t *optional, char *buf,
                       const char **path, char *describe, size_t dlen, char *err, size_t errlen)
@@ -247,6 +232,18 @@ static int read_paths(RtArrays *a, const Plan *p, const char *spec, const uint8_
     }
     if (at < dlen) snprintf(describe + at, dlen - at, " (%" PRId64 " samples)", a->n_samples);
     return 0;
+}
+
+/* Reads every input's file (optional[k]: input k may have none), checked. */
+static int read_all(RtArrays *a, const Plan *p, const char *spec, const uint8_t *optional, char *describe,
+                    size_t dlen, char *err, size_t errlen)
+{
+    const char *path[MAX_INPUTS] = {0};
+    char *buf = plan_alloc(SPEC);
+    int rc = !buf ? plan_fail(err, errlen, "out of memory") : read_paths(a, p, spec, optional, buf, path, describe, dlen,
+                                                                       err, errlen);
+    plan_dealloc(buf);
+    return rc;
 }
 
 RtArrays *rt_arrays_open(Exec *e, const char *spec, const uint8_t *optional, char *describe, size_t dlen, char *err,

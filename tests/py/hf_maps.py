@@ -27,7 +27,6 @@ usage: hf_maps.py FSC FSEXEC   (/usr/bin/python3 with numpy and torch)
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -37,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True
 from hf_weights import read_st, write_st  # noqa: E402
-from mpienv import quiet_mpi_leaks  # noqa: E402
+from npy_data import run  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 B, T, V, C, NH, L, S = 2, 16, 64, 32, 4, 2, 2
@@ -87,13 +86,6 @@ MODEL = """model bert {
   loss = cross_entropy(h @ transpose(word_emb) + mlm.bias, targets);
 }
 """ % (B, T, V, C, NH, L, S)
-
-
-def run(cmd, expect_rc=0):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=quiet_mpi_leaks())
-    if r.returncode != expect_rc:
-        sys.exit("FAIL (exit %d, expected %d): %s\n%s" % (r.returncode, expect_rc, " ".join(cmd), r.stdout[-3000:]))
-    return r.stdout
 
 
 def tensors(path):

@@ -21,7 +21,6 @@ usage: /usr/bin/python3 tests/py/predict.py FSC FSEXEC   (numpy, torch; mpirun f
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -32,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True
 from models import load_safetensors  # noqa: E402
-from mpienv import quiet_mpi_leaks  # noqa: E402
+from npy_data import run  # noqa: E402
 
 N, D, H, K, B, STEPS, LR = 52, 16, 32, 4, 8, 4, 0.1
 MODEL = """model p {
@@ -58,13 +57,6 @@ MODEL = """model p {
 }
 train { optimizer sgd(lr = %g, momentum = 0); }
 """
-
-
-def run(cmd, expect_rc=0):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=quiet_mpi_leaks())
-    if r.returncode != expect_rc:
-        sys.exit("FAIL (exit %d, expected %d): %s\n%s" % (r.returncode, expect_rc, " ".join(cmd), r.stdout[-3000:]))
-    return r.stdout
 
 
 def forward(p, x, s):
