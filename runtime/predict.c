@@ -175,17 +175,15 @@ static int run_batches(RtEval *v, Out *out, int n, int64_t N, char *err, size_t 
     return rc;
 }
 
-/* The work of rt_predict once the eval program runs: 0, or -1 with a message. */
-static int predict(RtEval *v, const RtPredictOptions *o, Out *out, int *n, char *err, size_t errlen)
+/* What rt_predict does before the batches: this stage's outputs, the params, the files. */
+static int prepare(RtEval *v, const RtPredictOptions *o, Out *out, int *n, char *err, size_t errlen)
 {
     Exec *e = rt_eval_exec(v);
     const Plan *p = rt_exec_plan(e);
     RtData *d = rt_eval_data(v);
     int64_t N = rt_data_samples(d), B = rt_data_rows(d) / rt_exec_world(e);
-    int writer = rt_exec_rank(e) == 0;
     if (find_outputs(p, B, out, n, err, errlen) || rt_eval_take_params(v, err, errlen)) return -1;
-    if (rt_comm_agree(writer && open_files(p, out, *n, o->out, N, err, errlen) ? 1 : 0)) return -1;
-    return run_batches(v, out, *n, N, err, errlen);
+    return rt_exec_rank(e) == 0 ? open_files(p, out, *n, o->out, N, err, errlen) : 0;
 }
 
 /* Whether some stage's program has an output but the loss (every rank sees the whole plan). */
@@ -219,7 +217,9 @@ int rt_predict(const Plan *whole, Exec *train, const RtPredictOptions *o, char *
     RtEvalOptions vo = {.path = o->data, .batches = 1, .seed = o->seed, .flag = "--data", .optional = optional};
     RtEval *v = rc ? NULL : rt_eval_new(whole, train, &vo, err, errlen);
     if (!rc && !v) rc = -1;
-    if (!rc) rc = predict(v, o, out, &n, err, errlen);
+    if (!rc) rc = prepare(v, o, out, &n, err, errlen);
+    if (rt_comm_agree(rc ? 1 : 0)) rc = -1;  // every stage ready before a batch goes through the pipeline
+    else rc = run_batches(v, out, n, rt_data_samples(rt_eval_data(v)), err, errlen);
     rt_eval_free(v);
     char why[512];
     size_t at = 0;
