@@ -59,7 +59,8 @@ static const char *inputs_str(const Plan *p, const RtArrays *a, char *buf, size_
         const PlanTensor *t = &p->tensors[a->id[k]];
         at += (size_t)snprintf(buf + at, n - at, "%s%s (%s [B", k ? ", " : "", plan_str(p, t->name),
                                plan_dtype_name(t->dtype));
-        for (int32_t j = 1; j < t->rank && at < n; j++) at += (size_t)snprintf(buf + at, n - at, ", %" PRId64, t->shape[j]);
+        for (int32_t j = 1; j < t->rank && at < n; j++)
+            at += (size_t)snprintf(buf + at, n - at, ", %" PRId64, t->shape[j]);
         if (at < n) at += (size_t)snprintf(buf + at, n - at, "])");
     }
     return buf;
@@ -91,15 +92,15 @@ static int check_array(const Plan *p, const PlanTensor *t, const char *path, con
     snprintf(file, sizeof file, "(N%s%s", t->rank > 1 ? ", " : ",)", t->rank > 1 ? want + 1 : "");
     if (t->rank == 2) file[strlen(file) - 2] = ')', file[strlen(file) - 1] = 0;  // (N, 16), not (N, 16,)
     if (arr->dtype != t->dtype)
-        return plan_fail(err, errlen, "%s: input '%s' is %s, but the file holds %s ('%s'): save it as %s (np.save(path, "
-                         "a.astype(np.%s)))", path, name, plan_dtype_name(t->dtype), arr->dtype == PLAN_DT_F32 ?
-                         "floats" : "integers", arr->descr, t->dtype == PLAN_DT_F32 ? "float32 or float64" :
+        return plan_fail(err, errlen, "%s: input '%s' is %s, but the file holds %s ('%s'): save it as %s "
+                         "(np.save(path, a.astype(np.%s)))", path, name, plan_dtype_name(t->dtype),
+                         arr->dtype == PLAN_DT_F32 ? "floats" : "integers", arr->descr, t->dtype == PLAN_DT_F32 ? "float32 or float64" :
                          "int32 or int64", t->dtype == PLAN_DT_F32 ? "float32" : "int32");
     int same = arr->rank == t->rank && arr->rank >= 1;
     for (int32_t j = 1; same && j < t->rank; j++) same = arr->shape[j] == t->shape[j];
     if (!same)
-        return plan_fail(err, errlen, "%s: shape %s, but input '%s' takes samples of shape %s: the file's shape must be "
-                         "%s, with N samples first", path, got, name, want, file);
+        return plan_fail(err, errlen, "%s: shape %s, but input '%s' takes samples of shape %s: the file's shape "
+                         "must be %s, with N samples first", path, got, name, want, file);
     if (arr->shape[0] < 1) return plan_fail(err, errlen, "%s: shape %s holds no samples", path, got);
     return 0;
 }
@@ -240,8 +241,8 @@ static int read_all(RtArrays *a, const Plan *p, const char *spec, const uint8_t 
 {
     const char *path[MAX_INPUTS] = {0};
     char *buf = plan_alloc(SPEC);
-    int rc = !buf ? plan_fail(err, errlen, "out of memory") : read_paths(a, p, spec, optional, buf, path, describe, dlen,
-                                                                       err, errlen);
+    int rc = !buf ? plan_fail(err, errlen, "out of memory")
+                  : read_paths(a, p, spec, optional, buf, path, describe, dlen, err, errlen);
     plan_dealloc(buf);
     return rc;
 }
@@ -258,7 +259,8 @@ RtArrays *rt_arrays_open(Exec *e, const char *spec, const uint8_t *optional, cha
     RtArrays *a = plan_alloc(sizeof *a);
     if (a) memset(a, 0, sizeof *a);
     if (!a || !(a->id = plan_alloc(sizeof *a->id * (size_t)(n + 1))) ||
-        !(a->arr = plan_alloc(sizeof *a->arr * (size_t)(n + 1))) || !(a->dst = plan_alloc(sizeof *a->dst * (size_t)(n + 1)))) {
+        !(a->arr = plan_alloc(sizeof *a->arr * (size_t)(n + 1))) ||
+        !(a->dst = plan_alloc(sizeof *a->dst * (size_t)(n + 1)))) {
         rt_arrays_free(a);
         plan_fail(err, errlen, "out of memory");
         return NULL;
@@ -280,7 +282,8 @@ int64_t rt_arrays_samples(const RtArrays *a) { return a->n_samples; }
 
 int64_t rt_data_sample(RtDataOrder order, uint64_t seed, int64_t step, int64_t B, int64_t b, int64_t n)
 {
-    if (order == RT_ORDER_SEQUENTIAL) return (int64_t)((((uint64_t)step - 1) * (uint64_t)B + (uint64_t)b) % (uint64_t)n);
+    if (order == RT_ORDER_SEQUENTIAL)
+        return (int64_t)((((uint64_t)step - 1) * (uint64_t)B + (uint64_t)b) % (uint64_t)n);
     uint32_t ctr[4] = {(uint32_t)step, (uint32_t)((uint64_t)step >> 32), (uint32_t)b, 0}, w[4];
     rt_philox(seed ^ RT_DATA_KEY, ctr, w);
     return (int64_t)(((uint64_t)w[0] << 32 | w[1]) % (uint64_t)n);

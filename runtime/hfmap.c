@@ -29,7 +29,8 @@
 #include "hfmap.h"
 
 static const char *const TOP_KEYS[] = {"about", "model", "covers", "prefix", "layout", "flipped", "tensors"};
-static const char *const ROW_KEYS[] = {"hf", "ours", "transpose", "tied", "buffer", "optional", "if_missing", "if_shape"};
+static const char *const ROW_KEYS[] = {"hf",     "ours",     "transpose",  "tied",
+                                       "buffer", "optional", "if_missing", "if_shape"};
 
 static int listed(const char *key, const char *const *keys, size_t n)
 {
@@ -118,7 +119,8 @@ static int check_rows(const char *src, const HfRow *rows, int n, char *err, size
         }
     for (int i = 0; i < n; i++) {
         int found = rows[i].how != HF_TIED;
-        for (int j = 0; j < n && !found; j++) found = rows[j].how <= HF_TRANSPOSE && !strcmp(rows[j].ours, rows[i].ours);
+        for (int j = 0; j < n && !found; j++)
+            found = rows[j].how <= HF_TRANSPOSE && !strcmp(rows[j].ours, rows[i].ours);
         if (!found)
             return plan_fail(err, errlen, "%s: tensors[%d] ('%s') is a tied copy of our '%s', which no other row maps",
                              src, i, rows[i].hf, rows[i].ours);
@@ -172,7 +174,8 @@ RtHfMap *rt_hf_map_parse(const char *text, size_t len, const char *name, int use
         m->n = (int)json_array_size(rows);
         if (!(m->rows = plan_alloc(sizeof *m->rows * (size_t)m->n))) rc = plan_fail(err, errlen, "out of memory");
     }
-    for (int i = 0; !rc && i < m->n; i++) rc = read_row(src, i, json_array_get(rows, (size_t)i), &m->rows[i], err, errlen);
+    for (int i = 0; !rc && i < m->n; i++)
+        rc = read_row(src, i, json_array_get(rows, (size_t)i), &m->rows[i], err, errlen);
     if (!rc) rc = check_rows(src, m->rows, m->n, err, errlen);
     if (rc) {
         rt_hf_map_free(m);
@@ -211,10 +214,12 @@ int rt_weights_format_parse(const char *s, RtWeightsFormat *out, char *err, size
     *out = RT_WEIGHTS_FSEXEC;
     if (!strcmp(s, "fsexec")) return 0;
     if (!strncmp(s, "map:", 4)) return (*out = read_map_file(s, err, errlen)) ? 0 : -1;
-    for (int i = 0; i < rt_hf_n_builtin; i++)
-        if (!strcmp(s, rt_hf_builtin[i].name))
-            return (*out = rt_hf_map_parse(rt_hf_builtin[i].json, strlen(rt_hf_builtin[i].json), s, 0, err, errlen)) ? 0
-                                                                                                                     : -1;
+    for (int i = 0; i < rt_hf_n_builtin; i++) {
+        const char *json = rt_hf_builtin[i].json;
+        if (strcmp(s, rt_hf_builtin[i].name)) continue;
+        *out = rt_hf_map_parse(json, strlen(json), s, 0, err, errlen);
+        return *out ? 0 : -1;
+    }
     char names[256] = "fsexec";
     size_t at = strlen(names);
     for (int i = 0; i < rt_hf_n_builtin && at < sizeof names; i++)

@@ -226,8 +226,10 @@ int rt_predict(const Plan *whole, Exec *train, const RtPredictOptions *o, char *
     for (int i = 0; out && i < n; i++) {
         if (!out[i].file) continue;
         if (rc) plan_output_abort(out[i].file);
-        else if (plan_output_commit(out[i].file, why, sizeof why)) rc = plan_fail(err, errlen, "--out %s: %s", out[i].path, why);
-        else if (written && at < wlen) at += (size_t)snprintf(written + at, wlen - at, "%s%s (%s)", at ? ", " : "", out[i].path, out[i].name);
+        else if (plan_output_commit(out[i].file, why, sizeof why))
+            rc = plan_fail(err, errlen, "--out %s: %s", out[i].path, why);
+        else if (written && at < wlen)
+            at += (size_t)snprintf(written + at, wlen - at, "%s%s (%s)", at ? ", " : "", out[i].path, out[i].name);
     }
     plan_dealloc(out);
     plan_dealloc(optional);

@@ -119,8 +119,8 @@ Test(inputs, ignore_index_passes_the_file_check_and_the_value_proof, .init = mak
     Exec *e = rt_exec_new(p, &(ExecOptions){.seed = 1}, err, sizeof err);
     cr_assert_not_null(e, "%s", err);
     cr_assert_null(rt_data_open(e, spec, RT_ORDER_SEQUENTIAL, 1, err, sizeof err));
-    cr_assert(strstr(err, "y.npy: element 1 is -100, outside the model's classes (0 to 4), which input 'y' indexes"), "%s",
-              err);
+    cr_assert(strstr(err, "y.npy: element 1 is -100, outside the model's classes (0 to 4), which input 'y' indexes"),
+              "%s", err);
     int reads = 0;  // after the Exec is made: its op check knows no ignore_index until an op's signature has one
     for (int32_t k = 0; k < p->n_ops; k++) {  // every read of y allows -100
         int32_t idx;
@@ -144,8 +144,10 @@ Test(inputs, ignore_index_passes_the_file_check_and_the_value_proof, .init = mak
         int32_t idx;
         int64_t n;
         if (rt_op_index(p, k, &idx, &n) != RT_INDEX_CLASSES) continue;
-        for (int32_t a = 0; a < p->ops[k].n_attr; a++)
-            if (!strcmp(plan_str(p, p->attrs[p->ops[k].attr + a].key), "ignore_index")) p->attrs[p->ops[k].attr + a].i = 2;
+        for (int32_t a = 0; a < p->ops[k].n_attr; a++) {
+            PlanAttr *at = &p->attrs[p->ops[k].attr + a];
+            if (!strcmp(plan_str(p, at->key), "ignore_index")) at->i = 2;
+        }
         break;
     }
     cr_assert_eq(rt_input_sentinel(p, y, &v), 0);
