@@ -162,6 +162,13 @@ def main():
                 if not close(a, logits, 1e-6) or not close(b, h, 1e-6):
                     sys.exit("FAIL %s: predictions differ from world 1's by %g" % (name, abs(a - logits).max()))
                 print("ok   --predict on a %s: world 1's predictions" % name)
+                run([fsexec, "--nproc", "2", plan, "--steps", str(STEPS), "--data-order", "sequential", "--log",
+                     P("w2.jsonl")] + data)
+                with open(P("w2.jsonl")) as f:
+                    w2 = [json.loads(line)["loss"] for line in f if line.strip()]
+                if len(w2) != STEPS or max(abs(a - b) / abs(b) for a, b in zip(w2, got)) > 1e-6:
+                    sys.exit("FAIL %s: three inputs train to losses %s, world 1's %s" % (name, w2, got))
+                print("ok   three inputs on a %s (each stage fed the inputs it reads): world 1's losses" % name)
         else:
             print("skip world 2 and pipeline: no mpirun")
 
