@@ -2,17 +2,7 @@
 # carries the kernel templates and a plan's module needs nothing from the source tree.
 # Run at build time: cmake -D DIR=codegen/kernels -D OUT=kernels_src.c -P embed_kernels.cmake
 include(${CMAKE_CURRENT_LIST_DIR}/embed_common.cmake)
-file(GLOB files RELATIVE ${DIR} ${DIR}/*.cuh)
-list(SORT files)
-set(arrays "")
-set(table "")
-set(i 0)
-foreach(f ${files})
-  embed_hex(${DIR}/${f} hex)
-  string(APPEND arrays "static const char src${i}[] = {\n${hex}0};\n")
-  string(APPEND table "    {\"${f}\", src${i}},\n")
-  math(EXPR i "${i} + 1")
-endforeach()
+embed_files(${DIR} "*.cuh" src "^$" arrays table i)
 set(text "/* Made by cmake/embed_kernels.cmake from the .cuh files of codegen/kernels/ at build time: edit those. */\n")
 string(APPEND text "#include \"cuda.h\"\n\n${arrays}\nconst CuSource cu_sources[] = {\n${table}};\n")
 string(APPEND text "const int cu_n_sources = ${i};\n")
