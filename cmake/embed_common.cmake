@@ -1,7 +1,7 @@
 # cmake/embed_common.cmake: what the embed scripts share (embed_kernels.cmake: CUDA
 # templates; embed_maps.cmake: --weights-format tables): a directory's files as C arrays
-# initializer, and writing the generated file only when it changes, so a build that
-# changed no source file recompiles nothing.
+# and a table of them, and writing the generated file only when it changes, so a build
+# that changed no source file recompiles nothing.
 
 # The files of `dir` matching `glob` ("*.cuh"), sorted, each as `static const char
 # <prefix>K[]`: their definitions into `arrays`, the rows {"NAME", <prefix>K} of a table
