@@ -99,6 +99,13 @@ static int one_value(Lower *L, RVal r, Loc loc)
     }
 }
 
+RVal lower_add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, Loc loc)
+{
+    return add_node(L, op, in, n_in, attrs, n_attr, loc);
+}
+
+int lower_one_value(Lower *L, RVal r, Loc loc) { return one_value(L, r, loc); }
+
 static RVal lower_name(Lower *L, Scope *s, const Expr *e)
 {
     const Binding *b = scope_find(s, e->name);
@@ -600,6 +607,8 @@ static int from_batch(Lower *L, int x)
     return 0;
 }
 
+int lower_from_batch(Lower *L, int x) { return from_batch(L, x); }
+
 static int batch_leading(Lower *L, int x)
 {
     if (!L->batch_dim) return 0;
@@ -670,6 +679,8 @@ static RVal expr_body(Lower *L, Scope *s, const Expr *e)
     case EX_BINARY: return lower_binary(L, s, e);
     case EX_CALL:
     case EX_INST: return lower_call(L, s, e);
+    case EX_INDEX: return lower_index(L, s, e);
+    case EX_SLICE: diag_error(L->d, e->loc, "a slice is only allowed inside x[...]"); break;
     case EX_STR: diag_error(L->d, e->loc, "a string is not a tensor"); break;
     case EX_LIST:
         diag_error(L->d, e->loc,

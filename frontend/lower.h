@@ -4,6 +4,7 @@
  *   settings.c   the `train` block and the command line's --key value over the defaults;
  *                freeze and weight_decay_on on the params
  *   expr.c       statements and expressions: op calls, layer instances
+ *   index.c      indexing and slicing, x[:, 0, :]
  *   consteval.c  constant expressions: dims, shapes, attributes, initializers
  *   scope.c      names in scope, and the errors for names that are not
  *
@@ -128,6 +129,16 @@ int lower_too_big(Lower *L, Loc loc);
 RVal lower_expr(Lower *L, Scope *s, const Expr *e);
 /* `a, b = expr;` binds the targets in s; to poison when anything in it failed. */
 void lower_assign(Lower *L, Scope *s, const Stmt *st);
+/* A node in the current block, its one result (or a tuple); poison after its error. */
+RVal lower_add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, Loc loc);
+/* The one tensor r stands for (a constant made a scalar), or -1 (after an error for a tuple). */
+int lower_one_value(Lower *L, RVal r, Loc loc);
+/* Whether value x depends on a batch input (the model's inputs: their first dim is the batch). */
+int lower_from_batch(Lower *L, int x);
+
+/* ---- index.c ------------------------------------------------------------------------ */
+/* x[items]: slices of the dims not kept whole, then a reshape without the indexed ones. */
+RVal lower_index(Lower *L, Scope *s, const Expr *e);
 
 /* ---- lower.c: declarations, shared by the model and layer instances ---------------- */
 /* Evaluates `dim N = expr` (or takes def's value) and binds N in s. */
