@@ -55,9 +55,16 @@ typedef struct {
     int ok;         // structurally sound; instances of a broken layer are silently poison
 } Layer;
 
+/* A group of instances, `Layer[N](...) as NAME`: NAME.0 ... NAME.{N-1}. Calling NAME (or
+ * one of them, NAME.i) again applies the same instances: their blocks and params. */
 typedef struct {
     const char *name;  // `as NAME`, or "h"
     Loc loc;
+    const Layer *layer;  // NULL until its instances are made (or when making them failed)
+    int first_block, count;  // its instances' blocks: first_block + i for NAME.i
+    int *params;       // [count][n_params]: each instance's params, in the layer's order (-1: failed)
+    int n_params;
+    int *uses;         // [count]: applications of each instance so far
 } InstName;
 
 typedef struct {
@@ -72,6 +79,8 @@ typedef struct {
     InstName *insts;
     int n_insts, cap_insts;
     const Layer *in_layer;  // the layer whose forward is being lowered, or NULL
+    const char *prefix;     // the names of values made in that forward start with it: "h.3" ("s.0#2": a
+                            // shared instance's second application), NULL at model level
     int block;              // Graph.blocks id for new nodes, -1 at model level
     int depth;              // expression nesting, against LOWER_MAX_DEPTH
     int deep_reported;
@@ -135,6 +144,18 @@ RVal lower_add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *at
 int lower_one_value(Lower *L, RVal r, Loc loc);
 /* Whether value x depends on a batch input (the model's inputs: their first dim is the batch). */
 int lower_from_batch(Lower *L, int x);
+
+/* A tuple of n values made by `what`. */
+RVal lower_tuple(Lower *L, const int *ids, int n, const char *what);
+
+/* ---- instance.c --------------------------------------------------------------------- */
+/* Layer(args), Layer[N](args) [as NAME]: new instances, each a block of its own. */
+RVal lower_instances(Lower *L, Scope *s, const Expr *e, const Layer *ly);
+/* The group named `name` (NAME, from `as NAME`), or one of its instances (NAME.i): first
+ * and n its instances; NULL when no group has that name. */
+InstName *lower_group_find(Lower *L, const char *name, int *first, int *n);
+/* NAME(args), NAME[N](args): the group's instances applied again (N times over). */
+RVal lower_reuse(Lower *L, Scope *s, const Expr *e, InstName *grp, int first, int n);
 
 /* ---- index.c ------------------------------------------------------------------------ */
 /* x[items]: slices of the dims not kept whole, then a reshape without the indexed ones. */
