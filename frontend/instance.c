@@ -82,7 +82,7 @@ static int check_chain(Lower *L, const Expr *e, const Layer *ly, int64_t count, 
         diag_error(L->d, e->loc,
                    "%s[%lld]: chained instances must return what they take, but result %d is %s "
                    "and argument %d is %s",
-                   ly->def->name, (long long)count, j + 1, ir_type_str(r, rb, sizeof rb), j + 1,
+                   e->name, (long long)count, j + 1, ir_type_str(r, rb, sizeof rb), j + 1,
                    ir_type_str(a, ab, sizeof ab));
         if (ly->ret) diag_note(L->d, ly->ret->loc, "'%s' returns here", ly->def->name);
         return -1;
