@@ -60,6 +60,7 @@ static RVal add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *a
         node_error(L, op, loc, err);
         return poison();
     }
+    L->g->nodes[id].use = L->use;
     const Node *nd = ir_node(L->g, id);
     int outs[IR_MAX_OUT];
     for (int i = 0; i < nd->n_out; i++) {

@@ -39,9 +39,10 @@ static int lower_instance(Lower *L, InstName *grp, int i, const int *args, int *
     scope_init(&sc, &L->model);
     const Layer *saved_layer = L->in_layer;
     const char *saved_prefix = L->prefix;
-    int saved_block = L->block, rc = 0;
+    int saved_block = L->block, saved_use = L->use, rc = 0;
     L->in_layer = ly;
     L->block = block;
+    L->use = use;
     L->prefix = use ? arena_printf(L->tmp, "%s#%d", name, use + 1) : name;
     for (const Stmt *st = def->body; st; st = st->next) {
         if (st->kind == ST_DIM) lower_dim(L, &sc, st, NULL);
@@ -65,6 +66,7 @@ static int lower_instance(Lower *L, InstName *grp, int i, const int *args, int *
     }
     L->in_layer = saved_layer;
     L->block = saved_block;
+    L->use = saved_use;
     L->prefix = saved_prefix;
     return rc;
 }

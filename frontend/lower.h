@@ -81,6 +81,7 @@ typedef struct {
     const Layer *in_layer;  // the layer whose forward is being lowered, or NULL
     const char *prefix;     // the names of values made in that forward start with it: "h.3" ("s.0#2": a
                             // shared instance's second application), NULL at model level
+    int use;                // that forward's application of its instance (Node.use), 0 for the first
     int block;              // Graph.blocks id for new nodes, -1 at model level
     int depth;              // expression nesting, against LOWER_MAX_DEPTH
     int deep_reported;

@@ -395,6 +395,7 @@ static void place(Split *s, int st, int n, int chunk)
     Attr attrs[IR_MAX_PARAMS];
     ir_node_attrs(g, &node, attrs);
     int c = add_node(sg, node.op, in, node.n_in, attrs, node.n_attr, node.block, node.phase, node.loc, chunk);
+    sg->nodes[c].use = node.use;
     for (int i = 0; i < node.n_out; i++) {
         int v = ir_out(g, &node, i), w = ir_out(sg, ir_node(sg, c), i);
         sg->values[w].role = g->values[v].role;

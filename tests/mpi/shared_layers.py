@@ -5,7 +5,9 @@
     PyTorch model whose forward calls one nn.Module twice (float64, same init and .npy
     batches): every step's loss and the weights after the last, to 1e-5. The plan holds
     one copy of the block's params and one gradient (the sum over both uses).
-(b) With `recompute Block` the losses and weights are bit for bit (a)'s.
+(b) With `recompute Block` the losses and weights are bit for bit (a)'s, and each use
+    reruns on its own before its backward: the bytes recomputed at once are fewer than
+    the two uses' activations that are no longer saved.
 (c) Under fsdp at world 2 (two ranks under mpirun), with and without recompute: the same
     training to rounding (1e-5).
 (d) A universal-transformer stack, `Block[2](h) as u; h = u(h);` between two plain
@@ -184,7 +186,18 @@ def main():
         if rc[0] != ref[0] or rc[2] != ref[2]:
             sys.exit("FAIL recompute Block: losses %s, without %s; weights %s" %
                      (rc[0], ref[0], "equal" if rc[2] == ref[2] else "differ"))
-        print("ok   recompute Block (both uses rerun before the block's backward): bit for bit without recompute")
+        mem = {}
+        for tag, opts in (("none", []), ("recompute", ["--recompute", "Block"])):
+            out = run([fsc, P("shared.fsm"), "--mem=json", "-q", *opts])
+            mem[tag] = {c["key"]: c["max"] for c in json.loads(out[out.index("{"):])["categories"]}
+        dropped = mem["none"]["saved"] - mem["recompute"]["saved"]
+        if not 0 < mem["recompute"]["recompute"] < dropped:
+            sys.exit("FAIL recompute memory: saved %d -> %d bytes, but %d bytes recomputed at once (both uses' "
+                     "activations are %d)" % (mem["none"]["saved"], mem["recompute"]["saved"],
+                                              mem["recompute"]["recompute"], dropped))
+        print("ok   recompute Block: bit for bit without recompute; saved for backward %d -> %d bytes, the uses "
+              "rerun one at a time (%d bytes at most)" % (mem["none"]["saved"], mem["recompute"]["saved"],
+                                                          mem["recompute"]["recompute"]))
         if not shutil.which("mpirun"):
             print("SKIP fsdp world 2 and pipeline stages: mpirun not found")
             return
