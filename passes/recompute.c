@@ -112,6 +112,19 @@ static void rerun(Recompute *r, const uint8_t *set, int b, int at)
             for (int i = 0; i < g->nodes[n].n_out; i++) r->clone_of[ir_out(g, &g->nodes[n], i)] = -1;
 }
 
+/* Reruns the nodes in `set` (whose outputs `made` marks) just before the first backward
+ * node of block b that reads one of them; nothing when none does. */
+static void rerun_before_readers(Recompute *r, const uint8_t *set, const uint8_t *made, int b)
+{
+    Graph *g = r->g;
+    int at = -1;
+    for (int n = 0; n < r->n_orig && at < 0; n++)
+        if (g->nodes[n].block == b && backward_phase(g->nodes[n].phase))
+            for (int i = 0; i < g->nodes[n].n_in && at < 0; i++)
+                if (made[ir_in(g, &g->nodes[n], i)]) at = n;
+    if (at >= 0) rerun(r, set, b, at);
+}
+
 /* Whether node n is a forward node of block b's application u (u < 0: any). */
 static int in_use(const Graph *g, int n, int b, int u)
 {
@@ -139,12 +152,7 @@ static void recompute_use(Recompute *r, int b, int u)
     for (int n = 0; n < r->n_orig; n++)
         if ((set[n] = (uint8_t)in_use(g, n, b, u)))
             for (int i = 0; i < g->nodes[n].n_out; i++) made[ir_out(g, &g->nodes[n], i)] = 1;
-    int at = -1;
-    for (int n = 0; n < r->n_orig && at < 0; n++)
-        if (g->nodes[n].block == b && backward_phase(g->nodes[n].phase))
-            for (int i = 0; i < g->nodes[n].n_in && at < 0; i++)
-                if (made[ir_in(g, &g->nodes[n], i)]) at = n;
-    if (at >= 0) rerun(r, set, b, at);
+    rerun_before_readers(r, set, made, b);
 }
 
 /* The whole forward of block b (or a pipeline chunk, b < 0), before its first backward
@@ -210,12 +218,7 @@ static void recompute_attention(Recompute *r, int b, int u)
         if (set[n])
             for (int i = 0; i < node->n_out; i++) made[ir_out(g, node, i)] = 1;
     }
-    int first = -1;
-    for (int n = 0; n < r->n_orig && first < 0; n++)
-        if (g->nodes[n].block == b && backward_phase(g->nodes[n].phase))
-            for (int i = 0; i < g->nodes[n].n_in && first < 0; i++)
-                if (made[ir_in(g, &g->nodes[n], i)]) first = n;
-    if (first >= 0) rerun(r, set, b, first);
+    rerun_before_readers(r, set, made, b);
 }
 
 /* The layout copies the backward would keep (see the top), made again before their first
