@@ -232,8 +232,10 @@ InstName *lower_group_find(Lower *L, const char *name, int *first, int *n)
             *first = 0, *n = g->count;
             return g;
         }
-        char *end;
-        long k = name[len] == '.' && name[len + 1] >= '0' && name[len + 1] <= '9' ? strtol(name + len + 1, &end, 10) : -1;
+        char *end = NULL;
+        int digit = name[len] == '.' && name[len + 1] >= '0' && name[len + 1] <= '9' &&
+                    !(name[len + 1] == '0' && name[len + 2]);  // NAME.i as the blocks are named: h.0, not h.00
+        long k = digit ? strtol(name + len + 1, &end, 10) : -1;
         if (k >= 0 && !*end && (!g->layer || k < g->count)) {
             *first = (int)k, *n = 1;
             return g;
