@@ -170,6 +170,14 @@ expect pipe-inspect-inputs-staged 0 "  stage 1   targets    i32[8, 32]" -- "$FSE
 expect pipe-inspect-outputs-staged 0 "  stage 1   loss       f32[]                           4 B  (loss)" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
 expect pipe-inspect-roles-staged 0 "  stage 1   opt_step     opt_step" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
 expect pipe-inspect-cut 0 "balance                1,1 blocks per stage (stage 0: h.0; stage 1: h.1), balance auto" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+# A shared instance (tests/golden/ok_shared_layers.fsm: u.0 and u.1 applied twice) keeps the
+# blocks between its applications on one stage: auto cuts around them, and says when it cannot.
+SHARED=("$SRC/tests/golden/ok_shared_layers.fsm" --recompute none --microbatches 4 -q)
+expect shared-stages-auto 0 "" -- "$FSC" "${SHARED[@]}" --stages 2 --world 2
+expect shared-stages-balance 1 "balance '2,1' puts blocks u.0 and u.1 on different stages, but shared instance u.0" \
+  -- "$FSC" "${SHARED[@]}" --stages 2 --world 2 --balance 2,1
+expect shared-stages-no-cut 1 "3 stages need 2 cuts between blocks, but the model has 1 where one may fall" \
+  -- "$FSC" "${SHARED[@]}" --stages 3 --world 3
 pipe_arenas=$("$FSC" "${PIPE[@]}" --mem | sed -n 's/^  [01]  *rank [01]  *[0-9]*  *\([0-9.]* [KMG]*i*B\) .*/\1/p' | paste -sd/ | sed 's|/| / |')
 expect pipe-inspect-arenas 0 "device arena  ${pipe_arenas%% / *} (" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
 # One formatter of sizes: fsc --mem, fsexec's start line and --inspect write an arena of
