@@ -30,7 +30,7 @@
 
 #include "plan.h"
 
-#define RT_BACKEND_ABI 6
+#define RT_BACKEND_ABI 7
 #define RT_BACKEND_SYMBOL "fs_cuda_backend"
 
 typedef struct RtBackend RtBackend;
@@ -47,7 +47,9 @@ typedef struct {
     const Plan *plan;         // checked by plan_read; must outlive the backend
     const void *host_arena;   // the CPU Exec's arena (rt_exec_arena): copied up once ...
     int64_t host_bytes;       // ... its first host_bytes (a mirror holds the persistent prefix)
-    int rank, world;          // as the Exec's; world > 1: MPI is up (rt_comm_init)
+    int rank, world;          // this rank in the world and the world's ranks; world > 1: MPI is up (rt_comm_init)
+    int stage, stages;        // the pipeline stage plan is the program of (plan_extract_program), of how
+                              // many; the world is stages x data-parallel ranks, rank = stage * dp + index
     int local_rank;           // this rank's index on its machine; -1 when unknown
     int tf32;                 // f32 GEMMs may use TF32 tensor cores
     int verbose;              // say on stderr what setup does (compile, cache)

@@ -15,15 +15,12 @@
 #include "report.h"  // report_bytes: sizes as fsc --mem writes them
 #include "runtime.h"
 
-#define PIPELINE_ON_CPU "pipeline stages run on CPU ranks only in this version (run with --device cpu)"
-
 /* Why auto runs on the CPU, from what loading or probing the CUDA backend said. */
 static const char *cpu_reason(const char *err)
 {
     if (strstr(err, "libcuda.so")) return "no CUDA driver";
     if (!strncmp(err, "no CUDA backend", 15)) return "this build has no CUDA backend";
     if (strstr(err, "CUDA program")) return "the plan has no CUDA program";
-    if (!strcmp(err, PIPELINE_ON_CPU)) return "a pipeline's stages run on CPU ranks only in this version";
     return err;
 }
 
@@ -38,8 +35,7 @@ int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, i
         snprintf(d->name, sizeof d->name, "cpu (--debug-* checks the CPU backend)");
         return 0;
     }
-    const RtBackendOps *ops = p->n_programs > 1 ? NULL : rt_backend_load_cuda(err, sizeof err);
-    if (p->n_programs > 1) snprintf(err, sizeof err, "%s", PIPELINE_ON_CPU);
+    const RtBackendOps *ops = rt_backend_load_cuda(err, sizeof err);
     int rc = ops ? 0 : -1;
     if (ops && ops->probe(err, sizeof err)) {
         snprintf(why, sizeof why, "%s", err);
@@ -75,7 +71,7 @@ int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, int 
     const Plan *p = rt_exec_plan(e);
     RtBackendOptions o = {.plan = p, .host_arena = rt_exec_arena(e),
                           .host_bytes = rt_exec_held_bytes(e, PLAN_PLACE_DEVICE), .rank = rk->rank, .world = rk->world,
-                          .local_rank = rk->local_rank, .tf32 = tf32, .exec = (Exec *)e,
+                          .stage = rt_exec_stage(e), .stages = rt_exec_stages(e), .local_rank = rk->local_rank, .tf32 = tf32, .exec = (Exec *)e,
                           .host_space = (void *)rt_exec_space(e, PLAN_PLACE_HOST),
                           .host_space_bytes = rt_exec_space_bytes(e, PLAN_PLACE_HOST), .host_op = run_host_op,
                           .host_ctx = (Exec *)e, .trace = trace};
