@@ -120,6 +120,10 @@ typedef struct {
      * with what is free, what the plan needs and the fsc --mem-limit to recompile with.
      * Keeps nothing. NULL: the backend runs in host memory and has nothing to check. */
     int (*check_fit)(const Plan *p, int local_rank, char *err, size_t errlen);
+    /* The bytes offload's copies between the arena and the host space moved since the
+     * backend was made (--log's to_host_bytes, to_device_bytes), counted as each step
+     * queues them. NULL: the backend runs the copies on the Exec, which counts them. */
+    void (*copied)(const RtBackend *b, int64_t *to_host, int64_t *to_device);
 } RtBackendOps;
 
 typedef const RtBackendOps *(*RtBackendEntry)(void);

@@ -103,6 +103,12 @@ int rt_device_run_step_timed(RtDevice *d, RtSpan *spans) { return d->ops->run_st
 
 int rt_device_is_cpu(const RtDevice *d) { return d->ops == rt_backend_cpu(); }
 
+void rt_device_copied(const RtDevice *d, const Exec *e, int64_t *to_host, int64_t *to_device)
+{
+    if (d->ops->copied) d->ops->copied(d->b, to_host, to_device);
+    else rt_exec_copied(e, to_host, to_device);
+}
+
 int rt_device_move(RtDevice *d, Exec *e, int up, const int32_t *ids, int n)
 {
     const Plan *p = rt_exec_plan(e);

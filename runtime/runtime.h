@@ -898,8 +898,7 @@ typedef struct {
 } RtDevice;
 
 /* Chooses the backend for `want`: CUDA for RT_DEVICE_CUDA, and for RT_DEVICE_AUTO when
- * every rank has a GPU and the plan (the whole plan: a pipeline runs on CPU ranks only)
- * a CUDA program (debug modes: the CPU); else the CPU, with the reason in d->name. Every
+ * every rank has a GPU and the plan (the whole plan, every stage's program) a CUDA program (debug modes: the CPU); else the CPU, with the reason in d->name. Every
  * rank calls it and they agree. 0, or 1 after a message prefixed by `who` (RT_DEVICE_CUDA
  * where it cannot run; CUDA chosen, a plan larger than what the GPU of local_rank has
  * free: the backend's check_fit). */
@@ -916,6 +915,9 @@ int rt_device_run_ops(RtDevice *d, int32_t from, int32_t to);
 int rt_device_run_step(RtDevice *d, int graph);
 /* The whole step op by op, each op timed on its stream into spans[op] (backend.h). */
 int rt_device_run_step_timed(RtDevice *d, RtSpan *spans);
+/* The bytes offload's copies moved since the device was opened, each way: the backend's
+ * count, or on the CPU the Exec's (rt_exec_copied). */
+void rt_device_copied(const RtDevice *d, const Exec *e, int64_t *to_host, int64_t *to_device);
 /* Tensors up to the device from the host mirror (up), or down into it (nothing on the CPU). */
 int rt_device_move(RtDevice *d, Exec *e, int up, const int32_t *ids, int n);
 /* The step's moves: its step number and inputs up, its reports down. */

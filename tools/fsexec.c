@@ -107,7 +107,7 @@ static const char USAGE[] =
     "  --top-k K            draw among the K most likely tokens only (default: all)\n"
     "  --log FILE           one JSON line per step: step, loss, lr, grad_norm,\n"
     "                       tokens_per_s (classifiers: samples_per_s and accuracy), ms\n"
-    "                       (with offload on CPU ranks, to_host_bytes, to_device_bytes)\n"
+    "                       (with offload, to_host_bytes, to_device_bytes)\n"
     "  --log-every N        a step line every N steps (default: 1 up to 100 steps, else\n"
     "                       10), on stdout; on a terminal, on stderr above a progress bar\n"
     "  --save-weights FILE  write the params as safetensors after the last step (a\n"

@@ -554,13 +554,18 @@ static int sync_all(RtBackend *b)
 }
 
 static void info(const RtBackend *b, RtBackendInfo *out) { *out = b->info; }
+
+static void copied(const RtBackend *b, int64_t *to_host, int64_t *to_device)
+{
+    *to_host = b->to_host, *to_device = b->to_device;
+}
 static const char *error(const RtBackend *b) { return b->err; }
 
 static const RtBackendOps OPS = {
     .abi = RT_BACKEND_ABI, .name = "cuda", .probe = probe, .create = create, .destroy = destroy,
     .run_ops = run_ops, .run_step = run_step, .run_step_timed = run_step_timed, .upload = upload,
     .download = download, .sync = sync_all,
-    .info = info, .error = error, .check_fit = check_fit,
+    .info = info, .error = error, .check_fit = check_fit, .copied = copied,
 };
 
 __attribute__((visibility("default"))) const RtBackendOps *fs_cuda_backend(void);

@@ -63,6 +63,7 @@ struct RtBackend {
     int host_locked;            // cuMemHostRegister took it
     int (*host_op)(void *ctx, int32_t op);  // runs an op of the host space on the host
     void *host_ctx;
+    int64_t to_host, to_device; // the bytes offload's copies moved since the backend was made
     int idle;                   // nothing queued since the compute stream was last waited for
     int32_t cur_op;             // the op running, for messages; -1 outside ops
     const char *what;           // the setup step, for messages outside ops

@@ -142,6 +142,7 @@ static int copy(RtBackend *b, int32_t k)
         CU_CHECK(b, cuMemcpyHtoDAsync(dev, b->host + c->host, (size_t)c->bytes, b->copy));
     else
         CU_CHECK(b, cuMemcpyDtoHAsync(b->host + c->host, dev, (size_t)c->bytes, b->copy));
+    *(c->to_device ? &b->to_device : &b->to_host) += c->bytes;
     if (mark(b, 1, b->copy)) return -1;
     CU_CHECK(b, cuEventRecord(b->done[ev], b->copy));
     return 0;

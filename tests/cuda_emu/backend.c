@@ -76,6 +76,7 @@ struct RtBackend {
     const Plan *plan;
     int rank;
     EmuNccl *nccl;          // a world of more than one rank: NCCL over MPI
+    int64_t to_host, to_device;  // the bytes offload's copies moved since it was made
     uint8_t *arena;
     int64_t arena_bytes;
     uint8_t *host;          // the plan's host space (offload), the mirror's: copies go to and from it
@@ -483,6 +484,7 @@ static void copy(RtBackend *b, const CsCopy *c)
         memcpy(b->arena + c->dev, b->host + c->host, (size_t)c->bytes);
     else
         memcpy(b->host + c->host, b->arena + c->dev, (size_t)c->bytes);
+    *(c->to_device ? &b->to_device : &b->to_host) += c->bytes;
 }
 
 static double now_us(void)
@@ -680,6 +682,11 @@ static int sync_all(RtBackend *b)
 
 static void info(const RtBackend *b, RtBackendInfo *out) { *out = b->info; }
 
+static void copied(const RtBackend *b, int64_t *to_host, int64_t *to_device)
+{
+    *to_host = b->to_host, *to_device = b->to_device;
+}
+
 static double ratio(long long a, long long b) { return b ? (double)a / (double)b : 0; }
 
 /* Kernels by sectors per ideal, worst first. */
@@ -727,7 +734,7 @@ static const RtBackendOps OPS = {
     .abi = RT_BACKEND_ABI, .name = "cuda-emu", .probe = probe, .create = create, .destroy = destroy,
     .run_ops = run_ops, .run_step = run_step, .run_step_timed = run_step_timed, .upload = upload,
     .download = download, .sync = sync_all,
-    .info = info, .error = error, .measures = measures,
+    .info = info, .error = error, .measures = measures, .copied = copied,
 };
 
 __attribute__((visibility("default"))) const RtBackendOps *fs_cuda_backend(void);
