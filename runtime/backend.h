@@ -124,6 +124,14 @@ typedef struct {
      * backend was made (--log's to_host_bytes, to_device_bytes), counted as each step
      * queues them. NULL: the backend runs the copies on the Exec, which counts them. */
     void (*copied)(const RtBackend *b, int64_t *to_host, int64_t *to_device);
+    /* --timeout on a device: called from fsexec's watchdog thread once a step has run past
+     * its deadline (the main thread is blocked in the backend, waiting for the device).
+     * Names the first collective, send or receive of the run that started and has not
+     * completed, and the ranks it waits for (schedule.h: cs_coll_describe), with NCCL's
+     * asynchronous error if it has one (ncclCommGetAsyncError); then aborts NCCL's
+     * communicators (ncclCommAbort), so no stream waits on them for ever. 1 with the text
+     * in msg, 0 when none is in flight. NULL: the backend has nothing to say. */
+    int (*hung)(RtBackend *b, char *msg, size_t n);
 } RtBackendOps;
 
 typedef const RtBackendOps *(*RtBackendEntry)(void);

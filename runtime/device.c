@@ -61,6 +61,13 @@ int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, i
     return 0;
 }
 
+/* The watchdog's question to the device (rt_watchdog_device). */
+static int device_hung(void *ctx, char *msg, size_t n)
+{
+    RtDevice *d = ctx;
+    return d->ops->hung(d->b, msg, n);
+}
+
 /* The backend's way to run an op of the host space (offload's update) on the mirror. */
 static int run_host_op(void *ctx, int32_t k) { return rt_exec_run_host_op(ctx, k); }
 
@@ -92,6 +99,7 @@ int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, int 
     RtBackendInfo in;
     d->ops->info(d->b, &in);
     if (!rt_device_is_cpu(d)) snprintf(d->name, sizeof d->name, "%s", in.device);  // the CPU's says why it is the CPU
+    if (d->ops->hung) rt_watchdog_device(device_hung, d);
     return 0;
 }
 
@@ -163,6 +171,7 @@ void rt_device_print_error(const RtDevice *d, int64_t step)
 
 void rt_device_close(RtDevice *d)
 {
+    if (d->ops && d->ops->hung) rt_watchdog_device(NULL, NULL);
     if (d->b) d->ops->destroy(d->b);
     free(d->up);
     free(d->down);

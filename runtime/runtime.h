@@ -875,6 +875,11 @@ void rt_watchdog_detach(void);
  * over the stages names where the ranks of other stages it waits for are. whole must
  * outlive the watchdog; NULL (or one stage): no pipeline. */
 void rt_watchdog_pipeline(const Plan *whole, int dp);
+/* A device backend runs the step's collectives (CUDA ranks: NCCL, which the host does not
+ * wait in): once a step is past its deadline and this rank waits in no MPI call, the
+ * watchdog asks hung(ctx, msg, n) for the device's hung collective (backend.h) and says
+ * it. NULL: none (the CPU backend's collectives are MPI's). */
+void rt_watchdog_device(int (*hung)(void *ctx, char *msg, size_t n), void *ctx);
 /* The main thread, around every collective and point-to-point op (comm.c; each a store
  * or two): entering one (its plan op, or for a blocking call outside the plan PLAN_NONE
  * over the world's ranks, RT_WAIT_STAGE over this stage's) gives its sequence number;

@@ -329,8 +329,10 @@ static int make_nccl(RtBackend *b)
         CU_CHECK(b, cuEventCreate(&b->ready[c], CU_EVENT_DISABLE_TIMING));
         CU_CHECK(b, cuEventCreate(&b->done[c], CU_EVENT_DISABLE_TIMING));
     }
-    if (!(b->redop = plan_alloc(sizeof *b->redop * ((size_t)b->s.n_colls + 1))))
+    if (!(b->redop = plan_alloc(sizeof *b->redop * ((size_t)b->s.n_colls + 1))) ||
+        !(b->started = plan_alloc((size_t)b->s.n_colls + 1)))
         return cuda_fail(b, __FILE__, __LINE__, "plan_alloc", "out of memory");
+    memset((void *)b->started, 0, (size_t)b->s.n_colls + 1);
     if (b->stages == 1) {
         ncclUniqueId id;
         memset(&id, 0, sizeof id);
@@ -481,6 +483,7 @@ static void destroy(RtBackend *b)
     plan_dealloc(b->done);
     plan_dealloc(b->tev);
     plan_dealloc(b->link_nccl);
+    plan_dealloc((void *)b->started);
     plan_dealloc(b->link_stream);
     plan_dealloc(b);
 }
@@ -517,6 +520,7 @@ static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
 static int run_ops(RtBackend *b, int32_t from, int32_t to) { return cuda_run_ops(b, from, to); }
 static int run_step(RtBackend *b, int graph) { return cuda_run_step(b, graph); }
 static int run_step_timed(RtBackend *b, RtSpan *spans) { return cuda_run_step_timed(b, spans); }
+static int hung(RtBackend *b, char *msg, size_t n) { return cuda_hung(b, msg, n); }
 
 static int upload(RtBackend *b, int32_t id, const void *src)
 {
@@ -565,7 +569,7 @@ static const RtBackendOps OPS = {
     .abi = RT_BACKEND_ABI, .name = "cuda", .probe = probe, .create = create, .destroy = destroy,
     .run_ops = run_ops, .run_step = run_step, .run_step_timed = run_step_timed, .upload = upload,
     .download = download, .sync = sync_all,
-    .info = info, .error = error, .check_fit = check_fit, .copied = copied,
+    .info = info, .error = error, .check_fit = check_fit, .copied = copied, .hung = hung,
 };
 
 __attribute__((visibility("default"))) const RtBackendOps *fs_cuda_backend(void);

@@ -56,6 +56,7 @@ struct RtBackend {
     ncclComm_t nccl;
     ncclComm_t group_nccl[2];   // hybrid sharding's shard group and replica group (OP_GROUP_SHARD + k), or NULL
     ncclComm_t pipe_nccl;       // the stages at this data-parallel index (OP_GROUP_PIPE), or NULL
+    volatile uint8_t *started;  // per collective: queued by the run in progress (--timeout's question)
     ncclRedOp_t *redop;         // per collective: its NCCL op (ncclSum, ncclAvg, or avg_over's premultiplied sum)
     CUgraphExec graph;          // the captured step (--cuda-graph)
     uint8_t *host;              // offload: the plan's host space (the mirror's), page-locked while the backend lives
@@ -93,6 +94,8 @@ typedef struct {
     ncclResult_t (*send)(const void *send, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
                          cudaStream_t stream);
     ncclResult_t (*recv)(void *recv, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t stream);
+    ncclResult_t (*comm_get_async_error)(ncclComm_t comm, ncclResult_t *async_error);
+    ncclResult_t (*comm_abort)(ncclComm_t comm);
 } NcclApi;
 extern NcclApi nccl;
 /* dlopen()s libnccl.so.2 ($FS_NCCL_LIB) once and fills `nccl`: 0, or -1 with why. */
@@ -135,5 +138,6 @@ ncclDataType_t cuda_nccl_type(PlanDType t);  // run.c
 int cuda_run_ops(RtBackend *b, int32_t from, int32_t to);
 int cuda_run_step(RtBackend *b, int graph);
 int cuda_run_step_timed(RtBackend *b, RtSpan *spans);
+int cuda_hung(RtBackend *b, char *msg, size_t n);
 
 #endif

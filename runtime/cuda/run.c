@@ -103,6 +103,7 @@ static int collective(RtBackend *b, int32_t ci)
         return mark(b, 1, b->compute);
     }
     CUstream st = stream_of(b, c);
+    b->started[ci] = 1;
     CU_CHECK(b, cuEventRecord(b->ready[ci], b->compute));
     CU_CHECK(b, cuStreamWaitEvent(st, b->ready[ci], 0));
     if (mark(b, 0, st)) return -1;
@@ -187,6 +188,7 @@ int cuda_run_ops(RtBackend *b, int32_t from, int32_t to)
     }
     CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
     CU_CHECK(b, cuStreamIsCapturing(b->compute, &capturing));
+    if (from == 0 && b->started) memset((void *)b->started, 0, (size_t)b->s.n_colls + 1);
     for (int32_t k = from; k < to; k++) {
         b->cur_op = k;
         if (run_op(b, k)) return -1;
@@ -237,6 +239,7 @@ int cuda_run_step(RtBackend *b, int graph)
     if (!graph) return cuda_run_ops(b, 0, b->s.n_ops);
     if (!b->graph && capture(b)) return -1;
     b->what = "replaying the step's CUDA graph";
+    if (b->started) memset((void *)b->started, 1, (size_t)b->s.n_colls + 1);  // the graph queues every one
     CU_CHECK(b, cuGraphLaunch(b->graph, b->compute));
     return 0;
 }
@@ -264,4 +267,35 @@ int cuda_run_step_timed(RtBackend *b, RtSpan *spans)
         spans[k] = (RtSpan){.start = start * 1e3, .dur = (end - start) * 1e3};
     }
     return 0;
+}
+
+/* --timeout (backend.h: hung), from the watchdog's thread while the main thread waits for
+ * the device: the first collective the run queued whose done event has not happened,
+ * with NCCL's asynchronous error on its communicator; then every communicator aborted. */
+int cuda_hung(RtBackend *b, char *msg, size_t n)
+{
+    if (!b->nccl && !b->s.n_links) return 0;
+    cuCtxSetCurrent(b->ctx);
+    int found = 0;
+    for (int32_t ci = 0; ci < b->s.n_colls && !found; ci++) {
+        const CsColl *c = &b->s.colls[ci];
+        if (!c->async || !b->started[ci] || cuEventQuery(b->done[ci]) != CUDA_ERROR_NOT_READY) continue;
+        found = 1;
+        cs_coll_describe(b->plan, &b->s, ci, msg, n);
+        ncclComm_t comm = c->link >= 0 ? b->link_nccl[c->link] : cuda_comm_of(b, c->group);
+        ncclResult_t async = ncclSuccess;
+        size_t at = strlen(msg);
+        if (comm && nccl.comm_get_async_error(comm, &async) == ncclSuccess && async != ncclSuccess &&
+            async != ncclInProgress)
+            snprintf(msg + at, n - at, " (NCCL: %s)", nccl.get_error_string(async));
+    }
+    ncclComm_t all[3] = {b->nccl, b->group_nccl[0], b->group_nccl[1]};
+    for (int i = 0; i < 3; i++)
+        if (all[i]) nccl.comm_abort(all[i]);
+    if (b->pipe_nccl) nccl.comm_abort(b->pipe_nccl);
+    for (int32_t i = 0; i < b->s.n_links; i++)
+        if (b->link_nccl[i]) nccl.comm_abort(b->link_nccl[i]);
+    b->nccl = b->group_nccl[0] = b->group_nccl[1] = b->pipe_nccl = NULL;  // aborted: not destroyed again
+    for (int32_t i = 0; i < b->s.n_links; i++) b->link_nccl[i] = NULL;
+    return found;
 }

@@ -64,6 +64,23 @@ void cs_op_where(const Plan *p, int32_t op, char *buf, size_t n)
     snprintf(buf + at, n - (size_t)at, " at %s%s%d:%d", src, *src ? ":" : "", o->line, o->col);
 }
 
+void cs_coll_describe(const Plan *p, const CsSchedule *s, int32_t ci, char *buf, size_t n)
+{
+    const CsColl *c = &s->colls[ci];
+    cs_op_where(p, c->op, buf, n);
+    size_t at = strlen(buf);
+    int dp = s->world;
+    if (c->kind == CS_SEND || c->kind == CS_RECV)
+        snprintf(buf + at, n - at, ", %s rank %d (stage %d)", c->kind == CS_SEND ? "to" : "from", c->peer, c->peer / dp);
+    else if (c->group == OP_GROUP_PIPE)
+        snprintf(buf + at, n - at, ", over the %d stages at data-parallel index %d", s->stages, s->rank);
+    else if (c->group == OP_GROUP_SHARD || c->group == OP_GROUP_REPLICA)
+        snprintf(buf + at, n - at, ", over its %s group of stage %d", c->group == OP_GROUP_SHARD ? "shard" : "replica",
+                 s->stage);
+    else
+        snprintf(buf + at, n - at, ", over the %d data-parallel ranks of stage %d", dp, s->stage);
+}
+
 static const PlanAttr *attr(const Plan *p, const PlanOp *o, const char *key)
 {
     for (int32_t a = 0; a < o->n_attr; a++)
@@ -296,7 +313,7 @@ int cs_build_stage(const Plan *p, int rank, int world, int stage, int stages, Cs
     memset(s, 0, sizeof *s);
     s->n_ops = p->n_ops;
     s->world = world;
-    s->stage = stage, s->stages = stages;
+    s->stage = stage, s->stages = stages, s->rank = rank;
     s->shard = (int)plan_shard_group(p, world);
     int vrank = s->vrank = rank % s->shard;
     int64_t n_args = 0;

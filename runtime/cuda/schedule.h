@@ -122,6 +122,7 @@ typedef struct {
     int32_t *arg_at;        // n_cuda entries
     CsGemm *gemms;          // n_cuda entries; filled for GEMMs
     int world;              // the data-parallel ranks of this rank's stage
+    int rank;               // this rank's index among them
     int shard;              // the ranks a shard is split over (plan_shard_group); world without hybrid groups
     int stage, stages;      // this rank's pipeline stage, of how many (1: no pipeline)
     int vrank;              // the rank every view's rank_stride is at: the data-parallel index modulo shard
@@ -148,5 +149,9 @@ void cs_free(CsSchedule *s);
 /* "op 12 (softmax) at gpt2.fsm:27:5": the op, its name and source location (the file
  * from meta "source" when present). */
 void cs_op_where(const Plan *p, int32_t op, char *buf, size_t n);
+/* Collective ci as a hung one is named (--timeout on CUDA ranks): "op 40 (recv) at
+ * mlp.fsm:12:5, from rank 3 (stage 1)", or "..., over the 2 data-parallel ranks of stage
+ * 0" (the ranks it waits for). */
+void cs_coll_describe(const Plan *p, const CsSchedule *s, int32_t ci, char *buf, size_t n);
 
 #endif

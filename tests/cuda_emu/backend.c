@@ -687,6 +687,14 @@ static void copied(const RtBackend *b, int64_t *to_host, int64_t *to_device)
     *to_host = b->to_host, *to_device = b->to_device;
 }
 
+/* --timeout: the collective nccl_emu.c has in flight, named as the CUDA backend names it. */
+static int hung(RtBackend *b, char *msg, size_t n)
+{
+    int32_t ci = b->nccl ? emu_nccl_hung(b->nccl) : -1;
+    if (ci >= 0) cs_coll_describe(b->plan, &b->s, ci, msg, n);
+    return ci >= 0;
+}
+
 static double ratio(long long a, long long b) { return b ? (double)a / (double)b : 0; }
 
 /* Kernels by sectors per ideal, worst first. */
@@ -734,7 +742,7 @@ static const RtBackendOps OPS = {
     .abi = RT_BACKEND_ABI, .name = "cuda-emu", .probe = probe, .create = create, .destroy = destroy,
     .run_ops = run_ops, .run_step = run_step, .run_step_timed = run_step_timed, .upload = upload,
     .download = download, .sync = sync_all,
-    .info = info, .error = error, .measures = measures, .copied = copied,
+    .info = info, .error = error, .measures = measures, .copied = copied, .hung = hung,
 };
 
 __attribute__((visibility("default"))) const RtBackendOps *fs_cuda_backend(void);

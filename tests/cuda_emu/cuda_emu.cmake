@@ -115,4 +115,11 @@ if(NOT FS_FUZZ)
                    $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu>)
   set_tests_properties(cuda_emu_pipeline PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77
                        ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache")
+  # --timeout on cuda-emu ranks: a stopped stage's peer names the hung NCCL send or receive,
+  # its .fsm line and the rank it waits for.
+  add_test(NAME cuda_emu_watchdog
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/watchdog.sh $<TARGET_FILE:fsc> $<TARGET_FILE:fsexec>
+                   $<TARGET_FILE:fs_cudaemu>)
+  set_tests_properties(cuda_emu_watchdog PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT} SKIP_RETURN_CODE 77
+                       ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache")
 endif()

@@ -20,6 +20,11 @@
  *   as plan_check_p2p assumes. MPI matches messages of one (source, tag, communicator) in
  *   order, so the k-th send on a link meets the k-th receive, as NCCL's link queue does.
  *
+ * --timeout (emu_nccl_hung, from the watchdog's thread): the first one started and not
+ * complete, as the CUDA backend finds it by its events; then, as ncclCommAbort, every
+ * later call fails (the main thread, blocked in MPI_Wait, is ended by the watchdog's
+ * MPI_Abort, as a stream blocked in NCCL is by the abort).
+ *
  * Each waits only where the CUDA backend's events would (the stored schedule), so a
  * schedule that is safe in the emulator is the one the backend runs; a wait that blocks
  * is a wait the device's stream would block at. Test infrastructure (cuda-emu), never
@@ -27,6 +32,7 @@
  */
 #include <math.h>
 #include <mpi.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +47,8 @@ struct EmuNccl {
     MPI_Request *req;                // per collective: in flight, else MPI_REQUEST_NULL
     uint8_t **mine, **all;           // per collective (not point-to-point): its input, every rank's
     int *size, *index;               // per collective: its group's ranks and this rank's index
+    _Atomic uint8_t *inflight;        // per collective: started, not complete (read by the watchdog's thread)
+    atomic_int aborted;              // emu_nccl_hung aborted the communicators
 };
 
 static int fail(char *err, size_t errlen, const char *what, int rc)
@@ -114,7 +122,7 @@ EmuNccl *emu_nccl_new(const CsSchedule *s, uint8_t *arena, int rank, char *err, 
     size_t k = (size_t)s->n_colls + 1;
     if (!n || !(n->req = calloc(k, sizeof *n->req)) || !(n->mine = calloc(k, sizeof *n->mine)) ||
         !(n->all = calloc(k, sizeof *n->all)) || !(n->size = calloc(k, sizeof *n->size)) ||
-        !(n->index = calloc(k, sizeof *n->index))) {
+        !(n->index = calloc(k, sizeof *n->index)) || !(n->inflight = calloc(k, sizeof *n->inflight))) {
         emu_nccl_free(n);
         snprintf(err, errlen, "cuda-emu: out of memory");
         return NULL;
@@ -163,14 +171,23 @@ void emu_nccl_free(EmuNccl *n)
         if (n->mine) free(n->mine[i]);
         if (n->all) free(n->all[i]);
     }
-    free(n->req), free(n->mine), free(n->all), free(n->size), free(n->index);
+    free(n->req), free(n->mine), free(n->all), free(n->size), free(n->index), free((void *)n->inflight);
     free(n);
+}
+
+static int aborted(EmuNccl *n, char *err, size_t errlen)
+{
+    if (!atomic_load(&n->aborted)) return 0;
+    snprintf(err, errlen, "cuda-emu: NCCL's communicators were aborted (ncclCommAbort: ncclInvalidUsage)");
+    return -1;
 }
 
 int emu_nccl_start(EmuNccl *n, int32_t ci, char *err, size_t errlen)
 {
     const CsColl *c = &n->s->colls[ci];
     int rc;
+    if (aborted(n, err, errlen)) return -1;
+    atomic_store(&n->inflight[ci], 1);
     if (c->kind == CS_SEND || c->kind == CS_RECV) {
         int tag = (int)(c->link >= 0 ? n->s->links[c->link].tag : 0);
         if (c->in_bytes > 0x7fffffff) {
@@ -218,6 +235,8 @@ int emu_nccl_wait(EmuNccl *n, int32_t ci, char *err, size_t errlen)
     if (n->req[ci] == MPI_REQUEST_NULL) return 0;
     int rc = MPI_Wait(&n->req[ci], MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return fail(err, errlen, "MPI_Wait", rc);
+    if (aborted(n, err, errlen)) return -1;
+    atomic_store(&n->inflight[ci], 0);
     if (n->s->colls[ci].link < 0) finish(n, ci);
     return 0;
 }
@@ -227,4 +246,12 @@ int emu_nccl_wait_all(EmuNccl *n, char *err, size_t errlen)
     for (int32_t i = 0; i < n->s->n_colls; i++)
         if (emu_nccl_wait(n, i, err, errlen)) return -1;
     return 0;
+}
+
+int32_t emu_nccl_hung(EmuNccl *n)
+{
+    int32_t ci = 0;
+    while (ci < n->s->n_colls && !atomic_load(&n->inflight[ci])) ci++;
+    atomic_store(&n->aborted, 1);
+    return ci < n->s->n_colls ? ci : -1;
 }

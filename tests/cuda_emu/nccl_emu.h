@@ -24,5 +24,8 @@ int emu_nccl_start(EmuNccl *n, int32_t ci, char *err, size_t errlen);
 /* Completes ci (nothing if it is not in flight): its output written. 0, or -1. */
 int emu_nccl_wait(EmuNccl *n, int32_t ci, char *err, size_t errlen);
 int emu_nccl_wait_all(EmuNccl *n, char *err, size_t errlen);
+/* --timeout, from another thread: the first collective in flight (-1: none); then the
+ * communicators count as aborted (ncclCommAbort): every later call fails. */
+int32_t emu_nccl_hung(EmuNccl *n);
 
 #endif
