@@ -7,7 +7,9 @@ tests/cuda_emu/nccl_emu.c) and under `--device cpu`, and the two train alike.
 Cases: 2 and 4 stages x 1 and 2 data-parallel ranks; GPipe, 1F1B, interleaved 1F1B (2
 model chunks a stage) and ZB-H1; fp32 and bf16; ddp, zero1, zero2 and fsdp over the
 data-parallel ranks; GPT-2's embedding tied to its head (held by the first and the last
-stage: its gradients summed over the pipeline by NCCL). Tiny dims and 3 SGD steps keep
+stage: its gradients summed over the pipeline by NCCL); one run with --cuda-graph (the
+emulator replays a graph as the same ops: this checks fsexec's graph path takes a
+pipeline, not NCCL's capture). Tiny dims and 3 SGD steps keep
 it fast on two cores. Checks, per case: every step's loss and gradient norm, and every
 saved param tensor (norm of the difference over norm), within the tolerances of the CPU
 pipeline test (tests/mpi/pipeline.py): 1e-5 in fp32; in bf16 5e-2 per tensor, 2e-3 for
@@ -35,19 +37,19 @@ GPT2 = ["samples/gpt2.fsm", "-D", "L=4", "-D", "C=32", "-D", "NH=2", "-D", "T=16
 MLP = ["samples/mlp.fsm", "-D", "B=16", "-D", "H=16"]
 
 
-def case(model, stages, dp, sched, prec="fp32", shard="none", mb=None, layers=None):
+def case(model, stages, dp, sched, prec="fp32", shard="none", mb=None, layers=None, graph=False):
     args = [*model, "-D", "B=%d" % (8 * dp) if model is GPT2 else "B=%d" % (16 * dp)]
     args += ["-D", "L=%d" % layers] if layers else []
     mb = mb or (2 * stages if sched == "interleaved" else stages)
     args += ["--stages", str(stages), "--world", str(stages * dp), "--microbatches", str(mb), "--schedule", sched,
              "--precision", prec, "--shard", shard, *SGD]
     args += ["--chunks", "2"] if sched == "interleaved" else []
-    return args, stages * dp
+    return args, stages * dp, ["--cuda-graph"] if graph else []
 
 
 CASES = [
     case(GPT2, 2, 1, "gpipe"),
-    case(GPT2, 2, 1, "1f1b", "bf16"),
+    case(GPT2, 2, 1, "1f1b", "bf16", graph=True),
     case(MLP, 2, 1, "interleaved", layers=4),
     case(MLP, 2, 1, "zb1", "bf16", layers=4),
     case(MLP, 4, 1, "1f1b", layers=4),
@@ -76,14 +78,15 @@ class Runner:
     def __init__(self, fsc, fsexec, work, data):
         self.fsc, self.fsexec, self.work, self.data = fsc, fsexec, work, data
 
-    def train(self, tag, args, world, device):
+    def train(self, tag, args, world, device, flags=()):
         plan, out, log = (os.path.join(self.work, tag + ext) for ext in (".plan", ".%s.safetensors" % device,
                                                                            ".%s.jsonl" % device))
         if device == "cpu":
             run([self.fsc, *args, "-o", plan, "-q"])
         data = ["--data", self.data] if args[0] == GPT2[0] else []
         r = run([self.fsexec, "--nproc", str(world), plan, "--device", device, "--steps", str(trainrun.STEPS),
-                 "--threads", "1", "--data-order", "sequential", "--save-weights", out, "--log", log, *data])
+                 "--threads", "1", "--data-order", "sequential", "--save-weights", out, "--log", log, *data,
+                 *flags])
         if device == "cuda" and "device: cuda" not in r.stdout:
             sys.exit("FAIL %s: fsexec did not run on the (emulated) CUDA backend:\n%s" % (tag, r.stdout[-3000:]))
         with open(log) as f:
@@ -93,11 +96,12 @@ class Runner:
 
 
 def training(r):
-    for args, world in CASES:
+    for args, world, flags in CASES:
         what = "%s world %d: %s" % (os.path.basename(args[0])[:-4], world,
                                    " ".join(args[args.index("--stages"):args.index("--optimizer")]))
+        what += " " + " ".join(flags) if flags else ""
         tag = re.sub(r"[^A-Za-z0-9]+", "-", what)
-        cpu, cuda = r.train(tag, args, world, "cpu"), r.train(tag, args, world, "cuda")
+        cpu, cuda = r.train(tag, args, world, "cpu"), r.train(tag, args, world, "cuda", flags)
         if "bf16" in args:
             compare(what, cuda, cpu, {}, 5e-2, whole_tol=2e-3, loss_tol=5e-3, ref_name="the CPU run")
         else:
