@@ -353,7 +353,7 @@ static int launch(RtBackend *b, int32_t i)
 
 /* ---- GEMM: cublasGemmStridedBatchedEx, column-major, CUBLAS_COMPUTE_32F ---------------- */
 
-static float load(const uint8_t *base, PlanDType t, int64_t i)
+float emu_load(const uint8_t *base, PlanDType t, int64_t i)
 {
     uint16_t h;
     uint32_t u;
@@ -376,7 +376,7 @@ static float load(const uint8_t *base, PlanDType t, int64_t i)
 }
 
 /* f32 to a 16-bit dtype, to nearest even (NaN stays NaN): what cuBLAS writes. */
-static void store(uint8_t *base, PlanDType t, int64_t i, float v)
+void emu_store(uint8_t *base, PlanDType t, int64_t i, float v)
 {
     uint32_t u;
     uint16_t h;
@@ -462,9 +462,9 @@ static int gemm(RtBackend *b, int32_t i)
                 for (int64_t l = 0; l < g->k; l++) {
                     int64_t ia = bi * g->stride_a + (g->trans_a ? l + row * g->lda : row + l * g->lda);
                     int64_t ib = bi * g->stride_b + (g->trans_b ? col + l * g->ldb : l + col * g->ldb);
-                    acc += load(A, g->a_dt, ia) * load(B, g->b_dt, ib);
+                    acc += emu_load(A, g->a_dt, ia) * emu_load(B, g->b_dt, ib);
                 }
-                store(C, g->c_dt, bi * g->stride_c + row + col * g->ldc, acc);
+                emu_store(C, g->c_dt, bi * g->stride_c + row + col * g->ldc, acc);
             }
     return 0;
 }

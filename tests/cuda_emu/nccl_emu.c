@@ -12,7 +12,7 @@
  *   gathered (MPI_Iallgather of bytes) and reduced here in rank order, in f32, rounded
  *   once to the dtype (16-bit types as NCCL's sums do); an average divides the sum by the
  *   group (ncclAvg), or with avg_over multiplies it by 1 / avg_over (the premultiplied
- *   sum); all_gather places each rank's block. A reduce_scatter that NCCL runs in place
+ *   sum); i32 sums wrap, as NCCL's do; all_gather places each rank's block. A reduce_scatter that NCCL runs in place
  *   and then moves (CsColl.move) does both.
  * - A send or receive (ncclSend / ncclRecv on its link): MPI_Issend from, or MPI_Irecv
  *   into, the arena bytes, on a duplicate of the world with the plan's tag, to the peer's
@@ -30,13 +30,13 @@
  * is a wait the device's stream would block at. Test infrastructure (cuda-emu), never
  * part of fsexec.
  */
-#include <math.h>
 #include <mpi.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "emu_impl.h"
 #include "nccl_emu.h"
 
 struct EmuNccl {
@@ -58,56 +58,6 @@ static int fail(char *err, size_t errlen, const char *what, int rc)
     MPI_Error_string(rc, s, &n);
     snprintf(err, errlen, "cuda-emu: NCCL over MPI: %s: %s", what, s);
     return -1;
-}
-
-static float load(const uint8_t *p, PlanDType t, int64_t i)
-{
-    uint16_t h;
-    uint32_t u;
-    float f;
-    switch (t) {
-    case PLAN_DT_BF16:
-        memcpy(&h, p + 2 * i, 2);
-        u = (uint32_t)h << 16;
-        memcpy(&f, &u, 4);
-        return f;
-    case PLAN_DT_F16: {
-        memcpy(&h, p + 2 * i, 2);
-        int e = (h >> 10) & 31, m = h & 1023;
-        float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m + 1024), e - 25);
-        return h & 0x8000 ? -v : v;
-    }
-    case PLAN_DT_I32: {
-        int32_t x;
-        memcpy(&x, p + 4 * i, 4);
-        return (float)x;
-    }
-    default: memcpy(&f, p + 4 * i, 4); return f;
-    }
-}
-
-/* f32 to the dtype, to nearest even (NaN stays NaN), as NCCL rounds its sums. */
-static void store(uint8_t *p, PlanDType t, int64_t i, float v)
-{
-    uint32_t u;
-    uint16_t h;
-    memcpy(&u, &v, 4);
-    if (t == PLAN_DT_F32) {
-        memcpy(p + 4 * i, &v, 4);
-        return;
-    }
-    if (t == PLAN_DT_I32) {
-        int32_t x = (int32_t)v;
-        memcpy(p + 4 * i, &x, 4);
-        return;
-    }
-    if (t == PLAN_DT_BF16) {
-        h = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u) : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    } else {
-        _Float16 x = (_Float16)v;  // the compiler rounds to nearest even
-        memcpy(&h, &x, 2);
-    }
-    memcpy(p + 2 * i, &h, 2);
 }
 
 EmuNccl *emu_nccl_new(const CsSchedule *s, uint8_t *arena, int rank, char *err, size_t errlen)
@@ -221,10 +171,18 @@ static void finish(EmuNccl *n, int32_t ci)
         /* all_reduce: every element; reduce_scatter: this rank's block of count. */
         int64_t from = c->kind == CS_REDUCE_SCATTER ? (int64_t)n->index[ci] * c->count : 0;
         float scale = !c->avg ? 1.0f : c->avg_over > 0 ? 1.0f / (float)c->avg_over : 1.0f / (float)size;
-        for (int64_t i = 0; i < c->count; i++) {
+        for (int64_t i = 0; i < c->count && c->dtype == PLAN_DT_I32; i++) {  // schedule.c: no average of i32
+            uint32_t acc = 0, x;  // NCCL's int32 sum wraps
+            for (int r = 0; r < size; r++) {
+                memcpy(&x, n->all[ci] + (size_t)(r * c->in_bytes) + 4 * (from + i), 4);
+                acc += x;
+            }
+            memcpy(dst + 4 * i, &acc, 4);
+        }
+        for (int64_t i = 0; i < c->count && c->dtype != PLAN_DT_I32; i++) {
             float acc = 0.0f;
-            for (int r = 0; r < size; r++) acc += load(n->all[ci] + (size_t)(r * c->in_bytes), c->dtype, from + i);
-            store(dst, c->dtype, i, c->avg ? acc * scale : acc);
+            for (int r = 0; r < size; r++) acc += emu_load(n->all[ci] + (size_t)(r * c->in_bytes), c->dtype, from + i);
+            emu_store(dst, c->dtype, i, c->avg ? acc * scale : acc);
         }
     }
     if (c->move) memmove(n->arena + c->out, dst, (size_t)(c->count * es));

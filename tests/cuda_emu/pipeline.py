@@ -18,7 +18,6 @@ emulated device, and the tied embedding must be bitwise equal in both stages' fi
 
 usage: pipeline.py FSC FSEXEC LIBFS_CUDAEMU   (/usr/bin/python3 with numpy and torch; mpirun)
 """
-import glob
 import json
 import os
 import re
@@ -28,8 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
 import trainrun  # noqa: E402
-from models import load_safetensors  # noqa: E402
-from trainrun import compare, mpi_main, run  # noqa: E402
+from trainrun import compare, load_stages, mpi_main, run  # noqa: E402
 
 trainrun.STEPS = 3  # compare() counts the logged steps against it
 SGD = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]
@@ -63,17 +61,6 @@ CASES = [
 ]
 
 
-def params_of(out):
-    """Every param (from each stage's file, HF's sharded names beside OUT) and the copies
-    of those in more than one file."""
-    params, copies = {}, {}
-    for f in sorted(glob.glob(re.sub(r"\.safetensors$", "", out) + "-*-of-*.safetensors")) or [out]:
-        for name, t in load_safetensors(f).items():
-            copies.setdefault(name, []).append(t)
-            params.setdefault(name, t)
-    return params, {n: c for n, c in copies.items() if len(c) > 1}
-
-
 class Runner:
     def __init__(self, fsc, fsexec, work, data):
         self.fsc, self.fsexec, self.work, self.data = fsc, fsexec, work, data
@@ -91,7 +78,7 @@ class Runner:
             sys.exit("FAIL %s: fsexec did not run on the (emulated) CUDA backend:\n%s" % (tag, r.stdout[-3000:]))
         with open(log) as f:
             logged = [(x["loss"], x["grad_norm"]) for x in map(json.loads, f)]
-        params, copies = params_of(out)
+        params, copies = load_stages(out)
         return params, logged, copies
 
 
