@@ -3,7 +3,8 @@
 # (NCCL's sends and receives over MPI: tests/cuda_emu/nccl_emu.c); rank 1 is stopped with
 # SIGSTOP (mpirun notices nothing). Rank 0, whose host waits for its device, not in MPI,
 # must end every rank through the watchdog, naming the hung NCCL call (its plan op and
-# .fsm line) and the rank it waits for: rank 1, stage 1.
+# .fsm line) and the ranks it waits for: rank 1, stage 1 (a send or receive), or the
+# stages (the loss's all-reduce over the pipeline).
 # usage: watchdog.sh FSC FSEXEC LIBFS_CUDAEMU
 set -uo pipefail
 FSC_=$(realpath "$1") FSEXEC_=$(realpath "$2")
@@ -17,14 +18,15 @@ plan=$tmp/mlp.plan
   { fail "a first step on cuda-emu"; sed 's/^/    /' "$tmp/warm.out" | tail -20; finish; }
 
 name=sigstop-cuda-stage-1
+START_TRIES=600  # emulated steps are slow on a busy machine: up to a minute to the first step
 if start_training "$name" 2 "$plan" --device cuda --timeout 10; then
   pid=$(rank_pid 1 $ranks)
   t0=$(now_ms)
   kill -STOP "$pid"
   if ends_within "$name" 60 "$t0"; then
-    line=$(grep -E '^\[rank 0, stage 0\] fsexec: timeout: step [0-9]+ did not finish within 10 s \(--timeout\): on the device, op [0-9]+ \((send|recv)\) at mlp\.fsm:[0-9]+:[0-9]+, (to|from) rank 1 \(stage 1\) did not complete \(NCCL.s communicators aborted\)' \
+    line=$(grep -E '^\[rank 0, stage 0\] fsexec: timeout: step [0-9]+ did not finish within 10 s \(--timeout\): on the device, op [0-9]+ \((send|recv|all_reduce)\) at mlp\.fsm:[0-9]+:[0-9]+, ((to|from) rank 1 \(stage 1\)|over the 2 stages at data-parallel index 0) did not complete \(NCCL.s communicators aborted\)' \
       "$tmp/$name.out" | head -1)
-    [ -n "$line" ] && ok "$name: $line" || fail "$name: no diagnosis naming the hung send or receive and rank 1"
+    [ -n "$line" ] && ok "$name: $line" || { fail "$name: no diagnosis naming the hung NCCL call and rank 1"; grep -a timeout "$tmp/$name.out"; }
   fi
 else
   fail "$name: the ranks did not start training"
