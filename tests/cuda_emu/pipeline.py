@@ -6,11 +6,11 @@ tests/cuda_emu/nccl_emu.c) and under `--device cpu`, and the two train alike.
 
 Cases: 2 and 4 stages x 1 and 2 data-parallel ranks; GPipe, 1F1B, interleaved 1F1B (2
 model chunks a stage) and ZB-H1; fp32 and bf16; ddp, zero1, zero2 and fsdp over the
-data-parallel ranks; GPT-2's embedding tied to its head (held by the first and the last
-stage: its gradients summed over the pipeline by NCCL); one run with --cuda-graph (the
-emulator replays a graph as the same ops: this checks fsexec's graph path takes a
-pipeline, not NCCL's capture). Tiny dims and 3 SGD steps keep
-it fast on two cores. Checks, per case: every step's loss and gradient norm, and every
+data-parallel ranks, and zero2 over hybrid shard groups (2 of a stage's 4 ranks);
+GPT-2's embedding tied to its head (held by the first and the last stage: its gradients
+summed over the pipeline by NCCL); one run with --cuda-graph (the emulator replays a
+graph as the same ops: this checks fsexec's graph path takes a pipeline, not NCCL's
+capture). Tiny dims and 3 SGD steps keep it fast on two cores. Checks, per case: every step's loss and gradient norm, and every
 saved param tensor (norm of the difference over norm), within the tolerances of the CPU
 pipeline test (tests/mpi/pipeline.py): 1e-5 in fp32; in bf16 5e-2 per tensor, 2e-3 for
 all params together and 5e-3 for losses and norms. The CUDA run must say it ran on the
@@ -35,13 +35,14 @@ GPT2 = ["samples/gpt2.fsm", "-D", "L=4", "-D", "C=32", "-D", "NH=2", "-D", "T=16
 MLP = ["samples/mlp.fsm", "-D", "B=16", "-D", "H=16"]
 
 
-def case(model, stages, dp, sched, prec="fp32", shard="none", mb=None, layers=None, graph=False):
+def case(model, stages, dp, sched, prec="fp32", shard="none", mb=None, layers=None, graph=False, group=None):
     args = [*model, "-D", "B=%d" % (8 * dp) if model is GPT2 else "B=%d" % (16 * dp)]
     args += ["-D", "L=%d" % layers] if layers else []
     mb = mb or (2 * stages if sched == "interleaved" else stages)
     args += ["--stages", str(stages), "--world", str(stages * dp), "--microbatches", str(mb), "--schedule", sched,
              "--precision", prec, "--shard", shard, *SGD]
     args += ["--chunks", "2"] if sched == "interleaved" else []
+    args += ["--shard_group", str(group)] if group else []
     return args, stages * dp, ["--cuda-graph"] if graph else []
 
 
@@ -58,6 +59,7 @@ CASES = [
     case(MLP, 2, 2, "interleaved", shard="zero1", layers=4),
     case(MLP, 2, 2, "zb1", "bf16", shard="fsdp", layers=4),
     case(MLP, 4, 2, "1f1b", "bf16", shard="zero2", layers=4),
+    case(MLP, 2, 4, "1f1b", shard="zero2", layers=2, group=2),  # hybrid: shard and replica groups inside a stage
 ]
 
 
@@ -85,7 +87,7 @@ class Runner:
 def training(r):
     for args, world, flags in CASES:
         what = "%s world %d: %s" % (os.path.basename(args[0])[:-4], world,
-                                   " ".join(args[args.index("--stages"):args.index("--optimizer")]))
+                                   " ".join(a for a in args[args.index("--stages"):] if a not in SGD))
         what += " " + " ".join(flags) if flags else ""
         tag = re.sub(r"[^A-Za-z0-9]+", "-", what)
         cpu, cuda = r.train(tag, args, world, "cpu"), r.train(tag, args, world, "cuda", flags)
