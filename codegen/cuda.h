@@ -162,12 +162,24 @@ int cu_group(CuCtx *c, int first);
 
 /* ---- codegen/cuda_flash.c: attention on tensor cores ---------------------------------- */
 
+/* Where row i of slice s of a tensor starts, elements: s / nh * b + s % nh * h + i * r
+ * (attention's contiguous slices: nh = 1, h = 0; attention_qkv's heads: column ranges). */
+typedef struct {
+    int64_t nh, b, h, r;
+} CuLay;
+
 /* Attention's geometry as its emitters read it from the node: BH query slices of T rows,
- * BH / G kv slices of S rows, head dims D (q, k) and Dv (v). */
+ * BH / G kv slices of S rows, head dims D (q, k) and Dv (v); the layouts, and which of
+ * the node's inputs hold each tensor (attention_qkv: q, k and v are input 0, k from
+ * column koff of its rows and v from voff; dq, dk, dv are output 0 likewise). */
 typedef struct {
     int64_t BH, G, T, S, D, Dv;
     int causal;
     float scale;  // 1 / sqrt(D)
+    CuLay lq, lk, lv, lo;  // q and dq, k and dk, v and dv, o and dO
+    int packed;
+    int64_t koff, voff;
+    int in_o, in_lse, in_dout;  // backward: inputs o, lse, dout (forward: -1)
 } CuAtt;
 /* Whether attention (bwd 0) or attention_bwd (bwd 1) of the current node runs on tensor
  * cores: every tensor 16-bit of one dtype, D = Dv a multiple of 8 up to 128, 16-byte

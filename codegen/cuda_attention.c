@@ -10,6 +10,10 @@
  *   lse [BH, T] (f32), the log-sum-exp of each row of scores s = q.k / sqrt(D); under
  *   causal (T == S) query i sees keys j <= i. Grouped-query attention: G = BH / BKV
  *   query slices in a row share kv slice bh / G.
+ * attention_qkv(qkv, nh, nkv, causal) and its backward run the same kernels with the heads
+ * read as column ranges of the QKV projection's rows (CuAtt's layouts; passes/packed_attn.c):
+ * every address below is a layout's (qat, kat, vat, oat), and q, k, v (dq, dk, dv) are one
+ * tensor at three column offsets.
  * 16-bit tensors are loaded as f32 into shared memory; every product, sum and softmax
  * is f32; each output is rounded once.
  *
@@ -54,6 +58,8 @@ enum { FWD_THREADS = 128, BWD_THREADS = 256, KEYS = 32, DECODE_WARPS = 8 };
 /* The geometry both directions read from the node (cuda.h). */
 typedef CuAtt Att;
 
+static CuLay dense(int64_t rows, int64_t width) { return (CuLay){1, rows * width, 0, width}; }
+
 /* q, k, v: inputs 0, 1, 2; kk: k's and v's input indices (attention_decode: the caches). */
 static int att_geometry(CuCtx *c, const char *op, Att *a, int kk, int vv)
 {
@@ -71,8 +77,32 @@ static int att_geometry(CuCtx *c, const char *op, Att *a, int kk, int vv)
     a->causal = kk != 1 || ir_attr_int(c->g, cu_node(c), "causal", 0) != 0;
     a->scale = 1.0f / sqrtf((float)a->D);
     if (a->T > (1 << 30) || a->S > (1 << 30)) return cu_fail(c, "%s: sequences longer than 2^30", op);
+    a->lq = dense(a->T, a->D), a->lk = dense(a->S, a->D), a->lv = dense(a->S, a->Dv), a->lo = dense(a->T, a->Dv);
+    a->packed = 0, a->koff = a->voff = 0;
+    a->in_o = 3, a->in_lse = 4, a->in_dout = 5;
     return 0;
 }
+
+/* attention_qkv's (and its backward's) geometry: qkv [..., T, (nh + 2 nkv) D] is input 0; bwd: o, lse, dout
+ * are inputs 1, 2, 3. */
+static int packed_geometry(CuCtx *c, const char *op, Att *a, int bwd)
+{
+    const Value *x = cu_inv(c, 0);
+    int64_t nh = ir_attr_int(c->g, cu_node(c), "nh", 1), nkv = ir_attr_int(c->g, cu_node(c), "nkv", 1);
+    int64_t T = x->shape[x->rank - 2], W = x->shape[x->rank - 1], D = W / (nh + 2 * nkv);
+    if (!dtype_is_float(x->dtype) || nh < 1 || nkv < 1 || nh % nkv || W % (nh + 2 * nkv))
+        return cu_fail(c, "%s: float qkv of nh + 2 nkv heads only", op);
+    if (T > (1 << 30)) return cu_fail(c, "%s: sequences longer than 2^30", op);
+    *a = (Att){.BH = ir_numel(x) / W / T * nh, .G = nh / nkv, .T = T, .S = T, .D = D, .Dv = D,
+               .causal = ir_attr_int(c->g, cu_node(c), "causal", 0) != 0, .scale = 1.0f / sqrtf((float)D)};
+    a->lq = (CuLay){nh, T * W, D, W}, a->lk = a->lv = (CuLay){nkv, T * W, D, W}, a->lo = (CuLay){nh, T * nh * D, D, nh * D};
+    a->packed = 1, a->koff = nh * D, a->voff = (nh + nkv) * D;
+    a->in_o = bwd ? 1 : -1, a->in_lse = bwd ? 2 : -1, a->in_dout = bwd ? 3 : -1;
+    return 0;
+}
+
+/* The node input that holds q (0), k (1) or v (2). */
+static int qkv_in(const Att *a, int i) { return a->packed ? 0 : i; }
 
 static int att_shape(CuCtx *c, const char *op, Att *a)
 {
@@ -86,16 +116,25 @@ static int64_t odd(int64_t n) { return n | 1; }
 /* The forward's kv tile pitch: K rows at odd(D), V rows at Dv, in one buffer. */
 static int64_t kv_pitch(const Att *a) { return odd(a->D) > a->Dv ? odd(a->D) : a->Dv; }
 
-/* The geometry every kernel states first. */
+/* A layout's address function: `name`(slice, row), elements. */
+static char *lay_fn(CuCtx *c, const char *name, const CuLay *l)
+{
+    return cu_fmt(c, "    auto %s = [](long long s, long long i) { return s / %lldLL * %lldLL + s %% %lldLL * %lldLL + i * %lldLL; };\n",
+                  name, (long long)l->nh, (long long)l->b, (long long)l->nh, (long long)l->h, (long long)l->r);
+}
+
+/* The geometry every kernel states first; attention_qkv's pointers moved to k's and v's columns. */
 static char *consts(CuCtx *c, const Att *a)
 {
     return cu_fmt(c,
                   "    constexpr int T = %lld, S = %lld, D = %lld, DV = %lld, G = %lld;\n"
                   "    constexpr bool CAUSAL = %s;\n"
-                  "    constexpr float SCALE = %s;\n",
+                  "    constexpr float SCALE = %s;\n"
+                  "%s%s%s%s%s",
                   (long long)a->T, (long long)a->S, (long long)a->D, (long long)a->Dv, (long long)a->G,
-                  a->causal ? "true" : "false",
-                  cu_float(c, a->scale));
+                  a->causal ? "true" : "false", cu_float(c, a->scale), lay_fn(c, "qat", &a->lq),
+                  lay_fn(c, "kat", &a->lk), lay_fn(c, "vat", &a->lv), lay_fn(c, "oat", &a->lo),
+                  a->packed ? cu_fmt(c, "    k += %lldLL, v += %lldLL;\n", (long long)a->koff, (long long)a->voff) : "");
 }
 
 /* ---- forward ------------------------------------------------------------------------ */
@@ -153,7 +192,7 @@ static int fwd_kernel(CuCtx *c, const Att *a0)
         "    const int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n"
         "    const long long bh = blockIdx.x / NQT, bkv = bh / G;\n"
         "    const int i0 = (NQT - 1 - (int)(blockIdx.x %% NQT)) * BQ;\n"
-        "    for (int e = threadIdx.x; e < BQ * D; e += 128) qs[e] = i0 + e / D < T ? ld(q, (bh * T + i0) * D + e) : 0.f;\n"
+        "    for (int e = threadIdx.x; e < BQ * D; e += 128) qs[e] = i0 + e / D < T ? ld(q, qat(bh, i0 + e / D) + e %% D) : 0.f;\n"
         "    float m[RPW], l[RPW], acc[RPW][CPL];\n"
         "#pragma unroll\n"
         "    for (int g = 0; g < RPW; g++) {\n"
@@ -166,7 +205,7 @@ static int fwd_kernel(CuCtx *c, const Att *a0)
         "        __syncthreads();  // the last tile's readers of kv and ps are done; qs is in\n"
         "        for (int e = threadIdx.x; e < 32 * D; e += 128) {\n"
         "            const int j = e / D, d = e %% D;\n"
-        "            kv[j * KP + d] = j0 + j < S ? ld(k, (bkv * S + j0 + j) * D + d) : 0.f;\n"
+        "            kv[j * KP + d] = j0 + j < S ? ld(k, kat(bkv, j0 + j) + d) : 0.f;\n"
         "        }\n"
         "        __syncthreads();\n"
         "        float s[RPW];\n"
@@ -191,7 +230,7 @@ static int fwd_kernel(CuCtx *c, const Att *a0)
         "        __syncthreads();  // every score read K\n"
         "        for (int e = threadIdx.x; e < 32 * DV; e += 128) {\n"
         "            const int j = e / DV, cc = e %% DV;\n"
-        "            kv[j * DV + cc] = j0 + j < S ? ld(v, (bkv * S + j0 + j) * DV + cc) : 0.f;\n"
+        "            kv[j * DV + cc] = j0 + j < S ? ld(v, vat(bkv, j0 + j) + cc) : 0.f;\n"
         "        }\n"
         "        __syncthreads();\n"
         "        for (int jj = 0; jj < 32; jj++) {\n"
@@ -213,26 +252,40 @@ static int fwd_kernel(CuCtx *c, const Att *a0)
         "        const float inv = 1.0f / l[g];\n"
         "#pragma unroll\n"
         "        for (int cc = 0; cc < CPL; cc++)\n"
-        "            if (lane + 32 * cc < DV) st(o, (bh * T + i) * DV + lane + 32 * cc, acc[g][cc] * inv);\n"
+        "            if (lane + 32 * cc < DV) st(o, oat(bh, i) + lane + 32 * cc, acc[g][cc] * inv);\n"
         "        if (lane == 0) lse[bh * T + i] = m[g] + logf(l[g]);\n"
         "    }\n"
         "}\n",
-        cu_tin(c, 0), cu_tin(c, 1), cu_tin(c, 2), cu_tout(c, 0), consts(c, &a), rpw, cpl, (long long)odd(a.D),
+        cu_tin(c, 0), cu_tin(c, qkv_in(&a, 1)), cu_tin(c, qkv_in(&a, 2)), cu_tout(c, 0), consts(c, &a), rpw, cpl,
+        (long long)odd(a.D),
         (long long)nqt, (long long)kv_pitch(&a), score_loop(c, &a));
     CuDim grid;
     if (cu_grid1(c, a.BH * nqt, &grid)) return -1;
     return cu_launch(c, op, src, grid, (CuDim){FWD_THREADS, 1, 1}, 0,
-                     (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 0), cu_out_id(c, 1)}, 5);
+                     (int[]){cu_in_id(c, 0), cu_in_id(c, qkv_in(&a, 1)), cu_in_id(c, qkv_in(&a, 2)), cu_out_id(c, 0),
+                             cu_out_id(c, 1)},
+                     5);
+}
+
+static int forward(CuCtx *c, const Att *a, const char *op)
+{
+    if (cu_outv(c, 1)->dtype != DT_F32) return cu_fail(c, "%s: lse must be f32", op);
+    if (cu_flash_takes(c, a, 0)) return cu_flash_fwd(c, a);
+    return fwd_kernel(c, a);
 }
 
 /* attention(q, k, v, causal) -> o, lse */
 int cuda_attention(CuCtx *c)
 {
     Att a;
-    if (att_shape(c, "attention", &a)) return -1;
-    if (cu_outv(c, 1)->dtype != DT_F32) return cu_fail(c, "attention: lse must be f32");
-    if (cu_flash_takes(c, &a, 0)) return cu_flash_fwd(c, &a);
-    return fwd_kernel(c, &a);
+    return att_shape(c, "attention", &a) || forward(c, &a, "attention") ? -1 : 0;
+}
+
+/* attention_qkv(qkv, nh, nkv, causal) -> o, lse */
+int cuda_attention_qkv(CuCtx *c)
+{
+    Att a;
+    return packed_geometry(c, "attention_qkv", &a, 0) || forward(c, &a, "attention_qkv") ? -1 : 0;
 }
 
 /* attention_decode(q, k, v, kcache, vcache, pos) -> o: k's and v's rows into the caches
@@ -300,18 +353,18 @@ static char *bwd_common(CuCtx *c, const Att *a, int tb, int dkdv)
         "    auto load_q = [&](long long bh, int i0) {\n"
         "        for (int e = threadIdx.x; e < TB * D; e += 256) {\n"
         "            const int r = e / D, d = e %% D;\n"
-        "            qs[r * QP + d] = i0 + r < T ? ld(q, (bh * T + i0 + r) * D + d) : 0.f;\n"
+        "            qs[r * QP + d] = i0 + r < T ? ld(q, qat(bh, i0 + r) + d) : 0.f;\n"
         "        }\n"
         "        for (int e = threadIdx.x; e < TB * DV; e += 256) {\n"
         "            const int r = e / DV, cc = e %% DV;\n"
-        "            dos[r * OP + cc] = i0 + r < T ? ld(dout, (bh * T + i0 + r) * DV + cc) : 0.f;\n"
+        "            dos[r * OP + cc] = i0 + r < T ? ld(dout, oat(bh, i0 + r) + cc) : 0.f;\n"
         "        }\n"
         "        if (threadIdx.x < TB) ls[threadIdx.x] = i0 + (int)threadIdx.x < T ? lse[bh * T + i0 + threadIdx.x] : 0.f;\n"
         "        __syncthreads();\n"
         "        for (int r = warp; r < TB; r += 8) {\n"
         "            float x = 0.f;\n"
         "            if (i0 + r < T)\n"
-        "                for (int cc = lane; cc < DV; cc += 32) x += dos[r * OP + cc] * ld(o, (bh * T + i0 + r) * DV + cc);\n"
+        "                for (int cc = lane; cc < DV; cc += 32) x += dos[r * OP + cc] * ld(o, oat(bh, i0 + r) + cc);\n"
         "            x = fs_warp_sum(x);\n"
         "            if (lane == 0) dr[r] = x;\n"
         "        }\n"
@@ -320,11 +373,11 @@ static char *bwd_common(CuCtx *c, const Att *a, int tb, int dkdv)
         "    auto load_kv = [&](long long bkv, int j0) {  // kv slice bkv\n"
         "        for (int e = threadIdx.x; e < TB * D; e += 256) {\n"
         "            const int j = e / D, d = e %% D;\n"
-        "            ks[j * KP + d] = j0 + j < S ? ld(k, (bkv * S + j0 + j) * D + d) : 0.f;\n"
+        "            ks[j * KP + d] = j0 + j < S ? ld(k, kat(bkv, j0 + j) + d) : 0.f;\n"
         "        }\n"
         "        for (int e = threadIdx.x; e < TB * DV; e += 256) {\n"
         "            const int j = e / DV, cc = e %% DV;\n"
-        "            vs[j * VP + cc] = j0 + j < S ? ld(v, (bkv * S + j0 + j) * DV + cc) : 0.f;\n"
+        "            vs[j * VP + cc] = j0 + j < S ? ld(v, vat(bkv, j0 + j) + cc) : 0.f;\n"
         "        }\n"
         "    };\n"
         "    auto scores = [&](int i0, int j0) {\n"
@@ -339,7 +392,9 @@ static char *bwd_common(CuCtx *c, const Att *a, int tb, int dkdv)
         "            dss[e] = vis ? p * (dp - dr[r]) : 0.f;\n"
         "        }\n"
         "    };\n",
-        consts(c, a), tb, (long long)odd(a->D), (long long)odd(a->Dv),
+        cu_fmt(c, "%s%s", consts(c, a),
+               a->packed ? cu_fmt(c, "    dk += %lldLL, dv += %lldLL;\n", (long long)a->koff, (long long)a->voff) : ""),
+        tb, (long long)odd(a->D), (long long)odd(a->Dv),
         dkdv ? "    constexpr int NKT = (S + TB - 1) / TB, UK = (TB * D + 255) / 256, UV = (TB * DV + 255) / 256;\n"
              : "    constexpr int NQT = (T + TB - 1) / TB, UK = (TB * D + 255) / 256;\n",
         dkdv ? "ps[TB * TB], " : "", dkdv ? "            ps[e] = p;\n" : "");
@@ -387,12 +442,12 @@ static int emit_dkdv(CuCtx *c, const Att *a, int tb, const char *sig, const int 
         "#pragma unroll\n"
         "    for (int u = 0; u < UK; u++) {\n"
         "        const int e = threadIdx.x + 256 * u, j = e / D, d = e %% D;\n"
-        "        if (e < TB * D && j0 + j < S) st(dk, (bkv * S + j0 + j) * D + d, ak[u] * SCALE);\n"
+        "        if (e < TB * D && j0 + j < S) st(dk, kat(bkv, j0 + j) + d, ak[u] * SCALE);\n"
         "    }\n"
         "#pragma unroll\n"
         "    for (int u = 0; u < UV; u++) {\n"
         "        const int e = threadIdx.x + 256 * u, j = e / DV, cc = e %% DV;\n"
-        "        if (e < TB * DV && j0 + j < S) st(dv, (bkv * S + j0 + j) * DV + cc, av[u]);\n"
+        "        if (e < TB * DV && j0 + j < S) st(dv, vat(bkv, j0 + j) + cc, av[u]);\n"
         "    }\n"
         "}\n",
         sig, bwd_common(c, a, tb, 1));
@@ -433,7 +488,7 @@ static int emit_dq(CuCtx *c, const Att *a, int tb, const char *sig, const int *a
         "#pragma unroll\n"
         "    for (int u = 0; u < UK; u++) {\n"
         "        const int e = threadIdx.x + 256 * u, r = e / D, d = e %% D;\n"
-        "        if (e < TB * D && i0 + r < T) st(dq, (bh * T + i0 + r) * D + d, aq[u] * SCALE);\n"
+        "        if (e < TB * D && i0 + r < T) st(dq, qat(bh, i0 + r) + d, aq[u] * SCALE);\n"
         "    }\n"
         "}\n",
         sig, bwd_common(c, a, tb, 0));
@@ -442,12 +497,10 @@ static int emit_dq(CuCtx *c, const Att *a, int tb, const char *sig, const int *a
     return cu_launch(c, "attention_bwd", src, grid, (CuDim){BWD_THREADS, 1, 1}, 0, args, 9);
 }
 
-/* attention_bwd(q, k, v, o, lse, dout, causal) -> dq, dk, dv */
-int cuda_attention_bwd(CuCtx *c)
+static int backward(CuCtx *c, const Att *a0)
 {
-    Att a;
-    if (att_shape(c, "attention_bwd", &a)) return -1;
-    if (cu_inv(c, 4)->dtype != DT_F32) return cu_fail(c, "attention_bwd: lse must be f32");
+    Att a = *a0;
+    if (cu_inv(c, a.in_lse)->dtype != DT_F32) return cu_fail(c, "%s: lse must be f32", op_name(cu_node(c)->op));
     if (cu_flash_takes(c, &a, 1)) return cu_flash_bwd(c, &a);
     int tb = 32;
     while (tb > 4 && (bwd_smem(&a, tb) > SMEM_MAX || tb * (a.D + a.Dv) > 64 * BWD_THREADS)) tb /= 2;
@@ -455,15 +508,32 @@ int cuda_attention_bwd(CuCtx *c)
         return cu_fail(c, "attention_bwd: head dims D = %lld, Dv = %lld need %lld bytes of shared memory per block, over the %d "
                           "the CUDA kernels use (D, Dv up to about 300 fit)",
                        (long long)a.D, (long long)a.Dv, (long long)bwd_smem(&a, tb), SMEM_MAX);
-    // both kernels take every tensor, so that their text shares one signature
+    // both kernels take every tensor, so that their text shares one signature (attention_qkv: q, k and v are one,
+    // and dq, dk and dv; the kernels move k, v, dk and dv to their columns)
+    int q = 0, k = qkv_in(&a, 1), v = qkv_in(&a, 2), dk = a.packed ? 0 : 1, dv = a.packed ? 0 : 2;
     const char *sig = cu_fmt(c,
         "extern \"C\" __global__ void __launch_bounds__(256) KNAME(const %s *__restrict__ q, const %s *__restrict__ k, "
         "const %s *__restrict__ v, const %s *__restrict__ o, const float *__restrict__ lse, const %s *__restrict__ dout, "
         "%s *__restrict__ dq, %s *__restrict__ dk, %s *__restrict__ dv)\n",
-        cu_tin(c, 0), cu_tin(c, 1), cu_tin(c, 2), cu_tin(c, 3), cu_tin(c, 5), cu_tout(c, 0), cu_tout(c, 1), cu_tout(c, 2));
-    int args[9];
-    for (int i = 0; i < 6; i++) args[i] = cu_in_id(c, i);
-    for (int i = 0; i < 3; i++) args[6 + i] = cu_out_id(c, i);
+        cu_tin(c, q), cu_tin(c, k), cu_tin(c, v), cu_tin(c, a.in_o), cu_tin(c, a.in_dout), cu_tout(c, 0), cu_tout(c, dk),
+        cu_tout(c, dv));
+    int args[9] = {cu_in_id(c, q),        cu_in_id(c, k),      cu_in_id(c, v),   cu_in_id(c, a.in_o),
+                   cu_in_id(c, a.in_lse), cu_in_id(c, a.in_dout), cu_out_id(c, 0), cu_out_id(c, dk),
+                   cu_out_id(c, dv)};
     if (emit_dkdv(c, &a, tb, sig, args)) return -1;
     return emit_dq(c, &a, tb, sig, args);
+}
+
+/* attention_bwd(q, k, v, o, lse, dout, causal) -> dq, dk, dv */
+int cuda_attention_bwd(CuCtx *c)
+{
+    Att a;
+    return att_shape(c, "attention_bwd", &a) || backward(c, &a) ? -1 : 0;
+}
+
+/* attention_qkv_bwd(qkv, o, lse, dout, nh, nkv, causal) -> dqkv */
+int cuda_attention_qkv_bwd(CuCtx *c)
+{
+    Att a;
+    return packed_geometry(c, "attention_qkv_bwd", &a, 1) || backward(c, &a) ? -1 : 0;
 }
