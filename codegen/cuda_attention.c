@@ -393,7 +393,10 @@ static char *bwd_common(CuCtx *c, const Att *a, int tb, int dkdv)
         "        }\n"
         "    };\n",
         cu_fmt(c, "%s%s", consts(c, a),
-               a->packed ? cu_fmt(c, "    dk += %lldLL, dv += %lldLL;\n", (long long)a->koff, (long long)a->voff) : ""),
+               a->packed ? cu_fmt(c, "    auto *const dq = dqkv, *const dk = dqkv + %lldLL, *const dv = dqkv + %lldLL;\n"
+                                  "    (void)dq, (void)dk, (void)dv;  // each kernel writes some\n",
+                                  (long long)a->koff, (long long)a->voff)
+                         : ""),
         tb, (long long)odd(a->D), (long long)odd(a->Dv),
         dkdv ? "    constexpr int NKT = (S + TB - 1) / TB, UK = (TB * D + 255) / 256, UV = (TB * DV + 255) / 256;\n"
              : "    constexpr int NQT = (T + TB - 1) / TB, UK = (TB * D + 255) / 256;\n",
@@ -402,7 +405,7 @@ static char *bwd_common(CuCtx *c, const Att *a, int tb, int dkdv)
 
 /* Kernel 1: dK and dV of one key tile of one kv slice, over the query tiles that see it
  * in each of the slice's G query slices. */
-static int emit_dkdv(CuCtx *c, const Att *a, int tb, const char *sig, const int *args)
+static int emit_dkdv(CuCtx *c, const Att *a, int tb, const char *sig, const int *args, int n_args)
 {
     const char *src = cu_fmt(c,
         "%s"
@@ -453,11 +456,11 @@ static int emit_dkdv(CuCtx *c, const Att *a, int tb, const char *sig, const int 
         sig, bwd_common(c, a, tb, 1));
     CuDim grid;
     if (cu_grid1(c, a->BH / a->G * cu_cdiv(a->S, tb), &grid)) return -1;
-    return cu_launch(c, "attention_bwd", src, grid, (CuDim){BWD_THREADS, 1, 1}, 0, args, 9);
+    return cu_launch(c, "attention_bwd", src, grid, (CuDim){BWD_THREADS, 1, 1}, 0, args, n_args);
 }
 
 /* Kernel 2: dQ of one query tile, over the key tiles it sees; longest first. */
-static int emit_dq(CuCtx *c, const Att *a, int tb, const char *sig, const int *args)
+static int emit_dq(CuCtx *c, const Att *a, int tb, const char *sig, const int *args, int n_args)
 {
     const char *src = cu_fmt(c,
         "%s"
@@ -494,7 +497,7 @@ static int emit_dq(CuCtx *c, const Att *a, int tb, const char *sig, const int *a
         sig, bwd_common(c, a, tb, 0));
     CuDim grid;
     if (cu_grid1(c, a->BH * cu_cdiv(a->T, tb), &grid)) return -1;
-    return cu_launch(c, "attention_bwd", src, grid, (CuDim){BWD_THREADS, 1, 1}, 0, args, 9);
+    return cu_launch(c, "attention_bwd", src, grid, (CuDim){BWD_THREADS, 1, 1}, 0, args, n_args);
 }
 
 static int backward(CuCtx *c, const Att *a0)
@@ -508,20 +511,22 @@ static int backward(CuCtx *c, const Att *a0)
         return cu_fail(c, "attention_bwd: head dims D = %lld, Dv = %lld need %lld bytes of shared memory per block, over the %d "
                           "the CUDA kernels use (D, Dv up to about 300 fit)",
                        (long long)a.D, (long long)a.Dv, (long long)bwd_smem(&a, tb), SMEM_MAX);
-    // both kernels take every tensor, so that their text shares one signature (attention_qkv: q, k and v are one,
-    // and dq, dk and dv; the kernels move k, v, dk and dv to their columns)
-    int q = 0, k = qkv_in(&a, 1), v = qkv_in(&a, 2), dk = a.packed ? 0 : 1, dv = a.packed ? 0 : 2;
+    // both kernels take every tensor, so that their text shares one signature (attention_qkv: q, k and v are one
+    // tensor, which the kernels read from three columns, and dq, dk, dv the columns of one output, dqkv)
+    int q = 0, k = qkv_in(&a, 1), v = qkv_in(&a, 2), n = a.packed ? 7 : 9;
+    const char *outs = a.packed ? cu_fmt(c, "%s *__restrict__ dqkv", cu_tout(c, 0))
+                                : cu_fmt(c, "%s *__restrict__ dq, %s *__restrict__ dk, %s *__restrict__ dv",
+                                         cu_tout(c, 0), cu_tout(c, 1), cu_tout(c, 2));
     const char *sig = cu_fmt(c,
         "extern \"C\" __global__ void __launch_bounds__(256) KNAME(const %s *__restrict__ q, const %s *__restrict__ k, "
         "const %s *__restrict__ v, const %s *__restrict__ o, const float *__restrict__ lse, const %s *__restrict__ dout, "
-        "%s *__restrict__ dq, %s *__restrict__ dk, %s *__restrict__ dv)\n",
-        cu_tin(c, q), cu_tin(c, k), cu_tin(c, v), cu_tin(c, a.in_o), cu_tin(c, a.in_dout), cu_tout(c, 0), cu_tout(c, dk),
-        cu_tout(c, dv));
-    int args[9] = {cu_in_id(c, q),        cu_in_id(c, k),      cu_in_id(c, v),   cu_in_id(c, a.in_o),
-                   cu_in_id(c, a.in_lse), cu_in_id(c, a.in_dout), cu_out_id(c, 0), cu_out_id(c, dk),
-                   cu_out_id(c, dv)};
-    if (emit_dkdv(c, &a, tb, sig, args)) return -1;
-    return emit_dq(c, &a, tb, sig, args);
+        "%s)\n",
+        cu_tin(c, q), cu_tin(c, k), cu_tin(c, v), cu_tin(c, a.in_o), cu_tin(c, a.in_dout), outs);
+    int args[9] = {cu_in_id(c, q), cu_in_id(c, k), cu_in_id(c, v), cu_in_id(c, a.in_o), cu_in_id(c, a.in_lse),
+                   cu_in_id(c, a.in_dout), cu_out_id(c, 0)};
+    if (!a.packed) args[7] = cu_out_id(c, 1), args[8] = cu_out_id(c, 2);
+    if (emit_dkdv(c, &a, tb, sig, args, n)) return -1;
+    return emit_dq(c, &a, tb, sig, args, n);
 }
 
 /* attention_bwd(q, k, v, o, lse, dout, causal) -> dq, dk, dv */
