@@ -192,7 +192,8 @@ def row(shape, impl, d, causal, times):
 
 
 def table(rows):
-    lines = [f"{'shape':8} {'impl':12} {'fwd us':>10} {'bwd us':>10} {'fwd TF/s':>9} {'bwd TF/s':>9} {'f+b vs cudnn':>13}"]
+    lines = [f"{'shape':8} {'impl':12} {'fwd us':>10} {'bwd us':>10} {'fwd TF/s':>9} {'bwd TF/s':>9} "
+             f"{'f+b vs cudnn':>13}"]
     ref = {r["shape"]: r for r in rows if r["impl"] == "torch-cudnn" and "fwd_us" in r}
     for r in rows:
         if "skipped" in r:

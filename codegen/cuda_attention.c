@@ -95,7 +95,8 @@ static int packed_geometry(CuCtx *c, const char *op, Att *a, int bwd)
     if (T > (1 << 30)) return cu_fail(c, "%s: sequences longer than 2^30", op);
     *a = (Att){.BH = ir_numel(x) / W / T * nh, .G = nh / nkv, .T = T, .S = T, .D = D, .Dv = D,
                .causal = ir_attr_int(c->g, cu_node(c), "causal", 0) != 0, .scale = 1.0f / sqrtf((float)D)};
-    a->lq = (CuLay){nh, T * W, D, W}, a->lk = a->lv = (CuLay){nkv, T * W, D, W}, a->lo = (CuLay){nh, T * nh * D, D, nh * D};
+    a->lq = (CuLay){nh, T * W, D, W}, a->lk = a->lv = (CuLay){nkv, T * W, D, W};
+    a->lo = (CuLay){nh, T * nh * D, D, nh * D};
     a->packed = 1, a->koff = nh * D, a->voff = (nh + nkv) * D;
     a->in_o = bwd ? 1 : -1, a->in_lse = bwd ? 2 : -1, a->in_dout = bwd ? 3 : -1;
     return 0;
@@ -119,7 +120,10 @@ static int64_t kv_pitch(const Att *a) { return odd(a->D) > a->Dv ? odd(a->D) : a
 /* A layout's address function: `name`(slice, row), elements. */
 static char *lay_fn(CuCtx *c, const char *name, const CuLay *l)
 {
-    return cu_fmt(c, "    auto %s = [](long long s, long long i) { return s / %lldLL * %lldLL + s %% %lldLL * %lldLL + i * %lldLL; };\n",
+    return cu_fmt(c,
+                  "    auto %s = [](long long s, long long i) {\n"
+                  "        return s / %lldLL * %lldLL + s %% %lldLL * %lldLL + i * %lldLL;\n"
+                  "    };\n",
                   name, (long long)l->nh, (long long)l->b, (long long)l->nh, (long long)l->h, (long long)l->r);
 }
 
@@ -134,7 +138,8 @@ static char *consts(CuCtx *c, const Att *a)
                   (long long)a->T, (long long)a->S, (long long)a->D, (long long)a->Dv, (long long)a->G,
                   a->causal ? "true" : "false", cu_float(c, a->scale), lay_fn(c, "qat", &a->lq),
                   lay_fn(c, "kat", &a->lk), lay_fn(c, "vat", &a->lv), lay_fn(c, "oat", &a->lo),
-                  a->packed ? cu_fmt(c, "    k += %lldLL, v += %lldLL;\n", (long long)a->koff, (long long)a->voff) : "");
+                  a->packed ? cu_fmt(c, "    k += %lldLL, v += %lldLL;\n", (long long)a->koff, (long long)a->voff)
+                            : "");
 }
 
 /* ---- forward ------------------------------------------------------------------------ */
@@ -192,7 +197,8 @@ static int fwd_kernel(CuCtx *c, const Att *a0)
         "    const int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n"
         "    const long long bh = blockIdx.x / NQT, bkv = bh / G;\n"
         "    const int i0 = (NQT - 1 - (int)(blockIdx.x %% NQT)) * BQ;\n"
-        "    for (int e = threadIdx.x; e < BQ * D; e += 128) qs[e] = i0 + e / D < T ? ld(q, qat(bh, i0 + e / D) + e %% D) : 0.f;\n"
+        "    for (int e = threadIdx.x; e < BQ * D; e += 128)\n"
+        "        qs[e] = i0 + e / D < T ? ld(q, qat(bh, i0 + e / D) + e %% D) : 0.f;\n"
         "    float m[RPW], l[RPW], acc[RPW][CPL];\n"
         "#pragma unroll\n"
         "    for (int g = 0; g < RPW; g++) {\n"
@@ -393,7 +399,8 @@ static char *bwd_common(CuCtx *c, const Att *a, int tb, int dkdv)
         "        }\n"
         "    };\n",
         cu_fmt(c, "%s%s", consts(c, a),
-               a->packed ? cu_fmt(c, "    auto *const dq = dqkv, *const dk = dqkv + %lldLL, *const dv = dqkv + %lldLL;\n"
+               a->packed ? cu_fmt(c, "    auto *const dq = dqkv, *const dk = dqkv + %lldLL, "
+                                     "*const dv = dqkv + %lldLL;\n"
                                   "    (void)dq, (void)dk, (void)dv;  // each kernel writes some\n",
                                   (long long)a->koff, (long long)a->voff)
                          : ""),

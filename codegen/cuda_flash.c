@@ -132,7 +132,8 @@ int cu_flash_bwd(CuCtx *c, const CuAtt *a)
     const char *E = cu_tin(c, 0);
     // the inner tiles (flash_bwd.cuh): dK/dV's query rows a step, dQ's keys a step
     int64_t bkv = a->BH / a->G, P = pitch(a->D), bm = FL_DKDV_ROWS, bn = a->D <= 64 ? 64 : 32;
-    const char *ins = cu_fmt(c, "%s, const float *__restrict__ lse, %s", qkv_params(c, a), cu_pin(c, a->in_dout, "dout"));
+    const char *ins =
+        cu_fmt(c, "%s, const float *__restrict__ lse, %s", qkv_params(c, a), cu_pin(c, a->in_dout, "dout"));
     int extra[5] = {cu_in_id(c, a->in_lse), cu_in_id(c, a->in_dout), cu_out_id(c, 0)}, ids[8], n;
     const char *douts = "dk, dv", *dkdv_params;  // attention_qkv: dk and dv are dq's columns
     if (a->packed) {
@@ -140,7 +141,8 @@ int cu_flash_bwd(CuCtx *c, const CuAtt *a)
         dkdv_params = cu_fmt(c, "%s, %s", ins, cu_pout(c, 0, "dq"));
         n = qkv_ids(c, a, ids, extra, 3);
     } else {
-        dkdv_params = cu_fmt(c, "%s, const %s *__restrict__ dq, %s, %s", ins, E, cu_pout(c, 1, "dk"), cu_pout(c, 2, "dv"));
+        dkdv_params =
+            cu_fmt(c, "%s, const %s *__restrict__ dq, %s, %s", ins, E, cu_pout(c, 1, "dk"), cu_pout(c, 2, "dv"));
         extra[3] = cu_out_id(c, 1), extra[4] = cu_out_id(c, 2);
         n = qkv_ids(c, a, ids, extra, 5);
     }

@@ -184,8 +184,9 @@ static const KeyDef KEYS[] = {
     INT("embed_grad_into", embed_grad_into, 0, 1, "training: an embedding's gradient rows added in place into the "
         "gradient they sum with (a tied embedding's: the LM head's), 1, default; or a dense table of their own and an "
         "add (0)"),
-    INT("pack_attention", pack_attention, 0, 1, "training: attention reads q, k, v from the QKV projection's output and "
-        "writes the heads side by side, with no split, heads or merge_heads copies (1, default); or through them (0)"),
+    INT("pack_attention", pack_attention, 0, 1, "training: attention reads q, k, v from the QKV projection's output "
+        "and writes the heads side by side, with no split, heads or merge_heads copies (1, default); or through them "
+        "(0)"),
     {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,
      offsetof(TrainConfig, balance), 0, 0, NULL, 0},
     ENUM("offload", offload, OFFLOADS, "none; optimizer: fp32 master weights, optimizer state and the update on the host (ZeRO-Offload); params: fsdp's param shards there too"),

@@ -652,8 +652,8 @@ int shape_attention_qkv(ShapeCtx *c)
                           " kv heads (both >= 1, nh a multiple of nkv)", nh, nkv);
     int64_t W = x->shape[r - 1], heads = nh + 2 * nkv;
     if (W % heads)
-        return shape_fail(c, "attention_qkv: %s's rows of %" PRId64 " are not %" PRId64 " heads of one width", TYPE(x, tx),
-                          W, heads);
+        return shape_fail(c, "attention_qkv: %s's rows of %" PRId64 " are not %" PRId64 " heads of one width",
+                          TYPE(x, tx), W, heads);
     shape_set(c, 0, x->dtype, (int)r, x->shape);
     c->out[0].shape[r - 1] = W / heads * nh;
     int64_t lse[OPS_MAX_RANK];

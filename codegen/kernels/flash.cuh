@@ -62,9 +62,18 @@ template <int NH, long long QB, long long QH, long long QR, int NKV, long long K
           long long OB, long long OH, long long OR>
 struct FsAttLay {
     static constexpr long long q_pitch = QR, k_pitch = KR, o_pitch = OR;
-    static __device__ __forceinline__ long long q(long long s, long long i) { return s / NH * QB + s % NH * QH + i * QR; }
-    static __device__ __forceinline__ long long k(long long s, long long i) { return s / NKV * KB + s % NKV * KH + i * KR; }
-    static __device__ __forceinline__ long long o(long long s, long long i) { return s / NH * OB + s % NH * OH + i * OR; }
+    static __device__ __forceinline__ long long q(long long s, long long i)
+    {
+        return s / NH * QB + s % NH * QH + i * QR;
+    }
+    static __device__ __forceinline__ long long k(long long s, long long i)
+    {
+        return s / NKV * KB + s % NKV * KH + i * KR;
+    }
+    static __device__ __forceinline__ long long o(long long s, long long i)
+    {
+        return s / NH * OB + s % NH * OH + i * OR;
+    }
 };
 
 // The shared-memory geometry of a head dim D.

@@ -56,7 +56,10 @@ typedef struct {
     int64_t nh, b, h, r;
 } Lay;
 
-static inline int64_t lay_at(const Lay *l, int64_t s, int64_t i) { return s / l->nh * l->b + s % l->nh * l->h + i * l->r; }
+static inline int64_t lay_at(const Lay *l, int64_t s, int64_t i)
+{
+    return s / l->nh * l->b + s % l->nh * l->h + i * l->r;
+}
 static Lay lay_dense(int64_t rows, int64_t width) { return (Lay){1, rows * width, 0, width}; }
 
 typedef struct {
@@ -263,8 +266,8 @@ KSIMD static void bwd_tile(const Att *a, int64_t bh, int64_t i0, int64_t j0, con
     if (do_kv) {
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)Dv, (int)nq, 1.0f, p, (int)nk, go, ldo, 1.0f,
                     a->dv + lay_at(&a->lv, kv, j0), ldv);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)D, (int)nq, a->scale, ds, (int)nk, q, ldq, 1.0f,
-                    a->dk + lay_at(&a->lk, kv, j0), ldk);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)D, (int)nq, a->scale, ds, (int)nk, q, ldq,
+                    1.0f, a->dk + lay_at(&a->lk, kv, j0), ldk);
     }
     if (do_q)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, a->scale, ds, (int)nk, kj, ldk,
