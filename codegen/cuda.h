@@ -186,6 +186,14 @@ typedef struct {
  * aligned buffers. Then cu_flash_fwd / cu_flash_bwd emit it. Kernels that do their op's
  * FLOPs on tensor cores take a prefix ending in "_tc" (their names contain "_tc_"), which
  * report/kernels.c prices at the tensor-core rate. */
+/* codegen/cuda_attention.c: the kernel parameters of q, k and v (attention's three inputs, or attention_qkv's
+ * one: "qkv"), the arguments they pass to a template (k and v at their columns of qkv), and the ids of those
+ * tensors followed by n `extra` ones into ids (how many). */
+const char *cu_att_params(CuCtx *c, const CuAtt *a);
+const char *cu_att_args(CuCtx *c, const CuAtt *a);
+int cu_att_ids(CuCtx *c, const CuAtt *a, int *ids, const int *extra, int n);
+/* The FsAttLay<...> (codegen/kernels/attn_layout.cuh) of layouts q, k, v, o. */
+char *cu_att_lay(CuCtx *c, const CuLay *q, const CuLay *k, const CuLay *v, const CuLay *o);
 int cu_flash_takes(const CuCtx *c, const CuAtt *a, int bwd);
 int cu_flash_fwd(CuCtx *c, const CuAtt *a);
 int cu_flash_bwd(CuCtx *c, const CuAtt *a);

@@ -28,6 +28,15 @@ static int64_t pitch(int64_t D)
     return (D + 15) / 16 * 16 + 8;
 }
 
+char *cu_att_lay(CuCtx *c, const CuLay *q, const CuLay *k, const CuLay *v, const CuLay *o)
+{
+    return cu_fmt(c, "FsAttLay<%lld, %lldLL, %lldLL, %lldLL, %lld, %lldLL, %lldLL, %lldLL, %lldLL, %lldLL, %lldLL, %lldLL, "
+                  "%lldLL, %lldLL>",
+                  (long long)q->nh, (long long)q->b, (long long)q->h, (long long)q->r, (long long)k->nh, (long long)k->b,
+                  (long long)k->h, (long long)k->r, (long long)v->b, (long long)v->h, (long long)v->r, (long long)o->b,
+                  (long long)o->h, (long long)o->r);
+}
+
 static int aligned16(const Value *v)
 {
     return v->offset % 16 == 0 && v->rank_stride % 16 == 0;
@@ -54,36 +63,9 @@ int cu_flash_takes(const CuCtx *c, const CuAtt *a, int bwd)
 /* The template arguments every kernel starts with: E, TQ, SK, D, G, CAUSAL, the layouts (k's serve v). */
 static char *targs(CuCtx *c, const CuAtt *a)
 {
-    const CuLay *q = &a->lq, *k = &a->lk, *o = &a->lo;
-    return cu_fmt(c, "%s, %lld, %lld, %lld, %lld, %s, FsAttLay<%lld, %lldLL, %lldLL, %lldLL, %lld, %lldLL, %lldLL, "
-                  "%lldLL, %lldLL, %lldLL, %lldLL>",
-                  cu_tin(c, 0), (long long)a->T, (long long)a->S, (long long)a->D, (long long)a->G,
-                  a->causal ? "true" : "false", (long long)q->nh, (long long)q->b, (long long)q->h, (long long)q->r,
-                  (long long)k->nh, (long long)k->b, (long long)k->h, (long long)k->r, (long long)o->b, (long long)o->h,
-                  (long long)o->r);
-}
-
-/* The kernel parameters of q, k and v and the arguments they pass: attention's three
- * inputs, or attention_qkv's one, k and v at their columns. */
-static const char *qkv_params(CuCtx *c, const CuAtt *a)
-{
-    if (a->packed) return cu_pin(c, 0, "qkv");
-    return cu_fmt(c, "%s, %s, %s", cu_pin(c, 0, "q"), cu_pin(c, 1, "k"), cu_pin(c, 2, "v"));
-}
-
-static const char *qkv_args(CuCtx *c, const CuAtt *a)
-{
-    if (a->packed) return cu_fmt(c, "qkv, qkv + %lld, qkv + %lld", (long long)a->koff, (long long)a->voff);
-    return "q, k, v";
-}
-
-/* The ids of the tensors qkv_params names, then of `extra` more, into ids; how many. */
-static int qkv_ids(CuCtx *c, const CuAtt *a, int *ids, const int *extra, int n)
-{
-    int k = 0;
-    for (int i = 0; i < (a->packed ? 1 : 3); i++) ids[k++] = cu_in_id(c, i);
-    for (int i = 0; i < n; i++) ids[k++] = extra[i];
-    return k;
+    const CuLay *q = &a->lq, *k = &a->lk, *o = &a->lo;  // v's is k's (D = Dv)
+    return cu_fmt(c, "%s, %lld, %lld, %lld, %lld, %s, %s", cu_tin(c, 0), (long long)a->T, (long long)a->S,
+                  (long long)a->D, (long long)a->G, a->causal ? "true" : "false", cu_att_lay(c, q, k, k, o));
 }
 
 static int launch(CuCtx *c, const char *prefix, const char *src, int64_t blocks, int64_t smem, const int *args, int n)
@@ -96,12 +78,12 @@ static int launch(CuCtx *c, const char *prefix, const char *src, int64_t blocks,
 int cu_flash_fwd(CuCtx *c, const CuAtt *a)
 {
     cu_use(c, "flash.cuh");
-    const char *params = cu_fmt(c, "%s, %s, %s", qkv_params(c, a), cu_pout(c, 0, "o"), cu_pout(c, 1, "lse"));
+    const char *params = cu_fmt(c, "%s, %s, %s", cu_att_params(c, a), cu_pout(c, 0, "o"), cu_pout(c, 1, "lse"));
     const char *src = cu_kernel(c, FL_THREADS, params,
                                 cu_fmt(c, "fs_flash_fwd<%s, %lldLL>(%s, o, lse, %s)", targs(c, a), (long long)a->BH,
-                                       qkv_args(c, a), cu_float(c, a->scale)));
+                                       cu_att_args(c, a), cu_float(c, a->scale)));
     int64_t smem = 2 * 5 * FL_TILE * pitch(a->D);  // q, then two buffers of k and v
-    int ids[5], n = qkv_ids(c, a, ids, (int[]){cu_out_id(c, 0), cu_out_id(c, 1)}, 2);
+    int ids[5], n = cu_att_ids(c, a, ids, (int[]){cu_out_id(c, 0), cu_out_id(c, 1)}, 2);
     return launch(c, "attention_tc", src, a->BH * cu_cdiv(a->T, FL_TILE), smem, ids, n);
 }
 
@@ -112,12 +94,9 @@ static int emit_dsum(CuCtx *c, const CuAtt *a)
     int64_t lpr = 16;
     while ((a->D / 8) % lpr) lpr /= 2;
     int64_t rows = a->BH * a->T;
-    const CuLay *q = &a->lq, *o = &a->lo;
     const char *params =
         cu_fmt(c, "%s, %s, %s", cu_pin(c, a->in_o, "o"), cu_pin(c, a->in_dout, "dout"), cu_pout(c, 0, "dq"));
-    const char *lay = cu_fmt(c, "FsAttLay<%lld, %lldLL, %lldLL, %lldLL, 1, 0, 0, 0, %lldLL, %lldLL, %lldLL>",
-                             (long long)q->nh, (long long)q->b, (long long)q->h, (long long)q->r, (long long)o->b,
-                             (long long)o->h, (long long)o->r);
+    const char *lay = cu_att_lay(c, &a->lq, &a->lk, &a->lv, &a->lo);
     const char *src = cu_kernel(c, FL_THREADS, params,
                                 cu_fmt(c, "fs_flash_dsum<%s, %lld, %lld, %lld, %s, %lldLL>(o, dout, dq)", cu_tin(c, 0),
                                        (long long)a->T, (long long)a->D, (long long)lpr, lay, (long long)rows));
@@ -133,28 +112,28 @@ int cu_flash_bwd(CuCtx *c, const CuAtt *a)
     // the inner tiles (flash_bwd.cuh): dK/dV's query rows a step, dQ's keys a step
     int64_t bkv = a->BH / a->G, P = pitch(a->D), bm = FL_DKDV_ROWS, bn = a->D <= 64 ? 64 : 32;
     const char *ins =
-        cu_fmt(c, "%s, const float *__restrict__ lse, %s", qkv_params(c, a), cu_pin(c, a->in_dout, "dout"));
+        cu_fmt(c, "%s, const float *__restrict__ lse, %s", cu_att_params(c, a), cu_pin(c, a->in_dout, "dout"));
     int extra[5] = {cu_in_id(c, a->in_lse), cu_in_id(c, a->in_dout), cu_out_id(c, 0)}, ids[8], n;
     const char *douts = "dk, dv", *dkdv_params;  // attention_qkv: dk and dv are dq's columns
     if (a->packed) {
         douts = cu_fmt(c, "dq + %lld, dq + %lld", (long long)a->koff, (long long)a->voff);
         dkdv_params = cu_fmt(c, "%s, %s", ins, cu_pout(c, 0, "dq"));
-        n = qkv_ids(c, a, ids, extra, 3);
+        n = cu_att_ids(c, a, ids, extra, 3);
     } else {
         dkdv_params =
             cu_fmt(c, "%s, const %s *__restrict__ dq, %s, %s", ins, E, cu_pout(c, 1, "dk"), cu_pout(c, 2, "dv"));
         extra[3] = cu_out_id(c, 1), extra[4] = cu_out_id(c, 2);
-        n = qkv_ids(c, a, ids, extra, 5);
+        n = cu_att_ids(c, a, ids, extra, 5);
     }
     const char *dkdv = cu_kernel(c, FL_THREADS, dkdv_params,
                                  cu_fmt(c, "fs_flash_dkdv<%s, %lld, %lldLL>(%s, lse, dout, dq, %s, %s)", targs(c, a),
-                                        (long long)bm, (long long)bkv, qkv_args(c, a), douts, cu_float(c, a->scale)));
+                                        (long long)bm, (long long)bkv, cu_att_args(c, a), douts, cu_float(c, a->scale)));
     int64_t smem = 2 * (2 * FL_TILE + 4 * bm) * P + 4 * 4 * bm;  // k, v, two of q and dO; two of lse and Dr
     if (launch(c, "attention_bwd_tc", dkdv, bkv * cu_cdiv(a->S, FL_TILE), smem, ids, n)) return -1;
     const char *dq = cu_kernel(c, FL_THREADS, cu_fmt(c, "%s, %s", ins, cu_pout(c, 0, "dq")),
                                cu_fmt(c, "fs_flash_dq<%s, %lld, %lldLL>(%s, lse, dout, dq, %s)", targs(c, a),
-                                      (long long)bn, (long long)a->BH, qkv_args(c, a), cu_float(c, a->scale)));
+                                      (long long)bn, (long long)a->BH, cu_att_args(c, a), cu_float(c, a->scale)));
     smem = 2 * (2 * FL_TILE + 4 * bn) * P;  // q, dO, two of k and v
-    n = qkv_ids(c, a, ids, extra, 3);
+    n = cu_att_ids(c, a, ids, extra, 3);
     return launch(c, "attention_bwd_tc", dq, a->BH * cu_cdiv(a->T, FL_TILE), smem, ids, n);
 }

@@ -26,13 +26,14 @@
 // The output leaves through shared memory (each warp's own 16 rows of the q tile, which
 // only that warp reads), so global stores are whole 16-byte chunks of consecutive rows.
 //
-// Layouts: every tensor is addressed through FsAttLay (below), so the same kernels read
+// Layouts: every tensor is addressed through FsAttLay (attn_layout.cuh; v through k's), so the same kernels read
 // attention's contiguous [BH, T, D] slices and attention_qkv's heads, which are column
 // ranges of the QKV projection's rows (passes/packed_attn.c).
 //
 // Fragment layouts are tc.cuh's (the PTX ISA's): g = lane / 4, t = lane % 4; a C fragment
 // element c[i] is at row g + 8 (i >> 1), column 2t + (i & 1).
 #pragma once
+#include "attn_layout.cuh"
 #include "prelude.cuh"
 #include "tc.cuh"
 
@@ -54,27 +55,6 @@ __device__ __forceinline__ unsigned fs_pack2(float lo, float hi, __half)
 {
     return (unsigned)__half_as_ushort(__float2half_rn(lo)) | (unsigned)__half_as_ushort(__float2half_rn(hi)) << 16;
 }
-
-// Where row i of slice s starts, elements: s / NH * QB + s % NH * QH + i * QR for q (and dq);
-// the same with NKV, KB, KH, KR for k, v (dk, dv; kv slice s), and with NH, OB, OH, OR for
-// o and dO. attention's slices: NH = NKV = 1, the heads 0, the rows D apart.
-template <int NH, long long QB, long long QH, long long QR, int NKV, long long KB, long long KH, long long KR,
-          long long OB, long long OH, long long OR>
-struct FsAttLay {
-    static constexpr long long q_pitch = QR, k_pitch = KR, o_pitch = OR;
-    static __device__ __forceinline__ long long q(long long s, long long i)
-    {
-        return s / NH * QB + s % NH * QH + i * QR;
-    }
-    static __device__ __forceinline__ long long k(long long s, long long i)
-    {
-        return s / NKV * KB + s % NKV * KH + i * KR;
-    }
-    static __device__ __forceinline__ long long o(long long s, long long i)
-    {
-        return s / NH * OB + s % NH * OH + i * OR;
-    }
-};
 
 // The shared-memory geometry of a head dim D.
 template <int D>
