@@ -3,8 +3,9 @@
  * the caches with query row i at position pos + i; see the op's rule in ops/shape.c).
  * 16-bit attention and its backward with head dims D = Dv a multiple of 8 up to 128
  * run on tensor cores (codegen/cuda_flash.c, which says exactly what it takes); the
- * rest (fp32 plans, other head dims) runs here: flash attention in f32 on CUDA
- * cores, never a T x S matrix in memory. Semantics are
+ * rest (fp32 plans, other head dims) runs on codegen/kernels/attention_f32.cuh's
+ * templates, launched here: flash attention in f32 on CUDA cores, never a T x S matrix
+ * in memory. Semantics are
  * runtime/cpu/attention.c's:
  *   attention(q [BH, T, D], k [BKV, S, D], v [BKV, S, Dv], causal) -> o [BH, T, Dv] and
  *   lse [BH, T] (f32), the log-sum-exp of each row of scores s = q.k / sqrt(D); under
@@ -12,8 +13,8 @@
  *   query slices in a row share kv slice bh / G.
  * attention_qkv(qkv, nh, nkv, causal) and its backward run the same kernels with the heads
  * read as column ranges of the QKV projection's rows (CuAtt's layouts; passes/packed_attn.c):
- * every address below is a layout's (qat, kat, vat, oat), and q, k, v (dq, dk, dv) are one
- * tensor at three column offsets.
+ * every address is a layout's (FsAttLay, codegen/kernels/attn_layout.cuh), and q, k, v (dq,
+ * dk, dv) are one tensor at three column offsets.
  * 16-bit tensors are loaded as f32 into shared memory; every product, sum and softmax
  * is f32; each output is rounded once.
  *

@@ -8,7 +8,7 @@
  * o, dout, dq, dk, dv) all bf16 or all f16, head dims D = Dv a
  * multiple of 8 up to 128, any T and S (tails masked), causal or not, grouped-query
  * attention, every buffer 16-byte aligned (memplan gives 64; a view might not). Anything
- * else, fp32 plans included, stays on codegen/cuda_attention.c's f32 kernels (TF32 under
+ * else, fp32 plans included, runs on the f32 kernels (codegen/kernels/attention_f32.cuh; TF32 under
  * --tf32 is not done: the plan does not know the flag). attention_decode, planned in fp32,
  * has its own kernel (codegen/kernels/decode.cuh).
  *
@@ -30,11 +30,12 @@ static int64_t pitch(int64_t D)
 
 char *cu_att_lay(CuCtx *c, const CuLay *q, const CuLay *k, const CuLay *v, const CuLay *o)
 {
-    return cu_fmt(c, "FsAttLay<%lld, %lldLL, %lldLL, %lldLL, %lld, %lldLL, %lldLL, %lldLL, %lldLL, %lldLL, %lldLL, %lldLL, "
-                  "%lldLL, %lldLL>",
-                  (long long)q->nh, (long long)q->b, (long long)q->h, (long long)q->r, (long long)k->nh, (long long)k->b,
-                  (long long)k->h, (long long)k->r, (long long)v->b, (long long)v->h, (long long)v->r, (long long)o->b,
-                  (long long)o->h, (long long)o->r);
+    return cu_fmt(c,
+                  "FsAttLay<%lld, %lldLL, %lldLL, %lldLL, %lld, %lldLL, %lldLL, %lldLL, %lldLL, %lldLL, %lldLL, "
+                  "%lldLL, %lldLL, %lldLL>",
+                  (long long)q->nh, (long long)q->b, (long long)q->h, (long long)q->r, (long long)k->nh,
+                  (long long)k->b, (long long)k->h, (long long)k->r, (long long)v->b, (long long)v->h, (long long)v->r,
+                  (long long)o->b, (long long)o->h, (long long)o->r);
 }
 
 static int aligned16(const Value *v)
@@ -127,7 +128,8 @@ int cu_flash_bwd(CuCtx *c, const CuAtt *a)
     }
     const char *dkdv = cu_kernel(c, FL_THREADS, dkdv_params,
                                  cu_fmt(c, "fs_flash_dkdv<%s, %lld, %lldLL>(%s, lse, dout, dq, %s, %s)", targs(c, a),
-                                        (long long)bm, (long long)bkv, cu_att_args(c, a), douts, cu_float(c, a->scale)));
+                                        (long long)bm, (long long)bkv, cu_att_args(c, a), douts,
+                                        cu_float(c, a->scale)));
     int64_t smem = 2 * (2 * FL_TILE + 4 * bm) * P + 4 * 4 * bm;  // k, v, two of q and dO; two of lse and Dr
     if (launch(c, "attention_bwd_tc", dkdv, bkv * cu_cdiv(a->S, FL_TILE), smem, ids, n)) return -1;
     const char *dq = cu_kernel(c, FL_THREADS, cu_fmt(c, "%s, %s", ins, cu_pout(c, 0, "dq")),
