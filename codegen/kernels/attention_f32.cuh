@@ -115,6 +115,16 @@ __device__ __forceinline__ void fs_attf_fwd(const TQ *__restrict__ q, const TK *
     }
 }
 
+// Rows at(r) of src, r < n (W elements each), as f32 into the TB shared rows of dst (pitch P); zero past n.
+template <int TB, int W, int P, class E, class At>
+__device__ __forceinline__ void fs_attf_tile(float *dst, const E *src, At at, int n)
+{
+    for (int e = threadIdx.x; e < TB * W; e += 256) {
+        const int r = e / W, col = e % W;
+        dst[r * P + col] = r < n ? ld(src, at(r) + col) : 0.f;
+    }
+}
+
 // The backward's shared tiles (TB rows each) and what both of its kernels do with them.
 template <int T, int S, int D, int DV, bool CAUSAL, int TB, class L>
 struct FsAttfTiles {
@@ -127,14 +137,8 @@ struct FsAttfTiles {
                                            int i0)
     {
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        for (int e = threadIdx.x; e < TB * D; e += 256) {
-            const int r = e / D, d = e % D;
-            qs[r * QP + d] = i0 + r < T ? ld(q, L::q(bh, i0 + r) + d) : 0.f;
-        }
-        for (int e = threadIdx.x; e < TB * DV; e += 256) {
-            const int r = e / DV, cc = e % DV;
-            dos[r * OP + cc] = i0 + r < T ? ld(dout, L::o(bh, i0 + r) + cc) : 0.f;
-        }
+        fs_attf_tile<TB, D, QP>(qs, q, [&](int r) { return L::q(bh, i0 + r); }, T - i0);
+        fs_attf_tile<TB, DV, OP>(dos, dout, [&](int r) { return L::o(bh, i0 + r); }, T - i0);
         if (threadIdx.x < TB) ls[threadIdx.x] = i0 + (int)threadIdx.x < T ? lse[bh * T + i0 + threadIdx.x] : 0.f;
         __syncthreads();
         for (int r = warp; r < TB; r += 8) {
@@ -151,14 +155,8 @@ struct FsAttfTiles {
     template <class TK, class TV>
     __device__ __forceinline__ void load_kv(const TK *k, const TV *v, long long bkv, int j0)
     {
-        for (int e = threadIdx.x; e < TB * D; e += 256) {
-            const int j = e / D, d = e % D;
-            ks[j * KP + d] = j0 + j < S ? ld(k, L::k(bkv, j0 + j) + d) : 0.f;
-        }
-        for (int e = threadIdx.x; e < TB * DV; e += 256) {
-            const int j = e / DV, cc = e % DV;
-            vs[j * VP + cc] = j0 + j < S ? ld(v, L::v(bkv, j0 + j) + cc) : 0.f;
-        }
+        fs_attf_tile<TB, D, KP>(ks, k, [&](int j) { return L::k(bkv, j0 + j); }, S - j0);
+        fs_attf_tile<TB, DV, VP>(vs, v, [&](int j) { return L::v(bkv, j0 + j); }, S - j0);
     }
 
     // dss = dS (and ps = P when keep_p) of the tile pair (i0, j0), TB x TB, row = query.
@@ -176,6 +174,32 @@ struct FsAttfTiles {
         }
     }
 };
+
+// acc[u] += A B (TRANS: A^T B) at this thread's elements e = threadIdx.x + 256 u of a TB x W block (row e / W,
+// column e % W): A the TB x TB tile a (row = query), B the TB rows of b (pitch P); each sum in row order.
+template <int TB, int W, int P, int U, bool TRANS>
+__device__ __forceinline__ void fs_attf_acc(float *acc, const float *a, const float *b)
+{
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int e = threadIdx.x + 256 * u, row = e / W, col = e % W;
+        float x = 0.f;
+        if (e < TB * W)
+            for (int t = 0; t < TB; t++) x += a[TRANS ? t * TB + row : row * TB + t] * b[t * P + col];
+        acc[u] += x;
+    }
+}
+
+// The TB x W block acc (times mul) to rows at(r), r < n, of out.
+template <int TB, int W, int U, class E, class At>
+__device__ __forceinline__ void fs_attf_store(const float *acc, E *out, At at, int n, float mul)
+{
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int e = threadIdx.x + 256 * u, r = e / W, col = e % W;
+        if (e < TB * W && r < n) st(out, at(r) + col, acc[u] * mul);
+    }
+}
 
 // Kernel 1: dK and dV of one key tile of one kv slice (blockIdx.x = bkv * NKT + tile), over the
 // query tiles that see it in each of the slice's G query slices.
@@ -202,33 +226,11 @@ __device__ __forceinline__ void fs_attf_dkdv(const TQ *__restrict__ q, const TK 
             sh.load_q(q, o, lse, dout, bh, i0);
             sh.scores(i0, j0, scale, true);
             __syncthreads();
-#pragma unroll
-            for (int u = 0; u < UK; u++) {
-                const int e = threadIdx.x + 256 * u, j = e / D, d = e % D;
-                float x = 0.f;
-                if (e < TB * D)
-                    for (int r = 0; r < TB; r++) x += sh.dss[r * TB + j] * sh.qs[r * Tiles::QP + d];
-                ak[u] += x;
-            }
-#pragma unroll
-            for (int u = 0; u < UV; u++) {
-                const int e = threadIdx.x + 256 * u, j = e / DV, cc = e % DV;
-                float x = 0.f;
-                if (e < TB * DV)
-                    for (int r = 0; r < TB; r++) x += sh.ps[r * TB + j] * sh.dos[r * Tiles::OP + cc];
-                av[u] += x;
-            }
+            fs_attf_acc<TB, D, Tiles::QP, UK, true>(ak, sh.dss, sh.qs);  // dK += dS^T Q
+            fs_attf_acc<TB, DV, Tiles::OP, UV, true>(av, sh.ps, sh.dos);  // dV += P^T dO
         }
-#pragma unroll
-    for (int u = 0; u < UK; u++) {
-        const int e = threadIdx.x + 256 * u, j = e / D, d = e % D;
-        if (e < TB * D && j0 + j < S) st(dk, L::k(bkv, j0 + j) + d, ak[u] * scale);
-    }
-#pragma unroll
-    for (int u = 0; u < UV; u++) {
-        const int e = threadIdx.x + 256 * u, j = e / DV, cc = e % DV;
-        if (e < TB * DV && j0 + j < S) st(dv, L::v(bkv, j0 + j) + cc, av[u]);
-    }
+    fs_attf_store<TB, D, UK>(ak, dk, [&](int j) { return L::k(bkv, j0 + j); }, S - j0, scale);
+    fs_attf_store<TB, DV, UV>(av, dv, [&](int j) { return L::v(bkv, j0 + j); }, S - j0, 1.0f);
 }
 
 // Kernel 2: dQ of one query tile (blockIdx.x = bh * NQT + (NQT - 1 - tile): longest first), over its key tiles.
@@ -254,18 +256,7 @@ __device__ __forceinline__ void fs_attf_dq(const TQ *__restrict__ q, const TK *_
         __syncthreads();
         sh.scores(i0, j0, scale, false);
         __syncthreads();
-#pragma unroll
-        for (int u = 0; u < UK; u++) {
-            const int e = threadIdx.x + 256 * u, r = e / D, d = e % D;
-            float x = 0.f;
-            if (e < TB * D)
-                for (int j = 0; j < TB; j++) x += sh.dss[r * TB + j] * sh.ks[j * Tiles::KP + d];
-            aq[u] += x;
-        }
+        fs_attf_acc<TB, D, Tiles::KP, UK, false>(aq, sh.dss, sh.ks);  // dQ += dS K
     }
-#pragma unroll
-    for (int u = 0; u < UK; u++) {
-        const int e = threadIdx.x + 256 * u, r = e / D, d = e % D;
-        if (e < TB * D && i0 + r < T) st(dq, L::q(bh, i0 + r) + d, aq[u] * scale);
-    }
+    fs_attf_store<TB, D, UK>(aq, dq, [&](int r) { return L::q(bh, i0 + r); }, T - i0, scale);
 }
