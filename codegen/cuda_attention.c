@@ -186,14 +186,14 @@ static int forward(CuCtx *c, const Att *a, const char *op)
 /* attention(q, k, v, causal) -> o, lse */
 int cuda_attention(CuCtx *c)
 {
-    Att a;
+    Att a = {0};
     return att_shape(c, "attention", &a) || forward(c, &a, "attention") ? -1 : 0;
 }
 
 /* attention_qkv(qkv, nh, nkv, causal) -> o, lse */
 int cuda_attention_qkv(CuCtx *c)
 {
-    Att a;
+    Att a = {0};
     return packed_geometry(c, "attention_qkv", &a, 0) || forward(c, &a, "attention_qkv") ? -1 : 0;
 }
 
@@ -203,7 +203,7 @@ int cuda_attention_qkv(CuCtx *c)
  * warps per query row. */
 int cuda_attention_decode(CuCtx *c)
 {
-    Att a;
+    Att a = {0};
     if (att_geometry(c, "attention_decode", &a, 3, 4)) return -1;
     if (cu_inv(c, 5)->dtype != DT_I32) return cu_fail(c, "attention_decode: an i32 pos only");
     int64_t bkv = a.BH / a.G, nk = bkv * a.T * a.D, nv = bkv * a.T * a.Dv;
@@ -288,13 +288,13 @@ static int backward(CuCtx *c, const Att *a0)
 /* attention_bwd(q, k, v, o, lse, dout, causal) -> dq, dk, dv */
 int cuda_attention_bwd(CuCtx *c)
 {
-    Att a;
+    Att a = {0};
     return att_shape(c, "attention_bwd", &a) || backward(c, &a) ? -1 : 0;
 }
 
 /* attention_qkv_bwd(qkv, o, lse, dout, nh, nkv, causal) -> dqkv */
 int cuda_attention_qkv_bwd(CuCtx *c)
 {
-    Att a;
+    Att a = {0};
     return packed_geometry(c, "attention_qkv_bwd", &a, 1) || backward(c, &a) ? -1 : 0;
 }
