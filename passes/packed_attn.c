@@ -89,6 +89,7 @@ static void rewrite(Graph *g, const Chain *c)
     int f = ir_node_add(g, OP_attention_qkv, &x, 1, at, 3, mn->block, mn->phase, mn->loc, err, sizeof err);
     FS_ASSERT(f >= 0);
     g->nodes[f].mb = g->nodes[c->merge].mb, g->nodes[f].chunk = g->nodes[c->merge].chunk;
+    g->nodes[f].use = g->nodes[c->merge].use;  // the application of a shared block it belongs to
     const Node *fn = ir_node(g, f);
     an = ir_node(g, c->att), mn = ir_node(g, c->merge);
     ir_value_take_over(g, ir_out(g, mn, 0), ir_out(g, fn, 0));
