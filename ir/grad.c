@@ -373,3 +373,13 @@ int grad_attention(GradCtx *c)
     route(c, n, (int[]){0, 1, 2}, 3);
     return 0;
 }
+
+/* attention's rule on the packed layout: one gradient, laid out as qkv. */
+int grad_attention_qkv(GradCtx *c)
+{
+    Attr at[3] = {aint("nh", attr_i(c, "nh")), aint("nkv", attr_i(c, "nkv")), aint("causal", attr_i(c, "causal"))};
+    int in[4] = {in_of(c, 0), out_of(c, 0), out_of(c, 1), c->dout[0]};
+    int n = emit_node(c, OP_attention_qkv_bwd, in, 4, at, 3);
+    route(c, n, (int[]){0}, 1);
+    return 0;
+}

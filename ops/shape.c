@@ -637,6 +637,32 @@ int shape_attention_decode(ShapeCtx *c)
     return 0;
 }
 
+/* attention_qkv(qkv [..., T, (nh + 2 nkv) D], nh, nkv, causal) -> o [..., T, nh D] and the
+ * f32 row log-sum-exp [..., nh, T]: attention of the heads a row of qkv holds side by side
+ * (q heads, then k heads, then v heads; passes/packed_attn.c), o's heads side by side. */
+int shape_attention_qkv(ShapeCtx *c)
+{
+    if (want_inputs(c, 1)) return -1;
+    const OpType *x = &c->in[0];
+    char tx[192];
+    if (want_float(c, x) || want_rank(c, x, 2)) return -1;
+    int64_t nh = op_attr_int(&c->attrs, "nh", 0), nkv = op_attr_int(&c->attrs, "nkv", 0), r = x->rank;
+    if (nh < 1 || nkv < 1 || nh % nkv)
+        return shape_fail(c, "attention_qkv: nh = %" PRId64 " query heads over nkv = %" PRId64
+                          " kv heads (both >= 1, nh a multiple of nkv)", nh, nkv);
+    int64_t W = x->shape[r - 1], heads = nh + 2 * nkv;
+    if (W % heads)
+        return shape_fail(c, "attention_qkv: %s's rows of %" PRId64 " are not %" PRId64 " heads of one width",
+                          TYPE(x, tx), W, heads);
+    shape_set(c, 0, x->dtype, (int)r, x->shape);
+    c->out[0].shape[r - 1] = W / heads * nh;
+    int64_t lse[OPS_MAX_RANK];
+    for (int d = 0; d < r - 2; d++) lse[d] = x->shape[d];
+    lse[r - 2] = nh, lse[r - 1] = x->shape[r - 2];
+    shape_set(c, 1, DT_F32, (int)r, lse);  // attention's row log-sum-exp, saved for backward
+    return 0;
+}
+
 /* ---- constants ------------------------------------------------------------------- */
 
 int shape_arange(ShapeCtx *c)

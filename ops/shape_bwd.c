@@ -208,6 +208,14 @@ int shape_attention_bwd(ShapeCtx *c)
     return 0;
 }
 
+/* (qkv, o, lse, dout) -> dqkv, laid out as qkv */
+int shape_attention_qkv_bwd(ShapeCtx *c)
+{
+    if (want_in(c, 4)) return -1;
+    like(c, 0, &c->in[0]);
+    return 0;
+}
+
 /* ---- optimizer --------------------------------------------------------------------- */
 
 /* sumsq_parts(x) -> f32 [ceil(numel / OPS_SUMSQ_CHUNK)], at least one part. */
