@@ -270,7 +270,7 @@ int grad_embedding(GradCtx *c)
 int grad_cross_entropy(GradCtx *c)
 {
     Attr at = aint("ignore_index", ir_attr_int(c->g, ir_node(c->g, c->node), "ignore_index", OPS_NO_IGNORE));
-    c->din[0] = emit(c, OP_cross_entropy_bwd, (int[]){in_of(c, 0), in_of(c, 1), c->dout[0]}, 3, &at, 1);
+    c->din[0] = emit(c, OP_cross_entropy_bwd, (int[]){in_of(c, 0), in_of(c, 1), c->dout[0]}, 3, &at, ops_ignores(at.i));
     return 0;
 }
 

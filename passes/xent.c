@@ -80,7 +80,8 @@ static void fuse(Graph *g, int n, int b, const char *up)
     int in[3] = {ir_in(g, bw, 0), ir_in(g, bw, 1), ir_in(g, bw, 2)};
     char err[256];
     Attr at = {.key = "ignore_index", .kind = ATTR_INT, .i = ignore_of(g, bw)};
-    int f = ir_node_add(g, OP_cross_entropy_fused, in, 3, &at, 1, x->block, x->phase, x->loc, err, sizeof err);
+    int f = ir_node_add(g, OP_cross_entropy_fused, in, 3, &at, ops_ignores(at.i), x->block, x->phase, x->loc, err,
+                        sizeof err);
     FS_ASSERT(f >= 0);
     g->nodes[f].mb = g->nodes[n].mb, g->nodes[f].chunk = g->nodes[n].chunk;
     const Node *fn = ir_node(g, f);

@@ -184,7 +184,7 @@ static int check_attrs(OpCheck *c)
             return fail(c, "attribute '%s' should be an integer", key);
         if (kind == ARG_FLAG && at->i != 0 && at->i != 1)
             return fail(c, "flag '%s' is %" PRId64 ", not 0 or 1", key, at->i);
-        if (kind == ARG_INT && (at->i < INT32_MIN || at->i > INT32_MAX))
+        if (kind == ARG_INT && (at->i < INT32_MIN || at->i > INT32_MAX) && (double)at->i != c->info->params[i].def)
             return fail(c, "attribute '%s' is %" PRId64 ", outside the int range kernels read", key, at->i);
         lists += at->kind == PLAN_ATTR_INTS;
     }
