@@ -252,11 +252,11 @@ static int bind_args(Lower *L, const Expr *e, const OpInfo *info, const Expr **s
         int k;
         if (a->key) {
             seen_key = 1;
-        } else if (seen_key) {
+        } else if ((k = is_flag_name(info, a->value)) < 0 && seen_key) {  // a bare flag may follow keywords
             diag_error(L->d, a->value->loc, "%s: positional argument after keyword arguments",
                        info->name);
             rc = -1;
-        } else if ((k = is_flag_name(info, a->value)) >= 0) {
+        } else if (k >= 0) {
             if (slot[k]) {
                 diag_error(L->d, a->value->loc, "%s: argument '%s' given twice", info->name,
                            info->params[k].name);
