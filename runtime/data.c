@@ -61,6 +61,7 @@ struct RtData {
     void *x;                   // tokens (i32 [B, T]) or features (f32 [B, D]); NULL: not this stage's
     int32_t *y;                // targets (i32 [B, T]) or labels (i32 [B]); NULL: not this stage's
     int32_t y_id, logits;      // a classifier's labels and logits on this stage, or PLAN_NONE
+    int64_t ignore;            // the labels' ignore_index (rt_input_bounds), else OPS_NO_IGNORE
     const uint16_t *tok;       // the token stream
     int64_t n_tok;
     RtTokenFormat format;      // of the file (token offsets in messages)
@@ -592,14 +593,16 @@ static int check_values(const Plan *p, int32_t t, const char *path, const RtArra
         return 0;
     }
     int32_t by;
-    int64_t bound = rt_input_bound(p, t, &by);
+    int64_t ignore, bound = rt_input_bounds(p, t, &by, &ignore);
     if (bound < 0) return plan_fail(err, errlen, "out of memory");
     const int32_t *v = arr->data;
+    char also[64] = "";
+    if (ops_ignores(ignore)) snprintf(also, sizeof also, ", or %" PRId64 " (the loss's ignore_index)", ignore);
     for (int64_t i = 0; i < arr->numel && bound; i++)
-        if (v[i] < 0 || v[i] >= bound)
-            return plan_fail(err, errlen, "%s: %s is %d, outside %s (0 to %" PRId64 "), which input '%s' indexes",
+        if ((v[i] < 0 || v[i] >= bound) && v[i] != ignore)
+            return plan_fail(err, errlen, "%s: %s is %d, outside %s (0 to %" PRId64 "%s), which input '%s' indexes",
                              path, element(arr, i, at, sizeof at), v[i], indexes(p, by, what, sizeof what),
-                             bound - 1, name);
+                             bound - 1, also, name);
     return 0;
 }
 
@@ -700,6 +703,8 @@ static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFor
     d->row0 = (int64_t)rt_exec_rank(e) * d->B;
     d->B_global = (int64_t)rt_exec_world(e) * d->B;
     d->y_id = d->logits = PLAN_NONE;
+    int32_t by;
+    if (rt_input_bounds(p, b, &by, &d->ignore) < 0) return plan_fail(err, errlen, "out of memory");
     if (arrays) {
         if (d->kind == RT_DATA_LM) d->T = x->shape[1];  // tokens per sample: the rate counts them
         if (d->kind == RT_DATA_CLASSES) {
@@ -749,7 +754,7 @@ RtData *rt_data_idle(char *err, size_t errlen)
         return NULL;
     }
     memset(d, 0, sizeof *d);
-    d->kind = RT_DATA_NONE, d->y_id = d->logits = PLAN_NONE;
+    d->kind = RT_DATA_NONE, d->y_id = d->logits = PLAN_NONE, d->ignore = OPS_NO_IGNORE;
     snprintf(d->describe, sizeof d->describe, "none (no step runs)");
     return d;
 }
@@ -772,6 +777,7 @@ const char *rt_data_describe(const RtData *d) { return d->describe; }
 int64_t rt_data_items(const RtData *d) { return d->kind == RT_DATA_LM ? d->B_global * d->T : d->B_global; }
 int32_t rt_data_labels(const RtData *d) { return d->y_id; }
 int32_t rt_data_logits(const RtData *d) { return d->logits; }
+int64_t rt_data_ignore(const RtData *d) { return d->ignore; }
 
 void rt_data_close(RtData *d)
 {

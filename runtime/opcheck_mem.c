@@ -295,14 +295,17 @@ __attribute__((format(printf, 5, 6))) static int fail_op(Mem *m, int32_t k, char
     return plan_fail(err, errlen, "op %d (%s): %s", k, plan_str(m->p, m->p->ops[k].op), msg);
 }
 
-/* Op k reads tensor t (its `what`) as indices below n. */
+/* Op k reads tensor t (its `what`) as indices below n, or as its ignore_index (a loss's:
+ * the bounds are intervals, so the check is against the hull of [0, n) and that value). */
 static int check_index(Mem *m, int32_t k, int32_t t, const char *what, int64_t n, char *err, size_t errlen)
 {
     Bound b = bound_at(m, t, k, 0);
+    int64_t ignore = rt_op_ignore(m->p, k), lo = 0, hi = n - 1;
+    if (ops_ignores(ignore)) lo = ignore < lo ? ignore : lo, hi = ignore > hi ? ignore : hi;
     if (!b.known)
         return fail_op(m, k, err, errlen, "its %s, tensor %d (%s), are not known to stay in [0, %" PRId64 "): %s", what, t,
                        plan_tensor_label(m->p, t), n, m->why);
-    if (b.lo < 0 || b.hi >= n)
+    if (b.lo < lo || b.hi > hi)
         return fail_op(m, k, err, errlen, "its %s, tensor %d (%s), may be %" PRId64 " to %" PRId64 ", outside [0, %" PRId64 ")",
                        what, t, plan_tensor_label(m->p, t), b.lo, b.hi, n);
     return 0;
@@ -444,9 +447,11 @@ static void data_bounds(Mem *m, const Plan *whole)
     if (rt_data_inputs(whole, &in[0], &in[1])) return;
     rt_stage_inputs(whole, m->p, &m->data[0], &m->data[1]);
     for (int k = 0; k < 2; k++) {
-        int64_t most = rt_input_bound(whole, in[k], &by), classes = rt_plan_classes(whole);
+        int64_t ignore, most = rt_input_bounds(whole, in[k], &by, &ignore), classes = rt_plan_classes(whole);
         if (most > 0 && k == 1 && rt_data_kind(whole) == RT_DATA_CLASSES && classes > most) most = classes;
         m->data_bound[k] = most > 0 ? (Bound){1, 0, most - 1} : TOP;
+        if (most > 0 && ops_ignores(ignore) && ignore < 0) m->data_bound[k].lo = ignore;  // and every reader ignores it
+        if (most > 0 && ops_ignores(ignore) && ignore >= most) m->data_bound[k].hi = ignore;
     }
 }
 

@@ -172,6 +172,18 @@ RtIndexKind rt_op_index(const Plan *p, int32_t k, int32_t *idx, int64_t *bound)
     return RT_INDEX_NONE;
 }
 
+int64_t rt_op_ignore(const Plan *p, int32_t k)
+{
+    const PlanOp *op = &p->ops[k];
+    OpKind kind = op_lookup(plan_str(p, op->op));
+    if (kind != OP_cross_entropy && kind != OP_cross_entropy_bwd && kind != OP_cross_entropy_fused) return OPS_NO_IGNORE;
+    for (int32_t a = 0; a < op->n_attr; a++) {
+        const PlanAttr *at = &p->attrs[op->attr + a];
+        if (at->kind == PLAN_ATTR_INT && !strcmp(plan_str(p, at->key), "ignore_index") && ops_ignores(at->i)) return at->i;
+    }
+    return OPS_NO_IGNORE;
+}
+
 int rt_op_copies_values(const char *op)
 {
     OpKind kind = op_lookup(op);
@@ -179,18 +191,23 @@ int rt_op_copies_values(const char *op)
                                 kind == OP_all_gather);
 }
 
-int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by)
+int64_t rt_input_bounds(const Plan *p, int32_t input, int32_t *by, int64_t *ignore)
 {
     uint8_t *carries = plan_alloc((size_t)p->n_tensors + 1);
     if (!carries) return -1;
     for (int32_t i = 0; i < p->n_tensors; i++) carries[i] = is_data_input(&p->tensors[i]) && same_input(p, i, input);
     int64_t least = 0;
-    *by = PLAN_NONE;
+    int readers = 0;  // the index reads of the input: *ignore stays one only while every one ignores it
+    *by = PLAN_NONE, *ignore = OPS_NO_IGNORE;
     for (int32_t k = 0; k < p->n_ops; k++) {  // a program's ops are in issue order: makers before readers
         const PlanOp *op = &p->ops[k];
         int32_t idx;
         int64_t n;
-        if (rt_op_index(p, k, &idx, &n) != RT_INDEX_NONE && carries[idx] && (!least || n < least)) least = n, *by = k;
+        if (rt_op_index(p, k, &idx, &n) != RT_INDEX_NONE && carries[idx]) {
+            int64_t ig = rt_op_ignore(p, k);
+            *ignore = readers++ == 0 || ig == *ignore ? ig : OPS_NO_IGNORE;
+            if (!least || n < least) least = n, *by = k;
+        }
         int carried = 0;
         for (int32_t i = 0; i < op->n_in && !carried; i++) carried = carries[in_id(p, k, i)];
         if (!carried || !rt_op_copies_values(plan_str(p, op->op))) continue;
@@ -198,4 +215,10 @@ int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by)
     }
     plan_dealloc(carries);
     return least;
+}
+
+int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by)
+{
+    int64_t ignore;
+    return rt_input_bounds(p, input, by, &ignore);
 }

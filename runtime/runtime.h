@@ -298,6 +298,13 @@ int rt_op_copies_values(const char *op);
  * the least bound of the index reads (rt_op_index) its values reach through ops that
  * copy them; the op with that bound in *by. 0 when no op indexes with it; -1 out of memory. */
 int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by);
+/* rt_input_bound, and in *ignore the one value outside [0, bound) the input may also hold:
+ * the ignore_index every index read of it ignores (all of them losses with that one), else
+ * OPS_NO_IGNORE. */
+int64_t rt_input_bounds(const Plan *p, int32_t input, int32_t *by, int64_t *ignore);
+/* The ignore_index of op k, a cross-entropy (or its backward, its fused form) given one;
+ * else OPS_NO_IGNORE. */
+int64_t rt_op_ignore(const Plan *p, int32_t k);
 /* The data source for e's plan: the token file `path`, read as `format` says (see
  * rt_tokens_parse_as; NULL: the built-in corpus) for a language model, Gaussian blobs
  * for a classifier (path must be NULL). Checks every token against the vocab. The
@@ -322,6 +329,7 @@ int64_t rt_data_items(const RtData *d);         // tokens (LM) or samples per st
  * language models): what the accuracy is computed from. */
 int32_t rt_data_labels(const RtData *d);
 int32_t rt_data_logits(const RtData *d);
+int64_t rt_data_ignore(const RtData *d);  // the labels' ignore_index (accuracy skips those rows), else OPS_NO_IGNORE
 void rt_data_close(RtData *d);
 
 /* ---- runtime/npy.c: NumPy .npy arrays (--data NAME=FILE.npy) -------------------------- */
@@ -707,6 +715,9 @@ typedef struct {
 int rt_progress_bar_fit(const ProgressBar *b, int cols, char *buf, size_t n);
 /* mean(argmax(logits[b]) == y[b]) over B rows of K. */
 double rt_accuracy(const float *logits, const int32_t *y, int64_t B, int64_t K);
+/* The rows of B whose argmax is their label y, among the rows whose label is not
+ * `ignore` (OPS_NO_IGNORE: none), which *counted receives. */
+int64_t rt_correct(const float *logits, const int32_t *y, int64_t B, int64_t K, int64_t ignore, int64_t *counted);
 /* Monotonic seconds. */
 double rt_now(void);
 
