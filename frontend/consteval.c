@@ -224,7 +224,7 @@ static int float_binary(Lower *L, const Scope *s, const Expr *e, const char *wha
     default: FS_ASSERT(!"binary operator");
     }
     if (isnan(*out)) {
-        diag_error(L->d, e->loc, "%s: %g ** %g is not a real number", what, a, b);
+        diag_error(L->d, e->loc, "%s: (%g) ** %g is not a real number", what, a, b);
         return -1;
     }
     if (!isfinite(*out)) {

@@ -129,7 +129,7 @@ static RVal lower_pow(Lower *L, const Expr *e, RVal a, RVal b)
     }
     if (a.kind == RV_CONST) {
         double c = pow(a.c, b.c);
-        if (isnan(c)) diag_error(L->d, e->loc, "the constant %g ** %g is not a real number", a.c, b.c);
+        if (isnan(c)) diag_error(L->d, e->loc, "the constant (%g) ** %g is not a real number", a.c, b.c);
         else if (!isfinite(c)) diag_error(L->d, e->loc, "the constant %g ** %g is too large", a.c, b.c);
         return isfinite(c) ? constant(c) : poison();
     }
@@ -665,6 +665,8 @@ static RVal lower_call(Lower *L, Scope *s, const Expr *e)
     const Layer *ly = lower_layer_find(L, e->name);
     if (lower_is_init_name(e->name)) {
         lower_unknown(L, s, e->name, e->loc, 0);
+    } else if (op == OP_pow) {
+        diag_error(L->d, e->loc, "'pow' is not called by name; write x ** p (p a constant)");
     } else if (op != OP_COUNT && (op_info(op)->flags & OPF_HIDDEN)) {
         diag_error(L->d, e->loc, "'%s' is made by the compiler and cannot be called", e->name);
     } else if (e->kind == EX_INST && !ly) {
