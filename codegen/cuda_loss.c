@@ -36,7 +36,8 @@ static int mean_launch(CuCtx *c, const char *prefix, int64_t rows, int64_t ignor
 {
     const char *mean = cu_kernel(
         c, 0, cu_fmt(c, "const float *__restrict__ terms, const int *__restrict__ tg, %s", cu_pout(c, 0, "loss")),
-        cu_fmt(c, "fs_xent_mean<%lldLL, %d, %lldLL>(terms, tg, loss)", (long long)rows, OPS_LOSS_BLOCKS, (long long)ignore));
+        cu_fmt(c, "fs_xent_mean<%lldLL, %d, %lldLL>(terms, tg, loss)", (long long)rows, OPS_LOSS_BLOCKS,
+               (long long)ignore));
     return cu_launch(c, prefix, mean, (CuDim){1, 1, 1}, (CuDim){OPS_LOSS_BLOCKS, 1, 1}, 0,
                      (int[]){cu_out_id(c, 1), cu_in_id(c, 1), cu_out_id(c, 0)}, 3);
 }

@@ -92,7 +92,10 @@ range:
 static int eval_int(Lower *L, const Scope *s, const Expr *e, const char *what, int64_t *out);
 
 /* A binary operator as written: '^' stands for `**`. */
-static const char *op_text(int op) { return op == '^' ? "**" : op == '+' ? "+" : op == '-' ? "-" : op == '*' ? "*" : "/"; }
+static const char *op_text(int op)
+{
+    return op == '^' ? "**" : op == '+' ? "+" : op == '-' ? "-" : op == '*' ? "*" : "/";
+}
 
 /* a ** b for b >= 0 by squaring; 1 when it overflows int64. */
 static int int_pow(int64_t a, int64_t b, int64_t *out)

@@ -65,7 +65,10 @@ typedef enum {
  * is over the other rows (their count, an exact integer, divides the f64 sum), the row's
  * terms are 0 and its gradient 0; with every row ignored the loss is 0/0, NaN (PyTorch's). */
 #define OPS_NO_IGNORE (-2147483649LL)
-static inline int ops_ignores(int64_t ignore_index) { return ignore_index >= -2147483648LL && ignore_index <= 2147483647LL; }
+static inline int ops_ignores(int64_t ignore_index)
+{
+    return ignore_index >= -2147483648LL && ignore_index <= 2147483647LL;
+}
 /* lr_at's schedules (the `schedule` attribute; ir/config.c names them). */
 enum { OPS_LR_CONSTANT, OPS_LR_COSINE, OPS_LR_LINEAR, OPS_LR_WSD, OPS_LR_COUNT };
 /* Where a schedule's decay starts and how many steps it lasts, for warmup W, length N

@@ -176,10 +176,12 @@ int64_t rt_op_ignore(const Plan *p, int32_t k)
 {
     const PlanOp *op = &p->ops[k];
     OpKind kind = op_lookup(plan_str(p, op->op));
-    if (kind != OP_cross_entropy && kind != OP_cross_entropy_bwd && kind != OP_cross_entropy_fused) return OPS_NO_IGNORE;
+    if (kind != OP_cross_entropy && kind != OP_cross_entropy_bwd && kind != OP_cross_entropy_fused)
+        return OPS_NO_IGNORE;
     for (int32_t a = 0; a < op->n_attr; a++) {
         const PlanAttr *at = &p->attrs[op->attr + a];
-        if (at->kind == PLAN_ATTR_INT && !strcmp(plan_str(p, at->key), "ignore_index") && ops_ignores(at->i)) return at->i;
+        if (at->kind == PLAN_ATTR_INT && !strcmp(plan_str(p, at->key), "ignore_index") && ops_ignores(at->i))
+            return at->i;
     }
     return OPS_NO_IGNORE;
 }

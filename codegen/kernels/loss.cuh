@@ -12,7 +12,7 @@
 #pragma once
 #include "rows.cuh"
 
-template <long long IGNORE> constexpr bool fs_xent_ignores()
+template <long long IGNORE> __host__ __device__ constexpr bool fs_xent_ignores()
 {
     return IGNORE >= -2147483648LL && IGNORE <= 2147483647LL;
 }

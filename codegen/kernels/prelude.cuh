@@ -40,21 +40,6 @@ __device__ __forceinline__ float fs_gelu_erf_grad(float x)
 {
     return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * expf(-0.5f * x * x) * 0.39894228040143268f;
 }
-/* x ** p for a constant p, and d/dx: PyTorch's special exponents without pow, as the CPU's
- * powcf (p is a literal of the kernel, so the branches fold away). */
-__device__ __forceinline__ float fs_pow(float x, float p)
-{
-    if (p == 2.0f) return x * x;
-    if (p == 1.0f) return x;
-    if (p == 0.5f) return sqrtf(x);
-    if (p == 3.0f) return x * x * x;
-    if (p == 0.0f) return 1.0f;
-    if (p == -1.0f) return 1.0f / x;
-    if (p == -0.5f) return 1.0f / sqrtf(x);
-    if (p == -2.0f) return 1.0f / (x * x);
-    return powf(x, p);
-}
-__device__ __forceinline__ float fs_pow_grad(float x, float p) { return p == 0.0f ? 0.0f : p * fs_pow(x, p - 1.0f); }
 __device__ __forceinline__ float fs_silu_grad(float x)
 {
     float s = fs_sigmoid(x);

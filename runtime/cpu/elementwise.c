@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cpu_impl.h"
+#include "powc.h"
 
 #define CHUNK 8192  // elements of one task
 
@@ -287,26 +288,7 @@ void cpu_sigmoid_bwd(const KCall *k) { binary(k, &sigmoid_bwd_rows, NULL); }
 void cpu_sqrt_bwd(const KCall *k) { binary(k, &sqrt_bwd_rows, NULL); }
 void cpu_rsqrt_bwd(const KCall *k) { binary(k, &rsqrt_bwd_rows, NULL); }
 
-/* ---- x ** p, p a constant attribute ------------------------------------------------ */
-
-/* As PyTorch's pow with a scalar exponent: the exponents it computes without pow (0, 1,
- * 2, 3, 0.5, -0.5, -1, -2) the same way, powf for the rest (a negative x to a fractional
- * p is NaN). */
-static inline float powcf(float x, float p)
-{
-    if (p == 2.0f) return x * x;
-    if (p == 1.0f) return x;
-    if (p == 0.5f) return sqrtf(x);
-    if (p == 3.0f) return x * x * x;
-    if (p == 0.0f) return 1.0f;
-    if (p == -1.0f) return 1.0f / x;
-    if (p == -0.5f) return 1.0f / sqrtf(x);
-    if (p == -2.0f) return 1.0f / (x * x);
-    return powf(x, p);
-}
-
-/* d/dx x ** p = p x ** (p - 1); 0 for p = 0, where PyTorch gives zeros (not 0 * inf at x = 0). */
-static inline float pow_gradf(float x, float p) { return p == 0.0f ? 0.0f : p * powcf(x, p - 1.0f); }
+/* ---- x ** p, p a constant attribute: ops/powc.h's fs_pow, the CUDA kernels' too ---- */
 
 /* o[i] = expr of u = x[i], v = dy[i] (pow passes x as dy) and the exponent p. */
 typedef void (*PowFn)(const void *x, const void *dy, void *o, int64_t n, float p);
@@ -328,8 +310,8 @@ typedef void (*PowFn)(const void *x, const void *dy, void *o, int64_t n, float p
     POW_AS(name##_bf16, uint16_t, ld_bf16, st_bf16, expr)                                \
     static const PowFn name[3] = {[KT_F32] = name##_f32, [KT_F16] = name##_f16, [KT_BF16] = name##_bf16};
 
-POWS(pow_fns, ((void)v, powcf(u, p)))
-POWS(pow_bwd_fns, v * pow_gradf(u, p))
+POWS(pow_fns, ((void)v, fs_pow(u, p)))
+POWS(pow_bwd_fns, v * fs_pow_grad(u, p))
 
 static void pow_run(const KCall *k, const KTensor *D, float p, const PowFn *f, const char *op)
 {

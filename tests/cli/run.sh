@@ -27,7 +27,7 @@ expect() {
 expect help 0 "usage: fsc" -- "$FSC" --help
 expect help-lists-settings 0 "--shard VALUE" -- "$FSC" --help
 expect help-shows-defaults 0 "peak learning rate [0.001]" -- "$FSC" --help
-expect help-shows-default-schedule 0 "constant or cosine (after warmup) [constant]" -- "$FSC" --help
+expect help-shows-default-schedule 0 "the last decay_frac of the steps) [constant]" -- "$FSC" --help
 expect version 0 "fsc 0.1.0" -- "$FSC" --version
 expect version-short 0 "fsc 0.1.0 (plan format " -- "$FSC" -V
 expect no-input 1 "no input file" -- "$FSC"
