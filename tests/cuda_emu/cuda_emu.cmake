@@ -91,6 +91,10 @@ if(NOT FS_FUZZ)
   foreach(prec fp32 bf16 fp16)
     cuda_emu_test(ops_${prec} tests/cuda_emu/ops.fsm --precision ${prec})
   endforeach()
+  # Indexing and slicing (slice, slice_bwd) and a layer instance applied twice.
+  foreach(prec fp32 bf16)
+    cuda_emu_test(index_${prec} tests/cuda_emu/index.fsm --precision ${prec})
+  endforeach()
   # Issue 37's variants: interleaved rope, exact GELU, `**`, ignore_index (the fused loss; with
   # fuse_loss 0 its two ops), under the wsd and linear schedules' lr_at.
   cuda_emu_test(ops37_fp32 tests/cuda_emu/ops37.fsm --lr_schedule wsd --steps 4 --decay_frac 1)
