@@ -61,7 +61,7 @@ struct RtData {
     void *x;                   // tokens (i32 [B, T]) or features (f32 [B, D]); NULL: not this stage's
     int32_t *y;                // targets (i32 [B, T]) or labels (i32 [B]); NULL: not this stage's
     int32_t y_id, logits;      // a classifier's labels and logits on this stage, or PLAN_NONE
-    int64_t ignore;            // the targets' or labels' ignore_index (rt_input_sentinel), else OPS_NO_IGNORE
+    int64_t ignore;            // the targets' or labels' ignore_index (rt_input_ignored), else OPS_NO_IGNORE
     const uint16_t *tok;       // the token stream
     int64_t n_tok;
     RtTokenFormat format;      // of the file (token offsets in messages)
@@ -527,7 +527,7 @@ static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFor
         rt_stage_inputs(p, stage, &sa, &sb);
         d->x = sa == PLAN_NONE ? NULL : rt_exec_data(e, sa);
         d->y = sb == PLAN_NONE ? NULL : rt_exec_data(e, sb);
-        if (!rt_input_sentinel(p, b, &d->ignore)) d->ignore = OPS_NO_IGNORE;
+        if (!rt_input_ignored(p, b, &d->ignore)) d->ignore = OPS_NO_IGNORE;
     }
     if (d->kind == RT_DATA_CLASSES) {
         d->K = rt_plan_classes(p);

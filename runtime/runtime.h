@@ -312,6 +312,9 @@ int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by);
 /* Whether every index read input's values reach allows the same value outside [0, bound)
  * (rt_op_index_sentinel): 1 and that value, else 0. */
 int rt_input_sentinel(const Plan *p, int32_t input, int64_t *value);
+/* Whether every index read of input ignores one value (a loss's ignore_index, inside the
+ * range or not): 1 and that value, else 0. What the accuracy skips. */
+int rt_input_ignored(const Plan *p, int32_t input, int64_t *value);
 /* The data source for e's plan: the token file `path`, read as `format` says (see
  * rt_tokens_parse_as; NULL: the built-in corpus) for a language model, Gaussian blobs
  * for a classifier (path must be NULL). Checks every token against the vocab. The
