@@ -109,7 +109,9 @@ char *cu_pout(CuCtx *c, int i, const char *name);
  *   float fs_rn_f16(float v), fs_rn_bf16(float v);  // v rounded through the dtype
  *   bool  fs_isfinite(float x);
  *   float fs_sigmoid(float x), fs_gelu(float x), fs_gelu_grad(float x), fs_silu_grad(float x);
- * the last three the CPU's formulas (tanh-GELU as x sigmoid(2u); runtime/cpu/elementwise.c);
+ *   float fs_gelu_erf(float x), fs_gelu_erf_grad(float x);
+ * the CPU's formulas (tanh-GELU as x sigmoid(2u), exact GELU by erff; runtime/cpu/elementwise.c);
+ * fs_pow and fs_pow_grad, ops/powc.h's text as the CPU compiles it;
  * and fs_philox, fs_dropout_words, fs_dropout_keep, ops/philox.h's text as the CPU compiles it. */
 
 /* ---- codegen/cuda_module.c: helpers every emitter may use (extensions) ------------ */

@@ -139,6 +139,7 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"warmup", I, NULL, 0, t->warmup},
         {"min_lr", F, NULL, t->min_lr, 0},
         {"steps", I, NULL, 0, t->steps},
+        {"decay_frac", F, NULL, t->decay_frac, 0},
         {"precision", S, precision_name(t->precision), 0, 0},
         {"reduce_dtype", S, reduce_name(t->reduce_dtype), 0, 0},
         {"shard", S, shard_name(t->shard), 0, 0},

@@ -216,3 +216,7 @@ double flops_reduce_scatter(const Graph *g, const Node *n) { return 0; }
 double flops_all_gather(const Graph *g, const Node *n) { return 0; }
 double flops_send(const Graph *g, const Node *n) { return 0; }
 double flops_recv(const Graph *g, const Node *n) { return 0; }
+
+/* x ** p: a powf, counted as two ops; its backward a powf and two multiplies. */
+double flops_pow(const Graph *g, const Node *n) { return 2 * out_numel(g, n); }
+double flops_pow_bwd(const Graph *g, const Node *n) { return 4 * out_numel(g, n); }

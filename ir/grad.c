@@ -120,8 +120,20 @@ int grad_rsqrt(GradCtx *c) { return c->din[0] = emit2(c, OP_rsqrt_bwd, out_of(c,
 int grad_tanh(GradCtx *c) { return c->din[0] = emit2(c, OP_tanh_bwd, out_of(c, 0), c->dout[0]), 0; }
 int grad_sigmoid(GradCtx *c) { return c->din[0] = emit2(c, OP_sigmoid_bwd, out_of(c, 0), c->dout[0]), 0; }
 int grad_relu(GradCtx *c) { return c->din[0] = emit2(c, OP_relu_bwd, in_of(c, 0), c->dout[0]), 0; }
-int grad_gelu(GradCtx *c) { return c->din[0] = emit2(c, OP_gelu_bwd, in_of(c, 0), c->dout[0]), 0; }
+int grad_gelu(GradCtx *c)
+{
+    Attr at = aint("exact", attr_i(c, "exact"));
+    c->din[0] = emit(c, OP_gelu_bwd, (int[]){in_of(c, 0), c->dout[0]}, 2, &at, 1);
+    return 0;
+}
 int grad_silu(GradCtx *c) { return c->din[0] = emit2(c, OP_silu_bwd, in_of(c, 0), c->dout[0]), 0; }
+/* y = x ** p: dx = dy p x ** (p - 1), in one op that reads x (pow_bwd). */
+int grad_pow(GradCtx *c)
+{
+    Attr at = afloat("p", attr_f(c, "p"));
+    c->din[0] = emit(c, OP_pow_bwd, (int[]){in_of(c, 0), c->dout[0]}, 2, &at, 1);
+    return 0;
+}
 /* Dropout's backward is dropout of dy under the same key (the same attributes and rng):
  * it regenerates the forward's mask, so nothing is saved for it, not even x. */
 int grad_dropout(GradCtx *c)
@@ -257,7 +269,8 @@ int grad_embedding(GradCtx *c)
 
 int grad_cross_entropy(GradCtx *c)
 {
-    c->din[0] = emit(c, OP_cross_entropy_bwd, (int[]){in_of(c, 0), in_of(c, 1), c->dout[0]}, 3, NULL, 0);
+    Attr at = aint("ignore_index", ir_attr_int(c->g, ir_node(c->g, c->node), "ignore_index", OPS_NO_IGNORE));
+    c->din[0] = emit(c, OP_cross_entropy_bwd, (int[]){in_of(c, 0), in_of(c, 1), c->dout[0]}, 3, &at, ops_ignores(at.i));
     return 0;
 }
 
@@ -358,8 +371,9 @@ int grad_merge_heads(GradCtx *c)
 /* A rotation's adjoint is the rotation by the opposite angle. */
 int grad_rope(GradCtx *c)
 {
-    Attr at[2] = {afloat("theta", attr_f(c, "theta")), aint("inverse", !attr_i(c, "inverse"))};
-    c->din[0] = emit(c, OP_rope, &c->dout[0], 1, at, 2);
+    Attr at[3] = {afloat("theta", attr_f(c, "theta")), aint("inverse", !attr_i(c, "inverse")),
+                  aint("interleaved", attr_i(c, "interleaved"))};
+    c->din[0] = emit(c, OP_rope, &c->dout[0], 1, at, 3);
     return 0;
 }
 

@@ -17,6 +17,7 @@
  * from the plan). Nothing here knows either.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -268,6 +269,14 @@ int shape_relu(ShapeCtx *c) { return unary(c, 0); }
 int shape_gelu(ShapeCtx *c) { return unary(c, 0); }
 int shape_silu(ShapeCtx *c) { return unary(c, 0); }
 
+/* pow(x, p): x ** p elementwise, p a finite constant. */
+int shape_pow(ShapeCtx *c)
+{
+    double p = op_attr_float(&c->attrs, "p", 1);
+    if (!isfinite(p)) return shape_fail(c, "pow: the exponent must be a finite number, got %g", p);
+    return unary(c, 0);
+}
+
 /* ---- reductions and normalizations ----------------------------------------------- */
 
 static int reduce(ShapeCtx *c)
@@ -378,6 +387,9 @@ int shape_cross_entropy(ShapeCtx *c)
         return shape_fail(c, "cross_entropy: targets %s do not match logits %s (expected %s)", TYPE(tg, tt), TYPE(lg, tl),
                           SHAPE(&lead, want));
     }
+    int64_t ignore = op_attr_int(&c->attrs, "ignore_index", OPS_NO_IGNORE);
+    if (ignore != OPS_NO_IGNORE && !ops_ignores(ignore))
+        return shape_fail(c, "cross_entropy: ignore_index %" PRId64 " is not an i32 (targets are i32)", ignore);
     shape_set(c, 0, DT_F32, 0, NULL);
     int64_t terms[OPS_MAX_RANK];
     memcpy(terms, tg->shape, sizeof(int64_t) * (size_t)tg->rank);

@@ -86,6 +86,7 @@ int shape_tanh_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
 int shape_sigmoid_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
 int shape_sqrt_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
 int shape_rsqrt_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
+int shape_pow_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
 int shape_softmax_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
 
 int shape_max_bwd(ShapeCtx *c)

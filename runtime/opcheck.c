@@ -185,7 +185,7 @@ static int check_attrs(OpCheck *c)
             return fail(c, "attribute '%s' should be an integer", key);
         if (kind == ARG_FLAG && at->i != 0 && at->i != 1)
             return fail(c, "flag '%s' is %" PRId64 ", not 0 or 1", key, at->i);
-        if (kind == ARG_INT && (at->i < INT32_MIN || at->i > INT32_MAX))
+        if (kind == ARG_INT && (at->i < INT32_MIN || at->i > INT32_MAX) && (double)at->i != c->info->params[i].def)
             return fail(c, "attribute '%s' is %" PRId64 ", outside the int range kernels read", key, at->i);
         lists += at->kind == PLAN_ATTR_INTS;
     }
@@ -199,6 +199,7 @@ static int check_attrs(OpCheck *c)
 }
 
 static int64_t attr_int(const OpCheck *c, const char *key, int64_t def) { return op_attr_int(&c->attrs, key, def); }
+static double attr_float(const OpCheck *c, const char *key, double def) { return op_attr_float(&c->attrs, key, def); }
 
 /* ---- shape rules ----------------------------------------------------------------------- */
 
@@ -344,7 +345,10 @@ static int extra_lr_at(OpCheck *c)
 {
     if (want_dtype(c, 0, PLAN_DT_I32, 0)) return -1;
     int64_t s = attr_int(c, "schedule", 0);
-    if (s != 0 && s != 1) return fail(c, "schedule %" PRId64 " is neither 0 (constant) nor 1 (cosine)", s);
+    if (s < 0 || s >= OPS_LR_COUNT)
+        return fail(c, "schedule %" PRId64 " is none of 0 (constant), 1 (cosine), 2 (linear), 3 (wsd)", s);
+    double f = attr_float(c, "decay_frac", 0.2);
+    if (!(f >= 0 && f <= 1)) return fail(c, "decay_frac %g is outside [0, 1]", f);
     return 0;
 }
 

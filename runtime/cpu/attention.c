@@ -390,14 +390,16 @@ void cpu_attention_qkv_bwd(const KCall *k)
 
 #define ROPE_PAIRS 256  // (cos, sin) pairs per stack table; longer heads go in pieces
 
-/* rope(x [..., T, D], theta, inverse): pairs (i, i + D/2) of the row at position t turn
- * by t * theta^(-2i/D) (backwards under inverse, which is also rope's backward). */
+/* rope(x [..., T, D], theta, inverse, interleaved): pairs (i, i + D/2) of the row at
+ * position t (rotate-half; interleaved: (2i, 2i + 1), GPT-J's rotate_every_two) turn by
+ * t * theta^(-2i/D) (backwards under inverse, which is also rope's backward). */
 static const Slabs ROPE = {{2, 2}, -1};  // x -> y by (T, D) slices
 
 CpuWork cpu_work_rope(const KCall *k) { return slab_work(k, &ROPE); }
 
-/* Rows t of x [..., T, D] turned as at positions at + t. */
-static void rope_rows(const KCall *k, int64_t at, double theta, double sign)
+/* Rows t of x [..., T, D] turned as at positions at + t; pair i is (i, i + D/2), or
+ * (2i, 2i + 1) when interleaved. */
+static void rope_rows(const KCall *k, int64_t at, double theta, double sign, int interleaved)
 {
     const KTensor *X = &k->in[0];
     KCHECK(X->dtype == KT_F32 && X->rank >= 2 && X->shape[X->rank - 1] % 2 == 0, "rope: bad input");
@@ -413,14 +415,15 @@ static void rope_rows(const KCall *k, int64_t at, double theta, double sign)
                 double ang = sign * (double)(at + t) * pow(theta, -2.0 * (double)(h0 + i) / (double)D);
                 cs[i] = (float)cos(ang), sn[i] = (float)sin(ang);
             }
+            int64_t s = interleaved ? 2 : 1, first = s * h0, second = interleaved ? 1 : H;  // element of pair i: s i
             for (int64_t o = 0; o < outer; o++) {
-                const float *a = x + (o * T + t) * D + h0, *b = a + H;
-                float *ya = y + (o * T + t) * D + h0, *yb = ya + H;
+                const float *a = x + (o * T + t) * D + first, *b = a + second;
+                float *ya = y + (o * T + t) * D + first, *yb = ya + second;
                 VEC_LOOP
                 for (int64_t i = 0; i < nh; i++) {
-                    float u = a[i], w = b[i];
-                    ya[i] = u * cs[i] - w * sn[i];
-                    yb[i] = w * cs[i] + u * sn[i];
+                    float u = a[s * i], w = b[s * i];
+                    ya[s * i] = u * cs[i] - w * sn[i];
+                    yb[s * i] = w * cs[i] + u * sn[i];
                 }
             }
         }
@@ -433,10 +436,10 @@ void cpu_rope(const KCall *k)
         slab_run(k, &ROPE, cpu_rope);
         return;
     }
-    rope_rows(k, 0, k->attr[1], k_int(k, 2) ? -1.0 : 1.0);
+    rope_rows(k, 0, k->attr[1], k_int(k, 2) ? -1.0 : 1.0, k_int(k, 3));
 }
 
-/* rope_at(x, pos, theta, inverse): rope with row t at position pos + t. */
+/* rope_at(x, pos, theta, inverse, interleaved): rope with row t at position pos + t. */
 static const Slabs ROPE_AT = {{2, SLAB_WHOLE, 2}, -1};  // x -> y by (T, D) slices; pos whole (i32: not staged)
 
 CpuWork cpu_work_rope_at(const KCall *k) { return slab_work(k, &ROPE_AT); }
@@ -448,5 +451,5 @@ void cpu_rope_at(const KCall *k)
         return;
     }
     KCHECK(k->in[1].dtype == KT_I32 && k->in[1].numel == 1, "rope_at: pos must be an i32 [1]");
-    rope_rows(k, idata(&k->in[1])[0], k->attr[2], k_int(k, 3) ? -1.0 : 1.0);
+    rope_rows(k, idata(&k->in[1])[0], k->attr[2], k_int(k, 3) ? -1.0 : 1.0, k_int(k, 4));
 }

@@ -97,6 +97,12 @@ if(NOT FS_FUZZ)
   foreach(prec fp32 bf16)
     cuda_emu_test(index_${prec} tests/cuda_emu/index.fsm --precision ${prec})
   endforeach()
+  # Issue 37's variants: interleaved rope, exact GELU, `**`, ignore_index (the fused loss; with
+  # fuse_loss 0 its two ops), under the wsd and linear schedules' lr_at.
+  cuda_emu_test(ops37_fp32 tests/cuda_emu/ops37.fsm --lr_schedule wsd --steps 4 --decay_frac 1)
+  cuda_emu_test(ops37_bf16_unfused tests/cuda_emu/ops37.fsm -D V=300 --precision bf16 --fuse_loss 0
+                --lr_schedule linear --steps 3)
+  cuda_emu_test(ops37_fp16 tests/cuda_emu/ops37.fsm -D V=300 --precision fp16)
   # Attention on tensor cores (codegen/cuda_flash.c), not causal (T != S) and causal, grouped-query:
   # head dim 64 with T = 37 against S = 130 (one partial query tile, three key tiles); 32 with
   # T = 130 against 37 in fp16; 128 with a second, one-row tile; 24 (a multiple of 8, padded to 32).
