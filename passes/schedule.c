@@ -246,12 +246,21 @@ static int is_to_host(const Graph *g, const Node *n)
     return n->op == OP_to_host && ir_value(g, ir_out(g, n, 0))->role == ROLE_GRAD;
 }
 
+static int is_update(const Node *n) { return n->op == OP_adamw || n->op == OP_sgd; }
+
+/* Whether x must stay after y: they share a buffer, unless both are updates, which
+ * share only what both read (the learning rate, the coefficient, the step count). */
+static int must_follow(const Graph *g, const Node *x, const Node *y, const int *root)
+{
+    return !(is_update(x) && is_update(y)) && shares_a_buffer(g, x, y, root);
+}
+
 /* Offload's updates during the backward: each optimizer node and each copy to the host
- * goes, in order, just after the last node before it that touches one of its buffers
- * (nothing it reads is made later, nothing it writes is read or written later before
- * it); a host update then goes one gradient copy further, so the device has the next
- * unit's backward queued while the host updates this unit. Where an update reads the
- * global norm (clipping, a loss scale) that is after the backward, as before. */
+ * goes, in order, just after the last node before it that it must follow (nothing it
+ * reads is made later, nothing it writes is read or written later before it); a host
+ * update then goes one gradient copy further, so the device has the next unit's
+ * backward queued while the host updates this unit. Where an update reads the global
+ * norm (clipping, a loss scale) that is after the backward, as before. */
 static void host_early(Graph *g, const int *root)
 {
     int nn = g->n_nodes, n = 0, any = 0;
@@ -263,7 +272,7 @@ static void host_early(Graph *g, const int *root)
         int moves = x->phase == PHASE_OPTIMIZER || x->op == OP_to_host;
         int at = n;  // the position it goes to
         if (moves) {
-            while (at > 0 && !shares_a_buffer(g, ir_node(g, order[at - 1]), x, root)) at--;
+            while (at > 0 && !must_follow(g, x, ir_node(g, order[at - 1]), root)) at--;
             if (on_host(g, x)) {
                 int c = at;
                 while (c < n && !is_to_host(g, ir_node(g, order[c]))) c++;
