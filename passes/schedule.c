@@ -255,12 +255,12 @@ static int must_follow(const Graph *g, const Node *x, const Node *y, const int *
     return !(is_update(x) && is_update(y)) && shares_a_buffer(g, x, y, root);
 }
 
-/* Offload's updates during the backward: each optimizer node and each copy to the host
- * goes, in order, just after the last node before it that it must follow (nothing it
- * reads is made later, nothing it writes is read or written later before it); a host
- * update then goes one gradient copy further, so the device has the next unit's
- * backward queued while the host updates this unit. Where an update reads the global
- * norm (clipping, a loss scale) that is after the backward, as before. */
+/* Offload's updates during the backward: each optimizer node of the compute stream and
+ * each copy to the host goes, in order, just after the last node before it that it must
+ * follow (nothing it reads is made later, nothing it writes is read or written later
+ * before it); a host update then goes one gradient copy further, so the device has the
+ * next unit's backward queued while the host updates this unit. Where an update reads
+ * the global norm (clipping, a loss scale) that is after the backward, as before. */
 static void host_early(Graph *g, const int *root)
 {
     int nn = g->n_nodes, n = 0, any = 0;
@@ -269,7 +269,9 @@ static void host_early(Graph *g, const int *root)
     int *order = arena_alloc(g->arena, sizeof(int) * (size_t)nn + 1);
     for (int k = 0; k < nn; k++) {
         const Node *x = ir_node(g, k);
-        int moves = x->phase == PHASE_OPTIMIZER || x->op == OP_to_host;
+        /* A collective or a send stays: the order of those between ranks is what
+         * plan_check_p2p proved free of deadlock. */
+        int moves = (x->phase == PHASE_OPTIMIZER && stream_of(x->op) == STREAM_COMPUTE) || x->op == OP_to_host;
         int at = n;  // the position it goes to
         if (moves) {
             while (at > 0 && !must_follow(g, x, ir_node(g, order[at - 1]), root)) at--;
