@@ -30,8 +30,8 @@
  * before it (its inputs are then made); a node starts after the nodes its waits name. At
  * the end of the step every stream is complete. An op of the host space (offload's
  * update and casts) touches host bytes only, which only copies and host ops touch: it
- * runs after the host ops before it and waits for every earlier copy that touches its
- * buffers and no earlier host op waited for, not for the device's compute.
+ * runs after the host ops before it and waits for the earlier copies no earlier host op
+ * waited for that touch its buffers or go to the device, not for the device's compute.
  *
  * An op off the compute stream (a collective) is in flight from its node until the first
  * later node that reads or writes one of its buffers: that node waits for it. A send
@@ -287,15 +287,19 @@ static void host_early(Graph *g, const int *root)
     ir_nodes_reorder(g, order);
 }
 
-/* A host op's waits: every copy before it that touches its buffers and that no host op
- * before it waited for (the host runs its ops in order, but it does not wait for the
- * device's compute, so a wait a device op took for a copy does not order the host). */
+/* A host op's waits: every copy before it that touches its buffers, and every copy to
+ * the device before it (memplan may give the host bytes it reads to a value this op
+ * writes once a device op has waited for it), that no host op before it waited for.
+ * The host runs its ops in order, but it does not wait for the device's compute, so a
+ * wait a device op took for a copy does not order the host. (A copy to the host writes
+ * a buffer a host op reads, which that op waits for.) */
 static void host_waits(Graph *g, int k, const int *root, char *host_saw)
 {
     Node *n = &g->nodes[k];
     for (int c = 0; c < k; c++) {
         const Node *q = ir_node(g, c);
-        if (!(op_info(q->op)->flags & OPF_COPY) || host_saw[c] || !shares_a_buffer(g, n, q, root)) continue;
+        if (!(op_info(q->op)->flags & OPF_COPY) || host_saw[c]) continue;
+        if (q->op != OP_to_device && !shares_a_buffer(g, n, q, root)) continue;
         int have = 0;
         for (int i = 0; i < n->n_wait; i++) have |= g->waits[n->wait + i] == c;
         if (!have) add_wait(g, n, c);
