@@ -17,9 +17,9 @@
  * (with their cast on the host) are prefetched the same way. The gathered buffers then
  * live that much longer, which memplan counts.
  *
- * Offload's host work, before prefetch (host_early): each optimizer node and each copy
- * to the host goes just after the last node that touches its buffers, and an update on
- * the host one gradient copy further, so a unit's host update is issued after the next
+ * Offload's host work, before prefetch (host_early): each optimizer node of the compute
+ * stream and each copy to the host goes just after the last node it must follow, and an
+ * update on the host one gradient copy further, so a unit's host update is issued after the next
  * unit's backward and copy (on CUDA ranks the host runs it while the device computes
  * that). Updates that read the global norm stay after the backward.
  *
