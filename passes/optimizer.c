@@ -169,7 +169,13 @@ int pass_optimizer(Graph *g, const Options *opts, Diag *d)
     name_output(&o, norm, "grad_norm", SR_GRAD_NORM);
     Attr cat[2] = {{.key = "max_norm", .kind = ATTR_FLOAT, .f = t->clip},
                    {.key = "skip_nonfinite", .kind = ATTR_INT, .i = g->loss_scale >= 0}};
-    int coef = node_out(&o, OP_clip_coef, &norm, 1, cat, 2, -1, at);
+    /* Offloaded without clipping or a loss scale, the coefficient is clip_coef's 1 for
+     * every norm: a constant, so no update waits for the last gradient's norm and the
+     * schedule pass can run each unit's host update during the backward. */
+    int constant = t->offload != OFFLOAD_NONE && t->clip <= 0 && g->loss_scale < 0;
+    Attr one = {.key = "value", .kind = ATTR_FLOAT, .f = 1.0};
+    int coef = constant ? node_out(&o, OP_scalar, NULL, 0, &one, 1, -1, at)
+                        : node_out(&o, OP_clip_coef, &norm, 1, cat, 2, -1, at);
     if (inv >= 0) coef = node_out(&o, OP_mul, (int[]){coef, inv}, 2, NULL, 0, -1, at);
     /* The optimizer's own step count: bias correction counts the steps it took. */
     Value cv = {.dtype = DT_I32, .rank = 0, .role = ROLE_OPT_STATE, .block = -1, .name = "opt_step", .producer = -1,

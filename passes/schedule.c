@@ -17,12 +17,21 @@
  * (with their cast on the host) are prefetched the same way. The gathered buffers then
  * live that much longer, which memplan counts.
  *
+ * Offload's host work, before prefetch (host_early): each optimizer node of the compute
+ * stream and each copy to the host goes just after the last node it must follow, and an
+ * update on the host one gradient copy further, so a unit's host update is issued after the next
+ * unit's backward and copy (on CUDA ranks the host runs it while the device computes
+ * that). Updates that read the global norm stay after the backward.
+ *
  * The streams, from the op table's flags: collectives (and point-to-point) on
  * STREAM_COLLECTIVE, host-device copies (OPF_COPY: offload's) on STREAM_COPY,
  * everything else on STREAM_COMPUTE. Semantics, the same on every backend: the nodes of
  * one stream run in order; a node off the compute stream starts after every compute node
  * before it (its inputs are then made); a node starts after the nodes its waits name. At
- * the end of the step every stream is complete.
+ * the end of the step every stream is complete. An op of the host space (offload's
+ * update and casts) touches host bytes only, which only copies and host ops touch: it
+ * runs after the host ops before it and waits for the earlier copies no earlier host op
+ * waited for that touch its buffers or go to the device, not for the device's compute.
  *
  * An op off the compute stream (a collective) is in flight from its node until the first
  * later node that reads or writes one of its buffers: that node waits for it. A send
@@ -40,6 +49,7 @@
  * at the end of the step; memplan keeps its buffers until then.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "passes.h"
 
@@ -222,15 +232,92 @@ static int shares_a_buffer(const Graph *g, const Node *n, const Node *c, const i
     return 0;
 }
 
+/* ---- offload's host updates ------------------------------------------------------------- */
+
+/* An op of the host space: not a copy, and it reads (or writes) host bytes only. */
+static int on_host(const Graph *g, const Node *n)
+{
+    return !(op_info(n->op)->flags & OPF_COPY) && n->n_in + n->n_out > 0 &&
+           ir_value(g, n->n_in ? ir_in(g, n, 0) : ir_out(g, n, 0))->place == PLACE_HOST;
+}
+
+static int is_to_host(const Graph *g, const Node *n)
+{
+    return n->op == OP_to_host && ir_value(g, ir_out(g, n, 0))->role == ROLE_GRAD;
+}
+
+static int is_update(const Node *n) { return n->op == OP_adamw || n->op == OP_sgd; }
+
+/* Whether x must stay after y: they share a buffer, unless both are updates, which
+ * share only what both read (the learning rate, the coefficient, the step count). */
+static int must_follow(const Graph *g, const Node *x, const Node *y, const int *root)
+{
+    return !(is_update(x) && is_update(y)) && shares_a_buffer(g, x, y, root);
+}
+
+/* Offload's updates during the backward: each optimizer node of the compute stream and
+ * each copy to the host goes, in order, just after the last node before it that it must
+ * follow (nothing it reads is made later, nothing it writes is read or written later
+ * before it); a host update then goes one gradient copy further, so the device has the
+ * next unit's backward queued while the host updates this unit. Where an update reads
+ * the global norm (clipping, a loss scale) that is after the backward, as before. */
+static void host_early(Graph *g, const int *root)
+{
+    int nn = g->n_nodes, n = 0, any = 0;
+    for (int k = 0; k < nn && !any; k++) any = on_host(g, ir_node(g, k));
+    if (!any) return;
+    int *order = arena_alloc(g->arena, sizeof(int) * (size_t)nn + 1);
+    for (int k = 0; k < nn; k++) {
+        const Node *x = ir_node(g, k);
+        /* A collective or a send stays: the order of those between ranks is what
+         * plan_check_p2p proved free of deadlock. */
+        int moves = (x->phase == PHASE_OPTIMIZER && stream_of(x->op) == STREAM_COMPUTE) || x->op == OP_to_host;
+        int at = n;  // the position it goes to
+        if (moves) {
+            while (at > 0 && !must_follow(g, x, ir_node(g, order[at - 1]), root)) at--;
+            if (on_host(g, x)) {
+                int c = at;
+                while (c < n && !is_to_host(g, ir_node(g, order[c]))) c++;
+                if (c < n) at = c + 1;
+            }
+        }
+        memmove(order + at + 1, order + at, sizeof(int) * (size_t)(n - at));
+        order[at] = k, n++;
+    }
+    ir_nodes_reorder(g, order);
+}
+
+/* A host op's waits: every copy before it that touches its buffers, and every copy to
+ * the device before it (memplan may give the host bytes it reads to a value this op
+ * writes once a device op has waited for it), that no host op before it waited for.
+ * The host runs its ops in order, but it does not wait for the device's compute, so a
+ * wait a device op took for a copy does not order the host. (A copy to the host writes
+ * a buffer a host op reads, which that op waits for.) */
+static void host_waits(Graph *g, int k, const int *root, char *host_saw)
+{
+    Node *n = &g->nodes[k];
+    for (int c = 0; c < k; c++) {
+        const Node *q = ir_node(g, c);
+        if (!(op_info(q->op)->flags & OPF_COPY) || host_saw[c]) continue;
+        if (q->op != OP_to_device && !shares_a_buffer(g, n, q, root)) continue;
+        int have = 0;
+        for (int i = 0; i < n->n_wait; i++) have |= g->waits[n->wait + i] == c;
+        if (!have) add_wait(g, n, c);
+        host_saw[c] = 1;
+    }
+}
+
 int pass_schedule(Graph *g, const Options *o, Diag *d)
 {
     (void)o, (void)d;
     int *root = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
     for (int v = 0; v < g->n_values; v++) root[v] = root_of(g, v);
+    host_early(g, root);
     prefetch(g, root);
     int *pending = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1), n_pending = 0;
     int *heard = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1);  // a send's: receives from its peer since
     char *overtaken = arena_alloc(g->arena, (size_t)g->n_nodes + 1);  // a reduce-scatter's: another started since
+    char *host_saw = arena_alloc(g->arena, (size_t)g->n_nodes + 1);  // a copy's: a host op waited for it
     int rounds = g->n_chunks > 1 ? g->n_chunks : 1;
     g->n_waits = 0;
     for (int k = 0; k < g->n_nodes; k++) {
@@ -238,16 +325,18 @@ int pass_schedule(Graph *g, const Options *o, Diag *d)
         n->stream = stream_of(n->op);
         n->wait = n->n_wait = 0;
         if (is_view_node(n)) continue;
+        int host = on_host(g, n);
         /* In flight, in the order they started: a node waits for them in that order. */
         int kept = 0;
         for (int j = 0; j < n_pending; j++) {
             int p = pending[j];
-            int due = n->stream == STREAM_COMPUTE && (heard[p] >= rounds || overtaken[p]);
+            int due = n->stream == STREAM_COMPUTE && !host && (heard[p] >= rounds || overtaken[p]);
             if (shares_a_buffer(g, n, ir_node(g, p), root) || due) add_wait(g, n, p);
             else
                 pending[kept++] = p;
         }
         n_pending = kept;
+        if (host) host_waits(g, k, root, host_saw);
         if (n->op == OP_recv)  // the peer answered
             for (int j = 0; j < n_pending; j++) {
                 const Node *q = ir_node(g, pending[j]);

@@ -14,9 +14,10 @@
  * NCCL's point-to-point calls, each on its link's stream, ordered by events the same way
  * (schedule.h: one link per pairing queue, so NCCL runs what plan_check_p2p proved). Offload's copies between the arena and the
  * host space go on a copy stream, ordered by events the same way (the copies of one step
- * run in plan order); an op of the host space waits for what the schedule says and for
- * the compute stream to drain, then runs on the host (RtBackendOptions.host_op), so a
- * step with one cannot be a CUDA graph.
+ * run in plan order); an op of the host space waits on the host for the copies the
+ * schedule names, not for the compute stream, then runs on the host
+ * (RtBackendOptions.host_op) while the device works on what is queued, so a step with
+ * one cannot be a CUDA graph.
  *
  * A traced step (fsexec --trace, cuda_run_step_timed) records a timing event before and
  * after each op's work on the stream that work is on, and reads them all once the step
@@ -149,15 +150,22 @@ static int copy(RtBackend *b, int32_t k)
     return 0;
 }
 
-/* An op of the host space: once the device has done everything before it (the copies
- * it reads came down), the host runs it; what follows is queued after it returns. */
+/* An op of the host space: it touches host bytes only, which only copies and other host
+ * ops touch, so it waits for the copies its waits name (the schedule names every one
+ * that touches its buffers: passes/schedule.c) and not for the device's compute, which
+ * goes on with what is queued (offload's overlap: the next unit's backward) while the
+ * host runs it; what follows is queued after it returns. A traced step drains the
+ * compute stream first as well, so the events on it time the host's work alone. */
 static int host(RtBackend *b, int32_t k)
 {
-    if (!b->idle) {
+    const CsOp *o = &b->s.ops[k];
+    if (b->timing && !b->idle) {
         CU_CHECK(b, cuStreamSynchronize(b->compute));
         b->idle = 1;
     }
-    if (mark(b, 0, b->compute)) return -1;  // the stream is idle: the events time the host's work
+    for (int32_t w = 0; w < o->n_wait; w++)
+        CU_CHECK(b, cuEventSynchronize(b->done[b->s.waits[o->wait + w]]));
+    if (mark(b, 0, b->compute)) return -1;
     if (b->host_op(b->host_ctx, k)) {
         snprintf(b->err, sizeof b->err, "[rank %d] the host could not run op %d", b->rank, k);
         return -1;
@@ -168,9 +176,9 @@ static int host(RtBackend *b, int32_t k)
 static int run_op(RtBackend *b, int32_t k)
 {
     const CsOp *o = &b->s.ops[k];
+    if (o->host) return host(b, k);
     for (int32_t w = 0; w < o->n_wait; w++, b->idle = 0)
         CU_CHECK(b, cuStreamWaitEvent(b->compute, b->done[b->s.waits[o->wait + w]], 0));
-    if (o->host) return host(b, k);
     b->idle = 0;
     if (o->copy >= 0) return copy(b, o->copy);
     if (o->coll >= 0) return collective(b, o->coll);

@@ -18,6 +18,8 @@ products, as every flash attention does, where the CPU keeps them in f32, and fi
 steps with momentum carry that into the weights (3.5e-3 on tiny GPT-2). With offload,
 every step's --log to_host_bytes and to_device_bytes, as the CUDA backend counts its
 copies, are the bytes `fsc --comm` gives for the plan (tests/mpi/offload.py's reading).
+Offload without clipping, whose host updates run during the backward, leaves on each
+device the same weights to the bit as the same plan with its updates after the backward.
 
 usage: train.py FSC FSEXEC LIBFS_CUDAEMU WORKDIR   (/usr/bin/python3 with numpy)
 """
@@ -122,7 +124,27 @@ def main():
     if r.returncode == 0 or "--cuda-graph: the plan runs its optimizer on the host" not in r.stdout or "step 1" in r.stdout:
         sys.exit("FAIL: --cuda-graph with offload (exit %d):\n%s" % (r.returncode, r.stdout))
     print("ok   --cuda-graph with offload is refused before the first step")
+    overlap(fsc, fsexec, work, env)
     evaluation(fsexec, work, env)
+
+
+def overlap(fsc, fsexec, work, env):
+    """Offload without clipping runs each unit's host update during the backward
+    (passes/schedule.c); a clip no norm reaches (1e9: the coefficient is exactly 1) keeps
+    the updates after the backward. The same maths in another order: on each device the
+    saved weights of the two are equal to the bit."""
+    args = ["samples/gpt2.fsm", *TINY, "--optimizer", "adamw", "--precision", "bf16", "--offload", "optimizer"]
+    for device in ("cpu", "cuda"):
+        got = []
+        for clip in ("0", "1e9"):
+            plan, st = (os.path.join(work, "overlap_%s.%s.%s" % (clip, device, ext)) for ext in ("plan", "st"))
+            run([fsc, *args, "--clip", clip, "-o", plan, "-q"])
+            run([fsexec, plan, "--device", device, "--steps", str(STEPS), "--save-weights", st], env)
+            got.append(safetensors(st))
+        differ = sorted(k for k in got[1] if k not in got[0] or not np.array_equal(got[0][k], got[1][k]))
+        if differ or not got[1]:
+            sys.exit("FAIL overlap on %s: weights differ from the updates after the backward: %s" % (device, differ))
+    print("ok   offload's updates during the backward: weights equal to the bit to those after it, cpu and cuda")
 
 
 def evaluation(fsexec, work, env):

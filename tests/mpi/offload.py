@@ -11,7 +11,9 @@ values, so an offloaded run equals the same run without offload bit for bit.
    reshard_after_forward 1 and 0; `--microbatches 4` for none, zero2 and fsdp; fp16
    with an overflow at step 2 (skipped in both runs) for none and zero2; SGD with
    momentum for zero1 and fsdp; the tiny Llama (shard none, and zero2 in bf16); and two
-   pipeline stages x 2 ranks (zero2 in bf16; fsdp with its params offloaded).
+   pipeline stages x 2 ranks (zero2 in bf16; fsdp with its params offloaded). Without
+   clipping (`--clip 0`: the host updates run during the backward) for none and zero2
+   in bf16 and fsdp in fp32 (its params offloaded too).
 2. The bytes the runtime's copies move each step (--log's to_host_bytes and
    to_device_bytes) are those `fsc --comm` gives for the plan (its `device <-> host:`
    line), at every step, skipped or not; a plan without offload copies nothing. For
@@ -181,6 +183,10 @@ def cases():
             (1, ["llama", "--shard", "none"], ["optimizer"]),
             (4, ["--stages", "2", "--microbatches", "4", "--shard", "zero2", "--precision", "bf16"], ["optimizer"]),
             (4, ["--stages", "2", "--microbatches", "4", "--shard", "fsdp"], ["params"])]
+    # Without clipping the host updates run during the backward (passes/schedule.c).
+    out += [(1, ["--shard", "none", "--precision", "bf16", "--clip", "0"], ["optimizer"]),
+            (2, ["--shard", "zero2", "--precision", "bf16", "--clip", "0"], ["optimizer"]),
+            (2, ["--shard", "fsdp", "--clip", "0"], ["optimizer", "params"])]
     out = [c + ([], TRAIN) for c in out]
     out += [(world, ["--shard", shard, "--precision", "fp16"], ["optimizer"], ["--debug-overflow-at", "2"], TRAIN)
             for world, shard in ((1, "none"), (2, "zero2"))]

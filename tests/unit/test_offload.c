@@ -11,7 +11,8 @@
  *    plan_check.
  *  - The CUDA program leaves the ops of the host space to the host.
  *  - The same training: two steps of the unsharded plan in bf16 with and without
- *    offload leave every param bitwise equal (poisoning dead buffers, and guarding both
+ *    offload (and, without clipping, with the updates run during the backward; in fp32
+ *    too) leave every param bitwise equal (poisoning dead buffers, and guarding both
  *    arenas: the host space's live ranges and bounds hold), and the executor's copy
  *    counters are the plan's bytes.
  */
@@ -24,11 +25,19 @@
 
 static const Define GPT2[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 256}, {"B", 4}};
 
-static Plan *compile(const char *shard, const char *precision, const char *world, const char *offload)
+/* clip: "1.0" is the sample's own; "0" lets the schedule run the host updates during
+ * the backward (passes/schedule.c). */
+static Plan *compile_clip(const char *shard, const char *precision, const char *world, const char *offload,
+                          const char *clip)
 {
     Setting set[] = {{"shard", shard}, {"precision", precision}, {"world", world}, {"offload", offload},
-                     {"optimizer", "adamw"}};
-    return sample_compile("gpt2.fsm", GPT2, 6, set, 5, NULL);
+                     {"optimizer", "adamw"}, {"clip", clip}};
+    return sample_compile("gpt2.fsm", GPT2, 6, set, 6, NULL);
+}
+
+static Plan *compile(const char *shard, const char *precision, const char *world, const char *offload)
+{
+    return compile_clip(shard, precision, world, offload, "1.0");
 }
 
 /* The elements of every unit's flat param buffer, padding included: Psi_pad. */
@@ -159,14 +168,15 @@ static uint8_t *train2(const Plan *p, int64_t *to_host, int64_t *to_device, size
     return out;
 }
 
-Test(offload, same_training_and_counted_copies)
+static void same_training(const char *precision, const char *clip)
 {
-    Plan *off = compile("none", "bf16", "1", "optimizer"), *dev = compile("none", "bf16", "1", "none");
+    Plan *off = compile_clip("none", precision, "1", "optimizer", clip);
+    Plan *dev = compile_clip("none", precision, "1", "none", clip);
     int64_t h, d, h0, d0;
     size_t n, n0;
     uint8_t *a = train2(off, &h, &d, &n), *b = train2(dev, &h0, &d0, &n0);
     cr_assert_eq(n, n0);
-    cr_expect_eq(memcmp(a, b, n), 0, "the params after two steps differ");
+    cr_expect_eq(memcmp(a, b, n), 0, "%s, clip %s: the params after two steps differ", precision, clip);
     CommTotals c = comm_totals(off);
     cr_expect_eq((double)h, 2 * c.to_host_bytes);
     cr_expect_eq((double)d, 2 * c.to_device_bytes);
@@ -175,6 +185,13 @@ Test(offload, same_training_and_counted_copies)
     free(b);
     plan_free(off);
     plan_free(dev);
+}
+
+Test(offload, same_training_and_counted_copies)
+{
+    same_training("bf16", "1.0");
+    same_training("bf16", "0");  // the updates run during the backward
+    same_training("fp32", "0");
 }
 
 /* The CUDA program has no instruction for an op of the host space (the host runs those),

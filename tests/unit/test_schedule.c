@@ -10,7 +10,10 @@
  *  - fsdp's gathers are prefetched: each block's forward gather comes before the
  *    previous block's first op that reads its params, and the gathered buffer is then
  *    waited for at its own first reader;
- *  - zero2's and fsdp's reduce-scatters are waited for a block later.
+ *  - zero2's and fsdp's reduce-scatters are waited for a block later;
+ *  - offload without clipping: each unit's host update runs during the backward (but the
+ *    last two), after the next unit's gradient copy, waiting for its own, between device
+ *    ops.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -165,4 +168,54 @@ Test(schedule, reduce_scatters_complete_a_block_later)
         }
         plan_free(p);
     }
+}
+
+/* Offload without clipping, GPT-2 of 4 blocks: the update of each flat unit (a host op)
+ * comes after its gradient's copy to the host, which it waits for, and after the next
+ * unit's copy; so all but the last two units' (the embeddings' gradient is the last done,
+ * the first block's the one before) run before the backward ends, with device ops on
+ * both sides of them in the stored order (the plan's logical clock). The stored waits are
+ * safe on every rank. */
+static void check_host_updates_in_backward(const char *shard, const char *world, const char *precision)
+{
+    Setting set[] = {{"shard", shard}, {"world", world}, {"precision", precision}, {"offload", "optimizer"},
+                     {"optimizer", "adamw"}, {"clip", "0"}};
+    const Define four[] = {{"L", 4}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 4}};
+    Plan *p = sample_compile("gpt2.fsm", four, 6, set, 6, NULL);
+    char err[512];
+    int32_t last_backward = -1, n_updates = 0, n_in_backward = 0;
+    for (int32_t k = 0; k < p->n_ops; k++)
+        if (p->ops[k].phase == PLAN_PHASE_BACKWARD && !plan_op_on_host(p, k)) last_backward = k;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        if (strcmp(plan_str(p, p->ops[k].op), "adamw")) continue;
+        cr_assert(plan_op_on_host(p, k), "%s: op %d", shard, k);
+        n_updates++;
+        int32_t grad = p->ids[p->ops[k].in + 1], copy = -1;
+        for (int32_t c = 0; c < k; c++)
+            if (!strcmp(plan_str(p, p->ops[c].op), "to_host") && p->ids[p->ops[c].out] == grad) copy = c;
+        cr_assert_geq(copy, 0, "%s: update op %d reads a gradient no copy before it brought", shard, k);
+        int waits = 0;
+        for (int32_t w = 0; w < p->ops[k].n_wait; w++) waits |= p->waits[p->ops[k].wait + w] == copy;
+        cr_expect(waits, "%s: update op %d does not wait for its gradient's copy (op %d)", shard, k, copy);
+        if (k > last_backward) continue;  // the last unit's: its gradient is done when the backward is
+        n_in_backward++;
+        int device_before = 0, device_after = 0;
+        for (int32_t j = copy + 1; j < k; j++)
+            device_before |= !plan_op_on_host(p, j) && p->ops[j].stream == PLAN_STREAM_COMPUTE;
+        for (int32_t j = k + 1; j <= last_backward; j++) device_after |= !plan_op_on_host(p, j);
+        cr_expect(device_before && device_after, "%s: update op %d is not between device ops", shard, k);
+    }
+    cr_expect_eq(n_updates, 5, "%s: one update per flat unit", shard);
+    cr_expect_eq(n_in_backward, n_updates - 2, "%s: %d of %d updates run during the backward", shard, n_in_backward,
+                 n_updates);
+    for (int rank = 0; rank < atoi(world); rank++)
+        cr_expect_eq(plan_check_schedule(p, rank, err, sizeof err), 0, "%s rank %d: %s", shard, rank, err);
+    plan_free(p);
+}
+
+Test(schedule, offload_updates_run_during_the_backward)
+{
+    check_host_updates_in_backward("none", "1", "bf16");
+    check_host_updates_in_backward("zero2", "2", "bf16");
+    check_host_updates_in_backward("none", "1", "fp32");
 }
