@@ -210,7 +210,9 @@ static int masked_shape(CuCtx *c, const char *op, Att *a)
 int cuda_attention_masked(CuCtx *c)
 {
     Att a = {0};
-    return masked_shape(c, "attention_masked", &a) || forward(c, &a, "attention_masked") ? -1 : 0;
+    if (masked_shape(c, "attention_masked", &a)) return -1;
+    a.in_o = a.in_lse = a.in_dout = -1;  // input 3 is the mask; o's dtype is the output's
+    return forward(c, &a, "attention_masked");
 }
 
 /* attention_qkv(qkv, nh, nkv, causal) -> o, lse */

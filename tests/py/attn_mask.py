@@ -17,7 +17,13 @@
    and without selective recompute (recompute attention), and --val-data's val_loss at
    step 0 equals PyTorch's loss on the same batch.
 
-usage: attn_mask.py FSC FSEXEC     (Debian's /usr/bin/python3 with torch and numpy)
+4. (--emu LIBFS_CUDAEMU) The CUDA kernels (codegen/kernels/attention_f32.cuh with the mask) on the
+   cuda-emu backend against the CPU backend: case 1's plans, causal and not, fp32 and bf16, one
+   step each; the output and dq, dk, dv within 1e-5 (fp32) or 1e-2 (bf16, where the kernels round
+   their outputs once as the CPU does, in a different summation order) of the largest value, the
+   fully masked item exactly 0 on both.
+
+usage: attn_mask.py FSC FSEXEC [--emu LIBFS_CUDAEMU]   (Debian's /usr/bin/python3 with torch and numpy)
 """
 import json
 import math
@@ -101,7 +107,29 @@ def reference(p, mask, causal):
     return {"r": out.detach(), "q": q.grad, "k": k.grad, "v": v.grad}
 
 
-def values_and_grads(fsc, fsexec, wd):
+def emulated(fsexec, wd, data, emu, tol, tag):
+    """Case 1's plan (am.plan, whose CPU gradients are g.safetensors) on the cuda-emu backend."""
+    env = dict(os.environ, FS_CUDA_BACKEND=emu, FS_CUDA_EMU_CACHE=os.path.join(wd, "emu-cache"))
+    p = subprocess.run([fsexec, "am.plan", "--device", "cuda", "--steps", "1", "--save-grads", "ge.safetensors",
+                        *data], cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=600)
+    if p.returncode:
+        sys.exit(f"attn_mask.py: FAIL: fsexec --device cuda (cuda-emu) exited {p.returncode}:\n{p.stdout[-3000:]}")
+    cpu = load_safetensors(os.path.join(wd, "g.safetensors"), torch.float64)
+    dev = load_safetensors(os.path.join(wd, "ge.safetensors"), torch.float64)
+    fails = []
+    for name, label in (("r", "output"), ("q", "dq"), ("k", "dk"), ("v", "dv")):
+        err = ((dev[name] - cpu[name]).abs().max() / cpu[name].abs().max()).item()
+        dead = dev[name][3].abs().max().item()
+        ok = err <= tol and dead == 0.0
+        print(f"{'ok  ' if ok else 'FAIL'} {tag:20} {label:6} cuda-emu against the CPU backend: {err:.2e} "
+              f"(tol {tol:g}); fully masked item: max |.| = {dead:g}")
+        if not ok:
+            fails.append(f"cuda-emu {tag} {label}")
+    return fails
+
+
+def values_and_grads(fsc, fsexec, wd, emu):
     fails, n = [], 0
     for causal in (1, 0):
         T, S = (70, 70) if causal else (37, 29)
@@ -131,6 +159,9 @@ def values_and_grads(fsc, fsexec, wd):
             if prec == "fp32" and not causal:
                 fails += finite_differences(fsexec, wd, data, w, got)
                 n += 1
+            if emu:
+                fails += emulated(fsexec, wd, data, emu, 1e-5 if prec == "fp32" else 1e-2, tag)
+                n += 4
     if fails:
         sys.exit("attn_mask.py: FAIL: " + ", ".join(fails))
     print(f"ok   values and gradients: {n} checks against SDPA with a boolean mask")
@@ -158,22 +189,27 @@ def finite_differences(fsexec, wd, data, w, got):
 
 
 BERT = """model bert {
-  dim B = 8, T = 7, V = 32, C = 16, NH = 2, K = 3;
+  dim B = 8, T = 7, V = 32, C = 16, NH = 2, K = 3, L = 2;
   input tokens: i32[B, T];
   input labels: i32[B];
   input mask: i32[B, T];
+  layer Block {
+    param attn.w: [C, 3 * C] = normal(0.1);
+    param proj.w: [C, C] = normal(0.1);
+    param ln.w: [C] = ones;
+    param ln.b: [C] = zeros;
+    forward(x, m) {
+      q, k, v = split(x @ attn.w, 3, axis = -1);
+      a = attention_masked(heads(q, NH), heads(k, NH), heads(v, NH), m);
+      return layernorm(x + merge_heads(a) @ proj.w, ln.w, ln.b);
+    }
+  }
   param wte: [V, C] = normal(0.1);
   param wpe: [T, C] = normal(0.1);
-  param attn.w: [C, 3 * C] = normal(0.1);
-  param proj.w: [C, C] = normal(0.1);
-  param ln.w: [C] = ones;
-  param ln.b: [C] = zeros;
   param head.w: [C, K] = normal(0.1);
   param head.b: [K] = zeros;
   x = embedding(wte, tokens) + embedding(wpe, arange(T));
-  q, k, v = split(x @ attn.w, 3, axis = -1);
-  x = layernorm(x + merge_heads(attention_masked(heads(q, NH), heads(k, NH), heads(v, NH), mask)) @ proj.w,
-                ln.w, ln.b);
+  x = Block[L](x, mask) as h;
   logits = x[:, 0, :] @ head.w + head.b;
   loss = cross_entropy(logits, labels);
   output logits;
@@ -183,13 +219,15 @@ train { optimizer adamw(lr = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weigh
 STEPS, LR, WD, N, BB = 4, 0.01, 0.1, 16, 8
 
 
-def bert_loss(p, tok, lab, mask, NH=2):
+def bert_loss(p, tok, lab, mask, NH=2, L=2):
     T = tok.shape[1]
     x = p["wte"][tok] + p["wpe"][torch.arange(T)]
-    q, k, v = (x @ p["attn.w"]).split(x.shape[-1], dim=-1)
-    q, k, v = heads(q, NH), heads(k, NH), heads(v, NH)
-    a = sdpa(q, k, v, (mask != 0)[:, None, None, :])
-    x = layernorm(x + merge_heads(a) @ p["proj.w"], p["ln.w"], p["ln.b"])
+    for i in range(L):
+        w = lambda n: p["h.%d.%s" % (i, n)]  # noqa: E731
+        q, k, v = (x @ w("attn.w")).split(x.shape[-1], dim=-1)
+        q, k, v = heads(q, NH), heads(k, NH), heads(v, NH)
+        a = sdpa(q, k, v, (mask != 0)[:, None, None, :].expand(-1, NH, T, T))
+        x = layernorm(x + merge_heads(a) @ w("proj.w"), w("ln.w"), w("ln.b"))
     return F.cross_entropy(x[:, 0, :] @ p["head.w"] + p["head.b"], lab)
 
 
@@ -245,12 +283,14 @@ def bert_training(fsc, fsexec, wd):
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: attn_mask.py FSC FSEXEC")
-    fsc, fsexec = (os.path.abspath(a) for a in sys.argv[1:])
+    if len(sys.argv) not in (3, 5) or len(sys.argv) == 5 and sys.argv[3] != "--emu":
+        sys.exit("usage: attn_mask.py FSC FSEXEC [--emu LIBFS_CUDAEMU]")
+    fsc, fsexec = (os.path.abspath(a) for a in sys.argv[1:3])
+    emu = os.path.abspath(sys.argv[4]) if len(sys.argv) == 5 else None
     with tempfile.TemporaryDirectory(prefix="fs-attn-mask-") as wd:
-        values_and_grads(fsc, fsexec, wd)
-        bert_training(fsc, fsexec, wd)
+        values_and_grads(fsc, fsexec, wd, emu)
+        if not emu:  # the emulated run checks the kernels; the encoder's training is the CPU run's
+            bert_training(fsc, fsexec, wd)
     print("attn_mask.py: all passed")
 
 
