@@ -11,6 +11,10 @@
  *   lse [BH, T] (f32), the log-sum-exp of each row of scores s = q.k / sqrt(D); under
  *   causal (T == S) query i sees keys j <= i. Grouped-query attention: G = BH / BKV
  *   query slices in a row share kv slice bh / G.
+ * attention_masked(q, k, v, mask, causal) and its backward: attention's f32 kernels (in every
+ *   precision; the tensor-core ones take no mask) with a key padding mask i32 [B, S], slice bh
+ *   reading row bh / (BH / B): masked keys score -inf; a row that sees no key gives o = 0 and
+ *   lse = -inf, and no gradient (the CPU kernel's rule).
  * attention_qkv(qkv, nh, nkv, causal) and its backward run the same kernels with the heads
  * read as column ranges of the QKV projection's rows (CuAtt's layouts; passes/packed_attn.c):
  * every address is a layout's (FsAttLay, codegen/kernels/attn_layout.cuh), and q, k, v (dq,
