@@ -292,7 +292,8 @@ static int emit_bwd(CuCtx *c, const Att *a, int tb, int dkdv)
     int n = cu_att_ids(c, a, ids, extra, 4);
     if (dkdv && !a->packed) ids[n++] = cu_out_id(c, 2);
     if (a->mper) ids[n++] = cu_in_id(c, 3);
-    const char *src = cu_kernel(c, BWD_THREADS, cu_fmt(c, "%s, %s%s", ins, outs, a->mper ? ", const int *__restrict__ mask" : ""),
+    const char *params = cu_fmt(c, "%s, %s%s", ins, outs, a->mper ? ", const int *__restrict__ mask" : "");
+    const char *src = cu_kernel(c, BWD_THREADS, params,
                                 cu_fmt(c, "fs_attf_%s<%s, %d, %s%s>(%s, o, lse, dout, %s, %s%s)", dkdv ? "dkdv" : "dq",
                                        targs(c, a), tb, cu_att_lay(c, &a->lq, &a->lk, &a->lv, &a->lo), mask_targ(c, a),
                                        cu_att_args(c, a), args, cu_float(c, a->scale), a->mper ? ", mask" : ""));

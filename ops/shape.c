@@ -648,7 +648,8 @@ int shape_attention_masked(ShapeCtx *c)
     a.n_in = 3;
     if (shape_attention(&a)) return -1;
     if (q->rank < 3)
-        return shape_fail(c, "attention_masked: q %s has no batch dim (expects [B, T, D] or [B, NH, T, D])", TYPE(q, tq));
+        return shape_fail(c, "attention_masked: q %s has no batch dim (expects [B, T, D] or [B, NH, T, D])",
+                          TYPE(q, tq));
     int64_t B = q->shape[0], S = k->shape[k->rank - 2];
     if (m->dtype != DT_I32 || m->rank != 2 || m->shape[0] != B || m->shape[1] != S)
         return shape_fail(c, "attention_masked: mask %s must be i32[%" PRId64 ", %" PRId64 "] (q's batch, k's length; "
