@@ -182,6 +182,7 @@ typedef struct {
     int packed;
     int64_t koff, voff;
     int in_o, in_lse, in_dout;  // backward: inputs o, lse, dout (forward: -1)
+    int64_t mper;  // attention_masked: query slices per mask row (input 3, i32 [B, S]); else 0
 } CuAtt;
 /* Whether attention (bwd 0) or attention_bwd (bwd 1) of the current node runs on tensor
  * cores: every tensor 16-bit of one dtype, D = Dv a multiple of 8 up to 128, 16-byte

@@ -204,7 +204,8 @@ void lower_param_groups(Lower *L, const Program *p, const TrainConfig *t)
 static int has_attention(const Graph *g, int b)
 {
     for (int n = 0; n < g->n_nodes; n++)
-        if (g->nodes[n].block == b && g->nodes[n].op == OP_attention) return 1;
+        if (g->nodes[n].block == b && (g->nodes[n].op == OP_attention || g->nodes[n].op == OP_attention_masked))
+            return 1;
     return 0;
 }
 

@@ -174,6 +174,10 @@ double flops_attention_bwd(const Graph *g, const Node *n)
     return 2.0 * scores * (3 * D + 2 * Dv);
 }
 
+/* The mask costs one compare per score: attention's count. */
+double flops_attention_masked(const Graph *g, const Node *n) { return flops_attention(g, n); }
+double flops_attention_masked_bwd(const Graph *g, const Node *n) { return flops_attention_bwd(g, n); }
+
 double flops_attention_qkv_bwd(const Graph *g, const Node *n)
 {
     double D, scores = packed_dims(g, n, &D);
@@ -187,7 +191,7 @@ double ir_node_redone_flops(const Graph *g, const Node *n)
         double D, scores = packed_dims(g, n, &D);
         return 2.0 * scores * D;
     }
-    if (n->op != OP_attention_bwd) return 0;
+    if (n->op != OP_attention_bwd && n->op != OP_attention_masked_bwd) return 0;
     double D, Dv, scores = attention_dims(g, n, &D, &Dv);
     (void)Dv;
     return 2.0 * scores * D;  // Q K^T again: the scores the forward did not keep

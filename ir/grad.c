@@ -388,6 +388,16 @@ int grad_attention(GradCtx *c)
     return 0;
 }
 
+/* attention_masked: attention's rule with the mask passed along; the mask (an i32 input) gets no gradient. */
+int grad_attention_masked(GradCtx *c)
+{
+    Attr at = aint("causal", attr_i(c, "causal"));
+    int in[7] = {in_of(c, 0), in_of(c, 1), in_of(c, 2), in_of(c, 3), out_of(c, 0), out_of(c, 1), c->dout[0]};
+    int n = emit_node(c, OP_attention_masked_bwd, in, 7, &at, 1);
+    route(c, n, (int[]){0, 1, 2}, 3);
+    return 0;
+}
+
 /* attention's rule on the packed layout: one gradient, laid out as qkv. */
 int grad_attention_qkv(GradCtx *c)
 {

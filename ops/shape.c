@@ -649,6 +649,27 @@ int shape_attention_decode(ShapeCtx *c)
     return 0;
 }
 
+/* attention_masked(q [B, ..., T, D], k [B, ..., S, D], v, mask i32 [B, S], causal): attention's
+ * rule, and the mask one row of S keys per batch item (q's first dim). */
+int shape_attention_masked(ShapeCtx *c)
+{
+    if (want_inputs(c, 4)) return -1;
+    const OpType *q = &c->in[0], *k = &c->in[1], *m = &c->in[3];
+    char tq[192], tm[192];
+    ShapeCtx a = *c;
+    a.n_in = 3;
+    if (shape_attention(&a)) return -1;
+    if (q->rank < 3)
+        return shape_fail(c, "attention_masked: q %s has no batch dim (expects [B, T, D] or [B, NH, T, D])",
+                          TYPE(q, tq));
+    int64_t B = q->shape[0], S = k->shape[k->rank - 2];
+    if (m->dtype != DT_I32 || m->rank != 2 || m->shape[0] != B || m->shape[1] != S)
+        return shape_fail(c, "attention_masked: mask %s must be i32[%" PRId64 ", %" PRId64 "] (q's batch, k's length; "
+                          "1 attends, 0 masks the key), with q %s", TYPE(m, tm), B, S, TYPE(q, tq));
+    c->out[0] = a.out[0], c->out[1] = a.out[1];
+    return 0;
+}
+
 /* attention_qkv(qkv [..., T, (nh + 2 nkv) D], nh, nkv, causal) -> o [..., T, nh D] and the
  * f32 row log-sum-exp [..., nh, T]: attention of the heads a row of qkv holds side by side
  * (q heads, then k heads, then v heads; passes/packed_attn.c), o's heads side by side. */

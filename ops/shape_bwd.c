@@ -209,6 +209,14 @@ int shape_attention_bwd(ShapeCtx *c)
     return 0;
 }
 
+/* (q, k, v, mask, o, lse, dout) -> dq, dk, dv */
+int shape_attention_masked_bwd(ShapeCtx *c)
+{
+    if (want_in(c, 7)) return -1;
+    for (int i = 0; i < 3; i++) like(c, i, &c->in[i]);
+    return 0;
+}
+
 /* (qkv, o, lse, dout) -> dqkv, laid out as qkv */
 int shape_attention_qkv_bwd(ShapeCtx *c)
 {

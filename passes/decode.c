@@ -118,6 +118,9 @@ static int decode_node(Dec *c, const Node *n)
         c->map[ir_out(g, n, 0)] = c->pos, c->seq[ir_out(g, n, 0)] = 0;
         return 0;
     }
+    if (op == OP_attention_masked)
+        return fail(c, n, "its key padding mask has no KV-cache form (masked attention is for encoders)",
+                    "attention_masked");
     if (op == OP_rope || op == OP_attention) {
         int r = g->values[ir_in(g, n, 0)].rank;
         for (int i = 0; i < (op == OP_rope ? 1 : 3); i++)

@@ -89,7 +89,9 @@ static int probe(const FitRequest *q, ModelFacts *f, char *err, size_t errlen)
             if (strcmp(g->blocks[b].name, want)) f->stem[0] = 0;
         }
     }
-    for (int i = 0; i < g->n_nodes; i++) f->attention |= g->nodes[i].op == OP_attention && g->nodes[i].block >= 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        f->attention |=
+            (g->nodes[i].op == OP_attention || g->nodes[i].op == OP_attention_masked) && g->nodes[i].block >= 0;
     for (int i = 0; i < g->n_values && !f->batch; i++)
         if (g->values[i].role == ROLE_INPUT && g->values[i].rank > 0) f->batch = g->values[i].shape[0];
     /* after[n], read through node n's inputs, from nodes of its own direction (forward,

@@ -136,7 +136,8 @@ static int check_arity(OpCheck *c)
 static int check_dims(OpCheck *c)
 {
     int gemm = c->kind == OP_matmul || c->kind == OP_attention || c->kind == OP_attention_bwd ||
-               c->kind == OP_attention_qkv || c->kind == OP_attention_qkv_bwd;
+               c->kind == OP_attention_qkv || c->kind == OP_attention_qkv_bwd || c->kind == OP_attention_masked ||
+               c->kind == OP_attention_masked_bwd;
     for (int i = 0; i < c->op->n_in + c->op->n_out; i++) {
         int32_t id = i < c->op->n_in ? in_id(c, i) : out_id(c, i - c->op->n_in);
         const PlanTensor *t = &c->p->tensors[id];

@@ -13,15 +13,18 @@
 // walks their key tiles; each recomputes P and dS of a tile pair, one thread an element,
 // and sums every gradient over tiles in order (no atomics: bitwise reproducible).
 // Shared rows read across lanes have an odd pitch (D | 1), so lanes fall in distinct banks.
+// attention_masked: MPER > 0 and mask i32 [BH / MPER, S]; slice bh sees key j where
+// mask[bh / MPER * S + j] != 0. A row that sees no key: o = 0, lse = -inf, no gradient.
 #pragma once
 #include "attn_layout.cuh"
 #include "prelude.cuh"
 
 // The forward: blockIdx.x = bh * NQT + (NQT - 1 - query tile) (longest tiles first).
-template <class TQ, class TK, class TV, class TO, int T, int S, int D, int DV, int G, bool CAUSAL, int RPW, class L>
+template <class TQ, class TK, class TV, class TO, int T, int S, int D, int DV, int G, bool CAUSAL, int RPW, class L,
+          int MPER = 0>
 __device__ __forceinline__ void fs_attf_fwd(const TQ *__restrict__ q, const TK *__restrict__ k,
                                             const TV *__restrict__ v, TO *__restrict__ o, float *__restrict__ lse,
-                                            float scale)
+                                            float scale, const int *__restrict__ mask = nullptr)
 {
     constexpr int BQ = 4 * RPW, CPL = (DV + 31) / 32, KP = D | 1, KVP = KP > DV ? KP : DV, NQT = (T + BQ - 1) / BQ;
     __shared__ __align__(16) float qs[BQ * D];
@@ -74,7 +77,7 @@ __device__ __forceinline__ void fs_attf_fwd(const TQ *__restrict__ q, const TK *
 #pragma unroll
         for (int g = 0; g < RPW; g++) {
             const int i = i0 + warp + 4 * g;
-            const bool vis = j < S && (!CAUSAL || j <= i);
+            const bool vis = j < S && (!CAUSAL || j <= i) && (MPER == 0 || mask[bh / MPER * S + j] != 0);
             const float x = vis ? s[g] * scale : ninf;
             const float mx = fmaxf(m[g], fs_warp_max(x));
             const float corr = m[g] == mx ? 1.0f : expf(m[g] - mx);
@@ -107,7 +110,7 @@ __device__ __forceinline__ void fs_attf_fwd(const TQ *__restrict__ q, const TK *
     for (int g = 0; g < RPW; g++) {
         const int i = i0 + warp + 4 * g;
         if (i >= T) continue;
-        const float inv = 1.0f / l[g];
+        const float inv = l[g] > 0.f ? 1.0f / l[g] : 0.f;  // no key seen (masked): 0
 #pragma unroll
         for (int cc = 0; cc < CPL; cc++)
             if (lane + 32 * cc < DV) st(o, L::o(bh, i) + lane + 32 * cc, acc[g][cc] * inv);
@@ -126,7 +129,7 @@ __device__ __forceinline__ void fs_attf_tile(float *dst, const E *src, At at, in
 }
 
 // The backward's shared tiles (TB rows each) and what both of its kernels do with them.
-template <int T, int S, int D, int DV, bool CAUSAL, int TB, class L>
+template <int T, int S, int D, int DV, bool CAUSAL, int TB, class L, int MPER>
 struct FsAttfTiles {
     static constexpr int QP = D | 1, KP = QP, OP = DV | 1, VP = OP;
     float qs[TB * QP], dos[TB * OP], ks[TB * KP], vs[TB * VP], dss[TB * TB], ps[TB * TB], ls[TB], dr[TB];
@@ -159,15 +162,15 @@ struct FsAttfTiles {
         fs_attf_tile<TB, DV, VP>(vs, v, [&](int j) { return L::v(bkv, j0 + j); }, S - j0);
     }
 
-    // dss = dS (and ps = P when keep_p) of the tile pair (i0, j0), TB x TB, row = query.
-    __device__ __forceinline__ void scores(int i0, int j0, float scale, bool keep_p)
+    // dss = dS (and ps = P when keep_p) of the tile pair (i0, j0) of slice bh, TB x TB, row = query.
+    __device__ __forceinline__ void scores(int i0, int j0, float scale, bool keep_p, const int *mask, long long bh)
     {
         for (int e = threadIdx.x; e < TB * TB; e += 256) {
             const int r = e / TB, j = e % TB, i = i0 + r, jj = j0 + j;
             float s = 0.f, dp = 0.f;
             for (int d = 0; d < D; d++) s += qs[r * QP + d] * ks[j * KP + d];
             for (int cc = 0; cc < DV; cc++) dp += dos[r * OP + cc] * vs[j * VP + cc];
-            const bool vis = i < T && jj < S && (!CAUSAL || jj <= i);
+            const bool vis = i < T && jj < S && (!CAUSAL || jj <= i) && (MPER == 0 || mask[bh / MPER * S + jj] != 0);
             const float p = vis ? expf(s * scale - ls[r]) : 0.f;
             if (keep_p) ps[e] = p;
             dss[e] = vis ? p * (dp - dr[r]) : 0.f;
@@ -203,14 +206,15 @@ __device__ __forceinline__ void fs_attf_store(const float *acc, E *out, At at, i
 
 // Kernel 1: dK and dV of one key tile of one kv slice (blockIdx.x = bkv * NKT + tile), over the
 // query tiles that see it in each of the slice's G query slices.
-template <class TQ, class TK, class TV, class TO, int T, int S, int D, int DV, int G, bool CAUSAL, int TB, class L>
+template <class TQ, class TK, class TV, class TO, int T, int S, int D, int DV, int G, bool CAUSAL, int TB, class L,
+          int MPER = 0>
 __device__ __forceinline__ void fs_attf_dkdv(const TQ *__restrict__ q, const TK *__restrict__ k,
                                              const TV *__restrict__ v, const TO *__restrict__ o,
                                              const float *__restrict__ lse, const TO *__restrict__ dout, TK *dk, TV *dv,
-                                             float scale)
+                                             float scale, const int *__restrict__ mask = nullptr)
 {
     constexpr int NKT = (S + TB - 1) / TB, UK = (TB * D + 255) / 256, UV = (TB * DV + 255) / 256;
-    using Tiles = FsAttfTiles<T, S, D, DV, CAUSAL, TB, L>;
+    using Tiles = FsAttfTiles<T, S, D, DV, CAUSAL, TB, L, MPER>;
     __shared__ Tiles sh;
     const long long bkv = blockIdx.x / NKT;
     const int j0 = (int)(blockIdx.x % NKT) * TB;
@@ -224,7 +228,7 @@ __device__ __forceinline__ void fs_attf_dkdv(const TQ *__restrict__ q, const TK 
         for (int i0 = CAUSAL ? j0 : 0; i0 < T; i0 += TB) {
             __syncthreads();  // the last tile's readers of qs, dos, ps, dss are done
             sh.load_q(q, o, lse, dout, bh, i0);
-            sh.scores(i0, j0, scale, true);
+            sh.scores(i0, j0, scale, true, mask, bh);
             __syncthreads();
             fs_attf_acc<TB, D, Tiles::QP, UK, true>(ak, sh.dss, sh.qs);  // dK += dS^T Q
             fs_attf_acc<TB, DV, Tiles::OP, UV, true>(av, sh.ps, sh.dos);  // dV += P^T dO
@@ -234,14 +238,15 @@ __device__ __forceinline__ void fs_attf_dkdv(const TQ *__restrict__ q, const TK 
 }
 
 // Kernel 2: dQ of one query tile (blockIdx.x = bh * NQT + (NQT - 1 - tile): longest first), over its key tiles.
-template <class TQ, class TK, class TV, class TO, int T, int S, int D, int DV, int G, bool CAUSAL, int TB, class L>
+template <class TQ, class TK, class TV, class TO, int T, int S, int D, int DV, int G, bool CAUSAL, int TB, class L,
+          int MPER = 0>
 __device__ __forceinline__ void fs_attf_dq(const TQ *__restrict__ q, const TK *__restrict__ k,
                                            const TV *__restrict__ v, const TO *__restrict__ o,
                                            const float *__restrict__ lse, const TO *__restrict__ dout, TQ *dq,
-                                           float scale)
+                                           float scale, const int *__restrict__ mask = nullptr)
 {
     constexpr int NQT = (T + TB - 1) / TB, UK = (TB * D + 255) / 256;
-    using Tiles = FsAttfTiles<T, S, D, DV, CAUSAL, TB, L>;
+    using Tiles = FsAttfTiles<T, S, D, DV, CAUSAL, TB, L, MPER>;
     __shared__ Tiles sh;
     const long long bh = blockIdx.x / NQT;
     const int i0 = (NQT - 1 - (int)(blockIdx.x % NQT)) * TB;
@@ -254,7 +259,7 @@ __device__ __forceinline__ void fs_attf_dq(const TQ *__restrict__ q, const TK *_
         __syncthreads();  // the last tile's readers of ks, vs, dss are done
         sh.load_kv(k, v, bh / G, j0);
         __syncthreads();
-        sh.scores(i0, j0, scale, false);
+        sh.scores(i0, j0, scale, false, mask, bh);
         __syncthreads();
         fs_attf_acc<TB, D, Tiles::KP, UK, false>(aq, sh.dss, sh.ks);  // dQ += dS K
     }

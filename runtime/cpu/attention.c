@@ -36,7 +36,13 @@
  * head is a column range of the rows), o and dout are [B, T, NH D], and dq, dk, dv are the
  * column ranges of dqkv. The contiguous ops are the layout nh = 1, h = 0, r = the row width.
  *
- * In 16 bits all five kernels run as their f32 selves on staged (batch, head) slices
+ * attention_masked(q, k, v, mask, causal) and its backward are attention's kernels with a key
+ * padding mask, i32 [B, S] for q's B batch items (slices bh of item bh / (BH / B)): key j
+ * of item b takes part where mask[b, j] != 0, the causal rule still applying. A query row
+ * that sees no key (every key masked) gets output 0 and lse -inf, and so passes no
+ * gradient (PyTorch's SDPA gives NaN there; zeros keep the other rows' gradients finite).
+ *
+ * In 16 bits all the kernels run as their f32 selves on staged (batch, head) slices
  * (lowp.c): a group of whole slices of q, k, v (o, dout) converted to f32, the outputs
  * rounded back; under grouped-query attention the staged slabs are whole batch items
  * (every head), so that each group holds its kv heads with their query heads. lse stays f32 and is read and written where it lies.
@@ -70,14 +76,17 @@ typedef struct {
     float scale;
     int causal;
     int64_t at;  // causal: query row i is at position at + i (attention_decode; else 0)
+    const int32_t *mask;  // attention_masked: [B, S], slices bh read row bh / mper; else NULL
+    int64_t mper;
 } Att;
 
-static void att_init(Att *a, const KCall *k, int causal)
+/* masked: input 3 is attention_masked's mask (o, lse, dout follow it). */
+static void att_init(Att *a, const KCall *k, int causal, int masked)
 {
     const KTensor *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2];
     int r = q->rank;
     int ok = q->dtype == KT_F32 && kk->dtype == KT_F32 && v->dtype == KT_F32;
-    for (int i = 3; i < k->n_in; i++) ok &= k->in[i].dtype == KT_F32;  // o, lse, dout
+    for (int i = 3 + masked; i < k->n_in; i++) ok &= k->in[i].dtype == KT_F32;  // o, lse, dout
     KCHECK(ok, "attention: unsupported dtype");
     a->T = q->shape[r - 2], a->D = q->shape[r - 1], a->S = kk->shape[r - 2], a->Dv = v->shape[r - 1];
     a->BH = q->numel / (a->T * a->D);
@@ -93,6 +102,13 @@ static void att_init(Att *a, const KCall *k, int causal)
     a->q = fdata(q), a->k = fdata(kk), a->v = fdata(v);
     a->lq = lay_dense(a->T, a->D), a->lk = lay_dense(a->S, a->D), a->lv = lay_dense(a->S, a->Dv);
     a->lo = lay_dense(a->T, a->Dv);
+    a->mask = NULL, a->mper = 1;
+    if (masked) {
+        const KTensor *m = &k->in[3];
+        KCHECK(m->dtype == KT_I32 && m->rank == 2 && m->shape[1] == a->S && a->BH % m->shape[0] == 0,
+               "attention_masked: the mask must be i32 [B, S]");
+        a->mask = idata(m), a->mper = a->BH / m->shape[0];
+    }
 }
 
 /* attention_qkv's geometry: qkv (input 0) [..., T, (nh + 2 nkv) D], attributes nh, nkv, causal at
@@ -122,6 +138,13 @@ static void zero_rows(float *x, const Lay *l, int64_t s, int64_t i0, int64_t n, 
  * rows r >= result + c (every row, without the mask: no tile is wider than BK). */
 static int64_t first_seer(const Att *a, int64_t i0, int64_t j0) { return a->causal ? j0 - a->at - i0 : -BK; }
 
+/* The first row of a tile that sees key c, first = first_seer: first + c, or none (past every
+ * row) when the padding mask hides the key from slice bh. */
+static int64_t seer_of(const Att *a, int64_t bh, int64_t j0, int64_t c, int64_t first)
+{
+    return a->mask && !a->mask[bh / a->mper * a->S + j0 + c] ? INT64_MAX : first + c;
+}
+
 /* ---- forward ---------------------------------------------------------------------- */
 
 /* One query block's forward. Each score tile is computed transposed, st [keys, queries]
@@ -145,16 +168,18 @@ KSIMD static void fwd_block(const Att *a, int64_t bh, int64_t i0)
         for (int64_t r = 0; r < nq; r++) mx[r] = m[r];
         for (int64_t c = 0; c < nk; c++) {
             const float *sc = st + c * nq;
+            int64_t fc = seer_of(a, bh, j0, c, first);
             VEC_LOOP
-            for (int64_t r = 0; r < nq; r++) mx[r] = r >= first + c && sc[r] > mx[r] ? sc[r] : mx[r];
+            for (int64_t r = 0; r < nq; r++) mx[r] = r >= fc && sc[r] > mx[r] ? sc[r] : mx[r];
         }
         VEC_LOOP  // first tile: m = -inf, corr = 0
         for (int64_t r = 0; r < nq; r++) corr[r] = m[r] == mx[r] ? 1.0f : fexp(m[r] - mx[r]), l[r] *= corr[r];
         for (int64_t c = 0; c < nk; c++) {
             float *sc = st + c * nq;
+            int64_t fc = seer_of(a, bh, j0, c, first);
             VEC_LOOP
             for (int64_t r = 0; r < nq; r++) {
-                sc[r] = r >= first + c ? fexp(sc[r] - mx[r]) : 0.0f;
+                sc[r] = r >= fc ? fexp(sc[r] - mx[r]) : 0.0f;
                 l[r] += sc[r];
             }
         }
@@ -168,7 +193,7 @@ KSIMD static void fwd_block(const Att *a, int64_t bh, int64_t i0)
                     a->v + lay_at(&a->lv, bh / a->G, j0), (int)a->lv.r, 1.0f, o, (int)ldo);
     }
     for (int64_t r = 0; r < nq; r++) {
-        float inv = 1.0f / l[r];
+        float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;  // no key seen: 0
         VEC_LOOP
         for (int64_t c = 0; c < Dv; c++) o[r * ldo + c] *= inv;
         if (a->lse_out) a->lse_out[bh * a->T + i0 + r] = m[r] + logf(l[r]);
@@ -202,7 +227,7 @@ void cpu_attention(const KCall *k)
         return;
     }
     Att a;
-    att_init(&a, k, k_int(k, 3));
+    att_init(&a, k, k_int(k, 3), 0);
     a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
     fwd_all(&a);
 }
@@ -252,13 +277,14 @@ KSIMD static void bwd_tile(const Att *a, int64_t bh, int64_t i0, int64_t j0, con
                 (int)nk);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)Dv, 1.0f, go, ldo, vj, ldv, 0.0f, ds,
                 (int)nk);
-    int64_t first = first_seer(a, i0, j0);
+    int64_t first = first_seer(a, i0, j0), fc[BK];
+    for (int64_t c = 0; c < nk; c++) fc[c] = seer_of(a, bh, j0, c, first);
     for (int64_t r = 0; r < nq; r++) {
         float *pr = p + r * nk, *dsr = ds + r * nk;
         float l = lse[r], d = dr[r];
         VEC_LOOP  // the whole tile row, masked keys to 0
         for (int64_t c = 0; c < nk; c++) {
-            float e = r >= first + c ? fexp(pr[c] - l) : 0.0f;
+            float e = r >= fc[c] ? fexp(pr[c] - l) : 0.0f;
             dsr[c] = e * (dsr[c] - d);
             pr[c] = e;
         }
@@ -347,8 +373,56 @@ void cpu_attention_bwd(const KCall *k)
         return;
     }
     Att a;
-    att_init(&a, k, k_int(k, 6));
+    att_init(&a, k, k_int(k, 6), 0);
     a.o = fdata(&k->in[3]), a.lse = fdata(&k->in[4]), a.dout = fdata(&k->in[5]);
+    a.dq = fdata(&k->out[0]), a.dk = fdata(&k->out[1]), a.dv = fdata(&k->out[2]);
+    bwd_all(&a);
+}
+
+/* attention_masked(q, k, v, mask, causal) -> out, lse; its backward (q, k, v, mask, o, lse, dout) -> dq, dk,
+ * dv: by whole batch items (every head of an item reads its mask row), the mask i32 (never staged). */
+static Slabs masked_slabs(const KCall *k, int bwd)
+{
+    int8_t r = (int8_t)k->in[0].rank;
+    Slabs f = {{r - 1, r - 1, r - 1, 1, r - 1, r - 2}, -1};
+    Slabs b = {{r - 1, r - 1, r - 1, 1, r - 1, r - 2, r - 1, r - 1, r - 1, r - 1}, -1};
+    return bwd ? b : f;
+}
+
+CpuWork cpu_work_attention_masked(const KCall *k)
+{
+    Slabs s = masked_slabs(k, 0);
+    return slab_work(k, &s);
+}
+CpuWork cpu_work_attention_masked_bwd(const KCall *k)
+{
+    Slabs s = masked_slabs(k, 1);
+    return slab_work(k, &s);
+}
+
+void cpu_attention_masked(const KCall *k)
+{
+    if (lowp_call(k)) {
+        Slabs s = masked_slabs(k, 0);
+        slab_run(k, &s, cpu_attention_masked);
+        return;
+    }
+    Att a;
+    att_init(&a, k, k_int(k, 4), 1);
+    a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
+    fwd_all(&a);
+}
+
+void cpu_attention_masked_bwd(const KCall *k)
+{
+    if (lowp_call(k)) {
+        Slabs s = masked_slabs(k, 1);
+        slab_run(k, &s, cpu_attention_masked_bwd);
+        return;
+    }
+    Att a;
+    att_init(&a, k, k_int(k, 7), 1);
+    a.o = fdata(&k->in[4]), a.lse = fdata(&k->in[5]), a.dout = fdata(&k->in[6]);
     a.dq = fdata(&k->out[0]), a.dk = fdata(&k->out[1]), a.dv = fdata(&k->out[2]);
     bwd_all(&a);
 }

@@ -223,6 +223,8 @@ CpuWork cpu_work_attention_qkv(const KCall *k);
 CpuWork cpu_work_attention_qkv_bwd(const KCall *k);
 CpuWork cpu_work_rope(const KCall *k);
 CpuWork cpu_work_rope_at(const KCall *k);
+CpuWork cpu_work_attention_masked(const KCall *k);
+CpuWork cpu_work_attention_masked_bwd(const KCall *k);
 
 /* Offset of flat index idx over dims (sizes, strides), the last dim fastest. */
 static inline int64_t offset_of(int64_t idx, int nd, const int64_t *sizes, const int64_t *strides)

@@ -43,6 +43,8 @@ static const struct {
     {cpu_attention_qkv_bwd, cpu_work_attention_qkv_bwd},
     {cpu_rope, cpu_work_rope},
     {cpu_rope_at, cpu_work_rope_at},
+    {cpu_attention_masked, cpu_work_attention_masked},
+    {cpu_attention_masked_bwd, cpu_work_attention_masked_bwd},
 };
 
 CpuWork cpu_work(CpuKernel fn, const KCall *k)
