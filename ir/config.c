@@ -123,7 +123,7 @@ void config_default(TrainConfig *c)
         .warmup = 0, .min_lr = 0.0, .steps = 1000, .precision = PREC_FP32,
         .reduce_dtype = REDUCE_COMPUTE, .shard = SHARD_NONE, .reshard_after_forward = 1, .world = 1,
         .stages = 1, .microbatches = 1, .schedule = SCHED_1F1B, .checkpoint = CKPT_EXCEPT_LAST, .chunks = 1,
-        .offload = OFFLOAD_NONE, .seed = 1234, .fuse_loss = 1, .embed_grad_into = 1,
+        .offload = OFFLOAD_NONE, .seed = 1234, .fuse_loss = 1, .embed_grad_into = 1, .fuse_gemm = 1,
     };
     strcpy(c->recompute, "none");
     strcpy(c->freeze, "none");
@@ -184,6 +184,8 @@ static const KeyDef KEYS[] = {
     INT("embed_grad_into", embed_grad_into, 0, 1, "training: an embedding's gradient rows added in place into the "
         "gradient they sum with (a tied embedding's: the LM head's), 1, default; or a dense table of their own and an "
         "add (0)"),
+    INT("fuse_gemm", fuse_gemm, 0, 1, "training: a matmul's bias, GELU, the GELU's gradient and the bias gradient in the "
+        "GEMM's epilogue, one op (1, default; cuBLASLt's epilogues on CUDA), or separate ops (0)"),
     {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,
      offsetof(TrainConfig, balance), 0, 0, NULL, 0},
     ENUM("offload", offload, OFFLOADS, "none; optimizer: fp32 master weights, optimizer state and the update on the host (ZeRO-Offload); params: fsdp's param shards there too"),
