@@ -117,24 +117,34 @@ static int add_node(Graph *g, OpKind op, const int *in, int n_in, int like, int 
     return f;
 }
 
-/* The nodes made since n_old (ids n_old.. in order) go where node `at` stood; the n_drop
- * nodes in drop (read by nothing now) go last and are removed. */
-static void splice(Graph *g, int n_old, int at, const int *drop, int n_drop)
+static int among(int x, const int *list, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (list[i] == x) return 1;
+    return 0;
+}
+
+/* The nodes made since n_old (ids n_old.. in order) go where node `at` stood, after the
+ * n_up nodes in up (moved there from later); the n_drop nodes in drop (read by nothing
+ * now) go last and are removed. */
+static void splice_up(Graph *g, int n_old, int at, const int *up, int n_up, const int *drop, int n_drop)
 {
     int *order = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes);
     int k = 0;
     for (int i = 0; i < n_old; i++) {
-        if (i == at)
+        if (i == at) {
+            for (int u = 0; u < n_up; u++) order[k++] = up[u];
             for (int f = n_old; f < g->n_nodes; f++) order[k++] = f;
-        int dropped = 0;
-        for (int d = 0; d < n_drop; d++) dropped |= drop[d] == i;
-        if (!dropped) order[k++] = i;
+        }
+        if (!among(i, drop, n_drop) && !among(i, up, n_up)) order[k++] = i;
     }
     for (int d = 0; d < n_drop; d++) order[k++] = drop[d];
     FS_ASSERT(k == g->n_nodes);
     ir_nodes_reorder(g, order);
     ir_graph_drop_last(g, n_drop);
 }
+
+static void splice(Graph *g, int n_old, int at, const int *drop, int n_drop) { splice_up(g, n_old, at, NULL, 0, drop, n_drop); }
 
 static int out0(const Graph *g, int n) { return ir_out(g, ir_node(g, n), 0); }
 static int in_(const Graph *g, int n, int i) { return ir_in(g, ir_node(g, n), i); }
@@ -233,6 +243,24 @@ static int unreshaped(const Graph *g, int v)
     return r >= 0 ? in_(g, r, 0) : v;
 }
 
+/* Where the fused op of matmul k and sum_to s goes: at k when nothing reads the sum before
+ * k; else at s, when s comes first and k's inputs are made before s or are reshapes
+ * (views) of what is, which move up with it (into up, *n_up of them); -1 when neither. */
+static int bgrad_at(const Graph *g, int k, int s, int *up, int *n_up)
+{
+    *n_up = 0;
+    if (read_after(g, out0(g, s), k)) return k;
+    if (s > k) return -1;
+    for (int i = 0; i < 2; i++) {
+        int p = ir_value(g, in_(g, k, i))->producer;
+        if (p < s) continue;
+        if (g->nodes[p].op != OP_reshape || ir_value(g, in_(g, p, 0))->producer >= s) return -1;
+        if (!among(p, up, *n_up)) up[(*n_up)++] = p;
+    }
+    if (*n_up == 2 && up[0] > up[1]) up[0] ^= up[1], up[1] ^= up[0], up[0] ^= up[1];  // in their order
+    return s;
+}
+
 /* A weight gradient's matmul k of two matrices and the sum_to of its dy's rows: 1 when
  * rewritten. dy is op(b) untransposed (side 1) or op(a) under ta (side 0): [rows, N]
  * either way, the reduced dim the contracted one. */
@@ -244,14 +272,14 @@ static int fuse_bgrad(Graph *g, int k)
     int ta = (int)ir_attr_int(g, n, "ta", 0), tb = (int)ir_attr_int(g, n, "tb", 0);
     for (int side = 1; side >= 0; side--) {
         if (side ? tb : !ta) continue;
-        int v = side ? b : a, dy = unreshaped(g, v), s = row_sum_of(g, dy);
-        if (s < 0 || ir_value(g, v)->shape[1] != ir_value(g, out0(g, s))->shape[0] || !read_after(g, out0(g, s), k))
+        int v = side ? b : a, dy = unreshaped(g, v), s = row_sum_of(g, dy), up[2], n_up, at;
+        if (s < 0 || ir_value(g, v)->shape[1] != ir_value(g, out0(g, s))->shape[0] || (at = bgrad_at(g, k, s, up, &n_up)) < 0)
             continue;
         int n_old = g->n_nodes;
         int f = add_node(g, OP_matmul_bgrad, (int[]){a, b}, 2, k, k, side);
         ir_value_take_over(g, out0(g, k), out0(g, f));
         ir_value_take_over(g, out0(g, s), ir_out(g, ir_node(g, f), 1));
-        splice(g, n_old, k, (int[]){k, s}, 2);
+        splice_up(g, n_old, at, up, n_up, (int[]){k, s}, 2);
         return 1;
     }
     return 0;
