@@ -227,9 +227,10 @@ static int check_gemm(Check *c, int32_t i, const PlanCuda *g)
                         ", batch %" PRId64 ", lda %" PRId64 ", ldb %" PRId64 ", ldc %" PRId64, i, g->m, g->n, g->k,
                         g->batch, g->lda, g->ldb, g->ldc);
     if (g->epilogue < 0 || g->epilogue >= PLAN_EPI_COUNT) return fail(c, "cuda %d: GEMM epilogue %d unknown", i, g->epilogue);
-    if (g->n_args != 3 + plan_epilogue_args(g->epilogue))
-        return fail(c, "cuda %d: a GEMM with epilogue %d takes %d tensors (A, B, C, then bias and aux), has %d", i,
-                    g->epilogue, 3 + plan_epilogue_args(g->epilogue), g->n_args);
+    int extra = plan_epilogue_args(g->epilogue);
+    if (g->n_args != 3 + extra)
+        return fail(c, "cuda %d: a GEMM takes %d tensors (A, B, C%s), has %d", i, 3 + extra,
+                    extra == 2 ? ", bias, aux" : extra ? ", bias" : "", g->n_args);
     if ((g->ta != 0 && g->ta != 1) || (g->tb != 0 && g->tb != 1))
         return fail(c, "cuda %d: GEMM transpose flags %d, %d (0 or 1)", i, g->ta, g->tb);
     if (g->epilogue && check_epilogue(c, i, g)) return -1;

@@ -85,7 +85,7 @@ expect fsc-given-plan 1 "$tmp/gpt2.plan is a plan compiled by fsc, not a model s
 # fsexec --inspect, and the guard.
 GPT2_SMALL=(-D L=2 -D C=64 -D NH=4 -D T=32 -D V=256)
 expect mem-text 0 "arena / peak" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --mem -q
-expect mem-peak-op 0 "peak op        16: matmul (backward) mlp.fsm:22:14" -- "$FSC" "$SRC/samples/mlp.fsm" --mem -q
+expect mem-peak-op 0 "peak op        11: full (backward) mlp.fsm:15:9" -- "$FSC" "$SRC/samples/mlp.fsm" --mem -q
 expect mem-json 0 '"arena_bytes":' -- "$FSC" "$SRC/samples/mlp.fsm" --mem=json -q
 expect mem-html 0 "wrote $tmp/mem.html" -- "$FSC" "$SRC/samples/mlp.fsm" --mem=html "$tmp/mem.html"
 expect mem-html-svg 0 '<g class="col"><title>' -- cat "$tmp/mem.html"
@@ -141,7 +141,7 @@ done
 expect mem-no-null-names 0 "0 reports name (null)" -- echo "$nulls reports name (null)"
 # Names in reports are the source's: x in instance h.0 is h.0.x (reassigned: the line).
 expect mem-names 0 "    h.0.x@26         f32[8, 32, 64]     64.0 KiB  other activations      add 26:39 h.0" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --mem -q
-expect ir-names 0 "%70:h.1.x@26: f32[8, 32, 64] = add(" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --emit ir -q
+expect ir-names 0 "%141:h.1.x@26: f32[8, 32, 64] = add(" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --emit ir -q
 expect ir-names-last 0 ":h.1.x: f32[8, 32, 64] = add(" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --emit ir -q
 expect timeline 0 "makespan 3; ideal 3" -- "$FSC" "$SRC/samples/mlp.fsm" --timeline=unit -q
 expect timeline-lane 0 "  stage 0   |F0" -- "$FSC" "$SRC/samples/mlp.fsm" --timeline -q
