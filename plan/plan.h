@@ -216,7 +216,8 @@ typedef struct {
     int32_t op;            // the plan op this instruction runs for
     PlanCuKind kind;
     int32_t kernel;        // LAUNCH: string id of the kernel's name; else PLAN_NONE
-    int32_t args, n_args;  // range in Plan.ids: tensor ids (LAUNCH: the kernel's parameters; GEMM: A, B, C)
+    int32_t args, n_args;  // range in Plan.ids: tensor ids (LAUNCH: the kernel's parameters; GEMM: A, B, C, then
+                           // its epilogue's bias and aux)
     int32_t grid[3], block[3];
     int32_t smem;          // LAUNCH: dynamic shared memory, bytes
     int32_t ta, tb;        // GEMM
@@ -335,6 +336,7 @@ int32_t plan_role_tensor(const Plan *p, PlanStepRole r);
  * -1 when the plan has no program. */
 int64_t plan_space_bytes(const Plan *p, PlanPlace s);
 const char *plan_phase_name(PlanPhase p);  // "forward", "backward", ...
+const char *plan_epilogue_name(int e);     // a PlanEpilogue: "none", "bias", "gelu_aux_bias", ...
 const char *plan_init_name(PlanInit k);    // "none", "zeros", "ones", "normal", "uniform"
 
 /* Whether t is one of the model's params, counted once: named, not tied to another, and

@@ -1,6 +1,6 @@
 /* runtime/cuda/run.c: the CUDA backend's step: each op's instructions in plan order on
  * the compute stream (cuLaunchKernel for LAUNCH, one strided-batched cuBLAS call for a
- * GEMM), collectives on NCCL's stream, and the capture and replay of a whole step as a
+ * GEMM, one cublasLtMatmul for a GEMM with an epilogue: lt.c), collectives on NCCL's stream, and the capture and replay of a whole step as a
  * CUDA graph.
  *
  * Ordering between the two streams is by events only, decided in schedule.c: a

@@ -30,7 +30,9 @@
  * GEMM: exactly the call cublasGemmStridedBatchedEx would get (schedule.c: cs_gemm, the
  *   column-major form), refused where cuBLAS refuses it (leading dimensions, mixed
  *   operand dtypes, operands outside their tensors, C overlapping A or B), computed as
- *   cuBLAS does with CUBLAS_COMPUTE_32F: f32 products and sums, C rounded once.
+ *   cuBLAS does with CUBLAS_COMPUTE_32F: f32 products and sums, C rounded once. A GEMM
+ *   with an epilogue is the cublasLtMatmul the CUDA backend makes (runtime/cuda/lt.c):
+ *   the epilogue on the f32 accumulator, refused where cuBLASLt has no algorithm.
  * Collectives (world 1): a copy when out is not in (runtime/cpu/comm_local.c).
  * Offload: to_host and to_device copy between the arena and the host space (the
  *   mirror's); an op of the host space runs on the host mirror (RtBackendOptions.host_op).
