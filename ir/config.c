@@ -184,8 +184,8 @@ static const KeyDef KEYS[] = {
     INT("embed_grad_into", embed_grad_into, 0, 1, "training: an embedding's gradient rows added in place into the "
         "gradient they sum with (a tied embedding's: the LM head's), 1, default; or a dense table of their own and an "
         "add (0)"),
-    INT("fuse_gemm", fuse_gemm, 0, 1, "training: a matmul's bias, GELU, the GELU's gradient and the bias gradient in the "
-        "GEMM's epilogue, one op (1, default; cuBLASLt's epilogues on CUDA), or separate ops (0)"),
+    INT("fuse_gemm", fuse_gemm, 0, 1, "training: a matmul's bias, GELU, the GELU's gradient and the bias gradient "
+        "in the GEMM's epilogue, one op (1, default; cuBLASLt's epilogues on CUDA), or separate ops (0)"),
     {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,
      offsetof(TrainConfig, balance), 0, 0, NULL, 0},
     ENUM("offload", offload, OFFLOADS, "none; optimizer: fp32 master weights, optimizer state and the update on the host (ZeRO-Offload); params: fsdp's param shards there too"),

@@ -194,8 +194,14 @@ static double product_flops(const Graph *g, const Node *n)
     return 2.0 * out_numel(g, n) * (double)b->shape[ir_attr_int(g, n, "tb", 0) ? 1 : 0];
 }
 double flops_matmul_bias(const Graph *g, const Node *n) { return product_flops(g, n) + out_numel(g, n); }
-double flops_matmul_bias_gelu(const Graph *g, const Node *n) { return product_flops(g, n) + (1 + GELU_FLOPS) * out_numel(g, n); }
-double flops_matmul_dgelu_bgrad(const Graph *g, const Node *n) { return product_flops(g, n) + (1 + GELU_BWD_FLOPS) * out_numel(g, n); }
+double flops_matmul_bias_gelu(const Graph *g, const Node *n)
+{
+    return product_flops(g, n) + (1 + GELU_FLOPS) * out_numel(g, n);
+}
+double flops_matmul_dgelu_bgrad(const Graph *g, const Node *n)
+{
+    return product_flops(g, n) + (1 + GELU_BWD_FLOPS) * out_numel(g, n);
+}
 double flops_matmul_bgrad(const Graph *g, const Node *n)
 {
     int side = (int)ir_attr_int(g, n, "side", 1);

@@ -21,8 +21,8 @@ static int product(ShapeCtx *c, int need_fold, int64_t *M, int64_t *K, int64_t *
     const OpType *a = &c->in[0], *b = &c->in[1], *o = &m.out[0];
     int ta = op_attr_int(&c->attrs, "ta", 0) != 0, tb = op_attr_int(&c->attrs, "tb", 0) != 0;
     if (b->rank != 2 || a->rank < 2 || (need_fold && ta) || (!need_fold && a->rank != 2))
-        return shape_fail(c, "%s: the product must be one GEMM (b a matrix, a %s), got ranks %d and %d%s", op_name(c->op),
-                          need_fold ? "not transposed" : "a matrix", a->rank, b->rank, ta ? " with ta" : "");
+        return shape_fail(c, "%s: the product must be one GEMM (b a matrix, a %s), got ranks %d and %d%s",
+                          op_name(c->op), need_fold ? "not transposed" : "a matrix", a->rank, b->rank, ta ? " with ta" : "");
     *N = o->shape[o->rank - 1], *K = b->shape[tb ? 1 : 0], *M = op_type_numel(o) / *N;
     shape_set(c, 0, o->dtype, o->rank, o->shape);
     return 0;

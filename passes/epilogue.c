@@ -144,7 +144,10 @@ static void splice_up(Graph *g, int n_old, int at, const int *up, int n_up, cons
     ir_graph_drop_last(g, n_drop);
 }
 
-static void splice(Graph *g, int n_old, int at, const int *drop, int n_drop) { splice_up(g, n_old, at, NULL, 0, drop, n_drop); }
+static void splice(Graph *g, int n_old, int at, const int *drop, int n_drop)
+{
+    splice_up(g, n_old, at, NULL, 0, drop, n_drop);
+}
 
 static int out0(const Graph *g, int n) { return ir_out(g, ir_node(g, n), 0); }
 static int in_(const Graph *g, int n, int i) { return ir_in(g, ir_node(g, n), i); }
@@ -155,8 +158,8 @@ static int bias_add(const Graph *g, int k, int *m, int *bias)
 {
     for (int side = 0; side < 2; side++) {
         int p = in_(g, k, side), b = in_(g, k, 1 - side), mm = made_by(g, p, OP_matmul);
-        if (mm < 0 || !one_gemm(g, mm) || !bias_for(g, b, p) || !ir_same_shape(ir_value(g, p), ir_value(g, out0(g, k))) ||
-            !private_to(g, p, k))
+        if (mm < 0 || !one_gemm(g, mm) || !bias_for(g, b, p) ||
+            !ir_same_shape(ir_value(g, p), ir_value(g, out0(g, k))) || !private_to(g, p, k))
             continue;
         *m = mm, *bias = b;
         return 1;
@@ -203,14 +206,15 @@ static int fuse_residual(Graph *g, int k)
         if (inner < 0 || !private_to(g, t, k) || !bias_for(g, bias, t)) continue;
         for (int s = 0; s < 2; s++) {
             int p = in_(g, inner, s), x = in_(g, inner, 1 - s), m = made_by(g, p, OP_matmul);
-            if (m < 0 || !one_gemm(g, m) || !private_to(g, p, inner) || !ir_same_shape(ir_value(g, p), ir_value(g, x)) ||
-                !ir_same_shape(ir_value(g, p), ir_value(g, t)))
+            if (m < 0 || !one_gemm(g, m) || !private_to(g, p, inner) ||
+                !ir_same_shape(ir_value(g, p), ir_value(g, x)) || !ir_same_shape(ir_value(g, p), ir_value(g, t)))
                 continue;
             int n_old = g->n_nodes;
             int f = add_node(g, OP_matmul_bias, (int[]){in_(g, m, 0), in_(g, m, 1), bias}, 3, k, m, -1);
             char err[256];
             const Node *kn = ir_node(g, k);
-            int r = ir_node_add(g, OP_add, (int[]){x, out0(g, f)}, 2, NULL, 0, kn->block, kn->phase, kn->loc, err, sizeof err);
+            int r = ir_node_add(g, OP_add, (int[]){x, out0(g, f)}, 2, NULL, 0, kn->block, kn->phase, kn->loc, err,
+                                sizeof err);
             FS_ASSERT(r >= 0);
             g->nodes[r].mb = g->nodes[k].mb, g->nodes[r].chunk = g->nodes[k].chunk;
             ir_value_take_over(g, out0(g, k), out0(g, r));
@@ -273,7 +277,8 @@ static int fuse_bgrad(Graph *g, int k)
     for (int side = 1; side >= 0; side--) {
         if (side ? tb : !ta) continue;
         int v = side ? b : a, dy = unreshaped(g, v), s = row_sum_of(g, dy), up[2], n_up, at;
-        if (s < 0 || ir_value(g, v)->shape[1] != ir_value(g, out0(g, s))->shape[0] || (at = bgrad_at(g, k, s, up, &n_up)) < 0)
+        if (s < 0 || ir_value(g, v)->shape[1] != ir_value(g, out0(g, s))->shape[0] ||
+            (at = bgrad_at(g, k, s, up, &n_up)) < 0)
             continue;
         int n_old = g->n_nodes;
         int f = add_node(g, OP_matmul_bgrad, (int[]){a, b}, 2, k, k, side);

@@ -305,7 +305,8 @@ static const char *const STREAMS[PLAN_STREAM_COUNT] = {"compute", "collective", 
 static const char *const STEP_ROLES[PLAN_SR_COUNT] = {"none", "loss", "lr", "grad_norm", "loss_scale",
                                                       "step", "opt_step", "loss_seed", "rng", "pos"};
 static const char *const INITS[PLAN_INIT_COUNT] = {"none", "zeros", "ones", "normal", "uniform", "full"};
-static const char *const EPILOGUES[PLAN_EPI_COUNT] = {"none", "bias", "gelu_aux_bias", "dgelu_bgrad", "bgrad_a", "bgrad_b"};
+static const char *const EPILOGUES[PLAN_EPI_COUNT] = {"none",        "bias",    "gelu_aux_bias",
+                                                      "dgelu_bgrad", "bgrad_a", "bgrad_b"};
 
 const char *plan_dtype_name(PlanDType t) { return NAME_OF(DTYPES, t); }
 int plan_dtype_size(PlanDType t) { return (unsigned)t < PLAN_DT_COUNT ? DTYPE_SIZES[t] : 0; }

@@ -226,7 +226,8 @@ static int check_gemm(Check *c, int32_t i, const PlanCuda *g)
             return fail(c, "cuda %d: GEMM dims must be in [1, 2^31): m %" PRId64 ", n %" PRId64 ", k %" PRId64
                         ", batch %" PRId64 ", lda %" PRId64 ", ldb %" PRId64 ", ldc %" PRId64, i, g->m, g->n, g->k,
                         g->batch, g->lda, g->ldb, g->ldc);
-    if (g->epilogue < 0 || g->epilogue >= PLAN_EPI_COUNT) return fail(c, "cuda %d: GEMM epilogue %d unknown", i, g->epilogue);
+    if (g->epilogue < 0 || g->epilogue >= PLAN_EPI_COUNT)
+        return fail(c, "cuda %d: GEMM epilogue %d unknown", i, g->epilogue);
     int extra = plan_epilogue_args(g->epilogue);
     if (g->n_args != 3 + extra)
         return fail(c, "cuda %d: a GEMM takes %d tensors (A, B, C%s), has %d", i, 3 + extra,

@@ -209,7 +209,8 @@ typedef enum {
 /* The args an epilogue adds after A, B, C: bias, then aux. */
 static inline int plan_epilogue_args(int epi)
 {
-    return epi == PLAN_EPI_GELU_AUX_BIAS || epi == PLAN_EPI_DGELU_BGRAD ? 2 : epi > PLAN_EPI_NONE && epi < PLAN_EPI_COUNT;
+    if (epi == PLAN_EPI_GELU_AUX_BIAS || epi == PLAN_EPI_DGELU_BGRAD) return 2;
+    return epi > PLAN_EPI_NONE && epi < PLAN_EPI_COUNT;
 }
 
 typedef struct {

@@ -35,7 +35,8 @@ if(FS_CUDA)
   # the JIT tests must not need on machines without a driver.
   target_link_libraries(fs_cuda_host PUBLIC fs_plan fs_ops ${CUDA_nvrtc_LIBRARY})
 
-  add_library(fs_cuda MODULE runtime/cuda/backend.c runtime/cuda/fail.c runtime/cuda/run.c runtime/cuda/nccl.c runtime/cuda/lt.c)
+  add_library(fs_cuda MODULE runtime/cuda/backend.c runtime/cuda/fail.c runtime/cuda/run.c runtime/cuda/nccl.c
+              runtime/cuda/lt.c)
   target_include_directories(fs_cuda PRIVATE runtime)
   target_include_directories(fs_cuda SYSTEM PRIVATE ${FS_NCCL_INCLUDE})
   # NCCL is dlopen()ed for worlds of more than one rank only (nccl.c): headers, no library.

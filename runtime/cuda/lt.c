@@ -49,7 +49,8 @@ static int make_one(RtBackend *b, int32_t i, CudaLtGemm *l)
     cublasOperation_t ta = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasLtEpilogue_t epi = lt_epilogue(g->epilogue);
     cudaDataType ct = lt_type(g->c_dt);
-    void *bias = (void *)(uintptr_t)(b->arena + (CUdeviceptr)g->bias), *aux = (void *)(uintptr_t)(b->arena + (CUdeviceptr)g->aux);
+    void *bias = (void *)(uintptr_t)(b->arena + (CUdeviceptr)g->bias);
+    void *aux = (void *)(uintptr_t)(b->arena + (CUdeviceptr)g->aux);
     int64_t ld = g->ldc;
     BLAS_CHECK(b, cublasLtMatmulDescCreate(&l->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     SET(b, l->op, CUBLASLT_MATMUL_DESC_TRANSA, ta);
@@ -62,15 +63,19 @@ static int make_one(RtBackend *b, int32_t i, CudaLtGemm *l)
         SET(b, l->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ld);
         SET(b, l->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, ct);
     }
-    BLAS_CHECK(b, cublasLtMatrixLayoutCreate(&l->a, lt_type(g->a_dt), g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda));
-    BLAS_CHECK(b, cublasLtMatrixLayoutCreate(&l->b, lt_type(g->b_dt), g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb));
+    /* cuBLAS's stored A is op(A)'s transpose under trans_a: k x m, else m x k (likewise B). */
+    uint64_t ar = (uint64_t)(g->trans_a ? g->k : g->m), ac = (uint64_t)(g->trans_a ? g->m : g->k);
+    uint64_t br = (uint64_t)(g->trans_b ? g->n : g->k), bc = (uint64_t)(g->trans_b ? g->k : g->n);
+    BLAS_CHECK(b, cublasLtMatrixLayoutCreate(&l->a, lt_type(g->a_dt), ar, ac, g->lda));
+    BLAS_CHECK(b, cublasLtMatrixLayoutCreate(&l->b, lt_type(g->b_dt), br, bc, g->ldb));
     BLAS_CHECK(b, cublasLtMatrixLayoutCreate(&l->c, ct, g->m, g->n, g->ldc));
     cublasLtMatmulPreference_t pref;
     BLAS_CHECK(b, cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = (size_t)b->info.blas_workspace;
     cublasLtMatmulHeuristicResult_t r;
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasStatus_t st =
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulAlgoGetHeuristic(b->lt, l->op, l->a, l->b, l->c, l->c, pref, 1, &r, &found);
     cublasLtMatmulPreferenceDestroy(pref);
@@ -95,7 +100,8 @@ int cuda_lt_make(RtBackend *b)
     if (!(b->lt_gemms = calloc((size_t)b->plan->n_cuda, sizeof *b->lt_gemms)))
         return cuda_fail(b, __FILE__, __LINE__, "calloc", "out of memory");
     for (int32_t i = 0; i < b->plan->n_cuda; i++)
-        if (b->plan->cuda[i].kind == PLAN_CU_GEMM && b->s.gemms[i].epilogue && make_one(b, i, &b->lt_gemms[i])) return -1;
+        if (b->plan->cuda[i].kind == PLAN_CU_GEMM && b->s.gemms[i].epilogue && make_one(b, i, &b->lt_gemms[i]))
+            return -1;
     return 0;
 }
 

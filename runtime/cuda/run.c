@@ -1,7 +1,7 @@
 /* runtime/cuda/run.c: the CUDA backend's step: each op's instructions in plan order on
  * the compute stream (cuLaunchKernel for LAUNCH, one strided-batched cuBLAS call for a
- * GEMM, one cublasLtMatmul for a GEMM with an epilogue: lt.c), collectives on NCCL's stream, and the capture and replay of a whole step as a
- * CUDA graph.
+ * GEMM, one cublasLtMatmul for a GEMM with an epilogue: lt.c), collectives on NCCL's
+ * stream, and the capture and replay of a whole step as a CUDA graph.
  *
  * Ordering between the two streams is by events only, decided in schedule.c: a
  * collective's stream waits for the compute stream to reach it (every op before it is

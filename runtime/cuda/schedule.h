@@ -55,7 +55,9 @@ typedef struct {
 } CsColl;
 
 /* cuBLASLt's epilogues (cublasLtEpilogue_t), named as there; the CUDA backend maps them. */
-typedef enum { CS_EPI_DEFAULT, CS_EPI_BIAS, CS_EPI_GELU_AUX_BIAS, CS_EPI_DGELU_BGRAD, CS_EPI_BGRADA, CS_EPI_BGRADB } CsEpilogue;
+typedef enum {
+    CS_EPI_DEFAULT, CS_EPI_BIAS, CS_EPI_GELU_AUX_BIAS, CS_EPI_DGELU_BGRAD, CS_EPI_BGRADA, CS_EPI_BGRADB
+} CsEpilogue;
 
 /* A row-major PlanCuda GEMM as cuBLAS's column-major call: C^T = op(B)^T op(A)^T, so
  * cuBLAS's A operand is the plan's B and its B the plan's A, with m and n swapped. An

@@ -432,7 +432,8 @@ static float gelu_tanh_grad(float x)
  * a batch, a bias gradient of a transposed A or an untransposed B. */
 static int lt_check(RtBackend *b, int32_t i, const CsGemm *g)
 {
-    if (g->batch != 1) return failf(b, "GEMM %d: epilogue %d on a batch of %d (this backend runs one call)", i, g->epilogue, g->batch);
+    if (g->batch != 1)
+        return failf(b, "GEMM %d: epilogue %d on a batch of %d (this backend runs one call)", i, g->epilogue, g->batch);
     if ((g->epilogue == CS_EPI_BGRADA && g->trans_a) || (g->epilogue == CS_EPI_BGRADB && !g->trans_b))
         return failf(b, "GEMM %d: BGRADA needs A untransposed, BGRADB B transposed (cuBLASLt: not supported)", i);
     return 0;

@@ -31,7 +31,8 @@ typedef struct {
 
 /* Whether forward node n is in its block's attention core: the attention, what feeds it
  * back to the QKV projection, and merge_heads of its output (by the ops GPT-2 and Llama
- * write there: the projection is the block's first matmuls, before the attention). */
+ * write there: the projection is the block's first matmuls, before the attention; with
+ * its bias, one matmul_bias: passes/epilogue.c). */
 static int in_core(const Graph *g, int n)
 {
     const Node *node = &g->nodes[n];
@@ -44,7 +45,7 @@ static int in_core(const Graph *g, int n)
         }
     if (n > attention) return n == attention + 1 && node->op == OP_merge_heads;
     return node->op == OP_attention || node->op == OP_heads || node->op == OP_rope || node->op == OP_split ||
-           node->op == OP_matmul || (node->op == OP_add && g->nodes[n - 1].op == OP_matmul && n > first + 1);
+           node->op == OP_matmul || node->op == OP_matmul_bias || (node->op == OP_add && g->nodes[n - 1].op == OP_matmul && n > first + 1);
 }
 
 static Compiled compile(const char *file, const Define *defs, int n_defs, const char *recompute, const char *shard,
