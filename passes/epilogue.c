@@ -29,6 +29,7 @@
  *        but for the residual's association), so the shard pass, fp16 loss scaling and the
  *        gradient accumulation see the values they saw.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "passes.h"
@@ -247,21 +248,38 @@ static int unreshaped(const Graph *g, int v)
     return r >= 0 ? in_(g, r, 0) : v;
 }
 
+enum { MAX_UP = 8 };  // nodes a fused bias gradient may take up with it
+
+/* Whether value v is made before node s, or by nodes between s and k that can move up
+ * before s with it (each single-output, of no effect, its inputs likewise): those join
+ * up (*n_up of them). GPT-2's weight GEMM reads a reshape of dy, and the reshape of a
+ * merge_heads the backward redoes. */
+static int ready_before(const Graph *g, int v, int s, int *up, int *n_up, int depth)
+{
+    int p = ir_value(g, v)->producer;
+    if (p < s || among(p, up, *n_up)) return 1;
+    const Node *n = ir_node(g, p);
+    int fixed = op_info(n->op)->flags & (OPF_EFFECT | OPF_COLLECTIVE | OPF_P2P | OPF_COPY);
+    if (depth > 2 || *n_up == MAX_UP || n->n_out != 1 || fixed) return 0;
+    for (int i = 0; i < n->n_in; i++)
+        if (!ready_before(g, ir_in(g, n, i), s, up, n_up, depth + 1)) return 0;
+    up[(*n_up)++] = p;
+    return 1;
+}
+
+static int by_id(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
 /* Where the fused op of matmul k and sum_to s goes: at k when nothing reads the sum before
- * k; else at s, when s comes first and k's inputs are made before s or are reshapes
- * (views) of what is, which move up with it (into up, *n_up of them); -1 when neither. */
+ * k; else at s, when s comes first and k's inputs are made before s or can move up with
+ * it (into up, in their order, *n_up of them); -1 when neither. */
 static int bgrad_at(const Graph *g, int k, int s, int *up, int *n_up)
 {
     *n_up = 0;
     if (read_after(g, out0(g, s), k)) return k;
     if (s > k) return -1;
-    for (int i = 0; i < 2; i++) {
-        int p = ir_value(g, in_(g, k, i))->producer;
-        if (p < s) continue;
-        if (g->nodes[p].op != OP_reshape || ir_value(g, in_(g, p, 0))->producer >= s) return -1;
-        if (!among(p, up, *n_up)) up[(*n_up)++] = p;
-    }
-    if (*n_up == 2 && up[0] > up[1]) up[0] ^= up[1], up[1] ^= up[0], up[0] ^= up[1];  // in their order
+    for (int i = 0; i < 2; i++)
+        if (!ready_before(g, in_(g, k, i), s, up, n_up, 0)) return -1;
+    qsort(up, (size_t)*n_up, sizeof *up, by_id);
     return s;
 }
 
@@ -276,7 +294,7 @@ static int fuse_bgrad(Graph *g, int k)
     int ta = (int)ir_attr_int(g, n, "ta", 0), tb = (int)ir_attr_int(g, n, "tb", 0);
     for (int side = 1; side >= 0; side--) {
         if (side ? tb : !ta) continue;
-        int v = side ? b : a, dy = unreshaped(g, v), s = row_sum_of(g, dy), up[2], n_up, at;
+        int v = side ? b : a, dy = unreshaped(g, v), s = row_sum_of(g, dy), up[MAX_UP], n_up, at;
         if (s < 0 || ir_value(g, v)->shape[1] != ir_value(g, out0(g, s))->shape[0] ||
             (at = bgrad_at(g, k, s, up, &n_up)) < 0)
             continue;
