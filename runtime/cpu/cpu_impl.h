@@ -238,6 +238,14 @@ CpuWork cpu_work_rope(const KCall *k);
 CpuWork cpu_work_rope_at(const KCall *k);
 CpuWork cpu_work_epilogue(const KCall *k);  // the GEMM epilogue ops: their product's
 
+/* matmul.c: matmul with an epilogue: fn runs on the f32 values of C before they are stored
+ * (rounded once to C's dtype), n of them from C's flat element `at`, inside one row. */
+typedef struct {
+    void (*fn)(const void *ctx, float *c, int64_t at, int64_t n);
+    const void *ctx;
+} CpuMmEpi;
+void cpu_matmul_epi(const KCall *k, const CpuMmEpi *e);
+
 /* Offset of flat index idx over dims (sizes, strides), the last dim fastest. */
 static inline int64_t offset_of(int64_t idx, int nd, const int64_t *sizes, const int64_t *strides)
 {

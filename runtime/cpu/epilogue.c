@@ -1,12 +1,11 @@
-/* runtime/cpu/epilogue.c: the GEMM epilogue ops (passes/epilogue.c): the product by
- * cpu_matmul into the op's own output, then the epilogue in one pass over it, row by row,
- * then (bias gradients) cpu_sum_to. Each computes what the ops it replaced compute, in the
- * same order and with the same roundings: the product rounded to its dtype, the bias add
- * rounded, the GELU of the rounded sum, the gradient sum over the rounded GELU gradient
- * (or over dy) in sum_to's fixed order. So a plan with the rewrite trains bit for bit as
- * one without it on this backend (but for the residual's association, x + (a w + bias)).
- * cuBLASLt applies its epilogue to the f32 accumulator and rounds once, so CUDA agrees to
- * the 16-bit rounding; in f32 the two agree to rounding.
+/* runtime/cpu/epilogue.c: the GEMM epilogue ops (passes/epilogue.c) as cuBLASLt computes
+ * them: the epilogue on the product's f32 values (cpu_matmul_epi), each output rounded
+ * once to its dtype: C = bias + a b; gelu(bias + a b) and the sum itself (its second
+ * output); gelu'(x) * (a b). A bias gradient is then cpu_sum_to's, in its fixed order, of
+ * the stored GELU gradient (or of dy). In f32 this is the separate ops' arithmetic, so a
+ * plan with the rewrite trains bit for bit as one without it (but for the residual's
+ * association, x + (a w + bias)); in 16 bits the separate ops round the product before
+ * the bias add and the sum before the GELU, where these round once.
  *
  * Attributes by position: matmul_bias, matmul_bias_gelu, matmul_dgelu_bgrad (a, b, x, ta,
  * tb): ta attr[3], tb attr[4]; matmul_bgrad (a, b, ta, tb, side): ta attr[2], tb attr[3],
@@ -42,54 +41,48 @@ static void row_sums(const KTensor *x, const KTensor *db)
 
 typedef enum { EPI_BIAS, EPI_BIAS_GELU, EPI_DGELU } Epi;
 
-/* The epilogue over c [rows, N] (the product, in c's dtype), v a bias [N] or the GELU's
- * input [rows, N]: EPI_BIAS: c += v; EPI_BIAS_GELU: c += v, y = gelu(c); EPI_DGELU: c *=
- * gelu'(v). Each stored value rounded to its dtype as the separate ops round it. */
-static void epilogue(Epi e, const KTensor *c, const KTensor *v, const KTensor *y)
+typedef struct {
+    Epi e;
+    const KTensor *v, *aux;  // v: the bias [N] or the GELU's input (DGELU); aux: where the sum goes (BIAS_GELU)
+    int64_t N;
+} EpiCtx;
+
+/* On the f32 product c, n values from C's flat element `at` (inside one row): BIAS c +=
+ * bias; BIAS_GELU: aux = c + bias (rounded), c = gelu(c + bias); DGELU: c *= gelu'(x). */
+static void epilogue(const void *ctx, float *c, int64_t at, int64_t n)
 {
-    int64_t N = c->shape[c->rank - 1], rows = c->numel / N;
-#pragma omp parallel for if (c->numel > PAR_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        float x[COLS_AT_ONCE], w[COLS_AT_ONCE];
-        for (int64_t j0 = 0; j0 < N; j0 += COLS_AT_ONCE) {
-            int64_t n = imin(COLS_AT_ONCE, N - j0), at = r * N + j0;
-            to_f32(x, c->data, c->dtype, at, n);
-            to_f32(w, v->data, v->dtype, e == EPI_DGELU ? at : j0, n);
-            if (e == EPI_DGELU) {
-                for (int64_t j = 0; j < n; j++) x[j] = x[j] * gelu_gradf(w[j]);
-                from_f32(c->data, c->dtype, at, x, n);
-                continue;
-            }
-            for (int64_t j = 0; j < n; j++) x[j] = x[j] + w[j];
-            from_f32(c->data, c->dtype, at, x, n);
-            if (e == EPI_BIAS) continue;
-            to_f32(x, c->data, c->dtype, at, n);  // the GELU reads the sum as stored
-            for (int64_t j = 0; j < n; j++) x[j] = geluf(x[j]);
-            from_f32(y->data, y->dtype, at, x, n);
+    const EpiCtx *x = ctx;
+    float w[COLS_AT_ONCE];
+    for (int64_t j0 = 0; j0 < n; j0 += COLS_AT_ONCE) {
+        int64_t m = imin(COLS_AT_ONCE, n - j0);
+        float *y = c + j0;
+        to_f32(w, x->v->data, x->v->dtype, x->e == EPI_DGELU ? at + j0 : (at + j0) % x->N, m);
+        if (x->e == EPI_DGELU) {
+            for (int64_t j = 0; j < m; j++) y[j] = y[j] * gelu_gradf(w[j]);
+            continue;
         }
+        for (int64_t j = 0; j < m; j++) y[j] = y[j] + w[j];
+        if (x->e == EPI_BIAS) continue;
+        from_f32(x->aux->data, x->aux->dtype, at + j0, y, m);
+        for (int64_t j = 0; j < m; j++) y[j] = geluf(y[j]);
     }
 }
 
-void cpu_matmul_bias(const KCall *k)
+static void run(const KCall *k, Epi e, const KTensor *v, const KTensor *aux)
 {
     KCall m = product(k, 0);
-    cpu_matmul(&m);
-    epilogue(EPI_BIAS, &k->out[0], &k->in[2], NULL);
+    EpiCtx x = {e, v, aux, k->out[0].shape[k->out[0].rank - 1]};
+    cpu_matmul_epi(&m, &(CpuMmEpi){epilogue, &x});
 }
 
-/* out[0] = gelu(pre), out[1] = pre = a b + bias: the product goes into pre's buffer. */
-void cpu_matmul_bias_gelu(const KCall *k)
-{
-    KCall m = product(k, 1);
-    cpu_matmul(&m);
-    epilogue(EPI_BIAS_GELU, &k->out[1], &k->in[2], &k->out[0]);
-}
+void cpu_matmul_bias(const KCall *k) { run(k, EPI_BIAS, &k->in[2], NULL); }
+
+/* out[0] = gelu(pre), out[1] = pre = a b + bias. */
+void cpu_matmul_bias_gelu(const KCall *k) { run(k, EPI_BIAS_GELU, &k->in[2], &k->out[1]); }
 
 void cpu_matmul_dgelu_bgrad(const KCall *k)
 {
-    KCall m = product(k, 0);
-    cpu_matmul(&m);
-    epilogue(EPI_DGELU, &k->out[0], &k->in[2], NULL);
+    run(k, EPI_DGELU, &k->in[2], NULL);
     row_sums(&k->out[0], &k->out[1]);
 }
 

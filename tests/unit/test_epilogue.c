@@ -6,8 +6,9 @@
  *    weight its bias's sum_to (there is no weight GEMM to fuse it into).
  *  - On the CPU backend a plan with the rewrite trains as one without it: four steps'
  *    losses and the params after them, GPT-2 and the MLP, fp32 to rounding (the residual's
- *    bias is added as x + (h w + b)), bf16 and fp16 to their tolerance, with accumulation
- *    and loss scaling, recompute, fsdp, and frozen params.
+ *    bias is added as x + (h w + b)), bf16 and fp16 to their tolerance (the fused ops round
+ *    once, as cuBLASLt does), with accumulation and loss scaling, recompute, fsdp, and
+ *    frozen params.
  *  - The fused ops' numbers against formulas in double: GELU's gradient (itself against
  *    finite differences of tanh-GELU) times the product, the bias gradient as the sum of the
  *    rows, BGRAD of either operand.
