@@ -51,10 +51,12 @@ static inline int cu_out_id(const CuCtx *c, int i) { return ir_out(c->g, cu_node
 static inline const Value *cu_inv(const CuCtx *c, int i) { return ir_value(c->g, cu_in_id(c, i)); }
 static inline const Value *cu_outv(const CuCtx *c, int i) { return ir_value(c->g, cu_out_id(c, i)); }
 
-/* One cuBLAS call, row-major as PlanCuda's GEMM describes it. A, B, C are value ids. */
+/* One cuBLAS call, row-major as PlanCuda's GEMM describes it. A, B, C are value ids;
+ * epi a PlanEpilogue, with bias and aux its value ids (0 when it has none). */
 typedef struct {
     int A, B, C;
     int ta, tb;
+    int epi, bias, aux;
     int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch, a_off, b_off, c_off;
 } CuGemm;
 

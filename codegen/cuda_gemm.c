@@ -10,6 +10,10 @@
  * element offsets a_off, b_off, c_off. Transposes are the GEMM's flags and leading
  * dimensions, never copies. The dtypes are the operands' (equal: the shape rule says so);
  * the runtime accumulates in f32.
+ *
+ * The GEMM epilogue ops (passes/epilogue.c) are one GEMM each (their shape rule says so:
+ * b a matrix, a's batch folded) with a PlanEpilogue and its bias and aux tensors, which
+ * the CUDA backend runs as one cublasLtMatmul.
  */
 #include "cuda.h"
 
@@ -65,11 +69,13 @@ static int emit(CuCtx *c, const CuGemm *g)
     return cu_gemm(c, g);
 }
 
-int cuda_matmul(CuCtx *c)
+/* The GEMM of the current node's product op(A) @ op(B) into C, as far as one call goes:
+ * m, n, k, leading dims and one batch's strides. */
+static int geometry(CuCtx *c, int A_id, int B_id, int C_id, CuGemm *out)
 {
     const Graph *g = c->g;
     const Node *node = ir_node(g, c->node);
-    CuGemm gm = {.A = ir_in(g, node, 0), .B = ir_in(g, node, 1), .C = ir_out(g, node, 0), .batch = 1};
+    CuGemm gm = {.A = A_id, .B = B_id, .C = C_id, .batch = 1};
     const Value *A = ir_value(g, gm.A), *B = ir_value(g, gm.B);
     int ra = A->rank, rb = B->rank;
     gm.ta = ra >= 2 && ir_attr_int(g, node, "ta", 0), gm.tb = rb >= 2 && ir_attr_int(g, node, "tb", 0);
@@ -80,6 +86,40 @@ int cuda_matmul(CuCtx *c)
     gm.lda = A->shape[ra - 1], gm.ldb = rb == 1 ? 1 : B->shape[rb - 1];
     gm.m = M, gm.n = N, gm.k = K, gm.ldc = N;
     gm.stride_a = M * K, gm.stride_b = K * N, gm.stride_c = M * N;
+    *out = gm;
+    return 0;
+}
+
+/* An epilogue op: its product (output `into`) as one GEMM with epilogue epi. */
+static int epilogue(CuCtx *c, int into, PlanEpilogue epi, int bias, int aux)
+{
+    CuGemm gm;
+    if (geometry(c, cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, into), &gm)) return -1;
+    const Value *A = cu_inv(c, 0);
+    if (!gm.ta && cu_inv(c, 1)->rank == 2) gm.m = ir_numel(A) / gm.k;  // a's batch folded into M
+    gm.stride_a = gm.m * gm.k, gm.stride_c = gm.m * gm.n;
+    gm.epi = epi, gm.bias = bias, gm.aux = aux;
+    return emit(c, &gm);
+}
+
+int cuda_matmul_bias(CuCtx *c) { return epilogue(c, 0, PLAN_EPI_BIAS, cu_in_id(c, 2), 0); }
+int cuda_matmul_bias_gelu(CuCtx *c) { return epilogue(c, 0, PLAN_EPI_GELU_AUX_BIAS, cu_in_id(c, 2), cu_out_id(c, 1)); }
+int cuda_matmul_dgelu_bgrad(CuCtx *c) { return epilogue(c, 0, PLAN_EPI_DGELU_BGRAD, cu_out_id(c, 1), cu_in_id(c, 2)); }
+int cuda_matmul_bgrad(CuCtx *c)
+{
+    int side = (int)ir_attr_int(c->g, cu_node(c), "side", 1);
+    return epilogue(c, 0, side ? PLAN_EPI_BGRAD_B : PLAN_EPI_BGRAD_A, cu_out_id(c, 1), 0);
+}
+
+int cuda_matmul(CuCtx *c)
+{
+    const Graph *g = c->g;
+    const Node *node = ir_node(g, c->node);
+    CuGemm gm;
+    if (geometry(c, ir_in(g, node, 0), ir_in(g, node, 1), ir_out(g, node, 0), &gm)) return -1;
+    const Value *A = ir_value(g, gm.A), *B = ir_value(g, gm.B);
+    int ra = A->rank, rb = B->rank;
+    int64_t M = gm.m, K = gm.k, N = gm.n;
     if (ir_numel(ir_value(g, gm.C)) == 0) return 0;
 
     int ba = ra > 2 ? ra - 2 : 0, bb = rb > 2 ? rb - 2 : 0, nb = ba > bb ? ba : bb;

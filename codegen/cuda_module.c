@@ -213,9 +213,11 @@ int cu_launch(CuCtx *c, const char *prefix, const char *src, CuDim grid, CuDim b
 int cu_gemm(CuCtx *c, const CuGemm *gm)
 {
     int32_t at;
-    if (add_args(c, (const int[]){gm->A, gm->B, gm->C}, 3, &at)) return -1;
-    PlanCuda ins = {.op = c->node, .kind = PLAN_CU_GEMM, .kernel = PLAN_NONE, .args = at, .n_args = 3,
-                    .ta = gm->ta, .tb = gm->tb, .m = gm->m, .n = gm->n, .k = gm->k, .lda = gm->lda, .ldb = gm->ldb,
+    int n = 3 + plan_epilogue_args(gm->epi);
+    if (add_args(c, (const int[]){gm->A, gm->B, gm->C, gm->bias, gm->aux}, n, &at)) return -1;
+    PlanCuda ins = {.op = c->node, .kind = PLAN_CU_GEMM, .kernel = PLAN_NONE, .args = at, .n_args = n,
+                    .epilogue = gm->epi, .ta = gm->ta, .tb = gm->tb, .m = gm->m, .n = gm->n, .k = gm->k,
+                    .lda = gm->lda, .ldb = gm->ldb,
                     .ldc = gm->ldc, .stride_a = gm->stride_a, .stride_b = gm->stride_b, .stride_c = gm->stride_c,
                     .batch = gm->batch, .a_off = gm->a_off, .b_off = gm->b_off, .c_off = gm->c_off};
     if (plan_cuda_add(c->m->plan, &ins) < 0) return cu_fail(c, "out of memory");

@@ -76,6 +76,7 @@ int codegen_cuda_print(const Plan *p, FILE *out)
                     " batch %" PRId64 " stride %" PRId64 ",%" PRId64 ",%" PRId64 " off %" PRId64 ",%" PRId64 ",%" PRId64,
                     in->m, in->n, in->k, in->ta, in->tb, in->lda, in->ldb, in->ldc, in->batch, in->stride_a, in->stride_b,
                     in->stride_c, in->a_off, in->b_off, in->c_off);
+        if (in->kind == PLAN_CU_GEMM && in->epilogue) fprintf(out, " epilogue %s", plan_epilogue_name(in->epilogue));
         print_args(p, in, out);
         fputc('\n', out);
     }

@@ -157,6 +157,7 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"fuse_loss", I, NULL, 0, t->fuse_loss},
         {"embed_grad_into", I, NULL, 0, t->embed_grad_into},
         {"pack_attention", I, NULL, 0, t->pack_attention},
+        {"fuse_gemm", I, NULL, 0, t->fuse_gemm},
         {"balance", S, t->balance, 0, 0},
         {"offload", S, offload_name(t->offload), 0, 0},
         {"seed", I, NULL, 0, (int64_t)t->seed},

@@ -127,6 +127,7 @@ void config_default(TrainConfig *c)
         .reduce_dtype = REDUCE_COMPUTE, .shard = SHARD_NONE, .reshard_after_forward = 1, .world = 1,
         .stages = 1, .microbatches = 1, .schedule = SCHED_1F1B, .checkpoint = CKPT_EXCEPT_LAST, .chunks = 1,
         .offload = OFFLOAD_NONE, .seed = 1234, .fuse_loss = 1, .embed_grad_into = 1, .pack_attention = 1,
+        .fuse_gemm = 1,
     };
     strcpy(c->recompute, "none");
     strcpy(c->freeze, "none");
@@ -194,6 +195,8 @@ static const KeyDef KEYS[] = {
     INT("pack_attention", pack_attention, 0, 1, "training: attention reads q, k, v from the QKV projection's output "
         "and writes the heads side by side, with no split, heads or merge_heads copies (1, default); or through them "
         "(0)"),
+    INT("fuse_gemm", fuse_gemm, 0, 1, "training: a matmul's bias, GELU, the GELU's gradient and the bias gradient "
+        "in the GEMM's epilogue, one op (1, default; cuBLASLt's epilogues on CUDA), or separate ops (0)"),
     {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,
      offsetof(TrainConfig, balance), 0, 0, NULL, 0},
     ENUM("offload", offload, OFFLOADS, "none; optimizer: fp32 master weights, optimizer state and the update on the host (ZeRO-Offload); params: fsdp's param shards there too"),

@@ -224,3 +224,25 @@ double flops_recv(const Graph *g, const Node *n) { return 0; }
 /* x ** p: a powf, counted as two ops; its backward a powf and two multiplies. */
 double flops_pow(const Graph *g, const Node *n) { return 2 * out_numel(g, n); }
 double flops_pow_bwd(const Graph *g, const Node *n) { return 4 * out_numel(g, n); }
+
+/* The GEMM epilogues: the product's FLOPs and the work each epilogue took over (the bias add, the GELU and its
+ * gradient, the bias gradient's sum), as the ops it replaced count them. */
+static double product_flops(const Graph *g, const Node *n)
+{
+    const Value *b = ir_value(g, ir_in(g, n, 1));
+    return 2.0 * out_numel(g, n) * (double)b->shape[ir_attr_int(g, n, "tb", 0) ? 1 : 0];
+}
+double flops_matmul_bias(const Graph *g, const Node *n) { return product_flops(g, n) + out_numel(g, n); }
+double flops_matmul_bias_gelu(const Graph *g, const Node *n)
+{
+    return product_flops(g, n) + (1 + GELU_FLOPS) * out_numel(g, n);
+}
+double flops_matmul_dgelu_bgrad(const Graph *g, const Node *n)
+{
+    return product_flops(g, n) + (1 + GELU_BWD_FLOPS) * out_numel(g, n);
+}
+double flops_matmul_bgrad(const Graph *g, const Node *n)
+{
+    int side = (int)ir_attr_int(g, n, "side", 1);
+    return product_flops(g, n) + in_numel(g, n, side);
+}

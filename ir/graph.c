@@ -322,6 +322,8 @@ static void remap_value_fields(Graph *g, const int *vmap)
         val->recompute_of = MAP(val->recompute_of);
     }
     for (int i = 0; i < g->n_outputs; i++) g->outputs[i] = MAP(g->outputs[i]);
+    for (int i = 0; i < g->n_tied; i++) g->tied[i].value = MAP(g->tied[i].value);
+    for (int i = 0; i < g->n_links; i++) g->links[i].value = MAP(g->links[i].value);
     g->loss_scale = MAP(g->loss_scale), g->scale_good = MAP(g->scale_good);
 #undef MAP
 }

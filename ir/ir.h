@@ -404,6 +404,7 @@ typedef struct {
     int fuse_loss;        // passes/xent.c: cross_entropy and its backward as one op (1), or apart (0)
     int embed_grad_into;  // passes/embed_into.c: an embedding's gradient rows added in place (1), or not (0)
     int pack_attention;   // passes/packed_attn.c: attention on the QKV projection's output as it lies (1), or not (0)
+    int fuse_gemm;        // passes/epilogue.c: bias, GELU and their gradients in the GEMMs' epilogues (1), or apart (0)
     int chunks;           // interleaved: model chunks per stage
     char balance[256];    // "auto", or blocks per stage: "3,3,2"
 

@@ -305,6 +305,8 @@ static const char *const STREAMS[PLAN_STREAM_COUNT] = {"compute", "collective", 
 static const char *const STEP_ROLES[PLAN_SR_COUNT] = {"none", "loss", "lr", "grad_norm", "loss_scale",
                                                       "step", "opt_step", "loss_seed", "rng", "pos"};
 static const char *const INITS[PLAN_INIT_COUNT] = {"none", "zeros", "ones", "normal", "uniform", "full"};
+static const char *const EPILOGUES[PLAN_EPI_COUNT] = {"none",        "bias",    "gelu_aux_bias",
+                                                      "dgelu_bgrad", "bgrad_a", "bgrad_b"};
 
 const char *plan_dtype_name(PlanDType t) { return NAME_OF(DTYPES, t); }
 int plan_dtype_size(PlanDType t) { return (unsigned)t < PLAN_DT_COUNT ? DTYPE_SIZES[t] : 0; }
@@ -312,6 +314,7 @@ const char *plan_role_name(PlanRole r) { return NAME_OF(ROLES, r); }
 const char *plan_place_name(PlanPlace p) { return NAME_OF(PLACES, p); }
 const char *plan_phase_name(PlanPhase p) { return NAME_OF(PHASES, p); }
 const char *plan_init_name(PlanInit k) { return NAME_OF(INITS, k); }
+const char *plan_epilogue_name(int e) { return NAME_OF(EPILOGUES, e); }
 const char *plan_stream_name(PlanStream s) { return NAME_OF(STREAMS, s); }
 const char *plan_step_role_name(PlanStepRole r) { return NAME_OF(STEP_ROLES, r); }
 

@@ -193,6 +193,30 @@ static int span_ok(int64_t off, int64_t batch, int64_t stride, int64_t rows, int
     return off <= n - ((batch - 1) * stride + last);
 }
 
+/* An epilogue's GEMM is one call (batch 1, no offsets) and its bias and aux tensors are
+ * C's dtype and sizes: bias packed [n] ([m] for BGRAD_A), aux [m, n] with C's row stride;
+ * a bias gradient reduces an operand stored [k, len] (cuBLASLt's BGRADA reads its A
+ * untransposed, BGRADB its B transposed: schedule.h swaps the plan's A and B). */
+static int check_epilogue(Check *c, int32_t i, const PlanCuda *g)
+{
+    const Plan *p = c->p;
+    const PlanTensor *d = &p->tensors[p->ids[g->args + 2]], *bias = &p->tensors[p->ids[g->args + 3]];
+    if (g->batch != 1 || g->a_off || g->b_off || g->c_off)
+        return fail(c, "cuda %d: a GEMM with an epilogue is one call (batch 1, no offsets)", i);
+    if ((g->epilogue == PLAN_EPI_BGRAD_A && !g->ta) || (g->epilogue == PLAN_EPI_BGRAD_B && g->tb))
+        return fail(c, "cuda %d: a bias gradient of %s needs it stored [k, len] (%s)", i,
+                    g->epilogue == PLAN_EPI_BGRAD_A ? "A" : "B", g->epilogue == PLAN_EPI_BGRAD_A ? "ta" : "no tb");
+    int64_t len = g->epilogue == PLAN_EPI_BGRAD_A ? g->m : g->n;
+    if (bias->dtype != d->dtype || plan_tensor_numel(bias) != len)
+        return fail(c, "cuda %d: the epilogue's bias has %" PRId64 " elements of dtype %d, not %" PRId64 " of C's", i,
+                    plan_tensor_numel(bias), (int)bias->dtype, len);
+    if (plan_epilogue_args(g->epilogue) < 2) return 0;
+    const PlanTensor *aux = &p->tensors[p->ids[g->args + 4]];
+    if (aux->dtype != d->dtype || !span_ok(0, 1, 0, g->m, g->ldc, g->n, plan_tensor_numel(aux)))
+        return fail(c, "cuda %d: the epilogue's aux is not an [m, n] tensor of C's dtype", i);
+    return 0;
+}
+
 static int check_gemm(Check *c, int32_t i, const PlanCuda *g)
 {
     const Plan *p = c->p;
@@ -202,9 +226,15 @@ static int check_gemm(Check *c, int32_t i, const PlanCuda *g)
             return fail(c, "cuda %d: GEMM dims must be in [1, 2^31): m %" PRId64 ", n %" PRId64 ", k %" PRId64
                         ", batch %" PRId64 ", lda %" PRId64 ", ldb %" PRId64 ", ldc %" PRId64, i, g->m, g->n, g->k,
                         g->batch, g->lda, g->ldb, g->ldc);
-    if (g->n_args != 3) return fail(c, "cuda %d: a GEMM takes 3 tensors (A, B, C), has %d", i, g->n_args);
+    if (g->epilogue < 0 || g->epilogue >= PLAN_EPI_COUNT)
+        return fail(c, "cuda %d: GEMM epilogue %d unknown", i, g->epilogue);
+    int extra = plan_epilogue_args(g->epilogue);
+    if (g->n_args != 3 + extra)
+        return fail(c, "cuda %d: a GEMM takes %d tensors (A, B, C%s), has %d", i, 3 + extra,
+                    extra == 2 ? ", bias, aux" : extra ? ", bias" : "", g->n_args);
     if ((g->ta != 0 && g->ta != 1) || (g->tb != 0 && g->tb != 1))
         return fail(c, "cuda %d: GEMM transpose flags %d, %d (0 or 1)", i, g->ta, g->tb);
+    if (g->epilogue && check_epilogue(c, i, g)) return -1;
     const PlanTensor *a = &p->tensors[p->ids[g->args]], *b = &p->tensors[p->ids[g->args + 1]],
                      *d = &p->tensors[p->ids[g->args + 2]];
     if (a->dtype == PLAN_DT_I32 || b->dtype == PLAN_DT_I32 || d->dtype == PLAN_DT_I32)

@@ -197,14 +197,32 @@ typedef struct {
  *   f32 whatever the dtypes; C is written (beta 0). */
 typedef enum { PLAN_CU_LAUNCH, PLAN_CU_GEMM, PLAN_CU_COUNT } PlanCuKind;
 
+/* A GEMM's epilogue (passes/epilogue.c, cuBLASLt's on CUDA), on a GEMM of batch 1 with no
+ * offsets. args {A, B, C, bias, aux}: BIAS: C = A B + bias [n]; GELU_AUX_BIAS: aux [m, n]
+ * (row stride ldc) = A B + bias, C = gelu(aux); DGELU_BGRAD: C = gelu'(aux) * (A B), bias
+ * [n] = C summed over its m rows; BGRAD_A: bias [m] = op(A) summed over k (A stored [k, m]:
+ * ta); BGRAD_B: bias [n] = op(B) summed over k (B stored [k, n]: no tb). */
+typedef enum {
+    PLAN_EPI_NONE, PLAN_EPI_BIAS, PLAN_EPI_GELU_AUX_BIAS, PLAN_EPI_DGELU_BGRAD, PLAN_EPI_BGRAD_A, PLAN_EPI_BGRAD_B,
+    PLAN_EPI_COUNT
+} PlanEpilogue;
+/* The args an epilogue adds after A, B, C: bias, then aux. */
+static inline int plan_epilogue_args(int epi)
+{
+    if (epi == PLAN_EPI_GELU_AUX_BIAS || epi == PLAN_EPI_DGELU_BGRAD) return 2;
+    return epi > PLAN_EPI_NONE && epi < PLAN_EPI_COUNT;
+}
+
 typedef struct {
     int32_t op;            // the plan op this instruction runs for
     PlanCuKind kind;
     int32_t kernel;        // LAUNCH: string id of the kernel's name; else PLAN_NONE
-    int32_t args, n_args;  // range in Plan.ids: tensor ids (LAUNCH: the kernel's parameters; GEMM: A, B, C)
+    int32_t args, n_args;  // range in Plan.ids: tensor ids (LAUNCH: the kernel's parameters; GEMM: A, B, C, then
+                           // its epilogue's bias and aux)
     int32_t grid[3], block[3];
     int32_t smem;          // LAUNCH: dynamic shared memory, bytes
     int32_t ta, tb;        // GEMM
+    int32_t epilogue;      // GEMM: a PlanEpilogue (byte 5 of the record; 0 in plans before it)
     int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch, a_off, b_off, c_off;
 } PlanCuda;
 
@@ -319,6 +337,7 @@ int32_t plan_role_tensor(const Plan *p, PlanStepRole r);
  * -1 when the plan has no program. */
 int64_t plan_space_bytes(const Plan *p, PlanPlace s);
 const char *plan_phase_name(PlanPhase p);  // "forward", "backward", ...
+const char *plan_epilogue_name(int e);     // a PlanEpilogue: "none", "bias", "gelu_aux_bias", ...
 const char *plan_init_name(PlanInit k);    // "none", "zeros", "ones", "normal", "uniform"
 
 /* Whether t is one of the model's params, counted once: named, not tied to another, and

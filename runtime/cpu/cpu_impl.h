@@ -121,6 +121,21 @@ KINLINE float fexp(float x)
 
 KINLINE float fsigmoid(float x) { return 1.0f / (1.0f + fexp(-x)); }
 
+/* tanh-GELU: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3); the
+ * sigmoid form needs one exp and has no cancellation. (elementwise.c's gelu and gelu_bwd,
+ * epilogue.c's GEMM epilogues.) */
+#define GELU_K 0.7978845608028654f  // sqrt(2 / pi)
+#define GELU_C 0.044715f
+
+KINLINE float geluf(float x) { return x * fsigmoid(2.0f * GELU_K * (x + GELU_C * x * x * x)); }
+
+/* d/dx: 0.5 (1 + t) + 0.5 x (1 - t^2) u' with t = tanh(u) = 2s - 1, s = sigmoid(2u). */
+KINLINE float gelu_gradf(float x)
+{
+    float s = fsigmoid(2.0f * GELU_K * (x + GELU_C * x * x * x));
+    return s + 2.0f * x * s * (1.0f - s) * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+}
+
 /* ---- 16-bit storage ------------------------------------------------------------------
  * f16 and bf16 to and from f32, rounding to nearest even (PyTorch's .half() and
  * .bfloat16(), NaN stays NaN with its payload, overflow goes to infinity). Branch-free,
@@ -225,6 +240,15 @@ CpuWork cpu_work_rope(const KCall *k);
 CpuWork cpu_work_rope_at(const KCall *k);
 CpuWork cpu_work_attention_masked(const KCall *k);
 CpuWork cpu_work_attention_masked_bwd(const KCall *k);
+CpuWork cpu_work_epilogue(const KCall *k);  // the GEMM epilogue ops: their product's
+
+/* matmul.c: matmul with an epilogue: fn runs on the f32 values of C before they are stored
+ * (rounded once to C's dtype), n of them from C's flat element `at`, inside one row. */
+typedef struct {
+    void (*fn)(const void *ctx, float *c, int64_t at, int64_t n);
+    const void *ctx;
+} CpuMmEpi;
+void cpu_matmul_epi(const KCall *k, const CpuMmEpi *e);
 
 /* Offset of flat index idx over dims (sizes, strides), the last dim fastest. */
 static inline int64_t offset_of(int64_t idx, int nd, const int64_t *sizes, const int64_t *strides)

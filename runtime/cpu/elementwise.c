@@ -169,19 +169,6 @@ void cpu_expand(const KCall *k)
 
 /* ---- unary ------------------------------------------------------------------------ */
 
-/* tanh-GELU: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3); the
- * sigmoid form needs one exp and has no cancellation. */
-#define GELU_K 0.7978845608028654f  // sqrt(2 / pi)
-#define GELU_C 0.044715f
-
-static inline float geluf(float x) { return x * fsigmoid(2.0f * GELU_K * (x + GELU_C * x * x * x)); }
-
-/* d/dx: 0.5 (1 + t) + 0.5 x (1 - t^2) u' with t = tanh(u) = 2s - 1, s = sigmoid(2u). */
-static inline float gelu_gradf(float x)
-{
-    float s = fsigmoid(2.0f * GELU_K * (x + GELU_C * x * x * x));
-    return s + 2.0f * x * s * (1.0f - s) * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
-}
 
 /* Exact GELU (PyTorch's approximate='none'): x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), and
  * its derivative Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi), as PyTorch writes both. */

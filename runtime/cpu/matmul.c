@@ -175,7 +175,16 @@ static void gather(float *dst, const void *src, int dtype, int64_t base, int64_t
 }
 
 /* Groups of whole batches: operands converted as they lie, the f32 path's calls, C rounded. */
-static void matmul_groups(const KCall *k, const Geom *g)
+/* The epilogue e (or none) on f32 values c of C, rows of n from flat element `at`, each
+ * run inside one row of C. */
+static void epilogue_rows(const CpuMmEpi *e, float *c, int64_t at, int64_t total, int64_t N)
+{
+    if (!e) return;
+#pragma omp parallel for if (total > PAR_MIN) schedule(static)
+    for (int64_t j = 0; j < total; j += N) e->fn(e->ctx, c + j, at + j, N);
+}
+
+static void matmul_groups(const KCall *k, const Geom *g, const CpuMmEpi *e)
 {
     const KTensor *A = &k->in[0], *B = &k->in[1], *C = &k->out[0];
     int64_t M = g->M, N = g->N, K = g->K, sa = M * K, sb = K * N, sc = M * N;
@@ -206,6 +215,7 @@ static void matmul_groups(const KCall *k, const Geom *g)
             for (int64_t j = 0; j < n; j++)
                 gemm(opa, opb, M, N, K, 1.0f, wa + j * sa, g->lda, wb + j * sb, g->ldb, wc + j * sc, N);
         }
+        epilogue_rows(e, wc, i0 * sc, n * sc, N);
         from_f32_par(C->data, C->dtype, i0 * sc, wc, n * sc);
     }
 }
@@ -213,7 +223,7 @@ static void matmul_groups(const KCall *k, const Geom *g)
 /* One batch too big for the workspace, in panels: columns [n0, n0 + nb) of op(B), then
  * rows [m0, m0 + mb) of op(A) against them. A panel that is contiguous in storage (rows
  * of A, or of B under tb) keeps its layout; the others are gathered untransposed. */
-static void matmul_panels(const KCall *k, const Geom *g, int64_t i)
+static void matmul_panels(const KCall *k, const Geom *g, int64_t i, const CpuMmEpi *e)
 {
     const KTensor *A = &k->in[0], *B = &k->in[1], *C = &k->out[0];
     int64_t M = g->M, N = g->N, K = g->K, W = (int64_t)k->work_floats, oa, ob;
@@ -237,12 +247,16 @@ static void matmul_panels(const KCall *k, const Geom *g, int64_t i)
             gemm(g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, mw, nw, K, 1.0f, wa,
                  g->ta ? mw : K, wb, g->tb ? K : nw, wc, nw);
 #pragma omp parallel for if (mw * nw > PAR_MIN) schedule(static)
-            for (int64_t r = 0; r < mw; r++) from_f32(C->data, C->dtype, i * M * N + (m0 + r) * N + n0, wc + r * nw, nw);
+            for (int64_t r = 0; r < mw; r++) {
+                int64_t at = i * M * N + (m0 + r) * N + n0;
+                if (e) e->fn(e->ctx, wc + r * nw, at, nw);
+                from_f32(C->data, C->dtype, at, wc + r * nw, nw);
+            }
         }
     }
 }
 
-static void matmul_lowp(const KCall *k, const Geom *g)
+static void matmul_lowp(const KCall *k, const Geom *g, const CpuMmEpi *e)
 {
     const KTensor *A = &k->in[0], *B = &k->in[1];
     KCHECK(A->dtype == B->dtype && k->out[0].dtype == A->dtype, "matmul: dtypes %d, %d -> %d", A->dtype, B->dtype,
@@ -251,21 +265,21 @@ static void matmul_lowp(const KCall *k, const Geom *g)
     KCHECK(k->work && k->work_floats >= least, "matmul: a 16-bit call needs a workspace of %zu floats, has %zu", least,
            k->work ? k->work_floats : 0);
     if ((size_t)(g->M * g->K + g->K * g->N + g->M * g->N) <= k->work_floats) {
-        matmul_groups(k, g);
+        matmul_groups(k, g, e);
         return;
     }
-    for (int64_t i = 0; i < g->nbatch; i++) matmul_panels(k, g, i);
+    for (int64_t i = 0; i < g->nbatch; i++) matmul_panels(k, g, i, e);
 }
 
 /* ---- f32 ------------------------------------------------------------------------------ */
 
-void cpu_matmul(const KCall *k)
+void cpu_matmul_epi(const KCall *k, const CpuMmEpi *e)
 {
     const KTensor *A = &k->in[0], *B = &k->in[1];
     Geom g;
     geometry(k, &g);
     if (lowp_call(k)) {
-        matmul_lowp(k, &g);
+        matmul_lowp(k, &g, e);
         return;
     }
     KCHECK(A->dtype == KT_F32 && B->dtype == KT_F32, "matmul: unsupported dtypes %d, %d", A->dtype, B->dtype);
@@ -275,6 +289,7 @@ void cpu_matmul(const KCall *k)
     int64_t M = g.M, N = g.N, K = g.K;
     if (g.fold) {
         gemm(opa, opb, M, N, K, 1.0f, a, g.lda, b, g.ldb, c, N);
+        epilogue_rows(e, c, 0, M * N, N);
         return;
     }
     if (per_thread(&g, g.nbatch)) {
@@ -283,4 +298,7 @@ void cpu_matmul(const KCall *k)
     } else {
         for (int64_t i = 0; i < g.nbatch; i++) batch_gemm(&g, opa, opb, a, b, c, i);
     }
+    epilogue_rows(e, c, 0, g.nbatch * M * N, N);
 }
+
+void cpu_matmul(const KCall *k) { cpu_matmul_epi(k, NULL); }

@@ -45,6 +45,10 @@ static const struct {
     {cpu_rope_at, cpu_work_rope_at},
     {cpu_attention_masked, cpu_work_attention_masked},
     {cpu_attention_masked_bwd, cpu_work_attention_masked_bwd},
+    {cpu_matmul_bias, cpu_work_epilogue},
+    {cpu_matmul_bias_gelu, cpu_work_epilogue},
+    {cpu_matmul_dgelu_bgrad, cpu_work_epilogue},
+    {cpu_matmul_bgrad, cpu_work_epilogue},
 };
 
 CpuWork cpu_work(CpuKernel fn, const KCall *k)

@@ -428,7 +428,7 @@ static int setup(RtBackend *b, const RtBackendOptions *o)
         if (p->cuda[i].kind == PLAN_CU_LAUNCH && bind_launch(b, i)) return -1;
     int64_t after_module = free_bytes(NULL);
     b->info.module = after_arena - after_module;
-    if (make_blas(b)) return -1;
+    if (make_blas(b) || cuda_lt_make(b)) return -1;
     int64_t after_blas = free_bytes(NULL);
     b->info.blas = after_module - after_blas;
     if (b->world > 1 && make_nccl(b)) return -1;
@@ -459,6 +459,7 @@ static void destroy(RtBackend *b)
         if (b->pipe) cuStreamDestroy(b->pipe);
         if (b->nccl) nccl.comm_destroy(b->nccl);
         if (b->blas) cublasDestroy(b->blas);
+        cuda_lt_free(b);
         for (int32_t c = 0; c < b->s.n_colls + b->s.n_copies && b->ready; c++) {
             if (b->ready[c]) cuEventDestroy(b->ready[c]);
             if (b->done[c]) cuEventDestroy(b->done[c]);

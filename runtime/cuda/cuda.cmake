@@ -19,7 +19,7 @@ find_package(CUDAToolkit QUIET)
 find_library(FS_NCCL_LIB nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
 find_path(FS_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
 set(FS_CUDA OFF)
-if(CUDAToolkit_FOUND AND TARGET CUDA::cuda_driver AND TARGET CUDA::nvrtc AND TARGET CUDA::cublas
+if(CUDAToolkit_FOUND AND TARGET CUDA::cuda_driver AND TARGET CUDA::nvrtc AND TARGET CUDA::cublas AND TARGET CUDA::cublasLt
    AND FS_NCCL_LIB AND FS_NCCL_INCLUDE)
   set(FS_CUDA ON)
 endif()
@@ -35,11 +35,12 @@ if(FS_CUDA)
   # the JIT tests must not need on machines without a driver.
   target_link_libraries(fs_cuda_host PUBLIC fs_plan fs_ops ${CUDA_nvrtc_LIBRARY})
 
-  add_library(fs_cuda MODULE runtime/cuda/backend.c runtime/cuda/fail.c runtime/cuda/run.c runtime/cuda/nccl.c)
+  add_library(fs_cuda MODULE runtime/cuda/backend.c runtime/cuda/fail.c runtime/cuda/run.c runtime/cuda/nccl.c
+              runtime/cuda/lt.c)
   target_include_directories(fs_cuda PRIVATE runtime)
   target_include_directories(fs_cuda SYSTEM PRIVATE ${FS_NCCL_INCLUDE})
   # NCCL is dlopen()ed for worlds of more than one rank only (nccl.c): headers, no library.
-  target_link_libraries(fs_cuda PRIVATE fs_cuda_host CUDA::cuda_driver CUDA::cublas MPI::MPI_C ${CMAKE_DL_LIBS})
+  target_link_libraries(fs_cuda PRIVATE fs_cuda_host CUDA::cuda_driver CUDA::cublas CUDA::cublasLt MPI::MPI_C ${CMAKE_DL_LIBS})
   set_target_properties(fs_cuda PROPERTIES C_VISIBILITY_PRESET hidden
                         LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR} SKIP_BUILD_RPATH ON)
   target_link_options(fs_cuda PRIVATE -Wl,--exclude-libs,ALL -Wl,-rpath,${CUDAToolkit_LIBRARY_DIR})

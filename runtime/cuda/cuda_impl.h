@@ -17,6 +17,7 @@
 
 #include <string.h>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda.h>
 #include <nccl.h>
@@ -52,6 +53,8 @@ struct RtBackend {
                                 // start (2 * n_ops + 1, timing events); NULL without
     int timing;                 // the run in progress records them (cuda_run_step_timed)
     cublasHandle_t blas;
+    cublasLtHandle_t lt;        // the GEMMs with an epilogue (lt.c), NULL when the plan has none
+    struct CudaLtGemm *lt_gemms;  // per instruction: an epilogue GEMM's descriptors and algorithm
     CUdeviceptr blas_ws;        // cuBLAS's workspace (cublasSetWorkspace)
     ncclComm_t nccl;
     ncclComm_t group_nccl[2];   // hybrid sharding's shard group and replica group (OP_GROUP_SHARD + k), or NULL
@@ -132,6 +135,13 @@ ncclDataType_t cuda_nccl_type(PlanDType t);  // run.c
         ncclResult_t r_ = (call);                                                              \
         if (r_ != ncclSuccess) return cuda_fail((b), __FILE__, __LINE__, #call, nccl_status((b), r_)); \
     } while (0)
+
+/* ---- lt.c: GEMMs with an epilogue ----------------------------------------------- */
+
+typedef struct CudaLtGemm CudaLtGemm;
+int cuda_lt_make(RtBackend *b);            // after cuBLAS's workspace exists
+void cuda_lt_free(RtBackend *b);
+int cuda_lt_gemm(RtBackend *b, int32_t i);  // instruction i, on the compute stream
 
 /* ---- run.c ------------------------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /* runtime/cuda/run.c: the CUDA backend's step: each op's instructions in plan order on
  * the compute stream (cuLaunchKernel for LAUNCH, one strided-batched cuBLAS call for a
- * GEMM), collectives on NCCL's stream, and the capture and replay of a whole step as a
- * CUDA graph.
+ * GEMM, one cublasLtMatmul for a GEMM with an epilogue: lt.c), collectives on NCCL's
+ * stream, and the capture and replay of a whole step as a CUDA graph.
  *
  * Ordering between the two streams is by events only, decided in schedule.c: a
  * collective's stream waits for the compute stream to reach it (every op before it is
@@ -70,6 +70,7 @@ static int launch(RtBackend *b, int32_t i)
 static int gemm(RtBackend *b, int32_t i)
 {
     const CsGemm *g = &b->s.gemms[i];
+    if (g->epilogue != CS_EPI_DEFAULT) return cuda_lt_gemm(b, i);
     static const float one = 1.0f, zero = 0.0f;
     int all_f32 = g->a_dt == PLAN_DT_F32 && g->b_dt == PLAN_DT_F32 && g->c_dt == PLAN_DT_F32;
     cublasComputeType_t ct = b->tf32 && all_f32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;

@@ -49,6 +49,13 @@ void cs_gemm(const Plan *p, int32_t i, int rank, CsGemm *g)
                   .a = cs_offset(p, B, rank) + c->b_off * eb, .b = cs_offset(p, A, rank) + c->a_off * ea,
                   .c = cs_offset(p, C, rank) + c->c_off * ec,
                   .a_dt = p->tensors[B].dtype, .b_dt = p->tensors[A].dtype, .c_dt = p->tensors[C].dtype};
+    static const CsEpilogue lt[PLAN_EPI_COUNT] = {
+        [PLAN_EPI_NONE] = CS_EPI_DEFAULT, [PLAN_EPI_BIAS] = CS_EPI_BIAS,
+        [PLAN_EPI_GELU_AUX_BIAS] = CS_EPI_GELU_AUX_BIAS, [PLAN_EPI_DGELU_BGRAD] = CS_EPI_DGELU_BGRAD,
+        [PLAN_EPI_BGRAD_A] = CS_EPI_BGRADB, [PLAN_EPI_BGRAD_B] = CS_EPI_BGRADA};
+    g->epilogue = lt[c->epilogue];
+    if (plan_epilogue_args(c->epilogue) >= 1) g->bias = cs_offset(p, p->ids[c->args + 3], rank);
+    if (plan_epilogue_args(c->epilogue) >= 2) g->aux = cs_offset(p, p->ids[c->args + 4], rank);
 }
 
 void cs_op_where(const Plan *p, int32_t op, char *buf, size_t n)

@@ -81,14 +81,24 @@ typedef struct {
     int32_t link;           // ... and its link (CsSchedule.links)
 } CsColl;
 
+/* cuBLASLt's epilogues (cublasLtEpilogue_t), named as there; the CUDA backend maps them. */
+typedef enum {
+    CS_EPI_DEFAULT, CS_EPI_BIAS, CS_EPI_GELU_AUX_BIAS, CS_EPI_DGELU_BGRAD, CS_EPI_BGRADA, CS_EPI_BGRADB
+} CsEpilogue;
+
 /* A row-major PlanCuda GEMM as cuBLAS's column-major call: C^T = op(B)^T op(A)^T, so
- * cuBLAS's A operand is the plan's B and its B the plan's A, with m and n swapped. */
+ * cuBLAS's A operand is the plan's B and its B the plan's A, with m and n swapped. An
+ * epilogue's bias runs along cuBLAS's m (the plan's n: a bias per output column), and
+ * the plan's bias gradient of its B (BGRAD_B) is cuBLASLt's of its A (BGRADA), of its A
+ * BGRADB. */
 typedef struct {
     int trans_a, trans_b;   // cuBLAS ops: 1 = CUBLAS_OP_T
     int m, n, k, lda, ldb, ldc, batch;
     int64_t stride_a, stride_b, stride_c;  // elements between batch entries
     int64_t a, b, c;        // byte offsets of cuBLAS's A, B and C (offsets applied)
     PlanDType a_dt, b_dt, c_dt;
+    CsEpilogue epilogue;    // CS_EPI_DEFAULT: a plain GEMM (cublasGemmStridedBatchedEx)
+    int64_t bias, aux;      // byte offsets of the epilogue's bias vector and aux matrix (leading dim ldc)
 } CsGemm;
 
 /* Offload's copy between the device arena and the host space (to_host, to_device): this

@@ -31,7 +31,9 @@
  * GEMM: exactly the call cublasGemmStridedBatchedEx would get (schedule.c: cs_gemm, the
  *   column-major form), refused where cuBLAS refuses it (leading dimensions, mixed
  *   operand dtypes, operands outside their tensors, C overlapping A or B), computed as
- *   cuBLAS does with CUBLAS_COMPUTE_32F: f32 products and sums, C rounded once.
+ *   cuBLAS does with CUBLAS_COMPUTE_32F: f32 products and sums, C rounded once. A GEMM
+ *   with an epilogue is the cublasLtMatmul the CUDA backend makes (runtime/cuda/lt.c):
+ *   the epilogue on the f32 accumulator, refused where cuBLASLt has no algorithm.
  * Collectives over one rank: a copy when out is not in (runtime/cpu/comm_local.c); over
  *   more, and sends and receives: nccl_emu.c's, started when reached and completed where
  *   the stored waits name them (as the CUDA backend's events order them) or at the end
@@ -418,6 +420,63 @@ static void span(int64_t base, int64_t es, int64_t rows, int64_t cols, int64_t l
     *hi = base + (last + 1) * es;
 }
 
+/* ---- cuBLASLt's epilogues (cublasLtMatmul, CUBLAS_COMPUTE_32F), on the f32 accumulator,
+ * rounded once to C's dtype; column-major like the GEMM: the bias runs along m (one per
+ * row of C), aux is [m, n] with leading dim ldc. GELU is the tanh form. A bias gradient
+ * sums in f32, in index order: DGELU_BGRAD C as stored over its columns, BGRADA op(A)
+ * over k, BGRADB op(B) over k. (cuBLASLt sums in an order of its own, and may sum the
+ * gradient before rounding it; the results agree to the sums' rounding.) */
+
+static float gelu_tanh(float x) { return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))); }
+
+static float gelu_tanh_grad(float x)
+{
+    float u = 0.7978845608f * (x + 0.044715f * x * x * x), t = tanhf(u);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+/* What cuBLASLt refuses for these epilogues (CUBLAS_STATUS_NOT_SUPPORTED or no algorithm):
+ * a batch, a bias gradient of a transposed A or an untransposed B. */
+static int lt_check(RtBackend *b, int32_t i, const CsGemm *g)
+{
+    if (g->batch != 1)
+        return failf(b, "GEMM %d: epilogue %d on a batch of %d (this backend runs one call)", i, g->epilogue, g->batch);
+    if ((g->epilogue == CS_EPI_BGRADA && g->trans_a) || (g->epilogue == CS_EPI_BGRADB && !g->trans_b))
+        return failf(b, "GEMM %d: BGRADA needs A untransposed, BGRADB B transposed (cuBLASLt: not supported)", i);
+    return 0;
+}
+
+static float lt_epilogue(RtBackend *b, const CsGemm *g, int64_t row, int64_t col, float acc)
+{
+    const uint8_t *bias = b->arena + g->bias, *aux = b->arena + g->aux;
+    switch (g->epilogue) {
+    case CS_EPI_BIAS: return acc + emu_load(bias, g->c_dt, row);
+    case CS_EPI_GELU_AUX_BIAS: {
+        float pre = acc + emu_load(bias, g->c_dt, row);
+        emu_store(b->arena + g->aux, g->c_dt, row + col * g->ldc, pre);
+        return gelu_tanh(pre);
+    }
+    case CS_EPI_DGELU_BGRAD: return acc * gelu_tanh_grad(emu_load(aux, g->c_dt, row + col * g->ldc));
+    default: return acc;
+    }
+}
+
+static void lt_bias_grad(RtBackend *b, const CsGemm *g)
+{
+    const uint8_t *A = b->arena + g->a, *B = b->arena + g->b, *C = b->arena + g->c;
+    int64_t len = g->epilogue == CS_EPI_BGRADB ? g->n : g->m;
+    for (int64_t j = 0; j < len; j++) {
+        float s = 0.0f;
+        if (g->epilogue == CS_EPI_DGELU_BGRAD)
+            for (int64_t col = 0; col < g->n; col++) s += emu_load(C, g->c_dt, j + col * g->ldc);
+        else if (g->epilogue == CS_EPI_BGRADA)
+            for (int64_t l = 0; l < g->k; l++) s += emu_load(A, g->a_dt, g->trans_a ? l + j * g->lda : j + l * g->lda);
+        else
+            for (int64_t l = 0; l < g->k; l++) s += emu_load(B, g->b_dt, g->trans_b ? j + l * g->ldb : l + j * g->ldb);
+        emu_store(b->arena + g->bias, g->c_dt, j, s);
+    }
+}
+
 static int gemm(RtBackend *b, int32_t i)
 {
     const Plan *p = b->plan;
@@ -453,6 +512,7 @@ static int gemm(RtBackend *b, int32_t i)
     for (int o = 0; o < 2; o++)
         if (lo[o] < hi[2] && lo[2] < hi[o])
             return failf(b, "GEMM %d: C overlaps cuBLAS's %s (undefined in cuBLAS)", i, names[o]);
+    if (g->epilogue != CS_EPI_DEFAULT && lt_check(b, i, g)) return -1;
     const uint8_t *A = b->arena + g->a, *B = b->arena + g->b;
     uint8_t *C = b->arena + g->c;
     for (int64_t bi = 0; bi < g->batch; bi++)
@@ -464,8 +524,11 @@ static int gemm(RtBackend *b, int32_t i)
                     int64_t ib = bi * g->stride_b + (g->trans_b ? col + l * g->ldb : l + col * g->ldb);
                     acc += emu_load(A, g->a_dt, ia) * emu_load(B, g->b_dt, ib);
                 }
+                if (g->epilogue != CS_EPI_DEFAULT) acc = lt_epilogue(b, g, row, col, acc);
                 emu_store(C, g->c_dt, bi * g->stride_c + row + col * g->ldc, acc);
             }
+    if (g->epilogue == CS_EPI_DGELU_BGRAD || g->epilogue == CS_EPI_BGRADA || g->epilogue == CS_EPI_BGRADB)
+        lt_bias_grad(b, g);
     return 0;
 }
 

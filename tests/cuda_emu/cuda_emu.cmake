@@ -73,11 +73,17 @@ if(NOT FS_FUZZ)
                   --precision ${prec})
     cuda_emu_test(mlp_${prec} samples/mlp.fsm --precision ${prec})
   endforeach()
-  # The loss and its gradient as two ops (fuse_loss 0: cross_entropy_bwd's kernel) and the tied
-  # embedding's gradient as a table and an add (embed_grad_into 0); the plans above run the
-  # fused loss (passes/xent.c) and embedding_bwd_into (passes/embed_into.c).
+  # The loss and its gradient as two ops (fuse_loss 0: cross_entropy_bwd's kernel), the tied
+  # embedding's gradient as a table and an add (embed_grad_into 0), and the matmuls' biases,
+  # GELUs and their gradients as kernels of their own (fuse_gemm 0); the plans above run the
+  # fused loss (passes/xent.c), embedding_bwd_into (passes/embed_into.c) and the GEMM
+  # epilogues (passes/epilogue.c).
   cuda_emu_test(gpt2_bf16_unfused samples/gpt2.fsm ${tiny} --precision bf16 --fuse_loss 0 --embed_grad_into 0
-                --pack_attention 0)
+                --fuse_gemm 0 --pack_attention 0)
+  # Every GEMM epilogue, on biases far from zero (GPT-2's start at zero).
+  foreach(prec fp32 bf16 fp16)
+    cuda_emu_test(epilogue_${prec} tests/cuda_emu/epilogue.fsm --precision ${prec})
+  endforeach()
   cuda_emu_test(gpt2_fp16_accumulate samples/gpt2.fsm ${tiny} -D B=4 --precision fp16 --microbatches 2)
   cuda_emu_test(gpt2_bf16_fsdp_recompute samples/gpt2.fsm ${tiny} --precision bf16 --shard fsdp --world 1 --recompute Block)
   cuda_emu_test(gpt2_fp32_sgd samples/gpt2.fsm ${tiny} --optimizer sgd --momentum 0.9)

@@ -48,6 +48,15 @@ Plan *sample_compile_source(const char *file, const char *src, const Define *def
     return p;
 }
 
+/* Tensor t as f32 into out (room for t.numel). */
+static void as_f32(const RtTensor *t, float *out)
+{
+    const uint16_t *h = t->data;
+    for (int64_t j = 0; j < t->numel; j++)
+        out[j] = t->dtype == PLAN_DT_F32 ? ((const float *)t->data)[j]
+                 : t->dtype == PLAN_DT_BF16 ? cpu_bf16_to_f32(h[j]) : cpu_f16_to_f32(h[j]);
+}
+
 float *sample_step1_grads(const Plan *p, size_t *n)
 {
     char err[256];
@@ -70,10 +79,7 @@ float *sample_step1_grads(const Plan *p, size_t *n)
         RtTensor t;
         rt_exec_tensor_id(e, p->tensors[i].grad, &t);
         cr_assert(t.dtype != PLAN_DT_I32, "gradient %s is %s", t.name, plan_dtype_name(t.dtype));
-        const uint16_t *h = t.data;  // a 16-bit gradient the update reads as it is
-        for (int64_t j = 0; j < t.numel; j++)
-            out[k + (size_t)j] = t.dtype == PLAN_DT_F32 ? ((const float *)t.data)[j]
-                                 : t.dtype == PLAN_DT_BF16 ? cpu_bf16_to_f32(h[j]) : cpu_f16_to_f32(h[j]);
+        as_f32(&t, out + k);  // a 16-bit gradient the update reads as it is
         k += (size_t)t.numel;
     }
     *n = k;
@@ -82,7 +88,15 @@ float *sample_step1_grads(const Plan *p, size_t *n)
     return out;
 }
 
-void sample_losses(const Plan *p, uint64_t seed, int steps, float *loss)
+/* The weights the step keeps: f32 params and masters in buffers of their own (a 16-bit
+ * compute copy, or an fsdp param's view of its gathered unit, lies in bytes the step
+ * reuses). */
+static int is_weight(const PlanTensor *t)
+{
+    return (t->role == PLAN_ROLE_PARAM || t->role == PLAN_ROLE_MASTER) && t->dtype == PLAN_DT_F32 && t->alias == PLAN_NONE;
+}
+
+static void run_steps(const Plan *p, uint64_t seed, int steps, float *loss, float **params, size_t *n)
 {
     char err[256];
     ExecOptions eo = {.seed = seed};
@@ -97,6 +111,29 @@ void sample_losses(const Plan *p, uint64_t seed, int steps, float *loss)
         rt_exec_tensor_id(e, p->outputs[0], &t);
         loss[s - 1] = *(float *)t.data;
     }
+    if (params) {
+        size_t total = 0, k = 0;
+        for (int32_t i = 0; i < p->n_tensors; i++)
+            if (is_weight(&p->tensors[i])) total += (size_t)plan_tensor_numel(&p->tensors[i]);
+        *params = malloc(sizeof(float) * total + 1);
+        for (int32_t i = 0; i < p->n_tensors; i++) {
+            if (!is_weight(&p->tensors[i])) continue;
+            RtTensor t;
+            rt_exec_tensor_id(e, i, &t);
+            as_f32(&t, *params + k);
+            k += (size_t)t.numel;
+        }
+        *n = k;
+    }
     rt_data_close(d);
     rt_exec_free(e);
+}
+
+void sample_losses(const Plan *p, uint64_t seed, int steps, float *loss) { run_steps(p, seed, steps, loss, NULL, NULL); }
+
+float *sample_trained(const Plan *p, uint64_t seed, int steps, float *loss, size_t *n)
+{
+    float *params;
+    run_steps(p, seed, steps, loss, &params, n);
+    return params;
 }

@@ -23,6 +23,9 @@ float *sample_step1_grads(const Plan *p, size_t *n);
 /* The losses (the plan's first output) of `steps` steps from `seed` on synthetic data in
  * order, into loss[0 .. steps). */
 void sample_losses(const Plan *p, uint64_t seed, int steps, float *loss);
+/* The same, then every f32 param and master in a buffer of its own (in tensor order,
+ * concatenated; *n floats) after the last step. Free with free(). */
+float *sample_trained(const Plan *p, uint64_t seed, int steps, float *loss, size_t *n);
 
 /* Small dims that train a step in milliseconds. */
 extern const Define SAMPLE_GPT2[6], SAMPLE_LLAMA[7];

@@ -16,11 +16,13 @@
 
 static const KernGpu GPU = {"test", 1e15, 5e13, 2e12};
 
-static Plan *tiny(Graph **g)
+static Plan *tiny_with(Graph **g, const char *fuse_gemm)
 {
-    const Setting set[] = {{"precision", "bf16"}};
-    return sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, 1, g);
+    const Setting set[] = {{"precision", "bf16"}, {"fuse_gemm", fuse_gemm}};
+    return sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, 2, g);
 }
+
+static Plan *tiny(Graph **g) { return tiny_with(g, "1"); }
 
 static double nbytes(const Plan *p, int32_t id) { return (double)plan_tensor_nbytes(&p->tensors[id]); }
 
@@ -121,10 +123,32 @@ static void attention_on_tensor_cores(int packed)
 Test(kernels, attention_on_tensor_cores) { attention_on_tensor_cores(0); }
 Test(kernels, packed_attention_on_tensor_cores) { attention_on_tensor_cores(1); }
 
+/* A GEMM with an epilogue (passes/epilogue.c): its op's FLOPs (the product and the GELU),
+ * and its bytes: the bias read, C and the GELU's input written. */
+Test(kernels, epilogue_gemm)
+{
+    Plan *p = tiny(NULL);
+    char err[256];
+    KernReport *r = report_kernels_new(p, 0, &GPU, err, sizeof err);
+    cr_assert(r, "%s", err);
+    const KernLaunch *l = nth(r, "matmul_bias_gelu", 0);
+    cr_assert(l, "a matmul_bias_gelu GEMM");
+    const PlanCuda *in = &p->cuda[l->index];
+    cr_assert_eq(in->epilogue, PLAN_EPI_GELU_AUX_BIAS);
+    double product = 2.0 * (double)(in->m * in->n * in->k);
+    cr_assert_float_eq(l->flops, p->ops[l->op].flops, 1e-9 * l->flops);
+    cr_assert_gt(l->flops, product);
+    cr_assert_float_eq(l->bytes_written, nbytes(p, arg(p, l, 2)) + nbytes(p, arg(p, l, 4)), 1e-9);
+    cr_assert_float_eq(l->bytes_read, nbytes(p, arg(p, l, 0)) + nbytes(p, arg(p, l, 1)) + nbytes(p, arg(p, l, 3)), 1e-9);
+    report_kernels_free(r);
+    plan_free(p);
+}
+
+/* Fused elementwise groups: the plan without the GEMM epilogues, which leave GPT-2 no chains. */
 Test(kernels, fused_groups_and_sums)
 {
     Graph *g;
-    Plan *p = tiny(&g);
+    Plan *p = tiny_with(&g, "0");
     char err[256];
     KernReport *r = report_kernels_new(p, 0, &GPU, err, sizeof err);
     cr_assert(r, "%s", err);

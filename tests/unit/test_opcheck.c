@@ -158,7 +158,7 @@ Test(opcheck, plans_read_back_and_other_settings_pass)
 Test(opcheck, input_of_another_dtype)
 {
     Plan *p = gpt2("bf16", "none", "1");
-    int32_t k = find_op(p, "matmul", 0), b = *input(p, k, 1);
+    int32_t k = find_op(p, "matmul_bias", 0), b = *input(p, k, 1);  // the QKV weight's bf16 copy
     const PlanTensor *t = &p->tensors[b];
     *input(p, k, 1) = retyped(p, b, PLAN_DT_F32, t->rank, t->shape);
     expect_refused(p, op_label(p, k), "dtypes differ", "bf16[", "f32[", NULL);
@@ -198,7 +198,7 @@ Test(opcheck, a_dropped_input)
 Test(opcheck, an_input_made_after_its_reader)
 {
     Plan *p = gpt2("fp32", "none", "1");
-    int32_t k = find_op(p, "gelu", 0), later = find_op(p, "cross_entropy_fused", 0);
+    int32_t k = find_op(p, "matmul_bias_gelu", 0), later = find_op(p, "cross_entropy_fused", 0);
     *input(p, k, 0) = p->ids[p->ops[later].out];
     expect_refused(p, op_label(p, k), "not before this op", NULL);
     plan_free(p);
@@ -393,7 +393,7 @@ Test(opcheck, a_vocab_above_the_table)
 Test(opcheck, indices_overwritten_before_they_are_read)
 {
     Plan *p = gpt2("fp32", "none", "1");
-    int32_t tg = find_tensor(p, "targets"), k = find_op(p, "gelu", 0);
+    int32_t tg = find_tensor(p, "targets"), k = find_op(p, "matmul_bias_gelu", 0);
     p->tensors[tg].offset = p->tensors[p->ids[p->ops[k].out]].offset;
     expect_refused(p, "(cross_entropy_fused)", "targets", "over its bytes", NULL);
     plan_free(p);
@@ -434,7 +434,7 @@ Test(opcheck, an_output_over_its_input)
 Test(opcheck, rt_exec_new_refuses_what_the_check_refuses)
 {
     Plan *p = gpt2("bf16", "none", "1");
-    int32_t k = find_op(p, "matmul", 0), b = *input(p, k, 1);
+    int32_t k = find_op(p, "matmul_bias", 0), b = *input(p, k, 1);  // the QKV weight's bf16 copy
     const PlanTensor *t = &p->tensors[b];
     *input(p, k, 1) = retyped(p, b, PLAN_DT_F32, t->rank, t->shape);
     char err[1024] = "";

@@ -1,0 +1,99 @@
+/* runtime/cpu/epilogue.c: the GEMM epilogue ops (passes/epilogue.c) as cuBLASLt computes
+ * them: the epilogue on the product's f32 values (cpu_matmul_epi), each output rounded
+ * once to its dtype: C = bias + a b; gelu(bias + a b) and the sum itself (its second
+ * output); gelu'(x) * (a b). A bias gradient is then cpu_sum_to's, in its fixed order, of
+ * the stored GELU gradient (or of dy). In f32 this is the separate ops' arithmetic, so a
+ * plan with the rewrite trains bit for bit as one without it (but for the residual's
+ * association, x + (a w + bias)); in 16 bits the separate ops round the product before
+ * the bias add and the sum before the GELU, where these round once.
+ *
+ * Attributes by position: matmul_bias, matmul_bias_gelu, matmul_dgelu_bgrad (a, b, x, ta,
+ * tb): ta attr[3], tb attr[4]; matmul_bgrad (a, b, ta, tb, side): ta attr[2], tb attr[3],
+ * side attr[4]. The workspace is the product's (cpu_work_matmul).
+ */
+#include "cpu_impl.h"
+
+#define COLS_AT_ONCE 256  // columns of a row staged as f32 on the stack
+
+/* The matmul call of op call k: its two operands, output `out` of k, k's ta and tb. */
+static KCall product(const KCall *k, int out)
+{
+    int at = k->n_in == 3 ? 3 : 2;
+    KCall m = *k;
+    m.n_in = 2, m.n_out = 1, m.out[0] = k->out[out];
+    m.attr[2] = k->attr[at], m.attr[3] = k->attr[at + 1];
+    return m;
+}
+
+CpuWork cpu_work_epilogue(const KCall *k)
+{
+    KCall m = product(k, 0);
+    return cpu_work_matmul(&m);
+}
+
+/* db = x [..., N] summed over its rows, as sum_to sums them. */
+static void row_sums(const KTensor *x, const KTensor *db)
+{
+    KCall s = {.n_in = 1, .n_out = 1};
+    s.in[0] = *x, s.out[0] = *db;
+    cpu_sum_to(&s);
+}
+
+typedef enum { EPI_BIAS, EPI_BIAS_GELU, EPI_DGELU } Epi;
+
+typedef struct {
+    Epi e;
+    const KTensor *v, *aux;  // v: the bias [N] or the GELU's input (DGELU); aux: where the sum goes (BIAS_GELU)
+    int64_t N;
+} EpiCtx;
+
+/* On the f32 product c, n values from C's flat element `at` (inside one row): BIAS c +=
+ * bias; BIAS_GELU: aux = c + bias (rounded), c = gelu(c + bias); DGELU: c *= gelu'(x). */
+static void epilogue(const void *ctx, float *c, int64_t at, int64_t n)
+{
+    const EpiCtx *x = ctx;
+    float w[COLS_AT_ONCE];
+    for (int64_t j0 = 0; j0 < n; j0 += COLS_AT_ONCE) {
+        int64_t m = imin(COLS_AT_ONCE, n - j0);
+        float *y = c + j0;
+        to_f32(w, x->v->data, x->v->dtype, x->e == EPI_DGELU ? at + j0 : (at + j0) % x->N, m);
+        if (x->e == EPI_DGELU) {
+            for (int64_t j = 0; j < m; j++) y[j] = y[j] * gelu_gradf(w[j]);
+            continue;
+        }
+        for (int64_t j = 0; j < m; j++) y[j] = y[j] + w[j];
+        if (x->e == EPI_BIAS) continue;
+        from_f32(x->aux->data, x->aux->dtype, at + j0, y, m);
+        for (int64_t j = 0; j < m; j++) y[j] = geluf(y[j]);
+    }
+}
+
+static void run(const KCall *k, Epi e, const KTensor *v, const KTensor *aux)
+{
+    KCall m = product(k, 0);
+    EpiCtx x = {e, v, aux, k->out[0].shape[k->out[0].rank - 1]};
+    cpu_matmul_epi(&m, &(CpuMmEpi){epilogue, &x});
+}
+
+void cpu_matmul_bias(const KCall *k) { run(k, EPI_BIAS, &k->in[2], NULL); }
+
+/* out[0] = gelu(pre), out[1] = pre = a b + bias. */
+void cpu_matmul_bias_gelu(const KCall *k) { run(k, EPI_BIAS_GELU, &k->in[2], &k->out[1]); }
+
+void cpu_matmul_dgelu_bgrad(const KCall *k)
+{
+    run(k, EPI_DGELU, &k->in[2], NULL);
+    row_sums(&k->out[0], &k->out[1]);
+}
+
+/* db: the reduced operand as it is stored, [K, len] (b untransposed for side 1, a under
+ * ta for side 0), its rows summed. */
+void cpu_matmul_bgrad(const KCall *k)
+{
+    int side = k_int(k, 4), t = k_int(k, side ? 3 : 2);
+    KCHECK((side == 0 || side == 1) && t == !side && k->in[side].rank == 2,
+           "matmul_bgrad: side %d with %s (the reduced operand stored [K, len])", side, t ? "it transposed" : "no ta");
+    KCall m = product(k, 0);
+    cpu_matmul(&m);
+    row_sums(&k->in[side], &k->out[1]);
+}

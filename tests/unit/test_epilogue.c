@@ -1,0 +1,216 @@
+/* tests/unit/test_epilogue.c: GEMM epilogues (passes/epilogue.c, runtime/cpu/epilogue.c).
+ *  - The rewrite (fuse_gemm 1, the default) leaves GPT-2 no gelu, gelu_bwd or bias-sized
+ *    sum_to: each block's three bias adds, its GELU, the GELU's gradient and four bias
+ *    gradients are in matmul_bias, matmul_bias_gelu, matmul_dgelu_bgrad and matmul_bgrad.
+ *    A frozen bias keeps its GELU's gelu_bwd (there is no bias gradient to fuse), a frozen
+ *    weight its bias's sum_to (there is no weight GEMM to fuse it into).
+ *  - On the CPU backend a plan with the rewrite trains as one without it: four steps'
+ *    losses and the params after them, GPT-2 and the MLP, fp32 to rounding (the residual's
+ *    bias is added as x + (h w + b)), bf16 and fp16 to their tolerance (the fused ops round
+ *    once, as cuBLASLt does), with accumulation and loss scaling, recompute, fsdp, and
+ *    frozen params.
+ *  - The fused ops' numbers against formulas in double: GELU's gradient (itself against
+ *    finite differences of tanh-GELU) times the product, the bias gradient as the sum of the
+ *    rows, BGRAD of either operand.
+ * The emulated cuBLASLt side is tests/cuda_emu (epilogue.fsm and the samples, op_check
+ * against the CPU).
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "rand.h"
+#include "sample.h"
+
+static int count_ops(const Plan *p, const char *name)
+{
+    int n = 0;
+    for (int32_t k = 0; k < p->n_ops; k++) n += !strcmp(plan_str(p, p->ops[k].op), name);
+    return n;
+}
+
+static Plan *gpt2(const char *fuse, const Setting *more, int n_more)
+{
+    Setting set[8] = {{"fuse_gemm", fuse}};
+    for (int i = 0; i < n_more; i++) set[i + 1] = more[i];
+    return sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, n_more + 1, NULL);
+}
+
+Test(epilogue, gpt2_ops)
+{
+    Plan *on = gpt2("1", NULL, 0), *off = gpt2("0", NULL, 0);
+    const char *fused[] = {"matmul_bias", "matmul_bias_gelu", "matmul_dgelu_bgrad", "matmul_bgrad"};
+    const int per_block[] = {3, 1, 1, 3};  // attn, proj, fcproj; fc; fc's; attn, proj, fcproj
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(count_ops(on, fused[i]), 2 * per_block[i], "%s", fused[i]);
+        cr_assert_eq(count_ops(off, fused[i]), 0, "%s", fused[i]);
+    }
+    cr_assert_eq(count_ops(on, "gelu") + count_ops(on, "gelu_bwd"), 0);
+    cr_assert_eq(count_ops(off, "gelu"), 2);
+    cr_assert_eq(count_ops(off, "gelu_bwd"), 2);
+    /* Bias sums left: the position embedding's sum over the batch, per step. */
+    cr_assert_eq(count_ops(on, "sum_to"), count_ops(off, "sum_to") - 8);
+    plan_free(on), plan_free(off);
+}
+
+Test(epilogue, frozen_bias_or_weight)
+{
+    Setting frozen = {"freeze", "h.0.fc.b,h.1.attn.w"};
+    Plan *p = gpt2("1", &frozen, 1);
+    cr_assert_eq(count_ops(p, "matmul_dgelu_bgrad"), 1, "h.0's GELU has no bias gradient to fuse");
+    cr_assert_eq(count_ops(p, "gelu_bwd"), 1);
+    cr_assert_eq(count_ops(p, "matmul_bgrad"), 5, "h.1.attn.b's sum has no weight GEMM");
+    cr_assert_eq(count_ops(p, "matmul_bias_gelu"), 2, "the forward fuses whatever is frozen");
+    plan_free(p);
+}
+
+/* Largest |x - y| over largest |y|. */
+static double rel(const float *x, const float *y, size_t n)
+{
+    double most = 0, worst = 0;
+    for (size_t i = 0; i < n; i++) most = fmax(most, fabs(y[i])), worst = fmax(worst, fabs((double)x[i] - y[i]));
+    return most > 0 ? worst / most : worst;
+}
+
+static void same_training(const char *file, const Define *defs, int n_defs, const Setting *more, int n_more, double tol)
+{
+    enum { STEPS = 4 };
+    Setting set[8];
+    for (int i = 0; i < n_more; i++) set[i] = more[i];
+    set[n_more] = (Setting){"fuse_gemm", "1"};
+    Plan *on = sample_compile(file, defs, n_defs, set, n_more + 1, NULL);
+    set[n_more].value = "0";
+    Plan *off = sample_compile(file, defs, n_defs, set, n_more + 1, NULL);
+    cr_assert_gt(count_ops(on, "matmul_bias") + count_ops(on, "matmul_bias_gelu"), 0, "the rewrite ran");
+    float l_on[STEPS], l_off[STEPS];
+    size_t n_on, n_off;
+    float *p_on = sample_trained(on, 7, STEPS, l_on, &n_on), *p_off = sample_trained(off, 7, STEPS, l_off, &n_off);
+    cr_assert_eq(n_on, n_off);
+    for (int s = 0; s < STEPS; s++)
+        cr_assert(fabsf(l_on[s] - l_off[s]) <= tol * fabsf(l_off[s]), "%s step %d: loss %.8g, apart %.8g", file, s + 1,
+                  l_on[s], l_off[s]);
+    double d = rel(p_on, p_off, n_off);
+    cr_log_info("%s: params after %d steps differ by %.3g (relative)", file, STEPS, d);
+    cr_assert(d <= tol, "%s: params differ by %.3g of the largest", file, d);
+    free(p_on), free(p_off);
+    plan_free(on), plan_free(off);
+}
+
+Test(epilogue, gpt2_fp32_trains_as_apart) { same_training("gpt2.fsm", SAMPLE_GPT2, 6, NULL, 0, 2e-6); }
+Test(epilogue, gpt2_bf16_trains_as_apart)
+{
+    same_training("gpt2.fsm", SAMPLE_GPT2, 6, (Setting[]){{"precision", "bf16"}}, 1, 1e-2);
+}
+Test(epilogue, gpt2_fp16_loss_scaling_and_accumulation)
+{
+    same_training("gpt2.fsm", SAMPLE_GPT2, 6, (Setting[]){{"precision", "fp16"}, {"microbatches", "2"}}, 2, 1e-2);
+}
+Test(epilogue, gpt2_fp32_fsdp_recompute_accumulation)
+{
+    Setting s[] = {{"shard", "fsdp"}, {"recompute", "Block"}, {"microbatches", "2"}};
+    same_training("gpt2.fsm", SAMPLE_GPT2, 6, s, 3, 2e-6);
+}
+Test(epilogue, gpt2_bf16_zero2_frozen)
+{
+    Setting s[] = {{"precision", "bf16"}, {"shard", "zero2"}, {"freeze", "h.0.fc.b,h.1.attn.w"}};
+    same_training("gpt2.fsm", SAMPLE_GPT2, 6, s, 3, 1e-2);
+}
+Test(epilogue, mlp_fp32_trains_as_apart) { same_training("mlp.fsm", NULL, 0, NULL, 0, 2e-6); }
+Test(epilogue, mlp_bf16_trains_as_apart) { same_training("mlp.fsm", NULL, 0, (Setting[]){{"precision", "bf16"}}, 1, 1e-2); }
+
+/* ---- the kernels against formulas ----------------------------------------------------- */
+
+#define SQRT_2_OVER_PI 0.79788456080286535588  // sqrt(2 / pi)
+
+static double gelu_d(double x) { return 0.5 * x * (1 + tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))); }
+
+static double gelu_grad_d(double x)
+{
+    double k = SQRT_2_OVER_PI, t = tanh(k * (x + 0.044715 * x * x * x));
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+}
+
+static KTensor f32(float *d, int rank, int64_t a, int64_t b, int64_t c)
+{
+    KTensor t = {.data = d, .dtype = KT_F32, .rank = rank, .shape = {a, b, c}};
+    t.numel = a * (rank > 1 ? b : 1) * (rank > 2 ? c : 1);
+    return t;
+}
+
+static void fill(float *x, int n, float lo, float hi)
+{
+    for (int i = 0; i < n; i++) x[i] = urand(lo, hi);
+}
+
+Test(epilogue, gelu_gradient_against_finite_differences)
+{
+    for (double x = -4; x <= 4; x += 0.125) {
+        double h = 1e-5, fd = (gelu_d(x + h) - gelu_d(x - h)) / (2 * h);
+        cr_assert(fabs(fd - gelu_grad_d(x)) < 1e-8, "x %g: %.10g vs %.10g", x, fd, gelu_grad_d(x));
+    }
+}
+
+/* dy [2, 3, 4] @ w^T (w [5, 4], tb) times gelu'(pre), and its rows' sum. */
+Test(epilogue, dgelu_bgrad_kernel)
+{
+    float dy[24], w[20], pre[30], d[30], db[5];
+    fill(dy, 24, -1, 1), fill(w, 20, -1, 1), fill(pre, 30, -3, 3);
+    KCall k = {.n_in = 3, .n_out = 2, .attr = {0, 0, 0, 0, 1}};
+    k.in[0] = f32(dy, 3, 2, 3, 4), k.in[1] = f32(w, 2, 5, 4, 1), k.in[2] = f32(pre, 3, 2, 3, 5);
+    k.out[0] = f32(d, 3, 2, 3, 5), k.out[1] = f32(db, 1, 5, 1, 1);
+    cpu_matmul_dgelu_bgrad(&k);
+    double sum[5] = {0};
+    for (int r = 0; r < 6; r++)
+        for (int j = 0; j < 5; j++) {
+            double c = 0;
+            for (int l = 0; l < 4; l++) c += (double)dy[r * 4 + l] * w[j * 4 + l];
+            double want = c * gelu_grad_d(pre[r * 5 + j]);
+            sum[j] += want;
+            cr_assert(fabs(d[r * 5 + j] - want) < 1e-5, "d[%d, %d] %g, want %g", r, j, d[r * 5 + j], want);
+        }
+    for (int j = 0; j < 5; j++) cr_assert(fabs(db[j] - sum[j]) < 1e-5, "db[%d] %g, want %g", j, db[j], sum[j]);
+}
+
+/* x [6, 3] (ta) and dy [6, 4]: x^T dy, and dy's rows summed (side 1); dy^T x with dy under ta
+ * and its rows summed (side 0). */
+Test(epilogue, bgrad_kernel_either_side)
+{
+    float x[18], dy[24], c[12], db[4];
+    fill(x, 18, -1, 1), fill(dy, 24, -1, 1);
+    for (int side = 0; side < 2; side++) {
+        KCall k = {.n_in = 2, .n_out = 2, .attr = {0, 0, 1, 0, side}};
+        k.in[side ? 0 : 1] = f32(x, 2, 6, 3, 1), k.in[side] = f32(dy, 2, 6, 4, 1);
+        k.out[0] = side ? f32(c, 2, 3, 4, 1) : f32(c, 2, 4, 3, 1), k.out[1] = f32(db, 1, 4, 1, 1);
+        cpu_matmul_bgrad(&k);
+        for (int j = 0; j < 4; j++) {
+            double s = 0;
+            for (int r = 0; r < 6; r++) s += dy[r * 4 + j];
+            cr_assert(fabs(db[j] - s) < 1e-5, "side %d db[%d] %g, want %g", side, j, db[j], s);
+            for (int i = 0; i < 3; i++) {
+                double want = 0;
+                for (int r = 0; r < 6; r++) want += (double)x[r * 3 + i] * dy[r * 4 + j];
+                float got = side ? c[i * 4 + j] : c[j * 3 + i];
+                cr_assert(fabs(got - want) < 1e-5, "side %d c %g, want %g", side, got, want);
+            }
+        }
+    }
+}
+
+/* gelu(a b + bias) and the pre-activation. */
+Test(epilogue, bias_gelu_kernel)
+{
+    float a[12], b[15], bias[5], y[20], pre[20];
+    fill(a, 12, -1, 1), fill(b, 15, -1, 1), fill(bias, 5, -1, 1);
+    KCall k = {.n_in = 3, .n_out = 2};
+    k.in[0] = f32(a, 2, 4, 3, 1), k.in[1] = f32(b, 2, 3, 5, 1), k.in[2] = f32(bias, 1, 5, 1, 1);
+    k.out[0] = f32(y, 2, 4, 5, 1), k.out[1] = f32(pre, 2, 4, 5, 1);
+    cpu_matmul_bias_gelu(&k);
+    for (int r = 0; r < 4; r++)
+        for (int j = 0; j < 5; j++) {
+            double p = bias[j];
+            for (int l = 0; l < 3; l++) p += (double)a[r * 3 + l] * b[l * 5 + j];
+            cr_assert(fabs(pre[r * 5 + j] - p) < 1e-5 && fabs(y[r * 5 + j] - gelu_d(p)) < 1e-5, "[%d, %d]", r, j);
+        }
+}
