@@ -14,13 +14,16 @@
  */
 #include "cuda_rows.h"
 
-/* The loss's shape: logits (rows, V); -1 (cu_fail) unless float logits and i32 targets. */
-static int loss_shape(CuCtx *c, const char *op, int64_t *rows, int64_t *V)
+/* The loss's shape: logits (rows, V), of which the first W columns are the model's (the
+ * `valid` attribute: passes/pad_vocab.c); -1 (cu_fail) unless float logits and i32 targets. */
+static int loss_shape(CuCtx *c, const char *op, int64_t *rows, int64_t *V, int64_t *W)
 {
     if (!dtype_is_float(cu_inv(c, 0)->dtype) || cu_inv(c, 1)->dtype != DT_I32)
         return cu_fail(c, "%s: float logits and i32 targets only", op);
     const Value *lg = cu_inv(c, 0);
     *V = lg->shape[lg->rank - 1], *rows = ir_numel(lg) / *V;
+    *W = ir_attr_int(c->g, cu_node(c), "valid", 0);
+    if (!*W) *W = *V;
     cu_use(c, "loss.cuh");
     return 0;
 }
@@ -37,12 +40,13 @@ static int mean_launch(CuCtx *c, const char *prefix, int64_t rows)
 /* cross_entropy(logits, targets) -> f32 [], terms (rows, 2) f32 */
 int cuda_cross_entropy(CuCtx *c)
 {
-    int64_t rows, V;
-    if (loss_shape(c, "cross_entropy", &rows, &V)) return -1;
+    int64_t rows, V, W;
+    if (loss_shape(c, "cross_entropy", &rows, &V, &W)) return -1;
     RowGeo geo = row_geo(rows, V);
     const char *terms = cu_kernel(
         c, 0, cu_fmt(c, "%s, const int *__restrict__ tg, float *__restrict__ terms", cu_pin(c, 0, "lg")),
-        cu_fmt(c, "fs_xent_rows<%s, %lldLL, %lldLL>(lg, tg, terms)", row_targs(c, &geo), (long long)rows, (long long)V));
+        cu_fmt(c, "fs_xent_rows<%s, %lldLL, %lldLL, %lldLL>(lg, tg, terms)", row_targs(c, &geo), (long long)rows,
+               (long long)V, (long long)W));
     if (row_launch(c, "cross_entropy", terms, &geo, (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, 1)}, 3))
         return -1;
     return mean_launch(c, "cross_entropy", rows);
@@ -51,15 +55,15 @@ int cuda_cross_entropy(CuCtx *c)
 /* cross_entropy_fused(logits, targets, dloss) -> f32 [], terms (rows, 2) f32, dlogits (over the logits) */
 int cuda_cross_entropy_fused(CuCtx *c)
 {
-    int64_t rows, V;
-    if (loss_shape(c, "cross_entropy_fused", &rows, &V)) return -1;
+    int64_t rows, V, W;
+    if (loss_shape(c, "cross_entropy_fused", &rows, &V, &W)) return -1;
     RowGeo geo = row_geo(rows, V);
     const char *src = cu_kernel(
         c, 0,
         cu_fmt(c, "%s, const int *__restrict__ tg, %s, float *__restrict__ terms", cu_pout(c, 2, "x"),
                cu_pin(c, 2, "dloss")),
-        cu_fmt(c, "fs_xent_fused<%s, %lldLL, %lldLL>(x, tg, dloss, terms)", row_targs(c, &geo), (long long)rows,
-               (long long)V));
+        cu_fmt(c, "fs_xent_fused<%s, %lldLL, %lldLL, %lldLL>(x, tg, dloss, terms)", row_targs(c, &geo),
+               (long long)rows, (long long)V, (long long)W));
     if (row_launch(c, "cross_entropy_fused", src, &geo,
                    (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 1)}, 4))
         return -1;
@@ -69,13 +73,14 @@ int cuda_cross_entropy_fused(CuCtx *c)
 /* cross_entropy_bwd(logits, targets, dloss) -> dlogits */
 int cuda_cross_entropy_bwd(CuCtx *c)
 {
-    int64_t rows, V;
-    if (loss_shape(c, "cross_entropy_bwd", &rows, &V)) return -1;
+    int64_t rows, V, W;
+    if (loss_shape(c, "cross_entropy_bwd", &rows, &V, &W)) return -1;
     RowGeo geo = row_geo(rows, V);
     const char *src = cu_kernel(
         c, 0,
         cu_fmt(c, "%s, const int *__restrict__ tg, %s, %s", cu_pin(c, 0, "lg"), cu_pin(c, 2, "dloss"), cu_pout(c, 0, "dx")),
-        cu_fmt(c, "fs_xent_bwd<%s, %lldLL, %lldLL>(lg, tg, dloss, dx)", row_targs(c, &geo), (long long)rows, (long long)V));
+        cu_fmt(c, "fs_xent_bwd<%s, %lldLL, %lldLL, %lldLL>(lg, tg, dloss, dx)", row_targs(c, &geo), (long long)rows,
+               (long long)V, (long long)W));
     return row_launch(c, "cross_entropy_bwd", src, &geo,
                       (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 0)}, 4);
 }

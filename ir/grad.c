@@ -257,7 +257,8 @@ int grad_embedding(GradCtx *c)
 
 int grad_cross_entropy(GradCtx *c)
 {
-    c->din[0] = emit(c, OP_cross_entropy_bwd, (int[]){in_of(c, 0), in_of(c, 1), c->dout[0]}, 3, NULL, 0);
+    Attr at = aint("valid", attr_i(c, "valid"));  // a padded vocabulary's columns get no gradient
+    c->din[0] = emit(c, OP_cross_entropy_bwd, (int[]){in_of(c, 0), in_of(c, 1), c->dout[0]}, 3, &at, 1);
     return 0;
 }
 

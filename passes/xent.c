@@ -74,7 +74,8 @@ static void fuse(Graph *g, int n, int b, const char *up)
     const Node *x = ir_node(g, n), *bw = ir_node(g, b);
     int in[3] = {ir_in(g, bw, 0), ir_in(g, bw, 1), ir_in(g, bw, 2)};
     char err[256];
-    int f = ir_node_add(g, OP_cross_entropy_fused, in, 3, NULL, 0, x->block, x->phase, x->loc, err, sizeof err);
+    Attr valid = {.key = "valid", .kind = ATTR_INT, .i = ir_attr_int(g, x, "valid", 0)};  // passes/pad_vocab.c's
+    int f = ir_node_add(g, OP_cross_entropy_fused, in, 3, &valid, 1, x->block, x->phase, x->loc, err, sizeof err);
     FS_ASSERT(f >= 0);
     g->nodes[f].mb = g->nodes[n].mb, g->nodes[f].chunk = g->nodes[n].chunk;
     const Node *fn = ir_node(g, f);

@@ -166,7 +166,8 @@ static int64_t correct_of(const RtEval *v, int64_t *rows)
     rt_exec_tensor_id(v->e, yi, &yt);
     if (lt.dtype != PLAN_DT_F32 || lt.rank != 2 || yt.dtype != PLAN_DT_I32 || yt.rank != 1) return 0;
     *rows = lt.shape[0];
-    return llround(rt_accuracy(lt.data, yt.data, lt.shape[0], lt.shape[1]) * (double)lt.shape[0]);
+    int64_t K = lt.shape[1], W = rt_plan_valid_columns(rt_exec_plan(v->e), K);  // a padded head's own classes
+    return llround(rt_accuracy_of(lt.data, yt.data, lt.shape[0], K, W) * (double)lt.shape[0]);
 }
 
 int rt_eval_run(RtEval *v, double *loss, double *accuracy, char *err, size_t errlen)

@@ -49,12 +49,17 @@ double rt_now(void)
 
 double rt_accuracy(const float *logits, const int32_t *y, int64_t B, int64_t K)
 {
-    if (B <= 0 || K <= 0) return NAN;
+    return rt_accuracy_of(logits, y, B, K, K);
+}
+
+double rt_accuracy_of(const float *logits, const int32_t *y, int64_t B, int64_t K, int64_t W)
+{
+    if (B <= 0 || K <= 0 || W <= 0 || W > K) return NAN;
     int64_t right = 0;
     for (int64_t b = 0; b < B; b++) {
         const float *row = logits + b * K;
         int64_t best = 0;
-        for (int64_t k = 1; k < K; k++)
+        for (int64_t k = 1; k < W; k++)
             if (row[k] > row[best]) best = k;
         right += best == y[b];
     }

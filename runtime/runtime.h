@@ -289,6 +289,10 @@ int64_t rt_plan_vocab(const Plan *p);
  * range): an embedding's (and its backward's) indices, rows of its table; a
  * cross-entropy's (and its backward's) targets, classes of its logits. The index tensor
  * in *idx, the bound its values must stay below in *bound; RT_INDEX_NONE for other ops. */
+/* Of logits or a table with `cols` classes (rows), how many are the model's: the loss's
+ * `valid` where passes/pad_vocab.c padded a vocabulary (else a padded param's own rows,
+ * for a program without the loss), or cols. */
+int64_t rt_plan_valid_columns(const Plan *p, int64_t cols);
 typedef enum { RT_INDEX_NONE, RT_INDEX_ROWS, RT_INDEX_CLASSES } RtIndexKind;
 RtIndexKind rt_op_index(const Plan *p, int32_t k, int32_t *idx, int64_t *bound);
 /* Whether op `op` (by name) passes its inputs' values on unchanged (views, layout ops,
@@ -707,6 +711,9 @@ typedef struct {
 int rt_progress_bar_fit(const ProgressBar *b, int cols, char *buf, size_t n);
 /* mean(argmax(logits[b]) == y[b]) over B rows of K. */
 double rt_accuracy(const float *logits, const int32_t *y, int64_t B, int64_t K);
+/* The same over the first W of each row's K logits (a padded classifier's own classes:
+ * rt_plan_valid_columns). */
+double rt_accuracy_of(const float *logits, const int32_t *y, int64_t B, int64_t K, int64_t W);
 /* Monotonic seconds. */
 double rt_now(void);
 

@@ -184,7 +184,8 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
             return RT_TRAIN_LOCAL;
         }
         rt_exec_copied(e, &host1, &dev1);
-        double accuracy = logits ? rt_accuracy(logits, labels, B, K) : NAN;
+        int64_t W = logits ? rt_plan_valid_columns(rt_exec_plan(e), K) : 0;  // a padded classifier's own classes
+        double accuracy = logits ? rt_accuracy_of(logits, labels, B, K, W) : NAN;
         int dp = rt_exec_world(e);  // over the global batch, like the loss: the stage's data-parallel ranks
         if (logits && dp > 1)
             accuracy = (double)rt_comm_sum_i64((int64_t)llround(accuracy * (double)B)) / (double)(B * dp);

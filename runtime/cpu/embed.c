@@ -157,16 +157,27 @@ CpuWork cpu_work_cross_entropy(const KCall *k)
     return (CpuWork){V, V * (size_t)omp_get_max_threads()};
 }
 
-/* One row of dlogits: softmax(x) * g, less g at the target (dx may be x). */
-KSIMD static void ce_grad_row(const float *x, float *dx, int64_t V, int32_t target, float g)
+/* One row of dlogits: softmax(x) * g over its first W columns, less g at the target (dx
+ * may be x); columns [W, V), a padded vocabulary's, are -inf to the softmax: 0. */
+KSIMD static void ce_grad_row(const float *x, float *dx, int64_t V, int64_t W, int32_t target, float g)
 {
-    float m = row_max(x, V);
+    float m = row_max(x, W);
     VEC_LOOP
-    for (int64_t j = 0; j < V; j++) dx[j] = fexp(x[j] - m);
-    float f = g / vsum(dx, V);
+    for (int64_t j = 0; j < W; j++) dx[j] = fexp(x[j] - m);
+    float f = g / vsum(dx, W);
     VEC_LOOP
-    for (int64_t j = 0; j < V; j++) dx[j] *= f;
+    for (int64_t j = 0; j < W; j++) dx[j] *= f;
     dx[target] -= g;
+    for (int64_t j = W; j < V; j++) dx[j] = 0;
+}
+
+/* The loss's `valid` attribute (at position a of the signature): the columns of a row that
+ * are the model's vocabulary (passes/pad_vocab.c); 0 means all V. */
+static int64_t valid_cols(const KCall *k, int a, int64_t V)
+{
+    int64_t W = (int64_t)k->attr[a];
+    KCHECK(W >= 0 && W <= V, "cross_entropy: valid = %lld of %lld columns", (long long)W, (long long)V);
+    return W ? W : V;
 }
 
 /* The loss of logits (rows, V): each row's terms, added in double over the fixed blocks
@@ -179,6 +190,7 @@ static void loss_rows(const KCall *k, const KTensor *dx, const char *op)
     const KTensor *L = &k->in[0];
     KCHECK((L->dtype == KT_F32 || lowp(L->dtype)) && k->in[1].dtype == KT_I32, "%s: unsupported dtypes", op);
     int64_t V = L->shape[L->rank - 1], rows = L->numel / V, bs = (rows + OPS_LOSS_BLOCKS - 1) / OPS_LOSS_BLOCKS;
+    int64_t W = valid_cols(k, dx ? 3 : 2, V);
     int lp = lowp(L->dtype), nt = lp ? work_threads(k, (size_t)V, op) : omp_get_max_threads();
     float g = dx ? kload(&k->in[2], 0) / (float)rows : 0;  // dloss: f32, or any float dtype
     const int32_t *tg = idata(&k->in[1]);
@@ -191,10 +203,10 @@ static void loss_rows(const KCall *k, const KTensor *dx, const char *op)
         for (int64_t r = imin(rows, b * bs); r < imin(rows, (b + 1) * bs); r++) {
             if (lp) to_f32(x, L->data, L->dtype, r * V, V);
             float *row = lp ? x : fdata(dx ? dx : L) + r * V;  // f32, dx: the logits' bytes
-            int32_t t = target_at(tg, r, V);
-            s += row_term(row, V, t, terms + 2 * r);
+            int32_t t = target_at(tg, r, W);
+            s += row_term(row, W, t, terms + 2 * r);
             if (!dx) continue;
-            ce_grad_row(row, row, V, t, g);
+            ce_grad_row(row, row, V, W, t, g);
             if (lp) from_f32(dx->data, dx->dtype, r * V, x, V);
         }
         part[b] = s;
@@ -222,7 +234,7 @@ void cpu_cross_entropy_fused(const KCall *k)
 void cpu_cross_entropy_bwd(const KCall *k)
 {
     const KTensor *L = &k->in[0];
-    int64_t V = L->shape[L->rank - 1], rows = L->numel / V;
+    int64_t V = L->shape[L->rank - 1], rows = L->numel / V, W = valid_cols(k, 3, V);
     float g = kload(&k->in[2], 0) / (float)rows;  // dloss: f32, or any float dtype
     if (lowp(L->dtype)) {
         const KTensor *O = &k->out[0];
@@ -232,7 +244,7 @@ void cpu_cross_entropy_bwd(const KCall *k)
         for (int64_t r = 0; r < rows; r++) {
             float *x = k->work + (size_t)omp_get_thread_num() * (size_t)V;
             to_f32(x, L->data, L->dtype, r * V, V);
-            ce_grad_row(x, x, V, target_at(tg, r, V), g);
+            ce_grad_row(x, x, V, W, target_at(tg, r, W), g);
             from_f32(O->data, O->dtype, r * V, x, V);
         }
         return;
@@ -242,7 +254,7 @@ void cpu_cross_entropy_bwd(const KCall *k)
     const int32_t *tg = idata(&k->in[1]);
     float *dx = fdata(&k->out[0]);
 #pragma omp parallel for if (L->numel > PAR_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++) ce_grad_row(x + r * V, dx + r * V, V, target_at(tg, r, V), g);
+    for (int64_t r = 0; r < rows; r++) ce_grad_row(x + r * V, dx + r * V, V, W, target_at(tg, r, W), g);
 }
 
 /* ---- constants ---------------------------------------------------------------------- */
