@@ -23,7 +23,8 @@
  *        logits [..., Vp]), and the loss replaced by one with valid = V. A head stored
  *        [C, V] (read without tb) keeps its shape: padding its columns would move every
  *        logical element (see docs/language.md). Forward-only programs run it too, so
- *        evaluation, sampling and decode read the same stored param.
+ *        evaluation, sampling and decode read the same stored param; the decode program,
+ *        which has no loss, pads the head that makes its output logits (read by nothing).
  */
 #include "passes.h"
 
@@ -49,14 +50,14 @@ static int read_only_by(const Graph *g, int v, int only)
     return 1;
 }
 
-/* The param the loss node n's vocabulary comes from, or -1 when it cannot be padded. */
-static int head_param(const Graph *g, int n, int64_t multiple)
+/* The param the vocabulary of logits L comes from, or -1 when it cannot be padded; n is
+ * the loss node that reads L, or -1 for logits nothing reads (the decode program's output). */
+static int head_param(const Graph *g, int L, int n, int64_t multiple)
 {
-    const Node *x = ir_node(g, n);
-    int L = ir_in(g, x, 0);
     const Value *lv = ir_value(g, L);
+    if (lv->rank < 1) return -1;
     int64_t V = lv->shape[lv->rank - 1];
-    if (ir_attr_int(g, x, "valid", 0) || V % multiple == 0 || lv->producer < 0 || !read_only_by(g, L, n)) return -1;
+    if (V % multiple == 0 || lv->producer < 0 || !read_only_by(g, L, n)) return -1;
     const Node *mm = ir_node(g, lv->producer);
     if (mm->op != OP_matmul || !ir_attr_int(g, mm, "tb", 0)) return -1;
     int p = ir_in(g, mm, 1);
@@ -85,21 +86,33 @@ static void mask_loss(Graph *g, int n, int64_t V)
     ir_graph_drop_last(g, 1);
 }
 
+/* Param p widened to a multiple of m rows, its own kept in logical_rows. */
+static void widen(Graph *g, int p, int64_t m)
+{
+    Value *pv = &g->values[p];
+    pv->logical_rows = pv->shape[0];
+    pv->shape[0] = (pv->shape[0] + m - 1) / m * m;
+}
+
 int pass_pad_vocab(Graph *g, const Options *o, Diag *d)
 {
     int64_t m = o->train.pad_vocab;
     if (m <= 1) return 0;
-    int padded = 0;
+    int padded = 0, losses = 0;
     for (int n = 0; n < g->n_nodes; n++) {
         if (g->nodes[n].op != OP_cross_entropy) continue;
-        int p = head_param(g, n, m);
+        losses++;
+        if (ir_attr_int(g, ir_node(g, n), "valid", 0)) continue;
+        int p = head_param(g, ir_in(g, ir_node(g, n), 0), n, m);
         if (p < 0) continue;
-        Value *pv = &g->values[p];
-        pv->logical_rows = pv->shape[0];
-        pv->shape[0] = (pv->shape[0] + m - 1) / m * m;
-        mask_loss(g, n, pv->logical_rows);
+        widen(g, p, m);
+        mask_loss(g, n, g->values[p].logical_rows);
         padded = 1;
     }
+    /* The decode program has no loss: its logits, the output, padded as the sampling program's
+     * are (the sampler reads the model's own columns of either: the padded param's rows). */
+    int p = !losses && g->n_outputs ? head_param(g, g->outputs[0], -1, m) : -1;
+    if (p >= 0) widen(g, p, m), padded = 1;
     for (int n = 0; padded && n < g->n_nodes; n++) {
         char err[256];
         if (ir_node_retype(g, n, err, sizeof err)) {
