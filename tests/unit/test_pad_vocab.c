@@ -3,7 +3,8 @@
  *    plan (PlanTensor.logical_rows), the loss's valid = 300 and the logits [.., 320];
  *    the params meta and the memory report's count are the model's (the unpadded plan's).
  *    With pad_vocab 0, or a vocabulary already a multiple, nothing changes; llama's head
- *    [C, V] (read without transposing) is not padded.
+ *    [C, V] (read without transposing) is not padded; an untied [V, C] head read through
+ *    transpose is, unless something else reads it.
  *  - On the CPU backend the padded plan trains as the unpadded one: five steps' losses
  *    and the final params, as the training state's logical pieces (the same names,
  *    shapes and element ranges in both plans), fp32 to rounding (only the head GEMM's
@@ -86,6 +87,38 @@ Test(pad_vocab, nothing_to_pad)
     const Define ll[7] = {{"L", 1}, {"C", 64}, {"NH", 4}, {"F", 176}, {"T", 32}, {"V", 300}, {"B", 4}};
     p = sample_compile("llama.fsm", ll, 7, NULL, 0, NULL);
     for (int32_t i = 0; i < p->n_tensors; i++) cr_assert_eq(p->tensors[i].logical_rows, 0);
+    plan_free(p);
+}
+
+/* An untied head stored [V, C] and read through transpose is padded as the tied one is; one
+ * that something else reads too (here a penalty on its values) is not. */
+Test(pad_vocab, an_untied_head_read_transposed)
+{
+    static const char SRC[] = "model m {\n"
+                              "  dim B = 4, T = 8, V = 300, C = 16;\n"
+                              "  input tokens: i32[B, T];\n"
+                              "  input targets: i32[B, T];\n"
+                              "  param emb: [V, C] = normal(0.02);\n"
+                              "  param head: [V, C] = normal(0.02);\n"
+                              "  loss = cross_entropy(embedding(emb, tokens) @ transpose(head), targets);\n"
+                              "}\n";
+    Plan *p = sample_compile_source("head.fsm", SRC, NULL, 0, NULL, 0, NULL);
+    const PlanTensor *head = &p->tensors[named_param(p, "head")], *emb = &p->tensors[named_param(p, "emb")];
+    cr_assert(head->shape[0] == VP && head->logical_rows == V, "the head: [%lld, 16] of %lld rows",
+              (long long)head->shape[0], (long long)head->logical_rows);
+    cr_assert(emb->shape[0] == V && emb->logical_rows == 0, "the input embedding is no head");
+    plan_free(p);
+    static const char READ[] = "model m {\n"
+                               "  dim B = 4, T = 8, V = 300, C = 16;\n"
+                               "  input tokens: i32[B, T];\n"
+                               "  input targets: i32[B, T];\n"
+                               "  param emb: [V, C] = normal(0.02);\n"
+                               "  param head: [V, C] = normal(0.02);\n"
+                               "  loss = cross_entropy(embedding(emb, tokens) @ transpose(head), targets) + "
+                               "sum(sum(head * head));\n"
+                               "}\n";
+    p = sample_compile_source("read.fsm", READ, NULL, 0, NULL, 0, NULL);
+    cr_assert_eq(p->tensors[named_param(p, "head")].logical_rows, 0, "a head read elsewhere keeps its shape");
     plan_free(p);
 }
 
