@@ -192,7 +192,8 @@ static json_t *weight_map(const Plan *whole, const char *path, RtWeightsFormat f
             const char *name = kind == SAVED_NONE ? NULL : rt_hf_name(fmt, ours, hf, sizeof hf);
             if (!name || json_object_get(map, name)) continue;  // a param without a name in fmt fails the save first
             const PlanTensor *t = &one->tensors[i];
-            *total += plan_tensor_logical_numel(t) * (kind == SAVED_FLAT ? (int64_t)sizeof(float) : plan_dtype_size(t->dtype));
+            int64_t es = kind == SAVED_FLAT ? (int64_t)sizeof(float) : plan_dtype_size(t->dtype);
+            *total += plan_tensor_logical_numel(t) * es;
             if (json_object_set_new(map, name, json_string(slash ? slash + 1 : file))) json_decref(map), map = NULL;
         }
         plan_free(one);

@@ -212,7 +212,8 @@ static void print_padding(const Plan *p, const FscMem *m, FILE *out)
     if (!t) return;
     int64_t padded = 0;
     for (int32_t g = 0; g < p->n_programs; g++)
-        if (p->programs[g].space_bytes[PLAN_PLACE_DEVICE] > padded) padded = p->programs[g].space_bytes[PLAN_PLACE_DEVICE];
+        padded = p->programs[g].space_bytes[PLAN_PLACE_DEVICE] > padded ? p->programs[g].space_bytes[PLAN_PLACE_DEVICE]
+                                                                        : padded;
     Setting off = {"pad_vocab", "0"};
     int64_t plain = arena_with(m, NULL, &off, 1), rows = t->logical_rows, per_row = plan_tensor_numel(t) / t->shape[0];
     char a[32], b[32];

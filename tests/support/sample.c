@@ -48,14 +48,21 @@ Plan *sample_compile_source(const char *file, const char *src, const Define *def
     return p;
 }
 
-float *sample_step1_grads(const Plan *p, size_t *n)
+Exec *sample_exec(const Plan *p, uint64_t seed, RtData **data)
 {
     char err[256];
-    ExecOptions eo = {.seed = 5};
+    ExecOptions eo = {.seed = seed};
     Exec *e = rt_exec_new(p, &eo, err, sizeof err);
     cr_assert_not_null(e, "%s", err);
-    RtData *data = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, 5, err, sizeof err);
-    cr_assert_not_null(data, "%s", err);
+    *data = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, seed, err, sizeof err);
+    cr_assert_not_null(*data, "%s", err);
+    return e;
+}
+
+float *sample_step1_grads(const Plan *p, size_t *n)
+{
+    RtData *data;
+    Exec *e = sample_exec(p, 5, &data);
     rt_data_fill(data, 1);
     /* Everything up to the update: forward, recompute, backward and the collectives. */
     cr_assert_eq(rt_exec_run_ops(e, 1, 0, rt_exec_first_op(e, PLAN_PHASE_OPTIMIZER), RT_PHASES_ALL), 0);
@@ -82,14 +89,10 @@ float *sample_step1_grads(const Plan *p, size_t *n)
     return out;
 }
 
-void sample_losses(const Plan *p, uint64_t seed, int steps, float *loss)
+Exec *sample_train(const Plan *p, uint64_t seed, int steps, float *loss)
 {
-    char err[256];
-    ExecOptions eo = {.seed = seed};
-    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
-    cr_assert_not_null(e, "%s", err);
-    RtData *d = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, seed, err, sizeof err);
-    cr_assert_not_null(d, "%s", err);
+    RtData *d;
+    Exec *e = sample_exec(p, seed, &d);
     for (int s = 1; s <= steps; s++) {
         rt_data_fill(d, s);
         cr_assert_eq(rt_exec_run(e, s, RT_PHASES_ALL), 0);
@@ -98,5 +101,10 @@ void sample_losses(const Plan *p, uint64_t seed, int steps, float *loss)
         loss[s - 1] = *(float *)t.data;
     }
     rt_data_close(d);
-    rt_exec_free(e);
+    return e;
+}
+
+void sample_losses(const Plan *p, uint64_t seed, int steps, float *loss)
+{
+    rt_exec_free(sample_train(p, seed, steps, loss));
 }

@@ -125,26 +125,6 @@ Test(pad_vocab, an_untied_head_read_transposed)
 /* An f32 piece's element i. */
 static float at(const RtPiece *x, int64_t i) { return ((const float *)x->data)[i]; }
 
-/* Trains STEPS steps of p from seed 5 on the built-in data; the losses into loss. */
-static Exec *train(const Plan *p, float *loss)
-{
-    char err[256];
-    ExecOptions eo = {.seed = 5};
-    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
-    cr_assert_not_null(e, "%s", err);
-    RtData *d = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, 5, err, sizeof err);
-    cr_assert_not_null(d, "%s", err);
-    for (int s = 1; s <= STEPS; s++) {
-        rt_data_fill(d, s);
-        cr_assert_eq(rt_exec_run(e, s, RT_PHASES_ALL), 0);
-        RtTensor t;
-        rt_exec_tensor_id(e, p->outputs[0], &t);
-        loss[s - 1] = *(float *)t.data;
-    }
-    rt_data_close(d);
-    return e;
-}
-
 /* Elements [from, to) of data (dtype dt) are +0.0 (all bits zero). */
 static void zeros(const void *data, PlanDType dt, int64_t from, int64_t to, const char *what)
 {
@@ -166,7 +146,8 @@ static int padding_is_zero(const Exec *e, const Plan *p)
         cr_assert(t->shape[0] == VP && t->logical_rows == V);
         /* A 16-bit param is the step's compute copy, made from the master each step; its bytes are
          * another buffer's once the step is over. */
-        if (t->dtype == PLAN_DT_F32) zeros(rt_exec_data(e, i), t->dtype, (int64_t)V * C, (int64_t)VP * C, "wte"), held++;
+        if (t->dtype == PLAN_DT_F32)
+            zeros(rt_exec_data(e, i), t->dtype, (int64_t)V * C, (int64_t)VP * C, "wte"), held++;
         for (int32_t s = 0; s < p->n_tensors && t->unit != PLAN_NONE; s++) {
             const PlanTensor *m = &p->tensors[s];
             if (m->unit != t->unit || m->dtype != PLAN_DT_F32 || !rt_flat_is_storage(p, s) || m->sharded) continue;
@@ -186,7 +167,7 @@ static void same_training(const char *precision, const char *fuse, const char *o
                      {"weight_decay", "0.1"}, {"lr", strcmp(optimizer, "sgd") ? "1e-3" : "0.1"}, {"warmup", "0"}};
     Plan *p = gpt2(1, set, 7), *u = gpt2(0, set, 7);
     float lp[STEPS], lu[STEPS];
-    Exec *ep = train(p, lp), *eu = train(u, lu);
+    Exec *ep = sample_train(p, 5, STEPS, lp), *eu = sample_train(u, 5, STEPS, lu);
     for (int s = 0; s < STEPS; s++)
         cr_assert(fabsf(lp[s] - lu[s]) <= loss_tol * fabsf(lu[s]), "%s %s: step %d loss %.9g padded, %.9g not",
                   precision, optimizer, s + 1, lp[s], lu[s]);
@@ -234,12 +215,8 @@ static void zero_gradient(const char *fuse)
 {
     Setting set[] = {{"fuse_loss", fuse}};
     Plan *p = gpt2(1, set, 1);
-    char err[256];
-    ExecOptions eo = {.seed = 5};
-    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
-    cr_assert_not_null(e, "%s", err);
-    RtData *d = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, 5, err, sizeof err);
-    cr_assert_not_null(d, "%s", err);
+    RtData *d;
+    Exec *e = sample_exec(p, 5, &d);
     rt_data_fill(d, 1);
     cr_assert_eq(rt_exec_run_ops(e, 1, 0, rt_exec_first_op(e, PLAN_PHASE_OPTIMIZER), RT_PHASES_ALL), 0);
     RtTensor g;
