@@ -1,27 +1,9 @@
 # cmake/embed_kernels.cmake: codegen/kernels/*.cuh as byte arrays in one C file, so fsc
 # carries the kernel templates and a plan's module needs nothing from the source tree.
 # Run at build time: cmake -D DIR=codegen/kernels -D OUT=kernels_src.c -P embed_kernels.cmake
-file(GLOB files RELATIVE ${DIR} ${DIR}/*.cuh)
-list(SORT files)
-set(arrays "")
-set(table "")
-set(i 0)
-foreach(f ${files})
-  file(READ ${DIR}/${f} hex HEX)
-  string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," hex "${hex}")
-  string(REGEX REPLACE "(0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,)"
-         "\\1\n" hex "${hex}")
-  string(APPEND arrays "static const char src${i}[] = {\n${hex}0};\n")
-  string(APPEND table "    {\"${f}\", src${i}},\n")
-  math(EXPR i "${i} + 1")
-endforeach()
+include(${CMAKE_CURRENT_LIST_DIR}/embed_common.cmake)
+embed_files(${DIR} "*.cuh" src "^$" arrays table i)
 set(text "/* Made by cmake/embed_kernels.cmake from the .cuh files of codegen/kernels/ at build time: edit those. */\n")
 string(APPEND text "#include \"cuda.h\"\n\n${arrays}\nconst CuSource cu_sources[] = {\n${table}};\n")
 string(APPEND text "const int cu_n_sources = ${i};\n")
-# Written only when it changes, so a build that changed no template recompiles nothing.
-if(EXISTS ${OUT})
-  file(READ ${OUT} old)
-endif()
-if(NOT "${old}" STREQUAL "${text}")
-  file(WRITE ${OUT} "${text}")
-endif()
+embed_write(${OUT} "${text}")

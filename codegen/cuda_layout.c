@@ -1,6 +1,6 @@
 /* codegen/cuda_layout.c: CUDA launches of the ops that move elements without arithmetic:
  * copy, reshape, expand, transpose, permute, heads, merge_heads, slice (one gather each),
- * split and concat; the kernels are codegen/kernels/layout.cuh's templates, instantiated
+ * split, concat and slice_bwd; the kernels are codegen/kernels/layout.cuh's templates, instantiated
  * with the shapes and the element size. Semantics: runtime/cpu/layout.c, comm_local.c
  * (copy) and elementwise.c (expand).
  *
@@ -198,4 +198,25 @@ int cuda_slice(CuCtx *c)
     if (start < 0 || len < 0 || start + len > n)
         return cu_fail(c, "[%lld, +%lld) out of %lld", (long long)start, (long long)len, (long long)n);
     return gather(c, "slice", start * inner, part_at(c, outer, n, inner, len));
+}
+
+/* slice_bwd(dy, axis, start, size): each output element is dy's or zero. */
+int cuda_slice_bwd(CuCtx *c)
+{
+    const Node *node = cu_node(c);
+    const Value *dy = cu_inv(c, 0), *y = cu_outv(c, 0);
+    int axis = norm_axis(ir_attr_int(c->g, node, "axis", 0), y->rank);
+    if (axis < 0 || axis >= y->rank) return cu_fail(c, "axis %d out of range for rank %d", axis, y->rank);
+    int64_t outer, n, inner, start = ir_attr_int(c->g, node, "start", 0), len = dy->shape[axis], total = ir_numel(y);
+    cu_around(y, axis, &outer, &n, &inner);
+    if (start < 0 || start + len > n)
+        return cu_fail(c, "[%lld, +%lld) out of %lld", (long long)start, (long long)len, (long long)n);
+    if (total == 0) return 0;
+    const char *T = bits(y->dtype);
+    cu_use(c, "layout.cuh");
+    char *src = cu_kernel(c, 0, cu_fmt(c, "const %s *dy, %s *y", T, T),
+                          cu_fmt(c, "fs_slice_bwd<%s, %lldLL, %lldLL, %lldLL, %lldLL, %lldLL>(dy, y)", cu_index(total),
+                                 (long long)total, (long long)n, (long long)inner, (long long)start, (long long)len));
+    return cu_launch(c, "slice_bwd", src, cu_grid(total), (CuDim){CU_BLOCK, 1, 1}, 0,
+                     (const int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
 }

@@ -20,6 +20,8 @@ typedef enum {
     EX_CALL,    // name(args): an op, an initializer, or a setting like adamw(...)
     EX_INST,    // name[count](args) as as_name: layer instances; count and as_name optional
     EX_LIST,    // [items]
+    EX_INDEX,   // lhs[items]: x[:, 0, :], x[:, 1:]; each item an index expression or an EX_SLICE
+    EX_SLICE,   // lhs:rhs inside an EX_INDEX, either side NULL when omitted (`:`, `1:`, `:-1`)
 } ExprKind;
 
 typedef struct Expr Expr;
@@ -40,12 +42,12 @@ struct Expr {
     const char *text;   // EX_NUM: as written; EX_STR: the contents, unquoted
     const char *name;   // EX_NAME, EX_CALL, EX_INST
     int op;             // EX_BINARY
-    Expr *lhs, *rhs;    // EX_NEG uses lhs
+    Expr *lhs, *rhs;    // EX_NEG uses lhs; EX_INDEX: lhs is what is indexed; EX_SLICE: start, stop
     Arg *args;          // EX_CALL, EX_INST
     Expr *count;        // EX_INST: the N of Layer[N](...), NULL for Layer(...)
     const char *as_name;  // EX_INST: `as h`, NULL when absent
     Loc as_loc;
-    Expr *items;        // EX_LIST
+    Expr *items;        // EX_LIST, EX_INDEX
     Expr *next;         // the next item of a list (EX_LIST items, return values, settings)
 };
 

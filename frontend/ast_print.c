@@ -12,6 +12,7 @@
  *                                          (set KEY NAME (k= v)), `NAME(k = v)` (set NAME (k= v))
  *   expressions: 3  6e-4 (numbers as written)  "str"  x  ln1.w  (- E)  (+ A B)  (@ A B)
  *                (call F ARG...)  (list E...)  (inst L [COUNT] ARG... [(as N)])
+ *                (index E ITEM...), a slice item (: START STOP) with `_` for an omitted side
  *                keyword arguments print as (key= E)
  *
  * A single space separates items. Locations are not printed; tests check them apart.
@@ -60,6 +61,14 @@ static void print_expr(const Expr *e, FILE *out)
         return;
     case EX_CALL: fprintf(out, "(call %s", e->name); print_args(e->args, out); fputc(')', out); return;
     case EX_LIST: fputs("(list", out); print_exprs(e->items, out); fputc(')', out); return;
+    case EX_INDEX: fputs("(index ", out); print_expr(e->lhs, out); print_exprs(e->items, out); fputc(')', out); return;
+    case EX_SLICE:
+        fputs("(: ", out);
+        e->lhs ? print_expr(e->lhs, out) : (void)fputc('_', out);
+        fputc(' ', out);
+        e->rhs ? print_expr(e->rhs, out) : (void)fputc('_', out);
+        fputc(')', out);
+        return;
     case EX_INST:
         fprintf(out, "(inst %s", e->name);
         if (e->count) fputs(" [", out), print_expr(e->count, out), fputc(']', out);

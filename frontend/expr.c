@@ -8,8 +8,7 @@
  * Op calls bind their arguments to the op's signature from ops.def (tensors first, then
  * attributes by position or keyword, bare flag names), and store every attribute on the
  * node, defaults included (dropout binds x and p and adds what the compiler owns: its RNG
- * input and key, below). A layer call creates one block per instance and lowers the
- * forward body once per instance, chaining results into the next instance's arguments.
+ * input and key, below). Layer calls are instance.c's, indexing index.c's.
  */
 #include <math.h>
 #include <stdio.h>
@@ -21,7 +20,7 @@ static RVal poison(void) { return (RVal){.kind = RV_POISON, .id = -1}; }
 static RVal value(int id) { return (RVal){.kind = RV_VALUE, .id = id}; }
 static RVal constant(double c) { return (RVal){.kind = RV_CONST, .id = -1, .c = c}; }
 
-static RVal tuple(Lower *L, const int *ids, int n, const char *what)
+RVal lower_tuple(Lower *L, const int *ids, int n, const char *what)
 {
     RVal r = {.kind = RV_TUPLE, .id = -1, .n = n, .what = what};
     r.ids = arena_alloc(L->tmp, sizeof(int) * (size_t)(n > 0 ? n : 1));
@@ -61,6 +60,7 @@ static RVal add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *a
         node_error(L, op, loc, err);
         return poison();
     }
+    L->g->nodes[id].use = L->use;
     const Node *nd = ir_node(L->g, id);
     int outs[IR_MAX_OUT];
     for (int i = 0; i < nd->n_out; i++) {
@@ -75,7 +75,7 @@ static RVal add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *a
     }
     /* An op's saved state (attention's log-sum-exp) is for backward, not for source. */
     if (nd->n_out == 1 || (op_info(op)->flags & OPF_SAVES)) return value(outs[0]);
-    return tuple(L, outs, nd->n_out, op_name(op));
+    return lower_tuple(L, outs, nd->n_out, op_name(op));
 }
 
 static int scalar_of(Lower *L, double c, Loc loc)
@@ -98,6 +98,13 @@ static int one_value(Lower *L, RVal r, Loc loc)
     default: return -1;
     }
 }
+
+RVal lower_add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, Loc loc)
+{
+    return add_node(L, op, in, n_in, attrs, n_attr, loc);
+}
+
+int lower_one_value(Lower *L, RVal r, Loc loc) { return one_value(L, r, loc); }
 
 static RVal lower_name(Lower *L, Scope *s, const Expr *e)
 {
@@ -392,164 +399,6 @@ static RVal lower_op_call(Lower *L, Scope *s, const Expr *e, OpKind op)
     return add_node(L, op, in, n_in, attrs, n_attr, e->loc);
 }
 
-/* ---- layer instances ----------------------------------------------------------------- */
-
-/* Lowers one instance's params and forward; its return values into ret. */
-static int lower_instance(Lower *L, const Layer *ly, const char *prefix, int block,
-                          const int *args, int *ret)
-{
-    const Stmt *def = ly->def;
-    Scope sc;
-    scope_init(&sc, &L->model);
-    const Layer *saved_layer = L->in_layer;
-    int saved_block = L->block, rc = 0;
-    L->in_layer = ly;
-    L->block = block;
-    for (const Stmt *st = def->body; st; st = st->next) {
-        if (st->kind == ST_DIM) lower_dim(L, &sc, st, NULL);
-        if (st->kind != ST_PARAM) continue;
-        char *full = arena_printf(L->tmp, "%s.%s", prefix, st->name);
-        int id = lower_param(L, &sc, st, full, block);
-        Binding *b = scope_bind(L, &sc, st->name, B_PARAM, st->name_loc);
-        b->value = id;
-        b->poisoned = id < 0;
-        if (id < 0) rc = -1;
-    }
-    int j = 0;
-    for (const Name *nm = def->targets; nm; nm = nm->next, j++)
-        scope_bind(L, &sc, nm->name, B_VALUE, nm->loc)->value = args[j];
-    for (const Stmt *st = def->fwd; st && !L->d->stopped; st = st->next) {
-        if (st->kind == ST_ASSIGN) lower_assign(L, &sc, st);
-        if (st->kind != ST_RETURN) continue;
-        j = 0;
-        for (const Expr *x = st->value; x; x = x->next, j++)
-            if ((ret[j] = one_value(L, lower_expr(L, &sc, x), x->loc)) < 0) rc = -1;
-        break;
-    }
-    L->in_layer = saved_layer;
-    L->block = saved_block;
-    return rc;
-}
-
-/* Chained instances must return what they take: result j feeds argument j. */
-static int check_chain(Lower *L, const Expr *e, const Layer *ly, int64_t count, const int *args,
-                       const int *ret)
-{
-    for (int j = 0; j < ly->n_ret; j++) {
-        const Value *r = ir_value(L->g, ret[j]), *a = ir_value(L->g, args[j]);
-        int same = r->dtype == a->dtype && r->rank == a->rank;
-        for (int i = 0; same && i < r->rank; i++) same = r->shape[i] == a->shape[i];
-        if (same) continue;
-        char rb[128], ab[128];
-        diag_error(L->d, e->loc,
-                   "%s[%lld]: chained instances must return what they take, but result %d is %s "
-                   "and argument %d is %s",
-                   ly->def->name, (long long)count, j + 1, ir_type_str(r, rb, sizeof rb), j + 1,
-                   ir_type_str(a, ab, sizeof ab));
-        if (ly->ret) diag_note(L->d, ly->ret->loc, "'%s' returns here", ly->def->name);
-        return -1;
-    }
-    return 0;
-}
-
-/* `as NAME` (or the default "h") must name one group of instances only, and no
- * model-level name may look like one of theirs (h.0.w). */
-static int claim_name(Lower *L, const char *name, Loc loc, int explicit)
-{
-    size_t len = strlen(name);
-    for (const Stmt *st = L->body; st; st = st->next) {
-        int decl = st->kind == ST_DIM || st->kind == ST_INPUT || st->kind == ST_PARAM;
-        if (!decl || strncmp(st->name, name, len) != 0 || st->name[len] != '.') continue;
-        diag_error(L->d, loc, "instance name '%s' clashes with the name of %s '%s'%s", name,
-                   st->kind == ST_INPUT ? "input" : st->kind == ST_DIM ? "dim" : "param",
-                   st->name, explicit ? "" : "; name the instances with `as NAME`");
-        diag_note(L->d, st->name_loc, "'%s' is declared here", st->name);
-        return -1;
-    }
-    for (int i = 0; i < L->n_insts; i++) {
-        if (strcmp(L->insts[i].name, name) != 0) continue;
-        if (explicit)
-            diag_error(L->d, loc, "instance name '%s' is already used", name);
-        else
-            diag_error(L->d, loc, "instances named '%s' already exist; name these with `as NAME`",
-                       name);
-        diag_note(L->d, L->insts[i].loc, "'%s' was first used here", name);
-        return -1;
-    }
-    L->insts = arena_grow(L->tmp, L->insts, &L->cap_insts, L->n_insts + 1, sizeof *L->insts);
-    L->insts[L->n_insts++] = (InstName){name, loc};
-    return 0;
-}
-
-static int inst_args(Lower *L, Scope *s, const Expr *e, const Layer *ly, int *args)
-{
-    int n = 0, rc = 0;
-    for (const Arg *a = e->args; a; a = a->next, n++) {
-        if (a->key) {
-            diag_error(L->d, a->key_loc, "%s: layer arguments are positional; drop '%s ='",
-                       e->name, a->key);
-            rc = -1;
-            continue;
-        }
-        int id = one_value(L, lower_expr(L, s, a->value), a->value->loc);
-        if (n < IR_MAX_IN) args[n] = id;
-        if (id < 0) rc = -1;
-    }
-    if (n != ly->n_args) {
-        diag_error(L->d, e->loc, "%s: expects %d argument%s, got %d", e->name, ly->n_args,
-                   ly->n_args == 1 ? "" : "s", n);
-        diag_note(L->d, ly->def->fwd_loc, "'%s' takes its arguments here", e->name);
-        return -1;
-    }
-    return rc;
-}
-
-static RVal lower_instances(Lower *L, Scope *s, const Expr *e, const Layer *ly)
-{
-    if (L->in_layer) {
-        diag_error(L->d, e->loc, "layers cannot be nested: '%s' is used inside the forward of '%s'",
-                   e->name, L->in_layer->def->name);
-        return poison();
-    }
-    int64_t count = 1;
-    int rc = 0;
-    if (e->kind == EX_INST && e->count) {
-        char *what = arena_printf(L->tmp, "the count of %s[N]", e->name);
-        if (ce_int(L, s, e->count, what, &count)) {
-            rc = -1;
-        } else if (count < 1 || count > LOWER_MAX_INSTANCES) {
-            diag_error(L->d, e->count->loc, "%s[%lld]: the count must be between 1 and %d",
-                       e->name, (long long)count, LOWER_MAX_INSTANCES);
-            rc = -1;
-        }
-    }
-    int named = e->kind == EX_INST && e->as_name;
-    const char *base = named ? e->as_name : "h";
-    if (claim_name(L, base, named ? e->as_loc : e->loc, named)) rc = -1;
-    int args[IR_MAX_IN];
-    if (ly->n_args > IR_MAX_IN) rc = -1;
-    if (inst_args(L, s, e, ly, args)) rc = -1;
-    if (rc || !ly->ok) return poison();
-    if (count > 1 && ly->n_ret > ly->n_args) {
-        diag_error(L->d, e->loc,
-                   "%s[%lld]: each instance's %d results feed the next one, which takes %d argument%s",
-                   e->name, (long long)count, ly->n_ret, ly->n_args, ly->n_args == 1 ? "" : "s");
-        return poison();
-    }
-    int *ret = arena_alloc(L->tmp, sizeof(int) * (size_t)ly->n_ret);
-    for (int64_t i = 0; i < count; i++) {
-        int before = L->d->n_errors;
-        const char *name = arena_printf(L->tmp, "%s.%lld", base, (long long)i);
-        int block = ir_block_add(L->g, name, ly->def->name, (int)i);
-        if (lower_too_big(L, e->loc) || lower_instance(L, ly, name, block, args, ret) ||
-            L->d->n_errors > before)
-            return poison();
-        if (count > 1 && i == 0 && check_chain(L, e, ly, count, args, ret)) return poison();
-        for (int j = 0; j < ly->n_ret && i + 1 < count; j++) args[j] = ret[j];
-    }
-    return ly->n_ret == 1 ? value(ret[0]) : tuple(L, ret, ly->n_ret, ly->def->name);
-}
-
 /* ---- dropout ------------------------------------------------------------------------ */
 
 /* dropout(x, p): source passes x and p (a constant in [0, 1)); the node gets what makes
@@ -600,6 +449,8 @@ static int from_batch(Lower *L, int x)
     return 0;
 }
 
+int lower_from_batch(Lower *L, int x) { return from_batch(L, x); }
+
 static int batch_leading(Lower *L, int x)
 {
     if (!L->batch_dim) return 0;
@@ -641,8 +492,12 @@ static RVal lower_call(Lower *L, Scope *s, const Expr *e)
 {
     OpKind op = op_lookup(e->name);
     const Layer *ly = lower_layer_find(L, e->name);
+    int first = 0, n = 0;
+    InstName *grp = op == OP_COUNT && !ly ? lower_group_find(L, e->name, &first, &n) : NULL;
     if (lower_is_init_name(e->name)) {
         lower_unknown(L, s, e->name, e->loc, 0);
+    } else if (grp) {
+        return lower_reuse(L, s, e, grp, first, n);
     } else if (op != OP_COUNT && (op_info(op)->flags & OPF_HIDDEN)) {
         diag_error(L->d, e->loc, "'%s' is made by the compiler and cannot be called", e->name);
     } else if (e->kind == EX_INST && !ly) {
@@ -670,6 +525,8 @@ static RVal expr_body(Lower *L, Scope *s, const Expr *e)
     case EX_BINARY: return lower_binary(L, s, e);
     case EX_CALL:
     case EX_INST: return lower_call(L, s, e);
+    case EX_INDEX: return lower_index(L, s, e);
+    case EX_SLICE: diag_error(L->d, e->loc, "a slice is only allowed inside x[...]"); break;
     case EX_STR: diag_error(L->d, e->loc, "a string is not a tensor"); break;
     case EX_LIST:
         diag_error(L->d, e->loc,
@@ -735,7 +592,7 @@ static void name_assigned(Lower *L, const Stmt *st, const Name *t, int id)
 {
     Value *v = &L->g->values[id];
     if (v->name || v->role != ROLE_ACT) return;
-    const char *prefix = L->block >= 0 ? L->g->blocks[L->block].name : NULL;
+    const char *prefix = L->prefix;
     char line[24] = "";
     if (assigned_later(st, t->name)) snprintf(line, sizeof line, "@%d", t->loc.line);
     v->name = prefix ? arena_printf(L->g->arena, "%s.%s%s", prefix, t->name, line)

@@ -377,25 +377,19 @@ static void lower_decls(Lower *L, const Stmt *body, const char *dup)
  * one fsexec refuses by): the plan still compiles, for --mem and for other runtimes. */
 static void warn_unfed(Lower *L, const Program *p, const char *dup)
 {
-    enum { MAX_CHECKED = 3 };  // the rule looks no further than a third input
-    OpType in[MAX_CHECKED] = {0};
-    const Stmt *decl[MAX_CHECKED];
-    int n = 0, i = 0;
-    for (const Stmt *st = p->body; st && n < MAX_CHECKED; st = st->next, i++) {
+    int i = 0;
+    for (const Stmt *st = p->body; st; st = st->next, i++) {
         const Binding *b = st->kind == ST_INPUT && !dup[i] ? scope_find(&L->model, st->name) : NULL;
         if (!b || b->poisoned) continue;
         const Value *v = ir_value(L->g, b->value);
-        in[n] = (OpType){.dtype = v->dtype, .rank = v->rank};
-        for (int k = 0; k < v->rank; k++) in[n].shape[k] = v->shape[k];
-        decl[n++] = st;
+        OpType in = {.dtype = v->dtype, .rank = v->rank};
+        for (int k = 0; k < v->rank; k++) in.shape[k] = v->shape[k];
+        char why[256];
+        if (op_input_unfed(&in, why, sizeof why)) {
+            diag_warning(L->d, st->name_loc, "fsexec cannot feed input '%s' from --data: %s", st->name, why);
+            return;
+        }
     }
-    char why[256];
-    int bad = op_input_unfed(in, n, why, sizeof why);
-    if (bad < 0) return;
-    if (bad < n)
-        diag_warning(L->d, decl[bad]->name_loc, "fsexec cannot feed input '%s' from --data: %s", decl[bad]->name, why);
-    else
-        diag_warning(L->d, p->loc, "fsexec cannot feed this model's inputs from --data: %s", why);
 }
 
 static void lower_statements(Lower *L, const Stmt *body)

@@ -4,6 +4,7 @@
  *   settings.c   the `train` block and the command line's --key value over the defaults;
  *                freeze and weight_decay_on on the params
  *   expr.c       statements and expressions: op calls, layer instances
+ *   index.c      indexing and slicing, x[:, 0, :]
  *   consteval.c  constant expressions: dims, shapes, attributes, initializers
  *   scope.c      names in scope, and the errors for names that are not
  *
@@ -54,9 +55,16 @@ typedef struct {
     int ok;         // structurally sound; instances of a broken layer are silently poison
 } Layer;
 
+/* A group of instances, `Layer[N](...) as NAME`: NAME.0 ... NAME.{N-1}. Calling NAME (or
+ * one of them, NAME.i) again applies the same instances: their blocks and params. */
 typedef struct {
     const char *name;  // `as NAME`, or "h"
     Loc loc;
+    const Layer *layer;  // NULL until its instances are made (or when making them failed)
+    int first_block, count;  // its instances' blocks: first_block + i for NAME.i
+    int *params;       // [count][n_params]: each instance's params, in the layer's order (-1: failed)
+    int n_params;
+    int *uses;         // [count]: applications of each instance so far
 } InstName;
 
 typedef struct {
@@ -71,6 +79,9 @@ typedef struct {
     InstName *insts;
     int n_insts, cap_insts;
     const Layer *in_layer;  // the layer whose forward is being lowered, or NULL
+    const char *prefix;     // the names of values made in that forward start with it: "h.3" ("s.0#2": a
+                            // shared instance's second application), NULL at model level
+    int use;                // that forward's application of its instance (Node.use), 0 for the first
     int block;              // Graph.blocks id for new nodes, -1 at model level
     int depth;              // expression nesting, against LOWER_MAX_DEPTH
     int deep_reported;
@@ -128,6 +139,28 @@ int lower_too_big(Lower *L, Loc loc);
 RVal lower_expr(Lower *L, Scope *s, const Expr *e);
 /* `a, b = expr;` binds the targets in s; to poison when anything in it failed. */
 void lower_assign(Lower *L, Scope *s, const Stmt *st);
+/* A node in the current block, its one result (or a tuple); poison after its error. */
+RVal lower_add_node(Lower *L, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, Loc loc);
+/* The one tensor r stands for (a constant made a scalar), or -1 (after an error for a tuple). */
+int lower_one_value(Lower *L, RVal r, Loc loc);
+/* Whether value x depends on a batch input (the model's inputs: their first dim is the batch). */
+int lower_from_batch(Lower *L, int x);
+
+/* A tuple of n values made by `what`. */
+RVal lower_tuple(Lower *L, const int *ids, int n, const char *what);
+
+/* ---- instance.c --------------------------------------------------------------------- */
+/* Layer(args), Layer[N](args) [as NAME]: new instances, each a block of its own. */
+RVal lower_instances(Lower *L, Scope *s, const Expr *e, const Layer *ly);
+/* The group named `name` (NAME, from `as NAME`), or one of its instances (NAME.i): first
+ * and n its instances; NULL when no group has that name. */
+InstName *lower_group_find(Lower *L, const char *name, int *first, int *n);
+/* NAME(args), NAME[N](args): the group's instances applied again (N times over). */
+RVal lower_reuse(Lower *L, Scope *s, const Expr *e, InstName *grp, int first, int n);
+
+/* ---- index.c ------------------------------------------------------------------------ */
+/* x[items]: slices of the dims not kept whole, then a reshape without the indexed ones. */
+RVal lower_index(Lower *L, Scope *s, const Expr *e);
 
 /* ---- lower.c: declarations, shared by the model and layer instances ---------------- */
 /* Evaluates `dim N = expr` (or takes def's value) and binds N in s. */

@@ -84,6 +84,9 @@ static Expr *mk_binary(ParseCtx *c, int op, Expr *l, Expr *r, Loc loc);
 static Expr *mk_call(ParseCtx *c, const char *name, Loc loc, Arg *args);
 static Expr *mk_inst(ParseCtx *c, const char *name, Loc loc, Expr *count, Arg *args, Name *as);
 static Expr *mk_list(ParseCtx *c, Loc loc, Expr *items);
+static Expr *mk_index(ParseCtx *c, Expr *base, Expr *items, Loc loc);
+static Expr *mk_slice(ParseCtx *c, Expr *start, Expr *stop, Loc loc);
+static Expr *inst_count(ParseCtx *c, Expr *items);
 static Stmt *mk_dim(ParseCtx *c, const char *name, Loc loc, Expr *value);
 static Stmt *mk_tensor(ParseCtx *c, StmtKind kind, Loc loc, const char *name, Loc name_loc,
                        const char *dtype, Loc dtype_loc, Expr *shape, Expr *init);
@@ -137,7 +140,7 @@ static void mk_train(ParseCtx *c, Loc loc, Stmt *settings);
 %token <str> RETURN "'return'" DIM "'dim'" INPUT "'input'" PARAM "'param'"
 %token <str> OUTPUT "'output'" AS "'as'"
 
-%type <expr> expr primary exprs exprs_opt value values
+%type <expr> expr primary exprs exprs_opt value values indexed indices index
 %type <arg> args args_opt arg kwargs kwargs_opt kwarg
 %type <name> targets names names_opt as_opt flags
 %type <stmt> stmts body stmt dims dim layer_body layer_items settings setting
@@ -273,9 +276,35 @@ primary
     | ident                                     { $$ = mk_name(c, $1, @1); }
     | ident '(' args_opt ')'                    { $$ = mk_call(c, $1, @1, $3); }
     | ident '(' args_opt ')' AS ident           { $$ = mk_inst(c, $1, @1, NULL, $3, ast_name(c->arena, $6, @6)); }
-    | ident '[' expr ']' '(' args_opt ')' as_opt { $$ = mk_inst(c, $1, @1, $3, $6, $8); }
+    | ident '[' indices ']' '(' args_opt ')' as_opt { $$ = mk_inst(c, $1, @1, inst_count(c, $3), $6, $8); }
     | '[' exprs_opt ']'                         { $$ = mk_list(c, @1, $2); }
     | '(' expr ')'                              { $$ = $2; }
+    | indexed                                   { $$ = $1; }
+    ;
+
+/* Indexing, `x[:, 0, :]`, `f(x)[1:]`, `x[0][1:]`: a name, a call, a parenthesized
+ * expression or an indexed one, then '['. `Layer[N](...)` shares the prefix up to ']';
+ * the '(' after it makes it an instance (whose count is one plain index). Its Loc is the
+ * '['. */
+indexed
+    : ident '[' indices ']'                     { $$ = mk_index(c, mk_name(c, $1, @1), $3, @2); }
+    | ident '(' args_opt ')' '[' indices ']'    { $$ = mk_index(c, mk_call(c, $1, @1, $3), $6, @5); }
+    | '(' expr ')' '[' indices ']'              { $$ = mk_index(c, $2, $5, @4); }
+    | indexed '[' indices ']'                   { $$ = mk_index(c, $1, $3, @2); }
+    ;
+
+indices
+    : index                                     { $$ = $1; }
+    | indices ',' index                         { $$ = ast_expr_append($1, $3); }
+    ;
+
+/* An integer (the dim is dropped) or a slice start:stop, either side optional. */
+index
+    : expr                                      { $$ = $1; }
+    | ':'                                       { $$ = mk_slice(c, NULL, NULL, @1); }
+    | expr ':'                                  { $$ = mk_slice(c, $1, NULL, @2); }
+    | ':' expr                                  { $$ = mk_slice(c, NULL, $2, @1); }
+    | expr ':' expr                             { $$ = mk_slice(c, $1, $3, @2); }
     ;
 
 as_opt
@@ -440,6 +469,34 @@ static Expr *mk_list(ParseCtx *c, Loc loc, Expr *items)
     Expr *e = new_expr(c, EX_LIST, loc);
     e->items = items;
     return e;
+}
+
+static Expr *mk_index(ParseCtx *c, Expr *base, Expr *items, Loc loc)
+{
+    Expr *e = new_expr(c, EX_INDEX, loc);
+    e->lhs = base;
+    e->items = items;
+    return e;
+}
+
+/* A slice's Loc is its ':'. */
+static Expr *mk_slice(ParseCtx *c, Expr *start, Expr *stop, Loc loc)
+{
+    Expr *e = new_expr(c, EX_SLICE, loc);
+    e->lhs = start;
+    e->rhs = stop;
+    return e;
+}
+
+/* The N of `Layer[N](...)`: one index that is not a slice. */
+static Expr *inst_count(ParseCtx *c, Expr *items)
+{
+    if (items->kind == EX_SLICE || items->next) {
+        const Expr *at = items->kind == EX_SLICE ? items : items->next;
+        diag_error(c->diag, at->loc, "the count of Layer[N](...) is one integer, not %s",
+                   items->kind == EX_SLICE ? "a slice" : "several");
+    }
+    return items;
 }
 
 /* One Stmt per `N = expr` of a `dim` statement; its loc is the name's. */

@@ -327,6 +327,17 @@ int grad_concat(GradCtx *c)
     return 0;
 }
 
+/* The slice's rows of a zero tensor of the input's shape. */
+int grad_slice(GradCtx *c)
+{
+    const Value *x = val(c, in_of(c, 0));
+    int64_t axis = attr_i(c, "axis");
+    if (axis < 0) axis += x->rank;
+    Attr at[3] = {aint("axis", axis), aint("start", attr_i(c, "start")), aint("size", x->shape[axis])};
+    c->din[0] = emit(c, OP_slice_bwd, &c->dout[0], 1, at, 3);
+    return 0;
+}
+
 /* A cast's gradient is cast back: fp32 master weights get fp32 gradients. */
 int grad_cast(GradCtx *c)
 {

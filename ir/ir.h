@@ -195,6 +195,8 @@ struct Node {
                         // compute stream that must be complete before it starts
     int mb;             // after pipeline: the micro-batch it works on, or -1 (the step's own)
     int chunk;          // a pipeline stage graph: the model chunk (virtual stage) it belongs to
+    int use;            // a forward node of a block applied more than once (a shared instance,
+                        // frontend/instance.c): which application, 0 for the first; copies keep it
 };
 
 typedef struct {

@@ -152,10 +152,9 @@ char *op_shape_str(const OpType *t, char *buf, size_t len);
 
 /* ---- ops/feed.c: the inputs fsexec can feed from --data --------------------------- */
 
-/* The data inputs of a model (every input but the compiler's "step"), in declaration
- * order: the first that fsexec cannot feed from --data (0 for a model with fewer than
- * two), with why into `why`; -1 when it can feed them all. */
-int op_input_unfed(const OpType *inputs, int n, char *why, size_t len);
+/* Whether fsexec cannot feed a data input of this type from --data (one without a step
+ * role): 1 with why into `why`, else 0. */
+int op_input_unfed(const OpType *input, char *why, size_t len);
 
 /* ---- ops/shape.c, ops/shape_bwd.c: shape rules, one per op (shape_NAME) ------------ */
 

@@ -182,6 +182,24 @@ int shape_slice(ShapeCtx *c)
     return 0;
 }
 
+/* slice_bwd(dy, axis, start, size): dy placed at [start, start + len) along the axis of
+ * zeros whose axis is size long (the sliced input's shape). */
+int shape_slice_bwd(ShapeCtx *c)
+{
+    if (want_in(c, 1)) return -1;
+    const OpType *dy = &c->in[0];
+    int64_t axis = op_attr_int(&c->attrs, "axis", 0), start = op_attr_int(&c->attrs, "start", 0),
+            size = op_attr_int(&c->attrs, "size", 0);
+    char t[192];
+    if (axis < 0) axis += dy->rank;
+    if (axis < 0 || axis >= dy->rank || start < 0 || start + dy->shape[axis] > size)
+        return shape_fail(c, "slice_bwd: %s at %" PRId64 " along axis %" PRId64 " does not fit in %" PRId64,
+                          op_type_str(dy, t, sizeof t), start, axis, size);
+    like(c, 0, dy);
+    c->out[0].shape[axis] = size;
+    return 0;
+}
+
 /* (q, k, v, o, lse, dout) -> dq, dk, dv */
 int shape_attention_bwd(ShapeCtx *c)
 {

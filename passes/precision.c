@@ -46,6 +46,7 @@ static int compute_copy(Lowering *p, int v, int use, int at)
     char err[256];
     int n = ir_node_add(g, OP_cast, &v, 1, &to, 1, user->block, PHASE_FORWARD, user->loc, err, sizeof err);
     FS_ASSERT(n >= 0);
+    g->nodes[n].use = g->nodes[at].use;  // the application of a shared block it goes into
     p->before[n] = at;
     return p->cast_of[v] = ir_out(g, ir_node(g, n), 0);
 }

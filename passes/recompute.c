@@ -11,7 +11,10 @@
  *        bit-identical; the memory plan shows the saving, the FLOP count the extra work.
  *        For a block recomputed `attention:` only (Megatron's selective recompute), a
  *        copy of its attention core alone (recompute_attention), before the first
- *        backward node that reads it.
+ *        backward node that reads it. A block applied more than once (a shared
+ *        instance: Node.use) is recomputed as one unit, one application at a time: each
+ *        reruns just before the first backward node of the block that reads what it
+ *        made, so no more than one application's activations are made again at once.
  *        And, whatever the setting: a layout copy (merge_heads, transpose: OPF_LAYOUT, no
  *        arithmetic) whose output the backward reads, of inputs the backward keeps anyway
  *        (read by it, or persistent), is made again just before its first backward
@@ -47,6 +50,7 @@ static int clone_node(Recompute *r, int n, Phase phase)
     int c = ir_node_add(g, node.op, in, node.n_in, attrs, node.n_attr, node.block, phase, node.loc, err, sizeof err);
     FS_ASSERT(c >= 0);
     g->nodes[c].chunk = node.chunk;
+    g->nodes[c].use = node.use;
     for (int i = 0; i < node.n_out; i++) {
         int v = ir_out(g, &node, i), w = ir_out(g, ir_node(g, c), i);
         r->clone_of[v] = w;
@@ -108,11 +112,59 @@ static void rerun(Recompute *r, const uint8_t *set, int b, int at)
             for (int i = 0; i < g->nodes[n].n_out; i++) r->clone_of[ir_out(g, &g->nodes[n], i)] = -1;
 }
 
-/* The whole forward of block b (or a pipeline chunk, b < 0), before its first backward node. */
+/* Reruns the nodes in `set` (whose outputs `made` marks) just before the first backward
+ * node of block b that reads one of them; nothing when none does. */
+static void rerun_before_readers(Recompute *r, const uint8_t *set, const uint8_t *made, int b)
+{
+    Graph *g = r->g;
+    int at = -1;
+    for (int n = 0; n < r->n_orig && at < 0; n++)
+        if (g->nodes[n].block == b && backward_phase(g->nodes[n].phase))
+            for (int i = 0; i < g->nodes[n].n_in && at < 0; i++)
+                if (made[ir_in(g, &g->nodes[n], i)]) at = n;
+    if (at >= 0) rerun(r, set, b, at);
+}
+
+/* Whether node n is a forward node of block b's application u (u < 0: any). */
+static int in_use(const Graph *g, int n, int b, int u)
+{
+    const Node *node = ir_node(g, n);
+    return node->block == b && node->phase == PHASE_FORWARD && (u < 0 || node->use == u);
+}
+
+/* How many times block b is applied (a shared instance: Node.use); 1 for a chunk (b < 0). */
+static int uses_of(const Recompute *r, int b)
+{
+    int uses = 1;
+    for (int n = 0; n < r->n_orig && b >= 0; n++)
+        if (in_use(r->g, n, b, -1) && r->g->nodes[n].use >= uses) uses = r->g->nodes[n].use + 1;
+    return uses;
+}
+
+/* Application u of a block applied more than once, just before the first backward node
+ * of the block that reads what it made: the applications rerun one at a time (the last
+ * first), each from its input, the previous one's output, which the forward keeps. */
+static void recompute_use(Recompute *r, int b, int u)
+{
+    Graph *g = r->g;
+    uint8_t *set = arena_alloc(g->arena, (size_t)r->n_orig + 1), *made = arena_alloc(g->arena, (size_t)g->n_values + 1);
+    memset(made, 0, (size_t)g->n_values + 1);
+    for (int n = 0; n < r->n_orig; n++)
+        if ((set[n] = (uint8_t)in_use(g, n, b, u)))
+            for (int i = 0; i < g->nodes[n].n_out; i++) made[ir_out(g, &g->nodes[n], i)] = 1;
+    rerun_before_readers(r, set, made, b);
+}
+
+/* The whole forward of block b (or a pipeline chunk, b < 0), before its first backward
+ * node; a block applied several times, one application at a time (recompute_use). */
 static void recompute_block(Recompute *r, int b)
 {
     Graph *g = r->g;
-    int first_bwd = -1;
+    int first_bwd = -1, uses = uses_of(r, b);
+    if (uses > 1) {
+        for (int u = uses - 1; u >= 0; u--) recompute_use(r, b, u);
+        return;
+    }
     for (int n = 0; n < r->n_orig && first_bwd < 0; n++)
         if (in_region(g, n, b) && backward_phase(g->nodes[n].phase)) first_bwd = n;
     if (first_bwd < 0) return;  // nothing differentiates through this block
@@ -130,7 +182,7 @@ static void recompute_block(Recompute *r, int b)
  * activations are. With flash-style attention (no T x T probabilities saved), this is
  * what selective recompute can save: 4sbh of a GPT-2 block's 16sbh, and the row
  * log-sum-exp. */
-static void recompute_attention(Recompute *r, int b)
+static void recompute_attention(Recompute *r, int b, int u)
 {
     Graph *g = r->g;
     uint8_t *read_back = read_back_of(r), *set = arena_alloc(g->arena, (size_t)r->n_orig + 1), *made = NULL;
@@ -142,13 +194,12 @@ static void recompute_attention(Recompute *r, int b)
             for (int i = 0; i < g->nodes[n].n_in; i++) outside[ir_in(g, &g->nodes[n], i)] = 1;
     for (int n = r->n_orig - 1; n >= 0; n--) {
         const Node *node = &g->nodes[n];
-        if (node->block != b || node->phase != PHASE_FORWARD) continue;
+        if (!in_use(g, n, b, u)) continue;
         if (node->op == OP_attention) set[n] = 1;
         if (!set[n] || node->op == OP_matmul) continue;
         for (int i = 0; i < node->n_in; i++) {
             int v = ir_in(g, node, i), p = g->values[v].producer;
-            if (p >= 0 && p < r->n_orig && g->nodes[p].block == b && g->nodes[p].phase == PHASE_FORWARD &&
-                !outside[v] && !kept_anyway(g, outside, v))
+            if (p >= 0 && p < r->n_orig && in_use(g, p, b, u) && !outside[v] && !kept_anyway(g, outside, v))
                 set[p] = 1;
         }
     }
@@ -156,7 +207,7 @@ static void recompute_attention(Recompute *r, int b)
     memset(made, 0, (size_t)g->n_values + 1);
     for (int n = 0; n < r->n_orig; n++) {
         const Node *node = &g->nodes[n];
-        int flags = op_info(node->op)->flags, from_set = 0, ok = node->block == b && node->phase == PHASE_FORWARD &&
+        int flags = op_info(node->op)->flags, from_set = 0, ok = in_use(g, n, b, u) &&
             (flags & OPF_LAYOUT) && !(flags & OPF_VIEW) && node->n_out == 1 && read_back[ir_out(g, node, 0)];
         for (int i = 0; i < node->n_in && ok; i++) {
             int v = ir_in(g, node, i);
@@ -167,12 +218,7 @@ static void recompute_attention(Recompute *r, int b)
         if (set[n])
             for (int i = 0; i < node->n_out; i++) made[ir_out(g, node, i)] = 1;
     }
-    int first = -1;
-    for (int n = 0; n < r->n_orig && first < 0; n++)
-        if (g->nodes[n].block == b && backward_phase(g->nodes[n].phase))
-            for (int i = 0; i < g->nodes[n].n_in && first < 0; i++)
-                if (made[ir_in(g, &g->nodes[n], i)]) first = n;
-    if (first >= 0) rerun(r, set, b, first);
+    rerun_before_readers(r, set, made, b);
 }
 
 /* The layout copies the backward would keep (see the top), made again before their first
@@ -226,8 +272,9 @@ int pass_recompute(Graph *g, const Options *o, Diag *d)
     else
         for (int b = 0; b < g->n_blocks; b++) {
             RecomputeMode m = recompute_mode(t->recompute, &g->blocks[b]);
+            int uses = m == RC_ATTENTION ? uses_of(&r, b) : 0;
             if (m == RC_FULL) recompute_block(&r, b);
-            if (m == RC_ATTENTION) recompute_attention(&r, b);
+            for (int u = uses - 1; u >= 0; u--) recompute_attention(&r, b, uses > 1 ? u : -1);
         }
     recompute_layout_copies(&r);
     if (g->n_nodes == r.n_orig) return 0;

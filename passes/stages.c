@@ -6,7 +6,11 @@
  *        the later passes (autodiff on) rewrite alone, as they rewrite a graph of one
  *        program:
  *  - Every block sits on exactly one stage: contiguous runs of blocks, stage s holding
- *    the s-th run (`balance 3,3,2`, or `auto`: the cost model below). With the
+ *    the s-th run (`balance 3,3,2`, or `auto`: the cost model below). A block applied
+ *    more than once (a shared instance, frontend/instance.c) keeps every block that runs
+ *    between its first and last application on its stage (no cut falls there: `auto`
+ *    avoids those cuts, an explicit balance that makes one is an error), so its params
+ *    are one stage's and activations only flow to later stages. With the
  *    interleaved schedule the runs are P x V model chunks (virtual stages), chunk c on
  *    stage c % P; Node.chunk says each node's (V = 1: the stage itself).
  *  - A node outside blocks whose inputs are all params, data inputs or such nodes (the
@@ -50,6 +54,8 @@ typedef struct {
 typedef struct {
     Graph *g;
     int P, V, PV;     // stages, model chunks per stage, chunks (virtual stages) in all
+    char *cut_ok;     // [n_blocks + 1]: whether blocks j - 1 and j may sit on different chunks
+    int *cut_by;      // [n_blocks + 1]: when not, a shared block that keeps them together
     int *stage_of_block;  // the chunk (virtual stage) of each block
     int *stage;       // per node: its chunk, or -1 when free
     int *needs;       // [P][n_nodes]: free node n is needed on stage s, by chunk needs - 1 first
@@ -88,6 +94,47 @@ static int dequeue(Split *s, int a, int b)
 
 /* ---- the cut ------------------------------------------------------------------------ */
 
+/* Which cuts keep each shared block's applications, and every block between them, on
+ * one chunk: no cut between the least and the greatest block running from a block's
+ * first node to its last. */
+static void find_cuts(Split *s)
+{
+    Graph *g = s->g;
+    int nb = g->n_blocks, *first = arena_alloc(g->arena, sizeof(int) * (size_t)nb + 1);
+    int *last = arena_alloc(g->arena, sizeof(int) * (size_t)nb + 1);
+    s->cut_ok = arena_alloc(g->arena, (size_t)nb + 1);
+    s->cut_by = arena_alloc(g->arena, sizeof(int) * (size_t)nb + 1);
+    memset(s->cut_ok, 1, (size_t)nb + 1);
+    for (int b = 0; b < nb; b++) first[b] = -1;
+    for (int n = 0; n < g->n_nodes; n++) {
+        int b = g->nodes[n].block;
+        if (b < 0) continue;
+        if (first[b] < 0) first[b] = n;
+        last[b] = n;
+    }
+    for (int b = 0; b < nb; b++) {
+        int lo = b, hi = b;
+        for (int n = first[b]; n >= 0 && n <= last[b]; n++) {
+            int c = g->nodes[n].block;
+            if (c >= 0 && c < lo) lo = c;
+            if (c > hi) hi = c;
+        }
+        for (int j = lo + 1; j <= hi; j++)
+            if (s->cut_ok[j]) s->cut_ok[j] = 0, s->cut_by[j] = b;
+    }
+}
+
+/* An explicit balance that cuts between blocks j - 1 and j, which a shared block keeps together. */
+static void cut_error(Split *s, Diag *d, int j, const char *balance)
+{
+    const Graph *g = s->g;
+    const Block *b = &g->blocks[s->cut_by[j]];
+    diag_error(d, (Loc){0}, "balance '%s' puts blocks %s and %s on different %s, but shared instance %s (a %s "
+               "applied more than once) keeps them together: its applications, and every block between them, "
+               "sit on one stage", balance, g->blocks[j - 1].name, g->blocks[j].name,
+               s->V > 1 ? "chunks" : "stages", b->name, b->layer);
+}
+
 /* blocks per stage from "3,3,2"; 0, or -1 after an error. */
 static int explicit_balance(Split *s, const char *text, Diag *d)
 {
@@ -119,6 +166,11 @@ static int explicit_balance(Split *s, const char *text, Diag *d)
                    s->V > 1 ? "chunks (stages x chunks)" : "stages");
         return -1;
     }
+    for (int j = 1; j < g->n_blocks; j++)
+        if (s->stage_of_block[j] != s->stage_of_block[j - 1] && !s->cut_ok[j]) {
+            cut_error(s, d, j, text);
+            return -1;
+        }
     return 0;
 }
 
@@ -176,6 +228,7 @@ static double best_cut(Split *s, const TrainConfig *t, const double *pf, const d
         for (int i = st; i <= nb; i++) {
             if (AT(best, st, i) < 0) continue;
             for (int j = i + 1; j <= nb - (P - st - 1); j++) {
+                if (j < nb && !s->cut_ok[j]) continue;
                 Cost c = stage_cost(s, t, pf, pa, pp, first, last, st, i, j);
                 if (limit >= 0 && c.time > limit) continue;
                 double v = limit < 0 ? c.time : c.mem;
@@ -194,7 +247,7 @@ static double best_cut(Split *s, const TrainConfig *t, const double *pf, const d
     return result;
 }
 
-static void auto_balance(Split *s, const TrainConfig *t)
+static int auto_balance(Split *s, const TrainConfig *t, Diag *d)
 {
     Graph *g = s->g;
     int nb = g->n_blocks;
@@ -209,7 +262,16 @@ static void auto_balance(Split *s, const TrainConfig *t)
     double *pp = arena_alloc(g->arena, sizeof(double) * (size_t)(nb + 1));
     for (int b = 0; b < nb; b++) pf[b + 1] = pf[b] + flops[b], pa[b + 1] = pa[b] + act[b], pp[b + 1] = pp[b] + par[b];
     double fastest = best_cut(s, t, pf, pa, pp, first, last, -1);
+    if (fastest < 0) {
+        int n = 0;
+        for (int j = 1; j < nb; j++) n += s->cut_ok[j];
+        diag_error(d, (Loc){0}, "%d %s need %d cuts between blocks, but the model has %d where one may fall: a "
+                   "shared instance (a block applied more than once) keeps the blocks between its applications on "
+                   "its stage", s->PV, s->V > 1 ? "chunks" : "stages", s->PV - 1, n);
+        return -1;
+    }
     best_cut(s, t, pf, pa, pp, first, last, fastest * 1.02);
+    return 0;
 }
 
 /* ---- where each node runs ----------------------------------------------------------- */
@@ -333,6 +395,7 @@ static void place(Split *s, int st, int n, int chunk)
     Attr attrs[IR_MAX_PARAMS];
     ir_node_attrs(g, &node, attrs);
     int c = add_node(sg, node.op, in, node.n_in, attrs, node.n_attr, node.block, node.phase, node.loc, chunk);
+    sg->nodes[c].use = node.use;
     for (int i = 0; i < node.n_out; i++) {
         int v = ir_out(g, &node, i), w = ir_out(sg, ir_node(sg, c), i);
         sg->values[w].role = g->values[v].role;
@@ -428,13 +491,14 @@ int pass_stages(Graph *g, const Options *o, Diag *d)
     memset(s.vmap, -1, sizeof(int) * (size_t)P * nv);
     memset(s.q_head, -1, sizeof(int) * (size_t)P * (size_t)P);
     memset(s.q_tail, -1, sizeof(int) * (size_t)P * (size_t)P);
+    find_cuts(&s);
     if (strcmp(t->balance, "auto")) {
         if (explicit_balance(&s, t->balance, d)) return -1;
         assign(&s);
     } else {
         for (int b = 0; b < g->n_blocks; b++) s.stage_of_block[b] = 0;
         assign(&s);  // free nodes are known before the cut: they do not depend on it
-        auto_balance(&s, t);
+        if (auto_balance(&s, t, d)) return -1;
         assign(&s);
     }
     find_readers(&s);

@@ -8,8 +8,8 @@
  *   classifier       f32 [B, D] and i32 [B]: Gaussian blobs, K classes (the last dim of
  *                    the output "logits", else 2), centers ~ N(0, 1) fixed by the seed,
  *                    x = center[y] + 0.5 * N(0, 1).
- * Or, for any two inputs fsexec can feed (ops/feed.c), from .npy arrays (--data
- * x=feats.npy,y=labels.npy; runtime/npy.c reads them): sample b of step s is row
+ * Or, for any number of inputs fsexec can feed (ops/feed.c), from .npy arrays (--data
+ * x=feats.npy,y=labels.npy,...; runtime/arrays.c): sample b of step s is row
  * ((s - 1) * B + b) mod N of each (sequential), or Philox-drawn (random), as below.
  * Every number comes from Philox (runtime/init.c) keyed by the seed and counted by
  * (step, row, ...), so a batch is a pure function of (seed, step): any rank can make its
@@ -68,8 +68,7 @@ struct RtData {
     size_t map_len;
     uint16_t *owned;           // the built-in corpus (plan_alloc), or NULL
     float *centers;            // [K, D] (plan_alloc), classifier only
-    RtArray arr[2];            // --data NAME=FILE.npy: the arrays of the two inputs (a, b); data NULL otherwise
-    int64_t n_samples;         // their first dim
+    RtArrays *arrays;          // --data NAME=FILE.npy,...: every input's array (runtime/arrays.c), or NULL
     char describe[512];
 };
 
@@ -454,29 +453,22 @@ static int open_lm(RtData *d, const Plan *p, const char *path, RtTokenFormat for
     return 0;
 }
 
-/* The first data input fsexec cannot feed (ops/feed.c's rule, which fsc warns by),
- * in declaration order, an input of several stages counted once: -1 with why; 0 when
- * it can feed them. Inputs with a step role (the step, dropout's rng, a decode
- * position) are the runtime's to write, never the data's. */
+/* The first data input fsexec cannot feed (ops/feed.c's rule, which fsc warns by), in
+ * declaration order: -1 with why; 0 when it can feed them. Inputs with a step role (the
+ * step, dropout's rng, a decode position) are the runtime's to write, never the data's. */
 static int unfed(const Plan *p, char *err, size_t errlen)
 {
-    OpType in[3] = {0};
-    int32_t id[3];
-    int n = 0;
-    for (int32_t i = 0; i < p->n_tensors && n < 3; i++) {
+    int32_t n = rt_data_input_list(p, NULL, 0);
+    for (int32_t i = 0; i < p->n_tensors && n; i++) {
         const PlanTensor *t = &p->tensors[i];
-        int seen = t->role != PLAN_ROLE_INPUT || t->step_role != PLAN_SR_NONE;  // step, rng, pos: the runtime's
-        for (int k = 0; k < n && !seen; k++) seen = !strcmp(plan_str(p, t->name), plan_str(p, p->tensors[id[k]].name));
-        if (seen) continue;
-        in[n] = (OpType){.dtype = (DType)t->dtype, .rank = t->rank};
-        for (int32_t k = 0; k < t->rank && k < OPS_MAX_RANK; k++) in[n].shape[k] = t->shape[k];
-        id[n++] = i;
+        if (t->role != PLAN_ROLE_INPUT || t->step_role != PLAN_SR_NONE) continue;
+        OpType in = {.dtype = (DType)t->dtype, .rank = t->rank};
+        for (int32_t k = 0; k < t->rank && k < OPS_MAX_RANK; k++) in.shape[k] = t->shape[k];
+        char why[256];
+        if (op_input_unfed(&in, why, sizeof why))
+            return plan_fail(err, errlen, "input '%s': %s", plan_str(p, t->name), why);
     }
-    char why[256];
-    int bad = op_input_unfed(in, n, why, sizeof why);
-    if (bad < 0) return 0;
-    if (bad >= n) return plan_fail(err, errlen, "%s", why);
-    return plan_fail(err, errlen, "input '%s': %s", plan_str(p, p->tensors[id[bad]].name), why);
+    return 0;
 }
 
 static int open_classes(RtData *d, const Plan *p, const char *path, char *err, size_t errlen)
@@ -495,181 +487,10 @@ static int open_classes(RtData *d, const Plan *p, const char *path, char *err, s
     return 0;
 }
 
-/* ---- .npy arrays (--data x=feats.npy,y=labels.npy) ---------------------------------- */
-
-/* Whether --data's text names the plan's inputs ("x=..."), not a token file. */
-static int is_array_spec(const Plan *p, const char *spec, int32_t a, int32_t b)
-{
-    const char *eq = strchr(spec, '=');
-    if (!eq) return 0;
-    for (int k = 0; k < 2; k++) {
-        const char *name = plan_str(p, p->tensors[k ? b : a].name);
-        if (strlen(name) == (size_t)(eq - spec) && !strncmp(spec, name, (size_t)(eq - spec))) return 1;
-    }
-    return 0;
-}
-
-int rt_data_names_inputs(const Plan *p, const char *spec)
-{
-    int32_t a, b;
-    return spec && !rt_data_inputs(p, &a, &b) && is_array_spec(p, spec, a, b);
-}
-
-/* "x (f32 [B, 16]) and y (i32 [B])": the two inputs, for messages. */
-static const char *inputs_str(const Plan *p, int32_t a, int32_t b, char *buf, size_t n)
-{
-    char sa[64], sb[64];
-    const PlanTensor *t[2] = {&p->tensors[a], &p->tensors[b]};
-    char *s[2] = {sa, sb};
-    for (int k = 0; k < 2; k++) {
-        size_t at = (size_t)snprintf(s[k], 64, "%s [B", plan_dtype_name(t[k]->dtype));
-        for (int32_t j = 1; j < t[k]->rank && at < 64; j++) at += (size_t)snprintf(s[k] + at, 64 - at, ", %" PRId64, t[k]->shape[j]);
-        if (at < 64) snprintf(s[k] + at, 64 - at, "]");
-    }
-    snprintf(buf, n, "%s (%s) and %s (%s)", plan_str(p, t[0]->name), sa, plan_str(p, t[1]->name), sb);
-    return buf;
-}
-
-/* File f of input t: its dtype, and its shape after the first dim (the samples) against
- * the input's per-sample shape. */
-static int check_array(const Plan *p, const PlanTensor *t, const char *path, const RtArray *arr, char *err, size_t errlen)
-{
-    char want[128], got[128], file[160];
-    const char *name = plan_str(p, t->name);
-    rt_npy_shape_str(t->rank - 1, t->shape + 1, want, sizeof want);
-    rt_npy_shape_str(arr->rank, arr->shape, got, sizeof got);
-    snprintf(file, sizeof file, "(N%s%s", t->rank > 1 ? ", " : ",)", t->rank > 1 ? want + 1 : "");
-    if (t->rank == 2) file[strlen(file) - 2] = ')', file[strlen(file) - 1] = 0;  // (N, 16), not (N, 16,)
-    if (arr->dtype != t->dtype)
-        return plan_fail(err, errlen, "%s: input '%s' is %s, but the file holds %s ('%s'): save it as %s (np.save(path, "
-                         "a.astype(np.%s)))", path, name, plan_dtype_name(t->dtype), arr->dtype == PLAN_DT_F32 ?
-                         "floats" : "integers", arr->descr, t->dtype == PLAN_DT_F32 ? "float32 or float64" :
-                         "int32 or int64", t->dtype == PLAN_DT_F32 ? "float32" : "int32");
-    int same = arr->rank == t->rank && arr->rank >= 1;
-    for (int32_t j = 1; same && j < t->rank; j++) same = arr->shape[j] == t->shape[j];
-    if (!same)
-        return plan_fail(err, errlen, "%s: shape %s, but input '%s' takes samples of shape %s: the file's shape must be "
-                         "%s, with N samples first", path, got, name, want, file);
-    if (arr->shape[0] < 1) return plan_fail(err, errlen, "%s: shape %s holds no samples", path, got);
-    return 0;
-}
-
-/* What the ops that input t reaches index (rt_input_bound's op `by`), for messages. */
-static const char *indexes(const Plan *p, int32_t by, char *buf, size_t n)
-{
-    int32_t idx;
-    int64_t bound;
-    if (rt_op_index(p, by, &idx, &bound) == RT_INDEX_CLASSES) return "the model's classes";
-    const PlanOp *op = &p->ops[by];
-    int32_t table = strcmp(plan_str(p, op->op), "embedding") ? PLAN_NONE : p->ids[op->in];
-    snprintf(buf, n, "the rows of embedding table '%s'", table == PLAN_NONE ? "?" : plan_tensor_label(p, table));
-    return buf;
-}
-
-/* "element 17" of a 1-D array, "element 35 (sample 2)" of one with samples of several. */
-static const char *element(const RtArray *arr, int64_t i, char *buf, size_t n)
-{
-    int64_t per = arr->numel / arr->shape[0];
-    if (per > 1) snprintf(buf, n, "element %" PRId64 " (sample %" PRId64 ")", i, i / per);
-    else snprintf(buf, n, "element %" PRId64, i);
-    return buf;
-}
-
-/* Every value of input t's array is one the model takes: an i32 input that an op indexes
- * with (an embedding's rows, a loss's classes: rt_input_bound) in [0, bound); an f32 one
- * finite. The check the plan's value proof (opcheck_mem.c) relies on. */
-static int check_values(const Plan *p, int32_t t, const char *path, const RtArray *arr, char *err, size_t errlen)
-{
-    char at[96], what[256];
-    const char *name = plan_str(p, p->tensors[t].name);
-    if (arr->dtype == PLAN_DT_F32) {
-        const float *v = arr->data;
-        for (int64_t i = 0; i < arr->numel; i++)
-            if (!isfinite(v[i]))
-                return plan_fail(err, errlen, "%s: %s is %s; input '%s' takes finite numbers: clean the file "
-                                 "(np.isfinite finds them)", path, element(arr, i, at, sizeof at),
-                                 isnan(v[i]) ? "NaN" : v[i] > 0 ? "inf" : "-inf", name);
-        return 0;
-    }
-    int32_t by;
-    int64_t bound = rt_input_bound(p, t, &by);
-    if (bound < 0) return plan_fail(err, errlen, "out of memory");
-    const int32_t *v = arr->data;
-    for (int64_t i = 0; i < arr->numel && bound; i++)
-        if (v[i] < 0 || v[i] >= bound)
-            return plan_fail(err, errlen, "%s: %s is %d, outside %s (0 to %" PRId64 "), which input '%s' indexes",
-                             path, element(arr, i, at, sizeof at), v[i], indexes(p, by, what, sizeof what),
-                             bound - 1, name);
-    return 0;
-}
-
-/* Reads "NAME=FILE,NAME=FILE" into d->arr[0] (input a) and d->arr[1] (input b). */
-static int read_arrays(RtData *d, const Plan *p, const char *spec, int32_t a, int32_t b, char *err, size_t errlen)
-{
-    char buf[2048], names[256];
-    if (strlen(spec) >= sizeof buf) return plan_fail(err, errlen, "--data: longer than %zu characters", sizeof buf - 1);
-    snprintf(buf, sizeof buf, "%s", spec);
-    inputs_str(p, a, b, names, sizeof names);
-    const char *path[2] = {NULL, NULL};
-    for (char *item = buf, *next; item; item = next) {
-        next = strchr(item, ',');
-        if (next) *next++ = 0;
-        char *eq = strchr(item, '=');
-        if (!eq || eq == item || !eq[1])
-            return plan_fail(err, errlen, "--data: '%s' is not NAME=FILE.npy; this model's inputs are %s", item, names);
-        *eq = 0;
-        int k = !strcmp(item, plan_str(p, p->tensors[a].name)) ? 0 : !strcmp(item, plan_str(p, p->tensors[b].name)) ? 1 : -1;
-        if (k < 0) return plan_fail(err, errlen, "--data: the model has no input '%s'; its inputs are %s", item, names);
-        if (path[k]) return plan_fail(err, errlen, "--data: input '%s' is given twice", item);
-        path[k] = eq + 1;
-    }
-    for (int k = 0; k < 2; k++) {
-        const PlanTensor *t = &p->tensors[k ? b : a];
-        if (!path[k])
-            return plan_fail(err, errlen, "--data: no file for input '%s'; give both, as in --data %s=%s.npy,%s=%s.npy",
-                             plan_str(p, t->name), plan_str(p, p->tensors[a].name), plan_str(p, p->tensors[a].name),
-                             plan_str(p, p->tensors[b].name), plan_str(p, p->tensors[b].name));
-        if (rt_npy_read(path[k], &d->arr[k], err, errlen) || check_array(p, t, path[k], &d->arr[k], err, errlen)) return -1;
-    }
-    if (d->arr[0].shape[0] != d->arr[1].shape[0])
-        return plan_fail(err, errlen, "--data: %s holds %" PRId64 " samples and %s %" PRId64 "; each sample of one needs "
-                         "its partner in the other", path[0], d->arr[0].shape[0], path[1], d->arr[1].shape[0]);
-    d->n_samples = d->arr[0].shape[0];
-    for (int k = 0; k < 2; k++)
-        if (check_values(p, k ? b : a, path[k], &d->arr[k], err, errlen)) return -1;
-    snprintf(d->describe, sizeof d->describe, "%s=%s, %s=%s (%" PRId64 " samples)", plan_str(p, p->tensors[a].name),
-             path[0], plan_str(p, p->tensors[b].name), path[1], d->n_samples);
-    return 0;
-}
-
-/* Sample b of step s (1-based) of a global batch of B rows, of n: in order, wrapping, as
- * token windows are (sequential: ((s - 1) * B + b) mod n), or random: Philox(seed ^
- * RT_DATA_KEY, (s, b, 0)), 64 bits mod n. */
-static int64_t sample_of(RtDataOrder order, uint64_t seed, int64_t step, int64_t B, int64_t b, int64_t n)
-{
-    if (order == RT_ORDER_SEQUENTIAL) return (int64_t)((((uint64_t)step - 1) * (uint64_t)B + (uint64_t)b) % (uint64_t)n);
-    uint32_t ctr[4] = {(uint32_t)step, (uint32_t)((uint64_t)step >> 32), (uint32_t)b, 0}, w[4];
-    rt_philox(seed ^ RT_DATA_KEY, ctr, w);
-    return (int64_t)(((uint64_t)w[0] << 32 | w[1]) % (uint64_t)n);
-}
-
-static void fill_arrays(RtData *d, int64_t step)
-{
-    void *dst[2] = {d->x, d->y};
-    for (int k = 0; k < 2; k++) {
-        if (!dst[k]) continue;
-        size_t row = (size_t)(d->arr[k].numel / d->n_samples) * 4;
-        for (int64_t b = 0; b < d->B; b++) {
-            int64_t i = sample_of(d->order, d->seed, step, d->B_global, d->row0 + b, d->n_samples);
-            memcpy((uint8_t *)dst[k] + (size_t)b * row, (const uint8_t *)d->arr[k].data + (size_t)i * row, row);
-        }
-    }
-}
-
 /* The kind of data, its shapes, vocab and classes come from the whole plan; the buffers
  * from this stage's program, which may read one of the inputs, both, or neither. */
-static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFormat format, char *err,
-                 size_t errlen)
+static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFormat format, const uint8_t *optional,
+                 char *err, size_t errlen)
 {
     int32_t a, b, sa, sb;
     d->kind = rt_data_kind(p);
@@ -688,39 +509,38 @@ static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFor
         if (unfed(p, err, errlen)) return -1;
         return plan_fail(err, errlen, "without .npy files this fsexec feeds two kinds of inputs: tokens and targets (i32 [B, "
                     "T] each) or features and labels (f32 [B, D], i32 [B]); this plan's are: %s. Give each input a "
-                    ".npy file: --data NAME=FILE.npy,NAME=FILE.npy", at ? shapes : "none");
+                    ".npy file: --data NAME=FILE.npy,NAME=FILE.npy,... (or --data DIR of NAME.npy files)",
+                    at ? shapes : "none");
     }
-    rt_data_inputs(p, &a, &b);
+    int32_t first;
+    rt_data_input_list(p, &first, 1);
     const Plan *stage = rt_exec_plan(e);
-    rt_stage_inputs(p, stage, &sa, &sb);
-    d->x = sa == PLAN_NONE ? NULL : rt_exec_data(e, sa);
-    d->y = sb == PLAN_NONE ? NULL : rt_exec_data(e, sb);
-    const PlanTensor *x = &p->tensors[a];
+    const PlanTensor *x = &p->tensors[first];
     d->B = x->shape[0];
     d->row0 = (int64_t)rt_exec_rank(e) * d->B;
     d->B_global = (int64_t)rt_exec_world(e) * d->B;
     d->y_id = d->logits = PLAN_NONE;
-    if (arrays) {
-        if (d->kind == RT_DATA_LM) d->T = x->shape[1];  // tokens per sample: the rate counts them
-        if (d->kind == RT_DATA_CLASSES) {
-            d->K = rt_plan_classes(p);
-            d->y_id = sb;
-            d->logits = sb == PLAN_NONE ? PLAN_NONE : rt_plan_logits_for(stage, sb);
-        }
-        return read_arrays(d, p, path, a, b, err, errlen);
+    if (d->kind == RT_DATA_LM) d->T = x->shape[1];  // tokens per sample: the rate counts them
+    if (d->kind != RT_DATA_ARRAYS) {
+        rt_data_inputs(p, &a, &b);
+        rt_stage_inputs(p, stage, &sa, &sb);
+        d->x = sa == PLAN_NONE ? NULL : rt_exec_data(e, sa);
+        d->y = sb == PLAN_NONE ? NULL : rt_exec_data(e, sb);
     }
-    if (d->kind == RT_DATA_LM) {
-        d->T = x->shape[1];
-        return open_lm(d, p, path, format, err, errlen);
+    if (d->kind == RT_DATA_CLASSES) {
+        d->K = rt_plan_classes(p);
+        d->D = x->shape[1];
+        d->y_id = sb;
+        d->logits = sb == PLAN_NONE ? PLAN_NONE : rt_plan_logits_for(stage, sb);
     }
-    d->D = x->shape[1];
-    d->y_id = sb;
-    d->logits = sb == PLAN_NONE ? PLAN_NONE : rt_plan_logits_for(stage, sb);
+    if (arrays)
+        return (d->arrays = rt_arrays_open(e, path, optional, d->describe, sizeof d->describe, err, errlen)) ? 0 : -1;
+    if (d->kind == RT_DATA_LM) return open_lm(d, p, path, format, err, errlen);
     return open_classes(d, p, path, err, errlen);
 }
 
-RtData *rt_data_open_as(Exec *e, const char *path, RtTokenFormat format, RtDataOrder order, uint64_t seed, char *err,
-                        size_t errlen)
+RtData *rt_data_open_for(Exec *e, const char *path, RtTokenFormat format, RtDataOrder order, uint64_t seed,
+                         const uint8_t *optional, char *err, size_t errlen)
 {
     RtData *d = plan_alloc(sizeof *d);
     if (!d) {
@@ -729,11 +549,17 @@ RtData *rt_data_open_as(Exec *e, const char *path, RtTokenFormat format, RtDataO
     }
     memset(d, 0, sizeof *d);
     d->order = order, d->seed = seed;
-    if (setup(d, rt_exec_whole(e), e, path, format, err, errlen)) {
+    if (setup(d, rt_exec_whole(e), e, path, format, optional, err, errlen)) {
         rt_data_close(d);
         return NULL;
     }
     return d;
+}
+
+RtData *rt_data_open_as(Exec *e, const char *path, RtTokenFormat format, RtDataOrder order, uint64_t seed, char *err,
+                        size_t errlen)
+{
+    return rt_data_open_for(e, path, format, order, seed, NULL, err, errlen);
 }
 
 RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed, char *err, size_t errlen)
@@ -756,9 +582,10 @@ RtData *rt_data_idle(char *err, size_t errlen)
 
 void rt_data_fill(RtData *d, int64_t step)
 {
-    if (!d->x && !d->y) return;  // a stage in the middle of a pipeline
-    if (d->arr[0].data) {
-        fill_arrays(d, step);
+    if (d->arrays) {
+        rt_arrays_fill(d->arrays, d->order, d->seed, step, d->B_global, d->row0, d->B);
+    } else if (!d->x && !d->y) {
+        return;  // a stage in the middle of a pipeline
     } else if (d->kind == RT_DATA_LM) {
         RtTokens t = {d->tok, d->n_tok, d->format};
         rt_lm_rows(&t, d->order, d->seed, step, d->B_global, d->row0, d->B, d->T, d->x, d->y);
@@ -770,6 +597,8 @@ void rt_data_fill(RtData *d, int64_t step)
 RtDataKind rt_data_get_kind(const RtData *d) { return d->kind; }
 const char *rt_data_describe(const RtData *d) { return d->describe; }
 int64_t rt_data_items(const RtData *d) { return d->kind == RT_DATA_LM ? d->B_global * d->T : d->B_global; }
+int64_t rt_data_rows(const RtData *d) { return d->B_global; }
+int64_t rt_data_samples(const RtData *d) { return d->arrays ? rt_arrays_samples(d->arrays) : 0; }
 int32_t rt_data_labels(const RtData *d) { return d->y_id; }
 int32_t rt_data_logits(const RtData *d) { return d->logits; }
 
@@ -779,7 +608,6 @@ void rt_data_close(RtData *d)
     if (d->map) munmap(d->map, d->map_len);
     plan_dealloc(d->owned);
     plan_dealloc(d->centers);
-    rt_npy_free(&d->arr[0]);
-    rt_npy_free(&d->arr[1]);
+    rt_arrays_free(d->arrays);
     plan_dealloc(d);
 }

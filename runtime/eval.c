@@ -122,9 +122,9 @@ RtEval *rt_eval_new(const Plan *whole, Exec *train, const RtEvalOptions *o, char
                   "NAME=FILE.npy, by the inputs' names, as --data", o->path);
     else if (!(v->e = rt_exec_new(program, &eo, why, sizeof why)))
         plan_fail(err, errlen, "the evaluation program: %s", why);
-    else if (!(v->data = rt_data_open_as(v->e, blobs ? NULL : o->path, o->format, RT_ORDER_SEQUENTIAL, o->seed, why,
-                                         sizeof why)))
-        plan_fail(err, errlen, "--val-data %s: %s", o->path, why);
+    else if (!(v->data = rt_data_open_for(v->e, blobs ? NULL : o->path, o->format, RT_ORDER_SEQUENTIAL, o->seed,
+                                          o->optional, why, sizeof why)))
+        plan_fail(err, errlen, "%s %s: %s", o->flag ? o->flag : "--val-data", o->path, why);
     else if (!pair_params(v, err, errlen)) {
         v->blobs = blobs;
         return v;
@@ -170,7 +170,10 @@ static int64_t correct_of(const RtEval *v, int64_t *rows)
     return llround(rt_accuracy_of(lt.data, yt.data, lt.shape[0], K, W) * (double)lt.shape[0]);
 }
 
-int rt_eval_run(RtEval *v, double *loss, double *accuracy, char *err, size_t errlen)
+Exec *rt_eval_exec(RtEval *v) { return v->e; }
+RtData *rt_eval_data(RtEval *v) { return v->data; }
+
+int rt_eval_take_params(RtEval *v, char *err, size_t errlen)
 {
     for (int32_t i = 0; i < v->n_pairs; i++) {
         const Pair *q = &v->pairs[i];
@@ -179,6 +182,12 @@ int rt_eval_run(RtEval *v, double *loss, double *accuracy, char *err, size_t err
         if (!dst || !src) return plan_fail(err, errlen, "the evaluation program: param %d is not in its arena", q->eval);
         memcpy(dst, src, (size_t)q->bytes);
     }
+    return 0;
+}
+
+int rt_eval_run(RtEval *v, double *loss, double *accuracy, char *err, size_t errlen)
+{
+    if (rt_eval_take_params(v, err, errlen)) return -1;
     double sum = 0;
     int64_t correct = 0, rows = 0;
     for (int64_t k = 1; k <= v->batches; k++) {

@@ -1,101 +1,30 @@
-/* runtime/hf.c: the params under Hugging Face's names and layouts (GPT2LMHeadModel,
- * LlamaForCausalLM), in and out, for fsexec --weights-format hf-gpt2 | hf-llama.
+/* runtime/hf.c: the params under Hugging Face's names and layouts, in and out, for fsexec
+ * --weights-format hf-gpt2 | hf-llama | hf-bert | map:FILE.json, by a table of rows
+ * (runtime/hfmap.c reads them; runtime/hf/NAME.json are the built-in ones, README's
+ * "Hugging Face weights"): a row per param pattern, our name, HF's name ({N}: the block
+ * index) and how the bytes go (hfmap.h: COPY, TRANSPOSE, TIED, BUFFER). GPT-2's q, k, v
+ * are fused in both (c_attn and attn.w, in that order) and Llama's and BERT's are three
+ * tensors in both, so no row splits or joins. Our rope turns the pairs (i, i + D/2) of
+ * each head, which is HF's rotate_half on the q_proj/k_proj it stores (those are already
+ * permuted from Meta's interleaved layout by convert_llama_weights_to_hf): the rows go
+ * across as they are (bench/hf_check.py holds the losses equal).
  *
- * The mapping is one table (ROWS, README's "Hugging Face weights"): a row per param
- * pattern, our name, HF's name ({N}: the block index) and how the bytes go:
- *   COPY       the same layout (GPT-2's Conv1D weights are [in, out], as ours: x @ w)
- *   TRANSPOSE  HF's nn.Linear weight [out, in] against our [in, out] (Llama)
- *   TIED       a copy HF may keep of another of our params (GPT-2's lm_head.weight is wte):
- *              on load it must equal its source, bit for bit; never written
- *   BUFFER     a tensor HF keeps that is not a param (GPT-2's causal mask attn.bias and
- *              attn.masked_bias, old Llama files' rotary inv_freq): skipped, never written
- * GPT-2's q, k, v are fused in both (c_attn and attn.w, in that order) and Llama's are
- * three tensors in both, so no row splits or joins. Our rope turns the pairs (i, i + D/2)
- * of each head, which is HF's rotate_half on the q_proj/k_proj it stores (those are
- * already permuted from Meta's interleaved layout by convert_llama_weights_to_hf): the
- * rows go across as they are (bench/hf_check.py holds the losses equal).
- *
- * A file may lack the format's prefix ("transformer.": GPT2Model, "model.": LlamaModel);
- * it is read all the same. F16 and BF16 files are upcast to our f32 exactly; files are
- * written F32. Reading maps the file and checks every name, shape and value before it
- * writes a byte into the arena, then converts tensor by tensor (transposes through a
- * block of 32 rows): no copy of the model, whatever its size. Writing streams through
- * the same kind of block after rt_st_header.
+ * A file may lack the table's prefix ("transformer.": GPT2Model, "model.": LlamaModel,
+ * "bert.": BertModel); it is read all the same. F16 and BF16 files are upcast to our f32
+ * exactly; files are written F32. Reading maps the file and checks every name, shape and
+ * value before it writes a byte into the arena, then converts tensor by tensor
+ * (transposes through a block of 32 rows): no copy of the model, whatever its size.
+ * Writing streams through the same kind of block after rt_st_header. A user's table
+ * (map:FILE) is also checked against the model: each row (but an optional one) must
+ * name a param it has, so a typo is an error, not a silently skipped tensor.
  */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime.h"
+#include "hfmap.h"
 
-typedef enum { HF_COPY, HF_TRANSPOSE, HF_TIED, HF_BUFFER } HfHow;
-
-typedef struct {
-    RtWeightsFormat format;
-    const char *ours;  // our param ({N}: the block index); NULL for a buffer
-    const char *hf;    // HF's tensor
-    HfHow how;
-} HfRow;
-
-#define GPT2 RT_WEIGHTS_HF_GPT2
-#define LLAMA RT_WEIGHTS_HF_LLAMA
-static const HfRow ROWS[] = {
-    {GPT2, "wte", "transformer.wte.weight", HF_COPY},
-    {GPT2, "wpe", "transformer.wpe.weight", HF_COPY},
-    {GPT2, "h.{N}.ln1.w", "transformer.h.{N}.ln_1.weight", HF_COPY},
-    {GPT2, "h.{N}.ln1.b", "transformer.h.{N}.ln_1.bias", HF_COPY},
-    {GPT2, "h.{N}.attn.w", "transformer.h.{N}.attn.c_attn.weight", HF_COPY},
-    {GPT2, "h.{N}.attn.b", "transformer.h.{N}.attn.c_attn.bias", HF_COPY},
-    {GPT2, "h.{N}.proj.w", "transformer.h.{N}.attn.c_proj.weight", HF_COPY},
-    {GPT2, "h.{N}.proj.b", "transformer.h.{N}.attn.c_proj.bias", HF_COPY},
-    {GPT2, "h.{N}.ln2.w", "transformer.h.{N}.ln_2.weight", HF_COPY},
-    {GPT2, "h.{N}.ln2.b", "transformer.h.{N}.ln_2.bias", HF_COPY},
-    {GPT2, "h.{N}.fc.w", "transformer.h.{N}.mlp.c_fc.weight", HF_COPY},
-    {GPT2, "h.{N}.fc.b", "transformer.h.{N}.mlp.c_fc.bias", HF_COPY},
-    {GPT2, "h.{N}.fcproj.w", "transformer.h.{N}.mlp.c_proj.weight", HF_COPY},
-    {GPT2, "h.{N}.fcproj.b", "transformer.h.{N}.mlp.c_proj.bias", HF_COPY},
-    {GPT2, "lnf.w", "transformer.ln_f.weight", HF_COPY},
-    {GPT2, "lnf.b", "transformer.ln_f.bias", HF_COPY},
-    {GPT2, "wte", "lm_head.weight", HF_TIED},
-    {GPT2, NULL, "transformer.h.{N}.attn.bias", HF_BUFFER},
-    {GPT2, NULL, "transformer.h.{N}.attn.masked_bias", HF_BUFFER},
-    {LLAMA, "tok_embeddings", "model.embed_tokens.weight", HF_COPY},
-    {LLAMA, "layers.{N}.attn_norm.w", "model.layers.{N}.input_layernorm.weight", HF_COPY},
-    {LLAMA, "layers.{N}.wq", "model.layers.{N}.self_attn.q_proj.weight", HF_TRANSPOSE},
-    {LLAMA, "layers.{N}.wk", "model.layers.{N}.self_attn.k_proj.weight", HF_TRANSPOSE},
-    {LLAMA, "layers.{N}.wv", "model.layers.{N}.self_attn.v_proj.weight", HF_TRANSPOSE},
-    {LLAMA, "layers.{N}.wo", "model.layers.{N}.self_attn.o_proj.weight", HF_TRANSPOSE},
-    {LLAMA, "layers.{N}.mlp_norm.w", "model.layers.{N}.post_attention_layernorm.weight", HF_COPY},
-    {LLAMA, "layers.{N}.w1", "model.layers.{N}.mlp.gate_proj.weight", HF_TRANSPOSE},
-    {LLAMA, "layers.{N}.w3", "model.layers.{N}.mlp.up_proj.weight", HF_TRANSPOSE},
-    {LLAMA, "layers.{N}.w2", "model.layers.{N}.mlp.down_proj.weight", HF_TRANSPOSE},
-    {LLAMA, "norm.w", "model.norm.weight", HF_COPY},
-    {LLAMA, "output", "lm_head.weight", HF_TRANSPOSE},
-    {LLAMA, NULL, "model.layers.{N}.self_attn.rotary_emb.inv_freq", HF_BUFFER},
-};
-enum { N_ROWS = sizeof ROWS / sizeof ROWS[0], BLOCK = 32, NAME = 512 };
-
-static const char *const FORMAT_NAMES[RT_WEIGHTS_COUNT] = {"fsexec", "hf-gpt2", "hf-llama"};
-/* What a file of the format may lack on load (the base model's files: GPT2Model, LlamaModel). */
-static const char *const PREFIX[RT_WEIGHTS_COUNT] = {"", "transformer.", "model."};
-/* A matmul weight's layout in the format, against ours, for messages. */
-static const char *const LAYOUT[RT_WEIGHTS_COUNT] = {
-    "", "Conv1D's [in, out], as our matmul weights: x @ w",
-    "nn.Linear's [out, in], transposed into our matmul weights' [in, out]: x @ w"};
-static const char *const FLIPPED[RT_WEIGHTS_COUNT] = {
-    "", " (nn.Linear's [out, in]? GPT-2's are Conv1D's)", " (written in our layout? that is --weights-format fsexec)"};
-
-int rt_weights_format_parse(const char *s, RtWeightsFormat *out)
-{
-    for (int f = 0; f < RT_WEIGHTS_COUNT; f++)
-        if (!strcmp(s, FORMAT_NAMES[f])) {
-            *out = (RtWeightsFormat)f;
-            return 0;
-        }
-    return -1;
-}
-
-const char *rt_weights_format_name(RtWeightsFormat f) { return f < RT_WEIGHTS_COUNT ? FORMAT_NAMES[f] : "?"; }
+enum { BLOCK = 32, NAME = 512 };
 
 /* ---- names -------------------------------------------------------------------------- */
 
@@ -122,11 +51,11 @@ static const char *pat_fill(const char *pat, long N, char *buf, size_t n)
     return buf;
 }
 
-/* The COPY or TRANSPOSE row of format f for our param `ours` (its block index in *N). */
+/* The COPY or TRANSPOSE row of table f for our param `ours` (its block index in *N). */
 static const HfRow *row_of_ours(RtWeightsFormat f, const char *ours, long *N)
 {
-    for (int i = 0; i < N_ROWS; i++)
-        if (ROWS[i].format == f && ROWS[i].how <= HF_TRANSPOSE && pat_match(ROWS[i].ours, ours, N)) return &ROWS[i];
+    for (int i = 0; i < f->n; i++)
+        if (f->rows[i].how <= HF_TRANSPOSE && pat_match(f->rows[i].ours, ours, N)) return &f->rows[i];
     return NULL;
 }
 
@@ -135,10 +64,10 @@ static const HfRow *row_of_hf(RtWeightsFormat f, const char *hf, long *N)
 {
     char full[NAME];
     for (int pass = 0; pass < 2; pass++) {
-        if (pass) snprintf(full, sizeof full, "%s%s", PREFIX[f], hf);
-        for (int i = 0; i < N_ROWS; i++)
-            if (ROWS[i].format == f && pat_match(ROWS[i].hf, pass ? full : hf, N)) return &ROWS[i];
-        if (!PREFIX[f][0] || !strncmp(hf, PREFIX[f], strlen(PREFIX[f]))) break;
+        if (pass) snprintf(full, sizeof full, "%s%s", f->prefix, hf);
+        for (int i = 0; i < f->n; i++)
+            if (pat_match(f->rows[i].hf, pass ? full : hf, N)) return &f->rows[i];
+        if (!f->prefix[0] || !strncmp(hf, f->prefix, strlen(f->prefix))) break;
     }
     return NULL;
 }
@@ -153,17 +82,17 @@ const char *rt_hf_name(RtWeightsFormat f, const char *ours, char *buf, size_t n)
 
 const char *rt_hf_unprefixed(RtWeightsFormat f, const char *hf)
 {
-    size_t pl = strlen(PREFIX[f]);
-    return pl && !strncmp(hf, PREFIX[f], pl) ? hf + pl : NULL;
+    size_t pl = f ? strlen(f->prefix) : 0;
+    return pl && !strncmp(hf, f->prefix, pl) ? hf + pl : NULL;
 }
 
 /* The file's tensor named hf, or the same without the format's prefix; NULL if neither. */
 static const StTensor *file_tensor(const StFile *file, RtWeightsFormat f, const char *hf)
 {
-    size_t n = rt_st_count(file), pl = strlen(PREFIX[f]);
+    size_t n = rt_st_count(file), pl = strlen(f->prefix);
     for (size_t j = 0; j < n; j++)
         if (!strcmp(rt_st_tensor(file, j)->name, hf)) return rt_st_tensor(file, j);
-    for (size_t j = 0; pl && !strncmp(hf, PREFIX[f], pl) && j < n; j++)
+    for (size_t j = 0; pl && !strncmp(hf, f->prefix, pl) && j < n; j++)
         if (!strcmp(rt_st_tensor(file, j)->name, hf + pl)) return rt_st_tensor(file, j);
     return NULL;
 }
@@ -242,14 +171,23 @@ static void read_into(const uint8_t *p, PlanDType dt, const StEntry *t, HfHow ho
 
 /* ---- reading ------------------------------------------------------------------------ */
 
-/* File tensor fe for our t against the shape the row's layout needs. */
-static int check_shape(RtWeightsFormat f, const StTensor *fe, const StEntry *t, HfHow how, char *err, size_t errlen)
+/* "the hf-gpt2 mapping", "the map my.json", for messages. */
+static const char *table_of(RtWeightsFormat f, char *buf, size_t n)
+{
+    snprintf(buf, n, f->user ? "the map %s" : "the %s mapping", f->user ? f->name + 4 : f->name);
+    return buf;
+}
+
+/* File tensor fe for our t against the shape row r's layout needs. */
+static int check_shape(RtWeightsFormat f, const StTensor *fe, const StEntry *t, const HfRow *r, char *err,
+                       size_t errlen)
 {
     int64_t want[PLAN_MAX_RANK];
-    char a[128], b[128], c[128];
+    char a[128], b[128], c[128], tab[NAME];
+    HfHow how = r->how;
     if (how == HF_TRANSPOSE && t->rank != 2)
-        return plan_fail(err, errlen, "our '%s' has rank %d; the %s mapping transposes a matrix", t->name, t->rank,
-                         FORMAT_NAMES[f]);
+        return plan_fail(err, errlen, "our '%s' has rank %d; %s transposes it (a matrix)", t->name, t->rank,
+                         table_of(f, tab, sizeof tab));
     for (int d = 0; d < t->rank; d++) want[d] = how == HF_TRANSPOSE ? t->shape[t->rank - 1 - d] : t->shape[d];
     if (fe->dtype == PLAN_DT_I32)
         return plan_fail(err, errlen, "tensor '%s' is I32; a param is F32, F16 or BF16", fe->name);
@@ -262,42 +200,37 @@ static int check_shape(RtWeightsFormat f, const StTensor *fe, const StEntry *t, 
     rt_st_shape_str(PLAN_DT_COUNT, t->rank, t->shape, c, sizeof c);
     if (flipped)
         return plan_fail(err, errlen, "tensor '%s' is %s: %s needs %s (%s) for our '%s' %s; this file holds the "
-                         "transpose%s", fe->name, a, FORMAT_NAMES[f], b, LAYOUT[f], t->name, c, FLIPPED[f]);
-    int kv = f == RT_WEIGHTS_HF_LLAMA && how == HF_TRANSPOSE && fe->rank == 2 && fe->shape[1] == want[1] &&
-             (strstr(fe->name, "k_proj") || strstr(fe->name, "v_proj"));
+                         "transpose%s", fe->name, a, f->name, b, f->layout[0] ? f->layout : how == HF_TRANSPOSE ?
+                         "transposed into our [in, out]" : "our layout, as it is", t->name, c, f->flipped);
     return plan_fail(err, errlen, "tensor '%s' is %s in the file, but our '%s' %s needs %s: a file of another model "
-                     "(other dims%s), or not a %s file", fe->name, a, t->name, c, b,
-                     kv ? "; k_proj and v_proj have num_key_value_heads * head_dim rows: fsc -D NKV=N to match" : "",
-                     FORMAT_NAMES[f] + 3);
+                     "(other dims%s), or not a %s file", fe->name, a, t->name, c, b, r->if_shape,
+                     f->model[0] ? f->model : f->name);
 }
 
 typedef struct {
     const StTensor *fe;  // where t[i] comes from
-    HfHow how;
+    const HfRow *row;
 } Source;
 
 /* Each t[i]'s tensor in the file, checked (src[i]). */
 static int find_sources(const StFile *file, RtWeightsFormat f, const StEntry *t, int32_t n, Source *src, char *err,
                         size_t errlen)
 {
-    char hf[NAME], names[1024];
+    char hf[NAME], names[1024], tab[NAME];
     for (int32_t i = 0; i < n; i++) {
         long N;
         const HfRow *r = row_of_ours(f, t[i].name, &N);
         if (!r)
-            return plan_fail(err, errlen, "our param '%s' has no row in the %s mapping (README: Hugging Face "
-                             "weights; it covers samples/%s.fsm's names)", t[i].name, FORMAT_NAMES[f],
-                             FORMAT_NAMES[f] + 3);
+            return plan_fail(err, errlen, "our param '%s' has no row in %s (README: Hugging Face weights%s%s)",
+                             t[i].name, table_of(f, tab, sizeof tab), f->covers[0] ? "; it covers " : "", f->covers);
         if (t[i].dtype != PLAN_DT_F32)
             return plan_fail(err, errlen, "our param '%s' is not f32 in this plan", t[i].name);
         pat_fill(r->hf, N, hf, sizeof hf);
         if (!(src[i].fe = file_tensor(file, f, hf)))
             return plan_fail(err, errlen, "no tensor '%s' (our '%s') in the file%s; it has %s", hf, t[i].name,
-                             f == RT_WEIGHTS_HF_LLAMA && !strcmp(hf, "lm_head.weight")
-                                 ? " (a model with tie_word_embeddings? our llama has an output of its own)" : "",
-                             file_names(file, names, sizeof names));
-        src[i].how = r->how;
-        if (check_shape(f, src[i].fe, &t[i], r->how, err, errlen)) return -1;
+                             r->if_missing, file_names(file, names, sizeof names));
+        src[i].row = r;
+        if (check_shape(f, src[i].fe, &t[i], r, err, errlen)) return -1;
     }
     return 0;
 }
@@ -311,21 +244,52 @@ static int known(const char *name, const StEntry *t, int32_t n, const char *cons
     return 0;
 }
 
+/* Whether pattern pat ({N}: a block index) is some name of t or `also`. */
+static int names_some(const char *pat, const StEntry *t, int32_t n, const char *const *also, int32_t n_also)
+{
+    long N;
+    for (int32_t i = 0; i < n; i++)
+        if (pat_match(pat, t[i].name, &N)) return 1;
+    for (int32_t i = 0; i < n_also; i++)
+        if (pat_match(pat, also[i], &N)) return 1;
+    return 0;
+}
+
+/* A user's table: every row but a buffer's or an optional one names a param of the
+ * model (t, and other stages' in `also`). */
+static int check_user_rows(RtWeightsFormat f, const StEntry *t, int32_t n, const char *const *also, int32_t n_also,
+                           char *err, size_t errlen)
+{
+    char some[512];
+    for (int i = 0; f->user && i < f->n; i++) {
+        const HfRow *r = &f->rows[i];
+        if (r->how == HF_BUFFER || r->optional || names_some(r->ours, t, n, also, n_also)) continue;
+        size_t at = 0;
+        for (int32_t j = 0; j < n && j < 6 && at < sizeof some; j++)
+            at += (size_t)snprintf(some + at, sizeof some - at, "%s%s", j ? ", " : "", t[j].name);
+        return plan_fail(err, errlen, "the map %s: tensors[%d] ('%s') names our '%s', which is no param of this "
+                         "model (unknown name; its params: %s%s); fix the row, or mark it \"optional\": true",
+                         f->name + 4, i, r->hf, r->ours, some, n > 6 ? ", ..." : "");
+    }
+    return 0;
+}
+
 /* Every tensor of the file has its place: a source of some t[i], another stage's param,
- * a tied copy or a buffer. */
+ * a tied copy, a buffer, or an optional row's param the model has not. */
 static int check_rest(const StFile *file, RtWeightsFormat f, const StEntry *t, int32_t n, const Source *src,
                       const char *const *also, int32_t n_also, char *err, size_t errlen)
 {
-    char ours[NAME];
+    char ours[NAME], tab[NAME];
     for (size_t j = 0; j < rt_st_count(file); j++) {
         const StTensor *fe = rt_st_tensor(file, j);
         long N;
         const HfRow *r = row_of_hf(f, fe->name, &N);
         if (!r)
-            return plan_fail(err, errlen, "tensor '%s' of the file has no row in the %s mapping (README: Hugging Face "
-                             "weights): a file of another architecture?", fe->name, FORMAT_NAMES[f]);
+            return plan_fail(err, errlen, "tensor '%s' of the file has no row in %s (README: Hugging Face "
+                             "weights): a file of another architecture?", fe->name, table_of(f, tab, sizeof tab));
         if (r->how == HF_BUFFER || r->how == HF_TIED) continue;
         pat_fill(r->ours, N, ours, sizeof ours);
+        if (!known(ours, t, n, also, n_also) && r->optional) continue;
         if (!known(ours, t, n, also, n_also))
             return plan_fail(err, errlen, "tensor '%s' of the file is our '%s', which the model has not (a file of "
                              "another model: more layers?)", fe->name, ours);
@@ -343,9 +307,9 @@ static int check_tied(const StFile *file, const uint8_t *map, RtWeightsFormat f,
                       const Source *src, float *a, float *b, char *err, size_t errlen)
 {
     char x[128], y[128];
-    for (int k = 0; k < N_ROWS; k++) {
-        const HfRow *r = &ROWS[k];
-        const StTensor *copy = r->format == f && r->how == HF_TIED ? file_tensor(file, f, r->hf) : NULL;
+    for (int k = 0; k < f->n; k++) {
+        const HfRow *r = &f->rows[k];
+        const StTensor *copy = r->how == HF_TIED ? file_tensor(file, f, r->hf) : NULL;
         for (int32_t i = 0; copy && i < n; i++) {
             const StTensor *fe = src[i].fe;
             if (strcmp(t[i].name, r->ours)) continue;
@@ -383,13 +347,14 @@ static int read_file(const StFile *file, RtWeightsFormat f, const StEntry *t, in
     float *a = plan_alloc(sizeof(float) * (size_t)widest), *b = plan_alloc(sizeof(float) * (size_t)widest);
     const uint8_t *map = NULL;
     int rc = !src || !a || !b ? plan_fail(err, errlen, "out of memory") : 0;
+    if (!rc) rc = check_user_rows(f, t, n, also, n_also, err, errlen);
     if (!rc) rc = find_sources(file, f, t, n, src, err, errlen);
     if (!rc) rc = check_rest(file, f, t, n, src, also, n_also, err, errlen);
     if (!rc) rc = (map = rt_st_map(file, err, errlen)) ? 0 : -1;
     for (int32_t i = 0; i < n && !rc; i++) rc = rt_st_check_finite(src[i].fe, map + src[i].fe->begin, err, errlen);
     if (!rc) rc = check_tied(file, map, f, t, n, src, a, b, err, errlen);
     for (int32_t i = 0; i < n && !rc; i++)
-        read_into(map + src[i].fe->begin, src[i].fe->dtype, &t[i], src[i].how, a, t[i].data);
+        read_into(map + src[i].fe->begin, src[i].fe->dtype, &t[i], src[i].row->how, a, t[i].data);
     rt_st_unmap(file, map);
     plan_dealloc(a);
     plan_dealloc(b);
@@ -432,16 +397,17 @@ static void write_tensor(PlanOutput *o, const StEntry *t, HfHow how, float *bloc
 static int hf_entries(RtWeightsFormat f, const StEntry *t, int32_t n, StEntry *out, char *names, int64_t *shapes,
                       HfHow *how, char *err, size_t errlen)
 {
+    char tab[NAME];
     for (int32_t i = 0; i < n; i++) {
         long N;
         const HfRow *r = row_of_ours(f, t[i].name, &N);
         if (!r)
-            return plan_fail(err, errlen, "our param '%s' has no row in the %s mapping (README: Hugging Face weights)",
-                             t[i].name, FORMAT_NAMES[f]);
+            return plan_fail(err, errlen, "our param '%s' has no row in %s (README: Hugging Face weights)",
+                             t[i].name, table_of(f, tab, sizeof tab));
         if (t[i].dtype != PLAN_DT_F32) return plan_fail(err, errlen, "our param '%s' is not f32", t[i].name);
         if (r->how == HF_TRANSPOSE && t[i].rank != 2)
-            return plan_fail(err, errlen, "our '%s' has rank %d; the mapping transposes a matrix", t[i].name,
-                             t[i].rank);
+            return plan_fail(err, errlen, "our '%s' has rank %d; %s transposes it (a matrix)", t[i].name,
+                             t[i].rank, table_of(f, tab, sizeof tab));
         int64_t *shape = shapes + (size_t)i * PLAN_MAX_RANK;
         for (int d = 0; d < t[i].rank; d++) shape[d] = r->how == HF_TRANSPOSE ? t[i].shape[1 - d] : t[i].shape[d];
         how[i] = r->how;

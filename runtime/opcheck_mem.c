@@ -122,8 +122,8 @@ typedef struct {
     int32_t *root;          // [n_tensors] the tensor whose buffer each lies in
     int64_t *lo, *hi;       // [n_tensors] bytes spanned over every rank
     int32_t *ok_upto;       // [n_tensors] intact() proved up to this op (-1: not yet)
-    int32_t data[2];        // the inputs data.c fills, or PLAN_NONE
-    Bound data_bound[2];
+    Bound *data;            // [n_tensors] what data.c leaves in each data input of this program (known: 0 for others)
+    uint8_t *is_data;       // [n_tensors] whether it is one
     int32_t step;           // the "step" input the executor writes, or PLAN_NONE
     OpKind *kind;           // [n_ops] each op's kind (names are looked up once)
     Bound *made;            // [n_tensors] what its producer leaves in a tensor, once known
@@ -218,8 +218,8 @@ static int intact(Mem *m, int32_t t, int32_t r, OpKind allow, int slot)
         int poisoned = y->alias == PLAN_NONE && !plan_tensor_is_persistent(y) && y->live_end < p->n_ops &&
                        (w == PLAN_NONE || (w <= y->live_end && y->live_end < r));
         /* Setup initializes every buffer no op makes; data and the step are written before each step. */
-        int set_up = w == PLAN_NONE && ((y->alias == PLAN_NONE && y->producer == PLAN_NONE) || u == m->data[0] ||
-                                        u == m->data[1] || u == m->step);
+        int set_up = w == PLAN_NONE && ((y->alias == PLAN_NONE && y->producer == PLAN_NONE) || m->is_data[u] ||
+                                        u == m->step);
         if (poisoned || set_up) {
             because(m, "tensor %d (%s) shares its bytes and is %s", u, plan_tensor_label(p, u),
                     poisoned ? "poisoned after its last use (nan_fill)" : "written before the step");
@@ -252,7 +252,7 @@ static Bound bound_at(Mem *m, int32_t t, int32_t r, int depth)
             because(m, "tensor %d (%s) is neither made by an op nor an input or state of its own", t, plan_tensor_label(p, t));
             return TOP;
         }
-        if (t == m->data[0] || t == m->data[1]) return m->data_bound[t == m->data[1]];
+        if (m->is_data[t]) return m->data[t];
         if (t == m->step) return (Bound){1, 1, INT32_MAX};
         if ((x->init == PLAN_INIT_NONE || x->init == PLAN_INIT_ZEROS) && !rt_flat_is_storage(p, t))
             return (Bound){1, 0, 0};
@@ -302,6 +302,8 @@ static int check_index(Mem *m, int32_t k, int32_t t, const char *what, int64_t n
     if (!b.known)
         return fail_op(m, k, err, errlen, "its %s, tensor %d (%s), are not known to stay in [0, %" PRId64 "): %s", what, t,
                        plan_tensor_label(m->p, t), n, m->why);
+    int64_t s;
+    if (b.lo < 0 && rt_op_index_sentinel(m->p, k, &s) && b.lo == s && s < 0) b.lo = 0;  // data_bounds' sentinel
     if (b.lo < 0 || b.hi >= n)
         return fail_op(m, k, err, errlen, "its %s, tensor %d (%s), may be %" PRId64 " to %" PRId64 ", outside [0, %" PRId64 ")",
                        what, t, plan_tensor_label(m->p, t), b.lo, b.hi, n);
@@ -313,8 +315,8 @@ static int counter(Mem *m, int32_t t, OpKind kind, int slot)
 {
     const Plan *p = m->p;
     const PlanTensor *x = &p->tensors[t];
-    if (x->producer != PLAN_NONE || x->alias != PLAN_NONE || !plan_tensor_is_persistent(x) || t == m->step || t == m->data[0] ||
-        t == m->data[1] || (x->init != PLAN_INIT_NONE && x->init != PLAN_INIT_ZEROS)) {
+    if (x->producer != PLAN_NONE || x->alias != PLAN_NONE || !plan_tensor_is_persistent(x) || t == m->step ||
+        m->is_data[t] || (x->init != PLAN_INIT_NONE && x->init != PLAN_INIT_ZEROS)) {
         because(m, "tensor %d (%s) is not state of its own that starts at zero", t, plan_tensor_label(p, t));
         return 0;
     }
@@ -431,23 +433,32 @@ static int check_aliasing(Mem *m, int32_t k, char *err, size_t errlen)
 }
 
 /* What data.c writes into the data inputs. An input that an op indexes with stays below
- * its bound (rt_input_bound): the loader checks .npy arrays against it, and token files
- * against the least bound of tokens and targets (and the vocab); labels it draws as blobs
- * stay below the class count, which may be more. Nothing is known of an input no op
- * indexes with (.npy data is checked only where it indexes). A stage's data inputs are
- * the whole plan's, and so are their bounds. An input fsexec does not feed (no step
- * run) stays zeros, inside every bound. */
-static void data_bounds(Mem *m, const Plan *whole)
+ * its bound (rt_input_bound), or is the one value every such read allows besides
+ * (rt_input_sentinel: an ignore_index, below 0): the loader checks .npy arrays against
+ * them, and token files against the least bound of tokens and targets (and the vocab);
+ * labels it draws as blobs stay below the class count, which may be more. Nothing is
+ * known of an input no op indexes with (.npy data is checked only where it indexes). A
+ * stage's data inputs are the whole plan's, and so are their bounds. An input fsexec
+ * does not feed (no step run, --predict's labels) stays zeros, inside every bound. */
+static int data_bounds(Mem *m, const Plan *whole)
 {
-    int32_t in[2], by;
-    m->data[0] = m->data[1] = PLAN_NONE;
-    if (rt_data_inputs(whole, &in[0], &in[1])) return;
-    rt_stage_inputs(whole, m->p, &m->data[0], &m->data[1]);
-    for (int k = 0; k < 2; k++) {
-        int64_t most = rt_input_bound(whole, in[k], &by), classes = rt_plan_classes(whole);
-        if (most > 0 && k == 1 && rt_data_kind(whole) == RT_DATA_CLASSES && classes > most) most = classes;
-        m->data_bound[k] = most > 0 ? (Bound){1, 0, most - 1} : TOP;
+    int32_t n = rt_data_input_list(whole, NULL, 0), by, *in = plan_alloc(sizeof *in * (size_t)(n + 1));
+    if (!in) return -1;
+    rt_data_input_list(whole, in, n);
+    int64_t classes = rt_plan_classes(whole), sentinel;
+    int two = rt_data_kind(whole) == RT_DATA_CLASSES;
+    for (int32_t k = 0; k < n; k++) {
+        int32_t t = rt_stage_input(whole, in[k], m->p);
+        if (t == PLAN_NONE) continue;
+        int64_t most = rt_input_bound(whole, in[k], &by);
+        if (most < 0) return plan_dealloc(in), -1;
+        if (most > 0 && two && k == 1 && classes > most) most = classes;
+        m->is_data[t] = 1;
+        m->data[t] = most > 0 ? (Bound){1, 0, most - 1} : TOP;
+        if (most > 0 && rt_input_sentinel(whole, in[k], &sentinel) && sentinel < 0) m->data[t].lo = sentinel;
     }
+    plan_dealloc(in);
+    return 0;
 }
 
 /* The tensor the executor writes the step number into (step role PLAN_SR_STEP). */
@@ -470,8 +481,12 @@ int rt_plan_check_values(const Plan *p, const Plan *whole, char *err, size_t err
     m.kind = plan_alloc(sizeof *m.kind * ((size_t)p->n_ops + 1));
     m.made = plan_alloc(sizeof *m.made * n);
     m.made_known = plan_alloc(n);
+    m.data = plan_alloc(sizeof *m.data * n);
+    m.is_data = plan_alloc(n);
     int rc = 0;
-    if (!m.root || !m.ok_upto || !m.lo || !m.hi || !m.kind || !m.made || !m.made_known) {
+    if (m.is_data) memset(m.is_data, 0, n);
+    if (!m.root || !m.ok_upto || !m.lo || !m.hi || !m.kind || !m.made || !m.made_known || !m.data || !m.is_data ||
+        data_bounds(&m, whole ? whole : p)) {
         rc = plan_fail(err, errlen, "out of memory");
     } else {
         for (int32_t i = 0; i < p->n_tensors; i++) {
@@ -485,7 +500,6 @@ int rt_plan_check_values(const Plan *p, const Plan *whole, char *err, size_t err
             m.made_known[i] = 0;
         }
         for (int32_t k = 0; k < p->n_ops; k++) m.kind[k] = op_lookup(plan_str(p, p->ops[k].op));
-        data_bounds(&m, whole ? whole : p);
         for (int32_t k = 0; k < p->n_ops && !rc; k++)
             rc = check_aliasing(&m, k, err, errlen) || check_updates(&m, k, err, errlen) || check_read(&m, k, err, errlen);
     }
@@ -496,5 +510,7 @@ int rt_plan_check_values(const Plan *p, const Plan *whole, char *err, size_t err
     plan_dealloc(m.kind);
     plan_dealloc(m.made);
     plan_dealloc(m.made_known);
+    plan_dealloc(m.data);
+    plan_dealloc(m.is_data);
     return rc ? -1 : 0;
 }

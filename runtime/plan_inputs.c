@@ -1,10 +1,12 @@
 /* runtime/plan_inputs.c: what a plan's inputs and outputs say about the data it takes,
- * read from the plan alone (no Exec): its two data inputs, whether they are a language
- * model's tokens and targets or a classifier's features and labels, a classifier's
- * logits, the vocab tokens must stay below, and for any input the bound its values must
- * stay below because an op indexes with them (rt_input_bound). The data loader (data.c)
- * and the plan's value checks (opcheck_mem.c) both ask; neither asks the other, so what
- * the loader checks is what the value check assumes.
+ * read from the plan alone (no Exec): its data inputs (any number, each once, in
+ * declaration order), whether a model of two is a language model's tokens and targets
+ * or a classifier's features and labels, a classifier's logits, the vocab tokens must
+ * stay below, and for any input the bound its values must stay below because an op
+ * indexes with them (rt_input_bound), with the one value outside it an op may allow
+ * (rt_input_sentinel: an ignore_index). The data loader (data.c) and the plan's value
+ * checks (opcheck_mem.c) both ask; neither asks the other, so what the loader checks is
+ * what the value check assumes.
  */
 #include <string.h>
 
@@ -22,24 +24,31 @@ static int same_input(const Plan *p, int32_t i, int32_t j)
                                                                  plan_str(p, p->tensors[j].name)));
 }
 
-int rt_data_inputs(const Plan *p, int32_t *a, int32_t *b)
+int rt_data_input_list(const Plan *p, int32_t *ids, int max)
 {
     int n = 0;
-    *a = *b = PLAN_NONE;
     for (int32_t i = 0; i < p->n_tensors; i++) {
-        if (!is_data_input(&p->tensors[i]) || (*a != PLAN_NONE && same_input(p, i, *a)) ||
-            (*b != PLAN_NONE && same_input(p, i, *b)))
-            continue;
-        if (n == 0) *a = i;
-        if (n == 1) *b = i;
+        if (!is_data_input(&p->tensors[i])) continue;
+        int seen = 0;
+        for (int32_t j = 0; j < i && !seen; j++) seen = is_data_input(&p->tensors[j]) && same_input(p, i, j);
+        if (seen) continue;
+        if (n < max) ids[n] = i;
         n++;
     }
+    return n;
+}
+
+int rt_data_inputs(const Plan *p, int32_t *a, int32_t *b)
+{
+    int32_t two[2] = {PLAN_NONE, PLAN_NONE};
+    int n = rt_data_input_list(p, two, 2);
+    *a = two[0], *b = two[1];
     return n == 2 ? 0 : -1;
 }
 
-/* The data input of p named as whole's tensor w, or PLAN_NONE. */
-static int32_t named_input(const Plan *whole, int32_t w, const Plan *p)
+int32_t rt_stage_input(const Plan *whole, int32_t w, const Plan *p)
 {
+    if (whole == p) return w;
     if (w == PLAN_NONE || whole->tensors[w].name == PLAN_NONE) return PLAN_NONE;
     const char *name = plan_str(whole, whole->tensors[w].name);
     for (int32_t i = 0; i < p->n_tensors; i++)
@@ -55,8 +64,8 @@ void rt_stage_inputs(const Plan *whole, const Plan *p, int32_t *a, int32_t *b)
         *a = none ? PLAN_NONE : wa, *b = none ? PLAN_NONE : wb;
         return;
     }
-    *a = none ? PLAN_NONE : named_input(whole, wa, p);
-    *b = none ? PLAN_NONE : named_input(whole, wb, p);
+    *a = none ? PLAN_NONE : rt_stage_input(whole, wa, p);
+    *b = none ? PLAN_NONE : rt_stage_input(whole, wb, p);
 }
 
 static int32_t find_output(const Plan *p, const char *name)
@@ -154,14 +163,22 @@ int64_t rt_plan_classes(const Plan *p)
 
 static int32_t in_id(const Plan *p, int32_t k, int32_t i) { return p->ids[p->ops[k].in + i]; }
 
-/* Op k's integer attribute `key`, or def. */
-static int64_t op_int(const Plan *p, int32_t k, const char *key, int64_t def)
+/* Op k's integer attribute `key`, or NULL. */
+static const PlanAttr *op_int_attr(const Plan *p, int32_t k, const char *key)
 {
     const PlanOp *op = &p->ops[k];
-    for (int32_t a = 0; a < op->n_attr; a++)
-        if (p->attrs[op->attr + a].kind == PLAN_ATTR_INT && !strcmp(plan_str(p, p->attrs[op->attr + a].key), key))
-            return p->attrs[op->attr + a].i;
-    return def;
+    for (int32_t a = 0; a < op->n_attr; a++) {
+        const PlanAttr *at = &p->attrs[op->attr + a];
+        if (at->kind == PLAN_ATTR_INT && !strcmp(plan_str(p, at->key), key)) return at;
+    }
+    return NULL;
+}
+
+/* Its value, or def. */
+static int64_t op_int(const Plan *p, int32_t k, const char *key, int64_t def)
+{
+    const PlanAttr *at = op_int_attr(p, k, key);
+    return at ? at->i : def;
 }
 
 int64_t rt_plan_valid_columns(const Plan *p, int64_t cols)
@@ -175,6 +192,19 @@ int64_t rt_plan_valid_columns(const Plan *p, int64_t cols)
     }
     for (int32_t i = 0; i < p->n_tensors; i++)  // a program without the loss (decode): the padded param's own rows
         if (p->tensors[i].logical_rows && p->tensors[i].shape[0] == cols) return p->tensors[i].logical_rows;
+    return cols;
+}
+
+int64_t rt_logits_valid(const Plan *p, int32_t t)
+{
+    const PlanTensor *x = &p->tensors[t];
+    int64_t cols = x->rank ? x->shape[x->rank - 1] : 1;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        OpKind kind = op_lookup(plan_str(p, p->ops[k].op));
+        int64_t valid = op_int(p, k, "valid", 0);
+        int loss = kind == OP_cross_entropy || kind == OP_cross_entropy_fused;
+        if (loss && in_id(p, k, 0) == t && valid > 0) return valid;
+    }
     return cols;
 }
 
@@ -199,6 +229,13 @@ RtIndexKind rt_op_index(const Plan *p, int32_t k, int32_t *idx, int64_t *bound)
     return RT_INDEX_NONE;
 }
 
+int rt_op_index_sentinel(const Plan *p, int32_t k, int64_t *value)
+{
+    const PlanAttr *at = op_int_attr(p, k, "ignore_index");
+    if (at) *value = at->i;
+    return at != NULL;
+}
+
 int rt_op_copies_values(const char *op)
 {
     OpKind kind = op_lookup(op);
@@ -206,23 +243,47 @@ int rt_op_copies_values(const char *op)
                                 kind == OP_all_gather);
 }
 
-int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by)
+/* The index reads input's values reach (see rt_input_bound): the least bound (op *by),
+ * and in *sentinel the one value outside [0, bound) that every one of them allows
+ * (*has: 1), if they agree on one. */
+static int64_t index_reads(const Plan *p, int32_t input, int32_t *by, int *has, int64_t *sentinel)
 {
     uint8_t *carries = plan_alloc((size_t)p->n_tensors + 1);
     if (!carries) return -1;
     for (int32_t i = 0; i < p->n_tensors; i++) carries[i] = is_data_input(&p->tensors[i]) && same_input(p, i, input);
     int64_t least = 0;
-    *by = PLAN_NONE;
+    int reads = 0;
+    *by = PLAN_NONE, *has = 0;
     for (int32_t k = 0; k < p->n_ops; k++) {  // a program's ops are in issue order: makers before readers
         const PlanOp *op = &p->ops[k];
         int32_t idx;
-        int64_t n;
-        if (rt_op_index(p, k, &idx, &n) != RT_INDEX_NONE && carries[idx] && (!least || n < least)) least = n, *by = k;
+        int64_t n, s;
+        if (rt_op_index(p, k, &idx, &n) != RT_INDEX_NONE && carries[idx]) {
+            if (!least || n < least) least = n, *by = k;
+            int allows = rt_op_index_sentinel(p, k, &s);  // every read must allow the same one
+            *has = reads++ ? *has && allows && s == *sentinel : allows;
+            if (allows) *sentinel = s;
+        }
         int carried = 0;
         for (int32_t i = 0; i < op->n_in && !carried; i++) carried = carries[in_id(p, k, i)];
         if (!carried || !rt_op_copies_values(plan_str(p, op->op))) continue;
         for (int32_t o = 0; o < op->n_out; o++) carries[p->ids[op->out + o]] = 1;
     }
     plan_dealloc(carries);
+    if (*has && *sentinel >= 0 && *sentinel < least) *has = 0;  // inside the range: nothing to allow
     return least;
+}
+
+int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by)
+{
+    int has;
+    int64_t sentinel;
+    return index_reads(p, input, by, &has, &sentinel);
+}
+
+int rt_input_sentinel(const Plan *p, int32_t input, int64_t *value)
+{
+    int32_t by;
+    int has = 0;
+    return index_reads(p, input, &by, &has, value) > 0 && has;
 }

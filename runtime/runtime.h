@@ -265,10 +265,16 @@ void rt_blobs_batch(const float *centers, uint64_t seed, int64_t step, int64_t B
 /* Rows [row0, row0 + rows) of the global batch (row b of every batch is keyed by b). */
 void rt_blobs_rows(const float *centers, uint64_t seed, int64_t step, int64_t row0, int64_t rows, int64_t D,
                    int64_t K, float *x, int32_t *y);
-/* The two data inputs (every input but "step"), in tensor order: tokens and targets, or
- * features and labels; an input of a later stage named as an earlier one's counts once.
- * 0, or -1 when the plan has not exactly two. */
+/* The data inputs (every input without a step role), in tensor order (a model's is its
+ * declaration order); an input of a later stage named as an earlier one's counts once.
+ * Their count; the first `max` of them in ids. */
+int rt_data_input_list(const Plan *p, int32_t *ids, int max);
+/* The two data inputs of a model of exactly two: tokens and targets, or features and
+ * labels. 0, or -1 when the plan has not exactly two. */
 int rt_data_inputs(const Plan *p, int32_t *a, int32_t *b);
+/* The tensor of p (one stage's program of `whole`, or whole itself) that is whole's data
+ * input w (by name); PLAN_NONE when that stage does not read it. */
+int32_t rt_stage_input(const Plan *whole, int32_t w, const Plan *p);
 /* The tensors of p, one stage's program of `whole` (or whole itself), that are whole's
  * data inputs (rt_data_inputs): the same names; PLAN_NONE where the stage reads none. */
 void rt_stage_inputs(const Plan *whole, const Plan *p, int32_t *a, int32_t *b);
@@ -293,8 +299,16 @@ int64_t rt_plan_vocab(const Plan *p);
  * `valid` where passes/pad_vocab.c padded a vocabulary (else a padded param's own rows,
  * for a program without the loss), or cols. */
 int64_t rt_plan_valid_columns(const Plan *p, int64_t cols);
+/* Of tensor t's last dim, the columns that are the model's: the `valid` of the loss that
+ * reads t as its logits, else all of them. */
+int64_t rt_logits_valid(const Plan *p, int32_t t);
 typedef enum { RT_INDEX_NONE, RT_INDEX_ROWS, RT_INDEX_CLASSES } RtIndexKind;
 RtIndexKind rt_op_index(const Plan *p, int32_t k, int32_t *idx, int64_t *bound);
+/* Whether index read k (rt_op_index) also takes one value outside [0, bound), which it
+ * skips (cross_entropy's ignore_index: the op's int attribute "ignore_index"): 1 and the
+ * value, or 0. The one place that says which values besides the range an index read
+ * allows; data.c's file checks and opcheck_mem.c's proof both ask it. */
+int rt_op_index_sentinel(const Plan *p, int32_t k, int64_t *value);
 /* Whether op `op` (by name) passes its inputs' values on unchanged (views, layout ops,
  * expand, all_gather): what the data that reaches an index has gone through. */
 int rt_op_copies_values(const char *op);
@@ -302,6 +316,9 @@ int rt_op_copies_values(const char *op);
  * the least bound of the index reads (rt_op_index) its values reach through ops that
  * copy them; the op with that bound in *by. 0 when no op indexes with it; -1 out of memory. */
 int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by);
+/* Whether every index read input's values reach allows the same value outside [0, bound)
+ * (rt_op_index_sentinel): 1 and that value, else 0. */
+int rt_input_sentinel(const Plan *p, int32_t input, int64_t *value);
 /* The data source for e's plan: the token file `path`, read as `format` says (see
  * rt_tokens_parse_as; NULL: the built-in corpus) for a language model, Gaussian blobs
  * for a classifier (path must be NULL). Checks every token against the vocab. The
@@ -313,8 +330,10 @@ int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by);
 RtData *rt_data_open_as(Exec *e, const char *path, RtTokenFormat format, RtDataOrder order, uint64_t seed, char *err,
                         size_t errlen);
 RtData *rt_data_open(Exec *e, const char *path, RtDataOrder order, uint64_t seed, char *err, size_t errlen);  // AUTO
-/* Whether `spec` names p's two data inputs ("x=feats.npy,..."): .npy arrays, not a file. */
-int rt_data_names_inputs(const Plan *p, const char *spec);
+/* rt_data_open_as; with .npy files, input k (rt_data_input_list's order) may have none
+ * where optional[k] (it keeps its zeros: --predict's labels); optional may be NULL. */
+RtData *rt_data_open_for(Exec *e, const char *path, RtTokenFormat format, RtDataOrder order, uint64_t seed,
+                         const uint8_t *optional, char *err, size_t errlen);
 /* A source that feeds nothing (its inputs stay zeros), for a run of no steps. */
 RtData *rt_data_idle(char *err, size_t errlen);
 /* Writes step's batch into the plan's inputs. Allocates nothing. */
@@ -322,11 +341,33 @@ void rt_data_fill(RtData *d, int64_t step);
 RtDataKind rt_data_get_kind(const RtData *d);
 const char *rt_data_describe(const RtData *d);  // for the start line
 int64_t rt_data_items(const RtData *d);         // tokens (LM) or samples per step, all ranks
+int64_t rt_data_rows(const RtData *d);          // samples per step, all ranks (the global batch)
+int64_t rt_data_samples(const RtData *d);       // .npy files' samples (first dim); 0 for other data
 /* A classifier's labels and logits on this stage (PLAN_NONE where it has none, and for
  * language models): what the accuracy is computed from. */
 int32_t rt_data_labels(const RtData *d);
 int32_t rt_data_logits(const RtData *d);
 void rt_data_close(RtData *d);
+
+/* ---- runtime/arrays.c: the data inputs from .npy files (--data NAME=FILE.npy,...) ------ */
+
+typedef struct RtArrays RtArrays;
+/* Whether `spec` gives p's data inputs .npy files: "NAME=FILE.npy,..." (not a file of that
+ * name), or a directory of NAME.npy files. */
+int rt_data_names_inputs(const Plan *p, const char *spec);
+/* Every data input of e's whole plan from its file in spec, read and checked (see
+ * arrays.c: each error names the input and the file); input k may lack one where
+ * optional[k] (optional may be NULL). What was read into describe. NULL with a message. */
+RtArrays *rt_arrays_open(Exec *e, const char *spec, const uint8_t *optional, char *describe, size_t dlen, char *err,
+                         size_t errlen);
+int64_t rt_arrays_samples(const RtArrays *a);  // the files' samples (first dim)
+/* Rows [row0, row0 + rows) of step's global batch of B_global samples into this stage's
+ * inputs. Allocates nothing. */
+void rt_arrays_fill(RtArrays *a, RtDataOrder order, uint64_t seed, int64_t step, int64_t B_global, int64_t row0,
+                    int64_t rows);
+void rt_arrays_free(RtArrays *a);
+/* Sample b of step s (1-based) of a global batch of B, of n (see arrays.c). */
+int64_t rt_data_sample(RtDataOrder order, uint64_t seed, int64_t step, int64_t B, int64_t b, int64_t n);
 
 /* ---- runtime/npy.c: NumPy .npy arrays (--data NAME=FILE.npy) -------------------------- */
 
@@ -460,10 +501,12 @@ int32_t rt_checkpoint_find(const RtCheckpoint *c, const char *name);
  * their domain (rt_state_check): 0, or -1 naming the file, the tensor and its byte
  * range, or the element and its value. */
 int rt_checkpoint_read(const RtCheckpoint *c, int32_t i, void *buf, char *err, size_t errlen);
-/* How a weights file names and lays out the params: ours (the .fsm's names, matmul
- * weights [in, out]), or a Hugging Face model's (README's table: GPT2LMHeadModel,
- * LlamaForCausalLM). */
-typedef enum { RT_WEIGHTS_FSEXEC, RT_WEIGHTS_HF_GPT2, RT_WEIGHTS_HF_LLAMA, RT_WEIGHTS_COUNT } RtWeightsFormat;
+/* How a weights file names and lays out the params: ours (RT_WEIGHTS_FSEXEC: the .fsm's
+ * names, matmul weights [in, out]), or a Hugging Face model's by a table of names
+ * (runtime/hfmap.c: the built-in hf-gpt2, hf-llama, hf-bert, or a user's map:FILE.json). */
+typedef struct RtHfMap RtHfMap;
+typedef const RtHfMap *RtWeightsFormat;
+#define RT_WEIGHTS_FSEXEC ((RtWeightsFormat)0)
 /* fsexec --export: every param, consolidated, as one safetensors file at out (what
  * --save-weights writes): written in order through one fixed buffer (its bytes in
  * *buffer), every piece's CRC checked, atomically. In a Hugging Face format f
@@ -598,13 +641,32 @@ int rt_st_read(const char *path, const StEntry *t, int32_t n, char *err, size_t 
 int rt_st_read_part(const char *path, const StEntry *t, int32_t n, const char *const *also, int32_t n_also,
                     char *err, size_t errlen);
 
-/* ---- runtime/hf.c: Hugging Face names and layouts of the params --------------------- */
+/* ---- runtime/hfmap.c: the tables of Hugging Face names -------------------------------- */
 
 /* RtWeightsFormat: with runtime/checkpoint.c's declarations, which --export takes. */
 
-/* "fsexec", "hf-gpt2", "hf-llama": 0 and *out, or -1. */
-int rt_weights_format_parse(const char *s, RtWeightsFormat *out);
-const char *rt_weights_format_name(RtWeightsFormat f);
+/* "fsexec" (RT_WEIGHTS_FSEXEC), a built-in table ("hf-gpt2", "hf-llama", "hf-bert"), or
+ * "map:FILE.json", read and checked (see hfmap.c): 0 and *out (free it with
+ * rt_weights_format_free); -1 with a message for a bad table; 1 with a message for a
+ * name that is none of these (a usage error). */
+int rt_weights_format_parse(const char *s, RtWeightsFormat *out, char *err, size_t errlen);
+void rt_weights_format_free(RtWeightsFormat f);
+const char *rt_weights_format_name(RtWeightsFormat f);  // "fsexec", "hf-gpt2", "map:FILE.json"
+/* A table from its JSON text, named `name` in messages ("map:FILE.json" when user: then
+ * every row but the optional must name a param of the model it loads into). NULL with a
+ * message naming the row. */
+RtHfMap *rt_hf_map_parse(const char *text, size_t len, const char *name, int user, char *err, size_t errlen);
+void rt_hf_map_free(RtHfMap *m);
+/* The built-in tables, runtime/hf/NAME.json embedded by cmake/embed_maps.cmake. */
+typedef struct {
+    const char *name;  // "hf-gpt2"
+    const char *json;
+} RtHfBuiltin;
+extern const RtHfBuiltin rt_hf_builtin[];
+extern const int rt_hf_n_builtin;
+
+/* ---- runtime/hf.c: Hugging Face names and layouts of the params --------------------- */
+
 /* The name format f stores our param `ours` under ("h.3.attn.w" -> hf-gpt2's
  * "transformer.h.3.attn.c_attn.weight"), into buf; NULL when the mapping has no row for it. */
 const char *rt_hf_name(RtWeightsFormat f, const char *ours, char *buf, size_t n);
@@ -949,6 +1011,8 @@ typedef struct {
     int64_t batches;        // K: each evaluation's batches, the first K of the file's sequential order
     uint64_t seed;          // the run's (the data's, and the init the params are copied over)
     int nan_fill;           // --debug-nan for the eval program too
+    const char *flag;       // the flag messages name (NULL: "--val-data")
+    const uint8_t *optional;  // .npy: inputs that may have no file (rt_data_open_for), or NULL
 } RtEvalOptions;
 
 /* The plan's evaluation program (whole->eval) on this rank, beside the training Exec
@@ -962,6 +1026,27 @@ void rt_eval_free(RtEval *v);
  * calls it. 0, or -1 with a message. */
 int rt_eval_run(RtEval *v, double *loss, double *accuracy, char *err, size_t errlen);
 int64_t rt_eval_arena_bytes(const RtEval *v);  // the eval program's device arena
+/* The eval program's Exec (this rank's stage) and its data, for --predict (predict.c). */
+Exec *rt_eval_exec(RtEval *v);
+RtData *rt_eval_data(RtEval *v);
+/* Copies train's params into the eval program (rt_eval_run does it first). 0, or -1. */
+int rt_eval_take_params(RtEval *v, char *err, size_t errlen);
+
+/* ---- runtime/predict.c: fsexec --predict ----------------------------------------------- */
+
+typedef struct {
+    const char *data;       // --data: .npy files of the inputs (NAME=FILE.npy,... or a directory)
+    const char *out;        // --out FILE.npy (several outputs: FILE.NAME.npy each)
+    uint64_t seed;
+} RtPredictOptions;
+/* Runs the plan's evaluation program over every sample of o->data, in order, with the
+ * params of `train` (loaded by the caller), and writes each output of the model (the
+ * eval program's outputs but the loss) as a .npy file of one row per sample (see
+ * predict.c). Every rank calls it; the first rank of each stage writes the outputs that
+ * stage holds. The paths written go to *written (for the caller's message; may be NULL).
+ * 0, or -1 with a message (agreed over the ranks). */
+int rt_predict(const Plan *whole, Exec *train, const RtPredictOptions *o, char *written, size_t wlen, char *err,
+               size_t errlen);
 
 /* ---- runtime/sample.c: text generation --------------------------------------------------- */
 

@@ -1,6 +1,7 @@
 /* tools/fsexec.c: the runtime's command line. Thin: parse flags, load the plan (every
- * check is plan_read's), set up the executor, the data and the reporting, run the steps,
- * save what was asked. Exit status: 0 done, 1 an error (a bad plan, an unreadable file,
+ * check is plan_read's), set up the executor, the data and the reporting, run the steps
+ * (or --predict's evaluation program: runtime/predict.c), save what was asked. Exit
+ * status: 0 done, 1 an error (a bad plan, an unreadable file,
  * a loss that is not finite), 2 a usage error or something this build cannot do.
  *
  * The step loop is the runtime's (runtime/step.c), and the backend that runs it is
@@ -62,14 +63,15 @@ static const char USAGE[] =
     "  --data FILE          token file: llm.c's format or raw uint16 (default: a built-in\n"
     "                       byte-level corpus for language models; Gaussian blobs for\n"
     "                       classifiers)\n"
-    "  --data NAME=FILE.npy,NAME=FILE.npy\n"
-    "                       each input (by its .fsm name) from a NumPy .npy file: float32/\n"
-    "                       float64 for f32 inputs, int32/int64 for i32, C order, samples\n"
-    "                       first, the rest the input's per-sample shape; batches drawn in\n"
-    "                       --data-order, wrapping (classifiers, regressors, any two inputs);\n"
-    "                       i32 values must be inside what the plan indexes with them (an\n"
-    "                       embedding's rows, a loss's classes), f32 ones finite: checked\n"
-    "                       as the files load\n"
+    "  --data NAME=FILE.npy,NAME=FILE.npy,...\n"
+    "                       each input (by its .fsm name, any number of them) from a NumPy\n"
+    "                       .npy file: float32/float64 for f32 inputs, int32/int64 for i32,\n"
+    "                       C order, samples first, the rest the input's per-sample shape;\n"
+    "                       batches drawn in --data-order, wrapping. --data may be repeated\n"
+    "                       (one list), or be a directory DIR holding NAME.npy for each\n"
+    "                       input. i32 values must be inside what the plan indexes with them\n"
+    "                       (an embedding's rows, a loss's classes, or its ignore_index),\n"
+    "                       f32 ones finite: checked as the files load\n"
     "  --data-format FMT    how to read --data: auto (default: llm.c's format by its magic,\n"
     "                       else raw uint16 unless the file looks like something else),\n"
     "                       llmc, or raw (headerless uint16, whatever the file looks like)\n"
@@ -98,6 +100,14 @@ static const char USAGE[] =
     "                       program on it (its own arena and copy of the weights).\n"
     "                       Prints the prompt and what follows: text for a byte-level model\n"
     "                       (V = 256) given --prompt, or with --tokenizer; else ids\n"
+    "  --predict            write the model's outputs (each `output NAME`) for every sample of\n"
+    "                       --data's .npy files, in order, with the params of --load-weights\n"
+    "                       or --resume, by the plan's evaluation program; any world, any\n"
+    "                       plan, pipelines too; CPU ranks. Inputs no output reads (labels)\n"
+    "                       may be left out\n"
+    "  --out FILE.npy       where --predict writes: FILE.npy with one output, FILE.NAME.npy\n"
+    "                       for each of several; one row per sample, float32 (int32 outputs:\n"
+    "                       int32)\n"
     "  --no-kv-cache        sample with the sampling program instead: each token a forward of\n"
     "                       the last T tokens (what a model fsc cannot decode uses; fsc's note)\n"
     "  --prompt TEXT        the prompt's bytes, for a byte-level model\n"
@@ -119,10 +129,13 @@ static const char USAGE[] =
     "                       is there); every stage of a pipeline takes the params it has\n"
     "  --weights-format FMT names and layouts of --load-weights and --save-weights files:\n"
     "                       fsexec (default: the .fsm's names, matmul weights [in, out]),\n"
-    "                       hf-gpt2 (GPT2LMHeadModel's model.safetensors) or hf-llama\n"
-    "                       (LlamaForCausalLM's); IN,OUT gives the two apart (hf-gpt2,fsexec:\n"
-    "                       read Hugging Face's, write ours). F16/BF16 files load into f32;\n"
-    "                       saved files are F32 (README: Hugging Face weights)\n"
+    "                       hf-gpt2 (GPT2LMHeadModel's model.safetensors), hf-llama\n"
+    "                       (LlamaForCausalLM's), hf-bert (BertModel, BertForMaskedLM,\n"
+    "                       BertForPreTraining), or map:FILE.json, a table of your own of\n"
+    "                       (HF name, our name, transpose) rows; IN,OUT gives the two apart\n"
+    "                       (hf-gpt2,fsexec: read Hugging Face's, write ours). F16/BF16\n"
+    "                       files load into f32; saved files are F32 (README: Hugging Face\n"
+    "                       weights)\n"
     "  --save-grads FILE    write step 1's gradients (under the params' names; world 1)\n"
     "  --checkpoint-dir DIR write checkpoints into DIR/step-NNNNNNNN/: the whole training\n"
     "                       state (params, optimizer state, step, loss scale; the data\n"
@@ -146,9 +159,9 @@ static const char USAGE[] =
     "  --resume-other-data  resume onto other data on purpose (no --data: the built-in)\n"
     "  --export CKPT FILE   write the params of checkpoint CKPT (as --resume finds it) as\n"
     "                       one safetensors FILE (as --save-weights does), through a fixed\n"
-    "                       16 MiB buffer, and exit; no plan needed. With --weights-format\n"
-    "                       hf-gpt2 or hf-llama: Hugging Face's names and layouts (every\n"
-    "                       param held in memory)\n"
+    "                       16 MiB buffer, and exit; no plan needed. With another\n"
+    "                       --weights-format: Hugging Face's names and layouts (every param\n"
+    "                       held in memory)\n"
     "  --cpu-one-by-one     CPU ranks: run every op as its own kernel call, none of the runs\n"
     "                       of ops run as one parallel region (fused groups, the AdamW\n"
     "                       updates, the gradient norm's sums); the same bits, for comparison\n"
@@ -228,6 +241,8 @@ typedef struct {
     double temperature;
     const char *trace;       // --trace FILE
     int64_t trace_first, trace_last;  // --trace-steps A:B (0: the default)
+    int predict;             // --predict: write the outputs for --data's samples to --out
+    const char *out;         // --out FILE.npy
 } Flags;
 
 /* Who speaks in messages: "fsexec", or "[rank r] fsexec" in a world of several ranks
@@ -291,7 +306,7 @@ typedef enum {
     V_LOAD_WEIGHTS, V_SAVE_GRADS, V_NPROC, V_TIMEOUT, V_OVERFLOW_AT, V_DEVICE, V_CHECKPOINT_DIR, V_SAVE_EVERY, V_KEEP,
     V_RESUME, V_EXPORT, V_WEIGHTS_FORMAT, V_VAL_DATA, V_EVAL_EVERY, V_EVAL_BATCHES, V_SAMPLE, V_PROMPT,
     V_PROMPT_IDS, V_TOKENIZER, V_TEMPERATURE, V_TOP_K, V_TRACE,
-    V_TRACE_STEPS, V_COUNT
+    V_TRACE_STEPS, V_OUT, V_COUNT
 } ValueFlag;
 
 static const char *const VALUE_FLAGS[V_COUNT] = {
@@ -299,7 +314,7 @@ static const char *const VALUE_FLAGS[V_COUNT] = {
     "--save-weights", "--load-weights", "--save-grads", "--nproc", "--timeout", "--debug-overflow-at", "--device",
     "--checkpoint-dir", "--save-every", "--keep", "--resume", "--export", "--weights-format", "--val-data",
     "--eval-every", "--eval-batches", "--sample", "--prompt", "--prompt-ids", "--tokenizer", "--temperature", "--top-k",
-    "--trace", "--trace-steps",
+    "--trace", "--trace-steps", "--out",
 };
 
 /* 0, or the exit status of a usage error (after its message). */
@@ -323,7 +338,20 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
         if (parse_int(flag, v, 1, 4096, &n)) return 2;
         f->threads = (int)n;
         return 0;
-    case V_DATA: f->data = v; return 0;
+    case V_DATA: {  // repeated: one list, NAME=FILE,NAME=FILE
+        static char joined[8192];
+        if (!f->data) {
+            f->data = v;
+            return 0;
+        }
+        size_t had = strlen(f->data), add = strlen(v);
+        if (had + add + 2 > sizeof joined) return usage_error("%s", "--data: the files' names are too long");
+        memmove(joined, f->data, had);  // f->data may be joined itself
+        joined[had] = ',';
+        memcpy(joined + had + 1, v, add + 1);
+        f->data = joined;
+        return 0;
+    }
     case V_DATA_ORDER:
         if (!strcmp(v, "random") || !strcmp(v, "sequential")) {
             f->order = v[0] == 'r' ? RT_ORDER_RANDOM : RT_ORDER_SEQUENTIAL;
@@ -359,15 +387,17 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
     case V_RESUME: f->resume = v; return 0;
     case V_EXPORT: f->export_from = v; return 0;
     case V_WEIGHTS_FORMAT: {  // FMT, or IN,OUT
-        char in[32] = "";
+        char in[4096] = "", err[1024];
         const char *comma = strchr(v, ',');
         snprintf(in, sizeof in, "%.*s", comma ? (int)(comma - v) : (int)strlen(v), v);
-        if (rt_weights_format_parse(in, &f->load_format) ||
-            rt_weights_format_parse(comma ? comma + 1 : in, &f->save_format))
-            return usage_error("--weights-format: expected fsexec, hf-gpt2 or hf-llama (or IN,OUT: two of them), "
-                               "got '%s'", v);
+        rt_weights_format_free(f->load_format), rt_weights_format_free(f->save_format);
+        f->load_format = f->save_format = RT_WEIGHTS_FSEXEC;
+        int rc = rt_weights_format_parse(in, &f->load_format, err, sizeof err);
+        if (!rc) rc = rt_weights_format_parse(comma ? comma + 1 : in, &f->save_format, err, sizeof err);
+        if (rc > 0) return usage_error("--weights-format: %s (IN,OUT: two of them)", err);
+        if (rc < 0) fprintf(stderr, "fsexec: --weights-format: %s\n", err);
         f->weights_format = v;
-        return 0;
+        return rc ? 1 : 0;
     }
     case V_VAL_DATA: f->val_data = v; return 0;
     case V_EVAL_EVERY: return parse_int(flag, v, 1, INT32_MAX, &f->eval_every) ? 2 : 0;
@@ -386,6 +416,7 @@ static int set_value(Flags *f, ValueFlag which, const char *v)
     }
     case V_TOP_K: return parse_int(flag, v, 1, INT32_MAX, &f->top_k) ? 2 : 0;
     case V_TRACE: f->trace = v; return 0;
+    case V_OUT: f->out = v; return 0;
     case V_TRACE_STEPS: {  // A:B, or A alone
         char a[32] = "";
         const char *colon = strchr(v, ':');
@@ -411,7 +442,7 @@ static const struct {
     {"--cuda-graph", offsetof(Flags, cuda_graph)},   {"--tf32", offsetof(Flags, tf32)},
     {"--sync-sends", offsetof(Flags, sync_sends)},   {"--no-kv-cache", offsetof(Flags, no_kv_cache)},
     {"--cpu-one-by-one", offsetof(Flags, one_by_one)}, {"--resume-partial", offsetof(Flags, resume_partial)},
-    {"--resume-other-data", offsetof(Flags, resume_other_data)},
+    {"--resume-other-data", offsetof(Flags, resume_other_data)}, {"--predict", offsetof(Flags, predict)},
 };
 #define N_SWITCHES (sizeof SWITCHES / sizeof *SWITCHES)
 
@@ -524,6 +555,20 @@ static int parse_args(int argc, char **argv, Flags *f)
         return usage_error("--sample generates text and trains nothing; drop %s", f->val_data ? "--val-data" :
                            f->save_weights ? "--save-weights" : f->checkpoint_dir ? "--checkpoint-dir" : f->data ?
                            "--data" : "--log");
+    if (f->out && !f->predict) return usage_error("%s", "--out names --predict's file: give --predict");
+    if (f->predict && (!f->out || !f->data))
+        return usage_error("%s", "--predict needs the samples and where their outputs go: --data NAME=FILE.npy,... and "
+                           "--out FILE.npy");
+    if (f->predict && !f->load_weights && !f->resume)
+        return usage_error("%s", "--predict needs trained params: --load-weights FILE or --resume CKPT");
+    if (f->predict && (f->val_data || f->save_weights || f->save_grads || f->checkpoint_dir || f->sample || f->log ||
+                       f->trace))
+        return usage_error("--predict trains nothing; drop %s", f->val_data ? "--val-data" : f->save_weights ?
+                           "--save-weights" : f->save_grads ? "--save-grads" : f->checkpoint_dir ? "--checkpoint-dir" :
+                           f->sample ? "--sample" : f->log ? "--log" : "--trace");
+    if (f->predict && (f->device == RT_DEVICE_CUDA || f->cuda_graph || f->tf32))
+        return usage_error("%s", "--predict runs the evaluation program on CPU ranks; drop --device cuda, --cuda-graph "
+                           "and --tf32");
     if (f->save_grads && f->steps == 0) return usage_error("%s", "--save-grads needs at least one step");
     if (f->trace && f->steps == 0) return usage_error("%s", "--trace needs at least one step");
     if (f->trace_first && !f->trace) return usage_error("%s", "--trace-steps says which steps --trace FILE covers; give --trace");
@@ -738,10 +783,10 @@ static const char *input_at(const Flags *f, const char *out, const char **file)
  * an input would be lost). 0, or 1 after a message. */
 static int check_outputs(const Flags *f)
 {
-    const char *flags[] = {"--save-weights", "--save-grads", "--log", "--trace"};
-    const char *paths[] = {f->save_weights, f->save_grads, f->log, f->trace};
+    const char *flags[] = {"--save-weights", "--save-grads", "--log", "--trace", "--out"};
+    const char *paths[] = {f->save_weights, f->save_grads, f->log, f->trace, f->out};
     char err[512];
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         const char *file, *input = paths[i] ? input_at(f, paths[i], &file) : NULL;
         if (input) {
             fprintf(stderr, "%s: %s %s is %s %s, which this run reads: give another file\n", who, flags[i], paths[i],
@@ -893,6 +938,20 @@ static int load_weights(Exec *e, const char *path, RtWeightsFormat fmt, char *er
     return rc;
 }
 
+/* --predict, once the params are in e (rt_predict): 0, or 1 after a message. */
+static int predict(const Flags *f, const Plan *whole, Exec *e, uint64_t seed)
+{
+    char err[1024], written[2048];
+    RtPredictOptions o = {.data = f->data, .out = f->out, .seed = seed};
+    double t0 = rt_now();
+    if (rt_predict(whole, e, &o, written, sizeof written, err, sizeof err)) {  // agreed
+        if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
+        return 1;
+    }
+    if (written[0]) fprintf(stderr, "%s: wrote %s in %.2f s\n", who, written, rt_now() - t0);
+    return 0;
+}
+
 /* The run after the world is joined, on p, this rank's stage's program of `whole` (or
  * whole itself): the Exec (the host mirror), the data, the weights or the resumed
  * checkpoint, the device, the steps, the saved weights. 0, or an exit status after a
@@ -924,7 +983,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     }
     /* No step draws a batch (--steps 0: export the init, checkpoint it): inputs only .npy
      * files could feed need none. */
-    int idle = !f->data && f->steps <= start && rt_data_kind(whole) == RT_DATA_NONE;
+    int idle = f->predict || (!f->data && f->steps <= start && rt_data_kind(whole) == RT_DATA_NONE);
     r->data = idle ? rt_data_idle(err, sizeof err)
                    : rt_data_open_as(r->e, f->data, f->data_format, f->order, seed, err, sizeof err);
     if (!r->data) {
@@ -953,6 +1012,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         }
     }
     t_load = rt_now() - t_load;
+    if (f->predict) return predict(f, whole, r->e, seed);
     int32_t report[8];
     if (rt_device_open(&r->dev, r->e, rk, f->tf32, f->trace != NULL, report, rt_train_reported(r->e, r->data, report)))
         return local_error(1);
@@ -1004,6 +1064,7 @@ static int check_resume(const Flags *f, const RtCheckpoint *c, const Plan *whole
                                     : "; give --resume-partial to load what both have in the same shape on purpose "
                                       "(the rest starts as initialized)");
     if (model < 0 || (model > 0 && !f->resume_partial)) return 1;
+    if (f->predict) return 0;  // --data is the samples to predict, not the run's data
     int data = rt_resume_check_data(c, f->data, f->resume_other_data, msg, sizeof msg);
     if (data && my_rank == 0) fprintf(stderr, "fsexec: %s--resume: %s\n", data < 0 ? "" : "warning: ", msg);
     return data < 0 ? 1 : 0;
@@ -1056,7 +1117,7 @@ static int run(const Flags *f)
     }
     if (!rc) rc = check_checkpoint_files(f, &r, whole);
     if (!rc && r.resume) rc = check_resume(f, r.resume, whole);
-    if (!rc && r.resume && rt_checkpoint_step(r.resume) >= f->steps) {
+    if (!rc && r.resume && rt_checkpoint_step(r.resume) >= f->steps && !f->predict) {
         if (my_rank == 0)
             fprintf(stderr, "fsexec: %s is at step %" PRId64 " and --steps %" PRId64 " is the run's total: nothing to "
                     "run (give a larger --steps to go on)\n", rt_checkpoint_dir(r.resume), rt_checkpoint_step(r.resume),
@@ -1276,10 +1337,13 @@ int main(int argc, char **argv)
     Flags f = {0};
     int rc = parse_args(argc, argv, &f);
     if (rc) return rc;
-    if (f.inspect) return inspect(f.inspect);
-    if (f.export_from) return export_checkpoint(f.export_from, f.plan, f.save_format);
-    if (check_outputs(&f)) return 1;
-    if (f.sample && f.nproc > 1) return usage_error("%s", "--sample runs in one process; drop --nproc");
-    if (f.nproc > 1) return launch(&f, argc, argv);
-    return f.sample ? sample(&f) : run(&f);
+    if (f.inspect) rc = inspect(f.inspect);
+    else if (f.export_from) rc = export_checkpoint(f.export_from, f.plan, f.save_format);
+    else if (check_outputs(&f)) rc = 1;
+    else if (f.sample && f.nproc > 1) rc = usage_error("%s", "--sample runs in one process; drop --nproc");
+    else if (f.nproc > 1) rc = launch(&f, argc, argv);
+    else rc = f.sample ? sample(&f) : run(&f);
+    rt_weights_format_free(f.load_format);
+    rt_weights_format_free(f.save_format);
+    return rc;
 }

@@ -1,6 +1,6 @@
 // codegen/kernels/layout.cuh: the kernels of the ops that move elements without arithmetic
 // (copy, reshape, expand, transpose, permute, heads, merge_heads, slice: one gather each;
-// split and concat), instantiated per plan by codegen/cuda_layout.c. They move raw bits (T is
+// split, concat and slice_bwd), instantiated per plan by codegen/cuda_layout.c. They move raw bits (T is
 // unsigned int for 4-byte dtypes, unsigned short for 2-byte ones), so one kernel serves every
 // dtype of a size. Each is a grid-stride loop over N elements with index type I (int when
 // every index fits: codegen/cuda.h's cu_grid, cu_loop and cu_index), on blocks of 256.
@@ -43,5 +43,17 @@ __device__ __forceinline__ void fs_concat(T *y, const X *...x)
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < (I)N; i += (I)gridDim.x * blockDim.x) {
         const I o = i / (I)(AXIS * INNER), a = i / (I)INNER % (I)AXIS, r = i % (I)INNER;
         fs_concat_from<I, INNER, 0, LENS...>(y, i, o, a, r, x...);
+    }
+}
+
+// slice's gradient: y (N elements, seen around the slice's axis as (outer, SIZE, INNER)) is
+// zero but at positions [START, START + LEN) along the axis, which hold dy's elements. The
+// zero is the bit pattern 0, +0.0 in every float dtype.
+template <class I, long long N, long long SIZE, long long INNER, long long START, long long LEN, class T>
+__device__ __forceinline__ void fs_slice_bwd(const T *dy, T *y)
+{
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < (I)N; i += (I)gridDim.x * blockDim.x) {
+        const I o = i / (I)(SIZE * INNER), a = i / (I)INNER % (I)SIZE, r = i % (I)INNER;
+        y[i] = a >= (I)START && a < (I)(START + LEN) ? dy[(o * (I)LEN + a - (I)START) * (I)INNER + r] : (T)0;
     }
 }

@@ -1,5 +1,5 @@
 /* runtime/cpu/layout.c: ops that move elements without arithmetic: reshape, transpose,
- * permute, heads, merge_heads (all one strided copy), split, concat and slice.
+ * permute, heads, merge_heads (all one strided copy), split, concat, slice and slice_bwd.
  *
  * They work on any dtype by element size (4 bytes for f32 and i32, 2 for f16/bf16).
  * A permutation is planned once: unit dims dropped, output dims merged where x walks
@@ -8,7 +8,8 @@
  * that is innermost in x, so both sides stream through cache lines.
  *
  * split and concat find their axis from the shapes (the one dim that differs between
- * input and output), so they depend on no attribute; slice reads axis, start, len.
+ * input and output), so they depend on no attribute; slice reads axis, start, len, and
+ * its gradient slice_bwd axis and start (zeros around the rows it writes).
  * Outputs never share a buffer with inputs, except reshape, which may alias (a view).
  */
 #include <string.h>
@@ -185,4 +186,17 @@ void cpu_slice(const KCall *k)
     KCHECK(start >= 0 && len >= 0 && start + len <= n, "slice: [%lld, +%lld) out of %lld", (long long)start, (long long)len,
            (long long)n);
     copy_slab(x->data, n, start, k->out[0].data, len, 0, outer, len, inner, esize(x->dtype));
+}
+
+/* slice_bwd(dy, axis, start, size): zeros, then dy's rows at [start, start + len). */
+void cpu_slice_bwd(const KCall *k)
+{
+    const KTensor *dy = &k->in[0], *y = &k->out[0];
+    int axis = norm_axis(k_int(k, 1), y->rank), esz = esize(y->dtype);
+    int64_t outer, n, inner, start = k_int(k, 2), len = dy->shape[axis];
+    around_axis(y, axis, &outer, &n, &inner);
+    KCHECK(start >= 0 && start + len <= n, "slice_bwd: [%lld, +%lld) out of %lld", (long long)start, (long long)len,
+           (long long)n);
+    memset(y->data, 0, (size_t)(outer * n * inner * esz));
+    copy_slab(dy->data, len, 0, y->data, n, start, outer, len, inner, esz);
 }

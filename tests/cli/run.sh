@@ -170,6 +170,14 @@ expect pipe-inspect-inputs-staged 0 "  stage 1   targets    i32[8, 32]" -- "$FSE
 expect pipe-inspect-outputs-staged 0 "  stage 1   loss       f32[]                           4 B  (loss)" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
 expect pipe-inspect-roles-staged 0 "  stage 1   opt_step     opt_step" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
 expect pipe-inspect-cut 0 "balance                1,1 blocks per stage (stage 0: h.0; stage 1: h.1), balance auto" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
+# A shared instance (tests/golden/ok_shared_layers.fsm: u.0 and u.1 applied twice) keeps the
+# blocks between its applications on one stage: auto cuts around them, and says when it cannot.
+SHARED=("$SRC/tests/golden/ok_shared_layers.fsm" --recompute none --microbatches 4 -q)
+expect shared-stages-auto 0 "" -- "$FSC" "${SHARED[@]}" --stages 2 --world 2
+expect shared-stages-balance 1 "balance '2,1' puts blocks u.0 and u.1 on different stages, but shared instance u.0" \
+  -- "$FSC" "${SHARED[@]}" --stages 2 --world 2 --balance 2,1
+expect shared-stages-no-cut 1 "3 stages need 2 cuts between blocks, but the model has 1 where one may fall" \
+  -- "$FSC" "${SHARED[@]}" --stages 3 --world 3
 pipe_arenas=$("$FSC" "${PIPE[@]}" --mem | sed -n 's/^  [01]  *rank [01]  *[0-9]*  *\([0-9.]* [KMG]*i*B\) .*/\1/p' | paste -sd/ | sed 's|/| / |')
 expect pipe-inspect-arenas 0 "device arena  ${pipe_arenas%% / *} (" -- "$FSEXEC" --inspect "$tmp/pipe.plan"
 # One formatter of sizes: fsc --mem, fsexec's start line and --inspect write an arena of
@@ -220,11 +228,21 @@ expect fsexec-help-val-data-not-refused 1 "" -- bash -c "\"$FSEXEC\" --help | gr
 expect write-unwritable 1 "fsc: error:" -- "$FSC" "$SRC/samples/mlp.fsm" -o "$tmp/no/such/dir/x.plan"
 
 # An input fsexec cannot feed from --data (ops/feed.c's rule): fsc warns at its declaration
-# (the plan is still written), and fsexec refuses it for the same reason.
+# (the plan is still written), and fsexec refuses it for the same reason. A third input
+# it can feed trains from its .npy file like the other two (--data repeated).
+printf 'model m {\n  dim B = 4;\n  input x: f32[B, 8];\n  input y: i32[B];\n  input z: f32[];\n  param w: [8, 3] = normal(0.1);\n  loss = cross_entropy(x @ w, y) + z;\n}\n' >"$tmp/scalar.fsm"
+expect unfed-warning 0 "scalar.fsm:5:9: warning: fsexec cannot feed input 'z' from --data: a scalar input has no batch dim" -- "$FSC" "$tmp/scalar.fsm" -o "$tmp/scalar.plan"
+expect unfed-caret 0 "$(printf '   input z: f32[];\n         ^')" -- "$FSC" "$tmp/scalar.fsm" -o "$tmp/scalar.plan"
+expect unfed-fsexec 1 "fsexec: input 'z': a scalar input has no batch dim" -- "$FSEXEC" "$tmp/scalar.plan" --steps 1
 printf 'model m {\n  dim B = 4;\n  input x: f32[B, 8];\n  input y: i32[B];\n  input z: f32[B];\n  param w: [8, 3] = normal(0.1);\n  loss = cross_entropy(x @ w, y) + mean(z);\n}\n' >"$tmp/three.fsm"
-expect unfed-warning 0 "three.fsm:5:9: warning: fsexec cannot feed input 'z' from --data: fsexec feeds models of two data inputs" -- "$FSC" "$tmp/three.fsm" -o "$tmp/three.plan"
-expect unfed-caret 0 "$(printf '   input z: f32[B];\n         ^')" -- "$FSC" "$tmp/three.fsm" -o "$tmp/three.plan"
-expect unfed-fsexec 1 "fsexec: input 'z': fsexec feeds models of two data inputs" -- "$FSEXEC" "$tmp/three.plan" --steps 1
+expect third-input-no-warning 0 "" -- bash -c "! \"$FSC\" \"$tmp/three.fsm\" -o \"$tmp/three.plan\" 2>&1 | grep -q warning"
+/usr/bin/python3 -c "import numpy as n; n.save('$tmp/x.npy', n.ones((6, 8))); n.save('$tmp/y.npy', n.arange(6) % 3); n.save('$tmp/z.npy', n.zeros(6))"
+expect third-input-trains 0 "data: x=$tmp/x.npy, y=$tmp/y.npy, z=$tmp/z.npy (6 samples)" -- "$FSEXEC" "$tmp/three.plan" --steps 1 --data "x=$tmp/x.npy" --data "y=$tmp/y.npy,z=$tmp/z.npy"
+expect third-input-missing 1 "fsexec: --data: no file for input 'z'; give every input one, as in --data x=x.npy,y=y.npy,z=z.npy" -- "$FSEXEC" "$tmp/three.plan" --steps 1 --data "x=$tmp/x.npy,y=$tmp/y.npy"
+mkdir -p "$tmp/inputs" && cp "$tmp/x.npy" "$tmp/y.npy" "$tmp/z.npy" "$tmp/inputs/"
+expect data-directory 0 "data: x=$tmp/inputs/x.npy, y=$tmp/inputs/y.npy, z=$tmp/inputs/z.npy (6 samples)" -- "$FSEXEC" "$tmp/three.plan" --steps 1 --data "$tmp/inputs"
+rm "$tmp/inputs/z.npy"
+expect data-directory-missing 1 "--data $tmp/inputs: no file z.npy for input 'z'" -- "$FSEXEC" "$tmp/three.plan" --steps 1 --data "$tmp/inputs"
 expect fed-no-warning 0 "" -- bash -c "! \"$FSC\" \"$SRC/samples/mlp.fsm\" -q 2>&1 | grep -q warning"
 # A regressor (f32 targets) trains from .npy files, not from a token file.
 printf 'model r {\n  dim B = 4;\n  input x: f32[B, 8];\n  input t: f32[B, 2];\n  param w: [8, 2] = normal(0.1);\n  d = x @ w - t;\n  loss = mean(mean(d * d));\n}\n' >"$tmp/reg.fsm"

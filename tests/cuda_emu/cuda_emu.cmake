@@ -97,6 +97,10 @@ if(NOT FS_FUZZ)
   foreach(prec fp32 bf16 fp16)
     cuda_emu_test(ops_${prec} tests/cuda_emu/ops.fsm --precision ${prec})
   endforeach()
+  # Indexing and slicing (slice, slice_bwd) and a layer instance applied twice.
+  foreach(prec fp32 bf16)
+    cuda_emu_test(index_${prec} tests/cuda_emu/index.fsm --precision ${prec})
+  endforeach()
   # Attention on tensor cores (codegen/cuda_flash.c), not causal (T != S) and causal, grouped-query:
   # head dim 64 with T = 37 against S = 130 (one partial query tile, three key tiles); 32 with
   # T = 130 against 37 in fp16; 128 with a second, one-row tile; 24 (a multiple of 8, padded to 32).

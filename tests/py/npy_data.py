@@ -149,12 +149,12 @@ def main():
             ("x=f16.npy,y=y.npy", ["f16.npy: dtype '<f2'"]),
             ("x=narrow.npy,y=y.npy", ["narrow.npy: shape (200, 8), but input 'x' takes samples of shape (16,): the "
                                       "file's shape must be (N, 16)"]),
-            ("x=short.npy,y=y.npy", ["holds 150 samples and", "200"]),
+            ("x=short.npy,y=y.npy", ["short.npy holds 150 samples for input 'x' and", "y.npy 200 for input 'y'"]),
             ("x=y.npy,y=y.npy", ["y.npy: input 'x' is f32, but the file holds integers ('<i8')"]),
             ("x=x.npy,y=label9.npy", ["label9.npy: element 17 is 9, outside the model's classes (0 to 3)"]),
             ("x=x.npy,y=huge.npy", ["huge.npy: element 5 is 1099511627776, outside int32's range"]),
             ("x=cut.npy,y=y.npy", ["cut.npy: shape (200, 16) of '<f8' needs 25600 bytes of data; the file holds 25500"]),
-            ("x=x.npy,z=y.npy", ["the model has no input 'z'; its inputs are x (f32 [B, 16]) and y (i32 [B])"]),
+            ("x=x.npy,z=y.npy", ["the model has no input 'z'; its inputs are x (f32 [B, 16]), y (i32 [B])"]),
             ("x=x.npy", ["no file for input 'y'"]),
         ]
         for spec, needles in cases:

@@ -715,6 +715,14 @@ Test(cpu, split_concat_slice)
     for (int b = 0; b < 2; b++)
         for (int j = 0; j < 3; j++)
             for (int c = 0; c < 3; c++) cr_expect_eq(F(&s)[(b * 3 + j) * 3 + c], F(&x)[(b * 6 + j + 2) * 3 + c]);
+    /* slice's gradient: s's rows back at [2, 5) along the axis, zeros elsewhere. */
+    KTensor d = frand(S(2, 6, 3), -1, 1);  // not zero before: the kernel writes every element
+    KCall kb = {.n_in = 1, .in = {s}, .n_out = 1, .out = {d}, .attr = {0, 1, 2, 6}};
+    cpu_slice_bwd(&kb);
+    for (int b = 0; b < 2; b++)
+        for (int j = 0; j < 6; j++)
+            for (int c = 0; c < 3; c++)
+                cr_expect_eq(F(&d)[(b * 6 + j) * 3 + c], j >= 2 && j < 5 ? F(&x)[(b * 6 + j) * 3 + c] : 0.0f);
 }
 
 /* ---- rope and attention ------------------------------------------------------------ */

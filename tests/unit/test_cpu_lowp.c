@@ -368,6 +368,14 @@ static Case mk_slice(void)
     return c;
 }
 
+static Case mk_slice_bwd(void)
+{
+    KTensor dy = frand(S(4, 5, 3), -3, 3);
+    Case c = {.f = cpu_slice_bwd, .k = call(1, &dy, 1, (KTensor[]){ten(KT_F32, S(4, 9, 3))})};
+    c.k.attr[1] = 1, c.k.attr[2] = 2, c.k.attr[3] = 9;
+    return c;
+}
+
 static Case mk_reshape(void)
 {
     KTensor x = frand(S(4, 9), -3, 3);
@@ -389,6 +397,7 @@ Test(lowp, layout_ops_exact)
     EXACT(mk_split);
     EXACT(mk_concat);
     EXACT(mk_slice);
+    EXACT(mk_slice_bwd);
     EXACT(mk_reshape);
     EXACT(mk_copy);
 }

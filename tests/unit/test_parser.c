@@ -180,6 +180,19 @@ Test(parser, layer_instances)
     expect_body("x = Block[1]() + 1;", "(assign (x) (+ (inst Block [1]) 1))");
 }
 
+/* Indexing: items are expressions or slices (: START STOP), `_` for an omitted side; a
+ * call, a parenthesized expression and an indexed value may be indexed; the '[' is the
+ * node's location. */
+Test(parser, indexing_and_slices)
+{
+    expect_body("y = x[:, 0, :];", "(assign (y) (index x (: _ _) 0 (: _ _)))");
+    expect_body("y = x[1:, :-1, a:b + 1];", "(assign (y) (index x (: 1 _) (: _ (- 1)) (: a (+ b 1))))");
+    expect_body("y = f(x)[0][1:];", "(assign (y) (index (index (call f x) 0) (: 1 _)))");
+    expect_body("y = (a + b)[-1] * 2;", "(assign (y) (* (index (+ a b) (- 1)) 2))");
+    expect_error("model m { y = x[:, ::2]; }", "1:21: error: unexpected ':'");
+    expect_error("model m { y = B[1:2](x); }", "1:18: error: the count of Layer[N](...) is one integer, not a slice");
+}
+
 Test(parser, statements)
 {
     expect_body("input tokens: i32[B, T];", "(input tokens i32 (B T))");
