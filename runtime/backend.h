@@ -30,7 +30,7 @@
 
 #include "plan.h"
 
-#define RT_BACKEND_ABI 6
+#define RT_BACKEND_ABI 7
 #define RT_BACKEND_SYMBOL "fs_cuda_backend"
 
 typedef struct RtBackend RtBackend;
@@ -47,7 +47,9 @@ typedef struct {
     const Plan *plan;         // checked by plan_read; must outlive the backend
     const void *host_arena;   // the CPU Exec's arena (rt_exec_arena): copied up once ...
     int64_t host_bytes;       // ... its first host_bytes (a mirror holds the persistent prefix)
-    int rank, world;          // as the Exec's; world > 1: MPI is up (rt_comm_init)
+    int rank, world;          // this rank in the world and the world's ranks; world > 1: MPI is up (rt_comm_init)
+    int stage, stages;        // the pipeline stage plan is the program of (plan_extract_program), of how
+                              // many; the world is stages x data-parallel ranks, rank = stage * dp + index
     int local_rank;           // this rank's index on its machine; -1 when unknown
     int tf32;                 // f32 GEMMs may use TF32 tensor cores
     int verbose;              // say on stderr what setup does (compile, cache)
@@ -118,6 +120,18 @@ typedef struct {
      * with what is free, what the plan needs and the fsc --mem-limit to recompile with.
      * Keeps nothing. NULL: the backend runs in host memory and has nothing to check. */
     int (*check_fit)(const Plan *p, int local_rank, char *err, size_t errlen);
+    /* The bytes offload's copies between the arena and the host space moved since the
+     * backend was made (--log's to_host_bytes, to_device_bytes), counted as each step
+     * queues them. NULL: the backend runs the copies on the Exec, which counts them. */
+    void (*copied)(const RtBackend *b, int64_t *to_host, int64_t *to_device);
+    /* --timeout on a device: called from fsexec's watchdog thread once a step has run past
+     * its deadline (the main thread is blocked in the backend, waiting for the device).
+     * Names the first collective, send or receive of the run that started and has not
+     * completed, and the ranks it waits for (schedule.h: cs_coll_describe), with NCCL's
+     * asynchronous error if it has one (ncclCommGetAsyncError); then aborts NCCL's
+     * communicators (ncclCommAbort), so no stream waits on them for ever. 1 with the text
+     * in msg, 0 when none is in flight. NULL: the backend has nothing to say. */
+    int (*hung)(RtBackend *b, char *msg, size_t n);
 } RtBackendOps;
 
 typedef const RtBackendOps *(*RtBackendEntry)(void);

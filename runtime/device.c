@@ -15,15 +15,12 @@
 #include "report.h"  // report_bytes: sizes as fsc --mem writes them
 #include "runtime.h"
 
-#define PIPELINE_ON_CPU "pipeline stages run on CPU ranks only in this version (run with --device cpu)"
-
 /* Why auto runs on the CPU, from what loading or probing the CUDA backend said. */
 static const char *cpu_reason(const char *err)
 {
     if (strstr(err, "libcuda.so")) return "no CUDA driver";
     if (!strncmp(err, "no CUDA backend", 15)) return "this build has no CUDA backend";
     if (strstr(err, "CUDA program")) return "the plan has no CUDA program";
-    if (!strcmp(err, PIPELINE_ON_CPU)) return "a pipeline's stages run on CPU ranks only in this version";
     return err;
 }
 
@@ -38,8 +35,7 @@ int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, i
         snprintf(d->name, sizeof d->name, "cpu (--debug-* checks the CPU backend)");
         return 0;
     }
-    const RtBackendOps *ops = p->n_programs > 1 ? NULL : rt_backend_load_cuda(err, sizeof err);
-    if (p->n_programs > 1) snprintf(err, sizeof err, "%s", PIPELINE_ON_CPU);
+    const RtBackendOps *ops = rt_backend_load_cuda(err, sizeof err);
     int rc = ops ? 0 : -1;
     if (ops && ops->probe(err, sizeof err)) {
         snprintf(why, sizeof why, "%s", err);
@@ -65,6 +61,13 @@ int rt_device_choose(RtDevice *d, RtDeviceKind want, int debug, const Plan *p, i
     return 0;
 }
 
+/* The watchdog's question to the device (rt_watchdog_device). */
+static int device_hung(void *ctx, char *msg, size_t n)
+{
+    RtDevice *d = ctx;
+    return d->ops->hung(d->b, msg, n);
+}
+
 /* The backend's way to run an op of the host space (offload's update) on the mirror. */
 static int run_host_op(void *ctx, int32_t k) { return rt_exec_run_host_op(ctx, k); }
 
@@ -75,7 +78,7 @@ int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, int 
     const Plan *p = rt_exec_plan(e);
     RtBackendOptions o = {.plan = p, .host_arena = rt_exec_arena(e),
                           .host_bytes = rt_exec_held_bytes(e, PLAN_PLACE_DEVICE), .rank = rk->rank, .world = rk->world,
-                          .local_rank = rk->local_rank, .tf32 = tf32, .exec = (Exec *)e,
+                          .stage = rt_exec_stage(e), .stages = rt_exec_stages(e), .local_rank = rk->local_rank, .tf32 = tf32, .exec = (Exec *)e,
                           .host_space = (void *)rt_exec_space(e, PLAN_PLACE_HOST),
                           .host_space_bytes = rt_exec_space_bytes(e, PLAN_PLACE_HOST), .host_op = run_host_op,
                           .host_ctx = (Exec *)e, .trace = trace};
@@ -96,6 +99,7 @@ int rt_device_open(RtDevice *d, const Exec *e, const RtRanks *rk, int tf32, int 
     RtBackendInfo in;
     d->ops->info(d->b, &in);
     if (!rt_device_is_cpu(d)) snprintf(d->name, sizeof d->name, "%s", in.device);  // the CPU's says why it is the CPU
+    if (d->ops->hung) rt_watchdog_device(device_hung, d);
     return 0;
 }
 
@@ -106,6 +110,12 @@ int rt_device_run_step(RtDevice *d, int graph) { return d->ops->run_step(d->b, g
 int rt_device_run_step_timed(RtDevice *d, RtSpan *spans) { return d->ops->run_step_timed(d->b, spans); }
 
 int rt_device_is_cpu(const RtDevice *d) { return d->ops == rt_backend_cpu(); }
+
+void rt_device_copied(const RtDevice *d, const Exec *e, int64_t *to_host, int64_t *to_device)
+{
+    if (d->ops->copied) d->ops->copied(d->b, to_host, to_device);
+    else rt_exec_copied(e, to_host, to_device);
+}
 
 int rt_device_move(RtDevice *d, Exec *e, int up, const int32_t *ids, int n)
 {
@@ -161,6 +171,7 @@ void rt_device_print_error(const RtDevice *d, int64_t step)
 
 void rt_device_close(RtDevice *d)
 {
+    if (d->ops && d->ops->hung) rt_watchdog_device(NULL, NULL);
     if (d->b) d->ops->destroy(d->b);
     free(d->up);
     free(d->down);

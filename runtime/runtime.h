@@ -944,6 +944,11 @@ void rt_watchdog_detach(void);
  * over the stages names where the ranks of other stages it waits for are. whole must
  * outlive the watchdog; NULL (or one stage): no pipeline. */
 void rt_watchdog_pipeline(const Plan *whole, int dp);
+/* A device backend runs the step's collectives (CUDA ranks: NCCL, which the host does not
+ * wait in): once a step is past its deadline and this rank waits in no MPI call, the
+ * watchdog asks hung(ctx, msg, n) for the device's hung collective (backend.h) and says
+ * it. NULL: none (the CPU backend's collectives are MPI's). */
+void rt_watchdog_device(int (*hung)(void *ctx, char *msg, size_t n), void *ctx);
 /* The main thread, around every collective and point-to-point op (comm.c; each a store
  * or two): entering one (its plan op, or for a blocking call outside the plan PLAN_NONE
  * over the world's ranks, RT_WAIT_STAGE over this stage's) gives its sequence number;
@@ -967,8 +972,7 @@ typedef struct {
 } RtDevice;
 
 /* Chooses the backend for `want`: CUDA for RT_DEVICE_CUDA, and for RT_DEVICE_AUTO when
- * every rank has a GPU and the plan (the whole plan: a pipeline runs on CPU ranks only)
- * a CUDA program (debug modes: the CPU); else the CPU, with the reason in d->name. Every
+ * every rank has a GPU and the plan (the whole plan, every stage's program) a CUDA program (debug modes: the CPU); else the CPU, with the reason in d->name. Every
  * rank calls it and they agree. 0, or 1 after a message prefixed by `who` (RT_DEVICE_CUDA
  * where it cannot run; CUDA chosen, a plan larger than what the GPU of local_rank has
  * free: the backend's check_fit). */
@@ -985,6 +989,9 @@ int rt_device_run_ops(RtDevice *d, int32_t from, int32_t to);
 int rt_device_run_step(RtDevice *d, int graph);
 /* The whole step op by op, each op timed on its stream into spans[op] (backend.h). */
 int rt_device_run_step_timed(RtDevice *d, RtSpan *spans);
+/* The bytes offload's copies moved since the device was opened, each way: the backend's
+ * count, or on the CPU the Exec's (rt_exec_copied). */
+void rt_device_copied(const RtDevice *d, const Exec *e, int64_t *to_host, int64_t *to_device);
 /* Tensors up to the device from the host mirror (up), or down into it (nothing on the CPU). */
 int rt_device_move(RtDevice *d, Exec *e, int up, const int32_t *ids, int n);
 /* The step's moves: its step number and inputs up, its reports down. */

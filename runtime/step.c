@@ -174,7 +174,7 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
         double scale_before = scale ? *scale : NAN;
         int32_t count_before = count ? *count : 0;
         int64_t host0, dev0, host1, dev1;
-        rt_exec_copied(e, &host0, &dev0);
+        rt_device_copied(d, e, &host0, &dev0);
         int rc = rt_device_step_in(d, e, step);
         rc = rc ? rc : run_step(e, d, o, step, seed_op);
         rc = rc ? rc : rt_device_step_out(d, e);
@@ -183,7 +183,7 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
             if (rc != -2) rt_device_print_error(d, step);
             return RT_TRAIN_LOCAL;
         }
-        rt_exec_copied(e, &host1, &dev1);
+        rt_device_copied(d, e, &host1, &dev1);
         int64_t W = logits ? rt_plan_valid_columns(rt_exec_plan(e), K) : 0;  // a padded classifier's own classes
         double accuracy = logits ? rt_accuracy_of(logits, labels, B, K, W) : NAN;
         int dp = rt_exec_world(e);  // over the global batch, like the loss: the stage's data-parallel ranks

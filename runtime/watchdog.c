@@ -34,6 +34,11 @@
  * holds this rank up is a send or receive, a collective over the stages, or an agreement
  * of the world, the ranks of other stages it waits for are said too: waiting in which op,
  * running elsewhere, or stopped. Messages name the rank with its stage.
+ *
+ * On CUDA ranks (rt_watchdog_device) the host waits in no collective: NCCL's run on the
+ * device's streams while the host waits for the device. There the backend names the
+ * step's first collective, send or receive in flight and the ranks it waits for, from
+ * its events and NCCL's asynchronous error, and aborts NCCL's communicators.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -77,6 +82,8 @@ static struct {
     RtBeacon **all;                   // world entries; NULL: another node; NULL: none attached
     unsigned char *cat;               // world entries: each rank's Cat, when reporting
     const Plan *whole;                // a pipeline's plan of every stage (rt_watchdog_pipeline), or NULL
+    int (*_Atomic hung)(void *ctx, char *msg, size_t n);  // the device's hung collective (rt_watchdog_device)
+    void *_Atomic hung_ctx;
     int dp;                           // its data-parallel ranks per stage: rank r is stage r / dp
 } wd = {.me = &wd.own, .lock = PTHREAD_MUTEX_INITIALIZER, .dp = 1};
 
@@ -482,9 +489,15 @@ static void put_diagnosis(Buf *b, long long seq, const Plan *p, int32_t op, cons
     put_notes(b, p, first, now);
 }
 
+void rt_watchdog_device(int (*hung)(void *ctx, char *msg, size_t n), void *ctx)
+{
+    atomic_store(&wd.hung_ctx, ctx);
+    atomic_store(&wd.hung, hung);
+}
+
 static void report(long long last_tick)
 {
-    static char text[8192];
+    static char text[8192], device[1024];
     Buf b = {text, sizeof text, 0};
     char what[96];
     long long step = atomic_load(&wd.step), now = now_ns();
@@ -502,6 +515,8 @@ static void report(long long last_tick)
             (double)(now - last_tick) * 1e-9);
     } else if (told >= 0) {
         put(&b, "rank %d has said why; ending every rank\n", told);
+    } else if (!seq && atomic_load(&wd.hung) && atomic_load(&wd.hung)(atomic_load(&wd.hung_ctx), device, sizeof device)) {
+        put(&b, "on the device, %s did not complete (NCCL's communicators aborted); ending every rank\n", device);
     } else if (!seq) {
         put(&b, "this rank is not waiting for another (it is still computing, or hung outside MPI); ending every "
             "rank\n");

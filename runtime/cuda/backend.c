@@ -14,7 +14,10 @@
  * function and parameter pointers; cuBLAS with its workspace (meta
  * "cuda_workspace_bytes", 32 MiB by default) on the compute stream; with world > 1 the
  * collectives' stream, their events and an NCCL communicator whose id rank 0 makes and
- * MPI broadcasts. A world of one touches neither MPI nor NCCL. With offload, the
+ * MPI broadcasts; a pipeline's stage (RtBackendOptions.stage) has one over its
+ * data-parallel ranks, one over the stages at its index for the pipeline's collectives,
+ * and one per link of its sends and receives, each with a stream (schedule.h says why).
+ * A world of one touches neither MPI nor NCCL. With offload, the
  * plan's host space (the mirror's) is page-locked for the copies.
  */
 #include <mpi.h>
@@ -240,20 +243,21 @@ static void inverse_in(ncclDataType_t t, int n, void *out)
     else memcpy(out, &h, sizeof h);
 }
 
-/* Hybrid sharding (CsSchedule.shard < world): the shard groups of `shard` consecutive
- * ranks and the replica groups of the ranks at one index within them, as runtime/comm.c
- * splits MPI's; each collective's op, an average over avg_over ranks a sum premultiplied
- * by 1 / avg_over (the average is over all the ranks, not the replica group's). */
+/* Hybrid sharding (CsSchedule.shard < dp): the shard groups of `shard` consecutive
+ * ranks of a stage and the replica groups of the stage's ranks at one index within them,
+ * as runtime/comm.c splits MPI's; each collective's op, an average over avg_over ranks a
+ * sum premultiplied by 1 / avg_over (the average is over all the stage's ranks, not the
+ * replica group's). */
 static int make_hybrid_nccl(RtBackend *b)
 {
-    int shard = b->s.shard, hybrid = shard > 1 && shard < b->world;
-    if (hybrid && (group_nccl(b, b->rank / shard, shard, b->rank % shard, &b->group_nccl[0]) ||
-                   group_nccl(b, b->rank % shard, b->world / shard, b->rank / shard, &b->group_nccl[1])))
+    int shard = b->s.shard, hybrid = shard > 1 && shard < b->dp, d = b->dp_rank;
+    if (hybrid && (group_nccl(b, b->stage * b->dp + d / shard, shard, d % shard, &b->group_nccl[0]) ||
+                   group_nccl(b, b->stage * shard + d % shard, b->dp / shard, d / shard, &b->group_nccl[1])))
         return -1;
     for (int32_t ci = 0; ci < b->s.n_colls; ci++) {
         const CsColl *c = &b->s.colls[ci];
         b->redop[ci] = c->avg ? ncclAvg : ncclSum;
-        if (!c->avg || c->avg_over <= 0) continue;
+        if (!c->async || !c->avg || c->avg_over <= 0) continue;
         double scalar[2];
         inverse_in(cuda_nccl_type(c->dtype), c->avg_over, scalar);
         NCCL_CHECK(b, nccl.red_op_create_pre_mul_sum(&b->redop[ci], scalar, cuda_nccl_type(c->dtype), ncclScalarHostImmediate,
@@ -262,6 +266,59 @@ static int make_hybrid_nccl(RtBackend *b)
     return 0;
 }
 
+/* Link order over the whole world: by sender's stage, receiver's stage, tag. Every rank
+ * makes its links' communicators in this order, so the two ranks of the first link any
+ * rank still waits on are both at it (each makes its links one at a time). */
+static int64_t link_key(const RtBackend *b, const CsLink *l)
+{
+    int from = l->send ? b->stage : l->stage, to = l->send ? l->stage : b->stage;
+    return ((int64_t)from * b->stages + to) * ((int64_t)1 << 32) + l->tag;
+}
+
+/* The pipeline's links (schedule.h): per link a communicator of its two ranks, whose id
+ * the sender makes and sends over MPI, and a stream. */
+static int make_links(RtBackend *b)
+{
+    int32_t n = b->s.n_links;
+    b->link_nccl = plan_alloc(sizeof *b->link_nccl * ((size_t)n + 1));
+    b->link_stream = plan_alloc(sizeof *b->link_stream * ((size_t)n + 1));
+    uint8_t *made = plan_alloc((size_t)n + 1);
+    if (!b->link_nccl || !b->link_stream || !made) {
+        plan_dealloc(made);
+        return cuda_fail(b, __FILE__, __LINE__, "plan_alloc", "out of memory");
+    }
+    memset(b->link_nccl, 0, sizeof *b->link_nccl * ((size_t)n + 1));
+    memset(b->link_stream, 0, sizeof *b->link_stream * ((size_t)n + 1));
+    memset(made, 0, (size_t)n + 1);
+    int rc = 0;
+    for (int32_t done = 0; done < n && !rc; done++) {
+        int32_t i = -1;
+        for (int32_t j = 0; j < n; j++)
+            if (!made[j] && (i < 0 || link_key(b, &b->s.links[j]) < link_key(b, &b->s.links[i]))) i = j;
+        made[i] = 1;
+        const CsLink *l = &b->s.links[i];
+        int peer = l->stage * b->dp + b->dp_rank;
+        ncclUniqueId id;
+        memset(&id, 0, sizeof id);
+        snprintf(b->what_buf, sizeof b->what_buf, "setting up NCCL's link %s stage %d (tag %lld)",
+                 l->send ? "to" : "from", l->stage, (long long)l->tag);
+        b->what = b->what_buf;
+        if (l->send && nccl.get_unique_id(&id) != ncclSuccess) memset(&id, 0, sizeof id);
+        int mrc = l->send ? MPI_Send(&id, (int)sizeof id, MPI_BYTE, peer, 0, MPI_COMM_WORLD)
+                          : MPI_Recv(&id, (int)sizeof id, MPI_BYTE, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        if (mrc != MPI_SUCCESS) rc = cuda_fail(b, __FILE__, __LINE__, "MPI_Send/MPI_Recv", "failed to share a link's NCCL id");
+        ncclResult_t r = rc ? ncclSuccess : nccl.comm_init_rank(&b->link_nccl[i], 2, id, l->send ? 0 : 1);
+        if (r != ncclSuccess) rc = cuda_fail(b, __FILE__, __LINE__, "nccl.comm_init_rank(link)", nccl_status(b, r));
+        CUresult cr = rc ? CUDA_SUCCESS : cuStreamCreate(&b->link_stream[i], CU_STREAM_NON_BLOCKING);
+        if (cr != CUDA_SUCCESS) rc = cuda_fail(b, __FILE__, __LINE__, "cuStreamCreate(link)", cuda_status(cr));
+    }
+    plan_dealloc(made);
+    return rc;
+}
+
+/* The communicators: the stage's data-parallel ranks (with one stage the world; its id
+ * made by rank 0 and broadcast), hybrid sharding's groups, the pipeline's collectives
+ * and links. Every rank makes the same MPI splits in the same order. */
 static int make_nccl(RtBackend *b)
 {
     b->what = "setting up NCCL";
@@ -272,15 +329,25 @@ static int make_nccl(RtBackend *b)
         CU_CHECK(b, cuEventCreate(&b->ready[c], CU_EVENT_DISABLE_TIMING));
         CU_CHECK(b, cuEventCreate(&b->done[c], CU_EVENT_DISABLE_TIMING));
     }
-    if (!(b->redop = plan_alloc(sizeof *b->redop * ((size_t)b->s.n_colls + 1))))
+    if (!(b->redop = plan_alloc(sizeof *b->redop * ((size_t)b->s.n_colls + 1))) ||
+        !(b->started = plan_alloc((size_t)b->s.n_colls + 1)))
         return cuda_fail(b, __FILE__, __LINE__, "plan_alloc", "out of memory");
-    ncclUniqueId id;
-    memset(&id, 0, sizeof id);
-    if (b->rank == 0) NCCL_CHECK(b, nccl.get_unique_id(&id));
-    int rc = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    if (rc != MPI_SUCCESS) return cuda_fail(b, __FILE__, __LINE__, "MPI_Bcast", "failed to share NCCL's unique id");
-    NCCL_CHECK(b, nccl.comm_init_rank(&b->nccl, b->world, id, b->rank));
-    return make_hybrid_nccl(b);
+    memset((void *)b->started, 0, (size_t)b->s.n_colls + 1);
+    if (b->stages == 1) {
+        ncclUniqueId id;
+        memset(&id, 0, sizeof id);
+        if (b->rank == 0) NCCL_CHECK(b, nccl.get_unique_id(&id));
+        int rc = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS) return cuda_fail(b, __FILE__, __LINE__, "MPI_Bcast", "failed to share NCCL's unique id");
+        NCCL_CHECK(b, nccl.comm_init_rank(&b->nccl, b->world, id, b->rank));
+    } else if (b->dp > 1 && group_nccl(b, b->stage, b->dp, b->dp_rank, &b->nccl)) {
+        return -1;
+    }
+    if (b->stages > 1 && b->s.n_pipe > 0) {  // every stage runs as many (plan_check_p2p)
+        if (group_nccl(b, b->dp_rank, b->stages, b->stage, &b->pipe_nccl)) return -1;
+        CU_CHECK(b, cuStreamCreate(&b->pipe, CU_STREAM_NON_BLOCKING));
+    }
+    return make_hybrid_nccl(b) || make_links(b);
 }
 
 /* Offload's host space, the mirror's: page-locked, so its copies run at the link's speed
@@ -327,7 +394,7 @@ static int setup(RtBackend *b, const RtBackendOptions *o)
     const Plan *p = b->plan;
     int64_t total = 0;
     char why[512];
-    if (cs_build(p, o->rank, o->world, &b->s, why, sizeof why)) {
+    if (cs_build_stage(p, b->dp_rank, b->dp, b->stage, b->stages, &b->s, why, sizeof why)) {
         snprintf(b->err, sizeof b->err, "[rank %d] %s", o->rank, why);
         return -1;
     }
@@ -381,9 +448,15 @@ static void destroy(RtBackend *b)
         cuCtxSetCurrent(b->ctx);
         if (b->graph) cuGraphExecDestroy(b->graph);
         for (int32_t ci = 0; ci < b->s.n_colls && b->redop; ci++)
-            if (b->s.colls[ci].avg && b->s.colls[ci].avg_over > 0) nccl.red_op_destroy(b->redop[ci], cuda_comm_of(b, b->s.colls[ci].group));
+            if (b->s.colls[ci].async && b->s.colls[ci].avg && b->s.colls[ci].avg_over > 0) nccl.red_op_destroy(b->redop[ci], cuda_comm_of(b, b->s.colls[ci].group));
         for (int g = 0; g < 2; g++)
             if (b->group_nccl[g]) nccl.comm_destroy(b->group_nccl[g]);
+        if (b->pipe_nccl) nccl.comm_destroy(b->pipe_nccl);
+        for (int32_t i = 0; i < b->s.n_links && b->link_nccl; i++) {
+            if (b->link_nccl[i]) nccl.comm_destroy(b->link_nccl[i]);
+            if (b->link_stream[i]) cuStreamDestroy(b->link_stream[i]);
+        }
+        if (b->pipe) cuStreamDestroy(b->pipe);
         if (b->nccl) nccl.comm_destroy(b->nccl);
         if (b->blas) cublasDestroy(b->blas);
         for (int32_t c = 0; c < b->s.n_colls + b->s.n_copies && b->ready; c++) {
@@ -409,6 +482,9 @@ static void destroy(RtBackend *b)
     plan_dealloc(b->redop);
     plan_dealloc(b->done);
     plan_dealloc(b->tev);
+    plan_dealloc(b->link_nccl);
+    plan_dealloc((void *)b->started);
+    plan_dealloc(b->link_stream);
     plan_dealloc(b);
 }
 
@@ -420,7 +496,15 @@ static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
         return NULL;
     }
     const char *sync = getenv("FS_CUDA_SYNC");
-    *b = (RtBackend){.plan = o->plan, .rank = o->rank, .world = o->world > 0 ? o->world : 1, .tf32 = o->tf32,
+    int world = o->world > 0 ? o->world : 1, stages = o->stages > 1 ? o->stages : 1;
+    if (world % stages || o->stage < 0 || o->stage >= stages) {
+        snprintf(err, errlen, "[rank %d] stage %d of %d stages in a world of %d ranks (the world is stages x "
+                 "data-parallel ranks)", o->rank, o->stage, stages, world);
+        plan_dealloc(b);
+        return NULL;
+    }
+    *b = (RtBackend){.plan = o->plan, .rank = o->rank, .world = world, .tf32 = o->tf32, .stages = stages,
+                     .stage = stages > 1 ? o->stage : 0, .dp = world / stages, .dp_rank = o->rank % (world / stages),
                      .verbose = o->verbose, .sync_each = sync && *sync && strcmp(sync, "0"), .cur_op = -1,
                      .arena_bytes = plan_space_bytes(o->plan, PLAN_PLACE_DEVICE) > 0 ? plan_space_bytes(o->plan, PLAN_PLACE_DEVICE) : 0};
     b->info.arena_planned = b->arena_bytes;
@@ -436,6 +520,7 @@ static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
 static int run_ops(RtBackend *b, int32_t from, int32_t to) { return cuda_run_ops(b, from, to); }
 static int run_step(RtBackend *b, int graph) { return cuda_run_step(b, graph); }
 static int run_step_timed(RtBackend *b, RtSpan *spans) { return cuda_run_step_timed(b, spans); }
+static int hung(RtBackend *b, char *msg, size_t n) { return cuda_hung(b, msg, n); }
 
 static int upload(RtBackend *b, int32_t id, const void *src)
 {
@@ -446,7 +531,7 @@ static int upload(RtBackend *b, int32_t id, const void *src)
     snprintf(b->what_buf, sizeof b->what_buf, "uploading tensor %d (%s)", id, plan_str(p, p->tensors[id].name));
     b->what = b->what_buf;
     /* From pageable memory the copy is staged before this returns: src may change then. */
-    CU_CHECK(b, cuMemcpyHtoDAsync(b->arena + (CUdeviceptr)cs_offset(p, id, b->rank), src, bytes, b->compute));
+    CU_CHECK(b, cuMemcpyHtoDAsync(b->arena + (CUdeviceptr)cs_offset(p, id, b->s.vrank), src, bytes, b->compute));
     return 0;
 }
 
@@ -459,7 +544,7 @@ static int download(RtBackend *b, int32_t id, void *dst)
     snprintf(b->what_buf, sizeof b->what_buf, "downloading tensor %d (%s); a fault of an earlier kernel shows here: "
              "FS_CUDA_SYNC=1 names its op", id, plan_str(p, p->tensors[id].name));
     b->what = b->what_buf;
-    CU_CHECK(b, cuMemcpyDtoHAsync(dst, b->arena + (CUdeviceptr)cs_offset(p, id, b->rank), bytes, b->compute));
+    CU_CHECK(b, cuMemcpyDtoHAsync(dst, b->arena + (CUdeviceptr)cs_offset(p, id, b->s.vrank), bytes, b->compute));
     CU_CHECK(b, cuStreamSynchronize(b->compute));
     return 0;
 }
@@ -473,13 +558,18 @@ static int sync_all(RtBackend *b)
 }
 
 static void info(const RtBackend *b, RtBackendInfo *out) { *out = b->info; }
+
+static void copied(const RtBackend *b, int64_t *to_host, int64_t *to_device)
+{
+    *to_host = b->to_host, *to_device = b->to_device;
+}
 static const char *error(const RtBackend *b) { return b->err; }
 
 static const RtBackendOps OPS = {
     .abi = RT_BACKEND_ABI, .name = "cuda", .probe = probe, .create = create, .destroy = destroy,
     .run_ops = run_ops, .run_step = run_step, .run_step_timed = run_step_timed, .upload = upload,
     .download = download, .sync = sync_all,
-    .info = info, .error = error, .check_fit = check_fit,
+    .info = info, .error = error, .check_fit = check_fit, .copied = copied, .hung = hung,
 };
 
 __attribute__((visibility("default"))) const RtBackendOps *fs_cuda_backend(void);

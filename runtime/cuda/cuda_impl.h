@@ -29,13 +29,17 @@
 struct RtBackend {
     const Plan *plan;
     int rank, world, tf32, verbose;
+    int stage, stages, dp, dp_rank;  // pipeline stage of stages; the data-parallel ranks of a stage, this one's index
     int sync_each;              // $FS_CUDA_SYNC=1: wait after every op, so a fault names its op
     CUdevice dev;
     int ordinal;
     CUcontext ctx;              // the device's primary context (retained), shared with cuBLAS and NCCL
     CUdeviceptr arena;          // arena_bytes, one allocation
     int64_t arena_bytes;
-    CUstream compute, comm;     // comm: collectives (world > 1)
+    CUstream compute, comm;     // comm: collectives over the stage's data-parallel ranks (world > 1)
+    CUstream pipe;              // collectives over the pipeline (group 1), or NULL
+    CUstream *link_stream;      // per pipeline link (CsSchedule.links): its sends or receives
+    ncclComm_t *link_nccl;      // ... on a communicator of its two ranks, the sender 0
     CUstream copy;              // offload's copies between the arena and the host space
     CUmodule module;
     CUfunction *fn;             // per instruction (LAUNCH), resolved once
@@ -51,6 +55,8 @@ struct RtBackend {
     CUdeviceptr blas_ws;        // cuBLAS's workspace (cublasSetWorkspace)
     ncclComm_t nccl;
     ncclComm_t group_nccl[2];   // hybrid sharding's shard group and replica group (OP_GROUP_SHARD + k), or NULL
+    ncclComm_t pipe_nccl;       // the stages at this data-parallel index (OP_GROUP_PIPE), or NULL
+    volatile uint8_t *started;  // per collective: queued by the run in progress (--timeout's question)
     ncclRedOp_t *redop;         // per collective: its NCCL op (ncclSum, ncclAvg, or avg_over's premultiplied sum)
     CUgraphExec graph;          // the captured step (--cuda-graph)
     uint8_t *host;              // offload: the plan's host space (the mirror's), page-locked while the backend lives
@@ -58,6 +64,7 @@ struct RtBackend {
     int host_locked;            // cuMemHostRegister took it
     int (*host_op)(void *ctx, int32_t op);  // runs an op of the host space on the host
     void *host_ctx;
+    int64_t to_host, to_device; // the bytes offload's copies moved since the backend was made
     int idle;                   // nothing queued since the compute stream was last waited for
     int32_t cur_op;             // the op running, for messages; -1 outside ops
     const char *what;           // the setup step, for messages outside ops
@@ -84,6 +91,11 @@ typedef struct {
     ncclResult_t (*red_op_create_pre_mul_sum)(ncclRedOp_t *op, void *scalar, ncclDataType_t t,
                                               ncclScalarResidence_t residence, ncclComm_t comm);
     ncclResult_t (*red_op_destroy)(ncclRedOp_t op, ncclComm_t comm);
+    ncclResult_t (*send)(const void *send, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
+                         cudaStream_t stream);
+    ncclResult_t (*recv)(void *recv, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t stream);
+    ncclResult_t (*comm_get_async_error)(ncclComm_t comm, ncclResult_t *async_error);
+    ncclResult_t (*comm_abort)(ncclComm_t comm);
 } NcclApi;
 extern NcclApi nccl;
 /* dlopen()s libnccl.so.2 ($FS_NCCL_LIB) once and fills `nccl`: 0, or -1 with why. */
@@ -97,7 +109,8 @@ const char *nccl_status(RtBackend *b, ncclResult_t r);  // "ncclSystemError (...
 /* The communicator of a collective's group (schedule.h: CsColl.group). */
 static inline ncclComm_t cuda_comm_of(const RtBackend *b, int group)
 {
-    return group == OP_GROUP_SHARD ? b->group_nccl[0] : group == OP_GROUP_REPLICA ? b->group_nccl[1] : b->nccl;
+    return group == OP_GROUP_SHARD ? b->group_nccl[0] : group == OP_GROUP_REPLICA ? b->group_nccl[1]
+           : group == OP_GROUP_PIPE ? b->pipe_nccl : b->nccl;
 }
 ncclDataType_t cuda_nccl_type(PlanDType t);  // run.c
 
@@ -125,5 +138,6 @@ ncclDataType_t cuda_nccl_type(PlanDType t);  // run.c
 int cuda_run_ops(RtBackend *b, int32_t from, int32_t to);
 int cuda_run_step(RtBackend *b, int graph);
 int cuda_run_step_timed(RtBackend *b, RtSpan *spans);
+int cuda_hung(RtBackend *b, char *msg, size_t n);
 
 #endif

@@ -10,9 +10,14 @@
 
 #define MIB ((int64_t)1 << 20)
 
+/* A pipeline's largest stage: every rank asks before it knows its stage, and a stage
+ * that does not fit ends every rank anyway (they agree). */
 CudaNeed cuda_fit_need(const Plan *p)
 {
-    int64_t arena = plan_space_bytes(p, PLAN_PLACE_DEVICE), ws = plan_meta_int(p, "cuda_workspace_bytes", 32 << 20);
+    int64_t arena = 0;
+    for (int32_t g = 0; g < p->n_programs; g++)
+        if (p->programs[g].space_bytes[PLAN_PLACE_DEVICE] > arena) arena = p->programs[g].space_bytes[PLAN_PLACE_DEVICE];
+    int64_t ws = plan_meta_int(p, "cuda_workspace_bytes", 32 << 20);
     return (CudaNeed){.arena = arena > 0 ? arena : 0, .workspace = ws > 0 ? ws : 0, .libraries = CUDA_FIT_LIBRARIES};
 }
 

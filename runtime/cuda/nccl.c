@@ -45,6 +45,10 @@ int cuda_nccl_load(char *err, size_t errlen)
     SYM(all_gather, "ncclAllGather");
     SYM(red_op_create_pre_mul_sum, "ncclRedOpCreatePreMulSum");
     SYM(red_op_destroy, "ncclRedOpDestroy");
+    SYM(send, "ncclSend");
+    SYM(recv, "ncclRecv");
+    SYM(comm_get_async_error, "ncclCommGetAsyncError");
+    SYM(comm_abort, "ncclCommAbort");
 #undef SYM
     nccl.loaded = 1;
     return 0;

@@ -8,9 +8,11 @@
  * then done), and an op that touches a collective's bytes waits for that collective to
  * finish. At the end of every run the compute stream waits for each collective the run
  * started, so a run's work is one chain on the compute stream: a download after it, or
- * a graph capture of it, sees all of it. A world of one has no collectives in flight:
- * its collectives are device copies on the compute stream (or nothing, in place), as
- * runtime/cpu/comm_local.c does on the host. Offload's copies between the arena and the
+ * a graph capture of it, sees all of it. A collective over one rank is not in flight: it
+ * is a device copy on the compute stream (or nothing, in place), as
+ * runtime/cpu/comm_local.c does on the host. A pipeline stage's sends and receives are
+ * NCCL's point-to-point calls, each on its link's stream, ordered by events the same way
+ * (schedule.h: one link per pairing queue, so NCCL runs what plan_check_p2p proved). Offload's copies between the arena and the
  * host space go on a copy stream, ordered by events the same way (the copies of one step
  * run in plan order); an op of the host space waits for what the schedule says and for
  * the compute stream to drain, then runs on the host (RtBackendOptions.host_op), so a
@@ -81,36 +83,48 @@ static int gemm(RtBackend *b, int32_t i)
     return 0;
 }
 
-/* One collective: a copy alone; else NCCL on its stream once compute has reached it. */
+/* The stream a collective runs on: its link's (a send or receive), the pipeline's, or
+ * the data-parallel collectives'. */
+static CUstream stream_of(const RtBackend *b, const CsColl *c)
+{
+    return c->link >= 0 ? b->link_stream[c->link] : c->group == OP_GROUP_PIPE ? b->pipe : b->comm;
+}
+
+/* One collective: a copy alone; else NCCL on its stream once compute has reached it. A
+ * send or receive is NCCL's call on its link, whose sender is rank 0 (schedule.h). */
 static int collective(RtBackend *b, int32_t ci)
 {
     const CsColl *c = &b->s.colls[ci];
     CUdeviceptr in = b->arena + (CUdeviceptr)c->in, out = b->arena + (CUdeviceptr)c->out,
                 nout = b->arena + (CUdeviceptr)c->nccl_out;
-    if (b->world == 1) {
+    if (!c->async) {
         if (mark(b, 0, b->compute)) return -1;
         if (in != out) CU_CHECK(b, cuMemcpyDtoDAsync(out, in, (size_t)c->in_bytes, b->compute));
         return mark(b, 1, b->compute);
     }
+    CUstream st = stream_of(b, c);
+    b->started[ci] = 1;
     CU_CHECK(b, cuEventRecord(b->ready[ci], b->compute));
-    CU_CHECK(b, cuStreamWaitEvent(b->comm, b->ready[ci], 0));
-    if (mark(b, 0, b->comm)) return -1;
+    CU_CHECK(b, cuStreamWaitEvent(st, b->ready[ci], 0));
+    if (mark(b, 0, st)) return -1;
     const void *src = (const void *)(uintptr_t)in;
     void *dst = (void *)(uintptr_t)nout;
     size_t n = (size_t)c->count;
     ncclDataType_t t = cuda_nccl_type(c->dtype);
     ncclRedOp_t op = b->redop[ci];
-    ncclComm_t comm = cuda_comm_of(b, c->group);
-    cudaStream_t s = (cudaStream_t)b->comm;  // the driver's and the runtime's streams are one type
+    ncclComm_t comm = c->link >= 0 ? b->link_nccl[c->link] : cuda_comm_of(b, c->group);
+    cudaStream_t s = (cudaStream_t)st;  // the driver's and the runtime's streams are one type
     switch (c->kind) {
     case CS_ALL_REDUCE: NCCL_CHECK(b, nccl.all_reduce(src, dst, n, t, op, comm, s)); break;
     case CS_REDUCE_SCATTER: NCCL_CHECK(b, nccl.reduce_scatter(src, dst, n, t, op, comm, s)); break;
     case CS_ALL_GATHER: NCCL_CHECK(b, nccl.all_gather(src, dst, n, t, comm, s)); break;
+    case CS_SEND: NCCL_CHECK(b, nccl.send(src, n, t, 1, comm, s)); break;
+    case CS_RECV: NCCL_CHECK(b, nccl.recv(dst, n, t, 0, comm, s)); break;
     case CS_COLL_COUNT: break;
     }
-    if (c->move) CU_CHECK(b, cuMemcpyDtoDAsync(out, nout, (size_t)c->out_bytes, b->comm));
-    if (mark(b, 1, b->comm)) return -1;
-    CU_CHECK(b, cuEventRecord(b->done[ci], b->comm));
+    if (c->move) CU_CHECK(b, cuMemcpyDtoDAsync(out, nout, (size_t)c->out_bytes, st));
+    if (mark(b, 1, st)) return -1;
+    CU_CHECK(b, cuEventRecord(b->done[ci], st));
     return 0;
 }
 
@@ -129,6 +143,7 @@ static int copy(RtBackend *b, int32_t k)
         CU_CHECK(b, cuMemcpyHtoDAsync(dev, b->host + c->host, (size_t)c->bytes, b->copy));
     else
         CU_CHECK(b, cuMemcpyDtoHAsync(b->host + c->host, dev, (size_t)c->bytes, b->copy));
+    *(c->to_device ? &b->to_device : &b->to_host) += c->bytes;
     if (mark(b, 1, b->copy)) return -1;
     CU_CHECK(b, cuEventRecord(b->done[ev], b->copy));
     return 0;
@@ -173,18 +188,20 @@ int cuda_run_ops(RtBackend *b, int32_t from, int32_t to)
     }
     CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
     CU_CHECK(b, cuStreamIsCapturing(b->compute, &capturing));
+    if (from == 0 && b->started) memset((void *)b->started, 0, (size_t)b->s.n_colls + 1);
     for (int32_t k = from; k < to; k++) {
         b->cur_op = k;
         if (run_op(b, k)) return -1;
         /* A fault shows at the next synchronization: with FS_CUDA_SYNC it is this op's. */
         if (b->sync_each && capturing == CU_STREAM_CAPTURE_STATUS_NONE) {
             CU_CHECK(b, cuStreamSynchronize(b->compute));
-            if (b->world > 1) CU_CHECK(b, cuStreamSynchronize(b->comm));
+            const CsOp *o = &b->s.ops[k];
+            if (o->coll >= 0 && b->s.colls[o->coll].async) CU_CHECK(b, cuStreamSynchronize(stream_of(b, &b->s.colls[o->coll])));
         }
     }
     for (int32_t k = from; k < to; k++) {
         b->cur_op = k;
-        if (b->s.ops[k].coll >= 0 && b->world > 1)
+        if (b->s.ops[k].coll >= 0 && b->s.colls[b->s.ops[k].coll].async)
             CU_CHECK(b, cuStreamWaitEvent(b->compute, b->done[b->s.ops[k].coll], 0));
         if (b->s.ops[k].copy >= 0)
             CU_CHECK(b, cuStreamWaitEvent(b->compute, b->done[b->s.n_colls + b->s.ops[k].copy], 0));
@@ -222,6 +239,7 @@ int cuda_run_step(RtBackend *b, int graph)
     if (!graph) return cuda_run_ops(b, 0, b->s.n_ops);
     if (!b->graph && capture(b)) return -1;
     b->what = "replaying the step's CUDA graph";
+    if (b->started) memset((void *)b->started, 1, (size_t)b->s.n_colls + 1);  // the graph queues every one
     CU_CHECK(b, cuGraphLaunch(b->graph, b->compute));
     return 0;
 }
@@ -249,4 +267,35 @@ int cuda_run_step_timed(RtBackend *b, RtSpan *spans)
         spans[k] = (RtSpan){.start = start * 1e3, .dur = (end - start) * 1e3};
     }
     return 0;
+}
+
+/* --timeout (backend.h: hung), from the watchdog's thread while the main thread waits for
+ * the device: the first collective the run queued whose done event has not happened,
+ * with NCCL's asynchronous error on its communicator; then every communicator aborted. */
+int cuda_hung(RtBackend *b, char *msg, size_t n)
+{
+    if (!b->nccl && !b->s.n_links) return 0;
+    cuCtxSetCurrent(b->ctx);
+    int found = 0;
+    for (int32_t ci = 0; ci < b->s.n_colls && !found; ci++) {
+        const CsColl *c = &b->s.colls[ci];
+        if (!c->async || !b->started[ci] || cuEventQuery(b->done[ci]) != CUDA_ERROR_NOT_READY) continue;
+        found = 1;
+        cs_coll_describe(b->plan, &b->s, ci, msg, n);
+        ncclComm_t comm = c->link >= 0 ? b->link_nccl[c->link] : cuda_comm_of(b, c->group);
+        ncclResult_t async = ncclSuccess;
+        size_t at = strlen(msg);
+        if (comm && nccl.comm_get_async_error(comm, &async) == ncclSuccess && async != ncclSuccess &&
+            async != ncclInProgress)
+            snprintf(msg + at, n - at, " (NCCL: %s)", nccl.get_error_string(async));
+    }
+    ncclComm_t all[3] = {b->nccl, b->group_nccl[0], b->group_nccl[1]};
+    for (int i = 0; i < 3; i++)
+        if (all[i]) nccl.comm_abort(all[i]);
+    if (b->pipe_nccl) nccl.comm_abort(b->pipe_nccl);
+    for (int32_t i = 0; i < b->s.n_links; i++)
+        if (b->link_nccl[i]) nccl.comm_abort(b->link_nccl[i]);
+    b->nccl = b->group_nccl[0] = b->group_nccl[1] = b->pipe_nccl = NULL;  // aborted: not destroyed again
+    for (int32_t i = 0; i < b->s.n_links; i++) b->link_nccl[i] = NULL;
+    return found;
 }

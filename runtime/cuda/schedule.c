@@ -6,6 +6,7 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops.h"
@@ -23,8 +24,9 @@ static int overlap(CsRange a, CsRange b) { return a.lo < a.hi && b.lo < b.hi && 
 /* The op table names the collectives (ops.def's comm column); CsCollKind numbers them
  * as it does. */
 _Static_assert((int)CS_ALL_REDUCE == (int)COMM_ALL_REDUCE && (int)CS_REDUCE_SCATTER == (int)COMM_REDUCE_SCATTER &&
-                   (int)CS_ALL_GATHER == (int)COMM_ALL_GATHER,
-               "CsCollKind is OpComm's collectives");
+                   (int)CS_ALL_GATHER == (int)COMM_ALL_GATHER && (int)CS_SEND == (int)COMM_SEND &&
+                   (int)CS_RECV == (int)COMM_RECV,
+               "CsCollKind is OpComm's collectives and point-to-point ops");
 
 int cs_coll_kind(const char *op)
 {
@@ -62,6 +64,23 @@ void cs_op_where(const Plan *p, int32_t op, char *buf, size_t n)
     snprintf(buf + at, n - (size_t)at, " at %s%s%d:%d", src, *src ? ":" : "", o->line, o->col);
 }
 
+void cs_coll_describe(const Plan *p, const CsSchedule *s, int32_t ci, char *buf, size_t n)
+{
+    const CsColl *c = &s->colls[ci];
+    cs_op_where(p, c->op, buf, n);
+    size_t at = strlen(buf);
+    int dp = s->world;
+    if (c->kind == CS_SEND || c->kind == CS_RECV)
+        snprintf(buf + at, n - at, ", %s rank %d (stage %d)", c->kind == CS_SEND ? "to" : "from", c->peer, c->peer / dp);
+    else if (c->group == OP_GROUP_PIPE)
+        snprintf(buf + at, n - at, ", over the %d stages at data-parallel index %d", s->stages, s->rank);
+    else if (c->group == OP_GROUP_SHARD || c->group == OP_GROUP_REPLICA)
+        snprintf(buf + at, n - at, ", over its %s group of stage %d", c->group == OP_GROUP_SHARD ? "shard" : "replica",
+                 s->stage);
+    else
+        snprintf(buf + at, n - at, ", over the %d data-parallel ranks of stage %d", dp, s->stage);
+}
+
 static const PlanAttr *attr(const Plan *p, const PlanOp *o, const char *key)
 {
     for (int32_t a = 0; a < o->n_attr; a++)
@@ -79,22 +98,26 @@ static int64_t attr_int(const Plan *p, const PlanOp *o, const char *key, int64_t
 /* Op k, a collective of `kind`, bound to this rank's bytes (views at vrank, its index in
  * its shard group), in the form NCCL runs it over its group: the stage's `world` ranks,
  * or with hybrid sharding the shard group (`shard` ranks, this one at vrank) or the
- * replica group (world / shard ranks, this one at rank / shard). */
-static int bind_coll(const Plan *p, int32_t k, CsCollKind kind, int vrank, int rank, int world, int shard, CsColl *c,
+ * replica group (world / shard ranks, this one at rank / shard), or the pipeline's
+ * stages at this data-parallel index (this one at s->stage). */
+static int bind_coll(const Plan *p, int32_t k, CsCollKind kind, int vrank, int rank, const CsSchedule *s, CsColl *c,
                      char *err, size_t errlen)
 {
     const PlanOp *o = &p->ops[k];
     const char *name = plan_str(p, o->op);
+    int world = s->world, shard = s->shard;
     if (o->n_in != 1 || o->n_out != 1)
         return plan_fail(err, errlen, "op %d (%s): %d inputs and %d outputs; a collective has one of each", k, name, o->n_in,
                     o->n_out);
     int group = (int)attr_int(p, o, "group", OP_GROUP_DATA);
     if (group == OP_GROUP_SHARD) world = shard, rank = vrank;
     if (group == OP_GROUP_REPLICA) world = world / shard, rank = rank / shard;
+    if (group == OP_GROUP_PIPE) world = s->stages, rank = s->stage;
     int64_t w = attr_int(p, o, "world", 1);
     if (w != world)
         return plan_fail(err, errlen, "op %d (%s) is for a world of %lld ranks, but this run has %d%s", k, name, (long long)w,
-                    world, group == OP_GROUP_SHARD ? " in its shard group" : group == OP_GROUP_REPLICA ? " in its replica group" : "");
+                    world, group == OP_GROUP_SHARD ? " in its shard group" : group == OP_GROUP_REPLICA ? " in its replica group"
+                           : group == OP_GROUP_PIPE ? " in its pipeline" : "");
     int32_t x = p->ids[o->in], y = p->ids[o->out];
     const PlanTensor *tx = &p->tensors[x], *ty = &p->tensors[y];
     int64_t n_in = plan_tensor_numel(tx), n_out = plan_tensor_numel(ty), es = plan_dtype_size(tx->dtype);
@@ -108,7 +131,8 @@ static int bind_coll(const Plan *p, int32_t k, CsCollKind kind, int vrank, int r
         return plan_fail(err, errlen, "op %d (%s): an average of i32 elements", k, name);
     *c = (CsColl){.op = k, .kind = kind, .dtype = tx->dtype, .in = cs_offset(p, x, vrank), .out = cs_offset(p, y, vrank),
                   .count = kind == CS_ALL_GATHER ? n_in : n_out, .in_bytes = n_in * es, .out_bytes = n_out * es,
-                  .avg = avg, .group = group, .avg_over = avg ? (int)attr_int(p, o, "avg_over", 0) : 0};
+                  .avg = avg, .group = group, .avg_over = avg ? (int)attr_int(p, o, "avg_over", 0) : 0,
+                  .async = world > 1, .link = -1};
     c->nccl_out = c->out;
     c->range[0] = (CsRange){c->in, c->in + c->in_bytes};
     c->range[1] = (CsRange){c->out, c->out + c->out_bytes};
@@ -132,10 +156,71 @@ static int bind_coll(const Plan *p, int32_t k, CsCollKind kind, int vrank, int r
     case CS_ALL_GATHER:
         if (c->in != c->out + slice && world > 1) why = "its input overlaps its output without being this rank's slice";
         break;
-    case CS_COLL_COUNT: break;
+    default: break;
     }
     if (world == 1 && c->in != c->out && !why) why = "its output overlaps its input without being it";
     return why ? plan_fail(err, errlen, "op %d (%s) on rank %d: %s (NCCL cannot run that in place)", k, name, rank, why) : 0;
+}
+
+/* Op k, a send (its input to the peer) or a receive (into its output), bound to this
+ * rank's bytes (views at vrank) and its peer's rank: stage `peer` at this data-parallel
+ * index `rank`, as runtime/exec.c binds it on MPI. Its link is found once every op is
+ * bound (links). */
+static int bind_p2p(const Plan *p, int32_t k, CsCollKind kind, int vrank, int rank, const CsSchedule *s, CsColl *c,
+                    char *err, size_t errlen)
+{
+    const PlanOp *o = &p->ops[k];
+    const char *name = plan_str(p, o->op);
+    int send = kind == CS_SEND;
+    if (o->n_in != send || o->n_out != !send)
+        return plan_fail(err, errlen, "op %d (%s): %d inputs and %d outputs; a %s has %s", k, name, o->n_in, o->n_out, name,
+                         send ? "one input and no output" : "one output and no input");
+    int64_t peer = attr_int(p, o, "peer", -1);
+    if (peer < 0 || peer >= s->stages || peer == s->stage)
+        return plan_fail(err, errlen, "op %d (%s): peer stage %lld, but this is stage %d of %d", k, name, (long long)peer,
+                         s->stage, s->stages);
+    int32_t x = p->ids[send ? o->in : o->out];
+    const PlanTensor *t = &p->tensors[x];
+    int64_t off = cs_offset(p, x, vrank), bytes = plan_tensor_nbytes(t);
+    *c = (CsColl){.op = k, .kind = kind, .dtype = t->dtype, .in = off, .out = off, .nccl_out = off,
+                  .count = plan_tensor_numel(t), .in_bytes = bytes, .out_bytes = bytes, .async = 1,
+                  .peer = (int)peer * s->world + rank, .link = -1};
+    c->range[0] = c->range[1] = (CsRange){off, off + bytes};
+    return 0;
+}
+
+/* Link order: by peer stage, sends before receives, then by tag. */
+static int link_cmp(const void *x, const void *y)
+{
+    const CsLink *a = x, *b = y;
+    if (a->stage != b->stage) return a->stage < b->stage ? -1 : 1;
+    if (a->send != b->send) return a->send > b->send ? -1 : 1;
+    return (a->tag > b->tag) - (a->tag < b->tag);
+}
+
+static CsLink link_key(const Plan *p, const CsColl *c)
+{
+    const PlanOp *o = &p->ops[c->op];
+    return (CsLink){.stage = (int)attr_int(p, o, "peer", -1), .send = c->kind == CS_SEND, .tag = attr_int(p, o, "tag", 0)};
+}
+
+/* The links the bound sends and receives use, each once, sorted (so the two ranks of a
+ * link list it in the same order), and each op's. */
+static void links(const Plan *p, CsSchedule *s)
+{
+    for (int32_t i = 0; i < s->n_colls; i++)
+        if (s->colls[i].kind == CS_SEND || s->colls[i].kind == CS_RECV) s->links[s->n_links++] = link_key(p, &s->colls[i]);
+    qsort(s->links, (size_t)s->n_links, sizeof *s->links, link_cmp);
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->n_links; i++)
+        if (!n || link_cmp(&s->links[n - 1], &s->links[i])) s->links[n++] = s->links[i];
+    s->n_links = n;
+    for (int32_t i = 0; i < s->n_colls; i++) {
+        if (s->colls[i].kind != CS_SEND && s->colls[i].kind != CS_RECV) continue;
+        CsLink key = link_key(p, &s->colls[i]);
+        const CsLink *at = bsearch(&key, s->links, (size_t)s->n_links, sizeof *s->links, link_cmp);
+        s->colls[i].link = (int32_t)(at - s->links);
+    }
 }
 
 /* Op k's place in the host space, if it has one: a copy between the spaces, or an op
@@ -163,7 +248,7 @@ static int bind_host(const Plan *p, int32_t k, int rank, CsSchedule *s, char *er
 
 /* Instruction ranges, collectives, copies, host ops, LAUNCH args and GEMMs; every view
  * at vrank, the rank's index in its shard group (rank without hybrid sharding). */
-static int bind(const Plan *p, int vrank, int rank, int world, CsSchedule *s, char *err, size_t errlen)
+static int bind(const Plan *p, int vrank, int rank, CsSchedule *s, char *err, size_t errlen)
 {
     for (int32_t k = 0; k < p->n_ops; k++) s->ops[k].coll = s->ops[k].copy = -1;
     for (int32_t i = 0; i < p->n_cuda; i++) {
@@ -172,20 +257,20 @@ static int bind(const Plan *p, int vrank, int rank, int world, CsSchedule *s, ch
         o->n_instr++;
     }
     for (int32_t k = 0; k < p->n_ops; k++) {
-        const OpInfo *info = op_info_by_name(plan_str(p, p->ops[k].op));
-        if ((info && (info->flags & OPF_P2P)) || attr_int(p, &p->ops[k], "group", OP_GROUP_DATA) == OP_GROUP_PIPE)
-            return plan_fail(err, errlen, "op %d (%s): pipeline stages run on CPU ranks only in this version (run with "
-                             "--device cpu)", k, plan_str(p, p->ops[k].op));
         if (bind_host(p, k, vrank, s, err, errlen)) return -1;
         int kind = cs_coll_kind(plan_str(p, p->ops[k].op));
         if (kind < 0) continue;
         if (s->ops[k].n_instr)
             return plan_fail(err, errlen, "op %d (%s) has CUDA instructions; collectives run on NCCL by name (plan made by "
                         "a different fsc)", k, plan_str(p, p->ops[k].op));
-        if (bind_coll(p, k, (CsCollKind)kind, vrank, rank, world, s->shard, &s->colls[s->n_colls], err, errlen))
+        CsColl *c = &s->colls[s->n_colls];
+        if (kind == CS_SEND || kind == CS_RECV ? bind_p2p(p, k, (CsCollKind)kind, vrank, rank, s, c, err, errlen)
+                                               : bind_coll(p, k, (CsCollKind)kind, vrank, rank, s, c, err, errlen))
             return -1;
+        s->n_pipe += c->group == OP_GROUP_PIPE && kind != CS_SEND && kind != CS_RECV;
         s->ops[k].coll = s->n_colls++;
     }
+    links(p, s);
     int32_t at = 0;
     for (int32_t i = 0; i < p->n_cuda; i++) {
         const PlanCuda *c = &p->cuda[i];
@@ -200,8 +285,8 @@ static int bind(const Plan *p, int vrank, int rank, int world, CsSchedule *s, ch
 }
 
 /* The plan's schedule (passes/schedule.c), as the backend runs it: each op's waits on
- * ops of the other streams, as indices of events: a collective's (with world > 1; alone
- * they are copies on the compute stream) is its index in colls, a copy's n_colls plus
+ * ops of the other streams, as indices of events: a collective's (async: over more than
+ * one rank; alone they are copies on the compute stream) is its index in colls, a copy's n_colls plus
  * its index in copies. */
 static void stored_waits(const Plan *p, CsSchedule *s)
 {
@@ -211,7 +296,7 @@ static void stored_waits(const Plan *p, CsSchedule *s)
         o->wait = at;
         for (int32_t w = 0; w < p->ops[k].n_wait; w++) {
             const CsOp *q = &s->ops[p->waits[p->ops[k].wait + w]];
-            if (q->coll >= 0 && s->world > 1 && k != s->colls[q->coll].op) s->waits[at++] = q->coll;
+            if (q->coll >= 0 && s->colls[q->coll].async && k != s->colls[q->coll].op) s->waits[at++] = q->coll;
             if (q->copy >= 0) s->waits[at++] = s->n_colls + q->copy;
         }
         o->n_wait = at - o->wait;
@@ -220,11 +305,17 @@ static void stored_waits(const Plan *p, CsSchedule *s)
 
 int cs_build(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_t errlen)
 {
+    return cs_build_stage(p, rank, world, 0, 1, s, err, errlen);
+}
+
+int cs_build_stage(const Plan *p, int rank, int world, int stage, int stages, CsSchedule *s, char *err, size_t errlen)
+{
     memset(s, 0, sizeof *s);
     s->n_ops = p->n_ops;
     s->world = world;
+    s->stage = stage, s->stages = stages, s->rank = rank;
     s->shard = (int)plan_shard_group(p, world);
-    int vrank = rank % s->shard;
+    int vrank = s->vrank = rank % s->shard;
     int64_t n_args = 0;
     for (int32_t i = 0; i < p->n_cuda; i++) n_args += p->cuda[i].n_args;
     size_t ops = sizeof *s->ops * (size_t)p->n_ops, instrs = (size_t)p->n_cuda + 1;
@@ -235,13 +326,14 @@ int cs_build(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_
     s->args = plan_alloc(sizeof *s->args * (size_t)(n_args + 1));
     s->arg_at = plan_alloc(sizeof *s->arg_at * instrs);
     s->gemms = plan_alloc(sizeof *s->gemms * instrs);
-    if (!s->ops || !s->colls || !s->copies || !s->waits || !s->args || !s->arg_at || !s->gemms) {
+    s->links = plan_alloc(sizeof *s->links * ((size_t)p->n_ops + 1));
+    if (!s->links || !s->ops || !s->colls || !s->copies || !s->waits || !s->args || !s->arg_at || !s->gemms) {
         cs_free(s);
         return plan_fail(err, errlen, "out of memory");
     }
     memset(s->ops, 0, ops);
     memset(s->gemms, 0, sizeof *s->gemms * instrs);
-    int rc = plan_check_schedule(p, vrank, err, errlen) || bind(p, vrank, rank, world, s, err, errlen) ? -1 : 0;
+    int rc = plan_check_schedule(p, vrank, err, errlen) || bind(p, vrank, rank, s, err, errlen) ? -1 : 0;
     if (!rc) stored_waits(p, s);
     if (rc) cs_free(s);
     return rc;
@@ -256,5 +348,6 @@ void cs_free(CsSchedule *s)
     plan_dealloc(s->args);
     plan_dealloc(s->arg_at);
     plan_dealloc(s->gemms);
+    plan_dealloc(s->links);
     memset(s, 0, sizeof *s);
 }

@@ -14,6 +14,20 @@
  * complete (and a run that starts later than 0 only ever waits for events already
  * complete).
  *
+ * Pipeline stages (cs_build_stage): a send or receive (OPF_P2P) is an NCCL point-to-point
+ * call to the rank of stage `peer` at this rank's data-parallel index, on a link of its
+ * own: one NCCL communicator of the two ranks and one stream per (peer, direction, tag),
+ * the queue in which plan_check_p2p pairs the k-th send with the k-th receive. NCCL runs
+ * the calls of one communicator, and of one stream, in order, each send until its
+ * receive runs (the worst case, as the proof assumes); with one link per queue no call
+ * waits for one of another queue, so what runs is what the proof simulates: each op
+ * starts when reached and its waits are complete, and completes once its partner has
+ * started. No ncclGroupStart/End is needed: a group would be the proof's model only for
+ * calls the schedule starts together, and separate queues already never wait on each
+ * other. A collective over the pipeline (group 1: the loss, tied weights' gradients) runs
+ * on a communicator of the stages at this data-parallel index and a stream of its own,
+ * the i-th meeting the i-th of every stage, as the proof pairs them.
+ *
  * Offload: an op whose tensors lie in the host space runs on the host (it has no CUDA
  * instructions: codegen emits none); a to_host or to_device op is a copy between the
  * arena and the host space, which the backend runs on a copy stream of its own, ordered
@@ -31,7 +45,16 @@ typedef struct {
     int64_t lo, hi;  // bytes [lo, hi) of the arena
 } CsRange;
 
-typedef enum { CS_ALL_REDUCE, CS_REDUCE_SCATTER, CS_ALL_GATHER, CS_COLL_COUNT } CsCollKind;
+typedef enum { CS_ALL_REDUCE, CS_REDUCE_SCATTER, CS_ALL_GATHER, CS_SEND, CS_RECV, CS_COLL_COUNT } CsCollKind;
+
+/* A pipeline link: the queue of sends to, or receives from, one peer stage with one tag
+ * (plan_check_p2p's pairing queue): one NCCL communicator of the two ranks and one
+ * stream. The sender is the communicator's rank 0. */
+typedef struct {
+    int stage;              // the peer's stage
+    int send;               // 1: this rank sends on it; 0: receives
+    int64_t tag;
+} CsLink;
 
 /* One collective op bound to this rank's bytes. NCCL's in-place forms: all_reduce with
  * out == x; reduce_scatter writing into x at this rank's slice; all_gather reading x
@@ -52,6 +75,10 @@ typedef struct {
     int64_t nccl_out;       // where NCCL writes its result: out, or x's slice for this rank
     int move;               // then copy count elements from nccl_out to out
     CsRange range[2];       // the bytes of x and of out
+    int async;              // on NCCL, ordered by events: its group has more than one rank (else a copy
+                            // on the compute stream, or nothing)
+    int peer;               // CS_SEND, CS_RECV: the peer's rank in the world (stage * dp + this index)
+    int32_t link;           // ... and its link (CsSchedule.links)
 } CsColl;
 
 /* A row-major PlanCuda GEMM as cuBLAS's column-major call: C^T = op(B)^T op(A)^T, so
@@ -94,8 +121,14 @@ typedef struct {
     int64_t *args;          // LAUNCH args' offsets; instruction i's at args + arg_at[i]
     int32_t *arg_at;        // n_cuda entries
     CsGemm *gemms;          // n_cuda entries; filled for GEMMs
-    int world;
+    int world;              // the data-parallel ranks of this rank's stage
+    int rank;               // this rank's index among them
     int shard;              // the ranks a shard is split over (plan_shard_group); world without hybrid groups
+    int stage, stages;      // this rank's pipeline stage, of how many (1: no pipeline)
+    int vrank;              // the rank every view's rank_stride is at: the data-parallel index modulo shard
+    CsLink *links;          // the pipeline links this rank's sends and receives use, in order of
+    int32_t n_links;        // (peer stage, direction, tag)
+    int32_t n_pipe;         // collectives over the pipeline (group 1)
 } CsSchedule;
 
 /* Where tensor id lies on `rank`: offset + rank * rank_stride. */
@@ -109,9 +142,16 @@ int cs_coll_kind(const char *op);
  * nothing when in place. 0, or -1 with a message (a schedule that is unsafe on this
  * rank, a collective NCCL cannot run in place). */
 int cs_build(const Plan *p, int rank, int world, CsSchedule *s, char *err, size_t errlen);
+/* The same for the program of pipeline stage `stage` of `stages` (p: that program alone,
+ * plan_extract_program), run as data-parallel index `rank` of `world`. */
+int cs_build_stage(const Plan *p, int rank, int world, int stage, int stages, CsSchedule *s, char *err, size_t errlen);
 void cs_free(CsSchedule *s);
 /* "op 12 (softmax) at gpt2.fsm:27:5": the op, its name and source location (the file
  * from meta "source" when present). */
 void cs_op_where(const Plan *p, int32_t op, char *buf, size_t n);
+/* Collective ci as a hung one is named (--timeout on CUDA ranks): "op 40 (recv) at
+ * mlp.fsm:12:5, from rank 3 (stage 1)", or "..., over the 2 data-parallel ranks of stage
+ * 0" (the ranks it waits for). */
+void cs_coll_describe(const Plan *p, const CsSchedule *s, int32_t ci, char *buf, size_t n);
 
 #endif

@@ -178,3 +178,88 @@ Test(cuda_plans, hybrid_groups)
     for (int rank = 0; rank < 4; rank++) cs_free(&s[rank]);
     plan_free(p);
 }
+
+/* The sends and receives of stage g (program p) on data-parallel index d: each bound to
+ * its link and its peer's rank (stage * dp + d). */
+static void check_p2p(const Plan *p, const CsSchedule *s, int g, int d, int dp, const char *what)
+{
+    for (int32_t c = 0; c < s->n_colls; c++) {
+        const CsColl *x = &s->colls[c];
+        if (x->kind != CS_SEND && x->kind != CS_RECV) {
+            cr_assert_lt(x->link, 0, "%s: a collective on a link", what);
+            continue;
+        }
+        cr_assert(x->link >= 0 && x->link < s->n_links && x->async, "%s stage %d: op %d has no link", what, g, x->op);
+        const CsLink *l = &s->links[x->link];
+        cr_assert_eq(l->send, x->kind == CS_SEND);
+        cr_assert_eq(x->peer, l->stage * dp + d, "%s stage %d op %d: peer rank %d, link to stage %d", what, g, x->op,
+                     x->peer, l->stage);
+        cr_assert_eq(x->in_bytes, plan_tensor_nbytes(&p->tensors[p->ids[x->kind == CS_SEND ? p->ops[x->op].in
+                                                                                         : p->ops[x->op].out]]));
+    }
+}
+
+/* Pipelines on CUDA ranks: every stage's program of 1F1B and interleaved (2 chunks, whose
+ * sends carry the chunk as their tag) plans, 2 stages x 2 data-parallel ranks under
+ * zero2, binds on every rank, its waits enough; every send and receive on a link, and the
+ * two ends of each link agree: the k-th send of stage a to b with tag t has the bytes of
+ * the k-th receive of b from a with tag t (what plan_check_p2p pairs), so NCCL's queue
+ * of the link meets them in that order. */
+Test(cuda_plans, pipeline_links)
+{
+    Define gpt2[6];
+    memcpy(gpt2, SAMPLE_GPT2, sizeof gpt2);
+    gpt2[0].value = 4, gpt2[5].value = 8;  // L: 2 stages x 2 chunks; B: 2 ranks x 4 micro-batches
+    const char *scheds[][2] = {{"1f1b", "1"}, {"interleaved", "2"}};
+    for (int k = 0; k < 2; k++) {
+        Setting set[] = {{"shard", "zero2"}, {"world", "4"}, {"stages", "2"}, {"microbatches", "4"},
+                         {"schedule", scheds[k][0]}, {"chunks", scheds[k][1]}};
+        Plan *whole = sample_compile("gpt2.fsm", gpt2, 6, set, 6, NULL);
+        char err[512], what[64];
+        snprintf(what, sizeof what, "gpt2 %s 2 stages x 2", scheds[k][0]);
+        cr_assert_eq(whole->n_programs, 2);
+        Plan *one[2];
+        CsSchedule s[2][2];
+        for (int g = 0; g < 2; g++) {
+            cr_assert(one[g] = plan_extract_program(whole, g, err, sizeof err), "%s", err);
+            for (int d = 0; d < 2; d++) {
+                cr_assert_eq(cs_build_stage(one[g], d, 2, g, 2, &s[g][d], err, sizeof err), 0, "%s stage %d: %s", what,
+                             g, err);
+                check_waits(one[g], &s[g][d], what, d);
+                check_p2p(one[g], &s[g][d], g, d, 2, what);
+            }
+        }
+        int sends = 0, tags = 0;
+        for (int g = 0; g < 2; g++)
+            for (int32_t li = 0; li < s[g][0].n_links; li++) {
+                const CsLink *l = &s[g][0].links[li];
+                if (!l->send) continue;
+                int32_t lj = 0;  // the other end: the peer's link from g with this tag
+                while (lj < s[l->stage][0].n_links && !(s[l->stage][0].links[lj].stage == g &&
+                                                         !s[l->stage][0].links[lj].send && s[l->stage][0].links[lj].tag == l->tag))
+                    lj++;
+                cr_assert_lt(lj, s[l->stage][0].n_links, "%s: stage %d's link to %d (tag %lld) has no other end", what, g,
+                             l->stage, (long long)l->tag);
+                tags += l->tag != 0;
+                const CsSchedule *a = &s[g][0], *b = &s[l->stage][0];
+                int32_t i = 0, j = 0;
+                for (;; i++, j++) {
+                    while (i < a->n_colls && a->colls[i].link != li) i++;
+                    while (j < b->n_colls && b->colls[j].link != lj) j++;
+                    if (i == a->n_colls || j == b->n_colls) break;
+                    cr_assert_eq(a->colls[i].in_bytes, b->colls[j].out_bytes, "%s: a send and its receive differ", what);
+                    cr_assert_eq(a->colls[i].dtype, b->colls[j].dtype);
+                    sends++;
+                }
+                cr_assert(i == a->n_colls && j == b->n_colls, "%s: stage %d sends to %d more or fewer than it receives",
+                          what, g, l->stage);
+            }
+        cr_assert_gt(sends, 0, "%s: no sends", what);
+        if (k == 1) cr_assert_gt(tags, 0, "%s: no link of a chunk's tag", what);
+        for (int g = 0; g < 2; g++) {
+            for (int d = 0; d < 2; d++) cs_free(&s[g][d]);
+            plan_free(one[g]);
+        }
+        plan_free(whole);
+    }
+}

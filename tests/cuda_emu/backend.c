@@ -1,7 +1,8 @@
 /* tests/cuda_emu/backend.c: cuda-emu, the CUDA backend's table (runtime/backend.h) run
  * on the CPU, so tests/cuda/op_check.c checks every kernel of a real plan in CI, where
  * no GPU is. Built as libfs_cudaemu.so (tests/cuda_emu/cuda_emu.cmake), loaded through
- * FS_CUDA_BACKEND; test infrastructure, never part of fsexec. World 1 only.
+ * FS_CUDA_BACKEND; test infrastructure, never part of fsexec. A world of more than one
+ * rank (data-parallel ranks, pipeline stages) runs NCCL's calls over MPI (nccl_emu.c).
  *
  * The "device" arena is a malloc'ed copy of the host arena. The plan is bound by the
  * CUDA backend's own schedule (runtime/cuda/schedule.c): LAUNCH argument offsets, the
@@ -31,7 +32,10 @@
  *   column-major form), refused where cuBLAS refuses it (leading dimensions, mixed
  *   operand dtypes, operands outside their tensors, C overlapping A or B), computed as
  *   cuBLAS does with CUBLAS_COMPUTE_32F: f32 products and sums, C rounded once.
- * Collectives (world 1): a copy when out is not in (runtime/cpu/comm_local.c).
+ * Collectives over one rank: a copy when out is not in (runtime/cpu/comm_local.c); over
+ *   more, and sends and receives: nccl_emu.c's, started when reached and completed where
+ *   the stored waits name them (as the CUDA backend's events order them) or at the end
+ *   of the run.
  * Offload: to_host and to_device copy between the arena and the host space (the
  *   mirror's); an op of the host space runs on the host mirror (RtBackendOptions.host_op).
  */
@@ -49,6 +53,7 @@
 
 #include "backend.h"
 #include "emu_impl.h"
+#include "nccl_emu.h"
 #include "schedule.h"
 
 /* GUARD: inaccessible bytes on each side of a launch's argument group; an index that
@@ -70,6 +75,8 @@ typedef struct {
 struct RtBackend {
     const Plan *plan;
     int rank;
+    EmuNccl *nccl;          // a world of more than one rank: NCCL over MPI
+    int64_t to_host, to_device;  // the bytes offload's copies moved since it was made
     uint8_t *arena;
     int64_t arena_bytes;
     uint8_t *host;          // the plan's host space (offload), the mirror's: copies go to and from it
@@ -346,7 +353,7 @@ static int launch(RtBackend *b, int32_t i)
 
 /* ---- GEMM: cublasGemmStridedBatchedEx, column-major, CUBLAS_COMPUTE_32F ---------------- */
 
-static float load(const uint8_t *base, PlanDType t, int64_t i)
+float emu_load(const uint8_t *base, PlanDType t, int64_t i)
 {
     uint16_t h;
     uint32_t u;
@@ -369,7 +376,7 @@ static float load(const uint8_t *base, PlanDType t, int64_t i)
 }
 
 /* f32 to a 16-bit dtype, to nearest even (NaN stays NaN): what cuBLAS writes. */
-static void store(uint8_t *base, PlanDType t, int64_t i, float v)
+void emu_store(uint8_t *base, PlanDType t, int64_t i, float v)
 {
     uint32_t u;
     uint16_t h;
@@ -438,7 +445,7 @@ static int gemm(RtBackend *b, int32_t i)
     const int32_t ids[3] = {ta, tb, tc};
     static const char *const names[3] = {"A", "B", "C"};
     for (int o = 0; o < 3; o++) {
-        int64_t t_lo = cs_offset(p, ids[o], b->rank), t_hi = t_lo + plan_tensor_nbytes(&p->tensors[ids[o]]);
+        int64_t t_lo = cs_offset(p, ids[o], b->s.vrank), t_hi = t_lo + plan_tensor_nbytes(&p->tensors[ids[o]]);
         if (lo[o] < hi[o] && (lo[o] < t_lo || hi[o] > t_hi))
             return failf(b, "GEMM %d: cuBLAS's %s spans arena bytes [%lld, %lld), outside its tensor %d at [%lld, %lld)", i,
                          names[o], (long long)lo[o], (long long)hi[o], ids[o], (long long)t_lo, (long long)t_hi);
@@ -455,9 +462,9 @@ static int gemm(RtBackend *b, int32_t i)
                 for (int64_t l = 0; l < g->k; l++) {
                     int64_t ia = bi * g->stride_a + (g->trans_a ? l + row * g->lda : row + l * g->lda);
                     int64_t ib = bi * g->stride_b + (g->trans_b ? col + l * g->ldb : l + col * g->ldb);
-                    acc += load(A, g->a_dt, ia) * load(B, g->b_dt, ib);
+                    acc += emu_load(A, g->a_dt, ia) * emu_load(B, g->b_dt, ib);
                 }
-                store(C, g->c_dt, bi * g->stride_c + row + col * g->ldc, acc);
+                emu_store(C, g->c_dt, bi * g->stride_c + row + col * g->ldc, acc);
             }
     return 0;
 }
@@ -477,6 +484,7 @@ static void copy(RtBackend *b, const CsCopy *c)
         memcpy(b->arena + c->dev, b->host + c->host, (size_t)c->bytes);
     else
         memcpy(b->host + c->host, b->arena + c->dev, (size_t)c->bytes);
+    *(c->to_device ? &b->to_device : &b->to_host) += c->bytes;
 }
 
 static double now_us(void)
@@ -493,11 +501,17 @@ static int run_timed(RtBackend *b, int32_t from, int32_t to, RtSpan *spans)
     if (from < 0 || to > b->s.n_ops || from > to)
         return failf(b, "ops [%d, %d) outside the plan's %d", from, to, b->s.n_ops);
     double t0 = spans ? now_us() : 0;
+    char why[1024];
     for (int32_t k = from; k < to; k++) {
         const CsOp *o = &b->s.ops[k];
         b->cur_op = k;
         if (spans) spans[k].start = now_us() - t0;
-        if (o->coll >= 0 && collective(b, &b->s.colls[o->coll])) return -1;
+        for (int32_t w = o->wait; w < o->wait + o->n_wait; w++)
+            if (b->s.waits[w] < b->s.n_colls && emu_nccl_wait(b->nccl, b->s.waits[w], why, sizeof why))
+                return failf(b, "%s", why);
+        if (o->coll >= 0 && b->s.colls[o->coll].async && emu_nccl_start(b->nccl, o->coll, why, sizeof why))
+            return failf(b, "%s", why);
+        if (o->coll >= 0 && !b->s.colls[o->coll].async && collective(b, &b->s.colls[o->coll])) return -1;
         if (o->copy >= 0) copy(b, &b->s.copies[o->copy]);
         if (o->host && b->host_op(b->host_ctx, k)) return failf(b, "the host could not run it");
         for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
@@ -505,6 +519,7 @@ static int run_timed(RtBackend *b, int32_t from, int32_t to, RtSpan *spans)
         if (spans) spans[k].dur = now_us() - t0 - spans[k].start;
     }
     b->cur_op = -1;
+    if (b->nccl && emu_nccl_wait_all(b->nccl, why, sizeof why)) return failf(b, "%s", why);
     return 0;
 }
 
@@ -529,6 +544,7 @@ static int probe(char *err, size_t errlen)
 static void destroy(RtBackend *b)
 {
     if (!b) return;
+    emu_nccl_free(b->nccl);
     emu_module_close(&b->mod);
     cs_free(&b->s);
     free(b->tramp);
@@ -605,8 +621,9 @@ static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
                                                            : ORDER_FORWARD;
     b->arena_bytes = plan_space_bytes(o->plan, PLAN_PLACE_DEVICE) > 0 ? plan_space_bytes(o->plan, PLAN_PLACE_DEVICE) : 0;
     char why[1024];
-    int rc = 0;
-    if (o->world != 1) rc = failf(b, "a world of %d ranks; the emulator runs world-1 plans", o->world);
+    int rc = 0, world = o->world > 0 ? o->world : 1, stages = o->stages > 1 ? o->stages : 1;
+    if (world % stages || o->stage < 0 || o->stage >= stages)
+        rc = failf(b, "stage %d of %d stages in a world of %d ranks", o->stage, stages, world);
     else if (order && *order && strcmp(order, "both") && strcmp(order, "forward") && strcmp(order, "reverse"))
         rc = failf(b, "FS_CUDA_EMU_ORDER=%s: forward, reverse or both", order);
     else if (!(b->arena = malloc(b->arena_bytes > 0 ? (size_t)b->arena_bytes : 1)) ||
@@ -614,7 +631,8 @@ static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
              !(b->params = calloc((size_t)o->plan->n_cuda + 1, sizeof *b->params)) ||
              !(b->measured = calloc((size_t)o->plan->n_cuda + 1, sizeof *b->measured)))
         rc = failf(b, "out of memory");
-    else if (cs_build(o->plan, o->rank, o->world, &b->s, why, sizeof why))
+    else if (cs_build_stage(o->plan, o->rank % (world / stages), world / stages, stages > 1 ? o->stage : 0, stages, &b->s,
+                            why, sizeof why))
         rc = failf(b, "%s", why);
     else if ((b->s.n_copies || b->s.n_host) && (!b->host || !b->host_op || plan_space_bytes(o->plan, PLAN_PLACE_HOST) >
                                                                                o->host_space_bytes))
@@ -626,6 +644,8 @@ static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
         if (b->arena_bytes > 0) memset(b->arena, 0xff, (size_t)b->arena_bytes);  // NaN where the step has not written
         if (n > 0) memcpy(b->arena, o->host_arena, (size_t)n);
         rc = bind_kernels(b);
+        if (!rc && world > 1 && !(b->nccl = emu_nccl_new(&b->s, b->arena, o->rank, why, sizeof why)))
+            rc = failf(b, "%s", why);
     }
     if (rc) {
         snprintf(err, errlen, "%s", b->err);
@@ -644,13 +664,13 @@ static RtBackend *create(const RtBackendOptions *o, char *err, size_t errlen)
 
 static int upload(RtBackend *b, int32_t id, const void *src)
 {
-    memcpy(b->arena + cs_offset(b->plan, id, b->rank), src, (size_t)plan_tensor_nbytes(&b->plan->tensors[id]));
+    memcpy(b->arena + cs_offset(b->plan, id, b->s.vrank), src, (size_t)plan_tensor_nbytes(&b->plan->tensors[id]));
     return 0;
 }
 
 static int download(RtBackend *b, int32_t id, void *dst)
 {
-    memcpy(dst, b->arena + cs_offset(b->plan, id, b->rank), (size_t)plan_tensor_nbytes(&b->plan->tensors[id]));
+    memcpy(dst, b->arena + cs_offset(b->plan, id, b->s.vrank), (size_t)plan_tensor_nbytes(&b->plan->tensors[id]));
     return 0;
 }
 
@@ -661,6 +681,19 @@ static int sync_all(RtBackend *b)
 }
 
 static void info(const RtBackend *b, RtBackendInfo *out) { *out = b->info; }
+
+static void copied(const RtBackend *b, int64_t *to_host, int64_t *to_device)
+{
+    *to_host = b->to_host, *to_device = b->to_device;
+}
+
+/* --timeout: the collective nccl_emu.c has in flight, named as the CUDA backend names it. */
+static int hung(RtBackend *b, char *msg, size_t n)
+{
+    int32_t ci = b->nccl ? emu_nccl_hung(b->nccl) : -1;
+    if (ci >= 0) cs_coll_describe(b->plan, &b->s, ci, msg, n);
+    return ci >= 0;
+}
 
 static double ratio(long long a, long long b) { return b ? (double)a / (double)b : 0; }
 
@@ -709,7 +742,7 @@ static const RtBackendOps OPS = {
     .abi = RT_BACKEND_ABI, .name = "cuda-emu", .probe = probe, .create = create, .destroy = destroy,
     .run_ops = run_ops, .run_step = run_step, .run_step_timed = run_step_timed, .upload = upload,
     .download = download, .sync = sync_all,
-    .info = info, .error = error, .measures = measures,
+    .info = info, .error = error, .measures = measures, .copied = copied, .hung = hung,
 };
 
 __attribute__((visibility("default"))) const RtBackendOps *fs_cuda_backend(void);

@@ -10,10 +10,11 @@
 # against the CPU backend; op_check prints each kernel's memory measures (emulator's
 # table) after its own.
 set_target_properties(fs_plan PROPERTIES POSITION_INDEPENDENT_CODE ON)
-add_library(fs_cudaemu MODULE tests/cuda_emu/backend.c tests/cuda_emu/module.c runtime/cuda/schedule.c)
+add_library(fs_cudaemu MODULE tests/cuda_emu/backend.c tests/cuda_emu/module.c tests/cuda_emu/nccl_emu.c
+            runtime/cuda/schedule.c)
 target_include_directories(fs_cudaemu PRIVATE runtime runtime/cuda tests/cuda_emu)
 target_compile_definitions(fs_cudaemu PRIVATE FS_CUDA_EMU_DIR="${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu")
-target_link_libraries(fs_cudaemu PRIVATE fs_plan fs_ops ${CMAKE_DL_LIBS} ${M_LIB})
+target_link_libraries(fs_cudaemu PRIVATE fs_plan fs_ops MPI::MPI_C ${CMAKE_DL_LIBS} ${M_LIB})
 set_target_properties(fs_cudaemu PROPERTIES C_VISIBILITY_PRESET hidden LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
 target_link_options(fs_cudaemu PRIVATE -Wl,--exclude-libs,ALL)
 
@@ -117,4 +118,18 @@ if(NOT FS_FUZZ)
                    $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu> ${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/train)
   set_tests_properties(cuda_emu_fsexec_train PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT}
                        ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache;FS_CUDA_EMU_MEASURE=0")
+  # Pipelines of 2 and 4 stages x 1 and 2 data-parallel ranks, every schedule, fp32 and bf16,
+  # on cuda-emu ranks (NCCL's calls over MPI) against the CPU ranks' run of the same plan.
+  add_test(NAME cuda_emu_pipeline
+           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/pipeline.py $<TARGET_FILE:fsc>
+                   $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu>)
+  set_tests_properties(cuda_emu_pipeline PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77
+                       ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache")
+  # --timeout on cuda-emu ranks: a stopped stage's peer names the hung NCCL send or receive,
+  # its .fsm line and the rank it waits for.
+  add_test(NAME cuda_emu_watchdog
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/watchdog.sh $<TARGET_FILE:fsc> $<TARGET_FILE:fsexec>
+                   $<TARGET_FILE:fs_cudaemu>)
+  set_tests_properties(cuda_emu_watchdog PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT} SKIP_RETURN_CODE 77
+                       ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache")
 endif()

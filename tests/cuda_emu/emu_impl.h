@@ -12,6 +12,7 @@
 #define FS_CUDA_EMU_IMPL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "emu_abi.h"
 #include "plan.h"
@@ -25,6 +26,13 @@ typedef struct {
     char path[1024];      // the .so
     char cpp[1024];       // the translation unit it was compiled from
 } EmuModule;
+
+/* ---- backend.c: elements as cuBLAS (and NCCL) read and write them ------------------- */
+
+/* Element i of an f32, bf16 or f16 array, as f32 (NaN for another dtype). */
+float emu_load(const uint8_t *base, PlanDType t, int64_t i);
+/* v stored as element i, rounded to nearest even (NaN stays NaN). */
+void emu_store(uint8_t *base, PlanDType t, int64_t i, float v);
 
 /* ---- module.c ------------------------------------------------------------------------- */
 

@@ -15,7 +15,9 @@ expf, a different summation order) moves it by 2^-11 (fp16) or 2^-8 (bf16). The 
 weights of bf16 runs get 1e-2: attention on tensor cores (codegen/kernels/flash.cuh)
 rounds its probabilities P and their gradients dS to bf16 (2^-9 relative) for the
 products, as every flash attention does, where the CPU keeps them in f32, and five SGD
-steps with momentum carry that into the weights (3.5e-3 on tiny GPT-2).
+steps with momentum carry that into the weights (3.5e-3 on tiny GPT-2). With offload,
+every step's --log to_host_bytes and to_device_bytes, as the CUDA backend counts its
+copies, are the bytes `fsc --comm` gives for the plan (tests/mpi/offload.py's reading).
 
 usage: train.py FSC FSEXEC LIBFS_CUDAEMU WORKDIR   (/usr/bin/python3 with numpy)
 """
@@ -26,6 +28,9 @@ import subprocess
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mpi"))
+from offload import copies  # noqa: E402  fsc --comm's bytes each way per step
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 TINY = ["-D", "L=2", "-D", "C=32", "-D", "NH=2", "-D", "T=16", "-D", "V=256", "-D", "B=2"]
@@ -101,6 +106,12 @@ def main():
         wtol = BF16_WEIGHTS if "bf16" in fsc_args else tol
         if weights["cuda"].keys() != weights["cpu"].keys() or wdiff > wtol:
             sys.exit("FAIL %s: saved weights differ (worst %.3g of the largest param)" % (name, wdiff))
+        if "--offload" in fsc_args:
+            want = copies(run([fsc, *fsc_args, "--comm", "-q"]))
+            got = {(rec.get("to_host_bytes", 0), rec.get("to_device_bytes", 0)) for rec in logs["cuda"]}
+            if want == (0, 0) or got != {want}:
+                sys.exit("FAIL %s: the CUDA backend counted %s bytes (to the host, to the device) a step; fsc --comm "
+                         "says %s" % (name, sorted(got), want))
         skipped = [l["step"] for l in logs["cuda"] if l.get("skipped")]
         print("ok   %-20s %d steps: loss / norm within %.2g of the CPU's, weights within %.2g%s" %
               (name, STEPS, worst, wdiff, ", skipped steps %s" % skipped if skipped else ""))

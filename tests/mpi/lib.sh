@@ -51,7 +51,8 @@ trap 'for p in $ranks $launcher; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp
 
 # start_training NAME NPROC PLAN [FLAGS...]: NPROC ranks training "forever", under a
 # generous `timeout` so that a regression fails rather than hangs; output in $tmp/NAME.out;
-# true once they train (the log has a line) and all NPROC ranks are seen.
+# true once they train (the log has a line, within $START_TRIES tenths of a second: 300 by
+# default) and all NPROC ranks are seen.
 start_training() {
   local name=$1 n=$2 plan=$3
   shift 3
@@ -59,7 +60,7 @@ start_training() {
   timeout -k 5 120 "$FSEXEC" --nproc "$n" "$plan" --steps 100000000 --threads 1 --log "$tmp/log" \
     --log-every 100000000 "$@" >"$tmp/$name.out" 2>&1 &
   launcher=$!
-  for _ in $(seq 300); do
+  for _ in $(seq "${START_TRIES:-300}"); do
     [ -s "$tmp/log" ] && break
     sleep 0.1
   done

@@ -28,7 +28,6 @@ batch (DESIGN.md invariant 1), and holds what its memory plan says.
 
 usage: pipeline.py FSC FSEXEC   (needs mpirun; uses /usr/bin/python3's numpy and torch)
 """
-import glob
 import json
 import os
 import re
@@ -37,28 +36,13 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
-from models import load_safetensors  # noqa: E402
-from trainrun import STEPS, TRAIN, compare as compare_runs, mpi_main, rel, run  # noqa: E402
+from trainrun import STEPS, TRAIN, compare as compare_runs, load_stages, mpi_main, rel, run  # noqa: E402
 
 TOL = 1e-5
 MODELS = {
     "gpt2": ["-D", "L=8", "-D", "C=32", "-D", "NH=2", "-D", "T=16", "-D", "V=256", "-D", "B=16"],
     "llama": ["-D", "L=4", "-D", "C=32", "-D", "NH=2", "-D", "F=64", "-D", "T=16", "-D", "V=256", "-D", "B=16"],
 }
-
-
-def load_stages(out):
-    """The params of every stage's file (HF's sharded names beside OUT), and for names in
-    more than one file each file's copy."""
-    files = sorted(glob.glob(re.sub(r"\.safetensors$", "", out) + "-*-of-*.safetensors"))
-    if not files:
-        return load_safetensors(out), {}
-    params, copies = {}, {}
-    for f in files:
-        for name, t in load_safetensors(f).items():
-            copies.setdefault(name, []).append(t)
-            params.setdefault(name, t)
-    return params, {n: c for n, c in copies.items() if len(c) > 1}
 
 
 class Runner:

@@ -1,7 +1,9 @@
 """What the multi-rank training tests share (tests/mpi/accumulate.py, pipeline.py): running
 fsc and fsexec, the training settings, and comparing trained params, losses and norms
 against a reference run."""
+import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,21 @@ def run(cmd, ok=True):
     if ok and r.returncode != 0:
         sys.exit("FAIL: %s\n%s" % (" ".join(cmd), r.stdout[-3000:]))
     return r
+
+
+def load_stages(out):
+    """The params of every stage's file (HF's sharded names beside OUT), and for names in
+    more than one file each file's copy."""
+    from models import load_safetensors  # torch: only the tests that read weights pay for it
+    files = sorted(glob.glob(re.sub(r"\.safetensors$", "", out) + "-*-of-*.safetensors"))
+    if not files:
+        return load_safetensors(out), {}
+    params, copies = {}, {}
+    for f in files:
+        for name, t in load_safetensors(f).items():
+            copies.setdefault(name, []).append(t)
+            params.setdefault(name, t)
+    return params, {n: c for n, c in copies.items() if len(c) > 1}
 
 
 def rel(a, b):
