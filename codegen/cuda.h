@@ -109,7 +109,9 @@ char *cu_pout(CuCtx *c, int i, const char *name);
  *   float fs_rn_f16(float v), fs_rn_bf16(float v);  // v rounded through the dtype
  *   bool  fs_isfinite(float x);
  *   float fs_sigmoid(float x), fs_gelu(float x), fs_gelu_grad(float x), fs_silu_grad(float x);
- * the last three the CPU's formulas (tanh-GELU as x sigmoid(2u); runtime/cpu/elementwise.c);
+ *   float fs_gelu_erf(float x), fs_gelu_erf_grad(float x);
+ * the CPU's formulas (tanh-GELU as x sigmoid(2u), exact GELU by erff; runtime/cpu/elementwise.c);
+ * fs_pow and fs_pow_grad, ops/powc.h's text as the CPU compiles it;
  * and fs_philox, fs_dropout_words, fs_dropout_keep, ops/philox.h's text as the CPU compiles it. */
 
 /* ---- codegen/cuda_module.c: helpers every emitter may use (extensions) ------------ */
@@ -162,18 +164,38 @@ int cu_group(CuCtx *c, int first);
 
 /* ---- codegen/cuda_flash.c: attention on tensor cores ---------------------------------- */
 
+/* Where row i of slice s of a tensor starts, elements: s / nh * b + s % nh * h + i * r
+ * (attention's contiguous slices: nh = 1, h = 0; attention_qkv's heads: column ranges). */
+typedef struct {
+    int64_t nh, b, h, r;
+} CuLay;
+
 /* Attention's geometry as its emitters read it from the node: BH query slices of T rows,
- * BH / G kv slices of S rows, head dims D (q, k) and Dv (v). */
+ * BH / G kv slices of S rows, head dims D (q, k) and Dv (v); the layouts, and which of
+ * the node's inputs hold each tensor (attention_qkv: q, k and v are input 0, k from
+ * column koff of its rows and v from voff; dq, dk, dv are output 0 likewise). */
 typedef struct {
     int64_t BH, G, T, S, D, Dv;
     int causal;
     float scale;  // 1 / sqrt(D)
+    CuLay lq, lk, lv, lo;  // q and dq, k and dk, v and dv, o and dO
+    int packed;
+    int64_t koff, voff;
+    int in_o, in_lse, in_dout;  // backward: inputs o, lse, dout (forward: -1)
 } CuAtt;
 /* Whether attention (bwd 0) or attention_bwd (bwd 1) of the current node runs on tensor
  * cores: every tensor 16-bit of one dtype, D = Dv a multiple of 8 up to 128, 16-byte
  * aligned buffers. Then cu_flash_fwd / cu_flash_bwd emit it. Kernels that do their op's
  * FLOPs on tensor cores take a prefix ending in "_tc" (their names contain "_tc_"), which
  * report/kernels.c prices at the tensor-core rate. */
+/* codegen/cuda_attention.c: the kernel parameters of q, k and v (attention's three inputs, or attention_qkv's
+ * one: "qkv"), the arguments they pass to a template (k and v at their columns of qkv), and the ids of those
+ * tensors followed by n `extra` ones into ids (how many). */
+const char *cu_att_params(CuCtx *c, const CuAtt *a);
+const char *cu_att_args(CuCtx *c, const CuAtt *a);
+int cu_att_ids(CuCtx *c, const CuAtt *a, int *ids, const int *extra, int n);
+/* The FsAttLay<...> (codegen/kernels/attn_layout.cuh) of layouts q, k, v, o. */
+char *cu_att_lay(CuCtx *c, const CuLay *q, const CuLay *k, const CuLay *v, const CuLay *o);
 int cu_flash_takes(const CuCtx *c, const CuAtt *a, int bwd);
 int cu_flash_fwd(CuCtx *c, const CuAtt *a);
 int cu_flash_bwd(CuCtx *c, const CuAtt *a);

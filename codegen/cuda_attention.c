@@ -3,13 +3,18 @@
  * the caches with query row i at position pos + i; see the op's rule in ops/shape.c).
  * 16-bit attention and its backward with head dims D = Dv a multiple of 8 up to 128
  * run on tensor cores (codegen/cuda_flash.c, which says exactly what it takes); the
- * rest (fp32 plans, other head dims) runs here: flash attention in f32 on CUDA
- * cores, never a T x S matrix in memory. Semantics are
+ * rest (fp32 plans, other head dims) runs on codegen/kernels/attention_f32.cuh's
+ * templates, launched here: flash attention in f32 on CUDA cores, never a T x S matrix
+ * in memory. Semantics are
  * runtime/cpu/attention.c's:
  *   attention(q [BH, T, D], k [BKV, S, D], v [BKV, S, Dv], causal) -> o [BH, T, Dv] and
  *   lse [BH, T] (f32), the log-sum-exp of each row of scores s = q.k / sqrt(D); under
  *   causal (T == S) query i sees keys j <= i. Grouped-query attention: G = BH / BKV
  *   query slices in a row share kv slice bh / G.
+ * attention_qkv(qkv, nh, nkv, causal) and its backward run the same kernels with the heads
+ * read as column ranges of the QKV projection's rows (CuAtt's layouts; passes/packed_attn.c):
+ * every address is a layout's (FsAttLay, codegen/kernels/attn_layout.cuh), and q, k, v (dq,
+ * dk, dv) are one tensor at three column offsets.
  * 16-bit tensors are loaded as f32 into shared memory; every product, sum and softmax
  * is f32; each output is rounded once.
  *
@@ -54,6 +59,8 @@ enum { FWD_THREADS = 128, BWD_THREADS = 256, KEYS = 32, DECODE_WARPS = 8 };
 /* The geometry both directions read from the node (cuda.h). */
 typedef CuAtt Att;
 
+static CuLay dense(int64_t rows, int64_t width) { return (CuLay){1, rows * width, 0, width}; }
+
 /* q, k, v: inputs 0, 1, 2; kk: k's and v's input indices (attention_decode: the caches). */
 static int att_geometry(CuCtx *c, const char *op, Att *a, int kk, int vv)
 {
@@ -71,7 +78,52 @@ static int att_geometry(CuCtx *c, const char *op, Att *a, int kk, int vv)
     a->causal = kk != 1 || ir_attr_int(c->g, cu_node(c), "causal", 0) != 0;
     a->scale = 1.0f / sqrtf((float)a->D);
     if (a->T > (1 << 30) || a->S > (1 << 30)) return cu_fail(c, "%s: sequences longer than 2^30", op);
+    a->lq = dense(a->T, a->D), a->lk = dense(a->S, a->D), a->lv = dense(a->S, a->Dv), a->lo = dense(a->T, a->Dv);
+    a->packed = 0, a->koff = a->voff = 0;
+    a->in_o = 3, a->in_lse = 4, a->in_dout = 5;
     return 0;
+}
+
+/* attention_qkv's (and its backward's) geometry: qkv [..., T, (nh + 2 nkv) D] is input 0; bwd: o, lse, dout
+ * are inputs 1, 2, 3. */
+static int packed_geometry(CuCtx *c, const char *op, Att *a, int bwd)
+{
+    const Value *x = cu_inv(c, 0);
+    int64_t nh = ir_attr_int(c->g, cu_node(c), "nh", 1), nkv = ir_attr_int(c->g, cu_node(c), "nkv", 1);
+    int64_t T = x->shape[x->rank - 2], W = x->shape[x->rank - 1], D = W / (nh + 2 * nkv);
+    if (!dtype_is_float(x->dtype) || nh < 1 || nkv < 1 || nh % nkv || W % (nh + 2 * nkv))
+        return cu_fail(c, "%s: float qkv of nh + 2 nkv heads only", op);
+    if (T > (1 << 30)) return cu_fail(c, "%s: sequences longer than 2^30", op);
+    *a = (Att){.BH = ir_numel(x) / W / T * nh, .G = nh / nkv, .T = T, .S = T, .D = D, .Dv = D,
+               .causal = ir_attr_int(c->g, cu_node(c), "causal", 0) != 0, .scale = 1.0f / sqrtf((float)D)};
+    a->lq = (CuLay){nh, T * W, D, W}, a->lk = a->lv = (CuLay){nkv, T * W, D, W};
+    a->lo = (CuLay){nh, T * nh * D, D, nh * D};
+    a->packed = 1, a->koff = nh * D, a->voff = (nh + nkv) * D;
+    a->in_o = bwd ? 1 : -1, a->in_lse = bwd ? 2 : -1, a->in_dout = bwd ? 3 : -1;
+    return 0;
+}
+
+/* The node input that holds q (0), k (1) or v (2). */
+static int qkv_in(const Att *a, int i) { return a->packed ? 0 : i; }
+
+const char *cu_att_params(CuCtx *c, const CuAtt *a)
+{
+    if (a->packed) return cu_pin(c, 0, "qkv");
+    return cu_fmt(c, "%s, %s, %s", cu_pin(c, 0, "q"), cu_pin(c, 1, "k"), cu_pin(c, 2, "v"));
+}
+
+const char *cu_att_args(CuCtx *c, const CuAtt *a)
+{
+    if (a->packed) return cu_fmt(c, "qkv, qkv + %lld, qkv + %lld", (long long)a->koff, (long long)a->voff);
+    return "q, k, v";
+}
+
+int cu_att_ids(CuCtx *c, const CuAtt *a, int *ids, const int *extra, int n)
+{
+    int k = 0;
+    for (int i = 0; i < (a->packed ? 1 : 3); i++) ids[k++] = cu_in_id(c, i);
+    for (int i = 0; i < n; i++) ids[k++] = extra[i];
+    return k;
 }
 
 static int att_shape(CuCtx *c, const char *op, Att *a)
@@ -86,16 +138,12 @@ static int64_t odd(int64_t n) { return n | 1; }
 /* The forward's kv tile pitch: K rows at odd(D), V rows at Dv, in one buffer. */
 static int64_t kv_pitch(const Att *a) { return odd(a->D) > a->Dv ? odd(a->D) : a->Dv; }
 
-/* The geometry every kernel states first. */
-static char *consts(CuCtx *c, const Att *a)
+/* The template arguments both directions' kernels start with: the dtypes of q, k, v and o, then the geometry. */
+static char *targs(CuCtx *c, const Att *a)
 {
-    return cu_fmt(c,
-                  "    constexpr int T = %lld, S = %lld, D = %lld, DV = %lld, G = %lld;\n"
-                  "    constexpr bool CAUSAL = %s;\n"
-                  "    constexpr float SCALE = %s;\n",
-                  (long long)a->T, (long long)a->S, (long long)a->D, (long long)a->Dv, (long long)a->G,
-                  a->causal ? "true" : "false",
-                  cu_float(c, a->scale));
+    return cu_fmt(c, "%s, %s, %s, %s, %lld, %lld, %lld, %lld, %lld, %s", cu_tin(c, 0), cu_tin(c, qkv_in(a, 1)),
+                  cu_tin(c, qkv_in(a, 2)), a->in_o >= 0 ? cu_tin(c, a->in_o) : cu_tout(c, 0), (long long)a->T,
+                  (long long)a->S, (long long)a->D, (long long)a->Dv, (long long)a->G, a->causal ? "true" : "false");
 }
 
 /* ---- forward ------------------------------------------------------------------------ */
@@ -106,133 +154,47 @@ static int64_t fwd_smem(const Att *a, int rpw)
     return 4 * (bq * a->D + KEYS * kv_pitch(a) + bq * KEYS);
 }
 
-/* s[g] += q row g . k row lane, for the D elements: float4 reads of q when they align. */
-static const char *score_loop(CuCtx *c, const Att *a)
+/* The forward kernel (attention_f32.cuh's fs_attf_fwd): attention's (q, k, v) -> (o, lse). */
+static int fwd_kernel(CuCtx *c, const Att *a)
 {
-    if (a->D % 4)
-        return "        for (int d = 0; d < D; d++) {\n"
-               "            const float kd = kv[lane * KP + d];\n"
-               "#pragma unroll\n"
-               "            for (int g = 0; g < RPW; g++) s[g] += qs[(warp + 4 * g) * D + d] * kd;\n"
-               "        }\n";
-    return "        for (int d = 0; d < D; d += 4) {\n"
-           "            const float k0 = kv[lane * KP + d], k1 = kv[lane * KP + d + 1];\n"
-           "            const float k2 = kv[lane * KP + d + 2], k3 = kv[lane * KP + d + 3];\n"
-           "#pragma unroll\n"
-           "            for (int g = 0; g < RPW; g++) {\n"
-           "                const float4 qv = *reinterpret_cast<const float4 *>(&qs[(warp + 4 * g) * D + d]);\n"
-           "                s[g] += qv.x * k0;\n"
-           "                s[g] += qv.y * k1;\n"
-           "                s[g] += qv.z * k2;\n"
-           "                s[g] += qv.w * k3;\n"
-           "            }\n"
-           "        }\n";
-}
-
-/* The forward kernel: attention's (q, k, v) -> (o, lse). */
-static int fwd_kernel(CuCtx *c, const Att *a0)
-{
-    Att a = *a0;
-    const char *op = "attention";
-    int rpw = 8, cpl = (int)cu_cdiv(a.Dv, 32);
-    while (rpw > 1 && (fwd_smem(&a, rpw) > SMEM_MAX || rpw * cpl > 64)) rpw /= 2;
-    if (fwd_smem(&a, rpw) > SMEM_MAX || rpw * cpl > 64)
+    const char *op = op_name(cu_node(c)->op);
+    int rpw = 8, cpl = (int)cu_cdiv(a->Dv, 32);
+    while (rpw > 1 && (fwd_smem(a, rpw) > SMEM_MAX || rpw * cpl > 64)) rpw /= 2;
+    if (fwd_smem(a, rpw) > SMEM_MAX || rpw * cpl > 64)
         return cu_fail(c, "%s: head dims D = %lld, Dv = %lld need %lld bytes of shared memory per block, over the %d the "
                           "CUDA kernels use (D, Dv up to about 300 fit)",
-                       op, (long long)a.D, (long long)a.Dv, (long long)fwd_smem(&a, rpw), SMEM_MAX);
-    int64_t nqt = cu_cdiv(a.T, 4 * rpw);
-    const char *src = cu_fmt(c,
-        "extern \"C\" __global__ void __launch_bounds__(128) KNAME(const %s *__restrict__ q, const %s *__restrict__ k, "
-        "const %s *__restrict__ v, %s *__restrict__ o, float *__restrict__ lse)\n"
-        "{\n"
-        "%s"
-        "    constexpr int RPW = %d, BQ = 4 * RPW, CPL = %d, KP = %lld, NQT = %lld;\n"
-        "    __shared__ __align__(16) float qs[BQ * D];\n"
-        "    __shared__ float kv[32 * %lld];\n"
-        "    __shared__ float ps[BQ * 32];\n"
-        "    const int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n"
-        "    const long long bh = blockIdx.x / NQT, bkv = bh / G;\n"
-        "    const int i0 = (NQT - 1 - (int)(blockIdx.x %% NQT)) * BQ;\n"
-        "    for (int e = threadIdx.x; e < BQ * D; e += 128) qs[e] = i0 + e / D < T ? ld(q, (bh * T + i0) * D + e) : 0.f;\n"
-        "    float m[RPW], l[RPW], acc[RPW][CPL];\n"
-        "#pragma unroll\n"
-        "    for (int g = 0; g < RPW; g++) {\n"
-        "        m[g] = __int_as_float(0xff800000u), l[g] = 0.f;\n"
-        "#pragma unroll\n"
-        "        for (int cc = 0; cc < CPL; cc++) acc[g][cc] = 0.f;\n"
-        "    }\n"
-        "    const int jend = CAUSAL ? min(S, i0 + BQ) : S;\n"
-        "    for (int j0 = 0; j0 < jend; j0 += 32) {\n"
-        "        __syncthreads();  // the last tile's readers of kv and ps are done; qs is in\n"
-        "        for (int e = threadIdx.x; e < 32 * D; e += 128) {\n"
-        "            const int j = e / D, d = e %% D;\n"
-        "            kv[j * KP + d] = j0 + j < S ? ld(k, (bkv * S + j0 + j) * D + d) : 0.f;\n"
-        "        }\n"
-        "        __syncthreads();\n"
-        "        float s[RPW];\n"
-        "#pragma unroll\n"
-        "        for (int g = 0; g < RPW; g++) s[g] = 0.f;\n"
-        "%s"
-        "        const int j = j0 + lane;\n"
-        "#pragma unroll\n"
-        "        for (int g = 0; g < RPW; g++) {\n"
-        "            const int i = i0 + warp + 4 * g;\n"
-        "            const bool vis = j < S && (!CAUSAL || j <= i);\n"
-        "            const float x = vis ? s[g] * SCALE : __int_as_float(0xff800000u);\n"
-        "            const float mx = fmaxf(m[g], fs_warp_max(x));\n"
-        "            const float corr = m[g] == mx ? 1.0f : expf(m[g] - mx);\n"
-        "            const float p = vis ? expf(x - mx) : 0.f;\n"
-        "            l[g] = l[g] * corr + fs_warp_sum(p);\n"
-        "            m[g] = mx;\n"
-        "#pragma unroll\n"
-        "            for (int cc = 0; cc < CPL; cc++) acc[g][cc] *= corr;\n"
-        "            ps[(warp + 4 * g) * 32 + lane] = p;\n"
-        "        }\n"
-        "        __syncthreads();  // every score read K\n"
-        "        for (int e = threadIdx.x; e < 32 * DV; e += 128) {\n"
-        "            const int j = e / DV, cc = e %% DV;\n"
-        "            kv[j * DV + cc] = j0 + j < S ? ld(v, (bkv * S + j0 + j) * DV + cc) : 0.f;\n"
-        "        }\n"
-        "        __syncthreads();\n"
-        "        for (int jj = 0; jj < 32; jj++) {\n"
-        "            float vv[CPL];\n"
-        "#pragma unroll\n"
-        "            for (int cc = 0; cc < CPL; cc++) vv[cc] = lane + 32 * cc < DV ? kv[jj * DV + lane + 32 * cc] : 0.f;\n"
-        "#pragma unroll\n"
-        "            for (int g = 0; g < RPW; g++) {\n"
-        "                const float p = ps[(warp + 4 * g) * 32 + jj];\n"
-        "#pragma unroll\n"
-        "                for (int cc = 0; cc < CPL; cc++) acc[g][cc] += p * vv[cc];\n"
-        "            }\n"
-        "        }\n"
-        "    }\n"
-        "#pragma unroll\n"
-        "    for (int g = 0; g < RPW; g++) {\n"
-        "        const int i = i0 + warp + 4 * g;\n"
-        "        if (i >= T) continue;\n"
-        "        const float inv = 1.0f / l[g];\n"
-        "#pragma unroll\n"
-        "        for (int cc = 0; cc < CPL; cc++)\n"
-        "            if (lane + 32 * cc < DV) st(o, (bh * T + i) * DV + lane + 32 * cc, acc[g][cc] * inv);\n"
-        "        if (lane == 0) lse[bh * T + i] = m[g] + logf(l[g]);\n"
-        "    }\n"
-        "}\n",
-        cu_tin(c, 0), cu_tin(c, 1), cu_tin(c, 2), cu_tout(c, 0), consts(c, &a), rpw, cpl, (long long)odd(a.D),
-        (long long)nqt, (long long)kv_pitch(&a), score_loop(c, &a));
+                       op, (long long)a->D, (long long)a->Dv, (long long)fwd_smem(a, rpw), SMEM_MAX);
+    cu_use(c, "attention_f32.cuh");
+    const char *params = cu_fmt(c, "%s, %s, %s", cu_att_params(c, a), cu_pout(c, 0, "o"), cu_pout(c, 1, "lse"));
+    const char *src = cu_kernel(c, FWD_THREADS, params,
+                                cu_fmt(c, "fs_attf_fwd<%s, %d, %s>(%s, o, lse, %s)", targs(c, a), rpw,
+                                       cu_att_lay(c, &a->lq, &a->lk, &a->lv, &a->lo), cu_att_args(c, a),
+                                       cu_float(c, a->scale)));
     CuDim grid;
-    if (cu_grid1(c, a.BH * nqt, &grid)) return -1;
-    return cu_launch(c, op, src, grid, (CuDim){FWD_THREADS, 1, 1}, 0,
-                     (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 0), cu_out_id(c, 1)}, 5);
+    if (cu_grid1(c, a->BH * cu_cdiv(a->T, 4 * rpw), &grid)) return -1;
+    int ids[5], n = cu_att_ids(c, a, ids, (int[]){cu_out_id(c, 0), cu_out_id(c, 1)}, 2);
+    return cu_launch(c, op, src, grid, (CuDim){FWD_THREADS, 1, 1}, 0, ids, n);
+}
+
+static int forward(CuCtx *c, const Att *a, const char *op)
+{
+    if (cu_outv(c, 1)->dtype != DT_F32) return cu_fail(c, "%s: lse must be f32", op);
+    if (cu_flash_takes(c, a, 0)) return cu_flash_fwd(c, a);
+    return fwd_kernel(c, a);
 }
 
 /* attention(q, k, v, causal) -> o, lse */
 int cuda_attention(CuCtx *c)
 {
-    Att a;
-    if (att_shape(c, "attention", &a)) return -1;
-    if (cu_outv(c, 1)->dtype != DT_F32) return cu_fail(c, "attention: lse must be f32");
-    if (cu_flash_takes(c, &a, 0)) return cu_flash_fwd(c, &a);
-    return fwd_kernel(c, &a);
+    Att a = {0};
+    return att_shape(c, "attention", &a) || forward(c, &a, "attention") ? -1 : 0;
+}
+
+/* attention_qkv(qkv, nh, nkv, causal) -> o, lse */
+int cuda_attention_qkv(CuCtx *c)
+{
+    Att a = {0};
+    return packed_geometry(c, "attention_qkv", &a, 0) || forward(c, &a, "attention_qkv") ? -1 : 0;
 }
 
 /* attention_decode(q, k, v, kcache, vcache, pos) -> o: k's and v's rows into the caches
@@ -241,7 +203,7 @@ int cuda_attention(CuCtx *c)
  * warps per query row. */
 int cuda_attention_decode(CuCtx *c)
 {
-    Att a;
+    Att a = {0};
     if (att_geometry(c, "attention_decode", &a, 3, 4)) return -1;
     if (cu_inv(c, 5)->dtype != DT_I32) return cu_fail(c, "attention_decode: an i32 pos only");
     int64_t bkv = a.BH / a.G, nk = bkv * a.T * a.D, nv = bkv * a.T * a.Dv;
@@ -282,188 +244,57 @@ static int64_t bwd_smem(const Att *a, int tb)
     return 4 * (tb * (2 * odd(a->D) + 2 * odd(a->Dv)) + 2 * tb * tb + 2 * tb);
 }
 
-/* Shared tiles, the geometry, and the loaders both backward kernels use:
- *   load_q(i0): qs, dos (pitches QP, OP), ls = lse and dr = rowsum(dO * O) of query
- *     tile i0, zero past T; ends synchronized.
- *   load_kv(j0): ks, vs (pitches KP, VP) of key tile j0, zero past S.
- *   scores(i0, j0): dss = dS (and, for dK and dV, ps = P) of the tile pair, TB x TB,
- *     row = query. */
-static char *bwd_common(CuCtx *c, const Att *a, int tb, int dkdv)
+/* Kernel 1 (dK, dV over key tiles) or kernel 2 (dQ over query tiles) of attention_f32.cuh's backward. */
+static int emit_bwd(CuCtx *c, const Att *a, int tb, int dkdv)
 {
-    return cu_fmt(c,
-        "%s"
-        "    constexpr int TB = %d, QP = %lld, KP = QP, OP = %lld, VP = OP;\n"
-        "%s"
-        "    __shared__ float qs[TB * QP], dos[TB * OP], ks[TB * KP], vs[TB * VP];\n"
-        "    __shared__ float %sdss[TB * TB], ls[TB], dr[TB];\n"
-        "    const int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n"
-        "    auto load_q = [&](long long bh, int i0) {\n"
-        "        for (int e = threadIdx.x; e < TB * D; e += 256) {\n"
-        "            const int r = e / D, d = e %% D;\n"
-        "            qs[r * QP + d] = i0 + r < T ? ld(q, (bh * T + i0 + r) * D + d) : 0.f;\n"
-        "        }\n"
-        "        for (int e = threadIdx.x; e < TB * DV; e += 256) {\n"
-        "            const int r = e / DV, cc = e %% DV;\n"
-        "            dos[r * OP + cc] = i0 + r < T ? ld(dout, (bh * T + i0 + r) * DV + cc) : 0.f;\n"
-        "        }\n"
-        "        if (threadIdx.x < TB) ls[threadIdx.x] = i0 + (int)threadIdx.x < T ? lse[bh * T + i0 + threadIdx.x] : 0.f;\n"
-        "        __syncthreads();\n"
-        "        for (int r = warp; r < TB; r += 8) {\n"
-        "            float x = 0.f;\n"
-        "            if (i0 + r < T)\n"
-        "                for (int cc = lane; cc < DV; cc += 32) x += dos[r * OP + cc] * ld(o, (bh * T + i0 + r) * DV + cc);\n"
-        "            x = fs_warp_sum(x);\n"
-        "            if (lane == 0) dr[r] = x;\n"
-        "        }\n"
-        "        __syncthreads();\n"
-        "    };\n"
-        "    auto load_kv = [&](long long bkv, int j0) {  // kv slice bkv\n"
-        "        for (int e = threadIdx.x; e < TB * D; e += 256) {\n"
-        "            const int j = e / D, d = e %% D;\n"
-        "            ks[j * KP + d] = j0 + j < S ? ld(k, (bkv * S + j0 + j) * D + d) : 0.f;\n"
-        "        }\n"
-        "        for (int e = threadIdx.x; e < TB * DV; e += 256) {\n"
-        "            const int j = e / DV, cc = e %% DV;\n"
-        "            vs[j * VP + cc] = j0 + j < S ? ld(v, (bkv * S + j0 + j) * DV + cc) : 0.f;\n"
-        "        }\n"
-        "    };\n"
-        "    auto scores = [&](int i0, int j0) {\n"
-        "        for (int e = threadIdx.x; e < TB * TB; e += 256) {\n"
-        "            const int r = e / TB, j = e %% TB, i = i0 + r, jj = j0 + j;\n"
-        "            float s = 0.f, dp = 0.f;\n"
-        "            for (int d = 0; d < D; d++) s += qs[r * QP + d] * ks[j * KP + d];\n"
-        "            for (int cc = 0; cc < DV; cc++) dp += dos[r * OP + cc] * vs[j * VP + cc];\n"
-        "            const bool vis = i < T && jj < S && (!CAUSAL || jj <= i);\n"
-        "            const float p = vis ? expf(s * SCALE - ls[r]) : 0.f;\n"
-        "%s"
-        "            dss[e] = vis ? p * (dp - dr[r]) : 0.f;\n"
-        "        }\n"
-        "    };\n",
-        consts(c, a), tb, (long long)odd(a->D), (long long)odd(a->Dv),
-        dkdv ? "    constexpr int NKT = (S + TB - 1) / TB, UK = (TB * D + 255) / 256, UV = (TB * DV + 255) / 256;\n"
-             : "    constexpr int NQT = (T + TB - 1) / TB, UK = (TB * D + 255) / 256;\n",
-        dkdv ? "ps[TB * TB], " : "", dkdv ? "            ps[e] = p;\n" : "");
+    const char *ins = cu_fmt(c, "%s, %s, const float *__restrict__ lse, %s", cu_att_params(c, a),
+                             cu_pin(c, a->in_o, "o"), cu_pin(c, a->in_dout, "dout"));
+    int extra[4] = {cu_in_id(c, a->in_o), cu_in_id(c, a->in_lse), cu_in_id(c, a->in_dout), cu_out_id(c, 0)}, ids[9];
+    const char *outs, *args;  // attention_qkv: dq, dk and dv are columns of one output, dqkv
+    if (a->packed) {
+        outs = cu_pout(c, 0, "dqkv");
+        args = dkdv ? cu_fmt(c, "dqkv + %lld, dqkv + %lld", (long long)a->koff, (long long)a->voff) : "dqkv";
+    } else if (dkdv) {
+        outs = cu_fmt(c, "%s, %s", cu_pout(c, 1, "dk"), cu_pout(c, 2, "dv")), args = "dk, dv";
+        extra[3] = cu_out_id(c, 1);
+    } else {
+        outs = cu_pout(c, 0, "dq"), args = "dq";
+    }
+    int n = cu_att_ids(c, a, ids, extra, 4);
+    if (dkdv && !a->packed) ids[n++] = cu_out_id(c, 2);
+    const char *src = cu_kernel(c, BWD_THREADS, cu_fmt(c, "%s, %s", ins, outs),
+                                cu_fmt(c, "fs_attf_%s<%s, %d, %s>(%s, o, lse, dout, %s, %s)", dkdv ? "dkdv" : "dq",
+                                       targs(c, a), tb, cu_att_lay(c, &a->lq, &a->lk, &a->lv, &a->lo),
+                                       cu_att_args(c, a), args, cu_float(c, a->scale)));
+    CuDim grid;
+    if (cu_grid1(c, dkdv ? a->BH / a->G * cu_cdiv(a->S, tb) : a->BH * cu_cdiv(a->T, tb), &grid)) return -1;
+    return cu_launch(c, "attention_bwd", src, grid, (CuDim){BWD_THREADS, 1, 1}, 0, ids, n);
 }
 
-/* Kernel 1: dK and dV of one key tile of one kv slice, over the query tiles that see it
- * in each of the slice's G query slices. */
-static int emit_dkdv(CuCtx *c, const Att *a, int tb, const char *sig, const int *args)
+static int backward(CuCtx *c, const Att *a0)
 {
-    const char *src = cu_fmt(c,
-        "%s"
-        "{\n"
-        "%s"
-        "    const long long bkv = blockIdx.x / NKT;\n"
-        "    const int j0 = (int)(blockIdx.x %% NKT) * TB;\n"
-        "    float ak[UK], av[UV];\n"
-        "#pragma unroll\n"
-        "    for (int u = 0; u < UK; u++) ak[u] = 0.f;\n"
-        "#pragma unroll\n"
-        "    for (int u = 0; u < UV; u++) av[u] = 0.f;\n"
-        "    load_kv(bkv, j0);\n"
-        "    for (long long bh = bkv * G; bh < (bkv + 1) * G; bh++)\n"
-        "    for (int i0 = CAUSAL ? j0 : 0; i0 < T; i0 += TB) {\n"
-        "        __syncthreads();  // the last tile's readers of qs, dos, ps, dss are done\n"
-        "        load_q(bh, i0);\n"
-        "        scores(i0, j0);\n"
-        "        __syncthreads();\n"
-        "#pragma unroll\n"
-        "        for (int u = 0; u < UK; u++) {\n"
-        "            const int e = threadIdx.x + 256 * u, j = e / D, d = e %% D;\n"
-        "            float x = 0.f;\n"
-        "            if (e < TB * D)\n"
-        "                for (int r = 0; r < TB; r++) x += dss[r * TB + j] * qs[r * QP + d];\n"
-        "            ak[u] += x;\n"
-        "        }\n"
-        "#pragma unroll\n"
-        "        for (int u = 0; u < UV; u++) {\n"
-        "            const int e = threadIdx.x + 256 * u, j = e / DV, cc = e %% DV;\n"
-        "            float x = 0.f;\n"
-        "            if (e < TB * DV)\n"
-        "                for (int r = 0; r < TB; r++) x += ps[r * TB + j] * dos[r * OP + cc];\n"
-        "            av[u] += x;\n"
-        "        }\n"
-        "    }\n"
-        "#pragma unroll\n"
-        "    for (int u = 0; u < UK; u++) {\n"
-        "        const int e = threadIdx.x + 256 * u, j = e / D, d = e %% D;\n"
-        "        if (e < TB * D && j0 + j < S) st(dk, (bkv * S + j0 + j) * D + d, ak[u] * SCALE);\n"
-        "    }\n"
-        "#pragma unroll\n"
-        "    for (int u = 0; u < UV; u++) {\n"
-        "        const int e = threadIdx.x + 256 * u, j = e / DV, cc = e %% DV;\n"
-        "        if (e < TB * DV && j0 + j < S) st(dv, (bkv * S + j0 + j) * DV + cc, av[u]);\n"
-        "    }\n"
-        "}\n",
-        sig, bwd_common(c, a, tb, 1));
-    CuDim grid;
-    if (cu_grid1(c, a->BH / a->G * cu_cdiv(a->S, tb), &grid)) return -1;
-    return cu_launch(c, "attention_bwd", src, grid, (CuDim){BWD_THREADS, 1, 1}, 0, args, 9);
-}
-
-/* Kernel 2: dQ of one query tile, over the key tiles it sees; longest first. */
-static int emit_dq(CuCtx *c, const Att *a, int tb, const char *sig, const int *args)
-{
-    const char *src = cu_fmt(c,
-        "%s"
-        "{\n"
-        "%s"
-        "    const long long bh = blockIdx.x / NQT;\n"
-        "    const int i0 = (NQT - 1 - (int)(blockIdx.x %% NQT)) * TB;\n"
-        "    float aq[UK];\n"
-        "#pragma unroll\n"
-        "    for (int u = 0; u < UK; u++) aq[u] = 0.f;\n"
-        "    load_q(bh, i0);\n"
-        "    const int jend = CAUSAL ? min(S, i0 + TB) : S;\n"
-        "    for (int j0 = 0; j0 < jend; j0 += TB) {\n"
-        "        __syncthreads();  // the last tile's readers of ks, vs, dss are done\n"
-        "        load_kv(bh / G, j0);\n"
-        "        __syncthreads();\n"
-        "        scores(i0, j0);\n"
-        "        __syncthreads();\n"
-        "#pragma unroll\n"
-        "        for (int u = 0; u < UK; u++) {\n"
-        "            const int e = threadIdx.x + 256 * u, r = e / D, d = e %% D;\n"
-        "            float x = 0.f;\n"
-        "            if (e < TB * D)\n"
-        "                for (int j = 0; j < TB; j++) x += dss[r * TB + j] * ks[j * KP + d];\n"
-        "            aq[u] += x;\n"
-        "        }\n"
-        "    }\n"
-        "#pragma unroll\n"
-        "    for (int u = 0; u < UK; u++) {\n"
-        "        const int e = threadIdx.x + 256 * u, r = e / D, d = e %% D;\n"
-        "        if (e < TB * D && i0 + r < T) st(dq, (bh * T + i0 + r) * D + d, aq[u] * SCALE);\n"
-        "    }\n"
-        "}\n",
-        sig, bwd_common(c, a, tb, 0));
-    CuDim grid;
-    if (cu_grid1(c, a->BH * cu_cdiv(a->T, tb), &grid)) return -1;
-    return cu_launch(c, "attention_bwd", src, grid, (CuDim){BWD_THREADS, 1, 1}, 0, args, 9);
+    Att a = *a0;
+    if (cu_inv(c, a.in_lse)->dtype != DT_F32) return cu_fail(c, "%s: lse must be f32", op_name(cu_node(c)->op));
+    if (cu_flash_takes(c, &a, 1)) return cu_flash_bwd(c, &a);
+    int tb = 32;
+    while (tb > 4 && (bwd_smem(&a, tb) > SMEM_MAX || tb * (a.D + a.Dv) > 64 * BWD_THREADS)) tb /= 2;
+    if (bwd_smem(&a, tb) > SMEM_MAX)
+        return cu_fail(c, "%s: head dims D = %lld, Dv = %lld need %lld bytes of shared memory per block, over the %d the "
+                          "CUDA kernels use (D, Dv up to about 300 fit)",
+                       op_name(cu_node(c)->op), (long long)a.D, (long long)a.Dv, (long long)bwd_smem(&a, tb), SMEM_MAX);
+    return emit_bwd(c, &a, tb, 1) || emit_bwd(c, &a, tb, 0) ? -1 : 0;
 }
 
 /* attention_bwd(q, k, v, o, lse, dout, causal) -> dq, dk, dv */
 int cuda_attention_bwd(CuCtx *c)
 {
-    Att a;
-    if (att_shape(c, "attention_bwd", &a)) return -1;
-    if (cu_inv(c, 4)->dtype != DT_F32) return cu_fail(c, "attention_bwd: lse must be f32");
-    if (cu_flash_takes(c, &a, 1)) return cu_flash_bwd(c, &a);
-    int tb = 32;
-    while (tb > 4 && (bwd_smem(&a, tb) > SMEM_MAX || tb * (a.D + a.Dv) > 64 * BWD_THREADS)) tb /= 2;
-    if (bwd_smem(&a, tb) > SMEM_MAX)
-        return cu_fail(c, "attention_bwd: head dims D = %lld, Dv = %lld need %lld bytes of shared memory per block, over the %d "
-                          "the CUDA kernels use (D, Dv up to about 300 fit)",
-                       (long long)a.D, (long long)a.Dv, (long long)bwd_smem(&a, tb), SMEM_MAX);
-    // both kernels take every tensor, so that their text shares one signature
-    const char *sig = cu_fmt(c,
-        "extern \"C\" __global__ void __launch_bounds__(256) KNAME(const %s *__restrict__ q, const %s *__restrict__ k, "
-        "const %s *__restrict__ v, const %s *__restrict__ o, const float *__restrict__ lse, const %s *__restrict__ dout, "
-        "%s *__restrict__ dq, %s *__restrict__ dk, %s *__restrict__ dv)\n",
-        cu_tin(c, 0), cu_tin(c, 1), cu_tin(c, 2), cu_tin(c, 3), cu_tin(c, 5), cu_tout(c, 0), cu_tout(c, 1), cu_tout(c, 2));
-    int args[9];
-    for (int i = 0; i < 6; i++) args[i] = cu_in_id(c, i);
-    for (int i = 0; i < 3; i++) args[6 + i] = cu_out_id(c, i);
-    if (emit_dkdv(c, &a, tb, sig, args)) return -1;
-    return emit_dq(c, &a, tb, sig, args);
+    Att a = {0};
+    return att_shape(c, "attention_bwd", &a) || backward(c, &a) ? -1 : 0;
+}
+
+/* attention_qkv_bwd(qkv, o, lse, dout, nh, nkv, causal) -> dqkv */
+int cuda_attention_qkv_bwd(CuCtx *c)
+{
+    Att a = {0};
+    return packed_geometry(c, "attention_qkv_bwd", &a, 1) || backward(c, &a) ? -1 : 0;
 }

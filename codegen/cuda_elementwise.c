@@ -1,5 +1,5 @@
 /* codegen/cuda_elementwise.c: the CUDA emitters of the elementwise ops (OPF_ELEMWISE:
- * add sub mul div neg exp log sqrt rsqrt tanh sigmoid relu gelu silu cast and the
+ * add sub mul div neg exp log sqrt rsqrt tanh sigmoid relu gelu silu cast pow and the
  * unary ops' backward), alone or as a fused group (passes/fuse.c).
  *
  * Both are one kernel of the same form: a grid-stride loop over the elements of the
@@ -49,10 +49,31 @@ static const struct {
     {OP_rsqrt_bwd, "-0.5f * v * u * u * u", NULL},
 };
 
-static const char *expr_of(OpKind op, DType dt)
+/* The f32 values of ops that depend on an attribute, looked up before EXPRS: a flag's row
+ * is the op's when the flag is set (gelu's exact form); a float's value fills the row's %s
+ * (pow's exponent, a constant of the kernel). */
+static const struct {
+    OpKind op;
+    const char *f32, *attr;
+} ATTR_EXPRS[] = {
+    {OP_gelu, "fs_gelu_erf(u)", "exact"},
+    {OP_gelu_bwd, "v * fs_gelu_erf_grad(u)", "exact"},
+    {OP_pow, "fs_pow(u, %s)", "p"},
+    {OP_pow_bwd, "v * fs_pow_grad(u, %s)", "p"},
+};
+
+static const char *expr_of(CuCtx *c, const Node *n, DType dt)
 {
+    const OpInfo *info = op_info(n->op);
+    for (size_t i = 0; i < sizeof ATTR_EXPRS / sizeof *ATTR_EXPRS && dt != DT_I32; i++) {
+        const char *a = ATTR_EXPRS[i].attr;
+        if (ATTR_EXPRS[i].op != n->op) continue;
+        if (info->params[op_param_index(info, a)].kind != ARG_FLAG)
+            return cu_fmt(c, ATTR_EXPRS[i].f32, cu_float(c, (float)ir_attr_float(c->g, n, a, 0)));
+        if (ir_attr_int(c->g, n, a, 0)) return ATTR_EXPRS[i].f32;
+    }
     for (size_t i = 0; i < sizeof EXPRS / sizeof *EXPRS; i++)
-        if (EXPRS[i].op == op) return dt == DT_I32 ? EXPRS[i].i32 : EXPRS[i].f32;
+        if (EXPRS[i].op == n->op) return dt == DT_I32 ? EXPRS[i].i32 : EXPRS[i].f32;
     return NULL;
 }
 
@@ -126,7 +147,7 @@ static int member_line(CuCtx *c, const Chain *ch, int n, CuText *body)
     const Node *node = ir_node(c->g, n);
     const Value *out = ir_value(c->g, ir_out(c->g, node, 0));
     DType dt = node->op == OP_cast ? ir_value(c->g, ir_in(c->g, node, 0))->dtype : out->dtype;
-    const char *e = expr_of(node->op, dt);
+    const char *e = expr_of(c, node, dt);
     if (!e) return cu_fail(c, "no CUDA expression for %s on %s", op_name(node->op), dtype_name(dt));
     const char *type = dt == DT_I32 ? "int" : "float", *rn = cu_rn(out->dtype);
     cu_text_add(body, "        %s t%d;\n        {\n            const %s u = %s", type, n - ch->first, type,
@@ -201,3 +222,5 @@ ELEMWISE(tanh_bwd)
 ELEMWISE(sigmoid_bwd)
 ELEMWISE(sqrt_bwd)
 ELEMWISE(rsqrt_bwd)
+ELEMWISE(pow)
+ELEMWISE(pow_bwd)

@@ -14,8 +14,9 @@
  * (L2-resident: the indices are small), plus dy once. embedding_bwd_into(acc, idx, dy)
  * is the same kernel starting from acc's elements (its output lies on acc) instead of 0.
  *
- * rope(x [..., T, D], theta, inverse): the pair (i, i + D/2) of the row at position t
- * turns by t * theta^(-2i/D) (backwards under inverse); rope_at(x, pos, ...) the same
+ * rope(x [..., T, D], theta, inverse, interleaved): the pair (i, i + D/2) (interleaved:
+ * (2i, 2i + 1)) of the row at position t turns by t * theta^(-2i/D) (backwards under
+ * inverse); rope_at(x, pos, ...) the same
  * with row t at position pos[0] + t, read from the i32 pos on the device. A thread takes
  * one (t, i) and computes the angle in f64 as the CPU does, then turns that pair in every
  * slice of blockIdx.y's share of the leading dims (at most ROPE_SPLIT blocks down them).
@@ -85,12 +86,14 @@ static int rope(CuCtx *c, const char *op, int at)
     int64_t T = x->shape[x->rank - 2], D = x->shape[x->rank - 1], outer = ir_numel(x) / (T * D);
     double theta = ir_attr_float(c->g, cu_node(c), "theta", 10000);
     int inverse = ir_attr_int(c->g, cu_node(c), "inverse", 0) != 0;
+    int interleaved = ir_attr_int(c->g, cu_node(c), "interleaved", 0) != 0;
     int split = outer < ROPE_SPLIT ? (int)outer : ROPE_SPLIT;
     cu_use(c, "embed.cuh");
     const char *pos = at < 0 ? "" : cu_fmt(c, "%s, ", cu_pin(c, at, "pos"));
     const char *src = cu_kernel(c, 0, cu_fmt(c, "%s, %s%s", cu_pin(c, 0, "x"), pos, cu_pout(c, 0, "y")),
-                                cu_fmt(c, "fs_rope<%s, %s, %lldLL, %d, %lldLL, %lldLL>(x, %s, y, %s)",
-                                       at < 0 ? "false" : "true", inverse ? "true" : "false", (long long)outer, split,
+                                cu_fmt(c, "fs_rope<%s, %s, %s, %lldLL, %d, %lldLL, %lldLL>(x, %s, y, %s)",
+                                       at < 0 ? "false" : "true", inverse ? "true" : "false",
+                                       interleaved ? "true" : "false", (long long)outer, split,
                                        (long long)T, (long long)D, at < 0 ? "nullptr" : "pos", cu_double(c, theta)));
     CuDim grid;
     if (cu_grid1(c, cu_cdiv(T * (D / 2), 256), &grid)) return -1;

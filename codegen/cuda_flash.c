@@ -3,10 +3,12 @@
  * comments give the algorithm (FlashAttention-2: mma.sync m16n8k16, ldmatrix, cp.async
  * double-buffering; the backward without atomics, bitwise reproducible).
  *
- * Taken here: q, k, v (and o, dout, dq, dk, dv) all bf16 or all f16, head dims D = Dv a
+ * Taken here: attention and attention_qkv (the heads read as column ranges of the QKV
+ * projection's rows: the CuAtt's layouts become flash.cuh's FsAttLay), their q, k, v (and
+ * o, dout, dq, dk, dv) all bf16 or all f16, head dims D = Dv a
  * multiple of 8 up to 128, any T and S (tails masked), causal or not, grouped-query
  * attention, every buffer 16-byte aligned (memplan gives 64; a view might not). Anything
- * else, fp32 plans included, stays on codegen/cuda_attention.c's f32 kernels (TF32 under
+ * else, fp32 plans included, runs on the f32 kernels (codegen/kernels/attention_f32.cuh; TF32 under
  * --tf32 is not done: the plan does not know the flag). attention_decode, planned in fp32,
  * has its own kernel (codegen/kernels/decode.cuh).
  *
@@ -26,6 +28,16 @@ static int64_t pitch(int64_t D)
     return (D + 15) / 16 * 16 + 8;
 }
 
+char *cu_att_lay(CuCtx *c, const CuLay *q, const CuLay *k, const CuLay *v, const CuLay *o)
+{
+    return cu_fmt(c,
+                  "FsAttLay<%lld, %lldLL, %lldLL, %lldLL, %lld, %lldLL, %lldLL, %lldLL, %lldLL, %lldLL, %lldLL, "
+                  "%lldLL, %lldLL, %lldLL>",
+                  (long long)q->nh, (long long)q->b, (long long)q->h, (long long)q->r, (long long)k->nh,
+                  (long long)k->b, (long long)k->h, (long long)k->r, (long long)v->b, (long long)v->h, (long long)v->r,
+                  (long long)o->b, (long long)o->h, (long long)o->r);
+}
+
 static int aligned16(const Value *v)
 {
     return v->offset % 16 == 0 && v->rank_stride % 16 == 0;
@@ -38,7 +50,7 @@ int cu_flash_takes(const CuCtx *c, const CuAtt *a, int bwd)
     const Node *n = cu_node(c);
     for (int i = 0; i < n->n_in; i++) {
         const Value *v = cu_inv(c, i);
-        if (bwd && i == 4) continue;  // lse: f32, read as floats
+        if (bwd && i == a->in_lse) continue;  // lse: f32, read as floats
         if (v->dtype != t || !aligned16(v)) return 0;
     }
     for (int i = 0; i < n->n_out; i++) {
@@ -49,11 +61,12 @@ int cu_flash_takes(const CuCtx *c, const CuAtt *a, int bwd)
     return 1;
 }
 
-/* The template arguments every kernel starts with: E, TQ, SK, D, G, CAUSAL. */
+/* The template arguments every kernel starts with: E, TQ, SK, D, G, CAUSAL, the layouts (k's serve v). */
 static char *targs(CuCtx *c, const CuAtt *a)
 {
-    return cu_fmt(c, "%s, %lld, %lld, %lld, %lld, %s", cu_tin(c, 0), (long long)a->T, (long long)a->S, (long long)a->D,
-                  (long long)a->G, a->causal ? "true" : "false");
+    const CuLay *q = &a->lq, *k = &a->lk, *o = &a->lo;  // v's is k's (D = Dv)
+    return cu_fmt(c, "%s, %lld, %lld, %lld, %lld, %s, %s", cu_tin(c, 0), (long long)a->T, (long long)a->S,
+                  (long long)a->D, (long long)a->G, a->causal ? "true" : "false", cu_att_lay(c, q, k, k, o));
 }
 
 static int launch(CuCtx *c, const char *prefix, const char *src, int64_t blocks, int64_t smem, const int *args, int n)
@@ -66,14 +79,13 @@ static int launch(CuCtx *c, const char *prefix, const char *src, int64_t blocks,
 int cu_flash_fwd(CuCtx *c, const CuAtt *a)
 {
     cu_use(c, "flash.cuh");
-    const char *params = cu_fmt(c, "%s, %s, %s, %s, %s", cu_pin(c, 0, "q"), cu_pin(c, 1, "k"), cu_pin(c, 2, "v"),
-                                cu_pout(c, 0, "o"), cu_pout(c, 1, "lse"));
+    const char *params = cu_fmt(c, "%s, %s, %s", cu_att_params(c, a), cu_pout(c, 0, "o"), cu_pout(c, 1, "lse"));
     const char *src = cu_kernel(c, FL_THREADS, params,
-                                cu_fmt(c, "fs_flash_fwd<%s, %lldLL>(q, k, v, o, lse, %s)", targs(c, a),
-                                       (long long)a->BH, cu_float(c, a->scale)));
+                                cu_fmt(c, "fs_flash_fwd<%s, %lldLL>(%s, o, lse, %s)", targs(c, a), (long long)a->BH,
+                                       cu_att_args(c, a), cu_float(c, a->scale)));
     int64_t smem = 2 * 5 * FL_TILE * pitch(a->D);  // q, then two buffers of k and v
-    return launch(c, "attention_tc", src, a->BH * cu_cdiv(a->T, FL_TILE), smem,
-                  (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 0), cu_out_id(c, 1)}, 5);
+    int ids[5], n = cu_att_ids(c, a, ids, (int[]){cu_out_id(c, 0), cu_out_id(c, 1)}, 2);
+    return launch(c, "attention_tc", src, a->BH * cu_cdiv(a->T, FL_TILE), smem, ids, n);
 }
 
 /* Kernel 1 of the backward: LPR lanes per row, the largest power of two up to 16 that
@@ -83,12 +95,14 @@ static int emit_dsum(CuCtx *c, const CuAtt *a)
     int64_t lpr = 16;
     while ((a->D / 8) % lpr) lpr /= 2;
     int64_t rows = a->BH * a->T;
-    const char *params = cu_fmt(c, "%s, %s, %s", cu_pin(c, 3, "o"), cu_pin(c, 5, "dout"), cu_pout(c, 0, "dq"));
+    const char *params =
+        cu_fmt(c, "%s, %s, %s", cu_pin(c, a->in_o, "o"), cu_pin(c, a->in_dout, "dout"), cu_pout(c, 0, "dq"));
+    const char *lay = cu_att_lay(c, &a->lq, &a->lk, &a->lv, &a->lo);
     const char *src = cu_kernel(c, FL_THREADS, params,
-                                cu_fmt(c, "fs_flash_dsum<%s, %lld, %lld, %lld, %lldLL>(o, dout, dq)", cu_tin(c, 0),
-                                       (long long)a->T, (long long)a->D, (long long)lpr, (long long)rows));
+                                cu_fmt(c, "fs_flash_dsum<%s, %lld, %lld, %lld, %s, %lldLL>(o, dout, dq)", cu_tin(c, 0),
+                                       (long long)a->T, (long long)a->D, (long long)lpr, lay, (long long)rows));
     return launch(c, "attention_bwd", src, cu_cdiv(rows * lpr, FL_THREADS), 0,
-                  (int[]){cu_in_id(c, 3), cu_in_id(c, 5), cu_out_id(c, 0)}, 3);
+                  (int[]){cu_in_id(c, a->in_o), cu_in_id(c, a->in_dout), cu_out_id(c, 0)}, 3);
 }
 
 int cu_flash_bwd(CuCtx *c, const CuAtt *a)
@@ -98,24 +112,30 @@ int cu_flash_bwd(CuCtx *c, const CuAtt *a)
     const char *E = cu_tin(c, 0);
     // the inner tiles (flash_bwd.cuh): dK/dV's query rows a step, dQ's keys a step
     int64_t bkv = a->BH / a->G, P = pitch(a->D), bm = FL_DKDV_ROWS, bn = a->D <= 64 ? 64 : 32;
-    const char *ins = cu_fmt(c, "%s, %s, %s, const float *__restrict__ lse, %s", cu_pin(c, 0, "q"), cu_pin(c, 1, "k"),
-                             cu_pin(c, 2, "v"), cu_pin(c, 5, "dout"));
-    const char *dkdv =
-        cu_kernel(c, FL_THREADS,
-                  cu_fmt(c, "%s, const %s *__restrict__ dq, %s, %s", ins, E, cu_pout(c, 1, "dk"), cu_pout(c, 2, "dv")),
-                  cu_fmt(c, "fs_flash_dkdv<%s, %lld, %lldLL>(q, k, v, lse, dout, dq, dk, dv, %s)", targs(c, a),
-                         (long long)bm, (long long)bkv, cu_float(c, a->scale)));
+    const char *ins =
+        cu_fmt(c, "%s, const float *__restrict__ lse, %s", cu_att_params(c, a), cu_pin(c, a->in_dout, "dout"));
+    int extra[5] = {cu_in_id(c, a->in_lse), cu_in_id(c, a->in_dout), cu_out_id(c, 0)}, ids[8], n;
+    const char *douts = "dk, dv", *dkdv_params;  // attention_qkv: dk and dv are dq's columns
+    if (a->packed) {
+        douts = cu_fmt(c, "dq + %lld, dq + %lld", (long long)a->koff, (long long)a->voff);
+        dkdv_params = cu_fmt(c, "%s, %s", ins, cu_pout(c, 0, "dq"));
+        n = cu_att_ids(c, a, ids, extra, 3);
+    } else {
+        dkdv_params =
+            cu_fmt(c, "%s, const %s *__restrict__ dq, %s, %s", ins, E, cu_pout(c, 1, "dk"), cu_pout(c, 2, "dv"));
+        extra[3] = cu_out_id(c, 1), extra[4] = cu_out_id(c, 2);
+        n = cu_att_ids(c, a, ids, extra, 5);
+    }
+    const char *dkdv = cu_kernel(c, FL_THREADS, dkdv_params,
+                                 cu_fmt(c, "fs_flash_dkdv<%s, %lld, %lldLL>(%s, lse, dout, dq, %s, %s)", targs(c, a),
+                                        (long long)bm, (long long)bkv, cu_att_args(c, a), douts,
+                                        cu_float(c, a->scale)));
     int64_t smem = 2 * (2 * FL_TILE + 4 * bm) * P + 4 * 4 * bm;  // k, v, two of q and dO; two of lse and Dr
-    if (launch(c, "attention_bwd_tc", dkdv, bkv * cu_cdiv(a->S, FL_TILE), smem,
-               (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_in_id(c, 4), cu_in_id(c, 5), cu_out_id(c, 0),
-                       cu_out_id(c, 1), cu_out_id(c, 2)},
-               8))
-        return -1;
+    if (launch(c, "attention_bwd_tc", dkdv, bkv * cu_cdiv(a->S, FL_TILE), smem, ids, n)) return -1;
     const char *dq = cu_kernel(c, FL_THREADS, cu_fmt(c, "%s, %s", ins, cu_pout(c, 0, "dq")),
-                               cu_fmt(c, "fs_flash_dq<%s, %lld, %lldLL>(q, k, v, lse, dout, dq, %s)", targs(c, a),
-                                      (long long)bn, (long long)a->BH, cu_float(c, a->scale)));
+                               cu_fmt(c, "fs_flash_dq<%s, %lld, %lldLL>(%s, lse, dout, dq, %s)", targs(c, a),
+                                      (long long)bn, (long long)a->BH, cu_att_args(c, a), cu_float(c, a->scale)));
     smem = 2 * (2 * FL_TILE + 4 * bn) * P;  // q, dO, two of k and v
-    return launch(
-        c, "attention_bwd_tc", dq, a->BH * cu_cdiv(a->T, FL_TILE), smem,
-        (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_in_id(c, 4), cu_in_id(c, 5), cu_out_id(c, 0)}, 6);
+    n = cu_att_ids(c, a, ids, extra, 3);
+    return launch(c, "attention_bwd_tc", dq, a->BH * cu_cdiv(a->T, FL_TILE), smem, ids, n);
 }

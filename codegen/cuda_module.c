@@ -19,6 +19,7 @@
 
 #include "cuda.h"
 #include "philox.h"
+#include "powc.h"
 
 typedef struct {
     uint64_t hash;       // text_hash(src)
@@ -113,6 +114,7 @@ CuModule *cu_module_new(Arena *a, Plan *p)
                 " */\n");
     use_source(m, source_index("prelude.cuh"));
     cu_text_add(&m->text, "%s", FS_PHILOX_CUDA);  // dropout's RNG (ops/philox.h)
+    cu_text_add(&m->text, "%s", FS_POWC_CUDA);    // pow's fs_pow (ops/powc.h)
     return m;
 }
 

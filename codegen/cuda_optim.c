@@ -38,20 +38,21 @@ static int single(CuCtx *c, const char *prefix, const char *src)
     return cu_launch(c, prefix, src, (CuDim){1, 1, 1}, (CuDim){1, 1, 1}, 0, args, k);
 }
 
-/* lr_at(step; lr, schedule, warmup, steps, min_lr): linear warmup, then constant (0) or
- * cosine (1) decay to min_lr. */
+/* lr_at(step; lr, schedule, warmup, steps, min_lr, decay_frac): linear warmup, then constant
+ * (0) or a decay to min_lr: cosine (1), linear (2), wsd (3) over ops_lr_decay's steps. */
 int cuda_lr_at(CuCtx *c)
 {
     int64_t schedule = ir_attr_int(c->g, cu_node(c), "schedule", 0), warmup = ir_attr_int(c->g, cu_node(c), "warmup", 0),
-            steps = ir_attr_int(c->g, cu_node(c), "steps", 0);
-    if (schedule != 0 && schedule != 1) return cu_fail(c, "unknown schedule %lld", (long long)schedule);
+            steps = ir_attr_int(c->g, cu_node(c), "steps", 0), start, len;
+    if (schedule < 0 || schedule >= OPS_LR_COUNT) return cu_fail(c, "unknown schedule %lld", (long long)schedule);
     if (cu_inv(c, 0)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
+    ops_lr_decay((int)schedule, warmup, steps, ir_attr_float(c->g, cu_node(c), "decay_frac", 0.2), &start, &len);
     cu_use(c, "step.cuh");
     return single(c, "lr_at",
                   cu_kernel(c, 0, "const int *step, float *out",
-                            cu_fmt(c, "fs_lr_at<%d, %lldLL, %lldLL>(step, out, %s, %s)", (int)schedule,
-                                   (long long)warmup, (long long)(steps - warmup > 1 ? steps - warmup : 1),
-                                   cu_double(c, attr(c, "lr")), cu_double(c, attr(c, "min_lr")))));
+                            cu_fmt(c, "fs_lr_at<%d, %lldLL, %lldLL, %lldLL>(step, out, %s, %s)", (int)schedule,
+                                   (long long)warmup, (long long)start, (long long)len, cu_double(c, attr(c, "lr")),
+                                   cu_double(c, attr(c, "min_lr")))));
 }
 
 /* clip_coef(norm; max_norm, skip_nonfinite) = min(1, max_norm / (norm + 1e-6)); 1 when

@@ -16,7 +16,7 @@ typedef enum {
     EX_STR,     // "1f1b": text
     EX_NAME,    // x, ln1.w, h.3 (dotted names are one token): name
     EX_NEG,     // -lhs
-    EX_BINARY,  // lhs op rhs, op one of '+' '-' '*' '/' '@'
+    EX_BINARY,  // lhs op rhs, op one of '+' '-' '*' '/' '@', or '^' for lhs ** rhs
     EX_CALL,    // name(args): an op, an initializer, or a setting like adamw(...)
     EX_INST,    // name[count](args) as as_name: layer instances; count and as_name optional
     EX_LIST,    // [items]

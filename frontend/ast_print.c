@@ -53,7 +53,8 @@ static void print_expr(const Expr *e, FILE *out)
     case EX_NAME: fputs(e->name, out); return;
     case EX_NEG: fputs("(- ", out); print_expr(e->lhs, out); fputc(')', out); return;
     case EX_BINARY:
-        fprintf(out, "(%c ", e->op);
+        if (e->op == '^') fputs("(** ", out);
+        else fprintf(out, "(%c ", e->op);
         print_expr(e->lhs, out);
         fputc(' ', out);
         print_expr(e->rhs, out);

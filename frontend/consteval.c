@@ -91,6 +91,24 @@ range:
 
 static int eval_int(Lower *L, const Scope *s, const Expr *e, const char *what, int64_t *out);
 
+/* A binary operator as written: '^' stands for `**`. */
+static const char *op_text(int op)
+{
+    return op == '^' ? "**" : op == '+' ? "+" : op == '-' ? "-" : op == '*' ? "*" : "/";
+}
+
+/* a ** b for b >= 0 by squaring; 1 when it overflows int64. */
+static int int_pow(int64_t a, int64_t b, int64_t *out)
+{
+    int64_t r = 1;
+    for (; b > 0; b >>= 1) {
+        if ((b & 1) && __builtin_mul_overflow(r, a, &r)) return 1;
+        if (b > 1 && __builtin_mul_overflow(a, a, &a)) return 1;
+    }
+    *out = r;
+    return 0;
+}
+
 static int int_binary(Lower *L, const Scope *s, const Expr *e, const char *what, int64_t *out)
 {
     if (e->op == '@') return not_a_number(L, e, what, "an integer");
@@ -103,6 +121,13 @@ static int int_binary(Lower *L, const Scope *s, const Expr *e, const char *what,
     case '+': over = __builtin_add_overflow(a, b, out); break;
     case '-': over = __builtin_sub_overflow(a, b, out); break;
     case '*': over = __builtin_mul_overflow(a, b, out); break;
+    case '^':
+        if (b < 0 && a != 1) {
+            diag_error(L->d, e->loc, "%s: %lld ** %lld is not a whole number", what, (long long)a, (long long)b);
+            return -1;
+        }
+        over = b < 0 ? (*out = 1, 0) : int_pow(a, b, out);
+        break;
     case '/':
         if (b == 0) {
             diag_error(L->d, e->loc, "%s: division by zero", what);
@@ -118,7 +143,7 @@ static int int_binary(Lower *L, const Scope *s, const Expr *e, const char *what,
     default: FS_ASSERT(!"binary operator");
     }
     if (over) {
-        diag_error(L->d, e->loc, "%s: integer overflow in %lld %c %lld", what, (long long)a, e->op,
+        diag_error(L->d, e->loc, "%s: integer overflow in %lld %s %lld", what, (long long)a, op_text(e->op),
                    (long long)b);
         return -1;
     }
@@ -191,6 +216,7 @@ static int float_binary(Lower *L, const Scope *s, const Expr *e, const char *wha
     case '+': *out = a + b; break;
     case '-': *out = a - b; break;
     case '*': *out = a * b; break;
+    case '^': *out = pow(a, b); break;
     case '/':
         if (b == 0) {
             diag_error(L->d, e->loc, "%s: division by zero", what);
@@ -200,8 +226,12 @@ static int float_binary(Lower *L, const Scope *s, const Expr *e, const char *wha
         break;
     default: FS_ASSERT(!"binary operator");
     }
+    if (isnan(*out)) {
+        diag_error(L->d, e->loc, "%s: (%g) ** %g is not a real number", what, a, b);
+        return -1;
+    }
     if (!isfinite(*out)) {
-        diag_error(L->d, e->loc, "%s: the result (%g %c %g) is too large", what, a, e->op, b);
+        diag_error(L->d, e->loc, "%s: the result (%g %s %g) is too large", what, a, op_text(e->op), b);
         return -1;
     }
     return 0;

@@ -7,8 +7,9 @@
  *
  * Op calls bind their arguments to the op's signature from ops.def (tensors first, then
  * attributes by position or keyword, bare flag names), and store every attribute on the
- * node, defaults included (dropout binds x and p and adds what the compiler owns: its RNG
- * input and key, below). Layer calls are instance.c's, indexing index.c's.
+ * node, defaults included but for an ignore_index of none (dropout binds x and p and adds
+ * what the compiler owns: its RNG input and key, below). Layer calls are instance.c's,
+ * indexing index.c's.
  */
 #include <math.h>
 #include <stdio.h>
@@ -126,9 +127,29 @@ static RVal lower_neg(Lower *L, Scope *s, const Expr *e)
     return x < 0 ? poison() : add_node(L, OP_neg, &x, 1, NULL, 0, e->loc);
 }
 
+/* x ** p: p must be a constant (a number, a dim expression); a constant base folds. */
+static RVal lower_pow(Lower *L, const Expr *e, RVal a, RVal b)
+{
+    if (a.kind == RV_POISON || b.kind == RV_POISON) return poison();
+    if (b.kind != RV_CONST) {
+        diag_error(L->d, e->rhs->loc, "'**' takes a constant exponent (a number or a dim expression), not a tensor");
+        return poison();
+    }
+    if (a.kind == RV_CONST) {
+        double c = pow(a.c, b.c);
+        if (isnan(c)) diag_error(L->d, e->loc, "the constant (%g) ** %g is not a real number", a.c, b.c);
+        else if (!isfinite(c)) diag_error(L->d, e->loc, "the constant %g ** %g is too large", a.c, b.c);
+        return isfinite(c) ? constant(c) : poison();
+    }
+    int x = one_value(L, a, e->lhs->loc);
+    Attr p = {.key = "p", .kind = ATTR_FLOAT, .f = b.c};
+    return x < 0 ? poison() : add_node(L, OP_pow, &x, 1, &p, 1, e->loc);
+}
+
 static RVal lower_binary(Lower *L, Scope *s, const Expr *e)
 {
     RVal a = lower_expr(L, s, e->lhs), b = lower_expr(L, s, e->rhs);
+    if (e->op == '^') return lower_pow(L, e, a, b);
     if (a.kind == RV_CONST && b.kind == RV_CONST && e->op != '@') {
         double c = 0;
         switch (e->op) {
@@ -239,11 +260,11 @@ static int bind_args(Lower *L, const Expr *e, const OpInfo *info, const Expr **s
         int k;
         if (a->key) {
             seen_key = 1;
-        } else if (seen_key) {
+        } else if ((k = is_flag_name(info, a->value)) < 0 && seen_key) {  // a bare flag may follow keywords
             diag_error(L->d, a->value->loc, "%s: positional argument after keyword arguments",
                        info->name);
             rc = -1;
-        } else if ((k = is_flag_name(info, a->value)) >= 0) {
+        } else if (k >= 0) {
             if (slot[k]) {
                 diag_error(L->d, a->value->loc, "%s: argument '%s' given twice", info->name,
                            info->params[k].name);
@@ -393,8 +414,10 @@ static RVal lower_op_call(Lower *L, Scope *s, const Expr *e, OpKind op)
     }
     Attr attrs[IR_MAX_PARAMS];
     int n_attr = 0;
-    for (int k = first; k < info->n_params; k++)
+    for (int k = first; k < info->n_params; k++) {
+        if (!slot[k] && info->params[k].def == (double)OPS_NO_IGNORE) continue;  // none: the IR shows no attribute
         if (attr_arg(L, s, info, k, slot[k], &attrs[n_attr++])) rc = -1;
+    }
     if (rc) return poison();
     return add_node(L, op, in, n_in, attrs, n_attr, e->loc);
 }
@@ -496,6 +519,8 @@ static RVal lower_call(Lower *L, Scope *s, const Expr *e)
     InstName *grp = op == OP_COUNT && !ly ? lower_group_find(L, e->name, &first, &n) : NULL;
     if (lower_is_init_name(e->name)) {
         lower_unknown(L, s, e->name, e->loc, 0);
+    } else if (op == OP_pow) {
+        diag_error(L->d, e->loc, "'pow' is not called by name; write x ** p (p a constant)");
     } else if (grp) {
         return lower_reuse(L, s, e, grp, first, n);
     } else if (op != OP_COUNT && (op_info(op)->flags & OPF_HIDDEN)) {

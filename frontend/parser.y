@@ -139,6 +139,7 @@ static void mk_train(ParseCtx *c, Loc loc, Stmt *settings);
 %token <str> MODEL "'model'" TRAIN "'train'" LAYER "'layer'" FORWARD "'forward'"
 %token <str> RETURN "'return'" DIM "'dim'" INPUT "'input'" PARAM "'param'"
 %token <str> OUTPUT "'output'" AS "'as'"
+%token POW "'**'"
 
 %type <expr> expr primary exprs exprs_opt value values indexed indices index
 %type <arg> args args_opt arg kwargs kwargs_opt kwarg
@@ -149,6 +150,7 @@ static void mk_train(ParseCtx *c, Loc loc, Stmt *settings);
 %left '+' '-'
 %left '*' '/' '@'
 %precedence NEG
+%right POW          /* above unary minus, as Python: -x ** 2 is -(x ** 2), 2 ** -1 works */
 
 %%
 
@@ -267,6 +269,7 @@ expr
     | expr '*' expr                             { $$ = mk_binary(c, '*', $1, $3, @2); }
     | expr '/' expr                             { $$ = mk_binary(c, '/', $1, $3, @2); }
     | expr '@' expr                             { $$ = mk_binary(c, '@', $1, $3, @2); }
+    | expr POW expr                             { $$ = mk_binary(c, '^', $1, $3, @2); }
     | '-' expr %prec NEG                        { $$ = mk_neg(c, $2, @1); }
     | primary                                   { $$ = $1; }
     ;
@@ -680,10 +683,10 @@ static int expected_words(const yypcontext_t *yc, const char **w, int *n_class)
     *n_class = m;  /* "name" reads like a token: "expected name before '{'" */
     if (take_class(want, name_need, 1, NULL, 0)) w[m++] = "name";
 
-    const yysymbol_kind_t cont[] = {YYTRANSLATE('+'), YYTRANSLATE('-'), YYTRANSLATE('*'),
-                                    YYTRANSLATE('/'), YYTRANSLATE('@'), lp, lb, YYSYMBOL_AS};
+    const yysymbol_kind_t cont[] = {YYTRANSLATE('+'), YYTRANSLATE('-'), YYTRANSLATE('*'), YYTRANSLATE('/'),
+                                    YYTRANSLATE('@'), YYSYMBOL_POW, lp, lb, YYSYMBOL_AS};
     char is_cont[YYNTOKENS] = {0};
-    for (int i = 0; i < 8; i++) is_cont[cont[i]] = 1;
+    for (size_t i = 0; i < sizeof cont / sizeof *cont; i++) is_cont[cont[i]] = 1;
     int rest = m;
     for (int k = 0; k < YYNTOKENS; k++) rest += want[k] && !is_cont[k];
     for (int k = 0; k < YYNTOKENS && rest > 0; k++)

@@ -16,7 +16,10 @@ static const char *const OPTIMS[OPTIM_COUNT] = {"sgd", "adamw"};
 static const char *const OFFLOADS[OFFLOAD_COUNT] = {"none", "optimizer", "params"};
 static const char *const SCHEDS[SCHED_COUNT] = {"gpipe", "1f1b", "interleaved", "zb1"};
 static const char *const CKPTS[CKPT_COUNT] = {"always", "except_last", "never"};
-static const char *const LR_SCHEDS[LR_COUNT] = {"constant", "cosine"};
+static const char *const LR_SCHEDS[LR_COUNT] = {"constant", "cosine", "linear", "wsd"};
+_Static_assert((int)LR_LINEAR == (int)OPS_LR_LINEAR && (int)LR_WSD == (int)OPS_LR_WSD &&
+                   (int)LR_COUNT == (int)OPS_LR_COUNT,
+               "lr_at's schedule numbers");
 static const char *const DECAY_ON[2] = {"all", "matrices"};
 
 const char *shard_name(ShardKind s) { return (unsigned)s < SHARD_COUNT ? SHARDS[s] : "?"; }
@@ -120,10 +123,10 @@ void config_default(TrainConfig *c)
     *c = (TrainConfig){
         .optimizer = OPTIM_ADAMW, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
         .weight_decay = 0.0, .momentum = 0.0, .clip = 0.0, .lr_schedule = LR_CONSTANT,
-        .warmup = 0, .min_lr = 0.0, .steps = 1000, .precision = PREC_FP32,
+        .warmup = 0, .min_lr = 0.0, .steps = 1000, .decay_frac = 0.2, .precision = PREC_FP32,
         .reduce_dtype = REDUCE_COMPUTE, .shard = SHARD_NONE, .reshard_after_forward = 1, .world = 1,
         .stages = 1, .microbatches = 1, .schedule = SCHED_1F1B, .checkpoint = CKPT_EXCEPT_LAST, .chunks = 1,
-        .offload = OFFLOAD_NONE, .seed = 1234, .fuse_loss = 1, .embed_grad_into = 1,
+        .offload = OFFLOAD_NONE, .seed = 1234, .fuse_loss = 1, .embed_grad_into = 1, .pack_attention = 1,
         .pad_vocab = 64,
     };
     strcpy(c->recompute, "none");
@@ -157,10 +160,14 @@ static const KeyDef KEYS[] = {
          "matrices (only params of 2 or more dims: no decay on biases and norm gains, nanoGPT's groups)"),
     F64("momentum", momentum, 0, 0.999999, "SGD momentum"),
     F64("clip", clip, 0, 1e9, "clip gradients to this global norm; 0: off"),
-    ENUM("lr_schedule", lr_schedule, LR_SCHEDS, "constant or cosine (after warmup)"),
+    ENUM("lr_schedule", lr_schedule, LR_SCHEDS, "after warmup: constant, cosine or linear (decay to min_lr at step "
+         "`steps`), or wsd (warmup-stable-decay: constant, then linear to min_lr over the last decay_frac of the "
+         "steps)"),
     INT("warmup", warmup, 0, 1e9, "steps of linear learning-rate warmup: lr * step / warmup up to step warmup"),
-    F64("min_lr", min_lr, 0, 1e3, "learning rate at the end of the cosine decay"),
-    INT("steps", steps, 1, 1e9, "the step at which the cosine reaches min_lr (not fsexec --steps)"),
+    F64("min_lr", min_lr, 0, 1e3, "learning rate at the end of the decay (cosine, linear, wsd)"),
+    INT("steps", steps, 1, 1e9, "the step at which the decay reaches min_lr (not fsexec --steps)"),
+    F64("decay_frac", decay_frac, 0, 1,
+        "wsd: the fraction of the steps that decays (the last round(decay_frac * steps))"),
     ENUM("precision", precision, PRECS, "fp32, fp16 or bf16"),
     ENUM("reduce_dtype", reduce_dtype, REDUCES, "dtype of gradient reductions: compute (the precision's) or fp32"),
     ENUM("shard", shard, SHARDS, "none, ddp, zero1 (oss), zero2 (sdp), fsdp (zero3)"),
@@ -185,6 +192,9 @@ static const KeyDef KEYS[] = {
     INT("embed_grad_into", embed_grad_into, 0, 1, "training: an embedding's gradient rows added in place into the "
         "gradient they sum with (a tied embedding's: the LM head's), 1, default; or a dense table of their own and an "
         "add (0)"),
+    INT("pack_attention", pack_attention, 0, 1, "training: attention reads q, k, v from the QKV projection's output "
+        "and writes the heads side by side, with no split, heads or merge_heads copies (1, default); or through them "
+        "(0)"),
     INT("pad_vocab", pad_vocab, 0, 1 << 16, "the LM head's vocabulary padded to a multiple of this many rows "
         "(aligned GEMMs; the padding masked in the loss and sampling, held at zero), 64 by default; 0: off"),
     {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,

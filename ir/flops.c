@@ -104,6 +104,25 @@ double flops_attention(const Graph *g, const Node *n)
     return 2.0 * scores * (D + Dv);
 }
 
+/* attention_qkv (qkv [..., T, (nh + 2 nkv) D]): attention's two products over its nh query heads;
+ * *D the head dim (D = Dv). */
+static double packed_dims(const Graph *g, const Node *n, double *D)
+{
+    const Value *x = ir_value(g, ir_in(g, n, 0));
+    int r = x->rank;
+    int64_t nh = ir_attr_int(g, n, "nh", 1), nkv = ir_attr_int(g, n, "nkv", 1);
+    double scores = (double)nh * (double)x->shape[r - 2] * (double)x->shape[r - 2];
+    for (int d = 0; d < r - 2; d++) scores *= (double)x->shape[d];
+    *D = (double)(x->shape[r - 1] / (nh + 2 * nkv));
+    return scores;
+}
+
+double flops_attention_qkv(const Graph *g, const Node *n)
+{
+    double D, scores = packed_dims(g, n, &D);
+    return 4.0 * scores * D;
+}
+
 double flops_rope_at(const Graph *g, const Node *n) { return ROPE_FLOPS * in_numel(g, n, 0); }
 
 /* q (..., T, D) against the whole cache (..., S, D), (..., S, Dv): what the last position
@@ -155,9 +174,19 @@ double flops_attention_bwd(const Graph *g, const Node *n)
     return 2.0 * scores * (3 * D + 2 * Dv);
 }
 
+double flops_attention_qkv_bwd(const Graph *g, const Node *n)
+{
+    double D, scores = packed_dims(g, n, &D);
+    return 10.0 * scores * D;
+}
+
 double ir_node_redone_flops(const Graph *g, const Node *n)
 {
     if (n->phase == PHASE_RECOMPUTE) return ir_op_hooks(n->op)->flops(g, n);
+    if (n->op == OP_attention_qkv_bwd) {
+        double D, scores = packed_dims(g, n, &D);
+        return 2.0 * scores * D;
+    }
     if (n->op != OP_attention_bwd) return 0;
     double D, Dv, scores = attention_dims(g, n, &D, &Dv);
     (void)Dv;
@@ -187,3 +216,7 @@ double flops_reduce_scatter(const Graph *g, const Node *n) { return 0; }
 double flops_all_gather(const Graph *g, const Node *n) { return 0; }
 double flops_send(const Graph *g, const Node *n) { return 0; }
 double flops_recv(const Graph *g, const Node *n) { return 0; }
+
+/* x ** p: a powf, counted as two ops; its backward a powf and two multiplies. */
+double flops_pow(const Graph *g, const Node *n) { return 2 * out_numel(g, n); }
+double flops_pow_bwd(const Graph *g, const Node *n) { return 4 * out_numel(g, n); }

@@ -120,8 +120,20 @@ int grad_rsqrt(GradCtx *c) { return c->din[0] = emit2(c, OP_rsqrt_bwd, out_of(c,
 int grad_tanh(GradCtx *c) { return c->din[0] = emit2(c, OP_tanh_bwd, out_of(c, 0), c->dout[0]), 0; }
 int grad_sigmoid(GradCtx *c) { return c->din[0] = emit2(c, OP_sigmoid_bwd, out_of(c, 0), c->dout[0]), 0; }
 int grad_relu(GradCtx *c) { return c->din[0] = emit2(c, OP_relu_bwd, in_of(c, 0), c->dout[0]), 0; }
-int grad_gelu(GradCtx *c) { return c->din[0] = emit2(c, OP_gelu_bwd, in_of(c, 0), c->dout[0]), 0; }
+int grad_gelu(GradCtx *c)
+{
+    Attr at = aint("exact", attr_i(c, "exact"));
+    c->din[0] = emit(c, OP_gelu_bwd, (int[]){in_of(c, 0), c->dout[0]}, 2, &at, 1);
+    return 0;
+}
 int grad_silu(GradCtx *c) { return c->din[0] = emit2(c, OP_silu_bwd, in_of(c, 0), c->dout[0]), 0; }
+/* y = x ** p: dx = dy p x ** (p - 1), in one op that reads x (pow_bwd). */
+int grad_pow(GradCtx *c)
+{
+    Attr at = afloat("p", attr_f(c, "p"));
+    c->din[0] = emit(c, OP_pow_bwd, (int[]){in_of(c, 0), c->dout[0]}, 2, &at, 1);
+    return 0;
+}
 /* Dropout's backward is dropout of dy under the same key (the same attributes and rng):
  * it regenerates the forward's mask, so nothing is saved for it, not even x. */
 int grad_dropout(GradCtx *c)
@@ -257,8 +269,13 @@ int grad_embedding(GradCtx *c)
 
 int grad_cross_entropy(GradCtx *c)
 {
-    Attr at = aint("valid", attr_i(c, "valid"));  // a padded vocabulary's columns get no gradient
-    c->din[0] = emit(c, OP_cross_entropy_bwd, (int[]){in_of(c, 0), in_of(c, 1), c->dout[0]}, 3, &at, 1);
+    /* The loss's ignore_index (when it has one) and a padded vocabulary's valid columns (passes/pad_vocab.c),
+     * which get no gradient. */
+    Attr at[2] = {aint("ignore_index", ir_attr_int(c->g, ir_node(c->g, c->node), "ignore_index", OPS_NO_IGNORE)),
+                  aint("valid", attr_i(c, "valid"))};
+    int n = ops_ignores(at[0].i);
+    if (!n) at[0] = at[1];
+    c->din[0] = emit(c, OP_cross_entropy_bwd, (int[]){in_of(c, 0), in_of(c, 1), c->dout[0]}, 3, at, n + 1);
     return 0;
 }
 
@@ -359,8 +376,9 @@ int grad_merge_heads(GradCtx *c)
 /* A rotation's adjoint is the rotation by the opposite angle. */
 int grad_rope(GradCtx *c)
 {
-    Attr at[2] = {afloat("theta", attr_f(c, "theta")), aint("inverse", !attr_i(c, "inverse"))};
-    c->din[0] = emit(c, OP_rope, &c->dout[0], 1, at, 2);
+    Attr at[3] = {afloat("theta", attr_f(c, "theta")), aint("inverse", !attr_i(c, "inverse")),
+                  aint("interleaved", attr_i(c, "interleaved"))};
+    c->din[0] = emit(c, OP_rope, &c->dout[0], 1, at, 3);
     return 0;
 }
 
@@ -372,5 +390,15 @@ int grad_attention(GradCtx *c)
     int in[6] = {in_of(c, 0), in_of(c, 1), in_of(c, 2), out_of(c, 0), out_of(c, 1), c->dout[0]};
     int n = emit_node(c, OP_attention_bwd, in, 6, &at, 1);
     route(c, n, (int[]){0, 1, 2}, 3);
+    return 0;
+}
+
+/* attention's rule on the packed layout: one gradient, laid out as qkv. */
+int grad_attention_qkv(GradCtx *c)
+{
+    Attr at[3] = {aint("nh", attr_i(c, "nh")), aint("nkv", attr_i(c, "nkv")), aint("causal", attr_i(c, "causal"))};
+    int in[4] = {in_of(c, 0), out_of(c, 0), out_of(c, 1), c->dout[0]};
+    int n = emit_node(c, OP_attention_qkv_bwd, in, 4, at, 3);
+    route(c, n, (int[]){0}, 1);
     return 0;
 }

@@ -382,7 +382,7 @@ typedef enum { SCHED_GPIPE, SCHED_1F1B, SCHED_INTERLEAVED, SCHED_ZB1, SCHED_COUN
 /* Which micro-batches keep only their stage's inputs and recompute its forward in the
  * backward (FairScale Pipe's `checkpoint`). */
 typedef enum { CKPT_ALWAYS, CKPT_EXCEPT_LAST, CKPT_NEVER, CKPT_COUNT } PipeCheckpoint;
-typedef enum { LR_CONSTANT, LR_COSINE, LR_COUNT } LrSchedule;
+typedef enum { LR_CONSTANT, LR_COSINE, LR_LINEAR, LR_WSD, LR_COUNT } LrSchedule;  // ops.h's OPS_LR_*
 
 typedef struct {
     OptimKind optimizer;
@@ -390,8 +390,9 @@ typedef struct {
     double clip;          // clip grads to this global norm; 0: off
     LrSchedule lr_schedule;
     int warmup;           // steps of linear warmup
-    double min_lr;        // cosine decays to this
+    double min_lr;        // the decay ends at this
     int steps;            // the schedule's length
+    double decay_frac;    // wsd: the fraction of `steps` that decays
     Precision precision;
     ReduceDtype reduce_dtype;  // dtype grads are reduced in
     ShardKind shard;
@@ -408,6 +409,7 @@ typedef struct {
     int fuse_loss;        // passes/xent.c: cross_entropy and its backward as one op (1), or apart (0)
     int embed_grad_into;  // passes/embed_into.c: an embedding's gradient rows added in place (1), or not (0)
     int pad_vocab;        // passes/pad_vocab.c: a classifier's vocabulary rows padded to a multiple of this; 0: off
+    int pack_attention;   // passes/packed_attn.c: attention on the QKV projection's output as it lies (1), or not (0)
     int chunks;           // interleaved: model chunks per stage
     char balance[256];    // "auto", or blocks per stage: "3,3,2"
 

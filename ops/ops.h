@@ -60,6 +60,31 @@ typedef enum {
  * f32, holds each row's logsumexp and target logit, so a backend can compute the terms
  * in parallel and still add them in that order. */
 #define OPS_LOSS_BLOCKS 64
+/* cross_entropy's ignore_index when none is given: outside i32, so no target equals it.
+ * With one inside i32 (ops_ignores), a row whose target is it counts for nothing: the mean
+ * is over the other rows (their count, an exact integer, divides the f64 sum), the row's
+ * terms are 0 and its gradient 0; with every row ignored the loss is 0/0, NaN (PyTorch's). */
+#define OPS_NO_IGNORE (-2147483649LL)
+static inline int ops_ignores(int64_t ignore_index)
+{
+    return ignore_index >= -2147483648LL && ignore_index <= 2147483647LL;
+}
+/* lr_at's schedules (the `schedule` attribute; ir/config.c names them). */
+enum { OPS_LR_CONSTANT, OPS_LR_COSINE, OPS_LR_LINEAR, OPS_LR_WSD, OPS_LR_COUNT };
+/* Where a schedule's decay starts and how many steps it lasts, for warmup W, length N
+ * (`steps`) and wsd's decay_frac f: cosine and linear decay from step W over max(1, N - W)
+ * steps; wsd holds lr until S = max(W, N - floor(f N + 1/2)), then decays linearly over
+ * max(1, N - S) steps. Every backend's lr_at reads these numbers from here. */
+static inline void ops_lr_decay(int schedule, int64_t warmup, int64_t steps, double decay_frac, int64_t *start,
+                                int64_t *len)
+{
+    *start = warmup;
+    if (schedule == OPS_LR_WSD) {
+        int64_t decay = (int64_t)(decay_frac * (double)steps + 0.5);  // decay_frac >= 0: round half up
+        *start = steps - decay > warmup ? steps - decay : warmup;
+    }
+    *len = steps - *start > 1 ? steps - *start : 1;
+}
 /* The gradient norm's first stage (sumsq_parts): a flat gradient's sum of squares in
  * chunks of this many elements, one f32 part each (the last chunk shorter), each summed in
  * f64 in a fixed order; sum_parts adds the parts in order. So the norm is one launch per

@@ -17,6 +17,7 @@
  * from the plan). Nothing here knows either.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -268,6 +269,14 @@ int shape_relu(ShapeCtx *c) { return unary(c, 0); }
 int shape_gelu(ShapeCtx *c) { return unary(c, 0); }
 int shape_silu(ShapeCtx *c) { return unary(c, 0); }
 
+/* pow(x, p): x ** p elementwise, p a finite constant. */
+int shape_pow(ShapeCtx *c)
+{
+    double p = op_attr_float(&c->attrs, "p", 1);
+    if (!isfinite(p)) return shape_fail(c, "pow: the exponent must be a finite number, got %g", p);
+    return unary(c, 0);
+}
+
 /* ---- reductions and normalizations ----------------------------------------------- */
 
 static int reduce(ShapeCtx *c)
@@ -379,6 +388,9 @@ int shape_cross_entropy(ShapeCtx *c)
         return shape_fail(c, "cross_entropy: targets %s do not match logits %s (expected %s)", TYPE(tg, tt), TYPE(lg, tl),
                           SHAPE(&lead, want));
     }
+    int64_t ignore = op_attr_int(&c->attrs, "ignore_index", OPS_NO_IGNORE);
+    if (ignore != OPS_NO_IGNORE && !ops_ignores(ignore))
+        return shape_fail(c, "cross_entropy: ignore_index %" PRId64 " is not an i32 (targets are i32)", ignore);
     int64_t valid = op_attr_int(&c->attrs, "valid", 0);
     if (valid < 0 || valid > lg->shape[lg->rank - 1])
         return shape_fail(c, "cross_entropy: valid = %lld columns, but the logits %s have %lld", (long long)valid,
@@ -639,6 +651,32 @@ int shape_attention_decode(ShapeCtx *c)
                           kc->shape[r - 2]);
     c->n_out = 1;
     c->out[0] = a.out[0];
+    return 0;
+}
+
+/* attention_qkv(qkv [..., T, (nh + 2 nkv) D], nh, nkv, causal) -> o [..., T, nh D] and the
+ * f32 row log-sum-exp [..., nh, T]: attention of the heads a row of qkv holds side by side
+ * (q heads, then k heads, then v heads; passes/packed_attn.c), o's heads side by side. */
+int shape_attention_qkv(ShapeCtx *c)
+{
+    if (want_inputs(c, 1)) return -1;
+    const OpType *x = &c->in[0];
+    char tx[192];
+    if (want_float(c, x) || want_rank(c, x, 2)) return -1;
+    int64_t nh = op_attr_int(&c->attrs, "nh", 0), nkv = op_attr_int(&c->attrs, "nkv", 0), r = x->rank;
+    if (nh < 1 || nkv < 1 || nh % nkv)
+        return shape_fail(c, "attention_qkv: nh = %" PRId64 " query heads over nkv = %" PRId64
+                          " kv heads (both >= 1, nh a multiple of nkv)", nh, nkv);
+    int64_t W = x->shape[r - 1], heads = nh + 2 * nkv;
+    if (W % heads)
+        return shape_fail(c, "attention_qkv: %s's rows of %" PRId64 " are not %" PRId64 " heads of one width",
+                          TYPE(x, tx), W, heads);
+    shape_set(c, 0, x->dtype, (int)r, x->shape);
+    c->out[0].shape[r - 1] = W / heads * nh;
+    int64_t lse[OPS_MAX_RANK];
+    for (int d = 0; d < r - 2; d++) lse[d] = x->shape[d];
+    lse[r - 2] = nh, lse[r - 1] = x->shape[r - 2];
+    shape_set(c, 1, DT_F32, (int)r, lse);  // attention's row log-sum-exp, saved for backward
     return 0;
 }
 

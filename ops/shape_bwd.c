@@ -86,6 +86,7 @@ int shape_tanh_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
 int shape_sigmoid_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
 int shape_sqrt_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
 int shape_rsqrt_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
+int shape_pow_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
 int shape_softmax_bwd(ShapeCtx *c) { return pointwise_bwd(c); }
 
 int shape_max_bwd(ShapeCtx *c)
@@ -205,6 +206,14 @@ int shape_attention_bwd(ShapeCtx *c)
 {
     if (want_in(c, 6)) return -1;
     for (int i = 0; i < 3; i++) like(c, i, &c->in[i]);
+    return 0;
+}
+
+/* (qkv, o, lse, dout) -> dqkv, laid out as qkv */
+int shape_attention_qkv_bwd(ShapeCtx *c)
+{
+    if (want_in(c, 4)) return -1;
+    like(c, 0, &c->in[0]);
     return 0;
 }
 

@@ -148,12 +148,13 @@ int pass_optimizer(Graph *g, const Options *opts, Diag *d)
     int step = ir_value_add(g, &sv);
     g->values[step].step_role = SR_STEP;
 
-    Attr lat[5] = {{.key = "lr", .kind = ATTR_FLOAT, .f = t->lr},
+    Attr lat[6] = {{.key = "lr", .kind = ATTR_FLOAT, .f = t->lr},
                    {.key = "schedule", .kind = ATTR_INT, .i = t->lr_schedule},
                    {.key = "warmup", .kind = ATTR_INT, .i = t->warmup},
                    {.key = "steps", .kind = ATTR_INT, .i = t->steps},
-                   {.key = "min_lr", .kind = ATTR_FLOAT, .f = t->min_lr}};
-    int lr = node_out(&o, OP_lr_at, &step, 1, lat, 5, -1, at);
+                   {.key = "min_lr", .kind = ATTR_FLOAT, .f = t->min_lr},
+                   {.key = "decay_frac", .kind = ATTR_FLOAT, .f = t->decay_frac}};
+    int lr = node_out(&o, OP_lr_at, &step, 1, lat, t->lr_schedule == LR_WSD ? 6 : 5, -1, at);
     name_output(&o, lr, "lr", SR_LR);
     int norm = global_norm(&o);
     if (norm < 0) return 0;  // nothing to train

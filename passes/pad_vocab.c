@@ -26,6 +26,8 @@
  *        evaluation, sampling and decode read the same stored param; the decode program,
  *        which has no loss, pads the head that makes its output logits (read by nothing).
  */
+#include <string.h>
+
 #include "passes.h"
 
 /* Whether param p is read only by node `head` (as its B operand) and as an embedding's table. */
@@ -66,14 +68,18 @@ static int head_param(const Graph *g, int L, int n, int64_t multiple)
     return only_head_and_table(g, p, lv->producer) ? p : -1;
 }
 
-/* The loss node n again, with valid = V, where n was; n dropped. */
+/* The loss node n again, its attributes (an ignore_index) and valid = V, where n was; n dropped. */
 static void mask_loss(Graph *g, int n, int64_t V)
 {
     const Node *x = ir_node(g, n);
     int in[2] = {ir_in(g, x, 0), ir_in(g, x, 1)};
-    Attr valid = {.key = "valid", .kind = ATTR_INT, .i = V};
+    Attr at[IR_MAX_PARAMS + 1];
+    int n_at = ir_node_attrs(g, x, at), at_valid = 0;
+    while (at_valid < n_at && strcmp(at[at_valid].key, "valid")) at_valid++;  // lower may have written the default, 0
+    at[at_valid] = (Attr){.key = "valid", .kind = ATTR_INT, .i = V};
+    n_at += at_valid == n_at;
     char err[256];
-    int f = ir_node_add(g, OP_cross_entropy, in, 2, &valid, 1, x->block, x->phase, x->loc, err, sizeof err);
+    int f = ir_node_add(g, OP_cross_entropy, in, 2, at, n_at, x->block, x->phase, x->loc, err, sizeof err);
     FS_ASSERT(f >= 0);
     g->nodes[f].mb = g->nodes[n].mb, g->nodes[f].chunk = g->nodes[n].chunk;
     x = ir_node(g, n);

@@ -43,6 +43,7 @@ int pass_recompute(Graph *g, const Options *o, Diag *d);  // passes/recompute.c
 int pass_pipeline(Graph *g, const Options *o, Diag *d);  // passes/pipeline.c
 int pass_xent(Graph *g, const Options *o, Diag *d);       // passes/xent.c: the fused classifier
 int pass_embed_into(Graph *g, const Options *o, Diag *d); // passes/embed_into.c: an embedding's gradient in place
+int pass_packed_attn(Graph *g, const Options *o, Diag *d); // passes/packed_attn.c: attention on the packed QKV output
 int pass_shard(Graph *g, const Options *o, Diag *d);      // passes/shard.c
 int pass_gradsum(Graph *g, const Options *o, Diag *d);    // passes/gradsum.c: every gradient summed over all ranks once
 int pass_optimizer(Graph *g, const Options *o, Diag *d);  // passes/optimizer.c

@@ -26,13 +26,18 @@
 
 #include "passes.h"
 
-/* The cross_entropy node before node `b` that reads b's logits and targets, or -1. */
+static int64_t ignore_of(const Graph *g, const Node *n) { return ir_attr_int(g, n, "ignore_index", OPS_NO_IGNORE); }
+
+/* The cross_entropy node before node `b` that reads b's logits and targets and ignores
+ * what b ignores, or -1. */
 static int loss_of(const Graph *g, int b)
 {
     const Node *bw = ir_node(g, b);
     for (int n = b - 1; n >= 0; n--) {
         const Node *x = ir_node(g, n);
-        if (x->op == OP_cross_entropy && ir_in(g, x, 0) == ir_in(g, bw, 0) && ir_in(g, x, 1) == ir_in(g, bw, 1)) return n;
+        if (x->op == OP_cross_entropy && ir_in(g, x, 0) == ir_in(g, bw, 0) && ir_in(g, x, 1) == ir_in(g, bw, 1) &&
+            ignore_of(g, x) == ignore_of(g, bw))
+            return n;
     }
     return -1;
 }
@@ -74,8 +79,11 @@ static void fuse(Graph *g, int n, int b, const char *up)
     const Node *x = ir_node(g, n), *bw = ir_node(g, b);
     int in[3] = {ir_in(g, bw, 0), ir_in(g, bw, 1), ir_in(g, bw, 2)};
     char err[256];
-    Attr valid = {.key = "valid", .kind = ATTR_INT, .i = ir_attr_int(g, x, "valid", 0)};  // passes/pad_vocab.c's
-    int f = ir_node_add(g, OP_cross_entropy_fused, in, 3, &valid, 1, x->block, x->phase, x->loc, err, sizeof err);
+    Attr at[2] = {{.key = "ignore_index", .kind = ATTR_INT, .i = ignore_of(g, bw)},
+                  {.key = "valid", .kind = ATTR_INT, .i = ir_attr_int(g, x, "valid", 0)}};  // passes/pad_vocab.c's
+    int ignores = ops_ignores(at[0].i);  // the attributes it has: ignore_index when one is set, valid
+    if (!ignores) at[0] = at[1];
+    int f = ir_node_add(g, OP_cross_entropy_fused, in, 3, at, ignores + 1, x->block, x->phase, x->loc, err, sizeof err);
     FS_ASSERT(f >= 0);
     g->nodes[f].mb = g->nodes[n].mb, g->nodes[f].chunk = g->nodes[n].chunk;
     const Node *fn = ir_node(g, f);

@@ -61,6 +61,7 @@ struct RtData {
     void *x;                   // tokens (i32 [B, T]) or features (f32 [B, D]); NULL: not this stage's
     int32_t *y;                // targets (i32 [B, T]) or labels (i32 [B]); NULL: not this stage's
     int32_t y_id, logits;      // a classifier's labels and logits on this stage, or PLAN_NONE
+    int64_t ignore;            // the targets' or labels' ignore_index (rt_input_ignored), else OPS_NO_IGNORE
     const uint16_t *tok;       // the token stream
     int64_t n_tok;
     RtTokenFormat format;      // of the file (token offsets in messages)
@@ -519,13 +520,14 @@ static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFor
     d->B = x->shape[0];
     d->row0 = (int64_t)rt_exec_rank(e) * d->B;
     d->B_global = (int64_t)rt_exec_world(e) * d->B;
-    d->y_id = d->logits = PLAN_NONE;
+    d->y_id = d->logits = PLAN_NONE, d->ignore = OPS_NO_IGNORE;
     if (d->kind == RT_DATA_LM) d->T = x->shape[1];  // tokens per sample: the rate counts them
     if (d->kind != RT_DATA_ARRAYS) {
         rt_data_inputs(p, &a, &b);
         rt_stage_inputs(p, stage, &sa, &sb);
         d->x = sa == PLAN_NONE ? NULL : rt_exec_data(e, sa);
         d->y = sb == PLAN_NONE ? NULL : rt_exec_data(e, sb);
+        if (!rt_input_ignored(p, b, &d->ignore)) d->ignore = OPS_NO_IGNORE;
     }
     if (d->kind == RT_DATA_CLASSES) {
         d->K = rt_plan_classes(p);
@@ -575,7 +577,7 @@ RtData *rt_data_idle(char *err, size_t errlen)
         return NULL;
     }
     memset(d, 0, sizeof *d);
-    d->kind = RT_DATA_NONE, d->y_id = d->logits = PLAN_NONE;
+    d->kind = RT_DATA_NONE, d->y_id = d->logits = PLAN_NONE, d->ignore = OPS_NO_IGNORE;
     snprintf(d->describe, sizeof d->describe, "none (no step runs)");
     return d;
 }
@@ -601,6 +603,7 @@ int64_t rt_data_rows(const RtData *d) { return d->B_global; }
 int64_t rt_data_samples(const RtData *d) { return d->arrays ? rt_arrays_samples(d->arrays) : 0; }
 int32_t rt_data_labels(const RtData *d) { return d->y_id; }
 int32_t rt_data_logits(const RtData *d) { return d->logits; }
+int64_t rt_data_ignore(const RtData *d) { return d->ignore; }
 
 void rt_data_close(RtData *d)
 {

@@ -155,7 +155,8 @@ static double loss_of(const Exec *e)
     return t.dtype == PLAN_DT_F32 && t.numel == 1 ? *(const float *)t.data : NAN;
 }
 
-/* Correct predictions of this rank's rows, and how many rows, for a classifier. */
+/* Correct predictions of this rank's rows, and how many rows count (not the ignored
+ * labels), for a classifier. */
 static int64_t correct_of(const RtEval *v, int64_t *rows)
 {
     int32_t li = rt_data_logits(v->data), yi = rt_data_labels(v->data);
@@ -165,9 +166,8 @@ static int64_t correct_of(const RtEval *v, int64_t *rows)
     rt_exec_tensor_id(v->e, li, &lt);
     rt_exec_tensor_id(v->e, yi, &yt);
     if (lt.dtype != PLAN_DT_F32 || lt.rank != 2 || yt.dtype != PLAN_DT_I32 || yt.rank != 1) return 0;
-    *rows = lt.shape[0];
     int64_t K = lt.shape[1], W = rt_plan_valid_columns(rt_exec_plan(v->e), K);  // a padded head's own classes
-    return llround(rt_accuracy_of(lt.data, yt.data, lt.shape[0], K, W) * (double)lt.shape[0]);
+    return rt_correct_of(lt.data, yt.data, lt.shape[0], K, W, rt_data_ignore(v->data), rows);
 }
 
 Exec *rt_eval_exec(RtEval *v) { return v->e; }
@@ -201,7 +201,8 @@ int rt_eval_run(RtEval *v, double *loss, double *accuracy, char *err, size_t err
     }
     *loss = sum / (double)v->batches;
     *accuracy = NAN;
-    if (rows && rt_exec_world(v->e) > 1) correct = rt_comm_sum_i64(correct), rows = rt_comm_sum_i64(rows);
+    int classifier = rt_data_logits(v->data) != PLAN_NONE && rt_data_labels(v->data) != PLAN_NONE;
+    if (classifier && rt_exec_world(v->e) > 1) correct = rt_comm_sum_i64(correct), rows = rt_comm_sum_i64(rows);
     if (rows) *accuracy = (double)correct / (double)rows;
     return 0;
 }

@@ -135,7 +135,8 @@ static int check_arity(OpCheck *c)
 /* Kernels divide by dims (rows = numel / C) and pass GEMM sizes to cblas as ints. */
 static int check_dims(OpCheck *c)
 {
-    int gemm = c->kind == OP_matmul || c->kind == OP_attention || c->kind == OP_attention_bwd;
+    int gemm = c->kind == OP_matmul || c->kind == OP_attention || c->kind == OP_attention_bwd ||
+               c->kind == OP_attention_qkv || c->kind == OP_attention_qkv_bwd;
     for (int i = 0; i < c->op->n_in + c->op->n_out; i++) {
         int32_t id = i < c->op->n_in ? in_id(c, i) : out_id(c, i - c->op->n_in);
         const PlanTensor *t = &c->p->tensors[id];
@@ -184,7 +185,7 @@ static int check_attrs(OpCheck *c)
             return fail(c, "attribute '%s' should be an integer", key);
         if (kind == ARG_FLAG && at->i != 0 && at->i != 1)
             return fail(c, "flag '%s' is %" PRId64 ", not 0 or 1", key, at->i);
-        if (kind == ARG_INT && (at->i < INT32_MIN || at->i > INT32_MAX))
+        if (kind == ARG_INT && (at->i < INT32_MIN || at->i > INT32_MAX) && (double)at->i != c->info->params[i].def)
             return fail(c, "attribute '%s' is %" PRId64 ", outside the int range kernels read", key, at->i);
         lists += at->kind == PLAN_ATTR_INTS;
     }
@@ -198,6 +199,7 @@ static int check_attrs(OpCheck *c)
 }
 
 static int64_t attr_int(const OpCheck *c, const char *key, int64_t def) { return op_attr_int(&c->attrs, key, def); }
+static double attr_float(const OpCheck *c, const char *key, double def) { return op_attr_float(&c->attrs, key, def); }
 
 /* ---- shape rules ----------------------------------------------------------------------- */
 
@@ -330,12 +332,23 @@ static int extra_attention_bwd(OpCheck *c)
            want_like(c, 4, &sc.out[1], "lse") || want_like(c, 5, &sc.out[0], "dout");
 }
 
+/* attention_qkv_bwd(qkv, o, lse, dout; nh, nkv, causal): o, lse as attention_qkv(qkv) makes them. */
+static int extra_attention_qkv_bwd(OpCheck *c)
+{
+    ShapeCtx sc;
+    return run_rule(c, OP_attention_qkv, c->in, 1, &sc) || want_like(c, 1, &sc.out[0], "o") ||
+           want_like(c, 2, &sc.out[1], "lse") || want_like(c, 3, &sc.out[0], "dout");
+}
+
 /* lr_at(step; lr, schedule, ...): the step an i32 scalar; schedule 0 (constant) or 1 (cosine). */
 static int extra_lr_at(OpCheck *c)
 {
     if (want_dtype(c, 0, PLAN_DT_I32, 0)) return -1;
     int64_t s = attr_int(c, "schedule", 0);
-    if (s != 0 && s != 1) return fail(c, "schedule %" PRId64 " is neither 0 (constant) nor 1 (cosine)", s);
+    if (s < 0 || s >= OPS_LR_COUNT)
+        return fail(c, "schedule %" PRId64 " is none of 0 (constant), 1 (cosine), 2 (linear), 3 (wsd)", s);
+    double f = attr_float(c, "decay_frac", 0.2);
+    if (!(f >= 0 && f <= 1)) return fail(c, "decay_frac %g is outside [0, 1]", f);
     return 0;
 }
 
@@ -395,6 +408,7 @@ static int (*const extra[OP_COUNT])(OpCheck *) = {
     [OP_attention_bwd] = extra_attention_bwd, [OP_lr_at] = extra_lr_at,   [OP_clip_coef] = extra_clip_coef,
     [OP_count_step] = extra_count_step,  [OP_scale_update] = extra_scale_update,
     [OP_adamw] = extra_adamw,            [OP_sgd] = extra_sgd,
+    [OP_attention_qkv_bwd] = extra_attention_qkv_bwd,
 };
 
 /* ---- one op ------------------------------------------------------------------------------ */

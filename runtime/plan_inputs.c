@@ -270,7 +270,6 @@ static int64_t index_reads(const Plan *p, int32_t input, int32_t *by, int *has, 
         for (int32_t o = 0; o < op->n_out; o++) carries[p->ids[op->out + o]] = 1;
     }
     plan_dealloc(carries);
-    if (*has && *sentinel >= 0 && *sentinel < least) *has = 0;  // inside the range: nothing to allow
     return least;
 }
 
@@ -281,9 +280,17 @@ int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by)
     return index_reads(p, input, by, &has, &sentinel);
 }
 
-int rt_input_sentinel(const Plan *p, int32_t input, int64_t *value)
+int rt_input_ignored(const Plan *p, int32_t input, int64_t *value)
 {
     int32_t by;
     int has = 0;
     return index_reads(p, input, &by, &has, value) > 0 && has;
+}
+
+int rt_input_sentinel(const Plan *p, int32_t input, int64_t *value)
+{
+    int32_t by;
+    int has = 0;
+    int64_t least = index_reads(p, input, &by, &has, value);
+    return least > 0 && has && !(*value >= 0 && *value < least);  // inside the range: nothing to allow
 }

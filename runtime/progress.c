@@ -47,23 +47,32 @@ double rt_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-double rt_accuracy(const float *logits, const int32_t *y, int64_t B, int64_t K)
+int64_t rt_correct(const float *logits, const int32_t *y, int64_t B, int64_t K, int64_t ignore, int64_t *counted)
 {
-    return rt_accuracy_of(logits, y, B, K, K);
+    return rt_correct_of(logits, y, B, K, K, ignore, counted);
 }
 
-double rt_accuracy_of(const float *logits, const int32_t *y, int64_t B, int64_t K, int64_t W)
+int64_t rt_correct_of(const float *logits, const int32_t *y, int64_t B, int64_t K, int64_t W, int64_t ignore,
+                      int64_t *counted)
 {
-    if (B <= 0 || K <= 0 || W <= 0 || W > K) return NAN;
     int64_t right = 0;
-    for (int64_t b = 0; b < B; b++) {
+    *counted = 0;
+    for (int64_t b = 0; b < B && K > 0 && W > 0 && W <= K; b++) {
+        if (y[b] == ignore) continue;
         const float *row = logits + b * K;
         int64_t best = 0;
         for (int64_t k = 1; k < W; k++)
             if (row[k] > row[best]) best = k;
         right += best == y[b];
+        ++*counted;
     }
-    return (double)right / (double)B;
+    return right;
+}
+
+double rt_accuracy(const float *logits, const int32_t *y, int64_t B, int64_t K)
+{
+    int64_t counted, right = rt_correct(logits, y, B, K, INT64_MIN, &counted);  // no i32 label is INT64_MIN
+    return counted ? (double)right / (double)counted : NAN;
 }
 
 Progress *rt_progress_new(const ProgressOptions *o, char *err, size_t errlen)

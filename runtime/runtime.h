@@ -319,6 +319,9 @@ int64_t rt_input_bound(const Plan *p, int32_t input, int32_t *by);
 /* Whether every index read input's values reach allows the same value outside [0, bound)
  * (rt_op_index_sentinel): 1 and that value, else 0. */
 int rt_input_sentinel(const Plan *p, int32_t input, int64_t *value);
+/* Whether every index read of input ignores one value (a loss's ignore_index, inside the
+ * range or not): 1 and that value, else 0. What the accuracy skips. */
+int rt_input_ignored(const Plan *p, int32_t input, int64_t *value);
 /* The data source for e's plan: the token file `path`, read as `format` says (see
  * rt_tokens_parse_as; NULL: the built-in corpus) for a language model, Gaussian blobs
  * for a classifier (path must be NULL). Checks every token against the vocab. The
@@ -347,6 +350,7 @@ int64_t rt_data_samples(const RtData *d);       // .npy files' samples (first di
  * language models): what the accuracy is computed from. */
 int32_t rt_data_labels(const RtData *d);
 int32_t rt_data_logits(const RtData *d);
+int64_t rt_data_ignore(const RtData *d);  // the labels' ignore_index (accuracy skips those rows), else OPS_NO_IGNORE
 void rt_data_close(RtData *d);
 
 /* ---- runtime/arrays.c: the data inputs from .npy files (--data NAME=FILE.npy,...) ------ */
@@ -773,9 +777,13 @@ typedef struct {
 int rt_progress_bar_fit(const ProgressBar *b, int cols, char *buf, size_t n);
 /* mean(argmax(logits[b]) == y[b]) over B rows of K. */
 double rt_accuracy(const float *logits, const int32_t *y, int64_t B, int64_t K);
+/* The rows of B whose argmax is their label y, among the rows whose label is not
+ * `ignore` (OPS_NO_IGNORE: none), which *counted receives. */
+int64_t rt_correct(const float *logits, const int32_t *y, int64_t B, int64_t K, int64_t ignore, int64_t *counted);
 /* The same over the first W of each row's K logits (a padded classifier's own classes:
  * rt_plan_valid_columns). */
-double rt_accuracy_of(const float *logits, const int32_t *y, int64_t B, int64_t K, int64_t W);
+int64_t rt_correct_of(const float *logits, const int32_t *y, int64_t B, int64_t K, int64_t W, int64_t ignore,
+                      int64_t *counted);
 /* Monotonic seconds. */
 double rt_now(void);
 

@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "ops.h"  // ops_ignores
 #include "runtime.h"
 
 /* The f32 scalar with step role r, or NULL. */
@@ -185,10 +186,10 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
         }
         rt_device_copied(d, e, &host1, &dev1);
         int64_t W = logits ? rt_plan_valid_columns(rt_exec_plan(e), K) : 0;  // a padded classifier's own classes
-        double accuracy = logits ? rt_accuracy_of(logits, labels, B, K, W) : NAN;
+        int64_t counted = 0, right = logits ? rt_correct_of(logits, labels, B, K, W, rt_data_ignore(data), &counted) : 0;
         int dp = rt_exec_world(e);  // over the global batch, like the loss: the stage's data-parallel ranks
-        if (logits && dp > 1)
-            accuracy = (double)rt_comm_sum_i64((int64_t)llround(accuracy * (double)B)) / (double)(B * dp);
+        if (logits && dp > 1) right = rt_comm_sum_i64(right), counted = rt_comm_sum_i64(counted);
+        double accuracy = counted ? (double)right / (double)counted : NAN;  // every label ignored: NaN
         rt_watchdog_disarm();
         double ms = (rt_now() - t0) * 1e3;  // the step's, without the evaluation after it
         int evaluated = o->eval && (step == o->steps || (o->eval_every && step % o->eval_every == 0));
@@ -208,7 +209,11 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
         }
         if (!isfinite(s.loss)) {  // the global loss: every rank stops here
             end_progress(progress, o->who);
-            if (o->rank == 0)
+            if (o->rank == 0 && isnan(s.loss) && ops_ignores(rt_data_ignore(data)))
+                fprintf(stderr, "%s: step %" PRId64 ": the loss is nan; stopping (when every target of a batch is the "
+                        "loss's ignore_index %" PRId64 ", its mean is over no rows, 0/0; else a lower learning rate "
+                        "may help)\n", o->who, step, rt_data_ignore(data));
+            else if (o->rank == 0)
                 fprintf(stderr, "%s: step %" PRId64 ": the loss is %g; stopping (%s)\n", o->who, step, s.loss,
                         o->debug_nan ? "with --debug-nan this is a buffer read outside its planned live range: a "
                                        "bug in the plan"

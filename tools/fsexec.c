@@ -913,13 +913,14 @@ static int join_world(const Flags *f, const Plan *p, RtRanks *rk)
 }
 
 /* The learning-rate schedule's length (fsc --steps, META "steps") against the run's
- * (--steps, the total whatever a resumed run starts at). Only a cosine schedule has an
- * end: lr_at (runtime/cpu/optim.c) holds it at min_lr past `steps`, and a run cut short
- * never gets there. A constant one, warmup or not, runs the same at any length. */
+ * (--steps, the total whatever a resumed run starts at). Only a decaying schedule (cosine,
+ * linear, wsd) has an end: lr_at (runtime/cpu/optim.c) holds it at min_lr past `steps`,
+ * and a run cut short never gets there. A constant one, warmup or not, runs the same at
+ * any length. */
 static void schedule_note(const Plan *p, int64_t steps)
 {
     int64_t end = plan_meta_int(p, "steps", 0);
-    if (steps <= 0 || end <= 0 || end == steps || strcmp(plan_meta_str(p, "lr_schedule", "constant"), "cosine"))
+    if (steps <= 0 || end <= 0 || end == steps || !strcmp(plan_meta_str(p, "lr_schedule", "constant"), "constant"))
         return;
     if (steps < end)
         fprintf(stderr, "fsexec: note: the learning-rate schedule runs to step %" PRId64 " (fsc --steps); this run stops "

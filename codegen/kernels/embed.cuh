@@ -78,12 +78,14 @@ __device__ __forceinline__ void fs_embedding_bwd_into(const int *__restrict__ id
     fs_embedding_bwd_rows<R, true, N, V, C>(idx, dy, out);
 }
 
-// y = x [OUTER, T, D] with the pair (i, i + D/2) of row t turned by p * theta^(-2i/D), p =
-// t (AT: pos[0] + t, the i32 position on the device), backwards under INVERSE. Blocks of 256
+// y = x [OUTER, T, D] with the pair (i, i + D/2) of row t (INTERLEAVED: (2i, 2i + 1)) turned
+// by p * theta^(-2i/D), p = t (AT: pos[0] + t, the i32 position on the device), backwards
+// under INVERSE. Blocks of 256
 // threads: a thread takes one (t, i) of blockIdx.x's and computes the angle in f64 as the CPU
 // does (pow, then cos and sin rounded to f32), then turns that pair in every slice o of the
 // OUTER ones with o = blockIdx.y mod SPLIT (gridDim.y = SPLIT).
-template <bool AT, bool INVERSE, long long OUTER, int SPLIT, long long T, long long D, class TX, class TY>
+template <bool AT, bool INVERSE, bool INTERLEAVED, long long OUTER, int SPLIT, long long T, long long D, class TX,
+          class TY>
 __device__ __forceinline__ void fs_rope(const TX *__restrict__ x, const int *__restrict__ pos, TY *__restrict__ y,
                                         double theta)
 {
@@ -96,7 +98,7 @@ __device__ __forceinline__ void fs_rope(const TX *__restrict__ x, const int *__r
     const double ang = (INVERSE ? -1.0 : 1.0) * (double)p * pow(theta, -2.0 * (double)i / (double)D);
     const float cs = (float)cos(ang), sn = (float)sin(ang);
     for (long long o = blockIdx.y; o < OUTER; o += SPLIT) {
-        const long long a = (o * T + t) * D + i, b = a + H;
+        const long long a = (o * T + t) * D + (INTERLEAVED ? 2 * i : i), b = a + (INTERLEAVED ? 1 : H);
         const float u = ld(x, a), w = ld(x, b);
         st(y, a, u * cs - w * sn);
         st(y, b, w * cs + u * sn);

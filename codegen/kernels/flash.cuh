@@ -26,9 +26,14 @@
 // The output leaves through shared memory (each warp's own 16 rows of the q tile, which
 // only that warp reads), so global stores are whole 16-byte chunks of consecutive rows.
 //
+// Layouts: every tensor is addressed through FsAttLay (attn_layout.cuh; v through k's), so the same kernels read
+// attention's contiguous [BH, T, D] slices and attention_qkv's heads, which are column
+// ranges of the QKV projection's rows (passes/packed_attn.c).
+//
 // Fragment layouts are tc.cuh's (the PTX ISA's): g = lane / 4, t = lane % 4; a C fragment
 // element c[i] is at row g + 8 (i >> 1), column 2t + (i & 1).
 #pragma once
+#include "attn_layout.cuh"
 #include "prelude.cuh"
 #include "tc.cuh"
 
@@ -60,9 +65,9 @@ struct FsFlashDim {
     static constexpr int NT = DP / 8;              // n tiles over the head dim
 };
 
-// cp.async of ROWS rows of a (*, D) tensor from row pointer g (valid of them exist) into
-// shared rows of pitch P; missing rows and the pad columns are zero-filled. NTH threads.
-template <int ROWS, int D, int NTH, class E>
+// cp.async of ROWS rows of D elements, RP apart, from row pointer g (valid of them exist)
+// into shared rows of pitch P; missing rows and the pad columns are zero-filled. NTH threads.
+template <int ROWS, int D, int NTH, long long RP, class E>
 __device__ __forceinline__ void fs_flash_copy(E *s, const E *g, int valid)
 {
     using F = FsFlashDim<D>;
@@ -70,7 +75,7 @@ __device__ __forceinline__ void fs_flash_copy(E *s, const E *g, int valid)
     for (int c = threadIdx.x; c < ROWS * CPR; c += NTH) {
         const int r = c / CPR, k = c % CPR;
         const bool in = r < valid && k < D / 8;
-        fs_cp_async16_zfill(s + r * F::P + 8 * k, in ? g + (long long)r * D + 8 * k : g, in ? 16 : 0);
+        fs_cp_async16_zfill(s + r * F::P + 8 * k, in ? g + r * RP + 8 * k : g, in ? 16 : 0);
     }
 }
 
@@ -151,8 +156,8 @@ __device__ __forceinline__ void fs_mma_xb(float (*acc)[4], const float (*x)[4], 
 
 // A warp's 16 x D result acc (C fragments, times mul) out through its own 16 rows of the
 // shared tile s (pitch P, from row r0): rounded to E, then 16-byte chunks to rows g of
-// global memory (row pitch D) of which `valid` exist.
-template <int D, class E>
+// global memory (row pitch RP) of which `valid` exist.
+template <int D, long long RP, class E>
 __device__ __forceinline__ void fs_flash_store(const float (*acc)[4], float mul0, float mul1, E *s, int r0, E *g,
                                                int valid)
 {
@@ -169,14 +174,14 @@ __device__ __forceinline__ void fs_flash_store(const float (*acc)[4], float mul0
     constexpr int CPR = D / 8;
     for (int c = l; c < 16 * CPR; c += 32) {
         const int r = c / CPR, k = c % CPR;
-        if (r < valid) fs_st128(g + (long long)r * D + 8 * k, fs_ld128(s + (r0 + r) * F::P + 8 * k));
+        if (r < valid) fs_st128(g + r * RP + 8 * k, fs_ld128(s + (r0 + r) * F::P + 8 * k));
     }
 }
 
 // The forward: one block of 128 threads per (query tile, slice), BH slices of TQ rows,
 // kv slices of SK rows; blockIdx.x = (NQT - 1 - query tile) * BH + bh. Dynamic shared
 // memory: (64 + 4 * 64) * P elements.
-template <class E, int TQ, int SK, int D, int G, bool CAUSAL, long long BH>
+template <class E, int TQ, int SK, int D, int G, bool CAUSAL, class L, long long BH>
 __device__ __forceinline__ void fs_flash_fwd(const E *__restrict__ q, const E *__restrict__ k, const E *__restrict__ v,
                                              E *__restrict__ o, float *__restrict__ lse, float scale)
 {
@@ -187,13 +192,14 @@ __device__ __forceinline__ void fs_flash_fwd(const E *__restrict__ q, const E *_
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const long long bh = blockIdx.x % BH;
     const int i0 = (NQT - 1 - (int)(blockIdx.x / BH)) * BQ, w0 = 16 * warp;
-    const E *kg = k + bh / G * SK * D, *vg = v + bh / G * SK * D;
+    constexpr long long KR = L::k_pitch;
+    const E *kg = k + L::k(bh / G, 0), *vg = v + L::k(bh / G, 0);
     const float sl2 = scale * 1.4426950408889634f, ninf = __int_as_float(0xff800000u);
     const int jend = CAUSAL ? min(SK, i0 + BQ) : SK, ntiles = (jend + BK - 1) / BK;
 
-    fs_flash_copy<BQ, D, 128>(sq, q + (bh * TQ + i0) * D, TQ - i0);
-    fs_flash_copy<BK, D, 128>(sk, kg, SK);
-    fs_flash_copy<BK, D, 128>(sv, vg, SK);
+    fs_flash_copy<BQ, D, 128, L::q_pitch>(sq, q + L::q(bh, i0), TQ - i0);
+    fs_flash_copy<BK, D, 128, KR>(sk, kg, SK);
+    fs_flash_copy<BK, D, 128, KR>(sv, vg, SK);
     fs_cp_async_commit();
 
     float m[2] = {ninf, ninf}, l[2] = {0.f, 0.f}, acc[F::NT][4];
@@ -204,8 +210,8 @@ __device__ __forceinline__ void fs_flash_fwd(const E *__restrict__ q, const E *_
         __syncthreads();  // tile jt is in for every thread; tile jt - 1's buffers are free
         const int j0 = jt * BK, nb = (jt + 1) & 1;
         if (jt + 1 < ntiles) {
-            fs_flash_copy<BK, D, 128>(sk + nb * BK * P, kg + (long long)(j0 + BK) * D, SK - j0 - BK);
-            fs_flash_copy<BK, D, 128>(sv + nb * BK * P, vg + (long long)(j0 + BK) * D, SK - j0 - BK);
+            fs_flash_copy<BK, D, 128, KR>(sk + nb * BK * P, kg + (j0 + BK) * KR, SK - j0 - BK);
+            fs_flash_copy<BK, D, 128, KR>(sv + nb * BK * P, vg + (j0 + BK) * KR, SK - j0 - BK);
         }
         fs_cp_async_commit();
         const E *ck = sk + (jt & 1) * BK * P, *cv = sv + (jt & 1) * BK * P;
@@ -257,5 +263,5 @@ __device__ __forceinline__ void fs_flash_fwd(const E *__restrict__ q, const E *_
         const int row = i0 + w0 + g + 8 * h;
         if (t == 0 && row < TQ) lse[bh * TQ + row] = m[h] * scale + logf(l[h]);
     }
-    fs_flash_store<D>(acc, inv[0], inv[1], sq, w0, o + (bh * TQ + i0 + w0) * D, TQ - i0 - w0);
+    fs_flash_store<D, L::o_pitch>(acc, inv[0], inv[1], sq, w0, o + L::o(bh, i0 + w0), TQ - i0 - w0);
 }

@@ -16,11 +16,11 @@
 // P and dS are rounded to the input dtype for their products, as in every flash
 // attention; all accumulation is f32, each output rounded once.
 //
-// The scratch: Dr of query row i of slice bh lives in the first floats of i's query tile
-// of 64 rows in dq, at float (bh T + i0) D / 2 + (i - i0), i0 = i - i % 64: the tile's
-// rows are contiguous in dq and hold 2 D >= 4 bytes per row, so each tile's Dr lies in
-// its own rows' bytes, which only kernel 3's block of that tile writes, after reading.
-// dq must not share bytes with the other tensors (as on the CPU).
+// The scratch: Dr of query row i of slice bh lives in the first float of that row of dq
+// (2 D >= 16 bytes, 16-byte aligned), whichever layout (FsAttLay) dq has, so each tile's
+// Dr lies in its own rows' bytes, which only kernel 3's block of that tile writes, after
+// reading. dq must not share bytes with q, k, v, o or dO (as on the CPU); under
+// attention_qkv dk and dv are the other columns of dq's rows, which no Dr touches.
 //
 // Shared tiles are flash.cuh's (pitch DP + 8: ldmatrix conflict-free). The dK/dV kernel
 // steps 32 query rows at a time, and the dQ kernel 64 keys for D <= 64 and 32 beyond, so
@@ -29,44 +29,43 @@
 #pragma once
 #include "flash.cuh"
 
-template <int D>
-__device__ __forceinline__ long long fs_flash_dr_at(long long bh, int TQ, int i)
+template <class L, class E>
+__device__ __forceinline__ float *fs_flash_dr(const E *dq, long long bh, int i)
 {
-    return (bh * TQ + i - i % 64) * (D / 2) + i % 64;
+    return reinterpret_cast<float *>(const_cast<E *>(dq) + L::q(bh, i));
 }
 
 // Kernel 1: LPR lanes per row (a power of two dividing D / 8), 16-byte loads of o and dO,
 // rows = BH * TQ; blocks of 128 threads. When D / 8 is odd (head dims 8, 24, 40...) a
 // lane has a row to itself and its warp's reads touch twice the fewest sectors.
-template <class E, int TQ, int D, int LPR, long long ROWS>
+template <class E, int TQ, int D, int LPR, class L, long long ROWS>
 __device__ __forceinline__ void fs_flash_dsum(const E *__restrict__ o, const E *__restrict__ dout, E *__restrict__ dq)
 {
-    const long long r = ((long long)blockIdx.x * 128 + threadIdx.x) / LPR;
+    const long long r = ((long long)blockIdx.x * 128 + threadIdx.x) / LPR, at = L::o(r / TQ, r % TQ);
     const int sub = threadIdx.x % LPR;
     float x = 0.f;
     if (r < ROWS)
         for (int c = sub; c < D / 8; c += LPR) {
-            const uint4 a = fs_ld128(o + r * D + 8 * c), b = fs_ld128(dout + r * D + 8 * c);
+            const uint4 a = fs_ld128(o + at + 8 * c), b = fs_ld128(dout + at + 8 * c);
             const E *ea = reinterpret_cast<const E *>(&a), *eb = reinterpret_cast<const E *>(&b);
 #pragma unroll
             for (int e = 0; e < 8; e++) x += ld(ea, e) * ld(eb, e);
         }
 #pragma unroll
     for (int s = 1; s < LPR; s *= 2) x += __shfl_xor_sync(0xffffffffu, x, s);
-    if (r < ROWS && sub == 0) reinterpret_cast<float *>(dq)[fs_flash_dr_at<D>(r / TQ, TQ, (int)(r % TQ))] = x;
+    if (r < ROWS && sub == 0) *fs_flash_dr<L>(dq, r / TQ, (int)(r % TQ)) = x;
 }
 
 // Rows i0 + r, r = first, first + step, ... < n, of lse (times log2(e)) and of Dr into
 // sl[r] and sd[r]; past TQ: 0.
-template <int TQ, int D, class E>
+template <int TQ, class L, class E>
 __device__ __forceinline__ void fs_flash_rows(float *sl, float *sd, const float *lse, const E *dq, long long bh, int i0,
                                               int n, int first, int step)
 {
-    const float *dr = reinterpret_cast<const float *>(dq);
     for (int r = first; r < n; r += step) {
         const bool in = i0 + r < TQ;
         sl[r] = in ? lse[bh * TQ + i0 + r] * 1.4426950408889634f : 0.f;
-        sd[r] = in ? dr[fs_flash_dr_at<D>(bh, TQ, i0 + r)] : 0.f;
+        sd[r] = in ? *fs_flash_dr<L>(dq, bh, i0 + r) : 0.f;
     }
 }
 
@@ -92,7 +91,7 @@ __device__ __forceinline__ void fs_flash_ds(float (*x)[4], float (*y)[4], float 
 // Kernel 2: blockIdx.x = key tile * BKV + kv slice; 128 threads; BM query rows a step.
 // Shared: K, V (64 rows each), then two buffers of Q and dO (BM rows each), then floats:
 // two of lse and Dr (BM each).
-template <class E, int TQ, int SK, int D, int G, bool CAUSAL, int BM, long long BKV>
+template <class E, int TQ, int SK, int D, int G, bool CAUSAL, class L, int BM, long long BKV>
 __device__ __forceinline__ void fs_flash_dkdv(const E *__restrict__ q, const E *__restrict__ k, const E *__restrict__ v,
                                               const float *__restrict__ lse, const E *__restrict__ dout,
                                               const E *__restrict__ dq, E *__restrict__ dk, E *__restrict__ dv,
@@ -109,14 +108,14 @@ __device__ __forceinline__ void fs_flash_dkdv(const E *__restrict__ q, const E *
     const int qt0 = CAUSAL ? j0 / BM : 0, per = NQT - qt0, steps = G * per;
     const float sl2 = scale * 1.4426950408889634f;
 
-    fs_flash_copy<BN, D, 128>(sk, k + (bkv * SK + j0) * D, SK - j0);
-    fs_flash_copy<BN, D, 128>(sv, v + (bkv * SK + j0) * D, SK - j0);
+    fs_flash_copy<BN, D, 128, L::k_pitch>(sk, k + L::k(bkv, j0), SK - j0);
+    fs_flash_copy<BN, D, 128, L::k_pitch>(sv, v + L::k(bkv, j0), SK - j0);
     auto load = [&](int st, int buf) {  // step st: query slice bkv G + st / per, tile qt0 + st % per
         const long long bh = bkv * G + st / per;
         const int i0 = (qt0 + st % per) * BM;
-        fs_flash_copy<BM, D, 128>(sq + buf * BM * P, q + (bh * TQ + i0) * D, TQ - i0);
-        fs_flash_copy<BM, D, 128>(so + buf * BM * P, dout + (bh * TQ + i0) * D, TQ - i0);
-        fs_flash_rows<TQ, D>(sl + buf * BM, sd + buf * BM, lse, dq, bh, i0, BM, threadIdx.x, 128);
+        fs_flash_copy<BM, D, 128, L::q_pitch>(sq + buf * BM * P, q + L::q(bh, i0), TQ - i0);
+        fs_flash_copy<BM, D, 128, L::o_pitch>(so + buf * BM * P, dout + L::o(bh, i0), TQ - i0);
+        fs_flash_rows<TQ, L>(sl + buf * BM, sd + buf * BM, lse, dq, bh, i0, BM, threadIdx.x, 128);
     };
     load(0, 0);
     fs_cp_async_commit();
@@ -149,13 +148,13 @@ __device__ __forceinline__ void fs_flash_dkdv(const E *__restrict__ q, const E *
         fs_mma_xb<P, BM / 16, F::NT>(adk, dp, cq);
     }
     // Out through each warp's own rows of sk and sv, which only that warp has read.
-    fs_flash_store<D>(adk, scale, scale, sk, w0, dk + (bkv * SK + j0 + w0) * D, SK - j0 - w0);
-    fs_flash_store<D>(adv, 1.0f, 1.0f, sv, w0, dv + (bkv * SK + j0 + w0) * D, SK - j0 - w0);
+    fs_flash_store<D, L::k_pitch>(adk, scale, scale, sk, w0, dk + L::k(bkv, j0 + w0), SK - j0 - w0);
+    fs_flash_store<D, L::k_pitch>(adv, 1.0f, 1.0f, sv, w0, dv + L::k(bkv, j0 + w0), SK - j0 - w0);
 }
 
 // Kernel 3: blockIdx.x = (NQT - 1 - query tile) * BH + bh; 128 threads; BN keys a step.
 // Shared: Q, dO (64 rows each), then two buffers of K and V (BN rows each).
-template <class E, int TQ, int SK, int D, int G, bool CAUSAL, int BN, long long BH>
+template <class E, int TQ, int SK, int D, int G, bool CAUSAL, class L, int BN, long long BH>
 __device__ __forceinline__ void fs_flash_dq(const E *__restrict__ q, const E *__restrict__ k, const E *__restrict__ v,
                                             const float *__restrict__ lse, const E *__restrict__ dout,
                                             E *__restrict__ dq, float scale)
@@ -167,17 +166,18 @@ __device__ __forceinline__ void fs_flash_dq(const E *__restrict__ q, const E *__
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, w0 = 16 * warp;
     const long long bh = blockIdx.x % BH;
     const int i0 = (NQT - 1 - (int)(blockIdx.x / BH)) * BQ;
-    const E *kg = k + bh / G * SK * D, *vg = v + bh / G * SK * D;
+    constexpr long long KR = L::k_pitch;
+    const E *kg = k + L::k(bh / G, 0), *vg = v + L::k(bh / G, 0);
     const float sl2 = scale * 1.4426950408889634f;
     const int jend = CAUSAL ? min(SK, i0 + BQ) : SK, steps = (jend + BN - 1) / BN;
 
     float l2[2], dr[2];  // this thread's rows w0 + g and w0 + g + 8, read before any dq is written
-    fs_flash_rows<TQ, D>(l2, dr, lse, dq, bh, i0 + w0 + g, 1, 0, 1);
-    fs_flash_rows<TQ, D>(l2 + 1, dr + 1, lse, dq, bh, i0 + w0 + g + 8, 1, 0, 1);
-    fs_flash_copy<BQ, D, 128>(sq, q + (bh * TQ + i0) * D, TQ - i0);
-    fs_flash_copy<BQ, D, 128>(so, dout + (bh * TQ + i0) * D, TQ - i0);
-    fs_flash_copy<BN, D, 128>(sk, kg, SK);
-    fs_flash_copy<BN, D, 128>(sv, vg, SK);
+    fs_flash_rows<TQ, L>(l2, dr, lse, dq, bh, i0 + w0 + g, 1, 0, 1);
+    fs_flash_rows<TQ, L>(l2 + 1, dr + 1, lse, dq, bh, i0 + w0 + g + 8, 1, 0, 1);
+    fs_flash_copy<BQ, D, 128, L::q_pitch>(sq, q + L::q(bh, i0), TQ - i0);
+    fs_flash_copy<BQ, D, 128, L::o_pitch>(so, dout + L::o(bh, i0), TQ - i0);
+    fs_flash_copy<BN, D, 128, KR>(sk, kg, SK);
+    fs_flash_copy<BN, D, 128, KR>(sv, vg, SK);
     fs_cp_async_commit();
 
     float acc[F::NT][4];
@@ -188,8 +188,8 @@ __device__ __forceinline__ void fs_flash_dq(const E *__restrict__ q, const E *__
         __syncthreads();  // key tile st is in (and, at st = 0, every Dr read); tile st - 1's buffers are free
         const int j0 = st * BN, nb = (st + 1) & 1;
         if (st + 1 < steps) {
-            fs_flash_copy<BN, D, 128>(sk + nb * BN * P, kg + (long long)(j0 + BN) * D, SK - j0 - BN);
-            fs_flash_copy<BN, D, 128>(sv + nb * BN * P, vg + (long long)(j0 + BN) * D, SK - j0 - BN);
+            fs_flash_copy<BN, D, 128, KR>(sk + nb * BN * P, kg + (j0 + BN) * KR, SK - j0 - BN);
+            fs_flash_copy<BN, D, 128, KR>(sv + nb * BN * P, vg + (j0 + BN) * KR, SK - j0 - BN);
         }
         fs_cp_async_commit();
         const E *ck = sk + (st & 1) * BN * P, *cv = sv + (st & 1) * BN * P;
@@ -206,5 +206,5 @@ __device__ __forceinline__ void fs_flash_dq(const E *__restrict__ q, const E *__
             [&](int a, int) { return l2[a >> 3]; }, [&](int a, int) { return dr[a >> 3]; });
         fs_mma_xb<P, BN / 16, F::NT>(acc, dp, ck);
     }
-    fs_flash_store<D>(acc, scale, scale, sq, w0, dq + (bh * TQ + i0 + w0) * D, TQ - i0 - w0);
+    fs_flash_store<D, L::q_pitch>(acc, scale, scale, sq, w0, dq + L::q(bh, i0 + w0), TQ - i0 - w0);
 }

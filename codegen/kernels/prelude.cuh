@@ -34,6 +34,12 @@ __device__ __forceinline__ float fs_gelu_grad(float x)
     float s = fs_sigmoid(2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x));
     return s + 2.0f * x * s * (1.0f - s) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
 }
+/* Exact GELU, x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), and its derivative Phi(x) + x phi(x). */
+__device__ __forceinline__ float fs_gelu_erf(float x) { return x * 0.5f * (1.0f + erff(x * 0.70710678118654752f)); }
+__device__ __forceinline__ float fs_gelu_erf_grad(float x)
+{
+    return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * expf(-0.5f * x * x) * 0.39894228040143268f;
+}
 __device__ __forceinline__ float fs_silu_grad(float x)
 {
     float s = fs_sigmoid(x);

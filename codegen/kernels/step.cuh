@@ -6,9 +6,10 @@
 #pragma once
 #include "prelude.cuh"
 
-// The learning rate at step: linear warmup over WARMUP steps, then constant (SCHEDULE 0) or
-// a cosine (1) from lr to min_lr over DECAY steps.
-template <int SCHEDULE, long long WARMUP, long long DECAY>
+// The learning rate at step: linear warmup over WARMUP steps, then constant (SCHEDULE 0), or
+// a decay from lr to min_lr over the LEN steps after step START: a cosine (1), linear (2, and
+// 3: wsd, whose START comes after a constant stretch); ops/ops.h's ops_lr_decay gives both.
+template <int SCHEDULE, long long WARMUP, long long START, long long LEN>
 __device__ __forceinline__ void fs_lr_at(const int *step_, float *out, double lr, double min_lr)
 {
     const long long step = step_[0];
@@ -18,12 +19,10 @@ __device__ __forceinline__ void fs_lr_at(const int *step_, float *out, double lr
             return;
         }
     }
-    double at = lr;
-    if constexpr (SCHEDULE == 1) {
-        double progress = (double)(step - WARMUP) / (double)DECAY;
-        progress = progress < 0 ? 0 : progress > 1 ? 1 : progress;
-        at = min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(3.14159265358979323846 * progress));
-    }
+    double at = lr, progress = (double)(step - START) / (double)LEN;
+    progress = progress < 0 ? 0 : progress > 1 ? 1 : progress;
+    if constexpr (SCHEDULE == 1) at = min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(3.14159265358979323846 * progress));
+    if constexpr (SCHEDULE >= 2) at = lr - (lr - min_lr) * progress;
     out[0] = (float)at;
 }
 

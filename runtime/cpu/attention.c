@@ -30,7 +30,13 @@
  * Tile GEMMs stay at or below OpenBLAS's single-thread size (m*n*k <= 2^18, for head
  * dims up to 512), so OpenBLAS never starts its own threads inside our parallel regions.
  *
- * In 16 bits all three kernels run as their f32 selves on staged (batch, head) slices
+ * attention_qkv(qkv [B, T, (NH + 2 NKV) D], nh, nkv, causal) and its backward are the same
+ * kernels on the QKV projection's output as it lies (passes/packed_attn.c): every tensor is
+ * addressed through a layout (Lay: slice s's row i at s / nh * b + s % nh * h + i * r, so a
+ * head is a column range of the rows), o and dout are [B, T, NH D], and dq, dk, dv are the
+ * column ranges of dqkv. The contiguous ops are the layout nh = 1, h = 0, r = the row width.
+ *
+ * In 16 bits all five kernels run as their f32 selves on staged (batch, head) slices
  * (lowp.c): a group of whole slices of q, k, v (o, dout) converted to f32, the outputs
  * rounded back; under grouped-query attention the staged slabs are whole batch items
  * (every head), so that each group holds its kv heads with their query heads. lse stays f32 and is read and written where it lies.
@@ -45,9 +51,21 @@
 #define BK 64  // keys per tile, at most
 #define GEMM_SERIAL_MNK 262144
 
+/* Where row i of (batch, head) slice s starts: s / nh * b + s % nh * h + i * r elements in. */
+typedef struct {
+    int64_t nh, b, h, r;
+} Lay;
+
+static inline int64_t lay_at(const Lay *l, int64_t s, int64_t i)
+{
+    return s / l->nh * l->b + s % l->nh * l->h + i * l->r;
+}
+static Lay lay_dense(int64_t rows, int64_t width) { return (Lay){1, rows * width, 0, width}; }
+
 typedef struct {
     const float *q, *k, *v, *o, *lse, *dout;  // o, lse, dout: backward only
     float *out, *lse_out, *dq, *dk, *dv;
+    Lay lq, lk, lv, lo;  // q and dq, k and dk, v and dv, o and dout
     int64_t BH, G, T, S, D, Dv, bk;  // G: query slices per kv slice
     float scale;
     int causal;
@@ -73,6 +91,31 @@ static void att_init(Att *a, const KCall *k, int causal)
     a->scale = 1.0f / sqrtf((float)a->D);
     a->causal = causal, a->at = 0;
     a->q = fdata(q), a->k = fdata(kk), a->v = fdata(v);
+    a->lq = lay_dense(a->T, a->D), a->lk = lay_dense(a->S, a->D), a->lv = lay_dense(a->S, a->Dv);
+    a->lo = lay_dense(a->T, a->Dv);
+}
+
+/* attention_qkv's geometry: qkv (input 0) [..., T, (nh + 2 nkv) D], attributes nh, nkv, causal at
+ * k->attr[at..]; o and dout [..., T, nh D]. */
+static void att_init_packed(Att *a, const KCall *k, int at)
+{
+    const KTensor *x = &k->in[0];
+    for (int i = 0; i < k->n_in; i++) KCHECK(k->in[i].dtype == KT_F32, "attention_qkv: unsupported dtype");
+    int64_t nh = k_int(k, at), nkv = k_int(k, at + 1), T = x->shape[x->rank - 2], W = x->shape[x->rank - 1];
+    KCHECK(nh >= 1 && nkv >= 1 && nh % nkv == 0 && W % (nh + 2 * nkv) == 0, "attention_qkv: bad heads");
+    int64_t D = W / (nh + 2 * nkv), B = x->numel / (T * W);
+    *a = (Att){.T = T, .S = T, .D = D, .Dv = D, .BH = B * nh, .G = nh / nkv, .causal = k_int(k, at + 2)};
+    a->bk = imax(8, imin(BK, GEMM_SERIAL_MNK / (BQ * D)));
+    a->scale = 1.0f / sqrtf((float)D);
+    a->lq = (Lay){nh, T * W, D, W}, a->lk = (Lay){nkv, T * W, D, W}, a->lv = a->lk;
+    a->lo = (Lay){nh, T * nh * D, D, nh * D};
+    a->q = fdata(x), a->k = a->q + nh * D, a->v = a->k + nkv * D;
+}
+
+/* Rows i0 .. i0 + n - 1 of slice s of a tensor of layout l, `width` elements each, to 0. */
+static void zero_rows(float *x, const Lay *l, int64_t s, int64_t i0, int64_t n, int64_t width)
+{
+    for (int64_t i = i0; i < i0 + n; i++) memset(x + lay_at(l, s, i), 0, sizeof(float) * (size_t)width);
 }
 
 /* The causal mask of tile (query block i0, key block j0): its key c is seen by its query
@@ -89,15 +132,16 @@ KSIMD static void fwd_block(const Att *a, int64_t bh, int64_t i0)
 {
     int64_t nq = imin(BQ, a->T - i0), D = a->D, Dv = a->Dv;
     int64_t jend = a->causal ? imin(a->S, a->at + i0 + nq) : a->S;
-    const float *q = a->q + (bh * a->T + i0) * D;
-    float *o = a->out + (bh * a->T + i0) * Dv, st[BK * BQ], m[BQ], l[BQ], mx[BQ], corr[BQ];
+    const float *q = a->q + lay_at(&a->lq, bh, i0);
+    int64_t ldo = a->lo.r;
+    float *o = a->out + lay_at(&a->lo, bh, i0), st[BK * BQ], m[BQ], l[BQ], mx[BQ], corr[BQ];
     for (int64_t r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
-    memset(o, 0, sizeof(float) * (size_t)(nq * Dv));
+    zero_rows(a->out, &a->lo, bh, i0, nq, Dv);
     for (int64_t j0 = 0; j0 < jend; j0 += a->bk) {
         int64_t nk = imin(a->bk, jend - j0);
         int64_t first = first_seer(a, i0, j0);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nk, (int)nq, (int)D, a->scale,
-                    a->k + (bh / a->G * a->S + j0) * D, (int)D, q, (int)D, 0.0f, st, (int)nq);
+                    a->k + lay_at(&a->lk, bh / a->G, j0), (int)a->lk.r, q, (int)a->lq.r, 0.0f, st, (int)nq);
         for (int64_t r = 0; r < nq; r++) mx[r] = m[r];
         for (int64_t c = 0; c < nk; c++) {
             const float *sc = st + c * nq;
@@ -118,15 +162,15 @@ KSIMD static void fwd_block(const Att *a, int64_t bh, int64_t i0)
             m[r] = mx[r];
             if (corr[r] == 1.0f) continue;
             VEC_LOOP
-            for (int64_t c = 0; c < Dv; c++) o[r * Dv + c] *= corr[r];
+            for (int64_t c = 0; c < Dv; c++) o[r * ldo + c] *= corr[r];
         }
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nq, (int)Dv, (int)nk, 1.0f, st, (int)nq,
-                    a->v + (bh / a->G * a->S + j0) * Dv, (int)Dv, 1.0f, o, (int)Dv);
+                    a->v + lay_at(&a->lv, bh / a->G, j0), (int)a->lv.r, 1.0f, o, (int)ldo);
     }
     for (int64_t r = 0; r < nq; r++) {
         float inv = 1.0f / l[r];
         VEC_LOOP
-        for (int64_t c = 0; c < Dv; c++) o[r * Dv + c] *= inv;
+        for (int64_t c = 0; c < Dv; c++) o[r * ldo + c] *= inv;
         if (a->lse_out) a->lse_out[bh * a->T + i0 + r] = m[r] + logf(l[r]);
     }
 }
@@ -188,6 +232,7 @@ void cpu_attention_decode(const KCall *k)
              .S = S, .D = D, .Dv = Dv, .scale = 1.0f / sqrtf((float)D), .causal = 1, .at = at};
     a.G = a.BH / bkv;
     a.bk = imax(8, imin(BK, GEMM_SERIAL_MNK / (BQ * imax(D, Dv))));
+    a.lq = lay_dense(T, D), a.lk = lay_dense(S, D), a.lv = lay_dense(S, Dv), a.lo = lay_dense(T, Dv);
     fwd_all(&a);
 }
 
@@ -198,13 +243,14 @@ KSIMD static void bwd_tile(const Att *a, int64_t bh, int64_t i0, int64_t j0, con
 {
     int64_t nq = imin(BQ, a->T - i0), nk = imin(a->bk, a->S - j0), D = a->D, Dv = a->Dv;
     int64_t kv = bh / a->G;
-    const float *q = a->q + (bh * a->T + i0) * D, *kj = a->k + (kv * a->S + j0) * D;
-    const float *vj = a->v + (kv * a->S + j0) * Dv, *go = a->dout + (bh * a->T + i0) * Dv;
+    const float *q = a->q + lay_at(&a->lq, bh, i0), *kj = a->k + lay_at(&a->lk, kv, j0);
+    const float *vj = a->v + lay_at(&a->lv, kv, j0), *go = a->dout + lay_at(&a->lo, bh, i0);
+    int ldq = (int)a->lq.r, ldk = (int)a->lk.r, ldv = (int)a->lv.r, ldo = (int)a->lo.r;
     const float *lse = a->lse + bh * a->T + i0;
     float p[BQ * BK], ds[BQ * BK];
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, q, (int)D, kj, (int)D, 0.0f, p,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, q, ldq, kj, ldk, 0.0f, p,
                 (int)nk);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)Dv, 1.0f, go, (int)Dv, vj, (int)Dv, 0.0f, ds,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)Dv, 1.0f, go, ldo, vj, ldv, 0.0f, ds,
                 (int)nk);
     int64_t first = first_seer(a, i0, j0);
     for (int64_t r = 0; r < nq; r++) {
@@ -218,20 +264,20 @@ KSIMD static void bwd_tile(const Att *a, int64_t bh, int64_t i0, int64_t j0, con
         }
     }
     if (do_kv) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)Dv, (int)nq, 1.0f, p, (int)nk, go, (int)Dv, 1.0f,
-                    a->dv + (kv * a->S + j0) * Dv, (int)Dv);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)D, (int)nq, a->scale, ds, (int)nk, q, (int)D, 1.0f,
-                    a->dk + (kv * a->S + j0) * D, (int)D);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)Dv, (int)nq, 1.0f, p, (int)nk, go, ldo, 1.0f,
+                    a->dv + lay_at(&a->lv, kv, j0), ldv);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)D, (int)nq, a->scale, ds, (int)nk, q, ldq,
+                    1.0f, a->dk + lay_at(&a->lk, kv, j0), ldk);
     }
     if (do_q)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, a->scale, ds, (int)nk, kj, (int)D,
-                    1.0f, a->dq + (bh * a->T + i0) * D, (int)D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, a->scale, ds, (int)nk, kj, ldk,
+                    1.0f, a->dq + lay_at(&a->lq, bh, i0), ldq);
 }
 
 static void row_dots(const Att *a, int64_t bh, int64_t i0, float *dr)
 {
-    int64_t nq = imin(BQ, a->T - i0), off = (bh * a->T + i0) * a->Dv;
-    for (int64_t r = 0; r < nq; r++) dr[r] = vdot(a->dout + off + r * a->Dv, a->o + off + r * a->Dv, a->Dv);
+    int64_t nq = imin(BQ, a->T - i0), off = lay_at(&a->lo, bh, i0);
+    for (int64_t r = 0; r < nq; r++) dr[r] = vdot(a->dout + off + r * a->lo.r, a->o + off + r * a->lo.r, a->Dv);
 }
 
 /* Does tile (i0, j0) see any key? (causal: not when every key follows every query) */
@@ -240,10 +286,10 @@ static int live(const Att *a, int64_t i0, int64_t j0) { return !a->causal || j0 
 /* kv slice kv and its G query slices. */
 static void bwd_slice(const Att *a, int64_t kv)
 {
-    memset(a->dk + kv * a->S * a->D, 0, sizeof(float) * (size_t)(a->S * a->D));
-    memset(a->dv + kv * a->S * a->Dv, 0, sizeof(float) * (size_t)(a->S * a->Dv));
+    zero_rows(a->dk, &a->lk, kv, 0, a->S, a->D);
+    zero_rows(a->dv, &a->lv, kv, 0, a->S, a->Dv);
     for (int64_t bh = kv * a->G; bh < (kv + 1) * a->G; bh++) {
-        memset(a->dq + bh * a->T * a->D, 0, sizeof(float) * (size_t)(a->T * a->D));
+        zero_rows(a->dq, &a->lq, bh, 0, a->T, a->D);
         for (int64_t i0 = 0; i0 < a->T; i0 += BQ) {
             float dr[BQ];
             row_dots(a, bh, i0, dr);
@@ -255,8 +301,8 @@ static void bwd_slice(const Att *a, int64_t kv)
 static void bwd_kv_block(const Att *a, int64_t kv, int64_t j0)
 {
     int64_t nk = imin(a->bk, a->S - j0);
-    memset(a->dk + (kv * a->S + j0) * a->D, 0, sizeof(float) * (size_t)(nk * a->D));
-    memset(a->dv + (kv * a->S + j0) * a->Dv, 0, sizeof(float) * (size_t)(nk * a->Dv));
+    zero_rows(a->dk, &a->lk, kv, j0, nk, a->D);
+    zero_rows(a->dv, &a->lv, kv, j0, nk, a->Dv);
     for (int64_t bh = kv * a->G; bh < (kv + 1) * a->G; bh++)
         for (int64_t i0 = 0; i0 < a->T; i0 += BQ) {
             if (!live(a, i0, j0)) continue;
@@ -269,22 +315,16 @@ static void bwd_kv_block(const Att *a, int64_t kv, int64_t j0)
 static void bwd_q_block(const Att *a, int64_t bh, int64_t i0)
 {
     float dr[BQ];
-    memset(a->dq + (bh * a->T + i0) * a->D, 0, sizeof(float) * (size_t)(imin(BQ, a->T - i0) * a->D));
+    zero_rows(a->dq, &a->lq, bh, i0, imin(BQ, a->T - i0), a->D);
     row_dots(a, bh, i0, dr);
     for (int64_t j0 = 0; j0 < a->S && live(a, i0, j0); j0 += a->bk) bwd_tile(a, bh, i0, j0, dr, 0, 1);
 }
 
-/* attention_bwd(q, k, v, o, lse, dout, causal) -> dq, dk, dv */
-void cpu_attention_bwd(const KCall *k)
+/* Every gradient of a: by kv slices when there are enough of them for the threads, else by
+ * (kv slice, key block) and then (query slice, query block) tasks. */
+static void bwd_all(const Att *ap)
 {
-    if (lowp_call(k)) {
-        slab_run(k, &ATTENTION_BWD[grouped(k)], cpu_attention_bwd);
-        return;
-    }
-    Att a;
-    att_init(&a, k, k_int(k, 6));
-    a.o = fdata(&k->in[3]), a.lse = fdata(&k->in[4]), a.dout = fdata(&k->in[5]);
-    a.dq = fdata(&k->out[0]), a.dk = fdata(&k->out[1]), a.dv = fdata(&k->out[2]);
+    const Att a = *ap;
     int par = a.BH * a.T * a.S * a.D > PAR_MIN;
     int64_t threads = par ? omp_get_max_threads() : 1, bkv = a.BH / a.G;
     if (bkv >= 2 * threads || bkv % threads == 0) {
@@ -299,18 +339,67 @@ void cpu_attention_bwd(const KCall *k)
     for (int64_t t = 0; t < a.BH * nqb; t++) bwd_q_block(&a, t / nqb, t % nqb * BQ);
 }
 
+/* attention_bwd(q, k, v, o, lse, dout, causal) -> dq, dk, dv */
+void cpu_attention_bwd(const KCall *k)
+{
+    if (lowp_call(k)) {
+        slab_run(k, &ATTENTION_BWD[grouped(k)], cpu_attention_bwd);
+        return;
+    }
+    Att a;
+    att_init(&a, k, k_int(k, 6));
+    a.o = fdata(&k->in[3]), a.lse = fdata(&k->in[4]), a.dout = fdata(&k->in[5]);
+    a.dq = fdata(&k->out[0]), a.dk = fdata(&k->out[1]), a.dv = fdata(&k->out[2]);
+    bwd_all(&a);
+}
+
+/* attention_qkv(qkv, nh, nkv, causal) -> o, lse; its backward (qkv, o, lse, dout) -> dqkv: by batch items
+ * (every head of a row is in its item). */
+static const Slabs ATTENTION_QKV = {{2, 2, 2}, -1};
+static const Slabs ATTENTION_QKV_BWD = {{2, 2, 2, 2, 2}, -1};
+
+CpuWork cpu_work_attention_qkv(const KCall *k) { return slab_work(k, &ATTENTION_QKV); }
+CpuWork cpu_work_attention_qkv_bwd(const KCall *k) { return slab_work(k, &ATTENTION_QKV_BWD); }
+
+void cpu_attention_qkv(const KCall *k)
+{
+    if (lowp_call(k)) {
+        slab_run(k, &ATTENTION_QKV, cpu_attention_qkv);
+        return;
+    }
+    Att a;
+    att_init_packed(&a, k, 1);
+    a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
+    fwd_all(&a);
+}
+
+void cpu_attention_qkv_bwd(const KCall *k)
+{
+    if (lowp_call(k)) {
+        slab_run(k, &ATTENTION_QKV_BWD, cpu_attention_qkv_bwd);
+        return;
+    }
+    Att a;
+    att_init_packed(&a, k, 4);
+    a.o = fdata(&k->in[1]), a.lse = fdata(&k->in[2]), a.dout = fdata(&k->in[3]);
+    a.dq = fdata(&k->out[0]), a.dk = a.dq + a.lq.nh * a.D, a.dv = a.dk + a.lk.nh * a.D;
+    bwd_all(&a);
+}
+
 /* ---- rope ------------------------------------------------------------------------- */
 
 #define ROPE_PAIRS 256  // (cos, sin) pairs per stack table; longer heads go in pieces
 
-/* rope(x [..., T, D], theta, inverse): pairs (i, i + D/2) of the row at position t turn
- * by t * theta^(-2i/D) (backwards under inverse, which is also rope's backward). */
+/* rope(x [..., T, D], theta, inverse, interleaved): pairs (i, i + D/2) of the row at
+ * position t (rotate-half; interleaved: (2i, 2i + 1), GPT-J's rotate_every_two) turn by
+ * t * theta^(-2i/D) (backwards under inverse, which is also rope's backward). */
 static const Slabs ROPE = {{2, 2}, -1};  // x -> y by (T, D) slices
 
 CpuWork cpu_work_rope(const KCall *k) { return slab_work(k, &ROPE); }
 
-/* Rows t of x [..., T, D] turned as at positions at + t. */
-static void rope_rows(const KCall *k, int64_t at, double theta, double sign)
+/* Rows t of x [..., T, D] turned as at positions at + t; pair i is (i, i + D/2), or
+ * (2i, 2i + 1) when interleaved. */
+static void rope_rows(const KCall *k, int64_t at, double theta, double sign, int interleaved)
 {
     const KTensor *X = &k->in[0];
     KCHECK(X->dtype == KT_F32 && X->rank >= 2 && X->shape[X->rank - 1] % 2 == 0, "rope: bad input");
@@ -326,14 +415,15 @@ static void rope_rows(const KCall *k, int64_t at, double theta, double sign)
                 double ang = sign * (double)(at + t) * pow(theta, -2.0 * (double)(h0 + i) / (double)D);
                 cs[i] = (float)cos(ang), sn[i] = (float)sin(ang);
             }
+            int64_t s = interleaved ? 2 : 1, first = s * h0, second = interleaved ? 1 : H;  // element of pair i: s i
             for (int64_t o = 0; o < outer; o++) {
-                const float *a = x + (o * T + t) * D + h0, *b = a + H;
-                float *ya = y + (o * T + t) * D + h0, *yb = ya + H;
+                const float *a = x + (o * T + t) * D + first, *b = a + second;
+                float *ya = y + (o * T + t) * D + first, *yb = ya + second;
                 VEC_LOOP
                 for (int64_t i = 0; i < nh; i++) {
-                    float u = a[i], w = b[i];
-                    ya[i] = u * cs[i] - w * sn[i];
-                    yb[i] = w * cs[i] + u * sn[i];
+                    float u = a[s * i], w = b[s * i];
+                    ya[s * i] = u * cs[i] - w * sn[i];
+                    yb[s * i] = w * cs[i] + u * sn[i];
                 }
             }
         }
@@ -346,10 +436,10 @@ void cpu_rope(const KCall *k)
         slab_run(k, &ROPE, cpu_rope);
         return;
     }
-    rope_rows(k, 0, k->attr[1], k_int(k, 2) ? -1.0 : 1.0);
+    rope_rows(k, 0, k->attr[1], k_int(k, 2) ? -1.0 : 1.0, k_int(k, 3));
 }
 
-/* rope_at(x, pos, theta, inverse): rope with row t at position pos + t. */
+/* rope_at(x, pos, theta, inverse, interleaved): rope with row t at position pos + t. */
 static const Slabs ROPE_AT = {{2, SLAB_WHOLE, 2}, -1};  // x -> y by (T, D) slices; pos whole (i32: not staged)
 
 CpuWork cpu_work_rope_at(const KCall *k) { return slab_work(k, &ROPE_AT); }
@@ -361,5 +451,5 @@ void cpu_rope_at(const KCall *k)
         return;
     }
     KCHECK(k->in[1].dtype == KT_I32 && k->in[1].numel == 1, "rope_at: pos must be an i32 [1]");
-    rope_rows(k, idata(&k->in[1])[0], k->attr[2], k_int(k, 3) ? -1.0 : 1.0);
+    rope_rows(k, idata(&k->in[1])[0], k->attr[2], k_int(k, 3) ? -1.0 : 1.0, k_int(k, 4));
 }

@@ -219,6 +219,8 @@ CpuWork cpu_work_cross_entropy(const KCall *k);
 CpuWork cpu_work_embedding_bwd(const KCall *k);
 CpuWork cpu_work_attention(const KCall *k);
 CpuWork cpu_work_attention_bwd(const KCall *k);
+CpuWork cpu_work_attention_qkv(const KCall *k);
+CpuWork cpu_work_attention_qkv_bwd(const KCall *k);
 CpuWork cpu_work_rope(const KCall *k);
 CpuWork cpu_work_rope_at(const KCall *k);
 

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cpu_impl.h"
+#include "powc.h"
 
 #define CHUNK 8192  // elements of one task
 
@@ -182,6 +183,18 @@ static inline float gelu_gradf(float x)
     return s + 2.0f * x * s * (1.0f - s) * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
 }
 
+/* Exact GELU (PyTorch's approximate='none'): x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), and
+ * its derivative Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi), as PyTorch writes both. */
+#define SQRT1_2 0.70710678118654752f
+#define INV_SQRT_2PI 0.39894228040143268f
+
+static inline float gelu_erff(float x) { return x * 0.5f * (1.0f + erff(x * SQRT1_2)); }
+
+static inline float gelu_erf_gradf(float x)
+{
+    return 0.5f * (1.0f + erff(x * SQRT1_2)) + x * expf(-0.5f * x * x) * INV_SQRT_2PI;
+}
+
 static inline float silu_gradf(float x)
 {
     float s = fsigmoid(x);
@@ -233,6 +246,7 @@ FMAPS(tanh_maps, tanhf(u))
 FMAPS(sigmoid_maps, fsigmoid(u))
 FMAPS(relu_maps, u < 0.0f ? 0.0f : u)
 FMAPS(gelu_maps, geluf(u))
+FMAPS(gelu_erf_maps, gelu_erff(u))
 FMAPS(silu_maps, u * fsigmoid(u))
 
 static void unary(const KCall *k, const FloatMaps *f, MapFn i32)
@@ -251,13 +265,15 @@ void cpu_rsqrt(const KCall *k) { unary(k, &rsqrt_maps, NULL); }
 void cpu_tanh(const KCall *k) { unary(k, &tanh_maps, NULL); }
 void cpu_sigmoid(const KCall *k) { unary(k, &sigmoid_maps, NULL); }
 void cpu_relu(const KCall *k) { unary(k, &relu_maps, NULL); }
-void cpu_gelu(const KCall *k) { unary(k, &gelu_maps, NULL); }
+/* gelu(x, exact): attr[1] picks the erf form. */
+void cpu_gelu(const KCall *k) { unary(k, k_int(k, 1) ? &gelu_erf_maps : &gelu_maps, NULL); }
 void cpu_silu(const KCall *k) { unary(k, &silu_maps, NULL); }
 
 /* ---- unary backward: u is x (or the forward's y), v is dy ------------------------ */
 
 FROWS(relu_bwd_rows, u > 0.0f ? v : 0.0f)
 FROWS(gelu_bwd_rows, v * gelu_gradf(u))
+FROWS(gelu_erf_bwd_rows, v * gelu_erf_gradf(u))
 FROWS(silu_bwd_rows, v * silu_gradf(u))
 FROWS(tanh_bwd_rows, v * (1.0f - u * u))
 FROWS(sigmoid_bwd_rows, v * u * (1.0f - u))
@@ -265,9 +281,53 @@ FROWS(sqrt_bwd_rows, v * 0.5f / u)
 FROWS(rsqrt_bwd_rows, -0.5f * v * u * u * u)
 
 void cpu_relu_bwd(const KCall *k) { binary(k, &relu_bwd_rows, NULL); }
-void cpu_gelu_bwd(const KCall *k) { binary(k, &gelu_bwd_rows, NULL); }
+void cpu_gelu_bwd(const KCall *k) { binary(k, k_int(k, 2) ? &gelu_erf_bwd_rows : &gelu_bwd_rows, NULL); }
 void cpu_silu_bwd(const KCall *k) { binary(k, &silu_bwd_rows, NULL); }
 void cpu_tanh_bwd(const KCall *k) { binary(k, &tanh_bwd_rows, NULL); }
 void cpu_sigmoid_bwd(const KCall *k) { binary(k, &sigmoid_bwd_rows, NULL); }
 void cpu_sqrt_bwd(const KCall *k) { binary(k, &sqrt_bwd_rows, NULL); }
 void cpu_rsqrt_bwd(const KCall *k) { binary(k, &rsqrt_bwd_rows, NULL); }
+
+/* ---- x ** p, p a constant attribute: ops/powc.h's fs_pow, the CUDA kernels' too ---- */
+
+/* o[i] = expr of u = x[i], v = dy[i] (pow passes x as dy) and the exponent p. */
+typedef void (*PowFn)(const void *x, const void *dy, void *o, int64_t n, float p);
+
+#define POW_AS(fname, S, LD, ST, expr)                                                   \
+    KSIMD static void fname(const void *px, const void *pd, void *po, int64_t n, float p) \
+    {                                                                                    \
+        const S *x = px, *d = pd;                                                        \
+        S *o = po;                                                                       \
+        for (int64_t i = 0; i < n; i++) {                                                \
+            float u = LD(x[i]), v = LD(d[i]);                                            \
+            o[i] = ST(expr);                                                             \
+        }                                                                                \
+    }
+
+#define POWS(name, expr)                                                                 \
+    POW_AS(name##_f32, float, AS_IS, AS_IS, expr)                                        \
+    POW_AS(name##_f16, uint16_t, ld_f16, st_f16, expr)                                   \
+    POW_AS(name##_bf16, uint16_t, ld_bf16, st_bf16, expr)                                \
+    static const PowFn name[3] = {[KT_F32] = name##_f32, [KT_F16] = name##_f16, [KT_BF16] = name##_bf16};
+
+POWS(pow_fns, ((void)v, fs_pow(u, p)))
+POWS(pow_bwd_fns, v * fs_pow_grad(u, p))
+
+static void pow_run(const KCall *k, const KTensor *D, float p, const PowFn *f, const char *op)
+{
+    const KTensor *X = &k->in[0], *O = &k->out[0];
+    int dt = X->dtype, esz = esize(dt);
+    KCHECK(dt != KT_I32 && O->dtype == dt && O->numel == X->numel && D->dtype == dt && D->numel == X->numel,
+           "%s: unsupported dtypes or sizes", op);
+    int64_t n = O->numel, tasks = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t i0 = t * CHUNK;
+        f[dt]((const char *)X->data + i0 * esz, (const char *)D->data + i0 * esz, (char *)O->data + i0 * esz,
+              imin(CHUNK, n - i0), p);
+    }
+}
+
+/* pow(x, p): attr[1] is p; pow_bwd(x, dy, p): attr[2]. */
+void cpu_pow(const KCall *k) { pow_run(k, &k->in[0], (float)k->attr[1], pow_fns, "pow"); }
+void cpu_pow_bwd(const KCall *k) { pow_run(k, &k->in[1], (float)k->attr[2], pow_bwd_fns, "pow_bwd"); }

@@ -135,10 +135,20 @@ KSIMD static float logsumexp(const float *x, int64_t V)
     return m + logf(s);
 }
 
-static int32_t target_at(const int32_t *tg, int64_t r, int64_t V)
+/* Row r's target: in [0, V), or the ignore index (ignore: OPS_NO_IGNORE when none). */
+static int32_t target_at(const int32_t *tg, int64_t r, int64_t V, int64_t ignore)
 {
-    KCHECK(tg[r] >= 0 && tg[r] < V, "cross_entropy: target %d at %lld outside [0, %lld)", tg[r], (long long)r, (long long)V);
+    KCHECK((tg[r] >= 0 && tg[r] < V) || tg[r] == ignore, "cross_entropy: target %d at %lld outside [0, %lld)", tg[r],
+           (long long)r, (long long)V);
     return tg[r];
+}
+
+/* The rows whose target counts: every row but the ignored ones. An exact integer. */
+static int64_t counted_rows(const int32_t *tg, int64_t rows, int64_t ignore)
+{
+    int64_t n = rows;
+    for (int64_t r = 0; r < rows && ops_ignores(ignore); r++) n -= tg[r] == ignore;
+    return n;
 }
 
 /* A row's loss term, logsumexp(x) - x[t] in f64, its two parts kept in terms[0..1]. */
@@ -171,6 +181,13 @@ KSIMD static void ce_grad_row(const float *x, float *dx, int64_t V, int64_t W, i
     for (int64_t j = W; j < V; j++) dx[j] = 0;
 }
 
+/* One row of dlogits, or zeros for an ignored row (dx may be x). */
+static void grad_row(const float *x, float *dx, int64_t V, int64_t W, int32_t target, int64_t ignore, float g)
+{
+    if (target == ignore) memset(dx, 0, sizeof(float) * (size_t)V);
+    else ce_grad_row(x, dx, V, W, target, g);
+}
+
 /* The loss's `valid` attribute (at position a of the signature): the columns of a row that
  * are the model's vocabulary (passes/pad_vocab.c); 0 means all V. */
 static int64_t valid_cols(const KCall *k, int a, int64_t V)
@@ -181,19 +198,20 @@ static int64_t valid_cols(const KCall *k, int a, int64_t V)
 }
 
 /* The loss of logits (rows, V): each row's terms, added in double over the fixed blocks
- * of ops.h's OPS_LOSS_BLOCKS, the mean into out[0]. With dx (cross_entropy_fused's last
- * output, the logits' own bytes), each row's gradient for g = dloss / rows too, written
- * over the row once its terms are taken: the numbers cross_entropy_bwd makes. In 16 bits
- * each row is staged in f32 in the thread's part of the workspace (and rounded back). */
-static void loss_rows(const KCall *k, const KTensor *dx, const char *op)
+ * of ops.h's OPS_LOSS_BLOCKS, the mean over the counted rows into out[0] (an ignored row's
+ * terms are 0). With dx (cross_entropy_fused's last output, the logits' own bytes), each
+ * row's gradient for g = dloss / counted rows too (0 for an ignored row), written over the
+ * row once its terms are taken: the numbers cross_entropy_bwd makes. In 16 bits each row
+ * is staged in f32 in the thread's part of the workspace (and rounded back). */
+static void loss_rows(const KCall *k, const KTensor *dx, int64_t ignore, int64_t W, const char *op)
 {
     const KTensor *L = &k->in[0];
     KCHECK((L->dtype == KT_F32 || lowp(L->dtype)) && k->in[1].dtype == KT_I32, "%s: unsupported dtypes", op);
     int64_t V = L->shape[L->rank - 1], rows = L->numel / V, bs = (rows + OPS_LOSS_BLOCKS - 1) / OPS_LOSS_BLOCKS;
-    int64_t W = valid_cols(k, dx ? 3 : 2, V);
     int lp = lowp(L->dtype), nt = lp ? work_threads(k, (size_t)V, op) : omp_get_max_threads();
-    float g = dx ? kload(&k->in[2], 0) / (float)rows : 0;  // dloss: f32, or any float dtype
     const int32_t *tg = idata(&k->in[1]);
+    int64_t counted = counted_rows(tg, rows, ignore);
+    float g = dx ? kload(&k->in[2], 0) / (float)counted : 0;  // dloss: f32, or any float dtype
     float *terms = fdata(&k->out[1]);
     double part[OPS_LOSS_BLOCKS];
 #pragma omp parallel for num_threads(nt) if (L->numel > PAR_MIN) schedule(static)
@@ -203,21 +221,27 @@ static void loss_rows(const KCall *k, const KTensor *dx, const char *op)
         for (int64_t r = imin(rows, b * bs); r < imin(rows, (b + 1) * bs); r++) {
             if (lp) to_f32(x, L->data, L->dtype, r * V, V);
             float *row = lp ? x : fdata(dx ? dx : L) + r * V;  // f32, dx: the logits' bytes
-            int32_t t = target_at(tg, r, W);
-            s += row_term(row, W, t, terms + 2 * r);
+            int32_t t = target_at(tg, r, W, ignore);
+            if (t == ignore) terms[2 * r] = terms[2 * r + 1] = 0;
+            else s += row_term(row, W, t, terms + 2 * r);
             if (!dx) continue;
-            ce_grad_row(row, row, V, W, t, g);
+            grad_row(row, row, V, W, t, ignore, g);
             if (lp) from_f32(dx->data, dx->dtype, r * V, x, V);
         }
         part[b] = s;
     }
     double s = 0;
     for (int b = 0; b < OPS_LOSS_BLOCKS; b++) s += part[b];
-    fdata(&k->out[0])[0] = (float)(s / (double)rows);
+    fdata(&k->out[0])[0] = (float)(s / (double)counted);  // every row ignored: 0 / 0, NaN
 }
 
-/* cross_entropy(logits [..., V], targets [...]) -> mean of logsumexp(row) - row[target]. */
-void cpu_cross_entropy(const KCall *k) { loss_rows(k, NULL, "cross_entropy"); }
+/* cross_entropy(logits [..., V], targets [...], ignore_index, valid) -> mean over the
+ * counted rows of logsumexp(row) - row[target], over the first `valid` columns. */
+void cpu_cross_entropy(const KCall *k)
+{
+    const KTensor *L = &k->in[0];
+    loss_rows(k, NULL, (int64_t)k->attr[2], valid_cols(k, 3, L->shape[L->rank - 1]), "cross_entropy");
+}
 
 /* cross_entropy_fused(logits, targets, dloss): cross_entropy's outputs, and dlogits over
  * the logits (passes/xent.c). */
@@ -226,35 +250,35 @@ void cpu_cross_entropy_fused(const KCall *k)
     const KTensor *L = &k->in[0], *dx = &k->out[2];
     KCHECK(dx->data == L->data && dx->dtype == L->dtype && dx->numel == L->numel,
            "cross_entropy_fused: dlogits must lie on the logits");
-    loss_rows(k, dx, "cross_entropy_fused");
+    loss_rows(k, dx, (int64_t)k->attr[3], valid_cols(k, 4, L->shape[L->rank - 1]), "cross_entropy_fused");
 }
 
-/* dlogits = (softmax(row) - onehot(target)) * dloss / rows; in 16 bits each row is
- * staged in f32 in the thread's part of the workspace (as for the loss) and rounded. */
+/* dlogits = (softmax(row) - onehot(target)) * dloss / counted rows, 0 for an ignored row;
+ * in 16 bits each row is staged in f32 in the thread's part of the workspace (as for the
+ * loss) and rounded. */
 void cpu_cross_entropy_bwd(const KCall *k)
 {
     const KTensor *L = &k->in[0];
-    int64_t V = L->shape[L->rank - 1], rows = L->numel / V, W = valid_cols(k, 3, V);
-    float g = kload(&k->in[2], 0) / (float)rows;  // dloss: f32, or any float dtype
+    const int32_t *tg = idata(&k->in[1]);
+    int64_t V = L->shape[L->rank - 1], rows = L->numel / V, ignore = (int64_t)k->attr[3], W = valid_cols(k, 4, V);
+    float g = kload(&k->in[2], 0) / (float)counted_rows(tg, rows, ignore);  // dloss: f32, or any float dtype
     if (lowp(L->dtype)) {
         const KTensor *O = &k->out[0];
         int nt = work_threads(k, (size_t)V, "cross_entropy_bwd");
-        const int32_t *tg = idata(&k->in[1]);
 #pragma omp parallel for num_threads(nt) if (L->numel > PAR_MIN) schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             float *x = k->work + (size_t)omp_get_thread_num() * (size_t)V;
             to_f32(x, L->data, L->dtype, r * V, V);
-            ce_grad_row(x, x, V, W, target_at(tg, r, W), g);
+            grad_row(x, x, V, W, target_at(tg, r, W, ignore), ignore, g);
             from_f32(O->data, O->dtype, r * V, x, V);
         }
         return;
     }
     KCHECK(L->dtype == KT_F32 && k->out[0].dtype == KT_F32, "cross_entropy_bwd: unsupported dtypes");
     const float *x = fdata(L);
-    const int32_t *tg = idata(&k->in[1]);
     float *dx = fdata(&k->out[0]);
 #pragma omp parallel for if (L->numel > PAR_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++) ce_grad_row(x + r * V, dx + r * V, V, W, target_at(tg, r, W), g);
+    for (int64_t r = 0; r < rows; r++) grad_row(x + r * V, dx + r * V, V, W, target_at(tg, r, W, ignore), ignore, g);
 }
 
 /* ---- constants ---------------------------------------------------------------------- */

@@ -28,6 +28,7 @@
 #include <math.h>
 
 #include "cpu_impl.h"
+#include "ops.h"  // OPS_LR_*, ops_lr_decay
 
 /* tests/py/host_optim.py checks each ISA's loops against the dispatched ones, bit for
  * bit: its copies of this file are built for one ISA (-mavx2, ...) with this defined. */
@@ -48,21 +49,25 @@ static void want_f32(const KCall *k, int n, const char *op, int grad16)
 }
 static int64_t scalar_i(const KTensor *t) { return idata(t)[0]; }
 
-/* lr_at(step; lr, schedule, warmup, steps, min_lr): 0 constant, 1 cosine; linear warmup
- * from lr/warmup at step 1 to lr at step == warmup under both. */
+/* lr_at(step; lr, schedule, warmup, steps, min_lr, decay_frac): linear warmup from
+ * lr/warmup at step 1 to lr at step == warmup, then constant, or a decay from lr to min_lr
+ * (cosine, linear; wsd: constant, then linear over the last decay_frac of the steps) over
+ * the steps ops_lr_decay gives, min_lr after them. */
 void cpu_lr_at(const KCall *k)
 {
-    int64_t step = scalar_i(&k->in[0]), warmup = k_int(k, 3), steps = k_int(k, 4);
+    int64_t step = scalar_i(&k->in[0]), warmup = k_int(k, 3), steps = k_int(k, 4), start, len;
     double lr = k->attr[1], min_lr = k->attr[5], out = lr;
     int schedule = k_int(k, 2);
-    KCHECK(schedule == 0 || schedule == 1, "lr_at: unknown schedule %d", schedule);
-    if (warmup > 0 && step <= warmup) {
+    KCHECK(schedule >= 0 && schedule < OPS_LR_COUNT, "lr_at: unknown schedule %d", schedule);
+    ops_lr_decay(schedule, warmup, steps, k->attr[6], &start, &len);
+    double progress = (double)(step - start) / (double)len;
+    progress = progress < 0 ? 0 : progress > 1 ? 1 : progress;
+    if (warmup > 0 && step <= warmup)
         out = lr * (double)step / (double)warmup;
-    } else if (schedule == 1) {
-        double progress = (double)(step - warmup) / (double)imax(1, steps - warmup);
-        progress = progress < 0 ? 0 : progress > 1 ? 1 : progress;
+    else if (schedule == OPS_LR_COSINE)
         out = min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(KPI * progress));
-    }
+    else if (schedule != OPS_LR_CONSTANT)
+        out = lr - (lr - min_lr) * progress;
     fdata(&k->out[0])[0] = (float)out;
 }
 

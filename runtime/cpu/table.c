@@ -39,6 +39,8 @@ static const struct {
     {cpu_embedding_bwd_into, cpu_work_embedding_bwd},
     {cpu_attention, cpu_work_attention},
     {cpu_attention_bwd, cpu_work_attention_bwd},
+    {cpu_attention_qkv, cpu_work_attention_qkv},
+    {cpu_attention_qkv_bwd, cpu_work_attention_qkv_bwd},
     {cpu_rope, cpu_work_rope},
     {cpu_rope_at, cpu_work_rope_at},
 };

@@ -5,7 +5,8 @@
  *
  * The plans: every sample (each samples/NAME.fsm, at its own dims) in fp32, fp16 and bf16 with no
  * sharding, GPT-2 under fsdp at world 2 in bf16, GPT-2 with recompute Block, and the decode
- * programs (passes/decode.c: KV caches, rope_at, attention_decode) of GPT-2 and Llama. Each plan's
+ * programs (passes/decode.c: KV caches, rope_at, attention_decode) of GPT-2 and Llama, and
+ * tests/cuda_emu/ops37.fsm (issue 37's op variants) in bf16 and, as two loss ops, fp16. Each plan's
  * module (meta "cuda_source") is compiled for sm_80 and sm_90 as fsexec's CUDA backend
  * compiles it (-std=c++17, the toolkit's include directory); equal modules are compiled
  * once. A compile fails the test with NVRTC's log on any error or warning, and every
@@ -93,12 +94,12 @@ static Plan *decode_plan(const char *file, Graph *g, Options *o, Diag *d)
     return p;
 }
 
-/* The plan of samples/file under these settings (decode: its decode program, at B = 1),
- * or NULL after saying why. */
+/* The plan of samples/file (a file with a directory: relative to the source tree) under
+ * these settings (decode: its decode program, at B = 1), or NULL after saying why. */
 static Plan *compile_plan(const char *dir, const char *file, const Setting *set, int n_set, int decode)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/samples/%s", dir, file);
+    snprintf(path, sizeof path, "%s/%s%s", dir, strchr(file, '/') ? "" : "samples/", file);
     size_t len;
     char *src = read_file(path, &len), err[600];
     if (!src) {
@@ -353,6 +354,9 @@ int main(int argc, char **argv)
     runs[n_runs++] = (Run){"gpt2.fsm", {{"recompute", "Block"}}, 1, 0};
     runs[n_runs++] = (Run){"gpt2.fsm", {{"precision", "fp32"}}, 1, 1};
     runs[n_runs++] = (Run){"llama.fsm", {{"precision", "fp32"}}, 1, 1};
+    /* issue 37's variants: exact GELU, pow, interleaved rope, ignore_index (fused; two ops), wsd */
+    runs[n_runs++] = (Run){"tests/cuda_emu/ops37.fsm", {{"precision", "bf16"}, {"lr_schedule", "wsd"}}, 2, 0};
+    runs[n_runs++] = (Run){"tests/cuda_emu/ops37.fsm", {{"precision", "fp16"}, {"fuse_loss", "0"}}, 2, 0};
 
     Plan *plans[MAX_PLANS];
     const char **names_of[MAX_PLANS] = {0};

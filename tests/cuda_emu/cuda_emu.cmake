@@ -76,7 +76,8 @@ if(NOT FS_FUZZ)
   # The loss and its gradient as two ops (fuse_loss 0: cross_entropy_bwd's kernel) and the tied
   # embedding's gradient as a table and an add (embed_grad_into 0); the plans above run the
   # fused loss (passes/xent.c) and embedding_bwd_into (passes/embed_into.c).
-  cuda_emu_test(gpt2_bf16_unfused samples/gpt2.fsm ${tiny} --precision bf16 --fuse_loss 0 --embed_grad_into 0)
+  cuda_emu_test(gpt2_bf16_unfused samples/gpt2.fsm ${tiny} --precision bf16 --fuse_loss 0 --embed_grad_into 0
+                --pack_attention 0)
   cuda_emu_test(gpt2_fp16_accumulate samples/gpt2.fsm ${tiny} -D B=4 --precision fp16 --microbatches 2)
   cuda_emu_test(gpt2_bf16_fsdp_recompute samples/gpt2.fsm ${tiny} --precision bf16 --shard fsdp --world 1 --recompute Block)
   cuda_emu_test(gpt2_fp32_sgd samples/gpt2.fsm ${tiny} --optimizer sgd --momentum 0.9)
@@ -102,6 +103,12 @@ if(NOT FS_FUZZ)
   foreach(prec fp32 bf16)
     cuda_emu_test(index_${prec} tests/cuda_emu/index.fsm --precision ${prec})
   endforeach()
+  # Issue 37's variants: interleaved rope, exact GELU, `**`, ignore_index (the fused loss; with
+  # fuse_loss 0 its two ops), under the wsd and linear schedules' lr_at.
+  cuda_emu_test(ops37_fp32 tests/cuda_emu/ops37.fsm --lr_schedule wsd --steps 4 --decay_frac 1)
+  cuda_emu_test(ops37_bf16_unfused tests/cuda_emu/ops37.fsm -D V=300 --precision bf16 --fuse_loss 0
+                --lr_schedule linear --steps 3)
+  cuda_emu_test(ops37_fp16 tests/cuda_emu/ops37.fsm -D V=300 --precision fp16)
   # Attention on tensor cores (codegen/cuda_flash.c), not causal (T != S) and causal, grouped-query:
   # head dim 64 with T = 37 against S = 130 (one partial query tile, three key tiles); 32 with
   # T = 130 against 37 in fp16; 128 with a second, one-row tile; 24 (a multiple of 8, padded to 32).
@@ -109,6 +116,14 @@ if(NOT FS_FUZZ)
   cuda_emu_test(attn_hd32_fp16 tests/cuda_emu/attn.fsm -D B=1 -D T=130 -D S=37 -D C=64 -D NH=2 -D NKV=1 --precision fp16)
   cuda_emu_test(attn_hd128_bf16 tests/cuda_emu/attn.fsm -D B=1 -D T=65 -D S=70 -D NH=1 -D NKV=1 --precision bf16)
   cuda_emu_test(attn_hd24_fp16 tests/cuda_emu/attn.fsm -D C=48 -D NH=2 -D NKV=2 --precision fp16)
+  # attention_qkv (passes/packed_attn.c): the heads read from the QKV projection's rows, on tensor cores (head dims
+  # 64, 24 and 128) and by the f32 kernels (fp32; 16-bit head dim 20, not a multiple of 8); GPT-2 without it keeps
+  # attention's contiguous path covered in gpt2_bf16_unfused
+  cuda_emu_test(attn_qkv_hd64_bf16 tests/cuda_emu/attn_qkv.fsm --precision bf16)
+  cuda_emu_test(attn_qkv_hd24_fp16 tests/cuda_emu/attn_qkv.fsm -D T=130 -D C=48 --precision fp16)
+  cuda_emu_test(attn_qkv_hd128_bf16 tests/cuda_emu/attn_qkv.fsm -D B=1 -D T=65 -D NH=1 --precision bf16)
+  cuda_emu_test(attn_qkv_hd24_fp32 tests/cuda_emu/attn_qkv.fsm -D C=72 -D NH=3)
+  cuda_emu_test(attn_qkv_hd20_bf16 tests/cuda_emu/attn_qkv.fsm -D C=40 --precision bf16)
 endif()
 
 # fsexec itself on the device path (--device cuda through cuda-emu) against --device cpu.

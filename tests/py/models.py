@@ -97,34 +97,39 @@ def rmsnorm(x, w, eps=1e-5):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def rope(x, theta=10000.0):
-    """Rotate-half rotary embedding on (..., T, D); position = index along T."""
+def rope(x, theta=10000.0, interleaved=False):
+    """Rotary embedding on (..., T, D); position = index along T. Rotate-half (Llama,
+    NeoX) pairs (i, i + D/2); interleaved (GPT-J's rotate_every_two) pairs (2i, 2i + 1)."""
     T, D = x.shape[-2], x.shape[-1]
     half = D // 2
     i = torch.arange(half, dtype=torch.float64)
     f = theta ** (-2.0 * i / D)
     ang = torch.arange(T, dtype=torch.float64)[:, None] * f[None, :]   # (T, D/2)
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def gelu(x):
-    return F.gelu(x, approximate="tanh")
+def gelu(x, exact=False):
+    return F.gelu(x, approximate="none" if exact else "tanh")
 
 
-def cross_entropy(logits, targets):
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
+def cross_entropy(logits, targets, ignore_index=-100):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long(), ignore_index=ignore_index)
 
 
 # ---------------------------------------------------------------- models
 
-def gpt2_loss(p, tokens, targets, L, NH):
-    """samples/gpt2.fsm: tokens, targets int [B, T]; p keyed by the .fsm names."""
-    return cross_entropy(gpt2_logits(p, tokens, L, NH), targets)
+def gpt2_loss(p, tokens, targets, L, NH, exact=False, ignore_index=-100):
+    """samples/gpt2.fsm: tokens, targets int [B, T]; p keyed by the .fsm names. exact: the
+    MLP's GELU in its erf form; ignore_index: targets that count for nothing."""
+    return cross_entropy(gpt2_logits(p, tokens, L, NH, exact), targets, ignore_index)
 
 
-def gpt2_logits(p, tokens, L, NH):
+def gpt2_logits(p, tokens, L, NH, exact=False):
     T = tokens.shape[1]
     x = p["wte"][tokens.long()] + p["wpe"][torch.arange(T)]
     for l in range(L):
@@ -133,25 +138,26 @@ def gpt2_logits(p, tokens, L, NH):
         q, k, v = qkv.split(qkv.shape[-1] // 3, dim=-1)
         a = attention(heads(q, NH), heads(k, NH), heads(v, NH))
         x = x + merge_heads(a) @ g("proj.w") + g("proj.b")
-        x = x + gelu(layernorm(x, g("ln2.w"), g("ln2.b")) @ g("fc.w") + g("fc.b")) @ g("fcproj.w") + g("fcproj.b")
+        h = gelu(layernorm(x, g("ln2.w"), g("ln2.b")) @ g("fc.w") + g("fc.b"), exact)
+        x = x + h @ g("fcproj.w") + g("fcproj.b")
     return layernorm(x, p["lnf.w"], p["lnf.b"]) @ p["wte"].transpose(0, 1)   # tied
 
 
-def llama_loss(p, tokens, targets, L, NH, NKV=None):
+def llama_loss(p, tokens, targets, L, NH, NKV=None, interleaved=False):
     """samples/llama.fsm: RMSNorm, rope, grouped-query attention (NKV kv heads, each
     repeat_interleave'd to NH / NKV query heads, as Hugging Face's repeat_kv does),
-    SwiGLU, untied output [C, V]. NKV defaults to NH."""
-    return cross_entropy(llama_logits(p, tokens, L, NH, NKV), targets)
+    SwiGLU, untied output [C, V]. NKV defaults to NH; interleaved: GPT-J's rope."""
+    return cross_entropy(llama_logits(p, tokens, L, NH, NKV, interleaved), targets)
 
 
-def llama_logits(p, tokens, L, NH, NKV=None):
+def llama_logits(p, tokens, L, NH, NKV=None, interleaved=False):
     G = NH // (NKV or NH)
     x = p["tok_embeddings"][tokens.long()]
     for l in range(L):
         g = lambda n: p[f"layers.{l}.{n}"]
         h = rmsnorm(x, g("attn_norm.w"))
-        q = rope(heads(h @ g("wq"), NH))
-        k = rope(heads(h @ g("wk"), NH // G)).repeat_interleave(G, dim=1)
+        q = rope(heads(h @ g("wq"), NH), interleaved=interleaved)
+        k = rope(heads(h @ g("wk"), NH // G), interleaved=interleaved).repeat_interleave(G, dim=1)
         v = heads(h @ g("wv"), NH // G).repeat_interleave(G, dim=1)
         x = x + merge_heads(attention(q, k, v)) @ g("wo")
         h = rmsnorm(x, g("mlp_norm.w"))
@@ -209,14 +215,20 @@ def sequential_batch(tok, step, B, T):
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def lr_at(step, lr, warmup, steps, min_lr, schedule="cosine"):
-    """Linear warmup (step <= warmup: lr * step / warmup), then constant or cosine to min_lr."""
+def lr_at(step, lr, warmup, steps, min_lr, schedule="cosine", decay_frac=0.2):
+    """Linear warmup (step <= warmup: lr * step / warmup), then constant, or a decay to
+    min_lr at step `steps`: cosine or linear from the warmup's end (BERT's linear schedule),
+    or wsd (warmup-stable-decay): lr until the last round(decay_frac * steps) steps (not
+    before the warmup ends), then linear to min_lr over them."""
     if warmup > 0 and step <= warmup:
         return lr * step / warmup
-    if schedule != "cosine":
+    if schedule == "constant":
         return lr
-    progress = min(1.0, max(0.0, (step - warmup) / max(1, steps - warmup)))
-    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+    start = max(warmup, steps - int(decay_frac * steps + 0.5)) if schedule == "wsd" else warmup
+    progress = min(1.0, max(0.0, (step - start) / max(1, steps - start)))
+    if schedule == "cosine":
+        return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+    return lr - (lr - min_lr) * progress
 
 
 def train(params, loss_fn, tok, B, T, nsteps, hp, on_step=None, frozen=(), no_decay=()):
@@ -245,7 +257,8 @@ def train(params, loss_fn, tok, B, T, nsteps, hp, on_step=None, frozen=(), no_de
             norm = torch.nn.utils.clip_grad_norm_(plist, hp["clip"])
         else:
             norm = torch.sqrt(sum((t.grad.double() ** 2).sum() for t in plist))
-        lr = lr_at(s, hp["lr"], hp["warmup"], hp["steps"], hp["min_lr"], hp.get("lr_schedule", "cosine"))
+        lr = lr_at(s, hp["lr"], hp["warmup"], hp["steps"], hp["min_lr"], hp.get("lr_schedule", "cosine"),
+                   hp.get("decay_frac", 0.2))
         for g in opt.param_groups:
             g["lr"] = lr
         opt.step()

@@ -27,6 +27,11 @@ With --models gpt2_frozen,gpt2_groups,lora (ctest pytorch_groups): frozen params
 move by one bit, and weight-decay groups (--weight_decay_on matrices, the `no_decay`
 flag) against torch AdamW with two param groups; the rest as above.
 
+With --models gpt2_ignore,gpt2_ignore_unfused,llama_interleaved (ctest pytorch_ops37):
+issue 37's ops in a model: exact GELU, cross_entropy's ignore_index over data where one
+target in five is ignored (the fused loss, and the two ops), the linear and wsd schedules,
+GPT-J's interleaved rope and an RMSNorm written with `**`; the rest as above.
+
 usage: /usr/bin/python3 tests/py/parity.py --fsc build/fsc --fsexec build/fsexec [--samples DIR]
 Exit status 0: every check passes; 1: a check failed (the message names the tensor);
 2: setup error (no torch, a tool failed).
@@ -77,6 +82,28 @@ CONFIGS = {
     # 1e-6, as tests/mpi/strategies.py, they stay noise next to the other elements.
     "lora": {"file": "lora.fsm", "dims": dict(GPT2_DIMS, R=8), "hp": {"eps": 1e-6},
              "frozen": lambda k, t: ".lora_" not in k},
+    # Issue 37's ops (ctest pytorch_ops37): exact GELU and targets = ignore_index (every
+    # fifth token is 7: about one target in five counts for nothing), the fused loss and
+    # the two ops, under the linear and wsd schedules; GPT-J's interleaved rope and an
+    # RMSNorm written with ** (x ** 2, ** -0.5). AdamW's eps 1e-6, as lora's: the repeated
+    # token leaves gradient elements near 1e-8, whose float32 rounding Adam would magnify.
+    "gpt2_ignore": {"file": "gpt2.fsm", "model": "gpt2", "dims": GPT2_DIMS,
+                    "patch": [("@ fc.w + fc.b)", "@ fc.w + fc.b, exact)"),
+                              ("cross_entropy(logits, targets)", "cross_entropy(logits, targets, ignore_index = 7)")],
+                    "kw": {"exact": True, "ignore_index": 7}, "every_fifth": 7,
+                    "hp": {"lr_schedule": "linear", "eps": 1e-6}},
+    "gpt2_ignore_unfused": {"file": "gpt2.fsm", "model": "gpt2", "dims": GPT2_DIMS, "args": ["--fuse_loss", "0"],
+                            "patch": [("cross_entropy(logits, targets)",
+                                       "cross_entropy(logits, targets, ignore_index = 7)")],
+                            "kw": {"ignore_index": 7}, "every_fifth": 7,
+                            "hp": {"lr_schedule": "wsd", "decay_frac": 0.4, "eps": 1e-6}},
+    "llama_interleaved": {"file": "llama.fsm", "model": "llama",
+                          "dims": {"L": 2, "C": 64, "NH": 4, "NKV": 2, "F": 176, "T": 32, "V": 256, "B": 4},
+                          "patch": [("rope(heads(h @ wq, NH))", "rope(heads(h @ wq, NH), interleaved)"),
+                                    ("rope(heads(h @ wk, NKV))", "rope(heads(h @ wk, NKV), interleaved)"),
+                                    ("h = rmsnorm(x, mlp_norm.w);",
+                                     "h = x * (mean(x ** 2, axis = -1, keepdim) + 1e-5) ** -0.5 * mlp_norm.w;")],
+                          "kw": {"interleaved": True}},
 }
 HP = {"optimizer": "adamw", "lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
       "clip": 1.0, "lr_schedule": "cosine", "warmup": 3, "min_lr": 1e-4, "steps": 10}
@@ -169,11 +196,13 @@ def run_model(name, args, work):
     if "patch" in cfg:
         with open(src) as f:
             text = f.read()
-        if cfg["patch"][0] not in text:
-            return [], [f"{name}: {src} no longer holds '{cfg['patch'][0]}'"]
+        for old, new in cfg["patch"] if isinstance(cfg["patch"], list) else [cfg["patch"]]:
+            if old not in text:
+                return [], [f"{name}: {src} no longer holds '{old}'"]
+            text = text.replace(old, new)
         src = os.path.join(wd, cfg["file"])
         with open(src, "w") as f:
-            f.write(text.replace(*cfg["patch"]))
+            f.write(text)
     cmd = [args.fsc, src, "-q", "-o", "model.plan"] + cfg.get("args", [])
     for k, v in dims.items():
         cmd += ["-D", f"{k}={v}"]
@@ -185,6 +214,8 @@ def run_model(name, args, work):
     # 2. data: raw uint16 tokens < V
     rng = np.random.default_rng(1234 + len(name))
     tok = rng.integers(0, V, size=N_TOKENS, dtype=np.uint16)
+    if "every_fifth" in cfg:
+        tok[::5] = cfg["every_fifth"]
     tok.astype("<u2").tofile(os.path.join(wd, "tokens.bin"))
 
     # 3. fsexec
@@ -220,7 +251,7 @@ def run_model(name, args, work):
         return [], [f"{name}: the weights hold {models.num_layers(init, model)} layers, not {L}"]
 
     # 4. PyTorch, float32 and float64, from the same initial weights
-    loss_fn = lambda p, x, y: models.MODELS[model](p, x, y, L, NH, **kv)
+    loss_fn = lambda p, x, y: models.MODELS[model](p, x, y, L, NH, **kv, **cfg.get("kw", {}))
     tok64 = models.read_tokens(os.path.join(wd, "tokens.bin"))
     ref = {}
     for dt in (torch.float32, torch.float64):

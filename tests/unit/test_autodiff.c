@@ -161,6 +161,11 @@ static Case cases[] = {
     {"relu", "param a: [2, 3] = uniform(0.1, 1);  param b: [2, 3] = uniform(-1, -0.1);", "relu(a) + relu(b)", "[2, 3]", H, TOL},
     {"gelu", "param a: [2, 5] = normal(1.5);", "gelu(a)", "[2, 5]", H, TOL},
     {"silu", "param a: [2, 5] = normal(1.5);", "silu(a)", "[2, 5]", H, TOL},
+    {"gelu_exact", "param a: [2, 5] = normal(1.5);", "gelu(a, exact)", "[2, 5]", H, TOL},
+    /* x ** p: PyTorch's special exponents (2, 3, -1, 0.5, -0.5, -2) and powf's (1.5, -0.7); 0 has a zero gradient */
+    {"pow", "param a: [2, 5] = normal(1); param b: [2, 5] = uniform(0.5, 2);",
+     "a ** 2 + a ** 3 - 0.5 * b ** -1 + b ** 0.5 + b ** -0.5 + b ** -2 + b ** 1.5 + b ** -0.7 + b ** 0", "[2, 5]",
+     H, TOL},
     /* The mask is a function of (seed, step, op, element) alone: every re-run draws it again. */
     {"dropout", "param a: [4, 8] = normal(1);", "dropout(a, 0.5) + dropout(a * a, 0.25)", "[4, 8]", H, TOL},
     {"sum_keepdim", "param a: [2, 3, 4] = normal(1);", "sum(a, axis = 1, keepdim = 1)", "[2, 1, 4]", H, TOL},
@@ -174,6 +179,9 @@ static Case cases[] = {
     {"rmsnorm", "param x: [3, 8] = normal(1); param w: [8] = normal(1);", "rmsnorm(x, w)", "[3, 8]", H, TOL},
     {"embedding", "param table: [5, 4] = normal(1); input idx: i32[2, 3];", "embedding(table, idx)", "[2, 3, 4]", H, TOL},
     {"cross_entropy", "param x: [2, 3, 5] = normal(1); input t: i32[2, 3];", "cross_entropy(x, t)", "[]", H, TOL},
+    /* targets drawn in [0, 5): about one row in five ignored */
+    {"cross_entropy_ignore", "param x: [4, 3, 5] = normal(1); input t: i32[4, 3];",
+     "cross_entropy(x, t, ignore_index = 2)", "[]", H, TOL},
     {"reshape", "param a: [2, 3, 4] = normal(1);", "reshape(a, [4, -1]) * reshape(a, [4, 6])", "[4, 6]", H, TOL},
     {"transpose", "param a: [2, 3, 4] = normal(1);", "transpose(a, 0, 2)", "[4, 3, 2]", H, TOL},
     {"permute", "param a: [2, 3, 4] = normal(1);", "permute(a, [1, 2, 0])", "[3, 4, 2]", H, TOL},
@@ -182,6 +190,8 @@ static Case cases[] = {
     {"heads", "param a: [2, 3, 8] = normal(1);", "heads(a, 2) * heads(a, 2)", "[2, 2, 3, 4]", H, TOL},
     {"merge_heads", "param a: [2, 2, 3, 4] = normal(1);", "merge_heads(a)", "[2, 3, 8]", H, TOL},
     {"rope", "param a: [2, 2, 5, 6] = normal(1);", "rope(a)", "[2, 2, 5, 6]", H, TOL},
+    {"rope_interleaved", "param a: [2, 2, 5, 6] = normal(1);", "rope(a, theta = 500, interleaved)", "[2, 2, 5, 6]", H,
+     TOL},
     {"attention", "param q: [2, 3, 4] = normal(1); param k: [2, 5, 4] = normal(1); param v: [2, 5, 3] = normal(1);",
      "attention(q, k, v)", "[2, 3, 3]", H, TOL},
     {"attention_causal", "param q: [2, 2, 4, 4] = normal(1); param k: [2, 2, 4, 4] = normal(1); param v: [2, 2, 4, 4] = normal(1);",

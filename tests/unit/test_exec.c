@@ -922,6 +922,13 @@ Test(progress, log_lines_and_accuracy, .init = make_tmpdir, .fini = remove_tmpdi
     float logits[6] = {1, 2, 0, 5, 1, 1};
     int32_t y[2] = {1, 1};
     cr_assert_float_eq(rt_accuracy(logits, y, 2, 3), 0.5, 1e-12);
+    int64_t counted;  // a label that is the loss's ignore_index counts for nothing
+    int32_t yi[3] = {1, 0, 1};
+    float li[9] = {1, 2, 0, 5, 1, 1, 0, 3, 1};
+    cr_assert_eq(rt_correct(li, yi, 3, 3, 0, &counted), 2);
+    cr_assert_eq(counted, 2);
+    cr_assert_eq(rt_correct(li, (int32_t[]){0, 0, 0}, 3, 3, 0, &counted), 0);
+    cr_assert_eq(counted, 0);
 
     char err[512], *text = NULL;
     size_t len = 0;

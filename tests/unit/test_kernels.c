@@ -3,7 +3,8 @@
  * arguments a kernel reads and writes, from its parameters (adamw's in-place p, m, v;
  * layernorm's backward reading its partials from dx's bytes in its second kernel and
  * writing dx in its third); attention on tensor cores (its "_tc_" kernels take the op's
- * FLOPs at the tensor-core rate); a fused group's FLOPs; the roofline at the GPU's rates; the
+ * FLOPs at the tensor-core rate), as attention (pack_attention 0) and as attention_qkv, which
+ * reads q, k, v from one tensor and writes one dqkv; a fused group's FLOPs; the roofline at the GPU's rates; the
  * sums by kind; and the fallback to the op's outputs when a kernel's parameters cannot
  * be read.
  */
@@ -86,30 +87,39 @@ Test(kernels, reads_and_writes_from_the_parameters)
     plan_free(p);
 }
 
-Test(kernels, attention_on_tensor_cores)
+static void attention_on_tensor_cores(int packed)
 {
-    Plan *p = tiny(NULL);
+    const Setting set[] = {{"precision", "bf16"}, {"pack_attention", packed ? "1" : "0"}};
+    Plan *p = sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, 2, NULL);
+    const char *fwd = packed ? "attention_qkv" : "attention", *bwd = packed ? "attention_qkv_bwd" : "attention_bwd";
     char err[256];
     KernReport *r = report_kernels_new(p, 0, &GPU, err, sizeof err);
     cr_assert(r, "%s", err);
-    const KernLaunch *f = nth(r, "attention", 0);
+    const KernLaunch *f = nth(r, fwd, 0);
     cr_assert(f && strstr(plan_str(p, p->cuda[f->index].kernel), "_tc_"), "bf16 attention, head dim 16: flash.cuh");
     cr_assert(f->tensor_core);
     cr_assert_float_eq(f->flops, p->ops[f->op].flops, 1e-6 * f->flops);
     double tc = f->flops / GPU.flops_16bit, mem = (f->bytes_read + f->bytes_written) / GPU.hbm_bw;
     cr_assert_float_eq(f->seconds, tc > mem ? tc : mem, 1e-18, "priced at the tensor-core rate");
     /* the backward: Dr (no FLOPs, not on tensor cores), then dK/dV and dQ sharing the op's FLOPs */
-    const KernLaunch *d = nth(r, "attention_bwd", 0), *kv = nth(r, "attention_bwd", 1), *q = nth(r, "attention_bwd", 2);
+    const KernLaunch *d = nth(r, bwd, 0), *kv = nth(r, bwd, 1), *q = nth(r, bwd, 2);
     cr_assert(d && kv && q && d->op == kv->op && kv->op == q->op, "three kernels of one op");
     cr_assert(!d->tensor_core && kv->tensor_core && q->tensor_core);
     cr_assert_eq(d->flops, 0);
     cr_assert_float_eq(kv->flops + q->flops, p->ops[d->op].flops, 1e-6 * kv->flops);
-    /* dK/dV reads Dr from dq's bytes (its 6th parameter, const), and writes dk and dv only */
-    cr_assert_eq(kv->bytes_written, nbytes(p, arg(p, kv, 6)) + nbytes(p, arg(p, kv, 7)));
+    /* dK/dV reads Dr from dq's bytes (its 6th parameter, const), and writes dk and dv only; packed, dq, dk and dv
+     * are one parameter, dqkv (its 4th, after qkv, lse and dout), which the report counts as written whole */
+    if (packed)
+        cr_assert_eq(kv->bytes_written, nbytes(p, arg(p, kv, 3)));
+    else
+        cr_assert_eq(kv->bytes_written, nbytes(p, arg(p, kv, 6)) + nbytes(p, arg(p, kv, 7)));
     cr_assert_eq(d->bytes_written, nbytes(p, arg(p, d, 2)));
     report_kernels_free(r);
     plan_free(p);
 }
+
+Test(kernels, attention_on_tensor_cores) { attention_on_tensor_cores(0); }
+Test(kernels, packed_attention_on_tensor_cores) { attention_on_tensor_cores(1); }
 
 Test(kernels, fused_groups_and_sums)
 {

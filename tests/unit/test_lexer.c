@@ -122,6 +122,17 @@ Test(lexer, operators_split_names_and_numbers)
     done(&r);
 }
 
+/* `**` is one token (x ** 2), two stars apart are two: `a * *b` is a syntax error later. */
+Test(lexer, power_is_one_token)
+{
+    Lexed r = lex("x**2 a ** -b c * *d e***f");
+    static const int want[] = {T_NAME, T_POW, T_NUM, T_NAME, T_POW, '-', T_NAME, T_NAME, '*', '*', T_NAME,
+                               T_NAME, T_POW, '*', T_NAME, T_YYEOF};
+    for (int i = 0; i < (int)(sizeof want / sizeof *want); i++) expect_tok(&r, i, want[i], NULL);
+    expect_loc(&r, 1, 1, 2, 2);
+    done(&r);
+}
+
 Test(lexer, locations)
 {
     Lexed r = lex("model m {\n\tx = ln1.w;\r\n  # comment\n  y  // c\n}");

@@ -30,6 +30,13 @@ static Plan *gpt2(const char *precision, const char *shard, const char *world)
     return sample_compile("gpt2.fsm", GPT2, 6, set, 3, NULL);
 }
 
+/* GPT-2 with its split, heads, attention and merge_heads as written (not one attention_qkv). */
+static Plan *gpt2_unpacked(void)
+{
+    Setting set[] = {{"pack_attention", "0"}};
+    return sample_compile("gpt2.fsm", GPT2, 6, set, 1, NULL);
+}
+
 static void expect_ok(const Plan *p, const char *what)
 {
     char err[1024] = "";
@@ -200,7 +207,7 @@ Test(opcheck, an_input_made_after_its_reader)
 Test(opcheck, attributes_out_of_range_or_of_the_wrong_kind)
 {
     Plan *p = gpt2("fp32", "none", "1");
-    int32_t k = find_op(p, "attention", 0);
+    int32_t k = find_op(p, "attention_qkv", 0);
     PlanAttr *a = attr(p, k, "causal");
     a->i = 2;
     expect_refused(p, op_label(p, k), "flag 'causal' is 2", NULL);
@@ -209,7 +216,14 @@ Test(opcheck, attributes_out_of_range_or_of_the_wrong_kind)
     expect_refused(p, op_label(p, k), "'causal' should be an integer", NULL);
     a->kind = PLAN_ATTR_INT;
     expect_ok(p, "restored");
+    a = attr(p, k, "nkv");
+    a->i = 3;  // 2 query heads are not a multiple of 3 kv heads
+    expect_refused(p, op_label(p, k), "nh = 2 query heads over nkv = 3 kv heads", NULL);
+    a->i = 2;
+    expect_ok(p, "restored");
+    plan_free(p);
 
+    p = gpt2_unpacked();
     k = find_op(p, "split", 0);
     attr(p, k, "axis")->i = 3;  // of a rank-3 tensor
     expect_refused(p, op_label(p, k), "axis 3 is out of range", NULL);
@@ -274,12 +288,12 @@ Test(opcheck, backward_ops_against_their_forward_ops)
     expect_refused(p, op_label(p, k), "layernorm: weight must be", NULL);
     *input(p, k, 1) = w;
 
-    k = find_op(p, "attention_bwd", 0);
-    int32_t lse = *input(p, k, 4);
+    k = find_op(p, "attention_qkv_bwd", 0);
+    int32_t lse = *input(p, k, 2);
     const PlanTensor *t = &p->tensors[lse];
-    *input(p, k, 4) = retyped(p, lse, PLAN_DT_BF16, t->rank, t->shape);
-    expect_refused(p, op_label(p, k), "input 4 (lse)", NULL);
-    *input(p, k, 4) = lse;
+    *input(p, k, 2) = retyped(p, lse, PLAN_DT_BF16, t->rank, t->shape);
+    expect_refused(p, op_label(p, k), "input 2 (lse)", NULL);
+    *input(p, k, 2) = lse;
 
     k = find_op(p, "embedding_bwd", 0);
     int32_t idx = *input(p, k, 0);
@@ -288,6 +302,14 @@ Test(opcheck, backward_ops_against_their_forward_ops)
     expect_refused(p, op_label(p, k), "indices must be i32", NULL);
     *input(p, k, 0) = idx;
     expect_ok(p, "restored");
+    plan_free(p);
+
+    p = gpt2_unpacked();
+    k = find_op(p, "attention_bwd", 0);
+    lse = *input(p, k, 4);
+    t = &p->tensors[lse];
+    *input(p, k, 4) = retyped(p, lse, PLAN_DT_BF16, t->rank, t->shape);
+    expect_refused(p, op_label(p, k), "input 4 (lse)", NULL);
     plan_free(p);
 }
 

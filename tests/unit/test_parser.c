@@ -158,6 +158,12 @@ Test(parser, precedence_and_associativity)
     expect_body("x = - -a;", "(assign (x) (- (- a)))");
     expect_body("x = -f(y) + 1;", "(assign (x) (+ (- (call f y)) 1))");
     expect_body("x = a * (b + c);", "(assign (x) (* a (+ b c)))");
+    /* `**` as Python's: above unary minus on its left, right-associative, a signed exponent */
+    expect_body("x = -a ** 2;", "(assign (x) (- (** a 2)))");
+    expect_body("x = a ** b ** c;", "(assign (x) (** a (** b c)))");
+    expect_body("x = a ** -b ** 2 + 1;", "(assign (x) (+ (** a (- (** b 2))) 1))");
+    expect_body("x = 2 * a ** 0.5 @ w;", "(assign (x) (@ (* 2 (** a 0.5)) w))");
+    expect_body("x = f(a) ** (C / 2);", "(assign (x) (** (call f a) (/ C 2)))");
 }
 
 Test(parser, calls_args_lists)

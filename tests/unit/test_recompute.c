@@ -31,7 +31,8 @@ typedef struct {
 
 /* Whether forward node n is in its block's attention core: the attention, what feeds it
  * back to the QKV projection, and merge_heads of its output (by the ops GPT-2 and Llama
- * write there: the projection is the block's first matmuls, before the attention). */
+ * write there: the projection is the block's first matmuls, before the attention; GPT-2's
+ * split, heads, attention and merge_heads are one attention_qkv under pack_attention). */
 static int in_core(const Graph *g, int n)
 {
     const Node *node = &g->nodes[n];
@@ -40,11 +41,12 @@ static int in_core(const Graph *g, int n)
     for (int k = 0; k < g->n_nodes; k++)
         if (g->nodes[k].block == node->block && g->nodes[k].phase == PHASE_FORWARD) {
             if (first < 0) first = k;
-            if (g->nodes[k].op == OP_attention) attention = k;
+            if (g->nodes[k].op == OP_attention || g->nodes[k].op == OP_attention_qkv) attention = k;
         }
     if (n > attention) return n == attention + 1 && node->op == OP_merge_heads;
-    return node->op == OP_attention || node->op == OP_heads || node->op == OP_rope || node->op == OP_split ||
-           node->op == OP_matmul || (node->op == OP_add && g->nodes[n - 1].op == OP_matmul && n > first + 1);
+    return node->op == OP_attention || node->op == OP_attention_qkv || node->op == OP_heads || node->op == OP_rope ||
+           node->op == OP_split || node->op == OP_matmul ||
+           (node->op == OP_add && g->nodes[n - 1].op == OP_matmul && n > first + 1);
 }
 
 static Compiled compile(const char *file, const Define *defs, int n_defs, const char *recompute, const char *shard,
