@@ -14,16 +14,19 @@
  */
 #include "cuda_rows.h"
 
-/* The loss's shape: logits (rows, V), and its ignore_index (OPS_NO_IGNORE: none); -1
+/* The loss's shape: logits (rows, V) of which the first W columns are the model's (the
+ * `valid` attribute: passes/pad_vocab.c), and its ignore_index (OPS_NO_IGNORE: none); -1
  * (cu_fail) unless float logits and i32 targets. A gradient row counts the rows in f32:
  * exact below 2^24. */
-static int loss_shape(CuCtx *c, const char *op, int64_t *rows, int64_t *V, int64_t *ignore)
+static int loss_shape(CuCtx *c, const char *op, int64_t *rows, int64_t *V, int64_t *W, int64_t *ignore)
 {
     if (!dtype_is_float(cu_inv(c, 0)->dtype) || cu_inv(c, 1)->dtype != DT_I32)
         return cu_fail(c, "%s: float logits and i32 targets only", op);
     const Value *lg = cu_inv(c, 0);
     *V = lg->shape[lg->rank - 1], *rows = ir_numel(lg) / *V;
     *ignore = ir_attr_int(c->g, cu_node(c), "ignore_index", OPS_NO_IGNORE);
+    *W = ir_attr_int(c->g, cu_node(c), "valid", 0);
+    if (!*W) *W = *V;
     if (ops_ignores(*ignore) && *rows >= (1 << 24))
         return cu_fail(c, "%s: ignore_index over %lld rows (at most 2^24 - 1)", op, (long long)*rows);
     cu_use(c, "loss.cuh");
@@ -45,13 +48,13 @@ static int mean_launch(CuCtx *c, const char *prefix, int64_t rows, int64_t ignor
 /* cross_entropy(logits, targets) -> f32 [], terms (rows, 2) f32 */
 int cuda_cross_entropy(CuCtx *c)
 {
-    int64_t rows, V, ignore;
-    if (loss_shape(c, "cross_entropy", &rows, &V, &ignore)) return -1;
+    int64_t rows, V, W, ignore;
+    if (loss_shape(c, "cross_entropy", &rows, &V, &W, &ignore)) return -1;
     RowGeo geo = row_geo(rows, V);
     const char *terms = cu_kernel(
         c, 0, cu_fmt(c, "%s, const int *__restrict__ tg, float *__restrict__ terms", cu_pin(c, 0, "lg")),
-        cu_fmt(c, "fs_xent_rows<%s, %lldLL, %lldLL, %lldLL>(lg, tg, terms)", row_targs(c, &geo), (long long)rows,
-               (long long)V, (long long)ignore));
+        cu_fmt(c, "fs_xent_rows<%s, %lldLL, %lldLL, %lldLL, %lldLL>(lg, tg, terms)", row_targs(c, &geo),
+               (long long)rows, (long long)V, (long long)ignore, (long long)W));
     if (row_launch(c, "cross_entropy", terms, &geo, (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, 1)}, 3))
         return -1;
     return mean_launch(c, "cross_entropy", rows, ignore);
@@ -60,15 +63,15 @@ int cuda_cross_entropy(CuCtx *c)
 /* cross_entropy_fused(logits, targets, dloss) -> f32 [], terms (rows, 2) f32, dlogits (over the logits) */
 int cuda_cross_entropy_fused(CuCtx *c)
 {
-    int64_t rows, V, ignore;
-    if (loss_shape(c, "cross_entropy_fused", &rows, &V, &ignore)) return -1;
+    int64_t rows, V, W, ignore;
+    if (loss_shape(c, "cross_entropy_fused", &rows, &V, &W, &ignore)) return -1;
     RowGeo geo = row_geo(rows, V);
     const char *src = cu_kernel(
         c, 0,
         cu_fmt(c, "%s, const int *__restrict__ tg, %s, float *__restrict__ terms", cu_pout(c, 2, "x"),
                cu_pin(c, 2, "dloss")),
-        cu_fmt(c, "fs_xent_fused<%s, %lldLL, %lldLL, %lldLL>(x, tg, dloss, terms)", row_targs(c, &geo), (long long)rows,
-               (long long)V, (long long)ignore));
+        cu_fmt(c, "fs_xent_fused<%s, %lldLL, %lldLL, %lldLL, %lldLL>(x, tg, dloss, terms)", row_targs(c, &geo),
+               (long long)rows, (long long)V, (long long)ignore, (long long)W));
     if (row_launch(c, "cross_entropy_fused", src, &geo,
                    (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 1)}, 4))
         return -1;
@@ -78,14 +81,14 @@ int cuda_cross_entropy_fused(CuCtx *c)
 /* cross_entropy_bwd(logits, targets, dloss) -> dlogits */
 int cuda_cross_entropy_bwd(CuCtx *c)
 {
-    int64_t rows, V, ignore;
-    if (loss_shape(c, "cross_entropy_bwd", &rows, &V, &ignore)) return -1;
+    int64_t rows, V, W, ignore;
+    if (loss_shape(c, "cross_entropy_bwd", &rows, &V, &W, &ignore)) return -1;
     RowGeo geo = row_geo(rows, V);
     const char *src = cu_kernel(
         c, 0,
         cu_fmt(c, "%s, const int *__restrict__ tg, %s, %s", cu_pin(c, 0, "lg"), cu_pin(c, 2, "dloss"), cu_pout(c, 0, "dx")),
-        cu_fmt(c, "fs_xent_bwd<%s, %lldLL, %lldLL, %lldLL>(lg, tg, dloss, dx)", row_targs(c, &geo), (long long)rows,
-               (long long)V, (long long)ignore));
+        cu_fmt(c, "fs_xent_bwd<%s, %lldLL, %lldLL, %lldLL, %lldLL>(lg, tg, dloss, dx)", row_targs(c, &geo),
+               (long long)rows, (long long)V, (long long)ignore, (long long)W));
     return row_launch(c, "cross_entropy_bwd", src, &geo,
                       (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 0)}, 4);
 }

@@ -156,6 +156,7 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"chunks", I, NULL, 0, t->chunks},
         {"fuse_loss", I, NULL, 0, t->fuse_loss},
         {"embed_grad_into", I, NULL, 0, t->embed_grad_into},
+        {"pad_vocab", I, NULL, 0, t->pad_vocab},
         {"pack_attention", I, NULL, 0, t->pack_attention},
         {"fuse_gemm", I, NULL, 0, t->fuse_gemm},
         {"balance", S, t->balance, 0, 0},
@@ -180,7 +181,7 @@ static int add_tensor(Plan *p, const Value *v, int is_loss)
         .tied_to = v->tied_to, .init_a = v->init_a, .init_b = v->init_b, .grad = v->grad,
         .offset = v->offset, .live_start = v->live_start, .live_end = v->live_end, .alias = v->alias,
         .rank_stride = v->rank_stride, .unit = v->unit, .flat_offset = v->flat_offset, .sharded = (uint8_t)v->sharded,
-        .step_role = is_loss ? PLAN_SR_LOSS : map_step_role(v->step_role),
+        .step_role = is_loss ? PLAN_SR_LOSS : map_step_role(v->step_role), .logical_rows = v->logical_rows,
     };
     if (v->name && t.name < 0) return -1;
     for (int d = 0; d < v->rank; d++) t.shape[d] = v->shape[d];

@@ -269,8 +269,13 @@ int grad_embedding(GradCtx *c)
 
 int grad_cross_entropy(GradCtx *c)
 {
-    Attr at = aint("ignore_index", ir_attr_int(c->g, ir_node(c->g, c->node), "ignore_index", OPS_NO_IGNORE));
-    c->din[0] = emit(c, OP_cross_entropy_bwd, (int[]){in_of(c, 0), in_of(c, 1), c->dout[0]}, 3, &at, ops_ignores(at.i));
+    /* The loss's ignore_index (when it has one) and a padded vocabulary's valid columns (passes/pad_vocab.c),
+     * which get no gradient. */
+    Attr at[2] = {aint("ignore_index", ir_attr_int(c->g, ir_node(c->g, c->node), "ignore_index", OPS_NO_IGNORE)),
+                  aint("valid", attr_i(c, "valid"))};
+    int n = ops_ignores(at[0].i);
+    if (!n) at[0] = at[1];
+    c->din[0] = emit(c, OP_cross_entropy_bwd, (int[]){in_of(c, 0), in_of(c, 1), c->dout[0]}, 3, at, n + 1);
     return 0;
 }
 

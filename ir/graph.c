@@ -207,6 +207,11 @@ int64_t ir_numel(const Value *v)
     return n;
 }
 
+int64_t ir_logical_numel(const Value *v)
+{
+    return v->logical_rows && v->rank ? ir_numel(v) / v->shape[0] * v->logical_rows : ir_numel(v);
+}
+
 int ir_same_shape(const Value *a, const Value *b)
 {
     return a->rank == b->rank && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->rank);
@@ -242,7 +247,7 @@ static int64_t count_params(const Graph *g, int frozen_only)
         const Value *v = &g->values[i];
         int storage = v->unit >= 0 && v->view_of < 0;
         if (v->role == ROLE_PARAM && v->tied_to < 0 && v->name && !storage && (v->frozen || !frozen_only))
-            n += ir_numel(v);
+            n += ir_logical_numel(v);
     }
     return n;
 }

@@ -166,6 +166,8 @@ typedef struct {
                                  // optimizer state and no update (`frozen`, `freeze`)
     int no_decay;                // a param (or a unit's buffer) the optimizer does not decay
                                  // (`no_decay`, `weight_decay_on matrices`)
+    int64_t logical_rows;        // a param the pad_vocab pass widened: the model's own dim 0 (its rows
+                                 // [logical_rows, shape[0]) are padding, zero); 0: not padded
 } Value;
 
 typedef enum { ATTR_INT, ATTR_FLOAT, ATTR_INTS } AttrKind;
@@ -314,6 +316,9 @@ const int64_t *ir_attr_ints(const Graph *g, const Node *n, const char *key, int 
 int ir_node_attrs(const Graph *g, const Node *n, Attr *out);
 
 int64_t ir_numel(const Value *v);
+/* The elements of the model's own tensor: ir_numel less a padded param's padding rows
+ * (Value.logical_rows), which are the last elements of its row-major storage. */
+int64_t ir_logical_numel(const Value *v);
 int ir_same_shape(const Value *a, const Value *b);
 /* The value whose buffer v lies in directly: an explicit view (Value.view_of: the shard
  * pass's, or the input an OPF_INPLACE op writes over, which lies in its output) or the
@@ -403,6 +408,7 @@ typedef struct {
     PipeCheckpoint checkpoint;
     int fuse_loss;        // passes/xent.c: cross_entropy and its backward as one op (1), or apart (0)
     int embed_grad_into;  // passes/embed_into.c: an embedding's gradient rows added in place (1), or not (0)
+    int pad_vocab;        // passes/pad_vocab.c: a classifier's vocabulary rows padded to a multiple of this; 0: off
     int pack_attention;   // passes/packed_attn.c: attention on the QKV projection's output as it lies (1), or not (0)
     int fuse_gemm;        // passes/epilogue.c: bias, GELU and their gradients in the GEMMs' epilogues (1), or apart (0)
     int chunks;           // interleaved: model chunks per stage

@@ -5,7 +5,8 @@
  *    "values": [{"id": 0, "name": "tokens", "dtype": "i32", "shape": [4, 64],
  *                "role": "input", "block": null, "placement": "device",
  *                "producer": null, "loc": {"line": 3, "col": 3},
- *                "init": {"kind": "normal", "std": 0.02}, "tied_to": 3}],   (params only)
+ *                "init": {"kind": "normal", "std": 0.02}, "tied_to": 3, "logical_rows": 300}],
+ *                (params only; logical_rows: a padded vocabulary's own rows)
  *    "nodes":  [{"id": 0, "op": "embedding", "inputs": [1, 0], "outputs": [5],
  *                "attrs": {"n": 3, "eps": 1e-05, "shape": [4, -1]},
  *                "block": null, "phase": "forward", "group": null,
@@ -87,6 +88,7 @@ static json_t *value_json(const Graph *g, int id, int *bad)
     put(o, "loc", loc_json(v->loc, bad), bad);
     if (v->init != INIT_NONE) put(o, "init", init_json(v, bad), bad);
     if (v->tied_to >= 0) put(o, "tied_to", json_integer(v->tied_to), bad);
+    if (v->logical_rows) put(o, "logical_rows", json_integer(v->logical_rows), bad);  // passes/pad_vocab.c
     return o;
 }
 

@@ -8,6 +8,7 @@
  *
  *   input %0 tokens: i32[4, 64]  @3:3
  *   param %2 h.0.attn.w: f32[128, 384] = normal(0.02)  [block h.0] @8:5
+ *   param %2 wte: f32[320, 64] = normal(0.02) rows 300 its own   (a padded vocabulary)
  *
  *   %5: f32[4, 64, 128] = embedding(%1:wte, %0:tokens)  @12:7
  *   %7, %8, %9: f32[4, 64, 128] = split(%6, n=3, axis=-1)  [block h.0] @14:7
@@ -95,6 +96,7 @@ static void print_decl(const Graph *g, int id, FILE *out)
     fprintf(out, ": %s", ir_type_str(v, t, sizeof t));
     print_init(v, out);
     if (v->tied_to >= 0) fprintf(out, " tied %%%d", v->tied_to);
+    if (v->logical_rows) fprintf(out, " rows %" PRId64 " its own", v->logical_rows);  // passes/pad_vocab.c
     print_trailer(g, v->block, PHASE_FORWARD, v->place == PLACE_HOST, -1, v->loc, out);
 }
 

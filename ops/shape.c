@@ -369,7 +369,8 @@ int shape_embedding(ShapeCtx *c)
 }
 
 /* logits [..., V] and i32 targets [...]: the mean loss, an f32 scalar, and the rows' terms
- * [..., 2] f32 (ops.h: OPS_LOSS_BLOCKS). */
+ * [..., 2] f32 (ops.h: OPS_LOSS_BLOCKS). `valid` (0: all V) is how many leading columns are
+ * the model's: the rest are a padded vocabulary's (passes/pad_vocab.c), -inf to the loss. */
 int shape_cross_entropy(ShapeCtx *c)
 {
     if (want_inputs(c, 2)) return -1;
@@ -390,6 +391,10 @@ int shape_cross_entropy(ShapeCtx *c)
     int64_t ignore = op_attr_int(&c->attrs, "ignore_index", OPS_NO_IGNORE);
     if (ignore != OPS_NO_IGNORE && !ops_ignores(ignore))
         return shape_fail(c, "cross_entropy: ignore_index %" PRId64 " is not an i32 (targets are i32)", ignore);
+    int64_t valid = op_attr_int(&c->attrs, "valid", 0);
+    if (valid < 0 || valid > lg->shape[lg->rank - 1])
+        return shape_fail(c, "cross_entropy: valid = %lld columns, but the logits %s have %lld", (long long)valid,
+                          TYPE(lg, tl), (long long)lg->shape[lg->rank - 1]);
     shape_set(c, 0, DT_F32, 0, NULL);
     int64_t terms[OPS_MAX_RANK];
     memcpy(terms, tg->shape, sizeof(int64_t) * (size_t)tg->rank);

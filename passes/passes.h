@@ -35,6 +35,7 @@ int passes_run_forward(Graph *g, const Options *o, Diag *d);
 /* ---- one file each, in pipeline order ------------------------------------------------ */
 int pass_fold(Graph *g, const Options *o, Diag *d);       // passes/fold.c
 int pass_dce(Graph *g, const Options *o, Diag *d);        // passes/dce.c
+int pass_pad_vocab(Graph *g, const Options *o, Diag *d);  // passes/pad_vocab.c: a vocabulary the tensor cores like
 int pass_precision(Graph *g, const Options *o, Diag *d);  // passes/precision.c
 int pass_stages(Graph *g, const Options *o, Diag *d);     // passes/stages.c
 int pass_autodiff(Graph *g, const Options *o, Diag *d);   // passes/autodiff.c

@@ -342,6 +342,18 @@ int64_t plan_tensor_nbytes(const PlanTensor *t)
     return (int64_t)((uint64_t)plan_tensor_numel(t) * (uint64_t)plan_dtype_size(t->dtype));
 }
 
+int64_t plan_tensor_logical_numel(const PlanTensor *t)
+{
+    int64_t n = plan_tensor_numel(t);
+    return t->logical_rows && t->rank && t->shape[0] ? n / t->shape[0] * t->logical_rows : n;
+}
+
+void plan_tensor_logical_shape(const PlanTensor *t, int64_t *shape)
+{
+    for (int32_t d = 0; d < PLAN_MAX_RANK; d++) shape[d] = d < t->rank ? t->shape[d] : 0;
+    if (t->logical_rows && t->rank) shape[0] = t->logical_rows;
+}
+
 int plan_tensor_is_persistent(const PlanTensor *t)
 {
     return t->role == PLAN_ROLE_PARAM || t->role == PLAN_ROLE_OPT_STATE || t->role == PLAN_ROLE_MASTER ||

@@ -78,6 +78,9 @@ static int check_tensor(Check *c, int32_t i, const PlanTensor *t)
     if (t->sharded > 1 || t->rank_stride < 0 || t->flat_offset < 0)
         return fail(c, "tensor %d: bad flat layout (sharded %d, rank stride %" PRId64 ", flat offset %" PRId64 ")", i,
                     t->sharded, t->rank_stride, t->flat_offset);
+    if (t->logical_rows && (t->logical_rows < 0 || t->rank < 1 || t->logical_rows > t->shape[0]))
+        return fail(c, "tensor %d: logical rows %" PRId64 " outside its %" PRId64 " stored rows", i, t->logical_rows,
+                    t->rank ? t->shape[0] : 0);
     return 0;
 }
 

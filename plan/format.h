@@ -10,7 +10,7 @@
  *                   i32 block, i32 producer, i32 tied_to, f64 init_a, f64 init_b,
  *                   i64 shape[6], i32 grad, i32 live_start, i32 live_end, i32 alias,
  *                   i64 offset, i64 rank_stride, i64 flat_offset, i32 unit, u8 sharded,
- *                   u8 step_role, 2 pad }
+ *                   u8 step_role, 2 pad, i64 logical_rows (2.2) }
  *   NODE  records { i32 op (string), i32 block, u8 phase, u8 stream, 2 pad, i32 line,
  *                   i32 col, i32 in, i32 n_in, i32 out, i32 n_out, i32 attr, i32 n_attr,
  *                   i32 wait, i32 n_wait (range in WAIT), i32 microbatch, f64 flops }
@@ -41,7 +41,8 @@
  * needs at least the size its version knows (a 2.0 file: 2.0's sizes; 2.1 or later: 2.1's)
  * and skips the rest of each record, so a later minor version may append fields. A 2.0
  * file reads with 2.1's fields at their defaults: no micro-batch (-1), 0 FLOPs, and its
- * one program's ranges over every tensor, every output and the whole module. Absent ids (PLAN_NONE) are stored as -1.
+ * one program's ranges over every tensor, every output and the whole module; a 2.0 or 2.1
+ * file with 2.2's: no tensor padded (logical_rows 0). Absent ids (PLAN_NONE) are stored as -1.
  */
 #ifndef FS_PLAN_FORMAT_H
 #define FS_PLAN_FORMAT_H
@@ -83,11 +84,11 @@ typedef enum {
     SEC_COUNT
 } SectionId;
 
-/* Record sizes of version 2.1: what the writer writes and the least a 2.1 reader accepts. */
+/* Record sizes of version 2.2: what the writer writes and the least a 2.2 reader accepts. */
 enum {
     REC_META = 16,
     REC_BLKS = 12,
-    REC_TENS = 136,
+    REC_TENS = 144,
     REC_NODE = 64,
     REC_ATTR = 16,
     REC_CUDA = 160,
@@ -96,6 +97,8 @@ enum {
 /* Version 2.0's NODE (no micro-batch, no FLOPs) and PROG (no tensor, output or module
  * ranges: a 2.0 plan has at most one program, which holds everything). */
 enum { REC_NODE_2_0 = 52, REC_PROG_2_0 = 32 };
+/* Version 2.1's TENS and earlier (no logical rows: nothing padded). */
+enum { REC_TENS_2_1 = 136 };
 
 /* ---- little-endian encoding, byte by byte, whatever the host --------------------- */
 

@@ -27,7 +27,8 @@
  * not know. A 1.x file (one op list, one arena, the CUDA text in META) is refused with a
  * message that says to recompile it. A section of records
  * starts with its record count and record size, so a newer minor version can append
- * fields (2.1 did: an op's micro-batch and FLOPs, a program's ranges; 2.0 files read).
+ * fields (2.1 did: an op's micro-batch and FLOPs, a program's ranges; 2.2 a tensor's
+ * logical rows; 2.0 and 2.1 files read).
  *
  * Reading checks the magic, version, header checksum, size, bounds and every section's
  * checksum, each with its own message, before it decodes anything; decoding then checks
@@ -41,7 +42,7 @@
 #include <stdint.h>
 
 #define PLAN_MAJOR 2
-#define PLAN_MINOR 1
+#define PLAN_MINOR 2
 #define PLAN_MAX_RANK 6
 #define PLAN_NONE (-1)  // an absent string, block, producer or tied tensor
 
@@ -129,6 +130,8 @@ typedef struct {
                           // unit's storage, rank 0's first element (see sharded)
     uint8_t sharded;    // storage holding only this rank's shard of its unit: rank r
                         // holds flat elements [flat_offset + r * numel, + numel)
+    int64_t logical_rows;  // a param whose rows the compiler padded (passes/pad_vocab.c): the model's
+                           // own shape[0], its logical tensor the first elements; 0: not padded (2.2)
 } PlanTensor;
 #define PLAN_UNITS(n_blocks) (3 * ((n_blocks) + 2))  // units of a plan (ir_unit_count)
 
@@ -351,6 +354,10 @@ const char *plan_tensor_label(const Plan *p, int32_t id);
 /* Elements and bytes of a tensor (shapes are checked by the reader to fit in int64). */
 int64_t plan_tensor_numel(const PlanTensor *t);
 int64_t plan_tensor_nbytes(const PlanTensor *t);
+/* The model's own tensor of a padded param (logical_rows; else the tensor as stored): its
+ * elements, the first of the stored ones, and its shape into shape (PLAN_MAX_RANK). */
+int64_t plan_tensor_logical_numel(const PlanTensor *t);
+void plan_tensor_logical_shape(const PlanTensor *t, int64_t *shape);
 
 /* ---- plan/comm_op.c: shard groups and host ops (its communication helpers: comm_op.h) */
 

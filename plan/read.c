@@ -266,7 +266,8 @@ static int read_blocks(Reader *r, const Sec *s, Plan *p)
 static int read_tensors(Reader *r, const Sec *s, Plan *p)
 {
     uint32_t n, rec;
-    if (!(p->tensors = alloc_records(r, s, REC_TENS, sizeof *p->tensors, &n, &rec))) return -1;
+    if (!(p->tensors = alloc_records(r, s, r->minor >= 2 ? REC_TENS : REC_TENS_2_1, sizeof *p->tensors, &n, &rec)))
+        return -1;
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *b = s->b + 8 + (size_t)i * rec;
         PlanTensor *t = &p->tensors[p->n_tensors++];
@@ -281,6 +282,7 @@ static int read_tensors(Reader *r, const Sec *s, Plan *p)
             .unit = get_i32(b + 128), .sharded = b[132], .step_role = (PlanStepRole)b[133],
         };
         for (int d = 0; d < t->rank && d < PLAN_MAX_RANK; d++) t->shape[d] = (int64_t)get_u64(b + 40 + 8 * d);
+        if (rec >= REC_TENS) t->logical_rows = (int64_t)get_u64(b + 136);
     }
     return 0;
 }

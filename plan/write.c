@@ -88,6 +88,7 @@ static void encode_tensor(uint8_t *w, const PlanTensor *t)
     put_i32(w + 128, t->unit);
     w[132] = t->sharded;
     w[133] = (uint8_t)t->step_role;
+    put_u64(w + 136, (uint64_t)t->logical_rows);
 }
 
 static void encode_op(uint8_t *w, const PlanOp *o)

@@ -208,7 +208,7 @@ static int64_t param_count(const MemReport *r, uint8_t *seen)
         if (x->role != PLAN_ROLE_PARAM || x->tied_to != PLAN_NONE || x->sharded || holds[t]) continue;
         if (x->name != PLAN_NONE && named[x->name]) continue;
         if (x->name != PLAN_NONE) named[x->name] = 1;
-        int64_t k = plan_tensor_numel(x);
+        int64_t k = plan_tensor_logical_numel(x);  // the model's own: a padded vocabulary's padding is no param
         n = n > INT64_MAX - k ? INT64_MAX : n + k;
     }
     return n;

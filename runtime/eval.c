@@ -166,7 +166,8 @@ static int64_t correct_of(const RtEval *v, int64_t *rows)
     rt_exec_tensor_id(v->e, li, &lt);
     rt_exec_tensor_id(v->e, yi, &yt);
     if (lt.dtype != PLAN_DT_F32 || lt.rank != 2 || yt.dtype != PLAN_DT_I32 || yt.rank != 1) return 0;
-    return rt_correct(lt.data, yt.data, lt.shape[0], lt.shape[1], rt_data_ignore(v->data), rows);
+    int64_t K = lt.shape[1], W = rt_plan_valid_columns(rt_exec_plan(v->e), K);  // a padded head's own classes
+    return rt_correct_of(lt.data, yt.data, lt.shape[0], K, W, rt_data_ignore(v->data), rows);
 }
 
 Exec *rt_eval_exec(RtEval *v) { return v->e; }

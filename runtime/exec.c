@@ -389,7 +389,9 @@ static int init_tensors(Exec *e, uint64_t seed, char *err, size_t errlen)
                         plan_tensor_label(p, i), plan_dtype_name(t->dtype), plan_init_name(t->init));
         /* A tied param starts as the param it is tied to: same name, same values. */
         int32_t from = t->tied_to != PLAN_NONE ? t->tied_to : i;
-        rt_init_param(plan_str(p, p->tensors[from].name), seed, t->init, t->init_a, t->init_b, 0, n, (float *)data);
+        int64_t own = plan_tensor_logical_numel(t);  // a padded param's padding rows start at zero
+        rt_init_param(plan_str(p, p->tensors[from].name), seed, t->init, t->init_a, t->init_b, 0, own, (float *)data);
+        memset((float *)data + own, 0, sizeof(float) * (size_t)(n - own));
     }
     if (e->rng) {  // the step word is written before each step (rt_exec_set_step)
         e->rng[0] = (int32_t)(uint32_t)seed, e->rng[1] = (int32_t)(uint32_t)(seed >> 32);

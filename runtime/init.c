@@ -18,6 +18,8 @@
  * initialized: each param's part that falls in the range the storage holds on this rank,
  * by element index within the param, so every rank makes exactly its own slice and the
  * slices put together are the unsharded tensors. Views are never initialized on their own.
+ * A padded param (passes/pad_vocab.c) is initialized as its logical tensor, its first
+ * elements; its padding rows start at zero.
  */
 #include <math.h>
 #include <string.h>
@@ -113,7 +115,7 @@ int rt_flat_init(const Plan *p, int32_t storage, int rank, uint64_t seed, float 
         const PlanTensor *v = &p->tensors[i];
         if (!rt_flat_is_param(v, s->unit) || v->init == PLAN_INIT_NONE || v->init == PLAN_INIT_ZEROS) continue;
         int64_t lo = v->flat_offset > first ? v->flat_offset : first;
-        int64_t hi = v->flat_offset + plan_tensor_numel(v), held_end = first + count;
+        int64_t hi = v->flat_offset + plan_tensor_logical_numel(v), held_end = first + count;  // padding rows: 0
         if (hi > held_end) hi = held_end;
         if (lo >= hi) continue;
         rt_init_param(plan_str(p, v->name), seed, v->init, v->init_a, v->init_b, lo - v->flat_offset, hi - lo,

@@ -78,8 +78,8 @@ static void print_summary(const Plan *p, FILE *out)
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *t = &p->tensors[i];
         if (!plan_tensor_is_model_param(t)) continue;
-        count[t->dtype] = add_sat(count[t->dtype], plan_tensor_numel(t));
-        total = add_sat(total, plan_tensor_numel(t));
+        count[t->dtype] = add_sat(count[t->dtype], plan_tensor_logical_numel(t));  // a padded vocabulary's own
+        total = add_sat(total, plan_tensor_logical_numel(t));
         bytes = add_sat(bytes, plan_tensor_nbytes(t));
     }
     if (p->n_programs) {
@@ -239,7 +239,7 @@ static void print_blocks(const Plan *p, FILE *out)
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *t = &p->tensors[i];
         if (t->block >= 0 && plan_tensor_is_model_param(t))
-            params[t->block] = add_sat(params[t->block], plan_tensor_numel(t));
+            params[t->block] = add_sat(params[t->block], plan_tensor_logical_numel(t));
     }
     for (int32_t i = 0; i < p->n_ops; i++)
         if (p->ops[i].block >= 0) ops[p->ops[i].block]++;

@@ -123,13 +123,14 @@ int64_t rt_plan_vocab(const Plan *p)
         const PlanOp *op = &p->ops[k];
         if (!strcmp(plan_str(p, op->op), "embedding") && op->n_in == 2 && reads_input(p, p->ids[op->in + 1], tokens)) {
             const PlanTensor *table = &p->tensors[p->ids[op->in]];
-            if (table->rank == 2 && table->shape[0] < v) v = table->shape[0];
+            int64_t rows = table->rank == 2 ? rt_plan_valid_columns(p, table->shape[0]) : v;
+            if (rows < v) v = rows;
         }
     }
     int32_t logits = loss_logits(p, targets);
     const PlanTensor *lt = logits == PLAN_NONE ? NULL : &p->tensors[logits];
-    if (lt && lt->rank >= 1 && lt->shape[lt->rank - 1] < v) v = lt->shape[lt->rank - 1];
-    return v;
+    int64_t cols = lt && lt->rank >= 1 ? rt_plan_valid_columns(p, lt->shape[lt->rank - 1]) : v;
+    return cols < v ? cols : v;
 }
 
 static int is_shape(const PlanTensor *t, PlanDType dt, int rank)
@@ -162,6 +163,51 @@ int64_t rt_plan_classes(const Plan *p)
 
 static int32_t in_id(const Plan *p, int32_t k, int32_t i) { return p->ids[p->ops[k].in + i]; }
 
+/* Op k's integer attribute `key`, or NULL. */
+static const PlanAttr *op_int_attr(const Plan *p, int32_t k, const char *key)
+{
+    const PlanOp *op = &p->ops[k];
+    for (int32_t a = 0; a < op->n_attr; a++) {
+        const PlanAttr *at = &p->attrs[op->attr + a];
+        if (at->kind == PLAN_ATTR_INT && !strcmp(plan_str(p, at->key), key)) return at;
+    }
+    return NULL;
+}
+
+/* Its value, or def. */
+static int64_t op_int(const Plan *p, int32_t k, const char *key, int64_t def)
+{
+    const PlanAttr *at = op_int_attr(p, k, key);
+    return at ? at->i : def;
+}
+
+int64_t rt_plan_valid_columns(const Plan *p, int64_t cols)
+{
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        OpKind kind = op_lookup(plan_str(p, p->ops[k].op));
+        if (kind != OP_cross_entropy && kind != OP_cross_entropy_bwd && kind != OP_cross_entropy_fused) continue;
+        const PlanTensor *lg = &p->tensors[in_id(p, k, 0)];
+        int64_t valid = op_int(p, k, "valid", 0);
+        if (valid > 0 && lg->rank && lg->shape[lg->rank - 1] == cols) return valid;
+    }
+    for (int32_t i = 0; i < p->n_tensors; i++)  // a program without the loss (decode): the padded param's own rows
+        if (p->tensors[i].logical_rows && p->tensors[i].shape[0] == cols) return p->tensors[i].logical_rows;
+    return cols;
+}
+
+int64_t rt_logits_valid(const Plan *p, int32_t t)
+{
+    const PlanTensor *x = &p->tensors[t];
+    int64_t cols = x->rank ? x->shape[x->rank - 1] : 1;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        OpKind kind = op_lookup(plan_str(p, p->ops[k].op));
+        int64_t valid = op_int(p, k, "valid", 0);
+        int loss = kind == OP_cross_entropy || kind == OP_cross_entropy_fused;
+        if (loss && in_id(p, k, 0) == t && valid > 0) return valid;
+    }
+    return cols;
+}
+
 RtIndexKind rt_op_index(const Plan *p, int32_t k, int32_t *idx, int64_t *bound)
 {
     const PlanOp *op = &p->ops[k];
@@ -170,12 +216,14 @@ RtIndexKind rt_op_index(const Plan *p, int32_t k, int32_t *idx, int64_t *bound)
          kind == OP_cross_entropy_fused) && op->n_in >= 2) {
         const PlanTensor *a = &p->tensors[in_id(p, k, 0)];
         *idx = in_id(p, k, 1);
-        *bound = kind == OP_embedding ? a->shape[0] : a->shape[a->rank - 1];
+        /* A padded vocabulary's rows and columns are no token's (passes/pad_vocab.c). */
+        *bound = kind == OP_embedding ? rt_plan_valid_columns(p, a->shape[0]) : op_int(p, k, "valid", 0);
+        if (!*bound) *bound = a->shape[a->rank - 1];
         return kind == OP_embedding ? RT_INDEX_ROWS : RT_INDEX_CLASSES;
     }
     if ((kind == OP_embedding_bwd || kind == OP_embedding_bwd_into) && op->n_in >= 2 && op->n_out >= 1) {
         *idx = in_id(p, k, kind == OP_embedding_bwd_into);
-        *bound = p->tensors[p->ids[op->out]].shape[0];
+        *bound = rt_plan_valid_columns(p, p->tensors[p->ids[op->out]].shape[0]);
         return RT_INDEX_ROWS;
     }
     return RT_INDEX_NONE;
@@ -183,15 +231,9 @@ RtIndexKind rt_op_index(const Plan *p, int32_t k, int32_t *idx, int64_t *bound)
 
 int rt_op_index_sentinel(const Plan *p, int32_t k, int64_t *value)
 {
-    const PlanOp *op = &p->ops[k];
-    for (int32_t a = 0; a < op->n_attr; a++) {
-        const PlanAttr *at = &p->attrs[op->attr + a];
-        if (at->kind == PLAN_ATTR_INT && !strcmp(plan_str(p, at->key), "ignore_index")) {
-            *value = at->i;
-            return 1;
-        }
-    }
-    return 0;
+    const PlanAttr *at = op_int_attr(p, k, "ignore_index");
+    if (at) *value = at->i;
+    return at != NULL;
 }
 
 int rt_op_copies_values(const char *op)

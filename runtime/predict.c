@@ -14,7 +14,8 @@
  * '<i4', C order) of shape (N, the output's per-sample dims): --out FILE.npy with one
  * output, FILE.NAME.npy for each with several. An output must have the batch as its
  * first dim (per-sample values); the files are written through a temporary file and
- * renamed, streaming batch by batch (no copy of all the predictions in memory).
+ * renamed, streaming batch by batch (no copy of all the predictions in memory). Logits of
+ * a padded vocabulary (passes/pad_vocab.c) are written with the model's own columns.
  *
  * Inputs that no output reads (a classifier's labels, which feed only the loss) may be
  * left out of --data: they keep their zeros, inside every index bound. An input reaches
@@ -33,6 +34,8 @@ typedef struct {
     int32_t id;         // in this stage's eval program
     char name[256];     // a copy: the stage's program goes with the RtEval
     int64_t per_row;    // elements per sample
+    int64_t cols, valid;  // its last dim, and the model's columns of it written (a padded vocabulary's logits:
+                          // passes/pad_vocab.c; rt_logits_valid)
     char path[4096];
     PlanOutput *file;   // on the writing rank
 } Out;
@@ -87,7 +90,9 @@ static int find_outputs(const Plan *p, int64_t B, Out *out, int *n, char *err, s
             return plan_fail(err, errlen, "output '%s' is %s in the evaluation program; --predict writes f32 and i32",
                              name, plan_dtype_name(pt->dtype));
         if (*n == MAX_OUTPUTS) return plan_fail(err, errlen, "more than %d outputs", MAX_OUTPUTS);
-        out[*n] = (Out){.id = t, .per_row = plan_tensor_numel(pt) / B};
+        int64_t cols = pt->rank > 1 ? pt->shape[pt->rank - 1] : 1;
+        out[*n] = (Out){.id = t, .per_row = plan_tensor_numel(pt) / B, .cols = cols,
+                        .valid = pt->rank > 1 ? rt_logits_valid(p, t) : cols};
         snprintf(out[*n].name, sizeof out[*n].name, "%s", name);
         (*n)++;
     }
@@ -103,13 +108,14 @@ static void out_path(const char *out, const char *name, int several, char *buf, 
     else snprintf(buf, n, "%.*s.%s.npy", (int)(npy ? len - 4 : len), out, name);
 }
 
-/* The .npy header (format 1.0) of an array of `rows` samples of t's per-sample shape. */
-static int npy_header(const PlanTensor *t, int64_t rows, char *buf, size_t n)
+/* The .npy header (format 1.0) of an array of `rows` samples of t's per-sample shape, its
+ * last dim `last` (the model's columns of padded logits). */
+static int npy_header(const PlanTensor *t, int64_t rows, int64_t last, char *buf, size_t n)
 {
     char shape[256];
     size_t at = (size_t)snprintf(shape, sizeof shape, "(%" PRId64, rows);
     for (int d = 1; d < t->rank && at < sizeof shape; d++)
-        at += (size_t)snprintf(shape + at, sizeof shape - at, ", %" PRId64, t->shape[d]);
+        at += (size_t)snprintf(shape + at, sizeof shape - at, ", %" PRId64, d == t->rank - 1 ? last : t->shape[d]);
     if (at < sizeof shape) snprintf(shape + at, sizeof shape - at, t->rank == 1 ? ",)" : ")");
     char dict[400];
     int len = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
@@ -130,7 +136,7 @@ static int open_files(const Plan *p, Out *out, int n, const char *path, int64_t 
     char head[512], why[512];
     for (int i = 0; i < n; i++) {
         out_path(path, out[i].name, n > 1, out[i].path, sizeof out[i].path);
-        int len = npy_header(&p->tensors[out[i].id], N, head, sizeof head);
+        int len = npy_header(&p->tensors[out[i].id], N, out[i].valid, head, sizeof head);
         if (len < 0) return plan_fail(err, errlen, "output '%s': its shape does not fit a .npy header", out[i].name);
         if (!(out[i].file = plan_output_open(out[i].path, why, sizeof why)))
             return plan_fail(err, errlen, "--out %s: %s", out[i].path, why);
@@ -147,7 +153,13 @@ static void write_batch(Exec *e, Out *out, int n, int64_t B, int64_t keep, float
         RtTensor t;
         rt_exec_tensor_id(e, out[i].id, &t);
         rt_comm_gather_f32(t.data, B * out[i].per_row, recv);  // 4-byte elements, moved as they are
-        if (out[i].file) plan_output_write(out[i].file, recv, sizeof(float) * (size_t)(keep * out[i].per_row));
+        if (!out[i].file) continue;
+        if (out[i].valid == out[i].cols) {
+            plan_output_write(out[i].file, recv, sizeof(float) * (size_t)(keep * out[i].per_row));
+            continue;
+        }
+        for (int64_t r = 0; r < keep * out[i].per_row / out[i].cols; r++)  // each row's model columns alone
+            plan_output_write(out[i].file, recv + r * out[i].cols, sizeof(float) * (size_t)out[i].valid);
     }
 }
 

@@ -49,13 +49,19 @@ double rt_now(void)
 
 int64_t rt_correct(const float *logits, const int32_t *y, int64_t B, int64_t K, int64_t ignore, int64_t *counted)
 {
+    return rt_correct_of(logits, y, B, K, K, ignore, counted);
+}
+
+int64_t rt_correct_of(const float *logits, const int32_t *y, int64_t B, int64_t K, int64_t W, int64_t ignore,
+                      int64_t *counted)
+{
     int64_t right = 0;
     *counted = 0;
-    for (int64_t b = 0; b < B && K > 0; b++) {
+    for (int64_t b = 0; b < B && K > 0 && W > 0 && W <= K; b++) {
         if (y[b] == ignore) continue;
         const float *row = logits + b * K;
         int64_t best = 0;
-        for (int64_t k = 1; k < K; k++)
+        for (int64_t k = 1; k < W; k++)
             if (row[k] > row[best]) best = k;
         right += best == y[b];
         ++*counted;

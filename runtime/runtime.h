@@ -295,6 +295,13 @@ int64_t rt_plan_vocab(const Plan *p);
  * range): an embedding's (and its backward's) indices, rows of its table; a
  * cross-entropy's (and its backward's) targets, classes of its logits. The index tensor
  * in *idx, the bound its values must stay below in *bound; RT_INDEX_NONE for other ops. */
+/* Of logits or a table with `cols` classes (rows), how many are the model's: the loss's
+ * `valid` where passes/pad_vocab.c padded a vocabulary (else a padded param's own rows,
+ * for a program without the loss), or cols. */
+int64_t rt_plan_valid_columns(const Plan *p, int64_t cols);
+/* Of tensor t's last dim, the columns that are the model's: the `valid` of the loss that
+ * reads t as its logits, else all of them. */
+int64_t rt_logits_valid(const Plan *p, int32_t t);
 typedef enum { RT_INDEX_NONE, RT_INDEX_ROWS, RT_INDEX_CLASSES } RtIndexKind;
 RtIndexKind rt_op_index(const Plan *p, int32_t k, int32_t *idx, int64_t *bound);
 /* Whether index read k (rt_op_index) also takes one value outside [0, bound), which it
@@ -773,6 +780,10 @@ double rt_accuracy(const float *logits, const int32_t *y, int64_t B, int64_t K);
 /* The rows of B whose argmax is their label y, among the rows whose label is not
  * `ignore` (OPS_NO_IGNORE: none), which *counted receives. */
 int64_t rt_correct(const float *logits, const int32_t *y, int64_t B, int64_t K, int64_t ignore, int64_t *counted);
+/* The same over the first W of each row's K logits (a padded classifier's own classes:
+ * rt_plan_valid_columns). */
+int64_t rt_correct_of(const float *logits, const int32_t *y, int64_t B, int64_t K, int64_t W, int64_t ignore,
+                      int64_t *counted);
 /* Monotonic seconds. */
 double rt_now(void);
 

@@ -23,7 +23,8 @@
  *
  * The choice of a token is nanoGPT's: logits / temperature, the top-k kept (the rest
  * -inf), softmax, one draw; temperature 0 is the argmax (the first of equal maxima, as
- * torch.argmax). Draw i uses Philox(key = seed, counter = (i, "sample")), so the same
+ * torch.argmax); a padded vocabulary's columns (passes/pad_vocab.c) are never drawn:
+ * only the model's own V are candidates. Draw i uses Philox(key = seed, counter = (i, "sample")), so the same
  * seed gives the same text.
  *
  * Text: a byte-level model (V = 256) prints its tokens' bytes; another prints ids, or
@@ -52,6 +53,7 @@ struct RtSampler {
     Prog run;                // the decode program, or (none, or --no-kv-cache) the window program
     Prog win;                // the decode program's window program past T (rt_sampler_window), or none
     int64_t T, V;
+    int64_t W;               // the first W of the V logits are tokens' (passes/pad_vocab.c pads the rest): drawn from
 };
 
 struct RtTokenizer {
@@ -112,7 +114,7 @@ RtSampler *rt_sampler_new(const Plan *whole, uint64_t seed, int kv_cache, char *
         return NULL;
     }
     const PlanTensor *lt = &p->tensors[s->run.logits];
-    s->T = lt->shape[1], s->V = lt->shape[2];
+    s->T = lt->shape[1], s->V = lt->shape[2], s->W = rt_plan_valid_columns(p, s->V);
     if (kv_cache && whole->decode) {
         p = whole->decode;
         if (decode_tensors(p, &s->run, s->V)) {
@@ -156,7 +158,7 @@ void rt_sampler_free(RtSampler *s)
 
 Exec *rt_sampler_exec(RtSampler *s) { return s->run.e; }
 int64_t rt_sampler_context(const RtSampler *s) { return s->T; }
-int64_t rt_sampler_vocab(const RtSampler *s) { return s->V; }
+int64_t rt_sampler_vocab(const RtSampler *s) { return s->W; }
 
 /* The token drawn from one row of logits. */
 static int32_t choose(const float *row, int64_t V, const RtSampleOptions *o, int64_t draw, float *work)
@@ -203,9 +205,9 @@ int rt_sample(RtSampler *s, const RtSampleOptions *o, const int32_t *prompt, int
 {
     if (n_prompt < 1) return plan_fail(err, errlen, "--sample needs a prompt of at least one token");
     for (int64_t i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= s->V)
+        if (prompt[i] < 0 || prompt[i] >= s->W)
             return plan_fail(err, errlen, "prompt token %lld is %d, outside the model's vocab [0, %lld)", (long long)i,
-                             prompt[i], (long long)s->V);
+                             prompt[i], (long long)s->W);
     if (!(o->temperature >= 0) || !isfinite(o->temperature))
         return plan_fail(err, errlen, "--temperature %g: expected a finite number >= 0", o->temperature);
     int64_t n = n_prompt + o->n;
@@ -237,7 +239,7 @@ int rt_sample(RtSampler *s, const RtSampleOptions *o, const int32_t *prompt, int
                     rc = plan_fail(err, errlen, "the decode program, position %lld: %s", (long long)filled,
                                    rt_exec_error(g->e));
             }
-            if (!rc) seq[have] = out[have - n_prompt] = choose(logits, s->V, o, have - n_prompt, work);
+            if (!rc) seq[have] = out[have - n_prompt] = choose(logits, s->W, o, have - n_prompt, work);
             continue;
         }
         memset(tok, 0, sizeof *tok * (size_t)s->T);
@@ -245,7 +247,7 @@ int rt_sample(RtSampler *s, const RtSampleOptions *o, const int32_t *prompt, int
         if (rt_exec_run(g->e, have - n_prompt + 1, RT_PHASES_ALL))
             rc = plan_fail(err, errlen, "the sampling program: %s", rt_exec_error(g->e));
         else
-            seq[have] = out[have - n_prompt] = choose(logits + (w - 1) * s->V, s->V, o, have - n_prompt, work);
+            seq[have] = out[have - n_prompt] = choose(logits + (w - 1) * s->V, s->W, o, have - n_prompt, work);
     }
     plan_dealloc(seq);
     plan_dealloc(work);

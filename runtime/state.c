@@ -4,7 +4,8 @@
  * storage, the optimizer state, the step counter and the loss scale. A checkpoint never
  * stores it as one plan lays it out (flat buffers, shards, padding, memory spaces,
  * stages) but as logical tensors, the same for every plan of the model:
- *   - a param under its name ("h.0.attn.w"), in its shape;
+ *   - a param under its name ("h.0.attn.w"), in its shape (a padded vocabulary's own,
+ *     passes/pad_vocab.c: its first elements; the padding rows are no piece, zero);
  *   - a param's optimizer state under the param's name and the state's, as torch's
  *     AdamW and SGD name it ("h.0.attn.w.exp_avg", ".exp_avg_sq", ".momentum_buffer"):
  *     the optimizer pass names every state tensor "<target>.<state>", and the target is
@@ -34,7 +35,7 @@
 struct RtState {
     RtPiece *pieces;
     int32_t n, cap;
-    char **names;        // every name made, freed with the state
+    char **names;        // every name made (and a padded param's logical shape), freed with the state
     int32_t n_names, cap_names;
     int32_t *holders;    // the root tensors the pieces lie in
     int32_t n_holders;
@@ -67,7 +68,7 @@ typedef struct {
     int failed;
 } Walk;
 
-static const char *keep_name(Walk *w, char *name)
+static void *keep(Walk *w, char *name)
 {
     RtState *s = w->s;
     if (!name) return w->failed = 1, NULL;
@@ -83,6 +84,17 @@ static const char *keep_name(Walk *w, char *name)
         s->names = grown, s->cap_names = cap;
     }
     return s->names[s->n_names++] = name;
+}
+
+static const char *keep_name(Walk *w, char *name) { return keep(w, name); }
+
+/* The logical shape of t (a padded param's own: passes/pad_vocab.c), kept with the state. */
+static const int64_t *logical_shape(Walk *w, const PlanTensor *t)
+{
+    if (!t->logical_rows) return t->shape;
+    int64_t *shape = plan_alloc(sizeof *shape * PLAN_MAX_RANK);
+    if (shape) plan_tensor_logical_shape(t, shape);
+    return keep(w, (char *)shape);
 }
 
 /* "name" or "name.suffix", kept with the state. */
@@ -119,13 +131,14 @@ static void add_range(Walk *w, const char *name, RtStateKind kind, const PlanTen
                       int64_t lo, int64_t hi, int64_t at, int64_t own_lo, int64_t own_hi)
 {
     const PlanTensor *h = &w->p->tensors[holder];
+    const int64_t *shape = logical_shape(w, shape_of);
     uint8_t *base = w->e ? rt_exec_data(w->e, holder) : NULL;
     int64_t cut[4] = {lo, own_lo > lo ? (own_lo < hi ? own_lo : hi) : lo, own_hi < hi ? (own_hi > lo ? own_hi : lo) : hi,
                       hi};
     if (cut[2] < cut[1]) cut[2] = cut[1];
     for (int k = 0; k < 3; k++) {
         if (cut[k + 1] <= cut[k]) continue;
-        RtPiece piece = {.name = name, .kind = kind, .dtype = h->dtype, .rank = shape_of->rank, .shape = shape_of->shape,
+        RtPiece piece = {.name = name, .kind = kind, .dtype = h->dtype, .rank = shape_of->rank, .shape = shape,
                          .first = cut[k], .count = cut[k + 1] - cut[k], .holder = holder, .own = k == 1,
                          .data = base ? base + (at + cut[k] - lo) * plan_dtype_size(h->dtype) : NULL};
         add_piece(w, &piece);
@@ -152,7 +165,7 @@ static int coords(const Walk *w, int32_t id, int64_t *first, int64_t *count, int
         rt_flat_held(t, w->rank % w->shard, first, count);
         return t->sharded;
     }
-    *unit = PLAN_NONE, *first = 0, *count = plan_tensor_numel(t);
+    *unit = PLAN_NONE, *first = 0, *count = plan_tensor_logical_numel(t);  // the rest of a padded param: zero
     return 0;
 }
 
@@ -218,7 +231,8 @@ static int collect_views(Walk *w)
     for (int32_t i = 0; i < p->n_tensors; i++) {
         const PlanTensor *t = &p->tensors[i];
         if (rt_flat_is_param(t, t->unit))
-            w->views[w->n_views++] = (View){.unit = t->unit, .id = i, .at = t->flat_offset, .n = plan_tensor_numel(t)};
+            w->views[w->n_views++] =
+                (View){.unit = t->unit, .id = i, .at = t->flat_offset, .n = plan_tensor_logical_numel(t)};
     }
     qsort(w->views, (size_t)w->n_views, sizeof *w->views, by_unit_at);
     int32_t kept = 0;

@@ -185,7 +185,9 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
             return RT_TRAIN_LOCAL;
         }
         rt_device_copied(d, e, &host1, &dev1);
-        int64_t counted = 0, right = logits ? rt_correct(logits, labels, B, K, rt_data_ignore(data), &counted) : 0;
+        int64_t W = logits ? rt_plan_valid_columns(rt_exec_plan(e), K) : 0;  // a padded classifier's own classes
+        int64_t counted = 0;
+        int64_t right = logits ? rt_correct_of(logits, labels, B, K, W, rt_data_ignore(data), &counted) : 0;
         int dp = rt_exec_world(e);  // over the global batch, like the loss: the stage's data-parallel ranks
         if (logits && dp > 1) right = rt_comm_sum_i64(right), counted = rt_comm_sum_i64(counted);
         double accuracy = counted ? (double)right / (double)counted : NAN;  // every label ignored: NaN

@@ -116,7 +116,10 @@ static void flat_gather(const Exec *e, int32_t s, Flat *f)
 static int collect(const Exec *e, int grads, const Flat *f, StEntry **out, int32_t *n, char *err, size_t errlen)
 {
     const Plan *p = rt_exec_plan(e);
-    *out = plan_alloc(sizeof **out * (size_t)(p->n_tensors + 1));
+    /* The entries, then room for each one's logical shape (a padded vocabulary's own), freed with them. */
+    size_t room = (size_t)(p->n_tensors + 1);
+    *out = plan_alloc(sizeof **out * room + sizeof(int64_t) * PLAN_MAX_RANK * room);
+    int64_t *shapes = *out ? (int64_t *)(void *)(*out + room) : NULL;
     char *name = plan_alloc(1024);
     if (!*out || !name) {
         plan_dealloc(name);
@@ -143,7 +146,9 @@ static int collect(const Exec *e, int grads, const Flat *f, StEntry **out, int32
             if (rt_exec_tensor(e, name, &g) || g.role != PLAN_ROLE_GRAD) continue;  // no gradient reaches it
             t.data = g.data, t.dtype = g.dtype;
         }
-        (*out)[(*n)++] = (StEntry){t.name, t.dtype, t.rank, t.shape, t.data};
+        int64_t *shape = shapes + (size_t)*n * PLAN_MAX_RANK;
+        plan_tensor_logical_shape(&p->tensors[i], shape);  // a padded param's file tensor is its own rows
+        (*out)[(*n)++] = (StEntry){t.name, t.dtype, t.rank, shape, t.data};
     }
     plan_dealloc(name);
     if (grads && !*n) return plan_fail(err, errlen, "the plan has no gradients to save");
@@ -187,7 +192,8 @@ static json_t *weight_map(const Plan *whole, const char *path, RtWeightsFormat f
             const char *name = kind == SAVED_NONE ? NULL : rt_hf_name(fmt, ours, hf, sizeof hf);
             if (!name || json_object_get(map, name)) continue;  // a param without a name in fmt fails the save first
             const PlanTensor *t = &one->tensors[i];
-            *total += kind == SAVED_FLAT ? plan_tensor_numel(t) * (int64_t)sizeof(float) : plan_tensor_nbytes(t);
+            int64_t es = kind == SAVED_FLAT ? (int64_t)sizeof(float) : plan_dtype_size(t->dtype);
+            *total += plan_tensor_logical_numel(t) * es;
             if (json_object_set_new(map, name, json_string(slash ? slash + 1 : file))) json_decref(map), map = NULL;
         }
         plan_free(one);

@@ -3,7 +3,8 @@
  * the what-ifs of --mem-limit: for each setting that this fsc implements and that could
  * cut the arena, the whole compiler pipeline runs again in process with that one
  * setting changed, and the arena it plans is compared with this one. A setting whose
- * pass does not exist yet is never offered.
+ * pass does not exist yet is never offered. The text report's vocabulary padding line
+ * compares the arena the same way, with --pad_vocab 0.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -199,6 +200,33 @@ static int what_ifs(const FscMem *m, const Plan *p, MemWhatIf *w)
     return n;
 }
 
+/* The vocabulary padding's line (passes/pad_vocab.c), when the plan pads one: the padded
+ * param's shapes, and what the padding adds to the (largest) device arena, against the
+ * same model compiled again with --pad_vocab 0. */
+static void print_padding(const Plan *p, const FscMem *m, FILE *out)
+{
+    const PlanTensor *t = NULL;
+    for (int32_t i = 0; i < p->n_tensors && !t; i++)
+        if (p->tensors[i].role == PLAN_ROLE_PARAM && p->tensors[i].logical_rows && p->tensors[i].name != PLAN_NONE)
+            t = &p->tensors[i];
+    if (!t) return;
+    int64_t padded = 0;
+    for (int32_t g = 0; g < p->n_programs; g++)
+        padded = p->programs[g].space_bytes[PLAN_PLACE_DEVICE] > padded ? p->programs[g].space_bytes[PLAN_PLACE_DEVICE]
+                                                                        : padded;
+    Setting off = {"pad_vocab", "0"};
+    int64_t plain = arena_with(m, NULL, &off, 1), rows = t->logical_rows, per_row = plan_tensor_numel(t) / t->shape[0];
+    char a[32], b[32];
+    fprintf(out, "vocabulary padding (--pad_vocab %lld): %s [%lld, %lld] stored as [%lld, %lld], %lld padding elements "
+            "in each copy (param, gradient, optimizer state) and %lld padded logit columns\n",
+            (long long)plan_meta_int(p, "pad_vocab", 0), plan_str(p, t->name), (long long)rows, (long long)per_row,
+            (long long)t->shape[0], (long long)per_row, (long long)((t->shape[0] - rows) * per_row),
+            (long long)(t->shape[0] - rows));
+    if (plain >= 0)
+        fprintf(out, "  the padding adds %s bytes to the device arena (%s bytes with --pad_vocab 0)\n",
+                report_grouped(padded - plain, a, sizeof a), report_grouped(plain, b, sizeof b));
+}
+
 /* The page into memory first, so a failed render leaves no half-written file. With
  * --compare, the other plan is read (every check of plan_read) and its reports overlaid. */
 static int write_html(const MemStages *st, const FscMem *m)
@@ -262,6 +290,7 @@ int fsc_mem(const Plan *p, const FscMem *m)
     int rc = 0;
     if (m->out == MEM_OUT_TEXT) report_stages_print(st, stdout);
     if (m->out == MEM_OUT_TEXT) report_forward_print(p, stdout);
+    if (m->out == MEM_OUT_TEXT) print_padding(p, m, stdout);
     if (m->out == MEM_OUT_JSON && report_stages_json(st, stdout)) {
         fprintf(stderr, "fsc: error: could not write the JSON report\n");
         rc = 1;

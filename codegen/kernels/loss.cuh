@@ -7,7 +7,9 @@
 // does not count: its terms and its dlogits are 0 (every row ignored: the loss is 0/0, NaN).
 // The count is an exact integer: the mean kernel counts its blocks of rows, a gradient row's
 // threads count every row's target (ROWS < 2^24, so the f32 row sum is exact).
-// A target outside [0, V) that is not IGNORE is bad data: the kernel traps (the launch fails
+// Over a row's first W columns (the loss's `valid`: a padded vocabulary's, passes/pad_vocab.c,
+// W < V), the rest -inf to the softmax: no part of the loss, dlogits 0 there. Rows are V apart.
+// A target outside [0, W) that is not IGNORE is bad data: the kernel traps (the launch fails
 // and the runtime reports it) rather than read out of bounds, as the CPU stops.
 #pragma once
 #include "rows.cuh"
@@ -41,7 +43,7 @@ __device__ __forceinline__ void fs_row_lse(const T *__restrict__ lg, long long b
 // Forward, kernel 1, a row kernel over every row: the row's terms, its logsumexp and its
 // target's logit (terms: (ROWS, 2) f32, the op's second output).
 // An ignored row's threads all return here together (one row's target), before any reduction.
-template <int KIND, int NTR, long long ROWS, long long V, long long IGNORE, class T>
+template <int KIND, int NTR, long long ROWS, long long V, long long IGNORE, long long W, class T>
 __device__ __forceinline__ void fs_xent_rows(const T *__restrict__ lg, const int *__restrict__ tg,
                                              float *__restrict__ terms)
 {
@@ -53,9 +55,9 @@ __device__ __forceinline__ void fs_xent_rows(const T *__restrict__ lg, const int
         if (r.tid == 0) terms[2 * r.row] = terms[2 * r.row + 1] = 0.f;
         return;
     }
-    if (t < 0 || t >= V) __trap();
+    if (t < 0 || t >= W) __trap();
     float M, S;
-    fs_row_lse<R, V>(lg, r.row * V, r.tid, M, S);
+    fs_row_lse<R, W>(lg, r.row * V, r.tid, M, S);
     if (r.tid == 0) terms[2 * r.row] = M + logf(S), terms[2 * r.row + 1] = ld(lg, r.row * V + t);
 }
 
@@ -100,7 +102,7 @@ __device__ __forceinline__ float fs_xent_counted(const R &r, const int *__restri
 // may be x itself (the fused op): each element is read and then written by the one thread
 // that owns it, the target's logit too (its terms entry is that thread's), so no thread of
 // the row reads what another has overwritten.
-template <bool TERMS, class R, long long ROWS, long long V, long long IGNORE, class T, class TG, class TD>
+template <bool TERMS, class R, long long ROWS, long long V, long long IGNORE, long long W, class T, class TG, class TD>
 __device__ __forceinline__ void fs_xent_grad_row(const R &r, const T *x, const int *__restrict__ tg,
                                                  const TG *__restrict__ dloss, TD *dx, float *__restrict__ terms)
 {
@@ -111,35 +113,36 @@ __device__ __forceinline__ void fs_xent_grad_row(const R &r, const T *x, const i
         for (long long j = r.tid; j < V; j += R::NTR) st(dx, base + j, 0.f);
         return;
     }
-    if (t < 0 || t >= V) __trap();
+    if (t < 0 || t >= W) __trap();
     float M, S;
-    fs_row_lse<R, V>(x, base, r.tid, M, S);
+    fs_row_lse<R, W>(x, base, r.tid, M, S);
     const float g = ld(dloss, 0) / fs_xent_counted<R, ROWS, IGNORE>(r, tg), f = g / S;
     if (TERMS && r.tid == 0) terms[2 * r.row] = M + logf(S);
-    for (long long j = r.tid; j < V; j += R::NTR) {
+    for (long long j = r.tid; j < W; j += R::NTR) {
         const float v = ld(x, base + j), p = expf(v - M) * f;
         if (TERMS && j == t) terms[2 * r.row + 1] = v;
         st(dx, base + j, j == t ? p - g : p);
     }
+    for (long long j = W + r.tid; j < V; j += R::NTR) st(dx, base + j, 0.f);
 }
 
 // Backward, a row kernel over every row.
-template <int KIND, int NTR, long long ROWS, long long V, long long IGNORE, class T, class TG, class TD>
+template <int KIND, int NTR, long long ROWS, long long V, long long IGNORE, long long W, class T, class TG, class TD>
 __device__ __forceinline__ void fs_xent_bwd(const T *__restrict__ lg, const int *__restrict__ tg,
                                             const TG *__restrict__ dloss, TD *__restrict__ dx)
 {
     const FsRow<KIND, NTR> r;
     if (r.past(ROWS)) return;
-    fs_xent_grad_row<false, FsRow<KIND, NTR>, ROWS, V, IGNORE>(r, lg, tg, dloss, dx, nullptr);
+    fs_xent_grad_row<false, FsRow<KIND, NTR>, ROWS, V, IGNORE, W>(r, lg, tg, dloss, dx, nullptr);
 }
 
 // Fused, kernel 1, a row kernel: the row's terms and its dlogits written over the logits x.
 // Kernel 2 is fs_xent_mean.
-template <int KIND, int NTR, long long ROWS, long long V, long long IGNORE, class T, class TG>
+template <int KIND, int NTR, long long ROWS, long long V, long long IGNORE, long long W, class T, class TG>
 __device__ __forceinline__ void fs_xent_fused(T *x, const int *__restrict__ tg, const TG *__restrict__ dloss,
                                               float *__restrict__ terms)
 {
     const FsRow<KIND, NTR> r;
     if (r.past(ROWS)) return;
-    fs_xent_grad_row<true, FsRow<KIND, NTR>, ROWS, V, IGNORE>(r, x, tg, dloss, x, terms);
+    fs_xent_grad_row<true, FsRow<KIND, NTR>, ROWS, V, IGNORE, W>(r, x, tg, dloss, x, terms);
 }

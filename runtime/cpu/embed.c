@@ -167,23 +167,34 @@ CpuWork cpu_work_cross_entropy(const KCall *k)
     return (CpuWork){V, V * (size_t)omp_get_max_threads()};
 }
 
-/* One row of dlogits: softmax(x) * g, less g at the target (dx may be x). */
-KSIMD static void ce_grad_row(const float *x, float *dx, int64_t V, int32_t target, float g)
+/* One row of dlogits: softmax(x) * g over its first W columns, less g at the target (dx
+ * may be x); columns [W, V), a padded vocabulary's, are -inf to the softmax: 0. */
+KSIMD static void ce_grad_row(const float *x, float *dx, int64_t V, int64_t W, int32_t target, float g)
 {
-    float m = row_max(x, V);
+    float m = row_max(x, W);
     VEC_LOOP
-    for (int64_t j = 0; j < V; j++) dx[j] = fexp(x[j] - m);
-    float f = g / vsum(dx, V);
+    for (int64_t j = 0; j < W; j++) dx[j] = fexp(x[j] - m);
+    float f = g / vsum(dx, W);
     VEC_LOOP
-    for (int64_t j = 0; j < V; j++) dx[j] *= f;
+    for (int64_t j = 0; j < W; j++) dx[j] *= f;
     dx[target] -= g;
+    for (int64_t j = W; j < V; j++) dx[j] = 0;
 }
 
 /* One row of dlogits, or zeros for an ignored row (dx may be x). */
-static void grad_row(const float *x, float *dx, int64_t V, int32_t target, int64_t ignore, float g)
+static void grad_row(const float *x, float *dx, int64_t V, int64_t W, int32_t target, int64_t ignore, float g)
 {
     if (target == ignore) memset(dx, 0, sizeof(float) * (size_t)V);
-    else ce_grad_row(x, dx, V, target, g);
+    else ce_grad_row(x, dx, V, W, target, g);
+}
+
+/* The loss's `valid` attribute (at position a of the signature): the columns of a row that
+ * are the model's vocabulary (passes/pad_vocab.c); 0 means all V. */
+static int64_t valid_cols(const KCall *k, int a, int64_t V)
+{
+    int64_t W = (int64_t)k->attr[a];
+    KCHECK(W >= 0 && W <= V, "cross_entropy: valid = %lld of %lld columns", (long long)W, (long long)V);
+    return W ? W : V;
 }
 
 /* The loss of logits (rows, V): each row's terms, added in double over the fixed blocks
@@ -192,7 +203,7 @@ static void grad_row(const float *x, float *dx, int64_t V, int32_t target, int64
  * row's gradient for g = dloss / counted rows too (0 for an ignored row), written over the
  * row once its terms are taken: the numbers cross_entropy_bwd makes. In 16 bits each row
  * is staged in f32 in the thread's part of the workspace (and rounded back). */
-static void loss_rows(const KCall *k, const KTensor *dx, int64_t ignore, const char *op)
+static void loss_rows(const KCall *k, const KTensor *dx, int64_t ignore, int64_t W, const char *op)
 {
     const KTensor *L = &k->in[0];
     KCHECK((L->dtype == KT_F32 || lowp(L->dtype)) && k->in[1].dtype == KT_I32, "%s: unsupported dtypes", op);
@@ -210,11 +221,11 @@ static void loss_rows(const KCall *k, const KTensor *dx, int64_t ignore, const c
         for (int64_t r = imin(rows, b * bs); r < imin(rows, (b + 1) * bs); r++) {
             if (lp) to_f32(x, L->data, L->dtype, r * V, V);
             float *row = lp ? x : fdata(dx ? dx : L) + r * V;  // f32, dx: the logits' bytes
-            int32_t t = target_at(tg, r, V, ignore);
+            int32_t t = target_at(tg, r, W, ignore);
             if (t == ignore) terms[2 * r] = terms[2 * r + 1] = 0;
-            else s += row_term(row, V, t, terms + 2 * r);
+            else s += row_term(row, W, t, terms + 2 * r);
             if (!dx) continue;
-            grad_row(row, row, V, t, ignore, g);
+            grad_row(row, row, V, W, t, ignore, g);
             if (lp) from_f32(dx->data, dx->dtype, r * V, x, V);
         }
         part[b] = s;
@@ -224,9 +235,13 @@ static void loss_rows(const KCall *k, const KTensor *dx, int64_t ignore, const c
     fdata(&k->out[0])[0] = (float)(s / (double)counted);  // every row ignored: 0 / 0, NaN
 }
 
-/* cross_entropy(logits [..., V], targets [...], ignore_index) -> mean over the counted
- * rows of logsumexp(row) - row[target]. */
-void cpu_cross_entropy(const KCall *k) { loss_rows(k, NULL, (int64_t)k->attr[2], "cross_entropy"); }
+/* cross_entropy(logits [..., V], targets [...], ignore_index, valid) -> mean over the
+ * counted rows of logsumexp(row) - row[target], over the first `valid` columns. */
+void cpu_cross_entropy(const KCall *k)
+{
+    const KTensor *L = &k->in[0];
+    loss_rows(k, NULL, (int64_t)k->attr[2], valid_cols(k, 3, L->shape[L->rank - 1]), "cross_entropy");
+}
 
 /* cross_entropy_fused(logits, targets, dloss): cross_entropy's outputs, and dlogits over
  * the logits (passes/xent.c). */
@@ -235,7 +250,7 @@ void cpu_cross_entropy_fused(const KCall *k)
     const KTensor *L = &k->in[0], *dx = &k->out[2];
     KCHECK(dx->data == L->data && dx->dtype == L->dtype && dx->numel == L->numel,
            "cross_entropy_fused: dlogits must lie on the logits");
-    loss_rows(k, dx, (int64_t)k->attr[3], "cross_entropy_fused");
+    loss_rows(k, dx, (int64_t)k->attr[3], valid_cols(k, 4, L->shape[L->rank - 1]), "cross_entropy_fused");
 }
 
 /* dlogits = (softmax(row) - onehot(target)) * dloss / counted rows, 0 for an ignored row;
@@ -245,7 +260,7 @@ void cpu_cross_entropy_bwd(const KCall *k)
 {
     const KTensor *L = &k->in[0];
     const int32_t *tg = idata(&k->in[1]);
-    int64_t V = L->shape[L->rank - 1], rows = L->numel / V, ignore = (int64_t)k->attr[3];
+    int64_t V = L->shape[L->rank - 1], rows = L->numel / V, ignore = (int64_t)k->attr[3], W = valid_cols(k, 4, V);
     float g = kload(&k->in[2], 0) / (float)counted_rows(tg, rows, ignore);  // dloss: f32, or any float dtype
     if (lowp(L->dtype)) {
         const KTensor *O = &k->out[0];
@@ -254,7 +269,7 @@ void cpu_cross_entropy_bwd(const KCall *k)
         for (int64_t r = 0; r < rows; r++) {
             float *x = k->work + (size_t)omp_get_thread_num() * (size_t)V;
             to_f32(x, L->data, L->dtype, r * V, V);
-            grad_row(x, x, V, target_at(tg, r, V, ignore), ignore, g);
+            grad_row(x, x, V, W, target_at(tg, r, W, ignore), ignore, g);
             from_f32(O->data, O->dtype, r * V, x, V);
         }
         return;
@@ -263,7 +278,7 @@ void cpu_cross_entropy_bwd(const KCall *k)
     const float *x = fdata(L);
     float *dx = fdata(&k->out[0]);
 #pragma omp parallel for if (L->numel > PAR_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++) grad_row(x + r * V, dx + r * V, V, target_at(tg, r, V, ignore), ignore, g);
+    for (int64_t r = 0; r < rows; r++) grad_row(x + r * V, dx + r * V, V, W, target_at(tg, r, W, ignore), ignore, g);
 }
 
 /* ---- constants ---------------------------------------------------------------------- */

@@ -92,8 +92,14 @@ if(NOT FS_FUZZ)
   # Frozen base weights (no gradient, no update) beside trainable adapters.
   cuda_emu_test(lora_bf16 samples/lora.fsm ${tiny} --precision bf16)
   # Odd shapes: head dims 21 and 22, sequences of 33 (a second, partial attention tile),
-  # vocab rows of 1025 (block-wide rows), a batch of 3; llama's multi-query (NKV = 1).
-  cuda_emu_test(gpt2_odd_fp32 samples/gpt2.fsm -D L=1 -D C=42 -D NH=2 -D T=33 -D V=1025 -D B=3)
+  # vocab rows of 1025 (block-wide rows; not padded), a batch of 3; llama's multi-query (NKV = 1).
+  cuda_emu_test(gpt2_odd_fp32 samples/gpt2.fsm -D L=1 -D C=42 -D NH=2 -D T=33 -D V=1025 -D B=3 --pad_vocab 0)
+  # A padded vocabulary (passes/pad_vocab.c): 300 of wte's 320 rows the model's, the loss's
+  # kernels masking the rest (valid = 300), fused and as two ops, and the decode program's head.
+  cuda_emu_test(gpt2_padded_fp32 samples/gpt2.fsm -D L=1 -D C=32 -D NH=2 -D T=16 -D V=300 -D B=2)
+  cuda_emu_test(gpt2_padded_bf16_unfused samples/gpt2.fsm -D L=1 -D C=32 -D NH=2 -D T=16 -D V=300 -D B=2
+                --precision bf16 --fuse_loss 0)
+  cuda_emu_decode_test(gpt2_padded_decode 9 samples/gpt2.fsm -D L=1 -D C=32 -D NH=2 -D T=16 -D V=300 -D B=2)
   cuda_emu_test(llama_odd_bf16 samples/llama.fsm -D L=1 -D C=44 -D NH=2 -D NKV=1 -D T=33 -D V=1025 -D B=3 -D F=90
                 --precision bf16)
   foreach(prec fp32 bf16 fp16)

@@ -57,14 +57,21 @@ static void as_f32(const RtTensor *t, float *out)
                  : t->dtype == PLAN_DT_BF16 ? cpu_bf16_to_f32(h[j]) : cpu_f16_to_f32(h[j]);
 }
 
-float *sample_step1_grads(const Plan *p, size_t *n)
+Exec *sample_exec(const Plan *p, uint64_t seed, RtData **data)
 {
     char err[256];
-    ExecOptions eo = {.seed = 5};
+    ExecOptions eo = {.seed = seed};
     Exec *e = rt_exec_new(p, &eo, err, sizeof err);
     cr_assert_not_null(e, "%s", err);
-    RtData *data = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, 5, err, sizeof err);
-    cr_assert_not_null(data, "%s", err);
+    *data = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, seed, err, sizeof err);
+    cr_assert_not_null(*data, "%s", err);
+    return e;
+}
+
+float *sample_step1_grads(const Plan *p, size_t *n)
+{
+    RtData *data;
+    Exec *e = sample_exec(p, 5, &data);
     rt_data_fill(data, 1);
     /* Everything up to the update: forward, recompute, backward and the collectives. */
     cr_assert_eq(rt_exec_run_ops(e, 1, 0, rt_exec_first_op(e, PLAN_PHASE_OPTIMIZER), RT_PHASES_ALL), 0);
@@ -88,6 +95,26 @@ float *sample_step1_grads(const Plan *p, size_t *n)
     return out;
 }
 
+Exec *sample_train(const Plan *p, uint64_t seed, int steps, float *loss)
+{
+    RtData *d;
+    Exec *e = sample_exec(p, seed, &d);
+    for (int s = 1; s <= steps; s++) {
+        rt_data_fill(d, s);
+        cr_assert_eq(rt_exec_run(e, s, RT_PHASES_ALL), 0);
+        RtTensor t;
+        rt_exec_tensor_id(e, p->outputs[0], &t);
+        loss[s - 1] = *(float *)t.data;
+    }
+    rt_data_close(d);
+    return e;
+}
+
+void sample_losses(const Plan *p, uint64_t seed, int steps, float *loss)
+{
+    rt_exec_free(sample_train(p, seed, steps, loss));
+}
+
 /* The weights the step keeps: f32 params and masters in buffers of their own (a 16-bit
  * compute copy, or an fsdp param's view of its gathered unit, lies in bytes the step
  * reuses). */
@@ -96,44 +123,21 @@ static int is_weight(const PlanTensor *t)
     return (t->role == PLAN_ROLE_PARAM || t->role == PLAN_ROLE_MASTER) && t->dtype == PLAN_DT_F32 && t->alias == PLAN_NONE;
 }
 
-static void run_steps(const Plan *p, uint64_t seed, int steps, float *loss, float **params, size_t *n)
-{
-    char err[256];
-    ExecOptions eo = {.seed = seed};
-    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
-    cr_assert_not_null(e, "%s", err);
-    RtData *d = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, seed, err, sizeof err);
-    cr_assert_not_null(d, "%s", err);
-    for (int s = 1; s <= steps; s++) {
-        rt_data_fill(d, s);
-        cr_assert_eq(rt_exec_run(e, s, RT_PHASES_ALL), 0);
-        RtTensor t;
-        rt_exec_tensor_id(e, p->outputs[0], &t);
-        loss[s - 1] = *(float *)t.data;
-    }
-    if (params) {
-        size_t total = 0, k = 0;
-        for (int32_t i = 0; i < p->n_tensors; i++)
-            if (is_weight(&p->tensors[i])) total += (size_t)plan_tensor_numel(&p->tensors[i]);
-        *params = malloc(sizeof(float) * total + 1);
-        for (int32_t i = 0; i < p->n_tensors; i++) {
-            if (!is_weight(&p->tensors[i])) continue;
-            RtTensor t;
-            rt_exec_tensor_id(e, i, &t);
-            as_f32(&t, *params + k);
-            k += (size_t)t.numel;
-        }
-        *n = k;
-    }
-    rt_data_close(d);
-    rt_exec_free(e);
-}
-
-void sample_losses(const Plan *p, uint64_t seed, int steps, float *loss) { run_steps(p, seed, steps, loss, NULL, NULL); }
-
 float *sample_trained(const Plan *p, uint64_t seed, int steps, float *loss, size_t *n)
 {
-    float *params;
-    run_steps(p, seed, steps, loss, &params, n);
+    Exec *e = sample_train(p, seed, steps, loss);
+    size_t total = 0, k = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (is_weight(&p->tensors[i])) total += (size_t)plan_tensor_numel(&p->tensors[i]);
+    float *params = malloc(sizeof(float) * total + 1);
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        if (!is_weight(&p->tensors[i])) continue;
+        RtTensor t;
+        rt_exec_tensor_id(e, i, &t);
+        as_f32(&t, params + k);
+        k += (size_t)t.numel;
+    }
+    *n = k;
+    rt_exec_free(e);
     return params;
 }

@@ -23,6 +23,10 @@ float *sample_step1_grads(const Plan *p, size_t *n);
 /* The losses (the plan's first output) of `steps` steps from `seed` on synthetic data in
  * order, into loss[0 .. steps). */
 void sample_losses(const Plan *p, uint64_t seed, int steps, float *loss);
+/* An Exec of p from `seed` and, in *data, its synthetic data in order (the caller closes
+ * both); sample_train runs `steps` steps of it as sample_losses does and returns it. */
+Exec *sample_exec(const Plan *p, uint64_t seed, RtData **data);
+Exec *sample_train(const Plan *p, uint64_t seed, int steps, float *loss);
 /* The same, then every f32 param and master in a buffer of its own (in tensor order,
  * concatenated; *n floats) after the last step. Free with free(). */
 float *sample_trained(const Plan *p, uint64_t seed, int steps, float *loss, size_t *n);

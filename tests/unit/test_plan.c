@@ -8,7 +8,8 @@
  * along: two hand-made instructions, a LAUNCH and a GEMM, go through every trip, a 1.0
  * file without it still reads, and every bad instruction is refused with its message.
  * Version 2.1's fields (each op's micro-batch and FLOPs, each program's tensor, output
- * and module ranges) ride along too, and a 2.0 file reads with their defaults.
+ * and module ranges) ride along too, and a 2.0 file reads with their defaults; so does
+ * 2.2's (a tensor's logical rows: a padded vocabulary), and a 2.1 file reads without it.
  *
  * The layout is decoded here by hand, from the description in plan/plan.h, rather than
  * with plan/format.h, so the test also holds the documented format.
@@ -35,6 +36,7 @@ static TrainConfig cfg;
 static Plan *plan;      // codegen_plan(g, &cfg, ...)
 static uint8_t *bytes;  // plan_write_mem(plan)
 static size_t n_bytes;
+static int32_t padded;  // 1 + the tensor setup gives logical rows (version 2.2)
 static char err[512];
 
 static int value(Role role, const char *name, DType dt, const int64_t *shape, int rank, int block)
@@ -118,6 +120,7 @@ static void add_cuda_records(Plan *p)
 static void setup(void)
 {
     plan_set_alloc(NULL, NULL);
+    padded = 0;
     build_graph();
     config_default(&cfg);
     const char *set[][2] = {{"shard", "fsdp"}, {"precision", "bf16"}, {"world", "8"}, {"stages", "2"},
@@ -129,6 +132,11 @@ static void setup(void)
     add_cuda_records(plan);
     /* Version 2.1's op fields, none at its default, so every trip carries them. */
     for (int32_t i = 0; i < plan->n_ops; i++) plan->ops[i].microbatch = i % 3 - 1, plan->ops[i].flops = 1e9 * i + 0.25;
+    /* Version 2.2's tensor field, on an activation (the params' counts stay the model's). */
+    for (int32_t i = 0; i < plan->n_tensors && !padded; i++)
+        if (plan->tensors[i].role == PLAN_ROLE_ACT && plan->tensors[i].rank >= 1 && plan->tensors[i].shape[0] > 1)
+            plan->tensors[i].logical_rows = plan->tensors[i].shape[0] - 1, padded = i + 1;
+    cr_assert(padded, "an activation to give logical rows");
     void *buf;
     cr_assert_eq(plan_write_mem(plan, &buf, &n_bytes, err, sizeof err), 0, "%s", err);
     bytes = buf;
@@ -190,6 +198,7 @@ static void assert_plans_equal(const Plan *a, const Plan *b)
         cr_assert_eq(x->live_start, y->live_start, "tensor %d", i);
         cr_assert_eq(x->live_end, y->live_end, "tensor %d", i);
         cr_assert_eq(x->alias, y->alias, "tensor %d", i);
+        cr_assert_eq(x->logical_rows, y->logical_rows, "tensor %d", i);
     }
     cr_assert_eq(a->n_ops, b->n_ops);
     for (int i = 0; i < a->n_ops; i++) {
@@ -340,7 +349,7 @@ static void set64(uint8_t *p, uint64_t v)
 Test(plan, layout_is_little_endian_with_checksums)
 {
     cr_assert(!memcmp(bytes, "\x89" "FSP\r\n\x1a\n", 8));
-    cr_assert(bytes[8] == 2 && bytes[9] == 0 && bytes[10] == 1 && bytes[11] == 0, "version 2.1");
+    cr_assert(bytes[8] == 2 && bytes[9] == 0 && bytes[10] == 2 && bytes[11] == 0, "version 2.2");
     cr_assert_eq(le32(bytes + 12), 13);
     cr_assert_eq(le64(bytes + 16), n_bytes);
     cr_assert_eq(plan_crc32(0, "123456789", 9), 0xCBF43926u);  // the standard check value
@@ -364,7 +373,11 @@ Test(plan, layout_is_little_endian_with_checksums)
     cr_assert(le64(gm + 56) == 8 && le64(gm + 64) == 24 && le64(gm + 72) == 8 && le64(gm + 96) == 24);
     cr_assert(le64(gm + 104) == 64 && le64(gm + 120) == 192 && le64(gm + 128) == 1);
     /* Version 2.1: NODE records of 64 bytes, the micro-batch at 52 and the FLOPs at 56. */
-    cr_assert_eq(PLAN_MINOR, 1, "this test describes version 2.1");
+    cr_assert_eq(PLAN_MINOR, 2, "this test describes version 2.2");
+    /* 2.2: TENS records of 144 bytes, the logical rows at 136. */
+    const uint8_t *ts = bytes + le64(bytes + 32 + 24 * 3 + 8);
+    cr_assert(!memcmp(bytes + 32 + 24 * 3, "TENS", 4) && le32(ts + 4) == 144);
+    cr_assert_eq(le64(ts + 8 + 144 * (size_t)(padded - 1) + 136), (uint64_t)plan->tensors[padded - 1].logical_rows);
     const uint8_t *nd = bytes + le64(bytes + 32 + 24 * 4 + 8);
     cr_assert(le32(nd) == (uint32_t)plan->n_ops && le32(nd + 4) == 64);
     const uint8_t *op2 = nd + 8 + 64 * 2;
@@ -563,7 +576,7 @@ Test(plan, reassembled_file_reads)
     Sec s[16];
     int n = split_sections(s);
     size_t len;
-    uint8_t *b = assemble(s, n, 2, 1, &len);
+    uint8_t *b = assemble(s, n, 2, 2, &len);
     cr_assert_eq(len, n_bytes);
     cr_assert(!memcmp(b, bytes, len), "the test's assembler agrees with plan_write_mem");
     free(b);
@@ -582,7 +595,7 @@ Test(plan, newer_major_refused)
     memcpy(b, bytes, n_bytes);
     b[8] = 4;
     cr_assert_null(plan_read_mem(b, n_bytes, err, sizeof err));
-    cr_assert(strstr(err, "plan version 4.1 is newer"), "%s", err);
+    cr_assert(strstr(err, "plan version 4.2 is newer"), "%s", err);
     cr_assert_null(read_sections(s, n, 0, 9));
     cr_assert(strstr(err, "plan version 0.9 is older"), "%s", err);
     free(b);
@@ -709,6 +722,37 @@ static void cut_records(Sec *x, uint32_t to)
     for (uint32_t i = 0; i < count; i++) memcpy(d + 8 + (size_t)i * to, x->data + 8 + (size_t)i * rec, to);
     free(x->data);
     x->data = d, x->len = 8 + (size_t)count * to;
+}
+
+/* A 2.1 file (TENS records of 136 bytes) reads with no tensor padded; a 2.2 one with
+ * 2.1's records is refused, as any record shorter than its version's. */
+Test(plan, version_2_1_reads_without_logical_rows)
+{
+    Sec s[16];
+    int n = split_sections(s);
+    cut_records(&s[find(s, n, "TENS")], 136);
+    Plan *p = read_sections(s, n, 2, 1);
+    cr_assert_not_null(p, "%s", err);
+    cr_assert_eq(p->tensors[padded - 1].logical_rows, 0);
+    plan->tensors[padded - 1].logical_rows = 0;
+    assert_plans_equal(plan, p);
+    plan_free(p);
+    cr_assert_null(read_sections(s, n, 2, 2));
+    cr_assert_str_eq(err, "section TENS: records of 136 bytes, expected at least 144");
+    free_sections(s, n);
+}
+
+Test(plan, logical_rows_past_the_stored_rows_refused)
+{
+    PlanTensor *t = &plan->tensors[padded - 1];
+    t->logical_rows = t->shape[0] + 1;
+    cr_assert_eq(plan_check(plan, err, sizeof err), -1);
+    char want[128];
+    snprintf(want, sizeof want, "tensor %d: logical rows %lld outside its %lld stored rows", padded - 1,
+             (long long)t->logical_rows, (long long)t->shape[0]);
+    cr_assert_str_eq(err, want);
+    t->logical_rows = -1;
+    cr_assert_eq(plan_check(plan, err, sizeof err), -1);
 }
 
 /* A 2.0 file reads with 2.1's fields at their defaults: no micro-batch, no FLOPs, and its
@@ -1085,7 +1129,7 @@ Test(plan, inspect_reports_what_a_plan_holds)
     cr_assert_not_null(p, "%s", err);
     char *out = inspect(p);
     const char *want[] = {
-        "plan format   2.1\n",
+        "plan format   2.2\n",
         "model         tiny\n",
         "compiler      fsc " FS_VERSION "\n",
         "ranks         8 (4 data-parallel x 2 pipeline stages)\n",

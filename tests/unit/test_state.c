@@ -91,7 +91,7 @@ static int64_t model_params(const Plan *p)
 {
     int64_t n = 0;
     for (int32_t i = 0; i < p->n_tensors; i++)
-        if (plan_tensor_is_model_param(&p->tensors[i])) n += plan_tensor_numel(&p->tensors[i]);
+        if (plan_tensor_is_model_param(&p->tensors[i])) n += plan_tensor_logical_numel(&p->tensors[i]);
     return n;
 }
 

@@ -5,9 +5,11 @@
  * as long at any B and T; B 64 splits over every world); the plans are compiled, never run.
  *
  * Psi is the model's params (exact: L (12 C^2 + 13 C) + (V + T) C + 2 C), N the world.
- * The plan flattens each unit (a block; the params outside blocks, "o": wte, wpe, lnf)
- * into one buffer padded to a multiple of N: each category below is checked exactly on
- * the padded units, and on the exact Psi to within the padding (N - 1 elements a unit).
+ * The plan stores wte's vocabulary padded to 50304 rows (passes/pad_vocab.c) and flattens
+ * each unit (a block; the params outside blocks, "o": wte, wpe, lnf) into one buffer
+ * padded to a multiple of N: each category below is checked exactly on the padded units,
+ * and on the exact Psi to within the padding (N - 1 elements a unit, and the vocabulary's
+ * 47 C, twice in fsdp's fp32 params, which hold the params outside blocks twice).
  * Model state in bytes per rank, in the report's categories (report/memstate.c):
  *
  *   bf16, fp16         16-bit params     16-bit grads  fp32 params  optimizer  fp32 grads
@@ -71,7 +73,7 @@ typedef struct {
 } Model;
 
 static const Model MODELS[] = {{"7.5B", 4096, 36, 32}, {"128B", 12288, 70, 96}, {"1T", 25600, 128, 160}};
-static const int64_t V = 50257, T = 8, B = 64;
+static const int64_t V = 50257, VP = 50304, T = 8, B = 64;  // VP: V as stored (pad_vocab 64)
 
 typedef enum { S_NONE, S_DDP, S_ZERO1, S_ZERO2, S_FSDP, S_COUNT } Strategy;
 static const char *const STRATEGY[S_COUNT] = {"none", "ddp", "zero1", "zero2", "fsdp"};
@@ -102,19 +104,20 @@ static const Held FP32[S_COUNT][5] = {
     [S_FSDP] = {H_NO, H_NO, H_SHARD_AND_ROOT, H_SHARD, H_SHARD},
 };
 
-/* Params of a block, and outside blocks. */
+/* Params of a block, and outside blocks (the model's; as stored, wte's padding rows too). */
 static int64_t block_params(const Model *m) { return 12 * m->C * m->C + 13 * m->C; }
 static int64_t root_params(const Model *m) { return (V + T) * m->C + 2 * m->C; }
+static int64_t root_stored(const Model *m) { return root_params(m) + (VP - V) * m->C; }
 static int64_t psi(const Model *m) { return m->L * block_params(m) + root_params(m); }
 static int64_t padded(int64_t n, int64_t w) { return (n + w - 1) / w * w; }
 
 /* Elements a rank holds of category h, on the padded units. */
 static int64_t held_padded(const Model *m, Held h, int64_t w)
 {
-    int64_t blk = padded(block_params(m), w), root = padded(root_params(m), w), all = m->L * blk + root;
+    int64_t blk = padded(block_params(m), w), root = padded(root_stored(m), w), all = m->L * blk + root;
     switch (h) {
     case H_NO: return 0;
-    case H_EXACT: return psi(m);
+    case H_EXACT: return m->L * block_params(m) + root_stored(m);
     case H_FULL: return all;
     case H_SHARD: return all / w;
     case H_SHARD_ROOT_FULL: return m->L * blk / w + root;
@@ -144,7 +147,7 @@ static int64_t scalars(const char *precision) { return strcmp(precision, "fp16")
 /* Bytes sent per rank and step, on the padded units, but the scalars. */
 static double comm_formula(const Model *m, Strategy s, int b, int64_t w)
 {
-    double all = (double)held_padded(m, H_FULL, w), root = (double)padded(root_params(m), w);
+    double all = (double)held_padded(m, H_FULL, w), root = (double)padded(root_stored(m), w);
     static const double times[S_COUNT] = {0, 2, 3, 2, 3};
     return b * (times[s] * all - (s == S_FSDP ? root : 0));
 }
@@ -164,7 +167,8 @@ static void check_state(const Model *m, Strategy s, const char *precision, int w
     for (int c = 0; c < 5; c++) {
         int64_t got = r->state[CATS[c]], extra = CATS[c] == MEM_OPT_STATE ? scalars(precision) : 0;
         int64_t want = ELEM[c] * held_padded(m, row[c], w) + extra;
-        double zero = ELEM[c] * held_exact(m, row[c], w), slack = (double)ELEM[c] * (double)w * (double)(m->L + 1);
+        double zero = ELEM[c] * held_exact(m, row[c], w);
+        double slack = (double)ELEM[c] * ((double)w * (double)(m->L + 1) + 2.0 * (double)((VP - V) * m->C));
         const char *name = report_category_name(CATS[c]);
         cr_expect_eq(got, want, "%s: %s %lld bytes, the padded formula %lld", what, name, (long long)got, (long long)want);
         cr_expect(fabs((double)(got - extra) - zero) <= slack, "%s: %s %lld bytes, ZeRO's formula on the exact Psi %.0f",
