@@ -488,6 +488,17 @@ static int open_classes(RtData *d, const Plan *p, const char *path, char *err, s
     return 0;
 }
 
+/* Two data inputs, f32 features [B, ...] of rank 3 or more and i32 labels [B]: a classifier
+ * that only .npy files feed (rank 2 features are RT_DATA_CLASSES). */
+static int labeled_features(const Plan *p)
+{
+    int32_t a, b;
+    if (rt_data_inputs(p, &a, &b)) return 0;
+    const PlanTensor *x = &p->tensors[a], *y = &p->tensors[b];
+    return x->dtype == PLAN_DT_F32 && x->rank >= 3 && y->dtype == PLAN_DT_I32 && y->rank == 1 &&
+           x->shape[0] == y->shape[0];
+}
+
 /* The kind of data, its shapes, vocab and classes come from the whole plan; the buffers
  * from this stage's program, which may read one of the inputs, both, or neither. */
 static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFormat format, const uint8_t *optional,
@@ -532,6 +543,14 @@ static int setup(RtData *d, const Plan *p, Exec *e, const char *path, RtTokenFor
     if (d->kind == RT_DATA_CLASSES) {
         d->K = rt_plan_classes(p);
         d->D = x->shape[1];
+        d->y_id = sb;
+        d->logits = sb == PLAN_NONE ? PLAN_NONE : rt_plan_logits_for(stage, sb);
+    } else if (d->kind == RT_DATA_ARRAYS && labeled_features(p)) {
+        /* A classifier on .npy features of any rank (images [B, H, W, 3]): the step line's
+         * and the evaluation's accuracy read its logits and labels as for [B, D] features. */
+        rt_data_inputs(p, &a, &b);
+        rt_stage_inputs(p, stage, &sa, &sb);
+        if (!rt_input_ignored(p, b, &d->ignore)) d->ignore = OPS_NO_IGNORE;
         d->y_id = sb;
         d->logits = sb == PLAN_NONE ? PLAN_NONE : rt_plan_logits_for(stage, sb);
     }

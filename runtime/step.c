@@ -150,7 +150,7 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
     }
     const int32_t *labels = NULL, *count = NULL;
     int64_t B = 0, K = 0;
-    if (rt_data_get_kind(data) == RT_DATA_CLASSES) accuracy_inputs(e, data, &logits, &labels, &B, &K);
+    accuracy_inputs(e, data, &logits, &labels, &B, &K);  // a classifier's (its labels and logits known), else none
     int32_t count_id = plan_role_tensor(p, PLAN_SR_OPT_STEP), seed_id = plan_role_tensor(p, PLAN_SR_LOSS_SEED);
     if (count_id != PLAN_NONE && p->tensors[count_id].dtype == PLAN_DT_I32) count = rt_exec_data(e, count_id);
     int32_t seed_op = seed_id != PLAN_NONE ? p->tensors[seed_id].producer : PLAN_NONE;
