@@ -8,7 +8,8 @@ Gaussian pixel noise, so no single pixel or colour tells the class: the orientat
 does, and a ViT's patches see it. Labels are balanced (class i of image n is n mod K,
 then shuffled), and the same --seed gives the same bytes.
 
-Writes OUT/train/images.npy (f32 [N, S, S, 3], channels last, values about [0, 1]) and
+Writes OUT/train/images.npy (f32 [N, S, S, 3], channels last; colours in [0, 1]
+normalized to (x - 0.5) / 0.25, about [-2, 2], without which a small ViT does not learn) and
 OUT/train/labels.npy (i32 [N]), and the same under OUT/val/ for --val images: the
 names are samples/vit.fsm's inputs, so `fsexec PLAN --data OUT/train --val-data OUT/val`
 reads them. Pure Python and numpy.
@@ -47,9 +48,10 @@ def make(n, size, classes, noise, rng):
             w = 0.5 + 0.5 * np.sign(np.sin(2 * np.pi * yy / period + phase) * np.sin(2 * np.pi * xx / period + phase))
         else:
             w = 0.5 + 0.5 * np.sin(2 * np.pi * u / period + phase)
-        a, b = rng.uniform(0.0, 1.0, size=(2, 3))
+        a = rng.uniform(0.0, 1.0, size=3)  # two colours at least 0.3 apart in each channel
+        b = (a + rng.uniform(0.3, 0.7, size=3)) % 1.0
         img = w[..., None] * a + (1 - w[..., None]) * b + rng.normal(0.0, noise, size=(size, size, 3))
-        images[i] = img
+        images[i] = (img - 0.5) / 0.25  # normalized, as torchvision's Normalize(0.5, 0.25): a ViT needs it to learn
     return images, labels
 
 

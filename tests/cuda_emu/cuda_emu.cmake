@@ -144,6 +144,12 @@ if(NOT FS_FUZZ)
                    $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu> ${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/train)
   set_tests_properties(cuda_emu_fsexec_train PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT}
                        ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache;FS_CUDA_EMU_MEASURE=0")
+  # samples/vit.fsm's parity plan (tests/py/vit.py) with --device cuda against the CPU backend.
+  add_test(NAME cuda_emu_vit
+           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/py/vit.py $<TARGET_FILE:fsc>
+                   $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu>)
+  set_tests_properties(cuda_emu_vit PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT}
+                       ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache;FS_CUDA_EMU_MEASURE=0")
   # Pipelines of 2 and 4 stages x 1 and 2 data-parallel ranks, every schedule, fp32 and bf16,
   # on cuda-emu ranks (NCCL's calls over MPI) against the CPU ranks' run of the same plan.
   add_test(NAME cuda_emu_pipeline
