@@ -168,7 +168,11 @@ static int bias_add(const Graph *g, int k, int *m, int *bias)
     return 0;
 }
 
-/* The gelu node that reads v (the only one), or -1. */
+/* Whether node k is a GELU or GELU gradient of the tanh form: cuBLASLt's GELU epilogues
+ * compute that one, so an exact (erf) GELU stays an op of its own. */
+static int tanh_gelu(const Graph *g, int k) { return !ir_attr_int(g, ir_node(g, k), "exact", 0); }
+
+/* The tanh gelu node that reads v (the only reader that is a gelu), or -1. */
 static int gelu_of(const Graph *g, int v)
 {
     int found = -1;
@@ -177,7 +181,7 @@ static int gelu_of(const Graph *g, int v)
             if (found >= 0) return -1;
             found = k;
         }
-    return found;
+    return found >= 0 && tanh_gelu(g, found) ? found : -1;
 }
 
 /* add(matmul, bias) [then gelu]: 1 when rewritten. */
@@ -230,7 +234,7 @@ static int fuse_residual(Graph *g, int k)
 static int fuse_dgelu(Graph *g, int k)
 {
     int pre = in_(g, k, 0), d = in_(g, k, 1), m = made_by(g, d, OP_matmul), dp = out0(g, k);
-    if (m < 0 || !one_gemm(g, m) || !private_to(g, d, k) || ir_value(g, pre)->dtype != ir_value(g, d)->dtype) return 0;
+    if (!tanh_gelu(g, k) || m < 0 || !one_gemm(g, m) || !private_to(g, d, k) || ir_value(g, pre)->dtype != ir_value(g, d)->dtype) return 0;
     int s = row_sum_of(g, dp);
     if (s < 0 || !read_after(g, out0(g, s), k)) return 0;
     int n_old = g->n_nodes;

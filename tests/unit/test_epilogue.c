@@ -55,6 +55,30 @@ Test(epilogue, gpt2_ops)
     plan_free(on), plan_free(off);
 }
 
+/* cuBLASLt's GELU epilogues are the tanh form: an exact (erf) GELU keeps its gelu and
+ * gelu_bwd ops, its matmul takes the bias alone, and the plan trains as the one without
+ * the rewrite. */
+Test(epilogue, exact_gelu_stays_apart)
+{
+    const char *src = sample_source("gpt2.fsm");
+    const char *at = strstr(src, "@ fc.w + fc.b)");
+    cr_assert_not_null(at, "gpt2.fsm's MLP reads gelu(h @ fc.w + fc.b)");
+    static char patched[1 << 16];
+    size_t head = (size_t)(at - src);
+    snprintf(patched, sizeof patched, "%.*s@ fc.w + fc.b, exact)%s", (int)head, src, at + strlen("@ fc.w + fc.b)"));
+    Setting on_s = {"fuse_gemm", "1"}, off_s = {"fuse_gemm", "0"};
+    Plan *on = sample_compile_source("gpt2.fsm", patched, SAMPLE_GPT2, 6, &on_s, 1, NULL);
+    Plan *off = sample_compile_source("gpt2.fsm", patched, SAMPLE_GPT2, 6, &off_s, 1, NULL);
+    cr_assert_eq(count_ops(on, "matmul_bias_gelu") + count_ops(on, "matmul_dgelu_bgrad"), 0);
+    cr_assert_eq(count_ops(on, "gelu"), 2);
+    cr_assert_eq(count_ops(on, "gelu_bwd"), 2);
+    float a[4], b[4];
+    sample_losses(on, 3, 4, a);
+    sample_losses(off, 3, 4, b);
+    for (int s = 0; s < 4; s++) cr_assert_float_eq(a[s], b[s], 2e-6 * fabsf(b[s]), "step %d: %g vs %g", s + 1, a[s], b[s]);
+    plan_free(on), plan_free(off);
+}
+
 Test(epilogue, frozen_bias_or_weight)
 {
     Setting frozen = {"freeze", "h.0.fc.b,h.1.attn.w"};
