@@ -12,7 +12,12 @@
 #      the same GPU (bench/gpu_torch.py: eager, and torch.compile when time allows);
 #   5. where the 124M step's time goes: a --trace of its steps 2-4 against fsc --kernels'
 #      roofline on this GPU (H200 or H100), by op kind, the most time lost first
-#      (bench/roofline.py; also $OUT/roofline.json).
+#      (bench/roofline.py; also $OUT/roofline.json);
+#   6. (opt-in) attention alone: bench/gpu_attention.py, fsexec's packed attention forward
+#      and backward against SDPA's flash and cuDNN back ends at the 124M and 1.5B shapes;
+#   7. (opt-in) GPT-2 1.5B (B=8, T=1024, bf16, clip 0 so the host updates overlap the
+#      backward): steps with and without --offload optimizer, their ratio, and each run's
+#      arena against the plan.
 # The GPU machine has the CUDA toolkit, a driver and PyTorch, but none of our Debian
 # libraries (jansson, OpenBLAS, Open MPI) and no network: the binaries travel with them.
 #
@@ -25,12 +30,13 @@
 # $OUT/summary.txt, gpu_check.log, results.json, roofline.json and 124m-trace.json). GPU_CHECK_BUDGET (seconds, default
 # 480) bounds the run; the optional parts (torch.compile, the 124M run without a graph)
 # are skipped when too little is left. GPU_CHECK_SECTIONS (default "1 2 3 4") picks parts:
-# 1 op_check, 2 training, 3 the 124M run with its memory and roofline table, 4 PyTorch.
+# 1 op_check, 2 training, 3 the 124M run with its memory and roofline table, 4 PyTorch,
+# 6 attention alone, 7 offload at 1.5B (e.g. GPU_CHECK_SECTIONS="6 7").
 # Exit status: 0 when every check passed, else 1.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
-case "${1:-}" in -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 # ---- --pack BUILD: gather what the GPU machine needs --------------------------------------
 if [ "${1:-}" = "--pack" ]; then
@@ -217,6 +223,44 @@ if want 3 && fs "$FSC" "$ROOT/samples/gpt2.fsm" -D B=8 -D T=1024 --precision bf1
         fs_t 90 "$FSEXEC" "$P124" --device cuda --steps 12 \
             --log "$WORK/124m-nograph.jsonl" --log-every 6 2>&1 | tail -2
     fi
+fi
+# ---- 6. attention alone, against PyTorch's SDPA ---------------------------------------------------
+if want 6; then
+    section "6. attention (packed, bf16, causal) against SDPA"
+    fs_t 240 python3 "$ROOT/bench/gpu_attention.py" --fsc "$FSC" --fsexec "$FSEXEC" --shapes 124m,1.5b \
+        --work "$WORK/attention" | tee "$OUTDIR/attention.txt" | tail -12
+    [ "${PIPESTATUS[0]}" -eq 0 ] || fail "bench/gpu_attention.py"
+fi
+
+# ---- 7. offload at 1.5B: the step with and without --offload optimizer ---------------------------
+if want 7; then
+    section "7. GPT-2 1.5B (B=8, T=1024, bf16, clip 0): --offload optimizer against none"
+    XL=(-D L=48 -D C=1600 -D NH=25 -D B=8 -D T=1024 --precision bf16 --clip 0)
+    for mode in none optimizer; do
+        p=$WORK/gpt2-xl-$mode.plan
+        if fs "$FSC" "$ROOT/samples/gpt2.fsm" "${XL[@]}" --offload "$mode" -o "$p" -q; then
+            fs_t 200 "$FSEXEC" "$p" --device cuda --steps 12 --log "$WORK/xl-$mode.jsonl" --log-every 1 \
+                >"$WORK/xl-$mode.txt" 2>&1 || fail "GPT-2 1.5B --offload $mode"
+            grep -E "cuda memory:" "$WORK/xl-$mode.txt" | head -1
+            tail -2 "$WORK/xl-$mode.txt"
+        else
+            fail "fsc GPT-2 1.5B --offload $mode"
+        fi
+    done
+    python3 - "$WORK" <<'EOF7' | tee -a "$SUMMARY"
+import json, os, statistics, sys
+work = sys.argv[1]
+ms = {}
+for mode in ("none", "optimizer"):
+    path = os.path.join(work, f"xl-{mode}.jsonl")
+    rows = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+    steps = [r["ms"] for r in rows[4:] if r.get("ms")]
+    if steps:
+        ms[mode] = statistics.median(steps)
+        print(f"GPT-2 1.5B bf16 --offload {mode}: {ms[mode]:.0f} ms a step (median of {len(steps)})")
+if len(ms) == 2:
+    print(f"offload / none: {ms['optimizer'] / ms['none']:.2f}x (issue 34's goal: 1.15x)")
+EOF7
 fi
 TORCH_LIMIT=$(( $(left) - 20 ))
 if ! want 4; then
