@@ -18,7 +18,11 @@
    plan, and its evaluation program's loss on the first batch (--val-data DIR
    --eval-batches 1) is the float64 reference's on that batch, to 1e-5.
 
-usage: /usr/bin/python3 tests/py/bert_mlm.py FSC FSEXEC
+4. (--emu LIBFS_CUDAEMU; instead of 2 and 3) The plan's CUDA kernels and cuBLAS calls on the
+   cuda-emu backend against the CPU backend: every param's step-1 gradient, fp32 (1e-5) and
+   bf16 (1e-2), as tests/py/attn_mask.py checks attention_masked.
+
+usage: /usr/bin/python3 tests/py/bert_mlm.py FSC FSEXEC [--emu LIBFS_CUDAEMU]
 """
 import os
 import shutil
@@ -151,8 +155,45 @@ def hf_names(p, L):
     return out
 
 
+def plan(fsc, out, *extra):
+    cmd = [fsc, os.path.join(ROOT, "samples", "bert.fsm"), "-q", "-o", out, *extra]
+    for k, v in DIMS.items():
+        cmd += ["-D", "%s=%d" % (k, v)]
+    for k, v in HP.items():
+        cmd += ["--" + k, str(v)]
+    run(cmd)
+
+
+def emulated(fsc, fsexec, emu, P):
+    """4: step-1 gradients on cuda-emu against the CPU backend's, fp32 and bf16."""
+    env = dict(os.environ, FS_CUDA_BACKEND=emu, FS_CUDA_EMU_CACHE=P("emu-cache"))
+    failed = False
+    for prec, tol in (("fp32", 1e-5), ("bf16", 1e-2)):
+        plan(fsc, P(prec + ".plan"), "--precision", prec)
+        base = [fsexec, P(prec + ".plan"), "--data", P("data"), "--data-order", "sequential", "--steps", "1"]
+        run(base + ["--save-grads", P(prec + "-cpu.st")])
+        r = subprocess.run(base + ["--device", "cuda", "--save-grads", P(prec + "-emu.st")], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if r.returncode:
+            sys.exit("FAIL (exit %d): fsexec --device cuda (cuda-emu)\n%s" % (r.returncode, r.stdout[-3000:]))
+        cpu, dev = load_safetensors(P(prec + "-cpu.st"), torch.float64), load_safetensors(P(prec + "-emu.st"),
+                                                                                         torch.float64)
+        errs = {k: ((dev[k] - cpu[k]).abs().max() / cpu[k].abs().max().clamp_min(1e-30)).item()
+                for k in cpu if not k.endswith(".k.b")}   # k.b's gradient is 0: rounding noise on both
+        worst = max(errs, key=errs.get)
+        ok = set(dev) == set(cpu) and errs[worst] <= tol
+        print("%s 4. cuda-emu %s: step-1 gradients against the CPU backend's, worst %s %.2e (tol %g)" % (
+            "ok  " if ok else "FAIL", prec, worst, errs[worst], tol))
+        failed |= not ok
+    if failed:
+        sys.exit("FAIL: samples/bert.fsm's CUDA program differs from the CPU backend")
+
+
 def main():
+    if len(sys.argv) not in (3, 5) or len(sys.argv) == 5 and sys.argv[3] != "--emu":
+        sys.exit("usage: bert_mlm.py FSC FSEXEC [--emu LIBFS_CUDAEMU]")
     fsc, fsexec = (os.path.abspath(a) for a in sys.argv[1:3])
+    emu = os.path.abspath(sys.argv[4]) if len(sys.argv) == 5 else None
     work = tempfile.mkdtemp(prefix="fs_bert_")
     P = lambda *a: os.path.join(work, *a)  # noqa: E731
     try:
@@ -165,14 +206,13 @@ def main():
              "--seq-len", str(DIMS["T"]), "--short-prob", "0.3", "--seed", "7"])
         d = {k: np.load(P("data", k + ".npy")) for k in ("tokens", "segments", "mask", "labels")}
         check_data(d)
+        if emu:
+            emulated(fsc, fsexec, emu, P)
+            print("bert_mlm --emu: all passed")
+            return
 
         # 2. fsexec and the reference, 6 steps from the same init
-        cmd = [fsc, os.path.join(ROOT, "samples", "bert.fsm"), "-q", "-o", P("bert.plan")]
-        for k, v in DIMS.items():
-            cmd += ["-D", "%s=%d" % (k, v)]
-        for k, v in HP.items():
-            cmd += ["--" + k, str(v)]
-        run(cmd + os.environ.get('BERT_EXTRA', '').split())
+        plan(fsc, P("bert.plan"))
         base = [fsexec, P("bert.plan"), "--data", P("data"), "--data-order", "sequential"]
         run(base + ["--steps", "0", "--save-weights", P("init.st")])
         run(base + ["--steps", str(NSTEPS), "--log", P("log.jsonl"), "--save-weights", P("final.st")])
