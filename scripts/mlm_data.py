@@ -20,11 +20,12 @@ random non-special token with 0.1, and stays with 0.1; labels hold the original 
 at the selected positions and --ignore-index (-100, Hugging Face's) everywhere else, so
 every row has a label (an all-ignored batch's loss is 0/0).
 
-Input (--format auto: a token file when it starts with llm.c's magic, text otherwise):
+Input (--format auto: tokens when the file starts with llm.c's or .npy's magic, else text):
   text    each byte is a token (0-255), as scripts/tokenize.py --vocab bytes; the special
           tokens are 256 [PAD], 257 [CLS], 258 [SEP], 259 [MASK]: train with V >= 260.
   tokens  llm.c's token file (scripts/tokenize.py's output: a 256-int32 header, then
-          uint16 tokens). Give --vocab V and the special ids; the defaults are
+          uint16 tokens), or a 1-D integer .npy of token ids (a WordPiece tokenizer's
+          output, say). Give --vocab V and the special ids; the defaults are
           bert-base-uncased's (V 30522, [PAD] 0, [CLS] 101, [SEP] 102, [MASK] 103).
 
 Pure Python and numpy. Same input and --seed, same files.
@@ -34,7 +35,11 @@ import os
 import struct
 import sys
 
-import numpy as np
+# scripts/tokenize.py, next to this file, would shadow the standard library's tokenize, which
+# numpy's .npy reader imports: this directory leaves the import path first.
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
+import numpy as np  # noqa: E402
 
 MAGIC, HEADER_INTS = 20240520, 256
 BYTE_SPECIALS = {"pad": 256, "cls": 257, "sep": 258, "mask": 259}
@@ -54,9 +59,19 @@ def read_input(path, fmt):
         fail("%s: cannot read it (%s)" % (path, e.strerror))
     magic = len(data) >= 4 * HEADER_INTS and struct.unpack("<i", data[:4])[0] == MAGIC
     if fmt == "auto":
-        fmt = "tokens" if magic else "text"
+        fmt = "tokens" if magic or data[:6] == b"\x93NUMPY" else "text"
     if fmt == "text":
         return np.frombuffer(data, np.uint8).astype(np.int64), False
+    if data[:6] == b"\x93NUMPY":
+        try:
+            a = np.load(path, allow_pickle=False)
+        except ValueError as e:
+            fail("%s: not a .npy file numpy reads (%s)" % (path, e))
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            fail("%s: a .npy of tokens is 1-D integers; this one is %s %s" % (path, a.dtype, list(a.shape)))
+        if len(a) and a.min() < 0:
+            fail("%s: token %d (at %d) is negative" % (path, a.min(), int(np.argmin(a))))
+        return a.astype(np.int64), True
     if not magic:
         fail("%s: not llm.c's token file (no magic %d in its header; is it text? then --format text)" % (path, MAGIC))
     count = struct.unpack("<i", data[8:12])[0]
@@ -102,8 +117,8 @@ def main(argv=None):
         prog="mlm_data.py", description="a text or token file to samples/bert.fsm's masked-LM inputs "
         "(OUTDIR/tokens.npy, segments.npy, mask.npy, labels.npy) for fsexec --data OUTDIR",
         epilog="text input: byte tokens, specials 256-259, train with V >= 260; token input: llm.c's file "
-        "(scripts/tokenize.py), with --vocab and the special ids (defaults: bert-base-uncased's)")
-    ap.add_argument("input", help="a text file, or llm.c's token file")
+        "(scripts/tokenize.py) or a 1-D .npy of ids, with --vocab and the special ids (defaults: bert-base-uncased's)")
+    ap.add_argument("input", help="a text file, llm.c's token file, or a 1-D .npy of token ids")
     ap.add_argument("outdir", help="where the four .npy files go (made if missing)")
     ap.add_argument("--seq-len", type=int, required=True, help="T, the model's sequence length (>= 5)")
     ap.add_argument("--format", choices=["auto", "text", "tokens"], default="auto")

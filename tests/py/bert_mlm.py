@@ -4,7 +4,8 @@
 1. scripts/mlm_data.py makes tokens, segments, mask and labels from a text (byte tokens,
    some rows shortened so the padding mask has zeros); the rows are checked against what
    its help promises (the [CLS] A [SEP] B [SEP] layout, segments, mask, the labels at the
-   selected positions only, at least one a row, 80% of them [MASK]).
+   selected positions only, at least one a row, 80% of them [MASK]); token ids from a .npy
+   get bert-base-uncased's special ids; bad inputs are refused with their message.
 2. samples/bert.fsm at small dims (L=2, C=64, NH=4, T=32, V=300, B=4) trains 6 AdamW steps
    under BERT's recipe (weight decay on the matrices only, clip 1.0, the linear schedule
    with warmup) with fsexec --data DIR --data-order sequential; a hand-written BERT in
@@ -80,6 +81,35 @@ def check_data(d):
         sys.exit("FAIL mlm_data.py: %d labels, %d [MASK], %d unchanged, %d padded rows" % (total, masked, kept, padded))
     print("ok   1. mlm_data.py: %d rows ([CLS] A [SEP] B [SEP], %d padded), %d labels: %.0f%% [MASK], %.0f%% unchanged"
           % (len(tok), padded, total, 100 * masked / total, 100 * kept / total))
+
+
+def data_errors(P):
+    """mlm_data.py on token ids (a 1-D .npy: bert-base-uncased's specials) and on bad input."""
+    script = os.path.join(ROOT, "scripts", "mlm_data.py")
+    np.save(P("ids.npy"), np.random.default_rng(2).integers(1000, 30000, 3000))
+    run([sys.executable, script, P("ids.npy"), P("ids"), "--seq-len", "64"])
+    tok, lab = np.load(P("ids", "tokens.npy")), np.load(P("ids", "labels.npy"))
+    if (tok[:, 0] != 101).any() or not (tok == 103).any() or tok.max() >= 30522 or (lab[lab != IGNORE] < 1000).any():
+        sys.exit("FAIL mlm_data.py: token ids in a .npy do not make [CLS]=101 ... [MASK]=103 rows")
+    np.save(P("ids2d.npy"), np.zeros((3, 3), np.int64))
+    with open(P("empty.txt"), "w") as f:
+        f.write("a")
+    for args, needle in (([P("none.txt"), P("o"), "--seq-len", "32"], "none.txt: cannot read it"),
+                         ([P("text.txt"), P("o"), "--seq-len", "4"], "--seq-len 4: a row needs at least 5"),
+                         ([P("ids2d.npy"), P("o"), "--seq-len", "32"], "a .npy of tokens is 1-D integers"),
+                         ([P("ids.npy"), P("o"), "--seq-len", "32", "--vocab", "2000"], "outside the vocabulary [0, 2000)"),
+                         ([P("ids.npy"), P("o"), "--seq-len", "32", "--mask", "101"], "must differ"),
+                         ([P("text.txt"), P("o"), "--seq-len", "32", "--vocab", "9"], "for token input"),
+                         ([P("empty.txt"), P("o"), "--seq-len", "32"], "1 tokens; a row needs at least 2"),
+                         ([P("text.txt"), P("o"), "--seq-len", "32", "--format", "tokens"], "not llm.c's token file")):
+        r = subprocess.run([sys.executable, script, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if r.returncode == 0 or needle not in r.stdout or "Traceback" in r.stdout:
+            sys.exit("FAIL mlm_data.py %s: exit %d, wanted a message with %r:\n%s" % (args, r.returncode, needle,
+                                                                                    r.stdout))
+    if os.path.exists(P("o")):
+        sys.exit("FAIL mlm_data.py: a refused input left an output directory")
+    print("ok   1. mlm_data.py: token ids from a .npy (bert-base-uncased's specials); 8 bad inputs refused, each "
+          "with its message")
 
 
 def bert_loss(p, tokens, segments, mask, labels, L, NH):
@@ -206,6 +236,7 @@ def main():
              "--seq-len", str(DIMS["T"]), "--short-prob", "0.3", "--seed", "7"])
         d = {k: np.load(P("data", k + ".npy")) for k in ("tokens", "segments", "mask", "labels")}
         check_data(d)
+        data_errors(P)
         if emu:
             emulated(fsc, fsexec, emu, P)
             print("bert_mlm --emu: all passed")
