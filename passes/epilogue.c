@@ -232,7 +232,9 @@ static int fuse_residual(Graph *g, int k)
 static int fuse_dgelu(Graph *g, int k)
 {
     int pre = in_(g, k, 0), d = in_(g, k, 1), m = made_by(g, d, OP_matmul), dp = out0(g, k);
-    if (m < 0 || ir_attr_int(g, ir_node(g, k), "exact", 0) || !one_gemm(g, m) || !private_to(g, d, k) || ir_value(g, pre)->dtype != ir_value(g, d)->dtype) return 0;
+    if (m < 0 || ir_attr_int(g, ir_node(g, k), "exact", 0) || !one_gemm(g, m) || !private_to(g, d, k) ||
+        ir_value(g, pre)->dtype != ir_value(g, d)->dtype)
+        return 0;
     int s = row_sum_of(g, dp);
     if (s < 0 || !read_after(g, out0(g, s), k)) return 0;
     int n_old = g->n_nodes;

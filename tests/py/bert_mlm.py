@@ -97,7 +97,8 @@ def data_errors(P):
     for args, needle in (([P("none.txt"), P("o"), "--seq-len", "32"], "none.txt: cannot read it"),
                          ([P("text.txt"), P("o"), "--seq-len", "4"], "--seq-len 4: a row needs at least 5"),
                          ([P("ids2d.npy"), P("o"), "--seq-len", "32"], "a .npy of tokens is 1-D integers"),
-                         ([P("ids.npy"), P("o"), "--seq-len", "32", "--vocab", "2000"], "outside the vocabulary [0, 2000)"),
+                         ([P("ids.npy"), P("o"), "--seq-len", "32", "--vocab", "2000"],
+                          "outside the vocabulary [0, 2000)"),
                          ([P("ids.npy"), P("o"), "--seq-len", "32", "--mask", "101"], "must differ"),
                          ([P("text.txt"), P("o"), "--seq-len", "32", "--vocab", "9"], "for token input"),
                          ([P("empty.txt"), P("o"), "--seq-len", "32"], "1 tokens; a row needs at least 2"),
@@ -247,7 +248,8 @@ def main():
         base = [fsexec, P("bert.plan"), "--data", P("data"), "--data-order", "sequential"]
         run(base + ["--steps", "0", "--save-weights", P("init.st")])
         run(base + ["--steps", str(NSTEPS), "--log", P("log.jsonl"), "--save-weights", P("final.st")])
-        init, fs_final, fs_log = load_safetensors(P("init.st")), load_safetensors(P("final.st")), read_log(P("log.jsonl"))
+        init, fs_final = load_safetensors(P("init.st")), load_safetensors(P("final.st"))
+        fs_log = read_log(P("log.jsonl"))
         if len(fs_log) != NSTEPS or set(fs_final) != set(init):
             sys.exit("FAIL: %d log lines, final weights %s" % (len(fs_log), sorted(set(fs_final) ^ set(init))))
         (log32, fin32), (log64, fin64) = (train_ref(init, d, dt) for dt in (torch.float32, torch.float64))
