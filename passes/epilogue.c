@@ -15,7 +15,8 @@
  *
  * A bias gradient is fused once: into its GELU's gradient where there is one, else into
  * the weight gradient's GEMM. A frozen bias has no sum_to and a frozen weight no weight
- * GEMM, so neither fuses; a GELU whose bias has no gradient keeps its gelu_bwd.
+ * GEMM, so neither fuses; a GELU whose bias has no gradient keeps its gelu_bwd. The exact
+ * (erf) GELU never fuses (cuBLASLt's epilogues are the tanh form): its bias add still does.
  *
  * Needs: the backward, recomputation and micro-batches in their final form (autodiff,
  *        recompute and pipeline ran: their copies fuse like the originals); the
@@ -178,7 +179,7 @@ static int gelu_of(const Graph *g, int v)
     int found = -1;
     for (int k = 0; k < g->n_nodes; k++)
         if (g->nodes[k].op == OP_gelu && in_(g, k, 0) == v) {
-            if (found >= 0) return -1;
+            if (found >= 0 || ir_attr_int(g, ir_node(g, k), "exact", 0)) return -1;
             found = k;
         }
     return found >= 0 && tanh_gelu(g, found) ? found : -1;
@@ -234,7 +235,9 @@ static int fuse_residual(Graph *g, int k)
 static int fuse_dgelu(Graph *g, int k)
 {
     int pre = in_(g, k, 0), d = in_(g, k, 1), m = made_by(g, d, OP_matmul), dp = out0(g, k);
-    if (!tanh_gelu(g, k) || m < 0 || !one_gemm(g, m) || !private_to(g, d, k) || ir_value(g, pre)->dtype != ir_value(g, d)->dtype) return 0;
+    if (!tanh_gelu(g, k) || m < 0 || !one_gemm(g, m) || !private_to(g, d, k) ||
+        ir_value(g, pre)->dtype != ir_value(g, d)->dtype)
+        return 0;
     int s = row_sum_of(g, dp);
     if (s < 0 || !read_after(g, out0(g, s), k)) return 0;
     int n_old = g->n_nodes;

@@ -68,6 +68,8 @@ expect bad-emit 1 "--emit: expected 'ir' or 'ir-json'" -- "$FSC" "$SRC/samples/m
 expect gpt2-params 0 "gpt2: 124,439,808 params" -- "$FSC" "$SRC/samples/gpt2.fsm"
 expect gpt2-ir 0 "attention_qkv(" -- "$FSC" "$SRC/samples/gpt2.fsm" --emit ir -q
 expect llama 0 "llama:" -- "$FSC" "$SRC/samples/llama.fsm"
+# BERT-base with its masked-LM head: BertForMaskedLM's count (the decoder tied, its bias not).
+expect bert-params 0 "bert: 109,514,298 params" -- "$FSC" "$SRC/samples/bert.fsm"
 expect mlp-override 0 "shard fsdp, world 4" -- "$FSC" "$SRC/samples/mlp.fsm" --shard=zero3 --world 4
 expect ir-json 0 '"model"' -- "$FSC" "$SRC/samples/mlp.fsm" --emit ir-json -q
 expect print-after-lower 0 "matmul(" -- "$FSC" "$SRC/samples/mlp.fsm" --print-after lower -q

@@ -122,6 +122,11 @@ if(NOT FS_FUZZ)
   cuda_emu_test(attn_hd32_fp16 tests/cuda_emu/attn.fsm -D B=1 -D T=130 -D S=37 -D C=64 -D NH=2 -D NKV=1 --precision fp16)
   cuda_emu_test(attn_hd128_bf16 tests/cuda_emu/attn.fsm -D B=1 -D T=65 -D S=70 -D NH=1 -D NKV=1 --precision bf16)
   cuda_emu_test(attn_hd24_fp16 tests/cuda_emu/attn.fsm -D C=48 -D NH=2 -D NKV=2 --precision fp16)
+  # samples/bert.fsm's step-1 gradients on cuda-emu against the CPU backend, fp32 and bf16, on
+  # scripts/mlm_data.py's inputs (the padding mask, exact GELU, ignore_index; tests/py/bert_mlm.py --emu).
+  add_test(NAME cuda_emu_bert COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/py/bert_mlm.py
+           $<TARGET_FILE:fsc> $<TARGET_FILE:fsexec> --emu $<TARGET_FILE:fs_cudaemu>)
+  set_tests_properties(cuda_emu_bert PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT})
   # attention_masked (a key padding mask; codegen/kernels/attention_f32.cuh) against the CPU backend, fp32 and
   # bf16, causal and not, with a fully masked batch item (tests/py/attn_mask.py --emu).
   add_test(NAME cuda_emu_attn_mask COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/py/attn_mask.py

@@ -39,6 +39,10 @@ EXEMPT = {
     # A slice moves only its output's elements: albert's CLS pooling, x[:, 0, :], is B x C
     # (6,144) of the [B, T, C] input (3.1 M) the lint counts as its work.
     "slice": "its work is its output (x[:, 0, :]: B x C of B x T x C); the grid covers that",
+    # A block owns 32 table rows x 256 columns (codegen/cuda_embed.c): BERT's segment table has
+    # 2 rows, so its gradient is 3 blocks that each read all B x T rows of dy's columns. Known
+    # slow (a split over the indices with a second, reducing pass would fill the GPU).
+    "embedding_bwd": "a table of few rows (BERT's 2 segments) is few blocks: one per 32 rows x 256 columns",
 }
 
 # GPT-2 124M, bf16, per step, today: 410 instructions (263 launches, 147 GEMMs; the bias
@@ -57,6 +61,7 @@ SAMPLES = {
     "lora": ["-D", "L=2", "-D", "C=64", "-D", "NH=4", "-D", "T=32", "-D", "V=256", "-D", "B=4", "-D", "R=4"],
     "mlp": ["-D", "B=16", "-D", "L=1"],
     "albert": ["-D", "L=2", "-D", "C=64", "-D", "NH=4", "-D", "E=16", "-D", "T=32", "-D", "V=256", "-D", "B=4"],
+    "bert": ["-D", "L=2", "-D", "C=64", "-D", "NH=4", "-D", "T=32", "-D", "V=300", "-D", "B=4"],
 }
 
 

@@ -3,7 +3,8 @@
  *    sum_to: each block's three bias adds, its GELU, the GELU's gradient and four bias
  *    gradients are in matmul_bias, matmul_bias_gelu, matmul_dgelu_bgrad and matmul_bgrad.
  *    A frozen bias keeps its GELU's gelu_bwd (there is no bias gradient to fuse), a frozen
- *    weight its bias's sum_to (there is no weight GEMM to fuse it into).
+ *    weight its bias's sum_to (there is no weight GEMM to fuse it into). BERT's exact GELU
+ *    keeps its gelu and gelu_bwd (cuBLASLt's GELU epilogues are the tanh form).
  *  - On the CPU backend a plan with the rewrite trains as one without it: four steps'
  *    losses and the params after them, GPT-2 and the MLP, fp32 to rounding (the residual's
  *    bias is added as x + (h w + b)), bf16 and fp16 to their tolerance (the fused ops round
@@ -87,6 +88,20 @@ Test(epilogue, frozen_bias_or_weight)
     cr_assert_eq(count_ops(p, "gelu_bwd"), 1);
     cr_assert_eq(count_ops(p, "matmul_bgrad"), 5, "h.1.attn.b's sum has no weight GEMM");
     cr_assert_eq(count_ops(p, "matmul_bias_gelu"), 2, "the forward fuses whatever is frozen");
+    plan_free(p);
+}
+
+/* BERT's exact (erf) GELU is no cuBLASLt epilogue (those are tanh): it and its gradient stay
+ * ops of their own, while the bias adds and the bias gradients still fuse. */
+Test(epilogue, exact_gelu_stays)
+{
+    const Define dims[] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 300}, {"B", 4}};
+    Plan *p = sample_compile("bert.fsm", dims, 6, (Setting[]){{"fuse_gemm", "1"}}, 1, NULL);
+    cr_assert_eq(count_ops(p, "matmul_bias_gelu") + count_ops(p, "matmul_dgelu_bgrad"), 0);
+    cr_assert_eq(count_ops(p, "gelu"), 3, "the two blocks' and the masked-LM head's");
+    cr_assert_eq(count_ops(p, "gelu_bwd"), 3);
+    cr_assert_gt(count_ops(p, "matmul_bias"), 0);
+    cr_assert_gt(count_ops(p, "matmul_bgrad"), 0);
     plan_free(p);
 }
 
