@@ -36,7 +36,7 @@
 #include "passes.h"
 #include "ptxas_report.h"
 
-enum { MAX_JOBS = 64, MAX_PLANS = 32, THREADS = 2 };
+enum { MAX_JOBS = 64, MAX_PLANS = 64, MAX_SAMPLES = 16, THREADS = 2 };  // 3 plans a sample and the extra runs
 
 typedef struct {
     char what[160];          // the plan and architecture, for messages
@@ -330,7 +330,7 @@ int main(int argc, char **argv)
     if (ptxas_spills_read()) return 1;
 
     /* the samples (samples/NAME.fsm), in name order */
-    char *files[MAX_PLANS];
+    char *files[MAX_SAMPLES];
     int n_files = 0;
     snprintf(dirpath, sizeof dirpath, "%s/samples", argv[1]);
     DIR *dir = opendir(dirpath);
@@ -338,9 +338,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "nvrtc_compile: cannot open %s\n", dirpath);
         return 1;
     }
-    for (struct dirent *e; (e = readdir(dir)) && n_files < MAX_PLANS / 4;) {
+    for (struct dirent *e; (e = readdir(dir));) {
         size_t n = strlen(e->d_name);
-        if (n > 4 && !strcmp(e->d_name + n - 4, ".fsm")) files[n_files++] = strdup(e->d_name);
+        if (n <= 4 || strcmp(e->d_name + n - 4, ".fsm")) continue;
+        if (n_files == MAX_SAMPLES) {  // never a sample silently left out
+            fprintf(stderr, "nvrtc_compile: more than %d samples in %s: raise MAX_SAMPLES\n", MAX_SAMPLES, dirpath);
+            closedir(dir);
+            return 1;
+        }
+        files[n_files++] = strdup(e->d_name);
     }
     closedir(dir);
     qsort(files, (size_t)n_files, sizeof *files, by_name);
