@@ -2,8 +2,8 @@
 # --timeout on (emulated) CUDA ranks: 2 pipeline stages of a tiny MLP train on cuda-emu
 # (NCCL's sends and receives over MPI: tests/cuda_emu/nccl_emu.c); rank 1 is stopped with
 # SIGSTOP (mpirun notices nothing). Rank 0, whose host waits for its device, not in MPI,
-# must end every rank through the watchdog, naming the hung NCCL call (its plan op and
-# .fsm line) and the ranks it waits for: rank 1, stage 1 (a send or receive), or the
+# must end every rank through the watchdog, naming the hung NCCL call (its plan op, and its
+# .fsm line where it has one: the compiler's all-reduce of the loss has none) and the ranks it waits for: rank 1, stage 1 (a send or receive), or the
 # stages (the loss's all-reduce over the pipeline); or, stopped between steps, MPI's
 # diagnosis blaming rank 1.
 # usage: watchdog.sh FSC FSEXEC LIBFS_CUDAEMU
@@ -36,7 +36,7 @@ for try in 1 2 3; do
   kill -STOP "$pid"
   ends_within "$name" 60 "$t0" || break
   head='^\[rank 0, stage 0\] fsexec: timeout: step [0-9]+ did not finish within 10 s \(--timeout\): '
-  device=$(grep -aE "${head}on the device, op [0-9]+ \((send|recv|all_reduce)\) at mlp\.fsm:[0-9]+:[0-9]+, ((to|from) rank 1 \(stage 1\)|over the 2 stages at data-parallel index 0) did not complete \(NCCL.s communicators aborted\)" \
+  device=$(grep -aE "${head}on the device, op [0-9]+ \((send|recv|all_reduce)\)( at mlp\.fsm:[0-9]+:[0-9]+)?, ((to|from) rank 1 \(stage 1\)|over the 2 stages at data-parallel index 0) did not complete \(NCCL.s communicators aborted\)" \
     "$tmp/$name.out" | head -1)
   host=$(grep -aE "${head}.* did not complete: .*rank 1 (has not run for|did not reach it|started it, then stopped)" \
     "$tmp/$name.out" | head -1)

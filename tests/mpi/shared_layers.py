@@ -31,6 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "py"))
 sys.dont_write_bytecode = True
 from models import load_safetensors  # noqa: E402
+from mpienv import quiet_mpi_leaks  # noqa: E402
 
 SHARED = """model shared {
   dim B = 8, D = 6, C = 8, K = 4;
@@ -161,6 +162,7 @@ def close(tag, got, want, tol):
 
 def main():
     fsc, fsexec = sys.argv[1], sys.argv[2]
+    quiet_mpi_leaks()
     work = tempfile.mkdtemp(prefix="shared_layers.")
     try:
         def P(name):
