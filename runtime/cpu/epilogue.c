@@ -48,8 +48,10 @@ typedef struct {
 } EpiCtx;
 
 /* On the f32 product c, n values from C's flat element `at` (inside one row): BIAS c +=
- * bias; BIAS_GELU: aux = c + bias (rounded), c = gelu(c + bias); DGELU: c *= gelu'(x). */
-static void epilogue(const void *ctx, float *c, int64_t at, int64_t n)
+ * bias; BIAS_GELU: aux = c + bias (rounded), c = gelu(c + bias); DGELU: c *= gelu'(x).
+ * Vectorized as the elementwise kernels are (KSIMD, VEC_LOOP; the same arithmetic at any
+ * width): scalar, the GELU's exp made the fused ops slower than the GEMM and a GELU apart. */
+KSIMD static void epilogue(const void *ctx, float *c, int64_t at, int64_t n)
 {
     const EpiCtx *x = ctx;
     float w[COLS_AT_ONCE];
@@ -58,13 +60,13 @@ static void epilogue(const void *ctx, float *c, int64_t at, int64_t n)
         float *y = c + j0;
         to_f32(w, x->v->data, x->v->dtype, x->e == EPI_DGELU ? at + j0 : (at + j0) % x->N, m);
         if (x->e == EPI_DGELU) {
-            for (int64_t j = 0; j < m; j++) y[j] = y[j] * gelu_gradf(w[j]);
+            VEC_LOOP for (int64_t j = 0; j < m; j++) y[j] = y[j] * gelu_gradf(w[j]);
             continue;
         }
-        for (int64_t j = 0; j < m; j++) y[j] = y[j] + w[j];
+        VEC_LOOP for (int64_t j = 0; j < m; j++) y[j] = y[j] + w[j];
         if (x->e == EPI_BIAS) continue;
         from_f32(x->aux->data, x->aux->dtype, at + j0, y, m);
-        for (int64_t j = 0; j < m; j++) y[j] = geluf(y[j]);
+        VEC_LOOP for (int64_t j = 0; j < m; j++) y[j] = geluf(y[j]);
     }
 }
 
