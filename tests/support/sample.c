@@ -57,15 +57,19 @@ static void as_f32(const RtTensor *t, float *out)
                  : t->dtype == PLAN_DT_BF16 ? cpu_bf16_to_f32(h[j]) : cpu_f16_to_f32(h[j]);
 }
 
-Exec *sample_exec(const Plan *p, uint64_t seed, RtData **data)
+Exec *sample_exec_with(const Plan *p, const ExecOptions *eo, RtData **data)
 {
     char err[256];
-    ExecOptions eo = {.seed = seed};
-    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
+    Exec *e = rt_exec_new(p, eo, err, sizeof err);
     cr_assert_not_null(e, "%s", err);
-    *data = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, seed, err, sizeof err);
+    *data = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, eo->seed, err, sizeof err);
     cr_assert_not_null(*data, "%s", err);
     return e;
+}
+
+Exec *sample_exec(const Plan *p, uint64_t seed, RtData **data)
+{
+    return sample_exec_with(p, &(ExecOptions){.seed = seed}, data);
 }
 
 float *sample_step1_grads(const Plan *p, size_t *n)
@@ -95,10 +99,10 @@ float *sample_step1_grads(const Plan *p, size_t *n)
     return out;
 }
 
-Exec *sample_train(const Plan *p, uint64_t seed, int steps, float *loss)
+Exec *sample_train_with(const Plan *p, const ExecOptions *eo, int steps, float *loss)
 {
     RtData *d;
-    Exec *e = sample_exec(p, seed, &d);
+    Exec *e = sample_exec_with(p, eo, &d);
     for (int s = 1; s <= steps; s++) {
         rt_data_fill(d, s);
         cr_assert_eq(rt_exec_run(e, s, RT_PHASES_ALL), 0);
@@ -108,6 +112,11 @@ Exec *sample_train(const Plan *p, uint64_t seed, int steps, float *loss)
     }
     rt_data_close(d);
     return e;
+}
+
+Exec *sample_train(const Plan *p, uint64_t seed, int steps, float *loss)
+{
+    return sample_train_with(p, &(ExecOptions){.seed = seed}, steps, loss);
 }
 
 void sample_losses(const Plan *p, uint64_t seed, int steps, float *loss)

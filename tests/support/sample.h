@@ -27,6 +27,9 @@ void sample_losses(const Plan *p, uint64_t seed, int steps, float *loss);
  * both); sample_train runs `steps` steps of it as sample_losses does and returns it. */
 Exec *sample_exec(const Plan *p, uint64_t seed, RtData **data);
 Exec *sample_train(const Plan *p, uint64_t seed, int steps, float *loss);
+/* The same with options of the caller's (its seed seeds the data too). */
+Exec *sample_exec_with(const Plan *p, const ExecOptions *eo, RtData **data);
+Exec *sample_train_with(const Plan *p, const ExecOptions *eo, int steps, float *loss);
 /* The same, then every f32 param and master in a buffer of its own (in tensor order,
  * concatenated; *n floats) after the last step. Free with free(). */
 float *sample_trained(const Plan *p, uint64_t seed, int steps, float *loss, size_t *n);

@@ -76,21 +76,7 @@ Test(memplan, mlp_live_tensors_never_overlap)
 /* Losses of `steps` steps, with or without NaN outside live ranges. */
 static void train(const Plan *p, int nan_fill, int steps, float *loss)
 {
-    char err[256];
-    ExecOptions eo = {.seed = 3, .nan_fill = nan_fill};
-    Exec *e = rt_exec_new(p, &eo, err, sizeof err);
-    cr_assert_not_null(e, "%s", err);
-    RtData *d = rt_data_open(e, NULL, RT_ORDER_SEQUENTIAL, 3, err, sizeof err);
-    cr_assert_not_null(d, "%s", err);
-    for (int s = 1; s <= steps; s++) {
-        rt_data_fill(d, s);
-        cr_assert_eq(rt_exec_run(e, s, RT_PHASES_ALL), 0);
-        RtTensor t;
-        rt_exec_tensor_id(e, p->outputs[0], &t);
-        loss[s - 1] = *(float *)t.data;
-    }
-    rt_data_close(d);
-    rt_exec_free(e);
+    rt_exec_free(sample_train_with(p, &(ExecOptions){.seed = 3, .nan_fill = nan_fill}, steps, loss));
 }
 
 static void check_nan_fill(const Plan *p)
