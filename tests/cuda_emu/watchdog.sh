@@ -38,7 +38,7 @@ for try in 1 2 3; do
   head='^\[rank 0, stage 0\] fsexec: timeout: step [0-9]+ did not finish within 10 s \(--timeout\): '
   device=$(grep -aE "${head}on the device, op [0-9]+ \((send|recv|all_reduce)\)( at mlp\.fsm:[0-9]+:[0-9]+)?, ((to|from) rank 1 \(stage 1\)|over the 2 stages at data-parallel index 0) did not complete \(NCCL.s communicators aborted\)" \
     "$tmp/$name.out" | head -1)
-  host=$(grep -aE "${head}.* did not complete: .*rank 1 (has not run for|did not reach it|started it, then stopped)" \
+  host=$(grep -aE "${head}.* did not complete: .*rank 1 (has not run for|did not reach it|started it, then stopped|runs but waits in nothing)" \
     "$tmp/$name.out" | head -1)
   if [ -n "$device" ]; then
     ok "$name: $device"
