@@ -6,7 +6,7 @@
  * target logit into the op's second output, then one block adds the rows' terms in f64 in
  * the order every backend uses (ops/ops.h: OPS_LOSS_BLOCKS), so the loss does not depend
  * on timing and the rows are spread over the whole GPU. The backward is one row kernel.
- * The fused op (passes/xent.c) is the forward's two kernels, its row kernel also writing
+ * target_count is one block. The fused op (passes/xent.c) is the forward's two kernels, its row kernel also writing
  * dlogits over the logits: one pointer, the logits' (input 0, read and written), stands
  * for both, since two restrict pointers to the same bytes would be undefined.
  *
@@ -16,8 +16,8 @@
 
 /* The loss's shape: logits (rows, V) of which the first W columns are the model's (the
  * `valid` attribute: passes/pad_vocab.c), and its ignore_index (OPS_NO_IGNORE: none); -1
- * (cu_fail) unless float logits and i32 targets. A gradient row counts the rows in f32:
- * exact below 2^24. */
+ * (cu_fail) unless float logits and i32 targets. A gradient with an ignore_index needs its
+ * dloss divided by the count already (per_row: ir/grad.c), so no kernel counts per row. */
 static int loss_shape(CuCtx *c, const char *op, int64_t *rows, int64_t *V, int64_t *W, int64_t *ignore)
 {
     if (!dtype_is_float(cu_inv(c, 0)->dtype) || cu_inv(c, 1)->dtype != DT_I32)
@@ -29,6 +29,9 @@ static int loss_shape(CuCtx *c, const char *op, int64_t *rows, int64_t *V, int64
     if (!*W) *W = *V;
     if (ops_ignores(*ignore) && *rows >= (1 << 24))
         return cu_fail(c, "%s: ignore_index over %lld rows (at most 2^24 - 1)", op, (long long)*rows);
+    if (cu_node(c)->op != OP_cross_entropy && ops_ignores(*ignore) && !ir_attr_int(c->g, cu_node(c), "per_row", 0))
+        return cu_fail(c, "%s: an ignore_index without its count (per_row): a plan from an older fsc; compile it again",
+                       op);
     cu_use(c, "loss.cuh");
     return 0;
 }
@@ -91,4 +94,18 @@ int cuda_cross_entropy_bwd(CuCtx *c)
                (long long)rows, (long long)V, (long long)ignore, (long long)W));
     return row_launch(c, "cross_entropy_bwd", src, &geo,
                       (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 0)}, 4);
+}
+
+/* target_count(targets; ignore_index) -> f32 []: one block counts them (loss.cuh). */
+int cuda_target_count(CuCtx *c)
+{
+    const Value *tg = cu_inv(c, 0);
+    int64_t n = ir_numel(tg), ignore = ir_attr_int(c->g, cu_node(c), "ignore_index", OPS_NO_IGNORE);
+    if (tg->dtype != DT_I32 || !ops_ignores(ignore)) return cu_fail(c, "target_count: i32 targets and an ignore_index");
+    if (n >= (1 << 24)) return cu_fail(c, "target_count: %lld targets (at most 2^24 - 1)", (long long)n);
+    cu_use(c, "loss.cuh");
+    const char *src = cu_kernel(c, 256, "const int *__restrict__ tg, float *__restrict__ out",
+                                cu_fmt(c, "fs_target_count<%lldLL, %lldLL>(tg, out)", (long long)n, (long long)ignore));
+    return cu_launch(c, "target_count", src, (CuDim){1, 1, 1}, (CuDim){256, 1, 1}, 0,
+                     (int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
 }

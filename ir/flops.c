@@ -207,6 +207,7 @@ double flops_sum_parts(const Graph *g, const Node *n)
 double flops_lr_at(const Graph *g, const Node *n) { return 0; }
 double flops_clip_coef(const Graph *g, const Node *n) { return 0; }
 double flops_count_step(const Graph *g, const Node *n) { return 0; }
+double flops_target_count(const Graph *g, const Node *n) { return in_numel(g, n, 0); }
 double flops_scale_update(const Graph *g, const Node *n) { return 0; }
 double flops_adamw(const Graph *g, const Node *n) { return ADAMW_FLOPS * in_numel(g, n, 0); }
 double flops_sgd(const Graph *g, const Node *n) { return SGD_FLOPS * in_numel(g, n, 0); }

@@ -270,12 +270,20 @@ int grad_embedding(GradCtx *c)
 int grad_cross_entropy(GradCtx *c)
 {
     /* The loss's ignore_index (when it has one) and a padded vocabulary's valid columns (passes/pad_vocab.c),
-     * which get no gradient. */
-    Attr at[2] = {aint("ignore_index", ir_attr_int(c->g, ir_node(c->g, c->node), "ignore_index", OPS_NO_IGNORE)),
-                  aint("valid", attr_i(c, "valid"))};
-    int n = ops_ignores(at[0].i);
-    if (!n) at[0] = at[1];
-    c->din[0] = emit(c, OP_cross_entropy_bwd, (int[]){in_of(c, 0), in_of(c, 1), c->dout[0]}, 3, at, n + 1);
+     * which get no gradient. With an ignore_index, the mean's divisor is the counted targets: counted once, by
+     * target_count, and dloss divided by it here (per_row), so no kernel counts them per row; a count of 0
+     * leaves every row ignored, whose gradient is 0 whatever the share. passes/xent_count.c makes the divisor the
+     * global batch's count when a step has several micro-batches or data-parallel ranks. */
+    Attr at[3] = {aint("ignore_index", ir_attr_int(c->g, ir_node(c->g, c->node), "ignore_index", OPS_NO_IGNORE)),
+                  aint("valid", attr_i(c, "valid")), aint("per_row", 1)};
+    int dl = c->dout[0];
+    if (!ops_ignores(at[0].i)) {
+        c->din[0] = emit(c, OP_cross_entropy_bwd, (int[]){in_of(c, 0), in_of(c, 1), dl}, 3, &at[1], 1);
+        return 0;
+    }
+    int count = emit(c, OP_target_count, (int[]){in_of(c, 1)}, 1, at, 1);
+    dl = emit2(c, OP_div, dl, count);
+    c->din[0] = emit(c, OP_cross_entropy_bwd, (int[]){in_of(c, 0), in_of(c, 1), dl}, 3, at, 3);
     return 0;
 }
 

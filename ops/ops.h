@@ -63,7 +63,9 @@ typedef enum {
 /* cross_entropy's ignore_index when none is given: outside i32, so no target equals it.
  * With one inside i32 (ops_ignores), a row whose target is it counts for nothing: the mean
  * is over the other rows (their count, an exact integer, divides the f64 sum), the row's
- * terms are 0 and its gradient 0; with every row ignored the loss is 0/0, NaN (PyTorch's). */
+ * terms are 0 and its gradient 0. With every row ignored the loss is 0 and every gradient 0
+ * (PyTorch's 0/0 is NaN): a micro-batch or a rank whose targets are all ignored adds nothing
+ * to its step (passes/xent_count.c: the step's mean is over the global batch's count). */
 #define OPS_NO_IGNORE (-2147483649LL)
 static inline int ops_ignores(int64_t ignore_index)
 {

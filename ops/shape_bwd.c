@@ -263,6 +263,17 @@ int shape_clip_coef(ShapeCtx *c)
     return 0;
 }
 
+/* target_count(targets i32 [...]; ignore_index): the targets that are not ignore_index, an f32 []. */
+int shape_target_count(ShapeCtx *c)
+{
+    if (want_in(c, 1)) return -1;
+    if (c->in[0].dtype != DT_I32) return shape_fail(c, "target_count: targets must be i32");
+    if (!ops_ignores(op_attr_int(&c->attrs, "ignore_index", OPS_NO_IGNORE)))
+        return shape_fail(c, "target_count: needs an ignore_index inside i32");
+    shape_set(c, 0, DT_F32, 0, NULL);
+    return 0;
+}
+
 /* count_step(count i32 [], coef f32 []): count += 1 unless coef is not finite. */
 int shape_count_step(ShapeCtx *c)
 {

@@ -46,6 +46,10 @@ static const PassInfo PASSES[] = {
      "checkpointed ones recomputing), batched inputs sliced, param gradients summed in place (Value.grad: the sum), "
      "tied params' sums exchanged, the loss their mean (with stages: on every stage)",
      pass_pipeline, 0},
+    {"xent_count", "the micro-batches unrolled (pipeline); each ignore_index loss's backward as ir/grad.c makes it",
+     "with D data-parallel ranks x M micro-batches > 1: each ignore_index loss scaled by its part's share of the "
+     "targets the global batch counts (their target_count, summed, all-reduced before any backward), its "
+     "backward's dloss likewise, so the step's loss and gradients are the global batch's mean", pass_xent_count, 1},
     {"xent", "the backward and the micro-batches in their final order; fuse_loss on",
      "each cross_entropy and the cross_entropy_bwd of its logits as one cross_entropy_fused, which writes the logits' "
      "gradient over them (its seed's nodes moved before it)", pass_xent, 0},

@@ -42,6 +42,7 @@ int pass_autodiff(Graph *g, const Options *o, Diag *d);   // passes/autodiff.c
 int pass_recompute(Graph *g, const Options *o, Diag *d);  // passes/recompute.c
 int pass_pipeline(Graph *g, const Options *o, Diag *d);  // passes/pipeline.c
 int pass_xent(Graph *g, const Options *o, Diag *d);       // passes/xent.c: the fused classifier
+int pass_xent_count(Graph *g, const Options *o, Diag *d);  // passes/xent_count.c: ignore_index's global count
 int pass_embed_into(Graph *g, const Options *o, Diag *d); // passes/embed_into.c: an embedding's gradient in place
 int pass_packed_attn(Graph *g, const Options *o, Diag *d); // passes/packed_attn.c: attention on the packed QKV output
 int pass_epilogue(Graph *g, const Options *o, Diag *d);   // passes/epilogue.c: GEMM epilogues

@@ -79,11 +79,13 @@ static void fuse(Graph *g, int n, int b, const char *up)
     const Node *x = ir_node(g, n), *bw = ir_node(g, b);
     int in[3] = {ir_in(g, bw, 0), ir_in(g, bw, 1), ir_in(g, bw, 2)};
     char err[256];
-    Attr at[2] = {{.key = "ignore_index", .kind = ATTR_INT, .i = ignore_of(g, bw)},
-                  {.key = "valid", .kind = ATTR_INT, .i = ir_attr_int(g, x, "valid", 0)}};  // passes/pad_vocab.c's
-    int ignores = ops_ignores(at[0].i);  // the attributes it has: ignore_index when one is set, valid
-    if (!ignores) at[0] = at[1];
-    int f = ir_node_add(g, OP_cross_entropy_fused, in, 3, at, ignores + 1, x->block, x->phase, x->loc, err, sizeof err);
+    Attr at[3] = {{.key = "ignore_index", .kind = ATTR_INT, .i = ignore_of(g, bw)},
+                  {.key = "valid", .kind = ATTR_INT, .i = ir_attr_int(g, x, "valid", 0)},  // passes/pad_vocab.c's
+                  {.key = "per_row", .kind = ATTR_INT, .i = ir_attr_int(g, bw, "per_row", 0)}};  // ir/grad.c's
+    int ignores = ops_ignores(at[0].i);  // the attributes it has: ignore_index and per_row when one is set, valid
+    const Attr *a = ignores ? at : &at[1];
+    int f = ir_node_add(g, OP_cross_entropy_fused, in, 3, a, ignores ? 3 : 1, x->block, x->phase, x->loc, err,
+                        sizeof err);
     FS_ASSERT(f >= 0);
     g->nodes[f].mb = g->nodes[n].mb, g->nodes[f].chunk = g->nodes[n].chunk;
     const Node *fn = ir_node(g, f);

@@ -2,11 +2,12 @@
 // instantiated by codegen/cuda_loss.c. Semantics are runtime/cpu/embed.c's: logits (ROWS,
 // V), i32 targets;
 //   loss = mean over the counted rows of logsumexp(row) - row[target]   (an f32 scalar)
-//   dlogits = (softmax(row) - onehot(target)) * dloss / counted rows    (logits' dtype)
+//   dlogits = (softmax(row) - onehot(target)) * dloss / rows               (logits' dtype)
 // A row whose target is IGNORE (ops.h's ignore_index; OPS_NO_IGNORE, outside i32, when none)
-// does not count: its terms and its dlogits are 0 (every row ignored: the loss is 0/0, NaN).
-// The count is an exact integer: the mean kernel counts its blocks of rows, a gradient row's
-// threads count every row's target (ROWS < 2^24, so the f32 row sum is exact).
+// does not count: its terms and its dlogits are 0 (every row ignored: the loss is 0). The
+// count is an exact integer, counted once: the mean kernel counts its blocks of rows, and a
+// gradient with an IGNORE reads dloss already divided by the count (the op's per_row:
+// ir/grad.c's target_count, fs_target_count here, one block for the whole op).
 // Over a row's first W columns (the loss's `valid`: a padded vocabulary's, passes/pad_vocab.c,
 // W < V), the rest -inf to the softmax: no part of the loss, dlogits 0 there. Rows are V apart.
 // A target outside [0, W) that is not IGNORE is bad data: the kernel traps (the launch fails
@@ -83,22 +84,22 @@ __device__ __forceinline__ void fs_xent_mean(const float *__restrict__ terms, co
     if (b != 0) return;
     s = 0.0, n = 0;
     for (int k = 0; k < BLOCKS; k++) s += part[k], n += counted[k];
-    st(loss, 0, (float)(s / (double)n));
+    st(loss, 0, n ? (float)(s / (double)n) : 0.f);
 }
 
-// The rows whose target counts (ROWS less the ignored), counted by a row's threads: every
-// thread of the row gets it.
-template <class R, long long ROWS, long long IGNORE>
-__device__ __forceinline__ float fs_xent_counted(const R &r, const int *__restrict__ tg)
+// target_count: the N targets that are not IGNORE, by one block of 256 threads, into an
+// f32 (exact: N < 2^24, each thread's count and every partial sum an integer below it).
+template <long long N, long long IGNORE> __device__ __forceinline__ void fs_target_count(const int *__restrict__ tg,
+                                                                                          float *__restrict__ out)
 {
-    if constexpr (!fs_xent_ignores<IGNORE>()) return (float)ROWS;
     int n = 0;
-    for (long long j = r.tid; j < ROWS; j += R::NTR) n += !fs_xent_ignored<IGNORE>(tg[j]);
-    return R::sum((float)n);
+    for (long long j = threadIdx.x; j < N; j += blockDim.x) n += !fs_xent_ignored<IGNORE>(tg[j]);
+    const float total = fs_block_sum((float)n);
+    if (threadIdx.x == 0) out[0] = total;
 }
 
-// One row's dlogits, dx = softmax(row) * g less g at the target, g = dloss / counted rows
-// (0 for an ignored row); with TERMS, the row's terms too, as fs_xent_rows writes them. dx
+// One row's dlogits, dx = softmax(row) * g less g at the target: g = dloss / ROWS without an
+// IGNORE, dloss itself with one (already each counted row's share); 0 for an ignored row; with TERMS, the row's terms too, as fs_xent_rows writes them. dx
 // may be x itself (the fused op): each element is read and then written by the one thread
 // that owns it, the target's logit too (its terms entry is that thread's), so no thread of
 // the row reads what another has overwritten.
@@ -116,7 +117,7 @@ __device__ __forceinline__ void fs_xent_grad_row(const R &r, const T *x, const i
     if (t < 0 || t >= W) __trap();
     float M, S;
     fs_row_lse<R, W>(x, base, r.tid, M, S);
-    const float g = ld(dloss, 0) / fs_xent_counted<R, ROWS, IGNORE>(r, tg), f = g / S;
+    const float d = ld(dloss, 0), g = fs_xent_ignores<IGNORE>() ? d : d / (float)ROWS, f = g / S;
     if (TERMS && r.tid == 0) terms[2 * r.row] = M + logf(S);
     for (long long j = r.tid; j < W; j += R::NTR) {
         const float v = ld(x, base + j), p = expf(v - M) * f;

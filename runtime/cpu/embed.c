@@ -151,6 +151,22 @@ static int64_t counted_rows(const int32_t *tg, int64_t rows, int64_t ignore)
     return n;
 }
 
+/* Each counted row's share g of dloss: dloss itself when the compiler divided it already
+ * (per_row: ir/grad.c's target_count), else dloss / counted rows. No row counts: 0 (its
+ * rows' gradients are 0 whatever g is, and g stays finite). */
+static float row_share(float dloss, int64_t counted, int per_row)
+{
+    if (per_row) return dloss;
+    return counted ? dloss / (float)counted : 0.f;
+}
+
+/* target_count(targets; ignore_index): the targets that count, an exact f32 (below 2^24). */
+void cpu_target_count(const KCall *k)
+{
+    KCHECK(k->in[0].dtype == KT_I32 && k->out[0].dtype == KT_F32, "target_count: i32 targets, f32 count");
+    fdata(&k->out[0])[0] = (float)counted_rows(idata(&k->in[0]), k->in[0].numel, (int64_t)k->attr[1]);
+}
+
 /* A row's loss term, logsumexp(x) - x[t] in f64, its two parts kept in terms[0..1]. */
 static double row_term(const float *x, int64_t V, int32_t t, float *terms)
 {
@@ -203,7 +219,7 @@ static int64_t valid_cols(const KCall *k, int a, int64_t V)
  * row's gradient for g = dloss / counted rows too (0 for an ignored row), written over the
  * row once its terms are taken: the numbers cross_entropy_bwd makes. In 16 bits each row
  * is staged in f32 in the thread's part of the workspace (and rounded back). */
-static void loss_rows(const KCall *k, const KTensor *dx, int64_t ignore, int64_t W, const char *op)
+static void loss_rows(const KCall *k, const KTensor *dx, int64_t ignore, int64_t W, int per_row, const char *op)
 {
     const KTensor *L = &k->in[0];
     KCHECK((L->dtype == KT_F32 || lowp(L->dtype)) && k->in[1].dtype == KT_I32, "%s: unsupported dtypes", op);
@@ -211,7 +227,7 @@ static void loss_rows(const KCall *k, const KTensor *dx, int64_t ignore, int64_t
     int lp = lowp(L->dtype), nt = lp ? work_threads(k, (size_t)V, op) : omp_get_max_threads();
     const int32_t *tg = idata(&k->in[1]);
     int64_t counted = counted_rows(tg, rows, ignore);
-    float g = dx ? kload(&k->in[2], 0) / (float)counted : 0;  // dloss: f32, or any float dtype
+    float g = dx ? row_share(kload(&k->in[2], 0), counted, per_row) : 0;  // dloss: f32, or any float dtype
     float *terms = fdata(&k->out[1]);
     double part[OPS_LOSS_BLOCKS];
 #pragma omp parallel for num_threads(nt) if (L->numel > PAR_MIN) schedule(static)
@@ -232,7 +248,7 @@ static void loss_rows(const KCall *k, const KTensor *dx, int64_t ignore, int64_t
     }
     double s = 0;
     for (int b = 0; b < OPS_LOSS_BLOCKS; b++) s += part[b];
-    fdata(&k->out[0])[0] = (float)(s / (double)counted);  // every row ignored: 0 / 0, NaN
+    fdata(&k->out[0])[0] = counted ? (float)(s / (double)counted) : 0.f;  // every row ignored: 0 (ops.h)
 }
 
 /* cross_entropy(logits [..., V], targets [...], ignore_index, valid) -> mean over the
@@ -240,7 +256,7 @@ static void loss_rows(const KCall *k, const KTensor *dx, int64_t ignore, int64_t
 void cpu_cross_entropy(const KCall *k)
 {
     const KTensor *L = &k->in[0];
-    loss_rows(k, NULL, (int64_t)k->attr[2], valid_cols(k, 3, L->shape[L->rank - 1]), "cross_entropy");
+    loss_rows(k, NULL, (int64_t)k->attr[2], valid_cols(k, 3, L->shape[L->rank - 1]), 0, "cross_entropy");
 }
 
 /* cross_entropy_fused(logits, targets, dloss): cross_entropy's outputs, and dlogits over
@@ -250,10 +266,11 @@ void cpu_cross_entropy_fused(const KCall *k)
     const KTensor *L = &k->in[0], *dx = &k->out[2];
     KCHECK(dx->data == L->data && dx->dtype == L->dtype && dx->numel == L->numel,
            "cross_entropy_fused: dlogits must lie on the logits");
-    loss_rows(k, dx, (int64_t)k->attr[3], valid_cols(k, 4, L->shape[L->rank - 1]), "cross_entropy_fused");
+    loss_rows(k, dx, (int64_t)k->attr[3], valid_cols(k, 4, L->shape[L->rank - 1]), k->attr[5] != 0,
+              "cross_entropy_fused");
 }
 
-/* dlogits = (softmax(row) - onehot(target)) * dloss / counted rows, 0 for an ignored row;
+/* dlogits = (softmax(row) - onehot(target)) * g (row_share), 0 for an ignored row;
  * in 16 bits each row is staged in f32 in the thread's part of the workspace (as for the
  * loss) and rounded. */
 void cpu_cross_entropy_bwd(const KCall *k)
@@ -261,7 +278,7 @@ void cpu_cross_entropy_bwd(const KCall *k)
     const KTensor *L = &k->in[0];
     const int32_t *tg = idata(&k->in[1]);
     int64_t V = L->shape[L->rank - 1], rows = L->numel / V, ignore = (int64_t)k->attr[3], W = valid_cols(k, 4, V);
-    float g = kload(&k->in[2], 0) / (float)counted_rows(tg, rows, ignore);  // dloss: f32, or any float dtype
+    float g = row_share(kload(&k->in[2], 0), k->attr[5] != 0 ? 0 : counted_rows(tg, rows, ignore), k->attr[5] != 0);
     if (lowp(L->dtype)) {
         const KTensor *O = &k->out[0];
         int nt = work_threads(k, (size_t)V, "cross_entropy_bwd");
