@@ -18,7 +18,6 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "ops.h"  // ops_ignores
 #include "runtime.h"
 
 /* The f32 scalar with step role r, or NULL. */
@@ -210,11 +209,7 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
         }
         if (!isfinite(s.loss)) {  // the global loss: every rank stops here
             end_progress(progress, o->who);
-            if (o->rank == 0 && isnan(s.loss) && ops_ignores(rt_data_ignore(data)))
-                fprintf(stderr, "%s: step %" PRId64 ": the loss is nan; stopping (when every target of a batch is the "
-                        "loss's ignore_index %" PRId64 ", its mean is over no rows, 0/0; else a lower learning rate "
-                        "may help)\n", o->who, step, rt_data_ignore(data));
-            else if (o->rank == 0)
+            if (o->rank == 0)
                 fprintf(stderr, "%s: step %" PRId64 ": the loss is %g; stopping (%s)\n", o->who, step, s.loss,
                         o->debug_nan ? "with --debug-nan this is a buffer read outside its planned live range: a "
                                        "bug in the plan"

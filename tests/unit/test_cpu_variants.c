@@ -225,6 +225,17 @@ static void check_ignore(const int32_t *tg, int32_t ignore, const char *what)
     KCall kb = {.n_in = 3, .in = {x, t, dl}, .n_out = 1, .out = {dx}, .attr = {0, 0, 0, (double)ignore}};
     cpu_cross_entropy_bwd(&kb);
     expect_close(F(&dx), g, ROWS * V, 1e-6, what);
+    /* per_row (ir/grad.c): dloss divided by target_count's count first; the same gradient, bit for bit */
+    KTensor c = ten(KT_F32, S(1)), share = ten(KT_F32, S(1)), px = like(&x);
+    KCall kc = {.n_in = 1, .in = {t}, .n_out = 1, .out = {c}, .attr = {0, (double)ignore}};
+    cpu_target_count(&kc);
+    int counted = 0;
+    for (int r = 0; r < ROWS; r++) counted += tg[r] != ignore;
+    cr_expect_eq(F(&c)[0], (float)counted, "%s: target_count %g, not %d", what, F(&c)[0], counted);
+    F(&share)[0] = F(&dl)[0] / F(&c)[0];
+    KCall kp = {.n_in = 3, .in = {x, t, share}, .n_out = 1, .out = {px}, .attr = {0, 0, 0, (double)ignore, 0, 1}};
+    cpu_cross_entropy_bwd(&kp);
+    cr_expect(!memcmp(px.data, dx.data, sizeof(float) * ROWS * V), "%s: per_row's gradient differs", what);
     /* the fused op: the same loss, terms and gradient (over the logits), bit for bit */
     KCall kf = loss_call(&fx, &t, &dl, &floss, &fterms, &fx, ignore, 1);
     cpu_cross_entropy_fused(&kf);
@@ -240,7 +251,8 @@ Test(cpu_variants, cross_entropy_ignore_index)
     check_ignore((int32_t[]){0, 1, 4, 2, 1, 3, 2}, 7, "ignore 7 (no row)");
 }
 
-/* Every target ignored: the loss is 0/0, NaN (torch's), every gradient 0, and nothing stops. */
+/* Every target ignored: the loss is 0 (torch's 0/0 is NaN: ops/ops.h), every gradient 0, with dloss divided
+ * by the count in the kernel or already (per_row: ir/grad.c's target_count, 0 here, so dloss / 0). */
 Test(cpu_variants, cross_entropy_every_row_ignored)
 {
     KTensor x = frand(S(ROWS, V), -2, 2), t = ten(KT_I32, S(ROWS)), dl = ten(KT_F32, S(1)), loss = ten(KT_F32, S(1));
@@ -249,11 +261,19 @@ Test(cpu_variants, cross_entropy_every_row_ignored)
     F(&dl)[0] = 1;
     KCall kf = loss_call(&x, &t, &dl, &loss, &terms, &x, 3, 1);
     cpu_cross_entropy_fused(&kf);
-    cr_expect(isnan(F(&loss)[0]));
+    cr_expect_eq(F(&loss)[0], 0.0f);
     for (int i = 0; i < ROWS * V; i++) cr_expect_eq(F(&x)[i], 0.0f);
-    KCall kb = {.n_in = 3, .in = {x, t, dl}, .n_out = 1, .out = {dx}, .attr = {0, 0, 0, 3}};
-    cpu_cross_entropy_bwd(&kb);
-    for (int i = 0; i < ROWS * V; i++) cr_expect_eq(F(&dx)[i], 0.0f);
+    for (int per_row = 0; per_row <= 1; per_row++) {
+        KTensor c = ten(KT_F32, S(1)), share = ten(KT_F32, S(1));
+        KCall kc = {.n_in = 1, .in = {t}, .n_out = 1, .out = {c}, .attr = {0, 3}};
+        cpu_target_count(&kc);
+        cr_expect_eq(F(&c)[0], 0.0f);
+        F(&share)[0] = per_row ? F(&dl)[0] / F(&c)[0] : F(&dl)[0];  // per_row: 1 / 0, inf
+        for (int i = 0; i < ROWS * V; i++) F(&dx)[i] = 7;
+        KCall kb = {.n_in = 3, .in = {x, t, share}, .n_out = 1, .out = {dx}, .attr = {0, 0, 0, 3, 0, per_row}};
+        cpu_cross_entropy_bwd(&kb);
+        for (int i = 0; i < ROWS * V; i++) cr_expect_eq(F(&dx)[i], 0.0f, "per_row %d: dx[%d] = %g", per_row, i, F(&dx)[i]);
+    }
 }
 
 /* ---- learning-rate schedules ------------------------------------------------------------- */
