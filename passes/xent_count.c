@@ -130,7 +130,8 @@ static int rescale(Count *c, const int *loss, int M, int D, int64_t ignore)
         int scaled = out0(c, n);
         ir_value_take_over(g, own, scaled);  // every reader of the loss, the step's output too ...
         g->ids[ir_node(g, n)->in] = own;     // ... but the scaling itself
-        g->values[own].name = arena_printf(g->arena, "%s.own_mean", g->values[scaled].name ? g->values[scaled].name : "loss");
+        const char *name = g->values[scaled].name ? g->values[scaled].name : "loss";
+        g->values[own].name = arena_printf(g->arena, "%s.own_mean", name);
         g->values[own].step_role = SR_NONE, g->values[own].role = ROLE_ACT;
         c->after[loss[m]] = n;
         /* its backward: cross_entropy_bwd(.., div(dloss, target_count(t)), per_row) -> dloss * k */
@@ -160,11 +161,13 @@ int pass_xent_count(Graph *g, const Options *o, Diag *d)
     int D = o->train.world > 1 ? o->train.world : 1, M = o->train.microbatches > 1 ? o->train.microbatches : 1;
     if ((int64_t)D * M <= 1) return 0;
     int n_orig = g->n_nodes, n_loss = 0;
-    int *loss = arena_alloc(g->arena, sizeof(int) * (size_t)n_orig + 1), *seen = arena_alloc(g->arena, sizeof(int) * (size_t)M);
+    int *loss = arena_alloc(g->arena, sizeof(int) * (size_t)n_orig + 1);
+    int *seen = arena_alloc(g->arena, sizeof(int) * (size_t)M);
     memset(seen, 0, sizeof(int) * (size_t)M);
     for (int n = 0; n < n_orig; n++) {  // the losses in order: micro-batch m's j-th is its j-th of the source
         const Node *x = ir_node(g, n);
-        if (x->op != OP_cross_entropy || x->phase != PHASE_FORWARD || !ops_ignores(ir_attr_int(g, x, "ignore_index", OPS_NO_IGNORE)))
+        if (x->op != OP_cross_entropy || x->phase != PHASE_FORWARD ||
+            !ops_ignores(ir_attr_int(g, x, "ignore_index", OPS_NO_IGNORE)))
             continue;
         int m = M > 1 ? x->mb : 0;
         FS_ASSERT(m >= 0 && m < M);

@@ -99,10 +99,11 @@ template <long long N, long long IGNORE> __device__ __forceinline__ void fs_targ
 }
 
 // One row's dlogits, dx = softmax(row) * g less g at the target: g = dloss / ROWS without an
-// IGNORE, dloss itself with one (already each counted row's share); 0 for an ignored row; with TERMS, the row's terms too, as fs_xent_rows writes them. dx
-// may be x itself (the fused op): each element is read and then written by the one thread
-// that owns it, the target's logit too (its terms entry is that thread's), so no thread of
-// the row reads what another has overwritten.
+// IGNORE, dloss itself with one (already each counted row's share); 0 for an ignored row.
+// With TERMS, the row's terms too, as fs_xent_rows writes them. dx may be x itself (the
+// fused op): each element is read and then written by the one thread that owns it, the
+// target's logit too (its terms entry is that thread's), so no thread of the row reads what
+// another has overwritten.
 template <bool TERMS, class R, long long ROWS, long long V, long long IGNORE, long long W, class T, class TG, class TD>
 __device__ __forceinline__ void fs_xent_grad_row(const R &r, const T *x, const int *__restrict__ tg,
                                                  const TG *__restrict__ dloss, TD *dx, float *__restrict__ terms)

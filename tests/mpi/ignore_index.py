@@ -14,6 +14,7 @@ step 4 every row is (a step that counts nothing: loss 0 and zero gradient, not N
     micro-batches), and 2 stages x 2 data-parallel ranks: losses and weights equal to
     (a)'s run to fp32 rounding (1e-5; the per-micro-batch mean of before misses by 4e-2 in the
     losses and 0.2 in the weights).
+    The count's all-reduce comes before the first backward node (fsc --emit ir).
 (c) The evaluation program (--val-data) at world 2 logs (a)'s val_loss.
 (d) CUDA ranks on the emulator (FS_CUDA_BACKEND=libfs_cudaemu.so): world 2 ddp with 2
     micro-batches trains as the CPU ranks do (target_count, the fused loss with per_row).
@@ -166,6 +167,15 @@ def main():
         print("ok   world 1: %d AdamW steps, losses %s rel %.1e and weights rel %.1e of PyTorch's "
               "cross_entropy(ignore_index) over the whole batch (an all-ignored step: loss 0)" %
               (STEPS, ["%.4f" % x for x in ref[0]], lerr, werr))
+        for opts in (["--world", "2", "--shard", "zero2", "--microbatches", "2"],
+                     ["--world", "4", "--stages", "2", "--shard", "ddp", "--microbatches", "2"]):
+            ir = run([fsc, P("ig.fsm"), *opts, "--emit", "ir"]).splitlines()
+            count = [i for i, line in enumerate(ir) if "targets_counted: f32[] = all_reduce(" in line]
+            backward = [i for i, line in enumerate(ir) if "[backward]" in line]
+            if len(count) != 1 or not backward or count[0] > backward[0]:
+                sys.exit("FAIL %s: the count's all-reduce (lines %s) must come once, before the first backward node "
+                         "(line %s)" % (" ".join(opts), count, backward[:1]))
+        print("ok   the global count is all-reduced once, before the first backward node (zero2; 2 stages x ddp 2)")
         cases = [("microbatches 2", ["--microbatches", "2"], 1), ("microbatches 4", ["--microbatches", "4"], 1),
                  ("microbatches 4 unfused", ["--microbatches", "4", "--fuse_loss", "0"], 1)]
         if shutil.which("mpirun"):

@@ -272,7 +272,8 @@ Test(cpu_variants, cross_entropy_every_row_ignored)
         for (int i = 0; i < ROWS * V; i++) F(&dx)[i] = 7;
         KCall kb = {.n_in = 3, .in = {x, t, share}, .n_out = 1, .out = {dx}, .attr = {0, 0, 0, 3, 0, per_row}};
         cpu_cross_entropy_bwd(&kb);
-        for (int i = 0; i < ROWS * V; i++) cr_expect_eq(F(&dx)[i], 0.0f, "per_row %d: dx[%d] = %g", per_row, i, F(&dx)[i]);
+        for (int i = 0; i < ROWS * V; i++)
+            cr_expect_eq(F(&dx)[i], 0.0f, "per_row %d: dx[%d] = %g", per_row, i, F(&dx)[i]);
     }
 }
 
