@@ -11,9 +11,9 @@ step 4 every row is (a step that counts nothing: loss 0 and zero gradient, not N
     over the whole batch; 0 in the all-ignored step) and the weights after, to 1e-5.
 (b) The same global batch split: micro-batches 2 and 4 (and 4 unfused: --fuse_loss 0),
     ddp, zero2 (with 2 micro-batches) and fsdp at world 2, 2 pipeline stages (1F1B, 4
-    micro-batches), and 2 stages x 2 data-parallel ranks: losses and weights equal to
-    (a)'s run to fp32 rounding (1e-5; the per-micro-batch mean of before misses by 4e-2 in the
-    losses and 0.2 in the weights).
+    micro-batches; and ZB-H1 with every micro-batch recomputing its stage), and 2 stages x 2
+    data-parallel ranks: losses and weights equal to (a)'s run to fp32 rounding (1e-5; the
+    per-micro-batch mean of before misses by 4e-2 in the losses and 0.2 in the weights).
     The count's all-reduce comes before the first backward node (fsc --emit ir).
 (c) The evaluation program (--val-data) at world 2 logs (a)'s val_loss.
 (d) CUDA ranks on the emulator (FS_CUDA_BACKEND=libfs_cudaemu.so): world 2 ddp with 2
@@ -24,7 +24,6 @@ usage: ignore_index.py FSC FSEXEC [LIBFS_CUDAEMU]   (/usr/bin/python3 with torch
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -37,6 +36,11 @@ sys.path.insert(0, os.path.join(HERE, "..", "py"))
 sys.dont_write_bytecode = True
 from models import load_safetensors  # noqa: E402
 from mpienv import quiet_mpi_leaks  # noqa: E402
+from trainrun import load_stages, run as trainrun_run  # noqa: E402
+
+
+def run(cmd):
+    return trainrun_run(cmd).stdout
 
 MODEL = """model ig {
   dim B = 16, T = 6, V = 24, C = 16, L = 2;
@@ -71,32 +75,16 @@ def data(rng):
     return tok, tg
 
 
-def run(cmd, world=1, env=None):
-    e = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **(env or {}))
-    if world > 1:
-        cmd = ["mpirun", "--oversubscribe", "-np", str(world), *cmd]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, env=e)
-    if r.returncode != 0:
-        sys.exit("FAIL: %s\n%s" % (" ".join(cmd), r.stdout[-3000:]))
-    return r.stdout
-
-
-def train(fsc, fsexec, P, tag, opts, world=1, extra=(), env=None):
+def train(fsc, fsexec, P, tag, opts, world=1, extra=()):
     plan, out, log = P(tag + ".plan"), P(tag + ".safetensors"), P(tag + ".jsonl")
     run([fsc, P("ig.fsm"), *opts, "--world", str(world), "-q", "-o", plan])
     feed = "tokens=%s,targets=%s" % (P("tokens.npy"), P("targets.npy"))
-    run([fsexec, plan, "--data", feed, "--data-order", "sequential", "--steps", str(STEPS), "--threads", "1",
-         "--log", log, "--save-weights", out, *extra], world, env)
+    run([fsexec, *(["--nproc", str(world)] if world > 1 else []), plan, "--data", feed, "--data-order", "sequential",
+         "--steps", str(STEPS), "--threads", "1", "--log", log, "--save-weights", out, *extra])
     with open(log) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    losses = [r["loss"] for r in rows if "loss" in r]
-    val = [r["val_loss"] for r in rows if "val_loss" in r]
-    if os.path.exists(out + ".index.json"):  # a pipeline's weights: one file per stage
-        with open(out + ".index.json") as f:
-            where = json.load(f)["weight_map"]
-        files = {f: load_safetensors(P(f)) for f in set(where.values())}
-        return losses, {name: files[f][name] for name, f in where.items()}, val
-    return losses, load_safetensors(out), val
+    losses, val = [r["loss"] for r in rows if "loss" in r], [r["val_loss"] for r in rows if "val_loss" in r]
+    return losses, load_stages(out)[0], val
 
 
 def pytorch(w0, tok, tg):
@@ -145,6 +133,7 @@ def main():
     fsc, fsexec = sys.argv[1], sys.argv[2]
     emu = sys.argv[3] if len(sys.argv) > 3 else None
     quiet_mpi_leaks()
+    os.environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     work = tempfile.mkdtemp(prefix="ignore_index.")
     try:
         def P(name):
@@ -169,7 +158,7 @@ def main():
               (STEPS, ["%.4f" % x for x in ref[0]], lerr, werr))
         for opts in (["--world", "2", "--shard", "zero2", "--microbatches", "2"],
                      ["--world", "4", "--stages", "2", "--shard", "ddp", "--microbatches", "2"]):
-            ir = run([fsc, P("ig.fsm"), *opts, "--emit", "ir"]).splitlines()
+            ir = run([fsc, P("ig.fsm"), *opts, "--emit", "ir"]).split("# stage ")[-1].splitlines()  # the loss's stage
             count = [i for i, line in enumerate(ir) if "targets_counted: f32[] = all_reduce(" in line]
             backward = [i for i, line in enumerate(ir) if "[backward]" in line]
             if len(count) != 1 or not backward or count[0] > backward[0]:
@@ -183,6 +172,8 @@ def main():
                       ("zero2 world 2 x microbatches 2", ["--shard", "zero2", "--microbatches", "2"], 2),
                       ("fsdp world 2", ["--shard", "fsdp"], 2),
                       ("2 stages x microbatches 4", ["--stages", "2", "--microbatches", "4"], 2),
+                      ("2 stages zb1, checkpoint always", ["--stages", "2", "--microbatches", "4", "--schedule", "zb1",
+                                                           "--checkpoint", "always"], 2),
                       ("2 stages x ddp 2 x microbatches 2", ["--stages", "2", "--microbatches", "2", "--shard", "ddp"],
                        4)]
         else:
@@ -197,11 +188,11 @@ def main():
                 sys.exit("FAIL val_loss at world 2: %s, world 1's %s" % (got[2], ref[2]))
             print("ok   val_loss at world 2 (ddp): %s, world 1's to %.0e" % (["%.4f" % x for x in got[2]], TOL))
         if emu and shutil.which("mpirun"):
-            env = {"FS_CUDA_BACKEND": os.path.abspath(emu), "FS_CUDA_EMU_ORDER": "forward"}
+            os.environ.update(FS_CUDA_BACKEND=os.path.abspath(emu), FS_CUDA_EMU_ORDER="forward")
             for tag, opts in (("cuda-emu ddp world 2 x microbatches 2", ["--microbatches", "2"]),
                               ("cuda-emu unfused", ["--microbatches", "2", "--fuse_loss", "0"])):
                 got = train(fsc, fsexec, P, tag.replace(" ", "_"), ["--shard", "ddp", *opts], 2,
-                            extra=["--device", "cuda"], env=env)
+                            extra=["--device", "cuda"])
                 lerr, werr = close(tag, got, ref)
                 print("ok   %-36s losses rel %.1e, weights rel %.1e of world 1 on CPU" % (tag + ":", lerr, werr))
         print("ignore_index: all passed")
