@@ -38,6 +38,7 @@ typedef struct {
     int *instead; // per node: the new node placed in its place (it is dropped), or -1
     char *drop;   // per node: removed at the end
     char *early;  // per node: runs at the start of the step (the targets' makers, the counts)
+    char *scaled; // per node: a cross_entropy_bwd whose dloss is scaled
     int *early_new, n_early_new;  // new nodes at the start, in order
 } Count;
 
@@ -137,14 +138,15 @@ static int rescale(Count *c, const int *loss, int M, int D, int64_t ignore)
         /* its backward: cross_entropy_bwd(.., div(dloss, target_count(t)), per_row) -> dloss * k */
         for (int b = 0; b < g->n_nodes; b++) {
             const Node *bw = ir_node(g, b);
-            if (bw->op != OP_cross_entropy_bwd || ir_in(g, bw, 1) != t || !ir_attr_int(g, bw, "per_row", 0) ||
+            if (bw->op != OP_cross_entropy_bwd || c->scaled[b] || ir_in(g, bw, 1) != t ||
                 ir_attr_int(g, bw, "ignore_index", OPS_NO_IGNORE) != ignore)
-                continue;
+                continue;  // (a second loss on the same targets: its backward is scaled already, by the same k)
             int dv = ir_value(g, ir_in(g, bw, 2))->producer;
             const Node *dn = dv >= 0 ? ir_node(g, dv) : NULL;
             int cn = dn && dn->op == OP_div ? ir_value(g, ir_in(g, dn, 1))->producer : -1;
-            FS_ASSERT(cn >= 0 && ir_node(g, cn)->op == OP_target_count);  // ir/grad.c's form
-            if (c->drop[dv]) continue;  // rewritten already: a second loss on the same targets
+            // ir/grad.c's form
+            FS_ASSERT(ir_attr_int(g, bw, "per_row", 0) && cn >= 0 && ir_node(g, cn)->op == OP_target_count);
+            c->scaled[b] = 1;
             int x = ir_in(g, dn, 0), phase = dn->phase, mb = dn->mb, chunk = dn->chunk;
             int r = add(c, OP_mul, (int[]){x, k}, 2, NULL, 0, (Phase)phase, dn->loc);
             g->nodes[r].mb = mb, g->nodes[r].chunk = chunk;
@@ -179,14 +181,23 @@ int pass_xent_count(Graph *g, const Options *o, Diag *d)
     size_t most = (size_t)n_orig + (size_t)n_loss * 16 + 64;  // the nodes this pass adds, at most
     Count c = {.g = g, .d = d, .after = arena_alloc(g->arena, sizeof(int) * most),
                .instead = arena_alloc(g->arena, sizeof(int) * most), .drop = arena_alloc(g->arena, most),
-               .early = arena_alloc(g->arena, most), .early_new = arena_alloc(g->arena, sizeof(int) * most)};
+               .early = arena_alloc(g->arena, most), .scaled = arena_alloc(g->arena, most),
+               .early_new = arena_alloc(g->arena, sizeof(int) * most)};
     memset(c.after, -1, sizeof(int) * most), memset(c.instead, -1, sizeof(int) * most);
-    memset(c.drop, 0, most), memset(c.early, 0, most);
+    memset(c.drop, 0, most), memset(c.early, 0, most), memset(c.scaled, 0, most);
     for (int j = 0; j < seen[0]; j++)
         if (rescale(&c, &loss[(size_t)j * (size_t)M], M, D,
                     ir_attr_int(g, ir_node(g, loss[(size_t)j * (size_t)M]), "ignore_index", OPS_NO_IGNORE)))
             return -1;
     FS_ASSERT((size_t)g->n_nodes <= most);
+    for (int b = 0; b < g->n_nodes; b++)  // a backward whose loss it did not find would be a part's mean: say so
+        if (g->nodes[b].op == OP_cross_entropy_bwd && !c.scaled[b] &&
+            ops_ignores(ir_attr_int(g, ir_node(g, b), "ignore_index", OPS_NO_IGNORE))) {
+            diag_error(d, g->nodes[b].loc, "internal error: xent_count: the backward of a loss with an ignore_index "
+                       "reads targets no forward loss of a micro-batch reads; its gradient would not be the global "
+                       "batch's mean");
+            return -1;
+        }
     /* The targets' makers (in their order), the counts and scales, then every other node
      * in its order with the scaled losses after the losses and the backward's scaled
      * dloss in place of its division; the divisions and their counts last, dropped. */

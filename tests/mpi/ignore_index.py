@@ -15,6 +15,7 @@ step 4 every row is (a step that counts nothing: loss 0 and zero gradient, not N
     data-parallel ranks: losses and weights equal to (a)'s run to fp32 rounding (1e-5; the
     per-micro-batch mean of before misses by 4e-2 in the losses and 0.2 in the weights).
     The count's all-reduce comes before the first backward node (fsc --emit ir).
+    Two losses on the same targets (with heads of their own) train at world 2 x 2 micro-batches as at world 1.
 (c) The evaluation program (--val-data) at world 2 logs (a)'s val_loss.
 (d) CUDA ranks on the emulator (FS_CUDA_BACKEND=libfs_cudaemu.so): world 2 ddp with 2
     micro-batches trains as the CPU ranks do (target_count, the fused loss with per_row).
@@ -61,6 +62,12 @@ MODEL = """model ig {
 }
 train { optimizer adamw(lr = 0.02, beta1 = 0.9, beta2 = 0.999, eps = 1e-6, weight_decay = 0.1); }
 """
+# Two losses on the same targets (one count serves both) and a head of their own each.
+HEAD = "  param head: [C, V] = normal(0.3);\n"
+TWO = MODEL.replace("model ig", "model two").replace(HEAD, HEAD + HEAD.replace("head", "head2")).replace(
+    "loss = cross_entropy(x @ head, targets, ignore_index = -100);",
+    "loss = cross_entropy(x @ head, targets, ignore_index = -100) + 0.5 * cross_entropy(x @ head2, targets, "
+    "ignore_index = -100);")
 STEPS, B, T, V, L = 4, 16, 6, 24, 2
 TOL = 1e-5
 
@@ -75,9 +82,9 @@ def data(rng):
     return tok, tg
 
 
-def train(fsc, fsexec, P, tag, opts, world=1, extra=()):
+def train(fsc, fsexec, P, tag, opts, world=1, extra=(), model="ig.fsm"):
     plan, out, log = P(tag + ".plan"), P(tag + ".safetensors"), P(tag + ".jsonl")
-    run([fsc, P("ig.fsm"), *opts, "--world", str(world), "-q", "-o", plan])
+    run([fsc, P(model), *opts, "--world", str(world), "-q", "-o", plan])
     feed = "tokens=%s,targets=%s" % (P("tokens.npy"), P("targets.npy"))
     run([fsexec, *(["--nproc", str(world)] if world > 1 else []), plan, "--data", feed, "--data-order", "sequential",
          "--steps", str(STEPS), "--threads", "1", "--log", log, "--save-weights", out, *extra])
@@ -141,8 +148,9 @@ def main():
         tok, tg = data(np.random.default_rng(5))
         np.save(P("tokens.npy"), tok)
         np.save(P("targets.npy"), tg)
-        with open(P("ig.fsm"), "w") as f:
-            f.write(MODEL)
+        for name, text in (("ig.fsm", MODEL), ("two.fsm", TWO)):
+            with open(P(name), "w") as f:
+                f.write(text)
         run([fsc, P("ig.fsm"), "-q", "-o", P("w0.plan")])
         run([fsexec, P("w0.plan"), "--steps", "0", "--save-weights", P("w0.safetensors"), "--data",
              "tokens=%s,targets=%s" % (P("tokens.npy"), P("targets.npy"))])
@@ -183,6 +191,11 @@ def main():
             lerr, werr = close(tag, got, ref)
             print("ok   %-36s losses rel %.1e, weights rel %.1e of world 1" % (tag + ":", lerr, werr))
         if shutil.which("mpirun"):
+            one = train(fsc, fsexec, P, "two_w1", [], model="two.fsm")
+            got = train(fsc, fsexec, P, "two_w2", ["--shard", "ddp", "--microbatches", "2"], 2, model="two.fsm")
+            lerr, werr = close("two losses on the same targets", got, one)
+            print("ok   two losses on the same targets, ddp world 2 x microbatches 2: losses rel %.1e, weights rel "
+                  "%.1e of world 1" % (lerr, werr))
             got = train(fsc, fsexec, P, "eval_w2", ["--shard", "ddp"], 2, extra=val_feed)
             if len(got[2]) != len(ref[2]) or max(abs(a - b) / b for a, b in zip(got[2], ref[2])) > TOL:
                 sys.exit("FAIL val_loss at world 2: %s, world 1's %s" % (got[2], ref[2]))
