@@ -82,11 +82,15 @@ def data(rng):
     return tok, tg
 
 
+def feed(P):
+    """fsexec's --data (and --val-data) for the two .npy inputs."""
+    return ",".join("%s=%s" % (name, P(name + ".npy")) for name in ("tokens", "targets"))
+
+
 def train(fsc, fsexec, P, tag, opts, world=1, extra=(), model="ig.fsm"):
     plan, out, log = P(tag + ".plan"), P(tag + ".safetensors"), P(tag + ".jsonl")
     run([fsc, P(model), *opts, "--world", str(world), "-q", "-o", plan])
-    feed = "tokens=%s,targets=%s" % (P("tokens.npy"), P("targets.npy"))
-    run([fsexec, *(["--nproc", str(world)] if world > 1 else []), plan, "--data", feed, "--data-order", "sequential",
+    run([fsexec, *(["--nproc", str(world)] if world > 1 else []), plan, "--data", feed(P), "--data-order", "sequential",
          "--steps", str(STEPS), "--threads", "1", "--log", log, "--save-weights", out, *extra])
     with open(log) as f:
         rows = [json.loads(line) for line in f if line.strip()]
@@ -146,17 +150,15 @@ def main():
         def P(name):
             return os.path.join(work, name)
         tok, tg = data(np.random.default_rng(5))
-        np.save(P("tokens.npy"), tok)
-        np.save(P("targets.npy"), tg)
+        for name, a in (("tokens", tok), ("targets", tg)):
+            np.save(P(name + ".npy"), a)
         for name, text in (("ig.fsm", MODEL), ("two.fsm", TWO)):
             with open(P(name), "w") as f:
                 f.write(text)
-        run([fsc, P("ig.fsm"), "-q", "-o", P("w0.plan")])
-        run([fsexec, P("w0.plan"), "--steps", "0", "--save-weights", P("w0.safetensors"), "--data",
-             "tokens=%s,targets=%s" % (P("tokens.npy"), P("targets.npy"))])
+        run([fsc, P("ig.fsm"), "-q", "-o", P("w0.plan")])  # the init, for PyTorch
+        run([fsexec, P("w0.plan"), "--steps", "0", "--save-weights", P("w0.safetensors"), "--data", feed(P)])
         want = pytorch(load_safetensors(P("w0.safetensors")), tok, tg)
-        val_feed = ["--val-data", "tokens=%s,targets=%s" % (P("tokens.npy"), P("targets.npy")), "--eval-batches", "3",
-                    "--eval-every", "2"]
+        val_feed = ["--val-data", feed(P), "--eval-batches", "3", "--eval-every", "2"]
         ref = train(fsc, fsexec, P, "ref", [], extra=val_feed)
         lerr, werr = close("world 1 against PyTorch", ref, want)
         if ref[0][3] != 0.0 or not ref[0][0] > 0:
