@@ -540,6 +540,40 @@ Test(cuda_codegen, optimizer_and_constants)
     plan_free(p);
 }
 
+/* A loss's gradient with an ignore_index divides by the counted targets once: target_count is one block that
+ * counts them, and the gradient's rows read dloss already divided (per_row: ir/grad.c). A gradient with an
+ * ignore_index but no per_row (a plan of an older fsc) is a clear error, not rows that each count every target. */
+Test(cuda_codegen, ignore_index_counts_once)
+{
+    int lg = input("lg", DT_F32, DIMS(6, 5)), tg = input("tg", DT_I32, DIMS(6)), dl = input("dl", DT_F32, NULL, 0);
+    int cnt = node(OP_target_count, INS(tg), ATTRS(AI("ignore_index", -100)));
+    int share = out0(node(OP_div, INS(dl, out0(cnt)), NULL, 0));
+    int bw = node(OP_cross_entropy_bwd, INS(lg, tg, share), ATTRS(AI("ignore_index", -100), AI("per_row", 1)));
+    ir_output_add(g, out0(bw));
+    Plan *p = compile();
+    int n;
+    const PlanCuda *in = ins_of(p, cnt, &n);
+    cr_assert_eq(n, 1, "target_count: one launch");
+    cr_assert_eq(in->grid[0] * in->grid[1] * in->grid[2], 1, "target_count: one block");
+    char *t = kernel_text(p, in);
+    cr_assert(strstr(t, "fs_target_count<6LL, -100LL>(tg, out)"), "%s", t);
+    free(t);
+    plan_free(p);
+
+    ir_graph_free(g);
+    g = ir_graph_new("t");
+    lg = input("lg", DT_F32, DIMS(6, 5)), tg = input("tg", DT_I32, DIMS(6)), dl = input("dl", DT_F32, NULL, 0);
+    ir_output_add(g, out0(node(OP_cross_entropy_bwd, INS(lg, tg, dl), ATTRS(AI("ignore_index", -100)))));
+    Options o = {0};
+    Diag d;
+    diag_init(&d, "t", NULL, 0, stderr);
+    cr_assert_eq(pass_memplan(g, &o, &d), 0);
+    config_default(&o.train);
+    cr_assert_null(p = codegen_plan(g, &o.train, err, sizeof err));
+    cr_assert(strstr(err, "cross_entropy_bwd: an ignore_index without its count (per_row): a plan from an older fsc; "
+                          "compile it again"), "%s", err);
+}
+
 /* ---- names -------------------------------------------------------------------------------- */
 
 Test(cuda_codegen, names_are_deterministic_and_shared)
