@@ -75,11 +75,11 @@ static int writes(const Graph *g, int k, int r)
 /* Whether buffer r stays as it is from node `from` to node `to` (see the top). */
 static int unchanged(const Graph *g, int r, int from, int to)
 {
-    int maker = ir_value(g, r)->producer;
+    int maker = ir_value(g, r)->producer;  // after `from` where it writes over its input (OPF_INPLACE)
     for (int k = 0; k < g->n_nodes; k++) {
-        if (k == maker || !writes(g, k, r)) continue;
+        if (!writes(g, k, r)) continue;
         if (k > from && k <= to) return 0;
-        if (op_info(ir_node(g, k)->op)->flags & (OPF_COLLECTIVE | OPF_P2P | OPF_COPY)) return 0;
+        if (k != maker && (op_info(ir_node(g, k)->op)->flags & (OPF_COLLECTIVE | OPF_P2P | OPF_COPY))) return 0;
     }
     return 1;
 }

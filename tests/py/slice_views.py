@@ -15,6 +15,9 @@
 2. GPT-2 at tiny dims with --microbatches 2 (each micro-batch's rows of tokens and
    targets: views of the inputs, 4 of them): 3 AdamW steps on the CPU, every loss and
    weight byte equal with and without views, and the arena no larger.
+(A slice whose buffer is written while it is read stays a copy: tests/unit/test_slice_view.c,
+on graphs built by hand, since the in-place ops of today's passes take only inputs that no
+other node reads.)
 
 usage: /usr/bin/python3 tests/py/slice_views.py FSC FSEXEC [LIBFS_CUDAEMU]
 """
