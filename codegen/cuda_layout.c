@@ -12,7 +12,8 @@
  * concat find their axis from the shapes, as the CPU kernels do.
  *
  * A reshape, or a copy, whose output is its input's bytes (same offset and rank stride
- * after memplan: a view) needs no instruction.
+ * after memplan: a view) needs no instruction; nor a slice_view lying at its slice's
+ * place in its input's bytes.
  *
  * Where it sits: called by codegen_cuda (cuda_program.c) through the op table.
  */
@@ -198,6 +199,18 @@ int cuda_slice(CuCtx *c)
     if (start < 0 || len < 0 || start + len > n)
         return cu_fail(c, "[%lld, +%lld) out of %lld", (long long)start, (long long)len, (long long)n);
     return gather(c, "slice", start * inner, part_at(c, outer, n, inner, len));
+}
+
+/* slice_view (passes/slice_view.c): no instruction where memplan laid the output in x's
+ * bytes at the slice's place, start x inner elements in; else the slice's gather. */
+int cuda_slice_view(CuCtx *c)
+{
+    const Value *x = cu_inv(c, 0), *y = cu_outv(c, 0);
+    int axis = norm_axis(ir_attr_int(c->g, cu_node(c), "axis", 0), x->rank);
+    int64_t outer = 0, n = 0, inner = 0, start = ir_attr_int(c->g, cu_node(c), "start", 0);
+    if (axis >= 0 && axis < x->rank) cu_around(x, axis, &outer, &n, &inner);
+    int64_t at = x->offset + start * inner * (int64_t)dtype_size(x->dtype);
+    return outer == 1 && y->offset == at && y->rank_stride == x->rank_stride ? 0 : cuda_slice(c);
 }
 
 /* slice_bwd(dy, axis, start, size): each output element is dy's or zero. */

@@ -8,9 +8,9 @@
  * [-size, size], an empty slice) is an error where Python would clamp, since a shape of
  * 0 is never what a model means. No steps (`a:b:c`): the grammar has none.
  *
- * Each dim that does not keep all its positions becomes one `slice` node (a copy: the
- * IR's views, OPF_VIEW, share their input's first byte, which a slice past position 0
- * does not), and the dropped dims one `reshape` (a view) at the end, so the gradient is
+ * Each dim that does not keep all its positions becomes one `slice` node (a copy, which
+ * passes/slice_view.c turns into a view where its positions are one run of the input's
+ * bytes), and the dropped dims one `reshape` (a view) at the end, so the gradient is
  * the op table's: slice's is slice_bwd, zeros of the input's shape with the rows
  * written in. The batch dim (the first dim of a value that depends on the batch inputs)
  * is each rank's part of the global batch, so it may only be kept whole.

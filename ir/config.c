@@ -127,7 +127,7 @@ void config_default(TrainConfig *c)
         .reduce_dtype = REDUCE_COMPUTE, .shard = SHARD_NONE, .reshard_after_forward = 1, .world = 1,
         .stages = 1, .microbatches = 1, .schedule = SCHED_1F1B, .checkpoint = CKPT_EXCEPT_LAST, .chunks = 1,
         .offload = OFFLOAD_NONE, .seed = 1234, .fuse_loss = 1, .embed_grad_into = 1, .pack_attention = 1,
-        .fuse_gemm = 1, .pad_vocab = 64,
+        .fuse_gemm = 1, .pad_vocab = 64, .slice_views = 1,
     };
     strcpy(c->recompute, "none");
     strcpy(c->freeze, "none");
@@ -199,6 +199,9 @@ static const KeyDef KEYS[] = {
         "in the GEMM's epilogue, one op (1, default; cuBLASLt's epilogues on CUDA), or separate ops (0)"),
     INT("pad_vocab", pad_vocab, 0, 1 << 16, "the LM head's vocabulary padded to a multiple of this many rows "
         "(aligned GEMMs; the padding masked in the loss and sampling, held at zero), 64 by default; 0: off"),
+    INT("slice_views", slice_views, 0, 1, "a slice that is one run of its input's bytes (every dim before its "
+        "axis 1 long: a micro-batch's rows, x[i] of a param) lies in the input's buffer, no copy (1, default); or a "
+        "copy (0)"),
     {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,
      offsetof(TrainConfig, balance), 0, 0, NULL, 0},
     ENUM("offload", offload, OFFLOADS, "none; optimizer: fp32 master weights, optimizer state and the update on the host (ZeRO-Offload); params: fsdp's param shards there too"),

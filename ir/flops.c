@@ -164,6 +164,7 @@ double flops_cross_entropy_bwd(const Graph *g, const Node *n) { return XENT_FLOP
 double flops_cross_entropy_fused(const Graph *g, const Node *n) { return 2 * XENT_FLOPS * in_numel(g, n, 0); }
 double flops_slice(const Graph *g, const Node *n) { return 0; }
 double flops_slice_bwd(const Graph *g, const Node *n) { return 0; }
+double flops_slice_view(const Graph *g, const Node *n) { return 0; }
 
 /* Backward redoes Q K^T, then dP = dO V^T, dV = P^T dO, dQ = dS K and dK = dS^T Q:
  * five products where the forward had two. The first redoes the forward's work

@@ -72,6 +72,10 @@ static const PassInfo PASSES[] = {
      "copied from the host once a step (offload params: before each fsdp gather); gradients to the host after their "
      "reduction (to_host, to_device nodes)",
      pass_offload, 0},
+    {"slice_view", "every node, in the order schedule keeps for compute; slice_views on",
+     "each slice whose positions are one run of its input's bytes, and whose input's buffer nothing writes while "
+     "the slice's value is read, as slice_view: its value lies in the input's bytes (Value.view_offset), no copy",
+     pass_slice_view, 1},
     {"schedule", "every node; fsdp gathers at their first use",
      "the final node order (fsdp gathers prefetched a block ahead); Node.stream of every node; Node.wait: what each "
      "waits for on other streams", pass_schedule, 1},

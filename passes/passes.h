@@ -50,6 +50,7 @@ int pass_shard(Graph *g, const Options *o, Diag *d);      // passes/shard.c
 int pass_gradsum(Graph *g, const Options *o, Diag *d);    // passes/gradsum.c: every gradient summed over all ranks once
 int pass_optimizer(Graph *g, const Options *o, Diag *d);  // passes/optimizer.c
 int pass_offload(Graph *g, const Options *o, Diag *d);    // passes/offload.c
+int pass_slice_view(Graph *g, const Options *o, Diag *d); // passes/slice_view.c: slices as views
 int pass_schedule(Graph *g, const Options *o, Diag *d);   // passes/schedule.c
 int pass_fuse(Graph *g, const Options *o, Diag *d);       // passes/fuse.c
 int pass_memplan(Graph *g, const Options *o, Diag *d);    // passes/memplan.c

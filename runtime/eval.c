@@ -100,7 +100,7 @@ RtEval *rt_eval_new(const Plan *whole, Exec *train, const RtEvalOptions *o, char
     memset(v, 0, sizeof *v);
     v->train = train, v->batches = o->batches;
     ExecOptions eo = {.seed = o->seed, .nan_fill = o->nan_fill, .rank = rt_exec_rank(train), .world = rt_exec_world(train),
-                      .whole = stages > 1 ? whole->eval : NULL, .stage = rt_exec_stage(train)};
+                      .whole = stages > 1 ? whole->eval : NULL, .stage = rt_exec_stage(train), .mirror = o->mirror};
     char why[512];
     RtDataKind kind = rt_data_kind(whole->eval);
     int blobs = !strcmp(o->path, "blobs"), arrays = rt_data_names_inputs(whole->eval, o->path);

@@ -20,8 +20,8 @@
  * one by one; not under the debug modes, which look at each op as it ends, nor with
  * ExecOptions.one_by_one. A traced run's span is its first op's; the others last 0.
  *
- * Views (OPF_VIEW ops whose output shares its input's buffer) are skipped: the bytes are
- * already where the output says. Effect ops (adamw, sgd) have no outputs and update
+ * Views (OPF_VIEW ops whose output lies in its input's bytes: a reshape, a slice_view)
+ * are skipped: the bytes are already where the output says. Effect ops (adamw, sgd) have no outputs and update
  * their inputs in place. A tensor with a rank_stride lies at offset + rank * rank_stride
  * (this rank's shard of a flat buffer); a view lies inside its root's bytes, for every
  * rank of the world.
@@ -147,6 +147,14 @@ static void ktensor(const Exec *e, int32_t id, KTensor *k)
     k->rank = t->rank;
     for (int d = 0; d < t->rank; d++) k->shape[d] = t->shape[d];
     k->numel = plan_tensor_numel(t);
+}
+
+/* Whether y's bytes lie within x's (a view's output where memplan put it: a reshape on
+ * x's first byte, a slice_view at its slice's place). */
+static int lies_in(const PlanTensor *y, const PlanTensor *x)
+{
+    return y->place == x->place && y->rank_stride == x->rank_stride && y->offset >= x->offset &&
+           y->offset + plan_tensor_nbytes(y) <= x->offset + plan_tensor_nbytes(x);
 }
 
 /* Attributes by position in the op's signature; defaults for absent ones. */
@@ -306,7 +314,7 @@ static int build_op(Exec *e, int32_t k, char *err, size_t errlen)
     for (int32_t i = 0; i < op->n_in; i++) ktensor(e, p->ids[op->in + i], &x->call.in[i]);
     for (int32_t i = 0; i < op->n_out; i++) ktensor(e, p->ids[op->out + i], &x->call.out[i]);
     if ((info->flags & OPF_VIEW) && op->n_in >= 1 && op->n_out == 1)
-        x->skip = x->call.out[0].data == x->call.in[0].data;
+        x->skip = lies_in(&p->tensors[p->ids[op->out]], &p->tensors[p->ids[op->in]]);
     if (bind_attrs(p, k, info, &x->call, err, errlen)) return -1;
     int rc = info->flags & OPF_COLLECTIVE ? bind_collective(e, k, info, x, err, errlen)
              : info->flags & OPF_P2P      ? bind_p2p(e, k, info, x, err, errlen)

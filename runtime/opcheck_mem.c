@@ -160,13 +160,15 @@ static unsigned updated_inputs(OpKind k)
     return mask[k] ? mask[k] : ~0u;
 }
 
-/* A view op whose output lies exactly on its input moves no bytes (exec.c skips it). */
+/* A view op whose output lies in its input's bytes (a reshape on them, a slice_view at
+ * its slice's place) moves no bytes (exec.c skips it). */
 static int moves_nothing(const Mem *m, int32_t q, int32_t u)
 {
     const Plan *p = m->p;
     if (!(op_info(kind_of(m, q))->flags & OPF_VIEW)) return 0;
     const PlanTensor *x = &p->tensors[in_of(p, q, 0)], *y = &p->tensors[u];
-    return x->offset == y->offset && x->rank_stride == y->rank_stride;
+    return x->rank_stride == y->rank_stride && y->offset >= x->offset &&
+           y->offset + plan_tensor_nbytes(y) <= x->offset + plan_tensor_nbytes(x);
 }
 
 /* Whether op q writes bytes of t, other than t's own making; `allow` and `slot` let one

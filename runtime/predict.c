@@ -17,6 +17,14 @@
  * renamed, streaming batch by batch (no copy of all the predictions in memory). Logits of
  * a padded vocabulary (passes/pad_vocab.c) are written with the model's own columns.
  *
+ * The program runs on the device fsexec chose for it (runtime/device.c: the CPU, or a
+ * CUDA GPU whose arena is the eval program's): the eval Exec is then the device's host
+ * mirror, which takes the params, gets each batch's inputs from the data loader (they go
+ * up before the batch) and the outputs after it (they come down), as a training step's
+ * do. A failure inside the batches is the rank's own (its peers may wait in a
+ * collective or a pipeline's receive): rt_predict returns -2 and the caller ends every
+ * rank, the files on this rank abandoned.
+ *
  * Inputs that no output reads (a classifier's labels, which feed only the loss) may be
  * left out of --data: they keep their zeros, inside every index bound. An input reaches
  * an output when a chain of ops leads from it to the output within a stage's program;
@@ -163,12 +171,22 @@ static void write_batch(Exec *e, Out *out, int n, int64_t B, int64_t keep, float
     }
 }
 
-static int run_batches(RtEval *v, Out *out, int n, int64_t N, char *err, size_t errlen)
+/* Batch k on the device: its inputs up, the program, the outputs down into the mirror
+ * (on the CPU, the mirror is the device and nothing moves). 0, or -1 with a message. */
+static int run_batch(RtDevice *dev, Exec *e, int64_t k, int graph, char *err, size_t errlen)
+{
+    if (!rt_device_step_in(dev, e, k) && !rt_device_run_step(dev, graph) && !rt_device_step_out(dev, e)) return 0;
+    return plan_fail(err, errlen, "the evaluation program, batch %" PRId64 ": %s", k,
+                     rt_device_is_cpu(dev) ? rt_exec_error(e) : dev->ops->error(dev->b));
+}
+
+/* Every batch; a failure is this rank's alone (the others may wait in a collective). */
+static int run_batches(RtEval *v, RtDevice *dev, int graph, Out *out, int n, char *err, size_t errlen)
 {
     Exec *e = rt_eval_exec(v);
     RtData *d = rt_eval_data(v);
     int dp = rt_exec_world(e);
-    int64_t Bg = rt_data_rows(d), B = Bg / dp, most = 1;
+    int64_t N = rt_data_samples(d), Bg = rt_data_rows(d), B = Bg / dp, most = 1;
     for (int i = 0; i < n; i++)
         if (out[i].per_row * Bg > most) most = out[i].per_row * Bg;
     float *recv = plan_alloc(sizeof(float) * (size_t)most);
@@ -176,10 +194,7 @@ static int run_batches(RtEval *v, Out *out, int n, int64_t N, char *err, size_t 
     int rc = 0;
     for (int64_t k = 1; (k - 1) * Bg < N && !rc; k++) {
         rt_data_fill(d, k);
-        if (rt_exec_run(e, k, RT_PHASES_ALL)) {
-            rc = plan_fail(err, errlen, "the evaluation program, batch %" PRId64 ": %s", k, rt_exec_error(e));
-            break;
-        }
+        if ((rc = run_batch(dev, e, k, graph, err, errlen))) break;
         int64_t keep = N - (k - 1) * Bg < Bg ? N - (k - 1) * Bg : Bg;
         write_batch(e, out, n, B, keep, recv);
     }
@@ -196,6 +211,15 @@ static int prepare(RtEval *v, const RtPredictOptions *o, Out *out, int *n, char 
     int64_t N = rt_data_samples(d), B = rt_data_rows(d) / rt_exec_world(e);
     if (find_outputs(p, B, out, n, err, errlen) || rt_eval_take_params(v, err, errlen)) return -1;
     return rt_exec_rank(e) == 0 ? open_files(p, out, *n, o->out, N, err, errlen) : 0;
+}
+
+/* o->dev on the eval program as it is now (its params taken): this stage's outputs come
+ * down after each batch. 0, or -1 after the device's message. */
+static int open_device(RtEval *v, const RtPredictOptions *o, const Out *out, int n)
+{
+    int32_t ids[MAX_OUTPUTS];
+    for (int i = 0; i < n; i++) ids[i] = out[i].id;
+    return rt_device_open(o->dev, rt_eval_exec(v), o->rk, o->tf32, 0, ids, n);
 }
 
 /* Whether some stage's program has an output but the loss (every rank sees the whole plan). */
@@ -226,12 +250,17 @@ int rt_predict(const Plan *whole, Exec *train, const RtPredictOptions *o, char *
     Out *out = plan_alloc(sizeof *out * MAX_OUTPUTS);
     int n = 0, rc = !optional || !out ? plan_fail(err, errlen, "out of memory") : 0;
     if (!rc) rc = optional_inputs(whole->eval, optional, n_in, err, errlen);
-    RtEvalOptions vo = {.path = o->data, .batches = 1, .seed = o->seed, .flag = "--data", .optional = optional};
+    RtEvalOptions vo = {.path = o->data, .batches = 1, .seed = o->seed, .flag = "--data", .optional = optional,
+                        .mirror = !rt_device_is_cpu(o->dev)};
     RtEval *v = rc ? NULL : rt_eval_new(whole, train, &vo, err, errlen);
     if (!rc && !v) rc = -1;
     if (!rc) rc = prepare(v, o, out, &n, err, errlen);
-    if (rt_comm_agree(rc ? 1 : 0)) rc = -1;  // every stage ready before a batch goes through the pipeline
-    else rc = run_batches(v, out, n, rt_data_samples(rt_eval_data(v)), err, errlen);
+    if (rt_comm_agree(rc ? 1 : 0)) rc = -1;  // every stage ready before a device is made (NCCL's init is collective)
+    else if (open_device(v, o, out, n)) rc = -2;
+    else if (run_batches(v, o->dev, o->graph, out, n, err, errlen)) rc = -2;
+    char device[sizeof o->dev->name];
+    snprintf(device, sizeof device, "%s", o->dev->name);  // what open named ("cuda:0 NVIDIA H200 (sm_90)")
+    rt_device_close(o->dev);
     rt_eval_free(v);
     char why[512];
     size_t at = 0;
@@ -243,7 +272,8 @@ int rt_predict(const Plan *whole, Exec *train, const RtPredictOptions *o, char *
         else if (written && at < wlen)
             at += (size_t)snprintf(written + at, wlen - at, "%s%s (%s)", at ? ", " : "", out[i].path, out[i].name);
     }
+    if (at && at < wlen) snprintf(written + at, wlen - at, " on %s", device);
     plan_dealloc(out);
     plan_dealloc(optional);
-    return rt_comm_agree(rc ? 1 : 0) ? -1 : 0;
+    return rc == -2 ? -2 : rt_comm_agree(rc ? 1 : 0) ? -1 : 0;
 }

@@ -1028,6 +1028,7 @@ typedef struct {
     int nan_fill;           // --debug-nan for the eval program too
     const char *flag;       // the flag messages name (NULL: "--val-data")
     const uint8_t *optional;  // .npy: inputs that may have no file (rt_data_open_for), or NULL
+    int mirror;             // the eval Exec is a device's host mirror (--predict on a device)
 } RtEvalOptions;
 
 /* The plan's evaluation program (whole->eval) on this rank, beside the training Exec
@@ -1053,13 +1054,20 @@ typedef struct {
     const char *data;       // --data: .npy files of the inputs (NAME=FILE.npy,... or a directory)
     const char *out;        // --out FILE.npy (several outputs: FILE.NAME.npy each)
     uint64_t seed;
+    RtDevice *dev;          // chosen (rt_device_choose on the plan's eval program), not open
+    const RtRanks *rk;      // this rank, for the device
+    int tf32, graph;        // --tf32, --cuda-graph (a device's)
 } RtPredictOptions;
 /* Runs the plan's evaluation program over every sample of o->data, in order, with the
- * params of `train` (loaded by the caller), and writes each output of the model (the
- * eval program's outputs but the loss) as a .npy file of one row per sample (see
- * predict.c). Every rank calls it; the first rank of each stage writes the outputs that
- * stage holds. The paths written go to *written (for the caller's message; may be NULL).
- * 0, or -1 with a message (agreed over the ranks). */
+ * params of `train` (loaded by the caller; a device's host mirror holds them), on
+ * o->dev (opened on the eval program here and closed before return), and writes each
+ * output of the model (the eval program's outputs but the loss) as a .npy file of one
+ * row per sample (see predict.c). Every rank calls it; the first rank of each stage
+ * writes the outputs that stage holds. The paths written go to *written (for the
+ * caller's message, with the device's name; may be NULL). 0, -1 with a message (agreed
+ * over the ranks), or -2 when this rank's device or a batch failed (the message in err,
+ * or printed by rt_device_open with err empty): the caller ends every rank, since the
+ * others may wait in a collective. */
 int rt_predict(const Plan *whole, Exec *train, const RtPredictOptions *o, char *written, size_t wlen, char *err,
                size_t errlen);
 

@@ -103,7 +103,8 @@ static const char USAGE[] =
     "  --predict            write the model's outputs (each `output NAME`) for every sample of\n"
     "                       --data's .npy files, in order, with the params of --load-weights\n"
     "                       or --resume, by the plan's evaluation program; any world, any\n"
-    "                       plan, pipelines too; CPU ranks. Inputs no output reads (labels)\n"
+    "                       plan, pipelines too; on CPU ranks or GPUs as --device says\n"
+    "                       (--cuda-graph, --tf32 too). Inputs no output reads (labels)\n"
     "                       may be left out\n"
     "  --out FILE.npy       where --predict writes: FILE.npy with one output, FILE.NAME.npy\n"
     "                       for each of several; one row per sample, float32 (int32 outputs:\n"
@@ -567,9 +568,6 @@ static int parse_args(int argc, char **argv, Flags *f)
         return usage_error("--predict trains nothing; drop %s", f->val_data ? "--val-data" : f->save_weights ?
                            "--save-weights" : f->save_grads ? "--save-grads" : f->checkpoint_dir ? "--checkpoint-dir" :
                            f->sample ? "--sample" : f->log ? "--log" : "--trace");
-    if (f->predict && (f->device == RT_DEVICE_CUDA || f->cuda_graph || f->tf32))
-        return usage_error("%s", "--predict runs the evaluation program on CPU ranks; drop --device cuda, --cuda-graph "
-                           "and --tf32");
     if (f->save_grads && f->steps == 0) return usage_error("%s", "--save-grads needs at least one step");
     if (f->trace && f->steps == 0) return usage_error("%s", "--trace needs at least one step");
     if (f->trace_first && !f->trace) return usage_error("%s", "--trace-steps says which steps --trace FILE covers; give --trace");
@@ -940,16 +938,17 @@ static int load_weights(Exec *e, const char *path, RtWeightsFormat fmt, char *er
     return rc;
 }
 
-/* --predict, once the params are in e (rt_predict): 0, or 1 after a message. */
-static int predict(const Flags *f, const Plan *whole, Exec *e, uint64_t seed)
+/* --predict, once the params are in e, on r->dev (chosen for the eval program; rt_predict
+ * opens and closes it): 0, or 1 after a message. */
+static int predict(const Flags *f, const Plan *whole, Run *r, const RtRanks *rk, uint64_t seed)
 {
-    char err[1024], written[2048];
-    RtPredictOptions o = {.data = f->data, .out = f->out, .seed = seed};
+    char err[1024] = "", written[2048];
+    RtPredictOptions o = {.data = f->data, .out = f->out, .seed = seed, .dev = &r->dev, .rk = rk, .tf32 = f->tf32,
+                          .graph = f->cuda_graph};
     double t0 = rt_now();
-    if (rt_predict(whole, e, &o, written, sizeof written, err, sizeof err)) {  // agreed
-        if (err[0]) fprintf(stderr, "%s: %s\n", who, err);
-        return 1;
-    }
+    int rc = rt_predict(whole, r->e, &o, written, sizeof written, err, sizeof err);
+    if (rc && err[0]) fprintf(stderr, "%s: %s\n", who, err);
+    if (rc) return rc == -2 ? local_error(1) : 1;  // -2: this rank's device failed; the others may wait in NCCL
     if (written[0]) fprintf(stderr, "%s: wrote %s in %.2f s\n", who, written, rt_now() - t0);
     return 0;
 }
@@ -964,7 +963,9 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     int64_t start = r->resume ? rt_checkpoint_step(r->resume) : 0;
     ProgressOptions po = {.steps = f->steps, .start = start, .append = r->resume != NULL, .log_every = f->log_every,
                           .log_path = f->log, .tty = -1};
-    int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, whole,
+    /* --predict runs the evaluation program alone: its CUDA program and arena decide. */
+    const Plan *runs = f->predict && whole->eval ? whole->eval : whole;
+    int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, runs,
                               rk->local_rank, who);
     if (rc) return rc;
     if (f->cuda_graph && !rt_device_is_cpu(&r->dev) && plan_space_bytes(p, PLAN_PLACE_HOST) > 0) {
@@ -1014,7 +1015,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
         }
     }
     t_load = rt_now() - t_load;
-    if (f->predict) return predict(f, whole, r->e, seed);
+    if (f->predict) return predict(f, whole, r, rk, seed);
     int32_t report[8];
     if (rt_device_open(&r->dev, r->e, rk, f->tf32, f->trace != NULL, report, rt_train_reported(r->e, r->data, report)))
         return local_error(1);

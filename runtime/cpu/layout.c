@@ -188,6 +188,10 @@ void cpu_slice(const KCall *k)
     copy_slab(x->data, n, start, k->out[0].data, len, 0, outer, len, inner, esize(x->dtype));
 }
 
+/* slice_view: its output lies in x's bytes where the slice's are, and the executor skips
+ * it (exec.c); a plan that placed it elsewhere gets the slice's copy. */
+void cpu_slice_view(const KCall *k) { cpu_slice(k); }
+
 /* slice_bwd(dy, axis, start, size): zeros, then dy's rows at [start, start + len). */
 void cpu_slice_bwd(const KCall *k)
 {

@@ -155,6 +155,19 @@ if(NOT FS_FUZZ)
                    $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu>)
   set_tests_properties(cuda_emu_vit PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT}
                        ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache;FS_CUDA_EMU_MEASURE=0")
+  # A Python test NAME: SCRIPT (relative to the source tree) FSC FSEXEC LIBFS_CUDAEMU, with the shared kernel cache.
+  function(cuda_emu_py_test name script)
+    add_test(NAME ${name} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/${script} $<TARGET_FILE:fsc>
+             $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu>)
+    set_tests_properties(${name} PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT}
+                         ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache")
+  endfunction()
+  # Slices as views (passes/slice_view.c) against --slice_views 0: the same steps to the byte on the CPU and on
+  # cuda-emu, the saved copies gone from fsc --mem, micro-batches' input rows as views.
+  cuda_emu_py_test(slice_views tests/py/slice_views.py)
+  # fsexec --predict with --device cuda (world 1, --cuda-graph, a bf16 plan, world 2 fsdp, a 2-stage
+  # pipeline, the ViT) against the same plans' --device cpu predictions.
+  cuda_emu_py_test(cuda_emu_predict tests/cuda_emu/predict.py)
   # Pipelines of 2 and 4 stages x 1 and 2 data-parallel ranks, every schedule, fp32 and bf16,
   # on cuda-emu ranks (NCCL's calls over MPI) against the CPU ranks' run of the same plan.
   add_test(NAME cuda_emu_pipeline

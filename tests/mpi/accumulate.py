@@ -17,8 +17,9 @@ global batch (DESIGN.md invariant 1), and costs what the memory plan says.
    does not become a step), and a tensor may differ by up to 3 times what the M = 1 run
    differs from itself between 1 and 2 threads, when that is more than 1e-5.
 2. From `fsc --mem=json`: the saved activations of M micro-batches are those of the
-   M = 1 plan of one micro-batch (B / M), byte for byte; M = 4's a quarter of M = 1's
-   but for the few that do not scale with the batch.
+   M = 1 plan of one micro-batch (B / M), byte for byte (the micro-batch's rows of the
+   inputs are views; with --slice_views 0, copies that add the tokens' rows); M = 4's a
+   quarter of M = 1's but for the few that do not scale with the batch.
 3. From `fsc --comm`: ddp, zero1 and zero2 send the same bytes per step at every M
    (one reduction per step, after the last micro-batch); fsdp with
    reshard_after_forward 0 too (one gather per step).
@@ -105,14 +106,18 @@ def memory(r):
             for m in (1, 2, 4):
                 saved[m] = mem_json(r, model, m, extra)["saved"]
                 one = mem_json(r, model, 1, extra, ["-D", "B=%d" % (24 // m)])
-                # and the micro-batch's rows of the tokens, which the embedding's backward
-                # reads: half the inputs of that plan (tokens and targets, the same size),
-                # less its 4-byte step counter. The targets' rows are not saved: the fused
-                # loss (passes/xent.c) reads them in the forward only.
+                # The micro-batch's rows of the tokens, which the embedding's backward
+                # reads, are a view of the input (passes/slice_view.c), in no saved bytes;
+                # with --slice_views 0 they are a copy: half the inputs of that plan
+                # (tokens and targets, the same size) less its 4-byte step counter. The
+                # targets' rows are not saved: the fused loss (passes/xent.c) reads them in
+                # the forward only.
+                copies = mem_json(r, model, m, extra + ["--slice_views", "0"])["saved"]
                 rows = (one["inputs"] - 4) // 2 if m > 1 else 0
-                if saved[m] != one["saved"] + rows or not saved[m] > 0:
-                    sys.exit("FAIL %s %s M %d: saved activations %d bytes, but %d + %d in the M = 1 plan of one "
-                             "micro-batch" % (model, " ".join(extra), m, saved[m], one["saved"], rows))
+                if saved[m] != one["saved"] or copies != one["saved"] + rows or not saved[m] > 0:
+                    sys.exit("FAIL %s %s M %d: saved activations %d bytes (%d with the rows copied), but %d (+ %d) in "
+                             "the M = 1 plan of one micro-batch" % (model, " ".join(extra), m, saved[m], copies,
+                                                                    one["saved"], rows))
             if not saved[1] / saved[4] > 3.2 or not saved[1] / saved[2] > 1.8:
                 sys.exit("FAIL %s %s: saved activations at M = 1, 2, 4: %s" % (model, " ".join(extra), saved))
             print("ok   %-5s %-22s saved activations at M = 1, 2, 4: %d, %d, %d bytes (M = 1 / M = 4: %.2f)"
