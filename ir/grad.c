@@ -393,7 +393,8 @@ int grad_attention(GradCtx *c)
     return 0;
 }
 
-/* attention_masked: attention's rule with the mask passed along; the mask (an i32 input) gets no gradient. */
+/* attention_masked: attention's rule with the mask passed along. The mask gets no gradient, boolean or
+ * additive: a float mask computed from params passes them none through here (PyTorch would). */
 int grad_attention_masked(GradCtx *c)
 {
     Attr at = aint("causal", attr_i(c, "causal"));

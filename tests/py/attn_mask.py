@@ -1,16 +1,18 @@
 #!/usr/bin/python3
-"""attention_masked (a key padding mask, BERT's attention_mask) against PyTorch.
+"""attention_masked (a key mask, BERT's attention_mask) against PyTorch.
 
-1. Values and gradients: a model whose params are q [B, NH, T, D], k and v [B, NH, S, D]
+1. Values and gradients: a model whose params are q [B, NH, T, D], k and v [B, NKV, S, D]
    and a random weight r [B, NH, T, Dv], with loss = sum(attention_masked(q, k, v, mask) * r)
-   and mask an i32 [B, S] input read from .npy. fsexec --save-grads then holds d loss / d r
-   (the attention output itself) and dq, dk, dv. The reference is PyTorch's
-   scaled_dot_product_attention in float64 with the boolean attn_mask (mask[b, j] != 0,
-   and under causal also j <= i). Batch items: all keys, the last keys padded, random
-   holes, and every key masked; that last item's rows see no key, where SDPA gives NaN
+   and mask an i32 [B, S] (boolean) or f32 [B, S] (additive) input read from .npy.
+   fsexec --save-grads then holds d loss / d r (the attention output itself) and dq, dk, dv.
+   The reference is PyTorch's scaled_dot_product_attention in float64 with the boolean
+   attn_mask (mask[b, j] != 0, and under causal also j <= i), or the float one (the mask's
+   values, -inf above the diagonal under causal), k and v repeat_interleave'd when NKV < NH.
+   Batch items: all keys, the last keys padded, random holes (additive: random biases
+   besides), and every key masked; that last item's rows see no key, where SDPA gives NaN
    and fsexec gives output 0 and gradient 0 (docs/language.md), checked exactly. Odd
    shapes: causal T = S = 70 (two query tiles), not causal T = 37, S = 29; fp32 (1e-5 of
-   the largest value) and bf16 (3e-2).
+   the largest value) and bf16 (3e-2; the additive mask itself rounded to bf16).
 2. Central differences of fsexec's own fp32 loss for a few elements of q, k and v.
 3. A tiny BERT-like encoder (non-causal, post-LN, CLS pooling) on .npy tokens, labels and
    a padding mask trains 4 AdamW steps like its PyTorch reference (losses and weights), with
@@ -18,12 +20,20 @@
    step 0 equals PyTorch's loss on the same batch.
 
 4. (--emu LIBFS_CUDAEMU) The CUDA kernels (codegen/kernels/attention_f32.cuh with the mask) on the
-   cuda-emu backend against the CPU backend: case 1's plans, causal and not, fp32 and bf16, one
-   step each; the output and dq, dk, dv within 1e-5 (fp32) or 1e-2 (bf16, where the kernels round
-   their outputs once as the CPU does, in a different summation order) of the largest value, the
-   fully masked item exactly 0 on both.
+   cuda-emu backend against the CPU backend: case 1's plans (D != Dv: the f32 kernels in every
+   precision), causal and not, boolean and additive, fp32 and bf16, one step each; the output and
+   dq, dk, dv within 1e-5 (fp32) or 1e-2 (bf16, where the kernels round their outputs once as the
+   CPU does, in a different summation order) of the largest value, the fully masked item exactly 0
+   on both.
+5. (--emu-shapes LIBFS_CUDAEMU) D = Dv: the tensor-core kernels (flash.cuh, flash_bwd.cuh) in bf16
+   and fp16, the f32 ones in fp32, on T = 37 (S = 29 when not causal), head dims 24 and 64, NKV = 1
+   (grouped: 2 query heads a kv head) and NKV = NH, boolean and additive masks with a fully masked
+   item: cuda-emu against the CPU backend (tolerances as in 4) and the CPU against SDPA; the
+   plan's kernels are checked to be the ones meant (attention_tc / attention_bwd_tc in 16 bits),
+   and one backward run with the blocks in forward order and one in reverse give the same bits.
 
-usage: attn_mask.py FSC FSEXEC [--emu LIBFS_CUDAEMU]   (Debian's /usr/bin/python3 with torch and numpy)
+usage: attn_mask.py FSC FSEXEC [--emu LIBFS_CUDAEMU | --emu-shapes LIBFS_CUDAEMU]
+(Debian's /usr/bin/python3 with torch and numpy)
 """
 import json
 import math
@@ -49,11 +59,11 @@ from models import heads, layernorm, load_safetensors, merge_heads, save_safeten
 B, NH, D, DV = 4, 2, 16, 8
 MODEL = """
 model am {{
-  dim B = {B}, NH = {NH}, T = {T}, S = {S}, D = {D}, DV = {DV};
-  input mask: i32[B, S];
+  dim B = {B}, NH = {NH}, NKV = {NKV}, T = {T}, S = {S}, D = {D}, DV = {DV};
+  input mask: {mdt}[B, S];
   param q: [B, NH, T, D] = normal(1);
-  param k: [B, NH, S, D] = normal(1);
-  param v: [B, NH, S, DV] = normal(0.5, 1);
+  param k: [B, NKV, S, D] = normal(1);
+  param v: [B, NKV, S, DV] = normal(0.5, 1);
   param r: [B, NH, T, DV] = normal(1);
   loss = sum(sum(sum(sum(attention_masked(q, k, v, mask{causal}) * r))));
 }}
@@ -72,99 +82,168 @@ def losses(path, key="loss"):
         return [json.loads(line)[key] for line in f if line.strip() and key in json.loads(line)]
 
 
-def make_mask(S, causal):
+def make_mask(S, causal, additive=False):
+    """i32 (boolean) or, additive, f32: random biases where the boolean one attends, -inf where it masks."""
     m = np.ones((B, S), np.int32)
     m[1, S - 7:] = 0                          # right padding
     holes = np.random.default_rng(S).random(S) < 0.3
     holes[0] = False                          # causal row 0 keeps a key
     m[2, holes] = 0                           # holes anywhere
     m[3, :] = 0                               # every key masked
-    return m
+    if not additive:
+        return m
+    bias = np.random.default_rng(S + 1).normal(0, 1.5, (B, S)).astype(np.float32)
+    return np.where(m != 0, bias, np.float32(-np.inf)).astype(np.float32)
 
 
 def sdpa(q, k, v, attn_mask):
-    """PyTorch's scaled_dot_product_attention with a boolean attn_mask (True = attend); Debian's torch may
-    predate it, so where it lacks it, its documented math: masked_fill(-inf), softmax, times v."""
+    """PyTorch's scaled_dot_product_attention with a boolean (True = attend) or float (added) attn_mask;
+    Debian's torch may predate it, so where it lacks it, its documented math: masked_fill(-inf) or +,
+    softmax, times v."""
     if hasattr(F, "scaled_dot_product_attention"):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-    s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~attn_mask, float("-inf"))
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
     return torch.softmax(s, dim=-1) @ v
 
 
-def allowed(mask, T, S, causal):
-    a = torch.from_numpy(mask != 0)[:, None, None, :].expand(B, NH, T, S)
-    if causal:
-        a = a & torch.ones(T, S, dtype=torch.bool).tril()
-    return a
+def allowed(mask, T, S, causal, nh=NH):
+    """SDPA's attn_mask for fsexec's mask: boolean for an i32 one, float64 (-inf above the diagonal
+    under causal) for an additive one."""
+    tril = torch.ones(T, S, dtype=torch.bool).tril()
+    if mask.dtype != np.int32:
+        a = torch.from_numpy(mask).to(torch.float64)[:, None, None, :].expand(B, nh, T, S)
+        return a.masked_fill(~tril, float("-inf")) if causal else a
+    a = torch.from_numpy(mask != 0)[:, None, None, :].expand(B, nh, T, S)
+    return a & tril if causal else a
 
 
 def reference(p, mask, causal):
-    """SDPA with the boolean mask on the items that see a key; item 3 sees none."""
+    """SDPA with the mask on the items that see a key; item 3 sees none. k and v repeat_interleave'd
+    to q's heads (grouped-query attention), their gradients summed back by autograd."""
     q, k, v, r = (p[n][:3].to(torch.float64).requires_grad_(True) for n in ("q", "k", "v", "r"))
-    T, S = q.shape[2], k.shape[2]
-    out = sdpa(q, k, v, allowed(mask, T, S, causal)[:3])
+    T, S, g = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
+    out = sdpa(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), allowed(mask, T, S, causal, q.shape[1])[:3])
     (out * r).sum().backward()
     return {"r": out.detach(), "q": q.grad, "k": k.grad, "v": v.grad}
 
 
-def emulated(fsexec, wd, data, emu, tol, tag):
-    """Case 1's plan (am.plan, whose CPU gradients are g.safetensors) on the cuda-emu backend."""
-    env = dict(os.environ, FS_CUDA_BACKEND=emu, FS_CUDA_EMU_CACHE=os.path.join(wd, "emu-cache"))
-    p = subprocess.run([fsexec, "am.plan", "--device", "cuda", "--steps", "1", "--save-grads", "ge.safetensors",
-                        *data], cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=600)
-    if p.returncode:
-        sys.exit(f"attn_mask.py: FAIL: fsexec --device cuda (cuda-emu) exited {p.returncode}:\n{p.stdout[-3000:]}")
-    cpu = load_safetensors(os.path.join(wd, "g.safetensors"), torch.float64)
-    dev = load_safetensors(os.path.join(wd, "ge.safetensors"), torch.float64)
+def compare(got, want, tol, tag, what, items=slice(None)):
+    """got against want (dicts of r, q, k, v): max |a - b| / max |b| per tensor, and item 3 (every key
+    masked) of got exactly 0. The failures' names."""
     fails = []
     for name, label in (("r", "output"), ("q", "dq"), ("k", "dk"), ("v", "dv")):
-        err = ((dev[name] - cpu[name]).abs().max() / cpu[name].abs().max()).item()
-        dead = dev[name][3].abs().max().item()
+        a, b = got[name][items], want[name]
+        err = ((a - b).abs().max() / b.abs().max()).item() if a.shape == b.shape else float("inf")
+        dead = got[name][3].abs().max().item()
         ok = err <= tol and dead == 0.0
-        print(f"{'ok  ' if ok else 'FAIL'} {tag:20} {label:6} cuda-emu against the CPU backend: {err:.2e} "
-              f"(tol {tol:g}); fully masked item: max |.| = {dead:g}")
+        print(f"{'ok  ' if ok else 'FAIL'} {tag:34} {label:6} {what}: {err:.2e} (tol {tol:g}); "
+              f"fully masked item: max |.| = {dead:g}")
         if not ok:
-            fails.append(f"cuda-emu {tag} {label}")
+            fails.append(f"{tag} {label}")
     return fails
+
+
+def emu_grads(fsexec, wd, data, emu, out, order=None):
+    """One step of am.plan on the cuda-emu backend (blocks and threads in `order`: both by default), its
+    gradients saved to out."""
+    env = dict(os.environ, FS_CUDA_BACKEND=emu, FS_CUDA_EMU_CACHE=os.path.join(wd, "emu-cache"))
+    if order:
+        env["FS_CUDA_EMU_ORDER"] = order
+    p = subprocess.run([fsexec, "am.plan", "--device", "cuda", "--steps", "1", "--save-grads", out, *data], cwd=wd,
+                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
+    if p.returncode:
+        sys.exit(f"attn_mask.py: FAIL: fsexec --device cuda (cuda-emu) exited {p.returncode}:\n{p.stdout[-3000:]}")
+    return load_safetensors(os.path.join(wd, out), torch.float64)
+
+
+def emulated(fsexec, wd, data, emu, tol, tag):
+    """Case 1's plan (am.plan, whose CPU gradients are g.safetensors) on the cuda-emu backend."""
+    dev = emu_grads(fsexec, wd, data, emu, "ge.safetensors")
+    cpu = load_safetensors(os.path.join(wd, "g.safetensors"), torch.float64)
+    return compare(dev, cpu, tol, tag, "cuda-emu against the CPU backend")
+
+
+def write_model(wd, T, S, causal, mask, nkv=NH, d=D, dv=DV):
+    with open(os.path.join(wd, "am.fsm"), "w") as f:
+        f.write(MODEL.format(B=B, NH=NH, NKV=nkv, T=T, S=S, D=d, DV=dv, causal=", causal" if causal else "",
+                             mdt="i32" if mask.dtype == np.int32 else "f32"))
+
+
+def cpu_step(fsc, fsexec, wd, prec, seed, data):
+    """am.fsm compiled in prec, its initial weights and one CPU step's gradients (g.safetensors)."""
+    run([fsc, "am.fsm", "-q", "-o", "am.plan", "--precision", prec, "--seed", str(seed)], wd)
+    run([fsexec, "am.plan", "--steps", "0", "--save-weights", "w.safetensors"], wd)
+    run([fsexec, "am.plan", "--steps", "1", "--save-grads", "g.safetensors", "--log", "g.jsonl", *data], wd)
+    w = load_safetensors(os.path.join(wd, "w.safetensors"), torch.float64)
+    return w, load_safetensors(os.path.join(wd, "g.safetensors"), torch.float64)
+
+
+def mask_data(wd, mask):
+    np.save(os.path.join(wd, "mask.npy"), mask)
+    return ["--data", "mask=" + os.path.join(wd, "mask.npy"), "--data-order", "sequential", "--threads", "2"]
 
 
 def values_and_grads(fsc, fsexec, wd, emu):
     fails, n = [], 0
     for causal in (1, 0):
         T, S = (70, 70) if causal else (37, 29)
-        mask = make_mask(S, causal)
-        np.save(os.path.join(wd, "mask.npy"), mask)
-        data = ["--data", "mask=" + os.path.join(wd, "mask.npy"), "--data-order", "sequential", "--threads", "2"]
-        for prec, tol in (("fp32", 1e-5), ("bf16", 3e-2)):
-            tag = f"{'causal T=S=70' if causal else 'T=37 S=29'} {prec}"
-            with open(os.path.join(wd, "am.fsm"), "w") as f:
-                f.write(MODEL.format(B=B, NH=NH, T=T, S=S, D=D, DV=DV, causal=", causal" if causal else ""))
-            run([fsc, "am.fsm", "-q", "-o", "am.plan", "--precision", prec, "--seed", str(11 + causal)], wd)
-            run([fsexec, "am.plan", "--steps", "0", "--save-weights", "w.safetensors"], wd)
-            run([fsexec, "am.plan", "--steps", "1", "--save-grads", "g.safetensors", "--log", "g.jsonl", *data], wd)
-            w = load_safetensors(os.path.join(wd, "w.safetensors"), torch.float64)
-            got = load_safetensors(os.path.join(wd, "g.safetensors"), torch.float64)
-            want = reference(w, mask, causal)
-            for name, label in (("r", "output"), ("q", "dq"), ("k", "dk"), ("v", "dv")):
-                a, b = got[name][:3], want[name]
-                err = ((a - b).abs().max() / b.abs().max()).item() if a.shape == b.shape else float("inf")
-                dead = got[name][3].abs().max().item()  # every key masked: exactly 0
-                ok = err <= tol and dead == 0.0
-                n += 1
-                print(f"{'ok  ' if ok else 'FAIL'} {tag:20} {label:6} max|fs - sdpa| / max|sdpa| = {err:.2e} "
-                      f"(tol {tol:g}); fully masked item: max |.| = {dead:g}")
-                if not ok:
-                    fails.append(f"{tag} {label}")
-            if prec == "fp32" and not causal:
-                fails += finite_differences(fsexec, wd, data, w, got)
-                n += 1
-            if emu:
-                fails += emulated(fsexec, wd, data, emu, 1e-5 if prec == "fp32" else 1e-2, tag)
+        for additive in (False, True):
+            mask = make_mask(S, causal, additive)
+            data = mask_data(wd, mask)
+            write_model(wd, T, S, causal, mask)
+            for prec, tol in (("fp32", 1e-5), ("bf16", 3e-2)):
+                tag = f"{'causal T=S=70' if causal else 'T=37 S=29'} {'additive' if additive else 'boolean'} {prec}"
+                w, got = cpu_step(fsc, fsexec, wd, prec, 11 + causal, data)
+                fails += compare(got, reference(w, mask, causal), tol, tag, "max|fs - sdpa| / max|sdpa|", slice(0, 3))
                 n += 4
+                if prec == "fp32" and not causal:
+                    fails += finite_differences(fsexec, wd, data, w, got)
+                    n += 1
+                if emu:
+                    fails += emulated(fsexec, wd, data, emu, 1e-5 if prec == "fp32" else 1e-2, tag)
+                    n += 4
     if fails:
         sys.exit("attn_mask.py: FAIL: " + ", ".join(fails))
-    print(f"ok   values and gradients: {n} checks against SDPA with a boolean mask")
+    print(f"ok   values and gradients: {n} checks against SDPA with boolean and additive masks")
+
+
+# Case 5's plans: (precision, head dim, NKV, causal, additive); every value of each meets the others'.
+SHAPES = (("bf16", 64, 1, 1, False), ("bf16", 24, NH, 0, True), ("bf16", 64, 1, 0, True),
+          ("fp16", 24, NH, 1, True), ("fp16", 64, 1, 0, False), ("fp16", 64, NH, 1, False),
+          ("fp32", 24, 1, 1, True), ("fp32", 64, NH, 0, False))
+
+
+def emulated_shapes(fsc, fsexec, wd, emu):
+    fails, n, T = [], 0, 37
+    for prec, hd, nkv, causal, additive in SHAPES:
+        S = T if causal else 29
+        mask = make_mask(S, causal, additive)
+        data = mask_data(wd, mask)
+        write_model(wd, T, S, causal, mask, nkv, hd, hd)
+        tag = f"T={T} S={S} hd={hd} NKV={nkv} {'causal ' if causal else ''}{'additive' if additive else 'boolean'} {prec}"
+        w, cpu = cpu_step(fsc, fsexec, wd, prec, 5 + hd + nkv, data)
+        fails += compare(cpu, reference(w, mask, causal), 1e-5 if prec == "fp32" else 3e-2, tag, "CPU against SDPA",
+                         slice(0, 3))
+        launches = run([fsc, "am.fsm", "-q", "--precision", prec, "--kernels"], wd)
+        tc = "attention_tc" in launches and "attention_bwd_tc" in launches
+        print(f"{'ok  ' if tc == (prec != 'fp32') else 'FAIL'} {tag:34} runs on the "
+              f"{'tensor-core' if tc else 'f32'} kernels")
+        if tc != (prec != "fp32"):
+            fails.append(f"{tag}: the {'tensor-core' if tc else 'f32'} kernels:\n{launches}")
+        dev = emu_grads(fsexec, wd, data, emu, "ge.safetensors", "forward")
+        fails += compare(dev, cpu, 1e-5 if prec == "fp32" else 1e-2, tag, "cuda-emu against the CPU backend")
+        n += 9
+        if n == 9:  # the first plan (bf16, grouped, causal): the blocks in reverse order give the same bits
+            rev = emu_grads(fsexec, wd, data, emu, "gr.safetensors", "reverse")
+            same = all(torch.equal(dev[k], rev[k]) for k in ("q", "k", "v", "r"))
+            print(f"{'ok  ' if same else 'FAIL'} {tag:34} backward with the blocks in reverse order: same bits")
+            if not same:
+                fails.append(f"{tag}: two backward runs differ")
+            n += 1
+    if fails:
+        sys.exit("attn_mask.py: FAIL: " + ", ".join(fails))
+    print(f"ok   tensor-core and f32 kernels with masks: {n} checks")
 
 
 def finite_differences(fsexec, wd, data, w, got):
@@ -283,11 +362,15 @@ def bert_training(fsc, fsexec, wd):
 
 
 def main():
-    if len(sys.argv) not in (3, 5) or len(sys.argv) == 5 and sys.argv[3] != "--emu":
-        sys.exit("usage: attn_mask.py FSC FSEXEC [--emu LIBFS_CUDAEMU]")
+    if len(sys.argv) not in (3, 5) or len(sys.argv) == 5 and sys.argv[3] not in ("--emu", "--emu-shapes"):
+        sys.exit("usage: attn_mask.py FSC FSEXEC [--emu LIBFS_CUDAEMU | --emu-shapes LIBFS_CUDAEMU]")
     fsc, fsexec = (os.path.abspath(a) for a in sys.argv[1:3])
     emu = os.path.abspath(sys.argv[4]) if len(sys.argv) == 5 else None
     with tempfile.TemporaryDirectory(prefix="fs-attn-mask-") as wd:
+        if emu and sys.argv[3] == "--emu-shapes":
+            emulated_shapes(fsc, fsexec, wd, emu)
+            print("attn_mask.py: all passed")
+            return
         values_and_grads(fsc, fsexec, wd, emu)
         if not emu:  # the emulated run checks the kernels; the encoder's training is the CPU run's
             bert_training(fsc, fsexec, wd)
