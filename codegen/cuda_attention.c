@@ -16,7 +16,8 @@
  *   boolean (masked keys score -inf), or float, additive (added to the scaled scores; -inf
  *   masks); a row that sees no key gives o = 0 and lse = -inf, and no gradient (the CPU
  *   kernel's rule).
- * attention_qkv(qkv, nh, nkv, causal) and its backward run the same kernels with the heads
+ * attention_qkv(qkv, nh, nkv, causal) and its backward (and attention_qkv_masked's, with the
+ * mask input 1) run the same kernels with the heads
  * read as column ranges of the QKV projection's rows (CuAtt's layouts; passes/packed_attn.c):
  * every address is a layout's (FsAttLay, codegen/kernels/attn_layout.cuh), and q, k, v (dq,
  * dk, dv) are one tensor at three column offsets.
@@ -207,17 +208,22 @@ int cuda_attention(CuCtx *c)
     return att_shape(c, "attention", &a) || forward(c, &a, "attention") ? -1 : 0;
 }
 
-/* attention_masked(q, k, v, mask, causal) -> o, lse: attention's geometry, and the [B, S] mask's rows
- * (i32: boolean; float: additive) each read by mper = BH / B query slices. */
-static int masked_shape(CuCtx *c, const char *op, Att *a)
+/* The [B, S] key mask (input i; i32: boolean, float: additive) of a's geometry, each row read by mper = BH / B
+ * query slices. */
+static int att_mask(CuCtx *c, const char *op, Att *a, int i)
 {
-    if (att_shape(c, op, a)) return -1;
-    const Value *m = cu_inv(c, 3);
+    const Value *m = cu_inv(c, i);
     if ((m->dtype != DT_I32 && !dtype_is_float(m->dtype)) || m->rank != 2 || m->shape[1] != a->S ||
         m->shape[0] < 1 || a->BH % m->shape[0])
         return cu_fail(c, "%s: the mask must be i32 or float [B, S]", op);
-    a->mper = a->BH / m->shape[0], a->in_mask = 3;
+    a->mper = a->BH / m->shape[0], a->in_mask = i;
     return 0;
+}
+
+/* attention_masked(q, k, v, mask, causal) -> o, lse: attention's geometry and the mask (input 3). */
+static int masked_shape(CuCtx *c, const char *op, Att *a)
+{
+    return att_shape(c, op, a) || att_mask(c, op, a, 3) ? -1 : 0;
 }
 
 int cuda_attention_masked(CuCtx *c)
@@ -233,6 +239,14 @@ int cuda_attention_qkv(CuCtx *c)
 {
     Att a = {0};
     return packed_geometry(c, "attention_qkv", &a, 0) || forward(c, &a, "attention_qkv") ? -1 : 0;
+}
+
+/* attention_qkv_masked(qkv, mask, nh, nkv, causal) -> o, lse: attention_qkv's geometry, the mask input 1 */
+int cuda_attention_qkv_masked(CuCtx *c)
+{
+    Att a = {0};
+    const char *op = "attention_qkv_masked";
+    return packed_geometry(c, op, &a, 0) || att_mask(c, op, &a, 1) || forward(c, &a, op) ? -1 : 0;
 }
 
 /* attention_decode(q, k, v, kcache, vcache, pos) -> o: k's and v's rows into the caches
@@ -338,6 +352,16 @@ int cuda_attention_qkv_bwd(CuCtx *c)
 {
     Att a = {0};
     return packed_geometry(c, "attention_qkv_bwd", &a, 1) || backward(c, &a) ? -1 : 0;
+}
+
+/* attention_qkv_masked_bwd(qkv, mask, o, lse, dout, nh, nkv, causal) -> dqkv */
+int cuda_attention_qkv_masked_bwd(CuCtx *c)
+{
+    Att a = {0};
+    const char *op = "attention_qkv_masked_bwd";
+    if (packed_geometry(c, op, &a, 1) || att_mask(c, op, &a, 1)) return -1;
+    a.in_o = 2, a.in_lse = 3, a.in_dout = 4;
+    return backward(c, &a);
 }
 
 /* attention_masked_bwd(q, k, v, mask, o, lse, dout, causal) -> dq, dk, dv */

@@ -404,6 +404,16 @@ int grad_attention_masked(GradCtx *c)
     return 0;
 }
 
+/* attention_qkv's rule with attention_masked's mask passed along (it gets no gradient). */
+int grad_attention_qkv_masked(GradCtx *c)
+{
+    Attr at[3] = {aint("nh", attr_i(c, "nh")), aint("nkv", attr_i(c, "nkv")), aint("causal", attr_i(c, "causal"))};
+    int in[5] = {in_of(c, 0), in_of(c, 1), out_of(c, 0), out_of(c, 1), c->dout[0]};
+    int n = emit_node(c, OP_attention_qkv_masked_bwd, in, 5, at, 3);
+    route(c, n, (int[]){0}, 1);
+    return 0;
+}
+
 /* attention's rule on the packed layout: one gradient, laid out as qkv. */
 int grad_attention_qkv(GradCtx *c)
 {

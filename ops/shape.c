@@ -676,6 +676,24 @@ int shape_attention_masked(ShapeCtx *c)
     return 0;
 }
 
+/* attention_qkv_masked(qkv [B, T, W], mask [B, T], nh, nkv, causal): attention_qkv's rule, and attention_masked's
+ * mask (one row of the T keys per batch item; i32 or qkv's float dtype). */
+int shape_attention_qkv_masked(ShapeCtx *c)
+{
+    if (want_inputs(c, 2)) return -1;
+    const OpType *x = &c->in[0], *m = &c->in[1];
+    char tx[192], tm[192];
+    ShapeCtx a = *c;
+    a.n_in = 1;
+    if (shape_attention_qkv(&a)) return -1;
+    if (x->rank != 3 || (m->dtype != DT_I32 && m->dtype != x->dtype) || m->rank != 2 || m->shape[0] != x->shape[0] ||
+        m->shape[1] != x->shape[1])
+        return shape_fail(c, "attention_qkv_masked: mask %s must be i32 or %s [B, T] for qkv %s [B, T, W]",
+                          TYPE(m, tm), dtype_name(x->dtype), TYPE(x, tx));
+    c->out[0] = a.out[0], c->out[1] = a.out[1];
+    return 0;
+}
+
 /* attention_qkv(qkv [..., T, (nh + 2 nkv) D], nh, nkv, causal) -> o [..., T, nh D] and the
  * f32 row log-sum-exp [..., nh, T]: attention of the heads a row of qkv holds side by side
  * (q heads, then k heads, then v heads; passes/packed_attn.c), o's heads side by side. */

@@ -299,6 +299,7 @@ int rt_input_sentinel(const Plan *p, int32_t input, int64_t *value)
 static int mask_slot(const char *op)
 {
     OpKind kind = op_lookup(op);
+    if (kind == OP_attention_qkv_masked || kind == OP_attention_qkv_masked_bwd) return 1;
     return kind == OP_attention_masked || kind == OP_attention_masked_bwd ? 3 : -1;
 }
 

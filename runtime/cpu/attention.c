@@ -82,6 +82,17 @@ typedef struct {
     int64_t mper;
 } Att;
 
+/* The mask m ([B, S]) of the B batch items whose slices are a's BH: i32 boolean, f32 additive. */
+static void att_mask(Att *a, const KTensor *m)
+{
+    KCHECK((m->dtype == KT_I32 || m->dtype == KT_F32) && m->rank == 2 && m->shape[1] == a->S &&
+               a->BH % m->shape[0] == 0,
+           "attention_masked: the mask must be i32 or f32 [B, S]");
+    if (m->dtype == KT_I32) a->mask = idata(m);
+    else a->bias = fdata(m);
+    a->mper = a->BH / m->shape[0];
+}
+
 /* masked: input 3 is attention_masked's mask (o, lse, dout follow it). */
 static void att_init(Att *a, const KCall *k, int causal, int masked)
 {
@@ -105,23 +116,16 @@ static void att_init(Att *a, const KCall *k, int causal, int masked)
     a->lq = lay_dense(a->T, a->D), a->lk = lay_dense(a->S, a->D), a->lv = lay_dense(a->S, a->Dv);
     a->lo = lay_dense(a->T, a->Dv);
     a->mask = NULL, a->bias = NULL, a->mper = 1;
-    if (masked) {
-        const KTensor *m = &k->in[3];
-        KCHECK((m->dtype == KT_I32 || m->dtype == KT_F32) && m->rank == 2 && m->shape[1] == a->S &&
-                   a->BH % m->shape[0] == 0,
-               "attention_masked: the mask must be i32 or f32 [B, S]");
-        if (m->dtype == KT_I32) a->mask = idata(m);
-        else a->bias = fdata(m);
-        a->mper = a->BH / m->shape[0];
-    }
+    if (masked) att_mask(a, &k->in[3]);
 }
 
 /* attention_qkv's geometry: qkv (input 0) [..., T, (nh + 2 nkv) D], attributes nh, nkv, causal at
- * k->attr[at..]; o and dout [..., T, nh D]. */
-static void att_init_packed(Att *a, const KCall *k, int at)
+ * k->attr[at..]; o and dout [..., T, nh D]. masked: input 1 is attention_qkv_masked's mask. */
+static void att_init_packed(Att *a, const KCall *k, int at, int masked)
 {
     const KTensor *x = &k->in[0];
-    for (int i = 0; i < k->n_in; i++) KCHECK(k->in[i].dtype == KT_F32, "attention_qkv: unsupported dtype");
+    for (int i = 0; i < k->n_in; i++)
+        KCHECK(k->in[i].dtype == KT_F32 || (masked && i == 1), "attention_qkv: unsupported dtype");
     int64_t nh = k_int(k, at), nkv = k_int(k, at + 1), T = x->shape[x->rank - 2], W = x->shape[x->rank - 1];
     KCHECK(nh >= 1 && nkv >= 1 && nh % nkv == 0 && W % (nh + 2 * nkv) == 0, "attention_qkv: bad heads");
     int64_t D = W / (nh + 2 * nkv), B = x->numel / (T * W);
@@ -131,6 +135,7 @@ static void att_init_packed(Att *a, const KCall *k, int at)
     a->lq = (Lay){nh, T * W, D, W}, a->lk = (Lay){nkv, T * W, D, W}, a->lv = a->lk;
     a->lo = (Lay){nh, T * nh * D, D, nh * D};
     a->q = fdata(x), a->k = a->q + nh * D, a->v = a->k + nkv * D;
+    if (masked) att_mask(a, &k->in[1]);
 }
 
 /* Rows i0 .. i0 + n - 1 of slice s of a tensor of layout l, `width` elements each, to 0. */
@@ -458,7 +463,7 @@ void cpu_attention_qkv(const KCall *k)
         return;
     }
     Att a;
-    att_init_packed(&a, k, 1);
+    att_init_packed(&a, k, 1, 0);
     a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
     fwd_all(&a);
 }
@@ -470,8 +475,41 @@ void cpu_attention_qkv_bwd(const KCall *k)
         return;
     }
     Att a;
-    att_init_packed(&a, k, 4);
+    att_init_packed(&a, k, 4, 0);
     a.o = fdata(&k->in[1]), a.lse = fdata(&k->in[2]), a.dout = fdata(&k->in[3]);
+    a.dq = fdata(&k->out[0]), a.dk = a.dq + a.lq.nh * a.D, a.dv = a.dk + a.lk.nh * a.D;
+    bwd_all(&a);
+}
+
+/* attention_qkv_masked(qkv, mask, nh, nkv, causal) -> o, lse; its backward (qkv, mask, o, lse, dout) -> dqkv:
+ * attention_qkv's, by batch items, with the mask's row of each (an i32 one as it is, a 16-bit one staged). */
+static const Slabs ATTENTION_QKV_MASKED = {{2, 1, 2, 2}, -1};
+static const Slabs ATTENTION_QKV_MASKED_BWD = {{2, 1, 2, 2, 2, 2}, -1};
+
+CpuWork cpu_work_attention_qkv_masked(const KCall *k) { return slab_work(k, &ATTENTION_QKV_MASKED); }
+CpuWork cpu_work_attention_qkv_masked_bwd(const KCall *k) { return slab_work(k, &ATTENTION_QKV_MASKED_BWD); }
+
+void cpu_attention_qkv_masked(const KCall *k)
+{
+    if (lowp_call(k)) {
+        slab_run(k, &ATTENTION_QKV_MASKED, cpu_attention_qkv_masked);
+        return;
+    }
+    Att a;
+    att_init_packed(&a, k, 2, 1);
+    a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
+    fwd_all(&a);
+}
+
+void cpu_attention_qkv_masked_bwd(const KCall *k)
+{
+    if (lowp_call(k)) {
+        slab_run(k, &ATTENTION_QKV_MASKED_BWD, cpu_attention_qkv_masked_bwd);
+        return;
+    }
+    Att a;
+    att_init_packed(&a, k, 5, 1);
+    a.o = fdata(&k->in[2]), a.lse = fdata(&k->in[3]), a.dout = fdata(&k->in[4]);
     a.dq = fdata(&k->out[0]), a.dk = a.dq + a.lq.nh * a.D, a.dv = a.dk + a.lk.nh * a.D;
     bwd_all(&a);
 }
