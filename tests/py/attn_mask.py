@@ -25,12 +25,18 @@
    dq, dk, dv within 1e-5 (fp32) or 1e-2 (bf16, where the kernels round their outputs once as the
    CPU does, in a different summation order) of the largest value, the fully masked item exactly 0
    on both.
+   Case 3's encoder is packed (attention_qkv_masked, passes/packed_attn.c): it also trains with
+   pack_attention 0 (attention_masked) to the same losses and weights (1e-6).
 5. (--emu-shapes LIBFS_CUDAEMU) D = Dv: the tensor-core kernels (flash.cuh, flash_bwd.cuh) in bf16
    and fp16, the f32 ones in fp32, on T = 37 (S = 29 when not causal), head dims 24 and 64, NKV = 1
    (grouped: 2 query heads a kv head) and NKV = NH, boolean and additive masks with a fully masked
-   item: cuda-emu against the CPU backend (tolerances as in 4) and the CPU against SDPA; the
-   plan's kernels are checked to be the ones meant (attention_tc / attention_bwd_tc in 16 bits),
-   and one backward run with the blocks in forward order and one in reverse give the same bits.
+   item, the loss a cross-entropy over the output's rows (f32 in fp16 too, whose 2^16 loss scale
+   would overflow a 16-bit loss's backward): dq, dk, dv on cuda-emu against the CPU backend (1e-5,
+   16 bits 1e-2) and the CPU's against SDPA (1e-5, 3e-2); the plan's
+   kernels are checked to be the ones meant (attention_tc / attention_bwd_tc in 16 bits), and one
+   backward run with the blocks in forward order and one in reverse give the same bits. Then case
+   3's encoder in bf16 and fp16, packed and not: cuda-emu's step-1 gradients against the CPU's, and
+   packed against unpacked (1e-2).
 
 usage: attn_mask.py FSC FSEXEC [--emu LIBFS_CUDAEMU | --emu-shapes LIBFS_CUDAEMU]
 (Debian's /usr/bin/python3 with torch and numpy)
@@ -65,7 +71,7 @@ model am {{
   param k: [B, NKV, S, D] = normal(1);
   param v: [B, NKV, S, DV] = normal(0.5, 1);
   param r: [B, NH, T, DV] = normal(1);
-  loss = {red}({red}({red}({red}(attention_masked(q, k, v, mask{causal}) * r))));
+  loss = sum(sum(sum(sum(attention_masked(q, k, v, mask{causal}) * r))));
 }}
 """
 
@@ -118,23 +124,28 @@ def allowed(mask, T, S, causal, nh=NH):
     return a & tril if causal else a
 
 
-def reference(p, mask, causal, mean=False):
-    """SDPA with the mask on the items that see a key; item 3 sees none. k and v repeat_interleave'd
-    to q's heads (grouped-query attention), their gradients summed back by autograd. mean: the loss is
-    the mean over all B items (the gradients of the sum over N elements, divided by N)."""
-    q, k, v, r = (p[n][:3].to(torch.float64).requires_grad_(True) for n in ("q", "k", "v", "r"))
+def reference(p, mask, causal, labels=None):
+    """SDPA with the mask on the items that see a key; item 3 sees none (output 0). k and v
+    repeat_interleave'd to q's heads (grouped-query attention), their gradients summed back by autograd.
+    The loss sum(out * r), or with labels MODEL_CE's cross-entropy."""
+    q, k, v = (p[n][:3].to(torch.float64).requires_grad_(True) for n in ("q", "k", "v"))
     T, S, g = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
     out = sdpa(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), allowed(mask, T, S, causal, q.shape[1])[:3])
-    n = B * p["r"][0].numel() if mean else 1
-    ((out * r).sum() / n).backward()
-    return {"r": out.detach() / n, "q": q.grad, "k": k.grad, "v": v.grad}
+    if labels is None:
+        (out * p["r"][:3].to(torch.float64)).sum().backward()
+        return {"r": out.detach(), "q": q.grad, "k": k.grad, "v": v.grad}
+    full = torch.cat([out, torch.zeros((1, *out.shape[1:]), dtype=out.dtype)])
+    F.cross_entropy(full.reshape(-1, full.shape[-1]), torch.from_numpy(labels).long().reshape(-1)).backward()
+    return {"q": q.grad, "k": k.grad, "v": v.grad}
 
 
 def compare(got, want, tol, tag, what, items=slice(None)):
-    """got against want (dicts of r, q, k, v): max |a - b| / max |b| per tensor, and item 3 (every key
-    masked) of got exactly 0. The failures' names."""
+    """got against want (dicts of r (if any), q, k, v): max |a - b| / max |b| per tensor, and item 3
+    (every key masked) of got exactly 0. The failures' names."""
     fails = []
     for name, label in (("r", "output"), ("q", "dq"), ("k", "dk"), ("v", "dv")):
+        if name not in want:
+            continue
         a, b = got[name][items], want[name]
         err = ((a - b).abs().max() / b.abs().max()).item() if a.shape == b.shape else float("inf")
         dead = got[name][3].abs().max().item()
@@ -146,13 +157,13 @@ def compare(got, want, tol, tag, what, items=slice(None)):
     return fails
 
 
-def emu_grads(fsexec, wd, data, emu, out, order=None):
-    """One step of am.plan on the cuda-emu backend (blocks and threads in `order`: both by default), its
+def emu_grads(fsexec, wd, data, emu, out, order=None, plan="am.plan"):
+    """One step of plan on the cuda-emu backend (blocks and threads in `order`: both by default), its
     gradients saved to out."""
     env = dict(os.environ, FS_CUDA_BACKEND=emu, FS_CUDA_EMU_CACHE=os.path.join(wd, "emu-cache"))
     if order:
         env["FS_CUDA_EMU_ORDER"] = order
-    p = subprocess.run([fsexec, "am.plan", "--device", "cuda", "--steps", "1", "--save-grads", out, *data], cwd=wd,
+    p = subprocess.run([fsexec, plan, "--device", "cuda", "--steps", "1", "--save-grads", out, *data], cwd=wd,
                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
     if p.returncode:
         sys.exit(f"attn_mask.py: FAIL: fsexec --device cuda (cuda-emu) exited {p.returncode}:\n{p.stdout[-3000:]}")
@@ -166,10 +177,10 @@ def emulated(fsexec, wd, data, emu, tol, tag):
     return compare(dev, cpu, tol, tag, "cuda-emu against the CPU backend")
 
 
-def write_model(wd, T, S, causal, mask, nkv=NH, d=D, dv=DV, red="sum"):
+def write_model(wd, T, S, causal, mask, nkv=NH, d=D, dv=DV, model=None):
     with open(os.path.join(wd, "am.fsm"), "w") as f:
-        f.write(MODEL.format(B=B, NH=NH, NKV=nkv, T=T, S=S, D=d, DV=dv, causal=", causal" if causal else "",
-                             mdt="i32" if mask.dtype == np.int32 else "f32", red=red))
+        f.write((model or MODEL).format(B=B, NH=NH, NKV=nkv, T=T, S=S, D=d, DV=dv, causal=", causal" if causal else "",
+                                        mdt="i32" if mask.dtype == np.int32 else "f32"))
 
 
 def cpu_step(fsc, fsexec, wd, prec, seed, data):
@@ -216,16 +227,36 @@ SHAPES = (("bf16", 64, 1, 1, False), ("bf16", 24, NH, 0, True), ("bf16", 64, 1, 
           ("fp32", 24, 1, 1, True), ("fp32", 64, NH, 0, False))
 
 
+# Case 5's model: a cross-entropy over the attention's rows (V = DV classes), whose loss is f32 in every
+# precision, so fp16's step 1 does not overflow (a sum in fp16 seeds its backward with the loss scale 2^16,
+# past fp16's largest number).
+MODEL_CE = """
+model am {{
+  dim B = {B}, NH = {NH}, NKV = {NKV}, T = {T}, S = {S}, D = {D}, DV = {DV};
+  input mask: {mdt}[B, S];
+  input y: i32[B, NH * T];
+  param q: [B, NH, T, D] = normal(1);
+  param k: [B, NKV, S, D] = normal(1);
+  param v: [B, NKV, S, DV] = normal(0.5, 1);
+  loss = cross_entropy(reshape(attention_masked(q, k, v, mask{causal}), [B * NH * T, DV]), reshape(y, [B * NH * T]));
+}}
+"""
+
+
 def emulated_shapes(fsc, fsexec, wd, emu):
     fails, n, T = [], 0, 37
     for prec, hd, nkv, causal, additive in SHAPES:
         S = T if causal else 29
         mask = make_mask(S, causal, additive)
+        labels = np.random.default_rng(hd).integers(0, hd, size=(B, NH * T)).astype(np.int32)
+        np.save(os.path.join(wd, "y.npy"), labels)
         data = mask_data(wd, mask)
-        write_model(wd, T, S, causal, mask, nkv, hd, hd, "mean")  # fp16's loss scale 2^16 times 1 / N: no overflow
-        tag = f"T={T} S={S} hd={hd} NKV={nkv} {'causal ' if causal else ''}{'additive' if additive else 'boolean'} {prec}"
+        data[1] += ",y=" + os.path.join(wd, "y.npy")
+        write_model(wd, T, S, causal, mask, nkv, hd, hd, MODEL_CE)
+        kind = ("causal " if causal else "") + ("additive" if additive else "boolean")
+        tag = f"T={T} S={S} hd={hd} NKV={nkv} {kind} {prec}"
         w, cpu = cpu_step(fsc, fsexec, wd, prec, 5 + hd + nkv, data)
-        fails += compare(cpu, reference(w, mask, causal, True), 1e-5 if prec == "fp32" else 3e-2, tag,
+        fails += compare(cpu, reference(w, mask, causal, labels), 1e-5 if prec == "fp32" else 3e-2, tag,
                          "CPU against SDPA", slice(0, 3))
         launches = run([fsc, "am.fsm", "-q", "--precision", prec, "--kernels"], wd)
         tc = "attention_tc" in launches and "attention_bwd_tc" in launches
@@ -234,18 +265,20 @@ def emulated_shapes(fsc, fsexec, wd, emu):
         if tc != (prec != "fp32"):
             fails.append(f"{tag}: the {'tensor-core' if tc else 'f32'} kernels:\n{launches}")
         dev = emu_grads(fsexec, wd, data, emu, "ge.safetensors", "forward")
-        fails += compare(dev, cpu, 1e-5 if prec == "fp32" else 1e-2, tag, "cuda-emu against the CPU backend")
-        n += 9
-        if n == 9:  # the first plan (bf16, grouped, causal): the blocks in reverse order give the same bits
+        fails += compare(dev, {n: cpu[n] for n in "qkv"}, 1e-5 if prec == "fp32" else 1e-2, tag,
+                         "cuda-emu against the CPU backend")
+        n += 7
+        if n == 7:  # the first plan (bf16, grouped, causal): the blocks in reverse order give the same bits
             rev = emu_grads(fsexec, wd, data, emu, "gr.safetensors", "reverse")
-            same = all(torch.equal(dev[k], rev[k]) for k in ("q", "k", "v", "r"))
+            same = all(torch.equal(dev[k], rev[k]) for k in ("q", "k", "v"))
             print(f"{'ok  ' if same else 'FAIL'} {tag:34} backward with the blocks in reverse order: same bits")
             if not same:
                 fails.append(f"{tag}: two backward runs differ")
             n += 1
+    fails += emulated_packed(fsc, fsexec, wd, emu)
     if fails:
         sys.exit("attn_mask.py: FAIL: " + ", ".join(fails))
-    print(f"ok   tensor-core and f32 kernels with masks: {n} checks")
+    print(f"ok   tensor-core and f32 kernels with masks: {n + 6} checks")
 
 
 def finite_differences(fsexec, wd, data, w, got):
@@ -325,11 +358,9 @@ def bert_training(fsc, fsexec, wd):
     for name, arr in (("tok", tok), ("lab", lab), ("msk", mask)):
         np.save(P(name + ".npy"), arr)
     data = "tokens=%s,labels=%s,mask=%s" % (P("tok.npy"), P("lab.npy"), P("msk.npy"))
-    p = None
-    for rc in ("", 'recompute "attention";'):
-        with open(P("bert.fsm"), "w") as f:
-            f.write(BERT.replace("RECOMPUTE", rc))
-        run([fsc, P("bert.fsm"), "-q", "-o", P("bert.plan")])
+    p, first = None, None
+    for rc, pack in (("", "1"), ('recompute "attention";', "1"), ("", "0")):
+        bert_plan(fsc, wd, "fp32", pack, rc)
         run([fsexec, P("bert.plan"), "--steps", "0", "--save-weights", P("b0.safetensors")])
         run([fsexec, P("bert.plan"), "--data", data, "--data-order", "sequential", "--steps", str(STEPS), "--log",
              P("b.jsonl"), "--save-weights", P("b1.safetensors"), "--threads", "1", "--val-data", data,
@@ -352,7 +383,16 @@ def bert_training(fsc, fsexec, wd):
         final = load_safetensors(P("b1.safetensors"))
         perr = max(rel(final[n].double(), p[n].detach()) for n in p)
         verr = abs(val[0] - val0) / val0 if val else float("inf")
-        what = "selective recompute" if rc else "no recompute"
+        what = ("selective recompute" if rc else "no recompute") + (", packed" if pack == "1" else ", unpacked")
+        if first is None:
+            first = got, final
+        elif pack == "0":  # the same steps as the packed plan's (attention_qkv_masked), to fp32 rounding
+            werr = max(rel(final[n].double(), first[1][n].double()) for n in final)
+            gap = max(abs(a - b) / b for a, b in zip(got, first[0]))
+            print("%s BERT-like encoder unpacked against packed: losses rel %.1e, weights rel %.1e"
+                  % ("ok  " if gap <= 1e-6 and werr <= 1e-6 else "FAIL", gap, werr))
+            if gap > 1e-6 or werr > 1e-6:
+                sys.exit("attn_mask.py: FAIL packed and unpacked plans differ")
         if len(got) != STEPS or lerr > 1e-5 or perr > 1e-5 or verr > 1e-5:
             sys.exit("attn_mask.py: FAIL BERT-like encoder (%s): losses %s, PyTorch %s (rel %.1e); weights rel %.1e; "
                      "val_loss %s vs %.6f" % (what, got, want, lerr, perr, val, val0))
@@ -361,6 +401,49 @@ def bert_training(fsc, fsexec, wd):
         print("ok   BERT-like encoder with a padding mask (%s): %d AdamW steps, losses rel %.1e (%.4f -> %.4f), "
               "weights rel %.1e, val_loss rel %.1e of PyTorch float64" % (what, STEPS, lerr, want[0], want[-1], perr,
                                                                            verr))
+
+
+def bert_plan(fsc, wd, prec, pack, rc=""):
+    """The BERT-like encoder's plan, bert.plan, with pack_attention `pack`; packed, its attention is
+    attention_qkv_masked (passes/packed_attn.c), else attention_masked."""
+    with open(os.path.join(wd, "bert.fsm"), "w") as f:
+        f.write(BERT.replace("RECOMPUTE", rc))
+    args = ["bert.fsm", "-q", "--precision", prec, "--pack_attention", pack]
+    run([fsc, *args, "-o", "bert.plan"], wd)
+    ir = run([fsc, *args, "--emit", "ir"], wd)
+    if ("attention_qkv_masked(" in ir) != (pack == "1") or ("attention_masked(" in ir) != (pack == "0"):
+        sys.exit(f"attn_mask.py: FAIL pack_attention {pack}: the plan's attention is not the one meant:\n{ir}")
+
+
+def emulated_packed(fsc, fsexec, wd, emu):
+    """The BERT-like encoder (head dim 8, right padding) in bf16 and fp16, packed and not: one step's
+    gradients on cuda-emu (the tensor-core kernels, attention_tc) against the CPU backend's."""
+    rng = np.random.default_rng(4)
+    mask = (np.arange(7)[None, :] < rng.integers(2, 8, size=8)[:, None]).astype(np.int32)
+    for name, arr in (("tok", rng.integers(0, 32, size=(8, 7))), ("lab", rng.integers(0, 3, size=8)), ("msk", mask)):
+        np.save(os.path.join(wd, name + ".npy"), arr.astype(np.int32))
+    data = ["--data", "tokens=tok.npy,labels=lab.npy,mask=msk.npy", "--data-order", "sequential", "--steps", "1"]
+    fails = []
+    for prec in ("bf16", "fp16"):
+        grads = {}
+        for pack in ("1", "0"):
+            bert_plan(fsc, wd, prec, pack)
+            run([fsexec, "bert.plan", *data, "--save-grads", "gc.safetensors"], wd)
+            dev = emu_grads(fsexec, wd, data[:-2], emu, "ge.safetensors", "forward", "bert.plan")
+            cpu = load_safetensors(os.path.join(wd, "gc.safetensors"), torch.float64)
+            err = max(((dev[n] - cpu[n]).abs().max() / cpu[n].abs().max()).item() for n in cpu)
+            grads[pack] = dev
+            ok = err <= 1e-2
+            print(f"{'ok  ' if ok else 'FAIL'} BERT-like encoder {prec} {'packed' if pack == '1' else 'unpacked'}: "
+                  f"cuda-emu's gradients against the CPU backend's: {err:.2e} (tol 0.01)")
+            if not ok:
+                fails.append(f"BERT-like {prec} pack {pack}")
+        err = max(((grads["1"][n] - grads["0"][n]).abs().max() / grads["0"][n].abs().max()).item() for n in grads["0"])
+        ok = err <= 1e-2
+        print(f"{'ok  ' if ok else 'FAIL'} BERT-like encoder {prec}: cuda-emu packed against unpacked: {err:.2e}")
+        if not ok:
+            fails.append(f"BERT-like {prec} packed against unpacked")
+    return fails
 
 
 def main():
