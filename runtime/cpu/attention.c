@@ -456,30 +456,35 @@ static const Slabs ATTENTION_QKV_BWD = {{2, 2, 2, 2, 2}, -1};
 CpuWork cpu_work_attention_qkv(const KCall *k) { return slab_work(k, &ATTENTION_QKV); }
 CpuWork cpu_work_attention_qkv_bwd(const KCall *k) { return slab_work(k, &ATTENTION_QKV_BWD); }
 
-void cpu_attention_qkv(const KCall *k)
+/* attention_qkv's forward (masked: attention_qkv_masked's, the mask input 1), its attributes from k->attr[at]. */
+static void packed_fwd(const KCall *k, const Slabs *s, CpuKernel self, int at, int masked)
 {
     if (lowp_call(k)) {
-        slab_run(k, &ATTENTION_QKV, cpu_attention_qkv);
+        slab_run(k, s, self);
         return;
     }
     Att a;
-    att_init_packed(&a, k, 1, 0);
+    att_init_packed(&a, k, at, masked);
     a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
     fwd_all(&a);
 }
 
-void cpu_attention_qkv_bwd(const KCall *k)
+/* Their backward: o, lse, dout follow qkv (and the mask). */
+static void packed_bwd(const KCall *k, const Slabs *s, CpuKernel self, int at, int masked)
 {
     if (lowp_call(k)) {
-        slab_run(k, &ATTENTION_QKV_BWD, cpu_attention_qkv_bwd);
+        slab_run(k, s, self);
         return;
     }
     Att a;
-    att_init_packed(&a, k, 4, 0);
-    a.o = fdata(&k->in[1]), a.lse = fdata(&k->in[2]), a.dout = fdata(&k->in[3]);
+    att_init_packed(&a, k, at, masked);
+    a.o = fdata(&k->in[1 + masked]), a.lse = fdata(&k->in[2 + masked]), a.dout = fdata(&k->in[3 + masked]);
     a.dq = fdata(&k->out[0]), a.dk = a.dq + a.lq.nh * a.D, a.dv = a.dk + a.lk.nh * a.D;
     bwd_all(&a);
 }
+
+void cpu_attention_qkv(const KCall *k) { packed_fwd(k, &ATTENTION_QKV, cpu_attention_qkv, 1, 0); }
+void cpu_attention_qkv_bwd(const KCall *k) { packed_bwd(k, &ATTENTION_QKV_BWD, cpu_attention_qkv_bwd, 4, 0); }
 
 /* attention_qkv_masked(qkv, mask, nh, nkv, causal) -> o, lse; its backward (qkv, mask, o, lse, dout) -> dqkv:
  * attention_qkv's, by batch items, with the mask's row of each (an i32 one as it is, a 16-bit one staged). */
@@ -491,27 +496,12 @@ CpuWork cpu_work_attention_qkv_masked_bwd(const KCall *k) { return slab_work(k, 
 
 void cpu_attention_qkv_masked(const KCall *k)
 {
-    if (lowp_call(k)) {
-        slab_run(k, &ATTENTION_QKV_MASKED, cpu_attention_qkv_masked);
-        return;
-    }
-    Att a;
-    att_init_packed(&a, k, 2, 1);
-    a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
-    fwd_all(&a);
+    packed_fwd(k, &ATTENTION_QKV_MASKED, cpu_attention_qkv_masked, 2, 1);
 }
 
 void cpu_attention_qkv_masked_bwd(const KCall *k)
 {
-    if (lowp_call(k)) {
-        slab_run(k, &ATTENTION_QKV_MASKED_BWD, cpu_attention_qkv_masked_bwd);
-        return;
-    }
-    Att a;
-    att_init_packed(&a, k, 5, 1);
-    a.o = fdata(&k->in[2]), a.lse = fdata(&k->in[3]), a.dout = fdata(&k->in[4]);
-    a.dq = fdata(&k->out[0]), a.dk = a.dq + a.lq.nh * a.D, a.dv = a.dk + a.lk.nh * a.D;
-    bwd_all(&a);
+    packed_bwd(k, &ATTENTION_QKV_MASKED_BWD, cpu_attention_qkv_masked_bwd, 5, 1);
 }
 
 /* ---- rope ------------------------------------------------------------------------- */
