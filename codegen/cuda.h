@@ -184,7 +184,8 @@ typedef struct {
     int packed;
     int64_t koff, voff;
     int in_o, in_lse, in_dout;  // backward: inputs o, lse, dout (forward: -1)
-    int64_t mper;  // attention_masked: query slices per mask row (input 3, i32 [B, S]); else 0
+    int64_t mper;  // attention_masked: query slices per mask row (input in_mask, [B, S]); else 0
+    int in_mask;   // the mask's input: i32 (boolean) or float (additive)
 } CuAtt;
 /* Whether attention (bwd 0) or attention_bwd (bwd 1) of the current node runs on tensor
  * cores: every tensor 16-bit of one dtype, D = Dv a multiple of 8 up to 128, 16-byte
@@ -195,6 +196,10 @@ typedef struct {
  * one: "qkv"), the arguments they pass to a template (k and v at their columns of qkv), and the ids of those
  * tensors followed by n `extra` ones into ids (how many). */
 const char *cu_att_params(CuCtx *c, const CuAtt *a);
+/* attention_masked's mask as a kernel parameter (", const T *__restrict__ mask") and as the last template
+ * argument of its kernels (", MPER": the query slices per mask row); "" for attention without one. */
+const char *cu_att_mask_param(CuCtx *c, const CuAtt *a);
+const char *cu_att_mask_targ(CuCtx *c, const CuAtt *a);
 const char *cu_att_args(CuCtx *c, const CuAtt *a);
 int cu_att_ids(CuCtx *c, const CuAtt *a, int *ids, const int *extra, int n);
 /* The FsAttLay<...> (codegen/kernels/attn_layout.cuh) of layouts q, k, v, o. */

@@ -11,11 +11,13 @@
  *   lse [BH, T] (f32), the log-sum-exp of each row of scores s = q.k / sqrt(D); under
  *   causal (T == S) query i sees keys j <= i. Grouped-query attention: G = BH / BKV
  *   query slices in a row share kv slice bh / G.
- * attention_masked(q, k, v, mask, causal) and its backward: attention's f32 kernels (in every
- *   precision; the tensor-core ones take no mask) with a key padding mask i32 [B, S], slice bh
- *   reading row bh / (BH / B): masked keys score -inf; a row that sees no key gives o = 0 and
- *   lse = -inf, and no gradient (the CPU kernel's rule).
- * attention_qkv(qkv, nh, nkv, causal) and its backward run the same kernels with the heads
+ * attention_masked(q, k, v, mask, causal) and its backward: attention's kernels (tensor cores
+ *   or f32, as for attention) with a key mask [B, S], slice bh reading row bh / (BH / B): i32,
+ *   boolean (masked keys score -inf), or float, additive (added to the scaled scores; -inf
+ *   masks); a row that sees no key gives o = 0 and lse = -inf, and no gradient (the CPU
+ *   kernel's rule).
+ * attention_qkv(qkv, nh, nkv, causal) and its backward (and attention_qkv_masked's, with the
+ * mask input 1) run the same kernels with the heads
  * read as column ranges of the QKV projection's rows (CuAtt's layouts; passes/packed_attn.c):
  * every address is a layout's (FsAttLay, codegen/kernels/attn_layout.cuh), and q, k, v (dq,
  * dk, dv) are one tensor at three column offsets.
@@ -150,8 +152,15 @@ static char *targs(CuCtx *c, const Att *a)
                   (long long)a->S, (long long)a->D, (long long)a->Dv, (long long)a->G, a->causal ? "true" : "false");
 }
 
-/* attention_masked's last template argument (the query slices per mask row), or nothing. */
-static const char *mask_targ(CuCtx *c, const Att *a) { return a->mper ? cu_fmt(c, ", %lld", (long long)a->mper) : ""; }
+const char *cu_att_mask_targ(CuCtx *c, const CuAtt *a)
+{
+    return a->mper ? cu_fmt(c, ", %lld", (long long)a->mper) : "";
+}
+
+const char *cu_att_mask_param(CuCtx *c, const CuAtt *a)
+{
+    return a->mper ? cu_fmt(c, ", %s", cu_pin(c, a->in_mask, "mask")) : "";
+}
 
 /* ---- forward ------------------------------------------------------------------------ */
 
@@ -173,22 +182,22 @@ static int fwd_kernel(CuCtx *c, const Att *a)
                        op, (long long)a->D, (long long)a->Dv, (long long)fwd_smem(a, rpw), SMEM_MAX);
     cu_use(c, "attention_f32.cuh");
     const char *params = cu_fmt(c, "%s, %s, %s%s", cu_att_params(c, a), cu_pout(c, 0, "o"), cu_pout(c, 1, "lse"),
-                                a->mper ? ", const int *__restrict__ mask" : "");
+                                cu_att_mask_param(c, a));
     const char *src = cu_kernel(c, FWD_THREADS, params,
                                 cu_fmt(c, "fs_attf_fwd<%s, %d, %s%s>(%s, o, lse, %s%s)", targs(c, a), rpw,
-                                       cu_att_lay(c, &a->lq, &a->lk, &a->lv, &a->lo), mask_targ(c, a),
+                                       cu_att_lay(c, &a->lq, &a->lk, &a->lv, &a->lo), cu_att_mask_targ(c, a),
                                        cu_att_args(c, a), cu_float(c, a->scale), a->mper ? ", mask" : ""));
     CuDim grid;
     if (cu_grid1(c, a->BH * cu_cdiv(a->T, 4 * rpw), &grid)) return -1;
-    int ids[6], n = cu_att_ids(c, a, ids, (int[]){cu_out_id(c, 0), cu_out_id(c, 1), a->mper ? cu_in_id(c, 3) : -1},
-                               a->mper ? 3 : 2);
+    int mask = a->mper ? cu_in_id(c, a->in_mask) : -1;
+    int ids[6], n = cu_att_ids(c, a, ids, (int[]){cu_out_id(c, 0), cu_out_id(c, 1), mask}, a->mper ? 3 : 2);
     return cu_launch(c, op, src, grid, (CuDim){FWD_THREADS, 1, 1}, 0, ids, n);
 }
 
 static int forward(CuCtx *c, const Att *a, const char *op)
 {
     if (cu_outv(c, 1)->dtype != DT_F32) return cu_fail(c, "%s: lse must be f32", op);
-    if (!a->mper && cu_flash_takes(c, a, 0)) return cu_flash_fwd(c, a);
+    if (cu_flash_takes(c, a, 0)) return cu_flash_fwd(c, a);
     return fwd_kernel(c, a);
 }
 
@@ -199,16 +208,22 @@ int cuda_attention(CuCtx *c)
     return att_shape(c, "attention", &a) || forward(c, &a, "attention") ? -1 : 0;
 }
 
-/* attention_masked(q, k, v, mask, causal) -> o, lse: attention's geometry, and the i32 [B, S] mask's rows
- * each read by mper = BH / B query slices. Always the f32 kernels (the tensor-core ones take no mask). */
+/* The [B, S] key mask (input i; i32: boolean, float: additive) of a's geometry, each row read by mper = BH / B
+ * query slices. */
+static int att_mask(CuCtx *c, const char *op, Att *a, int i)
+{
+    const Value *m = cu_inv(c, i);
+    if ((m->dtype != DT_I32 && !dtype_is_float(m->dtype)) || m->rank != 2 || m->shape[1] != a->S ||
+        m->shape[0] < 1 || a->BH % m->shape[0])
+        return cu_fail(c, "%s: the mask must be i32 or float [B, S]", op);
+    a->mper = a->BH / m->shape[0], a->in_mask = i;
+    return 0;
+}
+
+/* attention_masked(q, k, v, mask, causal) -> o, lse: attention's geometry and the mask (input 3). */
 static int masked_shape(CuCtx *c, const char *op, Att *a)
 {
-    if (att_shape(c, op, a)) return -1;
-    const Value *m = cu_inv(c, 3);
-    if (m->dtype != DT_I32 || m->rank != 2 || m->shape[1] != a->S || m->shape[0] < 1 || a->BH % m->shape[0])
-        return cu_fail(c, "%s: the mask must be i32 [B, S]", op);
-    a->mper = a->BH / m->shape[0];
-    return 0;
+    return att_shape(c, op, a) || att_mask(c, op, a, 3) ? -1 : 0;
 }
 
 int cuda_attention_masked(CuCtx *c)
@@ -224,6 +239,14 @@ int cuda_attention_qkv(CuCtx *c)
 {
     Att a = {0};
     return packed_geometry(c, "attention_qkv", &a, 0) || forward(c, &a, "attention_qkv") ? -1 : 0;
+}
+
+/* attention_qkv_masked(qkv, mask, nh, nkv, causal) -> o, lse: attention_qkv's geometry, the mask input 1 */
+int cuda_attention_qkv_masked(CuCtx *c)
+{
+    Att a = {0};
+    const char *op = "attention_qkv_masked";
+    return packed_geometry(c, op, &a, 0) || att_mask(c, op, &a, 1) || forward(c, &a, op) ? -1 : 0;
 }
 
 /* attention_decode(q, k, v, kcache, vcache, pos) -> o: k's and v's rows into the caches
@@ -291,12 +314,13 @@ static int emit_bwd(CuCtx *c, const Att *a, int tb, int dkdv)
     }
     int n = cu_att_ids(c, a, ids, extra, 4);
     if (dkdv && !a->packed) ids[n++] = cu_out_id(c, 2);
-    if (a->mper) ids[n++] = cu_in_id(c, 3);
-    const char *params = cu_fmt(c, "%s, %s%s", ins, outs, a->mper ? ", const int *__restrict__ mask" : "");
+    if (a->mper) ids[n++] = cu_in_id(c, a->in_mask);
+    const char *params = cu_fmt(c, "%s, %s%s", ins, outs, cu_att_mask_param(c, a));
     const char *src = cu_kernel(c, BWD_THREADS, params,
                                 cu_fmt(c, "fs_attf_%s<%s, %d, %s%s>(%s, o, lse, dout, %s, %s%s)", dkdv ? "dkdv" : "dq",
-                                       targs(c, a), tb, cu_att_lay(c, &a->lq, &a->lk, &a->lv, &a->lo), mask_targ(c, a),
-                                       cu_att_args(c, a), args, cu_float(c, a->scale), a->mper ? ", mask" : ""));
+                                       targs(c, a), tb, cu_att_lay(c, &a->lq, &a->lk, &a->lv, &a->lo),
+                                       cu_att_mask_targ(c, a), cu_att_args(c, a), args, cu_float(c, a->scale),
+                                       a->mper ? ", mask" : ""));
     CuDim grid;
     if (cu_grid1(c, dkdv ? a->BH / a->G * cu_cdiv(a->S, tb) : a->BH * cu_cdiv(a->T, tb), &grid)) return -1;
     return cu_launch(c, "attention_bwd", src, grid, (CuDim){BWD_THREADS, 1, 1}, 0, ids, n);
@@ -306,7 +330,7 @@ static int backward(CuCtx *c, const Att *a0)
 {
     Att a = *a0;
     if (cu_inv(c, a.in_lse)->dtype != DT_F32) return cu_fail(c, "%s: lse must be f32", op_name(cu_node(c)->op));
-    if (!a.mper && cu_flash_takes(c, &a, 1)) return cu_flash_bwd(c, &a);
+    if (cu_flash_takes(c, &a, 1)) return cu_flash_bwd(c, &a);
     int tb = 32;
     while (tb > 4 && (bwd_smem(&a, tb) > SMEM_MAX || tb * (a.D + a.Dv) > 64 * BWD_THREADS)) tb /= 2;
     if (bwd_smem(&a, tb) > SMEM_MAX)
@@ -328,6 +352,16 @@ int cuda_attention_qkv_bwd(CuCtx *c)
 {
     Att a = {0};
     return packed_geometry(c, "attention_qkv_bwd", &a, 1) || backward(c, &a) ? -1 : 0;
+}
+
+/* attention_qkv_masked_bwd(qkv, mask, o, lse, dout, nh, nkv, causal) -> dqkv */
+int cuda_attention_qkv_masked_bwd(CuCtx *c)
+{
+    Att a = {0};
+    const char *op = "attention_qkv_masked_bwd";
+    if (packed_geometry(c, op, &a, 1) || att_mask(c, op, &a, 1)) return -1;
+    a.in_o = 2, a.in_lse = 3, a.in_dout = 4;
+    return backward(c, &a);
 }
 
 /* attention_masked_bwd(q, k, v, mask, o, lse, dout, causal) -> dq, dk, dv */

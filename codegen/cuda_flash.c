@@ -50,7 +50,7 @@ int cu_flash_takes(const CuCtx *c, const CuAtt *a, int bwd)
     const Node *n = cu_node(c);
     for (int i = 0; i < n->n_in; i++) {
         const Value *v = cu_inv(c, i);
-        if (bwd && i == a->in_lse) continue;  // lse: f32, read as floats
+        if ((bwd && i == a->in_lse) || (a->mper && i == a->in_mask)) continue;  // lse: f32; the mask: any
         if (v->dtype != t || !aligned16(v)) return 0;
     }
     for (int i = 0; i < n->n_out; i++) {
@@ -69,6 +69,9 @@ static char *targs(CuCtx *c, const CuAtt *a)
                   (long long)a->D, (long long)a->G, a->causal ? "true" : "false", cu_att_lay(c, q, k, k, o));
 }
 
+/* The mask's tensor id (attention_masked), or -1. */
+static int mask_id(CuCtx *c, const CuAtt *a) { return a->mper ? cu_in_id(c, a->in_mask) : -1; }
+
 static int launch(CuCtx *c, const char *prefix, const char *src, int64_t blocks, int64_t smem, const int *args, int n)
 {
     CuDim grid;
@@ -79,12 +82,14 @@ static int launch(CuCtx *c, const char *prefix, const char *src, int64_t blocks,
 int cu_flash_fwd(CuCtx *c, const CuAtt *a)
 {
     cu_use(c, "flash.cuh");
-    const char *params = cu_fmt(c, "%s, %s, %s", cu_att_params(c, a), cu_pout(c, 0, "o"), cu_pout(c, 1, "lse"));
+    const char *params = cu_fmt(c, "%s, %s, %s%s", cu_att_params(c, a), cu_pout(c, 0, "o"), cu_pout(c, 1, "lse"),
+                                cu_att_mask_param(c, a));
     const char *src = cu_kernel(c, FL_THREADS, params,
-                                cu_fmt(c, "fs_flash_fwd<%s, %lldLL>(%s, o, lse, %s)", targs(c, a), (long long)a->BH,
-                                       cu_att_args(c, a), cu_float(c, a->scale)));
+                                cu_fmt(c, "fs_flash_fwd<%s, %lldLL%s>(%s, o, lse, %s%s)", targs(c, a), (long long)a->BH,
+                                       cu_att_mask_targ(c, a), cu_att_args(c, a), cu_float(c, a->scale),
+                                       a->mper ? ", mask" : ""));
     int64_t smem = 2 * 5 * FL_TILE * pitch(a->D);  // q, then two buffers of k and v
-    int ids[5], n = cu_att_ids(c, a, ids, (int[]){cu_out_id(c, 0), cu_out_id(c, 1)}, 2);
+    int ids[6], n = cu_att_ids(c, a, ids, (int[]){cu_out_id(c, 0), cu_out_id(c, 1), mask_id(c, a)}, a->mper ? 3 : 2);
     return launch(c, "attention_tc", src, a->BH * cu_cdiv(a->T, FL_TILE), smem, ids, n);
 }
 
@@ -112,30 +117,35 @@ int cu_flash_bwd(CuCtx *c, const CuAtt *a)
     const char *E = cu_tin(c, 0);
     // the inner tiles (flash_bwd.cuh): dK/dV's query rows a step, dQ's keys a step
     int64_t bkv = a->BH / a->G, P = pitch(a->D), bm = FL_DKDV_ROWS, bn = a->D <= 64 ? 64 : 32;
-    const char *ins =
-        cu_fmt(c, "%s, const float *__restrict__ lse, %s", cu_att_params(c, a), cu_pin(c, a->in_dout, "dout"));
-    int extra[5] = {cu_in_id(c, a->in_lse), cu_in_id(c, a->in_dout), cu_out_id(c, 0)}, ids[8], n;
+    const char *ins = cu_fmt(c, "%s, const float *__restrict__ lse, %s%s", cu_att_params(c, a),
+                             cu_pin(c, a->in_dout, "dout"), cu_att_mask_param(c, a));
+    const char *mt = cu_att_mask_targ(c, a), *marg = a->mper ? ", mask" : "";
+    int extra[6] = {cu_in_id(c, a->in_lse), cu_in_id(c, a->in_dout), mask_id(c, a)}, ids[9], n;
+    int ne = a->mper ? 3 : 2;  // the ids of lse, dout (and the mask), then the outputs'
     const char *douts = "dk, dv", *dkdv_params;  // attention_qkv: dk and dv are dq's columns
     if (a->packed) {
         douts = cu_fmt(c, "dq + %lld, dq + %lld", (long long)a->koff, (long long)a->voff);
         dkdv_params = cu_fmt(c, "%s, %s", ins, cu_pout(c, 0, "dq"));
-        n = cu_att_ids(c, a, ids, extra, 3);
+        extra[ne] = cu_out_id(c, 0);
+        n = cu_att_ids(c, a, ids, extra, ne + 1);
     } else {
         dkdv_params =
             cu_fmt(c, "%s, const %s *__restrict__ dq, %s, %s", ins, E, cu_pout(c, 1, "dk"), cu_pout(c, 2, "dv"));
-        extra[3] = cu_out_id(c, 1), extra[4] = cu_out_id(c, 2);
-        n = cu_att_ids(c, a, ids, extra, 5);
+        extra[ne] = cu_out_id(c, 0), extra[ne + 1] = cu_out_id(c, 1), extra[ne + 2] = cu_out_id(c, 2);
+        n = cu_att_ids(c, a, ids, extra, ne + 3);
     }
     const char *dkdv = cu_kernel(c, FL_THREADS, dkdv_params,
-                                 cu_fmt(c, "fs_flash_dkdv<%s, %lld, %lldLL>(%s, lse, dout, dq, %s, %s)", targs(c, a),
-                                        (long long)bm, (long long)bkv, cu_att_args(c, a), douts,
-                                        cu_float(c, a->scale)));
+                                 cu_fmt(c, "fs_flash_dkdv<%s, %lld, %lldLL%s>(%s, lse, dout, dq, %s, %s%s)",
+                                        targs(c, a), (long long)bm, (long long)bkv, mt, cu_att_args(c, a), douts,
+                                        cu_float(c, a->scale), marg));
     int64_t smem = 2 * (2 * FL_TILE + 4 * bm) * P + 4 * 4 * bm;  // k, v, two of q and dO; two of lse and Dr
     if (launch(c, "attention_bwd_tc", dkdv, bkv * cu_cdiv(a->S, FL_TILE), smem, ids, n)) return -1;
     const char *dq = cu_kernel(c, FL_THREADS, cu_fmt(c, "%s, %s", ins, cu_pout(c, 0, "dq")),
-                               cu_fmt(c, "fs_flash_dq<%s, %lld, %lldLL>(%s, lse, dout, dq, %s)", targs(c, a),
-                                      (long long)bn, (long long)a->BH, cu_att_args(c, a), cu_float(c, a->scale)));
+                               cu_fmt(c, "fs_flash_dq<%s, %lld, %lldLL%s>(%s, lse, dout, dq, %s%s)", targs(c, a),
+                                      (long long)bn, (long long)a->BH, mt, cu_att_args(c, a), cu_float(c, a->scale),
+                                      marg));
     smem = 2 * (2 * FL_TILE + 4 * bn) * P;  // q, dO, two of k and v
-    n = cu_att_ids(c, a, ids, extra, 3);
+    extra[ne] = cu_out_id(c, 0);
+    n = cu_att_ids(c, a, ids, extra, ne + 1);
     return launch(c, "attention_bwd_tc", dq, a->BH * cu_cdiv(a->T, FL_TILE), smem, ids, n);
 }

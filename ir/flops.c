@@ -185,10 +185,14 @@ double flops_attention_qkv_bwd(const Graph *g, const Node *n)
     return 10.0 * scores * D;
 }
 
+/* The mask costs one compare per score: attention_qkv's count. */
+double flops_attention_qkv_masked(const Graph *g, const Node *n) { return flops_attention_qkv(g, n); }
+double flops_attention_qkv_masked_bwd(const Graph *g, const Node *n) { return flops_attention_qkv_bwd(g, n); }
+
 double ir_node_redone_flops(const Graph *g, const Node *n)
 {
     if (n->phase == PHASE_RECOMPUTE) return ir_op_hooks(n->op)->flops(g, n);
-    if (n->op == OP_attention_qkv_bwd) {
+    if (n->op == OP_attention_qkv_bwd || n->op == OP_attention_qkv_masked_bwd) {
         double D, scores = packed_dims(g, n, &D);
         return 2.0 * scores * D;
     }

@@ -401,13 +401,24 @@ int grad_attention(GradCtx *c)
     return 0;
 }
 
-/* attention_masked: attention's rule with the mask passed along; the mask (an i32 input) gets no gradient. */
+/* attention_masked: attention's rule with the mask passed along. The mask gets no gradient, boolean or
+ * additive: a float mask computed from params passes them none through here (PyTorch would). */
 int grad_attention_masked(GradCtx *c)
 {
     Attr at = aint("causal", attr_i(c, "causal"));
     int in[7] = {in_of(c, 0), in_of(c, 1), in_of(c, 2), in_of(c, 3), out_of(c, 0), out_of(c, 1), c->dout[0]};
     int n = emit_node(c, OP_attention_masked_bwd, in, 7, &at, 1);
     route(c, n, (int[]){0, 1, 2}, 3);
+    return 0;
+}
+
+/* attention_qkv's rule with attention_masked's mask passed along (it gets no gradient). */
+int grad_attention_qkv_masked(GradCtx *c)
+{
+    Attr at[3] = {aint("nh", attr_i(c, "nh")), aint("nkv", attr_i(c, "nkv")), aint("causal", attr_i(c, "causal"))};
+    int in[5] = {in_of(c, 0), in_of(c, 1), out_of(c, 0), out_of(c, 1), c->dout[0]};
+    int n = emit_node(c, OP_attention_qkv_masked_bwd, in, 5, at, 3);
+    route(c, n, (int[]){0}, 1);
     return 0;
 }
 

@@ -654,8 +654,8 @@ int shape_attention_decode(ShapeCtx *c)
     return 0;
 }
 
-/* attention_masked(q [B, ..., T, D], k [B, ..., S, D], v, mask i32 [B, S], causal): attention's
- * rule, and the mask one row of S keys per batch item (q's first dim). */
+/* attention_masked(q [B, ..., T, D], k [B, ..., S, D], v, mask [B, S], causal): attention's rule, and
+ * the mask one row of S keys per batch item (q's first dim): i32 (boolean) or q's float dtype (additive). */
 int shape_attention_masked(ShapeCtx *c)
 {
     if (want_inputs(c, 4)) return -1;
@@ -668,9 +668,28 @@ int shape_attention_masked(ShapeCtx *c)
         return shape_fail(c, "attention_masked: q %s has no batch dim (expects [B, T, D] or [B, NH, T, D])",
                           TYPE(q, tq));
     int64_t B = q->shape[0], S = k->shape[k->rank - 2];
-    if (m->dtype != DT_I32 || m->rank != 2 || m->shape[0] != B || m->shape[1] != S)
+    if ((m->dtype != DT_I32 && m->dtype != q->dtype) || m->rank != 2 || m->shape[0] != B || m->shape[1] != S)
         return shape_fail(c, "attention_masked: mask %s must be i32[%" PRId64 ", %" PRId64 "] (q's batch, k's length; "
-                          "1 attends, 0 masks the key), with q %s", TYPE(m, tm), B, S, TYPE(q, tq));
+                          "1 attends, 0 masks the key) or %s[%" PRId64 ", %" PRId64 "] (added to the scaled scores, "
+                          "-inf masks the key), with q %s", TYPE(m, tm), B, S, dtype_name(q->dtype), B, S, TYPE(q, tq));
+    c->out[0] = a.out[0], c->out[1] = a.out[1];
+    return 0;
+}
+
+/* attention_qkv_masked(qkv [B, T, W], mask [B, T], nh, nkv, causal): attention_qkv's rule, and attention_masked's
+ * mask (one row of the T keys per batch item; i32 or qkv's float dtype). */
+int shape_attention_qkv_masked(ShapeCtx *c)
+{
+    if (want_inputs(c, 2)) return -1;
+    const OpType *x = &c->in[0], *m = &c->in[1];
+    char tx[192], tm[192];
+    ShapeCtx a = *c;
+    a.n_in = 1;
+    if (shape_attention_qkv(&a)) return -1;
+    if (x->rank != 3 || (m->dtype != DT_I32 && m->dtype != x->dtype) || m->rank != 2 || m->shape[0] != x->shape[0] ||
+        m->shape[1] != x->shape[1])
+        return shape_fail(c, "attention_qkv_masked: mask %s must be i32 or %s [B, T] for qkv %s [B, T, W]",
+                          TYPE(m, tm), dtype_name(x->dtype), TYPE(x, tx));
     c->out[0] = a.out[0], c->out[1] = a.out[1];
     return 0;
 }

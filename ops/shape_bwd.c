@@ -220,6 +220,14 @@ int shape_attention_masked_bwd(ShapeCtx *c)
     return 0;
 }
 
+/* (qkv, mask, o, lse, dout) -> dqkv, laid out as qkv */
+int shape_attention_qkv_masked_bwd(ShapeCtx *c)
+{
+    if (want_in(c, 5)) return -1;
+    like(c, 0, &c->in[0]);
+    return 0;
+}
+
 /* (qkv, o, lse, dout) -> dqkv, laid out as qkv */
 int shape_attention_qkv_bwd(ShapeCtx *c)
 {

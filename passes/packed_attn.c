@@ -18,7 +18,8 @@
  *        the chain and is no output of the step, and the three heads have one width,
  *        replaced by attention_qkv(x) where the merge_heads was; y keeps its value (name,
  *        readers), the log-sum-exp takes over attention's. Chains that do not match (Llama:
- *        rope on q and k after heads) keep their ops.
+ *        rope on q and k after heads) keep their ops. An attention_masked chain (x [B, T, W]) becomes
+ *        attention_qkv_masked(x, mask) alike, the mask read where it lies.
  *
  * Forward-only programs (evaluation, sampling, decode) never run it. Every backend
  * computes the same numbers either way (the CPU's to fp32 rounding; tests/unit/test_packed_attn.c).
@@ -54,7 +55,7 @@ typedef struct {
 static int match(const Graph *g, int a, Chain *c)
 {
     const Node *an = ir_node(g, a);
-    if (an->op != OP_attention) return 0;
+    if (an->op != OP_attention && an->op != OP_attention_masked) return 0;
     c->att = a, c->split = -1;
     for (int i = 0; i < 3; i++) {
         int h = ir_value(g, ir_in(g, an, i))->producer;
@@ -73,20 +74,23 @@ static int match(const Graph *g, int a, Chain *c)
         const Value *x = ir_value(g, ir_in(g, an, i));
         if (x->shape[x->rank - 1] != D) return 0;
     }
+    if (an->op == OP_attention_masked && ir_value(g, ir_in(g, ir_node(g, c->split), 0))->rank != 3) return 0;
     c->merge = sole_reader(g, ir_out(g, an, 0));
     return c->merge >= 0 && g->nodes[c->merge].op == OP_merge_heads && readers(g, ir_out(g, an, 1), &(int){0}) == 0;
 }
 
-/* attention_qkv where c's merge_heads was, making its value; c's six nodes dropped. */
+/* attention_qkv (_masked) where c's merge_heads was, making its value; c's six nodes dropped. */
 static void rewrite(Graph *g, const Chain *c)
 {
     const Node *an = ir_node(g, c->att), *mn = ir_node(g, c->merge);
-    int x = ir_in(g, ir_node(g, c->split), 0);
+    int masked = an->op == OP_attention_masked;
+    int x[2] = {ir_in(g, ir_node(g, c->split), 0), masked ? ir_in(g, an, 3) : -1};  // qkv (and the mask)
     Attr at[3] = {{.key = "nh", .kind = ATTR_INT, .i = ir_attr_int(g, ir_node(g, c->head[0]), "n", 1)},
                   {.key = "nkv", .kind = ATTR_INT, .i = ir_attr_int(g, ir_node(g, c->head[1]), "n", 1)},
                   {.key = "causal", .kind = ATTR_INT, .i = ir_attr_int(g, an, "causal", 0)}};
     char err[256];
-    int f = ir_node_add(g, OP_attention_qkv, &x, 1, at, 3, mn->block, mn->phase, mn->loc, err, sizeof err);
+    int f = ir_node_add(g, masked ? OP_attention_qkv_masked : OP_attention_qkv, x, 1 + masked, at, 3, mn->block,
+                        mn->phase, mn->loc, err, sizeof err);
     FS_ASSERT(f >= 0);
     g->nodes[f].mb = g->nodes[c->merge].mb, g->nodes[f].chunk = g->nodes[c->merge].chunk;
     g->nodes[f].use = g->nodes[c->merge].use;  // the application of a shared block it belongs to

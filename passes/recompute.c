@@ -196,7 +196,9 @@ static void recompute_attention(Recompute *r, int b, int u)
     for (int n = r->n_orig - 1; n >= 0; n--) {
         const Node *node = &g->nodes[n];
         if (!in_use(g, n, b, u)) continue;
-        if (node->op == OP_attention || node->op == OP_attention_qkv || node->op == OP_attention_masked) set[n] = 1;
+        if (node->op == OP_attention || node->op == OP_attention_qkv || node->op == OP_attention_masked ||
+            node->op == OP_attention_qkv_masked)
+            set[n] = 1;
         if (!set[n] || node->op == OP_matmul) continue;
         for (int i = 0; i < node->n_in; i++) {
             int v = ir_in(g, node, i), p = g->values[v].producer;

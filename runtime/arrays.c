@@ -6,7 +6,8 @@
  * before any step, each error naming the input and the file: an input without a file,
  * a file for no input, one given twice, a dtype or per-sample shape that is not the
  * input's, files of different sample counts (each sample of one needs its partner in
- * every other), an f32 value that is not finite, and an i32 value an op indexes with
+ * every other), an f32 value that is not finite (but -inf in an additive attention mask,
+ * rt_input_masks_only), and an i32 value an op indexes with
  * outside what it indexes (rt_input_bound: an embedding's rows, a loss's classes; the one
  * value an index read also allows, rt_input_sentinel, passes). So no kernel meets a value
  * out of range, which runtime/opcheck_mem.c's proof assumes.
@@ -133,11 +134,13 @@ static int check_values(const Plan *p, int32_t t, const char *path, const RtArra
     const char *name = plan_str(p, p->tensors[t].name);
     if (arr->dtype == PLAN_DT_F32) {
         const float *v = arr->data;
+        int mask = rt_input_masks_only(p, t);  // an additive key mask: -inf masks a key
         for (int64_t i = 0; i < arr->numel; i++)
-            if (!isfinite(v[i]))
-                return plan_fail(err, errlen, "%s: %s is %s; input '%s' takes finite numbers: clean the file "
+            if (!isfinite(v[i]) && !(mask && v[i] == -INFINITY))
+                return plan_fail(err, errlen, "%s: %s is %s; input '%s' takes finite numbers%s: clean the file "
                                  "(np.isfinite finds them)", path, element(arr, i, at, sizeof at),
-                                 isnan(v[i]) ? "NaN" : v[i] > 0 ? "inf" : "-inf", name);
+                                 isnan(v[i]) ? "NaN" : v[i] > 0 ? "inf" : "-inf", name,
+                                 mask ? " (and -inf, a masked key)" : "");
         return 0;
     }
     int32_t by;

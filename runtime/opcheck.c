@@ -137,7 +137,8 @@ static int check_dims(OpCheck *c)
 {
     int gemm = c->kind == OP_matmul || c->kind == OP_attention || c->kind == OP_attention_bwd ||
                c->kind == OP_attention_qkv || c->kind == OP_attention_qkv_bwd || c->kind == OP_attention_masked ||
-               c->kind == OP_attention_masked_bwd;
+               c->kind == OP_attention_masked_bwd || c->kind == OP_attention_qkv_masked ||
+               c->kind == OP_attention_qkv_masked_bwd;
     for (int i = 0; i < c->op->n_in + c->op->n_out; i++) {
         int32_t id = i < c->op->n_in ? in_id(c, i) : out_id(c, i - c->op->n_in);
         const PlanTensor *t = &c->p->tensors[id];
@@ -341,6 +342,14 @@ static int extra_attention_qkv_bwd(OpCheck *c)
            want_like(c, 2, &sc.out[1], "lse") || want_like(c, 3, &sc.out[0], "dout");
 }
 
+/* attention_qkv_masked_bwd(qkv, mask, o, lse, dout; nh, nkv, causal): o, lse as attention_qkv_masked makes them. */
+static int extra_attention_qkv_masked_bwd(OpCheck *c)
+{
+    ShapeCtx sc;
+    return run_rule(c, OP_attention_qkv_masked, c->in, 2, &sc) || want_like(c, 2, &sc.out[0], "o") ||
+           want_like(c, 3, &sc.out[1], "lse") || want_like(c, 4, &sc.out[0], "dout");
+}
+
 /* lr_at(step; lr, schedule, ...): the step an i32 scalar; schedule 0 (constant) or 1 (cosine). */
 static int extra_lr_at(OpCheck *c)
 {
@@ -410,6 +419,7 @@ static int (*const extra[OP_COUNT])(OpCheck *) = {
     [OP_count_step] = extra_count_step,  [OP_scale_update] = extra_scale_update,
     [OP_adamw] = extra_adamw,            [OP_sgd] = extra_sgd,
     [OP_attention_qkv_bwd] = extra_attention_qkv_bwd,
+    [OP_attention_qkv_masked_bwd] = extra_attention_qkv_masked_bwd,
 };
 
 /* ---- one op ------------------------------------------------------------------------------ */

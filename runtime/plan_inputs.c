@@ -294,3 +294,34 @@ int rt_input_sentinel(const Plan *p, int32_t input, int64_t *value)
     int64_t least = index_reads(p, input, &by, &has, value);
     return least > 0 && has && !(*value >= 0 && *value < least);  // inside the range: nothing to allow
 }
+
+/* The input of op `op` (by name) that is attention_masked's key mask, or -1. */
+static int mask_slot(const char *op)
+{
+    OpKind kind = op_lookup(op);
+    if (kind == OP_attention_qkv_masked || kind == OP_attention_qkv_masked_bwd) return 1;
+    return kind == OP_attention_masked || kind == OP_attention_masked_bwd ? 3 : -1;
+}
+
+int rt_input_masks_only(const Plan *p, int32_t input)
+{
+    uint8_t *carries = plan_alloc((size_t)p->n_tensors + 1);
+    if (!carries) return 0;
+    for (int32_t i = 0; i < p->n_tensors; i++) carries[i] = is_data_input(&p->tensors[i]) && same_input(p, i, input);
+    int masks = 0, other = 0;
+    for (int32_t k = 0; k < p->n_ops && !other; k++) {  // makers before readers, as in index_reads
+        const PlanOp *op = &p->ops[k];
+        const char *name = plan_str(p, op->op);
+        int carried = 0;
+        for (int32_t i = 0; i < op->n_in; i++) {
+            if (!carries[in_id(p, k, i)]) continue;
+            if (i == mask_slot(name)) masks++;
+            else carried = 1;
+        }
+        if (!carried) continue;
+        if (!rt_op_copies_values(name) && strcmp(name, "cast")) other = 1;  // a cast keeps -inf
+        for (int32_t o = 0; o < op->n_out; o++) carries[p->ids[op->out + o]] = 1;
+    }
+    plan_dealloc(carries);
+    return masks > 0 && !other;
+}

@@ -322,6 +322,9 @@ int rt_input_sentinel(const Plan *p, int32_t input, int64_t *value);
 /* Whether every index read of input ignores one value (a loss's ignore_index, inside the
  * range or not): 1 and that value, else 0. What the accuracy skips. */
 int rt_input_ignored(const Plan *p, int32_t input, int64_t *value);
+/* Whether input's values reach attention_masked's key masks and nothing else (through ops that
+ * copy them, and casts): an additive mask, whose -inf masks a key, so the loader lets -inf pass. */
+int rt_input_masks_only(const Plan *p, int32_t input);
 /* The data source for e's plan: the token file `path`, read as `format` says (see
  * rt_tokens_parse_as; NULL: the built-in corpus) for a language model, Gaussian blobs
  * for a classifier (path must be NULL). Checks every token against the vocab. The

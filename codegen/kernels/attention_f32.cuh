@@ -13,18 +13,20 @@
 // walks their key tiles; each recomputes P and dS of a tile pair, one thread an element,
 // and sums every gradient over tiles in order (no atomics: bitwise reproducible).
 // Shared rows read across lanes have an odd pitch (D | 1), so lanes fall in distinct banks.
-// attention_masked: MPER > 0 and mask i32 [BH / MPER, S]; slice bh sees key j where
-// mask[bh / MPER * S + j] != 0. A row that sees no key: o = 0, lse = -inf, no gradient.
+// attention_masked: MPER > 0 and mask [BH / MPER, S], i32 (boolean: slice bh sees key j where
+// mask[bh / MPER * S + j] != 0) or float (additive: that value added to the scaled score, -inf
+// masking the key; attn_layout.cuh's fs_key_bias). A row that sees no key: o = 0, lse = -inf,
+// no gradient.
 #pragma once
 #include "attn_layout.cuh"
 #include "prelude.cuh"
 
 // The forward: blockIdx.x = bh * NQT + (NQT - 1 - query tile) (longest tiles first).
 template <class TQ, class TK, class TV, class TO, int T, int S, int D, int DV, int G, bool CAUSAL, int RPW, class L,
-          int MPER = 0>
+          int MPER = 0, class MT = int>
 __device__ __forceinline__ void fs_attf_fwd(const TQ *__restrict__ q, const TK *__restrict__ k,
                                             const TV *__restrict__ v, TO *__restrict__ o, float *__restrict__ lse,
-                                            float scale, const int *__restrict__ mask = nullptr)
+                                            float scale, const MT *__restrict__ mask = nullptr)
 {
     constexpr int BQ = 4 * RPW, CPL = (DV + 31) / 32, KP = D | 1, KVP = KP > DV ? KP : DV, NQT = (T + BQ - 1) / BQ;
     __shared__ __align__(16) float qs[BQ * D];
@@ -74,11 +76,12 @@ __device__ __forceinline__ void fs_attf_fwd(const TQ *__restrict__ q, const TK *
             }
         }
         const int j = j0 + lane;
+        const float b = MPER && j < S ? fs_key_bias<MPER, S>(mask, bh, j) : 0.f;
 #pragma unroll
         for (int g = 0; g < RPW; g++) {
             const int i = i0 + warp + 4 * g;
-            const bool vis = j < S && (!CAUSAL || j <= i) && (MPER == 0 || mask[bh / MPER * S + j] != 0);
-            const float x = vis ? s[g] * scale : ninf;
+            const bool vis = j < S && (!CAUSAL || j <= i) && b != ninf;
+            const float x = vis ? (MPER ? s[g] * scale + b : s[g] * scale) : ninf;
             const float mx = fmaxf(m[g], fs_warp_max(x));
             const float corr = m[g] == mx ? 1.0f : expf(m[g] - mx);
             const float p = vis ? expf(x - mx) : 0.f;
@@ -163,15 +166,17 @@ struct FsAttfTiles {
     }
 
     // dss = dS (and ps = P when keep_p) of the tile pair (i0, j0) of slice bh, TB x TB, row = query.
-    __device__ __forceinline__ void scores(int i0, int j0, float scale, bool keep_p, const int *mask, long long bh)
+    template <class MT>
+    __device__ __forceinline__ void scores(int i0, int j0, float scale, bool keep_p, const MT *mask, long long bh)
     {
         for (int e = threadIdx.x; e < TB * TB; e += 256) {
             const int r = e / TB, j = e % TB, i = i0 + r, jj = j0 + j;
             float s = 0.f, dp = 0.f;
             for (int d = 0; d < D; d++) s += qs[r * QP + d] * ks[j * KP + d];
             for (int cc = 0; cc < DV; cc++) dp += dos[r * OP + cc] * vs[j * VP + cc];
-            const bool vis = i < T && jj < S && (!CAUSAL || jj <= i) && (MPER == 0 || mask[bh / MPER * S + jj] != 0);
-            const float p = vis ? expf(s * scale - ls[r]) : 0.f;
+            const float b = MPER && jj < S ? fs_key_bias<MPER, S>(mask, bh, jj) : 0.f;
+            const bool vis = i < T && jj < S && (!CAUSAL || jj <= i) && b != __int_as_float(0xff800000u);
+            const float p = vis ? expf(MPER ? s * scale + b - ls[r] : s * scale - ls[r]) : 0.f;
             if (keep_p) ps[e] = p;
             dss[e] = vis ? p * (dp - dr[r]) : 0.f;
         }
@@ -207,11 +212,11 @@ __device__ __forceinline__ void fs_attf_store(const float *acc, E *out, At at, i
 // Kernel 1: dK and dV of one key tile of one kv slice (blockIdx.x = bkv * NKT + tile), over the
 // query tiles that see it in each of the slice's G query slices.
 template <class TQ, class TK, class TV, class TO, int T, int S, int D, int DV, int G, bool CAUSAL, int TB, class L,
-          int MPER = 0>
+          int MPER = 0, class MT = int>
 __device__ __forceinline__ void fs_attf_dkdv(const TQ *__restrict__ q, const TK *__restrict__ k,
                                              const TV *__restrict__ v, const TO *__restrict__ o,
                                              const float *__restrict__ lse, const TO *__restrict__ dout, TK *dk, TV *dv,
-                                             float scale, const int *__restrict__ mask = nullptr)
+                                             float scale, const MT *__restrict__ mask = nullptr)
 {
     constexpr int NKT = (S + TB - 1) / TB, UK = (TB * D + 255) / 256, UV = (TB * DV + 255) / 256;
     using Tiles = FsAttfTiles<T, S, D, DV, CAUSAL, TB, L, MPER>;
@@ -239,11 +244,11 @@ __device__ __forceinline__ void fs_attf_dkdv(const TQ *__restrict__ q, const TK 
 
 // Kernel 2: dQ of one query tile (blockIdx.x = bh * NQT + (NQT - 1 - tile): longest first), over its key tiles.
 template <class TQ, class TK, class TV, class TO, int T, int S, int D, int DV, int G, bool CAUSAL, int TB, class L,
-          int MPER = 0>
+          int MPER = 0, class MT = int>
 __device__ __forceinline__ void fs_attf_dq(const TQ *__restrict__ q, const TK *__restrict__ k,
                                            const TV *__restrict__ v, const TO *__restrict__ o,
                                            const float *__restrict__ lse, const TO *__restrict__ dout, TQ *dq,
-                                           float scale, const int *__restrict__ mask = nullptr)
+                                           float scale, const MT *__restrict__ mask = nullptr)
 {
     constexpr int NQT = (T + TB - 1) / TB, UK = (TB * D + 255) / 256;
     using Tiles = FsAttfTiles<T, S, D, DV, CAUSAL, TB, L, MPER>;

@@ -4,6 +4,10 @@
 // Semantics are runtime/cpu/attention.c's (see codegen/cuda_attention.c's comment):
 //   o = softmax(q k^T * scale, causal mask) v,  lse = the rows' log-sum-exp (f32),
 // query slice bh reading kv slice bh / G (grouped-query attention).
+// attention_masked: MPER > 0, a key mask [BH / MPER, S] (attn_layout.cuh's fs_key_bias:
+// i32 boolean, float additive). A masked key scores -inf in every tile (not only the edge
+// ones); an additive bias b joins the raw score q.k as b / scale, so that the softmax's
+// scaling by scale log2(e) adds b log2(e). A row that sees no key gives o = 0 and lse = -inf.
 //
 // Numerics: the products q.k are exact and summed in f32 by the tensor cores; the softmax
 // runs in f32 registers (p = 2^(s scale log2(e) - m scale log2(e))); P is rounded to the
@@ -181,9 +185,10 @@ __device__ __forceinline__ void fs_flash_store(const float (*acc)[4], float mul0
 // The forward: one block of 128 threads per (query tile, slice), BH slices of TQ rows,
 // kv slices of SK rows; blockIdx.x = (NQT - 1 - query tile) * BH + bh. Dynamic shared
 // memory: (64 + 4 * 64) * P elements.
-template <class E, int TQ, int SK, int D, int G, bool CAUSAL, class L, long long BH>
+template <class E, int TQ, int SK, int D, int G, bool CAUSAL, class L, long long BH, int MPER = 0, class MT = int>
 __device__ __forceinline__ void fs_flash_fwd(const E *__restrict__ q, const E *__restrict__ k, const E *__restrict__ v,
-                                             E *__restrict__ o, float *__restrict__ lse, float scale)
+                                             E *__restrict__ o, float *__restrict__ lse, float scale,
+                                             const MT *__restrict__ mask = nullptr)
 {
     using F = FsFlashDim<D>;
     constexpr int BQ = 64, BK = 64, P = F::P, NQT = (TQ + BQ - 1) / BQ;
@@ -194,7 +199,7 @@ __device__ __forceinline__ void fs_flash_fwd(const E *__restrict__ q, const E *_
     const int i0 = (NQT - 1 - (int)(blockIdx.x / BH)) * BQ, w0 = 16 * warp;
     constexpr long long KR = L::k_pitch;
     const E *kg = k + L::k(bh / G, 0), *vg = v + L::k(bh / G, 0);
-    const float sl2 = scale * 1.4426950408889634f, ninf = __int_as_float(0xff800000u);
+    const float sl2 = scale * 1.4426950408889634f, ninf = __int_as_float(0xff800000u), rs = 1.0f / scale;
     const int jend = CAUSAL ? min(SK, i0 + BQ) : SK, ntiles = (jend + BK - 1) / BK;
 
     fs_flash_copy<BQ, D, 128, L::q_pitch>(sq, q + L::q(bh, i0), TQ - i0);
@@ -221,13 +226,16 @@ __device__ __forceinline__ void fs_flash_fwd(const E *__restrict__ q, const E *_
         for (int nt = 0; nt < BK / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
         fs_mma_abt<P, F::KT, BK / 8>(s, sq, w0, ck);
 
-        if (j0 + BK > SK || (CAUSAL && j0 + BK - 1 > i0 + w0)) {  // some key past the end or the diagonal
+        // a mask, or some key past the end or the diagonal
+        if (MPER || j0 + BK > SK || (CAUSAL && j0 + BK - 1 > i0 + w0)) {
 #pragma unroll
             for (int nt = 0; nt < BK / 8; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int j = j0 + 8 * nt + 2 * t + (i & 1), row = i0 + w0 + g + 8 * (i >> 1);
-                    if (j >= SK || (CAUSAL && j > row)) s[nt][i] = ninf;
+                    const float b = MPER && j < SK ? fs_key_bias<MPER, SK>(mask, bh, j) : 0.f;
+                    if (j >= SK || (CAUSAL && j > row) || b == ninf) s[nt][i] = ninf;
+                    else if (MPER) s[nt][i] += b * rs;
                 }
         }
 #pragma unroll

@@ -1,6 +1,6 @@
 // codegen/kernels/flash_bwd.cuh: attention's backward on tensor cores, instantiated by
 // codegen/cuda_flash.c for what flash.cuh's forward takes (16-bit, D = Dv a multiple of 8
-// up to 128). Semantics are runtime/cpu/attention.c's:
+// up to 128), attention_masked's key mask included (flash.cuh). Semantics are runtime/cpu/attention.c's:
 //   P = exp(s scale - lse), dP = dO V^T, dS = P (dP - Dr), Dr = rowsum(dO o),
 //   dV = P^T dO, dK = scale dS^T Q, dQ = scale dS K.
 // Three kernels, no atomics, every sum in an order the shapes fix (bitwise reproducible):
@@ -71,9 +71,11 @@ __device__ __forceinline__ void fs_flash_rows(float *sl, float *sd, const float 
 
 // P (masked, f32) and dS of a 16 x (8 NTI) tile pair from the scores x and dP y (C
 // fragments), in place: x becomes P, y dS. Element (a, b) of the fragment is query
-// qrow(a, b), key kcol(a, b); lse2, dr give the query's lse log2(e) and Dr.
-template <int TQ, int SK, bool CAUSAL, int NTI, class QF, class KF, class LF, class RF>
-__device__ __forceinline__ void fs_flash_ds(float (*x)[4], float (*y)[4], float sl2, QF qrow, KF kcol, LF lse2, RF dr)
+// qrow(a, b), key kcol(a, b); lse2, dr give the query's lse log2(e) and Dr. MPER > 0:
+// query slice bh's key mask, its bias joining the raw score as in the forward (times rs = 1 / scale).
+template <int TQ, int SK, bool CAUSAL, int NTI, int MPER, class QF, class KF, class LF, class RF, class MT>
+__device__ __forceinline__ void fs_flash_ds(float (*x)[4], float (*y)[4], float sl2, QF qrow, KF kcol, LF lse2, RF dr,
+                                            const MT *mask, long long bh, float rs)
 {
     const int l = threadIdx.x % 32, g = l / 4, t = l % 4;
 #pragma unroll
@@ -81,8 +83,14 @@ __device__ __forceinline__ void fs_flash_ds(float (*x)[4], float (*y)[4], float 
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int a = g + 8 * (i >> 1), b = 8 * nt + 2 * t + (i & 1), qi = qrow(a, b), kj = kcol(a, b);
-            const bool vis = qi < TQ && kj < SK && (!CAUSAL || kj <= qi);
-            const float p = vis ? exp2f(x[nt][i] * sl2 - lse2(a, b)) : 0.f;
+            bool vis = qi < TQ && kj < SK && (!CAUSAL || kj <= qi);
+            float s = x[nt][i];
+            if (MPER && vis) {
+                const float kb = fs_key_bias<MPER, SK>(mask, bh, kj);
+                vis = kb != __int_as_float(0xff800000u);
+                s += kb * rs;
+            }
+            const float p = vis ? exp2f(s * sl2 - lse2(a, b)) : 0.f;
             x[nt][i] = p;
             y[nt][i] = p * (y[nt][i] - dr(a, b));
         }
@@ -91,11 +99,12 @@ __device__ __forceinline__ void fs_flash_ds(float (*x)[4], float (*y)[4], float 
 // Kernel 2: blockIdx.x = key tile * BKV + kv slice; 128 threads; BM query rows a step.
 // Shared: K, V (64 rows each), then two buffers of Q and dO (BM rows each), then floats:
 // two of lse and Dr (BM each).
-template <class E, int TQ, int SK, int D, int G, bool CAUSAL, class L, int BM, long long BKV>
+template <class E, int TQ, int SK, int D, int G, bool CAUSAL, class L, int BM, long long BKV, int MPER = 0,
+          class MT = int>
 __device__ __forceinline__ void fs_flash_dkdv(const E *__restrict__ q, const E *__restrict__ k, const E *__restrict__ v,
                                               const float *__restrict__ lse, const E *__restrict__ dout,
                                               const E *__restrict__ dq, E *__restrict__ dk, E *__restrict__ dv,
-                                              float scale)
+                                              float scale, const MT *__restrict__ mask = nullptr)
 {
     using F = FsFlashDim<D>;
     constexpr int BN = 64, P = F::P, NQT = (TQ + BM - 1) / BM;
@@ -141,9 +150,10 @@ __device__ __forceinline__ void fs_flash_dkdv(const E *__restrict__ q, const E *
             for (int i = 0; i < 4; i++) s[nt][i] = dp[nt][i] = 0.f;
         fs_mma_abt<P, F::KT, BM / 8>(s, sk, w0, cq);
         fs_mma_abt<P, F::KT, BM / 8>(dp, sv, w0, co);
-        fs_flash_ds<TQ, SK, CAUSAL, BM / 8>(
+        fs_flash_ds<TQ, SK, CAUSAL, BM / 8, MPER>(
             s, dp, sl2, [&](int, int b) { return i0 + b; }, [&](int a, int) { return j0 + w0 + a; },
-            [&](int, int b) { return cl[b]; }, [&](int, int b) { return cd[b]; });
+            [&](int, int b) { return cl[b]; }, [&](int, int b) { return cd[b]; }, mask, bkv * G + st / per,
+            1.0f / scale);
         fs_mma_xb<P, BM / 16, F::NT>(adv, s, co);
         fs_mma_xb<P, BM / 16, F::NT>(adk, dp, cq);
     }
@@ -154,10 +164,11 @@ __device__ __forceinline__ void fs_flash_dkdv(const E *__restrict__ q, const E *
 
 // Kernel 3: blockIdx.x = (NQT - 1 - query tile) * BH + bh; 128 threads; BN keys a step.
 // Shared: Q, dO (64 rows each), then two buffers of K and V (BN rows each).
-template <class E, int TQ, int SK, int D, int G, bool CAUSAL, class L, int BN, long long BH>
+template <class E, int TQ, int SK, int D, int G, bool CAUSAL, class L, int BN, long long BH, int MPER = 0,
+          class MT = int>
 __device__ __forceinline__ void fs_flash_dq(const E *__restrict__ q, const E *__restrict__ k, const E *__restrict__ v,
                                             const float *__restrict__ lse, const E *__restrict__ dout,
-                                            E *__restrict__ dq, float scale)
+                                            E *__restrict__ dq, float scale, const MT *__restrict__ mask = nullptr)
 {
     using F = FsFlashDim<D>;
     constexpr int BQ = 64, P = F::P, NQT = (TQ + BQ - 1) / BQ;
@@ -201,9 +212,9 @@ __device__ __forceinline__ void fs_flash_dq(const E *__restrict__ q, const E *__
             for (int i = 0; i < 4; i++) s[nt][i] = dp[nt][i] = 0.f;
         fs_mma_abt<P, F::KT, BN / 8>(s, sq, w0, ck);
         fs_mma_abt<P, F::KT, BN / 8>(dp, so, w0, cv);
-        fs_flash_ds<TQ, SK, CAUSAL, BN / 8>(
+        fs_flash_ds<TQ, SK, CAUSAL, BN / 8, MPER>(
             s, dp, sl2, [&](int a, int) { return i0 + w0 + a; }, [&](int, int b) { return j0 + b; },
-            [&](int a, int) { return l2[a >> 3]; }, [&](int a, int) { return dr[a >> 3]; });
+            [&](int a, int) { return l2[a >> 3]; }, [&](int a, int) { return dr[a >> 3]; }, mask, bh, 1.0f / scale);
         fs_mma_xb<P, BN / 16, F::NT>(acc, dp, ck);
     }
     fs_flash_store<D, L::q_pitch>(acc, scale, scale, sq, w0, dq + L::q(bh, i0 + w0), TQ - i0 - w0);

@@ -37,9 +37,10 @@
  * column ranges of dqkv. The contiguous ops are the layout nh = 1, h = 0, r = the row width.
  *
  * attention_masked(q, k, v, mask, causal) and its backward are attention's kernels with a key
- * padding mask, i32 [B, S] for q's B batch items (slices bh of item bh / (BH / B)): key j
- * of item b takes part where mask[b, j] != 0, the causal rule still applying. A query row
- * that sees no key (every key masked) gets output 0 and lse -inf, and so passes no
+ * mask [B, S] for q's B batch items (slices bh of item bh / (BH / B)). An i32 mask is boolean:
+ * key j of item b takes part where mask[b, j] != 0. A float one is additive: mask[b, j] is
+ * added to the key's scaled scores, and -inf masks the key. The causal rule still applies. A
+ * query row that sees no key (every key masked) gets output 0 and lse -inf, and so passes no
  * gradient (PyTorch's SDPA gives NaN there; zeros keep the other rows' gradients finite).
  *
  * In 16 bits all the kernels run as their f32 selves on staged (batch, head) slices
@@ -76,9 +77,21 @@ typedef struct {
     float scale;
     int causal;
     int64_t at;  // causal: query row i is at position at + i (attention_decode; else 0)
-    const int32_t *mask;  // attention_masked: [B, S], slices bh read row bh / mper; else NULL
+    const int32_t *mask;  // attention_masked's boolean mask [B, S], slices bh read row bh / mper; else NULL
+    const float *bias;    // or its additive one, likewise; else NULL
     int64_t mper;
 } Att;
+
+/* The mask m ([B, S]) of the B batch items whose slices are a's BH: i32 boolean, f32 additive. */
+static void att_mask(Att *a, const KTensor *m)
+{
+    KCHECK((m->dtype == KT_I32 || m->dtype == KT_F32) && m->rank == 2 && m->shape[1] == a->S &&
+               a->BH % m->shape[0] == 0,
+           "attention_masked: the mask must be i32 or f32 [B, S]");
+    if (m->dtype == KT_I32) a->mask = idata(m);
+    else a->bias = fdata(m);
+    a->mper = a->BH / m->shape[0];
+}
 
 /* masked: input 3 is attention_masked's mask (o, lse, dout follow it). */
 static void att_init(Att *a, const KCall *k, int causal, int masked)
@@ -102,21 +115,17 @@ static void att_init(Att *a, const KCall *k, int causal, int masked)
     a->q = fdata(q), a->k = fdata(kk), a->v = fdata(v);
     a->lq = lay_dense(a->T, a->D), a->lk = lay_dense(a->S, a->D), a->lv = lay_dense(a->S, a->Dv);
     a->lo = lay_dense(a->T, a->Dv);
-    a->mask = NULL, a->mper = 1;
-    if (masked) {
-        const KTensor *m = &k->in[3];
-        KCHECK(m->dtype == KT_I32 && m->rank == 2 && m->shape[1] == a->S && a->BH % m->shape[0] == 0,
-               "attention_masked: the mask must be i32 [B, S]");
-        a->mask = idata(m), a->mper = a->BH / m->shape[0];
-    }
+    a->mask = NULL, a->bias = NULL, a->mper = 1;
+    if (masked) att_mask(a, &k->in[3]);
 }
 
 /* attention_qkv's geometry: qkv (input 0) [..., T, (nh + 2 nkv) D], attributes nh, nkv, causal at
- * k->attr[at..]; o and dout [..., T, nh D]. */
-static void att_init_packed(Att *a, const KCall *k, int at)
+ * k->attr[at..]; o and dout [..., T, nh D]. masked: input 1 is attention_qkv_masked's mask. */
+static void att_init_packed(Att *a, const KCall *k, int at, int masked)
 {
     const KTensor *x = &k->in[0];
-    for (int i = 0; i < k->n_in; i++) KCHECK(k->in[i].dtype == KT_F32, "attention_qkv: unsupported dtype");
+    for (int i = 0; i < k->n_in; i++)
+        KCHECK(k->in[i].dtype == KT_F32 || (masked && i == 1), "attention_qkv: unsupported dtype");
     int64_t nh = k_int(k, at), nkv = k_int(k, at + 1), T = x->shape[x->rank - 2], W = x->shape[x->rank - 1];
     KCHECK(nh >= 1 && nkv >= 1 && nh % nkv == 0 && W % (nh + 2 * nkv) == 0, "attention_qkv: bad heads");
     int64_t D = W / (nh + 2 * nkv), B = x->numel / (T * W);
@@ -126,6 +135,7 @@ static void att_init_packed(Att *a, const KCall *k, int at)
     a->lq = (Lay){nh, T * W, D, W}, a->lk = (Lay){nkv, T * W, D, W}, a->lv = a->lk;
     a->lo = (Lay){nh, T * nh * D, D, nh * D};
     a->q = fdata(x), a->k = a->q + nh * D, a->v = a->k + nkv * D;
+    if (masked) att_mask(a, &k->in[1]);
 }
 
 /* Rows i0 .. i0 + n - 1 of slice s of a tensor of layout l, `width` elements each, to 0. */
@@ -138,11 +148,15 @@ static void zero_rows(float *x, const Lay *l, int64_t s, int64_t i0, int64_t n, 
  * rows r >= result + c (every row, without the mask: no tile is wider than BK). */
 static int64_t first_seer(const Att *a, int64_t i0, int64_t j0) { return a->causal ? j0 - a->at - i0 : -BK; }
 
+/* Key j's additive bias for slice bh: 0 without one. */
+static float bias_of(const Att *a, int64_t bh, int64_t j) { return a->bias ? a->bias[bh / a->mper * a->S + j] : 0.0f; }
+
 /* The first row of a tile that sees key c, first = first_seer: first + c, or none (past every
- * row) when the padding mask hides the key from slice bh. */
+ * row) when the mask hides the key from slice bh (boolean 0, additive -inf). */
 static int64_t seer_of(const Att *a, int64_t bh, int64_t j0, int64_t c, int64_t first)
 {
-    return a->mask && !a->mask[bh / a->mper * a->S + j0 + c] ? INT64_MAX : first + c;
+    int hidden = a->mask ? !a->mask[bh / a->mper * a->S + j0 + c] : bias_of(a, bh, j0 + c) == -INFINITY;
+    return hidden ? INT64_MAX : first + c;
 }
 
 /* ---- forward ---------------------------------------------------------------------- */
@@ -165,6 +179,11 @@ KSIMD static void fwd_block(const Att *a, int64_t bh, int64_t i0)
         int64_t first = first_seer(a, i0, j0);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nk, (int)nq, (int)D, a->scale,
                     a->k + lay_at(&a->lk, bh / a->G, j0), (int)a->lk.r, q, (int)a->lq.r, 0.0f, st, (int)nq);
+        for (int64_t c = 0; a->bias && c < nk; c++) {  // an additive mask: key c's bias on its scores
+            float b = bias_of(a, bh, j0 + c), *sc = st + c * nq;
+            VEC_LOOP
+            for (int64_t r = 0; r < nq; r++) sc[r] += b;
+        }
         for (int64_t r = 0; r < nq; r++) mx[r] = m[r];
         for (int64_t c = 0; c < nk; c++) {
             const float *sc = st + c * nq;
@@ -278,13 +297,14 @@ KSIMD static void bwd_tile(const Att *a, int64_t bh, int64_t i0, int64_t j0, con
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)Dv, 1.0f, go, ldo, vj, ldv, 0.0f, ds,
                 (int)nk);
     int64_t first = first_seer(a, i0, j0), fc[BK];
-    for (int64_t c = 0; c < nk; c++) fc[c] = seer_of(a, bh, j0, c, first);
+    float bc[BK];  // the keys' additive biases (0 without: adding it changes nothing)
+    for (int64_t c = 0; c < nk; c++) fc[c] = seer_of(a, bh, j0, c, first), bc[c] = bias_of(a, bh, j0 + c);
     for (int64_t r = 0; r < nq; r++) {
         float *pr = p + r * nk, *dsr = ds + r * nk;
         float l = lse[r], d = dr[r];
         VEC_LOOP  // the whole tile row, masked keys to 0
         for (int64_t c = 0; c < nk; c++) {
-            float e = r >= fc[c] ? fexp(pr[c] - l) : 0.0f;
+            float e = r >= fc[c] ? fexp(pr[c] + bc[c] - l) : 0.0f;
             dsr[c] = e * (dsr[c] - d);
             pr[c] = e;
         }
@@ -380,7 +400,8 @@ void cpu_attention_bwd(const KCall *k)
 }
 
 /* attention_masked(q, k, v, mask, causal) -> out, lse; its backward (q, k, v, mask, o, lse, dout) -> dq, dk,
- * dv: by whole batch items (every head of an item reads its mask row), the mask i32 (never staged). */
+ * dv: by whole batch items (every head of an item reads its mask row); an i32 mask as it is, a 16-bit
+ * (additive) one staged as f32 like the rest. */
 static Slabs masked_slabs(const KCall *k, int bwd)
 {
     int8_t r = (int8_t)k->in[0].rank;
@@ -435,29 +456,52 @@ static const Slabs ATTENTION_QKV_BWD = {{2, 2, 2, 2, 2}, -1};
 CpuWork cpu_work_attention_qkv(const KCall *k) { return slab_work(k, &ATTENTION_QKV); }
 CpuWork cpu_work_attention_qkv_bwd(const KCall *k) { return slab_work(k, &ATTENTION_QKV_BWD); }
 
-void cpu_attention_qkv(const KCall *k)
+/* attention_qkv's forward (masked: attention_qkv_masked's, the mask input 1), its attributes from k->attr[at]. */
+static void packed_fwd(const KCall *k, const Slabs *s, CpuKernel self, int at, int masked)
 {
     if (lowp_call(k)) {
-        slab_run(k, &ATTENTION_QKV, cpu_attention_qkv);
+        slab_run(k, s, self);
         return;
     }
     Att a;
-    att_init_packed(&a, k, 1);
+    att_init_packed(&a, k, at, masked);
     a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
     fwd_all(&a);
 }
 
-void cpu_attention_qkv_bwd(const KCall *k)
+/* Their backward: o, lse, dout follow qkv (and the mask). */
+static void packed_bwd(const KCall *k, const Slabs *s, CpuKernel self, int at, int masked)
 {
     if (lowp_call(k)) {
-        slab_run(k, &ATTENTION_QKV_BWD, cpu_attention_qkv_bwd);
+        slab_run(k, s, self);
         return;
     }
     Att a;
-    att_init_packed(&a, k, 4);
-    a.o = fdata(&k->in[1]), a.lse = fdata(&k->in[2]), a.dout = fdata(&k->in[3]);
+    att_init_packed(&a, k, at, masked);
+    a.o = fdata(&k->in[1 + masked]), a.lse = fdata(&k->in[2 + masked]), a.dout = fdata(&k->in[3 + masked]);
     a.dq = fdata(&k->out[0]), a.dk = a.dq + a.lq.nh * a.D, a.dv = a.dk + a.lk.nh * a.D;
     bwd_all(&a);
+}
+
+void cpu_attention_qkv(const KCall *k) { packed_fwd(k, &ATTENTION_QKV, cpu_attention_qkv, 1, 0); }
+void cpu_attention_qkv_bwd(const KCall *k) { packed_bwd(k, &ATTENTION_QKV_BWD, cpu_attention_qkv_bwd, 4, 0); }
+
+/* attention_qkv_masked(qkv, mask, nh, nkv, causal) -> o, lse; its backward (qkv, mask, o, lse, dout) -> dqkv:
+ * attention_qkv's, by batch items, with the mask's row of each (an i32 one as it is, a 16-bit one staged). */
+static const Slabs ATTENTION_QKV_MASKED = {{2, 1, 2, 2}, -1};
+static const Slabs ATTENTION_QKV_MASKED_BWD = {{2, 1, 2, 2, 2, 2}, -1};
+
+CpuWork cpu_work_attention_qkv_masked(const KCall *k) { return slab_work(k, &ATTENTION_QKV_MASKED); }
+CpuWork cpu_work_attention_qkv_masked_bwd(const KCall *k) { return slab_work(k, &ATTENTION_QKV_MASKED_BWD); }
+
+void cpu_attention_qkv_masked(const KCall *k)
+{
+    packed_fwd(k, &ATTENTION_QKV_MASKED, cpu_attention_qkv_masked, 2, 1);
+}
+
+void cpu_attention_qkv_masked_bwd(const KCall *k)
+{
+    packed_bwd(k, &ATTENTION_QKV_MASKED_BWD, cpu_attention_qkv_masked_bwd, 5, 1);
 }
 
 /* ---- rope ------------------------------------------------------------------------- */

@@ -240,6 +240,8 @@ CpuWork cpu_work_rope(const KCall *k);
 CpuWork cpu_work_rope_at(const KCall *k);
 CpuWork cpu_work_attention_masked(const KCall *k);
 CpuWork cpu_work_attention_masked_bwd(const KCall *k);
+CpuWork cpu_work_attention_qkv_masked(const KCall *k);
+CpuWork cpu_work_attention_qkv_masked_bwd(const KCall *k);
 CpuWork cpu_work_epilogue(const KCall *k);  // the GEMM epilogue ops: their product's
 
 /* matmul.c: matmul with an epilogue: fn runs on the f32 values of C before they are stored

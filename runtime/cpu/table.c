@@ -45,6 +45,8 @@ static const struct {
     {cpu_rope_at, cpu_work_rope_at},
     {cpu_attention_masked, cpu_work_attention_masked},
     {cpu_attention_masked_bwd, cpu_work_attention_masked_bwd},
+    {cpu_attention_qkv_masked, cpu_work_attention_qkv_masked},
+    {cpu_attention_qkv_masked_bwd, cpu_work_attention_qkv_masked_bwd},
     {cpu_matmul_bias, cpu_work_epilogue},
     {cpu_matmul_bias_gelu, cpu_work_epilogue},
     {cpu_matmul_dgelu_bgrad, cpu_work_epilogue},

@@ -127,11 +127,22 @@ if(NOT FS_FUZZ)
   add_test(NAME cuda_emu_bert COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/py/bert_mlm.py
            $<TARGET_FILE:fsc> $<TARGET_FILE:fsexec> --emu $<TARGET_FILE:fs_cudaemu>)
   set_tests_properties(cuda_emu_bert PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT})
-  # attention_masked (a key padding mask; codegen/kernels/attention_f32.cuh) against the CPU backend, fp32 and
-  # bf16, causal and not, with a fully masked batch item (tests/py/attn_mask.py --emu).
+  # attention_masked (a key mask, boolean and additive; codegen/kernels/attention_f32.cuh, D != Dv) against the
+  # CPU backend, fp32 and bf16, causal and not, with a fully masked batch item (tests/py/attn_mask.py --emu; 8
+  # emulated steps: 4 minutes under load).
   add_test(NAME cuda_emu_attn_mask COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/py/attn_mask.py
            $<TARGET_FILE:fsc> $<TARGET_FILE:fsexec> --emu $<TARGET_FILE:fs_cudaemu>)
-  set_tests_properties(cuda_emu_attn_mask PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT})
+  math(EXPR attn_mask_timeout "2 * ${FS_SLOW_TIMEOUT}")
+  set_tests_properties(cuda_emu_attn_mask PROPERTIES TIMEOUT ${attn_mask_timeout})
+  # attention_masked on the tensor-core kernels (bf16, fp16) and the f32 ones (fp32) with D = Dv: T = 37, head
+  # dims 24 and 64, grouped and not, causal and not, boolean and additive masks with a fully masked item, against
+  # the CPU backend, and the backward's bits with the blocks in either order; attention_qkv_masked (packed) against
+  # attention_masked (tests/py/attn_mask.py --emu-shapes).
+  add_test(NAME cuda_emu_attn_mask_tc COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/py/attn_mask.py
+           $<TARGET_FILE:fsc> $<TARGET_FILE:fsexec> --emu-shapes $<TARGET_FILE:fs_cudaemu>)
+  # (10 emulated steps, each compiling its own kernels: 9 minutes on a loaded 2-core machine)
+  math(EXPR attn_mask_tc_timeout "3 * ${FS_SLOW_TIMEOUT}")
+  set_tests_properties(cuda_emu_attn_mask_tc PROPERTIES TIMEOUT ${attn_mask_tc_timeout})
   # attention_qkv (passes/packed_attn.c): the heads read from the QKV projection's rows, on tensor cores (head dims
   # 64, 24 and 128) and by the f32 kernels (fp32; 16-bit head dim 20, not a multiple of 8); GPT-2 without it keeps
   # attention's contiguous path covered in gpt2_bf16_unfused
