@@ -113,9 +113,9 @@ static int emit_dx(CuCtx *c, const Norm *n)
     const char *src = cu_kernel(
         c, 0,
         cu_fmt(c, "%s, %s, %s, %s%s", cu_pin(c, 0, "x"), cu_pin(c, 1, "w"), cu_pin(c, 2, "dy"), cu_pout(c, 0, "dx"),
-               add ? cu_fmt(c, ", %s", cu_pin(c, 3, "r")) : ""),
+               add ? cu_fmt(c, ", %s", cu_pin(c, 3, "res")) : ""),
         cu_fmt(c, "fs_norm_bwd_dx<%s, %s, %lldLL, %lldLL>(x, w, dy, dx, %s%s)", row_targs(c, &geo),
-               n->rms ? "true" : "false", (long long)n->rows, (long long)n->C, n->eps, add ? ", r" : ""));
+               n->rms ? "true" : "false", (long long)n->rows, (long long)n->C, n->eps, add ? ", res" : ""));
     int a[5] = {cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 0), add ? cu_in_id(c, 3) : 0};
     return row_launch(c, n->op, src, &geo, a, 4 + add);
 }

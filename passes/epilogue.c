@@ -12,6 +12,16 @@
  *   gelu_bwd(pre, matmul(dy, w, tb)), sum_to(that) . matmul_dgelu_bgrad(dy, w, pre)    DGELU_BGRAD
  *   matmul(x, dy, ta) and sum_to(dy) (dy [..., N]) . matmul_bgrad(x, dy, side 1)       BGRADA (BGRADB for
  *                                                    matmul(dy, x, ta), side 0: a weight stored [N, C])
+ * and with `fuse_residual` (on by default), a residual add in the op that makes one side:
+ *   add(r, matmul_bias(a, w, bias)) ................ matmul_bias_add(a, w, bias, r)   BIAS, cuBLASLt's C = r
+ *                                                    with beta 1 (D, the output, another buffer)
+ *   add(r, matmul(a, w)) ........................... matmul_add(a, w, r)              beta 1 (also the sum of
+ *                                                    two dX GEMMs: Llama's h read by wq, wk and wv)
+ *   add(r, layernorm_bwd(x, w, dy)) ................ layernorm_bwd_add(x, w, dy, r)   its dx kernel adds r (the
+ *                                                    residual stream's gradient; rmsnorm_bwd likewise)
+ * r must be of the output's type, lie in a buffer other than the output's and be no
+ * param's gradient (the shard pass may yet lay those in one flat buffer): no GEMM reads C
+ * from the bytes it writes D to, no kernel reads r where it writes dx.
  *
  * A bias gradient is fused once: into its GELU's gradient where there is one, else into
  * the weight gradient's GEMM. A frozen bias has no sum_to and a frozen weight no weight
@@ -20,15 +30,16 @@
  *
  * Needs: the backward, recomputation and micro-batches in their final form (autodiff,
  *        recompute and pipeline ran: their copies fuse like the originals); the
- *        `fuse_gemm` setting (on by default).
+ *        `fuse_gemm` setting (on by default), and `fuse_residual` for the residual adds.
  * Gives: each match above replaced by its op where the first of its nodes with every input
  *        in place stood; the replaced values' names, roles, views (a micro-batch's partial
  *        gradient sum) and readers carried by the new op's outputs (ir_value_take_over).
  *        The intermediate values it removes (the product, a sum before the bias, the
  *        gradient GELU's input) were read by the matched nodes alone. Every backend
  *        computes each fused op as the ops it replaced compute it (the CPU's bit for bit,
- *        but for the residual's association), so the shard pass, fp16 loss scaling and the
- *        gradient accumulation see the values they saw.
+ *        but for the residual's association; r is added last, after the bias, as the add
+ *        did), so the shard pass, fp16 loss scaling and the gradient accumulation see the
+ *        values they saw. In 16 bits the fused ops round once where the ops rounded twice.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -197,7 +197,8 @@ typedef struct {
  *   A is [m, k] (ta: [k, m]) with row stride lda; B is [k, n] (tb: [n, k]) with row
  *   stride ldb. a_off, b_off, c_off: element offsets added to each base first (a matmul
  *   whose batch does not fold into one strided call is several GEMMs). Accumulation is
- *   f32 whatever the dtypes; C is written (beta 0). */
+ *   f32 whatever the dtypes; C is written (beta 0), or under `beta` written as the
+ *   product plus R (below). */
 typedef enum { PLAN_CU_LAUNCH, PLAN_CU_GEMM, PLAN_CU_COUNT } PlanCuKind;
 
 /* A GEMM's epilogue (passes/epilogue.c, cuBLASLt's on CUDA), on a GEMM of batch 1 with no

@@ -98,13 +98,13 @@ __device__ __forceinline__ void fs_norm_bwd_finish(const TS *__restrict__ dx, TW
 
 // Backward kernel 3: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w, row by
 // row with the statistics recomputed (rmsnorm: no mean(g) term). It overwrites kernel 1's
-// scratch, which kernel 2 has finished reading. With r (the _add ops: a residual stream's
-// gradient, never dx's bytes) dx is r + that, summed in f32 and rounded once.
+// scratch, which kernel 2 has finished reading. With res (the _add ops' r: a residual
+// stream's gradient, never dx's bytes) dx is res + that, summed in f32 and rounded once.
 template <int KIND, int NTR, bool RMS, long long ROWS, long long C, class TX, class TW, class TG, class TD,
           class TR = float>
 __device__ __forceinline__ void fs_norm_bwd_dx(const TX *__restrict__ x, const TW *__restrict__ w,
                                                const TG *__restrict__ dy, TD *__restrict__ dx, float eps,
-                                               const TR *__restrict__ r = nullptr)
+                                               const TR *__restrict__ res = nullptr)
 {
     using R = FsRow<KIND, NTR>;
     const R r;
@@ -122,6 +122,6 @@ __device__ __forceinline__ void fs_norm_bwd_dx(const TX *__restrict__ x, const T
     for (long long j = r.tid; j < C; j += NTR) {
         const float g = ld(dy, base + j) * ld(w, j), h = (ld(x, base + j) - mean) * rstd;
         const float d = rstd * (g - a - h * b);
-        st(dx, base + j, r ? ld(r, base + j) + d : d);
+        st(dx, base + j, res ? ld(res, base + j) + d : d);
     }
 }

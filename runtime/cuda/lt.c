@@ -13,7 +13,7 @@
  * the CPU backend's (sum_to's fixed order) it is not promised bit-reproducible across
  * algorithms, only across runs of one algorithm on one GPU. A GEMM that cuBLASLt has no
  * algorithm for is an error when the backend starts, naming the op (the plan compiled
- * with --fuse_gemm 0 has none).
+ * with --fuse_gemm 0 has none; with --fuse_residual 0, no beta 1).
  */
 #include <stdio.h>
 
@@ -89,7 +89,7 @@ static int make_one(RtBackend *b, int32_t i, CudaLtGemm *l)
         char where[128];
         cs_op_where(b->plan, b->plan->cuda[i].op, where, sizeof where);
         snprintf(b->what_buf, sizeof b->what_buf, "%s: cuBLASLt has no algorithm for its GEMM's epilogue %d, beta %d "
-                 "(compile with --fuse_gemm 0)", where, (int)g->epilogue, g->beta);
+                 "(compile with --fuse_gemm 0, or --fuse_residual 0 for beta 1)", where, (int)g->epilogue, g->beta);
         return cuda_fail(b, __FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", b->what_buf);
     }
     l->algo = r.algo;
