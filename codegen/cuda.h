@@ -52,11 +52,13 @@ static inline const Value *cu_inv(const CuCtx *c, int i) { return ir_value(c->g,
 static inline const Value *cu_outv(const CuCtx *c, int i) { return ir_value(c->g, cu_out_id(c, i)); }
 
 /* One cuBLAS call, row-major as PlanCuda's GEMM describes it. A, B, C are value ids;
- * epi a PlanEpilogue, with bias and aux its value ids (0 when it has none). */
+ * epi a PlanEpilogue, with bias and aux its value ids (0 when it has none); beta 1: r's
+ * value (of C's type) is added (cuBLASLt's C, the plan's C its D). */
 typedef struct {
     int A, B, C;
     int ta, tb;
     int epi, bias, aux;
+    int beta, r;
     int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch, a_off, b_off, c_off;
 } CuGemm;
 

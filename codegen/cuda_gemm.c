@@ -13,7 +13,8 @@
  *
  * The GEMM epilogue ops (passes/epilogue.c) are one GEMM each (their shape rule says so:
  * b a matrix, a's batch folded) with a PlanEpilogue and its bias and aux tensors, which
- * the CUDA backend runs as one cublasLtMatmul.
+ * the CUDA backend runs as one cublasLtMatmul; matmul_bias_add and matmul_add add their
+ * residual as cuBLASLt's C (beta 1), the op's output its D.
  */
 #include "cuda.h"
 
@@ -90,21 +91,29 @@ static int geometry(CuCtx *c, int A_id, int B_id, int C_id, CuGemm *out)
     return 0;
 }
 
-/* An epilogue op: its product (output `into`) as one GEMM with epilogue epi. */
-static int epilogue(CuCtx *c, int into, PlanEpilogue epi, int bias, int aux)
+/* An epilogue op: its product (output `into`) as one GEMM with epilogue epi, plus input r
+ * when r >= 0 (beta 1). */
+static int epilogue_r(CuCtx *c, int into, PlanEpilogue epi, int bias, int aux, int r)
 {
     CuGemm gm;
     if (geometry(c, cu_in_id(c, 0), cu_in_id(c, 1), cu_out_id(c, into), &gm)) return -1;
     const Value *A = cu_inv(c, 0);
     if (!gm.ta && cu_inv(c, 1)->rank == 2) gm.m = ir_numel(A) / gm.k;  // a's batch folded into M
     gm.stride_a = gm.m * gm.k, gm.stride_c = gm.m * gm.n;
-    gm.epi = epi, gm.bias = bias, gm.aux = aux;
+    gm.epi = epi, gm.bias = bias, gm.aux = aux, gm.beta = r >= 0, gm.r = r >= 0 ? r : 0;
     return emit(c, &gm);
+}
+
+static int epilogue(CuCtx *c, int into, PlanEpilogue epi, int bias, int aux)
+{
+    return epilogue_r(c, into, epi, bias, aux, -1);
 }
 
 int cuda_matmul_bias(CuCtx *c) { return epilogue(c, 0, PLAN_EPI_BIAS, cu_in_id(c, 2), 0); }
 int cuda_matmul_bias_gelu(CuCtx *c) { return epilogue(c, 0, PLAN_EPI_GELU_AUX_BIAS, cu_in_id(c, 2), cu_out_id(c, 1)); }
 int cuda_matmul_dgelu_bgrad(CuCtx *c) { return epilogue(c, 0, PLAN_EPI_DGELU_BGRAD, cu_out_id(c, 1), cu_in_id(c, 2)); }
+int cuda_matmul_bias_add(CuCtx *c) { return epilogue_r(c, 0, PLAN_EPI_BIAS, cu_in_id(c, 2), 0, cu_in_id(c, 3)); }
+int cuda_matmul_add(CuCtx *c) { return epilogue_r(c, 0, PLAN_EPI_NONE, 0, 0, cu_in_id(c, 2)); }
 int cuda_matmul_bgrad(CuCtx *c)
 {
     int side = (int)ir_attr_int(c->g, cu_node(c), "side", 1);

@@ -213,10 +213,12 @@ int cu_launch(CuCtx *c, const char *prefix, const char *src, CuDim grid, CuDim b
 int cu_gemm(CuCtx *c, const CuGemm *gm)
 {
     int32_t at;
-    int n = 3 + plan_epilogue_args(gm->epi);
-    if (add_args(c, (const int[]){gm->A, gm->B, gm->C, gm->bias, gm->aux}, n, &at)) return -1;
+    int e = plan_epilogue_args(gm->epi), n = 3 + e + (gm->beta != 0);
+    int args[6] = {gm->A, gm->B, gm->C, gm->bias, gm->aux};
+    args[3 + e] = gm->beta ? gm->r : args[3 + e];
+    if (add_args(c, args, n, &at)) return -1;
     PlanCuda ins = {.op = c->node, .kind = PLAN_CU_GEMM, .kernel = PLAN_NONE, .args = at, .n_args = n,
-                    .epilogue = gm->epi, .ta = gm->ta, .tb = gm->tb, .m = gm->m, .n = gm->n, .k = gm->k,
+                    .epilogue = gm->epi, .beta = gm->beta, .ta = gm->ta, .tb = gm->tb, .m = gm->m, .n = gm->n, .k = gm->k,
                     .lda = gm->lda, .ldb = gm->ldb,
                     .ldc = gm->ldc, .stride_a = gm->stride_a, .stride_b = gm->stride_b, .stride_c = gm->stride_c,
                     .batch = gm->batch, .a_off = gm->a_off, .b_off = gm->b_off, .c_off = gm->c_off};

@@ -13,8 +13,9 @@
  *   2. finish (P > 1): dw[c] and db[c] add the P partials in order.
  *   3. dx: one row kernel recomputes the row's statistics and writes dx over the
  *      scratch, which kernel 2 has finished reading.
- * So every sum has one order fixed by the shapes: bitwise reproducible. dx must not
- * share bytes with x or dy (as on the CPU) and starts 4-byte aligned (memplan gives
+ * So every sum has one order fixed by the shapes: bitwise reproducible. The _add ops
+ * (a residual stream's gradient r added to dx) pass r to kernel 3. dx must not
+ * share bytes with x, dy or r (as on the CPU) and starts 4-byte aligned (memplan gives
  * every buffer 64).
  *
  * Where it sits: called by codegen_cuda (cuda_program.c) through the op table.
@@ -104,21 +105,26 @@ static int emit_finish(CuCtx *c, const Norm *n, int64_t P)
     return cu_launch(c, n->op, src, grid, (CuDim){32, 8, 1}, 0, a, n->rms ? 2 : 3);
 }
 
-/* Kernel 3: dx, row by row. */
+/* Kernel 3: dx, row by row (plus r, the _add ops' input 3). */
 static int emit_dx(CuCtx *c, const Norm *n)
 {
     RowGeo geo = row_geo(n->rows, n->C);
+    int add = cu_node(c)->n_in == 4;
     const char *src = cu_kernel(
-        c, 0, cu_fmt(c, "%s, %s, %s, %s", cu_pin(c, 0, "x"), cu_pin(c, 1, "w"), cu_pin(c, 2, "dy"), cu_pout(c, 0, "dx")),
-        cu_fmt(c, "fs_norm_bwd_dx<%s, %s, %lldLL, %lldLL>(x, w, dy, dx, %s)", row_targs(c, &geo),
-               n->rms ? "true" : "false", (long long)n->rows, (long long)n->C, n->eps));
-    return row_launch(c, n->op, src, &geo, (int[]){cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 0)}, 4);
+        c, 0,
+        cu_fmt(c, "%s, %s, %s, %s%s", cu_pin(c, 0, "x"), cu_pin(c, 1, "w"), cu_pin(c, 2, "dy"), cu_pout(c, 0, "dx"),
+               add ? cu_fmt(c, ", %s", cu_pin(c, 3, "res")) : ""),
+        cu_fmt(c, "fs_norm_bwd_dx<%s, %s, %lldLL, %lldLL>(x, w, dy, dx, %s%s)", row_targs(c, &geo),
+               n->rms ? "true" : "false", (long long)n->rows, (long long)n->C, n->eps, add ? ", res" : ""));
+    int a[5] = {cu_in_id(c, 0), cu_in_id(c, 1), cu_in_id(c, 2), cu_out_id(c, 0), add ? cu_in_id(c, 3) : 0};
+    return row_launch(c, n->op, src, &geo, a, 4 + add);
 }
 
-/* layernorm_bwd(x, w, dy, eps) -> dx, dw, db; rmsnorm_bwd(x, w, dy, eps) -> dx, dw */
+/* layernorm_bwd(x, w, dy, eps) -> dx, dw, db; rmsnorm_bwd(x, w, dy, eps) -> dx, dw; the _add
+ * forms (x, w, dy, r, eps) the same with r added to dx */
 static int emit_norm_bwd(CuCtx *c, int rms)
 {
-    if (want_floats(c, op_name(cu_node(c)->op), 3)) return -1;
+    if (want_floats(c, op_name(cu_node(c)->op), cu_node(c)->n_in)) return -1;
     Norm n = norm_of(c, rms);
     int64_t P = n.rows / CHUNK_ROWS > 1 ? n.rows / CHUNK_ROWS : 1;
     if (emit_partials(c, &n, P)) return -1;
@@ -128,3 +134,5 @@ static int emit_norm_bwd(CuCtx *c, int rms)
 
 int cuda_layernorm_bwd(CuCtx *c) { return emit_norm_bwd(c, 0); }
 int cuda_rmsnorm_bwd(CuCtx *c) { return emit_norm_bwd(c, 1); }
+int cuda_layernorm_bwd_add(CuCtx *c) { return emit_norm_bwd(c, 0); }
+int cuda_rmsnorm_bwd_add(CuCtx *c) { return emit_norm_bwd(c, 1); }

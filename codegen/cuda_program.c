@@ -77,6 +77,7 @@ int codegen_cuda_print(const Plan *p, FILE *out)
                     in->m, in->n, in->k, in->ta, in->tb, in->lda, in->ldb, in->ldc, in->batch, in->stride_a, in->stride_b,
                     in->stride_c, in->a_off, in->b_off, in->c_off);
         if (in->kind == PLAN_CU_GEMM && in->epilogue) fprintf(out, " epilogue %s", plan_epilogue_name(in->epilogue));
+        if (in->kind == PLAN_CU_GEMM && in->beta) fprintf(out, " beta 1");
         print_args(p, in, out);
         fputc('\n', out);
     }

@@ -160,6 +160,7 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"pack_attention", I, NULL, 0, t->pack_attention},
         {"fuse_gemm", I, NULL, 0, t->fuse_gemm},
         {"slice_views", I, NULL, 0, t->slice_views},
+        {"fuse_residual", I, NULL, 0, t->fuse_residual},
         {"balance", S, t->balance, 0, 0},
         {"offload", S, offload_name(t->offload), 0, 0},
         {"seed", I, NULL, 0, (int64_t)t->seed},

@@ -157,6 +157,9 @@ double flops_max_bwd(const Graph *g, const Node *n) { return out_numel(g, n); }
 double flops_softmax_bwd(const Graph *g, const Node *n) { return 4 * out_numel(g, n); }
 double flops_layernorm_bwd(const Graph *g, const Node *n) { return LAYERNORM_BWD_FLOPS * in_numel(g, n, 0); }
 double flops_rmsnorm_bwd(const Graph *g, const Node *n) { return RMSNORM_BWD_FLOPS * in_numel(g, n, 0); }
+/* The norm's backward and the residual gradient's add it took over. */
+double flops_layernorm_bwd_add(const Graph *g, const Node *n) { return (LAYERNORM_BWD_FLOPS + 1) * in_numel(g, n, 0); }
+double flops_rmsnorm_bwd_add(const Graph *g, const Node *n) { return (RMSNORM_BWD_FLOPS + 1) * in_numel(g, n, 0); }
 double flops_embedding_bwd(const Graph *g, const Node *n) { return in_numel(g, n, 1); }
 double flops_embedding_bwd_into(const Graph *g, const Node *n) { return in_numel(g, n, 2); }
 double flops_cross_entropy_bwd(const Graph *g, const Node *n) { return XENT_FLOPS * out_numel(g, n); }
@@ -239,6 +242,8 @@ static double product_flops(const Graph *g, const Node *n)
     return 2.0 * out_numel(g, n) * (double)b->shape[ir_attr_int(g, n, "tb", 0) ? 1 : 0];
 }
 double flops_matmul_bias(const Graph *g, const Node *n) { return product_flops(g, n) + out_numel(g, n); }
+double flops_matmul_bias_add(const Graph *g, const Node *n) { return product_flops(g, n) + 2 * out_numel(g, n); }
+double flops_matmul_add(const Graph *g, const Node *n) { return product_flops(g, n) + out_numel(g, n); }
 double flops_matmul_bias_gelu(const Graph *g, const Node *n)
 {
     return product_flops(g, n) + (1 + GELU_FLOPS) * out_numel(g, n);

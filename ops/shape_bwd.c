@@ -96,21 +96,27 @@ int shape_max_bwd(ShapeCtx *c)
     return 0;
 }
 
-/* (x, w, dy) -> dx like x, then dw (and db) like w. */
-static int norm_bwd(ShapeCtx *c, int n_out)
+/* (x, w, dy[, r]) -> dx like x, then dw (and db) like w; r (the _add forms: added to dx)
+ * of dx's type. */
+static int norm_bwd(ShapeCtx *c, int n_out, int n_in)
 {
-    if (want_in(c, 3)) return -1;
+    if (want_in(c, n_in)) return -1;
     char a[192], b[192];
     if (!op_type_same_shape(&c->in[0], &c->in[2]))
         return shape_fail(c, "%s: x %s and dy %s differ", op_name(c->op), op_type_str(&c->in[0], a, sizeof a),
                           op_type_str(&c->in[2], b, sizeof b));
+    if (n_in == 4 && (!op_type_same_shape(&c->in[0], &c->in[3]) || c->in[3].dtype != c->in[0].dtype))
+        return shape_fail(c, "%s: r %s is not dx's type %s", op_name(c->op), op_type_str(&c->in[3], a, sizeof a),
+                          op_type_str(&c->in[0], b, sizeof b));
     like(c, 0, &c->in[0]);
     for (int i = 1; i < n_out; i++) like(c, i, &c->in[1]);
     return 0;
 }
 
-int shape_layernorm_bwd(ShapeCtx *c) { return norm_bwd(c, 3); }
-int shape_rmsnorm_bwd(ShapeCtx *c) { return norm_bwd(c, 2); }
+int shape_layernorm_bwd(ShapeCtx *c) { return norm_bwd(c, 3, 3); }
+int shape_rmsnorm_bwd(ShapeCtx *c) { return norm_bwd(c, 2, 3); }
+int shape_layernorm_bwd_add(ShapeCtx *c) { return norm_bwd(c, 3, 4); }
+int shape_rmsnorm_bwd_add(ShapeCtx *c) { return norm_bwd(c, 2, 4); }
 
 /* (idx [...], dy [..., C], rows) -> [rows, C] */
 int shape_embedding_bwd(ShapeCtx *c)

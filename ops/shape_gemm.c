@@ -52,6 +52,30 @@ int shape_matmul_bias(ShapeCtx *c)
     return want_n(c, 3) || product(c, 1, &M, &K, &N) || want_vector(c, 2, N) ? -1 : 0;
 }
 
+/* Input i is a tensor of output 0's type (a residual added to it). */
+static int want_like_out(ShapeCtx *c, int i)
+{
+    char t[192], u[192];
+    if (!op_type_same_shape(&c->in[i], &c->out[0]) || c->in[i].dtype != c->out[0].dtype)
+        return shape_fail(c, "%s: input %d is %s, the product %s", op_name(c->op), i,
+                          op_type_str(&c->in[i], t, sizeof t), op_type_str(&c->out[0], u, sizeof u));
+    return 0;
+}
+
+/* (a, b, bias [N], r [..., N]) -> c + bias + r [..., N] */
+int shape_matmul_bias_add(ShapeCtx *c)
+{
+    int64_t M, K, N;
+    return want_n(c, 4) || product(c, 1, &M, &K, &N) || want_vector(c, 2, N) || want_like_out(c, 3) ? -1 : 0;
+}
+
+/* (a, b, r [..., N]) -> c + r [..., N] */
+int shape_matmul_add(ShapeCtx *c)
+{
+    int64_t M, K, N;
+    return want_n(c, 3) || product(c, 1, &M, &K, &N) || want_like_out(c, 2) ? -1 : 0;
+}
+
 /* (a, b, bias [N]) -> gelu(c + bias), c + bias: both [..., N] */
 int shape_matmul_bias_gelu(ShapeCtx *c)
 {
@@ -66,10 +90,7 @@ int shape_matmul_dgelu_bgrad(ShapeCtx *c)
 {
     int64_t M, K, N;
     if (want_n(c, 3) || product(c, 1, &M, &K, &N)) return -1;
-    char t[192], u[192];
-    if (!op_type_same_shape(&c->in[2], &c->out[0]) || c->in[2].dtype != c->out[0].dtype)
-        return shape_fail(c, "%s: pre is %s, the product %s", op_name(c->op), op_type_str(&c->in[2], t, sizeof t),
-                          op_type_str(&c->out[0], u, sizeof u));
+    if (want_like_out(c, 2)) return -1;
     shape_set(c, 1, c->out[0].dtype, 1, &N);
     return 0;
 }

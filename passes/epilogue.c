@@ -12,6 +12,16 @@
  *   gelu_bwd(pre, matmul(dy, w, tb)), sum_to(that) . matmul_dgelu_bgrad(dy, w, pre)    DGELU_BGRAD
  *   matmul(x, dy, ta) and sum_to(dy) (dy [..., N]) . matmul_bgrad(x, dy, side 1)       BGRADA (BGRADB for
  *                                                    matmul(dy, x, ta), side 0: a weight stored [N, C])
+ * and with `fuse_residual` (on by default), a residual add in the op that makes one side:
+ *   add(r, matmul_bias(a, w, bias)) ................ matmul_bias_add(a, w, bias, r)   BIAS, cuBLASLt's C = r
+ *                                                    with beta 1 (D, the output, another buffer)
+ *   add(r, matmul(a, w)) ........................... matmul_add(a, w, r)              beta 1 (also the sum of
+ *                                                    two dX GEMMs: Llama's h read by wq, wk and wv)
+ *   add(r, layernorm_bwd(x, w, dy)) ................ layernorm_bwd_add(x, w, dy, r)   its dx kernel adds r (the
+ *                                                    residual stream's gradient; rmsnorm_bwd likewise)
+ * r must be of the output's type, lie in a buffer other than the output's and be no
+ * param's gradient (the shard pass may yet lay those in one flat buffer): no GEMM reads C
+ * from the bytes it writes D to, no kernel reads r where it writes dx.
  *
  * A bias gradient is fused once: into its GELU's gradient where there is one, else into
  * the weight gradient's GEMM. A frozen bias has no sum_to and a frozen weight no weight
@@ -20,15 +30,16 @@
  *
  * Needs: the backward, recomputation and micro-batches in their final form (autodiff,
  *        recompute and pipeline ran: their copies fuse like the originals); the
- *        `fuse_gemm` setting (on by default).
+ *        `fuse_gemm` setting (on by default), and `fuse_residual` for the residual adds.
  * Gives: each match above replaced by its op where the first of its nodes with every input
  *        in place stood; the replaced values' names, roles, views (a micro-batch's partial
  *        gradient sum) and readers carried by the new op's outputs (ir_value_take_over).
  *        The intermediate values it removes (the product, a sum before the bias, the
  *        gradient GELU's input) were read by the matched nodes alone. Every backend
  *        computes each fused op as the ops it replaced compute it (the CPU's bit for bit,
- *        but for the residual's association), so the shard pass, fp16 loss scaling and the
- *        gradient accumulation see the values they saw.
+ *        but for the residual's association; r is added last, after the bias, as the add
+ *        did), so the shard pass, fp16 loss scaling and the gradient accumulation see the
+ *        values they saw. In 16 bits the fused ops round once where the ops rounded twice.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -315,6 +326,87 @@ static int fuse_bgrad(Graph *g, int k)
     return 0;
 }
 
+/* ---- residual adds ----------------------------------------------------------------------- */
+
+/* The buffer value v lies in: v, or the root of the views it is one of. */
+static int root_of(const Graph *g, int v)
+{
+    for (int p; (p = ir_view_parent(g, v)) >= 0;) v = p;
+    return v;
+}
+
+/* Whether r can be read beside add node k's output being written: the same type, in
+ * another buffer (cuBLASLt's C and D, a kernel's r and dx), and no param's gradient (those
+ * the shard pass may yet lay in one flat buffer). */
+static int residual_for(const Graph *g, int r, int k)
+{
+    int out = out0(g, k);
+    if (!ir_same_shape(ir_value(g, r), ir_value(g, out)) || ir_value(g, r)->dtype != ir_value(g, out)->dtype ||
+        root_of(g, r) == root_of(g, out))
+        return 0;
+    for (int w = 0; w < g->n_values; w++)
+        if (g->values[w].grad >= 0 && (root_of(g, g->values[w].grad) == root_of(g, r) ||
+                                       root_of(g, g->values[w].grad) == root_of(g, out)))
+            return 0;
+    return 1;
+}
+
+/* add(r, matmul_bias(a, w, bias)) as matmul_bias_add(a, w, bias, r), add(r, matmul(a, w))
+ * as matmul_add(a, w, r), where the add stood: 1 when rewritten. */
+static int fuse_gemm_add(Graph *g, int k)
+{
+    for (int side = 0; side < 2; side++) {
+        int p = in_(g, k, side), r = in_(g, k, 1 - side);
+        int mb = made_by(g, p, OP_matmul_bias), mm = made_by(g, p, OP_matmul), m = mb >= 0 ? mb : mm;
+        if (m < 0 || p == r || (mm >= 0 && !one_gemm(g, mm)) || !private_to(g, p, k) || !residual_for(g, r, k) ||
+            !ir_same_shape(ir_value(g, p), ir_value(g, r)) || ir_value(g, p)->dtype != ir_value(g, r)->dtype)
+            continue;
+        int n_old = g->n_nodes;
+        int in[4] = {in_(g, m, 0), in_(g, m, 1), mb >= 0 ? in_(g, m, 2) : r, r};
+        int f = add_node(g, mb >= 0 ? OP_matmul_bias_add : OP_matmul_add, in, mb >= 0 ? 4 : 3, k, m, -1);
+        ir_value_take_over(g, out0(g, k), out0(g, f));
+        splice(g, n_old, k, (int[]){m, k}, 2);
+        return 1;
+    }
+    return 0;
+}
+
+/* add(r, layernorm_bwd(x, w, dy)) as layernorm_bwd_add(x, w, dy, r) (rmsnorm_bwd likewise):
+ * the residual stream's gradient summed in the norm's dx kernel. It goes where the norm's
+ * backward stood when r is made before it, else where the add stood when nothing reads dw
+ * or db before that; 1 when rewritten. */
+static int fuse_norm_add(Graph *g, int k)
+{
+    for (int side = 0; side < 2; side++) {
+        int d = in_(g, k, side), r = in_(g, k, 1 - side), e = made_by(g, d, OP_layernorm_bwd);
+        if (e < 0) e = made_by(g, d, OP_rmsnorm_bwd);
+        if (e < 0 || d == r || out0(g, e) != d || !private_to(g, d, k) || !residual_for(g, r, k) ||
+            !ir_same_shape(ir_value(g, d), ir_value(g, r)) || ir_value(g, d)->dtype != ir_value(g, r)->dtype)
+            continue;
+        const Node *en = ir_node(g, e);
+        int early = ir_value(g, r)->producer < e, at = early ? e : k;
+        for (int o = 1; !early && o < en->n_out; o++)
+            if (!read_after(g, ir_out(g, en, o), k)) at = -1;
+        if (at < 0) continue;
+        int n_old = g->n_nodes, rms = en->op == OP_rmsnorm_bwd;
+        Attr eps = {.key = "eps", .kind = ATTR_FLOAT, .f = ir_attr_float(g, en, "eps", 1e-5)};
+        const Node *l = ir_node(g, at);
+        char err[256];
+        int f = ir_node_add(g, rms ? OP_rmsnorm_bwd_add : OP_layernorm_bwd_add,
+                            (int[]){in_(g, e, 0), in_(g, e, 1), in_(g, e, 2), r}, 4, &eps, 1, l->block, l->phase,
+                            l->loc, err, sizeof err);
+        if (f < 0) fprintf(stderr, "epilogue: %s\n", err);
+        FS_ASSERT(f >= 0);
+        g->nodes[f].mb = g->nodes[at].mb, g->nodes[f].chunk = g->nodes[at].chunk;
+        ir_value_take_over(g, out0(g, k), out0(g, f));
+        for (int o = 1; o < ir_node(g, e)->n_out; o++)
+            ir_value_take_over(g, ir_out(g, ir_node(g, e), o), ir_out(g, ir_node(g, f), o));
+        splice(g, n_old, at, (int[]){e, k}, 2);
+        return 1;
+    }
+    return 0;
+}
+
 /* Applies rule to every node of kind op until none changes. */
 static void each(Graph *g, OpKind op, int (*rule)(Graph *, int))
 {
@@ -332,5 +424,8 @@ int pass_epilogue(Graph *g, const Options *o, Diag *d)
     each(g, OP_add, fuse_residual);
     each(g, OP_gelu_bwd, fuse_dgelu);  // before fuse_bgrad: a GELU's bias gradient goes into its gradient's GEMM
     each(g, OP_matmul, fuse_bgrad);
+    if (!o->train.fuse_residual) return 0;
+    each(g, OP_add, fuse_gemm_add);  // after fuse_bias and fuse_residual: x + (a w + b) is add(x, matmul_bias)
+    each(g, OP_add, fuse_norm_add);
     return 0;
 }

@@ -58,7 +58,8 @@ static const PassInfo PASSES[] = {
      "g's buffer (a tied embedding's gradient: no dense table, no add)", pass_embed_into, 0},
     {"epilogue", "the backward and the micro-batches in their final order; fuse_gemm on",
      "a matmul with its bias add (and GELU), a GELU's gradient with its input's GEMM, a bias gradient with the "
-     "weight gradient's GEMM, as one op each (cuBLASLt epilogues)", pass_epilogue, 0},
+     "weight gradient's GEMM, as one op each (cuBLASLt epilogues); with fuse_residual, a residual add in its GEMM "
+     "(beta 1) or in its norm's backward", pass_epilogue, 0},
     {"shard", "param gradients; each rank's part of the batch",
      "flat param and grad buffers per unit, collectives in place in the order; Value.grad on what the optimizer updates",
      pass_shard, 1},

@@ -220,6 +220,28 @@ static int check_epilogue(Check *c, int32_t i, const PlanCuda *g)
     return 0;
 }
 
+/* A GEMM with beta 1 adds R, its last arg: one call (batch 1, no offsets) with no epilogue
+ * or a bias, R an [m, n] tensor of C's dtype and row stride in bytes of its own (cuBLASLt's
+ * C beside its D). */
+static int check_beta(Check *c, int32_t i, const PlanCuda *g)
+{
+    const Plan *p = c->p;
+    if (g->beta != 0 && g->beta != 1) return fail(c, "cuda %d: GEMM beta %d (0 or 1)", i, g->beta);
+    if (!g->beta) return 0;
+    if (g->epilogue != PLAN_EPI_NONE && g->epilogue != PLAN_EPI_BIAS)
+        return fail(c, "cuda %d: a GEMM that adds R has no epilogue or a bias, not %s", i,
+                    plan_epilogue_name(g->epilogue));
+    if (g->batch != 1 || g->a_off || g->b_off || g->c_off)
+        return fail(c, "cuda %d: a GEMM that adds R is one call (batch 1, no offsets)", i);
+    const PlanTensor *d = &p->tensors[p->ids[g->args + 2]], *r = &p->tensors[p->ids[g->args + g->n_args - 1]];
+    if (r->dtype != d->dtype || !span_ok(0, 1, 0, g->m, g->ldc, g->n, plan_tensor_numel(r)))
+        return fail(c, "cuda %d: the GEMM's R is not an [m, n] tensor of C's dtype", i);
+    int64_t r_end = r->offset + plan_tensor_nbytes(r), d_end = d->offset + plan_tensor_nbytes(d);
+    if (r->place == d->place && r->offset < d_end && d->offset < r_end)
+        return fail(c, "cuda %d: the GEMM's R shares bytes with its C", i);
+    return 0;
+}
+
 static int check_gemm(Check *c, int32_t i, const PlanCuda *g)
 {
     const Plan *p = c->p;
@@ -231,13 +253,13 @@ static int check_gemm(Check *c, int32_t i, const PlanCuda *g)
                         g->batch, g->lda, g->ldb, g->ldc);
     if (g->epilogue < 0 || g->epilogue >= PLAN_EPI_COUNT)
         return fail(c, "cuda %d: GEMM epilogue %d unknown", i, g->epilogue);
-    int extra = plan_epilogue_args(g->epilogue);
-    if (g->n_args != 3 + extra)
-        return fail(c, "cuda %d: a GEMM takes %d tensors (A, B, C%s), has %d", i, 3 + extra,
-                    extra == 2 ? ", bias, aux" : extra ? ", bias" : "", g->n_args);
+    int extra = plan_epilogue_args(g->epilogue), r = g->beta == 1;
+    if (g->n_args != 3 + extra + r)
+        return fail(c, "cuda %d: a GEMM takes %d tensors (A, B, C%s%s), has %d", i, 3 + extra + r,
+                    extra == 2 ? ", bias, aux" : extra ? ", bias" : "", r ? ", R" : "", g->n_args);
     if ((g->ta != 0 && g->ta != 1) || (g->tb != 0 && g->tb != 1))
         return fail(c, "cuda %d: GEMM transpose flags %d, %d (0 or 1)", i, g->ta, g->tb);
-    if (g->epilogue && check_epilogue(c, i, g)) return -1;
+    if ((g->epilogue && check_epilogue(c, i, g)) || check_beta(c, i, g)) return -1;
     const PlanTensor *a = &p->tensors[p->ids[g->args]], *b = &p->tensors[p->ids[g->args + 1]],
                      *d = &p->tensors[p->ids[g->args + 2]];
     if (a->dtype == PLAN_DT_I32 || b->dtype == PLAN_DT_I32 || d->dtype == PLAN_DT_I32)

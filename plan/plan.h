@@ -197,7 +197,8 @@ typedef struct {
  *   A is [m, k] (ta: [k, m]) with row stride lda; B is [k, n] (tb: [n, k]) with row
  *   stride ldb. a_off, b_off, c_off: element offsets added to each base first (a matmul
  *   whose batch does not fold into one strided call is several GEMMs). Accumulation is
- *   f32 whatever the dtypes; C is written (beta 0). */
+ *   f32 whatever the dtypes; C is written (beta 0), or under `beta` written as the
+ *   product plus R (below). */
 typedef enum { PLAN_CU_LAUNCH, PLAN_CU_GEMM, PLAN_CU_COUNT } PlanCuKind;
 
 /* A GEMM's epilogue (passes/epilogue.c, cuBLASLt's on CUDA), on a GEMM of batch 1 with no
@@ -209,7 +210,9 @@ typedef enum {
     PLAN_EPI_NONE, PLAN_EPI_BIAS, PLAN_EPI_GELU_AUX_BIAS, PLAN_EPI_DGELU_BGRAD, PLAN_EPI_BGRAD_A, PLAN_EPI_BGRAD_B,
     PLAN_EPI_COUNT
 } PlanEpilogue;
-/* The args an epilogue adds after A, B, C: bias, then aux. */
+/* The args an epilogue adds after A, B, C: bias, then aux. A GEMM with beta 1 adds one more
+ * last, R: C = op(A) op(B) + R (epilogue NONE), or + bias + R (BIAS); R [m, n] of C's dtype
+ * and row stride ldc, never C's bytes (cuBLASLt's C, the plan's C its D; batch 1). */
 static inline int plan_epilogue_args(int epi)
 {
     if (epi == PLAN_EPI_GELU_AUX_BIAS || epi == PLAN_EPI_DGELU_BGRAD) return 2;
@@ -221,11 +224,12 @@ typedef struct {
     PlanCuKind kind;
     int32_t kernel;        // LAUNCH: string id of the kernel's name; else PLAN_NONE
     int32_t args, n_args;  // range in Plan.ids: tensor ids (LAUNCH: the kernel's parameters; GEMM: A, B, C, then
-                           // its epilogue's bias and aux)
+                           // its epilogue's bias and aux, then R under beta)
     int32_t grid[3], block[3];
     int32_t smem;          // LAUNCH: dynamic shared memory, bytes
     int32_t ta, tb;        // GEMM
     int32_t epilogue;      // GEMM: a PlanEpilogue (byte 5 of the record; 0 in plans before it)
+    int32_t beta;          // GEMM: 1 when R is added (its last arg), else 0 (byte 6; 0 in plans before it)
     int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch, a_off, b_off, c_off;
 } PlanCuda;
 

@@ -398,7 +398,7 @@ static int read_cuda(Reader *r, const Sec *s, Plan *p)
         const uint8_t *b = s->b + 8 + (size_t)i * rec;
         PlanCuda *c = &p->cuda[p->n_cuda++];
         *c = (PlanCuda){
-            .op = get_i32(b), .kind = (PlanCuKind)b[4], .epilogue = b[5], .kernel = get_i32(b + 8),
+            .op = get_i32(b), .kind = (PlanCuKind)b[4], .epilogue = b[5], .beta = b[6], .kernel = get_i32(b + 8),
             .args = get_i32(b + 12),
             .n_args = get_i32(b + 16), .smem = get_i32(b + 44), .ta = get_i32(b + 48), .tb = get_i32(b + 52),
         };

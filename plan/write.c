@@ -110,6 +110,7 @@ static void encode_cuda(uint8_t *w, const PlanCuda *c)
     put_i32(w, c->op);
     w[4] = (uint8_t)c->kind;
     w[5] = (uint8_t)c->epilogue;
+    w[6] = (uint8_t)c->beta;
     const int32_t i32s[] = {c->kernel, c->args, c->n_args, c->grid[0], c->grid[1], c->grid[2], c->block[0],
                             c->block[1], c->block[2], c->smem, c->ta, c->tb};
     for (int i = 0; i < 12; i++) put_i32(w + 8 + 4 * i, i32s[i]);

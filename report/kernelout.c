@@ -75,6 +75,7 @@ static json_t *launch(const KernReport *r, const KernLaunch *l, int *bad)
         for (int i = 0; i < 4 && g; i++) push(g, json_integer(mnkb[i]), bad);
         put(o, "gemm", g, bad);
         put(o, "epilogue", json_string(plan_epilogue_name(in->epilogue)), bad);
+        put(o, "beta", json_integer(in->beta), bad);
     }
     put(o, "elements", json_integer(l->elements), bad);
     put(o, "flops", json_real(l->flops), bad);

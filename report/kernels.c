@@ -133,13 +133,16 @@ static void gemm_cost(const Plan *p, int32_t i, KernLaunch *l)
                     k * n * (in->stride_b ? batch : 1) * plan_dtype_size(B->dtype);
     l->bytes_written = m * n * batch * plan_dtype_size(C->dtype);
     l->elements = in->m * in->n * in->batch;
-    if (!in->epilogue) return;
-    /* The epilogue's work (its op's FLOPs beyond the product: a bias add, a GELU, a sum)
-     * and bytes: the bias read or the bias gradient written, the GELU's input written
-     * (GELU_AUX_BIAS) or read back (DGELU_BGRAD). Its FLOPs count with the GEMM's (they run
-     * in its kernel, on its tensor-core flag): next to the product's they are a rounding. */
     double es = plan_dtype_size(C->dtype), len = in->epilogue == PLAN_EPI_BGRAD_A ? m : n;
+    if (in->beta) l->bytes_read += m * n * es;  // the residual, cuBLASLt's C
+    if (!in->epilogue && !in->beta) return;
+    /* The epilogue's work (its op's FLOPs beyond the product: a bias add, a GELU, a sum, a
+     * residual's add) and bytes: the bias read or the bias gradient written, the GELU's
+     * input written (GELU_AUX_BIAS) or read back (DGELU_BGRAD). Its FLOPs count with the
+     * GEMM's (they run in its kernel, on its tensor-core flag): next to the product's they
+     * are a rounding. */
     if (p->ops[in->op].flops > l->flops) l->flops = p->ops[in->op].flops;
+    if (!in->epilogue) return;
     if (in->epilogue == PLAN_EPI_BIAS || in->epilogue == PLAN_EPI_GELU_AUX_BIAS) l->bytes_read += len * es;
     else l->bytes_written += len * es;
     if (in->epilogue == PLAN_EPI_GELU_AUX_BIAS) l->bytes_written += m * n * es;

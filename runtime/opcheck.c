@@ -420,6 +420,7 @@ static int (*const extra[OP_COUNT])(OpCheck *) = {
     [OP_adamw] = extra_adamw,            [OP_sgd] = extra_sgd,
     [OP_attention_qkv_bwd] = extra_attention_qkv_bwd,
     [OP_attention_qkv_masked_bwd] = extra_attention_qkv_masked_bwd,
+    [OP_layernorm_bwd_add] = extra_layernorm_bwd, [OP_rmsnorm_bwd_add] = extra_rmsnorm_bwd,
 };
 
 /* ---- one op ------------------------------------------------------------------------------ */

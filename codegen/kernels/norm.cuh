@@ -98,10 +98,13 @@ __device__ __forceinline__ void fs_norm_bwd_finish(const TS *__restrict__ dx, TW
 
 // Backward kernel 3: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w, row by
 // row with the statistics recomputed (rmsnorm: no mean(g) term). It overwrites kernel 1's
-// scratch, which kernel 2 has finished reading.
-template <int KIND, int NTR, bool RMS, long long ROWS, long long C, class TX, class TW, class TG, class TD>
+// scratch, which kernel 2 has finished reading. With res (the _add ops' r: a residual
+// stream's gradient, never dx's bytes) dx is res + that, summed in f32 and rounded once.
+template <int KIND, int NTR, bool RMS, long long ROWS, long long C, class TX, class TW, class TG, class TD,
+          class TR = float>
 __device__ __forceinline__ void fs_norm_bwd_dx(const TX *__restrict__ x, const TW *__restrict__ w,
-                                               const TG *__restrict__ dy, TD *__restrict__ dx, float eps)
+                                               const TG *__restrict__ dy, TD *__restrict__ dx, float eps,
+                                               const TR *__restrict__ res = nullptr)
 {
     using R = FsRow<KIND, NTR>;
     const R r;
@@ -118,6 +121,7 @@ __device__ __forceinline__ void fs_norm_bwd_dx(const TX *__restrict__ x, const T
     b = R::sum(b) / (float)C;
     for (long long j = r.tid; j < C; j += NTR) {
         const float g = ld(dy, base + j) * ld(w, j), h = (ld(x, base + j) - mean) * rstd;
-        st(dx, base + j, rstd * (g - a - h * b));
+        const float d = rstd * (g - a - h * b);
+        st(dx, base + j, res ? ld(res, base + j) + d : d);
     }
 }

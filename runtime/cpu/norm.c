@@ -15,6 +15,9 @@
  * backward stages blocks of rows of x and dy in the workspace, with dx's scratch and
  * f32 accumulators for dw and db that carry over from block to block: every column
  * still sums its rows in order, so the result is the f32 kernel's, rounded once.
+ *
+ * The _add forms (passes/epilogue.c: a residual stream's gradient) add r to dx in f32
+ * after dx is computed, then round once: in f32, r + dx as the add they replace.
  */
 #include <math.h>
 #include <string.h>
@@ -145,6 +148,13 @@ static void bwd_rows(const float *x, const float *w, const float *dy, float *dx,
     }
 }
 
+/* dx += r over n values: r + dx, the add the _add forms replace (f32 addition commutes). */
+static void add_rows(float *dx, const float *r, int64_t n)
+{
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i++) dx[i] = r[i] + dx[i];
+}
+
 /* Workspace: w, dw and db as f32, and x, dy and dx for each row of a block. */
 CpuWork cpu_work_norm_bwd(const KCall *k)
 {
@@ -163,13 +173,17 @@ static void norm_bwd_lowp(const KCall *k, int rms)
            rms ? "rmsnorm" : "layernorm", least, k->work ? k->work_floats : 0);
     int64_t block = imin(rows, (int64_t)((k->work_floats - 3 * (size_t)C) / (3 * (size_t)C)));
     float *w = k->work, *dw = w + C, *db = rms ? NULL : dw + C, *x = dw + 2 * C, *dy = x + block * C, *dx = dy + block * C;
-    float eps = (float)k->attr[3];
+    float eps = (float)k->attr[k->n_in];
     to_f32(w, W->data, W->dtype, 0, C);
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
         int64_t n = imin(block, rows - r0);
         to_f32_par(x, X->data, X->dtype, r0 * C, n * C);
         to_f32_par(dy, DY->data, DY->dtype, r0 * C, n * C);
         bwd_rows(x, w, dy, dx, dw, db, n, C, eps, rms, r0 == 0);
+        if (k->n_in == 4) {  // x's rows are done with: r's go there
+            to_f32_par(x, k->in[3].data, k->in[3].dtype, r0 * C, n * C);
+            add_rows(dx, x, n * C);
+        }
         from_f32_par(k->out[0].data, k->out[0].dtype, r0 * C, dx, n * C);
     }
     from_f32(k->out[1].data, k->out[1].dtype, 0, dw, C);
@@ -187,8 +201,11 @@ static void norm_bwd(const KCall *k, int rms)
     int64_t C = X->shape[X->rank - 1], rows = rows_of(X);
     const float *x = fdata(X), *w = fdata(&k->in[1]), *dy = fdata(&k->in[2]);
     float *dx = fdata(&k->out[0]), *dw = fdata(&k->out[1]), *db = rms ? NULL : fdata(&k->out[2]);
-    bwd_rows(x, w, dy, dx, dw, db, rows, C, (float)k->attr[3], rms, 1);
+    bwd_rows(x, w, dy, dx, dw, db, rows, C, (float)k->attr[k->n_in], rms, 1);
+    if (k->n_in == 4) add_rows(dx, fdata(&k->in[3]), rows * C);
 }
 
 void cpu_layernorm_bwd(const KCall *k) { norm_bwd(k, 0); }
 void cpu_rmsnorm_bwd(const KCall *k) { norm_bwd(k, 1); }
+void cpu_layernorm_bwd_add(const KCall *k) { norm_bwd(k, 0); }
+void cpu_rmsnorm_bwd_add(const KCall *k) { norm_bwd(k, 1); }

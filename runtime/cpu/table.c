@@ -51,6 +51,10 @@ static const struct {
     {cpu_matmul_bias_gelu, cpu_work_epilogue},
     {cpu_matmul_dgelu_bgrad, cpu_work_epilogue},
     {cpu_matmul_bgrad, cpu_work_epilogue},
+    {cpu_matmul_bias_add, cpu_work_epilogue},
+    {cpu_matmul_add, cpu_work_epilogue},
+    {cpu_layernorm_bwd_add, cpu_work_norm_bwd},
+    {cpu_rmsnorm_bwd_add, cpu_work_norm_bwd},
 };
 
 CpuWork cpu_work(CpuKernel fn, const KCall *k)

@@ -1,5 +1,6 @@
 /* runtime/cuda/lt.c: the GEMMs with an epilogue (passes/epilogue.c: bias, GELU, their
- * gradients) as cublasLtMatmul calls. Everything a call needs (the operation and layout
+ * gradients) or a residual added (beta 1: cuBLASLt's C the residual, its D the plan's C,
+ * two buffers) as cublasLtMatmul calls. Everything a call needs (the operation and layout
  * descriptors, the epilogue's pointers, the algorithm cuBLASLt's heuristic picks) is made
  * once when the backend starts (cuda_lt_make), so a step only calls cublasLtMatmul, which
  * allocates nothing and can be captured in a CUDA graph. The workspace is cuBLAS's.
@@ -12,7 +13,7 @@
  * the CPU backend's (sum_to's fixed order) it is not promised bit-reproducible across
  * algorithms, only across runs of one algorithm on one GPU. A GEMM that cuBLASLt has no
  * algorithm for is an error when the backend starts, naming the op (the plan compiled
- * with --fuse_gemm 0 has none).
+ * with --fuse_gemm 0 has none; with --fuse_residual 0, no beta 1).
  */
 #include <stdio.h>
 
@@ -23,6 +24,9 @@ struct CudaLtGemm {
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
 };
+
+/* A GEMM this file runs: an epilogue, or a residual as C. */
+static int lt_runs(const CsGemm *g) { return g->epilogue != CS_EPI_DEFAULT || g->beta; }
 
 static cudaDataType lt_type(PlanDType t)
 {
@@ -56,8 +60,10 @@ static int make_one(RtBackend *b, int32_t i, CudaLtGemm *l)
     SET(b, l->op, CUBLASLT_MATMUL_DESC_TRANSA, ta);
     SET(b, l->op, CUBLASLT_MATMUL_DESC_TRANSB, tb);
     SET(b, l->op, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
-    SET(b, l->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-    SET(b, l->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, ct);
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT) {  // a residual alone (beta 1) has no bias
+        SET(b, l->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+        SET(b, l->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, ct);
+    }
     if (g->epilogue == CS_EPI_GELU_AUX_BIAS || g->epilogue == CS_EPI_DGELU_BGRAD) {
         SET(b, l->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
         SET(b, l->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ld);
@@ -82,8 +88,8 @@ static int make_one(RtBackend *b, int32_t i, CudaLtGemm *l)
     if (st != CUBLAS_STATUS_SUCCESS || found < 1) {
         char where[128];
         cs_op_where(b->plan, b->plan->cuda[i].op, where, sizeof where);
-        snprintf(b->what_buf, sizeof b->what_buf, "%s: cuBLASLt has no algorithm for its GEMM's epilogue %d (compile "
-                 "with --fuse_gemm 0)", where, (int)g->epilogue);
+        snprintf(b->what_buf, sizeof b->what_buf, "%s: cuBLASLt has no algorithm for its GEMM's epilogue %d, beta %d "
+                 "(compile with --fuse_gemm 0, or --fuse_residual 0 for beta 1)", where, (int)g->epilogue, g->beta);
         return cuda_fail(b, __FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", b->what_buf);
     }
     l->algo = r.algo;
@@ -94,13 +100,13 @@ int cuda_lt_make(RtBackend *b)
 {
     b->what = "setting up cuBLASLt";
     int32_t n = 0;
-    for (int32_t i = 0; i < b->plan->n_cuda; i++) n += b->plan->cuda[i].kind == PLAN_CU_GEMM && b->s.gemms[i].epilogue;
+    for (int32_t i = 0; i < b->plan->n_cuda; i++) n += b->plan->cuda[i].kind == PLAN_CU_GEMM && lt_runs(&b->s.gemms[i]);
     if (!n) return 0;
     BLAS_CHECK(b, cublasLtCreate(&b->lt));
     if (!(b->lt_gemms = calloc((size_t)b->plan->n_cuda, sizeof *b->lt_gemms)))
         return cuda_fail(b, __FILE__, __LINE__, "calloc", "out of memory");
     for (int32_t i = 0; i < b->plan->n_cuda; i++)
-        if (b->plan->cuda[i].kind == PLAN_CU_GEMM && b->s.gemms[i].epilogue && make_one(b, i, &b->lt_gemms[i]))
+        if (b->plan->cuda[i].kind == PLAN_CU_GEMM && lt_runs(&b->s.gemms[i]) && make_one(b, i, &b->lt_gemms[i]))
             return -1;
     return 0;
 }
@@ -123,9 +129,11 @@ int cuda_lt_gemm(RtBackend *b, int32_t i)
     const CsGemm *g = &b->s.gemms[i];
     const CudaLtGemm *l = &b->lt_gemms[i];
     static const float one = 1.0f, zero = 0.0f;
-    void *c = (void *)(uintptr_t)(b->arena + (CUdeviceptr)g->c);
+    void *d = (void *)(uintptr_t)(b->arena + (CUdeviceptr)g->c);
+    const void *c = g->beta ? (const void *)(uintptr_t)(b->arena + (CUdeviceptr)g->r) : d;
     BLAS_CHECK(b, cublasLtMatmul(b->lt, l->op, &one, (const void *)(uintptr_t)(b->arena + (CUdeviceptr)g->a), l->a,
-                                 (const void *)(uintptr_t)(b->arena + (CUdeviceptr)g->b), l->b, &zero, c, l->c, c, l->c,
+                                 (const void *)(uintptr_t)(b->arena + (CUdeviceptr)g->b), l->b, g->beta ? &one : &zero,
+                                 c, l->c, d, l->c,
                                  &l->algo, (void *)(uintptr_t)b->blas_ws, (size_t)b->info.blas_workspace,
                                  (cudaStream_t)b->compute));
     return 0;

@@ -70,7 +70,7 @@ static int launch(RtBackend *b, int32_t i)
 static int gemm(RtBackend *b, int32_t i)
 {
     const CsGemm *g = &b->s.gemms[i];
-    if (g->epilogue != CS_EPI_DEFAULT) return cuda_lt_gemm(b, i);
+    if (g->epilogue != CS_EPI_DEFAULT || g->beta) return cuda_lt_gemm(b, i);
     static const float one = 1.0f, zero = 0.0f;
     int all_f32 = g->a_dt == PLAN_DT_F32 && g->b_dt == PLAN_DT_F32 && g->c_dt == PLAN_DT_F32;
     cublasComputeType_t ct = b->tf32 && all_f32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;

@@ -56,6 +56,8 @@ void cs_gemm(const Plan *p, int32_t i, int rank, CsGemm *g)
     g->epilogue = lt[c->epilogue];
     if (plan_epilogue_args(c->epilogue) >= 1) g->bias = cs_offset(p, p->ids[c->args + 3], rank);
     if (plan_epilogue_args(c->epilogue) >= 2) g->aux = cs_offset(p, p->ids[c->args + 4], rank);
+    g->beta = c->beta == 1;
+    if (g->beta) g->r = cs_offset(p, p->ids[c->args + c->n_args - 1], rank);
 }
 
 void cs_op_where(const Plan *p, int32_t op, char *buf, size_t n)

@@ -97,8 +97,10 @@ typedef struct {
     int64_t stride_a, stride_b, stride_c;  // elements between batch entries
     int64_t a, b, c;        // byte offsets of cuBLAS's A, B and C (offsets applied)
     PlanDType a_dt, b_dt, c_dt;
-    CsEpilogue epilogue;    // CS_EPI_DEFAULT: a plain GEMM (cublasGemmStridedBatchedEx)
+    CsEpilogue epilogue;    // CS_EPI_DEFAULT: a plain GEMM (cublasGemmStridedBatchedEx), unless beta
     int64_t bias, aux;      // byte offsets of the epilogue's bias vector and aux matrix (leading dim ldc)
+    int beta;               // 1: cuBLASLt's C is r (beta 1) and the plan's C its D (cublasLtMatmul)
+    int64_t r;              // byte offset of that C (leading dim ldc, C's dtype)
 } CsGemm;
 
 /* Offload's copy between the device arena and the host space (to_host, to_device): this

@@ -32,8 +32,9 @@
  *   column-major form), refused where cuBLAS refuses it (leading dimensions, mixed
  *   operand dtypes, operands outside their tensors, C overlapping A or B), computed as
  *   cuBLAS does with CUBLAS_COMPUTE_32F: f32 products and sums, C rounded once. A GEMM
- *   with an epilogue is the cublasLtMatmul the CUDA backend makes (runtime/cuda/lt.c):
- *   the epilogue on the f32 accumulator, refused where cuBLASLt has no algorithm.
+ *   with an epilogue or a residual (beta 1) is the cublasLtMatmul the CUDA backend makes
+ *   (runtime/cuda/lt.c): the residual and the epilogue on the f32 accumulator, refused
+ *   where cuBLASLt has no algorithm.
  * Collectives over one rank: a copy when out is not in (runtime/cpu/comm_local.c); over
  *   more, and sends and receives: nccl_emu.c's, started when reached and completed where
  *   the stored waits name them (as the CUDA backend's events order them) or at the end
@@ -420,9 +421,9 @@ static void span(int64_t base, int64_t es, int64_t rows, int64_t cols, int64_t l
     *hi = base + (last + 1) * es;
 }
 
-/* ---- cuBLASLt's epilogues (cublasLtMatmul, CUBLAS_COMPUTE_32F), on the f32 accumulator,
- * rounded once to C's dtype; column-major like the GEMM: the bias runs along m (one per
- * row of C), aux is [m, n] with leading dim ldc. GELU is the tanh form. A bias gradient
+/* ---- cuBLASLt's epilogues (cublasLtMatmul, CUBLAS_COMPUTE_32F), on the f32 accumulator
+ * plus cuBLASLt's C under beta 1 (alpha A B + beta C, then the epilogue's bias), rounded
+ * once to D's dtype; column-major like the GEMM: the bias runs along m (one per row of C), aux is [m, n] with leading dim ldc. GELU is the tanh form. A bias gradient
  * sums in f32, in index order: DGELU_BGRAD C as stored over its columns, BGRADA op(A)
  * over k, BGRADB op(B) over k. (cuBLASLt sums in an order of its own, and may sum the
  * gradient before rounding it; the results agree to the sums' rounding.) */
@@ -436,7 +437,8 @@ static float gelu_tanh_grad(float x)
 }
 
 /* What cuBLASLt refuses for these epilogues (CUBLAS_STATUS_NOT_SUPPORTED or no algorithm):
- * a batch, a bias gradient of a transposed A or an untransposed B. */
+ * a batch, a bias gradient of a transposed A or an untransposed B. (The CUDA backend makes
+ * one call with no batch for a GEMM that adds a residual as C, beta 1, too.) */
 static int lt_check(RtBackend *b, int32_t i, const CsGemm *g)
 {
     if (g->batch != 1)
@@ -512,8 +514,16 @@ static int gemm(RtBackend *b, int32_t i)
     for (int o = 0; o < 2; o++)
         if (lo[o] < hi[2] && lo[2] < hi[o])
             return failf(b, "GEMM %d: C overlaps cuBLAS's %s (undefined in cuBLAS)", i, names[o]);
-    if (g->epilogue != CS_EPI_DEFAULT && lt_check(b, i, g)) return -1;
-    const uint8_t *A = b->arena + g->a, *B = b->arena + g->b;
+    if ((g->epilogue != CS_EPI_DEFAULT || g->beta) && lt_check(b, i, g)) return -1;
+    if (g->beta) {  // cuBLASLt's C: read beside D, never D's bytes (an in-place C would alias what is written)
+        int64_t r_lo, r_hi;
+        int32_t tr = p->ids[c->args + c->n_args - 1];
+        int64_t t_lo = cs_offset(p, tr, b->s.vrank), t_hi = t_lo + plan_tensor_nbytes(&p->tensors[tr]);
+        span(g->r, ec, g->m, g->n, g->ldc, 0, 1, &r_lo, &r_hi);
+        if (r_lo < t_lo || r_hi > t_hi) return failf(b, "GEMM %d: its C (beta 1) spans outside its tensor %d", i, tr);
+        if (r_lo < hi[2] && lo[2] < r_hi) return failf(b, "GEMM %d: its C (beta 1) overlaps its D", i);
+    }
+    const uint8_t *A = b->arena + g->a, *B = b->arena + g->b, *R = b->arena + g->r;
     uint8_t *C = b->arena + g->c;
     for (int64_t bi = 0; bi < g->batch; bi++)
         for (int64_t col = 0; col < g->n; col++)
@@ -524,6 +534,7 @@ static int gemm(RtBackend *b, int32_t i)
                     int64_t ib = bi * g->stride_b + (g->trans_b ? col + l * g->ldb : l + col * g->ldb);
                     acc += emu_load(A, g->a_dt, ia) * emu_load(B, g->b_dt, ib);
                 }
+                if (g->beta) acc += emu_load(R, g->c_dt, row + col * g->ldc);  // alpha AB + beta C, then the epilogue
                 if (g->epilogue != CS_EPI_DEFAULT) acc = lt_epilogue(b, g, row, col, acc);
                 emu_store(C, g->c_dt, bi * g->stride_c + row + col * g->ldc, acc);
             }

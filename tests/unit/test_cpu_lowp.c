@@ -518,11 +518,22 @@ static Case mk_norm_bwd(void)
     return c;
 }
 
+/* The _add forms (passes/epilogue.c): r added to dx before the one rounding. */
+static Case mk_norm_bwd_add(void)
+{
+    Case c = mk_norm_bwd();
+    c.f = norm_rms ? cpu_rmsnorm_bwd_add : cpu_layernorm_bwd_add;
+    c.k.in[3] = frand(S(4, 30, 768), -2, 2), c.k.n_in = 4;
+    c.k.attr[3] = 0, c.k.attr[4] = 1e-5;
+    return c;
+}
+
 Test(lowp, norms_and_backward_exact)
 {
     for (norm_rms = 0; norm_rms < 2; norm_rms++) {
         EXACT(mk_norm);
         EXACT(mk_norm_bwd);
+        EXACT(mk_norm_bwd_add);
     }
 }
 
@@ -695,6 +706,7 @@ Test(lowp, small_workspace_same_results)
     small_work = 1;  // the least each call needs: one slab, row or panel at a time
     pieces(mk_norm, 0, "layernorm");
     pieces(mk_norm_bwd, 0, "layernorm_bwd");
+    pieces(mk_norm_bwd_add, 0, "layernorm_bwd_add");
     norm_rms = 1;
     pieces(mk_norm_bwd, 0, "rmsnorm_bwd");
     set_reduce(cpu_softmax, S(40, 1000), S(40, 1000), -1);

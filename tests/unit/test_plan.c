@@ -914,6 +914,8 @@ Test(plan, hostile_cuda_refused)
     expect_hostile("CUDA", gm + 16, 2, 4, "a GEMM takes 3 tensors");
     expect_hostile("CUDA", gm + 5, 9, 1, "GEMM epilogue 9 unknown");
     expect_hostile("CUDA", gm + 5, 1, 1, "a GEMM takes 4 tensors (A, B, C, bias), has 3");  // BIAS without its bias
+    expect_hostile("CUDA", gm + 6, 2, 1, "GEMM beta 2 (0 or 1)");
+    expect_hostile("CUDA", gm + 6, 1, 1, "a GEMM takes 4 tensors (A, B, C, R), has 3");  // beta 1 without its R
     expect_hostile("CUDA", gm + 48, 2, 4, "transpose flags");
     expect_hostile("CUDA", gm + 56, 0, 8, "GEMM dims must be in");
     expect_hostile("CUDA", gm + 72, (uint64_t)-8, 8, "GEMM dims must be in");
