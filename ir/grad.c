@@ -412,3 +412,22 @@ int grad_attention_qkv(GradCtx *c)
     route(c, n, (int[]){0}, 1);
     return 0;
 }
+
+/* rope's rule on the rows' layout: the rotation by the opposite angle, in place of each head. */
+int grad_rope_rows(GradCtx *c)
+{
+    Attr at[4] = {aint("n", attr_i(c, "n")), afloat("theta", attr_f(c, "theta")), aint("inverse", !attr_i(c, "inverse")),
+                  aint("interleaved", attr_i(c, "interleaved"))};
+    c->din[0] = emit(c, OP_rope_rows, &c->dout[0], 1, at, 4);
+    return 0;
+}
+
+/* attention's rule on the projections' rows: dq, dk, dv laid out as q, k, v. */
+int grad_attention_rows(GradCtx *c)
+{
+    Attr at[3] = {aint("nh", attr_i(c, "nh")), aint("nkv", attr_i(c, "nkv")), aint("causal", attr_i(c, "causal"))};
+    int in[6] = {in_of(c, 0), in_of(c, 1), in_of(c, 2), out_of(c, 0), out_of(c, 1), c->dout[0]};
+    int n = emit_node(c, OP_attention_rows_bwd, in, 6, at, 3);
+    route(c, n, (int[]){0, 1, 2}, 3);
+    return 0;
+}

@@ -225,6 +225,14 @@ int shape_attention_qkv_bwd(ShapeCtx *c)
     return 0;
 }
 
+/* (q, k, v, o, lse, dout) -> dq, dk, dv, each laid out as its input */
+int shape_attention_rows_bwd(ShapeCtx *c)
+{
+    if (want_in(c, 6)) return -1;
+    for (int i = 0; i < 3; i++) like(c, i, &c->in[i]);
+    return 0;
+}
+
 /* ---- optimizer --------------------------------------------------------------------- */
 
 /* sumsq_parts(x) -> f32 [ceil(numel / OPS_SUMSQ_CHUNK)], at least one part. */

@@ -137,6 +137,7 @@ static int check_dims(OpCheck *c)
 {
     int gemm = c->kind == OP_matmul || c->kind == OP_attention || c->kind == OP_attention_bwd ||
                c->kind == OP_attention_qkv || c->kind == OP_attention_qkv_bwd || c->kind == OP_attention_masked ||
+               c->kind == OP_attention_rows || c->kind == OP_attention_rows_bwd ||
                c->kind == OP_attention_masked_bwd;
     for (int i = 0; i < c->op->n_in + c->op->n_out; i++) {
         int32_t id = i < c->op->n_in ? in_id(c, i) : out_id(c, i - c->op->n_in);
@@ -341,6 +342,14 @@ static int extra_attention_qkv_bwd(OpCheck *c)
            want_like(c, 2, &sc.out[1], "lse") || want_like(c, 3, &sc.out[0], "dout");
 }
 
+/* attention_rows_bwd(q, k, v, o, lse, dout; nh, nkv, causal): o, lse as attention_rows(q, k, v) makes them. */
+static int extra_attention_rows_bwd(OpCheck *c)
+{
+    ShapeCtx sc;
+    return run_rule(c, OP_attention_rows, c->in, 3, &sc) || want_like(c, 3, &sc.out[0], "o") ||
+           want_like(c, 4, &sc.out[1], "lse") || want_like(c, 5, &sc.out[0], "dout");
+}
+
 /* lr_at(step; lr, schedule, ...): the step an i32 scalar; schedule 0 (constant) or 1 (cosine). */
 static int extra_lr_at(OpCheck *c)
 {
@@ -410,6 +419,7 @@ static int (*const extra[OP_COUNT])(OpCheck *) = {
     [OP_count_step] = extra_count_step,  [OP_scale_update] = extra_scale_update,
     [OP_adamw] = extra_adamw,            [OP_sgd] = extra_sgd,
     [OP_attention_qkv_bwd] = extra_attention_qkv_bwd,
+    [OP_attention_rows_bwd] = extra_attention_rows_bwd,
 };
 
 /* ---- one op ------------------------------------------------------------------------------ */

@@ -49,6 +49,9 @@ static const struct {
     {cpu_matmul_bias_gelu, cpu_work_epilogue},
     {cpu_matmul_dgelu_bgrad, cpu_work_epilogue},
     {cpu_matmul_bgrad, cpu_work_epilogue},
+    {cpu_rope_rows, cpu_work_rope_rows},
+    {cpu_attention_rows, cpu_work_attention_rows},
+    {cpu_attention_rows_bwd, cpu_work_attention_rows_bwd},
 };
 
 CpuWork cpu_work(CpuKernel fn, const KCall *k)
