@@ -140,6 +140,16 @@ if(NOT FS_FUZZ)
   cuda_emu_test(attn_qkv_hd128_bf16 tests/cuda_emu/attn_qkv.fsm -D B=1 -D T=65 -D NH=1 --precision bf16)
   cuda_emu_test(attn_qkv_hd24_fp32 tests/cuda_emu/attn_qkv.fsm -D C=72 -D NH=3)
   cuda_emu_test(attn_qkv_hd20_bf16 tests/cuda_emu/attn_qkv.fsm -D C=40 --precision bf16)
+  # rope_rows and attention_rows (passes/packed_attn.c): Llama's heads turned and read on its q, k, v projections'
+  # rows, grouped-query (NKV < NH), both rope forms; tensor cores (head dims 64, 24, 128) and the f32 kernels (fp32;
+  # 16-bit head dim 20). Llama without it keeps heads -> rope -> attention -> merge_heads covered.
+  cuda_emu_test(attn_rows_hd64_bf16 tests/cuda_emu/attn_rows.fsm --precision bf16)
+  cuda_emu_test(attn_rows_hd24_fp16 tests/cuda_emu/attn_rows.fsm -D T=130 -D C=96 -D NH=4 -D NKV=2 --precision fp16)
+  cuda_emu_test(attn_rows_hd128_bf16 tests/cuda_emu/attn_rows.fsm -D B=1 -D T=65 -D C=256 --precision bf16)
+  cuda_emu_test(attn_rows_hd24_fp32 tests/cuda_emu/attn_rows.fsm -D C=72 -D NH=3)
+  cuda_emu_test(attn_rows_hd20_bf16 tests/cuda_emu/attn_rows.fsm -D C=80 -D NH=4 -D NKV=2 --precision bf16)
+  cuda_emu_test(llama_bf16_unpacked samples/llama.fsm -D L=2 -D C=32 -D NH=4 -D NKV=2 -D T=16 -D V=256 -D B=2 -D F=64
+                --precision bf16 --pack_attention 0)
 endif()
 
 # fsexec itself on the device path (--device cuda through cuda-emu) against --device cpu.
