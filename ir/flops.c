@@ -252,3 +252,4 @@ double flops_matmul_bgrad(const Graph *g, const Node *n)
 double flops_attention_rows(const Graph *g, const Node *n) { return flops_attention_qkv(g, n); }
 double flops_attention_rows_bwd(const Graph *g, const Node *n) { return flops_attention_qkv_bwd(g, n); }
 double flops_rope_rows(const Graph *g, const Node *n) { return ROPE_FLOPS * in_numel(g, n, 0); }
+double flops_pad(const Graph *g, const Node *n) { return 0; }

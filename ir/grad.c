@@ -431,3 +431,14 @@ int grad_attention_rows(GradCtx *c)
     route(c, n, (int[]){0, 1, 2}, 3);
     return 0;
 }
+
+/* pad's adjoint takes x's rows back out of the padded gradient (the padding's gradient is dropped). */
+int grad_pad(GradCtx *c)
+{
+    const Value *x = val(c, in_of(c, 0));
+    int64_t axis = attr_i(c, "axis");
+    if (axis < 0) axis += x->rank;
+    Attr at[3] = {aint("axis", axis), aint("start", attr_i(c, "start")), aint("len", x->shape[axis])};
+    c->din[0] = emit(c, OP_slice, &c->dout[0], 1, at, 3);
+    return 0;
+}

@@ -382,3 +382,6 @@ int shape_recv(ShapeCtx *c)
     if (op_attr_int(&c->attrs, "peer", -1) < 0) return shape_fail(c, "recv: peer must be a stage, >= 0");
     return shape_attr(c, (DType)dt);
 }
+
+/* pad(x, axis, start, size): slice_bwd's rule (passes/pad_vocab.c's padded head copy). */
+int shape_pad(ShapeCtx *c) { return shape_slice_bwd(c); }
