@@ -416,8 +416,8 @@ int grad_attention_qkv(GradCtx *c)
 /* rope's rule on the rows' layout: the rotation by the opposite angle, in place of each head. */
 int grad_rope_rows(GradCtx *c)
 {
-    Attr at[4] = {aint("n", attr_i(c, "n")), afloat("theta", attr_f(c, "theta")), aint("inverse", !attr_i(c, "inverse")),
-                  aint("interleaved", attr_i(c, "interleaved"))};
+    Attr at[4] = {aint("n", attr_i(c, "n")), afloat("theta", attr_f(c, "theta")),
+                  aint("inverse", !attr_i(c, "inverse")), aint("interleaved", attr_i(c, "interleaved"))};
     c->din[0] = emit(c, OP_rope_rows, &c->dout[0], 1, at, 4);
     return 0;
 }

@@ -21,8 +21,12 @@
  *        embedding's table, and the logits only by the loss (or as an output of the step:
  *        the sampling program's): P widened to [Vp, C], every node's outputs retyped (the
  *        logits [..., Vp]), and the loss replaced by one with valid = V. A head stored
- *        [C, V] (read without tb) keeps its shape: padding its columns would move every
- *        logical element (see docs/language.md). Forward-only programs run it too, so
+ *        [C, V] (read without tb: Llama's output) keeps its shape, as padding its columns
+ *        would move every logical element: where the logits are read by the loss alone (no
+ *        output of the step), the head matmul reads pad(P) [C, Vp], P's columns and zeros,
+ *        made just before it (its gradient, slice, drops the padding's), and the loss gets
+ *        valid = V; the model state, its files and the params count are untouched, at the
+ *        cost of the copy (and its gradient's slice) each step. Forward-only programs run it too, so
  *        evaluation, sampling and decode read the same stored param; the decode program,
  *        which has no loss, pads the head that makes its output logits (read by nothing).
  */
@@ -144,7 +148,8 @@ int pass_pad_vocab(Graph *g, const Options *o, Diag *d)
         if (g->nodes[n].op != OP_cross_entropy) continue;
         losses++;
         if (ir_attr_int(g, ir_node(g, n), "valid", 0)) continue;
-        int L = ir_in(g, ir_node(g, n), 0), V = (int)ir_value(g, L)->shape[ir_value(g, L)->rank - 1];
+        int L = ir_in(g, ir_node(g, n), 0);
+        int64_t V = ir_value(g, L)->shape[ir_value(g, L)->rank - 1];
         int p = head_param(g, L, n, m), mm = p < 0 ? column_head(g, L, n, m) : -1;
         if (p < 0 && mm < 0) continue;
         if (p >= 0) widen(g, p, m);

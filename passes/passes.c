@@ -23,7 +23,8 @@ static const PassInfo PASSES[] = {
      pass_dce, 1},
     {"pad_vocab", "a forward graph after fold and dce; pad_vocab > 1",
      "a classifier's vocabulary param (read transposed by the head, and as an embedding's table) widened to a "
-     "multiple of pad_vocab rows (Value.logical_rows: its own), every output retyped, the loss's valid = V",
+     "multiple of pad_vocab rows (Value.logical_rows: its own), or a [C, V] head read through pad(param) [C, Vp], "
+     "every output retyped, the loss's valid = V",
      pass_pad_vocab, 1},
     {"precision", "the forward graph", "fp16/bf16: compute copies of fp32 params and inputs by casts; fp16 loss-scale state",
      pass_precision, 1},

@@ -100,8 +100,11 @@ if(NOT FS_FUZZ)
   cuda_emu_test(gpt2_padded_bf16_unfused samples/gpt2.fsm -D L=1 -D C=32 -D NH=2 -D T=16 -D V=300 -D B=2
                 --precision bf16 --fuse_loss 0)
   cuda_emu_decode_test(gpt2_padded_decode 9 samples/gpt2.fsm -D L=1 -D C=32 -D NH=2 -D T=16 -D V=300 -D B=2)
-  cuda_emu_test(llama_odd_bf16 samples/llama.fsm -D L=1 -D C=44 -D NH=2 -D NKV=1 -D T=33 -D V=1025 -D B=3 -D F=90
+  # Llama's head stored [C, V] read through a padded copy (pad(output) [C, 320]; the loss's valid = 300).
+  cuda_emu_test(llama_padded_bf16 samples/llama.fsm -D L=1 -D C=32 -D NH=4 -D NKV=2 -D T=16 -D V=300 -D B=2 -D F=64
                 --precision bf16)
+  cuda_emu_test(llama_odd_bf16 samples/llama.fsm -D L=1 -D C=44 -D NH=2 -D NKV=1 -D T=33 -D V=1025 -D B=3 -D F=90
+                --precision bf16 --pad_vocab 0)
   foreach(prec fp32 bf16 fp16)
     cuda_emu_test(ops_${prec} tests/cuda_emu/ops.fsm --precision ${prec})
   endforeach()

@@ -202,7 +202,8 @@ def llama(fsc, fsexec, work, tok):
                 run([fsexec, plan + ".plan", "--data", tok, "--steps", "1", "--weights-format", fmt, "--load-weights",
                      "%s_%s.safetensors" % (other, fmt), "--log", log], work)
                 got.add(losses(log)[1])
-        check(len(got) == 1, "llama %s: one step-1 loss from either plan's weights, in either format (%s)" % (plan, got))
+        check(len(got) == 1, "llama %s: one step-1 loss from either plan's weights, in either format (%s)" %
+              (plan, got))
         step1[plan] = got.pop()
     check(abs(step1["LP"] - step1["LU"]) <= 1e-6 * abs(step1["LU"]), "llama: padded %.9g, unpadded %.9g" %
           (step1["LP"], step1["LU"]))

@@ -255,7 +255,8 @@ Test(cpu_attention_qkv, bf16_staged_by_batch_items)
 Test(cpu_attention_qkv, rope_rows_is_rope_of_the_heads)
 {
     int64_t B = 2, n = 3, T = 37, D = 24;
-    KTensor x = tensor(KT_F32, SH(B, T, n * D)), y = tensor(KT_F32, SH(B, T, n * D)), z = tensor(KT_F32, SH(B, T, n * D));
+    KTensor x = tensor(KT_F32, SH(B, T, n * D)), y = tensor(KT_F32, SH(B, T, n * D));
+    KTensor z = tensor(KT_F32, SH(B, T, n * D));
     KTensor h = tensor(KT_F32, SH(B, n, T, D)), hy = tensor(KT_F32, SH(B, n, T, D));
     for (int64_t i = 0; i < x.numel; i++) F(&x)[i] = (float)((i * 37) % 101) / 50 - 1;
     for (int64_t b = 0; b < B; b++)

@@ -90,7 +90,10 @@ static void same_training(const Packed *m, const char *precision, const char *mi
 
 Test(packed_attn, fp32_to_rounding) { same_training(&GPT2, "fp32", "1", "none", 1e-6); }
 Test(packed_attn, fp32_full_recompute) { same_training(&GPT2, "fp32", "1", "Block", 1e-6); }
-Test(packed_attn, fp32_selective_recompute_and_accumulation) { same_training(&GPT2, "fp32", "2", "attention:Block", 1e-6); }
+Test(packed_attn, fp32_selective_recompute_and_accumulation)
+{
+    same_training(&GPT2, "fp32", "2", "attention:Block", 1e-6);
+}
 Test(packed_attn, bf16_within_its_rounding) { same_training(&GPT2, "bf16", "1", "none", 1e-2); }
 Test(packed_attn, fp16_accumulation_within_its_rounding) { same_training(&GPT2, "fp16", "2", "attention:Block", 2e-3); }
 

@@ -368,8 +368,8 @@ Test(shapes, rope_rows_and_attention_rows)
     EXPECT_ERR(node(OP_attention_rows, INS(q, k, k), ATTRS(AI("nh", 4), AI("nkv", 3))),
                "attention_rows: nh = 4 query heads over nkv = 3 kv heads (both >= 1, nh a multiple of nkv)");
     EXPECT_ERR(node(OP_attention_rows, INS(q, k, F32(4, 32, 48)), ATTRS(AI("nh", 4), AI("nkv", 2))),
-               "attention_rows: q f32[4, 64, 96], k f32[4, 64, 48], v f32[4, 32, 48] are not 4 and 2 heads of one width "
-               "over the same rows");
+               "attention_rows: q f32[4, 64, 96], k f32[4, 64, 48], v f32[4, 32, 48] are not 4 and 2 heads of one "
+               "width over the same rows");
     EXPECT_ERR(node(OP_attention_rows, INS(q, k, BF16(4, 64, 48)), ATTRS(AI("nh", 4), AI("nkv", 2))),
                "attention_rows: dtypes differ: f32[4, 64, 96] and bf16[4, 64, 48]");
 }
