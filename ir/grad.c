@@ -344,16 +344,19 @@ int grad_concat(GradCtx *c)
     return 0;
 }
 
-/* The slice's rows of a zero tensor of the input's shape. */
-int grad_slice(GradCtx *c)
+/* op(dout, axis, start, key = the input's length along axis): slice's and pad's adjoints, each the other. */
+static int slice_adjoint(GradCtx *c, OpKind op, const char *key)
 {
     const Value *x = val(c, in_of(c, 0));
     int64_t axis = attr_i(c, "axis");
     if (axis < 0) axis += x->rank;
-    Attr at[3] = {aint("axis", axis), aint("start", attr_i(c, "start")), aint("size", x->shape[axis])};
-    c->din[0] = emit(c, OP_slice_bwd, &c->dout[0], 1, at, 3);
+    Attr at[3] = {aint("axis", axis), aint("start", attr_i(c, "start")), aint(key, x->shape[axis])};
+    c->din[0] = emit(c, op, &c->dout[0], 1, at, 3);
     return 0;
 }
+
+/* The slice's rows of a zero tensor of the input's shape. */
+int grad_slice(GradCtx *c) { return slice_adjoint(c, OP_slice_bwd, "size"); }
 
 /* A cast's gradient is cast back: fp32 master weights get fp32 gradients. */
 int grad_cast(GradCtx *c)
@@ -433,12 +436,4 @@ int grad_attention_rows(GradCtx *c)
 }
 
 /* pad's adjoint takes x's rows back out of the padded gradient (the padding's gradient is dropped). */
-int grad_pad(GradCtx *c)
-{
-    const Value *x = val(c, in_of(c, 0));
-    int64_t axis = attr_i(c, "axis");
-    if (axis < 0) axis += x->rank;
-    Attr at[3] = {aint("axis", axis), aint("start", attr_i(c, "start")), aint("len", x->shape[axis])};
-    c->din[0] = emit(c, OP_slice, &c->dout[0], 1, at, 3);
-    return 0;
-}
+int grad_pad(GradCtx *c) { return slice_adjoint(c, OP_slice, "len"); }

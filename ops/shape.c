@@ -701,20 +701,17 @@ int shape_attention_qkv(ShapeCtx *c)
     return 0;
 }
 
-/* rope_rows(x [..., T, n D], n): rope of heads(x, n) [..., n, T, D] on x's own layout (the same numbers). */
+/* rope_rows(x [..., T, n D], n): rope of heads(x, n) [..., n, T, D] on x's own layout (the same numbers); x's
+ * dtype, rank and theta as rope's rule checks them. */
 int shape_rope_rows(ShapeCtx *c)
 {
     if (want_inputs(c, 1)) return -1;
     const OpType *x = &c->in[0];
     char tx[192];
-    if (want_float(c, x) || want_rank(c, x, 2)) return -1;
-    int64_t n = op_attr_int(&c->attrs, "n", 0), W = x->shape[x->rank - 1];
+    int64_t n = op_attr_int(&c->attrs, "n", 0), W = x->rank ? x->shape[x->rank - 1] : 0;
     if (n < 1 || W % n || (W / n) % 2)
         return shape_fail(c, "rope_rows: %s's rows are not %" PRId64 " heads of one even width", TYPE(x, tx), n);
-    double theta = op_attr_float(&c->attrs, "theta", 10000);
-    if (!(theta > 0)) return shape_fail(c, "rope_rows: theta must be positive, got %g", theta);
-    same_as(c, x);
-    return 0;
+    return shape_rope(c);
 }
 
 /* attention_rows(q [..., T, nh D], k [..., T, nkv D], v [..., T, nkv D], nh, nkv, causal) -> o [..., T, nh D]
