@@ -26,9 +26,10 @@
  *        output of the step), the head matmul reads pad(P) [C, Vp], P's columns and zeros,
  *        made just before it (its gradient, slice, drops the padding's), and the loss gets
  *        valid = V; the model state, its files and the params count are untouched, at the
- *        cost of the copy (and its gradient's slice) each step. Forward-only programs run it too, so
- *        evaluation, sampling and decode read the same stored param; the decode program,
- *        which has no loss, pads the head that makes its output logits (read by nothing).
+ *        cost of the copy (and its gradient's slice) each step. Forward-only programs run
+ *        it too, so evaluation, sampling and decode read the same stored param; the decode
+ *        program, which has no loss, pads the [V, C] head that makes its output logits (read
+ *        by nothing); a [C, V] head's sampling and decode programs read the param as it is.
  */
 #include <string.h>
 
