@@ -1,4 +1,4 @@
-/* codegen/cuda_attention.c: CUDA emitters of attention, attention_bwd and
+/* codegen/cuda_attention.c: CUDA emitters of attention, attention_bwd, attention_rows and
  * attention_decode (the KV cache's write, then codegen/kernels/decode.cuh's kernel over
  * the caches with query row i at position pos + i; see the op's rule in ops/shape.c).
  * 16-bit attention and its backward with head dims D = Dv a multiple of 8 up to 128
@@ -20,7 +20,9 @@
  * mask input 1) run the same kernels with the heads
  * read as column ranges of the QKV projection's rows (CuAtt's layouts; passes/packed_attn.c):
  * every address is a layout's (FsAttLay, codegen/kernels/attn_layout.cuh), and q, k, v (dq,
- * dk, dv) are one tensor at three column offsets.
+ * dk, dv) are one tensor at three column offsets. attention_rows(q, k, v, nh, nkv, causal) and its
+ * backward are the same with q, k, v (dq, dk, dv) three tensors, Llama's projections' outputs as they
+ * lie: [..., T, nh D] and [..., T, nkv D], each head a column range of its rows.
  * 16-bit tensors are loaded as f32 into shared memory; every product, sum and softmax
  * is f32; each output is rounded once.
  *
@@ -106,6 +108,24 @@ static int packed_geometry(CuCtx *c, const char *op, Att *a, int bwd)
     a->lo = (CuLay){nh, T * nh * D, D, nh * D};
     a->packed = 1, a->koff = nh * D, a->voff = (nh + nkv) * D;
     a->in_o = bwd ? 1 : -1, a->in_lse = bwd ? 2 : -1, a->in_dout = bwd ? 3 : -1;
+    return 0;
+}
+
+/* attention_rows' (and its backward's) geometry: q [..., T, nh D], k and v [..., T, nkv D] are inputs 0, 1, 2, each
+ * head a column range of its rows; bwd: o, lse, dout are inputs 3, 4, 5, and dq, dk, dv outputs 0, 1, 2. */
+static int rows_geometry(CuCtx *c, const char *op, Att *a, int bwd)
+{
+    const Value *q = cu_inv(c, 0), *k = cu_inv(c, 1), *v = cu_inv(c, 2);
+    int64_t nh = ir_attr_int(c->g, cu_node(c), "nh", 1), nkv = ir_attr_int(c->g, cu_node(c), "nkv", 1);
+    int64_t T = q->shape[q->rank - 2], W = q->shape[q->rank - 1], D = W / nh;
+    if (!dtype_is_float(q->dtype) || !dtype_is_float(k->dtype) || !dtype_is_float(v->dtype) || nh < 1 || nkv < 1 ||
+        nh % nkv || W % nh || ir_numel(k) * nh != ir_numel(q) * nkv || ir_numel(v) != ir_numel(k))
+        return cu_fail(c, "%s: float q of nh heads, k and v of nkv heads, over the same rows only", op);
+    if (T > (1 << 30)) return cu_fail(c, "%s: sequences longer than 2^30", op);
+    *a = (Att){.BH = ir_numel(q) / W / T * nh, .G = nh / nkv, .T = T, .S = T, .D = D, .Dv = D,
+               .causal = ir_attr_int(c->g, cu_node(c), "causal", 0) != 0, .scale = 1.0f / sqrtf((float)D)};
+    a->lq = a->lo = (CuLay){nh, T * W, D, W}, a->lk = a->lv = (CuLay){nkv, T * nkv * D, D, nkv * D};
+    a->in_o = bwd ? 3 : -1, a->in_lse = bwd ? 4 : -1, a->in_dout = bwd ? 5 : -1;
     return 0;
 }
 
@@ -362,6 +382,20 @@ int cuda_attention_qkv_masked_bwd(CuCtx *c)
     if (packed_geometry(c, op, &a, 1) || att_mask(c, op, &a, 1)) return -1;
     a.in_o = 2, a.in_lse = 3, a.in_dout = 4;
     return backward(c, &a);
+}
+
+/* attention_rows(q, k, v, nh, nkv, causal) -> o, lse */
+int cuda_attention_rows(CuCtx *c)
+{
+    Att a = {0};
+    return rows_geometry(c, "attention_rows", &a, 0) || forward(c, &a, "attention_rows") ? -1 : 0;
+}
+
+/* attention_rows_bwd(q, k, v, o, lse, dout, nh, nkv, causal) -> dq, dk, dv */
+int cuda_attention_rows_bwd(CuCtx *c)
+{
+    Att a = {0};
+    return rows_geometry(c, "attention_rows_bwd", &a, 1) || backward(c, &a) ? -1 : 0;
 }
 
 /* attention_masked_bwd(q, k, v, mask, o, lse, dout, causal) -> dq, dk, dv */

@@ -1,4 +1,4 @@
-/* codegen/cuda_embed.c: CUDA launches of embedding, embedding_bwd, rope and rope_at; the
+/* codegen/cuda_embed.c: CUDA launches of embedding, embedding_bwd, rope, rope_at and rope_rows; the
  * kernels are codegen/kernels/embed.cuh's templates, instantiated with the shapes, dtypes
  * and flags. Semantics are runtime/cpu/embed.c's and attention.c's (rope).
  *
@@ -20,6 +20,8 @@
  * with row t at position pos[0] + t, read from the i32 pos on the device. A thread takes
  * one (t, i) and computes the angle in f64 as the CPU does, then turns that pair in every
  * slice of blockIdx.y's share of the leading dims (at most ROPE_SPLIT blocks down them).
+ * rope_rows(x [..., T, n D], n, ...) is rope on Llama's projection rows (passes/packed_attn.c): the
+ * same kernel with each of a row's n heads a slice.
  *
  * An index outside [0, V) is a broken plan or bad data: the kernel traps (the launch
  * fails and the runtime reports it) rather than read or write out of bounds.
@@ -76,14 +78,14 @@ int cuda_embedding_bwd(CuCtx *c) { return embedding_bwd(c, "embedding_bwd", 0, c
  * out is acc (input 0, read and written), as the roofline report reads it. */
 int cuda_embedding_bwd_into(CuCtx *c) { return embedding_bwd(c, "embedding_bwd_into", 1, cu_in_id(c, 0), 1); }
 
-/* rope(x, theta, inverse) -> y, and rope_at(x, pos, theta, inverse) -> y with row t at
- * position pos[0] + t (at: pos's input index, or -1) (file comment) */
-static int rope(CuCtx *c, const char *op, int at)
+/* rope(x, theta, inverse) -> y, rope_at(x, pos, theta, inverse) -> y with row t at position pos[0] + t (at:
+ * pos's input index, or -1), and rope_rows(x, n, ...) -> y, the rows' n heads each turned (file comment) */
+static int rope(CuCtx *c, const char *op, int at, int64_t n)
 {
     const Value *x = cu_inv(c, 0);
-    if (!dtype_is_float(x->dtype) || x->rank < 2 || x->shape[x->rank - 1] % 2)
-        return cu_fail(c, "%s: a float [..., T, D] input with D even only", op);
-    int64_t T = x->shape[x->rank - 2], D = x->shape[x->rank - 1], outer = ir_numel(x) / (T * D);
+    if (!dtype_is_float(x->dtype) || x->rank < 2 || n < 1 || x->shape[x->rank - 1] % (2 * n))
+        return cu_fail(c, "%s: a float [..., T, n D] input with D even only", op);
+    int64_t T = x->shape[x->rank - 2], D = x->shape[x->rank - 1] / n, outer = ir_numel(x) / (T * D);
     double theta = ir_attr_float(c->g, cu_node(c), "theta", 10000);
     int inverse = ir_attr_int(c->g, cu_node(c), "inverse", 0) != 0;
     int interleaved = ir_attr_int(c->g, cu_node(c), "interleaved", 0) != 0;
@@ -91,10 +93,10 @@ static int rope(CuCtx *c, const char *op, int at)
     cu_use(c, "embed.cuh");
     const char *pos = at < 0 ? "" : cu_fmt(c, "%s, ", cu_pin(c, at, "pos"));
     const char *src = cu_kernel(c, 0, cu_fmt(c, "%s, %s%s", cu_pin(c, 0, "x"), pos, cu_pout(c, 0, "y")),
-                                cu_fmt(c, "fs_rope<%s, %s, %s, %lldLL, %d, %lldLL, %lldLL>(x, %s, y, %s)",
+                                cu_fmt(c, "fs_rope<%s, %s, %s, %lldLL, %d, %lldLL, %lldLL, %lldLL>(x, %s, y, %s)",
                                        at < 0 ? "false" : "true", inverse ? "true" : "false",
-                                       interleaved ? "true" : "false", (long long)outer, split,
-                                       (long long)T, (long long)D, at < 0 ? "nullptr" : "pos", cu_double(c, theta)));
+                                       interleaved ? "true" : "false", (long long)outer, split, (long long)T,
+                                       (long long)D, (long long)n, at < 0 ? "nullptr" : "pos", cu_double(c, theta)));
     CuDim grid;
     if (cu_grid1(c, cu_cdiv(T * (D / 2), 256), &grid)) return -1;
     grid.y = split;
@@ -102,10 +104,12 @@ static int rope(CuCtx *c, const char *op, int at)
     return cu_launch(c, op, src, grid, (CuDim){256, 1, 1}, 0, args, at < 0 ? 2 : 3);
 }
 
-int cuda_rope(CuCtx *c) { return rope(c, "rope", -1); }
+int cuda_rope(CuCtx *c) { return rope(c, "rope", -1, 1); }
 
 int cuda_rope_at(CuCtx *c)
 {
     if (cu_inv(c, 1)->dtype != DT_I32 || ir_numel(cu_inv(c, 1)) != 1) return cu_fail(c, "rope_at: an i32 [1] pos only");
-    return rope(c, "rope_at", 1);
+    return rope(c, "rope_at", 1, 1);
 }
+
+int cuda_rope_rows(CuCtx *c) { return rope(c, "rope_rows", -1, ir_attr_int(c->g, cu_node(c), "n", 1)); }

@@ -233,3 +233,6 @@ int cuda_slice_bwd(CuCtx *c)
     return cu_launch(c, "slice_bwd", src, cu_grid(total), (CuDim){CU_BLOCK, 1, 1}, 0,
                      (const int[]){cu_in_id(c, 0), cu_out_id(c, 0)}, 2);
 }
+
+/* pad(x, axis, start, size): slice_bwd's kernel (passes/pad_vocab.c's padded head). */
+int cuda_pad(CuCtx *c) { return cuda_slice_bwd(c); }

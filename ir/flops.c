@@ -113,7 +113,8 @@ static double packed_dims(const Graph *g, const Node *n, double *D)
     int64_t nh = ir_attr_int(g, n, "nh", 1), nkv = ir_attr_int(g, n, "nkv", 1);
     double scores = (double)nh * (double)x->shape[r - 2] * (double)x->shape[r - 2];
     for (int d = 0; d < r - 2; d++) scores *= (double)x->shape[d];
-    *D = (double)(x->shape[r - 1] / (nh + 2 * nkv));
+    int rows = n->op == OP_attention_rows || n->op == OP_attention_rows_bwd;  // input 0 is q [..., T, nh D]
+    *D = (double)(x->shape[r - 1] / (rows ? nh : nh + 2 * nkv));
     return scores;
 }
 
@@ -195,7 +196,7 @@ double flops_attention_qkv_masked_bwd(const Graph *g, const Node *n) { return fl
 double ir_node_redone_flops(const Graph *g, const Node *n)
 {
     if (n->phase == PHASE_RECOMPUTE) return ir_op_hooks(n->op)->flops(g, n);
-    if (n->op == OP_attention_qkv_bwd || n->op == OP_attention_qkv_masked_bwd) {
+    if (n->op == OP_attention_qkv_bwd || n->op == OP_attention_qkv_masked_bwd || n->op == OP_attention_rows_bwd) {
         double D, scores = packed_dims(g, n, &D);
         return 2.0 * scores * D;
     }
@@ -257,3 +258,9 @@ double flops_matmul_bgrad(const Graph *g, const Node *n)
     int side = (int)ir_attr_int(g, n, "side", 1);
     return product_flops(g, n) + in_numel(g, n, side);
 }
+
+/* attention_rows (q [..., T, nh D]) and its backward: attention_qkv's counts. */
+double flops_attention_rows(const Graph *g, const Node *n) { return flops_attention_qkv(g, n); }
+double flops_attention_rows_bwd(const Graph *g, const Node *n) { return flops_attention_qkv_bwd(g, n); }
+double flops_rope_rows(const Graph *g, const Node *n) { return ROPE_FLOPS * in_numel(g, n, 0); }
+double flops_pad(const Graph *g, const Node *n) { return 0; }

@@ -352,16 +352,19 @@ int grad_concat(GradCtx *c)
     return 0;
 }
 
-/* The slice's rows of a zero tensor of the input's shape. */
-int grad_slice(GradCtx *c)
+/* op(dout, axis, start, key = the input's length along axis): slice's and pad's adjoints, each the other. */
+static int slice_adjoint(GradCtx *c, OpKind op, const char *key)
 {
     const Value *x = val(c, in_of(c, 0));
     int64_t axis = attr_i(c, "axis");
     if (axis < 0) axis += x->rank;
-    Attr at[3] = {aint("axis", axis), aint("start", attr_i(c, "start")), aint("size", x->shape[axis])};
-    c->din[0] = emit(c, OP_slice_bwd, &c->dout[0], 1, at, 3);
+    Attr at[3] = {aint("axis", axis), aint("start", attr_i(c, "start")), aint(key, x->shape[axis])};
+    c->din[0] = emit(c, op, &c->dout[0], 1, at, 3);
     return 0;
 }
+
+/* The slice's rows of a zero tensor of the input's shape. */
+int grad_slice(GradCtx *c) { return slice_adjoint(c, OP_slice_bwd, "size"); }
 
 /* A cast's gradient is cast back: fp32 master weights get fp32 gradients. */
 int grad_cast(GradCtx *c)
@@ -431,3 +434,25 @@ int grad_attention_qkv(GradCtx *c)
     route(c, n, (int[]){0}, 1);
     return 0;
 }
+
+/* rope's rule on the rows' layout: the rotation by the opposite angle, in place of each head. */
+int grad_rope_rows(GradCtx *c)
+{
+    Attr at[4] = {aint("n", attr_i(c, "n")), afloat("theta", attr_f(c, "theta")),
+                  aint("inverse", !attr_i(c, "inverse")), aint("interleaved", attr_i(c, "interleaved"))};
+    c->din[0] = emit(c, OP_rope_rows, &c->dout[0], 1, at, 4);
+    return 0;
+}
+
+/* attention's rule on the projections' rows: dq, dk, dv laid out as q, k, v. */
+int grad_attention_rows(GradCtx *c)
+{
+    Attr at[3] = {aint("nh", attr_i(c, "nh")), aint("nkv", attr_i(c, "nkv")), aint("causal", attr_i(c, "causal"))};
+    int in[6] = {in_of(c, 0), in_of(c, 1), in_of(c, 2), out_of(c, 0), out_of(c, 1), c->dout[0]};
+    int n = emit_node(c, OP_attention_rows_bwd, in, 6, at, 3);
+    route(c, n, (int[]){0, 1, 2}, 3);
+    return 0;
+}
+
+/* pad's adjoint takes x's rows back out of the padded gradient (the padding's gradient is dropped). */
+int grad_pad(GradCtx *c) { return slice_adjoint(c, OP_slice, "len"); }

@@ -720,6 +720,48 @@ int shape_attention_qkv(ShapeCtx *c)
     return 0;
 }
 
+/* rope_rows(x [..., T, n D], n): rope of heads(x, n) [..., n, T, D] on x's own layout (the same numbers); x's
+ * dtype, rank and theta as rope's rule checks them. */
+int shape_rope_rows(ShapeCtx *c)
+{
+    if (want_inputs(c, 1)) return -1;
+    const OpType *x = &c->in[0];
+    char tx[192];
+    int64_t n = op_attr_int(&c->attrs, "n", 0), W = x->rank ? x->shape[x->rank - 1] : 0;
+    if (n < 1 || W % n || (W / n) % 2)
+        return shape_fail(c, "rope_rows: %s's rows are not %" PRId64 " heads of one even width", TYPE(x, tx), n);
+    return shape_rope(c);
+}
+
+/* attention_rows(q [..., T, nh D], k [..., T, nkv D], v [..., T, nkv D], nh, nkv, causal) -> o [..., T, nh D]
+ * and the f32 row log-sum-exp [..., nh, T]: attention of heads(q, nh), heads(k, nkv), heads(v, nkv), its
+ * output's heads side by side (merge_heads' layout). */
+int shape_attention_rows(ShapeCtx *c)
+{
+    if (want_inputs(c, 3)) return -1;
+    const OpType *q = &c->in[0], *k = &c->in[1], *v = &c->in[2];
+    char tq[192], tk[192], tv[192];
+    for (int i = 0; i < 3; i++)
+        if (want_float(c, &c->in[i]) || want_rank(c, &c->in[i], 2) || want_same_dtype(c, q, &c->in[i])) return -1;
+    int64_t nh = op_attr_int(&c->attrs, "nh", 0), nkv = op_attr_int(&c->attrs, "nkv", 0), r = q->rank;
+    if (nh < 1 || nkv < 1 || nh % nkv)
+        return shape_fail(c, "attention_rows: nh = %" PRId64 " query heads over nkv = %" PRId64
+                          " kv heads (both >= 1, nh a multiple of nkv)", nh, nkv);
+    int64_t D = q->shape[r - 1] / nh;
+    int ok = k->rank == r && v->rank == r && q->shape[r - 1] == nh * D && k->shape[r - 1] == nkv * D &&
+             v->shape[r - 1] == nkv * D;
+    for (int d = 0; ok && d < r - 1; d++) ok = k->shape[d] == q->shape[d] && v->shape[d] == q->shape[d];
+    if (!ok)
+        return shape_fail(c, "attention_rows: q %s, k %s, v %s are not %" PRId64 " and %" PRId64
+                          " heads of one width over the same rows", TYPE(q, tq), TYPE(k, tk), TYPE(v, tv), nh, nkv);
+    shape_set(c, 0, q->dtype, (int)r, q->shape);
+    int64_t lse[OPS_MAX_RANK];
+    for (int d = 0; d < r - 2; d++) lse[d] = q->shape[d];
+    lse[r - 2] = nh, lse[r - 1] = q->shape[r - 2];
+    shape_set(c, 1, DT_F32, (int)r, lse);  // attention's row log-sum-exp, saved for backward
+    return 0;
+}
+
 /* ---- constants ------------------------------------------------------------------- */
 
 int shape_arange(ShapeCtx *c)

@@ -242,6 +242,14 @@ int shape_attention_qkv_bwd(ShapeCtx *c)
     return 0;
 }
 
+/* (q, k, v, o, lse, dout) -> dq, dk, dv, each laid out as its input */
+int shape_attention_rows_bwd(ShapeCtx *c)
+{
+    if (want_in(c, 6)) return -1;
+    for (int i = 0; i < 3; i++) like(c, i, &c->in[i]);
+    return 0;
+}
+
 /* ---- optimizer --------------------------------------------------------------------- */
 
 /* sumsq_parts(x) -> f32 [ceil(numel / OPS_SUMSQ_CHUNK)], at least one part. */
@@ -402,3 +410,6 @@ int shape_recv(ShapeCtx *c)
     if (op_attr_int(&c->attrs, "peer", -1) < 0) return shape_fail(c, "recv: peer must be a stage, >= 0");
     return shape_attr(c, (DType)dt);
 }
+
+/* pad(x, axis, start, size): slice_bwd's rule (passes/pad_vocab.c's padded head copy). */
+int shape_pad(ShapeCtx *c) { return shape_slice_bwd(c); }

@@ -21,10 +21,15 @@
  *        embedding's table, and the logits only by the loss (or as an output of the step:
  *        the sampling program's): P widened to [Vp, C], every node's outputs retyped (the
  *        logits [..., Vp]), and the loss replaced by one with valid = V. A head stored
- *        [C, V] (read without tb) keeps its shape: padding its columns would move every
- *        logical element (see docs/language.md). Forward-only programs run it too, so
- *        evaluation, sampling and decode read the same stored param; the decode program,
- *        which has no loss, pads the head that makes its output logits (read by nothing).
+ *        [C, V] (read without tb: Llama's output) keeps its shape, as padding its columns
+ *        would move every logical element: where the logits are read by the loss alone (no
+ *        output of the step), the head matmul reads pad(P) [C, Vp], P's columns and zeros,
+ *        made just before it (its gradient, slice, drops the padding's), and the loss gets
+ *        valid = V; the model state, its files and the params count are untouched, at the
+ *        cost of the copy (and its gradient's slice) each step. Forward-only programs run
+ *        it too, so evaluation, sampling and decode read the same stored param; the decode
+ *        program, which has no loss, pads the [V, C] head that makes its output logits (read
+ *        by nothing); a [C, V] head's sampling and decode programs read the param as it is.
  */
 #include <string.h>
 
@@ -92,6 +97,41 @@ static void mask_loss(Graph *g, int n, int64_t V)
     ir_graph_drop_last(g, 1);
 }
 
+/* The matmul that makes logits L from a head stored [C, V] (read without tb: Llama's output), where L is read
+ * only by the loss n and is no output of the step, V not a multiple of m; or -1. */
+static int column_head(const Graph *g, int L, int n, int64_t m)
+{
+    const Value *lv = ir_value(g, L);
+    if (lv->rank < 1 || lv->shape[lv->rank - 1] % m == 0 || lv->producer < 0 || !read_only_by(g, L, n)) return -1;
+    for (int i = 0; i < g->n_outputs; i++)
+        if (g->outputs[i] == L) return -1;
+    const Node *mm = ir_node(g, lv->producer);
+    if (mm->op != OP_matmul || ir_attr_int(g, mm, "tb", 0)) return -1;
+    const Value *pv = ir_value(g, ir_in(g, mm, 1));
+    return pv->role == ROLE_PARAM && pv->rank == 2 && pv->shape[1] == lv->shape[lv->rank - 1] ? lv->producer : -1;
+}
+
+/* Head matmul mm reads pad(P) [C, Vp], P's columns and zeros up to a multiple of m, made just before it. */
+static void pad_columns(Graph *g, int mm, int64_t m)
+{
+    const Node *x = ir_node(g, mm);
+    int p = ir_in(g, x, 1);
+    int64_t V = ir_value(g, p)->shape[1];
+    Attr at[3] = {{.key = "axis", .kind = ATTR_INT, .i = 1}, {.key = "start", .kind = ATTR_INT, .i = 0},
+                  {.key = "size", .kind = ATTR_INT, .i = (V + m - 1) / m * m}};
+    char err[256];
+    int f = ir_node_add(g, OP_pad, &p, 1, at, 3, x->block, x->phase, x->loc, err, sizeof err);
+    FS_ASSERT(f >= 0);
+    g->nodes[f].mb = g->nodes[mm].mb, g->nodes[f].chunk = g->nodes[mm].chunk, g->nodes[f].use = g->nodes[mm].use;
+    g->ids[g->nodes[mm].in + 1] = ir_out(g, ir_node(g, f), 0);
+    int *order = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes), k = 0;
+    for (int i = 0; i < f; i++) {
+        if (i == mm) order[k++] = f;
+        order[k++] = i;
+    }
+    ir_nodes_reorder(g, order);
+}
+
 /* Param p widened to a multiple of m rows, its own kept in logical_rows. */
 static void widen(Graph *g, int p, int64_t m)
 {
@@ -109,10 +149,13 @@ int pass_pad_vocab(Graph *g, const Options *o, Diag *d)
         if (g->nodes[n].op != OP_cross_entropy) continue;
         losses++;
         if (ir_attr_int(g, ir_node(g, n), "valid", 0)) continue;
-        int p = head_param(g, ir_in(g, ir_node(g, n), 0), n, m);
-        if (p < 0) continue;
-        widen(g, p, m);
-        mask_loss(g, n, g->values[p].logical_rows);
+        int L = ir_in(g, ir_node(g, n), 0);
+        int64_t V = ir_value(g, L)->shape[ir_value(g, L)->rank - 1];
+        int p = head_param(g, L, n, m), mm = p < 0 ? column_head(g, L, n, m) : -1;
+        if (p < 0 && mm < 0) continue;
+        if (p >= 0) widen(g, p, m);
+        if (mm >= 0) pad_columns(g, mm, m), n++;  // the pad comes before the loss
+        mask_loss(g, n, V);
         padded = 1;
     }
     /* The decode program has no loss: its logits, the output, padded as the sampling program's

@@ -23,13 +23,15 @@ static const PassInfo PASSES[] = {
      pass_dce, 1},
     {"pad_vocab", "a forward graph after fold and dce; pad_vocab > 1",
      "a classifier's vocabulary param (read transposed by the head, and as an embedding's table) widened to a "
-     "multiple of pad_vocab rows (Value.logical_rows: its own), every output retyped, the loss's valid = V",
+     "multiple of pad_vocab rows (Value.logical_rows: its own), or a [C, V] head read through pad(param) [C, Vp], "
+     "every output retyped, the loss's valid = V",
      pass_pad_vocab, 1},
     {"precision", "the forward graph", "fp16/bf16: compute copies of fp32 params and inputs by casts; fp16 loss-scale state",
      pass_precision, 1},
     {"packed_attn", "the forward graph; pack_attention on",
-     "split(x, 3) -> heads -> attention -> merge_heads as one attention_qkv(x) (no layout copies, nothing of them "
-     "saved)", pass_packed_attn, 0},
+     "split(x, 3) -> heads -> attention -> merge_heads as one attention_qkv(x), and Llama's heads -> rope -> "
+     "attention -> merge_heads as rope_rows and attention_rows on the projections' rows (no layout copies, nothing "
+     "of them saved)", pass_packed_attn, 0},
     {"stages", "the forward graph of one micro-batch; stages P > 1",
      "one forward graph per stage (Graph.stage_graphs), which every later pass rewrites on its own: blocks cut by "
      "balance, free nodes copied where read, send and recv between stages (Graph.links), tied params listed",

@@ -175,8 +175,8 @@ static void recompute_block(Recompute *r, int b)
 
 /* Selective recompute of block b: its attention ops, with what they read back to the
  * nearest GEMMs (GPT-2: from ln1's output, so the QKV projection, its bias, split and
- * heads rerun, or under pack_attention the projection, its bias and attention_qkv; a
- * GEMM's inputs are kept, as its weight gradient reads them), and the
+ * heads rerun, or under pack_attention the projection, its bias and attention_qkv; Llama's
+ * packed: rope_rows and attention_rows; a GEMM's inputs are kept, as its weight gradient reads them), and the
  * layout copies of their outputs that the backward reads (merge_heads for the
  * projection's weight gradient). The attention's saved q, k, v, its output and
  * log-sum-exp are then not kept from the forward to the backward; the block's other
@@ -197,7 +197,7 @@ static void recompute_attention(Recompute *r, int b, int u)
         const Node *node = &g->nodes[n];
         if (!in_use(g, n, b, u)) continue;
         if (node->op == OP_attention || node->op == OP_attention_qkv || node->op == OP_attention_masked ||
-            node->op == OP_attention_qkv_masked)
+            node->op == OP_attention_qkv_masked || node->op == OP_attention_rows)
             set[n] = 1;
         if (!set[n] || node->op == OP_matmul) continue;
         for (int i = 0; i < node->n_in; i++) {

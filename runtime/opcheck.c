@@ -138,7 +138,8 @@ static int check_dims(OpCheck *c)
     int gemm = c->kind == OP_matmul || c->kind == OP_attention || c->kind == OP_attention_bwd ||
                c->kind == OP_attention_qkv || c->kind == OP_attention_qkv_bwd || c->kind == OP_attention_masked ||
                c->kind == OP_attention_masked_bwd || c->kind == OP_attention_qkv_masked ||
-               c->kind == OP_attention_qkv_masked_bwd;
+               c->kind == OP_attention_qkv_masked_bwd || c->kind == OP_attention_rows ||
+               c->kind == OP_attention_rows_bwd;
     for (int i = 0; i < c->op->n_in + c->op->n_out; i++) {
         int32_t id = i < c->op->n_in ? in_id(c, i) : out_id(c, i - c->op->n_in);
         const PlanTensor *t = &c->p->tensors[id];
@@ -350,6 +351,14 @@ static int extra_attention_qkv_masked_bwd(OpCheck *c)
            want_like(c, 3, &sc.out[1], "lse") || want_like(c, 4, &sc.out[0], "dout");
 }
 
+/* attention_rows_bwd(q, k, v, o, lse, dout; nh, nkv, causal): o, lse as attention_rows(q, k, v) makes them. */
+static int extra_attention_rows_bwd(OpCheck *c)
+{
+    ShapeCtx sc;
+    return run_rule(c, OP_attention_rows, c->in, 3, &sc) || want_like(c, 3, &sc.out[0], "o") ||
+           want_like(c, 4, &sc.out[1], "lse") || want_like(c, 5, &sc.out[0], "dout");
+}
+
 /* lr_at(step; lr, schedule, ...): the step an i32 scalar; schedule 0 (constant) or 1 (cosine). */
 static int extra_lr_at(OpCheck *c)
 {
@@ -421,6 +430,7 @@ static int (*const extra[OP_COUNT])(OpCheck *) = {
     [OP_attention_qkv_bwd] = extra_attention_qkv_bwd,
     [OP_attention_qkv_masked_bwd] = extra_attention_qkv_masked_bwd,
     [OP_layernorm_bwd_add] = extra_layernorm_bwd, [OP_rmsnorm_bwd_add] = extra_rmsnorm_bwd,
+    [OP_attention_rows_bwd] = extra_attention_rows_bwd,
 };
 
 /* ---- one op ------------------------------------------------------------------------------ */

@@ -200,28 +200,53 @@ static int what_ifs(const FscMem *m, const Plan *p, MemWhatIf *w)
     return n;
 }
 
+/* A head stored [C, V] that the plan reads through a padded copy (passes/pad_vocab.c: pad(param) [C, Vp]): the
+ * param, and the copy's tensor in *copy; or NULL. */
+static const PlanTensor *padded_copy(const Plan *p, const PlanTensor **copy)
+{
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        const PlanOp *op = &p->ops[k];
+        if (strcmp(plan_str(p, op->op), "pad")) continue;
+        const PlanTensor *x = &p->tensors[p->ids[op->in]];
+        if (x->role != PLAN_ROLE_PARAM || x->name == PLAN_NONE || x->rank != 2) continue;
+        *copy = &p->tensors[p->ids[op->out]];
+        return x;
+    }
+    return NULL;
+}
+
 /* The vocabulary padding's line (passes/pad_vocab.c), when the plan pads one: the padded
- * param's shapes, and what the padding adds to the (largest) device arena, against the
- * same model compiled again with --pad_vocab 0. */
+ * param's shapes (or those of the padded copy a [C, V] head is read through), and what the
+ * padding adds to the (largest) device arena, against the same model compiled again with
+ * --pad_vocab 0. */
 static void print_padding(const Plan *p, const FscMem *m, FILE *out)
 {
-    const PlanTensor *t = NULL;
+    const PlanTensor *t = NULL, *copy = NULL, *cols = padded_copy(p, &copy);
     for (int32_t i = 0; i < p->n_tensors && !t; i++)
         if (p->tensors[i].role == PLAN_ROLE_PARAM && p->tensors[i].logical_rows && p->tensors[i].name != PLAN_NONE)
             t = &p->tensors[i];
-    if (!t) return;
+    if (!t && !cols) return;
     int64_t padded = 0;
     for (int32_t g = 0; g < p->n_programs; g++)
         padded = p->programs[g].space_bytes[PLAN_PLACE_DEVICE] > padded ? p->programs[g].space_bytes[PLAN_PLACE_DEVICE]
                                                                         : padded;
     Setting off = {"pad_vocab", "0"};
-    int64_t plain = arena_with(m, NULL, &off, 1), rows = t->logical_rows, per_row = plan_tensor_numel(t) / t->shape[0];
+    int64_t plain = arena_with(m, NULL, &off, 1);
     char a[32], b[32];
-    fprintf(out, "vocabulary padding (--pad_vocab %lld): %s [%lld, %lld] stored as [%lld, %lld], %lld padding elements "
-            "in each copy (param, gradient, optimizer state) and %lld padded logit columns\n",
-            (long long)plan_meta_int(p, "pad_vocab", 0), plan_str(p, t->name), (long long)rows, (long long)per_row,
-            (long long)t->shape[0], (long long)per_row, (long long)((t->shape[0] - rows) * per_row),
-            (long long)(t->shape[0] - rows));
+    if (t) {
+        int64_t rows = t->logical_rows, per_row = plan_tensor_numel(t) / t->shape[0];
+        fprintf(out, "vocabulary padding (--pad_vocab %lld): %s [%lld, %lld] stored as [%lld, %lld], %lld padding "
+                "elements in each copy (param, gradient, optimizer state) and %lld padded logit columns\n",
+                (long long)plan_meta_int(p, "pad_vocab", 0), plan_str(p, t->name), (long long)rows, (long long)per_row,
+                (long long)t->shape[0], (long long)per_row, (long long)((t->shape[0] - rows) * per_row),
+                (long long)(t->shape[0] - rows));
+    } else {
+        fprintf(out, "vocabulary padding (--pad_vocab %lld): %s [%lld, %lld] stored as it is, its GEMMs reading a "
+                "padded copy [%lld, %lld] made each step (no padding in the model state) and %lld padded logit "
+                "columns\n", (long long)plan_meta_int(p, "pad_vocab", 0), plan_str(p, cols->name),
+                (long long)cols->shape[0], (long long)cols->shape[1], (long long)copy->shape[0],
+                (long long)copy->shape[1], (long long)(copy->shape[1] - cols->shape[1]));
+    }
     if (plain >= 0)
         fprintf(out, "  the padding adds %s bytes to the device arena (%s bytes with --pad_vocab 0)\n",
                 report_grouped(padded - plain, a, sizeof a), report_grouped(plain, b, sizeof b));

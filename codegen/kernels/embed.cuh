@@ -78,14 +78,14 @@ __device__ __forceinline__ void fs_embedding_bwd_into(const int *__restrict__ id
     fs_embedding_bwd_rows<R, true, N, V, C>(idx, dy, out);
 }
 
-// y = x [OUTER, T, D] with the pair (i, i + D/2) of row t (INTERLEAVED: (2i, 2i + 1)) turned
-// by p * theta^(-2i/D), p = t (AT: pos[0] + t, the i32 position on the device), backwards
-// under INVERSE. Blocks of 256
-// threads: a thread takes one (t, i) of blockIdx.x's and computes the angle in f64 as the CPU
-// does (pow, then cos and sin rounded to f32), then turns that pair in every slice o of the
-// OUTER ones with o = blockIdx.y mod SPLIT (gridDim.y = SPLIT).
-template <bool AT, bool INVERSE, bool INTERLEAVED, long long OUTER, int SPLIT, long long T, long long D, class TX,
-          class TY>
+// y = x [OUTER / N, T, N D] with the pair (i, i + D/2) of each of row t's N heads (INTERLEAVED:
+// (2i, 2i + 1)) turned by p * theta^(-2i/D), p = t (AT: pos[0] + t, the i32 position on the
+// device), backwards under INVERSE (rope: N = 1; rope_rows: the heads of [B, T, N D] rows).
+// Blocks of 256 threads: a thread takes one (t, i) of blockIdx.x's and computes the angle in
+// f64 as the CPU does (pow, then cos and sin rounded to f32), then turns that pair in every
+// (slice, head) o of the OUTER ones with o = blockIdx.y mod SPLIT (gridDim.y = SPLIT).
+template <bool AT, bool INVERSE, bool INTERLEAVED, long long OUTER, int SPLIT, long long T, long long D, long long N,
+          class TX, class TY>
 __device__ __forceinline__ void fs_rope(const TX *__restrict__ x, const int *__restrict__ pos, TY *__restrict__ y,
                                         double theta)
 {
@@ -98,7 +98,8 @@ __device__ __forceinline__ void fs_rope(const TX *__restrict__ x, const int *__r
     const double ang = (INVERSE ? -1.0 : 1.0) * (double)p * pow(theta, -2.0 * (double)i / (double)D);
     const float cs = (float)cos(ang), sn = (float)sin(ang);
     for (long long o = blockIdx.y; o < OUTER; o += SPLIT) {
-        const long long a = (o * T + t) * D + (INTERLEAVED ? 2 * i : i), b = a + (INTERLEAVED ? 1 : H);
+        const long long a = ((o / N) * T + t) * (N * D) + o % N * D + (INTERLEAVED ? 2 * i : i);
+        const long long b = a + (INTERLEAVED ? 1 : H);
         const float u = ld(x, a), w = ld(x, b);
         st(y, a, u * cs - w * sn);
         st(y, b, w * cs + u * sn);

@@ -1,5 +1,5 @@
 /* runtime/cpu/attention.c: scaled dot-product attention (forward and backward), its
- * decode step with a KV cache, and rotary position embedding (rope, rope_at).
+ * decode step with a KV cache, and rotary position embedding (rope, rope_at, rope_rows).
  *
  * attention_decode(q [BH, T, D], k [BKV, T, D], v [BKV, T, Dv], kcache [BKV, S, D],
  * vcache [BKV, S, Dv], pos) writes k's and v's rows into the caches at rows pos.., then
@@ -35,6 +35,9 @@
  * addressed through a layout (Lay: slice s's row i at s / nh * b + s % nh * h + i * r, so a
  * head is a column range of the rows), o and dout are [B, T, NH D], and dq, dk, dv are the
  * column ranges of dqkv. The contiguous ops are the layout nh = 1, h = 0, r = the row width.
+ * attention_rows(q [B, T, NH D], k, v [B, T, NKV D], nh, nkv, causal) is the same on Llama's three projections'
+ * outputs (q, k, v and dq, dk, dv each a tensor of its own, heads as column ranges of its rows), and
+ * rope_rows(x [B, T, n D], n) is rope on that layout: the n heads of a row each turned as rope turns a head.
  *
  * attention_masked(q, k, v, mask, causal) and its backward are attention's kernels with a key
  * mask [B, S] for q's B batch items (slices bh of item bh / (BH / B)). An i32 mask is boolean:
@@ -136,6 +139,24 @@ static void att_init_packed(Att *a, const KCall *k, int at, int masked)
     a->lo = (Lay){nh, T * nh * D, D, nh * D};
     a->q = fdata(x), a->k = a->q + nh * D, a->v = a->k + nkv * D;
     if (masked) att_mask(a, &k->in[1]);
+}
+
+/* attention_rows' geometry: q (input 0) [..., T, nh D], k and v [..., T, nkv D], attributes nh, nkv, causal at
+ * k->attr[at..]; o and dout [..., T, nh D]. Head s % nh of batch item s / nh is a column range of the rows. */
+static void att_init_rows(Att *a, const KCall *k, int at)
+{
+    const KTensor *q = &k->in[0];
+    for (int i = 0; i < k->n_in; i++) KCHECK(k->in[i].dtype == KT_F32, "attention_rows: unsupported dtype");
+    int64_t nh = k_int(k, at), nkv = k_int(k, at + 1), T = q->shape[q->rank - 2], W = q->shape[q->rank - 1];
+    KCHECK(nh >= 1 && nkv >= 1 && nh % nkv == 0 && W % nh == 0 && k->in[1].numel * nh == q->numel * nkv &&
+               k->in[2].numel == k->in[1].numel,
+           "attention_rows: bad heads");
+    int64_t D = W / nh, B = q->numel / (T * W);
+    *a = (Att){.T = T, .S = T, .D = D, .Dv = D, .BH = B * nh, .G = nh / nkv, .causal = k_int(k, at + 2)};
+    a->bk = imax(8, imin(BK, GEMM_SERIAL_MNK / (BQ * D)));
+    a->scale = 1.0f / sqrtf((float)D);
+    a->lq = a->lo = (Lay){nh, T * W, D, W}, a->lk = a->lv = (Lay){nkv, T * nkv * D, D, nkv * D};
+    a->q = fdata(q), a->k = fdata(&k->in[1]), a->v = fdata(&k->in[2]);
 }
 
 /* Rows i0 .. i0 + n - 1 of slice s of a tensor of layout l, `width` elements each, to 0. */
@@ -504,6 +525,39 @@ void cpu_attention_qkv_masked_bwd(const KCall *k)
     packed_bwd(k, &ATTENTION_QKV_MASKED_BWD, cpu_attention_qkv_masked_bwd, 5, 1);
 }
 
+/* attention_rows(q, k, v, nh, nkv, causal) -> o, lse; its backward (q, k, v, o, lse, dout) -> dq, dk, dv: by batch
+ * items, as attention_qkv. */
+static const Slabs ATTENTION_ROWS = {{2, 2, 2, 2, 2}, -1};
+static const Slabs ATTENTION_ROWS_BWD = {{2, 2, 2, 2, 2, 2, 2, 2, 2}, -1};
+
+CpuWork cpu_work_attention_rows(const KCall *k) { return slab_work(k, &ATTENTION_ROWS); }
+CpuWork cpu_work_attention_rows_bwd(const KCall *k) { return slab_work(k, &ATTENTION_ROWS_BWD); }
+
+void cpu_attention_rows(const KCall *k)
+{
+    if (lowp_call(k)) {
+        slab_run(k, &ATTENTION_ROWS, cpu_attention_rows);
+        return;
+    }
+    Att a;
+    att_init_rows(&a, k, 3);
+    a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
+    fwd_all(&a);
+}
+
+void cpu_attention_rows_bwd(const KCall *k)
+{
+    if (lowp_call(k)) {
+        slab_run(k, &ATTENTION_ROWS_BWD, cpu_attention_rows_bwd);
+        return;
+    }
+    Att a;
+    att_init_rows(&a, k, 6);
+    a.o = fdata(&k->in[3]), a.lse = fdata(&k->in[4]), a.dout = fdata(&k->in[5]);
+    a.dq = fdata(&k->out[0]), a.dk = fdata(&k->out[1]), a.dv = fdata(&k->out[2]);
+    bwd_all(&a);
+}
+
 /* ---- rope ------------------------------------------------------------------------- */
 
 #define ROPE_PAIRS 256  // (cos, sin) pairs per stack table; longer heads go in pieces
@@ -515,13 +569,13 @@ static const Slabs ROPE = {{2, 2}, -1};  // x -> y by (T, D) slices
 
 CpuWork cpu_work_rope(const KCall *k) { return slab_work(k, &ROPE); }
 
-/* Rows t of x [..., T, D] turned as at positions at + t; pair i is (i, i + D/2), or
- * (2i, 2i + 1) when interleaved. */
-static void rope_rows(const KCall *k, int64_t at, double theta, double sign, int interleaved)
+/* Rows t of x [..., T, n D] turned as at positions at + t, each of a row's n heads of D (rope: n = 1); pair i of
+ * a head is (i, i + D/2), or (2i, 2i + 1) when interleaved. */
+static void rope_turn(const KCall *k, int64_t at, double theta, double sign, int interleaved, int64_t n)
 {
     const KTensor *X = &k->in[0];
-    KCHECK(X->dtype == KT_F32 && X->rank >= 2 && X->shape[X->rank - 1] % 2 == 0, "rope: bad input");
-    int64_t T = X->shape[X->rank - 2], D = X->shape[X->rank - 1], H = D / 2, outer = X->numel / (T * D);
+    KCHECK(X->dtype == KT_F32 && X->rank >= 2 && n >= 1 && X->shape[X->rank - 1] % (2 * n) == 0, "rope: bad input");
+    int64_t T = X->shape[X->rank - 2], W = X->shape[X->rank - 1], D = W / n, H = D / 2, outer = X->numel / (T * W);
     const float *x = fdata(X);
     float *y = fdata(&k->out[0]);
 #pragma omp parallel for if (X->numel > PAR_MIN) schedule(static)
@@ -534,9 +588,10 @@ static void rope_rows(const KCall *k, int64_t at, double theta, double sign, int
                 cs[i] = (float)cos(ang), sn[i] = (float)sin(ang);
             }
             int64_t s = interleaved ? 2 : 1, first = s * h0, second = interleaved ? 1 : H;  // element of pair i: s i
-            for (int64_t o = 0; o < outer; o++) {
-                const float *a = x + (o * T + t) * D + first, *b = a + second;
-                float *ya = y + (o * T + t) * D + first, *yb = ya + second;
+            for (int64_t o = 0; o < outer * n; o++) {  // head o % n of row (o / n, t)
+                int64_t row = ((o / n) * T + t) * W + o % n * D + first;
+                const float *a = x + row, *b = a + second;
+                float *ya = y + row, *yb = ya + second;
                 VEC_LOOP
                 for (int64_t i = 0; i < nh; i++) {
                     float u = a[s * i], w = b[s * i];
@@ -554,7 +609,7 @@ void cpu_rope(const KCall *k)
         slab_run(k, &ROPE, cpu_rope);
         return;
     }
-    rope_rows(k, 0, k->attr[1], k_int(k, 2) ? -1.0 : 1.0, k_int(k, 3));
+    rope_turn(k, 0, k->attr[1], k_int(k, 2) ? -1.0 : 1.0, k_int(k, 3), 1);
 }
 
 /* rope_at(x, pos, theta, inverse, interleaved): rope with row t at position pos + t. */
@@ -569,5 +624,17 @@ void cpu_rope_at(const KCall *k)
         return;
     }
     KCHECK(k->in[1].dtype == KT_I32 && k->in[1].numel == 1, "rope_at: pos must be an i32 [1]");
-    rope_rows(k, idata(&k->in[1])[0], k->attr[2], k_int(k, 3) ? -1.0 : 1.0, k_int(k, 4));
+    rope_turn(k, idata(&k->in[1])[0], k->attr[2], k_int(k, 3) ? -1.0 : 1.0, k_int(k, 4), 1);
+}
+
+/* rope_rows(x [..., T, n D], n, theta, inverse, interleaved): rope of each of a row's n heads where it lies. */
+CpuWork cpu_work_rope_rows(const KCall *k) { return slab_work(k, &ROPE); }
+
+void cpu_rope_rows(const KCall *k)
+{
+    if (lowp_call(k)) {
+        slab_run(k, &ROPE, cpu_rope_rows);
+        return;
+    }
+    rope_turn(k, 0, k->attr[2], k_int(k, 3) ? -1.0 : 1.0, k_int(k, 4), k_int(k, 1));
 }

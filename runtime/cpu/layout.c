@@ -204,3 +204,6 @@ void cpu_slice_bwd(const KCall *k)
     memset(y->data, 0, (size_t)(outer * n * inner * esz));
     copy_slab(dy->data, len, 0, y->data, n, start, outer, len, inner, esz);
 }
+
+/* pad(x, axis, start, size): slice_bwd's copy (passes/pad_vocab.c's padded head). */
+void cpu_pad(const KCall *k) { cpu_slice_bwd(k); }

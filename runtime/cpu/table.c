@@ -55,6 +55,9 @@ static const struct {
     {cpu_matmul_add, cpu_work_epilogue},
     {cpu_layernorm_bwd_add, cpu_work_norm_bwd},
     {cpu_rmsnorm_bwd_add, cpu_work_norm_bwd},
+    {cpu_rope_rows, cpu_work_rope_rows},
+    {cpu_attention_rows, cpu_work_attention_rows},
+    {cpu_attention_rows_bwd, cpu_work_attention_rows_bwd},
 };
 
 CpuWork cpu_work(CpuKernel fn, const KCall *k)

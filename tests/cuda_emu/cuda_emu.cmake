@@ -100,8 +100,11 @@ if(NOT FS_FUZZ)
   cuda_emu_test(gpt2_padded_bf16_unfused samples/gpt2.fsm -D L=1 -D C=32 -D NH=2 -D T=16 -D V=300 -D B=2
                 --precision bf16 --fuse_loss 0)
   cuda_emu_decode_test(gpt2_padded_decode 9 samples/gpt2.fsm -D L=1 -D C=32 -D NH=2 -D T=16 -D V=300 -D B=2)
-  cuda_emu_test(llama_odd_bf16 samples/llama.fsm -D L=1 -D C=44 -D NH=2 -D NKV=1 -D T=33 -D V=1025 -D B=3 -D F=90
+  # Llama's head stored [C, V] read through a padded copy (pad(output) [C, 320]; the loss's valid = 300).
+  cuda_emu_test(llama_padded_bf16 samples/llama.fsm -D L=1 -D C=32 -D NH=4 -D NKV=2 -D T=16 -D V=300 -D B=2 -D F=64
                 --precision bf16)
+  cuda_emu_test(llama_odd_bf16 samples/llama.fsm -D L=1 -D C=44 -D NH=2 -D NKV=1 -D T=33 -D V=1025 -D B=3 -D F=90
+                --precision bf16 --pad_vocab 0)
   foreach(prec fp32 bf16 fp16)
     cuda_emu_test(ops_${prec} tests/cuda_emu/ops.fsm --precision ${prec})
   endforeach()
@@ -151,6 +154,16 @@ if(NOT FS_FUZZ)
   cuda_emu_test(attn_qkv_hd128_bf16 tests/cuda_emu/attn_qkv.fsm -D B=1 -D T=65 -D NH=1 --precision bf16)
   cuda_emu_test(attn_qkv_hd24_fp32 tests/cuda_emu/attn_qkv.fsm -D C=72 -D NH=3)
   cuda_emu_test(attn_qkv_hd20_bf16 tests/cuda_emu/attn_qkv.fsm -D C=40 --precision bf16)
+  # rope_rows and attention_rows (passes/packed_attn.c): Llama's heads turned and read on its q, k, v projections'
+  # rows, grouped-query (NKV < NH), both rope forms; tensor cores (head dims 64, 24, 128) and the f32 kernels (fp32;
+  # 16-bit head dim 20). Llama without it keeps heads -> rope -> attention -> merge_heads covered.
+  cuda_emu_test(attn_rows_hd64_bf16 tests/cuda_emu/attn_rows.fsm --precision bf16)
+  cuda_emu_test(attn_rows_hd24_fp16 tests/cuda_emu/attn_rows.fsm -D T=130 -D C=96 -D NH=4 -D NKV=2 --precision fp16)
+  cuda_emu_test(attn_rows_hd128_bf16 tests/cuda_emu/attn_rows.fsm -D B=1 -D T=65 -D C=256 --precision bf16)
+  cuda_emu_test(attn_rows_hd24_fp32 tests/cuda_emu/attn_rows.fsm -D C=72 -D NH=3)
+  cuda_emu_test(attn_rows_hd20_bf16 tests/cuda_emu/attn_rows.fsm -D C=80 -D NH=4 -D NKV=2 --precision bf16)
+  cuda_emu_test(llama_bf16_unpacked samples/llama.fsm -D L=2 -D C=32 -D NH=4 -D NKV=2 -D T=16 -D V=256 -D B=2 -D F=64
+                --precision bf16 --pack_attention 0)
 endif()
 
 # fsexec itself on the device path (--device cuda through cuda-emu) against --device cpu.

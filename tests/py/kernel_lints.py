@@ -9,8 +9,9 @@ numbers a user sees):
 2. The report adds up: each launch's roofline is max(FLOPs / rate, bytes / HBM) at the
    report's GPU, a GEMM does 2 m n k FLOPs, the kinds sum to the step, and GPT-2 124M's
    FLOPs are those fsc's summary counts (on --machine h200: HBM 4.8 TB/s).
-3. No launch storms: GPT-2 124M's instructions per step (samples/gpt2.fsm at its default
-   dims, bf16) are printed and bounded by today's counts (BOUNDS).
+3. No launch storms: GPT-2 124M's and Llama's instructions per step (samples/gpt2.fsm and
+   samples/llama.fsm at their default dims, bf16) are printed and bounded by today's counts
+   (BOUNDS, LLAMA_BOUNDS).
 
 Every sample is checked at its default dims and at the tiny dims the other tests use, in
 its own precision and in bf16. cuBLAS's GEMMs pick their own grids and are not linted.
@@ -57,6 +58,11 @@ EXEMPT = {
 # read, cannot share a launch with them (codegen/kernels/flash_bwd.cuh). Upper bounds: the
 # counts may fall, never grow unnoticed.
 BOUNDS = {"instructions": 362, "sumsq_parts": 13, "adamw": 13, "cast": 13}
+# Llama (samples/llama.fsm at its default dims, bf16), today: 389 instructions (218 launches,
+# 171 GEMMs); rope and attention read q, k, v where their projections wrote them (rope_rows,
+# attention_rows: passes/packed_attn.c), so no heads, merge_heads or rope launches are left
+# (72 of them before).
+LLAMA_BOUNDS = {"instructions": 389, "heads": 0, "merge_heads": 0, "rope": 0}
 
 SAMPLES = {
     "gpt2": ["-D", "L=2", "-D", "C=64", "-D", "NH=4", "-D", "T=32", "-D", "V=256", "-D", "B=4"],
@@ -159,6 +165,14 @@ def main():
     for key, bound in BOUNDS.items():
         if have[key] > bound:
             failures.append(f"GPT-2 124M bf16: {have[key]} {key} per step, above the bound {bound}")
+    ld = kernels("llama", [], "bf16", "h200")
+    lcount = collections.Counter(l["kind"] for l in ld["launches"])
+    print(f"Llama bf16: {ld['n_instructions']} instructions per step ({ld['n_launches']} launches, "
+          f"{ld['n_gemms']} GEMMs); roofline {ld['roofline_ms']:.3f} ms on {ld['gpu']['name']}")
+    for key, bound in LLAMA_BOUNDS.items():
+        n = ld["n_instructions"] if key == "instructions" else lcount[key]
+        if n > bound:
+            failures.append(f"Llama bf16: {n} {key} per step, above the bound {bound}")
     if sum(l["instruction"] == "gemm" for l in d["launches"]) != d["n_gemms"] or \
             d["n_launches"] + d["n_gemms"] != d["n_instructions"]:
         failures.append("GPT-2 124M bf16: the JSON's counts disagree with its launches")

@@ -23,6 +23,11 @@
 5. Sampling never draws a padding id: 300 tokens at temperature 5 from the untrained
    model (near uniform over all 256 columns: 300 draws miss 6 unmasked ones with
    probability (250/256)^300 < 0.1%), with the KV cache and without, all below 250.
+6. Llama at V = 250, whose head `output` is stored [C, V]: the param keeps its shape and
+   the head's GEMMs read a padded copy [64, 256] (--mem's padding line says so); its
+   --save-weights files (fsexec's and hf-llama's) of both plans are the same file, each
+   plan loads either to one step-1 loss, the two to rounding; checkpoints resume across
+   the plans; sampling draws no padding id (the sampling programs read no padded copy).
 
 usage: pad_vocab.py FSC FSEXEC
 """
@@ -166,6 +171,60 @@ def sampling(fsexec, work):
                                                                             max(ids)))
 
 
+LLAMA = os.path.join(ROOT, "samples", "llama.fsm")
+LDIMS = ["-D", "L=1", "-D", "C=64", "-D", "NH=4", "-D", "F=128", "-D", "T=16", "-D", "V=250", "-D", "B=2"]
+
+
+def llama(fsc, fsexec, work, tok):
+    run([fsc, LLAMA, *LDIMS, "-o", "LP.plan", "-q"], work)
+    run([fsc, LLAMA, *LDIMS, "--pad_vocab", "0", "-o", "LU.plan", "-q"], work)
+    mem = run([fsc, LLAMA, *LDIMS, "--mem", "-q"], work)
+    check(re.search(r"^vocabulary padding \(--pad_vocab 64\): output \[64, 250\] stored as it is, its GEMMs reading "
+                    r"a padded copy \[64, 256\] made each step \(no padding in the model state\) and 6 padded logit "
+                    r"columns$", mem, re.M) is not None, "llama: --mem says the head is read through a padded copy")
+    pj, uj = (json.loads(run([fsc, LLAMA, *LDIMS, *x, "--mem=json", "-q"], work)) for x in ([], ["--pad_vocab", "0"]))
+    first = lambda j: j[0] if isinstance(j, list) else j
+    check(first(pj)["params"]["count"] == first(uj)["params"]["count"], "llama: the model's params counted")
+    for fmt in ("fsexec", "hf-llama"):
+        for plan in ("LP", "LU"):
+            run([fsexec, plan + ".plan", "--data", tok, "--steps", "0", "--weights-format", fmt, "--save-weights",
+                 "%s_%s.safetensors" % (plan, fmt)], work)
+        a, b = (open(os.path.join(work, "%s_%s.safetensors" % (p, fmt)), "rb").read() for p in ("LP", "LU"))
+        check(a == b, "llama %s --save-weights of the padded and unpadded plans: the same file" % fmt)
+        out = tensors(os.path.join(work, "LP_%s.safetensors" % fmt))["output" if fmt == "fsexec" else "lm_head.weight"]
+        check(sorted(out[0]) == [C, V], "llama %s: the head is the model's (%s)" % (fmt, out[0]))
+    step1 = {}
+    for plan in ("LP", "LU"):
+        got = set()
+        for other in ("LP", "LU"):
+            for fmt in ("fsexec", "hf-llama"):
+                log = os.path.join(work, "lload_%s_%s_%s.log" % (plan, other, fmt))
+                run([fsexec, plan + ".plan", "--data", tok, "--steps", "1", "--weights-format", fmt, "--load-weights",
+                     "%s_%s.safetensors" % (other, fmt), "--log", log], work)
+                got.add(losses(log)[1])
+        check(len(got) == 1, "llama %s: one step-1 loss from either plan's weights, in either format (%s)" %
+              (plan, got))
+        step1[plan] = got.pop()
+    check(abs(step1["LP"] - step1["LU"]) <= 1e-6 * abs(step1["LU"]), "llama: padded %.9g, unpadded %.9g" %
+          (step1["LP"], step1["LU"]))
+    run([fsexec, "LP.plan", "--data", tok, "--steps", "3", "--checkpoint-dir", "lck"], work)
+    got = {}
+    for plan in ("LP", "LU"):
+        log = os.path.join(work, "lresume_%s.log" % plan)
+        run([fsexec, plan + ".plan", "--data", tok, "--steps", "6", "--resume", "lck", "--log", log], work)
+        got[plan] = losses(log)
+    worst = max(abs(got["LU"][s] - got["LP"][s]) / abs(got["LP"][s]) for s in (4, 5, 6))
+    check(sorted(got["LU"]) == [4, 5, 6] and worst < 1e-6, "llama: the padded plan's checkpoint resumes into the "
+          "unpadded one to rounding (%.2g)" % worst)
+    for extra in ([], ["--no-kv-cache"]):
+        out = run([fsexec, "LP.plan", "--sample", "300", "--prompt-ids", "1,2,3", "--temperature", "5", "--seed", "7",
+                   *extra], work)
+        ids = [int(x) for x in re.findall(r"\d+", out.strip().splitlines()[-1])]
+        check(len(ids) >= 300 and max(ids) < V and max(ids) > 200,
+              "llama: %d tokens sampled%s, the largest %d: none of the padding" %
+              (len(ids), " " + extra[0] if extra else "", max(ids)))
+
+
 def main():
     fsc, fsexec = (os.path.abspath(p) for p in sys.argv[1:3])
     with tempfile.TemporaryDirectory() as work:
@@ -181,6 +240,7 @@ def main():
         checkpoints(fsexec, work, tok)
         predict(fsc, fsexec, work, tok)
         sampling(fsexec, work)
+        llama(fsc, fsexec, work, tok)
     if failures:
         sys.exit("%d check(s) failed" % len(failures))
     print("all passed")

@@ -196,6 +196,11 @@ static Case cases[] = {
      "attention(q, k, v)", "[2, 3, 3]", H, TOL},
     {"attention_causal", "param q: [2, 2, 4, 4] = normal(1); param k: [2, 2, 4, 4] = normal(1); param v: [2, 2, 4, 4] = normal(1);",
      "attention(q, k, v, causal)", "[2, 2, 4, 4]", H, TOL},
+    /* Llama's chain, which passes/packed_attn.c makes rope_rows and attention_rows on the params' rows (grouped-query:
+     * 2 query heads over 1 kv head; both rope forms) */
+    {"attention_rows", "param q: [2, 5, 8] = normal(1); param k: [2, 5, 4] = normal(1); param v: [2, 5, 4] = normal(1);",
+     "merge_heads(attention(rope(heads(q, 2), theta = 50), rope(heads(k, 1), interleaved), heads(v, 1), causal))",
+     "[2, 5, 8]", H, TOL},
     {"tied", "param a: [3, 4] = normal(1);", "a @ transpose(a) + embedding(a, arange(3)) @ transpose(a)", "[3, 3]", H, TOL},
 };
 

@@ -7,7 +7,8 @@
  * these kernels reach: passes/packed_attn.c matches equal splits), causal and not; f32 to
  * rounding, and bf16 (16-bit slabs staged per batch item) within its rounding. The
  * kernels' GEMMs are the same calls with other leading dimensions, so f32 agrees to a few
- * ulps, not to the bit.
+ * ulps, not to the bit. attention_rows (Llama's q, k, v as three tensors of rows) on qkv's
+ * columns gives attention_qkv's numbers to the bit, and rope_rows rope's on the heads.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -66,6 +67,49 @@ static double worst_rel(const float *a, const float *b, int64_t n)
     return worst / (most > 0 ? most : 1);
 }
 
+/* Columns [c0, c0 + n) of x's rows [B, T, W] as a tensor [B, T, n]; put back (to_x) or taken. */
+static void columns(const KTensor *x, KTensor *part, int64_t c0, int to_x)
+{
+    int64_t W = x->shape[2], n = part->shape[2];
+    for (int64_t r = 0; r < x->numel / W; r++)
+        for (int64_t e = 0; e < n; e++)
+            if (to_x)
+                F(x)[r * W + c0 + e] = F(part)[r * n + e];
+            else
+                F(part)[r * n + e] = F(x)[r * W + c0 + e];
+}
+
+/* attention_rows and its backward on q, k, v as three tensors [B, T, heads D] (Llama's projections' rows), the
+ * columns of x, give attention_qkv's o and lse (the same calls on other pointers: to the bit) and its dqkv's
+ * columns. */
+static void rows_agree(const Dims *d, const KTensor *x, const KTensor *o, const KTensor *lse, const KTensor *dout,
+                       const KTensor *dx, int causal)
+{
+    int64_t w[3] = {d->NH * d->D, d->NKV * d->D, d->NKV * d->D}, c0[3] = {0, w[0], w[0] + w[1]};
+    KTensor in[3], g[3], or = tensor(KT_F32, SH(d->B, d->T, w[0])), lr = tensor(KT_F32, SH(d->B, d->NH, d->T));
+    KTensor back = tensor(KT_F32, SH(d->B, d->T, x->shape[2]));
+    for (int i = 0; i < 3; i++) {
+        in[i] = tensor(KT_F32, SH(d->B, d->T, w[i])), g[i] = tensor(KT_F32, SH(d->B, d->T, w[i]));
+        columns(x, &in[i], c0[i], 0);
+    }
+    KCall f = {.n_in = 3, .in = {in[0], in[1], in[2]}, .n_out = 2, .out = {or, lr},
+               .attr = {[3] = (double)d->NH, [4] = (double)d->NKV, [5] = causal}};
+    cpu_attention_rows(&f);
+    KCall b = {.n_in = 6, .in = {in[0], in[1], in[2], or, lr, *dout}, .n_out = 3, .out = {g[0], g[1], g[2]},
+               .attr = {[6] = (double)d->NH, [7] = (double)d->NKV, [8] = causal}};
+    cpu_attention_rows_bwd(&b);
+    for (int i = 0; i < 3; i++) columns(&back, &g[i], c0[i], 1);
+    cr_expect(!memcmp(or.data, o->data, sizeof(float) * (size_t)or.numel) &&
+                  !memcmp(lr.data, lse->data, sizeof(float) * (size_t)lr.numel) &&
+                  !memcmp(back.data, dx->data, sizeof(float) * (size_t)back.numel),
+              "B%lld NH%lld NKV%lld T%lld D%lld causal %d: attention_rows differs from attention_qkv: o %.3g lse %.3g "
+              "d %.3g", (long long)d->B, (long long)d->NH, (long long)d->NKV, (long long)d->T, (long long)d->D, causal,
+              worst_rel(F(&or), F(o), or.numel), worst_rel(F(&lr), F(lse), lr.numel),
+              worst_rel(F(&back), F(dx), back.numel));
+    for (int i = 0; i < 3; i++) free(in[i].data), free(g[i].data);
+    free(or.data), free(lr.data), free(back.data);
+}
+
 static void check(Dims d, int causal, double tol)
 {
     int64_t W = (d.NH + 2 * d.NKV) * d.D;
@@ -97,6 +141,7 @@ static void check(Dims d, int causal, double tol)
     KCall pb = {.n_in = 4, .in = {x, o, lse, dout}, .n_out = 1, .out = {dx},
                 .attr = {[4] = (double)d.NH, [5] = (double)d.NKV, [6] = causal}};
     cpu_attention_qkv_bwd(&pb);
+    rows_agree(&d, &x, &o, &lse, &dout, &dx, causal);
 
     float *om = malloc(sizeof(float) * (size_t)o.numel);  // the apart output in merge_heads' layout
     for (int64_t b = 0; b < d.B; b++)
@@ -203,4 +248,38 @@ Test(cpu_attention_qkv, bf16_staged_by_batch_items)
     KTensor all[] = {x, g, o, lse, dx, xb, gb, ob, lb, dxb};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i].data);
     free(work), free(ob32), free(dx32);
+}
+
+/* rope_rows on [B, T, n D] rows turns each head as rope turns heads(x, n) [B, n, T, D] (the same arithmetic: to
+ * the bit), in both forms, and its inverse (rope's backward) turns it back. */
+Test(cpu_attention_qkv, rope_rows_is_rope_of_the_heads)
+{
+    int64_t B = 2, n = 3, T = 37, D = 24;
+    KTensor x = tensor(KT_F32, SH(B, T, n * D)), y = tensor(KT_F32, SH(B, T, n * D));
+    KTensor z = tensor(KT_F32, SH(B, T, n * D));
+    KTensor h = tensor(KT_F32, SH(B, n, T, D)), hy = tensor(KT_F32, SH(B, n, T, D));
+    for (int64_t i = 0; i < x.numel; i++) F(&x)[i] = (float)((i * 37) % 101) / 50 - 1;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < n; j++)
+                memcpy(&F(&h)[((b * n + j) * T + t) * D], &F(&x)[((b * T + t) * n + j) * D], sizeof(float) * (size_t)D);
+    for (int interleaved = 0; interleaved < 2; interleaved++) {
+        KCall r = {.n_in = 1, .in = {x}, .n_out = 1, .out = {y}, .attr = {0, (double)n, 500, 0, interleaved}};
+        cpu_rope_rows(&r);
+        KCall a = {.n_in = 1, .in = {h}, .n_out = 1, .out = {hy}, .attr = {0, 500, 0, interleaved}};
+        cpu_rope(&a);
+        int same = 1;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t j = 0; j < n; j++)
+                    same &= !memcmp(&F(&hy)[((b * n + j) * T + t) * D], &F(&y)[((b * T + t) * n + j) * D],
+                                    sizeof(float) * (size_t)D);
+        cr_expect(same, "interleaved %d: rope_rows differs from rope of the heads", interleaved);
+        KCall inv = {.n_in = 1, .in = {y}, .n_out = 1, .out = {z}, .attr = {0, (double)n, 500, 1, interleaved}};
+        cpu_rope_rows(&inv);
+        cr_expect(worst_rel(F(&z), F(&x), x.numel) < 1e-6, "interleaved %d: the inverse does not turn it back",
+                  interleaved);
+    }
+    KTensor all[] = {x, y, z, h, hy};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i].data);
 }

@@ -261,10 +261,11 @@ Test(opcheck, a_collective_for_another_world)
 }
 
 /* Grouped-query attention in a plan: k and v with 1 head under q's 2 pass; a kv head
- * count that does not divide q's is refused with both counts. */
+ * count that does not divide q's is refused with both counts (attention as written: pack_attention 0). */
 Test(opcheck, grouped_query_attention_head_counts)
 {
-    Plan *p = sample_compile("llama.fsm", LLAMA, 8, NULL, 0, NULL);
+    Setting apart = {"pack_attention", "0"};
+    Plan *p = sample_compile("llama.fsm", LLAMA, 8, &apart, 1, NULL);
     expect_ok(p, "llama, 2 query heads over 1 kv head");
     int32_t k = find_op(p, "attention", 0), kin = *input(p, k, 1), vin = *input(p, k, 2);
     const PlanTensor *t = &p->tensors[kin];
@@ -275,6 +276,23 @@ Test(opcheck, grouped_query_attention_head_counts)
     *input(p, k, 1) = retyped(p, kin, t->dtype, t->rank, three);
     *input(p, k, 2) = retyped(p, vin, p->tensors[vin].dtype, t->rank, three);
     expect_refused(p, op_label(p, k), "q's 2 heads are not a multiple of k and v's 3", NULL);
+    plan_free(p);
+}
+
+/* Llama's attention on its projections' rows (attention_rows, nh = 2, nkv = 1): k and v rows of half a head are
+ * refused, naming the three types and both head counts. */
+Test(opcheck, attention_rows_head_widths)
+{
+    Plan *p = sample_compile("llama.fsm", LLAMA, 8, NULL, 0, NULL);
+    expect_ok(p, "llama, attention_rows of 2 query heads over 1 kv head");
+    int32_t k = find_op(p, "attention_rows", 0), kin = *input(p, k, 1), vin = *input(p, k, 2);
+    const PlanTensor *t = &p->tensors[kin];
+    int64_t half[PLAN_MAX_RANK];
+    for (int d = 0; d < t->rank; d++) half[d] = t->shape[d];
+    half[t->rank - 1] /= 2;  // within k's bytes
+    *input(p, k, 1) = retyped(p, kin, t->dtype, t->rank, half);
+    *input(p, k, 2) = retyped(p, vin, p->tensors[vin].dtype, t->rank, half);
+    expect_refused(p, op_label(p, k), "are not 2 and 1 heads of one width over the same rows", NULL);
     plan_free(p);
 }
 

@@ -2,14 +2,15 @@
  *  - GPT-2 at V = 300 with pad_vocab 64: wte stored [320, C], its own 300 rows in the
  *    plan (PlanTensor.logical_rows), the loss's valid = 300 and the logits [.., 320];
  *    the params meta and the memory report's count are the model's (the unpadded plan's).
- *    With pad_vocab 0, or a vocabulary already a multiple, nothing changes; llama's head
- *    [C, V] (read without transposing) is not padded; an untied [V, C] head read through
- *    transpose is, unless something else reads it.
+ *    With pad_vocab 0, or a vocabulary already a multiple, nothing changes; an untied [V, C]
+ *    head read through transpose is padded, unless something else reads it. Llama's head
+ *    [C, V] (read without transposing) keeps its shape and is read through a padded copy,
+ *    pad(output) [C, 320]; the loss's valid = 300, the params and their count the model's.
  *  - On the CPU backend the padded plan trains as the unpadded one: five steps' losses
  *    and the final params, as the training state's logical pieces (the same names,
  *    shapes and element ranges in both plans), fp32 to rounding (only the head GEMM's
  *    width differs), bf16 to its tolerance; with the loss fused and as two ops, and with
- *    AdamW's weight decay (the sample's 0.1) and SGD with momentum and decay.
+ *    AdamW's weight decay (the sample's 0.1) and SGD with momentum and decay; GPT-2 and Llama.
  *  - The padding rows: step 1's gradient of wte is exactly 0 there, and after five steps
  *    the params there are still exactly 0 (+0.0: never written by an update).
  */
@@ -22,15 +23,18 @@
 #include "sample.h"
 
 static const Define DIMS300[6] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 300}, {"B", 4}};
+static const Define LLAMA300[7] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"F", 176}, {"T", 32}, {"V", 300}, {"B", 4}};
 enum { C = 64, V = 300, VP = 320, STEPS = 5 };
 
-/* GPT-2 at V = 300 with the settings given (key, value pairs), padded or not. */
-static Plan *gpt2(int pad, const Setting *extra, int n_extra)
+/* GPT-2 (or Llama) at V = 300 with the settings given (key, value pairs), padded or not. */
+static Plan *model(int llama, int pad, const Setting *extra, int n_extra)
 {
     Setting set[8] = {{"pad_vocab", pad ? "64" : "0"}};
     for (int i = 0; i < n_extra; i++) set[1 + i] = extra[i];
-    return sample_compile("gpt2.fsm", DIMS300, 6, set, 1 + n_extra, NULL);
+    return llama ? sample_compile("llama.fsm", LLAMA300, 7, set, 1 + n_extra, NULL)
+                 : sample_compile("gpt2.fsm", DIMS300, 6, set, 1 + n_extra, NULL);
 }
+static Plan *gpt2(int pad, const Setting *extra, int n_extra) { return model(0, pad, extra, n_extra); }
 
 static int32_t named_param(const Plan *p, const char *name)
 {
@@ -83,11 +87,43 @@ Test(pad_vocab, nothing_to_pad)
     Plan *p = sample_compile("gpt2.fsm", d256, 6, NULL, 0, NULL);
     cr_assert_eq(p->tensors[named_param(p, "wte")].logical_rows, 0, "256 is a multiple of 64 already");
     plan_free(p);
-    /* llama's untied head is [C, V]: its vocabulary is its columns, which padding would interleave. */
-    const Define ll[7] = {{"L", 1}, {"C", 64}, {"NH", 4}, {"F", 176}, {"T", 32}, {"V", 300}, {"B", 4}};
+    const Define ll[7] = {{"L", 1}, {"C", 64}, {"NH", 4}, {"F", 176}, {"T", 32}, {"V", 256}, {"B", 4}};
     p = sample_compile("llama.fsm", ll, 7, NULL, 0, NULL);
-    for (int32_t i = 0; i < p->n_tensors; i++) cr_assert_eq(p->tensors[i].logical_rows, 0);
+    for (int32_t k = 0; k < p->n_ops; k++) cr_assert_str_neq(plan_str(p, p->ops[k].op), "pad");
     plan_free(p);
+}
+
+/* Llama's head is stored [C, V]: its vocabulary is its columns, which padding the param would interleave with
+ * the padding. The param keeps its shape; the head GEMM reads pad(output) [C, 320], its columns and zeros (made
+ * again for the backward, whose slice takes the model's 300 columns of the gradient back out), the logits are
+ * [.., 320] and the loss's valid = 300. Nothing of the model changes: params, their shapes and the count. */
+Test(pad_vocab, a_head_stored_by_columns_is_read_through_a_padded_copy)
+{
+    Plan *p = model(1, 1, NULL, 0), *u = model(1, 0, NULL, 0);
+    const PlanTensor *out = &p->tensors[named_param(p, "output")];
+    cr_assert(out->shape[0] == C && out->shape[1] == V && out->logical_rows == 0);
+    int pads = 0, slices = 0, losses = 0;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        const char *op = plan_str(p, p->ops[k].op);
+        const PlanTensor *y = &p->tensors[p->ids[p->ops[k].out]];
+        if (!strcmp(op, "pad")) {
+            cr_assert(p->ids[p->ops[k].in] == named_param(p, "output") && y->shape[0] == C && y->shape[1] == VP);
+            pads++;
+        }
+        slices += !strcmp(op, "slice") && y->shape[1] == V;
+        if (!strncmp(op, "cross_entropy", 13)) {
+            cr_assert_eq(op_int(p, k, "valid"), V, "%s: valid", op);
+            losses++;
+        }
+    }
+    cr_assert(pads >= 1 && slices == 1 && losses >= 1, "%d pads, %d slices, %d losses", pads, slices, losses);
+    cr_assert_eq(plan_meta_int(p, "params", 0), plan_meta_int(u, "params", 0));
+    char err[256];
+    MemReport *rp = report_mem_new(p, err, sizeof err), *ru = report_mem_new(u, err, sizeof err);
+    cr_assert(rp && ru, "%s", err);
+    cr_assert_eq(rp->param_count, ru->param_count, "the model's own params");
+    report_mem_free(rp), report_mem_free(ru);
+    plan_free(p), plan_free(u);
 }
 
 /* An untied head stored [V, C] and read through transpose is padded as the tied one is; one
@@ -160,12 +196,12 @@ static int padding_is_zero(const Exec *e, const Plan *p)
 
 /* Both plans' params after training, as logical pieces: the same pieces, values within tol
  * of each other (relative to the tensor's largest); the padded plan's padding rows zero. */
-static void same_training(const char *precision, const char *fuse, const char *optimizer, double loss_tol,
-                          double param_tol)
+static void same_training(int llama, const char *precision, const char *fuse, const char *optimizer,
+                          double loss_tol, double param_tol)
 {
     Setting set[] = {{"precision", precision}, {"fuse_loss", fuse}, {"optimizer", optimizer}, {"momentum", "0.9"},
                      {"weight_decay", "0.1"}, {"lr", strcmp(optimizer, "sgd") ? "1e-3" : "0.1"}, {"warmup", "0"}};
-    Plan *p = gpt2(1, set, 7), *u = gpt2(0, set, 7);
+    Plan *p = model(llama, 1, set, 7), *u = model(llama, 0, set, 7);
     float lp[STEPS], lu[STEPS];
     Exec *ep = sample_train(p, 5, STEPS, lp), *eu = sample_train(u, 5, STEPS, lu);
     for (int s = 0; s < STEPS; s++)
@@ -196,7 +232,7 @@ static void same_training(const char *precision, const char *fuse, const char *o
         params++;
     }
     cr_assert_gt(params, 0);
-    cr_assert_geq(padding_is_zero(ep, p), 1, "the fp32 master");
+    cr_assert_geq(padding_is_zero(ep, p), !llama, "the fp32 master");  // Llama's param has no padding
     rt_state_free(sp), rt_state_free(su);
     rt_exec_free(ep), rt_exec_free(eu);
     plan_free(p), plan_free(u);
@@ -205,10 +241,14 @@ static void same_training(const char *precision, const char *fuse, const char *o
 /* fp32: the head GEMM's width is all that differs, so a step differs by rounding alone; AdamW
  * normalizes the gradient, so a param moves by about lr (1e-3) a step whatever its size, and
  * rounding shows in its update at about 1e-6 of that. */
-Test(pad_vocab, fp32_trains_as_unpadded) { same_training("fp32", "1", "adamw", 1e-6, 1e-5); }
-Test(pad_vocab, fp32_unfused_sgd_trains_as_unpadded) { same_training("fp32", "0", "sgd", 1e-6, 1e-5); }
+Test(pad_vocab, fp32_trains_as_unpadded) { same_training(0, "fp32", "1", "adamw", 1e-6, 1e-5); }
+Test(pad_vocab, fp32_unfused_sgd_trains_as_unpadded) { same_training(0, "fp32", "0", "sgd", 1e-6, 1e-5); }
 /* bf16: the same rounding differences, in 8-bit mantissas. */
-Test(pad_vocab, bf16_trains_as_unpadded) { same_training("bf16", "1", "adamw", 1e-3, 1e-2); }
+Test(pad_vocab, bf16_trains_as_unpadded) { same_training(0, "bf16", "1", "adamw", 1e-3, 1e-2); }
+/* Llama's [C, V] head through its padded copy: the same. */
+Test(pad_vocab, llama_fp32_trains_as_unpadded) { same_training(1, "fp32", "1", "adamw", 1e-6, 1e-5); }
+Test(pad_vocab, llama_fp32_unfused_sgd_trains_as_unpadded) { same_training(1, "fp32", "0", "sgd", 1e-6, 1e-5); }
+Test(pad_vocab, llama_bf16_trains_as_unpadded) { same_training(1, "bf16", "1", "adamw", 1e-3, 1e-2); }
 
 /* Step 1's gradient of wte: 0 exactly on the padding rows, whichever loss op made it. */
 static void zero_gradient(const char *fuse)

@@ -32,8 +32,9 @@ typedef struct {
 /* Whether forward node n is in its block's attention core: the attention, what feeds it
  * back to the QKV projection, and merge_heads of its output (by the ops GPT-2 and Llama
  * write there: the projection is the block's first matmuls, before the attention; GPT-2's
- * split, heads, attention and merge_heads are one attention_qkv under pack_attention; with
- * its bias, one matmul_bias: passes/epilogue.c). */
+ * split, heads, attention and merge_heads are one attention_qkv under pack_attention, Llama's
+ * heads, rope, attention and merge_heads rope_rows and attention_rows; with its bias, one
+ * matmul_bias: passes/epilogue.c). */
 static int in_core(const Graph *g, int n)
 {
     const Node *node = &g->nodes[n];
@@ -42,10 +43,13 @@ static int in_core(const Graph *g, int n)
     for (int k = 0; k < g->n_nodes; k++)
         if (g->nodes[k].block == node->block && g->nodes[k].phase == PHASE_FORWARD) {
             if (first < 0) first = k;
-            if (g->nodes[k].op == OP_attention || g->nodes[k].op == OP_attention_qkv) attention = k;
+            if (g->nodes[k].op == OP_attention || g->nodes[k].op == OP_attention_qkv ||
+                g->nodes[k].op == OP_attention_rows)
+                attention = k;
         }
     if (n > attention) return n == attention + 1 && node->op == OP_merge_heads;
-    return node->op == OP_attention || node->op == OP_attention_qkv || node->op == OP_heads || node->op == OP_rope ||
+    return node->op == OP_attention || node->op == OP_attention_qkv || node->op == OP_attention_rows ||
+           node->op == OP_heads || node->op == OP_rope || node->op == OP_rope_rows ||
            node->op == OP_split || node->op == OP_matmul || node->op == OP_matmul_bias ||
            (node->op == OP_add && g->nodes[n - 1].op == OP_matmul && n > first + 1);
 }

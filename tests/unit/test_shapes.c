@@ -353,6 +353,27 @@ Test(shapes, rope)
     EXPECT_ERR(node(OP_rope, INS(F32(4, 64)), ATTRS(AF("theta", 0))), "rope: theta must be positive, got 0");
 }
 
+/* Llama's rope and attention on its projections' rows (passes/packed_attn.c). */
+Test(shapes, rope_rows_and_attention_rows)
+{
+    EXPECT_TYPE(node(OP_rope_rows, INS(F32(4, 64, 96)), ATTRS(AI("n", 4))), "f32[4, 64, 96]");
+    EXPECT_ERR(node(OP_rope_rows, INS(F32(4, 64, 96)), ATTRS(AI("n", 5))),
+               "rope_rows: f32[4, 64, 96]'s rows are not 5 heads of one even width");
+    EXPECT_ERR(node(OP_rope_rows, INS(F32(4, 64, 96)), ATTRS(AI("n", 32))),
+               "rope_rows: f32[4, 64, 96]'s rows are not 32 heads of one even width");
+    int q = F32(4, 64, 96), k = F32(4, 64, 48);
+    int a = node(OP_attention_rows, INS(q, k, k), ATTRS(AI("nh", 4), AI("nkv", 2), AI("causal", 1)));
+    EXPECT_TYPE(a, "f32[4, 64, 96]");
+    cr_assert_str_eq(out_type(a, 1), "f32[4, 4, 64]");
+    EXPECT_ERR(node(OP_attention_rows, INS(q, k, k), ATTRS(AI("nh", 4), AI("nkv", 3))),
+               "attention_rows: nh = 4 query heads over nkv = 3 kv heads (both >= 1, nh a multiple of nkv)");
+    EXPECT_ERR(node(OP_attention_rows, INS(q, k, F32(4, 32, 48)), ATTRS(AI("nh", 4), AI("nkv", 2))),
+               "attention_rows: q f32[4, 64, 96], k f32[4, 64, 48], v f32[4, 32, 48] are not 4 and 2 heads of one "
+               "width over the same rows");
+    EXPECT_ERR(node(OP_attention_rows, INS(q, k, BF16(4, 64, 48)), ATTRS(AI("nh", 4), AI("nkv", 2))),
+               "attention_rows: dtypes differ: f32[4, 64, 96] and bf16[4, 64, 48]");
+}
+
 Test(shapes, attention)
 {
     int q = F32(4, 12, 64, 32), k = F32(4, 12, 64, 32), v = F32(4, 12, 64, 16);
