@@ -159,6 +159,7 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"pad_vocab", I, NULL, 0, t->pad_vocab},
         {"pack_attention", I, NULL, 0, t->pack_attention},
         {"fuse_gemm", I, NULL, 0, t->fuse_gemm},
+        {"tf32", I, NULL, 0, t->tf32},
         {"balance", S, t->balance, 0, 0},
         {"offload", S, offload_name(t->offload), 0, 0},
         {"seed", I, NULL, 0, (int64_t)t->seed},

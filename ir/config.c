@@ -199,6 +199,8 @@ static const KeyDef KEYS[] = {
         "in the GEMM's epilogue, one op (1, default; cuBLASLt's epilogues on CUDA), or separate ops (0)"),
     INT("pad_vocab", pad_vocab, 0, 1 << 16, "the LM head's vocabulary padded to a multiple of this many rows "
         "(aligned GEMMs; the padding masked in the loss and sampling, held at zero), 64 by default; 0: off"),
+    INT("tf32", tf32, 0, 1, "CUDA: f32 attention and f32 GEMMs on TF32 tensor cores (inputs rounded to a 10-bit "
+        "mantissa, f32 sums: no longer bit-equal to the CPU), 1; or in full f32 (0, default)"),
     {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,
      offsetof(TrainConfig, balance), 0, 0, NULL, 0},
     ENUM("offload", offload, OFFLOADS, "none; optimizer: fp32 master weights, optimizer state and the update on the host (ZeRO-Offload); params: fsdp's param shards there too"),

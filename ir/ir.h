@@ -411,6 +411,7 @@ typedef struct {
     int pad_vocab;        // passes/pad_vocab.c: a classifier's vocabulary rows padded to a multiple of this; 0: off
     int pack_attention;   // passes/packed_attn.c: attention on the QKV projection's output as it lies (1), or not (0)
     int fuse_gemm;        // passes/epilogue.c: bias, GELU and their gradients in the GEMMs' epilogues (1), or apart (0)
+    int tf32;             // CUDA: f32 attention (codegen/cuda_flash.c) and f32 GEMMs (fsexec) on TF32 tensor cores
     int chunks;           // interleaved: model chunks per stage
     char balance[256];    // "auto", or blocks per stage: "3,3,2"
 

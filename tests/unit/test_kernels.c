@@ -14,7 +14,7 @@
 #include "report.h"
 #include "sample.h"
 
-static const KernGpu GPU = {"test", 1e15, 5e13, 2e12};
+static const KernGpu GPU = {"test", 1e15, 5e13, 2e12, 4e14};
 
 static Plan *tiny_with(Graph **g, const char *fuse_gemm)
 {
