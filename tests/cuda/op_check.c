@@ -41,7 +41,8 @@
 /* f32 outputs of a tf32 plan: TF32 keeps 11 significant bits (unit roundoff 2^-11 = 4.9e-4) of each operand of
  * a product, and attention rounds several in a chain (q, k, v and P; dO and dS in the backward) whose errors the
  * softmax amplifies by the scores' size. A float64 model of exactly those roundings on random q, k, v with scores
- * of standard deviation 1 to 9 errs by 5e-4 to 3e-3 of the largest output; the cuda-emu tests see up to 4e-3. */
+ * of standard deviation 1 to 9 (tests/py/tf32_error.py) errs by 3e-4 to 4e-3 of the largest output; the cuda-emu
+ * tests see up to 4e-3. */
 #define TOL_TF32 5e-3
 
 typedef struct {
