@@ -22,7 +22,8 @@ typedef struct {
 #define NUM(field, lo, hi) {#field, offsetof(Machine, field), lo, hi}
 
 static const Key KEYS[] = {
-    NUM(flops_fp32, 1e6, 1e18), NUM(flops_16bit, 1e6, 1e18), NUM(flops_tf32, 1e6, 1e18), NUM(hbm_bw, 1e6, 1e15), NUM(nvlink_bw, 1e6, 1e15),
+    NUM(flops_fp32, 1e6, 1e18), NUM(flops_16bit, 1e6, 1e18), NUM(flops_tf32, 1e6, 1e18), NUM(hbm_bw, 1e6, 1e15),
+    NUM(nvlink_bw, 1e6, 1e15),
     NUM(ib_bw, 1e6, 1e15), NUM(pcie_bw, 1e6, 1e15), NUM(host_flops, 1e6, 1e18), NUM(host_bw, 1e6, 1e15),
     NUM(collective_latency, 0, 1),
 };
@@ -139,6 +140,7 @@ void machine_print(const Machine *m, FILE *out)
     fprintf(out, "machine %s: %d GPUs per node; %.0f TFLOP/s fp32, %.0f TFLOP/s bf16/fp16, %.0f TFLOP/s tf32; HBM "
             "%.0f GB/s, NVLink %.0f GB/s, IB %.0f GB/s, PCIe %.0f GB/s; host %.2f TFLOP/s, %.0f GB/s; %.0f us per "
             "collective\n",
-            m->name, m->gpus_per_node, m->flops_fp32 / 1e12, m->flops_16bit / 1e12, m->flops_tf32 / 1e12, m->hbm_bw / 1e9, m->nvlink_bw / 1e9,
+            m->name, m->gpus_per_node, m->flops_fp32 / 1e12, m->flops_16bit / 1e12, m->flops_tf32 / 1e12,
+            m->hbm_bw / 1e9, m->nvlink_bw / 1e9,
             m->ib_bw / 1e9, m->pcie_bw / 1e9, m->host_flops / 1e12, m->host_bw / 1e9, m->collective_latency * 1e6);
 }

@@ -16,7 +16,8 @@
  * group (the elementwise ops just before it that have no instruction of their own: the
  * last member's one LAUNCH computes them all). A GEMM does exactly 2 m n k per batch
  * entry, on tensor cores when A and B are 16-bit, or f32 in a plan compiled with the tf32
- * setting (which fsexec follows: TF32, at the TF32 rate); else f32 GEMMs run on the FMA units. What the op's FLOPs leave
+ * setting (which fsexec follows: TF32, at the TF32 rate); else f32 GEMMs run on the FMA
+ * units. What the op's FLOPs leave
  * after its GEMMs is split over its LAUNCHes in proportion to the bytes each moves (the
  * layernorm backward's partial sums, its finish and its dx pass), on the FMA units; a
  * kernel named with a "_tc_" in it runs its op's products on tensor cores (codegen/cuda.h:

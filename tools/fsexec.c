@@ -701,7 +701,8 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
             mem,
             layout.stages > 1 ? " per rank by stage" : my_world > 1 ? " per rank" : "", threads, ranks,
             rt_data_describe(r->data), steps, seed, f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "",
-            !rt_device_is_cpu(&r->dev) && f->cuda_graph ? " | cuda-graph" : "", !rt_device_is_cpu(&r->dev) && plan_tf32(p) ? " | tf32" : "");
+            !rt_device_is_cpu(&r->dev) && f->cuda_graph ? " | cuda-graph" : "",
+            !rt_device_is_cpu(&r->dev) && plan_tf32(p) ? " | tf32" : "");
     rt_device_report(&r->dev, stderr);
 }
 
@@ -1034,7 +1035,8 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     t_load = rt_now() - t_load;
     if (f->predict) return predict(f, whole, r->e, seed);
     int32_t report[8];
-    if (rt_device_open(&r->dev, r->e, rk, plan_tf32(whole), f->trace != NULL, report, rt_train_reported(r->e, r->data, report)))
+    if (rt_device_open(&r->dev, r->e, rk, plan_tf32(whole), f->trace != NULL, report,
+                       rt_train_reported(r->e, r->data, report)))
         return local_error(1);
     po.unit = rt_data_get_kind(r->data) == RT_DATA_LM ? "tok" : "samples";
     if ((f->steps || r->eval) && my_rank == reporter && !(r->progress = rt_progress_new(&po, err, sizeof err))) {

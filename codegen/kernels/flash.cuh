@@ -18,16 +18,17 @@
 // (one mma row block). K and V stream through shared memory in tiles of BK = 64 keys,
 // double-buffered: tile j + 1 is copied by cp.async while tile j is multiplied. Causal:
 // tiles wholly above the diagonal are never loaded; blocks run the longest query tiles
-// first. Shared rows hold DP = D rounded up to 16 elements (the pad columns zero-filled,
-// so the mma's k steps need no mask) at a pitch of DP plus one 16-byte chunk (8 16-bit
-// elements, 4 f32): the pitch is an odd number of 16-byte chunks, so the 8 rows an
-// ldmatrix reads fall in 8 distinct bank groups (conflict-free), and a cp.async phase of 8 lanes writing one row's 8 chunks is
-// too when DP is a multiple of 64 (head dims 64 and 128; smaller ones pay up to 2 ways on
-// the tile copies and the output's 16-byte reads, never on an ldmatrix of the mma loop:
-// measured by the cuda-emu tests, tests/cuda_emu/cuda_emu.cmake's attn_*). tf32 reads its
-// fragments word by word (ldmatrix moves 16-bit pairs); the odd chunk pitch keeps those
-// conflict-free too (fs_frag_a_tf32). Rows past the end of q, k, v are zero-filled and
-// their scores masked; o and lse rows past T are not written.
+// first. Shared rows hold DP = D rounded up to 16 elements (the pad columns zero-filled, so
+// the mma's k steps need no mask) at a pitch of DP plus one 16-byte chunk (8 16-bit
+// elements, 4 f32): the pitch is an odd number of 16-byte chunks, so the 8 rows an ldmatrix
+// reads fall in 8 distinct bank groups (conflict-free), and a cp.async phase of 8 lanes
+// writing one row's 8 chunks is too when DP is a multiple of 64 (head dims 64 and 128;
+// smaller ones pay up to 2 ways on the tile copies and the output's 16-byte reads, never on
+// an ldmatrix of the mma loop: measured by the cuda-emu tests,
+// tests/cuda_emu/cuda_emu.cmake's attn_*). tf32 reads its fragments word by word (ldmatrix
+// moves 16-bit pairs); the odd chunk pitch keeps those conflict-free too (fs_frag_a_tf32).
+// Rows past the end of q, k, v are zero-filled and their scores masked; o and lse rows past
+// T are not written.
 //
 // The output leaves through shared memory (each warp's own 16 rows of the q tile, which
 // only that warp reads), so global stores are whole 16-byte chunks of consecutive rows.
@@ -207,11 +208,11 @@ __device__ __forceinline__ void fs_mma_xb(float (*acc)[4], const float (*x)[4], 
     }
 }
 
-// The same in tf32 (E = float, m16n8k8). A C fragment holds columns 2t, 2t + 1 where an m16n8k8 A fragment wants t, t + 4,
-// so each 8-wide k step takes its keys in the order 0, 2, 4, 6, 1, 3, 5, 7 (A column c is
-// key 2c, or 2(c - 4) + 1) and B's rows follow: b[r] is row 2t + r. The sum is the same
-// products in another order; no shuffle. B's words (rows 2t + r, columns g) are
-// conflict-free when P / 4 is odd.
+// The same in tf32 (E = float, m16n8k8). A C fragment holds columns 2t, 2t + 1 where an
+// m16n8k8 A fragment wants t, t + 4, so each 8-wide k step takes its keys in the order 0,
+// 2, 4, 6, 1, 3, 5, 7 (A column c is key 2c, or 2(c - 4) + 1) and B's rows follow: b[r] is
+// row 2t + r. The sum is the same products in another order; no shuffle. B's words (rows 2t
+// + r, columns g) are conflict-free when P / 4 is odd.
 template <int P, int KS, int NT>
 __device__ __forceinline__ void fs_mma_xb(float (*acc)[4], const float (*x)[4], const float *sb)
 {

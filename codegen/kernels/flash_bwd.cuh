@@ -35,9 +35,9 @@ __device__ __forceinline__ float *fs_flash_dr(const E *dq, long long bh, int i)
     return reinterpret_cast<float *>(const_cast<E *>(dq) + L::q(bh, i));
 }
 
-// Kernel 1: LPR lanes per row (a power of two dividing the row's 16-byte chunks, D / 8, or
-// D / 4 for f32), 16-byte loads of o and dO, rows = BH * TQ; blocks of 128 threads. When
-// the chunks are odd (16-bit head dims 8, 24, 40...) a lane has a row to itself and its warp's reads touch twice the fewest sectors.
+// Kernel 1: LPR lanes per row (a power of two dividing the row's 16-byte chunks, D / 8, or D / 4 for f32), 16-byte
+// loads of o and dO, rows = BH * TQ; blocks of 128 threads. When the chunks are odd (16-bit head dims 8, 24, 40...) a
+// lane has a row to itself and its warp's reads touch twice the fewest sectors.
 template <class E, int TQ, int D, int LPR, class L, long long ROWS>
 __device__ __forceinline__ void fs_flash_dsum(const E *__restrict__ o, const E *__restrict__ dout, E *__restrict__ dq)
 {

@@ -377,8 +377,8 @@ int main(int argc, char **argv)
     runs[n_runs++] = (Run){.file = "llama.fsm", .set = {{"precision", "fp32"}, {"tf32", "1"}}, .n_set = 2};
     runs[n_runs++] = (Run){.file = "tests/cuda_emu/attn.fsm", .set = {{"tf32", "1"}}, .n_set = 1,
                            .def = {{"C", 96}, {"NH", 4}, {"NKV", 2}}, .n_def = 3};
-    runs[n_runs++] =
-        (Run){.file = "tests/cuda_emu/attn_qkv.fsm", .set = {{"tf32", "1"}}, .n_set = 1, .def = {{"NH", 1}}, .n_def = 1};
+    runs[n_runs++] = (Run){.file = "tests/cuda_emu/attn_qkv.fsm", .set = {{"tf32", "1"}}, .n_set = 1,
+                           .def = {{"NH", 1}}, .n_def = 1};
 
     Plan *plans[MAX_PLANS];
     const char **names_of[MAX_PLANS] = {0};
