@@ -219,15 +219,15 @@ __device__ __forceinline__ void fs_attf_acc(float *acc, const float *a, const fl
         }
 #pragma unroll
         for (int u = 0; u < U; u++) acc[u] += x[u];
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int e = threadIdx.x + 256 * u, row = e / W, col = e % W;
-        float x = 0.f;
-        if (e < TB * W)
-            for (int t = 0; t < TB; t++) x += a[TRANS ? t * TB + row : row * TB + t] * b[t * P + col];
-        acc[u] += x;
+        for (int u = 0; u < U; u++) {
+            const int e = threadIdx.x + 256 * u, row = e / W, col = e % W;
+            float x = 0.f;
+            if (e < TB * W)
+                for (int t = 0; t < TB; t++) x += a[TRANS ? t * TB + row : row * TB + t] * b[t * P + col];
+            acc[u] += x;
+        }
     }
 }
 
