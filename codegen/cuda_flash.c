@@ -118,8 +118,10 @@ int cu_flash_bwd(CuCtx *c, const CuAtt *a)
     cu_use(c, "flash_bwd.cuh");
     if (emit_dsum(c, a)) return -1;
     const char *E = cu_tin(c, 0);
-    // the inner tiles (flash_bwd.cuh): dK/dV's query rows a step, dQ's keys a step
-    int64_t bkv = a->BH / a->G, P = pitch(c, a->D), es = esize(c), bm = FL_DKDV_ROWS, bn = a->D <= 64 ? 64 : 32;
+    // the inner tiles (flash_bwd.cuh): dK/dV's query rows a step, dQ's keys a step (tf32: 32, its scalar fragment
+    // loads need the registers: at 64 keys and head dim 64 ptxas spilled)
+    int64_t bkv = a->BH / a->G, P = pitch(c, a->D), es = esize(c), bm = FL_DKDV_ROWS;
+    int64_t bn = a->D <= 64 && es == 2 ? 64 : 32;
     const char *ins =
         cu_fmt(c, "%s, const float *__restrict__ lse, %s", cu_att_params(c, a), cu_pin(c, a->in_dout, "dout"));
     int extra[5] = {cu_in_id(c, a->in_lse), cu_in_id(c, a->in_dout), cu_out_id(c, 0)}, ids[8], n;

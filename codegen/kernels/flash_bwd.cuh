@@ -22,8 +22,8 @@
 // reading. dq must not share bytes with q, k, v, o or dO (as on the CPU); under
 // attention_qkv dk and dv are the other columns of dq's rows, which no Dr touches.
 //
-// Shared tiles are flash.cuh's (pitch DP + 8: ldmatrix conflict-free). The dK/dV kernel
-// steps 32 query rows at a time, and the dQ kernel 64 keys for D <= 64 and 32 beyond, so
+// Shared tiles are flash.cuh's (pitch DP + one 16-byte chunk: conflict-free). The dK/dV kernel
+// steps 32 query rows at a time, and the dQ kernel 64 keys for D <= 64 and 32 beyond (tf32: 32), so
 // that a thread's accumulators and score fragments fit its registers without spilling
 // (ptxas for sm_90: at head dim 64 with 64-row steps the dK/dV kernel spilled).
 #pragma once
