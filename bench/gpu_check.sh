@@ -122,12 +122,15 @@ missing=$(fs ldd "$PACK/libfs_cuda.so" "$FSEXEC" | grep "not found" | sort -u)
 GPT2_TINY=(-D L=2 -D C=64 -D NH=4 -D T=32 -D V=256 -D B=4)
 LLAMA_TINY=(-D L=2 -D C=64 -D NH=4 -D F=176 -D T=32 -D V=256 -D B=4)
 
-# plan MODEL PRECISION: a tiny plan (path on stdout), or nothing after a message.
+# plan MODEL PRECISION [tf32]: a tiny plan (path on stdout), or nothing after a message; tf32: compiled with
+# --tf32 1 (fp32 attention and GEMMs on TF32 tensor cores).
 plan() {
-    local model=$1 prec=$2 out=$WORK/$1-$2.plan dims
+    local model=$1 prec=$2 out=$WORK/$1-$2${3:+-$3}.plan dims tf=()
+    [ "${3:-}" = tf32 ] && tf=(--tf32 1)
     if [ "$model" = gpt2 ]; then dims=("${GPT2_TINY[@]}"); else dims=("${LLAMA_TINY[@]}"); fi
-    if [ ! -f "$out" ] && ! fs "$FSC" "$ROOT/samples/$model.fsm" "${dims[@]}" --precision "$prec" -o "$out" -q >&2; then
-        fail "fsc $model --precision $prec"
+    if [ ! -f "$out" ] && ! fs "$FSC" "$ROOT/samples/$model.fsm" "${dims[@]}" --precision "$prec" "${tf[@]}" -o "$out" \
+        -q >&2; then
+        fail "fsc $model --precision $prec ${tf[*]}"
         return 1
     fi
     echo "$out"
@@ -137,11 +140,11 @@ plan() {
 want 1 && section "1. op_check: each op on CUDA against the CPU backend"
 want 1 && for model in gpt2 llama; do
     for cfg in fp32 tf32 bf16 fp16; do
-        prec=$cfg flags=()
-        [ "$cfg" = tf32 ] && prec=fp32 flags=(--tf32)
-        p=$(plan "$model" "$prec") || continue
+        prec=$cfg tf=
+        [ "$cfg" = tf32 ] && prec=fp32 tf=tf32
+        p=$(plan "$model" "$prec" $tf) || continue
         log=$WORK/op_check-$model-$cfg.txt
-        fs_t 120 "$OPCHECK" "$p" "${flags[@]}" >"$log" 2>&1
+        fs_t 120 "$OPCHECK" "$p" >"$log" 2>&1
         rc=$?
         sed 's/^/    /' "$log" | tail -40
         worst=$(awk '$1 != "op" && NF >= 4 && $3 ~ /^([0-9.e+-]+|inf)$/ {print $3, $1}' "$log" | sort -g | tail -1)

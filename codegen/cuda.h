@@ -38,6 +38,7 @@ typedef struct {
     CuModule *m;
     char *err;       // cu_fail writes here
     size_t errlen;
+    int tf32;        // the plan's tf32 setting: f32 attention on TF32 tensor cores (codegen/cuda_flash.c)
 } CuCtx;
 
 typedef struct {
@@ -190,8 +191,8 @@ typedef struct {
     int in_mask;   // the mask's input: i32 (boolean) or float (additive)
 } CuAtt;
 /* Whether attention (bwd 0) or attention_bwd (bwd 1) of the current node runs on tensor
- * cores: every tensor 16-bit of one dtype, D = Dv a multiple of 8 up to 128, 16-byte
- * aligned buffers. Then cu_flash_fwd / cu_flash_bwd emit it. Kernels that do their op's
+ * cores: every tensor 16-bit of one dtype (or every one f32 when c->tf32), D = Dv a multiple
+ * of 8 up to 128, 16-byte aligned buffers. Then cu_flash_fwd / cu_flash_bwd emit it. Kernels that do their op's
  * FLOPs on tensor cores take a prefix ending in "_tc" (their names contain "_tc_"), which
  * report/kernels.c prices at the tensor-core rate. */
 /* codegen/cuda_attention.c: the kernel parameters of q, k and v (attention's three inputs, or attention_qkv's

@@ -43,7 +43,9 @@
  * dQ = dS K / sqrt(D). Two kernels, no atomics: kernel 1 owns a tile of TB keys and
  * walks every query tile that sees it, accumulating dK and dV; kernel 2 owns a tile of
  * TB queries and walks its key tiles, accumulating dQ. Both recompute P and dS for a
- * (query tile, key tile) pair with one thread per element; under grouped-query attention
+ * (query tile, key tile) pair, a thread's elements sharing one key (loaded once for all of
+ * them), and accumulate with a thread's elements sharing one column where the width
+ * divides the block; under grouped-query attention
  * kernel 1 walks the query tiles of each of its kv slice's G query slices in turn; rowsum(dO * O) is taken per
  * query tile from dO (in shared memory) and O. Accumulators live in registers, thread t
  * owning elements t, t + 256, ... of its TB x D (or TB x Dv) block, each summed over

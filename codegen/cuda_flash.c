@@ -5,16 +5,20 @@
  *
  * Taken here: attention and attention_qkv (the heads read as column ranges of the QKV
  * projection's rows: the CuAtt's layouts become flash.cuh's FsAttLay), their q, k, v (and
- * o, dout, dq, dk, dv) all bf16 or all f16, head dims D = Dv a
+ * o, dout, dq, dk, dv) all bf16 or all f16, or all f32 in a plan compiled with the tf32
+ * setting (the same kernels with E = float on mma m16n8k8 tf32), head dims D = Dv a
  * multiple of 8 up to 128, any T and S (tails masked), causal or not, grouped-query
  * attention, every buffer 16-byte aligned (memplan gives 64; a view might not). Anything
- * else, fp32 plans included, runs on the f32 kernels (codegen/kernels/attention_f32.cuh; TF32 under
- * --tf32 is not done: the plan does not know the flag). attention_decode, planned in fp32,
- * has its own kernel (codegen/kernels/decode.cuh).
+ * else, fp32 plans without tf32 included, runs on the f32 kernels
+ * (codegen/kernels/attention_f32.cuh). attention_masked (_qkv_masked) takes the same kernels
+ * with its key mask (template arguments MPER, MT). attention_decode, planned in fp32, has its
+ * own kernel (codegen/kernels/decode.cuh).
  *
  * Launches: forward, one of 128 threads per 64 query rows; backward, Dr = rowsum(dO o)
  * into dq's bytes, then dK/dV over key tiles of 64, then dQ over query tiles of 64.
- * Dynamic shared memory above 48 KiB is allowed by the runtime (runtime/cuda/backend.c).
+ * Dynamic shared memory above 48 KiB is allowed by the runtime (runtime/cuda/backend.c);
+ * f32 tiles take twice the 16-bit ones' bytes (head dim 128: 165 KiB forward, under the
+ * 227 KiB an sm_90 block may have).
  *
  * Where it sits: called by cuda_attention.c's emitters, for the node being emitted.
  */
@@ -22,10 +26,14 @@
 
 enum { FL_THREADS = 128, FL_TILE = 64, FL_MAX_D = 128, FL_DKDV_ROWS = 32 };
 
-/* The row pitch of the shared tiles, elements (flash.cuh's FsFlashDim<D>::P). */
-static int64_t pitch(int64_t D)
+/* The bytes of one element of the node's q (2, or 4 under tf32). */
+static int64_t esize(const CuCtx *c) { return cu_inv(c, 0)->dtype == DT_F32 ? 4 : 2; }
+
+/* The row pitch of the shared tiles, elements (flash.cuh's FsFlashDim<D, E>::P): one 16-byte chunk past D
+ * rounded up to 16. */
+static int64_t pitch(const CuCtx *c, int64_t D)
 {
-    return (D + 15) / 16 * 16 + 8;
+    return (D + 15) / 16 * 16 + 16 / esize(c);
 }
 
 char *cu_att_lay(CuCtx *c, const CuLay *q, const CuLay *k, const CuLay *v, const CuLay *o)
@@ -46,7 +54,8 @@ static int aligned16(const Value *v)
 int cu_flash_takes(const CuCtx *c, const CuAtt *a, int bwd)
 {
     DType t = cu_inv(c, 0)->dtype;
-    if ((t != DT_BF16 && t != DT_F16) || a->D != a->Dv || a->D % 8 || a->D > FL_MAX_D) return 0;
+    if (t != DT_BF16 && t != DT_F16 && !(t == DT_F32 && c->tf32)) return 0;
+    if (a->D != a->Dv || a->D % 8 || a->D > FL_MAX_D) return 0;
     const Node *n = cu_node(c);
     for (int i = 0; i < n->n_in; i++) {
         const Value *v = cu_inv(c, i);
@@ -88,17 +97,17 @@ int cu_flash_fwd(CuCtx *c, const CuAtt *a)
                                 cu_fmt(c, "fs_flash_fwd<%s, %lldLL%s>(%s, o, lse, %s%s)", targs(c, a), (long long)a->BH,
                                        cu_att_mask_targ(c, a), cu_att_args(c, a), cu_float(c, a->scale),
                                        a->mper ? ", mask" : ""));
-    int64_t smem = 2 * 5 * FL_TILE * pitch(a->D);  // q, then two buffers of k and v
+    int64_t smem = esize(c) * 5 * FL_TILE * pitch(c, a->D);  // q, then two buffers of k and v
     int ids[6], n = cu_att_ids(c, a, ids, (int[]){cu_out_id(c, 0), cu_out_id(c, 1), mask_id(c, a)}, a->mper ? 3 : 2);
     return launch(c, "attention_tc", src, a->BH * cu_cdiv(a->T, FL_TILE), smem, ids, n);
 }
 
 /* Kernel 1 of the backward: LPR lanes per row, the largest power of two up to 16 that
- * divides the row's 16-byte chunks (D / 8). */
+ * divides the row's 16-byte chunks (D / 8, f32: D / 4). */
 static int emit_dsum(CuCtx *c, const CuAtt *a)
 {
     int64_t lpr = 16;
-    while ((a->D / 8) % lpr) lpr /= 2;
+    while ((a->D * esize(c) / 16) % lpr) lpr /= 2;
     int64_t rows = a->BH * a->T;
     const char *params =
         cu_fmt(c, "%s, %s, %s", cu_pin(c, a->in_o, "o"), cu_pin(c, a->in_dout, "dout"), cu_pout(c, 0, "dq"));
@@ -115,8 +124,10 @@ int cu_flash_bwd(CuCtx *c, const CuAtt *a)
     cu_use(c, "flash_bwd.cuh");
     if (emit_dsum(c, a)) return -1;
     const char *E = cu_tin(c, 0);
-    // the inner tiles (flash_bwd.cuh): dK/dV's query rows a step, dQ's keys a step
-    int64_t bkv = a->BH / a->G, P = pitch(a->D), bm = FL_DKDV_ROWS, bn = a->D <= 64 ? 64 : 32;
+    // the inner tiles (flash_bwd.cuh): dK/dV's query rows a step, dQ's keys a step (tf32: 32, its scalar fragment
+    // loads need the registers: at 64 keys and head dim 64 ptxas spilled)
+    int64_t bkv = a->BH / a->G, P = pitch(c, a->D), es = esize(c), bm = FL_DKDV_ROWS;
+    int64_t bn = a->D <= 64 && es == 2 ? 64 : 32;
     const char *ins = cu_fmt(c, "%s, const float *__restrict__ lse, %s%s", cu_att_params(c, a),
                              cu_pin(c, a->in_dout, "dout"), cu_att_mask_param(c, a));
     const char *mt = cu_att_mask_targ(c, a), *marg = a->mper ? ", mask" : "";
@@ -138,13 +149,13 @@ int cu_flash_bwd(CuCtx *c, const CuAtt *a)
                                  cu_fmt(c, "fs_flash_dkdv<%s, %lld, %lldLL%s>(%s, lse, dout, dq, %s, %s%s)",
                                         targs(c, a), (long long)bm, (long long)bkv, mt, cu_att_args(c, a), douts,
                                         cu_float(c, a->scale), marg));
-    int64_t smem = 2 * (2 * FL_TILE + 4 * bm) * P + 4 * 4 * bm;  // k, v, two of q and dO; two of lse and Dr
+    int64_t smem = es * (2 * FL_TILE + 4 * bm) * P + 4 * 4 * bm;  // k, v, two of q and dO; two of lse and Dr
     if (launch(c, "attention_bwd_tc", dkdv, bkv * cu_cdiv(a->S, FL_TILE), smem, ids, n)) return -1;
     const char *dq = cu_kernel(c, FL_THREADS, cu_fmt(c, "%s, %s", ins, cu_pout(c, 0, "dq")),
                                cu_fmt(c, "fs_flash_dq<%s, %lld, %lldLL%s>(%s, lse, dout, dq, %s%s)", targs(c, a),
                                       (long long)bn, (long long)a->BH, mt, cu_att_args(c, a), cu_float(c, a->scale),
                                       marg));
-    smem = 2 * (2 * FL_TILE + 4 * bn) * P;  // q, dO, two of k and v
+    smem = es * (2 * FL_TILE + 4 * bn) * P;  // q, dO, two of k and v
     extra[ne] = cu_out_id(c, 0);
     n = cu_att_ids(c, a, ids, extra, ne + 1);
     return launch(c, "attention_bwd_tc", dq, a->BH * cu_cdiv(a->T, FL_TILE), smem, ids, n);

@@ -33,7 +33,8 @@ static int on_host(const Graph *g, int n)
 
 int codegen_cuda(const Graph *g, Plan *p, char *err, size_t errlen)
 {
-    CuCtx c = {.g = g, .m = cu_module_new(g->arena, p), .err = err, .errlen = errlen};
+    CuCtx c = {.g = g, .m = cu_module_new(g->arena, p), .err = err, .errlen = errlen,
+               .tf32 = plan_meta_int(p, "tf32", 0) != 0};  // plan_build.c records the settings first
     for (int n = 0; n < g->n_nodes; n++) {
         if (ir_group_last(g, n) != n || on_host(g, n)) continue;  // its group's last node emits it; the host runs it
         c.node = n;

@@ -161,6 +161,7 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"fuse_gemm", I, NULL, 0, t->fuse_gemm},
         {"slice_views", I, NULL, 0, t->slice_views},
         {"fuse_residual", I, NULL, 0, t->fuse_residual},
+        {"tf32", I, NULL, 0, t->tf32},
         {"balance", S, t->balance, 0, 0},
         {"offload", S, offload_name(t->offload), 0, 0},
         {"seed", I, NULL, 0, (int64_t)t->seed},

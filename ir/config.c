@@ -205,6 +205,8 @@ static const KeyDef KEYS[] = {
     INT("slice_views", slice_views, 0, 1, "a slice that is one run of its input's bytes (every dim before its "
         "axis 1 long: a micro-batch's rows, x[i] of a param) lies in the input's buffer, no copy (1, default); or a "
         "copy (0)"),
+    INT("tf32", tf32, 0, 1, "CUDA: f32 attention and f32 GEMMs on TF32 tensor cores (inputs rounded to a 10-bit "
+        "mantissa, f32 sums: no longer bit-equal to the CPU), 1; or in full f32 (0, default)"),
     {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,
      offsetof(TrainConfig, balance), 0, 0, NULL, 0},
     ENUM("offload", offload, OFFLOADS, "none; optimizer: fp32 master weights, optimizer state and the update on the host (ZeRO-Offload); params: fsdp's param shards there too"),

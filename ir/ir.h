@@ -413,6 +413,7 @@ typedef struct {
     int fuse_gemm;        // passes/epilogue.c: bias, GELU and their gradients in the GEMMs' epilogues (1), or apart (0)
     int slice_views;      // passes/slice_view.c: a slice of one run of its input bytes is a view (1), a copy (0)
     int fuse_residual;    // passes/epilogue.c, with fuse_gemm: residual adds in their GEMM or norm backward (1), or not (0)
+    int tf32;             // CUDA: f32 attention (codegen/cuda_flash.c) and f32 GEMMs (fsexec) on TF32 tensor cores
     int chunks;           // interleaved: model chunks per stage
     char balance[256];    // "auto", or blocks per stage: "3,3,2"
 

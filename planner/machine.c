@@ -1,7 +1,8 @@
 /* planner/machine.c: the machine the cost model (and fsc --kernels) prices a plan
  * against, by default an H100 SXM node (8 GPUs, NVLink 4, one 400 Gb/s NIC per GPU,
  * PCIe 5); by name the same node of H200s (HBM3e); or one described by a JSON file that
- * gives every key of the default (jansson). */
+ * gives every key of the default (jansson) but flops_tf32, which is half of flops_16bit
+ * when absent (as on A100, H100 and H200). */
 #include <jansson.h>
 #include <math.h>
 #include <stddef.h>
@@ -21,7 +22,8 @@ typedef struct {
 #define NUM(field, lo, hi) {#field, offsetof(Machine, field), lo, hi}
 
 static const Key KEYS[] = {
-    NUM(flops_fp32, 1e6, 1e18), NUM(flops_16bit, 1e6, 1e18), NUM(hbm_bw, 1e6, 1e15), NUM(nvlink_bw, 1e6, 1e15),
+    NUM(flops_fp32, 1e6, 1e18), NUM(flops_16bit, 1e6, 1e18), NUM(flops_tf32, 1e6, 1e18), NUM(hbm_bw, 1e6, 1e15),
+    NUM(nvlink_bw, 1e6, 1e15),
     NUM(ib_bw, 1e6, 1e15), NUM(pcie_bw, 1e6, 1e15), NUM(host_flops, 1e6, 1e18), NUM(host_bw, 1e6, 1e15),
     NUM(collective_latency, 0, 1),
 };
@@ -33,6 +35,7 @@ void machine_default(Machine *m)
         .gpus_per_node = 8,
         .flops_fp32 = 67e12,        // H100 SXM: fp32 without tensor cores
         .flops_16bit = 989e12,      // bf16 / fp16 dense tensor cores
+        .flops_tf32 = 495e12,       // tf32 dense tensor cores (half the 16-bit rate)
         .hbm_bw = 3.35e12,          // HBM3
         .nvlink_bw = 450e9,         // NVLink 4: 900 GB/s both ways
         .ib_bw = 50e9,              // one 400 Gb/s NIC per GPU
@@ -114,7 +117,9 @@ int machine_load(Machine *m, const char *path, char *err, size_t errlen)
     }
     if (!rc && !json_object_get(root, "gpus_per_node")) rc = fail(err, errlen, path, "gpus_per_node", "missing");
     for (int i = 0; i < N_KEYS && !rc; i++)
-        if (!json_object_get(root, KEYS[i].key)) rc = fail(err, errlen, path, KEYS[i].key, "missing");
+        if (!json_object_get(root, KEYS[i].key) && strcmp(KEYS[i].key, "flops_tf32"))
+            rc = fail(err, errlen, path, KEYS[i].key, "missing");
+    if (!json_object_get(root, "flops_tf32")) m->flops_tf32 = m->flops_16bit / 2;
     json_decref(root);
     return rc;
 }
@@ -132,8 +137,10 @@ int machine_select(Machine *m, const char *what, char *err, size_t errlen)
 
 void machine_print(const Machine *m, FILE *out)
 {
-    fprintf(out, "machine %s: %d GPUs per node; %.0f TFLOP/s fp32, %.0f TFLOP/s bf16/fp16; HBM %.0f GB/s, "
-            "NVLink %.0f GB/s, IB %.0f GB/s, PCIe %.0f GB/s; host %.2f TFLOP/s, %.0f GB/s; %.0f us per collective\n",
-            m->name, m->gpus_per_node, m->flops_fp32 / 1e12, m->flops_16bit / 1e12, m->hbm_bw / 1e9, m->nvlink_bw / 1e9,
+    fprintf(out, "machine %s: %d GPUs per node; %.0f TFLOP/s fp32, %.0f TFLOP/s bf16/fp16, %.0f TFLOP/s tf32; HBM "
+            "%.0f GB/s, NVLink %.0f GB/s, IB %.0f GB/s, PCIe %.0f GB/s; host %.2f TFLOP/s, %.0f GB/s; %.0f us per "
+            "collective\n",
+            m->name, m->gpus_per_node, m->flops_fp32 / 1e12, m->flops_16bit / 1e12, m->flops_tf32 / 1e12,
+            m->hbm_bw / 1e9, m->nvlink_bw / 1e9,
             m->ib_bw / 1e9, m->pcie_bw / 1e9, m->host_flops / 1e12, m->host_bw / 1e9, m->collective_latency * 1e6);
 }

@@ -29,6 +29,7 @@ typedef struct {
     int gpus_per_node;          // ranks of one node: collectives within it go over NVLink
     double flops_fp32;          // FLOP/s of fp32 ops (no tensor cores)
     double flops_16bit;         // FLOP/s of bf16 / fp16 ops (tensor cores, dense)
+    double flops_tf32;          // FLOP/s of f32 products on TF32 tensor cores (dense); a file's default: 16-bit / 2
     double hbm_bw;              // device memory
     double nvlink_bw;           // GPU to GPU within a node
     double ib_bw;               // GPU to GPU across nodes (each GPU's NIC)

@@ -2,14 +2,14 @@
  * fsc --kernels and --kernels=json. Every number is KernReport's; this file only lays
  * them out. The JSON of a plan of one program:
  *
- *   {"model", "gpu": {"name", "flops_16bit", "flops_fp32", "hbm_bw"}, "n_instructions",
+ *   {"model", "gpu": {"name", "flops_16bit", "flops_tf32", "flops_fp32", "hbm_bw"}, "n_instructions",
  *    "n_launches", "n_gemms", "flops", "tensor_core_flops", "bytes_read", "bytes_written",
  *    "roofline_ms" (the whole step's), "launches": [{"index" (in the CUDA program),
  *    "op" (plan op id), "kind" (its name), "phase", "line", "block", "instruction"
  *    ("launch" or "gemm"), "kernel" (a LAUNCH's; "cublas" for a GEMM), "grid": [x, y, z],
  *    "block_dim": [x, y, z], "blocks", "threads" (per block), "smem" (dynamic bytes), a
  *    GEMM's "gemm": [m, n, k, batch],
- *    "elements" (of its largest argument), "flops", "tensor_core", "bytes_read",
+ *    "elements" (of its largest argument), "flops", "tensor_core", "tf32" (those at the TF32 rate), "bytes_read",
  *    "bytes_written", "roofline_ms"}], "kinds": [{"kind", "instructions", "launches",
  *    "gemms", "flops", "tensor_core_flops", "bytes_read", "bytes_written", "roofline_ms"}]
  *    (the longest first)}
@@ -80,6 +80,7 @@ static json_t *launch(const KernReport *r, const KernLaunch *l, int *bad)
     put(o, "elements", json_integer(l->elements), bad);
     put(o, "flops", json_real(l->flops), bad);
     put(o, "tensor_core", json_boolean(l->tensor_core), bad);
+    put(o, "tf32", json_boolean(l->tf32), bad);
     put(o, "bytes_read", json_real(l->bytes_read), bad);
     put(o, "bytes_written", json_real(l->bytes_written), bad);
     put(o, "roofline_ms", json_real(l->seconds * 1e3), bad);
@@ -108,6 +109,7 @@ static json_t *gpu(const KernGpu *g, int *bad)
     if (!o) return NULL;
     put(o, "name", jstr(g->name), bad);
     put(o, "flops_16bit", json_real(g->flops_16bit), bad);
+    put(o, "flops_tf32", json_real(g->flops_tf32), bad);
     put(o, "flops_fp32", json_real(g->flops_fp32), bad);
     put(o, "hbm_bw", json_real(g->hbm_bw), bad);
     return o;
@@ -218,10 +220,10 @@ static void print_program(const KernReport *r, FILE *out)
 int report_kernels_print(const Plan *p, const KernGpu *g, FILE *out, char *err, size_t errlen)
 {
     char name[64];
-    fprintf(out, "CUDA program of %s on %s: %.0f TFLOP/s bf16/fp16 tensor cores, %.0f TFLOP/s fp32, %.0f GB/s HBM;\n"
-            "roofline = max(FLOP / rate, bytes / HBM); FLOP marked * run on tensor cores\n",
+    fprintf(out, "CUDA program of %s on %s: %.0f TFLOP/s bf16/fp16 tensor cores, %.0f TFLOP/s fp32, %.0f GB/s HBM, "
+            "%.0f TFLOP/s tf32;\nroofline = max(FLOP / rate, bytes / HBM); FLOP marked * run on tensor cores\n",
             report_clean(plan_meta_str(p, "model", "model"), name, sizeof name), g->name, g->flops_16bit / 1e12,
-            g->flops_fp32 / 1e12, g->hbm_bw / 1e9);
+            g->flops_fp32 / 1e12, g->hbm_bw / 1e9, g->flops_tf32 / 1e12);
     for (int32_t k = 0; k < p->n_programs; k++) {
         KernReport *r = report_kernels_new(p, k, g, err, errlen);
         if (!r) return -1;

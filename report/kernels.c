@@ -15,14 +15,15 @@
  * FLOPs are the op's (ir/flops.c, PlanOp.flops), plus those of the members of its fused
  * group (the elementwise ops just before it that have no instruction of their own: the
  * last member's one LAUNCH computes them all). A GEMM does exactly 2 m n k per batch
- * entry, on tensor cores when A and B are 16-bit (f32 GEMMs run on the FMA units unless
- * fsexec --tf32 asks otherwise, which the plan does not know). What the op's FLOPs leave
+ * entry, on tensor cores when A and B are 16-bit, or f32 in a plan compiled with the tf32
+ * setting (which fsexec follows: TF32, at the TF32 rate); else f32 GEMMs run on the FMA
+ * units. What the op's FLOPs leave
  * after its GEMMs is split over its LAUNCHes in proportion to the bytes each moves (the
  * layernorm backward's partial sums, its finish and its dx pass), on the FMA units; a
  * kernel named with a "_tc_" in it runs its op's products on tensor cores (codegen/cuda.h:
  * attention and its backward, codegen/cuda_flash.c), so when an op has such launches
  * they take all of its FLOPs (the others, attention_bwd's row sums, are noise beside the
- * products) at the tensor-core rate.
+ * products) at the tensor-core rate: the TF32 rate when its first argument (q) is f32.
  *
  * Where it sits: the report layer, after codegen in fsc; reads the plan only.
  */
@@ -111,6 +112,7 @@ static void launch_cost(const Plan *p, int32_t i, int32_t first, KernLaunch *l)
     const char *module = p->cuda_module ? p->cuda_module : "";
     int parsed = in->n_args <= MAX_PARAMS && !param_consts(module, plan_str(p, in->kernel), in->n_args, konst);
     l->tensor_core = strstr(plan_str(p, in->kernel), "_tc_") != NULL;
+    l->tf32 = l->tensor_core && in->n_args && p->tensors[p->ids[in->args]].dtype == PLAN_DT_F32;
     for (int a = 0; a < in->n_args; a++) {
         const PlanTensor *t = &p->tensors[p->ids[in->args + a]];
         int acc = access_of(p, in, a, parsed ? konst : NULL, first);
@@ -128,7 +130,8 @@ static void gemm_cost(const Plan *p, int32_t i, KernLaunch *l)
                      *C = &p->tensors[p->ids[in->args + 2]];
     double m = (double)in->m, n = (double)in->n, k = (double)in->k, batch = (double)in->batch;
     l->flops = 2 * m * n * k * batch;
-    l->tensor_core = is_16bit(A->dtype) && is_16bit(B->dtype);
+    l->tf32 = A->dtype == PLAN_DT_F32 && B->dtype == PLAN_DT_F32 && plan_meta_int(p, "tf32", 0);
+    l->tensor_core = (is_16bit(A->dtype) && is_16bit(B->dtype)) || l->tf32;
     l->bytes_read = m * k * (in->stride_a ? batch : 1) * plan_dtype_size(A->dtype) +
                     k * n * (in->stride_b ? batch : 1) * plan_dtype_size(B->dtype);
     l->bytes_written = m * n * batch * plan_dtype_size(C->dtype);
@@ -244,7 +247,8 @@ KernReport *report_kernels_new(const Plan *p, int32_t k, const KernGpu *gpu, cha
     }
     for (int32_t j = 0; j < r->n_launch; j++) {
         KernLaunch *l = &r->launch[j];
-        double compute = l->flops / (l->tensor_core ? gpu->flops_16bit : gpu->flops_fp32);
+        double rate = !l->tensor_core ? gpu->flops_fp32 : l->tf32 ? gpu->flops_tf32 : gpu->flops_16bit;
+        double compute = l->flops / rate;
         double memory = (l->bytes_read + l->bytes_written) / gpu->hbm_bw;
         l->seconds = compute > memory ? compute : memory;
     }

@@ -359,6 +359,7 @@ typedef struct {
     double flops_16bit;   // FLOP/s of bf16 / fp16 GEMMs on tensor cores (dense)
     double flops_fp32;    // FLOP/s on the FMA units: every LAUNCH, f32 GEMMs
     double hbm_bw;        // bytes/s of device memory
+    double flops_tf32;    // FLOP/s of f32 products on TF32 tensor cores (dense): a tf32 plan's
 } KernGpu;
 
 /* One instruction of the CUDA program (plan/plan.h: PlanCuda) and its roofline. */
@@ -367,6 +368,7 @@ typedef struct {
     int32_t op;           // the plan op it runs for; its name is the op kind
     double flops;         // FLOPs it does (report/kernels.c says how an op's are split)
     int tensor_core;      // its FLOPs run on tensor cores (a GEMM of 16-bit inputs, a "_tc_" kernel)
+    int tf32;             // ... as TF32 (f32 inputs in a plan compiled with tf32), at flops_tf32
     double bytes_read, bytes_written;  // DRAM bytes, from its arguments' sizes
     int64_t elements;     // the work: elements of its largest argument
     double seconds;       // roofline: max(flops / rate, bytes / hbm_bw)

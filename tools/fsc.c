@@ -729,7 +729,8 @@ static int kernels(const Graph *g, const TrainConfig *t, const Flags *f)
         fprintf(stderr, "fsc: error: %s\n", err);
         return 1;
     }
-    KernGpu gpu = {.flops_16bit = m.flops_16bit, .flops_fp32 = m.flops_fp32, .hbm_bw = m.hbm_bw};
+    KernGpu gpu = {.flops_16bit = m.flops_16bit, .flops_tf32 = m.flops_tf32, .flops_fp32 = m.flops_fp32,
+                   .hbm_bw = m.hbm_bw};
     snprintf(gpu.name, sizeof gpu.name, "%s", m.name);
     Plan *plan = make_plan(g, t, NULL, NULL);
     if (!plan) return 1;

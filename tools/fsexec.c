@@ -59,7 +59,10 @@ static const char USAGE[] =
     "  --cuda-graph         CUDA: capture step 2 as a CUDA graph and replay it for every\n"
     "                       later step (one launch a step)\n"
     "  --tf32               CUDA: f32 matrix products on TF32 tensor cores (10-bit\n"
-    "                       mantissa inputs, f32 accumulation), as torch's allow_tf32\n"
+    "                       mantissa inputs, f32 accumulation), as torch's allow_tf32;\n"
+    "                       only for a plan compiled with the tf32 setting (fsc --tf32 1),\n"
+    "                       whose attention kernels it also puts there and which needs\n"
+    "                       no flag: fsexec follows the plan\n"
     "  --data FILE          token file: llm.c's format or raw uint16 (default: a built-in\n"
     "                       byte-level corpus for language models; Gaussian blobs for\n"
     "                       classifiers)\n"
@@ -275,6 +278,21 @@ static Plan *load(const char *path)
     Plan *p = plan_read(path, err, sizeof err);
     if (!p) fprintf(stderr, "%s: %s: %s\n", who, path, err);
     return p;
+}
+
+/* Whether f32 matrix products run on TF32 tensor cores: the plan's tf32 setting decides (its
+ * attention kernels were compiled for it; codegen/cuda_flash.c); --tf32 only repeats it. */
+static int plan_tf32(const Plan *p) { return plan_meta_int(p, "tf32", 0) != 0; }
+
+/* --tf32 on a plan compiled without tf32 would run its GEMMs on TF32 and its attention in
+ * f32: a mix neither setting describes. 0, or 2 after a message. */
+static int check_tf32(const Flags *f, const Plan *p)
+{
+    if (!f->tf32 || plan_tf32(p)) return 0;
+    fprintf(stderr, "%s: --tf32: %s was compiled with tf32 0, so its attention kernels compute in f32; compile it "
+            "with --tf32 1 (fsc, or `tf32 1;` in the train block), and fsexec runs all of its f32 matrix products on "
+            "TF32 tensor cores without this flag\n", who, f->plan);
+    return 2;
 }
 
 static int inspect(const char *path)
@@ -681,7 +699,8 @@ static void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t see
             mem,
             layout.stages > 1 ? " per rank by stage" : my_world > 1 ? " per rank" : "", threads, ranks,
             rt_data_describe(r->data), steps, seed, f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "",
-            !rt_device_is_cpu(&r->dev) && f->cuda_graph ? " | cuda-graph" : "", !rt_device_is_cpu(&r->dev) && f->tf32 ? " | tf32" : "");
+            !rt_device_is_cpu(&r->dev) && f->cuda_graph ? " | cuda-graph" : "",
+            !rt_device_is_cpu(&r->dev) && plan_tf32(p) ? " | tf32" : "");
     rt_device_report(&r->dev, stderr);
 }
 
@@ -1017,7 +1036,8 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     t_load = rt_now() - t_load;
     if (f->predict) return predict(f, whole, r, rk, seed);
     int32_t report[8];
-    if (rt_device_open(&r->dev, r->e, rk, f->tf32, f->trace != NULL, report, rt_train_reported(r->e, r->data, report)))
+    if (rt_device_open(&r->dev, r->e, rk, plan_tf32(whole), f->trace != NULL, report,
+                       rt_train_reported(r->e, r->data, report)))
         return local_error(1);
     po.unit = rt_data_get_kind(r->data) == RT_DATA_LM ? "tok" : "samples";
     if ((f->steps || r->eval) && my_rank == reporter && !(r->progress = rt_progress_new(&po, err, sizeof err))) {
@@ -1103,6 +1123,10 @@ static int run(const Flags *f)
 {
     Plan *whole = load(f->plan), *one = NULL;  // one: this rank's stage's program, in a pipeline
     if (!whole) return 1;
+    if (check_tf32(f, whole)) {
+        plan_free(whole);
+        return 2;
+    }
     RtRanks rk;
     char err[512];
     int rc = join_world(f, whole, &rk);

@@ -165,36 +165,74 @@ struct FsAttfTiles {
         fs_attf_tile<TB, DV, VP>(vs, v, [&](int j) { return L::v(bkv, j0 + j); }, S - j0);
     }
 
-    // dss = dS (and ps = P when keep_p) of the tile pair (i0, j0) of slice bh, TB x TB, row = query.
+    // dss = dS (and ps = P when keep_p) of the tile pair (i0, j0) of slice bh, TB x TB, row = query. A thread's
+    // elements e = threadIdx.x + 256 u share key j = e % TB (TB divides 256), so each key's element is loaded once
+    // for the NE rows (a warp's rows are one, a broadcast); each sum runs over d in order.
     template <class MT>
     __device__ __forceinline__ void scores(int i0, int j0, float scale, bool keep_p, const MT *mask, long long bh)
     {
-        for (int e = threadIdx.x; e < TB * TB; e += 256) {
-            const int r = e / TB, j = e % TB, i = i0 + r, jj = j0 + j;
-            float s = 0.f, dp = 0.f;
-            for (int d = 0; d < D; d++) s += qs[r * QP + d] * ks[j * KP + d];
-            for (int cc = 0; cc < DV; cc++) dp += dos[r * OP + cc] * vs[j * VP + cc];
-            const float b = MPER && jj < S ? fs_key_bias<MPER, S>(mask, bh, jj) : 0.f;
-            const bool vis = i < T && jj < S && (!CAUSAL || jj <= i) && b != __int_as_float(0xff800000u);
-            const float p = vis ? expf(MPER ? s * scale + b - ls[r] : s * scale - ls[r]) : 0.f;
+        constexpr int NE = (TB * TB + 255) / 256, RS = 256 / TB;  // elements a thread, rows between them
+        const int j = threadIdx.x % TB, r0 = threadIdx.x / TB, jj = j0 + j;
+        float s[NE], dp[NE];
+#pragma unroll
+        for (int u = 0; u < NE; u++) s[u] = dp[u] = 0.f;
+        for (int d = 0; d < D; d++) {
+            const float kd = ks[j * KP + d];
+#pragma unroll
+            for (int u = 0; u < NE; u++)
+                if (r0 + RS * u < TB) s[u] += qs[(r0 + RS * u) * QP + d] * kd;
+        }
+        for (int cc = 0; cc < DV; cc++) {
+            const float vc = vs[j * VP + cc];
+#pragma unroll
+            for (int u = 0; u < NE; u++)
+                if (r0 + RS * u < TB) dp[u] += dos[(r0 + RS * u) * OP + cc] * vc;
+        }
+        const float b = MPER && jj < S ? fs_key_bias<MPER, S>(mask, bh, jj) : 0.f;  // the key's mask
+        const bool key = jj < S && b != __int_as_float(0xff800000u);
+#pragma unroll
+        for (int u = 0; u < NE; u++) {
+            const int r = r0 + RS * u, i = i0 + r, e = r * TB + j;
+            if (r >= TB) continue;
+            const bool vis = key && i < T && (!CAUSAL || jj <= i);
+            const float p = vis ? expf(MPER ? s[u] * scale + b - ls[r] : s[u] * scale - ls[r]) : 0.f;
             if (keep_p) ps[e] = p;
-            dss[e] = vis ? p * (dp - dr[r]) : 0.f;
+            dss[e] = vis ? p * (dp[u] - dr[r]) : 0.f;
         }
     }
 };
 
 // acc[u] += A B (TRANS: A^T B) at this thread's elements e = threadIdx.x + 256 u of a TB x W block (row e / W,
-// column e % W): A the TB x TB tile a (row = query), B the TB rows of b (pitch P); each sum in row order.
+// column e % W): A the TB x TB tile a (row = query), B the TB rows of b (pitch P); each sum in row order. When W
+// divides 256 a thread's elements share their column: b's element is loaded once for all of them.
 template <int TB, int W, int P, int U, bool TRANS>
 __device__ __forceinline__ void fs_attf_acc(float *acc, const float *a, const float *b)
 {
+    if constexpr (256 % W == 0) {
+        constexpr int RS = 256 / W;
+        const int col = threadIdx.x % W, row0 = threadIdx.x / W;
+        float x[U];
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int e = threadIdx.x + 256 * u, row = e / W, col = e % W;
-        float x = 0.f;
-        if (e < TB * W)
-            for (int t = 0; t < TB; t++) x += a[TRANS ? t * TB + row : row * TB + t] * b[t * P + col];
-        acc[u] += x;
+        for (int u = 0; u < U; u++) x[u] = 0.f;
+        for (int t = 0; t < TB; t++) {
+            const float bv = b[t * P + col];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int row = row0 + RS * u;
+                if (row < TB) x[u] += a[TRANS ? t * TB + row : row * TB + t] * bv;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) acc[u] += x[u];
+    } else {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int e = threadIdx.x + 256 * u, row = e / W, col = e % W;
+            float x = 0.f;
+            if (e < TB * W)
+                for (int t = 0; t < TB; t++) x += a[TRANS ? t * TB + row : row * TB + t] * b[t * P + col];
+            acc[u] += x;
+        }
     }
 }
 

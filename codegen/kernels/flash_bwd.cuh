@@ -1,6 +1,7 @@
 // codegen/kernels/flash_bwd.cuh: attention's backward on tensor cores, instantiated by
-// codegen/cuda_flash.c for what flash.cuh's forward takes (16-bit, D = Dv a multiple of 8
-// up to 128), attention_masked's key mask included (flash.cuh). Semantics are runtime/cpu/attention.c's:
+// codegen/cuda_flash.c for what flash.cuh's forward takes (16-bit, or f32 on tf32 mma
+// under the tf32 setting; D = Dv a multiple of 8 up to 128), attention_masked's key mask included (flash.cuh).
+// Semantics are runtime/cpu/attention.c's:
 //   P = exp(s scale - lse), dP = dO V^T, dS = P (dP - Dr), Dr = rowsum(dO o),
 //   dV = P^T dO, dK = scale dS^T Q, dQ = scale dS K.
 // Three kernels, no atomics, every sum in an order the shapes fix (bitwise reproducible):
@@ -13,17 +14,17 @@
 //   3. fs_flash_dq: a block owns 64 query rows (warp w rows 16w..) and walks the key
 //      tiles they see, K and V double-buffered, recomputing S and dP and accumulating
 //      dQ += dS K; it reads its rows' Dr first and only then overwrites the scratch.
-// P and dS are rounded to the input dtype for their products, as in every flash
-// attention; all accumulation is f32, each output rounded once.
+// P and dS are rounded to the input dtype (tf32: to tf32) for their products, as in every
+// flash attention; all accumulation is f32, each output rounded once.
 //
 // The scratch: Dr of query row i of slice bh lives in the first float of that row of dq
-// (2 D >= 16 bytes, 16-byte aligned), whichever layout (FsAttLay) dq has, so each tile's
+// (a row is at least 16 bytes, 16-byte aligned), whichever layout (FsAttLay) dq has, so each tile's
 // Dr lies in its own rows' bytes, which only kernel 3's block of that tile writes, after
 // reading. dq must not share bytes with q, k, v, o or dO (as on the CPU); under
 // attention_qkv dk and dv are the other columns of dq's rows, which no Dr touches.
 //
-// Shared tiles are flash.cuh's (pitch DP + 8: ldmatrix conflict-free). The dK/dV kernel
-// steps 32 query rows at a time, and the dQ kernel 64 keys for D <= 64 and 32 beyond, so
+// Shared tiles are flash.cuh's (pitch DP + one 16-byte chunk: conflict-free). The dK/dV kernel
+// steps 32 query rows at a time, and the dQ kernel 64 keys for D <= 64 and 32 beyond (tf32: 32), so
 // that a thread's accumulators and score fragments fit its registers without spilling
 // (ptxas for sm_90: at head dim 64 with 64-row steps the dK/dV kernel spilled).
 #pragma once
@@ -35,21 +36,22 @@ __device__ __forceinline__ float *fs_flash_dr(const E *dq, long long bh, int i)
     return reinterpret_cast<float *>(const_cast<E *>(dq) + L::q(bh, i));
 }
 
-// Kernel 1: LPR lanes per row (a power of two dividing D / 8), 16-byte loads of o and dO,
-// rows = BH * TQ; blocks of 128 threads. When D / 8 is odd (head dims 8, 24, 40...) a
+// Kernel 1: LPR lanes per row (a power of two dividing the row's 16-byte chunks, D / 8, or D / 4 for f32), 16-byte
+// loads of o and dO, rows = BH * TQ; blocks of 128 threads. When the chunks are odd (16-bit head dims 8, 24, 40...) a
 // lane has a row to itself and its warp's reads touch twice the fewest sectors.
 template <class E, int TQ, int D, int LPR, class L, long long ROWS>
 __device__ __forceinline__ void fs_flash_dsum(const E *__restrict__ o, const E *__restrict__ dout, E *__restrict__ dq)
 {
     const long long r = ((long long)blockIdx.x * 128 + threadIdx.x) / LPR, at = L::o(r / TQ, r % TQ);
     const int sub = threadIdx.x % LPR;
+    constexpr int CE = 16 / (int)sizeof(E);  // elements per 16-byte chunk
     float x = 0.f;
     if (r < ROWS)
-        for (int c = sub; c < D / 8; c += LPR) {
-            const uint4 a = fs_ld128(o + at + 8 * c), b = fs_ld128(dout + at + 8 * c);
+        for (int c = sub; c < D / CE; c += LPR) {
+            const uint4 a = fs_ld128(o + at + CE * c), b = fs_ld128(dout + at + CE * c);
             const E *ea = reinterpret_cast<const E *>(&a), *eb = reinterpret_cast<const E *>(&b);
 #pragma unroll
-            for (int e = 0; e < 8; e++) x += ld(ea, e) * ld(eb, e);
+            for (int e = 0; e < CE; e++) x += ld(ea, e) * ld(eb, e);
         }
 #pragma unroll
     for (int s = 1; s < LPR; s *= 2) x += __shfl_xor_sync(0xffffffffu, x, s);
@@ -106,7 +108,7 @@ __device__ __forceinline__ void fs_flash_dkdv(const E *__restrict__ q, const E *
                                               const E *__restrict__ dq, E *__restrict__ dk, E *__restrict__ dv,
                                               float scale, const MT *__restrict__ mask = nullptr)
 {
-    using F = FsFlashDim<D>;
+    using F = FsFlashDim<D, E>;
     constexpr int BN = 64, P = F::P, NQT = (TQ + BM - 1) / BM;
     extern __shared__ uint4 fs_dyn[];
     E *sk = reinterpret_cast<E *>(fs_dyn), *sv = sk + BN * P, *sq = sv + BN * P, *so = sq + 2 * BM * P;
@@ -170,7 +172,7 @@ __device__ __forceinline__ void fs_flash_dq(const E *__restrict__ q, const E *__
                                             const float *__restrict__ lse, const E *__restrict__ dout,
                                             E *__restrict__ dq, float scale, const MT *__restrict__ mask = nullptr)
 {
-    using F = FsFlashDim<D>;
+    using F = FsFlashDim<D, E>;
     constexpr int BQ = 64, P = F::P, NQT = (TQ + BQ - 1) / BQ;
     extern __shared__ uint4 fs_dyn[];
     E *sq = reinterpret_cast<E *>(fs_dyn), *so = sq + BQ * P, *sk = so + BQ * P, *sv = sk + 2 * BN * P;

@@ -304,6 +304,10 @@ expect device-cpu 0 "| device: cpu |" -- "$FSEXEC" "$tmp/gpt2.plan" --steps 1 --
 expect device-bad 2 "--device: expected 'auto', 'cpu' or 'cuda', got 'gpu'" -- "$FSEXEC" "$tmp/gpt2.plan" --device gpu
 expect cuda-graph-on-cpu 2 "--cuda-graph needs a CUDA device" -- "$FSEXEC" "$tmp/gpt2.plan" --device cpu --cuda-graph
 expect tf32-on-cpu 2 "--tf32 needs a CUDA device" -- "$FSEXEC" "$tmp/gpt2.plan" --device=cpu --tf32
+# fsexec --tf32 only repeats a plan's tf32 setting: on a plan compiled without it, an error before any device
+expect tf32-plan-without 2 "--tf32: $tmp/gpt2.plan was compiled with tf32 0, so its attention kernels compute in f32; \
+compile it with --tf32 1" -- "$FSEXEC" "$tmp/gpt2.plan" --tf32
+expect tf32-setting-bad 1 "tf32: 2 is out of range [0, 1]" -- "$FSC" "$SRC/samples/gpt2.fsm" --tf32 2
 expect debug-nan-on-cuda 2 "--debug-nan checks the CPU backend's buffers" -- "$FSEXEC" "$tmp/gpt2.plan" --device cuda --debug-nan
 expect device-backend-missing 1 "--device cuda: no CUDA backend: $tmp/none.so" -- env FS_CUDA_BACKEND="$tmp/none.so" "$FSEXEC" "$tmp/gpt2.plan" --device cuda
 expect device-auto-backend-missing 0 "device: cpu (this build has no CUDA backend)" -- env FS_CUDA_BACKEND="$tmp/none.so" "$FSEXEC" "$tmp/gpt2.plan" --steps 1
@@ -487,6 +491,8 @@ expect kernels-h100 0 "on H100-SXM-8: 989 TFLOP/s bf16/fp16 tensor cores, 67 TFL
   "$FSC" "${TINY[@]}" --kernels=text
 expect kernels-h200 0 "on H200-SXM-8: 989 TFLOP/s bf16/fp16 tensor cores, 67 TFLOP/s fp32, 4800 GB/s HBM" -- \
   "$FSC" "${TINY[@]}" --kernels --machine H200
+# a tf32 plan's attention kernels and f32 GEMMs priced at the TF32 rate (the H200's: 495 TFLOP/s dense)
+expect kernels-tf32 0 '"flops_tf32": 495000000000000' -- "$FSC" "${TINY[@]}" --kernels=json --machine H200 --tf32 1
 printf '{"name": "slow", "gpus_per_node": 4, "flops_fp32": 1e13, "flops_16bit": 1e14, "hbm_bw": 1e12, "nvlink_bw": 1e11,
  "ib_bw": 1e10, "pcie_bw": 1e10, "host_flops": 1e11, "host_bw": 1e10, "collective_latency": 1e-5}' > "$tmp/slow.json"
 expect kernels-machine-file 0 '"hbm_bw": 1000000000000' -- "$FSC" "${TINY[@]}" --kernels=json --machine "$tmp/slow.json"

@@ -6,7 +6,8 @@
  * The plans: every sample (each samples/NAME.fsm, at its own dims) in fp32, fp16 and bf16 with no
  * sharding, GPT-2 under fsdp at world 2 in bf16, GPT-2 with recompute Block, and the decode
  * programs (passes/decode.c: KV caches, rope_at, attention_decode) of GPT-2 and Llama, and
- * tests/cuda_emu/ops37.fsm (issue 37's op variants) in bf16 and, as two loss ops, fp16. Each plan's
+ * tests/cuda_emu/ops37.fsm (issue 37's op variants) in bf16 and, as two loss ops, fp16, and fp32 attention
+ * under the tf32 setting (GPT-2, Llama, tests/cuda_emu/attn.fsm and attn_qkv.fsm at head dims 24 and 128). Each plan's
  * module (meta "cuda_source") is compiled for sm_80 and sm_90 as fsexec's CUDA backend
  * compiles it (-std=c++17, the toolkit's include directory); equal modules are compiled
  * once. A compile fails the test with NVRTC's log on any error or warning, and every
@@ -36,7 +37,7 @@
 #include "passes.h"
 #include "ptxas_report.h"
 
-enum { MAX_JOBS = 64, MAX_PLANS = 64, MAX_SAMPLES = 16, THREADS = 2 };  // 3 plans a sample and the extra runs
+enum { MAX_JOBS = 80, MAX_PLANS = 64, MAX_SAMPLES = 16, THREADS = 2 };  // 3 plans a sample and the extra runs
 
 typedef struct {
     char what[160];          // the plan and architecture, for messages
@@ -96,7 +97,8 @@ static Plan *decode_plan(const char *file, Graph *g, Options *o, Diag *d)
 
 /* The plan of samples/file (a file with a directory: relative to the source tree) under
  * these settings (decode: its decode program, at B = 1), or NULL after saying why. */
-static Plan *compile_plan(const char *dir, const char *file, const Setting *set, int n_set, int decode)
+static Plan *compile_plan(const char *dir, const char *file, const Setting *set, int n_set, int decode,
+                          const Define *def, int n_def)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s%s", dir, strchr(file, '/') ? "" : "samples/", file);
@@ -109,7 +111,7 @@ static Plan *compile_plan(const char *dir, const char *file, const Setting *set,
     Diag d;
     diag_init(&d, file, src, len, stderr);
     const Define one = {"B", 1};
-    FrontendOptions fo = {decode ? &one : NULL, decode, set, n_set};
+    FrontendOptions fo = {decode ? &one : def, decode ? 1 : n_def, set, n_set};
     Options o = {0};
     Graph *g = fe_compile(src, len, &fo, &o.train, &d);
     Plan *p = NULL;
@@ -260,6 +262,8 @@ typedef struct {
     Setting set[3];
     int n_set;
     int decode;  // the decode program
+    Define def[3];  // -D dims
+    int n_def;
 } Run;
 
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -355,20 +359,33 @@ int main(int argc, char **argv)
     int n_runs = 0;
     static const char *const precisions[] = {"fp32", "fp16", "bf16"};
     for (int f = 0; f < n_files; f++)
-        for (int k = 0; k < 3; k++) runs[n_runs++] = (Run){files[f], {{"precision", precisions[k]}}, 1, 0};
-    runs[n_runs++] = (Run){"gpt2.fsm", {{"precision", "bf16"}, {"shard", "fsdp"}, {"world", "2"}}, 3, 0};
-    runs[n_runs++] = (Run){"gpt2.fsm", {{"recompute", "Block"}}, 1, 0};
-    runs[n_runs++] = (Run){"gpt2.fsm", {{"precision", "fp32"}}, 1, 1};
-    runs[n_runs++] = (Run){"llama.fsm", {{"precision", "fp32"}}, 1, 1};
+        for (int k = 0; k < 3; k++)
+            runs[n_runs++] = (Run){.file = files[f], .set = {{"precision", precisions[k]}}, .n_set = 1};
+    runs[n_runs++] =
+        (Run){.file = "gpt2.fsm", .set = {{"precision", "bf16"}, {"shard", "fsdp"}, {"world", "2"}}, .n_set = 3};
+    runs[n_runs++] = (Run){.file = "gpt2.fsm", .set = {{"recompute", "Block"}}, .n_set = 1};
+    runs[n_runs++] = (Run){.file = "gpt2.fsm", .set = {{"precision", "fp32"}}, .n_set = 1, .decode = 1};
+    runs[n_runs++] = (Run){.file = "llama.fsm", .set = {{"precision", "fp32"}}, .n_set = 1, .decode = 1};
     /* issue 37's variants: exact GELU, pow, interleaved rope, ignore_index (fused; two ops), wsd */
-    runs[n_runs++] = (Run){"tests/cuda_emu/ops37.fsm", {{"precision", "bf16"}, {"lr_schedule", "wsd"}}, 2, 0};
-    runs[n_runs++] = (Run){"tests/cuda_emu/ops37.fsm", {{"precision", "fp16"}, {"fuse_loss", "0"}}, 2, 0};
+    runs[n_runs++] =
+        (Run){.file = "tests/cuda_emu/ops37.fsm", .set = {{"precision", "bf16"}, {"lr_schedule", "wsd"}}, .n_set = 2};
+    runs[n_runs++] =
+        (Run){.file = "tests/cuda_emu/ops37.fsm", .set = {{"precision", "fp16"}, {"fuse_loss", "0"}}, .n_set = 2};
+    /* fp32 attention on TF32 tensor cores (the tf32 setting; codegen/cuda_flash.c): GPT-2's attention_qkv (head
+     * dim 64), Llama's grouped-query attention, and head dims 24 (cross attention, T != S) and 128 */
+    runs[n_runs++] = (Run){.file = "gpt2.fsm", .set = {{"precision", "fp32"}, {"tf32", "1"}}, .n_set = 2};
+    runs[n_runs++] = (Run){.file = "llama.fsm", .set = {{"precision", "fp32"}, {"tf32", "1"}}, .n_set = 2};
+    runs[n_runs++] = (Run){.file = "tests/cuda_emu/attn.fsm", .set = {{"tf32", "1"}}, .n_set = 1,
+                           .def = {{"C", 96}, {"NH", 4}, {"NKV", 2}}, .n_def = 3};
+    runs[n_runs++] = (Run){.file = "tests/cuda_emu/attn_qkv.fsm", .set = {{"tf32", "1"}}, .n_set = 1,
+                           .def = {{"NH", 1}}, .n_def = 1};
 
     Plan *plans[MAX_PLANS];
     const char **names_of[MAX_PLANS] = {0};
     int modules = 0, kernels = 0;
     for (int r = 0; r < n_runs; r++) {
-        Plan *p = plans[r] = compile_plan(argv[1], runs[r].file, runs[r].set, runs[r].n_set, runs[r].decode);
+        Plan *p = plans[r] =
+            compile_plan(argv[1], runs[r].file, runs[r].set, runs[r].n_set, runs[r].decode, runs[r].def, runs[r].n_def);
         if (!p) return 1;
         const char *src = codegen_cuda_source(p);
         if (!src) {

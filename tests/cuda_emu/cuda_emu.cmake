@@ -164,6 +164,21 @@ if(NOT FS_FUZZ)
   cuda_emu_test(attn_rows_hd20_bf16 tests/cuda_emu/attn_rows.fsm -D C=80 -D NH=4 -D NKV=2 --precision bf16)
   cuda_emu_test(llama_bf16_unpacked samples/llama.fsm -D L=2 -D C=32 -D NH=4 -D NKV=2 -D T=16 -D V=256 -D B=2 -D F=64
                 --precision bf16 --pack_attention 0)
+  # fp32 attention under the tf32 setting: the same flash kernels on mma m16n8k8 tf32 (op_check's tf32 tolerance),
+  # at T = 37 against S = 130 (head dim 64, NKV = 1), head dim 24 with NKV = NH / 2, a causal T = 300 at head dim
+  # 128, attention_qkv at T = 300 (head dim 24), 128 and 64, and tiny GPT-2 whole (head dim 16); and the f32
+  # kernels (fp32 without tf32) at head dims 24 (NKV = NH / 2) and 128, and T = 300 (at 128 the emulator would
+  # take minutes).
+  cuda_emu_test(attn_hd64_tf32 tests/cuda_emu/attn.fsm -D B=1 --tf32 1)
+  cuda_emu_test(attn_hd24_tf32 tests/cuda_emu/attn.fsm -D C=96 -D NH=4 -D NKV=2 --tf32 1)
+  cuda_emu_test(attn_hd128_t300_tf32 tests/cuda_emu/attn.fsm -D B=1 -D T=300 -D S=70 -D NH=1 -D NKV=1 --tf32 1)
+  cuda_emu_test(attn_qkv_hd24_t300_tf32 tests/cuda_emu/attn_qkv.fsm -D T=300 -D C=48 --tf32 1)
+  cuda_emu_test(attn_qkv_hd128_tf32 tests/cuda_emu/attn_qkv.fsm -D B=1 -D T=65 -D NH=1 --tf32 1)
+  cuda_emu_test(attn_qkv_hd64_tf32 tests/cuda_emu/attn_qkv.fsm --tf32 1)
+  cuda_emu_test(gpt2_tf32 samples/gpt2.fsm ${tiny} --tf32 1)
+  cuda_emu_test(attn_hd24_fp32 tests/cuda_emu/attn.fsm -D C=96 -D NH=4 -D NKV=2)
+  cuda_emu_test(attn_hd128_fp32 tests/cuda_emu/attn.fsm -D B=1 -D T=65 -D S=70 -D NH=1 -D NKV=1)
+  cuda_emu_test(attn_qkv_hd24_t300_fp32 tests/cuda_emu/attn_qkv.fsm -D T=300 -D C=48)
 endif()
 
 # fsexec itself on the device path (--device cuda through cuda-emu) against --device cpu.

@@ -20,6 +20,9 @@ every step's --log to_host_bytes and to_device_bytes, as the CUDA backend counts
 copies, are the bytes `fsc --comm` gives for the plan (tests/mpi/offload.py's reading).
 Offload without clipping, whose host updates run during the backward, leaves on each
 device the same weights to the bit as the same plan with its updates after the backward.
+A plan compiled with the tf32 setting (attention on TF32 tensor cores) gets op_check's tf32
+tolerance, 5e-3 (tests/py/tf32_error.py), says `| tf32` on fsexec's start line, and two
+runs of it on the device save the same weights to the bit (dQ without atomics).
 
 usage: train.py FSC FSEXEC LIBFS_CUDAEMU WORKDIR   (/usr/bin/python3 with numpy)
 """
@@ -46,6 +49,7 @@ CASES = [  # name, fsc args, fsexec args, tolerance
     ("gpt2_bf16_graph", ["samples/gpt2.fsm", *TINY, *SGD, "--precision", "bf16"], ["--cuda-graph"], 1e-3),
     ("gpt2_fp16_overflow", ["samples/gpt2.fsm", *TINY, *SGD, "--precision", "fp16"], ["--debug-overflow-at", "3"], 1e-3),
     ("mlp_fp32", ["samples/mlp.fsm"], [], 1e-5),
+    ("gpt2_tf32", ["samples/gpt2.fsm", *TINY, *SGD, "--tf32", "1"], [], 5e-3),
     # Offload: the update on the host mirror, copies between the arena and the host space.
     ("gpt2_fp32_offload", ["samples/gpt2.fsm", *TINY, *SGD, "--clip", "1.0", "--offload", "optimizer"], [], 1e-5),
     ("gpt2_bf16_offload", ["samples/gpt2.fsm", *TINY, *SGD, "--precision", "bf16", "--offload", "optimizer"], [], 1e-3),
@@ -126,6 +130,21 @@ def main():
     print("ok   --cuda-graph with offload is refused before the first step")
     overlap(fsc, fsexec, work, env)
     evaluation(fsexec, work, env)
+    tf32_repeats(fsexec, work, env)
+
+
+def tf32_repeats(fsexec, work, env):
+    """The tf32 plan (trained above) once more on the device: fsexec follows the plan's setting (its start line
+    says so without --tf32), and the run saves the weights of the first to the bit."""
+    plan, st = os.path.join(work, "gpt2_tf32.plan"), os.path.join(work, "tf32_repeat.st")
+    out = run([fsexec, plan, "--device", "cuda", "--steps", str(STEPS), "--save-weights", st], env)
+    if "| tf32" not in out:
+        sys.exit("FAIL tf32: fsexec's start line does not say tf32:\n%s" % out)
+    first, again = safetensors(os.path.join(work, "gpt2_tf32.cuda.st")), safetensors(st)
+    differ = sorted(k for k in first if k not in again or not np.array_equal(first[k], again[k]))
+    if differ or not first:
+        sys.exit("FAIL tf32: two runs of the same plan saved different weights: %s" % differ)
+    print("ok   tf32: two device runs of the plan save the same weights to the bit")
 
 
 def overlap(fsc, fsexec, work, env):

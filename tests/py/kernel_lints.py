@@ -112,7 +112,7 @@ def consistent(what, d, failures, fsc_gflop=None):
     gpu, bad = d["gpu"], []
     for prog in d.get("stages", [d]):
         for l in prog["launches"]:
-            rate = gpu["flops_16bit"] if l["tensor_core"] else gpu["flops_fp32"]
+            rate = (gpu["flops_tf32"] if l["tf32"] else gpu["flops_16bit"]) if l["tensor_core"] else gpu["flops_fp32"]
             want = max(l["flops"] / rate, (l["bytes_read"] + l["bytes_written"]) / gpu["hbm_bw"]) * 1e3
             if abs(l["roofline_ms"] - want) > 1e-9 * max(1, want):
                 bad.append(f"launch {l['index']}: roofline {l['roofline_ms']} ms, want {want}")

@@ -14,7 +14,7 @@
 #include "report.h"
 #include "sample.h"
 
-static const KernGpu GPU = {"test", 1e15, 5e13, 2e12};
+static const KernGpu GPU = {"test", 1e15, 5e13, 2e12, 4e14};
 
 static Plan *tiny_with(Graph **g, const char *fuse_gemm)
 {
@@ -122,6 +122,35 @@ static void attention_on_tensor_cores(int packed)
 
 Test(kernels, attention_on_tensor_cores) { attention_on_tensor_cores(0); }
 Test(kernels, packed_attention_on_tensor_cores) { attention_on_tensor_cores(1); }
+
+/* fp32 under the tf32 setting: attention's "_tc_" kernels and every f32 GEMM at the TF32 rate; without it
+ * attention runs on the f32 kernels and the GEMMs on the FMA units. */
+Test(kernels, tf32_priced_at_the_tf32_rate)
+{
+    for (int tf32 = 0; tf32 < 2; tf32++) {
+        const Setting set[] = {{"tf32", tf32 ? "1" : "0"}};
+        Plan *p = sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, 1, NULL);
+        char err[256];
+        KernReport *r = report_kernels_new(p, 0, &GPU, err, sizeof err);
+        cr_assert(r, "%s", err);
+        int attention = 0, gemms = 0;
+        for (int32_t j = 0; j < r->n_launch; j++) {
+            const KernLaunch *l = &r->launch[j];
+            int gemm = p->cuda[l->index].kind == PLAN_CU_GEMM;
+            int tc_kernel = !gemm && strstr(plan_str(p, p->cuda[l->index].kernel), "_tc_") != NULL;
+            attention += tc_kernel, gemms += gemm;
+            cr_assert_eq(l->tf32, tf32 && (gemm || tc_kernel), "launch %d", j);
+            cr_assert_eq(l->tensor_core, l->tf32, "launch %d: fp32 reaches tensor cores only as TF32", j);
+            double rate = l->tf32 ? GPU.flops_tf32 : GPU.flops_fp32;
+            double c = l->flops / rate, mem = (l->bytes_read + l->bytes_written) / GPU.hbm_bw;
+            cr_assert_float_eq(l->seconds, c > mem ? c : mem, 1e-18, "launch %d", j);
+        }
+        cr_assert_eq(attention, tf32 ? 2 * 3 : 0, "tf32: the forward and two backward kernels a layer, 2 layers");
+        cr_assert_gt(gemms, 0);
+        report_kernels_free(r);
+        plan_free(p);
+    }
+}
 
 /* A GEMM with an epilogue (passes/epilogue.c): its op's FLOPs (the product and the GELU),
  * and its bytes: the bias read, C and the GELU's input written. */
