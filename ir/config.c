@@ -127,7 +127,7 @@ void config_default(TrainConfig *c)
         .reduce_dtype = REDUCE_COMPUTE, .shard = SHARD_NONE, .reshard_after_forward = 1, .world = 1,
         .stages = 1, .microbatches = 1, .schedule = SCHED_1F1B, .checkpoint = CKPT_EXCEPT_LAST, .chunks = 1,
         .offload = OFFLOAD_NONE, .seed = 1234, .fuse_loss = 1, .embed_grad_into = 1, .pack_attention = 1,
-        .fuse_gemm = 1, .pad_vocab = 64,
+        .fuse_gemm = 1, .pad_vocab = 64, .cast_in_update = 1,
     };
     strcpy(c->recompute, "none");
     strcpy(c->freeze, "none");
@@ -197,6 +197,9 @@ static const KeyDef KEYS[] = {
         "(0)"),
     INT("fuse_gemm", fuse_gemm, 0, 1, "training: a matmul's bias, GELU, the GELU's gradient and the bias gradient "
         "in the GEMM's epilogue, one op (1, default; cuBLASLt's epilogues on CUDA), or separate ops (0)"),
+    INT("cast_in_update", cast_in_update, 0, 1, "mixed precision: the optimizer's update also writes the 16-bit "
+        "params, kept between steps (1, default); or each unit's master is cast to them before its first use in "
+        "each step (0)"),
     INT("pad_vocab", pad_vocab, 0, 1 << 16, "the LM head's vocabulary padded to a multiple of this many rows "
         "(aligned GEMMs; the padding masked in the loss and sampling, held at zero), 64 by default; 0: off"),
     {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,

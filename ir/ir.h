@@ -85,6 +85,8 @@ typedef enum {
     ROLE_CONST,      // a compile-time constant (scalar, arange)
     ROLE_GATHERED,   // a block's params all-gathered from their shards (fsdp)
     ROLE_KV_CACHE,   // a decode program's keys or values of every position so far (passes/decode.c)
+    ROLE_PARAM16,    // the 16-bit working copy of fp32 params that their update writes (cast_in_update,
+                     // passes/shard.c): kept between steps, made from the master at init and load, never saved
     ROLE_COUNT
 } Role;
 typedef enum { PLACE_DEVICE, PLACE_HOST, PLACE_COUNT } Placement;  // the memory space
@@ -166,6 +168,8 @@ typedef struct {
                                  // optimizer state and no update (`frozen`, `freeze`)
     int no_decay;                // a param (or a unit's buffer) the optimizer does not decay
                                  // (`no_decay`, `weight_decay_on matrices`)
+    int work;                    // what an update writes besides (shard pass, cast_in_update): the 16-bit
+                                 // working copy (ROLE_PARAM16) of this fp32 storage or shard, or -1
     int64_t logical_rows;        // a param the pad_vocab pass widened: the model's own dim 0 (its rows
                                  // [logical_rows, shape[0]) are padding, zero); 0: not padded
 } Value;
@@ -411,6 +415,8 @@ typedef struct {
     int pad_vocab;        // passes/pad_vocab.c: a classifier's vocabulary rows padded to a multiple of this; 0: off
     int pack_attention;   // passes/packed_attn.c: attention on the QKV projection's output as it lies (1), or not (0)
     int fuse_gemm;        // passes/epilogue.c: bias, GELU and their gradients in the GEMMs' epilogues (1), or apart (0)
+    int cast_in_update;   // passes/shard.c: the update writes the 16-bit params it casts the master to (1), or a cast
+                          // per unit makes them before their first use each step (0)
     int chunks;           // interleaved: model chunks per stage
     char balance[256];    // "auto", or blocks per stage: "3,3,2"
 

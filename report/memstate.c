@@ -189,6 +189,7 @@ MemCategory report_category_of(const MemReport *r, int32_t t)
     case PLAN_ROLE_CONST: return MEM_CONSTS;
     case PLAN_ROLE_GATHERED: return MEM_GATHERED;
     case PLAN_ROLE_KV_CACHE: return MEM_KV_CACHE;
+    case PLAN_ROLE_PARAM16: return by_width(x->dtype, MEM_PARAMS16, MEM_PARAMS32);
     case PLAN_ROLE_ACT:
     case PLAN_ROLE_COUNT: break;
     }
