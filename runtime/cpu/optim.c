@@ -42,11 +42,13 @@
 static float scalar_f(const KTensor *t) { return fdata(t)[0]; }
 
 /* The first n inputs f32 (a broken plan otherwise: the precision pass casts first), but
- * for the updates' gradient, input 1 (`grad16`), which may be 16-bit too. */
+ * for the updates' gradient, input 1 (`grad16`), which may be 16-bit too, and so may sgd's
+ * buffer without momentum, which is the gradient itself (never read then). */
 static void want_f32(const KCall *k, int n, const char *op, int grad16)
 {
     for (int i = 0; i < n; i++)
-        KCHECK(k->in[i].dtype == KT_F32 || (grad16 && i == 1 && k->in[i].dtype != KT_I32),
+        KCHECK(k->in[i].dtype == KT_F32 ||
+                   (grad16 && (i == 1 || k->in[i].data == k->in[1].data) && k->in[i].dtype != KT_I32),
                "%s: input %d has dtype %d; the optimizer takes f32 only", op, i, k->in[i].dtype);
 }
 static int64_t scalar_i(const KTensor *t) { return idata(t)[0]; }
