@@ -39,6 +39,13 @@
  *    into the gathered buffer in place of its cast, for forward and (regathered) backward
  *    alike, as FairScale's mixed precision gathers in compute_dtype. The casts that this
  *    replaces are removed.
+ *  - cast_in_update (on by default, fp16 / bf16 without offload): a unit that is updated
+ *    keeps its 16-bit params between steps (work_copy: ROLE_PARAM16, Value.work of the
+ *    storage), which the optimizer pass's update writes after the fp32 step, so no step
+ *    casts the master: none and ddp read them as they are; zero1 and zero2 keep them
+ *    whole and all-gather the part this rank's update wrote in place, at first use;
+ *    fsdp's gathers send this rank's 16-bit shard. A frozen unit (no update), and
+ *    offload (the host casts its master as it sends it), keep the casts above.
  *  - Hybrid sharding (shard_group S, FSDP's HYBRID_SHARD): the D data-parallel ranks are
  *    D/S replica groups of S consecutive ranks. Units are padded and split over the S
  *    ranks of a shard group (a rank's shard: its index in the group, d mod S), gathers

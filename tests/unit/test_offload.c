@@ -70,7 +70,8 @@ Test(offload, zero2_bf16_holds_zero_offloads_partition)
     /* Without offload: ZeRO-2's layout on the device, the fp32 master and the moments sharded. */
     cr_expect_eq(bytes_of(dev, PLAN_ROLE_PARAM, PLAN_PLACE_DEVICE, PLAN_DT_F32), 4 * psi / W);
     cr_expect_eq(bytes_of(dev, PLAN_ROLE_OPT_STATE, PLAN_PLACE_DEVICE, PLAN_DT_F32), 8 * psi / W);
-    cr_expect_eq(bytes_of(dev, PLAN_ROLE_GATHERED, PLAN_PLACE_DEVICE, PLAN_DT_BF16), 2 * psi, "the 16-bit params");
+    cr_expect_eq(bytes_of(dev, PLAN_ROLE_PARAM16, PLAN_PLACE_DEVICE, PLAN_DT_BF16), 2 * psi,
+                 "the 16-bit params, which the update writes (cast_in_update)");
     /* The host: the master shard and the moments, exactly; the device held them before. */
     cr_expect_eq(bytes_of(off, PLAN_ROLE_PARAM, PLAN_PLACE_HOST, PLAN_DT_F32), 4 * psi / W);
     cr_expect_eq(bytes_of(off, PLAN_ROLE_OPT_STATE, PLAN_PLACE_HOST, PLAN_DT_F32), 8 * psi / W);
