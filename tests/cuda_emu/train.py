@@ -20,9 +20,6 @@ every step's --log to_host_bytes and to_device_bytes, as the CUDA backend counts
 copies, are the bytes `fsc --comm` gives for the plan (tests/mpi/offload.py's reading).
 Offload without clipping, whose host updates run during the backward, leaves on each
 device the same weights to the bit as the same plan with its updates after the backward.
-A 16-bit plan whose update writes the 16-bit params (cast_in_update 1, the default) trains
-on the emulated device as the same plan with a cast of each unit per step (0): the same
-losses and saved weights to the bit (AdamW and SGD, bf16 and fp16 with a skipped step, fsdp).
 
 usage: train.py FSC FSEXEC LIBFS_CUDAEMU WORKDIR   (/usr/bin/python3 with numpy)
 """
@@ -129,7 +126,6 @@ def main():
     print("ok   --cuda-graph with offload is refused before the first step")
     overlap(fsc, fsexec, work, env)
     evaluation(fsexec, work, env)
-    cast_in_update(fsc, fsexec, work, env)
 
 
 def overlap(fsc, fsexec, work, env):
@@ -149,28 +145,6 @@ def overlap(fsc, fsexec, work, env):
         if differ or not got[1]:
             sys.exit("FAIL overlap on %s: weights differ from the updates after the backward: %s" % (device, differ))
     print("ok   offload's updates during the backward: weights equal to the bit to those after it, cpu and cuda")
-
-
-def cast_in_update(fsc, fsexec, work, env):
-    """adamw_cast and sgd_cast on the device (codegen/kernels/optim.cuh): the plan with the
-    update writing the 16-bit params against the plan that casts them each step."""
-    cases = [("adamw_bf16", ["--optimizer", "adamw", "--precision", "bf16"], []),
-             ("sgd_fp16_overflow", [*SGD, "--precision", "fp16"], ["--debug-overflow-at", "3"]),
-             ("adamw_bf16_fsdp", ["--optimizer", "adamw", "--precision", "bf16", "--shard", "fsdp"], [])]
-    for name, args, extra in cases:
-        got = []
-        for on in ("1", "0"):
-            plan, st, log = (os.path.join(work, "cast_%s_%s.%s" % (name, on, ext)) for ext in ("plan", "st", "jsonl"))
-            run([fsc, "samples/gpt2.fsm", *TINY, *args, "--cast_in_update", on, "-o", plan, "-q"])
-            run([fsexec, plan, "--device", "cuda", "--steps", str(STEPS), "--save-weights", st, "--log", log, *extra],
-                env)
-            with open(log) as f:
-                got.append(([(r["loss"], bool(r.get("skipped"))) for r in map(json.loads, f)], safetensors(st)))
-        (la, wa), (lb, wb) = got
-        differ = sorted(k for k in wb if k not in wa or not np.array_equal(wa[k], wb[k]))
-        if la != lb or len(la) != STEPS or differ or not wb:
-            sys.exit("FAIL cast_in_update %s on cuda: losses %s vs %s, weights differ: %s" % (name, la, lb, differ))
-    print("ok   cast_in_update: the update's 16-bit params train as the per-step casts, to the bit, on cuda")
 
 
 def evaluation(fsexec, work, env):
