@@ -9,8 +9,9 @@
  * moves: the embedding reads only its tokens' rows of the table). Which it does is
  * read from the kernel's own parameter list in the plan's module: a `const T *`
  * parameter is read, any other written, and read too when it is also one of the op's
- * inputs (an update in place: adamw's p, m, v; not adamw_cast's w, which it only writes). A kernel whose parameters cannot be
- * found falls back to the op: its outputs (and its fused members') written, the rest read.
+ * inputs (an update in place: adamw's p, m, v; not adamw_cast's w, which it only
+ * writes). A kernel whose parameters cannot be found falls back to the op: its outputs
+ * (and its fused members') written, the rest read.
  *
  * FLOPs are the op's (ir/flops.c, PlanOp.flops), plus those of the members of its fused
  * group (the elementwise ops just before it that have no instruction of their own: the

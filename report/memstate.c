@@ -13,8 +13,9 @@
  *    dtype's params, whatever made it: 16-bit params are the casts a ddp or unsharded
  *    16-bit plan makes in the forward, zero1 and zero2's gathers, offload's device
  *    copies, and the 16-bit params an update writes and keeps between steps
- *    (cast_in_update, role param16: a copy of the master it updates). Model state counts a param's copies once, as the largest (a gather holds
- *    the shard cast to send it, a recompute's cast is the forward's again), in the
+ *    (cast_in_update, role param16: a copy of the master it updates). Model state
+ *    counts a param's copies once, as the largest (a gather holds the shard cast to
+ *    send it, a recompute's cast is the forward's again), in the
  *    device space when one is there (offload casts on the host only to send it over).
  *  - fsdp gathers a block's params before each use (its forward, and again its backward
  *    under reshard_after_forward) and frees them after: several gathers of the same

@@ -404,8 +404,8 @@ static int check_updates(Mem *m, int32_t k, char *err, size_t errlen)
         if (role != PLAN_ROLE_PARAM && role != PLAN_ROLE_OPT_STATE && role != PLAN_ROLE_MASTER &&
             role != PLAN_ROLE_KV_CACHE && role != PLAN_ROLE_PARAM16)
             return fail_op(m, k, err, errlen, "updates input %d, tensor %d (%s), in place, but its buffer is %s, not a "
-                           "param, its 16-bit copy, optimizer state, master weight or KV cache", i, t, plan_tensor_label(p, t),
-                           plan_role_name(role));
+                           "param, its 16-bit copy, optimizer state, master weight or KV cache", i, t,
+                           plan_tensor_label(p, t), plan_role_name(role));
     }
     return 0;
 }

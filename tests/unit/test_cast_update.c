@@ -117,7 +117,8 @@ static void same_training(const char *what, const Setting *more, int n_more)
     float *a = sample_trained(on, 7, STEPS, la, &na), *b = sample_trained(off, 7, STEPS, lb, &nb);
     cr_assert_eq(na, nb, "%s", what);
     cr_assert(na > 0);
-    for (int s = 0; s < STEPS; s++) cr_expect_eq(la[s], lb[s], "%s, step %d: loss %.9g vs %.9g", what, s + 1, la[s], lb[s]);
+    for (int s = 0; s < STEPS; s++)
+        cr_expect_eq(la[s], lb[s], "%s, step %d: loss %.9g vs %.9g", what, s + 1, la[s], lb[s]);
     cr_expect_eq(memcmp(a, b, sizeof(float) * na), 0, "%s: the fp32 params differ after %d steps", what, STEPS);
     free(a), free(b);
     RtData *data;
