@@ -198,8 +198,8 @@ static const KeyDef KEYS[] = {
     INT("fuse_gemm", fuse_gemm, 0, 1, "training: a matmul's bias, GELU, the GELU's gradient and the bias gradient "
         "in the GEMM's epilogue, one op (1, default; cuBLASLt's epilogues on CUDA), or separate ops (0)"),
     INT("cast_in_update", cast_in_update, 0, 1, "mixed precision: the optimizer's update also writes the 16-bit "
-        "params, kept between steps (1, default); or each unit's master is cast to them before its first use in "
-        "each step (0)"),
+        "params, kept between steps (1, default; with offload on the host, then sent); or each unit's master is cast "
+        "to them before its first use in each step (0)"),
     INT("pad_vocab", pad_vocab, 0, 1 << 16, "the LM head's vocabulary padded to a multiple of this many rows "
         "(aligned GEMMs; the padding masked in the loss and sampling, held at zero), 64 by default; 0: off"),
     {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,

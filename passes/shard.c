@@ -44,8 +44,9 @@
  *    storage), which the optimizer pass's update writes after the fp32 step, so no step
  *    casts the master: none and ddp read them as they are; zero1 and zero2 keep them
  *    whole and all-gather the part this rank's update wrote in place, at first use;
- *    fsdp's gathers send this rank's 16-bit shard. A frozen unit (no update), and
- *    offload (the host casts its master as it sends it), keep the casts above.
+ *    fsdp's gathers send this rank's 16-bit shard. A frozen unit (no update) keeps the
+ *    casts above, and so does offload here: passes/offload.c has the host's update
+ *    write the 16-bit params there instead, which it sends to the device.
  *  - Hybrid sharding (shard_group S, FSDP's HYBRID_SHARD): the D data-parallel ranks are
  *    D/S replica groups of S consecutive ranks. Units are padded and split over the S
  *    ranks of a shard group (a rank's shard: its index in the group, d mod S), gathers

@@ -4,11 +4,12 @@
  *    adamw_cast or sgd_cast, casts no trained unit's master in the step (none, ddp: no
  *    cast of the storage; zero1, zero2, fsdp: the gathers send the 16-bit params the
  *    update wrote), and keeps those params between steps (role param16, persistent);
- *    frozen units, fp32 plans and offload keep their old path.
+ *    with offload the host's update writes them there, and the copy to the device sends
+ *    them (no host cast); frozen units and fp32 plans keep their old path.
  *  - The CPU backend trains a plan with it as the one without, bit for bit: every step's
  *    loss and every fp32 param after four steps, for AdamW and SGD, bf16 and fp16 (with
- *    its loss scale), shard none, zero1, zero2 and fsdp, gradient accumulation, recompute
- *    and a frozen param; and after every step the 16-bit params equal cast(master).
+ *    its loss scale), shard none, zero1, zero2 and fsdp, gradient accumulation, recompute,
+ *    a frozen param and offload; and after every step the 16-bit params equal cast(master).
  * The emulated CUDA kernels: tests/cuda_emu (op_check compares adamw_cast's w with the
  * CPU's; train.py trains with and without the setting on the emulator).
  */
@@ -72,11 +73,19 @@ Test(cast_update, plan)
             if (on->tensors[i].role == PLAN_ROLE_PARAM16) cr_expect(plan_tensor_is_persistent(&on->tensors[i]));
         plan_free(on), plan_free(off);
     }
-    /* fp32 has no 16-bit params; offload casts on the host, a frozen unit once a step. */
+    /* fp32 has no 16-bit params; offload's are on the host, sent as they are; a frozen
+     * unit is cast once a step. */
     Setting fp32[] = {{"precision", "fp32"}}, offload[] = {{"precision", "bf16"}, {"offload", "optimizer"}};
     Setting frozen[] = {{"precision", "bf16"}, {"freeze", "h.0"}};
     Plan *a = gpt2("1", fp32, 1), *b = gpt2("1", offload, 2), *c = gpt2("1", frozen, 2);
-    cr_expect_eq(count_ops(a, "adamw_cast") + count_ops(b, "adamw_cast"), 0);
+    Plan *b0 = gpt2("0", offload, 2);
+    cr_expect_eq(count_ops(a, "adamw_cast"), 0);
+    cr_expect_eq(count_ops(b, "adamw_cast"), count_ops(b0, "adamw"));
+    cr_expect_eq(master_casts(b), 0, "offload: the host's update writes the 16-bit params");
+    cr_expect_eq(master_casts(b0), count_ops(b0, "adamw"), "offload without: a host cast per unit");
+    for (int32_t i = 0; i < b->n_tensors; i++)
+        if (b->tensors[i].role == PLAN_ROLE_PARAM16) cr_expect_eq(b->tensors[i].place, PLAN_PLACE_HOST);
+    plan_free(b0);
     cr_expect_gt(count_ops(c, "adamw_cast"), 0);
     cr_expect_eq(count_ops(c, "adamw"), 0);
     cr_expect_eq(master_casts(c), 1, "the frozen block's cast, each step");
@@ -150,6 +159,15 @@ Test(cast_update, zero2_bf16_accumulate)
 {
     same_training("zero2 bf16 accumulation", (Setting[]){{"precision", "bf16"}, {"shard", "zero2"},
                                                          {"microbatches", "2"}}, 3);
+}
+Test(cast_update, offload_bf16_adamw)
+{
+    same_training("offload bf16", (Setting[]){{"precision", "bf16"}, {"offload", "optimizer"}}, 2);
+}
+Test(cast_update, offload_fp16_sgd)
+{
+    same_training("offload fp16 sgd", (Setting[]){{"precision", "fp16"}, {"offload", "optimizer"}, {"optimizer", "sgd"},
+                                                  {"momentum", "0.9"}}, 4);
 }
 Test(cast_update, fsdp_bf16_recompute_frozen)
 {
