@@ -1,7 +1,8 @@
 /* codegen/cuda_optim.c: the CUDA emitters of the optimizer step: lr_at, clip_coef,
  * count_step, scale_update (one thread each: they compute a scalar; codegen/kernels/
- * step.cuh's templates), adamw and sgd (a grid-stride loop over a flat unit's buffer or
- * shard, one launch per unit; codegen/kernels/optim.cuh's templates).
+ * step.cuh's templates), adamw and sgd, and adamw_cast and sgd_cast that also write the 16-bit
+ * params (a grid-stride loop over a flat unit's buffer or shard, one launch per unit;
+ * codegen/kernels/optim.cuh's templates).
  *
  * runtime/cpu/optim.c is the reference, operation for operation: the same float
  * expressions per element, the same step-dependent factors computed in double and
@@ -102,8 +103,17 @@ static int update(CuCtx *c, const char *prefix, const char *params, const char *
                      node->n_in);
 }
 
-/* adamw(p, g, m, v, lr, coef, step; beta1, beta2, eps, weight_decay), as torch.optim.AdamW. */
-int cuda_adamw(CuCtx *c)
+/* The template arguments (the gradient's type, CAST, w's type) and the parameter of w, input
+ * `at`, for adamw_cast and sgd_cast (at < 0: adamw and sgd, none: their gradient's type is deduced). */
+static const char *cast_targs(CuCtx *c, int at)
+{
+    return at < 0 ? "" : cu_fmt(c, ", %s, true, %s", cu_tin(c, 1), cu_tin(c, at));
+}
+static const char *cast_param(CuCtx *c, int at) { return at < 0 ? "" : cu_fmt(c, ", %s *w", cu_tin(c, at)); }
+
+/* adamw(p, g, m, v, lr, coef, step; beta1, beta2, eps, weight_decay), as torch.optim.AdamW;
+ * adamw_cast(p, g, m, v, lr, coef, step, w; ...) writes w = p after (w at input 7). */
+static int adamw(CuCtx *c, int w)
 {
     if (want_f32_but(c, 6, 1)) return -1;
     if (cu_inv(c, 6)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
@@ -111,26 +121,31 @@ int cuda_adamw(CuCtx *c)
     double b1 = attr(c, "beta1"), b2 = attr(c, "beta2");
     float w1 = (float)(1.0 - b1);
     const char *params = cu_fmt(c, "float *p, const %s *g, float *m, float *v, const float *lr, const float *coef, "
-                                   "const int *step", cu_tin(c, 1));
-    const char *call = cu_fmt(c, "fs_adamw<%s, %lldLL, %s>(p, g, m, v, lr, coef, step, %s, %s, %s, %s, %s, %s, %s)",
-                              cu_index(n), (long long)n, w1 < 0.5f ? "true" : "false",
+                                   "const int *step%s", cu_tin(c, 1), cast_param(c, w));
+    const char *call = cu_fmt(c, "fs_adamw<%s, %lldLL, %s%s>(p, g, m, v, lr, coef, step, %s, %s, %s, %s, %s, %s, "
+                              "%s%s)", cu_index(n), (long long)n, w1 < 0.5f ? "true" : "false", cast_targs(c, w),
                               cu_double(c, attr(c, "weight_decay")), cu_double(c, b1), cu_double(c, b2),
                               cu_float(c, w1), cu_float(c, (float)b2), cu_float(c, (float)(1.0 - b2)),
-                              cu_float(c, (float)attr(c, "eps")));
-    return update(c, "adamw", params, call);
+                              cu_float(c, (float)attr(c, "eps")), w < 0 ? "" : ", w");
+    return update(c, w < 0 ? "adamw" : "adamw_cast", params, call);
 }
+int cuda_adamw(CuCtx *c) { return adamw(c, -1); }
+int cuda_adamw_cast(CuCtx *c) { return adamw(c, 7); }
 
-/* sgd(p, g, buf, lr, coef, step; momentum, weight_decay): dampening 0, no nesterov. */
-int cuda_sgd(CuCtx *c)
+/* sgd(p, g, buf, lr, coef, step; momentum, weight_decay): dampening 0, no nesterov;
+ * sgd_cast(p, g, buf, lr, coef, step, w; ...) writes w = p after (w at input 6). */
+static int sgd(CuCtx *c, int w)
 {
     if (want_f32_but(c, 5, 1)) return -1;
     if (cu_inv(c, 5)->dtype != DT_I32) return cu_fail(c, "the step must be i32");
     int64_t n = ir_numel(cu_inv(c, 0));
     float mom = (float)attr(c, "momentum");
     const char *params = cu_fmt(c, "float *p, const %s *g, float *buf, const float *lr, const float *coef, "
-                                   "const int *step", cu_tin(c, 1));
-    const char *call = cu_fmt(c, "fs_sgd<%s, %lldLL, %s>(p, g, buf, lr, coef, step, %s, %s)", cu_index(n),
-                              (long long)n, mom != 0.0f ? "true" : "false", cu_float(c, mom),
-                              cu_float(c, (float)attr(c, "weight_decay")));
-    return update(c, "sgd", params, call);
+                                   "const int *step%s", cu_tin(c, 1), cast_param(c, w));
+    const char *call = cu_fmt(c, "fs_sgd<%s, %lldLL, %s%s>(p, g, buf, lr, coef, step, %s, %s%s)", cu_index(n),
+                              (long long)n, mom != 0.0f ? "true" : "false", cast_targs(c, w),
+                              cu_float(c, mom), cu_float(c, (float)attr(c, "weight_decay")), w < 0 ? "" : ", w");
+    return update(c, w < 0 ? "sgd" : "sgd_cast", params, call);
 }
+int cuda_sgd(CuCtx *c) { return sgd(c, -1); }
+int cuda_sgd_cast(CuCtx *c) { return sgd(c, 6); }

@@ -43,6 +43,7 @@ static PlanRole map_role(Role r)
     case ROLE_CONST: return PLAN_ROLE_CONST;
     case ROLE_GATHERED: return PLAN_ROLE_GATHERED;
     case ROLE_KV_CACHE: return PLAN_ROLE_KV_CACHE;
+    case ROLE_PARAM16: return PLAN_ROLE_PARAM16;
     case ROLE_COUNT: break;
     }
     FS_ASSERT(!"unknown role");
@@ -162,6 +163,7 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"slice_views", I, NULL, 0, t->slice_views},
         {"fuse_residual", I, NULL, 0, t->fuse_residual},
         {"tf32", I, NULL, 0, t->tf32},
+        {"cast_in_update", I, NULL, 0, t->cast_in_update},
         {"balance", S, t->balance, 0, 0},
         {"offload", S, offload_name(t->offload), 0, 0},
         {"seed", I, NULL, 0, (int64_t)t->seed},

@@ -127,7 +127,7 @@ void config_default(TrainConfig *c)
         .reduce_dtype = REDUCE_COMPUTE, .shard = SHARD_NONE, .reshard_after_forward = 1, .world = 1,
         .stages = 1, .microbatches = 1, .schedule = SCHED_1F1B, .checkpoint = CKPT_EXCEPT_LAST, .chunks = 1,
         .offload = OFFLOAD_NONE, .seed = 1234, .fuse_loss = 1, .embed_grad_into = 1, .pack_attention = 1,
-        .fuse_gemm = 1, .pad_vocab = 64, .slice_views = 1, .fuse_residual = 1,
+        .fuse_gemm = 1, .pad_vocab = 64, .slice_views = 1, .fuse_residual = 1, .cast_in_update = 1,
     };
     strcpy(c->recompute, "none");
     strcpy(c->freeze, "none");
@@ -200,6 +200,9 @@ static const KeyDef KEYS[] = {
     INT("fuse_residual", fuse_residual, 0, 1, "training, with fuse_gemm: a residual add in its producer, one op (1, "
         "default): x + (h @ w + b) in the GEMM (cuBLASLt's C, beta 1), a residual stream's gradient added in its "
         "norm's backward; or an add of its own (0)"),
+    INT("cast_in_update", cast_in_update, 0, 1, "mixed precision: the optimizer's update also writes the 16-bit "
+        "params, kept between steps (1, default; with offload on the host, then sent); or each unit's master is cast "
+        "to them before its first use in each step (0)"),
     INT("pad_vocab", pad_vocab, 0, 1 << 16, "the LM head's vocabulary padded to a multiple of this many rows "
         "(aligned GEMMs; the padding masked in the loss and sampling, held at zero), 64 by default; 0: off"),
     INT("slice_views", slice_views, 0, 1, "a slice that is one run of its input's bytes (every dim before its "

@@ -220,6 +220,8 @@ double flops_target_count(const Graph *g, const Node *n) { return in_numel(g, n,
 double flops_scale_update(const Graph *g, const Node *n) { return 0; }
 double flops_adamw(const Graph *g, const Node *n) { return ADAMW_FLOPS * in_numel(g, n, 0); }
 double flops_sgd(const Graph *g, const Node *n) { return SGD_FLOPS * in_numel(g, n, 0); }
+double flops_adamw_cast(const Graph *g, const Node *n) { return (ADAMW_FLOPS + 1) * in_numel(g, n, 0); }
+double flops_sgd_cast(const Graph *g, const Node *n) { return (SGD_FLOPS + 1) * in_numel(g, n, 0); }
 
 /* Communication moves bytes; the reductions' additions are the network's, not ours. */
 double flops_copy(const Graph *g, const Node *n) { return 0; }

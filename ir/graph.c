@@ -33,7 +33,7 @@ int ir_value_add(Graph *g, const Value *v)
     *nv = *v;
     if (v->name) nv->name = arena_strdup(g->arena, v->name);
     /* What passes compute starts unset, whatever the caller's copy held. */
-    nv->grad = nv->alias = nv->view_of = nv->unit = nv->recompute_of = -1;
+    nv->grad = nv->alias = nv->view_of = nv->unit = nv->recompute_of = nv->work = -1;
     nv->pipe_copy = 0;
     nv->offset = nv->rank_stride = nv->view_offset = nv->view_rank_stride = nv->flat_offset = 0;
     nv->live_start = nv->live_end = nv->sharded = 0;
@@ -324,7 +324,7 @@ static void remap_value_fields(Graph *g, const int *vmap)
         Value *val = &g->values[v];
         val->tied_to = MAP(val->tied_to), val->grad = MAP(val->grad);
         val->view_of = MAP(val->view_of), val->alias = MAP(val->alias);
-        val->recompute_of = MAP(val->recompute_of);
+        val->recompute_of = MAP(val->recompute_of), val->work = MAP(val->work);
     }
     for (int i = 0; i < g->n_outputs; i++) g->outputs[i] = MAP(g->outputs[i]);
     for (int i = 0; i < g->n_tied; i++) g->tied[i].value = MAP(g->tied[i].value);

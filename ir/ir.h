@@ -85,6 +85,8 @@ typedef enum {
     ROLE_CONST,      // a compile-time constant (scalar, arange)
     ROLE_GATHERED,   // a block's params all-gathered from their shards (fsdp)
     ROLE_KV_CACHE,   // a decode program's keys or values of every position so far (passes/decode.c)
+    ROLE_PARAM16,    // the 16-bit working copy of fp32 params that their update writes (cast_in_update,
+                     // passes/shard.c): kept between steps, made from the master at init and load, never saved
     ROLE_COUNT
 } Role;
 typedef enum { PLACE_DEVICE, PLACE_HOST, PLACE_COUNT } Placement;  // the memory space
@@ -166,6 +168,8 @@ typedef struct {
                                  // optimizer state and no update (`frozen`, `freeze`)
     int no_decay;                // a param (or a unit's buffer) the optimizer does not decay
                                  // (`no_decay`, `weight_decay_on matrices`)
+    int work;                    // what an update writes besides (shard pass, cast_in_update): the 16-bit
+                                 // working copy (ROLE_PARAM16) of this fp32 storage or shard, or -1
     int64_t logical_rows;        // a param the pad_vocab pass widened: the model's own dim 0 (its rows
                                  // [logical_rows, shape[0]) are padding, zero); 0: not padded
 } Value;
@@ -414,6 +418,8 @@ typedef struct {
     int slice_views;      // passes/slice_view.c: a slice of one run of its input bytes is a view (1), a copy (0)
     int fuse_residual;    // passes/epilogue.c, with fuse_gemm: residual adds in their GEMM or norm backward (1), or not (0)
     int tf32;             // CUDA: f32 attention (codegen/cuda_flash.c) and f32 GEMMs (fsexec) on TF32 tensor cores
+    int cast_in_update;   // passes/shard.c: the update writes the 16-bit params it casts the master to (1), or a cast
+                          // per unit makes them before their first use each step (0)
     int chunks;           // interleaved: model chunks per stage
     char balance[256];    // "auto", or blocks per stage: "3,3,2"
 

@@ -3,7 +3,8 @@
 #include "ir.h"
 
 static const char *const ROLES[ROLE_COUNT] = {"input", "param", "grad", "act", "opt_state",
-                                              "master", "comm", "scratch", "const", "gathered", "kv_cache"};
+                                              "master", "comm", "scratch", "const", "gathered", "kv_cache",
+                                              "param16"};
 static const char *const PLACES[PLACE_COUNT] = {"device", "host"};
 static const char *const PHASES[PHASE_COUNT] = {"forward", "backward", "recompute", "optimizer",
                                                 "comm", "backward_weight"};

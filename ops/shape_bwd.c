@@ -334,6 +334,20 @@ static int update(ShapeCtx *c, int n_in, int n_state)
 int shape_adamw(ShapeCtx *c) { return update(c, 7, 4); }
 int shape_sgd(ShapeCtx *c) { return update(c, 6, 3); }
 
+/* The update, and w (its last tensor): p's 16-bit working copy, as many elements. */
+static int update_cast(ShapeCtx *c, int n_in, int n_state)
+{
+    if (update(c, n_in, n_state)) return -1;
+    const OpType *w = &c->in[n_in - 1];
+    char a[192], b[192];
+    if ((w->dtype != DT_F16 && w->dtype != DT_BF16) || op_type_numel(w) != op_type_numel(&c->in[0]))
+        return shape_fail(c, "%s: w must be a 16-bit copy of p: %s for %s", op_name(c->op), op_type_str(w, a, sizeof a),
+                          op_type_str(&c->in[0], b, sizeof b));
+    return 0;
+}
+int shape_adamw_cast(ShapeCtx *c) { return update_cast(c, 8, 4); }
+int shape_sgd_cast(ShapeCtx *c) { return update_cast(c, 7, 3); }
+
 /* ---- communication and copies ---------------------------------------------------------- */
 
 int shape_copy(ShapeCtx *c)

@@ -44,7 +44,8 @@ static int64_t align_up(int64_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
 static int persistent_role(Role r)
 {
-    return r == ROLE_PARAM || r == ROLE_OPT_STATE || r == ROLE_MASTER || r == ROLE_INPUT || r == ROLE_KV_CACHE;
+    return r == ROLE_PARAM || r == ROLE_OPT_STATE || r == ROLE_MASTER || r == ROLE_INPUT || r == ROLE_KV_CACHE ||
+           r == ROLE_PARAM16;
 }
 
 /* Root of each value, and its byte offset and per-rank stride within the root. */

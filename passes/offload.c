@@ -11,6 +11,9 @@
  *  - The device keeps the params in the compute dtype only (16-bit under mixed
  *    precision, else fp32): once per step, before its first reader, the master is cast
  *    on the host and copied to the device (to_device) into a buffer of role gathered;
+ *    with cast_in_update (mixed precision) the cast is the update's own: adamw_cast or
+ *    sgd_cast writes the unit's 16-bit params on the host (role param16, kept between
+ *    steps, made from the master at init and load), and the copy sends them;
  *    zero1 and zero2 copy into their rank's part of the full buffer, which their
  *    all-gather then fills in place, as before. The forward's casts of the params to the
  *    compute dtype are then identities, and go. So the device holds no fp32 master, and
@@ -45,6 +48,8 @@ typedef struct {
     Placed *placed;
     int n_placed, cap_placed;
     char *drop;         // per node: removed at the end (an identity cast)
+    int work16;         // cast_in_update: the host's update writes the 16-bit params the device gets
+    char *replaced;     // per original node: an update that update_writing replaced
 } Off;
 
 static int add_node(Off *o, OpKind op, const int *in, int n_in, const Attr *attrs, int n_attr, int block, Phase ph,
@@ -56,7 +61,7 @@ static int add_node(Off *o, OpKind op, const int *in, int n_in, const Attr *attr
     FS_ASSERT(n >= 0);
     o->placed = arena_grow(o->g->arena, o->placed, &o->cap_placed, o->n_placed + 1, sizeof *o->placed);
     o->placed[o->n_placed++] = (Placed){n, at};
-    return ir_out(o->g, ir_node(o->g, n), 0);
+    return ir_node(o->g, n)->n_out ? ir_out(o->g, ir_node(o->g, n), 0) : -1;
 }
 
 static int copy_to(Off *o, OpKind op, int x, int at)
@@ -154,13 +159,37 @@ typedef struct {
     int64_t offset, stride;
 } Into;
 
-/* The master p (on the host) as the device reads it: cast to the compute dtype on the
- * host, then copied, before original node `at`, into `into` or (into.of < 0) a new
- * buffer of role gathered. */
-static int master_to_device(Off *o, int p, int at, Into into)
+/* cast_in_update: update n (adamw, sgd, on the host) becomes the same update writing w,
+ * the 16-bit params of its master kept on the host between steps (adamw_cast,
+ * sgd_cast), in its place; w. */
+static int update_writing(Off *o, int n)
 {
     Graph *g = o->g;
-    int x = o->low != DT_F32 ? cast_on_host(o, p, o->low, at) : p;
+    const Node *node = ir_node(g, n);
+    const Value *pv = ir_value(g, ir_in(g, node, 0));
+    Value wv = {.dtype = o->low, .rank = 1, .shape = {ir_numel(pv)}, .role = ROLE_PARAM16, .block = pv->block,
+                .place = PLACE_HOST, .loc = pv->loc, .producer = -1, .tied_to = -1};
+    wv.name = pv->name ? arena_printf(g->arena, "%s.%s", pv->name, dtype_name(o->low)) : NULL;
+    int w = ir_value_add(g, &wv);
+    g->values[w].unit = pv->unit, g->values[w].sharded = pv->sharded;
+    int in[OPS_MAX_IN], n_in = node->n_in;
+    for (int i = 0; i < n_in; i++) in[i] = ir_in(g, node, i);
+    in[n_in] = w;
+    Attr at[IR_MAX_PARAMS];
+    int n_attr = ir_node_attrs(g, node, at);
+    OpKind op = node->op == OP_adamw ? OP_adamw_cast : OP_sgd_cast;
+    add_node(o, op, in, n_in + 1, at, n_attr, node->block, node->phase, node->loc, n);
+    o->replaced[n] = 1;
+    return w;
+}
+
+/* The master p (on the host) as the device reads it: cast to the compute dtype on the
+ * host (or, w >= 0, the 16-bit params its update writes there), then copied, before
+ * original node `at`, into `into` or (into.of < 0) a new buffer of role gathered. */
+static int master_to_device(Off *o, int p, int w, int at, Into into)
+{
+    Graph *g = o->g;
+    int x = w >= 0 ? w : o->low != DT_F32 ? cast_on_host(o, p, o->low, at) : p;
     int d = copy_to(o, OP_to_device, x, at);
     Value *dv = &g->values[d];
     const Value *pv = ir_value(g, p);
@@ -191,8 +220,8 @@ static void device_reads(Off *o, int p, int d, int update)
 
 /* A master that is a storage of its own (shard none, ddp, fsdp): it moves to the host,
  * and the device reads a copy made once a step (fsdp with offload params: one per
- * reader, each gather's staged shard). */
-static void own_master(Off *o, int p, int update)
+ * reader, each gather's staged shard), of w when the update writes 16-bit params. */
+static void own_master(Off *o, int p, int w, int update)
 {
     Graph *g = o->g;
     g->values[p].place = PLACE_HOST;
@@ -200,7 +229,7 @@ static void own_master(Off *o, int p, int update)
     if (!per_reader) {
         int at = first_reader(o, p, update);
         if (at == o->n_orig) return;  // nothing on the device reads it
-        device_reads(o, p, master_to_device(o, p, at, (Into){-1, 0, 0}), update);
+        device_reads(o, p, master_to_device(o, p, w, at, (Into){-1, 0, 0}), update);
         return;
     }
     for (int n = 0; n < o->n_orig; n++) {
@@ -208,7 +237,7 @@ static void own_master(Off *o, int p, int update)
         int reads = 0;
         for (int i = 0; i < node->n_in; i++) reads |= ir_in(g, node, i) == p;
         if (!reads || n == update) continue;
-        int d = master_to_device(o, p, n, (Into){-1, 0, 0});
+        int d = master_to_device(o, p, w, n, (Into){-1, 0, 0});
         g->values[d].role = ROLE_COMM;  // a staging buffer the gather reads, not the device's params
         replace_input(g, n, p, d);
     }
@@ -238,7 +267,7 @@ static void shard_master(Off *o, int p, int update)
         const Node *node = ir_node(g, n);
         int reads = 0;
         for (int i = 0; i < node->n_in; i++) reads |= ir_in(g, node, i) == p;
-        if (reads && n != update) replace_input(g, n, p, master_to_device(o, p, n, into));
+        if (reads && n != update) replace_input(g, n, p, master_to_device(o, p, -1, n, into));
     }
 }
 
@@ -252,6 +281,7 @@ static void drop_identity_casts(Off *o)
     Graph *g = o->g;
     int *same = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
     o->drop = arena_alloc(g->arena, (size_t)g->n_nodes + 1);  // every node is made by now
+    memcpy(o->drop, o->replaced, (size_t)o->n_orig);  // the updates that update_writing replaced
     for (int v = 0; v < g->n_values; v++) same[v] = v;
     for (int n = 0; n < g->n_nodes; n++) {
         Node *node = &g->nodes[n];
@@ -306,6 +336,9 @@ int pass_offload(Graph *g, const Options *opts, Diag *d)
     const TrainConfig *t = &opts->train;
     if (t->offload == OFFLOAD_NONE) return 0;
     Off o = {.g = g, .t = t, .low = precision_dtype(t->precision), .n_orig = g->n_nodes};
+    o.work16 = o.low != DT_F32 && t->cast_in_update;
+    o.replaced = arena_alloc(g->arena, (size_t)o.n_orig + 1);
+    memset(o.replaced, 0, (size_t)o.n_orig + 1);
     int first = -1;
     for (int n = 0; n < o.n_orig && first < 0; n++)
         if (g->nodes[n].op == OP_adamw || g->nodes[n].op == OP_sgd) first = n;
@@ -330,10 +363,10 @@ int pass_offload(Graph *g, const Options *opts, Diag *d)
         int gh = grad_to_host(&o, grad, n);
         for (int i = 1; i < 2 + n_state; i++)
             if (g->ids[g->nodes[n].in + i] == grad) g->ids[g->nodes[n].in + i] = gh;
-        if (ir_value(g, p)->view_of >= 0)
+        if (ir_value(g, p)->view_of >= 0)  // (fp32 only: 16-bit zero1 and zero2 store the fp32 shard on its own)
             shard_master(&o, p, n);
         else
-            own_master(&o, p, n);
+            own_master(&o, p, o.work16 ? update_writing(&o, n) : -1, n);
     }
     drop_identity_casts(&o);
     place_nodes(&o);

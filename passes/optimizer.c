@@ -9,7 +9,8 @@
  * "lr", from the schedule), the clipping coefficient (torch's clip_grad_norm_), and per
  * unit its state (AdamW: exp_avg, exp_avg_sq; SGD with momentum: momentum_buffer, as
  * torch names them; zeros at the start) and one in-place update node, a launch per flat
- * unit, not per param. Frozen params have no gradient, so no state and no update; a
+ * unit, not per param (adamw_cast, sgd_cast where the unit keeps 16-bit params the update
+ * writes as well: passes/shard.c's cast_in_update). Frozen params have no gradient, so no state and no update; a
  * no_decay unit is updated with weight_decay 0, as torch.optim.AdamW's second param group.
  */
 #include "passes.h"
@@ -114,11 +115,13 @@ static int global_norm(Opt *o)
     return node_out(o, OP_sqrt, &total, 1, NULL, 0, -1, o->t->optimizer_loc);
 }
 
+/* The update of p; where the shard pass gave p 16-bit params of its own (Value.work), the
+ * update writes them too: adamw_cast, sgd_cast. */
 static void update(Opt *o, int p, int lr, int coef, int step)
 {
     const TrainConfig *t = o->t;
     const Value *pv = ir_value(o->g, p);
-    int block = pv->block, grad = pv->grad;
+    int block = pv->block, grad = pv->grad, w = pv->work;
     double wd = pv->no_decay ? 0 : t->weight_decay;  // torch's param group with weight_decay 0
     Loc loc = pv->loc;
     if (t->optimizer == OPTIM_ADAMW) {
@@ -127,13 +130,15 @@ static void update(Opt *o, int p, int lr, int coef, int step)
                       {.key = "beta2", .kind = ATTR_FLOAT, .f = t->beta2},
                       {.key = "eps", .kind = ATTR_FLOAT, .f = t->eps},
                       {.key = "weight_decay", .kind = ATTR_FLOAT, .f = wd}};
-        node_out(o, OP_adamw, (int[]){p, grad, m, v, lr, coef, step}, 7, at, 4, block, loc);
+        node_out(o, w >= 0 ? OP_adamw_cast : OP_adamw, (int[]){p, grad, m, v, lr, coef, step, w}, w >= 0 ? 8 : 7, at,
+                 4, block, loc);
     } else {
         /* Without momentum there is no buffer: the kernel leaves `buf` alone. */
         int buf = t->momentum > 0 ? state_like(o, p, "momentum_buffer") : grad;
         Attr at[2] = {{.key = "momentum", .kind = ATTR_FLOAT, .f = t->momentum},
                       {.key = "weight_decay", .kind = ATTR_FLOAT, .f = wd}};
-        node_out(o, OP_sgd, (int[]){p, grad, buf, lr, coef, step}, 6, at, 2, block, loc);
+        node_out(o, w >= 0 ? OP_sgd_cast : OP_sgd, (int[]){p, grad, buf, lr, coef, step, w}, w >= 0 ? 7 : 6, at, 2,
+                 block, loc);
     }
 }
 

@@ -76,7 +76,8 @@ static int backward_phase(Phase p) { return p == PHASE_BACKWARD || p == PHASE_WG
 static int kept_anyway(const Graph *g, const uint8_t *read_back, int v)
 {
     Role r = ir_value(g, v)->role;
-    return read_back[v] || r == ROLE_PARAM || r == ROLE_INPUT || r == ROLE_OPT_STATE || r == ROLE_MASTER;
+    return read_back[v] || r == ROLE_PARAM || r == ROLE_INPUT || r == ROLE_OPT_STATE || r == ROLE_MASTER ||
+           r == ROLE_PARAM16;
 }
 
 /* Per value: whether a backward node reads it (now). */

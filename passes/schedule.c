@@ -246,7 +246,10 @@ static int is_to_host(const Graph *g, const Node *n)
     return n->op == OP_to_host && ir_value(g, ir_out(g, n, 0))->role == ROLE_GRAD;
 }
 
-static int is_update(const Node *n) { return n->op == OP_adamw || n->op == OP_sgd; }
+static int is_update(const Node *n)
+{
+    return n->op == OP_adamw || n->op == OP_sgd || n->op == OP_adamw_cast || n->op == OP_sgd_cast;
+}
 
 /* Whether x must stay after y: they share a buffer, unless both are updates, which
  * share only what both read (the learning rate, the coefficient, the step count). */

@@ -39,6 +39,14 @@
  *    into the gathered buffer in place of its cast, for forward and (regathered) backward
  *    alike, as FairScale's mixed precision gathers in compute_dtype. The casts that this
  *    replaces are removed.
+ *  - cast_in_update (on by default, fp16 / bf16 without offload): a unit that is updated
+ *    keeps its 16-bit params between steps (work_copy: ROLE_PARAM16, Value.work of the
+ *    storage), which the optimizer pass's update writes after the fp32 step, so no step
+ *    casts the master: none and ddp read them as they are; zero1 and zero2 keep them
+ *    whole and all-gather the part this rank's update wrote in place, at first use;
+ *    fsdp's gathers send this rank's 16-bit shard. A frozen unit (no update) keeps the
+ *    casts above, and so does offload here: passes/offload.c has the host's update
+ *    write the 16-bit params there instead, which it sends to the device.
  *  - Hybrid sharding (shard_group S, FSDP's HYBRID_SHARD): the D data-parallel ranks are
  *    D/S replica groups of S consecutive ranks. Units are padded and split over the S
  *    ranks of a shard group (a rank's shard: its index in the group, d mod S), gathers
@@ -91,6 +99,8 @@ typedef struct {
                           // and zero1 and zero2 under mixed precision (ZeRO's 16-bit params)
     int cast16;           // none and ddp under mixed precision: each unit's fp32 buffer cast whole to
                           // the compute dtype, once a step, its params views into the cast
+    int work16;           // cast_in_update: a unit that is updated keeps its 16-bit params between steps,
+                          // written by its update (see work_copy) instead of cast from the master each step
     char *drop;           // per node: replaced by this pass, removed at its end
     Unit *units;
     int n_units;
@@ -177,11 +187,14 @@ static int cast_to(Shard *s, int x, DType to, int block, int at, int after)
     return place(s, OP_cast, &x, 1, &a, 1, block, at, after);
 }
 
-/* fsdp's gather of a unit's params: of the fp32 storage, or of its compute copy. */
+/* fsdp's gather of a unit's params: of the fp32 storage, or of its compute copy (the
+ * 16-bit shard its update writes, or a cast of the storage). */
 static int gather(Shard *s, const Unit *u)
 {
     int x = u->storage;
-    if (s->gather16) {
+    if (s->gather16 && s->g->values[u->storage].work >= 0) {
+        x = s->g->values[u->storage].work;
+    } else if (s->gather16) {
         x = cast_to(s, u->storage, s->low, u->block, 0, 0);
         s->g->nodes[s->g->values[x].producer].phase = PHASE_COMM;
     }
@@ -410,10 +423,26 @@ static void params_as_compute_copies(Shard *s)
         if (g->values[v].role == ROLE_PARAM && g->values[v].tied_to < 0) g->values[v].dtype = s->low;
 }
 
-static void layout_params(Shard *s, Unit *u)
+/* cast_in_update: the unit's 16-bit params as state of their own (ROLE_PARAM16), kept between
+ * steps, which the update writes from the fp32 master it has just updated (optimizer.c's
+ * adamw_cast, sgd_cast) and the runtime makes from the master at init and load
+ * (rt_exec_cast_params), so no step casts them: llm.c's update. Of `numel` elements: the
+ * whole unit (none, ddp; zero1 and zero2, whose update writes this rank's part and whose
+ * all-gather fills the rest in place: ZeRO-1 and -2 keep the 16-bit params whole, 2 Psi)
+ * or this rank's shard (fsdp: what its gathers send, 2 Psi / N). */
+static int work_copy(Shard *s, const Unit *u, int64_t numel, int sharded)
+{
+    int w = new_value(s, u, ROLE_PARAM16, s->low, numel, arena_printf(s->g->arena, "flat_param.%s",
+                                                                      dtype_name(s->low)));
+    s->g->values[w].sharded = sharded;
+    return w;
+}
+
+static void layout_params(Shard *s, Unit *u, int trains)
 {
     Graph *g = s->g;
     int fsdp = s->t->shard == SHARD_FSDP || s->gather16;  // the storage is this rank's fp32 shard
+    int work = s->work16 && trains;
     u->storage = new_value(s, u, ROLE_PARAM, DT_F32, fsdp ? u->shard : u->padded, "flat_param");
     if (fsdp) {
         g->values[u->storage].sharded = 1;
@@ -427,11 +456,22 @@ static void layout_params(Shard *s, Unit *u)
     }
     if (u->tied) g->values[u->storage].pipe_copy = g->values[u->shard_view].pipe_copy = 1;
     u->gathered = u->storage;
-    if (s->cast16) {  // one cast of the whole unit, where it is first read (gather_at_first_use)
+    if (work && s->cast16) {
+        u->gathered = g->values[u->storage].work = work_copy(s, u, u->padded, 0);
+    } else if (work && s->t->shard != SHARD_FSDP) {  // zero1, zero2: this rank's part, gathered in place
+        int w = work_copy(s, u, u->padded, 0), part = new_value(s, u, ROLE_PARAM16, s->low, u->shard, NULL);
+        make_view(s, part, w, 0, u->shard);
+        g->values[part].sharded = 1;
+        g->values[u->storage].work = part;
+        u->gathered = collective(s, OP_all_gather, part, 0, OP_GROUP_SHARD, u->block, 0, 0);
+        g->values[u->gathered].name = arena_printf(g->arena, "%s.gathered", unit_name(s, u));
+        make_view(s, u->gathered, w, 0, 0);
+    } else if (s->cast16) {  // one cast of the whole unit, where it is first read (gather_at_first_use)
         u->gathered = cast_to(s, u->storage, s->low, u->block, 0, 0);
         s->g->nodes[s->g->values[u->gathered].producer].phase = PHASE_FORWARD;
         s->g->values[u->gathered].name = arena_printf(s->g->arena, "%s.compute", unit_name(s, u));
     } else if (fsdp) {
+        if (work) g->values[u->storage].work = work_copy(s, u, u->shard, 1);
         u->gathered = gather(s, u);
     } else if (u->shard_view != u->storage) {
         /* In place: the shards all-gathered into the full buffer they belong to. */
@@ -569,7 +609,7 @@ static void gather_at_first_use(Shard *s)
         const Unit *u = &s->units[i];
         for (int run = 0; run < u->n_runs; run++) {
             int v = u->gather_in_run[run];
-            if (v < 0) continue;
+            if (v < 0 || s->g->values[v].producer < 0) continue;  // the update's 16-bit params: no gather
             int at = u->first_in_run[run];
             int x = ir_in(s->g, ir_node(s->g, s->g->values[v].producer), 0);  // its input: a cast to move along
             for (int k = 0; k < s->n_placed; k++) {
@@ -644,6 +684,7 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
     s.gather16 = s.low != DT_F32 && (t->shard == SHARD_FSDP || t->shard == SHARD_ZERO1 || t->shard == SHARD_ZERO2);
     /* (offload casts each unit on the host and copies it to the device instead: passes/offload.c) */
     s.cast16 = s.low != DT_F32 && !s.gather16 && t->offload == OFFLOAD_NONE;
+    s.work16 = s.low != DT_F32 && t->cast_in_update && t->offload == OFFLOAD_NONE;
     size_t most = (size_t)g->n_nodes + 8 * (size_t)ir_unit_count(g->n_blocks) + (size_t)g->n_values + 8;
     s.drop = arena_alloc(g->arena, most);
     if (s.gather16 || s.cast16) params_as_compute_copies(&s);
@@ -659,7 +700,7 @@ int pass_shard(Graph *g, const Options *o, Diag *d)
     for (int i = 0; i < s.n_units; i++) {
         Unit *u = &s.units[i];
         if (!u->n_params) continue;
-        layout_params(&s, u);
+        layout_params(&s, u, has_grads(g, u));
         if (t->shard == SHARD_FSDP || s.gather16 || s.cast16) u->gather_in_run[u->first_run] = u->gathered;
         for (int k = 0; k < u->n_runs; k++)
             if (reshards(&s, u) && k != u->first_run && u->first_in_run[k] < NONE) regather(&s, u, k);

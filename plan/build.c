@@ -297,7 +297,8 @@ double plan_meta_float(const Plan *p, const char *key, double def)
 static const char *const DTYPES[PLAN_DT_COUNT] = {"f32", "f16", "bf16", "i32"};
 static const int DTYPE_SIZES[PLAN_DT_COUNT] = {4, 2, 2, 4};
 static const char *const ROLES[PLAN_ROLE_COUNT] = {"input", "param", "grad", "act", "opt_state",
-                                                   "master", "comm", "scratch", "const", "gathered", "kv_cache"};
+                                                   "master", "comm", "scratch", "const", "gathered", "kv_cache",
+                                                   "param16"};
 static const char *const PLACES[PLAN_PLACE_COUNT] = {"device", "host"};
 static const char *const PHASES[PLAN_PHASE_COUNT] = {"forward", "backward", "recompute",
                                                      "optimizer", "comm", "backward_weight"};
@@ -357,7 +358,7 @@ void plan_tensor_logical_shape(const PlanTensor *t, int64_t *shape)
 int plan_tensor_is_persistent(const PlanTensor *t)
 {
     return t->role == PLAN_ROLE_PARAM || t->role == PLAN_ROLE_OPT_STATE || t->role == PLAN_ROLE_MASTER ||
-           t->role == PLAN_ROLE_INPUT;
+           t->role == PLAN_ROLE_INPUT || t->role == PLAN_ROLE_PARAM16;
 }
 
 const char *plan_tensor_label(const Plan *p, int32_t id)

@@ -52,7 +52,7 @@ typedef enum { PLAN_DT_F32, PLAN_DT_F16, PLAN_DT_BF16, PLAN_DT_I32, PLAN_DT_COUN
 typedef enum {
     PLAN_ROLE_INPUT, PLAN_ROLE_PARAM, PLAN_ROLE_GRAD, PLAN_ROLE_ACT, PLAN_ROLE_OPT_STATE,
     PLAN_ROLE_MASTER, PLAN_ROLE_COMM, PLAN_ROLE_SCRATCH, PLAN_ROLE_CONST, PLAN_ROLE_GATHERED, PLAN_ROLE_KV_CACHE,
-    PLAN_ROLE_COUNT
+    PLAN_ROLE_PARAM16, PLAN_ROLE_COUNT
 } PlanRole;
 /* A tensor's memory space: each program has one arena per space (device memory; pinned
  * host memory), and a tensor's offset is into its space's arena. */

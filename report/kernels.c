@@ -9,8 +9,9 @@
  * moves: the embedding reads only its tokens' rows of the table). Which it does is
  * read from the kernel's own parameter list in the plan's module: a `const T *`
  * parameter is read, any other written, and read too when it is also one of the op's
- * inputs (an update in place: adamw's p, m, v). A kernel whose parameters cannot be
- * found falls back to the op: its outputs (and its fused members') written, the rest read.
+ * inputs (an update in place: adamw's p, m, v; not adamw_cast's w, which it only
+ * writes). A kernel whose parameters cannot be found falls back to the op: its outputs
+ * (and its fused members') written, the rest read.
  *
  * FLOPs are the op's (ir/flops.c, PlanOp.flops), plus those of the members of its fused
  * group (the elementwise ops just before it that have no instruction of their own: the
@@ -99,6 +100,8 @@ static int access_of(const Plan *p, const PlanCuda *in, int a, const unsigned ch
 {
     int32_t t = p->ids[in->args + a];
     const PlanOp *op = &p->ops[in->op];
+    int copy = ops_update_copy_input(op_lookup(plan_str(p, op->op)));
+    if (copy >= 0 && copy < op->n_in && p->ids[op->in + copy] == t) return ACC_WRITE;  // written, never read
     if (is_const) return is_const[a] ? ACC_READ : ACC_WRITE | (has_id(p, op->in, op->n_in, t) ? ACC_READ : 0);
     for (int32_t k = first; k <= in->op; k++)
         if (has_id(p, p->ops[k].out, p->ops[k].n_out, t)) return ACC_WRITE;

@@ -12,15 +12,17 @@
  *    (the view a cast reads, the storage a gather's shard was cast from). It is its
  *    dtype's params, whatever made it: 16-bit params are the casts a ddp or unsharded
  *    16-bit plan makes in the forward, zero1 and zero2's gathers, offload's device
- *    copies. Model state counts a param's copies once, as the largest (a gather holds
- *    the shard cast to send it, a recompute's cast is the forward's again), in the
+ *    copies, and the 16-bit params an update writes and keeps between steps
+ *    (cast_in_update, role param16: a copy of the master it updates). Model state
+ *    counts a param's copies once, as the largest (a gather holds the shard cast to
+ *    send it, a recompute's cast is the forward's again), in the
  *    device space when one is there (offload casts on the host only to send it over).
  *  - fsdp gathers a block's params before each use (its forward, and again its backward
  *    under reshard_after_forward) and frees them after: several gathers of the same
  *    params, working buffers like activations ("gathered params", transient, not model
  *    state), so an fsdp unit's 16-bit params are the 16-bit shard its gathers send:
- *    ZeRO-3's 2 Psi / N, which the plan casts from the fp32 shard before each gather
- *    rather than keeping it. Params gathered once a step are kept for it: zero1's and
+ *    ZeRO-3's 2 Psi / N, which the update writes and keeps (or, with cast_in_update 0,
+ *    the plan casts from the fp32 shard before each gather). Params gathered once a step are kept for it: zero1's and
  *    zero2's (2 Psi), and fsdp's params outside blocks (kept from forward to backward,
  *    like FairScale's root instance) or every unit's under reshard_after_forward 0.
  *  - Grads: every gradient buffer by dtype, but the full buffer a reduce-scatter reads
@@ -153,6 +155,13 @@ int report_state_marks(MemReport *r)
     memset(gathers, 0, sizeof *gathers * n);
     memset(r->marks, 0, n);
     for (int32_t t = 0; t < p->n_tensors; t++) r->copy_of[t] = PLAN_NONE;
+    /* The 16-bit params an update writes (cast_in_update) are a copy of the master it
+     * updates, which the step's gathers read before the update runs: marked first. */
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        const PlanOp *op = &p->ops[k];
+        int at = ops_update_copy_input(op_lookup(plan_str(p, op->op)));
+        if (at >= 0 && at < op->n_in) r->copy_of[r->root[p->ids[op->in + at]]] = param_of(r, p->ids[op->in]);
+    }
     /* In op order, so a copy of a copy (offload's host cast sent to the device) finds
      * the param of the one before. */
     for (int32_t k = 0; k < p->n_ops; k++)
@@ -189,6 +198,7 @@ MemCategory report_category_of(const MemReport *r, int32_t t)
     case PLAN_ROLE_CONST: return MEM_CONSTS;
     case PLAN_ROLE_GATHERED: return MEM_GATHERED;
     case PLAN_ROLE_KV_CACHE: return MEM_KV_CACHE;
+    case PLAN_ROLE_PARAM16: return by_width(x->dtype, MEM_PARAMS16, MEM_PARAMS32);
     case PLAN_ROLE_ACT:
     case PLAN_ROLE_COUNT: break;
     }

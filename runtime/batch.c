@@ -7,7 +7,7 @@
  *   - GROUP: a fused group of elementwise ops as passes/fuse.c makes them (consecutive,
  *     one block, phase and space, one output shape, each member after the first reading
  *     an earlier member's output), run chunk by chunk (cpu/group.c);
- *   - ADAMW: consecutive adamw updates (one per flat unit), one loop over all their chunks.
+ *   - ADAMW: consecutive adamw updates (one per flat unit; or adamw_cast), one loop over all their chunks.
  * (The gradient norm's sumsq_parts is one op per unit, parallel over its chunks within the
  * op: cpu/reduce.c.) Each is bit for bit its ops run one by one: the kernels compute every element (every
  * block of a sum) as the single calls do. That holds only while no op of a run writes
@@ -15,7 +15,7 @@
  * not assumed from the passes: a run whose buffers could interfere stays op by op.
  *   GROUP: two members' tensors, one an output, overlap only as the very same bytes of
  *     the group's full shape (an output read by a later member, an update in place);
- *   ADAMW: the updated p, m and v of every member are apart from each other and from
+ *   ADAMW: the updated p, m and v (and adamw_cast's w) of every member are apart from each other and from
  *     every tensor any member reads.
  * A member after a run's first has no wait of its own (the schedule's waits are for
  * collectives; a run never spans one).
@@ -135,7 +135,7 @@ static int adamw_apart(const KCall *const *k, int n, Span *w, Span *r)
     int64_t nw = 0, nr = 0;
     for (int i = 0; i < n; i++) {
         for (int j = 0; j < k[i]->n_in; j++) {
-            if (j == 0 || j == 2 || j == 3) w[nw++] = span(&k[i]->in[j]);  // p, m, v
+            if (j == 0 || j == 2 || j == 3 || j == 7) w[nw++] = span(&k[i]->in[j]);  // p, m, v, w
             else r[nr++] = span(&k[i]->in[j]);
         }
     }
@@ -150,8 +150,8 @@ static int32_t find(const RtBatches *b, const Plan *p, const unsigned char *may,
     int32_t n = p->n_ops, end = k + 1;
     if (!may[k]) return 0;
     OpKind o = kind_of(p, k);
-    if (o == OP_adamw) {
-        while (end < n && may[end] && kind_of(p, end) == OP_adamw && !pop(p, end)->n_wait &&
+    if (o == OP_adamw || o == OP_adamw_cast) {
+        while (end < n && may[end] && kind_of(p, end) == o && !pop(p, end)->n_wait &&
                pop(p, end)->phase == pop(p, k)->phase)
             end++;
         if (end - k < 2 || !adamw_apart(call + k, end - k, w, r)) return 0;

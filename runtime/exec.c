@@ -401,6 +401,7 @@ static int init_tensors(Exec *e, uint64_t seed, char *err, size_t errlen)
         rt_init_param(plan_str(p, p->tensors[from].name), seed, t->init, t->init_a, t->init_b, 0, own, (float *)data);
         memset((float *)data + own, 0, sizeof(float) * (size_t)(n - own));
     }
+    rt_exec_cast_params(e);
     if (e->rng) {  // the step word is written before each step (rt_exec_set_step)
         e->rng[0] = (int32_t)(uint32_t)seed, e->rng[1] = (int32_t)(uint32_t)(seed >> 32);
         e->rng[2] = 0, e->rng[3] = e->rank;

@@ -147,7 +147,8 @@ static void mark_writes(Guard *g, int32_t k, uint8_t on)
     for (int32_t i = 0; i < op->n_in; i++) {
         int32_t r = root_of(p, p->ids[op->in + i]);
         PlanRole role = p->tensors[r].role;
-        if (role == PLAN_ROLE_PARAM || role == PLAN_ROLE_OPT_STATE || role == PLAN_ROLE_MASTER || role == PLAN_ROLE_KV_CACHE)
+        if (role == PLAN_ROLE_PARAM || role == PLAN_ROLE_OPT_STATE || role == PLAN_ROLE_MASTER ||
+            role == PLAN_ROLE_KV_CACHE || role == PLAN_ROLE_PARAM16)
             g->writes[r] = on;
     }
 }

@@ -20,10 +20,16 @@
  * slices put together are the unsharded tensors. Views are never initialized on their own.
  * A padded param (passes/pad_vocab.c) is initialized as its logical tensor, its first
  * elements; its padding rows start at zero.
+ *
+ * 16-bit params an update writes (cast_in_update: adamw_cast, sgd_cast) are never drawn
+ * nor saved: rt_exec_cast_params makes them from their master after init and after every
+ * load, as the update's kernel would, so the first step reads what the master holds.
  */
 #include <math.h>
 #include <string.h>
 
+#include "kernels.h"
+#include "ops.h"
 #include "philox.h"
 #include "runtime.h"
 
@@ -142,4 +148,23 @@ void rt_flat_owned(const Plan *p, int32_t storage, int world, RtOwned *o)
         return;
     }
     *o = (RtOwned){.flat_first = s->flat_offset, .count = n, .byte_offset = s->offset, .replicated = 1};
+}
+
+/* ---- 16-bit params the update writes ------------------------------------------------ */
+
+void rt_exec_cast_params(Exec *e)
+{
+    const Plan *p = rt_exec_plan(e);
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        int at = ops_update_copy_input(op_lookup(plan_str(p, p->ops[k].op)));
+        if (at < 0 || p->ops[k].n_in <= at) continue;
+        int32_t master = p->ids[p->ops[k].in], w = p->ids[p->ops[k].in + at];
+        const float *src = rt_exec_data(e, master);
+        uint16_t *dst = rt_exec_data(e, w);
+        int bf16 = p->tensors[w].dtype == PLAN_DT_BF16;
+        int64_t n = plan_tensor_numel(&p->tensors[master]);
+        if (!src || !dst) continue;  // a host mirror holds both (persistent state), or neither
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16 ? cpu_f32_to_bf16(src[i]) : cpu_f32_to_f16(src[i]);
+    }
 }

@@ -389,6 +389,9 @@ static int optimizer(OpCheck *c, int n_f32, int scalars)
 
 static int extra_adamw(OpCheck *c) { return optimizer(c, 6, 4); }
 static int extra_sgd(OpCheck *c) { return optimizer(c, 5, 3); }
+/* (w, after the step: the shape rule checks it is a 16-bit copy of p) */
+static int extra_adamw_cast(OpCheck *c) { return optimizer(c, 6, 4); }
+static int extra_sgd_cast(OpCheck *c) { return optimizer(c, 5, 3); }
 
 /* A collective runs across its group: the program's data-parallel ranks (group 0), the
  * stages (group 1), or with hybrid sharding the shard group (2: S of them, the plan's
@@ -427,6 +430,7 @@ static int (*const extra[OP_COUNT])(OpCheck *) = {
     [OP_attention_bwd] = extra_attention_bwd, [OP_lr_at] = extra_lr_at,   [OP_clip_coef] = extra_clip_coef,
     [OP_count_step] = extra_count_step,  [OP_scale_update] = extra_scale_update,
     [OP_adamw] = extra_adamw,            [OP_sgd] = extra_sgd,
+    [OP_adamw_cast] = extra_adamw_cast,  [OP_sgd_cast] = extra_sgd_cast,
     [OP_attention_qkv_bwd] = extra_attention_qkv_bwd,
     [OP_attention_qkv_masked_bwd] = extra_attention_qkv_masked_bwd,
     [OP_layernorm_bwd_add] = extra_layernorm_bwd, [OP_rmsnorm_bwd_add] = extra_rmsnorm_bwd,

@@ -152,6 +152,8 @@ static unsigned updated_inputs(OpKind k)
     static const unsigned mask[OP_COUNT] = {
         [OP_adamw] = 1u << 0 | 1u << 2 | 1u << 3,  // p, m, v
         [OP_sgd] = 1u << 0 | 1u << 2,              // p, buf
+        [OP_adamw_cast] = 1u << 0 | 1u << 2 | 1u << 3 | 1u << 7,  // p, m, v, w
+        [OP_sgd_cast] = 1u << 0 | 1u << 2 | 1u << 6,              // p, buf, w
         [OP_count_step] = 1u << 0,                 // count
         [OP_scale_update] = 1u << 1 | 1u << 2,     // scale, good
         [OP_attention_decode] = 1u << 3 | 1u << 4, // kcache, vcache
@@ -365,7 +367,8 @@ static int check_read(Mem *m, int32_t k, char *err, size_t errlen)
     if (index != RT_INDEX_NONE)
         return check_index(m, k, idx, index == RT_INDEX_ROWS ? "indices" : "targets", n, err, errlen);
     switch (kind_of(m, k)) {
-    case OP_adamw: return check_step(m, k, err, errlen);
+    case OP_adamw:
+    case OP_adamw_cast: return check_step(m, k, err, errlen);
     case OP_count_step:
     case OP_scale_update: {
         int slot = kind_of(m, k) == OP_count_step ? 0 : 2;
@@ -395,15 +398,16 @@ static int check_updates(Mem *m, int32_t k, char *err, size_t errlen)
 {
     const Plan *p = m->p;
     unsigned upd = updated_inputs(kind_of(m, k));
-    if (kind_of(m, k) == OP_sgd && attr_is_zero(p, k, "momentum")) upd &= ~(1u << 2);
+    if ((kind_of(m, k) == OP_sgd || kind_of(m, k) == OP_sgd_cast) && attr_is_zero(p, k, "momentum")) upd &= ~(1u << 2);
     for (int32_t i = 0; i < p->ops[k].n_in && upd; i++) {
         if (!((upd >> i) & 1)) continue;
         int32_t t = in_of(p, k, i);
         PlanRole role = p->tensors[m->root[t]].role;
-        if (role != PLAN_ROLE_PARAM && role != PLAN_ROLE_OPT_STATE && role != PLAN_ROLE_MASTER && role != PLAN_ROLE_KV_CACHE)
+        if (role != PLAN_ROLE_PARAM && role != PLAN_ROLE_OPT_STATE && role != PLAN_ROLE_MASTER &&
+            role != PLAN_ROLE_KV_CACHE && role != PLAN_ROLE_PARAM16)
             return fail_op(m, k, err, errlen, "updates input %d, tensor %d (%s), in place, but its buffer is %s, not a "
-                           "param, optimizer state, master weight or KV cache", i, t, plan_tensor_label(p, t),
-                           plan_role_name(role));
+                           "param, its 16-bit copy, optimizer state, master weight or KV cache", i, t,
+                           plan_tensor_label(p, t), plan_role_name(role));
     }
     return 0;
 }

@@ -255,6 +255,7 @@ int rt_checkpoint_load_as(const RtCheckpoint *c, Exec *e, int partial, RtResumed
             void *dst = rt_exec_data(e, i), *src = rt_exec_data(e, pt->tied_to);
             if (dst != src) memmove(dst, src, (size_t)plan_tensor_nbytes(pt));
         }
+        rt_exec_cast_params(e);  // the 16-bit params the update writes: from the loaded master
     }
     rc = rt_comm_agree(rc ? 1 : 0) ? -1 : 0;
     if (!rc && account(c, need, n, keep, skip, partial, rt_exec_whole(e), r, err, errlen)) rc = -1;

@@ -186,6 +186,10 @@ int rt_exec_stages(const Exec *e);
 /* Where tensor id lives on this rank (offset + rank * rank_stride); NULL for a tensor a
  * host mirror does not hold. */
 void *rt_exec_data(const Exec *e, int32_t id);
+/* runtime/init.c: the 16-bit params each adamw_cast and sgd_cast writes (cast_in_update), made from the
+ * master it updates (this rank's part of both), as its kernel makes them after a step:
+ * after init and after a load of weights or a checkpoint. */
+void rt_exec_cast_params(Exec *e);
 int64_t rt_exec_arena_bytes(const Exec *e);  // the device space's
 int64_t rt_exec_space_bytes(const Exec *e, PlanPlace s);
 /* Bytes of space s held from its start (the planned size, or a mirror's prefix), and all

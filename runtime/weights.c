@@ -413,5 +413,6 @@ int rt_load_weights_as(Exec *e, const char *path, RtWeightsFormat fmt, char *err
         void *dst = rt_exec_data(e, i), *src = rt_exec_data(e, pt->tied_to);
         if (dst != src) memmove(dst, src, (size_t)plan_tensor_nbytes(pt));
     }
+    rt_exec_cast_params(e);
     return 0;
 }

@@ -4,7 +4,8 @@
  * cut the arena, the whole compiler pipeline runs again in process with that one
  * setting changed, and the arena it plans is compared with this one. A setting whose
  * pass does not exist yet is never offered. The text report's vocabulary padding line
- * compares the arena the same way, with --pad_vocab 0.
+ * compares the arena the same way, with --pad_vocab 0, and its line on the 16-bit params
+ * the updates keep, with --cast_in_update 0.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -215,6 +216,15 @@ static const PlanTensor *padded_copy(const Plan *p, const PlanTensor **copy)
     return NULL;
 }
 
+/* The largest device arena of the plan's programs. */
+static int64_t plan_arena_most(const Plan *p)
+{
+    int64_t most = 0;
+    for (int32_t g = 0; g < p->n_programs; g++)
+        if (p->programs[g].space_bytes[PLAN_PLACE_DEVICE] > most) most = p->programs[g].space_bytes[PLAN_PLACE_DEVICE];
+    return most;
+}
+
 /* The vocabulary padding's line (passes/pad_vocab.c), when the plan pads one: the padded
  * param's shapes (or those of the padded copy a [C, V] head is read through), and what the
  * padding adds to the (largest) device arena, against the same model compiled again with
@@ -226,10 +236,7 @@ static void print_padding(const Plan *p, const FscMem *m, FILE *out)
         if (p->tensors[i].role == PLAN_ROLE_PARAM && p->tensors[i].logical_rows && p->tensors[i].name != PLAN_NONE)
             t = &p->tensors[i];
     if (!t && !cols) return;
-    int64_t padded = 0;
-    for (int32_t g = 0; g < p->n_programs; g++)
-        padded = p->programs[g].space_bytes[PLAN_PLACE_DEVICE] > padded ? p->programs[g].space_bytes[PLAN_PLACE_DEVICE]
-                                                                        : padded;
+    int64_t padded = plan_arena_most(p);
     Setting off = {"pad_vocab", "0"};
     int64_t plain = arena_with(m, NULL, &off, 1);
     char a[32], b[32];
@@ -250,6 +257,29 @@ static void print_padding(const Plan *p, const FscMem *m, FILE *out)
     if (plain >= 0)
         fprintf(out, "  the padding adds %s bytes to the device arena (%s bytes with --pad_vocab 0)\n",
                 report_grouped(padded - plain, a, sizeof a), report_grouped(plain, b, sizeof b));
+}
+
+/* The 16-bit params the updates write and keep between steps (cast_in_update, role
+ * param16), when the plan has them: their bytes, and what keeping them costs the device
+ * arena against the same model compiled again with --cast_in_update 0 (which casts them
+ * from the master before their first use in each step, freed after their last). */
+static void print_param16(const Plan *p, const FscMem *m, FILE *out)
+{
+    int64_t bytes = 0;
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].role == PLAN_ROLE_PARAM16 && p->tensors[i].alias == PLAN_NONE &&
+            p->tensors[i].place == PLAN_PLACE_DEVICE)
+            bytes += plan_tensor_nbytes(&p->tensors[i]);
+    if (!bytes) return;
+    Setting off = {"cast_in_update", "0"};
+    int64_t kept = plan_arena_most(p), cast = arena_with(m, NULL, &off, 1);
+    char a[32], b[32], c[32];
+    fprintf(out, "16-bit params kept between steps (--cast_in_update 1): %s bytes, written by each unit's update\n",
+            report_grouped(bytes, a, sizeof a));
+    if (cast >= 0)
+        fprintf(out, "  keeping them %s %s bytes %s the device arena (%s bytes with --cast_in_update 0)\n",
+                kept >= cast ? "adds" : "saves", report_grouped(kept >= cast ? kept - cast : cast - kept, b, sizeof b),
+                kept >= cast ? "to" : "of", report_grouped(cast, c, sizeof c));
 }
 
 /* The page into memory first, so a failed render leaves no half-written file. With
@@ -315,7 +345,7 @@ int fsc_mem(const Plan *p, const FscMem *m)
     int rc = 0;
     if (m->out == MEM_OUT_TEXT) report_stages_print(st, stdout);
     if (m->out == MEM_OUT_TEXT) report_forward_print(p, stdout);
-    if (m->out == MEM_OUT_TEXT) print_padding(p, m, stdout);
+    if (m->out == MEM_OUT_TEXT) print_padding(p, m, stdout), print_param16(p, m, stdout);
     if (m->out == MEM_OUT_JSON && report_stages_json(st, stdout)) {
         fprintf(stderr, "fsc: error: could not write the JSON report\n");
         rc = 1;

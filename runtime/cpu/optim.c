@@ -1,5 +1,7 @@
 /* runtime/cpu/optim.c: the optimizer step: lr_at (the learning-rate schedule),
- * clip_coef (global-norm clipping), adamw and sgd.
+ * clip_coef (global-norm clipping), adamw and sgd; adamw_cast and sgd_cast, the same updates
+ * that also write w, the 16-bit copy of the params they updated (passes/shard.c's
+ * cast_in_update), rounded as cast.c rounds, from each chunk while it is in cache.
  *
  * Scalars travel as rank-0 tensors (f32; the step is an i32 holding the 1-based step
  * number) so the whole update is part of the plan. adamw and sgd follow
@@ -40,11 +42,13 @@
 static float scalar_f(const KTensor *t) { return fdata(t)[0]; }
 
 /* The first n inputs f32 (a broken plan otherwise: the precision pass casts first), but
- * for the updates' gradient, input 1 (`grad16`), which may be 16-bit too. */
+ * for the updates' gradient, input 1 (`grad16`), which may be 16-bit too, and so may sgd's
+ * buffer without momentum, which is the gradient itself (never read then). */
 static void want_f32(const KCall *k, int n, const char *op, int grad16)
 {
     for (int i = 0; i < n; i++)
-        KCHECK(k->in[i].dtype == KT_F32 || (grad16 && i == 1 && k->in[i].dtype != KT_I32),
+        KCHECK(k->in[i].dtype == KT_F32 ||
+                   (grad16 && (i == 1 || k->in[i].data == k->in[1].data) && k->in[i].dtype != KT_I32),
                "%s: input %d has dtype %d; the optimizer takes f32 only", op, i, k->in[i].dtype);
 }
 static int64_t scalar_i(const KTensor *t) { return idata(t)[0]; }
@@ -144,7 +148,8 @@ static AdamWStep adamw_step(double lr, double b1, double b2, double eps, double 
     };
 }
 
-/* The checks of an adamw call, and its step's constants; 0 for a skipped step. */
+/* The checks of an adamw or adamw_cast call (its attributes follow its tensors: 7 or 8),
+ * and its step's constants; 0 for a skipped step. */
 static int adamw_prep(const KCall *k, AdamWStep *s)
 {
     want_f32(k, 6, "adamw", 1);
@@ -152,11 +157,34 @@ static int adamw_prep(const KCall *k, AdamWStep *s)
     float coef = scalar_f(&k->in[5]);
     if (isnan(coef)) return 0;  // a skipped step
     KCHECK(step >= 1, "adamw: step %lld is not 1-based", (long long)step);
-    *s = adamw_step(scalar_f(&k->in[4]), k->attr[7], k->attr[8], k->attr[9], k->attr[10], coef, step);
+    const double *a = k->attr + k->n_in;
+    *s = adamw_step(scalar_f(&k->in[4]), a[0], a[1], a[2], a[3], coef, step);
     return 1;
 }
 
-/* Elements [t CHUNK, (t + 1) CHUNK) of an adamw call. */
+KSIMD static void store_bf16(uint16_t *w, const float *p, int64_t n)
+{
+    VEC_LOOP
+    for (int64_t i = 0; i < n; i++) w[i] = st_bf16(p[i]);
+}
+
+KSIMD static void store_f16(uint16_t *w, const float *p, int64_t n)
+{
+    VEC_LOOP
+    for (int64_t i = 0; i < n; i++) w[i] = st_f16(p[i]);
+}
+
+/* adamw_cast, sgd_cast: w's elements [i0, i0 + n), the 16-bit copy of p's just updated. */
+static void store_w(const KCall *k, int at, int64_t i0, int64_t n)
+{
+    const KTensor *w = &k->in[at];
+    KCHECK(w->dtype == KT_BF16 || w->dtype == KT_F16, "%s: w has dtype %d; it must be 16-bit",
+           at == 7 ? "adamw_cast" : "sgd_cast", w->dtype);
+    if (w->dtype == KT_BF16) store_bf16((uint16_t *)w->data + i0, fdata(&k->in[0]) + i0, n);
+    else store_f16((uint16_t *)w->data + i0, fdata(&k->in[0]) + i0, n);
+}
+
+/* Elements [t CHUNK, (t + 1) CHUNK) of an adamw or adamw_cast call. */
 static void adamw_task(const KCall *k, AdamWStep s, int64_t t)
 {
     int64_t i0 = t * CHUNK, len = imin(CHUNK, k->in[0].numel - i0);
@@ -166,6 +194,7 @@ static void adamw_task(const KCall *k, AdamWStep s, int64_t t)
     if (gt == KT_F32) adamw_chunk(p, (const float *)g + i0, m, v, len, s);
     else if (gt == KT_F16) adamw_chunk_f16(p, (const uint16_t *)g + i0, m, v, len, s);
     else adamw_chunk_bf16(p, (const uint16_t *)g + i0, m, v, len, s);
+    if (k->n_in == 8) store_w(k, 7, i0, len);
 }
 
 static int64_t chunks(int64_t n) { return (n + CHUNK - 1) / CHUNK; }
@@ -180,7 +209,10 @@ void cpu_adamw(const KCall *k)
     for (int64_t t = 0; t < chunks(n); t++) adamw_task(k, s, t);
 }
 
-/* n adamw calls on disjoint buffers as one loop over all their chunks: each chunk is
+/* adamw_cast(p, g, m, v, lr, coef, step, w; beta1, beta2, eps, weight_decay): adamw, then w = p. */
+void cpu_adamw_cast(const KCall *k) { cpu_adamw(k); }
+
+/* n adamw (or adamw_cast) calls on disjoint buffers as one loop over all their chunks: each chunk is
  * computed as cpu_adamw computes it, so the bits are the same. first: n + 1 task
  * counts' prefix sums, filled here. */
 void cpu_adamw_many(const KCall *const *k, int n, int64_t *first)
@@ -235,7 +267,8 @@ SGD_CHUNK(sgd_chunk, float, G_F32)
 SGD_CHUNK(sgd_chunk_f16, uint16_t, G_F16)
 SGD_CHUNK(sgd_chunk_bf16, uint16_t, G_BF16)
 
-/* sgd(p, g, buf, lr, coef, step; momentum, weight_decay): dampening 0, no nesterov. */
+/* sgd(p, g, buf, lr, coef, step; momentum, weight_decay): dampening 0, no nesterov; and
+ * sgd_cast(p, g, buf, lr, coef, step, w; momentum, weight_decay), which then writes w = p. */
 void cpu_sgd(const KCall *k)
 {
     want_f32(k, 5, "sgd", 1);
@@ -243,8 +276,8 @@ void cpu_sgd(const KCall *k)
     float *p = fdata(&k->in[0]), *buf = fdata(&k->in[2]);
     const void *g = k->in[1].data;
     int gt = k->in[1].dtype;
-    SgdStep s = {.coef = scalar_f(&k->in[4]), .wd = (float)k->attr[7], .lr = scalar_f(&k->in[3]),
-                 .mom = (float)k->attr[6]};
+    const double *a = k->attr + k->n_in;  // the attributes follow the tensors: 6 or 7
+    SgdStep s = {.coef = scalar_f(&k->in[4]), .wd = (float)a[1], .lr = scalar_f(&k->in[3]), .mom = (float)a[0]};
     if (isnan(s.coef)) return;  // a skipped step
     s.form = s.mom == 0.0f ? SGD_PLAIN : step == 1 ? SGD_FIRST : SGD_MOMENTUM;
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
@@ -254,8 +287,11 @@ void cpu_sgd(const KCall *k)
         if (gt == KT_F32) sgd_chunk(p + i0, (const float *)g + i0, buf + i0, len, s);
         else if (gt == KT_F16) sgd_chunk_f16(p + i0, (const uint16_t *)g + i0, buf + i0, len, s);
         else sgd_chunk_bf16(p + i0, (const uint16_t *)g + i0, buf + i0, len, s);
+        if (k->n_in == 7) store_w(k, 6, i0, len);
     }
 }
+
+void cpu_sgd_cast(const KCall *k) { cpu_sgd(k); }
 
 /* count_step(count, coef): the optimizer's own step count (AdamW's bias correction, SGD's
  * first momentum step) advances only on steps that are not skipped, as with PyTorch's

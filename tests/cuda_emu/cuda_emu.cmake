@@ -188,6 +188,12 @@ if(NOT FS_FUZZ)
                    $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu> ${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/train)
   set_tests_properties(cuda_emu_fsexec_train PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT}
                        ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache;FS_CUDA_EMU_MEASURE=0")
+  # adamw_cast and sgd_cast on the device: --cast_in_update 1 trains as 0, to the bit (tests/cuda_emu/cast_update.py).
+  add_test(NAME cuda_emu_cast_update
+           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/cast_update.py $<TARGET_FILE:fsc>
+                   $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu> ${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cast_update)
+  set_tests_properties(cuda_emu_cast_update PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT}
+                       ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache;FS_CUDA_EMU_MEASURE=0")
   # samples/vit.fsm's parity plan (tests/py/vit.py) with --device cuda against the CPU backend.
   add_test(NAME cuda_emu_vit
            COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/py/vit.py $<TARGET_FILE:fsc>

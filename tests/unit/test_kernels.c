@@ -62,13 +62,16 @@ Test(kernels, reads_and_writes_from_the_parameters)
     char err[256];
     KernReport *r = report_kernels_new(p, 0, &GPU, err, sizeof err);
     cr_assert(r, "%s", err);
-    /* adamw(p, g, m, v, lr, coef, step): every argument read, p, m and v written back */
-    const KernLaunch *a = nth(r, "adamw", 0);
+    /* adamw_cast(p, g, m, v, lr, coef, step, w): every argument but w read, p, m and v
+     * written back, w (the 16-bit params) written only */
+    const KernLaunch *a = nth(r, "adamw_cast", 0);
     cr_assert(a);
     double all = 0;
     for (int i = 0; i < 7; i++) all += nbytes(p, arg(p, a, i));
     cr_assert_eq(a->bytes_read, all);
-    cr_assert_eq(a->bytes_written, nbytes(p, arg(p, a, 0)) + nbytes(p, arg(p, a, 2)) + nbytes(p, arg(p, a, 3)));
+    cr_assert_eq(a->bytes_written, nbytes(p, arg(p, a, 0)) + nbytes(p, arg(p, a, 2)) + nbytes(p, arg(p, a, 3)) +
+                                       nbytes(p, arg(p, a, 7)));
+    cr_assert_eq(nbytes(p, arg(p, a, 7)) * 2, nbytes(p, arg(p, a, 0)), "w is bf16 p");
     cr_assert(!a->tensor_core);
     /* layernorm_bwd's kernels: partials into dx's bytes (x, dy read; dx written), the
      * finish (dx read; dw, db written), dx (x, w, dy read; dx written) */

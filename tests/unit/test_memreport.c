@@ -267,8 +267,9 @@ Test(memreport, model_state_per_param_is_zero_accounting)
 
 /* A 16-bit copy of a param is 16-bit params whatever made it: the casts of an unsharded
  * or ddp plan's forward (and of a recompute), zero2's gathers (kept for the step), the
- * shards fsdp casts to gather; fsdp's gathers themselves are per use, "gathered params".
- * None of them is an activation, saved or not. */
+ * shards fsdp casts to gather, and the 16-bit params the update writes and keeps
+ * (cast_in_update: instead of those casts but a frozen unit's); fsdp's gathers themselves
+ * are per use, "gathered params". None of them is an activation, saved or not. */
 Test(memreport, param_copies_are_16bit_params_not_activations)
 {
     static const char *const runs[][3] = {
@@ -295,7 +296,13 @@ Test(memreport, param_copies_are_16bit_params_not_activations)
                 cr_expect_eq(r->cat[out], strcmp(runs[k][0], "fsdp") || op->block == PLAN_NONE ? MEM_PARAMS16 : MEM_GATHERED,
                              "%s: op %d gathers into %s", runs[k][0], i, report_category_name((MemCategory)r->cat[out]));
         }
-        cr_expect_gt(copies, 0, "%s: the plan casts its params", runs[k][0]);
+        for (int32_t t = 0; t < p->n_tensors; t++)
+            if (p->tensors[t].role == PLAN_ROLE_PARAM16 && p->tensors[t].alias == PLAN_NONE) {
+                copies++;
+                cr_expect_eq(r->cat[t], MEM_PARAMS16, "%s: %s is %s", runs[k][0], plan_str(p, p->tensors[t].name),
+                             report_category_name((MemCategory)r->cat[t]));
+            }
+        cr_expect_gt(copies, 0, "%s: the plan casts its params, or its updates write them", runs[k][0]);
         report_mem_free(r);
         plan_free(p);
     }

@@ -332,21 +332,27 @@ Test(opcheck, backward_ops_against_their_forward_ops)
 }
 
 /* The optimizer's state is f32; its gradient (input 1) may be 16-bit, read as it is,
- * but not an integer. */
+ * but not an integer; the params it writes besides (adamw_cast's w) are 16-bit. */
 Test(opcheck, optimizer_inputs_are_f32)
 {
     Plan *p = gpt2("bf16", "none", "1");
-    int32_t k = find_op(p, "adamw", 0), m = *input(p, k, 2);
+    int32_t k = find_op(p, "adamw_cast", 0), m = *input(p, k, 2);
     const PlanTensor *t = &p->tensors[m];
     cr_expect_eq(p->tensors[*input(p, k, 1)].dtype, PLAN_DT_BF16, "adamw reads the bf16 gradient");
     *input(p, k, 2) = retyped(p, m, PLAN_DT_BF16, t->rank, t->shape);
     expect_refused(p, op_label(p, k), "input 2", "should be f32", NULL);
     plan_free(p);
     p = gpt2("bf16", "none", "1");
-    k = find_op(p, "adamw", 0);
+    k = find_op(p, "adamw_cast", 0);
     int32_t g = *input(p, k, 1);
     *input(p, k, 1) = retyped(p, g, PLAN_DT_I32, p->tensors[g].rank, p->tensors[g].shape);
     expect_refused(p, op_label(p, k), "input 1", "should be a float tensor", NULL);
+    plan_free(p);
+    p = gpt2("bf16", "none", "1");
+    k = find_op(p, "adamw_cast", 0);
+    int32_t w = *input(p, k, 7);
+    *input(p, k, 7) = retyped(p, w, PLAN_DT_F32, p->tensors[w].rank, p->tensors[w].shape);
+    expect_refused(p, op_label(p, k), "w must be a 16-bit copy of p", NULL);
     plan_free(p);
 }
 

@@ -24,14 +24,21 @@
 static const Define GPT2[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"T", 16}, {"V", 256}, {"B", 8}};
 static const Define LLAMA[] = {{"L", 2}, {"C", 32}, {"NH", 2}, {"F", 64}, {"T", 16}, {"V", 256}, {"B", 8}};
 
-static Plan *compile(const char *file, const Define *defs, int n_defs, int m, const char *shard, const char *precision,
-                     const char *recompute, const char *reshard)
+/* With cast_in_update (0 or 1; passes/shard.c) as `cast`. */
+static Plan *compile_cast(const char *file, const Define *defs, int n_defs, int m, const char *shard,
+                          const char *precision, const char *recompute, const char *reshard, const char *cast)
 {
     char mb[16];
     snprintf(mb, sizeof mb, "%d", m);
     Setting set[] = {{"microbatches", mb}, {"shard", shard}, {"precision", precision}, {"recompute", recompute},
-                     {"reshard_after_forward", reshard}};
-    return sample_compile(file, defs, n_defs, set, 5, NULL);
+                     {"reshard_after_forward", reshard}, {"cast_in_update", cast}};
+    return sample_compile(file, defs, n_defs, set, 6, NULL);
+}
+
+static Plan *compile(const char *file, const Define *defs, int n_defs, int m, const char *shard, const char *precision,
+                     const char *recompute, const char *reshard)
+{
+    return compile_cast(file, defs, n_defs, m, shard, precision, recompute, reshard, "1");
 }
 
 static void check_same_gradients(const char *file, const Define *defs, int n_defs, const char *shard,
@@ -109,16 +116,23 @@ Test(pipeline, partial_sums_share_the_last_ones_bytes)
     plan_free(p);
 }
 
-/* Each unit's params are cast to 16 bits once a step (its whole flat buffer in one
- * cast), whatever the micro-batches and recompute: as many casts to bf16 as with one
- * micro-batch, one per unit (and none in a recompute), and every cast before the first
- * micro-batch's first op (the step's work, no micro-batch). */
+/* With cast_in_update 0, each unit's params are cast to 16 bits once a step (its whole
+ * flat buffer in one cast), whatever the micro-batches and recompute: as many casts to
+ * bf16 as with one micro-batch, one per unit (and none in a recompute), and every cast
+ * before the first micro-batch's first op (the step's work, no micro-batch). With it on
+ * (the default) the update writes them: no cast of a param at all. */
 Test(pipeline, params_cast_once_a_step)
 {
+    Plan *kept = compile("gpt2.fsm", GPT2, 6, 4, "none", "bf16", "all", "1");
+    for (int32_t k = 0; k < kept->n_ops; k++)
+        cr_expect(strcmp(plan_str(kept, kept->ops[k].op), "cast") ||
+                      kept->tensors[kept->ids[kept->ops[k].in]].role != PLAN_ROLE_PARAM,
+                  "op %d casts a param: the update writes the 16-bit params", k);
+    plan_free(kept);
     for (int r = 0; r < 2; r++) {
         const char *recompute = r ? "all" : "none";
-        Plan *one = compile("gpt2.fsm", GPT2, 6, 1, "none", "bf16", "none", "1");
-        Plan *four = compile("gpt2.fsm", GPT2, 6, 4, "none", "bf16", recompute, "1");
+        Plan *one = compile_cast("gpt2.fsm", GPT2, 6, 1, "none", "bf16", "none", "1", "0");
+        Plan *four = compile_cast("gpt2.fsm", GPT2, 6, 4, "none", "bf16", recompute, "1", "0");
         int casts = 0, last_cast = -1, first_mb = four->n_ops;
         for (int32_t k = 0; k < four->n_ops; k++) {
             const PlanOp *op = &four->ops[k];

@@ -187,7 +187,7 @@ static void check_host_updates_in_backward(const char *shard, const char *world,
     for (int32_t k = 0; k < p->n_ops; k++)
         if (p->ops[k].phase == PLAN_PHASE_BACKWARD && !plan_op_on_host(p, k)) last_backward = k;
     for (int32_t k = 0; k < p->n_ops; k++) {
-        if (strcmp(plan_str(p, p->ops[k].op), "adamw")) continue;
+        if (strcmp(plan_str(p, p->ops[k].op), "adamw") && strcmp(plan_str(p, p->ops[k].op), "adamw_cast")) continue;
         cr_assert(plan_op_on_host(p, k), "%s: op %d", shard, k);
         n_updates++;
         int32_t grad = p->ids[p->ops[k].in + 1], copy = -1;
