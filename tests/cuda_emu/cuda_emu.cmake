@@ -149,6 +149,13 @@ if(NOT FS_FUZZ)
                    $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu> ${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/train)
   set_tests_properties(cuda_emu_fsexec_train PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT}
                        ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache;FS_CUDA_EMU_MEASURE=0")
+  # Offload's delayed update against a float64 PyTorch reference of its maths, on the CPU
+  # backend and --device cuda through cuda-emu; resume bit for bit; its refusals.
+  add_test(NAME delayed_update
+           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/py/delayed_update.py $<TARGET_FILE:fsc>
+                   $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu>)
+  set_tests_properties(delayed_update PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT}
+                       ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache;FS_CUDA_EMU_MEASURE=0")
   # samples/vit.fsm's parity plan (tests/py/vit.py) with --device cuda against the CPU backend.
   add_test(NAME cuda_emu_vit
            COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/py/vit.py $<TARGET_FILE:fsc>
