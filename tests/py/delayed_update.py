@@ -123,9 +123,13 @@ def check_run(label, log, final, ref_log, ref_final, plain_final):
 
 
 def main():
+    with tempfile.TemporaryDirectory(prefix="fs_delayed_") as wd:
+        check(wd)
+
+
+def check(wd):
     fsc, fsexec = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     emu = os.path.abspath(sys.argv[3]) if len(sys.argv) > 3 else None
-    wd = tempfile.mkdtemp(prefix="fs_delayed_")
     src = os.path.join(ROOT, "samples", "gpt2.fsm")
     dims = [x for k, v in DIMS.items() for x in ("-D", "%s=%d" % (k, v))]
     hp = [x for k, v in HP.items() for x in ("--" + k, str(v))]
