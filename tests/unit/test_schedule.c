@@ -173,6 +173,15 @@ Test(schedule, reduce_scatters_complete_a_block_later)
     }
 }
 
+/* The stored waits are safe on every rank of the plan's world; the plan freed. */
+static void expect_safe_then_free(Plan *p, const char *shard, const char *world)
+{
+    char err[512];
+    for (int rank = 0; rank < atoi(world); rank++)
+        cr_expect_eq(plan_check_schedule(p, rank, err, sizeof err), 0, "%s rank %d: %s", shard, rank, err);
+    plan_free(p);
+}
+
 /* Offload without clipping, GPT-2 of 4 blocks: the update of each flat unit (a host op)
  * comes after its gradient's copy to the host, which it waits for, and after the next
  * unit's copy; so all but the last two units' (the embeddings' gradient is the last done,
@@ -185,7 +194,6 @@ static void check_host_updates_in_backward(const char *shard, const char *world,
                      {"optimizer", "adamw"}, {"clip", "0"}};
     const Define four[] = {{"L", 4}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 4}};
     Plan *p = sample_compile("gpt2.fsm", four, 6, set, 6, NULL);
-    char err[512];
     int32_t last_backward = -1, n_updates = 0, n_in_backward = 0;
     for (int32_t k = 0; k < p->n_ops; k++)
         if (p->ops[k].phase == PLAN_PHASE_BACKWARD && !plan_op_on_host(p, k)) last_backward = k;
@@ -211,9 +219,7 @@ static void check_host_updates_in_backward(const char *shard, const char *world,
     cr_expect_eq(n_updates, 5, "%s: one update per flat unit", shard);
     cr_expect_eq(n_in_backward, n_updates - 2, "%s: %d of %d updates run during the backward", shard, n_in_backward,
                  n_updates);
-    for (int rank = 0; rank < atoi(world); rank++)
-        cr_expect_eq(plan_check_schedule(p, rank, err, sizeof err), 0, "%s rank %d: %s", shard, rank, err);
-    plan_free(p);
+    expect_safe_then_free(p, shard, world);
 }
 
 Test(schedule, offload_updates_run_during_the_backward)
@@ -236,7 +242,6 @@ static void check_delayed_updates(const char *shard, const char *world, const ch
                      {"optimizer", "adamw"}, {"clip", "1.0"}, {"delayed_update", "1"}};
     const Define four[] = {{"L", 4}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 4}};
     Plan *p = sample_compile("gpt2.fsm", four, 6, set, 7, NULL);
-    char err[512];
     int32_t first_backward = p->n_ops, n_updates = 0;
     for (int32_t k = p->n_ops - 1; k >= 0; k--)
         if (p->ops[k].phase == PLAN_PHASE_BACKWARD && !plan_op_on_host(p, k)) first_backward = k;
@@ -276,9 +281,7 @@ static void check_delayed_updates(const char *shard, const char *world, const ch
                           "%s: update op %d waits for a copy to the host", shard, k);
     }
     cr_expect_eq(n_updates, 5, "%s: one update per flat unit", shard);
-    for (int rank = 0; rank < atoi(world); rank++)
-        cr_expect_eq(plan_check_schedule(p, rank, err, sizeof err), 0, "%s rank %d: %s", shard, rank, err);
-    plan_free(p);
+    expect_safe_then_free(p, shard, world);
 }
 
 Test(schedule, delayed_updates_run_during_the_next_step)
