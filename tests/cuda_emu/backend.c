@@ -40,6 +40,10 @@
  *   of the run.
  * Offload: to_host and to_device copy between the arena and the host space (the
  *   mirror's); an op of the host space runs on the host mirror (RtBackendOptions.host_op).
+ * --cuda-graph: the first graph step captures the step as run.c does, its host ops as
+ *   host-function nodes, each recorded as early as the graph's edges let it run (ahead
+ *   of device work the plan puts before it: capture), and every graph step replays the
+ *   recording.
  */
 #define _DEFAULT_SOURCE  // MAP_ANONYMOUS
 #include <math.h>
@@ -74,6 +78,19 @@ typedef struct {
     EmuMeasure m;
 } KernelMeasure;
 
+/* A node of a captured step: a device op (op >= 0, run as run_timed runs it, but for its
+ * host work), or a host function with its argument (cuLaunchHostFunc's CUhostFn). */
+typedef struct {
+    int32_t op;
+    void (*fn)(void *data);
+    void *data;
+} GraphNode;
+
+typedef struct {
+    struct RtBackend *b;
+    int32_t op;
+} HostCall;
+
 struct RtBackend {
     const Plan *plan;
     int rank;
@@ -95,6 +112,10 @@ struct RtBackend {
     int32_t n_measured;
     char *table;            // the last table `measures` made
     RtBackendInfo info;
+    GraphNode *graph;       // --cuda-graph: the captured step (n_graph nodes), replayed; NULL before its capture
+    int32_t n_graph;
+    HostCall *calls;        // per op: a host-function node's argument
+    int host_failed;        // a replay's host function that failed: its op + 1; 0
     char err[4096];
 };
 
@@ -557,6 +578,25 @@ static double now_us(void)
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
 
+/* Op k's work: its waits, its collective, copy or instructions, and (with host) its
+ * host work, which a captured step runs as a node of its own. */
+static int run_op(RtBackend *b, int32_t k, int host)
+{
+    const CsOp *o = &b->s.ops[k];
+    char why[1024];
+    for (int32_t w = o->wait; w < o->wait + o->n_wait; w++)
+        if (b->s.waits[w] < b->s.n_colls && emu_nccl_wait(b->nccl, b->s.waits[w], why, sizeof why))
+            return failf(b, "%s", why);
+    if (o->coll >= 0 && b->s.colls[o->coll].async && emu_nccl_start(b->nccl, o->coll, why, sizeof why))
+        return failf(b, "%s", why);
+    if (o->coll >= 0 && !b->s.colls[o->coll].async && collective(b, &b->s.colls[o->coll])) return -1;
+    if (o->copy >= 0) copy(b, &b->s.copies[o->copy]);
+    if (host && o->host && b->host_op(b->host_ctx, k)) return failf(b, "the host could not run it");
+    for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
+        if (b->plan->cuda[i].kind == PLAN_CU_GEMM ? gemm(b, i) : launch(b, i)) return -1;
+    return 0;
+}
+
 /* spans: each op timed on the host, as the CUDA backend times it with events on its
  * stream (here every stream is the calling thread); NULL: not timed. */
 static int run_timed(RtBackend *b, int32_t from, int32_t to, RtSpan *spans)
@@ -566,19 +606,9 @@ static int run_timed(RtBackend *b, int32_t from, int32_t to, RtSpan *spans)
     double t0 = spans ? now_us() : 0;
     char why[1024];
     for (int32_t k = from; k < to; k++) {
-        const CsOp *o = &b->s.ops[k];
         b->cur_op = k;
         if (spans) spans[k].start = now_us() - t0;
-        for (int32_t w = o->wait; w < o->wait + o->n_wait; w++)
-            if (b->s.waits[w] < b->s.n_colls && emu_nccl_wait(b->nccl, b->s.waits[w], why, sizeof why))
-                return failf(b, "%s", why);
-        if (o->coll >= 0 && b->s.colls[o->coll].async && emu_nccl_start(b->nccl, o->coll, why, sizeof why))
-            return failf(b, "%s", why);
-        if (o->coll >= 0 && !b->s.colls[o->coll].async && collective(b, &b->s.colls[o->coll])) return -1;
-        if (o->copy >= 0) copy(b, &b->s.copies[o->copy]);
-        if (o->host && b->host_op(b->host_ctx, k)) return failf(b, "the host could not run it");
-        for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
-            if (b->plan->cuda[i].kind == PLAN_CU_GEMM ? gemm(b, i) : launch(b, i)) return -1;
+        if (run_op(b, k, 1)) return -1;
         if (spans) spans[k].dur = now_us() - t0 - spans[k].start;
     }
     b->cur_op = -1;
@@ -588,10 +618,87 @@ static int run_timed(RtBackend *b, int32_t from, int32_t to, RtSpan *spans)
 
 static int run_ops(RtBackend *b, int32_t from, int32_t to) { return run_timed(b, from, to, NULL); }
 
+/* ---- --cuda-graph: capture and replay --------------------------------------------------- */
+
+/* A host function node (runtime/cuda/run.c: host_call): the op on the host mirror. */
+static void host_call(void *data)
+{
+    HostCall *c = data;
+    if (c->b->host_op(c->b->host_ctx, c->op) && !c->b->host_failed) c->b->host_failed = c->op + 1;
+}
+
+/* The step as the CUDA backend captures it (run.c): the device's ops in plan order, each
+ * op of the host space a host function node whose edges are the copies its waits name
+ * and the host node before it (the host stream), the step's start, and nothing of the
+ * device's compute; each copy after every host node before it. Recorded in the one order
+ * those edges allow that runs every host node as early as it can, before device ops the
+ * plan puts ahead of it: what a GPU does when the host outruns the device, so a wait the
+ * plan lacks shows as a result that differs from the step run in plan order. Nothing
+ * runs while it records. */
+static int capture(RtBackend *b)
+{
+    int32_t n = b->s.n_ops, n_dev = 0, at = 0;
+    int32_t *dev_at = calloc((size_t)n + 1, sizeof *dev_at);  // per op: device nodes up to and with it
+    int32_t *copy_op = calloc((size_t)b->s.n_copies + 1, sizeof *copy_op);
+    int32_t *after = calloc((size_t)n + 1, sizeof *after);   // per host op: device nodes before its node
+    b->graph = calloc((size_t)n + 1, sizeof *b->graph);
+    b->calls = calloc((size_t)n + 1, sizeof *b->calls);
+    if (!dev_at || !copy_op || !after || !b->graph || !b->calls) {
+        free(dev_at), free(copy_op), free(after);
+        return failf(b, "out of memory capturing the step");
+    }
+    for (int32_t k = 0; k < n; k++) {
+        if (b->s.ops[k].copy >= 0) copy_op[b->s.ops[k].copy] = k;
+        n_dev += !b->s.ops[k].host;
+        dev_at[k] = n_dev;
+    }
+    for (int32_t k = 0, last = 0; k < n; k++) {
+        const CsOp *o = &b->s.ops[k];
+        if (!o->host) continue;
+        for (int32_t w = o->wait; w < o->wait + o->n_wait; w++) {
+            int32_t e = b->s.waits[w], q = e < b->s.n_colls ? b->s.colls[e].op : copy_op[e - b->s.n_colls];
+            if (dev_at[q] > last) last = dev_at[q];
+        }
+        after[k] = last;
+    }
+    for (int32_t d = 0, k = 0; d <= n_dev; d++) {  // host nodes due after d device nodes, then the next device node
+        for (int32_t h = 0; h < n; h++)
+            if (b->s.ops[h].host && after[h] == d) {
+                b->calls[h] = (HostCall){b, h};
+                b->graph[at++] = (GraphNode){.op = -1, .fn = host_call, .data = &b->calls[h]};
+            }
+        while (k < n && b->s.ops[k].host) k++;
+        if (k < n) b->graph[at++] = (GraphNode){.op = k++};
+    }
+    b->n_graph = at;
+    free(dev_at), free(copy_op), free(after);
+    return at == n ? 0 : failf(b, "captured %d nodes of %d ops", at, n);
+}
+
+static int replay(RtBackend *b)
+{
+    char why[1024];
+    b->host_failed = 0;
+    for (int32_t i = 0; i < b->n_graph; i++) {
+        const GraphNode *x = &b->graph[i];
+        b->cur_op = x->op;
+        if (x->fn) x->fn(x->data);
+        else if (run_op(b, x->op, 0)) return -1;
+    }
+    b->cur_op = -1;
+    if (b->nccl && emu_nccl_wait_all(b->nccl, why, sizeof why)) return failf(b, "%s", why);
+    if (b->host_failed) {
+        b->cur_op = b->host_failed - 1;
+        return failf(b, "the host could not run it (a host function node of the step's graph)");
+    }
+    return 0;
+}
+
 static int run_step(RtBackend *b, int graph)
 {
-    (void)graph;  // a captured graph replays the same instructions
-    return run_timed(b, 0, b->s.n_ops, NULL);
+    if (!graph) return run_timed(b, 0, b->s.n_ops, NULL);
+    if (!b->graph && capture(b)) return -1;
+    return replay(b);
 }
 
 static int run_step_timed(RtBackend *b, RtSpan *spans) { return run_timed(b, 0, b->s.n_ops, spans); }
@@ -615,6 +722,8 @@ static void destroy(RtBackend *b)
     free(b->measured);
     free(b->table);
     free(b->arena);
+    free(b->graph);
+    free(b->calls);
     free(b);
 }
 
