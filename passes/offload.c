@@ -395,10 +395,12 @@ static void delay_updates(Graph *g)
             after[u] = k;
             if (kn->op == OP_cast && ir_value(g, ir_out(g, kn, 0))->place == PLACE_HOST) of_p[ir_out(g, kn, 0)] = 1;
         }
-        for (int k = 0; k <= after[u]; k++)  // what it reads is of the step before: nothing before it writes it
-            for (int j = 0; j < ir_node(g, k)->n_out; j++)
-                for (int x = ir_out(g, ir_node(g, k), j), hops = 0; x >= 0 && hops < 64; x = ir_view_parent(g, x), hops++)
+        for (int k = 0; k <= after[u]; k++) {  // what it reads is of the step before: nothing before it writes it
+            const Node *kn = ir_node(g, k);
+            for (int j = 0; j < kn->n_out; j++)
+                for (int x = ir_out(g, kn, j), hops = 0; x >= 0 && hops < 64; x = ir_view_parent(g, x), hops++)
                     for (int i = 0; i < un->n_in; i++) FS_ASSERT(ir_in(g, un, i) != x);
+        }
     }
     for (int u = 0; u < nn; u++)
         if (after[u] == -1) order[n++] = u;

@@ -297,8 +297,8 @@ static void host_early(Graph *g, const int *root, int delayed)
         const Node *x = ir_node(g, k);
         /* A collective or a send stays: the order of those between ranks is what
          * plan_check_p2p proved free of deadlock. */
-        int moves = delayed ? x->phase == PHASE_OPTIMIZER && stream_of(x->op) == STREAM_COMPUTE && !is_update(x)
-                            : (x->phase == PHASE_OPTIMIZER && stream_of(x->op) == STREAM_COMPUTE) || x->op == OP_to_host;
+        int optimizer = x->phase == PHASE_OPTIMIZER && stream_of(x->op) == STREAM_COMPUTE;
+        int moves = delayed ? optimizer && !is_update(x) : optimizer || x->op == OP_to_host;
         int at = n;  // the position it goes to
         if (moves) {
             while (at > 0 && !must_follow(g, x, ir_node(g, order[at - 1]), root)) at--;

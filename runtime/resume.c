@@ -10,9 +10,10 @@
  * its counter after an fp32 run): it stays where the plan starts it, and the report
  * says so; so does a delayed update's pending state (delayed_update) that a checkpoint
  * of a run without one lacks: nothing pending. A training plan without delayed_update
- * refuses a checkpoint that holds a pending update, which it would drop. A checkpoint piece is read once per rank that needs it, its CRC checked
- * before a byte of it is used: straight into the arena when this rank's piece holds it
- * whole, else through one buffer the size of the largest such piece.
+ * refuses a checkpoint that holds a pending update, which it would drop. A checkpoint
+ * piece is read once per rank that needs it, its CRC checked before a byte of it is
+ * used: straight into the arena when this rank's piece holds it whole, else through one
+ * buffer the size of the largest such piece.
  *
  * Over the world, the elements the ranks own (what they would write) must equal the
  * elements of the checkpoint's tensors this plan has: the one-line report's "each

@@ -139,13 +139,16 @@ def graphs(fsc, fsexec, work, env):
         run([fsc, *base, *args, "-o", plan, "-q"])
         logs, weights = [], []
         for graph in ([], ["--cuda-graph"]):
-            log, st = (os.path.join(work, "graph_%s%s.%s" % (name, "_g" if graph else "", ext)) for ext in ("jsonl", "st"))
-            run([fsexec, plan, "--device", "cuda", "--steps", str(STEPS), "--log", log, "--save-weights", st, *graph], env)
+            stem = os.path.join(work, "graph_%s%s" % (name, "_g" if graph else ""))
+            log, st = stem + ".jsonl", stem + ".st"
+            run([fsexec, plan, "--device", "cuda", "--steps", str(STEPS), "--log", log, "--save-weights", st, *graph],
+                env)
             with open(log) as f:
                 logs.append([(r["loss"], r["grad_norm"], r.get("to_host_bytes"), r.get("to_device_bytes"))
                              for r in map(json.loads, f)])
             weights.append(safetensors(st))
-        differ = sorted(k for k in weights[0] if k not in weights[1] or not np.array_equal(weights[0][k], weights[1][k]))
+        differ = sorted(k for k in weights[0]
+                        if k not in weights[1] or not np.array_equal(weights[0][k], weights[1][k]))
         if len(logs[0]) != STEPS or logs[0] != logs[1] or differ or not weights[0]:
             sys.exit("FAIL --cuda-graph with offload, %s: the replayed steps differ from the run without a graph: "
                      "params %s, logs\n%s\n%s" % (name, differ, logs[0], logs[1]))

@@ -270,7 +270,8 @@ static void check_delayed_updates(const char *shard, const char *world, const ch
             for (int32_t i = 0; c < k && out != PLAN_NONE && i < p->ops[k].n_in; i++)  // its lr, coef, step count too
                 cr_expect_neq(p->tensors[out].alias, p->ids[p->ops[k].in + i], "%s: op %d writes what update op %d "
                               "reads of the step before, before it", shard, c, k);
-            if (c > k && c < first_backward) device_after |= !plan_op_on_host(p, c) && p->ops[c].stream == PLAN_STREAM_COMPUTE;
+            if (c > k && c < first_backward)
+                device_after |= !plan_op_on_host(p, c) && p->ops[c].stream == PLAN_STREAM_COMPUTE;
         }
         cr_expect_geq(to_device, 0, "%s: update op %d is not after its master's copy to the device", shard, k);
         cr_expect_gt(writer, k, "%s: the copy into update op %d's pending gradient (op %d) is not after it", shard, k,
