@@ -42,7 +42,7 @@
  *   mirror's); an op of the host space runs on the host mirror (RtBackendOptions.host_op).
  * --cuda-graph: the first graph step captures the step as run.c does, its host ops as
  *   host-function nodes, each recorded as early as the graph's edges let it run (ahead
- *   of device work the plan puts before it: capture), and every graph step replays the
+ *   of device work the plan puts before it: graph.c), and every graph step replays the
  *   recording.
  */
 #define _DEFAULT_SOURCE  // MAP_ANONYMOUS
@@ -78,19 +78,6 @@ typedef struct {
     EmuMeasure m;
 } KernelMeasure;
 
-/* A node of a captured step: a device op (op >= 0, run as run_timed runs it, but for its
- * host work), or a host function with its argument (cuLaunchHostFunc's CUhostFn). */
-typedef struct {
-    int32_t op;
-    void (*fn)(void *data);
-    void *data;
-} GraphNode;
-
-typedef struct {
-    struct RtBackend *b;
-    int32_t op;
-} HostCall;
-
 struct RtBackend {
     const Plan *plan;
     int rank;
@@ -112,10 +99,7 @@ struct RtBackend {
     int32_t n_measured;
     char *table;            // the last table `measures` made
     RtBackendInfo info;
-    GraphNode *graph;       // --cuda-graph: the captured step (n_graph nodes), replayed; NULL before its capture
-    int32_t n_graph;
-    HostCall *calls;        // per op: a host-function node's argument
-    int host_failed;        // a replay's host function that failed: its op + 1; 0
+    EmuGraph *graph;        // --cuda-graph: the captured step (graph.c), replayed; NULL before its capture
     char err[4096];
 };
 
@@ -618,86 +602,30 @@ static int run_timed(RtBackend *b, int32_t from, int32_t to, RtSpan *spans)
 
 static int run_ops(RtBackend *b, int32_t from, int32_t to) { return run_timed(b, from, to, NULL); }
 
-/* ---- --cuda-graph: capture and replay --------------------------------------------------- */
+/* ---- --cuda-graph: capture (graph.c) and replay -------------------------------------- */
 
-/* A host function node (runtime/cuda/run.c: host_call): the op on the host mirror. */
-static void host_call(void *data)
-{
-    HostCall *c = data;
-    if (c->b->host_op(c->b->host_ctx, c->op) && !c->b->host_failed) c->b->host_failed = c->op + 1;
-}
-
-/* The step as the CUDA backend captures it (run.c): the device's ops in plan order, each
- * op of the host space a host function node whose edges are the copies its waits name
- * and the host node before it (the host stream), the step's start, and nothing of the
- * device's compute; each copy after every host node before it. Recorded in the one order
- * those edges allow that runs every host node as early as it can, before device ops the
- * plan puts ahead of it: what a GPU does when the host outruns the device, so a wait the
- * plan lacks shows as a result that differs from the step run in plan order. Nothing
- * runs while it records. */
-static int capture(RtBackend *b)
-{
-    int32_t n = b->s.n_ops, n_dev = 0, at = 0;
-    int32_t *dev_at = calloc((size_t)n + 1, sizeof *dev_at);  // per op: device nodes up to and with it
-    int32_t *copy_op = calloc((size_t)b->s.n_copies + 1, sizeof *copy_op);
-    int32_t *after = calloc((size_t)n + 1, sizeof *after);   // per host op: device nodes before its node
-    b->graph = calloc((size_t)n + 1, sizeof *b->graph);
-    b->calls = calloc((size_t)n + 1, sizeof *b->calls);
-    if (!dev_at || !copy_op || !after || !b->graph || !b->calls) {
-        free(dev_at), free(copy_op), free(after);
-        return failf(b, "out of memory capturing the step");
-    }
-    for (int32_t k = 0; k < n; k++) {
-        if (b->s.ops[k].copy >= 0) copy_op[b->s.ops[k].copy] = k;
-        n_dev += !b->s.ops[k].host;
-        dev_at[k] = n_dev;
-    }
-    for (int32_t k = 0, last = 0; k < n; k++) {
-        const CsOp *o = &b->s.ops[k];
-        if (!o->host) continue;
-        for (int32_t w = o->wait; w < o->wait + o->n_wait; w++) {
-            int32_t e = b->s.waits[w], q = e < b->s.n_colls ? b->s.colls[e].op : copy_op[e - b->s.n_colls];
-            if (dev_at[q] > last) last = dev_at[q];
-        }
-        after[k] = last;
-    }
-    for (int32_t d = 0, k = 0; d <= n_dev; d++) {  // host nodes due after d device nodes, then the next device node
-        for (int32_t h = 0; h < n; h++)
-            if (b->s.ops[h].host && after[h] == d) {
-                b->calls[h] = (HostCall){b, h};
-                b->graph[at++] = (GraphNode){.op = -1, .fn = host_call, .data = &b->calls[h]};
-            }
-        while (k < n && b->s.ops[k].host) k++;
-        if (k < n) b->graph[at++] = (GraphNode){.op = k++};
-    }
-    b->n_graph = at;
-    free(dev_at), free(copy_op), free(after);
-    return at == n ? 0 : failf(b, "captured %d nodes of %d ops", at, n);
-}
+static int graph_op(void *ctx, int32_t k) { return run_op(ctx, k, 0); }
 
 static int replay(RtBackend *b)
 {
     char why[1024];
-    b->host_failed = 0;
-    for (int32_t i = 0; i < b->n_graph; i++) {
-        const GraphNode *x = &b->graph[i];
-        b->cur_op = x->op;
-        if (x->fn) x->fn(x->data);
-        else if (run_op(b, x->op, 0)) return -1;
-    }
-    b->cur_op = -1;
-    if (b->nccl && emu_nccl_wait_all(b->nccl, why, sizeof why)) return failf(b, "%s", why);
-    if (b->host_failed) {
-        b->cur_op = b->host_failed - 1;
+    int32_t failed;
+    int rc = emu_graph_replay(b->graph, graph_op, b, &failed);
+    if (rc && failed >= 0) {
+        b->cur_op = failed;
         return failf(b, "the host could not run it (a host function node of the step's graph)");
     }
+    b->cur_op = -1;
+    if (rc) return -1;
+    if (b->nccl && emu_nccl_wait_all(b->nccl, why, sizeof why)) return failf(b, "%s", why);
     return 0;
 }
 
 static int run_step(RtBackend *b, int graph)
 {
     if (!graph) return run_timed(b, 0, b->s.n_ops, NULL);
-    if (!b->graph && capture(b)) return -1;
+    if (!b->graph && !(b->graph = emu_graph_capture(&b->s, b->host_op, b->host_ctx)))
+        return failf(b, "out of memory capturing the step");
     return replay(b);
 }
 
@@ -722,8 +650,7 @@ static void destroy(RtBackend *b)
     free(b->measured);
     free(b->table);
     free(b->arena);
-    free(b->graph);
-    free(b->calls);
+    emu_graph_free(b->graph);
     free(b);
 }
 

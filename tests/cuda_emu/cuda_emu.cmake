@@ -11,7 +11,7 @@
 # table) after its own.
 set_target_properties(fs_plan PROPERTIES POSITION_INDEPENDENT_CODE ON)
 add_library(fs_cudaemu MODULE tests/cuda_emu/backend.c tests/cuda_emu/module.c tests/cuda_emu/nccl_emu.c
-            runtime/cuda/schedule.c)
+            tests/cuda_emu/graph.c runtime/cuda/schedule.c)
 target_include_directories(fs_cudaemu PRIVATE runtime runtime/cuda tests/cuda_emu)
 target_compile_definitions(fs_cudaemu PRIVATE FS_CUDA_EMU_DIR="${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu")
 target_link_libraries(fs_cudaemu PRIVATE fs_plan fs_ops MPI::MPI_C ${CMAKE_DL_LIBS} ${M_LIB})
