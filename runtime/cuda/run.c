@@ -162,12 +162,8 @@ static int copy(RtBackend *b, int32_t k)
     return 0;
 }
 
-/* An op of the host space: it touches host bytes only, which only copies and other host
- * ops touch, so it waits for the copies its waits name (the schedule names every one
- * that touches its buffers: passes/schedule.c) and not for the device's compute, which
- * goes on with what is queued (offload's overlap: the next unit's backward) while the
- * host runs it; what follows is queued after it returns. A traced step drains the
- * compute stream first as well, so the events on it time the host's work alone. */
+/* A host-function node's body, on a thread of the driver's: the op on the host mirror,
+ * which calls no CUDA function; a failure is marked for the replay to report. */
 static void CUDA_CB host_call(void *data)
 {
     struct CudaHostCall *c = data;
@@ -188,6 +184,12 @@ static int host_node(RtBackend *b, int32_t k)
     return 0;
 }
 
+/* An op of the host space: it touches host bytes only, which only copies and other host
+ * ops touch, so it waits for the copies its waits name (the schedule names every one
+ * that touches its buffers: passes/schedule.c) and not for the device's compute, which
+ * goes on with what is queued (offload's overlap: the next unit's backward) while the
+ * host runs it; what follows is queued after it returns. A traced step drains the
+ * compute stream first as well, so the events on it time the host's work alone. */
 static int host(RtBackend *b, int32_t k)
 {
     const CsOp *o = &b->s.ops[k];
