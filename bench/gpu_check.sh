@@ -4,8 +4,9 @@
 #   1. op_check: every op of tiny GPT-2 and tiny Llama on CUDA against the CPU backend,
 #      from identical inputs, in fp32, tf32, bf16 and fp16;
 #   2. tiny GPT-2 trained 20 steps on --device cuda (plain and --cuda-graph, and bf16
-#      with --offload optimizer) and on --device cpu from the same seed: per-step losses
-#      within fp32 1e-4 / bf16 2e-2;
+#      with --offload optimizer, with and without --cuda-graph) and on --device cpu from
+#      the same seed: per-step losses within fp32 1e-4 / bf16 2e-2 (offload's graph
+#      against its run without: 1e-6);
 #   3. memory: the arena the plan promised against what the device gave (the
 #      "cuda memory:" start line), and the process's whole use of the device;
 #   4. GPT-2 124M (B=8, T=1024, bf16, --cuda-graph): tokens/s and MFU against PyTorch on
@@ -193,6 +194,12 @@ elif fs "$FSC" "$ROOT/samples/gpt2.fsm" "${GPT2_TINY[@]}" --precision bf16 --off
     fs_t 120 "$FSEXEC" "$p" --steps 20 --seed 7 --log-every 10 --device cpu --log "$WORK/cpu-offload.jsonl" 2>&1 | tail -2
     fs_t 120 "$FSEXEC" "$p" --steps 20 --seed 7 --log-every 10 --device cuda --log "$WORK/cuda-offload.jsonl" 2>&1 | tail -3
     if out=$(compare_losses "$WORK/cuda-offload.jsonl" "$WORK/cpu-offload.jsonl" 2e-2 "cuda vs cpu bf16 offload" 2>&1); then
+        say "$out"; else fail "$out"; fi
+    # The host's update as host-function nodes of the captured step: the same losses.
+    fs_t 120 "$FSEXEC" "$p" --steps 20 --seed 7 --log-every 10 --device cuda --cuda-graph \
+        --log "$WORK/graph-offload.jsonl" 2>&1 | tail -3
+    if out=$(compare_losses "$WORK/graph-offload.jsonl" "$WORK/cuda-offload.jsonl" 1e-6 \
+        "cuda-graph vs cuda bf16 offload" 2>&1); then
         say "$out"; else fail "$out"; fi
 else
     fail "fsc --offload optimizer"

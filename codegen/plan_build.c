@@ -174,6 +174,8 @@ static int add_config(Plan *p, const TrainConfig *t)
                                      : plan_meta_set_int(p, keys[k].key, keys[k].i);
         if (rc) return -1;
     }
+    /* Only when on: a plan without it is byte for byte the plan before the setting. */
+    if (t->delayed_update && plan_meta_set_int(p, "delayed_update", 1)) return -1;
     return 0;
 }
 

@@ -213,6 +213,9 @@ static const KeyDef KEYS[] = {
     {{"balance", "pipeline: auto (by the cost model) or blocks per stage, e.g. 3,3,2"}, K_TEXT,
      offsetof(TrainConfig, balance), 0, 0, NULL, 0},
     ENUM("offload", offload, OFFLOADS, "none; optimizer: fp32 master weights, optimizer state and the update on the host (ZeRO-Offload); params: fsdp's param shards there too"),
+    INT("delayed_update", delayed_update, 0, 1, "offload: 1 runs each step's host update during the next step's "
+        "forward and backward (ZeRO-Offload's delayed parameter update), so step t computes its gradient on the "
+        "params of update t-2 (one step staler than 0, the default: exact); needs offload"),
     {{"seed", "seed of parameter init and data order"}, K_SEED, offsetof(TrainConfig, seed), 0, 0, NULL, 0},
 };
 enum { N_KEYS = sizeof KEYS / sizeof *KEYS };

@@ -424,6 +424,7 @@ typedef struct {
     char balance[256];    // "auto", or blocks per stage: "3,3,2"
 
     OffloadKind offload;
+    int delayed_update;   // offload: step t's host update runs during step t+1 (ZeRO-Offload's DPU; passes/offload.c)
     uint64_t seed;
     Loc optimizer_loc;    // the train block's `optimizer` statement (none when not there):
                           // the source the optimizer's own ops (norm, lr, clipping) name

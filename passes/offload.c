@@ -27,10 +27,23 @@
  *  - `offload params` (fsdp only) keeps the param shards on the host as well: each of
  *    fsdp's gathers stages its own copy of the shard on the device just before it (the
  *    schedule pass moves the copy and its cast along when it prefetches the gather).
+ *  - `delayed_update 1` (ZeRO-Offload's delayed parameter update): the host runs step
+ *    t's update during step t+1, whose forward and backward then read the params update
+ *    t-1 made. What the update reads of step t, its gradient and the three scalars,
+ *    waits a step on the host in state of its own (role optimizer state, so checkpoints
+ *    hold it): each update's `<target>.pending_grad` and `pending.lr`, `pending.coef`,
+ *    `pending.opt_step`, which the step's copies to the host write (views of them), after
+ *    the step's update has read them. The coefficient starts as NaN, the skipped step's
+ *    mark (clip_coef's under an fp16 overflow), so step 1 updates nothing. Each update
+ *    goes just after the last node that reads its master for the device (its cast and
+ *    copy: so the step computes on the master before the update), with nothing of the
+ *    step's backward to wait for: the schedule pass leaves it there.
  * Every copy is a node (to_host, to_device: OPF_COPY), which the schedule pass puts on
  * the copy stream; no op but a copy reads or writes both spaces. Arithmetic is unchanged:
- * the same kernels on the same values, so an offloaded run equals the run without.
+ * the same kernels on the same values, so an offloaded run equals the run without
+ * (delayed_update: the run whose step t reads the params of update t-2).
  */
+#include <math.h>
 #include <string.h>
 
 #include "passes.h"
@@ -148,6 +161,58 @@ static int grad_to_host(Off *o, int g_, int update)
     g->values[h].sharded = v->sharded, g->values[h].unit = v->unit;
     if (v->name) g->values[h].name = arena_printf(g->arena, "%s.host", v->name);
     return h;
+}
+
+/* ---- the delayed update's pending state -------------------------------------------------- */
+
+/* A persistent host tensor like value x (its dtype and shape), of role optimizer state:
+ * what a delayed update reads of the step before. */
+static int pending_like(Off *o, int x, const char *name, InitKind init, double init_a)
+{
+    Graph *g = o->g;
+    const Value *xv = ir_value(g, x);
+    Value s = {.dtype = xv->dtype, .rank = xv->rank, .role = ROLE_OPT_STATE, .block = xv->block,
+               .place = PLACE_HOST, .name = name, .loc = xv->loc, .producer = -1, .init = init, .init_a = init_a,
+               .tied_to = -1, .grad = -1};
+    memcpy(s.shape, xv->shape, sizeof s.shape);
+    int v = ir_value_add(g, &s);
+    g->values[v].unit = xv->unit, g->values[v].sharded = xv->sharded;
+    return v;
+}
+
+/* Value x copied to the host into the bytes of pending tensor `into` (a view of it),
+ * before original node `at`. */
+static void copy_into(Off *o, int x, int into, int at)
+{
+    int y = copy_to(o, OP_to_host, x, at);
+    Value *yv = &o->g->values[y];
+    yv->view_of = into, yv->view_offset = yv->view_rank_stride = 0;
+}
+
+/* A scalar the updates read (`which`: 0 the lr, 1 the coefficient, 2 the step count, as
+ * the updates take them): its step's value waits on the host for the next step's
+ * updates. The coefficient starts as NaN: no update pending before step 1. */
+static int pending_scalar(Off *o, int x, int which, int at)
+{
+    static const char *const names[3] = {"pending.lr", "pending.coef", "pending.opt_step"};
+    int p = pending_like(o, x, names[which], which == 1 ? INIT_FULL : INIT_ZEROS, which == 1 ? NAN : 0);
+    copy_into(o, x, p, at);
+    return p;
+}
+
+/* The copy gh of an update's gradient (update target p) writes its pending gradient
+ * instead, which the update reads. */
+static int pending_grad(Off *o, int gh, int p)
+{
+    Graph *g = o->g;
+    const Value *pv = ir_value(g, p);
+    const char *name = pv->name;  // as the optimizer pass names the state (a shard's: after its buffer)
+    if (!name && pv->view_of >= 0 && ir_value(g, pv->view_of)->name)
+        name = arena_printf(g->arena, "%s.shard", ir_value(g, pv->view_of)->name);
+    int pg = pending_like(o, gh, arena_printf(g->arena, "%s.pending_grad", name ? name : "state"), INIT_ZEROS, 0);
+    Value *hv = &g->values[gh];
+    hv->view_of = pg, hv->view_offset = hv->view_rank_stride = 0;
+    return pg;
 }
 
 /* ---- the params ------------------------------------------------------------------------ */
@@ -330,6 +395,61 @@ static void place_nodes(Off *o)
     ir_graph_compact(g, drop);
 }
 
+static int is_update(const Node *n)
+{
+    return n->op == OP_adamw || n->op == OP_sgd || n->op == OP_adamw_cast || n->op == OP_sgd_cast;
+}
+
+/* delayed_update: each update goes just after the last other node that reads its master
+ * (or a view in it, its cast on the host, or the 16-bit params an adamw_cast writes there): the cast and copy that give the device this
+ * step's params, which the update must not change before they have read them (after
+ * the copy, not between: on a GPU the host's update would hold the copy back). Nothing
+ * else it reads is made in the step: its pending state is written after it, by the
+ * copies to the host. */
+static void delay_updates(Graph *g)
+{
+    int nn = g->n_nodes, n = 0;
+    int *after = arena_alloc(g->arena, sizeof(int) * (size_t)nn + 1);  // per update: the node it follows, or -1
+    int *order = arena_alloc(g->arena, sizeof(int) * (size_t)nn + 1);
+    char *of_p = arena_alloc(g->arena, (size_t)g->n_values + 1);  // the master, and its casts on the host
+    for (int u = 0; u < nn; u++) {
+        const Node *un = ir_node(g, u);
+        after[u] = -2;  // not an update
+        if (!is_update(un)) continue;
+        memset(of_p, 0, (size_t)g->n_values);
+        of_p[ir_in(g, un, 0)] = 1;
+        if (un->op == OP_adamw_cast || un->op == OP_sgd_cast) of_p[ir_in(g, un, un->n_in - 1)] = 1;  // its 16-bit w
+        after[u] = -1;
+        for (int k = 0; k < u; k++) {
+            const Node *kn = ir_node(g, k);
+            if (is_update(kn)) continue;
+            int reads = 0;
+            for (int i = 0; i < kn->n_in; i++)
+                for (int x = ir_in(g, kn, i), hops = 0; x >= 0 && hops < 64; x = ir_view_parent(g, x), hops++)
+                    reads |= of_p[x];
+            if (!reads) continue;
+            after[u] = k;
+            if (kn->op == OP_cast && ir_value(g, ir_out(g, kn, 0))->place == PLACE_HOST) of_p[ir_out(g, kn, 0)] = 1;
+        }
+        for (int k = 0; k <= after[u]; k++) {  // what it reads is of the step before: nothing before it writes it
+            const Node *kn = ir_node(g, k);
+            for (int j = 0; j < kn->n_out; j++)
+                for (int x = ir_out(g, kn, j), hops = 0; x >= 0 && hops < 64; x = ir_view_parent(g, x), hops++)
+                    for (int i = 0; i < un->n_in; i++) FS_ASSERT(ir_in(g, un, i) != x);
+        }
+    }
+    for (int u = 0; u < nn; u++)
+        if (after[u] == -1) order[n++] = u;
+    for (int k = 0; k < nn; k++) {
+        if (after[k] != -2) continue;
+        order[n++] = k;
+        for (int u = k + 1; u < nn; u++)
+            if (after[u] == k) order[n++] = u;
+    }
+    FS_ASSERT(n == nn);
+    ir_nodes_reorder(g, order);
+}
+
 int pass_offload(Graph *g, const Options *opts, Diag *d)
 {
     (void)d;
@@ -353,7 +473,9 @@ int pass_offload(Graph *g, const Options *opts, Diag *d)
         int p = ir_in(g, ir_node(g, n), 0), grad = ir_in(g, ir_node(g, n), 1);
         for (int i = 2 + n_state; i < n_in; i++) {  // (copy_to may move g->ids: no pointer into it held)
             int x = ir_in(g, ir_node(g, n), i);
-            if (scalar_h[x] < 0) scalar_h[x] = copy_to(&o, OP_to_host, x, first);
+            if (scalar_h[x] < 0)
+                scalar_h[x] = t->delayed_update ? pending_scalar(&o, x, i - 2 - n_state, first)
+                                                : copy_to(&o, OP_to_host, x, first);
             g->ids[g->nodes[n].in + i] = scalar_h[x];
         }
         for (int i = 2; i < 2 + n_state; i++) {  // the state (SGD without momentum: the gradient)
@@ -361,6 +483,7 @@ int pass_offload(Graph *g, const Options *opts, Diag *d)
             if (s != grad) g->values[s].place = PLACE_HOST;
         }
         int gh = grad_to_host(&o, grad, n);
+        if (t->delayed_update) gh = pending_grad(&o, gh, p);
         for (int i = 1; i < 2 + n_state; i++)
             if (g->ids[g->nodes[n].in + i] == grad) g->ids[g->nodes[n].in + i] = gh;
         if (ir_value(g, p)->view_of >= 0)  // (fp32 only: 16-bit zero1 and zero2 store the fp32 shard on its own)
@@ -370,5 +493,6 @@ int pass_offload(Graph *g, const Options *opts, Diag *d)
     }
     drop_identity_casts(&o);
     place_nodes(&o);
+    if (t->delayed_update) delay_updates(g);
     return 0;
 }

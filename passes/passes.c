@@ -111,6 +111,9 @@ static int check_supported(const TrainConfig *t, Diag *d)
         diag_error(d, (Loc){0}, "offload params keeps fsdp's param shards on the host (FSDP's CPUOffload), so it needs "
                    "--shard fsdp; with %s, --offload optimizer keeps the fp32 master and the optimizer state there",
                    shard_name(t->shard));
+    if (t->delayed_update && t->offload == OFFLOAD_NONE)
+        diag_error(d, (Loc){0}, "delayed_update overlaps offload's host update with the next step, so it needs "
+                   "--offload optimizer (or params); without offload the update runs on the device, in its step");
     return d->n_errors ? -1 : 0;
 }
 

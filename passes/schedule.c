@@ -21,7 +21,11 @@
  * stream and each copy to the host goes just after the last node it must follow, and an
  * update on the host one gradient copy further, so a unit's host update is issued after the next
  * unit's backward and copy (on CUDA ranks the host runs it while the device computes
- * that). Updates that read the global norm stay after the backward.
+ * that). Updates that read the global norm stay after the backward. A delayed update
+ * (delayed_update: passes/offload.c put it after its master's copy to the device, and it
+ * reads only what the step before left on the host) stays where it is, during the step's
+ * forward and backward, and so do the copies to the host, which write what the next
+ * step's updates read: after every update of this one.
  *
  * The streams, from the op table's flags: collectives (and point-to-point) on
  * STREAM_COLLECTIVE, host-device copies (OPF_COPY: offload's) on STREAM_COPY,
@@ -61,6 +65,11 @@ static int root_of(const Graph *g, int v)
 }
 
 static int is_view_node(const Node *n) { return (op_info(n->op)->flags & OPF_VIEW) != 0; }
+
+static int is_update(const Node *n)
+{
+    return n->op == OP_adamw || n->op == OP_sgd || n->op == OP_adamw_cast || n->op == OP_sgd_cast;
+}
 
 /* Whether node n reads or writes a value whose buffer is r0 or r1. */
 static int touches(const Graph *g, const Node *n, const int *root, int r0, int r1)
@@ -151,7 +160,27 @@ static void prefetch_points(Graph *g, const int *root, const char *moves, const 
     }
 }
 
-static void prefetch(Graph *g, const int *root)
+/* A delayed update (delayed_update) follows the copy of its master to the device where
+ * prefetch takes that: it goes before the same node, after the last gather whose group
+ * reads its master. (Without it, an update reads this step's gradient: it is after the
+ * backward, far behind any gather.) */
+static void updates_follow(const Graph *g, const int *root, const Gather *gs, int ng, const int *before, char *moves,
+                           int *due)
+{
+    for (int u = 0; u < g->n_nodes; u++) {
+        const Node *un = ir_node(g, u);
+        if (!is_update(un)) continue;
+        int master = root[ir_in(g, un, 0)], at = -1;
+        for (int i = 0; i < ng; i++)
+            for (int f = -1; f < gs[i].n_feed; f++) {
+                const Node *x = ir_node(g, f < 0 ? gs[i].node : gs[i].feed[f]);
+                if (touches(g, x, root, master, master) && before[i] > at) at = before[i];
+            }
+        if (at >= 0) moves[u] = 1, due[u] = at;
+    }
+}
+
+static void prefetch(Graph *g, const int *root, int delayed)
 {
     int nn = g->n_nodes;
     int *readers = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
@@ -190,6 +219,7 @@ static void prefetch(Graph *g, const int *root)
         due[gs[i].node] = before[i];
         for (int f = 0; f < gs[i].n_feed; f++) due[gs[i].feed[f]] = before[i];
     }
+    if (delayed) updates_follow(g, root, gs, ng, before, moves, due);
     int n_moved = 0;
     for (int k = 0; k < nn; k++)
         if (moves[k]) start[due[k] + 1]++, n_moved++;
@@ -246,10 +276,6 @@ static int is_to_host(const Graph *g, const Node *n)
     return n->op == OP_to_host && ir_value(g, ir_out(g, n, 0))->role == ROLE_GRAD;
 }
 
-static int is_update(const Node *n)
-{
-    return n->op == OP_adamw || n->op == OP_sgd || n->op == OP_adamw_cast || n->op == OP_sgd_cast;
-}
 
 /* Whether x must stay after y: they share a buffer, unless both are updates, which
  * share only what both read (the learning rate, the coefficient, the step count). */
@@ -264,7 +290,7 @@ static int must_follow(const Graph *g, const Node *x, const Node *y, const int *
  * before it); a host update then goes one gradient copy further, so the device has the
  * next unit's backward queued while the host updates this unit. Where an update reads
  * the global norm (clipping, a loss scale) that is after the backward, as before. */
-static void host_early(Graph *g, const int *root)
+static void host_early(Graph *g, const int *root, int delayed)
 {
     int nn = g->n_nodes, n = 0, any = 0;
     for (int k = 0; k < nn && !any; k++) any = on_host(g, ir_node(g, k));
@@ -274,11 +300,12 @@ static void host_early(Graph *g, const int *root)
         const Node *x = ir_node(g, k);
         /* A collective or a send stays: the order of those between ranks is what
          * plan_check_p2p proved free of deadlock. */
-        int moves = (x->phase == PHASE_OPTIMIZER && stream_of(x->op) == STREAM_COMPUTE) || x->op == OP_to_host;
+        int optimizer = x->phase == PHASE_OPTIMIZER && stream_of(x->op) == STREAM_COMPUTE;
+        int moves = delayed ? optimizer && !is_update(x) : optimizer || x->op == OP_to_host;
         int at = n;  // the position it goes to
         if (moves) {
             while (at > 0 && !must_follow(g, x, ir_node(g, order[at - 1]), root)) at--;
-            if (on_host(g, x)) {
+            if (on_host(g, x) && !delayed) {
                 int c = at;
                 while (c < n && !is_to_host(g, ir_node(g, order[c]))) c++;
                 if (c < n) at = c + 1;
@@ -312,11 +339,11 @@ static void host_waits(Graph *g, int k, const int *root, char *host_saw)
 
 int pass_schedule(Graph *g, const Options *o, Diag *d)
 {
-    (void)o, (void)d;
+    (void)d;
     int *root = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_values + 1);
     for (int v = 0; v < g->n_values; v++) root[v] = root_of(g, v);
-    host_early(g, root);
-    prefetch(g, root);
+    host_early(g, root, o->train.delayed_update);
+    prefetch(g, root, o->train.delayed_update);
     int *pending = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1), n_pending = 0;
     int *heard = arena_alloc(g->arena, sizeof(int) * (size_t)g->n_nodes + 1);  // a send's: receives from its peer since
     char *overtaken = arena_alloc(g->arena, (size_t)g->n_nodes + 1);  // a reduce-scatter's: another started since

@@ -50,6 +50,11 @@ static void print_params(const MemReport *r, FILE *out)
         if (!strcmp(plan_meta_str(r->plan, "offload", "none"), "params"))
             fprintf(out, "  %-14s the device's 16-bit params are copies of the host's fp32 params, made each step "
                     "(fsdp's offload params: staged for each gather)\n", "offload");
+        else if (plan_meta_int(r->plan, "delayed_update", 0))
+            fprintf(out, "  %-14s the optimizer updates the fp32 params and its state on the host, one step late "
+                    "(delayed_update: step t's update runs during step t+1, its gradient and scalars pending on the "
+                    "host, counted as optimizer state); the device's 16-bit params are copies of the params before "
+                    "it, sent each step\n", "offload");
         else
             fprintf(out, "  %-14s the optimizer updates the fp32 params and its state on the host; the device's "
                     "16-bit params are copies of the updated params, sent each step\n", "offload");

@@ -22,7 +22,9 @@
  *     rank's part (offset to offset + (world - 1) * rank_stride + bytes).
  *   - adamw's step is the "step" input, or a counter that a count_step(counter, coef)
  *     before it increments unless coef is NaN, with the same coef unchanged since: adamw
- *     returns before its check when coef is NaN, so the counter is >= 1 when it looks.
+ *     returns before its check when coef is NaN, so the counter is >= 1 when it looks;
+ *     or (a delayed update) such a pair as the step before copied it to the host, where
+ *     the coef starts as NaN.
  * Counters overflow after 2^31 steps; that is not checked.
  * Also here: no op's output overlaps its inputs except where its kernel is written to
  * share bytes (kernels memcpy rows; an overlap would be undefined behaviour), and, as
@@ -36,6 +38,7 @@
  * the value check after them, so these may rely on every op fitting the op table.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -339,6 +342,41 @@ static int32_t through_copy(Mem *m, int32_t t, int32_t k, int32_t *at)
     return in_of(p, q, 0);
 }
 
+/* The one op that writes bytes of state t (no producer of its own) in a step, if that
+ * is a copy (offload's to the host); else -1 with the reason. */
+static int32_t only_copy_into(Mem *m, int32_t t)
+{
+    int32_t w = -1;
+    for (int32_t q = 0; q < m->p->n_ops; q++) {
+        if (!clobbers(m, q, t, OP_COUNT, -1)) continue;
+        if (w >= 0 || !(op_info(kind_of(m, q))->flags & OPF_COPY)) return -1;
+        w = q;
+    }
+    if (w < 0) because(m, "no op writes tensor %d (%s)", t, plan_tensor_label(m->p, t));
+    return w;
+}
+
+/* A delayed update (delayed_update, passes/offload.c) reads the step count s and the
+ * coef c that the step before left on the host: state that starts as NaN (c: adamw
+ * returns first) and that one copy each writes, after op k, from a counter and a coef
+ * that pass check_step's proof where the copies read them. */
+static int pending_pair(Mem *m, int32_t s, int32_t c, int32_t k)
+{
+    const Plan *p = m->p;
+    const PlanTensor *S = &p->tensors[s], *C = &p->tensors[c];
+    if (S->producer != PLAN_NONE || C->producer != PLAN_NONE || S->alias != PLAN_NONE || C->alias != PLAN_NONE ||
+        !plan_tensor_is_persistent(S) || !plan_tensor_is_persistent(C) || C->init != PLAN_INIT_FULL ||
+        !isnan(C->init_a))
+        return 0;
+    int32_t qs = only_copy_into(m, s), qc = only_copy_into(m, c);
+    if (qs <= k || qc <= k) return 0;
+    int32_t s0 = in_of(p, qs, 0), c0 = in_of(p, qc, 0), before = qs < qc ? qs : qc;
+    if (!counter(m, s0, OP_count_step, 0) || !intact(m, c0, qc, OP_COUNT, -1)) return 0;
+    for (int32_t q = 0; q < before; q++)
+        if (kind_of(m, q) == OP_count_step && in_of(p, q, 0) == s0 && in_of(p, q, 1) == c0) return 1;
+    return 0;
+}
+
 /* adamw stops unless step >= 1 (when coef is not NaN: a NaN coef returns first). */
 static int check_step(Mem *m, int32_t k, char *err, size_t errlen)
 {
@@ -353,6 +391,7 @@ static int check_step(Mem *m, int32_t k, char *err, size_t errlen)
     if (counter(m, s0, OP_count_step, 0) && intact(m, c0, kc, OP_COUNT, -1))
         for (int32_t q = 0; q < before; q++)
             if (kind_of(m, q) == OP_count_step && in_of(p, q, 0) == s0 && in_of(p, q, 1) == c0) return 0;
+    if (pending_pair(m, s, coef, k)) return 0;
     return fail_op(m, k, err, errlen, "its step count, tensor %d (%s), is not known to be at least 1: neither the step "
                    "input (%s) nor a counter that count_step advances with this op's coef, tensor %d (%s)", s,
                    plan_tensor_label(p, s), b.known ? "it may be below 1" : why, coef, plan_tensor_label(p, coef));

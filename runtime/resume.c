@@ -8,9 +8,12 @@
  * plan that the checkpoint lacks or holds in another shape or dtype, named. The one
  * exception is step state a plan of another precision has not (an fp16 loss scale and
  * its counter after an fp32 run): it stays where the plan starts it, and the report
- * says so. A checkpoint piece is read once per rank that needs it, its CRC checked
- * before a byte of it is used: straight into the arena when this rank's piece holds it
- * whole, else through one buffer the size of the largest such piece.
+ * says so; so does a delayed update's pending state (delayed_update) that a checkpoint
+ * of a run without one lacks: nothing pending. A training plan without delayed_update
+ * refuses a checkpoint that holds a pending update, which it would drop. A checkpoint
+ * piece is read once per rank that needs it, its CRC checked before a byte of it is
+ * used: straight into the arena when this rank's piece holds it whole, else through one
+ * buffer the size of the largest such piece.
  *
  * Over the world, the elements the ranks own (what they would write) must equal the
  * elements of the checkpoint's tensors this plan has: the one-line report's "each
@@ -76,6 +79,36 @@ static void append(char *buf, size_t n, const char *name)
     snprintf(buf + at, n - at, "%s%s", at ? ", " : "", name);
 }
 
+/* A delayed update's state (delayed_update: passes/offload.c): the coefficient its
+ * pending update reads, NaN while none is pending, and each update's pending gradient. */
+#define PENDING_COEF "pending.coef"
+
+static int is_pending_grad(const char *name)
+{
+    size_t n = strlen(name), k = strlen(".pending_grad");
+    return n > k && !strcmp(name + n - k, ".pending_grad");
+}
+
+static int holds(const Need *need, int32_t n, const char *name)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (!strcmp(need[i].x->name, name)) return 1;
+    return 0;
+}
+
+/* A training plan without delayed_update would drop the update a delayed run's
+ * checkpoint holds pending: refused (the sampling program, with no optimizer, reads the
+ * params alone). */
+static int check_pending(const RtCheckpoint *c, const Need *need, int32_t n, char *err, size_t errlen)
+{
+    if (rt_checkpoint_find(c, PENDING_COEF) < 0 || holds(need, n, PENDING_COEF) || !holds(need, n, "opt_step"))
+        return 0;
+    return plan_fail(err, errlen, "%s was saved by a run with delayed_update 1, whose last step's update is still "
+                     "pending in it (its gradient and coefficient); this plan has no delayed update to run it: compile "
+                     "it with --delayed_update 1 (and --offload), or --resume-partial to drop that update",
+                     rt_checkpoint_dir(c));
+}
+
 /* Each needed piece's checkpoint counterpart checked (present, same shape and dtype);
  * the holders of a missing step state are marked in keep. With partial, a piece the
  * checkpoint lacks or holds in another shape or dtype is marked in skip instead of an
@@ -87,7 +120,9 @@ static int check_needs(const RtCheckpoint *c, const Need *need, int32_t n, int p
     for (int32_t i = 0; i < n; i++) {
         const RtPiece *x = need[i].x;
         int32_t at = rt_checkpoint_find(c, x->name);
-        if (at < 0 && x->kind == RT_STATE_OTHER) {
+        /* A checkpoint of no delayed update: none pending, as at the start (coef NaN). */
+        int no_pending = is_pending_grad(x->name) && rt_checkpoint_find(c, PENDING_COEF) < 0;
+        if (at < 0 && (x->kind == RT_STATE_OTHER || no_pending)) {
             keep[x->holder] = 1;
             if (!strstr(r->kept, x->name)) append(r->kept, sizeof r->kept, x->name);
             continue;
@@ -225,7 +260,8 @@ int rt_checkpoint_load_as(const RtCheckpoint *c, Exec *e, int partial, RtResumed
         memset(skip, 0, (size_t)n + 1);
         for (int32_t i = 0; i < n; i++) need[i].x = rt_state_piece(st, i);
         qsort(need, (size_t)n, sizeof *need, by_need);
-        rc = check_needs(c, need, n, partial, keep, skip, r, err, errlen);
+        rc = partial ? 0 : check_pending(c, need, n, err, errlen);
+        if (!rc) rc = check_needs(c, need, n, partial, keep, skip, r, err, errlen);
     }
     size_t skipped = 0;
     for (int32_t i = 0; i < n && !rc; i++)

@@ -25,6 +25,7 @@
  *     counters) is that stage's alone.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -421,17 +422,20 @@ int rt_state_check(const char *name, RtStateKind k, PlanDType dtype, const void 
                    int64_t step, char *err, size_t errlen)
 {
     const uint8_t *p = data;
-    int counter = !strcmp(name, "opt_step") || !strcmp(name, "loss_scale.good_steps");
+    int counter = !strcmp(name, "opt_step") || !strcmp(name, "loss_scale.good_steps") ||
+                  !strcmp(name, "pending.opt_step");  // a delayed update's (passes/offload.c)
     int scale = !strcmp(name, "loss_scale"), second = k == RT_STATE_OPTIM && ends_with(name, ".exp_avg_sq");
+    int coef = !strcmp(name, "pending.coef");  // NaN: no update pending, or a skipped step's
     const char *want = counter ? "i32" : "a float dtype (f32, f16, bf16)";
     if (counter ? dtype != PLAN_DT_I32 : !is_float(dtype))
         return plan_fail(err, errlen, "tensor '%s' is %s; a %s is %s", name, plan_dtype_name(dtype),
                          counter ? "step counter" : rt_state_kind_name(k), want);
-    int64_t bad = counter ? -1 : rt_st_first_nonfinite(p, count, dtype);
+    int64_t bad = counter || coef ? -1 : rt_st_first_nonfinite(p, count, dtype);
     const char *why = "a value in a checkpoint is finite";
-    for (int64_t i = 0; bad < 0 && i < count && (counter || scale || second); i++) {
+    for (int64_t i = 0; bad < 0 && i < count && (counter || scale || second || coef); i++) {
         double v = value_at(p, i, dtype);
         if (counter && (v < 0 || v > (double)step)) bad = i, why = "a step counter is from 0 to the checkpoint's step";
+        else if (coef && !isnan(v) && !(v > 0 && isfinite(v))) bad = i, why = "a pending coefficient is > 0 or NaN";
         else if (scale && !(v > 0)) bad = i, why = "a loss scale is > 0";
         else if (second && v < 0) bad = i, why = "a second moment (exp_avg_sq) is >= 0";
     }

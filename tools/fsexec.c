@@ -57,7 +57,8 @@ static const char USAGE[] =
     "                       machine has one and the plan has a CUDA program, else the\n"
     "                       CPU), cpu, or cuda (an error without a GPU)\n"
     "  --cuda-graph         CUDA: capture step 2 as a CUDA graph and replay it for every\n"
-    "                       later step (one launch a step)\n"
+    "                       later step (one launch a step); offload's host work is in it\n"
+    "                       as host-function nodes\n"
     "  --tf32               CUDA: f32 matrix products on TF32 tensor cores (10-bit\n"
     "                       mantissa inputs, f32 accumulation), as torch's allow_tf32;\n"
     "                       only for a plan compiled with the tf32 setting (fsc --tf32 1),\n"
@@ -987,11 +988,6 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     int rc = rt_device_choose(&r->dev, (RtDeviceKind)f->device, f->debug_nan || f->debug_guard, runs,
                               rk->local_rank, who);
     if (rc) return rc;
-    if (f->cuda_graph && !rt_device_is_cpu(&r->dev) && plan_space_bytes(p, PLAN_PLACE_HOST) > 0) {
-        fprintf(stderr, "%s: --cuda-graph: the plan runs its optimizer on the host (offload), which a CUDA graph cannot "
-                "capture; run it without --cuda-graph\n", who);
-        return 1;
-    }
     /* For a device, the Exec is its host mirror: the persistent state and the outputs
      * (--save-grads reads every gradient: then all of it). */
     int reporter = (layout.stages - 1) * layout.dp;  // rank 0, or the last stage's first: it has the logits

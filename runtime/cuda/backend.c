@@ -372,6 +372,12 @@ static int make_host(RtBackend *b, const RtBackendOptions *o)
         CU_CHECK(b, cuEventCreate(&b->ready[c], CU_EVENT_DISABLE_TIMING));
         CU_CHECK(b, cuEventCreate(&b->done[c], CU_EVENT_DISABLE_TIMING));
     }
+    if (!b->s.n_host) return 0;
+    b->what = "creating the host stream (--cuda-graph's host-function nodes)";  // used only by a capture
+    if (!(b->host_calls = plan_alloc(sizeof *b->host_calls * ((size_t)b->s.n_ops + 1))))
+        return cuda_fail(b, __FILE__, __LINE__, "plan_alloc", "out of memory");
+    CU_CHECK(b, cuStreamCreate(&b->host_stream, CU_STREAM_NON_BLOCKING));
+    CU_CHECK(b, cuEventCreate(&b->host_mark, CU_EVENT_DISABLE_TIMING));
     return 0;
 }
 
@@ -471,11 +477,14 @@ static void destroy(RtBackend *b)
         if (b->compute) cuStreamDestroy(b->compute);
         if (b->comm) cuStreamDestroy(b->comm);
         if (b->copy) cuStreamDestroy(b->copy);
+        if (b->host_stream) cuStreamDestroy(b->host_stream);
+        if (b->host_mark) cuEventDestroy(b->host_mark);
         if (b->blas_ws) cuMemFree(b->blas_ws);
         if (b->arena) cuMemFree(b->arena);
         cuDevicePrimaryCtxRelease(b->dev);
     }
     cs_free(&b->s);
+    plan_dealloc(b->host_calls);
     plan_dealloc(b->fn);
     plan_dealloc(b->argv);
     plan_dealloc(b->params);

@@ -27,6 +27,11 @@
 #include "ops.h"
 #include "schedule.h"
 
+struct CudaHostCall {
+    struct RtBackend *b;
+    int32_t op;
+};
+
 struct RtBackend {
     const Plan *plan;
     int rank, world, tf32, verbose;
@@ -69,6 +74,13 @@ struct RtBackend {
     void *host_ctx;
     int64_t to_host, to_device; // the bytes offload's copies moved since the backend was made
     int idle;                   // nothing queued since the compute stream was last waited for
+    /* --cuda-graph with offload (run.c): the host's ops as host-function nodes of the graph. */
+    CUstream host_stream;       // they queue here, in plan order, NULL without host ops
+    CUevent host_mark;          // the host stream's work so far (and the step's start, to fork it)
+    struct CudaHostCall *host_calls;  // per op: its host function's argument
+    int capturing;              // the run in progress is being captured (its copies are counted when replayed)
+    int host_queued;            // capturing: host work queued since the copy stream last waited for it
+    volatile int host_failed;   // a replayed host function whose op failed: the op + 1; 0
     int32_t cur_op;             // the op running, for messages; -1 outside ops
     const char *what;           // the setup step, for messages outside ops
     char what_buf[256];         // what points here when it needs formatting

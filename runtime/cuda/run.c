@@ -16,8 +16,15 @@
  * host space go on a copy stream, ordered by events the same way (the copies of one step
  * run in plan order); an op of the host space waits on the host for the copies the
  * schedule names, not for the compute stream, then runs on the host
- * (RtBackendOptions.host_op) while the device works on what is queued, so a step with
- * one cannot be a CUDA graph.
+ * (RtBackendOptions.host_op) while the device works on what is queued.
+ *
+ * A captured step (--cuda-graph) holds the host's ops too, as host-function nodes
+ * (cuLaunchHostFunc) on a host stream forked from the step's start: each after the
+ * copies its waits name and the host op before it, as the host runs them above, and
+ * never after device compute; each copy then also waits for the host's work queued
+ * before it (the host op above returned before the copy was queued), and the compute
+ * stream joins the host stream at the end. A host function calls no CUDA function; one
+ * whose op fails marks it, and the replay says which after it has run.
  *
  * A traced step (fsexec --trace, cuda_run_step_timed) records a timing event before and
  * after each op's work on the stream that work is on, and reads them all once the step
@@ -140,14 +147,40 @@ static int copy(RtBackend *b, int32_t k)
     CUdeviceptr dev = b->arena + (CUdeviceptr)c->dev;
     CU_CHECK(b, cuEventRecord(b->ready[ev], b->compute));
     CU_CHECK(b, cuStreamWaitEvent(b->copy, b->ready[ev], 0));
+    if (b->host_queued) {  // captured: what the host has queued goes first, as when it runs them itself
+        CU_CHECK(b, cuStreamWaitEvent(b->copy, b->host_mark, 0));
+        b->host_queued = 0;
+    }
     if (mark(b, 0, b->copy)) return -1;
     if (c->to_device)
         CU_CHECK(b, cuMemcpyHtoDAsync(dev, b->host + c->host, (size_t)c->bytes, b->copy));
     else
         CU_CHECK(b, cuMemcpyDtoHAsync(b->host + c->host, dev, (size_t)c->bytes, b->copy));
-    *(c->to_device ? &b->to_device : &b->to_host) += c->bytes;
+    if (!b->capturing) *(c->to_device ? &b->to_device : &b->to_host) += c->bytes;  // a replay counts them
     if (mark(b, 1, b->copy)) return -1;
     CU_CHECK(b, cuEventRecord(b->done[ev], b->copy));
+    return 0;
+}
+
+/* A host-function node's body, on a thread of the driver's: the op on the host mirror,
+ * which calls no CUDA function; a failure is marked for the replay to report. */
+static void CUDA_CB host_call(void *data)
+{
+    struct CudaHostCall *c = data;
+    if (c->b->host_op(c->b->host_ctx, c->op) && !c->b->host_failed) c->b->host_failed = c->op + 1;
+}
+
+/* Captured: op k as a host-function node on the host stream, after the copies its waits
+ * name (and, the stream's order, the host op before it). */
+static int host_node(RtBackend *b, int32_t k)
+{
+    const CsOp *o = &b->s.ops[k];
+    for (int32_t w = 0; w < o->n_wait; w++)
+        CU_CHECK(b, cuStreamWaitEvent(b->host_stream, b->done[b->s.waits[o->wait + w]], 0));
+    b->host_calls[k] = (struct CudaHostCall){b, k};
+    CU_CHECK(b, cuLaunchHostFunc(b->host_stream, host_call, &b->host_calls[k]));
+    CU_CHECK(b, cuEventRecord(b->host_mark, b->host_stream));
+    b->host_queued = 1;
     return 0;
 }
 
@@ -160,6 +193,7 @@ static int copy(RtBackend *b, int32_t k)
 static int host(RtBackend *b, int32_t k)
 {
     const CsOp *o = &b->s.ops[k];
+    if (b->capturing) return host_node(b, k);
     if (b->timing && !b->idle) {
         CU_CHECK(b, cuStreamSynchronize(b->compute));
         b->idle = 1;
@@ -197,6 +231,12 @@ int cuda_run_ops(RtBackend *b, int32_t from, int32_t to)
     }
     CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
     CU_CHECK(b, cuStreamIsCapturing(b->compute, &capturing));
+    b->capturing = capturing != CU_STREAM_CAPTURE_STATUS_NONE;
+    if (b->capturing && b->s.n_host) {  // the host stream forks from the step's start
+        CU_CHECK(b, cuEventRecord(b->host_mark, b->compute));
+        CU_CHECK(b, cuStreamWaitEvent(b->host_stream, b->host_mark, 0));
+        b->host_queued = 0;
+    }
     if (from == 0 && b->started) memset((void *)b->started, 0, (size_t)b->s.n_colls + 1);
     for (int32_t k = from; k < to; k++) {
         b->cur_op = k;
@@ -216,6 +256,11 @@ int cuda_run_ops(RtBackend *b, int32_t from, int32_t to)
             CU_CHECK(b, cuStreamWaitEvent(b->compute, b->done[b->s.n_colls + b->s.ops[k].copy], 0));
     }
     b->cur_op = -1;
+    if (b->capturing && b->s.n_host) {  // and joins the compute stream at its end
+        CU_CHECK(b, cuEventRecord(b->host_mark, b->host_stream));
+        CU_CHECK(b, cuStreamWaitEvent(b->compute, b->host_mark, 0));
+    }
+    b->capturing = b->host_queued = 0;
     return 0;
 }
 
@@ -227,6 +272,7 @@ static int capture(RtBackend *b)
     b->what = "capturing the step as a CUDA graph";
     CU_CHECK(b, cuStreamBeginCapture(b->compute, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
     if (cuda_run_ops(b, 0, b->s.n_ops)) {
+        b->capturing = b->host_queued = 0;
         cuStreamEndCapture(b->compute, &g);  // leave capture mode; the error is run_ops'
         if (g) cuGraphDestroy(g);
         return -1;
@@ -240,16 +286,21 @@ static int capture(RtBackend *b)
 
 int cuda_run_step(RtBackend *b, int graph)
 {
-    if (graph && b->s.n_host) {
-        snprintf(b->err, sizeof b->err, "[rank %d] --cuda-graph: the plan runs ops on the host (offload), which a CUDA "
-                 "graph cannot capture; run it without --cuda-graph", b->rank);
-        return -1;
-    }
     if (!graph) return cuda_run_ops(b, 0, b->s.n_ops);
     if (!b->graph && capture(b)) return -1;
     b->what = "replaying the step's CUDA graph";
     if (b->started) memset((void *)b->started, 1, (size_t)b->s.n_colls + 1);  // the graph queues every one
+    b->host_failed = 0;
     CU_CHECK(b, cuGraphLaunch(b->graph, b->compute));
+    for (int32_t c = 0; c < b->s.n_copies; c++)  // the copies the graph makes (--log's bytes)
+        *(b->s.copies[c].to_device ? &b->to_device : &b->to_host) += b->s.copies[c].bytes;
+    if (!b->s.n_host) return 0;
+    CU_CHECK(b, cuStreamSynchronize(b->compute));  // the step's outputs wait for it anyway
+    if (b->host_failed) {
+        snprintf(b->err, sizeof b->err, "[rank %d] the host could not run op %d (a host-function node of the step's "
+                 "CUDA graph)", b->rank, b->host_failed - 1);
+        return -1;
+    }
     return 0;
 }
 

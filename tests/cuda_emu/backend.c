@@ -41,6 +41,10 @@
  *   of the run.
  * Offload: to_host and to_device copy between the arena and the host space (the
  *   mirror's); an op of the host space runs on the host mirror (RtBackendOptions.host_op).
+ * --cuda-graph: the first graph step captures the step as run.c does, its host ops as
+ *   host-function nodes, each recorded as early as the graph's edges let it run (ahead
+ *   of device work the plan puts before it: graph.c), and every graph step replays the
+ *   recording.
  */
 #define _DEFAULT_SOURCE  // MAP_ANONYMOUS
 #include <math.h>
@@ -96,6 +100,7 @@ struct RtBackend {
     int32_t n_measured;
     char *table;            // the last table `measures` made
     RtBackendInfo info;
+    EmuGraph *graph;        // --cuda-graph: the captured step (graph.c), replayed; NULL before its capture
     char err[4096];
 };
 
@@ -568,6 +573,25 @@ static double now_us(void)
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
 
+/* Op k's work: its waits, its collective, copy or instructions, and (with host) its
+ * host work, which a captured step runs as a node of its own. */
+static int run_op(RtBackend *b, int32_t k, int host)
+{
+    const CsOp *o = &b->s.ops[k];
+    char why[1024];
+    for (int32_t w = o->wait; w < o->wait + o->n_wait; w++)
+        if (b->s.waits[w] < b->s.n_colls && emu_nccl_wait(b->nccl, b->s.waits[w], why, sizeof why))
+            return failf(b, "%s", why);
+    if (o->coll >= 0 && b->s.colls[o->coll].async && emu_nccl_start(b->nccl, o->coll, why, sizeof why))
+        return failf(b, "%s", why);
+    if (o->coll >= 0 && !b->s.colls[o->coll].async && collective(b, &b->s.colls[o->coll])) return -1;
+    if (o->copy >= 0) copy(b, &b->s.copies[o->copy]);
+    if (host && o->host && b->host_op(b->host_ctx, k)) return failf(b, "the host could not run it");
+    for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
+        if (b->plan->cuda[i].kind == PLAN_CU_GEMM ? gemm(b, i) : launch(b, i)) return -1;
+    return 0;
+}
+
 /* spans: each op timed on the host, as the CUDA backend times it with events on its
  * stream (here every stream is the calling thread); NULL: not timed. */
 static int run_timed(RtBackend *b, int32_t from, int32_t to, RtSpan *spans)
@@ -577,19 +601,9 @@ static int run_timed(RtBackend *b, int32_t from, int32_t to, RtSpan *spans)
     double t0 = spans ? now_us() : 0;
     char why[1024];
     for (int32_t k = from; k < to; k++) {
-        const CsOp *o = &b->s.ops[k];
         b->cur_op = k;
         if (spans) spans[k].start = now_us() - t0;
-        for (int32_t w = o->wait; w < o->wait + o->n_wait; w++)
-            if (b->s.waits[w] < b->s.n_colls && emu_nccl_wait(b->nccl, b->s.waits[w], why, sizeof why))
-                return failf(b, "%s", why);
-        if (o->coll >= 0 && b->s.colls[o->coll].async && emu_nccl_start(b->nccl, o->coll, why, sizeof why))
-            return failf(b, "%s", why);
-        if (o->coll >= 0 && !b->s.colls[o->coll].async && collective(b, &b->s.colls[o->coll])) return -1;
-        if (o->copy >= 0) copy(b, &b->s.copies[o->copy]);
-        if (o->host && b->host_op(b->host_ctx, k)) return failf(b, "the host could not run it");
-        for (int32_t i = o->instr; i < o->instr + o->n_instr; i++)
-            if (b->plan->cuda[i].kind == PLAN_CU_GEMM ? gemm(b, i) : launch(b, i)) return -1;
+        if (run_op(b, k, 1)) return -1;
         if (spans) spans[k].dur = now_us() - t0 - spans[k].start;
     }
     b->cur_op = -1;
@@ -599,10 +613,31 @@ static int run_timed(RtBackend *b, int32_t from, int32_t to, RtSpan *spans)
 
 static int run_ops(RtBackend *b, int32_t from, int32_t to) { return run_timed(b, from, to, NULL); }
 
+/* ---- --cuda-graph: capture (graph.c) and replay -------------------------------------- */
+
+static int graph_op(void *ctx, int32_t k) { return run_op(ctx, k, 0); }
+
+static int replay(RtBackend *b)
+{
+    char why[1024];
+    int32_t failed;
+    int rc = emu_graph_replay(b->graph, graph_op, b, &failed);
+    if (rc && failed >= 0) {
+        b->cur_op = failed;
+        return failf(b, "the host could not run it (a host function node of the step's graph)");
+    }
+    b->cur_op = -1;
+    if (rc) return -1;
+    if (b->nccl && emu_nccl_wait_all(b->nccl, why, sizeof why)) return failf(b, "%s", why);
+    return 0;
+}
+
 static int run_step(RtBackend *b, int graph)
 {
-    (void)graph;  // a captured graph replays the same instructions
-    return run_timed(b, 0, b->s.n_ops, NULL);
+    if (!graph) return run_timed(b, 0, b->s.n_ops, NULL);
+    if (!b->graph && !(b->graph = emu_graph_capture(&b->s, b->host_op, b->host_ctx)))
+        return failf(b, "out of memory capturing the step");
+    return replay(b);
 }
 
 static int run_step_timed(RtBackend *b, RtSpan *spans) { return run_timed(b, 0, b->s.n_ops, spans); }
@@ -626,6 +661,7 @@ static void destroy(RtBackend *b)
     free(b->measured);
     free(b->table);
     free(b->arena);
+    emu_graph_free(b->graph);
     free(b);
 }
 

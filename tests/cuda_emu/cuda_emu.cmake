@@ -11,7 +11,7 @@
 # table) after its own.
 set_target_properties(fs_plan PROPERTIES POSITION_INDEPENDENT_CODE ON)
 add_library(fs_cudaemu MODULE tests/cuda_emu/backend.c tests/cuda_emu/module.c tests/cuda_emu/nccl_emu.c
-            runtime/cuda/schedule.c)
+            tests/cuda_emu/graph.c runtime/cuda/schedule.c)
 target_include_directories(fs_cudaemu PRIVATE runtime runtime/cuda tests/cuda_emu)
 target_compile_definitions(fs_cudaemu PRIVATE FS_CUDA_EMU_DIR="${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu")
 target_link_libraries(fs_cudaemu PRIVATE fs_plan fs_ops MPI::MPI_C ${CMAKE_DL_LIBS} ${M_LIB})
@@ -193,6 +193,13 @@ if(NOT FS_FUZZ)
            COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu/cast_update.py $<TARGET_FILE:fsc>
                    $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu> ${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cast_update)
   set_tests_properties(cuda_emu_cast_update PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT}
+                       ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache;FS_CUDA_EMU_MEASURE=0")
+  # Offload's delayed update against a float64 PyTorch reference of its maths, on the CPU
+  # backend and --device cuda through cuda-emu; resume bit for bit; its refusals.
+  add_test(NAME delayed_update
+           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/py/delayed_update.py $<TARGET_FILE:fsc>
+                   $<TARGET_FILE:fsexec> $<TARGET_FILE:fs_cudaemu>)
+  set_tests_properties(delayed_update PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT}
                        ENVIRONMENT "FS_CUDA_EMU_CACHE=${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/cache;FS_CUDA_EMU_MEASURE=0")
   # samples/vit.fsm's parity plan (tests/py/vit.py) with --device cuda against the CPU backend.
   add_test(NAME cuda_emu_vit

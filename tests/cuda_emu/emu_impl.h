@@ -16,6 +16,7 @@
 
 #include "emu_abi.h"
 #include "plan.h"
+#include "schedule.h"  // runtime/cuda/schedule.h: CsSchedule
 
 typedef struct {
     void *so;             // dlopen handle of the compiled module
@@ -45,5 +46,16 @@ int emu_module_load(const Plan *p, EmuModule *m, char *err, size_t errlen);
 /* The trampoline of kernel `name`, or NULL. */
 EmuTramp emu_module_kernel(const EmuModule *m, const char *name);
 void emu_module_close(EmuModule *m);
+
+/* ---- graph.c: --cuda-graph's capture and replay --------------------------------------- */
+
+typedef struct EmuGraph EmuGraph;
+/* The step of schedule s as the CUDA backend captures it, each op of the host space a host
+ * function node that calls host_op(host_ctx, op); NULL when out of memory. */
+EmuGraph *emu_graph_capture(const CsSchedule *s, int (*host_op)(void *ctx, int32_t op), void *host_ctx);
+/* Runs the captured step: each device op through run_op(ctx, op), each host node's
+ * function; -1 when one fails (a host op: its op in *failed_op, else -1). */
+int emu_graph_replay(EmuGraph *g, int (*run_op)(void *ctx, int32_t op), void *ctx, int32_t *failed_op);
+void emu_graph_free(EmuGraph *g);
 
 #endif

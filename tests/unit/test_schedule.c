@@ -13,7 +13,10 @@
  *  - zero2's and fsdp's reduce-scatters are waited for a block later;
  *  - offload without clipping: each unit's host update runs during the backward (but the
  *    last two), after the next unit's gradient copy, waiting for its own, between device
- *    ops.
+ *    ops;
+ *  - offload with delayed_update (clipping on): each unit's host update runs before the
+ *    step's backward, with the step's device work after it, reading the gradient the
+ *    step before left on the host, which this step's copy overwrites only after it.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -170,6 +173,15 @@ Test(schedule, reduce_scatters_complete_a_block_later)
     }
 }
 
+/* The stored waits are safe on every rank of the plan's world; the plan freed. */
+static void expect_safe_then_free(Plan *p, const char *shard, const char *world)
+{
+    char err[512];
+    for (int rank = 0; rank < atoi(world); rank++)
+        cr_expect_eq(plan_check_schedule(p, rank, err, sizeof err), 0, "%s rank %d: %s", shard, rank, err);
+    plan_free(p);
+}
+
 /* Offload without clipping, GPT-2 of 4 blocks: the update of each flat unit (a host op)
  * comes after its gradient's copy to the host, which it waits for, and after the next
  * unit's copy; so all but the last two units' (the embeddings' gradient is the last done,
@@ -182,7 +194,6 @@ static void check_host_updates_in_backward(const char *shard, const char *world,
                      {"optimizer", "adamw"}, {"clip", "0"}};
     const Define four[] = {{"L", 4}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 4}};
     Plan *p = sample_compile("gpt2.fsm", four, 6, set, 6, NULL);
-    char err[512];
     int32_t last_backward = -1, n_updates = 0, n_in_backward = 0;
     for (int32_t k = 0; k < p->n_ops; k++)
         if (p->ops[k].phase == PLAN_PHASE_BACKWARD && !plan_op_on_host(p, k)) last_backward = k;
@@ -208,9 +219,7 @@ static void check_host_updates_in_backward(const char *shard, const char *world,
     cr_expect_eq(n_updates, 5, "%s: one update per flat unit", shard);
     cr_expect_eq(n_in_backward, n_updates - 2, "%s: %d of %d updates run during the backward", shard, n_in_backward,
                  n_updates);
-    for (int rank = 0; rank < atoi(world); rank++)
-        cr_expect_eq(plan_check_schedule(p, rank, err, sizeof err), 0, "%s rank %d: %s", shard, rank, err);
-    plan_free(p);
+    expect_safe_then_free(p, shard, world);
 }
 
 Test(schedule, offload_updates_run_during_the_backward)
@@ -218,4 +227,68 @@ Test(schedule, offload_updates_run_during_the_backward)
     check_host_updates_in_backward("none", "1", "bf16");
     check_host_updates_in_backward("zero2", "2", "bf16");
     check_host_updates_in_backward("none", "1", "fp32");
+}
+
+/* delayed_update: the update of unit u reads `<unit>.pending_grad` (state on the host that
+ * no op makes) and goes after the copy of its master to the device, before the step's
+ * first backward op, with device compute after it (the host runs it while the device
+ * computes); the one copy that writes its pending gradient (a view of it) comes after it,
+ * as do those of the pending lr, coef and step count, and no update waits for a copy to
+ * the host. The stored waits are safe on
+ * every rank. */
+static void check_delayed_updates(const char *shard, const char *world, const char *precision)
+{
+    Setting set[] = {{"shard", shard}, {"world", world}, {"precision", precision}, {"offload", "optimizer"},
+                     {"optimizer", "adamw"}, {"clip", "1.0"}, {"delayed_update", "1"}};
+    const Define four[] = {{"L", 4}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V", 256}, {"B", 4}};
+    Plan *p = sample_compile("gpt2.fsm", four, 6, set, 7, NULL);
+    int32_t first_backward = p->n_ops, n_updates = 0;
+    for (int32_t k = p->n_ops - 1; k >= 0; k--)
+        if (p->ops[k].phase == PLAN_PHASE_BACKWARD && !plan_op_on_host(p, k)) first_backward = k;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        if (strcmp(plan_str(p, p->ops[k].op), "adamw")) continue;
+        n_updates++;
+        cr_assert(plan_op_on_host(p, k), "%s: op %d", shard, k);
+        int32_t grad = p->ids[p->ops[k].in + 1], master = p->ids[p->ops[k].in];
+        const PlanTensor *g = &p->tensors[grad];
+        cr_assert(g->role == PLAN_ROLE_OPT_STATE && g->producer == PLAN_NONE && g->place == PLAN_PLACE_HOST &&
+                      strstr(plan_str(p, g->name), ".pending_grad"),
+                  "%s: update op %d reads %s, not a pending gradient", shard, k, plan_tensor_label(p, grad));
+        cr_expect_lt(k, first_backward, "%s: update op %d is not before the backward (op %d)", shard, k,
+                     first_backward);
+        int32_t to_device = -1, writer = -1, device_after = 0;
+        for (int32_t c = 0; c < p->n_ops; c++) {
+            const char *op = plan_str(p, p->ops[c].op);
+            int32_t out = p->ops[c].n_out ? p->ids[p->ops[c].out] : PLAN_NONE;
+            if (c < k && (!strcmp(op, "to_device") || !strcmp(op, "cast")))
+                for (int32_t i = 0; i < p->ops[c].n_in; i++)
+                    if (p->ids[p->ops[c].in + i] == master) to_device = c;
+            if (!strcmp(op, "to_host") && out != PLAN_NONE && p->tensors[out].alias == grad) {
+                cr_expect_eq(writer, -1, "%s: two copies write %s", shard, plan_tensor_label(p, grad));
+                writer = c;
+            }
+            for (int32_t i = 0; c < k && out != PLAN_NONE && i < p->ops[k].n_in; i++)  // its lr, coef, step count too
+                cr_expect_neq(p->tensors[out].alias, p->ids[p->ops[k].in + i], "%s: op %d writes what update op %d "
+                              "reads of the step before, before it", shard, c, k);
+            if (c > k && c < first_backward)
+                device_after |= !plan_op_on_host(p, c) && p->ops[c].stream == PLAN_STREAM_COMPUTE;
+        }
+        cr_expect_geq(to_device, 0, "%s: update op %d is not after its master's copy to the device", shard, k);
+        cr_expect_gt(writer, k, "%s: the copy into update op %d's pending gradient (op %d) is not after it", shard, k,
+                     writer);
+        cr_expect(device_after, "%s: no device op after update op %d in the forward", shard, k);
+        for (int32_t w = 0; w < p->ops[k].n_wait; w++)
+            cr_expect_neq(strcmp(plan_str(p, p->ops[p->waits[p->ops[k].wait + w]].op), "to_host"), 0,
+                          "%s: update op %d waits for a copy to the host", shard, k);
+    }
+    cr_expect_eq(n_updates, 5, "%s: one update per flat unit", shard);
+    expect_safe_then_free(p, shard, world);
+}
+
+Test(schedule, delayed_updates_run_during_the_next_step)
+{
+    check_delayed_updates("none", "1", "bf16");
+    check_delayed_updates("zero2", "2", "bf16");
+    check_delayed_updates("none", "1", "fp32");
+    check_delayed_updates("fsdp", "2", "fp32");
 }
