@@ -170,11 +170,13 @@ static void updates_follow(const Graph *g, const int *root, const Gather *gs, in
     for (int u = 0; u < g->n_nodes; u++) {
         const Node *un = ir_node(g, u);
         if (!is_update(un)) continue;
-        int master = root[ir_in(g, un, 0)], at = -1;
+        // adamw_cast / sgd_cast: the copy sends w, the 16-bit params it writes (its last input), not the master
+        int writes16 = un->op == OP_adamw_cast || un->op == OP_sgd_cast;
+        int master = root[ir_in(g, un, 0)], w = writes16 ? root[ir_in(g, un, un->n_in - 1)] : master, at = -1;
         for (int i = 0; i < ng; i++)
             for (int f = -1; f < gs[i].n_feed; f++) {
                 const Node *x = ir_node(g, f < 0 ? gs[i].node : gs[i].feed[f]);
-                if (touches(g, x, root, master, master) && before[i] > at) at = before[i];
+                if (touches(g, x, root, master, w) && before[i] > at) at = before[i];
             }
         if (at >= 0) moves[u] = 1, due[u] = at;
     }

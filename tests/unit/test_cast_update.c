@@ -73,12 +73,13 @@ Test(cast_update, plan)
             if (on->tensors[i].role == PLAN_ROLE_PARAM16) cr_expect(plan_tensor_is_persistent(&on->tensors[i]));
         plan_free(on), plan_free(off);
     }
-    /* fp32 has no 16-bit params; offload's are on the host, sent as they are; a frozen
-     * unit is cast once a step. */
-    Setting fp32[] = {{"precision", "fp32"}}, offload[] = {{"precision", "bf16"}, {"offload", "optimizer"}};
+    /* fp32 has no 16-bit params; offload's are on the host, sent as they are, when the update is delayed (else the
+     * host casts, as without the setting: passes/offload.c says why); a frozen unit is cast once a step. */
+    Setting fp32[] = {{"precision", "fp32"}},
+            offload[] = {{"precision", "bf16"}, {"offload", "optimizer"}, {"delayed_update", "1"}};
     Setting frozen[] = {{"precision", "bf16"}, {"freeze", "h.0"}};
-    Plan *a = gpt2("1", fp32, 1), *b = gpt2("1", offload, 2), *c = gpt2("1", frozen, 2);
-    Plan *b0 = gpt2("0", offload, 2);
+    Plan *a = gpt2("1", fp32, 1), *b = gpt2("1", offload, 3), *c = gpt2("1", frozen, 2);
+    Plan *b0 = gpt2("0", offload, 3);
     cr_expect_eq(count_ops(a, "adamw_cast"), 0);
     cr_expect_eq(count_ops(b, "adamw_cast"), count_ops(b0, "adamw"));
     cr_expect_eq(master_casts(b), 0, "offload: the host's update writes the 16-bit params");
@@ -86,6 +87,10 @@ Test(cast_update, plan)
     for (int32_t i = 0; i < b->n_tensors; i++)
         if (b->tensors[i].role == PLAN_ROLE_PARAM16) cr_expect_eq(b->tensors[i].place, PLAN_PLACE_HOST);
     plan_free(b0);
+    Plan *plain = gpt2("1", (Setting[]){{"precision", "bf16"}, {"offload", "optimizer"}}, 2);
+    cr_expect_eq(count_ops(plain, "adamw_cast"), 0, "offload, no delay: the host casts");
+    cr_expect_eq(master_casts(plain), count_ops(plain, "adamw"));
+    plan_free(plain);
     cr_expect_gt(count_ops(c, "adamw_cast"), 0);
     cr_expect_eq(count_ops(c, "adamw"), 0);
     cr_expect_eq(master_casts(c), 1, "the frozen block's cast, each step");
@@ -162,12 +167,14 @@ Test(cast_update, zero2_bf16_accumulate)
 }
 Test(cast_update, offload_bf16_adamw)
 {
-    same_training("offload bf16", (Setting[]){{"precision", "bf16"}, {"offload", "optimizer"}}, 2);
+    same_training("offload bf16 delayed", (Setting[]){{"precision", "bf16"}, {"offload", "optimizer"},
+                                                      {"delayed_update", "1"}}, 3);
 }
 Test(cast_update, offload_fp16_sgd)
 {
-    same_training("offload fp16 sgd", (Setting[]){{"precision", "fp16"}, {"offload", "optimizer"}, {"optimizer", "sgd"},
-                                                  {"momentum", "0.9"}}, 4);
+    same_training("offload fp16 sgd delayed", (Setting[]){{"precision", "fp16"}, {"offload", "optimizer"},
+                                                          {"optimizer", "sgd"}, {"momentum", "0.9"},
+                                                          {"delayed_update", "1"}}, 5);
 }
 Test(cast_update, fsdp_bf16_recompute_frozen)
 {

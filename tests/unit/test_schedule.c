@@ -246,10 +246,13 @@ static void check_delayed_updates(const char *shard, const char *world, const ch
     for (int32_t k = p->n_ops - 1; k >= 0; k--)
         if (p->ops[k].phase == PLAN_PHASE_BACKWARD && !plan_op_on_host(p, k)) first_backward = k;
     for (int32_t k = 0; k < p->n_ops; k++) {
-        if (strcmp(plan_str(p, p->ops[k].op), "adamw")) continue;
+        const char *upd = plan_str(p, p->ops[k].op);
+        int writes16 = !strcmp(upd, "adamw_cast");  // cast_in_update: it writes w, the 16-bit params the copy sends
+        if (strcmp(upd, "adamw") && !writes16) continue;
         n_updates++;
         cr_assert(plan_op_on_host(p, k), "%s: op %d", shard, k);
         int32_t grad = p->ids[p->ops[k].in + 1], master = p->ids[p->ops[k].in];
+        int32_t w16 = writes16 ? p->ids[p->ops[k].in + p->ops[k].n_in - 1] : PLAN_NONE;
         const PlanTensor *g = &p->tensors[grad];
         cr_assert(g->role == PLAN_ROLE_OPT_STATE && g->producer == PLAN_NONE && g->place == PLAN_PLACE_HOST &&
                       strstr(plan_str(p, g->name), ".pending_grad"),
@@ -262,7 +265,7 @@ static void check_delayed_updates(const char *shard, const char *world, const ch
             int32_t out = p->ops[c].n_out ? p->ids[p->ops[c].out] : PLAN_NONE;
             if (c < k && (!strcmp(op, "to_device") || !strcmp(op, "cast")))
                 for (int32_t i = 0; i < p->ops[c].n_in; i++)
-                    if (p->ids[p->ops[c].in + i] == master) to_device = c;
+                    if (p->ids[p->ops[c].in + i] == master || p->ids[p->ops[c].in + i] == w16) to_device = c;
             if (!strcmp(op, "to_host") && out != PLAN_NONE && p->tensors[out].alias == grad) {
                 cr_expect_eq(writer, -1, "%s: two copies write %s", shard, plan_tensor_label(p, grad));
                 writer = c;
