@@ -164,6 +164,7 @@ static int add_config(Plan *p, const TrainConfig *t)
         {"fuse_residual", I, NULL, 0, t->fuse_residual},
         {"tf32", I, NULL, 0, t->tf32},
         {"cast_in_update", I, NULL, 0, t->cast_in_update},
+        {"delayed_update", I, NULL, 0, t->delayed_update},
         {"balance", S, t->balance, 0, 0},
         {"offload", S, offload_name(t->offload), 0, 0},
         {"seed", I, NULL, 0, (int64_t)t->seed},
@@ -174,8 +175,6 @@ static int add_config(Plan *p, const TrainConfig *t)
                                      : plan_meta_set_int(p, keys[k].key, keys[k].i);
         if (rc) return -1;
     }
-    /* Only when on: a plan without it is byte for byte the plan before the setting. */
-    if (t->delayed_update && plan_meta_set_int(p, "delayed_update", 1)) return -1;
     return 0;
 }
 

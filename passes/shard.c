@@ -457,7 +457,8 @@ static void layout_params(Shard *s, Unit *u, int trains)
     if (u->tied) g->values[u->storage].pipe_copy = g->values[u->shard_view].pipe_copy = 1;
     u->gathered = u->storage;
     if (work && s->cast16) {
-        u->gathered = g->values[u->storage].work = work_copy(s, u, u->padded, 0);
+        int w = work_copy(s, u, u->padded, 0);  // first: a new value may move g->values
+        u->gathered = g->values[u->storage].work = w;
     } else if (work && s->t->shard != SHARD_FSDP) {  // zero1, zero2: this rank's part, gathered in place
         int w = work_copy(s, u, u->padded, 0), part = new_value(s, u, ROLE_PARAM16, s->low, u->shard, NULL);
         make_view(s, part, w, 0, u->shard);
@@ -471,7 +472,10 @@ static void layout_params(Shard *s, Unit *u, int trains)
         s->g->nodes[s->g->values[u->gathered].producer].phase = PHASE_FORWARD;
         s->g->values[u->gathered].name = arena_printf(s->g->arena, "%s.compute", unit_name(s, u));
     } else if (fsdp) {
-        if (work) g->values[u->storage].work = work_copy(s, u, u->shard, 1);
+        if (work) {
+            int w = work_copy(s, u, u->shard, 1);  // first: a new value may move g->values
+            g->values[u->storage].work = w;
+        }
         u->gathered = gather(s, u);
     } else if (u->shard_view != u->storage) {
         /* In place: the shards all-gathered into the full buffer they belong to. */
