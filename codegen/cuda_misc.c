@@ -47,6 +47,9 @@ int cuda_full(CuCtx *c)
     return fill(c, "full", n, "fs_full", cu_fmt(c, "(y, %s)", v));
 }
 
+/* buffer: no kernel; the producers of the values inside it write its bytes. */
+int cuda_buffer(CuCtx *c) { return (void)c, 0; }
+
 /* arange(n): i32 0, 1, ..., n - 1. */
 int cuda_arange(CuCtx *c)
 {

@@ -144,6 +144,7 @@ double flops_scalar(const Graph *g, const Node *n) { return 0; }
 /* ---- compiler-made ops: constants, backward, optimizer ------------------------------ */
 
 double flops_full(const Graph *g, const Node *n) { return 0; }
+double flops_buffer(const Graph *g, const Node *n) { return 0; }
 double flops_cast(const Graph *g, const Node *n) { return out_numel(g, n); }
 double flops_sum_to(const Graph *g, const Node *n) { return in_numel(g, n, 0); }
 double flops_expand(const Graph *g, const Node *n) { return 0; }

@@ -47,6 +47,15 @@ int shape_full(ShapeCtx *c)
     return want_in(c, 0) ? -1 : shape_attr(c, (DType)dt);
 }
 
+/* buffer(shape, dtype): full's type, no value. */
+int shape_buffer(ShapeCtx *c)
+{
+    int64_t dt = op_attr_int(&c->attrs, "dtype", DT_F32);
+    if (dt < 0 || dt >= DT_COUNT || dt == DT_I32)
+        return shape_fail(c, "buffer: dtype %" PRId64 " is not a float dtype", dt);
+    return want_in(c, 0) ? -1 : shape_attr(c, (DType)dt);
+}
+
 /* sum_to(x, shape): x reduced to a shape that broadcasts to x's. */
 int shape_sum_to(ShapeCtx *c)
 {

@@ -10,8 +10,10 @@
  *    f32 buffer, padded to a multiple of the world; each param is a view into it at its
  *    flat offset. Its storage: the whole buffer (ddp, zero1, zero2) or only this rank's
  *    contiguous shard (fsdp).
- *  - Gradients are views into a flat gradient buffer per unit (zeroed first, so padding
- *    and unused params contribute zeros), averaged over ranks right after the unit's
+ *  - Gradients are views into a flat gradient buffer per unit, each made in place by its
+ *    producer; the buffer itself is made by no kernel (OP_buffer) and only the bytes no
+ *    gradient covers are zeroed (padding, unused or frozen params: zero_gaps), so they
+ *    contribute zeros. It is averaged over ranks right after the unit's
  *    backward: all_reduce (ddp, zero1) or reduce_scatter to this rank's shard (zero2,
  *    fsdp).
  *  - The optimizer (next pass) updates each unit's storage from its gradient: the whole
@@ -535,15 +537,56 @@ static int own_grad(const Graph *g, int gv, const char *taken, const char *drop,
     return 1;
 }
 
+static void name_grad(Shard *s, const Unit *u, int v, const char *name)
+{
+    Value *val = &s->g->values[v];
+    val->role = ROLE_GRAD;
+    val->unit = (int)(u - s->units);
+    val->name = name;
+}
+
+/* A full of zeros over elements [from, to) of u's flat gradient buffer, before node `at`. */
+static void zero_range(Shard *s, const Unit *u, int64_t from, int64_t to, int at)
+{
+    Graph *g = s->g;
+    int64_t n = to - from;
+    if (n == 0) return;
+    Attr zero[3] = {{.key = "value", .kind = ATTR_FLOAT, .f = 0},
+                    {.key = "shape", .kind = ATTR_INTS, .ints = &n, .n_list = 1},
+                    {.key = "dtype", .kind = ATTR_INT, .i = g->values[u->fgrad].dtype}};
+    int z = place(s, OP_full, NULL, 0, zero, 3, u->block, at, 0);
+    make_view(s, z, u->fgrad, from, 0);
+    name_grad(s, u, z, arena_printf(g->arena, "%s.flat_grad_zeros@%lld", unit_name(s, u), (long long)from));
+}
+
+/* The flat gradient buffer is made by no kernel (OP_buffer): each gradient in it is made
+ * in place, all of its bytes, by its producer (an SSA value; accumulation's partial sums
+ * too, each a whole view). Only the bytes no gradient covers are zeroed, as the reduction,
+ * the norm and the update read them: the padding to the world's multiple and the params
+ * without a gradient (frozen or unused; u->graded 0), each maximal run by one full. */
+static void zero_gaps(Shard *s, const Unit *u, int at)
+{
+    const Graph *g = s->g;
+    int64_t from = -1, end = 0;
+    for (int k = 0; k < u->n_params; k++) {
+        const Value *p = ir_value(g, u->params[k]);
+        FS_ASSERT(p->flat_offset == end);  // contiguous: layout_params
+        end += ir_numel(p);
+        if (u->graded[k] && from >= 0) zero_range(s, u, from, p->flat_offset, at), from = -1;
+        if (!u->graded[k] && from < 0) from = p->flat_offset;
+    }
+    if (from < 0) from = end;
+    if (from < u->padded) zero_range(s, u, from, u->padded, at);
+}
+
 static void layout_grads(Shard *s, Unit *u, char *taken)
 {
     Graph *g = s->g;
     int at = u->grad_first < NONE ? u->grad_first : s->n_orig, after = u->grad_last >= 0 ? u->grad_last : s->n_orig;
     int reduce16 = unit_reduce16(s, u);
-    Attr zero[3] = {{.key = "value", .kind = ATTR_FLOAT, .f = 0},
-                    {.key = "shape", .kind = ATTR_INTS, .ints = &u->padded, .n_list = 1},
+    Attr type[2] = {{.key = "shape", .kind = ATTR_INTS, .ints = &u->padded, .n_list = 1},
                     {.key = "dtype", .kind = ATTR_INT, .i = reduce16 ? s->low : DT_F32}};
-    u->fgrad = place(s, OP_full, NULL, 0, zero, 3, u->block, at, 0);
+    u->fgrad = place(s, OP_buffer, NULL, 0, type, 2, u->block, at, 0);
     g->values[u->fgrad].role = ROLE_GRAD;
     g->values[u->fgrad].name = arena_printf(g->arena, "%s.flat_grad", unit_name(s, u));
     g->values[u->fgrad].unit = (int)(u - s->units);
@@ -562,14 +605,7 @@ static void layout_grads(Shard *s, Unit *u, char *taken)
         make_view(s, gv, u->fgrad, g->values[u->params[k]].flat_offset, 0);
         g->values[gv].role = ROLE_GRAD;
     }
-}
-
-static void name_grad(Shard *s, const Unit *u, int v, const char *name)
-{
-    Value *val = &s->g->values[v];
-    val->role = ROLE_GRAD;
-    val->unit = (int)(u - s->units);
-    val->name = name;
+    zero_gaps(s, u, at);
 }
 
 static void reduce_grads(Shard *s, Unit *u)

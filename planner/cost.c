@@ -67,6 +67,7 @@ static double op_time(const Machine *m, const Plan *p, const PlanProgram *pr, co
         return b > 0 ? b / link_bw(m, same) + m->collective_latency : 0;
     }
     if (info && (info->flags & OPF_VIEW)) return 0;
+    if (info == op_info(OP_buffer)) return 0;  // no kernel: its views' producers write its bytes
     double bytes = 0;
     int host = 0;
     PlanDType dt = PLAN_DT_F32;

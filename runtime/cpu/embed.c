@@ -1,5 +1,5 @@
 /* runtime/cpu/embed.c: table lookups, the loss, and constants: embedding (+ bwd),
- * embedding_bwd_into, cross_entropy (+ bwd, + the two fused), arange, scalar, full.
+ * embedding_bwd_into, cross_entropy (+ bwd, + the two fused), arange, scalar, full, buffer.
  *
  * An index outside the table (or a target outside the vocabulary) is a broken plan or
  * bad data: the kernel stops with file:line rather than read out of bounds.
@@ -307,6 +307,9 @@ void cpu_arange(const KCall *k)
 }
 
 void cpu_scalar(const KCall *k) { fdata(&k->out[0])[0] = (float)k->attr[0]; }
+
+/* buffer: nothing to write; the producers of the values inside it write its bytes. */
+void cpu_buffer(const KCall *k) { (void)k; }
 
 /* full(value, shape): every element of the output (any dtype) set to value, rounded. */
 void cpu_full(const KCall *k)

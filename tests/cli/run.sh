@@ -87,7 +87,7 @@ expect fsc-given-plan 1 "$tmp/gpt2.plan is a plan compiled by fsc, not a model s
 # fsexec --inspect, and the guard.
 GPT2_SMALL=(-D L=2 -D C=64 -D NH=4 -D T=32 -D V=256)
 expect mem-text 0 "arena / peak" -- "$FSC" "$SRC/samples/gpt2.fsm" "${GPT2_SMALL[@]}" --mem -q
-expect mem-peak-op 0 "peak op        11: full (backward) mlp.fsm:15:9" -- "$FSC" "$SRC/samples/mlp.fsm" --mem -q
+expect mem-peak-op 0 "peak op        11: buffer (backward) mlp.fsm:15:9" -- "$FSC" "$SRC/samples/mlp.fsm" --mem -q
 expect mem-json 0 '"arena_bytes":' -- "$FSC" "$SRC/samples/mlp.fsm" --mem=json -q
 expect mem-html 0 "wrote $tmp/mem.html" -- "$FSC" "$SRC/samples/mlp.fsm" --mem=html "$tmp/mem.html"
 expect mem-html-svg 0 '<g class="col"><title>' -- cat "$tmp/mem.html"
@@ -485,7 +485,7 @@ printf '{"gpus_per_node": 8}' > "$tmp/few.json"
 expect fit-machine-missing-key 1 "--machine $tmp/few.json: flops_fp32: missing" -- "$FSC" "${FIT[@]}" --fit 1GiB --machine "$tmp/few.json"
 # fsc --kernels: each launch's cost on the machine's GPU (h100, h200, or a machine file).
 TINY=("$SRC/samples/gpt2.fsm" -D L=2 -D C=64 -D NH=4 -D T=32 -D V=256 -q)
-expect kernels-text 0 "step: 79 instructions (" -- "$FSC" "${TINY[@]}" --precision bf16 --kernels
+expect kernels-text 0 "step: 76 instructions (" -- "$FSC" "${TINY[@]}" --precision bf16 --kernels
 expect kernels-kinds 0 "by op kind (the longest first):" -- "$FSC" "${TINY[@]}" --kernels
 expect kernels-h100 0 "on H100-SXM-8: 989 TFLOP/s bf16/fp16 tensor cores, 67 TFLOP/s fp32, 3350 GB/s HBM" -- \
   "$FSC" "${TINY[@]}" --kernels=text
@@ -496,7 +496,7 @@ expect kernels-tf32 0 '"flops_tf32": 495000000000000' -- "$FSC" "${TINY[@]}" --k
 printf '{"name": "slow", "gpus_per_node": 4, "flops_fp32": 1e13, "flops_16bit": 1e14, "hbm_bw": 1e12, "nvlink_bw": 1e11,
  "ib_bw": 1e10, "pcie_bw": 1e10, "host_flops": 1e11, "host_bw": 1e10, "collective_latency": 1e-5}' > "$tmp/slow.json"
 expect kernels-machine-file 0 '"hbm_bw": 1000000000000' -- "$FSC" "${TINY[@]}" --kernels=json --machine "$tmp/slow.json"
-expect kernels-json 0 '"n_instructions": 79' -- "$FSC" "${TINY[@]}" --precision bf16 --kernels=json
+expect kernels-json 0 '"n_instructions": 76' -- "$FSC" "${TINY[@]}" --precision bf16 --kernels=json
 expect kernels-bad-format 1 "--kernels: expected --kernels, --kernels=text or --kernels=json, got '--kernels=xml'" -- \
   "$FSC" "${TINY[@]}" --kernels=xml
 expect kernels-bad-machine 1 "--machine $tmp/none.json: " -- "$FSC" "${TINY[@]}" --kernels --machine "$tmp/none.json"

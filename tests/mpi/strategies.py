@@ -20,7 +20,10 @@ Haswell, Zen, Sandybridge, Nehalem, Core2, Atom). The single-rank run also diffe
 itself when only its thread count changes (large GEMMs split over threads), so a
 tensor may differ by up to 3 times that, when that is more than 1e-5. At world 1 every
 strategy must equal the single-rank run bit for bit. fsdp also trains so with the params
-outside blocks gathered per use (--reshard_root 1), at worlds 2 and 3.
+outside blocks gathered per use (--reshard_root 1), at worlds 2 and 3. At world 3 each
+strategy also trains bit for bit so with --debug-nan (every buffer NaN outside its live
+range): the padding of the flat gradient buffers, which no gradient writes, is zeroed by
+the plan (passes/shard.c's zero_gaps), not found zero in the arena.
 A wrong shard, a missing average or a stale gather differs by orders of magnitude more.
 
 usage: strategies.py FSC FSEXEC   (needs mpirun; uses /usr/bin/python3's numpy)
@@ -62,9 +65,10 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def train(fsc, fsexec, work, model, dims, data, shard, world, threads=1, steps=STEPS, extra=()):
+def train(fsc, fsexec, work, model, dims, data, shard, world, threads=1, steps=STEPS, extra=(), run_extra=()):
+    flags = "".join(extra) + "".join(run_extra)
     tag = "%s-%s-%d-%d-%d%s" % (model, shard, world, threads, steps,
-                                "".join(c if c.isalnum() or c in "._" else "_" for c in "".join(extra)))
+                                "".join(c if c.isalnum() or c in "._" else "_" for c in flags))
     plan = os.path.join(work, tag + ".plan")
     out = os.path.join(work, tag + ".safetensors")
     log = os.path.join(work, tag + ".jsonl")
@@ -74,7 +78,7 @@ def train(fsc, fsexec, work, model, dims, data, shard, world, threads=1, steps=S
     if world > 1:
         cmd += ["--nproc", str(world)]
     cmd += [plan, "--steps", str(steps), "--save-weights", out, "--log", log, "--data-order", "sequential",
-            "--threads", str(threads)]
+            "--threads", str(threads), *run_extra]
     if data:
         cmd += ["--data", data]
     run(cmd, ROOT)
@@ -117,6 +121,14 @@ def main():
                         sys.exit("FAIL %s %s: losses %s, single rank %s" % (model, what, got_loss, ref_loss))
                     match = "bit for bit" if world == 1 else "params at %.0f%% of tolerance at most (%s)" % (100 * worst, name)
                     print("ok   %-5s %-6s world %d: %s, losses and norms rel %.1e" % (model, shard, world, match, lerr))
+                    if world == 3:
+                        nan, nan_loss = train(fsc, fsexec, work, model, dims, data, shard, world,
+                                              run_extra=("--debug-nan",))
+                        compare(model, what + " --debug-nan", nan, got, floor, True)
+                        if nan_loss != got_loss:
+                            sys.exit("FAIL %s %s --debug-nan: losses %s, without %s" % (model, what, nan_loss,
+                                                                                          got_loss))
+                        print("ok   %-5s %-6s world %d --debug-nan: bit for bit" % (model, shard, world))
             # gpt2: full and selective recompute (passes/recompute.c) across ranks, and the
             # params outside blocks gathered per use (reshard_root) at an even and an uneven world.
             extras = [(2, ("--recompute", "h.0,attention:h.1"))] if model == "gpt2" else []

@@ -22,6 +22,18 @@ const char *sample_source(const char *file)
     return src;
 }
 
+const char *sample_source_with(const char *file, const char *before, const char *text)
+{
+    static char src[1 << 16];
+    snprintf(src, sizeof src, "%s", sample_source(file));
+    char *at = strstr(src, before);
+    size_t n = strlen(text);
+    cr_assert(at && strlen(src) + n < sizeof src, "samples/%s: no \"%s\" to insert before", file, before);
+    memmove(at + n, at, strlen(at) + 1);
+    memcpy(at, text, n);
+    return src;
+}
+
 Plan *sample_compile(const char *file, const Define *defs, int n_defs, const Setting *set, int n_set, Graph **out)
 {
     return sample_compile_source(file, sample_source(file), defs, n_defs, set, n_set, out);

@@ -13,6 +13,9 @@
 Plan *sample_compile(const char *file, const Define *defs, int n_defs, const Setting *set, int n_set, Graph **g);
 /* The text of samples/FILE, in a static buffer the next call overwrites. */
 const char *sample_source(const char *file);
+/* samples/FILE's text with `text` inserted before the first `before`, in a static buffer
+ * of its own that the next call overwrites. */
+const char *sample_source_with(const char *file, const char *before, const char *text);
 /* The same for source text src, named `file` in messages. */
 Plan *sample_compile_source(const char *file, const char *src, const Define *defs, int n_defs, const Setting *set,
                             int n_set, Graph **g);

@@ -634,7 +634,7 @@ static int check_program(const Plan *p, const Graph *gr, const char *what)
         int member = nd->group >= 0, continues = member && op + 1 < gr->n_nodes && gr->nodes[op + 1].group == nd->group;
         if (continues) want = 0, saved++;
         else if (member) want = 1;
-        else if (flags & OPF_COLLECTIVE) want = 0;
+        else if (flags & OPF_COLLECTIVE || nd->op == OP_buffer) want = 0;  // buffer: its views are written
         else if (nd->op == OP_reshape || nd->op == OP_copy) want = !same_bytes(gr, nd);
         else if (nd->op == OP_matmul) check_matmul(p, gr, op);
         else if (flags & (OPF_ELEMWISE | OPF_LAYOUT | OPF_EFFECT) || nd->op == OP_lr_at || nd->op == OP_clip_coef ||

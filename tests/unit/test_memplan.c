@@ -92,4 +92,16 @@ static void check_nan_fill(const Plan *p)
 }
 
 Test(memplan, gpt2_trains_identically_with_freed_buffers_poisoned) { Plan *p = compile_sample("gpt2.fsm", GPT2, 6); check_nan_fill(p); plan_free(p); }
+
+/* A gap in a flat gradient buffer (the unused param `spare`: no gradient is made there)
+ * is zeroed by the plan, not by the arena: with the clip's norm reading the whole buffer,
+ * a NaN left there would change every step. */
+Test(memplan, gradient_gaps_train_identically_with_freed_buffers_poisoned)
+{
+    const char *src = sample_source_with("mlp.fsm", "  param w_out", "  param spare: [5] = normal(1);\n");
+    Setting set[] = {{"clip", "1.0"}};
+    Plan *p = sample_compile_source("mlp.fsm", src, NULL, 0, set, 1, NULL);
+    check_nan_fill(p);
+    plan_free(p);
+}
 Test(memplan, llama_trains_identically_with_freed_buffers_poisoned) { Plan *p = compile_sample("llama.fsm", LLAMA, 7); check_nan_fill(p); plan_free(p); }

@@ -323,3 +323,63 @@ Test(shard, fsdp_reshard_root_gathers_per_use)
     }
     cr_expect(norms[1] == norms[0], "reshard_root 1: gradient norm %.9g, kept root %.9g", norms[1], norms[0]);
 }
+
+/* The flat gradient buffer is made by no kernel (buffer); a full of zeros covers exactly
+ * the elements no gradient is made in: the padding to the world's multiple and a param
+ * without a gradient (mlp's `spare`, in the unit outside blocks), never a gradient's.
+ * Every element is written by one of them, once, in every strategy, world, precision. */
+static void check_gaps(const Graph *g, int *n_buffers, int *n_zeroed)
+{
+    for (int n = 0; n < g->n_nodes; n++) {
+        const Node *node = ir_node(g, n);
+        cr_expect(node->op != OP_full || ir_value(g, ir_out(g, node, 0))->role != ROLE_GRAD ||
+                      ir_value(g, ir_out(g, node, 0))->view_of >= 0,
+                  "a full makes a whole gradient buffer");
+        if (node->op != OP_buffer) continue;
+        int b = ir_out(g, node, 0);
+        int64_t numel = ir_numel(ir_value(g, b)), es = dtype_size(ir_value(g, b)->dtype);
+        char *by = calloc((size_t)numel, 1);  // element: 0 unwritten, 1 a gradient, 2 a zero
+        for (int v = 0; v < g->n_values; v++) {
+            const Value *val = ir_value(g, v);
+            if (val->view_of != b || val->producer < 0) continue;
+            const Node *w = ir_node(g, val->producer);
+            if (op_info(w->op)->flags & OPF_COLLECTIVE) continue;  // the reduction, in place over all of it
+            int64_t at = val->view_offset / es, len = ir_numel(val);
+            cr_assert(at >= 0 && at + len <= numel);
+            for (int64_t i = at; i < at + len; i++) {
+                cr_expect(!by[i], "%s: element %lld written twice", val->name, (long long)i);
+                by[i] = w->op == OP_full ? 2 : 1;
+            }
+            *n_zeroed += w->op == OP_full;
+        }
+        for (int64_t i = 0; i < numel; i++) cr_expect(by[i], "%s: element %lld never written", ir_value(g, b)->name,
+                                                      (long long)i);
+        free(by);
+        ++*n_buffers;
+    }
+}
+
+Test(shard, gradient_buffer_zeroes_only_its_gaps)
+{
+    const char *src = sample_source_with("mlp.fsm", "  param w_out", "  param spare: [5] = normal(1);\n");
+    static const char *const strategies[] = {"none", "ddp", "zero1", "zero2", "fsdp"};
+    const Define b[] = {{"B", 48}};
+    for (int k = 0; k < 5; k++)
+        for (int world = 1; world <= 3; world += 2)
+            for (int low = 0; low < 2; low++) {
+                if (k == 0 && world > 1) continue;
+                char w[8];
+                snprintf(w, sizeof w, "%d", world);
+                Setting set[] = {{"shard", strategies[k]}, {"world", w}, {"precision", low ? "bf16" : "fp32"}};
+                Graph *g = NULL;
+                Plan *p = sample_compile_source("mlp.fsm", src, b, 1, set, 3, &g);
+                int buffers = 0, zeroed = 0;
+                check_gaps(g, &buffers, &zeroed);
+                /* 3 units (2 blocks, the rest); spare's 5 elements; at world 3 each unit is padded. */
+                cr_expect_eq(buffers, 3, "%s world %d: %d gradient buffers", strategies[k], world, buffers);
+                cr_expect_eq(zeroed, world == 1 ? 1 : 3, "%s world %d %s: %d zeroed ranges", strategies[k], world,
+                             set[2].value, zeroed);
+                ir_graph_free(g);
+                plan_free(p);
+            }
+}
