@@ -53,6 +53,11 @@ typedef enum {
 /* The input of an update that it writes without reading: adamw_cast's and sgd_cast's w, the
  * 16-bit copy it makes of the params it updated (ops.def); -1 for any other op. */
 static inline int ops_update_copy_input(OpKind k) { return k == OP_adamw_cast ? 7 : k == OP_sgd_cast ? 6 : -1; }
+/* Whether k is an optimizer update (adamw, sgd, and their forms that also write the 16-bit params). */
+static inline int ops_is_update(OpKind k)
+{
+    return k == OP_adamw || k == OP_sgd || k == OP_adamw_cast || k == OP_sgd_cast;
+}
 
 #define OPS_MAX_RANK 6
 #define OPS_MAX_IN 16

@@ -395,11 +395,6 @@ static void place_nodes(Off *o)
     ir_graph_compact(g, drop);
 }
 
-static int is_update(const Node *n)
-{
-    return n->op == OP_adamw || n->op == OP_sgd || n->op == OP_adamw_cast || n->op == OP_sgd_cast;
-}
-
 /* delayed_update: each update goes just after the last other node that reads its master
  * (or a view in it, its cast on the host, or the 16-bit params an adamw_cast writes there): the cast and copy that give the device this
  * step's params, which the update must not change before they have read them (after
@@ -415,14 +410,15 @@ static void delay_updates(Graph *g)
     for (int u = 0; u < nn; u++) {
         const Node *un = ir_node(g, u);
         after[u] = -2;  // not an update
-        if (!is_update(un)) continue;
+        if (!ops_is_update(un->op)) continue;
         memset(of_p, 0, (size_t)g->n_values);
         of_p[ir_in(g, un, 0)] = 1;
-        if (un->op == OP_adamw_cast || un->op == OP_sgd_cast) of_p[ir_in(g, un, un->n_in - 1)] = 1;  // its 16-bit w
+        int at16 = ops_update_copy_input(un->op);
+        if (at16 >= 0) of_p[ir_in(g, un, at16)] = 1;  // its 16-bit w
         after[u] = -1;
         for (int k = 0; k < u; k++) {
             const Node *kn = ir_node(g, k);
-            if (is_update(kn)) continue;
+            if (ops_is_update(kn->op)) continue;
             int reads = 0;
             for (int i = 0; i < kn->n_in; i++)
                 for (int x = ir_in(g, kn, i), hops = 0; x >= 0 && hops < 64; x = ir_view_parent(g, x), hops++)

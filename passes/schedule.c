@@ -66,10 +66,6 @@ static int root_of(const Graph *g, int v)
 
 static int is_view_node(const Node *n) { return (op_info(n->op)->flags & OPF_VIEW) != 0; }
 
-static int is_update(const Node *n)
-{
-    return n->op == OP_adamw || n->op == OP_sgd || n->op == OP_adamw_cast || n->op == OP_sgd_cast;
-}
 
 /* Whether node n reads or writes a value whose buffer is r0 or r1. */
 static int touches(const Graph *g, const Node *n, const int *root, int r0, int r1)
@@ -169,10 +165,10 @@ static void updates_follow(const Graph *g, const int *root, const Gather *gs, in
 {
     for (int u = 0; u < g->n_nodes; u++) {
         const Node *un = ir_node(g, u);
-        if (!is_update(un)) continue;
-        // adamw_cast / sgd_cast: the copy sends w, the 16-bit params it writes (its last input), not the master
-        int writes16 = un->op == OP_adamw_cast || un->op == OP_sgd_cast;
-        int master = root[ir_in(g, un, 0)], w = writes16 ? root[ir_in(g, un, un->n_in - 1)] : master, at = -1;
+        if (!ops_is_update(un->op)) continue;
+        // adamw_cast / sgd_cast: the copy sends w, the 16-bit params it writes, not the master
+        int at16 = ops_update_copy_input(un->op);
+        int master = root[ir_in(g, un, 0)], w = at16 >= 0 ? root[ir_in(g, un, at16)] : master, at = -1;
         for (int i = 0; i < ng; i++)
             for (int f = -1; f < gs[i].n_feed; f++) {
                 const Node *x = ir_node(g, f < 0 ? gs[i].node : gs[i].feed[f]);
@@ -283,7 +279,7 @@ static int is_to_host(const Graph *g, const Node *n)
  * share only what both read (the learning rate, the coefficient, the step count). */
 static int must_follow(const Graph *g, const Node *x, const Node *y, const int *root)
 {
-    return !(is_update(x) && is_update(y)) && shares_a_buffer(g, x, y, root);
+    return !(ops_is_update(x->op) && ops_is_update(y->op)) && shares_a_buffer(g, x, y, root);
 }
 
 /* Offload's updates during the backward: each optimizer node of the compute stream and
@@ -303,7 +299,7 @@ static void host_early(Graph *g, const int *root, int delayed)
         /* A collective or a send stays: the order of those between ranks is what
          * plan_check_p2p proved free of deadlock. */
         int optimizer = x->phase == PHASE_OPTIMIZER && stream_of(x->op) == STREAM_COMPUTE;
-        int moves = delayed ? optimizer && !is_update(x) : optimizer || x->op == OP_to_host;
+        int moves = delayed ? optimizer && !ops_is_update(x->op) : optimizer || x->op == OP_to_host;
         int at = n;  // the position it goes to
         if (moves) {
             while (at > 0 && !must_follow(g, x, ir_node(g, order[at - 1]), root)) at--;
