@@ -288,9 +288,14 @@ void rt_comm_gather_f32(const float *send, int64_t n, float *recv)
 
 int rt_comm_agree(int rc)
 {
+    return rt_comm_agree_on(rc, "the ranks' agreement on a result (MPI_Allreduce)");
+}
+
+int rt_comm_agree_on(int rc, const char *what)
+{
     if (!comm.up) return rc;
     int worst;
-    blocking("the ranks' agreement on a result (MPI_Allreduce)", PLAN_NONE);
+    blocking(what, PLAN_NONE);
     MPI_CHECK(MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
     rt_watchdog_waited();
     return worst;

@@ -862,6 +862,8 @@ void rt_comm_gather_f32(const float *send, int64_t n, float *recv);
 /* The largest rc over every rank of the world (every rank calls it): an error anywhere
  * is everyone's. */
 int rt_comm_agree(int rc);
+/* The same, with what the watchdog names when a rank does not reach it. */
+int rt_comm_agree_on(int rc, const char *what);
 /* Every world rank's n numbers, in world rank order, into all (n x world); every rank
  * calls it. */
 void rt_comm_allgather_u64(const uint64_t *mine, int n, uint64_t *all);

@@ -20,6 +20,9 @@
 
 #include "runtime.h"
 
+/* What a waiting rank's watchdog names when another rank does not reach the step's end. */
+#define STOP_AGREEMENT "the step's end, where every rank agrees whether a signal stops training (MPI_Allreduce)"
+
 /* The f32 scalar with step role r, or NULL. */
 static const float *scalar(const Exec *e, PlanStepRole r)
 {
@@ -223,7 +226,7 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
         int last = step == o->steps, stop = 0;
         if (o->stop) {
             rt_watchdog_arm("step", step);  // part of the step: its end, agreed
-            stop = rt_comm_agree((int)*o->stop);  // the signal, agreed
+            stop = rt_comm_agree_on((int)*o->stop, STOP_AGREEMENT);  // the signal, agreed
             rt_watchdog_disarm();
         }
         if (last) stop = 0;
@@ -236,7 +239,7 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
             }
             if (!last && !stop && o->stop) {  // a signal in the save: this checkpoint has every step so far
                 rt_watchdog_arm("step", step);
-                stop = rt_comm_agree((int)*o->stop);
+                stop = rt_comm_agree_on((int)*o->stop, STOP_AGREEMENT);
                 rt_watchdog_disarm();
                 if (stop && o->stopped_by) *o->stopped_by = stop;
             }
