@@ -20,7 +20,10 @@
  *        untied head stored [V, C]), where P is read only by that matmul and as an
  *        embedding's table, and the logits only by the loss (or as an output of the step:
  *        the sampling program's): P widened to [Vp, C], every node's outputs retyped (the
- *        logits [..., Vp]), and the loss replaced by one with valid = V. A head stored
+ *        logits [..., Vp]), and the loss replaced by one with valid = V. Logits that add a
+ *        bias b [V] to that matmul (BERT's decoder: h @ transpose(word_emb) + bias), b read
+ *        by nothing else, get b widened to [Vp] too: its padding is zero as P's is (init,
+ *        and its gradient there is the sum of dlogits' padded columns, 0). A head stored
  *        [C, V] (read without tb: Llama's output) keeps its shape, as padding its columns
  *        would move every logical element: where the logits are read by the loss alone (no
  *        output of the step), the head matmul reads pad(P) [C, Vp], P's columns and zeros,
@@ -30,6 +33,8 @@
  *        it too, so evaluation, sampling and decode read the same stored param; the decode
  *        program, which has no loss, pads the [V, C] head that makes its output logits (read
  *        by nothing); a [C, V] head's sampling and decode programs read the param as it is.
+ *        A [C, V] head with a bias (a classifier's) is not padded: its bias would need a
+ *        padded copy each step as well, which is not built.
  */
 #include <string.h>
 
@@ -57,20 +62,49 @@ static int read_only_by(const Graph *g, int v, int only)
     return 1;
 }
 
+/* The bias b [V] of logits L = M + b (BERT's decoder bias), or -1 (then M is L: logits
+ * without a bias): the add that makes L reads a matmul's output M [..., V] that nothing
+ * else reads, and a param b that nothing else reads. */
+static int head_bias(const Graph *g, int L, int *M)
+{
+    *M = L;
+    const Value *lv = ir_value(g, L);
+    int a = lv->producer;
+    if (ir_node(g, a)->op != OP_add) return -1;
+    for (int i = 0; i < 2; i++) {
+        int m = ir_in(g, ir_node(g, a), i), b = ir_in(g, ir_node(g, a), 1 - i);
+        const Value *mv = ir_value(g, m), *bv = ir_value(g, b);
+        if (mv->producer < 0 || ir_node(g, mv->producer)->op != OP_matmul || mv->rank != lv->rank ||
+            mv->shape[mv->rank - 1] != lv->shape[lv->rank - 1] || !read_only_by(g, m, a))
+            continue;
+        if (bv->role != ROLE_PARAM || bv->tied_to >= 0 || bv->rank != 1 || bv->shape[0] != lv->shape[lv->rank - 1] ||
+            bv->logical_rows || !read_only_by(g, b, a))
+            continue;
+        *M = m;
+        return b;
+    }
+    return -1;
+}
+
 /* The param the vocabulary of logits L comes from, or -1 when it cannot be padded; n is
- * the loss node that reads L, or -1 for logits nothing reads (the decode program's output). */
-static int head_param(const Graph *g, int L, int n, int64_t multiple)
+ * the loss node that reads L, or -1 for logits nothing reads (the decode program's output).
+ * *bias is the logits' bias param, padded with it, or -1. */
+static int head_param(const Graph *g, int L, int n, int64_t multiple, int *bias)
 {
     const Value *lv = ir_value(g, L);
+    *bias = -1;
     if (lv->rank < 1) return -1;
     int64_t V = lv->shape[lv->rank - 1];
     if (V % multiple == 0 || lv->producer < 0 || !read_only_by(g, L, n)) return -1;
-    const Node *mm = ir_node(g, lv->producer);
+    int M, b = head_bias(g, L, &M);
+    const Node *mm = ir_node(g, ir_value(g, M)->producer);
     if (mm->op != OP_matmul || !ir_attr_int(g, mm, "tb", 0)) return -1;
     int p = ir_in(g, mm, 1);
     const Value *pv = ir_value(g, p);
     if (pv->role != ROLE_PARAM || pv->tied_to >= 0 || pv->rank != 2 || pv->shape[0] != V || pv->logical_rows) return -1;
-    return only_head_and_table(g, p, lv->producer) ? p : -1;
+    if (!only_head_and_table(g, p, ir_value(g, M)->producer)) return -1;
+    *bias = b;
+    return p;
 }
 
 /* The loss node n again, its attributes (an ignore_index) and valid = V, where n was; n dropped. */
@@ -151,17 +185,19 @@ int pass_pad_vocab(Graph *g, const Options *o, Diag *d)
         if (ir_attr_int(g, ir_node(g, n), "valid", 0)) continue;
         int L = ir_in(g, ir_node(g, n), 0);
         int64_t V = ir_value(g, L)->shape[ir_value(g, L)->rank - 1];
-        int p = head_param(g, L, n, m), mm = p < 0 ? column_head(g, L, n, m) : -1;
+        int b, p = head_param(g, L, n, m, &b), mm = p < 0 ? column_head(g, L, n, m) : -1;
         if (p < 0 && mm < 0) continue;
         if (p >= 0) widen(g, p, m);
+        if (b >= 0) widen(g, b, m);
         if (mm >= 0) pad_columns(g, mm, m), n++;  // the pad comes before the loss
         mask_loss(g, n, V);
         padded = 1;
     }
     /* The decode program has no loss: its logits, the output, padded as the sampling program's
      * are (the sampler reads the model's own columns of either: the padded param's rows). */
-    int p = !losses && g->n_outputs ? head_param(g, g->outputs[0], -1, m) : -1;
+    int b = -1, p = !losses && g->n_outputs ? head_param(g, g->outputs[0], -1, m, &b) : -1;
     if (p >= 0) widen(g, p, m), padded = 1;
+    if (b >= 0) widen(g, b, m);
     for (int n = 0; padded && n < g->n_nodes; n++) {
         char err[256];
         if (ir_node_retype(g, n, err, sizeof err)) {

@@ -231,22 +231,28 @@ static int64_t plan_arena_most(const Plan *p)
  * --pad_vocab 0. */
 static void print_padding(const Plan *p, const FscMem *m, FILE *out)
 {
-    const PlanTensor *t = NULL, *copy = NULL, *cols = padded_copy(p, &copy);
-    for (int32_t i = 0; i < p->n_tensors && !t; i++)
-        if (p->tensors[i].role == PLAN_ROLE_PARAM && p->tensors[i].logical_rows && p->tensors[i].name != PLAN_NONE)
-            t = &p->tensors[i];
+    const PlanTensor *t = NULL, *bias = NULL, *copy = NULL, *cols = padded_copy(p, &copy);
+    for (int32_t i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].role == PLAN_ROLE_PARAM && p->tensors[i].logical_rows && p->tensors[i].name != PLAN_NONE) {
+            if (p->tensors[i].rank == 1 && !bias) bias = &p->tensors[i];
+            if (p->tensors[i].rank > 1 && !t) t = &p->tensors[i];
+        }
     if (!t && !cols) return;
     int64_t padded = plan_arena_most(p);
     Setting off = {"pad_vocab", "0"};
     int64_t plain = arena_with(m, NULL, &off, 1);
     char a[32], b[32];
     if (t) {
-        int64_t rows = t->logical_rows, per_row = plan_tensor_numel(t) / t->shape[0];
-        fprintf(out, "vocabulary padding (--pad_vocab %lld): %s [%lld, %lld] stored as [%lld, %lld], %lld padding "
+        int64_t rows = t->logical_rows, per_row = plan_tensor_numel(t) / t->shape[0], pad = t->shape[0] - rows;
+        char with[200] = "";
+        if (bias)  // the logits' bias (BERT's decoder), padded with its head
+            snprintf(with, sizeof with, " and its bias %s [%lld] as [%lld]", plan_str(p, bias->name),
+                     (long long)bias->logical_rows, (long long)bias->shape[0]);
+        fprintf(out, "vocabulary padding (--pad_vocab %lld): %s [%lld, %lld] stored as [%lld, %lld]%s, %lld padding "
                 "elements in each copy (param, gradient, optimizer state) and %lld padded logit columns\n",
                 (long long)plan_meta_int(p, "pad_vocab", 0), plan_str(p, t->name), (long long)rows, (long long)per_row,
-                (long long)t->shape[0], (long long)per_row, (long long)((t->shape[0] - rows) * per_row),
-                (long long)(t->shape[0] - rows));
+                (long long)t->shape[0], (long long)per_row, with, (long long)(pad * per_row + (bias ? pad : 0)),
+                (long long)pad);
     } else {
         fprintf(out, "vocabulary padding (--pad_vocab %lld): %s [%lld, %lld] stored as it is, its GEMMs reading a "
                 "padded copy [%lld, %lld] made each step (no padding in the model state) and %lld padded logit "

@@ -6,11 +6,14 @@
  *    head read through transpose is padded, unless something else reads it. Llama's head
  *    [C, V] (read without transposing) keeps its shape and is read through a padded copy,
  *    pad(output) [C, 320]; the loss's valid = 300, the params and their count the model's.
+ *    A head with a bias of its own (BERT's decoder) gets the bias padded too, [320] of 300,
+ *    unless something else reads the bias.
  *  - On the CPU backend the padded plan trains as the unpadded one: five steps' losses
  *    and the final params, as the training state's logical pieces (the same names,
  *    shapes and element ranges in both plans), fp32 to rounding (only the head GEMM's
  *    width differs), bf16 to its tolerance; with the loss fused and as two ops, and with
- *    AdamW's weight decay (the sample's 0.1) and SGD with momentum and decay; GPT-2 and Llama.
+ *    AdamW's weight decay (the sample's 0.1) and SGD with momentum and decay; GPT-2, Llama
+ *    and the head with a bias.
  *  - The padding rows: step 1's gradient of wte is exactly 0 there, and after five steps
  *    the params there are still exactly 0 (+0.0: never written by an update).
  */
@@ -26,15 +29,33 @@ static const Define DIMS300[6] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"T", 32}, {"V
 static const Define LLAMA300[7] = {{"L", 2}, {"C", 64}, {"NH", 4}, {"F", 176}, {"T", 32}, {"V", 300}, {"B", 4}};
 enum { C = 64, V = 300, VP = 320, STEPS = 5 };
 
-/* GPT-2 (or Llama) at V = 300 with the settings given (key, value pairs), padded or not. */
-static Plan *model(int llama, int pad, const Setting *extra, int n_extra)
+/* A tied head with a bias of its own (BERT's decoder: h @ transpose(word_emb) + bias), after a
+ * layer that gives the head's input a gradient of its own; the %s is a term added to the loss. */
+static const char BIASED[] = "model m {\n"
+                             "  dim B = 4, T = 8, V = 300, C = 64;\n"
+                             "  input tokens: i32[B, T];\n"
+                             "  input targets: i32[B, T];\n"
+                             "  param emb: [V, C] = normal(0.02);\n"
+                             "  param w: [C, C] = normal(0.1);\n"
+                             "  param bias: [V] = normal(0.02);\n"
+                             "  h = gelu(embedding(emb, tokens) @ w);\n"
+                             "  loss = cross_entropy(h @ transpose(emb) + bias, targets)%s;\n"
+                             "}\n";
+
+enum Model { GPT2, LLAMA, WITH_BIAS };
+
+/* GPT-2, Llama or BIASED at V = 300 with the settings given (key, value pairs), padded or not. */
+static Plan *model(enum Model which, int pad, const Setting *extra, int n_extra)
 {
     Setting set[8] = {{"pad_vocab", pad ? "64" : "0"}};
     for (int i = 0; i < n_extra; i++) set[1 + i] = extra[i];
-    return llama ? sample_compile("llama.fsm", LLAMA300, 7, set, 1 + n_extra, NULL)
-                 : sample_compile("gpt2.fsm", DIMS300, 6, set, 1 + n_extra, NULL);
+    char src[sizeof BIASED];
+    snprintf(src, sizeof src, BIASED, "");
+    return which == LLAMA ? sample_compile("llama.fsm", LLAMA300, 7, set, 1 + n_extra, NULL)
+           : which == GPT2 ? sample_compile("gpt2.fsm", DIMS300, 6, set, 1 + n_extra, NULL)
+                           : sample_compile_source("biased.fsm", src, NULL, 0, set, 1 + n_extra, NULL);
 }
-static Plan *gpt2(int pad, const Setting *extra, int n_extra) { return model(0, pad, extra, n_extra); }
+static Plan *gpt2(int pad, const Setting *extra, int n_extra) { return model(GPT2, pad, extra, n_extra); }
 
 static int32_t named_param(const Plan *p, const char *name)
 {
@@ -99,7 +120,7 @@ Test(pad_vocab, nothing_to_pad)
  * [.., 320] and the loss's valid = 300. Nothing of the model changes: params, their shapes and the count. */
 Test(pad_vocab, a_head_stored_by_columns_is_read_through_a_padded_copy)
 {
-    Plan *p = model(1, 1, NULL, 0), *u = model(1, 0, NULL, 0);
+    Plan *p = model(LLAMA, 1, NULL, 0), *u = model(LLAMA, 0, NULL, 0);
     const PlanTensor *out = &p->tensors[named_param(p, "output")];
     cr_assert(out->shape[0] == C && out->shape[1] == V && out->logical_rows == 0);
     int pads = 0, slices = 0, losses = 0;
@@ -158,6 +179,33 @@ Test(pad_vocab, an_untied_head_read_transposed)
     plan_free(p);
 }
 
+/* The logits' bias is padded with the head, the loss masks the padding; a bias that something
+ * else reads too (a penalty on its values) keeps its shape, and so then does the head. */
+Test(pad_vocab, a_head_with_a_bias)
+{
+    Plan *p = model(WITH_BIAS, 1, NULL, 0);
+    const PlanTensor *emb = &p->tensors[named_param(p, "emb")], *bias = &p->tensors[named_param(p, "bias")];
+    cr_assert(emb->shape[0] == VP && emb->logical_rows == V, "emb [%lld, 64] of %lld rows", (long long)emb->shape[0],
+              (long long)emb->logical_rows);
+    cr_assert(bias->rank == 1 && bias->shape[0] == VP && bias->logical_rows == V, "bias [%lld] of %lld",
+              (long long)bias->shape[0], (long long)bias->logical_rows);
+    cr_assert_eq(plan_tensor_logical_numel(bias), V);
+    int losses = 0;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        if (strncmp(plan_str(p, p->ops[k].op), "cross_entropy", 13)) continue;
+        cr_assert_eq(op_int(p, k, "valid"), V);
+        losses++;
+    }
+    cr_assert_gt(losses, 0);
+    plan_free(p);
+    char src[sizeof BIASED + 64];
+    snprintf(src, sizeof src, BIASED, " + sum(bias * bias)");
+    p = sample_compile_source("read.fsm", src, NULL, 0, NULL, 0, NULL);
+    cr_assert_eq(p->tensors[named_param(p, "bias")].logical_rows, 0, "a bias read elsewhere keeps its shape");
+    cr_assert_eq(p->tensors[named_param(p, "emb")].logical_rows, 0, "and its head is not padded");
+    plan_free(p);
+}
+
 /* An f32 piece's element i. */
 static float at(const RtPiece *x, int64_t i) { return ((const float *)x->data)[i]; }
 
@@ -171,7 +219,7 @@ static void zeros(const void *data, PlanDType dt, int64_t from, int64_t to, cons
                   what, (long long)i);
 }
 
-/* The padded param's rows [V, VP) are +0.0: in its f32 tensor and in the fp32 master of its
+/* Each padded param's rows [V, VP) are +0.0: in its f32 tensor and in the fp32 master of its
  * flat unit; returns how many tensors held them. */
 static int padding_is_zero(const Exec *e, const Plan *p)
 {
@@ -180,15 +228,15 @@ static int padding_is_zero(const Exec *e, const Plan *p)
         const PlanTensor *t = &p->tensors[i];
         if (t->role != PLAN_ROLE_PARAM || !t->logical_rows) continue;
         cr_assert(t->shape[0] == VP && t->logical_rows == V);
+        int64_t row = plan_tensor_numel(t) / VP;  // C, or 1 for a bias
+        const char *name = plan_str(p, t->name);
         /* A 16-bit param is the step's compute copy, made from the master each step; its bytes are
          * another buffer's once the step is over. */
-        if (t->dtype == PLAN_DT_F32)
-            zeros(rt_exec_data(e, i), t->dtype, (int64_t)V * C, (int64_t)VP * C, "wte"), held++;
+        if (t->dtype == PLAN_DT_F32) zeros(rt_exec_data(e, i), t->dtype, V * row, VP * row, name), held++;
         for (int32_t s = 0; s < p->n_tensors && t->unit != PLAN_NONE; s++) {
             const PlanTensor *m = &p->tensors[s];
             if (m->unit != t->unit || m->dtype != PLAN_DT_F32 || !rt_flat_is_storage(p, s) || m->sharded) continue;
-            zeros(rt_exec_data(e, s), PLAN_DT_F32, t->flat_offset + (int64_t)V * C, t->flat_offset + (int64_t)VP * C,
-                  "wte's fp32 master"), held++;
+            zeros(rt_exec_data(e, s), PLAN_DT_F32, t->flat_offset + V * row, t->flat_offset + VP * row, name), held++;
         }
     }
     return held;
@@ -196,12 +244,12 @@ static int padding_is_zero(const Exec *e, const Plan *p)
 
 /* Both plans' params after training, as logical pieces: the same pieces, values within tol
  * of each other (relative to the tensor's largest); the padded plan's padding rows zero. */
-static void same_training(int llama, const char *precision, const char *fuse, const char *optimizer,
+static void same_training(enum Model which, const char *precision, const char *fuse, const char *optimizer,
                           double loss_tol, double param_tol)
 {
     Setting set[] = {{"precision", precision}, {"fuse_loss", fuse}, {"optimizer", optimizer}, {"momentum", "0.9"},
                      {"weight_decay", "0.1"}, {"lr", strcmp(optimizer, "sgd") ? "1e-3" : "0.1"}, {"warmup", "0"}};
-    Plan *p = model(llama, 1, set, 7), *u = model(llama, 0, set, 7);
+    Plan *p = model(which, 1, set, 7), *u = model(which, 0, set, 7);
     float lp[STEPS], lu[STEPS];
     Exec *ep = sample_train(p, 5, STEPS, lp), *eu = sample_train(u, 5, STEPS, lu);
     for (int s = 0; s < STEPS; s++)
@@ -232,7 +280,8 @@ static void same_training(int llama, const char *precision, const char *fuse, co
         params++;
     }
     cr_assert_gt(params, 0);
-    cr_assert_geq(padding_is_zero(ep, p), !llama, "the fp32 master");  // Llama's param has no padding
+    /* Llama's param has no padding; BIASED's emb and bias have, each in its master */
+    cr_assert_geq(padding_is_zero(ep, p), which == GPT2 ? 1 : which == WITH_BIAS ? 2 : 0, "the fp32 masters");
     rt_state_free(sp), rt_state_free(su);
     rt_exec_free(ep), rt_exec_free(eu);
     plan_free(p), plan_free(u);
@@ -241,14 +290,21 @@ static void same_training(int llama, const char *precision, const char *fuse, co
 /* fp32: the head GEMM's width is all that differs, so a step differs by rounding alone; AdamW
  * normalizes the gradient, so a param moves by about lr (1e-3) a step whatever its size, and
  * rounding shows in its update at about 1e-6 of that. */
-Test(pad_vocab, fp32_trains_as_unpadded) { same_training(0, "fp32", "1", "adamw", 1e-6, 1e-5); }
-Test(pad_vocab, fp32_unfused_sgd_trains_as_unpadded) { same_training(0, "fp32", "0", "sgd", 1e-6, 1e-5); }
+Test(pad_vocab, fp32_trains_as_unpadded) { same_training(GPT2, "fp32", "1", "adamw", 1e-6, 1e-5); }
+Test(pad_vocab, fp32_unfused_sgd_trains_as_unpadded) { same_training(GPT2, "fp32", "0", "sgd", 1e-6, 1e-5); }
 /* bf16: the same rounding differences, in 8-bit mantissas. */
-Test(pad_vocab, bf16_trains_as_unpadded) { same_training(0, "bf16", "1", "adamw", 1e-3, 1e-2); }
+Test(pad_vocab, bf16_trains_as_unpadded) { same_training(GPT2, "bf16", "1", "adamw", 1e-3, 1e-2); }
 /* Llama's [C, V] head through its padded copy: the same. */
-Test(pad_vocab, llama_fp32_trains_as_unpadded) { same_training(1, "fp32", "1", "adamw", 1e-6, 1e-5); }
-Test(pad_vocab, llama_fp32_unfused_sgd_trains_as_unpadded) { same_training(1, "fp32", "0", "sgd", 1e-6, 1e-5); }
-Test(pad_vocab, llama_bf16_trains_as_unpadded) { same_training(1, "bf16", "1", "adamw", 1e-3, 1e-2); }
+Test(pad_vocab, llama_fp32_trains_as_unpadded) { same_training(LLAMA, "fp32", "1", "adamw", 1e-6, 1e-5); }
+Test(pad_vocab, llama_fp32_unfused_sgd_trains_as_unpadded) { same_training(LLAMA, "fp32", "0", "sgd", 1e-6, 1e-5); }
+Test(pad_vocab, llama_bf16_trains_as_unpadded) { same_training(LLAMA, "bf16", "1", "adamw", 1e-3, 1e-2); }
+/* A head with a bias: the bias padded with it (its gradient's padded sums are over zero columns). */
+Test(pad_vocab, biased_fp32_trains_as_unpadded) { same_training(WITH_BIAS, "fp32", "1", "adamw", 1e-6, 1e-5); }
+Test(pad_vocab, biased_fp32_unfused_sgd_trains_as_unpadded)
+{
+    same_training(WITH_BIAS, "fp32", "0", "sgd", 1e-6, 1e-5);
+}
+Test(pad_vocab, biased_bf16_trains_as_unpadded) { same_training(WITH_BIAS, "bf16", "1", "adamw", 1e-3, 1e-2); }
 
 /* Step 1's gradient of wte: 0 exactly on the padding rows, whichever loss op made it. */
 static void zero_gradient(const char *fuse)
