@@ -714,9 +714,13 @@ int rt_save_weights(const Exec *e, const char *path, int64_t step, char *err, si
  * "out-00001-of-00002.safetensors" (Hugging Face's names; a path not ending in
  * .safetensors gets the suffix after it); path itself for one stage. */
 const char *rt_weights_shard_path(const char *path, int stage, int stages, char *buf, size_t n);
-/* Every param's gradient ("<param>.grad"), under the param's name; call between
- * backward and the first optimizer op. World 1 only. */
+/* Every param's gradient ("<param>.grad"), under the param's name (fp16's unscaled, as
+ * f32); call after the ops before rt_save_grads_point. World 1 only. */
 int rt_save_grads(const Exec *e, const char *path, int64_t step, char *err, size_t errlen);
+/* The op before which every gradient of the step is made and still held (the first
+ * optimizer op that reads one), or -1 with the reason in err: a plan whose updates start before its
+ * backward ends (--offload's), or one that frees a gradient's buffer before it. */
+int32_t rt_save_grads_point(const Exec *e, char *err, size_t errlen);
 /* Every rank reads the whole file and keeps what its storages hold; the result is
  * agreed over the ranks (an empty err on a rank that did not fail itself). A stage of a
  * pipeline takes the params it has: the file may hold other stages' too, nothing else.

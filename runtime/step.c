@@ -79,7 +79,7 @@ static int run_step(Exec *e, RtDevice *d, const RtTrainOptions *o, int64_t step,
     }
     if (step == 1 && o->save_grads) {
         char err[512];
-        int32_t split = rt_exec_first_op(e, PLAN_PHASE_OPTIMIZER);
+        int32_t split = rt_save_grads_point(e, err, sizeof err);  // checked before step 1
         if (rt_device_run_ops(d, 0, split) || rt_device_download_roles(d, e, 1u << PLAN_ROLE_GRAD, 1)) return -1;
         if (rt_save_grads(e, o->save_grads, step, err, sizeof err)) {
             fprintf(stderr, "%s: %s\n", o->who, err);
@@ -158,6 +158,10 @@ int rt_train(Exec *e, RtData *data, RtDevice *d, Progress **progress, const RtTr
     int32_t seed_op = seed_id != PLAN_NONE ? p->tensors[seed_id].producer : PLAN_NONE;
     if (o->overflow_at && (seed_op == PLAN_NONE || p->tensors[seed_id].dtype != PLAN_DT_F32)) {
         fprintf(stderr, "%s: %s: --debug-overflow-at needs an fp16 plan (fsc --precision fp16)\n", o->who, o->path);
+        return RT_TRAIN_LOCAL;
+    }
+    if (o->save_grads && o->start == 0 && rt_save_grads_point(e, err, sizeof err) < 0) {
+        fprintf(stderr, "%s: %s: %s\n", o->who, o->path, err);
         return RT_TRAIN_LOCAL;
     }
     double items = (double)rt_data_items(data);

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "kernels.h"
 #include "runtime.h"
 
 enum { SAVED_NONE, SAVED_OWN, SAVED_FLAT };
@@ -254,6 +255,62 @@ int rt_save_weights_as(const Exec *e, const char *path, int64_t step, RtWeightsF
     return rc ? -1 : 0;
 }
 
+static int64_t numel(const StEntry *t)
+{
+    int64_t n = 1;
+    for (int d = 0; d < t->rank; d++) n *= t->shape[d];
+    return n;
+}
+
+/* The gradients of entries t, made f32 and divided by the loss scale, in one buffer that
+ * the entries then point into (free() it); NULL when out of memory. */
+static float *unscaled(StEntry *t, int32_t n, float scale)
+{
+    int64_t total = 0;
+    for (int32_t i = 0; i < n; i++) total += numel(&t[i]);
+    float *all = malloc(sizeof *all * (size_t)(total ? total : 1)), *y = all;
+    for (int32_t i = 0; all && i < n; i++) {
+        int64_t m = numel(&t[i]);
+        const uint16_t *h = t[i].data;
+        for (int64_t k = 0; k < m; k++) {
+            float v = t[i].dtype == PLAN_DT_F32    ? ((const float *)t[i].data)[k]
+                      : t[i].dtype == PLAN_DT_F16 ? cpu_f16_to_f32(h[k])
+                                                   : cpu_bf16_to_f32(h[k]);
+            y[k] = v / scale;
+        }
+        t[i].data = y, t[i].dtype = PLAN_DT_F32, y += m;
+    }
+    return all;
+}
+
+int32_t rt_save_grads_point(const Exec *e, char *err, size_t errlen)
+{
+    const Plan *p = rt_exec_plan(e);
+    int32_t split = p->n_ops;  // the first optimizer op that reads a gradient (not the learning rate's)
+    for (int32_t k = 0; k < p->n_ops && split == p->n_ops; k++)
+        for (int32_t i = 0; i < p->ops[k].n_in && p->ops[k].phase == PLAN_PHASE_OPTIMIZER; i++)
+            if (p->tensors[p->ids[p->ops[k].in + i]].role == PLAN_ROLE_GRAD) split = k;
+    const char *off = plan_meta_str(p, "offload", "none"), *why = strcmp(off, "none") ? off : NULL;
+    for (int32_t k = split; k < p->n_ops; k++)
+        if (p->ops[k].phase == PLAN_PHASE_BACKWARD)
+            return plan_fail(err, errlen, "--save-grads: this plan never holds all its gradients at once: its "
+                             "optimizer reads them (op %d, %s) before its backward ends (op %d, %s)%s%s; compile the "
+                             "same model without it to save them (the step-1 gradients are the same)", split,
+                             plan_str(p, p->ops[split].op), k, plan_str(p, p->ops[k].op),
+                             why ? ", as --offload " : "", why ? why : "");
+    for (int32_t i = 0; i < p->n_tensors; i++) {
+        const PlanTensor *t = &p->tensors[i];
+        if (t->role != PLAN_ROLE_GRAD || t->place != PLAN_PLACE_DEVICE) continue;
+        const PlanTensor *root = t->alias != PLAN_NONE ? &p->tensors[t->alias] : t;
+        if (root->live_end < split)  // its bytes may be another tensor's by the end of the backward
+            return plan_fail(err, errlen, "--save-grads: %s's buffer is free before the optimizer reads it (op %d, %s)%s%s; "
+                             "compile the same model without it to save the gradients",
+                             t->name != PLAN_NONE ? plan_str(p, t->name) : "a gradient", split,
+                             plan_str(p, p->ops[split].op), why ? ", as --offload " : "", why ? why : "");
+    }
+    return split;
+}
+
 int rt_save_grads(const Exec *e, const char *path, int64_t step, char *err, size_t errlen)
 {
     if (rt_exec_world(e) * rt_exec_stages(e) > 1)
@@ -262,7 +319,13 @@ int rt_save_grads(const Exec *e, const char *path, int64_t step, char *err, size
     StEntry *t;
     int32_t n;
     int rc = collect(e, 1, NULL, &t, &n, err, errlen);
+    /* fp16's gradients are the scaled loss's until the update unscales them: the file has the
+     * loss's own, in f32 (what PyTorch's GradScaler.unscale_ leaves in .grad). */
+    int32_t ls = plan_role_tensor(rt_exec_plan(e), PLAN_SR_LOSS_SCALE);
+    float scale = ls == PLAN_NONE ? 1.0f : *(const float *)rt_exec_data(e, ls), *own = NULL;
+    if (!rc && scale != 1.0f && !(own = unscaled(t, n, scale))) rc = plan_fail(err, errlen, "out of memory");
     if (!rc) rc = rt_st_write(path, t, n, step, err, errlen);
+    free(own);
     plan_dealloc(t);
     return rc;
 }

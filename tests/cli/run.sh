@@ -204,6 +204,12 @@ expect offload-mem-sentence 0 "the optimizer updates the fp32 params and its sta
 expect offload-mem-not-params 1 "" -- bash -c "\"$FSC\" \"$SRC/samples/mlp.fsm\" --offload optimizer --precision bf16 --mem -q | grep -q \"offload params\""
 expect offload-mem-params-place 0 "bf16 on the device, " -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --precision bf16 --mem -q
 expect offload-mem-f32-on-host 0 "f32 on the host" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer --precision bf16 --mem -q
+# --offload sends each block's gradient to the host as it is made: no point of its step holds
+# them all, and --save-grads says so before any step (it wrote zeros once) and writes nothing.
+"$FSC" "$SRC/samples/mlp.fsm" --offload optimizer -q -o "$tmp/offload.plan"
+expect save-grads-offload 1 "--save-grads: this plan never holds all its gradients at once: its optimizer reads them" \
+  -- "$FSEXEC" "$tmp/offload.plan" --steps 1 --save-grads "$tmp/offload-grads.st"
+expect save-grads-offload-no-file 1 "" -- test -e "$tmp/offload-grads.st"
 expect offload-typo 1 "did you mean 'optimizer'" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimiser
 expect offload-plan 0 "wrote $tmp/mlp-off.plan" -- "$FSC" "$SRC/samples/mlp.fsm" --offload optimizer -o "$tmp/mlp-off.plan"
 expect offload-run 0 "step 2/2" -- "$FSEXEC" "$tmp/mlp-off.plan" --steps 2 --debug-guard --debug-nan

@@ -10,6 +10,10 @@
    halves from 65536 to 32768; the params after it are bit for bit those of the same run
    stopped at step K-1 (a skipped step changes nothing); the loss of step K is that of
    the unforced run; and the run then goes on without further skips, its loss falling.
+3. fsexec --save-grads in bf16 and fp16 writes step 1's gradients of the loss itself: within
+   their precision of fp32's (largest difference over largest value), fp16's unscaled (the
+   backward's are the loss scale's 65536 times those) and written as f32, as PyTorch's
+   GradScaler.unscale_ leaves them.
 
 usage: precision.py FSC FSEXEC   (mpirun for world 2; /usr/bin/python3 with numpy)
 """
@@ -23,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mpienv import quiet_mpi_leaks  # noqa: E402
+from models import load_safetensors  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DIMS = ["-D", "L=2", "-D", "C=64", "-D", "NH=4", "-D", "T=32", "-D", "V=256", "-D", "B=8"]
@@ -104,6 +109,25 @@ def main():
             sys.exit("FAIL: after the skip the loss does not go on falling: %s" % after)
         print("ok   fp16 overflow forced at step %d: skipped, scale 65536 -> 32768, params unchanged, "
               "then %d more steps without a skip (loss %.4f -> %.4f)" % (K, len(after), after[0], after[-1]))
+
+        grads = {}
+        for precision in ("fp32", "bf16", "fp16"):
+            path = os.path.join(work, "grads-%s.st" % precision)
+            train(fsc, fsexec, work, "grads-" + precision, precision, steps=1, extra=["--save-grads", path])
+            with open(path, "rb") as f:
+                header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+            grads[precision] = (load_safetensors(path), {k: v["dtype"] for k, v in header.items() if "dtype" in v})
+        ref = grads["fp32"][0]
+        for precision, tol, dtype in (("bf16", 3e-2, "BF16"), ("fp16", 1e-2, "F32")):
+            got, dtypes = grads[precision]
+            if sorted(got) != sorted(ref):
+                sys.exit("FAIL: %s --save-grads names %s, fp32's %s" % (precision, sorted(got), sorted(ref)))
+            worst = max(float((got[k] - ref[k]).abs().max() / ref[k].abs().max()) for k in ref)
+            if worst > tol or set(dtypes.values()) != {dtype}:
+                sys.exit("FAIL: %s --save-grads: %.3g from fp32's gradients (tolerance %g), dtypes %s (want %s)" %
+                         (precision, worst, tol, sorted(set(dtypes.values())), dtype))
+            print("ok   %s --save-grads: %d gradients, %s, within %.2g of fp32's (tolerance %g)" %
+                  (precision, len(ref), dtype, worst, tol))
 
 
 if __name__ == "__main__":
