@@ -732,7 +732,7 @@ static int kernels(const Graph *g, const TrainConfig *t, const Flags *f)
     KernGpu gpu = {.flops_16bit = m.flops_16bit, .flops_tf32 = m.flops_tf32, .flops_fp32 = m.flops_fp32,
                    .hbm_bw = m.hbm_bw};
     snprintf(gpu.name, sizeof gpu.name, "%s", m.name);
-    Plan *plan = make_plan(g, t, NULL, NULL);
+    Plan *plan = make_plan(g, t, f->input, NULL);  // the source names where a misaligned GEMM comes from
     if (!plan) return 1;
     int rc = f->kernels == 2 ? report_kernels_json(plan, &gpu, stdout, err, sizeof err)
                              : report_kernels_print(plan, &gpu, stdout, err, sizeof err);
