@@ -202,8 +202,11 @@ static void print_launch(const KernReport *r, const KernLaunch *l, FILE *out)
             in->kind == PLAN_CU_GEMM ? "cublas" : plan_str(p, in->kernel), shape, in->smem, si(l->flops, fl, sizeof fl),
             l->tensor_core ? "*" : " ", si(l->bytes_read, rd, sizeof rd), si(l->bytes_written, wr, sizeof wr),
             l->seconds * 1e6);
-    for (int k = 0, first = 1; k < KERN_ALIGN_COUNT; k++)
-        if (l->misaligned & 1u << k) fprintf(out, "%s%s", first ? " ! " : ",", report_align_name((KernAlign)k)), first = 0;
+    for (int k = 0, first = 1; k < KERN_ALIGN_COUNT; k++) {
+        if (!(l->misaligned & 1u << k)) continue;
+        fprintf(out, "%s%s", first ? " ! " : ",", report_align_name((KernAlign)k));
+        first = 0;
+    }
     fputc('\n', out);
 }
 
@@ -239,13 +242,13 @@ static void print_alignment(const KernReport *r, FILE *out)
     const Plan *p = r->plan;
     if (!r->n_gemms) return;
     if (!r->n_misaligned) {
-        fprintf(out, "GEMMs: all %d have leading dimensions, batch strides and offsets that are multiples of 16 bytes\n",
-                r->n_gemms);
+        fprintf(out, "GEMMs: all %d have leading dimensions, batch strides and offsets that are multiples of 16 "
+                "bytes\n", r->n_gemms);
         return;
     }
     fprintf(out, "GEMMs with a leading dimension, batch stride or offset not a multiple of 16 bytes: %d of %d "
             "(their roofline %.3f ms):\n", r->n_misaligned, r->n_gemms, r->misaligned_seconds * 1e3);
-    int named = 0, more = 0, head = 0;
+    int named = 0, more = 0, head = 0, offset = 0;
     for (int32_t j = 0, next; j < r->n_launch; j = next) {
         const KernLaunch *l = &r->launch[j];
         unsigned bad = 0;
@@ -260,7 +263,7 @@ static void print_alignment(const KernReport *r, FILE *out)
         const PlanOp *op = &p->ops[l->op];
         char name[64], file[64], why[256], count[32] = "";
         int cls = of_classifier(p, l->index);
-        head |= cls;
+        head |= cls, offset |= (bad >> KERN_OFF_A) != 0;
         if (gemms > 1) snprintf(count, sizeof count, ", %d GEMMs", gemms);
         fprintf(out, "  op %d %s", l->op, report_clean(plan_str(p, op->op), name, sizeof name));
         const char *src = plan_meta_str(p, "source", NULL);
@@ -272,7 +275,8 @@ static void print_alignment(const KernReport *r, FILE *out)
     }
     if (more) fprintf(out, "  and %d more op%s\n", more, more > 1 ? "s" : "");
     fprintf(out, "  fix: such a dim a multiple of 8 elements in 16 bits, 4 in fp32%s\n",
-            head ? "; a classifier head: --pad_vocab (passes/pad_vocab.c)" : "");
+            offset ? " (an offset: the sizes of what lies before it)" : "");
+    if (head) fprintf(out, "  a classifier head: --pad_vocab pads the vocabularies passes/pad_vocab.c can pad\n");
 }
 
 static void print_program(const KernReport *r, FILE *out)
