@@ -8,9 +8,11 @@
  *    "op" (plan op id), "kind" (its name), "phase", "line", "block", "instruction"
  *    ("launch" or "gemm"), "kernel" (a LAUNCH's; "cublas" for a GEMM), "grid": [x, y, z],
  *    "block_dim": [x, y, z], "blocks", "threads" (per block), "smem" (dynamic bytes), a
- *    GEMM's "gemm": [m, n, k, batch],
+ *    GEMM's "gemm": [m, n, k, batch], "aligned" (whether it passes every 16-byte rule of
+ *    report.h's KernAlign) and "misaligned" (the names of those it fails: "ldb", "offset_c"),
  *    "elements" (of its largest argument), "flops", "tensor_core", "tf32" (those at the TF32 rate), "bytes_read",
- *    "bytes_written", "roofline_ms"}], "kinds": [{"kind", "instructions", "launches",
+ *    "bytes_written", "roofline_ms"}], "n_misaligned_gemms", "misaligned_roofline_ms" (their
+ *    roofline, no penalty added), "kinds": [{"kind", "instructions", "launches",
  *    "gemms", "flops", "tensor_core_flops", "bytes_read", "bytes_written", "roofline_ms"}]
  *    (the longest first)}
  *
@@ -76,6 +78,11 @@ static json_t *launch(const KernReport *r, const KernLaunch *l, int *bad)
         put(o, "gemm", g, bad);
         put(o, "epilogue", json_string(plan_epilogue_name(in->epilogue)), bad);
         put(o, "beta", json_integer(in->beta), bad);
+        json_t *rules = json_array();
+        for (int k = 0; k < KERN_ALIGN_COUNT && rules; k++)
+            if (l->misaligned & 1u << k) push(rules, json_string(report_align_name((KernAlign)k)), bad);
+        put(o, "aligned", json_boolean(!l->misaligned), bad);
+        put(o, "misaligned", rules, bad);
     }
     put(o, "elements", json_integer(l->elements), bad);
     put(o, "flops", json_real(l->flops), bad);
@@ -130,6 +137,8 @@ static json_t *program(const KernReport *r, int *bad)
     put(o, "bytes_written", json_real(r->bytes_written), bad);
     put(o, "roofline_ms", json_real(r->seconds * 1e3), bad);
     put(o, "launches", ls, bad);
+    put(o, "n_misaligned_gemms", json_integer(r->n_misaligned), bad);
+    put(o, "misaligned_roofline_ms", json_real(r->misaligned_seconds * 1e3), bad);
     put(o, "kinds", ks, bad);
     return o;
 }
@@ -188,11 +197,86 @@ static void print_launch(const KernReport *r, const KernLaunch *l, FILE *out)
                  in->batch > 1 ? " batched" : "");
     else
         snprintf(shape, sizeof shape, "%lld x %lld", (long long)product(in->grid), (long long)product(in->block));
-    fprintf(out, "%5d %5d %-16s %-30s %-20s %6d %9s%s %8s %8s %10.2f\n", l->index, l->op,
+    fprintf(out, "%5d %5d %-16s %-30s %-20s %6d %9s%s %8s %8s %10.2f", l->index, l->op,
             report_clean(plan_str(p, p->ops[l->op].op), name, sizeof name),
             in->kind == PLAN_CU_GEMM ? "cublas" : plan_str(p, in->kernel), shape, in->smem, si(l->flops, fl, sizeof fl),
             l->tensor_core ? "*" : " ", si(l->bytes_read, rd, sizeof rd), si(l->bytes_written, wr, sizeof wr),
             l->seconds * 1e6);
+    for (int k = 0, first = 1; k < KERN_ALIGN_COUNT; k++) {
+        if (!(l->misaligned & 1u << k)) continue;
+        fprintf(out, "%s%s", first ? " ! " : ",", report_align_name((KernAlign)k));
+        first = 0;
+    }
+    fputc('\n', out);
+}
+
+enum { ALIGN_NAMED = 5 };  // misaligned ops the summary names; the JSON has every GEMM
+
+/* The tensor whose buffer t lies in (a view's root). */
+static int32_t root(const Plan *p, int32_t t) { return p->tensors[t].alias != PLAN_NONE ? p->tensors[t].alias : t; }
+
+/* Whether GEMM instruction i reads or writes a classifier's logits or their gradient, or
+ * a view of them: a tensor a cross_entropy op (or its backward, or the two fused) reads
+ * first or writes. */
+static int of_classifier(const Plan *p, int32_t i)
+{
+    const PlanCuda *in = &p->cuda[i];
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        const PlanOp *op = &p->ops[k];
+        if (strncmp(plan_str(p, op->op), "cross_entropy", 13) || !op->n_in) continue;
+        for (int a = 0; a < 3; a++) {
+            int32_t t = root(p, p->ids[in->args + a]);
+            if (root(p, p->ids[op->in]) == t) return 1;
+            for (int32_t o = 0; o < op->n_out; o++)
+                if (root(p, p->ids[op->out + o]) == t) return 1;
+        }
+    }
+    return 0;
+}
+
+/* The misaligned GEMMs: how many, their roofline, then the first ALIGN_NAMED ops that
+ * have one (an op's GEMMs are consecutive), where the model makes them, the rules they
+ * fail and what would fix them. One line when every GEMM is aligned; none without GEMMs. */
+static void print_alignment(const KernReport *r, FILE *out)
+{
+    const Plan *p = r->plan;
+    if (!r->n_gemms) return;
+    if (!r->n_misaligned) {
+        fprintf(out, "GEMMs: all %d have leading dimensions, batch strides and offsets that are multiples of 16 "
+                "bytes\n", r->n_gemms);
+        return;
+    }
+    fprintf(out, "GEMMs with a leading dimension, batch stride or offset not a multiple of 16 bytes: %d of %d "
+            "(their roofline %.3f ms):\n", r->n_misaligned, r->n_gemms, r->misaligned_seconds * 1e3);
+    int named = 0, more = 0, head = 0, offset = 0;
+    for (int32_t j = 0, next; j < r->n_launch; j = next) {
+        const KernLaunch *l = &r->launch[j];
+        unsigned bad = 0;
+        int gemms = 0;
+        for (next = j; next < r->n_launch && r->launch[next].op == l->op; next++)
+            bad |= r->launch[next].misaligned, gemms += r->launch[next].misaligned != 0;
+        if (!bad) continue;
+        if (named == ALIGN_NAMED) {
+            more++;
+            continue;
+        }
+        const PlanOp *op = &p->ops[l->op];
+        char name[64], file[64], why[256], count[32] = "";
+        int cls = of_classifier(p, l->index);
+        head |= cls, offset |= (bad >> KERN_OFF_A) != 0;
+        if (gemms > 1) snprintf(count, sizeof count, ", %d GEMMs", gemms);
+        fprintf(out, "  op %d %s", l->op, report_clean(plan_str(p, op->op), name, sizeof name));
+        const char *src = plan_meta_str(p, "source", NULL);
+        if (op->line > 0 && src) fprintf(out, " at %s:%d:%d", report_clean(src, file, sizeof file), op->line, op->col);
+        else if (op->line > 0) fprintf(out, " at line %d, column %d", op->line, op->col);
+        fprintf(out, "%s: %s%s\n", count, report_align_describe(p, l->index, bad, why, sizeof why),
+                cls ? " (a classifier head)" : "");
+        named++;
+    }
+    if (more) fprintf(out, "  and %d more op%s\n", more, more > 1 ? "s" : "");
+    fprintf(out, "  fix: such a dim a multiple of 8 elements in 16 bits, 4 in fp32%s\n",
+            offset ? " (an offset: the sizes of what lies before it)" : "");
+    if (head) fprintf(out, "  a classifier head: --pad_vocab pads the vocabularies passes/pad_vocab.c can pad\n");
 }
 
 static void print_program(const KernReport *r, FILE *out)
@@ -215,13 +299,15 @@ static void print_program(const KernReport *r, FILE *out)
             "%sB written; roofline %.3f ms\n", r->n_launch, r->n_launches, r->n_gemms, si(r->flops, fl, sizeof fl),
             si(r->tc_flops, tc, sizeof tc), si(r->bytes_read, rd, sizeof rd), si(r->bytes_written, wr, sizeof wr),
             r->seconds * 1e3);
+    print_alignment(r, out);
 }
 
 int report_kernels_print(const Plan *p, const KernGpu *g, FILE *out, char *err, size_t errlen)
 {
     char name[64];
     fprintf(out, "CUDA program of %s on %s: %.0f TFLOP/s bf16/fp16 tensor cores, %.0f TFLOP/s fp32, %.0f GB/s HBM, "
-            "%.0f TFLOP/s tf32;\nroofline = max(FLOP / rate, bytes / HBM); FLOP marked * run on tensor cores\n",
+            "%.0f TFLOP/s tf32;\nroofline = max(FLOP / rate, bytes / HBM); FLOP marked * run on tensor cores; "
+            "! marks a GEMM not 16-byte aligned\n",
             report_clean(plan_meta_str(p, "model", "model"), name, sizeof name), g->name, g->flops_16bit / 1e12,
             g->flops_fp32 / 1e12, g->hbm_bw / 1e9, g->flops_tf32 / 1e12);
     for (int32_t k = 0; k < p->n_programs; k++) {

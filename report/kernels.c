@@ -26,6 +26,12 @@
  * they take all of its FLOPs (the others, attention_bwd's row sums, are noise beside the
  * products) at the tensor-core rate: the TF32 rate when its first argument (q) is f32.
  *
+ * Alignment: a GEMM whose leading dimensions, batch strides or operand starts are not
+ * multiples of 16 bytes cannot take cuBLAS's fast tensor-core kernels (they load 16 bytes
+ * at a time); report.h's KernAlign lists the rules. The report names each such GEMM and
+ * the rules it fails, and adds nothing to its roofline: no measurement says how much
+ * slower the kernel cuBLAS falls back to runs.
+ *
  * Where it sits: the report layer, after codegen in fsc; reads the plan only.
  */
 #include <stdlib.h>
@@ -155,6 +161,69 @@ static void gemm_cost(const Plan *p, int32_t i, KernLaunch *l)
     if (in->epilogue == PLAN_EPI_DGELU_BGRAD) l->bytes_read += m * n * es;
 }
 
+enum { ALIGN_BYTES = 16 };
+
+static const char *const ALIGN_NAMES[KERN_ALIGN_COUNT] = {
+    "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c",
+    "offset_a", "offset_b", "offset_c", "offset_bias", "offset_aux", "offset_r"};
+
+const char *report_align_name(KernAlign rule)
+{
+    return rule >= 0 && rule < KERN_ALIGN_COUNT ? ALIGN_NAMES[rule] : "?";
+}
+
+/* Whether tensor t plus `extra` bytes starts off a 16-byte boundary on some rank. */
+static int misplaced(const PlanTensor *t, int64_t extra)
+{
+    return (t->offset + extra) % ALIGN_BYTES || t->rank_stride % ALIGN_BYTES;
+}
+
+/* GEMM i's failed KernAlign rules. A, B and C have a leading dimension, a batch stride and
+ * an element offset each, in their own dtypes; the epilogue's bias and aux and the residual
+ * R (beta) only a start (aux and R walk C's ldc). */
+static unsigned gemm_alignment(const Plan *p, int32_t i)
+{
+    const PlanCuda *in = &p->cuda[i];
+    const int64_t ld[] = {in->lda, in->ldb, in->ldc}, stride[] = {in->stride_a, in->stride_b, in->stride_c},
+                  off[] = {in->a_off, in->b_off, in->c_off};
+    unsigned bad = 0;
+    for (int a = 0; a < 3; a++) {
+        const PlanTensor *t = &p->tensors[p->ids[in->args + a]];
+        int64_t es = plan_dtype_size(t->dtype);
+        if (ld[a] * es % ALIGN_BYTES) bad |= 1u << (KERN_LDA + a);
+        if (in->batch > 1 && stride[a] * es % ALIGN_BYTES) bad |= 1u << (KERN_STRIDE_A + a);
+        if (misplaced(t, off[a] * es)) bad |= 1u << (KERN_OFF_A + a);
+    }
+    for (int e = 0; e < plan_epilogue_args(in->epilogue); e++)
+        if (misplaced(&p->tensors[p->ids[in->args + 3 + e]], 0)) bad |= 1u << (KERN_OFF_BIAS + e);
+    if (in->beta && misplaced(&p->tensors[p->ids[in->args + in->n_args - 1]], 0)) bad |= 1u << KERN_OFF_R;
+    return bad;
+}
+
+const char *report_align_describe(const Plan *p, int32_t i, unsigned bad, char *buf, size_t n)
+{
+    static const char *const operand[] = {"A", "B", "C", "bias", "aux", "R"};
+    const PlanCuda *in = &p->cuda[i];
+    const int64_t dims[] = {in->lda, in->ldb, in->ldc, in->stride_a, in->stride_b, in->stride_c};
+    size_t at = 0;
+    buf[0] = 0;
+    for (int rule = 0; rule < KERN_ALIGN_COUNT && at < n; rule++) {
+        if (!(bad & 1u << rule)) continue;
+        const char *sep = at ? ", " : "";
+        int w;
+        if (rule < KERN_OFF_A) {
+            int a = rule % 3;
+            int64_t es = plan_dtype_size(p->tensors[p->ids[in->args + a]].dtype);
+            w = snprintf(buf + at, n - at, "%s%s %lld x %lld B", sep, ALIGN_NAMES[rule], (long long)dims[rule],
+                         (long long)es);
+        } else {
+            w = snprintf(buf + at, n - at, "%soffset of %s", sep, operand[rule - KERN_OFF_A]);
+        }
+        at += w > 0 ? (size_t)w : 0;
+    }
+    return buf;
+}
+
 /* The FLOPs of op k's group that its GEMMs leave, split over its LAUNCHes [a, b) by the
  * bytes each moves (equally when none moves any); over its tensor-core LAUNCHes only
  * when it has some. */
@@ -208,6 +277,7 @@ static void sum_kinds(KernReport *r)
         if (l->tensor_core) k->tc_flops += l->flops, r->tc_flops += l->flops;
         r->flops += l->flops, r->bytes_read += l->bytes_read, r->bytes_written += l->bytes_written;
         r->seconds += l->seconds;
+        if (l->misaligned) r->n_misaligned++, r->misaligned_seconds += l->seconds;
     }
     qsort(r->kind, (size_t)r->n_kind, sizeof *r->kind, by_time);
 }
@@ -241,7 +311,7 @@ KernReport *report_kernels_new(const Plan *p, int32_t k, const KernGpu *gpu, cha
         if (in->op < pr->first_op || in->op >= pr->first_op + pr->n_ops) continue;
         KernLaunch *l = &r->launch[r->n_launch++];
         *l = (KernLaunch){.index = i, .op = in->op};
-        if (in->kind == PLAN_CU_GEMM) gemm_cost(p, i, l);
+        if (in->kind == PLAN_CU_GEMM) gemm_cost(p, i, l), l->misaligned = gemm_alignment(p, i);
         else launch_cost(p, i, group_first(p, in->op, pr->first_op, has), l);
     }
     for (int32_t a = 0, b; a < r->n_launch; a = b) {  // each op's instructions [a, b)

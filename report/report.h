@@ -362,6 +362,16 @@ typedef struct {
     double flops_tf32;    // FLOP/s of f32 products on TF32 tensor cores (dense): a tf32 plan's
 } KernGpu;
 
+/* What keeps a GEMM off cuBLAS's fast tensor-core kernels, which load 16 bytes at a time
+ * (KernLaunch.misaligned: a bit each): a leading dimension or batch stride (batch > 1) whose
+ * bytes (elements x its operand's element size) are not a multiple of 16, or an operand
+ * that starts off a 16-byte boundary (its tensor's arena offset, plus the instruction's
+ * element offset, plus rank x its rank stride; cudaMalloc's base is 256-byte aligned). */
+typedef enum {
+    KERN_LDA, KERN_LDB, KERN_LDC, KERN_STRIDE_A, KERN_STRIDE_B, KERN_STRIDE_C,
+    KERN_OFF_A, KERN_OFF_B, KERN_OFF_C, KERN_OFF_BIAS, KERN_OFF_AUX, KERN_OFF_R, KERN_ALIGN_COUNT
+} KernAlign;
+
 /* One instruction of the CUDA program (plan/plan.h: PlanCuda) and its roofline. */
 typedef struct {
     int32_t index;        // in Plan.cuda
@@ -372,6 +382,7 @@ typedef struct {
     double bytes_read, bytes_written;  // DRAM bytes, from its arguments' sizes
     int64_t elements;     // the work: elements of its largest argument
     double seconds;       // roofline: max(flops / rate, bytes / hbm_bw)
+    unsigned misaligned;  // a GEMM's failed rules, bit (1u << KernAlign) each; 0: aligned (or a LAUNCH)
 } KernLaunch;
 
 /* The instructions of one op kind ("layernorm_bwd"), summed. */
@@ -387,6 +398,8 @@ typedef struct {
     KernGpu gpu;
     KernLaunch *launch;   // its instructions, in program order
     int32_t n_launch, n_launches, n_gemms;
+    int32_t n_misaligned;         // GEMMs with a KernLaunch.misaligned bit
+    double misaligned_seconds;    // their roofline (no penalty added: nothing measured one)
     KernKind *kind;       // by roofline time, the longest first (ties: by name)
     int32_t n_kind;
     double flops, tc_flops, bytes_read, bytes_written, seconds;  // the whole step's
@@ -396,6 +409,11 @@ typedef struct {
  * plan has no CUDA program or memory runs out. Free with report_kernels_free. */
 KernReport *report_kernels_new(const Plan *p, int32_t k, const KernGpu *gpu, char *err, size_t errlen);
 void report_kernels_free(KernReport *r);
+/* A rule's name in JSON: "lda", "stride_b", "offset_c", "offset_bias", ... */
+const char *report_align_name(KernAlign rule);
+/* GEMM instruction i's failed rules (bits of `bad`) for a person: "ldb 4 x 2 B, ldc 4 x 2 B,
+ * offset of B". */
+const char *report_align_describe(const Plan *p, int32_t i, unsigned bad, char *buf, size_t n);
 
 /* ---- report/kernelout.c: the kernel report as text and JSON (fsc --kernels[=json]) --- */
 

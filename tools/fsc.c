@@ -75,7 +75,8 @@ static void usage(FILE *out)
                  "  --kernels[=text|json] list each launch of the step's CUDA program: op, kernel, blocks x\n"
                  "                        threads, shared memory, FLOPs (on tensor cores or not), DRAM bytes\n"
                  "                        read and written, roofline time on --machine's GPU; then the sums\n"
-                 "                        by op kind and the step's roofline\n"
+                 "                        by op kind and the step's roofline, and the GEMMs whose leading\n"
+                 "                        dims, batch strides or offsets are not multiples of 16 bytes\n"
                  "  --timeline[=unit]     print the step's schedule: a lane per stage, busy and idle\n"
                  "                        (bubble) time, the makespan; costs are the ops' FLOPs at a\n"
                  "                        nominal 1 TFLOP/s (ms), or with =unit forward 1, backward 2\n"
@@ -732,7 +733,7 @@ static int kernels(const Graph *g, const TrainConfig *t, const Flags *f)
     KernGpu gpu = {.flops_16bit = m.flops_16bit, .flops_tf32 = m.flops_tf32, .flops_fp32 = m.flops_fp32,
                    .hbm_bw = m.hbm_bw};
     snprintf(gpu.name, sizeof gpu.name, "%s", m.name);
-    Plan *plan = make_plan(g, t, NULL, NULL);
+    Plan *plan = make_plan(g, t, f->input, NULL);  // the source names where a misaligned GEMM comes from
     if (!plan) return 1;
     int rc = f->kernels == 2 ? report_kernels_json(plan, &gpu, stdout, err, sizeof err)
                              : report_kernels_print(plan, &gpu, stdout, err, sizeof err);

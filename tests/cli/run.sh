@@ -503,6 +503,41 @@ printf '{"name": "slow", "gpus_per_node": 4, "flops_fp32": 1e13, "flops_16bit": 
  "ib_bw": 1e10, "pcie_bw": 1e10, "host_flops": 1e11, "host_bw": 1e10, "collective_latency": 1e-5}' > "$tmp/slow.json"
 expect kernels-machine-file 0 '"hbm_bw": 1000000000000' -- "$FSC" "${TINY[@]}" --kernels=json --machine "$tmp/slow.json"
 expect kernels-json 0 '"n_instructions": 76' -- "$FSC" "${TINY[@]}" --precision bf16 --kernels=json
+# GEMMs that are not 16-byte aligned (cuBLAS's fast tensor-core kernels need it): tiny GPT-2's are all aligned;
+# mlp's 4-class head in bf16 has rows of 8 bytes (in fp32, 16); GPT-2 at C = 100 has rows of 200 bytes.
+expect kernels-aligned 0 "GEMMs: all 27 have leading dimensions, batch strides and offsets that are multiples" \
+  -- "$FSC" "${TINY[@]}" --precision bf16 --kernels
+WIDE=("$SRC/samples/gpt2.fsm" -D L=2 -D C=100 -D NH=4 -D T=32 -D V=256 -q --precision bf16)
+MLP=("$SRC/samples/mlp.fsm" -q --precision bf16 --pad_vocab 0)  # its head as the model has it, whatever pads heads
+expect kernels-misaligned-count 0 \
+  "GEMMs with a leading dimension, batch stride or offset not a multiple of 16 bytes: 3 of 11" \
+  -- "$FSC" "${MLP[@]}" --kernels
+expect kernels-misaligned-head 0 "  op 7 matmul_bias at mlp.fsm:22:22: ldb 4 x 2 B, ldc 4 x 2 B (a classifier head)" \
+  -- "$FSC" "${MLP[@]}" --kernels
+expect kernels-misaligned-dx 0 "  op 14 matmul at mlp.fsm:22:14: lda 4 x 2 B, ldb 4 x 2 B (a classifier head)" -- \
+  "$FSC" "${MLP[@]}" --kernels
+expect kernels-misaligned-fix 0 "fix: such a dim a multiple of 8 elements in 16 bits, 4 in fp32" -- \
+  "$FSC" "${MLP[@]}" --kernels
+expect kernels-misaligned-head-fix 0 "  a classifier head: --pad_vocab pads the vocabularies passes/pad_vocab.c can pad" \
+  -- "$FSC" "${MLP[@]}" --kernels
+expect kernels-misaligned-offset 0 "4 in fp32 (an offset: the sizes of what lies before it)" -- \
+  "$FSC" "${WIDE[@]}" --kernels
+expect kernels-misaligned-column 0 "0.00 ! lda,ldb" -- "$FSC" "${MLP[@]}" --kernels
+expect kernels-fp32-aligned 0 "GEMMs: all 11 have" -- "$FSC" "$SRC/samples/mlp.fsm" -q --pad_vocab 0 --kernels
+expect kernels-misaligned-json 0 '"n_misaligned_gemms": 3' -- "$FSC" "${MLP[@]}" --kernels=json
+# The JSON's per-GEMM verdicts: [op, aligned, rules] of each misaligned GEMM.
+"$FSC" "${MLP[@]}" --kernels=json > "$tmp/mlp_kernels.json"
+cat > "$tmp/misaligned.py" <<'PY'
+import json, sys
+launches = json.load(open(sys.argv[1]))["launches"]
+print([[l["op"], l["aligned"], l["misaligned"]] for l in launches if l["instruction"] == "gemm" and not l["aligned"]])
+PY
+expect kernels-misaligned-json-rules 0 \
+  "[[7, False, ['ldb', 'ldc']], [13, False, ['ldb', 'ldc']], [14, False, ['lda', 'ldb']]]" \
+  -- /usr/bin/python3 "$tmp/misaligned.py" "$tmp/mlp_kernels.json"
+expect kernels-misaligned-width 0 "at gpt2.fsm:24:59: lda 100 x 2 B, ldb 300 x 2 B, ldc 300 x 2 B" -- \
+  "$FSC" "${WIDE[@]}" --kernels
+expect kernels-misaligned-more 0 "  and 22 more ops" -- "$FSC" "${WIDE[@]}" --kernels
 expect kernels-bad-format 1 "--kernels: expected --kernels, --kernels=text or --kernels=json, got '--kernels=xml'" -- \
   "$FSC" "${TINY[@]}" --kernels=xml
 expect kernels-bad-machine 1 "--machine $tmp/none.json: " -- "$FSC" "${TINY[@]}" --kernels --machine "$tmp/none.json"

@@ -12,6 +12,10 @@ numbers a user sees):
 3. No launch storms: GPT-2 124M's and Llama's instructions per step (samples/gpt2.fsm and
    samples/llama.fsm at their default dims, bf16) are printed and bounded by today's counts
    (BOUNDS, LLAMA_BOUNDS).
+4. Every GEMM of GPT-2 124M and Llama in bf16 is 16-byte aligned (leading dimensions, batch
+   strides, operand starts: what cuBLAS's fast tensor-core kernels need), and each report's
+   count of misaligned GEMMs and their roofline agree with its launches; every sample's
+   misaligned GEMMs are printed.
 
 Every sample is checked at its default dims and at the tiny dims the other tests use, in
 its own precision and in bf16. cuBLAS's GEMMs pick their own grids and are not linted.
@@ -61,12 +65,12 @@ EXEMPT = {
 # gradient buffer: each gradient is made in it, and only the gaps no gradient covers are
 # zeroed (none at one rank: passes/shard.c's zero_gaps). Upper bounds: the
 # counts may fall, never grow unnoticed.
-BOUNDS = {"instructions": 336, "sumsq_parts": 13, "adamw": 13, "cast": 0, "full": 0}
+BOUNDS = {"instructions": 336, "sumsq_parts": 13, "adamw": 13, "cast": 0, "full": 0, "misaligned": 0}
 # Llama (samples/llama.fsm at its default dims, bf16), today: 371 instructions (200 launches,
 # 171 GEMMs); rope and attention read q, k, v where their projections wrote them (rope_rows,
 # attention_rows: passes/packed_attn.c), so no heads, merge_heads or rope launches are left
 # (72 of them before).
-LLAMA_BOUNDS = {"instructions": 371, "heads": 0, "merge_heads": 0, "rope": 0}
+LLAMA_BOUNDS = {"instructions": 371, "heads": 0, "merge_heads": 0, "rope": 0, "misaligned": 0}
 
 SAMPLES = {
     "gpt2": ["-D", "L=2", "-D", "C=64", "-D", "NH=4", "-D", "T=32", "-D", "V=256", "-D", "B=4"],
@@ -127,6 +131,15 @@ def consistent(what, d, failures, fsc_gflop=None):
             fused = l.get("epilogue", "none") != "none" or l.get("beta", 0)
             if l["instruction"] == "gemm" and (l["flops"] < product if fused else l["flops"] != product):
                 bad.append(f"GEMM {l['index']}: {l['flops']} FLOPs for {l['gemm']}")
+        gemms = [l for l in prog["launches"] if l["instruction"] == "gemm"]
+        if any(l["aligned"] != (not l["misaligned"]) for l in gemms) or \
+                any("aligned" in l for l in prog["launches"] if l["instruction"] != "gemm"):
+            bad.append("a GEMM's aligned and misaligned disagree, or a launch has them")
+        off = [l for l in gemms if not l["aligned"]]
+        if prog["n_misaligned_gemms"] != len(off) or \
+                abs(prog["misaligned_roofline_ms"] - sum(l["roofline_ms"] for l in off)) > 1e-9:
+            bad.append(f"{prog['n_misaligned_gemms']} misaligned GEMMs, {prog['misaligned_roofline_ms']} ms; "
+                       f"the launches say {len(off)}")
         for key in ("flops", "bytes_read", "bytes_written", "roofline_ms"):
             total = sum(k[key] for k in prog["kinds"])
             if abs(total - prog[key]) > 1e-9 * max(1, prog[key]):
@@ -146,7 +159,10 @@ def main():
                 for prog in d.get("stages", [d]):
                     lint(what, prog, used, failures)
                 consistent(what, d, failures)
-                print(f"{what}: {d['n_instructions']} instructions, roofline {d['roofline_ms']:.3f} ms")
+                off = [f"{l['kind']} (op {l['op']}: {','.join(l['misaligned'])})" for p in d.get("stages", [d])
+                       for l in p["launches"] if l["instruction"] == "gemm" and not l["aligned"]]
+                print(f"{what}: {d['n_instructions']} instructions, roofline {d['roofline_ms']:.3f} ms; "
+                      f"{len(off)} misaligned GEMMs{': ' + ', '.join(off[:4]) if off else ''}")
     for name, why in EXEMPT.items():
         print(f"exempt {name}: {used[name]} launches ({why})")
         if not used[name]:
@@ -166,7 +182,7 @@ def main():
           f"{d['n_gemms']} GEMMs), {count['sumsq_parts']} sumsq_parts, {count['adamw']} adamw, {count['cast']} casts; "
           f"roofline {d['roofline_ms']:.2f} ms on {d['gpu']['name']}")
     have = {"instructions": d["n_instructions"], "sumsq_parts": count["sumsq_parts"], "adamw": count["adamw"],
-            "cast": count["cast"], "full": count["full"]}
+            "cast": count["cast"], "full": count["full"], "misaligned": d["n_misaligned_gemms"]}
     for key, bound in BOUNDS.items():
         if have[key] > bound:
             failures.append(f"GPT-2 124M bf16: {have[key]} {key} per step, above the bound {bound}")
@@ -175,7 +191,8 @@ def main():
     print(f"Llama bf16: {ld['n_instructions']} instructions per step ({ld['n_launches']} launches, "
           f"{ld['n_gemms']} GEMMs); roofline {ld['roofline_ms']:.3f} ms on {ld['gpu']['name']}")
     for key, bound in LLAMA_BOUNDS.items():
-        n = ld["n_instructions"] if key == "instructions" else lcount[key]
+        n = ld["n_instructions"] if key == "instructions" else \
+            ld["n_misaligned_gemms"] if key == "misaligned" else lcount[key]
         if n > bound:
             failures.append(f"Llama bf16: {n} {key} per step, above the bound {bound}")
     if sum(l["instruction"] == "gemm" for l in d["launches"]) != d["n_gemms"] or \

@@ -5,8 +5,9 @@
  * writing dx in its third); attention on tensor cores (its "_tc_" kernels take the op's
  * FLOPs at the tensor-core rate), as attention (pack_attention 0) and as attention_qkv, which
  * reads q, k, v from one tensor and writes one dqkv; a fused group's FLOPs; the roofline at the GPU's rates; the
- * sums by kind; and the fallback to the op's outputs when a kernel's parameters cannot
- * be read.
+ * sums by kind; the fallback to the op's outputs when a kernel's parameters cannot
+ * be read; and which GEMMs are not 16-byte aligned, by which rule (mlp's 4-class head in
+ * bf16, GPT-2 at C = 64 and 100, and each rule alone on a GEMM whose fields are changed).
  */
 #include <criterion/criterion.h>
 #include <string.h>
@@ -237,5 +238,173 @@ Test(kernels, no_cuda_program)
     char err[256];
     cr_assert_null(report_kernels_new(p, 0, &GPU, err, sizeof err));
     cr_assert(strstr(err, "no CUDA program"), "%s", err);
+    plan_free(p);
+}
+
+/* ---- alignment: the GEMMs cuBLAS cannot run on its 16-byte tensor-core kernels ---------- */
+
+#define BIT(rule) (1u << (rule))
+
+/* mlp without vocabulary padding, which would widen its head, if passes/pad_vocab.c padded it. */
+static Plan *mlp(const char *precision)
+{
+    const Setting set[] = {{"precision", precision}, {"pad_vocab", "0"}};
+    return sample_compile("mlp.fsm", NULL, 0, set, 2, NULL);
+}
+
+/* The first GEMM of kind op whose m, n and k are these (-1: any), or NULL. */
+static const KernLaunch *gemm(const KernReport *r, const char *op, int64_t m, int64_t n, int64_t k)
+{
+    for (int n_th = 0;; n_th++) {
+        const KernLaunch *l = nth(r, op, n_th);
+        if (!l) return NULL;
+        const PlanCuda *in = &r->plan->cuda[l->index];
+        if (in->kind == PLAN_CU_GEMM && (m < 0 || in->m == m) && (n < 0 || in->n == n) && (k < 0 || in->k == k))
+            return l;
+    }
+}
+
+static void assert_misaligned_sum(const KernReport *r)
+{
+    double s = 0;
+    int n = 0;
+    for (int32_t j = 0; j < r->n_launch; j++) {
+        const KernLaunch *l = &r->launch[j];
+        if (r->plan->cuda[l->index].kind != PLAN_CU_GEMM) cr_assert_eq(l->misaligned, 0, "a LAUNCH has no rules");
+        if (l->misaligned) s += l->seconds, n++;
+    }
+    cr_assert_eq(r->n_misaligned, n);
+    cr_assert_float_eq(r->misaligned_seconds, s, 1e-18);
+}
+
+/* mlp's classifier head has K = 4 classes: a row of 4 bf16 is 8 bytes, of 4 f32 16. So in
+ * bf16 its three GEMMs fail (the product: B [H, K] and C [B, K]; the bias gradient's: the
+ * same; dh = dlogits @ w_out^T: A [B, K] and B read transposed, [H, K]), and in fp32 none. */
+Test(kernels, classifier_head_misaligned_in_16_bits)
+{
+    char err[256], why[256];
+    Plan *p = mlp("bf16");
+    KernReport *r = report_kernels_new(p, 0, &GPU, err, sizeof err);
+    cr_assert(r, "%s", err);
+    cr_assert_eq(r->n_gemms, 11);
+    cr_assert_eq(r->n_misaligned, 3);
+    assert_misaligned_sum(r);
+    const KernLaunch *head = gemm(r, "matmul_bias", 64, 4, 64), *bgrad = gemm(r, "matmul_bgrad", 64, 4, 64);
+    const KernLaunch *dh = gemm(r, "matmul", 64, 64, 4);
+    cr_assert(head && bgrad && dh);
+    cr_assert_eq(head->misaligned, BIT(KERN_LDB) | BIT(KERN_LDC));
+    cr_assert_eq(bgrad->misaligned, BIT(KERN_LDB) | BIT(KERN_LDC));
+    cr_assert_eq(dh->misaligned, BIT(KERN_LDA) | BIT(KERN_LDB));
+    cr_assert_str_eq(report_align_describe(p, head->index, head->misaligned, why, sizeof why),
+                     "ldb 4 x 2 B, ldc 4 x 2 B");
+    cr_assert_str_eq(report_align_describe(p, dh->index, dh->misaligned, why, sizeof why), "lda 4 x 2 B, ldb 4 x 2 B");
+    cr_assert_eq(gemm(r, "matmul_bias", 64, 64, 16)->misaligned, 0, "the input layer: rows of 16 and 64");
+    report_kernels_free(r);
+    plan_free(p);
+
+    p = mlp("fp32");
+    r = report_kernels_new(p, 0, &GPU, err, sizeof err);
+    cr_assert(r, "%s", err);
+    cr_assert_eq(r->n_gemms, 11);
+    cr_assert_eq(r->n_misaligned, 0, "rows of 4 f32 are 16 bytes");
+    cr_assert_eq(r->misaligned_seconds, 0);
+    report_kernels_free(r);
+    plan_free(p);
+}
+
+/* Tiny GPT-2 (C = 64, V = 256) in bf16: every row a multiple of 8 elements, every param and
+ * activation at a 16-byte multiple. At C = 100 rows of C are 200 bytes: the QKV projection
+ * fails on A [BT, C], B [C, 3C] and C [BT, 3C]; the MLP's first GEMM on A only (its B and C
+ * have rows of 4C = 400 elements, 800 bytes). */
+Test(kernels, gpt2_alignment_follows_the_width)
+{
+    char err[256], why[256];
+    const Setting set[] = {{"precision", "bf16"}};
+    Plan *p = sample_compile("gpt2.fsm", SAMPLE_GPT2, 6, set, 1, NULL);
+    KernReport *r = report_kernels_new(p, 0, &GPU, err, sizeof err);
+    cr_assert(r, "%s", err);
+    cr_assert_gt(r->n_gemms, 20);
+    cr_assert_eq(r->n_misaligned, 0);
+    report_kernels_free(r);
+    plan_free(p);
+
+    Define dims[6];
+    memcpy(dims, SAMPLE_GPT2, sizeof dims);
+    for (int i = 0; i < 6; i++)
+        if (!strcmp(dims[i].name, "C")) dims[i].value = 100;
+    p = sample_compile("gpt2.fsm", dims, 6, set, 1, NULL);
+    r = report_kernels_new(p, 0, &GPU, err, sizeof err);
+    cr_assert(r, "%s", err);
+    assert_misaligned_sum(r);
+    const unsigned ld = BIT(KERN_LDA) | BIT(KERN_LDB) | BIT(KERN_LDC);
+    const KernLaunch *qkv = gemm(r, "matmul_bias", -1, 300, 100), *fc = gemm(r, "matmul_bias_gelu", -1, 400, 100);
+    cr_assert(qkv && fc);
+    cr_assert_eq(qkv->misaligned & ld, ld);
+    cr_assert_eq(fc->misaligned & ld, BIT(KERN_LDA));
+    report_align_describe(p, qkv->index, ld, why, sizeof why);
+    cr_assert_str_eq(why, "lda 100 x 2 B, ldb 300 x 2 B, ldc 300 x 2 B");
+    report_kernels_free(r);
+    plan_free(p);
+}
+
+/* Each rule alone, on mlp's fp32 plan (aligned throughout) with one field of its input
+ * layer's GEMM (x @ w_in + b_in: m 64, n 64, k 16, f32) changed: the report reads only the
+ * plan, so the changed plan is what a plan with that GEMM would be. Misalignment adds
+ * nothing to the roofline. */
+Test(kernels, each_alignment_rule)
+{
+    char err[256], why[256];
+    Plan *p = mlp("fp32");
+    KernReport *r = report_kernels_new(p, 0, &GPU, err, sizeof err);
+    cr_assert(r, "%s", err);
+    const int32_t i = gemm(r, "matmul_bias", 64, 64, 16)->index;
+    const double seconds = gemm(r, "matmul_bias", 64, 64, 16)->seconds;
+    report_kernels_free(r);
+    PlanCuda *in = &p->cuda[i], saved = *in;
+    PlanTensor *bias = &p->tensors[p->ids[in->args + 3]], *C = &p->tensors[p->ids[in->args + 2]];
+    const PlanTensor bias_saved = *bias, C_saved = *C;
+    cr_assert_eq(in->epilogue, PLAN_EPI_BIAS);
+    static const struct {
+        const char *field;
+        int64_t value;
+        unsigned want;
+        const char *why;
+    } cases[] = {
+        {"lda", 17, BIT(KERN_LDA), "lda 17 x 4 B"},
+        {"lda", 20, 0, ""},  // 80 bytes
+        {"ldc", 66, BIT(KERN_LDC), "ldc 66 x 4 B"},
+        {"stride_b", 6, 0, ""},  // batch 1: never stepped
+        {"batch_stride_b", 6, BIT(KERN_STRIDE_B), "stride_b 6 x 4 B"},
+        {"batch_stride_b", 0, 0, ""},  // broadcast
+        {"c_off", 1, BIT(KERN_OFF_C), "offset of C"},
+        {"c_off", 4, 0, ""},
+        {"bias_offset", 8, BIT(KERN_OFF_BIAS), "offset of bias"},
+        {"C_rank_stride", 8, BIT(KERN_OFF_C), "offset of C"},  // rank 1's C starts 8 bytes off
+        {"C_rank_stride", 4096, 0, ""},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        *in = saved, *bias = bias_saved, *C = C_saved;
+        const char *f = cases[c].field;
+        int64_t v = cases[c].value;
+        if (!strcmp(f, "lda")) in->lda = v;
+        if (!strcmp(f, "ldc")) in->ldc = v;
+        if (!strcmp(f, "stride_b")) in->stride_b = v;
+        if (!strcmp(f, "batch_stride_b")) in->stride_b = v, in->batch = 2;
+        if (!strcmp(f, "c_off")) in->c_off = v;
+        if (!strcmp(f, "bias_offset")) bias->offset += v;
+        if (!strcmp(f, "C_rank_stride")) C->rank_stride = v;
+        r = report_kernels_new(p, 0, &GPU, err, sizeof err);
+        cr_assert(r, "%s", err);
+        const KernLaunch *l = NULL;
+        for (int32_t j = 0; j < r->n_launch; j++)
+            if (r->launch[j].index == i) l = &r->launch[j];
+        cr_assert(l);
+        cr_assert_eq(l->misaligned, cases[c].want, "case %zu (%s %lld): %#x", c, f, (long long)v, l->misaligned);
+        cr_assert_str_eq(report_align_describe(p, i, l->misaligned, why, sizeof why), cases[c].why, "case %zu", c);
+        cr_assert_eq(r->n_misaligned, cases[c].want != 0, "case %zu: no other GEMM changed", c);
+        assert_misaligned_sum(r);
+        if (strcmp(f, "batch_stride_b")) cr_assert_float_eq(l->seconds, seconds, 1e-18, "case %zu: no penalty", c);
+        report_kernels_free(r);
+    }
     plan_free(p);
 }
