@@ -276,7 +276,9 @@ static void print_alignment(const KernReport *r, FILE *out)
     if (more) fprintf(out, "  and %d more op%s\n", more, more > 1 ? "s" : "");
     fprintf(out, "  fix: such a dim a multiple of 8 elements in 16 bits, 4 in fp32%s\n",
             offset ? " (an offset: the sizes of what lies before it)" : "");
-    if (head) fprintf(out, "  a classifier head: --pad_vocab pads the vocabularies passes/pad_vocab.c can pad\n");
+    if (head)
+        fprintf(out, "  a classifier head: --pad_vocab pads a head stored [V, C] (and its bias), or one stored [C, V] "
+                     "with no bias\n");
 }
 
 static void print_program(const KernReport *r, FILE *out)

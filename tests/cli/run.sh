@@ -518,7 +518,8 @@ expect kernels-misaligned-dx 0 "  op 14 matmul at mlp.fsm:22:14: lda 4 x 2 B, ld
   "$FSC" "${MLP[@]}" --kernels
 expect kernels-misaligned-fix 0 "fix: such a dim a multiple of 8 elements in 16 bits, 4 in fp32" -- \
   "$FSC" "${MLP[@]}" --kernels
-expect kernels-misaligned-head-fix 0 "  a classifier head: --pad_vocab pads the vocabularies passes/pad_vocab.c can pad" \
+expect kernels-misaligned-head-fix 0 \
+  "  a classifier head: --pad_vocab pads a head stored [V, C] (and its bias), or one stored [C, V] with no bias" \
   -- "$FSC" "${MLP[@]}" --kernels
 expect kernels-misaligned-offset 0 "4 in fp32 (an offset: the sizes of what lies before it)" -- \
   "$FSC" "${WIDE[@]}" --kernels
