@@ -87,7 +87,8 @@ static int export_checkpoint(const char *from, const char *out, RtWeightsFormat 
     else
         fprintf(stderr, "fsexec: exported the params of %s (step %" PRId64 ") to %s (%s names) in %.2f s, %s a %.0f "
                 "MiB buffer\n", rt_checkpoint_dir(c), rt_checkpoint_step(c), out, rt_weights_format_name(format),
-                rt_now() - t0, format == RT_WEIGHTS_FSEXEC ? "through" : "holding the params in", (double)buffer / (1 << 20));
+                rt_now() - t0, format == RT_WEIGHTS_FSEXEC ? "through" : "holding the params in",
+                (double)buffer / (1 << 20));
     rt_checkpoint_close(c);
     return rc ? 1 : 0;
 }

@@ -445,7 +445,8 @@ int parse_args(int argc, char **argv, Flags *f)
     if (f->export_from && !f->plan) return usage_error("%s", "--export CKPT FILE: no output FILE given");
     if (!f->inspect && !f->plan) return usage_error("%s", "no plan given");
     if ((f->save_every || f->keep) && !f->checkpoint_dir)
-        return usage_error("%s needs --checkpoint-dir DIR (where the checkpoints go)", f->save_every ? "--save-every" : "--keep");
+        return usage_error("%s needs --checkpoint-dir DIR (where the checkpoints go)",
+                           f->save_every ? "--save-every" : "--keep");
     if ((f->resume_partial || f->resume_other_data) && !f->resume)
         return usage_error("%s says how to resume: give --resume PATH",
                            f->resume_partial ? "--resume-partial" : "--resume-other-data");
@@ -461,8 +462,8 @@ int parse_args(int argc, char **argv, Flags *f)
                            "--eval-every" : "--eval-batches");
     if (f->no_kv_cache && !f->sample) return usage_error("%s", "--no-kv-cache is for sampling: give --sample N");
     if ((f->prompt || f->prompt_ids || f->tokenizer || f->top_k) && !f->sample)
-        return usage_error("%s is for sampling: give --sample N", f->prompt ? "--prompt" : f->prompt_ids ? "--prompt-ids"
-                           : f->tokenizer ? "--tokenizer" : "--top-k");
+        return usage_error("%s is for sampling: give --sample N", f->prompt ? "--prompt"
+                           : f->prompt_ids ? "--prompt-ids" : f->tokenizer ? "--tokenizer" : "--top-k");
     if (f->sample && (f->prompt != NULL) == (f->prompt_ids != NULL))
         return usage_error("%s", "--sample needs one prompt: --prompt TEXT (a byte-level model) or --prompt-ids LIST");
     if (f->sample && (f->device == RT_DEVICE_CUDA || f->cuda_graph || f->tf32))
@@ -484,7 +485,8 @@ int parse_args(int argc, char **argv, Flags *f)
                            f->sample ? "--sample" : f->log ? "--log" : "--trace");
     if (f->save_grads && f->steps == 0) return usage_error("%s", "--save-grads needs at least one step");
     if (f->trace && f->steps == 0) return usage_error("%s", "--trace needs at least one step");
-    if (f->trace_first && !f->trace) return usage_error("%s", "--trace-steps says which steps --trace FILE covers; give --trace");
+    if (f->trace_first && !f->trace)
+        return usage_error("%s", "--trace-steps says which steps --trace FILE covers; give --trace");
     if (f->device == RT_DEVICE_CPU && (f->cuda_graph || f->tf32))
         return usage_error("%s needs a CUDA device (--device cuda or auto)", f->cuda_graph ? "--cuda-graph" : "--tf32");
     if (f->device == RT_DEVICE_CUDA && (f->debug_nan || f->debug_guard))

@@ -75,7 +75,8 @@ void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t seed)
     char ranks[160] = "", shard[64];  // "fsdp", or with hybrid sharding "fsdp in groups of 2"
     int64_t group = plan_shard_group(p, layout.dp);
     snprintf(shard, sizeof shard, "%s", plan_meta_str(p, "shard", "?"));
-    if (group < layout.dp) snprintf(shard + strlen(shard), sizeof shard - strlen(shard), " in groups of %" PRId64, group);
+    if (group < layout.dp)
+        snprintf(shard + strlen(shard), sizeof shard - strlen(shard), " in groups of %" PRId64, group);
     if (my_world > 1 && layout.stages > 1)
         snprintf(ranks, sizeof ranks, " | %d ranks (%d stages x %d, %s)", my_world, layout.stages, layout.dp, shard);
     else if (my_world > 1)
@@ -88,7 +89,8 @@ void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t seed)
             PRIu64 "%s%s%s\n", plan_meta_str(p, "model", "model"), r->dev.name, report_grouped(params, num, sizeof num),
             mem,
             layout.stages > 1 ? " per rank by stage" : my_world > 1 ? " per rank" : "", threads, ranks,
-            rt_data_describe(r->data), steps, seed, f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "",
+            rt_data_describe(r->data), steps, seed,
+            f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "",
             !rt_device_is_cpu(&r->dev) && f->cuda_graph ? " | cuda-graph" : "",
             !rt_device_is_cpu(&r->dev) && plan_tf32(p) ? " | tf32" : "");
     rt_device_report(&r->dev, stderr);
@@ -105,10 +107,10 @@ void schedule_note(const Plan *p, int64_t steps)
     if (steps <= 0 || end <= 0 || end == steps || !strcmp(plan_meta_str(p, "lr_schedule", "constant"), "constant"))
         return;
     if (steps < end)
-        fprintf(stderr, "fsexec: note: the learning-rate schedule runs to step %" PRId64 " (fsc --steps); this run stops "
-                "at step %" PRId64 ", before it ends\n", end, steps);
+        fprintf(stderr, "fsexec: note: the learning-rate schedule runs to step %" PRId64 " (fsc --steps); this run "
+                "stops at step %" PRId64 ", before it ends\n", end, steps);
     else
-        fprintf(stderr, "fsexec: note: the learning-rate schedule runs to step %" PRId64 " (fsc --steps); this run goes "
-                "on to step %" PRId64 ", but the schedule ended at step %" PRId64 ": the rest runs at min_lr (%g)\n",
-                end, steps, end, plan_meta_float(p, "min_lr", 0));
+        fprintf(stderr, "fsexec: note: the learning-rate schedule runs to step %" PRId64 " (fsc --steps); this run "
+                "goes on to step %" PRId64 ", but the schedule ended at step %" PRId64 ": the rest runs at "
+                "min_lr (%g)\n", end, steps, end, plan_meta_float(p, "min_lr", 0));
 }

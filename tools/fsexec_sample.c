@@ -66,14 +66,17 @@ int sample(const Flags *f)
     char err[1024];
     RtRanks rk;
     if (rt_ranks_from_env(&rk, err, sizeof err) || rk.world != 1) {
-        fprintf(stderr, "fsexec: --sample runs in one process, not as rank %d of %d; start it without mpirun\n", rk.rank,
-                rk.world);
+        fprintf(stderr, "fsexec: --sample runs in one process, not as rank %d of %d; start it without mpirun\n",
+                rk.rank, rk.world);
         return 2;
     }
     Plan *whole = load(f->plan);
     RtCheckpoint *c = whole && f->resume ? rt_checkpoint_open(f->resume, err, sizeof err) : NULL;
     if (whole && f->resume && !c) fprintf(stderr, "fsexec: --resume: %s\n", err);
-    uint64_t seed = f->has_seed ? f->seed : c ? rt_checkpoint_seed(c) : whole ? (uint64_t)plan_meta_int(whole, "seed", 0) : 0;
+    uint64_t seed = f->has_seed ? f->seed
+                    : c         ? rt_checkpoint_seed(c)
+                    : whole     ? (uint64_t)plan_meta_int(whole, "seed", 0)
+                                : 0;
     RtSampler *s = whole && (c || !f->resume) ? rt_sampler_new(whole, seed, !f->no_kv_cache, err, sizeof err) : NULL;
     if (whole && (c || !f->resume) && !s) fprintf(stderr, "fsexec: %s: %s\n", f->plan, err);
     RtTokenizer *tk = s && f->tokenizer ? rt_tokenizer_open(f->tokenizer, err, sizeof err) : NULL;
@@ -100,8 +103,8 @@ int sample(const Flags *f)
     if (!rc && window) rc = sample_weights(f, window, c);
     RtSampleOptions so = {.n = f->sample, .temperature = f->temperature, .top_k = f->top_k, .seed = seed};
     if (!rc && n + f->sample > T)
-        fprintf(stderr, "fsexec: note: the model's context is T = %" PRId64 " tokens; past it each token sees the last %"
-                PRId64 " (as nanoGPT crops)\n", T, T);
+        fprintf(stderr, "fsexec: note: the model's context is T = %" PRId64 " tokens; past it each token sees the "
+                "last %" PRId64 " (as nanoGPT crops)\n", T, T);
     if (!rc && rt_sample(s, &so, ids, n, ids + n, err, sizeof err)) {
         fprintf(stderr, "fsexec: %s\n", err);
         rc = 1;

@@ -16,6 +16,13 @@
 
 #include "fsexec.h"
 
+/* The threads of each of n ranks sharing this machine: its cores split evenly, at least one. */
+static long cores_each(long n)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return cores / n > 1 ? cores / n : 1;
+}
+
 /* What the plan needs started, for messages: "plan compiled for world 2", "the plan has 2
  * stages x 2 data-parallel ranks = world 4". */
 static const char *needs(const RtLayout *l, char *buf, size_t n)
@@ -85,7 +92,8 @@ int join_world(const Flags *f, const Plan *p, RtRanks *rk)
         rc = 2;
     }
     rc = rc ? rc : check_pipeline(f, rk->rank);
-    if (!rc && layout.stages > 1 && plan_check_p2p(p, err, sizeof err)) {  // a pipeline that could deadlock does not start
+    /* A pipeline that could deadlock does not start. */
+    if (!rc && layout.stages > 1 && plan_check_p2p(p, err, sizeof err)) {
         fprintf(stderr, "%s: %s: %s\n", who, f->plan, err);
         rc = 1;
     }
@@ -102,10 +110,8 @@ int join_world(const Flags *f, const Plan *p, RtRanks *rk)
     }
     rt_watchdog_pipeline(p, layout.dp);
     /* Ranks that share a machine share its cores, unless told otherwise. */
-    if (!f->threads && !getenv("OMP_NUM_THREADS") && rk->local_world > 1) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        rt_set_threads(cores / rk->local_world > 1 ? (int)(cores / rk->local_world) : 1);
-    }
+    if (!f->threads && !getenv("OMP_NUM_THREADS") && rk->local_world > 1)
+        rt_set_threads((int)cores_each(rk->local_world));
     return 0;
 }
 
@@ -150,8 +156,7 @@ int launch(const Flags *f, int argc, char **argv)
     const char *mpirun = getenv("FSEXEC_MPIRUN");
     if (!mpirun || !*mpirun) mpirun = "mpirun";
     if (!getenv("OMP_NUM_THREADS")) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        snprintf(threads, sizeof threads, "%ld", cores / f->nproc > 1 ? cores / f->nproc : 1);
+        snprintf(threads, sizeof threads, "%ld", cores_each((long)f->nproc));
         setenv("OMP_NUM_THREADS", threads, 1);
     }
     char **args = malloc(sizeof *args * (size_t)argc);
