@@ -1,10 +1,10 @@
 /* tools/fsexec_args.c: fsexec's command line into Flags: the --help text, each flag's
  * value parsed and range-checked, the flags checked against each other, and the files the
- * run will write checked before it starts. Invariants: every rejection prints one line,
- * `fsexec: ... (see fsexec --help)`, and is exit status 2; -h and -V print and exit 0;
- * nothing here opens a plan or starts MPI (check_outputs runs before any rank starts, and
- * on every rank alike). Sits first: main (tools/fsexec.c) calls parse_args, then
- * check_outputs, then a mode.
+ * run will write checked before it starts. Invariants: a usage error is one line,
+ * `fsexec: ... (see fsexec --help)`, and exit status 2 (an unreadable --weights-format map
+ * and check_outputs' findings: 1); -h and -V print and exit 0; nothing here reads a plan
+ * or starts MPI (check_outputs runs before any rank starts, and on every rank alike). Sits
+ * first: main (tools/fsexec.c) calls parse_args, then check_outputs, then a mode.
  */
 #include <errno.h>
 #include <inttypes.h>

@@ -1,9 +1,10 @@
 /* tools/fsexec_report.c: what the reporting rank says around a run: the start line (model,
  * device, params, arenas, threads, ranks, data, steps, seed), the note on a learning-rate
  * schedule that the run's --steps cuts short or outlasts, and the end of the progress
- * display (runtime/progress.c: its summary line). Invariants: only the reporting rank
- * (rank 0, or a pipeline's last stage's first) calls start_line and schedule_note, and all
- * of it goes to stderr; nothing here changes the run. Called by run_plan (fsexec_run.c).
+ * display (runtime/progress.c: its summary line, where the step lines go). Invariants: only
+ * the reporting rank (rank 0, or a pipeline's last stage's first) calls start_line and
+ * schedule_note, and they write to stderr; nothing here changes the run. Called by
+ * run_plan and run_free (fsexec_run.c).
  */
 #include <inttypes.h>
 #include <string.h>

@@ -2,10 +2,11 @@
  * (fsexec_world.c), open and check --resume's checkpoint, then on this rank's stage's
  * program the Exec (a device's host mirror), the data, --val-data's evaluation, the weights
  * or the checkpoint, the device; then --predict's outputs, or the step loop
- * (runtime/step.c) with --trace, and the weights saved after it. Invariants: every check
- * that can fail on some ranks only is agreed (rt_comm_agree) before any rank goes on; an
- * error on one rank alone ends every rank (local_error); a SIGINT or SIGTERM stops the run
- * at a step boundary every rank agrees on. Called by main (tools/fsexec.c).
+ * (runtime/step.c) with --trace, and the weights saved after it. Invariants: a check whose
+ * result every rank must share (the checkpoint, its files, the saves) is agreed
+ * (rt_comm_agree) before any rank goes on; any other error on one rank ends every rank
+ * (local_error); a SIGINT or SIGTERM stops the run at a step boundary every rank agrees
+ * on. Called by main (tools/fsexec.c).
  */
 #include <inttypes.h>
 #include <signal.h>

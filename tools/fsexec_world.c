@@ -3,7 +3,7 @@
  * do, splits the world into the plan's stages x data-parallel ranks and names the rank in
  * `who`; launch is --nproc N: the same command as N ranks under mpirun, after checking N
  * against the plan. Invariants: a world that does not match the plan is reported by every
- * rank, agreed before any exits, and starts nothing; ranks on one machine share its cores
+ * rank, agreed before any exits, and runs nothing; ranks on one machine share its cores
  * unless --threads or OMP_NUM_THREADS says otherwise. Called by run (fsexec_run.c) and
  * main (tools/fsexec.c).
  */
