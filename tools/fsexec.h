@@ -85,7 +85,7 @@ int launch(const Flags *f, int argc, char **argv);
 
 /* tools/fsexec_run.c */
 /* Whether f32 matrix products run on TF32 tensor cores: the plan's tf32 setting decides. */
-int plan_tf32(const Plan *p);
+int compiled_tf32(const Plan *p);
 /* The plan run (trained, or --predict's outputs written); 0, or an exit status after a message. */
 int run(const Flags *f);
 

@@ -93,7 +93,7 @@ void start_line(const Plan *p, const Run *r, const Flags *f, uint64_t seed)
             rt_data_describe(r->data), steps, seed,
             f->debug_nan ? " | debug-nan" : f->debug_guard ? " | debug-guard" : "",
             !rt_device_is_cpu(&r->dev) && f->cuda_graph ? " | cuda-graph" : "",
-            !rt_device_is_cpu(&r->dev) && plan_tf32(p) ? " | tf32" : "");
+            !rt_device_is_cpu(&r->dev) && compiled_tf32(p) ? " | tf32" : "");
     rt_device_report(&r->dev, stderr);
 }
 

@@ -16,13 +16,13 @@
 
 /* Whether f32 matrix products run on TF32 tensor cores: the plan's tf32 setting decides (its
  * attention kernels were compiled for it; codegen/cuda_flash.c); --tf32 only repeats it. */
-int plan_tf32(const Plan *p) { return plan_meta_int(p, "tf32", 0) != 0; }
+int compiled_tf32(const Plan *p) { return plan_meta_int(p, "tf32", 0) != 0; }
 
 /* --tf32 on a plan compiled without tf32 would run its GEMMs on TF32 and its attention in
  * f32: a mix neither setting describes. 0, or 2 after a message. */
 static int check_tf32(const Flags *f, const Plan *p)
 {
-    if (!f->tf32 || plan_tf32(p)) return 0;
+    if (!f->tf32 || compiled_tf32(p)) return 0;
     fprintf(stderr, "%s: --tf32: %s was compiled with tf32 0, so its attention kernels compute in f32; compile it "
             "with --tf32 1 (fsc, or `tf32 1;` in the train block), and fsexec runs all of its f32 matrix products on "
             "TF32 tensor cores without this flag\n", who, f->plan);
@@ -191,7 +191,7 @@ static int run_plan(Run *r, const Flags *f, const Plan *whole, const Plan *p, co
     t_load = rt_now() - t_load;
     if (f->predict) return predict(f, whole, r, rk, seed);
     int32_t report[8];
-    if (rt_device_open(&r->dev, r->e, rk, plan_tf32(whole), f->trace != NULL, report,
+    if (rt_device_open(&r->dev, r->e, rk, compiled_tf32(whole), f->trace != NULL, report,
                        rt_train_reported(r->e, r->data, report)))
         return local_error(1);
     po.unit = rt_data_get_kind(r->data) == RT_DATA_LM ? "tok" : "samples";
