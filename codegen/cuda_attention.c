@@ -1,9 +1,9 @@
 /* codegen/cuda_attention.c: CUDA emitters of attention, attention_bwd, attention_rows and
  * attention_decode (the KV cache's write, then codegen/kernels/decode.cuh's kernel over
  * the caches with query row i at position pos + i; see the op's rule in ops/shape.c).
- * 16-bit attention and its backward with head dims D = Dv a multiple of 8 up to 128
- * run on tensor cores (codegen/cuda_flash.c, which says exactly what it takes); the
- * rest (fp32 plans, other head dims) runs on codegen/kernels/attention_f32.cuh's
+ * 16-bit attention (fp32 too under the tf32 setting) and its backward with head dims D = Dv
+ * a multiple of 8 up to 128 run on tensor cores (codegen/cuda_flash.c, which says exactly
+ * what it takes); the rest (fp32 plans without tf32, other head dims) runs on codegen/kernels/attention_f32.cuh's
  * templates, launched here: flash attention in f32 on CUDA cores, never a T x S matrix
  * in memory. Semantics are
  * runtime/cpu/attention.c's:

@@ -11,8 +11,9 @@
  * attention, every buffer 16-byte aligned (memplan gives 64; a view might not). Anything
  * else, fp32 plans without tf32 included, runs on the f32 kernels
  * (codegen/kernels/attention_f32.cuh). attention_masked (_qkv_masked) takes the same kernels
- * with its key mask (template arguments MPER, MT) in 16 bits; under tf32 the f32 ones. attention_decode, planned in fp32, has its
- * own kernel (codegen/kernels/decode.cuh).
+ * with its key mask (template arguments MPER, MT: i32 or f32, whatever q's dtype), in 16 bits and
+ * under tf32 alike (tests/py/attn_mask.py --emu-shapes, --emu-tf32). attention_decode,
+ * planned in fp32, has its own kernel (codegen/kernels/decode.cuh).
  *
  * Launches: forward, one of 128 threads per 64 query rows; backward, Dr = rowsum(dO o)
  * into dq's bytes, then dK/dV over key tiles of 64, then dQ over query tiles of 64.
@@ -55,7 +56,6 @@ int cu_flash_takes(const CuCtx *c, const CuAtt *a, int bwd)
 {
     DType t = cu_inv(c, 0)->dtype;
     if (t != DT_BF16 && t != DT_F16 && !(t == DT_F32 && c->tf32)) return 0;
-    if (t == DT_F32 && a->mper) return 0;  // tf32 with a key mask: not emulator-tested, so the f32 kernels
     if (a->D != a->Dv || a->D % 8 || a->D > FL_MAX_D) return 0;
     const Node *n = cu_node(c);
     for (int i = 0; i < n->n_in; i++) {

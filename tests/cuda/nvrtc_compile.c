@@ -7,7 +7,8 @@
  * sharding, GPT-2 under fsdp at world 2 in bf16, GPT-2 with recompute Block, and the decode
  * programs (passes/decode.c: KV caches, rope_at, attention_decode) of GPT-2 and Llama, and
  * tests/cuda_emu/ops37.fsm (issue 37's op variants) in bf16 and, as two loss ops, fp16, and fp32 attention
- * under the tf32 setting (GPT-2, Llama, tests/cuda_emu/attn.fsm and attn_qkv.fsm at head dims 24 and 128). Each plan's
+ * under the tf32 setting (GPT-2, Llama, tests/cuda_emu/attn.fsm and attn_qkv.fsm at head dims 24 and 128, and
+ * attn_mask.fsm's masked attentions). Each plan's
  * module (meta "cuda_source") is compiled for sm_80 and sm_90 as fsexec's CUDA backend
  * compiles it (-std=c++17, the toolkit's include directory); equal modules are compiled
  * once. A compile fails the test with NVRTC's log on any error or warning, and every
@@ -379,6 +380,8 @@ int main(int argc, char **argv)
                            .def = {{"C", 96}, {"NH", 4}, {"NKV", 2}}, .n_def = 3};
     runs[n_runs++] = (Run){.file = "tests/cuda_emu/attn_qkv.fsm", .set = {{"tf32", "1"}}, .n_set = 1,
                            .def = {{"NH", 1}}, .n_def = 1};
+    /* and masked: attention_masked and attention_qkv_masked, boolean and additive, causal and not */
+    runs[n_runs++] = (Run){.file = "tests/cuda_emu/attn_mask.fsm", .set = {{"tf32", "1"}}, .n_set = 1};
 
     Plan *plans[MAX_PLANS];
     const char **names_of[MAX_PLANS] = {0};

@@ -146,6 +146,13 @@ if(NOT FS_FUZZ)
   # (10 emulated steps, each compiling its own kernels: 9 minutes on a loaded 2-core machine)
   math(EXPR attn_mask_tc_timeout "3 * ${FS_SLOW_TIMEOUT}")
   set_tests_properties(cuda_emu_attn_mask_tc PROPERTIES TIMEOUT ${attn_mask_tc_timeout})
+  # The same under tf32 (an fp32 plan, --tf32 1: the flash kernels on mma m16n8k8 tf32): tests/cuda_emu/attn_mask.fsm's
+  # attention_masked and attention_qkv_masked, causal and not, boolean and additive masks with a fully masked item,
+  # head dims 24, 40 and 64, T = 70 and 37, one step against the CPU backend at op_check's tf32 tolerance, and the
+  # backward's bits with the blocks in either order (tests/py/attn_mask.py --emu-tf32; 2 emulated steps, 50 s).
+  add_test(NAME cuda_emu_attn_mask_tf32 COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/py/attn_mask.py
+           $<TARGET_FILE:fsc> $<TARGET_FILE:fsexec> --emu-tf32 $<TARGET_FILE:fs_cudaemu>)
+  set_tests_properties(cuda_emu_attn_mask_tf32 PROPERTIES TIMEOUT ${FS_SLOW_TIMEOUT})
   # attention_qkv (passes/packed_attn.c): the heads read from the QKV projection's rows, on tensor cores (head dims
   # 64, 24 and 128) and by the f32 kernels (fp32; 16-bit head dim 20, not a multiple of 8); GPT-2 without it keeps
   # attention's contiguous path covered in gpt2_bf16_unfused
@@ -168,7 +175,8 @@ if(NOT FS_FUZZ)
   # at T = 37 against S = 130 (head dim 64, NKV = 1), head dim 24 with NKV = NH / 2, a causal T = 300 at head dim
   # 128, attention_qkv at T = 300 (head dim 24), 128 and 64, and tiny GPT-2 whole (head dim 16); and the f32
   # kernels (fp32 without tf32) at head dims 24 (NKV = NH / 2) and 128, and attention_qkv at T = 130 (tiles of 32
-  # and a tail of 2; T = 300 took 150 s of the suite, and at head dim 128 the emulator would take minutes).
+  # and a tail of 2; T = 300 took 150 s of the suite, and at head dim 128 the emulator would take minutes). Masked
+  # attention under tf32 is cuda_emu_attn_mask_tf32's, above.
   cuda_emu_test(attn_hd64_tf32 tests/cuda_emu/attn.fsm -D B=1 --tf32 1)
   cuda_emu_test(attn_hd24_tf32 tests/cuda_emu/attn.fsm -D C=96 -D NH=4 -D NKV=2 --tf32 1)
   cuda_emu_test(attn_hd128_t300_tf32 tests/cuda_emu/attn.fsm -D B=1 -D T=300 -D S=70 -D NH=1 -D NKV=1 --tf32 1)

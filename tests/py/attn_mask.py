@@ -38,8 +38,15 @@
    backward run with the blocks in forward order and one in reverse give the same bits. Then case
    3's encoder in bf16, packed and not, and fp16 packed: cuda-emu's step-1 gradients against the
    CPU's, and packed against unpacked (1e-2).
+6. (--emu-tf32 LIBFS_CUDAEMU) fp32 under the tf32 setting: tests/cuda_emu/attn_mask.fsm's four masked attentions
+   (attention_masked and the packed attention_qkv_masked; causal and not, boolean and additive masks with a fully
+   masked item, head dims 24, 40 and 64, T = 70 and 37) checked to run on the tensor-core kernels (mma m16n8k8
+   tf32); one step's gradients (the outputs' among them) on cuda-emu against the CPU backend's fp32 ones within
+   op_check's tf32 tolerance (5e-3 of the largest value), the fully masked item's exactly 0; TF32's rounding
+   seen (the attentions' gradients farther than 1e-5); the backward's bits the same with the blocks reversed.
+   (The CPU backend ignores tf32: its masked attention is case 1's and 5's, against SDPA.)
 
-usage: attn_mask.py FSC FSEXEC [--emu LIBFS_CUDAEMU | --emu-shapes LIBFS_CUDAEMU]
+usage: attn_mask.py FSC FSEXEC [--emu | --emu-shapes | --emu-tf32 LIBFS_CUDAEMU]
 (Debian's /usr/bin/python3 with torch and numpy)
 """
 import json
@@ -258,8 +265,8 @@ def emulated_shapes(fsc, fsexec, wd, emu):
         kind = ("causal " if causal else "") + ("additive" if additive else "boolean")
         tag = f"T={T} S={S} hd={hd} NKV={nkv} {kind} {prec}"
         w, cpu = cpu_step(fsc, fsexec, wd, prec, 5 + hd + nkv, data)
-        unscale = 2.0 ** -16 if prec == "fp16" else 1.0  # fp16's step 1 gradients carry the loss scale, 2^16
-        fails += compare({n: cpu[n] * unscale for n in "qkv"}, reference(w, mask, causal, labels),
+        # fp16's saved gradients come unscaled (fsexec --save-grads divides out the loss scale)
+        fails += compare({n: cpu[n] for n in "qkv"}, reference(w, mask, causal, labels),
                          1e-5 if prec == "fp32" else 3e-2, tag, "CPU against SDPA", slice(0, 3))
         launches = run([fsc, "am.fsm", "-q", "--precision", prec, "--kernels"], wd)
         tc = "attention_tc" in launches and "attention_bwd_tc" in launches
@@ -282,6 +289,71 @@ def emulated_shapes(fsc, fsexec, wd, emu):
     if fails:
         sys.exit("attn_mask.py: FAIL: " + ", ".join(fails))
     print(f"ok   tensor-core and f32 kernels with masks: {n + 4} checks")
+
+
+# Case 6: tests/cuda_emu/attn_mask.fsm's four masked attentions in one fp32 plan under the tf32 setting. Its
+# gradients that only the attentions' products reach (those of the unpacked attentions' q, k, v; the packed
+# ones' pass through the QKV projections' GEMMs, TF32 on the device too).
+TF32_ATTN = ("q", "k", "v", "q2", "k2", "v2")
+TF32_TOL = 5e-3  # op_check's TOL_TF32 (tests/cuda/op_check.c): TF32 rounds every product's inputs to 2^-11
+
+
+def tf32_kernels(fsc, wd, args):
+    """The plan's attention launches (fsc --kernels): every masked forward on attention_tc, every backward's two
+    tiled kernels on attention_bwd_tc (the f32 kernels would be attention_ and attention_bwd_ alone). The
+    failures' names."""
+    fwd, bwd = [], []
+    for line in run([fsc, *args, "--kernels"], wd).splitlines():
+        f = line.split()
+        if len(f) > 3 and f[2] in ("attention_masked", "attention_qkv_masked"):
+            fwd.append(f[3])
+        elif len(f) > 3 and f[2] in ("attention_masked_bwd", "attention_qkv_masked_bwd"):
+            bwd.append(f[3])
+    ok = len(fwd) == 4 and all(k.startswith("attention_tc_") for k in fwd) and \
+        sum(k.startswith("attention_bwd_tc_") for k in bwd) == 8
+    print(f"{'ok  ' if ok else 'FAIL'} tf32: the masked attentions run on the tensor-core kernels: forward {fwd}, "
+          f"backward {len(bwd)} launches")
+    return [] if ok else [f"tf32 kernels: forward {fwd}, backward {bwd}"]
+
+
+def emulated_tf32(fsc, fsexec, wd, emu):
+    """Case 6 (--emu-tf32): one step of attn_mask.fsm compiled with --tf32 1 on cuda-emu (the flash kernels on mma
+    m16n8k8 tf32) against the CPU backend's (which ignores tf32: fp32), every gradient within op_check's tf32
+    tolerance of its largest value, the fully masked item's exactly 0 on both; the attentions' own gradients
+    farther than fp32's 1e-5 (TF32's rounding shows: not the f32 kernels); the backward's bits the same with the
+    blocks in reverse order."""
+    np.save(os.path.join(wd, "mb.npy"), make_mask(70, 1))
+    np.save(os.path.join(wd, "ma.npy"), make_mask(70, 1, True))
+    data = ["--data", "mb=mb.npy,ma=ma.npy", "--data-order", "sequential", "--threads", "2"]
+    args = [os.path.join(HERE, "..", "cuda_emu", "attn_mask.fsm"), "-q", "--precision", "fp32", "--tf32", "1"]
+    fails = tf32_kernels(fsc, wd, args)
+    run([fsc, *args, "-o", "am.plan"], wd)
+    run([fsexec, "am.plan", "--steps", "1", "--save-grads", "g.safetensors", *data], wd)
+    cpu = load_safetensors(os.path.join(wd, "g.safetensors"), torch.float64)
+    dev = emu_grads(fsexec, wd, data, emu, "ge.safetensors", "forward")
+    errs = {}
+    for name in sorted(cpu):
+        err = errs[name] = ((dev[name] - cpu[name]).abs().max() / cpu[name].abs().max()).item()
+        item = not name.startswith("w")  # the projections' weights have no batch axis
+        dead = max(dev[name][3].abs().max().item(), cpu[name][3].abs().max().item()) if item else 0.0
+        ok = err <= TF32_TOL and dead == 0.0
+        print(f"{'ok  ' if ok else 'FAIL'} tf32 d loss / d {name:3}: cuda-emu against the CPU backend {err:.2e} "
+              f"(tol {TF32_TOL:g})" + (f"; fully masked item: max |.| = {dead:g}" if item else ""))
+        if not ok:
+            fails.append(f"tf32 {name}")
+    seen = max(errs[n] for n in TF32_ATTN)
+    print(f"{'ok  ' if seen > 1e-5 else 'FAIL'} tf32: the attentions' gradients differ from fp32's by up to "
+          f"{seen:.1e} (TF32's rounding; the f32 kernels stay within 1e-5)")
+    if seen <= 1e-5:
+        fails.append("tf32: no TF32 rounding seen")
+    rev = emu_grads(fsexec, wd, data, emu, "gr.safetensors", "reverse")
+    same = all(torch.equal(dev[n], rev[n]) for n in cpu)
+    print(f"{'ok  ' if same else 'FAIL'} tf32: backward with the blocks in reverse order: same bits")
+    if not same:
+        fails.append("tf32: two backward runs differ")
+    if fails:
+        sys.exit("attn_mask.py: FAIL: " + ", ".join(fails))
+    print(f"ok   tf32 masked attention: {2 * len(cpu) + 3} checks")
 
 
 def inf_only_in_masks(fsc, fsexec, wd):
@@ -473,13 +545,18 @@ def emulated_packed(fsc, fsexec, wd, emu):
 
 
 def main():
-    if len(sys.argv) not in (3, 5) or len(sys.argv) == 5 and sys.argv[3] not in ("--emu", "--emu-shapes"):
-        sys.exit("usage: attn_mask.py FSC FSEXEC [--emu LIBFS_CUDAEMU | --emu-shapes LIBFS_CUDAEMU]")
+    if len(sys.argv) not in (3, 5) or len(sys.argv) == 5 and sys.argv[3] not in ("--emu", "--emu-shapes",
+                                                                                  "--emu-tf32"):
+        sys.exit("usage: attn_mask.py FSC FSEXEC [--emu | --emu-shapes | --emu-tf32 LIBFS_CUDAEMU]")
     fsc, fsexec = (os.path.abspath(a) for a in sys.argv[1:3])
     emu = os.path.abspath(sys.argv[4]) if len(sys.argv) == 5 else None
     with tempfile.TemporaryDirectory(prefix="fs-attn-mask-") as wd:
         if emu and sys.argv[3] == "--emu-shapes":
             emulated_shapes(fsc, fsexec, wd, emu)
+            print("attn_mask.py: all passed")
+            return
+        if emu and sys.argv[3] == "--emu-tf32":
+            emulated_tf32(fsc, fsexec, wd, emu)
             print("attn_mask.py: all passed")
             return
         values_and_grads(fsc, fsexec, wd, emu)
