@@ -143,7 +143,7 @@ if(NOT FS_FUZZ)
   # attention_masked (tests/py/attn_mask.py --emu-shapes).
   add_test(NAME cuda_emu_attn_mask_tc COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/py/attn_mask.py
            $<TARGET_FILE:fsc> $<TARGET_FILE:fsexec> --emu-shapes $<TARGET_FILE:fs_cudaemu>)
-  # (10 emulated steps, each compiling its own kernels: 9 minutes on a loaded 2-core machine)
+  # (10 emulated steps, each compiling its own kernels: about a minute, several on a loaded 2-core machine)
   math(EXPR attn_mask_tc_timeout "3 * ${FS_SLOW_TIMEOUT}")
   set_tests_properties(cuda_emu_attn_mask_tc PROPERTIES TIMEOUT ${attn_mask_tc_timeout})
   # The same under tf32 (an fp32 plan, --tf32 1: the flash kernels on mma m16n8k8 tf32): tests/cuda_emu/attn_mask.fsm's
