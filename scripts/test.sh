@@ -8,6 +8,7 @@ if [ "${1:-}" = "--sanitize" ]; then
   export FS_BUILD_DIR=build-asan
   scripts/setup.sh -DFS_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
+  export LSAN_OPTIONS=suppressions=$PWD/scripts/lsan.supp
 else
   export FS_BUILD_DIR=build
   scripts/setup.sh
