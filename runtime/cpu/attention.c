@@ -248,6 +248,13 @@ static void fwd_all(const Att *a)
     for (int64_t t = 0; t < a->BH * nb; t++) fwd_block(a, t / nb, t % nb * BQ);
 }
 
+/* The forward's outputs (out, lse) on an initialized a, then the forward. */
+static void forward(Att *a, const KCall *k)
+{
+    a->out = fdata(&k->out[0]), a->lse_out = fdata(&k->out[1]);
+    fwd_all(a);
+}
+
 /* q, k, v -> out, lse; q, k, v, o, lse, dout -> dq, dk, dv: by (T, D) slices, or by
  * (heads, T, D) slabs when q has more heads than k. */
 static const Slabs ATTENTION[2] = {{{2, 2, 2, 2, 1}, -1}, {{3, 3, 3, 3, 2}, -1}};
@@ -268,8 +275,7 @@ void cpu_attention(const KCall *k)
     }
     Att a;
     att_init(&a, k, k_int(k, 3), 0);
-    a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
-    fwd_all(&a);
+    forward(&a, k);
 }
 
 /* attention_decode(q, k, v, kcache, vcache, pos) -> out: k's and v's T rows into the
@@ -406,6 +412,17 @@ static void bwd_all(const Att *ap)
     for (int64_t t = 0; t < a.BH * nqb; t++) bwd_q_block(&a, t / nqb, t % nqb * BQ);
 }
 
+/* The backward's o, lse, dout (inputs at, at + 1, at + 2) and dq, dk, dv (three outputs, or, packed,
+ * the parts of one dqkv) on an initialized a, then the backward. */
+static void backward(Att *a, const KCall *k, int at, int packed)
+{
+    a->o = fdata(&k->in[at]), a->lse = fdata(&k->in[at + 1]), a->dout = fdata(&k->in[at + 2]);
+    a->dq = fdata(&k->out[0]);
+    a->dk = packed ? a->dq + a->lq.nh * a->D : fdata(&k->out[1]);
+    a->dv = packed ? a->dk + a->lk.nh * a->D : fdata(&k->out[2]);
+    bwd_all(a);
+}
+
 /* attention_bwd(q, k, v, o, lse, dout, causal) -> dq, dk, dv */
 void cpu_attention_bwd(const KCall *k)
 {
@@ -415,9 +432,7 @@ void cpu_attention_bwd(const KCall *k)
     }
     Att a;
     att_init(&a, k, k_int(k, 6), 0);
-    a.o = fdata(&k->in[3]), a.lse = fdata(&k->in[4]), a.dout = fdata(&k->in[5]);
-    a.dq = fdata(&k->out[0]), a.dk = fdata(&k->out[1]), a.dv = fdata(&k->out[2]);
-    bwd_all(&a);
+    backward(&a, k, 3, 0);
 }
 
 /* attention_masked(q, k, v, mask, causal) -> out, lse; its backward (q, k, v, mask, o, lse, dout) -> dq, dk,
@@ -451,8 +466,7 @@ void cpu_attention_masked(const KCall *k)
     }
     Att a;
     att_init(&a, k, k_int(k, 4), 1);
-    a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
-    fwd_all(&a);
+    forward(&a, k);
 }
 
 void cpu_attention_masked_bwd(const KCall *k)
@@ -464,9 +478,7 @@ void cpu_attention_masked_bwd(const KCall *k)
     }
     Att a;
     att_init(&a, k, k_int(k, 7), 1);
-    a.o = fdata(&k->in[4]), a.lse = fdata(&k->in[5]), a.dout = fdata(&k->in[6]);
-    a.dq = fdata(&k->out[0]), a.dk = fdata(&k->out[1]), a.dv = fdata(&k->out[2]);
-    bwd_all(&a);
+    backward(&a, k, 4, 0);
 }
 
 /* attention_qkv(qkv, nh, nkv, causal) -> o, lse; its backward (qkv, o, lse, dout) -> dqkv: by batch items
@@ -486,8 +498,7 @@ static void packed_fwd(const KCall *k, const Slabs *s, CpuKernel self, int at, i
     }
     Att a;
     att_init_packed(&a, k, at, masked);
-    a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
-    fwd_all(&a);
+    forward(&a, k);
 }
 
 /* Their backward: o, lse, dout follow qkv (and the mask). */
@@ -499,9 +510,7 @@ static void packed_bwd(const KCall *k, const Slabs *s, CpuKernel self, int at, i
     }
     Att a;
     att_init_packed(&a, k, at, masked);
-    a.o = fdata(&k->in[1 + masked]), a.lse = fdata(&k->in[2 + masked]), a.dout = fdata(&k->in[3 + masked]);
-    a.dq = fdata(&k->out[0]), a.dk = a.dq + a.lq.nh * a.D, a.dv = a.dk + a.lk.nh * a.D;
-    bwd_all(&a);
+    backward(&a, k, 1 + masked, 1);
 }
 
 void cpu_attention_qkv(const KCall *k) { packed_fwd(k, &ATTENTION_QKV, cpu_attention_qkv, 1, 0); }
@@ -541,8 +550,7 @@ void cpu_attention_rows(const KCall *k)
     }
     Att a;
     att_init_rows(&a, k, 3);
-    a.out = fdata(&k->out[0]), a.lse_out = fdata(&k->out[1]);
-    fwd_all(&a);
+    forward(&a, k);
 }
 
 void cpu_attention_rows_bwd(const KCall *k)
@@ -553,9 +561,7 @@ void cpu_attention_rows_bwd(const KCall *k)
     }
     Att a;
     att_init_rows(&a, k, 6);
-    a.o = fdata(&k->in[3]), a.lse = fdata(&k->in[4]), a.dout = fdata(&k->in[5]);
-    a.dq = fdata(&k->out[0]), a.dk = fdata(&k->out[1]), a.dv = fdata(&k->out[2]);
-    bwd_all(&a);
+    backward(&a, k, 3, 0);
 }
 
 /* ---- rope ------------------------------------------------------------------------- */
